@@ -1,0 +1,1 @@
+"""Checkpoint loading: HF safetensors folders, GGUF files, builtin model names."""

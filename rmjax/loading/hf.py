@@ -1,0 +1,106 @@
+"""Load a Hugging Face checkpoint folder: config.json, safetensors (single or sharded), tokenizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from rmjax import model as model_lib
+from rmjax import sharding
+from rmjax.config import ModelConfig, load_config_file
+from rmjax.errors import CheckpointError, TokenizerMismatchError
+from rmjax.loading import safetensors_io
+from rmjax.loading.weights import assemble
+
+_NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+@dataclasses.dataclass
+class Model:
+    """A loaded model: static config, parameters (possibly sharded), tokenizer."""
+
+    config: ModelConfig
+    params: model_lib.Params
+    tokenizer: Any
+    source: str
+    dtype: str = "float32"
+    mesh: jax.sharding.Mesh | None = None
+    load_seconds: float = 0.0
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
+
+
+def numpy_dtype(dtype: str):
+    if dtype not in _NP_DTYPES:
+        raise ValueError(f"dtype {dtype!r} not supported; use one of {', '.join(_NP_DTYPES)}.")
+    return _NP_DTYPES[dtype]
+
+
+def place_params(
+    flat: dict[str, np.ndarray], mesh: jax.sharding.Mesh | None
+) -> model_lib.Params:
+    """Host arrays -> device Params, sharded by the logical-axis rules when a mesh is given."""
+    placed = {p: sharding.place(a, model_lib.logical_axes(p), mesh) for p, a in flat.items()}
+    return model_lib.params_from_flat(placed)
+
+
+def load_tokenizer(folder: Path, cfg: ModelConfig, required: bool = True):
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        if not required:
+            return None
+        raise CheckpointError(
+            f"{folder}: no tokenizer files ({', '.join(TOKENIZER_FILES)}). Copy them from the "
+            "checkpoint's original repository (reward models use their base model's tokenizer)."
+        )
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    check_tokenizer_fits(tok, cfg, str(folder / "tokenizer.json"))
+    return tok
+
+
+def check_tokenizer_fits(tok, cfg: ModelConfig, where: str) -> None:
+    size = len(tok)
+    if size > cfg.vocab_size:
+        raise TokenizerMismatchError(
+            f"{where}: the tokenizer has {size} tokens but the model's embedding has "
+            f"{cfg.vocab_size} rows (config.json vocab_size); ids >= {cfg.vocab_size} would index "
+            "past the table. Use the tokenizer that was saved with this checkpoint."
+        )
+
+
+def load_hf_model_folder(
+    folder: str | Path,
+    dtype: str = "float32",
+    mesh: jax.sharding.Mesh | None = None,
+    require_tokenizer: bool = True,
+) -> Model:
+    start = time.perf_counter()
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such model folder.")
+    cfg = load_config_file(folder / "config.json")
+    tensors = (
+        item for path in safetensors_io.checkpoint_files(folder) for item in safetensors_io.iter_tensors(path)
+    )
+    flat = assemble(tensors, cfg, model_lib.param_shapes(cfg), numpy_dtype(dtype), str(folder))
+    params = place_params(flat, mesh)
+    tok = load_tokenizer(folder, cfg, required=require_tokenizer)
+    return Model(
+        config=cfg,
+        params=params,
+        tokenizer=tok,
+        source=str(folder),
+        dtype=dtype,
+        mesh=mesh,
+        load_seconds=time.perf_counter() - start,
+    )

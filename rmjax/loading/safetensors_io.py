@@ -1,0 +1,104 @@
+"""Zero-copy safetensors reading (numpy memmap; bf16 via ml_dtypes) and writing."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from rmjax.errors import CheckpointError
+
+_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise CheckpointError(f"{path}: truncated safetensors file.")
+        (n,) = struct.unpack("<Q", raw)
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def iter_tensors(path: Path) -> Iterator[tuple[str, callable]]:
+    """(name, loader) pairs; each loader returns a read-only memmap view of one tensor."""
+    header, offset = read_header(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset)
+    for name, info in header.items():
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}.")
+        start, end = info["data_offsets"]
+
+        def load(start=start, end=end, dtype=dtype, shape=tuple(info["shape"])):
+            return data[start:end].view(dtype).reshape(shape)
+
+        yield name, load
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder (single file or sharded with an index)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{index} lists shards that are missing: {', '.join(missing)}. "
+                "Download every shard of the checkpoint into the folder."
+            )
+        return [folder / s for s in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        bins = sorted(folder.glob("*.bin"))
+        fix = (
+            " It has PyTorch .bin weights: convert them once with transformers "
+            "(`AutoModel...from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`)."
+            if bins
+            else " Download the checkpoint's *.safetensors files into it."
+        )
+        raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json.{fix}")
+    return files
+
+
+def save_file(tensors: dict[str, np.ndarray], path: Path, metadata: dict | None = None) -> None:
+    names = {v: k for k, v in _DTYPES.items()}
+    header, offset = {}, 0
+    arrays = []
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr)
+        header[name] = {
+            "dtype": names[arr.dtype.type],
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
+        offset += arr.nbytes
+        arrays.append(arr)
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for arr in arrays:
+            f.write(arr.tobytes())
+    tmp.replace(path)

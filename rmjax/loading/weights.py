@@ -1,0 +1,165 @@
+"""Declarative map from Hugging Face checkpoint keys to rmjax parameter paths.
+
+One rule per HF tensor: a key pattern, the parameter path, and one transform from the HF
+layout (torch Linear: [out, in]) to rmjax's einsum layout. The safetensors and the GGUF
+loaders both feed tensors through these rules, so both produce the same tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from rmjax.config import ModelConfig
+from rmjax.errors import CheckpointError
+
+Transform = Callable[[np.ndarray, ModelConfig], np.ndarray]
+
+# Checkpoints nest the decoder under different prefixes (plain, multimodal Gemma 3, old exports).
+_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
+_IGNORED = re.compile(r"^(vision_tower|multi_modal_projector|model\.vision_tower|model\.multi_modal_projector)\.")
+
+
+def normalize_key(key: str) -> str | None:
+    """Strip the decoder prefix; None for tensors rmjax does not use (vision tower)."""
+    if _IGNORED.match(key):
+        return None
+    for prefix in _PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix) :]
+    return key
+
+
+def _identity(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    return w
+
+
+def _transpose(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    return w.T
+
+
+def _heads_in(n_heads: Callable[[ModelConfig], int]) -> Transform:
+    """[heads*head_dim, hidden] -> [hidden, heads, head_dim]."""
+    return lambda w, cfg: w.T.reshape(cfg.hidden_size, n_heads(cfg), cfg.head_dim)
+
+
+def _heads_out(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """[hidden, heads*head_dim] -> [heads, head_dim, hidden]."""
+    return w.T.reshape(cfg.num_heads, cfg.head_dim, cfg.hidden_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    pattern: str  # regex over the normalized HF key; (?P<layer>...) marks stacked tensors
+    target: str
+    transform: Transform = _identity
+
+    def match(self, key: str) -> re.Match | None:
+        return re.fullmatch(self.pattern, key)
+
+
+def hf_rules(cfg: ModelConfig) -> list[Rule]:
+    layer = r"layers\.(?P<layer>\d+)\."
+    # Llama's `post_attention_layernorm` is the pre-MLP norm; Gemma 2/3 name that one
+    # `pre_feedforward_layernorm` and use `post_attention_layernorm` after attention.
+    post_attn_target = "layers.post_attn_norm" if cfg.sandwich_norms else "layers.mlp_norm"
+    rules = [
+        Rule(r"embed_tokens\.weight", "embed"),
+        Rule(r"norm\.weight", "final_norm"),
+        Rule(layer + r"input_layernorm\.weight", "layers.attn_norm"),
+        Rule(layer + r"post_attention_layernorm\.weight", post_attn_target),
+        Rule(layer + r"pre_feedforward_layernorm\.weight", "layers.mlp_norm"),
+        Rule(layer + r"post_feedforward_layernorm\.weight", "layers.post_mlp_norm"),
+        Rule(layer + r"self_attn\.q_proj\.weight", "layers.q", _heads_in(lambda c: c.num_heads)),
+        Rule(layer + r"self_attn\.k_proj\.weight", "layers.k", _heads_in(lambda c: c.num_kv_heads)),
+        Rule(layer + r"self_attn\.v_proj\.weight", "layers.v", _heads_in(lambda c: c.num_kv_heads)),
+        Rule(layer + r"self_attn\.o_proj\.weight", "layers.o", _heads_out),
+        Rule(layer + r"self_attn\.q_norm\.weight", "layers.q_norm"),
+        Rule(layer + r"self_attn\.k_norm\.weight", "layers.k_norm"),
+        Rule(layer + r"mlp\.gate_proj\.weight", "layers.gate", _transpose),
+        Rule(layer + r"mlp\.up_proj\.weight", "layers.up", _transpose),
+        Rule(layer + r"mlp\.down_proj\.weight", "layers.down", _transpose),
+        Rule(r"score\.weight", "score", _transpose),
+    ]
+    if not cfg.tie_embeddings and not cfg.is_reward_model:
+        rules.append(Rule(r"lm_head\.weight", "lm_head", _transpose))
+    return rules
+
+
+# Tensors a checkpoint may carry that the chosen head does not use.
+_UNUSED = re.compile(r"(lm_head\.weight|.*rotary_emb.*|.*embed_scale)")
+
+
+def assemble(
+    tensors: Iterable[tuple[str, Callable[[], np.ndarray]]],
+    cfg: ModelConfig,
+    shapes: dict[str, tuple[int, ...]],
+    dtype,
+    source: str,
+) -> dict[str, np.ndarray]:
+    """Route (hf_key, loader) pairs through the rules into host arrays of `dtype`.
+
+    Layer tensors are written into preallocated stacked arrays, so peak host memory is one
+    copy of the model. The score head is kept in float32.
+    """
+    rules = hf_rules(cfg)
+    out: dict[str, np.ndarray] = {}
+    seen: dict[str, set[int]] = {}
+    for raw_key, load in tensors:
+        key = normalize_key(raw_key)
+        if key is None:
+            continue
+        rule = next((r for r in rules if r.match(key)), None)
+        if rule is None:
+            if _UNUSED.fullmatch(key):
+                continue
+            raise CheckpointError(
+                f"{source}: unexpected tensor {raw_key!r}; this checkpoint does not match its "
+                "config.json architecture (check `architectures` and `model_type`)."
+            )
+        if rule.target not in shapes:
+            raise CheckpointError(f"{source}: tensor {raw_key!r} is not used by config {cfg.architecture}.")
+        target_dtype = np.float32 if rule.target == "score" else dtype
+        value = rule.transform(np.asarray(load()), cfg)
+        m = rule.match(key)
+        if "layer" in m.groupdict():
+            i = int(m.group("layer"))
+            if i >= cfg.num_layers:
+                raise CheckpointError(f"{source}: {raw_key!r} beyond num_hidden_layers={cfg.num_layers}.")
+            if rule.target not in out:
+                out[rule.target] = np.empty(shapes[rule.target], target_dtype)
+            expected = shapes[rule.target][1:]
+            if value.shape != expected:
+                raise CheckpointError(
+                    f"{source}: {raw_key!r} has shape {value.shape} after conversion, config.json implies {expected}."
+                )
+            out[rule.target][i] = value.astype(target_dtype)
+            seen.setdefault(rule.target, set()).add(i)
+        else:
+            if value.shape != shapes[rule.target]:
+                hint = ""
+                if rule.target == "score":
+                    hint = " (num_labels in config.json must match score.weight)"
+                raise CheckpointError(
+                    f"{source}: {raw_key!r} has shape {value.shape} after conversion, config.json "
+                    f"implies {shapes[rule.target]}{hint}."
+                )
+            out[rule.target] = value.astype(target_dtype)
+    missing = [p for p in shapes if p not in out]
+    partial = [p for p, idx in seen.items() if len(idx) != cfg.num_layers]
+    if missing or partial:
+        what = ", ".join(missing + [f"{p} (some layers)" for p in partial])
+        hint = ""
+        if "score" in missing:
+            hint = (
+                " A reward model needs `score.weight`; a causal-LM checkpoint loads with "
+                "its *ForCausalLM architecture."
+            )
+        raise CheckpointError(
+            f"{source}: missing parameters {what}; the checkpoint is incomplete (all shards "
+            f"listed in model.safetensors.index.json must be present).{hint}"
+        )
+    return out

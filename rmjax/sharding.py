@@ -1,0 +1,86 @@
+"""Device meshes and the rules that place logical axes on them.
+
+A mesh has named axes `data` (candidates / batch) and `model` (heads, MLP, vocab). Changing
+the parallelism strategy is an edit of RULES, not of the model code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# Logical axis -> mesh axis (None: replicated).
+RULES: dict[str, str | None] = {
+    "batch": "data",
+    "vocab": "model",
+    "heads": "model",
+    "kv_heads": "model",
+    "mlp": "model",
+    "embed": None,
+    "head_dim": None,
+    "layers": None,
+    "labels": None,
+}
+
+
+def parse_mesh_spec(spec: str) -> dict[str, int]:
+    """'data:8,model:1' -> {'data': 8, 'model': 1}; a -1 size takes the remaining devices."""
+    sizes = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, size = part.partition(":")
+        if name not in ("data", "model") or not size.lstrip("-").isdigit():
+            raise ValueError(f"bad mesh spec {spec!r}: expected e.g. 'data:8,model:1'")
+        sizes[name] = int(size)
+    sizes.setdefault("data", -1)
+    sizes.setdefault("model", 1)
+    return sizes
+
+
+def make_mesh(spec: str | dict[str, int] = "data:-1,model:1", devices=None) -> Mesh:
+    """A ('data', 'model') mesh over `devices` (default: all devices)."""
+    sizes = parse_mesh_spec(spec) if isinstance(spec, str) else dict(spec)
+    devices = list(jax.devices() if devices is None else devices)
+    known = math.prod(s for s in sizes.values() if s != -1)
+    for name, size in sizes.items():
+        if size == -1:
+            sizes[name] = len(devices) // known
+    if sizes["data"] * sizes["model"] != len(devices):
+        raise ValueError(
+            f"mesh data:{sizes['data']} x model:{sizes['model']} needs "
+            f"{sizes['data'] * sizes['model']} devices, {len(devices)} available."
+        )
+    grid = np.asarray(devices).reshape(sizes["data"], sizes["model"])
+    return Mesh(grid, ("data", "model"))
+
+
+def spec_for(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec from logical axes; a dimension the mesh axis does not divide stays replicated."""
+    parts = []
+    for axis, dim in zip(axes, shape):
+        mesh_axis = RULES.get(axis) if axis else None
+        if mesh_axis is not None and dim % mesh.shape[mesh_axis] != 0:
+            mesh_axis = None
+        parts.append(mesh_axis)
+    return PartitionSpec(*parts)
+
+
+def named_sharding(
+    axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh
+) -> NamedSharding:
+    return NamedSharding(mesh, spec_for(axes, shape, mesh))
+
+
+def place(array, axes: tuple[str | None, ...], mesh: Mesh | None) -> jax.Array:
+    """Put a host array on the mesh, each device receiving only its own slice."""
+    if mesh is None:
+        return jax.numpy.asarray(array)
+    sharding = named_sharding(axes, array.shape, mesh)
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Shard the leading (batch) dimension over `data`."""
+    return NamedSharding(mesh, PartitionSpec("data", *([None] * (ndim - 1))))
