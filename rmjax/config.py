@@ -215,7 +215,8 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
     is_cls = arch.endswith("ForSequenceClassification")
     num_labels = None
     if is_cls:
-        num_labels = int(raw.get("num_labels") or len(raw.get("id2label") or {}) or 1)
+        # transformers' default is 2 labels and config.json then omits id2label.
+        num_labels = int(raw.get("num_labels") or len(raw.get("id2label") or {}) or 2)
     eos = _first(raw, "eos_token_id", default=text.get("eos_token_id"))
     return ModelConfig(
         model_type=family,

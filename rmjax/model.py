@@ -297,3 +297,22 @@ def logits(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) ->
     """LM logits at every position: [B, T, vocab] float32."""
     hidden, _ = forward(params, cfg, ids=ids, mask=mask)
     return lm_logits(params, cfg, hidden)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def prefill(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array | None = None) -> KVCache:
+    """K/V of a prefix, computed once and reused by every continuation."""
+    _, cache = forward(params, cfg, ids=ids, mask=mask)
+    return cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def rewards_after(
+    params: Params, cfg: ModelConfig, cache: KVCache, ids: jax.Array, mask: jax.Array | None = None
+) -> jax.Array:
+    """Score-head outputs for `cache` prefix + `ids`, at each row's last real new token."""
+    if mask is None:
+        mask = jnp.ones(ids.shape, bool)
+    hidden, _ = forward(params, cfg, ids=ids, mask=mask, cache=cache)
+    last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
+    return reward_head(params, last)

@@ -1,1 +1,30 @@
 """Checkpoint loading: HF safetensors folders, GGUF files, builtin model names."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+from rmjax.loading.gguf_file import cached_hf_folder
+from rmjax.loading.hf import Model, load_hf_model_folder
+from rmjax.loading.registry import BUILTIN_GGUF, cache_dir, resolve
+
+__all__ = ["BUILTIN_GGUF", "Model", "load"]
+
+
+def load(
+    spec: str,
+    dtype: str = "float32",
+    mesh: jax.sharding.Mesh | None = None,
+    require_tokenizer: bool = True,
+) -> Model:
+    """Load a model from a folder, a GGUF file or a builtin name, params placed on `mesh`."""
+    start = time.perf_counter()
+    kind, path = resolve(spec)
+    if kind == "gguf":
+        path = cached_hf_folder(path, cache_dir())
+    model = load_hf_model_folder(path, dtype=dtype, mesh=mesh, require_tokenizer=require_tokenizer)
+    model.source = spec
+    model.load_seconds = time.perf_counter() - start
+    return model

