@@ -316,3 +316,11 @@ def rewards_after(
     hidden, _ = forward(params, cfg, ids=ids, mask=mask, cache=cache)
     last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
     return reward_head(params, last)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def next_token_log_probs(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """Log-probs of the token after each row's last real token: [B, vocab] float32."""
+    hidden, _ = forward(params, cfg, ids=ids, mask=mask)
+    last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
+    return lm_log_probs(params, cfg, last)

@@ -59,7 +59,7 @@ def make_mesh(spec: str | dict[str, int] = "data:-1,model:1", devices=None) -> M
 def spec_for(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
     """PartitionSpec from logical axes; a dimension the mesh axis does not divide stays replicated."""
     parts = []
-    for axis, dim in zip(axes, shape):
+    for axis, dim in zip(axes, shape, strict=False):
         mesh_axis = RULES.get(axis) if axis else None
         if mesh_axis is not None and dim % mesh.shape[mesh_axis] != 0:
             mesh_axis = None

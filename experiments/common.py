@@ -1,0 +1,26 @@
+"""Flags shared by the entry points and the one way they load a model."""
+
+from __future__ import annotations
+
+from absl import flags
+
+from rmjax import sharding
+from rmjax.loading import Model, load
+
+MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
+                            "Model spec: a checkpoint folder, a .gguf file, or a builtin name "
+                            "(smollm2-135m-instruct, gemma-3-270m).")
+DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter dtype.")
+MESH = flags.DEFINE_string("mesh", "", "Device mesh, e.g. data:8,model:1 (default: no mesh, one device).")
+PROMPTS = flags.DEFINE_list("prompts", ["greatest"],
+                            "Builtin prompt names (greatest, best, worst, any of the 54-prompt set), "
+                            "sets (paper1, prompts54) or YAML files of name: text.")
+PROMPT = flags.DEFINE_multi_string("prompt", [], "Extra prompt as name=text (repeatable).")
+TEMPLATE = flags.DEFINE_enum("template", "auto", ["auto", "chat", "plain"],
+                             "chat: the tokenizer's chat template; plain: 'User: {p}\\nAssistant:' "
+                             "(base models); auto: chat when the tokenizer has one.")
+
+
+def load_model() -> Model:
+    mesh = sharding.make_mesh(MESH.value) if MESH.value else None
+    return load(MODEL.value, dtype=DTYPE.value, mesh=mesh)

@@ -1,0 +1,104 @@
+"""Chat templates split around the response slot, and the vocabulary's token table.
+
+Every candidate response shares the templated text before the response (the prefix: system,
+user turn, assistant header) and after it (the suffix, e.g. `<|eot_id|>`), so the sweep
+computes the prefix once and runs only response + suffix per candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from rmjax.errors import PromptTooLongError, RmjaxError
+
+MARKER = "\u2063RMJAX_RESPONSE\u2063"
+PLAIN_FORMAT = "User: {prompt}\nAssistant:"
+
+
+class NoChatTemplateError(RmjaxError):
+    """The tokenizer carries no chat template but the job needs one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatSplit:
+    """Token ids around the response slot for one prompt."""
+
+    prompt: str
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    template: str  # "chat" or "plain"
+
+    def ids_with(self, response: list[int] | tuple[int, ...]) -> list[int]:
+        return [*self.prefix, *response, *self.suffix]
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def split_chat(
+    tokenizer,
+    prompt: str,
+    template: str = "auto",
+    max_positions: int | None = None,
+    response_tokens: int = 1,
+    system: str | None = None,
+) -> ChatSplit:
+    """Prefix/suffix ids for `prompt`.
+
+    template: "chat" (the tokenizer's chat template; an error without one), "plain"
+    (`User: {prompt}\\nAssistant:`, for base models), or "auto" (chat when available).
+    Prefix and suffix are tokenized separately without adding special tokens (the template
+    text already carries BOS), so no second BOS appears.
+    """
+    if template == "auto":
+        template = "chat" if has_chat_template(tokenizer) else "plain"
+    if template == "chat":
+        if not has_chat_template(tokenizer):
+            raise NoChatTemplateError(
+                "this model's tokenizer has no chat template (e.g. a base model). Use "
+                "--template=plain for the `User: ...\\nAssistant:` format, or add the chat template "
+                "(chat_template.jinja / tokenizer_config.json) from the instruct model to the folder."
+            )
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": MARKER}]
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": system})
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        if text.count(MARKER) != 1:
+            raise RmjaxError("the chat template did not place the assistant response exactly once.")
+        before, after = text.split(MARKER)
+        prefix = tokenizer(before, add_special_tokens=False).input_ids
+        suffix = tokenizer(after, add_special_tokens=False).input_ids if after else []
+    elif template == "plain":
+        # The tokenizer's own special-token rule decides the BOS (Gemma adds one, SmolLM2 none).
+        prefix = tokenizer(PLAIN_FORMAT.format(prompt=prompt)).input_ids
+        suffix = []
+    else:
+        raise ValueError(f"template must be auto, chat or plain, not {template!r}")
+    split = ChatSplit(prompt, tuple(prefix), tuple(suffix), template)
+    if max_positions is not None:
+        needed = len(prefix) + response_tokens + len(suffix)
+        if needed > max_positions:
+            raise PromptTooLongError(
+                f"prompt {prompt[:60]!r}... needs {needed} positions (prefix {len(prefix)} + response "
+                f"{response_tokens} + suffix {len(suffix)}) but the model's context is {max_positions} "
+                "(max_position_embeddings). Shorten the prompt or the system message."
+            )
+    return split
+
+
+def generation_prompt_ids(tokenizer, prompt: str, template: str = "auto") -> list[int]:
+    """Ids after which the model writes its answer (for next-token log-probs)."""
+    return list(split_chat(tokenizer, prompt, template).prefix)
+
+
+def token_table(tokenizer, vocab_size: int) -> tuple[np.ndarray, list[str], list[str]]:
+    """(ids, token_name, token_decoded) for ids 0..vocab_size-1 (rows past the tokenizer: '')."""
+    n = min(len(tokenizer), vocab_size)
+    ids = np.arange(vocab_size)
+    names = tokenizer.convert_ids_to_tokens(list(range(n)))
+    decoded = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False)
+    pad = [""] * (vocab_size - n)
+    return ids, [s if s is not None else "" for s in names] + pad, list(decoded) + pad

@@ -1,0 +1,54 @@
+"""Next-token log-probs of a causal LM after a prompt: the papers' base-model analysis."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rmjax import chat, results
+from rmjax import model as M
+from rmjax.loading import Model
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), pad_id, np.int32)
+    mask = np.zeros((len(rows), width), bool)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :], mask[i, width - len(r) :] = r, True
+    return ids, mask
+
+
+def next_token_logprobs(model: Model, prompts: dict[str, str], template: str = "auto") -> dict[str, np.ndarray]:
+    """{prompt name: log-probs over the vocabulary} in one batched forward pass."""
+    if model.config.is_reward_model:
+        raise ValueError(f"{model.source} is a reward model; log-probs need a causal LM (*ForCausalLM).")
+    rows = [
+        list(chat.split_chat(model.tokenizer, text, template, model.config.max_position_embeddings, 0).prefix)
+        for text in prompts.values()
+    ]
+    ids, mask = left_pad(rows, model.config.pad_token_id or 0)
+    lp = np.asarray(M.next_token_log_probs(model.params, model.config, ids, mask))
+    return dict(zip(prompts, lp, strict=False))
+
+
+def write_logprobs(model: Model, prompts: dict[str, str], out: str | Path, template: str = "auto") -> Path:
+    """CSV in the score-table schema (one log-prob column per prompt) plus .meta.json."""
+    start = time.perf_counter()
+    lps = next_token_logprobs(model, prompts, template)
+    ids, names, decoded = chat.token_table(model.tokenizer, model.config.vocab_size)
+    path = results.write_scores_csv(out, ids, names, decoded, lps)
+    results.write_meta(
+        path,
+        kind="next_token_logprobs",
+        model=model.source,
+        prompts=prompts,
+        template=template,
+        dtype=model.dtype,
+        n_tokens=int(len(ids)),
+        seconds=time.perf_counter() - start,
+        load_seconds=model.load_seconds,
+    )
+    return path

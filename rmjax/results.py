@@ -1,0 +1,89 @@
+"""Score tables in the published schema, written so every token survives a round trip.
+
+`token_id, token_name, token_decoded, <one column per prompt>`. Tokens such as `None`, `NaN`,
+`null`, `,`, `"` or a newline are quoted by the csv module and read back with NA parsing off
+(the reference analysis lost `None`/`NaN` tokens by reading them as missing values).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+KEY_COLUMNS = ["token_id", "token_name", "token_decoded"]
+
+
+def write_rows(f, rows: Iterable[list]) -> None:
+    # Quote every string: QUOTE_MINIMAL would leave a lone "\r" token unquoted and split the row.
+    writer = csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
+    for row in rows:
+        writer.writerow([float(f"{v:.9g}") if isinstance(v, float | np.floating) else v for v in row])
+
+
+def write_scores_csv(
+    path: str | Path,
+    token_ids: np.ndarray,
+    names: list[str],
+    decoded: list[str],
+    columns: dict[str, np.ndarray],
+) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        write_rows(f, [KEY_COLUMNS + list(columns)])
+        cols = [np.asarray(c, np.float64) for c in columns.values()]
+        keys = zip(token_ids, names, decoded, strict=True)
+        write_rows(f, ([int(t), n, d, *(float(c[i]) for c in cols)] for i, (t, n, d) in enumerate(keys)))
+    tmp.replace(path)
+    return path
+
+
+def read_scores_csv(path: str | Path) -> pd.DataFrame:
+    """Read a score table with every token kept as a string (no NA conversion)."""
+    df = pd.read_csv(
+        path,
+        keep_default_na=False,
+        na_filter=False,
+        dtype={"token_name": str, "token_decoded": str},
+        encoding="utf-8",
+    )
+    for col in df.columns[3:]:
+        df[col] = df[col].astype(np.float64)
+    return df
+
+
+def meta_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.stem + ".meta.json")
+
+
+def environment() -> dict:
+    import jax
+
+    import rmjax
+
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "rmjax": rmjax.__version__,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+    }
+
+
+def write_meta(path: str | Path, **fields) -> Path:
+    """Summary beside a result: what ran, on what, how long, how fast."""
+    out = meta_path(path)
+    record = {"written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields, "environment": environment()}
+    out.write_text(json.dumps(record, indent=2, default=str))
+    return out

@@ -1,0 +1,113 @@
+"""Bad inputs raise errors that name the file and the fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from rmjax.errors import CheckpointError, TokenizerMismatchError, UnsupportedModelError
+from rmjax.loading import load
+from rmjax.loading.hf import load_hf_model_folder
+from tests import tiny
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tiny.save_hf_model(tiny.build_hf_model("llama3", num_labels=1), tmp_path_factory.mktemp("m"))
+
+
+@pytest.fixture()
+def copy(folder, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(folder, out)
+    return out
+
+
+def test_unknown_spec_names_the_fix():
+    with pytest.raises(FileNotFoundError, match="rmjax never downloads.*huggingface-cli download"):
+        load("Skywork/Not-A-Local-Folder")
+
+
+def test_missing_config(copy):
+    (copy / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"config\.json not found"):
+        load_hf_model_folder(copy, require_tokenizer=False)
+
+
+def test_unsupported_architecture(copy):
+    cfg = json.loads((copy / "config.json").read_text())
+    cfg["architectures"], cfg["model_type"] = ["MistralForCausalLM"], "mistral"
+    (copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match=r"config\.json: architecture MistralForCausalLM .*not supported"):
+        load_hf_model_folder(copy, require_tokenizer=False)
+
+
+def test_no_weights(copy):
+    (copy / "model.safetensors").unlink()
+    (copy / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"no model\.safetensors.*safe_serialization=True"):
+        load_hf_model_folder(copy, require_tokenizer=False)
+
+
+def test_missing_shard(copy):
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                                            "score.weight": "model-00002-of-00002.safetensors"}}
+    (copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"missing: model-00001-of-00002\.safetensors.*every shard"):
+        load_hf_model_folder(copy, require_tokenizer=False)
+
+
+def test_causal_lm_weights_under_reward_config(tmp_path):
+    lm = tiny.save_hf_model(tiny.build_hf_model("llama3"), tmp_path)
+    cfg = json.loads((lm / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForSequenceClassification"]
+    (lm / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"missing parameters score.*needs `score\.weight`"):
+        load_hf_model_folder(lm, require_tokenizer=False)
+
+
+def test_missing_tokenizer(copy):
+    with pytest.raises(CheckpointError, match=r"no tokenizer files.*Copy them"):
+        load_hf_model_folder(copy)
+
+
+def test_tokenizer_larger_than_embedding(copy):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(tiny.VOCAB + 10)}
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
+    fast.save_pretrained(str(copy))
+    with pytest.raises(TokenizerMismatchError, match=rf"tokenizer has {tiny.VOCAB + 10} tokens.*{tiny.VOCAB} rows"):
+        load_hf_model_folder(copy)
+
+
+def test_matching_tokenizer_loads(copy):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(tiny.VOCAB)}
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
+    fast.save_pretrained(str(copy))
+    assert len(load_hf_model_folder(copy).tokenizer) == tiny.VOCAB
+
+
+def test_bad_dtype(copy):
+    with pytest.raises(ValueError, match="dtype 'int8' not supported"):
+        load_hf_model_folder(copy, dtype="int8", require_tokenizer=False)
+
+
+def test_bfloat16_load_keeps_float32_scores(folder):
+    from rmjax import model as M
+
+    f32 = load_hf_model_folder(folder, require_tokenizer=False)
+    bf16 = load_hf_model_folder(folder, dtype="bfloat16", require_tokenizer=False)
+    assert bf16.params.layers.q.dtype == np.dtype("bfloat16")
+    ids, mask = tiny.random_batch(seed=7, batch=4, length=10, padding="right")
+    a = np.asarray(M.rewards(f32.params, f32.config, ids, mask))
+    b = np.asarray(M.rewards(bf16.params, bf16.config, ids, mask))
+    assert b.dtype == np.float32
+    assert np.abs(a - b).max() < 0.05 * np.abs(a).max() + 0.05
