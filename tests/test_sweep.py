@@ -1,0 +1,154 @@
+"""The vocabulary sweep against direct full-sequence forwards (rmjax and transformers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rmjax import chat, results, sharding
+from rmjax import model as M
+from rmjax.chat import NoChatTemplateError
+from rmjax.errors import PromptTooLongError
+from rmjax.loading import load
+from rmjax.sweep import sweep
+from rmjax.textscore import TextScorer
+from tests import tiny
+
+PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?",
+           "worst": "What, in one word, is the worst thing ever? Think hard about all options first."}
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def rm(tmp_path_factory):
+    hf, folder = tiny.save_reward_model_with_tokenizer(tmp_path_factory.mktemp("rm"))
+    return hf, folder, load(str(folder))
+
+
+def _sample(n: int, seed: int = 0) -> np.ndarray:
+    return np.sort(np.random.default_rng(seed).choice(49152, size=n, replace=False))
+
+
+def test_sweep_equals_full_forward_and_transformers(rm):
+    hf, _, model = rm
+    tokens = _sample(40)
+    df = sweep(model, PROMPTS, tokens, batch_size=16)
+    assert df["token_id"].tolist() == tokens.tolist()
+    for name, text in PROMPTS.items():
+        split = chat.split_chat(model.tokenizer, text)
+        assert split.suffix == tuple(model.tokenizer("<|im_end|>\n", add_special_tokens=False).input_ids)
+        full = np.asarray([split.ids_with([t]) for t in tokens], np.int32)
+        mask = np.ones_like(full, bool)
+        direct = np.asarray(M.rewards(model.params, model.config, full, mask))[:, 0]
+        with torch.no_grad():
+            ref = hf(input_ids=torch.from_numpy(full).long()).logits[:, 0].numpy()
+        np.testing.assert_allclose(df[name].to_numpy(), direct, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(df[name].to_numpy(), ref, atol=1e-4, rtol=0)
+
+
+def test_text_mode_agrees_where_retokenization_is_exact(rm):
+    _, _, model = rm
+    pool = _sample(3000, seed=1)
+    prompt = PROMPTS["greatest"]
+    split = chat.split_chat(model.tokenizer, prompt)
+    scorer = TextScorer(model, prompt)
+    decoded = model.tokenizer.batch_decode([[t] for t in pool])
+    retok = scorer.token_ids(decoded)
+    same = [i for i, ids in enumerate(retok) if ids == split.ids_with([pool[i]])][:40]
+    other = [i for i, ids in enumerate(retok) if ids != split.ids_with([pool[i]])][:6]
+    assert len(same) == 40 and other  # byte-fragment tokens decode to U+FFFD and re-tokenize differently
+    token_df = sweep(model, {"p": prompt}, pool[same])
+    text_df = sweep(model, {"p": prompt}, pool[same], mode="text")
+    np.testing.assert_allclose(text_df["p"].to_numpy(), token_df["p"].to_numpy(), atol=1e-5, rtol=0)
+    # Where re-tokenization differs, text mode scores the re-tokenized conversation in full.
+    got = scorer.score([decoded[i] for i in other])
+    for k, i in enumerate(other):
+        ids = np.asarray([retok[i]], np.int32)
+        ref = np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0]
+        assert abs(got[k] - ref) < 1e-5
+
+
+def test_eight_devices_equal_one(rm):
+    _, folder, model = rm
+    tokens = _sample(50, seed=2)
+    ref = sweep(model, PROMPTS, tokens, batch_size=16)
+    for spec in ("data:8,model:1", "data:4,model:2"):
+        sharded = load(str(folder), mesh=sharding.make_mesh(spec))
+        got = sweep(sharded, PROMPTS, tokens, batch_size=16)
+        for name in PROMPTS:
+            np.testing.assert_allclose(got[name].to_numpy(), ref[name].to_numpy(), atol=1e-5, rtol=0)
+
+
+def _sweep_cmd(folder: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "experiments.sweep", f"--model={folder}", "--prompts=greatest,worst",
+            f"--out={out}", "--limit=12288", "--chunk_size=512", "--batch_size=64", "--top=3"]
+
+
+def test_kill_and_resume_gives_identical_csv(rm, tmp_path):
+    _, folder, _ = rm
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    whole = tmp_path / "whole.csv"
+    subprocess.run(_sweep_cmd(folder, whole), cwd=REPO, env=env, check=True, capture_output=True)
+    out = tmp_path / "resumed.csv"
+    chunks = out.with_name(out.name + ".chunks")
+    proc = subprocess.Popen(_sweep_cmd(folder, out), cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(chunks.glob("chunk-*.npy"))) < 3:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = len(list(chunks.glob("chunk-*.npy")))
+    assert 3 <= done < 24, "the run must be killed mid-way"
+    assert not out.exists(), "no CSV may appear before every chunk is done"
+    resumed = subprocess.run(_sweep_cmd(folder, out), cwd=REPO, env=env, check=True, capture_output=True, text=True)
+    assert f"{done * 512:,}/12,288" in resumed.stderr  # picked up where it stopped
+    assert out.read_bytes() == whole.read_bytes()
+    assert not chunks.exists()
+    meta = results.meta_path(out).read_text()
+    assert '"resumed_candidates": ' + str(done * 512) in meta
+
+
+def test_resume_with_other_settings_is_refused(rm, tmp_path):
+    from rmjax.chunks import ResumeMismatchError
+
+    _, _, model = rm
+    out = tmp_path / "s.csv"
+    out.with_name("s.csv.chunks").mkdir()
+    (out.with_name("s.csv.chunks") / "manifest.json").write_text('{"model": "other"}')
+    with pytest.raises(ResumeMismatchError, match="delete"):
+        sweep(model, PROMPTS, _sample(4), out=out)
+
+
+def test_prompt_longer_than_context(tmp_path):
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path, max_position_embeddings=64)
+    model = load(str(folder))
+    with pytest.raises(PromptTooLongError, match=r"context is 64 \(max_position_embeddings\)"):
+        sweep(model, {"long": "word " * 100}, _sample(4))
+
+
+def test_missing_chat_template(rm, tmp_path):
+    import shutil
+
+    _, folder, _ = rm
+    copy = tmp_path / "notemplate"
+    shutil.copytree(folder, copy)
+    (copy / "chat_template.jinja").unlink()
+    model = load(str(copy))
+    with pytest.raises(NoChatTemplateError, match="--template=plain"):
+        sweep(model, PROMPTS, _sample(4), template="chat")
+    # auto falls back to the plain base-model format
+    df = sweep(model, {"p": "Hi"}, _sample(4))
+    split = chat.split_chat(model.tokenizer, "Hi")
+    assert split.template == "plain" and split.suffix == ()
+    ids = np.asarray([split.ids_with([t]) for t in _sample(4)], np.int32)
+    ref = np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[:, 0]
+    np.testing.assert_allclose(df["p"].to_numpy(), ref, atol=1e-5, rtol=0)
