@@ -16,6 +16,8 @@ from rmjax.logprobs import write_logprobs
 OUT = flags.DEFINE_string("out", "results/logprobs.csv", "Output CSV (a .meta.json is written beside it).")
 TOP = flags.DEFINE_integer("top", 20, "How many top and bottom tokens to print per prompt.")
 
+flags.adopt_module_key_flags(common)
+
 
 def main(argv):
     del argv

@@ -29,6 +29,8 @@ TEXT_SPECIAL = flags.DEFINE_bool("text_add_special_tokens", False,
                                  "Text mode: let the tokenizer add special tokens on re-tokenization (the "
                                  "published pipeline did, giving Llama 3 a second BOS).")
 
+flags.adopt_module_key_flags(common)
+
 
 def main(argv):
     del argv

@@ -181,19 +181,17 @@ def forward(
         offset = 0 if cache is None else cache.next_positions
         positions = positions_from_mask(mask, offset)
 
-    # Key blocks: the cached prefix (if any) then the new tokens.
-    if cache is None:
-        k_pos, k_valid = positions, mask
-    else:
+    # Key blocks: the cached prefix (if any), then the new tokens.
+    if cache is not None:
         c_pos = jnp.broadcast_to(cache.positions, (batch, cache.positions.shape[-1]))
         c_valid = jnp.broadcast_to(cache.valid, (batch, cache.valid.shape[-1]))
-        k_pos = jnp.concatenate([c_pos, positions], axis=-1)
-        k_valid = jnp.concatenate([c_valid, mask], axis=-1)
-    global_mask = ops.attention_mask(positions, k_pos, k_valid, None)
-    local_mask = (
-        ops.attention_mask(positions, k_pos, k_valid, cfg.sliding_window)
+    # One mask per key block (cached prefix, new tokens), global and sliding-window variants.
+    blocks = [(positions, mask)] if cache is None else [(c_pos, c_valid), (positions, mask)]
+    global_masks = tuple(ops.attention_mask(positions, kp, kv, None) for kp, kv in blocks)
+    local_masks = (
+        tuple(ops.attention_mask(positions, kp, kv, cfg.sliding_window) for kp, kv in blocks)
         if cfg.has_local_layers
-        else global_mask
+        else global_masks
     )
     rope_g = ops.rope_angles(positions, cfg.rope_global, cfg.head_dim)
     rope_l = ops.rope_angles(positions, cfg.rope_local, cfg.head_dim) if cfg.has_local_layers else rope_g
@@ -202,7 +200,7 @@ def forward(
         lp, is_local, ck, cv = xs
         cos = jnp.where(is_local, rope_l[0], rope_g[0])
         sin = jnp.where(is_local, rope_l[1], rope_g[1])
-        m = jnp.where(is_local, local_mask, global_mask)
+        m = tuple(jnp.where(is_local, lm, gm) for lm, gm in zip(local_masks, global_masks, strict=True))
         h, k, v = _decoder_layer(lp, cfg, h, cos, sin, m, ck, cv)
         return h, (k, v)
 

@@ -7,6 +7,8 @@ parameter dtype.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,7 +85,7 @@ def attention(
     q: jax.Array,
     keys: tuple[jax.Array, ...],
     values: tuple[jax.Array, ...],
-    mask: jax.Array,
+    masks: tuple[jax.Array, ...],
     scale: float,
     cap: float | None,
 ) -> jax.Array:
@@ -91,24 +93,32 @@ def attention(
 
     q: [B, T, Hkv, G, D]. Each key/value block is [B, S_i, Hkv, D], or [S_i, Hkv, D] for a block
     shared by the whole batch (a prefix cache: broadcast by einsum, never copied per row).
-    mask: [B, T, sum(S_i)] boolean. Returns [B, T, Hkv, G, D].
+    masks[i]: [B, T, S_i] boolean. The blocks are merged by their log-sum-exp (no concatenated
+    score matrix): out = sum_i P_i V_i / sum_i rowsum(P_i) with P_i = exp(S_i - global max).
+    Returns [B, T, Hkv, G, D].
     """
-    scores = []
-    for k in keys:
-        spec = "btkgd,skd->bkgts" if k.ndim == 3 else "btkgd,bskd->bkgts"
-        scores.append(jnp.einsum(spec, q, k, preferred_element_type=jnp.float32))
-    s = jnp.concatenate(scores, axis=-1) * scale
-    s = softcap(s, cap)
-    s = jnp.where(mask[:, None, None, :, :], s, MASK_VALUE)
-    probs = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-    out, start = 0.0, 0
-    for v in values:
-        width = v.shape[-3]
-        p = probs[..., start : start + width]
-        spec = "bkgts,skd->btkgd" if v.ndim == 3 else "bkgts,bskd->btkgd"
-        out = out + jnp.einsum(spec, p, v, preferred_element_type=jnp.float32)
-        start += width
-    return out.astype(q.dtype)
+    # Head-major layout [Hkv, B, T, G, *]: every product is a plain batched matmul over kv heads
+    # with rows (B, T, G) contiguous, so the large score/probability tensors are never transposed.
+    qh = jnp.transpose(q, (2, 0, 1, 3, 4))
+    scores, vs = [], []
+    for k, v, m in zip(keys, values, masks, strict=True):
+        if k.ndim == 3:  # shared by the batch: [S, Hkv, D] -> [Hkv, S, D]
+            k, v = jnp.transpose(k, (1, 0, 2)), jnp.transpose(v, (1, 0, 2))
+            s = jnp.einsum("kbtgd,ksd->kbtgs", qh, k, preferred_element_type=jnp.float32)
+        else:
+            s = jnp.einsum("kbtgd,bskd->kbtgs", qh, k, preferred_element_type=jnp.float32)
+        s = softcap(s * scale, cap)
+        scores.append(jnp.where(m[None, :, :, None, :], s, MASK_VALUE))
+        vs.append(v)
+    peak = functools.reduce(jnp.maximum, [jnp.max(s, axis=-1, keepdims=True) for s in scores])
+    out, denom = 0.0, 0.0
+    for s, v in zip(scores, vs, strict=True):
+        p = jnp.exp(s - peak)
+        denom = denom + jnp.sum(p, axis=-1, keepdims=True)
+        spec = "kbtgs,ksd->kbtgd" if v.ndim == 3 else "kbtgs,bskd->kbtgd"
+        out = out + jnp.einsum(spec, p.astype(q.dtype), v, preferred_element_type=jnp.float32)
+    out = out / denom
+    return jnp.transpose(out, (1, 2, 0, 3, 4)).astype(q.dtype)
 
 
 def gated_mlp(

@@ -28,6 +28,20 @@ def write_rows(f, rows: Iterable[list]) -> None:
         writer.writerow([float(f"{v:.9g}") if isinstance(v, float | np.floating) else v for v in row])
 
 
+def write_table(path: str | Path, keys: dict[str, list], values: dict[str, np.ndarray]) -> Path:
+    """CSV of key columns (ids, strings) then float columns, written atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        write_rows(f, [list(keys) + list(values)])
+        cols = [np.asarray(c, np.float64) for c in values.values()]
+        key_rows = zip(*keys.values(), strict=True)
+        write_rows(f, ([*k, *(float(c[i]) for c in cols)] for i, k in enumerate(key_rows)))
+    tmp.replace(path)
+    return path
+
+
 def write_scores_csv(
     path: str | Path,
     token_ids: np.ndarray,
@@ -35,28 +49,20 @@ def write_scores_csv(
     decoded: list[str],
     columns: dict[str, np.ndarray],
 ) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        write_rows(f, [KEY_COLUMNS + list(columns)])
-        cols = [np.asarray(c, np.float64) for c in columns.values()]
-        keys = zip(token_ids, names, decoded, strict=True)
-        write_rows(f, ([int(t), n, d, *(float(c[i]) for c in cols)] for i, (t, n, d) in enumerate(keys)))
-    tmp.replace(path)
-    return path
+    keys = {"token_id": [int(t) for t in token_ids], "token_name": names, "token_decoded": decoded}
+    return write_table(path, keys, columns)
 
 
-def read_scores_csv(path: str | Path) -> pd.DataFrame:
+def read_scores_csv(path: str | Path, n_keys: int = 3) -> pd.DataFrame:
     """Read a score table with every token kept as a string (no NA conversion)."""
     df = pd.read_csv(
         path,
         keep_default_na=False,
         na_filter=False,
-        dtype={"token_name": str, "token_decoded": str},
+        dtype={"token_name": str, "token_decoded": str, "text": str},
         encoding="utf-8",
     )
-    for col in df.columns[3:]:
+    for col in df.columns[n_keys:]:
         df[col] = df[col].astype(np.float64)
     return df
 

@@ -1,0 +1,116 @@
+"""Preference pairs: read (prompt, chosen, rejected[, label]) files, or build them from EloEverything.
+
+EloEverything gives each of 7,530 items a human Elo rating from pairwise votes. Two items as
+responses to the same prompt form a pair; the probability that humans prefer i over j is the
+Elo (Bradley–Terry) probability 1 / (1 + 10^((e_j - e_i) / 400)). Items are split into train and
+held-out sets first, so no held-out item is ever trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+@dataclasses.dataclass(frozen=True)
+class Pairs:
+    """Preference pairs; `label` is P(chosen preferred) (1.0 for hard labels)."""
+
+    prompt: list[str]
+    chosen: list[str]
+    rejected: list[str]
+    label: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.chosen)
+
+    def take(self, idx: np.ndarray) -> Pairs:
+        return Pairs([self.prompt[i] for i in idx], [self.chosen[i] for i in idx],
+                     [self.rejected[i] for i in idx], self.label[idx])
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"prompt": self.prompt, "chosen": self.chosen, "rejected": self.rejected,
+                             "label": self.label})
+
+
+def read_pairs(path: str | Path) -> Pairs:
+    """CSV or JSONL with columns prompt, chosen, rejected and optional label (soft, in [0, 1])."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"preference file {path} not found.")
+    if path.suffix in (".jsonl", ".json"):
+        df = pd.DataFrame([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()])
+    else:
+        df = pd.read_csv(path, keep_default_na=False, dtype={"prompt": str, "chosen": str, "rejected": str})
+    missing = {"prompt", "chosen", "rejected"} - set(df.columns)
+    if missing:
+        raise ValueError(f"{path}: missing columns {sorted(missing)} (need prompt, chosen, rejected[, label]).")
+    label = df["label"].astype(float).to_numpy() if "label" in df else np.ones(len(df))
+    if ((label < 0) | (label > 1)).any():
+        raise ValueError(f"{path}: label must be a probability in [0, 1].")
+    return Pairs(df["prompt"].astype(str).tolist(), df["chosen"].astype(str).tolist(),
+                 df["rejected"].astype(str).tolist(), label.astype(np.float32))
+
+
+def elo_prompt(path: Path) -> str:
+    """EloEverything files are named after their prompt, minus the question mark."""
+    return path.stem + "?"
+
+
+def elo_probability(elo_i: np.ndarray, elo_j: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + 10.0 ** ((elo_j - elo_i) / 400.0))
+
+
+def read_elo_items(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"EloEverything file {path} not found (expected ../shared/data/elo/*.csv).")
+    df = pd.read_csv(path, keep_default_na=False, dtype={"name": str})
+    if not {"name", "elo_score"} <= set(df.columns):
+        raise ValueError(f"{path}: expected columns name and elo_score.")
+    return df[["name", "elo_score"]].drop_duplicates("name").reset_index(drop=True)
+
+
+def elo_pairs(
+    path: str | Path,
+    n_train: int,
+    n_heldout: int,
+    heldout_fraction: float = 0.2,
+    soft: bool = False,
+    seed: int = 0,
+    prompt: str | None = None,
+) -> tuple[Pairs, Pairs]:
+    """(train, held-out) pairs from one EloEverything file, split by item.
+
+    Hard labels are sampled from the Elo probability (the chosen item is the sampled winner);
+    soft labels keep the probability itself with the higher-rated item as `chosen`.
+    """
+    path = Path(path)
+    items = read_elo_items(path)
+    prompt = prompt or elo_prompt(path)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(items))
+    cut = int(round(len(items) * (1 - heldout_fraction)))
+    return (_sample_pairs(items.iloc[order[:cut]], n_train, soft, rng, prompt),
+            _sample_pairs(items.iloc[order[cut:]], n_heldout, soft, rng, prompt))
+
+
+def _sample_pairs(items: pd.DataFrame, n: int, soft: bool, rng: np.random.Generator, prompt: str) -> Pairs:
+    names = items["name"].to_numpy()
+    elo = items["elo_score"].to_numpy(dtype=float)
+    i = rng.integers(0, len(items), size=n)
+    j = (i + rng.integers(1, len(items), size=n)) % len(items)  # never i == j
+    p = elo_probability(elo[i], elo[j])
+    if soft:
+        first = elo[i] >= elo[j]
+        label = np.where(first, p, 1 - p)
+    else:
+        first = rng.random(n) < p
+        label = np.ones(n)
+    chosen = np.where(first, names[i], names[j])
+    rejected = np.where(first, names[j], names[i])
+    return Pairs([prompt] * n, chosen.tolist(), rejected.tolist(), label.astype(np.float32))

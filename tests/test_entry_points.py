@@ -1,0 +1,76 @@
+"""Prompts, log-probs and the absl entry points."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from rmjax import chat, prompts, results
+from rmjax.loading import load
+from rmjax.logprobs import next_token_logprobs
+from tests import tiny
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+
+
+def test_builtin_prompt_sets_match_the_papers_files():
+    assert prompts.PAPER1 == yaml.safe_load((SHARED / "prompts.yaml").read_text())
+    assert prompts.factorial_prompts() == yaml.safe_load((SHARED / "prompts54.yaml").read_text())
+
+
+def test_resolve_prompts():
+    got = prompts.resolve_prompts("greatest,best_world_please", ["mine=Is it good?"])
+    assert got == {"greatest": prompts.PAPER1["greatest"],
+                   "best_world_please": "What is the best thing in the world? Please answer in one word only.",
+                   "mine": "Is it good?"}
+    assert len(prompts.resolve_prompts("prompts54")) == 54
+    with pytest.raises(ValueError, match="unknown prompt 'gretest'"):
+        prompts.resolve_prompts("gretest")
+
+
+def test_next_token_logprobs_match_transformers(tmp_path):
+    import shutil
+
+    hf = tiny.build_hf_model("llama3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
+    folder = tiny.save_hf_model(hf, tmp_path)
+    src = tiny.smollm2_tokenizer_folder()
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(src / f, folder / f)
+    model = load(str(folder))
+    ps = {"greatest": prompts.PAPER1["greatest"], "other": "Name the best colour, in one word, please."}
+    got = next_token_logprobs(model, ps)
+    for name, text in ps.items():
+        ids = list(chat.split_chat(model.tokenizer, text).prefix)
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(input_ids=torch.tensor([ids])).logits[0, -1], -1).numpy()
+        np.testing.assert_allclose(got[name], ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["sweep", "score", "logprobs"])
+def test_help_documents_flags(name):
+    out = subprocess.run([sys.executable, "-m", f"experiments.{name}", "--help"], cwd=REPO,
+                         capture_output=True, text=True).stdout
+    for flag in ("--model", "--prompts", "--out", "--dtype", "--mesh", "--template"):
+        assert flag in out
+
+
+def test_score_entry_point(tmp_path):
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
+    out = tmp_path / "texts.csv"
+    proc = subprocess.run([sys.executable, "-m", "experiments.score", f"--model={folder}", "--prompts=greatest,worst",
+                           "--texts=Love,None,NaN,a b", f"--out={out}"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    df = results.read_scores_csv(out, n_keys=1)
+    assert df["text"].tolist() == ["Love", "None", "NaN", "a b"]
+    from rmjax.textscore import score_texts
+
+    ref = score_texts(load(str(folder)), {"greatest": prompts.PAPER1["greatest"]}, ["Love", "None", "NaN", "a b"])
+    np.testing.assert_allclose(df["greatest"].to_numpy(), ref["greatest"], atol=1e-6)
+    assert results.meta_path(out).is_file()
