@@ -136,7 +136,8 @@ def main() -> None:
     print(f"model: SmolLM2-135M-shaped Llama RM, f32, {model.config.non_embedding_params / 1e6:.1f} M "
           f"non-embedding params, {positions} positions/candidate")
     print(f"prompt prefix: {len(split.prefix)} tokens (short), {len(long_split.prefix)} (long)")
-    print(f"reference (transformers, text pipeline, batch 64): {rate_ref:8.1f} candidates/s  ({args.n_ref} in {t_ref:.1f} s)")
+    print(f"reference (transformers, text pipeline, batch 64): {rate_ref:8.1f} candidates/s  "
+          f"({args.n_ref} in {t_ref:.1f} s)")
     print(f"rmjax (token mode, prefix cache, batch {args.batch_size}):  {rate_ours:8.1f} candidates/s  "
           f"({len(tokens)} in {t_ours:.1f} s)")
     print(f"speed-up: {rate_ours / rate_ref:.1f}x")
