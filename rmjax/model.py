@@ -249,11 +249,15 @@ def last_token_index(mask: jax.Array) -> jax.Array:
 
 
 def reward_head(params: Params, hidden: jax.Array) -> jax.Array:
+    return score_head(params.score, hidden)
+
+
+def score_head(score: jax.Array, hidden: jax.Array) -> jax.Array:
     """Score head in float32 (bf16 scores collapse 256k candidates into ties). [..., labels]."""
     return jnp.einsum(
         "...h,hl->...l",
         hidden.astype(jnp.float32),
-        params.score.astype(jnp.float32),
+        score.astype(jnp.float32),
         precision=jax.lax.Precision.HIGHEST,
     )
 
@@ -285,9 +289,7 @@ def extend_cache(cache: KVCache, new: KVCache) -> KVCache:
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def rewards(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
     """All score-head outputs at each row's last real token: [B, num_labels] float32."""
-    hidden, _ = forward(params, cfg, ids=ids, mask=mask)
-    last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
-    return reward_head(params, last)
+    return reward_head(params, last_hidden(params, cfg, ids, mask))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -305,15 +307,28 @@ def prefill(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array | 
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
+def last_hidden_after(
+    params: Params, cfg: ModelConfig, cache: KVCache, ids: jax.Array, mask: jax.Array | None = None
+) -> jax.Array:
+    """Final-normed hidden state at each row's last real new token after the cached prefix: [B, H]."""
+    if mask is None:
+        mask = jnp.ones(ids.shape, bool)
+    hidden, _ = forward(params, cfg, ids=ids, mask=mask, cache=cache)
+    return hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def last_hidden(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    hidden, _ = forward(params, cfg, ids=ids, mask=mask)
+    return hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
 def rewards_after(
     params: Params, cfg: ModelConfig, cache: KVCache, ids: jax.Array, mask: jax.Array | None = None
 ) -> jax.Array:
     """Score-head outputs for `cache` prefix + `ids`, at each row's last real new token."""
-    if mask is None:
-        mask = jnp.ones(ids.shape, bool)
-    hidden, _ = forward(params, cfg, ids=ids, mask=mask, cache=cache)
-    last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
-    return reward_head(params, last)
+    return reward_head(params, last_hidden_after(params, cfg, cache, ids, mask))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

@@ -28,8 +28,6 @@ class TextScorer:
     """Scores response strings for one prompt against its cached prefix."""
 
     def __init__(self, model: Model, prompt: str, template: str = "auto", add_special_tokens: bool = False):
-        if not model.config.is_reward_model:
-            raise ValueError(f"{model.source} has no score head; text scoring needs a reward model.")
         self.model, self.prompt, self.add_special_tokens = model, prompt, add_special_tokens
         self.split = chat.split_chat(model.tokenizer, prompt, template, model.config.max_position_embeddings)
         tok = model.tokenizer
@@ -45,20 +43,32 @@ class TextScorer:
         if self.split.template == "chat":
             messages = [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}]
             return tok.apply_chat_template(messages, tokenize=False)
-        return chat.PLAIN_FORMAT.format(prompt=self.prompt) + response
+        return chat.PLAIN_FORMAT.format(prompt=self.prompt) + " " + response.strip()
 
     def token_ids(self, responses: list[str]) -> list[list[int]]:
         """The re-tokenized conversations (what the reference pipeline feeds its model)."""
         tok = self.model.tokenizer
-        if self.split.template == "plain":
-            return [self.prefix + ids for ids in tok(responses, add_special_tokens=False).input_ids]
+        if self.split.template == "plain":  # one space after "Assistant:", trimmed like chat templates do
+            spaced = [" " + r.strip() for r in responses]
+            return [self.prefix + ids for ids in tok(spaced, add_special_tokens=False).input_ids]
         texts = [self.conversation(r) for r in responses]
         return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
 
     def score(self, responses: list[str], batch_size: int = 256) -> np.ndarray:
+        """Reward of each response: [N] float32."""
+        if not self.model.config.is_reward_model:
+            raise ValueError(f"{self.model.source} has no score head; text scoring needs a reward model.")
+        idx = self.model.config.reward_index
+        return self._run(responses, batch_size, lambda h: M.reward_head(self.model.params, h)[:, idx], 1)[:, 0]
+
+    def features(self, responses: list[str], batch_size: int = 256) -> np.ndarray:
+        """Final hidden state at the last token of each conversation: [N, hidden] float32 (for head training)."""
+        return self._run(responses, batch_size, lambda h: h.astype(np.float32), self.model.config.hidden_size)
+
+    def _run(self, responses: list[str], batch_size: int, head, width_out: int) -> np.ndarray:
         model, p = self.model, len(self.prefix)
         max_pos = model.config.max_position_embeddings
-        out = np.zeros(len(responses), np.float32)
+        out = np.zeros((len(responses), width_out), np.float32)
         cached, full = collections.defaultdict(list), collections.defaultdict(list)
         for i, ids in enumerate(self.token_ids(responses)):
             if len(ids) > max_pos:
@@ -78,12 +88,11 @@ class TextScorer:
                         ids[r, : len(seq)], mask[r, : len(seq)] = seq, True
                     ids, mask = shard_batch(model, ids), shard_batch(model, mask)
                     if with_cache:
-                        scores = M.rewards_after(model.params, model.config, self.cache, ids, mask)
+                        hidden = M.last_hidden_after(model.params, model.config, self.cache, ids, mask)
                     else:
-                        scores = M.rewards(model.params, model.config, ids, mask)
-                    scores = np.asarray(scores)[:, model.config.reward_index]
-                    for r, (i, _) in enumerate(part):
-                        out[i] = scores[r]
+                        hidden = M.last_hidden(model.params, model.config, ids, mask)
+                    values = np.asarray(head(hidden)).reshape(batch_size, width_out)
+                    out[[i for i, _ in part]] = values[: len(part)]
         return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ class Model:
     dtype: str = "float32"
     mesh: jax.sharding.Mesh | None = None
     load_seconds: float = 0.0
+    raw_config: dict = dataclasses.field(default_factory=dict)  # config.json as read (for saving)
 
     @property
     def chat_template(self) -> str | None:
@@ -89,6 +91,7 @@ def load_hf_model_folder(
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such model folder.")
     cfg = load_config_file(folder / "config.json")
+    raw_config = json.loads((folder / "config.json").read_text())
     tensors = (
         item for path in safetensors_io.checkpoint_files(folder) for item in safetensors_io.iter_tensors(path)
     )
@@ -103,4 +106,5 @@ def load_hf_model_folder(
         dtype=dtype,
         mesh=mesh,
         load_seconds=time.perf_counter() - start,
+        raw_config=raw_config,
     )

@@ -51,14 +51,37 @@ def _heads_out(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     return w.T.reshape(cfg.num_heads, cfg.head_dim, cfg.hidden_size)
 
 
+def _heads_in_inverse(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    return w.reshape(cfg.hidden_size, -1).T
+
+
+def _heads_out_inverse(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    return w.reshape(-1, cfg.hidden_size).T
+
+
+# Each forward transform's inverse (rmjax layout -> HF layout), for saving checkpoints.
+_INVERSE = {_identity: _identity, _transpose: _transpose, _heads_out: _heads_out_inverse}
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     pattern: str  # regex over the normalized HF key; (?P<layer>...) marks stacked tensors
     target: str
     transform: Transform = _identity
+    hf_key: str = ""  # the key to write when saving ({layer} filled in)
+
+    @property
+    def inverse(self) -> Transform:
+        return _INVERSE.get(self.transform, _heads_in_inverse)
 
     def match(self, key: str) -> re.Match | None:
         return re.fullmatch(self.pattern, key)
+
+
+def _rule(pattern: str, target: str, transform: Transform = _identity) -> Rule:
+    key = pattern.replace(r"layers\.(?P<layer>\d+)\.", "layers.{layer}.").replace("\\.", ".")
+    prefix = "" if target in ("score", "lm_head") else "model."
+    return Rule(pattern, target, transform, prefix + key)
 
 
 def hf_rules(cfg: ModelConfig) -> list[Rule]:
@@ -67,25 +90,28 @@ def hf_rules(cfg: ModelConfig) -> list[Rule]:
     # `pre_feedforward_layernorm` and use `post_attention_layernorm` after attention.
     post_attn_target = "layers.post_attn_norm" if cfg.sandwich_norms else "layers.mlp_norm"
     rules = [
-        Rule(r"embed_tokens\.weight", "embed"),
-        Rule(r"norm\.weight", "final_norm"),
-        Rule(layer + r"input_layernorm\.weight", "layers.attn_norm"),
-        Rule(layer + r"post_attention_layernorm\.weight", post_attn_target),
-        Rule(layer + r"pre_feedforward_layernorm\.weight", "layers.mlp_norm"),
-        Rule(layer + r"post_feedforward_layernorm\.weight", "layers.post_mlp_norm"),
-        Rule(layer + r"self_attn\.q_proj\.weight", "layers.q", _heads_in(lambda c: c.num_heads)),
-        Rule(layer + r"self_attn\.k_proj\.weight", "layers.k", _heads_in(lambda c: c.num_kv_heads)),
-        Rule(layer + r"self_attn\.v_proj\.weight", "layers.v", _heads_in(lambda c: c.num_kv_heads)),
-        Rule(layer + r"self_attn\.o_proj\.weight", "layers.o", _heads_out),
-        Rule(layer + r"self_attn\.q_norm\.weight", "layers.q_norm"),
-        Rule(layer + r"self_attn\.k_norm\.weight", "layers.k_norm"),
-        Rule(layer + r"mlp\.gate_proj\.weight", "layers.gate", _transpose),
-        Rule(layer + r"mlp\.up_proj\.weight", "layers.up", _transpose),
-        Rule(layer + r"mlp\.down_proj\.weight", "layers.down", _transpose),
-        Rule(r"score\.weight", "score", _transpose),
+        _rule(r"embed_tokens\.weight", "embed"),
+        _rule(r"norm\.weight", "final_norm"),
+        _rule(layer + r"input_layernorm\.weight", "layers.attn_norm"),
+        _rule(layer + r"post_attention_layernorm\.weight", post_attn_target),
+        _rule(layer + r"self_attn\.q_proj\.weight", "layers.q", _heads_in(lambda c: c.num_heads)),
+        _rule(layer + r"self_attn\.k_proj\.weight", "layers.k", _heads_in(lambda c: c.num_kv_heads)),
+        _rule(layer + r"self_attn\.v_proj\.weight", "layers.v", _heads_in(lambda c: c.num_kv_heads)),
+        _rule(layer + r"self_attn\.o_proj\.weight", "layers.o", _heads_out),
+        _rule(layer + r"self_attn\.q_norm\.weight", "layers.q_norm"),
+        _rule(layer + r"self_attn\.k_norm\.weight", "layers.k_norm"),
+        _rule(layer + r"mlp\.gate_proj\.weight", "layers.gate", _transpose),
+        _rule(layer + r"mlp\.up_proj\.weight", "layers.up", _transpose),
+        _rule(layer + r"mlp\.down_proj\.weight", "layers.down", _transpose),
+        _rule(r"score\.weight", "score", _transpose),
     ]
+    if cfg.sandwich_norms:
+        rules += [
+            _rule(layer + r"pre_feedforward_layernorm\.weight", "layers.mlp_norm"),
+            _rule(layer + r"post_feedforward_layernorm\.weight", "layers.post_mlp_norm"),
+        ]
     if not cfg.tie_embeddings and not cfg.is_reward_model:
-        rules.append(Rule(r"lm_head\.weight", "lm_head", _transpose))
+        rules.append(_rule(r"lm_head\.weight", "lm_head", _transpose))
     return rules
 
 
@@ -162,4 +188,19 @@ def assemble(
             f"{source}: missing parameters {what}; the checkpoint is incomplete (all shards "
             f"listed in model.safetensors.index.json must be present).{hint}"
         )
+    return out
+
+
+def to_hf_tensors(flat: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """rmjax parameters -> HF checkpoint tensors (the inverse of `assemble`)."""
+    out = {}
+    for rule in hf_rules(cfg):
+        if rule.target not in flat:
+            continue
+        value = np.asarray(flat[rule.target])
+        if "(?P<layer>" in rule.pattern:
+            for i in range(cfg.num_layers):
+                out[rule.hf_key.format(layer=i)] = np.ascontiguousarray(rule.inverse(value[i], cfg))
+        else:
+            out[rule.hf_key] = np.ascontiguousarray(rule.inverse(value, cfg))
     return out

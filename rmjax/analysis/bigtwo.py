@@ -1,0 +1,103 @@
+"""Paper 2: where agency and communion words rank in each RM's scores (Big Two dictionaries).
+
+Tokens are matched to stems after stripping and lower-casing; a token matched by stems of both
+categories is left out. Ranks are within each model's whole table (1 = highest score); the
+percentile (share of the table at or below the token's score, 1 = top) compares models whose
+vocabularies differ in size.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from rmjax.analysis import lexicons, stats
+from rmjax.analysis.data import ScoreTable, common_prompts, read_table
+
+AGENCY, COMMUNION = lexicons.AGENCY, lexicons.COMMUNION
+
+
+def bigtwo_points(table: ScoreTable, prompt: str, lexicon: dict[str, Sequence[str]],
+                  category: np.ndarray | None = None) -> pd.DataFrame:
+    """Matched tokens of one model: string, category, score, rank and percentile in the whole table.
+
+    `category` (from `lexicons.categorize`) saves matching the table again for each prompt."""
+    scores = table.frame[prompt].to_numpy(np.float64)
+    category = lexicons.categorize(table.strings, lexicon) if category is None else category
+    rank = stats.descending_ranks(scores)
+    percentile = scipy_stats.rankdata(scores, method="max") / len(scores)
+    mask = np.isin(category, [AGENCY, COMMUNION])
+    return pd.DataFrame({"token_decoded": table.strings.to_numpy()[mask], "category": category[mask],
+                         "score": scores[mask], "rank": rank[mask], "percentile": percentile[mask]})
+
+
+def _compare(points: pd.DataFrame) -> dict[str, float]:
+    agency = points[points.category == AGENCY]
+    communion = points[points.category == COMMUNION]
+    test = stats.mann_whitney(agency["percentile"].to_numpy(), communion["percentile"].to_numpy())
+    return {"n_agency": len(agency), "n_communion": len(communion),
+            "median_rank_agency": float(agency["rank"].median()) if len(agency) else np.nan,
+            "median_rank_communion": float(communion["rank"].median()) if len(communion) else np.nan,
+            "median_percentile_agency": float(agency["percentile"].median()) if len(agency) else np.nan,
+            "median_percentile_communion": float(communion["percentile"].median()) if len(communion) else np.nan,
+            "mann_whitney_u": test["u"], "p_value": test["p_value"], "rank_biserial": test["rank_biserial"]}
+
+
+def bigtwo_comparison(tables: Sequence[ScoreTable], prompts: Sequence[str],
+                      lexicon: dict[str, Sequence[str]]) -> pd.DataFrame:
+    """Per model and prompt: agency vs communion Mann-Whitney U (U for agency) and rank-biserial r
+    (+1: every agency token above every communion token)."""
+    categories = {t.model: lexicons.categorize(t.strings, lexicon) for t in tables}
+    rows = []
+    for prompt in prompts:
+        for t in tables:
+            points = bigtwo_points(t, prompt, lexicon, categories[t.model])
+            rows.append({"prompt": prompt, "model": t.model, **_compare(points),
+                         "n_ambiguous_left_out": int((categories[t.model] == "ambiguous").sum())})
+    return pd.DataFrame(rows)
+
+
+def bigtwo_family_comparison(tables: Sequence[ScoreTable], prompts: Sequence[str],
+                             lexicon: dict[str, Sequence[str]], families: dict[str, str]) -> pd.DataFrame:
+    """The same test per base-model family, pooling the tokens' within-model percentiles."""
+    categories = {t.model: lexicons.categorize(t.strings, lexicon) for t in tables}
+    rows = []
+    for prompt in prompts:
+        for family in sorted(set(families.values())):
+            members = [t for t in tables if families.get(t.model) == family]
+            points = pd.concat([bigtwo_points(t, prompt, lexicon, categories[t.model]) for t in members],
+                               ignore_index=True)
+            rows.append({"prompt": prompt, "family": family, "models": ",".join(t.model for t in members),
+                         **_compare(points)})
+    return pd.DataFrame(rows)
+
+
+def load_checkpoints(directory: str | Path) -> list[tuple[int, ScoreTable]]:
+    """`step_<N>.csv` score tables of one training run, sorted by step."""
+    found = []
+    for path in Path(directory).glob("step_*.csv"):
+        match = re.fullmatch(r"step_(\d+)", path.stem)
+        if match:
+            frame, string_column = read_table(path)
+            found.append((int(match.group(1)), ScoreTable(path.stem, path.stem, frame, string_column, path)))
+    if not found:
+        raise FileNotFoundError(f"no step_<N>.csv score tables in {directory}.")
+    return sorted(found, key=lambda item: item[0])
+
+
+def bigtwo_checkpoints(steps: Sequence[tuple[int, ScoreTable]], lexicon: dict[str, Sequence[str]],
+                       prompts: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per training step and prompt: median agency and communion ranks (and the test of `bigtwo_comparison`)."""
+    prompts = list(prompts or common_prompts([t for _, t in steps]))
+    rows = []
+    for step, table in steps:
+        category = lexicons.categorize(table.strings, lexicon)
+        for prompt in prompts:
+            points = bigtwo_points(table, prompt, lexicon, category)
+            rows.append({"step": step, "prompt": prompt, **_compare(points)})
+    return pd.DataFrame(rows)

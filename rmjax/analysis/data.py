@@ -1,0 +1,207 @@
+"""Loading score tables and model metadata, and aligning models by decoded string.
+
+Models have different tokenizers and even one tokenizer's rows need not come in the same order,
+so everything that compares models joins on the decoded string (`token_decoded`, or `text` for
+tables of scored texts), never on the row index.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from rmjax import results
+
+TOKEN_KEYS = ["token_id", "token_name", "token_decoded"]
+TEXT_KEYS = ["text"]
+
+
+@dataclass(frozen=True)
+class ScoreTable:
+    """One model's scores: key columns plus one float column per prompt."""
+
+    model: str  # label used in tables and figures (nickname when the metadata knows the model)
+    source: str  # model name from the .meta.json beside the CSV, else the file stem
+    frame: pd.DataFrame
+    string_column: str  # "token_decoded" or "text"
+    path: Path | None = None
+
+    @property
+    def prompts(self) -> list[str]:
+        keys = TOKEN_KEYS if self.string_column == "token_decoded" else TEXT_KEYS
+        return [c for c in self.frame.columns if c not in keys]
+
+    @property
+    def strings(self) -> pd.Series:
+        return self.frame[self.string_column]
+
+
+def read_table(path: str | Path) -> tuple[pd.DataFrame, str]:
+    """A score/log-prob table (token schema) or a scored-text table (`text, <prompts>`), NA parsing off."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as f:
+        header = f.readline()
+    if header.lstrip().startswith(('"text"', "text")):
+        return results.read_scores_csv(path, n_keys=1), "text"
+    frame = results.read_scores_csv(path)
+    missing = [c for c in TOKEN_KEYS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: not a score table (missing columns {missing}); expected "
+                         "token_id, token_name, token_decoded, <one column per prompt> or text, <prompts>.")
+    return frame, "token_decoded"
+
+
+def source_name(path: str | Path) -> str:
+    """Model name: the `model` of the .meta.json beside the CSV (basename if it is a path), else the stem."""
+    path = Path(path)
+    meta = results.meta_path(path)
+    if meta.is_file():
+        model = json.loads(meta.read_text()).get("model")
+        if isinstance(model, str) and model:
+            if model.startswith(("/", ".", "~")) or model.endswith(".gguf"):
+                return Path(model.rstrip("/")).stem
+            return model
+    return path.stem
+
+
+def expand_paths(spec: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Score CSVs from a directory (every *.csv in it), a file, or a list/comma-separated mix of both."""
+    items = spec.split(",") if isinstance(spec, str) else [spec] if isinstance(spec, Path) else list(spec)
+    paths: list[Path] = []
+    for item in items:
+        item = Path(str(item).strip())
+        if item.is_dir():
+            paths += sorted(p for p in item.glob("*.csv") if p.is_file())
+        elif item.is_file():
+            paths.append(item)
+        else:
+            raise FileNotFoundError(f"score table or directory {item} not found.")
+    if not paths:
+        raise FileNotFoundError(f"no *.csv score tables in {spec}.")
+    return paths
+
+
+def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.DataFrame | None = None
+                      ) -> list[ScoreTable]:
+    """Every score table in `spec`, labelled by nickname when `metadata` knows the model."""
+    tables = []
+    for path in expand_paths(spec):
+        frame, string_column = read_table(path)
+        source = source_name(path)
+        tables.append(ScoreTable(model_label(source, metadata), source, frame, string_column, path))
+    labels = [t.model for t in tables]
+    duplicated = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicated:
+        raise ValueError(f"several score tables are for the same model {duplicated}; pass one file per model.")
+    return tables
+
+
+def parameters_in_billions(size: str | float | int | None) -> float:
+    """'27B' -> 27.0, '270M' -> 0.27; a bare number is taken as billions."""
+    if size is None:
+        return float("nan")
+    if isinstance(size, int | float):
+        return float(size)
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMBT]?)\s*", str(size), flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"cannot read a parameter count from size {size!r} (expected e.g. 8B or 270M).")
+    scale = {"": 1.0, "K": 1e-6, "M": 1e-3, "B": 1.0, "T": 1e3}[match.group(2).upper()]
+    return float(match.group(1)) * scale
+
+
+def load_model_metadata(path: str | Path) -> pd.DataFrame:
+    """Nickname, base model, developer (HF org of `name`), parameters (billions) and RewardBench rank.
+
+    Indexed by the HF model id `name`, in the YAML's order.
+    """
+    entries = yaml.safe_load(Path(path).read_text())
+    if isinstance(entries, dict):
+        entries = entries.get("models", list(entries.values()))
+    rows = []
+    for entry in entries:
+        name = str(entry["name"])
+        rows.append({
+            "name": name,
+            "nickname": str(entry.get("nickname") or name),
+            "base_model": str(entry.get("base_model", "")),
+            "family": str(entry.get("family", "")),
+            "developer": name.split("/")[0] if "/" in name else "",
+            "parameters_b": parameters_in_billions(entry.get("size")),
+            "reward_bench_rank": float(entry["reward_bench_rank"]) if "reward_bench_rank" in entry else np.nan,
+        })
+    return pd.DataFrame(rows).set_index("name", drop=False)
+
+
+def _aliases(name: str, nickname: str) -> set[str]:
+    short = name.split("/")[-1]
+    return {a.lower() for a in (name, nickname, short, name.replace("/", "_"), name.replace("/", "--"),
+                                name.replace("/", "__"))}
+
+
+def find_model(source: str, metadata: pd.DataFrame | None) -> pd.Series | None:
+    """The metadata row whose HF id, nickname or file-name form of the id equals `source`."""
+    if metadata is None:
+        return None
+    key = source.lower()
+    for _, row in metadata.iterrows():
+        if key in _aliases(row["name"], row["nickname"]):
+            return row
+    return None
+
+
+def model_label(source: str, metadata: pd.DataFrame | None) -> str:
+    row = find_model(source, metadata)
+    return source if row is None else str(row["nickname"])
+
+
+def metadata_for(labels: Sequence[str], metadata: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Metadata rows in the order of `labels` (indexed by label), or None unless every model is known."""
+    if metadata is None:
+        return None
+    rows = [find_model(label, metadata) for label in labels]
+    if any(r is None for r in rows):
+        return None
+    return pd.DataFrame(rows).set_index(pd.Index(list(labels), name="model"))
+
+
+def common_prompts(tables: Sequence[ScoreTable]) -> list[str]:
+    """Prompt columns every table has, in the first table's order."""
+    shared = set.intersection(*(set(t.prompts) for t in tables))
+    return [p for p in tables[0].prompts if p in shared]
+
+
+def unique_strings(table: ScoreTable) -> set[str]:
+    """Decoded strings that occur exactly once in this model's table."""
+    counts = table.strings.value_counts()
+    return set(counts.index[counts == 1])
+
+
+def shared_vocabulary(tables: Sequence[ScoreTable]) -> list[str]:
+    """Decoded strings present in every model, minus any string duplicated within some model (sorted)."""
+    return sorted(set.intersection(*(unique_strings(t) for t in tables)))
+
+
+def aligned_scores(tables: Sequence[ScoreTable], prompt: str, vocabulary: Sequence[str]) -> pd.DataFrame:
+    """Scores on `vocabulary` (strings unique within each model), one column per model, joined by string."""
+    columns = {}
+    for t in tables:
+        series = t.frame.set_index(t.string_column)[prompt]
+        series = series[~series.index.duplicated(keep=False)]
+        aligned = series.reindex(list(vocabulary))
+        if aligned.isna().any():
+            missing = list(aligned.index[aligned.isna()][:5])
+            raise ValueError(f"{t.model}: no unique score for strings {missing} of the shared vocabulary.")
+        columns[t.model] = aligned.to_numpy(np.float64)
+    return pd.DataFrame(columns, index=pd.Index(list(vocabulary), name="token_decoded"))
+
+
+def dedupe_keep_max(table: ScoreTable, prompts: Sequence[str]) -> pd.DataFrame:
+    """One row per decoded string, each prompt column holding the highest value over its duplicates."""
+    return table.frame.groupby(table.string_column, sort=True)[list(prompts)].max()

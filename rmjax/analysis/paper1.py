@@ -1,0 +1,143 @@
+"""Paper 1 analyses on score tables: moments, top/bottom tokens, heterogeneity, RSA, sentiment,
+frequency and framing. Each function returns a DataFrame; `report` writes them and draws the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from rmjax.analysis import lexicons, stats
+from rmjax.analysis.data import ScoreTable
+
+
+def moments_table(tables: Sequence[ScoreTable], prompts: Sequence[str], n_boot: int = 1000,
+                  seed: int = 0) -> pd.DataFrame:
+    """Mean, variance (ddof=0), skewness (biased) of each model's full score distribution, with
+    95% percentile-bootstrap CIs."""
+    rows = []
+    for prompt in prompts:
+        for t in tables:
+            scores = t.frame[prompt].to_numpy(np.float64)
+            rows.append({"prompt": prompt, "model": t.model, "n_tokens": len(scores),
+                         **stats.bootstrap_moments(scores, n_boot=n_boot, seed=seed)})
+    return pd.DataFrame(rows)
+
+
+def top_bottom_table(tables: Sequence[ScoreTable], prompts: Sequence[str], k: int = 20,
+                     vocabulary: Sequence[str] | None = None) -> pd.DataFrame:
+    """The k highest and k lowest scoring tokens per model and prompt, on the model's raw vocabulary
+    or (when given) only on `vocabulary`. Ties are ordered by string, then token id."""
+    rows = []
+    keep = None if vocabulary is None else set(vocabulary)
+    for prompt in prompts:
+        for t in tables:
+            frame = t.frame if keep is None else t.frame[t.strings.isin(keep)]
+            order = pd.DataFrame({"string": frame[t.string_column].to_numpy(),
+                                  "token_id": frame["token_id"].to_numpy() if "token_id" in frame else -1,
+                                  "score": frame[prompt].to_numpy(np.float64)})
+            order = order.sort_values(["score", "string", "token_id"], ascending=[False, True, True],
+                                      kind="mergesort").reset_index(drop=True)
+            n = len(order)
+            for side, part in (("top", order.head(k)), ("bottom", order.tail(k).iloc[::-1])):
+                for position, (idx, row) in enumerate(part.iterrows(), start=1):
+                    rows.append({"prompt": prompt, "model": t.model, "side": side, "rank": position,
+                                 "rank_in_vocabulary": int(idx) + 1, "vocabulary_size": n,
+                                 "token_id": int(row["token_id"]), "token_decoded": row["string"],
+                                 "score": float(row["score"])})
+    return pd.DataFrame(rows)
+
+
+def heterogeneity(aligned: pd.DataFrame, rbo_p: float = 0.9, rbo_depth: int = 132) -> dict[str, pd.DataFrame]:
+    """Model x model Kendall tau-b, Spearman rho and RBO on aligned scores (rows = shared strings)."""
+    return {"kendall_tau": stats.kendall_tau_matrix(aligned),
+            "spearman": stats.spearman_matrix(aligned),
+            "rbo": stats.rbo_matrix(aligned, p=rbo_p, depth=rbo_depth)}
+
+
+def rsa_table(tau: pd.DataFrame, metadata: pd.DataFrame, n_permutations: int = 10000,
+              seed: int = 0) -> pd.DataFrame:
+    """Spearman rho between the model dissimilarity 1 - tau and each theoretical similarity matrix,
+    with a permutation p-value. A negative rho means models similar in theory are similar in behaviour."""
+    dissimilarity = 1.0 - tau.to_numpy(np.float64)
+    rows = []
+    for name, theory in stats.theoretical_similarities(metadata.loc[list(tau.index)]).items():
+        result = stats.rsa_permutation_test(dissimilarity, theory.to_numpy(), n_permutations, seed)
+        rows.append({"theoretical_matrix": name, "spearman_rho": result["rho"], "p_value": result["p_value"],
+                     "n_permutations": result["n_permutations"], "exact": result["exact"]})
+    return pd.DataFrame(rows)
+
+
+def sentiment_points(table: ScoreTable, prompt: str, afinn: dict[str, int]) -> pd.DataFrame:
+    """Tokens of one model found in AFINN-111 (each token one point): token, sentiment, score."""
+    sentiment = lexicons.lookup(table.strings, afinn)
+    mask = ~np.isnan(sentiment)
+    return pd.DataFrame({"token_decoded": table.strings.to_numpy()[mask], "sentiment": sentiment[mask],
+                         "score": table.frame[prompt].to_numpy(np.float64)[mask]})
+
+
+def sentiment_regressions(tables: Sequence[ScoreTable], prompts: Sequence[str],
+                          afinn: dict[str, int]) -> pd.DataFrame:
+    """OLS slope (and SE) of score on AFINN value, separately for positive and negative words,
+    per model and prompt."""
+    rows = []
+    for prompt in prompts:
+        for t in tables:
+            points = sentiment_points(t, prompt, afinn)
+            for valence, part in (("positive", points[points.sentiment > 0]),
+                                  ("negative", points[points.sentiment < 0])):
+                fit = stats.ols(part.score.to_numpy(), {"sentiment": part.sentiment.to_numpy()})
+                rows.append({"prompt": prompt, "model": t.model, "valence": valence, "n_tokens": len(part),
+                             "slope": fit.loc["sentiment", "coef"], "se": fit.loc["sentiment", "se"],
+                             "intercept": fit.loc["intercept", "coef"]})
+    return pd.DataFrame(rows)
+
+
+def frequency_regressions(tables: Sequence[ScoreTable], prompts: Sequence[str], afinn: dict[str, int],
+                          frequencies: dict[str, float]) -> pd.DataFrame:
+    """score ~ log(BNC frequency per million) + sentiment per model and prompt, over tokens whose
+    normalized form is in the BNC list; words absent from AFINN-111 count as sentiment 0 (AFINN's
+    own convention for unlisted words)."""
+    rows = []
+    for prompt in prompts:
+        for t in tables:
+            freq = lexicons.lookup(t.strings, frequencies)
+            mask = ~np.isnan(freq)
+            sentiment = np.nan_to_num(lexicons.lookup(t.strings, afinn), nan=0.0)[mask]
+            log_frequency = np.log(freq[mask])
+            fit = stats.ols(t.frame[prompt].to_numpy(np.float64)[mask],
+                            {"log_frequency": log_frequency, "sentiment": sentiment})
+            rows.append({"prompt": prompt, "model": t.model, "n_tokens": int(mask.sum()),
+                         "slope_log_frequency": fit.loc["log_frequency", "coef"],
+                         "se_log_frequency": fit.loc["log_frequency", "se"],
+                         "slope_sentiment": fit.loc["sentiment", "coef"], "se_sentiment": fit.loc["sentiment", "se"]})
+    return pd.DataFrame(rows)
+
+
+def framing_tables(tables: Sequence[ScoreTable], best: str = "best", worst: str = "worst",
+                   k: int = 20) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(correlations, rankings): per model the best-vs-worst Pearson/Spearman/Kendall correlation,
+    and the top/bottom k tokens of best+worst (good or bad answers to both) and best-worst (the
+    valence axis), on each model's raw vocabulary with scores z-scored per prompt first, so the two
+    framings weigh equally."""
+    correlations, rankings = [], []
+    for t in tables:
+        b = stats.z_scores(t.frame[best].to_numpy(np.float64))
+        w = stats.z_scores(t.frame[worst].to_numpy(np.float64))
+        correlations.append({"model": t.model, "n_tokens": len(b), "pearson": float(np.corrcoef(b, w)[0, 1]),
+                             "spearman": float(scipy_stats.spearmanr(b, w).statistic),
+                             "kendall_tau": float(scipy_stats.kendalltau(b, w, variant="b").statistic)})
+        for combination, values in ((f"{best}+{worst}", b + w), (f"{best}-{worst}", b - w)):
+            combined = ScoreTable(t.model, t.source, pd.DataFrame({
+                t.string_column: t.strings.to_numpy(), "combined": values,
+                **({"token_id": t.frame["token_id"].to_numpy()} if "token_id" in t.frame else {})}),
+                t.string_column)
+            part = top_bottom_table([combined], ["combined"], k)
+            part["combination"] = combination
+            rankings.append(part.drop(columns="prompt"))
+    ranking_frame = pd.concat(rankings, ignore_index=True).rename(columns={"score": "combined_z"})
+    columns = ["combination", "model", "side", "rank", "token_id", "token_decoded", "combined_z"]
+    return pd.DataFrame(correlations), ranking_frame[columns]

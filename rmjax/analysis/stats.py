@@ -1,0 +1,237 @@
+"""Pure statistics: moments, rank correlations, RBO, MDS, RSA with a permutation test, OLS, Mann-Whitney.
+
+Every function takes arrays or DataFrames and returns numbers or DataFrames; nothing reads or writes
+files, so each can be checked against an independent reference on hand-made data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+
+def moments(x: np.ndarray) -> dict[str, float]:
+    """Mean, population variance (ddof=0) and biased skewness, as in the paper's Table of moments."""
+    x = np.asarray(x, np.float64)
+    return {"mean": float(x.mean()), "variance": float(x.var(ddof=0)),
+            "skewness": float(stats.skew(x, bias=True))}
+
+
+def _batched_moments(samples: np.ndarray) -> np.ndarray:
+    mean = samples.mean(axis=1)
+    centred = samples - mean[:, None]
+    m2 = (centred**2).mean(axis=1)
+    m3 = (centred**3).mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        skewness = np.where(m2 > 0, m3 / m2**1.5, np.nan)
+    return np.stack([mean, m2, skewness], axis=1)
+
+
+def bootstrap_moments(x: np.ndarray, n_boot: int = 1000, confidence: float = 0.95, seed: int = 0,
+                      max_elements: int = 2**24) -> dict[str, float]:
+    """`moments` plus percentile-bootstrap confidence intervals (resampling tokens with replacement).
+
+    Keys: mean, variance, skewness and <each>_ci_low / <each>_ci_high.
+    """
+    x = np.asarray(x, np.float64)
+    rng = np.random.default_rng(seed)
+    batch = max(1, max_elements // max(len(x), 1))
+    draws = []
+    for start in range(0, n_boot, batch):
+        idx = rng.integers(0, len(x), size=(min(batch, n_boot - start), len(x)))
+        draws.append(_batched_moments(x[idx]))
+    boot = np.concatenate(draws) if draws else np.empty((0, 3))
+    alpha = (1.0 - confidence) / 2.0
+    out = moments(x)
+    for j, name in enumerate(("mean", "variance", "skewness")):
+        low, high = np.nanquantile(boot[:, j], [alpha, 1.0 - alpha]) if len(boot) else (np.nan, np.nan)
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = float(low), float(high)
+    return out
+
+
+def descending_ranks(x: np.ndarray) -> np.ndarray:
+    """Rank 1 = highest value; ties get their average rank."""
+    return stats.rankdata(-np.asarray(x, np.float64), method="average")
+
+
+def z_scores(x: np.ndarray) -> np.ndarray:
+    """(x - mean) / std with ddof=0."""
+    x = np.asarray(x, np.float64)
+    return (x - x.mean()) / x.std(ddof=0)
+
+
+def _pairwise(frame: pd.DataFrame, fn) -> pd.DataFrame:
+    cols = list(frame.columns)
+    out = np.eye(len(cols))
+    values = [frame[c].to_numpy(np.float64) for c in cols]
+    for i, j in itertools.combinations(range(len(cols)), 2):
+        out[i, j] = out[j, i] = fn(values[i], values[j])
+    return pd.DataFrame(out, index=cols, columns=cols)
+
+
+def kendall_tau_matrix(frame: pd.DataFrame) -> pd.DataFrame:
+    """Kendall tau-b between every pair of columns (rows are the aligned items)."""
+    return _pairwise(frame, lambda a, b: stats.kendalltau(a, b, variant="b").statistic)
+
+
+def spearman_matrix(frame: pd.DataFrame) -> pd.DataFrame:
+    return _pairwise(frame, lambda a, b: stats.spearmanr(a, b).statistic)
+
+
+def ranking(scores: pd.Series) -> list:
+    """Items (the index) sorted by score, highest first; ties broken by the item itself, so the
+    ranking does not depend on row order."""
+    ordered = pd.DataFrame({"item": scores.index.astype(str), "score": scores.to_numpy(np.float64)})
+    ordered = ordered.sort_values(["score", "item"], ascending=[False, True], kind="mergesort")
+    return list(ordered["item"])
+
+
+def rbo(ranking_a: Sequence, ranking_b: Sequence, p: float = 0.9, depth: int = 132) -> float:
+    """Truncated rank-biased overlap (Webber, Moffat & Zobel 2010), the prefix sum at depth d:
+
+        RBO@d = (1 - p) * sum_{k=1..d} p^(k-1) * |S[:k] & T[:k]| / k
+
+    with no extrapolation of the unseen tail, so two identical rankings score 1 - p^d (0.99999990
+    for p=0.9, d=132), not 1. Depth is capped at the shorter ranking.
+    """
+    depth = min(depth, len(ranking_a), len(ranking_b))
+    seen_a: set = set()
+    seen_b: set = set()
+    overlap = 0
+    total = 0.0
+    for k in range(1, depth + 1):
+        a, b = ranking_a[k - 1], ranking_b[k - 1]
+        if a == b:
+            overlap += 1
+        else:
+            overlap += (a in seen_b) + (b in seen_a)
+        seen_a.add(a)
+        seen_b.add(b)
+        total += p ** (k - 1) * overlap / k
+    return (1.0 - p) * total
+
+
+def rbo_matrix(frame: pd.DataFrame, p: float = 0.9, depth: int = 132) -> pd.DataFrame:
+    """RBO between every pair of columns; rankings are the index sorted by each column, descending."""
+    rankings = {c: ranking(frame[c])[:depth] for c in frame.columns}
+    cols = list(frame.columns)
+    out = pd.DataFrame(np.eye(len(cols)), index=cols, columns=cols)
+    for a, b in itertools.combinations(cols, 2):
+        out.loc[a, b] = out.loc[b, a] = rbo(rankings[a], rankings[b], p, depth)
+    for c in cols:
+        out.loc[c, c] = rbo(rankings[c], rankings[c], p, depth)
+    return out
+
+
+def mds_embedding(dissimilarity: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """2-D metric MDS of a precomputed dissimilarity matrix (rows = models), columns x and y.
+
+    scikit-learn >= 1.8 spells `dissimilarity='precomputed'` as `metric='precomputed'`; the start is
+    classical MDS, so the layout is reproducible.
+    """
+    from sklearn.manifold import MDS
+
+    values = dissimilarity.to_numpy(np.float64)
+    values = (values + values.T) / 2.0
+    np.fill_diagonal(values, 0.0)
+    mds = MDS(n_components=2, metric="precomputed", metric_mds=True, init="classical_mds", random_state=seed)
+    coords = mds.fit_transform(values)
+    return pd.DataFrame(coords, index=dissimilarity.index, columns=["x", "y"])
+
+
+def upper_triangle(matrix: np.ndarray | pd.DataFrame) -> np.ndarray:
+    matrix = np.asarray(matrix, np.float64)
+    return matrix[np.triu_indices(len(matrix), k=1)]
+
+
+def theoretical_similarities(metadata: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The paper's four RSA model matrices, as similarities between models (rows of `metadata`):
+    same base [base_i == base_j]; same developer; parameters (1+|p_i-p_j|)^-1 (billions);
+    RewardBench rank (1+|r_i-r_j|)^-1."""
+    labels = list(metadata.index)
+
+    def frame(values: np.ndarray) -> pd.DataFrame:
+        return pd.DataFrame(values.astype(np.float64), index=labels, columns=labels)
+
+    base = metadata["base_model"].to_numpy()
+    developer = metadata["developer"].to_numpy()
+    params = metadata["parameters_b"].to_numpy(np.float64)
+    rank = metadata["reward_bench_rank"].to_numpy(np.float64)
+    return {
+        "same_base_model": frame(base[:, None] == base[None, :]),
+        "same_developer": frame(developer[:, None] == developer[None, :]),
+        "parameter_similarity": frame(1.0 / (1.0 + np.abs(params[:, None] - params[None, :]))),
+        "rewardbench_rank_similarity": frame(1.0 / (1.0 + np.abs(rank[:, None] - rank[None, :]))),
+    }
+
+
+def rsa_permutation_test(model_dissimilarity: np.ndarray, theory: np.ndarray, n_permutations: int = 10000,
+                         seed: int = 0) -> dict[str, float]:
+    """Spearman rho between the upper triangles of two model x model matrices, and a two-sided
+    permutation p-value from relabelling the models (rows and columns of `theory` permuted together).
+
+    When n! <= n_permutations every relabelling is enumerated (exact p); otherwise p = (1 + #{|rho*| >=
+    |rho|}) / (1 + n_permutations) over random relabellings.
+    """
+    model_dissimilarity = np.asarray(model_dissimilarity, np.float64)
+    theory = np.asarray(theory, np.float64)
+    n = len(theory)
+    iu = np.triu_indices(n, k=1)
+    observed_x, observed_y = model_dissimilarity[iu], theory[iu]
+    if np.ptp(observed_x) == 0 or np.ptp(observed_y) == 0:
+        return {"rho": float("nan"), "p_value": float("nan"), "n_permutations": 0, "exact": False}
+    rho = float(stats.spearmanr(observed_x, observed_y).statistic)
+    exact = math.factorial(n) <= n_permutations
+    if exact:
+        perms = np.array(list(itertools.permutations(range(n))))
+    else:
+        rng = np.random.default_rng(seed)
+        perms = np.argsort(rng.random((n_permutations, n)), axis=1)
+    permuted = theory[perms[:, :, None], perms[:, None, :]][:, iu[0], iu[1]]
+    ranked_y = stats.rankdata(permuted, axis=1)
+    ranked_x = stats.rankdata(observed_x)
+    ranked_x = ranked_x - ranked_x.mean()
+    ranked_y = ranked_y - ranked_y.mean(axis=1, keepdims=True)
+    null = (ranked_y @ ranked_x) / (np.linalg.norm(ranked_y, axis=1) * np.linalg.norm(ranked_x))
+    extreme = np.abs(null) >= abs(rho) - 1e-12
+    p_value = float(extreme.mean()) if exact else float((1 + extreme.sum()) / (1 + len(null)))
+    return {"rho": rho, "p_value": p_value, "n_permutations": int(len(null)), "exact": exact}
+
+
+def ols(y: np.ndarray, predictors: dict[str, np.ndarray]) -> pd.DataFrame:
+    """OLS of y on an intercept and `predictors`: coefficient and standard error (sigma^2 = RSS/(n-k)).
+
+    Rows: intercept, then each predictor. Too few points or a rank-deficient design give NaN.
+    """
+    y = np.asarray(y, np.float64)
+    names = ["intercept", *predictors]
+    design = np.column_stack([np.ones_like(y), *(np.asarray(v, np.float64) for v in predictors.values())])
+    n, k = design.shape
+    nan = pd.DataFrame({"coef": np.nan, "se": np.nan}, index=names)
+    if n <= k:
+        return nan
+    q, r = np.linalg.qr(design)
+    if np.min(np.abs(np.diag(r))) < 1e-10 * max(1.0, np.max(np.abs(np.diag(r)))):
+        return nan
+    coef = np.linalg.solve(r, q.T @ y)
+    residual = y - design @ coef
+    sigma2 = residual @ residual / (n - k)
+    r_inv = np.linalg.inv(r)
+    se = np.sqrt(sigma2 * np.sum(r_inv**2, axis=1))
+    return pd.DataFrame({"coef": coef, "se": se}, index=names)
+
+
+def mann_whitney(x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Two-sided Mann-Whitney U of x vs y, U for x, and the rank-biserial correlation 2U/(n_x n_y) - 1
+    (+1: every x above every y)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) == 0 or len(y) == 0:
+        return {"u": float("nan"), "p_value": float("nan"), "rank_biserial": float("nan")}
+    result = stats.mannwhitneyu(x, y, alternative="two-sided")
+    u = float(result.statistic)
+    return {"u": u, "p_value": float(result.pvalue), "rank_biserial": 2.0 * u / (len(x) * len(y)) - 1.0}

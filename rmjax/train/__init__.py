@@ -1,0 +1,1 @@
+"""Reward-model training: Bradley–Terry objective, EloEverything pairs, optax loop, orbax checkpoints."""

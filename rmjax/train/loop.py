@@ -1,0 +1,261 @@
+"""Bradley–Terry training with optax, orbax checkpoints and exact resume.
+
+Trainable part: `head` (the backbone is frozen, so its features are computed once with the
+prefix cache and training is a logistic regression on them), `last_k` (the last K decoder
+layers, the final norm and the head) or `full` (everything but the embeddings). The batch order
+is a pure function of (seed, step), so a run resumed from a checkpoint replays exactly the
+batches — and the loss curve — of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from rmjax import model as M
+from rmjax.loading.hf import Model
+from rmjax.prefix import shard_batch
+from rmjax.progress import Progress
+from rmjax.textscore import TextScorer
+from rmjax.train.data import Pairs
+from rmjax.train.rm import bradley_terry_loss
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    trainable: str = "head"  # head | last_k | full
+    last_k: int = 2
+    steps: int = 300
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    checkpoint_every: int = 50
+    keep_checkpoints: int | None = None  # None keeps every checkpoint (for analysis along training)
+    seed: int = 0
+    template: str = "auto"
+    feature_batch_size: int = 256
+
+
+@dataclasses.dataclass
+class TrainResult:
+    model: Model
+    history: list[dict]
+    evals: list[dict]
+    seconds: float
+    steps_per_second: float
+    resumed_from: int | None
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.learning_rate, max(cfg.warmup_steps, 1), max(cfg.steps, cfg.warmup_steps + 1), cfg.learning_rate * 0.1
+    )
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
+
+
+def batch_indices(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """Rows of step `step`: consecutive slices of per-epoch permutations (deterministic in seed, step)."""
+    out = []
+    pos = step * batch_size
+    while len(out) < batch_size:
+        epoch, offset = divmod(pos, n)
+        perm = np.random.default_rng([seed, epoch]).permutation(n)
+        take = perm[offset : offset + batch_size - len(out)]
+        out.extend(take.tolist())
+        pos += len(take)
+    return np.asarray(out)
+
+
+class _Features:
+    """Frozen-backbone features of every distinct (prompt, response), computed once."""
+
+    def __init__(self, model: Model, pairs: list[Pairs], template: str, batch_size: int):
+        by_prompt: dict[str, set[str]] = {}
+        for p in pairs:
+            for prompt, a, b in zip(p.prompt, p.chosen, p.rejected, strict=True):
+                by_prompt.setdefault(prompt, set()).update((a, b))
+        self.index, rows = {}, []
+        for prompt, texts in by_prompt.items():
+            texts = sorted(texts)
+            feats = TextScorer(model, prompt, template).features(texts, batch_size)
+            for t, f in zip(texts, feats, strict=True):
+                self.index[(prompt, t)] = len(rows)
+                rows.append(f)
+        self.matrix = np.stack(rows).astype(np.float32)
+
+    def pair_rows(self, p: Pairs) -> tuple[np.ndarray, np.ndarray]:
+        c = np.asarray([self.index[(q, t)] for q, t in zip(p.prompt, p.chosen, strict=True)])
+        r = np.asarray([self.index[(q, t)] for q, t in zip(p.prompt, p.rejected, strict=True)])
+        return c, r
+
+
+class _Sequences:
+    """Token ids of every conversation, right-padded to one width (one compilation)."""
+
+    def __init__(self, model: Model, pairs: Pairs, template: str):
+        scorers = {q: TextScorer(model, q, template) for q in set(pairs.prompt)}
+        chosen = [scorers[q].token_ids([t])[0] for q, t in zip(pairs.prompt, pairs.chosen, strict=True)]
+        rejected = [scorers[q].token_ids([t])[0] for q, t in zip(pairs.prompt, pairs.rejected, strict=True)]
+        width = max(len(s) for s in chosen + rejected)
+        self.ids = np.zeros((2, len(pairs), width), np.int32)
+        self.mask = np.zeros((2, len(pairs), width), bool)
+        for side, seqs in enumerate((chosen, rejected)):
+            for i, s in enumerate(seqs):
+                self.ids[side, i, : len(s)], self.mask[side, i, : len(s)] = s, True
+
+
+def _layer_mask(model: Model, cfg: TrainConfig) -> M.Params:
+    """1.0 where a parameter trains, 0.0 where frozen (per layer for stacked weights)."""
+    n = model.config.num_layers
+    k = n if cfg.trainable == "full" else cfg.last_k
+    per_layer = (np.arange(n) >= n - k).astype(np.float32)
+
+    def leaf(path, x):
+        name = jax.tree_util.keystr(path)
+        if ".layers." in name:
+            return jnp.asarray(per_layer).reshape((n,) + (1,) * (x.ndim - 1))
+        trains = "score" in name or "final_norm" in name
+        return jnp.asarray(1.0 if trains else 0.0)
+
+    return jax.tree_util.tree_map_with_path(leaf, model.params)
+
+
+def train_reward_model(
+    model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: str | Path, log=print
+) -> TrainResult:
+    """Train `model` (a reward model with a score head) on `train`; evaluate on `heldout`."""
+    if cfg.trainable not in ("head", "last_k", "full"):
+        raise ValueError(f"trainable must be head, last_k or full, not {cfg.trainable!r}")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    opt = make_optimizer(cfg)
+    start = time.perf_counter()
+    if cfg.trainable == "head":
+        feats = _Features(model, [train, heldout], cfg.template, cfg.feature_batch_size)
+        train_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(train))
+        held_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(heldout))
+        matrix = jnp.asarray(feats.matrix)
+        log(f"features of {len(feats.matrix)} distinct responses in {time.perf_counter() - start:.1f} s")
+
+        def rewards_of(params, side_rows):
+            return M.score_head(params["score"], matrix[side_rows])[:, 0]
+
+        trainable = {"score": model.params.score}
+        grad_mask = None
+    else:
+        train_seq, held_seq = _Sequences(model, train, cfg.template), _Sequences(model, heldout, cfg.template)
+        train_ids, train_mask = jnp.asarray(train_seq.ids), jnp.asarray(train_seq.mask)
+        grad_mask = _layer_mask(model, cfg)
+        trainable = model.params
+
+    def batch_loss(params, idx, label):
+        if cfg.trainable == "head":
+            rc, rr = rewards_of(params, train_rows[0][idx]), rewards_of(params, train_rows[1][idx])
+        else:
+            rc = M.rewards(params, model.config, train_ids[0][idx], train_mask[0][idx])[:, 0]
+            rr = M.rewards(params, model.config, train_ids[1][idx], train_mask[1][idx])[:, 0]
+        return bradley_terry_loss(rc, rr, label)
+
+    @jax.jit
+    def step_fn(params, opt_state, idx, label):
+        loss, grads = jax.value_and_grad(batch_loss)(params, idx, label)
+        if grad_mask is not None:
+            grads = jax.tree.map(lambda g, m: g * m, grads, grad_mask)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        if grad_mask is not None:
+            updates = jax.tree.map(lambda u, m: u * m, updates, grad_mask)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def evaluate(params) -> dict:
+        if cfg.trainable == "head":
+            rc, rr = rewards_of(params, held_rows[0]), rewards_of(params, held_rows[1])
+        else:
+            rc = _seq_rewards(params, model, held_seq, 0)
+            rr = _seq_rewards(params, model, held_seq, 1)
+        label = jnp.asarray(heldout.label)
+        agree = jnp.where(label >= 0.5, rc > rr, rc < rr)
+        return {"heldout_accuracy": float(jnp.mean(agree)), "heldout_loss": float(bradley_terry_loss(rc, rr, label))}
+
+    state = {"params": trainable, "opt_state": opt.init(trainable)}
+    manager = ocp.CheckpointManager(
+        (workdir / "checkpoints").resolve(),
+        options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints, create=True),
+    )
+    resumed_from = manager.latest_step()
+    first = 0
+    if resumed_from is not None:
+        state = manager.restore(resumed_from, args=ocp.args.StandardRestore(state))
+        first = resumed_from
+        log(f"resumed from checkpoint at step {resumed_from}")
+    history = _read_log(workdir / "train_log.csv", upto=first)
+    evals = _read_log(workdir / "eval_log.csv", upto=first)
+    params, opt_state = state["params"], state["opt_state"]
+    progress = Progress(cfg.steps, "train", unit="steps", done=first)
+    loop_start = time.perf_counter()
+    for step in range(first, cfg.steps):
+        idx = batch_indices(len(train), cfg.batch_size, cfg.seed, step)
+        label = jnp.asarray(train.label[idx])
+        params, opt_state, loss = step_fn(params, opt_state, shard_batch(model, idx), label)
+        history.append({"step": step + 1, "loss": float(loss)})
+        progress.update(1)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            record = {"step": step + 1, **evaluate(params)}
+            evals.append(record)
+            # Logs first, then the checkpoint: a resume trims the logs back to its checkpoint.
+            _write_log(workdir / "train_log.csv", history)
+            _write_log(workdir / "eval_log.csv", evals)
+            manager.save(step + 1, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state}))
+            manager.wait_until_finished()  # a logged checkpoint is a durable one
+            log(f"step {step + 1}: loss {float(loss):.4f}, held-out accuracy {record['heldout_accuracy']:.3f}")
+    manager.wait_until_finished()
+    steps_run = cfg.steps - first
+    loop_seconds = time.perf_counter() - loop_start
+    final = params if cfg.trainable != "head" else dataclasses.replace(model.params, score=params["score"])
+    return TrainResult(
+        model=dataclasses.replace(model, params=final),
+        history=history,
+        evals=evals,
+        seconds=time.perf_counter() - start,
+        steps_per_second=steps_run / loop_seconds if loop_seconds > 0 else 0.0,
+        resumed_from=resumed_from,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _rewards(params, cfg, ids, mask):
+    return M.rewards(params, cfg, ids, mask)[:, 0]
+
+
+def _seq_rewards(params, model: Model, seq: _Sequences, side: int, batch: int = 64) -> jax.Array:
+    out = [_rewards(params, model.config, seq.ids[side][i : i + batch], seq.mask[side][i : i + batch])
+           for i in range(0, seq.ids.shape[1], batch)]
+    return jnp.concatenate(out)
+
+
+def _read_log(path: Path, upto: int) -> list[dict]:
+    """Rows of a previous run up to the restored step (later rows are replayed, not duplicated)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        rows = [{k: (int(v) if k == "step" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)]
+    return [r for r in rows if r["step"] <= upto]
+
+
+def _write_log(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)

@@ -1,0 +1,61 @@
+"""A reward model made from a causal LM (new score head), its BT objective, and HF export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax import model as M
+from rmjax.loading.hf import Model
+from rmjax.loading.safetensors_io import save_file
+from rmjax.loading.weights import to_hf_tensors
+
+SEQUENCE_CLASSIFIERS = {
+    "llama": "LlamaForSequenceClassification",
+    "gemma": "GemmaForSequenceClassification",
+    "gemma2": "Gemma2ForSequenceClassification",
+    "gemma3_text": "Gemma3TextForSequenceClassification",
+}
+
+
+def init_score_head(hidden_size: int, seed: int = 0, std: float = 0.02) -> np.ndarray:
+    """[hidden, 1] float32, as transformers initializes `score` (normal, initializer_range)."""
+    return (np.random.default_rng(seed).normal(0.0, std, size=(hidden_size, 1))).astype(np.float32)
+
+
+def reward_model_from_lm(lm: Model, score: np.ndarray | None = None, seed: int = 0, source: str | None = None) -> Model:
+    """The LM's backbone with a (new or given) one-label score head; the LM head is dropped."""
+    arch = SEQUENCE_CLASSIFIERS[lm.config.model_type]
+    cfg = lm.config.replace(num_labels=1, reward_index=0, architecture=arch)
+    head = init_score_head(cfg.hidden_size, seed) if score is None else np.asarray(score, np.float32)
+    if head.shape != (cfg.hidden_size, 1):
+        raise ValueError(f"score head has shape {head.shape}, expected ({cfg.hidden_size}, 1).")
+    params = dataclasses.replace(lm.params, lm_head=None, score=jnp.asarray(head))
+    raw = {k: v for k, v in lm.raw_config.items() if k not in ("num_labels", "id2label", "label2id")}
+    raw.update(architectures=[arch], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    if lm.config.model_type == "gemma3_text":
+        raw["model_type"] = "gemma3_text"
+    return dataclasses.replace(lm, config=cfg, params=params, raw_config=raw, source=source or lm.source)
+
+
+def bradley_terry_loss(r_chosen: jax.Array, r_rejected: jax.Array, label: jax.Array) -> jax.Array:
+    """Mean of -[y log σ(d) + (1 - y) log σ(-d)], d = r_chosen - r_rejected (y = 1: hard labels)."""
+    d = r_chosen - r_rejected
+    return -jnp.mean(label * jax.nn.log_sigmoid(d) + (1.0 - label) * jax.nn.log_sigmoid(-d))
+
+
+def save_hf_folder(model: Model, folder: str | Path) -> Path:
+    """config.json + model.safetensors + tokenizer/chat template, loadable by rmjax and transformers."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    flat = {k: np.asarray(jax.device_get(v)) for k, v in M.params_to_flat(model.params).items()}
+    save_file(to_hf_tensors(flat, model.config), folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(model.raw_config, indent=2))
+    if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(str(folder))
+    return folder

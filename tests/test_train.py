@@ -1,0 +1,167 @@
+"""Bradley–Terry training: objective vs PyTorch, learning, exact resume, HF export."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from rmjax import model as M
+from rmjax.loading import load
+from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_pairs
+from rmjax.train.loop import TrainConfig, batch_indices, train_reward_model
+from rmjax.train.rm import bradley_terry_loss, reward_model_from_lm, save_hf_folder
+from tests import tiny
+
+NOUNS = ["apple", "river", "house", "music", "dog", "book", "tree", "city", "light", "stone", "garden", "friend",
+         "road", "window", "cloud", "paper", "chair", "bread", "ocean", "mountain", "coffee", "summer", "letter",
+         "bridge", "forest", "market", "winter", "school", "flower", "island"]
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    """A tiny causal LM with the real SmolLM2 tokenizer and chat template."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("lm")
+    hf = tiny.build_hf_model("llama3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
+    tiny.save_hf_model(hf, folder)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny.smollm2_tokenizer_folder() / f, folder / f)
+    return load(str(folder))
+
+
+def test_bt_loss_and_gradients_match_pytorch(tmp_path):
+    hf = tiny.build_hf_model("gemma2", num_labels=1, seed=3)
+    rm = load(str(tiny.save_hf_model(hf, tmp_path)), require_tokenizer=False)
+    chosen, cmask = tiny.random_batch(seed=8, batch=4, length=9, padding="right")
+    rejected, rmask = tiny.random_batch(seed=9, batch=4, length=9, padding="right")
+    label = np.asarray([1.0, 0.8, 0.3, 1.0], np.float32)
+
+    def loss_fn(params):
+        rc = M.rewards(params, rm.config, chosen, cmask)[:, 0]
+        rr = M.rewards(params, rm.config, rejected, rmask)[:, 0]
+        return bradley_terry_loss(rc, rr, jnp.asarray(label))
+
+    loss, grads = jax.value_and_grad(loss_fn)(rm.params)
+
+    def run(ids, mask):
+        return hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
+                  position_ids=tiny.torch_positions(mask)).logits[:, 0]
+
+    d = run(chosen, cmask) - run(rejected, rmask)
+    y = torch.from_numpy(label)
+    ref = -(y * torch.nn.functional.logsigmoid(d) + (1 - y) * torch.nn.functional.logsigmoid(-d)).mean()
+    ref.backward()
+    assert abs(float(loss) - ref.detach().item()) < 1e-5
+    np.testing.assert_allclose(np.asarray(grads.score), hf.score.weight.grad.numpy().T, atol=1e-5, rtol=1e-4)
+    down = hf.model.layers[1].mlp.down_proj.weight.grad.numpy().T
+    np.testing.assert_allclose(np.asarray(grads.layers.down[1]), down, atol=1e-5, rtol=1e-4)
+    q = hf.model.layers[0].self_attn.q_proj.weight.grad.numpy().T.reshape(np.asarray(grads.layers.q[0]).shape)
+    np.testing.assert_allclose(np.asarray(grads.layers.q[0]), q, atol=1e-5, rtol=1e-4)
+
+
+def _separable(nouns: list[str], n: int, seed: int) -> Pairs:
+    rng = np.random.default_rng(seed)
+    a, b = rng.choice(nouns, n), rng.choice(nouns, n)
+    return Pairs(["Which is better?"] * n, [f"good {x}" for x in a], [f"bad {x}" for x in b],
+                 np.ones(n, np.float32))
+
+
+def test_head_training_learns_separable_preferences(lm, tmp_path):
+    rm = reward_model_from_lm(lm, seed=0)
+    train, held = _separable(NOUNS[:20], 400, 0), _separable(NOUNS[20:], 200, 1)
+    cfg = TrainConfig(trainable="head", steps=200, batch_size=32, learning_rate=5e-2, checkpoint_every=100)
+    result = train_reward_model(rm, train, held, cfg, tmp_path, log=lambda *_: None)
+    assert result.evals[-1]["heldout_accuracy"] > 0.95
+    assert result.history[-1]["loss"] < result.history[0]["loss"]
+    # the trained head scores unseen items with the full model too
+    from rmjax.textscore import TextScorer
+
+    s = TextScorer(result.model, "Which is better?")
+    assert (s.score(["good island"]) > s.score(["bad island"])).all()
+
+
+def test_resume_after_crash_is_exact(lm, tmp_path):
+    rm = reward_model_from_lm(lm, seed=1)
+    train, held = _separable(NOUNS[:20], 64, 2), _separable(NOUNS[20:], 16, 3)
+    cfg = TrainConfig(trainable="last_k", last_k=1, steps=12, batch_size=8, learning_rate=1e-2,
+                      checkpoint_every=4, weight_decay=0.01)
+    whole = train_reward_model(rm, train, held, cfg, tmp_path / "a", log=lambda *_: None)
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_8(msg):
+        if msg.startswith("step 8:"):
+            raise Crash
+
+    with pytest.raises(Crash):
+        train_reward_model(rm, train, held, cfg, tmp_path / "b", log=crash_at_8)
+    resumed = train_reward_model(rm, train, held, cfg, tmp_path / "b", log=lambda *_: None)
+    assert resumed.resumed_from == 8
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
+    flat_a, flat_b = M.params_to_flat(whole.model.params), M.params_to_flat(resumed.model.params)
+    for key in flat_a:
+        np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]))
+    # frozen parts did not move, the last layer did
+    base = M.params_to_flat(rm.params)
+    np.testing.assert_array_equal(np.asarray(flat_a["layers.down"][0]), np.asarray(base["layers.down"][0]))
+    np.testing.assert_array_equal(np.asarray(flat_a["embed"]), np.asarray(base["embed"]))
+    assert not np.array_equal(np.asarray(flat_a["layers.down"][-1]), np.asarray(base["layers.down"][-1]))
+
+
+@pytest.mark.parametrize("family", ["llama3.1", "gemma3"])
+def test_saved_folder_loads_in_transformers_and_rmjax(tmp_path, family):
+    lm_hf = tiny.build_hf_model(family, seed=4)
+    lm = load(str(tiny.save_hf_model(lm_hf, tmp_path / "lm")), require_tokenizer=False)
+    rm = reward_model_from_lm(lm, seed=5)
+    rm = dataclasses.replace(rm, params=dataclasses.replace(rm.params, score=rm.params.score * 50))
+    folder = save_hf_folder(rm, tmp_path / "rm")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(folder), dtype=torch.float32,
+                                                                         attn_implementation="eager").eval()
+    assert type(hf).__name__ == tiny._CLASSES["llama" if family.startswith("llama") else family][0]
+    again = load(str(folder), require_tokenizer=False)
+    ids, mask = tiny.random_batch(seed=10, batch=3, length=10, padding="right")
+    ours = np.asarray(M.rewards(rm.params, rm.config, ids, mask))
+    with torch.no_grad():
+        ref = hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
+                 position_ids=tiny.torch_positions(mask)).logits.numpy()
+    np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.asarray(M.rewards(again.params, again.config, ids, mask)), ours, atol=1e-6)
+
+
+def test_elo_pairs_split_by_item_and_follow_elo(tmp_path):
+    path = tmp_path / "What is best.csv"
+    names = [f"item{i}" for i in range(200)]
+    elo = np.linspace(600, 1600, 200)
+    import pandas as pd
+
+    pd.DataFrame({"elo_rank": range(200), "elo_score": elo, "name": names}).to_csv(path, index=False)
+    train, held = elo_pairs(path, 4000, 1000, seed=0)
+    assert set(train.prompt) == {"What is best?"}
+    train_items, held_items = set(train.chosen) | set(train.rejected), set(held.chosen) | set(held.rejected)
+    assert not train_items & held_items
+    score = dict(zip(names, elo, strict=True))
+    # sampled winners agree with the higher Elo about as often as the Elo probabilities say
+    p = elo_probability(np.array([score[c] for c in train.chosen]), np.array([score[r] for r in train.rejected]))
+    higher = np.array([score[c] > score[r] for c, r in zip(train.chosen, train.rejected, strict=True)])
+    expected = np.mean(np.maximum(p, 1 - p))
+    assert abs(higher.mean() - expected) < 0.03
+    soft, _ = elo_pairs(path, 100, 10, soft=True, seed=0)
+    assert (soft.label >= 0.5).all()
+
+
+def test_read_pairs_and_batches(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "q", "chosen": "None", "rejected": "b", "label": 0.7}\n')
+    p = read_pairs(f)
+    assert p.chosen == ["None"] and p.label.tolist() == [pytest.approx(0.7)]
+    a = [batch_indices(10, 4, 0, s) for s in range(5)]
+    assert np.array_equal(a[2], batch_indices(10, 4, 0, 2))
+    assert sorted(np.concatenate(a)[:10].tolist()) == list(range(10))  # first epoch is a permutation
