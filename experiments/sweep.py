@@ -25,6 +25,7 @@ LIMIT = flags.DEFINE_integer("limit", None, "Score only the first N candidates."
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Candidates per forward pass (over all devices).")
 CHUNK_SIZE = flags.DEFINE_integer("chunk_size", 8192, "Candidates per resumable chunk written to <out>.chunks/.")
 TOP = flags.DEFINE_integer("top", 20, "Top and bottom tokens printed per prompt at the end.")
+PLOT = flags.DEFINE_bool("plot", False, "Also write a score-distribution histogram (PNG) beside the CSV.")
 TEXT_SPECIAL = flags.DEFINE_bool("text_add_special_tokens", False,
                                  "Text mode: let the tokenizer add special tokens on re-tokenization (the "
                                  "published pipeline did, giving Llama 3 a second BOS).")
@@ -41,6 +42,8 @@ def main(argv):
           chunk_size=CHUNK_SIZE.value, template=common.TEMPLATE.value, out=OUT.value,
           text_add_special_tokens=TEXT_SPECIAL.value)
     print(report.summarize_table(OUT.value, TOP.value))
+    if PLOT.value:
+        print(f"figure: {report.plot_distributions(OUT.value)}")
 
 
 if __name__ == "__main__":

@@ -27,3 +27,26 @@ def summarize_table(path: str | Path, k: int = 20, what: str = "score") -> str:
         + (f"; model load {meta['load_seconds']:.1f} s" if "load_seconds" in meta else "")
     )
     return "\n".join(lines)
+
+
+def plot_distributions(path: str | Path, png: str | Path | None = None) -> Path:
+    """Histogram of each prompt's scores over all candidates (PNG beside the CSV by default)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = results.read_scores_csv(path)
+    png = Path(png) if png else Path(path).with_suffix(".png")
+    cols = list(df.columns[3:])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for col in cols:
+        ax.hist(df[col], bins=120, alpha=0.6, label=col)
+    ax.set_xlabel("reward")
+    ax.set_ylabel("tokens")
+    ax.set_title(f"Reward of each of {len(df):,} tokens as the whole response")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png

@@ -24,35 +24,42 @@ def _bucket(n: int) -> int:
     return max(LENGTH_BUCKET, -(-n // LENGTH_BUCKET) * LENGTH_BUCKET)
 
 
-class TextScorer:
-    """Scores response strings for one prompt against its cached prefix."""
+class Conversations:
+    """Responses placed in a prompt's template and tokenized, as the published pipeline did."""
 
-    def __init__(self, model: Model, prompt: str, template: str = "auto", add_special_tokens: bool = False):
-        self.model, self.prompt, self.add_special_tokens = model, prompt, add_special_tokens
-        self.split = chat.split_chat(model.tokenizer, prompt, template, model.config.max_position_embeddings)
-        tok = model.tokenizer
+    def __init__(self, tokenizer, prompt: str, template: str = "auto", add_special_tokens: bool = False,
+                 max_positions: int | None = None):
+        self.tokenizer, self.prompt, self.add_special_tokens = tokenizer, prompt, add_special_tokens
+        self.split = chat.split_chat(tokenizer, prompt, template, max_positions)
         if self.split.template == "chat":
             head = self.conversation(chat.MARKER).split(chat.MARKER)[0]
-            self.prefix = tok(head, add_special_tokens=add_special_tokens).input_ids
+            self.prefix = tokenizer(head, add_special_tokens=add_special_tokens).input_ids
         else:
             self.prefix = list(self.split.prefix)
-        self.cache = prefill_prefix(model, self.prefix)
 
     def conversation(self, response: str) -> str:
-        tok = self.model.tokenizer
         if self.split.template == "chat":
             messages = [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}]
-            return tok.apply_chat_template(messages, tokenize=False)
+            return self.tokenizer.apply_chat_template(messages, tokenize=False)
         return chat.PLAIN_FORMAT.format(prompt=self.prompt) + " " + response.strip()
 
     def token_ids(self, responses: list[str]) -> list[list[int]]:
         """The re-tokenized conversations (what the reference pipeline feeds its model)."""
-        tok = self.model.tokenizer
+        tok = self.tokenizer
         if self.split.template == "plain":  # one space after "Assistant:", trimmed like chat templates do
             spaced = [" " + r.strip() for r in responses]
             return [self.prefix + ids for ids in tok(spaced, add_special_tokens=False).input_ids]
         texts = [self.conversation(r) for r in responses]
         return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
+
+
+class TextScorer(Conversations):
+    """Scores response strings for one prompt against its cached prefix."""
+
+    def __init__(self, model: Model, prompt: str, template: str = "auto", add_special_tokens: bool = False):
+        super().__init__(model.tokenizer, prompt, template, add_special_tokens, model.config.max_position_embeddings)
+        self.model = model
+        self.cache = prefill_prefix(model, self.prefix)
 
     def score(self, responses: list[str], batch_size: int = 256) -> np.ndarray:
         """Reward of each response: [N] float32."""

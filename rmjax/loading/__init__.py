@@ -21,6 +21,12 @@ def load(
 ) -> Model:
     """Load a model from a folder, a GGUF file or a builtin name, params placed on `mesh`."""
     start = time.perf_counter()
+    from rmjax.train.recipe import BUILTIN_RMS, load_builtin_rm
+
+    if spec in BUILTIN_RMS:
+        model = load_builtin_rm(spec, dtype=dtype, mesh=mesh)
+        model.load_seconds = time.perf_counter() - start
+        return model
     kind, path = resolve(spec)
     if kind == "gguf":
         path = cached_hf_folder(path, cache_dir())

@@ -64,6 +64,7 @@ def resolve(spec: str) -> tuple[str, Path]:
         raise CheckpointError(f"{spec}: a model spec is a folder or a .gguf file, not {path.suffix or 'this file'}.")
     raise FileNotFoundError(
         f"model {spec!r} not found: pass a checkpoint folder (config.json + *.safetensors + tokenizer), "
-        f"a .gguf file, or a builtin name ({', '.join(BUILTIN_GGUF)}). rmjax never downloads: fetch "
+        f"a .gguf file, or a builtin name ({', '.join(BUILTIN_GGUF)}, elo-rm-smollm2-135m, "
+        "elo-rm-gemma3-270m). rmjax never downloads: fetch "
         f"a hub model first, e.g. `huggingface-cli download {spec} --local-dir DIR`, and pass DIR."
     )

@@ -1,0 +1,115 @@
+"""GCG: gradient vs PyTorch autograd, exhaustive optima on a tiny vocabulary, filters, objectives."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from rmjax import model as M
+from rmjax.gcg import GCGConfig, disallowed_ids, evaluate, gcg, make_target, reward_gradient
+from rmjax.loading import load
+from tests import tiny
+
+PREFIX, SUFFIX = (1, 17, 33, 5, 60), (2, 9)
+
+
+@pytest.fixture(scope="module")
+def tiny_rm(tmp_path_factory):
+    hf = tiny.build_hf_model("gemma2", num_labels=1, seed=11)
+    model = load(str(tiny.save_hf_model(hf, tmp_path_factory.mktemp("g"))), require_tokenizer=False)
+    return hf, model
+
+
+def _full_rewards(model, responses: np.ndarray, prefix=PREFIX, suffix=SUFFIX) -> np.ndarray:
+    ids = np.asarray([[*prefix, *r, *suffix] for r in responses], np.int32)
+    return np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[:, 0]
+
+
+def test_one_hot_gradient_matches_pytorch(tiny_rm):
+    hf, model = tiny_rm
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    response = np.asarray([40, 7, 88], np.int32)
+    got = reward_gradient(target, response)
+    emb = hf.model.embed_tokens
+    one_hot = torch.nn.functional.one_hot(torch.from_numpy(response).long(), tiny.VOCAB).float().requires_grad_()
+    scale = emb.embed_scale.to(emb.weight.dtype)  # Gemma's sqrt(hidden), applied after the one-hot matmul
+    embeds = torch.cat([emb(torch.tensor(PREFIX)), (one_hot @ emb.weight) * scale, emb(torch.tensor(SUFFIX))])
+    reward = hf(inputs_embeds=embeds[None]).logits[0, 0]
+    reward.backward()
+    np.testing.assert_allclose(got, one_hot.grad.numpy(), atol=1e-4, rtol=1e-4)
+    assert np.abs(got).max() > 1e-3
+
+
+@pytest.mark.parametrize("direction", ["optimal", "pessimal"])
+def test_single_token_finds_the_sweep_extreme(tiny_rm, direction):
+    _, model = tiny_rm
+    all_tokens = np.arange(tiny.VOCAB)[:, None]
+    scores = _full_rewards(model, all_tokens)
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    cfg = GCGConfig(num_tokens=1, steps=3, search_width=tiny.VOCAB, topk=tiny.VOCAB, selection="greedy",
+                    direction=direction, retokenize_filter=False)
+    res = gcg([target], cfg)
+    expected = scores.argmax() if direction == "optimal" else scores.argmin()
+    assert res.best_ids == [int(expected)]
+    assert res.best_reward == pytest.approx(float(scores[expected]), abs=1e-5)
+
+
+def test_two_tokens_find_the_exhaustive_optimum(tiny_rm):
+    _, model = tiny_rm
+    pairs = np.asarray(list(itertools.product(range(tiny.VOCAB), repeat=2)), np.int32)
+    scores = np.concatenate([_full_rewards(model, pairs[i : i + 1024]) for i in range(0, len(pairs), 1024)])
+    best = pairs[scores.argmax()].tolist()
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    found = []
+    for seed in range(3):
+        # random single swaps among each position's 64 (of 96) most promising tokens by gradient
+        cfg = GCGConfig(num_tokens=2, steps=12, search_width=128, topk=64, n_replace=1, seed=seed,
+                        retokenize_filter=False, buffer_size=4)
+        res = gcg([target], cfg)
+        found.append(res.best_ids)
+        assert res.best_reward == pytest.approx(float(scores[scores.argmax()]), abs=1e-5), (seed, res.best_ids, best)
+    assert all(f == best for f in found)
+
+
+def test_pessimal_buffer_decreases_monotonically(tiny_rm):
+    _, model = tiny_rm
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    res = gcg([target], GCGConfig(num_tokens=3, steps=8, search_width=32, topk=8, direction="pessimal",
+                                  retokenize_filter=False, seed=1))
+    rewards = [h["reward"] for h in res.history]
+    assert all(b <= a for a, b in zip(rewards, rewards[1:], strict=False))
+    assert rewards[-1] < rewards[0]
+    assert res.best_reward == pytest.approx(float(_full_rewards(model, np.asarray([res.best_ids]))[0]), abs=1e-5)
+
+
+def test_multi_prompt_objective_is_the_mean(tiny_rm):
+    _, model = tiny_rm
+    other_prefix = (1, 4, 4, 70)
+    t1 = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    t2 = make_target(model, "", prefix=other_prefix, suffix=(2,))
+    cands = np.random.default_rng(0).integers(3, tiny.VOCAB, size=(10, 3)).astype(np.int32)
+    got = evaluate([t1, t2], cands)
+    ref = (_full_rewards(model, cands) + _full_rewards(model, cands, other_prefix, (2,))) / 2
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+
+
+def test_filters_hold_on_a_real_tokenizer(tmp_path):
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path)
+    model = load(str(folder))
+    target = make_target(model, "What, in one word, is the greatest thing ever?")
+    res = gcg([target], GCGConfig(num_tokens=3, steps=4, search_width=32, topk=16, seed=0))
+    banned = disallowed_ids(model.tokenizer, model.config.vocab_size, False, False)
+    assert banned[model.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    for _, ids in res.buffer:
+        assert not banned[ids].any()
+        text = model.tokenizer.decode(ids)
+        assert text.isascii()
+    # every candidate kept after step 0 re-tokenizes to itself inside the template
+    from rmjax.textscore import Conversations
+
+    conv = Conversations(model.tokenizer, target.prompt)
+    for h in res.history:
+        assert conv.token_ids([h["text"]])[0] == [*target.prefix, *h["ids"], *target.suffix]
