@@ -7,6 +7,9 @@ from absl import flags
 from rmjax import sharding
 from rmjax.loading import Model, load
 
+# Warnings and errors only from absl logging (JAX's backend probing and orbax are chatty at INFO).
+flags.FLAGS.set_default("verbosity", -1)
+
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
                             "Model spec: a checkpoint folder, a .gguf file, or a builtin name "
                             "(smollm2-135m-instruct, gemma-3-270m).")

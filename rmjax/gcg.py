@@ -186,13 +186,19 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     seen = {tuple(ids) for ids in inits}
     history, best_step = [], 0
     for step in range(cfg.steps):
-        current = np.asarray(buffer[0][1])
-        grad = -sign * np.mean([reward_gradient(t, current)[:, :vocab] for t in targets], axis=0)
-        grad[:, banned] = np.inf
-        cands = sample_candidates(current, grad, cfg, rng, embed)
-        cands = _filter(cands, targets[0], cfg, seen)
+        # When every top-k neighbour of the best sequence has been visited, search from the next
+        # buffer entries, swapping more positions at a time (the history forbids going back).
+        for attempt in range(min(len(buffer), 4)):
+            current = np.asarray(buffer[attempt][1])
+            grad = -sign * np.mean([reward_gradient(t, current)[:, :vocab] for t in targets], axis=0)
+            grad[:, banned] = np.inf
+            step_cfg = dataclasses.replace(cfg, n_replace=min(cfg.num_tokens, cfg.n_replace + attempt))
+            cands = _filter(sample_candidates(current, grad, step_cfg, rng, embed), targets[0], cfg, seen)
+            if len(cands):
+                break
         if len(cands):
-            losses = -sign * evaluate(targets, cands, cfg.eval_batch_size)
+            # one fixed batch shape (search_width rows) whatever survives the filters: no recompiles
+            losses = -sign * evaluate(targets, cands, min(cfg.eval_batch_size, cfg.search_width))
             for loss, ids in zip(losses, cands, strict=True):
                 buffer.append((float(loss), ids.tolist()))
             buffer = sorted(buffer, key=lambda x: x[0])[: cfg.buffer_size]

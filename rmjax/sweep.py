@@ -89,7 +89,7 @@ def sweep(
     limit: int | None = None,
     mode: str = "token",
     batch_size: int = 256,
-    chunk_size: int = 8192,
+    chunk_size: int = 4096,
     template: str = "auto",
     out: str | Path | None = None,
     progress_every: float = 5.0,

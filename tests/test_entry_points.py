@@ -53,11 +53,12 @@ def test_next_token_logprobs_match_transformers(tmp_path):
         np.testing.assert_allclose(got[name], ref, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["sweep", "score", "logprobs"])
-def test_help_documents_flags(name):
+@pytest.mark.parametrize("name,extra", [("sweep", "--mode"), ("score", "--texts_file"), ("logprobs", "--out"),
+                                        ("gcg", "--num_tokens"), ("train_rm", "--trainable")])
+def test_help_documents_flags(name, extra):
     out = subprocess.run([sys.executable, "-m", f"experiments.{name}", "--help"], cwd=REPO,
                          capture_output=True, text=True).stdout
-    for flag in ("--model", "--prompts", "--out", "--dtype", "--mesh", "--template"):
+    for flag in ("--model", "--dtype", "--mesh", "--template", extra):
         assert flag in out
 
 

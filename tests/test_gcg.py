@@ -113,3 +113,26 @@ def test_filters_hold_on_a_real_tokenizer(tmp_path):
     conv = Conversations(model.tokenizer, target.prompt)
     for h in res.history:
         assert conv.token_ids([h["text"]])[0] == [*target.prefix, *h["ids"], *target.suffix]
+
+
+def test_gcg_entry_point_writes_results(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
+    out = tmp_path / "gcg.json"
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "experiments.gcg", f"--model={folder}", "--prompts=greatest",
+                           "--num_tokens=2", "--steps=3", "--search_width=16", "--topk=8", "--direction=pessimal",
+                           f"--out={out}"], cwd=repo, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "step 3/3" in proc.stderr
+    record = json.loads(out.read_text())
+    model = load(str(folder))
+    target = make_target(model, "What, in one word, is the greatest thing ever?")
+    ids = np.asarray([[*target.prefix, *record["best_ids"], *target.suffix]], np.int32)
+    ref = float(np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0])
+    assert record["best_reward"] == pytest.approx(ref, abs=1e-5)
+    assert out.with_suffix(".steps.csv").is_file() and (tmp_path / "gcg.meta.json").is_file()

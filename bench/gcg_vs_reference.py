@@ -1,0 +1,125 @@
+"""GCG step time: rmjax vs a PyTorch GCG step (transformers), same model, N, search_width, topk, in one run.
+
+The model is the default reward model `elo-rm-smollm2-135m` (SmolLM2-135M backbone + EloEverything
+head), exported once as a Hugging Face folder so transformers runs exactly the same weights.
+The PyTorch step is the nanoGCG recipe without a prefix cache (as in the reference fork): gradient
+of the reward w.r.t. the one-hot response through inputs_embeds over the whole conversation,
+top-k per position, `search_width` random single swaps, all evaluated as full sequences. Both
+sides run with the retokenization filter off and the same candidate sampling.
+
+python bench/gcg_vs_reference.py [--steps=5] [--num_tokens=8] [--search_width=128] [--topk=64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+PROMPT = "What, in one word, is the greatest thing ever?"
+
+
+def exported_model(folder: Path) -> Path:
+    from rmjax.loading import load
+    from rmjax.train.rm import save_hf_folder
+
+    if not (folder / "config.json").is_file():
+        save_hf_folder(load("elo-rm-smollm2-135m"), folder)
+    return folder
+
+
+class TorchGCG:
+    def __init__(self, folder: Path, prefix, suffix, batch: int = 64):
+        import torch
+        import transformers
+
+        torch.set_num_threads(2)
+        self.torch = torch
+        self.model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            str(folder), dtype=torch.float32, attn_implementation="sdpa").eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.embed = self.model.get_input_embeddings().weight
+        self.prefix, self.suffix, self.batch = torch.tensor(prefix), torch.tensor(suffix), batch
+
+    def grad(self, ids: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        one_hot = torch.nn.functional.one_hot(torch.from_numpy(ids).long(), self.embed.shape[0]).float()
+        one_hot.requires_grad_()
+        embeds = torch.cat([self.embed[self.prefix], one_hot @ self.embed, self.embed[self.suffix]])
+        reward = self.model(inputs_embeds=embeds[None]).logits[0, 0]
+        reward.backward()
+        return one_hot.grad.numpy()
+
+    def rewards(self, cands: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        n = len(cands)
+        full = torch.cat([self.prefix.expand(n, -1), torch.from_numpy(cands).long(), self.suffix.expand(n, -1)], 1)
+        out = []
+        with torch.no_grad():
+            for s in range(0, n, self.batch):
+                out.append(self.model(input_ids=full[s : s + self.batch]).logits[:, 0].numpy())
+        return np.concatenate(out)
+
+
+def run_torch(tg: TorchGCG, init: np.ndarray, banned: np.ndarray, args) -> tuple[float, float, list[float]]:
+    from rmjax.gcg import GCGConfig, sample_candidates
+
+    cfg = GCGConfig(num_tokens=args.num_tokens, search_width=args.search_width, topk=args.topk, n_replace=1)
+    rng = np.random.default_rng(0)
+    current, best = init.copy(), float(tg.rewards(init[None])[0])
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        g = -tg.grad(current)
+        g[:, banned] = np.inf
+        cands = sample_candidates(current, g, cfg, rng, None)
+        r = tg.rewards(cands)
+        if r.max() > best:
+            best, current = float(r.max()), cands[r.argmax()]
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), best, times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--num_tokens", type=int, default=8)
+    ap.add_argument("--search_width", type=int, default=128)
+    ap.add_argument("--topk", type=int, default=64)
+    args = ap.parse_args()
+
+    from rmjax.gcg import GCGConfig, disallowed_ids, gcg, make_target
+    from rmjax.loading import load
+    from rmjax.loading.registry import cache_dir
+
+    folder = exported_model(cache_dir() / "bench" / "elo-rm-smollm2-135m-hf")
+    model = load(str(folder))
+    target = make_target(model, PROMPT)
+    cfg = GCGConfig(num_tokens=args.num_tokens, steps=args.steps + 1, search_width=args.search_width,
+                    topk=args.topk, n_replace=1, retokenize_filter=False, forbid_revisits=False, seed=0)
+    res = gcg([target], cfg)  # step 1 includes compilation
+    step_times = np.diff([0.0] + [h["seconds"] for h in res.history])[1:]
+    ours = float(np.median(step_times))
+
+    banned = disallowed_ids(model.tokenizer, model.config.vocab_size, False, False)
+    init = np.asarray(model.tokenizer(" x" * args.num_tokens, add_special_tokens=False).input_ids[: args.num_tokens])
+    tg = TorchGCG(folder, target.prefix, target.suffix)
+    theirs, their_best, _ = run_torch(tg, init, banned, args)
+    ours_best_after = res.history[args.steps - 1]["reward"]
+    print(f"model: elo-rm-smollm2-135m (f32), prompt prefix {len(target.prefix)} tokens, N={args.num_tokens}, "
+          f"search_width={args.search_width}, topk={args.topk}, n_replace=1, 2 CPU cores")
+    print(f"PyTorch GCG step (transformers, no prefix cache): {theirs:.2f} s (median of {args.steps})")
+    print(f"rmjax GCG step (jit, prefix cache):               {ours:.2f} s (median of {args.steps}, after compile)")
+    print(f"speed-up: {theirs / ours:.1f}x")
+    print(f"best reward after {args.steps} steps: rmjax {ours_best_after:.4f}, PyTorch {their_best:.4f} "
+          f"(start {float(tg.rewards(init[None])[0]):.4f})")
+
+
+if __name__ == "__main__":
+    main()
