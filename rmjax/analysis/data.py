@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,11 @@ class ScoreTable:
     @property
     def strings(self) -> pd.Series:
         return self.frame[self.string_column]
+
+    @cached_property
+    def normalized(self) -> np.ndarray:
+        """Each string stripped and lower-cased: the form joined to word lists."""
+        return np.array([s.strip().lower() for s in self.strings.to_numpy(dtype=object)], dtype=object)
 
 
 def read_table(path: str | Path) -> tuple[pd.DataFrame, str]:
@@ -90,12 +96,16 @@ def expand_paths(spec: str | Path | Sequence[str | Path]) -> list[Path]:
 
 def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.DataFrame | None = None
                       ) -> list[ScoreTable]:
-    """Every score table in `spec`, labelled by nickname when `metadata` knows the model."""
+    """Every score table in `spec`, labelled by nickname when `metadata` knows the model, in the
+    metadata's order (then the others in file order)."""
     tables = []
     for path in expand_paths(spec):
         frame, string_column = read_table(path)
         source = source_name(path)
         tables.append(ScoreTable(model_label(source, metadata), source, frame, string_column, path))
+    if metadata is not None:
+        position = {nickname: i for i, nickname in enumerate(metadata["nickname"])}
+        tables.sort(key=lambda t: position.get(t.model, len(position)))
     labels = [t.model for t in tables]
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
     if duplicated:
@@ -169,6 +179,11 @@ def metadata_for(labels: Sequence[str], metadata: pd.DataFrame | None) -> pd.Dat
     if any(r is None for r in rows):
         return None
     return pd.DataFrame(rows).set_index(pd.Index(list(labels), name="model"))
+
+
+def slugify(text: str, max_length: int = 60) -> str:
+    """File-name friendly form of a prompt or model name."""
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:max_length].rstrip("_") or "x"
 
 
 def common_prompts(tables: Sequence[ScoreTable]) -> list[str]:

@@ -7,7 +7,6 @@ name is the prompt without the question mark. Items are joined across prompts by
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from rmjax.analysis import stats
-from rmjax.analysis.data import model_label
+from rmjax.analysis.data import model_label, slugify
 
 HUMAN = "Human"
 ITEM_COLUMNS = ["elo_rank", "elo_score", "name", "elo_matches"]
@@ -33,10 +32,6 @@ class EloPrompt:
     @property
     def models(self) -> list[str]:
         return list(self.scores.columns)
-
-
-def slugify(text: str, max_length: int = 60) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:max_length].rstrip("_")
 
 
 def load_elo(directory: str | Path, metadata: pd.DataFrame | None = None) -> list[EloPrompt]:
@@ -133,14 +128,15 @@ def human_vs_median_model(ranks: pd.DataFrame, k: int = 20) -> pd.DataFrame:
 
 def trajectory_items(ranks: pd.DataFrame, models: Sequence[str], n: int = 5) -> list[tuple[str, str]]:
     """(item, group) for the rank-trajectory plot: the human top n, the human bottom n, and every
-    item some model ranks first."""
+    item some model ranks first (every tied item when several share a model's best score)."""
     by_human = ranks.sort_values("human_rank", kind="mergesort")
     chosen = [(name, "human_top") for name in by_human["name"].head(n)]
     chosen += [(name, "human_bottom") for name in by_human["name"].tail(n)]
     seen = {name for name, _ in chosen}
     for model in models:
-        first = ranks.loc[ranks[f"{model}_rank"].idxmin(), "name"]
-        if first not in seen:
-            chosen.append((first, "model_first"))
-            seen.add(first)
+        column = ranks[f"{model}_rank"]
+        for first in ranks.loc[column == column.min(), "name"]:  # all of them when tied for first
+            if first not in seen:
+                chosen.append((first, "model_first"))
+                seen.add(first)
     return chosen

@@ -47,9 +47,13 @@ def implicit_reward(table_a: ScoreTable, table_b: ScoreTable, prompts: Sequence[
     return out
 
 
+def mwlr_columns(rewards: pd.DataFrame) -> list[str]:
+    return [c for c in rewards.columns if not str(c).endswith((":logp_A", ":logp_B"))]
+
+
 def implicit_table(rewards: pd.DataFrame, name: str) -> ScoreTable:
     """The MWLR columns as a scored-text table, so the Big Two analysis can run on the implicit RM."""
-    prompts = [c for c in rewards.columns if ":" not in c]
+    prompts = mwlr_columns(rewards)
     frame = pd.DataFrame({"text": rewards.index.to_numpy(), **{p: rewards[p].to_numpy() for p in prompts}})
     return ScoreTable(name, name, frame, "text")
 
@@ -57,7 +61,7 @@ def implicit_table(rewards: pd.DataFrame, name: str) -> ScoreTable:
 def implicit_top_bottom(rewards: pd.DataFrame, k: int = 20) -> pd.DataFrame:
     """Optimal (highest MWLR: B over A) and pessimal tokens per prompt; ties ordered by string."""
     rows = []
-    for prompt in [c for c in rewards.columns if ":" not in c]:
+    for prompt in mwlr_columns(rewards):
         order = pd.DataFrame({"text": rewards.index.to_numpy(), "mwlr": rewards[prompt].to_numpy(),
                               "logp_A": rewards[f"{prompt}:logp_A"].to_numpy(),
                               "logp_B": rewards[f"{prompt}:logp_B"].to_numpy()})

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 AGENCY, COMMUNION = "agency", "communion"
 
@@ -130,7 +131,8 @@ def matches_stem(word: str, stem: str) -> bool:
 
 
 class StemMatcher:
-    """Categories of a word under a stem lexicon, in O(len(word)) per word."""
+    """Category of a word under a stem lexicon: one dict look-up per distinct stem length, memoized
+    per word (so one matcher shared by several models matches each form once)."""
 
     def __init__(self, lexicon: dict[str, Sequence[str]]):
         self.exact: dict[str, set[str]] = {}
@@ -142,26 +144,45 @@ class StemMatcher:
                     raise ValueError(f"stem {stem!r}: '*' is only allowed at the end.")
                 target = self.prefixes if stem.endswith("*") else self.exact
                 target.setdefault(stem.rstrip("*"), set()).add(category)
-        self.longest = max((len(p) for p in self.prefixes), default=0)
+        self.lengths = sorted({len(p) for p in self.prefixes})
+        self.memo: dict[str, str] = {}
 
     def categories(self, word: str) -> set[str]:
         found = set(self.exact.get(word, ()))
-        for end in range(0, min(len(word), self.longest) + 1):
-            found |= self.prefixes.get(word[:end], set())
+        for length in self.lengths:
+            if length > len(word):
+                break
+            found |= self.prefixes.get(word[:length], set())
         return found
 
     def category(self, word: str) -> str:
         """The single category of `word`, '' when none, 'ambiguous' when stems of several match."""
-        found = self.categories(word)
-        return "" if not found else found.pop() if len(found) == 1 else "ambiguous"
+        if word not in self.memo:
+            found = self.categories(word)
+            self.memo[word] = "" if not found else found.pop() if len(found) == 1 else "ambiguous"
+        return self.memo[word]
 
 
-def categorize(tokens: Iterable[str], lexicon: dict[str, Sequence[str]]) -> np.ndarray:
-    """Category of each token (normalized first): 'agency', 'communion', '' or 'ambiguous'."""
-    matcher = StemMatcher(lexicon)
-    return np.array([matcher.category(normalize(t)) if normalize(t) else "" for t in tokens], dtype=object)
+def as_matcher(lexicon: dict[str, Sequence[str]] | StemMatcher) -> StemMatcher:
+    return lexicon if isinstance(lexicon, StemMatcher) else StemMatcher(lexicon)
 
 
-def lookup(tokens: Iterable[str], table: dict[str, float]) -> np.ndarray:
-    """Value of each normalized token in `table`, NaN when absent."""
-    return np.array([table.get(normalize(t), math.nan) for t in tokens], dtype=np.float64)
+def normalize_all(tokens: Iterable[str]) -> np.ndarray:
+    """`normalize` of every token."""
+    values = tokens.to_numpy(dtype=object) if isinstance(tokens, pd.Series) else list(tokens)
+    return np.array([normalize(t) for t in values] or [], dtype=object)
+
+
+def categorize(tokens: Iterable[str], lexicon: dict[str, Sequence[str]] | StemMatcher,
+               normalized: bool = False) -> np.ndarray:
+    """Category of each token (normalized first unless `normalized`): 'agency', 'communion', '' or
+    'ambiguous'. Pass a `StemMatcher` to reuse its memo across calls."""
+    matcher = as_matcher(lexicon)
+    forms = np.asarray(tokens, dtype=object) if normalized else normalize_all(tokens)
+    return np.array([matcher.category(f) if f else "" for f in forms], dtype=object)
+
+
+def lookup(tokens: Iterable[str], table: dict[str, float], normalized: bool = False) -> np.ndarray:
+    """Value of each token (normalized first unless `normalized`) in `table`, NaN when absent."""
+    forms = np.asarray(tokens, dtype=object) if normalized else normalize_all(tokens)
+    return np.array([table.get(f, math.nan) for f in forms], dtype=np.float64)

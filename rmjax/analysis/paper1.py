@@ -27,28 +27,42 @@ def moments_table(tables: Sequence[ScoreTable], prompts: Sequence[str], n_boot: 
     return pd.DataFrame(rows)
 
 
+def _extreme(order: pd.DataFrame, k: int, top: bool) -> pd.DataFrame:
+    """The k first rows of `order` sorted by (score desc, string, token id) for top, or the k last ones
+    (lowest first) for bottom; only the rows that can make the cut are sorted."""
+    scores = order["score"].to_numpy()
+    if k < len(order):
+        cut = np.partition(scores, len(scores) - k)[len(scores) - k] if top else np.partition(scores, k - 1)[k - 1]
+        order = order[scores >= cut] if top else order[scores <= cut]
+    ascending = [False, True, True] if top else [True, False, False]
+    return order.sort_values(["score", "string", "token_id"], ascending=ascending, kind="mergesort").head(k)
+
+
 def top_bottom_table(tables: Sequence[ScoreTable], prompts: Sequence[str], k: int = 20,
                      vocabulary: Sequence[str] | None = None) -> pd.DataFrame:
     """The k highest and k lowest scoring tokens per model and prompt, on the model's raw vocabulary
     or (when given) only on `vocabulary`. Ties are ordered by string, then token id."""
     rows = []
     keep = None if vocabulary is None else set(vocabulary)
-    for prompt in prompts:
-        for t in tables:
-            frame = t.frame if keep is None else t.frame[t.strings.isin(keep)]
+    for t in tables:
+        frame = t.frame if keep is None else t.frame[t.strings.isin(keep)]
+        for prompt in prompts:
             order = pd.DataFrame({"string": frame[t.string_column].to_numpy(),
                                   "token_id": frame["token_id"].to_numpy() if "token_id" in frame else -1,
                                   "score": frame[prompt].to_numpy(np.float64)})
-            order = order.sort_values(["score", "string", "token_id"], ascending=[False, True, True],
-                                      kind="mergesort").reset_index(drop=True)
             n = len(order)
-            for side, part in (("top", order.head(k)), ("bottom", order.tail(k).iloc[::-1])):
-                for position, (idx, row) in enumerate(part.iterrows(), start=1):
+            for side in ("top", "bottom"):
+                part = _extreme(order, k, side == "top")
+                for position, (_, row) in enumerate(part.iterrows(), start=1):
                     rows.append({"prompt": prompt, "model": t.model, "side": side, "rank": position,
-                                 "rank_in_vocabulary": int(idx) + 1, "vocabulary_size": n,
-                                 "token_id": int(row["token_id"]), "token_decoded": row["string"],
-                                 "score": float(row["score"])})
-    return pd.DataFrame(rows)
+                                 "rank_in_vocabulary": position if side == "top" else n - position + 1,
+                                 "vocabulary_size": n, "token_id": int(row["token_id"]),
+                                 "token_decoded": row["string"], "score": float(row["score"])})
+    columns = ["prompt", "model", "side", "rank", "rank_in_vocabulary", "vocabulary_size", "token_id",
+               "token_decoded", "score"]
+    frame = pd.DataFrame(rows, columns=columns)
+    order = {p: i for i, p in enumerate(prompts)}
+    return frame.sort_values("prompt", key=lambda c: c.map(order), kind="mergesort").reset_index(drop=True)
 
 
 def heterogeneity(aligned: pd.DataFrame, rbo_p: float = 0.9, rbo_depth: int = 132) -> dict[str, pd.DataFrame]:
@@ -73,7 +87,7 @@ def rsa_table(tau: pd.DataFrame, metadata: pd.DataFrame, n_permutations: int = 1
 
 def sentiment_points(table: ScoreTable, prompt: str, afinn: dict[str, int]) -> pd.DataFrame:
     """Tokens of one model found in AFINN-111 (each token one point): token, sentiment, score."""
-    sentiment = lexicons.lookup(table.strings, afinn)
+    sentiment = lexicons.lookup(table.normalized, afinn, normalized=True)
     mask = ~np.isnan(sentiment)
     return pd.DataFrame({"token_decoded": table.strings.to_numpy()[mask], "sentiment": sentiment[mask],
                          "score": table.frame[prompt].to_numpy(np.float64)[mask]})
@@ -104,9 +118,9 @@ def frequency_regressions(tables: Sequence[ScoreTable], prompts: Sequence[str], 
     rows = []
     for prompt in prompts:
         for t in tables:
-            freq = lexicons.lookup(t.strings, frequencies)
+            freq = lexicons.lookup(t.normalized, frequencies, normalized=True)
             mask = ~np.isnan(freq)
-            sentiment = np.nan_to_num(lexicons.lookup(t.strings, afinn), nan=0.0)[mask]
+            sentiment = np.nan_to_num(lexicons.lookup(t.normalized, afinn, normalized=True), nan=0.0)[mask]
             log_frequency = np.log(freq[mask])
             fit = stats.ols(t.frame[prompt].to_numpy(np.float64)[mask],
                             {"log_frequency": log_frequency, "sentiment": sentiment})

@@ -1,0 +1,257 @@
+"""Figures (matplotlib, Agg backend, PNG). Each function draws one figure from tables the analysis
+modules computed and returns the path it wrote."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+PALETTE = plt.get_cmap("tab10")
+
+
+def text_label(token: str, max_length: int = 24) -> str:
+    """A token as it can be printed on a figure: whitespace visible (repr), `$` not read as mathtext."""
+    shown = repr(token)[1:-1]
+    shown = shown if len(shown) <= max_length else shown[: max_length - 1] + "…"
+    return shown.replace("$", r"\$")
+
+
+def _save(fig: plt.Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # glyphs missing from the default font (CJK tokens, emoji)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def quantile_sketch(values: np.ndarray, size: int = 2000) -> np.ndarray:
+    """`size` evenly spaced quantiles (min and max included): the same distribution, cheap to smooth."""
+    values = np.asarray(values, np.float64)
+    return values if len(values) <= size else np.quantile(values, np.linspace(0.0, 1.0, size))
+
+
+def violin(distributions: dict[str, np.ndarray], title: str, path: str | Path) -> Path:
+    """Violins of each model's score distribution (the density of a 2000-quantile sketch of it)."""
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(distributions) + 2), 4.5))
+    data = [quantile_sketch(v) for v in distributions.values()]
+    parts = ax.violinplot(data, showmedians=True, showextrema=True)
+    for i, body in enumerate(parts["bodies"]):
+        body.set_facecolor(PALETTE(i % 10))
+        body.set_alpha(0.6)
+    ax.set_xticks(range(1, len(data) + 1), list(distributions), rotation=45, ha="right")
+    ax.set_ylabel("score")
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def heatmap(matrix: pd.DataFrame, title: str, path: str | Path, vmin: float | None = None,
+            vmax: float | None = None, cmap: str = "viridis", fmt: str = "{:.2f}") -> Path:
+    rows, cols = matrix.shape
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.7 * cols + 2.5), max(4, 0.6 * rows + 2)))
+    values = matrix.to_numpy(np.float64)
+    image = ax.imshow(values, vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto")
+    ax.set_xticks(range(cols), [str(c) for c in matrix.columns], rotation=45, ha="right")
+    ax.set_yticks(range(rows), [str(i) for i in matrix.index])
+    if max(rows, cols) <= 16:
+        middle = np.nanmean(values)
+        for i in range(values.shape[0]):
+            for j in range(values.shape[1]):
+                ax.text(j, i, fmt.format(values[i, j]), ha="center", va="center", fontsize=7,
+                        color="white" if values[i, j] < middle else "black")
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def mds_scatter(coords: pd.DataFrame, groups: dict[str, str] | None, title: str, path: str | Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 5))
+    names = sorted(set((groups or {}).values()))
+    for model, (x, y) in coords[["x", "y"]].iterrows():
+        group = (groups or {}).get(model)
+        color = PALETTE(names.index(group) % 10) if group in names else "tab:gray"
+        ax.scatter(x, y, color=color, s=40)
+        ax.annotate(str(model), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for i, name in enumerate(names):
+        ax.scatter([], [], color=PALETTE(i % 10), label=name)
+    if names:
+        ax.legend(title="base model", fontsize=8)
+    ax.set_xlabel("MDS 1")
+    ax.set_ylabel("MDS 2")
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def matrix_panels(matrices: dict[str, pd.DataFrame], title: str, path: str | Path) -> Path:
+    """Several model x model matrices side by side (the RSA theoretical matrices)."""
+    fig, axes = plt.subplots(1, len(matrices), figsize=(4.2 * len(matrices), 4.4), squeeze=False)
+    for ax, (name, matrix) in zip(axes[0], matrices.items(), strict=True):
+        ax.imshow(matrix.to_numpy(np.float64), vmin=0, vmax=1, cmap="magma")
+        labels = [str(c) for c in matrix.columns]
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        ax.set_title(name.replace("_", " "), fontsize=9)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _grid(n: int) -> tuple[plt.Figure, np.ndarray]:
+    cols = min(n, 4)
+    rows = int(np.ceil(n / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.3 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return fig, axes.flat
+
+
+def framing_scatter(pairs: dict[str, tuple[np.ndarray, np.ndarray]], best: str, worst: str,
+                    path: str | Path) -> Path:
+    fig, axes = _grid(len(pairs))
+    for ax, (model, (b, w)) in zip(axes, pairs.items(), strict=False):
+        ax.scatter(b, w, s=2, alpha=0.3, rasterized=True)
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel(f"{best} score", fontsize=8)
+        ax.set_ylabel(f"{worst} score", fontsize=8)
+    fig.suptitle(f"Framing: {best} vs {worst}")
+    return _save(fig, path)
+
+
+def sentiment_scatter(points: dict[str, pd.DataFrame], title: str, path: str | Path) -> Path:
+    """Score against AFINN-111 value per model (jittered), with the positive and negative fits."""
+    fig, axes = _grid(len(points))
+    rng = np.random.default_rng(0)
+    for ax, (model, frame) in zip(axes, points.items(), strict=False):
+        ax.scatter(frame["sentiment"] + rng.uniform(-0.15, 0.15, len(frame)), frame["score"], s=5, alpha=0.4,
+                   rasterized=True)
+        for valence, part in (("positive", frame[frame.sentiment > 0]), ("negative", frame[frame.sentiment < 0])):
+            if len(part) > 2 and part.sentiment.nunique() > 1:
+                slope, intercept = np.polyfit(part.sentiment, part.score, 1)
+                xs = np.array([part.sentiment.min(), part.sentiment.max()])
+                ax.plot(xs, intercept + slope * xs, lw=2, label=f"{valence}: {slope:.3f}")
+        ax.set_xlabel("AFINN-111 sentiment", fontsize=8)
+        ax.set_ylabel("score", fontsize=8)
+        ax.set_title(model, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def slope_plot(slopes: pd.DataFrame, group_columns: Sequence[str], slope: str, se: str, title: str,
+               ylabel: str, path: str | Path) -> Path:
+    """One dot per model in each group, with the mean over models +- its standard error (diamond)."""
+    groups = list(slopes.groupby(list(group_columns), sort=False))
+    models = list(dict.fromkeys(slopes["model"]))
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(groups) + 3), 4.5))
+    for x, (_, part) in enumerate(groups):
+        offsets = np.linspace(-0.25, 0.25, len(models)) if len(models) > 1 else np.zeros(1)
+        for i, model in enumerate(models):
+            row = part[part.model == model]
+            if len(row):
+                ax.errorbar(x + offsets[i], row[slope].iloc[0], yerr=row[se].iloc[0], fmt="o", ms=4,
+                            color=PALETTE(i % 10), alpha=0.8, label=model if x == 0 else None)
+        values = part[slope].dropna().to_numpy()
+        if len(values):
+            sem = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
+            ax.errorbar(x + 0.4, values.mean(), yerr=sem, fmt="D", color="black", ms=7)
+    ax.axhline(0, color="gray", lw=0.8)
+    labels = [" / ".join(str(k) for k in (key if isinstance(key, tuple) else (key,))) for key, _ in groups]
+    ax.set_xticks(range(len(groups)), labels, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    return _save(fig, path)
+
+
+def rank_trajectories(ranks: pd.DataFrame, columns: Sequence[str], column_labels: Sequence[str],
+                      items: Sequence[tuple[str, str]], title: str, path: str | Path) -> Path:
+    """Rank of selected items under humans and each model (log scale, rank 1 at the top)."""
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(columns) + 4), 6))
+    colormaps = {"human_top": plt.get_cmap("Blues"), "human_bottom": plt.get_cmap("Reds"),
+                 "model_first": plt.get_cmap("Greens")}
+    counts = {g: sum(1 for _, gg in items if gg == g) for g in colormaps}
+    seen = dict.fromkeys(colormaps, 0)
+    by_name = ranks.set_index("name")
+    for name, group in items:
+        seen[group] += 1
+        color = colormaps[group](0.45 + 0.5 * seen[group] / max(counts[group], 1))
+        values = [by_name.loc[name, c] for c in columns]
+        ax.plot(range(len(columns)), values, marker="o", color=color,
+                label=f"{text_label(name, 30)} (#{by_name.loc[name, 'human_rank']:.0f})")
+    ax.set_yscale("log")
+    ax.invert_yaxis()
+    ax.set_xticks(range(len(columns)), column_labels, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("rank (1 = best, log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    return _save(fig, path)
+
+
+def diverging_bars(table: pd.DataFrame, label: str, value: str, title: str, path: str | Path) -> Path:
+    """Horizontal bars, positive green and negative purple (items humans rank higher / lower)."""
+    ordered = table.sort_values(value)
+    fig, ax = plt.subplots(figsize=(7, max(4, 0.22 * len(ordered) + 1)))
+    colors = ["tab:green" if v > 0 else "tab:purple" for v in ordered[value]]
+    ax.barh(range(len(ordered)), ordered[value], color=colors)
+    ax.set_yticks(range(len(ordered)), [text_label(str(s), 32) for s in ordered[label]], fontsize=7)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel(value.replace("_", " "))
+    ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+def bigtwo_boxes(points: dict[str, pd.DataFrame], title: str, path: str | Path) -> Path:
+    """Agency vs communion score percentiles (1 = top of the table) per model."""
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(points) + 2), 4.5))
+    for i, frame in enumerate(points.values()):
+        for offset, category, color in ((-0.18, "agency", "tab:orange"), (0.18, "communion", "tab:blue")):
+            values = frame.loc[frame.category == category, "percentile"].to_numpy()
+            if len(values):
+                box = ax.boxplot(values, positions=[i + offset], widths=0.3, patch_artist=True, showfliers=False)
+                box["boxes"][0].set_facecolor(color)
+    ax.scatter([], [], color="tab:orange", marker="s", label="agency")
+    ax.scatter([], [], color="tab:blue", marker="s", label="communion")
+    ax.set_xticks(range(len(points)), list(points), rotation=45, ha="right")
+    ax.set_ylabel("score percentile in the model's table (1 = top)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def checkpoint_lines(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Median agency and communion rank per training step, one panel per prompt."""
+    prompts = list(dict.fromkeys(frame["prompt"]))
+    fig, axes = _grid(len(prompts))
+    for ax, prompt in zip(axes, prompts, strict=False):
+        part = frame[frame.prompt == prompt]
+        ax.plot(part.step, part.median_rank_agency, marker="o", color="tab:orange", label="agency")
+        ax.plot(part.step, part.median_rank_communion, marker="o", color="tab:blue", label="communion")
+        ax.invert_yaxis()
+        ax.set_xlabel("training step")
+        ax.set_ylabel("median rank (1 = best)")
+        ax.set_title(prompt, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("Big Two ranks across checkpoints")
+    return _save(fig, path)
+
+
+def top_bottom_bars(table: pd.DataFrame, label: str, value: str, title: str, path: str | Path) -> Path:
+    """Top (positive) and bottom rows of a top/bottom table as one bar chart."""
+    ordered = pd.concat([table[table.side == "top"], table[table.side == "bottom"].iloc[::-1]])
+    fig, ax = plt.subplots(figsize=(7, max(4, 0.22 * len(ordered) + 1)))
+    ax.barh(range(len(ordered)), ordered[value], color=["tab:green" if s == "top" else "tab:red"
+                                                         for s in ordered.side])
+    ax.set_yticks(range(len(ordered)), [text_label(str(s)) for s in ordered[label]], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(value)
+    ax.set_title(title, fontsize=10)
+    return _save(fig, path)

@@ -1,0 +1,334 @@
+"""`run_analyses`: run every analysis whose inputs are given, write each table (CSV) and figure (PNG)
+to one folder, and a short report of the headline numbers (report.md, also printed)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rmjax import results
+from rmjax.analysis import bigtwo, data, lexicons, paper1, plots, stats
+from rmjax.analysis import elo as elo_lib
+from rmjax.analysis import implicit as implicit_lib
+
+
+def write_frame(path: str | Path, frame: pd.DataFrame) -> Path:
+    """A DataFrame through `results.write_table`: text/int/bool columns as keys, float columns as values
+    (so tokens such as `None` or `NaN` stay strings when read back with NA parsing off)."""
+    keys: dict[str, list] = {}
+    values: dict[str, np.ndarray] = {}
+    for column in frame.columns:
+        series = frame[column]
+        if pd.api.types.is_float_dtype(series):
+            values[str(column)] = series.to_numpy(np.float64)
+        else:
+            keys[str(column)] = [v.item() if isinstance(v, np.generic) else v for v in series.tolist()]
+    return results.write_table(path, keys, values)
+
+
+def markdown(frame: pd.DataFrame, digits: int = 3) -> str:
+    """A small DataFrame as a Markdown table (no extra dependency)."""
+    def cell(v) -> str:
+        if isinstance(v, float | np.floating):
+            return f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
+        return str(v).replace("|", "\\|").replace("\n", "\\n")
+
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+class Outputs:
+    """Collects what a run wrote and the report's lines."""
+
+    def __init__(self, out: str | Path):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.tables: dict[str, str] = {}
+        self.figures: dict[str, str] = {}
+        self.lines: list[str] = []
+        self.skipped: list[str] = []
+        self.headline: dict = {}
+
+    def table(self, name: str, frame: pd.DataFrame) -> pd.DataFrame:
+        self.tables[name] = str(write_frame(self.out / f"{name}.csv", frame))
+        return frame
+
+    def matrix(self, name: str, matrix: pd.DataFrame) -> pd.DataFrame:
+        self.table(name, matrix.rename_axis("model").reset_index())
+        return matrix
+
+    def figure(self, name: str, draw: Callable[..., Path], *args, **kwargs) -> None:
+        self.figures[name] = str(draw(*args, path=self.out / f"{name}.png", **kwargs))
+
+    def say(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def skip(self, reason: str) -> None:
+        self.skipped.append(reason)
+
+
+def _load_optional(outputs: Outputs, what: str, loader: Callable, *args):
+    try:
+        return loader(*args)
+    except (lexicons.MissingLexiconError, FileNotFoundError) as error:
+        outputs.skip(f"{what}: {error}")
+        return None
+
+
+def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: pd.DataFrame | None,
+                    afinn: dict | None, frequencies: dict | None, *, top_k: int, n_boot: int, n_permutations: int,
+                    rbo_p: float, rbo_depth: int, framing: tuple[str, str], seed: int) -> None:
+    prompts = data.common_prompts(tables)
+    if not prompts:
+        raise ValueError(f"the score tables have no prompt column in common: {[t.prompts for t in tables]}.")
+    labels = [t.model for t in tables]
+    vocabulary = data.shared_vocabulary(tables)
+    results.write_table(outputs.out / "paper1_shared_vocabulary.csv", {"token_decoded": vocabulary}, {})
+    outputs.tables["paper1_shared_vocabulary"] = str(outputs.out / "paper1_shared_vocabulary.csv")
+    outputs.headline["shared_vocabulary_size"] = len(vocabulary)
+    outputs.say("## Paper 1: score tables", "",
+                f"{len(tables)} models ({', '.join(labels)}), prompts {prompts}; shared vocabulary "
+                f"{len(vocabulary)} decoded strings (in every model, none duplicated within a model).", "")
+
+    moments = outputs.table("paper1_moments", paper1.moments_table(tables, prompts, n_boot, seed))
+    outputs.say("Moments of the full score distributions (variance ddof=0, biased skewness; "
+                f"95% bootstrap CIs, {n_boot} resamples, in paper1_moments.csv):", "",
+                markdown(moments[["prompt", "model", "n_tokens", "mean", "variance", "skewness"]]), "")
+    for prompt in prompts:
+        outputs.figure(f"paper1_violin_{data.slugify(prompt)}", plots.violin,
+                       {t.model: t.frame[prompt].to_numpy() for t in tables}, f"Score distributions: {prompt}")
+    outputs.table("paper1_top_bottom_raw", paper1.top_bottom_table(tables, prompts, top_k))
+    shared_top = outputs.table("paper1_top_bottom_shared", paper1.top_bottom_table(tables, prompts, top_k, vocabulary))
+    first = shared_top[(shared_top["prompt"] == prompts[0]) & (shared_top["rank"] <= 5)]
+    outputs.say(f"Top and bottom 5 tokens on the shared vocabulary for {prompts[0]!r}:", "")
+    for model in labels:
+        part = first[first.model == model]
+        top = ", ".join(repr(s) for s in part[part.side == "top"].token_decoded)
+        bottom = ", ".join(repr(s) for s in part[part.side == "bottom"].token_decoded)
+        outputs.say(f"- {model}: top {top}; bottom {bottom}")
+    outputs.say("")
+
+    if len(tables) >= 2 and len(vocabulary) >= 2:
+        heterogeneity_section(outputs, tables, prompts, vocabulary, metadata, n_permutations=n_permutations,
+                              rbo_p=rbo_p, rbo_depth=rbo_depth, seed=seed)
+    else:
+        outputs.skip("heterogeneity/MDS/RSA: needs at least two models sharing at least two strings.")
+
+    best, worst = framing
+    if best in prompts and worst in prompts:
+        correlations, rankings = paper1.framing_tables(tables, best, worst, top_k)
+        outputs.table("paper1_framing_correlations", correlations)
+        outputs.table("paper1_framing_rankings", rankings)
+        outputs.figure("paper1_framing_scatter", plots.framing_scatter,
+                       {t.model: (t.frame[best].to_numpy(), t.frame[worst].to_numpy()) for t in tables}, best, worst)
+        outputs.say(f"Framing: correlation of {best!r} and {worst!r} scores per model:", "",
+                    markdown(correlations), "")
+    else:
+        outputs.skip(f"framing: needs prompts {best!r} and {worst!r} (have {prompts}).")
+
+    if afinn is not None:
+        slopes = outputs.table("paper1_sentiment_slopes", paper1.sentiment_regressions(tables, prompts, afinn))
+        outputs.figure("paper1_sentiment_slopes", plots.slope_plot, slopes, ["prompt", "valence"], "slope", "se",
+                       "Score ~ AFINN-111 sentiment, by valence", "slope (score per sentiment point)")
+        for prompt in prompts:
+            outputs.figure(f"paper1_sentiment_scatter_{data.slugify(prompt)}", plots.sentiment_scatter,
+                           {t.model: paper1.sentiment_points(t, prompt, afinn) for t in tables},
+                           f"Score vs AFINN-111 sentiment: {prompt}")
+        mean = slopes.groupby(["prompt", "valence"], sort=False)["slope"].agg(["mean", "count"]).reset_index()
+        outputs.say("Sentiment: OLS slope of score on AFINN-111 value (mean over models):", "", markdown(mean), "")
+        if frequencies is not None:
+            freq = outputs.table("paper1_frequency_slopes",
+                                 paper1.frequency_regressions(tables, prompts, afinn, frequencies))
+            outputs.figure("paper1_frequency_slopes", plots.slope_plot, freq, ["prompt"], "slope_log_frequency",
+                           "se_log_frequency", "Score ~ log BNC frequency + sentiment",
+                           "slope (score per log frequency)")
+            mean = freq.groupby("prompt", sort=False)["slope_log_frequency"].agg(["mean", "count"]).reset_index()
+            outputs.say("Frequency: slope of score on log BNC frequency controlling for sentiment "
+                        "(mean over models):", "", markdown(mean), "")
+
+
+def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], prompts: Sequence[str],
+                          vocabulary: Sequence[str], metadata: pd.DataFrame | None, *, n_permutations: int,
+                          rbo_p: float, rbo_depth: int, seed: int) -> None:
+    labels = [t.model for t in tables]
+    model_meta = data.metadata_for(labels, metadata)
+    groups = None if model_meta is None else dict(zip(labels, model_meta["base_model"], strict=True))
+    rsa_rows = []
+    for prompt in prompts:
+        slug = data.slugify(prompt)
+        aligned = data.aligned_scores(tables, prompt, vocabulary)
+        matrices = paper1.heterogeneity(aligned, rbo_p, rbo_depth)
+        for name, matrix in matrices.items():
+            outputs.matrix(f"paper1_{name}_{slug}", matrix)
+            outputs.figure(f"paper1_{name}_{slug}", plots.heatmap, matrix, f"{name.replace('_', ' ')}: {prompt}",
+                           vmin=0 if name == "rbo" else None, vmax=1)
+        tau = matrices["kendall_tau"]
+        coords = stats.mds_embedding(1.0 - tau, seed)
+        outputs.table(f"paper1_mds_{slug}", coords.rename_axis("model").reset_index())
+        outputs.figure(f"paper1_mds_{slug}", plots.mds_scatter, coords, groups, f"MDS of 1 - Kendall tau: {prompt}")
+        pairs = stats.upper_triangle(tau)
+        outputs.say(f"Kendall tau-b between models for {prompt!r} on {len(aligned)} shared strings: mean "
+                    f"{pairs.mean():.3f}, min {pairs.min():.3f}, max {pairs.max():.3f}.")
+        if model_meta is not None and len(tables) >= 3:
+            rsa = paper1.rsa_table(tau, model_meta, n_permutations, seed)
+            rsa.insert(0, "prompt", prompt)
+            rsa_rows.append(rsa)
+    outputs.say("")
+    if rsa_rows:
+        rsa = outputs.table("paper1_rsa", pd.concat(rsa_rows, ignore_index=True))
+        theory = stats.theoretical_similarities(model_meta)
+        for name, matrix in theory.items():
+            outputs.matrix(f"paper1_rsa_theoretical_{name}", matrix)
+        outputs.figure("paper1_rsa_theoretical_matrices", plots.matrix_panels, theory,
+                       "RSA theoretical similarity matrices")
+        outputs.say("RSA: Spearman rho between model dissimilarity (1 - tau, upper triangle) and each theoretical "
+                    "similarity matrix, permutation p (model labels permuted); rho < 0 means models alike in "
+                    "theory score alike:", "", markdown(rsa), "")
+    else:
+        outputs.skip("RSA: needs >= 3 models and --models_yaml metadata for every model "
+                     "(nickname, base_model, size, reward_bench_rank).")
+
+
+def bigtwo_section(outputs: Outputs, tables: list[data.ScoreTable], lexicon: bigtwo.Lexicon,
+                   metadata: pd.DataFrame | None, name: str = "bigtwo") -> None:
+    prompts = data.common_prompts(tables)
+    comparison = outputs.table(name, bigtwo.bigtwo_comparison(tables, prompts, lexicon))
+    categories = {t.model: lexicons.categorize(t.normalized, lexicon, normalized=True) for t in tables}
+    for prompt in prompts:
+        points = {t.model: bigtwo.bigtwo_points(t, prompt, lexicon, categories[t.model]) for t in tables}
+        outputs.figure(f"{name}_{data.slugify(prompt)}", plots.bigtwo_boxes, points,
+                       f"Big Two: agency vs communion, {prompt}")
+    outputs.say(f"Big Two ({name}): agency vs communion, Mann-Whitney U on within-model score percentiles; "
+                "rank-biserial r > 0 means agency words score higher:", "",
+                markdown(comparison[["prompt", "model", "n_agency", "n_communion", "median_rank_agency",
+                                     "median_rank_communion", "rank_biserial", "p_value"]]), "")
+    model_meta = data.metadata_for([t.model for t in tables], metadata)
+    if model_meta is not None:
+        families = dict(zip(model_meta.index, model_meta["base_model"], strict=True))
+        family = outputs.table(f"{name}_families", bigtwo.bigtwo_family_comparison(tables, prompts, lexicon, families))
+        outputs.say("Per base-model family (pooled percentiles):", "",
+                    markdown(family[["prompt", "family", "n_agency", "n_communion", "rank_biserial", "p_value"]]), "")
+
+
+def elo_section(outputs: Outputs, directory: str | Path, metadata: pd.DataFrame | None, top_k: int) -> None:
+    prompts = elo_lib.load_elo(directory, metadata)
+    agreement = outputs.table("elo_human_agreement", elo_lib.human_agreement(prompts))
+    outputs.headline["elo_human_agreement"] = agreement
+    for ep in prompts:
+        ranks = outputs.table(f"elo_ranks_{ep.slug}", elo_lib.ranks_table(ep))
+        tau = outputs.matrix(f"elo_kendall_tau_{ep.slug}", elo_lib.tau_matrix(ep))
+        outputs.figure(f"elo_kendall_tau_{ep.slug}", plots.heatmap, tau,
+                       f"Kendall tau-b, humans + models:\n{ep.prompt}")
+        gaps = outputs.table(f"elo_human_vs_median_model_{ep.slug}", elo_lib.human_vs_median_model(ranks, top_k))
+        outputs.figure(f"elo_human_vs_median_model_{ep.slug}", plots.diverging_bars, gaps, "name",
+                       "median_model_rank_minus_human_rank",
+                       f"Median model rank (over models only) minus human rank:\n{ep.prompt}")
+        rho = agreement[agreement.prompt == ep.prompt].set_index("model")["spearman_rho"]
+        columns = ["human_rank"] + [f"{m}_rank" for m in ep.models]
+        labels = ["Human"] + [f"{m} (rho {rho[m]:.2f})" for m in ep.models]
+        outputs.figure(f"elo_rank_trajectories_{ep.slug}", plots.rank_trajectories, ranks, columns, labels,
+                       elo_lib.trajectory_items(ranks, ep.models), f"Rank trajectories: {ep.prompt}")
+    cross = outputs.table("elo_cross_prompt_tau", elo_lib.cross_prompt_tau(prompts))
+    if len(cross):
+        cross["prompts"] = cross["prompt_a"].str[:25] + " | " + cross["prompt_b"].str[:25]
+        grid = cross.pivot(index="model", columns="prompts", values="kendall_tau").loc[prompts[0].models]
+        outputs.figure("elo_cross_prompt_tau", plots.heatmap, grid, "Each model's Kendall tau between prompts")
+    grid = agreement.pivot(index="model", columns="prompt", values="spearman_rho").loc[prompts[0].models]
+    outputs.figure("elo_spearman_to_human", plots.heatmap, grid, "Spearman rho with the human ranking")
+    table = agreement.pivot(index="model", columns="prompt", values="kendall_tau").loc[prompts[0].models]
+    table.columns = [f"tau: {c}" for c in table.columns]
+    outputs.say("## EloEverything", "", f"{len(prompts[0].items)} items, {len(prompts[0].models)} models, "
+                f"{len(prompts)} prompts. Kendall tau-b (and Spearman rho in elo_human_agreement.csv) of each "
+                "model with the human Elo ranking:", "", markdown(table.reset_index()), "")
+    spearman = agreement.pivot(index="model", columns="prompt", values="spearman_rho").loc[prompts[0].models]
+    spearman.columns = [f"rho: {c}" for c in spearman.columns]
+    outputs.say(markdown(spearman.reset_index()), "")
+    if len(cross):
+        mean = cross.groupby("model", sort=False)["kendall_tau"].mean()
+        outputs.say("Each model's mean Kendall tau between its own scores under the different prompts: "
+                    + ", ".join(f"{m} {v:.3f}" for m, v in mean.items()) + ".", "")
+    outputs.say("Items humans rank far above / below the median model (median over models only) are in "
+                "elo_human_vs_median_model_*.csv.", "")
+
+
+def implicit_section(outputs: Outputs, paths: Sequence[str | Path], lexicon: bigtwo.Lexicon | None, top_k: int) -> None:
+    if len(paths) != 2:
+        raise ValueError(f"--implicit takes two log-prob tables A,B; got {list(paths)}.")
+    (table_a,), (table_b,) = (data.load_score_tables([path]) for path in paths)  # each alone: same name allowed
+    rewards = implicit_lib.implicit_reward(table_a, table_b)
+    values = {c: rewards[c].to_numpy() for c in rewards.columns}
+    results.write_table(outputs.out / "implicit_rm.csv", {"text": list(rewards.index)}, values)
+    outputs.tables["implicit_rm"] = str(outputs.out / "implicit_rm.csv")
+    top_bottom = outputs.table("implicit_rm_top_bottom", implicit_lib.implicit_top_bottom(rewards, top_k))
+    outputs.say(f"## Implicit RM {table_a.model} -> {table_b.model}", "",
+                f"MWLR = 1/2 (p+q)(log q - log p), p = {table_a.model}, q = {table_b.model}, on {len(rewards)} "
+                "shared decoded strings (max prob per duplicate string).", "")
+    for prompt in implicit_lib.mwlr_columns(rewards):
+        part = top_bottom[top_bottom.prompt == prompt]
+        outputs.figure(f"implicit_rm_{data.slugify(prompt)}", plots.top_bottom_bars, part, "text", "mwlr",
+                       f"Implicit RM {table_a.model} -> {table_b.model}: {prompt}")
+        top = ", ".join(repr(s) for s in part[part.side == "top"].text.head(10))
+        bottom = ", ".join(repr(s) for s in part[part.side == "bottom"].text.head(10))
+        outputs.say(f"- {prompt}: optimal {top}; pessimal {bottom}")
+    outputs.say("")
+    if lexicon is not None:
+        bigtwo_section(outputs, [implicit_lib.implicit_table(rewards, f"{table_a.model}->{table_b.model}")], lexicon,
+                       None, name="implicit_rm_bigtwo")
+
+
+def run_analyses(scores: str | Sequence[str] | None = None, elo: str | Path | None = None,
+                 out: str | Path = "results/analysis", models_yaml: str | Path | None = None,
+                 implicit: Sequence[str | Path] | None = None, bigtwo_checkpoints: str | Path | None = None,
+                 *, bigtwo_dictionary: str | Path | None = None, frequencies: str | Path | None = None,
+                 top_k: int = 20, n_boot: int = 1000, n_permutations: int = 10000, rbo_p: float = 0.9,
+                 rbo_depth: int = 132, framing: tuple[str, str] = ("best", "worst"), seed: int = 0,
+                 echo: bool = True) -> dict:
+    """Run the analyses whose inputs are given; returns {'out', 'report', 'tables', 'figures', 'skipped',
+    'headline'} (tables and figures map output names to paths)."""
+    if not any([scores, elo, implicit, bigtwo_checkpoints]):
+        raise ValueError("nothing to analyze: give scores, elo, implicit and/or bigtwo_checkpoints.")
+    start = time.perf_counter()
+    outputs = Outputs(out)
+    metadata = data.load_model_metadata(models_yaml) if models_yaml else None
+    needs_lexicon = bool(scores or implicit or bigtwo_checkpoints)
+    lexicon = _load_optional(outputs, "Big Two", lexicons.load_bigtwo, bigtwo_dictionary) if needs_lexicon else None
+    lexicon = None if lexicon is None else lexicons.StemMatcher(lexicon)  # one memo for every table
+    if scores:
+        tables = data.load_score_tables(scores, metadata)
+        afinn = _load_optional(outputs, "sentiment and frequency", lexicons.load_afinn)
+        frequencies_table = None
+        if frequencies and Path(frequencies).is_file():
+            frequencies_table = lexicons.load_bnc_frequencies(frequencies)
+        else:
+            outputs.skip(f"frequency: BNC word-frequency list {frequencies or '(none given)'} not found "
+                         "(give --frequencies=PATH/1_1_all_alpha.txt).")
+        paper1_analyses(outputs, tables, metadata, afinn, frequencies_table, top_k=top_k, n_boot=n_boot,
+                        n_permutations=n_permutations, rbo_p=rbo_p, rbo_depth=rbo_depth, framing=framing, seed=seed)
+        if lexicon is not None:
+            bigtwo_section(outputs, tables, lexicon, metadata)
+    if elo:
+        elo_section(outputs, elo, metadata, top_k)
+    if implicit:
+        implicit_section(outputs, implicit, lexicon, top_k)
+    if bigtwo_checkpoints and lexicon is not None:
+        steps = bigtwo.load_checkpoints(bigtwo_checkpoints)
+        frame = outputs.table("bigtwo_checkpoints", bigtwo.bigtwo_checkpoints(steps, lexicon))
+        outputs.figure("bigtwo_checkpoints", plots.checkpoint_lines, frame)
+        columns = ["step", "prompt", "median_rank_agency", "median_rank_communion", "rank_biserial"]
+        outputs.say("## Big Two across checkpoints", "", markdown(frame[columns]), "")
+    if outputs.skipped:
+        outputs.say("## Skipped", "", *(f"- {s}" for s in outputs.skipped), "")
+    outputs.say(f"{len(outputs.tables)} tables and {len(outputs.figures)} figures written to {outputs.out} in "
+                f"{time.perf_counter() - start:.1f} s.")
+    text = "# rmjax analysis report\n\n" + "\n".join(outputs.lines) + "\n"
+    report_path = outputs.out / "report.md"
+    report_path.write_text(text, encoding="utf-8")
+    if echo:
+        print(text)
+    return {"out": str(outputs.out), "report": str(report_path), "tables": outputs.tables,
+            "figures": outputs.figures, "skipped": outputs.skipped, "headline": outputs.headline}

@@ -1,0 +1,205 @@
+"""Each statistic of rmjax.analysis.stats against an independent reference on small hand-made data."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from rmjax.analysis import stats
+
+
+def brute_force_tau_b(x, y) -> float:
+    """Kendall tau-b by counting concordant, discordant and tied pairs."""
+    concordant = discordant = ties_x = ties_y = 0
+    n = len(x)
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+            if dx == 0 and dy == 0:
+                ties_x += 1
+                ties_y += 1
+            elif dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif dx == dy:
+                concordant += 1
+            else:
+                discordant += 1
+    n0 = n * (n - 1) / 2
+    return (concordant - discordant) / math.sqrt((n0 - ties_x) * (n0 - ties_y))
+
+
+def brute_force_rbo(s: list, t: list, p: float, depth: int) -> float:
+    """RBO@d from its definition: (1-p) sum_k p^(k-1) |S[:k] & T[:k]| / k."""
+    return (1 - p) * sum(p ** (k - 1) * len(set(s[:k]) & set(t[:k])) / k for k in range(1, depth + 1))
+
+
+def test_moments_match_scipy_describe():
+    x = np.array([0.5, 2.0, 2.0, 3.5, 9.0, -1.0, 4.25])
+    described = scipy_stats.describe(x, ddof=0, bias=True)
+    got = stats.moments(x)
+    assert got["mean"] == pytest.approx(described.mean, rel=1e-12)
+    assert got["variance"] == pytest.approx(described.variance, rel=1e-12)
+    assert got["skewness"] == pytest.approx(described.skewness, rel=1e-12)
+    assert got["skewness"] == pytest.approx(scipy_stats.skew(x, bias=True), rel=1e-12)
+
+
+def test_bootstrap_intervals_agree_with_scipy_bootstrap():
+    x = np.random.default_rng(1).gamma(2.0, size=400)
+    got = stats.bootstrap_moments(x, n_boot=4000, seed=3)
+    for name, fn in (("mean", np.mean), ("variance", np.var),
+                     ("skewness", lambda v, axis=-1: scipy_stats.skew(v, bias=True, axis=axis))):
+        ref = scipy_stats.bootstrap((x,), fn, n_resamples=4000, method="percentile", random_state=7,
+                                    vectorized=True).confidence_interval
+        width = ref.high - ref.low
+        assert got[f"{name}_ci_low"] == pytest.approx(ref.low, abs=0.12 * width)
+        assert got[f"{name}_ci_high"] == pytest.approx(ref.high, abs=0.12 * width)
+        assert got[f"{name}_ci_low"] < got[name] < got[f"{name}_ci_high"]
+
+
+def test_kendall_tau_b_matrix_matches_pair_counting_with_ties():
+    frame = pd.DataFrame({"a": [1, 2, 2, 3, 5, 5, 7, 0], "b": [2, 1, 3, 3, 4, 6, 6, 1],
+                          "c": [9, 8, 8, 1, 2, 3, 0, 0]}, dtype=float)
+    tau = stats.kendall_tau_matrix(frame)
+    for a, b in itertools.combinations(frame.columns, 2):
+        assert tau.loc[a, b] == pytest.approx(brute_force_tau_b(frame[a].to_numpy(), frame[b].to_numpy()), abs=1e-12)
+        assert tau.loc[b, a] == tau.loc[a, b]
+    assert np.allclose(np.diag(tau), 1.0)
+
+
+def test_spearman_matrix_is_pearson_of_average_ranks():
+    frame = pd.DataFrame({"a": [1, 2, 2, 3, 5, 4], "b": [6, 1, 3, 3, 4, 2], "c": [0, 1, 1, 2, 9, 9]}, dtype=float)
+    rho = stats.spearman_matrix(frame)
+    ranks = frame.rank(method="average")
+    for a, b in itertools.combinations(frame.columns, 2):
+        assert rho.loc[a, b] == pytest.approx(np.corrcoef(ranks[a], ranks[b])[0, 1], abs=1e-12)
+
+
+@pytest.mark.parametrize("p,depth", [(0.9, 132), (0.9, 5), (0.5, 20)])
+def test_rbo_matches_definition(p, depth):
+    rng = np.random.default_rng(depth)
+    items = [f"t{i}" for i in range(200)]
+    for _ in range(5):
+        s = list(rng.permutation(items))
+        t = s[:30] + list(rng.permutation(s[30:])) if rng.random() < 0.5 else list(rng.permutation(items))
+        assert stats.rbo(s, t, p, depth) == pytest.approx(brute_force_rbo(s, t, p, depth), abs=1e-12)
+    assert stats.rbo(items, items, 0.9, 132) == pytest.approx(1 - 0.9**132, abs=1e-12)
+    assert stats.rbo(items[:100], items[100:], 0.9, 132) == 0.0
+
+
+def test_rbo_matrix_ranks_by_score_descending_with_ties_by_string():
+    index = ["d", "a", "c", "b", "e"]
+    frame = pd.DataFrame({"m1": [5.0, 4.0, 4.0, 1.0, 0.0], "m2": [0.0, 1.0, 2.0, 3.0, 4.0]}, index=index)
+    assert stats.ranking(frame["m1"]) == ["d", "a", "c", "b", "e"]
+    assert stats.ranking(frame["m2"]) == ["e", "b", "c", "a", "d"]
+    matrix = stats.rbo_matrix(frame, p=0.9, depth=3)
+    expected = brute_force_rbo(["d", "a", "c", "b", "e"], ["e", "b", "c", "a", "d"], 0.9, 3)
+    assert matrix.loc["m1", "m2"] == pytest.approx(expected, abs=1e-12)
+    assert matrix.loc["m1", "m1"] == pytest.approx(1 - 0.9**3, abs=1e-12)
+
+
+def test_mds_recovers_planar_distances():
+    points = np.array([[0, 0], [1, 0], [0, 2], [3, 1], [-1, -1.5]], dtype=float)
+    distances = np.linalg.norm(points[:, None] - points[None], axis=-1)
+    labels = list("abcde")
+    coords = stats.mds_embedding(pd.DataFrame(distances, index=labels, columns=labels))
+    embedded = np.linalg.norm(coords.to_numpy()[:, None] - coords.to_numpy()[None], axis=-1)
+    np.testing.assert_allclose(embedded, distances, atol=1e-3)
+    assert list(coords.index) == labels and list(coords.columns) == ["x", "y"]
+
+
+def test_theoretical_similarities_follow_the_paper():
+    meta = pd.DataFrame({"base_model": ["Llama", "Gemma", "Llama"], "developer": ["x", "x", "y"],
+                         "parameters_b": [8.0, 27.0, 3.0], "reward_bench_rank": [10.0, 2.0, 19.0]},
+                        index=["m1", "m2", "m3"])
+    got = stats.theoretical_similarities(meta)
+    np.testing.assert_array_equal(got["same_base_model"].to_numpy(), [[1, 0, 1], [0, 1, 0], [1, 0, 1]])
+    np.testing.assert_array_equal(got["same_developer"].to_numpy(), [[1, 1, 0], [1, 1, 0], [0, 0, 1]])
+    assert got["parameter_similarity"].loc["m1", "m2"] == pytest.approx(1 / 20)
+    assert got["parameter_similarity"].loc["m1", "m3"] == pytest.approx(1 / 6)
+    assert got["rewardbench_rank_similarity"].loc["m2", "m3"] == pytest.approx(1 / 18)
+
+
+def _brute_force_rsa(dissimilarity: np.ndarray, theory: np.ndarray) -> tuple[float, float]:
+    iu = np.triu_indices(len(theory), 1)
+    rho = scipy_stats.spearmanr(dissimilarity[iu], theory[iu]).statistic
+    null = [scipy_stats.spearmanr(dissimilarity[iu], theory[np.ix_(p, p)][iu]).statistic
+            for p in itertools.permutations(range(len(theory)))]
+    return rho, float(np.mean(np.abs(null) >= abs(rho) - 1e-12))
+
+
+def _symmetric(rng: np.random.Generator, n: int) -> np.ndarray:
+    a = rng.random((n, n))
+    a = (a + a.T) / 2
+    np.fill_diagonal(a, 0)
+    return a
+
+
+def test_rsa_exact_permutation_p_matches_brute_force():
+    rng = np.random.default_rng(0)
+    dissimilarity = _symmetric(rng, 5)
+    base = np.array([0, 0, 1, 1, 1])
+    theory = (base[:, None] == base[None]).astype(float)
+    rho, p = _brute_force_rsa(dissimilarity, theory)
+    got = stats.rsa_permutation_test(dissimilarity, theory, n_permutations=1000)
+    assert got["exact"] and got["n_permutations"] == 120
+    assert got["rho"] == pytest.approx(rho, abs=1e-12)
+    assert got["p_value"] == pytest.approx(p, abs=1e-12)
+
+
+def test_rsa_random_permutation_p_is_close_to_exact():
+    rng = np.random.default_rng(5)
+    dissimilarity = _symmetric(rng, 7)
+    theory = 1.0 / (1.0 + np.abs(np.arange(7)[:, None] - np.arange(7)[None]))
+    dissimilarity = dissimilarity + 3.0 * (1 - theory)  # a real association
+    rho, p = _brute_force_rsa(dissimilarity, theory)
+    got = stats.rsa_permutation_test(dissimilarity, theory, n_permutations=3000, seed=1)
+    assert not got["exact"] and got["n_permutations"] == 3000
+    assert got["rho"] == pytest.approx(rho, abs=1e-12)
+    assert got["p_value"] == pytest.approx(p, abs=0.02)
+    assert rho < 0 and p < 0.05
+
+
+def test_ols_matches_lstsq_formula():
+    rng = np.random.default_rng(2)
+    x1, x2 = rng.normal(size=40), rng.normal(size=40)
+    y = 1.5 + 2.0 * x1 - 0.7 * x2 + rng.normal(scale=0.5, size=40)
+    design = np.column_stack([np.ones(40), x1, x2])
+    beta, *_ = np.linalg.lstsq(design, y, rcond=None)
+    residual = y - design @ beta
+    sigma2 = residual @ residual / (40 - 3)
+    se = np.sqrt(np.diag(sigma2 * np.linalg.inv(design.T @ design)))
+    got = stats.ols(y, {"x1": x1, "x2": x2})
+    np.testing.assert_allclose(got["coef"].to_numpy(), beta, rtol=1e-10)
+    np.testing.assert_allclose(got["se"].to_numpy(), se, rtol=1e-10)
+    simple = stats.ols(y, {"x1": x1})
+    ref = scipy_stats.linregress(x1, y)
+    assert simple.loc["x1", "coef"] == pytest.approx(ref.slope, rel=1e-10)
+    assert simple.loc["x1", "se"] == pytest.approx(ref.stderr, rel=1e-10)
+    assert simple.loc["intercept", "se"] == pytest.approx(ref.intercept_stderr, rel=1e-10)
+    assert stats.ols(np.array([1.0, 2.0]), {"x": np.array([1.0, 2.0])})["coef"].isna().all()
+    assert stats.ols(y, {"x": np.ones(40)})["se"].isna().all()  # collinear with the intercept
+
+
+def test_mann_whitney_and_rank_biserial():
+    x = np.array([3.0, 5.0, 5.0, 8.0, 9.0, 1.0])
+    y = np.array([2.0, 5.0, 4.0, 0.0, 1.0])
+    ref = scipy_stats.mannwhitneyu(x, y, alternative="two-sided")
+    got = stats.mann_whitney(x, y)
+    assert got["u"] == ref.statistic and got["p_value"] == pytest.approx(ref.pvalue)
+    wins = sum(np.sign(a - b) for a in x for b in y)  # (#x>y - #x<y), ties count zero
+    assert got["rank_biserial"] == pytest.approx(wins / (len(x) * len(y)), abs=1e-12)
+    assert stats.mann_whitney(np.array([5.0, 6.0]), np.array([1.0, 2.0]))["rank_biserial"] == 1.0
+    assert math.isnan(stats.mann_whitney(np.array([]), y)["p_value"])
+
+
+def test_z_scores_and_descending_ranks():
+    x = np.array([3.0, 1.0, 3.0, 7.0])
+    np.testing.assert_allclose(stats.z_scores(x), scipy_stats.zscore(x, ddof=0))
+    np.testing.assert_array_equal(stats.descending_ranks(x), [2.5, 4.0, 2.5, 1.0])
