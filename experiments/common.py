@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from absl import flags
+from absl import logging as absl_logging
 
 from rmjax import sharding
 from rmjax.loading import Model, load
-
-# Warnings and errors only from absl logging (JAX's backend probing and orbax are chatty at INFO).
-flags.FLAGS.set_default("verbosity", -1)
 
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
                             "Model spec: a checkpoint folder, a .gguf file, or a builtin name "
@@ -24,6 +22,12 @@ TEMPLATE = flags.DEFINE_enum("template", "auto", ["auto", "chat", "plain"],
                              "(base models); auto: chat when the tokenizer has one.")
 
 
+def quiet_logs() -> None:
+    """Warnings and errors only (JAX's backend probing and orbax are chatty at INFO)."""
+    absl_logging.set_verbosity(absl_logging.WARNING)
+
+
 def load_model() -> Model:
+    quiet_logs()
     mesh = sharding.make_mesh(MESH.value) if MESH.value else None
     return load(MODEL.value, dtype=DTYPE.value, mesh=mesh)

@@ -39,6 +39,7 @@ flags.adopt_module_key_flags(common)
 
 def main(argv):
     del argv
+    common.quiet_logs()
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     cfg = GCGConfig(num_tokens=NUM_TOKENS.value, steps=STEPS.value, search_width=SEARCH_WIDTH.value,
                     topk=TOPK.value, n_replace=N_REPLACE.value, direction=DIRECTION.value,

@@ -41,6 +41,7 @@ flags.adopt_module_key_flags(common)
 
 def main(argv):
     del argv
+    common.quiet_logs()
     train, heldout = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value, SEED.value,
                                 HELDOUT_PAIRS.value)
     cfg = TrainConfig(trainable=TRAINABLE.value, last_k=LAST_K.value, steps=STEPS.value, batch_size=BATCH_SIZE.value,
