@@ -60,11 +60,18 @@ def resolve(spec: str) -> tuple[str, Path]:
         return "hf", path
     if path.is_file() and path.suffix == ".gguf":
         return "gguf", path
+    if not path.exists() and spec.count("/") == 1:
+        from rmjax.zoo import local_folder
+
+        folder = local_folder(spec)  # a hub id already downloaded ($RMJAX_MODELS_DIR or the HF cache)
+        if folder is not None:
+            return "hf", folder
     if path.is_file():
         raise CheckpointError(f"{spec}: a model spec is a folder or a .gguf file, not {path.suffix or 'this file'}.")
     raise FileNotFoundError(
         f"model {spec!r} not found: pass a checkpoint folder (config.json + *.safetensors + tokenizer), "
         f"a .gguf file, or a builtin name ({', '.join(BUILTIN_GGUF)}, elo-rm-smollm2-135m, "
         "elo-rm-gemma3-270m). rmjax never downloads: fetch "
-        f"a hub model first, e.g. `huggingface-cli download {spec} --local-dir DIR`, and pass DIR."
+        f"a hub model first, e.g. `huggingface-cli download {spec} --local-dir DIR`, and pass DIR "
+        "(or put it under $RMJAX_MODELS_DIR/ORG/NAME)."
     )

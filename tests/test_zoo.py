@@ -1,0 +1,51 @@
+"""The published reward models: real-size shapes via jax.eval_shape, hub ids resolved offline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rmjax import zoo
+from rmjax.loading import load, resolve
+from tests import tiny
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def test_zoo_matches_the_papers_model_list():
+    published = yaml.safe_load((SHARED / "reward_models.yaml").read_text())
+    assert [m["name"] for m in published] == [e.hf_id for e in zoo.ZOO]
+    assert [m["nickname"] for m in published] == [e.nickname for e in zoo.ZOO]
+    for m, e in zip(published, zoo.ZOO, strict=True):
+        assert {"gemma2": "gemma2", "llama3": "llama"}[m["family"]] == zoo.BACKBONES[e.backbone]["model_type"]
+
+
+@pytest.mark.parametrize("entry", zoo.ZOO, ids=lambda e: e.nickname)
+def test_real_size_parameter_counts(entry):
+    cfg = zoo.architecture_config(entry)
+    params = zoo.abstract_params(cfg)
+    n = zoo.count_params(params)
+    raw = zoo.BACKBONES[entry.backbone]
+    lm_head = 0 if raw["tie_word_embeddings"] else raw["vocab_size"] * raw["hidden_size"]
+    published_rm = zoo.PUBLISHED_LM_PARAMS[entry.backbone] - lm_head + raw["hidden_size"]
+    assert abs(n - published_rm) / published_rm < 0.01, (n, published_rm)
+    assert params.layers.q.shape == (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
+    assert params.score.dtype == "float32" and params.embed.dtype == "bfloat16"
+    if entry.backbone == "gemma-2-27b":
+        assert cfg.query_scale == pytest.approx(144**-0.5) and cfg.local_layers[:2] == (True, False)
+
+
+def test_hub_id_resolves_to_a_local_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "Skywork" / "Skywork-Reward-Llama-3.1-8B-v0.2"
+    tiny.save_hf_model(tiny.build_hf_model("llama3.1", num_labels=1), folder)
+    monkeypatch.setenv("RMJAX_MODELS_DIR", str(tmp_path))
+    assert resolve("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2") == ("hf", folder)
+    assert load("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2", require_tokenizer=False).config.num_labels == 1
+    hub = tmp_path / "hub" / "models--Ray2333--GRM-gemma2-2B-rewardmodel-ft" / "snapshots" / "abc"
+    hub.mkdir(parents=True)
+    (hub / "config.json").write_text(json.dumps({}))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve("Ray2333/GRM-gemma2-2B-rewardmodel-ft") == ("hf", hub)
