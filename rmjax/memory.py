@@ -1,0 +1,87 @@
+"""Per-device memory estimate for a sweep: parameters + prefix cache + activations of one batch.
+
+Printed before loading so a run that cannot fit fails in seconds with the numbers and the fix,
+not after minutes of loading; also picks the largest batch size that fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from rmjax.config import ModelConfig
+from rmjax.errors import RmjaxError
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class DoesNotFitError(RmjaxError):
+    """The model, its prefix cache and one batch exceed the device memory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    params_bytes: int  # per device
+    cache_bytes: int  # per device
+    batch_bytes: int  # per device, for `batch_size` candidates
+    batch_size: int
+    device_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.cache_bytes + self.batch_bytes
+
+    def describe(self) -> str:
+        gib = 2**30
+        return (f"per device: params {self.params_bytes / gib:.2f} GiB + prefix cache {self.cache_bytes / gib:.3f} GiB "
+                f"+ batch of {self.batch_size} {self.batch_bytes / gib:.2f} GiB = {self.total_bytes / gib:.2f} GiB "
+                f"of {self.device_bytes / gib:.1f} GiB")
+
+
+def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
+    """Sharded weights split over `model` (heads, MLP, vocab); norms and the score head replicated."""
+    from rmjax import model as M
+
+    total = 0
+    for path, shape in M.param_shapes(cfg).items():
+        size = math.prod(shape) * (4 if path == "score" else _BYTES[dtype])
+        sharded = any(ax in ("heads", "kv_heads", "mlp", "vocab") for ax in M.logical_axes(path))
+        total += size // model_shards if sharded else size
+    return total
+
+
+def estimate(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, batch_size: int,
+             data_shards: int = 1, model_shards: int = 1, device_bytes: int = 16 * 2**30) -> MemoryEstimate:
+    """Memory of a prefix-cached sweep; `positions` = new tokens per candidate (1 + suffix)."""
+    b = _BYTES[dtype]
+    kv_shards = model_shards if cfg.num_kv_heads % model_shards == 0 else 1
+    cache = 2 * cfg.num_layers * prefix_len * cfg.num_kv_heads * cfg.head_dim * b // kv_shards
+    rows = math.ceil(batch_size / data_shards)
+    tokens = rows * positions
+    # Live activations of one layer (residual, q/k/v, MLP intermediate) + f32 attention scores
+    # over prefix + new keys + the stacked new K/V of all layers returned by the scan.
+    per_layer = tokens * (4 * cfg.hidden_size + 2 * cfg.intermediate_size // model_shards) * b
+    scores = tokens * (cfg.num_heads // max(1, model_shards)) * (prefix_len + positions) * 4 * 2
+    new_kv = 2 * cfg.num_layers * tokens * cfg.num_kv_heads * cfg.head_dim * b // kv_shards
+    return MemoryEstimate(param_bytes(cfg, dtype, model_shards), cache, per_layer + scores + new_kv, batch_size,
+                          device_bytes)
+
+
+def pick_batch_size(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, data_shards: int = 1,
+                    model_shards: int = 1, device_bytes: int = 16 * 2**30, headroom: float = 0.8,
+                    largest: int = 4096) -> MemoryEstimate:
+    """The largest power-of-two batch (a multiple of the data shards) within `headroom` of the device."""
+    best = None
+    size = data_shards
+    while size <= largest:
+        est = estimate(cfg, dtype, prefix_len, positions, size, data_shards, model_shards, device_bytes)
+        if est.total_bytes > headroom * device_bytes:
+            break
+        best, size = est, size * 2
+    if best is None:
+        est = estimate(cfg, dtype, prefix_len, positions, data_shards, data_shards, model_shards, device_bytes)
+        raise DoesNotFitError(
+            f"{cfg.architecture} in {dtype} does not fit: {est.describe()}. Shard the parameters over more "
+            f"devices (--mesh=data:D,model:M with a larger M), use bfloat16, or use devices with more memory."
+        )
+    return best

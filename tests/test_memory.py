@@ -1,0 +1,42 @@
+"""Memory estimates for the published models: a 27B model fits on 8 x 16 GB chips only when sharded."""
+
+from __future__ import annotations
+
+import pytest
+
+from rmjax import memory, zoo
+
+GIB = 2**30
+
+
+def _cfg(nickname):
+    return zoo.architecture_config(next(e for e in zoo.ZOO if e.nickname == nickname))
+
+
+def test_unsharded_param_bytes_equal_eval_shape():
+    cfg = _cfg("S-Gem-27B-v0.2")
+    abstract = zoo.abstract_params(cfg)
+    import jax
+
+    nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
+    assert memory.param_bytes(cfg, "bfloat16", 1) == nbytes
+
+
+def test_27b_needs_tensor_parallelism_on_16gb_chips():
+    cfg = _cfg("S-Gem-27B-v0.2")
+    with pytest.raises(memory.DoesNotFitError, match="--mesh=data:D,model:M"):
+        memory.pick_batch_size(cfg, "bfloat16", prefix_len=64, positions=3, device_bytes=16 * GIB)
+    est = memory.pick_batch_size(cfg, "bfloat16", prefix_len=64, positions=3, data_shards=1, model_shards=8,
+                                 device_bytes=16 * GIB)
+    assert 6 * GIB < est.params_bytes < 8 * GIB  # 27.2e9 * 2 bytes / 8, plus replicated norms
+    assert est.batch_size >= 64 and est.total_bytes <= 0.8 * 16 * GIB
+    assert "per device: params" in est.describe()
+
+
+def test_larger_batches_cost_more_and_8b_fits_one_80gb_gpu():
+    cfg = _cfg("S-Lla-8B-v0.2")
+    small = memory.estimate(cfg, "bfloat16", 64, 2, 64, device_bytes=80 * GIB)
+    big = memory.estimate(cfg, "bfloat16", 64, 2, 512, device_bytes=80 * GIB)
+    assert big.batch_bytes == pytest.approx(8 * small.batch_bytes, rel=0.01)
+    assert big.params_bytes == small.params_bytes
+    assert memory.pick_batch_size(cfg, "bfloat16", 64, 2, device_bytes=80 * GIB).batch_size >= 256
