@@ -63,3 +63,37 @@ def test_lm_logits_parity(saved, name, padding):
     ref = _hf_outputs(hf, ids, mask)
     got = np.asarray(M.logits(model.params, model.config, ids, mask))
     np.testing.assert_allclose(got[mask], ref[mask], atol=TOL, rtol=0)
+
+
+def test_multimodal_gemma3_reward_model_text_path(tmp_path):
+    """Gemma3ForSequenceClassification (vision tower + language model): rmjax runs the text path."""
+    import transformers
+
+    vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=tiny.hf_config("gemma3").to_dict(), vision_config=vision.to_dict(),
+                                    num_labels=1, mm_tokens_per_image=4, attn_implementation="eager")
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForSequenceClassification(cfg).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if "norm" in name or "embed" in name else 0.15))
+    folder = tiny.save_hf_model(hf, tmp_path)
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    assert model.config.model_type == "gemma3_text" and model.config.qk_norm
+    ids, mask = tiny.random_batch(seed=11, batch=3, length=12, padding="right")
+    ref = _hf_outputs(hf, ids, mask)
+    got = np.asarray(M.rewards(model.params, model.config, ids, mask))
+    np.testing.assert_allclose(got, ref, atol=TOL, rtol=0)
+
+
+def test_sharded_checkpoint_with_index(tmp_path):
+    hf = tiny.build_hf_model("llama3.1", num_labels=1)
+    hf.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="60KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 3 and (tmp_path / "model.safetensors.index.json").is_file()
+    model = load_hf_model_folder(tmp_path, require_tokenizer=False)
+    ids, mask = tiny.random_batch(seed=12, batch=3, length=10, padding="left")
+    np.testing.assert_allclose(np.asarray(M.rewards(model.params, model.config, ids, mask)),
+                               _hf_outputs(hf, ids, mask), atol=TOL, rtol=0)

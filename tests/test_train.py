@@ -165,3 +165,17 @@ def test_read_pairs_and_batches(tmp_path):
     a = [batch_indices(10, 4, 0, s) for s in range(5)]
     assert np.array_equal(a[2], batch_indices(10, 4, 0, 2))
     assert sorted(np.concatenate(a)[:10].tolist()) == list(range(10))  # first epoch is a permutation
+
+
+def test_data_parallel_training_on_a_mesh_matches_one_device(lm, tmp_path):
+    from rmjax import sharding
+
+    meshed_lm = load(lm.source, mesh=sharding.make_mesh("data:4,model:2"))
+    train, held = _separable(NOUNS[:20], 64, 4), _separable(NOUNS[20:], 16, 5)
+    cfg = TrainConfig(trainable="last_k", last_k=1, steps=4, batch_size=8, learning_rate=1e-2, checkpoint_every=4)
+    one = train_reward_model(reward_model_from_lm(lm, seed=2), train, held, cfg, tmp_path / "one", log=lambda *_: None)
+    many = train_reward_model(reward_model_from_lm(meshed_lm, seed=2), train, held, cfg, tmp_path / "many",
+                              log=lambda *_: None)
+    assert many.model.params.layers.down.sharding.spec[1] == "model"  # [layers, mlp, embed]
+    np.testing.assert_allclose([h["loss"] for h in many.history], [h["loss"] for h in one.history], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(many.model.params.score), np.asarray(one.model.params.score), atol=1e-5)
