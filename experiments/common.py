@@ -5,7 +5,7 @@ from __future__ import annotations
 from absl import flags
 from absl import logging as absl_logging
 
-from rmjax import sharding
+from rmjax import distributed, sharding
 from rmjax.loading import Model, load
 
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
@@ -20,6 +20,10 @@ PROMPT = flags.DEFINE_multi_string("prompt", [], "Extra prompt as name=text (rep
 TEMPLATE = flags.DEFINE_enum("template", "auto", ["auto", "chat", "plain"],
                              "chat: the tokenizer's chat template; plain: 'User: {p}\\nAssistant:' "
                              "(base models); auto: chat when the tokenizer has one.")
+COORDINATOR = flags.DEFINE_string("coordinator", None,
+                                  "Multi-host: coordinator host:port of jax.distributed (or $RMJAX_COORDINATOR).")
+NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index (0 writes the results).")
 
 
 def quiet_logs() -> None:
@@ -29,5 +33,6 @@ def quiet_logs() -> None:
 
 def load_model() -> Model:
     quiet_logs()
+    distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
     mesh = sharding.make_mesh(MESH.value) if MESH.value else None
     return load(MODEL.value, dtype=DTYPE.value, mesh=mesh)

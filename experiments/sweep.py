@@ -12,8 +12,8 @@ from __future__ import annotations
 from absl import app, flags
 
 from experiments import common
+from rmjax import distributed, report
 from rmjax import prompts as prompt_lib
-from rmjax import report
 from rmjax.sweep import sweep
 
 OUT = flags.DEFINE_string("out", "results/scores.csv", "Output CSV; a .meta.json is written beside it.")
@@ -41,6 +41,8 @@ def main(argv):
     sweep(model, prompts, token_ids, limit=LIMIT.value, mode=MODE.value, batch_size=BATCH_SIZE.value,
           chunk_size=CHUNK_SIZE.value, template=common.TEMPLATE.value, out=OUT.value,
           text_add_special_tokens=TEXT_SPECIAL.value)
+    if not distributed.is_main():
+        return
     print(report.summarize_table(OUT.value, TOP.value))
     if PLOT.value:
         print(f"figure: {report.plot_distributions(OUT.value)}")

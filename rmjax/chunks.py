@@ -27,7 +27,7 @@ def fingerprint(values: np.ndarray) -> str:
 
 
 class ChunkStore:
-    def __init__(self, out: str | Path, identity: dict):
+    def __init__(self, out: str | Path, identity: dict, create: bool = True):
         out = Path(out)
         self.dir = out.with_name(out.name + ".chunks")
         self.identity = json.loads(json.dumps(identity, sort_keys=True, default=str))
@@ -40,7 +40,7 @@ class ChunkStore:
                     f"{self.dir} holds chunks of a run with different {', '.join(diff)}. Resume with the "
                     f"same settings, or delete {self.dir} (or choose another --out) to start over."
                 )
-        else:
+        elif create:
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = manifest.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.identity, indent=2, sort_keys=True))

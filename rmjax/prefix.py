@@ -6,15 +6,18 @@ import jax
 import numpy as np
 
 from rmjax import model as M
+from rmjax.distributed import global_array
 from rmjax.loading import Model
 
 PREFIX_BUCKET = 32  # prefixes are left-padded to a multiple of this: one compilation for all prompts
 
 
 def replicated(tree, mesh):
+    """Host arrays -> global arrays replicated over the mesh (no-op without a mesh)."""
     if mesh is None:
         return tree
-    return jax.device_put(tree, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    full = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.tree.map(lambda x: global_array(np.asarray(x), full), tree)
 
 
 def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> M.KVCache:
@@ -34,7 +37,7 @@ def shard_batch(model: Model, array: np.ndarray):
         return array
     from rmjax.sharding import batch_sharding
 
-    return jax.device_put(array, batch_sharding(model.mesh, array.ndim))
+    return global_array(array, batch_sharding(model.mesh, np.ndim(array)))
 
 
 def effective_batch_size(model: Model, batch_size: int) -> int:

@@ -21,6 +21,7 @@ import pandas as pd
 from rmjax import chat, results
 from rmjax import model as M
 from rmjax.chunks import ChunkStore, fingerprint
+from rmjax.distributed import barrier, is_main, to_host
 from rmjax.loading import Model
 from rmjax.prefix import effective_batch_size, prefill_prefix, replicated, shard_batch
 from rmjax.progress import Progress
@@ -66,7 +67,7 @@ def score_tokens(model: Model, ctx: PromptContext, tokens: np.ndarray, batch_siz
         pending.append((len(part), token_scores(model.params, model.config, ctx.cache, batch, ctx.suffix)))
     if not pending:
         return np.zeros(0, np.float32)
-    return np.concatenate([np.asarray(scores)[:n] for n, scores in pending]).astype(np.float32)
+    return np.concatenate([to_host(scores)[:n] for n, scores in pending]).astype(np.float32)
 
 
 def candidate_ids(model: Model, token_ids=None, limit: int | None = None) -> np.ndarray:
@@ -116,20 +117,28 @@ def sweep(
         scorers = [textscore.TextScorer(model, t, template, text_add_special_tokens) for t in prompts.values()]
     store = None
     if out is not None:
-        store = ChunkStore(out, {
+        identity = {
             "model": model.source, "dtype": model.dtype, "mode": mode, "template": template,
             "prompts": prompts, "candidates": fingerprint(tokens), "n_candidates": len(tokens),
             "chunk_size": chunk_size, "text_add_special_tokens": text_add_special_tokens,
-        })
+        }
+        # Process 0 owns the files; the others check the same store once it exists (shared disk).
+        if is_main():
+            store = ChunkStore(out, identity)
+        barrier("rmjax-sweep-store")
+        if not is_main():
+            store = ChunkStore(out, identity, create=False)
     starts = list(range(0, len(tokens), chunk_size))
-    done_before = sum(min(chunk_size, len(tokens) - s) for s in starts if store and store.has(s))
+    done = {s for s in starts if store is not None and store.has(s)}
+    barrier("rmjax-sweep-resume")  # every process agrees on the chunks to skip before any is written
+    done_before = sum(min(chunk_size, len(tokens) - s) for s in done)
     progress = Progress(len(tokens), f"sweep {mode}", every=progress_every, done=done_before)
     if done_before:
         progress.update(0, force=True)
     chunks = []
     for s in starts:
         part = tokens[s : s + chunk_size]
-        if store is not None and store.has(s):
+        if s in done:
             chunks.append(store.read(s))
             continue
         if mode == "token":
@@ -137,7 +146,7 @@ def sweep(
         else:
             texts = [decoded[i] for i in range(s, s + len(part))]
             scores = np.stack([sc.score(texts, batch_size) for sc in scorers], axis=1)
-        if store is not None:
+        if store is not None and is_main():
             store.write(s, scores)
         chunks.append(scores)
         progress.update(len(part))
@@ -147,7 +156,7 @@ def sweep(
         df[name] = table[:, j]
     seconds = time.perf_counter() - start_time
     scored = len(tokens) - done_before
-    if out is not None:
+    if out is not None and is_main():
         path = results.write_scores_csv(out, tokens, names, decoded, {n: table[:, j] for j, n in enumerate(prompts)})
         results.write_meta(
             path, kind="sweep", model=model.source, architecture=model.config.architecture,

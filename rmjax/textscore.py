@@ -14,6 +14,7 @@ import numpy as np
 
 from rmjax import chat
 from rmjax import model as M
+from rmjax.distributed import to_host
 from rmjax.loading import Model
 from rmjax.prefix import effective_batch_size, prefill_prefix, shard_batch
 
@@ -98,7 +99,7 @@ class TextScorer(Conversations):
                         hidden = M.last_hidden_after(model.params, model.config, self.cache, ids, mask)
                     else:
                         hidden = M.last_hidden(model.params, model.config, ids, mask)
-                    values = np.asarray(head(hidden)).reshape(batch_size, width_out)
+                    values = to_host(head(hidden)).reshape(batch_size, width_out)
                     out[[i for i, _ in part]] = values[: len(part)]
         return out
 
