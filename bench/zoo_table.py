@@ -1,0 +1,58 @@
+"""Capacity table of the published RMs: params, bf16 bytes, minimum chips per TPU generation, estimated
+full-vocabulary sweep time from a measured FLOP efficiency.
+
+python bench/zoo_table.py [--efficiency=0.69] [--prefix_len=64] [--positions=3]
+
+The efficiency is the fraction of matmul peak a prefix-cached sweep reaches (69% measured on CPU by
+bench/sweep_vs_reference.py); chips are TPU v4 (32 GB HBM, 275 bf16 TFLOP/s), v5e (16 GB, 197),
+v6e (32 GB, 918). Minimum chips = the smallest power-of-two `model` sharding whose per-chip memory
+(params + prefix cache + a batch of 64) fits in 80% of HBM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TPUS = {"v4": (32, 275e12), "v5e": (16, 197e12), "v6e": (32, 918e12)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--efficiency", type=float, default=0.69)
+    ap.add_argument("--prefix_len", type=int, default=64)
+    ap.add_argument("--positions", type=int, default=3)
+    args = ap.parse_args()
+
+    from rmjax import memory, zoo
+
+    print("| model | params | bf16 bytes | min chips v4 / v5e / v6e | full-vocab sweep on 8 chips v4 / v5e / v6e |")
+    print("|---|---|---|---|---|")
+    for entry in zoo.ZOO:
+        cfg = zoo.architecture_config(entry)
+        n = zoo.count_params(zoo.abstract_params(cfg))
+        chips, times = [], []
+        for hbm, peak in TPUS.values():
+            need = None
+            for shards in (1, 2, 4, 8, 16, 32):
+                if cfg.num_heads % shards:
+                    continue
+                try:
+                    memory.pick_batch_size(cfg, "bfloat16", args.prefix_len, args.positions, 1, shards,
+                                           hbm * 2**30, largest=64)
+                    need = shards
+                    break
+                except memory.DoesNotFitError:
+                    continue
+            chips.append(str(need) if need else ">32")
+            flop = 2 * cfg.non_embedding_params * args.positions * cfg.vocab_size
+            times.append(flop / (8 * peak * args.efficiency))
+        print(f"| {entry.nickname} ({entry.hf_id}) | {n / 1e9:.2f} B | {2 * n / 2**30:.1f} GiB | "
+              f"{' / '.join(chips)} | {' / '.join(f'{t:.1f} s' for t in times)} |")
+
+
+if __name__ == "__main__":
+    main()
