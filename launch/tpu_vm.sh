@@ -6,7 +6,8 @@
 #     --job="experiments.sweep --model=/tmp/ckpt --prompts=paper1 --dtype=bfloat16 --mesh=data:1,model:8 --out=results/s.csv" \
 #     [--project=P] [--version=tpu-ubuntu2204-base] [--results=results/] [--keep] [--dry-run]
 #
-# --type: v4-8, v5litepod-8, v6e-8, ... (single-host slices; multi-host slices need jax.distributed, not yet wired).
+# --type: v4-8, v5litepod-8, v6e-8, v5litepod-16 ... (on multi-host slices every worker runs the job and
+#         jax.distributed finds its peers; process 0 writes results/).
 # --checkpoint: gs:// path (copied with gsutil on each worker) or a local folder (scp'd to each worker).
 # --dry-run prints every command instead of running it.
 set -euo pipefail
