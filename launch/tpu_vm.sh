@@ -45,7 +45,7 @@ if [ -n "$CHECKPOINT" ]; then
     run "${TPU[@]}" scp --recurse "$CHECKPOINT" "$NAME:/tmp/ckpt" "${WHERE[@]}" --worker=all
   fi
 fi
-run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --command="cd rmjax && HF_HUB_OFFLINE=1 .venv/bin/python -m $JOB"
+run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --command="cd rmjax && HF_HUB_OFFLINE=1 RMJAX_COORDINATOR=auto .venv/bin/python -m $JOB"
 run mkdir -p "$RESULTS"
 run "${TPU[@]}" scp --recurse "$NAME:~/rmjax/results/*" "$RESULTS" "${WHERE[@]}" --worker=0
 if [ "$KEEP" = 0 ]; then

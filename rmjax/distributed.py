@@ -17,14 +17,17 @@ from jax.experimental import multihost_utils
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None) -> bool:
     """jax.distributed.initialize from arguments or RMJAX_COORDINATOR / RMJAX_NUM_PROCESSES /
-    RMJAX_PROCESS_ID; on TPU pods with no arguments JAX finds its peers itself. Returns True if
-    this is a multi-process run."""
+    RMJAX_PROCESS_ID; coordinator "auto" lets JAX find its peers (TPU pods). Returns True when
+    distributed initialization ran."""
     coordinator = coordinator or os.environ.get("RMJAX_COORDINATOR")
     num_processes = num_processes or int(os.environ.get("RMJAX_NUM_PROCESSES", "0") or 0) or None
     if process_id is None and os.environ.get("RMJAX_PROCESS_ID"):
         process_id = int(os.environ["RMJAX_PROCESS_ID"])
     if not coordinator:
         return False
+    if coordinator == "auto":  # TPU pods / SLURM: JAX discovers the coordinator and process ids
+        jax.distributed.initialize()
+        return True
     if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS", "") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
