@@ -58,8 +58,6 @@ def test_two_processes_equal_one(tmp_path):
 def test_resume_across_hosts(tmp_path):
     """A single-process sweep killed mid-run is finished by two processes; the CSV equals a clean run."""
     import json
-    import signal
-    import time
 
     from rmjax import results
 
@@ -69,15 +67,7 @@ def test_resume_across_hosts(tmp_path):
     clean = tmp_path / "clean.csv"
     subprocess.run(_cmd(folder, clean, *limit), cwd=REPO, check=True, capture_output=True, env=env)
     out = tmp_path / "resumed.csv"
-    chunks = out.with_name(out.name + ".chunks")
-    proc = subprocess.Popen(_cmd(folder, out, *limit), cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while time.time() < deadline and len(list(chunks.glob("chunk-*.npy"))) < 2:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = len(list(chunks.glob("chunk-*.npy")))
+    done = tiny.kill_after_chunks(_cmd(folder, out, *limit), out, 2, cwd=REPO, env=env)
     assert 2 <= done < 12 and not out.exists()
     port = _free_port()
     procs = [subprocess.Popen(_cmd(folder, out, *limit, "--mesh=data:8,model:1", f"--coordinator=127.0.0.1:{port}",

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -99,14 +97,7 @@ def test_kill_and_resume_gives_identical_csv(rm, tmp_path):
     subprocess.run(_sweep_cmd(folder, whole), cwd=REPO, env=env, check=True, capture_output=True)
     out = tmp_path / "resumed.csv"
     chunks = out.with_name(out.name + ".chunks")
-    proc = subprocess.Popen(_sweep_cmd(folder, out), cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while time.time() < deadline and len(list(chunks.glob("chunk-*.npy"))) < 3:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = len(list(chunks.glob("chunk-*.npy")))
+    done = tiny.kill_after_chunks(_sweep_cmd(folder, out), out, 3, cwd=REPO, env=env)
     assert 3 <= done < 24, "the run must be killed mid-way"
     assert not out.exists(), "no CSV may appear before every chunk is done"
     resumed = subprocess.run(_sweep_cmd(folder, out), cwd=REPO, env=env, check=True, capture_output=True, text=True)

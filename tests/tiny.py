@@ -132,3 +132,19 @@ def save_reward_model_with_tokenizer(folder: Path, name: str = "llama3", seed: i
         if (src / f).is_file():
             shutil.copy(src / f, folder / f)
     return hf, folder
+
+
+def kill_after_chunks(cmd: list[str], out: Path, n_chunks: int, **popen) -> int:
+    """Start a sweep, SIGKILL it once `n_chunks` chunks are on disk; returns how many were written."""
+    import signal
+    import subprocess
+    import time
+
+    chunks = out.with_name(out.name + ".chunks")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(chunks.glob("chunk-*.npy"))) < n_chunks:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return len(list(chunks.glob("chunk-*.npy")))
