@@ -17,6 +17,7 @@ from rmjax import model as M
 from rmjax.distributed import to_host
 from rmjax.loading import Model
 from rmjax.prefix import effective_batch_size, prefill_prefix, shard_batch
+from rmjax.progress import Progress
 
 LENGTH_BUCKET = 4  # remainders are right-padded to a multiple of this (few compilations)
 
@@ -86,6 +87,8 @@ class TextScorer(Conversations):
             else:
                 full[_bucket(len(ids))].append((i, ids))
         batch_size = effective_batch_size(model, batch_size)
+        # Long passes (training features, EloEverything items) report rate and ETA.
+        progress = Progress(len(responses), "score texts", unit="texts") if len(responses) >= 2000 else None
         for groups, with_cache in ((cached, True), (full, False)):
             for width, rows in sorted(groups.items()):
                 for start in range(0, len(rows), batch_size):
@@ -101,6 +104,8 @@ class TextScorer(Conversations):
                         hidden = M.last_hidden(model.params, model.config, ids, mask)
                     values = to_host(head(hidden)).reshape(batch_size, width_out)
                     out[[i for i, _ in part]] = values[: len(part)]
+                    if progress is not None:
+                        progress.update(len(part))
         return out
 
 
