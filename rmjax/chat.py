@@ -89,11 +89,6 @@ def split_chat(
     return split
 
 
-def generation_prompt_ids(tokenizer, prompt: str, template: str = "auto") -> list[int]:
-    """Ids after which the model writes its answer (for next-token log-probs)."""
-    return list(split_chat(tokenizer, prompt, template).prefix)
-
-
 def token_table(tokenizer, vocab_size: int) -> tuple[np.ndarray, list[str], list[str]]:
     """(ids, token_name, token_decoded) for ids 0..vocab_size-1 (rows past the tokenizer: '')."""
     n = min(len(tokenizer), vocab_size)

@@ -61,8 +61,5 @@ class ChunkStore:
     def read(self, start: int) -> np.ndarray:
         return np.load(self._path(start))
 
-    def count_done(self, starts: list[int]) -> int:
-        return sum(self.has(s) for s in starts)
-
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

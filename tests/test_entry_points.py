@@ -70,8 +70,15 @@ def test_score_entry_point(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     df = results.read_scores_csv(out, n_keys=1)
     assert df["text"].tolist() == ["Love", "None", "NaN", "a b"]
-    from rmjax.textscore import score_texts
+    # independent reference: the whole templated conversation through a plain full forward
+    from rmjax import model as M
 
-    ref = score_texts(load(str(folder)), {"greatest": prompts.PAPER1["greatest"]}, ["Love", "None", "NaN", "a b"])
-    np.testing.assert_allclose(df["greatest"].to_numpy(), ref["greatest"], atol=1e-6)
+    model = load(str(folder))
+    for text, got in zip(df["text"], df["greatest"], strict=True):
+        conv = model.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompts.PAPER1["greatest"]}, {"role": "assistant", "content": text}],
+            tokenize=False)
+        ids = np.asarray([model.tokenizer(conv, add_special_tokens=False).input_ids], np.int32)
+        ref = float(np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0])
+        assert abs(got - ref) < 1e-5
     assert results.meta_path(out).is_file()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
 import time
 from pathlib import Path
 
@@ -232,13 +231,8 @@ def train_reward_model(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _rewards(params, cfg, ids, mask):
-    return M.rewards(params, cfg, ids, mask)[:, 0]
-
-
 def _seq_rewards(params, model: Model, seq: _Sequences, side: int, batch: int = 64) -> jax.Array:
-    out = [_rewards(params, model.config, seq.ids[side][i : i + batch], seq.mask[side][i : i + batch])
+    out = [M.rewards(params, model.config, seq.ids[side][i : i + batch], seq.mask[side][i : i + batch])[:, 0]
            for i in range(0, seq.ids.shape[1], batch)]
     return jnp.concatenate(out)
 
