@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rmjax.errors import UnsupportedModelError
+from rmjax.heads import ARCHITECTURES as CUSTOM_HEADS
+from rmjax.heads import HeadConfig, head_config
 
 # Causal-LM and sequence-classification classes per HF model_type.
 SUPPORTED_ARCHITECTURES = {
@@ -28,6 +30,7 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma3TextForSequenceClassification": "gemma3_text",
     "Gemma3ForSequenceClassification": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
+    **{arch: "gemma2" if arch.startswith("Gemma2") else "llama" for arch in CUSTOM_HEADS},
 }
 SUPPORTED_MODEL_TYPES = ("llama", "gemma", "gemma2", "gemma3_text", "gemma3")
 
@@ -71,7 +74,8 @@ class ModelConfig:
     rope_local: RopeConfig
     tie_embeddings: bool
     max_position_embeddings: int
-    num_labels: int | None = None  # None: causal LM (no score head)
+    num_labels: int | None = None  # None: causal LM (no score head); width of the linear `score`
+    head: HeadConfig | None = None  # gated heads of published RMs (ArmoRM, QRM, URM); None: linear
     reward_index: int = 0
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -81,6 +85,11 @@ class ModelConfig:
     @property
     def is_reward_model(self) -> bool:
         return self.num_labels is not None
+
+    @property
+    def num_outputs(self) -> int:
+        """Columns of `rewards`: the score head's outputs, or a gated head's score + objectives."""
+        return self.head.num_outputs if self.head is not None else (self.num_labels or 0)
 
     @property
     def has_local_layers(self) -> bool:
@@ -182,8 +191,8 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
     if model_type not in SUPPORTED_MODEL_TYPES or (arch and arch not in SUPPORTED_ARCHITECTURES):
         raise UnsupportedModelError(
             f"{source}: architecture {arch or '?'} (model_type {model_type or '?'}) is not supported. "
-            f"rmjax runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}; custom heads (ArmoRM, QRM, URM) "
-            "need their own head port."
+            f"rmjax runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}. Another custom head needs a port "
+            "in rmjax/heads.py."
         )
     text = raw.get("text_config", raw) if model_type == "gemma3" else raw
     if model_type == "gemma3":
@@ -213,7 +222,8 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
     local = _local_layers(text, family, num_layers)
     window = text.get("sliding_window") if any(local) else None
     is_cls = arch.endswith("ForSequenceClassification")
-    num_labels = None
+    head = head_config({**text, **raw}, arch, family)
+    num_labels = head.score_width if head is not None else None
     if is_cls:
         # transformers' default is 2 labels and config.json then omits id2label.
         num_labels = int(raw.get("num_labels") or len(raw.get("id2label") or {}) or 2)
@@ -245,6 +255,7 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         ),
         max_position_embeddings=int(text.get("max_position_embeddings", 8192)),
         num_labels=num_labels,
+        head=head,
         pad_token_id=_first(raw, "pad_token_id", default=text.get("pad_token_id")),
         bos_token_id=_first(raw, "bos_token_id", default=text.get("bos_token_id")),
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,

@@ -85,7 +85,7 @@ def _reward_of_one_hot(params, cfg, cache, one_hot, suffix):
     """Reward of prefix + (one_hot @ E) + suffix; differentiable in the one-hot matrix [N, V]."""
     embeds = jnp.concatenate([one_hot @ params.embed.astype(one_hot.dtype), params.embed[suffix].astype(one_hot.dtype)])
     hidden, _ = M.forward(params, cfg, embeds=embeds[None], cache=cache)
-    return M.reward_head(params, hidden[:, -1])[0, cfg.reward_index]
+    return M.reward_head(params, cfg, hidden[:, -1], cache.gate_input)[0, cfg.reward_index]
 
 
 _grad_one_hot = jax.jit(jax.grad(_reward_of_one_hot, argnums=3), static_argnames=("cfg",))

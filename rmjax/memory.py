@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from rmjax import model as M
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError
 
@@ -40,11 +41,10 @@ class MemoryEstimate:
 
 def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
     """Sharded weights split over `model` (heads, MLP, vocab); norms and the score head replicated."""
-    from rmjax import model as M
 
     total = 0
     for path, shape in M.param_shapes(cfg).items():
-        size = math.prod(shape) * (4 if path == "score" else _BYTES[dtype])
+        size = math.prod(shape) * (4 if M.kept_in_float32(path) else _BYTES[dtype])
         sharded = any(ax in ("heads", "kv_heads", "mlp", "vocab") for ax in M.logical_axes(path))
         total += size // model_shards if sharded else size
     return total

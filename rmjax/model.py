@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rmjax import ops
+from rmjax import heads, ops
 from rmjax.config import ModelConfig, embedding_scale
 
 # Logical axis names of every parameter; rmjax.sharding maps them onto mesh axes.
@@ -68,6 +68,7 @@ class Params:
     final_norm: jax.Array
     lm_head: jax.Array | None = None  # None when tied to `embed`
     score: jax.Array | None = None  # [hidden, num_labels], reward models only
+    head: dict[str, jax.Array] | None = None  # gate of a custom head (rmjax.heads), float32
 
 
 @jax.tree_util.register_dataclass
@@ -82,6 +83,7 @@ class KVCache:
     v: jax.Array
     positions: jax.Array  # [batch, seq] int32
     valid: jax.Array  # [batch, seq] bool
+    gate_input: jax.Array | None = None  # [batch, hidden] f32: prompt-gated heads' input (ArmoRM, QRM)
 
     @property
     def next_positions(self) -> jax.Array:
@@ -113,19 +115,29 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head"] = (h, cfg.vocab_size)
     if cfg.is_reward_model:
         shapes["score"] = (h, cfg.num_labels)
+    if cfg.head is not None:
+        shapes.update(heads.head_shapes(cfg.head, h))
     return shapes
+
+
+def kept_in_float32(path: str) -> bool:
+    """Reward heads stay float32 whatever the backbone dtype (bf16 scores collapse into ties)."""
+    return path == "score" or path.startswith("head.")
 
 
 def logical_axes(path: str) -> tuple[str, ...]:
     group, _, name = path.rpartition(".")
+    if group == "head":  # small gate weights: replicated
+        return (None, None)
     return LAYER_AXES[name] if group == "layers" else MODEL_AXES[name]
 
 
 def params_from_flat(flat: dict[str, Any]) -> Params:
     """Build Params from {'layers.q': array, 'embed': array, ...}."""
     layer_fields = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith("layers.")}
-    top = {k: v for k, v in flat.items() if not k.startswith("layers.")}
-    return Params(layers=LayerParams(**layer_fields), **top)
+    head = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith("head.")} or None
+    top = {k: v for k, v in flat.items() if "." not in k}
+    return Params(layers=LayerParams(**layer_fields), head=head, **top)
 
 
 def params_to_flat(params: Params) -> dict[str, jax.Array]:
@@ -136,6 +148,8 @@ def params_to_flat(params: Params) -> dict[str, jax.Array]:
             for lf in dataclasses.fields(value):
                 if getattr(value, lf.name) is not None:
                     flat[f"layers.{lf.name}"] = getattr(value, lf.name)
+        elif isinstance(value, dict):
+            flat.update({f"{field.name}.{k}": v for k, v in value.items()})
         elif value is not None:
             flat[field.name] = value
     return flat
@@ -248,8 +262,16 @@ def last_token_index(mask: jax.Array) -> jax.Array:
     return jnp.argmax(jnp.where(mask.astype(bool), idx, -1), axis=-1)
 
 
-def reward_head(params: Params, hidden: jax.Array) -> jax.Array:
-    return score_head(params.score, hidden)
+def reward_head(params: Params, cfg: ModelConfig, hidden: jax.Array, gate_input: jax.Array | None = None) -> jax.Array:
+    """[B, num_outputs] float32 from last-token hidden states [B, H].
+
+    `gate_input` is what a prompt-gated head reads (hidden state at the prompt end, [B or 1, H]).
+    """
+    scores = score_head(params.score, hidden)
+    if cfg.head is None:
+        return scores
+    gate = hidden if not cfg.head.pattern else jnp.broadcast_to(gate_input, hidden.shape)
+    return heads.apply(params.head, cfg.head, scores, gate)
 
 
 def score_head(score: jax.Array, hidden: jax.Array) -> jax.Array:
@@ -283,13 +305,17 @@ def extend_cache(cache: KVCache, new: KVCache) -> KVCache:
         v=jnp.concatenate([cache.v, new.v], axis=2),
         positions=jnp.concatenate([cache.positions, new.positions], axis=-1),
         valid=jnp.concatenate([cache.valid, new.valid], axis=-1),
+        gate_input=cache.gate_input,
     )
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def rewards(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
-    """All score-head outputs at each row's last real token: [B, num_labels] float32."""
-    return reward_head(params, last_hidden(params, cfg, ids, mask))
+    """All head outputs at each row's last real token: [B, num_outputs] float32."""
+    hidden, _ = forward(params, cfg, ids=ids, mask=mask)
+    last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
+    gate = heads.gate_input(cfg.head, ids, mask, hidden) if cfg.head is not None and cfg.head.pattern else None
+    return reward_head(params, cfg, last, gate)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -301,8 +327,11 @@ def logits(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) ->
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def prefill(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array | None = None) -> KVCache:
-    """K/V of a prefix, computed once and reused by every continuation."""
-    _, cache = forward(params, cfg, ids=ids, mask=mask)
+    """K/V of a prefix, computed once and reused by every continuation (with a gated head's input)."""
+    hidden, cache = forward(params, cfg, ids=ids, mask=mask)
+    if cfg.head is not None and cfg.head.pattern:
+        valid = jnp.ones(ids.shape, bool) if mask is None else mask
+        cache = dataclasses.replace(cache, gate_input=heads.gate_input(cfg.head, ids, valid, hidden))
     return cache
 
 
@@ -327,8 +356,8 @@ def last_hidden(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Arra
 def rewards_after(
     params: Params, cfg: ModelConfig, cache: KVCache, ids: jax.Array, mask: jax.Array | None = None
 ) -> jax.Array:
-    """Score-head outputs for `cache` prefix + `ids`, at each row's last real new token."""
-    return reward_head(params, last_hidden_after(params, cfg, cache, ids, mask))
+    """Head outputs for `cache` prefix + `ids`, at each row's last real new token."""
+    return reward_head(params, cfg, last_hidden_after(params, cfg, cache, ids, mask), cache.gate_input)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

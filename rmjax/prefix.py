@@ -7,6 +7,7 @@ import numpy as np
 
 from rmjax import model as M
 from rmjax.distributed import global_array
+from rmjax.heads import require_pattern
 from rmjax.loading import Model
 
 PREFIX_BUCKET = 32  # prefixes are left-padded to a multiple of this: one compilation for all prompts
@@ -22,6 +23,7 @@ def replicated(tree, mesh):
 
 def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> M.KVCache:
     """KV cache of one prefix (batch 1), left-padded to a bucket so prompts share a compilation."""
+    require_pattern(model.config.head, prefix, model.source)
     n = len(prefix)
     width = -(-n // PREFIX_BUCKET) * PREFIX_BUCKET
     ids = np.zeros((1, width), np.int32)

@@ -67,14 +67,27 @@ class TextScorer(Conversations):
         """Reward of each response: [N] float32."""
         if not self.model.config.is_reward_model:
             raise ValueError(f"{self.model.source} has no score head; text scoring needs a reward model.")
-        idx = self.model.config.reward_index
-        return self._run(responses, batch_size, lambda h: M.reward_head(self.model.params, h)[:, idx], 1)[:, 0]
+        params, cfg, cache = self.model.params, self.model.config, self.cache
+
+        def reward(ids, mask, cached: bool):
+            out = M.rewards_after(params, cfg, cache, ids, mask) if cached else M.rewards(params, cfg, ids, mask)
+            return out[:, cfg.reward_index]
+
+        return self._run(responses, batch_size, reward, 1)[:, 0]
 
     def features(self, responses: list[str], batch_size: int = 256) -> np.ndarray:
         """Final hidden state at the last token of each conversation: [N, hidden] float32 (for head training)."""
-        return self._run(responses, batch_size, lambda h: h.astype(np.float32), self.model.config.hidden_size)
+        params, cfg, cache = self.model.params, self.model.config, self.cache
 
-    def _run(self, responses: list[str], batch_size: int, head, width_out: int) -> np.ndarray:
+        def hidden(ids, mask, cached: bool):
+            if cached:
+                return M.last_hidden_after(params, cfg, cache, ids, mask)
+            return M.last_hidden(params, cfg, ids, mask)
+
+        return self._run(responses, batch_size, hidden, cfg.hidden_size)
+
+    def _run(self, responses: list[str], batch_size: int, compute, width_out: int) -> np.ndarray:
+        """compute(ids, mask, cached) -> [B, width_out] over batches grouped by length and cache use."""
         model, p = self.model, len(self.prefix)
         max_pos = model.config.max_position_embeddings
         out = np.zeros((len(responses), width_out), np.float32)
@@ -98,11 +111,7 @@ class TextScorer(Conversations):
                     for r, (_, seq) in enumerate(part):
                         ids[r, : len(seq)], mask[r, : len(seq)] = seq, True
                     ids, mask = shard_batch(model, ids), shard_batch(model, mask)
-                    if with_cache:
-                        hidden = M.last_hidden_after(model.params, model.config, self.cache, ids, mask)
-                    else:
-                        hidden = M.last_hidden(model.params, model.config, ids, mask)
-                    values = to_host(head(hidden)).reshape(batch_size, width_out)
+                    values = to_host(compute(ids, mask, with_cache)).reshape(batch_size, width_out)
                     out[[i for i, _ in part]] = values[: len(part)]
                     if progress is not None:
                         progress.update(len(part))

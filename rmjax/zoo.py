@@ -70,13 +70,23 @@ ZOO = [
 ]
 BY_ID = {e.hf_id: e for e in ZOO}
 _CLASSIFIERS = {"gemma2": "Gemma2ForSequenceClassification", "llama": "LlamaForSequenceClassification"}
+# Architecture names and head constants of the custom heads, as their config.json files carry them.
+_HEADS = {
+    "armorm": dict(architectures=["LlamaForRewardModelWithGating"], num_objectives=19, gating_hidden_dim=1024,
+                   gating_n_hidden=3, gating_temperature=10),
+    "qrm": dict(architectures=["LlamaForRewardModelWithGating31"], num_objectives=19, num_quantiles=19),
+    "urm": dict(architectures=["LlamaForSequenceClassificationWithNormal_Weights"], num_labels=10),
+}
+_QRM_GEMMA = dict(architectures=["Gemma2ForRewardModelWithGating"], num_objectives=5, num_quantiles=19)
 
 
 def architecture_config(entry: ZooEntry, num_labels: int = 1) -> ModelConfig:
-    """The backbone with a `num_labels` score head (the custom heads add their own small layers)."""
+    """The backbone with the entry's head: a `num_labels` score head, or its custom gated head."""
     raw = dict(BACKBONES[entry.backbone])
     raw["architectures"] = [_CLASSIFIERS[raw["model_type"]]]
     raw["num_labels"] = num_labels
+    if entry.head in _HEADS:
+        raw.update(_QRM_GEMMA if entry.head == "qrm" and raw["model_type"] == "gemma2" else _HEADS[entry.head])
     return config_from_hf(raw, source=entry.hf_id)
 
 
@@ -84,7 +94,7 @@ def abstract_params(cfg: ModelConfig, dtype=jnp.bfloat16) -> M.Params:
     """ShapeDtypeStructs of every parameter, built by jax.eval_shape (no memory used)."""
 
     def build():
-        flat = {path: jnp.zeros(shape, jnp.float32 if path == "score" else dtype)
+        flat = {path: jnp.zeros(shape, jnp.float32 if M.kept_in_float32(path) else dtype)
                 for path, shape in M.param_shapes(cfg).items()}
         return M.params_from_flat(flat)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -32,6 +33,16 @@ def test_real_size_parameter_counts(entry):
     lm_head = 0 if raw["tie_word_embeddings"] else raw["vocab_size"] * raw["hidden_size"]
     published_rm = zoo.PUBLISHED_LM_PARAMS[entry.backbone] - lm_head + raw["hidden_size"]
     assert abs(n - published_rm) / published_rm < 0.01, (n, published_rm)
+    # The custom heads' own parameters (regression layer + gate), counted by hand from their modeling files.
+    h = raw["hidden_size"]
+    head = {"score": 0,
+            "armorm": 19 * h + (h * 1024 + 1024) + 2 * (1024 * 1024 + 1024) + (1024 * 19 + 19) + 19 * 19 + 1 - h,
+            "qrm": (361 if entry.backbone.startswith("llama") else 95) * h - h
+            + h * 1024 + 2 * 1024 * 1024 + 3 * 4 * 1024 + (1024 + 1) * (19 if entry.backbone.startswith("llama") else 5)
+            + (19 * 19 if entry.backbone.startswith("llama") else 25) + 1,
+            "urm": 9 * h + 2 * (h * h + h) + (h * 5 + 5)}[entry.head]
+    body = zoo.count_params(zoo.abstract_params(zoo.architecture_config(dataclasses.replace(entry, head="score"))))
+    assert n - body == head
     assert params.layers.q.shape == (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
     assert params.score.dtype == "float32" and params.embed.dtype == "bfloat16"
     if entry.backbone == "gemma-2-27b":

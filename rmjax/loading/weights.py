@@ -15,6 +15,8 @@ import numpy as np
 
 from rmjax.config import ModelConfig
 from rmjax.errors import CheckpointError
+from rmjax.heads import gate_modules
+from rmjax.model import kept_in_float32
 
 Transform = Callable[[np.ndarray, ModelConfig], np.ndarray]
 
@@ -80,7 +82,7 @@ class Rule:
 
 def _rule(pattern: str, target: str, transform: Transform = _identity) -> Rule:
     key = pattern.replace(r"layers\.(?P<layer>\d+)\.", "layers.{layer}.").replace("\\.", ".")
-    prefix = "" if target in ("score", "lm_head") else "model."
+    prefix = "" if target in ("score", "lm_head") or target.startswith("head.") else "model."
     return Rule(pattern, target, transform, prefix + key)
 
 
@@ -112,11 +114,38 @@ def hf_rules(cfg: ModelConfig) -> list[Rule]:
         ]
     if not cfg.tie_embeddings and not cfg.is_reward_model:
         rules.append(_rule(r"lm_head\.weight", "lm_head", _transpose))
+    if cfg.head is not None:
+        if cfg.head.kind != "urm":  # their projection is `regression_layer`, not `score`
+            rules = [r for r in rules if r.target != "score"]
+        rules += head_rules(cfg)
+    return rules
+
+
+def head_rules(cfg: ModelConfig) -> list[Rule]:
+    """Gated heads: ArmoRM/QRM name their projection `regression_layer` and gate `gating.layers.i`;
+    URM keeps `score` and gates with `weights.fc.i`."""
+    head = cfg.head
+    if head.kind == "urm":
+        gate, rules = r"weights\.fc\.", []
+    else:
+        gate = r"gating\.layers\."
+        rules = [
+            _rule(r"regression_layer\.weight", "score", _transpose),
+            _rule(r"reward_transform_matrix", "head.transform"),
+            _rule(r"gating\.logit_scale", "head.logit_scale"),
+        ]
+    for index, kind, name in gate_modules(head):
+        if kind == "linear":
+            rules.append(_rule(gate + rf"{index}\.weight", f"head.{name}", _transpose))
+            rules.append(_rule(gate + rf"{index}\.bias", f"head.{name}_bias"))
+        else:
+            for hf, ours in (("weight", "scale"), ("bias", "shift"), ("running_mean", "mean"), ("running_var", "var")):
+                rules.append(_rule(gate + rf"{index}\.{hf}", f"head.{name}_{ours}"))
     return rules
 
 
 # Tensors a checkpoint may carry that the chosen head does not use.
-_UNUSED = re.compile(r"(lm_head\.weight|.*rotary_emb.*|.*embed_scale)")
+_UNUSED = re.compile(r"(lm_head\.weight|.*rotary_emb.*|.*embed_scale|.*num_batches_tracked)")
 
 
 def assemble(
@@ -148,7 +177,7 @@ def assemble(
             )
         if rule.target not in shapes:
             raise CheckpointError(f"{source}: tensor {raw_key!r} is not used by config {cfg.architecture}.")
-        target_dtype = np.float32 if rule.target == "score" else dtype
+        target_dtype = np.float32 if kept_in_float32(rule.target) else dtype
         value = rule.transform(np.asarray(load()), cfg)
         m = rule.match(key)
         if "layer" in m.groupdict():

@@ -1,0 +1,180 @@
+"""Custom reward heads of published RMs: ArmoRM, QRM (Llama 3.1 / Gemma 2) and URM.
+
+All of them start from the same linear projection of the last token's hidden state that a
+plain `*ForSequenceClassification` head computes (rmjax's `score` parameter); a small gating
+network then weights those outputs. ArmoRM and QRM gate on the hidden state at the start of the
+last "end of user turn → assistant header" token pattern (the prompt end, which the sweep's
+cached prefix holds), URM on the last token itself. Outputs, float32, per row:
+column 0 the preference score (what the published code returns as `score`/`logits[:, 0]`),
+then the per-objective rewards (ArmoRM: raw regression outputs; QRM: quantile means after the
+transform matrix; URM: the ten raw score outputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax.errors import CheckpointError
+
+# "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n" (Llama 3) and
+# "<end_of_turn>\n<start_of_turn>model\n" (Gemma 2): where the published gates read the prompt.
+GATE_PATTERNS = {"llama": (128009, 128006, 78191, 128007, 271), "gemma2": (107, 108, 106, 2516, 108)}
+ARCHITECTURES = {
+    "LlamaForRewardModelWithGating": "armo",
+    "LlamaForRewardModelWithGating3": "qrm",
+    "LlamaForRewardModelWithGating31": "qrm",
+    "Gemma2ForRewardModelWithGating": "qrm",
+    "LlamaForSequenceClassificationWithNormal_Weights": "urm",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadConfig:
+    """Shape and constants of a gated head, read from config.json (defaults: the published code's)."""
+
+    kind: str  # armo | qrm | urm
+    num_objectives: int
+    num_quantiles: int = 1
+    gate_hidden: int = 1024
+    gate_layers: int = 3  # hidden Linear layers before the output layer
+    temperature: float = 10.0
+    gate_bias: bool = True  # hidden Linear layers carry a bias (ArmoRM, URM); QRM's feed a BatchNorm
+    batchnorm: bool = False
+    block_modules: int = 1  # torch modules per hidden block in `gating.layers` (QRM: Linear, ReLU, BN[, Dropout])
+    batchnorm_eps: float = 1e-5
+    pattern: tuple[int, ...] = ()  # empty: gate on the last token (URM)
+
+    @property
+    def score_width(self) -> int:
+        """Columns of the linear projection (`score`) the gate weights."""
+        return self.num_objectives * self.num_quantiles if self.kind != "urm" else 2 * self.num_objectives
+
+    @property
+    def num_outputs(self) -> int:
+        return 1 + (self.score_width if self.kind == "urm" else self.num_objectives)
+
+
+def head_config(raw: dict, arch: str, model_type: str) -> HeadConfig | None:
+    kind = ARCHITECTURES.get(arch)
+    if kind is None:
+        return None
+    if kind == "urm":
+        labels = int(raw.get("num_labels") or len(raw.get("id2label") or {}) or 10)
+        return HeadConfig("urm", num_objectives=labels // 2, gate_hidden=int(raw["hidden_size"]), gate_layers=2,
+                          block_modules=2, temperature=1.0)  # fc = Linear, SELU, Linear, SELU, Linear
+    quantiles = int(raw.get("num_quantiles") or 1) if kind == "qrm" else 1
+    qrm = kind == "qrm"
+    return HeadConfig(
+        kind=kind,
+        num_objectives=int(raw.get("num_objectives", 5 if model_type == "gemma2" else 19)),
+        num_quantiles=quantiles,
+        gate_hidden=int(raw.get("gating_hidden_dim", 1024)),
+        gate_layers=int(raw.get("gating_n_hidden", 3)),
+        temperature=float(raw.get("gating_temperature", 10)),
+        gate_bias=not qrm,
+        batchnorm=qrm,
+        # Unverified for QRM-Gemma-2-27B (its modeling file was not available): Linear, ReLU, BN, Dropout.
+        block_modules=int(raw.get("gating_block_modules", 4 if model_type == "gemma2" else 3)) if qrm else 1,
+        pattern=tuple(raw.get("gating_token_pattern") or GATE_PATTERNS.get(model_type, GATE_PATTERNS["llama"])),
+    )
+
+
+def gate_modules(head: HeadConfig) -> list[tuple[int, str, str]]:
+    """(index in the torch Sequential/ModuleList, 'linear' | 'batchnorm', rmjax name) of each gate layer."""
+    modules = []
+    for i in range(head.gate_layers):
+        modules.append((i * head.block_modules, "linear", f"gate{i}"))
+        if head.batchnorm:
+            modules.append((i * head.block_modules + 2, "batchnorm", f"bn{i}"))
+    modules.append((head.gate_layers * head.block_modules, "linear", f"gate{head.gate_layers}"))
+    return modules
+
+
+def head_shapes(head: HeadConfig, hidden: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of the gate's parameters (flat paths under `head.`), all kept in float32."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    width = hidden
+    for i in range(head.gate_layers + 1):
+        last = i == head.gate_layers
+        out = head.num_objectives if last else head.gate_hidden
+        shapes[f"head.gate{i}"] = (width, out)
+        if last or head.gate_bias:
+            shapes[f"head.gate{i}_bias"] = (out,)
+        if head.batchnorm and not last:
+            for stat in ("scale", "shift", "mean", "var"):
+                shapes[f"head.bn{i}_{stat}"] = (out,)
+        width = out
+    if head.kind != "urm":
+        shapes["head.transform"] = (head.num_objectives, head.num_objectives)
+        shapes["head.logit_scale"] = (1,)
+    return shapes
+
+
+def _gate(p: dict, head: HeadConfig, x: jax.Array) -> jax.Array:
+    """Gate weights [B, objectives] from the gate's input hidden state [B, H]."""
+    hi = jax.lax.Precision.HIGHEST
+    for i in range(head.gate_layers + 1):
+        x = jnp.matmul(x, p[f"gate{i}"], precision=hi)
+        if f"gate{i}_bias" in p:
+            x = x + p[f"gate{i}_bias"]
+        if i == head.gate_layers:
+            break
+        x = jax.nn.selu(x) if head.kind == "urm" else jax.nn.relu(x)
+        if head.batchnorm:  # eval-mode BatchNorm1d
+            x = (x - p[f"bn{i}_mean"]) * jax.lax.rsqrt(p[f"bn{i}_var"] + head.batchnorm_eps)
+            x = x * p[f"bn{i}_scale"] + p[f"bn{i}_shift"]
+    if head.kind == "urm":
+        return x
+    return jax.nn.softmax(x / head.temperature, axis=-1) * p["logit_scale"][0]
+
+
+def apply(p: dict, head: HeadConfig, scores: jax.Array, gate_input: jax.Array) -> jax.Array:
+    """[B, num_outputs] float32 from the linear projection `scores` [B, score_width] and the gate input."""
+    weights = _gate(p, head, gate_input.astype(jnp.float32))
+    hi = jax.lax.Precision.HIGHEST
+    if head.kind == "urm":
+        means = scores.reshape(scores.shape[0], head.num_objectives, 2)[..., 0]  # (mean, spread) pairs
+        return jnp.concatenate([jnp.sum(means * weights, axis=-1, keepdims=True), scores], axis=-1)
+    per_objective = scores.reshape(scores.shape[0], head.num_objectives, head.num_quantiles).mean(axis=-1)
+    adjusted = jnp.matmul(per_objective, p["transform"], precision=hi)
+    score = jnp.sum(weights * adjusted, axis=-1, keepdims=True)
+    # ArmoRM reports its raw regression outputs, QRM the transformed quantile means.
+    return jnp.concatenate([score, adjusted if head.kind == "qrm" else per_objective], axis=-1)
+
+
+def pattern_start(head: HeadConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """[B] start of the last occurrence of the gate pattern among real tokens; -1 where absent."""
+    n, t = len(head.pattern), ids.shape[-1]
+    if t < n:
+        return jnp.full(ids.shape[:-1], -1, jnp.int32)
+    real = jnp.where(mask.astype(bool), ids, -1)
+    hit = jnp.ones(real[..., : t - n + 1].shape, bool)
+    for k, token in enumerate(head.pattern):
+        hit &= real[..., k : t - n + 1 + k] == token
+    starts = jnp.where(hit, jnp.arange(t - n + 1), -1)
+    return jnp.max(starts, axis=-1).astype(jnp.int32)
+
+
+def gate_input(head: HeadConfig, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array:
+    """Hidden state [B, H] at the gate pattern of each row; NaN rows where the pattern is missing."""
+    start = pattern_start(head, ids, mask)
+    rows = hidden[jnp.arange(hidden.shape[0]), jnp.maximum(start, 0)].astype(jnp.float32)
+    return jnp.where((start >= 0)[:, None], rows, jnp.nan)
+
+
+def require_pattern(head: HeadConfig | None, ids, what: str) -> None:
+    """Fail early, naming the fix, when a prompt-gated head cannot find its gate token pattern."""
+    if head is None or not head.pattern:
+        return
+    ids, n = list(np.asarray(ids).tolist()), len(head.pattern)
+    if any(ids[j : j + n] == list(head.pattern) for j in range(len(ids) - n + 1)):
+        return
+    raise CheckpointError(
+        f"{what}: the {head.kind} head gates on the hidden state at token pattern {list(head.pattern)} "
+        "(end of the user turn + assistant header), which this prompt's tokens do not contain. Use the "
+        "checkpoint's own chat template (--template=chat) and its own tokenizer."
+    )

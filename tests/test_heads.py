@@ -1,0 +1,228 @@
+"""Custom heads (ArmoRM, QRM, URM) against their published PyTorch head logic, re-implemented here.
+
+Each tiny checkpoint is a random transformers backbone plus head tensors under the published key
+names, saved as a safetensors folder with the published architecture name; the reference runs
+the backbone in transformers and the head as the modeling files do (gate token found by a
+Python loop, eval-mode BatchNorm, softmax / temperature * logit_scale, transform matrix).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from rmjax import gcg, heads
+from rmjax import model as M
+from rmjax.errors import CheckpointError
+from rmjax.loading.hf import load_hf_model_folder
+from rmjax.prefix import prefill_prefix
+from rmjax.sharding import make_mesh
+from tests import tiny
+
+TOL = 1e-4
+LLAMA_VOCAB = 128_256  # the Llama 3 gate pattern uses ids up to 128009
+KINDS = {
+    # name: (tiny backbone, architecture, extra config.json keys)
+    "armo": ("llama3", "LlamaForRewardModelWithGating",
+             dict(num_objectives=6, gating_hidden_dim=24, gating_n_hidden=3, gating_temperature=10)),
+    "qrm": ("llama3.1", "LlamaForRewardModelWithGating31",
+            dict(num_objectives=5, num_quantiles=4, gating_hidden_dim=24, gating_n_hidden=3)),
+    "qrm-gemma2": ("gemma2", "Gemma2ForRewardModelWithGating",
+                   dict(num_objectives=5, num_quantiles=3, gating_hidden_dim=24, gating_n_hidden=3)),
+    "urm": ("llama3.1", "LlamaForSequenceClassificationWithNormal_Weights", dict(num_labels=10)),
+}
+
+
+def _gate_layers(kind: str, hidden: int, extra: dict) -> nn.ModuleList:
+    """The published GatingNetwork's module list (ArmoRM: Linear+ReLU; QRM: Linear, ReLU, BN[, Dropout])."""
+    layers, width = [], hidden
+    for _ in range(extra["gating_n_hidden"]):
+        if kind == "armo":
+            layers += [nn.Linear(width, extra["gating_hidden_dim"])]
+        else:
+            layers += [nn.Linear(width, extra["gating_hidden_dim"], bias=False), nn.ReLU(),
+                       nn.BatchNorm1d(extra["gating_hidden_dim"])]
+            if kind == "qrm-gemma2":
+                layers.append(nn.Dropout(0.0))
+        width = extra["gating_hidden_dim"]
+    layers.append(nn.Linear(width, extra["num_objectives"]))
+    return nn.ModuleList(layers)
+
+
+class Reference(nn.Module):
+    """Backbone + the head as the published modeling code computes it (float32, eval mode)."""
+
+    def __init__(self, kind: str, backbone_name: str, extra: dict, vocab: int, seed: int = 0):
+        super().__init__()
+        self.kind, self.extra = kind, extra
+        lm = tiny.build_hf_model(backbone_name, None, seed=seed, vocab_size=vocab)
+        self.config, self.model = lm.config, lm.model
+        hidden = self.config.hidden_size
+        gen = torch.Generator().manual_seed(seed + 1)
+        if kind == "urm":
+            self.score = nn.Linear(hidden, 10, bias=False)
+            self.weights = nn.Module()
+            self.weights.fc = nn.Sequential(nn.Linear(hidden, hidden), nn.SELU(), nn.Linear(hidden, hidden), nn.SELU(),
+                                            nn.Linear(hidden, 5))
+        else:
+            k = extra["num_objectives"] * extra.get("num_quantiles", 1)
+            self.regression_layer = nn.Linear(hidden, k, bias=False)
+            n = extra["num_objectives"]
+            transform = torch.randn(n, n, generator=gen) * 0.5 + torch.eye(n)  # not the identity: tests its use
+            self.reward_transform_matrix = nn.Parameter(transform)
+            self.gating = nn.Module()
+            self.gating.layers = _gate_layers(kind, hidden, extra)
+            self.gating.logit_scale = nn.Parameter(torch.tensor([1.7]))
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if not name.startswith("model.") and name != "gating.logit_scale":
+                    if name != "reward_transform_matrix":
+                        p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+            for module in self.modules():
+                if isinstance(module, nn.BatchNorm1d):
+                    module.running_mean.copy_(torch.randn(module.num_features, generator=gen) * 0.3)
+                    var = torch.rand(module.num_features, generator=gen) + 0.5
+                    var[::4] = 2e-5  # tiny variances make BatchNorm's eps matter
+                    module.running_var.copy_(var)
+        self.eval()
+
+    def pattern(self) -> list[int]:
+        return list(heads.GATE_PATTERNS["gemma2" if self.kind == "qrm-gemma2" else "llama"])
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """[B, 1 + objectives] (score, then rewards as the modeling files report them); right padding."""
+        with torch.no_grad():
+            hs = self.model(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
+                            position_ids=tiny.torch_positions(mask)).last_hidden_state.float()
+            rows = torch.arange(len(ids))
+            last = hs[rows, torch.from_numpy(mask.sum(-1) - 1).long()]
+            if self.kind == "urm":
+                logits, w = self.score(last), self.weights.fc(last)
+                score = (logits.view(-1, 5, 2)[:, :, 0] * w).sum(-1, keepdim=True)
+                return torch.cat([score, logits], -1).numpy()
+            positions = [self._find_gate(row.tolist()) for row in ids]
+            x = hs[rows, positions]
+            for layer in self.gating.layers:
+                x = layer(x)
+                if self.kind == "armo" and layer is not self.gating.layers[-1]:
+                    x = torch.relu(x)
+            gate = torch.softmax(x / 10, dim=1) * self.gating.logit_scale[0]
+            q = self.extra.get("num_quantiles", 1)
+            r = self.regression_layer(last).reshape(len(ids), self.extra["num_objectives"], q).mean(-1)
+            adjusted = r @ self.reward_transform_matrix
+            score = (gate * adjusted).sum(1, keepdim=True)
+            return torch.cat([score, adjusted if self.kind != "armo" else r], -1).numpy()
+
+    def _find_gate(self, row: list[int]) -> int:
+        pat = self.pattern()
+        for j in range(len(row) - len(pat), -1, -1):
+            if row[j : j + len(pat)] == pat:
+                return j
+        raise ValueError("Token pattern not found in the list.")
+
+    def save(self, folder, arch: str):
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / "model.safetensors"))
+        config = self.config.to_dict() | self.extra | {"architectures": [arch]}
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            backbone, arch, extra = KINDS[kind]
+            vocab = tiny.VOCAB if kind == "urm" else (3000 if kind == "qrm-gemma2" else LLAMA_VOCAB)
+            ref = Reference(kind, backbone, extra, vocab)
+            cache[kind] = (ref, ref.save(tmp_path_factory.mktemp(kind), arch))
+        return cache[kind]
+
+    return get
+
+
+def _conversations(ref: Reference, batch: int = 4, seed: int = 0):
+    """Right-padded rows: prompt tokens, the gate pattern, response tokens (varied lengths)."""
+    rng = np.random.default_rng(seed)
+    pattern = ref.pattern() if ref.kind != "urm" else []
+    rows = [list(rng.integers(3, 90, 5 + i)) + pattern + list(rng.integers(3, 90, 2 + (i % 3))) for i in range(batch)]
+    rows[0] = pattern + rows[0]  # an earlier occurrence: the gate reads the last one
+    width = max(map(len, rows))
+    ids = np.full((batch, width), tiny.PAD, np.int32)
+    mask = np.zeros((batch, width), bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)] = row, True
+    return ids, mask
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_head_matches_published_logic(built, kind):
+    ref, folder = built(kind)
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    assert model.config.head.kind == kind.split("-")[0]
+    ids, mask = _conversations(ref)
+    want = ref(ids, mask)
+    got = np.asarray(M.rewards(model.params, model.config, ids, mask))
+    assert got.shape == want.shape == (len(ids), model.config.num_outputs)
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=1e-5)
+    assert np.ptp(got[:, 0]) > 1e-3  # the rows differ, so the test can tell them apart
+
+
+@pytest.mark.parametrize("kind", ["armo", "qrm", "urm"])
+def test_cached_prefix_and_gcg_paths_use_the_same_gate(built, kind):
+    """The sweep/GCG path: the prompt (with the gate pattern) is prefilled once, responses appended."""
+    ref, folder = built(kind)
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    prompt = [5, 9, 14, 3] + (ref.pattern() if kind != "urm" else [7])
+    responses = np.array([[11, 40], [23, 8], [61, 62]], np.int32)
+    full = np.concatenate([np.tile(prompt, (3, 1)), responses], axis=1).astype(np.int32)
+    want = ref(full, np.ones_like(full, bool))[:, 0]
+    cache = prefill_prefix(model, prompt)
+    got = np.asarray(M.rewards_after(model.params, model.config, cache, responses))[:, 0]
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=1e-5)
+    one_hot = jax.nn.one_hot(responses[0], model.config.vocab_size, dtype=jnp.float32)
+    value = gcg._reward_of_one_hot(model.params, model.config, cache, one_hot, jnp.zeros((0,), jnp.int32))
+    assert float(value) == pytest.approx(want[0], abs=TOL)
+
+
+def test_sharded_head_matches(built):
+    ref, folder = built("qrm")
+    model = load_hf_model_folder(folder, require_tokenizer=False, mesh=make_mesh("data:4,model:2"))
+    ids, mask = _conversations(ref, batch=8, seed=3)
+    got = np.asarray(M.rewards(model.params, model.config, ids, mask))
+    np.testing.assert_allclose(got, ref(ids, mask), atol=TOL, rtol=1e-5)
+
+
+def test_missing_gate_pattern_is_an_error_not_a_number(built):
+    ref, folder = built("armo")
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    ids, mask = _conversations(ref)
+    ids[1, : mask[1].sum()] = 7  # row 1 no longer contains the pattern
+    got = np.asarray(M.rewards(model.params, model.config, ids, mask))
+    assert np.isnan(got[1, 0]) and np.isfinite(got[[0, 2, 3], 0]).all()
+    with pytest.raises(CheckpointError, match="token pattern"):
+        prefill_prefix(model, [5, 9, 14, 3])
+
+
+def test_wrong_gate_layout_names_the_tensor(built, tmp_path):
+    """A config whose gate layout does not match the tensors fails with the key and the shapes."""
+    ref, folder = built("qrm")
+    config = json.loads((folder / "config.json").read_text())
+    config["gating_block_modules"] = 4  # claims the Gemma layout (Linear, ReLU, BN, Dropout)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.safetensors").symlink_to(folder / "model.safetensors")
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="gating.layers"):
+        load_hf_model_folder(bad, require_tokenizer=False)
+
