@@ -9,21 +9,26 @@ Python loop, eval-mode BatchNorm, softmax / temperature * logit_scale, transform
 from __future__ import annotations
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+import transformers
 from safetensors.torch import save_file
 from torch import nn
 
-from rmjax import gcg, heads
+from rmjax import chat, gcg, heads
 from rmjax import model as M
 from rmjax.errors import CheckpointError
+from rmjax.loading import load
 from rmjax.loading.hf import load_hf_model_folder
 from rmjax.prefix import prefill_prefix
 from rmjax.sharding import make_mesh
+from rmjax.sweep import sweep
+from rmjax.textscore import TextScorer
 from tests import tiny
 
 TOL = 1e-4
@@ -94,6 +99,8 @@ class Reference(nn.Module):
         self.eval()
 
     def pattern(self) -> list[int]:
+        if "gating_token_pattern" in self.extra:
+            return list(self.extra["gating_token_pattern"])
         return list(heads.GATE_PATTERNS["gemma2" if self.kind == "qrm-gemma2" else "llama"])
 
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -226,3 +233,30 @@ def test_wrong_gate_layout_names_the_tensor(built, tmp_path):
     with pytest.raises(CheckpointError, match="gating.layers"):
         load_hf_model_folder(bad, require_tokenizer=False)
 
+
+
+def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
+    """End to end on a real chat template (SmolLM2's), the gate pattern set to its prompt end."""
+    src = tiny.smollm2_tokenizer_folder()
+    tok = transformers.AutoTokenizer.from_pretrained(str(src))
+    pattern = tok("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False).input_ids
+    extra = dict(KINDS["armo"][2], gating_token_pattern=pattern)
+    ref = Reference("armo", "llama3", extra, 49152, seed=4)
+    folder = ref.save(tmp_path / "armo", KINDS["armo"][1])
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (src / f).is_file():
+            shutil.copy(src / f, folder / f)
+    model = load(str(folder))
+    tokens = np.array([17, 300, 4051, 12000, 30001], np.int32)
+    df = sweep(model, {"p": "Name a fruit."}, tokens, batch_size=8)
+    split = chat.split_chat(model.tokenizer, "Name a fruit.")
+    full = np.asarray([split.ids_with([t]) for t in tokens], np.int32)
+    want = ref(full, np.ones_like(full, bool))[:, 0]
+    np.testing.assert_allclose(df["p"].to_numpy(), want, atol=TOL, rtol=1e-5)
+    texts = ["apple", "a banana, ripe"]
+    ids = TextScorer(model, "Name a fruit.").token_ids(texts)
+    got = TextScorer(model, "Name a fruit.").score(texts)
+    assert len(ids[0]) > len(split.prefix)  # the gate pattern sits in the cached prefix
+    for k, row in enumerate(ids):
+        row = np.asarray([row], np.int32)
+        assert got[k] == pytest.approx(ref(row, np.ones_like(row, bool))[0, 0], abs=TOL)
