@@ -74,11 +74,15 @@ def named_sharding(
 
 
 def place(array, axes: tuple[str | None, ...], mesh: Mesh | None) -> jax.Array:
-    """Put a host array on the mesh, each device receiving only its own slice."""
+    """Put a host (or lazily read) array on the mesh, each device receiving only its own slice.
+
+    JAX asks only for this process's devices' slices, once per distinct slice, so with a lazily
+    read checkpoint a process reads a replicated parameter once and a sharded one shard by shard.
+    """
     if mesh is None:
-        return jax.numpy.asarray(array)
+        return jax.numpy.asarray(np.asarray(array))
     sharding = named_sharding(axes, array.shape, mesh)
-    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: np.asarray(array[index]))
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -70,13 +71,16 @@ def test_resume_across_hosts(tmp_path):
     done = tiny.kill_after_chunks(_cmd(folder, out, *limit), out, 2, cwd=REPO, env=env)
     assert 2 <= done < 12 and not out.exists()
     port = _free_port()
-    procs = [subprocess.Popen(_cmd(folder, out, *limit, "--mesh=data:8,model:1", f"--coordinator=127.0.0.1:{port}",
+    # Tensor parallel across the hosts: each process holds 4 of the 8 `model` shards and reads only those.
+    procs = [subprocess.Popen(_cmd(folder, out, *limit, "--mesh=data:1,model:8", f"--coordinator=127.0.0.1:{port}",
                                    "--num_processes=2", f"--process_id={i}"),
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
-    for p in procs:
+    for i, p in enumerate(procs):
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
+        read, total = map(float, re.search(rf"process {i}: .* read ([\d.]+) of ([\d.]+) MiB", err).groups())
+        assert 0.3 * total < read < 0.7 * total, (read, total)  # vocab and MLP halves + replicated attention
     assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == done * 256
     a, b = results.read_scores_csv(clean), results.read_scores_csv(out)
     assert a["token_id"].tolist() == b["token_id"].tolist()

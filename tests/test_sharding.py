@@ -45,3 +45,18 @@ def test_sharded_forward_equals_unsharded(tmp_path, name, mesh_spec):
     got = M.logits(lm.params, lm.config, ids_s, mask_s)
     ref = M.logits(lm_ref.params, lm_ref.config, ids, mask)
     np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(ref)[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mesh_spec", ["data:8,model:1", "data:1,model:8", None])
+def test_each_slice_is_read_once(tmp_path, mesh_spec):
+    """Devices share reads of the same slice and sharded params are read shard by shard, so a process
+    reads each weight byte once (a multi-host process reads only its devices' shards: test_multihost)."""
+    folder = tiny.save_hf_model(tiny.build_hf_model("llama3.1", num_labels=1), tmp_path)
+    mesh = sharding.make_mesh(mesh_spec) if mesh_spec else None
+    model = load_hf_model_folder(folder, require_tokenizer=False, mesh=mesh)
+    expected = sum(int(np.prod(s)) * 4 for s in M.param_shapes(model.config).values())
+    assert model.weight_bytes == expected
+    assert model.weight_bytes_read == expected
+    if mesh_spec == "data:1,model:8":
+        shard = model.params.layers.gate.addressable_shards[0].data
+        assert shard.shape[-1] == model.config.intermediate_size // 8

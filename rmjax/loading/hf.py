@@ -35,6 +35,8 @@ class Model:
     mesh: jax.sharding.Mesh | None = None
     load_seconds: float = 0.0
     raw_config: dict = dataclasses.field(default_factory=dict)  # config.json as read (for saving)
+    weight_bytes: int = 0  # the parameters' size in the loaded dtype
+    weight_bytes_read: int = 0  # what this process read from disk for its own devices' shards
 
     @property
     def chat_template(self) -> str | None:
@@ -98,6 +100,7 @@ def load_hf_model_folder(
     flat = assemble(tensors, cfg, model_lib.param_shapes(cfg), numpy_dtype(dtype), str(folder))
     params = place_params(flat, mesh)
     tok = load_tokenizer(folder, cfg, required=require_tokenizer)
+    total, read = sum(p.nbytes for p in flat.values()), sum(p.bytes_read for p in flat.values())
     return Model(
         config=cfg,
         params=params,
@@ -107,4 +110,6 @@ def load_hf_model_folder(
         mesh=mesh,
         load_seconds=time.perf_counter() - start,
         raw_config=raw_config,
+        weight_bytes=total,
+        weight_bytes_read=read,
     )

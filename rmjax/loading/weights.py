@@ -148,21 +148,58 @@ def head_rules(cfg: ModelConfig) -> list[Rule]:
 _UNUSED = re.compile(r"(lm_head\.weight|.*rotary_emb.*|.*embed_scale|.*num_batches_tracked)")
 
 
+class LazyParam:
+    """One rmjax parameter backed by memmapped checkpoint tensors (views after the rule's transform).
+
+    Indexing reads and converts only the requested slice, so each device (and each process of a
+    multi-host job) reads just its own shard from disk. Stacked layer parameters hold one view
+    per layer. `bytes_read` counts what indexing has read, for the load report.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype, stacked: bool):
+        self.shape, self.dtype, self.stacked = tuple(shape), np.dtype(dtype), stacked
+        self.parts: dict[int, np.ndarray] = {}
+        self.bytes_read = 0
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def __getitem__(self, index) -> np.ndarray:
+        index = index if isinstance(index, tuple) else (index,)
+        index = tuple(i for i in index if i is not Ellipsis)
+        index += (slice(None),) * (self.ndim - len(index))
+        if self.stacked:
+            rows = range(self.shape[0])[index[0]]
+            out = np.stack([np.asarray(self.parts[i][index[1:]], self.dtype) for i in rows])
+        else:
+            out = np.array(self.parts[0][index], self.dtype)  # a copy: never alias the memmap
+        self.bytes_read += out.nbytes
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[...]
+        return out if dtype is None else out.astype(dtype)
+
+
 def assemble(
     tensors: Iterable[tuple[str, Callable[[], np.ndarray]]],
     cfg: ModelConfig,
     shapes: dict[str, tuple[int, ...]],
     dtype,
     source: str,
-) -> dict[str, np.ndarray]:
-    """Route (hf_key, loader) pairs through the rules into host arrays of `dtype`.
+) -> dict[str, LazyParam]:
+    """Route (hf_key, loader) pairs through the rules into lazily read parameters of `dtype`.
 
-    Layer tensors are written into preallocated stacked arrays, so peak host memory is one
-    copy of the model. The score head is kept in float32.
+    Nothing is read here beyond headers (transforms are views of memmaps); shapes are checked
+    against the config. Reward heads are kept in float32.
     """
     rules = hf_rules(cfg)
-    out: dict[str, np.ndarray] = {}
-    seen: dict[str, set[int]] = {}
+    out: dict[str, LazyParam] = {}
     for raw_key, load in tensors:
         key = normalize_key(raw_key)
         if key is None:
@@ -178,33 +215,22 @@ def assemble(
         if rule.target not in shapes:
             raise CheckpointError(f"{source}: tensor {raw_key!r} is not used by config {cfg.architecture}.")
         target_dtype = np.float32 if kept_in_float32(rule.target) else dtype
-        value = rule.transform(np.asarray(load()), cfg)
+        value = rule.transform(load(), cfg)
         m = rule.match(key)
-        if "layer" in m.groupdict():
-            i = int(m.group("layer"))
-            if i >= cfg.num_layers:
-                raise CheckpointError(f"{source}: {raw_key!r} beyond num_hidden_layers={cfg.num_layers}.")
-            if rule.target not in out:
-                out[rule.target] = np.empty(shapes[rule.target], target_dtype)
-            expected = shapes[rule.target][1:]
-            if value.shape != expected:
-                raise CheckpointError(
-                    f"{source}: {raw_key!r} has shape {value.shape} after conversion, config.json implies {expected}."
-                )
-            out[rule.target][i] = value.astype(target_dtype)
-            seen.setdefault(rule.target, set()).add(i)
-        else:
-            if value.shape != shapes[rule.target]:
-                hint = ""
-                if rule.target == "score":
-                    hint = " (num_labels in config.json must match score.weight)"
-                raise CheckpointError(
-                    f"{source}: {raw_key!r} has shape {value.shape} after conversion, config.json "
-                    f"implies {shapes[rule.target]}{hint}."
-                )
-            out[rule.target] = value.astype(target_dtype)
+        stacked = "layer" in m.groupdict()
+        i = int(m.group("layer")) if stacked else 0
+        if stacked and i >= cfg.num_layers:
+            raise CheckpointError(f"{source}: {raw_key!r} beyond num_hidden_layers={cfg.num_layers}.")
+        expected = shapes[rule.target][1:] if stacked else shapes[rule.target]
+        if value.shape != expected:
+            hint = " (num_labels in config.json must match score.weight)" if rule.target == "score" else ""
+            raise CheckpointError(
+                f"{source}: {raw_key!r} has shape {value.shape} after conversion, config.json implies {expected}{hint}."
+            )
+        param = out.setdefault(rule.target, LazyParam(shapes[rule.target], target_dtype, stacked))
+        param.parts[i] = value
     missing = [p for p in shapes if p not in out]
-    partial = [p for p, idx in seen.items() if len(idx) != cfg.num_layers]
+    partial = [p for p, lazy in out.items() if lazy.stacked and len(lazy.parts) != cfg.num_layers]
     if missing or partial:
         what = ", ".join(missing + [f"{p} (some layers)" for p in partial])
         hint = ""
