@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
+import jax
 from absl import flags
 from absl import logging as absl_logging
 
 from rmjax import distributed, sharding
+from rmjax.config import ModelConfig
 from rmjax.loading import Model, load
 
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
@@ -23,6 +27,10 @@ TEMPLATE = flags.DEFINE_enum("template", "auto", ["auto", "chat", "plain"],
 COORDINATOR = flags.DEFINE_string("coordinator", None,
                                   "Multi-host: coordinator host:port of jax.distributed (or $RMJAX_COORDINATOR).")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+OUTPUT_COLUMN = flags.DEFINE_integer(
+    "output_column", 0, "Which reward-head output to use: 0 the preference score; with several labels or a "
+    "multi-objective head (ArmoRM, QRM, URM) 1.. the objectives (URM: 1 is μ_helpfulness, what loading it "
+    "without remote code reports).")
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index (0 writes the results).")
 
 
@@ -31,8 +39,22 @@ def quiet_logs() -> None:
     absl_logging.set_verbosity(absl_logging.WARNING)
 
 
+def with_output_column(cfg: ModelConfig, column: int, source: str) -> ModelConfig:
+    if not 0 <= column < cfg.num_outputs:
+        raise ValueError(f"--output_column={column}: {source} has {cfg.num_outputs} reward outputs "
+                         f"(0..{cfg.num_outputs - 1}).")
+    return cfg.replace(reward_index=column)
+
+
 def load_model() -> Model:
     quiet_logs()
     distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
     mesh = sharding.make_mesh(MESH.value) if MESH.value else None
-    return load(MODEL.value, dtype=DTYPE.value, mesh=mesh)
+    model = load(MODEL.value, dtype=DTYPE.value, mesh=mesh)
+    if OUTPUT_COLUMN.value:
+        model.config = with_output_column(model.config, OUTPUT_COLUMN.value, model.source)
+    if model.weight_bytes:
+        print(f"process {jax.process_index()}: loaded {model.source} in {model.load_seconds:.1f} s, read "
+              f"{model.weight_bytes_read / 2**20:.1f} of {model.weight_bytes / 2**20:.1f} MiB of weights "
+              "(its devices' shards)", file=sys.stderr)
+    return model

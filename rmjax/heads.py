@@ -46,6 +46,7 @@ class HeadConfig:
     batchnorm: bool = False
     block_modules: int = 1  # torch modules per hidden block in `gating.layers` (QRM: Linear, ReLU, BN[, Dropout])
     batchnorm_eps: float = 1e-5
+    transform: bool = True  # a fixed `reward_transform_matrix` follows the regression (not in QRM-Gemma)
     pattern: tuple[int, ...] = ()  # empty: gate on the last token (URM)
 
     @property
@@ -79,6 +80,7 @@ def head_config(raw: dict, arch: str, model_type: str) -> HeadConfig | None:
         batchnorm=qrm,
         # Unverified for QRM-Gemma-2-27B (its modeling file was not available): Linear, ReLU, BN, Dropout.
         block_modules=int(raw.get("gating_block_modules", 4 if model_type == "gemma2" else 3)) if qrm else 1,
+        transform=model_type != "gemma2",
         pattern=tuple(raw.get("gating_token_pattern") or GATE_PATTERNS.get(model_type, GATE_PATTERNS["llama"])),
     )
 
@@ -109,8 +111,9 @@ def head_shapes(head: HeadConfig, hidden: int) -> dict[str, tuple[int, ...]]:
                 shapes[f"head.bn{i}_{stat}"] = (out,)
         width = out
     if head.kind != "urm":
-        shapes["head.transform"] = (head.num_objectives, head.num_objectives)
         shapes["head.logit_scale"] = (1,)
+    if head.kind != "urm" and head.transform:
+        shapes["head.transform"] = (head.num_objectives, head.num_objectives)
     return shapes
 
 
@@ -140,7 +143,7 @@ def apply(p: dict, head: HeadConfig, scores: jax.Array, gate_input: jax.Array) -
         means = scores.reshape(scores.shape[0], head.num_objectives, 2)[..., 0]  # (mean, spread) pairs
         return jnp.concatenate([jnp.sum(means * weights, axis=-1, keepdims=True), scores], axis=-1)
     per_objective = scores.reshape(scores.shape[0], head.num_objectives, head.num_quantiles).mean(axis=-1)
-    adjusted = jnp.matmul(per_objective, p["transform"], precision=hi)
+    adjusted = jnp.matmul(per_objective, p["transform"], precision=hi) if head.transform else per_objective
     score = jnp.sum(weights * adjusted, axis=-1, keepdims=True)
     # ArmoRM reports its raw regression outputs, QRM the transformed quantile means.
     return jnp.concatenate([score, adjusted if head.kind == "qrm" else per_objective], axis=-1)

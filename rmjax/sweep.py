@@ -119,6 +119,7 @@ def sweep(
     if out is not None:
         identity = {
             "model": model.source, "dtype": model.dtype, "mode": mode, "template": template,
+            "output_column": model.config.reward_index,
             "prompts": prompts, "candidates": fingerprint(tokens), "n_candidates": len(tokens),
             "chunk_size": chunk_size, "text_add_special_tokens": text_add_special_tokens,
         }
@@ -160,6 +161,7 @@ def sweep(
         path = results.write_scores_csv(out, tokens, names, decoded, {n: table[:, j] for j, n in enumerate(prompts)})
         results.write_meta(
             path, kind="sweep", model=model.source, architecture=model.config.architecture,
+            output_column=model.config.reward_index,
             prompts=prompts, mode=mode, template=template, dtype=model.dtype,
             mesh=dict(model.mesh.shape) if model.mesh is not None else None,
             n_candidates=len(tokens), resumed_candidates=done_before, batch_size=batch_size,

@@ -8,6 +8,7 @@ Python loop, eval-mode BatchNorm, softmax / temperature * logit_scale, transform
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -20,6 +21,7 @@ import transformers
 from safetensors.torch import save_file
 from torch import nn
 
+from experiments.common import with_output_column
 from rmjax import chat, gcg, heads
 from rmjax import model as M
 from rmjax.errors import CheckpointError
@@ -81,7 +83,10 @@ class Reference(nn.Module):
             self.regression_layer = nn.Linear(hidden, k, bias=False)
             n = extra["num_objectives"]
             transform = torch.randn(n, n, generator=gen) * 0.5 + torch.eye(n)  # not the identity: tests its use
-            self.reward_transform_matrix = nn.Parameter(transform)
+            if kind == "qrm-gemma2":  # reported without a transform matrix (unverified)
+                self.register_buffer("reward_transform_matrix", torch.eye(n), persistent=False)
+            else:
+                self.reward_transform_matrix = nn.Parameter(transform)
             self.gating = nn.Module()
             self.gating.layers = _gate_layers(kind, hidden, extra)
             self.gating.logit_scale = nn.Parameter(torch.tensor([1.7]))
@@ -253,6 +258,11 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
     full = np.asarray([split.ids_with([t]) for t in tokens], np.int32)
     want = ref(full, np.ones_like(full, bool))[:, 0]
     np.testing.assert_allclose(df["p"].to_numpy(), want, atol=TOL, rtol=1e-5)
+    objective = dataclasses.replace(model, config=with_output_column(model.config, 3, "armo"))
+    got = sweep(objective, {"p": "Name a fruit."}, tokens, batch_size=8)["p"].to_numpy()
+    np.testing.assert_allclose(got, ref(full, np.ones_like(full, bool))[:, 3], atol=TOL, rtol=1e-5)
+    with pytest.raises(ValueError, match="7 reward outputs"):
+        with_output_column(model.config, 7, "armo")
     texts = ["apple", "a banana, ripe"]
     ids = TextScorer(model, "Name a fruit.").token_ids(texts)
     got = TextScorer(model, "Name a fruit.").score(texts)
