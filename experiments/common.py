@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import jax
 from absl import flags
@@ -10,7 +11,7 @@ from absl import logging as absl_logging
 
 from rmjax import distributed, sharding
 from rmjax.config import ModelConfig
-from rmjax.loading import Model, load
+from rmjax.loading import Model, load, peek
 
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
                             "Model spec: a checkpoint folder, a .gguf file, or a builtin name "
@@ -46,11 +47,18 @@ def with_output_column(cfg: ModelConfig, column: int, source: str) -> ModelConfi
     return cfg.replace(reward_index=column)
 
 
-def load_model() -> Model:
+def load_model(before_weights: Callable | None = None) -> Model:
+    """Load --model on --mesh; `before_weights(config, tokenizer, mesh)` runs first when the config can
+    be read without the weights (checkpoint folders), else right after loading (builtin, GGUF)."""
     quiet_logs()
     distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
     mesh = sharding.make_mesh(MESH.value) if MESH.value else None
+    peeked = peek(MODEL.value) if before_weights is not None else None
+    if peeked is not None and peeked[1] is not None:
+        before_weights(*peeked, mesh)
     model = load(MODEL.value, dtype=DTYPE.value, mesh=mesh)
+    if before_weights is not None and (peeked is None or peeked[1] is None):
+        before_weights(model.config, model.tokenizer, mesh)
     if OUTPUT_COLUMN.value:
         model.config = with_output_column(model.config, OUTPUT_COLUMN.value, model.source)
     if model.weight_bytes:

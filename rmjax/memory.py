@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+
+import jax
 
 from rmjax import model as M
 from rmjax.config import ModelConfig
@@ -85,3 +88,31 @@ def pick_batch_size(cfg: ModelConfig, dtype: str, prefix_len: int, positions: in
             f"devices (--mesh=data:D,model:M with a larger M), use bfloat16, or use devices with more memory."
         )
     return best
+
+
+def device_memory_bytes() -> int:
+    """Memory of one local device: the accelerator's limit, or on CPU the host RAM split over devices."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // jax.local_device_count()
+
+
+def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: jax.sharding.Mesh | None,
+         batch_size: int | None = None) -> MemoryEstimate:
+    """The estimate for `batch_size`, or for the largest batch that fits when None (CPU: at most 256).
+
+    Raises DoesNotFitError, with the numbers and the fix, when the run cannot fit.
+    """
+    data, model_shards = (mesh.shape["data"], mesh.shape["model"]) if mesh is not None else (1, 1)
+    device = device_memory_bytes()
+    if batch_size is None:
+        largest = 256 if jax.default_backend() == "cpu" else 4096
+        return pick_batch_size(cfg, dtype, prefix_len, positions, data, model_shards, device, largest=largest)
+    est = estimate(cfg, dtype, prefix_len, positions, batch_size, data, model_shards, device)
+    if est.total_bytes > device:
+        raise DoesNotFitError(
+            f"{cfg.architecture} in {dtype} with --batch_size={batch_size} does not fit: {est.describe()}. Use a "
+            "smaller --batch_size (or --batch_size=0 to pick one), more `model` shards, or bfloat16."
+        )
+    return est

@@ -18,12 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from rmjax import chat, results
+from rmjax import chat, memory, results
 from rmjax import model as M
 from rmjax.chunks import ChunkStore, fingerprint
 from rmjax.distributed import barrier, is_main, to_host
 from rmjax.loading import Model
-from rmjax.prefix import effective_batch_size, prefill_prefix, replicated, shard_batch
+from rmjax.prefix import PREFIX_BUCKET, effective_batch_size, prefill_prefix, replicated, shard_batch
 from rmjax.progress import Progress
 
 
@@ -68,6 +68,16 @@ def score_tokens(model: Model, ctx: PromptContext, tokens: np.ndarray, batch_siz
     if not pending:
         return np.zeros(0, np.float32)
     return np.concatenate([to_host(scores)[:n] for n, scores in pending]).astype(np.float32)
+
+
+def memory_plan(cfg, tokenizer, prompts: dict[str, str], template: str, dtype: str, mesh,
+                batch_size: int | None = None, mode: str = "token") -> memory.MemoryEstimate:
+    """Per-device memory of this sweep from the config and tokenizer alone (before weights load);
+    picks the batch size when None, raises DoesNotFitError when the run cannot fit."""
+    splits = [chat.split_chat(tokenizer, t, template, cfg.max_position_embeddings) for t in prompts.values()]
+    prefix = -(-max(len(s.prefix) for s in splits) // PREFIX_BUCKET) * PREFIX_BUCKET
+    positions = 1 + max(len(s.suffix) for s in splits) if mode == "token" else 16  # text: re-tokenized tails
+    return memory.plan(cfg, dtype, prefix, positions, mesh, batch_size)
 
 
 def candidate_ids(model: Model, token_ids=None, limit: int | None = None) -> np.ndarray:

@@ -82,3 +82,17 @@ def test_score_entry_point(tmp_path):
         ref = float(np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0])
         assert abs(got - ref) < 1e-5
     assert results.meta_path(out).is_file()
+
+
+def test_sweep_plans_memory_before_loading_weights(tmp_path):
+    """The estimate is printed (and a batch that cannot fit refused) before any weight is read."""
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
+    base = [sys.executable, "-m", "experiments.sweep", f"--model={folder}", f"--out={tmp_path / 's.csv'}",
+            "--limit=64", "--top=1"]
+    proc = subprocess.run(base, cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.index("memory plan: per device: params") < proc.stderr.index("process 0: loaded")
+    assert '"batch_size": 256' in results.meta_path(tmp_path / "s.csv").read_text()  # auto: the CPU cap
+    proc = subprocess.run([*base, "--batch_size=100000000"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode != 0 and "does not fit" in proc.stderr and "--batch_size" in proc.stderr
+    assert "process 0: loaded" not in proc.stderr

@@ -40,3 +40,15 @@ def test_larger_batches_cost_more_and_8b_fits_one_80gb_gpu():
     assert big.batch_bytes == pytest.approx(8 * small.batch_bytes, rel=0.01)
     assert big.params_bytes == small.params_bytes
     assert memory.pick_batch_size(cfg, "bfloat16", 64, 2, device_bytes=80 * GIB).batch_size >= 256
+
+
+def test_plan_picks_or_refuses_a_batch():
+    from rmjax.config import config_from_hf
+    from tests import tiny
+
+    raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
+    cfg = config_from_hf(raw)
+    est = memory.plan(cfg, "bfloat16", 64, 2, None)  # CPU: host RAM per device, batch capped at 256
+    assert est.batch_size == 256 and est.total_bytes <= 0.8 * memory.device_memory_bytes()
+    with pytest.raises(memory.DoesNotFitError, match="smaller --batch_size"):
+        memory.plan(cfg, "bfloat16", 64, 2, None, batch_size=10**9)

@@ -10,7 +10,23 @@ from rmjax.loading.gguf_file import cached_hf_folder
 from rmjax.loading.hf import Model, load_hf_model_folder
 from rmjax.loading.registry import BUILTIN_GGUF, cache_dir, resolve
 
-__all__ = ["BUILTIN_GGUF", "Model", "load"]
+__all__ = ["BUILTIN_GGUF", "Model", "load", "peek"]
+
+
+def peek(spec: str):
+    """(config, tokenizer) of a checkpoint folder without reading weights; None for builtin and GGUF
+    models (small, or converted during loading)."""
+    from rmjax.config import load_config_file
+    from rmjax.loading.hf import load_tokenizer
+    from rmjax.train.recipe import BUILTIN_RMS
+
+    if spec in BUILTIN_RMS or spec in BUILTIN_GGUF:
+        return None
+    kind, path = resolve(spec)
+    if kind != "hf":
+        return None
+    cfg = load_config_file(path / "config.json")
+    return cfg, load_tokenizer(path, cfg, required=False)
 
 
 def load(
