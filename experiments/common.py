@@ -47,16 +47,22 @@ def with_output_column(cfg: ModelConfig, column: int, source: str) -> ModelConfi
     return cfg.replace(reward_index=column)
 
 
-def load_model(before_weights: Callable | None = None) -> Model:
-    """Load --model on --mesh; `before_weights(config, tokenizer, mesh)` runs first when the config can
-    be read without the weights (checkpoint folders), else right after loading (builtin, GGUF)."""
+_started: list[bool] = []
+
+
+def load_model(spec: str | None = None, before_weights: Callable | None = None) -> Model:
+    """Load `spec` (default --model) on --mesh; `before_weights(config, tokenizer, mesh)` runs first when
+    the config can be read without the weights (checkpoint folders), else right after loading."""
     quiet_logs()
-    distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
+    if not _started:  # once per job, however many models it loads
+        distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
+        _started.append(True)
+    spec = spec or MODEL.value
     mesh = sharding.make_mesh(MESH.value) if MESH.value else None
-    peeked = peek(MODEL.value) if before_weights is not None else None
+    peeked = peek(spec) if before_weights is not None else None
     if peeked is not None and peeked[1] is not None:
         before_weights(*peeked, mesh)
-    model = load(MODEL.value, dtype=DTYPE.value, mesh=mesh)
+    model = load(spec, dtype=DTYPE.value, mesh=mesh)
     if before_weights is not None and (peeked is None or peeked[1] is None):
         before_weights(model.config, model.tokenizer, mesh)
     if OUTPUT_COLUMN.value:

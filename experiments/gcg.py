@@ -39,7 +39,6 @@ flags.adopt_module_key_flags(common)
 
 def main(argv):
     del argv
-    common.quiet_logs()
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     cfg = GCGConfig(num_tokens=NUM_TOKENS.value, steps=STEPS.value, search_width=SEARCH_WIDTH.value,
                     topk=TOPK.value, n_replace=N_REPLACE.value, direction=DIRECTION.value,
@@ -47,8 +46,8 @@ def main(argv):
                     buffer_size=BUFFER.value, init=tuple(INIT.value), patience=PATIENCE.value, seed=SEED.value,
                     allow_special=ALLOW_SPECIAL.value, allow_non_ascii=ALLOW_NON_ASCII.value,
                     retokenize_filter=RETOK.value, template=common.TEMPLATE.value)
-    result = run_gcg(common.MODEL.value.split(","), prompts, cfg, OUT.value, dtype=common.DTYPE.value,
-                     mesh_spec=common.MESH.value)
+    models = [common.load_model(spec) for spec in common.MODEL.value.split(",")]
+    result = run_gcg(models, prompts, cfg, OUT.value)
     print(f"best {cfg.direction} response: {result.best_text!r} reward {result.best_reward:.4f} "
           f"({len(result.history)} steps, {result.seconds:.1f} s) -> {OUT.value}")
 

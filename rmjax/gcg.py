@@ -19,8 +19,9 @@ import numpy as np
 
 from rmjax import chat
 from rmjax import model as M
+from rmjax.distributed import to_host
 from rmjax.loading import Model
-from rmjax.prefix import effective_batch_size, prefill_prefix, replicated, shard_batch
+from rmjax.prefix import prefill_prefix, replicated, score_responses
 from rmjax.textscore import Conversations
 
 
@@ -95,26 +96,14 @@ def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
     """d reward / d one_hot(ids): [N, V] float32."""
     m = target.model
     one_hot = jax.nn.one_hot(jnp.asarray(ids), m.config.vocab_size, dtype=jnp.float32)
-    return np.asarray(_grad_one_hot(m.params, m.config, target.cache, one_hot, target.suffix_ids))
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _rewards_of(params, cfg, cache, responses, suffix):
-    ids = jnp.concatenate([responses, jnp.broadcast_to(suffix, (responses.shape[0], suffix.shape[0]))], axis=1)
-    return M.rewards_after(params, cfg, cache, ids)[:, cfg.reward_index]
+    return to_host(_grad_one_hot(m.params, m.config, target.cache, one_hot, target.suffix_ids))
 
 
 def evaluate(targets: list[Target], candidates: np.ndarray, batch_size: int = 256) -> np.ndarray:
     """Mean reward over targets of each candidate response [W, N] -> [W]."""
     total = np.zeros(len(candidates), np.float64)
     for t in targets:
-        bs = effective_batch_size(t.model, batch_size)
-        for s in range(0, len(candidates), bs):
-            part = candidates[s : s + bs]
-            padded = np.zeros((bs, candidates.shape[1]), np.int32)
-            padded[: len(part)] = part
-            r = _rewards_of(t.model.params, t.model.config, t.cache, shard_batch(t.model, padded), t.suffix_ids)
-            total[s : s + len(part)] += np.asarray(r)[: len(part)]
+        total += score_responses(t.model, t.cache, t.suffix_ids, candidates, batch_size)
     return (total / len(targets)).astype(np.float32)
 
 
@@ -149,7 +138,9 @@ def sample_candidates(current: np.ndarray, grad: np.ndarray, cfg: GCGConfig, rng
     """Candidate responses [W, N]; `grad` is d loss / d one_hot with disallowed ids at +inf."""
     score = grad.copy()
     if embed is not None and cfg.embed_reg > 0:
-        dist = np.linalg.norm(embed[None, :, :] - embed[current][:, None, :], axis=-1)
+        # |e - c| from norms and one matmul: never materializes [N, V, hidden]
+        sq = (embed**2).sum(-1)[None, :] + (embed[current] ** 2).sum(-1)[:, None] - 2.0 * embed[current] @ embed.T
+        dist = np.sqrt(np.maximum(sq, 0.0))
         score = score + cfg.embed_reg * dist / (dist.mean() + 1e-9)
     n, v = score.shape
     k = min(cfg.topk, v)
@@ -177,10 +168,11 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     lead = targets[0].model
     vocab = min(t.model.config.vocab_size for t in targets)
     banned = disallowed_ids(lead.tokenizer, vocab, cfg.allow_special, cfg.allow_non_ascii)
-    embed = np.asarray(lead.params.embed, np.float32)[:vocab] if cfg.embed_reg > 0 else None
+    embed = to_host(lead.params.embed).astype(np.float32)[:vocab] if cfg.embed_reg > 0 else None
     inits = [_init_ids(lead, text, cfg, banned, rng) for text in (cfg.init or ("",))]
     init_arr = np.asarray(inits)
-    init_scores = evaluate(targets, init_arr, cfg.eval_batch_size)
+    eval_batch = min(cfg.eval_batch_size, cfg.search_width)  # one batch shape: one compilation
+    init_scores = evaluate(targets, init_arr, eval_batch)
     buffer = sorted(((-sign * float(s), list(ids)) for s, ids in zip(init_scores, inits, strict=True)))
     buffer = buffer[: cfg.buffer_size]
     seen = {tuple(ids) for ids in inits}
@@ -197,8 +189,7 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
             if len(cands):
                 break
         if len(cands):
-            # one fixed batch shape (search_width rows) whatever survives the filters: no recompiles
-            losses = -sign * evaluate(targets, cands, min(cfg.eval_batch_size, cfg.search_width))
+            losses = -sign * evaluate(targets, cands, eval_batch)
             for loss, ids in zip(losses, cands, strict=True):
                 buffer.append((float(loss), ids.tolist()))
             buffer = sorted(buffer, key=lambda x: x[0])[: cfg.buffer_size]

@@ -9,7 +9,6 @@ chat template and re-tokenized; see `rmjax.textscore`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from pathlib import Path
 
@@ -21,9 +20,9 @@ import pandas as pd
 from rmjax import chat, memory, results
 from rmjax import model as M
 from rmjax.chunks import ChunkStore, fingerprint
-from rmjax.distributed import barrier, is_main, to_host
+from rmjax.distributed import barrier, is_main
 from rmjax.loading import Model
-from rmjax.prefix import PREFIX_BUCKET, effective_batch_size, prefill_prefix, replicated, shard_batch
+from rmjax.prefix import PREFIX_BUCKET, prefill_prefix, replicated, score_responses
 from rmjax.progress import Progress
 
 
@@ -48,26 +47,9 @@ def prepare_prompt(
     return PromptContext(name, split, prefill_prefix(model, split.prefix), suffix)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def token_scores(params: M.Params, cfg, cache: M.KVCache, tokens: jax.Array, suffix: jax.Array) -> jax.Array:
-    """Reward of prefix + [token] + suffix for a batch of tokens: [B] float32."""
-    ids = jnp.concatenate([tokens[:, None], jnp.broadcast_to(suffix, (tokens.shape[0], suffix.shape[0]))], axis=1)
-    return M.rewards_after(params, cfg, cache, ids)[:, cfg.reward_index]
-
-
 def score_tokens(model: Model, ctx: PromptContext, tokens: np.ndarray, batch_size: int) -> np.ndarray:
-    """Scores of `tokens` as one-token responses, batches dispatched ahead of the host copy."""
-    batch_size = effective_batch_size(model, batch_size)
-    pending = []
-    for start in range(0, len(tokens), batch_size):
-        part = tokens[start : start + batch_size]
-        padded = np.zeros(batch_size, np.int32)
-        padded[: len(part)] = part
-        batch = shard_batch(model, padded)
-        pending.append((len(part), token_scores(model.params, model.config, ctx.cache, batch, ctx.suffix)))
-    if not pending:
-        return np.zeros(0, np.float32)
-    return np.concatenate([to_host(scores)[:n] for n, scores in pending]).astype(np.float32)
+    """Scores of `tokens` as one-token responses."""
+    return score_responses(model, ctx.cache, ctx.suffix, np.asarray(tokens, np.int32)[:, None], batch_size)
 
 
 def memory_plan(cfg, tokenizer, prompts: dict[str, str], template: str, dtype: str, mesh,

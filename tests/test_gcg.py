@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -136,3 +137,24 @@ def test_gcg_entry_point_writes_results(tmp_path):
     ref = float(np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0])
     assert record["best_reward"] == pytest.approx(ref, abs=1e-5)
     assert out.with_suffix(".steps.csv").is_file() and (tmp_path / "gcg.meta.json").is_file()
+
+
+def test_embed_reg_uses_true_embedding_distances():
+    """Greedy swaps with the embedding-distance penalty equal a brute-force [N, V, H] computation."""
+    from rmjax.gcg import sample_candidates
+
+    rng = np.random.default_rng(0)
+    embed = rng.normal(size=(50, 8)).astype(np.float32)
+    current = np.array([3, 17, 42])
+    grad = rng.normal(size=(3, 50)).astype(np.float32)
+    cfg = GCGConfig(num_tokens=3, selection="greedy", embed_reg=0.7, topk=10, search_width=6)
+    got = sample_candidates(current, grad, cfg, rng, embed)
+    dist = np.linalg.norm(embed[None, :, :] - embed[current][:, None, :], axis=-1)
+    score = grad + 0.7 * dist / dist.mean()
+    best = sorted((score[p, v], p, v) for p in range(3) for v in range(50))[:6]
+    want = np.repeat(current[None], 6, axis=0)
+    for row, (_, p, v) in enumerate(best):
+        want[row, p] = v
+    np.testing.assert_array_equal(got, want)
+    plain = sample_candidates(current, grad, dataclasses.replace(cfg, embed_reg=0.0), rng, embed)
+    assert not np.array_equal(got, plain)  # the penalty changes the choice
