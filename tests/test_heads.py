@@ -38,7 +38,7 @@ LLAMA_VOCAB = 128_256  # the Llama 3 gate pattern uses ids up to 128009
 KINDS = {
     # name: (tiny backbone, architecture, extra config.json keys)
     "armo": ("llama3", "LlamaForRewardModelWithGating",
-             dict(num_objectives=6, gating_hidden_dim=24, gating_n_hidden=3, gating_temperature=10)),
+             dict(num_objectives=6, gating_hidden_dim=24, gating_n_hidden=3, gating_temperature=7)),
     "qrm": ("llama3.1", "LlamaForRewardModelWithGating31",
             dict(num_objectives=5, num_quantiles=4, gating_hidden_dim=24, gating_n_hidden=3)),
     "qrm-gemma2": ("gemma2", "Gemma2ForRewardModelWithGating",
@@ -125,7 +125,7 @@ class Reference(nn.Module):
                 x = layer(x)
                 if self.kind == "armo" and layer is not self.gating.layers[-1]:
                     x = torch.relu(x)
-            gate = torch.softmax(x / 10, dim=1) * self.gating.logit_scale[0]
+            gate = torch.softmax(x / self.extra.get("gating_temperature", 10), dim=1) * self.gating.logit_scale[0]
             q = self.extra.get("num_quantiles", 1)
             r = self.regression_layer(last).reshape(len(ids), self.extra["num_objectives"], q).mean(-1)
             adjusted = r @ self.reward_transform_matrix
