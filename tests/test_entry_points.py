@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from rmjax import chat, prompts, results
+from rmjax import prompts, results
 from rmjax.loading import load
 from rmjax.logprobs import next_token_logprobs
 from tests import tiny
@@ -47,7 +47,10 @@ def test_next_token_logprobs_match_transformers(tmp_path):
     ps = {"greatest": prompts.PAPER1["greatest"], "other": "Name the best colour, in one word, please."}
     got = next_token_logprobs(model, ps)
     for name, text in ps.items():
-        ids = list(chat.split_chat(model.tokenizer, text).prefix)
+        # the conversation up to the assistant's turn, as transformers' chat template renders it
+        rendered = model.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                       add_generation_prompt=True)
+        ids = model.tokenizer(rendered, add_special_tokens=False).input_ids
         with torch.no_grad():
             ref = torch.log_softmax(hf(input_ids=torch.tensor([ids])).logits[0, -1], -1).numpy()
         np.testing.assert_allclose(got[name], ref, atol=1e-4, rtol=0)

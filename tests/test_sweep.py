@@ -140,6 +140,7 @@ def test_missing_chat_template(rm, tmp_path):
     df = sweep(model, {"p": "Hi"}, _sample(4))
     split = chat.split_chat(model.tokenizer, "Hi")
     assert split.template == "plain" and split.suffix == ()
-    ids = np.asarray([split.ids_with([t]) for t in _sample(4)], np.int32)
+    plain = model.tokenizer("User: Hi\nAssistant:", add_special_tokens=False).input_ids  # written out here
+    ids = np.asarray([[*plain, t] for t in _sample(4)], np.int32)
     ref = np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[:, 0]
     np.testing.assert_allclose(df["p"].to_numpy(), ref, atol=1e-5, rtol=0)
