@@ -11,12 +11,16 @@ import math
 import os
 
 import jax
+import numpy as np
 
 from rmjax import model as M
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError
+from rmjax.loading.hf import numpy_dtype
 
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+def _itemsize(dtype: str) -> int:
+    return np.dtype(numpy_dtype(dtype)).itemsize  # the loader's dtype table, one source
 
 
 class DoesNotFitError(RmjaxError):
@@ -47,7 +51,7 @@ def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
 
     total = 0
     for path, shape in M.param_shapes(cfg).items():
-        size = math.prod(shape) * (4 if M.kept_in_float32(path) else _BYTES[dtype])
+        size = math.prod(shape) * (4 if M.kept_in_float32(path) else _itemsize(dtype))
         sharded = any(ax in ("heads", "kv_heads", "mlp", "vocab") for ax in M.logical_axes(path))
         total += size // model_shards if sharded else size
     return total
@@ -56,7 +60,7 @@ def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
 def estimate(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, batch_size: int,
              data_shards: int = 1, model_shards: int = 1, device_bytes: int = 16 * 2**30) -> MemoryEstimate:
     """Memory of a prefix-cached sweep; `positions` = new tokens per candidate (1 + suffix)."""
-    b = _BYTES[dtype]
+    b = _itemsize(dtype)
     kv_shards = model_shards if cfg.num_kv_heads % model_shards == 0 else 1
     cache = 2 * cfg.num_layers * prefix_len * cfg.num_kv_heads * cfg.head_dim * b // kv_shards
     rows = math.ceil(batch_size / data_shards)

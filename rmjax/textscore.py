@@ -106,12 +106,14 @@ class TextScorer(Conversations):
             for width, rows in sorted(groups.items()):
                 for start in range(0, len(rows), batch_size):
                     part = rows[start : start + batch_size]
-                    ids = np.zeros((batch_size, width), np.int32)
-                    mask = np.zeros((batch_size, width), bool)
+                    # a short last batch pads only to the next power of two (few shapes, little waste)
+                    n_rows = min(batch_size, effective_batch_size(model, 1 << (len(part) - 1).bit_length()))
+                    ids = np.zeros((n_rows, width), np.int32)
+                    mask = np.zeros((n_rows, width), bool)
                     for r, (_, seq) in enumerate(part):
                         ids[r, : len(seq)], mask[r, : len(seq)] = seq, True
                     ids, mask = shard_batch(model, ids), shard_batch(model, mask)
-                    values = to_host(compute(ids, mask, with_cache)).reshape(batch_size, width_out)
+                    values = to_host(compute(ids, mask, with_cache)).reshape(n_rows, width_out)
                     out[[i for i, _ in part]] = values[: len(part)]
                     if progress is not None:
                         progress.update(len(part))
