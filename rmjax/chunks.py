@@ -2,8 +2,9 @@
 
 Each chunk (rows [start, stop) of the candidate list, all prompts) is written atomically
 (temp file + rename), so a crash loses at most the chunk in flight and never leaves a partial
-one. A manifest pins the run's identity; resuming with different settings is refused rather
-than mixing results of two runs.
+one. The manifest pins the run's identity (`rmjax.outputs`: model content, tokenizer, template,
+every setting that changes a score) and the chunk size; resuming with another identity is refused
+rather than mixing results of two runs, and a resume keeps the saved chunk size.
 """
 
 from __future__ import annotations
@@ -15,36 +16,36 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax.errors import RmjaxError
-
-
-class ResumeMismatchError(RmjaxError):
-    """An existing chunk store belongs to a run with different settings."""
+from rmjax.errors import ResumeMismatchError
+from rmjax.outputs import canonical, mismatch_message
+from rmjax.results import atomic_write_text
 
 
 def fingerprint(values: np.ndarray) -> str:
     return hashlib.sha1(np.ascontiguousarray(values).tobytes()).hexdigest()
 
 
+def store_dir(out: str | Path) -> Path:
+    out = Path(out)
+    return out.with_name(out.name + ".chunks")
+
+
 class ChunkStore:
-    def __init__(self, out: str | Path, identity: dict, create: bool = True):
-        out = Path(out)
-        self.dir = out.with_name(out.name + ".chunks")
-        self.identity = json.loads(json.dumps(identity, sort_keys=True, default=str))
+    def __init__(self, out: str | Path, identity: dict, chunk_size: int, create: bool = True):
+        self.dir = store_dir(out)
+        self.identity = canonical(identity)
+        self.chunk_size = chunk_size
         manifest = self.dir / "manifest.json"
         if manifest.is_file():
-            existing = json.loads(manifest.read_text())
-            if existing != self.identity:
-                diff = sorted(k for k in set(existing) | set(self.identity) if existing.get(k) != self.identity.get(k))
-                raise ResumeMismatchError(
-                    f"{self.dir} holds chunks of a run with different {', '.join(diff)}. Resume with the "
-                    f"same settings, or delete {self.dir} (or choose another --out) to start over."
-                )
+            saved = json.loads(manifest.read_text())
+            if saved.get("identity") != self.identity:
+                raise ResumeMismatchError(mismatch_message(f"saved progress {self.dir}", saved.get("identity") or {},
+                                                           self.identity))
+            self.chunk_size = int(saved["chunk_size"])  # chunks already on disk fix the layout
         elif create:
             self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = manifest.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.identity, indent=2, sort_keys=True))
-            tmp.replace(manifest)
+            atomic_write_text(manifest, json.dumps({"identity": self.identity, "chunk_size": chunk_size}, indent=2,
+                                                   sort_keys=True))
 
     def _path(self, start: int) -> Path:
         return self.dir / f"chunk-{start:010d}.npy"
@@ -58,8 +59,16 @@ class ChunkStore:
         np.save(tmp, scores)
         tmp.replace(path)
 
-    def read(self, start: int) -> np.ndarray:
-        return np.load(self._path(start))
+    def read(self, start: int, shape: tuple[int, int]) -> np.ndarray:
+        try:
+            scores = np.load(self._path(start))
+        except (OSError, ValueError) as error:
+            raise ResumeMismatchError(f"{self._path(start)} is unreadable ({error}); delete it to recompute "
+                                      "that chunk.") from None
+        if scores.shape != shape:
+            raise ResumeMismatchError(f"{self._path(start)} holds {scores.shape} scores where {shape} are expected; "
+                                      "delete it to recompute that chunk.")
+        return scores
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rmjax.errors import UnsupportedModelError
+from rmjax.errors import CheckpointError, MissingFileError, RmjaxError, UnsupportedModelError
 from rmjax.heads import ARCHITECTURES as CUSTOM_HEADS
 from rmjax.heads import HeadConfig, head_config
 
@@ -107,14 +107,33 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
+def read_json_file(path: str | Path, what: str = "file") -> Any:
+    """A JSON file's value; invalid JSON is an error naming the file and where it breaks."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: invalid JSON in this {what} ({error}); restore it from the "
+                              "checkpoint's original repository.") from None
+
+
 def load_config_file(path: str | Path) -> ModelConfig:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{path} not found: a model folder needs the checkpoint's config.json "
             "(copy it from the original Hugging Face repository)."
         )
-    return config_from_hf(json.loads(path.read_text()), source=str(path))
+    raw = read_json_file(path, "model config")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: a model config must be a JSON object.")
+    try:
+        return config_from_hf(raw, source=str(path))
+    except (KeyError, TypeError, ValueError) as error:
+        if isinstance(error, RmjaxError):
+            raise
+        raise CheckpointError(f"{path}: missing or invalid field ({type(error).__name__}: {error}); restore "
+                              "config.json from the checkpoint's original repository.") from None
 
 
 def _first(d: dict, *keys: str, default: Any = None) -> Any:

@@ -44,6 +44,14 @@ def global_array(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def replicated(tree, mesh):
+    """Host arrays -> global arrays replicated over the mesh (no-op without a mesh)."""
+    if mesh is None:
+        return tree
+    full = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.tree.map(lambda x: global_array(np.asarray(x), full), tree)
+
+
 def to_host(x: jax.Array) -> np.ndarray:
     """The full value on every host (all-gathered when the array spans several processes)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:

@@ -1,8 +1,24 @@
-"""Errors that name the problem and the fix."""
+"""Errors that name the problem and the fix.
+
+Every `RmjaxError` is a user error: the entry points print its message as one line and exit with
+status 2. Anything else is an internal error and keeps its traceback.
+"""
 
 
 class RmjaxError(Exception):
     """Base class of rmjax's user-facing errors."""
+
+
+class UsageError(RmjaxError, ValueError):
+    """A flag, prompt or argument value is outside what the job accepts."""
+
+
+class MissingFileError(RmjaxError, FileNotFoundError):
+    """An input file or folder the job needs does not exist."""
+
+
+class InputFileError(RmjaxError):
+    """An input file exists but cannot be read as what it should be (truncated, corrupt, wrong format)."""
 
 
 class UnsupportedModelError(RmjaxError):
@@ -19,3 +35,24 @@ class TokenizerMismatchError(RmjaxError):
 
 class PromptTooLongError(RmjaxError):
     """A prompt does not fit in the model's context."""
+
+
+class OutputExistsError(RmjaxError):
+    """The output path holds a result of another run and --overwrite was not given."""
+
+
+class ResumeMismatchError(RmjaxError):
+    """Saved progress (a chunk store, a training workdir) belongs to a run with other inputs."""
+
+
+class LockedError(RmjaxError):
+    """Another process holds the lock on this output."""
+
+
+class NonFiniteError(RmjaxError):
+    """A score, reward, gradient or loss is NaN or infinite."""
+
+
+def one_line(error: BaseException) -> str:
+    """The message of `error` on one line (what the entry points print for a user error)."""
+    return " ".join(str(error).split()) or type(error).__name__

@@ -9,19 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmjax import model as M
-from rmjax.distributed import global_array, to_host
+from rmjax.distributed import global_array, replicated, to_host
 from rmjax.heads import require_pattern
 from rmjax.loading import Model
 
 PREFIX_BUCKET = 32  # prefixes are left-padded to a multiple of this: one compilation for all prompts
-
-
-def replicated(tree, mesh):
-    """Host arrays -> global arrays replicated over the mesh (no-op without a mesh)."""
-    if mesh is None:
-        return tree
-    full = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.tree.map(lambda x: global_array(np.asarray(x), full), tree)
 
 
 def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> M.KVCache:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import platform
 import sys
 import time
@@ -31,6 +32,9 @@ def write_rows(f, rows: Iterable[list]) -> None:
 def write_table(path: str | Path, keys: dict[str, list], values: dict[str, np.ndarray]) -> Path:
     """CSV of key columns (ids, strings) then float columns, written atomically."""
     path = Path(path)
+    names = [*keys, *values]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: duplicate column names {sorted({n for n in names if names.count(n) > 1})}.")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8", newline="") as f:
@@ -87,9 +91,34 @@ def environment() -> dict:
     }
 
 
+def json_safe(value):
+    """NaN and ±Inf as null (JSON has no such numbers; a bare NaN breaks strict readers)."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float | np.floating):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def dump_json(value, path: str | Path) -> Path:
+    """Strict JSON (no NaN), written atomically."""
+    return atomic_write_text(Path(path), json.dumps(json_safe(value), indent=2, default=str, allow_nan=False))
+
+
 def write_meta(path: str | Path, **fields) -> Path:
-    """Summary beside a result: what ran, on what, how long, how fast."""
-    out = meta_path(path)
+    """Summary beside a result: what ran (its identity), on what, how long, how fast. Written last: a result
+    whose .meta.json is there is complete."""
     record = {"written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields, "environment": environment()}
-    out.write_text(json.dumps(record, indent=2, default=str))
-    return out
+    return dump_json(record, meta_path(path))

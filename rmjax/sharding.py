@@ -31,10 +31,15 @@ def parse_mesh_spec(spec: str) -> dict[str, int]:
     sizes = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, size = part.partition(":")
-        if name not in ("data", "model") or not size.lstrip("-").isdigit():
-            raise ValueError(f"bad mesh spec {spec!r}: expected e.g. 'data:8,model:1'")
+        if name not in ("data", "model") or not size.lstrip("-").isdigit() or name in sizes:
+            raise ValueError(f"bad mesh spec {spec!r}: expected e.g. 'data:8,model:1' (axes data and model, once each)")
         sizes[name] = int(size)
-    sizes.setdefault("data", -1)
+        if sizes[name] < 1 and sizes[name] != -1:
+            raise ValueError(f"bad mesh spec {spec!r}: axis {name} has size {sizes[name]}; sizes are >= 1 (or -1: "
+                             "the remaining devices)")
+    if list(sizes.values()).count(-1) > 1:
+        raise ValueError(f"bad mesh spec {spec!r}: only one axis may be -1")
+    sizes.setdefault("data", -1 if sizes.get("model") != -1 else 1)
     sizes.setdefault("model", 1)
     return sizes
 
@@ -46,7 +51,7 @@ def make_mesh(spec: str | dict[str, int] = "data:-1,model:1", devices=None) -> M
     known = math.prod(s for s in sizes.values() if s != -1)
     for name, size in sizes.items():
         if size == -1:
-            sizes[name] = len(devices) // known
+            sizes[name] = max(1, len(devices) // known)
     if sizes["data"] * sizes["model"] != len(devices):
         raise ValueError(
             f"mesh data:{sizes['data']} x model:{sizes['model']} needs "

@@ -6,11 +6,22 @@ import time
 
 import jax
 
+from rmjax.loading.fingerprint import derived, file_sha256, folder_fingerprint, gguf_fingerprint
 from rmjax.loading.gguf_file import cached_hf_folder
 from rmjax.loading.hf import Model, load_hf_model_folder
 from rmjax.loading.registry import BUILTIN_GGUF, cache_dir, resolve
 
-__all__ = ["BUILTIN_GGUF", "Model", "load", "peek"]
+__all__ = ["BUILTIN_GGUF", "Model", "fingerprint", "load", "peek"]
+
+
+def fingerprint(spec: str) -> dict:
+    """Content fingerprint of a model spec without loading it: equal to `load(spec).fingerprint`."""
+    from rmjax.train.recipe import BUILTIN_RMS, builtin_head_file
+
+    if spec in BUILTIN_RMS:
+        return derived(fingerprint(BUILTIN_RMS[spec]), head=file_sha256(builtin_head_file(spec)))
+    kind, path = resolve(spec)
+    return gguf_fingerprint(path) if kind == "gguf" else folder_fingerprint(path)
 
 
 def peek(spec: str):
@@ -44,9 +55,12 @@ def load(
         model.load_seconds = time.perf_counter() - start
         return model
     kind, path = resolve(spec)
+    source_fingerprint = None
     if kind == "gguf":
+        source_fingerprint = gguf_fingerprint(path)
         path = cached_hf_folder(path, cache_dir())
     model = load_hf_model_folder(path, dtype=dtype, mesh=mesh, require_tokenizer=require_tokenizer)
     model.source = spec
+    model.fingerprint = source_fingerprint or model.fingerprint
     model.load_seconds = time.perf_counter() - start
     return model

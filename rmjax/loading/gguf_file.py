@@ -11,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from rmjax.errors import CheckpointError, UnsupportedModelError
+from rmjax import locks
+from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
 from rmjax.loading.safetensors_io import save_file
 
 _ARCHS = {
@@ -149,9 +151,9 @@ def gguf_to_hf_folder(path: str | Path, out: Path) -> Path:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such GGUF file.")
+        raise MissingFileError(f"{path}: no such GGUF file.")
     start = time.perf_counter()
-    reader = gguf.GGUFReader(str(path))
+    reader = read_gguf(path)
     cfg = hf_config_from_gguf(reader, path)
     rules = [(re.compile(p), key, fn) for p, key, fn in gguf_key_map(cfg)]
     tensors = {}
@@ -178,21 +180,40 @@ def gguf_to_hf_folder(path: str | Path, out: Path) -> Path:
     return out
 
 
+def read_gguf(path: Path):
+    """A GGUFReader over `path`; a truncated or corrupt file is an error naming it."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as error:  # the reader raises ValueError, struct.error, IndexError... on bad bytes
+        raise CheckpointError(f"{path}: not a readable GGUF file, probably truncated or corrupt "
+                              f"({type(error).__name__}: {str(error)[:120]}); download it again.") from None
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if int(t.data_offset) + int(t.n_bytes) > size:
+            raise CheckpointError(f"{path}: truncated: tensor {t.name!r} ends at byte "
+                                  f"{int(t.data_offset) + int(t.n_bytes)} of a {size}-byte file; download it again.")
+    return reader
+
+
 def cached_hf_folder(path: str | Path, cache_root: Path) -> Path:
     """The converted folder for `path`, converting on first use (keyed by file name, size, mtime)."""
     path = Path(path).resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such GGUF file.")
+        raise MissingFileError(f"{path}: no such GGUF file.")
     st = path.stat()
     digest = hashlib.sha1(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
     out = cache_root / "converted" / f"{path.stem}-{digest}"
     if (out / "config.json").is_file():
         return out
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
-    gguf_to_hf_folder(path, tmp)
-    tmp.rename(out)
+    # One conversion at a time per file: a second process waits, then uses the first one's result.
+    with locks.hold(out, wait=True, what=f"converting {path.name}"):
+        if (out / "config.json").is_file():
+            return out
+        tmp = out.with_name(out.name + ".partial")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        gguf_to_hf_folder(path, tmp)
+        tmp.rename(out)
     return out

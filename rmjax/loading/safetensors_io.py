@@ -27,13 +27,32 @@ _DTYPES = {
 
 
 def read_header(path: Path) -> tuple[dict, int]:
+    """(tensor header, data offset); a truncated or corrupt file is an error naming it and what is wrong."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
-            raise CheckpointError(f"{path}: truncated safetensors file.")
+            raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes); download it again.")
         (n,) = struct.unpack("<Q", raw)
-        header = json.loads(f.read(n))
+        if 8 + n > size:
+            raise CheckpointError(f"{path}: truncated or not a safetensors file (header of {n} bytes, file of "
+                                  f"{size}); download it again.")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as error:
+            raise CheckpointError(f"{path}: corrupt safetensors header ({error}); download it again.") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object); download it again.")
     header.pop("__metadata__", None)
+    data = size - 8 - n
+    for name, info in header.items():
+        try:
+            start, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: corrupt safetensors header entry for {name!r}.") from None
+        if end > data:
+            raise CheckpointError(f"{path}: truncated: tensor {name!r} ends at byte {end} of the data but the file "
+                                  f"holds {data} data bytes; download it again.")
     return header, 8 + n
 
 
@@ -46,6 +65,9 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, callable]]:
         if dtype is None:
             raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}.")
         start, end = info["data_offsets"]
+        if end - start != int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(dtype).itemsize:
+            raise CheckpointError(f"{path}: corrupt header: tensor {name!r} of shape {info['shape']} "
+                                  f"({info['dtype']}) spans {end - start} bytes; download the file again.")
 
         def load(start=start, end=end, dtype=dtype, shape=tuple(info["shape"])):
             return data[start:end].view(dtype).reshape(shape)

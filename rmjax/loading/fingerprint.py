@@ -1,0 +1,109 @@
+"""Cheap content fingerprints of checkpoints: what a resumed or reused result was computed from.
+
+A fingerprint is `{"weights": …, "tokenizer": …}`. Weights: config.json, the shard index, and per
+safetensors file its size, its header (names, dtypes, shapes, offsets) and the first and last 4 KiB
+of every tensor — so swapping in another checkpoint of the same architecture, or fine-tuning any
+tensor, changes it — without reading the weights (a 70B checkpoint costs ~1,500 small reads).
+GGUF files: size plus 1 MiB at each end and 64 evenly spaced 64 KiB blocks. Tokenizer: every
+tokenizer and chat-template file in full (they are small). Content only, no paths or mtimes: a
+copied or moved checkpoint keeps its fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+TENSOR_SAMPLE = 4096
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt")
+
+
+def hash_json(value) -> str:
+    """Short stable digest of a JSON-able value (dict keys sorted)."""
+    text = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:24]
+
+
+def safetensors_fingerprint(path: Path) -> str:
+    from rmjax.loading.safetensors_io import read_header
+
+    header, offset = read_header(path)
+    h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+    h.update(str(path.stat().st_size).encode())
+    with open(path, "rb") as f:
+        for name in sorted(header):
+            start, end = header[name]["data_offsets"]
+            for at in sorted({start, max(start, end - TENSOR_SAMPLE)}):
+                f.seek(offset + at)
+                h.update(f.read(min(TENSOR_SAMPLE, end - at)))
+    return h.hexdigest()[:24]
+
+
+def sampled_fingerprint(path: Path, edge: int = 1 << 20, blocks: int = 64, block: int = 1 << 16) -> str:
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    starts = [0, max(0, size - edge)] + [int(s) for s in np.linspace(0, max(0, size - block), blocks)]
+    with open(path, "rb") as f:
+        for i, start in enumerate(starts):
+            f.seek(start)
+            h.update(f.read(edge if i < 2 else block))
+    return h.hexdigest()[:24]
+
+
+def tokenizer_fingerprint(folder: Path) -> str:
+    files = {name: file_sha256(folder / name) for name in TOKENIZER_FILES if (folder / name).is_file()}
+    return hash_json(files)
+
+
+def folder_fingerprint(folder: Path) -> dict:
+    """Fingerprint of an HF checkpoint folder (config.json, index, safetensors, tokenizer files)."""
+    from rmjax.loading.safetensors_io import checkpoint_files
+
+    parts = {name: file_sha256(folder / name) for name in ("config.json", "model.safetensors.index.json")
+             if (folder / name).is_file()}
+    for path in checkpoint_files(folder):
+        parts[path.name] = safetensors_fingerprint(path)
+    return {"weights": hash_json(parts), "tokenizer": tokenizer_fingerprint(folder)}
+
+
+def gguf_fingerprint(path: Path) -> dict:
+    digest = sampled_fingerprint(path)
+    return {"weights": digest, "tokenizer": digest}  # the tokenizer and template live in the GGUF
+
+
+def derived(fingerprint: dict, **change) -> dict:
+    """The fingerprint of a model made from another (a new or given score head)."""
+    return {"weights": hash_json([fingerprint["weights"], change]), "tokenizer": fingerprint["tokenizer"]}
+
+
+def array_digest(array) -> str:
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(array)).tobytes()).hexdigest()[:24]
+
+
+def model_fingerprint(model) -> dict:
+    """The loaded model's fingerprint; for a model built in memory, a digest of its parameters and tokenizer."""
+    if getattr(model, "fingerprint", None):
+        return model.fingerprint
+    from rmjax import model as M
+    from rmjax.distributed import to_host
+
+    weights = hash_json({k: array_digest(to_host(v)) for k, v in sorted(M.params_to_flat(model.params).items())})
+    tok = model.tokenizer
+    tokenizer = None if tok is None else hash_json(
+        [type(tok).__name__, sorted(tok.get_vocab().items()), getattr(tok, "chat_template", None),
+         list(tok.all_special_tokens)])
+    config = repr(model.config.replace(reward_index=0))  # the output column is part of each job's identity
+    model.fingerprint = {"weights": hash_json([weights, config]), "tokenizer": tokenizer}
+    return model.fingerprint

@@ -1,0 +1,96 @@
+"""Advisory locks (`fcntl.flock` on `PATH.lock`) so two runs never write one output or conversion.
+
+A lock is re-entrant within a process (an entry point takes it before loading the model; the
+library function it calls takes it again). The lock file records who holds it, and is removed
+when released; a waiter that wins the lock on a file that was removed meanwhile retries on the
+new one, so two processes never both believe they hold it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from rmjax.errors import LockedError
+
+_held: dict[Path, list] = {}  # lock path -> [file object, depth]
+
+
+def lock_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".lock")
+
+
+def _holder(lock: Path) -> str:
+    try:
+        info = json.loads(lock.read_text() or "{}")
+    except (OSError, ValueError):
+        return ""
+    if not info:
+        return ""
+    return f" (pid {info.get('pid')} on {info.get('host')} since {info.get('since')})"
+
+
+def _acquire(lock: Path, wait: bool, what: str) -> object:
+    while True:
+        f = open(lock, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            f.close()
+            if not wait:
+                raise LockedError(
+                    f"another run holds {lock}{_holder(lock)} on {what}; wait for it to finish or choose "
+                    "another output (if no such run is alive, delete the .lock file)."
+                ) from None
+            continue
+        try:
+            same = os.fstat(f.fileno()).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            f.seek(0)
+            f.truncate()
+            json.dump({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%H:%M:%S")}, f)
+            f.flush()
+            return f
+        f.close()  # the holder removed the file as we got it: lock the new one
+
+
+@contextlib.contextmanager
+def hold(path: str | Path, wait: bool = False, what: str | None = None) -> Iterator[Path]:
+    """Hold the lock of `path` (`path.lock`). wait=False: LockedError when another process holds it;
+    wait=True: block until it is free (saying so once on stderr)."""
+    lock = lock_path(path).resolve()
+    if lock in _held:
+        _held[lock][1] += 1
+        try:
+            yield lock
+        finally:
+            _held[lock][1] -= 1
+        return
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    what = what or str(path)
+    if wait:
+        try:
+            f = _acquire(lock, False, what)
+        except LockedError:
+            print(f"waiting: another process holds {lock}{_holder(lock)} ({what})", file=sys.stderr, flush=True)
+            f = _acquire(lock, True, what)
+    else:
+        f = _acquire(lock, False, what)
+    _held[lock] = [f, 1]
+    try:
+        yield lock
+    finally:
+        del _held[lock]
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()  # before closing: a waiter that gets the old file sees it is gone and retries
+        f.close()
