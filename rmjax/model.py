@@ -176,8 +176,10 @@ def forward(
     mask: jax.Array | None = None,
     positions: jax.Array | None = None,
     cache: KVCache | None = None,
-) -> tuple[jax.Array, KVCache]:
-    """Decoder forward. Returns final-normed hidden states [B, T, H] and the new tokens' K/V.
+    residuals: bool = False,
+) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, jax.Array]:
+    """Decoder forward. Returns final-normed hidden states [B, T, H] and the new tokens' K/V; with
+    `residuals`, also the residual stream after each layer [L, B, T, H] (nothing is kept when off).
 
     `embeds` are raw embedding rows (e.g. one_hot @ params.embed for GCG gradients): the
     Gemma embedding scale is applied here for both ids and embeds, so
@@ -216,15 +218,16 @@ def forward(
         sin = jnp.where(is_local, rope_l[1], rope_g[1])
         m = tuple(jnp.where(is_local, lm, gm) for lm, gm in zip(local_masks, global_masks, strict=True))
         h, k, v = _decoder_layer(lp, cfg, h, cos, sin, m, ck, cv)
-        return h, (k, v)
+        return h, (k, v, h if residuals else None)
 
     is_local = jnp.asarray(cfg.local_layers)
     ck = cv = None
     if cache is not None:
         ck, cv = cache.k, cache.v
-    x, (new_k, new_v) = jax.lax.scan(layer, x, (params.layers, is_local, ck, cv))
+    x, (new_k, new_v, stream) = jax.lax.scan(layer, x, (params.layers, is_local, ck, cv))
     hidden = ops.rms_norm(x, params.final_norm, cfg.norm_eps, cfg.norm_plus_one)
-    return hidden, KVCache(k=new_k, v=new_v, positions=positions, valid=mask)
+    kv = KVCache(k=new_k, v=new_v, positions=positions, valid=mask)
+    return (hidden, kv, stream) if residuals else (hidden, kv)
 
 
 def _decoder_layer(lp: LayerParams, cfg: ModelConfig, x, cos, sin, mask, cache_k, cache_v):
@@ -358,6 +361,23 @@ def rewards_after(
 ) -> jax.Array:
     """Head outputs for `cache` prefix + `ids`, at each row's last real new token."""
     return reward_head(params, cfg, last_hidden_after(params, cfg, cache, ids, mask), cache.gate_input)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def trace(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """Every stage of one full forward, for per-layer reads and for finding where a NaN starts:
+    embeddings [B, T, H] (scaled, as the first layer sees them), residual after each layer
+    [L, B, T, H], final-normed hidden [B, T, H] and the head outputs [B, num_outputs]."""
+    embeds = embed_tokens(params, cfg, ids)
+    hidden, _, stream = forward(params, cfg, embeds=embeds, mask=mask, residuals=True)
+    if cfg.scale_embeddings:
+        embeds = embeds * jnp.asarray(embedding_scale(cfg), dtype=params.embed.dtype)
+    out = {"embeddings": embeds, "layers": stream, "hidden": hidden}
+    if cfg.is_reward_model:
+        last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
+        gate = heads.gate_input(cfg.head, ids, mask, hidden) if cfg.head is not None and cfg.head.pattern else None
+        out["head"] = reward_head(params, cfg, last, gate)
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

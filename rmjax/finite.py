@@ -1,0 +1,96 @@
+"""Non-finite values stop a run: which rows and prompts, and where in the model the NaN starts.
+
+A NaN or Inf score never reaches a CSV, JSON or plot silently. By default the job stops with one
+line naming the first offending candidates and what a full forward of the first one shows: the
+first non-finite stage (an embedding row, a layer's output, the final norm, the head) and any
+non-finite parameters. `--allow_nonfinite` writes them instead and counts them in `.meta.json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax import model as M
+from rmjax.distributed import replicated, to_host
+from rmjax.errors import NonFiniteError
+
+ALLOW_HINT = "pass --allow_nonfinite to write them anyway (counted in .meta.json)"
+
+
+def _few(values, k: int = 5) -> str:
+    values = [int(v) for v in values]
+    return ", ".join(map(str, values[:k])) + (f" … ({len(values)} in all)" if len(values) > k else "")
+
+
+def nonfinite_parameters(params: M.Params) -> list[str]:
+    """'embed (1 value, row 17)'-style descriptions of every parameter holding NaN/Inf."""
+    found = []
+    for path, value in sorted(M.params_to_flat(params).items()):
+        bad = ~jnp.isfinite(value)
+        n = int(to_host(jnp.sum(bad)))
+        if not n:
+            continue
+        where = ""
+        if value.ndim >= 2:
+            rows = np.flatnonzero(to_host(jnp.any(bad, axis=tuple(range(1, value.ndim)))))
+            unit = "layer" if path.startswith("layers.") else "row"
+            where = f", {unit}{'s' if len(rows) > 1 else ''} {_few(rows)}"
+        found.append(f"{path} ({n} value{'s' if n > 1 else ''}{where})")
+    return found
+
+
+def first_nonfinite_stage(model, ids: Sequence[int]) -> str:
+    """Where a full forward of `ids` first turns non-finite."""
+    cfg = model.config
+    host_ids = np.asarray([list(ids)], np.int32)
+    batch = replicated((host_ids, np.ones_like(host_ids, bool)), model.mesh)
+    trace = M.trace(model.params, cfg, *batch)
+    embeds = to_host(trace["embeddings"])[0]
+    bad = np.flatnonzero(~np.isfinite(embeds).all(-1))
+    if bad.size:
+        token = int(host_ids[0, bad[0]])
+        text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
+        return f"the embedding row of token {token} ({text!r}) at position {int(bad[0])}"
+    layers = to_host(trace["layers"])[:, 0]
+    for i, out in enumerate(layers):
+        positions = np.flatnonzero(~np.isfinite(out).all(-1))
+        if positions.size:
+            return f"the output of layer {i} (0-based, of {cfg.num_layers}) at positions {_few(positions)}"
+    if not np.isfinite(to_host(trace["hidden"])).all():
+        return "the final norm"
+    if "head" in trace and not np.isfinite(to_host(trace["head"])).all():
+        return "the reward head (its input, the final hidden state, is finite)"
+    return "nowhere in a full forward of this sequence (the batched or cached path differs: please report it)"
+
+
+def diagnose(model, ids: Sequence[int]) -> str:
+    """'; first non-finite value: …; non-finite parameters: …' for the message of a NonFiniteError."""
+    try:
+        stage = first_nonfinite_stage(model, ids)
+    except Exception as error:  # the diagnosis must never hide the error it explains
+        stage = f"unknown ({type(error).__name__} while tracing the forward)"
+    params = nonfinite_parameters(model.params)
+    return f"; first non-finite value: {stage}" + (f"; non-finite parameters: {'; '.join(params)}" if params else "")
+
+
+def check(values: np.ndarray, *, what: str, row: Callable[[int], str], columns: Sequence[str], allow: bool,
+          explain: Callable[[int, int], str] | None = None) -> dict | None:
+    """Raise NonFiniteError when `values` [N, C] holds NaN/Inf; with `allow`, return the record for .meta.json
+    (None when everything is finite)."""
+    values = np.asarray(values).reshape(len(values), -1)
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return None
+    r, c = np.nonzero(bad)
+    first = [f"{row(int(i))} for {columns[int(j)]!r}" for i, j in list(zip(r, c, strict=True))[:3]]
+    record = {"values": int(bad.sum()), "rows": int(len(np.unique(r))), "first": first, "allowed": bool(allow)}
+    if allow:
+        return record
+    where = explain(int(r[0]), int(c[0])) if explain is not None else ""
+    raise NonFiniteError(
+        f"non-finite {what}: {int(bad.sum())} of {values.size} are NaN/Inf, in {record['rows']} of {len(values)} "
+        f"rows (first: {'; '.join(first)}){where}. No result was written: fix the model or input, or {ALLOW_HINT}."
+    )
