@@ -17,11 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import chat
+from rmjax import chat, checks, finite
 from rmjax import model as M
-from rmjax.distributed import to_host
+from rmjax.distributed import replicated, to_host
+from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import Model
-from rmjax.prefix import prefill_prefix, replicated, score_responses
+from rmjax.prefix import prefill_prefix, score_responses
 from rmjax.textscore import Conversations
 
 
@@ -45,6 +46,21 @@ class GCGConfig:
     retokenize_filter: bool = True
     eval_batch_size: int = 256
     template: str = "auto"
+    allow_nonfinite: bool = False  # drop candidates with NaN/Inf rewards instead of stopping
+
+    def __post_init__(self):
+        checks.validate(self, {
+            "num_tokens": checks.POSITIVE, "steps": checks.POSITIVE, "search_width": checks.POSITIVE,
+            "topk": checks.POSITIVE, "buffer_size": checks.POSITIVE, "patience": checks.POSITIVE,
+            "eval_batch_size": checks.POSITIVE, "embed_reg": checks.NON_NEGATIVE,
+            "n_replace": (lambda v: 1 <= v <= self.num_tokens, f"between 1 and --num_tokens={self.num_tokens}"),
+            "direction": checks.one_of("optimal", "pessimal"), "selection": checks.one_of("random", "greedy"),
+            "template": checks.one_of("auto", "chat", "plain"),
+        })
+
+
+# Settings that do not change the search's result.
+NOT_IN_IDENTITY = ("eval_batch_size",)
 
 
 @dataclasses.dataclass
@@ -67,11 +83,12 @@ class GCGResult:
     history: list[dict]
     buffer: list[tuple[float, list[int]]]
     seconds: float
+    nonfinite_candidates: int = 0  # dropped with allow_nonfinite
 
 
 def make_target(model: Model, prompt: str, template: str = "auto", prefix=None, suffix=None) -> Target:
     if not model.config.is_reward_model:
-        raise ValueError(f"{model.source} has no score head; GCG needs a reward model.")
+        raise UsageError(f"{model.source} has no score head; GCG needs a reward model.")
     if prefix is None:
         split = chat.split_chat(model.tokenizer, prompt, template, model.config.max_position_embeddings)
         prefix, suffix = split.prefix, split.suffix
@@ -143,7 +160,11 @@ def sample_candidates(current: np.ndarray, grad: np.ndarray, cfg: GCGConfig, rng
         dist = np.sqrt(np.maximum(sq, 0.0))
         score = score + cfg.embed_reg * dist / (dist.mean() + 1e-9)
     n, v = score.shape
-    k = min(cfg.topk, v)
+    # Never past the allowed tokens: with --topk above their number, argsort would reach the banned
+    # ones (their score is +inf) and sample them.
+    k = min(cfg.topk, int(np.isfinite(score).sum(axis=1).min()))
+    if k == 0:
+        return np.zeros((0, n), current.dtype)
     top = np.argsort(score, axis=1)[:, :k]  # most loss-decreasing tokens per position
     if cfg.selection == "greedy":
         flat = np.argsort(score[np.arange(n)[:, None], top], axis=None)[: cfg.search_width]
@@ -160,8 +181,6 @@ def sample_candidates(current: np.ndarray, grad: np.ndarray, cfg: GCGConfig, rng
 
 def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     """Search an N-token response maximizing (optimal) or minimizing (pessimal) the mean reward."""
-    if cfg.direction not in ("optimal", "pessimal"):
-        raise ValueError(f"direction must be optimal or pessimal, not {cfg.direction!r}")
     sign = 1.0 if cfg.direction == "optimal" else -1.0
     start = time.perf_counter()
     rng = np.random.default_rng(cfg.seed)
@@ -172,8 +191,25 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     inits = [_init_ids(lead, text, cfg, banned, rng) for text in (cfg.init or ("",))]
     init_arr = np.asarray(inits)
     eval_batch = min(cfg.eval_batch_size, cfg.search_width)  # one batch shape: one compilation
-    init_scores = evaluate(targets, init_arr, eval_batch)
-    buffer = sorted(((-sign * float(s), list(ids)) for s, ids in zip(init_scores, inits, strict=True)))
+    dropped = 0
+
+    def losses_of(cands: np.ndarray) -> np.ndarray:
+        """-sign * reward; NaN/Inf stop the search (or, when allowed, mark the candidate to drop)."""
+        nonlocal dropped
+        rewards = evaluate(targets, cands, eval_batch)
+        bad = ~np.isfinite(rewards)
+        if bad.any() and not cfg.allow_nonfinite:
+            finite.check(rewards[:, None], what="rewards", columns=["GCG objective"], allow=False,
+                         row=lambda i: f"response ids {cands[i].tolist()} ({_decode(lead, cands[i].tolist())!r})",
+                         explain=lambda i, j: _explain(targets, cands[i]))
+        dropped += int(bad.sum())
+        return np.where(bad, np.nan, -sign * rewards)
+
+    init_losses = losses_of(init_arr)
+    if np.isnan(init_losses).all():
+        raise NonFiniteError("every initial response has a NaN/Inf reward; nothing to search from. Check the model "
+                             "for NaN (it is not the search's doing).")
+    buffer = sorted((float(loss), list(ids)) for loss, ids in zip(init_losses, inits, strict=True) if np.isfinite(loss))
     buffer = buffer[: cfg.buffer_size]
     seen = {tuple(ids) for ids in inits}
     history, best_step = [], 0
@@ -183,15 +219,23 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
         for attempt in range(min(len(buffer), 4)):
             current = np.asarray(buffer[attempt][1])
             grad = -sign * np.mean([reward_gradient(t, current)[:, :vocab] for t in targets], axis=0)
+            if not np.isfinite(grad).all():
+                if not cfg.allow_nonfinite:
+                    raise NonFiniteError(
+                        f"the reward's gradient for response ids {current.tolist()} is NaN/Inf at "
+                        f"{int((~np.isfinite(grad)).sum())} (position, token) entries{_explain(targets, current)}. "
+                        f"Fix the model, or {finite.ALLOW_HINT}.")
+                grad = np.where(np.isfinite(grad), grad, np.inf)  # never pick a swap with no gradient
             grad[:, banned] = np.inf
             step_cfg = dataclasses.replace(cfg, n_replace=min(cfg.num_tokens, cfg.n_replace + attempt))
             cands = _filter(sample_candidates(current, grad, step_cfg, rng, embed), targets[0], cfg, seen)
             if len(cands):
                 break
         if len(cands):
-            losses = -sign * evaluate(targets, cands, eval_batch)
+            losses = losses_of(cands)
             for loss, ids in zip(losses, cands, strict=True):
-                buffer.append((float(loss), ids.tolist()))
+                if np.isfinite(loss):
+                    buffer.append((float(loss), ids.tolist()))
             buffer = sorted(buffer, key=lambda x: x[0])[: cfg.buffer_size]
         best_loss, best_ids = buffer[0]
         if history and best_loss < min(h["loss"] for h in history) - 1e-9:
@@ -206,7 +250,17 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
             break
     best_loss, best_ids = buffer[0]
     return GCGResult(best_ids, _decode(lead, best_ids), -sign * best_loss, history,
-                     [(-sign * loss, ids) for loss, ids in buffer], time.perf_counter() - start)
+                     [(-sign * loss, ids) for loss, ids in buffer], time.perf_counter() - start, dropped)
+
+
+def _explain(targets: list[Target], ids: np.ndarray) -> str:
+    """Where the first target whose reward of `ids` is non-finite turns NaN (see rmjax.finite)."""
+    for t in targets:
+        if not np.isfinite(evaluate([t], np.asarray([ids]), 1)).all():
+            return f" (model {t.model.source}, prompt {t.prompt[:40]!r})" + finite.diagnose(
+                t.model, [*t.prefix, *np.asarray(ids).tolist(), *t.suffix])
+    params = [p for t in targets for p in finite.nonfinite_parameters(t.model.params)]
+    return f"; non-finite parameters: {'; '.join(dict.fromkeys(params))}" if params else ""
 
 
 def _decode(model: Model, ids: list[int]) -> str:

@@ -3,40 +3,64 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 from rmjax import results
 from rmjax.distributed import is_main
-from rmjax.gcg import GCGConfig, GCGResult, gcg, make_target
+from rmjax.errors import UsageError
+from rmjax.gcg import NOT_IN_IDENTITY, GCGConfig, GCGResult, gcg, make_target
 from rmjax.loading import Model
+from rmjax.loading.fingerprint import model_fingerprint
+from rmjax.outputs import claim
 
 
-def run_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: str | Path) -> GCGResult:
-    targets = [make_target(m, text, cfg.template) for m in models for text in prompts.values()]
+def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
+                 cfg: GCGConfig) -> dict:
+    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
+    return {"job": "gcg", "models": list(model_fingerprints), "dtype": dtype, "output_column": int(output_column),
+            "prompts": dict(prompts), "config": config}
+
+
+def steps_path(out: str | Path) -> Path:
+    return Path(out).with_suffix(".steps.csv")
+
+
+def run_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: str | Path,
+            overwrite: bool = False) -> GCGResult | None:
+    """Search and write the result; None when a finished result with the same identity is reused."""
     vocab = {len(m.tokenizer) for m in models}
     if len(vocab) > 1:
-        raise ValueError("GCG over several models needs one shared tokenizer; these have vocabularies of "
+        raise UsageError("GCG over several models needs one shared tokenizer; these have vocabularies of "
                          f"sizes {sorted(vocab)}.")
-    result = gcg(targets, cfg, log=lambda msg: print(msg, file=sys.stderr, flush=True) if is_main() else None)
-    if not is_main():
+    identity = gcg_identity([model_fingerprint(m) for m in models], dtype=models[0].dtype, prompts=prompts,
+                            output_column=models[0].config.reward_index, cfg=cfg)
+    with claim(out, identity, overwrite=overwrite, owned=[steps_path(out)]) as decision:
+        if decision.reuse:
+            return None
+        targets = [make_target(m, text, cfg.template) for m in models for text in prompts.values()]
+        log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if is_main() else None
+        result = gcg(targets, cfg, log=log)
+        if is_main():
+            _write(result, models, prompts, cfg, Path(out), identity)
         return result
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+
+
+def _write(result: GCGResult, models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: Path,
+           identity: dict) -> None:
+    decode = models[0].tokenizer.decode
+    results.dump_json({
         "best_ids": result.best_ids, "best_text": result.best_text, "best_reward": result.best_reward,
-        "direction": cfg.direction, "buffer": [{"reward": r, "ids": ids, "text": models[0].tokenizer.decode(ids)}
-                                               for r, ids in result.buffer],
+        "direction": cfg.direction,
+        "buffer": [{"reward": r, "ids": ids, "text": decode(ids)} for r, ids in result.buffer],
         "history": result.history,
-    }, indent=2))
-    steps_csv = out.with_suffix(".steps.csv")
+    }, out)
     keys = {"step": [h["step"] for h in result.history], "text": [h["text"] for h in result.history],
             "ids": [" ".join(map(str, h["ids"])) for h in result.history]}
-    results.write_table(steps_csv, keys, {"reward": [h["reward"] for h in result.history],
-                                          "seconds": [h["seconds"] for h in result.history]})
-    results.write_meta(out, kind="gcg", models=[m.source for m in models], prompts=prompts,
+    results.write_table(steps_path(out), keys, {"reward": [h["reward"] for h in result.history],
+                                                "seconds": [h["seconds"] for h in result.history]})
+    nonfinite = {"candidates_dropped": result.nonfinite_candidates} if result.nonfinite_candidates else None
+    results.write_meta(out, kind="gcg", identity=identity, models=[m.source for m in models], prompts=prompts,
                        config=dataclasses.asdict(cfg), output_column=models[0].config.reward_index,
                        dtype=models[0].dtype, seconds=result.seconds, steps=len(result.history),
-                       seconds_per_step=result.seconds / max(len(result.history), 1))
-    return result
+                       nonfinite=nonfinite, seconds_per_step=result.seconds / max(len(result.history), 1))

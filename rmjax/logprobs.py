@@ -7,9 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import chat, results
+from rmjax import chat, finite, results
 from rmjax import model as M
+from rmjax.distributed import is_main
+from rmjax.errors import UsageError
 from rmjax.loading import Model
+from rmjax.loading.fingerprint import model_fingerprint
+from rmjax.outputs import claim
+from rmjax.prompts import check_prompt_names
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -24,7 +29,7 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray
 def next_token_logprobs(model: Model, prompts: dict[str, str], template: str = "auto") -> dict[str, np.ndarray]:
     """{prompt name: log-probs over the vocabulary} in one batched forward pass."""
     if model.config.is_reward_model:
-        raise ValueError(f"{model.source} is a reward model; log-probs need a causal LM (*ForCausalLM).")
+        raise UsageError(f"{model.source} is a reward model; log-probs need a causal LM (*ForCausalLM).")
     rows = [
         list(chat.split_chat(model.tokenizer, text, template, model.config.max_position_embeddings, 0).prefix)
         for text in prompts.values()
@@ -34,21 +39,30 @@ def next_token_logprobs(model: Model, prompts: dict[str, str], template: str = "
     return dict(zip(prompts, lp, strict=False))
 
 
-def write_logprobs(model: Model, prompts: dict[str, str], out: str | Path, template: str = "auto") -> Path:
+def logprobs_identity(model_fingerprint: dict, *, dtype: str, prompts: dict[str, str], template: str = "auto") -> dict:
+    return {"job": "logprobs", "model": model_fingerprint, "dtype": dtype, "prompts": dict(prompts),
+            "template": template}
+
+
+def write_logprobs(model: Model, prompts: dict[str, str], out: str | Path, template: str = "auto",
+                   overwrite: bool = False, allow_nonfinite: bool = False) -> Path:
     """CSV in the score-table schema (one log-prob column per prompt) plus .meta.json."""
-    start = time.perf_counter()
-    lps = next_token_logprobs(model, prompts, template)
-    ids, names, decoded = chat.token_table(model.tokenizer, model.config.vocab_size)
-    path = results.write_scores_csv(out, ids, names, decoded, lps)
-    results.write_meta(
-        path,
-        kind="next_token_logprobs",
-        model=model.source,
-        prompts=prompts,
-        template=template,
-        dtype=model.dtype,
-        n_tokens=int(len(ids)),
-        seconds=time.perf_counter() - start,
-        load_seconds=model.load_seconds,
-    )
-    return path
+    check_prompt_names(prompts, results.KEY_COLUMNS)
+    identity = logprobs_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, template=template)
+    with claim(out, identity, overwrite=overwrite) as decision:
+        if decision.reuse:
+            return Path(out)
+        start = time.perf_counter()
+        lps = next_token_logprobs(model, prompts, template)
+        ids, names, decoded = chat.token_table(model.tokenizer, model.config.vocab_size)
+        rows = [chat.split_chat(model.tokenizer, t, template).prefix for t in prompts.values()]
+        nonfinite = finite.check(np.stack(list(lps.values()), axis=1), what="log-probs", columns=list(lps),
+                                 allow=allow_nonfinite, row=lambda i: f"token {i} ({decoded[i]!r})",
+                                 explain=lambda i, j: finite.diagnose(model, rows[j]))
+        if not is_main():
+            return Path(out)
+        path = results.write_scores_csv(out, ids, names, decoded, lps)
+        results.write_meta(path, kind="next_token_logprobs", identity=identity, model=model.source, prompts=prompts,
+                           template=template, dtype=model.dtype, n_tokens=int(len(ids)), nonfinite=nonfinite,
+                           seconds=time.perf_counter() - start, load_seconds=model.load_seconds)
+        return path

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from rmjax.errors import MissingFileError, UsageError
+
 PAPER1 = {
     "greatest": "What, in one word, is the greatest thing ever?",
     "best": "What, in one word, is the best thing ever?",
@@ -45,6 +47,34 @@ def builtin_prompts() -> dict[str, str]:
     return {**PAPER1, **factorial_prompts()}
 
 
+def read_prompt_file(path: Path) -> dict[str, str]:
+    """`name: text` pairs of a YAML file; every value must be a non-empty string (a bare `null`, `yes` or
+    number would otherwise become the prompt "None", "True" or "7")."""
+    if not path.is_file():
+        raise MissingFileError(f"prompt file {path} not found.")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path}: invalid YAML ({' '.join(str(error).split())}).") from None
+    if not isinstance(data, dict) or not data:
+        raise UsageError(f"{path}: expected a mapping `name: prompt text`, one per line.")
+    out = {}
+    for key, value in data.items():
+        if not isinstance(key, str | int) or isinstance(key, bool):
+            raise UsageError(f"{path}: prompt name {key!r} is not a string; quote it.")
+        if not isinstance(value, str) or not value.strip():
+            raise UsageError(f"{path}: prompt {str(key)!r} has no text (YAML read {value!r}); write `{key}: "
+                             "\"the prompt text\"` in quotes.")
+        out[str(key)] = value
+    return out
+
+
+def _add(out: dict[str, str], name: str, text: str, where: str) -> None:
+    if name in out and out[name] != text:
+        raise UsageError(f"prompt name {name!r} is given twice with different texts ({where}); rename one.")
+    out[name] = text
+
+
 def resolve_prompts(names: str | list[str] | None = None, extra: list[str] | None = None) -> dict[str, str]:
     """Prompts from builtin names, set names (paper1, prompts54), YAML files, and name=text pairs."""
     if isinstance(names, str):
@@ -53,27 +83,31 @@ def resolve_prompts(names: str | list[str] | None = None, extra: list[str] | Non
     known = builtin_prompts()
     for name in names or []:
         if name in PROMPT_SETS:
-            out.update(PROMPT_SETS[name])
+            for key, text in PROMPT_SETS[name].items():
+                _add(out, key, text, name)
         elif name in known:
-            out[name] = known[name]
+            _add(out, name, known[name], "builtin")
         elif name.endswith((".yaml", ".yml")):
-            path = Path(name)
-            if not path.is_file():
-                raise FileNotFoundError(f"prompt file {path} not found.")
-            data = yaml.safe_load(path.read_text())
-            if not isinstance(data, dict):
-                raise ValueError(f"{path}: expected a mapping `name: prompt text`.")
-            out.update({str(k): str(v) for k, v in data.items()})
+            for key, text in read_prompt_file(Path(name)).items():
+                _add(out, key, text, name)
         else:
-            raise ValueError(
+            raise UsageError(
                 f"unknown prompt {name!r}: use greatest, best, worst, a name from the 54-prompt set "
                 "(e.g. best_world_please), a set (paper1, prompts54), a .yaml file, or --prompt=name=text."
             )
     for item in extra or []:
         name, sep, text = item.partition("=")
-        if not sep or not name or not text:
-            raise ValueError(f"--prompt expects name=text, got {item!r}")
-        out[name] = text
+        if not sep or not name.strip() or not text.strip():
+            raise UsageError(f"--prompt expects name=text, got {item!r}")
+        _add(out, name, text, "--prompt")
     if not out:
-        raise ValueError("no prompts given.")
+        raise UsageError("no prompts given.")
     return out
+
+
+def check_prompt_names(prompts: dict[str, str], reserved: list[str] | tuple[str, ...]) -> None:
+    """Prompt names become CSV columns: they may not repeat a key column."""
+    clash = [name for name in prompts if name in reserved]
+    if clash:
+        raise UsageError(f"prompt name {clash[0]!r} is a key column of the result ({', '.join(reserved)}); rename "
+                         "the prompt.")

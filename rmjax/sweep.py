@@ -8,7 +8,9 @@ chat template and re-tokenized; see `rmjax.textscore`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 import time
 from pathlib import Path
 
@@ -17,13 +19,17 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from rmjax import chat, memory, results
+from rmjax import chat, finite, memory, results
 from rmjax import model as M
-from rmjax.chunks import ChunkStore, fingerprint
-from rmjax.distributed import barrier, is_main
+from rmjax.chunks import ChunkStore, fingerprint, store_dir
+from rmjax.distributed import barrier, is_main, replicated
+from rmjax.errors import UsageError
 from rmjax.loading import Model
-from rmjax.prefix import PREFIX_BUCKET, prefill_prefix, replicated, score_responses
+from rmjax.loading.fingerprint import model_fingerprint
+from rmjax.outputs import claim
+from rmjax.prefix import PREFIX_BUCKET, prefill_prefix, score_responses
 from rmjax.progress import Progress
+from rmjax.prompts import check_prompt_names
 
 
 @dataclasses.dataclass
@@ -34,14 +40,16 @@ class PromptContext:
     suffix: jax.Array
 
 
+def require_reward_model(cfg, source: str) -> None:
+    if not cfg.is_reward_model:
+        raise UsageError(f"{source} has no score head ({cfg.architecture}); sweeps need a reward model "
+                         "(*ForSequenceClassification). For a causal LM use experiments.logprobs.")
+
+
 def prepare_prompt(
     model: Model, name: str, text: str, template: str = "auto", response_tokens: int = 1
 ) -> PromptContext:
-    if not model.config.is_reward_model:
-        raise ValueError(
-            f"{model.source} has no score head ({model.config.architecture}); sweeps need a reward model "
-            "(*ForSequenceClassification). For a causal LM use experiments.logprobs."
-        )
+    require_reward_model(model.config, model.source)
     split = chat.split_chat(model.tokenizer, text, template, model.config.max_position_embeddings, response_tokens)
     suffix = replicated(jnp.asarray(split.suffix, jnp.int32), model.mesh)
     return PromptContext(name, split, prefill_prefix(model, split.prefix), suffix)
@@ -70,8 +78,22 @@ def candidate_ids(model: Model, token_ids=None, limit: int | None = None) -> np.
         ids = np.asarray(list(token_ids), np.int64)
         bad = ids[(ids < 0) | (ids >= vocab)]
         if bad.size:
-            raise ValueError(f"token ids {bad[:5].tolist()} are outside the vocabulary [0, {vocab}).")
+            raise UsageError(f"--token_ids: {bad[:5].tolist()} are outside the vocabulary [0, {vocab}).")
     return ids[:limit] if limit is not None else ids
+
+
+def sweep_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
+                   token_ids=None, limit: int | None = None, mode: str = "token", template: str = "auto",
+                   text_add_special_tokens: bool = False) -> dict:
+    """What a sweep's scores depend on (rmjax.outputs): computable before the model loads."""
+    requested = None if token_ids is None else fingerprint(np.asarray(list(token_ids), np.int64))
+    return {"job": "sweep", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
+            "prompts": dict(prompts), "token_ids": requested, "limit": limit, "mode": mode, "template": template,
+            "text_add_special_tokens": bool(text_add_special_tokens)}
+
+
+def plot_path(out: str | Path) -> Path:
+    return Path(out).with_suffix(".png")
 
 
 def sweep(
@@ -87,78 +109,102 @@ def sweep(
     out: str | Path | None = None,
     progress_every: float = 5.0,
     text_add_special_tokens: bool = False,
+    overwrite: bool = False,
+    allow_nonfinite: bool = False,
 ) -> pd.DataFrame:
     """Reward of every candidate for every prompt; resumable when `out` is given.
 
-    Completed chunks go to `<out>.chunks/`; an interrupted run restarted with the same settings
-    continues after the last complete chunk. The CSV and its .meta.json appear only when all
-    chunks are done.
+    Completed chunks go to `<out>.chunks/`; an interrupted run restarted with the same inputs
+    (rmjax.outputs identity) continues after the last complete chunk. The CSV and its .meta.json
+    appear only when all chunks are done; a finished result with the same identity is reused.
+    NaN/Inf scores stop the sweep unless `allow_nonfinite`.
     """
+    if mode not in ("token", "text"):
+        raise UsageError(f"mode must be token or text, not {mode!r}")
+    check_prompt_names(prompts, results.KEY_COLUMNS)
+    identity = sweep_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.config.reward_index,
+                              prompts=prompts, token_ids=token_ids, limit=limit, mode=mode, template=template,
+                              text_add_special_tokens=text_add_special_tokens)
+    guard = (claim(out, identity, overwrite=overwrite, owned=[plot_path(out)], store=store_dir(out))
+             if out is not None else contextlib.nullcontext())
+    with guard as decision:
+        if decision is not None and decision.reuse:
+            return results.read_scores_csv(out)
+        start_time = time.perf_counter()
+        tokens = candidate_ids(model, token_ids, limit)
+        _, names_all, decoded_all = chat.token_table(model.tokenizer, model.config.vocab_size)
+        names, decoded = [names_all[i] for i in tokens], [decoded_all[i] for i in tokens]
+        score, sequence = _scorer(model, prompts, mode, template, text_add_special_tokens, tokens, decoded, batch_size)
+        store = _open_store(out, identity, chunk_size) if out is not None else None
+        chunk_size = store.chunk_size if store is not None else chunk_size
+        starts = list(range(0, len(tokens), chunk_size))
+        done = {s for s in starts if store is not None and store.has(s)}
+        barrier("rmjax-sweep-resume")  # every process agrees on the chunks to skip before any is written
+        done_before = sum(min(chunk_size, len(tokens) - s) for s in done)
+        progress = Progress(len(tokens), f"sweep {mode}", every=progress_every, done=done_before)
+        if done_before:
+            progress.update(0, force=True)
+
+        def check(scores: np.ndarray, offset: int) -> dict | None:
+            return finite.check(scores, what="scores", columns=list(prompts), allow=allow_nonfinite,
+                                row=lambda i: f"token {int(tokens[offset + i])} ({decoded[offset + i]!r})",
+                                explain=lambda i, j: finite.diagnose(model, sequence(offset + i, j)))
+
+        chunks = []
+        for s in starts:
+            rows = range(s, min(s + chunk_size, len(tokens)))
+            if s in done:
+                chunks.append(store.read(s, (len(rows), len(prompts))))
+                continue
+            scores = score(rows)
+            check(scores, s)  # stops before a bad chunk is stored
+            if store is not None and is_main():
+                store.write(s, scores)
+            chunks.append(scores)
+            progress.update(len(rows))
+        table = np.concatenate(chunks) if chunks else np.zeros((0, len(prompts)), np.float32)
+        nonfinite = check(table, 0)  # also covers chunks resumed from disk
+        df = pd.DataFrame({"token_id": tokens, "token_name": names, "token_decoded": decoded})
+        for j, name in enumerate(prompts):
+            df[name] = table[:, j]
+        seconds = time.perf_counter() - start_time
+        if out is not None and is_main():
+            columns = {n: table[:, j] for j, n in enumerate(prompts)}
+            path = results.write_scores_csv(out, tokens, names, decoded, columns)
+            scored = len(tokens) - done_before
+            results.write_meta(
+                path, kind="sweep", identity=identity, model=model.source, architecture=model.config.architecture,
+                output_column=model.config.reward_index, prompts=prompts, mode=mode, template=template,
+                dtype=model.dtype, mesh=dict(model.mesh.shape) if model.mesh is not None else None,
+                n_candidates=len(tokens), resumed_candidates=done_before, batch_size=batch_size,
+                chunk_size=chunk_size, nonfinite=nonfinite, seconds=seconds, load_seconds=model.load_seconds,
+                candidates_per_second=scored * len(prompts) / seconds if seconds > 0 else None,
+            )
+            store.remove()
+        return df
+
+
+def _scorer(model: Model, prompts: dict[str, str], mode: str, template: str, text_add_special_tokens: bool,
+            tokens: np.ndarray, decoded: list[str], batch_size: int):
+    """(score(rows) -> [len(rows), prompts], sequence(row, prompt) -> the full token ids it scored)."""
     from rmjax import textscore
 
-    if mode not in ("token", "text"):
-        raise ValueError(f"mode must be token or text, not {mode!r}")
-    start_time = time.perf_counter()
-    tokens = candidate_ids(model, token_ids, limit)
-    ids_all, names_all, decoded_all = chat.token_table(model.tokenizer, model.config.vocab_size)
-    names = [names_all[i] for i in tokens]
-    decoded = [decoded_all[i] for i in tokens]
     if mode == "token":
         contexts = [prepare_prompt(model, n, t, template) for n, t in prompts.items()]
-    else:
-        scorers = [textscore.TextScorer(model, t, template, text_add_special_tokens) for t in prompts.values()]
-    store = None
-    if out is not None:
-        identity = {
-            "model": model.source, "dtype": model.dtype, "mode": mode, "template": template,
-            "output_column": model.config.reward_index,
-            "prompts": prompts, "candidates": fingerprint(tokens), "n_candidates": len(tokens),
-            "chunk_size": chunk_size, "text_add_special_tokens": text_add_special_tokens,
-        }
-        # Process 0 owns the files; the others check the same store once it exists (shared disk).
-        if is_main():
-            store = ChunkStore(out, identity)
-        barrier("rmjax-sweep-store")
-        if not is_main():
-            store = ChunkStore(out, identity, create=False)
-    starts = list(range(0, len(tokens), chunk_size))
-    done = {s for s in starts if store is not None and store.has(s)}
-    barrier("rmjax-sweep-resume")  # every process agrees on the chunks to skip before any is written
-    done_before = sum(min(chunk_size, len(tokens) - s) for s in done)
-    progress = Progress(len(tokens), f"sweep {mode}", every=progress_every, done=done_before)
-    if done_before:
-        progress.update(0, force=True)
-    chunks = []
-    for s in starts:
-        part = tokens[s : s + chunk_size]
-        if s in done:
-            chunks.append(store.read(s))
-            continue
-        if mode == "token":
-            scores = np.stack([score_tokens(model, ctx, part, batch_size) for ctx in contexts], axis=1)
-        else:
-            texts = [decoded[i] for i in range(s, s + len(part))]
-            scores = np.stack([sc.score(texts, batch_size) for sc in scorers], axis=1)
-        if store is not None and is_main():
-            store.write(s, scores)
-        chunks.append(scores)
-        progress.update(len(part))
-    table = np.concatenate(chunks) if chunks else np.zeros((0, len(prompts)), np.float32)
-    df = pd.DataFrame({"token_id": tokens, "token_name": names, "token_decoded": decoded})
-    for j, name in enumerate(prompts):
-        df[name] = table[:, j]
-    seconds = time.perf_counter() - start_time
-    scored = len(tokens) - done_before
-    if out is not None and is_main():
-        path = results.write_scores_csv(out, tokens, names, decoded, {n: table[:, j] for j, n in enumerate(prompts)})
-        results.write_meta(
-            path, kind="sweep", model=model.source, architecture=model.config.architecture,
-            output_column=model.config.reward_index,
-            prompts=prompts, mode=mode, template=template, dtype=model.dtype,
-            mesh=dict(model.mesh.shape) if model.mesh is not None else None,
-            n_candidates=len(tokens), resumed_candidates=done_before, batch_size=batch_size,
-            seconds=seconds, load_seconds=model.load_seconds,
-            candidates_per_second=scored * len(prompts) / seconds if seconds > 0 else None,
-        )
-        store.remove()
-    return df
+        return (lambda rows: np.stack([score_tokens(model, c, tokens[rows.start : rows.stop], batch_size)
+                                       for c in contexts], axis=1),
+                lambda row, col: contexts[col].split.ids_with([int(tokens[row])]))
+    scorers = [textscore.TextScorer(model, t, template, text_add_special_tokens) for t in prompts.values()]
+    return (lambda rows: np.stack([sc.score([decoded[i] for i in rows], batch_size) for sc in scorers], axis=1),
+            lambda row, col: scorers[col].token_ids([decoded[row]])[0])
+
+
+def _open_store(out: str | Path, identity: dict, chunk_size: int) -> ChunkStore:
+    """Process 0 owns the files; the others open the same store once it exists (shared disk)."""
+    store = ChunkStore(out, identity, chunk_size) if is_main() else None
+    barrier("rmjax-sweep-store")
+    if store is None:
+        store = ChunkStore(out, identity, chunk_size, create=False)
+    if store.chunk_size != chunk_size and is_main():
+        print(f"resuming {store.dir} with its chunk size {store.chunk_size}", file=sys.stderr)
+    return store

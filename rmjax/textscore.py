@@ -9,15 +9,21 @@ only the remainder; rows that tokenize differently across the boundary run the f
 from __future__ import annotations
 
 import collections
+import time
+from pathlib import Path
 
 import numpy as np
 
-from rmjax import chat
+from rmjax import chat, finite, results
 from rmjax import model as M
-from rmjax.distributed import to_host
+from rmjax.distributed import is_main, to_host
+from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.loading import Model
+from rmjax.loading.fingerprint import hash_json, model_fingerprint
+from rmjax.outputs import claim
 from rmjax.prefix import effective_batch_size, prefill_prefix, shard_batch
 from rmjax.progress import Progress
+from rmjax.prompts import check_prompt_names
 
 LENGTH_BUCKET = 4  # remainders are right-padded to a multiple of this (few compilations)
 
@@ -66,7 +72,7 @@ class TextScorer(Conversations):
     def score(self, responses: list[str], batch_size: int = 256) -> np.ndarray:
         """Reward of each response: [N] float32."""
         if not self.model.config.is_reward_model:
-            raise ValueError(f"{self.model.source} has no score head; text scoring needs a reward model.")
+            raise UsageError(f"{self.model.source} has no score head; text scoring needs a reward model.")
         params, cfg, cache = self.model.params, self.model.config, self.cache
 
         def reward(ids, mask, cached: bool):
@@ -94,7 +100,8 @@ class TextScorer(Conversations):
         cached, full = collections.defaultdict(list), collections.defaultdict(list)
         for i, ids in enumerate(self.token_ids(responses)):
             if len(ids) > max_pos:
-                raise ValueError(f"response {responses[i][:40]!r} makes {len(ids)} tokens > context {max_pos}.")
+                raise PromptTooLongError(f"response {responses[i][:40]!r} makes {len(ids)} tokens, more than the "
+                                         f"model's context of {max_pos} (max_position_embeddings).")
             if len(ids) > p and ids[:p] == self.prefix:
                 cached[_bucket(len(ids) - p)].append((i, ids[p:]))
             else:
@@ -121,7 +128,46 @@ class TextScorer(Conversations):
 
 
 def score_texts(model: Model, prompts: dict[str, str], texts: list[str], template: str = "auto",
-                batch_size: int = 256, add_special_tokens: bool = False) -> dict[str, np.ndarray]:
-    """{prompt name: reward of each text as the assistant response}."""
-    return {name: TextScorer(model, text, template, add_special_tokens).score(texts, batch_size)
-            for name, text in prompts.items()}
+                batch_size: int = 256, add_special_tokens: bool = False,
+                allow_nonfinite: bool = False) -> dict[str, np.ndarray]:
+    """{prompt name: reward of each text as the assistant response}; NaN/Inf stop it unless allowed."""
+    scorers = {name: TextScorer(model, text, template, add_special_tokens) for name, text in prompts.items()}
+    scores = {name: sc.score(texts, batch_size) for name, sc in scorers.items()}
+    names = list(scores)
+    finite.check(np.stack([scores[n] for n in names], axis=1), what="rewards", columns=names, allow=allow_nonfinite,
+                 row=lambda i: f"text {texts[i]!r}",
+                 explain=lambda i, j: finite.diagnose(model, scorers[names[j]].token_ids([texts[i]])[0]))
+    return scores
+
+
+TEXT_COLUMNS = ("text",)
+
+
+def text_scores_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
+                         texts: list[str], template: str = "auto") -> dict:
+    return {"job": "score", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
+            "prompts": dict(prompts), "texts": hash_json(list(texts)), "n_texts": len(texts), "template": template}
+
+
+def write_text_scores(model: Model, prompts: dict[str, str], texts: list[str], out: str | Path,
+                      template: str = "auto", batch_size: int = 256, overwrite: bool = False,
+                      allow_nonfinite: bool = False) -> Path:
+    """`text, <one column per prompt>` CSV + .meta.json (reused when a finished one has the same identity)."""
+    check_prompt_names(prompts, TEXT_COLUMNS)
+    identity = text_scores_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, texts=texts,
+                                    output_column=model.config.reward_index, template=template)
+    with claim(out, identity, overwrite=overwrite) as decision:
+        if decision.reuse:
+            return Path(out)
+        start = time.perf_counter()
+        scores = score_texts(model, prompts, texts, template, batch_size, allow_nonfinite=allow_nonfinite)
+        seconds = time.perf_counter() - start
+        if not is_main():
+            return Path(out)
+        nonfinite = finite.check(np.stack(list(scores.values()), axis=1), what="rewards", columns=list(scores),
+                                 allow=True, row=lambda i: f"text {texts[i]!r}")
+        path = results.write_table(out, {"text": texts}, scores)
+        results.write_meta(path, kind="score_texts", identity=identity, model=model.source, prompts=prompts,
+                           dtype=model.dtype, output_column=model.config.reward_index, n_texts=len(texts),
+                           nonfinite=nonfinite, seconds=seconds, load_seconds=model.load_seconds)
+        return path

@@ -18,6 +18,7 @@ from scipy import stats as scipy_stats
 
 from rmjax.analysis import lexicons, stats
 from rmjax.analysis.data import ScoreTable, common_prompts, read_table
+from rmjax.errors import MissingFileError
 
 AGENCY, COMMUNION = lexicons.AGENCY, lexicons.COMMUNION
 Lexicon = dict[str, Sequence[str]] | lexicons.StemMatcher
@@ -89,7 +90,7 @@ def load_checkpoints(directory: str | Path) -> list[tuple[int, ScoreTable]]:
             frame, string_column = read_table(path)
             found.append((int(match.group(1)), ScoreTable(path.stem, path.stem, frame, string_column, path)))
     if not found:
-        raise FileNotFoundError(f"no step_<N>.csv score tables in {directory}.")
+        raise MissingFileError(f"no step_<N>.csv score tables in {directory}.")
     return sorted(found, key=lambda item: item[0])
 
 

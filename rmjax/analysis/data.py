@@ -19,6 +19,7 @@ import pandas as pd
 import yaml
 
 from rmjax import results
+from rmjax.errors import InputFileError, MissingFileError, UsageError
 
 TOKEN_KEYS = ["token_id", "token_name", "token_decoded"]
 TEXT_KEYS = ["text"]
@@ -50,18 +51,35 @@ class ScoreTable:
 
 
 def read_table(path: str | Path) -> tuple[pd.DataFrame, str]:
-    """A score/log-prob table (token schema) or a scored-text table (`text, <prompts>`), NA parsing off."""
+    """A score/log-prob table (token schema) or a scored-text table (`text, <prompts>`), NA parsing off.
+
+    A table with NaN/Inf scores (written with --allow_nonfinite) is refused, naming its rows."""
     path = Path(path)
-    with open(path, encoding="utf-8") as f:
-        header = f.readline()
-    if header.lstrip().startswith(('"text"', "text")):
-        return results.read_scores_csv(path, n_keys=1), "text"
-    frame = results.read_scores_csv(path)
-    missing = [c for c in TOKEN_KEYS if c not in frame.columns]
+    try:
+        with open(path, encoding="utf-8") as f:
+            header = f.readline()
+        if header.lstrip().startswith(('"text"', "text")):
+            frame, string_column = results.read_scores_csv(path, n_keys=1), "text"
+        else:
+            frame, string_column = results.read_scores_csv(path), "token_decoded"
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
+        raise InputFileError(f"{path}: not a readable score table ({' '.join(str(error).split())[:200]}).") from None
+    missing = [c for c in TOKEN_KEYS if c not in frame.columns] if string_column == "token_decoded" else []
     if missing:
-        raise ValueError(f"{path}: not a score table (missing columns {missing}); expected "
+        raise UsageError(f"{path}: not a score table (missing columns {missing}); expected "
                          "token_id, token_name, token_decoded, <one column per prompt> or text, <prompts>.")
-    return frame, "token_decoded"
+    keys = TOKEN_KEYS if string_column == "token_decoded" else TEXT_KEYS
+    values = frame[[c for c in frame.columns if c not in keys]].to_numpy(np.float64)
+    bad = ~np.isfinite(values).all(axis=1)
+    if bad.any():
+        rows = frame[bad].head(5)
+        label = (lambda r: f"token {r['token_id']} {r['token_decoded']!r}") if string_column == "token_decoded" \
+            else (lambda r: f"text {r['text']!r}")
+        raise InputFileError(
+            f"{path}: {int(bad.sum())} rows have NaN/Inf scores (first: "
+            f"{'; '.join(label(r) for _, r in rows.iterrows())}); it was written with --allow_nonfinite. Fix the "
+            "model and rerun the sweep, or remove those rows before analyzing.")
+    return frame, string_column
 
 
 def source_name(path: str | Path) -> str:
@@ -88,9 +106,9 @@ def expand_paths(spec: str | Path | Sequence[str | Path]) -> list[Path]:
         elif item.is_file():
             paths.append(item)
         else:
-            raise FileNotFoundError(f"score table or directory {item} not found.")
+            raise MissingFileError(f"score table or directory {item} not found.")
     if not paths:
-        raise FileNotFoundError(f"no *.csv score tables in {spec}.")
+        raise MissingFileError(f"no *.csv score tables in {spec}.")
     return paths
 
 
@@ -109,7 +127,7 @@ def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.Data
     labels = [t.model for t in tables]
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
     if duplicated:
-        raise ValueError(f"several score tables are for the same model {duplicated}; pass one file per model.")
+        raise UsageError(f"several score tables are for the same model {duplicated}; pass one file per model.")
     return tables
 
 
@@ -121,7 +139,7 @@ def parameters_in_billions(size: str | float | int | None) -> float:
         return float(size)
     match = re.fullmatch(r"\s*([0-9.]+)\s*([KMBT]?)\s*", str(size), flags=re.IGNORECASE)
     if not match:
-        raise ValueError(f"cannot read a parameter count from size {size!r} (expected e.g. 8B or 270M).")
+        raise UsageError(f"cannot read a parameter count from size {size!r} (expected e.g. 8B or 270M).")
     scale = {"": 1.0, "K": 1e-6, "M": 1e-3, "B": 1.0, "T": 1e3}[match.group(2).upper()]
     return float(match.group(1)) * scale
 
@@ -212,7 +230,7 @@ def aligned_scores(tables: Sequence[ScoreTable], prompt: str, vocabulary: Sequen
         aligned = series.reindex(list(vocabulary))
         if aligned.isna().any():
             missing = list(aligned.index[aligned.isna()][:5])
-            raise ValueError(f"{t.model}: no unique score for strings {missing} of the shared vocabulary.")
+            raise UsageError(f"{t.model}: no unique score for strings {missing} of the shared vocabulary.")
         columns[t.model] = aligned.to_numpy(np.float64)
     return pd.DataFrame(columns, index=pd.Index(list(vocabulary), name="token_decoded"))
 

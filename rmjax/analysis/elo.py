@@ -17,6 +17,7 @@ from scipy import stats as scipy_stats
 
 from rmjax.analysis import stats
 from rmjax.analysis.data import model_label, slugify
+from rmjax.errors import MissingFileError, UsageError
 
 HUMAN = "Human"
 ITEM_COLUMNS = ["elo_rank", "elo_score", "name", "elo_matches"]
@@ -38,15 +39,15 @@ def load_elo(directory: str | Path, metadata: pd.DataFrame | None = None) -> lis
     """Every EloEverything CSV in `directory`, model columns renamed to nicknames when known."""
     paths = sorted(Path(directory).glob("*.csv"))
     if not paths:
-        raise FileNotFoundError(f"no EloEverything *.csv files in {directory}.")
+        raise MissingFileError(f"no EloEverything *.csv files in {directory}.")
     prompts = []
     for path in paths:
         frame = pd.read_csv(path, keep_default_na=False, na_filter=False, dtype={"name": str}, encoding="utf-8")
         missing = [c for c in ITEM_COLUMNS if c not in frame.columns]
         if missing:
-            raise ValueError(f"{path}: missing EloEverything columns {missing}.")
+            raise UsageError(f"{path}: missing EloEverything columns {missing}.")
         if frame["name"].duplicated().any():
-            raise ValueError(f"{path}: duplicated item names {list(frame['name'][frame['name'].duplicated()][:5])}.")
+            raise UsageError(f"{path}: duplicated item names {list(frame['name'][frame['name'].duplicated()][:5])}.")
         frame = frame.set_index("name")
         model_columns = [c for c in frame.columns if c not in ITEM_COLUMNS]
         scores = frame[model_columns].astype(np.float64)

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from rmjax.analysis.data import ScoreTable, common_prompts, dedupe_keep_max
+from rmjax.errors import UsageError
 
 
 def mwlr(logp_a: np.ndarray, logp_b: np.ndarray) -> np.ndarray:
@@ -31,12 +32,12 @@ def implicit_reward(table_a: ScoreTable, table_b: ScoreTable, prompts: Sequence[
     as `<prompt>:logp_A` / `<prompt>:logp_B`."""
     prompts = list(prompts or common_prompts([table_a, table_b]))
     if not prompts:
-        raise ValueError(f"{table_a.model} and {table_b.model} have no prompt column in common.")
+        raise UsageError(f"{table_a.model} and {table_b.model} have no prompt column in common.")
     a = dedupe_keep_max(table_a, prompts)
     b = dedupe_keep_max(table_b, prompts)
     shared = a.index.intersection(b.index).sort_values()
     if len(shared) == 0:
-        raise ValueError(f"{table_a.model} and {table_b.model} share no decoded string.")
+        raise UsageError(f"{table_a.model} and {table_b.model} share no decoded string.")
     a, b = a.loc[shared], b.loc[shared]
     out = pd.DataFrame(index=pd.Index(shared, name="text"))
     for prompt in prompts:

@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rmjax.errors import RmjaxError, UsageError
+
 AGENCY, COMMUNION = "agency", "communion"
 
 
-class MissingLexiconError(RuntimeError):
+class MissingLexiconError(RmjaxError, RuntimeError):
     """A word list that ships inside a pip package is not installed."""
 
 
@@ -117,7 +119,7 @@ def load_bigtwo(path: str | Path | None = None, variant: str = "a") -> dict[str,
                 category = row["category"].strip().lower()
                 key = AGENCY if category.startswith("agen") else COMMUNION if category.startswith("comm") else None
                 if key is None:
-                    raise ValueError(f"{path}: category {row['category']!r} is neither agency nor communion.")
+                    raise UsageError(f"{path}: category {row['category']!r} is neither agency nor communion.")
                 lexicon[key].append(row["word"].strip().lower())
         return lexicon
     data = json.loads(Path(path or bigtwo_nvm_path()).read_text(encoding="utf-8"))
@@ -141,7 +143,7 @@ class StemMatcher:
             for stem in stems:
                 stem = stem.strip().lower()
                 if "*" in stem[:-1]:
-                    raise ValueError(f"stem {stem!r}: '*' is only allowed at the end.")
+                    raise UsageError(f"stem {stem!r}: '*' is only allowed at the end.")
                 target = self.prefixes if stem.endswith("*") else self.exact
                 target.setdefault(stem.rstrip("*"), set()).add(category)
         self.lengths = sorted({len(p) for p in self.prefixes})

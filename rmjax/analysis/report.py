@@ -3,6 +3,7 @@ to one folder, and a short report of the headline numbers (report.md, also print
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -10,10 +11,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rmjax import results
+from rmjax import locks, results
 from rmjax.analysis import bigtwo, data, lexicons, paper1, plots, stats
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
+from rmjax.errors import MissingFileError, OutputExistsError, UsageError
+from rmjax.outputs import check_writable
+from rmjax.results import dump_json
 
 
 def write_frame(path: str | Path, frame: pd.DataFrame) -> Path:
@@ -42,20 +46,50 @@ def markdown(frame: pd.DataFrame, digits: int = 3) -> str:
     return "\n".join(lines)
 
 
-class Outputs:
-    """Collects what a run wrote and the report's lines."""
+MANIFEST = "analysis.json"  # the files an analysis wrote into its folder (what --overwrite may remove)
 
-    def __init__(self, out: str | Path):
+
+def prepare_folder(out: Path, overwrite: bool) -> None:
+    """An analysis writes into an empty folder, or with --overwrite into one holding only an earlier
+    analysis's files (which are removed first, so no stale table or figure survives)."""
+    check_writable(out, folder=True)
+    present = sorted(p.name for p in out.iterdir())
+    if not present:
+        return
+    if not overwrite:
+        raise OutputExistsError(f"--out={out} is not empty ({len(present)} files, e.g. {present[0]}); pass "
+                                "--overwrite to replace an earlier analysis there, or choose a new folder.")
+    manifest = out / MANIFEST
+    ours = set(json.loads(manifest.read_text()).get("files", [])) | {MANIFEST} if manifest.is_file() else set()
+    foreign = [name for name in present if name not in ours]
+    if foreign:
+        raise OutputExistsError(f"--out={out} holds files no rmjax analysis wrote ({', '.join(foreign[:3])}"
+                                f"{', …' if len(foreign) > 3 else ''}); --overwrite replaces only an earlier "
+                                "analysis: choose a new folder.")
+    for name in present:
+        (out / name).unlink()
+
+
+class Outputs:
+    """Collects what a run wrote (listed in analysis.json as it goes) and the report's lines."""
+
+    def __init__(self, out: str | Path, overwrite: bool = False):
         self.out = Path(out)
-        self.out.mkdir(parents=True, exist_ok=True)
+        prepare_folder(self.out, overwrite)
         self.tables: dict[str, str] = {}
         self.figures: dict[str, str] = {}
         self.lines: list[str] = []
         self.skipped: list[str] = []
         self.headline: dict = {}
+        self.files: list[str] = []
+
+    def wrote(self, path: str | Path, complete: bool = False) -> str:
+        self.files.append(Path(path).name)
+        dump_json({"files": self.files, "complete": complete}, self.out / MANIFEST)
+        return str(path)
 
     def table(self, name: str, frame: pd.DataFrame) -> pd.DataFrame:
-        self.tables[name] = str(write_frame(self.out / f"{name}.csv", frame))
+        self.tables[name] = self.wrote(write_frame(self.out / f"{name}.csv", frame))
         return frame
 
     def matrix(self, name: str, matrix: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +97,7 @@ class Outputs:
         return matrix
 
     def figure(self, name: str, draw: Callable[..., Path], *args, **kwargs) -> None:
-        self.figures[name] = str(draw(*args, path=self.out / f"{name}.png", **kwargs))
+        self.figures[name] = self.wrote(draw(*args, path=self.out / f"{name}.png", **kwargs))
 
     def say(self, *lines: str) -> None:
         self.lines.extend(lines)
@@ -85,11 +119,11 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
                     rbo_p: float, rbo_depth: int, framing: tuple[str, str], seed: int) -> None:
     prompts = data.common_prompts(tables)
     if not prompts:
-        raise ValueError(f"the score tables have no prompt column in common: {[t.prompts for t in tables]}.")
+        raise UsageError(f"the score tables have no prompt column in common: {[t.prompts for t in tables]}.")
     labels = [t.model for t in tables]
     vocabulary = data.shared_vocabulary(tables)
-    results.write_table(outputs.out / "paper1_shared_vocabulary.csv", {"token_decoded": vocabulary}, {})
-    outputs.tables["paper1_shared_vocabulary"] = str(outputs.out / "paper1_shared_vocabulary.csv")
+    outputs.tables["paper1_shared_vocabulary"] = outputs.wrote(
+        results.write_table(outputs.out / "paper1_shared_vocabulary.csv", {"token_decoded": vocabulary}, {}))
     outputs.headline["shared_vocabulary_size"] = len(vocabulary)
     outputs.say("## Paper 1: score tables", "",
                 f"{len(tables)} models ({', '.join(labels)}), prompts {prompts}; shared vocabulary "
@@ -258,12 +292,12 @@ def elo_section(outputs: Outputs, directory: str | Path, metadata: pd.DataFrame 
 
 def implicit_section(outputs: Outputs, paths: Sequence[str | Path], lexicon: bigtwo.Lexicon | None, top_k: int) -> None:
     if len(paths) != 2:
-        raise ValueError(f"--implicit takes two log-prob tables A,B; got {list(paths)}.")
+        raise UsageError(f"--implicit takes two log-prob tables A,B; got {list(paths)}.")
     (table_a,), (table_b,) = (data.load_score_tables([path]) for path in paths)  # each alone: same name allowed
     rewards = implicit_lib.implicit_reward(table_a, table_b)
     values = {c: rewards[c].to_numpy() for c in rewards.columns}
-    results.write_table(outputs.out / "implicit_rm.csv", {"text": list(rewards.index)}, values)
-    outputs.tables["implicit_rm"] = str(outputs.out / "implicit_rm.csv")
+    outputs.tables["implicit_rm"] = outputs.wrote(
+        results.write_table(outputs.out / "implicit_rm.csv", {"text": list(rewards.index)}, values))
     top_bottom = outputs.table("implicit_rm_top_bottom", implicit_lib.implicit_top_bottom(rewards, top_k))
     outputs.say(f"## Implicit RM {table_a.model} -> {table_b.model}", "",
                 f"MWLR = 1/2 (p+q)(log q - log p), p = {table_a.model}, q = {table_b.model}, on {len(rewards)} "
@@ -287,48 +321,56 @@ def run_analyses(scores: str | Sequence[str] | None = None, elo: str | Path | No
                  *, bigtwo_dictionary: str | Path | None = None, frequencies: str | Path | None = None,
                  top_k: int = 20, n_boot: int = 1000, n_permutations: int = 10000, rbo_p: float = 0.9,
                  rbo_depth: int = 132, framing: tuple[str, str] = ("best", "worst"), seed: int = 0,
-                 echo: bool = True) -> dict:
+                 echo: bool = True, overwrite: bool = False) -> dict:
     """Run the analyses whose inputs are given; returns {'out', 'report', 'tables', 'figures', 'skipped',
     'headline'} (tables and figures map output names to paths)."""
     if not any([scores, elo, implicit, bigtwo_checkpoints]):
-        raise ValueError("nothing to analyze: give scores, elo, implicit and/or bigtwo_checkpoints.")
-    start = time.perf_counter()
-    outputs = Outputs(out)
-    metadata = data.load_model_metadata(models_yaml) if models_yaml else None
-    needs_lexicon = bool(scores or implicit or bigtwo_checkpoints)
-    lexicon = _load_optional(outputs, "Big Two", lexicons.load_bigtwo, bigtwo_dictionary) if needs_lexicon else None
-    lexicon = None if lexicon is None else lexicons.StemMatcher(lexicon)  # one memo for every table
+        raise UsageError("nothing to analyze: give scores, elo, implicit and/or bigtwo_checkpoints.")
+    for what, path in (("--elo", elo), ("--models_yaml", models_yaml), ("--bigtwo_checkpoints", bigtwo_checkpoints),
+                       ("--bigtwo_dictionary", bigtwo_dictionary), *(("--implicit", p) for p in implicit or ())):
+        if path and not Path(path).exists():
+            raise MissingFileError(f"{what}={path} not found.")
     if scores:
-        tables = data.load_score_tables(scores, metadata)
-        afinn = _load_optional(outputs, "sentiment and frequency", lexicons.load_afinn)
-        frequencies_table = None
-        if frequencies and Path(frequencies).is_file():
-            frequencies_table = lexicons.load_bnc_frequencies(frequencies)
-        else:
-            outputs.skip(f"frequency: BNC word-frequency list {frequencies or '(none given)'} not found "
-                         "(give --frequencies=PATH/1_1_all_alpha.txt).")
-        paper1_analyses(outputs, tables, metadata, afinn, frequencies_table, top_k=top_k, n_boot=n_boot,
-                        n_permutations=n_permutations, rbo_p=rbo_p, rbo_depth=rbo_depth, framing=framing, seed=seed)
-        if lexicon is not None:
-            bigtwo_section(outputs, tables, lexicon, metadata)
-    if elo:
-        elo_section(outputs, elo, metadata, top_k)
-    if implicit:
-        implicit_section(outputs, implicit, lexicon, top_k)
-    if bigtwo_checkpoints and lexicon is not None:
-        steps = bigtwo.load_checkpoints(bigtwo_checkpoints)
-        frame = outputs.table("bigtwo_checkpoints", bigtwo.bigtwo_checkpoints(steps, lexicon))
-        outputs.figure("bigtwo_checkpoints", plots.checkpoint_lines, frame)
-        columns = ["step", "prompt", "median_rank_agency", "median_rank_communion", "rank_biserial"]
-        outputs.say("## Big Two across checkpoints", "", markdown(frame[columns]), "")
-    if outputs.skipped:
-        outputs.say("## Skipped", "", *(f"- {s}" for s in outputs.skipped), "")
-    outputs.say(f"{len(outputs.tables)} tables and {len(outputs.figures)} figures written to {outputs.out} in "
-                f"{time.perf_counter() - start:.1f} s.")
-    text = "# rmjax analysis report\n\n" + "\n".join(outputs.lines) + "\n"
-    report_path = outputs.out / "report.md"
-    report_path.write_text(text, encoding="utf-8")
-    if echo:
-        print(text)
-    return {"out": str(outputs.out), "report": str(report_path), "tables": outputs.tables,
-            "figures": outputs.figures, "skipped": outputs.skipped, "headline": outputs.headline}
+        data.expand_paths(scores)  # every input is there before an earlier analysis is replaced
+    start = time.perf_counter()
+    with locks.hold(out, what=f"--out={out}"):  # one analysis per folder at a time
+        outputs = Outputs(out, overwrite)
+        metadata = data.load_model_metadata(models_yaml) if models_yaml else None
+        needs_lexicon = bool(scores or implicit or bigtwo_checkpoints)
+        lexicon = _load_optional(outputs, "Big Two", lexicons.load_bigtwo, bigtwo_dictionary) if needs_lexicon else None
+        lexicon = None if lexicon is None else lexicons.StemMatcher(lexicon)  # one memo for every table
+        if scores:
+            tables = data.load_score_tables(scores, metadata)
+            afinn = _load_optional(outputs, "sentiment and frequency", lexicons.load_afinn)
+            frequencies_table = None
+            if frequencies and Path(frequencies).is_file():
+                frequencies_table = lexicons.load_bnc_frequencies(frequencies)
+            else:
+                outputs.skip(f"frequency: BNC word-frequency list {frequencies or '(none given)'} not found "
+                             "(give --frequencies=PATH/1_1_all_alpha.txt).")
+            paper1_analyses(outputs, tables, metadata, afinn, frequencies_table, top_k=top_k, n_boot=n_boot,
+                            n_permutations=n_permutations, rbo_p=rbo_p, rbo_depth=rbo_depth, framing=framing, seed=seed)
+            if lexicon is not None:
+                bigtwo_section(outputs, tables, lexicon, metadata)
+        if elo:
+            elo_section(outputs, elo, metadata, top_k)
+        if implicit:
+            implicit_section(outputs, implicit, lexicon, top_k)
+        if bigtwo_checkpoints and lexicon is not None:
+            steps = bigtwo.load_checkpoints(bigtwo_checkpoints)
+            frame = outputs.table("bigtwo_checkpoints", bigtwo.bigtwo_checkpoints(steps, lexicon))
+            outputs.figure("bigtwo_checkpoints", plots.checkpoint_lines, frame)
+            columns = ["step", "prompt", "median_rank_agency", "median_rank_communion", "rank_biserial"]
+            outputs.say("## Big Two across checkpoints", "", markdown(frame[columns]), "")
+        if outputs.skipped:
+            outputs.say("## Skipped", "", *(f"- {s}" for s in outputs.skipped), "")
+        outputs.say(f"{len(outputs.tables)} tables and {len(outputs.figures)} figures written to {outputs.out} in "
+                    f"{time.perf_counter() - start:.1f} s.")
+        text = "# rmjax analysis report\n\n" + "\n".join(outputs.lines) + "\n"
+        report_path = outputs.out / "report.md"
+        report_path.write_text(text, encoding="utf-8")
+        outputs.wrote(report_path, complete=True)
+        if echo:
+            print(text)
+        return {"out": str(outputs.out), "report": str(report_path), "tables": outputs.tables,
+                "figures": outputs.figures, "skipped": outputs.skipped, "headline": outputs.headline}

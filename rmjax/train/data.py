@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rmjax.errors import InputFileError, MissingFileError
+
 
 @dataclasses.dataclass(frozen=True)
 class Pairs:
@@ -32,6 +34,12 @@ class Pairs:
         return Pairs([self.prompt[i] for i in idx], [self.chosen[i] for i in idx],
                      [self.rejected[i] for i in idx], self.label[idx])
 
+    def digest(self) -> str:
+        """Content digest (part of a training run's identity)."""
+        from rmjax.loading.fingerprint import hash_json
+
+        return hash_json([self.prompt, self.chosen, self.rejected, [float(x) for x in self.label]])
+
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame({"prompt": self.prompt, "chosen": self.chosen, "rejected": self.rejected,
                              "label": self.label})
@@ -41,17 +49,26 @@ def read_pairs(path: str | Path) -> Pairs:
     """CSV or JSONL with columns prompt, chosen, rejected and optional label (soft, in [0, 1])."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"preference file {path} not found.")
-    if path.suffix in (".jsonl", ".json"):
-        df = pd.DataFrame([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()])
-    else:
-        df = pd.read_csv(path, keep_default_na=False, dtype={"prompt": str, "chosen": str, "rejected": str})
+        raise MissingFileError(f"preference file {path} not found.")
+    try:
+        if path.suffix in (".jsonl", ".json"):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            df = pd.DataFrame([json.loads(line) for line in lines if line.strip()])
+        else:
+            df = pd.read_csv(path, keep_default_na=False, dtype={"prompt": str, "chosen": str, "rejected": str})
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
+        raise InputFileError(f"{path}: cannot be read as preference pairs ({' '.join(str(error).split())}).") from None
     missing = {"prompt", "chosen", "rejected"} - set(df.columns)
     if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)} (need prompt, chosen, rejected[, label]).")
-    label = df["label"].astype(float).to_numpy() if "label" in df else np.ones(len(df))
-    if ((label < 0) | (label > 1)).any():
-        raise ValueError(f"{path}: label must be a probability in [0, 1].")
+        raise InputFileError(f"{path}: missing columns {sorted(missing)} (need prompt, chosen, rejected[, label]).")
+    if not len(df):
+        raise InputFileError(f"{path}: no preference pairs.")
+    try:
+        label = df["label"].astype(float).to_numpy() if "label" in df else np.ones(len(df))
+    except (TypeError, ValueError):
+        raise InputFileError(f"{path}: label must be a number in [0, 1].") from None
+    if not np.isfinite(label).all() or ((label < 0) | (label > 1)).any():
+        raise InputFileError(f"{path}: label must be a probability in [0, 1].")
     return Pairs(df["prompt"].astype(str).tolist(), df["chosen"].astype(str).tolist(),
                  df["rejected"].astype(str).tolist(), label.astype(np.float32))
 
@@ -68,10 +85,15 @@ def elo_probability(elo_i: np.ndarray, elo_j: np.ndarray) -> np.ndarray:
 def read_elo_items(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"EloEverything file {path} not found (expected ../shared/data/elo/*.csv).")
-    df = pd.read_csv(path, keep_default_na=False, dtype={"name": str})
+        raise MissingFileError(f"EloEverything file {path} not found (expected ../shared/data/elo/*.csv).")
+    try:
+        df = pd.read_csv(path, keep_default_na=False, dtype={"name": str})
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
+        raise InputFileError(f"{path}: not a readable CSV ({' '.join(str(error).split())}).") from None
     if not {"name", "elo_score"} <= set(df.columns):
-        raise ValueError(f"{path}: expected columns name and elo_score.")
+        raise InputFileError(f"{path}: expected columns name and elo_score.")
+    if not np.isfinite(pd.to_numeric(df["elo_score"], errors="coerce")).all():
+        raise InputFileError(f"{path}: elo_score must be a number in every row.")
     return df[["name", "elo_score"]].drop_duplicates("name").reset_index(drop=True)
 
 

@@ -20,10 +20,16 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
+from rmjax import checks, finite
 from rmjax import model as M
+from rmjax.distributed import is_main
+from rmjax.errors import NonFiniteError, UsageError
+from rmjax.loading.fingerprint import model_fingerprint
 from rmjax.loading.hf import Model
+from rmjax.outputs import claim
 from rmjax.prefix import shard_batch
 from rmjax.progress import Progress
+from rmjax.results import dump_json
 from rmjax.textscore import TextScorer
 from rmjax.train.data import Pairs
 from rmjax.train.rm import bradley_terry_loss
@@ -45,6 +51,37 @@ class TrainConfig:
     template: str = "auto"
     feature_batch_size: int = 256
 
+    def __post_init__(self):
+        checks.validate(self, {
+            "trainable": checks.one_of("head", "last_k", "full"), "last_k": checks.POSITIVE,
+            "steps": checks.POSITIVE, "batch_size": checks.POSITIVE, "learning_rate": checks.GREATER_THAN_ZERO,
+            "warmup_steps": checks.NON_NEGATIVE, "weight_decay": checks.NON_NEGATIVE,
+            "clip_norm": checks.GREATER_THAN_ZERO, "checkpoint_every": checks.POSITIVE,
+            "keep_checkpoints": checks.POSITIVE, "feature_batch_size": checks.POSITIVE,
+            "template": checks.one_of("auto", "chat", "plain"),
+        })
+
+
+# Settings that do not change the trained parameters: a run may resume with other values.
+NOT_IN_IDENTITY = ("checkpoint_every", "keep_checkpoints", "feature_batch_size")
+
+
+def train_identity(model_fingerprint: dict, dtype: str, train: Pairs, heldout: Pairs, cfg: TrainConfig) -> dict:
+    """What a training run's checkpoints depend on (rmjax.outputs): base model, data, every setting."""
+    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
+    if cfg.trainable != "last_k":
+        del config["last_k"]  # unused
+    return {"job": "train_rm", "model": model_fingerprint, "dtype": dtype, "train": train.digest(),
+            "heldout": heldout.digest(), "config": config}
+
+
+def claim_workdir(workdir: Path, identity: dict, overwrite: bool):
+    """The workdir holds one run (its identity in run.json): continue it, or refuse another's."""
+    return claim(workdir, identity, overwrite=overwrite, meta=workdir / RUN_FILE, folder=True, flag="--workdir")
+
+
+RUN_FILE = "run.json"
+
 
 @dataclasses.dataclass
 class TrainResult:
@@ -54,6 +91,7 @@ class TrainResult:
     seconds: float
     steps_per_second: float
     resumed_from: int | None
+    workdir: Path | None = None
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -84,13 +122,14 @@ class _Features:
         for p in pairs:
             for prompt, a, b in zip(p.prompt, p.chosen, p.rejected, strict=True):
                 by_prompt.setdefault(prompt, set()).update((a, b))
-        self.index, rows = {}, []
+        self.index, rows, self.texts = {}, [], []
         for prompt, texts in by_prompt.items():
             texts = sorted(texts)
             feats = TextScorer(model, prompt, template).features(texts, batch_size)
             for t, f in zip(texts, feats, strict=True):
                 self.index[(prompt, t)] = len(rows)
                 rows.append(f)
+                self.texts.append((prompt, t))
         self.matrix = np.stack(rows).astype(np.float32)
 
     def pair_rows(self, p: Pairs) -> tuple[np.ndarray, np.ndarray]:
@@ -131,19 +170,34 @@ def _layer_mask(model: Model, cfg: TrainConfig) -> M.Params:
 
 
 def train_reward_model(
-    model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: str | Path, log=print
+    model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: str | Path, log=print,
+    overwrite: bool = False,
 ) -> TrainResult:
-    """Train `model` (a reward model with a score head) on `train`; evaluate on `heldout`."""
-    if cfg.trainable not in ("head", "last_k", "full"):
-        raise ValueError(f"trainable must be head, last_k or full, not {cfg.trainable!r}")
+    """Train `model` (a reward model with a score head) on `train`; evaluate on `heldout`.
+
+    `workdir` belongs to one run (model, data, settings: `train_identity`): the same call resumes it
+    from its last checkpoint, another run's workdir is refused unless `overwrite` (which clears it).
+    """
+    if cfg.trainable == "last_k" and cfg.last_k > model.config.num_layers:
+        raise UsageError(f"--last_k={cfg.last_k}: {model.source} has {model.config.num_layers} layers.")
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    identity = train_identity(model_fingerprint(model), model.dtype, train, heldout, cfg)
+    with claim_workdir(workdir, identity, overwrite) as decision:
+        if not decision.reuse and is_main():
+            workdir.mkdir(parents=True, exist_ok=True)
+            dump_json({"identity": identity}, workdir / RUN_FILE)
+        return _train(model, train, heldout, cfg, workdir, log)
+
+
+def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log) -> TrainResult:
     opt = make_optimizer(cfg)
     start = time.perf_counter()
     if cfg.trainable == "head":
         feats = _Features(model, [train, heldout], cfg.template, cfg.feature_batch_size)
         train_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(train))
         held_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(heldout))
+        finite.check(feats.matrix, what="features (final hidden states)", columns=["hidden"], allow=False,
+                     row=lambda i: f"response {feats.texts[i][1]!r}")
         matrix = jnp.asarray(feats.matrix)
         log(f"features of {len(feats.matrix)} distinct responses in {time.perf_counter() - start:.1f} s")
 
@@ -206,6 +260,11 @@ def train_reward_model(
         idx = batch_indices(len(train), cfg.batch_size, cfg.seed, step)
         label = jnp.asarray(train.label[idx])
         params, opt_state, loss = step_fn(params, opt_state, shard_batch(model, idx), label)
+        if not np.isfinite(float(loss)):
+            raise NonFiniteError(
+                f"training loss is {float(loss)} at step {step + 1}; the run stops (checkpoints up to step "
+                f"{manager.latest_step() or 0} in {workdir} are intact). Lower --learning_rate or --clip_norm, or "
+                "check the data and the model for NaN.")
         history.append({"step": step + 1, "loss": float(loss)})
         progress.update(1)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
@@ -222,7 +281,7 @@ def train_reward_model(
     loop_seconds = time.perf_counter() - loop_start
     final = params if cfg.trainable != "head" else dataclasses.replace(model.params, score=params["score"])
     return TrainResult(
-        model=dataclasses.replace(model, params=final),
+        model=dataclasses.replace(model, params=final, fingerprint=None),  # trained: no longer the loaded files
         history=history,
         evals=evals,
         seconds=time.perf_counter() - start,

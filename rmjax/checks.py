@@ -1,0 +1,32 @@
+"""Range checks of settings, declared once per config dataclass and run when it is built.
+
+Entry points build their config before any model loads, so a bad value stops the job at once with
+one line naming the flag (flags share the fields' names), the value and the allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from rmjax.errors import UsageError
+
+Rule = tuple[Callable[[object], bool], str]
+
+POSITIVE: Rule = (lambda v: v >= 1, "an integer >= 1")
+NON_NEGATIVE: Rule = (lambda v: v >= 0, ">= 0")
+GREATER_THAN_ZERO: Rule = (lambda v: v > 0, "> 0")
+
+
+def one_of(*choices: str) -> Rule:
+    return (lambda v: v in choices, "one of " + ", ".join(choices))
+
+
+def validate(config, rules: dict[str, Rule]) -> None:
+    """UsageError for the first field of `config` outside its rule (None passes: 'not set')."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name in rules and value is not None:
+            ok, allowed = rules[field.name]
+            if not ok(value):
+                raise UsageError(f"--{field.name}={value}: must be {allowed}.")
