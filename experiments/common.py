@@ -1,17 +1,21 @@
-"""Flags shared by the entry points and the one way they load a model."""
+"""Flags shared by the model-running entry points and the one way they load a model.
+
+Outputs are claimed (`claim_output`: writable, locked, not another run's) and every flag checked
+before the model loads; entry points end through `run` (experiments.cli).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-import jax
 from absl import flags
 from absl import logging as absl_logging
 
-from rmjax import distributed, sharding
+from experiments.cli import run  # noqa: F401  (entry points call common.run)
 from rmjax.config import ModelConfig
-from rmjax.loading import Model, load, peek
+from rmjax.errors import UsageError
 
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
                             "Model spec: a checkpoint folder, a .gguf file, or a builtin name "
@@ -27,12 +31,33 @@ TEMPLATE = flags.DEFINE_enum("template", "auto", ["auto", "chat", "plain"],
                              "(base models); auto: chat when the tokenizer has one.")
 COORDINATOR = flags.DEFINE_string("coordinator", None,
                                   "Multi-host: coordinator host:port of jax.distributed (or $RMJAX_COORDINATOR).")
-NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.", lower_bound=1)
 OUTPUT_COLUMN = flags.DEFINE_integer(
     "output_column", 0, "Which reward-head output to use: 0 the preference score; with several labels or a "
     "multi-objective head (ArmoRM, QRM, URM) 1.. the objectives (URM: 1 is μ_helpfulness, what loading it "
-    "without remote code reports).")
-PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index (0 writes the results).")
+    "without remote code reports).", lower_bound=0)
+PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index (0 writes the results).",
+                                  lower_bound=0)
+OVERWRITE = flags.DEFINE_bool("overwrite", False,
+                              "Replace an existing result at the output path. Without it a result of another run is "
+                              "refused, and a finished result of the same inputs is reused.")
+ALLOW_NONFINITE = flags.DEFINE_bool("allow_nonfinite", False,
+                                    "Write NaN/Inf scores instead of stopping (they are counted in .meta.json).")
+
+
+def _mesh_spec_is_valid(spec: str) -> bool:
+    from rmjax.sharding import parse_mesh_spec
+
+    if not spec:
+        return True
+    try:
+        parse_mesh_spec(spec)
+    except ValueError as error:
+        raise flags.ValidationError(str(error)) from None
+    return True
+
+
+flags.register_validator("mesh", _mesh_spec_is_valid)
 
 
 def quiet_logs() -> None:
@@ -40,25 +65,61 @@ def quiet_logs() -> None:
     absl_logging.set_verbosity(absl_logging.WARNING)
 
 
+_mesh: list = []
+
+
+def start():
+    """Once per job, before anything touches a device: logs, multi-host initialization, the mesh
+    (checked against the devices there are). Returns the mesh (None without --mesh)."""
+    if not _mesh:
+        from rmjax import distributed, sharding
+
+        quiet_logs()
+        distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
+        try:
+            _mesh.append(sharding.make_mesh(MESH.value) if MESH.value else None)
+        except ValueError as error:
+            raise UsageError(f"--mesh={MESH.value}: {error}") from None
+    return _mesh[0]
+
+
+def fingerprint(spec: str | None = None) -> dict:
+    """The content fingerprint of --model (or `spec`) without loading it."""
+    from rmjax.loading import fingerprint as of_spec
+
+    start()
+    return of_spec(spec or MODEL.value)
+
+
+@contextlib.contextmanager
+def claim_output(out: str, identity: dict, **kwargs) -> Iterator:
+    """rmjax.outputs.claim for --out with --overwrite; says so when a finished result is reused."""
+    from rmjax.outputs import claim
+
+    start()
+    with claim(out, identity, overwrite=OVERWRITE.value, **kwargs) as decision:
+        if decision.reuse:
+            print(f"{out} is already complete for these inputs (same model content, prompts and settings): "
+                  "reusing it; pass --overwrite to recompute.", file=sys.stderr)
+        yield decision
+
+
 def with_output_column(cfg: ModelConfig, column: int, source: str) -> ModelConfig:
     if not 0 <= column < cfg.num_outputs:
-        raise ValueError(f"--output_column={column}: {source} has {cfg.num_outputs} reward outputs "
+        raise UsageError(f"--output_column={column}: {source} has {cfg.num_outputs} reward outputs "
                          f"(0..{cfg.num_outputs - 1}).")
     return cfg.replace(reward_index=column)
 
 
-_started: list[bool] = []
-
-
-def load_model(spec: str | None = None, before_weights: Callable | None = None) -> Model:
+def load_model(spec: str | None = None, before_weights: Callable | None = None):
     """Load `spec` (default --model) on --mesh; `before_weights(config, tokenizer, mesh)` runs first when
     the config can be read without the weights (checkpoint folders), else right after loading."""
-    quiet_logs()
-    if not _started:  # once per job, however many models it loads
-        distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
-        _started.append(True)
+    import jax
+
+    from rmjax.loading import load, peek
+
+    mesh = start()
     spec = spec or MODEL.value
-    mesh = sharding.make_mesh(MESH.value) if MESH.value else None
     peeked = peek(spec) if before_weights is not None else None
     if peeked is not None and peeked[1] is not None:
         before_weights(*peeked, mesh)

@@ -6,26 +6,35 @@ python -m experiments.logprobs --model=smollm2-135m-instruct --prompts=greatest,
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
 from experiments import common
-from rmjax import prompts as prompt_lib
-from rmjax import report
-from rmjax.logprobs import write_logprobs
 
 OUT = flags.DEFINE_string("out", "results/logprobs.csv", "Output CSV (a .meta.json is written beside it).")
-TOP = flags.DEFINE_integer("top", 20, "How many top and bottom tokens to print per prompt.")
+TOP = flags.DEFINE_integer("top", 20, "How many top and bottom tokens to print per prompt.", lower_bound=0)
 
 flags.adopt_module_key_flags(common)
 
 
 def main(argv):
     del argv
+    from rmjax import distributed, report, results
+    from rmjax import prompts as prompt_lib
+    from rmjax.logprobs import logprobs_identity, write_logprobs
+
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    model = common.load_model()
-    path = write_logprobs(model, prompts, OUT.value, common.TEMPLATE.value)
-    print(report.summarize_table(path, TOP.value, what="log-prob"))
+    prompt_lib.check_prompt_names(prompts, results.KEY_COLUMNS)
+    identity = logprobs_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts,
+                                 template=common.TEMPLATE.value)
+    with common.claim_output(OUT.value, identity) as claim:
+        if not claim.reuse:
+            model = common.load_model()
+            write_logprobs(model, prompts, OUT.value, common.TEMPLATE.value, overwrite=common.OVERWRITE.value,
+                           allow_nonfinite=common.ALLOW_NONFINITE.value)
+    if not distributed.is_main():
+        return
+    print(report.summarize_table(OUT.value, TOP.value, what="log-prob"))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)

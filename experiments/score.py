@@ -6,47 +6,61 @@ python -m experiments.score --model=SPEC --texts_file=items.txt   # one response
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 from experiments import common
-from rmjax import prompts as prompt_lib
-from rmjax import results
-from rmjax.textscore import score_texts
 
 OUT = flags.DEFINE_string("out", "results/texts.csv", "Output CSV `text, <one column per prompt>` (+ .meta.json).")
 TEXTS = flags.DEFINE_list("texts", [], "Responses to score (comma-separated).")
 TEXTS_FILE = flags.DEFINE_string("texts_file", None, "File with one response per line.")
-BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Responses per forward pass.")
+BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Responses per forward pass.", lower_bound=1)
 
 flags.adopt_module_key_flags(common)
 
 
-def main(argv):
-    del argv
+def read_texts() -> list[str]:
+    from rmjax.errors import InputFileError, MissingFileError, UsageError
+
     texts = list(TEXTS.value)
     if TEXTS_FILE.value:
         path = Path(TEXTS_FILE.value)
         if not path.is_file():
-            raise app.UsageError(f"--texts_file {path} not found.")
-        texts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            raise MissingFileError(f"--texts_file={path} not found.")
+        try:
+            texts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except UnicodeDecodeError as error:
+            raise InputFileError(f"--texts_file={path} is not UTF-8 text ({error}).") from None
     if not texts:
-        raise app.UsageError("give responses with --texts=a,b,c or --texts_file=FILE.")
+        raise UsageError("give responses with --texts=a,b,c or --texts_file=FILE.")
+    return texts
+
+
+def main(argv):
+    del argv
+    from rmjax import distributed, results
+    from rmjax import prompts as prompt_lib
+    from rmjax.textscore import TEXT_COLUMNS, text_scores_identity, write_text_scores
+
+    texts = read_texts()
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    model = common.load_model()
-    start = time.perf_counter()
-    scores = score_texts(model, prompts, texts, common.TEMPLATE.value, BATCH_SIZE.value)
-    seconds = time.perf_counter() - start
-    out = results.write_table(OUT.value, {"text": texts}, scores)
-    results.write_meta(out, kind="score_texts", model=model.source, prompts=prompts, dtype=model.dtype,
-                       n_texts=len(texts), seconds=seconds, load_seconds=model.load_seconds)
-    for name, values in scores.items():
-        order = values.argsort()[::-1]
-        print(f"{name}: " + ", ".join(f"{texts[i]!r} {values[i]:.3f}" for i in order[:20]))
-    print(f"{len(texts)} texts x {len(prompts)} prompts in {seconds:.1f} s -> {out}")
+    prompt_lib.check_prompt_names(prompts, TEXT_COLUMNS)
+    identity = text_scores_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts, texts=texts,
+                                    output_column=common.OUTPUT_COLUMN.value, template=common.TEMPLATE.value)
+    with common.claim_output(OUT.value, identity) as claim:
+        if not claim.reuse:
+            model = common.load_model()
+            write_text_scores(model, prompts, texts, OUT.value, common.TEMPLATE.value, BATCH_SIZE.value,
+                              overwrite=common.OVERWRITE.value, allow_nonfinite=common.ALLOW_NONFINITE.value)
+    if not distributed.is_main():
+        return
+    table = results.read_scores_csv(OUT.value, n_keys=1)
+    for name in table.columns[1:]:
+        ranked = table.sort_values(name, ascending=False, kind="stable").head(20)
+        print(f"{name}: " + ", ".join(f"{t!r} {v:.3f}" for t, v in zip(ranked["text"], ranked[name], strict=True)))
+    print(f"{len(table)} texts x {len(table.columns) - 1} prompts -> {OUT.value}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)

@@ -4,58 +4,79 @@ python -m experiments.train_rm --model=smollm2-135m-instruct \
     --elo="../shared/data/elo/What, in one word, is the greatest thing ever.csv" \
     --trainable=head --steps=1500 --workdir=runs/elo-rm --export=runs/elo-rm/hf
 
-Re-running the same command after a crash resumes from the last checkpoint in --workdir.
+Re-running the same command after a crash resumes from the last checkpoint in --workdir (by default a
+folder under runs/train_rm/ derived from the model, data and settings); a workdir of another run is
+refused unless --overwrite.
 """
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
 from experiments import common
-from rmjax.train.loop import TrainConfig
-from rmjax.train.recipe import load_pairs, run_training
 
 PAIRS = flags.DEFINE_string("pairs", None, "CSV/JSONL of prompt, chosen, rejected[, label (soft, in [0,1])].")
 HELDOUT_PAIRS = flags.DEFINE_string("heldout_pairs", None, "Held-out pairs file (default: 10% of --pairs).")
 ELO = flags.DEFINE_string("elo", None, "EloEverything CSV: builds pairs from human Elo ratings, split by item.")
-N_TRAIN = flags.DEFINE_integer("n_train", 20000, "EloEverything: training pairs to sample.")
-N_HELDOUT = flags.DEFINE_integer("n_heldout", 4000, "EloEverything: held-out pairs (from held-out items only).")
+N_TRAIN = flags.DEFINE_integer("n_train", 20000, "EloEverything: training pairs to sample.", lower_bound=1)
+N_HELDOUT = flags.DEFINE_integer("n_heldout", 4000, "EloEverything: held-out pairs (from held-out items only).",
+                                 lower_bound=1)
 SOFT = flags.DEFINE_bool("soft", False, "EloEverything: soft labels (the Elo probability) instead of sampled winners.")
 TRAINABLE = flags.DEFINE_enum("trainable", "head", ["head", "last_k", "full"],
                               "head: frozen backbone (features computed once); last_k: last K layers + head; full.")
-LAST_K = flags.DEFINE_integer("last_k", 2, "Layers trained with --trainable=last_k.")
-STEPS = flags.DEFINE_integer("steps", 1500, "Optimizer steps.")
-BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Pairs per step.")
+LAST_K = flags.DEFINE_integer("last_k", 2, "Layers trained with --trainable=last_k.", lower_bound=1)
+STEPS = flags.DEFINE_integer("steps", 1500, "Optimizer steps.", lower_bound=1)
+BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Pairs per step.", lower_bound=1)
 LR = flags.DEFINE_float("learning_rate", 1e-2, "Peak learning rate (AdamW, warmup + cosine).")
-WARMUP = flags.DEFINE_integer("warmup_steps", 100, "Linear warmup steps.")
-WEIGHT_DECAY = flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.")
+WARMUP = flags.DEFINE_integer("warmup_steps", 100, "Linear warmup steps.", lower_bound=0)
+WEIGHT_DECAY = flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.", lower_bound=0)
 CLIP = flags.DEFINE_float("clip_norm", 1.0, "Global gradient-norm clip.")
-CKPT_EVERY = flags.DEFINE_integer("checkpoint_every", 250, "Checkpoint (and held-out evaluation) interval.")
-KEEP = flags.DEFINE_integer("keep_checkpoints", None, "Keep only the last K checkpoints (default: all).")
+CKPT_EVERY = flags.DEFINE_integer("checkpoint_every", 250, "Checkpoint (and held-out evaluation) interval.",
+                                  lower_bound=1)
+KEEP = flags.DEFINE_integer("keep_checkpoints", None, "Keep only the last K checkpoints (default: all).",
+                            lower_bound=1)
 SEED = flags.DEFINE_integer("seed", 0, "Seed of the head init, data split and batch order.")
-WORKDIR = flags.DEFINE_string("workdir", "runs/train_rm", "Checkpoints, logs and summary.json go here.")
+WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and summary.json go here (default: "
+                               "runs/train_rm/<model>-<digest of model, data and settings>).")
 EXPORT = flags.DEFINE_string("export", None, "Write the trained model as a Hugging Face folder here.")
 HEAD_OUT = flags.DEFINE_string("head_out", None, "Write only the score head (safetensors) + recipe JSON here.")
 flags.adopt_module_key_flags(common)
 
 
+flags.register_multi_flags_validator(
+    ["pairs", "elo"], lambda f: bool(f["pairs"]) != bool(f["elo"]),
+    message="give exactly one of --pairs=FILE (prompt, chosen, rejected[, label]) and --elo=EloEverything CSV.")
+flags.register_multi_flags_validator(
+    ["heldout_pairs", "pairs"], lambda f: not f["heldout_pairs"] or bool(f["pairs"]),
+    message="--heldout_pairs goes with --pairs (EloEverything splits its own held-out items).")
+flags.register_validator("learning_rate", lambda v: v > 0, message="--learning_rate must be > 0.")
+flags.register_validator("clip_norm", lambda v: v > 0, message="--clip_norm must be > 0.")
+
+
 def main(argv):
     del argv
-    common.quiet_logs()
-    train, heldout = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value, SEED.value,
-                                HELDOUT_PAIRS.value)
+    from rmjax.train.loop import TrainConfig
+    from rmjax.train.recipe import load_pairs, run_training
+
+    common.start()
     cfg = TrainConfig(trainable=TRAINABLE.value, last_k=LAST_K.value, steps=STEPS.value, batch_size=BATCH_SIZE.value,
                       learning_rate=LR.value, warmup_steps=WARMUP.value, weight_decay=WEIGHT_DECAY.value,
                       clip_norm=CLIP.value, checkpoint_every=CKPT_EVERY.value, keep_checkpoints=KEEP.value,
                       seed=SEED.value, template=common.TEMPLATE.value)
+    train, heldout = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value, SEED.value,
+                                HELDOUT_PAIRS.value)
     recipe = {"elo": ELO.value, "pairs": PAIRS.value, "n_train": N_TRAIN.value, "n_heldout": N_HELDOUT.value,
               "soft": SOFT.value}
     result = run_training(common.MODEL.value, train, heldout, cfg, WORKDIR.value, export=EXPORT.value,
-                          head_out=HEAD_OUT.value, dtype=common.DTYPE.value, elo_csv=ELO.value, recipe=recipe)
+                          head_out=HEAD_OUT.value, dtype=common.DTYPE.value, elo_csv=ELO.value, recipe=recipe,
+                          overwrite=common.OVERWRITE.value)
     final = result.evals[-1] if result.evals else {}
-    print(f"trained {cfg.steps} steps ({result.steps_per_second:.1f} steps/s); held-out accuracy "
-          f"{final.get('heldout_accuracy', float('nan')):.3f}; summary in {WORKDIR.value}/summary.json")
+    trained = cfg.steps - (result.resumed_from or 0)
+    done = f"trained {trained} steps ({result.steps_per_second:.1f} steps/s)" if trained else \
+        f"already trained: all {cfg.steps} steps were in the workdir"
+    print(f"{done}; held-out accuracy {final.get('heldout_accuracy', float('nan')):.3f}; summary in "
+          f"{result.workdir}/summary.json")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)

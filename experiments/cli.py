@@ -1,0 +1,40 @@
+"""How every entry point starts and ends: flags parsed strictly, user errors as one line.
+
+A bad flag value, an unexpected positional argument or any rmjax user error (`RmjaxError`) prints
+one line `error: …` on stderr and exits with status 2, before any traceback; internal errors keep
+their traceback (status 1).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from absl import app, flags
+
+from rmjax.errors import RmjaxError, one_line
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    try:
+        rest = flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"error: {one_line(error)} (see --help)", file=sys.stderr)
+        sys.exit(2)
+    if len(rest) > 1:
+        print(f"error: unexpected argument {rest[1]!r}; every setting is a --flag (see --help)", file=sys.stderr)
+        sys.exit(2)
+    return rest
+
+
+def run(main: Callable[[list[str]], None]) -> None:
+    """absl's app.run with one-line user errors (status 2) and tracebacks kept for internal errors."""
+
+    def guarded(argv):
+        try:
+            return main(argv)
+        except (RmjaxError, app.UsageError) as error:
+            print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
+    app.run(guarded, flags_parser=_parse_flags)
