@@ -10,3 +10,15 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rm_folder(tmp_path_factory):
+    """A tiny random reward model (Llama) with the real SmolLM2 tokenizer and chat template."""
+    from tests import tiny
+
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path_factory.mktemp("rm") / "rm")
+    return folder

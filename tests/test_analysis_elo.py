@@ -3,6 +3,7 @@ and its numbers equal scipy computed independently here from the raw files."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from itertools import combinations
@@ -48,7 +49,9 @@ def test_every_elo_table_and_figure_is_written(elo_run):
                      f"elo_rank_trajectories_{slug}.png"]
     for name in expected:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
-    assert sorted(p.name for p in out.iterdir()) == sorted(expected)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*expected, "analysis.json"])
+    manifest = json.loads((out / "analysis.json").read_text())  # what --overwrite may remove later
+    assert sorted(manifest["files"]) == sorted(expected) and manifest["complete"] is True
     assert "## EloEverything" in stdout and "R-Lla-3B" in (out / "report.md").read_text()
 
 

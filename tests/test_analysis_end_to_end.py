@@ -140,7 +140,7 @@ def test_paper1_writes_every_table_and_figure(paper1_run):
     for name in PAPER1_FIGURES:
         assert (out / f"{name}.png").stat().st_size > 1000, name
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [f"{n}.csv" for n in PAPER1_TABLES] + [f"{n}.png" for n in PAPER1_FIGURES] + ["report.md"])
+        [f"{n}.csv" for n in PAPER1_TABLES] + [f"{n}.png" for n in PAPER1_FIGURES] + ["report.md", "analysis.json"])
     report = (out / "report.md").read_text()
     assert "## Paper 1" in report and "Skipped" not in report and "shared vocabulary 299" in proc.stdout
 

@@ -96,6 +96,6 @@ def test_sweep_plans_memory_before_loading_weights(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.index("memory plan: per device: params") < proc.stderr.index("process 0: loaded")
     assert '"batch_size": 256' in results.meta_path(tmp_path / "s.csv").read_text()  # auto: the CPU cap
-    proc = subprocess.run([*base, "--batch_size=100000000"], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run([*base, "--batch_size=100000000", "--overwrite"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and "does not fit" in proc.stderr and "--batch_size" in proc.stderr
     assert "process 0: loaded" not in proc.stderr

@@ -109,14 +109,18 @@ def test_kill_and_resume_gives_identical_csv(rm, tmp_path):
 
 
 def test_resume_with_other_settings_is_refused(rm, tmp_path):
-    from rmjax.chunks import ResumeMismatchError
+    from rmjax.errors import ResumeMismatchError
 
     _, _, model = rm
     out = tmp_path / "s.csv"
     out.with_name("s.csv.chunks").mkdir()
-    (out.with_name("s.csv.chunks") / "manifest.json").write_text('{"model": "other"}')
-    with pytest.raises(ResumeMismatchError, match="delete"):
+    (out.with_name("s.csv.chunks") / "manifest.json").write_text('{"identity": {"model": "other"}, "chunk_size": 4}')
+    with pytest.raises(ResumeMismatchError, match="different .*model.*--overwrite to discard it"):
         sweep(model, PROMPTS, _sample(4), out=out)
+    assert not out.exists()
+    df = sweep(model, PROMPTS, _sample(4), out=out, overwrite=True)  # discards the other run's chunks
+    assert results.read_scores_csv(out)["greatest"].tolist() == pytest.approx(df["greatest"].tolist())
+    assert not out.with_name("s.csv.chunks").exists()
 
 
 def test_prompt_longer_than_context(tmp_path):
