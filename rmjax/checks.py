@@ -7,6 +7,7 @@ one line naming the flag (flags share the fields' names), the value and the allo
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from rmjax.errors import UsageError
@@ -23,9 +24,12 @@ def one_of(*choices: str) -> Rule:
 
 
 def validate(config, rules: dict[str, Rule]) -> None:
-    """UsageError for the first field of `config` outside its rule (None passes: 'not set')."""
+    """UsageError for the first field of `config` outside its rule (None passes: 'not set'); a float
+    setting must be finite."""
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{field.name}={value}: must be a finite number.")
         if field.name in rules and value is not None:
             ok, allowed = rules[field.name]
             if not ok(value):

@@ -61,8 +61,9 @@ def first_nonfinite_stage(model, ids: Sequence[int]) -> str:
             return f"the output of layer {i} (0-based, of {cfg.num_layers}) at positions {_few(positions)}"
     if not np.isfinite(to_host(trace["hidden"])).all():
         return "the final norm"
-    if "head" in trace and not np.isfinite(to_host(trace["head"])).all():
-        return "the reward head (its input, the final hidden state, is finite)"
+    if not np.isfinite(to_host(trace["head"])).all():
+        head = "reward head" if cfg.is_reward_model else "LM head (log-softmax of the logits)"
+        return f"the {head} (its input, the final hidden state, is finite)"
     return "nowhere in a full forward of this sequence (the batched or cached path differs: please report it)"
 
 

@@ -48,7 +48,7 @@ def _acquire(lock: Path, wait: bool, what: str) -> object:
             if not wait:
                 raise LockedError(
                     f"another run holds {lock}{_holder(lock)} on {what}; wait for it to finish or choose "
-                    "another output (if no such run is alive, delete the .lock file)."
+                    "another output."
                 ) from None
             continue
         try:

@@ -367,16 +367,19 @@ def rewards_after(
 def trace(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
     """Every stage of one full forward, for per-layer reads and for finding where a NaN starts:
     embeddings [B, T, H] (scaled, as the first layer sees them), residual after each layer
-    [L, B, T, H], final-normed hidden [B, T, H] and the head outputs [B, num_outputs]."""
+    [L, B, T, H], final-normed hidden [B, T, H] and, at the last token, the reward head's outputs
+    [B, num_outputs] (a causal LM: the next-token log-probs [B, vocab])."""
     embeds = embed_tokens(params, cfg, ids)
     hidden, _, stream = forward(params, cfg, embeds=embeds, mask=mask, residuals=True)
     if cfg.scale_embeddings:
         embeds = embeds * jnp.asarray(embedding_scale(cfg), dtype=params.embed.dtype)
     out = {"embeddings": embeds, "layers": stream, "hidden": hidden}
+    last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
     if cfg.is_reward_model:
-        last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
         gate = heads.gate_input(cfg.head, ids, mask, hidden) if cfg.head is not None and cfg.head.pattern else None
         out["head"] = reward_head(params, cfg, last, gate)
+    else:
+        out["head"] = lm_log_probs(params, cfg, last)
     return out
 
 

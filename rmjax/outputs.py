@@ -26,9 +26,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rmjax import locks
-from rmjax.distributed import is_main
+from rmjax.distributed import barrier, is_main
 from rmjax.errors import OutputExistsError, ResumeMismatchError, UsageError
-from rmjax.results import meta_path
+from rmjax.results import json_safe, meta_path
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -44,8 +44,8 @@ def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 
 def canonical(identity: dict) -> dict:
-    """The identity as it reads back from JSON (so a fresh one compares equal to a stored one)."""
-    return json.loads(json.dumps(identity, sort_keys=True, default=str))
+    """The identity as it reads back from a stored .meta.json (so a fresh one compares equal to it)."""
+    return json.loads(json.dumps(json_safe(identity), sort_keys=True, default=str))
 
 
 def mismatch_message(what: str, old: dict, new: dict, flag: str = "--out") -> str:
@@ -89,44 +89,59 @@ def remove(paths: Sequence[Path]) -> None:
 @dataclasses.dataclass
 class Claim:
     """The decision taken for one output: `reuse` (a finished result with this identity is there) or
-    write it (fresh, resuming saved progress, or replacing an old result with --overwrite)."""
+    write it (fresh, resuming saved progress, or replacing an old result with --overwrite). `remove`
+    lists what process 0 deletes before the work starts."""
 
     out: Path
     identity: dict
     reuse: bool = False
     resume: bool = False
+    remove: tuple[Path, ...] = ()
 
 
 def _present(path: Path) -> bool:
     return path.is_file() or (path.is_dir() and any(path.iterdir()))
 
 
+def _refuse(flag: str, out: Path, why: str) -> OutputExistsError:
+    return OutputExistsError(f"{flag}={out} already exists and {why}. Pass --overwrite to replace it, or choose "
+                             "another output.")
+
+
 def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[Path], store: Path | None,
-            flag: str) -> Claim:
-    identity = canonical(identity)
+            flag: str, folder: bool) -> Claim:
+    """Read-only: what to do with `out` (raises when it may not be written)."""
     existing = [p for p in dict.fromkeys([out, meta, *owned]) if _present(p)]
     stored = read_meta_identity(meta) if meta.is_file() else None
-    if not overwrite and _present(out) and stored == identity:
-        return Claim(out, identity, reuse=True)
-    manifest = store / "manifest.json" if store is not None else None
-    if manifest is not None and manifest.is_file():
-        progress = read_meta_identity(manifest)
+    if stored == identity and _present(out):
+        if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
+            leftover = (store,) if store is not None and store.is_dir() else ()
+            return Claim(out, identity, reuse=True, remove=leftover)
+    elif stored == identity:
+        stored = None  # its .meta.json outlived the result: recompute it
+    elif folder and _present(out) and stored is None:
+        # A folder is only ever replaced when an rmjax run of this kind made it (never a user's tree).
+        raise OutputExistsError(f"{flag}={out} holds files that no rmjax run of this kind wrote (no {meta.name}); "
+                                "choose an empty or new folder.")
+    if store is not None and _present(store):
+        progress = read_meta_identity(store / "manifest.json")
         if overwrite:
             existing.append(store)  # --overwrite recomputes everything
         elif progress == identity:
             return Claim(out, identity, resume=True)  # continue it; the old outputs are replaced at the end
+        elif progress is None:
+            raise _refuse(flag, store, "holds chunks without a manifest (not a resumable rmjax run)")
         else:
-            raise ResumeMismatchError(mismatch_message(f"saved progress {store}", progress or {}, identity, flag))
+            raise ResumeMismatchError(mismatch_message(f"saved progress {store}", progress, identity, flag))
     if existing and not overwrite:
         if stored is None:
-            why = "is not a finished rmjax result (no .meta.json with its inputs)"
-        else:
-            why = f"holds the result of a run with different {', '.join(changed_keys(stored, identity))}"
-        raise OutputExistsError(f"{flag}={out} already exists and {why}. Pass --overwrite to replace it, or "
-                                "choose another output.")
-    if existing and is_main():
-        remove(existing)
-    return Claim(out, identity)
+            raise _refuse(flag, out, "is not a finished rmjax result (no .meta.json with its inputs)")
+        changed = ", ".join(changed_keys(stored, identity))
+        raise _refuse(flag, out, f"holds the result of a run with different {changed}")
+    return Claim(out, identity, remove=tuple(existing))
+
+
+_active: dict[Path, Claim] = {}  # outputs this process has claimed, while the claim lasts
 
 
 @contextlib.contextmanager
@@ -134,11 +149,30 @@ def claim(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Se
           store: str | Path | None = None, flag: str = "--out", meta: str | Path | None = None,
           folder: bool = False) -> Iterator[Claim]:
     """Check, lock and decide for output `out` (+ `owned` companions, + a progress `store`), held until
-    the block ends. Only process 0 locks and removes; every process takes the same decision."""
+    the block ends. Every process takes the same read-only decision; then process 0 (which holds the
+    lock) removes what --overwrite replaces. Claiming an output this process already holds returns
+    the first decision, and an identity that differs from it is an internal error (the identity
+    computed before loading must be the loaded model's)."""
+    key = Path(out).resolve()
+    identity = canonical(identity)
+    if key in _active:
+        first = _active[key]
+        if first.identity != identity:
+            raise RuntimeError(f"internal error: {out} was claimed with two identities (different "
+                               f"{', '.join(changed_keys(first.identity, identity))}); please report it.")
+        yield first
+        return
     out = check_writable(out, flag, folder=folder)
     meta = Path(meta) if meta is not None else meta_path(out)
-    owned = [Path(p) for p in owned]
-    store = Path(store) if store is not None else None
     lock = locks.hold(out, what=f"{flag}={out}") if is_main() else contextlib.nullcontext()
     with lock:
-        yield _decide(out, meta, identity, overwrite, owned, store, flag)
+        decision = _decide(out, meta, identity, overwrite, [Path(p) for p in owned],
+                           Path(store) if store is not None else None, flag, folder)
+        barrier("rmjax-claim")  # every process decided before anything is removed
+        if decision.remove and is_main():
+            remove(decision.remove)
+        _active[key] = decision
+        try:
+            yield decision
+        finally:
+            del _active[key]

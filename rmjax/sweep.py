@@ -89,7 +89,7 @@ def sweep_identity(model_fingerprint: dict, *, dtype: str, output_column: int, p
     requested = None if token_ids is None else fingerprint(np.asarray(list(token_ids), np.int64))
     return {"job": "sweep", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
             "prompts": dict(prompts), "token_ids": requested, "limit": limit, "mode": mode, "template": template,
-            "text_add_special_tokens": bool(text_add_special_tokens)}
+            "text_add_special_tokens": bool(text_add_special_tokens) and mode == "text"}  # unused in token mode
 
 
 def plot_path(out: str | Path) -> Path:

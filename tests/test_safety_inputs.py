@@ -108,6 +108,7 @@ BAD_OTHER_FLAGS = [
     ("score", ["--texts_file={dir}/missing.txt"], ["missing.txt", "not found"]),
     ("train_rm", ["--steps=0", "--elo={dir}/e.csv"], ["--steps=0"]),
     ("train_rm", ["--learning_rate=0", "--elo={dir}/e.csv"], ["--learning_rate"]),
+    ("train_rm", ["--clip_norm=inf", "--elo={dir}/e.csv"], ["--clip_norm=inf", "finite"]),
     ("train_rm", ["--pairs={dir}/p.csv", "--elo={dir}/e.csv"], ["exactly one of --pairs", "--elo"]),
     ("train_rm", ["--pairs={dir}/file.txt"], ["file.txt", "missing columns"]),
     ("logprobs", ["--top=-1"], ["--top=-1"]),

@@ -45,8 +45,10 @@ def test_train_rm_workdir_belongs_to_one_run(lm_folder, tmp_path):
     first, other = _pairs(tmp_path / "a.csv", "good"), _pairs(tmp_path / "b.csv", "great")
     workdir = tmp_path / "work"
     base = [f"--model={lm_folder}", "--steps=4", "--checkpoint_every=2", "--batch_size=8", "--learning_rate=0.05"]
-    cli.ok(cli.run("train_rm", *base, f"--pairs={first}", f"--workdir={workdir}"))
+    export = f"--export={workdir / 'hf'}"  # inside the workdir, as the usage line has it
+    cli.ok(cli.run("train_rm", *base, f"--pairs={first}", f"--workdir={workdir}", export))
     summary = json.loads((workdir / "summary.json").read_text())
+    assert (workdir / "hf" / "model.safetensors").is_file() and (workdir / "run.json").is_file()
     # Another run's data and learning rate into the same workdir: refused, naming both and the fixes.
     line = cli.user_error(cli.run("train_rm", *base[:-1], "--learning_rate=0.5", f"--pairs={other}",
                                   f"--workdir={workdir}"), "config.learning_rate", "train", "--overwrite", "--workdir")
@@ -56,8 +58,15 @@ def test_train_rm_workdir_belongs_to_one_run(lm_folder, tmp_path):
                    "config.trainable")
     assert json.loads((workdir / "summary.json").read_text()) == summary  # nothing was touched
     # The same command again finds its own finished run.
-    again = cli.ok(cli.run("train_rm", *base, f"--pairs={first}", f"--workdir={workdir}"))
+    again = cli.ok(cli.run("train_rm", *base, f"--pairs={first}", f"--workdir={workdir}", export))
     assert "already trained" in again.stdout
+    # --overwrite replaces an rmjax workdir, never a folder of the user's.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "precious.txt").write_text("keep")
+    cli.user_error(cli.run("train_rm", *base, f"--pairs={first}", f"--workdir={mine}", "--overwrite"),
+                   "no rmjax run of this kind wrote")
+    assert (mine / "precious.txt").read_text() == "keep"
     # Without --workdir each run gets its own folder (under runs/train_rm of the working directory).
     runs = [cli.ok(cli.run("train_rm", *base[:-1], f"--learning_rate={lr}", f"--pairs={first}", cwd=tmp_path))
             for lr in (0.05, 0.02)]
@@ -119,6 +128,14 @@ def test_finished_result_is_reused_and_another_is_refused(rm_folder, tmp_path):
     assert stray.read_text() == "my notes\n"
 
 
+def test_builtin_model_result_is_reused(tmp_path):
+    """The identity computed before loading equals the loaded model's for a builtin RM (GGUF backbone +
+    committed head), so a finished result is found again."""
+    flags = ["--model=elo-rm-smollm2-135m", "--limit=8", f"--out={tmp_path / 's.csv'}", "--top=1"]
+    assert "loaded elo-rm-smollm2-135m" in cli.ok(cli.run("sweep", *flags)).stderr
+    assert "reusing it" in cli.ok(cli.run("sweep", *flags)).stderr
+
+
 def test_gcg_result_is_not_overwritten(rm_folder, tmp_path):
     out = tmp_path / "gcg.json"
     flags = [f"--model={rm_folder}", f"--out={out}", "--num_tokens=2", "--steps=1", "--search_width=8", "--topk=8"]
@@ -163,36 +180,33 @@ def test_analyze_replaces_only_its_own_files(tmp_path):
 
 
 def _holds_lock(lock) -> bool:
-    """Whether some process holds an flock on `lock` (checked with fcntl directly)."""
-    import fcntl
-
-    if not lock.exists():
+    """Whether some process holds an flock on `lock`, read from /proc/locks (without touching the lock)."""
+    try:
+        inode = lock.stat().st_ino
+    except FileNotFoundError:
         return False
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return False
+    return any(line.split()[1] == "FLOCK" and line.split()[5].endswith(f":{inode}")
+               for line in open("/proc/locks").read().splitlines() if len(line.split()) > 5)
 
 
 def test_second_sweep_on_the_same_out_is_refused(rm_folder, tmp_path):
     """8: two sweeps on one --out: the second says another run holds it; a killed holder blocks nothing."""
     out = tmp_path / "s.csv"
-    flags = _sweep_flags(rm_folder, out)
-    first = subprocess.Popen(cli.command("sweep", *flags), cwd=cli.REPO, env=cli.ENV, stdout=subprocess.DEVNULL,
+    long_run = [f"--model={rm_folder}", "--prompts=paper1", f"--out={out}", "--chunk_size=4096", "--batch_size=64"]
+    first = subprocess.Popen(cli.command("sweep", *long_run), cwd=cli.REPO, env=cli.ENV, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not _holds_lock(tmp_path / "s.csv.lock") and time.time() < deadline:
         time.sleep(0.05)
     try:
-        cli.user_error(cli.run("sweep", *flags), "another run holds", "s.csv.lock")
+        cli.user_error(cli.run("sweep", *long_run), "another run holds", "s.csv.lock")
+        assert first.poll() is None, "the first sweep must still be running"
     finally:
         first.kill()
         first.wait()
-    cli.ok(cli.run("sweep", *flags))  # the lock died with its process
-    assert len(pd.read_csv(out)) == 2048
+    # The lock died with its process (its file stays behind); --overwrite drops the killed run's chunks.
+    cli.ok(cli.run("sweep", *long_run[:3], "--limit=256", "--overwrite"))
+    assert len(pd.read_csv(out)) == 256
 
 
 def test_concurrent_first_use_conversions_share_one(tmp_path):
@@ -207,7 +221,8 @@ def test_concurrent_first_use_conversions_share_one(tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
     folders = {o.strip() for o, _ in outs}
-    assert len(folders) == 1 and sum("waiting" in e for _, e in outs) == 1
+    # (the conversion takes ~20 s, so the second process, started at once, waits for it)
+    assert len(folders) == 1 and sum("waiting" in e for _, e in outs) <= 1
     folder = Path(folders.pop())
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
     assert not list(folder.parent.glob("*.partial"))

@@ -123,6 +123,25 @@ def test_resume_with_other_settings_is_refused(rm, tmp_path):
     assert not out.with_name("s.csv.chunks").exists()
 
 
+def test_replaced_params_are_not_the_loaded_checkpoint(rm, tmp_path):
+    """A model whose params were edited after loading must not reuse the loaded checkpoint's result."""
+    import dataclasses
+
+    from rmjax.errors import OutputExistsError
+
+    _, _, model = rm
+    out = tmp_path / "s.csv"
+    first = sweep(model, PROMPTS, _sample(4), out=out)
+    written = out.stat().st_mtime_ns
+    sweep(model, PROMPTS, _sample(4), out=out)
+    assert out.stat().st_mtime_ns == written  # the same model's finished result is reused, not rewritten
+    edited = dataclasses.replace(model, params=dataclasses.replace(model.params, score=model.params.score * 2))
+    with pytest.raises(OutputExistsError, match="different model.weights"):
+        sweep(edited, PROMPTS, _sample(4), out=out)
+    again = sweep(edited, PROMPTS, _sample(4), out=out, overwrite=True)
+    np.testing.assert_allclose(again["greatest"], 2 * first["greatest"], rtol=1e-5)
+
+
 def test_prompt_longer_than_context(tmp_path):
     _, folder = tiny.save_reward_model_with_tokenizer(tmp_path, max_position_embeddings=64)
     model = load(str(folder))

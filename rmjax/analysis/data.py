@@ -149,9 +149,16 @@ def load_model_metadata(path: str | Path) -> pd.DataFrame:
 
     Indexed by the HF model id `name`, in the YAML's order.
     """
-    entries = yaml.safe_load(Path(path).read_text())
+    path = Path(path)
+    try:
+        entries = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise InputFileError(f"{path}: invalid YAML ({' '.join(str(error).split())}).") from None
     if isinstance(entries, dict):
         entries = entries.get("models", list(entries.values()))
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and e.get("name") for e in entries):
+        raise InputFileError(f"{path}: expected a list of models, each with at least `name` (and nickname, "
+                             "base_model, size, reward_bench_rank).")
     rows = []
     for entry in entries:
         name = str(entry["name"])

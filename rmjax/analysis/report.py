@@ -60,7 +60,12 @@ def prepare_folder(out: Path, overwrite: bool) -> None:
         raise OutputExistsError(f"--out={out} is not empty ({len(present)} files, e.g. {present[0]}); pass "
                                 "--overwrite to replace an earlier analysis there, or choose a new folder.")
     manifest = out / MANIFEST
-    ours = set(json.loads(manifest.read_text()).get("files", [])) | {MANIFEST} if manifest.is_file() else set()
+    try:
+        ours = set(json.loads(manifest.read_text()).get("files", [])) | {MANIFEST} if manifest.is_file() else set()
+    except (ValueError, AttributeError):
+        ours = set()  # unreadable: nothing there is known to be ours
+    # a crash may leave the manifest's own temp file (results.atomic_write_text)
+    ours |= {n for n in present if n.startswith(f".{MANIFEST}.") and n.endswith(".tmp")}
     foreign = [name for name in present if name not in ours]
     if foreign:
         raise OutputExistsError(f"--out={out} holds files no rmjax analysis wrote ({', '.join(foreign[:3])}"

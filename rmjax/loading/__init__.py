@@ -61,6 +61,6 @@ def load(
         path = cached_hf_folder(path, cache_dir())
     model = load_hf_model_folder(path, dtype=dtype, mesh=mesh, require_tokenizer=require_tokenizer)
     model.source = spec
-    model.fingerprint = source_fingerprint or model.fingerprint
+    model.stamp(source_fingerprint or model.fingerprint)
     model.load_seconds = time.perf_counter() - start
     return model

@@ -93,17 +93,23 @@ def array_digest(array) -> str:
 
 
 def model_fingerprint(model) -> dict:
-    """The loaded model's fingerprint; for a model built in memory, a digest of its parameters and tokenizer."""
-    if getattr(model, "fingerprint", None):
-        return model.fingerprint
+    """The loaded model's fingerprint; for a model built in memory, or whose params or tokenizer were
+    replaced since it was loaded, a digest of its parameters and tokenizer (each part recomputed only
+    when it was replaced)."""
+    fp, of = model.fingerprint or {}, model.fingerprint_of or (None, None)
+    if fp and of == (id(model.params), id(model.tokenizer)):
+        return fp
     from rmjax import model as M
     from rmjax.distributed import to_host
 
-    weights = hash_json({k: array_digest(to_host(v)) for k, v in sorted(M.params_to_flat(model.params).items())})
+    weights = fp.get("weights") if of[0] == id(model.params) else None
+    if weights is None:
+        digests = {k: array_digest(to_host(v)) for k, v in sorted(M.params_to_flat(model.params).items())}
+        config = repr(model.config.replace(reward_index=0))  # the output column is part of each job's identity
+        weights = hash_json([digests, config])
+    tokenizer = fp.get("tokenizer") if of[1] == id(model.tokenizer) else None
     tok = model.tokenizer
-    tokenizer = None if tok is None else hash_json(
-        [type(tok).__name__, sorted(tok.get_vocab().items()), getattr(tok, "chat_template", None),
-         list(tok.all_special_tokens)])
-    config = repr(model.config.replace(reward_index=0))  # the output column is part of each job's identity
-    model.fingerprint = {"weights": hash_json([weights, config]), "tokenizer": tokenizer}
-    return model.fingerprint
+    if tokenizer is None and tok is not None:
+        tokenizer = hash_json([type(tok).__name__, sorted(tok.get_vocab().items()), getattr(tok, "chat_template", None),
+                               list(tok.all_special_tokens)])
+    return model.stamp({"weights": weights, "tokenizer": tokenizer}).fingerprint

@@ -38,6 +38,16 @@ class Model:
     weight_bytes: int = 0  # the parameters' size in the loaded dtype
     weight_bytes_read: int = 0  # what this process read from disk for its own devices' shards
     fingerprint: dict | None = None  # {"weights", "tokenizer"} content digests (rmjax.loading.fingerprint)
+    fingerprint_of: tuple[int, int] | None = None  # id() of the params and tokenizer it describes
+
+    def __post_init__(self):
+        if self.fingerprint is not None and self.fingerprint_of is None:
+            self.fingerprint_of = (id(self.params), id(self.tokenizer))
+
+    def stamp(self, fingerprint: dict | None) -> Model:
+        """Record the fingerprint of the current params and tokenizer (after loading or placing them)."""
+        self.fingerprint, self.fingerprint_of = fingerprint, (id(self.params), id(self.tokenizer))
+        return self
 
     @property
     def chat_template(self) -> str | None:

@@ -79,7 +79,11 @@ def checkpoint_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder (single file or sharded with an index)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CheckpointError(f"{index}: not a valid shard index ({type(error).__name__}: {error}); restore it "
+                                  "from the checkpoint's original repository.") from None
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
             raise CheckpointError(

@@ -9,9 +9,11 @@ batches — and the loss curve — of an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -75,9 +77,16 @@ def train_identity(model_fingerprint: dict, dtype: str, train: Pairs, heldout: P
             "heldout": heldout.digest(), "config": config}
 
 
-def claim_workdir(workdir: Path, identity: dict, overwrite: bool):
-    """The workdir holds one run (its identity in run.json): continue it, or refuse another's."""
-    return claim(workdir, identity, overwrite=overwrite, meta=workdir / RUN_FILE, folder=True, flag="--workdir")
+@contextlib.contextmanager
+def claim_workdir(workdir: Path, identity: dict, overwrite: bool) -> Iterator:
+    """The workdir holds one run (its identity in run.json, written as soon as it is claimed): continue
+    it, or refuse another's (unless --overwrite)."""
+    with claim(workdir, identity, overwrite=overwrite, meta=workdir / RUN_FILE, folder=True,
+               flag="--workdir") as decision:
+        if not decision.reuse and is_main():
+            workdir.mkdir(parents=True, exist_ok=True)
+            dump_json({"identity": identity}, workdir / RUN_FILE)
+        yield decision
 
 
 RUN_FILE = "run.json"
@@ -182,10 +191,7 @@ def train_reward_model(
         raise UsageError(f"--last_k={cfg.last_k}: {model.source} has {model.config.num_layers} layers.")
     workdir = Path(workdir)
     identity = train_identity(model_fingerprint(model), model.dtype, train, heldout, cfg)
-    with claim_workdir(workdir, identity, overwrite) as decision:
-        if not decision.reuse and is_main():
-            workdir.mkdir(parents=True, exist_ok=True)
-            dump_json({"identity": identity}, workdir / RUN_FILE)
+    with claim_workdir(workdir, identity, overwrite):
         return _train(model, train, heldout, cfg, workdir, log)
 
 
@@ -236,6 +242,9 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         else:
             rc = _seq_rewards(params, model, held_seq, 0)
             rr = _seq_rewards(params, model, held_seq, 1)
+        if not (np.isfinite(np.asarray(rc)).all() and np.isfinite(np.asarray(rr)).all()):
+            raise NonFiniteError("held-out rewards are NaN/Inf; the run stops. Lower --learning_rate or --clip_norm, "
+                                 "or check the data and the model for NaN.")
         label = jnp.asarray(heldout.label)
         agree = jnp.where(label >= 0.5, rc > rr, rc < rr)
         return {"heldout_accuracy": float(jnp.mean(agree)), "heldout_loss": float(bradley_terry_loss(rc, rr, label))}
@@ -281,7 +290,7 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     loop_seconds = time.perf_counter() - loop_start
     final = params if cfg.trainable != "head" else dataclasses.replace(model.params, score=params["score"])
     return TrainResult(
-        model=dataclasses.replace(model, params=final, fingerprint=None),  # trained: no longer the loaded files
+        model=dataclasses.replace(model, params=final),  # trained: its fingerprint no longer applies (fingerprint_of)
         history=history,
         evals=evals,
         seconds=time.perf_counter() - start,

@@ -157,9 +157,8 @@ def load_builtin_rm(name: str, dtype: str = "float32", mesh=None) -> Model:
     (key, loader), = list(iter_tensors(head_file))
     lm = load(BUILTIN_RMS[name], dtype=dtype, mesh=mesh)
     rm = reward_model_from_lm(lm, score=np.asarray(loader()).T, source=name)
-    rm.fingerprint = derived(lm.fingerprint, head=file_sha256(head_file))
     if mesh is not None:
         from rmjax.distributed import replicated
 
         rm = dataclasses.replace(rm, params=dataclasses.replace(rm.params, score=replicated(rm.params.score, mesh)))
-    return rm
+    return rm.stamp(derived(lm.fingerprint, head=file_sha256(head_file)))

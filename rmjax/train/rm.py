@@ -49,8 +49,7 @@ def reward_model_from_lm(lm: Model, score: np.ndarray | None = None, seed: int =
         raw["model_type"] = "gemma3_text"
     fp = (new_head_fingerprint(lm.fingerprint, seed) if score is None
           else None if lm.fingerprint is None else derived(lm.fingerprint, head=array_digest(head)))
-    return dataclasses.replace(lm, config=cfg, params=params, raw_config=raw, source=source or lm.source,
-                               fingerprint=fp)
+    return dataclasses.replace(lm, config=cfg, params=params, raw_config=raw, source=source or lm.source).stamp(fp)
 
 
 def bradley_terry_loss(r_chosen: jax.Array, r_rejected: jax.Array, label: jax.Array) -> jax.Array:
