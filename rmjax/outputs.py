@@ -12,7 +12,8 @@ sweep's chunk store, a training workdir), so that
 - two runs never write the same output at once (an advisory lock, `OUT.lock`).
 
 `claim` does all of this before the model loads; the library functions that write call it again
-(the lock is re-entrant), so they are safe when called directly too.
+(a second claim of an output this process holds returns the first decision), so they are safe when
+called directly too.
 """
 
 from __future__ import annotations
