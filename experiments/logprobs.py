@@ -23,7 +23,7 @@ def main(argv):
     from rmjax.logprobs import logprobs_identity, write_logprobs
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    prompt_lib.check_prompt_names(prompts, results.KEY_COLUMNS)
+    prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = logprobs_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts,
                                  template=common.TEMPLATE.value)
     with common.claim_output(OUT.value, identity) as claim:

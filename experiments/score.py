@@ -41,11 +41,11 @@ def main(argv):
     del argv
     from rmjax import distributed, results
     from rmjax import prompts as prompt_lib
-    from rmjax.textscore import TEXT_COLUMNS, text_scores_identity, write_text_scores
+    from rmjax.textscore import text_scores_identity, write_text_scores
 
     texts = read_texts()
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    prompt_lib.check_prompt_names(prompts, TEXT_COLUMNS)
+    prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = text_scores_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts, texts=texts,
                                     output_column=common.OUTPUT_COLUMN.value, template=common.TEMPLATE.value)
     with common.claim_output(OUT.value, identity) as claim:
@@ -55,11 +55,11 @@ def main(argv):
                               overwrite=common.OVERWRITE.value, allow_nonfinite=common.ALLOW_NONFINITE.value)
     if not distributed.is_main():
         return
-    table = results.read_scores_csv(OUT.value, n_keys=1)
-    for name in table.columns[1:]:
+    table = results.read_scores_csv(OUT.value)
+    for name in results.value_columns(table):
         ranked = table.sort_values(name, ascending=False, kind="stable").head(20)
         print(f"{name}: " + ", ".join(f"{t!r} {v:.3f}" for t, v in zip(ranked["text"], ranked[name], strict=True)))
-    print(f"{len(table)} texts x {len(table.columns) - 1} prompts -> {OUT.value}")
+    print(f"{len(table)} texts x {len(results.value_columns(table))} prompts -> {OUT.value}")
 
 
 if __name__ == "__main__":

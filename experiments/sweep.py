@@ -53,7 +53,7 @@ def main(argv):
     from rmjax.sweep import memory_plan, plot_path, require_reward_model, sweep, sweep_identity
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    prompt_lib.check_prompt_names(prompts, results.KEY_COLUMNS)
+    prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     token_ids = [int(t) for t in TOKEN_IDS.value] if TOKEN_IDS.value else None
     identity = sweep_identity(common.fingerprint(), dtype=common.DTYPE.value, output_column=common.OUTPUT_COLUMN.value,
                               prompts=prompts, token_ids=token_ids, limit=LIMIT.value, mode=MODE.value,

@@ -11,12 +11,15 @@ refused unless --overwrite.
 
 from __future__ import annotations
 
+import sys
+
 from absl import flags
 
 from experiments import common
 
 PAIRS = flags.DEFINE_string("pairs", None, "CSV/JSONL of prompt, chosen, rejected[, label (soft, in [0,1])].")
-HELDOUT_PAIRS = flags.DEFINE_string("heldout_pairs", None, "Held-out pairs file (default: 10% of --pairs).")
+HELDOUT_PAIRS = flags.DEFINE_string("heldout_pairs", None, "Held-out pairs file (default: 20% of --pairs' prompts, or "
+                                    "of its response items when it has one prompt; never a trained response).")
 ELO = flags.DEFINE_string("elo", None, "EloEverything CSV: builds pairs from human Elo ratings, split by item.")
 N_TRAIN = flags.DEFINE_integer("n_train", 20000, "EloEverything: training pairs to sample.", lower_bound=1)
 N_HELDOUT = flags.DEFINE_integer("n_heldout", 4000, "EloEverything: held-out pairs (from held-out items only).",
@@ -63,10 +66,11 @@ def main(argv):
                       learning_rate=LR.value, warmup_steps=WARMUP.value, weight_decay=WEIGHT_DECAY.value,
                       clip_norm=CLIP.value, checkpoint_every=CKPT_EVERY.value, keep_checkpoints=KEEP.value,
                       seed=SEED.value, template=common.TEMPLATE.value)
-    train, heldout = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value, SEED.value,
-                                HELDOUT_PAIRS.value)
+    train, heldout, split = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value,
+                                       SEED.value, HELDOUT_PAIRS.value)
+    print("split: " + ", ".join(f"{k} {v}" for k, v in split.items()), file=sys.stderr)
     recipe = {"elo": ELO.value, "pairs": PAIRS.value, "n_train": N_TRAIN.value, "n_heldout": N_HELDOUT.value,
-              "soft": SOFT.value}
+              "soft": SOFT.value, "split": split}
     result = run_training(common.MODEL.value, train, heldout, cfg, WORKDIR.value, export=EXPORT.value,
                           head_out=HEAD_OUT.value, dtype=common.DTYPE.value, elo_csv=ELO.value, recipe=recipe,
                           overwrite=common.OVERWRITE.value)

@@ -47,7 +47,7 @@ def logprobs_identity(model_fingerprint: dict, *, dtype: str, prompts: dict[str,
 def write_logprobs(model: Model, prompts: dict[str, str], out: str | Path, template: str = "auto",
                    overwrite: bool = False, allow_nonfinite: bool = False) -> Path:
     """CSV in the score-table schema (one log-prob column per prompt) plus .meta.json."""
-    check_prompt_names(prompts, results.KEY_COLUMNS)
+    check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = logprobs_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, template=template)
     with claim(out, identity, overwrite=overwrite) as decision:
         if decision.reuse:

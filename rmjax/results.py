@@ -1,6 +1,8 @@
 """Score tables in the published schema, written so every token survives a round trip.
 
-`token_id, token_name, token_decoded, <one column per prompt>`. Tokens such as `None`, `NaN`,
+`token_id, token_name, token_decoded, <one column per prompt>`; rmjax's sweeps add a key column
+`roundtrip` after `token_decoded` (1 where the token-mode sequence is what a real conversation
+tokenizes to, see `rmjax.textscore.roundtrip_mask`). Tokens such as `None`, `NaN`,
 `null`, `,`, `"` or a newline are quoted by the csv module and read back with NA parsing off
 (the reference analysis lost `None`/`NaN` tokens by reading them as missing values).
 """
@@ -20,6 +22,10 @@ import numpy as np
 import pandas as pd
 
 KEY_COLUMNS = ["token_id", "token_name", "token_decoded"]
+ROUNDTRIP = "roundtrip"
+TEXT = "text"
+# Columns that are never a prompt's values (what a prompt may not be called).
+NON_VALUE_COLUMNS = (*KEY_COLUMNS, ROUNDTRIP, TEXT)
 
 
 def write_rows(f, rows: Iterable[list]) -> None:
@@ -52,22 +58,33 @@ def write_scores_csv(
     names: list[str],
     decoded: list[str],
     columns: dict[str, np.ndarray],
+    roundtrip: np.ndarray | None = None,
 ) -> Path:
     keys = {"token_id": [int(t) for t in token_ids], "token_name": names, "token_decoded": decoded}
+    if roundtrip is not None:
+        keys[ROUNDTRIP] = [int(bool(r)) for r in roundtrip]
     return write_table(path, keys, columns)
 
 
-def read_scores_csv(path: str | Path, n_keys: int = 3) -> pd.DataFrame:
-    """Read a score table with every token kept as a string (no NA conversion)."""
+def value_columns(df: pd.DataFrame) -> list[str]:
+    """The prompt (value) columns of a score or text table."""
+    return [c for c in df.columns if c not in NON_VALUE_COLUMNS]
+
+
+def read_scores_csv(path: str | Path) -> pd.DataFrame:
+    """Read a score (or scored-text) table with every token kept as a string (no NA conversion); the
+    value columns as float64, `roundtrip` (when present) as int."""
     df = pd.read_csv(
         path,
         keep_default_na=False,
         na_filter=False,
-        dtype={"token_name": str, "token_decoded": str, "text": str},
+        dtype={"token_name": str, "token_decoded": str, TEXT: str},
         encoding="utf-8",
     )
-    for col in df.columns[n_keys:]:
+    for col in value_columns(df):
         df[col] = df[col].astype(np.float64)
+    if ROUNDTRIP in df.columns:
+        df[ROUNDTRIP] = df[ROUNDTRIP].astype(np.int64)
     return df
 
 

@@ -3,7 +3,8 @@
 Token mode (exact): candidate i is `prefix + [token_i] + suffix`; the prefix K/V is computed once
 per prompt and each batch runs only 1 + len(suffix) positions against it (broadcast, never
 copied). Text mode (compatibility with the published CSVs): each token is decoded, placed in the
-chat template and re-tokenized; see `rmjax.textscore`.
+chat template and re-tokenized; see `rmjax.textscore`. Every result says per token whether the
+two agree (`roundtrip`): where they do not, token mode scores a sequence no conversation produces.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rmjax.outputs import claim
 from rmjax.prefix import PREFIX_BUCKET, prefill_prefix, score_responses
 from rmjax.progress import Progress
 from rmjax.prompts import check_prompt_names
+from rmjax.textscore import TextScorer, roundtrip_mask
 
 
 @dataclasses.dataclass
@@ -121,7 +123,7 @@ def sweep(
     """
     if mode not in ("token", "text"):
         raise UsageError(f"mode must be token or text, not {mode!r}")
-    check_prompt_names(prompts, results.KEY_COLUMNS)
+    check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = sweep_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.config.reward_index,
                               prompts=prompts, token_ids=token_ids, limit=limit, mode=mode, template=template,
                               text_add_special_tokens=text_add_special_tokens)
@@ -164,19 +166,23 @@ def sweep(
             progress.update(len(rows))
         table = np.concatenate(chunks) if chunks else np.zeros((0, len(prompts)), np.float32)
         nonfinite = check(table, 0)  # also covers chunks resumed from disk
-        df = pd.DataFrame({"token_id": tokens, "token_name": names, "token_decoded": decoded})
+        roundtrip, per_prompt = roundtrip_mask(model.tokenizer, prompts, template, tokens, decoded,
+                                               model.config.max_position_embeddings)
+        df = pd.DataFrame({"token_id": tokens, "token_name": names, "token_decoded": decoded,
+                           results.ROUNDTRIP: roundtrip.astype(np.int64)})
         for j, name in enumerate(prompts):
             df[name] = table[:, j]
         seconds = time.perf_counter() - start_time
         if out is not None and is_main():
             columns = {n: table[:, j] for j, n in enumerate(prompts)}
-            path = results.write_scores_csv(out, tokens, names, decoded, columns)
+            path = results.write_scores_csv(out, tokens, names, decoded, columns, roundtrip)
             scored = len(tokens) - done_before
             results.write_meta(
                 path, kind="sweep", identity=identity, model=model.source, architecture=model.config.architecture,
                 output_column=model.config.reward_index, prompts=prompts, mode=mode, template=template,
                 dtype=model.dtype, mesh=dict(model.mesh.shape) if model.mesh is not None else None,
                 n_candidates=len(tokens), resumed_candidates=done_before, batch_size=batch_size,
+                roundtrip={"tokens": int(roundtrip.sum()), "of": len(tokens), "per_prompt": per_prompt},
                 chunk_size=chunk_size, nonfinite=nonfinite, seconds=seconds, load_seconds=model.load_seconds,
                 candidates_per_second=scored * len(prompts) / seconds if seconds > 0 else None,
             )
@@ -187,14 +193,12 @@ def sweep(
 def _scorer(model: Model, prompts: dict[str, str], mode: str, template: str, text_add_special_tokens: bool,
             tokens: np.ndarray, decoded: list[str], batch_size: int):
     """(score(rows) -> [len(rows), prompts], sequence(row, prompt) -> the full token ids it scored)."""
-    from rmjax import textscore
-
     if mode == "token":
         contexts = [prepare_prompt(model, n, t, template) for n, t in prompts.items()]
         return (lambda rows: np.stack([score_tokens(model, c, tokens[rows.start : rows.stop], batch_size)
                                        for c in contexts], axis=1),
                 lambda row, col: contexts[col].split.ids_with([int(tokens[row])]))
-    scorers = [textscore.TextScorer(model, t, template, text_add_special_tokens) for t in prompts.values()]
+    scorers = [TextScorer(model, t, template, text_add_special_tokens) for t in prompts.values()]
     return (lambda rows: np.stack([sc.score([decoded[i] for i in rows], batch_size) for sc in scorers], axis=1),
             lambda row, col: scorers[col].token_ids([decoded[row]])[0])
 

@@ -61,6 +61,39 @@ class Conversations:
         return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
 
 
+def _special_ids(tokenizer) -> set[int]:
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
+
+
+def roundtrip_mask(tokenizer, prompts: dict[str, str], template: str, tokens: np.ndarray, decoded: list[str],
+                   max_positions: int | None = None) -> tuple[np.ndarray, dict[str, int]]:
+    """Per token: is `prefix + [id] + suffix` (what token mode scores) exactly what a real conversation
+    gives — decode the id, put the text in the template as the response, tokenize — for every prompt?
+
+    Plain template: only tokens that start with a space read as `Assistant: word`; chat templates
+    that trim the response (Llama 3, Gemma): only tokens without one. Returns the mask and the count
+    per prompt. Tokenizers split the text at special tokens before anything else, so prompts whose
+    prefix agrees after its last special token (and whose suffix agrees) share one computation.
+    """
+    special = _special_ids(tokenizer)
+    done: dict[tuple, np.ndarray] = {}
+    mask, counts = np.ones(len(tokens), bool), {}
+    for name, text in prompts.items():
+        conversations = Conversations(tokenizer, text, template, False, max_positions)
+        split = conversations.split
+        cut = max((i for i, t in enumerate(split.prefix) if t in special), default=-1)
+        key = (split.template, split.prefix[cut:] if cut >= 0 else split.prefix, split.suffix)
+        if key not in done:
+            retokenized = conversations.token_ids(list(decoded))
+            done[key] = np.fromiter((ids == split.ids_with([int(t)]) for ids, t in zip(retokenized, tokens,
+                                                                                        strict=True)),
+                                    bool, len(tokens))
+        counts[name] = int(done[key].sum())
+        mask &= done[key]
+    return mask, counts
+
+
 class TextScorer(Conversations):
     """Scores response strings for one prompt against its cached prefix."""
 
@@ -140,9 +173,6 @@ def score_texts(model: Model, prompts: dict[str, str], texts: list[str], templat
     return scores
 
 
-TEXT_COLUMNS = ("text",)
-
-
 def text_scores_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
                          texts: list[str], template: str = "auto") -> dict:
     return {"job": "score", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
@@ -153,7 +183,7 @@ def write_text_scores(model: Model, prompts: dict[str, str], texts: list[str], o
                       template: str = "auto", batch_size: int = 256, overwrite: bool = False,
                       allow_nonfinite: bool = False) -> Path:
     """`text, <one column per prompt>` CSV + .meta.json (reused when a finished one has the same identity)."""
-    check_prompt_names(prompts, TEXT_COLUMNS)
+    check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = text_scores_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, texts=texts,
                                     output_column=model.config.reward_index, template=template)
     with claim(out, identity, overwrite=overwrite) as decision:

@@ -108,7 +108,7 @@ def paper1_run(tmp_path_factory):
 
 PAPER1_TABLES = ["paper1_shared_vocabulary", "paper1_moments", "paper1_top_bottom_raw", "paper1_top_bottom_shared",
                  "paper1_rsa", "paper1_framing_correlations", "paper1_framing_rankings", "paper1_sentiment_slopes",
-                 "paper1_frequency_slopes", "bigtwo", "bigtwo_families",
+                 "paper1_frequency_slopes", "bigtwo", "bigtwo_variants", "bigtwo_families",
                  *(f"paper1_rsa_theoretical_{m}" for m in ("same_base_model", "same_developer",
                                                            "parameter_similarity", "rewardbench_rank_similarity")),
                  *(f"paper1_{m}_{p}" for m in ("kendall_tau", "spearman", "rbo", "mds") for p in PROMPTS)]
@@ -201,7 +201,7 @@ def test_paper1_sentiment_frequency_framing_and_big_two(paper1_run):
     worst = slopes[slopes.prompt == "worst"].slope.astype(float)
     assert (best > 0).all() and (worst < 0).all()  # the stand-in scores follow valence
     freq = _read(out, "paper1_frequency_slopes")
-    assert (freq.slope_log_frequency.astype(float) > 0).all()  # and frequency
+    assert (freq.slope_frequency.astype(float) > 0).all()  # and frequency
     framing = _read(out, "paper1_framing_correlations").set_index("model")
     assert (framing.spearman.astype(float) < -0.3).all()
     rankings = _read(out, "paper1_framing_rankings")
@@ -227,9 +227,10 @@ def test_implicit_rm_and_checkpoints_from_the_command_line(tmp_path):
     for step, base in ((0, "Llama"), (50, "Gemma"), (100, "Gemma")):
         write_fake_model(checkpoints / f"step_{step}.csv", strings, base, seed=step)
     out = tmp_path / "out"
-    run_analyze(f"--implicit={tables[0]},{tables[1]}", f"--bigtwo_checkpoints={checkpoints}", f"--out={out}",
-                "--top=5", "--models_yaml=")
-    rewards = results.read_scores_csv(out / "implicit_rm.csv", n_keys=1).set_index("text")
+    # chosen = lm_b: MWLR > 0 where lm_b gives more probability
+    run_analyze(f"--implicit_chosen={tables[1]}", f"--implicit_reference={tables[0]}",
+                f"--bigtwo_checkpoints={checkpoints}", f"--out={out}", "--top=5", "--models_yaml=")
+    rewards = results.read_scores_csv(out / "implicit_rm.csv").set_index("text")
     a = results.read_scores_csv(tables[0]).set_index("token_decoded")
     b = results.read_scores_csv(tables[1]).set_index("token_decoded")
     a, b = a[~a.index.duplicated()], b[~b.index.duplicated()]
@@ -240,7 +241,7 @@ def test_implicit_rm_and_checkpoints_from_the_command_line(tmp_path):
     assert top[(top.prompt == "greatest") & (top.side == "top")]["mwlr"].astype(float).iloc[0] == pytest.approx(
         rewards["greatest"].max(), rel=1e-6)
     big2 = _read(out, "implicit_rm_bigtwo")
-    assert float(big2[big2.prompt == "greatest"].rank_biserial.iloc[0]) < 0  # B down-weights agency words
+    assert float(big2[big2.prompt == "greatest"].rank_biserial.iloc[0]) < 0  # lm_b down-weights agency words
     steps = _read(out, "bigtwo_checkpoints")
     greatest = steps[steps.prompt == "greatest"]
     assert greatest.step.astype(int).tolist() == [0, 50, 100]
@@ -255,4 +256,4 @@ def test_implicit_rm_and_checkpoints_from_the_command_line(tmp_path):
 def test_command_line_needs_an_input(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "experiments.analyze", f"--out={tmp_path}"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "give at least one of --scores" in proc.stderr
+    assert proc.returncode == 2 and "nothing to analyze: give --scores" in proc.stderr

@@ -17,13 +17,13 @@ def _logprob_table(name: str, strings: list[str], probs: dict[str, list[float]])
 
 
 def test_mwlr_value_sign_and_antisymmetry():
-    p, q = np.array([0.2, 0.01, 1e-9, 0.3]), np.array([0.05, 0.04, 1e-6, 0.3])
-    got = mwlr(np.log(p), np.log(q))
-    np.testing.assert_allclose(got, 0.5 * (p + q) * (np.log(q) - np.log(p)), rtol=1e-12)
-    assert got[0] < 0 < got[1]  # B likes token 1 more than A does, token 0 less
+    reference, chosen = np.array([0.2, 0.01, 1e-9, 0.3]), np.array([0.05, 0.04, 1e-6, 0.3])
+    got = mwlr(np.log(chosen), np.log(reference))
+    np.testing.assert_allclose(got, 0.5 * (reference + chosen) * (np.log(chosen) - np.log(reference)), rtol=1e-12)
+    assert got[0] < 0 < got[1]  # the chosen model likes token 1 more than the reference does, token 0 less
     assert got[3] == 0.0
     assert abs(got[2]) < 1e-5  # a 1000x ratio among junk probabilities is worth almost nothing
-    np.testing.assert_allclose(mwlr(np.log(q), np.log(p)), -got, rtol=1e-12)
+    np.testing.assert_allclose(mwlr(np.log(reference), np.log(chosen)), -got, rtol=1e-12)
 
 
 def test_implicit_reward_on_shared_strings_keeping_max_probability():
@@ -31,15 +31,15 @@ def test_implicit_reward_on_shared_strings_keeping_max_probability():
                        {"greatest": [0.10, 0.30, 0.05, 0.2, 0.2], "worst": [0.01, 0.02, 0.03, 0.04, 0.05]})
     b = _logprob_table("B", ["Freedom", " Love", "Love", "only-b"],
                        {"greatest": [0.40, 0.10, 0.05, 0.3], "worst": [0.02, 0.02, 0.01, 0.5]})
-    rewards = implicit_reward(a, b)
+    rewards = implicit_reward(chosen=b, reference=a)
     assert list(rewards.index) == [" Love", "Freedom", "Love"]
     # "Love" appears twice in A: its highest probability per prompt (0.2 for greatest, 0.05 for worst) is kept
-    assert rewards.loc["Love", "greatest:logp_A"] == pytest.approx(np.log(0.2))
-    assert rewards.loc["Love", "worst:logp_A"] == pytest.approx(np.log(0.05))
+    assert rewards.loc["Love", "greatest:logp_reference"] == pytest.approx(np.log(0.2))
+    assert rewards.loc["Love", "worst:logp_reference"] == pytest.approx(np.log(0.05))
     expected = 0.5 * (0.2 + 0.05) * (np.log(0.05) - np.log(0.2))
     assert rewards.loc["Love", "greatest"] == pytest.approx(expected)
     assert rewards.loc["Freedom", "greatest"] > 0 > rewards.loc["Love", "greatest"]
-    swapped = implicit_reward(b, a)
+    swapped = implicit_reward(chosen=a, reference=b)
     np.testing.assert_allclose(swapped["greatest"], -rewards["greatest"], rtol=1e-12)
     top = implicit_top_bottom(rewards, k=1)
     assert top[(top.prompt == "greatest") & (top.side == "top")].text.tolist() == ["Freedom"]

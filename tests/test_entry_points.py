@@ -71,7 +71,7 @@ def test_score_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "experiments.score", f"--model={folder}", "--prompts=greatest,worst",
                            "--texts=Love,None,NaN,a b", f"--out={out}"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    df = results.read_scores_csv(out, n_keys=1)
+    df = results.read_scores_csv(out)
     assert df["text"].tolist() == ["Love", "None", "NaN", "a b"]
     # independent reference: the whole templated conversation through a plain full forward
     from rmjax import model as M

@@ -3,7 +3,9 @@
 Tokens are matched to stems after stripping and lower-casing; a token matched by stems of both
 categories is left out. Ranks are within each model's whole table (1 = highest score); the
 percentile (share of the table at or below the token's score, 1 = top) compares models whose
-vocabularies differ in size.
+vocabularies differ in size. `collapse` ('none', 'max', 'mean': `data.collapse_variants`) decides
+whether `love`, ` love` and `Love` are three observations (the papers' counting, which overstates
+significance and weights large vocabularies more) or one per word.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from rmjax.analysis import lexicons, stats
-from rmjax.analysis.data import ScoreTable, common_prompts, read_table
+from rmjax.analysis.data import ScoreTable, collapse_variants, common_prompts, read_table, roundtrip_rows
 from rmjax.errors import MissingFileError
 
 AGENCY, COMMUNION = lexicons.AGENCY, lexicons.COMMUNION
@@ -25,8 +27,9 @@ Lexicon = dict[str, Sequence[str]] | lexicons.StemMatcher
 
 
 def bigtwo_points(table: ScoreTable, prompt: str, lexicon: Lexicon,
-                  category: np.ndarray | None = None) -> pd.DataFrame:
-    """Matched tokens of one model: string, category, score, rank and percentile in the whole table.
+                  category: np.ndarray | None = None, collapse: str = "none") -> pd.DataFrame:
+    """Matched tokens of one model: string, word, category, score, rank and percentile in the whole
+    table (one row per word unless collapse='none').
 
     `category` (from `lexicons.categorize`) saves matching the table again for each prompt."""
     scores = table.frame[prompt].to_numpy(np.float64)
@@ -34,8 +37,10 @@ def bigtwo_points(table: ScoreTable, prompt: str, lexicon: Lexicon,
     rank = stats.descending_ranks(scores)
     percentile = scipy_stats.rankdata(scores, method="max") / len(scores)
     mask = np.isin(category, [AGENCY, COMMUNION])
-    return pd.DataFrame({"token_decoded": table.strings.to_numpy()[mask], "category": category[mask],
-                         "score": scores[mask], "rank": rank[mask], "percentile": percentile[mask]})
+    points = pd.DataFrame({"token_decoded": table.strings.to_numpy()[mask], "word": table.normalized[mask],
+                           "category": category[mask], "score": scores[mask], "rank": rank[mask],
+                           "percentile": percentile[mask]})
+    return collapse_variants(points, collapse)
 
 
 def _compare(points: pd.DataFrame) -> dict[str, float]:
@@ -51,7 +56,7 @@ def _compare(points: pd.DataFrame) -> dict[str, float]:
 
 
 def bigtwo_comparison(tables: Sequence[ScoreTable], prompts: Sequence[str],
-                      lexicon: Lexicon) -> pd.DataFrame:
+                      lexicon: Lexicon, collapse: str = "none") -> pd.DataFrame:
     """Per model and prompt: agency vs communion Mann-Whitney U (U for agency) and rank-biserial r
     (+1: every agency token above every communion token)."""
     matcher = lexicons.as_matcher(lexicon)
@@ -59,14 +64,14 @@ def bigtwo_comparison(tables: Sequence[ScoreTable], prompts: Sequence[str],
     rows = []
     for prompt in prompts:
         for t in tables:
-            points = bigtwo_points(t, prompt, lexicon, categories[t.model])
-            rows.append({"prompt": prompt, "model": t.model, **_compare(points),
+            points = bigtwo_points(t, prompt, lexicon, categories[t.model], collapse)
+            rows.append({"prompt": prompt, "model": t.model, "collapse": collapse, **_compare(points),
                          "n_ambiguous_left_out": int((categories[t.model] == "ambiguous").sum())})
     return pd.DataFrame(rows)
 
 
 def bigtwo_family_comparison(tables: Sequence[ScoreTable], prompts: Sequence[str],
-                             lexicon: Lexicon, families: dict[str, str]) -> pd.DataFrame:
+                             lexicon: Lexicon, families: dict[str, str], collapse: str = "none") -> pd.DataFrame:
     """The same test per base-model family, pooling the tokens' within-model percentiles."""
     matcher = lexicons.as_matcher(lexicon)
     categories = {t.model: lexicons.categorize(t.normalized, matcher, normalized=True) for t in tables}
@@ -74,20 +79,23 @@ def bigtwo_family_comparison(tables: Sequence[ScoreTable], prompts: Sequence[str
     for prompt in prompts:
         for family in sorted(set(families.values())):
             members = [t for t in tables if families.get(t.model) == family]
-            points = pd.concat([bigtwo_points(t, prompt, lexicon, categories[t.model]) for t in members],
+            points = pd.concat([bigtwo_points(t, prompt, lexicon, categories[t.model], collapse) for t in members],
                                ignore_index=True)
             rows.append({"prompt": prompt, "family": family, "models": ",".join(t.model for t in members),
+                         "collapse": collapse,
                          **_compare(points)})
     return pd.DataFrame(rows)
 
 
-def load_checkpoints(directory: str | Path) -> list[tuple[int, ScoreTable]]:
+def load_checkpoints(directory: str | Path, roundtrip_only: bool = False) -> list[tuple[int, ScoreTable]]:
     """`step_<N>.csv` score tables of one training run, sorted by step."""
     found = []
     for path in Path(directory).glob("step_*.csv"):
         match = re.fullmatch(r"step_(\d+)", path.stem)
         if match:
             frame, string_column = read_table(path)
+            if roundtrip_only:
+                frame = roundtrip_rows(frame, string_column, path)
             found.append((int(match.group(1)), ScoreTable(path.stem, path.stem, frame, string_column, path)))
     if not found:
         raise MissingFileError(f"no step_<N>.csv score tables in {directory}.")
@@ -95,13 +103,13 @@ def load_checkpoints(directory: str | Path) -> list[tuple[int, ScoreTable]]:
 
 
 def bigtwo_checkpoints(steps: Sequence[tuple[int, ScoreTable]], lexicon: Lexicon,
-                       prompts: Sequence[str] | None = None) -> pd.DataFrame:
+                       prompts: Sequence[str] | None = None, collapse: str = "none") -> pd.DataFrame:
     """Per training step and prompt: median agency and communion ranks (and the test of `bigtwo_comparison`)."""
     prompts = list(prompts or common_prompts([t for _, t in steps]))
     rows = []
     for step, table in steps:
         category = lexicons.categorize(table.normalized, lexicon, normalized=True)
         for prompt in prompts:
-            points = bigtwo_points(table, prompt, lexicon, category)
+            points = bigtwo_points(table, prompt, lexicon, category, collapse)
             rows.append({"step": step, "prompt": prompt, **_compare(points)})
     return pd.DataFrame(rows)

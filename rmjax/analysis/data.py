@@ -21,8 +21,7 @@ import yaml
 from rmjax import results
 from rmjax.errors import InputFileError, MissingFileError, UsageError
 
-TOKEN_KEYS = ["token_id", "token_name", "token_decoded"]
-TEXT_KEYS = ["text"]
+TOKEN_KEYS = results.KEY_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,7 @@ class ScoreTable:
 
     @property
     def prompts(self) -> list[str]:
-        keys = TOKEN_KEYS if self.string_column == "token_decoded" else TEXT_KEYS
-        return [c for c in self.frame.columns if c not in keys]
+        return results.value_columns(self.frame)
 
     @property
     def strings(self) -> pd.Series:
@@ -59,7 +57,7 @@ def read_table(path: str | Path) -> tuple[pd.DataFrame, str]:
         with open(path, encoding="utf-8") as f:
             header = f.readline()
         if header.lstrip().startswith(('"text"', "text")):
-            frame, string_column = results.read_scores_csv(path, n_keys=1), "text"
+            frame, string_column = results.read_scores_csv(path), "text"
         else:
             frame, string_column = results.read_scores_csv(path), "token_decoded"
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
@@ -68,8 +66,7 @@ def read_table(path: str | Path) -> tuple[pd.DataFrame, str]:
     if missing:
         raise UsageError(f"{path}: not a score table (missing columns {missing}); expected "
                          "token_id, token_name, token_decoded, <one column per prompt> or text, <prompts>.")
-    keys = TOKEN_KEYS if string_column == "token_decoded" else TEXT_KEYS
-    values = frame[[c for c in frame.columns if c not in keys]].to_numpy(np.float64)
+    values = frame[results.value_columns(frame)].to_numpy(np.float64)
     bad = ~np.isfinite(values).all(axis=1)
     if bad.any():
         rows = frame[bad].head(5)
@@ -112,13 +109,27 @@ def expand_paths(spec: str | Path | Sequence[str | Path]) -> list[Path]:
     return paths
 
 
-def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.DataFrame | None = None
-                      ) -> list[ScoreTable]:
+def roundtrip_rows(frame: pd.DataFrame, string_column: str, path: Path) -> pd.DataFrame:
+    """Only the rows whose token-mode sequence is what a real conversation gives (`roundtrip` = 1).
+    Scored-text tables are real conversations already and are kept whole."""
+    if string_column == "text":
+        return frame
+    if results.ROUNDTRIP not in frame.columns:
+        raise UsageError(f"{path}: no roundtrip column (written by the published pipeline or an older rmjax); "
+                         "rerun the sweep with this rmjax, or drop --roundtrip_only.")
+    return frame[frame[results.ROUNDTRIP] == 1].reset_index(drop=True)
+
+
+def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.DataFrame | None = None,
+                      roundtrip_only: bool = False) -> list[ScoreTable]:
     """Every score table in `spec`, labelled by nickname when `metadata` knows the model, in the
-    metadata's order (then the others in file order)."""
+    metadata's order (then the others in file order); with `roundtrip_only`, only the tokens a real
+    conversation produces."""
     tables = []
     for path in expand_paths(spec):
         frame, string_column = read_table(path)
+        if roundtrip_only:
+            frame = roundtrip_rows(frame, string_column, path)
         source = source_name(path)
         tables.append(ScoreTable(model_label(source, metadata), source, frame, string_column, path))
     if metadata is not None:
@@ -245,3 +256,26 @@ def aligned_scores(tables: Sequence[ScoreTable], prompt: str, vocabulary: Sequen
 def dedupe_keep_max(table: ScoreTable, prompts: Sequence[str]) -> pd.DataFrame:
     """One row per decoded string, each prompt column holding the highest value over its duplicates."""
     return table.frame.groupby(table.string_column, sort=True)[list(prompts)].max()
+
+
+COLLAPSE_MODES = ("none", "max", "mean")
+
+
+def collapse_variants(points: pd.DataFrame, how: str, word: str = "word", score: str = "score") -> pd.DataFrame:
+    """One observation per normalized word (`word`), or every variant token with 'none'.
+
+    'none' counts `love`, ` love`, `Love` and ` LOVE` as four observations (what the papers' tables
+    list); 'max' keeps the variant with the highest score; 'mean' averages the variants' numeric
+    columns (the other columns are the same for every variant of a word, e.g. its category)."""
+    if how not in COLLAPSE_MODES:
+        raise UsageError(f"--collapse_variants={how}: must be one of {', '.join(COLLAPSE_MODES)}.")
+    if how == "none" or points.empty:
+        return points.reset_index(drop=True)
+    if how == "max":
+        best = points.sort_values(score, ascending=False, kind="stable").drop_duplicates(word)
+        return best.sort_values(word, kind="stable").reset_index(drop=True)
+    numeric = [c for c in points.columns if c != word and pd.api.types.is_numeric_dtype(points[c])]
+    first = [c for c in points.columns if c not in numeric and c != word]
+    merged = points.groupby(word, sort=True, as_index=False).agg({**{c: "mean" for c in numeric},
+                                                                  **{c: "first" for c in first}})
+    return merged[list(points.columns)]

@@ -1,13 +1,17 @@
 """The implicit reward model between two causal LMs, made readable with the mixture-weighted log ratio.
 
-r(x, y) = beta (log pi_B(y|x) - log pi_A(y|x)) + c(x) over single tokens is dominated by junk tokens
+The orientation is named, never positional: the *chosen* model's log-prob minus the *reference*
+model's, r(x, y) = beta (log pi_chosen(y|x) - log pi_reference(y|x)) + c(x) (DPO's reward for turning
+the reference into the chosen model). Over single tokens that log ratio is dominated by junk tokens
 whose probabilities are tiny in both models, so tokens are ranked by
 
-    MWLR = 1/2 (p + q) (log q - log p),   p = pi_A(y|x), q = pi_B(y|x),
+    MWLR = 1/2 (p_c + p_r) (log p_c - log p_r),
 
-which weights the log ratio by how much probability the two models give the token together.
-Models with different tokenizers are compared on the decoded strings both have, each model first
-reduced to one row per string (its highest log-prob).
+which weights the log ratio by how much probability the two models give the token together: > 0
+where the chosen model gives the token more probability. The second paper's table "Llama 3.2 3B ->
+Gemma 2 2B" (Freedom optimal, ** and Love pessimal) is chosen = Llama, reference = Gemma. Models
+with different tokenizers are compared on the decoded strings both have, each model first reduced
+to one row per string (its highest log-prob).
 """
 
 from __future__ import annotations
@@ -20,36 +24,38 @@ import pandas as pd
 from rmjax.analysis.data import ScoreTable, common_prompts, dedupe_keep_max
 from rmjax.errors import UsageError
 
-
-def mwlr(logp_a: np.ndarray, logp_b: np.ndarray) -> np.ndarray:
-    """1/2 (p + q) (log q - log p) from log-probs of model A (p) and model B (q); > 0 where B prefers."""
-    logp_a, logp_b = np.asarray(logp_a, np.float64), np.asarray(logp_b, np.float64)
-    return 0.5 * (np.exp(logp_a) + np.exp(logp_b)) * (logp_b - logp_a)
+CHOSEN, REFERENCE = ":logp_chosen", ":logp_reference"
 
 
-def implicit_reward(table_a: ScoreTable, table_b: ScoreTable, prompts: Sequence[str] | None = None) -> pd.DataFrame:
-    """MWLR per shared decoded string (rows, sorted) and prompt (columns), plus each model's log-prob
-    as `<prompt>:logp_A` / `<prompt>:logp_B`."""
-    prompts = list(prompts or common_prompts([table_a, table_b]))
+def mwlr(logp_chosen: np.ndarray, logp_reference: np.ndarray) -> np.ndarray:
+    """1/2 (p_c + p_r) (log p_c - log p_r); > 0 where the chosen model gives the token more probability."""
+    logp_c, logp_r = np.asarray(logp_chosen, np.float64), np.asarray(logp_reference, np.float64)
+    return 0.5 * (np.exp(logp_c) + np.exp(logp_r)) * (logp_c - logp_r)
+
+
+def implicit_reward(chosen: ScoreTable, reference: ScoreTable, prompts: Sequence[str] | None = None) -> pd.DataFrame:
+    """MWLR (chosen over reference) per shared decoded string (rows, sorted) and prompt (columns), plus
+    each model's log-prob as `<prompt>:logp_chosen` / `<prompt>:logp_reference`."""
+    prompts = list(prompts or common_prompts([chosen, reference]))
     if not prompts:
-        raise UsageError(f"{table_a.model} and {table_b.model} have no prompt column in common.")
-    a = dedupe_keep_max(table_a, prompts)
-    b = dedupe_keep_max(table_b, prompts)
-    shared = a.index.intersection(b.index).sort_values()
+        raise UsageError(f"{chosen.model} and {reference.model} have no prompt column in common.")
+    c = dedupe_keep_max(chosen, prompts)
+    r = dedupe_keep_max(reference, prompts)
+    shared = c.index.intersection(r.index).sort_values()
     if len(shared) == 0:
-        raise UsageError(f"{table_a.model} and {table_b.model} share no decoded string.")
-    a, b = a.loc[shared], b.loc[shared]
+        raise UsageError(f"{chosen.model} and {reference.model} share no decoded string.")
+    c, r = c.loc[shared], r.loc[shared]
     out = pd.DataFrame(index=pd.Index(shared, name="text"))
     for prompt in prompts:
-        out[prompt] = mwlr(a[prompt].to_numpy(), b[prompt].to_numpy())
+        out[prompt] = mwlr(c[prompt].to_numpy(), r[prompt].to_numpy())
     for prompt in prompts:
-        out[f"{prompt}:logp_A"] = a[prompt].to_numpy(np.float64)
-        out[f"{prompt}:logp_B"] = b[prompt].to_numpy(np.float64)
+        out[prompt + CHOSEN] = c[prompt].to_numpy(np.float64)
+        out[prompt + REFERENCE] = r[prompt].to_numpy(np.float64)
     return out
 
 
 def mwlr_columns(rewards: pd.DataFrame) -> list[str]:
-    return [c for c in rewards.columns if not str(c).endswith((":logp_A", ":logp_B"))]
+    return [c for c in rewards.columns if not str(c).endswith((CHOSEN, REFERENCE))]
 
 
 def implicit_table(rewards: pd.DataFrame, name: str) -> ScoreTable:
@@ -60,15 +66,17 @@ def implicit_table(rewards: pd.DataFrame, name: str) -> ScoreTable:
 
 
 def implicit_top_bottom(rewards: pd.DataFrame, k: int = 20) -> pd.DataFrame:
-    """Optimal (highest MWLR: B over A) and pessimal tokens per prompt; ties ordered by string."""
+    """Optimal (highest MWLR: the chosen model's favourites) and pessimal tokens per prompt; ties ordered
+    by string."""
     rows = []
     for prompt in mwlr_columns(rewards):
         order = pd.DataFrame({"text": rewards.index.to_numpy(), "mwlr": rewards[prompt].to_numpy(),
-                              "logp_A": rewards[f"{prompt}:logp_A"].to_numpy(),
-                              "logp_B": rewards[f"{prompt}:logp_B"].to_numpy()})
+                              "logp_chosen": rewards[prompt + CHOSEN].to_numpy(),
+                              "logp_reference": rewards[prompt + REFERENCE].to_numpy()})
         order = order.sort_values(["mwlr", "text"], ascending=[False, True], kind="mergesort")
         for side, part in (("top", order.head(k)), ("bottom", order.tail(k).iloc[::-1])):
             for position, (_, row) in enumerate(part.iterrows(), start=1):
                 rows.append({"prompt": prompt, "side": side, "rank": position, "text": row["text"],
-                             "mwlr": row["mwlr"], "logp_A": row["logp_A"], "logp_B": row["logp_B"]})
+                             "mwlr": row["mwlr"], "logp_chosen": row["logp_chosen"],
+                             "logp_reference": row["logp_reference"]})
     return pd.DataFrame(rows)

@@ -11,7 +11,8 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from rmjax.analysis import lexicons, stats
-from rmjax.analysis.data import ScoreTable
+from rmjax.analysis.data import ScoreTable, collapse_variants
+from rmjax.errors import UsageError
 
 
 def moments_table(tables: Sequence[ScoreTable], prompts: Sequence[str], n_boot: int = 1000,
@@ -85,48 +86,65 @@ def rsa_table(tau: pd.DataFrame, metadata: pd.DataFrame, n_permutations: int = 1
     return pd.DataFrame(rows)
 
 
-def sentiment_points(table: ScoreTable, prompt: str, afinn: dict[str, int]) -> pd.DataFrame:
-    """Tokens of one model found in AFINN-111 (each token one point): token, sentiment, score."""
+def sentiment_points(table: ScoreTable, prompt: str, afinn: dict[str, int], collapse: str = "none") -> pd.DataFrame:
+    """Tokens of one model found in AFINN-111: token, word, sentiment, score (one row per token, or per
+    word with collapse='max'/'mean')."""
     sentiment = lexicons.lookup(table.normalized, afinn, normalized=True)
     mask = ~np.isnan(sentiment)
-    return pd.DataFrame({"token_decoded": table.strings.to_numpy()[mask], "sentiment": sentiment[mask],
-                         "score": table.frame[prompt].to_numpy(np.float64)[mask]})
+    points = pd.DataFrame({"token_decoded": table.strings.to_numpy()[mask], "word": table.normalized[mask],
+                           "sentiment": sentiment[mask], "score": table.frame[prompt].to_numpy(np.float64)[mask]})
+    return collapse_variants(points, collapse)
 
 
 def sentiment_regressions(tables: Sequence[ScoreTable], prompts: Sequence[str],
-                          afinn: dict[str, int]) -> pd.DataFrame:
+                          afinn: dict[str, int], collapse: str = "none") -> pd.DataFrame:
     """OLS slope (and SE) of score on AFINN value, separately for positive and negative words,
     per model and prompt."""
     rows = []
     for prompt in prompts:
         for t in tables:
-            points = sentiment_points(t, prompt, afinn)
+            points = sentiment_points(t, prompt, afinn, collapse)
             for valence, part in (("positive", points[points.sentiment > 0]),
                                   ("negative", points[points.sentiment < 0])):
                 fit = stats.ols(part.score.to_numpy(), {"sentiment": part.sentiment.to_numpy()})
-                rows.append({"prompt": prompt, "model": t.model, "valence": valence, "n_tokens": len(part),
-                             "slope": fit.loc["sentiment", "coef"], "se": fit.loc["sentiment", "se"],
-                             "intercept": fit.loc["intercept", "coef"]})
+                rows.append({"prompt": prompt, "model": t.model, "valence": valence, "collapse": collapse,
+                             "n_tokens": len(part), "slope": fit.loc["sentiment", "coef"],
+                             "se": fit.loc["sentiment", "se"], "intercept": fit.loc["intercept", "coef"]})
     return pd.DataFrame(rows)
 
 
+FREQUENCY_SCALES = {
+    "log_per_million": "log(BNC frequency per million words)",
+    "zscore": "z-score of log(BNC frequency per million) over the regressed words",
+}
+
+
 def frequency_regressions(tables: Sequence[ScoreTable], prompts: Sequence[str], afinn: dict[str, int],
-                          frequencies: dict[str, float]) -> pd.DataFrame:
-    """score ~ log(BNC frequency per million) + sentiment per model and prompt, over tokens whose
-    normalized form is in the BNC list; words absent from AFINN-111 count as sentiment 0 (AFINN's
-    own convention for unlisted words)."""
+                          frequencies: dict[str, float], collapse: str = "none",
+                          scale: str = "log_per_million") -> pd.DataFrame:
+    """score ~ frequency + sentiment per model and prompt, over tokens whose normalized form is in the
+    BNC list; words absent from AFINN-111 count as sentiment 0 (AFINN's own convention for unlisted
+    words). `scale` (FREQUENCY_SCALES): the natural log of the BNC list's per-million frequency, or
+    that log z-scored over the regressed words (the slope is then per standard deviation)."""
+    if scale not in FREQUENCY_SCALES:
+        raise UsageError(f"--frequency_scale={scale}: must be one of {', '.join(FREQUENCY_SCALES)}.")
     rows = []
     for prompt in prompts:
         for t in tables:
             freq = lexicons.lookup(t.normalized, frequencies, normalized=True)
             mask = ~np.isnan(freq)
-            sentiment = np.nan_to_num(lexicons.lookup(t.normalized, afinn, normalized=True), nan=0.0)[mask]
-            log_frequency = np.log(freq[mask])
-            fit = stats.ols(t.frame[prompt].to_numpy(np.float64)[mask],
-                            {"log_frequency": log_frequency, "sentiment": sentiment})
-            rows.append({"prompt": prompt, "model": t.model, "n_tokens": int(mask.sum()),
-                         "slope_log_frequency": fit.loc["log_frequency", "coef"],
-                         "se_log_frequency": fit.loc["log_frequency", "se"],
+            points = collapse_variants(pd.DataFrame({
+                "word": t.normalized[mask], "score": t.frame[prompt].to_numpy(np.float64)[mask],
+                "frequency": np.log(freq[mask]),
+                "sentiment": np.nan_to_num(lexicons.lookup(t.normalized, afinn, normalized=True), nan=0.0)[mask],
+            }), collapse)
+            frequency = points.frequency.to_numpy()
+            if scale == "zscore":
+                frequency = stats.z_scores(frequency)
+            fit = stats.ols(points.score.to_numpy(), {"frequency": frequency, "sentiment": points.sentiment.to_numpy()})
+            rows.append({"prompt": prompt, "model": t.model, "collapse": collapse, "frequency_scale": scale,
+                         "n_tokens": len(points), "slope_frequency": fit.loc["frequency", "coef"],
+                         "se_frequency": fit.loc["frequency", "se"],
                          "slope_sentiment": fit.loc["sentiment", "coef"], "se_sentiment": fit.loc["sentiment", "se"]})
     return pd.DataFrame(rows)
 

@@ -3,112 +3,19 @@ to one folder, and a short report of the headline numbers (report.md, also print
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from rmjax import locks, results
 from rmjax.analysis import bigtwo, data, lexicons, paper1, plots, stats
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
-from rmjax.errors import MissingFileError, OutputExistsError, UsageError
-from rmjax.outputs import check_writable
-from rmjax.results import dump_json
-
-
-def write_frame(path: str | Path, frame: pd.DataFrame) -> Path:
-    """A DataFrame through `results.write_table`: text/int/bool columns as keys, float columns as values
-    (so tokens such as `None` or `NaN` stay strings when read back with NA parsing off)."""
-    keys: dict[str, list] = {}
-    values: dict[str, np.ndarray] = {}
-    for column in frame.columns:
-        series = frame[column]
-        if pd.api.types.is_float_dtype(series):
-            values[str(column)] = series.to_numpy(np.float64)
-        else:
-            keys[str(column)] = [v.item() if isinstance(v, np.generic) else v for v in series.tolist()]
-    return results.write_table(path, keys, values)
-
-
-def markdown(frame: pd.DataFrame, digits: int = 3) -> str:
-    """A small DataFrame as a Markdown table (no extra dependency)."""
-    def cell(v) -> str:
-        if isinstance(v, float | np.floating):
-            return f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
-        return str(v).replace("|", "\\|").replace("\n", "\\n")
-
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-MANIFEST = "analysis.json"  # the files an analysis wrote into its folder (what --overwrite may remove)
-
-
-def prepare_folder(out: Path, overwrite: bool) -> None:
-    """An analysis writes into an empty folder, or with --overwrite into one holding only an earlier
-    analysis's files (which are removed first, so no stale table or figure survives)."""
-    check_writable(out, folder=True)
-    present = sorted(p.name for p in out.iterdir())
-    if not present:
-        return
-    if not overwrite:
-        raise OutputExistsError(f"--out={out} is not empty ({len(present)} files, e.g. {present[0]}); pass "
-                                "--overwrite to replace an earlier analysis there, or choose a new folder.")
-    manifest = out / MANIFEST
-    try:
-        ours = set(json.loads(manifest.read_text()).get("files", [])) | {MANIFEST} if manifest.is_file() else set()
-    except (ValueError, AttributeError):
-        ours = set()  # unreadable: nothing there is known to be ours
-    # a crash may leave the manifest's own temp file (results.atomic_write_text)
-    ours |= {n for n in present if n.startswith(f".{MANIFEST}.") and n.endswith(".tmp")}
-    foreign = [name for name in present if name not in ours]
-    if foreign:
-        raise OutputExistsError(f"--out={out} holds files no rmjax analysis wrote ({', '.join(foreign[:3])}"
-                                f"{', …' if len(foreign) > 3 else ''}); --overwrite replaces only an earlier "
-                                "analysis: choose a new folder.")
-    for name in present:
-        (out / name).unlink()
-
-
-class Outputs:
-    """Collects what a run wrote (listed in analysis.json as it goes) and the report's lines."""
-
-    def __init__(self, out: str | Path, overwrite: bool = False):
-        self.out = Path(out)
-        prepare_folder(self.out, overwrite)
-        self.tables: dict[str, str] = {}
-        self.figures: dict[str, str] = {}
-        self.lines: list[str] = []
-        self.skipped: list[str] = []
-        self.headline: dict = {}
-        self.files: list[str] = []
-
-    def wrote(self, path: str | Path, complete: bool = False) -> str:
-        self.files.append(Path(path).name)
-        dump_json({"files": self.files, "complete": complete}, self.out / MANIFEST)
-        return str(path)
-
-    def table(self, name: str, frame: pd.DataFrame) -> pd.DataFrame:
-        self.tables[name] = self.wrote(write_frame(self.out / f"{name}.csv", frame))
-        return frame
-
-    def matrix(self, name: str, matrix: pd.DataFrame) -> pd.DataFrame:
-        self.table(name, matrix.rename_axis("model").reset_index())
-        return matrix
-
-    def figure(self, name: str, draw: Callable[..., Path], *args, **kwargs) -> None:
-        self.figures[name] = self.wrote(draw(*args, path=self.out / f"{name}.png", **kwargs))
-
-    def say(self, *lines: str) -> None:
-        self.lines.extend(lines)
-
-    def skip(self, reason: str) -> None:
-        self.skipped.append(reason)
+from rmjax.analysis.config import AnalysisConfig
+from rmjax.analysis.outputs import Outputs, markdown
+from rmjax.errors import MissingFileError, UsageError
 
 
 def _load_optional(outputs: Outputs, what: str, loader: Callable, *args):
@@ -120,8 +27,7 @@ def _load_optional(outputs: Outputs, what: str, loader: Callable, *args):
 
 
 def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: pd.DataFrame | None,
-                    afinn: dict | None, frequencies: dict | None, *, top_k: int, n_boot: int, n_permutations: int,
-                    rbo_p: float, rbo_depth: int, framing: tuple[str, str], seed: int) -> None:
+                    afinn: dict | None, frequencies: dict | None, cfg: AnalysisConfig) -> None:
     prompts = data.common_prompts(tables)
     if not prompts:
         raise UsageError(f"the score tables have no prompt column in common: {[t.prompts for t in tables]}.")
@@ -134,15 +40,16 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
                 f"{len(tables)} models ({', '.join(labels)}), prompts {prompts}; shared vocabulary "
                 f"{len(vocabulary)} decoded strings (in every model, none duplicated within a model).", "")
 
-    moments = outputs.table("paper1_moments", paper1.moments_table(tables, prompts, n_boot, seed))
+    moments = outputs.table("paper1_moments", paper1.moments_table(tables, prompts, cfg.n_boot, cfg.seed))
     outputs.say("Moments of the full score distributions (variance ddof=0, biased skewness; "
-                f"95% bootstrap CIs, {n_boot} resamples, in paper1_moments.csv):", "",
+                f"95% bootstrap CIs, {cfg.n_boot} resamples, in paper1_moments.csv):", "",
                 markdown(moments[["prompt", "model", "n_tokens", "mean", "variance", "skewness"]]), "")
     for prompt in prompts:
         outputs.figure(f"paper1_violin_{data.slugify(prompt)}", plots.violin,
                        {t.model: t.frame[prompt].to_numpy() for t in tables}, f"Score distributions: {prompt}")
-    outputs.table("paper1_top_bottom_raw", paper1.top_bottom_table(tables, prompts, top_k))
-    shared_top = outputs.table("paper1_top_bottom_shared", paper1.top_bottom_table(tables, prompts, top_k, vocabulary))
+    outputs.table("paper1_top_bottom_raw", paper1.top_bottom_table(tables, prompts, cfg.top_k))
+    shared_top = outputs.table("paper1_top_bottom_shared",
+                               paper1.top_bottom_table(tables, prompts, cfg.top_k, vocabulary))
     first = shared_top[(shared_top["prompt"] == prompts[0]) & (shared_top["rank"] <= 5)]
     outputs.say(f"Top and bottom 5 tokens on the shared vocabulary for {prompts[0]!r}:", "")
     for model in labels:
@@ -153,14 +60,14 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
     outputs.say("")
 
     if len(tables) >= 2 and len(vocabulary) >= 2:
-        heterogeneity_section(outputs, tables, prompts, vocabulary, metadata, n_permutations=n_permutations,
-                              rbo_p=rbo_p, rbo_depth=rbo_depth, seed=seed)
+        heterogeneity_section(outputs, tables, prompts, vocabulary, metadata, n_permutations=cfg.n_permutations,
+                              rbo_p=cfg.rbo_p, rbo_depth=cfg.rbo_depth, seed=cfg.seed)
     else:
         outputs.skip("heterogeneity/MDS/RSA: needs at least two models sharing at least two strings.")
 
-    best, worst = framing
+    best, worst = cfg.framing
     if best in prompts and worst in prompts:
-        correlations, rankings = paper1.framing_tables(tables, best, worst, top_k)
+        correlations, rankings = paper1.framing_tables(tables, best, worst, cfg.top_k)
         outputs.table("paper1_framing_correlations", correlations)
         outputs.table("paper1_framing_rankings", rankings)
         outputs.figure("paper1_framing_scatter", plots.framing_scatter,
@@ -170,25 +77,28 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
     else:
         outputs.skip(f"framing: needs prompts {best!r} and {worst!r} (have {prompts}).")
 
+    collapse = cfg.collapse_variants
     if afinn is not None:
-        slopes = outputs.table("paper1_sentiment_slopes", paper1.sentiment_regressions(tables, prompts, afinn))
+        slopes = outputs.table("paper1_sentiment_slopes",
+                               paper1.sentiment_regressions(tables, prompts, afinn, collapse))
         outputs.figure("paper1_sentiment_slopes", plots.slope_plot, slopes, ["prompt", "valence"], "slope", "se",
                        "Score ~ AFINN-111 sentiment, by valence", "slope (score per sentiment point)")
         for prompt in prompts:
             outputs.figure(f"paper1_sentiment_scatter_{data.slugify(prompt)}", plots.sentiment_scatter,
-                           {t.model: paper1.sentiment_points(t, prompt, afinn) for t in tables},
+                           {t.model: paper1.sentiment_points(t, prompt, afinn, collapse) for t in tables},
                            f"Score vs AFINN-111 sentiment: {prompt}")
         mean = slopes.groupby(["prompt", "valence"], sort=False)["slope"].agg(["mean", "count"]).reset_index()
-        outputs.say("Sentiment: OLS slope of score on AFINN-111 value (mean over models):", "", markdown(mean), "")
+        outputs.say(f"Sentiment: OLS slope of score on AFINN-111 value (mean over models; word variants: "
+                    f"{collapse}):", "", markdown(mean), "")
         if frequencies is not None:
-            freq = outputs.table("paper1_frequency_slopes",
-                                 paper1.frequency_regressions(tables, prompts, afinn, frequencies))
-            outputs.figure("paper1_frequency_slopes", plots.slope_plot, freq, ["prompt"], "slope_log_frequency",
-                           "se_log_frequency", "Score ~ log BNC frequency + sentiment",
-                           "slope (score per log frequency)")
-            mean = freq.groupby("prompt", sort=False)["slope_log_frequency"].agg(["mean", "count"]).reset_index()
-            outputs.say("Frequency: slope of score on log BNC frequency controlling for sentiment "
-                        "(mean over models):", "", markdown(mean), "")
+            freq = outputs.table("paper1_frequency_slopes", paper1.frequency_regressions(
+                tables, prompts, afinn, frequencies, collapse, cfg.frequency_scale))
+            scale = paper1.FREQUENCY_SCALES[cfg.frequency_scale]
+            outputs.figure("paper1_frequency_slopes", plots.slope_plot, freq, ["prompt"], "slope_frequency",
+                           "se_frequency", "Score ~ word frequency + sentiment", f"slope (score per unit of {scale})")
+            mean = freq.groupby("prompt", sort=False)["slope_frequency"].agg(["mean", "count"]).reset_index()
+            outputs.say(f"Frequency: slope of score on {scale} controlling for sentiment (mean over models; word "
+                        f"variants: {collapse}):", "", markdown(mean), "")
 
 
 def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], prompts: Sequence[str],
@@ -234,22 +144,32 @@ def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], promp
 
 
 def bigtwo_section(outputs: Outputs, tables: list[data.ScoreTable], lexicon: bigtwo.Lexicon,
-                   metadata: pd.DataFrame | None, name: str = "bigtwo") -> None:
+                   metadata: pd.DataFrame | None, collapse: str, name: str = "bigtwo") -> None:
     prompts = data.common_prompts(tables)
-    comparison = outputs.table(name, bigtwo.bigtwo_comparison(tables, prompts, lexicon))
+    every = {how: bigtwo.bigtwo_comparison(tables, prompts, lexicon, how) for how in data.COLLAPSE_MODES}
+    comparison = outputs.table(name, every[collapse])
     categories = {t.model: lexicons.categorize(t.normalized, lexicon, normalized=True) for t in tables}
     for prompt in prompts:
-        points = {t.model: bigtwo.bigtwo_points(t, prompt, lexicon, categories[t.model]) for t in tables}
+        points = {t.model: bigtwo.bigtwo_points(t, prompt, lexicon, categories[t.model], collapse) for t in tables}
         outputs.figure(f"{name}_{data.slugify(prompt)}", plots.bigtwo_boxes, points,
                        f"Big Two: agency vs communion, {prompt}")
     outputs.say(f"Big Two ({name}): agency vs communion, Mann-Whitney U on within-model score percentiles; "
-                "rank-biserial r > 0 means agency words score higher:", "",
+                f"rank-biserial r > 0 means agency words score higher; word variants: {collapse} (n counts "
+                f"{'tokens' if collapse == 'none' else 'words'}):", "",
                 markdown(comparison[["prompt", "model", "n_agency", "n_communion", "median_rank_agency",
                                      "median_rank_communion", "rank_biserial", "p_value"]]), "")
+    variants = outputs.table(f"{name}_variants", pd.concat(every.values(), ignore_index=True))
+    wide = variants.pivot_table(index=["prompt", "model"], columns="collapse", values=["rank_biserial", "p_value"],
+                                sort=False)
+    wide.columns = [f"{value} ({how})" for value, how in wide.columns]
+    outputs.say("The same test with each word counted once per variant token (none, the papers' counting) or "
+                "once per normalized word (its best variant: max; the mean of its variants: mean):", "",
+                markdown(wide.reset_index()), "")
     model_meta = data.metadata_for([t.model for t in tables], metadata)
     if model_meta is not None:
         families = dict(zip(model_meta.index, model_meta["base_model"], strict=True))
-        family = outputs.table(f"{name}_families", bigtwo.bigtwo_family_comparison(tables, prompts, lexicon, families))
+        family = outputs.table(f"{name}_families",
+                               bigtwo.bigtwo_family_comparison(tables, prompts, lexicon, families, collapse))
         outputs.say("Per base-model family (pooled percentiles):", "",
                     markdown(family[["prompt", "family", "n_agency", "n_communion", "rank_biserial", "p_value"]]), "")
 
@@ -295,78 +215,48 @@ def elo_section(outputs: Outputs, directory: str | Path, metadata: pd.DataFrame 
                 "elo_human_vs_median_model_*.csv.", "")
 
 
-def implicit_section(outputs: Outputs, paths: Sequence[str | Path], lexicon: bigtwo.Lexicon | None, top_k: int) -> None:
-    if len(paths) != 2:
-        raise UsageError(f"--implicit takes two log-prob tables A,B; got {list(paths)}.")
-    (table_a,), (table_b,) = (data.load_score_tables([path]) for path in paths)  # each alone: same name allowed
-    rewards = implicit_lib.implicit_reward(table_a, table_b)
+def implicit_section(outputs: Outputs, chosen_path: str | Path, reference_path: str | Path,
+                     lexicon: bigtwo.Lexicon | None, cfg: AnalysisConfig) -> None:
+    (chosen,), (reference,) = (data.load_score_tables([p]) for p in (chosen_path, reference_path))  # same name ok
+    rewards = implicit_lib.implicit_reward(chosen, reference)
     values = {c: rewards[c].to_numpy() for c in rewards.columns}
     outputs.tables["implicit_rm"] = outputs.wrote(
         results.write_table(outputs.out / "implicit_rm.csv", {"text": list(rewards.index)}, values))
-    top_bottom = outputs.table("implicit_rm_top_bottom", implicit_lib.implicit_top_bottom(rewards, top_k))
-    outputs.say(f"## Implicit RM {table_a.model} -> {table_b.model}", "",
-                f"MWLR = 1/2 (p+q)(log q - log p), p = {table_a.model}, q = {table_b.model}, on {len(rewards)} "
-                "shared decoded strings (max prob per duplicate string).", "")
+    top_bottom = outputs.table("implicit_rm_top_bottom", implicit_lib.implicit_top_bottom(rewards, cfg.top_k))
+    title = f"chosen {chosen.model} over reference {reference.model}"
+    outputs.say(f"## Implicit RM: {title}", "",
+                f"MWLR = 1/2 (p_c + p_r)(log p_c - log p_r), p_c = {chosen.model} (chosen), p_r = {reference.model} "
+                f"(reference): > 0 where {chosen.model} gives the token more probability; on {len(rewards)} shared "
+                "decoded strings (max prob per duplicate string).", "")
     for prompt in implicit_lib.mwlr_columns(rewards):
         part = top_bottom[top_bottom.prompt == prompt]
         outputs.figure(f"implicit_rm_{data.slugify(prompt)}", plots.top_bottom_bars, part, "text", "mwlr",
-                       f"Implicit RM {table_a.model} -> {table_b.model}: {prompt}")
+                       f"Implicit RM, {title}: {prompt}")
         top = ", ".join(repr(s) for s in part[part.side == "top"].text.head(10))
         bottom = ", ".join(repr(s) for s in part[part.side == "bottom"].text.head(10))
         outputs.say(f"- {prompt}: optimal {top}; pessimal {bottom}")
     outputs.say("")
     if lexicon is not None:
-        bigtwo_section(outputs, [implicit_lib.implicit_table(rewards, f"{table_a.model}->{table_b.model}")], lexicon,
-                       None, name="implicit_rm_bigtwo")
+        table = implicit_lib.implicit_table(rewards, f"{chosen.model} over {reference.model}")
+        bigtwo_section(outputs, [table], lexicon, None, cfg.collapse_variants, name="implicit_rm_bigtwo")
 
 
-def run_analyses(scores: str | Sequence[str] | None = None, elo: str | Path | None = None,
-                 out: str | Path = "results/analysis", models_yaml: str | Path | None = None,
-                 implicit: Sequence[str | Path] | None = None, bigtwo_checkpoints: str | Path | None = None,
-                 *, bigtwo_dictionary: str | Path | None = None, frequencies: str | Path | None = None,
-                 top_k: int = 20, n_boot: int = 1000, n_permutations: int = 10000, rbo_p: float = 0.9,
-                 rbo_depth: int = 132, framing: tuple[str, str] = ("best", "worst"), seed: int = 0,
-                 echo: bool = True, overwrite: bool = False) -> dict:
-    """Run the analyses whose inputs are given; returns {'out', 'report', 'tables', 'figures', 'skipped',
+def run_analyses(cfg: AnalysisConfig, out: str | Path = "results/analysis", *, overwrite: bool = False,
+                 echo: bool = True) -> dict:
+    """Run the analyses whose inputs `cfg` gives; returns {'out', 'report', 'tables', 'figures', 'skipped',
     'headline'} (tables and figures map output names to paths)."""
-    if not any([scores, elo, implicit, bigtwo_checkpoints]):
-        raise UsageError("nothing to analyze: give scores, elo, implicit and/or bigtwo_checkpoints.")
-    for what, path in (("--elo", elo), ("--models_yaml", models_yaml), ("--bigtwo_checkpoints", bigtwo_checkpoints),
-                       ("--bigtwo_dictionary", bigtwo_dictionary), *(("--implicit", p) for p in implicit or ())):
+    inputs = (("--elo", cfg.elo), ("--models_yaml", cfg.models_yaml), ("--bigtwo_checkpoints", cfg.bigtwo_checkpoints),
+              ("--bigtwo_dictionary", cfg.bigtwo_dictionary), ("--implicit_chosen", cfg.implicit_chosen),
+              ("--implicit_reference", cfg.implicit_reference))
+    for what, path in inputs:
         if path and not Path(path).exists():
             raise MissingFileError(f"{what}={path} not found.")
-    if scores:
-        data.expand_paths(scores)  # every input is there before an earlier analysis is replaced
+    if cfg.scores:
+        data.expand_paths(cfg.scores)  # every input is there before an earlier analysis is replaced
     start = time.perf_counter()
     with locks.hold(out, what=f"--out={out}"):  # one analysis per folder at a time
         outputs = Outputs(out, overwrite)
-        metadata = data.load_model_metadata(models_yaml) if models_yaml else None
-        needs_lexicon = bool(scores or implicit or bigtwo_checkpoints)
-        lexicon = _load_optional(outputs, "Big Two", lexicons.load_bigtwo, bigtwo_dictionary) if needs_lexicon else None
-        lexicon = None if lexicon is None else lexicons.StemMatcher(lexicon)  # one memo for every table
-        if scores:
-            tables = data.load_score_tables(scores, metadata)
-            afinn = _load_optional(outputs, "sentiment and frequency", lexicons.load_afinn)
-            frequencies_table = None
-            if frequencies and Path(frequencies).is_file():
-                frequencies_table = lexicons.load_bnc_frequencies(frequencies)
-            else:
-                outputs.skip(f"frequency: BNC word-frequency list {frequencies or '(none given)'} not found "
-                             "(give --frequencies=PATH/1_1_all_alpha.txt).")
-            paper1_analyses(outputs, tables, metadata, afinn, frequencies_table, top_k=top_k, n_boot=n_boot,
-                            n_permutations=n_permutations, rbo_p=rbo_p, rbo_depth=rbo_depth, framing=framing, seed=seed)
-            if lexicon is not None:
-                bigtwo_section(outputs, tables, lexicon, metadata)
-        if elo:
-            elo_section(outputs, elo, metadata, top_k)
-        if implicit:
-            implicit_section(outputs, implicit, lexicon, top_k)
-        if bigtwo_checkpoints and lexicon is not None:
-            steps = bigtwo.load_checkpoints(bigtwo_checkpoints)
-            frame = outputs.table("bigtwo_checkpoints", bigtwo.bigtwo_checkpoints(steps, lexicon))
-            outputs.figure("bigtwo_checkpoints", plots.checkpoint_lines, frame)
-            columns = ["step", "prompt", "median_rank_agency", "median_rank_communion", "rank_biserial"]
-            outputs.say("## Big Two across checkpoints", "", markdown(frame[columns]), "")
+        _sections(outputs, cfg)
         if outputs.skipped:
             outputs.say("## Skipped", "", *(f"- {s}" for s in outputs.skipped), "")
         outputs.say(f"{len(outputs.tables)} tables and {len(outputs.figures)} figures written to {outputs.out} in "
@@ -379,3 +269,36 @@ def run_analyses(scores: str | Sequence[str] | None = None, elo: str | Path | No
             print(text)
         return {"out": str(outputs.out), "report": str(report_path), "tables": outputs.tables,
                 "figures": outputs.figures, "skipped": outputs.skipped, "headline": outputs.headline}
+
+
+def _sections(outputs: Outputs, cfg: AnalysisConfig) -> None:
+    metadata = data.load_model_metadata(cfg.models_yaml) if cfg.models_yaml else None
+    needs_lexicon = bool(cfg.scores or cfg.implicit_chosen or cfg.bigtwo_checkpoints)
+    lexicon = _load_optional(outputs, "Big Two", lexicons.load_bigtwo, cfg.bigtwo_dictionary) if needs_lexicon else None
+    lexicon = None if lexicon is None else lexicons.StemMatcher(lexicon)  # one memo for every table
+    if cfg.roundtrip_only:
+        outputs.say("Score tables restricted to tokens whose token-mode sequence a real conversation produces "
+                    "(roundtrip = 1).", "")
+    if cfg.scores:
+        tables = data.load_score_tables(cfg.scores, metadata, cfg.roundtrip_only)
+        afinn = _load_optional(outputs, "sentiment and frequency", lexicons.load_afinn)
+        frequencies = None
+        if cfg.frequencies and Path(cfg.frequencies).is_file():
+            frequencies = lexicons.load_bnc_frequencies(cfg.frequencies)
+        else:
+            outputs.skip(f"frequency: BNC word-frequency list {cfg.frequencies or '(none given)'} not found "
+                         "(give --frequencies=PATH/1_1_all_alpha.txt).")
+        paper1_analyses(outputs, tables, metadata, afinn, frequencies, cfg)
+        if lexicon is not None:
+            bigtwo_section(outputs, tables, lexicon, metadata, cfg.collapse_variants)
+    if cfg.elo:
+        elo_section(outputs, cfg.elo, metadata, cfg.top_k)
+    if cfg.implicit_chosen:
+        implicit_section(outputs, cfg.implicit_chosen, cfg.implicit_reference, lexicon, cfg)
+    if cfg.bigtwo_checkpoints and lexicon is not None:
+        steps = bigtwo.load_checkpoints(cfg.bigtwo_checkpoints, cfg.roundtrip_only)
+        frame = outputs.table("bigtwo_checkpoints",
+                              bigtwo.bigtwo_checkpoints(steps, lexicon, collapse=cfg.collapse_variants))
+        outputs.figure("bigtwo_checkpoints", plots.checkpoint_lines, frame)
+        columns = ["step", "prompt", "median_rank_agency", "median_rank_communion", "rank_biserial"]
+        outputs.say("## Big Two across checkpoints", "", markdown(frame[columns]), "")

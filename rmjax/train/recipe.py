@@ -23,7 +23,7 @@ from rmjax.loading.hf import Model
 from rmjax.loading.safetensors_io import iter_tensors, save_file
 from rmjax.outputs import claim
 from rmjax.results import dump_json
-from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs
+from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
 from rmjax.train.loop import TrainConfig, TrainResult, claim_workdir, train_identity, train_reward_model
 from rmjax.train.rm import new_head_fingerprint, reward_model_from_lm, save_hf_folder
 
@@ -31,18 +31,19 @@ BUILTIN_DIR = Path(__file__).resolve().parents[1] / "builtin"
 
 
 def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int, soft: bool, seed: int,
-               heldout_pairs: str | None = None) -> tuple[Pairs, Pairs]:
-    """(train, held-out) from a pairs file (+ optional held-out file) or an EloEverything CSV."""
+               heldout_pairs: str | None = None) -> tuple[Pairs, Pairs, dict]:
+    """(train, held-out, split sizes) from a pairs file (+ optional held-out file) or an EloEverything CSV;
+    a pairs file without a held-out file is split by prompt or response item (`split_pairs`), never by pair."""
     if elo:
-        return elo_pairs(elo, n_train, n_heldout, soft=soft, seed=seed)
+        train, heldout = elo_pairs(elo, n_train, n_heldout, soft=soft, seed=seed)
+        return train, heldout, {"split_by": "item", "train_pairs": len(train), "heldout_pairs": len(heldout)}
     if not pairs:
         raise UsageError("give --pairs=FILE (prompt, chosen, rejected[, label]) or --elo=EloEverything CSV.")
     data = read_pairs(pairs)
     if heldout_pairs:
-        return data, read_pairs(heldout_pairs)
-    order = np.random.default_rng(seed).permutation(len(data))
-    cut = max(1, int(len(data) * 0.9))
-    return data.take(order[:cut]), data.take(order[cut:])
+        heldout = read_pairs(heldout_pairs)
+        return data, heldout, {"split_by": "file", "train_pairs": len(data), "heldout_pairs": len(heldout)}
+    return split_pairs(data, seed=seed)
 
 
 def elo_agreement(model: Model, heldout: Pairs, elo_csv: str | Path, template: str) -> dict:

@@ -1,0 +1,206 @@
+"""Results that are easy to misread (issue 12): token-mode sequences no conversation produces, the
+implicit RM's direction, held-out pairs that share training responses, word variants counted as
+independent observations, the frequency regressor's scale. Each reference is computed here."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from rmjax import results
+from rmjax.analysis import bigtwo, data, lexicons, paper1
+from tests import cli
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+
+
+def _reference_roundtrip(tok, ids: np.ndarray, template: str) -> np.ndarray:
+    """Token mode's sequence vs the tokenized conversation, both built here from the tokenizer alone."""
+    if template == "chat":
+        rendered = tok.apply_chat_template([{"role": "user", "content": PROMPT},
+                                            {"role": "assistant", "content": "\x00"}], tokenize=False)
+        before, after = rendered.split("\x00")
+        prefix = tok(before, add_special_tokens=False).input_ids
+        suffix = tok(after, add_special_tokens=False).input_ids
+
+        def conversation(text):
+            return tok.apply_chat_template([{"role": "user", "content": PROMPT},
+                                            {"role": "assistant", "content": text}], tokenize=False)
+        encode = lambda text: tok(conversation(text), add_special_tokens=False).input_ids  # noqa: E731
+    else:
+        prefix, suffix = tok(f"User: {PROMPT}\nAssistant:").input_ids, []
+        encode = lambda text: prefix + tok(" " + text.strip(), add_special_tokens=False).input_ids  # noqa: E731
+    return np.array([encode(tok.decode([int(i)])) == [*prefix, int(i), *suffix] for i in ids])
+
+
+@pytest.mark.parametrize("template", ["chat", "plain"])
+def test_sweep_marks_tokens_no_conversation_produces(rm_folder, tmp_path, template):
+    """1: every sweep CSV says per token whether its token-mode sequence is a real conversation's."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "s.csv"
+    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=1500",
+                   f"--template={template}"))
+    table = results.read_scores_csv(out)
+    tok = AutoTokenizer.from_pretrained(str(rm_folder))
+    expected = _reference_roundtrip(tok, table.token_id.to_numpy(), template)
+    assert table[results.ROUNDTRIP].tolist() == expected.astype(int).tolist()
+    assert 0 < expected.sum() < len(expected)
+    meta = json.loads(out.with_name("s.meta.json").read_text())
+    count = int(expected.sum())
+    assert meta["roundtrip"] == {"tokens": count, "of": 1500, "per_prompt": {"greatest": count}}
+    if template == "plain":  # `Assistant:` + a token without a leading space is `Assistant:love`
+        spaced = np.array([tok.decode([int(i)])[:1] == " " for i in table.token_id])
+        assert not expected[~spaced].any()
+
+
+def test_analyze_roundtrip_only(rm_folder, tmp_path):
+    """1: --roundtrip_only restricts the analyses to those rows; a table without the column is refused."""
+    out = tmp_path / "s.csv"
+    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=1500",
+                   "--template=plain"))
+    table = results.read_scores_csv(out)
+    kept = table[table[results.ROUNDTRIP] == 1]
+    analysis = tmp_path / "a"
+    cli.ok(cli.run("analyze", f"--scores={out}", "--roundtrip_only", "--models_yaml=", "--n_boot=5",
+                   f"--out={analysis}"))
+    moments = pd.read_csv(analysis / "paper1_moments.csv")
+    assert int(moments.n_tokens.iloc[0]) == len(kept) < len(table)
+    assert float(moments["mean"].iloc[0]) == pytest.approx(kept.greatest.mean(), rel=1e-6)
+    published = tmp_path / "published.csv"
+    results.write_scores_csv(published, table.token_id, table.token_name.tolist(), table.token_decoded.tolist(),
+                             {"greatest": table.greatest.to_numpy()})  # as the published pipeline wrote them
+    cli.user_error(cli.run("analyze", f"--scores={published}", "--roundtrip_only", "--models_yaml=",
+                           f"--out={tmp_path / 'b'}"), "no roundtrip column")
+
+
+def _logprobs(path, probs: dict[str, float]):
+    words = list(probs)
+    logp = np.log(np.array([probs[w] for w in words]))
+    pd.DataFrame({"token_id": range(len(words)), "token_name": words, "token_decoded": words,
+                  "greatest": logp}).to_csv(path, index=False)
+    return path
+
+
+def test_implicit_rm_direction_is_named(tmp_path):
+    """2: chosen over reference: MWLR > 0 where the chosen model gives more probability (the slide table
+    'Llama -> Gemma' has Freedom on top and Love at the bottom: chosen = Llama)."""
+    llama = _logprobs(tmp_path / "llama.csv", {"Freedom": 0.30, "Love": 0.05, "Hope": 0.10, "That": 0.20})
+    gemma = _logprobs(tmp_path / "gemma.csv", {"Freedom": 0.05, "Love": 0.40, "Hope": 0.12, "That": 0.20})
+    out = tmp_path / "out"
+    cli.ok(cli.run("analyze", f"--implicit_chosen={llama}", f"--implicit_reference={gemma}", "--models_yaml=",
+                   f"--out={out}", "--top=1"))
+    rewards = results.read_scores_csv(out / "implicit_rm.csv").set_index("text")
+    expected = 0.5 * (0.30 + 0.05) * (np.log(0.30) - np.log(0.05))  # 1/2 (p_c + p_r)(log p_c - log p_r)
+    assert rewards.loc["Freedom", "greatest"] == pytest.approx(expected)
+    assert rewards.loc["Freedom", "greatest:logp_chosen"] == pytest.approx(np.log(0.30))
+    top = pd.read_csv(out / "implicit_rm_top_bottom.csv", keep_default_na=False)
+    assert top[top.side == "top"].text.tolist() == ["Freedom"] and top[top.side == "bottom"].text.tolist() == ["Love"]
+    assert "chosen llama over reference gemma" in (out / "report.md").read_text()
+    cli.user_error(cli.run("analyze", f"--implicit={llama},{gemma}", f"--out={tmp_path / 'x'}"),
+                   "--implicit_chosen", "--implicit_reference")
+
+
+def test_pairs_without_a_heldout_file_are_split_by_item_and_prompt(tmp_path):
+    """3: no held-out response (or prompt) is ever trained on; the split sizes are reported."""
+    from rmjax.train.recipe import load_pairs
+
+    rng = np.random.default_rng(0)
+    items = [f"item {i}" for i in range(40)]
+    one = tmp_path / "one.csv"
+    pairs = [rng.choice(items, 2, replace=False) for _ in range(600)]
+    pd.DataFrame({"prompt": "Which is better?", "chosen": [a for a, _ in pairs],
+                  "rejected": [b for _, b in pairs]}).to_csv(one, index=False)
+    train, held, sizes = load_pairs(str(one), None, 0, 0, False, seed=0)
+    train_items, held_items = set(train.chosen) | set(train.rejected), set(held.chosen) | set(held.rejected)
+    assert held_items and not train_items & held_items
+    assert sizes["train_pairs"] == len(train) and sizes["heldout_pairs"] == len(held)
+    assert sizes["train_pairs"] + sizes["heldout_pairs"] + sizes["dropped_pairs"] == 600
+    several = tmp_path / "several.csv"
+    prompts = [f"Question {i}?" for i in range(10)]
+    pd.DataFrame({"prompt": rng.choice(prompts, 600), "chosen": [a for a, _ in pairs],
+                  "rejected": [b for _, b in pairs]}).to_csv(several, index=False)
+    train, held, sizes = load_pairs(str(several), None, 0, 0, False, seed=0)
+    assert sizes["split_by"] == "prompt and item"  # the same items recur under several prompts
+    assert len(held) and not set(train.prompt) & set(held.prompt)
+    assert not (set(train.chosen) | set(train.rejected)) & (set(held.chosen) | set(held.rejected))
+    # Responses unique to their prompt (as in most preference data): the prompt split alone separates them.
+    unique = tmp_path / "unique.csv"
+    pd.DataFrame({"prompt": [f"Question {i % 10}?" for i in range(600)], "chosen": [f"yes {i}" for i in range(600)],
+                  "rejected": [f"no {i}" for i in range(600)]}).to_csv(unique, index=False)
+    train, held, sizes = load_pairs(str(unique), None, 0, 0, False, seed=0)
+    assert sizes["split_by"] == "prompt" and sizes["dropped_pairs"] == 0 and len(held) == 120
+    assert not set(train.prompt) & set(held.prompt)
+
+
+VARIANTS = ["love", " love", "Love", " LOVE", "care", " Care", "achieve", " achieve", "ambition", "table"]
+LEXICON = {lexicons.AGENCY: ["achiev*", "ambition*"], lexicons.COMMUNION: ["love", "care"]}
+
+
+def _variant_table(seed: int = 0) -> data.ScoreTable:
+    scores = np.random.default_rng(seed).normal(size=len(VARIANTS))
+    frame = pd.DataFrame({"token_id": range(len(VARIANTS)), "token_name": VARIANTS, "token_decoded": VARIANTS,
+                          "p": scores})
+    return data.ScoreTable("m", "m", frame, "token_decoded")
+
+
+def test_word_variants_counted_once_per_word():
+    """4: with max/mean, love, ' love', Love and ' LOVE' are one observation of the word 'love'."""
+    table = _variant_table()
+    scores = table.frame.p.to_numpy()
+    percentile = scipy_stats.rankdata(scores, method="max") / len(scores)  # the table's own percentile
+    per_word: dict[str, list[tuple[float, float]]] = {}
+    for v, s, q in zip(VARIANTS, scores, percentile, strict=True):
+        per_word.setdefault(v.strip().lower(), []).append((s, q))
+    best = {w: max(pts)[1] for w, pts in per_word.items()}  # the best-scoring variant's percentile
+    mean = {w: np.mean([q for _, q in pts]) for w, pts in per_word.items()}
+    for how, value in (("max", best), ("mean", mean)):
+        row = bigtwo.bigtwo_comparison([table], ["p"], LEXICON, collapse=how).iloc[0]
+        assert (row.n_agency, row.n_communion) == (2, 2)
+        agency, communion = [value[w] for w in ("achieve", "ambition")], [value[w] for w in ("love", "care")]
+        ref = scipy_stats.mannwhitneyu(agency, communion, alternative="two-sided")
+        assert row.mann_whitney_u == pytest.approx(ref.statistic) and row.p_value == pytest.approx(ref.pvalue)
+    none = bigtwo.bigtwo_comparison([table], ["p"], LEXICON).iloc[0]
+    assert (none.n_agency, none.n_communion) == (3, 6)  # the papers' counting: every variant token
+
+
+def test_frequency_scale_and_collapse_in_the_regression():
+    """4, 5: the frequency regressor is log per million or its z-score, over words or variant tokens."""
+    table = _variant_table(1)
+    frequencies = {"love": 300.0, "care": 120.0, "achieve": 40.0, "ambition": 8.0, "table": 90.0}
+    afinn = {"love": 3, "care": 2, "achieve": 2, "ambition": 1}
+    for how in ("none", "max"):
+        for scale in ("log_per_million", "zscore"):
+            row = paper1.frequency_regressions([table], ["p"], afinn, frequencies, how, scale).iloc[0]
+            frame = pd.DataFrame({"word": [v.strip().lower() for v in VARIANTS], "score": table.frame.p})
+            if how == "max":
+                frame = frame.groupby("word", as_index=False).score.max()
+            x = np.log(frame.word.map(frequencies).to_numpy(float))
+            x = (x - x.mean()) / x.std() if scale == "zscore" else x
+            design = np.column_stack([np.ones(len(x)), x, frame.word.map(afinn).fillna(0).to_numpy(float)])
+            coef = np.linalg.lstsq(design, frame.score.to_numpy(), rcond=None)[0]
+            assert row.n_tokens == len(frame) and row.slope_frequency == pytest.approx(coef[1], rel=1e-9)
+
+
+def test_analyze_reports_big_two_under_every_collapse(tmp_path):
+    """4: report.md shows the Big Two test with each way of counting variants; the flag picks bigtwo.csv's."""
+    scores = tmp_path / "scores"
+    scores.mkdir()
+    words = VARIANTS * 3
+    rng = np.random.default_rng(2)
+    for name in ("a", "b"):
+        pd.DataFrame({"token_id": range(len(words)), "token_name": words, "token_decoded": words,
+                      "greatest": rng.normal(size=len(words))}).to_csv(scores / f"{name}.csv", index=False)
+    out = tmp_path / "out"
+    cli.ok(cli.run("analyze", f"--scores={scores}", "--collapse_variants=max", "--models_yaml=", "--n_boot=5",
+                   f"--out={out}"))
+    report = (out / "report.md").read_text()
+    assert "word variants: max" in report and "rank_biserial (none)" in report and "rank_biserial (mean)" in report
+    big2 = pd.read_csv(out / "bigtwo.csv")
+    assert set(big2.collapse) == {"max"}
+    variants = pd.read_csv(out / "bigtwo_variants.csv")
+    assert sorted(set(variants.collapse)) == ["max", "mean", "none"]
