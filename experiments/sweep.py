@@ -50,7 +50,7 @@ def main(argv):
     from rmjax import prompts as prompt_lib
     from rmjax.chunks import store_dir
     from rmjax.errors import UsageError
-    from rmjax.sweep import memory_plan, plot_path, require_reward_model, sweep, sweep_identity
+    from rmjax.sweep import memory_plan, needs_roundtrip, plot_path, require_reward_model, sweep, sweep_identity
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
@@ -59,7 +59,7 @@ def main(argv):
                               prompts=prompts, token_ids=token_ids, limit=LIMIT.value, mode=MODE.value,
                               template=common.TEMPLATE.value, text_add_special_tokens=TEXT_SPECIAL.value)
     with common.claim_output(OUT.value, identity, owned=[plot_path(OUT.value)], store=store_dir(OUT.value)) as claim:
-        if not claim.reuse:
+        if not claim.reuse or needs_roundtrip(OUT.value):  # an older result gets its roundtrip column
             plan = {}
 
             def plan_memory(cfg, tokenizer, mesh):

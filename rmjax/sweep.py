@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -131,7 +132,7 @@ def sweep(
              if out is not None else contextlib.nullcontext())
     with guard as decision:
         if decision is not None and decision.reuse:
-            return results.read_scores_csv(out)
+            return _with_roundtrip(model, prompts, template, Path(out))
         start_time = time.perf_counter()
         tokens = candidate_ids(model, token_ids, limit)
         _, names_all, decoded_all = chat.token_table(model.tokenizer, model.config.vocab_size)
@@ -188,6 +189,31 @@ def sweep(
             )
             store.remove()
         return df
+
+
+def _with_roundtrip(model: Model, prompts: dict[str, str], template: str, out: Path) -> pd.DataFrame:
+    """A finished result, given its `roundtrip` column if an older rmjax wrote it without one (the
+    column needs only the tokenizer: the scores are kept, not recomputed)."""
+    df = results.read_scores_csv(out)
+    if results.ROUNDTRIP in df.columns:
+        return df
+    tokens, decoded = df.token_id.to_numpy(), df.token_decoded.tolist()
+    roundtrip, per_prompt = roundtrip_mask(model.tokenizer, prompts, template, tokens, decoded,
+                                           model.config.max_position_embeddings)
+    df.insert(3, results.ROUNDTRIP, roundtrip.astype(np.int64))
+    if is_main():
+        results.write_scores_csv(out, tokens, df.token_name.tolist(), decoded,
+                                 {p: df[p].to_numpy() for p in prompts}, roundtrip)
+        meta = json.loads(results.meta_path(out).read_text())
+        meta["roundtrip"] = {"tokens": int(roundtrip.sum()), "of": len(tokens), "per_prompt": per_prompt}
+        results.dump_json(meta, results.meta_path(out))
+    return df
+
+
+def needs_roundtrip(out: str | Path) -> bool:
+    """A finished sweep CSV written before rmjax recorded `roundtrip` (see `_with_roundtrip`)."""
+    with open(out, encoding="utf-8") as f:
+        return f'"{results.ROUNDTRIP}"' not in f.readline()
 
 
 def _scorer(model: Model, prompts: dict[str, str], mode: str, template: str, text_add_special_tokens: bool,

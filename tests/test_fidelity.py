@@ -15,25 +15,22 @@ from rmjax import results
 from rmjax.analysis import bigtwo, data, lexicons, paper1
 from tests import cli
 
-PROMPT = "What, in one word, is the greatest thing ever?"
+PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?", "other": "Name one thing you love."}
 
 
-def _reference_roundtrip(tok, ids: np.ndarray, template: str) -> np.ndarray:
+def _reference_roundtrip(tok, ids: np.ndarray, template: str, prompt: str) -> np.ndarray:
     """Token mode's sequence vs the tokenized conversation, both built here from the tokenizer alone."""
     if template == "chat":
-        rendered = tok.apply_chat_template([{"role": "user", "content": PROMPT},
-                                            {"role": "assistant", "content": "\x00"}], tokenize=False)
-        before, after = rendered.split("\x00")
+        def conversation(text):
+            return tok.apply_chat_template([{"role": "user", "content": prompt},
+                                            {"role": "assistant", "content": text}], tokenize=False)
+        before, after = conversation("\x00").split("\x00")
         prefix = tok(before, add_special_tokens=False).input_ids
         suffix = tok(after, add_special_tokens=False).input_ids
-
-        def conversation(text):
-            return tok.apply_chat_template([{"role": "user", "content": PROMPT},
-                                            {"role": "assistant", "content": text}], tokenize=False)
         encode = lambda text: tok(conversation(text), add_special_tokens=False).input_ids  # noqa: E731
-    else:
-        prefix, suffix = tok(f"User: {PROMPT}\nAssistant:").input_ids, []
-        encode = lambda text: prefix + tok(" " + text.strip(), add_special_tokens=False).input_ids  # noqa: E731
+    else:  # the whole `User: …\nAssistant: <response>` string, tokenized at once
+        prefix, suffix = tok(f"User: {prompt}\nAssistant:").input_ids, []
+        encode = lambda text: tok(f"User: {prompt}\nAssistant: {text.strip()}").input_ids  # noqa: E731
     return np.array([encode(tok.decode([int(i)])) == [*prefix, int(i), *suffix] for i in ids])
 
 
@@ -43,19 +40,32 @@ def test_sweep_marks_tokens_no_conversation_produces(rm_folder, tmp_path, templa
     from transformers import AutoTokenizer
 
     out = tmp_path / "s.csv"
-    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=1500",
-                   f"--template={template}"))
+    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--prompt=other={PROMPTS['other']}",
+                   f"--out={out}", "--limit=1500", f"--template={template}"))
     table = results.read_scores_csv(out)
     tok = AutoTokenizer.from_pretrained(str(rm_folder))
-    expected = _reference_roundtrip(tok, table.token_id.to_numpy(), template)
+    per_prompt = {n: _reference_roundtrip(tok, table.token_id.to_numpy(), template, p) for n, p in PROMPTS.items()}
+    expected = per_prompt["greatest"] & per_prompt["other"]  # a real conversation under every prompt
     assert table[results.ROUNDTRIP].tolist() == expected.astype(int).tolist()
     assert 0 < expected.sum() < len(expected)
     meta = json.loads(out.with_name("s.meta.json").read_text())
-    count = int(expected.sum())
-    assert meta["roundtrip"] == {"tokens": count, "of": 1500, "per_prompt": {"greatest": count}}
+    assert meta["roundtrip"] == {"tokens": int(expected.sum()), "of": 1500,
+                                 "per_prompt": {n: int(m.sum()) for n, m in per_prompt.items()}}
     if template == "plain":  # `Assistant:` + a token without a leading space is `Assistant:love`
         spaced = np.array([tok.decode([int(i)])[:1] == " " for i in table.token_id])
         assert not expected[~spaced].any()
+
+
+def test_an_older_result_gets_its_roundtrip_column_without_rescoring(rm_folder, tmp_path):
+    out = tmp_path / "s.csv"
+    flags = [f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=600"]
+    cli.ok(cli.run("sweep", *flags))
+    new = results.read_scores_csv(out)
+    results.write_scores_csv(out, new.token_id, new.token_name.tolist(), new.token_decoded.tolist(),
+                             {"greatest": new.greatest.to_numpy()})  # as rmjax wrote it before issue 12
+    again = cli.ok(cli.run("sweep", *flags))
+    assert "[sweep" not in again.stderr  # nothing rescored
+    assert results.read_scores_csv(out).equals(new)
 
 
 def test_analyze_roundtrip_only(rm_folder, tmp_path):
@@ -120,6 +130,17 @@ def test_pairs_without_a_heldout_file_are_split_by_item_and_prompt(tmp_path):
     assert held_items and not train_items & held_items
     assert sizes["train_pairs"] == len(train) and sizes["heldout_pairs"] == len(held)
     assert sizes["train_pairs"] + sizes["heldout_pairs"] + sizes["dropped_pairs"] == 600
+    # One repeated response (a refusal) among unique ones: still a prompt split, only its pairs dropped.
+    refusal = tmp_path / "refusal.csv"
+    pd.DataFrame({"prompt": [f"Question {i % 10}?" for i in range(600)],
+                  "chosen": [f"yes {i}" for i in range(600)],
+                  "rejected": ["I don't know" if i % 7 == 0 else f"no {i}" for i in range(600)]}).to_csv(refusal,
+                                                                                                     index=False)
+    train, held, sizes = load_pairs(str(refusal), None, 0, 0, False, seed=0)
+    frame = pd.read_csv(refusal)
+    trained_refusals = (~frame.prompt.isin(set(held.prompt)) & (frame.rejected == "I don't know")).sum()
+    assert sizes["split_by"] == "prompt" and len(held) == 120 and sizes["dropped_pairs"] == trained_refusals
+    assert not (set(train.chosen) | set(train.rejected)) & (set(held.chosen) | set(held.rejected))
     several = tmp_path / "several.csv"
     prompts = [f"Question {i}?" for i in range(10)]
     pd.DataFrame({"prompt": rng.choice(prompts, 600), "chosen": [a for a, _ in pairs],
@@ -137,8 +158,11 @@ def test_pairs_without_a_heldout_file_are_split_by_item_and_prompt(tmp_path):
     assert not set(train.prompt) & set(held.prompt)
 
 
-VARIANTS = ["love", " love", "Love", " LOVE", "care", " Care", "achieve", " achieve", "ambition", "table"]
-LEXICON = {lexicons.AGENCY: ["achiev*", "ambition*"], lexicons.COMMUNION: ["love", "care"]}
+VARIANTS = ["love", " love", "Love", " LOVE", "care", " Care", "affection", "ally", " ally", "achieve", " achieve",
+            "ambition", "attain", " Attain", " ATTAIN", "accomplish", "table", " table"]
+LEXICON = {lexicons.AGENCY: ["achiev*", "ambition*", "attain*", "accomplish*"],
+           lexicons.COMMUNION: ["love", "care", "affection*", "ally"]}
+AGENCY_WORDS, COMMUNION_WORDS = ["achieve", "ambition", "attain", "accomplish"], ["love", "care", "affection", "ally"]
 
 
 def _variant_table(seed: int = 0) -> data.ScoreTable:
@@ -158,27 +182,33 @@ def test_word_variants_counted_once_per_word():
         per_word.setdefault(v.strip().lower(), []).append((s, q))
     best = {w: max(pts)[1] for w, pts in per_word.items()}  # the best-scoring variant's percentile
     mean = {w: np.mean([q for _, q in pts]) for w, pts in per_word.items()}
+    statistics = set()
     for how, value in (("max", best), ("mean", mean)):
         row = bigtwo.bigtwo_comparison([table], ["p"], LEXICON, collapse=how).iloc[0]
-        assert (row.n_agency, row.n_communion) == (2, 2)
-        agency, communion = [value[w] for w in ("achieve", "ambition")], [value[w] for w in ("love", "care")]
+        assert (row.n_agency, row.n_communion) == (4, 4)
+        agency, communion = [value[w] for w in AGENCY_WORDS], [value[w] for w in COMMUNION_WORDS]
         ref = scipy_stats.mannwhitneyu(agency, communion, alternative="two-sided")
         assert row.mann_whitney_u == pytest.approx(ref.statistic) and row.p_value == pytest.approx(ref.pvalue)
+        assert row.median_percentile_agency == pytest.approx(np.median(agency))
+        assert row.median_percentile_communion == pytest.approx(np.median(communion))
+        statistics.add((row.mann_whitney_u, row.median_percentile_agency))
+    assert len(statistics) == 2  # the two countings differ on this table
     none = bigtwo.bigtwo_comparison([table], ["p"], LEXICON).iloc[0]
-    assert (none.n_agency, none.n_communion) == (3, 6)  # the papers' counting: every variant token
+    assert (none.n_agency, none.n_communion) == (7, 9)  # the papers' counting: every variant token
 
 
 def test_frequency_scale_and_collapse_in_the_regression():
     """4, 5: the frequency regressor is log per million or its z-score, over words or variant tokens."""
     table = _variant_table(1)
-    frequencies = {"love": 300.0, "care": 120.0, "achieve": 40.0, "ambition": 8.0, "table": 90.0}
+    frequencies = {"love": 300.0, "care": 120.0, "achieve": 40.0, "ambition": 8.0, "table": 90.0, "attain": 5.0}
     afinn = {"love": 3, "care": 2, "achieve": 2, "ambition": 1}
-    for how in ("none", "max"):
+    for how in ("none", "max", "mean"):
         for scale in ("log_per_million", "zscore"):
             row = paper1.frequency_regressions([table], ["p"], afinn, frequencies, how, scale).iloc[0]
             frame = pd.DataFrame({"word": [v.strip().lower() for v in VARIANTS], "score": table.frame.p})
-            if how == "max":
-                frame = frame.groupby("word", as_index=False).score.max()
+            frame = frame[frame.word.isin(frequencies)]
+            if how != "none":
+                frame = frame.groupby("word", as_index=False).score.agg(how)
             x = np.log(frame.word.map(frequencies).to_numpy(float))
             x = (x - x.mean()) / x.std() if scale == "zscore" else x
             design = np.column_stack([np.ones(len(x)), x, frame.word.map(afinn).fillna(0).to_numpy(float)])
@@ -195,6 +225,9 @@ def test_analyze_reports_big_two_under_every_collapse(tmp_path):
     for name in ("a", "b"):
         pd.DataFrame({"token_id": range(len(words)), "token_name": words, "token_decoded": words,
                       "greatest": rng.normal(size=len(words))}).to_csv(scores / f"{name}.csv", index=False)
+    plain = ["table", "chair", "lamp", "door"] * 3  # no Big Two word at all: NaN, but still reported
+    pd.DataFrame({"token_id": range(len(plain)), "token_name": plain, "token_decoded": plain,
+                  "greatest": rng.normal(size=len(plain))}).to_csv(scores / "c.csv", index=False)
     out = tmp_path / "out"
     cli.ok(cli.run("analyze", f"--scores={scores}", "--collapse_variants=max", "--models_yaml=", "--n_boot=5",
                    f"--out={out}"))
@@ -204,3 +237,12 @@ def test_analyze_reports_big_two_under_every_collapse(tmp_path):
     assert set(big2.collapse) == {"max"}
     variants = pd.read_csv(out / "bigtwo_variants.csv")
     assert sorted(set(variants.collapse)) == ["max", "mean", "none"]
+    tables = data.load_score_tables(scores)
+    for how in ("none", "max", "mean"):  # each counting's numbers are bigtwo_comparison's on the same tables
+        ref = bigtwo.bigtwo_comparison(tables, ["greatest"], lexicons.load_bigtwo(), how).set_index("model")
+        got = variants[variants.collapse == how].set_index("model")
+        np.testing.assert_allclose(got.loc[["a", "b"], "rank_biserial"], ref.loc[["a", "b"], "rank_biserial"])
+        assert (got.loc["a", "n_agency"], got.loc["a", "n_communion"]) == (ref.loc["a", "n_agency"],
+                                                                          ref.loc["a", "n_communion"])
+    every = report.split("The same test with each word counted once")[1].split("\n\n")[1]  # the 3-way table
+    assert "rank_biserial (max)" in every and "| greatest | c |" in every  # a model without Big Two words stays

@@ -111,5 +111,5 @@ def bigtwo_checkpoints(steps: Sequence[tuple[int, ScoreTable]], lexicon: Lexicon
         category = lexicons.categorize(table.normalized, lexicon, normalized=True)
         for prompt in prompts:
             points = bigtwo_points(table, prompt, lexicon, category, collapse)
-            rows.append({"step": step, "prompt": prompt, **_compare(points)})
+            rows.append({"step": step, "prompt": prompt, "collapse": collapse, **_compare(points)})
     return pd.DataFrame(rows)

@@ -116,7 +116,8 @@ def roundtrip_rows(frame: pd.DataFrame, string_column: str, path: Path) -> pd.Da
         return frame
     if results.ROUNDTRIP not in frame.columns:
         raise UsageError(f"{path}: no roundtrip column (written by the published pipeline or an older rmjax); "
-                         "rerun the sweep with this rmjax, or drop --roundtrip_only.")
+                         "rerun the same sweep command with this rmjax (it adds the column from the tokenizer "
+                         "without rescoring), or drop --roundtrip_only.")
     return frame[frame[results.ROUNDTRIP] == 1].reset_index(drop=True)
 
 

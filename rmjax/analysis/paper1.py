@@ -140,6 +140,9 @@ def frequency_regressions(tables: Sequence[ScoreTable], prompts: Sequence[str], 
             }), collapse)
             frequency = points.frequency.to_numpy()
             if scale == "zscore":
+                if len(frequency) < 2 or frequency.std() == 0:
+                    raise UsageError(f"{t.model}: the log frequency of its {len(frequency)} regressed words has no "
+                                     "spread to z-score; use --frequency_scale=log_per_million.")
                 frequency = stats.z_scores(frequency)
             fit = stats.ols(points.score.to_numpy(), {"frequency": frequency, "sentiment": points.sentiment.to_numpy()})
             rows.append({"prompt": prompt, "model": t.model, "collapse": collapse, "frequency_scale": scale,

@@ -97,8 +97,9 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
             outputs.figure("paper1_frequency_slopes", plots.slope_plot, freq, ["prompt"], "slope_frequency",
                            "se_frequency", "Score ~ word frequency + sentiment", f"slope (score per unit of {scale})")
             mean = freq.groupby("prompt", sort=False)["slope_frequency"].agg(["mean", "count"]).reset_index()
-            outputs.say(f"Frequency: slope of score on {scale} controlling for sentiment (mean over models; word "
-                        f"variants: {collapse}):", "", markdown(mean), "")
+            per_sd = " (each model's own SD: the mean mixes units)" if cfg.frequency_scale == "zscore" else ""
+            outputs.say(f"Frequency: slope of score on {scale} controlling for sentiment (mean over models{per_sd}; "
+                        f"word variants: {collapse}):", "", markdown(mean), "")
 
 
 def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], prompts: Sequence[str],
@@ -160,7 +161,7 @@ def bigtwo_section(outputs: Outputs, tables: list[data.ScoreTable], lexicon: big
                                      "median_rank_communion", "rank_biserial", "p_value"]]), "")
     variants = outputs.table(f"{name}_variants", pd.concat(every.values(), ignore_index=True))
     wide = variants.pivot_table(index=["prompt", "model"], columns="collapse", values=["rank_biserial", "p_value"],
-                                sort=False)
+                                sort=False, dropna=False)  # a model without matched words stays, as NaN
     wide.columns = [f"{value} ({how})" for value, how in wide.columns]
     outputs.say("The same test with each word counted once per variant token (none, the papers' counting) or "
                 "once per normalized word (its best variant: max; the mean of its variants: mean):", "",

@@ -141,38 +141,40 @@ def _sample_pairs(items: pd.DataFrame, n: int, soft: bool, rng: np.random.Genera
 def split_pairs(pairs: Pairs, heldout_fraction: float = 0.2, seed: int = 0) -> tuple[Pairs, Pairs, dict]:
     """(train, held-out, sizes) with nothing held out ever trained on.
 
-    Several prompts: a `heldout_fraction` of the prompts is held out. One prompt, or responses that
-    recur under several prompts: a `heldout_fraction` of the response items is held out too. A pair
-    is held out when its prompt and both responses are, trained on when none is, and dropped
-    otherwise (as the EloEverything split does by item).
+    Several prompts: a `heldout_fraction` of the prompts is held out, and a training pair that reuses
+    a held-out pair's response (a repeated refusal, say) is dropped. One prompt, or responses that
+    recur so widely that this would drop most training pairs: a `heldout_fraction` of the response
+    items is held out too; a pair is then held out when its prompt and both responses are, trained
+    on when none is, and dropped otherwise (as the EloEverything split does by item).
     """
     rng = np.random.default_rng(seed)
     chosen, rejected = np.asarray(pairs.chosen, object), np.asarray(pairs.rejected, object)
     prompt = np.asarray(pairs.prompt, object)
     prompts = sorted(set(pairs.prompt))
-    by_response: dict[str, set] = {}
-    for q, a, b in zip(prompt, chosen, rejected, strict=True):
-        by_response.setdefault(a, set()).add(q)
-        by_response.setdefault(b, set()).add(q)
-    by_item = len(prompts) == 1 or any(len(qs) > 1 for qs in by_response.values())
 
     def hold(units: list) -> list:
         return rng.permutation(units)[: max(1, int(round(len(units) * heldout_fraction)))].tolist()
 
     held = np.ones(len(pairs), bool)
     train = np.ones(len(pairs), bool)
-    sizes: dict = {"split_by": " and ".join(["prompt"] * (len(prompts) > 1) + ["item"] * by_item)}
+    sizes: dict = {}
+    by_item = len(prompts) == 1
     if len(prompts) > 1:
         held_prompts = hold(prompts)
         in_held = np.isin(prompt, held_prompts)
-        held, train = held & in_held, train & ~in_held
+        seen = list(set(chosen[in_held]) | set(rejected[in_held]))
+        leak = ~in_held & (np.isin(chosen, seen) | np.isin(rejected, seen))
+        by_item = bool(leak.sum() > 0.5 * (~in_held).sum())
+        held = in_held
+        train = ~in_held if by_item else ~in_held & ~leak
         sizes.update(prompts=len(prompts), heldout_prompts=len(held_prompts))
     if by_item:
-        items = sorted(by_response)
+        items = sorted(set(chosen) | set(rejected))
         held_items = hold(items)
         in_c, in_r = np.isin(chosen, held_items), np.isin(rejected, held_items)
         held, train = held & in_c & in_r, train & ~in_c & ~in_r
         sizes.update(items=len(items), heldout_items=len(held_items))
+    sizes = {"split_by": " and ".join(["prompt"] * (len(prompts) > 1) + ["item"] * by_item), **sizes}
     if not held.any() or not train.any():
         raise UsageError(f"splitting {len(pairs)} pairs by {sizes['split_by']} leaves {int(train.sum())} training and "
                          f"{int(held.sum())} held-out pairs; pass a held-out file with --heldout_pairs.")
