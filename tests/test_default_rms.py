@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from rmjax.loading import load
+from rmjax.loading.registry import BUILTIN_DIR
 from rmjax.loading.safetensors_io import iter_tensors
 from rmjax.textscore import TextScorer
 from rmjax.train.data import read_elo_items
-from rmjax.train.recipe import BUILTIN_DIR
 
 ELO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "elo"
 PROMPT = "What, in one word, is the greatest thing ever?"

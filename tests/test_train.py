@@ -13,9 +13,10 @@ import transformers
 
 from rmjax import model as M
 from rmjax.loading import load
+from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_pairs
 from rmjax.train.loop import TrainConfig, batch_indices, train_reward_model
-from rmjax.train.rm import bradley_terry_loss, reward_model_from_lm, save_hf_folder
+from rmjax.train.rm import bradley_terry_loss, save_hf_folder
 from tests import tiny
 
 NOUNS = ["apple", "river", "house", "music", "dog", "book", "tree", "city", "light", "stone", "garden", "friend",

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
+import numpy as np
 
 from rmjax.loading.fingerprint import derived, file_sha256, folder_fingerprint, gguf_fingerprint
 from rmjax.loading.gguf_file import cached_hf_folder
 from rmjax.loading.hf import Model, load_hf_model_folder
-from rmjax.loading.registry import BUILTIN_GGUF, cache_dir, resolve
+from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS, builtin_head_file, cache_dir, resolve
+from rmjax.loading.reward_head import reward_model_from_lm
+from rmjax.loading.safetensors_io import iter_tensors
 
-__all__ = ["BUILTIN_GGUF", "Model", "fingerprint", "load", "peek"]
+__all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "Model", "fingerprint", "load", "peek"]
 
 
 def fingerprint(spec: str) -> dict:
     """Content fingerprint of a model spec without loading it: equal to `load(spec).fingerprint`."""
-    from rmjax.train.recipe import BUILTIN_RMS, builtin_head_file
-
     if spec in BUILTIN_RMS:
         return derived(fingerprint(BUILTIN_RMS[spec]), head=file_sha256(builtin_head_file(spec)))
     kind, path = resolve(spec)
@@ -29,7 +31,6 @@ def peek(spec: str):
     models (small, or converted during loading)."""
     from rmjax.config import load_config_file
     from rmjax.loading.hf import load_tokenizer
-    from rmjax.train.recipe import BUILTIN_RMS
 
     if spec in BUILTIN_RMS or spec in BUILTIN_GGUF:
         return None
@@ -48,10 +49,8 @@ def load(
 ) -> Model:
     """Load a model from a folder, a GGUF file or a builtin name, params placed on `mesh`."""
     start = time.perf_counter()
-    from rmjax.train.recipe import BUILTIN_RMS, load_builtin_rm
-
     if spec in BUILTIN_RMS:
-        model = load_builtin_rm(spec, dtype=dtype, mesh=mesh)
+        model = _load_builtin_rm(spec, dtype=dtype, mesh=mesh)
         model.load_seconds = time.perf_counter() - start
         return model
     kind, path = resolve(spec)
@@ -64,3 +63,16 @@ def load(
     model.stamp(source_fingerprint or model.fingerprint)
     model.load_seconds = time.perf_counter() - start
     return model
+
+
+def _load_builtin_rm(name: str, dtype: str, mesh) -> Model:
+    """A default reward model: PyPI backbone + the committed score head (`rmjax/builtin/NAME.safetensors`)."""
+    head_file = builtin_head_file(name)
+    (_, loader), = list(iter_tensors(head_file))
+    lm = load(BUILTIN_RMS[name], dtype=dtype, mesh=mesh)
+    rm = reward_model_from_lm(lm, score=np.asarray(loader()).T, source=name)
+    if mesh is not None:
+        from rmjax.distributed import replicated
+
+        rm = dataclasses.replace(rm, params=dataclasses.replace(rm.params, score=replicated(rm.params.score, mesh)))
+    return rm.stamp(derived(lm.fingerprint, head=file_sha256(head_file)))

@@ -54,6 +54,21 @@ BUILTIN_GGUF = {
     "gemma-3-270m": _gemma3_gguf,
 }
 
+# Builtin reward models: name -> backbone builtin; the score head is rmjax/builtin/NAME.safetensors,
+# trained with the recipe stored beside it (NAME.json, `make default-rms`).
+BUILTIN_DIR = Path(__file__).resolve().parents[1] / "builtin"
+BUILTIN_RMS = {
+    "elo-rm-smollm2-135m": "smollm2-135m-instruct",
+    "elo-rm-gemma3-270m": "gemma-3-270m",
+}
+
+
+def builtin_head_file(name: str) -> Path:
+    head_file = BUILTIN_DIR / f"{name}.safetensors"
+    if not head_file.is_file():
+        raise MissingFileError(f"{head_file} is missing: rebuild it with `make default-rms`.")
+    return head_file
+
 
 def resolve(spec: str) -> tuple[str, Path]:
     """('hf', folder) or ('gguf', file) for a model spec; a clear error otherwise."""

@@ -1,8 +1,5 @@
-"""One call from a causal LM and preference data to a trained, exported reward model.
-
-Also the builtin default reward models: a PyPI backbone plus a small committed score head
-trained with the recipe stored beside it (`rmjax/builtin/NAME.json`).
-"""
+"""One call from a causal LM and preference data to a trained, exported reward model (the recipe of the
+builtin default reward models, `make default-rms`)."""
 
 from __future__ import annotations
 
@@ -16,18 +13,17 @@ from pathlib import Path
 import numpy as np
 
 from rmjax import results
-from rmjax.errors import MissingFileError, UsageError
+from rmjax.errors import UsageError
 from rmjax.loading import fingerprint, load
-from rmjax.loading.fingerprint import derived, file_sha256, hash_json
+from rmjax.loading.fingerprint import hash_json
 from rmjax.loading.hf import Model
-from rmjax.loading.safetensors_io import iter_tensors, save_file
+from rmjax.loading.reward_head import new_head_fingerprint, reward_model_from_lm
+from rmjax.loading.safetensors_io import save_file
 from rmjax.outputs import claim
 from rmjax.results import dump_json
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
 from rmjax.train.loop import TrainConfig, TrainResult, claim_workdir, train_identity, train_reward_model
-from rmjax.train.rm import new_head_fingerprint, reward_model_from_lm, save_hf_folder
-
-BUILTIN_DIR = Path(__file__).resolve().parents[1] / "builtin"
+from rmjax.train.rm import save_hf_folder
 
 
 def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int, soft: bool, seed: int,
@@ -136,30 +132,3 @@ def run_training(
 
 
 SUMMARY_FILE = "rmjax_training.json"  # beside an exported folder's weights: the run that made them
-
-
-# Builtin reward models: name -> (backbone builtin, head file stem).
-BUILTIN_RMS = {
-    "elo-rm-smollm2-135m": "smollm2-135m-instruct",
-    "elo-rm-gemma3-270m": "gemma-3-270m",
-}
-
-
-def builtin_head_file(name: str) -> Path:
-    head_file = BUILTIN_DIR / f"{name}.safetensors"
-    if not head_file.is_file():
-        raise MissingFileError(f"{head_file} is missing: rebuild it with `make default-rms`.")
-    return head_file
-
-
-def load_builtin_rm(name: str, dtype: str = "float32", mesh=None) -> Model:
-    """A default reward model: PyPI backbone + the committed score head (`rmjax/builtin/NAME.safetensors`)."""
-    head_file = builtin_head_file(name)
-    (key, loader), = list(iter_tensors(head_file))
-    lm = load(BUILTIN_RMS[name], dtype=dtype, mesh=mesh)
-    rm = reward_model_from_lm(lm, score=np.asarray(loader()).T, source=name)
-    if mesh is not None:
-        from rmjax.distributed import replicated
-
-        rm = dataclasses.replace(rm, params=dataclasses.replace(rm.params, score=replicated(rm.params.score, mesh)))
-    return rm.stamp(derived(lm.fingerprint, head=file_sha256(head_file)))
