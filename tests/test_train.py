@@ -88,6 +88,23 @@ def test_head_training_learns_separable_preferences(lm, tmp_path):
     assert (s.score(["good island"]) > s.score(["bad island"])).all()
 
 
+def test_nan_features_stop_head_training(lm, tmp_path):
+    """A NaN anywhere in a response's hidden state (here one hidden unit of one embedding row) stops
+    training with the response named, before any step."""
+    from rmjax.errors import NonFiniteError
+
+    rm = reward_model_from_lm(lm, seed=0)
+    train, held = _separable(NOUNS[:20], 40, 0), _separable(NOUNS[20:], 10, 1)
+    row = lm.tokenizer(" river", add_special_tokens=False).input_ids[0]
+    embed = np.asarray(rm.params.embed).copy()
+    embed[row, 5] = np.nan
+    broken = dataclasses.replace(rm, params=dataclasses.replace(rm.params, embed=jnp.asarray(embed)))
+    cfg = TrainConfig(trainable="head", steps=2, batch_size=8, checkpoint_every=2)
+    with pytest.raises(NonFiniteError, match="non-finite features.*river"):
+        train_reward_model(broken, train, held, cfg, tmp_path, log=lambda *_: None)
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
 def test_resume_after_crash_is_exact(lm, tmp_path):
     rm = reward_model_from_lm(lm, seed=1)
     train, held = _separable(NOUNS[:20], 64, 2), _separable(NOUNS[20:], 16, 3)

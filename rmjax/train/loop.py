@@ -202,7 +202,8 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         feats = _Features(model, [train, heldout], cfg.template, cfg.feature_batch_size)
         train_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(train))
         held_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(heldout))
-        finite.check(feats.matrix, what="features (final hidden states)", columns=["hidden"], allow=False,
+        finite.check(feats.matrix, what="features (final hidden states)", allow=False,
+                     columns=[f"hidden unit {j}" for j in range(feats.matrix.shape[1])],
                      row=lambda i: f"response {feats.texts[i][1]!r}")
         matrix = jnp.asarray(feats.matrix)
         log(f"features of {len(feats.matrix)} distinct responses in {time.perf_counter() - start:.1f} s")
