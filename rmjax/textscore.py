@@ -164,13 +164,19 @@ def score_texts(model: Model, prompts: dict[str, str], texts: list[str], templat
                 batch_size: int = 256, add_special_tokens: bool = False,
                 allow_nonfinite: bool = False) -> dict[str, np.ndarray]:
     """{prompt name: reward of each text as the assistant response}; NaN/Inf stop it unless allowed."""
+    return _scored(model, prompts, texts, template, batch_size, add_special_tokens, allow_nonfinite)[0]
+
+
+def _scored(model: Model, prompts: dict[str, str], texts: list[str], template: str, batch_size: int,
+            add_special_tokens: bool, allow_nonfinite: bool) -> tuple[dict[str, np.ndarray], dict | None]:
+    """(scores, the non-finite record for .meta.json or None)."""
     scorers = {name: TextScorer(model, text, template, add_special_tokens) for name, text in prompts.items()}
     scores = {name: sc.score(texts, batch_size) for name, sc in scorers.items()}
     names = list(scores)
-    finite.check(np.stack([scores[n] for n in names], axis=1), what="rewards", columns=names, allow=allow_nonfinite,
-                 row=lambda i: f"text {texts[i]!r}",
-                 explain=lambda i, j: finite.diagnose(model, scorers[names[j]].token_ids([texts[i]])[0]))
-    return scores
+    record = finite.check(np.stack([scores[n] for n in names], axis=1), what="rewards", columns=names,
+                          allow=allow_nonfinite, row=lambda i: f"text {texts[i]!r}",
+                          explain=lambda i, j: finite.diagnose(model, scorers[names[j]].token_ids([texts[i]])[0]))
+    return scores, record
 
 
 def text_scores_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
@@ -190,12 +196,10 @@ def write_text_scores(model: Model, prompts: dict[str, str], texts: list[str], o
         if decision.reuse:
             return Path(out)
         start = time.perf_counter()
-        scores = score_texts(model, prompts, texts, template, batch_size, allow_nonfinite=allow_nonfinite)
+        scores, nonfinite = _scored(model, prompts, texts, template, batch_size, False, allow_nonfinite)
         seconds = time.perf_counter() - start
         if not is_main():
             return Path(out)
-        nonfinite = finite.check(np.stack(list(scores.values()), axis=1), what="rewards", columns=list(scores),
-                                 allow=True, row=lambda i: f"text {texts[i]!r}")
         path = results.write_table(out, {"text": texts}, scores)
         results.write_meta(path, kind="score_texts", identity=identity, model=model.source, prompts=prompts,
                            dtype=model.dtype, output_column=model.config.reward_index, n_texts=len(texts),

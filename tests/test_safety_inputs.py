@@ -61,6 +61,12 @@ def test_nan_embedding_row_is_named(rm_folder, love, tmp_path):
     cli.user_error(cli.run("score", f"--model={model}", f"--out={tmp_path / 't.csv'}", "--texts=Peace,Love"),
                    "non-finite rewards", "text 'Love'", f"the embedding row of token {love}", loaded=True)
     assert not (tmp_path / "t.csv").exists()
+    cli.ok(cli.run("score", f"--model={model}", f"--out={tmp_path / 't.csv'}", "--texts=Peace,Love",
+                   "--allow_nonfinite"))
+    table = pd.read_csv(tmp_path / "t.csv", keep_default_na=False, na_values=["nan"])
+    assert np.isnan(table.greatest[1]) and np.isfinite(table.greatest[0])
+    assert _meta(tmp_path / "t.csv")["nonfinite"] == {"values": 1, "rows": 1, "first": ["text 'Love' for 'greatest'"],
+                                                     "allowed": True}
 
 
 @pytest.fixture()
