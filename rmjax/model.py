@@ -316,6 +316,11 @@ def extend_cache(cache: KVCache, new: KVCache) -> KVCache:
 def rewards(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
     """All head outputs at each row's last real token: [B, num_outputs] float32."""
     hidden, _ = forward(params, cfg, ids=ids, mask=mask)
+    return _rewards_at_last(params, cfg, ids, mask, hidden)
+
+
+def _rewards_at_last(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array:
+    """Head outputs at each row's last real token, a prompt-gated head reading its pattern in `ids`."""
     last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
     gate = heads.gate_input(cfg.head, ids, mask, hidden) if cfg.head is not None and cfg.head.pattern else None
     return reward_head(params, cfg, last, gate)
@@ -374,12 +379,10 @@ def trace(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> 
     if cfg.scale_embeddings:
         embeds = embeds * jnp.asarray(embedding_scale(cfg), dtype=params.embed.dtype)
     out = {"embeddings": embeds, "layers": stream, "hidden": hidden}
-    last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
     if cfg.is_reward_model:
-        gate = heads.gate_input(cfg.head, ids, mask, hidden) if cfg.head is not None and cfg.head.pattern else None
-        out["head"] = reward_head(params, cfg, last, gate)
+        out["head"] = _rewards_at_last(params, cfg, ids, mask, hidden)
     else:
-        out["head"] = lm_log_probs(params, cfg, last)
+        out["head"] = lm_log_probs(params, cfg, hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)])
     return out
 
 
