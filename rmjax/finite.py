@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmjax import model as M
+from rmjax import nn
 from rmjax.distributed import replicated, to_host
 from rmjax.errors import NonFiniteError
 
@@ -25,10 +26,10 @@ def _few(values, k: int = 5) -> str:
     return ", ".join(map(str, values[:k])) + (f" … ({len(values)} in all)" if len(values) > k else "")
 
 
-def nonfinite_parameters(params: M.Params) -> list[str]:
+def nonfinite_parameters(params) -> list[str]:
     """'embed (1 value, row 17)'-style descriptions of every parameter holding NaN/Inf."""
     found = []
-    for path, value in sorted(M.params_to_flat(params).items()):
+    for path, value in sorted(nn.flat(params).items()):
         bad = ~jnp.isfinite(value)
         n = int(to_host(jnp.sum(bad)))
         if not n:

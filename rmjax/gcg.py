@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import chat, checks, finite
-from rmjax import model as M
+from rmjax import chat, checks, finite, nn
 from rmjax.distributed import replicated, to_host
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import Model
@@ -71,7 +70,7 @@ class Target:
     prompt: str
     prefix: tuple[int, ...]
     suffix: tuple[int, ...]
-    cache: M.KVCache = None
+    cache: nn.KVCache = None
     suffix_ids: jax.Array = None
 
 
@@ -101,9 +100,11 @@ def make_target(model: Model, prompt: str, template: str = "auto", prefix=None, 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _reward_of_one_hot(params, cfg, cache, one_hot, suffix):
     """Reward of prefix + (one_hot @ E) + suffix; differentiable in the one-hot matrix [N, V]."""
-    embeds = jnp.concatenate([one_hot @ params.embed.astype(one_hot.dtype), params.embed[suffix].astype(one_hot.dtype)])
-    hidden, _ = M.forward(params, cfg, embeds=embeds[None], cache=cache)
-    return M.reward_head(params, cfg, hidden[:, -1], cache.gate_input)[0, cfg.reward_index]
+    model = nn.module(params, cfg)
+    table = model.embed.embedding[...].astype(one_hot.dtype)
+    embeds = jnp.concatenate([one_hot @ table, table[suffix]])
+    hidden = model(embeds=embeds[None], cache=cache).hidden
+    return model.reward_head(hidden[:, -1], cache.gate_input)[0, cfg.reward_index]
 
 
 _grad_one_hot = jax.jit(jax.grad(_reward_of_one_hot, argnums=3), static_argnames=("cfg",))
@@ -187,7 +188,7 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     lead = targets[0].model
     vocab = min(t.model.config.vocab_size for t in targets)
     banned = disallowed_ids(lead.tokenizer, vocab, cfg.allow_special, cfg.allow_non_ascii)
-    embed = to_host(lead.params.embed).astype(np.float32)[:vocab] if cfg.embed_reg > 0 else None
+    embed = to_host(nn.get(lead.params, "embed.embedding")).astype(np.float32)[:vocab] if cfg.embed_reg > 0 else None
     inits = [_init_ids(lead, text, cfg, banned, rng) for text in (cfg.init or ("",))]
     init_arr = np.asarray(inits)
     eval_batch = min(cfg.eval_batch_size, cfg.search_width)  # one batch shape: one compilation

@@ -96,27 +96,6 @@ def gate_modules(head: HeadConfig) -> list[tuple[int, str, str]]:
     return modules
 
 
-def head_shapes(head: HeadConfig, hidden: int) -> dict[str, tuple[int, ...]]:
-    """Shapes of the gate's parameters (flat paths under `head.`), all kept in float32."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    width = hidden
-    for i in range(head.gate_layers + 1):
-        last = i == head.gate_layers
-        out = head.num_objectives if last else head.gate_hidden
-        shapes[f"head.gate{i}"] = (width, out)
-        if last or head.gate_bias:
-            shapes[f"head.gate{i}_bias"] = (out,)
-        if head.batchnorm and not last:
-            for stat in ("scale", "shift", "mean", "var"):
-                shapes[f"head.bn{i}_{stat}"] = (out,)
-        width = out
-    if head.kind != "urm":
-        shapes["head.logit_scale"] = (1,)
-    if head.kind != "urm" and head.transform:
-        shapes["head.transform"] = (head.num_objectives, head.num_objectives)
-    return shapes
-
-
 def _gate(p: dict, head: HeadConfig, x: jax.Array) -> jax.Array:
     """Gate weights [B, objectives] from the gate's input hidden state [B, H]."""
     hi = jax.lax.Precision.HIGHEST

@@ -13,7 +13,7 @@ import os
 import jax
 import numpy as np
 
-from rmjax import model as M
+from rmjax import nn, sharding
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError
 from rmjax.loading.hf import numpy_dtype
@@ -50,9 +50,9 @@ def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
     """Sharded weights split over `model` (heads, MLP, vocab); norms and the score head replicated."""
 
     total = 0
-    for path, shape in M.param_shapes(cfg).items():
-        size = math.prod(shape) * (4 if M.kept_in_float32(path) else _itemsize(dtype))
-        sharded = any(ax in ("heads", "kv_heads", "mlp", "vocab") for ax in M.logical_axes(path))
+    for decl in nn.declarations(cfg).values():
+        size = decl.size * (4 if decl.float32 else _itemsize(dtype))
+        sharded = any(sharding.RULES.get(ax) == "model" for ax in decl.axes if ax)
         total += size // model_shards if sharded else size
     return total
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
-from rmjax import model as M
+from rmjax import nn
 from rmjax.config import ModelConfig, config_from_hf
 
 
@@ -90,15 +91,9 @@ def architecture_config(entry: ZooEntry, num_labels: int = 1) -> ModelConfig:
     return config_from_hf(raw, source=entry.hf_id)
 
 
-def abstract_params(cfg: ModelConfig, dtype=jnp.bfloat16) -> M.Params:
-    """ShapeDtypeStructs of every parameter, built by jax.eval_shape (no memory used)."""
-
-    def build():
-        flat = {path: jnp.zeros(shape, jnp.float32 if M.kept_in_float32(path) else dtype)
-                for path, shape in M.param_shapes(cfg).items()}
-        return M.params_from_flat(flat)
-
-    return jax.eval_shape(build)
+def abstract_params(cfg: ModelConfig, dtype=jnp.bfloat16) -> nnx.State:
+    """The model's nnx state with ShapeDtypeStruct leaves (nnx.eval_shape: no memory used)."""
+    return nnx.state(nn.abstract(cfg, dtype))
 
 
 def count_params(params) -> int:

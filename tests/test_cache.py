@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rmjax import model as M
+from rmjax import nn
 from rmjax.loading.hf import load_hf_model_folder
 from tests import tiny
 
@@ -51,7 +52,7 @@ def test_extend_cache_then_continue(reward_model):
     b = rng.integers(3, tiny.VOCAB, size=(1, 4)).astype(np.int32)
     c = rng.integers(3, tiny.VOCAB, size=(1, 3)).astype(np.int32)
     cache = M.prefill(p, cfg, a)
-    _, step = M.forward(p, cfg, ids=jnp.asarray(b), cache=cache)
+    step = M.forward(p, cfg, ids=jnp.asarray(b), cache=cache).kv
     cache = M.extend_cache(cache, step)
     got = np.asarray(M.rewards_after(p, cfg, cache, c))
     full = np.concatenate([a, b, c], axis=1)
@@ -63,7 +64,7 @@ def test_embeds_path_equals_ids_path(reward_model):
     """forward(embeds=embed[ids]) == forward(ids) (GCG feeds one-hot @ embed)."""
     p, cfg = reward_model.params, reward_model.config
     ids, mask = tiny.random_batch(seed=4, batch=2, length=8, padding="right")
-    h_ids, _ = M.forward(p, cfg, ids=ids, mask=mask)
+    h_ids = M.forward(p, cfg, ids=ids, mask=mask).hidden
     one_hot = jnp.eye(cfg.vocab_size, dtype=jnp.float32)[ids]
-    h_emb, _ = M.forward(p, cfg, embeds=one_hot @ p.embed, mask=mask)
+    h_emb = M.forward(p, cfg, embeds=one_hot @ nn.get(p, "embed.embedding"), mask=mask).hidden
     np.testing.assert_allclose(np.asarray(h_emb), np.asarray(h_ids), atol=1e-5, rtol=0)

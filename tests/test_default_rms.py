@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rmjax import nn
 from rmjax.loading import load
 from rmjax.loading.registry import BUILTIN_DIR
 from rmjax.loading.safetensors_io import iter_tensors
@@ -22,7 +23,7 @@ def test_default_rm_loads_and_ranks_elo_extremes(name):
     rm = load(name)
     assert rm.config.is_reward_model and rm.config.num_labels == 1
     (_, head), = list(iter_tensors(BUILTIN_DIR / f"{name}.safetensors"))
-    np.testing.assert_array_equal(np.asarray(rm.params.score), np.asarray(head()).T)
+    np.testing.assert_array_equal(np.asarray(nn.get(rm.params, "score.kernel")), np.asarray(head()).T)
     items = read_elo_items(ELO / "What, in one word, is the greatest thing ever.csv").sort_values("elo_score")
     bottom, top = items["name"].head(40).tolist(), items["name"].tail(40).tolist()
     scores = TextScorer(rm, PROMPT).score(top + bottom)

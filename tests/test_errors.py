@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from rmjax import nn
 from rmjax.errors import CheckpointError, TokenizerMismatchError, UnsupportedModelError
 from rmjax.loading import load
 from rmjax.loading.hf import load_hf_model_folder
@@ -105,7 +106,7 @@ def test_bfloat16_load_keeps_float32_scores(folder):
 
     f32 = load_hf_model_folder(folder, require_tokenizer=False)
     bf16 = load_hf_model_folder(folder, dtype="bfloat16", require_tokenizer=False)
-    assert bf16.params.layers.q.dtype == np.dtype("bfloat16")
+    assert nn.get(bf16.params, "layers.q").dtype == np.dtype("bfloat16")
     ids, mask = tiny.random_batch(seed=7, batch=4, length=10, padding="right")
     a = np.asarray(M.rewards(f32.params, f32.config, ids, mask))
     b = np.asarray(M.rewards(bf16.params, bf16.config, ids, mask))

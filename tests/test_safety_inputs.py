@@ -36,7 +36,7 @@ def test_nan_score_head_stops_sweep_and_gcg(rm_folder, tmp_path):
     out = tmp_path / "s.csv"
     flags = [f"--model={model}", "--prompts=greatest,worst", f"--out={out}", "--token_ids=10,11,12"]
     cli.user_error(cli.run("sweep", *flags), "non-finite scores", "token 10", "the reward head",
-                   "non-finite parameters: score (1 value", "--allow_nonfinite", loaded=True)
+                   "non-finite parameters: score.kernel (1 value", "--allow_nonfinite", loaded=True)
     assert not out.exists()
     cli.ok(cli.run("sweep", *flags, "--allow_nonfinite"))
     assert pd.read_csv(out)[["greatest", "worst"]].isna().all().all()
@@ -56,8 +56,8 @@ def test_nan_embedding_row_is_named(rm_folder, love, tmp_path):
     cli.edit_tensor(model, "model.embed_tokens.weight", lambda w: np.where(np.arange(len(w))[:, None] == love,
                                                                            np.nan, w))
     cli.user_error(cli.run("sweep", f"--model={model}", f"--out={tmp_path / 's.csv'}", f"--token_ids=5,{love},7"),
-                   f"token {love} ('Love')", f"the embedding row of token {love}", f"embed (64 values, row {love})",
-                   loaded=True)
+                   f"token {love} ('Love')", f"the embedding row of token {love}",
+                   f"embed.embedding (64 values, row {love})", loaded=True)
     cli.user_error(cli.run("score", f"--model={model}", f"--out={tmp_path / 't.csv'}", "--texts=Peace,Love"),
                    "non-finite rewards", "text 'Love'", f"the embedding row of token {love}", loaded=True)
     assert not (tmp_path / "t.csv").exists()

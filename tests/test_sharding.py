@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rmjax import model as M
-from rmjax import sharding
+from rmjax import nn, sharding
 from rmjax.loading.hf import load_hf_model_folder
 from tests import tiny
 
@@ -29,7 +29,7 @@ def test_sharded_forward_equals_unsharded(tmp_path, name, mesh_spec):
     ref_model = load_hf_model_folder(folder, require_tokenizer=False)
     mesh = sharding.make_mesh(mesh_spec)
     model = load_hf_model_folder(folder, require_tokenizer=False, mesh=mesh)
-    q = model.params.layers.q
+    q = nn.get(model.params, "layers.q")
     assert q.sharding.spec == jax.sharding.PartitionSpec(None, None, "model", None)
     assert len({s.device for s in q.addressable_shards}) == 8
     ids, mask = tiny.random_batch(seed=5, batch=8, length=10, padding="left")
@@ -59,5 +59,5 @@ def test_each_slice_is_read_once(tmp_path, mesh_spec):
     assert model.weight_bytes == expected
     assert model.weight_bytes_read == expected
     if mesh_spec == "data:1,model:8":
-        shard = model.params.layers.gate.addressable_shards[0].data
+        shard = nn.get(model.params, "layers.gate").addressable_shards[0].data
         assert shard.shape[-1] == model.config.intermediate_size // 8

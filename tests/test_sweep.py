@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rmjax import chat, results, sharding
+from rmjax import chat, nn, results, sharding
 from rmjax import model as M
 from rmjax.chat import NoChatTemplateError
 from rmjax.errors import PromptTooLongError
@@ -135,7 +135,8 @@ def test_replaced_params_are_not_the_loaded_checkpoint(rm, tmp_path):
     written = out.stat().st_mtime_ns
     sweep(model, PROMPTS, _sample(4), out=out)
     assert out.stat().st_mtime_ns == written  # the same model's finished result is reused, not rewritten
-    edited = dataclasses.replace(model, params=dataclasses.replace(model.params, score=model.params.score * 2))
+    edited = dataclasses.replace(model, params=nn.replace(model.params, model.config,
+                                                          **{"score.kernel": nn.get(model.params, "score.kernel") * 2}))
     with pytest.raises(OutputExistsError, match="different model.weights"):
         sweep(edited, PROMPTS, _sample(4), out=out)
     again = sweep(edited, PROMPTS, _sample(4), out=out, overwrite=True)

@@ -7,15 +7,18 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import torch
 import transformers
+from flax import nnx
 
 from rmjax import model as M
+from rmjax import nn
 from rmjax.loading import load
 from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_pairs
-from rmjax.train.loop import TrainConfig, batch_indices, train_reward_model
+from rmjax.train.loop import TrainConfig, batch_indices, train_reward_model, trainable_part
 from rmjax.train.rm import bradley_terry_loss, save_hf_folder
 from tests import tiny
 
@@ -50,6 +53,7 @@ def test_bt_loss_and_gradients_match_pytorch(tmp_path):
         return bradley_terry_loss(rc, rr, jnp.asarray(label))
 
     loss, grads = jax.value_and_grad(loss_fn)(rm.params)
+    grads = nn.flat(grads)
 
     def run(ids, mask):
         return hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
@@ -60,11 +64,11 @@ def test_bt_loss_and_gradients_match_pytorch(tmp_path):
     ref = -(y * torch.nn.functional.logsigmoid(d) + (1 - y) * torch.nn.functional.logsigmoid(-d)).mean()
     ref.backward()
     assert abs(float(loss) - ref.detach().item()) < 1e-5
-    np.testing.assert_allclose(np.asarray(grads.score), hf.score.weight.grad.numpy().T, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(grads["score.kernel"]), hf.score.weight.grad.numpy().T, atol=1e-5, rtol=1e-4)
     down = hf.model.layers[1].mlp.down_proj.weight.grad.numpy().T
-    np.testing.assert_allclose(np.asarray(grads.layers.down[1]), down, atol=1e-5, rtol=1e-4)
-    q = hf.model.layers[0].self_attn.q_proj.weight.grad.numpy().T.reshape(np.asarray(grads.layers.q[0]).shape)
-    np.testing.assert_allclose(np.asarray(grads.layers.q[0]), q, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(grads["layers.down"][1]), down, atol=1e-5, rtol=1e-4)
+    q = hf.model.layers[0].self_attn.q_proj.weight.grad.numpy().T.reshape(np.asarray(grads["layers.q"][0]).shape)
+    np.testing.assert_allclose(np.asarray(grads["layers.q"][0]), q, atol=1e-5, rtol=1e-4)
 
 
 def _separable(nouns: list[str], n: int, seed: int) -> Pairs:
@@ -96,9 +100,9 @@ def test_nan_features_stop_head_training(lm, tmp_path):
     rm = reward_model_from_lm(lm, seed=0)
     train, held = _separable(NOUNS[:20], 40, 0), _separable(NOUNS[20:], 10, 1)
     row = lm.tokenizer(" river", add_special_tokens=False).input_ids[0]
-    embed = np.asarray(rm.params.embed).copy()
+    embed = np.asarray(nn.get(rm.params, "embed.embedding")).copy()
     embed[row, 5] = np.nan
-    broken = dataclasses.replace(rm, params=dataclasses.replace(rm.params, embed=jnp.asarray(embed)))
+    broken = dataclasses.replace(rm, params=nn.replace(rm.params, rm.config, **{"embed.embedding": jnp.asarray(embed)}))
     cfg = TrainConfig(trainable="head", steps=2, batch_size=8, checkpoint_every=2)
     with pytest.raises(NonFiniteError, match="non-finite features.*river"):
         train_reward_model(broken, train, held, cfg, tmp_path, log=lambda *_: None)
@@ -124,14 +128,35 @@ def test_resume_after_crash_is_exact(lm, tmp_path):
     resumed = train_reward_model(rm, train, held, cfg, tmp_path / "b", log=lambda *_: None)
     assert resumed.resumed_from == 8
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
-    flat_a, flat_b = M.params_to_flat(whole.model.params), M.params_to_flat(resumed.model.params)
+    flat_a, flat_b = nn.flat(whole.model.params), nn.flat(resumed.model.params)
     for key in flat_a:
         np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]))
     # frozen parts did not move, the last layer did
-    base = M.params_to_flat(rm.params)
+    base = nn.flat(rm.params)
     np.testing.assert_array_equal(np.asarray(flat_a["layers.down"][0]), np.asarray(base["layers.down"][0]))
-    np.testing.assert_array_equal(np.asarray(flat_a["embed"]), np.asarray(base["embed"]))
+    np.testing.assert_array_equal(np.asarray(flat_a["embed.embedding"]), np.asarray(base["embed.embedding"]))
     assert not np.array_equal(np.asarray(flat_a["layers.down"][-1]), np.asarray(base["layers.down"][-1]))
+
+
+
+@pytest.mark.parametrize("trainable, trained", [
+    ("head", {"score.kernel"}),
+    ("last_k", {"final_norm.scale", "score.kernel"}),
+    ("full", {"final_norm.scale", "score.kernel"}),
+])
+def test_frozen_parts_carry_no_optimizer_state(lm, trainable, trained):
+    rm = reward_model_from_lm(lm, seed=0)
+    n = rm.config.num_layers
+    module, wrt = trainable_part(rm, TrainConfig(trainable=trainable, last_k=1))
+    opt = nnx.Optimizer(module, optax.adam(1e-3), wrt=wrt)
+    moments = {".".join(map(str, p[3:])): v.shape for p, v in nnx.to_flat_state(nnx.state(opt)) if p[2:3] == ("mu",)}
+    layers = {k: s for k, s in moments.items() if ".q" in k or ".down" in k}
+    assert "embed.embedding" not in moments
+    assert trained <= set(moments)
+    if trainable == "head":
+        assert set(moments) == trained
+    else:  # only the trainable layers have Adam moments: 1 layer for last_k=1, all for full
+        assert layers and all(s[0] == (1 if trainable == "last_k" else n) for s in layers.values()), layers
 
 
 @pytest.mark.parametrize("family", ["llama3.1", "gemma3"])
@@ -139,7 +164,8 @@ def test_saved_folder_loads_in_transformers_and_rmjax(tmp_path, family):
     lm_hf = tiny.build_hf_model(family, seed=4)
     lm = load(str(tiny.save_hf_model(lm_hf, tmp_path / "lm")), require_tokenizer=False)
     rm = reward_model_from_lm(lm, seed=5)
-    rm = dataclasses.replace(rm, params=dataclasses.replace(rm.params, score=rm.params.score * 50))
+    score = nn.get(rm.params, "score.kernel") * 50
+    rm = dataclasses.replace(rm, params=nn.replace(rm.params, rm.config, **{"score.kernel": score}))
     folder = save_hf_folder(rm, tmp_path / "rm")
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(folder), dtype=torch.float32,
                                                                          attn_implementation="eager").eval()
@@ -199,6 +225,7 @@ def test_data_parallel_training_on_a_mesh_matches_one_device(lm, tmp_path):
     one = train_reward_model(reward_model_from_lm(lm, seed=2), train, held, cfg, tmp_path / "one", log=lambda *_: None)
     many = train_reward_model(reward_model_from_lm(meshed_lm, seed=2), train, held, cfg, tmp_path / "many",
                               log=lambda *_: None)
-    assert many.model.params.layers.down.sharding.spec[1] == "model"  # [layers, mlp, embed]
+    assert nn.get(many.model.params, "layers.down").sharding.spec[1] == "model"  # [layers, mlp, embed]
     np.testing.assert_allclose([h["loss"] for h in many.history], [h["loss"] for h in one.history], atol=1e-5)
-    np.testing.assert_allclose(np.asarray(many.model.params.score), np.asarray(one.model.params.score), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(nn.get(many.model.params, "score.kernel")),
+                               np.asarray(nn.get(one.model.params, "score.kernel")), atol=1e-5)

@@ -43,8 +43,8 @@ def test_real_size_parameter_counts(entry):
             "urm": 9 * h + 2 * (h * h + h) + (h * 5 + 5)}[entry.head]
     body = zoo.count_params(zoo.abstract_params(zoo.architecture_config(dataclasses.replace(entry, head="score"))))
     assert n - body == head
-    assert params.layers.q.shape == (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
-    assert params.score.dtype == "float32" and params.embed.dtype == "bfloat16"
+    assert params["layers"]["q"].shape == (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
+    assert params["score"]["kernel"].dtype == "float32" and params["embed"]["embedding"].dtype == "bfloat16"
     if entry.backbone == "gemma-2-27b":
         assert cfg.query_scale == pytest.approx(144**-0.5) and cfg.local_layers[:2] == (True, False)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import jax
@@ -70,9 +69,5 @@ def _load_builtin_rm(name: str, dtype: str, mesh) -> Model:
     head_file = builtin_head_file(name)
     (_, loader), = list(iter_tensors(head_file))
     lm = load(BUILTIN_RMS[name], dtype=dtype, mesh=mesh)
-    rm = reward_model_from_lm(lm, score=np.asarray(loader()).T, source=name)
-    if mesh is not None:
-        from rmjax.distributed import replicated
-
-        rm = dataclasses.replace(rm, params=dataclasses.replace(rm.params, score=replicated(rm.params.score, mesh)))
+    rm = reward_model_from_lm(lm, score=np.asarray(loader()).T, source=name)  # placed on lm's mesh
     return rm.stamp(derived(lm.fingerprint, head=file_sha256(head_file)))

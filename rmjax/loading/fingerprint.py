@@ -99,12 +99,12 @@ def model_fingerprint(model) -> dict:
     fp, of = model.fingerprint or {}, model.fingerprint_of or (None, None)
     if fp and of == (id(model.params), id(model.tokenizer)):
         return fp
-    from rmjax import model as M
+    from rmjax import nn
     from rmjax.distributed import to_host
 
     weights = fp.get("weights") if of[0] == id(model.params) else None
     if weights is None:
-        digests = {k: array_digest(to_host(v)) for k, v in sorted(M.params_to_flat(model.params).items())}
+        digests = {k: array_digest(to_host(v)) for k, v in sorted(nn.flat(model.params).items())}
         config = repr(model.config.replace(reward_index=0))  # the output column is part of each job's identity
         weights = hash_json([digests, config])
     tokenizer = fp.get("tokenizer") if of[1] == id(model.tokenizer) else None

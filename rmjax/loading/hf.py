@@ -10,9 +10,9 @@ from typing import Any
 import jax
 import ml_dtypes
 import numpy as np
+from flax import nnx
 
-from rmjax import model as model_lib
-from rmjax import sharding
+from rmjax import nn, sharding
 from rmjax.config import ModelConfig, load_config_file, read_json_file
 from rmjax.errors import CheckpointError, MissingFileError, TokenizerMismatchError, UsageError
 from rmjax.loading import safetensors_io
@@ -28,7 +28,7 @@ class Model:
     """A loaded model: static config, parameters (possibly sharded), tokenizer."""
 
     config: ModelConfig
-    params: model_lib.Params
+    params: nnx.State  # the nnx state of `module` (rmjax.nn.Transformer)
     tokenizer: Any
     source: str
     dtype: str = "float32"
@@ -50,6 +50,11 @@ class Model:
         return self
 
     @property
+    def module(self) -> nn.Transformer:
+        """The model as an nnx module sharing these params (nnx.display, nnx.state, per-layer calls)."""
+        return nn.module(self.params, self.config)
+
+    @property
     def chat_template(self) -> str | None:
         return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
 
@@ -60,12 +65,11 @@ def numpy_dtype(dtype: str):
     return _NP_DTYPES[dtype]
 
 
-def place_params(
-    flat: dict[str, np.ndarray], mesh: jax.sharding.Mesh | None
-) -> model_lib.Params:
-    """Host arrays -> device Params, sharded by the logical-axis rules when a mesh is given."""
-    placed = {p: sharding.place(a, model_lib.logical_axes(p), mesh) for p, a in flat.items()}
-    return model_lib.params_from_flat(placed)
+def place_params(flat: dict[str, Any], cfg: ModelConfig, mesh: jax.sharding.Mesh | None) -> nnx.State:
+    """Host (or lazily read) arrays -> the module's state, each weight placed by its declared logical axes;
+    under a mesh each device's slice is read on its own (make_array_from_callback)."""
+    declared = nn.declarations(cfg)
+    return nn.from_flat(cfg, {p: sharding.place(a, declared[p].axes, mesh) for p, a in flat.items()})
 
 
 def load_tokenizer(folder: Path, cfg: ModelConfig, required: bool = True):
@@ -112,8 +116,8 @@ def load_hf_model_folder(
     tensors = (
         item for path in safetensors_io.checkpoint_files(folder) for item in safetensors_io.iter_tensors(path)
     )
-    flat = assemble(tensors, cfg, model_lib.param_shapes(cfg), numpy_dtype(dtype), str(folder))
-    params = place_params(flat, mesh)
+    flat = assemble(tensors, cfg, nn.declarations(cfg), numpy_dtype(dtype), str(folder))
+    params = place_params(flat, cfg, mesh)
     tok = load_tokenizer(folder, cfg, required=require_tokenizer)
     total, read = sum(p.nbytes for p in flat.values()), sum(p.bytes_read for p in flat.values())
     return Model(

@@ -11,6 +11,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from rmjax import nn
+from rmjax.distributed import replicated
 from rmjax.errors import UsageError
 from rmjax.loading.fingerprint import array_digest, derived
 from rmjax.loading.hf import Model
@@ -40,7 +42,9 @@ def reward_model_from_lm(lm: Model, score: np.ndarray | None = None, seed: int =
     head = init_score_head(cfg.hidden_size, seed) if score is None else np.asarray(score, np.float32)
     if head.shape != (cfg.hidden_size, 1):
         raise UsageError(f"score head has shape {head.shape}, expected ({cfg.hidden_size}, 1).")
-    params = dataclasses.replace(lm.params, lm_head=None, score=jnp.asarray(head))
+    weights = {k: v for k, v in nn.flat(lm.params).items() if not k.startswith("lm_head.")}
+    placed = jnp.asarray(head) if lm.mesh is None else replicated(head, lm.mesh)
+    params = nn.from_flat(cfg, {**weights, "score.kernel": placed})
     raw = {k: v for k, v in lm.raw_config.items() if k not in ("num_labels", "id2label", "label2id")}
     raw.update(architectures=[arch], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     if lm.config.model_type == "gemma3_text":

@@ -16,7 +16,7 @@ import numpy as np
 from rmjax.config import ModelConfig
 from rmjax.errors import CheckpointError
 from rmjax.heads import gate_modules
-from rmjax.model import kept_in_float32
+from rmjax.nn import Declaration
 
 Transform = Callable[[np.ndarray, ModelConfig], np.ndarray]
 
@@ -82,7 +82,7 @@ class Rule:
 
 def _rule(pattern: str, target: str, transform: Transform = _identity) -> Rule:
     key = pattern.replace(r"layers\.(?P<layer>\d+)\.", "layers.{layer}.").replace("\\.", ".")
-    prefix = "" if target in ("score", "lm_head") or target.startswith("head.") else "model."
+    prefix = "" if target.startswith(("score.", "lm_head.", "head.")) else "model."
     return Rule(pattern, target, transform, prefix + key)
 
 
@@ -92,8 +92,8 @@ def hf_rules(cfg: ModelConfig) -> list[Rule]:
     # `pre_feedforward_layernorm` and use `post_attention_layernorm` after attention.
     post_attn_target = "layers.post_attn_norm" if cfg.sandwich_norms else "layers.mlp_norm"
     rules = [
-        _rule(r"embed_tokens\.weight", "embed"),
-        _rule(r"norm\.weight", "final_norm"),
+        _rule(r"embed_tokens\.weight", "embed.embedding"),
+        _rule(r"norm\.weight", "final_norm.scale"),
         _rule(layer + r"input_layernorm\.weight", "layers.attn_norm"),
         _rule(layer + r"post_attention_layernorm\.weight", post_attn_target),
         _rule(layer + r"self_attn\.q_proj\.weight", "layers.q", _heads_in(lambda c: c.num_heads)),
@@ -105,7 +105,7 @@ def hf_rules(cfg: ModelConfig) -> list[Rule]:
         _rule(layer + r"mlp\.gate_proj\.weight", "layers.gate", _transpose),
         _rule(layer + r"mlp\.up_proj\.weight", "layers.up", _transpose),
         _rule(layer + r"mlp\.down_proj\.weight", "layers.down", _transpose),
-        _rule(r"score\.weight", "score", _transpose),
+        _rule(r"score\.weight", "score.kernel", _transpose),
     ]
     if cfg.sandwich_norms:
         rules += [
@@ -113,10 +113,10 @@ def hf_rules(cfg: ModelConfig) -> list[Rule]:
             _rule(layer + r"post_feedforward_layernorm\.weight", "layers.post_mlp_norm"),
         ]
     if not cfg.tie_embeddings and not cfg.is_reward_model:
-        rules.append(_rule(r"lm_head\.weight", "lm_head", _transpose))
+        rules.append(_rule(r"lm_head\.weight", "lm_head.kernel", _transpose))
     if cfg.head is not None:
         if cfg.head.kind != "urm":  # their projection is `regression_layer`, not `score`
-            rules = [r for r in rules if r.target != "score"]
+            rules = [r for r in rules if r.target != "score.kernel"]
         rules += head_rules(cfg)
     return rules
 
@@ -130,7 +130,7 @@ def head_rules(cfg: ModelConfig) -> list[Rule]:
     else:
         gate = r"gating\.layers\."
         rules = [
-            _rule(r"regression_layer\.weight", "score", _transpose),
+            _rule(r"regression_layer\.weight", "score.kernel", _transpose),
             _rule(r"reward_transform_matrix", "head.transform"),
             _rule(r"gating\.logit_scale", "head.logit_scale"),
         ]
@@ -189,7 +189,7 @@ class LazyParam:
 def assemble(
     tensors: Iterable[tuple[str, Callable[[], np.ndarray]]],
     cfg: ModelConfig,
-    shapes: dict[str, tuple[int, ...]],
+    declared: dict[str, Declaration],
     dtype,
     source: str,
 ) -> dict[str, LazyParam]:
@@ -212,29 +212,30 @@ def assemble(
                 f"{source}: unexpected tensor {raw_key!r}; this checkpoint does not match its "
                 "config.json architecture (check `architectures` and `model_type`)."
             )
-        if rule.target not in shapes:
+        if rule.target not in declared:
             raise CheckpointError(f"{source}: tensor {raw_key!r} is not used by config {cfg.architecture}.")
-        target_dtype = np.float32 if kept_in_float32(rule.target) else dtype
+        decl = declared[rule.target]
+        target_dtype = decl.dtype(dtype)
         value = rule.transform(load(), cfg)
         m = rule.match(key)
         stacked = "layer" in m.groupdict()
         i = int(m.group("layer")) if stacked else 0
         if stacked and i >= cfg.num_layers:
             raise CheckpointError(f"{source}: {raw_key!r} beyond num_hidden_layers={cfg.num_layers}.")
-        expected = shapes[rule.target][1:] if stacked else shapes[rule.target]
+        expected = decl.shape[1:] if stacked else decl.shape
         if value.shape != expected:
-            hint = " (num_labels in config.json must match score.weight)" if rule.target == "score" else ""
+            hint = " (num_labels in config.json must match score.weight)" if rule.target == "score.kernel" else ""
             raise CheckpointError(
                 f"{source}: {raw_key!r} has shape {value.shape} after conversion, config.json implies {expected}{hint}."
             )
-        param = out.setdefault(rule.target, LazyParam(shapes[rule.target], target_dtype, stacked))
+        param = out.setdefault(rule.target, LazyParam(decl.shape, target_dtype, stacked))
         param.parts[i] = value
-    missing = [p for p in shapes if p not in out]
+    missing = [p for p in declared if p not in out]
     partial = [p for p, lazy in out.items() if lazy.stacked and len(lazy.parts) != cfg.num_layers]
     if missing or partial:
         what = ", ".join(missing + [f"{p} (some layers)" for p in partial])
         hint = ""
-        if "score" in missing:
+        if "score.kernel" in missing:
             hint = (
                 " A reward model needs `score.weight`; a causal-LM checkpoint loads with "
                 "its *ForCausalLM architecture."

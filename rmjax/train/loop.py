@@ -16,18 +16,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from flax import nnx
 
-from rmjax import checks, finite
-from rmjax import model as M
+from rmjax import checks, finite, nn
 from rmjax.distributed import is_main
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading.fingerprint import model_fingerprint
 from rmjax.loading.hf import Model
+from rmjax.nn.layers import SplitStack
 from rmjax.outputs import claim
 from rmjax.prefix import shard_batch
 from rmjax.progress import Progress
@@ -162,20 +162,25 @@ class _Sequences:
                 self.ids[side, i, : len(s)], self.mask[side, i, : len(s)] = s, True
 
 
-def _layer_mask(model: Model, cfg: TrainConfig) -> M.Params:
-    """1.0 where a parameter trains, 0.0 where frozen (per layer for stacked weights)."""
+def trainable_part(model: Model, cfg: TrainConfig) -> tuple[nn.Transformer, nnx.filterlib.Filter]:
+    """A copy of the model as an nnx module, and the filter of what trains: `head` the score head;
+    `last_k` the last K layers (a SplitStack's `upper`), the final norm and the head; `full` all but the
+    embeddings. Everything else is frozen and gets no optimizer state."""
+    module = model.module  # fresh variables: training never changes `model`
     n = model.config.num_layers
-    k = n if cfg.trainable == "full" else cfg.last_k
-    per_layer = (np.arange(n) >= n - k).astype(np.float32)
+    if cfg.trainable == "head":
+        return module, nnx.PathContains("score")
+    if cfg.trainable == "last_k" and cfg.last_k < n:
+        module.layers = SplitStack.of(module.layers, n - cfg.last_k)
+        return module, nnx.Any(nnx.PathContains("upper"), nnx.PathContains("final_norm"), nnx.PathContains("score"))
+    return module, nnx.All(nnx.Param, nnx.Not(nnx.PathContains("embed")))
 
-    def leaf(path, x):
-        name = jax.tree_util.keystr(path)
-        if ".layers." in name:
-            return jnp.asarray(per_layer).reshape((n,) + (1,) * (x.ndim - 1))
-        trains = "score" in name or "final_norm" in name
-        return jnp.asarray(1.0 if trains else 0.0)
 
-    return jax.tree_util.tree_map_with_path(leaf, model.params)
+def trained_params(module: nn.Transformer) -> nnx.State:
+    """The module's state in the model's own layout (one decoder stack)."""
+    if isinstance(module.layers, SplitStack):
+        module.layers = module.layers.joined()
+    return nnx.state(module)
 
 
 def train_reward_model(
@@ -196,8 +201,8 @@ def train_reward_model(
 
 
 def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log) -> TrainResult:
-    opt = make_optimizer(cfg)
     start = time.perf_counter()
+    module, wrt = trainable_part(model, cfg)
     if cfg.trainable == "head":
         feats = _Features(model, [train, heldout], cfg.template, cfg.feature_batch_size)
         train_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(train))
@@ -208,41 +213,38 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         matrix = jnp.asarray(feats.matrix)
         log(f"features of {len(feats.matrix)} distinct responses in {time.perf_counter() - start:.1f} s")
 
-        def rewards_of(params, side_rows):
-            return M.score_head(params["score"], matrix[side_rows])[:, 0]
-
-        trainable = {"score": model.params.score}
-        grad_mask = None
+        def pair_rewards(m: nn.Transformer, rows, idx=slice(None)):
+            return m.score(matrix[rows[0][idx]])[:, 0], m.score(matrix[rows[1][idx]])[:, 0]
     else:
         train_seq, held_seq = _Sequences(model, train, cfg.template), _Sequences(model, heldout, cfg.template)
         train_ids, train_mask = jnp.asarray(train_seq.ids), jnp.asarray(train_seq.mask)
-        grad_mask = _layer_mask(model, cfg)
-        trainable = model.params
 
-    def batch_loss(params, idx, label):
+        def pair_rewards(m: nn.Transformer, rows, idx):
+            return (m.rewards(train_ids[0][idx], train_mask[0][idx])[:, 0],
+                    m.rewards(train_ids[1][idx], train_mask[1][idx])[:, 0])
+
+    optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=wrt)
+
+    @nnx.jit
+    def step_fn(m: nn.Transformer, opt: nnx.Optimizer, idx, label):
+        def loss_fn(m):
+            return bradley_terry_loss(*pair_rewards(m, train_rows if cfg.trainable == "head" else None, idx), label)
+
+        loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt))(m)
+        opt.update(m, grads)
+        return loss
+
+    @nnx.jit
+    def seq_rewards(m: nn.Transformer, ids, mask):
+        return m.rewards(ids, mask)[:, 0]
+
+    def evaluate() -> dict:
         if cfg.trainable == "head":
-            rc, rr = rewards_of(params, train_rows[0][idx]), rewards_of(params, train_rows[1][idx])
+            rc, rr = nnx.jit(pair_rewards)(module, held_rows)
         else:
-            rc = M.rewards(params, model.config, train_ids[0][idx], train_mask[0][idx])[:, 0]
-            rr = M.rewards(params, model.config, train_ids[1][idx], train_mask[1][idx])[:, 0]
-        return bradley_terry_loss(rc, rr, label)
-
-    @jax.jit
-    def step_fn(params, opt_state, idx, label):
-        loss, grads = jax.value_and_grad(batch_loss)(params, idx, label)
-        if grad_mask is not None:
-            grads = jax.tree.map(lambda g, m: g * m, grads, grad_mask)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        if grad_mask is not None:
-            updates = jax.tree.map(lambda u, m: u * m, updates, grad_mask)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def evaluate(params) -> dict:
-        if cfg.trainable == "head":
-            rc, rr = rewards_of(params, held_rows[0]), rewards_of(params, held_rows[1])
-        else:
-            rc = _seq_rewards(params, model, held_seq, 0)
-            rr = _seq_rewards(params, model, held_seq, 1)
+            rc, rr = (jnp.concatenate([seq_rewards(module, held_seq.ids[side][i : i + 64],
+                                                   held_seq.mask[side][i : i + 64])
+                                       for i in range(0, held_seq.ids.shape[1], 64)]) for side in (0, 1))
         if not (np.isfinite(np.asarray(rc)).all() and np.isfinite(np.asarray(rr)).all()):
             raise NonFiniteError("held-out rewards are NaN/Inf; the run stops. Lower --learning_rate or --clip_norm, "
                                  "or check the data and the model for NaN.")
@@ -250,7 +252,6 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         agree = jnp.where(label >= 0.5, rc > rr, rc < rr)
         return {"heldout_accuracy": float(jnp.mean(agree)), "heldout_loss": float(bradley_terry_loss(rc, rr, label))}
 
-    state = {"params": trainable, "opt_state": opt.init(trainable)}
     manager = ocp.CheckpointManager(
         (workdir / "checkpoints").resolve(),
         options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints, create=True),
@@ -258,18 +259,19 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     resumed_from = manager.latest_step()
     first = 0
     if resumed_from is not None:
-        state = manager.restore(resumed_from, args=ocp.args.StandardRestore(state))
+        restored = manager.restore(resumed_from, args=ocp.args.StandardRestore(_checkpoint(module, optimizer, wrt)))
+        nnx.update(module, restored["params"])
+        nnx.update(optimizer, restored["optimizer"])
         first = resumed_from
         log(f"resumed from checkpoint at step {resumed_from}")
     history = _read_log(workdir / "train_log.csv", upto=first)
     evals = _read_log(workdir / "eval_log.csv", upto=first)
-    params, opt_state = state["params"], state["opt_state"]
     progress = Progress(cfg.steps, "train", unit="steps", done=first)
     loop_start = time.perf_counter()
     for step in range(first, cfg.steps):
         idx = batch_indices(len(train), cfg.batch_size, cfg.seed, step)
         label = jnp.asarray(train.label[idx])
-        params, opt_state, loss = step_fn(params, opt_state, shard_batch(model, idx), label)
+        loss = step_fn(module, optimizer, shard_batch(model, idx), label)
         if not np.isfinite(float(loss)):
             raise NonFiniteError(
                 f"training loss is {float(loss)} at step {step + 1}; the run stops (checkpoints up to step "
@@ -278,20 +280,21 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         history.append({"step": step + 1, "loss": float(loss)})
         progress.update(1)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            record = {"step": step + 1, **evaluate(params)}
+            record = {"step": step + 1, **evaluate()}
             evals.append(record)
             # Logs first, then the checkpoint: a resume trims the logs back to its checkpoint.
-            _write_log(workdir / "train_log.csv", history)
-            _write_log(workdir / "eval_log.csv", evals)
-            manager.save(step + 1, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state}))
+            if is_main():
+                _write_log(workdir / "train_log.csv", history)
+                _write_log(workdir / "eval_log.csv", evals)
+            manager.save(step + 1, args=ocp.args.StandardSave(_checkpoint(module, optimizer, wrt)))
             manager.wait_until_finished()  # a logged checkpoint is a durable one
             log(f"step {step + 1}: loss {float(loss):.4f}, held-out accuracy {record['heldout_accuracy']:.3f}")
     manager.wait_until_finished()
     steps_run = cfg.steps - first
     loop_seconds = time.perf_counter() - loop_start
-    final = params if cfg.trainable != "head" else dataclasses.replace(model.params, score=params["score"])
     return TrainResult(
-        model=dataclasses.replace(model, params=final),  # trained: its fingerprint no longer applies (fingerprint_of)
+        # trained: its fingerprint no longer applies (fingerprint_of)
+        model=dataclasses.replace(model, params=trained_params(module)),
         history=history,
         evals=evals,
         seconds=time.perf_counter() - start,
@@ -300,10 +303,10 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     )
 
 
-def _seq_rewards(params, model: Model, seq: _Sequences, side: int, batch: int = 64) -> jax.Array:
-    out = [M.rewards(params, model.config, seq.ids[side][i : i + batch], seq.mask[side][i : i + batch])[:, 0]
-           for i in range(0, seq.ids.shape[1], batch)]
-    return jnp.concatenate(out)
+def _checkpoint(module: nn.Transformer, optimizer: nnx.Optimizer, wrt) -> dict:
+    """What a checkpoint holds: the trainable weights and the optimizer's state (frozen weights come from
+    the base model, which the workdir's identity pins)."""
+    return {"params": nnx.state(module, wrt), "optimizer": nnx.state(optimizer)}
 
 
 def _read_log(path: Path, upto: int) -> list[dict]:

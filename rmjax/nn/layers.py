@@ -1,0 +1,208 @@
+"""Flax NNX modules of the backbone: embeddings, the stacked decoder, norms and linear heads.
+
+Each weight is declared once, by `weight`, with its shape, logical axes and float32-ness as
+`nnx.Param` metadata; the loader, the memory plan, the zoo, placement and HF export read those
+declarations (rmjax.nn.state). The numerics are the pure functions of rmjax.ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rmjax import ops
+from rmjax.config import ModelConfig, embedding_scale
+
+Axes = tuple[str | None, ...]
+
+
+def weight(shape: tuple[int, ...], axes: Axes, dtype, *, float32: bool = False) -> nnx.Param:
+    """The one declaration of a parameter. `axes` are logical (rmjax.sharding.RULES places them);
+    `float32` weights keep float32 whatever the backbone dtype (reward heads: bf16 scores tie).
+
+    Values start at zero: a model is built abstractly (nnx.eval_shape) and filled by a loader.
+    """
+    if len(axes) != len(shape):
+        raise ValueError(f"weight of shape {shape} declared with axes {axes}")
+    dtype = jnp.float32 if float32 else dtype
+    return nnx.Param(jnp.zeros(shape, dtype), out_sharding=tuple(axes), eager_sharding=False, float32=float32)
+
+
+class Embedder(nnx.Module):
+    """Token embedding table [vocab, embed]; Gemma scales rows by sqrt(hidden) in the weight dtype."""
+
+    def __init__(self, cfg: ModelConfig, dtype):
+        self.embedding = weight((cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
+        self.scale = embedding_scale(cfg) if cfg.scale_embeddings else None
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        """Raw (unscaled) rows."""
+        return jnp.take(self.embedding[...], ids, axis=0)
+
+    def scaled(self, rows: jax.Array) -> jax.Array:
+        """Rows as the first layer sees them (the scale cast to the weight dtype, as transformers does)."""
+        dtype = self.embedding.dtype
+        rows = rows.astype(dtype)
+        return rows if self.scale is None else rows * jnp.asarray(self.scale, dtype)
+
+    def attend(self, hidden: jax.Array) -> jax.Array:
+        """Tied LM head: hidden [..., H] -> logits [..., vocab] in float32."""
+        return jnp.einsum("...h,vh->...v", hidden.astype(jnp.float32), self.embedding[...].astype(jnp.float32))
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype):
+        self.scale = weight((cfg.hidden_size,), ("embed",), dtype)
+        self.eps, self.plus_one = cfg.norm_eps, cfg.norm_plus_one
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return ops.rms_norm(x, self.scale[...], self.eps, self.plus_one)
+
+
+class Linear(nnx.Module):
+    """A bias-free projection [in, out] computed in float32 (LM head; the reward score head, float32
+    weights at full matmul precision: bf16 or TF32 scores collapse 256k candidates into ties)."""
+
+    def __init__(self, shape: tuple[int, int], axes: Axes, dtype, *, float32: bool = False):
+        self.kernel = weight(shape, axes, dtype, float32=float32)
+        self.precision = jax.lax.Precision.HIGHEST if float32 else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.einsum("...h,hl->...l", x.astype(jnp.float32), self.kernel[...].astype(jnp.float32),
+                          precision=self.precision)
+
+
+def layer_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], Axes]]:
+    """(shape, logical axes) of one decoder layer's weights; the stack adds a leading `layers` axis."""
+    h, d, m = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    table = {
+        "attn_norm": ((h,), ("embed",)),
+        "q": ((h, cfg.num_heads, d), ("embed", "heads", "head_dim")),
+        "k": ((h, cfg.num_kv_heads, d), ("embed", "kv_heads", "head_dim")),
+        "v": ((h, cfg.num_kv_heads, d), ("embed", "kv_heads", "head_dim")),
+        "o": ((cfg.num_heads, d, h), ("heads", "head_dim", "embed")),
+        "mlp_norm": ((h,), ("embed",)),
+        "gate": ((h, m), ("embed", "mlp")),
+        "up": ((h, m), ("embed", "mlp")),
+        "down": ((m, h), ("mlp", "embed")),
+    }
+    if cfg.qk_norm:
+        table["q_norm"] = table["k_norm"] = ((d,), ("head_dim",))
+    if cfg.sandwich_norms:
+        table["post_attn_norm"] = table["post_mlp_norm"] = ((h,), ("embed",))
+    return table
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class AttentionInputs:
+    """What every layer shares: RoPE cos/sin and masks per key block (cached prefix, new tokens),
+    in a global and a sliding-window variant."""
+
+    rope_global: tuple[jax.Array, jax.Array]
+    rope_local: tuple[jax.Array, jax.Array]
+    masks_global: tuple[jax.Array, ...]
+    masks_local: tuple[jax.Array, ...]
+
+
+class DecoderStack(nnx.Module):
+    """Decoder layers stacked on a leading `layers` axis and run as one `lax.scan` (compile time flat
+    in depth). `local_layers` marks the layers (of this stack) that use the sliding window."""
+
+    def __init__(self, cfg: ModelConfig, dtype, local_layers: tuple[bool, ...] | None = None):
+        self.local_layers = tuple(cfg.local_layers if local_layers is None else local_layers)
+        n = len(self.local_layers)
+        for name, (shape, axes) in layer_weights(cfg).items():
+            setattr(self, name, weight((n, *shape), ("layers", *axes), dtype))
+        self.cfg = cfg
+
+    def stacked(self) -> dict[str, jax.Array]:
+        return {name: getattr(self, name)[...] for name in layer_weights(self.cfg)}
+
+    def __call__(self, x: jax.Array, inputs: AttentionInputs, cache_k: jax.Array | None = None,
+                 cache_v: jax.Array | None = None, residuals: bool = False):
+        """x [B, T, H] -> (x, new K, new V [L, B, T, Hkv, D], residual after each layer [L, B, T, H] or None)."""
+        cfg = self.cfg
+
+        def body(h, xs):
+            lw, is_local, ck, cv = xs
+            cos = jnp.where(is_local, inputs.rope_local[0], inputs.rope_global[0])
+            sin = jnp.where(is_local, inputs.rope_local[1], inputs.rope_global[1])
+            masks = tuple(jnp.where(is_local, lm, gm)
+                          for lm, gm in zip(inputs.masks_local, inputs.masks_global, strict=True))
+            h, k, v = decoder_layer(lw, cfg, h, cos, sin, masks, ck, cv)
+            return h, (k, v, h if residuals else None)
+
+        xs = (self.stacked(), jnp.asarray(self.local_layers), cache_k, cache_v)
+        x, (k, v, stream) = jax.lax.scan(body, x, xs)
+        return x, k, v, stream
+
+
+def decoder_layer(lw: dict[str, jax.Array], cfg: ModelConfig, x, cos, sin, masks, cache_k, cache_v):
+    """One pre-norm decoder layer (Gemma 2/3 add sandwich norms, Gemma 3 q/k norms)."""
+    norm = lambda t, w: ops.rms_norm(t, w, cfg.norm_eps, cfg.norm_plus_one)  # noqa: E731
+    b, t = x.shape[:2]
+    h = norm(x, lw["attn_norm"])
+    q = jnp.einsum("bth,hnd->btnd", h, lw["q"])
+    k = jnp.einsum("bth,hnd->btnd", h, lw["k"])
+    v = jnp.einsum("bth,hnd->btnd", h, lw["v"])
+    if cfg.qk_norm:
+        q, k = norm(q, lw["q_norm"]), norm(k, lw["k_norm"])
+    q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+    groups = cfg.num_heads // cfg.num_kv_heads
+    q = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim)
+    keys, values = (k,), (v,)
+    if cache_k is not None:
+        shared = cache_k.shape[0] == 1 and b != 1
+        keys = (cache_k[0] if shared else cache_k, k)
+        values = (cache_v[0] if shared else cache_v, v)
+    a = ops.attention(q, keys, values, masks, cfg.query_scale, cfg.attn_softcap)
+    a = jnp.einsum("btnd,ndh->bth", a.reshape(b, t, cfg.num_heads, cfg.head_dim), lw["o"])
+    if cfg.sandwich_norms:
+        a = norm(a, lw["post_attn_norm"])
+    x = x + a
+    h = norm(x, lw["mlp_norm"])
+    h = ops.gated_mlp(h, lw["gate"], lw["up"], lw["down"], cfg.activation)
+    if cfg.sandwich_norms:
+        h = norm(h, lw["post_mlp_norm"])
+    return x + h, k, v
+
+
+class SplitStack(nnx.Module):
+    """The decoder as two stacks run in turn, `lower` then `upper`: the same forward as one stack, with
+    the upper layers as variables of their own (training the last K layers gives only those optimizer
+    state; nnx filters select them by path)."""
+
+    def __init__(self, lower: DecoderStack, upper: DecoderStack):
+        self.lower, self.upper = lower, upper
+
+    @classmethod
+    def of(cls, stack: DecoderStack, at: int) -> SplitStack:
+        def part(rows: slice) -> DecoderStack:
+            local = stack.local_layers[rows]
+            part = nnx.eval_shape(lambda: DecoderStack(stack.cfg, jnp.float32, local))
+            for name in layer_weights(stack.cfg):
+                getattr(part, name).set_value(getattr(stack, name)[...][rows])
+            return part
+
+        return cls(part(slice(None, at)), part(slice(at, None)))
+
+    def joined(self) -> DecoderStack:
+        stack = nnx.eval_shape(lambda: DecoderStack(self.lower.cfg, jnp.float32,
+                                                    self.lower.local_layers + self.upper.local_layers))
+        for name in layer_weights(stack.cfg):
+            getattr(stack, name).set_value(jnp.concatenate([getattr(self.lower, name)[...],
+                                                            getattr(self.upper, name)[...]]))
+        return stack
+
+    def __call__(self, x, inputs: AttentionInputs, cache_k=None, cache_v=None, residuals: bool = False):
+        n = len(self.lower.local_layers)
+        lo = (None, None) if cache_k is None else (cache_k[:n], cache_v[:n])
+        hi = (None, None) if cache_k is None else (cache_k[n:], cache_v[n:])
+        x, k1, v1, s1 = self.lower(x, inputs, *lo, residuals)
+        x, k2, v2, s2 = self.upper(x, inputs, *hi, residuals)
+        stream = jnp.concatenate([s1, s2]) if residuals else None
+        return x, jnp.concatenate([k1, k2]), jnp.concatenate([v1, v2]), stream

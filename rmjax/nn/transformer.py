@@ -1,0 +1,203 @@
+"""The reward model (or causal LM) as one Flax NNX module with one forward and named outputs.
+
+Gemma 1/2/3 and Llama differ only by ModelConfig fields. The forward serves full scoring, prefix
+caching (its K/V), log-probs, GCG gradients (it takes embedding rows) and per-layer reads (the
+residual stream after every layer, kept only when asked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rmjax import heads as heads_lib
+from rmjax import ops
+from rmjax.config import ModelConfig
+from rmjax.heads import HeadConfig
+from rmjax.nn.layers import AttentionInputs, DecoderStack, Embedder, Linear, RMSNorm, weight
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Keys/values of a prefix: k, v [layers, batch, seq, kv_heads, head_dim] (post-RoPE).
+
+    A batch of 1 is shared by every row of a later forward (broadcast, not copied).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    positions: jax.Array  # [batch, seq] int32
+    valid: jax.Array  # [batch, seq] bool
+    gate_input: jax.Array | None = None  # [batch, hidden] f32: prompt-gated heads' input (ArmoRM, QRM)
+
+    @property
+    def next_positions(self) -> jax.Array:
+        """[batch] position of the token that follows each cached row."""
+        return jnp.max(jnp.where(self.valid, self.positions, -1), axis=-1) + 1
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Forward:
+    """Named outputs of one forward."""
+
+    hidden: jax.Array  # [B, T, H] after the final norm
+    kv: KVCache  # the new tokens' keys/values (append to a prefix cache, or keep as one)
+    residuals: jax.Array | None = None  # [L, B, T, H] residual after each layer, only when asked
+
+
+class GatedHead(nnx.Module):
+    """The gating network of ArmoRM / QRM / URM (numerics in rmjax.heads), all float32, replicated."""
+
+    def __init__(self, head: HeadConfig, hidden: int):
+        self.config = head
+        width = hidden
+        for i in range(head.gate_layers + 1):
+            last = i == head.gate_layers
+            out = head.num_objectives if last else head.gate_hidden
+            self._declare(f"gate{i}", (width, out))
+            if last or head.gate_bias:
+                self._declare(f"gate{i}_bias", (out,))
+            if head.batchnorm and not last:
+                for stat in ("scale", "shift", "mean", "var"):
+                    self._declare(f"bn{i}_{stat}", (out,))
+            width = out
+        if head.kind != "urm":
+            self._declare("logit_scale", (1,))
+            if head.transform:
+                self._declare("transform", (head.num_objectives, head.num_objectives))
+
+    def _declare(self, name: str, shape: tuple[int, ...]) -> None:
+        setattr(self, name, weight(shape, (None,) * len(shape), jnp.float32, float32=True))
+
+    def weights(self) -> dict[str, jax.Array]:
+        return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
+
+    def __call__(self, scores: jax.Array, gate_input: jax.Array) -> jax.Array:
+        return heads_lib.apply(self.weights(), self.config, scores, gate_input)
+
+
+def positions_from_mask(mask: jax.Array, offset: jax.Array | int = 0) -> jax.Array:
+    """Position of each token counting only real tokens, so left padding does not shift RoPE."""
+    offset = jnp.asarray(offset, jnp.int32)
+    if offset.ndim == 1:
+        offset = offset[:, None]
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0) + offset
+
+
+def last_token_index(mask: jax.Array) -> jax.Array:
+    """Index of the rightmost real token of each row (works for left and right padding)."""
+    idx = jnp.arange(mask.shape[-1])
+    return jnp.argmax(jnp.where(mask.astype(bool), idx, -1), axis=-1)
+
+
+def at_last(hidden: jax.Array, mask: jax.Array) -> jax.Array:
+    """[B, T, H] -> [B, H] at each row's last real token."""
+    return hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
+
+
+class Transformer(nnx.Module):
+    """A Llama / Gemma 1/2/3 decoder with an LM head (causal LM) or a score head (+ gated head)."""
+
+    def __init__(self, cfg: ModelConfig, dtype=jnp.float32):
+        self.config = cfg
+        self.embed = Embedder(cfg, dtype)
+        self.layers = DecoderStack(cfg, dtype)
+        self.final_norm = RMSNorm(cfg, dtype)
+        untied = not cfg.tie_embeddings and not cfg.is_reward_model
+        self.lm_head = Linear((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype) if untied else None
+        self.score = (Linear((cfg.hidden_size, cfg.num_labels), ("embed", "labels"), dtype, float32=True)
+                      if cfg.is_reward_model else None)
+        self.head = GatedHead(cfg.head, cfg.hidden_size) if cfg.head is not None else None
+
+    def __call__(self, *, ids: jax.Array | None = None, embeds: jax.Array | None = None,
+                 mask: jax.Array | None = None, positions: jax.Array | None = None,
+                 cache: KVCache | None = None, residuals: bool = False) -> Forward:
+        """`embeds` are raw embedding rows (e.g. one_hot @ table for GCG gradients); the Gemma scale is
+        applied here for both, so ids=x equals embeds=table[x] (transformers' inputs_embeds expects it
+        applied). With `cache`, the new tokens attend to the cached prefix too."""
+        x = self.embed.scaled(self.embed(ids) if embeds is None else embeds)
+        batch, length = x.shape[:2]
+        mask = jnp.ones((batch, length), bool) if mask is None else mask.astype(bool)
+        if positions is None:
+            positions = positions_from_mask(mask, 0 if cache is None else cache.next_positions)
+        x, k, v, stream = self.layers(x, self._attention_inputs(positions, mask, cache),
+                                      None if cache is None else cache.k, None if cache is None else cache.v,
+                                      residuals)
+        kv = KVCache(k=k, v=v, positions=positions, valid=mask)
+        return Forward(hidden=self.final_norm(x), kv=kv, residuals=stream)
+
+    def _attention_inputs(self, positions, mask, cache: KVCache | None) -> AttentionInputs:
+        cfg = self.config
+        batch = positions.shape[0]
+        blocks = [(positions, mask)]
+        if cache is not None:  # key blocks: the cached prefix, then the new tokens
+            blocks.insert(0, (jnp.broadcast_to(cache.positions, (batch, cache.positions.shape[-1])),
+                              jnp.broadcast_to(cache.valid, (batch, cache.valid.shape[-1]))))
+        masks_g = tuple(ops.attention_mask(positions, kp, kv, None) for kp, kv in blocks)
+        rope_g = ops.rope_angles(positions, cfg.rope_global, cfg.head_dim)
+        if not cfg.has_local_layers:
+            return AttentionInputs(rope_g, rope_g, masks_g, masks_g)
+        masks_l = tuple(ops.attention_mask(positions, kp, kv, cfg.sliding_window) for kp, kv in blocks)
+        return AttentionInputs(rope_g, ops.rope_angles(positions, cfg.rope_local, cfg.head_dim), masks_g, masks_l)
+
+    # Heads -----------------------------------------------------------------------------------
+    def reward_head(self, last: jax.Array, gate_input: jax.Array | None = None) -> jax.Array:
+        """[B, num_outputs] float32 from last-token hidden states [B, H]; `gate_input` is what a
+        prompt-gated head reads (hidden state at the prompt end, [B or 1, H])."""
+        scores = self.score(last)
+        if self.head is None:
+            return scores
+        gate = last if not self.head.config.pattern else jnp.broadcast_to(gate_input, last.shape)
+        return self.head(scores, gate)
+
+    def gate_input(self, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array | None:
+        head = self.config.head
+        return heads_lib.gate_input(head, ids, mask, hidden) if head is not None and head.pattern else None
+
+    def rewards_from(self, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array:
+        """Head outputs at each row's last real token, a prompt-gated head reading its pattern in `ids`."""
+        return self.reward_head(at_last(hidden, mask), self.gate_input(ids, mask, hidden))
+
+    def lm_logits(self, hidden: jax.Array) -> jax.Array:
+        """Next-token logits in float32 with the final soft cap (Gemma 2)."""
+        logits = self.lm_head(hidden) if self.lm_head is not None else self.embed.attend(hidden)
+        return ops.softcap(logits, self.config.final_softcap)
+
+    # Common uses -----------------------------------------------------------------------------
+    def rewards(self, ids: jax.Array, mask: jax.Array) -> jax.Array:
+        """All head outputs at each row's last real token: [B, num_outputs] float32."""
+        return self.rewards_from(ids, mask, self(ids=ids, mask=mask).hidden)
+
+    def prefill(self, ids: jax.Array, mask: jax.Array | None = None) -> KVCache:
+        """K/V of a prefix, computed once and reused by every continuation (with a gated head's input)."""
+        out = self(ids=ids, mask=mask)
+        valid = jnp.ones(ids.shape, bool) if mask is None else mask
+        return dataclasses.replace(out.kv, gate_input=self.gate_input(ids, valid, out.hidden))
+
+    def last_hidden_after(self, cache: KVCache, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        """Final-normed hidden state at each row's last real new token after the cached prefix: [B, H]."""
+        mask = jnp.ones(ids.shape, bool) if mask is None else mask
+        return at_last(self(ids=ids, mask=mask, cache=cache).hidden, mask)
+
+    def rewards_after(self, cache: KVCache, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        """Head outputs for `cache` prefix + `ids`, at each row's last real new token."""
+        return self.reward_head(self.last_hidden_after(cache, ids, mask), cache.gate_input)
+
+    def trace(self, ids: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+        """Every stage of one forward, for per-layer reads and for finding where a NaN starts:
+        embeddings [B, T, H] (scaled), residual after each layer [L, B, T, H], final-normed hidden
+        [B, T, H] and, at the last token, the head's outputs [B, num_outputs] (a causal LM: the
+        next-token log-probs [B, vocab])."""
+        rows = self.embed(ids)
+        out = self(embeds=rows, mask=mask, residuals=True)
+        trace = {"embeddings": self.embed.scaled(rows), "layers": out.residuals, "hidden": out.hidden}
+        if self.config.is_reward_model:
+            trace["head"] = self.rewards_from(ids, mask, out.hidden)
+        else:
+            trace["head"] = jax.nn.log_softmax(self.lm_logits(at_last(out.hidden, mask)), axis=-1)
+        return trace
