@@ -58,10 +58,14 @@ flags.register_validator("clip_norm", lambda v: v > 0, message="--clip_norm must
 
 def main(argv):
     del argv
+    from rmjax.errors import UsageError
     from rmjax.train.loop import TrainConfig
     from rmjax.train.recipe import load_pairs, run_training
 
-    common.start()
+    mesh = common.start()
+    if common.OUTPUT_COLUMN.value:
+        raise UsageError(f"--output_column={common.OUTPUT_COLUMN.value}: train_rm trains a new one-output score head, "
+                         "so only column 0 exists; leave --output_column out.")
     cfg = TrainConfig(trainable=TRAINABLE.value, last_k=LAST_K.value, steps=STEPS.value, batch_size=BATCH_SIZE.value,
                       learning_rate=LR.value, warmup_steps=WARMUP.value, weight_decay=WEIGHT_DECAY.value,
                       clip_norm=CLIP.value, checkpoint_every=CKPT_EVERY.value, keep_checkpoints=KEEP.value,
@@ -73,7 +77,7 @@ def main(argv):
               "soft": SOFT.value, "split": split}
     result = run_training(common.MODEL.value, train, heldout, cfg, WORKDIR.value, export=EXPORT.value,
                           head_out=HEAD_OUT.value, dtype=common.DTYPE.value, elo_csv=ELO.value, recipe=recipe,
-                          overwrite=common.OVERWRITE.value)
+                          overwrite=common.OVERWRITE.value, mesh=mesh)
     final = result.evals[-1] if result.evals else {}
     trained = cfg.steps - (result.resumed_from or 0)
     done = f"trained {trained} steps ({result.steps_per_second:.1f} steps/s)" if trained else \

@@ -226,3 +226,25 @@ def test_concurrent_first_use_conversions_share_one(tmp_path):
     folder = Path(folders.pop())
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
     assert not list(folder.parent.glob("*.partial"))
+
+
+def test_train_rm_trains_on_the_mesh_it_is_given(lm_folder, tmp_path):
+    """Issue 13: --mesh reached train_rm's flags but not its model (it trained on one device)."""
+    pairs = _pairs(tmp_path / "a.csv", "good")
+    base = [f"--model={lm_folder}", f"--pairs={pairs}", "--trainable=last_k", "--last_k=1", "--steps=2",
+            "--checkpoint_every=2", "--batch_size=8", "--learning_rate=0.05"]
+    eight = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    cli.ok(cli.run("train_rm", *base, "--mesh=data:4,model:2", f"--workdir={tmp_path / 'many'}",
+                   f"--head_out={tmp_path / 'many.safetensors'}", env=eight))
+    cli.ok(cli.run("train_rm", *base, f"--workdir={tmp_path / 'one'}", f"--head_out={tmp_path / 'one.safetensors'}"))
+    assert json.loads((tmp_path / "many" / "summary.json").read_text())["mesh"] == {"data": 4, "model": 2}
+    assert json.loads((tmp_path / "one" / "summary.json").read_text())["mesh"] is None
+    losses = [pd.read_csv(tmp_path / run / "train_log.csv")["loss"].to_numpy() for run in ("many", "one")]
+    np.testing.assert_allclose(losses[0], losses[1], atol=1e-5)
+    from safetensors.numpy import load_file
+
+    heads = [load_file(str(tmp_path / f"{run}.safetensors"))["score.weight"] for run in ("many", "one")]
+    np.testing.assert_allclose(heads[0], heads[1], atol=1e-5)
+    # A trained head has one output: another column is refused, not ignored.
+    cli.user_error(cli.run("train_rm", *base, "--output_column=1", f"--workdir={tmp_path / 'col'}"),
+                   "--output_column=1", "one-output")

@@ -10,9 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
-from rmjax import results
+from rmjax import nn, results
+from rmjax.distributed import is_main, to_host
 from rmjax.errors import UsageError
 from rmjax.loading import fingerprint, load
 from rmjax.loading.fingerprint import hash_json
@@ -87,11 +89,13 @@ def run_training(
     elo_csv: str | None = None,
     recipe: dict | None = None,
     overwrite: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> TrainResult:
     """Load the LM, add a score head, train, export an HF folder and/or the head, write a summary.
 
     Every output (workdir, export folder, head file) is checked and locked before the model loads;
-    `workdir` defaults to a folder derived from the run (`default_workdir`).
+    `workdir` defaults to a folder derived from the run (`default_workdir`). With `mesh` the weights are
+    sharded by the logical-axis rules and each step's pairs split over `data`.
     """
     identity = training_identity(lm_spec, train, heldout, cfg, dtype)
     workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
@@ -106,7 +110,7 @@ def run_training(
             head_out = Path(head_out)
             stack.enter_context(claim(head_out, identity, overwrite=overwrite, meta=head_out.with_suffix(".json"),
                                       flag="--head_out"))
-        lm = load(lm_spec, dtype=dtype)
+        lm = load(lm_spec, dtype=dtype, mesh=mesh)
         rm = reward_model_from_lm(lm, seed=cfg.seed, source=f"{lm_spec}+score")
         result = train_reward_model(rm, train, heldout, cfg, workdir, overwrite=overwrite)
         result.workdir = workdir
@@ -115,19 +119,23 @@ def run_training(
             "config": dataclasses.asdict(cfg), "final": result.evals[-1] if result.evals else None,
             "steps_per_second": result.steps_per_second, "seconds": result.seconds,
             "resumed_from": result.resumed_from, "recipe": recipe or {},
+            "mesh": dict(mesh.shape) if mesh is not None else None,
         }
         if elo_csv:
             summary["elo"] = elo_agreement(result.model, heldout, elo_csv, cfg.template)
         if export:
             save_hf_folder(result.model, export)
-            dump_json(summary, export / SUMMARY_FILE)
-        if head_out:
-            head_out.parent.mkdir(parents=True, exist_ok=True)
-            save_file({"score.weight": np.asarray(result.model.params.score).T.copy()}, head_out)
-            dump_json(summary, head_out.with_suffix(".json"))
-        summary["environment"] = results.environment()
-        summary["written_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        dump_json(summary, workdir / "summary.json")
+        head = to_host(nn.get(result.model.params, "score.kernel"))
+        if is_main():  # every process trained; one writes
+            if export:
+                dump_json(summary, export / SUMMARY_FILE)
+            if head_out:
+                head_out.parent.mkdir(parents=True, exist_ok=True)
+                save_file({"score.weight": head.T.copy()}, head_out)
+                dump_json(summary, head_out.with_suffix(".json"))
+            summary["environment"] = results.environment()
+            summary["written_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            dump_json(summary, workdir / "summary.json")
     return result
 
 

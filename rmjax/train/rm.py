@@ -7,9 +7,9 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from rmjax import model as M
+from rmjax import nn
+from rmjax.distributed import is_main, to_host
 from rmjax.loading.hf import Model
 from rmjax.loading.safetensors_io import save_file
 from rmjax.loading.weights import to_hf_tensors
@@ -22,10 +22,13 @@ def bradley_terry_loss(r_chosen: jax.Array, r_rejected: jax.Array, label: jax.Ar
 
 
 def save_hf_folder(model: Model, folder: str | Path) -> Path:
-    """config.json + model.safetensors + tokenizer/chat template, loadable by rmjax and transformers."""
+    """config.json + model.safetensors + tokenizer/chat template, loadable by rmjax and transformers
+    (written by process 0)."""
+    flat = {k: to_host(v) for k, v in nn.flat(model.params).items()}  # every process takes part in gathering
+    if not is_main():
+        return Path(folder)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    flat = {k: np.asarray(jax.device_get(v)) for k, v in M.params_to_flat(model.params).items()}
     save_file(to_hf_tensors(flat, model.config), folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(model.raw_config, indent=2))
     if model.tokenizer is not None:
