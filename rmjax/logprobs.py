@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import chat, finite, results
+from rmjax import batching, chat, finite, results
 from rmjax import model as M
 from rmjax.distributed import is_main
 from rmjax.errors import UsageError
@@ -15,15 +15,6 @@ from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
 from rmjax.outputs import claim
 from rmjax.prompts import check_prompt_names
-
-
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(r) for r in rows)
-    ids = np.full((len(rows), width), pad_id, np.int32)
-    mask = np.zeros((len(rows), width), bool)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :], mask[i, width - len(r) :] = r, True
-    return ids, mask
 
 
 def next_token_logprobs(model: Model, prompts: dict[str, str], template: str = "auto") -> dict[str, np.ndarray]:
@@ -34,7 +25,7 @@ def next_token_logprobs(model: Model, prompts: dict[str, str], template: str = "
         list(chat.split_chat(model.tokenizer, text, template, model.config.max_position_embeddings, 0).prefix)
         for text in prompts.values()
     ]
-    ids, mask = left_pad(rows, model.config.pad_token_id or 0)
+    ids, mask = batching.pad_rows(rows, side="left", pad_id=model.config.pad_token_id or 0)
     lp = np.asarray(M.next_token_log_probs(model.params, model.config, ids, mask))
     return dict(zip(prompts, lp, strict=False))
 

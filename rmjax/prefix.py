@@ -1,4 +1,8 @@
-"""Shared-prefix K/V: computed once per prompt, replicated over the mesh, reused by every candidate."""
+"""Shared-prefix K/V: computed once per prompt, placed over the mesh, reused by every candidate.
+
+The two jitted steps declare where everything lives: weights by their declared logical axes, the
+prefix cache with K/V heads over `model`, candidate rows and their rewards over `data`.
+"""
 
 from __future__ import annotations
 
@@ -7,62 +11,85 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
-from rmjax import model as M
-from rmjax.distributed import global_array, replicated, to_host
+from rmjax import batching, nn
+from rmjax.config import ModelConfig
+from rmjax.distributed import replicated, to_host
 from rmjax.heads import require_pattern
 from rmjax.loading import Model
+from rmjax.sharding import batch_sharding
 
 PREFIX_BUCKET = 32  # prefixes are left-padded to a multiple of this: one compilation for all prompts
 
 
-def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> M.KVCache:
+def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> nn.KVCache:
     """KV cache of one prefix (batch 1), left-padded to a bucket so prompts share a compilation."""
     require_pattern(model.config.head, prefix, model.source)
-    n = len(prefix)
-    width = -(-n // PREFIX_BUCKET) * PREFIX_BUCKET
-    ids = np.zeros((1, width), np.int32)
-    mask = np.zeros((1, width), bool)
-    ids[0, width - n :], mask[0, width - n :] = prefix, True
-    ids, mask = replicated((ids, mask), model.mesh)
-    return M.prefill(model.params, model.config, ids, mask)
+    width = -(-len(prefix) // PREFIX_BUCKET) * PREFIX_BUCKET
+    ids, mask = replicated(batching.pad_rows([prefix], width, side="left"), model.mesh)
+    return _prefill(model.config, model.mesh, width)(model.params, ids, mask)
 
 
-def shard_batch(model: Model, array: np.ndarray):
-    """Rows over the mesh's `data` axis (no-op without a mesh)."""
-    if model.mesh is None:
-        return array
-    from rmjax.sharding import batch_sharding
+@functools.lru_cache(maxsize=32)
+def _prefill(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, width: int):
+    def prefill(params, ids, mask):
+        return nn.module(params, cfg).prefill(ids, mask)
 
-    return global_array(array, batch_sharding(model.mesh, np.ndim(array)))
-
-
-def effective_batch_size(model: Model, batch_size: int) -> int:
-    """Round up to a multiple of the data-axis size so every device gets equal rows."""
-    data = model.mesh.shape["data"] if model.mesh is not None else 1
-    return max(data, -(-batch_size // data) * data)
+    if mesh is None:
+        return jax.jit(prefill)
+    rows = NamedSharding(mesh, PartitionSpec())
+    return _under_mesh(jax.jit(prefill, in_shardings=(nn.shardings(cfg, mesh), rows, rows),
+                               out_shardings=nn.KVCache.shardings(cfg, mesh, 1, width)), mesh)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def response_scores(params: M.Params, cfg, cache: M.KVCache, responses: jax.Array, suffix: jax.Array) -> jax.Array:
-    """Reward of prefix + response + suffix for a batch of responses [B, N]: [B] float32."""
+def rewards_of_batch(params: nnx.State, cfg: ModelConfig, cache: nn.KVCache, responses: jax.Array,
+                     suffix: jax.Array) -> jax.Array:
+    """Reward of prefix + response + suffix for one batch of responses [B, N]: [B] float32 (on device)."""
     tail = jnp.broadcast_to(suffix, (responses.shape[0], suffix.shape[0]))
-    return M.rewards_after(params, cfg, cache, jnp.concatenate([responses, tail], axis=1))[:, cfg.reward_index]
+    out = nn.module(params, cfg).rewards_after(cache, jnp.concatenate([responses, tail], axis=1))
+    return out[:, cfg.reward_index]
 
 
-def score_responses(model: Model, cache: M.KVCache, suffix, responses: np.ndarray, batch_size: int) -> np.ndarray:
-    """Rewards of equal-length responses [W, N] after a cached prefix: [W] float32.
+@functools.lru_cache(maxsize=32)
+def _batch_scorer(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, prefix_width: int):
+    def score(params, cache, responses, suffix):
+        return rewards_of_batch(params, cfg, cache, responses, suffix)
 
-    Every batch has the same shape (the last is zero-padded), so one compilation serves all
-    calls with this batch size; batches are dispatched before any result is copied to the host.
+    if mesh is None:
+        return jax.jit(score)
+    return _under_mesh(jax.jit(
+        score,
+        in_shardings=(nn.shardings(cfg, mesh), nn.KVCache.shardings(cfg, mesh, 1, prefix_width),
+                      batch_sharding(mesh, 2), NamedSharding(mesh, PartitionSpec())),
+        out_shardings=batch_sharding(mesh, 1),
+    ), mesh)
+
+
+def _under_mesh(fn, mesh: jax.sharding.Mesh):
+    """Trace and run `fn` with `mesh` set, so activations get their sharding constraints (nn.layers.constrain)."""
+    @functools.wraps(fn)
+    def call(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+
+    return call
+
+
+def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, batch_size: int) -> np.ndarray:
+    """Rewards of equal-length responses [W, N] after a cached prefix: [W] float32 (host loop).
+
+    Every batch has the same shape (the last is padded), so one compilation serves all calls with
+    this batch size; batches are dispatched before any result is copied to the host.
     """
-    batch_size = effective_batch_size(model, batch_size)
+    batch_size = batching.round_up(batch_size, model.mesh)
+    scorer = _batch_scorer(model.config, model.mesh, cache.k.shape[2])
     pending = []
     for start in range(0, len(responses), batch_size):
         part = responses[start : start + batch_size]
-        padded = np.zeros((batch_size, responses.shape[1]), np.int32)
-        padded[: len(part)] = part
-        scores = response_scores(model.params, model.config, cache, shard_batch(model, padded), suffix)
+        padded, _ = batching.pad_rows(part, responses.shape[1], num_rows=batch_size)
+        scores = scorer(model.params, cache, batching.place(padded, model.mesh), suffix)
         pending.append((len(part), scores))
     if not pending:
         return np.zeros(0, np.float32)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import chat, finite, results
+from rmjax import batching, chat, finite, results
 from rmjax import model as M
 from rmjax.distributed import is_main, to_host
 from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import hash_json, model_fingerprint
 from rmjax.outputs import claim
-from rmjax.prefix import effective_batch_size, prefill_prefix, shard_batch
+from rmjax.prefix import prefill_prefix
 from rmjax.progress import Progress
 from rmjax.prompts import check_prompt_names
 
@@ -139,7 +139,7 @@ class TextScorer(Conversations):
                 cached[_bucket(len(ids) - p)].append((i, ids[p:]))
             else:
                 full[_bucket(len(ids))].append((i, ids))
-        batch_size = effective_batch_size(model, batch_size)
+        batch_size = batching.round_up(batch_size, model.mesh)
         # Long passes (training features, EloEverything items) report rate and ETA.
         progress = Progress(len(responses), "score texts", unit="texts") if len(responses) >= 2000 else None
         for groups, with_cache in ((cached, True), (full, False)):
@@ -147,12 +147,9 @@ class TextScorer(Conversations):
                 for start in range(0, len(rows), batch_size):
                     part = rows[start : start + batch_size]
                     # a short last batch pads only to the next power of two (few shapes, little waste)
-                    n_rows = min(batch_size, effective_batch_size(model, 1 << (len(part) - 1).bit_length()))
-                    ids = np.zeros((n_rows, width), np.int32)
-                    mask = np.zeros((n_rows, width), bool)
-                    for r, (_, seq) in enumerate(part):
-                        ids[r, : len(seq)], mask[r, : len(seq)] = seq, True
-                    ids, mask = shard_batch(model, ids), shard_batch(model, mask)
+                    n_rows = min(batch_size, batching.round_up(1 << (len(part) - 1).bit_length(), model.mesh))
+                    ids, mask = batching.pad_rows([seq for _, seq in part], width, num_rows=n_rows)
+                    ids, mask = batching.place(ids, model.mesh), batching.place(mask, model.mesh)
                     values = to_host(compute(ids, mask, with_cache)).reshape(n_rows, width_out)
                     out[[i for i, _ in part]] = values[: len(part)]
                     if progress is not None:

@@ -61,3 +61,28 @@ def test_each_slice_is_read_once(tmp_path, mesh_spec):
     if mesh_spec == "data:1,model:8":
         shard = nn.get(model.params, "layers.gate").addressable_shards[0].data
         assert shard.shape[-1] == model.config.intermediate_size // 8
+
+
+def test_sweep_scorer_declares_its_shardings(tmp_path):
+    """Weights by their declared axes, the prefix cache with K/V heads over `model`, rows and rewards over
+    `data`, and the activations pinned to rows over `data` (not left to GSPMD's guess from the weights)."""
+    from rmjax import batching, prefix
+
+    folder = tiny.save_hf_model(tiny.build_hf_model("llama3", num_labels=1), tmp_path)
+    mesh = sharding.make_mesh("data:4,model:2")
+    model = load_hf_model_folder(folder, mesh=mesh, require_tokenizer=False)
+    cache = prefix.prefill_prefix(model, [5, 6, 7])
+    assert cache.k.sharding.spec == jax.sharding.PartitionSpec(None, None, None, "model", None)
+    scorer = prefix._batch_scorer(model.config, mesh, cache.k.shape[2]).__wrapped__
+    rows = batching.place(np.arange(8, dtype=np.int32)[:, None] + 3, mesh)
+    suffix = jax.numpy.zeros((0,), jax.numpy.int32)
+    with jax.set_mesh(mesh):
+        lowered = scorer.lower(model.params, cache, rows, suffix)
+    assert lowered.as_text().count("sharding_constraint") >= 2  # embeddings, and each layer's residual (scan body)
+    (params_in, cache_in, rows_in, _), _ = lowered.compile().input_shardings
+    assert rows_in.spec == jax.sharding.PartitionSpec("data", None)
+    assert params_in["layers"]["q"].get_value().spec == jax.sharding.PartitionSpec(None, None, "model", None)
+    out = prefix.score_responses(model, cache, suffix, np.arange(8, dtype=np.int32)[:, None] + 3, 8)
+    ref = np.asarray(M.rewards(model.params, model.config, np.asarray([[5, 6, 7, t] for t in range(3, 11)], np.int32),
+                               np.ones((8, 4), bool)))[:, 0]
+    np.testing.assert_allclose(out, ref, atol=1e-5)

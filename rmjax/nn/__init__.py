@@ -1,11 +1,22 @@
 """The model as Flax NNX modules (rmjax.nn.transformer, rmjax.nn.layers) and its state (rmjax.nn.state)."""
 
-from rmjax.nn.layers import DecoderStack, Embedder, Linear, RMSNorm, weight
-from rmjax.nn.state import Declaration, abstract, declarations, flat, from_flat, get, graphdef, module, replace
+from rmjax.nn.layers import DecoderStack, Embedder, Linear, RMSNorm, SplitStack, constrain, weight
+from rmjax.nn.state import (
+    Declaration,
+    abstract,
+    declarations,
+    flat,
+    from_flat,
+    get,
+    graphdef,
+    module,
+    replace,
+    shardings,
+)
 from rmjax.nn.transformer import Forward, GatedHead, KVCache, Transformer, at_last, last_token_index
 
 __all__ = [
-    "Declaration", "DecoderStack", "Embedder", "Forward", "GatedHead", "KVCache", "Linear", "RMSNorm", "Transformer",
-    "abstract", "at_last", "declarations", "flat", "from_flat", "get", "graphdef", "last_token_index", "module",
-    "replace", "weight",
+    "Declaration", "DecoderStack", "Embedder", "Forward", "GatedHead", "KVCache", "Linear", "RMSNorm", "SplitStack",
+    "Transformer", "abstract", "at_last", "constrain", "declarations", "flat", "from_flat", "get", "graphdef",
+    "last_token_index", "module", "replace", "shardings", "weight",
 ]

@@ -13,10 +13,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rmjax import ops
+from rmjax import ops, sharding
 from rmjax.config import ModelConfig, embedding_scale
 
 Axes = tuple[str | None, ...]
+ACTIVATION = ("batch", None, "embed")  # [B, T, H]: rows over `data`
 
 
 def weight(shape: tuple[int, ...], axes: Axes, dtype, *, float32: bool = False) -> nnx.Param:
@@ -28,7 +29,18 @@ def weight(shape: tuple[int, ...], axes: Axes, dtype, *, float32: bool = False) 
     if len(axes) != len(shape):
         raise ValueError(f"weight of shape {shape} declared with axes {axes}")
     dtype = jnp.float32 if float32 else dtype
-    return nnx.Param(jnp.zeros(shape, dtype), out_sharding=tuple(axes), eager_sharding=False, float32=float32)
+    # `axes`, not flax's `out_sharding`: flax would resolve names itself (with its own rules) whenever a
+    # mesh is set; rmjax places weights by rmjax.sharding.RULES, in one place.
+    return nnx.Param(jnp.zeros(shape, dtype), axes=tuple(axes), float32=float32)
+
+
+def constrain(x: jax.Array, axes: Axes) -> jax.Array:
+    """Pin an activation's layout (logical axes placed by rmjax.sharding.RULES) when traced under a mesh
+    (`jax.set_mesh`), where GSPMD would otherwise guess it from the weights; a no-op without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not {"data", "model"} <= set(mesh.axis_names):
+        return x
+    return jax.lax.with_sharding_constraint(x, sharding.spec_for(axes, x.shape, mesh))
 
 
 class Embedder(nnx.Module):
@@ -134,6 +146,7 @@ class DecoderStack(nnx.Module):
             masks = tuple(jnp.where(is_local, lm, gm)
                           for lm, gm in zip(inputs.masks_local, inputs.masks_global, strict=True))
             h, k, v = decoder_layer(lw, cfg, h, cos, sin, masks, ck, cv)
+            h = constrain(h, ACTIVATION)
             return h, (k, v, h if residuals else None)
 
         xs = (self.stacked(), jnp.asarray(self.local_layers), cache_k, cache_v)

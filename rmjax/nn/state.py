@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rmjax import sharding
 from rmjax.config import ModelConfig
 from rmjax.nn.transformer import Transformer
 
@@ -57,7 +58,7 @@ def _declarations(cfg: ModelConfig) -> tuple[Declaration, ...]:
     out = []
     for path, var in nnx.to_flat_state(nnx.state(abstract(cfg))):
         meta = var.get_metadata()
-        out.append(Declaration(_dotted(path), tuple(var.shape), tuple(meta["out_sharding"]), bool(meta["float32"])))
+        out.append(Declaration(_dotted(path), tuple(var.shape), tuple(meta["axes"]), bool(meta["float32"])))
     return tuple(out)
 
 
@@ -97,3 +98,9 @@ def get(params: nnx.State, path: str) -> jax.Array:
     for part in path.split("."):
         node = node[part]
     return node[...]
+
+
+def shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh) -> nnx.State:
+    """NamedSharding of every weight on `mesh`, from its declared logical axes (a state-shaped tree, for
+    jit's in_shardings); the same placement the loader gives."""
+    return from_flat(cfg, {d.path: sharding.named_sharding(d.axes, d.shape, mesh) for d in _declarations(cfg)})

@@ -14,10 +14,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rmjax import heads as heads_lib
-from rmjax import ops
+from rmjax import ops, sharding
 from rmjax.config import ModelConfig
 from rmjax.heads import HeadConfig
-from rmjax.nn.layers import AttentionInputs, DecoderStack, Embedder, Linear, RMSNorm, weight
+from rmjax.nn.layers import ACTIVATION, AttentionInputs, DecoderStack, Embedder, Linear, RMSNorm, constrain, weight
 
 
 @jax.tree_util.register_dataclass
@@ -33,6 +33,24 @@ class KVCache:
     positions: jax.Array  # [batch, seq] int32
     valid: jax.Array  # [batch, seq] bool
     gate_input: jax.Array | None = None  # [batch, hidden] f32: prompt-gated heads' input (ArmoRM, QRM)
+
+    AXES = {  # logical axes of each field (rmjax.sharding)
+        "k": ("layers", "batch", None, "kv_heads", "head_dim"),
+        "v": ("layers", "batch", None, "kv_heads", "head_dim"),
+        "positions": ("batch", None),
+        "valid": ("batch", None),
+        "gate_input": ("batch", "embed"),
+    }
+
+    @classmethod
+    def shardings(cls, cfg: ModelConfig, mesh: jax.sharding.Mesh, batch: int, length: int) -> KVCache:
+        """Where a cache of `batch` rows x `length` positions lives on `mesh` (K/V heads over `model`)."""
+        kv = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+        shapes = {"k": kv, "v": kv, "positions": (batch, length), "valid": (batch, length),
+                  "gate_input": (batch, cfg.hidden_size)}
+        gated = cfg.head is not None and bool(cfg.head.pattern)
+        return cls(**{name: sharding.named_sharding(cls.AXES[name], shape, mesh) for name, shape in shapes.items()
+                      if name != "gate_input" or gated})
 
     @property
     def next_positions(self) -> jax.Array:
@@ -120,7 +138,8 @@ class Transformer(nnx.Module):
         """`embeds` are raw embedding rows (e.g. one_hot @ table for GCG gradients); the Gemma scale is
         applied here for both, so ids=x equals embeds=table[x] (transformers' inputs_embeds expects it
         applied). With `cache`, the new tokens attend to the cached prefix too."""
-        x = self.embed.scaled(self.embed(ids) if embeds is None else embeds)
+        # The embedding gather reads a vocab-sharded table: say where its rows go.
+        x = constrain(self.embed.scaled(self.embed(ids) if embeds is None else embeds), ACTIVATION)
         batch, length = x.shape[:2]
         mask = jnp.ones((batch, length), bool) if mask is None else mask.astype(bool)
         if positions is None:

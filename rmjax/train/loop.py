@@ -22,14 +22,13 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from rmjax import checks, finite, nn
+from rmjax import batching, checks, finite, nn
 from rmjax.distributed import is_main
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading.fingerprint import model_fingerprint
 from rmjax.loading.hf import Model
 from rmjax.nn.layers import SplitStack
 from rmjax.outputs import claim
-from rmjax.prefix import shard_batch
 from rmjax.progress import Progress
 from rmjax.results import dump_json
 from rmjax.textscore import TextScorer
@@ -155,11 +154,8 @@ class _Sequences:
         chosen = [scorers[q].token_ids([t])[0] for q, t in zip(pairs.prompt, pairs.chosen, strict=True)]
         rejected = [scorers[q].token_ids([t])[0] for q, t in zip(pairs.prompt, pairs.rejected, strict=True)]
         width = max(len(s) for s in chosen + rejected)
-        self.ids = np.zeros((2, len(pairs), width), np.int32)
-        self.mask = np.zeros((2, len(pairs), width), bool)
-        for side, seqs in enumerate((chosen, rejected)):
-            for i, s in enumerate(seqs):
-                self.ids[side, i, : len(s)], self.mask[side, i, : len(s)] = s, True
+        sides = [batching.pad_rows(seqs, width) for seqs in (chosen, rejected)]
+        self.ids, self.mask = np.stack([ids for ids, _ in sides]), np.stack([mask for _, mask in sides])
 
 
 def trainable_part(model: Model, cfg: TrainConfig) -> tuple[nn.Transformer, nnx.filterlib.Filter]:
@@ -271,7 +267,7 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     for step in range(first, cfg.steps):
         idx = batch_indices(len(train), cfg.batch_size, cfg.seed, step)
         label = jnp.asarray(train.label[idx])
-        loss = step_fn(module, optimizer, shard_batch(model, idx), label)
+        loss = step_fn(module, optimizer, batching.place(idx, model.mesh), label)
         if not np.isfinite(float(loss)):
             raise NonFiniteError(
                 f"training loss is {float(loss)} at step {step + 1}; the run stops (checkpoints up to step "

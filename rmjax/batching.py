@@ -1,0 +1,49 @@
+"""The one way rows reach a device: batch sizes rounded up to the `data` axis, token rows padded left
+or right into fixed shapes (one compilation per shape), batches placed with rows over `data`.
+
+Used by the sweep, text scoring, GCG, log-probs and training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from rmjax.distributed import global_array
+from rmjax.sharding import batch_sharding
+
+
+def data_shards(mesh: jax.sharding.Mesh | None) -> int:
+    return mesh.shape["data"] if mesh is not None else 1
+
+
+def round_up(batch_size: int, mesh: jax.sharding.Mesh | None) -> int:
+    """The smallest multiple of the data-axis size >= batch_size (every device gets equal rows)."""
+    data = data_shards(mesh)
+    return max(data, -(-batch_size // data) * data)
+
+
+def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None, *, side: str = "right", pad_id: int = 0,
+             num_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows -> (ids int32 [num_rows, width], mask bool): each row's tokens at the `side` end, `pad_id`
+    elsewhere; rows past len(rows) are all padding (a fixed batch shape). Defaults: the widest row, len(rows)."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    num_rows = len(rows) if num_rows is None else num_rows
+    ids = np.full((num_rows, width), pad_id, np.int32)
+    mask = np.zeros((num_rows, width), bool)
+    for i, row in enumerate(rows):
+        n = len(row)
+        if n > width:
+            raise ValueError(f"row {i} has {n} tokens, more than the batch width {width}")
+        cols = slice(width - n, width) if side == "left" else slice(0, n)
+        ids[i, cols], mask[i, cols] = row, True
+    return ids, mask
+
+
+def place(array: np.ndarray, mesh: jax.sharding.Mesh | None):
+    """Rows over the mesh's `data` axis (as is without a mesh)."""
+    if mesh is None:
+        return array
+    return global_array(array, batch_sharding(mesh, np.ndim(array)))
