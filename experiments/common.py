@@ -104,11 +104,12 @@ def claim_output(out: str, identity: dict, **kwargs) -> Iterator:
         yield decision
 
 
-def with_output_column(cfg: ModelConfig, column: int, source: str) -> ModelConfig:
+def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
+    """`column` when the model has that reward output, else a UsageError naming the range."""
     if not 0 <= column < cfg.num_outputs:
         raise UsageError(f"--output_column={column}: {source} has {cfg.num_outputs} reward outputs "
                          f"(0..{cfg.num_outputs - 1}).")
-    return cfg.replace(reward_index=column)
+    return column
 
 
 def load_model(spec: str | None = None, before_weights: Callable | None = None):
@@ -127,7 +128,7 @@ def load_model(spec: str | None = None, before_weights: Callable | None = None):
     if before_weights is not None and (peeked is None or peeked[1] is None):
         before_weights(model.config, model.tokenizer, mesh)
     if OUTPUT_COLUMN.value:
-        model.config = with_output_column(model.config, OUTPUT_COLUMN.value, model.source)
+        model.output_column = check_output_column(model.config, OUTPUT_COLUMN.value, model.source)
     if model.weight_bytes:
         print(f"process {jax.process_index()}: loaded {model.source} in {model.load_seconds:.1f} s, read "
               f"{model.weight_bytes_read / 2**20:.1f} of {model.weight_bytes / 2**20:.1f} MiB of weights "

@@ -18,7 +18,7 @@ flags.adopt_module_key_flags(common)
 
 def main(argv):
     del argv
-    from rmjax import distributed, report, results
+    from rmjax import distributed, results, table_summary
     from rmjax import prompts as prompt_lib
     from rmjax.logprobs import logprobs_identity, write_logprobs
 
@@ -33,7 +33,7 @@ def main(argv):
                            allow_nonfinite=common.ALLOW_NONFINITE.value)
     if not distributed.is_main():
         return
-    print(report.summarize_table(OUT.value, TOP.value, what="log-prob"))
+    print(table_summary.summarize_table(OUT.value, TOP.value, what="log-prob"))
 
 
 if __name__ == "__main__":

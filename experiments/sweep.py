@@ -46,7 +46,7 @@ flags.adopt_module_key_flags(common)
 
 def main(argv):
     del argv
-    from rmjax import distributed, report, results
+    from rmjax import distributed, results, table_summary
     from rmjax import prompts as prompt_lib
     from rmjax.chunks import store_dir
     from rmjax.errors import UsageError
@@ -64,7 +64,7 @@ def main(argv):
 
             def plan_memory(cfg, tokenizer, mesh):
                 require_reward_model(cfg, common.MODEL.value)
-                common.with_output_column(cfg, common.OUTPUT_COLUMN.value, common.MODEL.value)
+                common.check_output_column(cfg, common.OUTPUT_COLUMN.value, common.MODEL.value)
                 outside = [t for t in token_ids or [] if t >= cfg.vocab_size]
                 if outside:
                     raise UsageError(f"--token_ids: {outside[:5]} are outside the vocabulary [0, {cfg.vocab_size}).")
@@ -80,10 +80,10 @@ def main(argv):
                   allow_nonfinite=common.ALLOW_NONFINITE.value)
         if not distributed.is_main():
             return
-        print(report.summarize_table(OUT.value, TOP.value))
+        print(table_summary.summarize_table(OUT.value, TOP.value))
         if PLOT.value:
             if not (claim.reuse and plot_path(OUT.value).is_file()):
-                report.plot_distributions(OUT.value, plot_path(OUT.value))
+                table_summary.plot_distributions(OUT.value, plot_path(OUT.value))
             print(f"figure: {plot_path(OUT.value)}")
 
 

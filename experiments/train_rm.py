@@ -15,7 +15,8 @@ import sys
 
 from absl import flags
 
-from experiments import common
+from experiments import common, config_flags
+from rmjax.train.loop import TrainConfig
 
 PAIRS = flags.DEFINE_string("pairs", None, "CSV/JSONL of prompt, chosen, rejected[, label (soft, in [0,1])].")
 HELDOUT_PAIRS = flags.DEFINE_string("heldout_pairs", None, "Held-out pairs file (default: 20% of --pairs' prompts, or "
@@ -25,20 +26,9 @@ N_TRAIN = flags.DEFINE_integer("n_train", 20000, "EloEverything: training pairs 
 N_HELDOUT = flags.DEFINE_integer("n_heldout", 4000, "EloEverything: held-out pairs (from held-out items only).",
                                  lower_bound=1)
 SOFT = flags.DEFINE_bool("soft", False, "EloEverything: soft labels (the Elo probability) instead of sampled winners.")
-TRAINABLE = flags.DEFINE_enum("trainable", "head", ["head", "last_k", "full"],
-                              "head: frozen backbone (features computed once); last_k: last K layers + head; full.")
-LAST_K = flags.DEFINE_integer("last_k", 2, "Layers trained with --trainable=last_k.", lower_bound=1)
-STEPS = flags.DEFINE_integer("steps", 1500, "Optimizer steps.", lower_bound=1)
-BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Pairs per step.", lower_bound=1)
-LR = flags.DEFINE_float("learning_rate", 1e-2, "Peak learning rate (AdamW, warmup + cosine).")
-WARMUP = flags.DEFINE_integer("warmup_steps", 100, "Linear warmup steps.", lower_bound=0)
-WEIGHT_DECAY = flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.", lower_bound=0)
-CLIP = flags.DEFINE_float("clip_norm", 1.0, "Global gradient-norm clip.")
-CKPT_EVERY = flags.DEFINE_integer("checkpoint_every", 250, "Checkpoint (and held-out evaluation) interval.",
-                                  lower_bound=1)
-KEEP = flags.DEFINE_integer("keep_checkpoints", None, "Keep only the last K checkpoints (default: all).",
-                            lower_bound=1)
-SEED = flags.DEFINE_integer("seed", 0, "Seed of the head init, data split and batch order.")
+# One flag per TrainConfig field (help and choices declared there), with command-line defaults for real runs.
+TRAIN_CONFIG = config_flags.define(TrainConfig, skip=("template",), defaults=dict(
+    steps=1500, batch_size=256, learning_rate=1e-2, warmup_steps=100, checkpoint_every=250))
 WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and summary.json go here (default: "
                                "runs/train_rm/<model>-<digest of model, data and settings>).")
 EXPORT = flags.DEFINE_string("export", None, "Write the trained model as a Hugging Face folder here.")
@@ -52,26 +42,20 @@ flags.register_multi_flags_validator(
 flags.register_multi_flags_validator(
     ["heldout_pairs", "pairs"], lambda f: not f["heldout_pairs"] or bool(f["pairs"]),
     message="--heldout_pairs goes with --pairs (EloEverything splits its own held-out items).")
-flags.register_validator("learning_rate", lambda v: v > 0, message="--learning_rate must be > 0.")
-flags.register_validator("clip_norm", lambda v: v > 0, message="--clip_norm must be > 0.")
 
 
 def main(argv):
     del argv
     from rmjax.errors import UsageError
-    from rmjax.train.loop import TrainConfig
     from rmjax.train.recipe import load_pairs, run_training
 
     mesh = common.start()
     if common.OUTPUT_COLUMN.value:
         raise UsageError(f"--output_column={common.OUTPUT_COLUMN.value}: train_rm trains a new one-output score head, "
                          "so only column 0 exists; leave --output_column out.")
-    cfg = TrainConfig(trainable=TRAINABLE.value, last_k=LAST_K.value, steps=STEPS.value, batch_size=BATCH_SIZE.value,
-                      learning_rate=LR.value, warmup_steps=WARMUP.value, weight_decay=WEIGHT_DECAY.value,
-                      clip_norm=CLIP.value, checkpoint_every=CKPT_EVERY.value, keep_checkpoints=KEEP.value,
-                      seed=SEED.value, template=common.TEMPLATE.value)
+    cfg = TRAIN_CONFIG(template=common.TEMPLATE.value)
     train, heldout, split = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value,
-                                       SEED.value, HELDOUT_PAIRS.value)
+                                       cfg.seed, HELDOUT_PAIRS.value)
     print("split: " + ", ".join(f"{k} {v}" for k, v in split.items()), file=sys.stderr)
     recipe = {"elo": ELO.value, "pairs": PAIRS.value, "n_train": N_TRAIN.value, "n_heldout": N_HELDOUT.value,
               "soft": SOFT.value, "split": split}

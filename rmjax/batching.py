@@ -19,10 +19,14 @@ def data_shards(mesh: jax.sharding.Mesh | None) -> int:
     return mesh.shape["data"] if mesh is not None else 1
 
 
+def bucket(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= n (and >= multiple): sizes that share one compilation."""
+    return max(multiple, -(-n // multiple) * multiple)
+
+
 def round_up(batch_size: int, mesh: jax.sharding.Mesh | None) -> int:
-    """The smallest multiple of the data-axis size >= batch_size (every device gets equal rows)."""
-    data = data_shards(mesh)
-    return max(data, -(-batch_size // data) * data)
+    """The batch size as a multiple of the data-axis size (every device gets equal rows)."""
+    return bucket(batch_size, data_shards(mesh))
 
 
 def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None, *, side: str = "right", pad_id: int = 0,

@@ -19,6 +19,11 @@ NON_NEGATIVE: Rule = (lambda v: v >= 0, ">= 0")
 GREATER_THAN_ZERO: Rule = (lambda v: v > 0, "> 0")
 
 
+def setting(default, help: str, choices: tuple[str, ...] | None = None):
+    """A config field with its command-line help (and choices): entry points generate their flags from these."""
+    return dataclasses.field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
+
+
 def one_of(*choices: str) -> Rule:
     return (lambda v: v in choices, "one of " + ", ".join(choices))
 

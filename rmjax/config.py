@@ -76,7 +76,6 @@ class ModelConfig:
     max_position_embeddings: int
     num_labels: int | None = None  # None: causal LM (no score head); width of the linear `score`
     head: HeadConfig | None = None  # gated heads of published RMs (ArmoRM, QRM, URM); None: linear
-    reward_index: int = 0
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None

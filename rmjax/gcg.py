@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmjax import chat, checks, finite, nn
+from rmjax.checks import setting
 from rmjax.distributed import replicated, to_host
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import Model
@@ -27,25 +28,29 @@ from rmjax.textscore import Conversations
 
 @dataclasses.dataclass(frozen=True)
 class GCGConfig:
-    num_tokens: int = 8
-    steps: int = 100
-    search_width: int = 128
-    topk: int = 64
-    n_replace: int = 1
-    direction: str = "optimal"  # optimal (maximize) | pessimal (minimize)
-    selection: str = "random"  # random | greedy (deterministic: best single swaps by gradient)
-    embed_reg: float = 0.0  # Faster-GCG: penalize swaps far (in embedding space) from the current token
-    forbid_revisits: bool = True  # Faster-GCG history: never evaluate a sequence twice
-    buffer_size: int = 8
-    init: tuple[str, ...] = ()  # initial response strings (default: "x x x ...")
-    patience: int | None = None  # stop after this many steps without improvement
-    seed: int = 0
-    allow_special: bool = False
-    allow_non_ascii: bool = False
-    retokenize_filter: bool = True
-    eval_batch_size: int = 256
-    template: str = "auto"
-    allow_nonfinite: bool = False  # drop candidates with NaN/Inf rewards instead of stopping
+    num_tokens: int = setting(8, "Response length N in tokens.")
+    steps: int = setting(100, "GCG steps.")
+    search_width: int = setting(128, "Candidates evaluated per step.")
+    topk: int = setting(64, "Substitutions considered per position (by gradient; at most the number of allowed "
+                            "tokens).")
+    n_replace: int = setting(1, "Positions swapped per candidate (1..--num_tokens).")
+    direction: str = setting("optimal", "Maximize or minimize the reward.", ("optimal", "pessimal"))
+    selection: str = setting("random", "random: sample swaps among the top-k; greedy: the best single swaps by "
+                             "gradient.", ("random", "greedy"))
+    embed_reg: float = setting(0.0, "Faster-GCG embedding-distance regularizer weight (penalizes swaps far from "
+                               "the current token).")
+    forbid_revisits: bool = setting(True, "Never evaluate a sequence twice (Faster-GCG history).")
+    buffer_size: int = setting(8, "Best sequences kept.")
+    init: tuple[str, ...] = setting((), "Initial response strings (default ' x x x ...').")
+    patience: int | None = setting(None, "Stop after this many steps without improvement.")
+    seed: int = setting(0, "Random seed.")
+    allow_special: bool = setting(False, "Allow special/control tokens in the response.")
+    allow_non_ascii: bool = setting(False, "Allow non-ASCII tokens in the response.")
+    retokenize_filter: bool = setting(True, "Keep only responses that re-tokenize to the same ids inside the "
+                                      "template.")
+    eval_batch_size: int = setting(256, "Candidates per device batch when evaluating a step.")
+    template: str = setting("auto", "Chat template use.", ("auto", "chat", "plain"))
+    allow_nonfinite: bool = setting(False, "Drop candidates with NaN/Inf rewards instead of stopping.")
 
     def __post_init__(self):
         checks.validate(self, {
@@ -97,24 +102,24 @@ def make_target(model: Model, prompt: str, template: str = "auto", prefix=None, 
     return target
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _reward_of_one_hot(params, cfg, cache, one_hot, suffix):
+@functools.partial(jax.jit, static_argnames=("cfg", "column"))
+def _reward_of_one_hot(params, cfg, cache, one_hot, suffix, column):
     """Reward of prefix + (one_hot @ E) + suffix; differentiable in the one-hot matrix [N, V]."""
     model = nn.module(params, cfg)
     table = model.embed.embedding[...].astype(one_hot.dtype)
     embeds = jnp.concatenate([one_hot @ table, table[suffix]])
     hidden = model(embeds=embeds[None], cache=cache).hidden
-    return model.reward_head(hidden[:, -1], cache.gate_input)[0, cfg.reward_index]
+    return model.reward_head(hidden[:, -1], cache.gate_input)[0, column]
 
 
-_grad_one_hot = jax.jit(jax.grad(_reward_of_one_hot, argnums=3), static_argnames=("cfg",))
+_grad_one_hot = jax.jit(jax.grad(_reward_of_one_hot, argnums=3), static_argnames=("cfg", "column"))
 
 
 def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
     """d reward / d one_hot(ids): [N, V] float32."""
     m = target.model
     one_hot = jax.nn.one_hot(jnp.asarray(ids), m.config.vocab_size, dtype=jnp.float32)
-    return to_host(_grad_one_hot(m.params, m.config, target.cache, one_hot, target.suffix_ids))
+    return to_host(_grad_one_hot(m.params, m.config, target.cache, one_hot, target.suffix_ids, m.output_column))
 
 
 def evaluate(targets: list[Target], candidates: np.ndarray, batch_size: int = 256) -> np.ndarray:

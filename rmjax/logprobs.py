@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 
-from rmjax import batching, chat, finite, results
+from rmjax import batching, chat, finite, jobs, results
 from rmjax import model as M
-from rmjax.distributed import is_main
 from rmjax.errors import UsageError
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.outputs import claim
 from rmjax.prompts import check_prompt_names
 
 
@@ -40,20 +37,15 @@ def write_logprobs(model: Model, prompts: dict[str, str], out: str | Path, templ
     """CSV in the score-table schema (one log-prob column per prompt) plus .meta.json."""
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = logprobs_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, template=template)
-    with claim(out, identity, overwrite=overwrite) as decision:
-        if decision.reuse:
+    with jobs.job(out, identity, "next_token_logprobs", overwrite=overwrite) as job:
+        if job.reuse:
             return Path(out)
-        start = time.perf_counter()
         lps = next_token_logprobs(model, prompts, template)
         ids, names, decoded = chat.token_table(model.tokenizer, model.config.vocab_size)
         rows = [chat.split_chat(model.tokenizer, t, template).prefix for t in prompts.values()]
         nonfinite = finite.check(np.stack(list(lps.values()), axis=1), what="log-probs", columns=list(lps),
                                  allow=allow_nonfinite, row=lambda i: f"token {i} ({decoded[i]!r})",
                                  explain=lambda i, j: finite.diagnose(model, rows[j]))
-        if not is_main():
-            return Path(out)
-        path = results.write_scores_csv(out, ids, names, decoded, lps)
-        results.write_meta(path, kind="next_token_logprobs", identity=identity, model=model.source, prompts=prompts,
-                           template=template, dtype=model.dtype, n_tokens=int(len(ids)), nonfinite=nonfinite,
-                           seconds=time.perf_counter() - start, load_seconds=model.load_seconds)
-        return path
+        return job.finish(lambda path: results.write_scores_csv(path, ids, names, decoded, lps),
+                          **jobs.model_meta(model), prompts=prompts, template=template, n_tokens=int(len(ids)),
+                          nonfinite=nonfinite)

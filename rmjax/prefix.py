@@ -27,7 +27,7 @@ PREFIX_BUCKET = 32  # prefixes are left-padded to a multiple of this: one compil
 def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> nn.KVCache:
     """KV cache of one prefix (batch 1), left-padded to a bucket so prompts share a compilation."""
     require_pattern(model.config.head, prefix, model.source)
-    width = -(-len(prefix) // PREFIX_BUCKET) * PREFIX_BUCKET
+    width = batching.bucket(len(prefix), PREFIX_BUCKET)
     ids, mask = replicated(batching.pad_rows([prefix], width, side="left"), model.mesh)
     return _prefill(model.config, model.mesh, width)(model.params, ids, mask)
 
@@ -45,17 +45,17 @@ def _prefill(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, width: int):
 
 
 def rewards_of_batch(params: nnx.State, cfg: ModelConfig, cache: nn.KVCache, responses: jax.Array,
-                     suffix: jax.Array) -> jax.Array:
-    """Reward of prefix + response + suffix for one batch of responses [B, N]: [B] float32 (on device)."""
+                     suffix: jax.Array, column: int = 0) -> jax.Array:
+    """Reward output `column` of prefix + response + suffix for one batch of responses [B, N]: [B] float32."""
     tail = jnp.broadcast_to(suffix, (responses.shape[0], suffix.shape[0]))
     out = nn.module(params, cfg).rewards_after(cache, jnp.concatenate([responses, tail], axis=1))
-    return out[:, cfg.reward_index]
+    return out[:, column]
 
 
 @functools.lru_cache(maxsize=32)
-def _batch_scorer(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, prefix_width: int):
+def _batch_scorer(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, prefix_width: int, column: int):
     def score(params, cache, responses, suffix):
-        return rewards_of_batch(params, cfg, cache, responses, suffix)
+        return rewards_of_batch(params, cfg, cache, responses, suffix, column)
 
     if mesh is None:
         return jax.jit(score)
@@ -84,7 +84,7 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
     this batch size; batches are dispatched before any result is copied to the host.
     """
     batch_size = batching.round_up(batch_size, model.mesh)
-    scorer = _batch_scorer(model.config, model.mesh, cache.k.shape[2])
+    scorer = _batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column)
     pending = []
     for start in range(0, len(responses), batch_size):
         part = responses[start : start + batch_size]

@@ -21,14 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from rmjax import chat, finite, memory, results
+from rmjax import batching, chat, finite, jobs, memory, results
 from rmjax import model as M
 from rmjax.chunks import ChunkStore, fingerprint, store_dir
 from rmjax.distributed import barrier, is_main, replicated
 from rmjax.errors import UsageError
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.outputs import claim
 from rmjax.prefix import PREFIX_BUCKET, prefill_prefix, score_responses
 from rmjax.progress import Progress
 from rmjax.prompts import check_prompt_names
@@ -68,7 +67,7 @@ def memory_plan(cfg, tokenizer, prompts: dict[str, str], template: str, dtype: s
     """Per-device memory of this sweep from the config and tokenizer alone (before weights load);
     picks the batch size when None, raises DoesNotFitError when the run cannot fit."""
     splits = [chat.split_chat(tokenizer, t, template, cfg.max_position_embeddings) for t in prompts.values()]
-    prefix = -(-max(len(s.prefix) for s in splits) // PREFIX_BUCKET) * PREFIX_BUCKET
+    prefix = batching.bucket(max(len(s.prefix) for s in splits), PREFIX_BUCKET)
     positions = 1 + max(len(s.suffix) for s in splits) if mode == "token" else 16  # text: re-tokenized tails
     return memory.plan(cfg, dtype, prefix, positions, mesh, batch_size)
 
@@ -125,13 +124,13 @@ def sweep(
     if mode not in ("token", "text"):
         raise UsageError(f"mode must be token or text, not {mode!r}")
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
-    identity = sweep_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.config.reward_index,
+    identity = sweep_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                               prompts=prompts, token_ids=token_ids, limit=limit, mode=mode, template=template,
                               text_add_special_tokens=text_add_special_tokens)
-    guard = (claim(out, identity, overwrite=overwrite, owned=[plot_path(out)], store=store_dir(out))
+    guard = (jobs.job(out, identity, "sweep", overwrite=overwrite, owned=[plot_path(out)], store=store_dir(out))
              if out is not None else contextlib.nullcontext())
-    with guard as decision:
-        if decision is not None and decision.reuse:
+    with guard as job:
+        if job is not None and job.reuse:
             return _with_roundtrip(model, prompts, template, Path(out))
         start_time = time.perf_counter()
         tokens = candidate_ids(model, token_ids, limit)
@@ -174,20 +173,19 @@ def sweep(
         for j, name in enumerate(prompts):
             df[name] = table[:, j]
         seconds = time.perf_counter() - start_time
-        if out is not None and is_main():
+        if job is not None:
             columns = {n: table[:, j] for j, n in enumerate(prompts)}
-            path = results.write_scores_csv(out, tokens, names, decoded, columns, roundtrip)
             scored = len(tokens) - done_before
-            results.write_meta(
-                path, kind="sweep", identity=identity, model=model.source, architecture=model.config.architecture,
-                output_column=model.config.reward_index, prompts=prompts, mode=mode, template=template,
-                dtype=model.dtype, mesh=dict(model.mesh.shape) if model.mesh is not None else None,
-                n_candidates=len(tokens), resumed_candidates=done_before, batch_size=batch_size,
+            job.finish(
+                lambda path: results.write_scores_csv(path, tokens, names, decoded, columns, roundtrip),
+                **jobs.model_meta(model), architecture=model.config.architecture, prompts=prompts, mode=mode,
+                template=template, n_candidates=len(tokens), resumed_candidates=done_before, batch_size=batch_size,
                 roundtrip={"tokens": int(roundtrip.sum()), "of": len(tokens), "per_prompt": per_prompt},
-                chunk_size=chunk_size, nonfinite=nonfinite, seconds=seconds, load_seconds=model.load_seconds,
+                chunk_size=chunk_size, nonfinite=nonfinite, seconds=seconds,
                 candidates_per_second=scored * len(prompts) / seconds if seconds > 0 else None,
             )
-            store.remove()
+            if is_main():
+                store.remove()  # after .meta.json: a crash in between leaves a complete result and spare chunks
         return df
 
 

@@ -9,18 +9,16 @@ only the remainder; rows that tokenize differently across the boundary run the f
 from __future__ import annotations
 
 import collections
-import time
 from pathlib import Path
 
 import numpy as np
 
-from rmjax import batching, chat, finite, results
+from rmjax import batching, chat, finite, jobs, results
 from rmjax import model as M
-from rmjax.distributed import is_main, to_host
+from rmjax.distributed import to_host
 from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import hash_json, model_fingerprint
-from rmjax.outputs import claim
 from rmjax.prefix import prefill_prefix
 from rmjax.progress import Progress
 from rmjax.prompts import check_prompt_names
@@ -29,7 +27,7 @@ LENGTH_BUCKET = 4  # remainders are right-padded to a multiple of this (few comp
 
 
 def _bucket(n: int) -> int:
-    return max(LENGTH_BUCKET, -(-n // LENGTH_BUCKET) * LENGTH_BUCKET)
+    return batching.bucket(n, LENGTH_BUCKET)
 
 
 class Conversations:
@@ -110,7 +108,7 @@ class TextScorer(Conversations):
 
         def reward(ids, mask, cached: bool):
             out = M.rewards_after(params, cfg, cache, ids, mask) if cached else M.rewards(params, cfg, ids, mask)
-            return out[:, cfg.reward_index]
+            return out[:, self.model.output_column]
 
         return self._run(responses, batch_size, reward, 1)[:, 0]
 
@@ -188,17 +186,10 @@ def write_text_scores(model: Model, prompts: dict[str, str], texts: list[str], o
     """`text, <one column per prompt>` CSV + .meta.json (reused when a finished one has the same identity)."""
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = text_scores_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, texts=texts,
-                                    output_column=model.config.reward_index, template=template)
-    with claim(out, identity, overwrite=overwrite) as decision:
-        if decision.reuse:
+                                    output_column=model.output_column, template=template)
+    with jobs.job(out, identity, "score_texts", overwrite=overwrite) as job:
+        if job.reuse:
             return Path(out)
-        start = time.perf_counter()
         scores, nonfinite = _scored(model, prompts, texts, template, batch_size, False, allow_nonfinite)
-        seconds = time.perf_counter() - start
-        if not is_main():
-            return Path(out)
-        path = results.write_table(out, {"text": texts}, scores)
-        results.write_meta(path, kind="score_texts", identity=identity, model=model.source, prompts=prompts,
-                           dtype=model.dtype, output_column=model.config.reward_index, n_texts=len(texts),
-                           nonfinite=nonfinite, seconds=seconds, load_seconds=model.load_seconds)
-        return path
+        return job.finish(lambda path: results.write_table(path, {"text": texts}, scores), **jobs.model_meta(model),
+                          prompts=prompts, n_texts=len(texts), nonfinite=nonfinite)

@@ -21,7 +21,7 @@ import transformers
 from safetensors.torch import save_file
 from torch import nn
 
-from experiments.common import with_output_column
+from experiments.common import check_output_column
 from rmjax import chat, gcg, heads
 from rmjax import model as M
 from rmjax.errors import CheckpointError
@@ -203,7 +203,7 @@ def test_cached_prefix_and_gcg_paths_use_the_same_gate(built, kind):
     got = np.asarray(M.rewards_after(model.params, model.config, cache, responses))[:, 0]
     np.testing.assert_allclose(got, want, atol=TOL, rtol=1e-5)
     one_hot = jax.nn.one_hot(responses[0], model.config.vocab_size, dtype=jnp.float32)
-    value = gcg._reward_of_one_hot(model.params, model.config, cache, one_hot, jnp.zeros((0,), jnp.int32))
+    value = gcg._reward_of_one_hot(model.params, model.config, cache, one_hot, jnp.zeros((0,), jnp.int32), 0)
     assert float(value) == pytest.approx(want[0], abs=TOL)
 
 
@@ -258,11 +258,11 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
     full = np.asarray([split.ids_with([t]) for t in tokens], np.int32)
     want = ref(full, np.ones_like(full, bool))[:, 0]
     np.testing.assert_allclose(df["p"].to_numpy(), want, atol=TOL, rtol=1e-5)
-    objective = dataclasses.replace(model, config=with_output_column(model.config, 3, "armo"))
+    objective = dataclasses.replace(model, output_column=check_output_column(model.config, 3, "armo"))
     got = sweep(objective, {"p": "Name a fruit."}, tokens, batch_size=8)["p"].to_numpy()
     np.testing.assert_allclose(got, ref(full, np.ones_like(full, bool))[:, 3], atol=TOL, rtol=1e-5)
     with pytest.raises(ValueError, match="7 reward outputs"):
-        with_output_column(model.config, 7, "armo")
+        check_output_column(model.config, 7, "armo")
     texts = ["apple", "a banana, ripe"]
     ids = TextScorer(model, "Name a fruit.").token_ids(texts)
     got = TextScorer(model, "Name a fruit.").score(texts)

@@ -73,7 +73,7 @@ def test_sweep_scorer_declares_its_shardings(tmp_path):
     model = load_hf_model_folder(folder, mesh=mesh, require_tokenizer=False)
     cache = prefix.prefill_prefix(model, [5, 6, 7])
     assert cache.k.sharding.spec == jax.sharding.PartitionSpec(None, None, None, "model", None)
-    scorer = prefix._batch_scorer(model.config, mesh, cache.k.shape[2]).__wrapped__
+    scorer = prefix._batch_scorer(model.config, mesh, cache.k.shape[2], 0).__wrapped__
     rows = batching.place(np.arange(8, dtype=np.int32)[:, None] + 3, mesh)
     suffix = jax.numpy.zeros((0,), jax.numpy.int32)
     with jax.set_mesh(mesh):

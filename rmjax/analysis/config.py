@@ -7,33 +7,46 @@ import dataclasses
 from rmjax import checks
 from rmjax.analysis.data import COLLAPSE_MODES
 from rmjax.analysis.paper1 import FREQUENCY_SCALES
+from rmjax.checks import setting
 from rmjax.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
 class AnalysisConfig:
-    scores: tuple[str, ...] = ()  # score CSVs and/or folders of them (paper 1, Big Two)
-    elo: str | None = None  # folder of EloEverything CSVs
-    models_yaml: str | None = None  # model metadata (nickname, base_model, size, reward_bench_rank)
-    implicit_chosen: str | None = None  # log-prob table of the model whose preferences score > 0
-    implicit_reference: str | None = None  # log-prob table it is compared against
-    bigtwo_checkpoints: str | None = None  # folder of step_<N>.csv score tables of one training run
-    bigtwo_dictionary: str | None = None  # CSV word,category instead of nvm's stems
-    frequencies: str | None = None  # BNC word-frequency list
-    top_k: int = 20
-    n_boot: int = 1000
-    n_permutations: int = 10000
-    rbo_p: float = 0.9
-    rbo_depth: int = 132
-    framing: tuple[str, str] = ("best", "worst")
-    seed: int = 0
-    roundtrip_only: bool = False  # only tokens whose token-mode sequence a real conversation produces
-    collapse_variants: str = "none"  # none | max | mean: one observation per normalized word or per token
-    frequency_scale: str = "log_per_million"  # log_per_million | zscore
+    scores: tuple[str, ...] = setting((), "Score CSVs (one per model; name = .meta.json model or file stem) "
+                                      "and/or directories of them.")
+    elo: str | None = setting(None, "Directory of EloEverything CSVs (one per prompt).")
+    models_yaml: str | None = setting(None, "Model metadata (name, nickname, base_model, size, reward_bench_rank); "
+                                      "empty for none.")
+    implicit_chosen: str | None = setting(
+        None, "Implicit RM: log-prob table (experiments.logprobs) of the model whose preferences score > 0: MWLR = "
+        "1/2 (p_c + p_r)(log p_c - log p_r). The second paper's 'Llama 3.2 3B -> Gemma 2 2B' table (Freedom "
+        "optimal, Love pessimal) is chosen = Llama.")
+    implicit_reference: str | None = setting(None, "Implicit RM: log-prob table of the reference model (p_r).")
+    bigtwo_checkpoints: str | None = setting(None, "Directory of step_<N>.csv score tables of one training run.")
+    bigtwo_dictionary: str | None = setting(None, "CSV word,category (agency/communion) instead of nvm's Big Two "
+                                            "stems.")
+    frequencies: str | None = setting(None, "BNC word-frequency list (1_1_all_alpha.txt).")
+    top: int = setting(20, "Top and bottom tokens/items per table.")
+    n_boot: int = setting(1000, "Bootstrap resamples for the moments' confidence intervals.")
+    n_permutations: int = setting(10000, "Permutations for the RSA p-values.")
+    rbo_p: float = setting(0.9, "RBO persistence p, in (0, 1).")
+    rbo_depth: int = setting(132, "RBO truncation depth.")
+    framing: tuple[str, ...] = setting(("best", "worst"), "The two prompts compared for framing.")
+    seed: int = setting(0, "Seed for bootstrap, permutations and MDS.")
+    roundtrip_only: bool = setting(False, "Only tokens whose token-mode sequence a real conversation produces (the "
+                                   "sweep's roundtrip column).")
+    collapse_variants: str = setting(
+        "none", "Word variants (love, ' love', Love, ' LOVE') in the Big Two tests and the sentiment/frequency fits: "
+        "none counts each token (the papers' tables), max keeps each normalized word's best variant, mean averages "
+        "them. report.md shows the Big Two test under all three.", COLLAPSE_MODES)
+    frequency_scale: str = setting(
+        "log_per_million", "Frequency regressor: natural log of the BNC frequency per million words, or that log "
+        "z-scored over the regressed words (slope per standard deviation).", FREQUENCY_SCALES)
 
     def __post_init__(self):
         checks.validate(self, {
-            "top_k": checks.POSITIVE, "n_boot": checks.POSITIVE, "n_permutations": checks.POSITIVE,
+            "top": checks.POSITIVE, "n_boot": checks.POSITIVE, "n_permutations": checks.POSITIVE,
             "rbo_depth": checks.POSITIVE, "rbo_p": (lambda p: 0 < p < 1, "in (0, 1)"),
             "collapse_variants": checks.one_of(*COLLAPSE_MODES),
             "frequency_scale": checks.one_of(*FREQUENCY_SCALES),

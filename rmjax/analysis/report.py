@@ -47,9 +47,9 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
     for prompt in prompts:
         outputs.figure(f"paper1_violin_{data.slugify(prompt)}", plots.violin,
                        {t.model: t.frame[prompt].to_numpy() for t in tables}, f"Score distributions: {prompt}")
-    outputs.table("paper1_top_bottom_raw", paper1.top_bottom_table(tables, prompts, cfg.top_k))
+    outputs.table("paper1_top_bottom_raw", paper1.top_bottom_table(tables, prompts, cfg.top))
     shared_top = outputs.table("paper1_top_bottom_shared",
-                               paper1.top_bottom_table(tables, prompts, cfg.top_k, vocabulary))
+                               paper1.top_bottom_table(tables, prompts, cfg.top, vocabulary))
     first = shared_top[(shared_top["prompt"] == prompts[0]) & (shared_top["rank"] <= 5)]
     outputs.say(f"Top and bottom 5 tokens on the shared vocabulary for {prompts[0]!r}:", "")
     for model in labels:
@@ -67,7 +67,7 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
 
     best, worst = cfg.framing
     if best in prompts and worst in prompts:
-        correlations, rankings = paper1.framing_tables(tables, best, worst, cfg.top_k)
+        correlations, rankings = paper1.framing_tables(tables, best, worst, cfg.top)
         outputs.table("paper1_framing_correlations", correlations)
         outputs.table("paper1_framing_rankings", rankings)
         outputs.figure("paper1_framing_scatter", plots.framing_scatter,
@@ -223,7 +223,7 @@ def implicit_section(outputs: Outputs, chosen_path: str | Path, reference_path: 
     values = {c: rewards[c].to_numpy() for c in rewards.columns}
     outputs.tables["implicit_rm"] = outputs.wrote(
         results.write_table(outputs.out / "implicit_rm.csv", {"text": list(rewards.index)}, values))
-    top_bottom = outputs.table("implicit_rm_top_bottom", implicit_lib.implicit_top_bottom(rewards, cfg.top_k))
+    top_bottom = outputs.table("implicit_rm_top_bottom", implicit_lib.implicit_top_bottom(rewards, cfg.top))
     title = f"chosen {chosen.model} over reference {reference.model}"
     outputs.say(f"## Implicit RM: {title}", "",
                 f"MWLR = 1/2 (p_c + p_r)(log p_c - log p_r), p_c = {chosen.model} (chosen), p_r = {reference.model} "
@@ -293,7 +293,7 @@ def _sections(outputs: Outputs, cfg: AnalysisConfig) -> None:
         if lexicon is not None:
             bigtwo_section(outputs, tables, lexicon, metadata, cfg.collapse_variants)
     if cfg.elo:
-        elo_section(outputs, cfg.elo, metadata, cfg.top_k)
+        elo_section(outputs, cfg.elo, metadata, cfg.top)
     if cfg.implicit_chosen:
         implicit_section(outputs, cfg.implicit_chosen, cfg.implicit_reference, lexicon, cfg)
     if cfg.bigtwo_checkpoints and lexicon is not None:

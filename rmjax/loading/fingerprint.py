@@ -105,7 +105,7 @@ def model_fingerprint(model) -> dict:
     weights = fp.get("weights") if of[0] == id(model.params) else None
     if weights is None:
         digests = {k: array_digest(to_host(v)) for k, v in sorted(nn.flat(model.params).items())}
-        config = repr(model.config.replace(reward_index=0))  # the output column is part of each job's identity
+        config = repr(model.config)  # the output column (a run option) is part of each job's identity
         weights = hash_json([digests, config])
     tokenizer = fp.get("tokenizer") if of[1] == id(model.tokenizer) else None
     tok = model.tokenizer

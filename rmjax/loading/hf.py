@@ -39,6 +39,7 @@ class Model:
     weight_bytes_read: int = 0  # what this process read from disk for its own devices' shards
     fingerprint: dict | None = None  # {"weights", "tokenizer"} content digests (rmjax.loading.fingerprint)
     fingerprint_of: tuple[int, int] | None = None  # id() of the params and tokenizer it describes
+    output_column: int = 0  # which head output jobs read (a run option: --output_column), not architecture
 
     def __post_init__(self):
         if self.fingerprint is not None and self.fingerprint_of is None:

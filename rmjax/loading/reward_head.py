@@ -38,7 +38,7 @@ def new_head_fingerprint(lm_fingerprint: dict | None, seed: int) -> dict | None:
 def reward_model_from_lm(lm: Model, score: np.ndarray | None = None, seed: int = 0, source: str | None = None) -> Model:
     """The LM's backbone with a (new or given) one-label score head; the LM head is dropped."""
     arch = SEQUENCE_CLASSIFIERS[lm.config.model_type]
-    cfg = lm.config.replace(num_labels=1, reward_index=0, architecture=arch)
+    cfg = lm.config.replace(num_labels=1, architecture=arch)
     head = init_score_head(cfg.hidden_size, seed) if score is None else np.asarray(score, np.float32)
     if head.shape != (cfg.hidden_size, 1):
         raise UsageError(f"score head has shape {head.shape}, expected ({cfg.hidden_size}, 1).")
@@ -51,4 +51,5 @@ def reward_model_from_lm(lm: Model, score: np.ndarray | None = None, seed: int =
         raw["model_type"] = "gemma3_text"
     fp = (new_head_fingerprint(lm.fingerprint, seed) if score is None
           else None if lm.fingerprint is None else derived(lm.fingerprint, head=array_digest(head)))
-    return dataclasses.replace(lm, config=cfg, params=params, raw_config=raw, source=source or lm.source).stamp(fp)
+    return dataclasses.replace(lm, config=cfg, params=params, raw_config=raw, source=source or lm.source,
+                               output_column=0).stamp(fp)

@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from rmjax import batching, checks, finite, nn
+from rmjax.checks import setting
 from rmjax.distributed import is_main
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading.fingerprint import model_fingerprint
@@ -38,19 +39,21 @@ from rmjax.train.rm import bradley_terry_loss
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    trainable: str = "head"  # head | last_k | full
-    last_k: int = 2
-    steps: int = 300
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.0
-    clip_norm: float = 1.0
-    checkpoint_every: int = 50
-    keep_checkpoints: int | None = None  # None keeps every checkpoint (for analysis along training)
-    seed: int = 0
-    template: str = "auto"
-    feature_batch_size: int = 256
+    trainable: str = setting("head", "head: frozen backbone (features computed once); last_k: last K layers + "
+                             "head; full: all but the embeddings.", ("head", "last_k", "full"))
+    last_k: int = setting(2, "Layers trained with --trainable=last_k.")
+    steps: int = setting(300, "Optimizer steps.")
+    batch_size: int = setting(64, "Pairs per step.")
+    learning_rate: float = setting(1e-3, "Peak learning rate (AdamW, warmup + cosine).")
+    warmup_steps: int = setting(20, "Linear warmup steps.")
+    weight_decay: float = setting(0.0, "AdamW weight decay.")
+    clip_norm: float = setting(1.0, "Global gradient-norm clip.")
+    checkpoint_every: int = setting(50, "Checkpoint (and held-out evaluation) interval.")
+    keep_checkpoints: int | None = setting(None, "Keep only the last K checkpoints (default: all, for analysis "
+                                           "along training).")
+    seed: int = setting(0, "Seed of the head init, data split and batch order.")
+    template: str = setting("auto", "Chat template use.", ("auto", "chat", "plain"))
+    feature_batch_size: int = setting(256, "Responses per batch when computing frozen-backbone features.")
 
     def __post_init__(self):
         checks.validate(self, {

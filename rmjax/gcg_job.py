@@ -6,13 +6,12 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from rmjax import results
+from rmjax import jobs, results
 from rmjax.distributed import is_main
 from rmjax.errors import UsageError
 from rmjax.gcg import NOT_IN_IDENTITY, GCGConfig, GCGResult, gcg, make_target
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.outputs import claim
 
 
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
@@ -34,21 +33,23 @@ def run_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: s
         raise UsageError("GCG over several models needs one shared tokenizer; these have vocabularies of "
                          f"sizes {sorted(vocab)}.")
     identity = gcg_identity([model_fingerprint(m) for m in models], dtype=models[0].dtype, prompts=prompts,
-                            output_column=models[0].config.reward_index, cfg=cfg)
-    with claim(out, identity, overwrite=overwrite, owned=[steps_path(out)]) as decision:
-        if decision.reuse:
+                            output_column=models[0].output_column, cfg=cfg)
+    with jobs.job(out, identity, "gcg", overwrite=overwrite, owned=[steps_path(out)]) as job:
+        if job.reuse:
             return None
         targets = [make_target(m, text, cfg.template) for m in models for text in prompts.values()]
         log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if is_main() else None
         result = gcg(targets, cfg, log=log)
-        if is_main():
-            _write(result, models, prompts, cfg, Path(out), identity)
+        nonfinite = {"candidates_dropped": result.nonfinite_candidates} if result.nonfinite_candidates else None
+        job.finish(lambda path: _write(result, models[0].tokenizer.decode, cfg, path), **jobs.model_meta(models[0]),
+                   models=[m.source for m in models], prompts=prompts, config=dataclasses.asdict(cfg),
+                   seconds=result.seconds, steps=len(result.history), nonfinite=nonfinite,
+                   seconds_per_step=result.seconds / max(len(result.history), 1))
         return result
 
 
-def _write(result: GCGResult, models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: Path,
-           identity: dict) -> None:
-    decode = models[0].tokenizer.decode
+def _write(result: GCGResult, decode, cfg: GCGConfig, out: Path) -> Path:
+    """The result JSON and the per-step CSV beside it."""
     results.dump_json({
         "best_ids": result.best_ids, "best_text": result.best_text, "best_reward": result.best_reward,
         "direction": cfg.direction,
@@ -59,8 +60,4 @@ def _write(result: GCGResult, models: list[Model], prompts: dict[str, str], cfg:
             "ids": [" ".join(map(str, h["ids"])) for h in result.history]}
     results.write_table(steps_path(out), keys, {"reward": [h["reward"] for h in result.history],
                                                 "seconds": [h["seconds"] for h in result.history]})
-    nonfinite = {"candidates_dropped": result.nonfinite_candidates} if result.nonfinite_candidates else None
-    results.write_meta(out, kind="gcg", identity=identity, models=[m.source for m in models], prompts=prompts,
-                       config=dataclasses.asdict(cfg), output_column=models[0].config.reward_index,
-                       dtype=models[0].dtype, seconds=result.seconds, steps=len(result.history),
-                       nonfinite=nonfinite, seconds_per_step=result.seconds / max(len(result.history), 1))
+    return out
