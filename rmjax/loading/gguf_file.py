@@ -8,12 +8,14 @@ checkpoint, so both loaders produce the same parameter tree.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -147,12 +149,18 @@ def gguf_key_map(cfg: dict) -> list[tuple[str, str, Callable]]:
 
 def gguf_to_hf_folder(path: str | Path, out: Path) -> Path:
     """Convert a GGUF file into an HF-layout folder (float32 weights, tokenizer, template)."""
-    import gguf
 
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"{path}: no such GGUF file.")
     start = time.perf_counter()
+    with plain_array_reading():
+        return _convert(path, out, start)
+
+
+def _convert(path: Path, out: Path, start: float) -> Path:
+    import gguf
+
     reader = read_gguf(path)
     cfg = hf_config_from_gguf(reader, path)
     rules = [(re.compile(p), key, fn) for p, key, fn in gguf_key_map(cfg)]
@@ -178,6 +186,31 @@ def gguf_to_hf_folder(path: str | Path, out: Path) -> Path:
         json.dumps({"gguf": str(path), "convert_seconds": time.perf_counter() - start}, indent=2)
     )
     return out
+
+
+@contextlib.contextmanager
+def plain_array_reading() -> Iterator[None]:
+    """gguf's reader slices its numpy.memmap once per metadata item (~500k slices for a 49k-token
+    vocabulary, in rmjax's reader and again in transformers' tokenizer conversion), and each memmap
+    slice pays `memmap.__array_finalize__`. Within this block the reader maps the file the same way
+    but reads through a plain ndarray view of the map: the same bytes, a fraction of the time."""
+    import gguf.gguf_reader as module
+
+    real = module.np
+
+    class _Numpy(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def memmap(path, mode="r"):
+            return real.memmap(path, mode=mode).view(real.ndarray)  # the view keeps the map alive
+
+    module.np = _Numpy("numpy")
+    try:
+        yield
+    finally:
+        module.np = real
 
 
 def read_gguf(path: Path):
