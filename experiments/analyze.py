@@ -33,6 +33,7 @@ OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an earlier analysis i
 flags.register_validator("implicit", lambda v: not v, message="--implicit is gone (its A,B order was ambiguous): "
                          "use --implicit_chosen=X.csv --implicit_reference=Y.csv (MWLR > 0 where X gives more "
                          "probability).")
+flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort lists them
 
 
 def main(argv):

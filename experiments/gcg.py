@@ -20,6 +20,7 @@ OUT = flags.DEFINE_string("out", "results/gcg.json", "Result JSON (+ per-step CS
 # checked when the config is built); --template and --allow_nonfinite are shared.
 GCG_CONFIG = config_flags.define(GCGConfig, skip=("template", "allow_nonfinite"))
 flags.adopt_module_key_flags(common)
+flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort lists them
 
 
 def main(argv):

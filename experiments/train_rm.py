@@ -34,6 +34,7 @@ WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and summary.js
 EXPORT = flags.DEFINE_string("export", None, "Write the trained model as a Hugging Face folder here.")
 HEAD_OUT = flags.DEFINE_string("head_out", None, "Write only the score head (safetensors) + recipe JSON here.")
 flags.adopt_module_key_flags(common)
+flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort lists them
 
 
 flags.register_multi_flags_validator(

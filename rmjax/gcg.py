@@ -173,16 +173,35 @@ def sample_candidates(current: np.ndarray, grad: np.ndarray, cfg: GCGConfig, rng
         return np.zeros((0, n), current.dtype)
     top = np.argsort(score, axis=1)[:, :k]  # most loss-decreasing tokens per position
     if cfg.selection == "greedy":
-        flat = np.argsort(score[np.arange(n)[:, None], top], axis=None)[: cfg.search_width]
-        cands = np.repeat(current[None], len(flat), axis=0)
-        pos, rank = np.unravel_index(flat, (n, k))
-        cands[np.arange(len(flat)), pos] = top[pos, rank]
-        return cands
+        return _greedy_candidates(current, score, top, cfg)
     cands = np.repeat(current[None], cfg.search_width, axis=0)
     for c in cands:
         positions = rng.choice(n, size=min(cfg.n_replace, n), replace=False)
         c[positions] = top[positions, rng.integers(0, k, size=len(positions))]
     return cands
+
+
+def _greedy_candidates(current: np.ndarray, score: np.ndarray, top: np.ndarray, cfg: GCGConfig) -> np.ndarray:
+    """Deterministic candidates: the i-th best single swap (by gradient), plus, up to `n_replace` positions,
+    the best swap at each of the positions whose best swap scores best (so the stall fallback's larger
+    n_replace gives new candidates, not the same single swaps again)."""
+    n, k = top.shape
+    pos, rank = np.unravel_index(np.argsort(score[np.arange(n)[:, None], top], axis=None), (n, k))
+    # Per position, its best token that is not the current one, and positions by that swap's score.
+    alt = np.where(top[:, 0] != current, top[:, 0], top[:, min(1, k - 1)])
+    by_score = np.argsort(score[np.arange(n), alt], kind="stable")
+    cands, seen = [], set()
+    for p, r in zip(pos, rank, strict=True):
+        c = current.copy()
+        c[p] = top[p, r]
+        extra = [q for q in by_score if q != p][: max(0, min(cfg.n_replace, n) - 1)]
+        c[extra] = alt[extra]
+        if tuple(c) not in seen:  # two swaps can complete each other into one candidate
+            seen.add(tuple(c))
+            cands.append(c)
+        if len(cands) == cfg.search_width:
+            break
+    return np.asarray(cands, current.dtype).reshape(-1, n)
 
 
 def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
@@ -194,7 +213,8 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     vocab = min(t.model.config.vocab_size for t in targets)
     banned = disallowed_ids(lead.tokenizer, vocab, cfg.allow_special, cfg.allow_non_ascii)
     embed = to_host(nn.get(lead.params, "embed.embedding")).astype(np.float32)[:vocab] if cfg.embed_reg > 0 else None
-    inits = [_init_ids(lead, text, cfg, banned, rng) for text in (cfg.init or ("",))]
+    checks = _retokenization_checks(targets, cfg)
+    inits = [_init_ids(lead, text, cfg, banned, rng, checks) for text in (cfg.init or ("",))]
     init_arr = np.asarray(inits)
     eval_batch = min(cfg.eval_batch_size, cfg.search_width)  # one batch shape: one compilation
     dropped = 0
@@ -234,14 +254,16 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
                 grad = np.where(np.isfinite(grad), grad, np.inf)  # never pick a swap with no gradient
             grad[:, banned] = np.inf
             step_cfg = dataclasses.replace(cfg, n_replace=min(cfg.num_tokens, cfg.n_replace + attempt))
-            cands = _filter(sample_candidates(current, grad, step_cfg, rng, embed), targets[0], cfg, seen)
+            cands = _filter(sample_candidates(current, grad, step_cfg, rng, embed), checks, cfg, seen)
             if len(cands):
                 break
         if len(cands):
             losses = losses_of(cands)
+            held = {tuple(ids) for _, ids in buffer}  # without the history a sequence can come back: keep it once
             for loss, ids in zip(losses, cands, strict=True):
-                if np.isfinite(loss):
+                if np.isfinite(loss) and tuple(ids.tolist()) not in held:
                     buffer.append((float(loss), ids.tolist()))
+                    held.add(tuple(ids.tolist()))
             buffer = sorted(buffer, key=lambda x: x[0])[: cfg.buffer_size]
         best_loss, best_ids = buffer[0]
         if history and best_loss < min(h["loss"] for h in history) - 1e-9:
@@ -273,27 +295,43 @@ def _decode(model: Model, ids: list[int]) -> str:
     return model.tokenizer.decode(ids) if model.tokenizer is not None else " ".join(map(str, ids))
 
 
-def _init_ids(model: Model, text: str, cfg: GCGConfig, banned: np.ndarray, rng) -> list[int]:
-    ids = []
-    if text and model.tokenizer is not None:
-        ids = model.tokenizer(text, add_special_tokens=False).input_ids[: cfg.num_tokens]
-    if not text and model.tokenizer is not None:
-        ids = model.tokenizer(" x" * cfg.num_tokens, add_special_tokens=False).input_ids[: cfg.num_tokens]
-    allowed = np.flatnonzero(~banned)
-    while len(ids) < cfg.num_tokens:
-        ids.append(int(rng.choice(allowed)))
-    return ids
+def _init_ids(model: Model, text: str, cfg: GCGConfig, banned: np.ndarray, rng, checks) -> list[int]:
+    """The starting response: `text` (--init), or by default "x x x ..." (with and without a leading space:
+    templates that trim the response make the spaced form impossible). A start that no real conversation
+    produces could be reported as the best response, so it must pass the same re-tokenization filter."""
+    if model.tokenizer is None:
+        return [int(i) for i in rng.choice(np.flatnonzero(~banned), cfg.num_tokens)]
+    tries = [text] if text else [" x" * cfg.num_tokens, "x" + " x" * (cfg.num_tokens - 1)]
+    for attempt in tries:
+        ids = model.tokenizer(attempt, add_special_tokens=False).input_ids[: cfg.num_tokens]
+        if len(ids) == cfg.num_tokens and all(_survives(check, ids) for check in checks):
+            return ids
+    what = f"--init {text!r}" if text else "the default start 'x x x ...'"
+    raise UsageError(f"{what} does not come out of a real conversation as {cfg.num_tokens} tokens (decode -> "
+                     "template -> tokenize gives other ids, or fewer tokens); give --init a response of exactly "
+                     f"--num_tokens={cfg.num_tokens} tokens that survives the template, or --noretokenize_filter.")
 
 
-def _filter(cands: np.ndarray, target: Target, cfg: GCGConfig, seen: set) -> np.ndarray:
-    check = cfg.retokenize_filter and target.model.tokenizer is not None
-    convs = Conversations(target.model.tokenizer, target.prompt, cfg.template) if check else None
+def _retokenization_checks(targets: list[Target], cfg: GCGConfig) -> list[tuple[Conversations, Target]]:
+    """One check per target (every prompt and model: templates differ), when the filter is on."""
+    if not cfg.retokenize_filter:
+        return []
+    return [(Conversations(t.model.tokenizer, t.prompt, cfg.template), t) for t in targets
+            if t.model.tokenizer is not None]
+
+
+def _survives(check: tuple[Conversations, Target], ids: list[int]) -> bool:
+    convs, target = check
+    return retokenizes(convs, ids, [*target.prefix, *ids, *target.suffix])
+
+
+def _filter(cands: np.ndarray, checks: list, cfg: GCGConfig, seen: set) -> np.ndarray:
     keep = []
     for c in cands:
         key = tuple(c.tolist())
         if cfg.forbid_revisits and key in seen:
             continue
-        if check and not retokenizes(convs, list(key), [*target.prefix, *key, *target.suffix]):
+        if not all(_survives(check, list(key)) for check in checks):
             continue
         seen.add(key)
         keep.append(c)

@@ -29,7 +29,15 @@ def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> nn.KVCa
     require_pattern(model.config.head, prefix, model.source)
     width = batching.bucket(len(prefix), PREFIX_BUCKET)
     ids, mask = replicated(batching.pad_rows([prefix], width, side="left"), model.mesh)
-    return _prefill(model.config, model.mesh, width)(model.params, ids, mask)
+    return _prefill(model.config, model.mesh, width)(_declared(model), ids, mask)
+
+
+def _declared(model: Model) -> nnx.State:
+    """The params where the jitted calls declare them (a no-op for a loaded model; a model whose weights were
+    placed by hand, e.g. replicated, is moved once here instead of failing jit's sharding check)."""
+    if model.mesh is None:
+        return model.params
+    return jax.device_put(model.params, nn.shardings(model.config, model.mesh))
 
 
 @functools.lru_cache(maxsize=32)
@@ -85,11 +93,12 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
     """
     batch_size = batching.round_up(batch_size, model.mesh)
     scorer = _batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column)
+    params = _declared(model)
     pending = []
     for start in range(0, len(responses), batch_size):
         part = responses[start : start + batch_size]
         padded, _ = batching.pad_rows(part, responses.shape[1], num_rows=batch_size)
-        scores = scorer(model.params, cache, batching.place(padded, model.mesh), suffix)
+        scores = scorer(params, cache, batching.place(padded, model.mesh), suffix)
         pending.append((len(part), scores))
     if not pending:
         return np.zeros(0, np.float32)

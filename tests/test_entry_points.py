@@ -99,3 +99,12 @@ def test_sweep_plans_memory_before_loading_weights(tmp_path):
     proc = subprocess.run([*base, "--batch_size=100000000", "--overwrite"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and "does not fit" in proc.stderr and "--batch_size" in proc.stderr
     assert "process 0: loaded" not in proc.stderr
+
+
+def test_helpshort_lists_the_generated_flags():
+    """Flags generated from the config dataclasses are the entry points' own (key) flags."""
+    from tests import cli
+
+    for job, flag in (("gcg", "--num_tokens"), ("train_rm", "--learning_rate"), ("analyze", "--scores")):
+        proc = cli.run(job, "--helpshort")
+        assert flag in proc.stdout + proc.stderr, (job, flag)

@@ -158,3 +158,56 @@ def test_embed_reg_uses_true_embedding_distances():
     np.testing.assert_array_equal(got, want)
     plain = sample_candidates(current, grad, dataclasses.replace(cfg, embed_reg=0.0), rng, embed)
     assert not np.array_equal(got, plain)  # the penalty changes the choice
+
+
+def test_greedy_selection_swaps_n_replace_positions():
+    """Issue 14: --selection=greedy made single swaps whatever n_replace, so the stall fallback (which raises
+    n_replace) produced the same candidates again."""
+    from rmjax.gcg import sample_candidates
+
+    rng = np.random.default_rng(0)
+    current = np.asarray([5, 6, 7, 8], np.int32)
+    grad = rng.normal(size=(4, 50)).astype(np.float32)
+    for n_replace in (1, 2, 3):
+        cfg = GCGConfig(num_tokens=4, search_width=20, topk=8, n_replace=n_replace, selection="greedy")
+        cands = sample_candidates(current, grad, cfg, rng, None)
+        changed = (cands != current).sum(axis=1)
+        assert (changed == n_replace).all(), (n_replace, changed)
+        assert len({tuple(c) for c in cands.tolist()}) == len(cands)  # deterministic, and no repeats
+        # the i-th candidate holds the i-th best single swap (by gradient)
+        order = np.argsort(np.take_along_axis(grad, np.argsort(grad, axis=1)[:, :8], axis=1), axis=None)
+        pos, rank = np.unravel_index(order[0], (4, 8))
+        assert cands[0][pos] == np.argsort(grad, axis=1)[pos, rank]
+
+
+def test_buffer_holds_each_sequence_once_without_the_history(tiny_rm):
+    """Issue 14: with --noforbid_revisits a sequence found again was added again, filling the buffer with copies."""
+    _, model = tiny_rm
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    res = gcg([target], GCGConfig(num_tokens=2, steps=6, search_width=64, topk=4, buffer_size=8, seed=0,
+                                  forbid_revisits=False, retokenize_filter=False))
+    ids = [tuple(i) for _, i in res.buffer]
+    assert len(ids) == len(set(ids)), ids
+
+
+def test_start_and_every_target_pass_the_retokenization_filter(tmp_path):
+    """Issue 14: only the first target's template was checked, and the start (' x x x') never was: with a
+    template that trims the response, a sequence no conversation produces could be reported as best."""
+    from rmjax.textscore import Conversations
+
+    _, plain = tiny.save_reward_model_with_tokenizer(tmp_path / "a")
+    trimmed = tmp_path / "b"
+    import shutil
+
+    shutil.copytree(plain, trimmed)
+    template = (trimmed / "chat_template.jinja").read_text()
+    assert "message['content']" in template
+    (trimmed / "chat_template.jinja").write_text(template.replace("message['content']", "(message['content'] | trim)"))
+    prompt = "What, in one word, is the greatest thing ever?"
+    targets = [make_target(load(str(plain)), prompt), make_target(load(str(trimmed)), prompt)]
+    res = gcg(targets, GCGConfig(num_tokens=3, steps=3, search_width=32, topk=16, seed=0))
+    assert res.history[0]["ids"][0] != targets[0].model.tokenizer(" x", add_special_tokens=False).input_ids[0]
+    for t in targets:
+        conv = Conversations(t.model.tokenizer, prompt)
+        for h in res.history:
+            assert conv.token_ids([h["text"]])[0] == [*t.prefix, *h["ids"], *t.suffix], (t.model.source, h["text"])

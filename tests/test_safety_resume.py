@@ -248,3 +248,12 @@ def test_train_rm_trains_on_the_mesh_it_is_given(lm_folder, tmp_path):
     # A trained head has one output: another column is refused, not ignored.
     cli.user_error(cli.run("train_rm", *base, "--output_column=1", f"--workdir={tmp_path / 'col'}"),
                    "--output_column=1", "one-output")
+
+
+def test_train_rm_batch_must_split_over_the_data_axis(lm_folder, tmp_path):
+    """A batch the mesh's data axis does not divide is refused before loading (it crashed after the features)."""
+    pairs = _pairs(tmp_path / "a.csv", "good")
+    cli.user_error(cli.run("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", "--batch_size=6",
+                           "--mesh=data:4,model:2", f"--workdir={tmp_path / 'w'}",
+                           env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}),
+                   "--batch_size=6", "multiple of 4")

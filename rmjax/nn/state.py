@@ -100,6 +100,7 @@ def get(params: nnx.State, path: str) -> jax.Array:
     return node[...]
 
 
+@functools.lru_cache(maxsize=32)
 def shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh) -> nnx.State:
     """NamedSharding of every weight on `mesh`, from its declared logical axes (a state-shaped tree, for
     jit's in_shardings); the same placement the loader gives."""

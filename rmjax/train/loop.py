@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -76,7 +77,20 @@ def train_identity(model_fingerprint: dict, dtype: str, train: Pairs, heldout: P
     if cfg.trainable != "last_k":
         del config["last_k"]  # unused
     return {"job": "train_rm", "model": model_fingerprint, "dtype": dtype, "train": train.digest(),
-            "heldout": heldout.digest(), "config": config}
+            "heldout": heldout.digest(), "config": config, "checkpoint_format": CHECKPOINT_FORMAT}
+
+
+# 2: trainable nnx state + optimizer nnx state (issue 13); 1 (unmarked): {params, opt_state} of every weight.
+# A workdir of another format is refused (naming `checkpoint_format`), never restored into the wrong tree.
+CHECKPOINT_FORMAT = 2
+
+
+def check_batch_on_mesh(cfg: TrainConfig, mesh: jax.sharding.Mesh | None) -> None:
+    """Each step's pairs are split evenly over `data`: refuse a batch size it does not divide (before loading)."""
+    data = batching.data_shards(mesh)
+    if cfg.batch_size % data:
+        raise UsageError(f"--batch_size={cfg.batch_size}: each step's pairs are split over the mesh's data axis of "
+                         f"size {data}; use a multiple of {data} (e.g. {batching.round_up(cfg.batch_size, mesh)}).")
 
 
 @contextlib.contextmanager
@@ -193,6 +207,7 @@ def train_reward_model(
     """
     if cfg.trainable == "last_k" and cfg.last_k > model.config.num_layers:
         raise UsageError(f"--last_k={cfg.last_k}: {model.source} has {model.config.num_layers} layers.")
+    check_batch_on_mesh(cfg, model.mesh)
     workdir = Path(workdir)
     identity = train_identity(model_fingerprint(model), model.dtype, train, heldout, cfg)
     with claim_workdir(workdir, identity, overwrite):

@@ -24,7 +24,14 @@ from rmjax.loading.safetensors_io import save_file
 from rmjax.outputs import claim
 from rmjax.results import dump_json
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
-from rmjax.train.loop import TrainConfig, TrainResult, claim_workdir, train_identity, train_reward_model
+from rmjax.train.loop import (
+    TrainConfig,
+    TrainResult,
+    check_batch_on_mesh,
+    claim_workdir,
+    train_identity,
+    train_reward_model,
+)
 from rmjax.train.rm import save_hf_folder
 
 
@@ -97,6 +104,7 @@ def run_training(
     `workdir` defaults to a folder derived from the run (`default_workdir`). With `mesh` the weights are
     sharded by the logical-axis rules and each step's pairs split over `data`.
     """
+    check_batch_on_mesh(cfg, mesh)
     identity = training_identity(lm_spec, train, heldout, cfg, dtype)
     workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
     print(f"workdir: {workdir}", file=sys.stderr)
