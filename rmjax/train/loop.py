@@ -252,9 +252,11 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     def seq_rewards(m: nn.Transformer, ids, mask):
         return m.rewards(ids, mask)[:, 0]
 
+    held_pair_rewards = nnx.jit(pair_rewards)  # wrapped once: a new wrapper per evaluation recompiled each time
+
     def evaluate() -> dict:
         if cfg.trainable == "head":
-            rc, rr = nnx.jit(pair_rewards)(module, held_rows)
+            rc, rr = held_pair_rewards(module, held_rows)
         else:
             rc, rr = (jnp.concatenate([seq_rewards(module, held_seq.ids[side][i : i + 64],
                                                    held_seq.mask[side][i : i + 64])
