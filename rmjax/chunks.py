@@ -47,19 +47,24 @@ class ChunkStore:
             atomic_write_text(manifest, json.dumps({"identity": self.identity, "chunk_size": chunk_size}, indent=2,
                                                    sort_keys=True))
 
-    def _path(self, start: int) -> Path:
-        return self.dir / f"chunk-{start:010d}.npy"
+    def _path(self, start: int | str) -> Path:
+        """A chunk by its first row (the sweep) or by a name (the beam: depth, partial, first candidate)."""
+        return self.dir / (f"chunk-{start:010d}.npy" if isinstance(start, int) else f"chunk-{start}.npy")
 
-    def has(self, start: int) -> bool:
+    def has(self, start: int | str) -> bool:
         return self._path(start).is_file()
 
-    def write(self, start: int, scores: np.ndarray) -> None:
+    def names(self) -> set[str]:
+        """The names of the complete chunks (one directory listing)."""
+        return {p.name[len("chunk-"):-len(".npy")] for p in self.dir.glob("chunk-*.npy")}
+
+    def write(self, start: int | str, scores: np.ndarray) -> None:
         path = self._path(start)
         tmp = path.with_name("tmp-" + path.name)  # not matched by chunk-*.npy
         np.save(tmp, scores)
         tmp.replace(path)
 
-    def read(self, start: int, shape: tuple[int, int]) -> np.ndarray:
+    def read(self, start: int | str, shape: tuple[int, int]) -> np.ndarray:
         try:
             scores = np.load(self._path(start))
         except (OSError, ValueError) as error:

@@ -7,6 +7,7 @@ prefix cache with K/V heads over `model`, candidate rows and their rewards over 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +28,21 @@ PREFIX_BUCKET = 32  # prefixes are left-padded to a multiple of this: one compil
 def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> nn.KVCache:
     """KV cache of one prefix (batch 1), left-padded to a bucket so prompts share a compilation."""
     require_pattern(model.config.head, prefix, model.source)
-    width = batching.bucket(len(prefix), PREFIX_BUCKET)
-    ids, mask = replicated(batching.pad_rows([prefix], width, side="left"), model.mesh)
-    return _prefill(model.config, model.mesh, width)(_declared(model), ids, mask)
+    return prefill_prefixes(model, [prefix])
+
+
+def prefill_prefixes(model: Model, prefixes: Sequence[Sequence[int]], rows: int | None = None) -> nn.KVCache:
+    """KV caches of several prefixes in one forward (batch `rows`, default len(prefixes); extra rows are
+    padding), each left-padded to one bucket; `cache_row` takes one out for scoring (rmjax.beam)."""
+    width = batching.bucket(max(len(p) for p in prefixes), PREFIX_BUCKET)
+    rows = len(prefixes) if rows is None else rows
+    ids, mask = replicated(batching.pad_rows(prefixes, width, side="left", num_rows=rows), model.mesh)
+    return _prefill(model.config, model.mesh, rows, width)(_declared(model), ids, mask)
+
+
+def cache_row(model: Model, cache: nn.KVCache, row: int) -> nn.KVCache:
+    """Row `row` of a batched cache as a batch-1 cache, placed where the batch scorer expects it."""
+    return _take_row(model.config, model.mesh, cache.k.shape[1], cache.k.shape[2])(cache, jnp.int32(row))
 
 
 def _declared(model: Model) -> nnx.State:
@@ -41,15 +54,29 @@ def _declared(model: Model) -> nnx.State:
 
 
 @functools.lru_cache(maxsize=32)
-def _prefill(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, width: int):
+def _prefill(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, rows: int, width: int):
     def prefill(params, ids, mask):
         return nn.module(params, cfg).prefill(ids, mask)
 
     if mesh is None:
         return jax.jit(prefill)
-    rows = NamedSharding(mesh, PartitionSpec())
-    return _under_mesh(jax.jit(prefill, in_shardings=(nn.shardings(cfg, mesh), rows, rows),
-                               out_shardings=nn.KVCache.shardings(cfg, mesh, 1, width)), mesh)
+    replicated_rows = NamedSharding(mesh, PartitionSpec())
+    return _under_mesh(jax.jit(prefill, in_shardings=(nn.shardings(cfg, mesh), replicated_rows, replicated_rows),
+                               out_shardings=nn.KVCache.shardings(cfg, mesh, rows, width)), mesh)
+
+
+@functools.lru_cache(maxsize=32)
+def _take_row(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, rows: int, width: int):
+    def take(cache, row):
+        def pick(x, axis):
+            return None if x is None else jax.lax.dynamic_slice_in_dim(x, row, 1, axis)
+
+        return nn.KVCache(k=pick(cache.k, 1), v=pick(cache.v, 1), positions=pick(cache.positions, 0),
+                          valid=pick(cache.valid, 0), gate_input=pick(cache.gate_input, 0))
+
+    if mesh is None:
+        return jax.jit(take)
+    return jax.jit(take, out_shardings=nn.KVCache.shardings(cfg, mesh, 1, width))
 
 
 def rewards_of_batch(params: nnx.State, cfg: ModelConfig, cache: nn.KVCache, responses: jax.Array,

@@ -24,8 +24,10 @@ import pandas as pd
 KEY_COLUMNS = ["token_id", "token_name", "token_decoded"]
 ROUNDTRIP = "roundtrip"
 TEXT = "text"
+# Key columns of a beam / exhaustive result (rmjax.beam): one row per sequence.
+BEAM_KEY_COLUMNS = ["depth", "direction", "rank", "ids", "tokens", "decoded"]
 # Columns that are never a prompt's values (what a prompt may not be called).
-NON_VALUE_COLUMNS = (*KEY_COLUMNS, ROUNDTRIP, TEXT)
+NON_VALUE_COLUMNS = (*KEY_COLUMNS, ROUNDTRIP, TEXT, *BEAM_KEY_COLUMNS)
 
 
 def write_rows(f, rows: Iterable[list]) -> None:
@@ -85,6 +87,23 @@ def read_scores_csv(path: str | Path) -> pd.DataFrame:
         df[col] = df[col].astype(np.float64)
     if ROUNDTRIP in df.columns:
         df[ROUNDTRIP] = df[ROUNDTRIP].astype(np.int64)
+    return df
+
+
+def is_beam_csv(path: str | Path) -> bool:
+    with open(path, encoding="utf-8") as f:
+        return f.readline().startswith('"depth","direction","rank"')
+
+
+def read_beam_csv(path: str | Path) -> pd.DataFrame:
+    """A beam CSV with `ids` as tuples of ints, `tokens` as lists and `decoded` as the decoded string."""
+    df = pd.read_csv(path, keep_default_na=False, na_filter=False, encoding="utf-8",
+                     dtype={"direction": str, "ids": str, "tokens": str, "decoded": str})
+    df["ids"] = [tuple(int(i) for i in s.split()) for s in df["ids"]]
+    df["tokens"] = [json.loads(s) for s in df["tokens"]]
+    df["decoded"] = [json.loads(s) for s in df["decoded"]]
+    for col in value_columns(df):
+        df[col] = df[col].astype(np.float64)
     return df
 
 

@@ -63,11 +63,13 @@ def score_tokens(model: Model, ctx: PromptContext, tokens: np.ndarray, batch_siz
 
 
 def memory_plan(cfg, tokenizer, prompts: dict[str, str], template: str, dtype: str, mesh,
-                batch_size: int | None = None, mode: str = "token") -> memory.MemoryEstimate:
-    """Per-device memory of this sweep from the config and tokenizer alone (before weights load);
-    picks the batch size when None, raises DoesNotFitError when the run cannot fit."""
-    splits = [chat.split_chat(tokenizer, t, template, cfg.max_position_embeddings) for t in prompts.values()]
-    prefix = batching.bucket(max(len(s.prefix) for s in splits), PREFIX_BUCKET)
+                batch_size: int | None = None, mode: str = "token", response_tokens: int = 1) -> memory.MemoryEstimate:
+    """Per-device memory of this sweep (or of a beam's deepest level: the partial response joins the cached
+    prefix) from the config and tokenizer alone, before weights load; picks the batch size when None,
+    raises DoesNotFitError when the run cannot fit (PromptTooLongError when a prompt cannot)."""
+    splits = [chat.split_chat(tokenizer, t, template, cfg.max_position_embeddings, response_tokens)
+              for t in prompts.values()]
+    prefix = batching.bucket(max(len(s.prefix) for s in splits) + response_tokens - 1, PREFIX_BUCKET)
     positions = 1 + max(len(s.suffix) for s in splits) if mode == "token" else 16  # text: re-tokenized tails
     return memory.plan(cfg, dtype, prefix, positions, mesh, batch_size)
 
@@ -137,7 +139,7 @@ def sweep(
         _, names_all, decoded_all = chat.token_table(model.tokenizer, model.config.vocab_size)
         names, decoded = [names_all[i] for i in tokens], [decoded_all[i] for i in tokens]
         score, sequence = _scorer(model, prompts, mode, template, text_add_special_tokens, tokens, decoded, batch_size)
-        store = _open_store(out, identity, chunk_size) if out is not None else None
+        store = open_store(out, identity, chunk_size) if out is not None else None
         chunk_size = store.chunk_size if store is not None else chunk_size
         starts = list(range(0, len(tokens), chunk_size))
         done = {s for s in starts if store is not None and store.has(s)}
@@ -227,8 +229,9 @@ def _scorer(model: Model, prompts: dict[str, str], mode: str, template: str, tex
             lambda row, col: scorers[col].token_ids([decoded[row]])[0])
 
 
-def _open_store(out: str | Path, identity: dict, chunk_size: int) -> ChunkStore:
-    """Process 0 owns the files; the others open the same store once it exists (shared disk)."""
+def open_store(out: str | Path, identity: dict, chunk_size: int) -> ChunkStore:
+    """The chunk store of a resumable job (sweep, beam): process 0 owns the files; the others open the same
+    store once it exists (shared disk)."""
     store = ChunkStore(out, identity, chunk_size) if is_main() else None
     barrier("rmjax-sweep-store")
     if store is None:

@@ -1,0 +1,74 @@
+"""Best and worst N-token responses: beam search over the vocabulary at every depth, or exhaustive enumeration.
+
+python -m experiments.beam --model=elo-rm-smollm2-135m --prompts=greatest --depth=2 --beam=64 \
+    --direction=both --top=100 --out=results/beam.csv [--token_ids=… | --vocab_file=words.txt] [--exhaustive] \
+    [--batch_size=0 (auto)] [--chunk_size=4096] [--mesh=data:8,model:1]
+
+Rows: `depth, direction, rank, ids, tokens, decoded, <one score column per prompt>`; with several prompts the
+beam ranks by their mean reward. Re-running the same command after a crash resumes from the last chunk.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+from experiments import candidates, common, config_flags
+from rmjax.beam import BeamConfig
+
+OUT = flags.DEFINE_string("out", "results/beam.csv", "Output CSV; a .meta.json is written beside it.")
+VOCAB_FILE = flags.DEFINE_string("vocab_file", None,
+                                 "Candidate set from a text file, one string per line taken verbatim (' cat' and "
+                                 "'cat' are different tokens); lines that are not exactly one token are skipped "
+                                 "(counted in .meta.json).")
+SHOW = flags.DEFINE_integer("show", 5, "Sequences printed per depth and direction at the end.", lower_bound=0)
+BEAM_CONFIG = config_flags.define(BeamConfig, skip=("template",))
+flags.adopt_module_key_flags(common)
+flags.adopt_module_key_flags(candidates)
+flags.adopt_module_key_flags(config_flags)
+
+
+def main(argv):
+    del argv
+    from rmjax import beam, distributed, results
+    from rmjax import prompts as prompt_lib
+    from rmjax.errors import UsageError
+
+    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
+    cfg = BEAM_CONFIG(template=common.TEMPLATE.value)
+    token_ids = candidates.token_ids()
+    if token_ids is not None and VOCAB_FILE.value:
+        raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
+    lines = beam.read_vocab_file(VOCAB_FILE.value) if VOCAB_FILE.value else None
+    if cfg.exhaustive and token_ids is None and lines is None:
+        raise UsageError("--exhaustive enumerates |S|^depth sequences: give a small candidate set S with --token_ids "
+                         "or --vocab_file (the whole vocabulary is what the beam is for).")
+    requested = beam.identity_of_candidates(token_ids, lines)
+    identity = beam.beam_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts, cfg=cfg,
+                                  output_column=common.OUTPUT_COLUMN.value, candidates=requested)
+    with common.claim_output(OUT.value, identity, store=beam.store_dir(OUT.value)) as claim:
+        if not claim.reuse:
+            plan, plan_memory = candidates.memory_planner(prompts, token_ids, response_tokens=cfg.depth)
+            model = common.load_model(before_weights=plan_memory)
+            extra, ids = {}, token_ids
+            if lines is not None:
+                ids, skipped = beam.words_to_ids(model.tokenizer, lines)
+                if not len(ids):
+                    raise UsageError(f"--vocab_file={VOCAB_FILE.value}: none of its {len(lines)} lines is a single "
+                                     "token of this tokenizer.")
+                extra["vocab_file"] = {"path": VOCAB_FILE.value, "lines": len(lines), "single_tokens": len(ids),
+                                       "skipped": len(skipped), "first_skipped": skipped[:10]}
+                if distributed.is_main():
+                    print(f"--vocab_file: {len(ids)} of {len(lines)} lines are single tokens", file=sys.stderr)
+            beam.run_beam(model, prompts, cfg, ids, out=OUT.value, requested=requested, batch_size=plan.batch_size,
+                          chunk_size=candidates.CHUNK_SIZE.value, overwrite=common.OVERWRITE.value,
+                          allow_nonfinite=common.ALLOW_NONFINITE.value, extra_meta=extra)
+    if distributed.is_main():
+        print(beam.summary(OUT.value, SHOW.value))
+        print(f"wrote {OUT.value} and {results.meta_path(OUT.value)}")
+
+
+if __name__ == "__main__":
+    common.run(main)

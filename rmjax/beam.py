@@ -1,0 +1,292 @@
+"""N-token responses: beam search over the whole vocabulary at every depth, and exhaustive enumeration.
+
+Depth 1 is the vocabulary sweep. At depth d each kept partial response (d−1 tokens) gets one cache of
+prompt prefix + partial, computed once per level in batched forwards, and every candidate token v is
+scored as `prefix + partial + [v] + suffix` exactly as the sweep's token mode does (the same batch
+scorer, one new position plus the suffix per candidate). The beam keeps, per direction, the K
+partials whose mean reward over the prompts is highest (optimal) or lowest (pessimal); exhaustive mode
+keeps every partial (all |S|^(d−1)), the ground truth beam and GCG are judged against.
+
+Ties are broken by the order of the partials, then of the candidates, so a run and its resumed
+continuation pick the same sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from rmjax import batching, checks, finite, jobs, results
+from rmjax.checks import setting
+from rmjax.chunks import ChunkStore, fingerprint, store_dir
+from rmjax.distributed import barrier, is_main
+from rmjax.errors import UsageError
+from rmjax.loading import Model
+from rmjax.loading.fingerprint import model_fingerprint
+from rmjax.prefix import cache_row, prefill_prefixes, score_responses
+from rmjax.progress import Progress
+from rmjax.sweep import candidate_ids, open_store, prepare_prompt
+
+PREFILL_ROWS = 8  # partial caches computed per forward (and held at once)
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamConfig:
+    depth: int = setting(2, "Response length N: sequences of 1..N tokens are searched, level by level.")
+    beam: int = setting(64, "Partial responses kept per direction at each level (K).")
+    direction: str = setting("both", "Which beam(s): the highest (optimal) or lowest (pessimal) mean reward.",
+                             ("optimal", "pessimal", "both"))
+    top: int = setting(100, "Sequences written per depth and direction.")
+    exhaustive: bool = setting(False, "Score all |S|^d sequences of the candidate set S at every depth (no pruning; "
+                               "--beam is ignored). Give a small S with --token_ids or --vocab_file.")
+    template: str = setting("auto", "Chat template use.", ("auto", "chat", "plain"))
+
+    def __post_init__(self):
+        checks.validate(self, {"depth": checks.POSITIVE, "beam": checks.POSITIVE, "top": checks.POSITIVE,
+                               "direction": checks.one_of("optimal", "pessimal", "both"),
+                               "template": checks.one_of("auto", "chat", "plain")})
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        return ("optimal", "pessimal") if self.direction == "both" else (self.direction,)
+
+
+@dataclasses.dataclass
+class Found:
+    """The sequences written for one (depth, direction), best first: ids [T, d], scores [T, prompts]."""
+
+    depth: int
+    direction: str
+    ids: np.ndarray
+    scores: np.ndarray
+
+
+@dataclasses.dataclass
+class BeamResult:
+    found: list[Found]
+    candidates: np.ndarray  # the candidate set S
+    scored: int  # candidate sequences scored by this run (not resumed)
+    resumed: int
+    seconds: float
+    levels: list[dict]
+
+
+def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
+                  cfg: BeamConfig, candidates: str | None) -> dict:
+    """What the result depends on; `candidates` is the fingerprint of the requested set (None: the vocabulary)."""
+    return {"job": "beam", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
+            "prompts": dict(prompts), "config": dataclasses.asdict(cfg), "candidates": candidates}
+
+
+def words_to_ids(tokenizer, lines: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Token ids of the lines that are exactly one token (taken verbatim: ' cat' and 'cat' differ), in file
+    order without repeats; and the lines that are not one token."""
+    ids, skipped = [], []
+    for line in lines:
+        tokens = tokenizer(line, add_special_tokens=False).input_ids if line else []
+        (ids.append(tokens[0]) if len(tokens) == 1 else skipped.append(line))
+    return np.asarray(list(dict.fromkeys(ids)), np.int64), skipped
+
+
+def read_vocab_file(path: str | Path) -> list[str]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"--vocab_file={path}: cannot read it ({error.strerror or error}).") from None
+    return [line for line in text.split("\n") if line.strip()]
+
+
+class _Best:
+    """The `keep` best (sequence, scores) of one direction seen so far, merged chunk by chunk; ties go to the
+    earlier partial, then the earlier candidate (a deterministic order whatever the chunking)."""
+
+    def __init__(self, sign: float, keep: int, n_prompts: int, depth: int):
+        self.sign, self.keep = sign, keep
+        self.order = np.zeros((0, 2), np.int64)  # (partial index, candidate index)
+        self.ids = np.zeros((0, depth), np.int64)
+        self.scores = np.zeros((0, n_prompts), np.float32)
+
+    def add(self, unit: int, first: int, ids: np.ndarray, scores: np.ndarray) -> None:
+        order = np.stack([np.full(len(ids), unit), first + np.arange(len(ids))], axis=1)
+        self.order = np.concatenate([self.order, order])
+        self.ids = np.concatenate([self.ids, ids])
+        self.scores = np.concatenate([self.scores, scores])
+        objective = -self.sign * self.scores.astype(np.float64).mean(axis=1)
+        keep = np.lexsort((self.order[:, 1], self.order[:, 0], objective))[: self.keep]
+        self.order, self.ids, self.scores = self.order[keep], self.ids[keep], self.scores[keep]
+
+
+def _units(cfg: BeamConfig, depth: int, candidates: np.ndarray, kept: dict[str, np.ndarray]) -> tuple[np.ndarray, dict]:
+    """The partials scored at `depth` [U, depth-1] and, per direction, which of them it extends."""
+    if depth == 1:
+        return np.zeros((1, 0), np.int64), {d: np.asarray([0]) for d in cfg.directions}
+    if cfg.exhaustive:
+        units = np.asarray(list(itertools.product(candidates, repeat=depth - 1)), np.int64)
+        return units, {d: np.arange(len(units)) for d in cfg.directions}
+    rows = list(dict.fromkeys(tuple(r) for d in cfg.directions for r in kept[d].tolist()))
+    index = {r: i for i, r in enumerate(rows)}
+    units = np.asarray(rows, np.int64).reshape(len(rows), depth - 1)
+    return units, {d: np.asarray([index[tuple(r)] for r in kept[d].tolist()]) for d in cfg.directions}
+
+
+def _partial_caches(model: Model, contexts, units: np.ndarray) -> Iterator[tuple[int, list]]:
+    """(unit index, one batch-1 cache per prompt) for every partial, PREFILL_ROWS partials per forward."""
+    rows = batching.round_up(PREFILL_ROWS, model.mesh)
+    for start in range(0, len(units), rows):
+        group = units[start : start + rows]
+        caches = [ctx.cache if units.shape[1] == 0 else
+                  prefill_prefixes(model, [[*ctx.split.prefix, *u] for u in group.tolist()], rows)
+                  for ctx in contexts]
+        for i in range(len(group)):
+            yield start + i, [c if units.shape[1] == 0 else cache_row(model, c, i) for c in caches]
+
+
+def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray, *,
+                batch_size: int = 256, chunk_size: int = 4096, store: ChunkStore | None = None,
+                allow_nonfinite: bool = False, progress_every: float = 5.0) -> BeamResult:
+    """Search level by level; with `store`, every chunk of scores is saved and a rerun continues from it."""
+    start_time = time.perf_counter()
+    candidates = np.asarray(candidates, np.int64)
+    if not len(candidates):
+        raise UsageError("the candidate set is empty.")
+    contexts = [prepare_prompt(model, n, t, cfg.template, response_tokens=cfg.depth) for n, t in prompts.items()]
+    chunk_size = store.chunk_size if store is not None else chunk_size
+    kept: dict[str, np.ndarray] = {}
+    found, levels, scored, resumed = [], [], 0, 0
+    for depth in range(1, cfg.depth + 1):
+        units, extends = _units(cfg, depth, candidates, kept)
+        keep = cfg.top if depth == cfg.depth or cfg.exhaustive else max(cfg.beam, cfg.top)
+        best = {d: _Best(1.0 if d == "optimal" else -1.0, keep, len(prompts), depth) for d in cfg.directions}
+        owners = {d: set(extends[d].tolist()) for d in cfg.directions}
+        starts = range(0, len(candidates), chunk_size)
+        total = len(units) * len(candidates)
+        # Every process agrees on the stored chunks before any is written (they skip the same forwards).
+        on_disk = store.names() if store is not None else set()
+        stored = {(u, s) for u in range(len(units)) for s in starts if _key(depth, u, s) in on_disk}
+        done = sum(min(chunk_size, len(candidates) - s) for _, s in stored)
+        barrier("rmjax-beam-resume")
+        progress = Progress(total, f"beam depth {depth}" + (" (exhaustive)" if cfg.exhaustive else ""),
+                            every=progress_every, done=done)
+        level_start = time.perf_counter()
+        for u, caches in _cached_units(model, contexts, units, stored, starts):
+            partial = units[u]
+            for s in starts:
+                cands = candidates[s : s + chunk_size]
+                key = _key(depth, u, s)
+                if (u, s) in stored:
+                    scores = store.read(key, (len(cands), len(prompts)))
+                else:
+                    scores = np.stack([score_responses(model, c, ctx.suffix, cands[:, None].astype(np.int32),
+                                                       batch_size) for c, ctx in zip(caches, contexts, strict=True)],
+                                      axis=1)
+                    _check(model, contexts, partial, cands, scores, allow_nonfinite)
+                    if store is not None and is_main():
+                        store.write(key, scores)
+                    scored += len(cands)
+                    progress.update(len(cands))
+                ids = np.concatenate([np.broadcast_to(partial, (len(cands), depth - 1)), cands[:, None]], axis=1)
+                for d in cfg.directions:
+                    if u in owners[d]:
+                        best[d].add(u, s, ids, scores)
+        resumed += done
+        levels.append({"depth": depth, "partials": len(units), "candidates": total, "resumed": done,
+                       "seconds": time.perf_counter() - level_start})
+        for d in cfg.directions:
+            found.append(Found(depth, d, best[d].ids[: cfg.top], best[d].scores[: cfg.top]))
+            kept[d] = best[d].ids[: cfg.beam]
+    return BeamResult(found, candidates, scored, resumed, time.perf_counter() - start_time, levels)
+
+
+def _cached_units(model: Model, contexts, units: np.ndarray, stored: set[tuple[int, int]], starts):
+    """(unit, caches) for each partial; caches None when every chunk of the unit is already stored (no forward)."""
+    pending = [u for u in range(len(units)) if not all((u, s) in stored for s in starts)]
+    computed = _partial_caches(model, contexts, units[pending]) if pending else iter(())
+    position = 0
+    for u in range(len(units)):
+        if position < len(pending) and pending[position] == u:
+            position += 1
+            yield u, next(computed)[1]
+        else:
+            yield u, None
+
+
+def write_csv(path: str | Path, found: list[Found], tokenizer, prompt_names: list[str]) -> Path:
+    """`depth, direction, rank, ids, tokens, decoded, <prompt columns>`: ids space-separated, tokens a JSON list
+    of token strings and decoded a JSON string (quoted like the sweep's CSV, so any token survives)."""
+    rows = [(f.depth, f.direction, rank + 1, ids, scores) for f in found
+            for rank, (ids, scores) in enumerate(zip(f.ids.tolist(), f.scores, strict=True))]
+    keys = {"depth": [r[0] for r in rows], "direction": [r[1] for r in rows], "rank": [r[2] for r in rows],
+            "ids": [" ".join(map(str, r[3])) for r in rows],
+            "tokens": [json.dumps([t or "" for t in tokenizer.convert_ids_to_tokens(r[3])], ensure_ascii=False)
+                       for r in rows],
+            "decoded": [json.dumps(tokenizer.decode(r[3]), ensure_ascii=False) for r in rows]}
+    values = {name: np.asarray([r[4][j] for r in rows], np.float64) for j, name in enumerate(prompt_names)}
+    return results.write_table(path, keys, values)
+
+
+def _key(depth: int, unit: int, start: int) -> str:
+    return f"d{depth}-u{unit:09d}-c{start:010d}"
+
+
+def _check(model: Model, contexts, partial: np.ndarray, cands: np.ndarray, scores: np.ndarray, allow: bool) -> None:
+    def sequence(i: int) -> list[int]:
+        return [*partial.tolist(), int(cands[i])]
+
+    finite.check(scores, what="scores", columns=[c.name for c in contexts], allow=allow,
+                 row=lambda i: f"response ids {sequence(i)}",
+                 explain=lambda i, j: finite.diagnose(model, contexts[j].split.ids_with(sequence(i))))
+
+
+def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray | None = None, *,
+             out: str | Path, requested: str | None = None, batch_size: int = 256, chunk_size: int = 4096,
+             overwrite: bool = False, allow_nonfinite: bool = False,
+             extra_meta: dict | None = None) -> BeamResult | None:
+    """The beam job: claim `out`, search (resumable), write the CSV and .meta.json; None when reused.
+    `requested` fingerprints the candidate set as asked for (identity); default: the whole vocabulary."""
+    candidates = candidate_ids(model) if candidates is None else candidate_ids(model, candidates)
+    identity = beam_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
+                             prompts=prompts, cfg=cfg, candidates=requested)
+    with jobs.job(out, identity, "beam", overwrite=overwrite, store=store_dir(out)) as job:
+        if job.reuse:
+            return None
+        store = open_store(out, identity, chunk_size)
+        result = beam_search(model, prompts, cfg, candidates, batch_size=batch_size, chunk_size=chunk_size,
+                             store=store, allow_nonfinite=allow_nonfinite)
+        job.finish(lambda path: write_csv(path, result.found, model.tokenizer, list(prompts)),
+                   **jobs.model_meta(model), prompts=prompts, config=dataclasses.asdict(cfg),
+                   candidate_set={"size": len(candidates), "fingerprint": fingerprint(candidates)},
+                   candidates_scored=result.scored, resumed_candidates=result.resumed, levels=result.levels,
+                   batch_size=batch_size, chunk_size=store.chunk_size, seconds=result.seconds,
+                   candidates_per_second=result.scored * len(prompts) / result.seconds if result.seconds > 0 else None,
+                   **(extra_meta or {}))
+        if is_main():
+            store.remove()
+        return result
+
+
+def summary(path: str | Path, n: int = 5) -> str:
+    """The best n sequences of every depth and direction in a beam CSV, with their mean reward."""
+    df = results.read_beam_csv(path)
+    prompts = results.value_columns(df)
+    lines = []
+    for (depth, direction), part in df.groupby(["depth", "direction"], sort=True):
+        lines.append(f"depth {depth} {direction}:")
+        for _, row in part.head(n).iterrows():
+            mean = float(row[prompts].mean())
+            lines.append(f"  {row['rank']:>4}  {mean:+.4f}  {row['decoded']!r}  ids {list(row['ids'])}")
+    return "\n".join(lines)
+
+
+def identity_of_candidates(token_ids: list[int] | None, vocab_lines: list[str] | None) -> str | None:
+    """The candidate set as requested (before a tokenizer turns words into ids): part of the job's identity."""
+    if token_ids is not None:
+        return "token_ids:" + fingerprint(np.asarray(token_ids, np.int64))
+    if vocab_lines is not None:
+        return "vocab_file:" + fingerprint(np.frombuffer("\n".join(vocab_lines).encode(), np.uint8))
+    return None
