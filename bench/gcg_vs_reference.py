@@ -67,10 +67,16 @@ class TorchGCG:
         return np.concatenate(out)
 
 
-def run_torch(tg: TorchGCG, init: np.ndarray, banned: np.ndarray, args) -> tuple[float, float, list[float]]:
-    from rmjax.gcg import GCGConfig, sample_candidates
+def reference_candidates(current: np.ndarray, grad: np.ndarray, topk: int, width: int, rng) -> np.ndarray:
+    """The reference's sampling: the [N, V] gradient on the host, argsorted, one random top-k swap per candidate."""
+    top = np.argsort(grad, axis=1)[:, :topk]
+    cands = np.repeat(current[None], width, axis=0)
+    positions = rng.integers(0, len(current), size=width)
+    cands[np.arange(width), positions] = top[positions, rng.integers(0, topk, size=width)]
+    return cands
 
-    cfg = GCGConfig(num_tokens=args.num_tokens, search_width=args.search_width, topk=args.topk, n_replace=1)
+
+def run_torch(tg: TorchGCG, init: np.ndarray, banned: np.ndarray, args) -> tuple[float, float, list[float]]:
     rng = np.random.default_rng(0)
     current, best = init.copy(), float(tg.rewards(init[None])[0])
     times = []
@@ -78,7 +84,7 @@ def run_torch(tg: TorchGCG, init: np.ndarray, banned: np.ndarray, args) -> tuple
         start = time.perf_counter()
         g = -tg.grad(current)
         g[:, banned] = np.inf
-        cands = sample_candidates(current, g, cfg, rng, None)
+        cands = reference_candidates(current, g, args.topk, args.search_width, rng)
         r = tg.rewards(cands)
         if r.max() > best:
             best, current = float(r.max()), cands[r.argmax()]

@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import chat, checks, finite, nn
+from rmjax import chat, checks, finite, nn, results
 from rmjax.checks import setting
 from rmjax.distributed import replicated, to_host
 from rmjax.errors import NonFiniteError, UsageError
@@ -42,6 +43,9 @@ class GCGConfig:
     forbid_revisits: bool = setting(True, "Never evaluate a sequence twice (Faster-GCG history).")
     buffer_size: int = setting(8, "Best sequences kept.")
     init: tuple[str, ...] = setting((), "Initial response strings (default ' x x x ...').")
+    init_from: str | None = setting(None, "A beam or exhaustive result CSV (experiments.beam): start the buffer from "
+                                    "its best sequences of --num_tokens tokens in --direction (those that pass the "
+                                    "re-tokenization filter), instead of the default start.")
     patience: int | None = setting(None, "Stop after this many steps without improvement.")
     seed: int = setting(0, "Random seed.")
     allow_special: bool = setting(False, "Allow special/control tokens in the response.")
@@ -60,6 +64,7 @@ class GCGConfig:
             "n_replace": (lambda v: 1 <= v <= self.num_tokens, f"between 1 and --num_tokens={self.num_tokens}"),
             "direction": checks.one_of("optimal", "pessimal"), "selection": checks.one_of("random", "greedy"),
             "template": checks.one_of("auto", "chat", "plain"),
+            "init_from": (lambda v: Path(v).is_file(), "an existing beam result CSV"),
         })
 
 
@@ -116,10 +121,14 @@ _grad_one_hot = jax.jit(jax.grad(_reward_of_one_hot, argnums=3), static_argnames
 
 
 def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
-    """d reward / d one_hot(ids): [N, V] float32."""
+    """d reward / d one_hot(ids): [N, V] float32 (on the host; the search keeps it on the device)."""
+    return to_host(_device_gradient(target, ids))
+
+
+def _device_gradient(target: Target, ids: np.ndarray) -> jax.Array:
     m = target.model
     one_hot = jax.nn.one_hot(jnp.asarray(ids), m.config.vocab_size, dtype=jnp.float32)
-    return to_host(_grad_one_hot(m.params, m.config, target.cache, one_hot, target.suffix_ids, m.output_column))
+    return _grad_one_hot(m.params, m.config, target.cache, one_hot, target.suffix_ids, m.output_column)
 
 
 def evaluate(targets: list[Target], candidates: np.ndarray, batch_size: int = 256) -> np.ndarray:
@@ -156,40 +165,64 @@ def retokenizes(conversations, ids: list[int], expected: list[int]) -> bool:
     return conversations.token_ids([text])[0] == expected
 
 
-def sample_candidates(current: np.ndarray, grad: np.ndarray, cfg: GCGConfig, rng: np.random.Generator,
-                      embed: np.ndarray | None) -> np.ndarray:
-    """Candidate responses [W, N]; `grad` is d loss / d one_hot with disallowed ids at +inf."""
-    score = grad.copy()
-    if embed is not None and cfg.embed_reg > 0:
-        # |e - c| from norms and one matmul: never materializes [N, V, hidden]
-        sq = (embed**2).sum(-1)[None, :] + (embed[current] ** 2).sum(-1)[:, None] - 2.0 * embed[current] @ embed.T
-        dist = np.sqrt(np.maximum(sq, 0.0))
-        score = score + cfg.embed_reg * dist / (dist.mean() + 1e-9)
-    n, v = score.shape
-    # Never past the allowed tokens: with --topk above their number, argsort would reach the banned
-    # ones (their score is +inf) and sample them.
-    k = min(cfg.topk, int(np.isfinite(score).sum(axis=1).min()))
+@jax.jit
+def swap_scores(loss_grad: jax.Array, banned: jax.Array, current: jax.Array, embed: jax.Array | None,
+                embed_reg: float) -> jax.Array:
+    """How much each swap (position, token) is expected to lower the loss, lower is better: the loss gradient
+    [N, V], plus the Faster-GCG embedding-distance penalty when `embed` is given; banned and non-finite
+    swaps at +inf. |e - c| comes from norms and one matmul: [N, V, hidden] is never built."""
+    score = jnp.where(jnp.isfinite(loss_grad), loss_grad, jnp.inf)
+    if embed is not None:
+        here = embed[current]
+        sq = (embed**2).sum(-1)[None, :] + (here**2).sum(-1)[:, None] - 2.0 * here @ embed.T
+        dist = jnp.sqrt(jnp.maximum(sq, 0.0))
+        score = score + embed_reg * dist / (dist.mean() + 1e-9)
+    return jnp.where(banned[None, :], jnp.inf, score)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _best_swaps(score: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """Per position, the k most loss-decreasing tokens [N, k] and their scores (lowest first)."""
+    neg, top = jax.lax.top_k(-score, k)
+    return top, -neg
+
+
+@functools.partial(jax.jit, static_argnames=("width", "n_replace"))
+def _random_swaps(current: jax.Array, top: jax.Array, key: jax.Array, width: int, n_replace: int) -> jax.Array:
+    """`width` candidates, each `current` with `n_replace` distinct positions set to one of their top-k tokens."""
+    n, k = top.shape
+    where_key, which_key = jax.random.split(key)
+    positions = jnp.argsort(jax.random.uniform(where_key, (width, n)), axis=1)[:, :n_replace]
+    choice = jax.random.randint(which_key, (width, n_replace), 0, k)
+    return jnp.tile(current, (width, 1)).at[jnp.arange(width)[:, None], positions].set(top[positions, choice])
+
+
+def sample_candidates(current: np.ndarray, score: jax.Array, cfg: GCGConfig, key: jax.Array) -> np.ndarray:
+    """Candidate responses [W, N] from `swap_scores` (on the device: only the top-k swaps or the candidates
+    come back to the host, never the [N, V] scores)."""
+    n = len(current)
+    # Never past the allowed tokens: with --topk above their number, top-k would reach banned ones (+inf).
+    k = min(cfg.topk, int(jnp.isfinite(score).sum(axis=1).min()))
     if k == 0:
         return np.zeros((0, n), current.dtype)
-    top = np.argsort(score, axis=1)[:, :k]  # most loss-decreasing tokens per position
+    top, top_scores = _best_swaps(score, k)
     if cfg.selection == "greedy":
-        return _greedy_candidates(current, score, top, cfg)
-    cands = np.repeat(current[None], cfg.search_width, axis=0)
-    for c in cands:
-        positions = rng.choice(n, size=min(cfg.n_replace, n), replace=False)
-        c[positions] = top[positions, rng.integers(0, k, size=len(positions))]
-    return cands
+        return _greedy_candidates(current, to_host(top), to_host(top_scores), cfg)
+    cands = _random_swaps(jnp.asarray(current, jnp.int32), top, key, cfg.search_width, min(cfg.n_replace, n))
+    return to_host(cands).astype(current.dtype)
 
 
-def _greedy_candidates(current: np.ndarray, score: np.ndarray, top: np.ndarray, cfg: GCGConfig) -> np.ndarray:
+def _greedy_candidates(current: np.ndarray, top: np.ndarray, top_scores: np.ndarray, cfg: GCGConfig) -> np.ndarray:
     """Deterministic candidates: the i-th best single swap (by gradient), plus, up to `n_replace` positions,
     the best swap at each of the positions whose best swap scores best (so the stall fallback's larger
     n_replace gives new candidates, not the same single swaps again)."""
     n, k = top.shape
-    pos, rank = np.unravel_index(np.argsort(score[np.arange(n)[:, None], top], axis=None), (n, k))
+    pos, rank = np.unravel_index(np.argsort(top_scores, axis=None, kind="stable"), (n, k))
     # Per position, its best token that is not the current one, and positions by that swap's score.
-    alt = np.where(top[:, 0] != current, top[:, 0], top[:, min(1, k - 1)])
-    by_score = np.argsort(score[np.arange(n), alt], kind="stable")
+    second = min(1, k - 1)
+    differs = top[:, 0] != current
+    alt = np.where(differs, top[:, 0], top[:, second])
+    by_score = np.argsort(np.where(differs, top_scores[:, 0], top_scores[:, second]), kind="stable")
     cands, seen = [], set()
     for p, r in zip(pos, rank, strict=True):
         c = current.copy()
@@ -212,9 +245,14 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     lead = targets[0].model
     vocab = min(t.model.config.vocab_size for t in targets)
     banned = disallowed_ids(lead.tokenizer, vocab, cfg.allow_special, cfg.allow_non_ascii)
-    embed = to_host(nn.get(lead.params, "embed.embedding")).astype(np.float32)[:vocab] if cfg.embed_reg > 0 else None
+    banned_on_device = jnp.asarray(banned)
+    embed = nn.get(lead.params, "embed.embedding")[:vocab].astype(jnp.float32) if cfg.embed_reg > 0 else None
+    key = jax.random.key(cfg.seed)
     checks = _retokenization_checks(targets, cfg)
-    inits = [_init_ids(lead, text, cfg, banned, rng, checks) for text in (cfg.init or ("",))]
+    seeds = _seeds(cfg, checks, banned) if cfg.init_from else []
+    texts = cfg.init or (() if seeds else ("",))
+    inits = seeds + [ids for ids in (_init_ids(lead, text, cfg, banned, rng, checks) for text in texts)
+                     if ids not in seeds]
     init_arr = np.asarray(inits)
     eval_batch = min(cfg.eval_batch_size, cfg.search_width)  # one batch shape: one compilation
     dropped = 0
@@ -244,17 +282,17 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
         # buffer entries, swapping more positions at a time (the history forbids going back).
         for attempt in range(min(len(buffer), 4)):
             current = np.asarray(buffer[attempt][1])
-            grad = -sign * np.mean([reward_gradient(t, current)[:, :vocab] for t in targets], axis=0)
-            if not np.isfinite(grad).all():
-                if not cfg.allow_nonfinite:
-                    raise NonFiniteError(
-                        f"the reward's gradient for response ids {current.tolist()} is NaN/Inf at "
-                        f"{int((~np.isfinite(grad)).sum())} (position, token) entries{_explain(targets, current)}. "
-                        f"Fix the model, or {finite.ALLOW_HINT}.")
-                grad = np.where(np.isfinite(grad), grad, np.inf)  # never pick a swap with no gradient
-            grad[:, banned] = np.inf
+            grad = _mean_on_device([_device_gradient(t, current)[:, :vocab] for t in targets]) * -sign
+            nonfinite = int(jnp.sum(~jnp.isfinite(grad)))
+            if nonfinite and not cfg.allow_nonfinite:
+                raise NonFiniteError(
+                    f"the reward's gradient for response ids {current.tolist()} is NaN/Inf at {nonfinite} "
+                    f"(position, token) entries{_explain(targets, current)}. Fix the model, or {finite.ALLOW_HINT}.")
+            # never a banned swap, nor one with no gradient
+            score = swap_scores(grad, banned_on_device, jnp.asarray(current), embed, cfg.embed_reg)
             step_cfg = dataclasses.replace(cfg, n_replace=min(cfg.num_tokens, cfg.n_replace + attempt))
-            cands = _filter(sample_candidates(current, grad, step_cfg, rng, embed), checks, cfg, seen)
+            step_key = jax.random.fold_in(key, step * 4 + attempt)
+            cands = _filter(sample_candidates(current, score, step_cfg, step_key), checks, cfg, seen)
             if len(cands):
                 break
         if len(cands):
@@ -279,6 +317,13 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     best_loss, best_ids = buffer[0]
     return GCGResult(best_ids, _decode(lead, best_ids), -sign * best_loss, history,
                      [(-sign * loss, ids) for loss, ids in buffer], time.perf_counter() - start, dropped)
+
+
+def _mean_on_device(grads: list[jax.Array]) -> jax.Array:
+    """The mean of the targets' gradients where the first one lives (models may sit on different devices)."""
+    if len(grads) == 1:
+        return grads[0]
+    return sum(jax.device_put(g, grads[0].sharding) for g in grads) / len(grads)
 
 
 def _explain(targets: list[Target], ids: np.ndarray) -> str:
@@ -310,6 +355,32 @@ def _init_ids(model: Model, text: str, cfg: GCGConfig, banned: np.ndarray, rng, 
     raise UsageError(f"{what} does not come out of a real conversation as {cfg.num_tokens} tokens (decode -> "
                      "template -> tokenize gives other ids, or fewer tokens); give --init a response of exactly "
                      f"--num_tokens={cfg.num_tokens} tokens that survives the template, or --noretokenize_filter.")
+
+
+def _seeds(cfg: GCGConfig, checks, banned: np.ndarray) -> list[list[int]]:
+    """The best `buffer_size` sequences of --init_from with --num_tokens tokens in --direction that GCG could
+    itself reach (allowed tokens, surviving the re-tokenization filter), best first."""
+    path = Path(cfg.init_from)
+    if not path.is_file() or not results.is_beam_csv(path):
+        raise UsageError(f"--init_from={path}: not a beam result CSV (python -m experiments.beam writes one).")
+    df = results.read_beam_csv(path)
+    rows = df[(df.depth == cfg.num_tokens) & (df.direction == cfg.direction)].sort_values("rank")
+    if rows.empty:
+        have = sorted({(int(d), str(r)) for d, r in zip(df.depth, df.direction, strict=True)})
+        raise UsageError(f"--init_from={path} has no {cfg.direction} sequences of --num_tokens={cfg.num_tokens} "
+                         f"tokens (it has depth/direction {have}); run the beam with --depth={cfg.num_tokens}.")
+    seeds = []
+    for ids in rows.ids:
+        ids = [int(i) for i in ids]
+        if not banned[ids].any() and all(_survives(check, ids) for check in checks):
+            seeds.append(ids)
+        if len(seeds) == cfg.buffer_size:
+            break
+    if not seeds:
+        raise UsageError(f"--init_from={path}: none of its {len(rows)} {cfg.direction} sequences of {cfg.num_tokens} "
+                         "tokens is one GCG may search (banned tokens, or they do not survive decode -> template -> "
+                         "tokenize); widen the beam's --top, or pass --noretokenize_filter / --allow_special.")
+    return seeds
 
 
 def _retokenization_checks(targets: list[Target], cfg: GCGConfig) -> list[tuple[Conversations, Target]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import sys
 from pathlib import Path
 
@@ -17,8 +18,17 @@ from rmjax.loading.fingerprint import model_fingerprint
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
                  cfg: GCGConfig) -> dict:
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
+    if cfg.init_from:  # the seeds are the file's content, not its name
+        config["init_from"] = {"path": cfg.init_from, "sha1": _file_sha1(cfg.init_from)}
     return {"job": "gcg", "models": list(model_fingerprints), "dtype": dtype, "output_column": int(output_column),
             "prompts": dict(prompts), "config": config}
+
+
+def _file_sha1(path: str) -> str | None:
+    try:
+        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None  # gcg() names the missing file
 
 
 def steps_path(out: str | Path) -> Path:

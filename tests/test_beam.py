@@ -171,3 +171,54 @@ def test_vocab_file_and_user_errors(rm_folder, tmp_path):
                            f"--vocab_file={words}"), "--token_ids or --vocab_file")
     cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--out={tmp_path / 'x.csv'}",
                            f"--vocab_file={tmp_path / 'missing.txt'}"), "missing.txt")
+
+
+def _tau_b(x: list[float], y: list[float]) -> float:
+    """Kendall tau-b by counting every pair (independent of scipy)."""
+    concordant = discordant = ties_x = ties_y = 0
+    for i, j in itertools.combinations(range(len(x)), 2):
+        dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+        if dx == 0 and dy == 0:
+            continue
+        if dx == 0:
+            ties_x += 1
+        elif dy == 0:
+            ties_y += 1
+        elif dx == dy:
+            concordant += 1
+        else:
+            discordant += 1
+    return (concordant - discordant) / np.sqrt((concordant + discordant + ties_x) * (concordant + discordant + ties_y))
+
+
+def test_analyze_reads_beam_results(model, tmp_path):
+    """experiments.analyze --scores takes beam CSVs: top/bottom tables per depth and the cross-model Kendall tau on
+    the sequences both models found, aligned by decoded string."""
+    import pandas as pd
+
+    from rmjax.analysis.config import AnalysisConfig
+    from rmjax.analysis.report import run_analyses
+
+    other_folder = tmp_path / "other"
+    tiny.save_reward_model_with_tokenizer(other_folder, seed=5)
+    other = load(str(other_folder))
+    s = _candidates(6, seed=4)
+    cfg = BeamConfig(depth=2, top=36, exhaustive=True)
+    paths = []
+    for name, m in (("a", model), ("b", other)):
+        paths.append(tmp_path / f"{name}.csv")
+        run_beam(m, {"greatest": PROMPTS["greatest"]}, cfg, s, out=paths[-1], batch_size=8)
+    report = run_analyses(AnalysisConfig(scores=tuple(map(str, paths)), models_yaml="", frequencies="", top=5),
+                          tmp_path / "analysis", echo=False)
+    names = report["tables"]
+    tau = pd.read_csv(names["beam_kendall_tau_depth2_greatest"]).set_index("model")
+    frames = [results.read_beam_csv(p) for p in paths]
+    per_model = [f[f.depth == 2].groupby("decoded")["greatest"].max() for f in frames]
+    common = sorted(set(per_model[0].index) & set(per_model[1].index))
+    assert len(common) >= 30  # both exhaustive over the same set: (nearly) every string is shared
+    want = _tau_b([per_model[0][c] for c in common], [per_model[1][c] for c in common])
+    labels = list(tau.index)
+    assert tau.loc[labels[0], labels[1]] == pytest.approx(want, abs=1e-9)
+    top = pd.read_csv(names[f"beam_{labels[0]}_depth2_optimal"], keep_default_na=False)
+    assert len(top) == 5 and list(top["rank"]) == [1, 2, 3, 4, 5]
+    assert top["mean"].is_monotonic_decreasing

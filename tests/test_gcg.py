@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import numpy as np
@@ -141,14 +140,18 @@ def test_gcg_entry_point_writes_results(tmp_path):
 
 def test_embed_reg_uses_true_embedding_distances():
     """Greedy swaps with the embedding-distance penalty equal a brute-force [N, V, H] computation."""
-    from rmjax.gcg import sample_candidates
+    import jax
+
+    from rmjax.gcg import sample_candidates, swap_scores
 
     rng = np.random.default_rng(0)
     embed = rng.normal(size=(50, 8)).astype(np.float32)
     current = np.array([3, 17, 42])
     grad = rng.normal(size=(3, 50)).astype(np.float32)
     cfg = GCGConfig(num_tokens=3, selection="greedy", embed_reg=0.7, topk=10, search_width=6)
-    got = sample_candidates(current, grad, cfg, rng, embed)
+    no_ban = np.zeros(50, bool)
+    key = jax.random.key(0)
+    got = sample_candidates(current, swap_scores(grad, no_ban, current, embed, 0.7), cfg, key)
     dist = np.linalg.norm(embed[None, :, :] - embed[current][:, None, :], axis=-1)
     score = grad + 0.7 * dist / dist.mean()
     best = sorted((score[p, v], p, v) for p in range(3) for v in range(50))[:6]
@@ -156,13 +159,18 @@ def test_embed_reg_uses_true_embedding_distances():
     for row, (_, p, v) in enumerate(best):
         want[row, p] = v
     np.testing.assert_array_equal(got, want)
-    plain = sample_candidates(current, grad, dataclasses.replace(cfg, embed_reg=0.0), rng, embed)
+    # (the norm expansion's rounding: |e - e| comes out ~1e-3, not 0, at the current token)
+    np.testing.assert_allclose(np.asarray(swap_scores(grad, no_ban, current, embed, 0.7)), score, rtol=0,
+                               atol=1e-3)
+    plain = sample_candidates(current, swap_scores(grad, no_ban, current, None, 0.0), cfg, key)
     assert not np.array_equal(got, plain)  # the penalty changes the choice
 
 
 def test_greedy_selection_swaps_n_replace_positions():
     """Issue 14: --selection=greedy made single swaps whatever n_replace, so the stall fallback (which raises
     n_replace) produced the same candidates again."""
+    import jax
+
     from rmjax.gcg import sample_candidates
 
     rng = np.random.default_rng(0)
@@ -170,7 +178,7 @@ def test_greedy_selection_swaps_n_replace_positions():
     grad = rng.normal(size=(4, 50)).astype(np.float32)
     for n_replace in (1, 2, 3):
         cfg = GCGConfig(num_tokens=4, search_width=20, topk=8, n_replace=n_replace, selection="greedy")
-        cands = sample_candidates(current, grad, cfg, rng, None)
+        cands = sample_candidates(current, jax.numpy.asarray(grad), cfg, jax.random.key(0))
         changed = (cands != current).sum(axis=1)
         assert (changed == n_replace).all(), (n_replace, changed)
         assert len({tuple(c) for c in cands.tolist()}) == len(cands)  # deterministic, and no repeats
@@ -211,3 +219,62 @@ def test_start_and_every_target_pass_the_retokenization_filter(tmp_path):
         conv = Conversations(t.model.tokenizer, prompt)
         for h in res.history:
             assert conv.token_ids([h["text"]])[0] == [*t.prefix, *h["ids"], *t.suffix], (t.model.source, h["text"])
+
+
+def test_random_candidates_come_from_the_top_k_on_the_device():
+    """Issue 14: top-k and sampling run on the device; every candidate swaps n_replace distinct positions, each to
+    one of that position's k best tokens by an independent numpy argsort, never to a banned token."""
+    import jax
+
+    from rmjax.gcg import sample_candidates, swap_scores
+
+    rng = np.random.default_rng(1)
+    current = np.asarray([5, 6, 7, 8, 9], np.int32)
+    grad = rng.normal(size=(5, 300)).astype(np.float32)
+    banned = np.zeros(300, bool)
+    banned[np.argsort(grad, axis=1)[:, :3].ravel()] = True  # the three best tokens of every position are banned
+    grad[0, 10] = np.nan  # no gradient: never chosen
+    masked = np.where(banned[None] | ~np.isfinite(grad), np.inf, grad)
+    allowed_top = np.argsort(masked, axis=1)[:, :7]
+    for n_replace in (1, 3):
+        cfg = GCGConfig(num_tokens=5, search_width=64, topk=7, n_replace=n_replace)
+        cands = sample_candidates(current, swap_scores(grad, banned, current, None, 0.0), cfg, jax.random.key(3))
+        assert cands.shape == (64, 5)
+        for c in cands:
+            changed = np.flatnonzero(c != current)
+            assert len(changed) <= n_replace  # a swap may pick the current token back
+            for p in changed:
+                assert c[p] in allowed_top[p] and not banned[c[p]]
+        assert (cands != current).sum(1).max() == n_replace
+        assert len({tuple(c) for c in cands.tolist()}) > 20  # sampled (35 single swaps exist), not one repeated
+
+
+def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
+    """Issue 14: --init_from=BEAM_CSV seeds the buffer with the beam's best sequences of --num_tokens tokens (those
+    GCG may reach): after one step the beam's best is in the buffer, or GCG found better (full-forward rewards)."""
+    from rmjax import results
+    from rmjax.beam import BeamConfig, run_beam
+    from rmjax.errors import UsageError
+
+    model = load(str(rm_folder))
+    words = [" cat", " dog", " house", " sun", " love", " war", " tree", " music"]
+    s = [model.tokenizer(w, add_special_tokens=False).input_ids[0] for w in words]
+    out = tmp_path / "beam.csv"
+    prompt = "What, in one word, is the greatest thing ever?"
+    run_beam(model, {"p": prompt}, BeamConfig(depth=2, top=8, exhaustive=True), np.asarray(s), out=out, batch_size=8)
+    df = results.read_beam_csv(out)
+    target = make_target(model, prompt)
+    for direction, sign in (("optimal", 1.0), ("pessimal", -1.0)):
+        row = df[(df.depth == 2) & (df.direction == direction)].iloc[0]
+        cfg = GCGConfig(num_tokens=2, steps=1, search_width=8, topk=4, buffer_size=4, init_from=str(out),
+                        direction=direction, seed=0)
+        res = gcg([target], cfg)
+        full = _full_rewards(model, np.asarray([res.best_ids, list(row.ids)]), target.prefix, target.suffix)
+        assert res.best_reward == pytest.approx(full[0], abs=1e-5)
+        assert row.p == pytest.approx(full[1], abs=1e-5)
+        assert list(row.ids) in [ids for _, ids in res.buffer] or sign * (res.best_reward - row.p) > 0
+        assert " x" not in res.history[0]["text"]  # the default start is not added to the seeds
+    with pytest.raises(UsageError, match="no optimal sequences of --num_tokens=3"):
+        gcg([target], GCGConfig(num_tokens=3, steps=1, init_from=str(out)))
+    with pytest.raises(UsageError, match="--init_from=.*must be an existing beam result CSV"):
+        GCGConfig(init_from=str(tmp_path / "missing.csv"))

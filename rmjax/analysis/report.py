@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from rmjax import locks, results
-from rmjax.analysis import bigtwo, data, lexicons, paper1, plots, stats
+from rmjax.analysis import beams, bigtwo, data, lexicons, paper1, plots, stats
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
 from rmjax.analysis.config import AnalysisConfig
@@ -280,8 +280,11 @@ def _sections(outputs: Outputs, cfg: AnalysisConfig) -> None:
     if cfg.roundtrip_only:
         outputs.say("Score tables restricted to tokens whose token-mode sequence a real conversation produces "
                     "(roundtrip = 1).", "")
-    if cfg.scores:
-        tables = data.load_score_tables(cfg.scores, metadata, cfg.roundtrip_only)
+    score_paths, beam_paths = beams.split_paths(data.expand_paths(cfg.scores)) if cfg.scores else ([], [])
+    if beam_paths:
+        beams.beam_section(outputs, beams.load_beam_tables(beam_paths, metadata), cfg.top)
+    if score_paths:
+        tables = data.load_score_tables(score_paths, metadata, cfg.roundtrip_only)
         afinn = _load_optional(outputs, "sentiment and frequency", lexicons.load_afinn)
         frequencies = None
         if cfg.frequencies and Path(cfg.frequencies).is_file():

@@ -1,0 +1,91 @@
+"""Beam / exhaustive N-token results (rmjax.beam) in the analysis: best and worst sequences per model and depth,
+and how models agree on the sequences they share, aligned by decoded string (tokenizers differ)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from rmjax import results
+from rmjax.analysis import data
+from rmjax.analysis.outputs import Outputs, markdown
+from rmjax.errors import InputFileError
+
+
+@dataclass(frozen=True)
+class BeamTable:
+    model: str
+    frame: pd.DataFrame  # depth, direction, rank, ids, tokens, decoded, <prompts>
+    path: Path
+
+    @property
+    def prompts(self) -> list[str]:
+        return results.value_columns(self.frame)
+
+
+def split_paths(paths: Sequence[Path]) -> tuple[list[Path], list[Path]]:
+    """(score tables, beam results) among the --scores files."""
+    beams = [p for p in paths if results.is_beam_csv(p)]
+    return [p for p in paths if p not in beams], beams
+
+
+def load_beam_tables(paths: Sequence[Path], metadata: pd.DataFrame | None) -> list[BeamTable]:
+    tables = []
+    for path in paths:
+        frame = results.read_beam_csv(path)
+        values = frame[results.value_columns(frame)].to_numpy(np.float64)
+        if not np.isfinite(values).all():
+            raise InputFileError(f"{path}: NaN/Inf scores (written with --allow_nonfinite); rerun the beam.")
+        tables.append(BeamTable(data.model_label(data.source_name(path), metadata), frame, path))
+    return tables
+
+
+def scores_by_string(table: BeamTable, depth: int, prompt: str) -> pd.Series:
+    """decoded string -> score at `depth` (both directions; the best score where two id sequences decode alike)."""
+    rows = table.frame[table.frame.depth == depth]
+    return rows.groupby("decoded")[prompt].max()
+
+
+def tau_between(tables: Sequence[BeamTable], depth: int, prompt: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Kendall tau-b of every model pair on the strings both found (NaN under 3 shared), and how many they share."""
+    labels = [t.model for t in tables]
+    series = [scores_by_string(t, depth, prompt) for t in tables]
+    tau = pd.DataFrame(np.eye(len(tables)), index=labels, columns=labels)
+    shared = pd.DataFrame(np.diag([len(s) for s in series]), index=labels, columns=labels)
+    for i, j in itertools.combinations(range(len(tables)), 2):
+        common = series[i].index.intersection(series[j].index)
+        shared.iloc[i, j] = shared.iloc[j, i] = len(common)
+        value = (scipy_stats.kendalltau(series[i][common], series[j][common], variant="b").statistic
+                 if len(common) >= 3 else np.nan)
+        tau.iloc[i, j] = tau.iloc[j, i] = value
+    return tau, shared
+
+
+def beam_section(outputs: Outputs, tables: list[BeamTable], top: int) -> None:
+    outputs.say("## N-token results (beam / exhaustive)", "")
+    for table in tables:
+        slug = data.slugify(table.model)
+        frame = table.frame.assign(mean=table.frame[table.prompts].mean(axis=1))
+        for (depth, direction), part in frame.groupby(["depth", "direction"], sort=True):
+            shown = part.sort_values("rank").head(top)[["rank", "decoded", "mean", *table.prompts]]
+            outputs.table(f"beam_{slug}_depth{depth}_{direction}", shown)
+            outputs.say(f"{table.model}, {depth} tokens, {direction} (mean over prompts):", "",
+                        markdown(shown[["rank", "decoded", "mean"]].head(min(top, 10))), "")
+    if len(tables) < 2:
+        outputs.skip("beam Kendall tau: needs beam results of >= 2 models.")
+        return
+    prompts = [p for p in tables[0].prompts if all(p in t.prompts for t in tables)]
+    depths = sorted(set.intersection(*(set(t.frame.depth) for t in tables)))
+    for depth, prompt in itertools.product(depths, prompts):
+        tau, shared = tau_between(tables, depth, prompt)
+        name = f"beam_kendall_tau_depth{depth}_{data.slugify(prompt)}"
+        outputs.matrix(name, tau)
+        outputs.matrix(name + "_shared", shared)
+        outputs.say(f"Kendall tau-b between models on the {depth}-token sequences both found for {prompt!r} "
+                    "(aligned by decoded string; shared counts beside it):", "", markdown(tau), "")
