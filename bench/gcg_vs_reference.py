@@ -4,8 +4,9 @@ The model is the default reward model `elo-rm-smollm2-135m` (SmolLM2-135M backbo
 head), exported once as a Hugging Face folder so transformers runs exactly the same weights.
 The PyTorch step is the nanoGCG recipe without a prefix cache (as in the reference fork): gradient
 of the reward w.r.t. the one-hot response through inputs_embeds over the whole conversation,
-top-k per position, `search_width` random single swaps, all evaluated as full sequences. Both
-sides run with the retokenization filter off and the same candidate sampling.
+top-k per position, `search_width` random single swaps, all evaluated as full sequences; its [N, V]
+gradient is argsorted on the host. rmjax keeps the gradient on the device (top-k and sampling there).
+Both sides run with the retokenization filter off; their random swaps come from different generators.
 
 python bench/gcg_vs_reference.py [--steps=5] [--num_tokens=8] [--search_width=128] [--topk=64]
 """
@@ -92,14 +93,8 @@ def run_torch(tg: TorchGCG, init: np.ndarray, banned: np.ndarray, args) -> tuple
     return float(np.median(times)), best, times
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--num_tokens", type=int, default=8)
-    ap.add_argument("--search_width", type=int, default=128)
-    ap.add_argument("--topk", type=int, default=64)
-    args = ap.parse_args()
-
+def measure(steps: int = 5, num_tokens: int = 8, search_width: int = 128, topk: int = 64) -> dict:
+    """Median step times of both (rmjax after its compiling step) and the best rewards they reach."""
     from rmjax.gcg import GCGConfig, disallowed_ids, gcg, make_target
     from rmjax.loading import load
     from rmjax.loading.registry import cache_dir
@@ -107,24 +102,36 @@ def main() -> None:
     folder = exported_model(cache_dir() / "bench" / "elo-rm-smollm2-135m-hf")
     model = load(str(folder))
     target = make_target(model, PROMPT)
-    cfg = GCGConfig(num_tokens=args.num_tokens, steps=args.steps + 1, search_width=args.search_width,
-                    topk=args.topk, n_replace=1, retokenize_filter=False, forbid_revisits=False, seed=0)
+    cfg = GCGConfig(num_tokens=num_tokens, steps=steps + 1, search_width=search_width, topk=topk, n_replace=1,
+                    retokenize_filter=False, forbid_revisits=False, seed=0)
     res = gcg([target], cfg)  # step 1 includes compilation
     step_times = np.diff([0.0] + [h["seconds"] for h in res.history])[1:]
-    ours = float(np.median(step_times))
-
     banned = disallowed_ids(model.tokenizer, model.config.vocab_size, False, False)
-    init = np.asarray(model.tokenizer(" x" * args.num_tokens, add_special_tokens=False).input_ids[: args.num_tokens])
+    init = np.asarray(model.tokenizer(" x" * num_tokens, add_special_tokens=False).input_ids[:num_tokens])
     tg = TorchGCG(folder, target.prefix, target.suffix)
+    args = argparse.Namespace(steps=steps, search_width=search_width, topk=topk)
     theirs, their_best, _ = run_torch(tg, init, banned, args)
-    ours_best_after = res.history[args.steps - 1]["reward"]
-    print(f"model: elo-rm-smollm2-135m (f32), prompt prefix {len(target.prefix)} tokens, N={args.num_tokens}, "
+    return {"prefix": len(target.prefix), "ours": float(np.median(step_times)), "theirs": theirs,
+            "ours_best": res.history[steps - 1]["reward"], "their_best": their_best,
+            "start": float(tg.rewards(init[None])[0])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--num_tokens", type=int, default=8)
+    ap.add_argument("--search_width", type=int, default=128)
+    ap.add_argument("--topk", type=int, default=64)
+    args = ap.parse_args()
+    m = measure(args.steps, args.num_tokens, args.search_width, args.topk)
+    print(f"model: elo-rm-smollm2-135m (f32), prompt prefix {m['prefix']} tokens, N={args.num_tokens}, "
           f"search_width={args.search_width}, topk={args.topk}, n_replace=1, 2 CPU cores")
-    print(f"PyTorch GCG step (transformers, no prefix cache): {theirs:.2f} s (median of {args.steps})")
-    print(f"rmjax GCG step (jit, prefix cache):               {ours:.2f} s (median of {args.steps}, after compile)")
-    print(f"speed-up: {theirs / ours:.1f}x")
-    print(f"best reward after {args.steps} steps: rmjax {ours_best_after:.4f}, PyTorch {their_best:.4f} "
-          f"(start {float(tg.rewards(init[None])[0]):.4f})")
+    print(f"PyTorch GCG step (transformers, no prefix cache): {m['theirs']:.2f} s (median of {args.steps})")
+    print(f"rmjax GCG step (jit, prefix cache):               {m['ours']:.2f} s (median of {args.steps}, after "
+          "compile)")
+    print(f"speed-up: {m['theirs'] / m['ours']:.1f}x")
+    print(f"best reward after {args.steps} steps: rmjax {m['ours_best']:.4f}, PyTorch {m['their_best']:.4f} "
+          f"(start {m['start']:.4f})")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ def build_model(folder: Path) -> Path:
 
 
 def reference_scores(folder: Path, prompt: str, tokens: np.ndarray, batch: int = 64) -> tuple[np.ndarray, float]:
+    """The published pipeline's scores and seconds; `tokens` [n] (one-token responses) or [n, d] (d-token ones)."""
     import torch
     import transformers
 
@@ -66,7 +67,8 @@ def reference_scores(folder: Path, prompt: str, tokens: np.ndarray, batch: int =
     start = time.perf_counter()
     for s in range(0, len(tokens), batch):
         texts = [tok.apply_chat_template([{"role": "user", "content": prompt},
-                                          {"role": "assistant", "content": tok.decode([int(t)])}], tokenize=False)
+                                          {"role": "assistant", "content": tok.decode(np.atleast_1d(t).tolist())}],
+                                         tokenize=False)
                  for t in tokens[s : s + batch]]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():

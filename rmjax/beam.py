@@ -29,7 +29,7 @@ from rmjax.distributed import barrier, is_main
 from rmjax.errors import UsageError
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.prefix import cache_row, prefill_prefixes, score_responses
+from rmjax.prefix import cache_row, extend_prefix, score_responses
 from rmjax.progress import Progress
 from rmjax.sweep import candidate_ids, open_store, prepare_prompt
 
@@ -136,15 +136,18 @@ def _units(cfg: BeamConfig, depth: int, candidates: np.ndarray, kept: dict[str, 
 
 
 def _partial_caches(model: Model, contexts, units: np.ndarray) -> Iterator[tuple[int, list]]:
-    """(unit index, one batch-1 cache per prompt) for every partial, PREFILL_ROWS partials per forward."""
-    rows = batching.round_up(PREFILL_ROWS, model.mesh)
+    """(unit index, one batch-1 cache per prompt) for every partial: each prompt's cache extended by
+    PREFILL_ROWS partials per forward (their d−1 positions only; the prompt is never recomputed)."""
+    if units.shape[1] == 0:  # depth 1: the prompt's own cache
+        yield 0, [ctx.cache for ctx in contexts]
+        return
+    rows = batching.round_up(min(PREFILL_ROWS, len(units)), model.mesh)
     for start in range(0, len(units), rows):
         group = units[start : start + rows]
-        caches = [ctx.cache if units.shape[1] == 0 else
-                  prefill_prefixes(model, [[*ctx.split.prefix, *u] for u in group.tolist()], rows)
-                  for ctx in contexts]
+        padded = np.concatenate([group, np.repeat(group[-1:], rows - len(group), axis=0)])
+        caches = [extend_prefix(model, ctx.cache, padded) for ctx in contexts]
         for i in range(len(group)):
-            yield start + i, [c if units.shape[1] == 0 else cache_row(model, c, i) for c in caches]
+            yield start + i, [cache_row(model, c, i) for c in caches]
 
 
 def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray, *,

@@ -7,7 +7,6 @@ prefix cache with K/V heads over `model`, candidate rows and their rewards over 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,16 +27,17 @@ PREFIX_BUCKET = 32  # prefixes are left-padded to a multiple of this: one compil
 def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> nn.KVCache:
     """KV cache of one prefix (batch 1), left-padded to a bucket so prompts share a compilation."""
     require_pattern(model.config.head, prefix, model.source)
-    return prefill_prefixes(model, [prefix])
+    width = batching.bucket(len(prefix), PREFIX_BUCKET)
+    ids, mask = replicated(batching.pad_rows([prefix], width, side="left"), model.mesh)
+    return _prefill(model.config, model.mesh, width)(_declared(model), ids, mask)
 
 
-def prefill_prefixes(model: Model, prefixes: Sequence[Sequence[int]], rows: int | None = None) -> nn.KVCache:
-    """KV caches of several prefixes in one forward (batch `rows`, default len(prefixes); extra rows are
-    padding), each left-padded to one bucket; `cache_row` takes one out for scoring (rmjax.beam)."""
-    width = batching.bucket(max(len(p) for p in prefixes), PREFIX_BUCKET)
-    rows = len(prefixes) if rows is None else rows
-    ids, mask = replicated(batching.pad_rows(prefixes, width, side="left", num_rows=rows), model.mesh)
-    return _prefill(model.config, model.mesh, rows, width)(_declared(model), ids, mask)
+def extend_prefix(model: Model, cache: nn.KVCache, continuations: np.ndarray) -> nn.KVCache:
+    """Caches of a batch-1 prefix followed by each row of `continuations` [R, d] (rmjax.beam's partial responses):
+    one forward of R x d new positions against the shared prefix, no prefix recomputed; [R] rows, width + d."""
+    rows, new = continuations.shape
+    extend = _extend(model.config, model.mesh, cache.k.shape[2], rows, new)
+    return extend(_declared(model), cache, replicated(np.asarray(continuations, np.int32), model.mesh))
 
 
 def cache_row(model: Model, cache: nn.KVCache, row: int) -> nn.KVCache:
@@ -54,15 +54,38 @@ def _declared(model: Model) -> nnx.State:
 
 
 @functools.lru_cache(maxsize=32)
-def _prefill(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, rows: int, width: int):
+def _prefill(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, width: int):
     def prefill(params, ids, mask):
         return nn.module(params, cfg).prefill(ids, mask)
 
     if mesh is None:
         return jax.jit(prefill)
-    replicated_rows = NamedSharding(mesh, PartitionSpec())
-    return _under_mesh(jax.jit(prefill, in_shardings=(nn.shardings(cfg, mesh), replicated_rows, replicated_rows),
-                               out_shardings=nn.KVCache.shardings(cfg, mesh, rows, width)), mesh)
+    rows = NamedSharding(mesh, PartitionSpec())
+    return _under_mesh(jax.jit(prefill, in_shardings=(nn.shardings(cfg, mesh), rows, rows),
+                               out_shardings=nn.KVCache.shardings(cfg, mesh, 1, width)), mesh)
+
+
+@functools.lru_cache(maxsize=32)
+def _extend(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, width: int, rows: int, new: int):
+    def extend(params, cache, continuations):
+        kv = nn.module(params, cfg)(ids=continuations, cache=cache).kv
+
+        def joined(old, fresh, axis):  # the shared prefix repeated per row, then each row's new positions
+            shape = list(old.shape)
+            shape[axis] = rows
+            return jnp.concatenate([jnp.broadcast_to(old, shape), fresh], axis=axis + 1)
+
+        gate = None if cache.gate_input is None else jnp.broadcast_to(cache.gate_input, (rows, cfg.hidden_size))
+        return nn.KVCache(k=joined(cache.k, kv.k, 1), v=joined(cache.v, kv.v, 1),
+                          positions=joined(cache.positions, kv.positions, 0), valid=joined(cache.valid, kv.valid, 0),
+                          gate_input=gate)
+
+    if mesh is None:
+        return jax.jit(extend)
+    return _under_mesh(jax.jit(
+        extend, in_shardings=(nn.shardings(cfg, mesh), nn.KVCache.shardings(cfg, mesh, 1, width),
+                              NamedSharding(mesh, PartitionSpec())),
+        out_shardings=nn.KVCache.shardings(cfg, mesh, rows, width + new)), mesh)
 
 
 @functools.lru_cache(maxsize=32)
