@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmjax import chat, checks, finite, nn, results
+from rmjax.beam import read_vocab_file, words_to_ids
 from rmjax.checks import setting
 from rmjax.distributed import replicated, to_host
 from rmjax.errors import NonFiniteError, UsageError
@@ -43,6 +44,8 @@ class GCGConfig:
     forbid_revisits: bool = setting(True, "Never evaluate a sequence twice (Faster-GCG history).")
     buffer_size: int = setting(8, "Best sequences kept.")
     init: tuple[str, ...] = setting((), "Initial response strings (default ' x x x ...').")
+    vocab_file: str | None = setting(None, "Search only these tokens: a file of strings, one per line (as "
+                                     "experiments.beam --vocab_file; lines that are not one token are ignored).")
     init_from: str | None = setting(None, "A beam or exhaustive result CSV (experiments.beam): start the buffer from "
                                     "its best sequences of --num_tokens tokens in --direction (those that pass the "
                                     "re-tokenization filter), instead of the default start.")
@@ -65,6 +68,7 @@ class GCGConfig:
             "direction": checks.one_of("optimal", "pessimal"), "selection": checks.one_of("random", "greedy"),
             "template": checks.one_of("auto", "chat", "plain"),
             "init_from": (lambda v: Path(v).is_file(), "an existing beam result CSV"),
+            "vocab_file": (lambda v: Path(v).is_file(), "an existing file of candidate strings"),
         })
 
 
@@ -245,6 +249,8 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     lead = targets[0].model
     vocab = min(t.model.config.vocab_size for t in targets)
     banned = disallowed_ids(lead.tokenizer, vocab, cfg.allow_special, cfg.allow_non_ascii)
+    if cfg.vocab_file:
+        banned |= ~_only(lead, cfg.vocab_file, vocab)
     banned_on_device = jnp.asarray(banned)
     embed = nn.get(lead.params, "embed.embedding")[:vocab].astype(jnp.float32) if cfg.embed_reg > 0 else None
     key = jax.random.key(cfg.seed)
@@ -349,12 +355,27 @@ def _init_ids(model: Model, text: str, cfg: GCGConfig, banned: np.ndarray, rng, 
     tries = [text] if text else [" x" * cfg.num_tokens, "x" + " x" * (cfg.num_tokens - 1)]
     for attempt in tries:
         ids = model.tokenizer(attempt, add_special_tokens=False).input_ids[: cfg.num_tokens]
-        if len(ids) == cfg.num_tokens and all(_survives(check, ids) for check in checks):
+        allowed = bool(text) or not banned[ids].any()  # the default start keeps to --vocab_file's tokens too
+        if len(ids) == cfg.num_tokens and allowed and all(_survives(check, ids) for check in checks):
+            return ids
+    if not text and cfg.vocab_file:  # 'x' is not in the set: its first (e.g. most frequent) token, repeated
+        ids = [int(np.flatnonzero(~banned)[0])] * cfg.num_tokens
+        if all(_survives(check, ids) for check in checks):
             return ids
     what = f"--init {text!r}" if text else "the default start 'x x x ...'"
     raise UsageError(f"{what} does not come out of a real conversation as {cfg.num_tokens} tokens (decode -> "
                      "template -> tokenize gives other ids, or fewer tokens); give --init a response of exactly "
                      f"--num_tokens={cfg.num_tokens} tokens that survives the template, or --noretokenize_filter.")
+
+
+def _only(model: Model, path: str, vocab: int) -> np.ndarray:
+    """Boolean [V]: the single tokens of --vocab_file."""
+    ids, _ = words_to_ids(model.tokenizer, read_vocab_file(path))
+    if not len(ids):
+        raise UsageError(f"--vocab_file={path}: none of its lines is a single token of this tokenizer.")
+    allowed = np.zeros(vocab, bool)
+    allowed[ids[ids < vocab]] = True
+    return allowed
 
 
 def _seeds(cfg: GCGConfig, checks, banned: np.ndarray) -> list[list[int]]:

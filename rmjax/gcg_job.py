@@ -18,8 +18,9 @@ from rmjax.loading.fingerprint import model_fingerprint
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
                  cfg: GCGConfig) -> dict:
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
-    if cfg.init_from:  # the seeds are the file's content, not its name
-        config["init_from"] = {"path": cfg.init_from, "sha1": _file_sha1(cfg.init_from)}
+    for name in ("init_from", "vocab_file"):  # what they hold, not only their names
+        if getattr(cfg, name):
+            config[name] = {"path": getattr(cfg, name), "sha1": _file_sha1(getattr(cfg, name))}
     return {"job": "gcg", "models": list(model_fingerprints), "dtype": dtype, "output_column": int(output_column),
             "prompts": dict(prompts), "config": config}
 
