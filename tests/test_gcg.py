@@ -278,3 +278,21 @@ def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
         gcg([target], GCGConfig(num_tokens=3, steps=1, init_from=str(out)))
     with pytest.raises(UsageError, match="--init_from=.*must be an existing beam result CSV"):
         GCGConfig(init_from=str(tmp_path / "missing.csv"))
+
+
+def test_vocab_file_keeps_the_search_and_its_start_inside_the_set(rm_folder, tmp_path):
+    """GCG --vocab_file (to be judged against the beam on the same set): every sequence it reports, the default
+    start included, is made of the file's single tokens only."""
+    model = load(str(rm_folder))
+    words = [" cat", " dog", " house", " sun", " love", " war", "two words"]
+    path = tmp_path / "words.txt"
+    path.write_text("\n".join(words) + "\n", encoding="utf-8")
+    allowed = {model.tokenizer(w, add_special_tokens=False).input_ids[0] for w in words[:-1]}
+    target = make_target(model, "What, in one word, is the greatest thing ever?")
+    res = gcg([target], GCGConfig(num_tokens=3, steps=4, search_width=16, topk=4, vocab_file=str(path),
+                                  retokenize_filter=False, seed=0))
+    assert set(res.history[0]["ids"]) <= allowed
+    for h in res.history:
+        assert set(h["ids"]) <= allowed, h
+    for _, ids in res.buffer:
+        assert set(ids) <= allowed
