@@ -13,6 +13,7 @@ from rmjax import model as M
 from rmjax.beam import BeamConfig, beam_search, run_beam
 from rmjax.loading import load
 from tests import cli, tiny
+from tests.test_analysis_stats import brute_force_tau_b
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?", "worst": "Name the worst thing."}
 
@@ -173,24 +174,6 @@ def test_vocab_file_and_user_errors(rm_folder, tmp_path):
                            f"--vocab_file={tmp_path / 'missing.txt'}"), "missing.txt")
 
 
-def _tau_b(x: list[float], y: list[float]) -> float:
-    """Kendall tau-b by counting every pair (independent of scipy)."""
-    concordant = discordant = ties_x = ties_y = 0
-    for i, j in itertools.combinations(range(len(x)), 2):
-        dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
-        if dx == 0 and dy == 0:
-            continue
-        if dx == 0:
-            ties_x += 1
-        elif dy == 0:
-            ties_y += 1
-        elif dx == dy:
-            concordant += 1
-        else:
-            discordant += 1
-    return (concordant - discordant) / np.sqrt((concordant + discordant + ties_x) * (concordant + discordant + ties_y))
-
-
 def test_analyze_reads_beam_results(model, tmp_path):
     """experiments.analyze --scores takes beam CSVs: top/bottom tables per depth and the cross-model Kendall tau on
     the sequences both models found, aligned by decoded string."""
@@ -216,7 +199,7 @@ def test_analyze_reads_beam_results(model, tmp_path):
     per_model = [f[f.depth == 2].groupby("decoded")["greatest"].max() for f in frames]
     common = sorted(set(per_model[0].index) & set(per_model[1].index))
     assert len(common) >= 30  # both exhaustive over the same set: (nearly) every string is shared
-    want = _tau_b([per_model[0][c] for c in common], [per_model[1][c] for c in common])
+    want = brute_force_tau_b([per_model[0][c] for c in common], [per_model[1][c] for c in common])
     labels = list(tau.index)
     assert tau.loc[labels[0], labels[1]] == pytest.approx(want, abs=1e-9)
     top = pd.read_csv(names[f"beam_{labels[0]}_depth2_optimal"], keep_default_na=False)

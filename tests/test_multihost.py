@@ -88,3 +88,36 @@ def test_resume_across_hosts(tmp_path):
 
     np.testing.assert_allclose(b["greatest"], a["greatest"], atol=1e-5, rtol=0)
     np.testing.assert_allclose(b["worst"], a["worst"], atol=1e-5, rtol=0)
+
+
+def test_two_process_beam_equals_one(tmp_path):
+    """The beam on a data x model mesh over two processes (issue 14): the CSV equals one process's, only process 0
+    writes and reports."""
+    import numpy as np
+
+    from rmjax import results
+
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+
+    def cmd(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "experiments.beam", f"--model={folder}", "--prompts=greatest,worst",
+                f"--out={out}", "--depth=2", "--beam=4", "--top=8", "--batch_size=64", "--chunk_size=64",
+                "--token_ids=" + ",".join(map(str, range(500, 628))), *extra]
+
+    single = tmp_path / "single.csv"
+    subprocess.run(cmd(single), cwd=REPO, check=True, capture_output=True, env=env)
+    multi = tmp_path / "multi.csv"
+    port = _free_port()
+    procs = [subprocess.Popen(cmd(multi, "--mesh=data:4,model:2", f"--coordinator=127.0.0.1:{port}",
+                                  "--num_processes=2", f"--process_id={i}"),
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    assert "depth 2 optimal:" in outs[0][0] and "depth 2 optimal:" not in outs[1][0]
+    a, b = results.read_beam_csv(single), results.read_beam_csv(multi)
+    assert a[results.BEAM_KEY_COLUMNS].equals(b[results.BEAM_KEY_COLUMNS])
+    for prompt in ("greatest", "worst"):
+        np.testing.assert_allclose(b[prompt], a[prompt], atol=1e-5, rtol=0)
