@@ -28,6 +28,14 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, plus_one: bool) -> jax
     return weight * h.astype(x.dtype)
 
 
+def rms_norm_scale(x: jax.Array, weight: jax.Array, eps: float, plus_one: bool) -> jax.Array:
+    """The factor rms_norm multiplies x by, in f32: the norm linearized with its scale frozen at x (what a
+    write u to the residual adds to the normed output, u * factor: direct attribution)."""
+    h = x.astype(jnp.float32)
+    inv = jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
+    return inv * ((1.0 + weight.astype(jnp.float32)) if plus_one else weight.astype(jnp.float32))
+
+
 def softcap(x: jax.Array, cap: float | None) -> jax.Array:
     return x if cap is None else jnp.tanh(x / cap) * cap
 

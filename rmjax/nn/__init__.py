@@ -1,6 +1,6 @@
 """The model as Flax NNX modules (rmjax.nn.transformer, rmjax.nn.layers) and its state (rmjax.nn.state)."""
 
-from rmjax.nn.layers import DecoderStack, Embedder, Linear, RMSNorm, SplitStack, constrain, weight
+from rmjax.nn.layers import DecoderStack, Embedder, Linear, Patch, RMSNorm, SplitStack, constrain, weight
 from rmjax.nn.state import (
     Declaration,
     abstract,
@@ -16,7 +16,8 @@ from rmjax.nn.state import (
 from rmjax.nn.transformer import Forward, GatedHead, KVCache, Transformer, at_last, last_token_index
 
 __all__ = [
-    "Declaration", "DecoderStack", "Embedder", "Forward", "GatedHead", "KVCache", "Linear", "RMSNorm", "SplitStack",
+    "Declaration", "DecoderStack", "Embedder", "Forward", "GatedHead", "KVCache", "Linear", "Patch", "RMSNorm",
+    "SplitStack",
     "Transformer", "abstract", "at_last", "constrain", "declarations", "flat", "from_flat", "get", "graphdef",
     "last_token_index", "module", "replace", "shardings", "weight",
 ]

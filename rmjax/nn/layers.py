@@ -120,6 +120,33 @@ class AttentionInputs:
     masks_local: tuple[jax.Array, ...]
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Patch:
+    """Activation patching, one edit per row: row b takes the donor's value of `component` (one of
+    COMPONENTS: a layer's residual output, its attention write or its MLP write) at layer `layer[b]`, at
+    the positions where `where[b]`; donors [L, 1 or B, T, H] (one donor run shared by every row, or one per
+    row). The embeddings are patched by the caller, before the stack."""
+
+    layer: jax.Array  # [B] int32
+    component: jax.Array  # [B] int32, index into COMPONENTS
+    where: jax.Array  # [B, T] bool
+    residual: jax.Array
+    attention: jax.Array
+    mlp: jax.Array
+
+    COMPONENTS = ("residual", "attention", "mlp")
+
+    def at_layer(self, index: jax.Array, donors: tuple[jax.Array, jax.Array, jax.Array]):
+        """edit(kind, value) for layer `index` (inside the scan), given that layer's donor values."""
+        def edit(kind: str, value: jax.Array) -> jax.Array:
+            rows = (self.layer == index) & (self.component == Patch.COMPONENTS.index(kind))
+            take = rows[:, None, None] & self.where[:, :, None]
+            return jnp.where(take, donors[Patch.COMPONENTS.index(kind)].astype(value.dtype), value)
+
+        return edit
+
+
 class DecoderStack(nnx.Module):
     """Decoder layers stacked on a leading `layers` axis and run as one `lax.scan` (compile time flat
     in depth). `local_layers` marks the layers (of this stack) that use the sliding window."""
@@ -135,27 +162,33 @@ class DecoderStack(nnx.Module):
         return {name: getattr(self, name)[...] for name in layer_weights(self.cfg)}
 
     def __call__(self, x: jax.Array, inputs: AttentionInputs, cache_k: jax.Array | None = None,
-                 cache_v: jax.Array | None = None, residuals: bool = False):
-        """x [B, T, H] -> (x, new K, new V [L, B, T, Hkv, D], residual after each layer [L, B, T, H] or None)."""
+                 cache_v: jax.Array | None = None, residuals: bool = False, patch: Patch | None = None):
+        """x [B, T, H] -> (x, new K, new V [L, B, T, Hkv, D], per-layer reads or None). The reads, when asked:
+        (residual after each layer, attention write, MLP write), each [L, B, T, H] (what the layer added to
+        the residual stream: after Gemma's post-norms)."""
         cfg = self.cfg
 
         def body(h, xs):
-            lw, is_local, ck, cv = xs
+            lw, is_local, ck, cv, index, donors = xs
             cos = jnp.where(is_local, inputs.rope_local[0], inputs.rope_global[0])
             sin = jnp.where(is_local, inputs.rope_local[1], inputs.rope_global[1])
             masks = tuple(jnp.where(is_local, lm, gm)
                           for lm, gm in zip(inputs.masks_local, inputs.masks_global, strict=True))
-            h, k, v = decoder_layer(lw, cfg, h, cos, sin, masks, ck, cv)
-            h = constrain(h, ACTIVATION)
-            return h, (k, v, h if residuals else None)
+            edit = None if patch is None else patch.at_layer(index, donors)
+            h, k, v, writes = decoder_layer(lw, cfg, h, cos, sin, masks, ck, cv, edit)
+            h = constrain(h if edit is None else edit("residual", h), ACTIVATION)
+            return h, (k, v, (h, *writes) if residuals else None)
 
-        xs = (self.stacked(), jnp.asarray(self.local_layers), cache_k, cache_v)
+        n = len(self.local_layers)
+        donors = None if patch is None else (patch.residual, patch.attention, patch.mlp)
+        xs = (self.stacked(), jnp.asarray(self.local_layers), cache_k, cache_v, jnp.arange(n), donors)
         x, (k, v, stream) = jax.lax.scan(body, x, xs)
         return x, k, v, stream
 
 
-def decoder_layer(lw: dict[str, jax.Array], cfg: ModelConfig, x, cos, sin, masks, cache_k, cache_v):
-    """One pre-norm decoder layer (Gemma 2/3 add sandwich norms, Gemma 3 q/k norms)."""
+def decoder_layer(lw: dict[str, jax.Array], cfg: ModelConfig, x, cos, sin, masks, cache_k, cache_v, edit=None):
+    """One pre-norm decoder layer (Gemma 2/3 add sandwich norms, Gemma 3 q/k norms); `edit(kind, value)`
+    may replace the attention and MLP writes (activation patching)."""
     norm = lambda t, w: ops.rms_norm(t, w, cfg.norm_eps, cfg.norm_plus_one)  # noqa: E731
     b, t = x.shape[:2]
     h = norm(x, lw["attn_norm"])
@@ -176,12 +209,14 @@ def decoder_layer(lw: dict[str, jax.Array], cfg: ModelConfig, x, cos, sin, masks
     a = jnp.einsum("btnd,ndh->bth", a.reshape(b, t, cfg.num_heads, cfg.head_dim), lw["o"])
     if cfg.sandwich_norms:
         a = norm(a, lw["post_attn_norm"])
+    a = a if edit is None else edit("attention", a)
     x = x + a
     h = norm(x, lw["mlp_norm"])
     h = ops.gated_mlp(h, lw["gate"], lw["up"], lw["down"], cfg.activation)
     if cfg.sandwich_norms:
         h = norm(h, lw["post_mlp_norm"])
-    return x + h, k, v
+    h = h if edit is None else edit("mlp", h)
+    return x + h, k, v, (a, h)
 
 
 class SplitStack(nnx.Module):
@@ -211,11 +246,14 @@ class SplitStack(nnx.Module):
                                                             getattr(self.upper, name)[...]]))
         return stack
 
-    def __call__(self, x, inputs: AttentionInputs, cache_k=None, cache_v=None, residuals: bool = False):
+    def __call__(self, x, inputs: AttentionInputs, cache_k=None, cache_v=None, residuals: bool = False,
+                 patch: Patch | None = None):
+        if patch is not None:
+            raise NotImplementedError("activation patching runs on the joined stack (SplitStack.joined()).")
         n = len(self.lower.local_layers)
         lo = (None, None) if cache_k is None else (cache_k[:n], cache_v[:n])
         hi = (None, None) if cache_k is None else (cache_k[n:], cache_v[n:])
         x, k1, v1, s1 = self.lower(x, inputs, *lo, residuals)
         x, k2, v2, s2 = self.upper(x, inputs, *hi, residuals)
-        stream = jnp.concatenate([s1, s2]) if residuals else None
+        stream = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), s1, s2) if residuals else None
         return x, jnp.concatenate([k1, k2]), jnp.concatenate([v1, v2]), stream

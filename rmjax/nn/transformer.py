@@ -17,7 +17,17 @@ from rmjax import heads as heads_lib
 from rmjax import ops, sharding
 from rmjax.config import ModelConfig
 from rmjax.heads import HeadConfig
-from rmjax.nn.layers import ACTIVATION, AttentionInputs, DecoderStack, Embedder, Linear, RMSNorm, constrain, weight
+from rmjax.nn.layers import (
+    ACTIVATION,
+    AttentionInputs,
+    DecoderStack,
+    Embedder,
+    Linear,
+    Patch,
+    RMSNorm,
+    constrain,
+    weight,
+)
 
 
 @jax.tree_util.register_dataclass
@@ -66,6 +76,8 @@ class Forward:
     hidden: jax.Array  # [B, T, H] after the final norm
     kv: KVCache  # the new tokens' keys/values (append to a prefix cache, or keep as one)
     residuals: jax.Array | None = None  # [L, B, T, H] residual after each layer, only when asked
+    attention: jax.Array | None = None  # [L, B, T, H] each layer's attention write to the residual (when asked)
+    mlp: jax.Array | None = None  # [L, B, T, H] each layer's MLP write (when asked)
 
 
 class GatedHead(nnx.Module):
@@ -134,7 +146,7 @@ class Transformer(nnx.Module):
 
     def __call__(self, *, ids: jax.Array | None = None, embeds: jax.Array | None = None,
                  mask: jax.Array | None = None, positions: jax.Array | None = None,
-                 cache: KVCache | None = None, residuals: bool = False) -> Forward:
+                 cache: KVCache | None = None, residuals: bool = False, patch: Patch | None = None) -> Forward:
         """`embeds` are raw embedding rows (e.g. one_hot @ table for GCG gradients); the Gemma scale is
         applied here for both, so ids=x equals embeds=table[x] (transformers' inputs_embeds expects it
         applied). With `cache`, the new tokens attend to the cached prefix too."""
@@ -144,11 +156,11 @@ class Transformer(nnx.Module):
         mask = jnp.ones((batch, length), bool) if mask is None else mask.astype(bool)
         if positions is None:
             positions = positions_from_mask(mask, 0 if cache is None else cache.next_positions)
-        x, k, v, stream = self.layers(x, self._attention_inputs(positions, mask, cache),
-                                      None if cache is None else cache.k, None if cache is None else cache.v,
-                                      residuals)
+        x, k, v, reads = self.layers(x, self._attention_inputs(positions, mask, cache),
+                                     None if cache is None else cache.k, None if cache is None else cache.v,
+                                     residuals, patch)
         kv = KVCache(k=k, v=v, positions=positions, valid=mask)
-        return Forward(hidden=self.final_norm(x), kv=kv, residuals=stream)
+        return Forward(self.final_norm(x), kv, *(reads or ()))
 
     def _attention_inputs(self, positions, mask, cache: KVCache | None) -> AttentionInputs:
         cfg = self.config

@@ -1,0 +1,93 @@
+"""Which input tokens the reward rests on: gradient × input and integrated gradients with respect to the input
+embeddings (the raw rows; Gemma's scale is applied inside the forward), per token of prompt and response.
+
+IG integrates along the straight path from a baseline (every position's embedding set to the pad token's row,
+or to zero) with midpoint steps, batched; `completeness_gap` is sum(IG) − (reward(x) − reward(baseline)),
+which shrinks as the steps grow (the test holds it within 1% at 64 steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax import nn
+from rmjax.config import ModelConfig
+from rmjax.distributed import replicated, to_host
+from rmjax.errors import UsageError
+from rmjax.loading import Model
+
+# The pad token's row is the default: from the zero embedding the first RMSNorm (scale-invariant but for its
+# eps) keeps the reward nearly constant along the path except at α ≈ 0, where it jumps; no step count resolves
+# that in float32 (tiny models: 92–173% completeness gap at 64 steps, worse at 256; the pad baseline: < 0.01%).
+BASELINES = ("pad", "zero")
+
+
+@dataclasses.dataclass
+class Attribution:
+    ids: list[int]
+    grad_x_input: np.ndarray  # [T]
+    integrated_gradients: np.ndarray  # [T]
+    reward: float
+    baseline_reward: float
+
+    @property
+    def completeness_gap(self) -> float:
+        return float(self.integrated_gradients.sum() - (self.reward - self.baseline_reward))
+
+    @property
+    def relative_gap(self) -> float:
+        return abs(self.completeness_gap) / max(abs(self.reward - self.baseline_reward), 1e-12)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "column"))
+def _rewards_and_grads(params, cfg: ModelConfig, ids: jax.Array, embeds: jax.Array, column: int):
+    """Reward output `column` and its gradient w.r.t. the embedding rows, for each row of embeds [S, T, H]."""
+    model = nn.module(params, cfg)
+    mask = jnp.ones(ids.shape, bool)
+
+    def reward(rows):
+        hidden = model(embeds=rows[None], mask=mask).hidden
+        return model.rewards_from(ids, mask, hidden)[0, column]
+
+    return jax.vmap(jax.value_and_grad(reward))(embeds)
+
+
+def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = "pad", batch_size: int = 16,
+              column: int | None = None) -> Attribution:
+    """Gradient × input and integrated gradients of one conversation's reward (token ids)."""
+    if baseline not in BASELINES:
+        raise UsageError(f"--baseline={baseline}: must be one of {', '.join(BASELINES)}.")
+    column = model.output_column if column is None else column
+    table = nn.get(model.params, "embed.embedding")
+    x = table[jnp.asarray(ids)].astype(jnp.float32)  # [T, H]
+    if baseline == "zero":
+        base = jnp.zeros_like(x)
+    else:
+        pad = model.tokenizer.pad_token_id if model.tokenizer is not None else None
+        if pad is None:
+            raise UsageError("--baseline=pad: this tokenizer has no pad token; use --baseline=zero.")
+        base = jnp.broadcast_to(table[pad].astype(jnp.float32), x.shape)
+    ids_arr = replicated(jnp.asarray([ids], jnp.int32), model.mesh)
+
+    def run(rows: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+        r, g = _rewards_and_grads(model.params, model.config, ids_arr, rows.astype(table.dtype), column)
+        return to_host(r), to_host(g)
+
+    (reward, base_reward), (grad_x, _) = run(jnp.stack([x, base]))
+    alphas = (np.arange(steps) + 0.5) / steps  # midpoints
+    total = np.zeros(x.shape, np.float64)
+    for start in range(0, steps, batch_size):
+        a = jnp.asarray(alphas[start : start + batch_size], jnp.float32)
+        a = jnp.pad(a, (0, batch_size - len(a)))  # one shape: one compilation
+        _, grads = run(base[None] + a[:, None, None] * (x - base)[None])
+        n = min(batch_size, steps - start)
+        total += grads[:n].astype(np.float64).sum(0) / steps
+    delta = np.asarray(x - base, np.float64)
+    return Attribution(list(ids), (np.asarray(x, np.float64) * grad_x).sum(-1), (delta * total).sum(-1),
+                       float(reward), float(base_reward))
+

@@ -1,0 +1,101 @@
+"""Where a reward model makes its preference: the reward lens per layer, the direct contribution of each
+attention and MLP write, and the reward of every prefix of a response. One forward with per-layer reads
+(`Forward.residuals`, `.attention`, `.mlp`) serves all three.
+
+- Lens: the head read from the residual stream after the embeddings and after each layer (final norm,
+  then the score head and any gate, at the reward position). After the last layer it is the reward.
+- Direct contributions: each write u (embeddings, every attention and MLP output) mapped to the reward
+  through the final norm with its scale frozen at the reward token (w ⊙ u / rms(x_final)) and the head
+  linearized there. The writes sum to x_final, so for a linear head the contributions sum to the reward
+  (minus the head's bias); `explained` reports the sum over the reward for every head.
+- Curve: the head at each position of one forward: what reward-bench gets with one forward per prefix.
+
+A prompt-gated head (ArmoRM, QRM) keeps the gate of the actual run at every layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax import nn, ops
+from rmjax.config import ModelConfig
+from rmjax.distributed import replicated, to_host
+from rmjax.loading import Model
+
+
+@dataclasses.dataclass
+class Lens:
+    """For B conversations, all head outputs: lens [L+1, B, out] (row 0: the embeddings), reward [B, out];
+    contributions of the embeddings [B, out], attention and MLP writes [L, B, out]; their sum [B, out]."""
+
+    lens: np.ndarray
+    reward: np.ndarray
+    embeddings: np.ndarray
+    attention: np.ndarray
+    mlp: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.embeddings + self.attention.sum(0) + self.mlp.sum(0)
+
+    @property
+    def explained(self) -> np.ndarray:
+        """The linear sum over the reward [B, out] (1 for a linear head without bias)."""
+        return self.total / self.reward
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _lens(params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    model = nn.module(params, cfg)
+    embeds = model.embed.scaled(model.embed(ids))
+    out = model(ids=ids, mask=mask, residuals=True)
+    rows = jnp.arange(ids.shape[0])
+    at = nn.last_token_index(mask)
+    gate = model.gate_input(ids, mask, out.hidden)
+    stream = jnp.concatenate([embeds[None], out.residuals])[:, rows, at].astype(jnp.float32)  # [L+1, B, H]
+    lens = jax.vmap(lambda x: model.reward_head(model.final_norm(x), gate))(stream)
+    final = stream[-1]
+    normed = model.final_norm(final)
+    scale = ops.rms_norm_scale(final, model.final_norm.scale[...], cfg.norm_eps, cfg.norm_plus_one)
+    _, head = jax.linearize(lambda h: model.reward_head(h, gate), normed.astype(jnp.float32))
+
+    def through(writes):  # [..., B, H] -> [..., B, out]
+        flat = writes.reshape(-1, *final.shape)
+        return jax.vmap(head)(flat * scale).reshape(*writes.shape[:-2], final.shape[0], -1)
+
+    return {"lens": lens, "reward": lens[-1], "embeddings": through(embeds[rows, at][None])[0],
+            "attention": through(out.attention[:, rows, at]), "mlp": through(out.mlp[:, rows, at])}
+
+
+def reward_lens(model: Model, sequences: list[list[int]]) -> Lens:
+    """The lens and direct contributions of full conversations (token ids), right-padded into one batch."""
+    from rmjax import batching
+
+    ids, mask = batching.pad_rows(sequences, pad_id=0)
+    out = _lens(model.params, model.config, *replicated((ids, mask), model.mesh))
+    return Lens(**{k: to_host(v) for k, v in out.items()})
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _curve(params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    model = nn.module(params, cfg)
+    hidden = model(ids=ids, mask=mask).hidden
+    b, t, h = hidden.shape
+    gate = model.gate_input(ids, mask, hidden)
+    gate = None if gate is None else jnp.repeat(gate, t, axis=0)
+    return model.reward_head(hidden.reshape(b * t, h), gate).reshape(b, t, -1)
+
+
+def token_rewards(model: Model, sequences: list[list[int]]) -> list[np.ndarray]:
+    """Per conversation, every head output at each of its positions [T_i, out]: position j is the reward of
+    the conversation cut after token j (causal attention: one forward gives every prefix)."""
+    from rmjax import batching
+
+    ids, mask = batching.pad_rows(sequences, pad_id=0)
+    out = to_host(_curve(model.params, model.config, *replicated((ids, mask), model.mesh)))
+    return [out[i, : len(s)] for i, s in enumerate(sequences)]

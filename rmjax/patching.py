@@ -1,0 +1,90 @@
+"""Activation patching: the reward of one response (the clean run) after taking another response's activation
+(the donor, same prompt and length) at one (layer, position): the residual stream after the embeddings or a
+layer, or one layer's attention or MLP write. Rows of one batch patch different (layer, position) pairs, so a
+whole map costs a few batched forwards.
+
+Patching a run with itself changes nothing; patching the residual after the last layer at the reward position
+gives the donor's reward: both are tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax import nn
+from rmjax.config import ModelConfig
+from rmjax.distributed import replicated, to_host
+from rmjax.errors import UsageError
+from rmjax.loading import Model
+
+COMPONENTS = ("residual", "attention", "mlp")
+
+
+@dataclasses.dataclass
+class PatchingMap:
+    """Rewards [rows, T] (column `column`) per component: `residual` has L+1 rows (row 0: the embeddings, i.e. the
+    donor's token at that position; row l: after layer l−1), `attention` and `mlp` have L."""
+
+    clean_reward: float
+    donor_reward: float
+    maps: dict[str, np.ndarray]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _donor_reads(params, cfg: ModelConfig, ids: jax.Array):
+    out = nn.module(params, cfg)(ids=ids, residuals=True)
+    return out.residuals, out.attention, out.mlp
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "column"))
+def _patched(params, cfg: ModelConfig, ids: jax.Array, donor_ids: jax.Array, reads, layer: jax.Array,
+             component: jax.Array, where: jax.Array, column: int) -> jax.Array:
+    model = nn.module(params, cfg)
+    rows = layer.shape[0]
+    # "embeddings" rows (component -1) swap in the donor's token ids; the rest patch inside the stack.
+    swap = (component < 0)[:, None] & where
+    row_ids = jnp.where(swap, donor_ids, ids)
+    patch = nn.Patch(layer=layer, component=component, where=where, residual=reads[0], attention=reads[1],
+                     mlp=reads[2])
+    mask = jnp.ones((rows, ids.shape[1]), bool)
+    hidden = model(ids=row_ids, mask=mask, patch=patch).hidden
+    return model.rewards_from(row_ids, mask, hidden)[:, column]
+
+
+def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: int = 32,
+                 column: int | None = None) -> PatchingMap:
+    """Every (layer, position) patch of `donor` into `clean` (token ids of whole conversations)."""
+    if len(clean) != len(donor):
+        raise UsageError(f"activation patching needs responses of one length in tokens: the conversations have "
+                         f"{len(clean)} and {len(donor)} tokens. Pick responses of the same token length.")
+    column = model.output_column if column is None else column
+    cfg = model.config
+    t, layers = len(clean), cfg.num_layers
+    ids, donor_ids = replicated((np.asarray([clean], np.int32), np.asarray([donor], np.int32)), model.mesh)
+    reads = _donor_reads(model.params, cfg, donor_ids)
+    plan = ([(-1, -1, p) for p in range(t)]  # the embeddings
+            + [(c, lay, p) for c in range(len(COMPONENTS)) for lay in range(layers) for p in range(t)])
+    plan += [(0, 0, -1), (0, 0, -2)]  # the clean run (nothing patched) and the donor's whole last residual
+    out = []
+    for start in range(0, len(plan), batch_size):
+        part = plan[start : start + batch_size]
+        part += [part[-1]] * (batch_size - len(part))  # one shape: one compilation
+        comp = np.asarray([c for c, _, _ in part], np.int32)
+        lay = np.asarray([layer if p != -2 else layers - 1 for _, layer, p in part], np.int32)
+        where = np.zeros((batch_size, t), bool)
+        for i, (_, _, p) in enumerate(part):
+            if p >= 0:
+                where[i, p] = True
+            elif p == -2:
+                where[i] = True
+        args = replicated((lay, comp, where), model.mesh)
+        out.append(to_host(_patched(model.params, cfg, ids, donor_ids, reads, *args, column)))
+    values = np.concatenate(out)[: len(plan)]
+    embeddings, rest = values[:t].reshape(1, t), values[t:-2].reshape(len(COMPONENTS), layers, t)
+    maps = {"residual": np.concatenate([embeddings, rest[0]]), "attention": rest[1], "mlp": rest[2]}
+    return PatchingMap(float(values[-2]), float(values[-1]), maps)

@@ -1,0 +1,154 @@
+"""Inside the reward model (issue 15): reward lens, direct contributions, per-token curve, attribution and
+patching, each against an independent reference (transformers hidden states and hooks, full forwards)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rmjax import model as M
+from rmjax.attribution import attribute
+from rmjax.lens import reward_lens, token_rewards
+from rmjax.loading import load
+from rmjax.patching import patching_map
+from tests import tiny
+
+SEQUENCES = [[2, 17, 33, 5, 60, 9, 11], [2, 40, 41, 42, 43]]
+FAMILIES = ("llama3", "gemma", "gemma2", "gemma3")
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            hf = tiny.build_hf_model(name, num_labels=2, seed=3)
+            folder = tiny.save_hf_model(hf, tmp_path_factory.mktemp(name))
+            cache[name] = (hf, load(str(folder), require_tokenizer=False))
+        return cache[name]
+
+    return get
+
+
+def _reward(model, ids) -> np.ndarray:
+    ids = np.asarray([ids], np.int32)
+    return np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_lens_equals_transformers_hidden_states_through_norm_and_head(family, name):
+    """Gemma 2's soft caps and Gemma 3's sandwich norms included; the last row is the reward, and the direct
+    contributions of a linear head sum to it."""
+    hf, model = family(name)
+    lens = reward_lens(model, SEQUENCES)
+    for b, seq in enumerate(SEQUENCES):
+        with torch.no_grad():
+            states = hf.model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states
+            reward = hf(input_ids=torch.tensor([seq])).logits[0].numpy()
+        layers = len(states) - 1  # transformers' last entry is already final-normed
+        for layer in range(layers):
+            with torch.no_grad():
+                want = hf.score(hf.model.norm(states[layer][0, -1])).numpy()
+            np.testing.assert_allclose(lens.lens[layer, b], want, atol=2e-5, rtol=0)
+        np.testing.assert_allclose(lens.lens[-1, b], reward, atol=2e-5, rtol=0)
+        np.testing.assert_allclose(lens.reward[b], reward, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(lens.total, lens.reward, atol=1e-4, rtol=1e-4)
+    assert lens.attention.shape == lens.mlp.shape == (model.config.num_layers, 2, 2)
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma3"])
+def test_token_curve_equals_a_full_forward_per_prefix(family, name):
+    _, model = family(name)
+    curves = token_rewards(model, SEQUENCES)
+    for seq, curve in zip(SEQUENCES, curves, strict=True):
+        want = np.stack([_reward(model, seq[: j + 1]) for j in range(len(seq))])
+        np.testing.assert_allclose(curve, want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma2", "gemma3"])
+def test_integrated_gradients_are_complete_at_64_steps(family, name):
+    _, model = family(name)
+
+    class PadTokenizer:
+        pad_token_id = 0
+
+    model.tokenizer = PadTokenizer()
+    attr = attribute(model, SEQUENCES[0], steps=64, batch_size=16, baseline="pad")
+    assert attr.reward == pytest.approx(_reward(model, SEQUENCES[0])[0], abs=1e-5)
+    assert attr.relative_gap < 0.01, attr.completeness_gap
+    assert attr.integrated_gradients.shape == attr.grad_x_input.shape == (len(SEQUENCES[0]),)
+
+
+def test_gradient_times_input_equals_torch_autograd(family):
+    hf, model = family("llama3")
+    attr = attribute(model, SEQUENCES[0], steps=2, batch_size=2)
+    embeds = hf.model.embed_tokens.weight[torch.tensor(SEQUENCES[0])].detach().clone().requires_grad_()
+    hf(inputs_embeds=embeds[None]).logits[0, 0].backward()
+    want = (embeds * embeds.grad).sum(-1).detach().numpy()
+    np.testing.assert_allclose(attr.grad_x_input, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma2"])
+def test_patching_itself_changes_nothing_and_the_last_residual_gives_the_donor(family, name):
+    _, model = family(name)
+    clean, donor = SEQUENCES[0], [*SEQUENCES[0][:-1], 44]
+    same = patching_map(model, clean, clean, batch_size=16)
+    for values in same.maps.values():
+        np.testing.assert_allclose(values, _reward(model, clean)[0], atol=2e-5, rtol=0)
+    pm = patching_map(model, clean, donor, batch_size=16)
+    assert pm.clean_reward == pytest.approx(_reward(model, clean)[0], abs=2e-5)
+    assert pm.donor_reward == pytest.approx(_reward(model, donor)[0], abs=2e-5)
+    # only the last position differs: patching it after any layer gives the donor's reward, elsewhere the clean one
+    np.testing.assert_allclose(pm.maps["residual"][:, -1], _reward(model, donor)[0], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(pm.maps["residual"][:, :-1], _reward(model, clean)[0], atol=2e-5, rtol=0)
+
+
+def test_patching_one_layer_equals_a_transformers_hook(family):
+    """Residual after layer 1 at position 3, attention write of layer 2 at position 5: a forward hook in transformers
+    doing the same replacement gives the same reward."""
+    hf, model = family("llama3")
+    clean, donor = SEQUENCES[0], [2, 50, 51, 52, 53, 54, 55]
+    pm = patching_map(model, clean, donor, batch_size=16)
+    with torch.no_grad():
+        states = hf.model(input_ids=torch.tensor([donor]), output_hidden_states=True).hidden_states
+        captured = {}
+        grab = hf.model.layers[2].self_attn.register_forward_hook(lambda m, i, o: captured.update(attn=o[0]))
+        hf(input_ids=torch.tensor([donor]))
+        grab.remove()
+
+        def put_residual(module, inputs, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            hidden[0, 3] = states[2][0, 3]  # hidden_states[2] is the residual after layer 1
+            return output
+
+        hook = hf.model.layers[1].register_forward_hook(put_residual)
+        want_residual = hf(input_ids=torch.tensor([clean])).logits[0, 0].item()
+        hook.remove()
+
+        def put_attention(module, inputs, output):
+            output[0][0, 5] = captured["attn"][0, 5]
+            return output
+
+        hook = hf.model.layers[2].self_attn.register_forward_hook(put_attention)
+        want_attention = hf(input_ids=torch.tensor([clean])).logits[0, 0].item()
+        hook.remove()
+    assert pm.maps["residual"][2, 3] == pytest.approx(want_residual, abs=2e-5)  # row 0 is the embeddings
+    assert pm.maps["attention"][2, 5] == pytest.approx(want_attention, abs=2e-5)
+    assert abs(want_residual - pm.clean_reward) > 1e-4  # the patch matters, so the test can tell
+
+
+def test_a_gated_head_goes_through_the_lens_with_its_gate(tmp_path):
+    from rmjax.loading.hf import load_hf_model_folder
+    from tests.test_heads import KINDS, LLAMA_VOCAB, Reference
+
+    backbone, arch, extra = KINDS["armo"]
+    ref = Reference("armo", backbone, extra, LLAMA_VOCAB)
+    model = load_hf_model_folder(ref.save(tmp_path / "armo", arch), require_tokenizer=False)
+    seq = [5, 9, 14, 3, *ref.pattern(), 11, 40]
+    lens = reward_lens(model, [seq])
+    ids = np.asarray([seq], np.int32)
+    want = ref(ids, np.ones_like(ids, bool))[0]
+    np.testing.assert_allclose(lens.lens[-1, 0], want, atol=1e-4, rtol=1e-5)
+    assert np.isfinite(lens.explained).all() and lens.lens.shape[0] == model.config.num_layers + 1
