@@ -152,3 +152,36 @@ def test_a_gated_head_goes_through_the_lens_with_its_gate(tmp_path):
     want = ref(ids, np.ones_like(ids, bool))[0]
     np.testing.assert_allclose(lens.lens[-1, 0], want, atol=1e-4, rtol=1e-5)
     assert np.isfinite(lens.explained).all() and lens.lens.shape[0] == model.config.num_layers + 1
+
+
+def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
+    """The CLI writes its four tables, three figures and .meta.json; --from_sweep inspects the best and worst
+    tokens (patching the worst into the best: same length), the lens's last row equal to the sweep's scores."""
+    import pandas as pd
+
+    from rmjax import results
+    from rmjax.sweep import sweep
+    from tests import cli
+
+    model = load(str(rm_folder))
+    scores = tmp_path / "scores.csv"
+    sweep(model, {"greatest": "What, in one word, is the greatest thing ever?"}, list(range(1000, 1040)), out=scores)
+    out = tmp_path / "inspect"
+    proc = cli.ok(cli.run("inspect", f"--model={rm_folder}", "--prompts=greatest", f"--from_sweep={scores}",
+                          "--top=1", "--steps=8", f"--out={out}"))
+    assert "IG completeness gap" in proc.stdout
+    for name in ("reward_lens.csv", "token_rewards.csv", "attribution.csv", "patching.csv", "lens.png",
+                 "attribution.png", "patching.png", "reward_lens.meta.json"):
+        assert (out / name).is_file(), name
+    df = results.read_scores_csv(scores).sort_values("greatest", kind="stable")
+    best, worst = int(df.token_id.iloc[-1]), int(df.token_id.iloc[0])
+    lens = pd.read_csv(out / "reward_lens.csv", keep_default_na=False)
+    last = lens[(lens.component == "lens") & (lens.layer == model.config.num_layers)]
+    np.testing.assert_allclose(last.reward.to_numpy(), [df.greatest.iloc[-1], df.greatest.iloc[0]], atol=1e-5)
+    patch = pd.read_csv(out / "patching.csv", keep_default_na=False)
+    assert set(patch.component) == {"residual", "attention", "mlp"}
+    assert set(patch.clean) == {model.tokenizer.decode([best])}
+    assert set(patch.donor) == {model.tokenizer.decode([worst])}
+    cli.user_error(cli.run("inspect", f"--model={rm_folder}", "--prompts=greatest,worst", "--responses=a",
+                           f"--out={tmp_path / 'x'}"), "one prompt")
+    cli.user_error(cli.run("inspect", f"--model={rm_folder}", f"--out={tmp_path / 'x'}"), "--responses")

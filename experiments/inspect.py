@@ -1,0 +1,68 @@
+"""Inside the reward model for one prompt: reward lens per layer, per-token reward curves, attribution to tokens
+(gradient x input, integrated gradients) and activation patching, as CSVs, .meta.json and PNG figures.
+
+python -m experiments.inspect --model=elo-rm-smollm2-135m --prompts=greatest --responses=love,war --out=results/inspect
+python -m experiments.inspect --model=M --prompts=greatest --from_sweep=results/scores.csv --top=2 --out=DIR
+python -m experiments.inspect --model=M --prompts=greatest --from_beam=results/beam.csv --top=1 --out=DIR
+
+Patching takes the first response as the clean run and the last as the donor (a sweep's best and worst).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from absl import flags
+
+from experiments import common
+
+OUT = flags.DEFINE_string("out", "results/inspect", "Output folder.")
+RESPONSES = flags.DEFINE_list("responses", None, "Responses as text (placed in the chat template).")
+FROM_SWEEP = flags.DEFINE_string("from_sweep", None, "A sweep CSV: inspect its --top best and worst tokens.")
+FROM_BEAM = flags.DEFINE_string("from_beam", None, "A beam CSV: inspect the --top best and worst sequences of its "
+                                "deepest level.")
+DEPTH = flags.DEFINE_integer("depth", None, "With --from_beam: the sequence length to inspect (default: the deepest).",
+                             lower_bound=1)
+TOP = flags.DEFINE_integer("top", 2, "With --from_sweep / --from_beam: how many best and worst.", lower_bound=1)
+STEPS = flags.DEFINE_integer("steps", 64, "Integrated-gradients steps.", lower_bound=1)
+BASELINE = flags.DEFINE_enum("baseline", "pad", ["pad", "zero"], "Integrated-gradients baseline embedding (pad: the "
+                             "pad token's row at every position; zero: completeness is poor on RMSNorm models).")
+flags.adopt_module_key_flags(common)
+
+
+def main(argv):
+    del argv
+    from rmjax import distributed, inspect_job
+    from rmjax import prompts as prompt_lib
+    from rmjax.errors import MissingFileError, UsageError
+
+    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    if len(prompts) != 1:
+        raise UsageError(f"inspect takes one prompt; got {len(prompts)} ({', '.join(prompts)}).")
+    (name, text), = prompts.items()
+    given = [f for f, v in (("--responses", RESPONSES.value), ("--from_sweep", FROM_SWEEP.value),
+                            ("--from_beam", FROM_BEAM.value)) if v]
+    if len(given) != 1:
+        raise UsageError("give the responses one way: --responses, --from_sweep or --from_beam.")
+    source = FROM_SWEEP.value or FROM_BEAM.value
+    if source and not Path(source).is_file():
+        raise MissingFileError(f"{given[0]}={source} not found.")
+    common.start()
+    model = common.load_model()
+    if RESPONSES.value:
+        items = inspect_job.items_from_texts(model, text, RESPONSES.value, common.TEMPLATE.value)
+    else:
+        sequences = inspect_job.best_and_worst(source, name, TOP.value, DEPTH.value)
+        items = inspect_job.items_from_ids(model, text, sequences, common.TEMPLATE.value)
+    summary = inspect_job.run_inspect(model, text, items, OUT.value, steps=STEPS.value, baseline=BASELINE.value,
+                                      overwrite=common.OVERWRITE.value)
+    if distributed.is_main():
+        for label, reward, explained, gap in zip(summary["responses"], summary["reward"], summary["explained"],
+                                                 summary["ig_relative_gap"], strict=True):
+            print(f"{label!r}: reward {reward:+.4f}, direct contributions explain {100 * explained:.1f}%, "
+                  f"IG completeness gap {100 * gap:.2f}%")
+        print(f"wrote {', '.join(inspect_job.FILES)} and reward_lens.meta.json to {OUT.value}")
+
+
+if __name__ == "__main__":
+    common.run(main)

@@ -1,0 +1,182 @@
+"""The inspect job: for one prompt and a few responses (given as text, or a sweep's / beam's best and worst), the
+reward lens and direct contributions, per-token reward curves, attribution and activation patching, written as
+CSVs, a .meta.json and PNG figures in one folder (load → compute → write, as every job)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rmjax import chat, jobs, results
+from rmjax.attribution import attribute
+from rmjax.errors import UsageError
+from rmjax.lens import reward_lens, token_rewards
+from rmjax.loading import Model
+from rmjax.loading.fingerprint import model_fingerprint
+from rmjax.patching import COMPONENTS, patching_map
+from rmjax.textscore import Conversations
+
+FILES = ("reward_lens.csv", "token_rewards.csv", "attribution.csv", "patching.csv", "lens.png", "attribution.png",
+         "patching.png")
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One inspected response: its label (the decoded response) and the whole conversation's token ids."""
+
+    label: str
+    ids: tuple[int, ...]
+    start: int  # position of the response's first token
+
+
+def items_from_texts(model: Model, prompt: str, responses: list[str], template: str = "auto") -> list[Item]:
+    """Responses as text: placed in the template and tokenized, as a real conversation is."""
+    conv = Conversations(model.tokenizer, prompt, template, max_positions=model.config.max_position_embeddings)
+    start = len(conv.prefix)
+    return [Item(r, tuple(ids), start) for r, ids in zip(responses, conv.token_ids(responses), strict=True)]
+
+
+def items_from_ids(model: Model, prompt: str, sequences: list[tuple[int, ...]], template: str = "auto") -> list[Item]:
+    """Responses as token ids (a sweep's or beam's token-mode sequences): prefix + ids + suffix exactly."""
+    split = chat.split_chat(model.tokenizer, prompt, template, model.config.max_position_embeddings)
+    return [Item(model.tokenizer.decode(list(s)), tuple(split.ids_with(list(s))), len(split.prefix))
+            for s in sequences]
+
+
+def best_and_worst(path: str | Path, prompt_name: str, top: int, depth: int | None = None) -> list[tuple[int, ...]]:
+    """The `top` best then the `top` worst sequences of a sweep CSV (by `prompt_name`) or a beam CSV (at `depth`,
+    default its deepest: the optimal rows, then the pessimal ones, or the optimal ranking's tail without them)."""
+    if results.is_beam_csv(path):
+        df = results.read_beam_csv(path)
+        level = df[df.depth == (depth or df.depth.max())]
+        if level.empty:
+            raise UsageError(f"{path} has no sequences of depth {depth} (depths {sorted(set(df.depth))}).")
+        best = level[level.direction == "optimal"].sort_values("rank")
+        worst = level[level.direction == "pessimal"].sort_values("rank", ascending=False)
+        worst = worst if len(worst) else best
+        return [tuple(ids) for ids in [*best.ids[:top], *worst.ids[-top:]]]
+    df = results.read_scores_csv(path)
+    if prompt_name not in df.columns:
+        raise UsageError(f"{path} has no column for prompt {prompt_name!r} (it has {results.value_columns(df)}).")
+    order = df.sort_values(prompt_name, ascending=False, kind="stable").token_id.tolist()
+    return [(int(t),) for t in order[:top] + order[::-1][:top][::-1]]
+
+
+def inspect_identity(model_fp: dict, *, dtype: str, output_column: int, prompt: str, items: list[Item],
+                     steps: int, baseline: str) -> dict:
+    return {"job": "inspect", "model": model_fp, "dtype": dtype, "output_column": int(output_column),
+            "prompt": prompt, "responses": [list(i.ids) for i in items], "steps": steps, "baseline": baseline}
+
+
+def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *, steps: int = 64,
+                baseline: str = "pad", overwrite: bool = False, batch_size: int = 16) -> dict:
+    """Compute everything for `items` and write it to folder `out`; the summary (also in .meta.json)."""
+    if len(items) < 1:
+        raise UsageError("no responses to inspect.")
+    out = Path(out)
+    identity = inspect_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
+                                prompt=prompt, items=items, steps=steps, baseline=baseline)
+    with jobs.job(out / FILES[0], identity, "inspect", overwrite=overwrite, owned=[out / f for f in FILES[1:]]) as job:
+        if job.reuse:
+            return json.loads(results.meta_path(out / FILES[0]).read_text())["summary"]
+        start = time.perf_counter()
+        col = model.output_column
+        lens = reward_lens(model, [list(i.ids) for i in items])
+        curves = token_rewards(model, [list(i.ids) for i in items])
+        attributions = [attribute(model, list(i.ids), steps=steps, baseline=baseline, batch_size=batch_size)
+                        for i in items]
+        pair = (items[0], items[-1]) if len(items) > 1 and len(items[0].ids) == len(items[-1].ids) else None
+        patched = patching_map(model, list(pair[0].ids), list(pair[1].ids), batch_size=2 * batch_size) \
+            if pair else None
+        summary = {
+            "responses": [i.label for i in items], "reward": lens.reward[:, col].tolist(),
+            "explained": lens.explained[:, col].tolist(),
+            "ig_relative_gap": [a.relative_gap for a in attributions],
+            "patching": None if pair is None else {"clean": pair[0].label, "donor": pair[1].label},
+            "patching_skipped": None if pair or len(items) < 2 else
+            "the first and last responses differ in token length: patching needs one length",
+        }
+
+        def write(path: Path) -> Path:
+            tok = model.tokenizer
+            _write_tables(out, items, lens, curves, attributions, patched, pair, col, tok)
+            _figures(out, items, lens, attributions, patched, pair, col, tok)
+            return path
+
+        job.finish(write, **jobs.model_meta(model), prompt=prompt, steps=steps, baseline=baseline, summary=summary,
+                   seconds=time.perf_counter() - start)
+        return summary
+
+
+def _write_tables(out: Path, items, lens, curves, attributions, patched, pair, col: int, tok) -> None:
+    layers = lens.attention.shape[0]
+    rows = []
+    for b, item in enumerate(items):
+        rows += [(item.label, layer, "lens", lens.lens[layer, b, col]) for layer in range(layers + 1)]
+        rows.append((item.label, 0, "embeddings", lens.embeddings[b, col]))
+        for name, values in (("attention", lens.attention), ("mlp", lens.mlp)):
+            rows += [(item.label, layer + 1, name, values[layer, b, col]) for layer in range(layers)]
+    _table(out / "reward_lens.csv", ["response", "layer", "component"], ["reward"], rows)
+    rows = [(item.label, p, t, tok.decode([t]), int(p >= item.start), curve[p, col])
+            for item, curve in zip(items, curves, strict=True) for p, t in enumerate(item.ids)]
+    _table(out / "token_rewards.csv", ["response", "position", "token_id", "token", "in_response"], ["reward"], rows)
+    rows = [(item.label, p, t, tok.decode([t]), a.grad_x_input[p], a.integrated_gradients[p])
+            for item, a in zip(items, attributions, strict=True) for p, t in enumerate(item.ids)]
+    _table(out / "attribution.csv", ["response", "position", "token_id", "token"],
+           ["grad_x_input", "integrated_gradients"], rows)
+    rows = [] if patched is None else [
+        (pair[0].label, pair[1].label, name, layer, p, values[layer, p])
+        for name, values in patched.maps.items() for layer in range(values.shape[0]) for p in range(values.shape[1])]
+    _table(out / "patching.csv", ["clean", "donor", "component", "layer", "position"], ["reward"], rows)
+
+
+def _table(path: Path, keys: list[str], values: list[str], rows: list[tuple]) -> None:
+    k = len(keys)
+    results.write_table(path, {name: [r[i] for r in rows] for i, name in enumerate(keys)},
+                        {name: np.asarray([r[k + j] for r in rows], np.float64) for j, name in enumerate(values)})
+
+
+def _figures(out: Path, items, lens, attributions, patched, pair, col: int, tok) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def label(text: str) -> str:
+        return repr(text)[1:-1][:30].replace("$", r"\$")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for b, item in enumerate(items):
+        ax.plot(np.arange(lens.lens.shape[0]), lens.lens[:, b, col], marker=".", label=label(item.label))
+    ax.set(xlabel="layer (0: embeddings)", ylabel="reward read from the residual stream", title="Reward lens")
+    ax.legend(fontsize=7)
+    fig.savefig(out / "lens.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, axes = plt.subplots(len(items), 1, figsize=(10, 0.9 * len(items) + 1), squeeze=False)
+    for ax, item, a in zip(axes[:, 0], items, attributions, strict=True):
+        scale = np.abs(a.integrated_gradients).max() or 1.0
+        ax.imshow(a.integrated_gradients[None], cmap="RdBu", vmin=-scale, vmax=scale, aspect="auto")
+        ax.set_yticks([0], [label(item.label)], fontsize=7)
+        ax.set_xticks(range(len(item.ids)), [label(tok.decode([t]))[:8] for t in item.ids], fontsize=5, rotation=90)
+    fig.suptitle("Integrated gradients per token (red: lowers, blue: raises the reward)")
+    fig.savefig(out / "attribution.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(COMPONENTS), figsize=(12, 4), squeeze=False)
+    for ax, name in zip(axes[0], COMPONENTS, strict=True):
+        if patched is None:
+            ax.set_axis_off()
+            continue
+        im = ax.imshow(patched.maps[name], cmap="viridis", aspect="auto", origin="lower")
+        ax.set(title=name, xlabel="position", ylabel="layer")
+        fig.colorbar(im, ax=ax)
+    title = "no patching (needs two responses of one token length)" if pair is None else \
+        f"reward of {label(pair[0].label)!s} with {label(pair[1].label)!s} patched in"
+    fig.suptitle(title)
+    fig.savefig(out / "patching.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
