@@ -185,3 +185,23 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
     cli.user_error(cli.run("inspect", f"--model={rm_folder}", "--prompts=greatest,worst", "--responses=a",
                            f"--out={tmp_path / 'x'}"), "one prompt")
     cli.user_error(cli.run("inspect", f"--model={rm_folder}", f"--out={tmp_path / 'x'}"), "--responses")
+
+
+def test_mesh_and_bfloat16_run_the_same_reads(rm_folder):
+    """On a data x model mesh the lens, curve, attribution and patching equal one device's; in bfloat16 the lens
+    stays close to float32."""
+    from rmjax.sharding import make_mesh
+
+    seqs = [[1, 504, 3180, 2, 17, 40], [1, 9, 13, 2, 17, 41]]
+    one = load(str(rm_folder))
+    mesh = load(str(rm_folder), mesh=make_mesh("data:4,model:2"))
+    a, b = reward_lens(one, seqs), reward_lens(mesh, seqs)
+    np.testing.assert_allclose(b.lens, a.lens, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(b.mlp, a.mlp, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(token_rewards(mesh, seqs)[0], token_rewards(one, seqs)[0], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(attribute(mesh, seqs[0], steps=4, batch_size=4).integrated_gradients,
+                               attribute(one, seqs[0], steps=4, batch_size=4).integrated_gradients, atol=1e-5)
+    np.testing.assert_allclose(patching_map(mesh, *seqs, batch_size=16).maps["residual"],
+                               patching_map(one, *seqs, batch_size=16).maps["residual"], atol=1e-5)
+    half = reward_lens(load(str(rm_folder), dtype="bfloat16"), seqs)
+    np.testing.assert_allclose(half.lens, a.lens, atol=0.05 * np.abs(a.lens).max())

@@ -1,0 +1,101 @@
+"""Inspect throughput: reward lens + per-token curve + integrated gradients (64 steps) for 16 responses, rmjax vs
+the same computed with transformers the way the PyTorch tools do (a forward with hidden states per response for
+the lens, one forward per prefix for the curve as reward-bench's per_token_reward, one forward + backward per
+IG step), in one run; per-response time ratio.
+
+Model: the SmolLM2-135M-shaped reward model of bench/sweep_vs_reference.py (f32, random weights, real tokenizer
+and chat template). rmjax runs all 16 responses after a compiling run; the reference runs `--n_ref` of them.
+
+python bench/inspect.py [--n_ref=2] [--steps=64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import sweep_vs_reference  # noqa: E402
+
+WORDS = ["love", "war", "hope", "music", "science", "freedom", "money", "death", "friendship", "chocolate", "art",
+         "nature", "justice", "family", "knowledge", "peace"]
+
+
+def reference(folder: Path, conversations: list[list[int]], starts: list[int], steps: int) -> tuple[float, dict]:
+    import torch
+    import transformers
+
+    torch.set_num_threads(2)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="sdpa").eval()
+    table = model.get_input_embeddings().weight.detach()
+    pad = model.config.pad_token_id
+    out = {"lens": [], "curve": [], "ig_sum": []}
+    start = time.perf_counter()
+    for ids, first in zip(conversations, starts, strict=True):
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            states = model.model(input_ids=x, output_hidden_states=True).hidden_states
+            out["lens"].append([model.score(model.model.norm(h[0, -1])).item() for h in states[:-1]])
+            out["curve"].append([model(input_ids=x[:, : j + 1]).logits[0, 0].item() for j in range(first, len(ids))])
+        emb, base = table[x[0]], table[pad].expand(len(ids), -1)
+        total = torch.zeros_like(emb)
+        for k in range(steps):
+            point = (base + (k + 0.5) / steps * (emb - base)).clone().requires_grad_()
+            model(inputs_embeds=point[None]).logits[0, 0].backward()
+            total += point.grad
+        out["ig_sum"].append(((emb - base) * total / steps).sum().item())
+    return time.perf_counter() - start, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n_ref", type=int, default=2, help="responses the reference runs")
+    ap.add_argument("--steps", type=int, default=64)
+    args = ap.parse_args()
+
+    from rmjax.attribution import attribute
+    from rmjax.inspect_job import items_from_texts
+    from rmjax.lens import reward_lens, token_rewards
+    from rmjax.loading import load
+    from rmjax.loading.registry import cache_dir
+
+    folder = sweep_vs_reference.build_model(cache_dir() / "bench" / "smollm2-135m-shaped-rm")
+    model = load(str(folder))
+    items = items_from_texts(model, sweep_vs_reference.SHORT, WORDS)
+    seqs = [list(i.ids) for i in items]
+
+    def ours():
+        lens = reward_lens(model, seqs)
+        curves = token_rewards(model, seqs)
+        attrs = [attribute(model, s, steps=args.steps, batch_size=16) for s in seqs]
+        return lens, curves, attrs
+
+    ours()  # compiles
+    start = time.perf_counter()
+    lens, curves, attrs = ours()
+    t_ours = time.perf_counter() - start
+    n = args.n_ref
+    t_ref, ref = reference(folder, seqs[:n], [i.start for i in items[:n]], args.steps)
+    per_ours, per_ref = t_ours / len(seqs), t_ref / n
+    err_lens = max(np.abs(lens.lens[:-1, b, 0] - np.asarray(ref["lens"][b])).max() for b in range(n))
+    err_curve = max(np.abs(curves[b][items[b].start :, 0] - np.asarray(ref["curve"][b])).max() for b in range(n))
+    err_ig = max(abs(attrs[b].integrated_gradients.sum() - ref["ig_sum"][b]) for b in range(n))
+    print(f"model: SmolLM2-135M-shaped Llama RM, f32, {len(seqs)} responses of ~{np.mean([len(s) for s in seqs]):.0f} "
+          f"tokens, IG {args.steps} steps (pad baseline), 2 CPU cores")
+    print(f"rmjax (one batched forward for lens and curve, IG steps batched 16): {t_ours:.1f} s for {len(seqs)} = "
+          f"{per_ours:.2f} s per response")
+    print(f"transformers (forward per prefix, forward + backward per IG step): {t_ref:.1f} s for {n} = "
+          f"{per_ref:.2f} s per response")
+    print(f"speed-up per response: {per_ref / per_ours:.1f}x")
+    print(f"max |rmjax - transformers|: lens {err_lens:.2e}, curve {err_curve:.2e}, IG sum {err_ig:.2e}")
+
+
+if __name__ == "__main__":
+    main()
