@@ -19,8 +19,8 @@ from experiments import common
 OUT = flags.DEFINE_string("out", "results/inspect", "Output folder.")
 RESPONSES = flags.DEFINE_list("responses", None, "Responses as text (placed in the chat template).")
 FROM_SWEEP = flags.DEFINE_string("from_sweep", None, "A sweep CSV: inspect its --top best and worst tokens.")
-FROM_BEAM = flags.DEFINE_string("from_beam", None, "A beam CSV: inspect the --top best and worst sequences of its "
-                                "deepest level.")
+FROM_BEAM = flags.DEFINE_string("from_beam", None, "A beam CSV (the --top best and worst sequences of its deepest "
+                                "level, or of --depth) or a GCG result JSON (the first 2 x --top of its buffer).")
 DEPTH = flags.DEFINE_integer("depth", None, "With --from_beam: the sequence length to inspect (default: the deepest).",
                              lower_bound=1)
 TOP = flags.DEFINE_integer("top", 2, "With --from_sweep / --from_beam: how many best and worst.", lower_bound=1)

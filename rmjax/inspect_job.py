@@ -49,7 +49,14 @@ def items_from_ids(model: Model, prompt: str, sequences: list[tuple[int, ...]], 
 
 def best_and_worst(path: str | Path, prompt_name: str, top: int, depth: int | None = None) -> list[tuple[int, ...]]:
     """The `top` best then the `top` worst sequences of a sweep CSV (by `prompt_name`) or a beam CSV (at `depth`,
-    default its deepest: the optimal rows, then the pessimal ones, or the optimal ranking's tail without them)."""
+    default its deepest: the optimal rows, then the pessimal ones, or the optimal ranking's tail without them);
+    of a GCG result JSON, the first 2·`top` of its buffer."""
+    if str(path).endswith(".json"):  # a GCG result: its buffer, best first
+        try:
+            buffer = json.loads(Path(path).read_text())["buffer"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise UsageError(f"{path}: not a GCG result JSON (experiments.gcg writes one).") from None
+        return [tuple(entry["ids"]) for entry in buffer[: 2 * top]]
     if results.is_beam_csv(path):
         df = results.read_beam_csv(path)
         level = df[df.depth == (depth or df.depth.max())]

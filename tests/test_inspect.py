@@ -205,3 +205,20 @@ def test_mesh_and_bfloat16_run_the_same_reads(rm_folder):
                                patching_map(one, *seqs, batch_size=16).maps["residual"], atol=1e-5)
     half = reward_lens(load(str(rm_folder), dtype="bfloat16"), seqs)
     np.testing.assert_allclose(half.lens, a.lens, atol=0.05 * np.abs(a.lens).max())
+
+
+def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
+    from rmjax import results
+    from rmjax.inspect_job import best_and_worst
+
+    beam = tmp_path / "beam.csv"
+    results.write_table(beam, {"depth": [1, 1, 2, 2, 2, 2], "direction": ["optimal", "pessimal"] + ["optimal"] * 2
+                               + ["pessimal"] * 2, "rank": [1, 1, 1, 2, 1, 2],
+                               "ids": ["5", "6", "1 2", "3 4", "7 8", "9 9"], "tokens": ["[]"] * 6,
+                               "decoded": ['""'] * 6}, {"p": np.arange(6.0)})
+    assert best_and_worst(beam, "p", 1) == [(1, 2), (7, 8)]  # the deepest level: best optimal, worst pessimal
+    assert best_and_worst(beam, "p", 2) == [(1, 2), (3, 4), (9, 9), (7, 8)]
+    assert best_and_worst(beam, "p", 1, depth=1) == [(5,), (6,)]
+    gcg = tmp_path / "gcg.json"
+    gcg.write_text('{"buffer": [{"ids": [3, 4], "reward": 1.0}, {"ids": [5, 6], "reward": 0.5}]}')
+    assert best_and_worst(gcg, "p", 1) == [(3, 4), (5, 6)]
