@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import chat, jobs, results
+from rmjax import chat, finite, jobs, results
 from rmjax.attribution import attribute
-from rmjax.errors import UsageError
+from rmjax.errors import NonFiniteError, UsageError
 from rmjax.lens import reward_lens, token_rewards
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
@@ -99,6 +99,7 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
         pair = (items[0], items[-1]) if len(items) > 1 and len(items[0].ids) == len(items[-1].ids) else None
         patched = patching_map(model, list(pair[0].ids), list(pair[1].ids), batch_size=2 * batch_size) \
             if pair else None
+        _check_finite(model, items, lens, curves, attributions, patched)
         summary = {
             "responses": [i.label for i in items], "reward": lens.reward[:, col].tolist(),
             "explained": lens.explained[:, col].tolist(),
@@ -117,6 +118,20 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
         job.finish(write, **jobs.model_meta(model), prompt=prompt, steps=steps, baseline=baseline, summary=summary,
                    seconds=time.perf_counter() - start)
         return summary
+
+
+def _check_finite(model: Model, items, lens, curves, attributions, patched) -> None:
+    """NaN/Inf anywhere stops the job before anything is written (rmjax.finite names where a forward turns NaN)."""
+    arrays = {"reward lens": lens.lens, "direct contributions": np.concatenate([lens.attention, lens.mlp]),
+              "token rewards": np.concatenate([c.ravel() for c in curves]),
+              "attribution": np.concatenate([np.r_[a.grad_x_input, a.integrated_gradients] for a in attributions])}
+    if patched is not None:
+        arrays["patching"] = np.concatenate([m.ravel() for m in patched.maps.values()])
+    bad = [name for name, values in arrays.items() if not np.isfinite(values).all()]
+    if bad:
+        where = finite.diagnose(model, list(items[0].ids))
+        raise NonFiniteError(f"non-finite values in the {', '.join(bad)} of {[i.label for i in items]}{where}. "
+                             "Nothing was written: fix the model or the input.")
 
 
 def _write_tables(out: Path, items, lens, curves, attributions, patched, pair, col: int, tok) -> None:

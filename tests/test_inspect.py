@@ -222,3 +222,17 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
     gcg = tmp_path / "gcg.json"
     gcg.write_text('{"buffer": [{"ids": [3, 4], "reward": 1.0}, {"ids": [5, 6], "reward": 0.5}]}')
     assert best_and_worst(gcg, "p", 1) == [(3, 4), (5, 6)]
+
+
+def test_nonfinite_weights_stop_inspect_before_writing(rm_folder, tmp_path):
+    from rmjax import nn
+    from rmjax.errors import NonFiniteError
+    from rmjax.inspect_job import items_from_texts, run_inspect
+
+    model = load(str(rm_folder))
+    kernel = nn.get(model.params, "score.kernel")
+    model.params = nn.replace(model.params, model.config, **{"score.kernel": kernel.at[0, 0].set(float("nan"))})
+    items = items_from_texts(model, "What is best?", ["love", "war"])
+    with pytest.raises(NonFiniteError, match="non-finite values in the reward lens.*score.kernel"):
+        run_inspect(model, "What is best?", items, tmp_path / "out", steps=2)
+    assert not (tmp_path / "out" / "reward_lens.csv").exists()
