@@ -167,6 +167,7 @@ def _figures(out: Path, items, lens, attributions, patched, pair, col: int, tok)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker.MaxNLocator)
 
     def label(text: str) -> str:
         return repr(text)[1:-1][:30].replace("$", r"\$")
@@ -175,6 +176,7 @@ def _figures(out: Path, items, lens, attributions, patched, pair, col: int, tok)
     for b, item in enumerate(items):
         ax.plot(np.arange(lens.lens.shape[0]), lens.lens[:, b, col], marker=".", label=label(item.label))
     ax.set(xlabel="layer (0: embeddings)", ylabel="reward read from the residual stream", title="Reward lens")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     fig.savefig(out / "lens.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
