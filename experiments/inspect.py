@@ -35,6 +35,7 @@ def main(argv):
     from rmjax import distributed, inspect_job
     from rmjax import prompts as prompt_lib
     from rmjax.errors import MissingFileError, UsageError
+    from rmjax.outputs import check_writable
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     if len(prompts) != 1:
@@ -47,6 +48,7 @@ def main(argv):
     source = FROM_SWEEP.value or FROM_BEAM.value
     if source and not Path(source).is_file():
         raise MissingFileError(f"{given[0]}={source} not found.")
+    check_writable(OUT.value, "--out", folder=True)  # before the model loads
     common.start()
     model = common.load_model()
     if RESPONSES.value:

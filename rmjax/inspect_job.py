@@ -18,6 +18,7 @@ from rmjax.lens import reward_lens, token_rewards
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
 from rmjax.patching import COMPONENTS, patching_map
+from rmjax.progress import Progress
 from rmjax.textscore import Conversations
 
 FILES = ("reward_lens.csv", "token_rewards.csv", "attribution.csv", "patching.csv", "lens.png", "attribution.png",
@@ -94,8 +95,12 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
         col = model.output_column
         lens = reward_lens(model, [list(i.ids) for i in items])
         curves = token_rewards(model, [list(i.ids) for i in items])
-        attributions = [attribute(model, list(i.ids), steps=steps, baseline=baseline, batch_size=batch_size)
-                        for i in items]
+        progress = Progress(len(items), f"inspect: attribution ({steps} IG steps)", unit="responses")
+        attributions = []
+        for item in items:
+            attributions.append(attribute(model, list(item.ids), steps=steps, baseline=baseline,
+                                          batch_size=batch_size))
+            progress.update(1)
         pair = (items[0], items[-1]) if len(items) > 1 and len(items[0].ids) == len(items[-1].ids) else None
         patched = patching_map(model, list(pair[0].ids), list(pair[1].ids), batch_size=2 * batch_size) \
             if pair else None
