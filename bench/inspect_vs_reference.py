@@ -6,7 +6,7 @@ IG step), in one run; per-response time ratio.
 Model: the SmolLM2-135M-shaped reward model of bench/sweep_vs_reference.py (f32, random weights, real tokenizer
 and chat template). rmjax runs all 16 responses after a compiling run; the reference runs `--n_ref` of them.
 
-python bench/inspect.py [--n_ref=2] [--steps=64]
+python bench/inspect_vs_reference.py [--n_ref=2] [--steps=64]
 """
 
 from __future__ import annotations
