@@ -24,7 +24,7 @@ from rmjax.checks import setting
 from rmjax.distributed import replicated, to_host
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import Model
-from rmjax.prefix import prefill_prefix, score_responses
+from rmjax.prefix import prefill_prefix, score_responses, score_variants
 from rmjax.textscore import Conversations
 
 
@@ -135,11 +135,17 @@ def _device_gradient(target: Target, ids: np.ndarray) -> jax.Array:
     return _grad_one_hot(m.params, m.config, target.cache, one_hot, target.suffix_ids, m.output_column)
 
 
-def evaluate(targets: list[Target], candidates: np.ndarray, batch_size: int = 256) -> np.ndarray:
-    """Mean reward over targets of each candidate response [W, N] -> [W]."""
+def evaluate(targets: list[Target], candidates: np.ndarray, batch_size: int = 256,
+             current: np.ndarray | None = None) -> np.ndarray:
+    """Mean reward over targets of each candidate response [W, N] -> [W]. With `current` (the sequence the
+    candidates were made from), each runs only from its first change on (prefix.score_variants)."""
     total = np.zeros(len(candidates), np.float64)
     for t in targets:
-        total += score_responses(t.model, t.cache, t.suffix_ids, candidates, batch_size)
+        if current is None:
+            total += score_responses(t.model, t.cache, t.suffix_ids, candidates, batch_size)
+        else:
+            total += score_variants(t.model, t.cache, np.asarray(t.suffix, np.int32), current, candidates,
+                                    batch_size)
     return (total / len(targets)).astype(np.float32)
 
 
@@ -260,13 +266,14 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     inits = seeds + [ids for ids in (_init_ids(lead, text, cfg, banned, rng, checks) for text in texts)
                      if ids not in seeds]
     init_arr = np.asarray(inits)
-    eval_batch = min(cfg.eval_batch_size, cfg.search_width)  # one batch shape: one compilation
+    # Candidates run sorted by their first change, two batches per step or more: shorter tails first.
+    eval_batch = min(cfg.eval_batch_size, max(1, cfg.search_width // 2))
     dropped = 0
 
-    def losses_of(cands: np.ndarray) -> np.ndarray:
+    def losses_of(cands: np.ndarray, current: np.ndarray | None = None) -> np.ndarray:
         """-sign * reward; NaN/Inf stop the search (or, when allowed, mark the candidate to drop)."""
         nonlocal dropped
-        rewards = evaluate(targets, cands, eval_batch)
+        rewards = evaluate(targets, cands, eval_batch, current)
         bad = ~np.isfinite(rewards)
         if bad.any() and not cfg.allow_nonfinite:
             finite.check(rewards[:, None], what="rewards", columns=["GCG objective"], allow=False,
@@ -302,7 +309,7 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
             if len(cands):
                 break
         if len(cands):
-            losses = losses_of(cands)
+            losses = losses_of(cands, current)
             held = {tuple(ids) for _, ids in buffer}  # without the history a sequence can come back: keep it once
             for loss, ids in zip(losses, cands, strict=True):
                 if np.isfinite(loss) and tuple(ids.tolist()) not in held:

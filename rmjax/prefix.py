@@ -125,6 +125,58 @@ def _batch_scorer(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, prefix_width
     ), mesh)
 
 
+def score_variants(model: Model, cache: nn.KVCache, suffix: np.ndarray, current: np.ndarray, variants: np.ndarray,
+                   rows: int) -> np.ndarray:
+    """Rewards of responses [W, N] that each equal `current` [N] up to their first changed position (GCG's
+    candidates): one cache of prefix + current serves every variant's unchanged head, so a variant runs only
+    from its first change on (+ suffix). Variants are sorted by that position and run `rows` at a time, each
+    batch as wide as its longest tail (at most N compilations). [W] float32."""
+    n, tail = len(current), len(suffix)
+    if not len(variants):
+        return np.zeros(0, np.float32)
+    rows = batching.round_up(rows, model.mesh)
+    extended = extend_prefix(model, cache, np.asarray(current)[None])
+    changed = variants != np.asarray(current)[None]
+    first = np.where(changed.any(1), changed.argmax(1), n - 1)  # an unchanged variant reruns its last token
+    order = np.argsort(-first, kind="stable")
+    params, pending = _declared(model), []
+    for start in range(0, len(order), rows):
+        part = order[start : start + rows]
+        width = n - int(first[part].min()) + tail
+        heads = np.full(rows, first[part[0]], np.int32)
+        ids, mask = np.zeros((rows, width), np.int32), np.zeros((rows, width), bool)
+        for r in range(rows):  # rows past the part repeat its first variant (a fixed batch shape)
+            i = part[min(r, len(part) - 1)]
+            heads[r], k = first[i], n - first[i]
+            ids[r, :k], mask[r, :k] = variants[i, first[i] :], True
+            ids[r, width - tail :], mask[r, width - tail :] = suffix, True  # after the gap: positions skip it
+        scorer = _variant_scorer(model.config, model.mesh, extended.k.shape[2], n, width, rows, model.output_column)
+        pending.append((part, scorer(params, extended, *(batching.place(a, model.mesh) for a in (heads, ids, mask)))))
+    out = np.zeros(len(variants), np.float32)
+    for part, scores in pending:
+        out[part] = to_host(scores)[: len(part)]
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _variant_scorer(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, cache_width: int, n: int, width: int,
+                    rows: int, column: int):
+    def score(params, cache, heads, ids, mask):
+        # Row r sees the prompt and current[:heads[r]] of the cache; its own tokens take over from there.
+        keep = jnp.arange(cache_width)[None, :] < cache_width - n + heads[:, None]
+        rowwise = nn.KVCache(k=cache.k, v=cache.v, positions=cache.positions, valid=cache.valid & keep,
+                             gate_input=cache.gate_input)
+        return nn.module(params, cfg).rewards_after(rowwise, ids, mask)[:, column]
+
+    if mesh is None:
+        return jax.jit(score)
+    data = batch_sharding(mesh, 1)
+    return _under_mesh(jax.jit(
+        score, in_shardings=(nn.shardings(cfg, mesh), nn.KVCache.shardings(cfg, mesh, 1, cache_width), data,
+                             batch_sharding(mesh, 2), batch_sharding(mesh, 2)),
+        out_shardings=data), mesh)
+
+
 def _under_mesh(fn, mesh: jax.sharding.Mesh):
     """Trace and run `fn` with `mesh` set, so activations get their sharding constraints (nn.layers.constrain)."""
     @functools.wraps(fn)

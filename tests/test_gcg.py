@@ -296,3 +296,22 @@ def test_vocab_file_keeps_the_search_and_its_start_inside_the_set(rm_folder, tmp
         assert set(h["ids"]) <= allowed, h
     for _, ids in res.buffer:
         assert set(ids) <= allowed
+
+
+def test_variants_run_from_their_first_change_and_equal_full_forwards(tiny_rm):
+    """GCG evaluates each candidate from its first changed position against a cache of prefix + current
+    (prefix.score_variants); the rewards equal full-sequence forwards, whatever the positions and batch split."""
+    from rmjax.prefix import score_variants
+
+    _, model = tiny_rm
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    rng = np.random.default_rng(5)
+    current = rng.integers(3, 200, 6)
+    variants = np.repeat(current[None], 23, axis=0)
+    for i, row in enumerate(variants):
+        positions = rng.choice(6, size=1 + i % 3, replace=False)
+        row[positions] = rng.integers(3, 200, len(positions))
+    variants[0] = current  # unchanged: reruns its last token
+    for rows in (4, 8, 32):
+        got = score_variants(model, target.cache, np.asarray(SUFFIX, np.int32), current, variants, rows)
+        np.testing.assert_allclose(got, _full_rewards(model, variants), atol=1e-5, rtol=0)
