@@ -21,6 +21,7 @@ from rmjax.config import ModelConfig
 from rmjax.distributed import replicated, to_host
 from rmjax.errors import UsageError
 from rmjax.loading import Model
+from rmjax.progress import Progress
 
 COMPONENTS = ("residual", "attention", "mlp")
 
@@ -70,7 +71,7 @@ def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: i
     plan = ([(-1, -1, p) for p in range(t)]  # the embeddings
             + [(c, lay, p) for c in range(len(COMPONENTS)) for lay in range(layers) for p in range(t)])
     plan += [(0, 0, -1), (0, 0, -2)]  # the clean run (nothing patched) and the donor's whole last residual
-    out = []
+    out, progress = [], Progress(len(plan), "patching", unit="runs")
     for start in range(0, len(plan), batch_size):
         part = plan[start : start + batch_size]
         part += [part[-1]] * (batch_size - len(part))  # one shape: one compilation
@@ -84,6 +85,7 @@ def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: i
                 where[i] = True
         args = replicated((lay, comp, where), model.mesh)
         out.append(to_host(_patched(model.params, cfg, ids, donor_ids, reads, *args, column)))
+        progress.update(min(batch_size, len(plan) - start))
     values = np.concatenate(out)[: len(plan)]
     embeddings, rest = values[:t].reshape(1, t), values[t:-2].reshape(len(COMPONENTS), layers, t)
     maps = {"residual": np.concatenate([embeddings, rest[0]]), "attention": rest[1], "mlp": rest[2]}
