@@ -58,8 +58,10 @@ def _patched(params, cfg: ModelConfig, ids: jax.Array, donor_ids: jax.Array, rea
 
 
 def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: int = 32,
-                 column: int | None = None) -> PatchingMap:
-    """Every (layer, position) patch of `donor` into `clean` (token ids of whole conversations)."""
+                 column: int | None = None, skip_shared: bool = True) -> PatchingMap:
+    """Every (layer, position) patch of `donor` into `clean` (token ids of whole conversations). With
+    `skip_shared`, positions before the first token where the two differ are not run: attention is causal, so
+    both runs hold the same activations there and the patch gives the clean reward (filled in, exactly)."""
     if len(clean) != len(donor):
         raise UsageError(f"activation patching needs responses of one length in tokens: the conversations have "
                          f"{len(clean)} and {len(donor)} tokens. Pick responses of the same token length.")
@@ -68,8 +70,11 @@ def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: i
     t, layers = len(clean), cfg.num_layers
     ids, donor_ids = replicated((np.asarray([clean], np.int32), np.asarray([donor], np.int32)), model.mesh)
     reads = _donor_reads(model.params, cfg, donor_ids)
-    plan = ([(-1, -1, p) for p in range(t)]  # the embeddings
-            + [(c, lay, p) for c in range(len(COMPONENTS)) for lay in range(layers) for p in range(t)])
+    differ = np.flatnonzero(np.asarray(clean) != np.asarray(donor))
+    first = int(differ[0]) if skip_shared and len(differ) else 0
+    shown = range(first, t)
+    plan = ([(-1, -1, p) for p in shown]  # the embeddings
+            + [(c, lay, p) for c in range(len(COMPONENTS)) for lay in range(layers) for p in shown])
     plan += [(0, 0, -1), (0, 0, -2)]  # the clean run (nothing patched) and the donor's whole last residual
     out, progress = [], Progress(len(plan), "patching", unit="runs")
     for start in range(0, len(plan), batch_size):
@@ -87,6 +92,9 @@ def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: i
         out.append(to_host(_patched(model.params, cfg, ids, donor_ids, reads, *args, column)))
         progress.update(min(batch_size, len(plan) - start))
     values = np.concatenate(out)[: len(plan)]
-    embeddings, rest = values[:t].reshape(1, t), values[t:-2].reshape(len(COMPONENTS), layers, t)
-    maps = {"residual": np.concatenate([embeddings, rest[0]]), "attention": rest[1], "mlp": rest[2]}
+    width = t - first
+    embeddings, rest = values[:width].reshape(1, width), values[width:-2].reshape(len(COMPONENTS), layers, width)
+    computed = {"residual": np.concatenate([embeddings, rest[0]]), "attention": rest[1], "mlp": rest[2]}
+    maps = {name: np.concatenate([np.full((v.shape[0], first), values[-2], np.float32), v], axis=1)
+            for name, v in computed.items()}
     return PatchingMap(float(values[-2]), float(values[-1]), maps)

@@ -94,11 +94,14 @@ def test_gradient_times_input_equals_torch_autograd(family):
 def test_patching_itself_changes_nothing_and_the_last_residual_gives_the_donor(family, name):
     _, model = family(name)
     clean, donor = SEQUENCES[0], [*SEQUENCES[0][:-1], 44]
-    same = patching_map(model, clean, clean, batch_size=16)
+    same = patching_map(model, clean, clean, batch_size=16, skip_shared=False)
     for values in same.maps.values():
         np.testing.assert_allclose(values, _reward(model, clean)[0], atol=2e-5, rtol=0)
-    pm = patching_map(model, clean, donor, batch_size=16)
+    pm = patching_map(model, clean, donor, batch_size=16, skip_shared=False)
     assert pm.clean_reward == pytest.approx(_reward(model, clean)[0], abs=2e-5)
+    shortcut = patching_map(model, clean, donor, batch_size=16)  # positions before the difference are filled in
+    for name, values in pm.maps.items():
+        np.testing.assert_allclose(shortcut.maps[name], values, atol=2e-5, rtol=0)
     assert pm.donor_reward == pytest.approx(_reward(model, donor)[0], abs=2e-5)
     # only the last position differs: patching it after any layer gives the donor's reward, elsewhere the clean one
     np.testing.assert_allclose(pm.maps["residual"][:, -1], _reward(model, donor)[0], atol=2e-5, rtol=0)
