@@ -57,7 +57,7 @@ def main(argv):
         sequences = inspect_job.best_and_worst(source, name, TOP.value, DEPTH.value)
         items = inspect_job.items_from_ids(model, text, sequences, common.TEMPLATE.value)
     summary = inspect_job.run_inspect(model, text, items, OUT.value, steps=STEPS.value, baseline=BASELINE.value,
-                                      overwrite=common.OVERWRITE.value)
+                                      overwrite=common.OVERWRITE.value, allow_nonfinite=common.ALLOW_NONFINITE.value)
     if distributed.is_main():
         for label, reward, explained, gap in zip(summary["responses"], summary["reward"], summary["explained"],
                                                  summary["ig_relative_gap"], strict=True):

@@ -81,7 +81,8 @@ def inspect_identity(model_fp: dict, *, dtype: str, output_column: int, prompt: 
 
 
 def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *, steps: int = 64,
-                baseline: str = "pad", overwrite: bool = False, batch_size: int = 16) -> dict:
+                baseline: str = "pad", overwrite: bool = False, batch_size: int = 16,
+                allow_nonfinite: bool = False) -> dict:
     """Compute everything for `items` and write it to folder `out`; the summary (also in .meta.json)."""
     if len(items) < 1:
         raise UsageError("no responses to inspect.")
@@ -104,7 +105,7 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
         pair = (items[0], items[-1]) if len(items) > 1 and len(items[0].ids) == len(items[-1].ids) else None
         patched = patching_map(model, list(pair[0].ids), list(pair[1].ids), batch_size=2 * batch_size) \
             if pair else None
-        _check_finite(model, items, lens, curves, attributions, patched)
+        nonfinite = _check_finite(model, items, lens, curves, attributions, patched, allow_nonfinite)
         summary = {
             "responses": [i.label for i in items], "reward": lens.reward[:, col].tolist(),
             "explained": lens.explained[:, col].tolist(),
@@ -112,6 +113,7 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
             "patching": None if pair is None else {"clean": pair[0].label, "donor": pair[1].label},
             "patching_skipped": None if pair or len(items) < 2 else
             "the first and last responses differ in token length: patching needs one length",
+            "nonfinite": nonfinite,
         }
 
         def write(path: Path) -> Path:
@@ -125,18 +127,22 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
         return summary
 
 
-def _check_finite(model: Model, items, lens, curves, attributions, patched) -> None:
-    """NaN/Inf anywhere stops the job before anything is written (rmjax.finite names where a forward turns NaN)."""
+def _check_finite(model: Model, items, lens, curves, attributions, patched, allow: bool) -> list[str] | None:
+    """NaN/Inf anywhere stops the job before anything is written (rmjax.finite names where a forward turns NaN);
+    with `allow`, the names of the affected outputs for .meta.json."""
     arrays = {"reward lens": lens.lens, "direct contributions": np.concatenate([lens.attention, lens.mlp]),
               "token rewards": np.concatenate([c.ravel() for c in curves]),
               "attribution": np.concatenate([np.r_[a.grad_x_input, a.integrated_gradients] for a in attributions])}
     if patched is not None:
         arrays["patching"] = np.concatenate([m.ravel() for m in patched.maps.values()])
     bad = [name for name, values in arrays.items() if not np.isfinite(values).all()]
+    if bad and allow:
+        return bad
     if bad:
         where = finite.diagnose(model, list(items[0].ids))
         raise NonFiniteError(f"non-finite values in the {', '.join(bad)} of {[i.label for i in items]}{where}. "
-                             "Nothing was written: fix the model or the input.")
+                             f"Nothing was written: fix the model or the input, or {finite.ALLOW_HINT}.")
+    return None
 
 
 def _write_tables(out: Path, items, lens, curves, attributions, patched, pair, col: int, tok) -> None:
