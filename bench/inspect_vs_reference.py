@@ -1,7 +1,7 @@
 """Inspect throughput: reward lens + per-token curve + integrated gradients (64 steps) for 16 responses, rmjax vs
 the same computed with transformers the way the PyTorch tools do (a forward with hidden states per response for
 the lens, one forward per prefix for the curve as reward-bench's per_token_reward, one forward + backward per
-IG step), in one run; per-response time ratio.
+IG step), in one run; per-response time ratio. Both keep the template's special tokens out of the IG path.
 
 Model: the SmolLM2-135M-shaped reward model of bench/sweep_vs_reference.py (f32, random weights, real tokenizer
 and chat template). rmjax runs all 16 responses after a compiling run; the reference runs `--n_ref` of them.
@@ -27,7 +27,8 @@ WORDS = ["love", "war", "hope", "music", "science", "freedom", "money", "death",
          "nature", "justice", "family", "knowledge", "peace"]
 
 
-def reference(folder: Path, conversations: list[list[int]], starts: list[int], steps: int) -> tuple[float, dict]:
+def reference(folder: Path, conversations: list[list[int]], starts: list[int], steps: int,
+              special: set[int]) -> tuple[float, dict]:
     import torch
     import transformers
 
@@ -43,8 +44,12 @@ def reference(folder: Path, conversations: list[list[int]], starts: list[int], s
         with torch.no_grad():
             states = model.model(input_ids=x, output_hidden_states=True).hidden_states
             out["lens"].append([model.score(model.model.norm(h[0, -1])).item() for h in states[:-1]])
-            out["curve"].append([model(input_ids=x[:, : j + 1]).logits[0, 0].item() for j in range(first, len(ids))])
-        emb, base = table[x[0]], table[pad].expand(len(ids), -1)
+            # the head at each prefix's last token (transformers' pooling skips a trailing pad id, here <|im_end|>)
+            out["curve"].append([model.score(model.model(input_ids=x[:, : j + 1]).last_hidden_state[0, -1]).item()
+                                 for j in range(first, len(ids))])
+        emb = table[x[0]]
+        keep = torch.tensor([i in special for i in ids])[:, None]  # as rmjax: the template's specials stay
+        base = torch.where(keep, emb, table[pad].expand(len(ids), -1))
         total = torch.zeros_like(emb)
         for k in range(steps):
             point = (base + (k + 0.5) / steps * (emb - base)).clone().requires_grad_()
@@ -82,7 +87,8 @@ def main() -> None:
     lens, curves, attrs = ours()
     t_ours = time.perf_counter() - start
     n = args.n_ref
-    t_ref, ref = reference(folder, seqs[:n], [i.start for i in items[:n]], args.steps)
+    t_ref, ref = reference(folder, seqs[:n], [i.start for i in items[:n]], args.steps,
+                           set(model.tokenizer.all_special_ids))
     per_ours, per_ref = t_ours / len(seqs), t_ref / n
     err_lens = max(np.abs(lens.lens[:-1, b, 0] - np.asarray(ref["lens"][b])).max() for b in range(n))
     err_curve = max(np.abs(curves[b][items[b].start :, 0] - np.asarray(ref["curve"][b])).max() for b in range(n))
