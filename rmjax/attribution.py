@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import nn
+from rmjax import batching, nn
 from rmjax.config import ModelConfig
 from rmjax.distributed import replicated, to_host
 from rmjax.errors import UsageError
@@ -47,11 +47,14 @@ class Attribution:
         return abs(self.completeness_gap) / max(abs(self.reward - self.baseline_reward), 1e-12)
 
 
+LENGTH_BUCKET = 8  # conversations are right-padded to a multiple of this: one compilation serves many lengths
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "column"))
-def _rewards_and_grads(params, cfg: ModelConfig, ids: jax.Array, embeds: jax.Array, column: int):
-    """Reward output `column` and its gradient w.r.t. the embedding rows, for each row of embeds [S, T, H]."""
+def _rewards_and_grads(params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array, embeds: jax.Array, column: int):
+    """Reward output `column` and its gradient w.r.t. the embedding rows, for each row of embeds [S, T, H]
+    (right padding past `mask` is causal-invisible to the real tokens and gets zero gradient)."""
     model = nn.module(params, cfg)
-    mask = jnp.ones(ids.shape, bool)
 
     def reward(rows):
         hidden = model(embeds=rows[None], mask=mask).hidden
@@ -80,21 +83,27 @@ def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = 
         # massive activations on them, and interpolating them makes the path integral diverge.
         special = np.isin(np.asarray(ids), list(getattr(model.tokenizer, "all_special_ids", ())))
         base = jnp.where(jnp.asarray(special)[:, None], x, base)
-    ids_arr = replicated(jnp.asarray([ids], jnp.int32), model.mesh)
+    t = len(ids)
+    width = batching.bucket(t, LENGTH_BUCKET)
+    ids_arr, mask = replicated(batching.pad_rows([ids], width), model.mesh)
 
     def run(rows: jax.Array) -> tuple[np.ndarray, np.ndarray]:
-        r, g = _rewards_and_grads(model.params, model.config, ids_arr, rows.astype(table.dtype), column)
-        return to_host(r), to_host(g)
+        """Rewards and gradients of up to batch_size embedding sequences [S, T, H] (one shape: one compilation)."""
+        padded = jnp.zeros((batch_size, width, x.shape[1]), table.dtype).at[: len(rows), :t].set(rows)
+        r, g = _rewards_and_grads(model.params, model.config, ids_arr, mask, padded, column)
+        return to_host(r)[: len(rows)], to_host(g)[: len(rows), :t]
 
-    (reward, base_reward), (grad_x, _) = run(jnp.stack([x, base]))
-    alphas = (np.arange(steps) + 0.5) / steps  # midpoints
-    total = np.zeros(x.shape, np.float64)
-    for start in range(0, steps, batch_size):
+    # One stream of rows in batches: the input (α = 1), the baseline (α = 0), then the IG midpoints.
+    alphas = np.concatenate([[1.0, 0.0], (np.arange(steps) + 0.5) / steps])
+    rewards, total = [], np.zeros(x.shape, np.float64)
+    for start in range(0, len(alphas), batch_size):
         a = jnp.asarray(alphas[start : start + batch_size], jnp.float32)
-        a = jnp.pad(a, (0, batch_size - len(a)))  # one shape: one compilation
-        _, grads = run(base[None] + a[:, None, None] * (x - base)[None])
-        n = min(batch_size, steps - start)
-        total += grads[:n].astype(np.float64).sum(0) / steps
+        r, grads = run(base[None] + a[:, None, None] * (x - base)[None])
+        rewards += r.tolist()
+        if start == 0:
+            grad_x = grads[0]
+        total += grads[max(0, 2 - start) :].astype(np.float64).sum(0) / steps
+    reward, base_reward = rewards[0], rewards[1]
     delta = np.asarray(x - base, np.float64)
     return Attribution(list(ids), (np.asarray(x, np.float64) * grad_x).sum(-1), (delta * total).sum(-1),
                        float(reward), float(base_reward))

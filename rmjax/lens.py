@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import nn, ops
+from rmjax import batching, nn, ops
 from rmjax.config import ModelConfig
 from rmjax.distributed import replicated, to_host
 from rmjax.loading import Model
@@ -74,8 +74,6 @@ def _lens(params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> dict[str
 
 def reward_lens(model: Model, sequences: list[list[int]]) -> Lens:
     """The lens and direct contributions of full conversations (token ids), right-padded into one batch."""
-    from rmjax import batching
-
     ids, mask = batching.pad_rows(sequences, pad_id=0)
     out = _lens(model.params, model.config, *replicated((ids, mask), model.mesh))
     return Lens(**{k: to_host(v) for k, v in out.items()})
@@ -94,8 +92,6 @@ def _curve(params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Arr
 def token_rewards(model: Model, sequences: list[list[int]]) -> list[np.ndarray]:
     """Per conversation, every head output at each of its positions [T_i, out]: position j is the reward of
     the conversation cut after token j (causal attention: one forward gives every prefix)."""
-    from rmjax import batching
-
     ids, mask = batching.pad_rows(sequences, pad_id=0)
     out = to_host(_curve(model.params, model.config, *replicated((ids, mask), model.mesh)))
     return [out[i, : len(s)] for i, s in enumerate(sequences)]

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
 
 from rmjax import results
-from rmjax.analysis import data
+from rmjax.analysis import data, stats
 from rmjax.analysis.outputs import Outputs, markdown
 from rmjax.errors import InputFileError
 
@@ -61,8 +60,8 @@ def tau_between(tables: Sequence[BeamTable], depth: int, prompt: str) -> tuple[p
     for i, j in itertools.combinations(range(len(tables)), 2):
         common = series[i].index.intersection(series[j].index)
         shared.iloc[i, j] = shared.iloc[j, i] = len(common)
-        value = (scipy_stats.kendalltau(series[i][common], series[j][common], variant="b").statistic
-                 if len(common) >= 3 else np.nan)
+        pair = pd.DataFrame({"a": series[i][common], "b": series[j][common]})
+        value = stats.kendall_tau_matrix(pair).iloc[0, 1] if len(common) >= 3 else np.nan
         tau.iloc[i, j] = tau.iloc[j, i] = value
     return tau, shared
 
