@@ -24,7 +24,7 @@ from rmjax.checks import setting
 from rmjax.distributed import replicated, to_host
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import Model
-from rmjax.prefix import prefill_prefix, score_responses, score_variants
+from rmjax.prefix import append_kv, extend_prefix, prefill_prefix, score_responses, score_variants
 from rmjax.textscore import Conversations
 
 
@@ -111,41 +111,64 @@ def make_target(model: Model, prompt: str, template: str = "auto", prefix=None, 
     return target
 
 
+@jax.custom_vjp
+def _rows_of(one_hot: jax.Array, table: jax.Array, ids: jax.Array) -> jax.Array:
+    """one_hot(ids) @ table, computed as the gather it equals (the same rows as the ids path, on every
+    backend and dtype); its gradient w.r.t. the (float32) one-hot is the usual g @ table.T."""
+    return jnp.take(table, ids, axis=0)
+
+
+def _rows_forward(one_hot, table, ids):
+    return jnp.take(table, ids, axis=0), table
+
+
+def _rows_backward(table, g):
+    return g.astype(jnp.float32) @ table.T.astype(jnp.float32), None, None
+
+
+_rows_of.defvjp(_rows_forward, _rows_backward)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "column"))
-def _reward_of_one_hot(params, cfg, cache, one_hot, suffix, column):
-    """Reward of prefix + (one_hot @ E) + suffix; differentiable in the one-hot matrix [N, V]."""
+def _reward_of_one_hot(params, cfg, cache, one_hot, ids, suffix, column):
+    """Reward of prefix + (one_hot @ E) + suffix, differentiable in the one-hot matrix [N, V] (one_hot(ids));
+    and, as aux, the K/V of that forward (the cache GCG's candidates are scored against)."""
     model = nn.module(params, cfg)
-    table = model.embed.embedding[...].astype(one_hot.dtype)
-    embeds = jnp.concatenate([one_hot @ table, table[suffix]])
-    hidden = model(embeds=embeds[None], cache=cache).hidden
-    return model.reward_head(hidden[:, -1], cache.gate_input)[0, column]
+    table = model.embed.embedding[...]
+    embeds = jnp.concatenate([_rows_of(one_hot, table, ids), jnp.take(table, suffix, axis=0)])
+    out = model(embeds=embeds[None], cache=cache)
+    return model.reward_head(out.hidden[:, -1], cache.gate_input)[0, column], out.kv
 
 
-_grad_one_hot = jax.jit(jax.grad(_reward_of_one_hot, argnums=3), static_argnames=("cfg", "column"))
+_grad_one_hot = jax.jit(jax.grad(_reward_of_one_hot, argnums=3, has_aux=True), static_argnames=("cfg", "column"))
 
 
 def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
     """d reward / d one_hot(ids): [N, V] float32 (on the host; the search keeps it on the device)."""
-    return to_host(_device_gradient(target, ids))
+    return to_host(_device_gradient(target, ids)[0])
 
 
-def _device_gradient(target: Target, ids: np.ndarray) -> jax.Array:
+def _device_gradient(target: Target, ids: np.ndarray) -> tuple[jax.Array, nn.KVCache]:
+    """The gradient, and the cache of prefix + ids that its forward computed on the way (prefix.append_kv)."""
     m = target.model
-    one_hot = jax.nn.one_hot(jnp.asarray(ids), m.config.vocab_size, dtype=jnp.float32)
-    return _grad_one_hot(m.params, m.config, target.cache, one_hot, target.suffix_ids, m.output_column)
+    ids = jnp.asarray(ids, jnp.int32)
+    one_hot = jax.nn.one_hot(ids, m.config.vocab_size, dtype=jnp.float32)
+    grad, kv = _grad_one_hot(m.params, m.config, target.cache, one_hot, ids, target.suffix_ids, m.output_column)
+    return grad, append_kv(m, target.cache, kv, len(ids))
 
 
 def evaluate(targets: list[Target], candidates: np.ndarray, batch_size: int = 256,
-             current: np.ndarray | None = None) -> np.ndarray:
+             current: np.ndarray | None = None, extended: list[nn.KVCache] | None = None) -> np.ndarray:
     """Mean reward over targets of each candidate response [W, N] -> [W]. With `current` (the sequence the
-    candidates were made from), each runs only from its first change on (prefix.score_variants)."""
+    candidates were made from), each runs only from its first change on (prefix.score_variants), against
+    `extended` (per target, the cache of its prefix + current; computed here when not given)."""
     total = np.zeros(len(candidates), np.float64)
-    for t in targets:
+    for i, t in enumerate(targets):
         if current is None:
             total += score_responses(t.model, t.cache, t.suffix_ids, candidates, batch_size)
-        else:
-            total += score_variants(t.model, t.cache, np.asarray(t.suffix, np.int32), current, candidates,
-                                    batch_size)
+            continue
+        cache = extend_prefix(t.model, t.cache, np.asarray(current)[None]) if extended is None else extended[i]
+        total += score_variants(t.model, cache, np.asarray(t.suffix, np.int32), current, candidates, batch_size)
     return (total / len(targets)).astype(np.float32)
 
 
@@ -270,10 +293,10 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     eval_batch = min(cfg.eval_batch_size, max(1, cfg.search_width // 2))
     dropped = 0
 
-    def losses_of(cands: np.ndarray, current: np.ndarray | None = None) -> np.ndarray:
+    def losses_of(cands: np.ndarray, current: np.ndarray | None = None, extended=None) -> np.ndarray:
         """-sign * reward; NaN/Inf stop the search (or, when allowed, mark the candidate to drop)."""
         nonlocal dropped
-        rewards = evaluate(targets, cands, eval_batch, current)
+        rewards = evaluate(targets, cands, eval_batch, current, extended)
         bad = ~np.isfinite(rewards)
         if bad.any() and not cfg.allow_nonfinite:
             finite.check(rewards[:, None], what="rewards", columns=["GCG objective"], allow=False,
@@ -295,7 +318,8 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
         # buffer entries, swapping more positions at a time (the history forbids going back).
         for attempt in range(min(len(buffer), 4)):
             current = np.asarray(buffer[attempt][1])
-            grad = _mean_on_device([_device_gradient(t, current)[:, :vocab] for t in targets]) * -sign
+            grads, extended = zip(*(_device_gradient(t, current) for t in targets), strict=True)
+            grad = _mean_on_device([g[:, :vocab] for g in grads]) * -sign
             nonfinite = int(jnp.sum(~jnp.isfinite(grad)))
             if nonfinite and not cfg.allow_nonfinite:
                 raise NonFiniteError(
@@ -309,7 +333,7 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
             if len(cands):
                 break
         if len(cands):
-            losses = losses_of(cands, current)
+            losses = losses_of(cands, current, list(extended))
             held = {tuple(ids) for _, ids in buffer}  # without the history a sequence can come back: keep it once
             for loss, ids in zip(losses, cands, strict=True):
                 if np.isfinite(loss) and tuple(ids.tolist()) not in held:

@@ -40,6 +40,12 @@ def extend_prefix(model: Model, cache: nn.KVCache, continuations: np.ndarray) ->
     return extend(_declared(model), cache, replicated(np.asarray(continuations, np.int32), model.mesh))
 
 
+def append_kv(model: Model, cache: nn.KVCache, kv: nn.KVCache, length: int) -> nn.KVCache:
+    """A batch-1 prefix cache followed by the first `length` positions of `kv`, the K/V of a batch-1 forward
+    after it (GCG's gradient forward: the same cache extend_prefix computes, without a forward of its own)."""
+    return _append(model.config, model.mesh, cache.k.shape[2], length)(cache, kv)
+
+
 def cache_row(model: Model, cache: nn.KVCache, row: int) -> nn.KVCache:
     """Row `row` of a batched cache as a batch-1 cache, placed where the batch scorer expects it."""
     return _take_row(model.config, model.mesh, cache.k.shape[1], cache.k.shape[2])(cache, jnp.int32(row))
@@ -65,20 +71,36 @@ def _prefill(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, width: int):
                                out_shardings=nn.KVCache.shardings(cfg, mesh, 1, width)), mesh)
 
 
+def _joined(cfg: ModelConfig, cache: nn.KVCache, kv: nn.KVCache, rows: int) -> nn.KVCache:
+    """A batch-1 cache repeated over `rows`, each row followed by its new positions in `kv` ([rows])."""
+    def joined(old, fresh, axis):
+        shape = list(old.shape)
+        shape[axis] = rows
+        return jnp.concatenate([jnp.broadcast_to(old, shape), fresh], axis=axis + 1)
+
+    gate = None if cache.gate_input is None else jnp.broadcast_to(cache.gate_input, (rows, cfg.hidden_size))
+    return nn.KVCache(k=joined(cache.k, kv.k, 1), v=joined(cache.v, kv.v, 1),
+                      positions=joined(cache.positions, kv.positions, 0), valid=joined(cache.valid, kv.valid, 0),
+                      gate_input=gate)
+
+
+@functools.lru_cache(maxsize=32)
+def _append(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, width: int, length: int):
+    def append(cache, kv):
+        head = nn.KVCache(k=kv.k[:, :, :length], v=kv.v[:, :, :length], positions=kv.positions[:, :length],
+                          valid=kv.valid[:, :length])
+        return _joined(cfg, cache, head, 1)
+
+    if mesh is None:
+        return jax.jit(append)
+    return jax.jit(append, in_shardings=(nn.KVCache.shardings(cfg, mesh, 1, width), None),
+                   out_shardings=nn.KVCache.shardings(cfg, mesh, 1, width + length))
+
+
 @functools.lru_cache(maxsize=32)
 def _extend(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, width: int, rows: int, new: int):
     def extend(params, cache, continuations):
-        kv = nn.module(params, cfg)(ids=continuations, cache=cache).kv
-
-        def joined(old, fresh, axis):  # the shared prefix repeated per row, then each row's new positions
-            shape = list(old.shape)
-            shape[axis] = rows
-            return jnp.concatenate([jnp.broadcast_to(old, shape), fresh], axis=axis + 1)
-
-        gate = None if cache.gate_input is None else jnp.broadcast_to(cache.gate_input, (rows, cfg.hidden_size))
-        return nn.KVCache(k=joined(cache.k, kv.k, 1), v=joined(cache.v, kv.v, 1),
-                          positions=joined(cache.positions, kv.positions, 0), valid=joined(cache.valid, kv.valid, 0),
-                          gate_input=gate)
+        return _joined(cfg, cache, nn.module(params, cfg)(ids=continuations, cache=cache).kv, rows)
 
     if mesh is None:
         return jax.jit(extend)
@@ -125,56 +147,80 @@ def _batch_scorer(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, prefix_width
     ), mesh)
 
 
-def score_variants(model: Model, cache: nn.KVCache, suffix: np.ndarray, current: np.ndarray, variants: np.ndarray,
-                   rows: int) -> np.ndarray:
+def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
+                   variants: np.ndarray, rows: int) -> np.ndarray:
     """Rewards of responses [W, N] that each equal `current` [N] up to their first changed position (GCG's
-    candidates): one cache of prefix + current serves every variant's unchanged head, so a variant runs only
-    from its first change on (+ suffix). Variants are sorted by that position and run `rows` at a time, each
-    batch as wide as its longest tail (at most N compilations). [W] float32."""
+    candidates): `extended`, the cache of prefix + current (extend_prefix, or append_kv after GCG's gradient),
+    serves every variant's unchanged head, so a variant runs only
+    from its first change on (+ suffix). The tails are packed end to end into rows as wide as the longest
+    and the shortest tail together (nn.Segments keeps them apart), `rows` rows per call, so the positions
+    run are the tails' and almost no padding. [W] float32."""
     n, tail = len(current), len(suffix)
     if not len(variants):
         return np.zeros(0, np.float32)
-    rows = batching.round_up(rows, model.mesh)
-    extended = extend_prefix(model, cache, np.asarray(current)[None])
     changed = variants != np.asarray(current)[None]
     first = np.where(changed.any(1), changed.argmax(1), n - 1)  # an unchanged variant reruns its last token
-    order = np.argsort(-first, kind="stable")
+    width, slots = (n + tail) + (1 + tail), (n + 2 * tail + 1) // (1 + tail)
+    packed = pack(n - first + tail, width)
+    calls = -(-len(packed) // rows)
+    per_call = batching.round_up(batching.bucket(-(-len(packed) // calls), 8), model.mesh)
+    cache_width = extended.k.shape[2]
+    ids, rel, segment, cache_end = (np.zeros((calls * per_call, width), np.int32) for _ in range(4))
+    segment[:] = -1
+    last, owner = np.zeros((calls * per_call, slots), np.int32), np.full((calls * per_call, slots), -1)
+    for r, members in enumerate(packed):
+        at = 0
+        for slot, i in enumerate(members):
+            span = slice(at, at + n - first[i] + tail)
+            ids[r, span] = np.concatenate([variants[i, first[i] :], suffix])
+            rel[r, span] = np.arange(first[i], n + tail)  # positions after the prompt
+            segment[r, span], cache_end[r, span] = slot, cache_width - n + first[i]
+            last[r, slot], owner[r, slot] = span.stop - 1, i
+            at = span.stop
+    scorer = _variant_scorer(model.config, model.mesh, cache_width, n, width, per_call, slots, model.output_column)
     params, pending = _declared(model), []
-    for start in range(0, len(order), rows):
-        part = order[start : start + rows]
-        width = n - int(first[part].min()) + tail
-        heads = np.full(rows, first[part[0]], np.int32)
-        ids, mask = np.zeros((rows, width), np.int32), np.zeros((rows, width), bool)
-        for r in range(rows):  # rows past the part repeat its first variant (a fixed batch shape)
-            i = part[min(r, len(part) - 1)]
-            heads[r], k = first[i], n - first[i]
-            ids[r, :k], mask[r, :k] = variants[i, first[i] :], True
-            ids[r, width - tail :], mask[r, width - tail :] = suffix, True  # after the gap: positions skip it
-        scorer = _variant_scorer(model.config, model.mesh, extended.k.shape[2], n, width, rows, model.output_column)
-        pending.append((part, scorer(params, extended, *(batching.place(a, model.mesh) for a in (heads, ids, mask)))))
+    for start in range(0, calls * per_call, per_call):
+        part = slice(start, start + per_call)
+        placed = (batching.place(a[part], model.mesh) for a in (ids, rel, segment, cache_end, last))
+        pending.append((owner[part], scorer(params, extended, *placed)))
     out = np.zeros(len(variants), np.float32)
-    for part, scores in pending:
-        out[part] = to_host(scores)[: len(part)]
+    for who, scores in pending:
+        out[who[who >= 0]] = to_host(scores)[who >= 0]
     return out
+
+
+def pack(lengths: np.ndarray, width: int) -> list[list[int]]:
+    """Items of `lengths` (each <= width) into as few rows of `width` as first-fit decreasing finds: the
+    indices in each row, longest first."""
+    rows, room = [], []
+    for i in np.argsort(-np.asarray(lengths), kind="stable"):
+        fit = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+        if fit is None:
+            rows.append([]), room.append(width)
+            fit = len(rows) - 1
+        rows[fit].append(int(i))
+        room[fit] -= int(lengths[i])
+    return rows
 
 
 @functools.lru_cache(maxsize=64)
 def _variant_scorer(cfg: ModelConfig, mesh: jax.sharding.Mesh | None, cache_width: int, n: int, width: int,
-                    rows: int, column: int):
-    def score(params, cache, heads, ids, mask):
-        # Row r sees the prompt and current[:heads[r]] of the cache; its own tokens take over from there.
-        keep = jnp.arange(cache_width)[None, :] < cache_width - n + heads[:, None]
-        rowwise = nn.KVCache(k=cache.k, v=cache.v, positions=cache.positions, valid=cache.valid & keep,
-                             gate_input=cache.gate_input)
-        return nn.module(params, cfg).rewards_after(rowwise, ids, mask)[:, column]
+                    rows: int, slots: int, column: int):
+    def score(params, cache, ids, rel, segment, cache_end, last):
+        model = nn.module(params, cfg)
+        positions = cache.next_positions[:, None] - n + rel  # the response starts after the prompt
+        hidden = model(ids=ids, mask=segment >= 0, positions=positions, cache=cache,
+                       segments=nn.Segments(segment, cache_end)).hidden
+        ends = hidden[jnp.arange(rows)[:, None], last]  # [rows, slots, hidden]
+        return model.reward_head(ends.reshape(rows * slots, -1), cache.gate_input)[:, column].reshape(rows, slots)
 
     if mesh is None:
         return jax.jit(score)
-    data = batch_sharding(mesh, 1)
+    rows_of = batch_sharding(mesh, 2)
     return _under_mesh(jax.jit(
-        score, in_shardings=(nn.shardings(cfg, mesh), nn.KVCache.shardings(cfg, mesh, 1, cache_width), data,
-                             batch_sharding(mesh, 2), batch_sharding(mesh, 2)),
-        out_shardings=data), mesh)
+        score, in_shardings=(nn.shardings(cfg, mesh), nn.KVCache.shardings(cfg, mesh, 1, cache_width),
+                             *([rows_of] * 5)),
+        out_shardings=rows_of), mesh)
 
 
 def _under_mesh(fn, mesh: jax.sharding.Mesh):

@@ -298,20 +298,39 @@ def test_vocab_file_keeps_the_search_and_its_start_inside_the_set(rm_folder, tmp
         assert set(ids) <= allowed
 
 
-def test_variants_run_from_their_first_change_and_equal_full_forwards(tiny_rm):
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3", "llama3", "mesh"])
+def test_variants_run_from_their_first_change_and_equal_full_forwards(kind, tiny_rm, tmp_path):
     """GCG evaluates each candidate from its first changed position against a cache of prefix + current
-    (prefix.score_variants); the rewards equal full-sequence forwards, whatever the positions and batch split."""
-    from rmjax.prefix import score_variants
+    (prefix.score_variants), the tails packed several to a row; the rewards equal full-sequence forwards,
+    whatever the positions, packing and calls, with the cache from extend_prefix or from the gradient's own
+    forward (prefix.append_kv), on sliding-window and sandwich-norm families and over a mesh."""
+    from rmjax import gcg as gcg_lib
+    from rmjax.prefix import extend_prefix, pack, score_variants
+    from rmjax.sharding import make_mesh
 
-    _, model = tiny_rm
+    if kind in ("gemma2", "mesh"):
+        hf, model = tiny_rm
+        if kind == "mesh":
+            model = load(str(tiny.save_hf_model(hf, tmp_path)), require_tokenizer=False,
+                         mesh=make_mesh("data:4,model:2"))
+    else:
+        folder = tiny.save_hf_model(tiny.build_hf_model(kind, num_labels=1, seed=3, sliding_window=4), tmp_path)
+        model = load(str(folder), require_tokenizer=False)
     target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
     rng = np.random.default_rng(5)
-    current = rng.integers(3, 200, 6)
+    current = rng.integers(3, tiny.VOCAB, 6)
     variants = np.repeat(current[None], 23, axis=0)
     for i, row in enumerate(variants):
         positions = rng.choice(6, size=1 + i % 3, replace=False)
-        row[positions] = rng.integers(3, 200, len(positions))
+        row[positions] = rng.integers(3, tiny.VOCAB, len(positions))
     variants[0] = current  # unchanged: reruns its last token
-    for rows in (4, 8, 32):
-        got = score_variants(model, target.cache, np.asarray(SUFFIX, np.int32), current, variants, rows)
-        np.testing.assert_allclose(got, _full_rewards(model, variants), atol=1e-5, rtol=0)
+    changed = variants != current
+    tails = 6 - np.where(changed.any(1), changed.argmax(1), 5) + len(SUFFIX)
+    assert len(pack(tails, 6 + 2 * len(SUFFIX) + 1)) < len(variants) - 5  # several tails share rows
+    want = _full_rewards(model, variants)
+    assert np.isfinite(want).all() and np.ptp(want) > 1e-3  # (NaN would compare equal to NaN)
+    from_gradient = gcg_lib._device_gradient(target, current)[1]
+    for extended in (extend_prefix(model, target.cache, current[None]), from_gradient):
+        for rows in (8, 32):
+            got = score_variants(model, extended, np.asarray(SUFFIX, np.int32), current, variants, rows)
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)

@@ -203,7 +203,8 @@ def test_cached_prefix_and_gcg_paths_use_the_same_gate(built, kind):
     got = np.asarray(M.rewards_after(model.params, model.config, cache, responses))[:, 0]
     np.testing.assert_allclose(got, want, atol=TOL, rtol=1e-5)
     one_hot = jax.nn.one_hot(responses[0], model.config.vocab_size, dtype=jnp.float32)
-    value = gcg._reward_of_one_hot(model.params, model.config, cache, one_hot, jnp.zeros((0,), jnp.int32), 0)
+    value, _ = gcg._reward_of_one_hot(model.params, model.config, cache, one_hot, jnp.asarray(responses[0]),
+                                      jnp.zeros((0,), jnp.int32), 0)
     assert float(value) == pytest.approx(want[0], abs=TOL)
 
 

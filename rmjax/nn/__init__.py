@@ -13,11 +13,11 @@ from rmjax.nn.state import (
     replace,
     shardings,
 )
-from rmjax.nn.transformer import Forward, GatedHead, KVCache, Transformer, at_last, last_token_index
+from rmjax.nn.transformer import Forward, GatedHead, KVCache, Segments, Transformer, at_last, last_token_index
 
 __all__ = [
     "Declaration", "DecoderStack", "Embedder", "Forward", "GatedHead", "KVCache", "Linear", "Patch", "RMSNorm",
-    "SplitStack",
+    "Segments", "SplitStack",
     "Transformer", "abstract", "at_last", "constrain", "declarations", "flat", "from_flat", "get", "graphdef",
     "last_token_index", "module", "replace", "shardings", "weight",
 ]

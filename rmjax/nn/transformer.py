@@ -111,6 +111,27 @@ class GatedHead(nnx.Module):
         return heads_lib.apply(self.weights(), self.config, scores, gate_input)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Segments:
+    """Several short sequences packed end to end in one row (GCG's candidate tails): a new token attends only
+    to new tokens of its own segment, and to cache entries before its segment's `cache_end` (an index into
+    the cache's sequence axis). Positions are given with it, one run per segment."""
+
+    ids: jax.Array  # [batch, seq] int32
+    cache_end: jax.Array  # [batch, seq] int32
+
+
+def _segment_masks(segments: Segments | None, cache_length: int | None) -> tuple:
+    """Per key block (cache first, if any), what packing additionally allows: [batch, q, k] or True."""
+    if segments is None:
+        return (True, True) if cache_length is not None else (True,)
+    own = segments.ids[:, :, None] == segments.ids[:, None, :]
+    if cache_length is None:
+        return (own,)
+    return (jnp.arange(cache_length)[None, None, :] < segments.cache_end[:, :, None], own)
+
+
 def positions_from_mask(mask: jax.Array, offset: jax.Array | int = 0) -> jax.Array:
     """Position of each token counting only real tokens, so left padding does not shift RoPE."""
     offset = jnp.asarray(offset, jnp.int32)
@@ -146,7 +167,8 @@ class Transformer(nnx.Module):
 
     def __call__(self, *, ids: jax.Array | None = None, embeds: jax.Array | None = None,
                  mask: jax.Array | None = None, positions: jax.Array | None = None,
-                 cache: KVCache | None = None, residuals: bool = False, patch: Patch | None = None) -> Forward:
+                 cache: KVCache | None = None, residuals: bool = False, patch: Patch | None = None,
+                 segments: Segments | None = None) -> Forward:
         """`embeds` are raw embedding rows (e.g. one_hot @ table for GCG gradients); the Gemma scale is
         applied here for both, so ids=x equals embeds=table[x] (transformers' inputs_embeds expects it
         applied). With `cache`, the new tokens attend to the cached prefix too."""
@@ -156,25 +178,32 @@ class Transformer(nnx.Module):
         mask = jnp.ones((batch, length), bool) if mask is None else mask.astype(bool)
         if positions is None:
             positions = positions_from_mask(mask, 0 if cache is None else cache.next_positions)
-        x, k, v, reads = self.layers(x, self._attention_inputs(positions, mask, cache),
+        x, k, v, reads = self.layers(x, self._attention_inputs(positions, mask, cache, segments),
                                      None if cache is None else cache.k, None if cache is None else cache.v,
                                      residuals, patch)
         kv = KVCache(k=k, v=v, positions=positions, valid=mask)
         return Forward(self.final_norm(x), kv, *(reads or ()))
 
-    def _attention_inputs(self, positions, mask, cache: KVCache | None) -> AttentionInputs:
+    def _attention_inputs(self, positions, mask, cache: KVCache | None,
+                          segments: Segments | None = None) -> AttentionInputs:
         cfg = self.config
         batch = positions.shape[0]
         blocks = [(positions, mask)]
         if cache is not None:  # key blocks: the cached prefix, then the new tokens
             blocks.insert(0, (jnp.broadcast_to(cache.positions, (batch, cache.positions.shape[-1])),
                               jnp.broadcast_to(cache.valid, (batch, cache.valid.shape[-1]))))
-        masks_g = tuple(ops.attention_mask(positions, kp, kv, None) for kp, kv in blocks)
+        within = _segment_masks(segments, None if cache is None else cache.positions.shape[-1])
+
+        def masks(window):
+            return tuple(ops.attention_mask(positions, kp, kv, window) & w
+                         for (kp, kv), w in zip(blocks, within, strict=True))
+
+        masks_g = masks(None)
         rope_g = ops.rope_angles(positions, cfg.rope_global, cfg.head_dim)
         if not cfg.has_local_layers:
             return AttentionInputs(rope_g, rope_g, masks_g, masks_g)
-        masks_l = tuple(ops.attention_mask(positions, kp, kv, cfg.sliding_window) for kp, kv in blocks)
-        return AttentionInputs(rope_g, ops.rope_angles(positions, cfg.rope_local, cfg.head_dim), masks_g, masks_l)
+        return AttentionInputs(rope_g, ops.rope_angles(positions, cfg.rope_local, cfg.head_dim), masks_g,
+                               masks(cfg.sliding_window))
 
     # Heads -----------------------------------------------------------------------------------
     def reward_head(self, last: jax.Array, gate_input: jax.Array | None = None) -> jax.Array:
