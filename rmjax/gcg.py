@@ -55,7 +55,8 @@ class GCGConfig:
     allow_non_ascii: bool = setting(False, "Allow non-ASCII tokens in the response.")
     retokenize_filter: bool = setting(True, "Keep only responses that re-tokenize to the same ids inside the "
                                       "template.")
-    eval_batch_size: int = setting(256, "Candidates per device batch when evaluating a step.")
+    eval_batch_size: int = setting(256, "Rows per evaluation call (at most; a step's rows each pack about two "
+                                        "candidates' tails).")
     template: str = setting("auto", "Chat template use.", ("auto", "chat", "plain"))
     allow_nonfinite: bool = setting(False, "Drop candidates with NaN/Inf rewards instead of stopping.")
 
@@ -289,7 +290,7 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     inits = seeds + [ids for ids in (_init_ids(lead, text, cfg, banned, rng, checks) for text in texts)
                      if ids not in seeds]
     init_arr = np.asarray(inits)
-    # Candidates run sorted by their first change, two batches per step or more: shorter tails first.
+    # Candidates' tails run packed about two to a row (prefix.score_variants): search_width / 2 rows per call.
     eval_batch = min(cfg.eval_batch_size, max(1, cfg.search_width // 2))
     dropped = 0
 
