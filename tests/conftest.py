@@ -1,5 +1,6 @@
-"""Test set-up: 8 fake CPU devices and exact float32 matmuls, before JAX initializes."""
+"""Test set-up: 8 fake CPU devices and exact float32 matmuls, before JAX initializes; NaN never equals NaN."""
 
+import functools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -12,7 +13,13 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+import numpy.testing  # noqa: E402
 import pytest  # noqa: E402
+
+# numpy's assert_allclose counts NaN == NaN as a match, so a test whose reference and result are both NaN
+# passes whatever the code does (one did: tokens drawn past a tiny vocabulary). Here it is a failure
+# unless a test says equal_nan=True.
+numpy.testing.assert_allclose = functools.partial(numpy.testing.assert_allclose, equal_nan=False)
 
 
 @pytest.fixture(scope="module")
