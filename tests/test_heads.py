@@ -27,7 +27,7 @@ from rmjax import model as M
 from rmjax.errors import CheckpointError
 from rmjax.loading import load
 from rmjax.loading.hf import load_hf_model_folder
-from rmjax.prefix import prefill_prefix
+from rmjax.prefix import extend_prefix, prefill_prefix, score_variants
 from rmjax.sharding import make_mesh
 from rmjax.sweep import sweep
 from rmjax.textscore import TextScorer
@@ -206,6 +206,12 @@ def test_cached_prefix_and_gcg_paths_use_the_same_gate(built, kind):
     value, _ = gcg._reward_of_one_hot(model.params, model.config, cache, one_hot, jnp.asarray(responses[0]),
                                       jnp.zeros((0,), jnp.int32), 0)
     assert float(value) == pytest.approx(want[0], abs=TOL)
+    # GCG's candidates: packed tails against the cache of prompt + current, output column 0
+    extended = extend_prefix(model, cache, responses[:1])
+    variants = np.concatenate([responses, [[11, 8], [23, 40]]])
+    full = np.concatenate([np.tile(prompt, (5, 1)), variants], axis=1).astype(np.int32)
+    got = score_variants(model, extended, np.zeros(0, np.int32), responses[0], variants, 8)
+    np.testing.assert_allclose(got, ref(full, np.ones_like(full, bool))[:, 0], atol=TOL, rtol=1e-5)
 
 
 def test_sharded_head_matches(built):
