@@ -151,16 +151,17 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
                    variants: np.ndarray, rows: int) -> np.ndarray:
     """Rewards of responses [W, N] that each equal `current` [N] up to their first changed position (GCG's
     candidates): `extended`, the cache of prefix + current (extend_prefix, or append_kv after GCG's gradient),
-    serves every variant's unchanged head, so a variant runs only
-    from its first change on (+ suffix). The tails are packed end to end into rows as wide as the longest
-    and the shortest tail together (nn.Segments keeps them apart), `rows` rows per call, so the positions
-    run are the tails' and almost no padding. [W] float32."""
+    serves every variant's unchanged head, so a variant runs only from its first change on (+ suffix). The
+    tails are packed end to end into rows as wide as the longest and the shortest tail together (nn.Segments
+    keeps them apart), at most `rows` rows per call: the positions run are the tails', with little padding.
+    [W] float32."""
     n, tail = len(current), len(suffix)
     if not len(variants):
         return np.zeros(0, np.float32)
     changed = variants != np.asarray(current)[None]
     first = np.where(changed.any(1), changed.argmax(1), n - 1)  # an unchanged variant reruns its last token
-    width, slots = (n + tail) + (1 + tail), (n + 2 * tail + 1) // (1 + tail)
+    width = (n + tail) + (1 + tail)
+    slots = width // (1 + tail)  # the most tails a row can hold
     packed = pack(n - first + tail, width)
     calls = -(-len(packed) // rows)
     per_call = batching.round_up(batching.bucket(-(-len(packed) // calls), 8), model.mesh)
@@ -196,7 +197,8 @@ def pack(lengths: np.ndarray, width: int) -> list[list[int]]:
     for i in np.argsort(-np.asarray(lengths), kind="stable"):
         fit = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
         if fit is None:
-            rows.append([]), room.append(width)
+            rows.append([])
+            room.append(width)
             fit = len(rows) - 1
         rows[fit].append(int(i))
         room[fit] -= int(lengths[i])
