@@ -153,7 +153,8 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
     candidates): `extended`, the cache of prefix + current (extend_prefix, or append_kv after GCG's gradient),
     serves every variant's unchanged head, so a variant runs only from its first change on (+ suffix). The
     tails are packed end to end into rows as wide as the longest and the shortest tail together (nn.Segments
-    keeps them apart), at most `rows` rows per call: the positions run are the tails', with little padding.
+    keeps them apart), about `rows` rows per call (a multiple of 8): the positions run are the tails', with
+    little padding.
     [W] float32."""
     n, tail = len(current), len(suffix)
     if not len(variants):

@@ -28,7 +28,7 @@ def _full_rewards(model, responses: np.ndarray, prefix=PREFIX, suffix=SUFFIX) ->
     return np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[:, 0]
 
 
-def test_one_hot_gradient_matches_pytorch(tiny_rm):
+def test_one_hot_gradient_matches_pytorch(tiny_rm, tmp_path):
     hf, model = tiny_rm
     target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
     response = np.asarray([40, 7, 88], np.int32)
@@ -41,6 +41,12 @@ def test_one_hot_gradient_matches_pytorch(tiny_rm):
     reward.backward()
     np.testing.assert_allclose(got, one_hot.grad.numpy(), atol=1e-4, rtol=1e-4)
     assert np.abs(got).max() > 1e-3
+    # bfloat16 weights: the same gradient within bf16 rounding (the backward accumulates in float32)
+    half = load(str(tiny.save_hf_model(hf, tmp_path)), dtype="bfloat16", require_tokenizer=False)
+    got_half = reward_gradient(make_target(half, "", prefix=PREFIX, suffix=SUFFIX), response)
+    assert got_half.dtype == np.float32
+    scale = np.abs(one_hot.grad.numpy()).max()
+    np.testing.assert_allclose(got_half, one_hot.grad.numpy(), atol=0.03 * scale, rtol=0)
 
 
 @pytest.mark.parametrize("direction", ["optimal", "pessimal"])
@@ -314,7 +320,7 @@ def test_variants_run_from_their_first_change_and_equal_full_forwards(kind, tiny
             model = load(str(tiny.save_hf_model(hf, tmp_path)), require_tokenizer=False,
                          mesh=make_mesh("data:4,model:2"))
     else:
-        folder = tiny.save_hf_model(tiny.build_hf_model(kind, num_labels=1, seed=3, sliding_window=4), tmp_path)
+        folder = tiny.save_hf_model(tiny.build_hf_model(kind, num_labels=1, seed=3), tmp_path)
         model = load(str(folder), require_tokenizer=False)
     target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
     rng = np.random.default_rng(5)
