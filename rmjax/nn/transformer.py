@@ -169,7 +169,7 @@ class Transformer(nnx.Module):
                  mask: jax.Array | None = None, positions: jax.Array | None = None,
                  cache: KVCache | None = None, residuals: bool = False, patch: Patch | None = None,
                  segments: Segments | None = None) -> Forward:
-        """`embeds` are raw embedding rows (e.g. one_hot @ table for GCG gradients); the Gemma scale is
+        """`embeds` are raw embedding rows (e.g. GCG's differentiable one-hot rows); the Gemma scale is
         applied here for both, so ids=x equals embeds=table[x] (transformers' inputs_embeds expects it
         applied). With `cache`, the new tokens attend to the cached prefix too."""
         # The embedding gather reads a vocab-sharded table: say where its rows go.
