@@ -8,6 +8,9 @@
 #     [--results=results/] [--dry-run]
 #
 # --checkpoint: a local folder (rsync'd to the host) or remote:PATH (already on the host, used in place).
+# --job: shell text, run on the host as `.venv/bin/python -m JOB` in the copied repository.
+# --dry-run prints every command, one per line, quoted so that a line pasted into a shell runs exactly it.
+# The host gets the working tree as it is (rsync), uncommitted changes included; it needs a Python 3.11+.
 set -euo pipefail
 
 HOST="" CHECKPOINT="" JOB="" RESULTS="results/" DRY=0
@@ -15,18 +18,46 @@ for arg in "$@"; do
   case "$arg" in
     --host=*) HOST="${arg#*=}" ;; --checkpoint=*) CHECKPOINT="${arg#*=}" ;; --job=*) JOB="${arg#*=}" ;;
     --results=*) RESULTS="${arg#*=}" ;; --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -/{/^#/p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -n "$HOST" ] || { echo "--host is required (see --help)" >&2; exit 2; }
 [ -n "$JOB" ] || { echo "--job is required (see --help)" >&2; exit 2; }
 
-run() { if [ "$DRY" = 1 ]; then printf '+ %s\n' "$*"; else "$@"; fi; }
+# Shell-quote words: bare when safe, else single-quoted (readable where printf %q would backslash-escape), and
+# --flag='value' rather than '--flag=value'.
+quote() {
+  local out=() a
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then out+=("$a")
+    elif [[ "$a" =~ ^(--[A-Za-z0-9-]+=)(.*)$ ]]; then out+=("${BASH_REMATCH[1]}$(quote "${BASH_REMATCH[2]}")")
+    else out+=("'${a//\'/\'\\\'\'}'"); fi
+  done
+  printf '%s' "${out[*]}"
+}
+# The printed line is the quoted argv that runs, so --dry-run output is what would be executed.
+run() {
+  local line rc
+  line="$(quote "$@")"
+  if [ "$DRY" = 1 ]; then printf '%s\n' "$line"; return; fi
+  printf '+ %s\n' "$line" >&2
+  "$@" || { rc=$?; echo "error: exit $rc from: $line" >&2; exit "$rc"; }
+}
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 
+# Python 3.11+ (setup.py's python_requires): the first new enough of these on the host. The host is not ours
+# to install on, so without one the set-up stops and says so.
+SETUP='cd rmjax && { PY=$(for p in python3.11 python3.12 python3.13 python3.14 python3; do'
+SETUP+=' command -v $p >/dev/null && $p -c "import sys; sys.exit(sys.version_info < (3, 11))"'
+SETUP+=' && { echo $p; break; }; done)'
+SETUP+=' || { echo "error: rmjax needs Python 3.11+ and this host has none'
+SETUP+=' (looked for python3.11 to python3.14, python3): install one" >&2; exit 1; }; }'
+SETUP+=' && $PY -m venv .venv && .venv/bin/pip install -q -r requirements.txt "jax[cuda12]"'
+SETUP+=' && .venv/bin/pip install -q --no-deps -e .'
+
 run rsync -az --exclude=.venv --exclude=.cache --exclude=results --exclude=runs "$REPO/" "$HOST:rmjax/"
-run ssh "$HOST" "cd rmjax && python3 -m venv .venv && .venv/bin/pip install -q -r requirements.txt 'jax[cuda12]' && .venv/bin/pip install -q --no-deps -e ."
+run ssh "$HOST" "$SETUP"
 if [ -n "$CHECKPOINT" ] && [[ "$CHECKPOINT" != remote:* ]]; then
   run rsync -az "$CHECKPOINT/" "$HOST:/tmp/ckpt/"
 fi

@@ -9,7 +9,10 @@
 # --type: v4-8, v5litepod-8, v6e-8, v5litepod-16 ... (on multi-host slices every worker runs the job and
 #         jax.distributed finds its peers; process 0 writes results/).
 # --checkpoint: gs:// path (copied with gsutil on each worker) or a local folder (scp'd to each worker).
-# --dry-run prints every command instead of running it.
+# --job: shell text, run on every worker as `.venv/bin/python -m JOB` in the shipped repository.
+# --keep: keep the VM at the end, also after a failure (otherwise a failed run deletes it too).
+# --dry-run prints every command, one per line, quoted so that a line pasted into a shell runs exactly it.
+# The VM gets `git archive HEAD`: uncommitted changes are not shipped (a warning names them).
 set -euo pipefail
 
 NAME="" ZONE="" TYPE="" PROJECT="" VERSION="tpu-ubuntu2204-base" CHECKPOINT="" JOB="" RESULTS="results/" KEEP=0 DRY=0
@@ -19,7 +22,7 @@ for arg in "$@"; do
     --project=*) PROJECT="${arg#*=}" ;; --version=*) VERSION="${arg#*=}" ;;
     --checkpoint=*) CHECKPOINT="${arg#*=}" ;; --job=*) JOB="${arg#*=}" ;; --results=*) RESULTS="${arg#*=}" ;;
     --keep) KEEP=1 ;; --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -/{/^#/p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -27,27 +30,80 @@ for required in NAME ZONE TYPE JOB; do
   [ -n "${!required}" ] || { echo "--$(echo "$required" | tr '[:upper:]' '[:lower:]') is required (see --help)" >&2; exit 2; }
 done
 
-run() { if [ "$DRY" = 1 ]; then printf '+ %s\n' "$*"; else "$@"; fi; }
+# Shell-quote words: bare when safe, else single-quoted (readable where printf %q would backslash-escape), and
+# --flag='value' rather than '--flag=value'.
+quote() {
+  local out=() a
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then out+=("$a")
+    elif [[ "$a" =~ ^(--[A-Za-z0-9-]+=)(.*)$ ]]; then out+=("${BASH_REMATCH[1]}$(quote "${BASH_REMATCH[2]}")")
+    else out+=("'${a//\'/\'\\\'\'}'"); fi
+  done
+  printf '%s' "${out[*]}"
+}
+# The printed line is the quoted argv that runs, so --dry-run output is what would be executed.
+run() {
+  local line rc
+  line="$(quote "$@")"
+  if [ "$DRY" = 1 ]; then printf '%s\n' "$line"; return; fi
+  printf '+ %s\n' "$line" >&2
+  "$@" || { rc=$?; echo "error: exit $rc from: $line" >&2; exit "$rc"; }
+}
 TPU=(gcloud compute tpus tpu-vm)
 WHERE=(--zone="$ZONE")
 [ -n "$PROJECT" ] && WHERE+=(--project="$PROJECT")
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-TARBALL="/tmp/rmjax-$NAME.tar.gz"
+TARBALL="${TMPDIR:-/tmp}/rmjax-$NAME.tar.gz"
+
+# A VM left behind by a failed job keeps billing: delete it on any exit once it exists, unless --keep.
+CREATED=0
+cleanup() {
+  local rc=$? delete=("${TPU[@]}" delete "$NAME" "${WHERE[@]}" --quiet)
+  if [ "$CREATED" = 1 ]; then
+    if [ "$KEEP" = 1 ]; then
+      echo "==> TPU VM $NAME is KEPT (--keep) and still billing. Delete it with: $(quote "${delete[@]}")" >&2
+    else
+      [ "$rc" = 0 ] || echo "error: the run failed (exit $rc); deleting TPU VM $NAME (--keep keeps it)" >&2
+      run "${delete[@]}"
+    fi
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT; trap 'exit 143' TERM; trap 'exit 129' HUP
+
+if DIRTY="$(git -C "$REPO" status --porcelain | sed 's/^ *//')" && [ -n "$DIRTY" ]; then
+  mapfile -t DIRTY <<<"$DIRTY"
+  echo "warning: ${#DIRTY[@]} uncommitted change(s) will NOT be shipped (the VM gets git archive HEAD):" \
+       "$(printf '%s; ' "${DIRTY[@]:0:5}")$([ "${#DIRTY[@]}" -le 5 ] || echo ...)" >&2
+fi
+
+# Python 3.11+ (setup.py's python_requires), while the Ubuntu 22.04 TPU images ship python3 3.10: uv uses a
+# python3.11 already on the VM or downloads a standalone CPython 3.11 (the version the pins are tested on).
+# Unlike apt (deadsnakes) it needs no sudo, no python3.X-venv package, and does not race unattended-upgrades
+# for the dpkg lock on a fresh VM; it works on any image.
+SETUP='mkdir -p rmjax && tar -xzf rmjax.tar.gz -C rmjax && cd rmjax'
+SETUP+=' && curl -LsSf -o uv-install.sh https://astral.sh/uv/install.sh'
+SETUP+=' && env UV_UNMANAGED_INSTALL="$HOME/.local/bin" INSTALLER_PRINT_QUIET=1 sh uv-install.sh'
+SETUP+=' && { ~/.local/bin/uv venv -q --python 3.11 .venv'
+SETUP+=' || { echo "error: no Python 3.11 on this VM, and uv could not download one" >&2; exit 1; }; }'
+SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python -r requirements.txt "jax[tpu]"'
+SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -e .'
 
 run "${TPU[@]}" create "$NAME" "${WHERE[@]}" --accelerator-type="$TYPE" --version="$VERSION"
+CREATED=1
 run git -C "$REPO" archive --format=tar.gz -o "$TARBALL" HEAD
 run "${TPU[@]}" scp "$TARBALL" "$NAME:~/rmjax.tar.gz" "${WHERE[@]}" --worker=all
-run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --command="mkdir -p rmjax && tar -xzf rmjax.tar.gz -C rmjax && cd rmjax && python3 -m venv .venv && .venv/bin/pip install -q -r requirements.txt 'jax[tpu]' && .venv/bin/pip install -q --no-deps -e ."
+run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --command="$SETUP"
 if [ -n "$CHECKPOINT" ]; then
   if [[ "$CHECKPOINT" == gs://* ]]; then
-    run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --command="mkdir -p /tmp/ckpt && gsutil -m cp -r '$CHECKPOINT/*' /tmp/ckpt/"
+    run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all \
+      --command="mkdir -p /tmp/ckpt && gsutil -m cp -r $(quote "$CHECKPOINT/*") /tmp/ckpt/"
   else
     run "${TPU[@]}" scp --recurse "$CHECKPOINT" "$NAME:/tmp/ckpt" "${WHERE[@]}" --worker=all
   fi
 fi
-run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --command="cd rmjax && HF_HUB_OFFLINE=1 RMJAX_COORDINATOR=auto .venv/bin/python -m $JOB"
+run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all \
+  --command="cd rmjax && HF_HUB_OFFLINE=1 RMJAX_COORDINATOR=auto .venv/bin/python -m $JOB"
 run mkdir -p "$RESULTS"
 run "${TPU[@]}" scp --recurse "$NAME:~/rmjax/results/*" "$RESULTS" "${WHERE[@]}" --worker=0
-if [ "$KEEP" = 0 ]; then
-  run "${TPU[@]}" delete "$NAME" "${WHERE[@]}" --quiet
-fi
