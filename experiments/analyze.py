@@ -7,6 +7,11 @@ python -m experiments.analyze --scores=results/scores/ --elo=../shared/data/elo 
 
 Every input is optional; the analyses whose inputs are given run. Tables are written as CSV, figures
 as PNG, and the headline numbers to <out>/report.md (also printed). Nothing is downloaded.
+
+With both --scores and --elo, the --scores models join the published ones in every EloEverything table
+and figure: a column scores the EloEverything prompt with the same text (.meta.json prompts), an item is
+scored by the token that decodes to it (or to ' ' + it; roundtrip tokens only), and the items no single
+token scores are counted in report.md and elo_scores_coverage.csv (rmjax.analysis.elo.add_score_tables).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""EloEverything, end to end: `experiments.analyze --elo=../shared/data/elo` writes every table and figure,
+"""EloEverything, end to end: `experiments.analyze --elo=../shared/data/elo` writes every table and figure (with
+the models given with --scores beside the published ones),
 and its numbers equal scipy computed independently here from the raw files."""
 
 from __future__ import annotations
@@ -113,3 +114,194 @@ def test_ranks_and_human_vs_median_model(elo_run):
     assert higher.iloc[0]["name"] == frame.index[np.argmax(difference)]
     assert lower.iloc[0]["name"] == frame.index[np.argmin(difference)]
     assert higher.median_model_rank_minus_human_rank.iloc[0] == pytest.approx(difference.max())
+
+
+# --- issue 21 point 7: models given with --scores beside the published ones -------------------------------
+
+GREATEST = "What, in one word, is the greatest thing ever"
+PREFER = "What is the single thing, person, or concept that humans most prefer"
+EXACT = [f"Word{i}" for i in range(12)]  # a token decodes to the item (roundtrip 1)
+SPACED = [f"Spaced{i}" for i in range(8)]  # ' item' round-trips, 'item' does not (the plain template)
+GLUED = [f"Glued{i}" for i in range(4)]  # only 'item', and it does not round-trip
+MULTI = [f"Two words {i}" for i in range(6)]  # no token decodes to it
+ITEMS = EXACT + SPACED + GLUED + MULTI
+
+
+def _write_elo(directory: Path, rng: np.random.Generator) -> dict[str, pd.DataFrame]:
+    """Two EloEverything prompts over ITEMS (distinct Elo scores) with two published models."""
+    raw = {}
+    for stem in (GREATEST, PREFER):
+        elo = rng.permutation(np.arange(1000, 1000 + 7 * len(ITEMS), 7)).astype(float)
+        frame = pd.DataFrame({"elo_rank": stats.rankdata(-elo).astype(int), "elo_score": elo, "name": ITEMS,
+                              "elo_matches": 100, "org/Pub-A": rng.normal(size=len(ITEMS)),
+                              "org/Pub-B": rng.normal(size=len(ITEMS))})
+        frame.to_csv(directory / f"{stem}.csv", index=False)
+        raw[stem] = frame.set_index("name")
+    return raw
+
+
+def _write_sweeps(directory: Path, raw: dict[str, pd.DataFrame], rng: np.random.Generator) -> dict[str, dict]:
+    """Two sweep-shaped tables and, per model and prompt, the score each matched item should get."""
+    from rmjax import results
+
+    expected: dict[str, dict] = {"elo-rm-test": {}, "P-A (--scores)": {}}
+    greatest_elo = raw[GREATEST]["elo_score"]
+    matched = EXACT + SPACED
+    # greatest: a monotone function of the human Elo; prefer: a permutation of the items' scores
+    greatest = {name: float(np.exp(greatest_elo[name] / 300.0)) for name in matched}
+    prefer = dict(zip(matched, rng.permutation(np.arange(len(matched), dtype=float)), strict=True))
+    expected["elo-rm-test"] = {GREATEST + "?": greatest, PREFER + "?": prefer}
+    decoded, roundtrip, g, p = [], [], [], []
+    for name in EXACT:
+        decoded.append(name), roundtrip.append(1), g.append(greatest[name]), p.append(prefer[name])
+    for name in SPACED:  # the round-tripping ' name' carries the score; 'name' a wrong one
+        decoded += [" " + name, name]
+        roundtrip += [1, 0]
+        g += [greatest[name], -1e6]
+        p += [prefer[name], 1e6]
+    for name in GLUED:
+        decoded.append(name), roundtrip.append(0), g.append(1e6), p.append(-1e6)
+    for junk in ["Two", " words", "the", " x", "None"]:
+        decoded.append(junk), roundtrip.append(1), g.append(rng.normal()), p.append(rng.normal())
+    order = rng.permutation(len(decoded))  # rows in any order
+    results.write_scores_csv(directory / "smol.csv", np.arange(len(decoded))[order] + 100,
+                             [decoded[i] for i in order], [decoded[i] for i in order],
+                             {"greatest": np.array(g)[order], "prefer": np.array(p)[order],
+                              "worst": rng.normal(size=len(decoded))}, roundtrip=np.array(roundtrip)[order])
+    (directory / "smol.meta.json").write_text(json.dumps({"kind": "sweep", "model": "elo-rm-test", "prompts": {
+        "greatest": GREATEST + "?", "prefer": PREFER + "?", "worst": "What, in one word, is the worst thing ever?"}}))
+    # a sweep of a published model (labelled P-A by the YAML), without a roundtrip column: string lookup,
+    # and 'Word0' decoded by two ids is ambiguous
+    names = EXACT + [" " + s for s in SPACED] + ["Word0", "Two", "the"]
+    scores = rng.permutation(len(names)).astype(float)
+    results.write_scores_csv(directory / "pub.csv", np.arange(len(names)), names, names, {"greatest": scores})
+    (directory / "pub.meta.json").write_text(json.dumps({"kind": "sweep", "model": "org/Pub-A"}))
+    expected["P-A (--scores)"] = {GREATEST + "?": {n.strip(): s for n, s in zip(names, scores, strict=True)
+                                                   if n.strip() in EXACT[1:] + SPACED}}
+    return expected
+
+
+@pytest.fixture(scope="module")
+def scores_run(tmp_path_factory):
+    from rmjax.analysis import plots
+    from rmjax.analysis.config import AnalysisConfig
+    from rmjax.analysis.report import run_analyses
+
+    root = tmp_path_factory.mktemp("elo_scores")
+    rng = np.random.default_rng(7)
+    (root / "elo").mkdir()
+    (root / "scores").mkdir()
+    raw = _write_elo(root / "elo", rng)
+    expected = _write_sweeps(root / "scores", raw, rng)
+    models_yaml = root / "models.yaml"
+    models_yaml.write_text(yaml.safe_dump([{"name": "org/Pub-A", "nickname": "P-A"},
+                                           {"name": "org/Pub-B", "nickname": "P-B"}]))
+    drawn = []  # every figure's data, to check what is plotted
+
+    def recorder(draw):
+        def record(*args, path, **kwargs):
+            drawn.append((Path(path).stem, args))
+            return draw(*args, path=path, **kwargs)
+        return record
+
+    cfg = AnalysisConfig(scores=(str(root / "scores"),), elo=str(root / "elo"), models_yaml=str(models_yaml),
+                         frequencies=None, n_boot=10, n_permutations=20, top=5)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("heatmap", "rank_trajectories"):
+            patch.setattr(plots, name, recorder(getattr(plots, name)))
+        result = run_analyses(cfg, root / "out", echo=False)
+    return root / "out", raw, expected, dict(drawn), result
+
+
+def test_scores_models_join_the_published_ones(scores_run):
+    out, raw, expected, drawn, _ = scores_run
+    agreement = pd.read_csv(out / "elo_human_agreement.csv", keep_default_na=False)
+    for model, per_prompt in expected.items():
+        for prompt, scores in per_prompt.items():
+            row = agreement[(agreement.prompt == prompt) & (agreement.model == model)]
+            assert len(row) == 1, (model, prompt)
+            row = row.iloc[0]
+            names = list(scores)
+            human = raw[prompt[:-1]].loc[names, "elo_score"].to_numpy()
+            values = np.array([scores[n] for n in names])
+            tau = stats.kendalltau(human, values, variant="b").statistic
+            rho = stats.spearmanr(human, values).statistic
+            assert row.source == "--scores" and row.n_items == len(names)
+            assert row.kendall_tau == pytest.approx(tau, rel=1e-7, abs=1e-9)  # CSVs keep 9 digits
+            assert row.spearman_rho == pytest.approx(rho, rel=1e-7, abs=1e-9)
+    smol = agreement[(agreement.model == "elo-rm-test") & (agreement.prompt == GREATEST + "?")].iloc[0]
+    assert smol.kendall_tau == pytest.approx(1.0) and smol.spearman_rho == pytest.approx(1.0)  # monotone in Elo
+    assert -0.9 < agreement[(agreement.model == "elo-rm-test") & (agreement.prompt == PREFER + "?")].iloc[0] \
+        .kendall_tau < 0.9
+    # the P-A sweep has no prefer column; the published models are unchanged, over every item
+    assert set(agreement[agreement.model == "P-A (--scores)"].prompt) == {GREATEST + "?"}
+    published = agreement[agreement.source == "published"]
+    assert len(published) == 4 and set(published.n_items) == {len(ITEMS)}
+    for _, row in published.iterrows():
+        frame = raw[row.prompt[:-1]]
+        column = {"P-A": "org/Pub-A", "P-B": "org/Pub-B"}[row.model]
+        assert row.kendall_tau == pytest.approx(stats.kendalltau(frame.elo_score, frame[column]).statistic)
+
+
+def test_scores_models_ranks_tau_matrix_and_coverage(scores_run):
+    out, raw, expected, _, result = scores_run
+    slug = "what_in_one_word_is_the_greatest_thing_ever"
+    ranks = pd.read_csv(out / f"elo_ranks_{slug}.csv").set_index("name")
+    scores = expected["elo-rm-test"][GREATEST + "?"]
+    names = list(scores)
+    np.testing.assert_allclose(ranks.loc[names, "elo-rm-test_rank"], stats.rankdata([-scores[n] for n in names]))
+    assert ranks.loc[GLUED + MULTI, "elo-rm-test_rank"].isna().all()  # not scored: no rank, not dropped
+    frame = raw[GREATEST]
+    median = np.median([stats.rankdata(-frame[c]) for c in ("org/Pub-A", "org/Pub-B")], axis=0)
+    np.testing.assert_allclose(ranks.loc[frame.index, "median_model_rank"], median)  # published models only
+    matrix = pd.read_csv(out / f"elo_kendall_tau_{slug}.csv").set_index("model")
+    # the --scores models after the published ones, in load_score_tables' order (models the YAML knows first)
+    assert list(matrix.index) == ["Human", "P-A", "P-B", "P-A (--scores)", "elo-rm-test"]
+    assert matrix.loc["Human", "elo-rm-test"] == pytest.approx(1.0)
+    pub = expected["P-A (--scores)"][GREATEST + "?"]
+    both = [n for n in names if n in pub]
+    assert matrix.loc["elo-rm-test", "P-A (--scores)"] == pytest.approx(
+        stats.kendalltau([scores[n] for n in both], [pub[n] for n in both]).statistic)
+    coverage = pd.read_csv(out / "elo_scores_coverage.csv").set_index(["model", "prompt"])
+    row = coverage.loc[("elo-rm-test", GREATEST + "?")]
+    assert (row.column, row.n_items, row.n_scored) == ("greatest", len(ITEMS), len(EXACT + SPACED))
+    assert (row.exact, row.leading_space, row.not_roundtrip, row.not_a_single_token) == (12, 8, 4, 6)
+    row = coverage.loc[("P-A (--scores)", GREATEST + "?")]
+    assert (row.n_scored, row.ambiguous, row.exact, row.leading_space) == (19, 1, 11, 8)
+    tokens = pd.read_csv(out / "elo_scores_item_tokens.csv", keep_default_na=False)
+    assert len(tokens) == 3 * len(ITEMS)  # every item of every (model, prompt), scored or not
+    spaced = tokens[(tokens.model == "elo-rm-test") & (tokens.name == SPACED[0])]
+    assert set(spaced.string) == {" " + SPACED[0]} and set(spaced.match) == {"leading_space"}
+    report = (out / "report.md").read_text()
+    assert "2 published models and 2 from --scores (P-A (--scores), elo-rm-test)" in report
+    assert "labelled 'P-A (--scores)'" in report and "prompt columns worst are not EloEverything prompts" in report
+    line = next(line for line in report.splitlines() if line.startswith("| elo-rm-test | "))
+    assert line.endswith(" | 1.000 |")  # tau columns: prefer, then greatest (pivot order)
+
+
+def test_scores_models_are_in_the_figures(scores_run):
+    out, _, expected, drawn, result = scores_run
+    slug = "what_in_one_word_is_the_greatest_thing_ever"
+    (grid, _), (tau, _) = drawn["elo_spearman_to_human"], drawn[f"elo_kendall_tau_{slug}"]
+    assert list(grid.index) == ["P-A", "P-B", "P-A (--scores)", "elo-rm-test"]
+    assert grid.loc["elo-rm-test", GREATEST + "?"] == pytest.approx(1.0)
+    assert np.isnan(grid.loc["P-A (--scores)", PREFER + "?"])  # no column for that prompt
+    assert "elo-rm-test" in tau.index and "P-A (--scores)" in tau.columns
+    ranks, columns, labels, items, _ = drawn[f"elo_rank_trajectories_{slug}"]
+    assert "elo-rm-test_rank" in columns and "elo-rm-test (rho 1.00, 20 items)" in labels
+    assert (Path(result["figures"]["elo_spearman_to_human"])).stat().st_size > 1000
+
+
+def test_a_scores_table_without_an_elo_prompt_is_reported(tmp_path):
+    from rmjax import results
+    from rmjax.analysis import data
+    from rmjax.analysis import elo as elo_lib
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "elo").mkdir()
+    _write_elo(tmp_path / "elo", rng)
+    path = results.write_scores_csv(tmp_path / "other.csv", [1, 2], ["Word0", "x"], ["Word0", "x"],
+                                    {"worst": np.array([1.0, 2.0])})
+    added = elo_lib.add_score_tables(elo_lib.load_elo(tmp_path / "elo"), data.load_score_tables([path]))
+    assert added.coverage.empty and all("other" not in ep.models for ep in added.prompts)
+    assert "none of its prompts (worst) is an EloEverything prompt" in added.notes[0]

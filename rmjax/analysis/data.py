@@ -92,6 +92,19 @@ def source_name(path: str | Path) -> str:
     return path.stem
 
 
+def source_prompts(path: str | Path | None) -> dict[str, str]:
+    """Prompt name -> prompt text, from the `prompts` of the .meta.json beside the CSV ({} without one)."""
+    if path is None:
+        return {}
+    meta = results.meta_path(path)
+    if not meta.is_file():
+        return {}
+    prompts = json.loads(meta.read_text(encoding="utf-8")).get("prompts")
+    if not isinstance(prompts, dict):
+        return {}
+    return {str(name): text for name, text in prompts.items() if isinstance(text, str)}
+
+
 def expand_paths(spec: str | Path | Sequence[str | Path]) -> list[Path]:
     """Score CSVs from a directory (every *.csv in it), a file, or a list/comma-separated mix of both."""
     items = spec.split(",") if isinstance(spec, str) else [spec] if isinstance(spec, Path) else list(spec)

@@ -2,6 +2,11 @@
 
 Each CSV (`elo_rank, elo_score, name, elo_matches, <one column per model>`) is one prompt; its file
 name is the prompt without the question mark. Items are joined across prompts by `name`.
+
+Score tables given with `--scores` (sweeps, or experiments.score tables of texts) join the published
+models: `add_score_tables` finds the column that scores each EloEverything prompt (by prompt text) and
+the row that scores each item (`item_tokens`); a model scores only some items (those that are a single
+token of its tokenizer), and every statistic of such a model is over the items it scores.
 """
 
 from __future__ import annotations
@@ -15,12 +20,18 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from rmjax import prompts as prompt_lib
+from rmjax import results
 from rmjax.analysis import stats
-from rmjax.analysis.data import model_label, slugify
+from rmjax.analysis.data import ScoreTable, model_label, slugify, source_prompts
 from rmjax.errors import MissingFileError, UsageError
 
 HUMAN = "Human"
 ITEM_COLUMNS = ["elo_rank", "elo_score", "name", "elo_matches"]
+USER_MARK = " (--scores)"  # appended to a --scores model whose label is already a published model's
+# How an item is found in a score table (item_tokens): the first three score it, the others do not.
+MATCHED = ("exact", "leading_space", "text")
+UNMATCHED = ("not_a_single_token", "not_roundtrip", "ambiguous", "absent")
 
 
 @dataclass(frozen=True)
@@ -28,7 +39,8 @@ class EloPrompt:
     prompt: str  # the question, with its question mark
     slug: str  # file-name friendly form of the prompt
     items: pd.DataFrame  # index: item name; columns elo_score, elo_rank, elo_matches
-    scores: pd.DataFrame  # index: item name; one column per model (labelled)
+    scores: pd.DataFrame  # index: item name; one column per model (labelled); NaN where a model has no score
+    user_models: tuple[str, ...] = ()  # the columns that came from --scores (after the published ones)
 
     @property
     def models(self) -> list[str]:
@@ -57,41 +69,67 @@ def load_elo(directory: str | Path, metadata: pd.DataFrame | None = None) -> lis
     return prompts
 
 
+def _covered(values: np.ndarray, fn) -> np.ndarray:
+    """`fn` over the finite values (the items a model scores), NaN elsewhere."""
+    covered = np.isfinite(values)
+    out = np.full(len(values), np.nan)
+    if covered.any():
+        out[covered] = fn(values[covered])
+    return out
+
+
 def ranks_table(elo_prompt: EloPrompt) -> pd.DataFrame:
     """Per item: human Elo, z-score and rank, each model's score, z-score and rank (1 = best, ties
-    averaged), and the median rank over the models only (humans excluded)."""
+    averaged), and the median rank over the published models only (humans excluded). A --scores model
+    is z-scored and ranked among the items it scores (NaN elsewhere) and is not part of the median."""
     human = elo_prompt.items["elo_score"].to_numpy(np.float64)
     out = pd.DataFrame({"name": elo_prompt.items.index, "human_elo_score": human,
                         "human_z": stats.z_scores(human), "human_rank": stats.descending_ranks(human)})
     model_ranks = []
     for model in elo_prompt.models:
         values = elo_prompt.scores[model].to_numpy(np.float64)
-        ranks = stats.descending_ranks(values)
-        model_ranks.append(ranks)
+        ranks = _covered(values, stats.descending_ranks)
+        if model not in elo_prompt.user_models:
+            model_ranks.append(ranks)
         out[f"{model}_score"] = values
-        out[f"{model}_z"] = stats.z_scores(values)
+        out[f"{model}_z"] = _covered(values, stats.z_scores)
         out[f"{model}_rank"] = ranks
-    out["median_model_rank"] = np.median(np.stack(model_ranks), axis=0)
+    out["median_model_rank"] = np.median(np.stack(model_ranks), axis=0) if model_ranks else np.nan
     out["median_model_rank_minus_human_rank"] = out["median_model_rank"] - out["human_rank"]
     return out
 
 
 def tau_matrix(elo_prompt: EloPrompt) -> pd.DataFrame:
-    """Kendall tau-b between humans (Elo score) and every model, over all items."""
+    """Kendall tau-b between humans (Elo score) and every model, over all items; a pair with a --scores
+    model over the items both score."""
     frame = pd.concat([elo_prompt.items["elo_score"].rename(HUMAN), elo_prompt.scores], axis=1)
-    return stats.kendall_tau_matrix(frame)
+    complete = [c for c in frame.columns if frame[c].notna().all()]
+    if len(complete) == len(frame.columns):
+        return stats.kendall_tau_matrix(frame)
+    matrix = stats.kendall_tau_matrix(frame[complete]).reindex(index=frame.columns, columns=frame.columns)
+    for a, b in itertools.combinations(frame.columns, 2):
+        if a not in complete or b not in complete:
+            pair = stats.kendall_tau_matrix(frame[[a, b]].dropna())
+            matrix.loc[a, b] = matrix.loc[b, a] = pair.iloc[0, 1]
+    for column in frame.columns:
+        matrix.loc[column, column] = 1.0
+    return matrix
 
 
 def human_agreement(elo_prompts: Sequence[EloPrompt]) -> pd.DataFrame:
-    """Kendall tau-b and Spearman rho of each model's scores with the human Elo scores, per prompt."""
+    """Kendall tau-b and Spearman rho of each model's scores with the human Elo scores, per prompt, over
+    the items the model scores (all of them for a published model); `source` is published or --scores."""
     rows = []
     for ep in elo_prompts:
         human = ep.items["elo_score"].to_numpy(np.float64)
         for model in ep.models:
             values = ep.scores[model].to_numpy(np.float64)
-            tau = scipy_stats.kendalltau(human, values, variant="b")
-            rho = scipy_stats.spearmanr(human, values)
-            rows.append({"prompt": ep.prompt, "model": model, "n_items": len(values),
+            covered = np.isfinite(values)
+            tau = scipy_stats.kendalltau(human[covered], values[covered], variant="b")
+            rho = scipy_stats.spearmanr(human[covered], values[covered])
+            rows.append({"prompt": ep.prompt, "model": model,
+                         "source": "--scores" if model in ep.user_models else "published",
+                         "n_items": int(covered.sum()),
                          "kendall_tau": float(tau.statistic), "kendall_p": float(tau.pvalue),
                          "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue)})
     return pd.DataFrame(rows)
@@ -105,8 +143,9 @@ def cross_prompt_tau(elo_prompts: Sequence[EloPrompt]) -> pd.DataFrame:
         for model in a.models:
             if model not in b.models:
                 continue
-            tau = scipy_stats.kendalltau(a.scores.loc[names, model], b.scores.loc[names, model], variant="b")
-            rows.append({"model": model, "prompt_a": a.prompt, "prompt_b": b.prompt, "n_items": len(names),
+            pair = pd.concat([a.scores.loc[names, model], b.scores.loc[names, model]], axis=1).dropna()
+            tau = scipy_stats.kendalltau(pair.iloc[:, 0], pair.iloc[:, 1], variant="b")
+            rows.append({"model": model, "prompt_a": a.prompt, "prompt_b": b.prompt, "n_items": len(pair),
                          "kendall_tau": float(tau.statistic)})
     return pd.DataFrame(rows)
 
@@ -141,3 +180,136 @@ def trajectory_items(ranks: pd.DataFrame, models: Sequence[str], n: int = 5) -> 
                 chosen.append((first, "model_first"))
                 seen.add(first)
     return chosen
+
+
+def all_models(elo_prompts: Sequence[EloPrompt]) -> list[str]:
+    """Every model of any prompt, in order of first appearance (the published ones first)."""
+    return list(dict.fromkeys(m for ep in elo_prompts for m in ep.models))
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(a.split()) == " ".join(b.split())
+
+
+def prompt_columns(table: ScoreTable, elo_prompts: Sequence[EloPrompt]) -> dict[str, str]:
+    """EloEverything prompt -> the table's column that scores it, matched by prompt text: the text the
+    .meta.json beside the table gives for the column, else the builtin prompt of that name (greatest is
+    'What, in one word, is the greatest thing ever?'), else the column name itself (which may then also
+    be the file stem, without the question mark)."""
+    declared = source_prompts(table.path)
+    builtin = prompt_lib.builtin_prompts()
+    out: dict[str, str] = {}
+    for column in table.prompts:
+        text = declared.get(column) or builtin.get(column)
+        for ep in elo_prompts:
+            if text:
+                same = _same_text(text, ep.prompt)
+            else:
+                same = _same_text(column, ep.prompt) or _same_text(column, ep.prompt.removesuffix("?"))
+            if same and ep.prompt not in out:
+                out[ep.prompt] = column
+    return out
+
+
+def item_tokens(table: ScoreTable, names: Sequence[str]) -> pd.DataFrame:
+    """Which row of `table` scores each EloEverything item as the whole response (the item text is what
+    the published pipeline put in the template): columns name, match, row (-1: none), token_id (-1: none
+    or a text table) and string (the row's decoded token or text).
+
+    A table of scored texts (experiments.score): the row whose text is the item ('text'; else 'absent').
+    A sweep (one token per row): the token that decodes to the item ('exact'), else the one that decodes
+    to ' ' + item ('leading_space': what `Assistant: item` on the plain template and the chat templates
+    that trim the response tokenize the item to). When the sweep has a `roundtrip` column only tokens with
+    roundtrip = 1 count: the token is then exactly what the conversation with that response tokenizes to.
+    Otherwise: 'not_a_single_token' (no row decodes to either: the item is several tokens, or a token the
+    sweep did not score), 'not_roundtrip' (a token decodes to it, but a conversation tokenizes it
+    otherwise) or 'ambiguous' (several rows decode to it: a table without a roundtrip column)."""
+    frame = table.frame
+    strings = frame[table.string_column].to_numpy(dtype=object)
+    is_text = table.string_column == "text"
+    eligible = np.ones(len(frame), bool)
+    if not is_text and results.ROUNDTRIP in frame.columns:
+        eligible = frame[results.ROUNDTRIP].to_numpy() == 1
+    rows_of: dict[str, list[int]] = {}
+    for i in np.flatnonzero(eligible):
+        rows_of.setdefault(strings[i], []).append(int(i))
+    present = set(strings)
+    variants = (("text", ""),) if is_text else (("exact", ""), ("leading_space", " "))
+    ids = frame["token_id"].to_numpy(np.int64) if "token_id" in frame.columns else None
+    out = []
+    for name in names:
+        match, row = None, -1
+        for kind, prefix in variants:
+            rows = rows_of.get(prefix + name, [])
+            if len(rows) == 1:
+                match, row = kind, rows[0]
+            elif len(rows) > 1:
+                match = "ambiguous"
+            if match:
+                break
+        if match is None:
+            match = "absent" if is_text else "not_roundtrip" if any(p + name in present for _, p in variants) \
+                else "not_a_single_token"
+        out.append({"name": name, "match": match, "row": row,
+                    "token_id": int(ids[row]) if row >= 0 and ids is not None else -1,
+                    "string": str(strings[row]) if row >= 0 else ""})
+    return pd.DataFrame(out, columns=["name", "match", "row", "token_id", "string"])
+
+
+@dataclass(frozen=True)
+class ScoresAdded:
+    prompts: list[EloPrompt]  # the EloEverything prompts with the --scores models as extra columns
+    coverage: pd.DataFrame  # per (model, prompt): the column used and how many items each match kind found
+    items: pd.DataFrame  # per (model, prompt, item): how the item was found (item_tokens)
+    notes: list[str]  # renamed models, prompts without an EloEverything counterpart
+
+
+def add_score_tables(elo_prompts: Sequence[EloPrompt], tables: Sequence[ScoreTable]) -> ScoresAdded:
+    """Each score table (--scores) as one more model of the EloEverything prompts its columns score (by
+    prompt text, `prompt_columns`), with a score for the items one of its rows scores (`item_tokens`) and
+    NaN for the others, which are counted in `coverage`. A model is labelled as in the score-table
+    analyses (nickname, else the .meta.json model, else the file stem); a label that is already a
+    published model's (or Human) gets USER_MARK appended, so the two are never mixed up."""
+    taken = {m.casefold() for m in all_models(elo_prompts)}
+    taken |= {HUMAN.casefold(), "median_model", "median_model_rank_minus_human"}  # ranks_table's own columns
+    prompts = {ep.prompt: ep for ep in elo_prompts}
+    coverage, items, notes = [], [], []
+    for table in tables:
+        label = table.model
+        if label.casefold() in taken:
+            label += USER_MARK
+            notes.append(f"{table.model} ({table.path or table.source}) is also a published model (or a reserved "
+                         f"name) in the EloEverything tables; its --scores column is labelled {label!r}.")
+        if label.casefold() in taken:
+            raise UsageError(f"--scores model {table.model!r} ({table.path}): both {table.model!r} and {label!r} are "
+                             "already models of the EloEverything tables; rename the score table.")
+        columns = prompt_columns(table, elo_prompts)
+        unused = [c for c in table.prompts if c not in columns.values()]
+        if not columns:
+            notes.append(f"{label} ({table.path or table.source}): none of its prompts ({', '.join(unused)}) is an "
+                         "EloEverything prompt, so it is not in the EloEverything tables.")
+            continue
+        taken.add(label.casefold())
+        if unused:
+            notes.append(f"{label}: prompt columns {', '.join(unused)} are not EloEverything prompts (not used "
+                         "there).")
+        if table.string_column != "text" and results.ROUNDTRIP not in table.frame.columns:
+            notes.append(f"{label}: no roundtrip column, so items are matched by decoded string alone (exact, then "
+                         "leading space) whatever the template; rerun the same sweep command with this rmjax to "
+                         "add the column (no rescoring).")
+        for prompt, column in columns.items():
+            ep = prompts[prompt]
+            found = item_tokens(table, list(ep.scores.index))
+            values = table.frame[column].to_numpy(np.float64)
+            row = found["row"].to_numpy()
+            scores = ep.scores.copy()
+            scores[label] = np.where(row >= 0, values[np.maximum(row, 0)], np.nan)
+            prompts[prompt] = EloPrompt(ep.prompt, ep.slug, ep.items, scores, (*ep.user_models, label))
+            counts = found["match"].value_counts()
+            coverage.append({"model": label, "scores_file": str(table.path or table.source), "column": column,
+                             "prompt": prompt, "n_items": len(found), "n_scored": int((row >= 0).sum()),
+                             **{kind: int(counts.get(kind, 0)) for kind in (*MATCHED, *UNMATCHED)}})
+            items.append(found.drop(columns="row").assign(model=label, prompt=prompt))
+    item_frame = (pd.concat(items, ignore_index=True)[["model", "prompt", "name", "match", "token_id", "string"]]
+                  if items else pd.DataFrame(columns=["model", "prompt", "name", "match", "token_id", "string"]))
+    return ScoresAdded([prompts[ep.prompt] for ep in elo_prompts], pd.DataFrame(coverage), item_frame, notes)

@@ -67,6 +67,8 @@ def heatmap(matrix: pd.DataFrame, title: str, path: str | Path, vmin: float | No
         middle = np.nanmean(values)
         for i in range(values.shape[0]):
             for j in range(values.shape[1]):
+                if not np.isfinite(values[i, j]):  # e.g. a --scores model without a column for this prompt
+                    continue
                 ax.text(j, i, fmt.format(values[i, j]), ha="center", va="center", fontsize=7,
                         color="white" if values[i, j] < middle else "black")
     fig.colorbar(image, ax=ax, shrink=0.8)

@@ -175,10 +175,18 @@ def bigtwo_section(outputs: Outputs, tables: list[data.ScoreTable], lexicon: big
                     markdown(family[["prompt", "family", "n_agency", "n_communion", "rank_biserial", "p_value"]]), "")
 
 
-def elo_section(outputs: Outputs, directory: str | Path, metadata: pd.DataFrame | None, top_k: int) -> None:
+def elo_section(outputs: Outputs, directory: str | Path, metadata: pd.DataFrame | None, top_k: int,
+                tables: Sequence[data.ScoreTable] = ()) -> None:
     prompts = elo_lib.load_elo(directory, metadata)
+    published = elo_lib.all_models(prompts)
+    added = elo_lib.add_score_tables(prompts, tables) if tables else None
+    if added is not None:
+        prompts = added.prompts
+    user_models = [] if added is None or added.coverage.empty else list(dict.fromkeys(added.coverage["model"]))
+    models = published + user_models  # the --scores models in the order of their tables
     agreement = outputs.table("elo_human_agreement", elo_lib.human_agreement(prompts))
     outputs.headline["elo_human_agreement"] = agreement
+    median_of = "models only" if not user_models else f"the {len(published)} published models only"
     for ep in prompts:
         ranks = outputs.table(f"elo_ranks_{ep.slug}", elo_lib.ranks_table(ep))
         tau = outputs.matrix(f"elo_kendall_tau_{ep.slug}", elo_lib.tau_matrix(ep))
@@ -187,33 +195,67 @@ def elo_section(outputs: Outputs, directory: str | Path, metadata: pd.DataFrame 
         gaps = outputs.table(f"elo_human_vs_median_model_{ep.slug}", elo_lib.human_vs_median_model(ranks, top_k))
         outputs.figure(f"elo_human_vs_median_model_{ep.slug}", plots.diverging_bars, gaps, "name",
                        "median_model_rank_minus_human_rank",
-                       f"Median model rank (over models only) minus human rank:\n{ep.prompt}")
-        rho = agreement[agreement.prompt == ep.prompt].set_index("model")["spearman_rho"]
+                       f"Median model rank (over {median_of}) minus human rank:\n{ep.prompt}")
+        stats_of = agreement[agreement.prompt == ep.prompt].set_index("model")
         columns = ["human_rank"] + [f"{m}_rank" for m in ep.models]
-        labels = ["Human"] + [f"{m} (rho {rho[m]:.2f})" for m in ep.models]
+        labels = ["Human"] + [f"{m} (rho {stats_of.spearman_rho[m]:.2f}" + (
+            f", {stats_of.n_items[m]} items)" if m in ep.user_models else ")") for m in ep.models]
         outputs.figure(f"elo_rank_trajectories_{ep.slug}", plots.rank_trajectories, ranks, columns, labels,
                        elo_lib.trajectory_items(ranks, ep.models), f"Rank trajectories: {ep.prompt}")
     cross = outputs.table("elo_cross_prompt_tau", elo_lib.cross_prompt_tau(prompts))
     if len(cross):
         cross["prompts"] = cross["prompt_a"].str[:25] + " | " + cross["prompt_b"].str[:25]
-        grid = cross.pivot(index="model", columns="prompts", values="kendall_tau").loc[prompts[0].models]
+        grid = cross.pivot(index="model", columns="prompts", values="kendall_tau")
+        grid = grid.loc[[m for m in models if m in grid.index]]
         outputs.figure("elo_cross_prompt_tau", plots.heatmap, grid, "Each model's Kendall tau between prompts")
-    grid = agreement.pivot(index="model", columns="prompt", values="spearman_rho").loc[prompts[0].models]
+    grid = agreement.pivot(index="model", columns="prompt", values="spearman_rho").loc[models]
     outputs.figure("elo_spearman_to_human", plots.heatmap, grid, "Spearman rho with the human ranking")
-    table = agreement.pivot(index="model", columns="prompt", values="kendall_tau").loc[prompts[0].models]
+    table = agreement.pivot(index="model", columns="prompt", values="kendall_tau").loc[models]
     table.columns = [f"tau: {c}" for c in table.columns]
-    outputs.say("## EloEverything", "", f"{len(prompts[0].items)} items, {len(prompts[0].models)} models, "
+    counted = f"{len(published)} models" if not user_models else \
+        f"{len(published)} published models and {len(user_models)} from --scores ({', '.join(user_models)})"
+    outputs.say("## EloEverything", "", f"{len(prompts[0].items)} items, {counted}, "
                 f"{len(prompts)} prompts. Kendall tau-b (and Spearman rho in elo_human_agreement.csv) of each "
                 "model with the human Elo ranking:", "", markdown(table.reset_index()), "")
-    spearman = agreement.pivot(index="model", columns="prompt", values="spearman_rho").loc[prompts[0].models]
+    spearman = agreement.pivot(index="model", columns="prompt", values="spearman_rho").loc[models]
     spearman.columns = [f"rho: {c}" for c in spearman.columns]
     outputs.say(markdown(spearman.reset_index()), "")
+    if added is not None:
+        _elo_scores_coverage(outputs, added)
     if len(cross):
         mean = cross.groupby("model", sort=False)["kendall_tau"].mean()
         outputs.say("Each model's mean Kendall tau between its own scores under the different prompts: "
                     + ", ".join(f"{m} {v:.3f}" for m, v in mean.items()) + ".", "")
-    outputs.say("Items humans rank far above / below the median model (median over models only) are in "
+    outputs.say(f"Items humans rank far above / below the median model (median over {median_of}) are in "
                 "elo_human_vs_median_model_*.csv.", "")
+
+
+def _elo_scores_coverage(outputs: Outputs, added: elo_lib.ScoresAdded) -> None:
+    """The --scores models in the EloEverything tables: which column scored which prompt, and how many
+    items a row of the table scores (the others are counted, and left out of that model's statistics)."""
+    for note in added.notes:
+        outputs.say(f"- {note}")
+    if added.notes:
+        outputs.say("")
+    if added.coverage.empty:
+        outputs.skip("EloEverything: no --scores table has a column for an EloEverything prompt (match is by "
+                     "prompt text, from the .meta.json beside the table; e.g. sweep with "
+                     "--prompt='humans=What is the single thing, person, or concept that humans most prefer?').")
+        return
+    coverage = outputs.table("elo_scores_coverage", added.coverage)
+    outputs.table("elo_scores_item_tokens", added.items)
+    shown = coverage.assign(prompt=coverage.prompt.str[:40])
+    shown = shown[["model", "column", "prompt", "n_items", "n_scored", *elo_lib.MATCHED, *elo_lib.UNMATCHED]]
+    shown = shown.loc[:, [c for c in shown.columns if c not in (*elo_lib.MATCHED, *elo_lib.UNMATCHED)
+                          or shown[c].any()]]
+    outputs.say("--scores models: a model scores an item when one row of its table scores the item as the whole "
+                "response (sweeps: the token decoding to the item (exact), else to ' ' + the item "
+                "(leading_space), among the tokens with roundtrip = 1 when the table has that column). The other "
+                "items (not_a_single_token: several tokens or not in the table; not_roundtrip: a token decodes to "
+                "it but a conversation tokenizes it otherwise; ambiguous: several rows decode to it; absent: not "
+                "in a table of texts) have no score: that model's tau, rho and ranks are over the n_scored items "
+                "(item by item in elo_scores_item_tokens.csv), and it is not part of the median model rank.", "",
+                markdown(shown), "")
 
 
 def implicit_section(outputs: Outputs, chosen_path: str | Path, reference_path: str | Path,
@@ -281,6 +323,7 @@ def _sections(outputs: Outputs, cfg: AnalysisConfig) -> None:
         outputs.say("Score tables restricted to tokens whose token-mode sequence a real conversation produces "
                     "(roundtrip = 1).", "")
     score_paths, beam_paths = beams.split_paths(data.expand_paths(cfg.scores)) if cfg.scores else ([], [])
+    tables: list[data.ScoreTable] = []
     if beam_paths:
         beams.beam_section(outputs, beams.load_beam_tables(beam_paths, metadata), cfg.top)
     if score_paths:
@@ -296,7 +339,7 @@ def _sections(outputs: Outputs, cfg: AnalysisConfig) -> None:
         if lexicon is not None:
             bigtwo_section(outputs, tables, lexicon, metadata, cfg.collapse_variants)
     if cfg.elo:
-        elo_section(outputs, cfg.elo, metadata, cfg.top)
+        elo_section(outputs, cfg.elo, metadata, cfg.top, tables)  # the --scores models beside the published
     if cfg.implicit_chosen:
         implicit_section(outputs, cfg.implicit_chosen, cfg.implicit_reference, lexicon, cfg)
     if cfg.bigtwo_checkpoints and lexicon is not None:
