@@ -5,20 +5,46 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from rmjax import results
 
 
+def _prompt_texts(meta: dict) -> dict[str, str]:
+    identity = meta.get("identity", meta)
+    prompts = identity.get("prompts") if isinstance(identity, dict) else None
+    return prompts if isinstance(prompts, dict) else {}
+
+
 def summarize_table(path: str | Path, k: int = 20, what: str = "score") -> str:
+    """Top and bottom `k` per column, each with its z-score and percentile within the column, so a number has
+    a reference point; the prompt's text and how many tokens survive a real conversation's round trip."""
     df = results.read_scores_csv(path)
     meta_file = results.meta_path(path)
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    texts = _prompt_texts(meta)
+    roundtrip = df[results.ROUNDTRIP].to_numpy() if results.ROUNDTRIP in df.columns else None
     lines = []
     for col in results.value_columns(df):
+        values = df[col].to_numpy(np.float64)
+        mean, sd = float(values.mean()), float(values.std())
+        p1, p50, p99 = np.percentile(values, [1, 50, 99])
+        lines.append(f"\n{col!r}" + (f": {texts[col]!r}" if col in texts else ""))
+        lines.append(f"  {len(values):,} tokens: mean {mean:.4f}, sd {sd:.4f}; percentiles 1% {p1:.4f}, "
+                     f"50% {p50:.4f}, 99% {p99:.4f}")
         ranked = df.sort_values(col, ascending=False, kind="stable")
+        sorted_values = np.sort(values)
         for title, part in (("top", ranked.head(k)), ("bottom", ranked.tail(k).iloc[::-1])):
-            lines.append(f"\n{title} {k} tokens by {what} for {col!r}:")
+            lines.append(f"{title} {k} tokens by {what} (z: SDs from the mean; pct: share of tokens below):")
             for _, row in part.iterrows():
-                lines.append(f"  {row[col]:>10.4f}  {row['token_id']:>7}  {row['token_decoded']!r}")
+                z = (row[col] - mean) / sd if sd > 0 else 0.0
+                pct = 100.0 * np.searchsorted(sorted_values, row[col], side="left") / len(values)
+                flag = "" if roundtrip is None or row[results.ROUNDTRIP] else "  (no round trip)"
+                lines.append(f"  {row[col]:>10.4f}  z {z:>+6.2f}  pct {pct:>6.2f}  {row['token_id']:>7}  "
+                             f"{row['token_decoded']!r}{flag}")
+    if roundtrip is not None:
+        lines.append(f"\nround trip: {int(roundtrip.sum()):,} of {len(df):,} tokens are what a real conversation "
+                     "tokenizes to (column roundtrip = 1); the others are marked (no round trip).")
     seconds = meta.get("seconds")
     lines.append(
         f"\n{len(df)} tokens x {len(results.value_columns(df))} prompts written to {path}"
@@ -27,6 +53,11 @@ def summarize_table(path: str | Path, k: int = 20, what: str = "score") -> str:
         + (f"; model load {meta['load_seconds']:.1f} s" if "load_seconds" in meta else "")
     )
     return "\n".join(lines)
+
+
+def _label(text: str) -> str:
+    """A token for a figure: its repr, escaped to ASCII where the default font may lack the glyphs."""
+    return repr(text) if text.isascii() else ascii(text)
 
 
 def plot_distributions(path: str | Path, png: str | Path | None = None) -> Path:
@@ -40,12 +71,19 @@ def plot_distributions(path: str | Path, png: str | Path | None = None) -> Path:
     png = Path(png) if png else Path(path).with_suffix(".png")
     cols = results.value_columns(df)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for col in cols:
-        ax.hist(df[col], bins=120, alpha=0.6, label=col)
+    for i, col in enumerate(cols):
+        _, _, patches = ax.hist(df[col], bins=120, alpha=0.6, label=col)
+        color = patches[0].get_facecolor()
+        # The best and the worst token, marked where they fall.
+        for row, side in ((df.loc[df[col].idxmax()], "top"), (df.loc[df[col].idxmin()], "bottom")):
+            ax.axvline(row[col], color=color, linestyle="--", linewidth=1)
+            ax.annotate(f"{side}: {_label(row['token_decoded'])} {row[col]:.2f}", xy=(row[col], 1),
+                        xycoords=("data", "axes fraction"), xytext=(0, -12 - 11 * i), textcoords="offset points",
+                        ha="right" if side == "top" else "left", fontsize=7, color=color)
     ax.set_xlabel("reward")
     ax.set_ylabel("tokens")
     ax.set_title(f"Reward of each of {len(df):,} tokens as the whole response")
-    ax.legend()
+    ax.legend(loc="center left")
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)

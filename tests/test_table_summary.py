@@ -1,0 +1,48 @@
+"""The end-of-job summary gives the numbers a reference point (z, percentile), the prompt and the round trips."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from rmjax import results, table_summary
+
+
+def test_summary_names_the_prompt_and_places_each_token_in_the_distribution(tmp_path):
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=50)
+    roundtrip = np.arange(50) % 3 != 0
+    out = tmp_path / "s.csv"
+    results.write_scores_csv(out, np.arange(50), [f"t{i}" for i in range(50)], [f"w{i}" for i in range(50)],
+                             {"greatest": values}, roundtrip=roundtrip)
+    text = "What, in one word, is the greatest thing ever?"
+    results.meta_path(out).write_text(json.dumps({"identity": {"prompts": {"greatest": text}}}))
+    summary = table_summary.summarize_table(out, k=3)
+    assert repr(text) in summary
+    assert f"round trip: {int(roundtrip.sum())} of 50 tokens" in summary
+    rows = re.findall(r"^\s+(-?\d+\.\d+)\s+z\s+([+-]\d+\.\d+)\s+pct\s+(\d+\.\d+)\s+(\d+)\s+'(w\d+)'(.*)$", summary,
+                      re.MULTILINE)
+    assert len(rows) == 6
+    order = np.argsort(-values, kind="stable")
+    assert [int(r[3]) for r in rows] == [*order[:3], *order[::-1][:3]]
+    for value, z, pct, token_id, _, flag in rows:
+        i = int(token_id)
+        assert abs(float(z) - (values[i] - values.mean()) / values.std()) <= 0.005  # printed to 2 decimals
+        assert abs(float(pct) - 100 * np.sum(values < values[i]) / 50) <= 0.005
+        assert ("no round trip" in flag) == (not roundtrip[i])
+
+
+def test_histogram_marks_the_top_and_bottom_token(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    out = tmp_path / "s.csv"
+    values = np.array([0.5, -3.0, 2.0, 0.1])
+    results.write_scores_csv(out, np.arange(4), list("abcd"), ["low", "lowest", "best", "mid"], {"p": values})
+    notes = []
+    real = matplotlib.axes.Axes.annotate
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate",
+                        lambda self, text, *a, **k: notes.append(text) or real(self, text, *a, **k))
+    table_summary.plot_distributions(out)
+    assert notes == ["top: 'best' 2.00", "bottom: 'lowest' -3.00"]
