@@ -16,10 +16,14 @@ from absl import logging as absl_logging
 from experiments.cli import run  # noqa: F401  (entry points call common.run)
 from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
+from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS
 
-MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
-                            "Model spec: a checkpoint folder, a .gguf file, or a builtin name "
-                            "(smollm2-135m-instruct, gemma-3-270m).")
+DEFAULT_RM = "elo-rm-smollm2-135m"
+DEFAULT_LM = "smollm2-135m-instruct"
+MODEL = flags.DEFINE_string(
+    "model", DEFAULT_RM,
+    "Model spec: a checkpoint folder, a .gguf file, or a builtin name. Builtin reward models: "
+    f"{', '.join(BUILTIN_RMS)}; builtin causal LMs (for logprobs and train_rm): {', '.join(BUILTIN_GGUF)}.")
 DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter dtype.")
 MESH = flags.DEFINE_string("mesh", "", "Device mesh, e.g. data:8,model:1 (default: no mesh, one device).")
 PROMPTS = flags.DEFINE_list("prompts", ["greatest"],
@@ -43,6 +47,19 @@ OVERWRITE = flags.DEFINE_bool("overwrite", False,
                               "refused, and a finished result of the same inputs is reused.")
 ALLOW_NONFINITE = flags.DEFINE_bool("allow_nonfinite", False,
                                     "Write NaN/Inf scores instead of stopping (they are counted in .meta.json).")
+
+
+# Entry points that run a language model rather than a reward head (logprobs, train_rm) declare these as
+# their key flags instead of adopting the whole module, so their --help does not offer --output_column.
+LM_FLAGS = ("model", "dtype", "mesh", "prompts", "prompt", "template", "coordinator", "num_processes", "process_id",
+            "overwrite", "allow_nonfinite")
+
+
+def refuse_output_column(job: str) -> None:
+    """An LM job has no reward outputs: a given --output_column is a mistake, not something to ignore."""
+    if OUTPUT_COLUMN.value:
+        raise UsageError(f"--output_column={OUTPUT_COLUMN.value}: {job} has no reward head outputs to choose "
+                         "from; leave --output_column out.")
 
 
 def _mesh_spec_is_valid(spec: str) -> bool:

@@ -13,7 +13,9 @@ from experiments import common
 OUT = flags.DEFINE_string("out", "results/logprobs.csv", "Output CSV (a .meta.json is written beside it).")
 TOP = flags.DEFINE_integer("top", 20, "How many top and bottom tokens to print per prompt.", lower_bound=0)
 
-flags.adopt_module_key_flags(common)
+for _name in common.LM_FLAGS:
+    flags.declare_key_flag(_name)
+flags.FLAGS.set_default("model", common.DEFAULT_LM)
 
 
 def main(argv):
@@ -22,6 +24,7 @@ def main(argv):
     from rmjax import prompts as prompt_lib
     from rmjax.logprobs import logprobs_identity, write_logprobs
 
+    common.refuse_output_column("logprobs (a causal LM's next-token log-probs)")
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = logprobs_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts,

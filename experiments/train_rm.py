@@ -33,7 +33,9 @@ WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and summary.js
                                "runs/train_rm/<model>-<digest of model, data and settings>).")
 EXPORT = flags.DEFINE_string("export", None, "Write the trained model as a Hugging Face folder here.")
 HEAD_OUT = flags.DEFINE_string("head_out", None, "Write only the score head (safetensors) + recipe JSON here.")
-flags.adopt_module_key_flags(common)
+for _name in common.LM_FLAGS:
+    flags.declare_key_flag(_name)
+flags.FLAGS.set_default("model", common.DEFAULT_LM)
 flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort lists them
 
 
@@ -47,13 +49,10 @@ flags.register_multi_flags_validator(
 
 def main(argv):
     del argv
-    from rmjax.errors import UsageError
     from rmjax.train.recipe import load_pairs, run_training
 
     mesh = common.start()
-    if common.OUTPUT_COLUMN.value:
-        raise UsageError(f"--output_column={common.OUTPUT_COLUMN.value}: train_rm trains a new one-output score head, "
-                         "so only column 0 exists; leave --output_column out.")
+    common.refuse_output_column("train_rm (it trains a new one-output score head)")
     cfg = TRAIN_CONFIG(template=common.TEMPLATE.value)
     train, heldout, split = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value,
                                        cfg.seed, HELDOUT_PAIRS.value)

@@ -108,3 +108,32 @@ def test_helpshort_lists_the_generated_flags():
     for job, flag in (("gcg", "--num_tokens"), ("train_rm", "--learning_rate"), ("analyze", "--scores")):
         proc = cli.run(job, "--helpshort")
         assert flag in proc.stdout + proc.stderr, (job, flag)
+
+
+def _default(help_text: str, flag: str) -> str:
+    """The `(default: '…')` absl prints under `flag` in --help."""
+    block = help_text.split(f"  {flag}:", 1)[1]
+    return block.split("(default: '", 1)[1].split("'", 1)[0]
+
+
+def test_reward_jobs_default_to_the_builtin_reward_model_and_list_the_builtins():
+    """sweep/beam/gcg/inspect/score used to default to a causal LM that they then refused after loading."""
+    from rmjax.loading import BUILTIN_GGUF, BUILTIN_RMS
+    from tests import cli
+
+    for job in ("sweep", "beam", "gcg", "inspect", "score"):
+        out = cli.run(job, "--help").stdout
+        assert _default(out, "--model") in BUILTIN_RMS, job
+        flat = " ".join(out.split())
+        for name in (*BUILTIN_RMS, *BUILTIN_GGUF):
+            assert name in flat, (job, name)
+    for job in ("logprobs", "train_rm"):  # these run a causal LM
+        out = cli.run(job, "--help").stdout
+        assert _default(out, "--model") in BUILTIN_GGUF, job
+        assert "--output_column" not in out, job  # reward-only: not offered where there is no reward head
+
+
+def test_logprobs_refuses_output_column_before_loading(tmp_path):
+    from tests import cli
+
+    cli.user_error(cli.run("logprobs", "--output_column=1", f"--out={tmp_path / 'lp.csv'}"), "--output_column=1")
