@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint default-rms clean-cache
+.PHONY: demo test smoke runtime-smoke lint default-rms clean-cache
 
 $(VENV)/.installed: setup.py requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,19 @@ default-rms: $(VENV)/.installed
 		--workdir=runs/elo-rm-smollm2-135m --head_out=rmjax/builtin/elo-rm-smollm2-135m.safetensors --overwrite
 	$(PY) -m experiments.train_rm --model=gemma-3-270m --elo="$(ELO_GREATEST)" --steps=1500 \
 		--workdir=runs/elo-rm-gemma3-270m --head_out=rmjax/builtin/elo-rm-gemma3-270m.safetensors --overwrite
+
+# Every README command must work from requirements.txt alone (no test extras, so no torch): a venv with only
+# the runtime install runs one short README command. CI runs it on its fresh .venv before `make test`
+# adds the test extras (SMOKE_VENV=.venv); elsewhere it builds its own .venv-runtime.
+SMOKE_VENV ?= .venv-runtime
+smoke:
+	$(MAKE) --no-print-directory runtime-smoke VENV=$(SMOKE_VENV)
+
+runtime-smoke: $(VENV)/.installed
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "smoke: $(VENV) has torch (test extras): it cannot show that the runtime install suffices"; exit 1; fi
+	$(PY) -m experiments.sweep --model=elo-rm-smollm2-135m --prompts=greatest --limit=64 --top=3 \
+		--out=results/smoke/elo-rm-smollm2-135m_greatest.csv --overwrite
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .

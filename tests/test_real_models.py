@@ -46,3 +46,50 @@ def test_real_model_matches_transformers_gguf(name):
     assert err <= 1e-3
     # Greedy next token after every prefix position agrees.
     np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
+
+
+TEXTS = ["What, in one word, is the greatest thing ever?", " love", "None", "NaN", ",", "\n", "  two  spaces",
+         "原始内容存档", "সন্", "══", "<|im_end|>x<bos>", "café déjà-vu 123,456.7 🙂", "\t\ttabs\r\n"]
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
+def test_gguf_tokenizer_equals_transformers_gguf_tokenizer(name):
+    """rmjax builds the tokenizer without transformers' torch-importing GGUF reader; it must be the same one."""
+    from rmjax.loading.gguf_file import hf_config_from_gguf, plain_array_reading, read_gguf
+    from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
+
+    _, gguf_path = resolve(name)
+    with plain_array_reading():
+        reader = read_gguf(gguf_path)
+        ours = tokenizer_from_gguf(reader, hf_config_from_gguf(reader, gguf_path)["model_type"], gguf_path)
+    ref = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    assert type(ours) is type(ref)
+    assert ours.backend_tokenizer.to_str() == ref.backend_tokenizer.to_str()
+    assert ours.chat_template == ref.chat_template
+    for attr in ("bos_token", "eos_token", "pad_token", "unk_token", "all_special_ids"):
+        assert getattr(ours, attr) == getattr(ref, attr), attr
+    for text in TEXTS:
+        for special in (True, False):
+            assert ours(text, add_special_tokens=special).input_ids == ref(text, add_special_tokens=special).input_ids
+    ids = list(range(0, len(ref), 97))
+    assert ours.convert_ids_to_tokens(ids) == ref.convert_ids_to_tokens(ids)
+    assert [ours.decode([i]) for i in ids] == [ref.decode([i]) for i in ids]
+
+
+def test_gguf_tokenizer_needs_no_torch():
+    """torch is a test extra: the runtime GGUF path must not import it (a fresh `make demo` has none)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from rmjax.loading import resolve\n"
+            "from rmjax.loading.gguf_file import hf_config_from_gguf, plain_array_reading, read_gguf\n"
+            "from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf\n"
+            "_, path = resolve('smollm2-135m-instruct')\n"
+            "with plain_array_reading():\n"
+            "    reader = read_gguf(path)\n"
+            "    tok = tokenizer_from_gguf(reader, hf_config_from_gguf(reader, path)['model_type'], path)\n"
+            "print(len(tok))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "49152"

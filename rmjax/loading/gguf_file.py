@@ -22,6 +22,7 @@ import numpy as np
 
 from rmjax import locks
 from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
+from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
 from rmjax.loading.safetensors_io import save_file
 
 _ARCHS = {
@@ -163,6 +164,7 @@ def _convert(path: Path, out: Path, start: float) -> Path:
 
     reader = read_gguf(path)
     cfg = hf_config_from_gguf(reader, path)
+    tokenizer = tokenizer_from_gguf(reader, cfg["model_type"], path)
     rules = [(re.compile(p), key, fn) for p, key, fn in gguf_key_map(cfg)]
     tensors = {}
     for t in reader.tensors:
@@ -177,10 +179,7 @@ def _convert(path: Path, out: Path, start: float) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt", "source": path.name})
     del tensors, reader
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    tok.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "rmjax_source.json").write_text(
         json.dumps({"gguf": str(path), "convert_seconds": time.perf_counter() - start}, indent=2)
@@ -191,8 +190,7 @@ def _convert(path: Path, out: Path, start: float) -> Path:
 @contextlib.contextmanager
 def plain_array_reading() -> Iterator[None]:
     """gguf's reader slices its numpy.memmap once per metadata item (~500k slices for a 49k-token
-    vocabulary, in rmjax's reader and again in transformers' tokenizer conversion), and each memmap
-    slice pays `memmap.__array_finalize__`. Within this block the reader maps the file the same way
+    vocabulary), and each memmap slice pays `memmap.__array_finalize__`. Within this block the reader maps the file the same way
     but reads through a plain ndarray view of the map: the same bytes, a fraction of the time."""
     import gguf.gguf_reader as module
 

@@ -1,0 +1,70 @@
+"""A GGUF file's tokenizer, rebuilt without PyTorch.
+
+`AutoTokenizer.from_pretrained(gguf_file=…)` reads the metadata with transformers' GGUF reader,
+which imports torch at module level; torch is a test extra here (a runtime pin would pull CUDA
+wheels onto GPU and TPU hosts). So the metadata comes from the `gguf` package's reader, which the
+weight conversion opens anyway, and only the torch-free half of transformers' GGUF support builds
+the tokenizer: `convert_gguf_tokenizer`, from the same dictionary transformers would hand it.
+`tests/test_real_models.py` holds the result equal to transformers' own GGUF tokenizer.
+"""
+
+from __future__ import annotations
+
+from rmjax.errors import CheckpointError
+
+# llama.cpp metadata key -> the name transformers' tokenizer builders read it under.
+_TOKENIZER_KEYS = {
+    "ggml.model": "tokenizer_type",
+    "ggml.pre": "pre_tokenizer_type",
+    "ggml.tokens": "tokens",
+    "ggml.scores": "scores",
+    "ggml.token_type": "token_type",
+    "ggml.merges": "merges",
+    "ggml.precompiled_charsmap": "precompiled_charsmap",
+    "ggml.bos_token_id": "bos_token_id",
+    "ggml.eos_token_id": "eos_token_id",
+    "ggml.unknown_token_id": "unk_token_id",
+    "ggml.padding_token_id": "pad_token_id",
+    "ggml.add_space_prefix": "add_prefix_space",
+}
+_CONFIG_KEYS = {"chat_template": "chat_template", "ggml.add_bos_token": "add_bos_token",
+                "ggml.add_eos_token": "add_eos_token"}
+_SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unk_token_id",
+                   "pad_token": "pad_token_id"}
+
+
+def _value(field):
+    """A metadata value as transformers' reader gives it: scalars, numeric lists, and string lists in full."""
+    value = field.contents()
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def tokenizer_from_gguf(reader, model_type: str, path) -> object:
+    """The tokenizer transformers would build from this GGUF, as a transformers tokenizer object."""
+    from transformers import GemmaTokenizer, LlamaTokenizer, TokenizersBackend
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    fields = reader.fields
+    if "tokenizer.ggml.tokens" not in fields:
+        raise CheckpointError(f"{path}: this GGUF file has no tokenizer (no tokenizer.ggml.tokens); "
+                              "load a Hugging Face folder with its tokenizer files instead.")
+    tokenizer = {name: _value(fields[f"tokenizer.{key}"]) for key, name in _TOKENIZER_KEYS.items()
+                 if f"tokenizer.{key}" in fields}
+    config = {name: _value(fields[f"tokenizer.{key}"]) for key, name in _CONFIG_KEYS.items()
+              if f"tokenizer.{key}" in fields}
+    sentencepiece = tokenizer.get("tokenizer_type") == "llama"
+    if sentencepiece:
+        # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise (as transformers does).
+        config.setdefault("add_bos_token", True)
+    for name, key in _SPECIAL_TOKENS.items():
+        token_id = tokenizer.get(key)
+        config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
+    architecture = str(fields["general.architecture"].contents())
+    backend, extra = convert_gguf_tokenizer(architecture, tokenizer)
+    # The class transformers' AutoTokenizer picks for these files: Gemma's and Llama 2's sentencepiece
+    # classes, and the generic backend for byte-level BPE (Llama 3, SmolLM2).
+    if sentencepiece:
+        cls = GemmaTokenizer if model_type.startswith("gemma") else LlamaTokenizer
+    else:
+        cls = TokenizersBackend
+    return cls(tokenizer_object=backend, **config, **extra)
