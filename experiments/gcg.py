@@ -1,7 +1,8 @@
 """Greedy Coordinate Gradient: an N-token response that maximizes (optimal) or minimizes (pessimal) a reward.
 
 python -m experiments.gcg --model=elo-rm-smollm2-135m --prompts=greatest --num_tokens=8 \
-    --direction=optimal --steps=100 --search_width=128 --topk=64 --n_replace=1 --seed=0 --out=results/gcg.json
+    --direction=optimal --steps=100 --search_width=128 --topk=64 --n_replace=1 --seed=0 --out=results/gcg.json \
+    [--token_ids=… | --vocab_file=words.txt]
 
 Several --model values (comma-separated) and/or prompts make the objective their mean reward.
 """
@@ -12,14 +13,15 @@ import json
 
 from absl import flags
 
-from experiments import common, config_flags
+from experiments import common, config_flags, token_ids
 from rmjax.gcg import GCGConfig
 
 OUT = flags.DEFINE_string("out", "results/gcg.json", "Result JSON (+ per-step CSV and .meta.json beside it).")
 # One flag per GCGConfig field (help and choices declared there; ranges, e.g. --n_replace <= --num_tokens, are
-# checked when the config is built); --template and --allow_nonfinite are shared.
-GCG_CONFIG = config_flags.define(GCGConfig, skip=("template", "allow_nonfinite"))
+# checked when the config is built); --template and --allow_nonfinite are shared, and --token_ids is the beam's.
+GCG_CONFIG = config_flags.define(GCGConfig, skip=("template", "allow_nonfinite", "token_ids"))
 flags.adopt_module_key_flags(common)
+flags.adopt_module_key_flags(token_ids)
 flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort lists them
 
 
@@ -30,13 +32,17 @@ def main(argv):
     from rmjax.gcg_job import gcg_identity, run_gcg, steps_path
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    cfg = GCG_CONFIG(template=common.TEMPLATE.value, allow_nonfinite=common.ALLOW_NONFINITE.value)
+    ids = token_ids.token_ids()
+    cfg = GCG_CONFIG(template=common.TEMPLATE.value, allow_nonfinite=common.ALLOW_NONFINITE.value,
+                     token_ids=tuple(ids or ()))
     specs = [s for s in common.MODEL.value.split(",") if s]
     identity = gcg_identity([common.fingerprint(s) for s in specs], dtype=common.DTYPE.value, prompts=prompts,
                             output_column=common.OUTPUT_COLUMN.value, cfg=cfg)
     with common.claim_output(OUT.value, identity, owned=[steps_path(OUT.value)]) as claim:
         if not claim.reuse:
-            models = [common.load_model(spec) for spec in specs]
+            # ids past a model's vocabulary stop the job before its weights load
+            models = [common.load_model(spec, lambda config, *_: token_ids.check_in_vocabulary(ids, config.vocab_size))
+                      for spec in specs]
             run_gcg(models, prompts, cfg, OUT.value, overwrite=common.OVERWRITE.value)
     if distributed.is_main():
         with open(OUT.value, encoding="utf-8") as f:

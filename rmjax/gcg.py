@@ -17,11 +17,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from rmjax import chat, checks, finite, nn, results
 from rmjax.beam import read_vocab_file, words_to_ids
 from rmjax.checks import setting
-from rmjax.distributed import replicated, to_host
+from rmjax.distributed import is_main, replicated, to_host
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import Model
 from rmjax.prefix import append_kv, extend_prefix, prefill_prefix, score_responses, score_variants
@@ -46,6 +47,8 @@ class GCGConfig:
     init: tuple[str, ...] = setting((), "Initial response strings (default ' x x x ...').")
     vocab_file: str | None = setting(None, "Search only these tokens: a file of strings, one per line (as "
                                      "experiments.beam --vocab_file; lines that are not one token are ignored).")
+    token_ids: tuple[int, ...] = setting((), "Search only these token ids (as experiments.beam --token_ids); not with "
+                                         "--vocab_file.")
     init_from: str | None = setting(None, "A beam or exhaustive result CSV (experiments.beam): start the buffer from "
                                     "its best sequences of --num_tokens tokens in --direction (those that pass the "
                                     "re-tokenization filter), instead of the default start.")
@@ -70,7 +73,12 @@ class GCGConfig:
             "template": checks.one_of("auto", "chat", "plain"),
             "init_from": (lambda v: Path(v).is_file(), "an existing beam result CSV"),
             "vocab_file": (lambda v: Path(v).is_file(), "an existing file of candidate strings"),
+            "token_ids": (lambda v: all(isinstance(i, int | np.integer) and not isinstance(i, bool) and i >= 0
+                                        for i in v), "non-negative integer token ids"),
         })
+        object.__setattr__(self, "token_ids", tuple(int(i) for i in self.token_ids or ()))
+        if self.token_ids and self.vocab_file:
+            raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
 
 
 # Settings that do not change the search's result.
@@ -273,7 +281,10 @@ def _greedy_candidates(current: np.ndarray, top: np.ndarray, top_scores: np.ndar
 
 
 def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
-    """Search an N-token response maximizing (optimal) or minimizing (pessimal) the mean reward."""
+    """Search an N-token response maximizing (optimal) or minimizing (pessimal) the mean reward. The history
+    holds per step the best so far, the `candidates` evaluated, and how they were filtered: `sampled`, minus
+    `repeats`, `revisits` (--forbid_revisits) and `retokenize_failed`, after `retries` (buffer entries tried
+    before one gave a candidate). A step left with under a quarter of --search_width logs a warning."""
     sign = 1.0 if cfg.direction == "optimal" else -1.0
     start = time.perf_counter()
     rng = np.random.default_rng(cfg.seed)
@@ -282,6 +293,13 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     banned = disallowed_ids(lead.tokenizer, vocab, cfg.allow_special, cfg.allow_non_ascii)
     if cfg.vocab_file:
         banned |= ~_only(lead, cfg.vocab_file, vocab)
+    if cfg.token_ids:
+        banned |= ~_only_ids(cfg.token_ids, vocab)
+    if banned.all():
+        raise UsageError("no token may be searched: the candidate set (--vocab_file / --token_ids) holds only "
+                         "special, non-ASCII or out-of-tokenizer tokens; pass --allow_special / --allow_non_ascii, "
+                         "or give other tokens.")
+    allowed_count = int((~banned).sum())
     banned_on_device = jnp.asarray(banned)
     embed = nn.get(lead.params, "embed.embedding")[:vocab].astype(jnp.float32) if cfg.embed_reg > 0 else None
     key = jax.random.key(cfg.seed)
@@ -317,8 +335,9 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
     history, best_step = [], 0
     for step in range(cfg.steps):
         # When every top-k neighbour of the best sequence has been visited, search from the next
-        # buffer entries, swapping more positions at a time (the history forbids going back).
-        for attempt in range(min(len(buffer), 4)):
+        # buffer entries, swapping more positions at a time (the history forbids going back): retries.
+        tries = min(len(buffer), 4)
+        for attempt in range(tries):
             current = np.asarray(buffer[attempt][1])
             grads, extended = zip(*(_device_gradient(t, current) for t in targets), strict=True)
             grad = _mean_on_device([g[:, :vocab] for g in grads]) * -sign
@@ -331,9 +350,13 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
             score = swap_scores(grad, banned_on_device, jnp.asarray(current), embed, cfg.embed_reg)
             step_cfg = dataclasses.replace(cfg, n_replace=min(cfg.num_tokens, cfg.n_replace + attempt))
             step_key = jax.random.fold_in(key, step * 4 + attempt)
-            cands = _filter(sample_candidates(current, score, step_cfg, step_key), checks, cfg, seen)
+            cands, counts = _filter(sample_candidates(current, score, step_cfg, step_key), checks, cfg, seen)
             if len(cands):
                 break
+            if log and attempt + 1 < tries:
+                log(f"[gcg {cfg.direction}] step {step + 1}: no candidate left from buffer entry {attempt + 1} "
+                    f"with n_replace={step_cfg.n_replace} ({_describe(counts)}); retrying from buffer entry "
+                    f"{attempt + 2} with n_replace={min(cfg.num_tokens, cfg.n_replace + attempt + 1)}")
         if len(cands):
             losses = losses_of(cands, current, list(extended))
             held = {tuple(ids) for _, ids in buffer}  # without the history a sequence can come back: keep it once
@@ -346,11 +369,18 @@ def gcg(targets: list[Target], cfg: GCGConfig, log=None) -> GCGResult:
         if history and best_loss < min(h["loss"] for h in history) - 1e-9:
             best_step = step
         record = {"step": step + 1, "loss": best_loss, "reward": -sign * best_loss, "ids": best_ids,
-                  "text": _decode(lead, best_ids), "candidates": len(cands), "seconds": time.perf_counter() - start}
+                  "text": _decode(lead, best_ids), "candidates": len(cands), "retries": attempt,
+                  **{k: v for k, v in counts.items() if k != "left"}, "seconds": time.perf_counter() - start}
         history.append(record)
+        retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
         if log:
             log(f"[gcg {cfg.direction}] step {step + 1}/{cfg.steps} reward {record['reward']:.4f} "
-                f"{record['text']!r} ({len(cands)} candidates, {record['seconds']:.1f} s)")
+                f"{record['text']!r} ({_describe(counts)}{';' + retried if retried else ''}; "
+                f"{record['seconds']:.1f} s)")
+        if 4 * len(cands) < cfg.search_width and is_main():
+            logging.warning("GCG step %d: only %d of --search_width=%d candidates left to evaluate%s (%d sampled, %s). "
+                            "%s", step + 1, len(cands), cfg.search_width, retried, counts["sampled"],
+                            _removed(counts), _advice(counts, cfg, allowed_count))
         if cfg.patience is not None and step - best_step >= cfg.patience:
             break
     best_loss, best_ids = buffer[0]
@@ -388,10 +418,10 @@ def _init_ids(model: Model, text: str, cfg: GCGConfig, banned: np.ndarray, rng, 
     tries = [text] if text else [" x" * cfg.num_tokens, "x" + " x" * (cfg.num_tokens - 1)]
     for attempt in tries:
         ids = model.tokenizer(attempt, add_special_tokens=False).input_ids[: cfg.num_tokens]
-        allowed = bool(text) or not banned[ids].any()  # the default start keeps to --vocab_file's tokens too
+        allowed = bool(text) or not banned[ids].any()  # the default start keeps to the candidate set too
         if len(ids) == cfg.num_tokens and allowed and all(_survives(check, ids) for check in checks):
             return ids
-    if not text and cfg.vocab_file:  # 'x' is not in the set: its first (e.g. most frequent) token, repeated
+    if not text and (cfg.vocab_file or cfg.token_ids):  # 'x' is not in the set: its lowest allowed id, repeated
         ids = [int(np.flatnonzero(~banned)[0])] * cfg.num_tokens
         if all(_survives(check, ids) for check in checks):
             return ids
@@ -408,6 +438,16 @@ def _only(model: Model, path: str, vocab: int) -> np.ndarray:
         raise UsageError(f"--vocab_file={path}: none of its lines is a single token of this tokenizer.")
     allowed = np.zeros(vocab, bool)
     allowed[ids[ids < vocab]] = True
+    return allowed
+
+
+def _only_ids(ids: tuple[int, ...], vocab: int) -> np.ndarray:
+    """Boolean [V]: --token_ids (as experiments.beam's; ids past the vocabulary are refused)."""
+    outside = [i for i in ids if i >= vocab]
+    if outside:
+        raise UsageError(f"--token_ids: {outside[:5]} are outside the vocabulary [0, {vocab}).")
+    allowed = np.zeros(vocab, bool)
+    allowed[list(ids)] = True
     return allowed
 
 
@@ -450,15 +490,53 @@ def _survives(check: tuple[Conversations, Target], ids: list[int]) -> bool:
     return retokenizes(convs, ids, [*target.prefix, *ids, *target.suffix])
 
 
-def _filter(cands: np.ndarray, checks: list, cfg: GCGConfig, seen: set) -> np.ndarray:
+def _filter(cands: np.ndarray, checks: list, cfg: GCGConfig, seen: set) -> tuple[np.ndarray, dict[str, int]]:
+    """The candidates to evaluate, sorted: each distinct one once (even without the history), none evaluated
+    before (with forbid_revisits), none failing the re-tokenization filter; and the counts: `sampled`, removed
+    as `repeats` (within the batch), `revisits` and `retokenize_failed`, and `left`."""
+    n = cands.shape[1]
+    distinct = np.unique(cands, axis=0) if len(cands) else cands.reshape(0, n)
+    counts = {"sampled": len(cands), "repeats": len(cands) - len(distinct), "revisits": 0, "retokenize_failed": 0}
     keep = []
-    for c in cands:
+    for c in distinct:
         key = tuple(c.tolist())
         if cfg.forbid_revisits and key in seen:
+            counts["revisits"] += 1
             continue
         if not all(_survives(check, list(key)) for check in checks):
+            counts["retokenize_failed"] += 1
             continue
         seen.add(key)
         keep.append(c)
-    # duplicates within a batch are dropped even without the history
-    return np.unique(np.asarray(keep), axis=0) if keep else np.zeros((0, cands.shape[1]), np.int32)
+    counts["left"] = len(keep)
+    return (np.asarray(keep).reshape(-1, n) if keep else np.zeros((0, n), np.int32)), counts
+
+
+def _removed(counts: dict[str, int]) -> str:
+    removed = [f"{counts[key]} {what}" for key, what in (
+        ("repeats", "repeats"), ("revisits", "evaluated before"),
+        ("retokenize_failed", "failing the re-tokenization filter")) if counts[key]]
+    return "removed " + ", ".join(removed) if removed else "none removed"
+
+
+def _describe(counts: dict[str, int]) -> str:
+    return f"{counts['left']} of {counts['sampled']} sampled candidates left, {_removed(counts)}"
+
+
+def _advice(counts: dict[str, int], cfg: GCGConfig, allowed: int) -> str:
+    """What to change for more candidates, for the filter that removed most first."""
+    k = min(cfg.topk, allowed)
+    narrow = (f"widen --topk (now {cfg.topk})" if cfg.topk < allowed else
+              f"allow more tokens (only {allowed} may be searched)")
+    fewer = f"lower --search_width ({cfg.num_tokens} positions x top {k} tokens make {cfg.num_tokens * k} single swaps)"
+    actions = {
+        "repeats": [narrow, "raise --n_replace", fewer],
+        "revisits": [narrow, "pass --noforbid_revisits"],
+        "retokenize_failed": ["pass --noretokenize_filter (a response may then not be what a conversation tokenizes "
+                              "to)"],
+    }
+    todo = [a for c in sorted((c for c in actions if counts[c]), key=lambda c: -counts[c]) for a in actions[c]]
+    if counts["sampled"] < cfg.search_width:  # greedy selection: fewer distinct swaps than the width
+        todo += [narrow, fewer]
+    todo = list(dict.fromkeys(todo)) or [narrow, fewer]
+    return "To get more: " + (", ".join(todo[:-1]) + " or " if len(todo) > 1 else "") + todo[-1] + "."

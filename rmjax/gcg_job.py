@@ -7,7 +7,10 @@ import hashlib
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from rmjax import jobs, results
+from rmjax.chunks import fingerprint
 from rmjax.distributed import is_main
 from rmjax.errors import UsageError
 from rmjax.gcg import NOT_IN_IDENTITY, GCGConfig, GCGResult, gcg, make_target
@@ -21,6 +24,11 @@ def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: i
     for name in ("init_from", "vocab_file"):  # what they hold, not only their names
         if getattr(cfg, name):
             config[name] = {"path": getattr(cfg, name), "sha1": _file_sha1(getattr(cfg, name))}
+    # the set, not its order; absent when not given (the identities of runs from before the flag hold)
+    config.pop("token_ids")
+    if cfg.token_ids:
+        ids = np.unique(np.asarray(cfg.token_ids, np.int64))
+        config["token_ids"] = {"count": len(ids), "sha1": fingerprint(ids)}
     return {"job": "gcg", "models": list(model_fingerprints), "dtype": dtype, "output_column": int(output_column),
             "prompts": dict(prompts), "config": config}
 
@@ -68,7 +76,8 @@ def _write(result: GCGResult, decode, cfg: GCGConfig, out: Path) -> Path:
         "history": result.history,
     }, out)
     keys = {"step": [h["step"] for h in result.history], "text": [h["text"] for h in result.history],
-            "ids": [" ".join(map(str, h["ids"])) for h in result.history]}
+            "ids": [" ".join(map(str, h["ids"])) for h in result.history],
+            "candidates": [h["candidates"] for h in result.history]}  # evaluated at that step
     results.write_table(steps_path(out), keys, {"reward": [h["reward"] for h in result.history],
                                                 "seconds": [h["seconds"] for h in result.history]})
     return out

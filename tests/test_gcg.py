@@ -340,3 +340,187 @@ def test_variants_run_from_their_first_change_and_equal_full_forwards(kind, tiny
         for rows in (8, 32):
             got = score_variants(model, extended, np.asarray(SUFFIX, np.int32), current, variants, rows)
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+WORDS = [" cat", " dog", " house", " sun", " love", " war", " tree", " music"]
+
+
+def _record(monkeypatch) -> list[tuple[str, object]]:
+    """In order: every batch sample_candidates made, every batch evaluated and every log line of a gcg() run
+    (pass `log=lambda m: events.append(("log", m))`)."""
+    from rmjax import gcg as gcg_lib
+
+    events = []
+    sample, evaluate_ = gcg_lib.sample_candidates, gcg_lib.evaluate
+
+    def sampled(*args, **kwargs):
+        out = sample(*args, **kwargs)
+        events.append(("sampled", np.asarray(out).copy()))
+        return out
+
+    def evaluated(targets, cands, *args, **kwargs):
+        events.append(("evaluated", np.asarray(cands).copy()))
+        return evaluate_(targets, cands, *args, **kwargs)
+
+    monkeypatch.setattr(gcg_lib, "sample_candidates", sampled)
+    monkeypatch.setattr(gcg_lib, "evaluate", evaluated)
+    return events
+
+
+def _warned_steps(caplog) -> dict[int, str]:
+    import re
+
+    return {int(re.match(r"GCG step (\d+):", r.getMessage()).group(1)): r.getMessage()
+            for r in caplog.records if r.levelname == "WARNING" and r.getMessage().startswith("GCG step ")}
+
+
+def test_step_candidate_counts_equal_a_recount_of_the_filters(rm_folder, monkeypatch, caplog):
+    """Issue 21 (6): per step, the candidates evaluated and what each filter removed (repeats in the batch, sequences
+    evaluated before, re-tokenization failures), recounted by brute force from the sampled batches; retries (a
+    batch with nothing left) are logged; a step with under a quarter of --search_width left is warned about."""
+    import logging
+
+    from rmjax.textscore import Conversations
+
+    model = load(str(rm_folder))
+    target = make_target(model, PROMPT)
+    conv = Conversations(model.tokenizer, PROMPT)
+    cfg = GCGConfig(num_tokens=2, steps=6, search_width=32, topk=8, buffer_size=4, seed=0)
+    events = _record(monkeypatch)
+    with caplog.at_level(logging.WARNING):
+        res = gcg([target], cfg, log=lambda m: events.append(("log", m)))
+    assert events[0][0] == "evaluated"  # the start
+    evaluated = {tuple(r) for r in events[0][1].tolist()}
+    batches, kept, step, totals = [], None, 0, dict.fromkeys(("repeats", "revisits", "retokenize_failed"), 0)
+    for kind, value in events[1:]:
+        if kind == "sampled":
+            batches.append(value.tolist())
+        elif kind == "evaluated":
+            kept = {tuple(r) for r in value.tolist()}
+        elif f"step {step + 1}/{cfg.steps} " in value:
+            record = res.history[step]
+            assert record["retries"] == len(batches) - 1
+            retries = [m for k, m in events if k == "log" and f"step {step + 1}: " in m and "retrying" in m]
+            assert len(retries) == len(batches) - 1  # each retry is logged
+            for i, rows in enumerate(batches):
+                distinct = set(map(tuple, rows))
+                fresh = distinct - evaluated
+                passed = {c for c in fresh if conv.token_ids([model.tokenizer.decode(list(c))])[0]
+                          == [*target.prefix, *c, *target.suffix]}
+                if i < len(batches) - 1:
+                    assert not passed  # a retry only follows a batch with nothing left
+                    continue
+                assert record["candidates"] == len(passed)
+                assert (record["sampled"], record["repeats"], record["revisits"], record["retokenize_failed"]) == (
+                    len(rows), len(rows) - len(distinct), len(distinct - fresh), len(fresh - passed))
+                assert passed == (kept or set())  # exactly those were evaluated
+                evaluated |= passed
+                for name in totals:
+                    totals[name] += record[name]
+            batches, kept, step = [], None, step + 1
+    assert step == len(res.history) == cfg.steps
+    assert all(totals.values()), totals  # every filter removed something in this run
+    warned = _warned_steps(caplog)
+    assert set(warned) == {h["step"] for h in res.history if 4 * h["candidates"] < cfg.search_width}
+    for s, message in warned.items():
+        assert f"{res.history[s - 1]['candidates']} of --search_width=32" in message and "To get more" in message
+
+
+def test_warning_names_the_step_and_what_to_change(tiny_rm, caplog):
+    """Issue 21 (6): GCG stalled silently (2 of 128 candidates a step). Under a quarter of --search_width left
+    warns once per such step, naming it and what to change; a step with enough candidates does not."""
+    import logging
+
+    _, model = tiny_rm
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    with caplog.at_level(logging.WARNING):  # 2 positions x top 3: at most 6 distinct single swaps of 64
+        res = gcg([target], GCGConfig(num_tokens=2, steps=2, search_width=64, topk=3, retokenize_filter=False,
+                                      seed=0))
+    warned = _warned_steps(caplog)
+    assert sorted(warned) == [1, 2] and len(caplog.records) == 2
+    assert all(h["candidates"] <= 6 for h in res.history)
+    assert "widen --topk (now 3)" in warned[1] and "lower --search_width" in warned[1]
+    assert f"only {res.history[0]['candidates']} of --search_width=64" in warned[1]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # 2 positions x 48 tokens: 16 samples are nearly all distinct
+        res = gcg([target], GCGConfig(num_tokens=2, steps=2, search_width=16, topk=48, retokenize_filter=False,
+                                      seed=0))
+    assert all(4 * h["candidates"] >= 16 for h in res.history) and not _warned_steps(caplog)
+
+
+def test_token_ids_keep_every_proposed_and_returned_token_in_the_set(rm_folder, monkeypatch, tmp_path):
+    """Issue 21 (10): --token_ids (the beam's flag) restricts GCG's candidate vocabulary: every token of every
+    candidate sampled, of the start, of the history and of the buffer is one of the ids."""
+    from rmjax.errors import UsageError
+
+    model = load(str(rm_folder))
+    allowed = {model.tokenizer(w, add_special_tokens=False).input_ids[0] for w in WORDS}
+    target = make_target(model, PROMPT)
+    events = _record(monkeypatch)
+    res = gcg([target], GCGConfig(num_tokens=3, steps=4, search_width=16, topk=4, token_ids=tuple(sorted(allowed)),
+                                  seed=0))
+    proposed = [set(np.asarray(v).ravel().tolist()) for k, v in events if k in ("sampled", "evaluated")]
+    assert len(proposed) > 4 and all(p <= allowed for p in proposed), proposed
+    assert len(set().union(*proposed)) > 2  # the search moved inside the set
+    assert all(set(h["ids"]) <= allowed for h in res.history)
+    assert all(set(ids) <= allowed for _, ids in res.buffer)
+    words = tmp_path / "words.txt"
+    words.write_text("\n".join(WORDS) + "\n", encoding="utf-8")
+    with pytest.raises(UsageError, match="--token_ids or --vocab_file, not both"):
+        GCGConfig(token_ids=(1,), vocab_file=str(words))
+    with pytest.raises(UsageError, match="--token_ids=.*non-negative integer"):
+        GCGConfig(token_ids=(3, -1))
+    with pytest.raises(UsageError, match=r"--token_ids: \[49152\] are outside the vocabulary \[0, 49152\)"):
+        gcg([target], GCGConfig(num_tokens=2, steps=1, token_ids=(5, 49152)))
+
+
+def test_steps_csv_has_the_candidates_column_and_old_results_are_reused(rm_folder, tmp_path):
+    """Issue 21 (6): <out>.steps.csv gains `candidates` (evaluated at that step). Nothing reads the CSV back: a
+    finished result of the same run written before the column (no `candidates`) is reused as it is."""
+    import json
+
+    import pandas as pd
+
+    from rmjax.gcg_job import run_gcg, steps_path
+
+    model = load(str(rm_folder))
+    out = tmp_path / "gcg.json"
+    cfg = GCGConfig(num_tokens=2, steps=3, search_width=16, topk=8, seed=0)
+    assert run_gcg([model], {"greatest": PROMPT}, cfg, out) is not None
+    steps = pd.read_csv(steps_path(out), keep_default_na=False)
+    history = json.loads(out.read_text())["history"]
+    assert list(steps.columns) == ["step", "text", "ids", "candidates", "reward", "seconds"]
+    assert steps["candidates"].tolist() == [h["candidates"] for h in history] and steps["candidates"].dtype.kind == "i"
+    old = steps.drop(columns="candidates")
+    old.to_csv(steps_path(out), index=False)
+    before = steps_path(out).read_bytes()
+    assert run_gcg([model], {"greatest": PROMPT}, cfg, out) is None  # reused, not refused
+    assert steps_path(out).read_bytes() == before
+
+
+def test_gcg_entry_point_takes_token_ids(rm_folder, tmp_path):
+    """Issue 21 (10): experiments.gcg --token_ids, parsed as experiments.beam's (given with --vocab_file it is
+    refused when the config is built: test above); ids past the vocabulary stop the job before the weights load."""
+    import json
+
+    import pandas as pd
+
+    from rmjax import results
+    from tests import cli
+
+    model = load(str(rm_folder))
+    ids = sorted({model.tokenizer(w, add_special_tokens=False).input_ids[0] for w in WORDS})
+    out = tmp_path / "gcg.json"
+    flags = [f"--model={rm_folder}", "--prompts=greatest", "--num_tokens=2", "--steps=3", "--search_width=16",
+             "--topk=4"]
+    proc = cli.ok(cli.run("gcg", *flags, "--token_ids=" + ",".join(map(str, ids)), f"--out={out}"))
+    assert "sampled candidates left" in proc.stderr
+    record = json.loads(out.read_text())
+    assert set(record["best_ids"]) <= set(ids) and all(set(h["ids"]) <= set(ids) for h in record["history"])
+    steps = pd.read_csv(out.with_suffix(".steps.csv"), keep_default_na=False)
+    assert steps["candidates"].tolist() == [h["candidates"] for h in record["history"]]
+    meta = json.loads(results.meta_path(out).read_text())
+    assert meta["config"]["token_ids"] == ids
+    cli.user_error(cli.run("gcg", *flags, "--token_ids=5,49152", f"--out={tmp_path / 'b.json'}"),
+                   "--token_ids", "[49152]", "outside the vocabulary")

@@ -1,0 +1,33 @@
+"""--token_ids: a candidate set given as token ids, one flag and one parser for the jobs that take one (GCG;
+sweep and beam through experiments.candidates)."""
+
+from __future__ import annotations
+
+from absl import flags
+
+TOKEN_IDS = flags.DEFINE_list("token_ids", None, "Only these token ids (the candidate set): the tokens scored "
+                              "(sweep, beam) or searched (GCG). Comma-separated non-negative integers.")
+
+
+def _token_ids_are_ints(values: list[str] | None) -> bool:
+    bad = [v for v in values or [] if not v.strip().isdigit()]
+    if bad or values == []:
+        raise flags.ValidationError(f"expected non-negative integer token ids, got {bad[0] if bad else 'none'!r}")
+    return True
+
+
+flags.register_validator("token_ids", _token_ids_are_ints)
+
+
+def token_ids() -> list[int] | None:
+    """--token_ids as ints; None when not given (the whole vocabulary)."""
+    return [int(t) for t in TOKEN_IDS.value] if TOKEN_IDS.value else None
+
+
+def check_in_vocabulary(ids: list[int] | None, vocab_size: int) -> None:
+    """UsageError naming the ids at or past `vocab_size` (the model's config: checked before its weights load)."""
+    from rmjax.errors import UsageError
+
+    outside = [t for t in ids or [] if t >= vocab_size]
+    if outside:
+        raise UsageError(f"--token_ids: {outside[:5]} are outside the vocabulary [0, {vocab_size}).")
