@@ -1,11 +1,12 @@
 """Best and worst N-token responses: beam search over the vocabulary at every depth, or exhaustive enumeration.
 
 python -m experiments.beam --model=elo-rm-smollm2-135m --prompts=greatest --depth=2 --beam=64 \
-    --direction=both --top=100 --out=results/beam.csv [--token_ids=… | --vocab_file=words.txt] [--exhaustive] \
-    [--batch_size=0 (auto)] [--chunk_size=4096] [--mesh=data:8,model:1]
+    --direction=both --top=100 --out=results/beam.csv [--token_ids=… | --vocab_file=words.txt] [--limit=N] \
+    [--from_sweep=SWEEP_CSV] [--exhaustive] [--batch_size=0 (auto)] [--chunk_size=4096] [--mesh=data:8,model:1]
 
 Rows: `depth, direction, rank, ids, tokens, decoded, <one score column per prompt>`; with several prompts the
-beam ranks by their mean reward. Re-running the same command after a crash resumes from the last chunk.
+beam ranks by their mean reward. Re-running the same command after a crash resumes from the last chunk. Before
+the first forward it prints an estimate of the whole job (every depth and direction); the progress line keeps it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ VOCAB_FILE = flags.DEFINE_string("vocab_file", None,
                                  "Candidate set from a text file, one string per line taken verbatim (' cat' and "
                                  "'cat' are different tokens); lines that are not exactly one token are skipped "
                                  "(counted in .meta.json).")
+LIMIT = flags.DEFINE_integer("limit", None, "Keep only the first N candidates, as experiments.sweep --limit does (of "
+                             "the vocabulary: token ids 0..N-1; or of --token_ids / --vocab_file).", lower_bound=1)
+FROM_SWEEP = flags.DEFINE_string("from_sweep", None,
+                                 "A finished token-mode experiments.sweep CSV (with its .meta.json) of the same model, "
+                                 "dtype, output column, template and prompts (it may hold more): depth 1 reads its "
+                                 "scores instead of scoring the candidates. Another run's sweep or an incomplete one "
+                                 "is refused before the model loads.")
 SHOW = flags.DEFINE_integer("show", 5, "Sequences printed per depth and direction at the end.", lower_bound=0)
 BEAM_CONFIG = config_flags.define(BeamConfig, skip=("template",))
 flags.adopt_module_key_flags(common)
@@ -34,6 +42,7 @@ def main(argv):
     from rmjax import beam, distributed, results
     from rmjax import prompts as prompt_lib
     from rmjax.errors import UsageError
+    from rmjax.sweep import sweep_identity
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
@@ -42,12 +51,19 @@ def main(argv):
     if token_ids is not None and VOCAB_FILE.value:
         raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
     lines = beam.read_vocab_file(VOCAB_FILE.value) if VOCAB_FILE.value else None
-    if cfg.exhaustive and token_ids is None and lines is None:
-        raise UsageError("--exhaustive enumerates |S|^depth sequences: give a small candidate set S with --token_ids "
-                         "or --vocab_file (the whole vocabulary is what the beam is for).")
+    if cfg.exhaustive and token_ids is None and lines is None and LIMIT.value is None:
+        raise UsageError("--exhaustive enumerates |S|^depth sequences: give a small candidate set S with --token_ids, "
+                         "--vocab_file or --limit (the whole vocabulary is what the beam is for).")
     requested = beam.identity_of_candidates(token_ids, lines)
+    from_sweep = None
+    if FROM_SWEEP.value:  # refused now, before the model loads, if it is not this beam's depth 1
+        beam.read_sweep(FROM_SWEEP.value, sweep_identity(common.fingerprint(), dtype=common.DTYPE.value,
+                                                         output_column=common.OUTPUT_COLUMN.value, prompts=prompts,
+                                                         template=cfg.template))
+        from_sweep = beam.sweep_fingerprint(FROM_SWEEP.value)
     identity = beam.beam_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts, cfg=cfg,
-                                  output_column=common.OUTPUT_COLUMN.value, candidates=requested)
+                                  output_column=common.OUTPUT_COLUMN.value, candidates=requested, limit=LIMIT.value,
+                                  from_sweep=from_sweep)
     with common.claim_output(OUT.value, identity, store=beam.store_dir(OUT.value)) as claim:
         if not claim.reuse:
             plan, plan_memory = candidates.memory_planner(prompts, token_ids, response_tokens=cfg.depth)
@@ -62,7 +78,8 @@ def main(argv):
                                        "skipped": len(skipped), "first_skipped": skipped[:10]}
                 if distributed.is_main():
                     print(f"--vocab_file: {len(ids)} of {len(lines)} lines are single tokens", file=sys.stderr)
-            beam.run_beam(model, prompts, cfg, ids, out=OUT.value, requested=requested, batch_size=plan.batch_size,
+            beam.run_beam(model, prompts, cfg, ids, out=OUT.value, requested=requested, limit=LIMIT.value,
+                          from_sweep=FROM_SWEEP.value, batch_size=plan.batch_size,
                           chunk_size=candidates.CHUNK_SIZE.value, overwrite=common.OVERWRITE.value,
                           allow_nonfinite=common.ALLOW_NONFINITE.value, extra_meta=extra)
     if distributed.is_main():

@@ -14,8 +14,10 @@ continuation pick the same sequences.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,9 +31,10 @@ from rmjax.distributed import barrier, is_main
 from rmjax.errors import UsageError
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
+from rmjax.outputs import canonical, changed_keys, read_meta_identity
 from rmjax.prefix import cache_row, extend_prefix, score_responses
-from rmjax.progress import Progress
-from rmjax.sweep import candidate_ids, open_store, prepare_prompt
+from rmjax.progress import Progress, duration
+from rmjax.sweep import candidate_ids, open_store, prepare_prompt, sweep_identity
 
 PREFILL_ROWS = 8  # partial caches computed per forward (and held at once)
 
@@ -75,13 +78,84 @@ class BeamResult:
     resumed: int
     seconds: float
     levels: list[dict]
+    estimate: dict  # the whole job as counted before it started: candidates, resumed, seconds, rate
 
 
 def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
-                  cfg: BeamConfig, candidates: str | None) -> dict:
-    """What the result depends on; `candidates` is the fingerprint of the requested set (None: the vocabulary)."""
-    return {"job": "beam", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
-            "prompts": dict(prompts), "config": dataclasses.asdict(cfg), "candidates": candidates}
+                  cfg: BeamConfig, candidates: str | None, limit: int | None = None,
+                  from_sweep: str | None = None) -> dict:
+    """What the result depends on; `candidates` is the fingerprint of the requested set (None: the vocabulary),
+    `limit` keeps its first N, `from_sweep` is the sha1 of the sweep CSV whose scores are depth 1 (both keys
+    only when given, so the identity of a run without them is what it always was)."""
+    identity = {"job": "beam", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
+                "prompts": dict(prompts), "config": dataclasses.asdict(cfg), "candidates": candidates}
+    if limit is not None:
+        identity["limit"] = int(limit)
+    if from_sweep is not None:
+        identity["depth1_from_sweep"] = from_sweep
+    return identity
+
+
+def job_size(cfg: BeamConfig, n: int, from_sweep: bool = False) -> list[int]:
+    """Candidates scored at each depth over |S| = n (depth 1 none `from_sweep`). Exact for one direction and for
+    --exhaustive. With both, it assumes the two beams share no partial, which they do only where a level's best
+    and worst overlap (fewer than 2K sequences, or tied means): a bound the progress line lowers as levels start."""
+
+    def units(depth: int) -> int:
+        if depth == 1:
+            return 0 if from_sweep else 1
+        return n ** (depth - 1) if cfg.exhaustive else len(cfg.directions) * min(cfg.beam, n ** (depth - 1))
+
+    return [units(depth) * n for depth in range(1, cfg.depth + 1)]
+
+
+def read_sweep(path: str | Path, identity: dict):
+    """The table of a finished sweep that can stand for this beam's depth 1, checked like a resume against
+    `identity` (rmjax.sweep.sweep_identity of depth 1: model content, dtype, output column, token mode, template,
+    prompts). It may hold more prompts and any candidates (`depth1_scores` checks they cover ours). Another run's
+    sweep, one without its .meta.json (unfinished) or a CSV cut short is refused in one line."""
+    path, flag = Path(path), f"--from_sweep={path}"
+    meta = results.meta_path(path)
+    if not path.is_file():
+        raise UsageError(f"{flag}: no such file.")
+    stored = read_meta_identity(meta) if meta.is_file() else None
+    if not isinstance(stored, dict) or stored.get("job") != "sweep":
+        raise UsageError(f"{flag} is not a finished rmjax sweep: {meta.name}, which a sweep writes last, is missing "
+                         "or is not a sweep's. Finish the sweep (rerun its command) or drop --from_sweep.")
+    want, theirs = canonical(identity), stored.get("prompts") or {}
+    if isinstance(theirs, dict) and all(theirs.get(n) == t for n, t in want["prompts"].items()):
+        want["prompts"] = theirs  # a superset of ours: the other columns are not read
+    want.update(token_ids=stored.get("token_ids"), limit=stored.get("limit"))  # its rows: checked by depth1_scores
+    changed = changed_keys(stored, want)
+    if changed:
+        raise UsageError(f"{flag} was made by a sweep with different {', '.join(changed)}: its scores are not this "
+                         "beam's depth 1 (it needs a token-mode sweep of the same model content, dtype, output "
+                         "column, template and prompts).")
+    rows = json.loads(meta.read_text()).get("n_candidates")
+    try:  # every row the sweep writes ends with a newline
+        table = results.read_scores_csv(path) if path.read_bytes().endswith(b"\n") else None
+    except (ValueError, KeyError, UnicodeDecodeError) as error:
+        raise UsageError(f"{flag} cannot be read as a score table ({error}); rerun the sweep.") from None
+    if table is None or len(table) != rows:
+        raise UsageError(f"{flag} is incomplete: {'its last row is cut' if table is None else f'{len(table)} rows'} "
+                         f"where its {meta.name} counts {rows}. Rerun the sweep (with --overwrite) to rewrite it.")
+    return table
+
+
+def depth1_scores(table, candidates: np.ndarray, prompts: dict[str, str], path: str | Path = "") -> np.ndarray:
+    """[len(candidates), prompts] float32 scores of the candidates in a sweep table (`read_sweep`): the sweep
+    wrote each float32 score with 9 significant digits, so these are its scores bit for bit."""
+    row = {t: i for i, t in enumerate(table["token_id"].tolist())}
+    missing = [c for c in candidates.tolist() if c not in row]
+    if missing:
+        raise UsageError(f"--from_sweep={path} lacks {len(missing)} of the beam's {len(candidates)} candidates "
+                         f"(first {missing[:5]}): sweep them too, or restrict the beam's (--limit, --token_ids).")
+    return table[list(prompts)].to_numpy(np.float64)[[row[c] for c in candidates.tolist()]].astype(np.float32)
+
+
+def sweep_fingerprint(path: str | Path) -> str:
+    """sha1 of a sweep CSV: the exact depth-1 scores a --from_sweep beam ran from (part of its identity)."""
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()
 
 
 def words_to_ids(tokenizer, lines: list[str]) -> tuple[np.ndarray, list[str]]:
@@ -152,37 +226,53 @@ def _partial_caches(model: Model, contexts, units: np.ndarray) -> Iterator[tuple
 
 def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray, *,
                 batch_size: int = 256, chunk_size: int = 4096, store: ChunkStore | None = None,
-                allow_nonfinite: bool = False, progress_every: float = 5.0) -> BeamResult:
-    """Search level by level; with `store`, every chunk of scores is saved and a rerun continues from it."""
+                allow_nonfinite: bool = False, progress_every: float = 5.0,
+                depth1: np.ndarray | None = None) -> BeamResult:
+    """Search level by level; with `store`, every chunk of scores is saved and a rerun continues from it.
+    `depth1` [candidates, prompts]: depth 1's scores, already known (a sweep's: `depth1_scores`).
+
+    Before the first forward it prints one estimate for the whole job (every depth and direction): the
+    candidates `job_size` counts, less those on disk, at the rate of a warm-up batch timed after compiling.
+    The progress line then counts and times the whole job, not one level."""
     start_time = time.perf_counter()
     candidates = np.asarray(candidates, np.int64)
     if not len(candidates):
         raise UsageError("the candidate set is empty.")
+    if depth1 is not None and np.shape(depth1) != (len(candidates), len(prompts)):
+        raise ValueError(f"depth1 holds {np.shape(depth1)} scores for {len(candidates)} candidates x {len(prompts)}")
     contexts = [prepare_prompt(model, n, t, cfg.template, response_tokens=cfg.depth) for n, t in prompts.items()]
     chunk_size = store.chunk_size if store is not None else chunk_size
+    sizes = job_size(cfg, len(candidates), from_sweep=depth1 is not None)
+    estimate = _estimate(model, contexts, cfg, candidates, sizes, store, batch_size, chunk_size)
+    progress = Progress(sum(sizes), "beam", every=progress_every, done=estimate["resumed"],
+                        rate_hint=estimate["candidates_per_second"])
     kept: dict[str, np.ndarray] = {}
     found, levels, scored, resumed = [], [], 0, 0
     for depth in range(1, cfg.depth + 1):
+        given = depth == 1 and depth1 is not None
         units, extends = _units(cfg, depth, candidates, kept)
         keep = cfg.top if depth == cfg.depth or cfg.exhaustive else max(cfg.beam, cfg.top)
         best = {d: _Best(1.0 if d == "optimal" else -1.0, keep, len(prompts), depth) for d in cfg.directions}
         owners = {d: set(extends[d].tolist()) for d in cfg.directions}
         starts = range(0, len(candidates), chunk_size)
-        total = len(units) * len(candidates)
+        total = 0 if given else len(units) * len(candidates)
+        progress.total -= sizes[depth - 1] - total  # the partials the two beams share (see job_size)
+        progress.label = f"beam, whole job; now depth {depth}/{cfg.depth}" + (" (exhaustive)" if cfg.exhaustive else "")
         # Every process agrees on the stored chunks before any is written (they skip the same forwards).
         on_disk = store.names() if store is not None else set()
         stored = {(u, s) for u in range(len(units)) for s in starts if _key(depth, u, s) in on_disk}
         done = sum(min(chunk_size, len(candidates) - s) for _, s in stored)
         barrier("rmjax-beam-resume")
-        progress = Progress(total, f"beam depth {depth}" + (" (exhaustive)" if cfg.exhaustive else ""),
-                            every=progress_every, done=done)
         level_start = time.perf_counter()
         for u, caches in _cached_units(model, contexts, units, stored, starts):
             partial = units[u]
             for s in starts:
                 cands = candidates[s : s + chunk_size]
                 key = _key(depth, u, s)
-                if (u, s) in stored:
+                if given:
+                    scores = depth1[s : s + chunk_size]
+                    _check(model, contexts, partial, cands, scores, allow_nonfinite)
+                elif (u, s) in stored:
                     scores = store.read(key, (len(cands), len(prompts)))
                 else:
                     scores = np.stack([score_responses(model, c, ctx.suffix, cands[:, None].astype(np.int32),
@@ -199,11 +289,45 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
                         best[d].add(u, s, ids, scores)
         resumed += done
         levels.append({"depth": depth, "partials": len(units), "candidates": total, "resumed": done,
-                       "seconds": time.perf_counter() - level_start})
+                       "seconds": time.perf_counter() - level_start}
+                      | ({"from_sweep": len(candidates)} if given else {}))
         for d in cfg.directions:
             found.append(Found(depth, d, best[d].ids[: cfg.top], best[d].scores[: cfg.top]))
             kept[d] = best[d].ids[: cfg.beam]
-    return BeamResult(found, candidates, scored, resumed, time.perf_counter() - start_time, levels)
+    return BeamResult(found, candidates, scored, resumed, time.perf_counter() - start_time, levels, estimate)
+
+
+def _estimate(model: Model, contexts, cfg: BeamConfig, candidates: np.ndarray, sizes: list[int],
+              store: ChunkStore | None, batch_size: int, chunk_size: int) -> dict:
+    """The whole job's size and time, printed once before it starts: its batches (of every depth, less the chunks
+    on disk) x the seconds of one batch for every prompt, timed after a compiling run of the same shape. Not
+    counted: each depth's compilation and its partials' cache forwards (d-1 positions per partial, ~1/|S| of the
+    level's work)."""
+    n, rows = len(candidates), batching.round_up(batch_size, model.mesh)
+    batches = {s: -(-min(chunk_size, n - s) // rows) for s in range(0, n, chunk_size)}  # per chunk, by first row
+    on_disk = [int(k.rsplit("-c", 1)[1]) for k in (store.names() if store is not None else ())]  # first rows
+    resumed = sum(min(chunk_size, n - s) for s in on_disk)
+    todo = sum(size // n for size in sizes) * sum(batches.values()) - sum(batches[s] for s in on_disk)
+    seconds_per_batch = 0.0
+    if todo > 0:
+        part = candidates[:rows, None].astype(np.int32)
+        for _ in range(2):  # the first compiles
+            tick = time.perf_counter()
+            for ctx in contexts:
+                score_responses(model, ctx.cache, ctx.suffix, part, batch_size)
+            seconds_per_batch = time.perf_counter() - tick
+    seconds = todo * seconds_per_batch
+    rate = (sum(sizes) - resumed) / seconds if seconds > 0 else None
+    if is_main():
+        shared = len(cfg.directions) == 2 and not cfg.exhaustive
+        parts = ", ".join(f"depth {d}: " + ("from the sweep" if d == 1 and not c else
+                                            f"{'≤ ' if shared and d > 1 else ''}{c:,}") for d, c in enumerate(sizes, 1))
+        timing = f" at {rate:,.1f} candidates/s (a warm-up batch of {rows}, timed after compiling)" if rate else ""
+        print(f"beam: the whole job is {sum(sizes):,} candidates x {len(contexts)} prompt(s), every depth and "
+              f"direction ({parts}); {resumed:,} on disk; estimate {duration(seconds)}{timing}",
+              file=sys.stderr, flush=True)
+    return {"candidates": sum(sizes), "per_depth": sizes, "resumed": resumed, "seconds": seconds,
+            "candidates_per_second": rate}
 
 
 def _cached_units(model: Model, contexts, units: np.ndarray, stored: set[tuple[int, int]], starts):
@@ -247,24 +371,34 @@ def _check(model: Model, contexts, partial: np.ndarray, cands: np.ndarray, score
 
 
 def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray | None = None, *,
-             out: str | Path, requested: str | None = None, batch_size: int = 256, chunk_size: int = 4096,
+             out: str | Path, requested: str | None = None, limit: int | None = None,
+             from_sweep: str | Path | None = None, batch_size: int = 256, chunk_size: int = 4096,
              overwrite: bool = False, allow_nonfinite: bool = False,
              extra_meta: dict | None = None) -> BeamResult | None:
     """The beam job: claim `out`, search (resumable), write the CSV and .meta.json; None when reused.
-    `requested` fingerprints the candidate set as asked for (identity); default: the whole vocabulary."""
-    candidates = candidate_ids(model) if candidates is None else candidate_ids(model, candidates)
+    `requested` fingerprints the candidate set as asked for (identity); default: the whole vocabulary. `limit`
+    keeps its first N (as the sweep's --limit); `from_sweep`: a finished sweep CSV whose scores are depth 1."""
+    candidates = candidate_ids(model, candidates, limit)
+    depth1, extra_meta = None, dict(extra_meta or {})
+    if from_sweep is not None:
+        table = read_sweep(from_sweep, sweep_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts,
+                                                      output_column=model.output_column, template=cfg.template))
+        depth1 = depth1_scores(table, candidates, prompts, from_sweep)
+        extra_meta["from_sweep"] = {"path": str(from_sweep), "sha1": sweep_fingerprint(from_sweep)}
     identity = beam_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
-                             prompts=prompts, cfg=cfg, candidates=requested)
+                             prompts=prompts, cfg=cfg, candidates=requested, limit=limit,
+                             from_sweep=extra_meta["from_sweep"]["sha1"] if from_sweep is not None else None)
     with jobs.job(out, identity, "beam", overwrite=overwrite, store=store_dir(out)) as job:
         if job.reuse:
             return None
         store = open_store(out, identity, chunk_size)
         result = beam_search(model, prompts, cfg, candidates, batch_size=batch_size, chunk_size=chunk_size,
-                             store=store, allow_nonfinite=allow_nonfinite)
+                             store=store, allow_nonfinite=allow_nonfinite, depth1=depth1)
         job.finish(lambda path: write_csv(path, result.found, model.tokenizer, list(prompts)),
                    **jobs.model_meta(model), prompts=prompts, config=dataclasses.asdict(cfg),
                    candidate_set={"size": len(candidates), "fingerprint": fingerprint(candidates)},
                    candidates_scored=result.scored, resumed_candidates=result.resumed, levels=result.levels,
+                   estimate=result.estimate,
                    batch_size=batch_size, chunk_size=store.chunk_size, seconds=result.seconds,
                    candidates_per_second=result.scored * len(prompts) / result.seconds if result.seconds > 0 else None,
                    **(extra_meta or {}))

@@ -6,7 +6,8 @@ import sys
 import time
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """`1h02m03s`, `4m05s`."""
     seconds = int(max(seconds, 0))
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
@@ -14,20 +15,26 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """Prints `label done/total (pct) rate unit/s ETA` at most every `every` seconds (stderr)."""
+    """Prints `label done/total (pct) rate unit/s ETA` at most every `every` seconds (stderr).
+
+    `total` and `label` may change while it runs (rmjax.beam counts one whole job over its levels and revises
+    the total as a level starts); `rate_hint` (unit/s, e.g. timed on a warm-up batch) stands for the rate until
+    some work is measured."""
 
     def __init__(self, total: int, label: str, unit: str = "candidates", every: float = 5.0,
-                 done: int = 0, stream=None):
+                 done: int = 0, stream=None, rate_hint: float | None = None):
         self.total, self.label, self.unit, self.every = total, label, unit, every
         self.done = done
         self.resumed = done
+        self.rate_hint = rate_hint
         self.start = self.last = time.perf_counter()
         self.stream = stream or sys.stderr
 
     @property
     def rate(self) -> float:
         elapsed = time.perf_counter() - self.start
-        return (self.done - self.resumed) / elapsed if elapsed > 0 else 0.0
+        measured = (self.done - self.resumed) / elapsed if elapsed > 0 else 0.0
+        return measured if measured > 0 or not self.rate_hint else self.rate_hint
 
     def update(self, n: int, force: bool = False) -> None:
         self.done += n
@@ -37,7 +44,7 @@ class Progress:
             rate = self.rate
             eta = (self.total - self.done) / rate if rate > 0 else float("nan")
             pct = 100.0 * self.done / max(self.total, 1)
-            eta_s = _duration(eta) if eta == eta else "?"
+            eta_s = duration(eta) if eta == eta else "?"
             print(
                 f"[{self.label}] {self.done:,}/{self.total:,} {self.unit} ({pct:.1f}%) "
                 f"{rate:,.1f} {self.unit}/s ETA {eta_s}",

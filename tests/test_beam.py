@@ -12,7 +12,7 @@ from rmjax import chat, results, sharding
 from rmjax import model as M
 from rmjax.beam import BeamConfig, beam_search, run_beam
 from rmjax.loading import load
-from tests import cli, tiny
+from tests import cli, tiny, tolerance
 from tests.test_analysis_stats import brute_force_tau_b
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?", "worst": "Name the worst thing."}
@@ -44,12 +44,24 @@ def _ranked(model, sequences: list[tuple[int, ...]], direction: str) -> tuple[li
     return [sequences[i] for i in order], scores[order]
 
 
+def _atol(model, sequences: list[tuple[int, ...]]) -> float:
+    """The float32 bound (tests/tolerance.py) on these conversations' rewards: the beam's cached, batched forward
+    and one full forward per conversation round differently."""
+    atol = 0.0
+    for text in PROMPTS.values():
+        split = chat.split_chat(model.tokenizer, text)
+        ids = np.asarray([split.ids_with(list(s)) for s in sequences], np.int32)
+        atol = max(atol, tolerance.rewards_atol(model.params, model.config, ids))
+    return atol
+
+
 def _check_found(model, found, want_sequences: list, direction: str) -> None:
     """The rows' scores are the full forward's, and their means run in brute force's order (ties aside)."""
     got = [tuple(r) for r in found.ids.tolist()]
-    np.testing.assert_allclose(found.scores, _full_scores(model, got), atol=1e-5, rtol=0)
+    atol = _atol(model, got + list(want_sequences))
+    np.testing.assert_allclose(found.scores, _full_scores(model, got), atol=atol, rtol=0)
     ranked, ranked_scores = _ranked(model, want_sequences, direction)
-    np.testing.assert_allclose(found.scores.mean(1), ranked_scores[: len(got)].mean(1), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(found.scores.mean(1), ranked_scores[: len(got)].mean(1), atol=atol, rtol=0)
     assert len(set(got)) == len(got)
 
 
@@ -88,10 +100,11 @@ def test_exhaustive_depth_three(model):
                          batch_size=8)
     triples = list(itertools.product(s.tolist(), repeat=3))
     scores = _full_scores(model, triples)[:, :1]
+    atol = _atol(model, triples)
     for found in result.found:
         if found.depth == 3:
             want = np.sort(scores[:, 0])[::-1][:10] if found.direction == "optimal" else np.sort(scores[:, 0])[:10]
-            np.testing.assert_allclose(found.scores[:, 0], want, atol=1e-5, rtol=0)
+            np.testing.assert_allclose(found.scores[:, 0], want, atol=atol, rtol=0)
     assert result.levels[-1]["partials"] == 25 and result.levels[-1]["candidates"] == 125
 
 
@@ -102,7 +115,7 @@ def test_mesh_equals_one_device(rm_folder, model):
     sharded = load(str(rm_folder), mesh=sharding.make_mesh("data:4,model:2"))
     got = beam_search(sharded, PROMPTS, cfg, s, batch_size=8)
     for a, b in zip(ref.found, got.found, strict=True):
-        np.testing.assert_allclose(b.scores, a.scores, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(b.scores, a.scores, atol=_atol(model, [tuple(r) for r in a.ids.tolist()]), rtol=0)
 
 
 def test_csv_round_trips_awkward_tokens(model, tmp_path):
@@ -119,6 +132,7 @@ def test_csv_round_trips_awkward_tokens(model, tmp_path):
         assert row["decoded"] == tok.decode(list(row["ids"]))
         assert row["tokens"] == tok.convert_ids_to_tokens(list(row["ids"]))
     first = result.found[0]
+    # the CSV holds 9 significant digits, which round-trip a float32
     np.testing.assert_allclose(df[(df.depth == 1) & (df.direction == "optimal")][list(PROMPTS)].to_numpy(),
                                first.scores, atol=1e-6)
     meta = json.loads(results.meta_path(out).read_text())
@@ -205,3 +219,131 @@ def test_analyze_reads_beam_results(model, tmp_path):
     top = pd.read_csv(names[f"beam_{labels[0]}_depth2_optimal"], keep_default_na=False)
     assert len(top) == 5 and list(top["rank"]) == [1, 2, 3, 4, 5]
     assert top["mean"].is_monotonic_decreasing
+
+
+def _count_scored_rows(monkeypatch) -> list[int]:
+    """Rows the beam's batch scorer is given per call (one prompt each), from the end of the whole-job estimate
+    on (its warm-up batch is not the job's)."""
+    import rmjax.beam as beam_module
+
+    rows, score, estimate = [], beam_module.score_responses, beam_module._estimate
+
+    def counted(model, cache, suffix, responses, batch_size):
+        rows.append(len(responses))
+        return score(model, cache, suffix, responses, batch_size)
+
+    def estimated(*args, **kwargs):
+        out = estimate(*args, **kwargs)
+        rows.clear()
+        return out
+
+    monkeypatch.setattr(beam_module, "score_responses", counted)
+    monkeypatch.setattr(beam_module, "_estimate", estimated)
+    return rows
+
+
+def _progress_totals(stderr: str) -> list[tuple[int, int]]:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("[beam, whole job")]
+    return [tuple(int(x.replace(",", "")) for x in ln.split("] ")[1].split(" ")[0].split("/")) for ln in lines]
+
+
+@pytest.mark.parametrize(("n", "cfg", "shared"), [
+    (10, BeamConfig(depth=3, beam=3, top=5), False),  # two beams, disjoint partials: counted exactly
+    (4, BeamConfig(depth=3, beam=3, top=5), True),  # 4 first tokens: the best 3 and the worst 3 share 2
+    (4, BeamConfig(depth=3, top=5, exhaustive=True), False),
+    (6, BeamConfig(depth=3, beam=2, top=5, direction="pessimal"), False)])
+def test_whole_job_estimate_counts_every_depth_and_direction(model, monkeypatch, capsys, tmp_path, n, cfg, shared):
+    from rmjax.chunks import ChunkStore
+
+    rows = _count_scored_rows(monkeypatch)
+    store = ChunkStore(tmp_path / "b.csv", {"test": n}, 4)
+    result = beam_search(model, PROMPTS, cfg, _candidates(n, seed=7), batch_size=8, store=store, progress_every=0)
+    err = capsys.readouterr().err
+    counted = sum(rows) // len(PROMPTS)  # brute force: every row given to the scorer after the estimate
+    assert counted == result.scored == sum(lv["candidates"] for lv in result.levels)
+    planned = result.estimate["candidates"]
+    assert (planned > counted) if shared else (planned == counted)
+    assert len(result.estimate["per_depth"]) == cfg.depth and result.estimate["seconds"] > 0
+    assert f"the whole job is {planned:,} candidates" in err
+    totals = _progress_totals(err)  # one count for the whole job, lowered to what ran as a level finds shared partials
+    assert totals[-1] == (counted, counted) and all(t >= counted for _, t in totals)
+    assert shared or {t for _, t in totals} == {counted}
+    rerun = beam_search(model, PROMPTS, cfg, _candidates(n, seed=7), batch_size=8, store=store)
+    assert rerun.estimate["resumed"] == counted and rerun.scored == 0
+    assert shared or rerun.estimate["seconds"] == 0  # all on disk: no warm-up, nothing left (a bound when shared)
+
+
+def _sweep(model, out, prompts, ids):
+    from rmjax.sweep import sweep
+
+    sweep(model, prompts, [int(i) for i in ids], batch_size=8, out=out)
+    return out
+
+
+@pytest.mark.parametrize("superset", [False, True])
+def test_from_sweep_gives_the_same_beam(model, tmp_path, superset):
+    """Depth 1 read from a sweep is bit-equal to scoring it (the sweep wrote each f32 score with 9 significant
+    digits, and runs the same cached-prefix scorer); a sweep of more prompts and tokens serves as well."""
+    s = _candidates(24, seed=6)
+    prompts, ids = PROMPTS, s
+    if superset:
+        prompts, ids = {"other": "Say one word.", **PROMPTS}, np.concatenate([[5, 9, 11], s, [49001]])
+    swept = _sweep(model, tmp_path / "sweep.csv", prompts, ids)
+    cfg = BeamConfig(depth=2, beam=4, top=6)
+    run_beam(model, PROMPTS, cfg, s, out=tmp_path / "a.csv", batch_size=8, chunk_size=8)
+    run_beam(model, PROMPTS, cfg, s, out=tmp_path / "b.csv", batch_size=8, chunk_size=8, from_sweep=swept)
+    assert (tmp_path / "b.csv").read_bytes() == (tmp_path / "a.csv").read_bytes()
+    meta_a, meta_b = (json.loads(results.meta_path(tmp_path / f"{x}.csv").read_text()) for x in "ab")
+    assert meta_b["candidates_scored"] == meta_a["candidates_scored"] - len(s)
+    assert meta_b["levels"][0]["from_sweep"] == len(s) and meta_b["from_sweep"]["path"] == str(swept)
+    assert meta_b["identity"]["depth1_from_sweep"] and "depth1_from_sweep" not in meta_a["identity"]
+
+
+def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, tmp_path):
+    from rmjax.errors import UsageError
+
+    s = _candidates(12, seed=8)
+    good = _sweep(model, tmp_path / "good.csv", PROMPTS, s)
+    other_folder = tmp_path / "other"
+    tiny.save_reward_model_with_tokenizer(other_folder, seed=5)
+    bad = {"model.weights": _sweep(load(str(other_folder)), tmp_path / "other.csv", PROMPTS, s),
+           "prompts.worst": _sweep(model, tmp_path / "prompt.csv", {**PROMPTS, "worst": "Worst?"}, s),
+           "lacks 2 of": _sweep(model, tmp_path / "fewer.csv", PROMPTS, s[:-2])}
+    text = good.read_bytes()
+    for name, data in (("cut", text[:-5]), ("short", text[: text.rindex(b"\n", 0, -1) + 1]), ("no_meta", text)):
+        (tmp_path / f"{name}.csv").write_bytes(data)
+        if name != "no_meta":
+            (tmp_path / f"{name}.meta.json").write_bytes(results.meta_path(good).read_bytes())
+    bad |= {"last row is cut": tmp_path / "cut.csv", "11 rows where": tmp_path / "short.csv",
+            "not a finished rmjax sweep": tmp_path / "no_meta.csv"}
+    cfg = BeamConfig(depth=2, beam=2, top=4)
+    for fragment, path in bad.items():
+        with pytest.raises(UsageError, match=fragment):
+            run_beam(model, PROMPTS, cfg, s, out=tmp_path / "beam.csv", batch_size=8, from_sweep=path)
+        assert not (tmp_path / "beam.csv").exists()
+    flags = (f"--model={rm_folder}", "--prompts=greatest", f"--out={tmp_path / 'cli.csv'}",
+             "--token_ids=" + ",".join(map(str, s)), "--prompt=worst=" + PROMPTS["worst"])
+    cli.user_error(cli.run("beam", *flags, f"--from_sweep={bad['model.weights']}"), "--from_sweep", "model.weights")
+    cli.user_error(cli.run("beam", *flags, f"--from_sweep={tmp_path / 'cut.csv'}"), "incomplete")
+
+
+def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):
+    """--limit keeps the first N candidates, as the sweep's does: token ids 0..N-1 of the vocabulary (or the first
+    N of --token_ids); the command line (with a sweep for depth 1) gives the library's result byte for byte."""
+    cfg = BeamConfig(depth=2, beam=2, top=5)
+    prompts = {"greatest": PROMPTS["greatest"]}
+    lib = run_beam(model, prompts, cfg, out=tmp_path / "lib.csv", limit=20, batch_size=8)
+    assert lib.candidates.tolist() == list(range(20))
+    assert all(max(f.ids.ravel()) < 20 for f in lib.found)
+    first = run_beam(model, prompts, cfg, _candidates(30), out=tmp_path / "ids.csv", limit=7, batch_size=8)
+    assert first.candidates.tolist() == _candidates(30)[:7].tolist()
+    swept = _sweep(model, tmp_path / "sweep.csv", prompts, range(30))
+    out = tmp_path / "cli.csv"
+    proc = cli.ok(cli.run("beam", f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=20",
+                          "--depth=2", "--beam=2", "--top=5", "--batch_size=8", f"--from_sweep={swept}"))
+    assert out.read_bytes() == (tmp_path / "lib.csv").read_bytes()
+    meta = json.loads(results.meta_path(out).read_text())
+    assert meta["candidate_set"]["size"] == 20 and meta["identity"]["limit"] == 20
+    assert meta["levels"][0]["from_sweep"] == 20 and meta["candidates_scored"] == 2 * 2 * 20
+    assert "the whole job is 80 candidates" in proc.stderr and "depth 1: from the sweep" in proc.stderr
+    cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--out={tmp_path / 'x.csv'}", "--limit=0"), "--limit")
