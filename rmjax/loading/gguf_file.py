@@ -190,8 +190,9 @@ def _convert(path: Path, out: Path, start: float) -> Path:
 @contextlib.contextmanager
 def plain_array_reading() -> Iterator[None]:
     """gguf's reader slices its numpy.memmap once per metadata item (~500k slices for a 49k-token
-    vocabulary), and each memmap slice pays `memmap.__array_finalize__`. Within this block the reader maps the file the same way
-    but reads through a plain ndarray view of the map: the same bytes, a fraction of the time."""
+    vocabulary), and each memmap slice pays `memmap.__array_finalize__`. Within this block the reader
+    maps the file the same way but reads through a plain ndarray view of the map: the same bytes, a
+    fraction of the time."""
     import gguf.gguf_reader as module
 
     real = module.np
