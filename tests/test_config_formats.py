@@ -10,7 +10,7 @@ import torch
 
 from rmjax import model as M
 from rmjax.loading.hf import load_hf_model_folder
-from tests import tiny
+from tests import tiny, tolerance
 
 
 def _to_v4(cfg: dict, name: str) -> dict:
@@ -46,4 +46,4 @@ def test_v4_config_loads_to_same_numerics(tmp_path, name):
         ref = hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
                  position_ids=tiny.torch_positions(mask)).logits.numpy()
     got = np.asarray(M.rewards(model.params, model.config, ids, mask))
-    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got, ref, atol=tolerance.rewards_atol(model.params, model.config, ids, mask), rtol=0)

@@ -11,7 +11,7 @@ import torch
 from rmjax import model as M
 from rmjax.gcg import GCGConfig, disallowed_ids, evaluate, gcg, make_target, reward_gradient
 from rmjax.loading import load
-from tests import tiny
+from tests import tiny, tolerance
 
 PREFIX, SUFFIX = (1, 17, 33, 5, 60), (2, 9)
 
@@ -28,6 +28,13 @@ def _full_rewards(model, responses: np.ndarray, prefix=PREFIX, suffix=SUFFIX) ->
     return np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[:, 0]
 
 
+def _atol(model, responses, prefix=PREFIX, suffix=SUFFIX) -> float:
+    """The float32 bound (tests/tolerance.py) on these responses' rewards: GCG's cached, packed forwards and one
+    full forward per sequence round differently."""
+    ids = np.asarray([[*prefix, *r, *suffix] for r in responses], np.int32)
+    return tolerance.rewards_atol(model.params, model.config, ids)
+
+
 def test_one_hot_gradient_matches_pytorch(tiny_rm, tmp_path):
     hf, model = tiny_rm
     target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
@@ -39,13 +46,18 @@ def test_one_hot_gradient_matches_pytorch(tiny_rm, tmp_path):
     embeds = torch.cat([emb(torch.tensor(PREFIX)), (one_hot @ emb.weight) * scale, emb(torch.tensor(SUFFIX))])
     reward = hf(inputs_embeds=embeds[None]).logits[0, 0]
     reward.backward()
-    np.testing.assert_allclose(got, one_hot.grad.numpy(), atol=1e-4, rtol=1e-4)
+    # d reward / d one-hot = table @ d reward / d embedding: its last inner product runs over the hidden size
+    length, hidden = len(PREFIX) + len(response) + len(SUFFIX), model.config.hidden_size
+    np.testing.assert_allclose(got, one_hot.grad.numpy(), atol=tolerance.grad_atol(got, model.config, length, hidden),
+                               rtol=0)
     assert np.abs(got).max() > 1e-3
     # bfloat16 weights: the same gradient within bf16 rounding (the backward accumulates in float32)
     half = load(str(tiny.save_hf_model(hf, tmp_path)), dtype="bfloat16", require_tokenizer=False)
     got_half = reward_gradient(make_target(half, "", prefix=PREFIX, suffix=SUFFIX), response)
     assert got_half.dtype == np.float32
     scale = np.abs(one_hot.grad.numpy()).max()
+    # bf16 rounds each stored weight and activation once (u = 2^-8, the same on any IEEE CPU): measured 0.9% of the
+    # scale; 3% still fails a bf16 accumulation, which adds about sqrt(n)·u (tests/tolerance.py)
     np.testing.assert_allclose(got_half, one_hot.grad.numpy(), atol=0.03 * scale, rtol=0)
 
 
@@ -60,7 +72,7 @@ def test_single_token_finds_the_sweep_extreme(tiny_rm, direction):
     res = gcg([target], cfg)
     expected = scores.argmax() if direction == "optimal" else scores.argmin()
     assert res.best_ids == [int(expected)]
-    assert res.best_reward == pytest.approx(float(scores[expected]), abs=1e-5)
+    assert res.best_reward == pytest.approx(float(scores[expected]), abs=_atol(model, [[expected]]))
 
 
 def test_two_tokens_find_the_exhaustive_optimum(tiny_rm):
@@ -76,7 +88,8 @@ def test_two_tokens_find_the_exhaustive_optimum(tiny_rm):
                         retokenize_filter=False, buffer_size=4)
         res = gcg([target], cfg)
         found.append(res.best_ids)
-        assert res.best_reward == pytest.approx(float(scores[scores.argmax()]), abs=1e-5), (seed, res.best_ids, best)
+        assert res.best_reward == pytest.approx(float(scores[scores.argmax()]), abs=_atol(model, [best])), (
+            seed, res.best_ids, best)
     assert all(f == best for f in found)
 
 
@@ -88,7 +101,8 @@ def test_pessimal_buffer_decreases_monotonically(tiny_rm):
     rewards = [h["reward"] for h in res.history]
     assert all(b <= a for a, b in zip(rewards, rewards[1:], strict=False))
     assert rewards[-1] < rewards[0]
-    assert res.best_reward == pytest.approx(float(_full_rewards(model, np.asarray([res.best_ids]))[0]), abs=1e-5)
+    assert res.best_reward == pytest.approx(float(_full_rewards(model, np.asarray([res.best_ids]))[0]),
+                                            abs=_atol(model, [res.best_ids]))
 
 
 def test_multi_prompt_objective_is_the_mean(tiny_rm):
@@ -99,7 +113,8 @@ def test_multi_prompt_objective_is_the_mean(tiny_rm):
     cands = np.random.default_rng(0).integers(3, tiny.VOCAB, size=(10, 3)).astype(np.int32)
     got = evaluate([t1, t2], cands)
     ref = (_full_rewards(model, cands) + _full_rewards(model, cands, other_prefix, (2,))) / 2
-    np.testing.assert_allclose(got, ref, atol=1e-5)
+    atol = max(_atol(model, cands), _atol(model, cands, other_prefix, (2,)))  # (a mean: within the larger bound)
+    np.testing.assert_allclose(got, ref, atol=atol, rtol=0)
 
 
 def test_filters_hold_on_a_real_tokenizer(tmp_path):
@@ -140,7 +155,7 @@ def test_gcg_entry_point_writes_results(tmp_path):
     target = make_target(model, "What, in one word, is the greatest thing ever?")
     ids = np.asarray([[*target.prefix, *record["best_ids"], *target.suffix]], np.int32)
     ref = float(np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0])
-    assert record["best_reward"] == pytest.approx(ref, abs=1e-5)
+    assert record["best_reward"] == pytest.approx(ref, abs=tolerance.rewards_atol(model.params, model.config, ids))
     assert out.with_suffix(".steps.csv").is_file() and (tmp_path / "gcg.meta.json").is_file()
 
 
@@ -165,9 +180,13 @@ def test_embed_reg_uses_true_embedding_distances():
     for row, (_, p, v) in enumerate(best):
         want[row, p] = v
     np.testing.assert_array_equal(got, want)
-    # (the norm expansion's rounding: |e - e| comes out ~1e-3, not 0, at the current token)
-    np.testing.assert_allclose(np.asarray(swap_scores(grad, no_ban, current, embed, 0.7)), score, rtol=0,
-                               atol=1e-3)
+    # |e - c|² = |e|² + |c|² - 2 e·c in float32 is off by at most (H + 2)·u·(|e| + |c|)² (H = 8 terms, worst case),
+    # and the square root turns that into at most its square root where the distance is ~0 (the current token:
+    # |e - e| comes out ~1e-3, not 0); the penalty scales it by 0.7 / mean distance.
+    norm = np.linalg.norm(embed, axis=-1).max()
+    atol = 0.7 * np.sqrt((8 + 2) * tolerance.U32 * (2 * norm) ** 2) / dist.mean()
+    atol += 4 * tolerance.U32 * np.abs(score).max()  # (and the sums' own rounding)
+    np.testing.assert_allclose(np.asarray(swap_scores(grad, no_ban, current, embed, 0.7)), score, rtol=0, atol=atol)
     plain = sample_candidates(current, swap_scores(grad, no_ban, current, None, 0.0), cfg, key)
     assert not np.array_equal(got, plain)  # the penalty changes the choice
 
@@ -276,8 +295,9 @@ def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
                         direction=direction, seed=0)
         res = gcg([target], cfg)
         full = _full_rewards(model, np.asarray([res.best_ids, list(row.ids)]), target.prefix, target.suffix)
-        assert res.best_reward == pytest.approx(full[0], abs=1e-5)
-        assert row.p == pytest.approx(full[1], abs=1e-5)
+        atol = _atol(model, [res.best_ids, list(row.ids)], target.prefix, target.suffix)
+        assert res.best_reward == pytest.approx(full[0], abs=atol)
+        assert row.p == pytest.approx(full[1], abs=atol)
         assert list(row.ids) in [ids for _, ids in res.buffer] or sign * (res.best_reward - row.p) > 0
         assert " x" not in res.history[0]["text"]  # the default start is not added to the seeds
     with pytest.raises(UsageError, match="no optimal sequences of --num_tokens=3"):
@@ -339,7 +359,7 @@ def test_variants_run_from_their_first_change_and_equal_full_forwards(kind, tiny
     for extended in (extend_prefix(model, target.cache, current[None]), from_gradient):
         for rows in (8, 32):
             got = score_variants(model, extended, np.asarray(SUFFIX, np.int32), current, variants, rows)
-            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+            np.testing.assert_allclose(got, want, atol=_atol(model, variants), rtol=0)
 
 
 PROMPT = "What, in one word, is the greatest thing ever?"

@@ -31,9 +31,8 @@ from rmjax.prefix import extend_prefix, prefill_prefix, score_variants
 from rmjax.sharding import make_mesh
 from rmjax.sweep import sweep
 from rmjax.textscore import TextScorer
-from tests import tiny
+from tests import tiny, tolerance
 
-TOL = 1e-4
 LLAMA_VOCAB = 128_256  # the Llama 3 gate pattern uses ids up to 128009
 KINDS = {
     # name: (tiny backbone, architecture, extra config.json keys)
@@ -186,7 +185,7 @@ def test_head_matches_published_logic(built, kind):
     want = ref(ids, mask)
     got = np.asarray(M.rewards(model.params, model.config, ids, mask))
     assert got.shape == want.shape == (len(ids), model.config.num_outputs)
-    np.testing.assert_allclose(got, want, atol=TOL, rtol=1e-5)
+    np.testing.assert_allclose(got, want, atol=tolerance.rewards_atol(model.params, model.config, ids, mask), rtol=0)
     assert np.ptp(got[:, 0]) > 1e-3  # the rows differ, so the test can tell them apart
 
 
@@ -201,17 +200,19 @@ def test_cached_prefix_and_gcg_paths_use_the_same_gate(built, kind):
     want = ref(full, np.ones_like(full, bool))[:, 0]
     cache = prefill_prefix(model, prompt)
     got = np.asarray(M.rewards_after(model.params, model.config, cache, responses))[:, 0]
-    np.testing.assert_allclose(got, want, atol=TOL, rtol=1e-5)
+    atol = tolerance.rewards_atol(model.params, model.config, full)
+    np.testing.assert_allclose(got, want, atol=atol, rtol=0)
     one_hot = jax.nn.one_hot(responses[0], model.config.vocab_size, dtype=jnp.float32)
     value, _ = gcg._reward_of_one_hot(model.params, model.config, cache, one_hot, jnp.asarray(responses[0]),
                                       jnp.zeros((0,), jnp.int32), 0)
-    assert float(value) == pytest.approx(want[0], abs=TOL)
+    assert float(value) == pytest.approx(want[0], abs=atol)
     # GCG's candidates: packed tails against the cache of prompt + current, output column 0
     extended = extend_prefix(model, cache, responses[:1])
     variants = np.concatenate([responses, [[11, 8], [23, 40]]])
     full = np.concatenate([np.tile(prompt, (5, 1)), variants], axis=1).astype(np.int32)
     got = score_variants(model, extended, np.zeros(0, np.int32), responses[0], variants, 8)
-    np.testing.assert_allclose(got, ref(full, np.ones_like(full, bool))[:, 0], atol=TOL, rtol=1e-5)
+    np.testing.assert_allclose(got, ref(full, np.ones_like(full, bool))[:, 0],
+                               atol=tolerance.rewards_atol(model.params, model.config, full), rtol=0)
 
 
 def test_sharded_head_matches(built):
@@ -219,7 +220,8 @@ def test_sharded_head_matches(built):
     model = load_hf_model_folder(folder, require_tokenizer=False, mesh=make_mesh("data:4,model:2"))
     ids, mask = _conversations(ref, batch=8, seed=3)
     got = np.asarray(M.rewards(model.params, model.config, ids, mask))
-    np.testing.assert_allclose(got, ref(ids, mask), atol=TOL, rtol=1e-5)
+    np.testing.assert_allclose(got, ref(ids, mask), atol=tolerance.rewards_atol(model.params, model.config, ids, mask),
+                               rtol=0)
 
 
 def test_missing_gate_pattern_is_an_error_not_a_number(built):
@@ -264,10 +266,11 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
     split = chat.split_chat(model.tokenizer, "Name a fruit.")
     full = np.asarray([split.ids_with([t]) for t in tokens], np.int32)
     want = ref(full, np.ones_like(full, bool))[:, 0]
-    np.testing.assert_allclose(df["p"].to_numpy(), want, atol=TOL, rtol=1e-5)
+    atol = tolerance.rewards_atol(model.params, model.config, full)
+    np.testing.assert_allclose(df["p"].to_numpy(), want, atol=atol, rtol=0)
     objective = dataclasses.replace(model, output_column=check_output_column(model.config, 3, "armo"))
     got = sweep(objective, {"p": "Name a fruit."}, tokens, batch_size=8)["p"].to_numpy()
-    np.testing.assert_allclose(got, ref(full, np.ones_like(full, bool))[:, 3], atol=TOL, rtol=1e-5)
+    np.testing.assert_allclose(got, ref(full, np.ones_like(full, bool))[:, 3], atol=atol, rtol=0)
     with pytest.raises(ValueError, match="7 reward outputs"):
         check_output_column(model.config, 7, "armo")
     texts = ["apple", "a banana, ripe"]
@@ -276,4 +279,5 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
     assert len(ids[0]) > len(split.prefix)  # the gate pattern sits in the cached prefix
     for k, row in enumerate(ids):
         row = np.asarray([row], np.int32)
-        assert got[k] == pytest.approx(ref(row, np.ones_like(row, bool))[0, 0], abs=TOL)
+        assert got[k] == pytest.approx(ref(row, np.ones_like(row, bool))[0, 0],
+                                       abs=tolerance.rewards_atol(model.params, model.config, row))

@@ -9,6 +9,7 @@ import transformers
 
 from rmjax import model as M
 from rmjax.loading import load, resolve
+from tests import tolerance
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 
@@ -42,10 +43,15 @@ def test_real_model_matches_transformers_gguf(name):
         ref = ref_model(input_ids=torch.from_numpy(ids).long()).logits[0].float().numpy()
     assert got.shape == ref.shape
     err = np.abs(got - ref).max()
-    print(f"{name}: max |logit diff| = {err:.2e} over {ref.size} logits")
-    assert err <= 1e-3
-    # Greedy next token after every prefix position agrees.
-    np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
+    atol = tolerance.logits_atol(model.params, model.config, ids, mask)  # the float32 bound (tests/tolerance.py)
+    print(f"{name}: max |logit diff| = {err:.2e} over {ref.size} logits (bound {atol:.2e})")
+    assert err <= atol
+    # Greedy next token after every prefix position agrees, where the top two logits are further apart than
+    # the two sides' rounding can move them (2 atol): elsewhere the argmax is a matter of rounding.
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2 * atol
+    assert clear.mean() > 0.8
+    np.testing.assert_array_equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
 
 
 TEXTS = ["What, in one word, is the greatest thing ever?", " love", "None", "NaN", ",", "\n", "  two  spaces",

@@ -240,11 +240,21 @@ def test_train_rm_trains_on_the_mesh_it_is_given(lm_folder, tmp_path):
     assert json.loads((tmp_path / "many" / "summary.json").read_text())["mesh"] == {"data": 4, "model": 2}
     assert json.loads((tmp_path / "one" / "summary.json").read_text())["mesh"] is None
     losses = [pd.read_csv(tmp_path / run / "train_log.csv")["loss"].to_numpy() for run in ("many", "one")]
-    np.testing.assert_allclose(losses[0], losses[1], atol=1e-5)
     from safetensors.numpy import load_file
 
+    from rmjax import nn
+    from rmjax.loading import load
+    from rmjax.loading.reward_head import reward_model_from_lm
+    from tests import tolerance
+
     heads = [load_file(str(tmp_path / f"{run}.safetensors"))["score.weight"] for run in ("many", "one")]
-    np.testing.assert_allclose(heads[0], heads[1], atol=1e-5)
+    # The mesh sums gradients in another order: the runs drift apart by rounding only (tests/tolerance.py);
+    # 64 tokens bound every pair here.
+    rm = reward_model_from_lm(load(str(lm_folder)), seed=0)
+    params = nn.replace(rm.params, rm.config, **{"score.kernel": heads[1].T})
+    drift = tolerance.adam_atol(0.05, 2, tolerance.grad_rel_error(rm.config, 64, 2 * 8 * 64))
+    np.testing.assert_allclose(losses[0], losses[1], atol=tolerance.bt_loss_atol(params, rm.config, 64, drift), rtol=0)
+    np.testing.assert_allclose(heads[0], heads[1], atol=drift, rtol=0)
     # A trained head has one output: another column is refused, not ignored.
     cli.user_error(cli.run("train_rm", *base, "--output_column=1", f"--workdir={tmp_path / 'col'}"),
                    "--output_column=1", "one-output")

@@ -18,7 +18,7 @@ from rmjax.errors import PromptTooLongError
 from rmjax.loading import load
 from rmjax.sweep import sweep
 from rmjax.textscore import TextScorer
-from tests import tiny
+from tests import tiny, tolerance
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?",
            "worst": "What, in one word, is the worst thing ever? Think hard about all options first."}
@@ -48,8 +48,9 @@ def test_sweep_equals_full_forward_and_transformers(rm):
         direct = np.asarray(M.rewards(model.params, model.config, full, mask))[:, 0]
         with torch.no_grad():
             ref = hf(input_ids=torch.from_numpy(full).long()).logits[:, 0].numpy()
-        np.testing.assert_allclose(df[name].to_numpy(), direct, atol=1e-5, rtol=0)
-        np.testing.assert_allclose(df[name].to_numpy(), ref, atol=1e-4, rtol=0)
+        atol = tolerance.rewards_atol(model.params, model.config, full, mask)
+        np.testing.assert_allclose(df[name].to_numpy(), direct, atol=atol, rtol=0)
+        np.testing.assert_allclose(df[name].to_numpy(), ref, atol=atol, rtol=0)
 
 
 def test_text_mode_agrees_where_retokenization_is_exact(rm):
@@ -65,13 +66,15 @@ def test_text_mode_agrees_where_retokenization_is_exact(rm):
     assert len(same) == 40 and other  # byte-fragment tokens decode to U+FFFD and re-tokenize differently
     token_df = sweep(model, {"p": prompt}, pool[same])
     text_df = sweep(model, {"p": prompt}, pool[same], mode="text")
-    np.testing.assert_allclose(text_df["p"].to_numpy(), token_df["p"].to_numpy(), atol=1e-5, rtol=0)
+    full = np.asarray([split.ids_with([pool[i]]) for i in same], np.int32)
+    atol = tolerance.rewards_atol(model.params, model.config, full)
+    np.testing.assert_allclose(text_df["p"].to_numpy(), token_df["p"].to_numpy(), atol=atol, rtol=0)
     # Where re-tokenization differs, text mode scores the re-tokenized conversation in full.
     got = scorer.score([decoded[i] for i in other])
     for k, i in enumerate(other):
         ids = np.asarray([retok[i]], np.int32)
         ref = np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0]
-        assert abs(got[k] - ref) < 1e-5
+        assert abs(got[k] - ref) <= tolerance.rewards_atol(model.params, model.config, ids)
 
 
 def test_eight_devices_equal_one(rm):
@@ -81,8 +84,10 @@ def test_eight_devices_equal_one(rm):
     for spec in ("data:8,model:1", "data:4,model:2"):
         sharded = load(str(folder), mesh=sharding.make_mesh(spec))
         got = sweep(sharded, PROMPTS, tokens, batch_size=16)
-        for name in PROMPTS:
-            np.testing.assert_allclose(got[name].to_numpy(), ref[name].to_numpy(), atol=1e-5, rtol=0)
+        for name, text in PROMPTS.items():
+            full = np.asarray([chat.split_chat(model.tokenizer, text).ids_with([t]) for t in tokens], np.int32)
+            atol = tolerance.rewards_atol(model.params, model.config, full)
+            np.testing.assert_allclose(got[name].to_numpy(), ref[name].to_numpy(), atol=atol, rtol=0)
 
 
 def _sweep_cmd(folder: Path, out: Path) -> list[str]:
@@ -119,6 +124,7 @@ def test_resume_with_other_settings_is_refused(rm, tmp_path):
         sweep(model, PROMPTS, _sample(4), out=out)
     assert not out.exists()
     df = sweep(model, PROMPTS, _sample(4), out=out, overwrite=True)  # discards the other run's chunks
+    # the CSV holds 9 significant digits, which round-trip a float32
     assert results.read_scores_csv(out)["greatest"].tolist() == pytest.approx(df["greatest"].tolist())
     assert not out.with_name("s.csv.chunks").exists()
 
@@ -140,7 +146,8 @@ def test_replaced_params_are_not_the_loaded_checkpoint(rm, tmp_path):
     with pytest.raises(OutputExistsError, match="different model.weights"):
         sweep(edited, PROMPTS, _sample(4), out=out)
     again = sweep(edited, PROMPTS, _sample(4), out=out, overwrite=True)
-    np.testing.assert_allclose(again["greatest"], 2 * first["greatest"], rtol=1e-5)
+    # doubling the head's weights doubles each product exactly and the sweep runs the same code: exactly twice
+    np.testing.assert_array_equal(again["greatest"], 2 * first["greatest"])
 
 
 def test_prompt_longer_than_context(tmp_path):
@@ -167,4 +174,5 @@ def test_missing_chat_template(rm, tmp_path):
     plain = model.tokenizer("User: Hi\nAssistant:", add_special_tokens=False).input_ids  # written out here
     ids = np.asarray([[*plain, t] for t in _sample(4)], np.int32)
     ref = np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[:, 0]
-    np.testing.assert_allclose(df["p"].to_numpy(), ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(df["p"].to_numpy(), ref, atol=tolerance.rewards_atol(model.params, model.config, ids),
+                               rtol=0)
