@@ -25,25 +25,7 @@ done
 [ -n "$HOST" ] || { echo "--host is required (see --help)" >&2; exit 2; }
 [ -n "$JOB" ] || { echo "--job is required (see --help)" >&2; exit 2; }
 
-# Shell-quote words: bare when safe, else single-quoted (readable where printf %q would backslash-escape), and
-# --flag='value' rather than '--flag=value'.
-quote() {
-  local out=() a
-  for a in "$@"; do
-    if [[ "$a" =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then out+=("$a")
-    elif [[ "$a" =~ ^(--[A-Za-z0-9-]+=)(.*)$ ]]; then out+=("${BASH_REMATCH[1]}$(quote "${BASH_REMATCH[2]}")")
-    else out+=("'${a//\'/\'\\\'\'}'"); fi
-  done
-  printf '%s' "${out[*]}"
-}
-# The printed line is the quoted argv that runs, so --dry-run output is what would be executed.
-run() {
-  local line rc
-  line="$(quote "$@")"
-  if [ "$DRY" = 1 ]; then printf '%s\n' "$line"; return; fi
-  printf '+ %s\n' "$line" >&2
-  "$@" || { rc=$?; echo "error: exit $rc from: $line" >&2; exit "$rc"; }
-}
+source "$(dirname "$0")/run.sh"  # quote, run: the printed line is the argv that runs
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 
 # Python 3.11+ (setup.py's python_requires): the first new enough of these on the host. The host is not ours

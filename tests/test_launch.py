@@ -125,6 +125,7 @@ def test_tpu_vm_warns_that_uncommitted_changes_are_not_shipped(tmp_path):
     repo = tmp_path / "repo"
     (repo / "launch").mkdir(parents=True)
     shutil.copy(LAUNCH / "tpu_vm.sh", repo / "launch")
+    shutil.copy(LAUNCH / "run.sh", repo / "launch")
     (repo / "a.py").write_text("x = 1\n")
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for step in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
