@@ -60,13 +60,13 @@ if DIRTY="$(git -C "$REPO" status --porcelain | sed 's/^ *//')" && [ -n "$DIRTY"
        "$(printf '%s; ' "${DIRTY[@]:0:5}")$([ "${#DIRTY[@]}" -le 5 ] || echo ...)" >&2
 fi
 
-# Python 3.11+ (setup.py's python_requires), while the Ubuntu 22.04 TPU images ship python3 3.10: uv uses a
-# python3.11 already on the VM or downloads a standalone CPython 3.11 (the version the pins are tested on).
+# Python 3.11+ (setup.py's python_requires), while the Ubuntu 22.04 TPU images ship python3 3.10: uv (from PyPI,
+# with the image's own pip) uses a python3.11 already on the VM or fetches a standalone CPython 3.11 (the
+# version the pins are tested on).
 # Unlike apt (deadsnakes) it needs no sudo, no python3.X-venv package, and does not race unattended-upgrades
 # for the dpkg lock on a fresh VM; it works on any image.
 SETUP='mkdir -p rmjax && tar -xzf rmjax.tar.gz -C rmjax && cd rmjax'
-SETUP+=' && curl -LsSf -o uv-install.sh https://astral.sh/uv/install.sh'
-SETUP+=' && env UV_UNMANAGED_INSTALL="$HOME/.local/bin" INSTALLER_PRINT_QUIET=1 sh uv-install.sh'
+SETUP+=' && python3 -m pip install -q --user uv'
 SETUP+=' && { ~/.local/bin/uv venv -q --python 3.11 .venv'
 SETUP+=' || { echo "error: no Python 3.11 on this VM, and uv could not download one" >&2; exit 1; }; }'
 SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python -r requirements.txt "jax[tpu]"'

@@ -85,7 +85,11 @@ def test_tpu_vm_setup_asks_for_python_311():
     setup = _remote(next(c for c in cmds if c[:5] == [*TPU, "ssh"]))
     venv = setup.index("venv")
     assert setup[venv - 1].endswith("uv") and setup[venv + 1:venv + 5] == ["-q", "--python", "3.11", ".venv"]
-    assert "python3" not in setup and "Python 3.11" in " ".join(setup)
+    # The image's python3 (3.10 on Ubuntu 22.04) only installs uv; it never makes the venv.
+    uv = setup.index("uv")
+    assert [i for i, w in enumerate(setup) if w == "python3"] == [uv - 6]
+    assert setup[uv - 6:uv + 1] == ["python3", "-m", "pip", "install", "-q", "--user", "uv"]
+    assert "Python 3.11" in " ".join(setup)
 
 
 def _fake_tpu(tmp_path: Path) -> tuple[Path, Path, dict, list[str]]:
