@@ -10,6 +10,7 @@ Patching takes the first response as the clean run and the last as the donor (a 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from absl import flags
@@ -24,7 +25,14 @@ FROM_BEAM = flags.DEFINE_string("from_beam", None, "A beam CSV (the --top best a
 DEPTH = flags.DEFINE_integer("depth", None, "With --from_beam: the sequence length to inspect (default: the deepest).",
                              lower_bound=1)
 TOP = flags.DEFINE_integer("top", 2, "With --from_sweep / --from_beam: how many best and worst.", lower_bound=1)
-STEPS = flags.DEFINE_integer("steps", 64, "Integrated-gradients steps.", lower_bound=1)
+STEPS = flags.DEFINE_integer("steps", 64, "Integrated gradients: path points to start from (Simpson panels), refined "
+                             "where the path integral does not add up.", lower_bound=1)
+IG_TOLERANCE = flags.DEFINE_float("ig_tolerance", 0.05, "Integrated gradients: refine the path until the relative "
+                                  "completeness gap |sum(IG) - (R(x) - R(baseline))| / |R(x) - R(baseline)| is "
+                                  "within this.", lower_bound=0.0)
+IG_MAX_EVALUATIONS = flags.DEFINE_integer("ig_max_evaluations", 1024, "Integrated gradients: gradient evaluations "
+                                          "per response at most (the refinement stops there, with a warning).",
+                                          lower_bound=2)
 BASELINE = flags.DEFINE_enum("baseline", "pad", ["pad", "zero"], "Integrated-gradients baseline embedding (pad: the "
                              "pad token's row at every position; zero: completeness is poor on RMSNorm models).")
 flags.adopt_module_key_flags(common)
@@ -57,13 +65,18 @@ def main(argv):
         sequences = inspect_job.best_and_worst(source, name, TOP.value, DEPTH.value)
         items = inspect_job.items_from_ids(model, text, sequences, common.TEMPLATE.value)
     summary = inspect_job.run_inspect(model, text, items, OUT.value, steps=STEPS.value, baseline=BASELINE.value,
-                                      overwrite=common.OVERWRITE.value, allow_nonfinite=common.ALLOW_NONFINITE.value)
+                                      overwrite=common.OVERWRITE.value, allow_nonfinite=common.ALLOW_NONFINITE.value,
+                                      tolerance=IG_TOLERANCE.value, max_evaluations=IG_MAX_EVALUATIONS.value)
     if distributed.is_main():
-        for label, reward, explained, gap in zip(summary["responses"], summary["reward"], summary["explained"],
-                                                 summary["ig_relative_gap"], strict=True):
+        for label, reward, explained, gap, evals in zip(summary["responses"], summary["reward"], summary["explained"],
+                                                        summary["ig_relative_gap"], summary["ig_evaluations"],
+                                                        strict=True):
             print(f"{label!r}: reward {reward:+.4f}, direct contributions explain {100 * explained:.1f}%, "
-                  f"IG completeness gap {100 * gap:.2f}%")
+                  f"IG completeness gap {100 * gap:.2f}% ({evals} gradient evaluations)")
         print(f"wrote {', '.join(inspect_job.FILES)} and reward_lens.meta.json to {OUT.value}")
+        for warning in summary["ig_warnings"]:  # last, where they are seen; stderr too, for logs that keep only it
+            print(warning)
+            print(warning, file=sys.stderr)
 
 
 if __name__ == "__main__":

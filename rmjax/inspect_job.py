@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax import chat, finite, jobs, results
-from rmjax.attribution import attribute
+from rmjax.attribution import MAX_EVALUATIONS, TOLERANCE, attribute
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.lens import reward_lens, token_rewards
 from rmjax.loading import Model
@@ -75,20 +75,43 @@ def best_and_worst(path: str | Path, prompt_name: str, top: int, depth: int | No
 
 
 def inspect_identity(model_fp: dict, *, dtype: str, output_column: int, prompt: str, items: list[Item],
-                     steps: int, baseline: str) -> dict:
+                     steps: int, baseline: str, tolerance: float = TOLERANCE,
+                     max_evaluations: int = MAX_EVALUATIONS) -> dict:
     return {"job": "inspect", "model": model_fp, "dtype": dtype, "output_column": int(output_column),
-            "prompt": prompt, "responses": [list(i.ids) for i in items], "steps": steps, "baseline": baseline}
+            "prompt": prompt, "responses": [list(i.ids) for i in items], "steps": steps, "baseline": baseline,
+            "ig_tolerance": tolerance, "ig_max_evaluations": max_evaluations}
+
+
+def percent(x: float) -> str:
+    """A ratio as a percentage: 1008.5%, 5.0%, 0.79%, 0.014%."""
+    v = 100 * x
+    return f"{v:.1f}%" if abs(v) >= 1 or v == 0 else f"{v:.2g}%"
+
+
+def ig_warning(label: str, a) -> str | None:
+    """The loud line for an attribution that does not add up (None when it does)."""
+    if a.converged:
+        return None
+    return (f"WARNING: integrated gradients of {label!r} do not add up: their sum {a.integrated_gradients.sum():+.4f} "
+            f"vs R(x) - R(baseline) = {a.reward - a.baseline_reward:+.4f}, a relative gap of "
+            f"{percent(a.relative_gap)} (tolerance {100 * a.tolerance:g}%) after {a.evaluations} gradient "
+            f"evaluations. Do not read its per-token IG as a decomposition of the reward; try a larger "
+            f"--ig_max_evaluations (this run spent {a.evaluations}) or more --steps to start from.")
 
 
 def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *, steps: int = 64,
                 baseline: str = "pad", overwrite: bool = False, batch_size: int = 16,
-                allow_nonfinite: bool = False) -> dict:
-    """Compute everything for `items` and write it to folder `out`; the summary (also in .meta.json)."""
+                allow_nonfinite: bool = False, tolerance: float = TOLERANCE,
+                max_evaluations: int = MAX_EVALUATIONS) -> dict:
+    """Compute everything for `items` and write it to folder `out`; the summary (also in .meta.json).
+    Integrated gradients start from `steps` + 1 path points and are refined until their relative completeness
+    gap is within `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.attribution)."""
     if len(items) < 1:
         raise UsageError("no responses to inspect.")
     out = Path(out)
     identity = inspect_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
-                                prompt=prompt, items=items, steps=steps, baseline=baseline)
+                                prompt=prompt, items=items, steps=steps, baseline=baseline, tolerance=tolerance,
+                                max_evaluations=max_evaluations)
     with jobs.job(out / FILES[0], identity, "inspect", overwrite=overwrite, owned=[out / f for f in FILES[1:]]) as job:
         if job.reuse:
             return json.loads(results.meta_path(out / FILES[0]).read_text())["summary"]
@@ -96,11 +119,13 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
         col = model.output_column
         lens = reward_lens(model, [list(i.ids) for i in items])
         curves = token_rewards(model, [list(i.ids) for i in items])
-        progress = Progress(len(items), f"inspect: attribution ({steps} IG steps)", unit="responses")
+        progress = Progress(len(items), f"inspect: attribution (IG from {steps} steps to a gap of "
+                            f"{100 * tolerance:g}%, at most {max_evaluations} gradients)", unit="responses")
         attributions = []
         for item in items:
             attributions.append(attribute(model, list(item.ids), steps=steps, baseline=baseline,
-                                          batch_size=batch_size))
+                                          batch_size=batch_size, tolerance=tolerance,
+                                          max_evaluations=max_evaluations))
             progress.update(1)
         pair = (items[0], items[-1]) if len(items) > 1 and len(items[0].ids) == len(items[-1].ids) else None
         patched = patching_map(model, list(pair[0].ids), list(pair[1].ids), batch_size=2 * batch_size) \
@@ -110,6 +135,9 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
             "responses": [i.label for i in items], "reward": lens.reward[:, col].tolist(),
             "explained": lens.explained[:, col].tolist(),
             "ig_relative_gap": [a.relative_gap for a in attributions],
+            "ig_evaluations": [a.evaluations for a in attributions],
+            "ig_tolerance": tolerance,
+            "ig_warnings": [w for i, a in zip(items, attributions, strict=True) if (w := ig_warning(i.label, a))],
             "patching": None if pair is None else {"clean": pair[0].label, "donor": pair[1].label},
             "patching_skipped": None if pair or len(items) < 2 else
             "the first and last responses differ in token length: patching needs one length",
@@ -122,7 +150,8 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
             _figures(out, items, lens, attributions, patched, pair, col, tok)
             return path
 
-        job.finish(write, **jobs.model_meta(model), prompt=prompt, steps=steps, baseline=baseline, summary=summary,
+        job.finish(write, **jobs.model_meta(model), prompt=prompt, steps=steps, baseline=baseline,
+                   ig_tolerance=tolerance, ig_max_evaluations=max_evaluations, summary=summary,
                    seconds=time.perf_counter() - start)
         return summary
 
@@ -179,9 +208,18 @@ def _figures(out: Path, items, lens, attributions, patched, pair, col: int, tok)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker  # noqa: F401  (matplotlib.ticker.MaxNLocator)
+    from matplotlib import font_manager, ft2font
 
-    def label(text: str) -> str:
-        return repr(text)[1:-1][:30].replace("$", r"\$")
+    # Characters the figure font has no glyph for (CJK, Bengali, ... with only DejaVu installed) are written as
+    # escapes (\u539f), not drawn as empty boxes.
+    glyphs = ft2font.FT2Font(font_manager.findfont(font_manager.FontProperties())).get_charmap()
+
+    def label(text: str, cut: int | None = 30) -> str:
+        shown = "".join(c if ord(c) in glyphs else ascii(c)[1:-1] for c in repr(text)[1:-1][:cut])
+        return shown.replace("$", r"\$")
+
+    def token(t: int) -> str:
+        return label(tok.decode([t]), None)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for b, item in enumerate(items):
@@ -192,26 +230,76 @@ def _figures(out: Path, items, lens, attributions, patched, pair, col: int, tok)
     fig.savefig(out / "lens.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
 
-    fig, axes = plt.subplots(len(items), 1, figsize=(10, 0.9 * len(items) + 1), squeeze=False)
+    # Attribution: one strip per response, every token labelled in full (rotated; the figure grows with the
+    # conversation), its own colour scale and colorbar. A strip whose IG do not add up says so in red.
+    longest = max(len(item.ids) for item in items)
+    tick = max(max(len(token(t)) for t in item.ids) for item in items)
+    row = 0.8 + 0.075 * min(tick, 40)  # strip + its rotated labels, inches
+    fig, axes = plt.subplots(len(items), 1, figsize=(max(8.0, 0.2 * longest + 2.5), row * len(items) + 0.8),
+                             squeeze=False, layout="constrained")
+    failed = []
     for ax, item, a in zip(axes[:, 0], items, attributions, strict=True):
-        scale = np.abs(a.integrated_gradients).max() or 1.0
-        ax.imshow(a.integrated_gradients[None], cmap="RdBu", vmin=-scale, vmax=scale, aspect="auto")
-        ax.set_yticks([0], [label(item.label)], fontsize=7)
-        ax.set_xticks(range(len(item.ids)), [label(tok.decode([t]))[:8] for t in item.ids], fontsize=5, rotation=90)
-    fig.suptitle("Integrated gradients per token (red: lowers, blue: raises the reward)")
+        scale = np.abs(a.integrated_gradients).max()
+        scale = scale if np.isfinite(scale) and scale > 0 else 1.0
+        im = ax.imshow(a.integrated_gradients[None], cmap="RdBu", vmin=-scale, vmax=scale, aspect="auto")
+        ax.set_yticks([])
+        ax.set_xticks(range(len(item.ids)), [token(t) for t in item.ids], fontsize=7, rotation=90)
+        ax.axvline(item.start - 0.5, color="k", lw=0.8)  # the response starts here
+        fig.colorbar(im, ax=ax, pad=0.01, fraction=0.03, label="IG")
+        text = (f"{label(item.label)}: IG sum {a.integrated_gradients.sum():+.3f}, R(x) − R(baseline) "
+                f"{a.reward - a.baseline_reward:+.3f}, gap {percent(a.relative_gap)} ({a.evaluations} gradients)")
+        if a.converged:
+            ax.set_title(text, fontsize=8, loc="left")
+        else:
+            failed.append(item.label)
+            ax.set_title(f"DOES NOT ADD UP (tolerance {100 * a.tolerance:g}%): {text}", fontsize=8, loc="left",
+                         color="red", fontweight="bold")
+    if failed:
+        fig.suptitle("Integrated gradients per token: NOT COMPLETE for " + ", ".join(label(f) for f in failed)
+                     + " (their sums miss the reward difference; do not read them as its decomposition)",
+                     color="red", fontweight="bold")
+    else:
+        fig.suptitle("Integrated gradients per token (red: lowers, blue: raises the reward; the line: the response "
+                     "starts)")
     fig.savefig(out / "attribution.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, len(COMPONENTS), figsize=(12, 4), squeeze=False)
+    # Patching: only the positions from the first one where clean and donor differ (before it both runs are the
+    # same and every patch gives the clean reward), labelled with their tokens (clean/donor where they differ).
+    if patched is None:
+        fig, ax = plt.subplots(figsize=(6, 1.5))
+        ax.set_axis_off()
+        ax.set_title("no patching (needs two responses of one token length)")
+        fig.savefig(out / "patching.png", dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        return
+    clean, donor = pair[0].ids, pair[1].ids
+    differ = np.flatnonzero(np.asarray(clean) != np.asarray(donor))
+    first = int(differ[0]) if len(differ) else 0
+    shown = range(first, len(clean))
+    names = [f"{p} {token(c)}" if c == d else f"{p} {token(c)}\n/ {token(d)}"
+             for p, c, d in zip(shown, clean[first:], donor[first:], strict=True)]
+    lo = min(float(np.nanmin(v[:, first:])) for v in patched.maps.values())
+    hi = max(float(np.nanmax(v[:, first:])) for v in patched.maps.values())
+    panel = max(2.5, 0.3 * len(names) + 1.0)
+    chars = max(len(line) for name in names for line in name.split("\n"))
+    height = 4.5 + 0.075 * min(chars, 60)  # the maps + their rotated labels, inches
+    fig, axes = plt.subplots(1, len(COMPONENTS), figsize=(panel * len(COMPONENTS) + 1.2, height), squeeze=False,
+                             layout="constrained")
     for ax, name in zip(axes[0], COMPONENTS, strict=True):
-        if patched is None:
-            ax.set_axis_off()
-            continue
-        im = ax.imshow(patched.maps[name], cmap="viridis", aspect="auto", origin="lower")
-        ax.set(title=name, xlabel="position", ylabel="layer")
-        fig.colorbar(im, ax=ax)
-    title = "no patching (needs two responses of one token length)" if pair is None else \
-        f"reward of {label(pair[0].label)!s} with {label(pair[1].label)!s} patched in"
-    fig.suptitle(title)
+        values = patched.maps[name][:, first:]
+        bottom = 0 if name == "residual" else 1  # residual row 0: the embeddings; attention/mlp rows: layers 1..L
+        im = ax.imshow(values, cmap="viridis", aspect="auto", origin="lower", vmin=lo, vmax=hi,
+                       extent=(-0.5, len(names) - 0.5, bottom - 0.5, bottom + values.shape[0] - 0.5))
+        ax.set_xticks(range(len(names)), names, fontsize=7, rotation=90)
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set(title=name, xlabel="position and token", ylabel="layer (residual 0: embeddings)" if not bottom
+               else "layer")
+    fig.colorbar(im, ax=axes[0].tolist(), label="reward", pad=0.01)
+    where = "" if not first else f",\npositions {first}–{len(clean) - 1}" if len(names) > 1 else \
+        f",\nposition {first}"
+    fig.suptitle(f"reward of {label(pair[0].label)!s} ({patched.clean_reward:+.3f}) with "
+                 f"{label(pair[1].label)!s} ({patched.donor_reward:+.3f}) patched in{where}"
+                 + (f" (before {first} both runs are the same)" if first else ""))
     fig.savefig(out / "patching.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
