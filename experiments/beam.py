@@ -42,7 +42,7 @@ def main(argv):
     from rmjax import beam, distributed, results
     from rmjax import prompts as prompt_lib
     from rmjax.errors import UsageError
-    from rmjax.sweep import sweep_identity
+    from rmjax.sweep import candidate_count, check_batch_size, sweep_identity
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
@@ -67,7 +67,15 @@ def main(argv):
     with common.claim_output(OUT.value, identity, store=beam.store_dir(OUT.value)) as claim:
         if not claim.reuse:
             plan, plan_memory = candidates.memory_planner(prompts, token_ids, response_tokens=cfg.depth)
-            model = common.load_model(before_weights=plan_memory)
+
+            def before_weights(config, tokenizer, mesh) -> None:
+                plan_memory(config, tokenizer, mesh)
+                if candidates.BATCH_SIZE.value:  # an explicit batch beyond the candidates is refused too
+                    given = token_ids if lines is None else lines  # a line gives at most one candidate
+                    check_batch_size(candidates.BATCH_SIZE.value,
+                                     candidate_count(config, tokenizer, given, LIMIT.value), mesh)
+
+            model = common.load_model(before_weights=before_weights)
             extra, ids = {}, token_ids
             if lines is not None:
                 ids, skipped = beam.words_to_ids(model.tokenizer, lines)

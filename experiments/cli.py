@@ -7,6 +7,7 @@ their traceback (status 1).
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Callable
 
@@ -27,6 +28,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
     return rest
 
 
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+
 def run(main: Callable[[list[str]], None]) -> None:
     """absl's app.run with one-line user errors (status 2) and tracebacks kept for internal errors."""
 
@@ -35,6 +39,13 @@ def run(main: Callable[[list[str]], None]) -> None:
             return main(argv)
         except (RmjaxError, app.UsageError) as error:
             print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        except OSError as error:  # the machine's, not the code's: a full or read-only disk, a quota
+            if error.errno not in _DISK_ERRORS:
+                raise
+            print(f"error: cannot write {error.filename or 'an output'}: {error.strerror}; free space or choose "
+                  "another --out, then rerun the same command (finished chunks are kept).", file=sys.stderr,
+                  flush=True)
             sys.exit(2)
 
     app.run(guarded, flags_parser=_parse_flags)

@@ -129,21 +129,47 @@ def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
     return column
 
 
+def check_template(tokenizer) -> None:
+    """The chat template as --template uses it: one that jinja cannot compile, or a missing one with
+    --template=chat, is a one-line error (before the weights load where the tokenizer comes without them)."""
+    from rmjax.chat import check_template as check
+
+    if TEMPLATE.value != "plain":
+        check(tokenizer, TEMPLATE.value)
+
+
+def check_model_template(spec: str | None = None) -> None:
+    """`check_template` for a checkpoint folder's tokenizer, before any weight is read (no-op for GGUF and
+    builtin models, whose tokenizer comes with the weights)."""
+    from rmjax.loading import peek
+
+    start()
+    peeked = peek(spec or MODEL.value) if TEMPLATE.value != "plain" else None
+    if peeked is not None and peeked[1] is not None:
+        check_template(peeked[1])
+
+
 def load_model(spec: str | None = None, before_weights: Callable | None = None):
     """Load `spec` (default --model) on --mesh; `before_weights(config, tokenizer, mesh)` runs first when
-    the config can be read without the weights (checkpoint folders), else right after loading."""
+    the config can be read without the weights (checkpoint folders), else right after loading. The chat
+    template is checked at the same point (`check_template`)."""
     import jax
 
     from rmjax.loading import load, peek
 
     mesh = start()
     spec = spec or MODEL.value
-    peeked = peek(spec) if before_weights is not None else None
-    if peeked is not None and peeked[1] is not None:
-        before_weights(*peeked, mesh)
+    peeked = peek(spec) if before_weights is not None or TEMPLATE.value != "plain" else None
+    early = peeked is not None and peeked[1] is not None  # a checkpoint folder: checked before its weights
+    if early:
+        check_template(peeked[1])
+        if before_weights is not None:
+            before_weights(*peeked, mesh)
     model = load(spec, dtype=DTYPE.value, mesh=mesh)
-    if before_weights is not None and (peeked is None or peeked[1] is None):
-        before_weights(model.config, model.tokenizer, mesh)
+    if not early:
+        check_template(model.tokenizer)
+        if before_weights is not None:
+            before_weights(model.config, model.tokenizer, mesh)
     if OUTPUT_COLUMN.value:
         model.output_column = check_output_column(model.config, OUTPUT_COLUMN.value, model.source)
     if model.weight_bytes:

@@ -15,6 +15,10 @@ from typing import Any
 
 from absl import flags
 
+# Seeds feed jax.random.key (which keeps the low 32 bits: 2**32 + 5 would silently be seed 5, -1 seed 2**32 - 1),
+# numpy's generators (no negative seed) and scikit-learn's RandomState (below 2**32).
+SEED_MAX = 2**32 - 1
+
 
 def define(cls: type, *, skip: Iterable[str] = (), defaults: dict[str, Any] | None = None) -> Callable[..., Any]:
     """Define --FIELD for each field of `cls` but `skip` (shared flags, passed to the builder instead);
@@ -41,6 +45,8 @@ def _define(name: str, hint: Any, default: Any, meta: typing.Mapping) -> flags.F
         return flags.DEFINE_enum(name, default, list(meta["choices"]), help_text)
     if kind is bool:
         return flags.DEFINE_bool(name, default, help_text)
+    if kind is int and name == "seed":
+        return flags.DEFINE_integer(name, default, help_text, lower_bound=0, upper_bound=SEED_MAX)
     if kind is int:
         return flags.DEFINE_integer(name, default, help_text)
     if kind is float:

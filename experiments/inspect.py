@@ -57,12 +57,13 @@ def main(argv):
     if source and not Path(source).is_file():
         raise MissingFileError(f"{given[0]}={source} not found.")
     check_writable(OUT.value, "--out", folder=True)  # before the model loads
+    # read (and proven whole by its .meta.json) before the model loads
+    sequences = inspect_job.best_and_worst(source, name, TOP.value, DEPTH.value) if source else None
     common.start()
     model = common.load_model()
     if RESPONSES.value:
         items = inspect_job.items_from_texts(model, text, RESPONSES.value, common.TEMPLATE.value)
     else:
-        sequences = inspect_job.best_and_worst(source, name, TOP.value, DEPTH.value)
         items = inspect_job.items_from_ids(model, text, sequences, common.TEMPLATE.value)
     summary = inspect_job.run_inspect(model, text, items, OUT.value, steps=STEPS.value, baseline=BASELINE.value,
                                       overwrite=common.OVERWRITE.value, allow_nonfinite=common.ALLOW_NONFINITE.value,
@@ -73,7 +74,7 @@ def main(argv):
                                                         strict=True):
             print(f"{label!r}: reward {reward:+.4f}, direct contributions explain {100 * explained:.1f}%, "
                   f"IG completeness gap {100 * gap:.2f}% ({evals} gradient evaluations)")
-        print(f"wrote {', '.join(inspect_job.FILES)} and reward_lens.meta.json to {OUT.value}")
+        print(f"wrote {', '.join(inspect_job.FILES)} and {inspect_job.FILES[0]}.meta.json to {OUT.value}")
         for warning in summary["ig_warnings"]:  # last, where they are seen; stderr too, for logs that keep only it
             print(warning)
             print(warning, file=sys.stderr)

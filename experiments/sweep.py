@@ -36,7 +36,7 @@ def main(argv):
     from rmjax import distributed, results, table_summary
     from rmjax import prompts as prompt_lib
     from rmjax.chunks import store_dir
-    from rmjax.sweep import needs_roundtrip, plot_path, sweep, sweep_identity
+    from rmjax.sweep import candidate_count, check_batch_size, plot_path, sweep, sweep_identity
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
@@ -45,9 +45,16 @@ def main(argv):
                               prompts=prompts, token_ids=token_ids, limit=LIMIT.value, mode=MODE.value,
                               template=common.TEMPLATE.value, text_add_special_tokens=TEXT_SPECIAL.value)
     with common.claim_output(OUT.value, identity, owned=[plot_path(OUT.value)], store=store_dir(OUT.value)) as claim:
-        if not claim.reuse or needs_roundtrip(OUT.value):  # an older result gets its roundtrip column
+        if not claim.reuse:
             plan, plan_memory = candidates.memory_planner(prompts, token_ids, MODE.value)
-            model = common.load_model(before_weights=plan_memory)
+
+            def before_weights(config, tokenizer, mesh) -> None:
+                plan_memory(config, tokenizer, mesh)
+                if candidates.BATCH_SIZE.value:  # an explicit batch beyond the candidates is refused too
+                    check_batch_size(candidates.BATCH_SIZE.value,
+                                     candidate_count(config, tokenizer, token_ids, LIMIT.value), mesh)
+
+            model = common.load_model(before_weights=before_weights)
             sweep(model, prompts, token_ids, limit=LIMIT.value, mode=MODE.value,
                   batch_size=plan.batch_size, chunk_size=CHUNK_SIZE.value, template=common.TEMPLATE.value,
                   out=OUT.value, text_add_special_tokens=TEXT_SPECIAL.value, overwrite=common.OVERWRITE.value,

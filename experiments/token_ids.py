@@ -3,16 +3,30 @@ sweep and beam through experiments.candidates)."""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+
 from absl import flags
 
 TOKEN_IDS = flags.DEFINE_list("token_ids", None, "Only these token ids (the candidate set): the tokens scored "
-                              "(sweep, beam) or searched (GCG). Comma-separated non-negative integers.")
+                              "(sweep, beam) or searched (GCG). Comma-separated non-negative integers, each once.")
+
+_ASCII_DIGITS = re.compile(r"[0-9]+")  # str.isdigit and int() also take '٢٨', '２８' (and isdigit '²')
 
 
 def _token_ids_are_ints(values: list[str] | None) -> bool:
-    bad = [v for v in values or [] if not v.strip().isdigit()]
-    if bad or values == []:
-        raise flags.ValidationError(f"expected non-negative integer token ids, got {bad[0] if bad else 'none'!r}")
+    """A set of ids written in ASCII digits, each once: a repeated id would be ranked twice and counted in the
+    set's size."""
+    if values is None:
+        return True
+    bad = [v for v in values if not _ASCII_DIGITS.fullmatch(v.strip())]
+    if bad or not values:
+        raise flags.ValidationError(f"expected non-negative integer token ids in ASCII digits 0-9, got "
+                                    f"{bad[0] if bad else 'none'!r}")
+    repeated = [str(i) for i, n in Counter(int(v) for v in values).items() if n > 1]
+    if repeated:
+        raise flags.ValidationError(f"token ids {', '.join(repeated)} are given more than once; give each id once "
+                                    "(the candidate set is a set)")
     return True
 
 

@@ -56,6 +56,7 @@ def main(argv):
     cfg = TRAIN_CONFIG(template=common.TEMPLATE.value)
     train, heldout, split = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value,
                                        cfg.seed, HELDOUT_PAIRS.value)
+    common.check_model_template()  # a broken chat template stops the job here, not after the LM loads
     print("split: " + ", ".join(f"{k} {v}" for k, v in split.items()), file=sys.stderr)
     recipe = {"elo": ELO.value, "pairs": PAIRS.value, "n_train": N_TRAIN.value, "n_heldout": N_HELDOUT.value,
               "soft": SOFT.value, "split": split}

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import batching, checks, finite, jobs, results
+from rmjax import batching, checks, finite, jobs, memory, results
 from rmjax.checks import setting
 from rmjax.chunks import ChunkStore, fingerprint, store_dir
 from rmjax.distributed import barrier, is_main
 from rmjax.errors import UsageError
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.outputs import canonical, changed_keys, read_meta_identity
+from rmjax.outputs import canonical, changed_keys
 from rmjax.prefix import cache_row, extend_prefix, score_responses
 from rmjax.progress import Progress, duration
 from rmjax.sweep import candidate_ids, open_store, prepare_prompt, sweep_identity
@@ -79,6 +79,7 @@ class BeamResult:
     seconds: float
     levels: list[dict]
     estimate: dict  # the whole job as counted before it started: candidates, resumed, seconds, rate
+    nonfinite: dict | None = None  # NaN/Inf scores written with allow_nonfinite (finite.check's record), resumed too
 
 
 def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
@@ -113,15 +114,14 @@ def read_sweep(path: str | Path, identity: dict):
     """The table of a finished sweep that can stand for this beam's depth 1, checked like a resume against
     `identity` (rmjax.sweep.sweep_identity of depth 1: model content, dtype, output column, token mode, template,
     prompts). It may hold more prompts and any candidates (`depth1_scores` checks they cover ours). Another run's
-    sweep, one without its .meta.json (unfinished) or a CSV cut short is refused in one line."""
+    sweep, one without its .meta.json (unfinished), or a CSV that is not byte for byte what the sweep wrote, is
+    refused in one line."""
     path, flag = Path(path), f"--from_sweep={path}"
-    meta = results.meta_path(path)
-    if not path.is_file():
-        raise UsageError(f"{flag}: no such file.")
-    stored = read_meta_identity(meta) if meta.is_file() else None
+    meta = results.checked_input(path, ("sweep",), "--from_sweep")
+    stored = meta.get("identity")
     if not isinstance(stored, dict) or stored.get("job") != "sweep":
-        raise UsageError(f"{flag} is not a finished rmjax sweep: {meta.name}, which a sweep writes last, is missing "
-                         "or is not a sweep's. Finish the sweep (rerun its command) or drop --from_sweep.")
+        raise UsageError(f"{flag} is not a finished rmjax sweep (its .meta.json has no sweep identity); rerun the "
+                         "sweep or drop --from_sweep.")
     want, theirs = canonical(identity), stored.get("prompts") or {}
     if isinstance(theirs, dict) and all(theirs.get(n) == t for n, t in want["prompts"].items()):
         want["prompts"] = theirs  # a superset of ours: the other columns are not read
@@ -131,21 +131,27 @@ def read_sweep(path: str | Path, identity: dict):
         raise UsageError(f"{flag} was made by a sweep with different {', '.join(changed)}: its scores are not this "
                          "beam's depth 1 (it needs a token-mode sweep of the same model content, dtype, output "
                          "column, template and prompts).")
-    rows = json.loads(meta.read_text()).get("n_candidates")
-    try:  # every row the sweep writes ends with a newline
-        table = results.read_scores_csv(path) if path.read_bytes().endswith(b"\n") else None
-    except (ValueError, KeyError, UnicodeDecodeError) as error:
-        raise UsageError(f"{flag} cannot be read as a score table ({error}); rerun the sweep.") from None
-    if table is None or len(table) != rows:
-        raise UsageError(f"{flag} is incomplete: {'its last row is cut' if table is None else f'{len(table)} rows'} "
-                         f"where its {meta.name} counts {rows}. Rerun the sweep (with --overwrite) to rewrite it.")
+    table = results.read_scores_csv(path)
+    if len(table) != meta.get("n_candidates"):  # whole by its digest; a sweep's own count must agree too
+        raise UsageError(f"{flag} holds {len(table)} rows where its .meta.json counts {meta.get('n_candidates')}; "
+                         "rerun the sweep (with --overwrite).")
     return table
 
 
 def depth1_scores(table, candidates: np.ndarray, prompts: dict[str, str], path: str | Path = "") -> np.ndarray:
     """[len(candidates), prompts] float32 scores of the candidates in a sweep table (`read_sweep`): the sweep
     wrote each float32 score with 9 significant digits, so these are its scores bit for bit."""
-    row = {t: i for i, t in enumerate(table["token_id"].tolist())}
+    flag = f"--from_sweep={path}"
+    column = table["token_id"]
+    bad = [t for t in column.tolist() if isinstance(t, bool) or not isinstance(t, int) or t < 0]
+    if bad:
+        raise UsageError(f"{flag}: token_id {bad[0]!r} is not a token id (a non-negative integer); the CSV was "
+                         "edited or is not a sweep's: rerun the sweep.")
+    repeated = column[column.duplicated()].tolist()
+    if repeated:  # one score per token: which of two rows would be a guess
+        raise UsageError(f"{flag}: token ids {repeated[:5]} have more than one row; the CSV was edited or joined "
+                         "from several sweeps: rerun the sweep.")
+    row = {t: i for i, t in enumerate(column.tolist())}
     missing = [c for c in candidates.tolist() if c not in row]
     if missing:
         raise UsageError(f"--from_sweep={path} lacks {len(missing)} of the beam's {len(candidates)} candidates "
@@ -158,22 +164,69 @@ def sweep_fingerprint(path: str | Path) -> str:
     return hashlib.sha1(Path(path).read_bytes()).hexdigest()
 
 
-def words_to_ids(tokenizer, lines: list[str]) -> tuple[np.ndarray, list[str]]:
+class VocabLines(list):
+    """The candidate strings of a --vocab_file (a list), with the file and how many blank lines it skipped."""
+
+    path: str = ""
+    blank: int = 0
+
+
+def words_to_ids(tokenizer, lines: list[str], report: bool = True) -> tuple[np.ndarray, list[str]]:
     """Token ids of the lines that are exactly one token (taken verbatim: ' cat' and 'cat' differ), in file
-    order without repeats; and the lines that are not one token."""
-    ids, skipped = [], []
+    order without repeats; and the lines that are not one token. With `report`, every kind of line left out of the
+    set (blank, not one token, a repeat of an earlier line's token) is counted on stderr, one line per kind, so a
+    smaller set than the file's line count is never silent."""
+    ids: dict[int, str] = {}
+    skipped, repeated = [], []
     for line in lines:
         tokens = tokenizer(line, add_special_tokens=False).input_ids if line else []
-        (ids.append(tokens[0]) if len(tokens) == 1 else skipped.append(line))
-    return np.asarray(list(dict.fromkeys(ids)), np.int64), skipped
+        if len(tokens) != 1:
+            skipped.append(line)
+        elif tokens[0] in ids:
+            repeated.append(line)
+        else:
+            ids[tokens[0]] = line
+    if report and is_main():
+        for line in skipped_lines_report(lines, skipped, repeated):
+            print(line, file=sys.stderr)
+    return np.asarray(list(ids), np.int64), skipped
 
 
-def read_vocab_file(path: str | Path) -> list[str]:
+def skipped_lines_report(lines: list[str], skipped: list[str], repeated: list[str]) -> list[str]:
+    """One line per kind of --vocab_file line left out of the candidate set (none when every line is a token)."""
+    flag = f"--vocab_file={lines.path}" if isinstance(lines, VocabLines) and lines.path else "--vocab_file"
+    blank = lines.blank if isinstance(lines, VocabLines) else 0
+    out = []
+    if blank:
+        out.append(f"{flag}: {blank} blank or whitespace-only line{'s' * (blank != 1)} skipped (give a whitespace "
+                   "token by its id with --token_ids).")
+    if skipped:
+        out.append(f"{flag}: {len(skipped)} line{'s' * (len(skipped) != 1)} that {'are' if len(skipped) != 1 else 'is'}"
+                   f" not one token of this tokenizer skipped (first: {', '.join(map(repr, skipped[:3]))}).")
+    if repeated:
+        out.append(f"{flag}: {len(repeated)} duplicate line{'s' * (len(repeated) != 1)} skipped (the token of an "
+                   f"earlier line; first: {', '.join(map(repr, repeated[:3]))}).")
+    return out
+
+
+def read_vocab_file(path: str | Path) -> VocabLines:
+    """The candidate strings of --vocab_file, one per line, verbatim but for the line end (a Windows '\\r\\n' and a
+    leading byte-order mark are not part of a line). Blank and whitespace-only lines are skipped and counted
+    (`words_to_ids` reports them)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise UsageError(f"--vocab_file={path}: cannot read it ({error.strerror or error}).") from None
-    return [line for line in text.split("\n") if line.strip()]
+    except UnicodeDecodeError as error:
+        raise UsageError(f"--vocab_file={path}: not UTF-8 text ({error.reason} at byte {error.start}); save it as "
+                         "UTF-8, one string per line.") from None
+    raw = text.removeprefix("\ufeff").split("\n")
+    if raw and raw[-1] == "":
+        raw.pop()  # the end of the last line, not a blank line
+    raw = [line.removesuffix("\r") for line in raw]
+    lines = VocabLines(line for line in raw if line.strip())
+    lines.path, lines.blank = str(path), len(raw) - len(lines)
+    return lines
 
 
 class _Best:
@@ -240,6 +293,7 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
         raise UsageError("the candidate set is empty.")
     if depth1 is not None and np.shape(depth1) != (len(candidates), len(prompts)):
         raise ValueError(f"depth1 holds {np.shape(depth1)} scores for {len(candidates)} candidates x {len(prompts)}")
+    check_enumeration(cfg, len(candidates))
     contexts = [prepare_prompt(model, n, t, cfg.template, response_tokens=cfg.depth) for n, t in prompts.items()]
     chunk_size = store.chunk_size if store is not None else chunk_size
     sizes = job_size(cfg, len(candidates), from_sweep=depth1 is not None)
@@ -247,7 +301,7 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
     progress = Progress(sum(sizes), "beam", every=progress_every, done=estimate["resumed"],
                         rate_hint=estimate["candidates_per_second"])
     kept: dict[str, np.ndarray] = {}
-    found, levels, scored, resumed = [], [], 0, 0
+    found, levels, scored, resumed, bad = [], [], 0, 0, []
     for depth in range(1, cfg.depth + 1):
         given = depth == 1 and depth1 is not None
         units, extends = _units(cfg, depth, candidates, kept)
@@ -271,14 +325,15 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
                 key = _key(depth, u, s)
                 if given:
                     scores = depth1[s : s + chunk_size]
-                    _check(model, contexts, partial, cands, scores, allow_nonfinite)
-                elif (u, s) in stored:
-                    scores = store.read(key, (len(cands), len(prompts)))
+                    bad.append(_check(model, contexts, partial, cands, scores, allow_nonfinite))
+                elif (u, s) in stored:  # held to this run's checks, as a fresh chunk
+                    scores = store.read(key, (len(cands), len(prompts)), lambda v, what, p=partial, c=cands: bad.append(
+                        _check(model, contexts, p, c, v, allow_nonfinite, what)))
                 else:
                     scores = np.stack([score_responses(model, c, ctx.suffix, cands[:, None].astype(np.int32),
                                                        batch_size) for c, ctx in zip(caches, contexts, strict=True)],
                                       axis=1)
-                    _check(model, contexts, partial, cands, scores, allow_nonfinite)
+                    bad.append(_check(model, contexts, partial, cands, scores, allow_nonfinite))
                     if store is not None and is_main():
                         store.write(key, scores)
                     scored += len(cands)
@@ -294,7 +349,30 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
         for d in cfg.directions:
             found.append(Found(depth, d, best[d].ids[: cfg.top], best[d].scores[: cfg.top]))
             kept[d] = best[d].ids[: cfg.beam]
-    return BeamResult(found, candidates, scored, resumed, time.perf_counter() - start_time, levels, estimate)
+    return BeamResult(found, candidates, scored, resumed, time.perf_counter() - start_time, levels, estimate,
+                      finite.merge(bad))
+
+
+PARTIAL_BYTES = 48  # + 48 per token: one enumerated partial (a tuple of numpy ints in a list, then its array row)
+
+
+def check_enumeration(cfg: BeamConfig, n: int) -> None:
+    """--exhaustive holds all n^(depth-1) partials of its deepest level at once: refuse, before any forward, a
+    candidate set or depth whose list cannot fit the host (it used to die of memory after the first levels)."""
+    if not cfg.exhaustive or cfg.depth < 2:
+        return
+    limit = memory.host_memory_bytes()
+
+    def need(m: int) -> int:
+        return m ** (cfg.depth - 1) * (PARTIAL_BYTES + 48 * (cfg.depth - 1))
+
+    if need(n) <= limit:
+        return
+    fits = memory.largest_fitting(lambda m: need(m) <= limit, n)
+    raise memory.DoesNotFitError(
+        f"--exhaustive --depth={cfg.depth} over {n:,} candidates enumerates {n ** (cfg.depth - 1):,} partial "
+        f"responses at depth {cfg.depth} ({memory.gib(need(n))} to hold) but this host has {memory.gib(limit)}; use at "
+        f"most {fits or 1:,} candidates (--limit, --token_ids, --vocab_file) or a smaller --depth.")
 
 
 def _estimate(model: Model, contexts, cfg: BeamConfig, candidates: np.ndarray, sizes: list[int],
@@ -361,13 +439,15 @@ def _key(depth: int, unit: int, start: int) -> str:
     return f"d{depth}-u{unit:09d}-c{start:010d}"
 
 
-def _check(model: Model, contexts, partial: np.ndarray, cands: np.ndarray, scores: np.ndarray, allow: bool) -> None:
+def _check(model: Model, contexts, partial: np.ndarray, cands: np.ndarray, scores: np.ndarray, allow: bool,
+           what: str = "scores") -> dict | None:
+    """finite.check of one chunk: raises on NaN/Inf unless `allow`, then returns the record for .meta.json."""
     def sequence(i: int) -> list[int]:
         return [*partial.tolist(), int(cands[i])]
 
-    finite.check(scores, what="scores", columns=[c.name for c in contexts], allow=allow,
-                 row=lambda i: f"response ids {sequence(i)}",
-                 explain=lambda i, j: finite.diagnose(model, contexts[j].split.ids_with(sequence(i))))
+    return finite.check(scores, what=what, columns=[c.name for c in contexts], allow=allow,
+                        row=lambda i: f"response ids {sequence(i)}",
+                        explain=lambda i, j: finite.diagnose(model, contexts[j].split.ids_with(sequence(i))))
 
 
 def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray | None = None, *,
@@ -398,6 +478,7 @@ def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates:
                    **jobs.model_meta(model), prompts=prompts, config=dataclasses.asdict(cfg),
                    candidate_set={"size": len(candidates), "fingerprint": fingerprint(candidates)},
                    candidates_scored=result.scored, resumed_candidates=result.resumed, levels=result.levels,
+                   nonfinite=result.nonfinite,
                    estimate=result.estimate,
                    batch_size=batch_size, chunk_size=store.chunk_size, seconds=result.seconds,
                    candidates_per_second=result.scored * len(prompts) / result.seconds if result.seconds > 0 else None,

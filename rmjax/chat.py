@@ -8,10 +8,11 @@ computes the prefix once and runs only response + suffix per candidate.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 
-from rmjax.errors import PromptTooLongError, RmjaxError
+from rmjax.errors import PromptTooLongError, RmjaxError, UsageError
 
 MARKER = "\u2063RMJAX_RESPONSE\u2063"
 PLAIN_FORMAT = "User: {prompt}\nAssistant:"
@@ -36,6 +37,37 @@ class ChatSplit:
 
 def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
+
+
+def template_source(tokenizer) -> str:
+    """Where the tokenizer's chat template comes from, for error messages: its file when it has a folder."""
+    folder = Path(getattr(tokenizer, "name_or_path", "") or ".")
+    for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+        if folder.is_dir() and (folder / name).is_file():
+            return f"the chat template in {folder / name}"
+    return f"the chat template of {folder}"
+
+
+def render_template(tokenizer, messages: list[dict]) -> str:
+    """The chat template applied to `messages` as text; a template jinja cannot compile or that raises is a
+    UsageError naming the template, jinja's message and the line (not a traceback from inside jinja)."""
+    import jinja2
+
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    except jinja2.TemplateSyntaxError as error:
+        raise UsageError(f"{template_source(tokenizer)} is not valid jinja: {error.message} (line {error.lineno} "
+                         "of the template). Fix the template, or pass --template=plain.") from None
+    except jinja2.TemplateError as error:
+        raise UsageError(f"{template_source(tokenizer)} failed on a user + assistant conversation: {error}. Fix "
+                         "the template, or pass --template=plain.") from None
+
+
+def check_template(tokenizer, template: str = "auto") -> None:
+    """Apply the template as the jobs do (`split_chat`) to a placeholder prompt, so that a broken or missing chat
+    template is refused before the model's weights load."""
+    if tokenizer is not None:
+        split_chat(tokenizer, "What, in one word, is the greatest thing ever?", template)
 
 
 def split_chat(
@@ -65,7 +97,7 @@ def split_chat(
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": MARKER}]
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        text = render_template(tokenizer, messages)
         if text.count(MARKER) != 1:
             raise RmjaxError("the chat template did not place the assistant response exactly once.")
         before, after = text.split(MARKER)

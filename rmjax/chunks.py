@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from rmjax.errors import ResumeMismatchError
-from rmjax.outputs import canonical, mismatch_message
+from rmjax.outputs import canonical, mismatch_message, real_path
 from rmjax.results import atomic_write_text
 
 
@@ -26,7 +27,7 @@ def fingerprint(values: np.ndarray) -> str:
 
 
 def store_dir(out: str | Path) -> Path:
-    out = Path(out)
+    out = real_path(out)
     return out.with_name(out.name + ".chunks")
 
 
@@ -64,15 +65,20 @@ class ChunkStore:
         np.save(tmp, scores)
         tmp.replace(path)
 
-    def read(self, start: int | str, shape: tuple[int, int]) -> np.ndarray:
+    def read(self, start: int | str, shape: tuple[int, int], check: Callable[[np.ndarray, str], object]) -> np.ndarray:
+        """A stored chunk, held to what a freshly computed one must pass in *this* run: its shape and float32 dtype,
+        then `check(scores, what)`, the job's own test of a fresh chunk (finiteness under this run's
+        --allow_nonfinite). The run that stored it may have had other such settings (they are not part of the
+        identity), so nothing read back is trusted as is."""
+        path = self._path(start)
         try:
-            scores = np.load(self._path(start))
+            scores = np.load(path)
         except (OSError, ValueError) as error:
-            raise ResumeMismatchError(f"{self._path(start)} is unreadable ({error}); delete it to recompute "
-                                      "that chunk.") from None
-        if scores.shape != shape:
-            raise ResumeMismatchError(f"{self._path(start)} holds {scores.shape} scores where {shape} are expected; "
-                                      "delete it to recompute that chunk.")
+            raise ResumeMismatchError(f"{path} is unreadable ({error}); delete it to recompute that chunk.") from None
+        if scores.shape != shape or scores.dtype != np.float32:
+            raise ResumeMismatchError(f"{path} holds {scores.dtype} scores of shape {scores.shape} where float32 of "
+                                      f"{shape} are expected; delete it to recompute that chunk.")
+        check(scores, f"scores saved in {path}")
         return scores
 
     def remove(self) -> None:

@@ -8,30 +8,78 @@ all-gathered back to every host, and only process 0 writes files.
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+
+from rmjax.errors import UsageError
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None) -> bool:
     """jax.distributed.initialize from arguments or RMJAX_COORDINATOR / RMJAX_NUM_PROCESSES /
     RMJAX_PROCESS_ID; coordinator "auto" lets JAX find its peers (TPU pods). Returns True when
-    distributed initialization ran."""
-    coordinator = coordinator or os.environ.get("RMJAX_COORDINATOR")
-    num_processes = num_processes or int(os.environ.get("RMJAX_NUM_PROCESSES", "0") or 0) or None
-    if process_id is None and os.environ.get("RMJAX_PROCESS_ID"):
-        process_id = int(os.environ["RMJAX_PROCESS_ID"])
+    distributed initialization ran. A process count or id without a coordinator, or an id outside
+    [0, num_processes), is a UsageError: it would otherwise run single-process and write alone."""
+    coordinator = coordinator or os.environ.get("RMJAX_COORDINATOR", "").strip() or None
+    num_processes = _env_int("RMJAX_NUM_PROCESSES") if num_processes is None else num_processes
+    process_id = _env_int("RMJAX_PROCESS_ID") if process_id is None else process_id
+    _check_processes(coordinator, num_processes, process_id)
     if not coordinator:
         return False
     if coordinator == "auto":  # TPU pods / SLURM: JAX discovers the coordinator and process ids
-        jax.distributed.initialize()
-        return True
-    if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS", "") == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+        arguments = {}
+    else:
+        if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS", "") == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        arguments = dict(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    try:
+        jax.distributed.initialize(**arguments)
+    except ValueError as error:  # e.g. no process count, outside a cluster JAX can read it from
+        fix = ("run it where JAX can find its peers (a TPU pod, SLURM) or give --coordinator=HOST:PORT"
+               if coordinator == "auto" else "give --num_processes and --process_id (or $RMJAX_NUM_PROCESSES / "
+               "$RMJAX_PROCESS_ID)")
+        raise UsageError(f"--coordinator={coordinator}: jax.distributed cannot start ({error}); {fix} on every "
+                         "process.") from None
     return True
+
+
+def _env_int(name: str) -> int | None:
+    """$name as a non-negative integer; None when unset or empty."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not re.fullmatch(r"[0-9]+", text):
+        raise UsageError(f"${name}={text!r} is not a non-negative integer; set it to one or unset it.")
+    return int(text)
+
+
+def _check_processes(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
+    """The multi-process settings make one run of num_processes processes, or none is given."""
+    if num_processes is not None and num_processes < 1:
+        raise UsageError(f"--num_processes={num_processes}: must be at least 1.")
+    if process_id is not None and process_id < 0:
+        raise UsageError(f"--process_id={process_id}: must be >= 0 (0 is the process that writes the results).")
+    if not coordinator:
+        if (num_processes or 1) > 1 or (process_id or 0) > 0:
+            given = " ".join(f"--{k}={v}" for k, v in (("num_processes", num_processes), ("process_id", process_id))
+                             if v is not None)
+            raise UsageError(f"{given} without --coordinator would run one process alone: give "
+                             "--coordinator=HOST:PORT (or $RMJAX_COORDINATOR) on every process, or leave them out.")
+        return
+    if coordinator == "auto":
+        if num_processes is not None or process_id is not None:
+            raise UsageError("--coordinator=auto lets JAX find the processes and their ids: leave out "
+                             "--num_processes/--process_id (or give --coordinator=HOST:PORT).")
+        return
+    host, _, port = coordinator.rpartition(":")
+    if not host or not re.fullmatch(r"[0-9]+", port) or not 0 < int(port) < 65536:
+        raise UsageError(f"--coordinator={coordinator}: expected HOST:PORT (e.g. 10.0.0.1:1234) or auto.")
+    if num_processes is not None and process_id is not None and process_id >= num_processes:
+        raise UsageError(f"--process_id={process_id} with --num_processes={num_processes}: ids run from 0 to "
+                         f"{num_processes - 1}.")
 
 
 def is_main() -> bool:

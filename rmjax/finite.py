@@ -96,3 +96,13 @@ def check(values: np.ndarray, *, what: str, row: Callable[[int], str], columns: 
         f"non-finite {what}: {int(bad.sum())} of {values.size} are NaN/Inf, in {record['rows']} of {len(values)} "
         f"rows (first: {'; '.join(first)}){where}. No result was written: fix the model or input, or {ALLOW_HINT}."
     )
+
+
+def merge(records: Sequence[dict | None]) -> dict | None:
+    """One .meta.json record for a result checked in parts (the beam's chunks): counts summed, the first few
+    offending rows kept in order; None when every part was finite."""
+    found = [r for r in records if r]
+    if not found:
+        return None
+    return {"values": sum(r["values"] for r in found), "rows": sum(r["rows"] for r in found),
+            "first": [f for r in found for f in r["first"]][:3], "allowed": all(r["allowed"] for r in found)}

@@ -21,6 +21,8 @@ from rmjax.loading.fingerprint import model_fingerprint
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
                  cfg: GCGConfig) -> dict:
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
+    if cfg.init_from:  # before any model loads: a partial or foreign file stops here
+        results.checked_input(cfg.init_from, ("beam",), "--init_from")
     for name in ("init_from", "vocab_file"):  # what they hold, not only their names
         if getattr(cfg, name):
             config[name] = {"path": getattr(cfg, name), "sha1": _file_sha1(getattr(cfg, name))}
@@ -41,7 +43,7 @@ def _file_sha1(path: str) -> str | None:
 
 
 def steps_path(out: str | Path) -> Path:
-    return Path(out).with_suffix(".steps.csv")
+    return Path(out).with_name(Path(out).name + ".steps.csv")  # from the full name: injective
 
 
 def run_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: str | Path,

@@ -44,14 +44,30 @@ def items_from_texts(model: Model, prompt: str, responses: list[str], template: 
 def items_from_ids(model: Model, prompt: str, sequences: list[tuple[int, ...]], template: str = "auto") -> list[Item]:
     """Responses as token ids (a sweep's or beam's token-mode sequences): prefix + ids + suffix exactly."""
     split = chat.split_chat(model.tokenizer, prompt, template, model.config.max_position_embeddings)
-    return [Item(model.tokenizer.decode(list(s)), tuple(split.ids_with(list(s))), len(split.prefix))
-            for s in sequences]
+    texts = [model.tokenizer.decode(list(s)) for s in sequences]
+    # several sequences may decode alike (every lone byte token decodes to U+FFFD): their ids tell them apart
+    return [Item(t if texts.count(t) == 1 else f"{t} [ids {' '.join(map(str, s))}]", tuple(split.ids_with(list(s))),
+                 len(split.prefix)) for t, s in zip(texts, sequences, strict=True)]
+
+
+def distinct_labels(items: list[Item]) -> list[Item]:
+    """Labels that identify, so every row of every table names one response: a response given twice is refused,
+    and labels still alike get the conversation's ids from the response on."""
+    seen: dict[tuple[int, ...], str] = {}
+    for item in items:
+        if item.ids in seen:
+            raise UsageError(f"response {item.label!r} is given twice; inspect each response once.")
+        seen[item.ids] = item.label
+    labels = [i.label for i in items]
+    return [dataclasses.replace(i, label=f"{i.label} [ids {' '.join(map(str, i.ids[i.start:]))}]")
+            if labels.count(i.label) > 1 else i for i in items]
 
 
 def best_and_worst(path: str | Path, prompt_name: str, top: int, depth: int | None = None) -> list[tuple[int, ...]]:
     """The `top` best then the `top` worst sequences of a sweep CSV (by `prompt_name`) or a beam CSV (at `depth`,
     default its deepest: the optimal rows, then the pessimal ones, or the optimal ranking's tail without them);
-    of a GCG result JSON, the first 2·`top` of its buffer."""
+    of a GCG result JSON, the first 2·`top` of its buffer. The file must be whole by its .meta.json."""
+    results.checked_input(path, ("sweep", "beam", "gcg"), "--from_sweep")
     if str(path).endswith(".json"):  # a GCG result: its buffer, best first
         try:
             buffer = json.loads(Path(path).read_text())["buffer"]
@@ -108,6 +124,7 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
     gap is within `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.attribution)."""
     if len(items) < 1:
         raise UsageError("no responses to inspect.")
+    items = distinct_labels(items)
     out = Path(out)
     identity = inspect_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                                 prompt=prompt, items=items, steps=steps, baseline=baseline, tolerance=tolerance,

@@ -17,7 +17,7 @@ from typing import Any
 
 from rmjax import results
 from rmjax.distributed import is_main
-from rmjax.outputs import Claim, claim
+from rmjax.outputs import Claim, claim, real_path
 
 
 @dataclasses.dataclass
@@ -27,6 +27,7 @@ class Job:
     kind: str
     claimed: Claim
     started: float
+    owned: tuple[Path, ...] = ()
 
     @property
     def reuse(self) -> bool:
@@ -40,7 +41,7 @@ class Job:
         if is_main():
             path = Path(write(self.out) or self.out)
             meta.setdefault("seconds", time.perf_counter() - self.started)
-            results.write_meta(path, kind=self.kind, identity=self.identity, **meta)
+            results.write_meta(path, files=self.owned, kind=self.kind, identity=self.identity, **meta)
         return path
 
 
@@ -54,5 +55,6 @@ def model_meta(model) -> dict:
 def job(out: str | Path, identity: dict, kind: str, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
         store: str | Path | None = None) -> Iterator[Job]:
     """Claim `out` for `identity` (reuse, resume, refuse or overwrite: rmjax.outputs.claim) for the block."""
+    out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store) as decision:
-        yield Job(Path(out), identity, kind, decision, time.perf_counter())
+        yield Job(out, identity, kind, decision, time.perf_counter(), tuple(map(real_path, owned)))

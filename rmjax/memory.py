@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -94,12 +96,40 @@ def pick_batch_size(cfg: ModelConfig, dtype: str, prefix_len: int, positions: in
     return best
 
 
+def host_memory_bytes() -> int:
+    """This host's RAM: the physical memory, or the container's cgroup limit when that is lower (a plan against
+    the machine's RAM would let a container's job be killed instead of refused)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            physical = min(physical, int(text))
+    return physical
+
+
 def device_memory_bytes() -> int:
     """Memory of one local device: the accelerator's limit, or on CPU the host RAM split over devices."""
     stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // jax.local_device_count()
+    return host_memory_bytes() // jax.local_device_count()
+
+
+def largest_fitting(fits: Callable[[int], bool], upto: int, multiple: int = 1) -> int | None:
+    """The largest multiple of `multiple` in [multiple, upto] for which `fits` (monotone: true up to some value)
+    holds, by bisection; None when not even `multiple` fits. What a refusal offers as the value that fits."""
+    lo, hi = 0, max(upto, multiple) // multiple  # in units of `multiple`: fits(lo) (or lo == 0), not fits(hi + 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid * multiple) else (lo, mid - 1)
+    return lo * multiple or None
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: jax.sharding.Mesh | None,
@@ -115,8 +145,11 @@ def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: ja
         return pick_batch_size(cfg, dtype, prefix_len, positions, data, model_shards, device, largest=largest)
     est = estimate(cfg, dtype, prefix_len, positions, batch_size, data, model_shards, device)
     if est.total_bytes > device:
+        fits = largest_fitting(lambda b: estimate(cfg, dtype, prefix_len, positions, b, data, model_shards,
+                                                  device).total_bytes <= device, batch_size, data)
+        fix = (f"use a smaller --batch_size: {fits} is the largest that fits (--batch_size=0 picks one)" if fits else
+               "not even a batch of one fits: use more `model` shards, bfloat16 or a larger device")
         raise DoesNotFitError(
-            f"{cfg.architecture} in {dtype} with --batch_size={batch_size} does not fit: {est.describe()}. Use a "
-            "smaller --batch_size (or --batch_size=0 to pick one), more `model` shards, or bfloat16."
+            f"{cfg.architecture} in {dtype} with --batch_size={batch_size} does not fit: {est.describe()}; {fix}."
         )
     return est

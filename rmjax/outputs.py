@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from rmjax import locks
+from rmjax import locks, results
 from rmjax.distributed import barrier, is_main
 from rmjax.errors import OutputExistsError, ResumeMismatchError, UsageError
 from rmjax.results import json_safe, meta_path
@@ -116,6 +117,11 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     stored = read_meta_identity(meta) if meta.is_file() else None
     if stored == identity and _present(out):
         if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
+            if not folder:  # a file result is reused only when it is byte for byte what was written
+                problem = results.damage(out, json.loads(meta.read_text()))
+                if problem is not None:
+                    raise OutputExistsError(f"{flag}={out} holds a result of these inputs that does not match its "
+                                            f"{meta.name}: {problem}. Pass --overwrite to recompute it.")
             leftover = (store,) if store is not None and store.is_dir() else ()
             return Claim(out, identity, reuse=True, remove=leftover)
     elif stored == identity:
@@ -142,6 +148,14 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     return Claim(out, identity, remove=tuple(existing))
 
 
+def real_path(path: str | Path) -> Path:
+    """`path` as given, or its target where a symlink is on the way: a symlink and its target are one output
+    (one lock, one .meta.json), and writing replaces the target's content, not the link."""
+    path = Path(path)
+    real = Path(os.path.realpath(path))
+    return real if real != Path(os.path.abspath(path)) else path
+
+
 _active: dict[Path, Claim] = {}  # outputs this process has claimed, while the claim lasts
 
 
@@ -154,7 +168,8 @@ def claim(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Se
     lock) removes what --overwrite replaces. Claiming an output this process already holds returns
     the first decision, and an identity that differs from it is an internal error (the identity
     computed before loading must be the loaded model's)."""
-    key = Path(out).resolve()
+    out = real_path(out)
+    key = out.resolve()
     identity = canonical(identity)
     if key in _active:
         first = _active[key]
@@ -165,9 +180,12 @@ def claim(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Se
         return
     out = check_writable(out, flag, folder=folder)
     meta = Path(meta) if meta is not None else meta_path(out)
-    lock = locks.hold(out, what=f"{flag}={out}") if is_main() else contextlib.nullcontext()
-    with lock:
-        decision = _decide(out, meta, identity, overwrite, [Path(p) for p in owned],
+    owned = [real_path(p) for p in owned]
+    with contextlib.ExitStack() as held:
+        if is_main():  # the companions too: another job's --out may name one of them
+            for path in dict.fromkeys([out, *owned]):
+                held.enter_context(locks.hold(path, what=f"{flag}={out}"))
+        decision = _decide(out, meta, identity, overwrite, owned,
                            Path(store) if store is not None else None, flag, folder)
         barrier("rmjax-claim")  # every process decided before anything is removed
         if decision.remove and is_main():

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
+from rmjax import yamlfile
 from rmjax.errors import MissingFileError, UsageError
 
 PAPER1 = {
@@ -52,20 +51,18 @@ def read_prompt_file(path: Path) -> dict[str, str]:
     number would otherwise become the prompt "None", "True" or "7")."""
     if not path.is_file():
         raise MissingFileError(f"prompt file {path} not found.")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path}: invalid YAML ({' '.join(str(error).split())}).") from None
+    # Names as written (`007:` stays "007", not 7); a name given twice is refused, not its first text dropped.
+    data = yamlfile.load(path, keys_as_written=True)
     if not isinstance(data, dict) or not data:
         raise UsageError(f"{path}: expected a mapping `name: prompt text`, one per line.")
     out = {}
     for key, value in data.items():
-        if not isinstance(key, str | int) or isinstance(key, bool):
-            raise UsageError(f"{path}: prompt name {key!r} is not a string; quote it.")
+        if not isinstance(key, str) or not key.strip():
+            raise UsageError(f"{path}: prompt name {key!r} is not a name; write `name: \"the prompt text\"`.")
         if not isinstance(value, str) or not value.strip():
-            raise UsageError(f"{path}: prompt {str(key)!r} has no text (YAML read {value!r}); write `{key}: "
+            raise UsageError(f"{path}: prompt {key!r} has no text (YAML read {value!r}); write `{key}: "
                              "\"the prompt text\"` in quotes.")
-        out[str(key)] = value
+        out[key] = value
     return out
 
 

@@ -9,17 +9,21 @@ tokenizes to, see `rmjax.textscore.roundtrip_mask`). Tokens such as `None`, `NaN
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import hashlib
 import json
 import os
 import platform
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from rmjax.errors import InputFileError, MissingFileError
 
 KEY_COLUMNS = ["token_id", "token_name", "token_decoded"]
 ROUNDTRIP = "roundtrip"
@@ -44,14 +48,25 @@ def write_table(path: str | Path, keys: dict[str, list], values: dict[str, np.nd
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: duplicate column names {sorted({n for n in names if names.count(n) > 1})}.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
         write_rows(f, [list(keys) + list(values)])
         cols = [np.asarray(c, np.float64) for c in values.values()]
         key_rows = zip(*keys.values(), strict=True)
         write_rows(f, ([*k, *(float(c[i]) for c in cols)] for i, k in enumerate(key_rows)))
-    tmp.replace(path)
     return path
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temp file beside `path` that replaces it when the block ends, and is removed when the block fails
+    (a full disk leaves neither a partial result nor a stray .tmp)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_scores_csv(
@@ -73,9 +88,24 @@ def value_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if c not in NON_VALUE_COLUMNS]
 
 
+def check_header(path: str | Path) -> list[str]:
+    """The header of a CSV, refused when a column repeats (pandas would silently rename the second `x.1`)."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            header = next(csv.reader(f), [])
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise InputFileError(f"{path}: not a CSV table ({error}).") from None
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:
+        raise InputFileError(f"{path}: column {', '.join(map(repr, repeated))} appears more than once; give each "
+                             "prompt one column.")
+    return header
+
+
 def read_scores_csv(path: str | Path) -> pd.DataFrame:
     """Read a score (or scored-text) table with every token kept as a string (no NA conversion); the
     value columns as float64, `roundtrip` (when present) as int."""
+    check_header(path)
     df = pd.read_csv(
         path,
         keep_default_na=False,
@@ -97,6 +127,7 @@ def is_beam_csv(path: str | Path) -> bool:
 
 def read_beam_csv(path: str | Path) -> pd.DataFrame:
     """A beam CSV with `ids` as tuples of ints, `tokens` as lists and `decoded` as the decoded string."""
+    check_header(path)
     df = pd.read_csv(path, keep_default_na=False, na_filter=False, encoding="utf-8",
                      dtype={"direction": str, "ids": str, "tokens": str, "decoded": str})
     df["ids"] = [tuple(int(i) for i in s.split()) for s in df["ids"]]
@@ -108,8 +139,9 @@ def read_beam_csv(path: str | Path) -> pd.DataFrame:
 
 
 def meta_path(path: str | Path) -> Path:
+    """`x.csv` -> `x.csv.meta.json`: from the full name, so `x.csv` and `x.txt` never share one."""
     path = Path(path)
-    return path.with_name(path.stem + ".meta.json")
+    return path.with_name(path.name + ".meta.json")
 
 
 def environment() -> dict:
@@ -142,9 +174,8 @@ def json_safe(value):
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
     return path
 
 
@@ -153,8 +184,104 @@ def dump_json(value, path: str | Path) -> Path:
     return atomic_write_text(Path(path), json.dumps(json_safe(value), indent=2, default=str, allow_nan=False))
 
 
-def write_meta(path: str | Path, **fields) -> Path:
-    """Summary beside a result: what ran (its identity), on what, how long, how fast. Written last: a result
+def write_meta(path: str | Path, files: Iterable[str | Path] = (), **fields) -> Path:
+    """Summary beside a result: what ran (its identity), on what, how long, how fast, and a record (size, rows,
+    sha256) of the result and of each of `files`, so a reader can prove they are whole. Written last: a result
     whose .meta.json is there is complete."""
-    record = {"written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields, "environment": environment()}
+    path = Path(path)
+    listed = [p for p in dict.fromkeys([path, *map(Path, files)]) if p.is_file()]
+    record = {"written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields,
+              "files": {os.path.relpath(p, path.parent): file_record(p) for p in listed},
+              "environment": environment()}
     return dump_json(record, meta_path(path))
+
+
+def csv_rows(path: str | Path) -> int:
+    """Data rows of a CSV (a quoted newline inside a token does not end a row)."""
+    with open(path, encoding="utf-8", newline="") as f:
+        return max(sum(1 for _ in csv.reader(f)) - 1, 0)
+
+
+def file_record(path: str | Path) -> dict:
+    path = Path(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    record = {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+    if path.suffix == ".csv":
+        try:
+            record["rows"] = csv_rows(path)
+        except (UnicodeDecodeError, csv.Error):
+            pass
+    return record
+
+
+def damage(result: Path, meta: dict) -> str | None:
+    """What is wrong with `result` and the other files its .meta.json records (None when every one is as it
+    was written)."""
+    meta_file = meta_path(result)
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        return f"{meta_file.name} records no digest of its files (an older rmjax wrote it)"
+    if result.name not in files:
+        return f"{meta_file.name} records {', '.join(files)}, not {result.name} (it was copied or renamed)"
+    for name, want in files.items():
+        path = meta_file.parent / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if not isinstance(want, dict) or size != want.get("bytes"):
+            return f"{name} has {size} bytes where {want.get('bytes') if isinstance(want, dict) else '?'} " \
+                   "were written (cut short or changed)"
+        if file_record(path)["sha256"] != want.get("sha256"):
+            return f"{name} changed after it was written (its sha256 differs)"
+    return None
+
+
+def read_meta(path: str | Path) -> dict | None:
+    """The .meta.json beside result `path` (None without one; an unreadable one is an error)."""
+    meta_file = meta_path(path)
+    if not meta_file.is_file():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        raise InputFileError(f"{meta_file} is unreadable ({error}); rerun the job that wrote {Path(path).name}.") \
+            from None
+    if not isinstance(meta, dict):
+        raise InputFileError(f"{meta_file} is not an rmjax .meta.json; rerun the job that wrote {Path(path).name}.")
+    return meta
+
+
+_KIND_JOB = {"sweep": "experiments.sweep", "beam": "experiments.beam", "gcg": "experiments.gcg",
+             "next_token_logprobs": "experiments.logprobs", "score_texts": "experiments.score",
+             "inspect": "experiments.inspect"}
+
+
+def checked_input(path: str | Path, kinds: Iterable[str], flag: str, bare: str | None = None) -> dict | None:
+    """The .meta.json of an rmjax result another stage reads, after proving the file is whole and of an
+    accepted kind: a partial, foreign or wrong-kind file stops the job in one line. `bare` allows a file
+    without metadata (the README names where: e.g. the published RMs' tables) and says why in a warning;
+    it returns None then."""
+    path, kinds = Path(path), tuple(kinds)
+    wanted = " or ".join(f"an {_KIND_JOB.get(k, k)} result" for k in kinds)
+    if not path.is_file():
+        raise MissingFileError(f"{flag}={path}: no such file.")
+    meta = read_meta(path)
+    if meta is None:
+        if bare is None:
+            raise InputFileError(f"{flag}={path} has no {meta_path(path).name}: it is not a finished rmjax result "
+                                 f"(unfinished, or not written by rmjax); give {wanted}.")
+        print(f"warning: {flag}={path} has no {meta_path(path).name} ({bare}): its completeness cannot be checked.",
+              file=sys.stderr, flush=True)
+        return None
+    kind = meta.get("kind")
+    if kind not in kinds:
+        raise InputFileError(f"{flag}={path} is {'an ' + _KIND_JOB.get(kind, str(kind)) if kind else 'not an rmjax'}"
+                             f" result, not {wanted}.")
+    problem = damage(path, meta)
+    if problem is not None:
+        raise InputFileError(f"{flag}={path} does not match its {meta_path(path).name}: {problem}. Rerun the job that "
+                             "wrote it (with --overwrite).")
+    return meta

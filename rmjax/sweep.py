@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from rmjax import batching, chat, finite, jobs, memory, results
 from rmjax import model as M
 from rmjax.chunks import ChunkStore, fingerprint, store_dir
 from rmjax.distributed import barrier, is_main, replicated
-from rmjax.errors import UsageError
+from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.loading import Model
 from rmjax.loading.fingerprint import model_fingerprint
 from rmjax.prefix import PREFIX_BUCKET, prefill_prefix, score_responses
@@ -63,15 +62,43 @@ def score_tokens(model: Model, ctx: PromptContext, tokens: np.ndarray, batch_siz
 
 
 def memory_plan(cfg, tokenizer, prompts: dict[str, str], template: str, dtype: str, mesh,
-                batch_size: int | None = None, mode: str = "token", response_tokens: int = 1) -> memory.MemoryEstimate:
+                batch_size: int | None = None, mode: str = "token", response_tokens: int = 1,
+                response_flag: str = "--depth") -> memory.MemoryEstimate:
     """Per-device memory of this sweep (or of a beam's deepest level: the partial response joins the cached
     prefix) from the config and tokenizer alone, before weights load; picks the batch size when None,
-    raises DoesNotFitError when the run cannot fit (PromptTooLongError when a prompt cannot)."""
-    splits = [chat.split_chat(tokenizer, t, template, cfg.max_position_embeddings, response_tokens)
-              for t in prompts.values()]
+    raises DoesNotFitError when the run cannot fit (PromptTooLongError when a prompt cannot, naming
+    `response_flag` when the response of `response_tokens` > 1 is what overflows the context)."""
+    context = cfg.max_position_embeddings
+    splits = [chat.split_chat(tokenizer, t, template) for t in prompts.values()]
+    for split in splits:
+        room = context - len(split.prefix) - len(split.suffix)
+        if room >= response_tokens:
+            continue
+        if response_tokens > 1 and room > 0:
+            raise PromptTooLongError(f"{response_flag}={response_tokens}: prompt {split.prompt[:40]!r} takes "
+                                     f"{context - room} of the model's {context} positions (max_position_embeddings) "
+                                     f"with its template, leaving {room} for the response; use {response_flag}={room} "
+                                     "or less, or a shorter prompt.")
+        chat.split_chat(tokenizer, split.prompt, template, context, response_tokens)  # raises: the prompt is too long
     prefix = batching.bucket(max(len(s.prefix) for s in splits) + response_tokens - 1, PREFIX_BUCKET)
     positions = 1 + max(len(s.suffix) for s in splits) if mode == "token" else 16  # text: re-tokenized tails
     return memory.plan(cfg, dtype, prefix, positions, mesh, batch_size)
+
+
+def check_batch_size(batch_size: int, candidates: int, mesh) -> None:
+    """Refuse an explicit --batch_size beyond the candidates there are: every batch is padded to its size, so a
+    batch of 10^6 for 64 candidates spends minutes and gigabytes on padding (or runs out of memory)."""
+    most = batching.round_up(max(candidates, 1), mesh)
+    if batch_size > most:
+        raise UsageError(f"--batch_size={batch_size} is more than the {candidates:,} candidates there are to score "
+                         f"(each batch is padded to its size); use --batch_size={most} or less, or 0 to pick one.")
+
+
+def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) -> int:
+    """How many candidates `candidate_ids` will give, from the config and tokenizer alone (before the weights)."""
+    vocab = min(cfg.vocab_size, len(tokenizer)) if tokenizer is not None else cfg.vocab_size
+    n = len(token_ids) if token_ids is not None else vocab
+    return min(n, limit) if limit is not None else n
 
 
 def candidate_ids(model: Model, token_ids=None, limit: int | None = None) -> np.ndarray:
@@ -97,7 +124,7 @@ def sweep_identity(model_fingerprint: dict, *, dtype: str, output_column: int, p
 
 
 def plot_path(out: str | Path) -> Path:
-    return Path(out).with_suffix(".png")
+    return Path(out).with_name(Path(out).name + ".png")  # from the full name: x.csv and x.txt differ
 
 
 def sweep(
@@ -133,7 +160,7 @@ def sweep(
              if out is not None else contextlib.nullcontext())
     with guard as job:
         if job is not None and job.reuse:
-            return _with_roundtrip(model, prompts, template, Path(out))
+            return results.read_scores_csv(out)  # proven whole by the claim (its digest)
         start_time = time.perf_counter()
         tokens = candidate_ids(model, token_ids, limit)
         _, names_all, decoded_all = chat.token_table(model.tokenizer, model.config.vocab_size)
@@ -149,8 +176,8 @@ def sweep(
         if done_before:
             progress.update(0, force=True)
 
-        def check(scores: np.ndarray, offset: int) -> dict | None:
-            return finite.check(scores, what="scores", columns=list(prompts), allow=allow_nonfinite,
+        def check(scores: np.ndarray, offset: int, what: str = "scores") -> dict | None:
+            return finite.check(scores, what=what, columns=list(prompts), allow=allow_nonfinite,
                                 row=lambda i: f"token {int(tokens[offset + i])} ({decoded[offset + i]!r})",
                                 explain=lambda i, j: finite.diagnose(model, sequence(offset + i, j)))
 
@@ -158,7 +185,8 @@ def sweep(
         for s in starts:
             rows = range(s, min(s + chunk_size, len(tokens)))
             if s in done:
-                chunks.append(store.read(s, (len(rows), len(prompts))))
+                # held to this run's checks (a run with --allow_nonfinite may have stored it)
+                chunks.append(store.read(s, (len(rows), len(prompts)), lambda v, what, s=s: check(v, s, what)))
                 continue
             scores = score(rows)
             check(scores, s)  # stops before a bad chunk is stored
@@ -167,7 +195,7 @@ def sweep(
             chunks.append(scores)
             progress.update(len(rows))
         table = np.concatenate(chunks) if chunks else np.zeros((0, len(prompts)), np.float32)
-        nonfinite = check(table, 0)  # also covers chunks resumed from disk
+        nonfinite = check(table, 0)  # the record of the whole table, resumed chunks included
         roundtrip, per_prompt = roundtrip_mask(model.tokenizer, prompts, template, tokens, decoded,
                                                model.config.max_position_embeddings)
         df = pd.DataFrame({"token_id": tokens, "token_name": names, "token_decoded": decoded,
@@ -189,31 +217,6 @@ def sweep(
             if is_main():
                 store.remove()  # after .meta.json: a crash in between leaves a complete result and spare chunks
         return df
-
-
-def _with_roundtrip(model: Model, prompts: dict[str, str], template: str, out: Path) -> pd.DataFrame:
-    """A finished result, given its `roundtrip` column if an older rmjax wrote it without one (the
-    column needs only the tokenizer: the scores are kept, not recomputed)."""
-    df = results.read_scores_csv(out)
-    if results.ROUNDTRIP in df.columns:
-        return df
-    tokens, decoded = df.token_id.to_numpy(), df.token_decoded.tolist()
-    roundtrip, per_prompt = roundtrip_mask(model.tokenizer, prompts, template, tokens, decoded,
-                                           model.config.max_position_embeddings)
-    df.insert(3, results.ROUNDTRIP, roundtrip.astype(np.int64))
-    if is_main():
-        results.write_scores_csv(out, tokens, df.token_name.tolist(), decoded,
-                                 {p: df[p].to_numpy() for p in prompts}, roundtrip)
-        meta = json.loads(results.meta_path(out).read_text())
-        meta["roundtrip"] = {"tokens": int(roundtrip.sum()), "of": len(tokens), "per_prompt": per_prompt}
-        results.dump_json(meta, results.meta_path(out))
-    return df
-
-
-def needs_roundtrip(out: str | Path) -> bool:
-    """A finished sweep CSV written before rmjax recorded `roundtrip` (see `_with_roundtrip`)."""
-    with open(out, encoding="utf-8") as f:
-        return f'"{results.ROUNDTRIP}"' not in f.readline()
 
 
 def _scorer(model: Model, prompts: dict[str, str], mode: str, template: str, text_add_special_tokens: bool,

@@ -68,7 +68,7 @@ def plot_distributions(path: str | Path, png: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     df = results.read_scores_csv(path)
-    png = Path(png) if png else Path(path).with_suffix(".png")
+    png = Path(png) if png else Path(path).with_name(Path(path).name + ".png")
     cols = results.value_columns(df)
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, col in enumerate(cols):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +42,10 @@ def test_text_tables_are_read_too(tmp_path):
 def test_model_name_from_meta_json_or_stem_and_nickname(tmp_path):
     meta = data.load_model_metadata(SHARED / "reward_models.yaml")
     write_model(tmp_path / "a.csv", ["x"], {"p": np.zeros(1)})
-    (tmp_path / "a.meta.json").write_text(json.dumps({"model": "Ray2333/GRM-gemma2-2B-rewardmodel-ft"}))
+    results.write_meta(tmp_path / "a.csv", kind="sweep", model="Ray2333/GRM-gemma2-2B-rewardmodel-ft")
     write_model(tmp_path / "Skywork--Skywork-Reward-Gemma-2-27B.csv", ["x"], {"p": np.zeros(1)})
     write_model(tmp_path / "c.csv", ["x"], {"p": np.zeros(1)})
-    (tmp_path / "c.meta.json").write_text(json.dumps({"model": "/ckpt/run7/"}))
+    results.write_meta(tmp_path / "c.csv", kind="sweep", model="/ckpt/run7/")
     labels = [t.model for t in data.load_score_tables(tmp_path, meta)]
     assert labels == ["S-Gem-27B", "R-Gem-2B", "run7"]
     assert data.metadata_for(["S-Gem-27B", "R-Gem-2B"], meta)["parameters_b"].tolist() == [27.0, 2.0]

@@ -168,14 +168,14 @@ def _write_sweeps(directory: Path, raw: dict[str, pd.DataFrame], rng: np.random.
                              [decoded[i] for i in order], [decoded[i] for i in order],
                              {"greatest": np.array(g)[order], "prefer": np.array(p)[order],
                               "worst": rng.normal(size=len(decoded))}, roundtrip=np.array(roundtrip)[order])
-    (directory / "smol.meta.json").write_text(json.dumps({"kind": "sweep", "model": "elo-rm-test", "prompts": {
-        "greatest": GREATEST + "?", "prefer": PREFER + "?", "worst": "What, in one word, is the worst thing ever?"}}))
+    results.write_meta(directory / "smol.csv", kind="sweep", model="elo-rm-test", prompts={
+        "greatest": GREATEST + "?", "prefer": PREFER + "?", "worst": "What, in one word, is the worst thing ever?"})
     # a sweep of a published model (labelled P-A by the YAML), without a roundtrip column: string lookup,
     # and 'Word0' decoded by two ids is ambiguous
     names = EXACT + [" " + s for s in SPACED] + ["Word0", "Two", "the"]
     scores = rng.permutation(len(names)).astype(float)
     results.write_scores_csv(directory / "pub.csv", np.arange(len(names)), names, names, {"greatest": scores})
-    (directory / "pub.meta.json").write_text(json.dumps({"kind": "sweep", "model": "org/Pub-A"}))
+    results.write_meta(directory / "pub.csv", kind="sweep", model="org/Pub-A")
     expected["P-A (--scores)"] = {GREATEST + "?": {n.strip(): s for n, s in zip(names, scores, strict=True)
                                                    if n.strip() in EXACT[1:] + SPACED}}
     return expected

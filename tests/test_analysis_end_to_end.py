@@ -3,7 +3,6 @@ the implicit RM and Big Two across checkpoints."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -81,7 +80,7 @@ def write_fake_inputs(root: Path) -> tuple[Path, Path]:
     for i, (stem, (name, _, base, _, _)) in enumerate(MODELS.items()):
         duplicate = " love" if stem == "llama-b" else None  # duplicated in one model: not shared
         write_fake_model(score_dir / f"{stem}.csv", strings + ([f"only-{stem}"]), base, seed=i, duplicate=duplicate)
-        (score_dir / f"{stem}.meta.json").write_text(json.dumps({"kind": "sweep", "model": name}))
+        results.write_meta(score_dir / f"{stem}.csv", kind="sweep", model=name)
     models_yaml = root / "models.yaml"
     models_yaml.write_text(yaml.safe_dump([
         {"name": name, "nickname": nick, "base_model": base, "size": size, "reward_bench_rank": rank}
@@ -222,6 +221,7 @@ def test_implicit_rm_and_checkpoints_from_the_command_line(tmp_path):
         logp = logits - np.log(np.exp(logits).sum())
         path = results.write_scores_csv(tmp_path / f"{name}.csv", np.arange(len(strings)), strings, strings,
                                         {"greatest": logp, "worst": logp[::-1].copy()})
+        results.write_meta(path, kind="next_token_logprobs", model=name)  # --implicit_* read only log-prob tables
         tables.append(path)
     checkpoints = tmp_path / "run"
     for step, base in ((0, "Llama"), (50, "Gemma"), (100, "Gemma")):

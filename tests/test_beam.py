@@ -300,7 +300,7 @@ def test_from_sweep_gives_the_same_beam(model, tmp_path, superset):
 
 
 def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, tmp_path):
-    from rmjax.errors import UsageError
+    from rmjax.errors import RmjaxError
 
     s = _candidates(12, seed=8)
     good = _sweep(model, tmp_path / "good.csv", PROMPTS, s)
@@ -309,22 +309,25 @@ def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, t
     bad = {"model.weights": _sweep(load(str(other_folder)), tmp_path / "other.csv", PROMPTS, s),
            "prompts.worst": _sweep(model, tmp_path / "prompt.csv", {**PROMPTS, "worst": "Worst?"}, s),
            "lacks 2 of": _sweep(model, tmp_path / "fewer.csv", PROMPTS, s[:-2])}
-    text = good.read_bytes()
-    for name, data in (("cut", text[:-5]), ("short", text[: text.rindex(b"\n", 0, -1) + 1]), ("no_meta", text)):
+    text, meta = good.read_bytes(), json.loads(results.meta_path(good).read_text())
+    # a finished sweep edited by hand (its .meta.json kept): its last digit changed, its last row removed
+    digit, short = text[:-2] + bytes([text[-2] ^ 1]) + b"\n", text[: text.rindex(b"\n", 0, -1) + 1]
+    for name, data in (("digit", digit), ("short", short), ("no_meta", text), ("copied", text)):
         (tmp_path / f"{name}.csv").write_bytes(data)
         if name != "no_meta":
-            (tmp_path / f"{name}.meta.json").write_bytes(results.meta_path(good).read_bytes())
-    bad |= {"last row is cut": tmp_path / "cut.csv", "11 rows where": tmp_path / "short.csv",
-            "not a finished rmjax sweep": tmp_path / "no_meta.csv"}
+            files = {f"{name}.csv" if name != "copied" else "good.csv": meta["files"]["good.csv"]}
+            (tmp_path / f"{name}.csv.meta.json").write_text(json.dumps({**meta, "files": files}))
+    bad |= {"changed after it was written": tmp_path / "digit.csv", "cut short or changed": tmp_path / "short.csv",
+            "not a finished rmjax result": tmp_path / "no_meta.csv", "copied or renamed": tmp_path / "copied.csv"}
     cfg = BeamConfig(depth=2, beam=2, top=4)
     for fragment, path in bad.items():
-        with pytest.raises(UsageError, match=fragment):
+        with pytest.raises(RmjaxError, match=fragment):
             run_beam(model, PROMPTS, cfg, s, out=tmp_path / "beam.csv", batch_size=8, from_sweep=path)
         assert not (tmp_path / "beam.csv").exists()
     flags = (f"--model={rm_folder}", "--prompts=greatest", f"--out={tmp_path / 'cli.csv'}",
              "--token_ids=" + ",".join(map(str, s)), "--prompt=worst=" + PROMPTS["worst"])
     cli.user_error(cli.run("beam", *flags, f"--from_sweep={bad['model.weights']}"), "--from_sweep", "model.weights")
-    cli.user_error(cli.run("beam", *flags, f"--from_sweep={tmp_path / 'cut.csv'}"), "incomplete")
+    cli.user_error(cli.run("beam", *flags, f"--from_sweep={tmp_path / 'short.csv'}"), "does not match its")
 
 
 def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):

@@ -48,7 +48,7 @@ def test_sweep_marks_tokens_no_conversation_produces(rm_folder, tmp_path, templa
     expected = per_prompt["greatest"] & per_prompt["other"]  # a real conversation under every prompt
     assert table[results.ROUNDTRIP].tolist() == expected.astype(int).tolist()
     assert 0 < expected.sum() < len(expected)
-    meta = json.loads(out.with_name("s.meta.json").read_text())
+    meta = json.loads(results.meta_path(out).read_text())
     assert meta["roundtrip"] == {"tokens": int(expected.sum()), "of": 1500,
                                  "per_prompt": {n: int(m.sum()) for n, m in per_prompt.items()}}
     if template == "plain":  # `Assistant:` + a token without a leading space is `Assistant:love`

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rmjax import model as M
+from rmjax.errors import OutputExistsError
 from rmjax.gcg import GCGConfig, disallowed_ids, evaluate, gcg, make_target, reward_gradient
 from rmjax.loading import load
 from tests import tiny, tolerance
@@ -156,7 +157,7 @@ def test_gcg_entry_point_writes_results(tmp_path):
     ids = np.asarray([[*target.prefix, *record["best_ids"], *target.suffix]], np.int32)
     ref = float(np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0])
     assert record["best_reward"] == pytest.approx(ref, abs=tolerance.rewards_atol(model.params, model.config, ids))
-    assert out.with_suffix(".steps.csv").is_file() and (tmp_path / "gcg.meta.json").is_file()
+    assert out.with_name(out.name + ".steps.csv").is_file() and (tmp_path / "gcg.json.meta.json").is_file()
 
 
 def test_embed_reg_uses_true_embedding_distances():
@@ -495,9 +496,9 @@ def test_token_ids_keep_every_proposed_and_returned_token_in_the_set(rm_folder, 
         gcg([target], GCGConfig(num_tokens=2, steps=1, token_ids=(5, 49152)))
 
 
-def test_steps_csv_has_the_candidates_column_and_old_results_are_reused(rm_folder, tmp_path):
-    """Issue 21 (6): <out>.steps.csv gains `candidates` (evaluated at that step). Nothing reads the CSV back: a
-    finished result of the same run written before the column (no `candidates`) is reused as it is."""
+def test_steps_csv_has_the_candidates_column_and_is_part_of_the_result(rm_folder, tmp_path):
+    """Issue 21 (6): <out>.steps.csv gains `candidates` (evaluated at that step). Issue 22: the steps CSV is part of
+    the result, so one edited after it was written (here without `candidates`) is not reused, and is kept."""
     import json
 
     import pandas as pd
@@ -515,7 +516,8 @@ def test_steps_csv_has_the_candidates_column_and_old_results_are_reused(rm_folde
     old = steps.drop(columns="candidates")
     old.to_csv(steps_path(out), index=False)
     before = steps_path(out).read_bytes()
-    assert run_gcg([model], {"greatest": PROMPT}, cfg, out) is None  # reused, not refused
+    with pytest.raises(OutputExistsError, match="gcg.json.steps.csv has .* bytes where .* were written"):
+        run_gcg([model], {"greatest": PROMPT}, cfg, out)
     assert steps_path(out).read_bytes() == before
 
 
@@ -538,7 +540,7 @@ def test_gcg_entry_point_takes_token_ids(rm_folder, tmp_path):
     assert "sampled candidates left" in proc.stderr
     record = json.loads(out.read_text())
     assert set(record["best_ids"]) <= set(ids) and all(set(h["ids"]) <= set(ids) for h in record["history"])
-    steps = pd.read_csv(out.with_suffix(".steps.csv"), keep_default_na=False)
+    steps = pd.read_csv(out.with_name(out.name + ".steps.csv"), keep_default_na=False)
     assert steps["candidates"].tolist() == [h["candidates"] for h in record["history"]]
     meta = json.loads(results.meta_path(out).read_text())
     assert meta["config"]["token_ids"] == ids

@@ -219,11 +219,11 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
     assert "IG completeness gap" in proc.stdout
     # no gap is within a tolerance of 0, and 9 evaluations leave no room to refine: said loudly, and recorded
     assert "WARNING: integrated gradients of" in proc.stdout and "do not add up" in proc.stderr
-    meta = json.loads((out / "reward_lens.meta.json").read_text())
+    meta = json.loads((out / "reward_lens.csv.meta.json").read_text())
     assert meta["summary"]["ig_evaluations"] == [9, 9] and len(meta["summary"]["ig_warnings"]) == 2
     assert meta["ig_tolerance"] == 0 and meta["ig_max_evaluations"] == 9
     for name in ("reward_lens.csv", "token_rewards.csv", "attribution.csv", "patching.csv", "lens.png",
-                 "attribution.png", "patching.png", "reward_lens.meta.json"):
+                 "attribution.png", "patching.png", "reward_lens.csv.meta.json"):
         assert (out / name).is_file(), name
     df = results.read_scores_csv(scores).sort_values("greatest", kind="stable")
     best, worst = int(df.token_id.iloc[-1]), int(df.token_id.iloc[0])

@@ -30,7 +30,7 @@ def test_round_trip_keeps_tricky_tokens(tmp_path):
 def test_meta_written_beside(tmp_path):
     path = results.write_scores_csv(tmp_path / "x.csv", np.arange(1), ["a"], ["a"], {"p": np.zeros(1)})
     meta = results.write_meta(path, model="m", seconds=1.5)
-    assert meta.name == "x.meta.json"
+    assert meta.name == "x.csv.meta.json"
     import json
 
     record = json.loads(meta.read_text())

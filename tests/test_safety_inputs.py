@@ -26,7 +26,7 @@ def love(rm_folder):
 
 
 def _meta(out):
-    return json.loads(out.with_name(out.stem + ".meta.json").read_text())
+    return json.loads(out.with_name(out.name + ".meta.json").read_text())
 
 
 def test_nan_score_head_stops_sweep_and_gcg(rm_folder, tmp_path):

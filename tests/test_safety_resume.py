@@ -113,12 +113,12 @@ def test_finished_result_is_reused_and_another_is_refused(rm_folder, tmp_path):
     out = tmp_path / "full.csv"
     flags = [f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=300", "--top=2"]
     cli.ok(cli.run("sweep", *flags))
-    csv, meta = out.read_bytes(), out.with_name("full.meta.json").read_bytes()
+    csv, meta = out.read_bytes(), out.with_name("full.csv.meta.json").read_bytes()
     again = cli.ok(cli.run("sweep", *flags))
     assert "reusing it" in again.stderr and "loaded" not in again.stderr and "top 2 tokens" in again.stdout
     quick = [f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--token_ids=1,2"]
     cli.user_error(cli.run("sweep", *quick), "already exists", "token_ids", "--overwrite")
-    assert out.read_bytes() == csv and out.with_name("full.meta.json").read_bytes() == meta
+    assert out.read_bytes() == csv and out.with_name("full.csv.meta.json").read_bytes() == meta
     cli.ok(cli.run("sweep", *quick, "--overwrite"))
     assert pd.read_csv(out)["token_id"].tolist() == [1, 2]
     # A file at --out that no run of this kind wrote is not replaced either.

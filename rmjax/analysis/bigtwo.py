@@ -20,7 +20,7 @@ from scipy import stats as scipy_stats
 
 from rmjax.analysis import lexicons, stats
 from rmjax.analysis.data import ScoreTable, collapse_variants, common_prompts, read_table, roundtrip_rows
-from rmjax.errors import MissingFileError
+from rmjax.errors import MissingFileError, UsageError
 
 AGENCY, COMMUNION = lexicons.AGENCY, lexicons.COMMUNION
 Lexicon = dict[str, Sequence[str]] | lexicons.StemMatcher
@@ -99,6 +99,11 @@ def load_checkpoints(directory: str | Path, roundtrip_only: bool = False) -> lis
             found.append((int(match.group(1)), ScoreTable(path.stem, path.stem, frame, string_column, path)))
     if not found:
         raise MissingFileError(f"no step_<N>.csv score tables in {directory}.")
+    steps = [step for step, _ in found]
+    twice = sorted({step for step in steps if steps.count(step) > 1})
+    if twice:  # e.g. step_1.csv and step_01.csv: two points for one step of the curve
+        raise UsageError(f"--bigtwo_checkpoints={directory} has several tables for step {twice[0]} "
+                         f"({', '.join(sorted(str(t.path.name) for s, t in found if s == twice[0]))}); keep one.")
     return sorted(found, key=lambda item: item[0])
 
 

@@ -55,6 +55,12 @@ class AnalysisConfig:
         if bool(self.implicit_chosen) != bool(self.implicit_reference):
             raise UsageError("the implicit RM needs both --implicit_chosen (the model whose preferences score > 0) "
                              "and --implicit_reference.")
+        if self.roundtrip_only and self.implicit_chosen:  # never claimed for tables it did not restrict
+            raise UsageError("--roundtrip_only cannot restrict the implicit RM: log-prob tables (experiments.logprobs) "
+                             "have no roundtrip column; run --implicit_chosen/--implicit_reference without it.")
+        if self.roundtrip_only and not (self.scores or self.bigtwo_checkpoints):
+            raise UsageError("--roundtrip_only restricts sweep tables (--scores, --bigtwo_checkpoints) and none is "
+                             "given; drop it.")
         if len(self.framing) != 2:
             raise UsageError("--framing takes two prompt names, e.g. best,worst.")
         if not (self.scores or self.elo or self.implicit_chosen or self.bigtwo_checkpoints):

@@ -7,18 +7,17 @@ tables of scored texts), never on the row index.
 
 from __future__ import annotations
 
-import json
+import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
-from rmjax import results
+from rmjax import results, yamlfile
 from rmjax.errors import InputFileError, MissingFileError, UsageError
 
 TOKEN_KEYS = results.KEY_COLUMNS
@@ -48,11 +47,19 @@ class ScoreTable:
         return np.array([s.strip().lower() for s in self.strings.to_numpy(dtype=object)], dtype=object)
 
 
-def read_table(path: str | Path) -> tuple[pd.DataFrame, str]:
+SCORE_KINDS = ("sweep", "score_texts")  # what --scores reads (beam results: rmjax.analysis.beams)
+BARE = "not written by rmjax, e.g. the published RMs' tables"  # why a table without .meta.json is read at all
+
+
+def read_table(path: str | Path, kinds: Sequence[str] = SCORE_KINDS, flag: str = "--scores",
+               bare: bool = True) -> tuple[pd.DataFrame, str]:
     """A score/log-prob table (token schema) or a scored-text table (`text, <prompts>`), NA parsing off.
 
-    A table with NaN/Inf scores (written with --allow_nonfinite) is refused, naming its rows."""
+    An rmjax result is read only when its .meta.json proves it whole and of one of `kinds`; a table without
+    one (the published RMs') only where `bare`, with a warning. A table with NaN/Inf scores (written with
+    --allow_nonfinite) is refused, naming its rows."""
     path = Path(path)
+    results.checked_input(path, kinds, flag, bare=BARE if bare else None)
     try:
         with open(path, encoding="utf-8") as f:
             header = f.readline()
@@ -82,9 +89,9 @@ def read_table(path: str | Path) -> tuple[pd.DataFrame, str]:
 def source_name(path: str | Path) -> str:
     """Model name: the `model` of the .meta.json beside the CSV (basename if it is a path), else the stem."""
     path = Path(path)
-    meta = results.meta_path(path)
-    if meta.is_file():
-        model = json.loads(meta.read_text()).get("model")
+    meta = results.read_meta(path)
+    if meta is not None:
+        model = meta.get("model")
         if isinstance(model, str) and model:
             if model.startswith(("/", ".", "~")) or model.endswith(".gguf"):
                 return Path(model.rstrip("/")).stem
@@ -96,10 +103,8 @@ def source_prompts(path: str | Path | None) -> dict[str, str]:
     """Prompt name -> prompt text, from the `prompts` of the .meta.json beside the CSV ({} without one)."""
     if path is None:
         return {}
-    meta = results.meta_path(path)
-    if not meta.is_file():
-        return {}
-    prompts = json.loads(meta.read_text(encoding="utf-8")).get("prompts")
+    meta = results.read_meta(path)
+    prompts = meta.get("prompts") if meta is not None else None
     if not isinstance(prompts, dict):
         return {}
     return {str(name): text for name, text in prompts.items() if isinstance(text, str)}
@@ -129,19 +134,24 @@ def roundtrip_rows(frame: pd.DataFrame, string_column: str, path: Path) -> pd.Da
         return frame
     if results.ROUNDTRIP not in frame.columns:
         raise UsageError(f"{path}: no roundtrip column (written by the published pipeline or an older rmjax); "
-                         "rerun the same sweep command with this rmjax (it adds the column from the tokenizer "
-                         "without rescoring), or drop --roundtrip_only.")
-    return frame[frame[results.ROUNDTRIP] == 1].reset_index(drop=True)
+                         "rerun the sweep with this rmjax, or drop --roundtrip_only.")
+    kept = frame[frame[results.ROUNDTRIP] == 1].reset_index(drop=True)
+    if kept.empty:  # every statistic of it would be NaN (moments, ranks), reported as if computed
+        raise InputFileError(f"{path}: --roundtrip_only leaves none of its {len(frame)} rows (no token has roundtrip "
+                             f"= 1), so prompts {', '.join(results.value_columns(frame))} have no score to analyze; "
+                             "drop --roundtrip_only or leave this table out.")
+    return kept
 
 
 def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.DataFrame | None = None,
-                      roundtrip_only: bool = False) -> list[ScoreTable]:
+                      roundtrip_only: bool = False, kinds: Sequence[str] = SCORE_KINDS, flag: str = "--scores",
+                      bare: bool = True) -> list[ScoreTable]:
     """Every score table in `spec`, labelled by nickname when `metadata` knows the model, in the
     metadata's order (then the others in file order); with `roundtrip_only`, only the tokens a real
     conversation produces."""
     tables = []
     for path in expand_paths(spec):
-        frame, string_column = read_table(path)
+        frame, string_column = read_table(path, kinds, flag, bare)
         if roundtrip_only:
             frame = roundtrip_rows(frame, string_column, path)
         source = source_name(path)
@@ -175,10 +185,7 @@ def load_model_metadata(path: str | Path) -> pd.DataFrame:
     Indexed by the HF model id `name`, in the YAML's order.
     """
     path = Path(path)
-    try:
-        entries = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise InputFileError(f"{path}: invalid YAML ({' '.join(str(error).split())}).") from None
+    entries = yamlfile.load(path, InputFileError)  # a key given twice is refused, not its first value dropped
     if isinstance(entries, dict):
         entries = entries.get("models", list(entries.values()))
     if not isinstance(entries, list) or not all(isinstance(e, dict) and e.get("name") for e in entries):
@@ -187,6 +194,10 @@ def load_model_metadata(path: str | Path) -> pd.DataFrame:
     rows = []
     for entry in entries:
         name = str(entry["name"])
+        rank = entry.get("reward_bench_rank")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int | float)):
+            raise InputFileError(f"{path}: model {name!r} has reward_bench_rank {rank!r}; write a number or leave "
+                                 "it out.")
         rows.append({
             "name": name,
             "nickname": str(entry.get("nickname") or name),
@@ -194,8 +205,14 @@ def load_model_metadata(path: str | Path) -> pd.DataFrame:
             "family": str(entry.get("family", "")),
             "developer": name.split("/")[0] if "/" in name else "",
             "parameters_b": parameters_in_billions(entry.get("size")),
-            "reward_bench_rank": float(entry["reward_bench_rank"]) if "reward_bench_rank" in entry else np.nan,
+            "reward_bench_rank": float(rank) if rank is not None else np.nan,
         })
+    for column in ("name", "nickname"):  # models are found and labelled by these: one model each
+        seen: set[str] = set()
+        twice = [v for v in (r[column].lower() for r in rows) if v in seen or seen.add(v)]
+        if twice:
+            raise InputFileError(f"{path}: {column} {twice[0]!r} is given to two models; give each model its own "
+                                 f"{column}.")
     return pd.DataFrame(rows).set_index("name", drop=False)
 
 
@@ -234,6 +251,26 @@ def metadata_for(labels: Sequence[str], metadata: pd.DataFrame | None) -> pd.Dat
 def slugify(text: str, max_length: int = 60) -> str:
     """File-name friendly form of a prompt or model name."""
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:max_length].rstrip("_") or "x"
+
+
+def file_parts(names: Iterable[str], clashes: Callable[[str], bool] | None = None) -> dict[str, str]:
+    """Each prompt or model name -> the part of the file names it gets, one to one, so no table replaces another.
+
+    A name keeps its slug when no other name of the set has that slug (or the name is the slug itself:
+    `a_b` beside `a-b`); the others get the slug plus `-` and 8 hex digits of the name's sha256 (a bare slug
+    never holds `-`). `clashes` marks slugs that the family's prefix would turn into another output's name
+    (e.g. `bigtwo_` + `checkpoints`); those are hashed too."""
+    names = list(dict.fromkeys(names))
+    by_slug: dict[str, list[str]] = {}
+    for name in names:
+        by_slug.setdefault(slugify(name), []).append(name)
+    parts = {}
+    for slug, group in by_slug.items():
+        for name in group:
+            plain = (len(group) == 1 or name == slug) and not (clashes and clashes(slug))
+            digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+            parts[name] = slug if plain else f"{slug}-{digest}"
+    return parts
 
 
 def common_prompts(tables: Sequence[ScoreTable]) -> list[str]:

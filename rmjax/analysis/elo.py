@@ -23,12 +23,14 @@ from scipy import stats as scipy_stats
 from rmjax import prompts as prompt_lib
 from rmjax import results
 from rmjax.analysis import stats
-from rmjax.analysis.data import ScoreTable, model_label, slugify, source_prompts
-from rmjax.errors import MissingFileError, UsageError
+from rmjax.analysis.data import ScoreTable, file_parts, model_label, source_prompts
+from rmjax.errors import InputFileError, MissingFileError, UsageError
 
 HUMAN = "Human"
 ITEM_COLUMNS = ["elo_rank", "elo_score", "name", "elo_matches"]
 USER_MARK = " (--scores)"  # appended to a --scores model whose label is already a published model's
+# Names that ranks_table and the tau matrices give columns of their own: no model may be called so.
+RESERVED = (HUMAN, "median_model", "median_model_rank_minus_human", "model")
 # How an item is found in a score table (item_tokens): the first three score it, the others do not.
 MATCHED = ("exact", "leading_space", "text")
 UNMATCHED = ("not_a_single_token", "not_roundtrip", "ambiguous", "absent")
@@ -53,19 +55,39 @@ def load_elo(directory: str | Path, metadata: pd.DataFrame | None = None) -> lis
     if not paths:
         raise MissingFileError(f"no EloEverything *.csv files in {directory}.")
     prompts = []
+    parts = file_parts(p.stem for p in paths)  # `What is best` and `what is best?` get file names of their own
     for path in paths:
-        frame = pd.read_csv(path, keep_default_na=False, na_filter=False, dtype={"name": str}, encoding="utf-8")
+        try:
+            frame = pd.read_csv(path, keep_default_na=False, na_filter=False, dtype={"name": str}, encoding="utf-8")
+        except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
+            raise InputFileError(f"--elo: {path} is not a readable CSV ({' '.join(str(error).split())[:200]}).") \
+                from None
         missing = [c for c in ITEM_COLUMNS if c not in frame.columns]
         if missing:
             raise UsageError(f"{path}: missing EloEverything columns {missing}.")
+        if frame.empty:
+            raise InputFileError(f"--elo: {path} has no items (a header only).")
         if frame["name"].duplicated().any():
             raise UsageError(f"{path}: duplicated item names {list(frame['name'][frame['name'].duplicated()][:5])}.")
         frame = frame.set_index("name")
         model_columns = [c for c in frame.columns if c not in ITEM_COLUMNS]
-        scores = frame[model_columns].astype(np.float64)
-        scores.columns = [model_label(c, metadata) for c in model_columns]
-        items = frame[["elo_score", "elo_rank", "elo_matches"]].astype(np.float64)
-        prompts.append(EloPrompt(path.stem + "?", slugify(path.stem), items, scores))
+        labels = [model_label(c, metadata) for c in model_columns]
+        reserved = [c for c, label in zip(model_columns, labels, strict=True)
+                    if label.casefold() in {r.casefold() for r in RESERVED}]
+        if reserved:  # its columns (e.g. human_z) would overwrite the tables' own ones
+            raise UsageError(f"{path}: model column {reserved[0]!r} is named like a column the EloEverything tables "
+                             f"make ({', '.join(RESERVED)}); rename that column.")
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        if twice:
+            raise UsageError(f"{path}: several model columns are model {twice[0]!r} (by name or --models_yaml "
+                             "nickname); keep one.")
+        try:
+            scores = frame[model_columns].astype(np.float64)
+            items = frame[["elo_score", "elo_rank", "elo_matches"]].astype(np.float64)
+        except ValueError as error:
+            raise InputFileError(f"--elo: {path} has a value that is not a number ({error}).") from None
+        scores.columns = labels
+        prompts.append(EloPrompt(path.stem + "?", parts[path.stem], items, scores))
     return prompts
 
 

@@ -39,6 +39,10 @@ def implicit_reward(chosen: ScoreTable, reference: ScoreTable, prompts: Sequence
     prompts = list(prompts or common_prompts([chosen, reference]))
     if not prompts:
         raise UsageError(f"{chosen.model} and {reference.model} have no prompt column in common.")
+    named = [p for p in prompts if p.endswith((CHOSEN, REFERENCE))]
+    if named:  # its MWLR column would be taken for another prompt's log-probs
+        raise UsageError(f"prompt {named[0]!r} ends like the log-prob columns of implicit_rm.csv ({CHOSEN}, "
+                         f"{REFERENCE}); rename it in the log-prob tables.")
     c = dedupe_keep_max(chosen, prompts)
     r = dedupe_keep_max(reference, prompts)
     shared = c.index.intersection(r.index).sort_values()

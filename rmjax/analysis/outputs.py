@@ -4,6 +4,7 @@ so a later `--overwrite` removes exactly those files and never a file of the use
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,14 +12,19 @@ import numpy as np
 import pandas as pd
 
 from rmjax import results
-from rmjax.errors import OutputExistsError
+from rmjax.errors import OutputExistsError, UsageError
 from rmjax.outputs import check_writable
-from rmjax.results import dump_json
+from rmjax.results import atomic_write_text, dump_json
 
 
 def write_frame(path: str | Path, frame: pd.DataFrame) -> Path:
     """A DataFrame through `results.write_table`: text/int/bool columns as keys, float columns as values
     (so tokens such as `None` or `NaN` stay strings when read back with NA parsing off)."""
+    names = [str(c) for c in frame.columns]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # frame[column] would be two columns; write_table would refuse them anyway
+        raise UsageError(f"{Path(path).name} would have two columns named {twice[0]!r} (a prompt or model named like "
+                         "a column the analysis adds); rename that prompt or model.")
     keys: dict[str, list] = {}
     values: dict[str, np.ndarray] = {}
     for column in frame.columns:
@@ -43,36 +49,59 @@ def markdown(frame: pd.DataFrame, digits: int = 3) -> str:
 
 
 MANIFEST = "analysis.json"  # the files an analysis wrote into its folder (what --overwrite may remove)
+REPORT = "report.md"
+MODEL = "model"  # the first column of a model x model matrix (so no model may be labelled so)
+
+
+def _manifest(manifest: Path) -> tuple[list[str], bool] | None:
+    """(the file names an analysis.json lists, whether that analysis finished), or None when there is none or it
+    is not one (unreadable, or a file of the user's)."""
+    try:
+        listed = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(listed, dict) or not isinstance(listed.get("files"), list) or "complete" not in listed:
+        return None
+    return [name for name in listed["files"] if isinstance(name, str)], listed["complete"] is True
+
+
+def _temp_of(name: str, ours: set[str]) -> bool:
+    """A temp file a killed run left: results.replacing's `.<name>.<pid>.tmp` of a listed file (or the manifest),
+    or check_writable's probe."""
+    match = re.fullmatch(r"\.(.+)\.\d+\.tmp", name)
+    return bool(match and match.group(1) in ours) or name.startswith(".rmjax-write-test-")
 
 
 def prepare_folder(out: Path, overwrite: bool) -> None:
     """An analysis writes into an empty folder, or with --overwrite into one holding only an earlier
-    analysis's files (which are removed first, so no stale table or figure survives)."""
+    analysis's files (which are removed first, so no stale table or figure survives). A file is listed in
+    analysis.json before it is written, so what a killed run left (a partial figure, a table's temp file)
+    is known as its own."""
     check_writable(out, folder=True)
     present = sorted(p.name for p in out.iterdir())
     if not present:
         return
+    manifest = _manifest(out / MANIFEST)
+    listed, unfinished = (None, False) if manifest is None else (manifest[0], not manifest[1])
     if not overwrite:
-        raise OutputExistsError(f"--out={out} is not empty ({len(present)} files, e.g. {present[0]}); pass "
-                                "--overwrite to replace an earlier analysis there, or choose a new folder.")
-    manifest = out / MANIFEST
-    try:
-        ours = set(json.loads(manifest.read_text()).get("files", [])) | {MANIFEST} if manifest.is_file() else set()
-    except (ValueError, AttributeError):
-        ours = set()  # unreadable: nothing there is known to be ours
-    # a crash may leave the manifest's own temp file (results.atomic_write_text)
-    ours |= {n for n in present if n.startswith(f".{MANIFEST}.") and n.endswith(".tmp")}
-    foreign = [name for name in present if name not in ours]
+        what = "an unfinished analysis (killed or failed: its analysis.json says complete: false)" if unfinished \
+            else f"{len(present)} files, e.g. {present[0]}"
+        raise OutputExistsError(f"--out={out} is not empty ({what}); pass --overwrite to replace an earlier analysis "
+                                "there, or choose a new folder.")
+    ours = set(listed or ()) | ({MANIFEST} if listed is not None else set())
+    foreign = [name for name in present
+               if not (name in ours or _temp_of(name, ours | {MANIFEST})) or not (out / name).is_file()]
     if foreign:
         raise OutputExistsError(f"--out={out} holds files no rmjax analysis wrote ({', '.join(foreign[:3])}"
                                 f"{', …' if len(foreign) > 3 else ''}); --overwrite replaces only an earlier "
                                 "analysis: choose a new folder.")
-    for name in present:
+    for name in sorted(present, key=lambda n: n == MANIFEST):  # the list last: a kill here leaves it to go on
         (out / name).unlink()
 
 
 class Outputs:
-    """Collects what a run wrote (listed in analysis.json as it goes) and the report's lines."""
+    """Collects what a run writes (each file listed in analysis.json before it is written, `complete` true
+    only once report.md is there) and the report's lines."""
 
     def __init__(self, out: str | Path, overwrite: bool = False):
         self.out = Path(out)
@@ -84,21 +113,39 @@ class Outputs:
         self.headline: dict = {}
         self.files: list[str] = []
 
-    def wrote(self, path: str | Path, complete: bool = False) -> str:
-        self.files.append(Path(path).name)
-        dump_json({"files": self.files, "complete": complete}, self.out / MANIFEST)
-        return str(path)
+    def claim(self, name: str) -> Path:
+        """The path of output `name`, listed in analysis.json first. A name claimed twice in one run is refused:
+        the second file would silently replace the first (two prompts or models with one file name)."""
+        if name in self.files:
+            raise UsageError(f"two outputs of this analysis would both be {self.out / name} (names of prompts, models "
+                             "or EloEverything files that read alike); rename one of them.")
+        self.files.append(name)
+        dump_json({"files": self.files, "complete": False}, self.out / MANIFEST)
+        return self.out / name
+
+    def finish(self, text: str) -> Path:
+        """report.md, then analysis.json marked complete: a folder without that mark is a partial analysis."""
+        path = atomic_write_text(self.claim(REPORT), text)
+        dump_json({"files": self.files, "complete": True}, self.out / MANIFEST)
+        return path
 
     def table(self, name: str, frame: pd.DataFrame) -> pd.DataFrame:
-        self.tables[name] = self.wrote(write_frame(self.out / f"{name}.csv", frame))
+        self.tables[name] = str(write_frame(self.claim(f"{name}.csv"), frame))
         return frame
 
+    def keyed_table(self, name: str, keys: dict[str, list], values: dict) -> None:
+        """A table given as key and value columns (`results.write_table`)."""
+        self.tables[name] = str(results.write_table(self.claim(f"{name}.csv"), keys, values))
+
     def matrix(self, name: str, matrix: pd.DataFrame) -> pd.DataFrame:
-        self.table(name, matrix.rename_axis("model").reset_index())
+        if MODEL in map(str, matrix.columns):  # reset_index would fail; report.load_inputs refuses such labels first
+            raise UsageError(f"{name}: a model is labelled {MODEL!r}, the name of the matrix's first column; rename "
+                             "it.")
+        self.table(name, matrix.rename_axis(MODEL).reset_index())
         return matrix
 
     def figure(self, name: str, draw: Callable[..., Path], *args, **kwargs) -> None:
-        self.figures[name] = self.wrote(draw(*args, path=self.out / f"{name}.png", **kwargs))
+        self.figures[name] = str(draw(*args, path=self.claim(f"{name}.png"), **kwargs))
 
     def say(self, *lines: str) -> None:
         self.lines.extend(lines)

@@ -3,26 +3,29 @@ to one folder, and a short report of the headline numbers (report.md, also print
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from rmjax import locks, results
+from rmjax import locks
 from rmjax.analysis import beams, bigtwo, data, lexicons, paper1, plots, stats
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
 from rmjax.analysis.config import AnalysisConfig
-from rmjax.analysis.outputs import Outputs, markdown
-from rmjax.errors import MissingFileError, UsageError
+from rmjax.analysis.outputs import MODEL, Outputs, markdown
+from rmjax.errors import InputFileError, MissingFileError, UsageError
+from rmjax.outputs import check_writable
 
 
-def _load_optional(outputs: Outputs, what: str, loader: Callable, *args):
+def _load_optional(skipped: list[str], what: str, loader: Callable, *args):
     try:
         return loader(*args)
     except (lexicons.MissingLexiconError, FileNotFoundError) as error:
-        outputs.skip(f"{what}: {error}")
+        skipped.append(f"{what}: {error}")
         return None
 
 
@@ -32,9 +35,9 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
     if not prompts:
         raise UsageError(f"the score tables have no prompt column in common: {[t.prompts for t in tables]}.")
     labels = [t.model for t in tables]
+    parts = data.file_parts(prompts)
     vocabulary = data.shared_vocabulary(tables)
-    outputs.tables["paper1_shared_vocabulary"] = outputs.wrote(
-        results.write_table(outputs.out / "paper1_shared_vocabulary.csv", {"token_decoded": vocabulary}, {}))
+    outputs.keyed_table("paper1_shared_vocabulary", {"token_decoded": vocabulary}, {})
     outputs.headline["shared_vocabulary_size"] = len(vocabulary)
     outputs.say("## Paper 1: score tables", "",
                 f"{len(tables)} models ({', '.join(labels)}), prompts {prompts}; shared vocabulary "
@@ -45,7 +48,7 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
                 f"95% bootstrap CIs, {cfg.n_boot} resamples, in paper1_moments.csv):", "",
                 markdown(moments[["prompt", "model", "n_tokens", "mean", "variance", "skewness"]]), "")
     for prompt in prompts:
-        outputs.figure(f"paper1_violin_{data.slugify(prompt)}", plots.violin,
+        outputs.figure(f"paper1_violin_{parts[prompt]}", plots.violin,
                        {t.model: t.frame[prompt].to_numpy() for t in tables}, f"Score distributions: {prompt}")
     outputs.table("paper1_top_bottom_raw", paper1.top_bottom_table(tables, prompts, cfg.top))
     shared_top = outputs.table("paper1_top_bottom_shared",
@@ -84,7 +87,7 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
         outputs.figure("paper1_sentiment_slopes", plots.slope_plot, slopes, ["prompt", "valence"], "slope", "se",
                        "Score ~ AFINN-111 sentiment, by valence", "slope (score per sentiment point)")
         for prompt in prompts:
-            outputs.figure(f"paper1_sentiment_scatter_{data.slugify(prompt)}", plots.sentiment_scatter,
+            outputs.figure(f"paper1_sentiment_scatter_{parts[prompt]}", plots.sentiment_scatter,
                            {t.model: paper1.sentiment_points(t, prompt, afinn, collapse) for t in tables},
                            f"Score vs AFINN-111 sentiment: {prompt}")
         mean = slopes.groupby(["prompt", "valence"], sort=False)["slope"].agg(["mean", "count"]).reset_index()
@@ -109,8 +112,9 @@ def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], promp
     model_meta = data.metadata_for(labels, metadata)
     groups = None if model_meta is None else dict(zip(labels, model_meta["base_model"], strict=True))
     rsa_rows = []
+    parts = data.file_parts(prompts)
     for prompt in prompts:
-        slug = data.slugify(prompt)
+        slug = parts[prompt]
         aligned = data.aligned_scores(tables, prompt, vocabulary)
         matrices = paper1.heterogeneity(aligned, rbo_p, rbo_depth)
         for name, matrix in matrices.items():
@@ -147,12 +151,13 @@ def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], promp
 def bigtwo_section(outputs: Outputs, tables: list[data.ScoreTable], lexicon: bigtwo.Lexicon,
                    metadata: pd.DataFrame | None, collapse: str, name: str = "bigtwo") -> None:
     prompts = data.common_prompts(tables)
+    parts = data.file_parts(prompts, clashes=lambda slug: slug in ("variants", "families", "checkpoints"))
     every = {how: bigtwo.bigtwo_comparison(tables, prompts, lexicon, how) for how in data.COLLAPSE_MODES}
     comparison = outputs.table(name, every[collapse])
     categories = {t.model: lexicons.categorize(t.normalized, lexicon, normalized=True) for t in tables}
     for prompt in prompts:
         points = {t.model: bigtwo.bigtwo_points(t, prompt, lexicon, categories[t.model], collapse) for t in tables}
-        outputs.figure(f"{name}_{data.slugify(prompt)}", plots.bigtwo_boxes, points,
+        outputs.figure(f"{name}_{parts[prompt]}", plots.bigtwo_boxes, points,
                        f"Big Two: agency vs communion, {prompt}")
     outputs.say(f"Big Two ({name}): agency vs communion, Mann-Whitney U on within-model score percentiles; "
                 f"rank-biserial r > 0 means agency words score higher; word variants: {collapse} (n counts "
@@ -175,9 +180,8 @@ def bigtwo_section(outputs: Outputs, tables: list[data.ScoreTable], lexicon: big
                     markdown(family[["prompt", "family", "n_agency", "n_communion", "rank_biserial", "p_value"]]), "")
 
 
-def elo_section(outputs: Outputs, directory: str | Path, metadata: pd.DataFrame | None, top_k: int,
+def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
                 tables: Sequence[data.ScoreTable] = ()) -> None:
-    prompts = elo_lib.load_elo(directory, metadata)
     published = elo_lib.all_models(prompts)
     added = elo_lib.add_score_tables(prompts, tables) if tables else None
     if added is not None:
@@ -258,22 +262,22 @@ def _elo_scores_coverage(outputs: Outputs, added: elo_lib.ScoresAdded) -> None:
                 markdown(shown), "")
 
 
-def implicit_section(outputs: Outputs, chosen_path: str | Path, reference_path: str | Path,
+def implicit_section(outputs: Outputs, chosen: data.ScoreTable, reference: data.ScoreTable,
                      lexicon: bigtwo.Lexicon | None, cfg: AnalysisConfig) -> None:
-    (chosen,), (reference,) = (data.load_score_tables([p]) for p in (chosen_path, reference_path))  # same name ok
     rewards = implicit_lib.implicit_reward(chosen, reference)
     values = {c: rewards[c].to_numpy() for c in rewards.columns}
-    outputs.tables["implicit_rm"] = outputs.wrote(
-        results.write_table(outputs.out / "implicit_rm.csv", {"text": list(rewards.index)}, values))
+    outputs.keyed_table("implicit_rm", {"text": list(rewards.index)}, values)
     top_bottom = outputs.table("implicit_rm_top_bottom", implicit_lib.implicit_top_bottom(rewards, cfg.top))
     title = f"chosen {chosen.model} over reference {reference.model}"
     outputs.say(f"## Implicit RM: {title}", "",
                 f"MWLR = 1/2 (p_c + p_r)(log p_c - log p_r), p_c = {chosen.model} (chosen), p_r = {reference.model} "
                 f"(reference): > 0 where {chosen.model} gives the token more probability; on {len(rewards)} shared "
                 "decoded strings (max prob per duplicate string).", "")
-    for prompt in implicit_lib.mwlr_columns(rewards):
+    prompts = implicit_lib.mwlr_columns(rewards)
+    parts = data.file_parts(prompts, clashes=lambda slug: slug == "top_bottom" or slug.split("_")[0] == "bigtwo")
+    for prompt in prompts:
         part = top_bottom[top_bottom.prompt == prompt]
-        outputs.figure(f"implicit_rm_{data.slugify(prompt)}", plots.top_bottom_bars, part, "text", "mwlr",
+        outputs.figure(f"implicit_rm_{parts[prompt]}", plots.top_bottom_bars, part, "text", "mwlr",
                        f"Implicit RM, {title}: {prompt}")
         top = ", ".join(repr(s) for s in part[part.side == "top"].text.head(10))
         bottom = ", ".join(repr(s) for s in part[part.side == "bottom"].text.head(10))
@@ -284,68 +288,120 @@ def implicit_section(outputs: Outputs, chosen_path: str | Path, reference_path: 
         bigtwo_section(outputs, [table], lexicon, None, cfg.collapse_variants, name="implicit_rm_bigtwo")
 
 
+@dataclasses.dataclass
+class Inputs:
+    """Everything one analysis reads, read and checked before its folder is touched: a bad input neither removes
+    an earlier analysis (--overwrite) nor leaves half of a new one."""
+
+    metadata: pd.DataFrame | None = None
+    lexicon: lexicons.StemMatcher | None = None
+    afinn: dict | None = None
+    frequencies: dict | None = None
+    scores: list[data.ScoreTable] = dataclasses.field(default_factory=list)
+    beams: list[beams.BeamTable] = dataclasses.field(default_factory=list)
+    elo: list[elo_lib.EloPrompt] = dataclasses.field(default_factory=list)
+    implicit: tuple[data.ScoreTable, data.ScoreTable] | None = None
+    checkpoints: list[tuple[int, data.ScoreTable]] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+
+
+def load_inputs(cfg: AnalysisConfig) -> Inputs:
+    """Read every input `cfg` names; a missing, partial, wrong-kind or empty one stops the run in one line."""
+    named = (("--elo", cfg.elo), ("--models_yaml", cfg.models_yaml), ("--bigtwo_checkpoints", cfg.bigtwo_checkpoints),
+             ("--bigtwo_dictionary", cfg.bigtwo_dictionary), ("--implicit_chosen", cfg.implicit_chosen),
+             ("--implicit_reference", cfg.implicit_reference))
+    for what, path in named:
+        if path and not Path(path).exists():
+            raise MissingFileError(f"{what}={path} not found.")
+    found = Inputs()
+    found.metadata = data.load_model_metadata(cfg.models_yaml) if cfg.models_yaml else None
+    if cfg.scores or cfg.implicit_chosen or cfg.bigtwo_checkpoints:
+        lexicon = _load_optional(found.skipped, "Big Two", lexicons.load_bigtwo, cfg.bigtwo_dictionary)
+        found.lexicon = None if lexicon is None else lexicons.StemMatcher(lexicon)  # one memo for every table
+    score_paths, beam_paths = beams.split_paths(data.expand_paths(cfg.scores)) if cfg.scores else ([], [])
+    if beam_paths and cfg.roundtrip_only:
+        raise UsageError(f"--roundtrip_only cannot restrict beam results ({beam_paths[0]} has no roundtrip column); "
+                         "analyze beam results in a run without --roundtrip_only.")
+    found.beams = beams.load_beam_tables(beam_paths, found.metadata)
+    if score_paths:
+        found.scores = data.load_score_tables(score_paths, found.metadata, cfg.roundtrip_only)
+        found.afinn = _load_optional(found.skipped, "sentiment and frequency", lexicons.load_afinn)
+        if cfg.frequencies and Path(cfg.frequencies).is_file():
+            found.frequencies = lexicons.load_bnc_frequencies(cfg.frequencies)
+        else:
+            found.skipped.append(f"frequency: BNC word-frequency list {cfg.frequencies or '(none given)'} not found "
+                                 "(give --frequencies=PATH/1_1_all_alpha.txt).")
+    if cfg.elo:
+        found.elo = elo_lib.load_elo(cfg.elo, found.metadata)
+    if cfg.implicit_chosen:
+        if Path(cfg.implicit_chosen).resolve() == Path(cfg.implicit_reference).resolve():  # MWLR 0 everywhere
+            raise UsageError(f"--implicit_chosen and --implicit_reference are one file ({cfg.implicit_chosen}); give "
+                             "the log-prob tables of two models.")
+        (chosen,), (reference,) = (data.load_score_tables([p], kinds=("next_token_logprobs",), flag=flag, bare=False)
+                                   for p, flag in ((cfg.implicit_chosen, "--implicit_chosen"),
+                                                   (cfg.implicit_reference, "--implicit_reference")))  # same name ok
+        found.implicit = chosen, reference
+    if cfg.bigtwo_checkpoints and found.lexicon is not None:
+        found.checkpoints = bigtwo.load_checkpoints(cfg.bigtwo_checkpoints, cfg.roundtrip_only)
+    tables = [*found.scores, *(found.implicit or ()), *(t for _, t in found.checkpoints)]
+    for table in tables:
+        if table.frame.empty:  # every statistic of it would be NaN, reported as if computed
+            raise InputFileError(f"{table.path}: the table has no rows (a header only); give the finished table.")
+    for label, path in [(t.model, t.path) for t in found.scores] + [(t.model, t.path) for t in found.beams]:
+        if label == MODEL:
+            raise UsageError(f"--scores={path}: its model is labelled {MODEL!r}, the name of the model column of every "
+                             "model x model table; give it another name (its .meta.json model, or a --models_yaml "
+                             "nickname).")
+    return found
+
+
 def run_analyses(cfg: AnalysisConfig, out: str | Path = "results/analysis", *, overwrite: bool = False,
                  echo: bool = True) -> dict:
     """Run the analyses whose inputs `cfg` gives; returns {'out', 'report', 'tables', 'figures', 'skipped',
-    'headline'} (tables and figures map output names to paths)."""
-    inputs = (("--elo", cfg.elo), ("--models_yaml", cfg.models_yaml), ("--bigtwo_checkpoints", cfg.bigtwo_checkpoints),
-              ("--bigtwo_dictionary", cfg.bigtwo_dictionary), ("--implicit_chosen", cfg.implicit_chosen),
-              ("--implicit_reference", cfg.implicit_reference))
-    for what, path in inputs:
-        if path and not Path(path).exists():
-            raise MissingFileError(f"{what}={path} not found.")
-    if cfg.scores:
-        data.expand_paths(cfg.scores)  # every input is there before an earlier analysis is replaced
+    'headline'} (tables and figures map output names to paths). Every input is read before --out is touched."""
     start = time.perf_counter()
-    with locks.hold(out, what=f"--out={out}"):  # one analysis per folder at a time
+    inputs = load_inputs(cfg)
+    out = Path(out)
+    check_writable(out, "--out", folder=True)  # a read-only --out in one line, before its lock is made beside it
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(locks.hold(out, what=f"--out={out}"))  # one analysis per folder at a time
+        except OSError as error:
+            raise UsageError(f"--out={out}: cannot create its lock {locks.lock_path(out)} ({error.strerror or error}); "
+                             "choose an --out whose parent folder is writable.") from None
         outputs = Outputs(out, overwrite)
-        _sections(outputs, cfg)
+        outputs.skipped.extend(inputs.skipped)
+        _sections(outputs, inputs, cfg)
         if outputs.skipped:
             outputs.say("## Skipped", "", *(f"- {s}" for s in outputs.skipped), "")
         outputs.say(f"{len(outputs.tables)} tables and {len(outputs.figures)} figures written to {outputs.out} in "
                     f"{time.perf_counter() - start:.1f} s.")
         text = "# rmjax analysis report\n\n" + "\n".join(outputs.lines) + "\n"
-        report_path = outputs.out / "report.md"
-        report_path.write_text(text, encoding="utf-8")
-        outputs.wrote(report_path, complete=True)
+        report_path = outputs.finish(text)
         if echo:
             print(text)
         return {"out": str(outputs.out), "report": str(report_path), "tables": outputs.tables,
                 "figures": outputs.figures, "skipped": outputs.skipped, "headline": outputs.headline}
 
 
-def _sections(outputs: Outputs, cfg: AnalysisConfig) -> None:
-    metadata = data.load_model_metadata(cfg.models_yaml) if cfg.models_yaml else None
-    needs_lexicon = bool(cfg.scores or cfg.implicit_chosen or cfg.bigtwo_checkpoints)
-    lexicon = _load_optional(outputs, "Big Two", lexicons.load_bigtwo, cfg.bigtwo_dictionary) if needs_lexicon else None
-    lexicon = None if lexicon is None else lexicons.StemMatcher(lexicon)  # one memo for every table
+def _sections(outputs: Outputs, inputs: Inputs, cfg: AnalysisConfig) -> None:
     if cfg.roundtrip_only:
         outputs.say("Score tables restricted to tokens whose token-mode sequence a real conversation produces "
-                    "(roundtrip = 1).", "")
-    score_paths, beam_paths = beams.split_paths(data.expand_paths(cfg.scores)) if cfg.scores else ([], [])
-    tables: list[data.ScoreTable] = []
-    if beam_paths:
-        beams.beam_section(outputs, beams.load_beam_tables(beam_paths, metadata), cfg.top)
-    if score_paths:
-        tables = data.load_score_tables(score_paths, metadata, cfg.roundtrip_only)
-        afinn = _load_optional(outputs, "sentiment and frequency", lexicons.load_afinn)
-        frequencies = None
-        if cfg.frequencies and Path(cfg.frequencies).is_file():
-            frequencies = lexicons.load_bnc_frequencies(cfg.frequencies)
-        else:
-            outputs.skip(f"frequency: BNC word-frequency list {cfg.frequencies or '(none given)'} not found "
-                         "(give --frequencies=PATH/1_1_all_alpha.txt).")
-        paper1_analyses(outputs, tables, metadata, afinn, frequencies, cfg)
-        if lexicon is not None:
-            bigtwo_section(outputs, tables, lexicon, metadata, cfg.collapse_variants)
-    if cfg.elo:
-        elo_section(outputs, cfg.elo, metadata, cfg.top, tables)  # the --scores models beside the published
-    if cfg.implicit_chosen:
-        implicit_section(outputs, cfg.implicit_chosen, cfg.implicit_reference, lexicon, cfg)
-    if cfg.bigtwo_checkpoints and lexicon is not None:
-        steps = bigtwo.load_checkpoints(cfg.bigtwo_checkpoints, cfg.roundtrip_only)
+                    "(roundtrip = 1); tables of scored texts are conversations already and kept whole.", "")
+    if inputs.beams:
+        beams.beam_section(outputs, inputs.beams, cfg.top)
+    if inputs.scores:
+        paper1_analyses(outputs, inputs.scores, inputs.metadata, inputs.afinn, inputs.frequencies, cfg)
+        if inputs.lexicon is not None:
+            bigtwo_section(outputs, inputs.scores, inputs.lexicon, inputs.metadata, cfg.collapse_variants)
+    if inputs.elo:
+        elo_section(outputs, inputs.elo, cfg.top, inputs.scores)  # the --scores models beside the published
+    if inputs.implicit is not None:
+        implicit_section(outputs, *inputs.implicit, inputs.lexicon, cfg)
+    if inputs.checkpoints:
         frame = outputs.table("bigtwo_checkpoints",
-                              bigtwo.bigtwo_checkpoints(steps, lexicon, collapse=cfg.collapse_variants))
+                              bigtwo.bigtwo_checkpoints(inputs.checkpoints, inputs.lexicon,
+                                                        collapse=cfg.collapse_variants))
         outputs.figure("bigtwo_checkpoints", plots.checkpoint_lines, frame)
         columns = ["step", "prompt", "median_rank_agency", "median_rank_communion", "rank_biserial"]
         outputs.say("## Big Two across checkpoints", "", markdown(frame[columns]), "")

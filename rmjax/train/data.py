@@ -52,10 +52,10 @@ def read_pairs(path: str | Path) -> Pairs:
         raise MissingFileError(f"preference file {path} not found.")
     try:
         if path.suffix in (".jsonl", ".json"):
-            lines = path.read_text(encoding="utf-8").splitlines()
-            df = pd.DataFrame([json.loads(line) for line in lines if line.strip()])
+            df = pd.DataFrame(_json_pairs(path))
         else:
             df = pd.read_csv(path, keep_default_na=False, dtype={"prompt": str, "chosen": str, "rejected": str})
+            _refuse_repeated_columns(path)
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
         raise InputFileError(f"{path}: cannot be read as preference pairs ({' '.join(str(error).split())}).") from None
     missing = {"prompt", "chosen", "rejected"} - set(df.columns)
@@ -63,14 +63,101 @@ def read_pairs(path: str | Path) -> Pairs:
         raise InputFileError(f"{path}: missing columns {sorted(missing)} (need prompt, chosen, rejected[, label]).")
     if not len(df):
         raise InputFileError(f"{path}: no preference pairs.")
-    try:
-        label = df["label"].astype(float).to_numpy() if "label" in df else np.ones(len(df))
-    except (TypeError, ValueError):
-        raise InputFileError(f"{path}: label must be a number in [0, 1].") from None
-    if not np.isfinite(label).all() or ((label < 0) | (label > 1)).any():
-        raise InputFileError(f"{path}: label must be a probability in [0, 1].")
+    # a blank or non-numeric label is NaN here, and refused with the pair it is on
+    label = pd.to_numeric(df["label"], errors="coerce").to_numpy(np.float64) if "label" in df else np.ones(len(df))
+    bad = np.flatnonzero(~np.isfinite(label) | (label < 0) | (label > 1))
+    if len(bad):
+        raise InputFileError(f"{path}: pair {bad[0] + 1} has label {df['label'].iloc[bad[0]]!r} ({len(bad)} pairs in "
+                             "all); label must be a probability in [0, 1] on every pair, or leave the column out.")
     return Pairs(df["prompt"].astype(str).tolist(), df["chosen"].astype(str).tolist(),
                  df["rejected"].astype(str).tolist(), label.astype(np.float32))
+
+
+def _refuse_repeated_columns(path: Path) -> None:
+    """pandas renames a second `chosen` column `chosen.1` and reads the first: a header naming a column twice is
+    refused instead."""
+    import csv
+
+    with open(path, encoding="utf-8", newline="") as f:
+        header = next(csv.reader(f), [])
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise InputFileError(f"{path}: the header names column {', '.join(twice)} more than once; keep one.")
+
+
+def _object_once(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all different (json.loads would keep the last of two)."""
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise _RepeatedKey(", ".join(twice))
+    return dict(pairs)
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+PAIR_KEYS = ("prompt", "chosen", "rejected")
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def _json_pairs(path: Path) -> list[dict]:
+    """The objects of a JSONL file (or of a .json file holding one list of them), each checked: a line that is not
+    a JSON object with string prompt, chosen and rejected (and a numeric label, on every line or none) is an
+    InputFileError naming the file and the line, not a pair of "nan" or "None" texts."""
+    text = path.read_text(encoding="utf-8")
+    rows: list[tuple[int, object]] = []
+    whole = None
+    if path.suffix == ".json":
+        try:
+            whole = json.loads(text, object_pairs_hook=_object_once)
+        except ValueError:
+            whole = None  # JSON lines after all
+        except _RepeatedKey as error:
+            raise InputFileError(f"{path}: an object gives key {error} twice; JSON would keep only the last. Remove "
+                                 "one.") from None
+    if isinstance(whole, list):
+        rows = [(i + 1, item) for i, item in enumerate(whole)]
+        where = "item"
+    else:
+        where = "line"
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((number, json.loads(line, object_pairs_hook=_object_once)))
+            except _RepeatedKey as error:
+                raise InputFileError(f"{path}: line {number} gives key {error} twice; JSON would keep only the last. "
+                                     "Remove one.") from None
+            except ValueError as error:
+                raise InputFileError(f"{path}: line {number} is not JSON ({error.msg} at column {error.colno}); "
+                                     "write one object {\"prompt\": …, \"chosen\": …, \"rejected\": …} per "
+                                     "line.") from None
+    labelled = None
+    for number, row in rows:
+        at = f"{path}: {where} {number}"
+        if not isinstance(row, dict):
+            raise InputFileError(f"{at} is a JSON {_JSON_TYPES.get(type(row), 'value')}, not an object with prompt, "
+                                 "chosen and rejected.")
+        missing = [k for k in PAIR_KEYS if k not in row]
+        if missing:
+            raise InputFileError(f"{at} lacks {', '.join(missing)} (each pair needs prompt, chosen, rejected[, "
+                                 "label]).")
+        for key in PAIR_KEYS:
+            if not isinstance(row[key], str):
+                raise InputFileError(f"{at}: {key} is {json.dumps(row[key])[:60]}, not a string; quote the text.")
+        label = row.get("label")
+        if "label" in row and (isinstance(label, bool) or not isinstance(label, int | float)):
+            raise InputFileError(f"{at}: label is {json.dumps(label)[:60]}, not a number in [0, 1].")
+        if labelled is None:
+            labelled = (number, "label" in row)
+        elif labelled[1] != ("label" in row):
+            with_label = labelled[0] if labelled[1] else number
+            raise InputFileError(f"{path}: {where} {with_label} has a label but {where} "
+                                 f"{number if labelled[1] else labelled[0]} has none; give a label on every "
+                                 f"{where} or on none (then each pair counts as chosen preferred).")
+    return [row for _, row in rows]
 
 
 def elo_prompt(path: Path) -> str:

@@ -25,7 +25,7 @@ from flax import nnx
 
 from rmjax import batching, checks, finite, nn
 from rmjax.checks import setting
-from rmjax.distributed import is_main
+from rmjax.distributed import global_array, is_main
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading.fingerprint import model_fingerprint
 from rmjax.loading.hf import Model
@@ -238,6 +238,7 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
                     m.rewards(train_ids[1][idx], train_mask[1][idx])[:, 0])
 
     optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=wrt)
+    nnx.update(optimizer, on_mesh(nnx.state(optimizer), model.mesh))
 
     @nnx.jit
     def step_fn(m: nn.Transformer, opt: nnx.Optimizer, idx, label):
@@ -317,6 +318,24 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         steps_per_second=steps_run / loop_seconds if loop_seconds > 0 else 0.0,
         resumed_from=resumed_from,
     )
+
+
+def on_mesh(state, mesh: jax.sharding.Mesh | None):
+    """`state` with every leaf that lives off `mesh` (optax's step counts, made on device 0) replicated over it.
+
+    Orbax restores each leaf where its target lives: a count committed to device 0 beside mesh-sharded weights
+    cannot enter one jitted step ("incompatible devices"), so a fresh run and a resumed one must place it alike."""
+    if mesh is None:
+        return state
+    devices = set(mesh.devices.flat)
+    full = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def place(x):
+        if not isinstance(x, jax.Array) or x.sharding.device_set == devices:
+            return x
+        return global_array(np.asarray(x), full)
+
+    return jax.tree.map(place, state)
 
 
 def _checkpoint(module: nn.Transformer, optimizer: nnx.Optimizer, wrt) -> dict:

@@ -140,7 +140,8 @@ def run_training(
             if head_out:
                 head_out.parent.mkdir(parents=True, exist_ok=True)
                 save_file({"score.weight": head.T.copy()}, head_out)
-                dump_json(summary, head_out.with_suffix(".json"))
+                dump_json({**summary, "files": {head_out.name: results.file_record(head_out)}},
+                          head_out.with_suffix(".json"))
             summary["environment"] = results.environment()
             summary["written_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
             dump_json(summary, workdir / "summary.json")

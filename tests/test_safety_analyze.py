@@ -1,0 +1,327 @@
+"""Issue 22 for `experiments.analyze`: no silent wrong results. Names that read alike get files of their own,
+--roundtrip_only is honoured or refused (never only claimed), bad inputs and outputs stop in one line, and a
+killed analysis is known as one (and replaced by --overwrite). Stand-in tables, no model: each run takes seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rmjax import results
+from rmjax.analysis import data
+from rmjax.analysis.outputs import Outputs
+from rmjax.errors import OutputExistsError
+from tests import cli
+
+QUICK = ["--models_yaml=", "--frequencies=", "--n_boot=5", "--n_permutations=5", "--top=3"]
+WORDS = [f"w{i}" for i in range(40)]
+
+
+def sweep(path: Path, columns: dict[str, np.ndarray], model: str | None = None, kind: str = "sweep",
+          roundtrip: np.ndarray | None = None, meta: bool = True) -> Path:
+    """A score table of WORDS (as experiments.sweep writes it), with its .meta.json unless `meta` is False."""
+    n = len(next(iter(columns.values())))
+    words = WORDS[:n] if n <= len(WORDS) else [f"w{i}" for i in range(n)]
+    results.write_scores_csv(path, np.arange(n), words, words, columns, roundtrip=roundtrip)
+    if meta:
+        results.write_meta(path, kind=kind, model=model or path.stem, prompts={p: f"Prompt {p}?" for p in columns})
+    return path
+
+
+def beam(path: Path, model: str, prompts: list[str], seed: int) -> Path:
+    """A beam result (experiments.beam's columns) of depths 1 and 2, both directions, 4 sequences each."""
+    rng = np.random.default_rng(seed)
+    keys: dict[str, list] = {c: [] for c in results.BEAM_KEY_COLUMNS}
+    for depth in (1, 2):
+        for direction in ("optimal", "pessimal"):
+            for rank in range(1, 5):
+                ids = [int(i) for i in rng.choice(30, size=depth, replace=False)]
+                for column, value in zip(results.BEAM_KEY_COLUMNS, (
+                        depth, direction, rank, " ".join(map(str, ids)), json.dumps([f"t{i}" for i in ids]),
+                        json.dumps("".join(f"t{i}" for i in ids))), strict=True):
+                    keys[column].append(value)
+    results.write_table(path, keys, {p: rng.normal(size=len(keys["depth"])) for p in prompts})
+    results.write_meta(path, kind="beam", model=model, prompts={p: p for p in prompts})
+    return path
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "analysis.json").read_text())
+
+
+def whole(out: Path) -> list[str]:
+    """The files of a finished analysis: each listed once, every listed one there, nothing else."""
+    listed = manifest(out)
+    assert listed["complete"] is True
+    assert len(listed["files"]) == len(set(listed["files"])), "one file written twice"
+    assert sorted(listed["files"]) == sorted(p.name for p in out.iterdir() if p.name != "analysis.json")
+    return listed["files"]
+
+
+def tau(path: Path) -> float:
+    matrix = pd.read_csv(path).set_index("model")
+    return float(matrix.iloc[0, 1])
+
+
+def test_names_that_read_alike_get_files_of_their_own(tmp_path):
+    """1: `a-b`/`a_b` prompts, `my-rm`/`my_rm` models, a prompt called `checkpoints` beside --bigtwo_checkpoints
+    and EloEverything files `What is best` / `What is best!` each wrote one file name, the second silently
+    replacing the first (the report then quoted the wrong tau)."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=40)
+    cases = {}
+    # prompts: a_b has tau +1 between the models, a-b tau -1 (written last, it used to replace a_b's table)
+    scores = tmp_path / "prompts"
+    scores.mkdir()
+    sweep(scores / "m1.csv", {"a_b": base, "a-b": base})
+    sweep(scores / "m2.csv", {"a_b": base + 1, "a-b": -base})
+    cases["prompts"] = [f"--scores={scores}"]
+    # models: my_rm's beam is read first, my-rm's second
+    beams = tmp_path / "models"
+    beams.mkdir()
+    beam(beams / "a.csv", "my_rm", ["greatest"], seed=1)
+    beam(beams / "b.csv", "my-rm", ["greatest"], seed=2)
+    cases["models"] = [f"--scores={beams}"]
+    # a prompt whose Big Two figure (bigtwo_<prompt>.png) was the checkpoints figure's name
+    clash = tmp_path / "clash"
+    clash.mkdir()
+    sweep(clash / "m.csv", {"checkpoints": base})
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    for step in (0, 10):
+        sweep(steps / f"step_{step}.csv", {"greatest": base + step})
+    cases["families"] = [f"--scores={clash}", f"--bigtwo_checkpoints={steps}"]
+    # EloEverything files whose prompts differ only in punctuation
+    elo = tmp_path / "elo"
+    elo.mkdir()
+    for stem, sign in (("What is best", 1), ("What is best!", -1)):
+        pd.DataFrame({"elo_rank": [1, 2, 3, 4], "elo_score": [1500, 1400, 1300, 1200], "name": list("abcd"),
+                      "elo_matches": [9] * 4, "m1": [4, 3, 2, 1], "m2": [sign * v for v in (4, 3, 2, 1)]}).to_csv(
+            elo / f"{stem}.csv", index=False)
+    cases["elo"] = [f"--elo={elo}"]
+
+    for case, flags in cases.items():
+        out = tmp_path / f"out_{case}"
+        cli.ok(cli.run("analyze", *flags, *QUICK, f"--out={out}"))
+        files = whole(out)
+        if case == "prompts":
+            assert tau(out / "paper1_kendall_tau_a_b.csv") == pytest.approx(1.0)
+            (other,) = [f for f in files if f.startswith("paper1_kendall_tau_a_b-") and f.endswith(".csv")]
+            assert tau(out / other) == pytest.approx(-1.0)
+        elif case == "models":
+            mine = pd.read_csv(out / "beam_my_rm_depth1_optimal.csv", keep_default_na=False)
+            frame = results.read_beam_csv(beams / "a.csv")
+            want = frame[(frame["depth"] == 1) & (frame["direction"] == "optimal")].head(3)
+            assert mine["decoded"].tolist() == want["decoded"].tolist()
+            assert len([f for f in files if f.startswith("beam_my_rm") and "_depth" in f]) == 8
+        elif case == "families":
+            assert "bigtwo_checkpoints.png" in files
+            assert len([f for f in files if f.startswith("bigtwo_checkpoints") and f.endswith(".png")]) == 2
+        else:
+            ranks = [f for f in files if f.startswith("elo_ranks_what_is_best")]
+            assert len(ranks) == 2
+            human = {f: pd.read_csv(out / f)["m2_rank"].tolist() for f in ranks}
+            assert sorted(human.values()) == [[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]]
+
+
+def test_roundtrip_only_is_applied_or_refused(tmp_path):
+    """2: --roundtrip_only was said to apply to beam results and log-prob tables it never restricted, and a table
+    it emptied gave NaN moments with status 0."""
+    base = np.random.default_rng(1).normal(size=40)
+    half = (np.arange(40) % 2).astype(int)
+    sweep(tmp_path / "none.csv", {"greatest": base, "worst": -base}, roundtrip=np.zeros(40, int))
+    sweep(tmp_path / "half.csv", {"greatest": base, "worst": -base}, roundtrip=half)
+    beam(tmp_path / "beam.csv", "b", ["greatest"], seed=3)
+    for name in ("lp_a", "lp_b"):
+        sweep(tmp_path / f"{name}.csv", {"greatest": base}, kind="next_token_logprobs")
+    implicit = [f"--implicit_chosen={tmp_path / 'lp_a.csv'}", f"--implicit_reference={tmp_path / 'lp_b.csv'}"]
+    refused = [
+        ([f"--scores={tmp_path / 'none.csv'}"], ["none.csv", "leaves none of its 40 rows", "greatest, worst"]),
+        ([f"--scores={tmp_path / 'half.csv'},{tmp_path / 'beam.csv'}"], ["--roundtrip_only", "beam.csv"]),
+        (implicit, ["--roundtrip_only", "implicit"]),
+        ([f"--elo={cli.REPO.parent / 'shared' / 'data' / 'elo'}"], ["--roundtrip_only", "drop it"]),
+    ]
+    for i, (flags, fragments) in enumerate(refused):
+        out = tmp_path / f"out{i}"
+        cli.user_error(cli.run("analyze", *flags, "--roundtrip_only", *QUICK, f"--out={out}"), *fragments)
+        assert not out.exists(), flags
+    out = tmp_path / "kept"
+    cli.ok(cli.run("analyze", f"--scores={tmp_path / 'half.csv'}", "--roundtrip_only", *QUICK, f"--out={out}"))
+    moments = pd.read_csv(out / "paper1_moments.csv")
+    assert moments["n_tokens"].tolist() == [20, 20]
+    assert moments.loc[moments.prompt == "greatest", "mean"].item() == pytest.approx(base[half == 1].mean())
+
+
+KILL = """
+import os, runpy, signal, sys
+from rmjax import results
+from rmjax.analysis import plots
+target = sys.argv.pop(1)
+
+def killed(path):
+    path.write_bytes(b"partial")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+save, rows = plots._save, results.write_rows
+plots._save = lambda fig, path: killed(path) if path.name == target else save(fig, path)
+results.write_rows = lambda f, r: killed(__import__("pathlib").Path(f.name)) \\
+    if os.path.basename(f.name).startswith("." + target + ".") else rows(f, r)
+sys.argv[0] = "analyze"
+runpy.run_module("experiments.analyze", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_killed_analysis_is_unfinished_and_overwritten(tmp_path):
+    """3: analyze killed while writing a table (its .tmp left) or a figure (half a PNG, not yet listed) left a
+    folder that --overwrite refused as 'files no rmjax analysis wrote'; the folder must say it is unfinished."""
+    base = np.random.default_rng(2).normal(size=40)
+    scores = tmp_path / "scores"
+    scores.mkdir()
+    for i in range(2):
+        sweep(scores / f"m{i}.csv", {"greatest": base * (i + 1), "worst": -base})
+    flags = [f"--scores={scores}", *QUICK]
+    for target in ("paper1_moments.csv", "paper1_violin_greatest.png"):
+        out = tmp_path / target.split(".")[0]
+        proc = subprocess.run([sys.executable, "-c", KILL, target, *flags, f"--out={out}"], cwd=cli.REPO,
+                              env=cli.ENV, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+        left = sorted(p.name for p in out.iterdir())
+        assert any(name.startswith((target, f".{target}.")) for name in left), left
+        assert "report.md" not in left and manifest(out)["complete"] is False
+        cli.user_error(cli.run("analyze", *flags, f"--out={out}"), "unfinished analysis", "--overwrite")
+        cli.ok(cli.run("analyze", *flags, f"--out={out}", "--overwrite"))
+        assert not [name for name in whole(out) if name.endswith(".tmp")]
+
+
+def test_unreadable_inputs_and_unwritable_outputs_stop_in_one_line(tmp_path):
+    """3: a binary file given to --scores, a header-only table, a model labelled like the matrices' `model`
+    column and an --out that cannot be written each gave a traceback or an analysis of nothing."""
+    base = np.random.default_rng(3).normal(size=40)
+    (tmp_path / "random.csv").write_bytes(np.random.default_rng(0).bytes(3000))
+    (tmp_path / "image.csv").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    sweep(tmp_path / "empty.csv", {"greatest": np.zeros(0)})
+    models = tmp_path / "models"
+    models.mkdir()
+    sweep(models / "a.csv", {"greatest": base}, model="model")
+    sweep(models / "b.csv", {"greatest": -base}, model="other")
+    good = f"--scores={models / 'b.csv'}"
+    cases = [
+        ([f"--scores={tmp_path / 'random.csv'}"], ["random.csv", "not a text CSV"]),
+        ([f"--scores={tmp_path / 'image.csv'}"], ["image.csv", "not a text CSV"]),
+        ([f"--scores={tmp_path / 'empty.csv'}"], ["empty.csv", "no rows"]),
+        ([f"--scores={models}"], ["a.csv", "'model'"]),
+        ([good, "--out=/proc/self"], ["--out=/proc/self", "cannot write"]),
+        ([good, "--out=/proc/rmjax-none/analysis"], ["--out=/proc/rmjax-none/analysis", "cannot write"]),
+    ]
+    if os.geteuid() != 0:  # root writes in a read-only folder anyway
+        locked = tmp_path / "read_only"
+        locked.mkdir()
+        locked.chmod(0o555)
+        cases.append(([good, f"--out={locked}"], [str(locked), "cannot write"]))
+    for i, (flags, fragments) in enumerate(cases):
+        if not any(f.startswith("--out=") for f in flags):
+            flags = [*flags, f"--out={tmp_path / f'out{i}'}"]
+        cli.user_error(cli.run("analyze", *flags, *QUICK), *fragments)
+
+
+def test_prompts_and_models_named_like_pandas_attributes(tmp_path):
+    """3: a prompt called `mean` (or `index`, `T`, `values`, `columns`, `shape`) broke the beam tables (the mean
+    over prompts took its column); every such name must analyze like any other."""
+    names = ["mean", "index", "T", "values", "columns", "shape"]
+    rng = np.random.default_rng(4)
+    columns = {name: rng.normal(size=40) for name in names}
+    scores = tmp_path / "scores"
+    scores.mkdir()
+    sweep(scores / "a.csv", columns, model="index")
+    sweep(scores / "b.csv", {k: v[::-1].copy() for k, v in columns.items()}, model="T")
+    for model, seed in (("values", 5), ("shape", 6)):
+        beam(scores / f"beam_{model}.csv", model, ["mean", "index"], seed)
+    out = tmp_path / "out"
+    cli.ok(cli.run("analyze", f"--scores={scores}", *QUICK, f"--out={out}"))
+    whole(out)
+    moments = pd.read_csv(out / "paper1_moments.csv", keep_default_na=False).set_index(["prompt", "model"])
+    for name in names:
+        assert float(moments.loc[(name, "index"), "mean"]) == pytest.approx(columns[name].mean())
+    top = pd.read_csv(out / "beam_values_depth1_optimal.csv")
+    frame = results.read_beam_csv(scores / "beam_values.csv")
+    want = frame[(frame["depth"] == 1) & (frame["direction"] == "optimal")].head(3)
+    np.testing.assert_allclose(top["mean"], want["mean"], rtol=1e-8)  # the prompt, as written
+    np.testing.assert_allclose(top["_mean"], (want["mean"] + want["index"]) / 2, rtol=1e-8)
+
+
+def test_implicit_takes_only_log_prob_tables(tmp_path):
+    """4: --implicit_chosen/--implicit_reference read any score table, so a reward sweep passed as log-probs
+    gave an 'implicit RM' of rewards (and one file given twice an implicit RM of zeros)."""
+    base = np.random.default_rng(5).normal(size=40) - 5
+    sweep(tmp_path / "rewards.csv", {"greatest": base})
+    sweep(tmp_path / "bare.csv", {"greatest": base}, kind="next_token_logprobs", meta=False)
+    sweep(tmp_path / "lp.csv", {"greatest": base[::-1].copy()}, kind="next_token_logprobs")
+    cases = [("rewards.csv", "--implicit_chosen", ["experiments.sweep result", "experiments.logprobs"]),
+             ("bare.csv", "--implicit_reference", ["bare.csv.meta.json", "experiments.logprobs"]),
+             ("lp.csv", "--implicit_chosen", ["one file"])]  # MWLR 0 for every token
+    for i, (name, flag, fragments) in enumerate(cases):
+        pair = {"--implicit_chosen": tmp_path / "lp.csv", "--implicit_reference": tmp_path / "lp.csv",
+                flag: tmp_path / name}
+        line = cli.user_error(cli.run("analyze", *(f"{k}={v}" for k, v in pair.items()), *QUICK,
+                                      f"--out={tmp_path / f'out{i}'}"), flag, name, *fragments)
+        assert "Traceback" not in line
+
+
+def test_cut_tables_are_refused_and_bare_ones_warned(tmp_path):
+    """5: a sweep cut to 150 of its 3000 rows, or its last number cut mid-digit, is refused; a table without
+    .meta.json (the published RMs') is read with a warning."""
+    values = np.random.default_rng(6).normal(size=3000)
+    values[-1] = 0.642987728
+    full = sweep(tmp_path / "full.csv", {"greatest": values})
+    text = full.read_text()
+    rows = text.splitlines(keepends=True)
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    variants = {"rows.csv": "".join(rows[:151]), "digits.csv": text.replace("0.642987728\n", "0.64\n")}
+    for name, content in variants.items():
+        assert content != text
+        (cut / name).write_text(content)
+        (cut / f"{name}.meta.json").write_text(results.meta_path(full).read_text().replace("full.csv", name))
+        cli.user_error(cli.run("analyze", f"--scores={cut / name}", *QUICK, f"--out={tmp_path / name}"),
+                       f"--scores={cut / name}", "does not match", "bytes")
+    bare = tmp_path / "published.csv"
+    bare.write_text(text)
+    proc = cli.ok(cli.run("analyze", f"--scores={bare}", *QUICK, f"--out={tmp_path / 'bare_out'}"))
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: ")] == [
+        f"warning: --scores={bare} has no published.csv.meta.json (not written by rmjax, e.g. the published RMs' "
+        "tables): its completeness cannot be checked."]
+
+
+def test_file_parts_are_one_to_one():
+    """1, the helper every per-prompt or per-model file name goes through: distinct names never share a part."""
+    long = "What is the single thing, person, or concept that humans most prefer"
+    names = ["a-b", "a_b", "A_B", "a b", "", "x", "..", "a/b", long, long + " today", long.lower(), "checkpoints",
+             "greatest", "Greatest"]
+    parts = data.file_parts(names, clashes=lambda slug: slug == "checkpoints")
+    assert len(set(parts.values())) == len(names)
+    assert parts["a_b"] == "a_b" and parts["x"] == "x" and parts["greatest"] == "greatest"  # readable where they can
+    assert parts["checkpoints"].startswith("checkpoints-") and "/" not in parts["a/b"]
+    assert data.file_parts(["What is best"]) == {"What is best": "what_is_best"}
+
+
+def test_overwrite_keeps_what_is_not_ours(tmp_path):
+    """3: --overwrite removes only files an analysis listed: not a user's own analysis.json, nor a folder."""
+    mine = tmp_path / "json"
+    mine.mkdir()
+    (mine / "analysis.json").write_text('{"notes": "mine"}')
+    listed = tmp_path / "folder"
+    listed.mkdir()
+    (listed / "analysis.json").write_text('{"files": ["t.csv"], "complete": false}')
+    (listed / "t.csv").mkdir()
+    for out, name in ((mine, "analysis.json"), (listed, "t.csv")):
+        with pytest.raises(OutputExistsError, match=f"no rmjax analysis wrote \\({name}"):
+            Outputs(out, overwrite=True)
+        assert (out / name).exists()

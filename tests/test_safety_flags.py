@@ -1,0 +1,181 @@
+"""Issue 22, no silent wrong results: inputs never silently reduced, and flag values and input files that
+cannot work refused in one line naming the problem and the fix, before any model loads.
+
+Each test runs the entry points as a user does (a subprocess); cases of one class share a test.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests import cli
+
+NO_MODEL = "--model=/nonexistent/model"  # every check here runs before the model is looked for
+
+
+def test_yaml_files_refuse_a_key_given_twice(tmp_path):
+    """1a: PyYAML keeps the last of two equal keys, so a prompt file or model list lost an entry silently."""
+    (tmp_path / "prompts.yaml").write_text("greatest: What is the greatest thing?\nbest: Best?\n"
+                                           "greatest: What is the worst thing?\n")
+    (tmp_path / "numbers.yaml").write_text('007: "What, in one word, is number seven?"\n1: One?\n"1": Also one?\n')
+    (tmp_path / "models.yaml").write_text("- name: org/a\n  nickname: A\n  size: 8B\n  nickname: B\n")
+    (tmp_path / "elo").mkdir()
+    out = tmp_path / "s.csv"
+    cli.user_error(cli.run("sweep", NO_MODEL, f"--prompts={tmp_path / 'prompts.yaml'}", f"--out={out}"),
+                   str(tmp_path / "prompts.yaml"), "key 'greatest' is given twice", "lines 1 and 3")
+    # names are kept as written: `1:` and `"1":` are one column name (and `007:` used to become the prompt "7")
+    cli.user_error(cli.run("sweep", NO_MODEL, f"--prompts={tmp_path / 'numbers.yaml'}", f"--out={out}"),
+                   "numbers.yaml", "key '1' is given twice", "lines 2 and 3")
+    cli.user_error(cli.run("analyze", f"--elo={tmp_path / 'elo'}", f"--models_yaml={tmp_path / 'models.yaml'}",
+                           f"--out={tmp_path / 'a'}"), "models.yaml", "key 'nickname' is given twice", "lines 2 and 4")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("28,28,198,7,007", "token ids 28, 7 are given more than once"),  # ranked twice, the set's size wrong
+    ("\u0662\u0668", "'\u0662\u0668'"),  # Arabic-Indic 28: int() takes it
+    ("\uff12\uff18", "'\uff12\uff18'"),  # fullwidth 28
+    ("1,\u00b2", "'\u00b2'"),  # superscript two: isdigit() but not int(), a traceback
+])
+def test_token_ids_are_a_set_of_ascii_integers(value, fragment):
+    """1b: --token_ids=28,28,198 ranked 28 twice; non-ASCII digits passed as ids."""
+    cli.user_error(cli.run("sweep", NO_MODEL, f"--token_ids={value}"), "--token_ids", fragment)
+
+
+def test_vocab_file_reports_every_line_it_leaves_out(rm_folder, tmp_path):
+    """1c: blank and whitespace-only lines, repeats and lines that are not one token used to vanish uncounted (a
+    Windows line end made every line 'not one token', a byte-order mark the first)."""
+    words = tmp_path / "words.txt"
+    words.write_bytes("\ufeffcat\r\n\r\n   \r\ncat\r\n dog\r\nnot one token here\r\n".encode())
+    out = tmp_path / "b.csv"
+    proc = cli.ok(cli.run("beam", f"--model={rm_folder}", f"--vocab_file={words}", "--depth=1", "--top=2",
+                          f"--out={out}"))
+    flag = f"--vocab_file={words}"
+    assert f"{flag}: 2 blank or whitespace-only lines skipped" in proc.stderr, proc.stderr
+    assert f"{flag}: 1 line that is not one token of this tokenizer skipped (first: 'not one token here')" \
+        in proc.stderr
+    assert f"{flag}: 1 duplicate line skipped (the token of an earlier line; first: 'cat')" in proc.stderr
+    assert sorted(pd.read_csv(out, keep_default_na=False).decoded.unique()) == ['" dog"', '"cat"']
+
+
+def test_seeds_outside_32_bits_are_refused(tmp_path):
+    """2a: jax.random.key keeps a seed's low 32 bits (2**32 + 5 was seed 5, -1 seed 2**32 - 1); numpy refused -1
+    with a traceback after the model loaded."""
+    for job, seed, extra in (("gcg", "-1", []), ("analyze", "4294967296", [f"--out={tmp_path / 'a'}"]),
+                             ("train_rm", "-7", [f"--elo={tmp_path / 'e.csv'}"])):
+        model = [] if job == "analyze" else [NO_MODEL]
+        cli.user_error(cli.run(job, *model, f"--seed={seed}", *extra), f"--seed={seed}", "[0, 4294967295]")
+
+
+def test_multiprocess_flags_that_would_run_alone_are_refused():
+    """2b: --num_processes/--process_id without --coordinator used to run one process that wrote the result alone."""
+    for flags, fragments in ((["--num_processes=2", "--process_id=1"], ["--num_processes=2", "without --coordinator",
+                                                                        "--coordinator=HOST:PORT"]),
+                             (["--coordinator=127.0.0.1:1234", "--num_processes=2", "--process_id=2"],
+                              ["--process_id=2", "from 0 to 1"]),
+                             (["--coordinator=auto", "--num_processes=4"], ["--coordinator=auto", "leave out"]),
+                             (["--coordinator=127.0.0.1:1"], ["Number of processes must be", "--num_processes"])):
+        cli.user_error(cli.run("sweep", NO_MODEL, "--token_ids=1", *flags), *fragments)
+
+
+def test_chat_template_syntax_error_is_one_line_before_loading(rm_folder, tmp_path):
+    """2c: a jinja syntax error in the chat template was a traceback from inside jinja, after the weights loaded."""
+    broken = cli.copy_folder(rm_folder, tmp_path / "broken")
+    template = broken / "chat_template.jinja"
+    template.write_text(template.read_text().replace("{% endfor %}", "", 1))
+    pairs = tmp_path / "p.jsonl"
+    pairs.write_text(json.dumps({"prompt": "Q?", "chosen": "a", "rejected": "b"}) + "\n")
+    for job, flags in (("sweep", ["--token_ids=1,2", f"--out={tmp_path / 's.csv'}"]),
+                       ("train_rm", [f"--pairs={pairs}", f"--heldout_pairs={pairs}", f"--workdir={tmp_path / 'w'}"])):
+        cli.user_error(cli.run(job, f"--model={broken}", *flags), str(template), "is not valid jinja",
+                       "'endfor'", "line 6", "--template=plain")
+
+
+def test_malformed_pairs_jsonl_names_the_line(tmp_path):
+    """2d: a line that is not a pair object was a TypeError traceback, or became the text 'nan' or 'None'."""
+    good = json.dumps({"prompt": "Q?", "chosen": "a", "rejected": "b"})
+    cases = (("{not json", "line 2 is not JSON"),
+             ("[1, 2]", "line 2 is a JSON array"),
+             (json.dumps({"prompt": "Q?", "chosen": "a"}), "line 2 lacks rejected"),  # used to train on 'nan'
+             (json.dumps({"prompt": "Q?", "chosen": None, "rejected": "b"}), "line 2: chosen is null, not a string"))
+    for i, (line, fragment) in enumerate(cases):
+        pairs = tmp_path / f"p{i}.jsonl"
+        pairs.write_text(f"{good}\n{line}\n")
+        cli.user_error(cli.run("train_rm", NO_MODEL, f"--pairs={pairs}"), str(pairs), fragment)
+
+
+def _beam_csv(path, ids: list[str]):
+    """A beam CSV of depth-2 optimal rows with these space-separated ids, with the .meta.json a beam writes."""
+    from rmjax import results
+
+    keys = {"depth": [2] * len(ids), "direction": ["optimal"] * len(ids), "rank": list(range(1, len(ids) + 1)),
+            "ids": ids, "tokens": ['["a", "b"]'] * len(ids), "decoded": ['"ab"'] * len(ids)}
+    results.write_table(path, keys, {"greatest": np.linspace(1.0, 0.0, len(ids))})
+    results.write_meta(path, kind="beam")
+    return path
+
+
+def test_init_from_ids_outside_the_vocabulary_are_named(rm_folder, tmp_path):
+    """2e: a beam of another model (ids past this vocabulary, or negative) was an IndexError inside the search, or
+    silently the last token of the vocabulary."""
+    other = _beam_csv(tmp_path / "other.csv", ["5 -1", "50000 7"])
+    cli.user_error(cli.run("gcg", f"--model={rm_folder}", f"--init_from={other}", "--num_tokens=2", "--steps=1",
+                           f"--out={tmp_path / 'g.json'}"), str(other), "[-1, 50000]", "vocabulary [0, 49152)")
+    unreadable = _beam_csv(tmp_path / "bad.csv", ["5 x"])
+    cli.user_error(cli.run("gcg", NO_MODEL, f"--init_from={unreadable}", "--num_tokens=2"), str(unreadable),
+                   "cannot be read as a beam result CSV")
+
+
+def test_from_sweep_rows_repeating_a_token_are_refused():
+    """2e: two rows of one token in a sweep table: depth 1 silently took the last."""
+    from rmjax.beam import depth1_scores
+    from rmjax.errors import UsageError
+
+    table = pd.DataFrame({"token_id": [3, 4, 3], "greatest": [0.1, 0.2, 0.3]})
+    with pytest.raises(UsageError, match=r"s\.csv: token ids \[3\] have more than one row"):
+        depth1_scores(table, np.asarray([3, 4]), {"greatest": "?"}, "s.csv")
+    with pytest.raises(UsageError, match="token_id -2 is not a token id"):
+        depth1_scores(pd.DataFrame({"token_id": [-2, 4], "greatest": [0.1, 0.2]}), np.asarray([4]),
+                      {"greatest": "?"}, "s.csv")
+
+
+def test_more_inputs_never_silently_reduced(tmp_path, monkeypatch):
+    """Further cases of the same classes, in-process (cheap): names renamed or dropped by YAML and JSON, unreadable
+    files and environment values that were tracebacks."""
+    from rmjax import beam, distributed
+    from rmjax.analysis.data import load_model_metadata
+    from rmjax.errors import InputFileError, MissingFileError, UsageError
+    from rmjax.prompts import read_prompt_file
+    from rmjax.train.data import read_pairs
+
+    names = tmp_path / "names.yaml"
+    names.write_text('007: "Seven?"\nyes: "Is it?"\n0x10: "Sixteen?"\n')  # were the prompts "7", refused, "16"
+    assert read_prompt_file(names) == {"007": "Seven?", "yes": "Is it?", "0x10": "Sixteen?"}
+    with pytest.raises(MissingFileError, match="m.yaml not found"):
+        load_model_metadata(tmp_path / "m.yaml")  # was a FileNotFoundError traceback
+    for text, match in (("- name: org/a\n- name: org/a\n", "name 'org/a' is given to two models"),
+                        ("- {name: org/a, nickname: X}\n- {name: org/b, nickname: x}\n", "nickname 'x' is given"),
+                        ("- name: org/a\n  reward_bench_rank: n/a\n", "reward_bench_rank 'n/a'")):  # a ValueError
+        (tmp_path / "m.yaml").write_text(text)
+        with pytest.raises(InputFileError, match=match):
+            load_model_metadata(tmp_path / "m.yaml")
+    good = '{"prompt": "q", "chosen": "a", "rejected": "b"'
+    for name, text, match in (("twice.jsonl", good + ', "chosen": "c"}\n', "line 1 gives key chosen twice"),
+                              ("mixed.jsonl", good + ', "label": 0.2}\n' + good + "}\n", "line 1 has a label but"),
+                              ("twice.csv", "prompt,chosen,rejected,chosen\nq,a,b,c\n", "column chosen more than"),
+                              ("blank.csv", "prompt,chosen,rejected,label\nq,a,b,0.5\nq,a,b,\n", "pair 2 has label")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(InputFileError, match=match):
+            read_pairs(tmp_path / name)
+    (tmp_path / "list.json").write_text("[" + good + "}]")  # a .json file of one list was 'missing columns'
+    assert read_pairs(tmp_path / "list.json").chosen == ["a"]
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))  # was a UnicodeDecodeError traceback
+    with pytest.raises(UsageError, match="latin1.txt: not UTF-8 text"):
+        beam.read_vocab_file(tmp_path / "latin1.txt")
+    monkeypatch.setenv("RMJAX_NUM_PROCESSES", "two")  # was int('two'): a ValueError traceback
+    with pytest.raises(UsageError, match=r"\$RMJAX_NUM_PROCESSES='two'"):
+        distributed.initialize()

@@ -1,0 +1,161 @@
+"""A resumed run gives what an uninterrupted one gives, or refuses; a size it cannot hold is refused up front.
+
+Issue 22 ("no silent wrong results"): stored chunks skipped the checks a fresh chunk passes, a run on a mesh
+could not restore its own checkpoint, and sizes past the memory or the data crashed or hung. Each test runs the
+entry points as a user does, and compares byte for byte with an uninterrupted run where one exists.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests import cli, tiny
+
+# The job, killed the moment it would write its result: every chunk is on disk, no CSV nor .meta.json.
+KILLED_BEFORE_WRITING = ("import os, runpy, sys; import rmjax.jobs as j; "
+                         "j.Job.finish = lambda *a, **k: os._exit(137); "
+                         "runpy.run_module(sys.argv.pop(1), run_name='__main__')")
+
+
+def _killed_before_writing(job: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", KILLED_BEFORE_WRITING, f"experiments.{job}", *flags], cwd=cli.REPO,
+                          env=cli.ENV, capture_output=True, text=True, timeout=600)
+
+
+def _meta(out) -> dict:
+    from rmjax import results
+
+    return json.loads(results.meta_path(out).read_text())
+
+
+@pytest.fixture(scope="module")
+def nan_row(rm_folder, tmp_path_factory):
+    """The tiny reward model with a NaN embedding row: every response holding token 5 scores NaN."""
+    model = cli.copy_folder(rm_folder, tmp_path_factory.mktemp("nan") / "model")
+    cli.edit_tensor(model, "model.embed_tokens.weight", lambda w: np.where(np.arange(len(w))[:, None] == 5, np.nan, w))
+    return model
+
+
+def test_beam_resume_checks_stored_chunks_like_fresh_ones(nan_row, tmp_path):
+    """A beam killed after scoring everything with --allow_nonfinite, resumed without it, used to write its CSV from
+    the stored NaN chunks with status 0; its .meta.json never counted NaN scores either."""
+    def flags(out):
+        return [f"--model={nan_row}", "--prompts=greatest", f"--out={out}", "--depth=2", "--beam=2", "--top=4",
+                "--limit=32", "--chunk_size=8"]
+
+    out = tmp_path / "beam.csv"
+    chunks = out.with_name(out.name + ".chunks")
+    killed = _killed_before_writing("beam", *flags(out), "--allow_nonfinite")
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    stored = sorted(p.name for p in chunks.glob("chunk-*.npy"))
+    assert len(stored) == 20 and not out.exists()  # 4 chunks at depth 1, 2 beams x 2 partials x 4 at depth 2
+    # Without the flag the stored NaN is refused as a fresh one is: one line, nothing written, the chunks kept.
+    line = cli.user_error(cli.run("beam", *flags(out)), "non-finite scores saved in", "chunk-d1-", "response ids [5]",
+                          "the embedding row of token 5", "--allow_nonfinite", loaded=True)
+    assert "1 of 8" in line
+    assert not out.exists() and sorted(p.name for p in chunks.glob("chunk-*.npy")) == stored
+    # With it the resumed run is the uninterrupted one, its NaN count included.
+    resumed = cli.ok(cli.run("beam", *flags(out), "--allow_nonfinite"))
+    assert "160 on disk" in resumed.stderr
+    clean = tmp_path / "clean.csv"
+    cli.ok(cli.run("beam", *flags(clean), "--allow_nonfinite"))
+    assert out.read_bytes() == clean.read_bytes()
+    assert _meta(out)["resumed_candidates"] == 160 and _meta(clean)["resumed_candidates"] == 0
+    assert _meta(out)["nonfinite"] == _meta(clean)["nonfinite"]
+    assert _meta(out)["nonfinite"]["allowed"] is True and _meta(out)["nonfinite"]["values"] >= 1
+    assert _meta(out)["nonfinite"]["first"][0] == "response ids [5] for 'greatest'"
+
+
+def test_sweep_resume_stops_at_the_first_bad_stored_chunk(nan_row, tmp_path):
+    """A sweep's stored chunks were checked only once all the missing ones had been scored (and stored)."""
+    out = tmp_path / "s.csv"
+    flags = [f"--model={nan_row}", "--prompts=greatest", f"--out={out}", "--limit=2048", "--chunk_size=256",
+             "--batch_size=64", "--top=1"]
+    done = tiny.kill_after_chunks(cli.command("sweep", *flags, "--allow_nonfinite"), out, 2, cwd=cli.REPO, env=cli.ENV)
+    assert 2 <= done < 8 and not out.exists()
+    cli.user_error(cli.run("sweep", *flags), "non-finite scores saved in", "chunk-0000000000", "token 5",
+                   "--allow_nonfinite", loaded=True)
+    assert len(list(out.with_name(out.name + ".chunks").glob("chunk-*.npy"))) == done  # none scored in vain
+
+
+@pytest.fixture(scope="module")
+def lm_folder(tmp_path_factory):
+    """A tiny causal LM with the real SmolLM2 tokenizer and chat template."""
+    folder = tmp_path_factory.mktemp("lm") / "lm"
+    hf = tiny.build_hf_model("llama3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
+    tiny.save_hf_model(hf, folder)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (folder / f).write_bytes((tiny.smollm2_tokenizer_folder() / f).read_bytes())
+    return folder
+
+
+def test_train_rm_resumes_on_a_mesh(lm_folder, tmp_path):
+    """A run on --mesh=data:2, killed after a checkpoint, could not restore it ("incompatible devices ...
+    opt.states int32[]": optax's step count came back on one device beside weights on two)."""
+    rng = np.random.default_rng(0)
+    for name, nouns in (("train", ["apple", "river", "house", "music", "dog", "book", "tree", "city"]),
+                        ("heldout", ["light", "stone", "garden", "road"])):
+        pd.DataFrame({"prompt": "Which is better?", "chosen": [f"good {x}" for x in rng.choice(nouns, 32)],
+                      "rejected": [f"bad {x}" for x in rng.choice(nouns, 32)]}).to_csv(tmp_path / f"{name}.csv",
+                                                                                        index=False)
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+
+    def flags(run: str) -> list[str]:
+        return [f"--model={lm_folder}", f"--pairs={tmp_path / 'train.csv'}",
+                f"--heldout_pairs={tmp_path / 'heldout.csv'}", "--trainable=last_k", "--last_k=1", "--steps=6",
+                "--checkpoint_every=2", "--batch_size=8", "--learning_rate=0.05", "--mesh=data:2",
+                f"--workdir={tmp_path / run}", f"--export={tmp_path / (run + '-hf')}"]
+
+    cli.ok(cli.run("train_rm", *flags("whole"), env=env))
+    first = tmp_path / "killed" / "checkpoints" / "2"
+    proc = subprocess.Popen(cli.command("train_rm", *flags("killed")), cwd=cli.REPO, env={**cli.ENV, **env},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not first.is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert first.is_dir() and not (tmp_path / "killed" / "summary.json").exists()
+    resumed = cli.ok(cli.run("train_rm", *flags("killed"), env=env))
+    assert "resumed from checkpoint at step" in resumed.stdout + resumed.stderr
+    for name in ("killed-hf/model.safetensors", "killed/train_log.csv", "killed/eval_log.csv"):
+        assert (tmp_path / name).read_bytes() == (tmp_path / name.replace("killed", "whole")).read_bytes(), name
+
+
+def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path):
+    """Each used to run out of memory, run for hours, or (past the context) score positions the model never saw,
+    with status 0. Now: one line naming the flag, the estimate or the limit, and a value that fits."""
+    model = f"--model={rm_folder}"
+    gcg = [model, f"--out={tmp_path / 'g.json'}"]
+    # More candidates than one step can sample: 2 positions x top 8, 1 swapped (2 on a retry) -> 8^2 = 64.
+    cli.user_error(cli.run("gcg", *gcg, "--num_tokens=2", "--topk=8", "--search_width=10000000"),
+                   "--search_width=10000000", "64 distinct candidates", "--search_width=64")
+    # A width the steps' history of evaluated sequences cannot hold (defaults: 8 tokens, top 64, 100 steps).
+    line = cli.user_error(cli.run("gcg", *gcg, "--search_width=10000000"), "--search_width=10000000",
+                          "does not fit", "GiB of host memory of", "use --search_width=")
+    fits = int(line.split("use --search_width=")[1].split()[0])
+    assert 10_000 < fits < 10_000_000
+    # A response past the context (512 positions) of the model.
+    cli.user_error(cli.run("gcg", *gcg, "--num_tokens=600"), "--num_tokens=600", "512 positions",
+                   "use --num_tokens=")
+    cli.user_error(cli.run("beam", model, f"--out={tmp_path / 'b.csv'}", "--depth=600", "--limit=8"), "--depth=600",
+                   "512 positions", "use --depth=")
+    # A batch past the memory, and one past the candidates there are.
+    cli.user_error(cli.run("sweep", model, f"--out={tmp_path / 's.csv'}", "--batch_size=100000000"),
+                   "--batch_size=100000000", "does not fit", "GiB", "is the largest that fits")
+    cli.user_error(cli.run("sweep", model, f"--out={tmp_path / 's.csv'}", "--limit=64", "--batch_size=100000"),
+                   "--batch_size=100000", "64 candidates", "--batch_size=64")
+    cli.user_error(cli.run("beam", model, f"--out={tmp_path / 'b.csv'}", "--token_ids=1,2,3", "--batch_size=4096"),
+                   "--batch_size=4096", "3 candidates", "--batch_size=3")
+    # An exhaustive enumeration the host cannot list (40,000^3 partials at depth 4): refused before any forward.
+    cli.user_error(cli.run("beam", model, f"--out={tmp_path / 'e.csv'}", "--exhaustive", "--limit=40000",
+                           "--depth=4"), "--exhaustive --depth=4", "40,000 candidates", "use at most", loaded=True)
+    assert not list(tmp_path.glob("*.csv")) and not list(tmp_path.glob("*.json"))
