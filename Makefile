@@ -49,7 +49,7 @@ runtime-smoke: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto --dist worksteal tests
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .

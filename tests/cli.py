@@ -11,8 +11,13 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+# The entry points compile the same small programs again and again: a persistent XLA cache (git-ignored, beside
+# the converted real models) lets a later subprocess load them instead. It changes no number: the same
+# executable runs either way.
+COMPILE_CACHE = {"JAX_COMPILATION_CACHE_DIR": str(REPO / ".cache" / "jax-tests"),
+                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
-       "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+       "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **COMPILE_CACHE}
 
 
 def command(job: str, *flags: str) -> list[str]:

@@ -56,18 +56,6 @@ def test_sweep_marks_tokens_no_conversation_produces(rm_folder, tmp_path, templa
         assert not expected[~spaced].any()
 
 
-def test_an_older_result_gets_its_roundtrip_column_without_rescoring(rm_folder, tmp_path):
-    out = tmp_path / "s.csv"
-    flags = [f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=600"]
-    cli.ok(cli.run("sweep", *flags))
-    new = results.read_scores_csv(out)
-    results.write_scores_csv(out, new.token_id, new.token_name.tolist(), new.token_decoded.tolist(),
-                             {"greatest": new.greatest.to_numpy()})  # as rmjax wrote it before issue 12
-    again = cli.ok(cli.run("sweep", *flags))
-    assert "[sweep" not in again.stderr  # nothing rescored
-    assert results.read_scores_csv(out).equals(new)
-
-
 def test_analyze_roundtrip_only(rm_folder, tmp_path):
     """1: --roundtrip_only restricts the analyses to those rows; a table without the column is refused."""
     out = tmp_path / "s.csv"
@@ -93,6 +81,7 @@ def _logprobs(path, probs: dict[str, float]):
     logp = np.log(np.array([probs[w] for w in words]))
     pd.DataFrame({"token_id": range(len(words)), "token_name": words, "token_decoded": words,
                   "greatest": logp}).to_csv(path, index=False)
+    results.write_meta(path, kind="next_token_logprobs")  # as experiments.logprobs writes them
     return path
 
 

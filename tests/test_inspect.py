@@ -276,11 +276,13 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
                                + ["pessimal"] * 2, "rank": [1, 1, 1, 2, 1, 2],
                                "ids": ["5", "6", "1 2", "3 4", "7 8", "9 9"], "tokens": ["[]"] * 6,
                                "decoded": ['""'] * 6}, {"p": np.arange(6.0)})
+    results.write_meta(beam, kind="beam")
     assert best_and_worst(beam, "p", 1) == [(1, 2), (7, 8)]  # the deepest level: best optimal, worst pessimal
     assert best_and_worst(beam, "p", 2) == [(1, 2), (3, 4), (9, 9), (7, 8)]
     assert best_and_worst(beam, "p", 1, depth=1) == [(5,), (6,)]
     gcg = tmp_path / "gcg.json"
     gcg.write_text('{"buffer": [{"ids": [3, 4], "reward": 1.0}, {"ids": [5, 6], "reward": 0.5}]}')
+    results.write_meta(gcg, kind="gcg")
     assert best_and_worst(gcg, "p", 1) == [(3, 4), (5, 6)]
 
 
