@@ -55,4 +55,4 @@ lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .
 
 clean-cache:
-	rm -rf .cache/rmjax
+	rm -rf .cache/rmjax .cache/jax-tests

@@ -7,6 +7,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from tests.cli import COMPILE_CACHE  # noqa: E402  (the persistent XLA cache the subprocesses share)
+
+for _name, _value in COMPILE_CACHE.items():
+    os.environ.setdefault(_name, _value)
+
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
