@@ -15,20 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from tests import cli, tiny
-
-
-@pytest.fixture(scope="module")
-def lm_folder(tmp_path_factory):
-    """A tiny causal LM with the real SmolLM2 tokenizer and chat template."""
-    folder = tmp_path_factory.mktemp("lm") / "lm"
-    hf = tiny.build_hf_model("llama3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
-    tiny.save_hf_model(hf, folder)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        (folder / f).write_bytes((tiny.smollm2_tokenizer_folder() / f).read_bytes())
-    return folder
 
 
 def _pairs(path, adjective: str, n: int = 48):

@@ -86,17 +86,6 @@ def test_sweep_resume_stops_at_the_first_bad_stored_chunk(nan_row, tmp_path):
     assert len(list(out.with_name(out.name + ".chunks").glob("chunk-*.npy"))) == done  # none scored in vain
 
 
-@pytest.fixture(scope="module")
-def lm_folder(tmp_path_factory):
-    """A tiny causal LM with the real SmolLM2 tokenizer and chat template."""
-    folder = tmp_path_factory.mktemp("lm") / "lm"
-    hf = tiny.build_hf_model("llama3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
-    tiny.save_hf_model(hf, folder)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        (folder / f).write_bytes((tiny.smollm2_tokenizer_folder() / f).read_bytes())
-    return folder
-
-
 def test_train_rm_resumes_on_a_mesh(lm_folder, tmp_path):
     """A run on --mesh=data:2, killed after a checkpoint, could not restore it ("incompatible devices ...
     opt.states int32[]": optax's step count came back on one device beside weights on two)."""
