@@ -216,38 +216,6 @@ def test_concurrent_first_use_conversions_share_one(tmp_path):
     assert not list(folder.parent.glob("*.partial"))
 
 
-def test_train_rm_trains_on_the_mesh_it_is_given(lm_folder, tmp_path):
-    """Issue 13: --mesh reached train_rm's flags but not its model (it trained on one device)."""
-    pairs = _pairs(tmp_path / "a.csv", "good")
-    base = [f"--model={lm_folder}", f"--pairs={pairs}", "--trainable=last_k", "--last_k=1", "--steps=2",
-            "--checkpoint_every=2", "--batch_size=8", "--learning_rate=0.05"]
-    eight = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    cli.ok(cli.run("train_rm", *base, "--mesh=data:4,model:2", f"--workdir={tmp_path / 'many'}",
-                   f"--head_out={tmp_path / 'many.safetensors'}", env=eight))
-    cli.ok(cli.run("train_rm", *base, f"--workdir={tmp_path / 'one'}", f"--head_out={tmp_path / 'one.safetensors'}"))
-    assert json.loads((tmp_path / "many" / "summary.json").read_text())["mesh"] == {"data": 4, "model": 2}
-    assert json.loads((tmp_path / "one" / "summary.json").read_text())["mesh"] is None
-    losses = [pd.read_csv(tmp_path / run / "train_log.csv")["loss"].to_numpy() for run in ("many", "one")]
-    from safetensors.numpy import load_file
-
-    from rmjax import nn
-    from rmjax.loading import load
-    from rmjax.loading.reward_head import reward_model_from_lm
-    from tests import tolerance
-
-    heads = [load_file(str(tmp_path / f"{run}.safetensors"))["score.weight"] for run in ("many", "one")]
-    # The mesh sums gradients in another order: the runs drift apart by rounding only (tests/tolerance.py);
-    # 64 tokens bound every pair here.
-    rm = reward_model_from_lm(load(str(lm_folder)), seed=0)
-    params = nn.replace(rm.params, rm.config, **{"score.kernel": heads[1].T})
-    drift = tolerance.adam_atol(0.05, 2, tolerance.grad_rel_error(rm.config, 64, 2 * 8 * 64))
-    np.testing.assert_allclose(losses[0], losses[1], atol=tolerance.bt_loss_atol(params, rm.config, 64, drift), rtol=0)
-    np.testing.assert_allclose(heads[0], heads[1], atol=drift, rtol=0)
-    # A trained head has one output: another column is refused, not ignored.
-    cli.user_error(cli.run("train_rm", *base, "--output_column=1", f"--workdir={tmp_path / 'col'}"),
-                   "--output_column=1", "one-output")
-
-
 def test_train_rm_batch_must_split_over_the_data_axis(lm_folder, tmp_path):
     """A batch the mesh's data axis does not divide is refused before loading (it crashed after the features)."""
     pairs = _pairs(tmp_path / "a.csv", "good")

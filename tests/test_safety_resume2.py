@@ -86,26 +86,50 @@ def test_sweep_resume_stops_at_the_first_bad_stored_chunk(nan_row, tmp_path):
     assert len(list(out.with_name(out.name + ".chunks").glob("chunk-*.npy"))) == done  # none scored in vain
 
 
-def test_train_rm_resumes_on_a_mesh(lm_folder, tmp_path):
-    """A run on --mesh=data:2, killed after a checkpoint, could not restore it ("incompatible devices ...
-    opt.states int32[]": optax's step count came back on one device beside weights on two)."""
+def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path):
+    """Issue 13: --mesh reached train_rm's flags but not its model (it trained on one device). Issue 22: a run
+    on a mesh, killed after a checkpoint, could not restore it ("incompatible devices ... opt.states int32[]":
+    optax's step count came back on one device beside weights on several)."""
     rng = np.random.default_rng(0)
     for name, nouns in (("train", ["apple", "river", "house", "music", "dog", "book", "tree", "city"]),
                         ("heldout", ["light", "stone", "garden", "road"])):
         pd.DataFrame({"prompt": "Which is better?", "chosen": [f"good {x}" for x in rng.choice(nouns, 32)],
                       "rejected": [f"bad {x}" for x in rng.choice(nouns, 32)]}).to_csv(tmp_path / f"{name}.csv",
                                                                                         index=False)
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    steps, learning_rate, batch = 6, 0.05, 8
 
-    def flags(run: str) -> list[str]:
+    def flags(run: str, *mesh: str) -> list[str]:
         return [f"--model={lm_folder}", f"--pairs={tmp_path / 'train.csv'}",
-                f"--heldout_pairs={tmp_path / 'heldout.csv'}", "--trainable=last_k", "--last_k=1", "--steps=6",
-                "--checkpoint_every=2", "--batch_size=8", "--learning_rate=0.05", "--mesh=data:2",
+                f"--heldout_pairs={tmp_path / 'heldout.csv'}", "--trainable=last_k", "--last_k=1", f"--steps={steps}",
+                "--checkpoint_every=2", f"--batch_size={batch}", f"--learning_rate={learning_rate}", *mesh,
                 f"--workdir={tmp_path / run}", f"--export={tmp_path / (run + '-hf')}"]
 
-    cli.ok(cli.run("train_rm", *flags("whole"), env=env))
+    mesh = "--mesh=data:2,model:2"
+    cli.ok(cli.run("train_rm", *flags("many", mesh), env=four))
+    cli.ok(cli.run("train_rm", *flags("one")))
+    assert json.loads((tmp_path / "many" / "summary.json").read_text())["mesh"] == {"data": 2, "model": 2}
+    assert json.loads((tmp_path / "one" / "summary.json").read_text())["mesh"] is None
+    losses = [pd.read_csv(tmp_path / run / "train_log.csv")["loss"].to_numpy() for run in ("many", "one")]
+    from safetensors.numpy import load_file
+
+    from rmjax import nn
+    from rmjax.loading import load
+    from rmjax.loading.reward_head import reward_model_from_lm
+    from tests import tolerance
+
+    heads = [load_file(str(tmp_path / f"{run}-hf" / "model.safetensors"))["score.weight"] for run in ("many", "one")]
+    # The mesh sums gradients in another order: the runs drift apart by rounding only (tests/tolerance.py);
+    # 64 tokens bound every pair here.
+    rm = reward_model_from_lm(load(str(lm_folder)), seed=0)
+    params = nn.replace(rm.params, rm.config, **{"score.kernel": heads[1].T})
+    drift = tolerance.adam_atol(learning_rate, steps, tolerance.grad_rel_error(rm.config, 64, 2 * batch * 64))
+    np.testing.assert_allclose(losses[0], losses[1], atol=tolerance.bt_loss_atol(params, rm.config, 64, drift), rtol=0)
+    np.testing.assert_allclose(heads[0], heads[1], atol=drift, rtol=0)
+
+    # Killed on the mesh after its first checkpoint, then resumed: byte for byte the uninterrupted run.
     first = tmp_path / "killed" / "checkpoints" / "2"
-    proc = subprocess.Popen(cli.command("train_rm", *flags("killed")), cwd=cli.REPO, env={**cli.ENV, **env},
+    proc = subprocess.Popen(cli.command("train_rm", *flags("killed", mesh)), cwd=cli.REPO, env={**cli.ENV, **four},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not first.is_dir() and proc.poll() is None and time.time() < deadline:
@@ -113,10 +137,12 @@ def test_train_rm_resumes_on_a_mesh(lm_folder, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert first.is_dir() and not (tmp_path / "killed" / "summary.json").exists()
-    resumed = cli.ok(cli.run("train_rm", *flags("killed"), env=env))
+    resumed = cli.ok(cli.run("train_rm", *flags("killed", mesh), env=four))
     assert "resumed from checkpoint at step" in resumed.stdout + resumed.stderr
     for name in ("killed-hf/model.safetensors", "killed/train_log.csv", "killed/eval_log.csv"):
-        assert (tmp_path / name).read_bytes() == (tmp_path / name.replace("killed", "whole")).read_bytes(), name
+        assert (tmp_path / name).read_bytes() == (tmp_path / name.replace("killed", "many")).read_bytes(), name
+    # A trained head has one output: another column is refused, not ignored.
+    cli.user_error(cli.run("train_rm", *flags("col"), "--output_column=1"), "--output_column=1", "one-output")
 
 
 def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path):
