@@ -12,8 +12,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rmjax.attribution import attribute  # noqa: E402
-from rmjax.inspect_job import items_from_texts  # noqa: E402
+from rmjax.inspect.attribution import attribute  # noqa: E402
+from rmjax.inspect.job import items_from_texts  # noqa: E402
 from rmjax.loading import load  # noqa: E402
 
 model = load("elo-rm-smollm2-135m")

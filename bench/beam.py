@@ -33,9 +33,9 @@ def main() -> None:
     ap.add_argument("--gcg_steps", type=int, default=3, help="0 skips the GCG comparison")
     args = ap.parse_args()
 
-    from rmjax.beam import BeamConfig, beam_search
     from rmjax.loading import load
     from rmjax.loading.registry import cache_dir
+    from rmjax.search.beam import BeamConfig, beam_search
 
     folder = sweep_vs_reference.build_model(cache_dir() / "bench" / "smollm2-135m-shaped-rm")
     model = load(str(folder))

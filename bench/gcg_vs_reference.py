@@ -95,9 +95,9 @@ def run_torch(tg: TorchGCG, init: np.ndarray, banned: np.ndarray, args) -> tuple
 
 def measure(steps: int = 5, num_tokens: int = 8, search_width: int = 128, topk: int = 64) -> dict:
     """Median step times of both (rmjax after its compiling step) and the best rewards they reach."""
-    from rmjax.gcg import GCGConfig, disallowed_ids, gcg, make_target
     from rmjax.loading import load
     from rmjax.loading.registry import cache_dir
+    from rmjax.search.gcg import GCGConfig, disallowed_ids, gcg, make_target
 
     folder = exported_model(cache_dir() / "bench" / "elo-rm-smollm2-135m-hf")
     model = load(str(folder))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rmjax.attribution import attribute  # noqa: E402
-from rmjax.inspect_job import items_from_ids, items_from_texts  # noqa: E402
+from rmjax.inspect.attribution import attribute  # noqa: E402
+from rmjax.inspect.job import items_from_ids, items_from_texts  # noqa: E402
 from rmjax.loading import load  # noqa: E402
 
 PROMPT = "What, in one word, is the greatest thing ever?"

@@ -65,9 +65,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     args = ap.parse_args()
 
-    from rmjax.attribution import attribute
-    from rmjax.inspect_job import items_from_texts
-    from rmjax.lens import reward_lens, token_rewards
+    from rmjax.inspect.attribution import attribute
+    from rmjax.inspect.job import items_from_texts
+    from rmjax.inspect.lens import reward_lens, token_rewards
     from rmjax.loading import load
     from rmjax.loading.registry import cache_dir
 

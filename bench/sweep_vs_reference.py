@@ -93,7 +93,7 @@ def jax_matmul_peak(n: int = 2048, reps: int = 10) -> float:
 
 def rmjax_rate(model, prompt: str, tokens: np.ndarray, batch_size: int, repeats: int = 3) -> tuple[np.ndarray, float]:
     """Best of `repeats` timed runs after a compiling one (the machine is shared)."""
-    from rmjax.sweep import prepare_prompt, score_tokens
+    from rmjax.scoring.context import prepare_prompt, score_tokens
 
     ctx = prepare_prompt(model, "p", prompt)
     score_tokens(model, ctx, tokens[:batch_size], batch_size)  # compile
@@ -112,9 +112,9 @@ def main() -> None:
     ap.add_argument("--batch_size", type=int, default=256)
     args = ap.parse_args()
 
-    from rmjax import chat
     from rmjax.loading import load
     from rmjax.loading.registry import cache_dir
+    from rmjax.text import chat
 
     folder = build_model(cache_dir() / "bench" / "smollm2-135m-shaped-rm")
     model = load(str(folder))

@@ -27,7 +27,8 @@ def main() -> None:
     ap.add_argument("--positions", type=int, default=3)
     args = ap.parse_args()
 
-    from rmjax import memory, zoo
+    from rmjax import zoo
+    from rmjax.scoring import memory
 
     print("| model | params | bf16 bytes | min chips v4 / v5e / v6e | full-vocab sweep on 8 chips v4 / v5e / v6e |")
     print("|---|---|---|---|---|")

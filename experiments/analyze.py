@@ -21,7 +21,7 @@ from pathlib import Path
 from absl import flags
 
 from experiments import cli, config_flags
-from rmjax.analysis.config import AnalysisConfig
+from rmjax.analysis.spec import AnalysisConfig
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DEFAULT_YAML = SHARED_DATA / "reward_models.yaml"

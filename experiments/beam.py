@@ -16,7 +16,7 @@ import sys
 from absl import flags
 
 from experiments import candidates, common, config_flags
-from rmjax.beam import BeamConfig
+from rmjax.search.beam import BeamConfig
 
 OUT = flags.DEFINE_string("out", "results/beam.csv", "Output CSV; a .meta.json is written beside it.")
 VOCAB_FILE = flags.DEFINE_string("vocab_file", None,
@@ -39,10 +39,13 @@ flags.adopt_module_key_flags(config_flags)
 
 def main(argv):
     del argv
-    from rmjax import beam, distributed, results
-    from rmjax import prompts as prompt_lib
     from rmjax.errors import UsageError
-    from rmjax.sweep import candidate_count, check_batch_size, sweep_identity
+    from rmjax.parallel import distributed
+    from rmjax.runs import results
+    from rmjax.search import beam
+    from rmjax.search.sweep import check_batch_size, sweep_identity
+    from rmjax.text import prompts as prompt_lib
+    from rmjax.text.candidates import candidate_count
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)

@@ -31,8 +31,9 @@ def memory_planner(prompts: dict[str, str], candidate_ids: list[int] | None, mod
     import sys
 
     from experiments import common
-    from rmjax import distributed
-    from rmjax.sweep import memory_plan, require_reward_model
+    from rmjax.model import require_reward_model
+    from rmjax.parallel import distributed
+    from rmjax.search.sweep import memory_plan
 
     plan = Plan()
 

@@ -63,7 +63,7 @@ def refuse_output_column(job: str) -> None:
 
 
 def _mesh_spec_is_valid(spec: str) -> bool:
-    from rmjax.sharding import parse_mesh_spec
+    from rmjax.parallel.sharding import parse_mesh_spec
 
     if not spec:
         return True
@@ -89,7 +89,7 @@ def start():
     """Once per job, before anything touches a device: logs, multi-host initialization, the mesh
     (checked against the devices there are). Returns the mesh (None without --mesh)."""
     if not _mesh:
-        from rmjax import distributed, sharding
+        from rmjax.parallel import distributed, sharding
 
         quiet_logs()
         distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
@@ -102,7 +102,7 @@ def start():
 
 def fingerprint(spec: str | None = None) -> dict:
     """The content fingerprint of --model (or `spec`) without loading it."""
-    from rmjax.loading import fingerprint as of_spec
+    from rmjax.loading import identity as of_spec
 
     start()
     return of_spec(spec or MODEL.value)
@@ -110,8 +110,8 @@ def fingerprint(spec: str | None = None) -> dict:
 
 @contextlib.contextmanager
 def claim_output(out: str, identity: dict, **kwargs) -> Iterator:
-    """rmjax.outputs.claim for --out with --overwrite; says so when a finished result is reused."""
-    from rmjax.outputs import claim
+    """rmjax.runs.claims.claim for --out with --overwrite; says so when a finished result is reused."""
+    from rmjax.runs.claims import claim
 
     start()
     with claim(out, identity, overwrite=OVERWRITE.value, **kwargs) as decision:
@@ -132,7 +132,7 @@ def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
 def check_template(tokenizer) -> None:
     """The chat template as --template uses it: one that jinja cannot compile, or a missing one with
     --template=chat, is a one-line error (before the weights load where the tokenizer comes without them)."""
-    from rmjax.chat import check_template as check
+    from rmjax.text.chat import check_template as check
 
     if TEMPLATE.value != "plain":
         check(tokenizer, TEMPLATE.value)

@@ -15,7 +15,7 @@ import sys
 from absl import flags
 
 from experiments import common, config_flags, token_ids
-from rmjax.gcg import GCGConfig, check_search_width, init_from_rows
+from rmjax.search.gcg import GCGConfig, check_search_width, init_from_rows
 
 OUT = flags.DEFINE_string("out", "results/gcg.json", "Result JSON (+ per-step CSV and .meta.json beside it).")
 # One flag per GCGConfig field (help and choices declared there; ranges, e.g. --n_replace <= --num_tokens, are
@@ -28,9 +28,9 @@ flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort l
 
 def main(argv):
     del argv
-    from rmjax import distributed
-    from rmjax import prompts as prompt_lib
-    from rmjax.gcg_job import gcg_identity, run_gcg, steps_path
+    from rmjax.parallel import distributed
+    from rmjax.search.gcg_job import gcg_identity, run_gcg, steps_path
+    from rmjax.text import prompts as prompt_lib
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     ids = token_ids.token_ids()
@@ -62,9 +62,9 @@ def main(argv):
 
 def plan_search(cfg: GCGConfig, prompts: dict[str, str], config, tokenizer, mesh) -> None:
     """--num_tokens against the context, --search_width against what a step can sample, and the search's memory,
-    checked for each model before its weights load (rmjax.gcg.search_plan); prints the plan."""
-    from rmjax import distributed
-    from rmjax.gcg import search_plan
+    checked for each model before its weights load (rmjax.search.gcg.search_plan); prints the plan."""
+    from rmjax.parallel import distributed
+    from rmjax.search.gcg import search_plan
 
     if tokenizer is None:
         return  # make_target names the missing tokenizer

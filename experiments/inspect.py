@@ -40,10 +40,11 @@ flags.adopt_module_key_flags(common)
 
 def main(argv):
     del argv
-    from rmjax import distributed, inspect_job
-    from rmjax import prompts as prompt_lib
     from rmjax.errors import MissingFileError, UsageError
-    from rmjax.outputs import check_writable
+    from rmjax.inspect import job as inspect_job
+    from rmjax.parallel import distributed
+    from rmjax.runs.claims import check_writable
+    from rmjax.text import prompts as prompt_lib
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     if len(prompts) != 1:

@@ -20,9 +20,10 @@ flags.FLAGS.set_default("model", common.DEFAULT_LM)
 
 def main(argv):
     del argv
-    from rmjax import distributed, results, table_summary
-    from rmjax import prompts as prompt_lib
-    from rmjax.logprobs import logprobs_identity, write_logprobs
+    from rmjax.parallel import distributed
+    from rmjax.runs import results, table_summary
+    from rmjax.scoring.logprobs import logprobs_identity, write_logprobs
+    from rmjax.text import prompts as prompt_lib
 
     common.refuse_output_column("logprobs (a causal LM's next-token log-probs)")
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)

@@ -39,9 +39,10 @@ def read_texts() -> list[str]:
 
 def main(argv):
     del argv
-    from rmjax import distributed, results
-    from rmjax import prompts as prompt_lib
-    from rmjax.textscore import text_scores_identity, write_text_scores
+    from rmjax.parallel import distributed
+    from rmjax.runs import results
+    from rmjax.scoring.texts import text_scores_identity, write_text_scores
+    from rmjax.text import prompts as prompt_lib
 
     texts = read_texts()
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)

@@ -33,10 +33,12 @@ flags.adopt_module_key_flags(candidates)
 
 def main(argv):
     del argv
-    from rmjax import distributed, results, table_summary
-    from rmjax import prompts as prompt_lib
-    from rmjax.chunks import store_dir
-    from rmjax.sweep import candidate_count, check_batch_size, plot_path, sweep, sweep_identity
+    from rmjax.parallel import distributed
+    from rmjax.runs import results, table_summary
+    from rmjax.runs.chunks import store_dir
+    from rmjax.search.sweep import check_batch_size, plot_path, sweep, sweep_identity
+    from rmjax.text import prompts as prompt_lib
+    from rmjax.text.candidates import candidate_count
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)

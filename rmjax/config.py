@@ -1,7 +1,7 @@
 """ModelConfig: every architectural constant of a Llama/Gemma checkpoint, read from its config.json.
 
 Gemma 1/2/3 and Llama 3.x differ only in the fields of this dataclass; the numerics core in
-`rmjax.ops` / `rmjax.model` branches on these fields, never on a family name.
+`rmjax.nn.ops` / `rmjax.model` branches on these fields, never on a family name.
 Both config formats are read: transformers 4.x (`rope_theta` + `rope_scaling`,
 `rope_local_base_freq`, implied window patterns) and 5.x (`rope_parameters`, `layer_types`).
 """

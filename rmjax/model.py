@@ -5,13 +5,17 @@ arrays out. Scoring, prefix caching, log-probs and per-layer reads are all the o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rmjax import nn
 from rmjax.config import ModelConfig
+from rmjax.errors import UsageError
 from rmjax.nn import Forward, KVCache, at_last, last_token_index, module
 from rmjax.nn.transformer import positions_from_mask
 
@@ -88,3 +92,47 @@ def next_token_log_probs(params: Params, cfg: ModelConfig, ids: jax.Array, mask:
     """Log-probs of the token after each row's last real token: [B, vocab] float32."""
     m = module(params, cfg)
     return jax.nn.log_softmax(m.lm_logits(at_last(m(ids=ids, mask=mask).hidden, mask)), axis=-1)
+
+
+@dataclasses.dataclass
+class Model:
+    """A loaded model: static config, parameters (possibly sharded), tokenizer."""
+
+    config: ModelConfig
+    params: nnx.State  # the nnx state of `module` (rmjax.nn.Transformer)
+    tokenizer: Any
+    source: str
+    dtype: str = "float32"
+    mesh: jax.sharding.Mesh | None = None
+    load_seconds: float = 0.0
+    raw_config: dict = dataclasses.field(default_factory=dict)  # config.json as read (for saving)
+    weight_bytes: int = 0  # the parameters' size in the loaded dtype
+    weight_bytes_read: int = 0  # what this process read from disk for its own devices' shards
+    fingerprint: dict | None = None  # {"weights", "tokenizer"} content digests (rmjax.loading.identity)
+    fingerprint_of: tuple[int, int] | None = None  # id() of the params and tokenizer it describes
+    output_column: int = 0  # which head output jobs read (a run option: --output_column), not architecture
+
+    def __post_init__(self):
+        if self.fingerprint is not None and self.fingerprint_of is None:
+            self.fingerprint_of = (id(self.params), id(self.tokenizer))
+
+    def stamp(self, fingerprint: dict | None) -> Model:
+        """Record the fingerprint of the current params and tokenizer (after loading or placing them)."""
+        self.fingerprint, self.fingerprint_of = fingerprint, (id(self.params), id(self.tokenizer))
+        return self
+
+    @property
+    def module(self) -> nn.Transformer:
+        """The model as an nnx module sharing these params (nnx.display, nnx.state, per-layer calls)."""
+        return nn.module(self.params, self.config)
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
+
+
+def require_reward_model(cfg: ModelConfig, source: str, job: str = "scoring") -> None:
+    """The one refusal of a causal LM where a reward head is needed (before or after the weights load)."""
+    if not cfg.is_reward_model:
+        raise UsageError(f"{source} has no score head ({cfg.architecture}); {job} needs a reward model "
+                         "(*ForSequenceClassification). For a causal LM use experiments.logprobs.")

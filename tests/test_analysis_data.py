@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rmjax import results
 from rmjax.analysis import data, paper1, stats
+from rmjax.runs import results
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TRICKY = ["None", "NaN", "null", "", " ", "\n", '"', ",", " love", "love"]

@@ -142,7 +142,7 @@ def _write_elo(directory: Path, rng: np.random.Generator) -> dict[str, pd.DataFr
 
 def _write_sweeps(directory: Path, raw: dict[str, pd.DataFrame], rng: np.random.Generator) -> dict[str, dict]:
     """Two sweep-shaped tables and, per model and prompt, the score each matched item should get."""
-    from rmjax import results
+    from rmjax.runs import results
 
     expected: dict[str, dict] = {"elo-rm-test": {}, "P-A (--scores)": {}}
     greatest_elo = raw[GREATEST]["elo_score"]
@@ -184,8 +184,8 @@ def _write_sweeps(directory: Path, raw: dict[str, pd.DataFrame], rng: np.random.
 @pytest.fixture(scope="module")
 def scores_run(tmp_path_factory):
     from rmjax.analysis import plots
-    from rmjax.analysis.config import AnalysisConfig
     from rmjax.analysis.report import run_analyses
+    from rmjax.analysis.spec import AnalysisConfig
 
     root = tmp_path_factory.mktemp("elo_scores")
     rng = np.random.default_rng(7)
@@ -293,9 +293,9 @@ def test_scores_models_are_in_the_figures(scores_run):
 
 
 def test_a_scores_table_without_an_elo_prompt_is_reported(tmp_path):
-    from rmjax import results
     from rmjax.analysis import data
     from rmjax.analysis import elo as elo_lib
+    from rmjax.runs import results
 
     rng = np.random.default_rng(0)
     (tmp_path / "elo").mkdir()

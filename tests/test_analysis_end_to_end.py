@@ -13,8 +13,8 @@ import pytest
 import yaml
 from scipy import stats
 
-from rmjax import results
 from rmjax.analysis import lexicons
+from rmjax.runs import results
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -8,10 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from rmjax import chat, results, sharding
 from rmjax import model as M
-from rmjax.beam import BeamConfig, beam_search, run_beam
 from rmjax.loading import load
+from rmjax.parallel import sharding
+from rmjax.runs import results
+from rmjax.search.beam import BeamConfig, beam_search, run_beam
+from rmjax.text import chat
 from tests import cli, tiny, tolerance
 from tests.test_analysis_stats import brute_force_tau_b
 
@@ -193,8 +195,8 @@ def test_analyze_reads_beam_results(model, tmp_path):
     the sequences both models found, aligned by decoded string."""
     import pandas as pd
 
-    from rmjax.analysis.config import AnalysisConfig
     from rmjax.analysis.report import run_analyses
+    from rmjax.analysis.spec import AnalysisConfig
 
     other_folder = tmp_path / "other"
     tiny.save_reward_model_with_tokenizer(other_folder, seed=5)
@@ -224,7 +226,7 @@ def test_analyze_reads_beam_results(model, tmp_path):
 def _count_scored_rows(monkeypatch) -> list[int]:
     """Rows the beam's batch scorer is given per call (one prompt each), from the end of the whole-job estimate
     on (its warm-up batch is not the job's)."""
-    import rmjax.beam as beam_module
+    import rmjax.search.beam as beam_module
 
     rows, score, estimate = [], beam_module.score_responses, beam_module._estimate
 
@@ -253,7 +255,7 @@ def _progress_totals(stderr: str) -> list[tuple[int, int]]:
     (4, BeamConfig(depth=3, top=5, exhaustive=True), False),
     (6, BeamConfig(depth=3, beam=2, top=5, direction="pessimal"), False)])
 def test_whole_job_estimate_counts_every_depth_and_direction(model, monkeypatch, capsys, tmp_path, n, cfg, shared):
-    from rmjax.chunks import ChunkStore
+    from rmjax.runs.chunks import ChunkStore
 
     rows = _count_scored_rows(monkeypatch)
     store = ChunkStore(tmp_path / "b.csv", {"test": n}, 4)
@@ -274,7 +276,7 @@ def test_whole_job_estimate_counts_every_depth_and_direction(model, monkeypatch,
 
 
 def _sweep(model, out, prompts, ids):
-    from rmjax.sweep import sweep
+    from rmjax.search.sweep import sweep
 
     sweep(model, prompts, [int(i) for i in ids], batch_size=8, out=out)
     return out

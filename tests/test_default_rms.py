@@ -11,7 +11,7 @@ from rmjax import nn
 from rmjax.loading import load
 from rmjax.loading.registry import BUILTIN_DIR
 from rmjax.loading.safetensors_io import iter_tensors
-from rmjax.textscore import TextScorer
+from rmjax.scoring.texts import TextScorer
 from rmjax.train.data import read_elo_items
 
 ELO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "elo"

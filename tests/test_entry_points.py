@@ -11,9 +11,10 @@ import pytest
 import torch
 import yaml
 
-from rmjax import prompts, results
 from rmjax.loading import load
-from rmjax.logprobs import next_token_logprobs
+from rmjax.runs import results
+from rmjax.scoring.logprobs import next_token_logprobs
+from rmjax.text import prompts
 from tests import tiny, tolerance
 
 REPO = Path(__file__).resolve().parents[1]

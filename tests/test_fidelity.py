@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from rmjax import results
 from rmjax.analysis import bigtwo, data, lexicons, paper1
+from rmjax.runs import results
 from tests import cli
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?", "other": "Name one thing you love."}

@@ -10,8 +10,8 @@ import torch
 
 from rmjax import model as M
 from rmjax.errors import OutputExistsError
-from rmjax.gcg import GCGConfig, disallowed_ids, evaluate, gcg, make_target, reward_gradient
 from rmjax.loading import load
+from rmjax.search.gcg import GCGConfig, disallowed_ids, evaluate, gcg, make_target, reward_gradient
 from tests import tiny, tolerance
 
 PREFIX, SUFFIX = (1, 17, 33, 5, 60), (2, 9)
@@ -130,7 +130,7 @@ def test_filters_hold_on_a_real_tokenizer(tmp_path):
         text = model.tokenizer.decode(ids)
         assert text.isascii()
     # every candidate kept after step 0 re-tokenizes to itself inside the template
-    from rmjax.textscore import Conversations
+    from rmjax.text.chat import Conversations
 
     conv = Conversations(model.tokenizer, target.prompt)
     for h in res.history:
@@ -164,7 +164,7 @@ def test_embed_reg_uses_true_embedding_distances():
     """Greedy swaps with the embedding-distance penalty equal a brute-force [N, V, H] computation."""
     import jax
 
-    from rmjax.gcg import sample_candidates, swap_scores
+    from rmjax.search.gcg import sample_candidates, swap_scores
 
     rng = np.random.default_rng(0)
     embed = rng.normal(size=(50, 8)).astype(np.float32)
@@ -197,7 +197,7 @@ def test_greedy_selection_swaps_n_replace_positions():
     n_replace) produced the same candidates again."""
     import jax
 
-    from rmjax.gcg import sample_candidates
+    from rmjax.search.gcg import sample_candidates
 
     rng = np.random.default_rng(0)
     current = np.asarray([5, 6, 7, 8], np.int32)
@@ -227,7 +227,7 @@ def test_buffer_holds_each_sequence_once_without_the_history(tiny_rm):
 def test_start_and_every_target_pass_the_retokenization_filter(tmp_path):
     """Issue 14: only the first target's template was checked, and the start (' x x x') never was: with a
     template that trims the response, a sequence no conversation produces could be reported as best."""
-    from rmjax.textscore import Conversations
+    from rmjax.text.chat import Conversations
 
     _, plain = tiny.save_reward_model_with_tokenizer(tmp_path / "a")
     trimmed = tmp_path / "b"
@@ -252,7 +252,7 @@ def test_random_candidates_come_from_the_top_k_on_the_device():
     one of that position's k best tokens by an independent numpy argsort, never to a banned token."""
     import jax
 
-    from rmjax.gcg import sample_candidates, swap_scores
+    from rmjax.search.gcg import sample_candidates, swap_scores
 
     rng = np.random.default_rng(1)
     current = np.asarray([5, 6, 7, 8, 9], np.int32)
@@ -278,9 +278,9 @@ def test_random_candidates_come_from_the_top_k_on_the_device():
 def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
     """Issue 14: --init_from=BEAM_CSV seeds the buffer with the beam's best sequences of --num_tokens tokens (those
     GCG may reach): after one step the beam's best is in the buffer, or GCG found better (full-forward rewards)."""
-    from rmjax import results
-    from rmjax.beam import BeamConfig, run_beam
     from rmjax.errors import UsageError
+    from rmjax.runs import results
+    from rmjax.search.beam import BeamConfig, run_beam
 
     model = load(str(rm_folder))
     words = [" cat", " dog", " house", " sun", " love", " war", " tree", " music"]
@@ -331,9 +331,9 @@ def test_variants_run_from_their_first_change_and_equal_full_forwards(kind, tiny
     (prefix.score_variants), the tails packed several to a row; the rewards equal full-sequence forwards,
     whatever the positions, packing and calls, with the cache from extend_prefix or from the gradient's own
     forward (prefix.append_kv), on sliding-window and sandwich-norm families and over a mesh."""
-    from rmjax import gcg as gcg_lib
-    from rmjax.prefix import extend_prefix, pack, score_variants
-    from rmjax.sharding import make_mesh
+    from rmjax.parallel.sharding import make_mesh
+    from rmjax.scoring.prefix import extend_prefix, pack, score_variants
+    from rmjax.search import gcg as gcg_lib
 
     if kind in ("gemma2", "mesh"):
         hf, model = tiny_rm
@@ -370,7 +370,7 @@ WORDS = [" cat", " dog", " house", " sun", " love", " war", " tree", " music"]
 def _record(monkeypatch) -> list[tuple[str, object]]:
     """In order: every batch sample_candidates made, every batch evaluated and every log line of a gcg() run
     (pass `log=lambda m: events.append(("log", m))`)."""
-    from rmjax import gcg as gcg_lib
+    from rmjax.search import gcg as gcg_lib
 
     events = []
     sample, evaluate_ = gcg_lib.sample_candidates, gcg_lib.evaluate
@@ -402,7 +402,7 @@ def test_step_candidate_counts_equal_a_recount_of_the_filters(rm_folder, monkeyp
     batch with nothing left) are logged; a step with under a quarter of --search_width left is warned about."""
     import logging
 
-    from rmjax.textscore import Conversations
+    from rmjax.text.chat import Conversations
 
     model = load(str(rm_folder))
     target = make_target(model, PROMPT)
@@ -503,7 +503,7 @@ def test_steps_csv_has_the_candidates_column_and_is_part_of_the_result(rm_folder
 
     import pandas as pd
 
-    from rmjax.gcg_job import run_gcg, steps_path
+    from rmjax.search.gcg_job import run_gcg, steps_path
 
     model = load(str(rm_folder))
     out = tmp_path / "gcg.json"
@@ -528,7 +528,7 @@ def test_gcg_entry_point_takes_token_ids(rm_folder, tmp_path):
 
     import pandas as pd
 
-    from rmjax import results
+    from rmjax.runs import results
     from tests import cli
 
     model = load(str(rm_folder))

@@ -22,15 +22,17 @@ from safetensors.torch import save_file
 from torch import nn
 
 from experiments.common import check_output_column
-from rmjax import chat, gcg, heads
+from rmjax import heads
 from rmjax import model as M
 from rmjax.errors import CheckpointError
 from rmjax.loading import load
 from rmjax.loading.hf import load_hf_model_folder
-from rmjax.prefix import extend_prefix, prefill_prefix, score_variants
-from rmjax.sharding import make_mesh
-from rmjax.sweep import sweep
-from rmjax.textscore import TextScorer
+from rmjax.parallel.sharding import make_mesh
+from rmjax.scoring.prefix import extend_prefix, prefill_prefix, score_variants
+from rmjax.scoring.texts import TextScorer
+from rmjax.search import gcg
+from rmjax.search.sweep import sweep
+from rmjax.text import chat
 from tests import tiny, tolerance
 
 LLAMA_VOCAB = 128_256  # the Llama 3 gate pattern uses ids up to 128009

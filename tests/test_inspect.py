@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from rmjax import model as M
-from rmjax.attribution import attribute
-from rmjax.lens import reward_lens, token_rewards
+from rmjax.inspect.attribution import attribute
+from rmjax.inspect.lens import reward_lens, token_rewards
+from rmjax.inspect.patching import patching_map
 from rmjax.loading import load
-from rmjax.patching import patching_map
 from tests import tiny, tolerance
 
 SEQUENCES = [[2, 17, 33, 5, 60, 9, 11], [2, 40, 41, 42, 43]]
@@ -90,7 +90,7 @@ def test_adaptive_path_integral_resolves_a_cliff_that_uniform_steps_miss():
     """A path like the real RMs' (issue 21): a cliff 0.004 wide at α = 0.28 on a smooth swing. Uniform Simpson on
     65 points misses it by far; the adaptive panels add up within the tolerance, and each part's integral (a
     token's IG) is the same weighted sum, close to its exact value."""
-    from rmjax.attribution import integrate_path
+    from rmjax.inspect.attribution import integrate_path
 
     def f(a):  # two parts (tokens): a cliff and a smooth swing
         return np.stack([-4 * np.tanh((a - 0.2803) / 0.001), 3 * np.sin(7 * a)], -1)
@@ -206,8 +206,9 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
 
     import pandas as pd
 
-    from rmjax import chat, results
-    from rmjax.sweep import sweep
+    from rmjax.runs import results
+    from rmjax.search.sweep import sweep
+    from rmjax.text import chat
     from tests import cli
 
     model = load(str(rm_folder))
@@ -245,7 +246,7 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
 def test_mesh_and_bfloat16_run_the_same_reads(rm_folder):
     """On a data x model mesh the lens, curve, attribution and patching equal one device's; in bfloat16 the lens
     stays close to float32."""
-    from rmjax.sharding import make_mesh
+    from rmjax.parallel.sharding import make_mesh
 
     seqs = [[1, 504, 3180, 2, 17, 40], [1, 9, 13, 2, 17, 41]]
     one = load(str(rm_folder))
@@ -268,8 +269,8 @@ def test_mesh_and_bfloat16_run_the_same_reads(rm_folder):
 
 
 def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
-    from rmjax import results
-    from rmjax.inspect_job import best_and_worst
+    from rmjax.inspect.job import best_and_worst
+    from rmjax.runs import results
 
     beam = tmp_path / "beam.csv"
     results.write_table(beam, {"depth": [1, 1, 2, 2, 2, 2], "direction": ["optimal", "pessimal"] + ["optimal"] * 2
@@ -289,7 +290,7 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
 def test_nonfinite_weights_stop_inspect_before_writing(rm_folder, tmp_path):
     from rmjax import nn
     from rmjax.errors import NonFiniteError
-    from rmjax.inspect_job import items_from_texts, run_inspect
+    from rmjax.inspect.job import items_from_texts, run_inspect
 
     model = load(str(rm_folder))
     kernel = nn.get(model.params, "score.kernel")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rmjax import memory, zoo
+from rmjax import zoo
+from rmjax.scoring import memory
 
 GIB = 2**30
 

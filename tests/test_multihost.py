@@ -28,8 +28,8 @@ def _cmd(folder: Path, out: Path, *extra: str) -> list[str]:
 def _atol(folder: Path, response_tokens: int) -> float:
     """The float32 bound (tests/tolerance.py) for rewards of the tiny model over greatest/worst + a response:
     the runs shard the same forward differently (partial sums over `model`), which only rounds differently."""
-    from rmjax import chat, prompts
     from rmjax.loading import load
+    from rmjax.text import chat, prompts
     from tests import tolerance
 
     model = load(str(folder))
@@ -59,7 +59,7 @@ def test_two_processes_equal_one(tmp_path):
 
     import numpy as np
 
-    from rmjax import results
+    from rmjax.runs import results
 
     meta = json.loads(results.meta_path(multi).read_text())
     assert meta["mesh"] == {"data": 4, "model": 2} and len(meta["environment"]["devices"]) == 8
@@ -74,7 +74,7 @@ def test_resume_across_hosts(tmp_path):
     """A single-process sweep killed mid-run is finished by two processes; the CSV equals a clean run."""
     import json
 
-    from rmjax import results
+    from rmjax.runs import results
 
     _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
     env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
@@ -110,7 +110,7 @@ def test_two_process_beam_equals_one(tmp_path):
     writes and reports."""
     import numpy as np
 
-    from rmjax import results
+    from rmjax.runs import results
 
     _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
     env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rmjax import results
+from rmjax.runs import results
 
 TRICKY = ["None", "NaN", "null", "nan", "NA", "#N/A", "", ",", '"', '""', "\n", "\r", "\r\n", " ,\"x\n",
           "True", "-inf", "1e5", "\t", "ĠNone", "😀", "\ufffd"]

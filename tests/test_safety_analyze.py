@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rmjax import results
 from rmjax.analysis import data
-from rmjax.analysis.outputs import Outputs
+from rmjax.analysis.files import Outputs
 from rmjax.errors import OutputExistsError
+from rmjax.runs import results
 from tests import cli
 
 QUICK = ["--models_yaml=", "--frequencies=", "--n_boot=5", "--n_permutations=5", "--top=3"]

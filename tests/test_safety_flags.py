@@ -110,7 +110,7 @@ def test_malformed_pairs_jsonl_names_the_line(tmp_path):
 
 def _beam_csv(path, ids: list[str]):
     """A beam CSV of depth-2 optimal rows with these space-separated ids, with the .meta.json a beam writes."""
-    from rmjax import results
+    from rmjax.runs import results
 
     keys = {"depth": [2] * len(ids), "direction": ["optimal"] * len(ids), "rank": list(range(1, len(ids) + 1)),
             "ids": ids, "tokens": ['["a", "b"]'] * len(ids), "decoded": ['"ab"'] * len(ids)}
@@ -132,8 +132,8 @@ def test_init_from_ids_outside_the_vocabulary_are_named(rm_folder, tmp_path):
 
 def test_from_sweep_rows_repeating_a_token_are_refused():
     """2e: two rows of one token in a sweep table: depth 1 silently took the last."""
-    from rmjax.beam import depth1_scores
     from rmjax.errors import UsageError
+    from rmjax.search.beam import depth1_scores
 
     table = pd.DataFrame({"token_id": [3, 4, 3], "greatest": [0.1, 0.2, 0.3]})
     with pytest.raises(UsageError, match=r"s\.csv: token ids \[3\] have more than one row"):
@@ -146,10 +146,11 @@ def test_from_sweep_rows_repeating_a_token_are_refused():
 def test_more_inputs_never_silently_reduced(tmp_path, monkeypatch):
     """Further cases of the same classes, in-process (cheap): names renamed or dropped by YAML and JSON, unreadable
     files and environment values that were tracebacks."""
-    from rmjax import beam, distributed
     from rmjax.analysis.data import load_model_metadata
     from rmjax.errors import InputFileError, MissingFileError, UsageError
-    from rmjax.prompts import read_prompt_file
+    from rmjax.parallel import distributed
+    from rmjax.search import beam
+    from rmjax.text.prompts import read_prompt_file
     from rmjax.train.data import read_pairs
 
     names = tmp_path / "names.yaml"

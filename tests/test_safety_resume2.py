@@ -20,7 +20,7 @@ import pytest
 from tests import cli, tiny
 
 # The job, killed the moment it would write its result: every chunk is on disk, no CSV nor .meta.json.
-KILLED_BEFORE_WRITING = ("import os, runpy, sys; import rmjax.jobs as j; "
+KILLED_BEFORE_WRITING = ("import os, runpy, sys; import rmjax.runs.jobs as j; "
                          "j.Job.finish = lambda *a, **k: os._exit(137); "
                          "runpy.run_module(sys.argv.pop(1), run_name='__main__')")
 
@@ -31,7 +31,7 @@ def _killed_before_writing(job: str, *flags: str) -> subprocess.CompletedProcess
 
 
 def _meta(out) -> dict:
-    from rmjax import results
+    from rmjax.runs import results
 
     return json.loads(results.meta_path(out).read_text())
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pandas as pd
 
-from rmjax import locks, results
+from rmjax.runs import locks, results
 from tests import cli
 
 

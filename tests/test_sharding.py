@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from rmjax import model as M
-from rmjax import nn, sharding
+from rmjax import nn
 from rmjax.loading.hf import load_hf_model_folder
+from rmjax.parallel import sharding
 from tests import tiny, tolerance
 
 
@@ -68,7 +69,8 @@ def test_each_slice_is_read_once(tmp_path, mesh_spec):
 def test_sweep_scorer_declares_its_shardings(tmp_path):
     """Weights by their declared axes, the prefix cache with K/V heads over `model`, rows and rewards over
     `data`, and the activations pinned to rows over `data` (not left to GSPMD's guess from the weights)."""
-    from rmjax import batching, prefix
+    from rmjax.parallel import batching
+    from rmjax.scoring import prefix
 
     folder = tiny.save_hf_model(tiny.build_hf_model("llama3", num_labels=1), tmp_path)
     mesh = sharding.make_mesh("data:4,model:2")

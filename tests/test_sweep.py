@@ -11,13 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from rmjax import chat, nn, results, sharding
 from rmjax import model as M
-from rmjax.chat import NoChatTemplateError
+from rmjax import nn
 from rmjax.errors import PromptTooLongError
 from rmjax.loading import load
-from rmjax.sweep import sweep
-from rmjax.textscore import TextScorer
+from rmjax.parallel import sharding
+from rmjax.runs import results
+from rmjax.scoring.texts import TextScorer
+from rmjax.search.sweep import sweep
+from rmjax.text import chat
+from rmjax.text.chat import NoChatTemplateError
 from tests import tiny, tolerance
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?",

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from rmjax import results, table_summary
+from rmjax.runs import results, table_summary
 
 
 def test_summary_names_the_prompt_and_places_each_token_in_the_distribution(tmp_path):

@@ -94,7 +94,7 @@ def test_head_training_learns_separable_preferences(lm, tmp_path):
     assert result.evals[-1]["heldout_accuracy"] > 0.95
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     # the trained head scores unseen items with the full model too
-    from rmjax.textscore import TextScorer
+    from rmjax.scoring.texts import TextScorer
 
     s = TextScorer(result.model, "Which is better?")
     assert (s.score(["good island"]) > s.score(["bad island"])).all()
@@ -227,7 +227,7 @@ def test_read_pairs_and_batches(tmp_path):
 
 
 def test_data_parallel_training_on_a_mesh_matches_one_device(lm, tmp_path):
-    from rmjax import sharding
+    from rmjax.parallel import sharding
 
     meshed_lm = load(lm.source, mesh=sharding.make_mesh("data:4,model:2"))
     train, held = _separable(NOUNS[:20], 64, 4), _separable(NOUNS[20:], 16, 5)

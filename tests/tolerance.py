@@ -193,7 +193,7 @@ def any_rewards_atol(params, cfg, length: int, evaluations: int = 2) -> float:
 def _writes(params, cfg, ids, mask):
     """|embeddings| + Σ_layers |attention write| + |MLP write| at each row's last token, times the final norm's
     frozen scale: the sum of |terms| of x_final ⊙ scale, [B, H]."""
-    from rmjax import ops
+    from rmjax.nn import ops
 
     m = nn.module(params, cfg)
     out = m(ids=ids, mask=mask, residuals=True)

@@ -1,4 +1,4 @@
-"""Beam / exhaustive N-token results (rmjax.beam) in the analysis: best and worst sequences per model and depth,
+"""Beam / exhaustive N-token results (rmjax.search.beam) in the analysis: best and worst sequences per model and depth,
 and how models agree on the sequences they share, aligned by decoded string (tokenizers differ)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rmjax import results
 from rmjax.analysis import data, stats
-from rmjax.analysis.outputs import Outputs, markdown
+from rmjax.analysis.files import Outputs, markdown
 from rmjax.errors import InputFileError, UsageError
+from rmjax.runs import results
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rmjax import results, yamlfile
 from rmjax.errors import InputFileError, MissingFileError, UsageError
+from rmjax.runs import results
+from rmjax.text import yamlfile
 
 TOKEN_KEYS = results.KEY_COLUMNS
 

@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from rmjax import prompts as prompt_lib
-from rmjax import results
 from rmjax.analysis import stats
 from rmjax.analysis.data import ScoreTable, file_parts, model_label, source_prompts
 from rmjax.errors import InputFileError, MissingFileError, UsageError
+from rmjax.runs import results
+from rmjax.text import prompts as prompt_lib
 
 HUMAN = "Human"
 ITEM_COLUMNS = ["elo_rank", "elo_score", "name", "elo_matches"]

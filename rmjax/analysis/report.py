@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from rmjax import locks
 from rmjax.analysis import beams, bigtwo, data, lexicons, paper1, plots, stats
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
-from rmjax.analysis.config import AnalysisConfig
-from rmjax.analysis.outputs import MODEL, Outputs, markdown
+from rmjax.analysis.files import MODEL, Outputs, markdown
+from rmjax.analysis.spec import AnalysisConfig
 from rmjax.errors import InputFileError, MissingFileError, UsageError
-from rmjax.outputs import check_writable
+from rmjax.runs import locks
+from rmjax.runs.claims import check_writable
 
 
 def _load_optional(skipped: list[str], what: str, loader: Callable, *args):

@@ -7,12 +7,13 @@ import time
 import jax
 import numpy as np
 
-from rmjax.loading.fingerprint import derived, file_sha256, folder_fingerprint, gguf_fingerprint
 from rmjax.loading.gguf_file import cached_hf_folder
-from rmjax.loading.hf import Model, load_hf_model_folder
+from rmjax.loading.hf import load_hf_model_folder
+from rmjax.loading.identity import derived, file_sha256, folder_fingerprint, gguf_fingerprint
 from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS, builtin_head_file, cache_dir, resolve
 from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.loading.safetensors_io import iter_tensors
+from rmjax.model import Model
 
 __all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "Model", "fingerprint", "load", "peek"]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import locks
 from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
 from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
 from rmjax.loading.safetensors_io import save_file
+from rmjax.runs import locks
 
 _ARCHS = {
     "llama": ("LlamaForCausalLM", "llama"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -12,52 +11,17 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from rmjax import nn, sharding
+from rmjax import nn
 from rmjax.config import ModelConfig, load_config_file, read_json_file
 from rmjax.errors import CheckpointError, MissingFileError, TokenizerMismatchError, UsageError
 from rmjax.loading import safetensors_io
-from rmjax.loading.fingerprint import folder_fingerprint
+from rmjax.loading.identity import folder_fingerprint
 from rmjax.loading.weights import assemble
+from rmjax.model import Model
+from rmjax.parallel import sharding
 
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-
-
-@dataclasses.dataclass
-class Model:
-    """A loaded model: static config, parameters (possibly sharded), tokenizer."""
-
-    config: ModelConfig
-    params: nnx.State  # the nnx state of `module` (rmjax.nn.Transformer)
-    tokenizer: Any
-    source: str
-    dtype: str = "float32"
-    mesh: jax.sharding.Mesh | None = None
-    load_seconds: float = 0.0
-    raw_config: dict = dataclasses.field(default_factory=dict)  # config.json as read (for saving)
-    weight_bytes: int = 0  # the parameters' size in the loaded dtype
-    weight_bytes_read: int = 0  # what this process read from disk for its own devices' shards
-    fingerprint: dict | None = None  # {"weights", "tokenizer"} content digests (rmjax.loading.fingerprint)
-    fingerprint_of: tuple[int, int] | None = None  # id() of the params and tokenizer it describes
-    output_column: int = 0  # which head output jobs read (a run option: --output_column), not architecture
-
-    def __post_init__(self):
-        if self.fingerprint is not None and self.fingerprint_of is None:
-            self.fingerprint_of = (id(self.params), id(self.tokenizer))
-
-    def stamp(self, fingerprint: dict | None) -> Model:
-        """Record the fingerprint of the current params and tokenizer (after loading or placing them)."""
-        self.fingerprint, self.fingerprint_of = fingerprint, (id(self.params), id(self.tokenizer))
-        return self
-
-    @property
-    def module(self) -> nn.Transformer:
-        """The model as an nnx module sharing these params (nnx.display, nnx.state, per-layer calls)."""
-        return nn.module(self.params, self.config)
-
-    @property
-    def chat_template(self) -> str | None:
-        return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
 
 
 def numpy_dtype(dtype: str):

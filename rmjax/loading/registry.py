@@ -6,8 +6,8 @@ import importlib.util
 import os
 from pathlib import Path
 
-from rmjax import locks
 from rmjax.errors import CheckpointError, MissingFileError
+from rmjax.runs import locks
 
 
 def cache_dir() -> Path:

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmjax import nn
-from rmjax.distributed import replicated
 from rmjax.errors import UsageError
-from rmjax.loading.fingerprint import array_digest, derived
-from rmjax.loading.hf import Model
+from rmjax.loading.identity import array_digest, derived
+from rmjax.model import Model
+from rmjax.parallel.distributed import replicated
 
 SEQUENCE_CLASSIFIERS = {
     "llama": "LlamaForSequenceClassification",

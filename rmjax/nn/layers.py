@@ -2,7 +2,7 @@
 
 Each weight is declared once, by `weight`, with its shape, logical axes and float32-ness as
 `nnx.Param` metadata; the loader, the memory plan, the zoo, placement and HF export read those
-declarations (rmjax.nn.state). The numerics are the pure functions of rmjax.ops.
+declarations (rmjax.nn.state). The numerics are the pure functions of rmjax.nn.ops.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rmjax import ops, sharding
 from rmjax.config import ModelConfig, embedding_scale
+from rmjax.nn import ops
+from rmjax.parallel import sharding
 
 Axes = tuple[str | None, ...]
 ACTIVATION = ("batch", None, "embed")  # [B, T, H]: rows over `data`
 
 
 def weight(shape: tuple[int, ...], axes: Axes, dtype, *, float32: bool = False) -> nnx.Param:
-    """The one declaration of a parameter. `axes` are logical (rmjax.sharding.RULES places them);
+    """The one declaration of a parameter. `axes` are logical (rmjax.parallel.sharding.RULES places them);
     `float32` weights keep float32 whatever the backbone dtype (reward heads: bf16 scores tie).
 
     Values start at zero: a model is built abstractly (nnx.eval_shape) and filled by a loader.
@@ -30,12 +31,12 @@ def weight(shape: tuple[int, ...], axes: Axes, dtype, *, float32: bool = False) 
         raise ValueError(f"weight of shape {shape} declared with axes {axes}")
     dtype = jnp.float32 if float32 else dtype
     # `axes`, not flax's `out_sharding`: flax would resolve names itself (with its own rules) whenever a
-    # mesh is set; rmjax places weights by rmjax.sharding.RULES, in one place.
+    # mesh is set; rmjax places weights by rmjax.parallel.sharding.RULES, in one place.
     return nnx.Param(jnp.zeros(shape, dtype), axes=tuple(axes), float32=float32)
 
 
 def constrain(x: jax.Array, axes: Axes) -> jax.Array:
-    """Pin an activation's layout (logical axes placed by rmjax.sharding.RULES) when traced under a mesh
+    """Pin an activation's layout (logical axes placed by rmjax.parallel.sharding.RULES) when traced under a mesh
     (`jax.set_mesh`), where GSPMD would otherwise guess it from the weights; a no-op without one."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not {"data", "model"} <= set(mesh.axis_names):

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rmjax import sharding
 from rmjax.config import ModelConfig
 from rmjax.nn.transformer import Transformer
+from rmjax.parallel import sharding
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rmjax import heads as heads_lib
-from rmjax import ops, sharding
 from rmjax.config import ModelConfig
 from rmjax.heads import HeadConfig
+from rmjax.nn import ops
 from rmjax.nn.layers import (
     ACTIVATION,
     AttentionInputs,
@@ -28,6 +28,7 @@ from rmjax.nn.layers import (
     constrain,
     weight,
 )
+from rmjax.parallel import sharding
 
 
 @jax.tree_util.register_dataclass
@@ -44,7 +45,7 @@ class KVCache:
     valid: jax.Array  # [batch, seq] bool
     gate_input: jax.Array | None = None  # [batch, hidden] f32: prompt-gated heads' input (ArmoRM, QRM)
 
-    AXES = {  # logical axes of each field (rmjax.sharding)
+    AXES = {  # logical axes of each field (rmjax.parallel.sharding)
         "k": ("layers", "batch", None, "kv_heads", "head_dim"),
         "v": ("layers", "batch", None, "kv_heads", "head_dim"),
         "positions": ("batch", None),

@@ -36,7 +36,7 @@ class Pairs:
 
     def digest(self) -> str:
         """Content digest (part of a training run's identity)."""
-        from rmjax.loading.fingerprint import hash_json
+        from rmjax.loading.identity import hash_json
 
         return hash_json([self.prompt, self.chosen, self.rejected, [float(x) for x in self.label]])
 

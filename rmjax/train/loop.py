@@ -23,17 +23,19 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from rmjax import batching, checks, finite, nn
+from rmjax import checks, nn
 from rmjax.checks import setting
-from rmjax.distributed import global_array, is_main
 from rmjax.errors import NonFiniteError, UsageError
-from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.loading.hf import Model
+from rmjax.loading.identity import model_fingerprint
+from rmjax.model import Model
 from rmjax.nn.layers import SplitStack
-from rmjax.outputs import claim
-from rmjax.progress import Progress
-from rmjax.results import dump_json
-from rmjax.textscore import TextScorer
+from rmjax.parallel import batching
+from rmjax.parallel.distributed import global_array, is_main
+from rmjax.runs.claims import claim
+from rmjax.runs.progress import Progress
+from rmjax.runs.results import dump_json
+from rmjax.scoring import finite
+from rmjax.scoring.texts import TextScorer
 from rmjax.train.data import Pairs
 from rmjax.train.rm import bradley_terry_loss
 
@@ -72,7 +74,7 @@ NOT_IN_IDENTITY = ("checkpoint_every", "keep_checkpoints", "feature_batch_size")
 
 
 def train_identity(model_fingerprint: dict, dtype: str, train: Pairs, heldout: Pairs, cfg: TrainConfig) -> dict:
-    """What a training run's checkpoints depend on (rmjax.outputs): base model, data, every setting."""
+    """What a training run's checkpoints depend on (rmjax.runs.claims): base model, data, every setting."""
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
     if cfg.trainable != "last_k":
         del config["last_k"]  # unused

@@ -13,16 +13,18 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from rmjax import nn, results
-from rmjax.distributed import is_main, to_host
+from rmjax import nn
 from rmjax.errors import UsageError
-from rmjax.loading import fingerprint, load
-from rmjax.loading.fingerprint import hash_json
-from rmjax.loading.hf import Model
+from rmjax.loading import identity as fingerprint
+from rmjax.loading import load
+from rmjax.loading.identity import hash_json
 from rmjax.loading.reward_head import new_head_fingerprint, reward_model_from_lm
 from rmjax.loading.safetensors_io import save_file
-from rmjax.outputs import claim
-from rmjax.results import dump_json
+from rmjax.model import Model
+from rmjax.parallel.distributed import is_main, to_host
+from rmjax.runs import results
+from rmjax.runs.claims import claim
+from rmjax.runs.results import dump_json
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
 from rmjax.train.loop import (
     TrainConfig,
@@ -54,7 +56,7 @@ def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int,
 def elo_agreement(model: Model, heldout: Pairs, elo_csv: str | Path, template: str) -> dict:
     """Held-out accuracy against the Elo ordering, and the best accuracy any model could reach
     on labels sampled from Elo probabilities (mean max(p, 1-p))."""
-    from rmjax.textscore import TextScorer
+    from rmjax.scoring.texts import TextScorer
 
     items = read_elo_items(elo_csv)
     elo = dict(zip(items["name"], items["elo_score"], strict=True))

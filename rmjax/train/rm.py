@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 
 from rmjax import nn
-from rmjax.distributed import is_main, to_host
-from rmjax.loading.hf import Model
 from rmjax.loading.safetensors_io import save_file
 from rmjax.loading.weights import to_hf_tensors
+from rmjax.model import Model
+from rmjax.parallel.distributed import is_main, to_host
 
 
 def bradley_terry_loss(r_chosen: jax.Array, r_rejected: jax.Array, label: jax.Array) -> jax.Array:

@@ -34,11 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import batching, nn
+from rmjax import nn
 from rmjax.config import ModelConfig
-from rmjax.distributed import replicated, to_host
 from rmjax.errors import UsageError
-from rmjax.loading import Model
+from rmjax.model import Model
+from rmjax.parallel import batching
+from rmjax.parallel.distributed import replicated, to_host
 
 # The pad token's row is the default: from the zero embedding the first RMSNorm (scale-invariant but for its
 # eps) keeps the reward nearly constant along the path except at α ≈ 0, where it jumps; no step count resolves

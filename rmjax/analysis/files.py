@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rmjax import results
 from rmjax.errors import OutputExistsError, UsageError
-from rmjax.outputs import check_writable
-from rmjax.results import atomic_write_text, dump_json
+from rmjax.runs import results
+from rmjax.runs.claims import check_writable
+from rmjax.runs.results import atomic_write_text, dump_json
 
 
 def write_frame(path: str | Path, frame: pd.DataFrame) -> Path:

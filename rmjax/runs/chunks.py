@@ -2,7 +2,7 @@
 
 Each chunk (rows [start, stop) of the candidate list, all prompts) is written atomically
 (temp file + rename), so a crash loses at most the chunk in flight and never leaves a partial
-one. The manifest pins the run's identity (`rmjax.outputs`: model content, tokenizer, template,
+one. The manifest pins the run's identity (`rmjax.runs.claims`: model content, tokenizer, template,
 every setting that changes a score) and the chunk size; resuming with another identity is refused
 rather than mixing results of two runs, and a resume keeps the saved chunk size.
 """
@@ -12,14 +12,16 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from rmjax.errors import ResumeMismatchError
-from rmjax.outputs import canonical, mismatch_message, real_path
-from rmjax.results import atomic_write_text
+from rmjax.parallel.distributed import barrier, is_main
+from rmjax.runs.claims import canonical, mismatch_message, real_path
+from rmjax.runs.results import atomic_write_text
 
 
 def fingerprint(values: np.ndarray) -> str:
@@ -83,3 +85,15 @@ class ChunkStore:
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def open_store(out: str | Path, identity: dict, chunk_size: int) -> ChunkStore:
+    """The chunk store of a resumable job (sweep, beam): process 0 owns the files; the others open the same
+    store once it exists (shared disk)."""
+    store = ChunkStore(out, identity, chunk_size) if is_main() else None
+    barrier("rmjax-sweep-store")
+    if store is None:
+        store = ChunkStore(out, identity, chunk_size, create=False)
+    if store.chunk_size != chunk_size and is_main():
+        print(f"resuming {store.dir} with its chunk size {store.chunk_size}", file=sys.stderr)
+    return store

@@ -14,12 +14,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rmjax import batching, nn
+from rmjax import nn
 from rmjax.config import ModelConfig
-from rmjax.distributed import replicated, to_host
 from rmjax.heads import require_pattern
-from rmjax.loading import Model
-from rmjax.sharding import batch_sharding
+from rmjax.model import Model
+from rmjax.parallel import batching
+from rmjax.parallel.distributed import replicated, to_host
+from rmjax.parallel.sharding import batch_sharding
 
 PREFIX_BUCKET = 32  # prefixes are left-padded to a multiple of this: one compilation for all prompts
 
@@ -33,7 +34,7 @@ def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> nn.KVCa
 
 
 def extend_prefix(model: Model, cache: nn.KVCache, continuations: np.ndarray) -> nn.KVCache:
-    """Caches of a batch-1 prefix followed by each row of `continuations` [R, d] (rmjax.beam's partial responses):
+    """Caches of a batch-1 prefix followed by each row of `continuations` [R, d] (the beam's partial responses):
     one forward of R x d new positions against the shared prefix, no prefix recomputed; [R] rows, width + d."""
     rows, new = continuations.shape
     extend = _extend(model.config, model.mesh, cache.k.shape[2], rows, new)

@@ -2,7 +2,7 @@
 writes the result files and, last, their .meta.json. Library functions compute and return arrays or
 results; a job function wraps one of them in `job(...)` and hands its writer to `Job.finish`.
 
-A result whose .meta.json is there is complete (rmjax.outputs reuses it for the same identity);
+A result whose .meta.json is there is complete (rmjax.runs.claims reuses it for the same identity);
 training keeps a workdir of checkpoints instead (rmjax.train.loop.claim_workdir) but writes the same way.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rmjax import results
-from rmjax.distributed import is_main
-from rmjax.outputs import Claim, claim, real_path
+from rmjax.parallel.distributed import is_main
+from rmjax.runs import results
+from rmjax.runs.claims import Claim, claim, real_path
 
 
 @dataclasses.dataclass
@@ -54,7 +54,7 @@ def model_meta(model) -> dict:
 @contextlib.contextmanager
 def job(out: str | Path, identity: dict, kind: str, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
         store: str | Path | None = None) -> Iterator[Job]:
-    """Claim `out` for `identity` (reuse, resume, refuse or overwrite: rmjax.outputs.claim) for the block."""
+    """Claim `out` for `identity` (reuse, resume, refuse or overwrite: rmjax.runs.claims.claim) for the block."""
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store) as decision:
         yield Job(out, identity, kind, decision, time.perf_counter(), tuple(map(real_path, owned)))

@@ -2,7 +2,7 @@
 
 `token_id, token_name, token_decoded, <one column per prompt>`; rmjax's sweeps add a key column
 `roundtrip` after `token_decoded` (1 where the token-mode sequence is what a real conversation
-tokenizes to, see `rmjax.textscore.roundtrip_mask`). Tokens such as `None`, `NaN`,
+tokenizes to, see `rmjax.text.candidates.roundtrip_mask`). Tokens such as `None`, `NaN`,
 `null`, `,`, `"` or a newline are quoted by the csv module and read back with NA parsing off
 (the reference analysis lost `None`/`NaN` tokens by reading them as missing values).
 """
@@ -28,7 +28,7 @@ from rmjax.errors import InputFileError, MissingFileError
 KEY_COLUMNS = ["token_id", "token_name", "token_decoded"]
 ROUNDTRIP = "roundtrip"
 TEXT = "text"
-# Key columns of a beam / exhaustive result (rmjax.beam): one row per sequence.
+# Key columns of a beam / exhaustive result (rmjax.search.beam): one row per sequence.
 BEAM_KEY_COLUMNS = ["depth", "direction", "rank", "ids", "tokens", "decoded"]
 # Columns that are never a prompt's values (what a prompt may not be called).
 NON_VALUE_COLUMNS = (*KEY_COLUMNS, ROUNDTRIP, TEXT, *BEAM_KEY_COLUMNS)

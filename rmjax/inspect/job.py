@@ -11,15 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import chat, finite, jobs, results
-from rmjax.attribution import MAX_EVALUATIONS, TOLERANCE, attribute
 from rmjax.errors import NonFiniteError, UsageError
-from rmjax.lens import reward_lens, token_rewards
-from rmjax.loading import Model
-from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.patching import COMPONENTS, patching_map
-from rmjax.progress import Progress
-from rmjax.textscore import Conversations
+from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute
+from rmjax.inspect.lens import reward_lens, token_rewards
+from rmjax.inspect.patching import COMPONENTS, patching_map
+from rmjax.loading.identity import model_fingerprint
+from rmjax.model import Model
+from rmjax.runs import jobs, results
+from rmjax.runs.progress import Progress
+from rmjax.scoring import finite
+from rmjax.text import chat
+from rmjax.text.chat import Conversations
 
 FILES = ("reward_lens.csv", "token_rewards.csv", "attribution.csv", "patching.csv", "lens.png", "attribution.png",
          "patching.png")
@@ -121,7 +123,7 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
                 max_evaluations: int = MAX_EVALUATIONS) -> dict:
     """Compute everything for `items` and write it to folder `out`; the summary (also in .meta.json).
     Integrated gradients start from `steps` + 1 path points and are refined until their relative completeness
-    gap is within `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.attribution)."""
+    gap is within `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.inspect.attribution)."""
     if len(items) < 1:
         raise UsageError("no responses to inspect.")
     items = distinct_labels(items)
@@ -174,7 +176,7 @@ def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *
 
 
 def _check_finite(model: Model, items, lens, curves, attributions, patched, allow: bool) -> list[str] | None:
-    """NaN/Inf anywhere stops the job before anything is written (rmjax.finite names where a forward turns NaN);
+    """NaN/Inf anywhere stops the job before anything is written (rmjax.scoring.finite names where a forward turns NaN);
     with `allow`, the names of the affected outputs for .meta.json."""
     arrays = {"reward lens": lens.lens, "direct contributions": np.concatenate([lens.attention, lens.mlp]),
               "token rewards": np.concatenate([c.ravel() for c in curves]),

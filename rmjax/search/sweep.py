@@ -3,62 +3,34 @@
 Token mode (exact): candidate i is `prefix + [token_i] + suffix`; the prefix K/V is computed once
 per prompt and each batch runs only 1 + len(suffix) positions against it (broadcast, never
 copied). Text mode (compatibility with the published CSVs): each token is decoded, placed in the
-chat template and re-tokenized; see `rmjax.textscore`. Every result says per token whether the
+chat template and re-tokenized; see `rmjax.scoring.texts`. Every result says per token whether the
 two agree (`roundtrip`): where they do not, token mode scores a sequence no conversation produces.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import sys
 import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from rmjax import batching, chat, finite, jobs, memory, results
-from rmjax import model as M
-from rmjax.chunks import ChunkStore, fingerprint, store_dir
-from rmjax.distributed import barrier, is_main, replicated
 from rmjax.errors import PromptTooLongError, UsageError
-from rmjax.loading import Model
-from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.prefix import PREFIX_BUCKET, prefill_prefix, score_responses
-from rmjax.progress import Progress
-from rmjax.prompts import check_prompt_names
-from rmjax.textscore import TextScorer, roundtrip_mask
-
-
-@dataclasses.dataclass
-class PromptContext:
-    name: str
-    split: chat.ChatSplit
-    cache: M.KVCache
-    suffix: jax.Array
-
-
-def require_reward_model(cfg, source: str) -> None:
-    if not cfg.is_reward_model:
-        raise UsageError(f"{source} has no score head ({cfg.architecture}); sweeps need a reward model "
-                         "(*ForSequenceClassification). For a causal LM use experiments.logprobs.")
-
-
-def prepare_prompt(
-    model: Model, name: str, text: str, template: str = "auto", response_tokens: int = 1
-) -> PromptContext:
-    require_reward_model(model.config, model.source)
-    split = chat.split_chat(model.tokenizer, text, template, model.config.max_position_embeddings, response_tokens)
-    suffix = replicated(jnp.asarray(split.suffix, jnp.int32), model.mesh)
-    return PromptContext(name, split, prefill_prefix(model, split.prefix), suffix)
-
-
-def score_tokens(model: Model, ctx: PromptContext, tokens: np.ndarray, batch_size: int) -> np.ndarray:
-    """Scores of `tokens` as one-token responses."""
-    return score_responses(model, ctx.cache, ctx.suffix, np.asarray(tokens, np.int32)[:, None], batch_size)
+from rmjax.loading.identity import model_fingerprint
+from rmjax.model import Model
+from rmjax.parallel import batching
+from rmjax.parallel.distributed import barrier, is_main
+from rmjax.runs import jobs, results
+from rmjax.runs.chunks import fingerprint, open_store, store_dir
+from rmjax.runs.progress import Progress
+from rmjax.scoring import finite, memory
+from rmjax.scoring.context import prepare_prompt, score_tokens
+from rmjax.scoring.prefix import PREFIX_BUCKET
+from rmjax.scoring.texts import TextScorer
+from rmjax.text import chat
+from rmjax.text.candidates import candidate_ids, roundtrip_mask
+from rmjax.text.prompts import check_prompt_names
 
 
 def memory_plan(cfg, tokenizer, prompts: dict[str, str], template: str, dtype: str, mesh,
@@ -94,29 +66,10 @@ def check_batch_size(batch_size: int, candidates: int, mesh) -> None:
                          f"(each batch is padded to its size); use --batch_size={most} or less, or 0 to pick one.")
 
 
-def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) -> int:
-    """How many candidates `candidate_ids` will give, from the config and tokenizer alone (before the weights)."""
-    vocab = min(cfg.vocab_size, len(tokenizer)) if tokenizer is not None else cfg.vocab_size
-    n = len(token_ids) if token_ids is not None else vocab
-    return min(n, limit) if limit is not None else n
-
-
-def candidate_ids(model: Model, token_ids=None, limit: int | None = None) -> np.ndarray:
-    vocab = model.config.vocab_size
-    if token_ids is None:
-        ids = np.arange(min(vocab, len(model.tokenizer)))
-    else:
-        ids = np.asarray(list(token_ids), np.int64)
-        bad = ids[(ids < 0) | (ids >= vocab)]
-        if bad.size:
-            raise UsageError(f"--token_ids: {bad[:5].tolist()} are outside the vocabulary [0, {vocab}).")
-    return ids[:limit] if limit is not None else ids
-
-
 def sweep_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
                    token_ids=None, limit: int | None = None, mode: str = "token", template: str = "auto",
                    text_add_special_tokens: bool = False) -> dict:
-    """What a sweep's scores depend on (rmjax.outputs): computable before the model loads."""
+    """What a sweep's scores depend on (rmjax.runs.claims): computable before the model loads."""
     requested = None if token_ids is None else fingerprint(np.asarray(list(token_ids), np.int64))
     return {"job": "sweep", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
             "prompts": dict(prompts), "token_ids": requested, "limit": limit, "mode": mode, "template": template,
@@ -146,7 +99,7 @@ def sweep(
     """Reward of every candidate for every prompt; resumable when `out` is given.
 
     Completed chunks go to `<out>.chunks/`; an interrupted run restarted with the same inputs
-    (rmjax.outputs identity) continues after the last complete chunk. The CSV and its .meta.json
+    (rmjax.runs.claims identity) continues after the last complete chunk. The CSV and its .meta.json
     appear only when all chunks are done; a finished result with the same identity is reused.
     NaN/Inf scores stop the sweep unless `allow_nonfinite`.
     """
@@ -232,13 +185,3 @@ def _scorer(model: Model, prompts: dict[str, str], mode: str, template: str, tex
             lambda row, col: scorers[col].token_ids([decoded[row]])[0])
 
 
-def open_store(out: str | Path, identity: dict, chunk_size: int) -> ChunkStore:
-    """The chunk store of a resumable job (sweep, beam): process 0 owns the files; the others open the same
-    store once it exists (shared disk)."""
-    store = ChunkStore(out, identity, chunk_size) if is_main() else None
-    barrier("rmjax-sweep-store")
-    if store is None:
-        store = ChunkStore(out, identity, chunk_size, create=False)
-    if store.chunk_size != chunk_size and is_main():
-        print(f"resuming {store.dir} with its chunk size {store.chunk_size}", file=sys.stderr)
-    return store

@@ -17,7 +17,7 @@ def duration(seconds: float) -> str:
 class Progress:
     """Prints `label done/total (pct) rate unit/s ETA` at most every `every` seconds (stderr).
 
-    `total` and `label` may change while it runs (rmjax.beam counts one whole job over its levels and revises
+    `total` and `label` may change while it runs (rmjax.search.beam counts one whole job over its levels and revises
     the total as a level starts); `rate_hint` (unit/s, e.g. timed on a warm-up batch) stands for the rate until
     some work is measured."""
 

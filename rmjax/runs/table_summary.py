@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import results
+from rmjax.runs import results
 
 
 def _prompt_texts(meta: dict) -> dict[str, str]:

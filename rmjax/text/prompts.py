@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmjax import yamlfile
 from rmjax.errors import MissingFileError, UsageError
+from rmjax.text import yamlfile
 
 PAPER1 = {
     "greatest": "What, in one word, is the greatest thing ever?",

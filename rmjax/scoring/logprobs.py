@@ -6,12 +6,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import batching, chat, finite, jobs, results
 from rmjax import model as M
 from rmjax.errors import UsageError
-from rmjax.loading import Model
-from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.prompts import check_prompt_names
+from rmjax.loading.identity import model_fingerprint
+from rmjax.model import Model
+from rmjax.parallel import batching
+from rmjax.runs import jobs, results
+from rmjax.scoring import finite
+from rmjax.text import chat
+from rmjax.text.prompts import check_prompt_names
 
 
 def next_token_logprobs(model: Model, prompts: dict[str, str], template: str = "auto") -> dict[str, np.ndarray]:

@@ -15,8 +15,8 @@ import numpy as np
 
 from rmjax import model as M
 from rmjax import nn
-from rmjax.distributed import replicated, to_host
 from rmjax.errors import NonFiniteError
+from rmjax.parallel.distributed import replicated, to_host
 
 ALLOW_HINT = "pass --allow_nonfinite to write them anyway (counted in .meta.json)"
 

@@ -13,83 +13,24 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import batching, chat, finite, jobs, results
 from rmjax import model as M
-from rmjax.distributed import to_host
-from rmjax.errors import PromptTooLongError, UsageError
-from rmjax.loading import Model
-from rmjax.loading.fingerprint import hash_json, model_fingerprint
-from rmjax.prefix import prefill_prefix
-from rmjax.progress import Progress
-from rmjax.prompts import check_prompt_names
+from rmjax.errors import PromptTooLongError
+from rmjax.loading.identity import hash_json, model_fingerprint
+from rmjax.model import Model, require_reward_model
+from rmjax.parallel import batching
+from rmjax.parallel.distributed import to_host
+from rmjax.runs import jobs, results
+from rmjax.runs.progress import Progress
+from rmjax.scoring import finite
+from rmjax.scoring.prefix import prefill_prefix
+from rmjax.text.chat import Conversations
+from rmjax.text.prompts import check_prompt_names
 
 LENGTH_BUCKET = 4  # remainders are right-padded to a multiple of this (few compilations)
 
 
 def _bucket(n: int) -> int:
     return batching.bucket(n, LENGTH_BUCKET)
-
-
-class Conversations:
-    """Responses placed in a prompt's template and tokenized, as the published pipeline did."""
-
-    def __init__(self, tokenizer, prompt: str, template: str = "auto", add_special_tokens: bool = False,
-                 max_positions: int | None = None):
-        self.tokenizer, self.prompt, self.add_special_tokens = tokenizer, prompt, add_special_tokens
-        self.split = chat.split_chat(tokenizer, prompt, template, max_positions)
-        if self.split.template == "chat":
-            head = self.conversation(chat.MARKER).split(chat.MARKER)[0]
-            self.prefix = tokenizer(head, add_special_tokens=add_special_tokens).input_ids
-        else:
-            self.prefix = list(self.split.prefix)
-
-    def conversation(self, response: str) -> str:
-        if self.split.template == "chat":
-            messages = [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}]
-            return self.tokenizer.apply_chat_template(messages, tokenize=False)
-        return chat.PLAIN_FORMAT.format(prompt=self.prompt) + " " + response.strip()
-
-    def token_ids(self, responses: list[str]) -> list[list[int]]:
-        """The re-tokenized conversations (what the reference pipeline feeds its model)."""
-        tok = self.tokenizer
-        if self.split.template == "plain":  # one space after "Assistant:", trimmed like chat templates do
-            spaced = [" " + r.strip() for r in responses]
-            return [self.prefix + ids for ids in tok(spaced, add_special_tokens=False).input_ids]
-        texts = [self.conversation(r) for r in responses]
-        return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
-
-
-def _special_ids(tokenizer) -> set[int]:
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    return set(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
-
-
-def roundtrip_mask(tokenizer, prompts: dict[str, str], template: str, tokens: np.ndarray, decoded: list[str],
-                   max_positions: int | None = None) -> tuple[np.ndarray, dict[str, int]]:
-    """Per token: is `prefix + [id] + suffix` (what token mode scores) exactly what a real conversation
-    gives — decode the id, put the text in the template as the response, tokenize — for every prompt?
-
-    Plain template: only tokens that start with a space read as `Assistant: word`; chat templates
-    that trim the response (Llama 3, Gemma): only tokens without one. Returns the mask and the count
-    per prompt. Tokenizers split the text at special tokens before anything else, so prompts whose
-    prefix agrees after its last special token (and whose suffix agrees) share one computation.
-    """
-    special = _special_ids(tokenizer)
-    done: dict[tuple, np.ndarray] = {}
-    mask, counts = np.ones(len(tokens), bool), {}
-    for name, text in prompts.items():
-        conversations = Conversations(tokenizer, text, template, False, max_positions)
-        split = conversations.split
-        cut = max((i for i, t in enumerate(split.prefix) if t in special), default=-1)
-        key = (split.template, split.prefix[cut:] if cut >= 0 else split.prefix, split.suffix)
-        if key not in done:
-            retokenized = conversations.token_ids(list(decoded))
-            done[key] = np.fromiter((ids == split.ids_with([int(t)]) for ids, t in zip(retokenized, tokens,
-                                                                                        strict=True)),
-                                    bool, len(tokens))
-        counts[name] = int(done[key].sum())
-        mask &= done[key]
-    return mask, counts
 
 
 class TextScorer(Conversations):
@@ -102,8 +43,7 @@ class TextScorer(Conversations):
 
     def score(self, responses: list[str], batch_size: int = 256) -> np.ndarray:
         """Reward of each response: [N] float32."""
-        if not self.model.config.is_reward_model:
-            raise UsageError(f"{self.model.source} has no score head; text scoring needs a reward model.")
+        require_reward_model(self.model.config, self.model.source, "text scoring")
         params, cfg, cache = self.model.params, self.model.config, self.cache
 
         def reward(ids, mask, cached: bool):

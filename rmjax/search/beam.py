@@ -24,17 +24,22 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import batching, checks, finite, jobs, memory, results
+from rmjax import checks
 from rmjax.checks import setting
-from rmjax.chunks import ChunkStore, fingerprint, store_dir
-from rmjax.distributed import barrier, is_main
 from rmjax.errors import UsageError
-from rmjax.loading import Model
-from rmjax.loading.fingerprint import model_fingerprint
-from rmjax.outputs import canonical, changed_keys
-from rmjax.prefix import cache_row, extend_prefix, score_responses
-from rmjax.progress import Progress, duration
-from rmjax.sweep import candidate_ids, open_store, prepare_prompt, sweep_identity
+from rmjax.loading.identity import model_fingerprint
+from rmjax.model import Model
+from rmjax.parallel import batching
+from rmjax.parallel.distributed import barrier, is_main
+from rmjax.runs import jobs, results
+from rmjax.runs.chunks import ChunkStore, fingerprint, open_store, store_dir
+from rmjax.runs.claims import canonical, changed_keys
+from rmjax.runs.progress import Progress, duration
+from rmjax.scoring import finite, memory
+from rmjax.scoring.context import prepare_prompt
+from rmjax.scoring.prefix import cache_row, extend_prefix, score_responses
+from rmjax.search.sweep import sweep_identity
+from rmjax.text.candidates import candidate_ids
 
 PREFILL_ROWS = 8  # partial caches computed per forward (and held at once)
 
@@ -112,7 +117,7 @@ def job_size(cfg: BeamConfig, n: int, from_sweep: bool = False) -> list[int]:
 
 def read_sweep(path: str | Path, identity: dict):
     """The table of a finished sweep that can stand for this beam's depth 1, checked like a resume against
-    `identity` (rmjax.sweep.sweep_identity of depth 1: model content, dtype, output column, token mode, template,
+    `identity` (rmjax.search.sweep.sweep_identity of depth 1: model content, dtype, output column, token mode, template,
     prompts). It may hold more prompts and any candidates (`depth1_scores` checks they cover ours). Another run's
     sweep, one without its .meta.json (unfinished), or a CSV that is not byte for byte what the sweep wrote, is
     refused in one line."""
@@ -162,71 +167,6 @@ def depth1_scores(table, candidates: np.ndarray, prompts: dict[str, str], path: 
 def sweep_fingerprint(path: str | Path) -> str:
     """sha1 of a sweep CSV: the exact depth-1 scores a --from_sweep beam ran from (part of its identity)."""
     return hashlib.sha1(Path(path).read_bytes()).hexdigest()
-
-
-class VocabLines(list):
-    """The candidate strings of a --vocab_file (a list), with the file and how many blank lines it skipped."""
-
-    path: str = ""
-    blank: int = 0
-
-
-def words_to_ids(tokenizer, lines: list[str], report: bool = True) -> tuple[np.ndarray, list[str]]:
-    """Token ids of the lines that are exactly one token (taken verbatim: ' cat' and 'cat' differ), in file
-    order without repeats; and the lines that are not one token. With `report`, every kind of line left out of the
-    set (blank, not one token, a repeat of an earlier line's token) is counted on stderr, one line per kind, so a
-    smaller set than the file's line count is never silent."""
-    ids: dict[int, str] = {}
-    skipped, repeated = [], []
-    for line in lines:
-        tokens = tokenizer(line, add_special_tokens=False).input_ids if line else []
-        if len(tokens) != 1:
-            skipped.append(line)
-        elif tokens[0] in ids:
-            repeated.append(line)
-        else:
-            ids[tokens[0]] = line
-    if report and is_main():
-        for line in skipped_lines_report(lines, skipped, repeated):
-            print(line, file=sys.stderr)
-    return np.asarray(list(ids), np.int64), skipped
-
-
-def skipped_lines_report(lines: list[str], skipped: list[str], repeated: list[str]) -> list[str]:
-    """One line per kind of --vocab_file line left out of the candidate set (none when every line is a token)."""
-    flag = f"--vocab_file={lines.path}" if isinstance(lines, VocabLines) and lines.path else "--vocab_file"
-    blank = lines.blank if isinstance(lines, VocabLines) else 0
-    out = []
-    if blank:
-        out.append(f"{flag}: {blank} blank or whitespace-only line{'s' * (blank != 1)} skipped (give a whitespace "
-                   "token by its id with --token_ids).")
-    if skipped:
-        out.append(f"{flag}: {len(skipped)} line{'s' * (len(skipped) != 1)} that {'are' if len(skipped) != 1 else 'is'}"
-                   f" not one token of this tokenizer skipped (first: {', '.join(map(repr, skipped[:3]))}).")
-    if repeated:
-        out.append(f"{flag}: {len(repeated)} duplicate line{'s' * (len(repeated) != 1)} skipped (the token of an "
-                   f"earlier line; first: {', '.join(map(repr, repeated[:3]))}).")
-    return out
-
-
-def read_vocab_file(path: str | Path) -> VocabLines:
-    """The candidate strings of --vocab_file, one per line, verbatim but for the line end (a Windows '\\r\\n' and a
-    leading byte-order mark are not part of a line). Blank and whitespace-only lines are skipped and counted
-    (`words_to_ids` reports them)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise UsageError(f"--vocab_file={path}: cannot read it ({error.strerror or error}).") from None
-    except UnicodeDecodeError as error:
-        raise UsageError(f"--vocab_file={path}: not UTF-8 text ({error.reason} at byte {error.start}); save it as "
-                         "UTF-8, one string per line.") from None
-    raw = text.removeprefix("\ufeff").split("\n")
-    if raw and raw[-1] == "":
-        raw.pop()  # the end of the last line, not a blank line
-    raw = [line.removesuffix("\r") for line in raw]
-    lines = VocabLines(line for line in raw if line.strip())
-    lines.path, lines.blank = str(path), len(raw) - len(lines)
-    return lines
 
 
 class _Best:
@@ -501,10 +441,3 @@ def summary(path: str | Path, n: int = 5) -> str:
     return "\n".join(lines)
 
 
-def identity_of_candidates(token_ids: list[int] | None, vocab_lines: list[str] | None) -> str | None:
-    """The candidate set as requested (before a tokenizer turns words into ids): part of the job's identity."""
-    if token_ids is not None:
-        return "token_ids:" + fingerprint(np.asarray(token_ids, np.int64))
-    if vocab_lines is not None:
-        return "vocab_file:" + fingerprint(np.frombuffer("\n".join(vocab_lines).encode(), np.uint8))
-    return None

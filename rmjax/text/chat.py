@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import PromptTooLongError, RmjaxError, UsageError
+from rmjax.text import chat
 
 MARKER = "\u2063RMJAX_RESPONSE\u2063"
 PLAIN_FORMAT = "User: {prompt}\nAssistant:"
@@ -129,3 +130,37 @@ def token_table(tokenizer, vocab_size: int) -> tuple[np.ndarray, list[str], list
     decoded = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False)
     pad = [""] * (vocab_size - n)
     return ids, [s if s is not None else "" for s in names] + pad, list(decoded) + pad
+
+
+class Conversations:
+    """Responses placed in a prompt's template and tokenized, as the published pipeline did."""
+
+    def __init__(self, tokenizer, prompt: str, template: str = "auto", add_special_tokens: bool = False,
+                 max_positions: int | None = None):
+        self.tokenizer, self.prompt, self.add_special_tokens = tokenizer, prompt, add_special_tokens
+        self.split = chat.split_chat(tokenizer, prompt, template, max_positions)
+        if self.split.template == "chat":
+            head = self.conversation(chat.MARKER).split(chat.MARKER)[0]
+            self.prefix = tokenizer(head, add_special_tokens=add_special_tokens).input_ids
+        else:
+            self.prefix = list(self.split.prefix)
+
+    def conversation(self, response: str) -> str:
+        if self.split.template == "chat":
+            messages = [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}]
+            return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        return chat.PLAIN_FORMAT.format(prompt=self.prompt) + " " + response.strip()
+
+    def token_ids(self, responses: list[str]) -> list[list[int]]:
+        """The re-tokenized conversations (what the reference pipeline feeds its model)."""
+        tok = self.tokenizer
+        if self.split.template == "plain":  # one space after "Assistant:", trimmed like chat templates do
+            spaced = [" " + r.strip() for r in responses]
+            return [self.prefix + ids for ids in tok(spaced, add_special_tokens=False).input_ids]
+        texts = [self.conversation(r) for r in responses]
+        return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
+
+
+def _special_ids(tokenizer) -> set[int]:
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}

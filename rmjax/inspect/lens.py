@@ -22,10 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import batching, nn, ops
+from rmjax import nn
 from rmjax.config import ModelConfig
-from rmjax.distributed import replicated, to_host
-from rmjax.loading import Model
+from rmjax.model import Model
+from rmjax.nn import ops
+from rmjax.parallel import batching
+from rmjax.parallel.distributed import replicated, to_host
 
 
 @dataclasses.dataclass

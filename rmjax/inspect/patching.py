@@ -18,10 +18,10 @@ import numpy as np
 
 from rmjax import nn
 from rmjax.config import ModelConfig
-from rmjax.distributed import replicated, to_host
 from rmjax.errors import UsageError
-from rmjax.loading import Model
-from rmjax.progress import Progress
+from rmjax.model import Model
+from rmjax.parallel.distributed import replicated, to_host
+from rmjax.runs.progress import Progress
 
 COMPONENTS = ("residual", "attention", "mlp")
 

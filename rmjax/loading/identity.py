@@ -100,7 +100,7 @@ def model_fingerprint(model) -> dict:
     if fp and of == (id(model.params), id(model.tokenizer)):
         return fp
     from rmjax import nn
-    from rmjax.distributed import to_host
+    from rmjax.parallel.distributed import to_host
 
     weights = fp.get("weights") if of[0] == id(model.params) else None
     if weights is None:

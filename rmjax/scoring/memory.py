@@ -15,10 +15,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from rmjax import nn, sharding
+from rmjax import nn
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError
 from rmjax.loading.hf import numpy_dtype
+from rmjax.parallel import sharding
 
 
 def _itemsize(dtype: str) -> int:

@@ -20,14 +20,17 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from rmjax import chat, checks, finite, memory, nn, results
-from rmjax.beam import read_vocab_file, words_to_ids
+from rmjax import checks, nn
 from rmjax.checks import setting
-from rmjax.distributed import is_main, replicated, to_host
 from rmjax.errors import NonFiniteError, PromptTooLongError, UsageError
-from rmjax.loading import Model
-from rmjax.prefix import append_kv, extend_prefix, prefill_prefix, score_responses, score_variants
-from rmjax.textscore import Conversations
+from rmjax.model import Model, require_reward_model
+from rmjax.parallel.distributed import is_main, replicated, to_host
+from rmjax.runs import results
+from rmjax.scoring import finite, memory
+from rmjax.scoring.prefix import append_kv, extend_prefix, prefill_prefix, score_responses, score_variants
+from rmjax.text import chat
+from rmjax.text.candidates import read_vocab_file, words_to_ids
+from rmjax.text.chat import Conversations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,8 +225,7 @@ class GCGResult:
 
 
 def make_target(model: Model, prompt: str, template: str = "auto", prefix=None, suffix=None) -> Target:
-    if not model.config.is_reward_model:
-        raise UsageError(f"{model.source} has no score head; GCG needs a reward model.")
+    require_reward_model(model.config, model.source, "GCG")
     if prefix is None:
         split = chat.split_chat(model.tokenizer, prompt, template, model.config.max_position_embeddings)
         prefix, suffix = split.prefix, split.suffix
@@ -511,7 +513,7 @@ def _mean_on_device(grads: list[jax.Array]) -> jax.Array:
 
 
 def _explain(targets: list[Target], ids: np.ndarray) -> str:
-    """Where the first target whose reward of `ids` is non-finite turns NaN (see rmjax.finite)."""
+    """Where the first target whose reward of `ids` is non-finite turns NaN (see rmjax.scoring.finite)."""
     for t in targets:
         if not np.isfinite(evaluate([t], np.asarray([ids]), 1)).all():
             return f" (model {t.model.source}, prompt {t.prompt[:40]!r})" + finite.diagnose(

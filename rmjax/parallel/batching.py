@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from rmjax.distributed import global_array
-from rmjax.sharding import batch_sharding
+from rmjax.parallel.distributed import global_array
+from rmjax.parallel.sharding import batch_sharding
 
 
 def data_shards(mesh: jax.sharding.Mesh | None) -> int:

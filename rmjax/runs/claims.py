@@ -27,10 +27,10 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from rmjax import locks, results
-from rmjax.distributed import barrier, is_main
 from rmjax.errors import OutputExistsError, ResumeMismatchError, UsageError
-from rmjax.results import json_safe, meta_path
+from rmjax.parallel.distributed import barrier, is_main
+from rmjax.runs import locks, results
+from rmjax.runs.results import json_safe, meta_path
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import jobs, results
-from rmjax.chunks import fingerprint
-from rmjax.distributed import is_main
 from rmjax.errors import UsageError
-from rmjax.gcg import NOT_IN_IDENTITY, GCGConfig, GCGResult, gcg, make_target
-from rmjax.loading import Model
-from rmjax.loading.fingerprint import model_fingerprint
+from rmjax.loading.identity import model_fingerprint
+from rmjax.model import Model
+from rmjax.parallel.distributed import is_main
+from rmjax.runs import jobs, results
+from rmjax.runs.chunks import fingerprint
+from rmjax.search.gcg import NOT_IN_IDENTITY, GCGConfig, GCGResult, gcg, make_target
 
 
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],

@@ -1,0 +1,1 @@
+"""Reading a reward model from inside: reward lens, attribution, activation patching."""

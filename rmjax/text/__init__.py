@@ -1,0 +1,1 @@
+"""Text before the model: prompts, chat templates, conversations and candidate token ids."""

@@ -1,0 +1,135 @@
+"""Candidate token ids: the vocabulary (or a subset, a word list), checked and identified."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from rmjax.errors import UsageError
+from rmjax.model import Model
+from rmjax.parallel.distributed import is_main
+from rmjax.runs.chunks import fingerprint
+from rmjax.text.chat import Conversations, _special_ids
+
+
+def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) -> int:
+    """How many candidates `candidate_ids` will give, from the config and tokenizer alone (before the weights)."""
+    vocab = min(cfg.vocab_size, len(tokenizer)) if tokenizer is not None else cfg.vocab_size
+    n = len(token_ids) if token_ids is not None else vocab
+    return min(n, limit) if limit is not None else n
+
+
+def candidate_ids(model: Model, token_ids=None, limit: int | None = None) -> np.ndarray:
+    vocab = model.config.vocab_size
+    if token_ids is None:
+        ids = np.arange(min(vocab, len(model.tokenizer)))
+    else:
+        ids = np.asarray(list(token_ids), np.int64)
+        bad = ids[(ids < 0) | (ids >= vocab)]
+        if bad.size:
+            raise UsageError(f"--token_ids: {bad[:5].tolist()} are outside the vocabulary [0, {vocab}).")
+    return ids[:limit] if limit is not None else ids
+
+
+class VocabLines(list):
+    """The candidate strings of a --vocab_file (a list), with the file and how many blank lines it skipped."""
+
+    path: str = ""
+    blank: int = 0
+
+
+def words_to_ids(tokenizer, lines: list[str], report: bool = True) -> tuple[np.ndarray, list[str]]:
+    """Token ids of the lines that are exactly one token (taken verbatim: ' cat' and 'cat' differ), in file
+    order without repeats; and the lines that are not one token. With `report`, every kind of line left out of the
+    set (blank, not one token, a repeat of an earlier line's token) is counted on stderr, one line per kind, so a
+    smaller set than the file's line count is never silent."""
+    ids: dict[int, str] = {}
+    skipped, repeated = [], []
+    for line in lines:
+        tokens = tokenizer(line, add_special_tokens=False).input_ids if line else []
+        if len(tokens) != 1:
+            skipped.append(line)
+        elif tokens[0] in ids:
+            repeated.append(line)
+        else:
+            ids[tokens[0]] = line
+    if report and is_main():
+        for line in skipped_lines_report(lines, skipped, repeated):
+            print(line, file=sys.stderr)
+    return np.asarray(list(ids), np.int64), skipped
+
+
+def skipped_lines_report(lines: list[str], skipped: list[str], repeated: list[str]) -> list[str]:
+    """One line per kind of --vocab_file line left out of the candidate set (none when every line is a token)."""
+    flag = f"--vocab_file={lines.path}" if isinstance(lines, VocabLines) and lines.path else "--vocab_file"
+    blank = lines.blank if isinstance(lines, VocabLines) else 0
+    out = []
+    if blank:
+        out.append(f"{flag}: {blank} blank or whitespace-only line{'s' * (blank != 1)} skipped (give a whitespace "
+                   "token by its id with --token_ids).")
+    if skipped:
+        out.append(f"{flag}: {len(skipped)} line{'s' * (len(skipped) != 1)} that {'are' if len(skipped) != 1 else 'is'}"
+                   f" not one token of this tokenizer skipped (first: {', '.join(map(repr, skipped[:3]))}).")
+    if repeated:
+        out.append(f"{flag}: {len(repeated)} duplicate line{'s' * (len(repeated) != 1)} skipped (the token of an "
+                   f"earlier line; first: {', '.join(map(repr, repeated[:3]))}).")
+    return out
+
+
+def read_vocab_file(path: str | Path) -> VocabLines:
+    """The candidate strings of --vocab_file, one per line, verbatim but for the line end (a Windows '\\r\\n' and a
+    leading byte-order mark are not part of a line). Blank and whitespace-only lines are skipped and counted
+    (`words_to_ids` reports them)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"--vocab_file={path}: cannot read it ({error.strerror or error}).") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(f"--vocab_file={path}: not UTF-8 text ({error.reason} at byte {error.start}); save it as "
+                         "UTF-8, one string per line.") from None
+    raw = text.removeprefix("\ufeff").split("\n")
+    if raw and raw[-1] == "":
+        raw.pop()  # the end of the last line, not a blank line
+    raw = [line.removesuffix("\r") for line in raw]
+    lines = VocabLines(line for line in raw if line.strip())
+    lines.path, lines.blank = str(path), len(raw) - len(lines)
+    return lines
+
+
+def identity_of_candidates(token_ids: list[int] | None, vocab_lines: list[str] | None) -> str | None:
+    """The candidate set as requested (before a tokenizer turns words into ids): part of the job's identity."""
+    if token_ids is not None:
+        return "token_ids:" + fingerprint(np.asarray(token_ids, np.int64))
+    if vocab_lines is not None:
+        return "vocab_file:" + fingerprint(np.frombuffer("\n".join(vocab_lines).encode(), np.uint8))
+    return None
+
+
+def roundtrip_mask(tokenizer, prompts: dict[str, str], template: str, tokens: np.ndarray, decoded: list[str],
+                   max_positions: int | None = None) -> tuple[np.ndarray, dict[str, int]]:
+    """Per token: is `prefix + [id] + suffix` (what token mode scores) exactly what a real conversation
+    gives — decode the id, put the text in the template as the response, tokenize — for every prompt?
+
+    Plain template: only tokens that start with a space read as `Assistant: word`; chat templates
+    that trim the response (Llama 3, Gemma): only tokens without one. Returns the mask and the count
+    per prompt. Tokenizers split the text at special tokens before anything else, so prompts whose
+    prefix agrees after its last special token (and whose suffix agrees) share one computation.
+    """
+    special = _special_ids(tokenizer)
+    done: dict[tuple, np.ndarray] = {}
+    mask, counts = np.ones(len(tokens), bool), {}
+    for name, text in prompts.items():
+        conversations = Conversations(tokenizer, text, template, False, max_positions)
+        split = conversations.split
+        cut = max((i for i, t in enumerate(split.prefix) if t in special), default=-1)
+        key = (split.template, split.prefix[cut:] if cut >= 0 else split.prefix, split.suffix)
+        if key not in done:
+            retokenized = conversations.token_ids(list(decoded))
+            done[key] = np.fromiter((ids == split.ids_with([int(t)]) for ids, t in zip(retokenized, tokens,
+                                                                                        strict=True)),
+                                    bool, len(tokens))
+        counts[name] = int(done[key].sum())
+        mask &= done[key]
+    return mask, counts
