@@ -97,7 +97,9 @@ def measure(steps: int = 5, num_tokens: int = 8, search_width: int = 128, topk: 
     """Median step times of both (rmjax after its compiling step) and the best rewards they reach."""
     from rmjax.loading import load
     from rmjax.loading.registry import cache_dir
-    from rmjax.search.gcg import GCGConfig, disallowed_ids, gcg, make_target
+    from rmjax.search.gcg import gcg, make_target
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_swaps import disallowed_ids
 
     folder = exported_model(cache_dir() / "bench" / "elo-rm-smollm2-135m-hf")
     model = load(str(folder))

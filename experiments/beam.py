@@ -44,6 +44,7 @@ def main(argv):
     from rmjax.runs import results
     from rmjax.search import beam
     from rmjax.search.sweep import check_batch_size, sweep_identity
+    from rmjax.text import candidates as candidate_set
     from rmjax.text import prompts as prompt_lib
     from rmjax.text.candidates import candidate_count
 
@@ -53,17 +54,17 @@ def main(argv):
     token_ids = candidates.token_ids()
     if token_ids is not None and VOCAB_FILE.value:
         raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
-    lines = beam.read_vocab_file(VOCAB_FILE.value) if VOCAB_FILE.value else None
+    lines = candidate_set.read_vocab_file(VOCAB_FILE.value) if VOCAB_FILE.value else None
     if cfg.exhaustive and token_ids is None and lines is None and LIMIT.value is None:
         raise UsageError("--exhaustive enumerates |S|^depth sequences: give a small candidate set S with --token_ids, "
                          "--vocab_file or --limit (the whole vocabulary is what the beam is for).")
-    requested = beam.identity_of_candidates(token_ids, lines)
+    requested = candidate_set.identity_of_candidates(token_ids, lines)
     from_sweep = None
     if FROM_SWEEP.value:  # refused now, before the model loads, if it is not this beam's depth 1
         beam.read_sweep(FROM_SWEEP.value, sweep_identity(common.fingerprint(), dtype=common.DTYPE.value,
                                                          output_column=common.OUTPUT_COLUMN.value, prompts=prompts,
                                                          template=cfg.template))
-        from_sweep = beam.sweep_fingerprint(FROM_SWEEP.value)
+        from_sweep = results.file_sha1(FROM_SWEEP.value)
     identity = beam.beam_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts, cfg=cfg,
                                   output_column=common.OUTPUT_COLUMN.value, candidates=requested, limit=LIMIT.value,
                                   from_sweep=from_sweep)
@@ -81,7 +82,7 @@ def main(argv):
             model = common.load_model(before_weights=before_weights)
             extra, ids = {}, token_ids
             if lines is not None:
-                ids, skipped = beam.words_to_ids(model.tokenizer, lines)
+                ids, skipped = candidate_set.words_to_ids(model.tokenizer, lines)
                 if not len(ids):
                     raise UsageError(f"--vocab_file={VOCAB_FILE.value}: none of its {len(lines)} lines is a single "
                                      "token of this tokenizer.")

@@ -102,7 +102,7 @@ def start():
 
 def fingerprint(spec: str | None = None) -> dict:
     """The content fingerprint of --model (or `spec`) without loading it."""
-    from rmjax.loading import identity as of_spec
+    from rmjax.loading import fingerprint as of_spec
 
     start()
     return of_spec(spec or MODEL.value)

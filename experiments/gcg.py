@@ -15,7 +15,8 @@ import sys
 from absl import flags
 
 from experiments import common, config_flags, token_ids
-from rmjax.search.gcg import GCGConfig, check_search_width, init_from_rows
+from rmjax.search.gcg_config import GCGConfig, check_search_width
+from rmjax.search.gcg_start import init_from_rows
 
 OUT = flags.DEFINE_string("out", "results/gcg.json", "Result JSON (+ per-step CSV and .meta.json beside it).")
 # One flag per GCGConfig field (help and choices declared there; ranges, e.g. --n_replace <= --num_tokens, are
@@ -62,9 +63,9 @@ def main(argv):
 
 def plan_search(cfg: GCGConfig, prompts: dict[str, str], config, tokenizer, mesh) -> None:
     """--num_tokens against the context, --search_width against what a step can sample, and the search's memory,
-    checked for each model before its weights load (rmjax.search.gcg.search_plan); prints the plan."""
+    checked for each model before its weights load (rmjax.search.gcg_config.search_plan); prints the plan."""
     from rmjax.parallel import distributed
-    from rmjax.search.gcg import search_plan
+    from rmjax.search.gcg_config import search_plan
 
     if tokenizer is None:
         return  # make_target names the missing tokenizer

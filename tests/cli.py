@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,9 +14,23 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 # The entry points compile the same small programs again and again: a persistent XLA cache (git-ignored, beside
 # the converted real models) lets a later subprocess load them instead. It changes no number: the same
-# executable runs either way.
+# executable runs either way. Only for one-device processes: a multi-device CPU program with collectives, loaded
+# back from the cache, hangs in its first collective (jax 0.10.2: "Expected 8 threads to join the rendezvous",
+# then an abort), so processes given several devices compile their own.
 COMPILE_CACHE = {"JAX_COMPILATION_CACHE_DIR": str(REPO / ".cache" / "jax-tests"),
                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def subprocess_env(base: dict | None = None, **extra: str) -> dict:
+    """A subprocess environment: `base` (default ENV) with `extra`, without the compile cache when it gives the
+    process several CPU devices (JAX_NUM_CPU_DEVICES or --xla_force_host_platform_device_count)."""
+    merged = {**(ENV if base is None else base), **extra}
+    flag = re.search(r"--xla_force_host_platform_device_count=(\d+)", merged.get("XLA_FLAGS", ""))
+    if int(merged.get("JAX_NUM_CPU_DEVICES", "1")) > 1 or (flag and int(flag.group(1)) > 1):
+        merged = {k: v for k, v in merged.items() if k not in COMPILE_CACHE}
+    return merged
+
+
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **COMPILE_CACHE}
 
@@ -25,8 +40,8 @@ def command(job: str, *flags: str) -> list[str]:
 
 
 def run(job: str, *flags: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(command(job, *flags), cwd=cwd, env={**ENV, **(env or {})}, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(command(job, *flags), cwd=cwd, env=subprocess_env(**(env or {})), capture_output=True,
+                          text=True, timeout=600)
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

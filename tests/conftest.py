@@ -13,7 +13,23 @@ for _name, _value in COMPILE_CACHE.items():
     os.environ.setdefault(_name, _value)
 
 import jax  # noqa: E402
+from jax._src import compiler as _compiler  # noqa: E402
 
+# The persistent cache serves one-device programs only: a multi-device CPU program with collectives, loaded back
+# from it, hangs in its first collective (tests/cli.py COMPILE_CACHE); those compile afresh. The hook is private
+# to the pinned jax: under another jax the in-process tests use no persistent cache at all.
+_resolve_compilation_strategy = getattr(_compiler, "_resolve_compilation_strategy", None)
+
+
+def _one_device_programs_only(computation, devices, *args):
+    key, options = _resolve_compilation_strategy(computation, devices, *args)
+    return (key if devices.size == 1 else None), options
+
+
+if _resolve_compilation_strategy is None:
+    jax.config.update("jax_enable_compilation_cache", False)
+else:
+    _compiler._resolve_compilation_strategy = _one_device_programs_only
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_default_matmul_precision", "highest")
 

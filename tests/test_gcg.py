@@ -11,7 +11,9 @@ import torch
 from rmjax import model as M
 from rmjax.errors import OutputExistsError
 from rmjax.loading import load
-from rmjax.search.gcg import GCGConfig, disallowed_ids, evaluate, gcg, make_target, reward_gradient
+from rmjax.search.gcg import evaluate, gcg, make_target, reward_gradient
+from rmjax.search.gcg_config import GCGConfig
+from rmjax.search.gcg_swaps import disallowed_ids
 from tests import tiny, tolerance
 
 PREFIX, SUFFIX = (1, 17, 33, 5, 60), (2, 9)
@@ -164,7 +166,7 @@ def test_embed_reg_uses_true_embedding_distances():
     """Greedy swaps with the embedding-distance penalty equal a brute-force [N, V, H] computation."""
     import jax
 
-    from rmjax.search.gcg import sample_candidates, swap_scores
+    from rmjax.search.gcg_swaps import sample_candidates, swap_scores
 
     rng = np.random.default_rng(0)
     embed = rng.normal(size=(50, 8)).astype(np.float32)
@@ -197,7 +199,7 @@ def test_greedy_selection_swaps_n_replace_positions():
     n_replace) produced the same candidates again."""
     import jax
 
-    from rmjax.search.gcg import sample_candidates
+    from rmjax.search.gcg_swaps import sample_candidates
 
     rng = np.random.default_rng(0)
     current = np.asarray([5, 6, 7, 8], np.int32)
@@ -252,7 +254,7 @@ def test_random_candidates_come_from_the_top_k_on_the_device():
     one of that position's k best tokens by an independent numpy argsort, never to a banned token."""
     import jax
 
-    from rmjax.search.gcg import sample_candidates, swap_scores
+    from rmjax.search.gcg_swaps import sample_candidates, swap_scores
 
     rng = np.random.default_rng(1)
     current = np.asarray([5, 6, 7, 8, 9], np.int32)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests import tiny
+from tests import cli, tiny
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,46 +38,16 @@ def _atol(folder: Path, response_tokens: int) -> float:
     return tolerance.any_rewards_atol(model.params, model.config, length)
 
 
-def test_two_processes_equal_one(tmp_path):
-    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
-    base_env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    single = tmp_path / "single.csv"
-    subprocess.run(_cmd(folder, single, "--mesh=data:4,model:1"), cwd=REPO, check=True, capture_output=True,
-                   env={**base_env, "JAX_NUM_CPU_DEVICES": "4"})
-    multi = tmp_path / "multi.csv"
-    port = _free_port()
-    procs = [subprocess.Popen(_cmd(folder, multi, "--mesh=data:4,model:2", f"--coordinator=127.0.0.1:{port}",
-                                   "--num_processes=2", f"--process_id={i}"),
-                              cwd=REPO, env={**base_env, "JAX_NUM_CPU_DEVICES": "4"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-3000:]
-    assert "top 2 tokens" in outs[0][0] and "top 2 tokens" not in outs[1][0]  # only process 0 reports
-    import json
-
-    import numpy as np
-
-    from rmjax.runs import results
-
-    meta = json.loads(results.meta_path(multi).read_text())
-    assert meta["mesh"] == {"data": 4, "model": 2} and len(meta["environment"]["devices"]) == 8
-    a, b = results.read_scores_csv(single), results.read_scores_csv(multi)
-    assert a[["token_id", "token_name", "token_decoded"]].equals(b[["token_id", "token_name", "token_decoded"]])
-    atol = _atol(folder, 1)
-    np.testing.assert_allclose(b["greatest"], a["greatest"], atol=atol, rtol=0)
-    np.testing.assert_allclose(b["worst"], a["worst"], atol=atol, rtol=0)
-
-
 def test_resume_across_hosts(tmp_path):
-    """A single-process sweep killed mid-run is finished by two processes; the CSV equals a clean run."""
+    """A single-process sweep killed mid-run is finished by two processes sharding the model between them; the CSV
+    equals a clean one-process run, and only process 0 reports and writes. (Data parallel across processes:
+    test_two_process_beam_equals_one, through the same batch placement.)"""
     import json
 
     from rmjax.runs import results
 
     _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    env = cli.subprocess_env(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
     limit = ["--limit=3072"]
     clean = tmp_path / "clean.csv"
     subprocess.run(_cmd(folder, clean, *limit), cwd=REPO, check=True, capture_output=True, env=env)
@@ -90,12 +60,15 @@ def test_resume_across_hosts(tmp_path):
                                    "--num_processes=2", f"--process_id={i}"),
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
-    for i, p in enumerate(procs):
-        _, err = p.communicate(timeout=600)
+    outs = [p.communicate(timeout=600) for p in procs]
+    for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, err[-3000:]
         read, total = map(float, re.search(rf"process {i}: .* read ([\d.]+) of ([\d.]+) MiB", err).groups())
         assert 0.3 * total < read < 0.7 * total, (read, total)  # vocab and MLP halves + replicated attention
-    assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == done * 256
+    assert "top 2 tokens" in outs[0][0] and "top 2 tokens" not in outs[1][0]  # only process 0 reports
+    meta = json.loads(results.meta_path(out).read_text())
+    assert meta["resumed_candidates"] == done * 256
+    assert meta["mesh"] == {"data": 1, "model": 8} and len(meta["environment"]["devices"]) == 8
     a, b = results.read_scores_csv(clean), results.read_scores_csv(out)
     assert a[["token_id", "token_name", "token_decoded"]].equals(b[["token_id", "token_name", "token_decoded"]])
     import numpy as np
@@ -113,7 +86,7 @@ def test_two_process_beam_equals_one(tmp_path):
     from rmjax.runs import results
 
     _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    env = cli.subprocess_env(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
 
     def cmd(out: Path, *extra: str) -> list[str]:
         return [sys.executable, "-m", "experiments.beam", f"--model={folder}", "--prompts=greatest,worst",

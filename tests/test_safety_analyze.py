@@ -162,7 +162,7 @@ def test_roundtrip_only_is_applied_or_refused(tmp_path):
 
 KILL = """
 import os, runpy, signal, sys
-from rmjax import results
+from rmjax.runs import results
 from rmjax.analysis import plots
 target = sys.argv.pop(1)
 

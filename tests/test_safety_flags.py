@@ -149,7 +149,7 @@ def test_more_inputs_never_silently_reduced(tmp_path, monkeypatch):
     from rmjax.analysis.data import load_model_metadata
     from rmjax.errors import InputFileError, MissingFileError, UsageError
     from rmjax.parallel import distributed
-    from rmjax.search import beam
+    from rmjax.text import candidates
     from rmjax.text.prompts import read_prompt_file
     from rmjax.train.data import read_pairs
 
@@ -176,7 +176,7 @@ def test_more_inputs_never_silently_reduced(tmp_path, monkeypatch):
     assert read_pairs(tmp_path / "list.json").chosen == ["a"]
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))  # was a UnicodeDecodeError traceback
     with pytest.raises(UsageError, match="latin1.txt: not UTF-8 text"):
-        beam.read_vocab_file(tmp_path / "latin1.txt")
+        candidates.read_vocab_file(tmp_path / "latin1.txt")
     monkeypatch.setenv("RMJAX_NUM_PROCESSES", "two")  # was int('two'): a ValueError traceback
     with pytest.raises(UsageError, match=r"\$RMJAX_NUM_PROCESSES='two'"):
         distributed.initialize()

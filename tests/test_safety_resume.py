@@ -55,13 +55,18 @@ def test_train_rm_workdir_belongs_to_one_run(lm_folder, tmp_path):
     cli.user_error(cli.run("train_rm", *base, f"--pairs={first}", f"--workdir={mine}", "--overwrite"),
                    "no rmjax run of this kind wrote")
     assert (mine / "precious.txt").read_text() == "keep"
-    # Without --workdir each run gets its own folder (under runs/train_rm of the working directory).
-    runs = [cli.ok(cli.run("train_rm", *base[:-1], f"--learning_rate={lr}", f"--pairs={first}", cwd=tmp_path))
-            for lr in (0.05, 0.02)]
-    dirs = [re.search(r"workdir: (\S+)", p.stderr).group(1) for p in runs]
-    assert dirs[0] != dirs[1] and all(d.startswith("runs/train_rm/lm-") for d in dirs)
-    for d in dirs:
-        assert (tmp_path / d / "summary.json").is_file()
+    # Without --workdir a run gets a folder of its own (under runs/train_rm of the working directory), named from
+    # the run's identity: another learning rate, another folder.
+    run = cli.ok(cli.run("train_rm", *base, f"--pairs={first}", cwd=tmp_path))
+    made = re.search(r"workdir: (\S+)", run.stderr).group(1)
+    assert made.startswith("runs/train_rm/lm-") and (tmp_path / made / "summary.json").is_file()
+    from rmjax.train.loop import TrainConfig
+    from rmjax.train.recipe import default_workdir, load_pairs, training_identity
+
+    train, heldout, _ = load_pairs(str(first), None, 20000, 4000, False, 0)  # the entry point's defaults
+    dirs = [default_workdir(str(lm_folder), training_identity(str(lm_folder), train, heldout, TrainConfig(
+        steps=4, checkpoint_every=2, batch_size=8, learning_rate=lr, warmup_steps=100))) for lr in (0.05, 0.02)]
+    assert str(dirs[0]) == made and dirs[1] != dirs[0]
 
 
 def _sweep_flags(model, out, *extra: str) -> list[str]:

@@ -129,8 +129,8 @@ def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path
 
     # Killed on the mesh after its first checkpoint, then resumed: byte for byte the uninterrupted run.
     first = tmp_path / "killed" / "checkpoints" / "2"
-    proc = subprocess.Popen(cli.command("train_rm", *flags("killed", mesh)), cwd=cli.REPO, env={**cli.ENV, **four},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cli.command("train_rm", *flags("killed", mesh)), cwd=cli.REPO,
+                            env=cli.subprocess_env(**four), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not first.is_dir() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)

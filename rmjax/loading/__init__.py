@@ -15,7 +15,7 @@ from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.loading.safetensors_io import iter_tensors
 from rmjax.model import Model
 
-__all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "Model", "fingerprint", "load", "peek"]
+__all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "fingerprint", "load", "peek"]
 
 
 def fingerprint(spec: str) -> dict:

@@ -36,7 +36,7 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()[:24]
 
 
-def safetensors_fingerprint(path: Path) -> str:
+def safetensors_digest(path: Path) -> str:
     from rmjax.loading.safetensors_io import read_header
 
     header, offset = read_header(path)
@@ -51,7 +51,7 @@ def safetensors_fingerprint(path: Path) -> str:
     return h.hexdigest()[:24]
 
 
-def sampled_fingerprint(path: Path, edge: int = 1 << 20, blocks: int = 64, block: int = 1 << 16) -> str:
+def sampled_digest(path: Path, edge: int = 1 << 20, blocks: int = 64, block: int = 1 << 16) -> str:
     size = path.stat().st_size
     h = hashlib.sha256(str(size).encode())
     starts = [0, max(0, size - edge)] + [int(s) for s in np.linspace(0, max(0, size - block), blocks)]
@@ -62,7 +62,7 @@ def sampled_fingerprint(path: Path, edge: int = 1 << 20, blocks: int = 64, block
     return h.hexdigest()[:24]
 
 
-def tokenizer_fingerprint(folder: Path) -> str:
+def tokenizer_digest(folder: Path) -> str:
     files = {name: file_sha256(folder / name) for name in TOKENIZER_FILES if (folder / name).is_file()}
     return hash_json(files)
 
@@ -74,12 +74,12 @@ def folder_fingerprint(folder: Path) -> dict:
     parts = {name: file_sha256(folder / name) for name in ("config.json", "model.safetensors.index.json")
              if (folder / name).is_file()}
     for path in checkpoint_files(folder):
-        parts[path.name] = safetensors_fingerprint(path)
-    return {"weights": hash_json(parts), "tokenizer": tokenizer_fingerprint(folder)}
+        parts[path.name] = safetensors_digest(path)
+    return {"weights": hash_json(parts), "tokenizer": tokenizer_digest(folder)}
 
 
 def gguf_fingerprint(path: Path) -> dict:
-    digest = sampled_fingerprint(path)
+    digest = sampled_digest(path)
     return {"weights": digest, "tokenizer": digest}  # the tokenizer and template live in the GGUF
 
 

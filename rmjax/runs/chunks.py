@@ -9,7 +9,6 @@ rather than mixing results of two runs, and a resume keeps the saved chunk size.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import sys
@@ -22,10 +21,6 @@ from rmjax.errors import ResumeMismatchError
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs.claims import canonical, mismatch_message, real_path
 from rmjax.runs.results import atomic_write_text
-
-
-def fingerprint(values: np.ndarray) -> str:
-    return hashlib.sha1(np.ascontiguousarray(values).tobytes()).hexdigest()
 
 
 def store_dir(out: str | Path) -> Path:

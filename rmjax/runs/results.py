@@ -202,6 +202,16 @@ def csv_rows(path: str | Path) -> int:
         return max(sum(1 for _ in csv.reader(f)) - 1, 0)
 
 
+def array_sha1(values: np.ndarray) -> str:
+    """sha1 of an array's bytes: a candidate set or a list of ids in an identity."""
+    return hashlib.sha1(np.ascontiguousarray(values).tobytes()).hexdigest()
+
+
+def file_sha1(path: str | Path) -> str:
+    """sha1 of a file's bytes: an input a result was computed from (a --from_sweep table, an --init_from file)."""
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()
+
+
 def file_record(path: str | Path) -> dict:
     path = Path(path)
     digest = hashlib.sha256()

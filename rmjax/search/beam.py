@@ -14,7 +14,6 @@ continuation pick the same sequences.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import sys
@@ -32,9 +31,10 @@ from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import jobs, results
-from rmjax.runs.chunks import ChunkStore, fingerprint, open_store, store_dir
+from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.claims import canonical, changed_keys
 from rmjax.runs.progress import Progress, duration
+from rmjax.runs.results import array_sha1
 from rmjax.scoring import finite, memory
 from rmjax.scoring.context import prepare_prompt
 from rmjax.scoring.prefix import cache_row, extend_prefix, score_responses
@@ -90,7 +90,7 @@ class BeamResult:
 def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
                   cfg: BeamConfig, candidates: str | None, limit: int | None = None,
                   from_sweep: str | None = None) -> dict:
-    """What the result depends on; `candidates` is the fingerprint of the requested set (None: the vocabulary),
+    """What the result depends on; `candidates` identifies the requested set (None: the vocabulary),
     `limit` keeps its first N, `from_sweep` is the sha1 of the sweep CSV whose scores are depth 1 (both keys
     only when given, so the identity of a run without them is what it always was)."""
     identity = {"job": "beam", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
@@ -162,11 +162,6 @@ def depth1_scores(table, candidates: np.ndarray, prompts: dict[str, str], path: 
         raise UsageError(f"--from_sweep={path} lacks {len(missing)} of the beam's {len(candidates)} candidates "
                          f"(first {missing[:5]}): sweep them too, or restrict the beam's (--limit, --token_ids).")
     return table[list(prompts)].to_numpy(np.float64)[[row[c] for c in candidates.tolist()]].astype(np.float32)
-
-
-def sweep_fingerprint(path: str | Path) -> str:
-    """sha1 of a sweep CSV: the exact depth-1 scores a --from_sweep beam ran from (part of its identity)."""
-    return hashlib.sha1(Path(path).read_bytes()).hexdigest()
 
 
 class _Best:
@@ -396,7 +391,7 @@ def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates:
              overwrite: bool = False, allow_nonfinite: bool = False,
              extra_meta: dict | None = None) -> BeamResult | None:
     """The beam job: claim `out`, search (resumable), write the CSV and .meta.json; None when reused.
-    `requested` fingerprints the candidate set as asked for (identity); default: the whole vocabulary. `limit`
+    `requested` identifies the candidate set as asked for (identity); default: the whole vocabulary. `limit`
     keeps its first N (as the sweep's --limit); `from_sweep`: a finished sweep CSV whose scores are depth 1."""
     candidates = candidate_ids(model, candidates, limit)
     depth1, extra_meta = None, dict(extra_meta or {})
@@ -404,7 +399,7 @@ def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates:
         table = read_sweep(from_sweep, sweep_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts,
                                                       output_column=model.output_column, template=cfg.template))
         depth1 = depth1_scores(table, candidates, prompts, from_sweep)
-        extra_meta["from_sweep"] = {"path": str(from_sweep), "sha1": sweep_fingerprint(from_sweep)}
+        extra_meta["from_sweep"] = {"path": str(from_sweep), "sha1": results.file_sha1(from_sweep)}
     identity = beam_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                              prompts=prompts, cfg=cfg, candidates=requested, limit=limit,
                              from_sweep=extra_meta["from_sweep"]["sha1"] if from_sweep is not None else None)
@@ -416,7 +411,7 @@ def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates:
                              store=store, allow_nonfinite=allow_nonfinite, depth1=depth1)
         job.finish(lambda path: write_csv(path, result.found, model.tokenizer, list(prompts)),
                    **jobs.model_meta(model), prompts=prompts, config=dataclasses.asdict(cfg),
-                   candidate_set={"size": len(candidates), "fingerprint": fingerprint(candidates)},
+                   candidate_set={"size": len(candidates), "sha1": array_sha1(candidates)},
                    candidates_scored=result.scored, resumed_candidates=result.resumed, levels=result.levels,
                    nonfinite=result.nonfinite,
                    estimate=result.estimate,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import sys
 from pathlib import Path
 
@@ -14,8 +13,9 @@ from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results
-from rmjax.runs.chunks import fingerprint
-from rmjax.search.gcg import NOT_IN_IDENTITY, GCGConfig, GCGResult, gcg, make_target
+from rmjax.runs.results import array_sha1
+from rmjax.search.gcg import GCGResult, gcg, make_target
+from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig
 
 
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
@@ -25,19 +25,19 @@ def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: i
         results.checked_input(cfg.init_from, ("beam",), "--init_from")
     for name in ("init_from", "vocab_file"):  # what they hold, not only their names
         if getattr(cfg, name):
-            config[name] = {"path": getattr(cfg, name), "sha1": _file_sha1(getattr(cfg, name))}
+            config[name] = {"path": getattr(cfg, name), "sha1": _input_sha1(getattr(cfg, name))}
     # the set, not its order; absent when not given (the identities of runs from before the flag hold)
     config.pop("token_ids")
     if cfg.token_ids:
         ids = np.unique(np.asarray(cfg.token_ids, np.int64))
-        config["token_ids"] = {"count": len(ids), "sha1": fingerprint(ids)}
+        config["token_ids"] = {"count": len(ids), "sha1": array_sha1(ids)}
     return {"job": "gcg", "models": list(model_fingerprints), "dtype": dtype, "output_column": int(output_column),
             "prompts": dict(prompts), "config": config}
 
 
-def _file_sha1(path: str) -> str | None:
+def _input_sha1(path: str) -> str | None:
     try:
-        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
+        return results.file_sha1(path)
     except OSError:
         return None  # gcg() names the missing file
 

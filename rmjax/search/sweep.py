@@ -22,8 +22,9 @@ from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import jobs, results
-from rmjax.runs.chunks import fingerprint, open_store, store_dir
+from rmjax.runs.chunks import open_store, store_dir
 from rmjax.runs.progress import Progress
+from rmjax.runs.results import array_sha1
 from rmjax.scoring import finite, memory
 from rmjax.scoring.context import prepare_prompt, score_tokens
 from rmjax.scoring.prefix import PREFIX_BUCKET
@@ -70,7 +71,7 @@ def sweep_identity(model_fingerprint: dict, *, dtype: str, output_column: int, p
                    token_ids=None, limit: int | None = None, mode: str = "token", template: str = "auto",
                    text_add_special_tokens: bool = False) -> dict:
     """What a sweep's scores depend on (rmjax.runs.claims): computable before the model loads."""
-    requested = None if token_ids is None else fingerprint(np.asarray(list(token_ids), np.int64))
+    requested = None if token_ids is None else array_sha1(np.asarray(list(token_ids), np.int64))
     return {"job": "sweep", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
             "prompts": dict(prompts), "token_ids": requested, "limit": limit, "mode": mode, "template": template,
             "text_add_special_tokens": bool(text_add_special_tokens) and mode == "text"}  # unused in token mode
@@ -120,34 +121,15 @@ def sweep(
         names, decoded = [names_all[i] for i in tokens], [decoded_all[i] for i in tokens]
         score, sequence = _scorer(model, prompts, mode, template, text_add_special_tokens, tokens, decoded, batch_size)
         store = open_store(out, identity, chunk_size) if out is not None else None
-        chunk_size = store.chunk_size if store is not None else chunk_size
-        starts = list(range(0, len(tokens), chunk_size))
-        done = {s for s in starts if store is not None and store.has(s)}
-        barrier("rmjax-sweep-resume")  # every process agrees on the chunks to skip before any is written
-        done_before = sum(min(chunk_size, len(tokens) - s) for s in done)
-        progress = Progress(len(tokens), f"sweep {mode}", every=progress_every, done=done_before)
-        if done_before:
-            progress.update(0, force=True)
 
         def check(scores: np.ndarray, offset: int, what: str = "scores") -> dict | None:
             return finite.check(scores, what=what, columns=list(prompts), allow=allow_nonfinite,
                                 row=lambda i: f"token {int(tokens[offset + i])} ({decoded[offset + i]!r})",
                                 explain=lambda i, j: finite.diagnose(model, sequence(offset + i, j)))
 
-        chunks = []
-        for s in starts:
-            rows = range(s, min(s + chunk_size, len(tokens)))
-            if s in done:
-                # held to this run's checks (a run with --allow_nonfinite may have stored it)
-                chunks.append(store.read(s, (len(rows), len(prompts)), lambda v, what, s=s: check(v, s, what)))
-                continue
-            scores = score(rows)
-            check(scores, s)  # stops before a bad chunk is stored
-            if store is not None and is_main():
-                store.write(s, scores)
-            chunks.append(scores)
-            progress.update(len(rows))
-        table = np.concatenate(chunks) if chunks else np.zeros((0, len(prompts)), np.float32)
+        chunk_size = store.chunk_size if store is not None else chunk_size
+        table, done_before = _scored_chunks(len(tokens), len(prompts), score, check, store, chunk_size,
+                                            f"sweep {mode}", progress_every)
         nonfinite = check(table, 0)  # the record of the whole table, resumed chunks included
         roundtrip, per_prompt = roundtrip_mask(model.tokenizer, prompts, template, tokens, decoded,
                                                model.config.max_position_embeddings)
@@ -170,6 +152,33 @@ def sweep(
             if is_main():
                 store.remove()  # after .meta.json: a crash in between leaves a complete result and spare chunks
         return df
+
+
+def _scored_chunks(n: int, columns: int, score, check, store, chunk_size: int, label: str,
+                   progress_every: float) -> tuple[np.ndarray, int]:
+    """The [n, columns] table chunk by chunk: stored chunks read back (held to this run's `check`: a run with
+    --allow_nonfinite may have stored them), the others scored, checked and stored. Also returns how many rows
+    were read back."""
+    starts = list(range(0, n, chunk_size))
+    done = {s for s in starts if store is not None and store.has(s)}
+    barrier("rmjax-sweep-resume")  # every process agrees on the chunks to skip before any is written
+    done_before = sum(min(chunk_size, n - s) for s in done)
+    progress = Progress(n, label, every=progress_every, done=done_before)
+    if done_before:
+        progress.update(0, force=True)
+    chunks = []
+    for s in starts:
+        rows = range(s, min(s + chunk_size, n))
+        if s in done:
+            chunks.append(store.read(s, (len(rows), columns), lambda v, what, s=s: check(v, s, what)))
+            continue
+        scores = score(rows)
+        check(scores, s)  # stops before a bad chunk is stored
+        if store is not None and is_main():
+            store.write(s, scores)
+        chunks.append(scores)
+        progress.update(len(rows))
+    return (np.concatenate(chunks) if chunks else np.zeros((0, columns), np.float32)), done_before
 
 
 def _scorer(model: Model, prompts: dict[str, str], mode: str, template: str, text_add_special_tokens: bool,

@@ -10,7 +10,7 @@ import numpy as np
 from rmjax.errors import UsageError
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
-from rmjax.runs.chunks import fingerprint
+from rmjax.runs.results import array_sha1
 from rmjax.text.chat import Conversations, _special_ids
 
 
@@ -101,9 +101,9 @@ def read_vocab_file(path: str | Path) -> VocabLines:
 def identity_of_candidates(token_ids: list[int] | None, vocab_lines: list[str] | None) -> str | None:
     """The candidate set as requested (before a tokenizer turns words into ids): part of the job's identity."""
     if token_ids is not None:
-        return "token_ids:" + fingerprint(np.asarray(token_ids, np.int64))
+        return "token_ids:" + array_sha1(np.asarray(token_ids, np.int64))
     if vocab_lines is not None:
-        return "vocab_file:" + fingerprint(np.frombuffer("\n".join(vocab_lines).encode(), np.uint8))
+        return "vocab_file:" + array_sha1(np.frombuffer("\n".join(vocab_lines).encode(), np.uint8))
     return None
 
 

@@ -216,9 +216,11 @@ def train_reward_model(
         return _train(model, train, heldout, cfg, workdir, log)
 
 
-def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log) -> TrainResult:
+def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log):
+    """(pair_rewards(module, rows, idx) for the training step, its `rows`, held_rewards(module) -> (chosen, rejected)
+    rewards of the held-out pairs). A head-only run trains on cached final hidden states; the others on the token
+    sequences."""
     start = time.perf_counter()
-    module, wrt = trainable_part(model, cfg)
     if cfg.trainable == "head":
         feats = _Features(model, [train, heldout], cfg.template, cfg.feature_batch_size)
         train_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(train))
@@ -231,58 +233,71 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
 
         def pair_rewards(m: nn.Transformer, rows, idx=slice(None)):
             return m.score(matrix[rows[0][idx]])[:, 0], m.score(matrix[rows[1][idx]])[:, 0]
-    else:
-        train_seq, held_seq = _Sequences(model, train, cfg.template), _Sequences(model, heldout, cfg.template)
-        train_ids, train_mask = jnp.asarray(train_seq.ids), jnp.asarray(train_seq.mask)
 
-        def pair_rewards(m: nn.Transformer, rows, idx):
-            return (m.rewards(train_ids[0][idx], train_mask[0][idx])[:, 0],
-                    m.rewards(train_ids[1][idx], train_mask[1][idx])[:, 0])
+        held_pair_rewards = nnx.jit(pair_rewards)  # wrapped once: a new wrapper per evaluation recompiled each time
+        return pair_rewards, train_rows, lambda m: held_pair_rewards(m, held_rows)
+    train_seq, held_seq = _Sequences(model, train, cfg.template), _Sequences(model, heldout, cfg.template)
+    train_ids, train_mask = jnp.asarray(train_seq.ids), jnp.asarray(train_seq.mask)
 
+    def pair_rewards(m: nn.Transformer, rows, idx):
+        return (m.rewards(train_ids[0][idx], train_mask[0][idx])[:, 0],
+                m.rewards(train_ids[1][idx], train_mask[1][idx])[:, 0])
+
+    @nnx.jit
+    def seq_rewards(m: nn.Transformer, ids, mask):
+        return m.rewards(ids, mask)[:, 0]
+
+    def held_rewards(m: nn.Transformer):
+        return tuple(jnp.concatenate([seq_rewards(m, held_seq.ids[side][i : i + 64], held_seq.mask[side][i : i + 64])
+                                      for i in range(0, held_seq.ids.shape[1], 64)]) for side in (0, 1))
+
+    return pair_rewards, None, held_rewards
+
+
+def _evaluation(module: nn.Transformer, held_rewards, heldout: Pairs) -> dict:
+    """Held-out accuracy and Bradley–Terry loss; NaN/Inf rewards stop the run."""
+    rc, rr = held_rewards(module)
+    if not (np.isfinite(np.asarray(rc)).all() and np.isfinite(np.asarray(rr)).all()):
+        raise NonFiniteError("held-out rewards are NaN/Inf; the run stops. Lower --learning_rate or --clip_norm, "
+                             "or check the data and the model for NaN.")
+    label = jnp.asarray(heldout.label)
+    agree = jnp.where(label >= 0.5, rc > rr, rc < rr)
+    return {"heldout_accuracy": float(jnp.mean(agree)), "heldout_loss": float(bradley_terry_loss(rc, rr, label))}
+
+
+def _restore(manager, module: nn.Transformer, optimizer: nnx.Optimizer, wrt, log) -> int | None:
+    """The latest checkpoint's step, its weights and optimizer state put back in place (None: a fresh run)."""
+    step = manager.latest_step()
+    if step is not None:
+        restored = manager.restore(step, args=ocp.args.StandardRestore(_checkpoint(module, optimizer, wrt)))
+        nnx.update(module, restored["params"])
+        nnx.update(optimizer, restored["optimizer"])
+        log(f"resumed from checkpoint at step {step}")
+    return step
+
+
+def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log) -> TrainResult:
+    start = time.perf_counter()
+    module, wrt = trainable_part(model, cfg)
+    pair_rewards, train_rows, held_rewards = _objective(model, train, heldout, cfg, log)
     optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=wrt)
     nnx.update(optimizer, on_mesh(nnx.state(optimizer), model.mesh))
 
     @nnx.jit
     def step_fn(m: nn.Transformer, opt: nnx.Optimizer, idx, label):
         def loss_fn(m):
-            return bradley_terry_loss(*pair_rewards(m, train_rows if cfg.trainable == "head" else None, idx), label)
+            return bradley_terry_loss(*pair_rewards(m, train_rows, idx), label)
 
         loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt))(m)
         opt.update(m, grads)
         return loss
 
-    @nnx.jit
-    def seq_rewards(m: nn.Transformer, ids, mask):
-        return m.rewards(ids, mask)[:, 0]
-
-    held_pair_rewards = nnx.jit(pair_rewards)  # wrapped once: a new wrapper per evaluation recompiled each time
-
-    def evaluate() -> dict:
-        if cfg.trainable == "head":
-            rc, rr = held_pair_rewards(module, held_rows)
-        else:
-            rc, rr = (jnp.concatenate([seq_rewards(module, held_seq.ids[side][i : i + 64],
-                                                   held_seq.mask[side][i : i + 64])
-                                       for i in range(0, held_seq.ids.shape[1], 64)]) for side in (0, 1))
-        if not (np.isfinite(np.asarray(rc)).all() and np.isfinite(np.asarray(rr)).all()):
-            raise NonFiniteError("held-out rewards are NaN/Inf; the run stops. Lower --learning_rate or --clip_norm, "
-                                 "or check the data and the model for NaN.")
-        label = jnp.asarray(heldout.label)
-        agree = jnp.where(label >= 0.5, rc > rr, rc < rr)
-        return {"heldout_accuracy": float(jnp.mean(agree)), "heldout_loss": float(bradley_terry_loss(rc, rr, label))}
-
     manager = ocp.CheckpointManager(
         (workdir / "checkpoints").resolve(),
         options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints, create=True),
     )
-    resumed_from = manager.latest_step()
-    first = 0
-    if resumed_from is not None:
-        restored = manager.restore(resumed_from, args=ocp.args.StandardRestore(_checkpoint(module, optimizer, wrt)))
-        nnx.update(module, restored["params"])
-        nnx.update(optimizer, restored["optimizer"])
-        first = resumed_from
-        log(f"resumed from checkpoint at step {resumed_from}")
+    resumed_from = _restore(manager, module, optimizer, wrt, log)
+    first = resumed_from or 0
     history = _read_log(workdir / "train_log.csv", upto=first)
     evals = _read_log(workdir / "eval_log.csv", upto=first)
     progress = Progress(cfg.steps, "train", unit="steps", done=first)
@@ -299,7 +314,7 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         history.append({"step": step + 1, "loss": float(loss)})
         progress.update(1)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            record = {"step": step + 1, **evaluate()}
+            record = {"step": step + 1, **_evaluation(module, held_rewards, heldout)}
             evals.append(record)
             # Logs first, then the checkpoint: a resume trims the logs back to its checkpoint.
             if is_main():

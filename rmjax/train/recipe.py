@@ -15,8 +15,7 @@ import numpy as np
 
 from rmjax import nn
 from rmjax.errors import UsageError
-from rmjax.loading import identity as fingerprint
-from rmjax.loading import load
+from rmjax.loading import fingerprint, load
 from rmjax.loading.identity import hash_json
 from rmjax.loading.reward_head import new_head_fingerprint, reward_model_from_lm
 from rmjax.loading.safetensors_io import save_file

@@ -1,0 +1,181 @@
+"""GCG's swaps: the tokens a response may not hold (`disallowed_ids`), how much each (position, token) swap is
+expected to lower the loss (`swap_scores`), the candidates sampled from those scores (`sample_candidates`), and the
+filter they pass before evaluation (`filter_candidates`: repeats, revisits, the re-tokenization check) with the
+words that report it."""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax.parallel.distributed import to_host
+from rmjax.search.gcg_config import GCGConfig
+from rmjax.text.chat import Conversations
+
+
+def disallowed_ids(tokenizer, vocab_size: int, allow_special: bool, allow_non_ascii: bool) -> np.ndarray:
+    """Boolean [V]: special/control tokens and (optionally) non-ASCII or undecodable tokens."""
+    bad = np.zeros(vocab_size, bool)
+    if tokenizer is None:
+        return bad
+    n = min(len(tokenizer), vocab_size)
+    bad[n:] = True
+    if not allow_special:
+        bad[[i for i in tokenizer.all_special_ids if i < vocab_size]] = True
+        for i, tok in enumerate(tokenizer.convert_ids_to_tokens(list(range(n)))):
+            if tok is not None and tok.startswith("<") and tok.endswith(">") and len(tok) > 2 and (
+                    "|" in tok or tok.startswith("<unused") or tok in tokenizer.all_special_tokens):
+                bad[i] = True
+    if not allow_non_ascii:
+        for i, text in enumerate(tokenizer.batch_decode([[i] for i in range(n)])):
+            if not text or not text.isascii() or not text.isprintable() or "\ufffd" in text:
+                bad[i] = True
+    return bad
+
+
+def retokenizes(conversations, ids: list[int], expected: list[int]) -> bool:
+    """The response survives decode -> template -> tokenize as the same ids."""
+    text = conversations.tokenizer.decode(ids)
+    return conversations.token_ids([text])[0] == expected
+
+
+@jax.jit
+def swap_scores(loss_grad: jax.Array, banned: jax.Array, current: jax.Array, embed: jax.Array | None,
+                embed_reg: float) -> jax.Array:
+    """How much each swap (position, token) is expected to lower the loss, lower is better: the loss gradient
+    [N, V], plus the Faster-GCG embedding-distance penalty when `embed` is given; banned and non-finite
+    swaps at +inf. |e - c| comes from norms and one matmul: [N, V, hidden] is never built."""
+    score = jnp.where(jnp.isfinite(loss_grad), loss_grad, jnp.inf)
+    if embed is not None:
+        here = embed[current]
+        sq = (embed**2).sum(-1)[None, :] + (here**2).sum(-1)[:, None] - 2.0 * here @ embed.T
+        dist = jnp.sqrt(jnp.maximum(sq, 0.0))
+        score = score + embed_reg * dist / (dist.mean() + 1e-9)
+    return jnp.where(banned[None, :], jnp.inf, score)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _best_swaps(score: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """Per position, the k most loss-decreasing tokens [N, k] and their scores (lowest first)."""
+    neg, top = jax.lax.top_k(-score, k)
+    return top, -neg
+
+
+@functools.partial(jax.jit, static_argnames=("width", "n_replace"))
+def _random_swaps(current: jax.Array, top: jax.Array, key: jax.Array, width: int, n_replace: int) -> jax.Array:
+    """`width` candidates, each `current` with `n_replace` distinct positions set to one of their top-k tokens."""
+    n, k = top.shape
+    where_key, which_key = jax.random.split(key)
+    positions = jnp.argsort(jax.random.uniform(where_key, (width, n)), axis=1)[:, :n_replace]
+    choice = jax.random.randint(which_key, (width, n_replace), 0, k)
+    return jnp.tile(current, (width, 1)).at[jnp.arange(width)[:, None], positions].set(top[positions, choice])
+
+
+def sample_candidates(current: np.ndarray, score: jax.Array, cfg: GCGConfig, key: jax.Array) -> np.ndarray:
+    """Candidate responses [W, N] from `swap_scores` (on the device: only the top-k swaps or the candidates
+    come back to the host, never the [N, V] scores)."""
+    n = len(current)
+    # Never past the allowed tokens: with --topk above their number, top-k would reach banned ones (+inf).
+    k = min(cfg.topk, int(jnp.isfinite(score).sum(axis=1).min()))
+    if k == 0:
+        return np.zeros((0, n), current.dtype)
+    top, top_scores = _best_swaps(score, k)
+    if cfg.selection == "greedy":
+        return _greedy_candidates(current, to_host(top), to_host(top_scores), cfg)
+    cands = _random_swaps(jnp.asarray(current, jnp.int32), top, key, cfg.search_width, min(cfg.n_replace, n))
+    return to_host(cands).astype(current.dtype)
+
+
+def _greedy_candidates(current: np.ndarray, top: np.ndarray, top_scores: np.ndarray, cfg: GCGConfig) -> np.ndarray:
+    """Deterministic candidates: the i-th best single swap (by gradient), plus, up to `n_replace` positions,
+    the best swap at each of the positions whose best swap scores best (so the stall fallback's larger
+    n_replace gives new candidates, not the same single swaps again)."""
+    n, k = top.shape
+    pos, rank = np.unravel_index(np.argsort(top_scores, axis=None, kind="stable"), (n, k))
+    # Per position, its best token that is not the current one, and positions by that swap's score.
+    second = min(1, k - 1)
+    differs = top[:, 0] != current
+    alt = np.where(differs, top[:, 0], top[:, second])
+    by_score = np.argsort(np.where(differs, top_scores[:, 0], top_scores[:, second]), kind="stable")
+    cands, seen = [], set()
+    for p, r in zip(pos, rank, strict=True):
+        c = current.copy()
+        c[p] = top[p, r]
+        extra = [q for q in by_score if q != p][: max(0, min(cfg.n_replace, n) - 1)]
+        c[extra] = alt[extra]
+        if tuple(c) not in seen:  # two swaps can complete each other into one candidate
+            seen.add(tuple(c))
+            cands.append(c)
+        if len(cands) == cfg.search_width:
+            break
+    return np.asarray(cands, current.dtype).reshape(-1, n)
+
+
+class RetokenizationCheck(NamedTuple):
+    """One target's re-tokenization filter: its prompt in its template (`conversations`), and the ids its response
+    sits between."""
+
+    conversations: Conversations
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+
+
+def survives(check: RetokenizationCheck, ids: list[int]) -> bool:
+    return retokenizes(check.conversations, ids, [*check.prefix, *ids, *check.suffix])
+
+
+def filter_candidates(cands: np.ndarray, checks: list[RetokenizationCheck], cfg: GCGConfig,
+                      seen: set) -> tuple[np.ndarray, dict[str, int]]:
+    """The candidates to evaluate, sorted: each distinct one once (even without the history), none evaluated
+    before (with forbid_revisits), none failing the re-tokenization filter; and the counts: `sampled`, removed
+    as `repeats` (within the batch), `revisits` and `retokenize_failed`, and `left`."""
+    n = cands.shape[1]
+    distinct = np.unique(cands, axis=0) if len(cands) else cands.reshape(0, n)
+    counts = {"sampled": len(cands), "repeats": len(cands) - len(distinct), "revisits": 0, "retokenize_failed": 0}
+    keep = []
+    for c in distinct:
+        key = tuple(c.tolist())
+        if cfg.forbid_revisits and key in seen:
+            counts["revisits"] += 1
+            continue
+        if not all(survives(check, list(key)) for check in checks):
+            counts["retokenize_failed"] += 1
+            continue
+        seen.add(key)
+        keep.append(c)
+    counts["left"] = len(keep)
+    return (np.asarray(keep).reshape(-1, n) if keep else np.zeros((0, n), np.int32)), counts
+
+
+def removed_by_filter(counts: dict[str, int]) -> str:
+    removed = [f"{counts[key]} {what}" for key, what in (
+        ("repeats", "repeats"), ("revisits", "evaluated before"),
+        ("retokenize_failed", "failing the re-tokenization filter")) if counts[key]]
+    return "removed " + ", ".join(removed) if removed else "none removed"
+
+
+def describe_filter(counts: dict[str, int]) -> str:
+    return f"{counts['left']} of {counts['sampled']} sampled candidates left, {removed_by_filter(counts)}"
+
+
+def filter_advice(counts: dict[str, int], cfg: GCGConfig, allowed: int) -> str:
+    """What to change for more candidates, for the filter that removed most first."""
+    k = min(cfg.topk, allowed)
+    narrow = (f"widen --topk (now {cfg.topk})" if cfg.topk < allowed else
+              f"allow more tokens (only {allowed} may be searched)")
+    fewer = f"lower --search_width ({cfg.num_tokens} positions x top {k} tokens make {cfg.num_tokens * k} single swaps)"
+    actions = {
+        "repeats": [narrow, "raise --n_replace", fewer],
+        "revisits": [narrow, "pass --noforbid_revisits"],
+        "retokenize_failed": ["pass --noretokenize_filter (a response may then not be what a conversation tokenizes "
+                              "to)"],
+    }
+    todo = [a for c in sorted((c for c in actions if counts[c]), key=lambda c: -counts[c]) for a in actions[c]]
+    if counts["sampled"] < cfg.search_width:  # greedy selection: fewer distinct swaps than the width
+        todo += [narrow, fewer]
+    todo = list(dict.fromkeys(todo)) or [narrow, fewer]
+    return "To get more: " + (", ".join(todo[:-1]) + " or " if len(todo) > 1 else "") + todo[-1] + "."
