@@ -1,0 +1,21 @@
+"""Entry points, run as `python -m experiments.NAME`.
+
+rmjax needs no PyTorch (it is a test extra). Where it is installed anyway, transformers imports it with the
+tokenizer classes (2-3 s at every job start) and, where it is not, prints an advisory line about it. A job run
+as a program tells transformers that torch is unavailable (its answer is cached for the process), so it starts
+faster and runs exactly as from the runtime install. Python sets sys.argv[0] to "-m" while it locates the module
+of `python -m`, i.e. while this package is imported: an in-process import (tests, notebooks) changes nothing.
+"""
+
+import os
+import sys
+
+if sys.argv[:1] == ["-m"] and "torch" not in sys.modules:
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    sys.modules["torch"] = None  # for the check alone: importlib finds no torch
+    try:
+        from transformers.utils import import_utils
+
+        import_utils.is_torch_available()  # lru_cached: False for the rest of the process
+    finally:
+        del sys.modules["torch"]  # other libraries (scipy's array API helpers) look torch up in sys.modules

@@ -42,7 +42,8 @@ def main(argv):
     from rmjax.errors import UsageError
     from rmjax.parallel import distributed
     from rmjax.runs import results
-    from rmjax.search import beam
+    from rmjax.runs.chunks import store_dir
+    from rmjax.search import beam_job
     from rmjax.search.sweep import check_batch_size, sweep_identity
     from rmjax.text import candidates as candidate_set
     from rmjax.text import prompts as prompt_lib
@@ -61,14 +62,14 @@ def main(argv):
     requested = candidate_set.identity_of_candidates(token_ids, lines)
     from_sweep = None
     if FROM_SWEEP.value:  # refused now, before the model loads, if it is not this beam's depth 1
-        beam.read_sweep(FROM_SWEEP.value, sweep_identity(common.fingerprint(), dtype=common.DTYPE.value,
+        beam_job.read_sweep(FROM_SWEEP.value, sweep_identity(common.fingerprint(), dtype=common.DTYPE.value,
                                                          output_column=common.OUTPUT_COLUMN.value, prompts=prompts,
                                                          template=cfg.template))
         from_sweep = results.file_sha1(FROM_SWEEP.value)
-    identity = beam.beam_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts, cfg=cfg,
+    identity = beam_job.beam_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts, cfg=cfg,
                                   output_column=common.OUTPUT_COLUMN.value, candidates=requested, limit=LIMIT.value,
                                   from_sweep=from_sweep)
-    with common.claim_output(OUT.value, identity, store=beam.store_dir(OUT.value)) as claim:
+    with common.claim_output(OUT.value, identity, store=store_dir(OUT.value)) as claim:
         if not claim.reuse:
             plan, plan_memory = candidates.memory_planner(prompts, token_ids, response_tokens=cfg.depth)
 
@@ -90,12 +91,12 @@ def main(argv):
                                        "skipped": len(skipped), "first_skipped": skipped[:10]}
                 if distributed.is_main():
                     print(f"--vocab_file: {len(ids)} of {len(lines)} lines are single tokens", file=sys.stderr)
-            beam.run_beam(model, prompts, cfg, ids, out=OUT.value, requested=requested, limit=LIMIT.value,
+            beam_job.run_beam(model, prompts, cfg, ids, out=OUT.value, requested=requested, limit=LIMIT.value,
                           from_sweep=FROM_SWEEP.value, batch_size=plan.batch_size,
                           chunk_size=candidates.CHUNK_SIZE.value, overwrite=common.OVERWRITE.value,
                           allow_nonfinite=common.ALLOW_NONFINITE.value, extra_meta=extra)
     if distributed.is_main():
-        print(beam.summary(OUT.value, SHOW.value))
+        print(beam_job.summary(OUT.value, SHOW.value))
         print(f"wrote {OUT.value} and {results.meta_path(OUT.value)}")
 
 

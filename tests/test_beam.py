@@ -12,7 +12,8 @@ from rmjax import model as M
 from rmjax.loading import load
 from rmjax.parallel import sharding
 from rmjax.runs import results
-from rmjax.search.beam import BeamConfig, beam_search, run_beam
+from rmjax.search.beam import BeamConfig, beam_search
+from rmjax.search.beam_job import run_beam
 from rmjax.text import chat
 from tests import cli, tiny, tolerance
 from tests.test_analysis_stats import brute_force_tau_b

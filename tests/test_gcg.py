@@ -282,7 +282,8 @@ def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
     GCG may reach): after one step the beam's best is in the buffer, or GCG found better (full-forward rewards)."""
     from rmjax.errors import UsageError
     from rmjax.runs import results
-    from rmjax.search.beam import BeamConfig, run_beam
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import run_beam
 
     model = load(str(rm_folder))
     words = [" cat", " dog", " house", " sun", " love", " war", " tree", " music"]

@@ -133,7 +133,7 @@ def test_init_from_ids_outside_the_vocabulary_are_named(rm_folder, tmp_path):
 def test_from_sweep_rows_repeating_a_token_are_refused():
     """2e: two rows of one token in a sweep table: depth 1 silently took the last."""
     from rmjax.errors import UsageError
-    from rmjax.search.beam import depth1_scores
+    from rmjax.search.beam_job import depth1_scores
 
     table = pd.DataFrame({"token_id": [3, 4, 3], "greatest": [0.1, 0.2, 0.3]})
     with pytest.raises(UsageError, match=r"s\.csv: token ids \[3\] have more than one row"):

@@ -138,7 +138,7 @@ class Outputs:
         self.tables[name] = str(results.write_table(self.claim(f"{name}.csv"), keys, values))
 
     def matrix(self, name: str, matrix: pd.DataFrame) -> pd.DataFrame:
-        if MODEL in map(str, matrix.columns):  # reset_index would fail; report.load_inputs refuses such labels first
+        if MODEL in map(str, matrix.columns):  # reset_index would fail; inputs.load_inputs refuses such labels first
             raise UsageError(f"{name}: a model is labelled {MODEL!r}, the name of the matrix's first column; rename "
                              "it.")
         self.table(name, matrix.rename_axis(MODEL).reset_index())

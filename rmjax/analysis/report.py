@@ -4,9 +4,8 @@ to one folder, and a short report of the headline numbers (report.md, also print
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -14,19 +13,12 @@ import pandas as pd
 from rmjax.analysis import beams, bigtwo, data, lexicons, paper1, plots, stats
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
-from rmjax.analysis.files import MODEL, Outputs, markdown
+from rmjax.analysis.files import Outputs, markdown
+from rmjax.analysis.inputs import Inputs, load_inputs
 from rmjax.analysis.spec import AnalysisConfig
-from rmjax.errors import InputFileError, MissingFileError, UsageError
+from rmjax.errors import UsageError
 from rmjax.runs import locks
 from rmjax.runs.claims import check_writable
-
-
-def _load_optional(skipped: list[str], what: str, loader: Callable, *args):
-    try:
-        return loader(*args)
-    except (lexicons.MissingLexiconError, FileNotFoundError) as error:
-        skipped.append(f"{what}: {error}")
-        return None
 
 
 def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: pd.DataFrame | None,
@@ -286,73 +278,6 @@ def implicit_section(outputs: Outputs, chosen: data.ScoreTable, reference: data.
     if lexicon is not None:
         table = implicit_lib.implicit_table(rewards, f"{chosen.model} over {reference.model}")
         bigtwo_section(outputs, [table], lexicon, None, cfg.collapse_variants, name="implicit_rm_bigtwo")
-
-
-@dataclasses.dataclass
-class Inputs:
-    """Everything one analysis reads, read and checked before its folder is touched: a bad input neither removes
-    an earlier analysis (--overwrite) nor leaves half of a new one."""
-
-    metadata: pd.DataFrame | None = None
-    lexicon: lexicons.StemMatcher | None = None
-    afinn: dict | None = None
-    frequencies: dict | None = None
-    scores: list[data.ScoreTable] = dataclasses.field(default_factory=list)
-    beams: list[beams.BeamTable] = dataclasses.field(default_factory=list)
-    elo: list[elo_lib.EloPrompt] = dataclasses.field(default_factory=list)
-    implicit: tuple[data.ScoreTable, data.ScoreTable] | None = None
-    checkpoints: list[tuple[int, data.ScoreTable]] = dataclasses.field(default_factory=list)
-    skipped: list[str] = dataclasses.field(default_factory=list)
-
-
-def load_inputs(cfg: AnalysisConfig) -> Inputs:
-    """Read every input `cfg` names; a missing, partial, wrong-kind or empty one stops the run in one line."""
-    named = (("--elo", cfg.elo), ("--models_yaml", cfg.models_yaml), ("--bigtwo_checkpoints", cfg.bigtwo_checkpoints),
-             ("--bigtwo_dictionary", cfg.bigtwo_dictionary), ("--implicit_chosen", cfg.implicit_chosen),
-             ("--implicit_reference", cfg.implicit_reference))
-    for what, path in named:
-        if path and not Path(path).exists():
-            raise MissingFileError(f"{what}={path} not found.")
-    found = Inputs()
-    found.metadata = data.load_model_metadata(cfg.models_yaml) if cfg.models_yaml else None
-    if cfg.scores or cfg.implicit_chosen or cfg.bigtwo_checkpoints:
-        lexicon = _load_optional(found.skipped, "Big Two", lexicons.load_bigtwo, cfg.bigtwo_dictionary)
-        found.lexicon = None if lexicon is None else lexicons.StemMatcher(lexicon)  # one memo for every table
-    score_paths, beam_paths = beams.split_paths(data.expand_paths(cfg.scores)) if cfg.scores else ([], [])
-    if beam_paths and cfg.roundtrip_only:
-        raise UsageError(f"--roundtrip_only cannot restrict beam results ({beam_paths[0]} has no roundtrip column); "
-                         "analyze beam results in a run without --roundtrip_only.")
-    found.beams = beams.load_beam_tables(beam_paths, found.metadata)
-    if score_paths:
-        found.scores = data.load_score_tables(score_paths, found.metadata, cfg.roundtrip_only)
-        found.afinn = _load_optional(found.skipped, "sentiment and frequency", lexicons.load_afinn)
-        if cfg.frequencies and Path(cfg.frequencies).is_file():
-            found.frequencies = lexicons.load_bnc_frequencies(cfg.frequencies)
-        else:
-            found.skipped.append(f"frequency: BNC word-frequency list {cfg.frequencies or '(none given)'} not found "
-                                 "(give --frequencies=PATH/1_1_all_alpha.txt).")
-    if cfg.elo:
-        found.elo = elo_lib.load_elo(cfg.elo, found.metadata)
-    if cfg.implicit_chosen:
-        if Path(cfg.implicit_chosen).resolve() == Path(cfg.implicit_reference).resolve():  # MWLR 0 everywhere
-            raise UsageError(f"--implicit_chosen and --implicit_reference are one file ({cfg.implicit_chosen}); give "
-                             "the log-prob tables of two models.")
-        (chosen,), (reference,) = (data.load_score_tables([p], kinds=("next_token_logprobs",), flag=flag, bare=False)
-                                   for p, flag in ((cfg.implicit_chosen, "--implicit_chosen"),
-                                                   (cfg.implicit_reference, "--implicit_reference")))  # same name ok
-        found.implicit = chosen, reference
-    if cfg.bigtwo_checkpoints and found.lexicon is not None:
-        found.checkpoints = bigtwo.load_checkpoints(cfg.bigtwo_checkpoints, cfg.roundtrip_only)
-    tables = [*found.scores, *(found.implicit or ()), *(t for _, t in found.checkpoints)]
-    for table in tables:
-        if table.frame.empty:  # every statistic of it would be NaN, reported as if computed
-            raise InputFileError(f"{table.path}: the table has no rows (a header only); give the finished table.")
-    for label, path in [(t.model, t.path) for t in found.scores] + [(t.model, t.path) for t in found.beams]:
-        if label == MODEL:
-            raise UsageError(f"--scores={path}: its model is labelled {MODEL!r}, the name of the model column of every "
-                             "model x model table; give it another name (its .meta.json model, or a --models_yaml "
-                             "nickname).")
-    return found
 
 
 def run_analyses(cfg: AnalysisConfig, out: str | Path = "results/analysis", *, overwrite: bool = False,

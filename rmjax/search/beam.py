@@ -15,31 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 
 from rmjax import checks
 from rmjax.checks import setting
 from rmjax.errors import UsageError
-from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import barrier, is_main
-from rmjax.runs import jobs, results
-from rmjax.runs.chunks import ChunkStore, open_store, store_dir
-from rmjax.runs.claims import canonical, changed_keys
+from rmjax.runs.chunks import ChunkStore
 from rmjax.runs.progress import Progress, duration
-from rmjax.runs.results import array_sha1
 from rmjax.scoring import finite, memory
 from rmjax.scoring.context import prepare_prompt
 from rmjax.scoring.prefix import cache_row, extend_prefix, score_responses
-from rmjax.search.sweep import sweep_identity
-from rmjax.text.candidates import candidate_ids
 
 PREFILL_ROWS = 8  # partial caches computed per forward (and held at once)
 
@@ -85,83 +77,6 @@ class BeamResult:
     levels: list[dict]
     estimate: dict  # the whole job as counted before it started: candidates, resumed, seconds, rate
     nonfinite: dict | None = None  # NaN/Inf scores written with allow_nonfinite (finite.check's record), resumed too
-
-
-def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
-                  cfg: BeamConfig, candidates: str | None, limit: int | None = None,
-                  from_sweep: str | None = None) -> dict:
-    """What the result depends on; `candidates` identifies the requested set (None: the vocabulary),
-    `limit` keeps its first N, `from_sweep` is the sha1 of the sweep CSV whose scores are depth 1 (both keys
-    only when given, so the identity of a run without them is what it always was)."""
-    identity = {"job": "beam", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
-                "prompts": dict(prompts), "config": dataclasses.asdict(cfg), "candidates": candidates}
-    if limit is not None:
-        identity["limit"] = int(limit)
-    if from_sweep is not None:
-        identity["depth1_from_sweep"] = from_sweep
-    return identity
-
-
-def job_size(cfg: BeamConfig, n: int, from_sweep: bool = False) -> list[int]:
-    """Candidates scored at each depth over |S| = n (depth 1 none `from_sweep`). Exact for one direction and for
-    --exhaustive. With both, it assumes the two beams share no partial, which they do only where a level's best
-    and worst overlap (fewer than 2K sequences, or tied means): a bound the progress line lowers as levels start."""
-
-    def units(depth: int) -> int:
-        if depth == 1:
-            return 0 if from_sweep else 1
-        return n ** (depth - 1) if cfg.exhaustive else len(cfg.directions) * min(cfg.beam, n ** (depth - 1))
-
-    return [units(depth) * n for depth in range(1, cfg.depth + 1)]
-
-
-def read_sweep(path: str | Path, identity: dict):
-    """The table of a finished sweep that can stand for this beam's depth 1, checked like a resume against
-    `identity` (rmjax.search.sweep.sweep_identity of depth 1: model content, dtype, output column, token mode, template,
-    prompts). It may hold more prompts and any candidates (`depth1_scores` checks they cover ours). Another run's
-    sweep, one without its .meta.json (unfinished), or a CSV that is not byte for byte what the sweep wrote, is
-    refused in one line."""
-    path, flag = Path(path), f"--from_sweep={path}"
-    meta = results.checked_input(path, ("sweep",), "--from_sweep")
-    stored = meta.get("identity")
-    if not isinstance(stored, dict) or stored.get("job") != "sweep":
-        raise UsageError(f"{flag} is not a finished rmjax sweep (its .meta.json has no sweep identity); rerun the "
-                         "sweep or drop --from_sweep.")
-    want, theirs = canonical(identity), stored.get("prompts") or {}
-    if isinstance(theirs, dict) and all(theirs.get(n) == t for n, t in want["prompts"].items()):
-        want["prompts"] = theirs  # a superset of ours: the other columns are not read
-    want.update(token_ids=stored.get("token_ids"), limit=stored.get("limit"))  # its rows: checked by depth1_scores
-    changed = changed_keys(stored, want)
-    if changed:
-        raise UsageError(f"{flag} was made by a sweep with different {', '.join(changed)}: its scores are not this "
-                         "beam's depth 1 (it needs a token-mode sweep of the same model content, dtype, output "
-                         "column, template and prompts).")
-    table = results.read_scores_csv(path)
-    if len(table) != meta.get("n_candidates"):  # whole by its digest; a sweep's own count must agree too
-        raise UsageError(f"{flag} holds {len(table)} rows where its .meta.json counts {meta.get('n_candidates')}; "
-                         "rerun the sweep (with --overwrite).")
-    return table
-
-
-def depth1_scores(table, candidates: np.ndarray, prompts: dict[str, str], path: str | Path = "") -> np.ndarray:
-    """[len(candidates), prompts] float32 scores of the candidates in a sweep table (`read_sweep`): the sweep
-    wrote each float32 score with 9 significant digits, so these are its scores bit for bit."""
-    flag = f"--from_sweep={path}"
-    column = table["token_id"]
-    bad = [t for t in column.tolist() if isinstance(t, bool) or not isinstance(t, int) or t < 0]
-    if bad:
-        raise UsageError(f"{flag}: token_id {bad[0]!r} is not a token id (a non-negative integer); the CSV was "
-                         "edited or is not a sweep's: rerun the sweep.")
-    repeated = column[column.duplicated()].tolist()
-    if repeated:  # one score per token: which of two rows would be a guess
-        raise UsageError(f"{flag}: token ids {repeated[:5]} have more than one row; the CSV was edited or joined "
-                         "from several sweeps: rerun the sweep.")
-    row = {t: i for i, t in enumerate(column.tolist())}
-    missing = [c for c in candidates.tolist() if c not in row]
-    if missing:
-        raise UsageError(f"--from_sweep={path} lacks {len(missing)} of the beam's {len(candidates)} candidates "
-                         f"(first {missing[:5]}): sweep them too, or restrict the beam's (--limit, --token_ids).")
-    return table[list(prompts)].to_numpy(np.float64)[[row[c] for c in candidates.tolist()]].astype(np.float32)
 
 
 class _Best:
@@ -356,20 +271,6 @@ def _cached_units(model: Model, contexts, units: np.ndarray, stored: set[tuple[i
             yield u, None
 
 
-def write_csv(path: str | Path, found: list[Found], tokenizer, prompt_names: list[str]) -> Path:
-    """`depth, direction, rank, ids, tokens, decoded, <prompt columns>`: ids space-separated, tokens a JSON list
-    of token strings and decoded a JSON string (quoted like the sweep's CSV, so any token survives)."""
-    rows = [(f.depth, f.direction, rank + 1, ids, scores) for f in found
-            for rank, (ids, scores) in enumerate(zip(f.ids.tolist(), f.scores, strict=True))]
-    keys = {"depth": [r[0] for r in rows], "direction": [r[1] for r in rows], "rank": [r[2] for r in rows],
-            "ids": [" ".join(map(str, r[3])) for r in rows],
-            "tokens": [json.dumps([t or "" for t in tokenizer.convert_ids_to_tokens(r[3])], ensure_ascii=False)
-                       for r in rows],
-            "decoded": [json.dumps(tokenizer.decode(r[3]), ensure_ascii=False) for r in rows]}
-    values = {name: np.asarray([r[4][j] for r in rows], np.float64) for j, name in enumerate(prompt_names)}
-    return results.write_table(path, keys, values)
-
-
 def _key(depth: int, unit: int, start: int) -> str:
     return f"d{depth}-u{unit:09d}-c{start:010d}"
 
@@ -385,54 +286,14 @@ def _check(model: Model, contexts, partial: np.ndarray, cands: np.ndarray, score
                         explain=lambda i, j: finite.diagnose(model, contexts[j].split.ids_with(sequence(i))))
 
 
-def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray | None = None, *,
-             out: str | Path, requested: str | None = None, limit: int | None = None,
-             from_sweep: str | Path | None = None, batch_size: int = 256, chunk_size: int = 4096,
-             overwrite: bool = False, allow_nonfinite: bool = False,
-             extra_meta: dict | None = None) -> BeamResult | None:
-    """The beam job: claim `out`, search (resumable), write the CSV and .meta.json; None when reused.
-    `requested` identifies the candidate set as asked for (identity); default: the whole vocabulary. `limit`
-    keeps its first N (as the sweep's --limit); `from_sweep`: a finished sweep CSV whose scores are depth 1."""
-    candidates = candidate_ids(model, candidates, limit)
-    depth1, extra_meta = None, dict(extra_meta or {})
-    if from_sweep is not None:
-        table = read_sweep(from_sweep, sweep_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts,
-                                                      output_column=model.output_column, template=cfg.template))
-        depth1 = depth1_scores(table, candidates, prompts, from_sweep)
-        extra_meta["from_sweep"] = {"path": str(from_sweep), "sha1": results.file_sha1(from_sweep)}
-    identity = beam_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
-                             prompts=prompts, cfg=cfg, candidates=requested, limit=limit,
-                             from_sweep=extra_meta["from_sweep"]["sha1"] if from_sweep is not None else None)
-    with jobs.job(out, identity, "beam", overwrite=overwrite, store=store_dir(out)) as job:
-        if job.reuse:
-            return None
-        store = open_store(out, identity, chunk_size)
-        result = beam_search(model, prompts, cfg, candidates, batch_size=batch_size, chunk_size=chunk_size,
-                             store=store, allow_nonfinite=allow_nonfinite, depth1=depth1)
-        job.finish(lambda path: write_csv(path, result.found, model.tokenizer, list(prompts)),
-                   **jobs.model_meta(model), prompts=prompts, config=dataclasses.asdict(cfg),
-                   candidate_set={"size": len(candidates), "sha1": array_sha1(candidates)},
-                   candidates_scored=result.scored, resumed_candidates=result.resumed, levels=result.levels,
-                   nonfinite=result.nonfinite,
-                   estimate=result.estimate,
-                   batch_size=batch_size, chunk_size=store.chunk_size, seconds=result.seconds,
-                   candidates_per_second=result.scored * len(prompts) / result.seconds if result.seconds > 0 else None,
-                   **(extra_meta or {}))
-        if is_main():
-            store.remove()
-        return result
+def job_size(cfg: BeamConfig, n: int, from_sweep: bool = False) -> list[int]:
+    """Candidates scored at each depth over |S| = n (depth 1 none `from_sweep`). Exact for one direction and for
+    --exhaustive. With both, it assumes the two beams share no partial, which they do only where a level's best
+    and worst overlap (fewer than 2K sequences, or tied means): a bound the progress line lowers as levels start."""
 
+    def units(depth: int) -> int:
+        if depth == 1:
+            return 0 if from_sweep else 1
+        return n ** (depth - 1) if cfg.exhaustive else len(cfg.directions) * min(cfg.beam, n ** (depth - 1))
 
-def summary(path: str | Path, n: int = 5) -> str:
-    """The best n sequences of every depth and direction in a beam CSV, with their mean reward."""
-    df = results.read_beam_csv(path)
-    prompts = results.value_columns(df)
-    lines = []
-    for (depth, direction), part in df.groupby(["depth", "direction"], sort=True):
-        lines.append(f"depth {depth} {direction}:")
-        for _, row in part.head(n).iterrows():
-            mean = float(row[prompts].mean())
-            lines.append(f"  {row['rank']:>4}  {mean:+.4f}  {row['decoded']!r}  ids {list(row['ids'])}")
-    return "\n".join(lines)
-
-
+    return [units(depth) * n for depth in range(1, cfg.depth + 1)]
