@@ -7,11 +7,15 @@ faster and runs exactly as from the runtime install. Python sets sys.argv[0] to 
 of `python -m`, i.e. while this package is imported: an in-process import (tests, notebooks) changes nothing.
 """
 
+import importlib.util
 import os
 import sys
 
-if sys.argv[:1] == ["-m"] and "torch" not in sys.modules:
+if sys.argv[:1] == ["-m"]:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+# Only where torch is installed: elsewhere transformers finds none by itself, and a job that never loads a
+# tokenizer (analyze) need not import transformers for this.
+if sys.argv[:1] == ["-m"] and "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
     sys.modules["torch"] = None  # for the check alone: importlib finds no torch
     try:
         from transformers.utils import import_utils
