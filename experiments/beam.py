@@ -11,8 +11,6 @@ the first forward it prints an estimate of the whole job (every depth and direct
 
 from __future__ import annotations
 
-import sys
-
 from absl import flags
 
 from experiments import candidates, common, config_flags
@@ -39,62 +37,18 @@ flags.adopt_module_key_flags(config_flags)
 
 def main(argv):
     del argv
-    from rmjax.errors import UsageError
     from rmjax.parallel import distributed
     from rmjax.runs import results
-    from rmjax.runs.chunks import store_dir
     from rmjax.search import beam_job
-    from rmjax.search.sweep import check_batch_size, sweep_identity
-    from rmjax.text import candidates as candidate_set
     from rmjax.text import prompts as prompt_lib
-    from rmjax.text.candidates import candidate_count
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     cfg = BEAM_CONFIG(template=common.TEMPLATE.value)
     token_ids = candidates.token_ids()
-    if token_ids is not None and VOCAB_FILE.value:
-        raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
-    lines = candidate_set.read_vocab_file(VOCAB_FILE.value) if VOCAB_FILE.value else None
-    if cfg.exhaustive and token_ids is None and lines is None and LIMIT.value is None:
-        raise UsageError("--exhaustive enumerates |S|^depth sequences: give a small candidate set S with --token_ids, "
-                         "--vocab_file or --limit (the whole vocabulary is what the beam is for).")
-    requested = candidate_set.identity_of_candidates(token_ids, lines)
-    from_sweep = None
-    if FROM_SWEEP.value:  # refused now, before the model loads, if it is not this beam's depth 1
-        beam_job.read_sweep(FROM_SWEEP.value, sweep_identity(common.fingerprint(), dtype=common.DTYPE.value,
-                                                         output_column=common.OUTPUT_COLUMN.value, prompts=prompts,
-                                                         template=cfg.template))
-        from_sweep = results.file_sha1(FROM_SWEEP.value)
-    identity = beam_job.beam_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts, cfg=cfg,
-                                  output_column=common.OUTPUT_COLUMN.value, candidates=requested, limit=LIMIT.value,
-                                  from_sweep=from_sweep)
-    with common.claim_output(OUT.value, identity, store=store_dir(OUT.value)) as claim:
-        if not claim.reuse:
-            plan, plan_memory = candidates.memory_planner(prompts, token_ids, response_tokens=cfg.depth)
-
-            def before_weights(config, tokenizer, mesh) -> None:
-                plan_memory(config, tokenizer, mesh)
-                if candidates.BATCH_SIZE.value:  # an explicit batch beyond the candidates is refused too
-                    given = token_ids if lines is None else lines  # a line gives at most one candidate
-                    check_batch_size(candidates.BATCH_SIZE.value,
-                                     candidate_count(config, tokenizer, given, LIMIT.value), mesh)
-
-            model = common.load_model(before_weights=before_weights)
-            extra, ids = {}, token_ids
-            if lines is not None:
-                ids, skipped = candidate_set.words_to_ids(model.tokenizer, lines)
-                if not len(ids):
-                    raise UsageError(f"--vocab_file={VOCAB_FILE.value}: none of its {len(lines)} lines is a single "
-                                     "token of this tokenizer.")
-                extra["vocab_file"] = {"path": VOCAB_FILE.value, "lines": len(lines), "single_tokens": len(ids),
-                                       "skipped": len(skipped), "first_skipped": skipped[:10]}
-                if distributed.is_main():
-                    print(f"--vocab_file: {len(ids)} of {len(lines)} lines are single tokens", file=sys.stderr)
-            beam_job.run_beam(model, prompts, cfg, ids, out=OUT.value, requested=requested, limit=LIMIT.value,
-                          from_sweep=FROM_SWEEP.value, batch_size=plan.batch_size,
-                          chunk_size=candidates.CHUNK_SIZE.value, overwrite=common.OVERWRITE.value,
-                          allow_nonfinite=common.ALLOW_NONFINITE.value, extra_meta=extra)
+    beam_job.run_beam(beam_job.BeamSpec(
+        common.options(OUT.value), prompts, cfg, None if token_ids is None else tuple(token_ids),
+        vocab_file=VOCAB_FILE.value, limit=LIMIT.value, from_sweep=FROM_SWEEP.value,
+        batch_size=candidates.BATCH_SIZE.value, chunk_size=candidates.CHUNK_SIZE.value))
     if distributed.is_main():
         print(beam_job.summary(OUT.value, SHOW.value))
         print(f"wrote {OUT.value} and {results.meta_path(OUT.value)}")

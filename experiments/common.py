@@ -1,22 +1,23 @@
-"""Flags shared by the model-running entry points and the one way they load a model.
+"""Flags shared by the model-running entry points, and how a job starts (`start`) and gets them (`options`).
 
-Outputs are claimed (`claim_output`: writable, locked, not another run's) and every flag checked
-before the model loads; entry points end through `run` (experiments.cli).
+An entry point parses and checks its flags, builds its job's spec with `options(out)` and makes one call
+(`rmjax.search.sweep.run_sweep`, …), which claims the output once and loads the model only after every check
+that can run before the weights; entry points end through `run` (experiments.cli).
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from absl import flags
 from absl import logging as absl_logging
 
 from experiments.cli import run  # noqa: F401  (entry points call common.run)
-from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS
+
+if TYPE_CHECKING:
+    from rmjax.runs.options import RunOptions
 
 DEFAULT_RM = "elo-rm-smollm2-135m"
 DEFAULT_LM = "smollm2-135m-instruct"
@@ -100,80 +101,18 @@ def start():
     return _mesh[0]
 
 
-def fingerprint(spec: str | None = None) -> dict:
-    """The content fingerprint of --model (or `spec`) without loading it."""
-    from rmjax.loading import fingerprint as of_spec
+def options(out: str) -> RunOptions:
+    """The shared flags as the library's RunOptions for a job writing `out` (after `start`: the mesh is one)."""
+    from rmjax.runs.options import RunOptions
+
+    return RunOptions(model=MODEL.value, out=out, dtype=DTYPE.value, mesh=start(), template=TEMPLATE.value,
+                      output_column=OUTPUT_COLUMN.value, overwrite=OVERWRITE.value,
+                      allow_nonfinite=ALLOW_NONFINITE.value)
+
+
+def check_model_template() -> None:
+    """--template against --model's chat template before any weight is read (rmjax.runs.options)."""
+    from rmjax.runs.options import check_model_template as check
 
     start()
-    return of_spec(spec or MODEL.value)
-
-
-@contextlib.contextmanager
-def claim_output(out: str, identity: dict, **kwargs) -> Iterator:
-    """rmjax.runs.claims.claim for --out with --overwrite; says so when a finished result is reused."""
-    from rmjax.runs.claims import claim
-
-    start()
-    with claim(out, identity, overwrite=OVERWRITE.value, **kwargs) as decision:
-        if decision.reuse:
-            print(f"{out} is already complete for these inputs (same model content, prompts and settings): "
-                  "reusing it; pass --overwrite to recompute.", file=sys.stderr)
-        yield decision
-
-
-def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
-    """`column` when the model has that reward output, else a UsageError naming the range."""
-    if not 0 <= column < cfg.num_outputs:
-        raise UsageError(f"--output_column={column}: {source} has {cfg.num_outputs} reward outputs "
-                         f"(0..{cfg.num_outputs - 1}).")
-    return column
-
-
-def check_template(tokenizer) -> None:
-    """The chat template as --template uses it: one that jinja cannot compile, or a missing one with
-    --template=chat, is a one-line error (before the weights load where the tokenizer comes without them)."""
-    from rmjax.text.chat import check_template as check
-
-    if TEMPLATE.value != "plain":
-        check(tokenizer, TEMPLATE.value)
-
-
-def check_model_template(spec: str | None = None) -> None:
-    """`check_template` for a checkpoint folder's tokenizer, before any weight is read (no-op for GGUF and
-    builtin models, whose tokenizer comes with the weights)."""
-    from rmjax.loading import peek
-
-    start()
-    peeked = peek(spec or MODEL.value) if TEMPLATE.value != "plain" else None
-    if peeked is not None and peeked[1] is not None:
-        check_template(peeked[1])
-
-
-def load_model(spec: str | None = None, before_weights: Callable | None = None):
-    """Load `spec` (default --model) on --mesh; `before_weights(config, tokenizer, mesh)` runs first when
-    the config can be read without the weights (checkpoint folders), else right after loading. The chat
-    template is checked at the same point (`check_template`)."""
-    import jax
-
-    from rmjax.loading import load, peek
-
-    mesh = start()
-    spec = spec or MODEL.value
-    peeked = peek(spec) if before_weights is not None or TEMPLATE.value != "plain" else None
-    early = peeked is not None and peeked[1] is not None  # a checkpoint folder: checked before its weights
-    if early:
-        check_template(peeked[1])
-        if before_weights is not None:
-            before_weights(*peeked, mesh)
-    model = load(spec, dtype=DTYPE.value, mesh=mesh)
-    if not early:
-        check_template(model.tokenizer)
-        if before_weights is not None:
-            before_weights(model.config, model.tokenizer, mesh)
-    if OUTPUT_COLUMN.value:
-        model.output_column = check_output_column(model.config, OUTPUT_COLUMN.value, model.source)
-    if model.weight_bytes:
-        print(f"process {jax.process_index()}: loaded {model.source} in {model.load_seconds:.1f} s, read "
-              f"{model.weight_bytes_read / 2**20:.1f} of {model.weight_bytes / 2**20:.1f} MiB of weights "
-              "(its devices' shards)", file=sys.stderr)
-    return model
+    check(MODEL.value, TEMPLATE.value)

@@ -43,13 +43,11 @@ def main(argv):
     from rmjax.errors import MissingFileError, UsageError
     from rmjax.inspect import job as inspect_job
     from rmjax.parallel import distributed
-    from rmjax.runs.claims import check_writable
     from rmjax.text import prompts as prompt_lib
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     if len(prompts) != 1:
         raise UsageError(f"inspect takes one prompt; got {len(prompts)} ({', '.join(prompts)}).")
-    (name, text), = prompts.items()
     given = [f for f, v in (("--responses", RESPONSES.value), ("--from_sweep", FROM_SWEEP.value),
                             ("--from_beam", FROM_BEAM.value)) if v]
     if len(given) != 1:
@@ -57,18 +55,11 @@ def main(argv):
     source = FROM_SWEEP.value or FROM_BEAM.value
     if source and not Path(source).is_file():
         raise MissingFileError(f"{given[0]}={source} not found.")
-    check_writable(OUT.value, "--out", folder=True)  # before the model loads
-    # read (and proven whole by its .meta.json) before the model loads
-    sequences = inspect_job.best_and_worst(source, name, TOP.value, DEPTH.value) if source else None
-    common.start()
-    model = common.load_model()
-    if RESPONSES.value:
-        items = inspect_job.items_from_texts(model, text, RESPONSES.value, common.TEMPLATE.value)
-    else:
-        items = inspect_job.items_from_ids(model, text, sequences, common.TEMPLATE.value)
-    summary = inspect_job.run_inspect(model, text, items, OUT.value, steps=STEPS.value, baseline=BASELINE.value,
-                                      overwrite=common.OVERWRITE.value, allow_nonfinite=common.ALLOW_NONFINITE.value,
-                                      tolerance=IG_TOLERANCE.value, max_evaluations=IG_MAX_EVALUATIONS.value)
+    summary = inspect_job.run_inspect(inspect_job.InspectSpec(
+        common.options(OUT.value), next(iter(prompts.items())),
+        responses=tuple(RESPONSES.value) if RESPONSES.value else None, source=source, top=TOP.value,
+        depth=DEPTH.value, steps=STEPS.value, baseline=BASELINE.value, tolerance=IG_TOLERANCE.value,
+        max_evaluations=IG_MAX_EVALUATIONS.value))
     if distributed.is_main():
         for label, reward, explained, gap, evals in zip(summary["responses"], summary["reward"], summary["explained"],
                                                         summary["ig_relative_gap"], summary["ig_evaluations"],

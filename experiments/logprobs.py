@@ -21,23 +21,16 @@ flags.FLAGS.set_default("model", common.DEFAULT_LM)
 def main(argv):
     del argv
     from rmjax.parallel import distributed
-    from rmjax.runs import results, table_summary
-    from rmjax.scoring.logprobs import logprobs_identity, write_logprobs
+    from rmjax.runs import table_summary
+    from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
     from rmjax.text import prompts as prompt_lib
 
     common.refuse_output_column("logprobs (a causal LM's next-token log-probs)")
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
-    identity = logprobs_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts,
-                                 template=common.TEMPLATE.value)
-    with common.claim_output(OUT.value, identity) as claim:
-        if not claim.reuse:
-            model = common.load_model()
-            write_logprobs(model, prompts, OUT.value, common.TEMPLATE.value, overwrite=common.OVERWRITE.value,
-                           allow_nonfinite=common.ALLOW_NONFINITE.value)
+    out = run_logprobs(LogprobsSpec(common.options(OUT.value), prompts))
     if not distributed.is_main():
         return
-    print(table_summary.summarize_table(OUT.value, TOP.value, what="log-prob"))
+    print(table_summary.summarize_table(out, TOP.value, what="log-prob"))
 
 
 if __name__ == "__main__":

@@ -41,22 +41,15 @@ def main(argv):
     del argv
     from rmjax.parallel import distributed
     from rmjax.runs import results
-    from rmjax.scoring.texts import text_scores_identity, write_text_scores
+    from rmjax.scoring.texts import ScoreSpec, run_score
     from rmjax.text import prompts as prompt_lib
 
     texts = read_texts()
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
-    identity = text_scores_identity(common.fingerprint(), dtype=common.DTYPE.value, prompts=prompts, texts=texts,
-                                    output_column=common.OUTPUT_COLUMN.value, template=common.TEMPLATE.value)
-    with common.claim_output(OUT.value, identity) as claim:
-        if not claim.reuse:
-            model = common.load_model()
-            write_text_scores(model, prompts, texts, OUT.value, common.TEMPLATE.value, BATCH_SIZE.value,
-                              overwrite=common.OVERWRITE.value, allow_nonfinite=common.ALLOW_NONFINITE.value)
+    out = run_score(ScoreSpec(common.options(OUT.value), prompts, tuple(texts), BATCH_SIZE.value))
     if not distributed.is_main():
         return
-    table = results.read_scores_csv(OUT.value)
+    table = results.read_scores_csv(out)
     for name in results.value_columns(table):
         ranked = table.sort_values(name, ascending=False, kind="stable").head(20)
         print(f"{name}: " + ", ".join(f"{t!r} {v:.3f}" for t, v in zip(ranked["text"], ranked[name], strict=True)))

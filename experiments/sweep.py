@@ -34,40 +34,21 @@ flags.adopt_module_key_flags(candidates)
 def main(argv):
     del argv
     from rmjax.parallel import distributed
-    from rmjax.runs import results, table_summary
-    from rmjax.runs.chunks import store_dir
-    from rmjax.search.sweep import check_batch_size, plot_path, sweep, sweep_identity
+    from rmjax.runs import table_summary
+    from rmjax.search.sweep import SweepSpec, plot_path, run_sweep
     from rmjax.text import prompts as prompt_lib
-    from rmjax.text.candidates import candidate_count
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    prompt_lib.check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     token_ids = candidates.token_ids()
-    identity = sweep_identity(common.fingerprint(), dtype=common.DTYPE.value, output_column=common.OUTPUT_COLUMN.value,
-                              prompts=prompts, token_ids=token_ids, limit=LIMIT.value, mode=MODE.value,
-                              template=common.TEMPLATE.value, text_add_special_tokens=TEXT_SPECIAL.value)
-    with common.claim_output(OUT.value, identity, owned=[plot_path(OUT.value)], store=store_dir(OUT.value)) as claim:
-        if not claim.reuse:
-            plan, plan_memory = candidates.memory_planner(prompts, token_ids, MODE.value)
-
-            def before_weights(config, tokenizer, mesh) -> None:
-                plan_memory(config, tokenizer, mesh)
-                if candidates.BATCH_SIZE.value:  # an explicit batch beyond the candidates is refused too
-                    check_batch_size(candidates.BATCH_SIZE.value,
-                                     candidate_count(config, tokenizer, token_ids, LIMIT.value), mesh)
-
-            model = common.load_model(before_weights=before_weights)
-            sweep(model, prompts, token_ids, limit=LIMIT.value, mode=MODE.value,
-                  batch_size=plan.batch_size, chunk_size=CHUNK_SIZE.value, template=common.TEMPLATE.value,
-                  out=OUT.value, text_add_special_tokens=TEXT_SPECIAL.value, overwrite=common.OVERWRITE.value,
-                  allow_nonfinite=common.ALLOW_NONFINITE.value)
-        if not distributed.is_main():
-            return
-        print(table_summary.summarize_table(OUT.value, TOP.value))
-        if PLOT.value:
-            if not (claim.reuse and plot_path(OUT.value).is_file()):
-                table_summary.plot_distributions(OUT.value, plot_path(OUT.value))
-            print(f"figure: {plot_path(OUT.value)}")
+    out = run_sweep(SweepSpec(common.options(OUT.value), prompts, None if token_ids is None else tuple(token_ids),
+                              limit=LIMIT.value, mode=MODE.value, batch_size=candidates.BATCH_SIZE.value,
+                              chunk_size=CHUNK_SIZE.value, text_add_special_tokens=TEXT_SPECIAL.value,
+                              plot=PLOT.value))
+    if not distributed.is_main():
+        return
+    print(table_summary.summarize_table(out, TOP.value))
+    if PLOT.value:
+        print(f"figure: {plot_path(out)}")
 
 
 if __name__ == "__main__":

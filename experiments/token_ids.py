@@ -37,11 +37,3 @@ def token_ids() -> list[int] | None:
     """--token_ids as ints; None when not given (the whole vocabulary)."""
     return [int(t) for t in TOKEN_IDS.value] if TOKEN_IDS.value else None
 
-
-def check_in_vocabulary(ids: list[int] | None, vocab_size: int) -> None:
-    """UsageError naming the ids at or past `vocab_size` (the model's config: checked before its weights load)."""
-    from rmjax.errors import UsageError
-
-    outside = [t for t in ids or [] if t >= vocab_size]
-    if outside:
-        raise UsageError(f"--token_ids: {outside[:5]} are outside the vocabulary [0, {vocab_size}).")

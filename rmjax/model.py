@@ -1,97 +1,18 @@
-"""Jitted entry points over the nnx Transformer: `params` (its nnx state) and a static config in,
-arrays out. Scoring, prefix caching, log-probs and per-layer reads are all the one forward
-(rmjax.nn.Transformer.__call__); these wrappers only jit and pick outputs.
+"""A loaded model (config, params, tokenizer, where it came from) and the one refusal of a causal LM where a reward
+head is needed. Its forwards are compiled calls (rmjax.compiled; rmjax.scoring.calls for the plain ones).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from rmjax import nn
 from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
-from rmjax.nn import Forward, KVCache, at_last, last_token_index, module
-from rmjax.nn.transformer import positions_from_mask
-
-__all__ = [
-    "Forward", "KVCache", "extend_cache", "forward", "last_hidden", "last_hidden_after", "last_token_index", "logits",
-    "next_token_log_probs", "positions_from_mask", "prefill", "rewards", "rewards_after", "trace",
-]
-
-Params = nnx.State
-
-
-def forward(params: Params, cfg: ModelConfig, **inputs) -> Forward:
-    """The forward with named outputs (hidden, kv, residuals); see Transformer.__call__."""
-    return module(params, cfg)(**inputs)
-
-
-def extend_cache(cache: KVCache, new: KVCache) -> KVCache:
-    """Append a forward's K/V to a cache (for incremental decoding; the sweep never copies)."""
-    return KVCache(
-        k=jnp.concatenate([cache.k, new.k], axis=2),
-        v=jnp.concatenate([cache.v, new.v], axis=2),
-        positions=jnp.concatenate([cache.positions, new.positions], axis=-1),
-        valid=jnp.concatenate([cache.valid, new.valid], axis=-1),
-        gate_input=cache.gate_input,
-    )
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def rewards(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
-    """All head outputs at each row's last real token: [B, num_outputs] float32."""
-    return module(params, cfg).rewards(ids, mask)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def logits(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
-    """LM logits at every position: [B, T, vocab] float32."""
-    m = module(params, cfg)
-    return m.lm_logits(m(ids=ids, mask=mask).hidden)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def prefill(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array | None = None) -> KVCache:
-    """K/V of a prefix, computed once and reused by every continuation (with a gated head's input)."""
-    return module(params, cfg).prefill(ids, mask)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def last_hidden_after(params: Params, cfg: ModelConfig, cache: KVCache, ids: jax.Array,
-                      mask: jax.Array | None = None) -> jax.Array:
-    """Final-normed hidden state at each row's last real new token after the cached prefix: [B, H]."""
-    return module(params, cfg).last_hidden_after(cache, ids, mask)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def last_hidden(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
-    return at_last(forward(params, cfg, ids=ids, mask=mask).hidden, mask)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def rewards_after(params: Params, cfg: ModelConfig, cache: KVCache, ids: jax.Array,
-                  mask: jax.Array | None = None) -> jax.Array:
-    """Head outputs for `cache` prefix + `ids`, at each row's last real new token."""
-    return module(params, cfg).rewards_after(cache, ids, mask)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def trace(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
-    """Every stage of one forward (Transformer.trace): embeddings, residual after each layer, hidden, head."""
-    return module(params, cfg).trace(ids, mask)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def next_token_log_probs(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
-    """Log-probs of the token after each row's last real token: [B, vocab] float32."""
-    m = module(params, cfg)
-    return jax.nn.log_softmax(m.lm_logits(at_last(m(ids=ids, mask=mask).hidden, mask)), axis=-1)
 
 
 @dataclasses.dataclass

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from rmjax import model as M
 from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute
 from rmjax.inspect.job import items_from_texts
 from rmjax.loading import load
+from tests import jitted as M
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 

@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from rmjax import model as M
 from rmjax.loading import load
 from rmjax.parallel import sharding
 from rmjax.runs import results
 from rmjax.search.beam import BeamConfig, beam_search
-from rmjax.search.beam_job import run_beam
+from rmjax.search.beam_job import write_beam
 from rmjax.text import chat
 from tests import cli, tiny, tolerance
+from tests import jitted as M
 from tests.test_analysis_stats import brute_force_tau_b
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?", "worst": "Name the worst thing."}
@@ -127,7 +127,7 @@ def test_csv_round_trips_awkward_tokens(model, tmp_path):
     s = np.asarray(sorted({ids[0] for ids in awkward if len(ids) == 1}))
     assert len(s) >= 5
     out = tmp_path / "beam.csv"
-    result = run_beam(model, PROMPTS, BeamConfig(depth=2, beam=3, top=4), s, out=out, batch_size=8)
+    result = write_beam(model, PROMPTS, BeamConfig(depth=2, beam=3, top=4), s, out=out, batch_size=8)
     df = results.read_beam_csv(out)
     assert list(df.columns) == [*results.BEAM_KEY_COLUMNS, *PROMPTS]
     assert len(df) == 2 * 2 * 4
@@ -207,7 +207,7 @@ def test_analyze_reads_beam_results(model, tmp_path):
     paths = []
     for name, m in (("a", model), ("b", other)):
         paths.append(tmp_path / f"{name}.csv")
-        run_beam(m, {"greatest": PROMPTS["greatest"]}, cfg, s, out=paths[-1], batch_size=8)
+        write_beam(m, {"greatest": PROMPTS["greatest"]}, cfg, s, out=paths[-1], batch_size=8)
     report = run_analyses(AnalysisConfig(scores=tuple(map(str, paths)), models_yaml="", frequencies="", top=5),
                           tmp_path / "analysis", echo=False)
     names = report["tables"]
@@ -293,8 +293,8 @@ def test_from_sweep_gives_the_same_beam(model, tmp_path, superset):
         prompts, ids = {"other": "Say one word.", **PROMPTS}, np.concatenate([[5, 9, 11], s, [49001]])
     swept = _sweep(model, tmp_path / "sweep.csv", prompts, ids)
     cfg = BeamConfig(depth=2, beam=4, top=6)
-    run_beam(model, PROMPTS, cfg, s, out=tmp_path / "a.csv", batch_size=8, chunk_size=8)
-    run_beam(model, PROMPTS, cfg, s, out=tmp_path / "b.csv", batch_size=8, chunk_size=8, from_sweep=swept)
+    write_beam(model, PROMPTS, cfg, s, out=tmp_path / "a.csv", batch_size=8, chunk_size=8)
+    write_beam(model, PROMPTS, cfg, s, out=tmp_path / "b.csv", batch_size=8, chunk_size=8, from_sweep=swept)
     assert (tmp_path / "b.csv").read_bytes() == (tmp_path / "a.csv").read_bytes()
     meta_a, meta_b = (json.loads(results.meta_path(tmp_path / f"{x}.csv").read_text()) for x in "ab")
     assert meta_b["candidates_scored"] == meta_a["candidates_scored"] - len(s)
@@ -325,7 +325,7 @@ def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, t
     cfg = BeamConfig(depth=2, beam=2, top=4)
     for fragment, path in bad.items():
         with pytest.raises(RmjaxError, match=fragment):
-            run_beam(model, PROMPTS, cfg, s, out=tmp_path / "beam.csv", batch_size=8, from_sweep=path)
+            write_beam(model, PROMPTS, cfg, s, out=tmp_path / "beam.csv", batch_size=8, from_sweep=path)
         assert not (tmp_path / "beam.csv").exists()
     flags = (f"--model={rm_folder}", "--prompts=greatest", f"--out={tmp_path / 'cli.csv'}",
              "--token_ids=" + ",".join(map(str, s)), "--prompt=worst=" + PROMPTS["worst"])
@@ -338,10 +338,10 @@ def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):
     N of --token_ids); the command line (with a sweep for depth 1) gives the library's result byte for byte."""
     cfg = BeamConfig(depth=2, beam=2, top=5)
     prompts = {"greatest": PROMPTS["greatest"]}
-    lib = run_beam(model, prompts, cfg, out=tmp_path / "lib.csv", limit=20, batch_size=8)
+    lib = write_beam(model, prompts, cfg, out=tmp_path / "lib.csv", limit=20, batch_size=8)
     assert lib.candidates.tolist() == list(range(20))
     assert all(max(f.ids.ravel()) < 20 for f in lib.found)
-    first = run_beam(model, prompts, cfg, _candidates(30), out=tmp_path / "ids.csv", limit=7, batch_size=8)
+    first = write_beam(model, prompts, cfg, _candidates(30), out=tmp_path / "ids.csv", limit=7, batch_size=8)
     assert first.candidates.tolist() == _candidates(30)[:7].tolist()
     swept = _sweep(model, tmp_path / "sweep.csv", prompts, range(30))
     out = tmp_path / "cli.csv"

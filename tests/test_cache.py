@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rmjax import model as M
 from rmjax import nn
 from rmjax.loading.hf import load_hf_model_folder
+from tests import jitted as M
 from tests import tiny, tolerance
 
 

@@ -67,7 +67,7 @@ def test_score_entry_point(tmp_path):
     df = results.read_scores_csv(out)
     assert df["text"].tolist() == ["Love", "None", "NaN", "a b"]
     # independent reference: the whole templated conversation through a plain full forward
-    from rmjax import model as M
+    from tests import jitted as M
 
     model = load(str(folder))
     for text, got in zip(df["text"], df["greatest"], strict=True):

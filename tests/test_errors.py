@@ -102,7 +102,7 @@ def test_bad_dtype(copy):
 
 
 def test_bfloat16_load_keeps_float32_scores(folder):
-    from rmjax import model as M
+    from tests import jitted as M
 
     f32 = load_hf_model_folder(folder, require_tokenizer=False)
     bf16 = load_hf_model_folder(folder, dtype="bfloat16", require_tokenizer=False)

@@ -81,7 +81,7 @@ def _logprobs(path, probs: dict[str, float]):
     logp = np.log(np.array([probs[w] for w in words]))
     pd.DataFrame({"token_id": range(len(words)), "token_name": words, "token_decoded": words,
                   "greatest": logp}).to_csv(path, index=False)
-    results.write_meta(path, kind="next_token_logprobs")  # as experiments.logprobs writes them
+    results.write_meta(path, kind="logprobs")  # as experiments.logprobs writes them
     return path
 
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from rmjax import model as M
 from rmjax.errors import OutputExistsError
 from rmjax.loading import load
 from rmjax.search.gcg import evaluate, gcg, make_target, reward_gradient
 from rmjax.search.gcg_config import GCGConfig
 from rmjax.search.gcg_swaps import disallowed_ids
+from tests import jitted as M
 from tests import tiny, tolerance
 
 PREFIX, SUFFIX = (1, 17, 33, 5, 60), (2, 9)
@@ -283,14 +283,14 @@ def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
     from rmjax.errors import UsageError
     from rmjax.runs import results
     from rmjax.search.beam import BeamConfig
-    from rmjax.search.beam_job import run_beam
+    from rmjax.search.beam_job import write_beam
 
     model = load(str(rm_folder))
     words = [" cat", " dog", " house", " sun", " love", " war", " tree", " music"]
     s = [model.tokenizer(w, add_special_tokens=False).input_ids[0] for w in words]
     out = tmp_path / "beam.csv"
     prompt = "What, in one word, is the greatest thing ever?"
-    run_beam(model, {"p": prompt}, BeamConfig(depth=2, top=8, exhaustive=True), np.asarray(s), out=out, batch_size=8)
+    write_beam(model, {"p": prompt}, BeamConfig(depth=2, top=8, exhaustive=True), np.asarray(s), out=out, batch_size=8)
     df = results.read_beam_csv(out)
     target = make_target(model, prompt)
     for direction, sign in (("optimal", 1.0), ("pessimal", -1.0)):
@@ -506,12 +506,12 @@ def test_steps_csv_has_the_candidates_column_and_is_part_of_the_result(rm_folder
 
     import pandas as pd
 
-    from rmjax.search.gcg_job import run_gcg, steps_path
+    from rmjax.search.gcg_job import steps_path, write_gcg
 
     model = load(str(rm_folder))
     out = tmp_path / "gcg.json"
     cfg = GCGConfig(num_tokens=2, steps=3, search_width=16, topk=8, seed=0)
-    assert run_gcg([model], {"greatest": PROMPT}, cfg, out) is not None
+    assert write_gcg([model], {"greatest": PROMPT}, cfg, out) is not None
     steps = pd.read_csv(steps_path(out), keep_default_na=False)
     history = json.loads(out.read_text())["history"]
     assert list(steps.columns) == ["step", "text", "ids", "candidates", "reward", "seconds"]
@@ -520,7 +520,7 @@ def test_steps_csv_has_the_candidates_column_and_is_part_of_the_result(rm_folder
     old.to_csv(steps_path(out), index=False)
     before = steps_path(out).read_bytes()
     with pytest.raises(OutputExistsError, match="gcg.json.steps.csv has .* bytes where .* were written"):
-        run_gcg([model], {"greatest": PROMPT}, cfg, out)
+        write_gcg([model], {"greatest": PROMPT}, cfg, out)
     assert steps_path(out).read_bytes() == before
 
 

@@ -21,18 +21,18 @@ import transformers
 from safetensors.torch import save_file
 from torch import nn
 
-from experiments.common import check_output_column
 from rmjax import heads
-from rmjax import model as M
 from rmjax.errors import CheckpointError
 from rmjax.loading import load
 from rmjax.loading.hf import load_hf_model_folder
 from rmjax.parallel.sharding import make_mesh
+from rmjax.runs.options import check_output_column
 from rmjax.scoring.prefix import extend_prefix, prefill_prefix, score_variants
 from rmjax.scoring.texts import TextScorer
 from rmjax.search import gcg
 from rmjax.search.sweep import sweep
 from rmjax.text import chat
+from tests import jitted as M
 from tests import tiny, tolerance
 
 LLAMA_VOCAB = 128_256  # the Llama 3 gate pattern uses ids up to 128009
@@ -205,8 +205,8 @@ def test_cached_prefix_and_gcg_paths_use_the_same_gate(built, kind):
     atol = tolerance.rewards_atol(model.params, model.config, full)
     np.testing.assert_allclose(got, want, atol=atol, rtol=0)
     one_hot = jax.nn.one_hot(responses[0], model.config.vocab_size, dtype=jnp.float32)
-    value, _ = gcg._reward_of_one_hot(model.params, model.config, cache, one_hot, jnp.asarray(responses[0]),
-                                      jnp.zeros((0,), jnp.int32), 0)
+    value, _ = gcg._reward_of_one_hot(model.config, model.params, cache, one_hot, jnp.asarray(responses[0]),
+                                      jnp.zeros((0,), jnp.int32), column=0)
     assert float(value) == pytest.approx(want[0], abs=atol)
     # GCG's candidates: packed tails against the cache of prompt + current, output column 0
     extended = extend_prefix(model, cache, responses[:1])

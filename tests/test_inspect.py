@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from rmjax import model as M
 from rmjax.inspect.attribution import attribute
 from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
 from rmjax.loading import load
+from tests import jitted as M
 from tests import tiny, tolerance
 
 SEQUENCES = [[2, 17, 33, 5, 60, 9, 11], [2, 40, 41, 42, 43]]
@@ -290,12 +290,12 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
 def test_nonfinite_weights_stop_inspect_before_writing(rm_folder, tmp_path):
     from rmjax import nn
     from rmjax.errors import NonFiniteError
-    from rmjax.inspect.job import items_from_texts, run_inspect
+    from rmjax.inspect.job import items_from_texts, write_inspect
 
     model = load(str(rm_folder))
     kernel = nn.get(model.params, "score.kernel")
     model.params = nn.replace(model.params, model.config, **{"score.kernel": kernel.at[0, 0].set(float("nan"))})
     items = items_from_texts(model, "What is best?", ["love", "war"])
     with pytest.raises(NonFiniteError, match="non-finite values in the reward lens.*score.kernel"):
-        run_inspect(model, "What is best?", items, tmp_path / "out", steps=2)
+        write_inspect(model, "What is best?", items, tmp_path / "out", steps=2)
     assert not (tmp_path / "out" / "reward_lens.csv").exists()

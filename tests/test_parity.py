@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rmjax import model as M
 from rmjax.loading.hf import load_hf_model_folder
+from tests import jitted as M
 from tests import tiny, tolerance
 
 FAMILIES = list(tiny.CONFIGS)

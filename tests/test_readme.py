@@ -21,7 +21,7 @@ def _nnx_blocks() -> list[str]:
 def test_readme_nnx_examples_run():
     import jax.numpy as jnp
 
-    from rmjax import model as M
+    from tests import jitted as M
 
     blocks = _nnx_blocks()
     assert len(blocks) == 2

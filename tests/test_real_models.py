@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
-from rmjax import model as M
 from rmjax.loading import load, resolve
+from tests import jitted as M
 from tests import tolerance
 
 PROMPT = "What, in one word, is the greatest thing ever?"

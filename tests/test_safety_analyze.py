@@ -140,8 +140,8 @@ def test_roundtrip_only_is_applied_or_refused(tmp_path):
     sweep(tmp_path / "none.csv", {"greatest": base, "worst": -base}, roundtrip=np.zeros(40, int))
     sweep(tmp_path / "half.csv", {"greatest": base, "worst": -base}, roundtrip=half)
     beam(tmp_path / "beam.csv", "b", ["greatest"], seed=3)
-    for name in ("lp_a", "lp_b"):
-        sweep(tmp_path / f"{name}.csv", {"greatest": base}, kind="next_token_logprobs")
+    for name, kind in (("lp_a", "logprobs"), ("lp_b", "next_token_logprobs")):  # the kind of today, of before
+        sweep(tmp_path / f"{name}.csv", {"greatest": base}, kind=kind)
     implicit = [f"--implicit_chosen={tmp_path / 'lp_a.csv'}", f"--implicit_reference={tmp_path / 'lp_b.csv'}"]
     refused = [
         ([f"--scores={tmp_path / 'none.csv'}"], ["none.csv", "leaves none of its 40 rows", "greatest, worst"]),
@@ -263,7 +263,7 @@ def test_implicit_takes_only_log_prob_tables(tmp_path):
     base = np.random.default_rng(5).normal(size=40) - 5
     sweep(tmp_path / "rewards.csv", {"greatest": base})
     sweep(tmp_path / "bare.csv", {"greatest": base}, kind="next_token_logprobs", meta=False)
-    sweep(tmp_path / "lp.csv", {"greatest": base[::-1].copy()}, kind="next_token_logprobs")
+    sweep(tmp_path / "lp.csv", {"greatest": base[::-1].copy()}, kind="logprobs")
     cases = [("rewards.csv", "--implicit_chosen", ["experiments.sweep result", "experiments.logprobs"]),
              ("bare.csv", "--implicit_reference", ["bare.csv.meta.json", "experiments.logprobs"]),
              ("lp.csv", "--implicit_chosen", ["one file"])]  # MWLR 0 for every token

@@ -6,10 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from rmjax import model as M
 from rmjax import nn
 from rmjax.loading.hf import load_hf_model_folder
 from rmjax.parallel import sharding
+from tests import jitted as M
 from tests import tiny, tolerance
 
 
@@ -69,7 +69,7 @@ def test_each_slice_is_read_once(tmp_path, mesh_spec):
 def test_sweep_scorer_declares_its_shardings(tmp_path):
     """Weights by their declared axes, the prefix cache with K/V heads over `model`, rows and rewards over
     `data`, and the activations pinned to rows over `data` (not left to GSPMD's guess from the weights)."""
-    from rmjax.parallel import batching
+    from rmjax import compiled
     from rmjax.scoring import prefix
 
     folder = tiny.save_hf_model(tiny.build_hf_model("llama3", num_labels=1), tmp_path)
@@ -77,16 +77,60 @@ def test_sweep_scorer_declares_its_shardings(tmp_path):
     model = load_hf_model_folder(folder, mesh=mesh, require_tokenizer=False)
     cache = prefix.prefill_prefix(model, [5, 6, 7])
     assert cache.k.sharding.spec == jax.sharding.PartitionSpec(None, None, None, "model", None)
-    scorer = prefix._batch_scorer(model.config, mesh, cache.k.shape[2], 0).__wrapped__
-    rows = batching.place(np.arange(8, dtype=np.int32)[:, None] + 3, mesh)
     suffix = jax.numpy.zeros((0,), jax.numpy.int32)
-    with jax.set_mesh(mesh):
-        lowered = scorer.lower(model.params, cache, rows, suffix)
+    out = prefix.score_responses(model, cache, suffix, np.arange(8, dtype=np.int32)[:, None] + 3, 8)
+    scorer = compiled.made("_score_batch", mesh)[-1]  # the call the sweep ran, lowered again with its arguments
+    lowered = scorer.lower(*scorer.example[0])
     assert lowered.as_text().count("sharding_constraint") >= 2  # embeddings, and each layer's residual (scan body)
     (params_in, cache_in, rows_in, _), _ = lowered.compile().input_shardings
     assert rows_in.spec == jax.sharding.PartitionSpec("data", None)
     assert params_in["layers"]["q"].get_value().spec == jax.sharding.PartitionSpec(None, None, "model", None)
-    out = prefix.score_responses(model, cache, suffix, np.arange(8, dtype=np.int32)[:, None] + 3, 8)
     full = np.asarray([[5, 6, 7, t] for t in range(3, 11)], np.int32)
     ref = np.asarray(M.rewards(model.params, model.config, full, np.ones((8, 4), bool)))[:, 0]
     np.testing.assert_allclose(out, ref, atol=tolerance.rewards_atol(model.params, model.config, full), rtol=0)
+
+
+def test_inspection_and_gcg_run_with_their_declared_shardings(tmp_path):
+    """Lens, curve, attribution, patching and GCG's gradient and evaluation are compiled calls (rmjax.compiled) on
+    the model's mesh: traced with the mesh set, so the activations' constraints apply, with the weights entering
+    where their declarations put them and the cache's K/V heads over `model`; their numbers equal one device's."""
+    from rmjax import compiled
+    from rmjax.inspect.attribution import attribute
+    from rmjax.inspect.lens import reward_lens, token_rewards
+    from rmjax.inspect.patching import patching_map
+    from rmjax.search.gcg import evaluate, make_target, reward_gradient
+
+    folder = tiny.save_hf_model(tiny.build_hf_model("llama3", num_labels=1), tmp_path)
+    mesh = sharding.make_mesh("data:4,model:2")
+    one = load_hf_model_folder(folder, require_tokenizer=False)
+    model = load_hf_model_folder(folder, mesh=mesh, require_tokenizer=False)
+    seqs = [[5, 6, 7, 8, 9, 10], [5, 6, 7, 11, 12, 13]]
+    atol = tolerance.any_rewards_atol(one.params, one.config, 6)
+    np.testing.assert_allclose(reward_lens(model, seqs).lens, reward_lens(one, seqs).lens, atol=atol, rtol=0)
+    np.testing.assert_allclose(token_rewards(model, seqs)[1], token_rewards(one, seqs)[1], atol=atol, rtol=0)
+    ig = attribute(one, seqs[0], steps=4, batch_size=4, baseline="zero").integrated_gradients
+    np.testing.assert_allclose(attribute(model, seqs[0], steps=4, batch_size=4, baseline="zero").integrated_gradients,
+                               ig, atol=tolerance.grad_atol(ig, one.config, 6, one.config.hidden_size), rtol=0)
+    np.testing.assert_allclose(patching_map(model, *seqs, batch_size=8).maps["mlp"],
+                               patching_map(one, *seqs, batch_size=8).maps["mlp"], atol=atol, rtol=0)
+    targets = [make_target(m, "", prefix=(5, 6, 7), suffix=(2,)) for m in (one, model)]
+    grads = [reward_gradient(t, np.asarray([8, 9])) for t in targets]
+    grad_atol = tolerance.grad_atol(grads[0], one.config, 6, one.config.vocab_size)
+    np.testing.assert_allclose(grads[1], grads[0], atol=grad_atol, rtol=0)
+    variants = np.asarray([[8, 9], [8, 10], [11, 9], [12, 13]], np.int32)
+    np.testing.assert_allclose(*(evaluate([t], variants, 8, current=np.asarray([8, 9])) for t in targets[::-1]),
+                               atol=atol, rtol=0)
+    declared_q = jax.sharding.PartitionSpec(None, None, "model", None)
+    for name in ("_lens", "_curve", "_rewards_and_grads", "_donor_reads", "_patched", "_grad_one_hot",
+                 "_score_variants"):
+        call = compiled.made(name, mesh)[-1]
+        lowered = call.lower(*call.example[0])
+        assert "sharding_constraint" in lowered.as_text(), name  # traced under the mesh
+        params_in = lowered.compile().input_shardings[0][0]
+        assert params_in["layers"]["q"].get_value().spec == declared_q, name
+        if name in ("_grad_one_hot", "_score_variants"):
+            cache_in = lowered.compile().input_shardings[0][1]
+            assert cache_in.k.spec == jax.sharding.PartitionSpec(None, None, None, "model", None), name
+    patched = compiled.made("_patched", mesh)[-1]
+    where = patched.lower(*patched.example[0]).compile().input_shardings[0][-1]
+    assert where.spec == jax.sharding.PartitionSpec("data", None)  # the patches of one call over `data`

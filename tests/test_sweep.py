@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from rmjax import model as M
 from rmjax import nn
 from rmjax.errors import PromptTooLongError
 from rmjax.loading import load
@@ -21,6 +20,7 @@ from rmjax.scoring.texts import TextScorer
 from rmjax.search.sweep import sweep
 from rmjax.text import chat
 from rmjax.text.chat import NoChatTemplateError
+from tests import jitted as M
 from tests import tiny, tolerance
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?",

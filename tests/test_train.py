@@ -13,13 +13,13 @@ import torch
 import transformers
 from flax import nnx
 
-from rmjax import model as M
 from rmjax import nn
 from rmjax.loading import load
 from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_pairs
 from rmjax.train.loop import TrainConfig, batch_indices, train_reward_model, trainable_part
 from rmjax.train.rm import bradley_terry_loss, save_hf_folder
+from tests import jitted as M
 from tests import tiny, tolerance
 
 NOUNS = ["apple", "river", "house", "music", "dog", "book", "tree", "city", "light", "stone", "garden", "friend",

@@ -55,8 +55,8 @@ import math
 import jax
 import numpy as np
 
-from rmjax import model as M
 from rmjax import nn
+from tests import jitted as M
 
 U32 = 2.0**-24  # float32 unit roundoff: 24 significant bits
 U_BF16 = 2.0**-8  # bfloat16 unit roundoff: 8 significant bits

@@ -48,7 +48,9 @@ class ScoreTable:
         return np.array([s.strip().lower() for s in self.strings.to_numpy(dtype=object)], dtype=object)
 
 
-SCORE_KINDS = ("sweep", "score_texts")  # what --scores reads (beam results: rmjax.analysis.beams)
+# what --scores reads (beam results: rmjax.analysis.beams); score_texts: a score result's kind before issue 23
+SCORE_KINDS = ("sweep", "score", "score_texts")
+LOGPROB_KINDS = ("logprobs", "next_token_logprobs")  # what --implicit_* read (the second: before issue 23)
 BARE = "not written by rmjax, e.g. the published RMs' tables"  # why a table without .meta.json is read at all
 
 

@@ -72,7 +72,7 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
         if Path(cfg.implicit_chosen).resolve() == Path(cfg.implicit_reference).resolve():  # MWLR 0 everywhere
             raise UsageError(f"--implicit_chosen and --implicit_reference are one file ({cfg.implicit_chosen}); give "
                              "the log-prob tables of two models.")
-        (chosen,), (reference,) = (data.load_score_tables([p], kinds=("next_token_logprobs",), flag=flag, bare=False)
+        (chosen,), (reference,) = (data.load_score_tables([p], kinds=data.LOGPROB_KINDS, flag=flag, bare=False)
                                    for p, flag in ((cfg.implicit_chosen, "--implicit_chosen"),
                                                    (cfg.implicit_reference, "--implicit_reference")))  # same name ok
         found.implicit = chosen, reference

@@ -28,13 +28,13 @@ the largest; at 16 steps only within 11%).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rmjax import nn
+from rmjax.compiled import PARAMS, REPLICATED, compiled, declared_params, rows_of
 from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.model import Model
@@ -83,8 +83,7 @@ class Attribution:
 LENGTH_BUCKET = 8  # conversations are right-padded to a multiple of this: one compilation serves many lengths
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "column"))
-def _rewards_and_grads(params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array, embeds: jax.Array, column: int):
+def _rewards_and_grads(cfg: ModelConfig, params, ids: jax.Array, mask: jax.Array, embeds: jax.Array, *, column: int):
     """Reward output `column` and its gradient w.r.t. the embedding rows, for each row of embeds [S, T, H]
     (right padding past `mask` is causal-invisible to the real tokens and gets zero gradient)."""
     model = nn.module(params, cfg)
@@ -126,6 +125,11 @@ def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = 
     ids_arr, mask = replicated(batching.pad_rows([ids], width), model.mesh)
     delta = np.asarray(x - base, np.float64)
     grad_x = None
+    split = rows_of(batch_size, 1, model.mesh) != REPLICATED  # the path's points over `data` when it divides them
+    gradients = compiled(_rewards_and_grads, model.config, model.mesh,
+                         (PARAMS, REPLICATED, REPLICATED, rows_of(batch_size, 3, model.mesh)),
+                         (rows_of(batch_size, 1, model.mesh), rows_of(batch_size, 3, model.mesh)), column=column)
+    params, place = declared_params(model), batching.place if split else replicated
 
     def evaluate(alphas: list[float]) -> tuple[np.ndarray, np.ndarray]:
         """R and per-token gradient × (x − baseline) at each α, in batches of batch_size rows (one shape: one
@@ -137,7 +141,7 @@ def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = 
             a = jnp.asarray(part, jnp.float32)
             rows = base[None] + a[:, None, None] * (x - base)[None]
             padded = jnp.zeros((batch_size, width, x.shape[1]), table.dtype).at[: len(rows), :t].set(rows)
-            r, g = _rewards_and_grads(model.params, model.config, ids_arr, mask, padded, column)
+            r, g = gradients(params, ids_arr, mask, place(np.asarray(padded), model.mesh))
             g = to_host(g)[: len(part), :t].astype(np.float64)
             rewards.append(to_host(r)[: len(part)].astype(np.float64))
             contributions.append((g * delta).sum(-1))

@@ -16,9 +16,12 @@ from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute
 from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
+from rmjax.loading import config_and_tokenizer, fingerprint
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.runs import jobs, results
+from rmjax.runs.claims import check_writable
+from rmjax.runs.options import RunOptions, check_template, claim_job, load_for_job
 from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.text import chat
@@ -39,15 +42,23 @@ class Item:
 
 def items_from_texts(model: Model, prompt: str, responses: list[str], template: str = "auto") -> list[Item]:
     """Responses as text: placed in the template and tokenized, as a real conversation is."""
-    conv = Conversations(model.tokenizer, prompt, template, max_positions=model.config.max_position_embeddings)
-    start = len(conv.prefix)
-    return [Item(r, tuple(ids), start) for r, ids in zip(responses, conv.token_ids(responses), strict=True)]
+    return _text_items(model.tokenizer, model.config.max_position_embeddings, prompt, responses, template)
 
 
 def items_from_ids(model: Model, prompt: str, sequences: list[tuple[int, ...]], template: str = "auto") -> list[Item]:
     """Responses as token ids (a sweep's or beam's token-mode sequences): prefix + ids + suffix exactly."""
-    split = chat.split_chat(model.tokenizer, prompt, template, model.config.max_position_embeddings)
-    texts = [model.tokenizer.decode(list(s)) for s in sequences]
+    return _id_items(model.tokenizer, model.config.max_position_embeddings, prompt, sequences, template)
+
+
+def _text_items(tokenizer, context: int, prompt: str, responses: list[str], template: str) -> list[Item]:
+    conv = Conversations(tokenizer, prompt, template, max_positions=context)
+    start = len(conv.prefix)
+    return [Item(r, tuple(ids), start) for r, ids in zip(responses, conv.token_ids(responses), strict=True)]
+
+
+def _id_items(tokenizer, context: int, prompt: str, sequences: list[tuple[int, ...]], template: str) -> list[Item]:
+    split = chat.split_chat(tokenizer, prompt, template, context)
+    texts = [tokenizer.decode(list(s)) for s in sequences]
     # several sequences may decode alike (every lone byte token decodes to U+FFFD): their ids tell them apart
     return [Item(t if texts.count(t) == 1 else f"{t} [ids {' '.join(map(str, s))}]", tuple(split.ids_with(list(s))),
                  len(split.prefix)) for t, s in zip(texts, sequences, strict=True)]
@@ -112,21 +123,70 @@ def ig_warning(label: str, a) -> str | None:
             f"--ig_max_evaluations (this run spent {a.evaluations}) or more --steps to start from.")
 
 
-def run_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *, steps: int = 64,
-                baseline: str = "pad", overwrite: bool = False, batch_size: int = 16,
-                allow_nonfinite: bool = False, tolerance: float = TOLERANCE,
-                max_evaluations: int = MAX_EVALUATIONS) -> dict:
-    """Compute everything for `items` and write it to folder `out`; the summary (also in .meta.json).
-    Integrated gradients start from `steps` + 1 path points and are refined until their relative completeness
-    gap is within `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.inspect.attribution)."""
+@dataclasses.dataclass(frozen=True)
+class InspectSpec:
+    """An inspect job as one value: one prompt (name, text) and its responses, as text (`responses`) or the `top`
+    best and worst of a finished sweep, beam (at `depth`) or GCG result (`source`); integrated gradients from
+    `steps` path points refined to `tolerance` within `max_evaluations`. options.out is the folder."""
+
+    options: RunOptions
+    prompt: tuple[str, str]
+    responses: tuple[str, ...] | None = None
+    source: str | None = None
+    top: int = 2
+    depth: int | None = None
+    steps: int = 64
+    baseline: str = "pad"
+    tolerance: float = TOLERANCE
+    max_evaluations: int = MAX_EVALUATIONS
+    batch_size: int = 16
+
+
+def run_inspect(spec: InspectSpec) -> dict:
+    """The inspect job: the responses tokenized with the model's tokenizer and the identity computed without its
+    weights → claim options.out once → unless a finished result of the same inputs is there, load, compute and
+    write (`write_inspect`). Returns the summary (also in .meta.json)."""
+    o, (name, text) = spec.options, spec.prompt
+    out = check_writable(o.out, "--out", folder=True)  # before the model loads
+    # read (and proven whole by its .meta.json) before the model loads
+    sequences = best_and_worst(spec.source, name, spec.top, spec.depth) if spec.source else None
+    config, tokenizer = config_and_tokenizer(o.model)
+    check_template(tokenizer, o.template)
+    context = config.max_position_embeddings
+    items = (_text_items(tokenizer, context, text, list(spec.responses), o.template) if spec.responses is not None
+             else _id_items(tokenizer, context, text, sequences or [], o.template))
+    items = distinct_labels(_some(items))
+    identity = inspect_identity(fingerprint(o.model), dtype=o.dtype, output_column=o.output_column, prompt=text,
+                                items=items, steps=spec.steps, baseline=spec.baseline, tolerance=spec.tolerance,
+                                max_evaluations=spec.max_evaluations)
+    with claim_job(o, identity, out=out / FILES[0], owned=[out / f for f in FILES[1:]]) as job:
+        if job.reuse:
+            return json.loads(results.meta_path(out / FILES[0]).read_text())["summary"]
+        return write_inspect(load_for_job(o), text, items, out, steps=spec.steps, baseline=spec.baseline,
+                             batch_size=spec.batch_size, allow_nonfinite=o.allow_nonfinite, tolerance=spec.tolerance,
+                             max_evaluations=spec.max_evaluations, job=job)
+
+
+def _some(items: list[Item]) -> list[Item]:
     if len(items) < 1:
         raise UsageError("no responses to inspect.")
-    items = distinct_labels(items)
+    return items
+
+
+def write_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *, steps: int = 64,
+                  baseline: str = "pad", overwrite: bool = False, batch_size: int = 16,
+                  allow_nonfinite: bool = False, tolerance: float = TOLERANCE,
+                  max_evaluations: int = MAX_EVALUATIONS, job: jobs.Job | None = None) -> dict:
+    """Compute everything for `items` with a loaded model and write it to folder `out`; the summary (also in
+    .meta.json). `out` is claimed here unless `job` is its claim already (`run_inspect`). Integrated gradients
+    start from `steps` + 1 path points and are refined until their relative completeness gap is within
+    `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.inspect.attribution)."""
+    items = distinct_labels(_some(items))
     out = Path(out)
     identity = inspect_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                                 prompt=prompt, items=items, steps=steps, baseline=baseline, tolerance=tolerance,
                                 max_evaluations=max_evaluations)
-    with jobs.job(out / FILES[0], identity, "inspect", overwrite=overwrite, owned=[out / f for f in FILES[1:]]) as job:
+    with jobs.claimed(job, out / FILES[0], identity, overwrite=overwrite, owned=[out / f for f in FILES[1:]]) as job:
         if job.reuse:
             return json.loads(results.meta_path(out / FILES[0]).read_text())["summary"]
         start = time.perf_counter()

@@ -16,13 +16,13 @@ A prompt-gated head (ArmoRM, QRM) keeps the gate of the actual run at every laye
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rmjax import nn
+from rmjax.compiled import PARAMS, REPLICATED, compiled, declared_params
 from rmjax.config import ModelConfig
 from rmjax.model import Model
 from rmjax.nn import ops
@@ -51,8 +51,7 @@ class Lens:
         return self.total / self.reward
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _lens(params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+def _lens(cfg: ModelConfig, params, ids: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
     model = nn.module(params, cfg)
     embeds = model.embed.scaled(model.embed(ids))
     out = model(ids=ids, mask=mask, residuals=True)
@@ -77,12 +76,11 @@ def _lens(params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> dict[str
 def reward_lens(model: Model, sequences: list[list[int]]) -> Lens:
     """The lens and direct contributions of full conversations (token ids), right-padded into one batch."""
     ids, mask = batching.pad_rows(sequences, pad_id=0)
-    out = _lens(model.params, model.config, *replicated((ids, mask), model.mesh))
+    out = _whole(_lens, model, ids, mask)
     return Lens(**{k: to_host(v) for k, v in out.items()})
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _curve(params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
+def _curve(cfg: ModelConfig, params, ids: jax.Array, mask: jax.Array) -> jax.Array:
     model = nn.module(params, cfg)
     hidden = model(ids=ids, mask=mask).hidden
     b, t, h = hidden.shape
@@ -95,5 +93,12 @@ def token_rewards(model: Model, sequences: list[list[int]]) -> list[np.ndarray]:
     """Per conversation, every head output at each of its positions [T_i, out]: position j is the reward of
     the conversation cut after token j (causal attention: one forward gives every prefix)."""
     ids, mask = batching.pad_rows(sequences, pad_id=0)
-    out = to_host(_curve(model.params, model.config, *replicated((ids, mask), model.mesh)))
+    out = to_host(_whole(_curve, model, ids, mask))
     return [out[i, : len(s)] for i, s in enumerate(sequences)]
+
+
+def _whole(fn, model: Model, ids: np.ndarray, mask: np.ndarray):
+    """`fn` on a few whole conversations: every device holds them (too few rows to split), the weights stay where
+    they are declared."""
+    call = compiled(fn, model.config, model.mesh, (PARAMS, REPLICATED, REPLICATED), REPLICATED)
+    return call(declared_params(model), *replicated((ids, mask), model.mesh))

@@ -10,16 +10,17 @@ gives the donor's reward: both are tests.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rmjax import nn
+from rmjax.compiled import PARAMS, REPLICATED, compiled, declared_params, rows_of
 from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.model import Model
+from rmjax.parallel import batching
 from rmjax.parallel.distributed import replicated, to_host
 from rmjax.runs.progress import Progress
 
@@ -36,15 +37,13 @@ class PatchingMap:
     maps: dict[str, np.ndarray]
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _donor_reads(params, cfg: ModelConfig, ids: jax.Array):
+def _donor_reads(cfg: ModelConfig, params, ids: jax.Array):
     out = nn.module(params, cfg)(ids=ids, residuals=True)
     return out.residuals, out.attention, out.mlp
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "column"))
-def _patched(params, cfg: ModelConfig, ids: jax.Array, donor_ids: jax.Array, reads, layer: jax.Array,
-             component: jax.Array, where: jax.Array, column: int) -> jax.Array:
+def _patched(cfg: ModelConfig, params, ids: jax.Array, donor_ids: jax.Array, reads, layer: jax.Array,
+             component: jax.Array, where: jax.Array, *, column: int) -> jax.Array:
     model = nn.module(params, cfg)
     rows = layer.shape[0]
     # "embeddings" rows (component -1) swap in the donor's token ids; the rest patch inside the stack.
@@ -69,7 +68,12 @@ def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: i
     cfg = model.config
     t, layers = len(clean), cfg.num_layers
     ids, donor_ids = replicated((np.asarray([clean], np.int32), np.asarray([donor], np.int32)), model.mesh)
-    reads = _donor_reads(model.params, cfg, donor_ids)
+    params = declared_params(model)
+    reads = compiled(_donor_reads, cfg, model.mesh, (PARAMS, REPLICATED), REPLICATED)(params, donor_ids)
+    rows = rows_of(batch_size, 1, model.mesh)  # the patches of one call over `data` when it divides them
+    patched = compiled(_patched, cfg, model.mesh, (PARAMS, REPLICATED, REPLICATED, REPLICATED, rows, rows,
+                                                   rows_of(batch_size, 2, model.mesh)), rows, column=column)
+    place = batching.place if rows != REPLICATED else replicated
     differ = np.flatnonzero(np.asarray(clean) != np.asarray(donor))
     first = int(differ[0]) if skip_shared and len(differ) else 0
     shown = range(first, t)
@@ -88,8 +92,8 @@ def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: i
                 where[i, p] = True
             elif p == -2:
                 where[i] = True
-        args = replicated((lay, comp, where), model.mesh)
-        out.append(to_host(_patched(model.params, cfg, ids, donor_ids, reads, *args, column)))
+        args = (place(a, model.mesh) for a in (lay, comp, where))
+        out.append(to_host(patched(params, ids, donor_ids, reads, *args)))
         progress.update(min(batch_size, len(plan) - start))
     values = np.concatenate(out)[: len(plan)]
     width = t - first

@@ -15,7 +15,7 @@ from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.loading.safetensors_io import iter_tensors
 from rmjax.model import Model
 
-__all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "fingerprint", "load", "peek"]
+__all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "config_and_tokenizer", "fingerprint", "load", "peek"]
 
 
 def fingerprint(spec: str) -> dict:
@@ -39,6 +39,20 @@ def peek(spec: str):
         return None
     cfg = load_config_file(path / "config.json")
     return cfg, load_tokenizer(path, cfg, required=False)
+
+
+def config_and_tokenizer(spec: str):
+    """(config, tokenizer) of any model spec without reading its weights: what tokenizing for the model needs
+    before it loads (a GGUF file is converted first, as `load` does; a builtin reward model has its backbone's
+    config and tokenizer)."""
+    from rmjax.config import load_config_file
+    from rmjax.loading.hf import load_tokenizer
+
+    kind, path = resolve(BUILTIN_RMS.get(spec, spec))
+    if kind == "gguf":
+        path = cached_hf_folder(path, cache_dir())
+    cfg = load_config_file(path / "config.json")
+    return cfg, load_tokenizer(path, cfg)
 
 
 def load(

@@ -68,6 +68,37 @@ class KVCache:
         """[batch] position of the token that follows each cached row."""
         return jnp.max(jnp.where(self.valid, self.positions, -1), axis=-1) + 1
 
+    def _map(self, fn) -> KVCache:
+        """`fn(array, its batch axis)` on every field that is there."""
+        return KVCache(**{name: None if getattr(self, name) is None else fn(getattr(self, name), axes.index("batch"))
+                          for name, axes in self.AXES.items()})
+
+    def repeat(self, rows: int) -> KVCache:
+        """A batch-1 cache as `rows` rows (broadcast: XLA does not copy it where it need not)."""
+        def spread(x, axis):
+            shape = list(x.shape)
+            shape[axis] = rows
+            return jnp.broadcast_to(x, shape)
+
+        return self._map(spread)
+
+    def row(self, row: jax.Array | int) -> KVCache:
+        """Row `row` of a batched cache as a batch-1 cache."""
+        return self._map(lambda x, axis: jax.lax.dynamic_slice_in_dim(x, row, 1, axis))
+
+    def head(self, length: int) -> KVCache:
+        """The first `length` positions."""
+        return KVCache(k=self.k[:, :, :length], v=self.v[:, :, :length], positions=self.positions[:, :length],
+                       valid=self.valid[:, :length], gate_input=self.gate_input)
+
+    def append(self, new: KVCache) -> KVCache:
+        """This cache followed by `new`'s positions (a forward's K/V after it), row by row; a batch-1 cache is
+        repeated over `new`'s rows first. The prompt-gated head's input stays this cache's."""
+        mine = self.repeat(new.k.shape[1]) if self.k.shape[1] != new.k.shape[1] else self
+        return KVCache(k=jnp.concatenate([mine.k, new.k], axis=2), v=jnp.concatenate([mine.v, new.v], axis=2),
+                       positions=jnp.concatenate([mine.positions, new.positions], axis=1),
+                       valid=jnp.concatenate([mine.valid, new.valid], axis=1), gate_input=mine.gate_input)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass

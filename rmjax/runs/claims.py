@@ -11,9 +11,9 @@ sweep's chunk store, a training workdir), so that
   result before the new run starts);
 - two runs never write the same output at once (an advisory lock, `OUT.lock`).
 
-`claim` does all of this before the model loads; the library functions that write call it again
-(a second claim of an output this process holds returns the first decision), so they are safe when
-called directly too.
+A job claims its output once, before the model loads (rmjax.runs.options, rmjax.runs.jobs), and hands the
+claim to the code that writes. Claims are not re-entrant: claiming an output this process already holds is
+refused like any other run's (its lock is held).
 """
 
 from __future__ import annotations
@@ -54,6 +54,14 @@ def mismatch_message(what: str, old: dict, new: dict, flag: str = "--out") -> st
     keys = changed_keys(old, canonical(new))
     return (f"{what} was made by a run with different {', '.join(keys) or 'settings'}. Rerun with the same "
             f"model and settings to continue it, pass --overwrite to discard it, or choose another {flag}.")
+
+
+def require_claimed(claimed: dict, loaded: dict, out: str | Path) -> None:
+    """An output claimed before the model loaded (its identity from the fingerprint) is written only by a run of
+    that model: a different identity after loading is a bug of ours, never a result under another run's name."""
+    if canonical(claimed) != canonical(loaded):
+        raise RuntimeError(f"internal error: {out} was claimed for other inputs than the loaded model's (different "
+                           f"{', '.join(changed_keys(canonical(claimed), canonical(loaded)))}); please report it.")
 
 
 def check_writable(path: str | Path, flag: str = "--out", folder: bool = False) -> Path:
@@ -156,29 +164,15 @@ def real_path(path: str | Path) -> Path:
     return real if real != Path(os.path.abspath(path)) else path
 
 
-_active: dict[Path, Claim] = {}  # outputs this process has claimed, while the claim lasts
-
-
 @contextlib.contextmanager
 def claim(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
           store: str | Path | None = None, flag: str = "--out", meta: str | Path | None = None,
           folder: bool = False) -> Iterator[Claim]:
     """Check, lock and decide for output `out` (+ `owned` companions, + a progress `store`), held until
     the block ends. Every process takes the same read-only decision; then process 0 (which holds the
-    lock) removes what --overwrite replaces. Claiming an output this process already holds returns
-    the first decision, and an identity that differs from it is an internal error (the identity
-    computed before loading must be the loaded model's)."""
-    out = real_path(out)
-    key = out.resolve()
+    lock) removes what --overwrite replaces."""
     identity = canonical(identity)
-    if key in _active:
-        first = _active[key]
-        if first.identity != identity:
-            raise RuntimeError(f"internal error: {out} was claimed with two identities (different "
-                               f"{', '.join(changed_keys(first.identity, identity))}); please report it.")
-        yield first
-        return
-    out = check_writable(out, flag, folder=folder)
+    out = check_writable(real_path(out), flag, folder=folder)
     meta = Path(meta) if meta is not None else meta_path(out)
     owned = [real_path(p) for p in owned]
     with contextlib.ExitStack() as held:
@@ -190,8 +184,4 @@ def claim(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Se
         barrier("rmjax-claim")  # every process decided before anything is removed
         if decision.remove and is_main():
             remove(decision.remove)
-        _active[key] = decision
-        try:
-            yield decision
-        finally:
-            del _active[key]
+        yield decision

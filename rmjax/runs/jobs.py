@@ -1,6 +1,7 @@
-"""The one shape of every job (sweep, score, logprobs, gcg): claim the output → compute → process 0
-writes the result files and, last, their .meta.json. Library functions compute and return arrays or
-results; a job function wraps one of them in `job(...)` and hands its writer to `Job.finish`.
+"""The one shape of every job (sweep, beam, gcg, score, logprobs, inspect): claim the output once → compute →
+process 0 writes the result files and, last, their .meta.json. A job's `run_<job>(spec)` claims before the model
+loads (rmjax.runs.options) and hands its `Job` to the library function that computes and writes; called directly
+with a loaded model, that function claims for itself (`claimed`). Either way an output is claimed once.
 
 A result whose .meta.json is there is complete (rmjax.runs.claims reuses it for the same identity);
 training keeps a workdir of checkpoints instead (rmjax.train.loop.claim_workdir) but writes the same way.
@@ -17,17 +18,21 @@ from typing import Any
 
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import results
-from rmjax.runs.claims import Claim, claim, real_path
+from rmjax.runs.claims import Claim, claim, real_path, require_claimed
 
 
 @dataclasses.dataclass
 class Job:
     out: Path
     identity: dict
-    kind: str
     claimed: Claim
     started: float
     owned: tuple[Path, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """What .meta.json calls the job: its identity's name for it, so the two never differ."""
+        return self.identity["job"]
 
     @property
     def reuse(self) -> bool:
@@ -52,9 +57,22 @@ def model_meta(model) -> dict:
 
 
 @contextlib.contextmanager
-def job(out: str | Path, identity: dict, kind: str, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
+def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
         store: str | Path | None = None) -> Iterator[Job]:
     """Claim `out` for `identity` (reuse, resume, refuse or overwrite: rmjax.runs.claims.claim) for the block."""
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store) as decision:
-        yield Job(out, identity, kind, decision, time.perf_counter(), tuple(map(real_path, owned)))
+        yield Job(out, identity, decision, time.perf_counter(), tuple(map(real_path, owned)))
+
+
+@contextlib.contextmanager
+def claimed(given: Job | None, out: str | Path, identity: dict, **claim_options: Any) -> Iterator[Job]:
+    """The job a library function writes through: `given`, claimed by its caller before the model loaded (whose
+    identity, computed from the fingerprint without loading, must be the loaded model's `identity`), or else
+    its own claim of `out` (`job(out, identity, **claim_options)`)."""
+    if given is None:
+        with job(out, identity, **claim_options) as own:
+            yield own
+        return
+    require_claimed(given.identity, identity, given.out)
+    yield given

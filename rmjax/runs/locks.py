@@ -1,9 +1,9 @@
 """Advisory locks (`fcntl.flock` on `PATH.lock`) so two runs never write one output or conversion.
 
-A lock is re-entrant within a process (an entry point takes it before loading the model; the
-library function it calls takes it again). The lock file records who holds it, and is removed
-when released; a waiter that wins the lock on a file that was removed meanwhile retries on the
-new one, so two processes never both believe they hold it.
+A lock is not re-entrant: a job claims its output once (rmjax.runs.jobs), so taking a lock this process
+already holds is a conflict like any other (LockedError, at once: waiting for ourselves would never end).
+The lock file records who holds it, and is removed when released; a waiter that wins the lock on a file
+that was removed meanwhile retries on the new one, so two processes never both believe they hold it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rmjax.errors import LockedError
 
-_held: dict[Path, list] = {}  # lock path -> [file object, depth]
+_mine: set[Path] = set()  # the locks this process holds (only to refuse taking one twice)
 
 
 def lock_path(path: str | Path) -> Path:
@@ -69,15 +69,10 @@ def hold(path: str | Path, wait: bool = False, what: str | None = None) -> Itera
     """Hold the lock of `path` (`path.lock`). wait=False: LockedError when another process holds it;
     wait=True: block until it is free (saying so once on stderr)."""
     lock = lock_path(path).resolve()
-    if lock in _held:
-        _held[lock][1] += 1
-        try:
-            yield lock
-        finally:
-            _held[lock][1] -= 1
-        return
-    lock.parent.mkdir(parents=True, exist_ok=True)
     what = what or str(path)
+    if lock in _mine:
+        raise LockedError(f"this process already holds {lock} on {what}; an output is claimed once.")
+    lock.parent.mkdir(parents=True, exist_ok=True)
     if wait:
         try:
             f = _acquire(lock, False, what)
@@ -86,11 +81,11 @@ def hold(path: str | Path, wait: bool = False, what: str | None = None) -> Itera
             f = _acquire(lock, True, what)
     else:
         f = _acquire(lock, False, what)
-    _held[lock] = [f, 1]
+    _mine.add(lock)
     try:
         yield lock
     finally:
-        del _held[lock]
+        _mine.discard(lock)
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()  # before closing: a waiter that gets the old file sees it is gone and retries
         f.close()

@@ -264,9 +264,11 @@ def read_meta(path: str | Path) -> dict | None:
     return meta
 
 
+# A result's kind is its identity's "job" (rmjax.runs.jobs.Job.kind); rmjax before issue 23 wrote the last two
+# kinds of score and logprobs results, which are still read.
 _KIND_JOB = {"sweep": "experiments.sweep", "beam": "experiments.beam", "gcg": "experiments.gcg",
-             "next_token_logprobs": "experiments.logprobs", "score_texts": "experiments.score",
-             "inspect": "experiments.inspect"}
+             "logprobs": "experiments.logprobs", "score": "experiments.score", "inspect": "experiments.inspect",
+             "next_token_logprobs": "experiments.logprobs", "score_texts": "experiments.score"}
 
 
 def checked_input(path: str | Path, kinds: Iterable[str], flag: str, bare: str | None = None) -> dict | None:
@@ -275,7 +277,7 @@ def checked_input(path: str | Path, kinds: Iterable[str], flag: str, bare: str |
     without metadata (the README names where: e.g. the published RMs' tables) and says why in a warning;
     it returns None then."""
     path, kinds = Path(path), tuple(kinds)
-    wanted = " or ".join(f"an {_KIND_JOB.get(k, k)} result" for k in kinds)
+    wanted = " or ".join(dict.fromkeys(f"an {_KIND_JOB.get(k, k)} result" for k in kinds))
     if not path.is_file():
         raise MissingFileError(f"{flag}={path}: no such file.")
     meta = read_meta(path)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import model as M
+from rmjax import nn
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import replicated
 from rmjax.scoring.prefix import prefill_prefix, score_responses
@@ -19,7 +19,7 @@ from rmjax.text import chat
 class PromptContext:
     name: str
     split: chat.ChatSplit
-    cache: M.KVCache
+    cache: nn.KVCache
     suffix: jax.Array
 
 

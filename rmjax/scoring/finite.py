@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import model as M
 from rmjax import nn
 from rmjax.errors import NonFiniteError
 from rmjax.parallel.distributed import replicated, to_host
+from rmjax.scoring import calls
 
 ALLOW_HINT = "pass --allow_nonfinite to write them anyway (counted in .meta.json)"
 
@@ -48,7 +48,7 @@ def first_nonfinite_stage(model, ids: Sequence[int]) -> str:
     cfg = model.config
     host_ids = np.asarray([list(ids)], np.int32)
     batch = replicated((host_ids, np.ones_like(host_ids, bool)), model.mesh)
-    trace = M.trace(model.params, cfg, *batch)
+    trace = calls.trace(model, *batch)
     embeds = to_host(trace["embeddings"])[0]
     bad = np.flatnonzero(~np.isfinite(embeds).all(-1))
     if bad.size:

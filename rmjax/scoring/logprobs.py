@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
-from rmjax import model as M
 from rmjax.errors import UsageError
+from rmjax.loading import fingerprint
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel import batching
+from rmjax.parallel.distributed import to_host
 from rmjax.runs import jobs, results
-from rmjax.scoring import finite
+from rmjax.runs.options import RunOptions, claim_job, load_for_job
+from rmjax.scoring import calls, finite
 from rmjax.text import chat
 from rmjax.text.prompts import check_prompt_names
 
@@ -26,7 +29,7 @@ def next_token_logprobs(model: Model, prompts: dict[str, str], template: str = "
         for text in prompts.values()
     ]
     ids, mask = batching.pad_rows(rows, side="left", pad_id=model.config.pad_token_id or 0)
-    lp = np.asarray(M.next_token_log_probs(model.params, model.config, ids, mask))
+    lp = to_host(calls.next_token_log_probs(model, ids, mask))
     return dict(zip(prompts, lp, strict=False))
 
 
@@ -35,12 +38,34 @@ def logprobs_identity(model_fingerprint: dict, *, dtype: str, prompts: dict[str,
             "template": template}
 
 
+@dataclasses.dataclass(frozen=True)
+class LogprobsSpec:
+    """A log-prob job as one value: a causal LM (options.model; it has no reward outputs) after each prompt."""
+
+    options: RunOptions
+    prompts: dict[str, str]
+
+
+def run_logprobs(spec: LogprobsSpec) -> Path:
+    """The logprobs job: identity (without loading the model) → claim options.out once → unless a finished result
+    of the same inputs is there, load and compute → the CSV and its .meta.json. Returns the CSV's path."""
+    o = spec.options
+    check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
+    identity = logprobs_identity(fingerprint(o.model), dtype=o.dtype, prompts=spec.prompts, template=o.template)
+    with claim_job(o, identity) as job:
+        if not job.reuse:
+            write_logprobs(load_for_job(o), spec.prompts, o.out, o.template, allow_nonfinite=o.allow_nonfinite,
+                           job=job)
+    return Path(o.out)
+
+
 def write_logprobs(model: Model, prompts: dict[str, str], out: str | Path, template: str = "auto",
-                   overwrite: bool = False, allow_nonfinite: bool = False) -> Path:
-    """CSV in the score-table schema (one log-prob column per prompt) plus .meta.json."""
+                   overwrite: bool = False, allow_nonfinite: bool = False, job: jobs.Job | None = None) -> Path:
+    """CSV in the score-table schema (one log-prob column per prompt) plus .meta.json; `out` is claimed here
+    unless `job` is its claim already (`run_logprobs`)."""
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = logprobs_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, template=template)
-    with jobs.job(out, identity, "next_token_logprobs", overwrite=overwrite) as job:
+    with jobs.claimed(job, out, identity, overwrite=overwrite) as job:
         if job.reuse:
             return Path(out)
         lps = next_token_logprobs(model, prompts, template)

@@ -9,19 +9,21 @@ only the remainder; rows that tokenize differently across the boundary run the f
 from __future__ import annotations
 
 import collections
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
-from rmjax import model as M
 from rmjax.errors import PromptTooLongError
+from rmjax.loading import fingerprint
 from rmjax.loading.identity import hash_json, model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import to_host
 from rmjax.runs import jobs, results
+from rmjax.runs.options import RunOptions, claim_job, load_for_job
 from rmjax.runs.progress import Progress
-from rmjax.scoring import finite
+from rmjax.scoring import calls, finite
 from rmjax.scoring.prefix import prefill_prefix
 from rmjax.text.chat import Conversations
 from rmjax.text.prompts import check_prompt_names
@@ -44,24 +46,22 @@ class TextScorer(Conversations):
     def score(self, responses: list[str], batch_size: int = 256) -> np.ndarray:
         """Reward of each response: [N] float32."""
         require_reward_model(self.model.config, self.model.source, "text scoring")
-        params, cfg, cache = self.model.params, self.model.config, self.cache
+        model, cache = self.model, self.cache
 
         def reward(ids, mask, cached: bool):
-            out = M.rewards_after(params, cfg, cache, ids, mask) if cached else M.rewards(params, cfg, ids, mask)
-            return out[:, self.model.output_column]
+            out = calls.rewards_after(model, cache, ids, mask) if cached else calls.rewards(model, ids, mask)
+            return out[:, model.output_column]
 
         return self._run(responses, batch_size, reward, 1)[:, 0]
 
     def features(self, responses: list[str], batch_size: int = 256) -> np.ndarray:
         """Final hidden state at the last token of each conversation: [N, hidden] float32 (for head training)."""
-        params, cfg, cache = self.model.params, self.model.config, self.cache
+        model, cache = self.model, self.cache
 
         def hidden(ids, mask, cached: bool):
-            if cached:
-                return M.last_hidden_after(params, cfg, cache, ids, mask)
-            return M.last_hidden(params, cfg, ids, mask)
+            return calls.last_hidden_after(model, cache, ids, mask) if cached else calls.last_hidden(model, ids, mask)
 
-        return self._run(responses, batch_size, hidden, cfg.hidden_size)
+        return self._run(responses, batch_size, hidden, model.config.hidden_size)
 
     def _run(self, responses: list[str], batch_size: int, compute, width_out: int) -> np.ndarray:
         """compute(ids, mask, cached) -> [B, width_out] over batches grouped by length and cache use."""
@@ -120,14 +120,39 @@ def text_scores_identity(model_fingerprint: dict, *, dtype: str, output_column: 
             "prompts": dict(prompts), "texts": hash_json(list(texts)), "n_texts": len(texts), "template": template}
 
 
+@dataclasses.dataclass(frozen=True)
+class ScoreSpec:
+    """A text-scoring job as one value: the responses scored after each prompt, `batch_size` per forward pass."""
+
+    options: RunOptions
+    prompts: dict[str, str]
+    texts: tuple[str, ...]
+    batch_size: int = 256
+
+
+def run_score(spec: ScoreSpec) -> Path:
+    """The score job: identity (without loading the model) → claim options.out once → unless a finished result of
+    the same inputs is there, load and score → the CSV and its .meta.json. Returns the CSV's path."""
+    o, texts = spec.options, list(spec.texts)
+    check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
+    identity = text_scores_identity(fingerprint(o.model), dtype=o.dtype, prompts=spec.prompts, texts=texts,
+                                    output_column=o.output_column, template=o.template)
+    with claim_job(o, identity) as job:
+        if not job.reuse:
+            write_text_scores(load_for_job(o), spec.prompts, texts, o.out, o.template, spec.batch_size,
+                              allow_nonfinite=o.allow_nonfinite, job=job)
+    return Path(o.out)
+
+
 def write_text_scores(model: Model, prompts: dict[str, str], texts: list[str], out: str | Path,
                       template: str = "auto", batch_size: int = 256, overwrite: bool = False,
-                      allow_nonfinite: bool = False) -> Path:
-    """`text, <one column per prompt>` CSV + .meta.json (reused when a finished one has the same identity)."""
+                      allow_nonfinite: bool = False, job: jobs.Job | None = None) -> Path:
+    """`text, <one column per prompt>` CSV + .meta.json (reused when a finished one has the same identity);
+    `out` is claimed here unless `job` is its claim already (`run_score`)."""
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = text_scores_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, texts=texts,
                                     output_column=model.output_column, template=template)
-    with jobs.job(out, identity, "score_texts", overwrite=overwrite) as job:
+    with jobs.claimed(job, out, identity, overwrite=overwrite) as job:
         if job.reuse:
             return Path(out)
         scores, nonfinite = _scored(model, prompts, texts, template, batch_size, False, allow_nonfinite)

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from rmjax.errors import UsageError
+from rmjax.loading import fingerprint
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results
 from rmjax.runs.chunks import open_store, store_dir
 from rmjax.runs.claims import canonical, changed_keys
+from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.results import array_sha1
 from rmjax.search.beam import BeamConfig, BeamResult, Found, beam_search
-from rmjax.search.sweep import sweep_identity
+from rmjax.search.sweep import load_planned, sweep_identity
+from rmjax.text import candidates as candidate_set
 from rmjax.text.candidates import candidate_ids
+from rmjax.text.prompts import check_prompt_names
 
 
 def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
@@ -99,14 +104,85 @@ def write_csv(path: str | Path, found: list[Found], tokenizer, prompt_names: lis
     return results.write_table(path, keys, values)
 
 
-def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray | None = None, *,
-             out: str | Path, requested: str | None = None, limit: int | None = None,
-             from_sweep: str | Path | None = None, batch_size: int = 256, chunk_size: int = 4096,
-             overwrite: bool = False, allow_nonfinite: bool = False,
-             extra_meta: dict | None = None) -> BeamResult | None:
-    """The beam job: claim `out`, search (resumable), write the CSV and .meta.json; None when reused.
-    `requested` identifies the candidate set as asked for (identity); default: the whole vocabulary. `limit`
-    keeps its first N (as the sweep's --limit); `from_sweep`: a finished sweep CSV whose scores are depth 1."""
+@dataclasses.dataclass(frozen=True)
+class BeamSpec:
+    """A beam job as one value: the search (`config`; its template is options.template), the candidate set
+    (`token_ids`, or the single-token lines of `vocab_file`, else the vocabulary; `limit` keeps the first N),
+    `from_sweep` (a finished sweep CSV whose scores are depth 1), the batches (`batch_size` 0: the largest the
+    memory plan allows) and resumable chunks."""
+
+    options: RunOptions
+    prompts: dict[str, str]
+    config: BeamConfig
+    token_ids: tuple[int, ...] | None = None
+    vocab_file: str | None = None
+    limit: int | None = None
+    from_sweep: str | None = None
+    batch_size: int = 0
+    chunk_size: int = 4096
+
+    def __post_init__(self):
+        object.__setattr__(self, "config", dataclasses.replace(self.config, template=self.options.template))
+
+
+def run_beam(spec: BeamSpec) -> BeamResult | None:
+    """The beam job: the candidate set and `from_sweep` checked and the identity computed without loading the
+    model → claim options.out once → unless a finished result of the same inputs is there (None), load (checked
+    and planned first: rmjax.search.sweep.load_planned), search (resumable) and write the CSV and .meta.json."""
+    o, cfg = spec.options, spec.config
+    check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
+    lines, requested = _requested(spec)
+    fp, from_sweep = fingerprint(o.model), None
+    if spec.from_sweep:  # refused now, before the model loads, if it is not this beam's depth 1
+        read_sweep(spec.from_sweep, sweep_identity(fp, dtype=o.dtype, output_column=o.output_column,
+                                                   prompts=spec.prompts, template=cfg.template))
+        from_sweep = results.file_sha1(spec.from_sweep)
+    identity = beam_identity(fp, dtype=o.dtype, prompts=spec.prompts, cfg=cfg, output_column=o.output_column,
+                             candidates=requested, limit=spec.limit, from_sweep=from_sweep)
+    with claim_job(o, identity, store=store_dir(o.out)) as job:
+        if job.reuse:
+            return None
+        model, batch_size = load_planned(o, spec.prompts, spec.token_ids, spec.batch_size, limit=spec.limit,
+                                         response_tokens=cfg.depth, given=lines)  # a line: at most one candidate
+        ids, extra = spec.token_ids, {}
+        if lines is not None:
+            ids, extra["vocab_file"] = _vocab_ids(model, lines, spec.vocab_file)
+        return write_beam(model, spec.prompts, cfg, ids, out=o.out, requested=requested, limit=spec.limit,
+                          from_sweep=spec.from_sweep, batch_size=batch_size, chunk_size=spec.chunk_size,
+                          allow_nonfinite=o.allow_nonfinite, extra_meta=extra, job=job)
+
+
+def _requested(spec: BeamSpec) -> tuple[list[str] | None, str | None]:
+    """(the lines of `vocab_file` or None, the candidate set as requested: part of the identity)."""
+    if spec.token_ids is not None and spec.vocab_file:
+        raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
+    lines = candidate_set.read_vocab_file(spec.vocab_file) if spec.vocab_file else None
+    if spec.config.exhaustive and spec.token_ids is None and lines is None and spec.limit is None:
+        raise UsageError("--exhaustive enumerates |S|^depth sequences: give a small candidate set S with --token_ids, "
+                         "--vocab_file or --limit (the whole vocabulary is what the beam is for).")
+    return lines, candidate_set.identity_of_candidates(spec.token_ids, lines)
+
+
+def _vocab_ids(model: Model, lines: list[str], path: str) -> tuple[np.ndarray, dict]:
+    """The ids of the lines that are one token of the model's tokenizer, and their record for .meta.json."""
+    ids, skipped = candidate_set.words_to_ids(model.tokenizer, lines)
+    if not len(ids):
+        raise UsageError(f"--vocab_file={path}: none of its {len(lines)} lines is a single token of this tokenizer.")
+    if is_main():
+        print(f"--vocab_file: {len(ids)} of {len(lines)} lines are single tokens", file=sys.stderr)
+    return ids, {"path": path, "lines": len(lines), "single_tokens": len(ids), "skipped": len(skipped),
+                 "first_skipped": skipped[:10]}
+
+
+def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray | None = None, *,
+               out: str | Path, requested: str | None = None, limit: int | None = None,
+               from_sweep: str | Path | None = None, batch_size: int = 256, chunk_size: int = 4096,
+               overwrite: bool = False, allow_nonfinite: bool = False, extra_meta: dict | None = None,
+               job: jobs.Job | None = None) -> BeamResult | None:
+    """Search with a loaded model (resumable) and write the CSV and .meta.json; None when reused. `out` is
+    claimed here unless `job` is its claim already (`run_beam`). `requested` identifies the candidate set as
+    asked for (identity); default: the whole vocabulary. `limit` keeps its first N (as the sweep's --limit);
+    `from_sweep`: a finished sweep CSV whose scores are depth 1."""
     candidates = candidate_ids(model, candidates, limit)
     depth1, extra_meta = None, dict(extra_meta or {})
     if from_sweep is not None:
@@ -117,7 +193,7 @@ def run_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates:
     identity = beam_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                              prompts=prompts, cfg=cfg, candidates=requested, limit=limit,
                              from_sweep=extra_meta["from_sweep"]["sha1"] if from_sweep is not None else None)
-    with jobs.job(out, identity, "beam", overwrite=overwrite, store=store_dir(out)) as job:
+    with jobs.claimed(job, out, identity, overwrite=overwrite, store=store_dir(out)) as job:
         if job.reuse:
             return None
         store = open_store(out, identity, chunk_size)

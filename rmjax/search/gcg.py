@@ -14,7 +14,6 @@ gcg_start, and the job (identity, writing) in gcg_job.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 
@@ -24,6 +23,7 @@ import numpy as np
 from absl import logging
 
 from rmjax import nn
+from rmjax.compiled import PARAMS, REPLICATED, Cache, compiled, declared_params
 from rmjax.errors import NonFiniteError
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main, replicated, to_host
@@ -100,8 +100,7 @@ def _rows_backward(table, g):
 _rows_of.defvjp(_rows_forward, _rows_backward)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "column"))
-def _reward_of_one_hot(params, cfg, cache, one_hot, ids, suffix, column):
+def _reward_of_one_hot(cfg, params, cache, one_hot, ids, suffix, *, column):
     """Reward of prefix + (one_hot @ E) + suffix, differentiable in the one-hot matrix [N, V] (one_hot(ids));
     and, as aux, the K/V of that forward (the cache GCG's candidates are scored against)."""
     model = nn.module(params, cfg)
@@ -111,7 +110,11 @@ def _reward_of_one_hot(params, cfg, cache, one_hot, ids, suffix, column):
     return model.reward_head(out.hidden[:, -1], cache.gate_input)[0, column], out.kv
 
 
-_grad_one_hot = jax.jit(jax.grad(_reward_of_one_hot, argnums=3, has_aux=True), static_argnames=("cfg", "column"))
+def _grad_one_hot(cfg, params, cache, ids, suffix, *, column):
+    """d reward / d one_hot(ids) [N, V], and the K/V of the forward (aux)."""
+    one_hot = jax.nn.one_hot(ids, cfg.vocab_size, dtype=jnp.float32)
+    return jax.grad(_reward_of_one_hot, argnums=3, has_aux=True)(cfg, params, cache, one_hot, ids, suffix,
+                                                                  column=column)
 
 
 def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
@@ -122,9 +125,10 @@ def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
 def _device_gradient(target: Target, ids: np.ndarray) -> tuple[jax.Array, nn.KVCache]:
     """The gradient, and the cache of prefix + ids that its forward computed on the way (prefix.append_kv)."""
     m = target.model
-    ids = jnp.asarray(ids, jnp.int32)
-    one_hot = jax.nn.one_hot(ids, m.config.vocab_size, dtype=jnp.float32)
-    grad, kv = _grad_one_hot(m.params, m.config, target.cache, one_hot, ids, target.suffix_ids, m.output_column)
+    ids = np.asarray(ids, np.int32)
+    call = compiled(_grad_one_hot, m.config, m.mesh, (PARAMS, Cache(1, target.cache.k.shape[2]), REPLICATED,
+                                                      REPLICATED), (REPLICATED, None), column=m.output_column)
+    grad, kv = call(declared_params(m), target.cache, replicated(ids, m.mesh), target.suffix_ids)
     return grad, append_kv(m, target.cache, kv, len(ids))
 
 

@@ -9,13 +9,16 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import UsageError
+from rmjax.loading import fingerprint
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results
+from rmjax.runs.options import RunOptions, check_in_vocabulary, claim_job, load_for_job
 from rmjax.runs.results import array_sha1
 from rmjax.search.gcg import GCGResult, gcg, make_target
-from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig
+from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan
+from rmjax.search.gcg_start import init_from_rows
 
 
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
@@ -46,16 +49,68 @@ def steps_path(out: str | Path) -> Path:
     return Path(out).with_name(Path(out).name + ".steps.csv")  # from the full name: injective
 
 
-def run_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: str | Path,
-            overwrite: bool = False) -> GCGResult | None:
-    """Search and write the result; None when a finished result with the same identity is reused."""
+@dataclasses.dataclass(frozen=True)
+class GcgSpec:
+    """A GCG job as one value: the search (`config`; its template and allow_nonfinite are options') over the mean
+    reward of every model of options.model (comma-separated) and every prompt."""
+
+    options: RunOptions
+    prompts: dict[str, str]
+    config: GCGConfig
+
+    def __post_init__(self):
+        o = self.options
+        object.__setattr__(self, "config", dataclasses.replace(self.config, template=o.template,
+                                                               allow_nonfinite=o.allow_nonfinite))
+
+
+def run_gcg(spec: GcgSpec) -> GCGResult | None:
+    """The GCG job: the search's inputs checked (--search_width, --init_from) and the identity computed without
+    loading the models → claim options.out once → unless a finished result of the same inputs is there (None),
+    load each model (its ids, context and memory checked before its weights: `plan_search`), search, write."""
+    o, cfg = spec.options, spec.config
+    check_search_width(cfg)  # by --topk alone now; by the tokens allowed once the vocabulary is checked
+    if cfg.init_from:  # a file that is not a beam CSV of this search stops the job now
+        init_from_rows(cfg)
+    specs = [s for s in o.model.split(",") if s]
+    identity = gcg_identity([fingerprint(s) for s in specs], dtype=o.dtype, prompts=spec.prompts,
+                            output_column=o.output_column, cfg=cfg)
+    with claim_job(o, identity, owned=[steps_path(o.out)]) as job:
+        if job.reuse:
+            return None
+
+        def before_weights(config, tokenizer, mesh) -> None:
+            # ids past a model's vocabulary (--token_ids, --init_from) stop the job before its weights load
+            check_in_vocabulary(cfg.token_ids, config.vocab_size)
+            if cfg.init_from:
+                init_from_rows(cfg, config.vocab_size)
+            plan_search(cfg, spec.prompts, o.dtype, config, tokenizer, mesh)
+
+        models = [load_for_job(o, s, before_weights) for s in specs]
+        return write_gcg(models, spec.prompts, cfg, o.out, job=job)
+
+
+def plan_search(cfg: GCGConfig, prompts: dict[str, str], dtype: str, config, tokenizer, mesh) -> None:
+    """--num_tokens against the context, --search_width against what a step can sample, and the search's memory,
+    checked for a model before its weights load (rmjax.search.gcg_config.search_plan); prints the plan."""
+    if tokenizer is None:
+        return  # make_target names the missing tokenizer
+    plan = search_plan(cfg, config, tokenizer, prompts, dtype, mesh)
+    if is_main():
+        print(f"memory plan: {plan.describe()}", file=sys.stderr)
+
+
+def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: str | Path,
+              overwrite: bool = False, job: jobs.Job | None = None) -> GCGResult | None:
+    """Search with loaded models and write the result; None when a finished result with the same identity is
+    reused. `out` is claimed here unless `job` is its claim already (`run_gcg`)."""
     vocab = {len(m.tokenizer) for m in models}
     if len(vocab) > 1:
         raise UsageError("GCG over several models needs one shared tokenizer; these have vocabularies of "
                          f"sizes {sorted(vocab)}.")
     identity = gcg_identity([model_fingerprint(m) for m in models], dtype=models[0].dtype, prompts=prompts,
                             output_column=models[0].output_column, cfg=cfg)
-    with jobs.job(out, identity, "gcg", overwrite=overwrite, owned=[steps_path(out)]) as job:
+    with jobs.claimed(job, out, identity, overwrite=overwrite, owned=[steps_path(out)]) as job:
         if job.reuse:
             return None
         targets = [make_target(m, text, cfg.template) for m in models for text in prompts.values()]

@@ -10,19 +10,24 @@ two agree (`roundtrip`): where they do not, token mode scores a sequence no conv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.loading import fingerprint
 from rmjax.loading.identity import model_fingerprint
-from rmjax.model import Model
+from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import jobs, results
 from rmjax.runs.chunks import open_store, store_dir
+from rmjax.runs.options import RunOptions, check_in_vocabulary, check_output_column, claim_job, load_for_job
 from rmjax.runs.progress import Progress
 from rmjax.runs.results import array_sha1
 from rmjax.scoring import finite, memory
@@ -30,7 +35,7 @@ from rmjax.scoring.context import prepare_prompt, score_tokens
 from rmjax.scoring.prefix import PREFIX_BUCKET
 from rmjax.scoring.texts import TextScorer
 from rmjax.text import chat
-from rmjax.text.candidates import candidate_ids, roundtrip_mask
+from rmjax.text.candidates import candidate_count, candidate_ids, roundtrip_mask
 from rmjax.text.prompts import check_prompt_names
 
 
@@ -67,6 +72,33 @@ def check_batch_size(batch_size: int, candidates: int, mesh) -> None:
                          f"(each batch is padded to its size); use --batch_size={most} or less, or 0 to pick one.")
 
 
+def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequence[int] | None, batch_size: int = 0,
+                 *, limit: int | None = None, mode: str = "token", response_tokens: int = 1,
+                 given: Sequence | None = None) -> tuple[Model, int]:
+    """(model, batch size) of a job that scores candidates in batches (sweep, beam). Before the weights load
+    (rmjax.runs.options.load_for_job): a model without a score head, a bad output column, `token_ids` outside
+    the vocabulary and a prompt too long for the context are refused, the batch size is picked (`batch_size`,
+    or the largest that fits when 0) and the memory plan printed; an explicit `batch_size` beyond the candidates
+    (`given`, default `token_ids`, as `limit` keeps them) is refused too."""
+    plan = {}
+
+    def before_weights(cfg, tokenizer, mesh) -> None:
+        require_reward_model(cfg, options.model)
+        check_output_column(cfg, options.output_column, options.model)
+        check_in_vocabulary(token_ids, cfg.vocab_size)
+        estimate = memory_plan(cfg, tokenizer, prompts, options.template, options.dtype, mesh, batch_size or None,
+                               mode, response_tokens)
+        if is_main():
+            print(f"memory plan: {estimate.describe()}", file=sys.stderr)
+        if batch_size:
+            count = candidate_count(cfg, tokenizer, token_ids if given is None else given, limit)
+            check_batch_size(batch_size, count, mesh)
+        plan["batch_size"] = estimate.batch_size
+
+    model = load_for_job(options, before_weights=before_weights)
+    return model, plan["batch_size"]
+
+
 def sweep_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
                    token_ids=None, limit: int | None = None, mode: str = "token", template: str = "auto",
                    text_add_special_tokens: bool = False) -> dict:
@@ -79,6 +111,52 @@ def sweep_identity(model_fingerprint: dict, *, dtype: str, output_column: int, p
 
 def plot_path(out: str | Path) -> Path:
     return Path(out).with_name(Path(out).name + ".png")  # from the full name: x.csv and x.txt differ
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """A sweep as one value: the candidates (`token_ids`, else the vocabulary; `limit` keeps the first N), how
+    each is scored (`mode`), the batches (`batch_size` 0: the largest the memory plan allows) and resumable
+    chunks, and whether to draw the score histogram beside the CSV (`plot`)."""
+
+    options: RunOptions
+    prompts: dict[str, str]
+    token_ids: tuple[int, ...] | None = None
+    limit: int | None = None
+    mode: str = "token"
+    batch_size: int = 0
+    chunk_size: int = 4096
+    text_add_special_tokens: bool = False
+    plot: bool = False
+
+
+def run_sweep(spec: SweepSpec) -> Path:
+    """The sweep job: identity (without loading the model) → claim options.out once → unless a finished result of
+    the same inputs is there, load (checked and planned first: `load_planned`) and sweep → the CSV and its
+    .meta.json (+ the histogram with `plot`). Returns the CSV's path."""
+    o = spec.options
+    _check_mode(spec.mode)
+    check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
+    identity = sweep_identity(fingerprint(o.model), dtype=o.dtype, output_column=o.output_column, prompts=spec.prompts,
+                              token_ids=spec.token_ids, limit=spec.limit, mode=spec.mode, template=o.template,
+                              text_add_special_tokens=spec.text_add_special_tokens)
+    with claim_job(o, identity, owned=[plot_path(o.out)], store=store_dir(o.out)) as job:
+        if not job.reuse:
+            model, batch_size = load_planned(o, spec.prompts, spec.token_ids, spec.batch_size, limit=spec.limit,
+                                             mode=spec.mode)
+            sweep(model, spec.prompts, spec.token_ids, limit=spec.limit, mode=spec.mode, batch_size=batch_size,
+                  chunk_size=spec.chunk_size, template=o.template, out=o.out,
+                  text_add_special_tokens=spec.text_add_special_tokens, allow_nonfinite=o.allow_nonfinite, job=job)
+        if spec.plot and is_main() and not (job.reuse and plot_path(o.out).is_file()):
+            from rmjax.runs.table_summary import plot_distributions
+
+            plot_distributions(o.out, plot_path(o.out))
+    return Path(o.out)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("token", "text"):
+        raise UsageError(f"mode must be token or text, not {mode!r}")
 
 
 def sweep(
@@ -96,21 +174,21 @@ def sweep(
     text_add_special_tokens: bool = False,
     overwrite: bool = False,
     allow_nonfinite: bool = False,
+    job: jobs.Job | None = None,
 ) -> pd.DataFrame:
     """Reward of every candidate for every prompt; resumable when `out` is given.
 
     Completed chunks go to `<out>.chunks/`; an interrupted run restarted with the same inputs
     (rmjax.runs.claims identity) continues after the last complete chunk. The CSV and its .meta.json
-    appear only when all chunks are done; a finished result with the same identity is reused.
-    NaN/Inf scores stop the sweep unless `allow_nonfinite`.
+    appear only when all chunks are done; a finished result with the same identity is reused. `out` is
+    claimed here unless `job` is its claim already (`run_sweep`). NaN/Inf scores stop it unless `allow_nonfinite`.
     """
-    if mode not in ("token", "text"):
-        raise UsageError(f"mode must be token or text, not {mode!r}")
+    _check_mode(mode)
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = sweep_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                               prompts=prompts, token_ids=token_ids, limit=limit, mode=mode, template=template,
                               text_add_special_tokens=text_add_special_tokens)
-    guard = (jobs.job(out, identity, "sweep", overwrite=overwrite, owned=[plot_path(out)], store=store_dir(out))
+    guard = (jobs.claimed(job, out, identity, overwrite=overwrite, owned=[plot_path(out)], store=store_dir(out))
              if out is not None else contextlib.nullcontext())
     with guard as job:
         if job is not None and job.reuse:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import functools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,13 +32,14 @@ from rmjax.model import Model
 from rmjax.nn.layers import SplitStack
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import global_array, is_main
-from rmjax.runs.claims import claim
+from rmjax.runs.claims import claim, require_claimed
 from rmjax.runs.progress import Progress
 from rmjax.runs.results import dump_json
 from rmjax.scoring import finite
 from rmjax.scoring.texts import TextScorer
 from rmjax.train.data import Pairs
 from rmjax.train.rm import bradley_terry_loss
+from rmjax.train.step import feature_pair_rewards, pair_rewards_of, sequence_pair_rewards, train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,58 +202,51 @@ def trained_params(module: nn.Transformer) -> nnx.State:
 
 def train_reward_model(
     model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: str | Path, log=print,
-    overwrite: bool = False,
+    overwrite: bool = False, claimed: dict | None = None,
 ) -> TrainResult:
     """Train `model` (a reward model with a score head) on `train`; evaluate on `heldout`.
 
     `workdir` belongs to one run (model, data, settings: `train_identity`): the same call resumes it
     from its last checkpoint, another run's workdir is refused unless `overwrite` (which clears it).
+    `claimed`: the identity under which the caller claimed `workdir` before the model loaded (run_training).
     """
     if cfg.trainable == "last_k" and cfg.last_k > model.config.num_layers:
         raise UsageError(f"--last_k={cfg.last_k}: {model.source} has {model.config.num_layers} layers.")
     check_batch_on_mesh(cfg, model.mesh)
     workdir = Path(workdir)
     identity = train_identity(model_fingerprint(model), model.dtype, train, heldout, cfg)
+    if claimed is not None:
+        require_claimed(claimed, identity, workdir)
+        return _train(model, train, heldout, cfg, workdir, log)
     with claim_workdir(workdir, identity, overwrite):
         return _train(model, train, heldout, cfg, workdir, log)
 
 
 def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log):
-    """(pair_rewards(module, rows, idx) for the training step, its `rows`, held_rewards(module) -> (chosen, rejected)
-    rewards of the held-out pairs). A head-only run trains on cached final hidden states; the others on the token
-    sequences."""
+    """(pair_rewards(module, data, idx) for the training step (rmjax.train.step), its training `data`,
+    held_rewards(module) -> (chosen, rejected) rewards of the held-out pairs). A head-only run trains on cached final
+    hidden states; the others on the token sequences."""
     start = time.perf_counter()
+    on = functools.partial(pair_rewards_of, model.config, model.mesh)
     if cfg.trainable == "head":
         feats = _Features(model, [train, heldout], cfg.template, cfg.feature_batch_size)
-        train_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(train))
-        held_rows = tuple(jnp.asarray(r) for r in feats.pair_rows(heldout))
         finite.check(feats.matrix, what="features (final hidden states)", allow=False,
                      columns=[f"hidden unit {j}" for j in range(feats.matrix.shape[1])],
                      row=lambda i: f"response {feats.texts[i][1]!r}")
         matrix = jnp.asarray(feats.matrix)
         log(f"features of {len(feats.matrix)} distinct responses in {time.perf_counter() - start:.1f} s")
-
-        def pair_rewards(m: nn.Transformer, rows, idx=slice(None)):
-            return m.score(matrix[rows[0][idx]])[:, 0], m.score(matrix[rows[1][idx]])[:, 0]
-
-        held_pair_rewards = nnx.jit(pair_rewards)  # wrapped once: a new wrapper per evaluation recompiled each time
-        return pair_rewards, train_rows, lambda m: held_pair_rewards(m, held_rows)
+        held = (matrix, *map(jnp.asarray, feats.pair_rows(heldout)))
+        return (feature_pair_rewards, (matrix, *map(jnp.asarray, feats.pair_rows(train))),
+                lambda m: on(m, feature_pair_rewards, held, np.arange(len(heldout))))
     train_seq, held_seq = _Sequences(model, train, cfg.template), _Sequences(model, heldout, cfg.template)
-    train_ids, train_mask = jnp.asarray(train_seq.ids), jnp.asarray(train_seq.mask)
-
-    def pair_rewards(m: nn.Transformer, rows, idx):
-        return (m.rewards(train_ids[0][idx], train_mask[0][idx])[:, 0],
-                m.rewards(train_ids[1][idx], train_mask[1][idx])[:, 0])
-
-    @nnx.jit
-    def seq_rewards(m: nn.Transformer, ids, mask):
-        return m.rewards(ids, mask)[:, 0]
+    held = (jnp.asarray(held_seq.ids), jnp.asarray(held_seq.mask))
 
     def held_rewards(m: nn.Transformer):
-        return tuple(jnp.concatenate([seq_rewards(m, held_seq.ids[side][i : i + 64], held_seq.mask[side][i : i + 64])
-                                      for i in range(0, held_seq.ids.shape[1], 64)]) for side in (0, 1))
+        parts = [on(m, sequence_pair_rewards, held, np.arange(i, min(i + 64, len(heldout))))
+                 for i in range(0, len(heldout), 64)]
+        return tuple(jnp.concatenate(side) for side in zip(*parts, strict=True))
 
-    return pair_rewards, None, held_rewards
+    return sequence_pair_rewards, (jnp.asarray(train_seq.ids), jnp.asarray(train_seq.mask)), held_rewards
 
 
 def _evaluation(module: nn.Transformer, held_rewards, heldout: Pairs) -> dict:
@@ -279,18 +274,9 @@ def _restore(manager, module: nn.Transformer, optimizer: nnx.Optimizer, wrt, log
 def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log) -> TrainResult:
     start = time.perf_counter()
     module, wrt = trainable_part(model, cfg)
-    pair_rewards, train_rows, held_rewards = _objective(model, train, heldout, cfg, log)
+    pair_rewards, data, held_rewards = _objective(model, train, heldout, cfg, log)
     optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=wrt)
     nnx.update(optimizer, on_mesh(nnx.state(optimizer), model.mesh))
-
-    @nnx.jit
-    def step_fn(m: nn.Transformer, opt: nnx.Optimizer, idx, label):
-        def loss_fn(m):
-            return bradley_terry_loss(*pair_rewards(m, train_rows, idx), label)
-
-        loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt))(m)
-        opt.update(m, grads)
-        return loss
 
     manager = ocp.CheckpointManager(
         (workdir / "checkpoints").resolve(),
@@ -304,8 +290,8 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     loop_start = time.perf_counter()
     for step in range(first, cfg.steps):
         idx = batch_indices(len(train), cfg.batch_size, cfg.seed, step)
-        label = jnp.asarray(train.label[idx])
-        loss = step_fn(module, optimizer, batching.place(idx, model.mesh), label)
+        loss = train_step(model.config, model.mesh, module, optimizer, wrt, pair_rewards, data,
+                          *(batching.place(a, model.mesh) for a in (idx, np.asarray(train.label[idx], np.float32))))
         if not np.isfinite(float(loss)):
             raise NonFiniteError(
                 f"training loss is {float(loss)} at step {step + 1}; the run stops (checkpoints up to step "

@@ -121,7 +121,7 @@ def run_training(
                                       flag="--head_out"))
         lm = load(lm_spec, dtype=dtype, mesh=mesh)
         rm = reward_model_from_lm(lm, seed=cfg.seed, source=f"{lm_spec}+score")
-        result = train_reward_model(rm, train, heldout, cfg, workdir, overwrite=overwrite)
+        result = train_reward_model(rm, train, heldout, cfg, workdir, claimed=identity)
         result.workdir = workdir
         summary = {
             "identity": identity, "base_model": lm_spec, "train_pairs": len(train), "heldout_pairs": len(heldout),

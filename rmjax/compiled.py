@@ -1,0 +1,168 @@
+"""The one way a model call is compiled: (config, mesh, function, logical axes in and out) -> a cached jitted call
+that runs under the mesh with the declared shardings.
+
+Every compiled path goes through `compiled` (the sweep's scorer, prefill and cache extension, GCG's gradient and
+evaluation, lens, attribution, patching, log-probs, text scoring, the training step), so
+
+- weights enter where the loader put them (`PARAMS`: each weight's declared logical axes), caches with their K/V
+  heads over `model` (`Cache`), rows over `data` (`ROWS`), everything else as declared (`Axes`);
+- the call is traced with the mesh set, so the activations' constraints (`nn.layers.constrain`) apply on every
+  path, not only on those that remembered to set it;
+- one compilation serves every call with the same config, mesh, function, shapes and static arguments;
+- an ahead-of-time plan (`Compiled.lower` on abstract arguments) lowers exactly what a job runs.
+
+A function takes the config first, then its arrays, then static keywords: `fn(cfg, *arrays, **static)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rmjax import nn
+from rmjax.config import ModelConfig
+from rmjax.parallel.sharding import RULES
+
+
+class Axes(tuple):
+    """Logical axes of one array (rmjax.parallel.sharding.RULES places them); `Axes()` is replicated. The caller
+    makes a sharded dimension a multiple of its mesh axis (rmjax.parallel.batching.round_up)."""
+
+    def __new__(cls, *names: str | None) -> Axes:
+        return super().__new__(cls, names)
+
+
+REPLICATED = Axes()
+
+
+def ROWS(ndim: int) -> Axes:  # noqa: N802 - reads as a constant at the call sites
+    """Rows (the leading dimension) over `data`, the rest whole."""
+    return Axes("batch", *([None] * (ndim - 1)))
+
+
+def rows_of(n: int, ndim: int, mesh: Mesh | None) -> Axes:
+    """`ROWS(ndim)` when the mesh's `data` axis divides the `n` rows, else replicated."""
+    return ROWS(ndim) if mesh is None or n % mesh.shape["data"] == 0 else REPLICATED
+
+
+class _Params:
+    """The model's weights, each where its declaration puts it (rmjax.nn.shardings)."""
+
+    def __repr__(self) -> str:
+        return "PARAMS"
+
+
+PARAMS = _Params()
+
+
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """A KV cache of `batch` rows x `length` positions (rmjax.nn.KVCache.AXES)."""
+
+    batch: int
+    length: int
+
+
+def _resolve(spec: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
+    """A spec tree -> the sharding tree jit takes (None stays None: jit infers it from the argument)."""
+    if spec is None:
+        return None
+    if spec is PARAMS:
+        return nn.shardings(cfg, mesh)
+    if isinstance(spec, Cache):
+        return nn.KVCache.shardings(cfg, mesh, spec.batch, spec.length)
+    if isinstance(spec, Axes):
+        return NamedSharding(mesh, PartitionSpec(*(RULES.get(a) if a else None for a in spec)))
+    if isinstance(spec, dict):
+        return {k: _resolve(v, cfg, mesh) for k, v in spec.items()}
+    if isinstance(spec, tuple | list):
+        return type(spec)(_resolve(v, cfg, mesh) for v in spec)
+    raise TypeError(f"not an axes spec: {spec!r}")
+
+
+def _frozen(spec: Any) -> Any:
+    """A hashable form of a spec tree (the cache key)."""
+    if isinstance(spec, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in spec.items()))
+    if isinstance(spec, list) or (isinstance(spec, tuple) and not isinstance(spec, Axes)):
+        return tuple(_frozen(v) for v in spec)
+    return spec
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Compiled:
+    """A jitted model call and the mesh it runs under (None: one device, no shardings declared)."""
+
+    name: str
+    jitted: Any
+    mesh: Mesh | None
+    in_axes: tuple
+    out_axes: Any
+    example: list = dataclasses.field(default_factory=list)  # the first call's arguments, abstract (for lower)
+
+    def __call__(self, *args: Any) -> Any:
+        if not self.example:
+            self.example.append(jax.tree.map(_abstract, args))
+        if self.mesh is None:
+            return self.jitted(*args)
+        with jax.set_mesh(self.mesh):
+            return self.jitted(*args)
+
+    def lower(self, *args: Any) -> jax.stages.Lowered:
+        """Lowered for these (possibly abstract: jax.ShapeDtypeStruct) arguments, under the mesh."""
+        if self.mesh is None:
+            return self.jitted.lower(*args)
+        with jax.set_mesh(self.mesh):
+            return self.jitted.lower(*args)
+
+
+def _abstract(x: Any) -> Any:
+    if not hasattr(x, "shape"):
+        return x
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if isinstance(x, jax.Array) else None)
+
+
+_CACHE: dict[tuple, Compiled] = {}
+_CACHE_SIZE = 256
+
+
+def compiled(fn: Callable[..., Any], cfg: ModelConfig, mesh: Mesh | None, in_axes: tuple, out_axes: Any = None,
+             **static: Any) -> Compiled:
+    """`fn(cfg, *args, **static)` jitted with `in_axes` (one spec per positional argument) and `out_axes` (a spec
+    tree matching the result, or None) resolved on `mesh`; cached by everything that changes the program. Static
+    values must be hashable (ints, strings, configs, graph definitions)."""
+    key = (fn, cfg, mesh, _frozen(tuple(in_axes)), _frozen(out_axes), tuple(sorted(static.items())))
+    found = _CACHE.get(key)
+    if found is not None:
+        return found
+
+    def body(*args: Any) -> Any:
+        return fn(cfg, *args, **static)
+
+    body.__name__ = body.__qualname__ = getattr(fn, "__name__", "model_call")
+    if mesh is None:
+        jitted = jax.jit(body)
+    else:
+        jitted = jax.jit(body, in_shardings=_resolve(tuple(in_axes), cfg, mesh),
+                         out_shardings=_resolve(out_axes, cfg, mesh))
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))  # the oldest: a long session's shapes come and go
+    made = _CACHE[key] = Compiled(body.__name__, jitted, mesh, tuple(in_axes), out_axes)
+    return made
+
+
+def made(name: str | None = None, mesh: Mesh | None = None) -> list[Compiled]:
+    """The compiled calls this process holds (oldest first); those of the function called `name`, on `mesh`."""
+    return [c for c in _CACHE.values() if (name is None or c.name == name) and (mesh is None or c.mesh == mesh)]
+
+
+def declared_params(model) -> Any:
+    """The model's params where `PARAMS` declares them (a no-op for a loaded model; a model whose weights were
+    placed by hand, e.g. replicated, is moved once here instead of failing jit's sharding check)."""
+    if model.mesh is None:
+        return model.params
+    return jax.device_put(model.params, nn.shardings(model.config, model.mesh))

@@ -1,0 +1,83 @@
+"""The plain forwards a job runs on token rows of a loaded model, each a compiled call (rmjax.compiled): rewards and
+final hidden states of whole conversations or after a cached prefix, next-token log-probs, and the staged trace
+the non-finite diagnosis reads. Rows are over `data` when the mesh divides them, else whole on every device.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from rmjax import nn
+from rmjax.compiled import PARAMS, REPLICATED, Cache, compiled, declared_params, rows_of
+from rmjax.config import ModelConfig
+from rmjax.model import Model
+
+
+def rewards(model: Model, ids, mask) -> jax.Array:
+    """All head outputs at each row's last real token: [B, num_outputs] float32."""
+    rows = _rows(model, ids)
+    return compiled(_rewards, model.config, model.mesh, (PARAMS, rows, rows), rows)(declared_params(model), ids, mask)
+
+
+def rewards_after(model: Model, cache: nn.KVCache, ids, mask) -> jax.Array:
+    """Head outputs for the batch-1 `cache` prefix + `ids`, at each row's last real new token."""
+    rows = _rows(model, ids)
+    call = compiled(_rewards_after, model.config, model.mesh, (PARAMS, Cache(1, cache.k.shape[2]), rows, rows), rows)
+    return call(declared_params(model), cache, ids, mask)
+
+
+def last_hidden(model: Model, ids, mask) -> jax.Array:
+    """Final-normed hidden state at each row's last real token: [B, H]."""
+    rows = _rows(model, ids)
+    return compiled(_last_hidden, model.config, model.mesh, (PARAMS, rows, rows), rows)(declared_params(model), ids,
+                                                                                        mask)
+
+
+def last_hidden_after(model: Model, cache: nn.KVCache, ids, mask) -> jax.Array:
+    """`last_hidden` after the batch-1 `cache` prefix."""
+    rows = _rows(model, ids)
+    call = compiled(_last_hidden_after, model.config, model.mesh, (PARAMS, Cache(1, cache.k.shape[2]), rows, rows),
+                    rows)
+    return call(declared_params(model), cache, ids, mask)
+
+
+def next_token_log_probs(model: Model, ids, mask) -> jax.Array:
+    """Log-probs of the token after each row's last real token: [B, vocab] float32."""
+    return compiled(_next_token_log_probs, model.config, model.mesh, (PARAMS, REPLICATED, REPLICATED),
+                    REPLICATED)(declared_params(model), ids, mask)
+
+
+def trace(model: Model, ids, mask) -> dict[str, jax.Array]:
+    """Every stage of one forward (Transformer.trace): embeddings, residual after each layer, hidden, head."""
+    return compiled(_trace, model.config, model.mesh, (PARAMS, REPLICATED, REPLICATED),
+                    REPLICATED)(declared_params(model), ids, mask)
+
+
+def _rows(model: Model, ids) -> object:
+    return rows_of(np.shape(ids)[0], np.ndim(ids), model.mesh)
+
+
+def _rewards(cfg: ModelConfig, params, ids, mask) -> jax.Array:
+    return nn.module(params, cfg).rewards(ids, mask)
+
+
+def _rewards_after(cfg: ModelConfig, params, cache: nn.KVCache, ids, mask) -> jax.Array:
+    return nn.module(params, cfg).rewards_after(cache, ids, mask)
+
+
+def _last_hidden(cfg: ModelConfig, params, ids, mask) -> jax.Array:
+    return nn.at_last(nn.module(params, cfg)(ids=ids, mask=mask).hidden, mask)
+
+
+def _last_hidden_after(cfg: ModelConfig, params, cache: nn.KVCache, ids, mask) -> jax.Array:
+    return nn.module(params, cfg).last_hidden_after(cache, ids, mask)
+
+
+def _next_token_log_probs(cfg: ModelConfig, params, ids, mask) -> jax.Array:
+    m = nn.module(params, cfg)
+    return jax.nn.log_softmax(m.lm_logits(nn.at_last(m(ids=ids, mask=mask).hidden, mask)), axis=-1)
+
+
+def _trace(cfg: ModelConfig, params, ids, mask) -> dict[str, jax.Array]:
+    return nn.module(params, cfg).trace(ids, mask)

@@ -1,0 +1,68 @@
+"""The training step and the held-out rewards as compiled calls (rmjax.compiled): the module and optimizer travel as
+their nnx state (the graph definition is static), the data as arguments, so one compilation serves a whole run and
+the step is traced under the model's mesh like every other model call.
+
+Two objectives: `head` pairs read rows of a frozen-backbone feature matrix; the others run token sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rmjax.compiled import REPLICATED, ROWS, compiled
+from rmjax.config import ModelConfig
+from rmjax.train.rm import bradley_terry_loss
+
+
+def feature_pair_rewards(m: nnx.Module, data: tuple, idx: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Rewards of chosen and rejected for pairs `idx`: data = (features [F, H], chosen rows [P], rejected rows [P])."""
+    matrix, chosen, rejected = data
+    return m.score(matrix[chosen[idx]])[:, 0], m.score(matrix[rejected[idx]])[:, 0]
+
+
+def sequence_pair_rewards(m: nnx.Module, data: tuple, idx: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The same from token sequences: data = (ids [2, P, T], mask [2, P, T]), side 0 chosen, side 1 rejected."""
+    ids, mask = data
+    return m.rewards(ids[0][idx], mask[0][idx])[:, 0], m.rewards(ids[1][idx], mask[1][idx])[:, 0]
+
+
+def _step(cfg: ModelConfig, state: nnx.State, data: tuple, idx: jax.Array, label: jax.Array, *,
+          graphdef: nnx.GraphDef, wrt: Any, pair_rewards: Callable) -> tuple[jax.Array, nnx.State]:
+    module, optimizer = nnx.merge(graphdef, state)
+
+    def loss_fn(m):
+        return bradley_terry_loss(*pair_rewards(m, data, idx), label)
+
+    loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt))(module)
+    optimizer.update(module, grads)
+    return loss, nnx.state((module, optimizer))
+
+
+def _pair_rewards(cfg: ModelConfig, state: nnx.State, data: tuple, idx: jax.Array, *, graphdef: nnx.GraphDef,
+                  pair_rewards: Callable) -> tuple[jax.Array, jax.Array]:
+    return pair_rewards(nnx.merge(graphdef, state), data, idx)
+
+
+def train_step(cfg: ModelConfig, mesh, module: nnx.Module, optimizer: nnx.Optimizer, wrt: Any,
+               pair_rewards: Callable, data: tuple, idx: jax.Array, label: jax.Array) -> jax.Array:
+    """One optimizer step on pairs `idx` (rows over `data`), in place on `module` and `optimizer`; the loss."""
+    graphdef, state = nnx.split((module, optimizer))
+    step = compiled(_step, cfg, mesh, (None, None, ROWS(1), ROWS(1)), (REPLICATED, None), graphdef=graphdef, wrt=wrt,
+                    pair_rewards=pair_rewards)
+    loss, state = step(state, data, idx, label)
+    nnx.update((module, optimizer), state)
+    return loss
+
+
+def pair_rewards_of(cfg: ModelConfig, mesh, module: nnx.Module, pair_rewards: Callable, data: tuple,
+                    idx: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Rewards of chosen and rejected for pairs `idx` under the module as it is now (held-out evaluation)."""
+    graphdef, state = nnx.split(module)
+    call = compiled(_pair_rewards, cfg, mesh, (None, None, REPLICATED), REPLICATED, graphdef=graphdef,
+                    pair_rewards=pair_rewards)
+    return call(state, data, jnp.asarray(idx))
