@@ -111,8 +111,8 @@ def options(out: str) -> RunOptions:
 
 
 def check_model_template() -> None:
-    """--template against --model's chat template before any weight is read (rmjax.runs.options)."""
-    from rmjax.runs.options import check_model_template as check
+    """--template against --model's chat template before any weight is read (rmjax.loading.for_job)."""
+    from rmjax.loading.for_job import check_model_template as check
 
     start()
     check(MODEL.value, TEMPLATE.value)

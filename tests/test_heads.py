@@ -24,9 +24,9 @@ from torch import nn
 from rmjax import heads
 from rmjax.errors import CheckpointError
 from rmjax.loading import load
+from rmjax.loading.for_job import check_output_column
 from rmjax.loading.hf import load_hf_model_folder
 from rmjax.parallel.sharding import make_mesh
-from rmjax.runs.options import check_output_column
 from rmjax.scoring.prefix import extend_prefix, prefill_prefix, score_variants
 from rmjax.scoring.texts import TextScorer
 from rmjax.search import gcg

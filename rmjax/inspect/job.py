@@ -17,11 +17,12 @@ from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
 from rmjax.loading import config_and_tokenizer, fingerprint
+from rmjax.loading.for_job import check_template, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.runs import jobs, results
 from rmjax.runs.claims import check_writable
-from rmjax.runs.options import RunOptions, check_template, claim_job, load_for_job
+from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.text import chat

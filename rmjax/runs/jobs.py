@@ -1,7 +1,8 @@
 """The one shape of every job (sweep, beam, gcg, score, logprobs, inspect): claim the output once → compute →
 process 0 writes the result files and, last, their .meta.json. A job's `run_<job>(spec)` claims before the model
-loads (rmjax.runs.options) and hands its `Job` to the library function that computes and writes; called directly
-with a loaded model, that function claims for itself (`claimed`). Either way an output is claimed once.
+loads (rmjax.runs.options.claim_job, then rmjax.loading.for_job) and hands its `Job` to the library function that
+computes and writes; called directly with a loaded model, that function claims for itself (`claimed`). Either way
+an output is claimed once.
 
 A result whose .meta.json is there is complete (rmjax.runs.claims reuses it for the same identity);
 training keeps a workdir of checkpoints instead (rmjax.train.loop.claim_workdir) but writes the same way.

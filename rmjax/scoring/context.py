@@ -26,10 +26,10 @@ class PromptContext:
 def prepare_prompt(
     model: Model, name: str, text: str, template: str = "auto", response_tokens: int = 1
 ) -> PromptContext:
-    require_reward_model(model.config, model.source)
     split = chat.split_chat(model.tokenizer, text, template, model.config.max_position_embeddings, response_tokens)
-    suffix = replicated(jnp.asarray(split.suffix, jnp.int32), model.mesh)
-    return PromptContext(name, split, prefill_prefix(model, split.prefix), suffix)
+    require_reward_model(model.config, model.source)
+    cache = prefill_prefix(model, split.prefix)
+    return PromptContext(name, split, cache, replicated(jnp.asarray(split.suffix, jnp.int32), model.mesh))
 
 
 def score_tokens(model: Model, ctx: PromptContext, tokens: np.ndarray, batch_size: int) -> np.ndarray:

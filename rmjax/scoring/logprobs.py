@@ -9,12 +9,13 @@ import numpy as np
 
 from rmjax.errors import UsageError
 from rmjax.loading import fingerprint
+from rmjax.loading.for_job import load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import to_host
 from rmjax.runs import jobs, results
-from rmjax.runs.options import RunOptions, claim_job, load_for_job
+from rmjax.runs.options import RunOptions, claim_job
 from rmjax.scoring import calls, finite
 from rmjax.text import chat
 from rmjax.text.prompts import check_prompt_names

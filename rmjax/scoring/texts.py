@@ -16,12 +16,13 @@ import numpy as np
 
 from rmjax.errors import PromptTooLongError
 from rmjax.loading import fingerprint
+from rmjax.loading.for_job import load_for_job
 from rmjax.loading.identity import hash_json, model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import to_host
 from rmjax.runs import jobs, results
-from rmjax.runs.options import RunOptions, claim_job, load_for_job
+from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import Progress
 from rmjax.scoring import calls, finite
 from rmjax.scoring.prefix import prefill_prefix

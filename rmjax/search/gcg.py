@@ -72,10 +72,10 @@ class GCGResult:
 
 
 def make_target(model: Model, prompt: str, template: str = "auto", prefix=None, suffix=None) -> Target:
-    require_reward_model(model.config, model.source, "GCG")
     if prefix is None:
         split = chat.split_chat(model.tokenizer, prompt, template, model.config.max_position_embeddings)
         prefix, suffix = split.prefix, split.suffix
+    require_reward_model(model.config, model.source, "GCG")
     prefix, suffix = tuple(prefix), tuple(suffix or ())
     return Target(model, prompt, prefix, suffix, cache=prefill_prefix(model, prefix),
                   suffix_ids=replicated(jnp.asarray(suffix, jnp.int32), model.mesh))

@@ -10,11 +10,12 @@ import numpy as np
 
 from rmjax.errors import UsageError
 from rmjax.loading import fingerprint
+from rmjax.loading.for_job import check_in_vocabulary, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results
-from rmjax.runs.options import RunOptions, check_in_vocabulary, claim_job, load_for_job
+from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.results import array_sha1
 from rmjax.search.gcg import GCGResult, gcg, make_target
 from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan

@@ -21,13 +21,14 @@ import pandas as pd
 
 from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.loading import fingerprint
+from rmjax.loading.for_job import check_in_vocabulary, check_output_column, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import jobs, results
 from rmjax.runs.chunks import open_store, store_dir
-from rmjax.runs.options import RunOptions, check_in_vocabulary, check_output_column, claim_job, load_for_job
+from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import Progress
 from rmjax.runs.results import array_sha1
 from rmjax.scoring import finite, memory
@@ -76,7 +77,7 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
                  *, limit: int | None = None, mode: str = "token", response_tokens: int = 1,
                  given: Sequence | None = None) -> tuple[Model, int]:
     """(model, batch size) of a job that scores candidates in batches (sweep, beam). Before the weights load
-    (rmjax.runs.options.load_for_job): a model without a score head, a bad output column, `token_ids` outside
+    (rmjax.loading.for_job.load_for_job): a model without a score head, a bad output column, `token_ids` outside
     the vocabulary and a prompt too long for the context are refused, the batch size is picked (`batch_size`,
     or the largest that fits when 0) and the memory plan printed; an explicit `batch_size` beyond the candidates
     (`given`, default `token_ids`, as `limit` keeps them) is refused too."""

@@ -1,0 +1,73 @@
+"""How a job loads its model: every check that can run before the weights are read runs first (a checkpoint folder's
+config and tokenizer come without them), so a mistake costs no load; then the model, on the job's mesh.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+import jax
+
+from rmjax.config import ModelConfig
+from rmjax.errors import UsageError
+from rmjax.loading import load, peek
+from rmjax.model import Model
+from rmjax.runs.options import RunOptions
+
+
+def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
+    """`column` when the model has that reward output, else a UsageError naming the range."""
+    if not 0 <= column < cfg.num_outputs:
+        raise UsageError(f"--output_column={column}: {source} has {cfg.num_outputs} reward outputs "
+                         f"(0..{cfg.num_outputs - 1}).")
+    return column
+
+
+def check_in_vocabulary(ids: Sequence[int] | None, vocab_size: int) -> None:
+    """UsageError naming the ids at or past `vocab_size` (the model's config: checked before its weights load)."""
+    outside = [t for t in ids or [] if t >= vocab_size]
+    if outside:
+        raise UsageError(f"--token_ids: {outside[:5]} are outside the vocabulary [0, {vocab_size}).")
+
+
+def check_template(tokenizer, template: str) -> None:
+    """The chat template as `template` uses it: one that jinja cannot compile, or a missing one with
+    template=chat, is a one-line error (before the weights load where the tokenizer comes without them)."""
+    from rmjax.text.chat import check_template as check
+
+    if template != "plain":
+        check(tokenizer, template)
+
+
+def check_model_template(spec: str, template: str) -> None:
+    """`check_template` for a checkpoint folder's tokenizer, before any weight is read (no-op for GGUF and
+    builtin models, whose tokenizer comes with the weights)."""
+    peeked = peek(spec) if template != "plain" else None
+    if peeked is not None and peeked[1] is not None:
+        check_template(peeked[1], template)
+
+
+def load_for_job(options: RunOptions, spec: str | None = None, before_weights: Callable | None = None) -> Model:
+    """Load `spec` (default options.model) with options.dtype on options.mesh; `before_weights(config, tokenizer,
+    mesh)` runs first when the config can be read without the weights (checkpoint folders), else right after
+    loading. The chat template is checked at the same point, options.output_column once the model is there."""
+    spec = spec or options.model
+    peeked = peek(spec) if before_weights is not None or options.template != "plain" else None
+    early = peeked is not None and peeked[1] is not None  # a checkpoint folder: checked before its weights
+    if early:
+        check_template(peeked[1], options.template)
+        if before_weights is not None:
+            before_weights(*peeked, options.mesh)
+    model = load(spec, dtype=options.dtype, mesh=options.mesh)
+    if not early:
+        check_template(model.tokenizer, options.template)
+        if before_weights is not None:
+            before_weights(model.config, model.tokenizer, options.mesh)
+    if options.output_column:
+        model.output_column = check_output_column(model.config, options.output_column, model.source)
+    if model.weight_bytes:
+        print(f"process {jax.process_index()}: loaded {model.source} in {model.load_seconds:.1f} s, read "
+              f"{model.weight_bytes_read / 2**20:.1f} of {model.weight_bytes / 2**20:.1f} MiB of weights "
+              "(its devices' shards)", file=sys.stderr)
+    return model
