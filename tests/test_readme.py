@@ -78,3 +78,25 @@ def test_readme_commands_use_flags_their_job_has():
     for job, used in commands:
         for flag in used:
             assert re.search(rf"--(\[no\])?{flag}\b", helps[job]), f"README: experiments.{job} has no --{flag}"
+
+
+def test_readme_library_call_runs_as_written(tmp_path, monkeypatch):
+    """The README's one-call job example writes what the sweep entry point writes (500 rows, kind `sweep`), each
+    score the reward of a full forward of prompt + token + template suffix."""
+    from rmjax.loading import load
+    from rmjax.runs import results
+    from rmjax.text import chat
+    from tests import jitted as M
+
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "run_sweep(" in b]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(block, scope)  # noqa: S102 - the README's own code
+    table = results.read_scores_csv(scope["csv"])
+    assert len(table) == 500 and results.read_meta(scope["csv"])["kind"] == "sweep"
+    rm = load("elo-rm-smollm2-135m")
+    split = chat.split_chat(rm.tokenizer, scope["PAPER1"]["greatest"])
+    for token, got in zip(table["token_id"][:3], table["greatest"][:3], strict=True):
+        ids = np.asarray([split.ids_with([int(token)])], np.int32)
+        want = float(np.asarray(M.rewards(rm.params, rm.config, ids, np.ones_like(ids, bool)))[0, 0])
+        assert abs(got - want) <= tolerance.rewards_atol(rm.params, rm.config, ids)
