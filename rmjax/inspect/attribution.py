@@ -141,7 +141,7 @@ def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = 
             a = jnp.asarray(part, jnp.float32)
             rows = base[None] + a[:, None, None] * (x - base)[None]
             padded = jnp.zeros((batch_size, width, x.shape[1]), table.dtype).at[: len(rows), :t].set(rows)
-            r, g = gradients(params, ids_arr, mask, place(np.asarray(padded), model.mesh))
+            r, g = gradients(params, ids_arr, mask, place(padded, model.mesh))
             g = to_host(g)[: len(part), :t].astype(np.float64)
             rewards.append(to_host(r)[: len(part)].astype(np.float64))
             contributions.append((g * delta).sum(-1))
