@@ -156,7 +156,7 @@ def run_inspect(spec: InspectSpec) -> dict:
     context = config.max_position_embeddings
     items = (_text_items(tokenizer, context, text, list(spec.responses), o.template) if spec.responses is not None
              else _id_items(tokenizer, context, text, sequences or [], o.template))
-    items = distinct_labels(_some(items))
+    items = distinct_labels(_require_items(items))
     identity = inspect_identity(fingerprint(o.model), dtype=o.dtype, output_column=o.output_column, prompt=text,
                                 items=items, steps=spec.steps, baseline=spec.baseline, tolerance=spec.tolerance,
                                 max_evaluations=spec.max_evaluations)
@@ -168,7 +168,8 @@ def run_inspect(spec: InspectSpec) -> dict:
                              max_evaluations=spec.max_evaluations, job=job)
 
 
-def _some(items: list[Item]) -> list[Item]:
+def _require_items(items: list[Item]) -> list[Item]:
+    """`items`, or a one-line error when the source gave no response to inspect."""
     if len(items) < 1:
         raise UsageError("no responses to inspect.")
     return items
@@ -182,7 +183,7 @@ def write_inspect(model: Model, prompt: str, items: list[Item], out: str | Path,
     .meta.json). `out` is claimed here unless `job` is its claim already (`run_inspect`). Integrated gradients
     start from `steps` + 1 path points and are refined until their relative completeness gap is within
     `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.inspect.attribution)."""
-    items = distinct_labels(_some(items))
+    items = distinct_labels(_require_items(items))
     out = Path(out)
     identity = inspect_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                                 prompt=prompt, items=items, steps=steps, baseline=baseline, tolerance=tolerance,
