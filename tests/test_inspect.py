@@ -3,6 +3,7 @@ patching, each against an independent reference (transformers hidden states and 
 
 from __future__ import annotations
 
+import dataclasses
 import numpy as np
 import pytest
 import torch
@@ -78,7 +79,8 @@ def test_integrated_gradients_are_complete_at_64_steps(family, name):
     class PadTokenizer:
         pad_token_id = 0
 
-    model.tokenizer = PadTokenizer()
+    # a copy: the module-scoped model is shared by tests that run in any order (pytest-xdist)
+    model = dataclasses.replace(model, tokenizer=PadTokenizer())
     attr = attribute(model, SEQUENCES[0], steps=64, batch_size=16, baseline="pad")
     assert attr.reward == pytest.approx(_reward(model, SEQUENCES[0])[0],
                                         abs=tolerance.rewards_atol(model.params, model.config, [SEQUENCES[0]]))
@@ -120,7 +122,8 @@ def test_adaptive_path_integral_resolves_a_cliff_that_uniform_steps_miss():
 
 def test_gradient_times_input_equals_torch_autograd(family):
     hf, model = family("llama3")
-    attr = attribute(model, SEQUENCES[0], steps=2, batch_size=2)
+    # gradient × input does not depend on the path's baseline; "zero" needs no pad token in the tokenizer
+    attr = attribute(model, SEQUENCES[0], steps=2, batch_size=2, baseline="zero")
     embeds = hf.model.embed_tokens.weight[torch.tensor(SEQUENCES[0])].detach().clone().requires_grad_()
     hf(inputs_embeds=embeds[None]).logits[0, 0].backward()
     want = (embeds * embeds.grad).sum(-1).detach().numpy()
