@@ -131,11 +131,12 @@ _CACHE_SIZE = 256
 
 
 def compiled(fn: Callable[..., Any], cfg: ModelConfig, mesh: Mesh | None, in_axes: tuple, out_axes: Any = None,
-             **static: Any) -> Compiled:
+             donate: tuple[int, ...] = (), **static: Any) -> Compiled:
     """`fn(cfg, *args, **static)` jitted with `in_axes` (one spec per positional argument) and `out_axes` (a spec
     tree matching the result, or None) resolved on `mesh`; cached by everything that changes the program. Static
-    values must be hashable (ints, strings, configs, graph definitions)."""
-    key = (fn, cfg, mesh, _frozen(tuple(in_axes)), _frozen(out_axes), tuple(sorted(static.items())))
+    values must be hashable (ints, strings, configs, graph definitions). `donate`: positions of arguments whose
+    buffers the call may reuse for its results (the caller drops them: a training step's moving state)."""
+    key = (fn, cfg, mesh, _frozen(tuple(in_axes)), _frozen(out_axes), donate, tuple(sorted(static.items())))
     found = _CACHE.get(key)
     if found is not None:
         return found
@@ -145,10 +146,10 @@ def compiled(fn: Callable[..., Any], cfg: ModelConfig, mesh: Mesh | None, in_axe
 
     body.__name__ = body.__qualname__ = getattr(fn, "__name__", "model_call")
     if mesh is None:
-        jitted = jax.jit(body)
+        jitted = jax.jit(body, donate_argnums=donate)
     else:
         jitted = jax.jit(body, in_shardings=_resolve(tuple(in_axes), cfg, mesh),
-                         out_shardings=_resolve(out_axes, cfg, mesh))
+                         out_shardings=_resolve(out_axes, cfg, mesh), donate_argnums=donate)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))  # the oldest: a long session's shapes come and go
     made = _CACHE[key] = Compiled(body.__name__, jitted, mesh, tuple(in_axes), out_axes)

@@ -39,7 +39,7 @@ from rmjax.scoring import finite
 from rmjax.scoring.texts import TextScorer
 from rmjax.train.data import Pairs
 from rmjax.train.rm import bradley_terry_loss
-from rmjax.train.step import feature_pair_rewards, pair_rewards_of, sequence_pair_rewards, train_step
+from rmjax.train.step import Steps, feature_pair_rewards, pair_rewards_of, sequence_pair_rewards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,12 +286,12 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     first = resumed_from or 0
     history = _read_log(workdir / "train_log.csv", upto=first)
     evals = _read_log(workdir / "eval_log.csv", upto=first)
+    steps = Steps(model.config, model.mesh, module, optimizer, wrt, pair_rewards, data)
     progress = Progress(cfg.steps, "train", unit="steps", done=first)
     loop_start = time.perf_counter()
     for step in range(first, cfg.steps):
         idx = batch_indices(len(train), cfg.batch_size, cfg.seed, step)
-        loss = train_step(model.config, model.mesh, module, optimizer, wrt, pair_rewards, data,
-                          *(batching.place(a, model.mesh) for a in (idx, np.asarray(train.label[idx], np.float32))))
+        loss = steps(*(batching.place(a, model.mesh) for a in (idx, np.asarray(train.label[idx], np.float32))))
         if not np.isfinite(float(loss)):
             raise NonFiniteError(
                 f"training loss is {float(loss)} at step {step + 1}; the run stops (checkpoints up to step "
@@ -300,6 +300,7 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         history.append({"step": step + 1, "loss": float(loss)})
         progress.update(1)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            steps.write_back()
             record = {"step": step + 1, **_evaluation(module, held_rewards, heldout)}
             evals.append(record)
             # Logs first, then the checkpoint: a resume trims the logs back to its checkpoint.
