@@ -4,6 +4,7 @@ patching, each against an independent reference (transformers hidden states and 
 from __future__ import annotations
 
 import dataclasses
+
 import numpy as np
 import pytest
 import torch
