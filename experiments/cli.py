@@ -14,6 +14,7 @@ from collections.abc import Callable
 from absl import app, flags
 
 from rmjax.errors import RmjaxError, one_line
+from rmjax.parallel.distributed import quiet_absent_tpu
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -48,4 +49,5 @@ def run(main: Callable[[list[str]], None]) -> None:
                   flush=True)
             sys.exit(2)
 
+    quiet_absent_tpu()  # before JAX starts its backends
     app.run(guarded, flags_parser=_parse_flags)

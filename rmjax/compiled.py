@@ -107,17 +107,21 @@ class Compiled:
     def __call__(self, *args: Any) -> Any:
         if not self.example:
             self.example.append(jax.tree.map(_abstract, args))
-        if self.mesh is None:
-            return self.jitted(*args)
-        with jax.set_mesh(self.mesh):
-            return self.jitted(*args)
+        return self._under_mesh(self.jitted, args)
 
     def lower(self, *args: Any) -> jax.stages.Lowered:
         """Lowered for these (possibly abstract: jax.ShapeDtypeStruct) arguments, under the mesh."""
+        return self._under_mesh(self.jitted.lower, args)
+
+    def trace(self, *args: Any) -> jax.stages.Traced:
+        """Traced (its jaxpr) for these arguments, under the mesh."""
+        return self._under_mesh(self.jitted.trace, args)
+
+    def _under_mesh(self, stage: Callable, args: tuple) -> Any:
         if self.mesh is None:
-            return self.jitted.lower(*args)
+            return stage(*args)
         with jax.set_mesh(self.mesh):
-            return self.jitted.lower(*args)
+            return stage(*args)
 
 
 def _abstract(x: Any) -> Any:

@@ -6,6 +6,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The test extras bring libtpu (tests/test_plan.py compiles for TPU slices through it): the tests run on the CPU,
+# and libtpu is started only where a plan asks for a slice's devices.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from tests.cli import COMPILE_CACHE  # noqa: E402  (the persistent XLA cache the subprocesses share)
 

@@ -17,6 +17,19 @@ from jax.experimental import multihost_utils
 from rmjax.errors import UsageError
 
 
+def quiet_absent_tpu() -> None:
+    """With libtpu installed (jax[tpu], which planning for TPU slices needs) on a machine with no TPU, libtpu's
+    start-up writes complaints about TPU_WORKER_HOSTNAMES / TPU_ACCELERATOR_TYPE to stderr on every run: give it
+    values that mean one host, before it starts. With no chip to share, processes need not take turns at libtpu's
+    lockfile either (two plans at once, or tests). Only where no TPU chip is attached: a TPU VM's settings stand."""
+    from jax._src import hardware_utils
+
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None) -> bool:
     """jax.distributed.initialize from arguments or RMJAX_COORDINATOR / RMJAX_NUM_PROCESSES /

@@ -12,7 +12,7 @@ import numpy as np
 from flax import nnx
 
 from rmjax import nn
-from rmjax.compiled import PARAMS, REPLICATED, ROWS, Cache, compiled, declared_params
+from rmjax.compiled import PARAMS, REPLICATED, ROWS, Cache, Compiled, compiled, declared_params
 from rmjax.config import ModelConfig
 from rmjax.heads import require_pattern
 from rmjax.model import Model
@@ -27,8 +27,12 @@ def prefill_prefix(model: Model, prefix: tuple[int, ...] | list[int]) -> nn.KVCa
     require_pattern(model.config.head, prefix, model.source)
     width = batching.bucket(len(prefix), PREFIX_BUCKET)
     ids, mask = replicated(batching.pad_rows([prefix], width, side="left"), model.mesh)
-    call = compiled(_prefill, model.config, model.mesh, (PARAMS, REPLICATED, REPLICATED), Cache(1, width))
-    return call(declared_params(model), ids, mask)
+    return prefill_call(model.config, model.mesh, width)(declared_params(model), ids, mask)
+
+
+def prefill_call(cfg: ModelConfig, mesh, width: int) -> Compiled:
+    """The compiled prefill of one left-padded prefix [1, width] (ids, mask) -> its KV cache."""
+    return compiled(_prefill, cfg, mesh, (PARAMS, REPLICATED, REPLICATED), Cache(1, width))
 
 
 def extend_prefix(model: Model, cache: nn.KVCache, continuations: np.ndarray) -> nn.KVCache:
@@ -154,6 +158,13 @@ def _score_variants(cfg: ModelConfig, params, cache: nn.KVCache, ids, rel, segme
     return model.reward_head(ends.reshape(rows * slots, -1), cache.gate_input)[:, column].reshape(rows, slots)
 
 
+def batch_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int = 0) -> Compiled:
+    """The compiled sweep step: (params, prefix cache [1, cache_width], responses [B, N], suffix [S]) -> [B]
+    rewards of output `column`, the responses' rows over `data`."""
+    return compiled(_score_batch, cfg, mesh, (PARAMS, Cache(1, cache_width), ROWS(2), REPLICATED), ROWS(1),
+                    column=column)
+
+
 def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, batch_size: int) -> np.ndarray:
     """Rewards of equal-length responses [W, N] after a cached prefix: [W] float32 (host loop).
 
@@ -161,8 +172,7 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
     this batch size; batches are dispatched before any result is copied to the host.
     """
     batch_size = batching.round_up(batch_size, model.mesh)
-    scorer = compiled(_score_batch, model.config, model.mesh, (PARAMS, Cache(1, cache.k.shape[2]), ROWS(2), REPLICATED),
-                      ROWS(1), column=model.output_column)
+    scorer = batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column)
     params = declared_params(model)
     pending = []
     for start in range(0, len(responses), batch_size):

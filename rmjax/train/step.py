@@ -55,18 +55,19 @@ class Steps:
     The module and optimizer are stale between `write_back`s (their moving buffers are donated)."""
 
     def __init__(self, cfg: ModelConfig, mesh, module: nnx.Module, optimizer: nnx.Optimizer, wrt: Any,
-                 pair_rewards: Callable, data: tuple):
+                 pair_rewards: Callable, data: tuple, copy: bool = True):
         self._parts = (module, optimizer)
-        graphdef, moving, self._frozen = nnx.split(self._parts, _moving(wrt), ...)
+        graphdef, moving, self.frozen = nnx.split(self._parts, _moving(wrt), ...)
         # the module shares its arrays with the loaded model: the steps donate copies, never the model's own
-        self.moving = jax.tree.map(jnp.copy, moving)
-        self._data = data
-        self._call = compiled(_step, cfg, mesh, (None, None, None, ROWS(1), ROWS(1)), (REPLICATED, None), donate=(0,),
-                              graphdef=graphdef, wrt=wrt, pair_rewards=pair_rewards)
+        # (`copy=False`: an abstract module, for a plan's compile: rmjax.plan)
+        self.moving = jax.tree.map(jnp.copy, moving) if copy else moving
+        self.data = data
+        self.call = compiled(_step, cfg, mesh, (None, None, None, ROWS(1), ROWS(1)), (REPLICATED, None), donate=(0,),
+                             graphdef=graphdef, wrt=wrt, pair_rewards=pair_rewards)
 
     def __call__(self, idx: jax.Array, label: jax.Array) -> jax.Array:
         """One optimizer step on pairs `idx` (rows over the data); the loss."""
-        loss, self.moving = self._call(self.moving, self._frozen, self._data, idx, label)
+        loss, self.moving = self.call(self.moving, self.frozen, self.data, idx, label)
         return loss
 
     def write_back(self) -> None:

@@ -1,0 +1,64 @@
+"""Compile a job for a TPU slice on this machine (no TPU needed) and know its memory and time before paying for it.
+
+python -m experiments.plan --model=Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 --topology=v5e-8 --job=sweep \
+    --prompts=paper1 --dtype=bfloat16 --out=plans/sweep.json
+
+--model is a zoo hub id or nickname (rmjax.zoo), a checkpoint folder, a config.json or a builtin name: only the
+config (and a tokenizer, when there is one) is read, never the weights. Without --mesh the plan picks the mesh and
+batch size that fit and are fastest by its estimate, and says why. A job that does not fit exits with status 2
+and one line naming the smallest slice that would. Needs libtpu: pip install "jax[tpu]==<the pinned jax>".
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the plan runs here; the slice's devices come from libtpu
+
+from absl import flags  # noqa: E402
+
+from experiments import common  # noqa: E402
+from rmjax.plan.planner import JOBS  # noqa: E402
+
+TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x4", "TPU slice: libtpu's name (v5e:2x4) or Cloud TPU's (v5e-8); "
+                               "chips v4, v5e, v5p, v6e.")
+JOB = flags.DEFINE_enum("job", "sweep", list(JOBS), "The job to plan.")
+OUT = flags.DEFINE_string("out", None, "Write the plan here (JSON).")
+LIMIT = flags.DEFINE_integer("limit", 0, "sweep: candidates (0: the whole vocabulary).", lower_bound=0)
+BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "sweep: candidates per call (0: the largest that fits); "
+                                  "train_rm: pairs per step (0: 256).", lower_bound=0)
+PREFIX_TOKENS = flags.DEFINE_integer("prefix_tokens", 0, "Prompt prefix length in tokens (0: measured with the "
+                                     "model's tokenizer and template, or 64 when it has none).", lower_bound=0)
+SUFFIX_TOKENS = flags.DEFINE_integer("suffix_tokens", -1, "Template tokens after the response (-1: measured, or 8).",
+                                     lower_bound=-1)
+TRAINABLE = flags.DEFINE_enum("trainable", "head", ["head", "last_k", "full"], "train_rm: what trains.")
+LAST_K = flags.DEFINE_integer("last_k", 2, "train_rm: layers trained with --trainable=last_k.", lower_bound=1)
+STEPS = flags.DEFINE_integer("steps", 1500, "train_rm: optimizer steps.", lower_bound=1)
+N_TRAIN = flags.DEFINE_integer("n_train", 20000, "train_rm: training pairs.", lower_bound=1)
+RESPONSES = flags.DEFINE_integer("responses", 6024, "train_rm, head only: distinct responses in the feature matrix "
+                                 "(EloEverything's 80% of 7,530 items).", lower_bound=1)
+SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm, last_k/full: tokens per conversation.",
+                                       lower_bound=1)
+for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template"):
+    flags.declare_key_flag(_name)
+
+
+def main(argv):
+    del argv
+    from rmjax.plan.planner import describe, plan, write
+    from rmjax.plan.spec import plan_inputs
+
+    cfg, piece, shape, mesh = plan_inputs(
+        common.MODEL.value, TOPOLOGY.value, JOB.value, mesh=common.MESH.value, prompts=common.PROMPTS.value,
+        extra_prompts=common.PROMPT.value, template=common.TEMPLATE.value, limit=LIMIT.value,
+        prefix_tokens=PREFIX_TOKENS.value, suffix_tokens=SUFFIX_TOKENS.value, trainable=TRAINABLE.value,
+        last_k=LAST_K.value, steps=STEPS.value, batch_size=BATCH_SIZE.value, n_train=N_TRAIN.value,
+        responses=RESPONSES.value, sequence_tokens=SEQUENCE_TOKENS.value)
+    result = plan(cfg, common.DTYPE.value, piece, JOB.value, shape, mesh, BATCH_SIZE.value or None)
+    print(describe(result))
+    if OUT.value:
+        print(f"plan written to {write(result, OUT.value)}")
+
+
+if __name__ == "__main__":
+    common.run(main)

@@ -1,0 +1,110 @@
+"""TPU chips and slices, for compiling ahead of time on a machine with no TPU (deviceless AOT through libtpu).
+
+The chip figures are Google's published per-chip numbers (BUILD_NOTES names the pages); a plan's time is a
+roofline estimate from them, not a measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import re
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from rmjax.errors import UsageError
+from rmjax.parallel.distributed import quiet_absent_tpu
+
+GB = 10**9
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    hbm_bytes: int
+    hbm_bandwidth: float  # bytes/s
+    chip_config: str  # libtpu's chip configuration: one jax device per chip (megacore where a chip has two cores)
+
+
+CHIPS = {
+    "v4": Chip("v4", 275e12, 32 * 2**30, 1200 * GB, "megacore"),
+    "v5e": Chip("v5e", 197e12, 16 * 2**30, 819 * GB, "default"),
+    "v5p": Chip("v5p", 459e12, 95 * GB, 2765 * GB, "megacore"),
+    "v6e": Chip("v6e", 918e12, 32 * 2**30, 1640 * GB, "default"),
+}
+# Cloud TPU's own names (v5e-8, v4-8, ...) count chips for v5e/v6e and TensorCores (2 a chip) for v4/v5p.
+_CORES_IN_NAME = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
+_GRIDS = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+_CUBES = {1: "1x1x1", 2: "1x1x2", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """A TPU slice: chip kind and libtpu topology name (e.g. v5e:2x4)."""
+
+    chip: Chip
+    topology: str
+
+    @property
+    def chips(self) -> int:
+        return math.prod(int(d) for d in self.topology.split(":")[1].split("x"))
+
+
+def parse_slice(name: str) -> Slice:
+    """'v5e:2x4' (libtpu's topology) or 'v5e-8' (Cloud TPU's accelerator type) -> Slice."""
+    m = re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})", name.strip())
+    if m:
+        return Slice(CHIPS[m[1]], f"{m[1]}:{m[2]}")
+    m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)-(\d+)", name.strip())
+    if m:
+        kind = "v5e" if m[1] == "v5litepod" else m[1]
+        chips = int(m[2]) // _CORES_IN_NAME[kind]
+        grid = (_CUBES if kind in ("v4", "v5p") else _GRIDS).get(chips)
+        if grid:
+            return Slice(CHIPS[kind], f"{kind}:{grid}")
+    raise UsageError(f"--topology={name}: expected a TPU slice such as v5e:2x4 or v5e-8 (chips {', '.join(CHIPS)}).")
+
+
+@contextlib.contextmanager
+def _quiet_fd(fd: int = 2):
+    """libtpu writes its start-up complaints (no TPU_WORKER_HOSTNAMES on a machine with no TPU) straight to the
+    process's stderr, past Python: hold that file descriptor on /dev/null while it starts."""
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), fd)
+            yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+def devices(piece: Slice) -> list:
+    """The slice's devices, one a chip, for compiling (none is attached). Needs libtpu (jax[tpu])."""
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        raise UsageError(f"compiling for {piece.topology} needs libtpu: pip install 'jax[tpu]=={jax.__version__}' "
+                         "(about 700 MB; no TPU is needed).") from None
+    from jax.experimental import topologies
+
+    quiet_absent_tpu()
+
+    with _quiet_fd():
+        desc = topologies.get_topology_desc(topology_name=piece.topology, platform="tpu",
+                                            chip_config_name=piece.chip.chip_config)
+    return list(desc.devices)
+
+
+def mesh_on(piece: Slice, data: int, model: int) -> Mesh:
+    """A ('data', 'model') mesh over the slice's chips, model-parallel chips adjacent."""
+    grid = np.asarray(devices(piece), dtype=object)
+    if data * model != grid.size:
+        raise UsageError(f"--mesh=data:{data},model:{model} needs {data * model} chips; {piece.topology} has "
+                         f"{grid.size}.")
+    return Mesh(grid.reshape(data, model), ("data", "model"))

@@ -1,0 +1,217 @@
+"""A job's plan on a TPU slice, from the model's config alone: compile its calls for the slice, read per-chip
+memory from XLA, estimate the time by roofline, and pick the mesh and batch size when none is given.
+
+The time is an estimate (each call at the slower of peak compute and full HBM bandwidth, times the number of
+calls), not a measurement: no TPU is involved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from rmjax.config import ModelConfig
+from rmjax.errors import RmjaxError, UsageError
+from rmjax.plan import calls as job_calls
+from rmjax.plan.chips import CHIPS, Slice, mesh_on
+from rmjax.plan.cost import CallCost, cost_of, shard_bytes
+from rmjax.scoring import memory
+
+JOBS = ("sweep", "train_rm")
+
+
+class PlanDoesNotFitError(RmjaxError):
+    """The job needs more memory per chip than the slice's chips have."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepShape:
+    prompts: int
+    prefix_tokens: int
+    suffix_tokens: int
+    candidates: int
+
+    def positions(self) -> int:
+        return 1 + self.suffix_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainShape:
+    trainable: str
+    last_k: int
+    steps: int
+    batch_size: int
+    pairs: int
+    responses: int
+    sequence_tokens: int
+
+
+def _calls(cfg: ModelConfig, dtype: str, mesh, shape, batch_size: int) -> list[job_calls.Call]:
+    if isinstance(shape, SweepShape):
+        return job_calls.sweep_calls(cfg, dtype, mesh, prompts=shape.prompts, prefix_tokens=shape.prefix_tokens,
+                                     suffix_tokens=shape.suffix_tokens, candidates=shape.candidates,
+                                     batch_size=batch_size)
+    return job_calls.train_calls(cfg, dtype, mesh, **dataclasses.asdict(shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One mesh and batch size, compiled."""
+
+    data: int
+    model: int
+    batch_size: int
+    costs: tuple[CallCost, ...]
+    weights_bytes: int
+    cache_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return max(c.peak_bytes for c in self.costs)
+
+    def seconds(self, piece: Slice) -> float:
+        return sum(c.count * c.seconds(piece.chip) for c in self.costs)
+
+
+def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model: int, shape,
+                   batch_size: int) -> Option:
+    mesh = mesh_on(piece, data, model)
+    made = _calls(cfg, dtype, mesh, shape, batch_size)
+    costs = tuple(cost_of(c.name, c.call, c.args, c.count)[0] for c in made)
+    weights = max((shard_bytes(c.weights) for c in made if c.weights is not None), default=0)
+    cache = max((shard_bytes(c.cache) for c in made if c.cache is not None), default=0)
+    return Option(data, model, batch_size, costs, weights, cache)
+
+
+def _meshes(piece: Slice, cfg: ModelConfig, batch: int | None) -> list[tuple[int, int]]:
+    """(data, model) over the slice's chips: `model` a divisor of the KV heads (a cache's heads split evenly), and
+    `data` dividing a fixed batch."""
+    out = []
+    for model in range(1, piece.chips + 1):
+        data = piece.chips // model
+        if piece.chips % model or cfg.num_kv_heads % model or (batch and batch % data):
+            continue
+        out.append((data, model))
+    return out
+
+
+def _sweep_batch(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model: int, shape: SweepShape) -> int | None:
+    """The largest power-of-two batch the jobs' own memory planner fits on one chip (None: none fits)."""
+    try:
+        return memory.pick_batch_size(cfg, dtype, shape.prefix_tokens, shape.positions(), data, model,
+                                      piece.chip.hbm_bytes, largest=4096).batch_size
+    except memory.DoesNotFitError:
+        return None
+
+
+def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None, batch_size: int | None,
+           log=print) -> tuple[Option, str]:
+    """The option to run, and why: the given mesh and batch, or of those that fit the fastest by estimate."""
+    fixed = shape.batch_size if isinstance(shape, TrainShape) else None
+    meshes = [(mesh["data"], mesh["model"])] if mesh else _meshes(piece, cfg, fixed)
+    if not meshes:
+        raise UsageError(f"no mesh of {piece.topology} splits the batch of {fixed} evenly over its data axis and the "
+                         f"{cfg.num_kv_heads} KV heads over its model axis; pass --mesh or another --batch_size.")
+    options, notes = [], []
+    for data, model in meshes:
+        batch = fixed or batch_size or _sweep_batch(cfg, dtype, piece, data, model, shape)
+        if batch is None:
+            notes.append(f"data:{data},model:{model} fits no batch by the memory planner")
+            continue
+        option = compile_option(cfg, dtype, piece, data, model, shape, batch)
+        fits = option.total_bytes <= piece.chip.hbm_bytes
+        notes.append(f"data:{data},model:{model} batch {batch}: {option.total_bytes / 2**30:.2f} GiB per chip, "
+                     f"{option.seconds(piece):.4g} s" + ("" if fits else " (does not fit)"))
+        log(f"plan: {notes[-1]}")
+        options.append((not fits, option.seconds(piece), option))
+    fitting = [o for o in options if not o[0]]
+    if not fitting:
+        worst = min(options, key=lambda o: o[2].total_bytes)[2] if options else None
+        raise PlanDoesNotFitError(_does_not_fit(cfg, dtype, piece, shape, worst))
+    best = min(fitting, key=lambda o: o[1])[2]
+    why = ("given --mesh and batch" if mesh and (batch_size or fixed) else
+           f"fastest by estimate of those that fit: {'; '.join(notes)}")
+    return best, why
+
+
+def _does_not_fit(cfg: ModelConfig, dtype: str, piece: Slice, shape, option: Option | None) -> str:
+    need = (f"needs {option.total_bytes / 2**30:.1f} GiB per chip (data:{option.data},model:{option.model})"
+            if option else "fits no batch by the memory planner")
+    return (f"{cfg.architecture} in {dtype} on {piece.topology} {need}; a {piece.chip.name} chip has "
+            f"{piece.chip.hbm_bytes / 2**30:.1f} GiB. {_smallest_fit(cfg, dtype, shape)}")
+
+
+def _smallest_fit(cfg: ModelConfig, dtype: str, shape) -> str:
+    """The smallest slice in the chip table whose chips hold the weights split over `model` and one batch, by the
+    jobs' memory planner (an estimate: compile it to be sure)."""
+    positions = shape.positions() if isinstance(shape, SweepShape) else shape.sequence_tokens
+    prefix = shape.prefix_tokens if isinstance(shape, SweepShape) else 1
+    best = None
+    for chip in CHIPS.values():
+        for chips in (4, 8, 16, 32, 64, 128, 256):
+            model = max(m for m in range(1, chips + 1) if chips % m == 0 and cfg.num_kv_heads % m == 0)
+            est = memory.estimate(cfg, dtype, prefix, positions, chips // model, chips // model, model,
+                                  chip.hbm_bytes)
+            if est.total_bytes <= 0.8 * chip.hbm_bytes:
+                if best is None or chips < best[0]:
+                    best = (chips, f"{chip.name} with {chips} chips, --mesh=data:{chips // model},model:{model}")
+                break
+    return f"Smallest that fits by estimate: {best[1]}." if best else "No slice in the table fits it."
+
+
+def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict | None = None,
+         batch_size: int | None = None, log=print) -> dict:
+    """The plan of `job` with `shape` on `piece` (a dict for PLAN.json). Raises PlanDoesNotFitError."""
+    option, why = choose(cfg, dtype, piece, shape, mesh, batch_size, log)
+    chip = piece.chip
+    seconds = option.seconds(piece)
+    work = sum(c.count * c.flops for c in option.costs)
+    traffic = sum(c.count * c.bytes_accessed for c in option.costs)
+    out = {
+        "job": job, "model": cfg.architecture, "dtype": dtype, "topology": piece.topology, "chip": chip.name,
+        "chips": piece.chips, "mesh": {"data": option.data, "model": option.model}, "batch_size": option.batch_size,
+        "why": why,
+        "per_chip_bytes": {"weights": option.weights_bytes, "cache": option.cache_bytes,
+                           "temp": max(c.temp_bytes for c in option.costs),
+                           "output": max(c.output_bytes for c in option.costs), "total": option.total_bytes},
+        "hbm_bytes": chip.hbm_bytes,
+        "calls": [c.as_dict(chip) for c in option.costs],
+        "predicted_seconds": seconds,
+        "bound": "compute" if work / chip.peak_flops >= traffic / chip.hbm_bandwidth else "memory",
+        "chip_figures": {"peak_bf16_flops": chip.peak_flops, "hbm_bytes": chip.hbm_bytes,
+                         "hbm_bandwidth": chip.hbm_bandwidth},
+        "estimate": "roofline per call: max(FLOPs / peak, bytes / bandwidth) x calls; FLOPs and bytes are XLA's "
+                    "per-chip cost analysis with each scan body counted per trip (rmjax.plan.cost)",
+    }
+    if isinstance(shape, SweepShape):
+        out["positions_per_candidate"] = shape.positions()
+        out["flops_per_candidate"] = work * piece.chips / max(1, shape.prompts * shape.candidates)
+        out["assumed"] = dataclasses.asdict(shape)
+    else:
+        out["flops_per_step"] = work * piece.chips / max(1, shape.steps)
+        out["assumed"] = dataclasses.asdict(shape)
+    return out
+
+
+def describe(p: dict) -> str:
+    gib = 2**30
+    b = p["per_chip_bytes"]
+    return (f"{p['job']} on {p['topology']} ({p['chips']} x {p['chip']}): mesh data:{p['mesh']['data']},"
+            f"model:{p['mesh']['model']}, batch {p['batch_size']}; per chip {b['total'] / gib:.2f} GiB of "
+            f"{p['hbm_bytes'] / gib:.0f} (weights {b['weights'] / gib:.2f}, cache {b['cache'] / gib:.3f}, temp "
+            f"{b['temp'] / gib:.2f}); predicted {_duration(p['predicted_seconds'])} ({p['bound']}-bound, estimate)")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def write(p: dict, out: str | Path) -> Path:
+    import json
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(p, indent=1) + "\n")
+    return out

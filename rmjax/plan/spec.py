@@ -1,0 +1,79 @@
+"""What a plan needs from the user's flags: the model's config (no weights), the slice, the job's shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rmjax.config import ModelConfig, load_config_file
+from rmjax.errors import UsageError
+from rmjax.loading.reward_head import SEQUENCE_CLASSIFIERS
+from rmjax.parallel.sharding import parse_mesh_spec
+from rmjax.plan.chips import Slice, parse_slice
+from rmjax.plan.planner import SweepShape, TrainShape
+
+DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and an end-of-turn, with no tokenizer
+
+
+def model_config(spec: str):
+    """(config as a reward model, tokenizer or None) of a zoo hub id or nickname, a config.json, a checkpoint
+    folder or a builtin name, reading no weights. A causal LM gets a one-label score head (as train_rm adds)."""
+    from rmjax import zoo
+
+    tokenizer = None
+    entry = next((e for e in zoo.ZOO if spec in (e.hf_id, e.nickname)), None)
+    if entry is not None:
+        cfg = zoo.architecture_config(entry)
+    elif spec.endswith(".json"):
+        if not Path(spec).is_file():
+            raise UsageError(f"--model={spec}: no such config file.")
+        cfg = load_config_file(spec)
+    else:
+        from rmjax.loading import config_and_tokenizer
+
+        cfg, tokenizer = config_and_tokenizer(spec)
+    if not cfg.is_reward_model:
+        cfg = cfg.replace(num_labels=1, architecture=SEQUENCE_CLASSIFIERS[cfg.model_type])
+    return cfg, tokenizer
+
+
+def _prompt_tokens(tokenizer, prompts: dict[str, str], template: str) -> tuple[int, int]:
+    from rmjax.text import chat
+
+    splits = [chat.split_chat(tokenizer, text, template) for text in prompts.values()]
+    return max(len(s.prefix) for s in splits), max(len(s.suffix) for s in splits)
+
+
+def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
+                extra_prompts=(), template: str = "auto", limit: int = 0, prefix_tokens: int = 0,
+                suffix_tokens: int = -1, trainable: str = "head", last_k: int = 2, steps: int = 1500,
+                batch_size: int = 0, n_train: int = 20000, responses: int = 6024,
+                sequence_tokens: int = 64) -> tuple[ModelConfig, Slice, object, dict | None]:
+    """(config, slice, job shape, mesh or None), every flag checked before anything compiles."""
+    from rmjax.text.prompts import resolve_prompts
+
+    piece = parse_slice(topology)
+    sizes = None
+    if mesh:
+        try:
+            sizes = parse_mesh_spec(mesh)
+        except ValueError as error:
+            raise UsageError(f"--mesh={mesh}: {error}") from None
+        if -1 in sizes.values():
+            known = sizes["data"] * sizes["model"] * -1
+            sizes = {k: (piece.chips // known if v == -1 else v) for k, v in sizes.items()}
+        if sizes["data"] * sizes["model"] != piece.chips:
+            raise UsageError(f"--mesh={mesh}: {sizes['data'] * sizes['model']} chips; {piece.topology} has "
+                             f"{piece.chips}.")
+    cfg, tokenizer = model_config(model)
+    if job == "train_rm":
+        batch = batch_size or 256
+        if trainable == "last_k" and last_k > cfg.num_layers:
+            raise UsageError(f"--last_k={last_k}: the model has {cfg.num_layers} layers.")
+        return cfg, piece, TrainShape(trainable, last_k, steps, batch, n_train, responses, sequence_tokens), sizes
+    texts = resolve_prompts(list(prompts), list(extra_prompts))
+    measured = _prompt_tokens(tokenizer, texts, template) if tokenizer is not None else (
+        DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS)
+    prefix = prefix_tokens or measured[0]
+    suffix = measured[1] if suffix_tokens < 0 else suffix_tokens
+    candidates = min(limit, cfg.vocab_size) if limit else cfg.vocab_size
+    return cfg, piece, SweepShape(len(texts), prefix, suffix, candidates), sizes

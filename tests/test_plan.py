@@ -1,0 +1,149 @@
+"""Compiling jobs for a TPU slice on this CPU machine (issue 24): the jobs' own calls compile for v5e:2x2, the
+per-chip weights are the declared ones split over `model`, the TPU program does the CPU program's FLOPs, and a
+model that cannot fit is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from rmjax import nn
+from rmjax.config import config_from_hf
+from rmjax.parallel import sharding
+from rmjax.plan import calls, chips, cost
+from rmjax.plan.planner import SweepShape, TrainShape, compile_option, plan
+from tests import tiny
+from tests.cli import ok, run, user_error
+
+SLICE = chips.parse_slice("v5e:2x2")
+
+
+# dimensions in TPU tiles (multiples of 128), as real models have: the chip then pads almost nothing
+ALIGNED = dict(hidden_size=256, intermediate_size=512, head_dim=128, num_attention_heads=4, num_key_value_heads=2,
+               vocab_size=512)
+
+
+def _reward_config(name: str = "llama3", **overrides):
+    raw = tiny.hf_config(name, num_labels=1, **overrides).to_dict()
+    raw["architectures"] = [{"llama3": "LlamaForSequenceClassification",
+                             "gemma2": "Gemma2ForSequenceClassification"}[name]]
+    return config_from_hf(raw)
+
+
+def _declared_per_chip(cfg, dtype_bytes: int, model_shards: int) -> int:
+    """Every declared weight's bytes, split over `model` where one of its axes goes there and divides evenly."""
+    total = 0
+    for d in nn.declarations(cfg).values():
+        size = d.size * (4 if d.float32 else dtype_bytes)
+        split = any(sharding.RULES.get(a) == "model" and n % model_shards == 0 for a, n in zip(d.axes, d.shape,
+                                                                                                strict=True) if a)
+        total += size // model_shards if split else size
+    return total
+
+
+def test_slice_names_and_devices():
+    assert chips.parse_slice("v5e-8").topology == "v5e:2x4"
+    assert chips.parse_slice("v4-8").topology == "v4:2x2x1"  # v4 counts cores: 8 cores, 4 chips
+    assert chips.parse_slice("v5p-8").chips == 4
+    assert len(chips.devices(chips.parse_slice("v4-8"))) == 4  # one device a chip (megacore)
+    assert {d.platform for d in chips.devices(SLICE)} == {"tpu"}
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma2"])
+def test_sweep_compiles_for_v5e_with_the_declared_weights_per_chip(name):
+    cfg = _reward_config(name, **ALIGNED)
+    shape = SweepShape(prompts=2, prefix_tokens=40, suffix_tokens=5, candidates=1000)
+    option = compile_option(cfg, "bfloat16", SLICE, 2, 2, shape, batch_size=64)
+    assert option.weights_bytes == _declared_per_chip(cfg, 2, 2)
+    prefill, score = option.costs
+    assert (prefill.count, score.count) == (2, 2 * math.ceil(1000 / 64))
+    width = 64  # 40 prompt tokens in 32-token buckets
+    kv = 2 * cfg.num_layers * width * (cfg.num_kv_heads // 2) * cfg.head_dim * 2
+    assert option.cache_bytes == kv + width * (4 + 1)  # K/V split over model; positions and valid whole
+    # XLA's own count of the scoring call's inputs on one chip (weights, cache, one batch, the suffix), which on the
+    # TPU includes its tile padding: little, with dimensions in whole tiles
+    inputs = option.weights_bytes + option.cache_bytes + 32 * 4 + 5 * 4
+    assert inputs <= score.argument_bytes <= 1.01 * inputs
+    # the scan over layers counted per trip: FLOPs of L layers, not one
+    assert score.flops == pytest.approx(score.xla_flops * cfg.num_layers, rel=0.35)
+
+
+def test_cpu_compile_takes_exactly_the_declared_bytes():
+    """Without tiles to pad, XLA's argument bytes per device are the plan's shard bytes to the byte."""
+    cfg = _reward_config()
+    cpu_mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:4]).reshape(2, 2), ("data", "model"))
+    prefill, score = calls.sweep_calls(cfg, "bfloat16", cpu_mesh, prompts=1, prefix_tokens=40, suffix_tokens=5,
+                                       candidates=1000, batch_size=64)
+    assert cost.shard_bytes(score.weights) == _declared_per_chip(cfg, 2, 2)
+    assert cost.cost_of(score.name, score.call, score.args, 1)[0].argument_bytes == cost.shard_bytes(score.args)
+
+
+def test_tpu_program_does_the_flops_of_the_cpu_program():
+    """The same call with the same shardings compiled for the CPU's devices and for the TPU slice: XLA counts the
+    same work per device (so the plan compiles the job's function, not a stand-in)."""
+    cfg = _reward_config()
+    shape = SweepShape(prompts=1, prefix_tokens=40, suffix_tokens=5, candidates=512)
+    on_tpu = calls.sweep_calls(cfg, "bfloat16", chips.mesh_on(SLICE, 2, 2), **_sweep_kwargs(shape))
+    cpu_mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:4]).reshape(2, 2), ("data", "model"))
+    on_cpu = calls.sweep_calls(cfg, "bfloat16", cpu_mesh, **_sweep_kwargs(shape))
+    for tpu_call, cpu_call in zip(on_tpu, on_cpu, strict=True):
+        tpu_cost, _ = cost.cost_of(tpu_call.name, tpu_call.call, tpu_call.args, 1)
+        cpu_cost, _ = cost.cost_of(cpu_call.name, cpu_call.call, cpu_call.args, 1)
+        assert tpu_cost.xla_flops == pytest.approx(cpu_cost.xla_flops, rel=0.05), tpu_call.name
+
+
+def _sweep_kwargs(shape: SweepShape) -> dict:
+    return dict(prompts=shape.prompts, prefix_tokens=shape.prefix_tokens, suffix_tokens=shape.suffix_tokens,
+                candidates=shape.candidates, batch_size=64)
+
+
+@pytest.mark.parametrize("trainable", ["head", "last_k"])
+def test_training_step_compiles_for_v5e(trainable):
+    cfg = _reward_config()
+    shape = TrainShape(trainable, 1, steps=10, batch_size=8, pairs=100, responses=50, sequence_tokens=24)
+    result = plan(cfg, "float32", SLICE, "train_rm", shape, {"data": 2, "model": 2}, log=lambda *_: None)
+    (step,) = result["calls"]
+    assert step["name"] == "train_step" and step["count"] == 10 and step["flops"] > 0
+    assert result["per_chip_bytes"]["weights"] == _declared_per_chip(cfg, 4, 2)
+    if trainable == "last_k":  # two scanned stacks (3 frozen layers, 1 trained): each counted per layer
+        assert step["flops"] > 1.3 * step["xla_flops_scan_once"]
+
+
+def test_a_scan_is_counted_once_per_trip():
+    """XLA counts a scan body once; the plan's count is the matmuls' FLOPs, 2·M·N·K per layer per trip."""
+    from rmjax.compiled import REPLICATED, compiled
+
+    def stack(cfg, x, w):
+        return jax.lax.scan(lambda h, wi: (jax.numpy.tanh(h @ wi), None), x, w)[0]
+
+    mesh = chips.mesh_on(SLICE, 4, 1)
+    call = compiled(stack, _reward_config(), mesh, (REPLICATED, REPLICATED), REPLICATED)
+    x = jax.ShapeDtypeStruct((256, 512), jax.numpy.bfloat16, sharding=jax.NamedSharding(mesh, jax.P()))
+    w = jax.ShapeDtypeStruct((10, 512, 512), jax.numpy.bfloat16, sharding=x.sharding)
+    counted, _ = cost.cost_of("stack", call, (x, w), 1)
+    assert counted.xla_flops == pytest.approx(2 * 256 * 512 * 512, rel=0.02)  # one trip: XLA's count
+    assert counted.flops == pytest.approx(10 * 2 * 256 * 512 * 512, rel=0.02)
+
+
+def test_plan_picks_a_mesh_writes_the_plan_and_refuses_what_cannot_fit(tmp_path):
+    config = tmp_path / "config.json"
+    raw = tiny.hf_config("llama3", num_labels=1).to_dict()
+    raw["architectures"] = ["LlamaForSequenceClassification"]
+    config.write_text(json.dumps(raw))
+    out = tmp_path / "plan.json"
+    ok(run("plan", f"--model={config}", "--topology=v5e:2x2", "--job=sweep", "--limit=4096", f"--out={out}"))
+    written = json.loads(out.read_text())
+    assert written["chips"] == 4 and written["mesh"]["data"] * written["mesh"]["model"] == 4
+    assert "fastest by estimate" in written["why"] and written["predicted_seconds"] > 0
+    assert written["per_chip_bytes"]["total"] <= written["hbm_bytes"]
+    # a 70B-shaped model in float32 on four 16 GiB chips
+    raw.update(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+               num_key_value_heads=8, head_dim=128, vocab_size=128256)
+    config.write_text(json.dumps(raw))
+    user_error(run("plan", f"--model={config}", "--topology=v5e:2x2", "--job=sweep", "--dtype=float32",
+                   f"--out={out}.big"), "16.0 GiB", "Smallest that fits by estimate")
+    assert not (tmp_path / "plan.json.big").exists()
