@@ -4,9 +4,9 @@ full-vocabulary sweep time from a measured FLOP efficiency.
 python bench/zoo_table.py [--efficiency=0.69] [--prefix_len=64] [--positions=3]
 
 The efficiency is the fraction of matmul peak a prefix-cached sweep reaches (69% measured on CPU by
-bench/sweep_vs_reference.py); chips are TPU v4 (32 GB HBM, 275 bf16 TFLOP/s), v5e (16 GB, 197),
-v6e (32 GB, 918). Minimum chips = the smallest power-of-two `model` sharding whose per-chip memory
-(params + prefix cache + a batch of 64) fits in 80% of HBM.
+bench/sweep_vs_reference.py); chips are TPU v4, v5e and v6e with the published figures of rmjax.plan.chips.CHIPS.
+For a compiled plan of one job on one slice, see experiments.plan. Minimum chips = the smallest power-of-two
+`model` sharding whose per-chip memory (params + prefix cache + a batch of 64) fits in 80% of HBM.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TPUS = {"v4": (32, 275e12), "v5e": (16, 197e12), "v6e": (32, 918e12)}
 
 
 def main() -> None:
@@ -28,6 +27,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from rmjax import zoo
+    from rmjax.plan.chips import CHIPS
     from rmjax.scoring import memory
 
     print("| model | params | bf16 bytes | min chips v4 / v5e / v6e | full-vocab sweep on 8 chips v4 / v5e / v6e |")
@@ -36,21 +36,21 @@ def main() -> None:
         cfg = zoo.architecture_config(entry)
         n = zoo.count_params(zoo.abstract_params(cfg))
         chips, times = [], []
-        for hbm, peak in TPUS.values():
+        for chip in (CHIPS["v4"], CHIPS["v5e"], CHIPS["v6e"]):
             need = None
             for shards in (1, 2, 4, 8, 16, 32):
                 if cfg.num_heads % shards:
                     continue
                 try:
                     memory.pick_batch_size(cfg, "bfloat16", args.prefix_len, args.positions, 1, shards,
-                                           hbm * 2**30, largest=64)
+                                           chip.hbm_bytes, largest=64, backend="tpu")
                     need = shards
                     break
                 except memory.DoesNotFitError:
                     continue
             chips.append(str(need) if need else ">32")
             flop = 2 * cfg.non_embedding_params * args.positions * cfg.vocab_size
-            times.append(flop / (8 * peak * args.efficiency))
+            times.append(flop / (8 * chip.peak_flops * args.efficiency))
         print(f"| {entry.nickname} ({entry.hf_id}) | {n / 1e9:.2f} B | {2 * n / 2**30:.1f} GiB | "
               f"{' / '.join(chips)} | {' / '.join(f'{t:.1f} s' for t in times)} |")
 

@@ -26,9 +26,9 @@ def test_unsharded_param_bytes_equal_eval_shape():
 def test_27b_needs_tensor_parallelism_on_16gb_chips():
     cfg = _cfg("S-Gem-27B-v0.2")
     with pytest.raises(memory.DoesNotFitError, match="--mesh=data:D,model:M"):
-        memory.pick_batch_size(cfg, "bfloat16", prefix_len=64, positions=3, device_bytes=16 * GIB)
+        memory.pick_batch_size(cfg, "bfloat16", prefix_len=64, positions=3, device_bytes=16 * GIB, backend="tpu")
     est = memory.pick_batch_size(cfg, "bfloat16", prefix_len=64, positions=3, data_shards=1, model_shards=8,
-                                 device_bytes=16 * GIB)
+                                 device_bytes=16 * GIB, backend="tpu")
     assert 6 * GIB < est.params_bytes < 8 * GIB  # 27.2e9 * 2 bytes / 8, plus replicated norms
     assert est.batch_size >= 64 and est.total_bytes <= 0.8 * 16 * GIB
     assert "per device: params" in est.describe()
@@ -36,11 +36,21 @@ def test_27b_needs_tensor_parallelism_on_16gb_chips():
 
 def test_larger_batches_cost_more_and_8b_fits_one_80gb_gpu():
     cfg = _cfg("S-Lla-8B-v0.2")
-    small = memory.estimate(cfg, "bfloat16", 64, 2, 64, device_bytes=80 * GIB)
-    big = memory.estimate(cfg, "bfloat16", 64, 2, 512, device_bytes=80 * GIB)
+    small = memory.estimate(cfg, "bfloat16", 64, 2, 64, device_bytes=80 * GIB, backend="gpu")
+    big = memory.estimate(cfg, "bfloat16", 64, 2, 512, device_bytes=80 * GIB, backend="gpu")
     assert big.batch_bytes == pytest.approx(8 * small.batch_bytes, rel=0.01)
     assert big.params_bytes == small.params_bytes
-    assert memory.pick_batch_size(cfg, "bfloat16", 64, 2, device_bytes=80 * GIB).batch_size >= 256
+    assert memory.pick_batch_size(cfg, "bfloat16", 64, 2, device_bytes=80 * GIB, backend="gpu").batch_size >= 256
+
+
+def test_bfloat16_on_the_cpu_counts_the_float32_copy_and_says_float32_is_smaller():
+    cfg = _cfg("S-Lla-8B-v0.2")
+    on_cpu = memory.estimate(cfg, "bfloat16", 64, 2, 64, backend="cpu")
+    embedding = cfg.vocab_size * cfg.hidden_size * 2
+    assert on_cpu.upcast_bytes == 2 * (on_cpu.params_bytes - embedding)
+    assert memory.estimate(cfg, "bfloat16", 64, 2, 64, backend="tpu").upcast_bytes == 0
+    with pytest.raises(memory.DoesNotFitError, match="--dtype=float32 takes less memory on the CPU"):
+        memory.pick_batch_size(cfg, "bfloat16", 64, 2, device_bytes=32 * GIB, backend="cpu")
 
 
 def test_plan_picks_or_refuses_a_batch():

@@ -99,7 +99,7 @@ def _sweep_batch(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model: i
     """The largest power-of-two batch the jobs' own memory planner fits on one chip (None: none fits)."""
     try:
         return memory.pick_batch_size(cfg, dtype, shape.prefix_tokens, shape.positions(), data, model,
-                                      piece.chip.hbm_bytes, largest=4096).batch_size
+                                      piece.chip.hbm_bytes, largest=4096, backend="tpu").batch_size
     except memory.DoesNotFitError:
         return None
 
@@ -151,7 +151,7 @@ def _smallest_fit(cfg: ModelConfig, dtype: str, shape) -> str:
         for chips in (4, 8, 16, 32, 64, 128, 256):
             model = max(m for m in range(1, chips + 1) if chips % m == 0 and cfg.num_kv_heads % m == 0)
             est = memory.estimate(cfg, dtype, prefix, positions, chips // model, chips // model, model,
-                                  chip.hbm_bytes)
+                                  chip.hbm_bytes, backend="tpu")
             if est.total_bytes <= 0.8 * chip.hbm_bytes:
                 if best is None or chips < best[0]:
                     best = (chips, f"{chip.name} with {chips} chips, --mesh=data:{chips // model},model:{model}")

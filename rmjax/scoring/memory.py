@@ -37,16 +37,18 @@ class MemoryEstimate:
     batch_bytes: int  # per device, for `batch_size` candidates
     batch_size: int
     device_bytes: int
+    upcast_bytes: int = 0  # per device: the float32 copy of bfloat16 weights a CPU computes with
 
     @property
     def total_bytes(self) -> int:
-        return self.params_bytes + self.cache_bytes + self.batch_bytes
+        return self.params_bytes + self.cache_bytes + self.batch_bytes + self.upcast_bytes
 
     def describe(self) -> str:
         gib = 2**30
-        return (f"per device: params {self.params_bytes / gib:.2f} GiB + prefix cache {self.cache_bytes / gib:.3f} GiB "
-                f"+ batch of {self.batch_size} {self.batch_bytes / gib:.2f} GiB = {self.total_bytes / gib:.2f} GiB "
-                f"of {self.device_bytes / gib:.1f} GiB")
+        upcast = f" + their float32 copy {self.upcast_bytes / gib:.2f} GiB" if self.upcast_bytes else ""
+        return (f"per device: params {self.params_bytes / gib:.2f} GiB{upcast} + prefix cache "
+                f"{self.cache_bytes / gib:.3f} GiB + batch of {self.batch_size} {self.batch_bytes / gib:.2f} GiB = "
+                f"{self.total_bytes / gib:.2f} GiB of {self.device_bytes / gib:.1f} GiB")
 
 
 def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
@@ -60,39 +62,54 @@ def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
     return total
 
 
+def upcast_bytes(cfg: ModelConfig, dtype: str, model_shards: int, backend: str | None = None) -> int:
+    """A CPU has no bfloat16 matmul: XLA computes in float32 from a float32 copy of every weight a matmul reads
+    (all but the embedding table, which is only gathered from), held beside the bfloat16 weights for the whole
+    call. XLA's memory analysis of a 2B sweep on the CPU: temp 7.85 GiB beside 4.87 GiB of weights (BUILD_NOTES)."""
+    if dtype != "bfloat16" or (backend or jax.default_backend()) != "cpu":
+        return 0
+    embedding = nn.declarations(cfg)["embed.embedding"]
+    return 2 * (param_bytes(cfg, dtype, model_shards) - embedding.size * _itemsize(dtype) // (
+        model_shards if embedding.shape[0] % model_shards == 0 else 1))
+
+
 def estimate(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, batch_size: int,
-             data_shards: int = 1, model_shards: int = 1, device_bytes: int = 16 * 2**30) -> MemoryEstimate:
-    """Memory of a prefix-cached sweep; `positions` = new tokens per candidate (1 + suffix)."""
+             data_shards: int = 1, model_shards: int = 1, device_bytes: int = 16 * 2**30,
+             backend: str | None = None) -> MemoryEstimate:
+    """Memory of a prefix-cached sweep; `positions` = new tokens per candidate (1 + suffix). `backend`: where it
+    runs (default: JAX's default backend), for the CPU's float32 copy of bfloat16 weights."""
     b = _itemsize(dtype)
     kv_shards = model_shards if cfg.num_kv_heads % model_shards == 0 else 1
     cache = 2 * cfg.num_layers * prefix_len * cfg.num_kv_heads * cfg.head_dim * b // kv_shards
     rows = math.ceil(batch_size / data_shards)
     tokens = rows * positions
-    # Live activations of one layer (residual, q/k/v, MLP intermediate) + f32 attention scores
-    # over prefix + new keys + the stacked new K/V of all layers returned by the scan.
+    # Live activations of one layer (residual, q/k/v, MLP intermediate) + f32 attention scores over prefix + new
+    # keys. A scoring call keeps no K/V of the new positions (XLA drops the scan's unused K/V outputs): counting
+    # them overstated an 8B sweep's batch by 0.56 GiB a chip, 12-32% of the total (BUILD_NOTES, issue 24).
     per_layer = tokens * (4 * cfg.hidden_size + 2 * cfg.intermediate_size // model_shards) * b
     scores = tokens * (cfg.num_heads // max(1, model_shards)) * (prefix_len + positions) * 4 * 2
-    new_kv = 2 * cfg.num_layers * tokens * cfg.num_kv_heads * cfg.head_dim * b // kv_shards
-    return MemoryEstimate(param_bytes(cfg, dtype, model_shards), cache, per_layer + scores + new_kv, batch_size,
-                          device_bytes)
+    return MemoryEstimate(param_bytes(cfg, dtype, model_shards), cache, per_layer + scores, batch_size, device_bytes,
+                          upcast_bytes(cfg, dtype, model_shards, backend))
 
 
 def pick_batch_size(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, data_shards: int = 1,
                     model_shards: int = 1, device_bytes: int = 16 * 2**30, headroom: float = 0.8,
-                    largest: int = 4096) -> MemoryEstimate:
+                    largest: int = 4096, backend: str | None = None) -> MemoryEstimate:
     """The largest power-of-two batch (a multiple of the data shards) within `headroom` of the device."""
     best = None
     size = data_shards
     while size <= largest:
-        est = estimate(cfg, dtype, prefix_len, positions, size, data_shards, model_shards, device_bytes)
+        est = estimate(cfg, dtype, prefix_len, positions, size, data_shards, model_shards, device_bytes, backend)
         if est.total_bytes > headroom * device_bytes:
             break
         best, size = est, size * 2
     if best is None:
-        est = estimate(cfg, dtype, prefix_len, positions, data_shards, data_shards, model_shards, device_bytes)
+        est = estimate(cfg, dtype, prefix_len, positions, data_shards, data_shards, model_shards, device_bytes, backend)
+        dtype_fix = ("--dtype=float32 takes less memory on the CPU (no float32 copy)" if est.upcast_bytes else
+                     "use bfloat16")
         raise DoesNotFitError(
             f"{cfg.architecture} in {dtype} does not fit: {est.describe()}. Shard the parameters over more "
-            f"devices (--mesh=data:D,model:M with a larger M), use bfloat16, or use devices with more memory."
+            f"devices (--mesh=data:D,model:M with a larger M), {dtype_fix}, or use devices with more memory."
         )
     return best
 

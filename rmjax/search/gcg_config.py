@@ -159,7 +159,7 @@ def search_plan(cfg: GCGConfig, model_cfg, tokenizer, prompts: dict[str, str], d
         rows = min(cfg.eval_batch_size, max(1, width // 2))  # two candidates' tails per row (score_variants)
         evaluate = memory.estimate(model_cfg, dtype, prefix + n, 2 * (n + suffix), rows, data, shards).batch_bytes
         sample = 6 * width * n * 4  # uniform draws, their argsort, positions, choices, the candidates
-        device = params + caches + max(gradient, evaluate, sample)
+        device = params + one.upcast_bytes + caches + max(gradient, evaluate, sample)
         host = steps * width * (SEEN_BYTES + 40 * n) + 4 * width * n * 8
         return device, host + (device * jax.local_device_count() if on_cpu else 0)  # CPU devices share the RAM
 
