@@ -4,23 +4,28 @@
 # launch/tpu_vm.sh --name=rmjax-v5e --zone=us-west4-a --type=v5litepod-8 \
 #     --checkpoint=gs://BUCKET/Skywork-Reward-Gemma-2-27B-v0.2 \
 #     --job="experiments.sweep --model=/tmp/ckpt --prompts=paper1 --dtype=bfloat16 --mesh=data:1,model:8 --out=results/s.csv" \
-#     [--project=P] [--version=tpu-ubuntu2204-base] [--results=results/] [--keep] [--dry-run]
+#     [--project=P] [--version=tpu-ubuntu2204-base] [--results=results/] [--plan_model=SPEC] [--keep] [--dry-run]
 #
 # --type: v4-8, v5litepod-8, v6e-8, v5litepod-16 ... (on multi-host slices every worker runs the job and
 #         jax.distributed finds its peers; process 0 writes results/).
 # --checkpoint: gs:// path (copied with gsutil on each worker) or a local folder (scp'd to each worker).
 # --job: shell text, run on every worker as `.venv/bin/python -m JOB` in the shipped repository.
+# --plan_model: a zoo hub id or nickname, a config.json or a local folder: before the VM is created, a sweep or
+#         train_rm job is compiled for --type here (python -m experiments.plan, needs jax[tpu]) and refused when it
+#         does not fit; default: --checkpoint when it is a local folder (a gs:// checkpoint needs --plan_model).
 # --keep: keep the VM at the end, also after a failure (otherwise a failed run deletes it too).
 # --dry-run prints every command, one per line, quoted so that a line pasted into a shell runs exactly it.
 # The VM gets `git archive HEAD`: uncommitted changes are not shipped (a warning names them).
 set -euo pipefail
 
 NAME="" ZONE="" TYPE="" PROJECT="" VERSION="tpu-ubuntu2204-base" CHECKPOINT="" JOB="" RESULTS="results/" KEEP=0 DRY=0
+PLAN_MODEL=""
 for arg in "$@"; do
   case "$arg" in
     --name=*) NAME="${arg#*=}" ;; --zone=*) ZONE="${arg#*=}" ;; --type=*) TYPE="${arg#*=}" ;;
     --project=*) PROJECT="${arg#*=}" ;; --version=*) VERSION="${arg#*=}" ;;
     --checkpoint=*) CHECKPOINT="${arg#*=}" ;; --job=*) JOB="${arg#*=}" ;; --results=*) RESULTS="${arg#*=}" ;;
+    --plan_model=*) PLAN_MODEL="${arg#*=}" ;;
     --keep) KEEP=1 ;; --dry-run) DRY=1 ;;
     -h|--help) sed -n '2,/^set -/{/^#/p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
@@ -71,6 +76,27 @@ SETUP+=' && { ~/.local/bin/uv venv -q --python 3.11 .venv'
 SETUP+=' || { echo "error: no Python 3.11 on this VM, and uv could not download one" >&2; exit 1; }; }'
 SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python -r requirements.txt "jax[tpu]"'
 SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -e .'
+
+# Plan before paying: compile the job for --type on this machine and refuse one that does not fit.
+JOB_WORDS=($JOB)
+JOB_NAME="${JOB_WORDS[0]#experiments.}"
+[ -z "$PLAN_MODEL" ] && [ -n "$CHECKPOINT" ] && [[ "$CHECKPOINT" != gs://* ]] && PLAN_MODEL="$CHECKPOINT"
+if [[ "$JOB_NAME" != sweep && "$JOB_NAME" != train_rm ]]; then
+  echo "warning: experiments.plan does not plan $JOB_NAME jobs yet: the VM is created unplanned" >&2
+elif [ -z "$PLAN_MODEL" ]; then
+  echo "warning: no --plan_model (a zoo id, config.json or local folder): the job is not planned for $TYPE" >&2
+else
+  PLAN=(python -m experiments.plan --model="$PLAN_MODEL" --topology="$TYPE" --job="$JOB_NAME")
+  for word in "${JOB_WORDS[@]:1}"; do
+    case "$word" in
+      --prompts=*|--prompt=*|--dtype=*|--mesh=*|--batch_size=*|--limit=*|--template=*|--trainable=*|--last_k=*|\
+      --steps=*|--n_train=*) PLAN+=("$word") ;;
+    esac
+  done
+  PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY=python3
+  PLAN[0]="$PY"
+  ( cd "$REPO" && run "${PLAN[@]}" ) || { rc=$?; echo "error: the job does not plan for $TYPE (above); no VM was created" >&2; exit "$rc"; }
+fi
 
 run "${TPU[@]}" create "$NAME" "${WHERE[@]}" --accelerator-type="$TYPE" --version="$VERSION"
 CREATED=1

@@ -198,3 +198,33 @@ def test_gpu_setup_uses_a_python_311_or_says_there_is_none(tmp_path):
     python("python3.12", (3, 12))
     host()
     assert log.read_text().splitlines()[0] == "python3.12 -m venv .venv"
+
+
+def test_tpu_vm_plans_the_job_first_and_creates_no_vm_for_one_that_does_not_fit(tmp_path):
+    """The plan for --type runs here before `create` (issue 24): its command carries the job's planning flags,
+    and a job that cannot fit stops the script before any gcloud call."""
+    import json
+
+    from tests import tiny
+
+    raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(raw))
+    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", f"--job={JOB} --dtype=bfloat16",
+                f"--plan_model={config}")
+    assert cmds[0][1:] == ["-m", "experiments.plan", f"--model={config}", "--topology=v5litepod-8", "--job=sweep",
+                           "--prompts=paper1", "--mesh=data:1,model:8", "--dtype=bfloat16"]
+    assert cmds[1][:5] == [*TPU, "create"]
+    # a 70B-shaped model in float32 on eight 16 GiB chips
+    raw.update(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+               num_key_value_heads=8, head_dim=128, vocab_size=128256)
+    config.write_text(json.dumps(raw))
+    log, bin_dir, env, args = _fake_tpu(tmp_path)
+    _fake(bin_dir, "gcloud", log)
+    env = {**env, "JAX_PLATFORMS": "cpu"}
+    res = _run("tpu_vm.sh", *args[:2], "--type=v5litepod-8",
+               "--job=experiments.sweep --model=/tmp/ckpt --prompts=greatest --out=results/s.csv",
+               f"--plan_model={config}", env=env)
+    assert res.returncode == 2, res.stderr
+    assert "Smallest that fits by estimate" in res.stderr and "no VM was created" in res.stderr
+    assert _logged(log) == []
