@@ -24,16 +24,24 @@ TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x4", "TPU slice: libtpu's name 
                                "chips v4, v5e, v5p, v6e.")
 JOB = flags.DEFINE_enum("job", "sweep", list(JOBS), "The job to plan.")
 OUT = flags.DEFINE_string("out", None, "Write the plan here (JSON).")
-LIMIT = flags.DEFINE_integer("limit", 0, "sweep: candidates (0: the whole vocabulary).", lower_bound=0)
-BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "sweep: candidates per call (0: the largest that fits); "
-                                  "train_rm: pairs per step (0: 256).", lower_bound=0)
+LIMIT = flags.DEFINE_integer("limit", 0, "sweep, beam: candidates (0: the whole vocabulary).", lower_bound=0)
+BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "sweep, beam: candidates per call (0: the largest that fits); "
+                                  "gcg: evaluation rows per call (0: 256); train_rm: pairs per step (0: 256).",
+                                  lower_bound=0)
 PREFIX_TOKENS = flags.DEFINE_integer("prefix_tokens", 0, "Prompt prefix length in tokens (0: measured with the "
                                      "model's tokenizer and template, or 64 when it has none).", lower_bound=0)
 SUFFIX_TOKENS = flags.DEFINE_integer("suffix_tokens", -1, "Template tokens after the response (-1: measured, or 8).",
                                      lower_bound=-1)
 TRAINABLE = flags.DEFINE_enum("trainable", "head", ["head", "last_k", "full"], "train_rm: what trains.")
 LAST_K = flags.DEFINE_integer("last_k", 2, "train_rm: layers trained with --trainable=last_k.", lower_bound=1)
-STEPS = flags.DEFINE_integer("steps", 1500, "train_rm: optimizer steps.", lower_bound=1)
+STEPS = flags.DEFINE_integer("steps", 0, "train_rm: optimizer steps (0: 1500); gcg: steps (0: 100).",
+                             lower_bound=0)
+DEPTH = flags.DEFINE_integer("depth", 2, "beam: response length in tokens.", lower_bound=1)
+BEAM = flags.DEFINE_integer("beam", 64, "beam: partials kept per direction (K).", lower_bound=1)
+DIRECTION = flags.DEFINE_enum("direction", "both", ["optimal", "pessimal", "both"], "beam: which beams.")
+EXHAUSTIVE = flags.DEFINE_bool("exhaustive", False, "beam: score every sequence of the candidates.")
+NUM_TOKENS = flags.DEFINE_integer("num_tokens", 8, "gcg: response length in tokens.", lower_bound=1)
+SEARCH_WIDTH = flags.DEFINE_integer("search_width", 128, "gcg: candidates evaluated per step.", lower_bound=1)
 N_TRAIN = flags.DEFINE_integer("n_train", 20000, "train_rm: training pairs.", lower_bound=1)
 RESPONSES = flags.DEFINE_integer("responses", 6024, "train_rm, head only: distinct responses in the feature matrix "
                                  "(EloEverything's 80% of 7,530 items).", lower_bound=1)
@@ -53,7 +61,9 @@ def main(argv):
         extra_prompts=common.PROMPT.value, template=common.TEMPLATE.value, limit=LIMIT.value,
         prefix_tokens=PREFIX_TOKENS.value, suffix_tokens=SUFFIX_TOKENS.value, trainable=TRAINABLE.value,
         last_k=LAST_K.value, steps=STEPS.value, batch_size=BATCH_SIZE.value, n_train=N_TRAIN.value,
-        responses=RESPONSES.value, sequence_tokens=SEQUENCE_TOKENS.value)
+        responses=RESPONSES.value, sequence_tokens=SEQUENCE_TOKENS.value, depth=DEPTH.value, beam=BEAM.value,
+        direction=DIRECTION.value, exhaustive=EXHAUSTIVE.value, num_tokens=NUM_TOKENS.value,
+        search_width=SEARCH_WIDTH.value)
     result = plan(cfg, common.DTYPE.value, piece, JOB.value, shape, mesh, BATCH_SIZE.value or None)
     print(describe(result))
     if OUT.value:

@@ -15,7 +15,8 @@ from rmjax import nn
 from rmjax.config import config_from_hf
 from rmjax.parallel import sharding
 from rmjax.plan import calls, chips, cost
-from rmjax.plan.planner import SweepShape, TrainShape, compile_option, plan
+from rmjax.plan.planner import compile_option, plan
+from rmjax.plan.shapes import BeamShape, GcgShape, SweepShape, TrainShape
 from tests import tiny
 from tests.cli import ok, run, user_error
 
@@ -165,3 +166,36 @@ def test_the_jobs_memory_planner_agrees_with_xla_within_15_percent(where, dtype)
     xla = max(cost.cost_of(c.name, c.call, c.args, 1)[0].peak_bytes for c in made)
     planned = memory.estimate(cfg, dtype, 64, 9, 1024, 2, 4, backend=where)
     assert planned.total_bytes == pytest.approx(xla, rel=0.15)
+
+
+def _matmul_params(cfg) -> int:
+    """Weights a position's forward multiplies by (every layer's projections; not the embedding or head)."""
+    return sum(d.size for p, d in nn.declarations(cfg).items() if p.startswith("layers.") and len(d.shape) > 2)
+
+
+def test_gcg_step_compiles_for_v5e():
+    """A GCG step's calls: the gradient (a forward and a backward to the one-hot inputs over the response and
+    suffix, then the one-hot gradient [N, V]) at least does those matmuls' FLOPs, counted over every layer."""
+    cfg = _reward_config(**ALIGNED)
+    shape = GcgShape(prompts=2, prefix_tokens=40, suffix_tokens=5, num_tokens=8, steps=10, search_width=64,
+                     eval_batch_size=256)
+    option = compile_option(cfg, "bfloat16", SLICE, 2, 2, shape, 256)
+    names = [c.name for c in option.costs]
+    assert names == ["prefill", "gradient", "append_kv", "score_variants"]
+    counts = {c.name: c.count for c in option.costs}
+    assert counts["prefill"] == 2 and counts["gradient"] == counts["append_kv"] == 2 * 10
+    grad = option.costs[1]
+    positions = 8 + 5
+    lower = 2 * 2 * _matmul_params(cfg) * positions + 2 * 8 * cfg.hidden_size * cfg.vocab_size
+    assert grad.flops * 4 >= 0.95 * lower  # per chip: the work is split over 4 chips at most
+    assert option.weights_bytes == _declared_per_chip(cfg, 2, 2)
+
+
+def test_beam_compiles_every_level_with_the_jobs_counts():
+    """Depth 2, K=4, both directions over 100 candidates: depth 1 scores them once after the prompt; depth 2
+    extends 2 x 4 partials (8 rows a forward) and scores the 100 candidates after each."""
+    cfg = _reward_config()
+    shape = BeamShape(prompts=1, prefix_tokens=40, suffix_tokens=5, candidates=100, depth=2, beam=4)
+    option = compile_option(cfg, "float32", SLICE, 2, 2, shape, 64)
+    counts = {c.name: c.count for c in option.costs}
+    assert counts == {"prefill": 1, "score_depth1": 2, "extend_depth2": 1, "row_depth2": 8, "score_depth2": 8 * 2}

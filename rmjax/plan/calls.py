@@ -21,7 +21,15 @@ from rmjax.compiled import Compiled
 from rmjax.config import ModelConfig
 from rmjax.loading.hf import numpy_dtype
 from rmjax.parallel import batching, sharding
-from rmjax.scoring.prefix import PREFIX_BUCKET, batch_scorer, prefill_call
+from rmjax.scoring.prefix import (
+    PREFIX_BUCKET,
+    append_call,
+    batch_scorer,
+    extend_call,
+    prefill_call,
+    row_call,
+    variants_scorer,
+)
 from rmjax.train.step import Steps, feature_pair_rewards, sequence_pair_rewards
 
 
@@ -54,21 +62,85 @@ def _outputs(call: Compiled, args: tuple) -> Any:
                         call.lower(*args).out_info)
 
 
+def _prefix(cfg: ModelConfig, dtype: str, mesh: Mesh, prompts: int, prefix_tokens: int):
+    """(weights, cache width, the prefill Call (once per prompt), the prefix cache it makes)."""
+    params = abstract_params(cfg, dtype, mesh)
+    width = batching.bucket(prefix_tokens, PREFIX_BUCKET)
+    prefill = prefill_call(cfg, mesh, width)
+    args = (params, _array((1, width), jnp.int32, mesh), _array((1, width), jnp.bool_, mesh))
+    return params, width, Call("prefill", prefill, args, prompts, params), _outputs(prefill, args)
+
+
 def sweep_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int, suffix_tokens: int,
                 candidates: int, batch_size: int, column: int = 0) -> list[Call]:
     """A one-token sweep: per prompt one prefill of the bucketed prefix, then the candidates in batches of
     `batch_size` (rounded up to the data axis), each batch scored after the shared cache."""
-    params = abstract_params(cfg, dtype, mesh)
-    width = batching.bucket(prefix_tokens, PREFIX_BUCKET)
-    prefill = prefill_call(cfg, mesh, width)
-    prefill_args = (params, _array((1, width), jnp.int32, mesh), _array((1, width), jnp.bool_, mesh))
-    cache = _outputs(prefill, prefill_args)
+    params, width, prefill, cache = _prefix(cfg, dtype, mesh, prompts, prefix_tokens)
     batch = batching.round_up(batch_size, mesh)
     scorer = batch_scorer(cfg, mesh, width, column)
     score_args = (params, cache, _array((batch, 1), jnp.int32, mesh, "data"),
                   _array((suffix_tokens,), jnp.int32, mesh))
-    return [Call("prefill", prefill, prefill_args, prompts, params),
-            Call("score_batch", scorer, score_args, prompts * math.ceil(candidates / batch), params, cache)]
+    return [prefill, Call("score_batch", scorer, score_args, prompts * math.ceil(candidates / batch), params, cache)]
+
+
+def beam_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int, suffix_tokens: int,
+               candidates: int, batch_size: int, depth: int, beam: int, direction: str, exhaustive: bool,
+               column: int = 0) -> list[Call]:
+    """Beam search level by level (rmjax.search.beam): at depth d each kept partial's cache is extended by its
+    d-1 tokens (PREFILL_ROWS partials a forward), picked out row by row, and every candidate scored after it."""
+    from rmjax.search.beam import PREFILL_ROWS, BeamConfig, job_size
+
+    params, width, prefill, cache = _prefix(cfg, dtype, mesh, prompts, prefix_tokens)
+    scored = job_size(BeamConfig(depth=depth, beam=beam, direction=direction, exhaustive=exhaustive), candidates)
+    batch = batching.round_up(batch_size, mesh)
+    suffix = _array((suffix_tokens,), jnp.int32, mesh)
+    made = [prefill]
+    for d, count in enumerate(scored, start=1):
+        units = count // candidates
+        after = cache
+        if d > 1:
+            rows = batching.round_up(min(PREFILL_ROWS, units), mesh)
+            extend = extend_call(cfg, mesh, rows, width, d - 1)
+            extend_args = (params, cache, _array((rows, d - 1), jnp.int32, mesh))
+            made.append(Call(f"extend_depth{d}", extend, extend_args, prompts * math.ceil(units / rows), params, cache))
+            pick = row_call(cfg, mesh, rows, width + d - 1)
+            pick_args = (_outputs(extend, extend_args), _array((), jnp.int32, mesh))
+            made.append(Call(f"row_depth{d}", pick, pick_args, prompts * units))
+            after = _outputs(pick, pick_args)
+        scorer = batch_scorer(cfg, mesh, width + d - 1, column)
+        args = (params, after, _array((batch, 1), jnp.int32, mesh, "data"), suffix)
+        made.append(Call(f"score_depth{d}", scorer, args, prompts * units * math.ceil(candidates / batch), params,
+                         after))
+    return made
+
+
+def gcg_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int, suffix_tokens: int,
+              num_tokens: int, steps: int, search_width: int, eval_batch_size: int, column: int = 0) -> list[Call]:
+    """GCG (rmjax.search.gcg): per step and prompt one gradient forward and backward over the response, its K/V
+    appended to the prefix cache, and the candidates' changed tails packed into rows (prefix.score_variants). The
+    packing depends on where each candidate changes: planned for one swap at a uniformly random position (a tail
+    of n/2 + suffix tokens on average)."""
+    from rmjax.search.gcg import gradient_call
+
+    params, width, prefill, cache = _prefix(cfg, dtype, mesh, prompts, prefix_tokens)
+    n, tail = num_tokens, suffix_tokens
+    grad = gradient_call(cfg, mesh, width, column)
+    grad_args = (params, cache, _array((n,), jnp.int32, mesh), _array((tail,), jnp.int32, mesh))
+    append = append_call(cfg, mesh, width, n)
+    append_args = (cache, _outputs(grad, grad_args)[1])
+    extended = _outputs(append, append_args)
+    row_width = (n + tail) + (1 + tail)
+    slots = row_width // (1 + tail)
+    packed = math.ceil(search_width * (n / 2 + 0.5 + tail) / row_width)
+    calls = math.ceil(packed / min(eval_batch_size, max(1, search_width // 2)))
+    rows = batching.round_up(batching.bucket(math.ceil(packed / calls), 8), mesh)
+    scorer = variants_scorer(cfg, mesh, width + n, n, rows, slots, column)
+    score_args = (params, extended, *[_array((rows, row_width), jnp.int32, mesh, "data")] * 4,
+                  _array((rows, slots), jnp.int32, mesh, "data"))
+    per_step = steps * prompts
+    return [prefill, Call("gradient", grad, grad_args, per_step, params, cache),
+            Call("append_kv", append, append_args, per_step),
+            Call("score_variants", scorer, score_args, per_step * calls, params, extended)]
 
 
 def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, last_k: int, steps: int,

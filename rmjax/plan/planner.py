@@ -12,46 +12,16 @@ from pathlib import Path
 
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError, UsageError
-from rmjax.plan import calls as job_calls
 from rmjax.plan.chips import CHIPS, Slice, mesh_on
 from rmjax.plan.cost import CallCost, cost_of, shard_bytes
+from rmjax.plan.shapes import SweepShape
 from rmjax.scoring import memory
 
-JOBS = ("sweep", "train_rm")
+JOBS = ("sweep", "beam", "gcg", "train_rm")
 
 
 class PlanDoesNotFitError(RmjaxError):
     """The job needs more memory per chip than the slice's chips have."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepShape:
-    prompts: int
-    prefix_tokens: int
-    suffix_tokens: int
-    candidates: int
-
-    def positions(self) -> int:
-        return 1 + self.suffix_tokens
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainShape:
-    trainable: str
-    last_k: int
-    steps: int
-    batch_size: int
-    pairs: int
-    responses: int
-    sequence_tokens: int
-
-
-def _calls(cfg: ModelConfig, dtype: str, mesh, shape, batch_size: int) -> list[job_calls.Call]:
-    if isinstance(shape, SweepShape):
-        return job_calls.sweep_calls(cfg, dtype, mesh, prompts=shape.prompts, prefix_tokens=shape.prefix_tokens,
-                                     suffix_tokens=shape.suffix_tokens, candidates=shape.candidates,
-                                     batch_size=batch_size)
-    return job_calls.train_calls(cfg, dtype, mesh, **dataclasses.asdict(shape))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +45,7 @@ class Option:
 
 def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model: int, shape,
                    batch_size: int) -> Option:
-    mesh = mesh_on(piece, data, model)
-    made = _calls(cfg, dtype, mesh, shape, batch_size)
+    made = shape.calls(cfg, dtype, mesh_on(piece, data, model), batch_size)
     costs = tuple(cost_of(c.name, c.call, c.args, c.count)[0] for c in made)
     weights = max((shard_bytes(c.weights) for c in made if c.weights is not None), default=0)
     cache = max((shard_bytes(c.cache) for c in made if c.cache is not None), default=0)
@@ -98,7 +67,7 @@ def _meshes(piece: Slice, cfg: ModelConfig, batch: int | None) -> list[tuple[int
 def _sweep_batch(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model: int, shape: SweepShape) -> int | None:
     """The largest power-of-two batch the jobs' own memory planner fits on one chip (None: none fits)."""
     try:
-        return memory.pick_batch_size(cfg, dtype, shape.prefix_tokens, shape.positions(), data, model,
+        return memory.pick_batch_size(cfg, dtype, shape.memory_prefix(), shape.positions(), data, model,
                                       piece.chip.hbm_bytes, largest=4096, backend="tpu").batch_size
     except memory.DoesNotFitError:
         return None
@@ -107,7 +76,7 @@ def _sweep_batch(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model: i
 def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None, batch_size: int | None,
            log=print) -> tuple[Option, str]:
     """The option to run, and why: the given mesh and batch, or of those that fit the fastest by estimate."""
-    fixed = shape.batch_size if isinstance(shape, TrainShape) else None
+    fixed = shape.fixed_batch
     meshes = [(mesh["data"], mesh["model"])] if mesh else _meshes(piece, cfg, fixed)
     if not meshes:
         raise UsageError(f"no mesh of {piece.topology} splits the batch of {fixed} evenly over its data axis and the "
@@ -144,8 +113,7 @@ def _does_not_fit(cfg: ModelConfig, dtype: str, piece: Slice, shape, option: Opt
 def _smallest_fit(cfg: ModelConfig, dtype: str, shape) -> str:
     """The smallest slice in the chip table whose chips hold the weights split over `model` and one batch, by the
     jobs' memory planner (an estimate: compile it to be sure)."""
-    positions = shape.positions() if isinstance(shape, SweepShape) else shape.sequence_tokens
-    prefix = shape.prefix_tokens if isinstance(shape, SweepShape) else 1
+    positions, prefix = shape.positions(), shape.memory_prefix()
     best = None
     for chip in CHIPS.values():
         for chips in (4, 8, 16, 32, 64, 128, 256):
@@ -183,13 +151,10 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
         "estimate": "roofline per call: max(FLOPs / peak, bytes / bandwidth) x calls; FLOPs and bytes are XLA's "
                     "per-chip cost analysis with each scan body counted per trip (rmjax.plan.cost)",
     }
-    if isinstance(shape, SweepShape):
+    if shape.per == "candidate":
         out["positions_per_candidate"] = shape.positions()
-        out["flops_per_candidate"] = work * piece.chips / max(1, shape.prompts * shape.candidates)
-        out["assumed"] = dataclasses.asdict(shape)
-    else:
-        out["flops_per_step"] = work * piece.chips / max(1, shape.steps)
-        out["assumed"] = dataclasses.asdict(shape)
+    out[f"flops_per_{shape.per}"] = work * piece.chips / max(1, shape.items())
+    out["assumed"] = dataclasses.asdict(shape)
     return out
 
 

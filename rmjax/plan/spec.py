@@ -9,7 +9,7 @@ from rmjax.errors import UsageError
 from rmjax.loading.reward_head import SEQUENCE_CLASSIFIERS
 from rmjax.parallel.sharding import parse_mesh_spec
 from rmjax.plan.chips import Slice, parse_slice
-from rmjax.plan.planner import SweepShape, TrainShape
+from rmjax.plan.shapes import BeamShape, GcgShape, SweepShape, TrainShape
 
 DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and an end-of-turn, with no tokenizer
 
@@ -45,10 +45,12 @@ def _prompt_tokens(tokenizer, prompts: dict[str, str], template: str) -> tuple[i
 
 def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
                 extra_prompts=(), template: str = "auto", limit: int = 0, prefix_tokens: int = 0,
-                suffix_tokens: int = -1, trainable: str = "head", last_k: int = 2, steps: int = 1500,
-                batch_size: int = 0, n_train: int = 20000, responses: int = 6024,
-                sequence_tokens: int = 64) -> tuple[ModelConfig, Slice, object, dict | None]:
-    """(config, slice, job shape, mesh or None), every flag checked before anything compiles."""
+                suffix_tokens: int = -1, trainable: str = "head", last_k: int = 2, steps: int = 0,
+                batch_size: int = 0, n_train: int = 20000, responses: int = 6024, sequence_tokens: int = 64,
+                depth: int = 2, beam: int = 64, direction: str = "both", exhaustive: bool = False,
+                num_tokens: int = 8, search_width: int = 128) -> tuple[ModelConfig, Slice, object, dict | None]:
+    """(config, slice, job shape, mesh or None), every flag checked before anything compiles. `steps` 0: the
+    job's default (train_rm 1500, gcg 100); `batch_size` 0: the plan picks (train_rm 256, gcg 256 rows)."""
     from rmjax.text.prompts import resolve_prompts
 
     piece = parse_slice(topology)
@@ -69,11 +71,18 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         batch = batch_size or 256
         if trainable == "last_k" and last_k > cfg.num_layers:
             raise UsageError(f"--last_k={last_k}: the model has {cfg.num_layers} layers.")
-        return cfg, piece, TrainShape(trainable, last_k, steps, batch, n_train, responses, sequence_tokens), sizes
+        return cfg, piece, TrainShape(trainable, last_k, steps or 1500, batch, n_train, responses,
+                                      sequence_tokens), sizes
     texts = resolve_prompts(list(prompts), list(extra_prompts))
     measured = _prompt_tokens(tokenizer, texts, template) if tokenizer is not None else (
         DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS)
     prefix = prefix_tokens or measured[0]
     suffix = measured[1] if suffix_tokens < 0 else suffix_tokens
     candidates = min(limit, cfg.vocab_size) if limit else cfg.vocab_size
+    if job == "gcg":
+        return cfg, piece, GcgShape(len(texts), prefix, suffix, num_tokens, steps or 100, search_width,
+                                    batch_size or 256), sizes
+    if job == "beam":
+        return cfg, piece, BeamShape(len(texts), prefix, suffix, candidates, depth, beam, direction,
+                                     exhaustive), sizes
     return cfg, piece, SweepShape(len(texts), prefix, suffix, candidates), sizes

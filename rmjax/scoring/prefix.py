@@ -39,25 +39,34 @@ def extend_prefix(model: Model, cache: nn.KVCache, continuations: np.ndarray) ->
     """Caches of a batch-1 prefix followed by each row of `continuations` [R, d] (the beam's partial responses):
     one forward of R x d new positions against the shared prefix, no prefix recomputed; [R] rows, width + d."""
     rows, new = continuations.shape
-    width = cache.k.shape[2]
-    call = compiled(_extend, model.config, model.mesh, (PARAMS, Cache(1, width), REPLICATED), Cache(rows, width + new))
+    call = extend_call(model.config, model.mesh, rows, cache.k.shape[2], new)
     return call(declared_params(model), cache, replicated(np.asarray(continuations, np.int32), model.mesh))
+
+
+def extend_call(cfg: ModelConfig, mesh, rows: int, width: int, new: int) -> Compiled:
+    """The compiled extension of a batch-1 cache [1, width] by `rows` continuations of `new` tokens each."""
+    return compiled(_extend, cfg, mesh, (PARAMS, Cache(1, width), REPLICATED), Cache(rows, width + new))
 
 
 def append_kv(model: Model, cache: nn.KVCache, kv: nn.KVCache, length: int) -> nn.KVCache:
     """A batch-1 prefix cache followed by the first `length` positions of `kv`, the K/V of a batch-1 forward
     after it (GCG's gradient forward: the same cache extend_prefix computes, without a forward of its own)."""
-    width = cache.k.shape[2]
-    call = compiled(_append, model.config, model.mesh, (Cache(1, width), None), Cache(1, width + length),
-                    length=length)
-    return call(cache, kv)
+    return append_call(model.config, model.mesh, cache.k.shape[2], length)(cache, kv)
+
+
+def append_call(cfg: ModelConfig, mesh, width: int, length: int) -> Compiled:
+    """The compiled append of `length` positions of a forward's K/V to a batch-1 cache [1, width]."""
+    return compiled(_append, cfg, mesh, (Cache(1, width), None), Cache(1, width + length), length=length)
 
 
 def cache_row(model: Model, cache: nn.KVCache, row: int) -> nn.KVCache:
     """Row `row` of a batched cache as a batch-1 cache, placed where the batch scorer expects it."""
-    rows, width = cache.k.shape[1], cache.k.shape[2]
-    call = compiled(_row, model.config, model.mesh, (Cache(rows, width), REPLICATED), Cache(1, width))
-    return call(cache, jnp.int32(row))
+    return row_call(model.config, model.mesh, cache.k.shape[1], cache.k.shape[2])(cache, jnp.int32(row))
+
+
+def row_call(cfg: ModelConfig, mesh, rows: int, width: int) -> Compiled:
+    """The compiled pick of one row of a [rows, width] cache, as a batch-1 cache."""
+    return compiled(_row, cfg, mesh, (Cache(rows, width), REPLICATED), Cache(1, width))
 
 
 def _prefill(cfg: ModelConfig, params, ids, mask) -> nn.KVCache:
@@ -120,8 +129,7 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
             segment[r, span], cache_end[r, span] = slot, cache_width - n + first[i]
             last[r, slot], owner[r, slot] = span.stop - 1, i
             at = span.stop
-    scorer = compiled(_score_variants, model.config, model.mesh, (PARAMS, Cache(1, cache_width), *[ROWS(2)] * 5),
-                      ROWS(2), n=n, rows=per_call, slots=slots, column=model.output_column)
+    scorer = variants_scorer(model.config, model.mesh, cache_width, n, per_call, slots, model.output_column)
     params, pending = declared_params(model), []
     for start in range(0, calls * per_call, per_call):
         part = slice(start, start + per_call)
@@ -131,6 +139,15 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
     for who, scores in pending:
         out[who[who >= 0]] = to_host(scores)[who >= 0]
     return out
+
+
+def variants_scorer(cfg: ModelConfig, mesh, cache_width: int, n: int, rows: int, slots: int, column: int = 0
+                    ) -> Compiled:
+    """The compiled scorer of packed variant tails (score_variants): `rows` rows of `slots` tails after a cache of
+    prefix + the current n-token response [1, cache_width]; ids, positions, segments, cache ends and each tail's
+    last position as [rows, width] / [rows, slots] rows over `data`."""
+    return compiled(_score_variants, cfg, mesh, (PARAMS, Cache(1, cache_width), *[ROWS(2)] * 5), ROWS(2), n=n,
+                    rows=rows, slots=slots, column=column)
 
 
 def pack(lengths: np.ndarray, width: int) -> list[list[int]]:

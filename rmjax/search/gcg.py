@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 
 from rmjax import nn
-from rmjax.compiled import PARAMS, REPLICATED, Cache, compiled, declared_params
+from rmjax.compiled import PARAMS, REPLICATED, Cache, Compiled, compiled, declared_params
 from rmjax.errors import NonFiniteError
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main, replicated, to_host
@@ -117,6 +117,13 @@ def _grad_one_hot(cfg, params, cache, ids, suffix, *, column):
                                                                   column=column)
 
 
+def gradient_call(cfg, mesh, cache_width: int, column: int = 0) -> Compiled:
+    """The compiled GCG gradient after a prefix cache [1, cache_width]: (params, cache, ids [N], suffix [S]) ->
+    (d reward / d one_hot(ids) [N, V], the forward's K/V)."""
+    return compiled(_grad_one_hot, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED),
+                    (REPLICATED, None), column=column)
+
+
 def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
     """d reward / d one_hot(ids): [N, V] float32 (on the host; the search keeps it on the device)."""
     return to_host(_device_gradient(target, ids)[0])
@@ -126,8 +133,7 @@ def _device_gradient(target: Target, ids: np.ndarray) -> tuple[jax.Array, nn.KVC
     """The gradient, and the cache of prefix + ids that its forward computed on the way (prefix.append_kv)."""
     m = target.model
     ids = np.asarray(ids, np.int32)
-    call = compiled(_grad_one_hot, m.config, m.mesh, (PARAMS, Cache(1, target.cache.k.shape[2]), REPLICATED,
-                                                      REPLICATED), (REPLICATED, None), column=m.output_column)
+    call = gradient_call(m.config, m.mesh, target.cache.k.shape[2], m.output_column)
     grad, kv = call(declared_params(m), target.cache, replicated(ids, m.mesh), target.suffix_ids)
     return grad, append_kv(m, target.cache, kv, len(ids))
 

@@ -1,0 +1,116 @@
+"""What a plan needs to know of a job's sizes, one class per job: its compiled calls at a batch size, the batch it
+fixes (if any), and the prefix and positions per row the jobs' memory planner sizes a batch by."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rmjax.config import ModelConfig
+from rmjax.plan import calls
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepShape:
+    prompts: int
+    prefix_tokens: int
+    suffix_tokens: int
+    candidates: int
+
+    fixed_batch = None  # the plan picks the batch
+    per = "candidate"
+
+    def positions(self) -> int:
+        return 1 + self.suffix_tokens
+
+    def memory_prefix(self) -> int:
+        return self.prefix_tokens
+
+    def items(self) -> int:
+        return self.prompts * self.candidates
+
+    def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
+        return calls.sweep_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
+                                 suffix_tokens=self.suffix_tokens, candidates=self.candidates, batch_size=batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamShape(SweepShape):
+    depth: int = 2
+    beam: int = 64
+    direction: str = "both"
+    exhaustive: bool = False
+
+    def memory_prefix(self) -> int:  # the deepest level's partial response joins the cached prefix
+        return self.prefix_tokens + self.depth - 1
+
+    def items(self) -> int:
+        from rmjax.search.beam import BeamConfig, job_size
+
+        return self.prompts * sum(job_size(BeamConfig(depth=self.depth, beam=self.beam, direction=self.direction,
+                                                      exhaustive=self.exhaustive), self.candidates))
+
+    def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
+        return calls.beam_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
+                                suffix_tokens=self.suffix_tokens, candidates=self.candidates, batch_size=batch,
+                                depth=self.depth, beam=self.beam, direction=self.direction,
+                                exhaustive=self.exhaustive)
+
+
+@dataclasses.dataclass(frozen=True)
+class GcgShape:
+    prompts: int
+    prefix_tokens: int
+    suffix_tokens: int
+    num_tokens: int
+    steps: int
+    search_width: int
+    eval_batch_size: int
+
+    per = "step"
+
+    @property
+    def fixed_batch(self) -> int:
+        return self.eval_batch_size
+
+    def positions(self) -> int:  # two candidates' tails a row
+        return 2 * (self.num_tokens + self.suffix_tokens)
+
+    def memory_prefix(self) -> int:
+        return self.prefix_tokens + self.num_tokens
+
+    def items(self) -> int:
+        return self.steps
+
+    def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
+        return calls.gcg_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
+                               suffix_tokens=self.suffix_tokens, num_tokens=self.num_tokens, steps=self.steps,
+                               search_width=self.search_width, eval_batch_size=self.eval_batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainShape:
+    trainable: str
+    last_k: int
+    steps: int
+    batch_size: int
+    pairs: int
+    responses: int
+    sequence_tokens: int
+
+    per = "step"
+
+    @property
+    def fixed_batch(self) -> int:
+        return self.batch_size
+
+    def positions(self) -> int:
+        return self.sequence_tokens
+
+    def memory_prefix(self) -> int:
+        return 1
+
+    def items(self) -> int:
+        return self.steps
+
+    def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
+        return calls.train_calls(cfg, dtype, mesh, **dataclasses.asdict(self))
