@@ -52,9 +52,15 @@ BACKBONES = {
                          rms_norm_eps=1e-5, rope_theta=500_000.0, max_position_embeddings=131_072,
                          rope_scaling=dict(_LLAMA31_ROPE, factor=32.0), tie_word_embeddings=True,
                          hidden_act="silu"),
+    # no published RM of this size: a backbone to plan a 70B reward model on a TPU slice (experiments.plan)
+    "llama-3.1-70b": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                          num_attention_heads=64, num_key_value_heads=8, vocab_size=128_256, rms_norm_eps=1e-5,
+                          rope_theta=500_000.0, rope_scaling=_LLAMA31_ROPE, max_position_embeddings=131_072,
+                          tie_word_embeddings=False, hidden_act="silu"),
 }
 # Published parameter counts of the causal LMs (model cards), for the eval_shape checks.
-PUBLISHED_LM_PARAMS = {"gemma-2-27b": 27.2e9, "gemma-2-2b": 2.61e9, "llama-3.1-8b": 8.03e9, "llama-3-8b": 8.03e9,
+PUBLISHED_LM_PARAMS = {"llama-3.1-70b": 70.6e9,
+                       "gemma-2-27b": 27.2e9, "gemma-2-2b": 2.61e9, "llama-3.1-8b": 8.03e9, "llama-3-8b": 8.03e9,
                        "llama-3.2-3b": 3.21e9}
 
 ZOO = [

@@ -60,3 +60,16 @@ def test_hub_id_resolves_to_a_local_folder(tmp_path, monkeypatch):
     (hub / "config.json").write_text(json.dumps({}))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert resolve("Ray2333/GRM-gemma2-2B-rewardmodel-ft") == ("hf", hub)
+
+
+def test_the_70b_backbone_has_the_published_size():
+    """Llama 3.1 70B, for plans only (no published RM): 70.6 B parameters with its LM head; with a score head
+    instead, the LM head's vocab x hidden less one hidden-wide column."""
+    from rmjax.plan.spec import model_config
+
+    cfg, _ = model_config("llama-3.1-70b")
+    n = zoo.count_params(zoo.abstract_params(cfg))
+    raw = zoo.BACKBONES["llama-3.1-70b"]
+    lm_head = raw["vocab_size"] * raw["hidden_size"]
+    published_rm = zoo.PUBLISHED_LM_PARAMS["llama-3.1-70b"] - lm_head + raw["hidden_size"]
+    assert abs(n - published_rm) / published_rm < 0.01, (n, published_rm)

@@ -15,12 +15,15 @@ DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and 
 
 
 def model_config(spec: str):
-    """(config as a reward model, tokenizer or None) of a zoo hub id or nickname, a config.json, a checkpoint
-    folder or a builtin name, reading no weights. A causal LM gets a one-label score head (as train_rm adds)."""
+    """(config as a reward model, tokenizer or None) of a zoo hub id or nickname, a zoo backbone (e.g.
+    llama-3.1-70b), a config.json, a checkpoint folder or a builtin name, reading no weights. A causal LM gets a
+    one-label score head (as train_rm adds)."""
     from rmjax import zoo
 
     tokenizer = None
     entry = next((e for e in zoo.ZOO if spec in (e.hf_id, e.nickname)), None)
+    if entry is None and spec in zoo.BACKBONES:  # a backbone's shape with a one-label score head
+        entry = zoo.ZooEntry(spec, spec, spec, "score")
     if entry is not None:
         cfg = zoo.architecture_config(entry)
     elif spec.endswith(".json"):
