@@ -8,7 +8,10 @@ calls), not a measurement: no TPU is involved.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
+
+import jax
 
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError, UsageError
@@ -34,10 +37,11 @@ class Option:
     costs: tuple[CallCost, ...]
     weights_bytes: int
     cache_bytes: int
+    refused_bytes: int = 0  # what the TPU compiler said one call needs when it refused to compile it
 
     @property
     def total_bytes(self) -> int:
-        return max(c.peak_bytes for c in self.costs)
+        return max([c.peak_bytes for c in self.costs] + [self.refused_bytes])
 
     def seconds(self, piece: Slice) -> float:
         return sum(c.count * c.seconds(piece.chip) for c in self.costs)
@@ -46,9 +50,16 @@ class Option:
 def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model: int, shape,
                    batch_size: int) -> Option:
     made = shape.calls(cfg, dtype, mesh_on(piece, data, model), batch_size)
-    costs = tuple(cost_of(c.name, c.call, c.args, c.count)[0] for c in made)
     weights = max((shard_bytes(c.weights) for c in made if c.weights is not None), default=0)
     cache = max((shard_bytes(c.cache) for c in made if c.cache is not None), default=0)
+    try:
+        costs = tuple(cost_of(c.name, c.call, c.args, c.count)[0] for c in made)
+    except jax.errors.JaxRuntimeError as error:
+        # The TPU compiler refuses a program whose buffers exceed the chip's HBM, saying what it would need
+        found = re.search(r"RESOURCE_EXHAUSTED.*?\(([\d.]+)G\) exceeds", str(error))
+        if found is None:
+            raise
+        return Option(data, model, batch_size, (), weights, cache, int(float(found[1]) * 2**30) + weights)
     return Option(data, model, batch_size, costs, weights, cache)
 
 
@@ -88,9 +99,11 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
             notes.append(f"data:{data},model:{model} fits no batch by the memory planner")
             continue
         option = compile_option(cfg, dtype, piece, data, model, shape, batch)
-        fits = option.total_bytes <= piece.chip.hbm_bytes
-        notes.append(f"data:{data},model:{model} batch {batch}: {option.total_bytes / 2**30:.2f} GiB per chip, "
-                     f"{option.seconds(piece):.4g} s" + ("" if fits else " (does not fit)"))
+        fits = option.total_bytes <= piece.chip.hbm_bytes and not option.refused_bytes
+        notes.append(f"data:{data},model:{model} batch {batch}: " + (
+            f"the TPU compiler refuses it (over {option.total_bytes / 2**30:.1f} GiB per chip)" if option.refused_bytes
+            else f"{option.total_bytes / 2**30:.2f} GiB per chip, {option.seconds(piece):.4g} s"
+            + ("" if fits else " (does not fit)")))
         log(f"plan: {notes[-1]}")
         options.append((not fits, option.seconds(piece), option))
     fitting = [o for o in options if not o[0]]
@@ -104,8 +117,8 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
 
 
 def _does_not_fit(cfg: ModelConfig, dtype: str, piece: Slice, shape, option: Option | None) -> str:
-    need = (f"needs {option.total_bytes / 2**30:.1f} GiB per chip (data:{option.data},model:{option.model})"
-            if option else "fits no batch by the memory planner")
+    need = (f"needs {'over ' if option.refused_bytes else ''}{option.total_bytes / 2**30:.1f} GiB per chip "
+            f"(data:{option.data},model:{option.model})" if option else "fits no batch by the memory planner")
     return (f"{cfg.architecture} in {dtype} on {piece.topology} {need}; a {piece.chip.name} chip has "
             f"{piece.chip.hbm_bytes / 2**30:.1f} GiB. {_smallest_fit(cfg, dtype, shape)}")
 
