@@ -199,3 +199,17 @@ def test_beam_compiles_every_level_with_the_jobs_counts():
     option = compile_option(cfg, "float32", SLICE, 2, 2, shape, 64)
     counts = {c.name: c.count for c in option.costs}
     assert counts == {"prefill": 1, "score_depth1": 2, "extend_depth2": 1, "row_depth2": 8, "score_depth2": 8 * 2}
+
+
+def test_score_and_logprobs_compile_for_v5e():
+    """Text scoring: a prefill per prompt and the texts in batches after it; log-probs: one forward of the LM with
+    its vocabulary-wide head, whose output is prompts x vocab float32 on every chip."""
+    from rmjax.plan.shapes import LogprobsShape, ScoreShape
+
+    cfg = _reward_config(**ALIGNED)
+    score = compile_option(cfg, "bfloat16", SLICE, 2, 2, ScoreShape(3, 40, 5, texts=1000, text_tokens=6,
+                                                                    batch_size=256), 256)
+    assert {c.name: c.count for c in score.costs} == {"prefill": 3, "score_texts": 3 * 4}
+    lm = config_from_hf(tiny.hf_config("llama3", **ALIGNED).to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    (logprobs,) = compile_option(lm, "bfloat16", SLICE, 4, 1, LogprobsShape(3, 40), 3).costs
+    assert logprobs.output_bytes >= 3 * lm.vocab_size * 4

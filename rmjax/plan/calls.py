@@ -143,6 +143,33 @@ def gcg_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_
             Call("score_variants", scorer, score_args, per_step * calls, params, extended)]
 
 
+def score_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int, suffix_tokens: int,
+                texts: int, text_tokens: int, batch_size: int) -> list[Call]:
+    """Text scoring (rmjax.scoring.texts): per prompt a prefill, then the texts in batches after the cache, each
+    text's tokens and the template's tail in 4-token buckets (planned for texts of `text_tokens` tokens)."""
+    from rmjax.scoring.calls import rewards_after_call
+    from rmjax.scoring.texts import LENGTH_BUCKET
+
+    params, width, prefill, cache = _prefix(cfg, dtype, mesh, prompts, prefix_tokens)
+    batch = batching.round_up(batch_size, mesh)
+    length = batching.bucket(text_tokens + suffix_tokens, LENGTH_BUCKET)
+    scorer = rewards_after_call(cfg, mesh, width, batch)  # a batch rounded up to `data`: its rows over `data`
+    args = (params, cache, _array((batch, length), jnp.int32, mesh, "data"),
+            _array((batch, length), jnp.bool_, mesh, "data"))
+    return [prefill, Call("score_texts", scorer, args, prompts * math.ceil(texts / batch), params, cache)]
+
+
+def logprobs_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int) -> list[Call]:
+    """Next-token log-probs (rmjax.scoring.logprobs): every prompt in one left-padded forward of the LM."""
+    from rmjax.scoring.calls import log_probs_call
+
+    params = abstract_params(cfg, dtype, mesh)
+    call = log_probs_call(cfg, mesh)
+    args = (params, _array((prompts, prefix_tokens), jnp.int32, mesh), _array((prompts, prefix_tokens), jnp.bool_,
+                                                                               mesh))
+    return [Call("next_token_log_probs", call, args, 1, params)]
+
+
 def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, last_k: int, steps: int,
                 batch_size: int, pairs: int, responses: int, sequence_tokens: int) -> list[Call]:
     """One training step of `trainable` (rmjax.train.loop: a head-only run reads a feature matrix of

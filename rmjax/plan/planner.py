@@ -20,7 +20,7 @@ from rmjax.plan.cost import CallCost, cost_of, shard_bytes
 from rmjax.plan.shapes import SweepShape
 from rmjax.scoring import memory
 
-JOBS = ("sweep", "beam", "gcg", "train_rm")
+JOBS = ("sweep", "beam", "gcg", "score", "logprobs", "train_rm")
 
 
 class PlanDoesNotFitError(RmjaxError):
@@ -88,7 +88,8 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
            log=print) -> tuple[Option, str]:
     """The option to run, and why: the given mesh and batch, or of those that fit the fastest by estimate."""
     fixed = shape.fixed_batch
-    meshes = [(mesh["data"], mesh["model"])] if mesh else _meshes(piece, cfg, fixed)
+    meshes = [(mesh["data"], mesh["model"])] if mesh else _meshes(
+        piece, cfg, fixed if getattr(shape, "split_batch", False) else None)
     if not meshes:
         raise UsageError(f"no mesh of {piece.topology} splits the batch of {fixed} evenly over its data axis and the "
                          f"{cfg.num_kv_heads} KV heads over its model axis; pass --mesh or another --batch_size.")

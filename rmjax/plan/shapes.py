@@ -1,5 +1,6 @@
 """What a plan needs to know of a job's sizes, one class per job: its compiled calls at a batch size, the batch it
-fixes (if any), and the prefix and positions per row the jobs' memory planner sizes a batch by."""
+fixes (if any; `split_batch`: the job refuses a batch its data axis does not divide), and the prefix and
+positions per row the jobs' memory planner sizes a batch by."""
 
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ class TrainShape:
     sequence_tokens: int
 
     per = "step"
+    split_batch = True  # rmjax.train.loop.check_batch_on_mesh
 
     @property
     def fixed_batch(self) -> int:
@@ -114,3 +116,57 @@ class TrainShape:
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
         return calls.train_calls(cfg, dtype, mesh, **dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreShape:
+    prompts: int
+    prefix_tokens: int
+    suffix_tokens: int
+    texts: int
+    text_tokens: int
+    batch_size: int
+
+    per = "text"
+
+    @property
+    def fixed_batch(self) -> int:
+        return self.batch_size
+
+    def positions(self) -> int:
+        return self.text_tokens + self.suffix_tokens
+
+    def memory_prefix(self) -> int:
+        return self.prefix_tokens
+
+    def items(self) -> int:
+        return self.prompts * self.texts
+
+    def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
+        return calls.score_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
+                                 suffix_tokens=self.suffix_tokens, texts=self.texts, text_tokens=self.text_tokens,
+                                 batch_size=batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobsShape:
+    prompts: int
+    prefix_tokens: int
+
+    per = "prompt"
+
+    @property
+    def fixed_batch(self) -> int:  # every prompt in one forward
+        return self.prompts
+
+    def positions(self) -> int:
+        return self.prefix_tokens
+
+    def memory_prefix(self) -> int:
+        return 1
+
+    def items(self) -> int:
+        return self.prompts
+
+    def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
+        return calls.logprobs_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens)

@@ -9,12 +9,12 @@ from rmjax.errors import UsageError
 from rmjax.loading.reward_head import SEQUENCE_CLASSIFIERS
 from rmjax.parallel.sharding import parse_mesh_spec
 from rmjax.plan.chips import Slice, parse_slice
-from rmjax.plan.shapes import BeamShape, GcgShape, SweepShape, TrainShape
+from rmjax.plan.shapes import BeamShape, GcgShape, LogprobsShape, ScoreShape, SweepShape, TrainShape
 
 DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and an end-of-turn, with no tokenizer
 
 
-def model_config(spec: str):
+def model_config(spec: str, reward: bool = True):
     """(config as a reward model, tokenizer or None) of a zoo hub id or nickname, a zoo backbone (e.g.
     llama-3.1-70b), a config.json, a checkpoint folder or a builtin name, reading no weights. A causal LM gets a
     one-label score head (as train_rm adds)."""
@@ -34,7 +34,7 @@ def model_config(spec: str):
         from rmjax.loading import config_and_tokenizer
 
         cfg, tokenizer = config_and_tokenizer(spec)
-    if not cfg.is_reward_model:
+    if reward and not cfg.is_reward_model:
         cfg = cfg.replace(num_labels=1, architecture=SEQUENCE_CLASSIFIERS[cfg.model_type])
     return cfg, tokenizer
 
@@ -51,7 +51,8 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                 suffix_tokens: int = -1, trainable: str = "head", last_k: int = 2, steps: int = 0,
                 batch_size: int = 0, n_train: int = 20000, responses: int = 6024, sequence_tokens: int = 64,
                 depth: int = 2, beam: int = 64, direction: str = "both", exhaustive: bool = False,
-                num_tokens: int = 8, search_width: int = 128) -> tuple[ModelConfig, Slice, object, dict | None]:
+                num_tokens: int = 8, search_width: int = 128, texts_count: int = 1000,
+                text_tokens: int = 8) -> tuple[ModelConfig, Slice, object, dict | None]:
     """(config, slice, job shape, mesh or None), every flag checked before anything compiles. `steps` 0: the
     job's default (train_rm 1500, gcg 100); `batch_size` 0: the plan picks (train_rm 256, gcg 256 rows)."""
     from rmjax.text.prompts import resolve_prompts
@@ -69,7 +70,7 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         if sizes["data"] * sizes["model"] != piece.chips:
             raise UsageError(f"--mesh={mesh}: {sizes['data'] * sizes['model']} chips; {piece.topology} has "
                              f"{piece.chips}.")
-    cfg, tokenizer = model_config(model)
+    cfg, tokenizer = model_config(model, reward=job != "logprobs")
     if job == "train_rm":
         batch = batch_size or 256
         if trainable == "last_k" and last_k > cfg.num_layers:
@@ -82,6 +83,12 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
     prefix = prefix_tokens or measured[0]
     suffix = measured[1] if suffix_tokens < 0 else suffix_tokens
     candidates = min(limit, cfg.vocab_size) if limit else cfg.vocab_size
+    if job == "logprobs":
+        if cfg.is_reward_model:
+            raise UsageError(f"--model={model}: logprobs needs a causal LM (an LM head); this is a reward model.")
+        return cfg, piece, LogprobsShape(len(texts), prefix), sizes
+    if job == "score":
+        return cfg, piece, ScoreShape(len(texts), prefix, suffix, texts_count, text_tokens, batch_size or 256), sizes
     if job == "gcg":
         return cfg, piece, GcgShape(len(texts), prefix, suffix, num_tokens, steps or 100, search_width,
                                     batch_size or 256), sizes

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from rmjax import nn
-from rmjax.compiled import PARAMS, REPLICATED, Cache, compiled, declared_params, rows_of
+from rmjax.compiled import PARAMS, REPLICATED, Cache, Compiled, compiled, declared_params, rows_of
 from rmjax.config import ModelConfig
 from rmjax.model import Model
 
@@ -22,9 +22,15 @@ def rewards(model: Model, ids, mask) -> jax.Array:
 
 def rewards_after(model: Model, cache: nn.KVCache, ids, mask) -> jax.Array:
     """Head outputs for the batch-1 `cache` prefix + `ids`, at each row's last real new token."""
-    rows = _rows(model, ids)
-    call = compiled(_rewards_after, model.config, model.mesh, (PARAMS, Cache(1, cache.k.shape[2]), rows, rows), rows)
+    call = rewards_after_call(model.config, model.mesh, cache.k.shape[2], np.shape(ids)[0])
     return call(declared_params(model), cache, ids, mask)
+
+
+def rewards_after_call(cfg: ModelConfig, mesh, cache_width: int, rows: int) -> Compiled:
+    """The compiled text scorer: (params, prefix cache [1, cache_width], ids [rows, T], mask) -> head outputs,
+    the rows over `data` when the mesh divides them."""
+    spec = rows_of(rows, 2, mesh)
+    return compiled(_rewards_after, cfg, mesh, (PARAMS, Cache(1, cache_width), spec, spec), spec)
 
 
 def last_hidden(model: Model, ids, mask) -> jax.Array:
@@ -44,8 +50,12 @@ def last_hidden_after(model: Model, cache: nn.KVCache, ids, mask) -> jax.Array:
 
 def next_token_log_probs(model: Model, ids, mask) -> jax.Array:
     """Log-probs of the token after each row's last real token: [B, vocab] float32."""
-    return compiled(_next_token_log_probs, model.config, model.mesh, (PARAMS, REPLICATED, REPLICATED),
-                    REPLICATED)(declared_params(model), ids, mask)
+    return log_probs_call(model.config, model.mesh)(declared_params(model), ids, mask)
+
+
+def log_probs_call(cfg: ModelConfig, mesh) -> Compiled:
+    """The compiled next-token log-probs of left-padded prompt rows (ids, mask) -> [B, vocab] float32."""
+    return compiled(_next_token_log_probs, cfg, mesh, (PARAMS, REPLICATED, REPLICATED), REPLICATED)
 
 
 def trace(model: Model, ids, mask) -> dict[str, jax.Array]:
