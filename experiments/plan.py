@@ -51,14 +51,20 @@ RESPONSES = flags.DEFINE_integer("responses", 6024, "train_rm, head only: distin
                                  "(EloEverything's 80% of 7,530 items).", lower_bound=1)
 SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm, last_k/full: tokens per conversation.",
                                        lower_bound=1)
-for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template"):
+for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template", "overwrite"):
     flags.declare_key_flag(_name)
 
 
 def main(argv):
     del argv
+    from pathlib import Path
+
+    from rmjax.errors import UsageError
     from rmjax.plan.planner import describe, plan, write
     from rmjax.plan.spec import plan_inputs
+
+    if OUT.value and Path(OUT.value).exists() and not common.OVERWRITE.value:
+        raise UsageError(f"--out={OUT.value} exists; pass --overwrite to replace it, or choose another --out.")
 
     cfg, piece, shape, mesh = plan_inputs(
         common.MODEL.value, TOPOLOGY.value, JOB.value, mesh=common.MESH.value, prompts=common.PROMPTS.value,

@@ -141,6 +141,7 @@ def test_plan_picks_a_mesh_writes_the_plan_and_refuses_what_cannot_fit(tmp_path)
     assert written["chips"] == 4 and written["mesh"]["data"] * written["mesh"]["model"] == 4
     assert "fastest by estimate" in written["why"] and written["predicted_seconds"] > 0
     assert written["per_chip_bytes"]["total"] <= written["hbm_bytes"]
+    user_error(run("plan", f"--model={config}", "--topology=v5e:2x2", f"--out={out}"), "exists", "--overwrite")
     # a 70B-shaped model in float32 on four 16 GiB chips
     raw.update(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                num_key_value_heads=8, head_dim=128, vocab_size=128256)
