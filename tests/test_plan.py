@@ -214,3 +214,14 @@ def test_score_and_logprobs_compile_for_v5e():
     lm = config_from_hf(tiny.hf_config("llama3", **ALIGNED).to_dict() | {"architectures": ["LlamaForCausalLM"]})
     (logprobs,) = compile_option(lm, "bfloat16", SLICE, 4, 1, LogprobsShape(3, 40), 3).costs
     assert logprobs.output_bytes >= 3 * lm.vocab_size * 4
+
+
+def test_memory_planner_weights_match_the_placed_shards_with_more_model_chips_than_kv_heads():
+    """`model:4` over 2 KV heads: K/V projections stay whole on every chip, as the loader places them."""
+    from rmjax.scoring import memory
+
+    cfg = _reward_config(**ALIGNED)
+    assert cfg.num_kv_heads == 2
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:8]).reshape(2, 4), ("data", "model"))
+    placed = cost.shard_bytes(calls.abstract_params(cfg, "bfloat16", mesh))
+    assert memory.param_bytes(cfg, "bfloat16", 4) == placed == _declared_per_chip(cfg, 2, 4)

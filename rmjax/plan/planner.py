@@ -64,12 +64,13 @@ def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model:
 
 
 def _meshes(piece: Slice, cfg: ModelConfig, batch: int | None) -> list[tuple[int, int]]:
-    """(data, model) over the slice's chips: `model` a divisor of the KV heads (a cache's heads split evenly), and
-    `data` dividing a fixed batch."""
+    """(data, model) over the slice's chips: `model` a divisor of the attention heads (beyond the KV heads, K/V
+    weights and caches are whole on every chip of the axis: the sharding rules keep a dimension the axis does not
+    divide whole), and `data` dividing a fixed batch."""
     out = []
     for model in range(1, piece.chips + 1):
         data = piece.chips // model
-        if piece.chips % model or cfg.num_kv_heads % model or (batch and batch % data):
+        if piece.chips % model or cfg.num_heads % model or (batch and batch % data):
             continue
         out.append((data, model))
     return out
@@ -92,7 +93,7 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
         piece, cfg, fixed if getattr(shape, "split_batch", False) else None)
     if not meshes:
         raise UsageError(f"no mesh of {piece.topology} splits the batch of {fixed} evenly over its data axis and the "
-                         f"{cfg.num_kv_heads} KV heads over its model axis; pass --mesh or another --batch_size.")
+                         f"{cfg.num_heads} attention heads over its model axis; pass --mesh or another --batch_size.")
     options, notes = [], []
     for data, model in meshes:
         batch = fixed or batch_size or _sweep_batch(cfg, dtype, piece, data, model, shape)
@@ -131,7 +132,7 @@ def _smallest_fit(cfg: ModelConfig, dtype: str, shape) -> str:
     best = None
     for chip in CHIPS.values():
         for chips in (4, 8, 16, 32, 64, 128, 256):
-            model = max(m for m in range(1, chips + 1) if chips % m == 0 and cfg.num_kv_heads % m == 0)
+            model = max(m for m in range(1, chips + 1) if chips % m == 0 and cfg.num_heads % m == 0)
             est = memory.estimate(cfg, dtype, prefix, positions, chips // model, chips // model, model,
                                   chip.hbm_bytes, backend="tpu")
             if est.total_bytes <= 0.8 * chip.hbm_bytes:

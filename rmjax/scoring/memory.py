@@ -57,7 +57,9 @@ def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
     total = 0
     for decl in nn.declarations(cfg).values():
         size = decl.size * (4 if decl.float32 else _itemsize(dtype))
-        sharded = any(sharding.RULES.get(ax) == "model" for ax in decl.axes if ax)
+        # as the loader places it (sharding.spec_for): a dimension `model` does not divide stays whole
+        sharded = any(sharding.RULES.get(ax) == "model" and dim % model_shards == 0
+                      for ax, dim in zip(decl.axes, decl.shape, strict=True) if ax)
         total += size // model_shards if sharded else size
     return total
 
