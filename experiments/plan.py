@@ -27,7 +27,7 @@ OUT = flags.DEFINE_string("out", None, "Write the plan here (JSON).")
 LIMIT = flags.DEFINE_integer("limit", 0, "sweep, beam: candidates (0: the whole vocabulary).", lower_bound=0)
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "sweep, beam: candidates per call (0: the largest that fits); "
                                   "gcg: evaluation rows per call, score: texts per call, train_rm: pairs per step "
-                                  "(0: 256).",
+                                  "(0: 256); inspect: path points per call (0: 16).",
                                   lower_bound=0)
 PREFIX_TOKENS = flags.DEFINE_integer("prefix_tokens", 0, "Prompt prefix length in tokens (0: measured with the "
                                      "model's tokenizer and template, or 64 when it has none).", lower_bound=0)
@@ -45,7 +45,10 @@ NUM_TOKENS = flags.DEFINE_integer("num_tokens", 8, "gcg: response length in toke
 SEARCH_WIDTH = flags.DEFINE_integer("search_width", 128, "gcg: candidates evaluated per step.", lower_bound=1)
 TEXTS = flags.DEFINE_integer("texts", 7530, "score: response texts per prompt (EloEverything's items).",
                              lower_bound=1)
-TEXT_TOKENS = flags.DEFINE_integer("text_tokens", 8, "score: tokens per response text.", lower_bound=1)
+TEXT_TOKENS = flags.DEFINE_integer("text_tokens", 8, "score, inspect: tokens per response text.", lower_bound=1)
+ITEMS = flags.DEFINE_integer("items", 2, "inspect: responses inspected.", lower_bound=1)
+IG_STEPS = flags.DEFINE_integer("ig_steps", 64, "inspect: integrated-gradients steps (as experiments.inspect "
+                                "--steps).", lower_bound=1)
 N_TRAIN = flags.DEFINE_integer("n_train", 20000, "train_rm: training pairs.", lower_bound=1)
 RESPONSES = flags.DEFINE_integer("responses", 6024, "train_rm, head only: distinct responses in the feature matrix "
                                  "(EloEverything's 80% of 7,530 items).", lower_bound=1)
@@ -73,7 +76,8 @@ def main(argv):
         last_k=LAST_K.value, steps=STEPS.value, batch_size=BATCH_SIZE.value, n_train=N_TRAIN.value,
         responses=RESPONSES.value, sequence_tokens=SEQUENCE_TOKENS.value, depth=DEPTH.value, beam=BEAM.value,
         direction=DIRECTION.value, exhaustive=EXHAUSTIVE.value, num_tokens=NUM_TOKENS.value,
-        search_width=SEARCH_WIDTH.value, texts_count=TEXTS.value, text_tokens=TEXT_TOKENS.value)
+        search_width=SEARCH_WIDTH.value, texts_count=TEXTS.value, text_tokens=TEXT_TOKENS.value,
+        items=ITEMS.value, ig_steps=IG_STEPS.value)
     result = plan(cfg, common.DTYPE.value, piece, JOB.value, shape, mesh, BATCH_SIZE.value or None)
     print(describe(result))
     if OUT.value:

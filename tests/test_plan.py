@@ -225,3 +225,16 @@ def test_memory_planner_weights_match_the_placed_shards_with_more_model_chips_th
     mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:8]).reshape(2, 4), ("data", "model"))
     placed = cost.shard_bytes(calls.abstract_params(cfg, "bfloat16", mesh))
     assert memory.param_bytes(cfg, "bfloat16", 4) == placed == _declared_per_chip(cfg, 2, 4)
+
+
+def test_inspect_compiles_for_v5e_with_the_jobs_counts():
+    """Two responses of 12 tokens: the lens and curve once, 65 path points in rounds of 16 per response, and the
+    patching of every position of the embeddings and of 3 components x 4 layers, plus 2, in rounds of 32."""
+    from rmjax.plan.shapes import InspectShape
+
+    cfg = _reward_config()
+    option = compile_option(cfg, "float32", SLICE, 2, 2, InspectShape(items=2, tokens=12, steps=64, batch_size=16),
+                            16)
+    counts = {c.name: c.count for c in option.costs}
+    assert counts == {"lens": 1, "token_curve": 1, "attribution_path": 2 * 5, "patching_donor": 1,
+                      "patching": math.ceil((12 * (1 + 3 * 4) + 2) / 32)}

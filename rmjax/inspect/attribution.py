@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmjax import nn
-from rmjax.compiled import PARAMS, REPLICATED, compiled, declared_params, rows_of
+from rmjax.compiled import PARAMS, REPLICATED, Compiled, compiled, declared_params, rows_of
 from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.model import Model
@@ -83,6 +83,13 @@ class Attribution:
 LENGTH_BUCKET = 8  # conversations are right-padded to a multiple of this: one compilation serves many lengths
 
 
+def gradients_call(cfg: ModelConfig, mesh, batch_size: int, column: int = 0) -> Compiled:
+    """The compiled path step: (params, ids [1, T], mask, embeddings at `batch_size` path points [B, T, H]) ->
+    (rewards [B], their gradients [B, T, H]), the points over `data` when it divides them."""
+    return compiled(_rewards_and_grads, cfg, mesh, (PARAMS, REPLICATED, REPLICATED, rows_of(batch_size, 3, mesh)),
+                    (rows_of(batch_size, 1, mesh), rows_of(batch_size, 3, mesh)), column=column)
+
+
 def _rewards_and_grads(cfg: ModelConfig, params, ids: jax.Array, mask: jax.Array, embeds: jax.Array, *, column: int):
     """Reward output `column` and its gradient w.r.t. the embedding rows, for each row of embeds [S, T, H]
     (right padding past `mask` is causal-invisible to the real tokens and gets zero gradient)."""
@@ -126,9 +133,7 @@ def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = 
     delta = np.asarray(x - base, np.float64)
     grad_x = None
     split = rows_of(batch_size, 1, model.mesh) != REPLICATED  # the path's points over `data` when it divides them
-    gradients = compiled(_rewards_and_grads, model.config, model.mesh,
-                         (PARAMS, REPLICATED, REPLICATED, rows_of(batch_size, 3, model.mesh)),
-                         (rows_of(batch_size, 1, model.mesh), rows_of(batch_size, 3, model.mesh)), column=column)
+    gradients = gradients_call(model.config, model.mesh, batch_size, column)
     params, place = declared_params(model), batching.place if split else replicated
 
     def evaluate(alphas: list[float]) -> tuple[np.ndarray, np.ndarray]:

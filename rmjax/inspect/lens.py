@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmjax import nn
-from rmjax.compiled import PARAMS, REPLICATED, compiled, declared_params
+from rmjax.compiled import PARAMS, REPLICATED, Compiled, compiled, declared_params
 from rmjax.config import ModelConfig
 from rmjax.model import Model
 from rmjax.nn import ops
@@ -100,5 +100,9 @@ def token_rewards(model: Model, sequences: list[list[int]]) -> list[np.ndarray]:
 def _whole(fn, model: Model, ids: np.ndarray, mask: np.ndarray):
     """`fn` on a few whole conversations: every device holds them (too few rows to split), the weights stay where
     they are declared."""
-    call = compiled(fn, model.config, model.mesh, (PARAMS, REPLICATED, REPLICATED), REPLICATED)
-    return call(declared_params(model), *replicated((ids, mask), model.mesh))
+    return whole_call(fn, model.config, model.mesh)(declared_params(model), *replicated((ids, mask), model.mesh))
+
+
+def whole_call(fn, cfg: ModelConfig, mesh) -> Compiled:
+    """`fn` (the lens, the token curve) compiled for whole conversations on every device."""
+    return compiled(fn, cfg, mesh, (PARAMS, REPLICATED, REPLICATED), REPLICATED)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmjax import nn
-from rmjax.compiled import PARAMS, REPLICATED, compiled, declared_params, rows_of
+from rmjax.compiled import PARAMS, REPLICATED, Compiled, compiled, declared_params, rows_of
 from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.model import Model
@@ -56,6 +56,19 @@ def _patched(cfg: ModelConfig, params, ids: jax.Array, donor_ids: jax.Array, rea
     return model.rewards_from(row_ids, mask, hidden)[:, column]
 
 
+def donor_reads_call(cfg: ModelConfig, mesh) -> Compiled:
+    """The compiled donor run: (params, ids [1, T]) -> every layer's residual, attention and MLP writes."""
+    return compiled(_donor_reads, cfg, mesh, (PARAMS, REPLICATED), REPLICATED)
+
+
+def patched_call(cfg: ModelConfig, mesh, batch_size: int, column: int = 0) -> Compiled:
+    """The compiled patched runs: `batch_size` (layer, component, positions) patches of the donor's reads into the
+    clean conversation -> their rewards, the patches over `data` when it divides them."""
+    rows = rows_of(batch_size, 1, mesh)
+    return compiled(_patched, cfg, mesh, (PARAMS, REPLICATED, REPLICATED, REPLICATED, rows, rows,
+                                          rows_of(batch_size, 2, mesh)), rows, column=column)
+
+
 def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: int = 32,
                  column: int | None = None, skip_shared: bool = True) -> PatchingMap:
     """Every (layer, position) patch of `donor` into `clean` (token ids of whole conversations). With
@@ -69,10 +82,9 @@ def patching_map(model: Model, clean: list[int], donor: list[int], batch_size: i
     t, layers = len(clean), cfg.num_layers
     ids, donor_ids = replicated((np.asarray([clean], np.int32), np.asarray([donor], np.int32)), model.mesh)
     params = declared_params(model)
-    reads = compiled(_donor_reads, cfg, model.mesh, (PARAMS, REPLICATED), REPLICATED)(params, donor_ids)
+    reads = donor_reads_call(cfg, model.mesh)(params, donor_ids)
     rows = rows_of(batch_size, 1, model.mesh)  # the patches of one call over `data` when it divides them
-    patched = compiled(_patched, cfg, model.mesh, (PARAMS, REPLICATED, REPLICATED, REPLICATED, rows, rows,
-                                                   rows_of(batch_size, 2, model.mesh)), rows, column=column)
+    patched = patched_call(cfg, model.mesh, batch_size, column)
     place = batching.place if rows != REPLICATED else replicated
     differ = np.flatnonzero(np.asarray(clean) != np.asarray(donor))
     first = int(differ[0]) if skip_shared and len(differ) else 0

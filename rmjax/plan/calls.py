@@ -170,6 +170,41 @@ def logprobs_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, pr
     return [Call("next_token_log_probs", call, args, 1, params)]
 
 
+def inspect_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, items: int, tokens: int, steps: int,
+                  batch_size: int, column: int = 0) -> list[Call]:
+    """Inspecting `items` conversations of `tokens` tokens (rmjax.inspect.job): the lens and the token curve of all
+    of them at once, per item the integrated-gradients path in batches of `batch_size` points (planned for its
+    first steps + 1 points; the adaptive refinement adds rounds up to --max_evaluations), and with two or more
+    items of one length the patching of the last into the first (every component, layer and position: at most, as
+    the job skips the positions before the first token that differs)."""
+    from rmjax.inspect.attribution import LENGTH_BUCKET, gradients_call
+    from rmjax.inspect.lens import _curve, _lens, whole_call
+    from rmjax.inspect.patching import COMPONENTS, donor_reads_call, patched_call
+
+    params = abstract_params(cfg, dtype, mesh)
+    whole = (params, _array((items, tokens), jnp.int32, mesh), _array((items, tokens), jnp.bool_, mesh))
+    made = [Call("lens", whole_call(_lens, cfg, mesh), whole, 1, params),
+            Call("token_curve", whole_call(_curve, cfg, mesh), whole, 1, params)]
+    width = batching.bucket(tokens, LENGTH_BUCKET)
+    grads = gradients_call(cfg, mesh, batch_size, column)
+    points = grads.in_axes[3]
+    grad_args = (params, _array((1, width), jnp.int32, mesh), _array((1, width), jnp.bool_, mesh),
+                 _array((batch_size, width, cfg.hidden_size), jnp.float32, mesh, *(["data"] if points else [])))
+    made.append(Call("attribution_path", grads, grad_args, items * math.ceil((steps + 1) / batch_size), params))
+    if items >= 2:
+        rows = 2 * batch_size
+        reads = donor_reads_call(cfg, mesh)
+        one = _array((1, tokens), jnp.int32, mesh)
+        made.append(Call("patching_donor", reads, (params, one), 1, params))
+        patched = patched_call(cfg, mesh, rows, column)
+        split = ["data"] if patched.in_axes[4] else []  # the patches over `data` when it divides them
+        runs = tokens * (1 + len(COMPONENTS) * cfg.num_layers) + 2
+        args = (params, one, one, _outputs(reads, (params, one)), _array((rows,), jnp.int32, mesh, *split),
+                _array((rows,), jnp.int32, mesh, *split), _array((rows, tokens), jnp.bool_, mesh, *split))
+        made.append(Call("patching", patched, args, math.ceil(runs / rows), params))
+    return made
+
+
 def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, last_k: int, steps: int,
                 batch_size: int, pairs: int, responses: int, sequence_tokens: int) -> list[Call]:
     """One training step of `trainable` (rmjax.train.loop: a head-only run reads a feature matrix of

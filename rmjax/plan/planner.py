@@ -20,7 +20,7 @@ from rmjax.plan.cost import CallCost, cost_of, shard_bytes
 from rmjax.plan.shapes import SweepShape
 from rmjax.scoring import memory
 
-JOBS = ("sweep", "beam", "gcg", "score", "logprobs", "train_rm")
+JOBS = ("sweep", "beam", "gcg", "score", "logprobs", "inspect", "train_rm")
 
 
 class PlanDoesNotFitError(RmjaxError):
@@ -168,7 +168,7 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
     }
     if shape.per == "candidate":
         out["positions_per_candidate"] = shape.positions()
-    out[f"flops_per_{shape.per}"] = work * piece.chips / max(1, shape.items())
+    out[f"flops_per_{shape.per}"] = work * piece.chips / max(1, shape.work_items())
     out["assumed"] = dataclasses.asdict(shape)
     return out
 

@@ -26,7 +26,7 @@ class SweepShape:
     def memory_prefix(self) -> int:
         return self.prefix_tokens
 
-    def items(self) -> int:
+    def work_items(self) -> int:
         return self.prompts * self.candidates
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
@@ -44,7 +44,7 @@ class BeamShape(SweepShape):
     def memory_prefix(self) -> int:  # the deepest level's partial response joins the cached prefix
         return self.prefix_tokens + self.depth - 1
 
-    def items(self) -> int:
+    def work_items(self) -> int:
         from rmjax.search.beam import BeamConfig, job_size
 
         return self.prompts * sum(job_size(BeamConfig(depth=self.depth, beam=self.beam, direction=self.direction,
@@ -79,7 +79,7 @@ class GcgShape:
     def memory_prefix(self) -> int:
         return self.prefix_tokens + self.num_tokens
 
-    def items(self) -> int:
+    def work_items(self) -> int:
         return self.steps
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
@@ -111,7 +111,7 @@ class TrainShape:
     def memory_prefix(self) -> int:
         return 1
 
-    def items(self) -> int:
+    def work_items(self) -> int:
         return self.steps
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
@@ -139,7 +139,7 @@ class ScoreShape:
     def memory_prefix(self) -> int:
         return self.prefix_tokens
 
-    def items(self) -> int:
+    def work_items(self) -> int:
         return self.prompts * self.texts
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
@@ -165,8 +165,35 @@ class LogprobsShape:
     def memory_prefix(self) -> int:
         return 1
 
-    def items(self) -> int:
+    def work_items(self) -> int:
         return self.prompts
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
         return calls.logprobs_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class InspectShape:
+    items: int
+    tokens: int  # each conversation: prompt, response and the template's tail
+    steps: int
+    batch_size: int
+
+    per = "response"
+
+    @property
+    def fixed_batch(self) -> int:
+        return self.batch_size
+
+    def positions(self) -> int:
+        return self.tokens
+
+    def memory_prefix(self) -> int:
+        return 1
+
+    def work_items(self) -> int:
+        return self.items
+
+    def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
+        return calls.inspect_calls(cfg, dtype, mesh, items=self.items, tokens=self.tokens, steps=self.steps,
+                                   batch_size=batch)

@@ -9,7 +9,15 @@ from rmjax.errors import UsageError
 from rmjax.loading.reward_head import SEQUENCE_CLASSIFIERS
 from rmjax.parallel.sharding import parse_mesh_spec
 from rmjax.plan.chips import Slice, parse_slice
-from rmjax.plan.shapes import BeamShape, GcgShape, LogprobsShape, ScoreShape, SweepShape, TrainShape
+from rmjax.plan.shapes import (
+    BeamShape,
+    GcgShape,
+    InspectShape,
+    LogprobsShape,
+    ScoreShape,
+    SweepShape,
+    TrainShape,
+)
 
 DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and an end-of-turn, with no tokenizer
 
@@ -52,7 +60,8 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                 batch_size: int = 0, n_train: int = 20000, responses: int = 6024, sequence_tokens: int = 64,
                 depth: int = 2, beam: int = 64, direction: str = "both", exhaustive: bool = False,
                 num_tokens: int = 8, search_width: int = 128, texts_count: int = 1000,
-                text_tokens: int = 8) -> tuple[ModelConfig, Slice, object, dict | None]:
+                text_tokens: int = 8, items: int = 2, ig_steps: int = 64
+                ) -> tuple[ModelConfig, Slice, object, dict | None]:
     """(config, slice, job shape, mesh or None), every flag checked before anything compiles. `steps` 0: the
     job's default (train_rm 1500, gcg 100); `batch_size` 0: the plan picks (train_rm 256, gcg 256 rows)."""
     from rmjax.text.prompts import resolve_prompts
@@ -87,6 +96,8 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         if cfg.is_reward_model:
             raise UsageError(f"--model={model}: logprobs needs a causal LM (an LM head); this is a reward model.")
         return cfg, piece, LogprobsShape(len(texts), prefix), sizes
+    if job == "inspect":
+        return cfg, piece, InspectShape(items, prefix + text_tokens + suffix, ig_steps, batch_size or 16), sizes
     if job == "score":
         return cfg, piece, ScoreShape(len(texts), prefix, suffix, texts_count, text_tokens, batch_size or 256), sizes
     if job == "gcg":
