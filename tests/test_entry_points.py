@@ -88,7 +88,9 @@ def test_sweep_plans_memory_before_loading_weights(tmp_path):
     proc = subprocess.run(base, cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.index("memory plan: per device: params") < proc.stderr.index("process 0: loaded")
-    assert '"batch_size": 256' in results.meta_path(tmp_path / "s.csv").read_text()  # auto: the CPU cap
+    # auto: the CPU cap of 256, and no more rows than the 64 candidates (each batch is padded to its size)
+    assert '"batch_size": 64' in results.meta_path(tmp_path / "s.csv").read_text()
+    assert "batch 64: the 64 candidates need no more" in proc.stderr
     # A batch that cannot fit is refused before loading: tests/test_safety_resume2.py (sizes refused up front).
 
 

@@ -89,12 +89,16 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
         check_in_vocabulary(token_ids, cfg.vocab_size)
         estimate = memory_plan(cfg, tokenizer, prompts, options.template, options.dtype, mesh, batch_size or None,
                                mode, response_tokens)
-        if is_main():
-            print(f"memory plan: {estimate.describe()}", file=sys.stderr)
+        count = candidate_count(cfg, tokenizer, token_ids if given is None else given, limit)
         if batch_size:
-            count = candidate_count(cfg, tokenizer, token_ids if given is None else given, limit)
             check_batch_size(batch_size, count, mesh)
-        plan["batch_size"] = estimate.batch_size
+        # a picked batch needs no more rows than the candidates (every batch is padded to its size)
+        plan["batch_size"] = batch_size or min(estimate.batch_size, batching.round_up(
+            1 << max(0, count - 1).bit_length(), mesh))
+        if is_main():
+            capped = (f"; batch {plan['batch_size']}: the {count:,} candidates need no more"
+                      if plan["batch_size"] < estimate.batch_size else "")
+            print(f"memory plan: {estimate.describe()}{capped}", file=sys.stderr)
 
     model = load_for_job(options, before_weights=before_weights)
     return model, plan["batch_size"]
