@@ -97,6 +97,8 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
     options, notes = [], []
     for data, model in meshes:
         batch = fixed or batch_size or _sweep_batch(cfg, dtype, piece, data, model, shape)
+        if batch is not None and not (fixed or batch_size):  # as the job: no more rows than the candidates
+            batch = min(batch, -(-(1 << max(0, shape.candidates - 1).bit_length()) // data) * data)
         if batch is None:
             notes.append(f"data:{data},model:{model} fits no batch by the memory planner")
             continue
