@@ -10,9 +10,9 @@
 #         jax.distributed finds its peers; process 0 writes results/).
 # --checkpoint: gs:// path (copied with gsutil on each worker) or a local folder (scp'd to each worker).
 # --job: shell text, run on every worker as `.venv/bin/python -m JOB` in the shipped repository.
-# --plan_model: a zoo hub id or nickname, a config.json or a local folder: before the VM is created, a sweep or
-#         train_rm job is compiled for --type here (python -m experiments.plan, needs jax[tpu]) and refused when it
-#         does not fit; default: --checkpoint when it is a local folder (a gs:// checkpoint needs --plan_model).
+# --plan_model: a zoo hub id or nickname, a config.json or a local folder: before the VM is created, the job is
+#         compiled for --type here (python -m experiments.plan, needs jax[tpu]) and refused when it does not fit;
+#         default: the checkpoint's config.json (gsutil cp from a gs:// checkpoint) or its local folder.
 # --keep: keep the VM at the end, also after a failure (otherwise a failed run deletes it too).
 # --dry-run prints every command, one per line, quoted so that a line pasted into a shell runs exactly it.
 # The VM gets `git archive HEAD`: uncommitted changes are not shipped (a warning names them).
@@ -80,17 +80,25 @@ SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -
 # Plan before paying: compile the job for --type on this machine and refuse one that does not fit.
 JOB_WORDS=($JOB)
 JOB_NAME="${JOB_WORDS[0]#experiments.}"
-[ -z "$PLAN_MODEL" ] && [ -n "$CHECKPOINT" ] && [[ "$CHECKPOINT" != gs://* ]] && PLAN_MODEL="$CHECKPOINT"
-if [[ "$JOB_NAME" != sweep && "$JOB_NAME" != train_rm ]]; then
-  echo "warning: experiments.plan does not plan $JOB_NAME jobs yet: the VM is created unplanned" >&2
+if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read
+  PLAN_MODEL="${TMPDIR:-/tmp}/rmjax-$NAME-config.json"
+  run gsutil cp "$CHECKPOINT/config.json" "$PLAN_MODEL"
 elif [ -z "$PLAN_MODEL" ]; then
-  echo "warning: no --plan_model (a zoo id, config.json or local folder): the job is not planned for $TYPE" >&2
+  PLAN_MODEL="$CHECKPOINT"
+fi
+case "$JOB_NAME" in
+  sweep|beam|gcg|score|logprobs|inspect|train_rm) ;;
+  *) echo "warning: experiments.plan has no job $JOB_NAME: the VM is created unplanned" >&2; PLAN_MODEL="" ;;
+esac
+if [ -z "$PLAN_MODEL" ]; then
+  echo "warning: no --plan_model or --checkpoint to read the model's config from: the job is not planned" >&2
 else
   PLAN=(python -m experiments.plan --model="$PLAN_MODEL" --topology="$TYPE" --job="$JOB_NAME")
-  for word in "${JOB_WORDS[@]:1}"; do
+  for word in "${JOB_WORDS[@]:1}"; do  # the flags the plan shares with the jobs
     case "$word" in
       --prompts=*|--prompt=*|--dtype=*|--mesh=*|--batch_size=*|--limit=*|--template=*|--trainable=*|--last_k=*|\
-      --steps=*|--n_train=*) PLAN+=("$word") ;;
+      --steps=*|--n_train=*|--depth=*|--beam=*|--direction=*|--exhaustive*|--num_tokens=*|--search_width=*)
+        PLAN+=("$word") ;;
     esac
   done
   PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY=python3

@@ -63,7 +63,11 @@ def _logged(log: Path) -> list[list[str]]:
 def test_tpu_vm_dry_run():
     where = ["--zone=us-west4-a", "--project=p"]
     cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=us-west4-a", "--type=v5litepod-8", "--project=p",
-                "--checkpoint=gs://b/ckpt", f"--job={JOB}")
+                "--checkpoint=gs://b/ckpt", f"--job={JOB}", env={**os.environ, "TMPDIR": "/tmp"})
+    # the plan first, from the checkpoint's config.json alone (issue 24)
+    assert cmds[0] == ["gsutil", "cp", "gs://b/ckpt/config.json", "/tmp/rmjax-rm-config.json"]
+    assert cmds[1][1:5] == ["-m", "experiments.plan", "--model=/tmp/rmjax-rm-config.json", "--topology=v5litepod-8"]
+    cmds = cmds[2:]
     assert cmds[0] == [*TPU, "create", "rm", *where, "--accelerator-type=v5litepod-8",
                        "--version=tpu-ubuntu2204-base"]
     ssh = [c for c in cmds if c[:5] == [*TPU, "ssh"]]
