@@ -69,8 +69,9 @@ def test_sweep_compiles_for_v5e_with_the_declared_weights_per_chip(name):
     # TPU includes its tile padding: little, with dimensions in whole tiles
     inputs = option.weights_bytes + option.cache_bytes + 32 * 4 + 5 * 4
     assert inputs <= score.argument_bytes <= 1.01 * inputs
-    # the scan over layers counted per trip: FLOPs of L layers, not one
-    assert score.flops == pytest.approx(score.xla_flops * cfg.num_layers, rel=0.35)
+    # the scan over layers counted per trip: FLOPs of L layers, not one (the only matmul outside the scan is the
+    # score head's, 2·B·H FLOPs, against a layer's projections and MLP at 6 positions a row: under 0.1% of it)
+    assert score.flops == pytest.approx(score.xla_flops * cfg.num_layers, rel=0.01)
 
 
 def test_cpu_compile_takes_exactly_the_declared_bytes():
