@@ -34,3 +34,26 @@ def test_response_log_probs_equal_transformers_on_the_whole_conversation(tmp_pat
         want = ref[np.arange(len(prefix) - 1, len(ids) - 1), row]  # token j predicted at the position before it
         atol = tolerance.logprobs_atol(model.params, model.config, np.asarray([ids], np.int32))
         np.testing.assert_allclose(lp, want, atol=atol, rtol=0)
+
+
+def test_a_reward_model_is_its_own_prior_only_with_tied_embeddings(tmp_path):
+    """Tied (Llama 3.2 here, SmolLM2 and Gemma in the default RMs): the RM made from an LM gives the LM's prior.
+    Untied: the RM dropped the LM head, and the prior is refused rather than read off the input embeddings."""
+    import pytest
+
+    from rmjax.errors import UsageError
+    from rmjax.loading.reward_head import reward_model_from_lm
+
+    prefix, responses = [1, 5, 9, 13], np.asarray([[7, 8, 9], [40, 41, 3]], np.int32)
+    for name, tied in (("llama3.2", True), ("llama3", False)):
+        lm = load(str(tiny.save_hf_model(tiny.build_hf_model(name, seed=2), tmp_path / name)), require_tokenizer=False)
+        rm = reward_model_from_lm(lm, seed=0)
+        want = response_log_probs(lm, prefill_prefix(lm, prefix), first_token_log_probs(lm, prefix), responses)
+        if tied:
+            got = response_log_probs(rm, prefill_prefix(rm, prefix), first_token_log_probs(rm, prefix), responses)
+            # the same weights through the same computation, compiled for two configs: within float32's bound
+            full = np.asarray([[*prefix, *row] for row in responses.tolist()], np.int32)
+            np.testing.assert_allclose(got, want, atol=tolerance.logprobs_atol(lm.params, lm.config, full), rtol=0)
+        else:
+            with pytest.raises(UsageError, match="untied embeddings"):
+                first_token_log_probs(rm, prefix)

@@ -16,14 +16,27 @@ import numpy as np
 from rmjax import nn
 from rmjax.compiled import PARAMS, REPLICATED, ROWS, Cache, Compiled, compiled, declared_params
 from rmjax.config import ModelConfig
+from rmjax.errors import UsageError
 from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import replicated, to_host
 from rmjax.scoring import calls
 
 
+def require_lm_head(model: Model) -> None:
+    """A prior needs next-token logits: a causal LM, or a reward model whose backbone ties its embeddings (its LM
+    head is the embedding table). A reward model with an untied LM head dropped has none: refused, never
+    replaced by the input embeddings."""
+    cfg = model.config
+    if cfg.is_reward_model and not cfg.tie_embeddings:
+        raise UsageError(f"{model.source} is a reward model whose backbone has its own LM head (untied embeddings), "
+                         "which the reward model does not keep: give a causal LM with the same tokenizer as the "
+                         "prior (--lm).")
+
+
 def first_token_log_probs(model: Model, prefix: list[int]) -> jax.Array:
     """Log-probabilities of every token as the response's first, after the prompt's prefix: [V] float32."""
+    require_lm_head(model)
     ids, mask = batching.pad_rows([prefix], side="left")
     return calls.next_token_log_probs(model, ids, mask)[0]
 
@@ -47,6 +60,7 @@ def response_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, respon
     """Each token's log-probability of equal-length responses [W, N] after the prefix `cache` (whose next-token
     log-probabilities are `first`): [W, N] float32. Batches are padded to one shape and all dispatched before
     any result is copied to the host."""
+    require_lm_head(model)
     responses = np.asarray(responses, np.int32)
     batch_size = batching.round_up(batch_size, model.mesh)
     call = prior_call(model.config, model.mesh, cache.k.shape[2])
