@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rmjax import nn
+from rmjax import nn, zoo
 from rmjax.compiled import Compiled
 from rmjax.config import ModelConfig
 from rmjax.loading.hf import numpy_dtype
@@ -47,7 +47,7 @@ class Call:
 
 def abstract_params(cfg: ModelConfig, dtype: str, mesh: Mesh) -> nnx.State:
     """The weights as the loader would place them on `mesh`: shape, dtype and declared sharding, no values."""
-    shapes = nnx.state(nn.abstract(cfg, jnp.dtype(numpy_dtype(dtype))))
+    shapes = zoo.abstract_params(cfg, jnp.dtype(numpy_dtype(dtype)))
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
                         nn.shardings(cfg, mesh))
 

@@ -56,9 +56,9 @@ def _inner(values) -> list[jcore.Jaxpr]:
     return out
 
 
-def scan_factors(call: Compiled, args: tuple) -> tuple[float, float]:
+def scan_factors(traced: jax.stages.Traced) -> tuple[float, float]:
     """(FLOP factor, byte factor) from counting each scan body once to counting it per trip."""
-    jaxpr = call.trace(*args).jaxpr.jaxpr
+    jaxpr = traced.jaxpr.jaxpr
     (f_all, b_all), (f_once, b_once) = _matmuls(jaxpr, True), _matmuls(jaxpr, False)
     return (f_all / f_once if f_once else 1.0), (b_all / b_once if b_once else 1.0)
 
@@ -106,11 +106,12 @@ class CallCost:
 
 def cost_of(name: str, call: Compiled, args: tuple, count: int) -> tuple[CallCost, jax.stages.Compiled]:
     """Compile `call` for `args` (abstract, with shardings on the target's devices) and read its cost."""
-    executable = call.lower(*args).compile()
+    traced = call.trace(*args)  # one trace serves the count and the compile
+    executable = traced.lower().compile()
     analysis = executable.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, list | tuple) else analysis
     memory = executable.memory_analysis()
-    f_factor, b_factor = scan_factors(call, args)
+    f_factor, b_factor = scan_factors(traced)
     xla_flops = float(analysis.get("flops", 0.0))
     return CallCost(name, count, xla_flops * f_factor, float(analysis.get("bytes accessed", 0.0)) * b_factor,
                     xla_flops, int(memory.argument_size_in_bytes), int(memory.output_size_in_bytes),
