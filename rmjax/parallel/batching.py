@@ -29,6 +29,12 @@ def round_up(batch_size: int, mesh: jax.sharding.Mesh | None) -> int:
     return bucket(batch_size, data_shards(mesh))
 
 
+def rows_for(count: int, data: int) -> int:
+    """The fewest rows a batch needs for `count` items: the next power of two, a multiple of the `data` shards
+    (a picked batch larger than this only pads)."""
+    return bucket(1 << max(0, count - 1).bit_length(), data)
+
+
 def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None, *, side: str = "right", pad_id: int = 0,
              num_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Token rows -> (ids int32 [num_rows, width], mask bool): each row's tokens at the `side` end, `pad_id`

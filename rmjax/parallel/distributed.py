@@ -22,9 +22,13 @@ def quiet_absent_tpu() -> None:
     start-up writes complaints about TPU_WORKER_HOSTNAMES / TPU_ACCELERATOR_TYPE to stderr on every run: give it
     values that mean one host, before it starts. With no chip to share, processes need not take turns at libtpu's
     lockfile either (two plans at once, or tests). Only where no TPU chip is attached: a TPU VM's settings stand."""
-    from jax._src import hardware_utils
+    try:  # jax's own probe of attached TPU chips (private: under another jax, leave the environment alone)
+        from jax._src import hardware_utils
 
-    if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
+        chips = hardware_utils.num_available_tpu_chips_and_device_id()[0]
+    except (ImportError, AttributeError):
+        return
+    if chips == 0:
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
         os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -15,6 +15,7 @@ import jax
 
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError, UsageError
+from rmjax.parallel import batching
 from rmjax.plan.chips import CHIPS, Slice, mesh_on
 from rmjax.plan.cost import CallCost, cost_of, shard_bytes
 from rmjax.plan.shapes import SweepShape
@@ -98,7 +99,7 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
     for data, model in meshes:
         batch = fixed or batch_size or _sweep_batch(cfg, dtype, piece, data, model, shape)
         if batch is not None and not (fixed or batch_size):  # as the job: no more rows than the candidates
-            batch = min(batch, -(-(1 << max(0, shape.candidates - 1).bit_length()) // data) * data)
+            batch = min(batch, batching.rows_for(shape.candidates, data))
         if batch is None:
             notes.append(f"data:{data},model:{model} fits no batch by the memory planner")
             continue

@@ -93,8 +93,8 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
         if batch_size:
             check_batch_size(batch_size, count, mesh)
         # a picked batch needs no more rows than the candidates (every batch is padded to its size)
-        plan["batch_size"] = batch_size or min(estimate.batch_size, batching.round_up(
-            1 << max(0, count - 1).bit_length(), mesh))
+        plan["batch_size"] = batch_size or min(estimate.batch_size,
+                                               batching.rows_for(count, batching.data_shards(mesh)))
         if is_main():
             capped = (f"; batch {plan['batch_size']}: the {count:,} candidates need no more"
                       if plan["batch_size"] < estimate.batch_size else "")
