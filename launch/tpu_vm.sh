@@ -78,7 +78,7 @@ SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python -r requirem
 SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -e .'
 
 # Plan before paying: compile the job for --type on this machine and refuse one that does not fit.
-JOB_WORDS=($JOB)
+read -ra JOB_WORDS <<<"$JOB"  # split on blanks, no glob expansion
 JOB_NAME="${JOB_WORDS[0]#experiments.}"
 if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read
   PLAN_MODEL="${TMPDIR:-/tmp}/rmjax-$NAME-config.json"
