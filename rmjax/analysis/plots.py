@@ -257,3 +257,29 @@ def top_bottom_bars(table: pd.DataFrame, label: str, value: str, title: str, pat
     ax.set_xlabel(value)
     ax.set_title(title, fontsize=10)
     return _save(fig, path)
+
+
+def frontier_scatter(rows: list[dict], fronts: dict[tuple[str, str], list[dict]], path: str | Path) -> Path:
+    """Reward against judge perplexity (log scale), one panel per direction: the search's rows coloured by λ,
+    best-of-N's in grey, each method's Pareto front drawn through its rows."""
+    directions = list(dict.fromkeys(r["direction"] for r in rows))
+    fig, axes = plt.subplots(1, len(directions), figsize=(6.5 * len(directions), 5), squeeze=False)
+    lambdas = sorted({r["lambda"] for r in rows})
+    for ax, direction in zip(axes[0], directions, strict=True):
+        mine = [r for r in rows if r["direction"] == direction]
+        base = [r for r in mine if r["method"] == "best_of_n"]
+        ax.scatter([r["judge_ppl"] for r in base], [r["reward"] for r in base], s=14, c="0.6", label="best-of-N")
+        for k, lam in enumerate(lambdas):
+            found = [r for r in mine if r["method"] == "search" and r["lambda"] == lam]
+            ax.scatter([r["judge_ppl"] for r in found], [r["reward"] for r in found], s=18, color=PALETTE(k),
+                       label=f"search, λ={lam:g}")
+        for method, style in (("search", "k-"), ("best_of_n", "k:")):
+            front = sorted(fronts.get((direction, method), []), key=lambda r: r["judge_ppl"])
+            ax.plot([r["judge_ppl"] for r in front], [r["reward"] for r in front], style, lw=1,
+                    label=f"Pareto front, {method.replace('_', '-')}")
+        ax.set_xscale("log")
+        ax.set_xlabel("judge perplexity (lower: more fluent)")
+        ax.set_ylabel("reward")
+        ax.set_title(f"{direction}: {'higher' if direction == 'optimal' else 'lower'} reward is the goal")
+        ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -135,3 +135,22 @@ def gated_mlp(
     g = x @ gate
     act = jax.nn.silu(g) if activation == "silu" else jax.nn.gelu(g, approximate=True)
     return (act * (x @ up)) @ down
+
+
+@jax.custom_vjp
+def one_hot_rows(one_hot: jax.Array, table: jax.Array, ids: jax.Array) -> jax.Array:
+    """one_hot(ids) @ table, computed as the gather it equals (the same rows as the ids path, on every
+    backend and dtype); its gradient w.r.t. the (float32) one-hot is the usual g @ table.T."""
+    return jnp.take(table, ids, axis=0)
+
+
+def _one_hot_rows_forward(one_hot, table, ids):
+    return jnp.take(table, ids, axis=0), table
+
+
+def _one_hot_rows_backward(table, g):
+    # f32 accumulation without an f32 copy of a bf16 table ([V, H]: gigabytes for a 256k vocabulary)
+    return jnp.einsum("nh,vh->nv", g, table, preferred_element_type=jnp.float32), None, None
+
+
+one_hot_rows.defvjp(_one_hot_rows_forward, _one_hot_rows_backward)

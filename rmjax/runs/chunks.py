@@ -78,6 +78,14 @@ class ChunkStore:
         check(scores, f"scores saved in {path}")
         return scores
 
+    def load(self, name: int | str) -> np.ndarray:
+        """A stored array as it was written (the caller checks its shape against what it expects)."""
+        path = self._path(name)
+        try:
+            return np.load(path)
+        except (OSError, ValueError) as error:
+            raise ResumeMismatchError(f"{path} is unreadable ({error}); delete it to recompute it.") from None
+
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -98,19 +98,21 @@ def _score_batch(cfg: ModelConfig, params, cache: nn.KVCache, responses, suffix,
 
 
 def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
-                   variants: np.ndarray, rows: int) -> np.ndarray:
+                   variants: np.ndarray, rows: int, log_probs: bool = False) -> np.ndarray | tuple[np.ndarray, ...]:
     """Rewards of responses [W, N] that each equal `current` [N] up to their first changed position (GCG's
     candidates): `extended`, the cache of prefix + current (extend_prefix, or append_kv after GCG's gradient),
     serves every variant's unchanged head, so a variant runs only from its first change on (+ suffix). The
     tails are packed end to end into rows as wide as the longest and the shortest tail together (nn.Segments
     keeps them apart), about `rows` rows per call (a multiple of 8): the positions run are the tails', with
     little padding.
-    [W] float32."""
+    [W] float32. With `log_probs` (a model whose backbone ties its LM head: the same forward serves both), also
+    each variant's summed log-probabilities of its response tokens after its first change, read off the LM head
+    at its tail's positions [W] float32 (issue 25's fluency term; the first changed token's own log-probability
+    is the cache's, which the caller has)."""
     n, tail = len(current), len(suffix)
     if not len(variants):
-        return np.zeros(0, np.float32)
-    changed = variants != np.asarray(current)[None]
-    first = np.where(changed.any(1), changed.argmax(1), n - 1)  # an unchanged variant reruns its last token
+        return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
+    first = first_changes(current, variants)
     width = (n + tail) + (1 + tail)
     slots = width // (1 + tail)  # the most tails a row can hold
     packed = pack(n - first + tail, width)
@@ -129,25 +131,39 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
             segment[r, span], cache_end[r, span] = slot, cache_width - n + first[i]
             last[r, slot], owner[r, slot] = span.stop - 1, i
             at = span.stop
-    scorer = variants_scorer(model.config, model.mesh, cache_width, n, per_call, slots, model.output_column)
+    scorer = variants_scorer(model.config, model.mesh, cache_width, n, per_call, slots, model.output_column,
+                             log_probs)
     params, pending = declared_params(model), []
     for start in range(0, calls * per_call, per_call):
         part = slice(start, start + per_call)
         placed = (batching.place(a[part], model.mesh) for a in (ids, rel, segment, cache_end, last))
-        pending.append((owner[part], scorer(params, extended, *placed)))
-    out = np.zeros(len(variants), np.float32)
-    for who, scores in pending:
+        pending.append((start, owner[part], scorer(params, extended, *placed)))
+    out, summed = np.zeros(len(variants), np.float32), np.zeros(len(variants), np.float32)
+    for start, who, result in pending:
+        scores, picked = (result, None) if not log_probs else (to_host(result[0]), to_host(result[1]))
         out[who[who >= 0]] = to_host(scores)[who >= 0]
-    return out
+        for r, slot in zip(*np.nonzero(who >= 0), strict=True):
+            i, stop = who[r, slot], last[start + r, slot] - tail  # the span's last response token
+            if picked is not None:  # token j + 1 read at position j, from the first changed token on
+                summed[i] = picked[r, stop - (n - first[i]) + 2 : stop + 1].sum()
+    return (out, summed) if log_probs else out
 
 
-def variants_scorer(cfg: ModelConfig, mesh, cache_width: int, n: int, rows: int, slots: int, column: int = 0
-                    ) -> Compiled:
+def first_changes(current: np.ndarray, variants: np.ndarray) -> np.ndarray:
+    """Each variant's first position that differs from `current` (score_variants runs it from there on: n - first
+    + len(suffix) positions); an unchanged variant reruns its last token."""
+    changed = np.asarray(variants) != np.asarray(current)[None]
+    return np.where(changed.any(1), changed.argmax(1), len(current) - 1)
+
+
+def variants_scorer(cfg: ModelConfig, mesh, cache_width: int, n: int, rows: int, slots: int, column: int = 0,
+                    log_probs: bool = False) -> Compiled:
     """The compiled scorer of packed variant tails (score_variants): `rows` rows of `slots` tails after a cache of
     prefix + the current n-token response [1, cache_width]; ids, positions, segments, cache ends and each tail's
     last position as [rows, width] / [rows, slots] rows over `data`."""
-    return compiled(_score_variants, cfg, mesh, (PARAMS, Cache(1, cache_width), *[ROWS(2)] * 5), ROWS(2), n=n,
-                    rows=rows, slots=slots, column=column)
+    out = (ROWS(2), ROWS(2)) if log_probs else ROWS(2)
+    return compiled(_score_variants, cfg, mesh, (PARAMS, Cache(1, cache_width), *[ROWS(2)] * 5), out, n=n,
+                    rows=rows, slots=slots, column=column, log_probs=log_probs)
 
 
 def pack(lengths: np.ndarray, width: int) -> list[list[int]]:
@@ -166,13 +182,18 @@ def pack(lengths: np.ndarray, width: int) -> list[list[int]]:
 
 
 def _score_variants(cfg: ModelConfig, params, cache: nn.KVCache, ids, rel, segment, cache_end, last, *, n: int,
-                    rows: int, slots: int, column: int) -> jax.Array:
+                    rows: int, slots: int, column: int, log_probs: bool = False):
     model = nn.module(params, cfg)
     positions = cache.next_positions[:, None] - n + rel  # the response starts after the prompt
     hidden = model(ids=ids, mask=segment >= 0, positions=positions, cache=cache,
                    segments=nn.Segments(segment, cache_end)).hidden
     ends = hidden[jnp.arange(rows)[:, None], last]  # [rows, slots, hidden]
-    return model.reward_head(ends.reshape(rows * slots, -1), cache.gate_input)[:, column].reshape(rows, slots)
+    rewards = model.reward_head(ends.reshape(rows * slots, -1), cache.gate_input)[:, column].reshape(rows, slots)
+    if not log_probs:
+        return rewards
+    logits = model.lm_logits(hidden[:, :-1]).astype(jnp.float32)  # position j predicts the token at j + 1
+    picked = jnp.take_along_axis(logits, ids[:, 1:, None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
+    return rewards, jnp.pad(picked, ((0, 0), (1, 0)))  # [rows, width]: column j + 1 holds token j + 1's
 
 
 def batch_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int = 0) -> Compiled:

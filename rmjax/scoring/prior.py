@@ -18,6 +18,7 @@ from rmjax.compiled import PARAMS, REPLICATED, ROWS, Cache, Compiled, compiled, 
 from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.model import Model
+from rmjax.nn import ops
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import replicated, to_host
 from rmjax.scoring import calls
@@ -73,3 +74,102 @@ def response_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, respon
     if not pending:
         return np.zeros((0, responses.shape[1]), np.float32)
     return np.concatenate([to_host(lp)[:n] for n, lp in pending]).astype(np.float32)
+
+
+def _mean_log_prob_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids, first):
+    """Mean log-probability of the response one_hot(ids) [N, V] after the prefix `cache`, differentiable in the
+    one-hot (through the embeddings and through which log-probability each position picks); as aux, the prior's
+    log-probabilities of every token at every position [N, V] (row j: token j given the tokens before it)."""
+    model = nn.module(params, cfg)
+    embeds = ops.one_hot_rows(one_hot, model.embed.embedding[...], ids)
+    hidden = model(embeds=embeds[None], cache=cache).hidden[0]
+    later = jax.nn.log_softmax(model.lm_logits(hidden[:-1]).astype(jnp.float32), axis=-1)
+    every = jnp.concatenate([first[None], later])
+    return jnp.mean(jnp.sum(one_hot * every, axis=-1)), every
+
+
+def _prior_gradient(cfg: ModelConfig, params, cache: nn.KVCache, ids, first):
+    one_hot = jax.nn.one_hot(ids, first.shape[0], dtype=jnp.float32)
+    return jax.grad(_mean_log_prob_of_one_hot, argnums=3, has_aux=True)(cfg, params, cache, one_hot, ids, first)
+
+
+def prior_gradient_call(cfg: ModelConfig, mesh, cache_width: int) -> Compiled:
+    """The compiled prior gradient: (params, prefix cache [1, cache_width], ids [N], first [V]) -> (d mean log p /
+    d one_hot(ids) [N, V], every token's log-probability at every position [N, V])."""
+    return compiled(_prior_gradient, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED),
+                    (REPLICATED, REPLICATED))
+
+
+def prior_gradient(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """d mean log p(ids | prompt) / d one_hot(ids) [N, V] and the log-probabilities of every token at every
+    position [N, V], both on the device (GCG's fluency term and the prior's proposals)."""
+    require_lm_head(model)
+    call = prior_gradient_call(model.config, model.mesh, cache.k.shape[2])
+    return call(declared_params(model), cache, replicated(np.asarray(ids, np.int32), model.mesh),
+                replicated(first, model.mesh))
+
+
+def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, key, *, rows: int, length: int,
+            temperature: float):
+    """`rows` responses of `length` tokens drawn from the prior after the prefix `cache` (banned tokens never),
+    each step one new position against the growing cache; with each token's log-probability under the prior
+    itself (not the banned-renormalized, tempered distribution it was drawn from)."""
+    model = nn.module(params, cfg)
+    ids, lps, logp = [], [], jnp.broadcast_to(first, (rows, first.shape[0]))
+    for step, step_key in enumerate(jax.random.split(key, length)):
+        logits = jnp.where(banned[None], -jnp.inf, logp / temperature)
+        token = jax.random.categorical(step_key, logits, axis=-1).astype(jnp.int32)
+        ids.append(token)
+        lps.append(jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0])
+        if step + 1 < length:
+            out = model(ids=token[:, None], cache=cache)
+            cache = cache.append(out.kv)
+            logp = jax.nn.log_softmax(model.lm_logits(out.hidden[:, -1]).astype(jnp.float32), axis=-1)
+    return jnp.stack(ids, axis=1), jnp.stack(lps, axis=1)
+
+
+def sample_call(cfg: ModelConfig, mesh, cache_width: int, rows: int, length: int, temperature: float) -> Compiled:
+    """The compiled sampler: (params, prefix cache [1, cache_width], first [V], banned [V], key) -> (ids [rows,
+    length], log-probabilities [rows, length])."""
+    return compiled(_sample, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED, None),
+                    (REPLICATED, REPLICATED), rows=rows, length=length, temperature=temperature)
+
+
+def sample_responses(model: Model, cache: nn.KVCache, first: jax.Array, banned: np.ndarray, count: int,
+                     length: int, seed: int, temperature: float = 1.0, batch_size: int = 64
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """`count` responses of `length` tokens sampled from the prior (never a `banned` token): ids [count, length]
+    and each token's log-probability under the prior [count, length]. Batch b draws with key fold_in(seed, b),
+    so the first k samples are the same whatever `count` is."""
+    require_lm_head(model)
+    rows = batching.round_up(min(batch_size, max(count, 1)), model.mesh)
+    call = sample_call(model.config, model.mesh, cache.k.shape[2], rows, length, float(temperature))
+    params = declared_params(model)
+    never = np.ones(first.shape[0], bool)  # tokens past the banned list's vocabulary are never drawn
+    never[: min(len(banned), len(never))] = np.asarray(banned)[: len(never)]
+    first, banned = replicated(first, model.mesh), replicated(jnp.asarray(never), model.mesh)
+    pending = [call(params, cache, first, banned, jax.random.fold_in(jax.random.key(seed), b))
+               for b in range(-(-count // rows))]
+    if not pending:
+        return np.zeros((0, length), np.int32), np.zeros((0, length), np.float32)
+    ids = np.concatenate([to_host(i) for i, _ in pending])[:count]
+    lps = np.concatenate([to_host(lp) for _, lp in pending])[:count]
+    return ids.astype(np.int32), lps.astype(np.float32)
+
+
+def _next_after(cfg: ModelConfig, params, cache: nn.KVCache, partials) -> jax.Array:
+    model = nn.module(params, cfg)
+    hidden = model(ids=partials, cache=cache).hidden[:, -1]
+    return jax.nn.log_softmax(model.lm_logits(hidden).astype(jnp.float32), axis=-1)
+
+
+def next_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, partials: np.ndarray) -> jax.Array:
+    """The log-probabilities of the token after each partial response [W, d] (d ≥ 0): [W, V] on the device."""
+    require_lm_head(model)
+    partials = np.asarray(partials, np.int32)
+    if partials.shape[1] == 0:
+        return jnp.broadcast_to(first, (len(partials), first.shape[0]))
+    rows = batching.round_up(batching.bucket(len(partials), 8), model.mesh)  # few shapes, few compilations
+    padded, _ = batching.pad_rows(partials, partials.shape[1], num_rows=rows)
+    call = compiled(_next_after, model.config, model.mesh, (PARAMS, Cache(1, cache.k.shape[2]), ROWS(2)), ROWS(2))
+    return call(declared_params(model), cache, batching.place(padded, model.mesh))[: len(partials)]

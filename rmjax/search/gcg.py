@@ -26,6 +26,7 @@ from rmjax import nn
 from rmjax.compiled import PARAMS, REPLICATED, Cache, Compiled, compiled, declared_params
 from rmjax.errors import NonFiniteError
 from rmjax.model import Model, require_reward_model
+from rmjax.nn import ops
 from rmjax.parallel.distributed import is_main, replicated, to_host
 from rmjax.scoring import finite
 from rmjax.scoring.prefix import append_kv, extend_prefix, prefill_prefix, score_responses, score_variants
@@ -81,31 +82,12 @@ def make_target(model: Model, prompt: str, template: str = "auto", prefix=None, 
                   suffix_ids=replicated(jnp.asarray(suffix, jnp.int32), model.mesh))
 
 
-@jax.custom_vjp
-def _rows_of(one_hot: jax.Array, table: jax.Array, ids: jax.Array) -> jax.Array:
-    """one_hot(ids) @ table, computed as the gather it equals (the same rows as the ids path, on every
-    backend and dtype); its gradient w.r.t. the (float32) one-hot is the usual g @ table.T."""
-    return jnp.take(table, ids, axis=0)
-
-
-def _rows_forward(one_hot, table, ids):
-    return jnp.take(table, ids, axis=0), table
-
-
-def _rows_backward(table, g):
-    # f32 accumulation without an f32 copy of a bf16 table ([V, H]: gigabytes for a 256k vocabulary)
-    return jnp.einsum("nh,vh->nv", g, table, preferred_element_type=jnp.float32), None, None
-
-
-_rows_of.defvjp(_rows_forward, _rows_backward)
-
-
 def _reward_of_one_hot(cfg, params, cache, one_hot, ids, suffix, *, column):
     """Reward of prefix + (one_hot @ E) + suffix, differentiable in the one-hot matrix [N, V] (one_hot(ids));
     and, as aux, the K/V of that forward (the cache GCG's candidates are scored against)."""
     model = nn.module(params, cfg)
     table = model.embed.embedding[...]
-    embeds = jnp.concatenate([_rows_of(one_hot, table, ids), jnp.take(table, suffix, axis=0)])
+    embeds = jnp.concatenate([ops.one_hot_rows(one_hot, table, ids), jnp.take(table, suffix, axis=0)])
     out = model(embeds=embeds[None], cache=cache)
     return model.reward_head(out.hidden[:, -1], cache.gate_input)[0, column], out.kv
 
@@ -126,10 +108,10 @@ def gradient_call(cfg, mesh, cache_width: int, column: int = 0) -> Compiled:
 
 def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
     """d reward / d one_hot(ids): [N, V] float32 (on the host; the search keeps it on the device)."""
-    return to_host(_device_gradient(target, ids)[0])
+    return to_host(reward_gradient_on_device(target, ids)[0])
 
 
-def _device_gradient(target: Target, ids: np.ndarray) -> tuple[jax.Array, nn.KVCache]:
+def reward_gradient_on_device(target: Target, ids: np.ndarray) -> tuple[jax.Array, nn.KVCache]:
     """The gradient, and the cache of prefix + ids that its forward computed on the way (prefix.append_kv)."""
     m = target.model
     ids = np.asarray(ids, np.int32)
@@ -235,7 +217,7 @@ class _Search:
         tries = min(len(self.buffer), 4)
         for attempt in range(tries):
             current = np.asarray(self.buffer[attempt][1])
-            grads, extended = zip(*(_device_gradient(t, current) for t in self.targets), strict=True)
+            grads, extended = zip(*(reward_gradient_on_device(t, current) for t in self.targets), strict=True)
             grad = _mean_on_device([g[:, :self.vocab] for g in grads]) * -self.sign
             nonfinite = int(jnp.sum(~jnp.isfinite(grad)))
             if nonfinite and not cfg.allow_nonfinite:

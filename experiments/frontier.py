@@ -1,0 +1,47 @@
+"""Fluent optimal and pessimal responses: the reward–perplexity frontier of one prompt, against best-of-N at the
+same forwards budget.
+
+python -m experiments.frontier --model=elo-rm-smollm2-135m --prompts=greatest --num_tokens=8 \
+    --lambdas=0,0.25,1,4 --forwards=3000 --direction=both --out=results/frontier [--lm=LM] [--judge=LM] \
+    [--sweep=SWEEP_CSV]
+
+Writes OUT/frontier.csv (direction, lambda, method, rank, ids, text, roundtrip, reward, reward_z, prior_logp,
+judge_ppl, forwards), OUT/frontier.png and OUT/frontier.csv.meta.json. Re-running the same command after a crash
+resumes from the last finished (direction, λ, method).
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from experiments import common, config_flags
+from rmjax.search.fluent import FluentConfig
+from rmjax.search.frontier_job import FrontierConfig
+
+OUT = flags.DEFINE_string("out", "results/frontier", "Output folder: frontier.csv, frontier.png, .meta.json.")
+LM = flags.DEFINE_string("lm", None, "The prior: a causal LM with the RM's tokenizer (default: the RM's own "
+                         "backbone, when it ties its embeddings).")
+JUDGE = flags.DEFINE_string("judge", None, "The judge: a causal LM of another family (default: gemma-3-270m for a "
+                            "Llama-family RM, smollm2-135m-instruct for a Gemma one).")
+SWEEP = flags.DEFINE_string("sweep", None, "A finished experiments.sweep CSV of this RM and prompt: reward_z uses its "
+                            "mean and SD (default: estimated from --z_sample single tokens).")
+FRONTIER_CONFIG = config_flags.define(FrontierConfig)
+SEARCH_CONFIG = config_flags.define(FluentConfig)
+flags.adopt_module_key_flags(common)
+flags.adopt_module_key_flags(config_flags)
+
+
+def main(argv):
+    del argv
+    from rmjax.search.frontier_job import FrontierSpec, run_frontier
+    from rmjax.text import prompts as prompt_lib
+
+    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    frontier, search = FRONTIER_CONFIG(), SEARCH_CONFIG()  # bad values stop here, before any model loads
+    spec = FrontierSpec(common.options(OUT.value), prompts, frontier, search, lm=LM.value, judge=JUDGE.value,
+                        sweep=SWEEP.value)
+    run_frontier(spec)
+
+
+if __name__ == "__main__":
+    common.run(main)

@@ -1,0 +1,46 @@
+"""How fluent a response reads to an independent LM (issue 25's judge): the perplexity of its decoded text under a
+causal LM of another family, on the judge's own tokenization, after the prompt in the judge's own chat template.
+
+The text is put into the judge's conversation and the whole conversation tokenized, so the response's tokens are
+those the judge would read there (a leading space or a merge at the template's edge included); where the
+conversation's head is not the prompt's prefix token for token, the text is tokenized alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rmjax.model import Model
+from rmjax.scoring.prefix import prefill_prefix
+from rmjax.scoring.prior import first_token_log_probs, require_lm_head, response_log_probs
+from rmjax.text import chat
+
+
+def judge_tokens(judge: Model, prompt: str, texts: list[str], template: str = "auto"
+                 ) -> tuple[tuple[int, ...], list[list[int]]]:
+    """The prompt's prefix in the judge's template and each text's tokens after it."""
+    split = chat.split_chat(judge.tokenizer, prompt, template, judge.config.max_position_embeddings)
+    conversations = chat.Conversations(judge.tokenizer, prompt, template)
+    prefix, tail = list(split.prefix), len(split.suffix)
+    rows = []
+    for text, ids in zip(texts, conversations.token_ids(list(texts)), strict=True):
+        if ids[: len(prefix)] == prefix and len(ids) - tail > len(prefix):
+            rows.append(ids[len(prefix) : len(ids) - tail])
+        else:
+            rows.append(judge.tokenizer(text, add_special_tokens=False).input_ids)
+    return split.prefix, rows
+
+
+def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: str = "auto",
+                       batch_size: int = 64) -> np.ndarray:
+    """exp(−mean log p) of each text's judge tokens after the prompt [W] float64; NaN for a text with no token.
+    Texts of one token count run in one batch shape."""
+    require_lm_head(judge)
+    prefix, rows = judge_tokens(judge, prompt, texts, template)
+    out = np.full(len(texts), np.nan)
+    cache, first = prefill_prefix(judge, prefix), first_token_log_probs(judge, list(prefix))
+    for length in sorted({len(r) for r in rows if r}):
+        which = [i for i, r in enumerate(rows) if len(r) == length]
+        lps = response_log_probs(judge, cache, first, np.asarray([rows[i] for i in which], np.int32), batch_size)
+        out[which] = np.exp(-lps.astype(np.float64).mean(axis=1))
+    return out

@@ -1,0 +1,269 @@
+"""Issue 25's search for fluent optimal and pessimal responses, and its baseline, both within a forwards budget
+(rmjax.search.objective).
+
+The search: starts, then GCG on the full objective J from the best of them (seeded GCG was never worse).
+- Starts, within `start_share` of the budget: samples from the prior, then a beam (BEAST-like) whose partials
+  are extended by the prior's top `proposals` next tokens and ranked by J of the partial.
+- GCG from the buffer of the best sequences: candidates are single swaps sampled from the gradient of −J's top-k
+  (the prior's term is in the gradient) mixed with swaps to the prior's top next tokens at each position.
+- A candidate set no larger than `exact_limit` (the findings' 500 nouns) is searched exactly instead: the beam
+  extends by every allowed token and each step proposes every allowed token at one position (a coordinate step),
+  since scoring them costs less than a few guesses.
+At λ = 0 the prior does not enter J, so it proposes nothing past the starts (its proposals would only spend
+budget). Both search and baseline stop when the next call would pass the budget.
+
+The baseline (`best_of_n`): as many prior samples as the budget buys (each one prior and one RM forward), ranked
+by J.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax import checks
+from rmjax.checks import setting
+from rmjax.errors import UsageError
+from rmjax.parallel.distributed import to_host
+from rmjax.scoring import prior as prior_lib
+from rmjax.search.gcg_config import GCGConfig
+from rmjax.search.gcg_swaps import RetokenizationCheck, filter_candidates, sample_candidates, survives, swap_scores
+from rmjax.search.objective import BudgetSpent, Objective, Values
+
+BUFFER_TRIES = 4  # buffer entries a step tries before the search counts as stuck
+
+
+@dataclasses.dataclass(frozen=True)
+class FluentConfig:
+    num_tokens: int = setting(8, "Response length N in tokens.")
+    samples: int = setting(32, "Prior samples among the starts (at least).")
+    sample_share: float = setting(0.25, "At λ > 0, the share of the budget the starts' prior samples may take.")
+    beam: int = setting(4, "Partials the start beam keeps per level (K).")
+    proposals: int = setting(8, "The prior's top next tokens proposed per partial (beam) and per position (GCG).")
+    exact_limit: int = setting(1024, "A candidate set this small is searched exactly (every token at a position).")
+    search_width: int = setting(64, "Candidates per GCG step.")
+    topk: int = setting(64, "Swaps per position by gradient.")
+    buffer_size: int = setting(8, "Best sequences GCG keeps.")
+    start_share: float = setting(0.4, "Share of the budget the starts (samples and beam) may spend.")
+    temperature: float = setting(1.0, "Sampling temperature of the prior (starts and best-of-N).")
+    seed: int = setting(0, "Random seed.")
+
+    def __post_init__(self):
+        checks.validate(self, {n: checks.POSITIVE for n in ("num_tokens", "samples", "beam", "proposals",
+                                                             "search_width", "topk", "buffer_size", "temperature")}
+                        | {"start_share": (lambda v: 0 < v < 1, "a share in (0, 1)"),
+                           "sample_share": (lambda v: 0 <= v < 1, "a share in [0, 1)"),
+                           "exact_limit": checks.NON_NEGATIVE,
+                           "seed": (lambda v: 0 <= v < 2**32, "an integer in [0, 4294967295]")})
+
+    def gcg(self, **settings) -> GCGConfig:
+        """The GCG settings its swaps and filter read (candidate set, tokens allowed, re-tokenization filter)."""
+        return GCGConfig(num_tokens=self.num_tokens, search_width=self.search_width, topk=self.topk,
+                         buffer_size=self.buffer_size, seed=self.seed, **settings)
+
+
+@dataclasses.dataclass
+class Found:
+    """Every sequence a method evaluated (distinct, in order), their terms, the forwards spent and the history of
+    the best J against forwards."""
+
+    ids: np.ndarray  # [W, N]
+    values: Values
+    spent: Fraction
+    history: list[tuple[float, float, list[int]]]  # (forwards, best J, best ids) after each scoring call
+    converged: bool = False  # stopped before the budget: every neighbour of the buffer's best was evaluated
+
+    def best(self, k: int) -> np.ndarray:
+        """Indices of the k highest J, ties to the earlier."""
+        return np.lexsort((np.arange(len(self.ids)), -self.values.objective))[:k]
+
+
+class _Archive:
+    def __init__(self, forwards):
+        self.forwards, self.index = forwards, {}
+        self.ids, self.terms, self.history = [], [], []
+
+    def add(self, cands: np.ndarray, v: Values) -> None:
+        for i, row in enumerate(np.asarray(cands).tolist()):
+            if tuple(row) not in self.index:
+                self.index[tuple(row)] = len(self.ids)
+                self.ids.append(row)
+                self.terms.append((v.reward[i], v.prior_logp[i], v.repetition[i], v.objective[i]))
+        best = max(range(len(self.ids)), key=lambda i: (self.terms[i][3], -i))
+        self.history.append((float(self.forwards.spent), float(self.terms[best][3]), self.ids[best]))
+
+    def found(self, n: int) -> Found:
+        cols = np.asarray(self.terms, np.float64).reshape(-1, 4)
+        return Found(np.asarray(self.ids, np.int64).reshape(-1, n), Values(*cols.T), self.forwards.spent,
+                     self.history)
+
+
+def fluent_search(objective: Objective, cfg: FluentConfig, banned: np.ndarray,
+                  retokenize: list[RetokenizationCheck], progress: Callable[[], None] | None = None) -> Found:
+    """The search (module docstring) until the budget is spent or every neighbour of the buffer was evaluated."""
+    forwards, n = objective.forwards, cfg.num_tokens
+    archive, seen = _Archive(forwards), set()
+    allowed = np.flatnonzero(~banned)
+    exact = len(allowed) <= cfg.exact_limit
+    limit, forwards.limit = forwards.limit, min(forwards.limit, forwards.spent + Fraction(cfg.start_share) *
+                                                forwards.limit)
+    try:
+        _sample_starts(objective, cfg, banned, retokenize, archive, seen, limit)
+        _beam_starts(objective, cfg, banned, allowed, exact, retokenize, archive, seen, progress)
+    except BudgetSpent:
+        pass
+    finally:
+        forwards.limit = limit
+    if not archive.ids:
+        raise UsageError(f"--forwards={forwards.limit} does not buy the search's starts ({cfg.samples} samples "
+                         f"and a beam of {cfg.beam}); give a larger budget.")
+    converged = False
+    try:
+        converged = _gcg(objective, cfg, banned, allowed, exact, retokenize, archive, seen, progress)
+    except BudgetSpent:
+        pass
+    return dataclasses.replace(archive.found(n), converged=converged)
+
+
+def _sample_starts(objective: Objective, cfg: FluentConfig, banned, retokenize, archive: _Archive, seen,
+                   budget: int) -> None:
+    """--samples prior samples; at λ > 0 as many as sample_share of the budget buys, if more (the fluent starts)."""
+    prior, n, forwards = objective.prior, cfg.num_tokens, objective.forwards
+    per_sample = forwards.cost(n + len(objective.target.suffix), n)
+    count = cfg.samples
+    if objective.uses_prior:
+        count = max(count, int(Fraction(cfg.sample_share) * budget // per_sample))
+    forwards.charge(0, count * n)
+    ids, lps = prior_lib.sample_responses(prior.model, prior.cache, prior.first, banned, count, n, cfg.seed,
+                                          cfg.temperature)
+    keep = _fresh(ids, retokenize, seen)
+    if keep.any():
+        archive.add(ids[keep], objective.score(ids[keep], known_logp=lps[keep].mean(axis=1)))
+
+
+def _fresh(cands: np.ndarray, retokenize, seen: set) -> np.ndarray:
+    """Mask of the first occurrence of each candidate not seen before that passes the re-tokenization filter;
+    they join `seen`."""
+    keep = np.zeros(len(cands), bool)
+    for i, row in enumerate(np.asarray(cands).tolist()):
+        if tuple(row) not in seen and all(survives(c, row) for c in retokenize):
+            seen.add(tuple(row))
+            keep[i] = True
+    return keep
+
+
+def _beam_starts(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, retokenize,
+                 archive: _Archive, seen, progress) -> None:
+    """Level by level: each kept partial extended by every allowed token (exact) or the prior's top proposals,
+    the K best by J kept; the last level's sequences join the archive."""
+    n, partials = cfg.num_tokens, np.zeros((1, 0), np.int64)
+    banned_on_device = jnp.asarray(banned)
+    for depth in range(1, n + 1):
+        if exact:
+            tokens = np.broadcast_to(allowed, (len(partials), len(allowed)))
+        else:
+            lp = objective.next_token_log_probs(partials)[:, : len(banned)]
+            tokens = to_host(jax.lax.top_k(jnp.where(banned_on_device[None], -jnp.inf, lp), cfg.proposals)[1])
+        cands = np.concatenate([np.repeat(partials, tokens.shape[1], axis=0), tokens.reshape(-1, 1)], axis=1)
+        if depth < n:
+            values = objective.score_partials(cands)
+        else:
+            cands = cands[_fresh(cands, retokenize, seen)]
+            if not len(cands):
+                return
+            values = objective.score(cands)
+            archive.add(cands, values)
+        partials = cands[np.lexsort((np.arange(len(cands)), -values.objective))[: cfg.beam]]
+        if progress:
+            progress()
+
+
+def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, retokenize, archive: _Archive,
+         seen, progress) -> bool:
+    """GCG steps from the buffer (the archive's best) until the budget is spent (BudgetSpent) or no entry has a
+    candidate left (True)."""
+    gcg_cfg = cfg.gcg(n_replace=1)
+    banned_on_device, key, n = jnp.asarray(banned), jax.random.key(cfg.seed), cfg.num_tokens
+    position = 0  # exact mode: the next position to sweep
+    for step in range(10**9):
+        found = archive.found(n)
+        buffer = found.ids[found.best(cfg.buffer_size)]
+        for attempt in range(min(len(buffer), BUFFER_TRIES)):
+            current = buffer[attempt].astype(np.int32)
+            if exact:
+                cands = None
+                for shift in range(n):
+                    p = (position + shift) % n
+                    swaps = np.repeat(current[None], len(allowed), axis=0)
+                    swaps[:, p] = allowed
+                    keep = _fresh(swaps, retokenize, seen)
+                    if keep.any():
+                        cands, position = swaps[keep], (p + 1) % n
+                        break
+                if cands is None:
+                    continue
+                extended = objective.extended_cache(current)
+            else:
+                loss, extended, every = objective.gradient(current)  # every: None at λ = 0
+                step_key = jax.random.fold_in(key, step * BUFFER_TRIES + attempt)
+                cands = _proposals(current, loss, every, banned_on_device, gcg_cfg, cfg, step_key)
+                cands, _ = filter_candidates(cands, retokenize, gcg_cfg, seen)
+                if not len(cands):
+                    continue
+            every = None if exact else every
+            cands = _affordable(objective, cands, current, every)
+            archive.add(cands, objective.score(cands, current, extended, every=every))
+            if progress:
+                progress()
+            break
+        else:
+            return True  # every neighbour of the buffer was evaluated
+
+
+def _proposals(current, loss, every, banned, gcg_cfg: GCGConfig, cfg: FluentConfig, key) -> np.ndarray:
+    """Single swaps: from the gradient's top-k (GCG), and, with the prior's log-probs at every position
+    (`every`), half of them to the prior's top next tokens there."""
+    grad_key, prior_key = jax.random.split(key)
+    width = cfg.search_width if every is None else cfg.search_width - cfg.search_width // 2
+    score = swap_scores(loss[:, : len(banned)], banned, jnp.asarray(current), None, 0.0)
+    cands = sample_candidates(current, score, dataclasses.replace(gcg_cfg, search_width=width), grad_key)
+    if every is None:
+        return cands
+    top = jax.lax.top_k(jnp.where(banned[None], -jnp.inf, every[:, : len(banned)]), cfg.proposals)[1]
+    where_key, which_key = jax.random.split(prior_key)
+    count = cfg.search_width - width
+    positions = jax.random.randint(where_key, (count,), 0, len(current))
+    choice = jax.random.randint(which_key, (count,), 0, cfg.proposals)
+    swaps = jnp.tile(jnp.asarray(current), (count, 1)).at[jnp.arange(count), positions].set(top[positions, choice])
+    return np.concatenate([cands, to_host(swaps).astype(cands.dtype)])
+
+
+def _affordable(objective: Objective, cands: np.ndarray, current: np.ndarray, every) -> np.ndarray:
+    """The leading candidates whose scoring fits the budget left; BudgetSpent when not even one does."""
+    left = objective.forwards.left
+    fits = sum(1 for total in np.cumsum(objective.cost(cands, current, every)) if total <= left)  # sums only grow
+    if fits == 0:
+        raise BudgetSpent
+    return cands[:fits]
+
+
+def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray) -> Found:
+    """As many prior samples as the budget left buys (one prior forward to sample, one RM forward to score each),
+    ranked by J; samples may repeat (each was paid for)."""
+    forwards, n = objective.forwards, cfg.num_tokens
+    per_sample = forwards.cost(n + len(objective.target.suffix), n)
+    count = int(forwards.left // per_sample)
+    if count == 0:
+        raise UsageError(f"--forwards={forwards.limit} buys no best-of-N sample; give a larger budget.")
+    forwards.charge(0, count * n)
+    ids, lps = prior_lib.sample_responses(objective.prior.model, objective.prior.cache, objective.prior.first,
+                                          banned, count, n, cfg.seed + 1, cfg.temperature)
+    values = objective.score(ids, known_logp=lps.mean(axis=1))
+    best = int(np.lexsort((np.arange(count), -values.objective))[0])
+    return Found(ids.astype(np.int64), values, forwards.spent,
+                 [(float(forwards.spent), float(values.objective[best]), ids[best].tolist())])

@@ -1,0 +1,307 @@
+"""The frontier job (issue 25): per prompt and direction, the search at each λ and best-of-N at the same budget,
+every row judged, resumable unit by unit; then DIR/frontier.csv, DIR/frontier.png and .meta.json.
+
+A unit is (prompt, direction, method, λ); best-of-N's samples serve every λ (J only re-ranks them). Each
+finished unit is saved in the chunk store, its rows (ids, reward, prior log-prob, judge perplexity, round trip,
+forwards) and its best-J history; a rerun reads finished units and computes the rest, so the CSV of a resumed
+run is the CSV of one that never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rmjax import checks
+from rmjax.checks import setting
+from rmjax.errors import ResumeMismatchError, UsageError
+from rmjax.loading import fingerprint, peek
+from rmjax.loading.for_job import load_for_job
+from rmjax.model import Model, require_reward_model
+from rmjax.parallel.distributed import is_main
+from rmjax.runs import results
+from rmjax.runs.chunks import ChunkStore, open_store, store_dir
+from rmjax.runs.options import RunOptions, claim_job
+from rmjax.runs.progress import Progress
+from rmjax.scoring import finite
+from rmjax.scoring.judge import judge_perplexities
+from rmjax.scoring.prefix import score_responses
+from rmjax.search import frontier_out
+from rmjax.search.fluent import FluentConfig, Found, best_of_n, fluent_search
+from rmjax.search.gcg import Target, make_target
+from rmjax.search.gcg_start import banned_tokens
+from rmjax.search.gcg_swaps import RetokenizationCheck, survives
+from rmjax.search.objective import Forwards, Objective, Prior
+from rmjax.text import chat
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontierConfig:
+    lambdas: tuple[float, ...] = setting((0.0, 0.25, 1.0, 4.0), "Fluency weights λ, one search each.")
+    direction: str = setting("both", "Fluent and liked (optimal), fluent and disliked (pessimal), or both.",
+                             ("optimal", "pessimal", "both"))
+    forwards: int = setting(3000, "Forwards budget of each search and of best-of-N (see BUILD_NOTES 'Forwards').")
+    repetition_penalty: float = setting(2.0, "ρ: the fluency term loses ρ x the share of repeating positions.")
+    top: int = setting(8, "Rows written per direction, λ and method.")
+    z_sample: int = setting(2048, "Without --sweep: single tokens sampled (seeded) to estimate the reward's mean and "
+                                  "SD for reward_z.")
+    allow_non_ascii: bool = setting(False, "Allow non-ASCII tokens in responses.")
+    retokenize_filter: bool = setting(True, "Search only responses that re-tokenize to themselves in the template.")
+
+    def __post_init__(self):
+        object.__setattr__(self, "lambdas", tuple(float(v) for v in self.lambdas))
+        checks.validate(self, {"forwards": checks.POSITIVE, "top": checks.POSITIVE, "z_sample": checks.POSITIVE,
+                               "repetition_penalty": checks.NON_NEGATIVE,
+                               "direction": checks.one_of("optimal", "pessimal", "both")})
+        bad = [v for v in self.lambdas if not (v >= 0 and np.isfinite(v))]
+        if not self.lambdas or bad or len(set(self.lambdas)) != len(self.lambdas):
+            raise UsageError(f"--lambdas={','.join(map(str, self.lambdas))}: must be distinct finite numbers >= 0.")
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        return ("optimal", "pessimal") if self.direction == "both" else (self.direction,)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontierSpec:
+    """The job as one value: options.out is the output folder; `lm` the prior (None: the RM's own backbone),
+    `judge` (None: the default of the other family), `sweep` a finished sweep CSV for reward_z."""
+
+    options: RunOptions
+    prompts: dict[str, str]
+    config: FrontierConfig
+    search: FluentConfig
+    lm: str | None = None
+    judge: str | None = None
+    sweep: str | None = None
+
+
+def default_judge(rm_config) -> str:
+    """Another family than the RM's: Gemma 3 270M for a Llama-family RM, SmolLM2 135M for a Gemma one."""
+    return "smollm2-135m-instruct" if rm_config.model_type.startswith("gemma") else "gemma-3-270m"
+
+
+def csv_path(folder: str | Path) -> Path:
+    return Path(folder) / "frontier.csv"
+
+
+def frontier_identity(spec: FrontierSpec, model_fp: dict, lm_fp: dict | None, judge_fp: dict, judge: str) -> dict:
+    o = spec.options
+    return {"job": "frontier", "model": model_fp, "lm": lm_fp, "judge": {"spec": judge, "model": judge_fp},
+            "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
+            "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
+            "search": dataclasses.asdict(spec.search),
+            "sweep": results.file_sha1(spec.sweep) if spec.sweep else None}
+
+
+def run_frontier(spec: FrontierSpec) -> Path | None:
+    """Checks and identity without loading a model → claim DIR/frontier.csv → load the RM, prior and judge (the
+    prior's and judge's LM heads checked from their configs first) → units (resumable) → CSV, PNG, .meta.json."""
+    o = spec.options
+    if len(spec.prompts) != 1:
+        raise UsageError(f"the frontier runs one prompt per job ({len(spec.prompts)} given: "
+                         f"{', '.join(list(spec.prompts)[:4])}); give --prompt or a single prompt's name.")
+    if spec.sweep:
+        results.checked_input(spec.sweep, ("sweep",), "--sweep")
+    rm_config = _config_of(o.model)
+    require_reward_model(rm_config, o.model, "the frontier")
+    judge = spec.judge or default_judge(rm_config)
+    for name, source in (("--lm", spec.lm or o.model), ("--judge", judge)):
+        _require_lm_head(_config_of(source), source, name)
+    identity = frontier_identity(spec, fingerprint(o.model), fingerprint(spec.lm) if spec.lm else None,
+                                 fingerprint(judge), judge)
+    out = csv_path(o.out)
+    with claim_job(o, identity, out=out, owned=[frontier_out.png_path(out)], store=store_dir(out)) as job:
+        if job.reuse:
+            return None
+        rm = load_for_job(o)
+        lm = rm if spec.lm is None else load_for_job(dataclasses.replace(o, output_column=0), spec.lm)
+        judge_model = load_for_job(dataclasses.replace(o, output_column=0), judge)
+        _same_tokenizer(rm, lm)
+        store = open_store(out, identity, 1)
+        units = compute_units(rm, lm, judge_model, spec, store)
+        rows = frontier_out.rows(units, spec.config, rm.tokenizer)
+        summary = frontier_out.summaries(units, spec.config)
+        job.finish(lambda path: frontier_out.write(path, rows, summary), model=rm.source, lm=lm.source,
+                   judge=judge_model.source, dtype=rm.dtype, mesh=dict(rm.mesh.shape) if rm.mesh else None,
+                   prompts=spec.prompts, config=dataclasses.asdict(spec.config),
+                   search=dataclasses.asdict(spec.search), units=[u.meta() for u in units], summary=summary)
+        if is_main():
+            store.remove()
+            print(frontier_out.describe(summary, out), file=sys.stderr)
+        return out
+
+
+def _config_of(source: str):
+    """A model's config without its weights where the source allows (a checkpoint folder), else loaded."""
+    peeked = peek(source)
+    if peeked is not None:
+        return peeked[0]
+    from rmjax.loading import load
+
+    return load(source).config
+
+
+def _require_lm_head(cfg, source: str, flag: str) -> None:
+    if cfg.is_reward_model and not cfg.tie_embeddings:
+        raise UsageError(f"{flag}={source} has no LM head (a reward model whose backbone's untied LM head was "
+                         f"dropped); give a causal LM{' with the same tokenizer' if flag == '--lm' else ''}.")
+
+
+def _same_tokenizer(rm: Model, lm: Model) -> None:
+    if lm is not rm and rm.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
+        raise UsageError(f"--lm={lm.source} has another tokenizer than {rm.source} ({len(lm.tokenizer)} vs "
+                         f"{len(rm.tokenizer)} tokens, or other ids): the prior must read the RM's token ids; give "
+                         "an LM of the RM's family and tokenizer.")
+
+
+@dataclasses.dataclass
+class Unit:
+    """One (prompt, direction, method, λ) and what it found: ids [W, N], reward, prior log-prob, judge
+    perplexity, round trip per row; the forwards it spent and its best-J history. best-of-N keeps every sample
+    (λ None: ranked per λ when written)."""
+
+    prompt: str
+    direction: str
+    method: str
+    lam: float | None
+    ids: np.ndarray
+    reward: np.ndarray
+    prior_logp: np.ndarray
+    judge_ppl: np.ndarray
+    roundtrip: np.ndarray
+    forwards: float
+    history: np.ndarray  # [H, 2]: forwards, best J
+    z: tuple[float, float]  # the reward's mean and SD over single tokens
+    seconds: float = 0.0
+
+    def meta(self) -> dict:
+        return {"prompt": self.prompt, "direction": self.direction, "method": self.method, "lambda": self.lam,
+                "rows": len(self.ids), "forwards": self.forwards, "seconds": round(self.seconds, 3)}
+
+
+def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store: ChunkStore) -> list[Unit]:
+    cfg, search = spec.config, spec.search
+    plan = [(p, d, m, lam) for p in spec.prompts for d in cfg.directions
+            for m, lam in [*(("search", v) for v in cfg.lambdas), ("best_of_n", None)]]
+    progress = Progress(len(plan) * cfg.forwards, "frontier", unit="forwards", every=10.0)
+    units, ready = [], {}
+    for index, (name, direction, method, lam) in enumerate(plan):
+        key = f"u{index:04d}"
+        if store.has(key):
+            units.append(_read(store, key, name, direction, method, lam, search.num_tokens))
+            progress.update(int(units[-1].forwards))
+            continue
+        if name not in ready:
+            ready[name] = _prepare(rm, lm, spec, name)
+        units.append(_compute(ready[name], judge, spec, name, direction, method, lam, progress))
+        if is_main():
+            _write(store, key, units[-1])
+    return units
+
+
+@dataclasses.dataclass
+class _Prompt:
+    target: Target
+    prior: Prior
+    banned: np.ndarray
+    retokenize: list[RetokenizationCheck]
+    z: tuple[float, float]
+
+
+def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
+    """A prompt's RM target, prior, allowed tokens, re-tokenization check and reward scale."""
+    text, template = spec.prompts[name], spec.options.template
+    target = make_target(rm, text, template)
+    prior = Prior.of(lm, target.prefix if lm is rm else chat.split_chat(lm.tokenizer, text, template).prefix)
+    gcg_cfg = spec.search.gcg(allow_non_ascii=spec.config.allow_non_ascii, template=template)
+    banned = banned_tokens(rm, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
+    check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, template), target.prefix, target.suffix)
+    return _Prompt(target, prior, banned, [check] if spec.config.retokenize_filter else [],
+                   _reward_scale(rm, target, spec, name, check))
+
+
+def _reward_scale(rm: Model, target: Target, spec: FrontierSpec, name: str, check) -> tuple[float, float]:
+    """Mean and SD of the reward over single-token responses: the --sweep column, else z_sample tokens drawn
+    with seed 0 from the vocabulary (not counted against any budget: a yardstick, not a search)."""
+    if spec.sweep:
+        table = results.read_scores_csv(spec.sweep)
+        if name not in table.columns:
+            raise UsageError(f"--sweep={spec.sweep} has no column {name!r} (it has {results.value_columns(table)}).")
+        values = table[name].to_numpy(np.float64)
+    else:
+        vocab = min(rm.config.vocab_size, len(rm.tokenizer))
+        tokens = np.random.default_rng(0).choice(vocab, min(spec.config.z_sample, vocab), replace=False)
+        values = score_responses(rm, target.cache, target.suffix_ids, tokens[:, None].astype(np.int32), 256)
+    values = values[np.isfinite(values)]
+    return float(values.mean()), float(values.std(ddof=1))
+
+
+def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: str, method: str,
+             lam: float | None, progress: Progress) -> Unit:
+    cfg, search, started = spec.config, spec.search, time.perf_counter()
+    n, tail = search.num_tokens, len(p.target.suffix)
+    forwards = Forwards(cfg.forwards, n + tail, n)
+    # the prompt's prefill, once per model (the RM as its own prior: once)
+    forwards.charge(len(p.target.prefix), len(p.prior.prefix) if p.prior.model is not p.target.model else 0)
+    sign = 1.0 if direction == "optimal" else -1.0
+    objective = Objective(p.target, p.prior, lam or 0.0, sign, cfg.repetition_penalty, forwards)
+    reported = [float(forwards.spent)]
+
+    def tick() -> None:
+        progress.update(int(float(forwards.spent)) - int(reported[0]))
+        reported[0] = float(forwards.spent)
+
+    if method == "search":
+        found = fluent_search(objective, search, p.banned, p.retokenize, tick)
+        rows = found.best(cfg.top)
+    else:
+        found = best_of_n(objective, search, p.banned)
+        rows = np.arange(len(found.ids))
+    tick()
+    progress.update(cfg.forwards - int(float(forwards.spent)))  # what a unit left unspent: the line counts units
+    return _finish(p, judge, spec, name, direction, method, lam, found, rows, time.perf_counter() - started)
+
+
+def _finish(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: str, method: str,
+            lam: float | None, found: Found, rows: np.ndarray, seconds: float) -> Unit:
+    """The unit's rows with their report-only terms: the prior log-prob where the search did not run the prior
+    (λ = 0), the judge's perplexity and the round trip; any NaN/Inf stops the job."""
+    ids, values = found.ids[rows], found.values
+    logp = values.prior_logp[rows].copy()
+    missing = ~np.isfinite(logp)
+    if missing.any():
+        logp[missing] = p.prior.mean_log_probs(ids[missing])
+    tokenizer = p.target.model.tokenizer
+    texts = tokenizer.batch_decode(ids.tolist())
+    ppl = judge_perplexities(judge, spec.prompts[name], texts)  # in the judge's own template
+    check = RetokenizationCheck(chat.Conversations(tokenizer, spec.prompts[name], spec.options.template),
+                                p.target.prefix, p.target.suffix)
+    roundtrip = np.asarray([survives(check, row) for row in ids.tolist()])
+    reward = values.reward[rows]
+    finite.check(np.stack([reward, logp, ppl], axis=1), what="frontier terms", allow=spec.options.allow_nonfinite,
+                 columns=["reward", "prior_logp", "judge_ppl"], row=lambda i: f"response {texts[i]!r}")
+    history = np.asarray([(f, j) for f, j, _ in found.history], np.float64).reshape(-1, 2)
+    return Unit(name, direction, method, lam, ids, reward.astype(np.float64), logp.astype(np.float64), ppl,
+                roundtrip, float(found.spent), history, p.z, seconds)
+
+
+def _write(store: ChunkStore, key: str, u: Unit) -> None:
+    columns = np.column_stack([u.ids.astype(np.float64), u.reward, u.prior_logp, u.judge_ppl,
+                               u.roundtrip.astype(np.float64)])
+    store.write(key, columns)
+    store.write(key + "-h", np.vstack([[u.forwards, u.seconds], [*u.z], u.history]))
+
+
+def _read(store: ChunkStore, key: str, name: str, direction: str, method: str, lam, n: int) -> Unit:
+    columns, extra = store.load(key), store.load(key + "-h")
+    if columns.ndim != 2 or columns.shape[1] != n + 4 or extra.ndim != 2 or extra.shape[1] != 2:
+        raise ResumeMismatchError(f"{store.dir}: unit {key} is not this run's shape; delete the folder's "
+                                  ".chunks to recompute it.")
+    return Unit(name, direction, method, lam, columns[:, :n].astype(np.int64), columns[:, n], columns[:, n + 1],
+                columns[:, n + 2], columns[:, n + 3].astype(bool), float(extra[0, 0]), extra[2:], tuple(extra[1]),
+                float(extra[0, 1]))

@@ -1,0 +1,118 @@
+"""The frontier job's outputs: the CSV rows (each λ's search rows, and best-of-N's samples re-ranked by that λ's
+J), the comparison with best-of-N (a dominating search row, hypervolumes) and the figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from rmjax.analysis import plots
+from rmjax.runs import results
+from rmjax.search import pareto
+from rmjax.search.objective import repetition
+
+COLUMNS = ("direction", "lambda", "method", "rank", "ids", "text", "roundtrip", "reward", "reward_z", "prior_logp",
+           "judge_ppl", "forwards")
+
+
+def png_path(csv: str | Path) -> Path:
+    return Path(csv).with_name("frontier.png")
+
+
+def _objective(unit, lam: float, rho: float) -> np.ndarray:
+    sign = 1.0 if unit.direction == "optimal" else -1.0
+    return sign * unit.reward + lam * (unit.prior_logp - rho * repetition(unit.ids))
+
+
+def rows(units, cfg, tokenizer) -> list[dict]:
+    """Every CSV row: per direction and λ, the search's rows in its order (best J first), then best-of-N's
+    `top` best distinct samples by the same J."""
+    out = []
+    for unit in units:
+        if unit.method == "search":
+            out += _rows_of(unit, unit.lam, range(len(unit.ids)), tokenizer)
+            continue
+        for lam in cfg.lambdas:
+            order = np.lexsort((np.arange(len(unit.ids)), -_objective(unit, lam, cfg.repetition_penalty)))
+            first = list(dict.fromkeys(tuple(unit.ids[i].tolist()) for i in order))[: cfg.top]
+            index = {tuple(unit.ids[i].tolist()): int(i) for i in order[::-1]}  # the first sample of each
+            out += _rows_of(unit, lam, [index[ids] for ids in first], tokenizer)
+    order = {d: i for i, d in enumerate(("optimal", "pessimal"))}
+    return sorted(out, key=lambda r: (order[r["direction"]], r["lambda"], r["method"] != "search", r["rank"]))
+
+
+def _rows_of(unit, lam: float, which, tokenizer) -> list[dict]:
+    mean, sd = unit.z
+    return [{"direction": unit.direction, "lambda": float(lam), "method": unit.method, "rank": rank + 1,
+             "ids": " ".join(map(str, unit.ids[i].tolist())),
+             "text": json.dumps(tokenizer.decode(unit.ids[i].tolist()), ensure_ascii=False),
+             "roundtrip": int(unit.roundtrip[i]), "reward": float(unit.reward[i]),
+             "reward_z": (float(unit.reward[i]) - mean) / sd, "prior_logp": float(unit.prior_logp[i]),
+             "judge_ppl": float(unit.judge_ppl[i]), "forwards": unit.forwards}
+            for rank, i in enumerate(which)]
+
+
+def summaries(units, cfg) -> dict:
+    """Per direction: best-of-N's best reward and median judge perplexity over all its samples, the search rows
+    that dominate both, each method's hypervolume from a shared reference point, and the ratio."""
+    out = {}
+    for direction in cfg.directions:
+        sign = 1.0 if direction == "optimal" else -1.0
+        search = [u for u in units if u.direction == direction and u.method == "search"]
+        base = next(u for u in units if u.direction == direction and u.method == "best_of_n")
+        s_gain, s_ppl = sign * np.concatenate([u.reward for u in search]), np.concatenate([u.judge_ppl for u in search])
+        b_gain, b_ppl = sign * base.reward, base.judge_ppl
+        ref = pareto.reference_point(np.concatenate([s_gain, b_gain]), np.concatenate([s_ppl, b_ppl]))
+        median, best = float(np.median(b_ppl)), float(b_gain.max())
+        dominating = [(u.lam, i) for u in search for i in range(len(u.ids))
+                      if u.judge_ppl[i] <= median and sign * u.reward[i] >= best]
+        hv_search, hv_base = pareto.hypervolume(s_gain, s_ppl, ref), pareto.hypervolume(b_gain, b_ppl, ref)
+        out[direction] = {
+            "best_of_n": {"samples": len(base.ids), "best_reward": sign * best, "median_judge_ppl": median},
+            "dominating_rows": len(dominating),
+            "best_dominating": _best_dominating(search, dominating, sign),
+            "hypervolume": {"search": hv_search, "best_of_n": hv_base,
+                            "ratio": hv_search / hv_base if hv_base > 0 else None,
+                            "reference": {"reward": sign * ref[0], "judge_ppl": ref[1]}},
+        }
+    return out
+
+
+def _best_dominating(search, dominating, sign: float) -> dict | None:
+    if not dominating:
+        return None
+    lam, i = max(dominating, key=lambda d: sign * next(u for u in search if u.lam == d[0]).reward[d[1]])
+    unit = next(u for u in search if u.lam == lam)
+    return {"lambda": lam, "ids": unit.ids[i].tolist(), "reward": float(unit.reward[i]),
+            "judge_ppl": float(unit.judge_ppl[i])}
+
+
+def write(path: Path, table: list[dict], summary: dict) -> Path:
+    """The CSV (COLUMNS; text JSON-quoted, so any response survives) and the figure beside it."""
+    keys = {c: [r[c] for r in table] for c in COLUMNS[:7]}
+    values = {c: np.asarray([r[c] for r in table], np.float64) for c in COLUMNS[7:]}
+    results.write_table(path, keys, values)
+    fronts = {(d, m): _front(table, d, m) for d in summary for m in ("search", "best_of_n")}
+    plots.frontier_scatter(table, fronts, png_path(path))
+    return path
+
+
+def describe(summary: dict, out: Path) -> str:
+    lines = []
+    for direction, s in summary.items():
+        base, hv = s["best_of_n"], s["hypervolume"]
+        ratio = f"{hv['ratio']:.2f}x" if hv["ratio"] is not None else "n/a"
+        lines.append(f"{direction}: best-of-N ({base['samples']} samples) best reward {base['best_reward']:.3f}, "
+                     f"median judge perplexity {base['median_judge_ppl']:.1f}; {s['dominating_rows']} search rows "
+                     f"dominate both; hypervolume search/best-of-N {ratio}")
+    return "\n".join(lines) + f"\n-> {out}, {png_path(out)}"
+
+
+def _front(table: list[dict], direction: str, method: str) -> list[dict]:
+    """The rows of one direction and method on its Pareto front (reward by direction vs judge perplexity)."""
+    mine = [r for r in table if r["direction"] == direction and r["method"] == method]
+    sign = 1.0 if direction == "optimal" else -1.0
+    keep = pareto.front(np.asarray([sign * r["reward"] for r in mine]), np.asarray([r["judge_ppl"] for r in mine]))
+    return [mine[i] for i in keep]

@@ -1,0 +1,225 @@
+"""Issue 25's objective, and what it costs in forwards.
+
+Optimal: maximize J = R + λ·F; pessimal: maximize J = −R + λ·F, i.e. fluent *and* disliked. R is the reward of
+prompt + response + suffix (one RM target, the GCG target), F = mean log p_prior(response | the prompt's chat
+context) − ρ·repetition. The repetition share counts the positions that repeat the token before them or a
+bigram seen earlier, over N: loops are what a small LM rates most likely, and ρ keeps F from rewarding them.
+At λ = 0 the prior has no say and is never run.
+
+Forwards (the budget every method spends; `Forwards`): one forward is one whole candidate through one model after
+its cached prompt: response + the template's suffix (N + S positions) through the RM, the response (N positions)
+through the prior. A call running p positions of a model costs p / that model's unit: a GCG candidate that shares
+its head with the sequence it came from runs from its first change (prefix.score_variants), a beam partial of d
+tokens runs d + S. A gradient costs 3 times its forward's positions (forward + backward). A prompt's prefill costs
+its prefix positions once per model. Padding rows cost nothing (they carry no candidate). Counts are exact
+fractions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax.errors import UsageError
+from rmjax.model import Model
+from rmjax.parallel.distributed import to_host
+from rmjax.scoring import prior as prior_lib
+from rmjax.scoring.prefix import extend_prefix, first_changes, prefill_prefix, score_responses, score_variants
+from rmjax.search.gcg import Target, reward_gradient_on_device
+
+GRADIENT_COST = 3  # a backward pass costs about twice its forward
+
+
+def _shared_log_probs(current: np.ndarray, cands: np.ndarray, every: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Mean log-probs of variants of `current`: its own tokens' before the first change and the changed token's
+    (both from `every` [N, V], the prior at every position of current), then the tail's (`after`, summed)."""
+    first = first_changes(current, cands)
+    own = np.concatenate([[0.0], np.cumsum(every[np.arange(len(current)), current].astype(np.float64))])
+    changed = every[first, cands[np.arange(len(cands)), first]].astype(np.float64)
+    return (own[first] + changed + after) / len(current)
+
+
+class BudgetSpent(Exception):
+    """The search's forwards are spent: no call that would pass the limit is run."""
+
+
+@dataclasses.dataclass
+class Forwards:
+    """Forwards spent against a limit (module docstring): `rm_unit` = N + S, `lm_unit` = N."""
+
+    limit: int
+    rm_unit: int
+    lm_unit: int
+    spent: Fraction = Fraction(0)
+
+    def cost(self, rm_positions: int = 0, lm_positions: int = 0) -> Fraction:
+        return Fraction(int(rm_positions), self.rm_unit) + Fraction(int(lm_positions), self.lm_unit)
+
+    def charge(self, rm_positions: int = 0, lm_positions: int = 0) -> None:
+        """Spend a call's positions; BudgetSpent (and nothing spent) when it would pass the limit."""
+        cost = self.cost(rm_positions, lm_positions)
+        if self.spent + cost > self.limit:
+            raise BudgetSpent
+        self.spent += cost
+
+    @property
+    def left(self) -> Fraction:
+        return self.limit - self.spent
+
+
+def repetition(ids: np.ndarray) -> np.ndarray:
+    """Share of each response's positions [W, N] that repeat the previous token or an earlier bigram: [W]."""
+    ids = np.asarray(ids)
+    out = np.zeros(len(ids), np.float64)
+    for r, row in enumerate(ids.tolist()):
+        bigrams, repeats = set(), 0
+        for j in range(1, len(row)):
+            pair = (row[j - 1], row[j])
+            repeats += row[j] == row[j - 1] or pair in bigrams
+            bigrams.add(pair)
+        out[r] = repeats / len(row)
+    return out
+
+
+@dataclasses.dataclass
+class Values:
+    """The terms of candidates [W]: reward, mean prior log-prob (NaN where the prior was not run: λ = 0),
+    repetition share and objective J."""
+
+    reward: np.ndarray
+    prior_logp: np.ndarray
+    repetition: np.ndarray
+    objective: np.ndarray
+
+
+@dataclasses.dataclass(eq=False)
+class Prior:
+    """The prior LM after one prompt's chat context: its model, prefix cache and first-token log-probs."""
+
+    model: Model
+    prefix: tuple[int, ...]
+    cache: object
+    first: jax.Array
+
+    @classmethod
+    def of(cls, model: Model, prefix) -> Prior:
+        prior_lib.require_lm_head(model)
+        return cls(model, tuple(prefix), prefill_prefix(model, prefix),
+                   prior_lib.first_token_log_probs(model, list(prefix)))
+
+    def mean_log_probs(self, ids: np.ndarray, batch_size: int = 64) -> np.ndarray:
+        return prior_lib.response_log_probs(self.model, self.cache, self.first, ids, batch_size).mean(axis=1)
+
+
+@dataclasses.dataclass(eq=False)
+class Objective:
+    """J of one direction and λ over one RM target, charged to `forwards` (module docstring)."""
+
+    target: Target
+    prior: Prior | None
+    lam: float
+    sign: float  # +1 optimal, -1 pessimal
+    repetition_weight: float
+    forwards: Forwards
+    batch_size: int = 256
+
+    def __post_init__(self):
+        if self.lam > 0 and self.prior is None:
+            raise UsageError("a fluency weight λ > 0 needs a prior LM.")
+
+    @property
+    def uses_prior(self) -> bool:
+        return self.lam > 0
+
+    def values(self, reward: np.ndarray, logp: np.ndarray, ids: np.ndarray) -> Values:
+        rep = repetition(ids)
+        fluency = np.nan_to_num(logp, nan=0.0) - self.repetition_weight * rep
+        return Values(reward, logp, rep, self.sign * reward.astype(np.float64) + self.lam * fluency)
+
+    def _prior_runs(self, current, every, known_logp) -> bool:
+        """Whether `score` runs the prior: not at λ = 0, not for known log-probs, not when the RM's own forward
+        reads them (the RM is its own prior, and the gradient gave the prior at every position of current)."""
+        shared = current is not None and every is not None and self.prior.model is self.target.model
+        return self.uses_prior and known_logp is None and not shared
+
+    def cost(self, cands: np.ndarray, current: np.ndarray | None = None, every=None) -> np.ndarray:
+        """What `score` charges for each candidate [W] (Fractions)."""
+        n, tail = np.shape(cands)[1], len(self.target.suffix)
+        rm = np.full(len(cands), n + tail) if current is None else n - first_changes(current, cands) + tail
+        lm = n if self._prior_runs(current, every, None) else 0
+        return np.asarray([self.forwards.cost(int(r), lm) for r in rm], object)
+
+    def score(self, cands: np.ndarray, current: np.ndarray | None = None, extended=None,
+              known_logp: np.ndarray | None = None, every: jax.Array | None = None) -> Values:
+        """J of candidates [W, N] (all N long), charged first. With `current`, the RM runs each from its first
+        change against `extended`, the cache of prefix + current (from the gradient's forward); when the RM is its
+        own prior and `every` (the prior's log-probs at every position of current, from the gradient) is given,
+        that same forward's LM head gives the prior term (no prior forward). `known_logp`: their mean prior
+        log-probs, already computed (a sampler's): the prior is not run again."""
+        cands = np.asarray(cands, np.int32)
+        n, tail = cands.shape[1], len(self.target.suffix)
+        if current is None:
+            rm_positions = len(cands) * (n + tail)
+        else:
+            rm_positions = int((n - first_changes(current, cands) + tail).sum())
+        run_prior = self._prior_runs(current, every, known_logp)
+        shared = self.uses_prior and known_logp is None and not run_prior
+        self.forwards.charge(rm_positions, len(cands) * n if run_prior else 0)
+        t = self.target
+        if current is None:
+            reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size)
+        else:
+            cache = extended if extended is not None else extend_prefix(t.model, t.cache, np.asarray(current)[None])
+            reward = score_variants(t.model, cache, np.asarray(t.suffix, np.int32), current, cands, self.batch_size,
+                                    log_probs=shared)
+            if shared:
+                reward, after = reward
+                return self.values(reward, _shared_log_probs(current, cands, to_host(every), after), cands)
+        if known_logp is not None:
+            logp = np.asarray(known_logp, np.float64)
+        else:
+            logp = self.prior.mean_log_probs(cands) if self.uses_prior else np.full(len(cands), np.nan)
+        return self.values(reward, logp, cands)
+
+    def score_partials(self, partials: np.ndarray) -> Values:
+        """J of partial responses [W, d] (d ≤ N: a beam level), charged (d + S) RM and d prior positions each."""
+        partials = np.asarray(partials, np.int32)
+        d, tail = partials.shape[1], len(self.target.suffix)
+        self.forwards.charge(len(partials) * (d + tail), len(partials) * d if self.uses_prior else 0)
+        t = self.target
+        reward = score_responses(t.model, t.cache, t.suffix_ids, partials, self.batch_size)
+        logp = self.prior.mean_log_probs(partials) if self.uses_prior else np.full(len(partials), np.nan)
+        return self.values(reward, logp, partials)
+
+    def extended_cache(self, current: np.ndarray):
+        """The RM cache of prefix + current (what `score` runs variants against), charged N RM positions."""
+        self.forwards.charge(len(current))
+        return extend_prefix(self.target.model, self.target.cache, np.asarray(current, np.int32)[None])
+
+    def gradient(self, current: np.ndarray) -> tuple[jax.Array, object, jax.Array | None]:
+        """d(−J)/d one_hot(current) [N, V] on the device, the RM cache of prefix + current (for `score`), and the
+        prior's log-probabilities of every token at every position [N, V] (None at λ = 0), charged first."""
+        n, tail = len(current), len(self.target.suffix)
+        self.forwards.charge(GRADIENT_COST * (n + tail), GRADIENT_COST * n if self.uses_prior else 0)
+        grad, extended = reward_gradient_on_device(self.target, current)
+        loss = -self.sign * grad
+        every = None
+        if self.uses_prior:
+            prior_grad, every = prior_lib.prior_gradient(self.prior.model, self.prior.cache, self.prior.first,
+                                                         current)
+            vocab = min(loss.shape[1], prior_grad.shape[1])
+            loss = loss[:, :vocab] - self.lam * jax.device_put(prior_grad[:, :vocab], loss.sharding)
+        return loss, extended, every
+
+    def next_token_log_probs(self, partials: np.ndarray) -> jnp.ndarray:
+        """The prior's log-probabilities of each partial's next token [W, V] (the beam's proposals), charged d
+        prior positions each."""
+        if self.prior is None:
+            raise UsageError("the prior's proposals need a prior LM.")
+        partials = np.asarray(partials, np.int32)
+        self.forwards.charge(0, partials.size)
+        return prior_lib.next_log_probs(self.prior.model, self.prior.cache, self.prior.first, partials)

@@ -1,0 +1,326 @@
+"""Issue 25: the fluent search's objective against full forwards and transformers, the forwards budget counted
+exactly, the Pareto front and hypervolume against brute force, the judge, and the job (resume, errors)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from rmjax.loading import load
+from rmjax.loading.reward_head import reward_model_from_lm
+from rmjax.scoring import calls
+from rmjax.scoring import prior as prior_lib
+from rmjax.search import fluent, objective, pareto
+from rmjax.search.gcg import make_target
+from rmjax.search.objective import Forwards, Objective, Prior
+from rmjax.text import chat, prompts
+from tests import cli, tiny, tolerance
+
+PROMPT = prompts.PAPER1["greatest"]
+WORDS = [" the", " cat", " dog", " is", " good", " very", " sat", " on", " a", " mat"]
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    """A tiny tied Llama 3.2 LM with the SmolLM2 tokenizer and template, the HF model, and an RM made from it
+    (its own prior)."""
+    hf = tiny.build_hf_model("llama3.2", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2, seed=3)
+    folder = tiny.save_hf_model(hf, tmp_path_factory.mktemp("tied") / "lm")
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny.smollm2_tokenizer_folder() / f, folder / f)
+    lm = load(str(folder))
+    return hf, lm, reward_model_from_lm(lm, seed=1)
+
+
+def _word_ids(tokenizer) -> np.ndarray:
+    ids = [tokenizer(w, add_special_tokens=False).input_ids for w in WORDS]
+    assert all(len(i) == 1 for i in ids)
+    return np.asarray([i[0] for i in ids], np.int32)
+
+
+def _conversation(tokenizer, ids) -> tuple[list[int], int, int]:
+    """The decoded response in the chat template, tokenized: ids, where the response starts and ends."""
+    split = chat.split_chat(tokenizer, PROMPT)
+    full = chat.Conversations(tokenizer, PROMPT).token_ids([tokenizer.decode(list(ids))])[0]
+    assert full[: len(split.prefix)] == list(split.prefix) and full[len(split.prefix):][: len(ids)] == list(ids)
+    return full, len(split.prefix), len(split.prefix) + len(ids)
+
+
+def _torch_mean_log_prob(hf, full: list[int], start: int, stop: int) -> float:
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0].double(), -1).numpy()
+    return float(lp[np.arange(start - 1, stop - 1), full[start:stop]].mean())
+
+
+def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied):
+    """Reward and prior terms of whole candidates, of GCG variants (the RM's own LM head in the same forward) and
+    with a separate prior, against the whole decoded conversation: the reward by a full forward without cache,
+    the prior's mean log-prob by transformers; J by its formula."""
+    hf, lm, rm = tied
+    n, lam, rho = 5, 0.7, 2.0
+    target = make_target(rm, PROMPT)
+    words = _word_ids(rm.tokenizer)
+    rng = np.random.default_rng(0)
+    current = rng.choice(words, n).astype(np.int32)
+    cands = np.repeat(current[None], 6, axis=0)
+    for row, pos in enumerate([0, 1, 2, 4, 4, 3]):
+        cands[row, pos] = words[(list(words).index(cands[row, pos]) + 1 + row) % len(words)]
+    cands[5, 4] = cands[5, 3]  # a repeat: the repetition term
+    cands = np.unique(cands, axis=0)
+    want_reward, want_logp = [], []
+    for ids in cands:
+        full, start, stop = _conversation(rm.tokenizer, ids)
+        want_reward.append(float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32),
+                                                          np.ones((1, len(full)), bool)))[0, 0]))
+        want_logp.append(_torch_mean_log_prob(hf, full, start, stop))
+    length = len(full)
+    r_atol = tolerance.any_rewards_atol(rm.params, rm.config, length)
+    lp_atol = tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32))
+    for sign, prior in ((1.0, Prior.of(rm, target.prefix)), (-1.0, Prior.of(lm, target.prefix))):
+        obj = Objective(target, prior, lam, sign, rho, Forwards(10**6, n + len(target.suffix), n))
+        loss, extended, every = obj.gradient(current)
+        for got in (obj.score(cands), obj.score(cands, current, extended, every=every)):
+            np.testing.assert_allclose(got.reward, want_reward, atol=r_atol, rtol=0)
+            np.testing.assert_allclose(got.prior_logp, want_logp, atol=lp_atol, rtol=0)
+            rep = [sum(ids[j] == ids[j - 1] or (ids[j - 1], ids[j]) in set(zip(ids[: j - 1], ids[1:j], strict=True))
+                       for j in range(1, n)) / n for ids in cands.tolist()]
+            np.testing.assert_allclose(got.repetition, rep, atol=0)
+            want_j = sign * got.reward + lam * (got.prior_logp - rho * np.asarray(rep))
+            np.testing.assert_allclose(got.objective, want_j, rtol=1e-12)
+        assert max(got.repetition) > 0
+
+
+def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_probs(tied):
+    """d mean log p / d one_hot(ids) against torch autograd through inputs_embeds; sampled responses avoid banned
+    tokens and carry the prior's own log-probs (transformers on the whole conversation)."""
+    hf, lm, _ = tied
+    split = chat.split_chat(lm.tokenizer, PROMPT)
+    prefix, ids = list(split.prefix), _word_ids(lm.tokenizer)[[1, 4, 2, 7]]
+    prior = Prior.of(lm, prefix)
+    grad, every = (np.asarray(a) for a in prior_lib.prior_gradient(lm, prior.cache, prior.first, ids))
+    table = hf.get_input_embeddings().weight.detach().double()
+    one_hot = torch.nn.functional.one_hot(torch.tensor(ids, dtype=torch.long), table.shape[0]).double()
+    one_hot.requires_grad_(True)
+    embeds = torch.cat([table[torch.tensor(prefix)], one_hot @ table])[None]
+    hf_double = hf.double()
+    lp = torch.log_softmax(hf_double(inputs_embeds=embeds).logits[0], -1)
+    mean = (one_hot * lp[len(prefix) - 1 : -1]).sum() / len(ids)
+    mean.backward()
+    want = one_hot.grad.numpy()
+    hf.float()
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(grad, want, atol=tolerance.grad_rel_error(lm.config, len(prefix) + 4, 4) * scale * 10,
+                               rtol=0)
+    np.testing.assert_allclose(every, lp[len(prefix) - 1 : -1].detach().numpy(), atol=1e-4, rtol=0)
+
+    banned = np.ones(lm.config.vocab_size, bool)
+    banned[_word_ids(lm.tokenizer)] = False
+    got, lps = prior_lib.sample_responses(lm, prior.cache, prior.first, banned, 5, 3, seed=0, batch_size=4)
+    assert got.shape == (5, 3) and not banned[got].any()
+    for row, row_lp in zip(got, lps, strict=True):
+        full = [*prefix, *row.tolist()]
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0], -1).numpy()
+        np.testing.assert_allclose(row_lp, ref[np.arange(len(prefix) - 1, len(full) - 1), row],
+                                   atol=tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32)),
+                                   rtol=0)
+
+
+class _Ledger:
+    """Positions each model call runs, counted by the definition from the calls' own arguments."""
+
+    def __init__(self, monkeypatch, rm, n: int, tail: int):
+        self.rm_positions, self.lm_positions, self.n, self.tail = 0, 0, n, tail
+        real = {name: getattr(objective, name) for name in ("score_responses", "score_variants", "extend_prefix",
+                                                            "reward_gradient_on_device")}
+        real_prior = {name: getattr(prior_lib, name) for name in ("response_log_probs", "prior_gradient",
+                                                                  "next_log_probs", "sample_responses")}
+
+        def spy(name, count):
+            def call(*args, **kwargs):
+                count(*args, **kwargs)
+                return (real | real_prior)[name](*args, **kwargs)
+            return call
+
+        def rm_add(k):
+            self.rm_positions += k
+
+        def lm_add(k):
+            self.lm_positions += k
+
+        variants = lambda m, ext, suffix, cur, v, rows, log_probs=False: rm_add(  # noqa: E731
+            sum(self.n - next((j for j in range(self.n) if row[j] != cur[j]), self.n - 1) + len(suffix)
+                for row in np.asarray(v).tolist()))
+        counters = {
+            "score_responses": lambda m, c, s, r, b: rm_add(np.shape(r)[0] * (np.shape(r)[1] + self.tail)),
+            "score_variants": variants,
+            "extend_prefix": lambda m, c, x: rm_add(np.size(x)),
+            "reward_gradient_on_device": lambda t, ids: rm_add(3 * (len(ids) + self.tail)),
+        }
+        prior_counters = {
+            "response_log_probs": lambda m, c, f, r, b=64: lm_add(np.size(r)),
+            "prior_gradient": lambda m, c, f, ids: lm_add(3 * len(ids)),
+            "next_log_probs": lambda m, c, f, p: lm_add(np.size(p)),
+            "sample_responses": lambda m, c, f, b, count, length, *a, **k: lm_add(count * length),
+        }
+        for name, count in counters.items():
+            monkeypatch.setattr(objective, name, spy(name, count))
+        for name, count in prior_counters.items():
+            monkeypatch.setattr(prior_lib, name, spy(name, count))
+
+    def forwards(self) -> Fraction:
+        return Fraction(self.rm_positions, self.n + self.tail) + Fraction(self.lm_positions, self.n)
+
+
+@pytest.mark.parametrize("case", ["shared prior", "separate prior", "exact, λ=0", "best-of-N"])
+def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypatch, case):
+    """Every position a method runs, counted from its calls' arguments by the definition, equals what the search
+    charged; no method passes the budget, and each stops when too little is left for its next call."""
+    _, lm, rm = tied
+    n, budget = 3, 300
+    target = make_target(rm, PROMPT)
+    words = _word_ids(rm.tokenizer)
+    banned = np.ones(rm.config.vocab_size, bool)
+    banned[words if case == "exact, λ=0" else np.arange(300, 5000)] = False
+    prior = Prior.of(lm if case == "separate prior" else rm, target.prefix)
+    ledger = _Ledger(monkeypatch, rm, n, len(target.suffix))
+    forwards = Forwards(budget, n + len(target.suffix), n)
+    obj = Objective(target, prior, 0.0 if case == "exact, λ=0" else 1.0, 1.0, 2.0, forwards)
+    cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8,
+                              exact_limit=16)
+    if case == "best-of-N":
+        found = fluent.best_of_n(obj, cfg, banned)
+    else:
+        found = fluent.fluent_search(obj, cfg, banned, [])
+    assert found.spent == forwards.spent == ledger.forwards()
+    assert forwards.spent <= budget
+    if found.converged:  # stopped early: every single swap of the buffer's best sequences was evaluated
+        best = found.ids[found.best(fluent.BUFFER_TRIES)]
+        evaluated = {tuple(r) for r in found.ids.tolist()}
+        assert all(tuple(np.where(np.arange(n) == p, w, row)) in evaluated
+                   for row in best for p in range(n) for w in np.flatnonzero(~banned))
+    else:
+        assert budget - forwards.spent < 8  # a gradient (3 + 3) and one candidate (≤ 2) are the dearest calls
+    assert len({tuple(r) for r in found.ids.tolist()}) == len(found.ids) or case == "best-of-N"
+    assert not banned[found.ids].any()
+
+
+def test_pareto_front_and_hypervolume_against_brute_force():
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        k = int(rng.integers(1, 25))
+        gain = rng.integers(0, 6, k).astype(float) if trial % 2 else rng.normal(size=k)
+        ppl = np.exp(rng.integers(0, 6, k).astype(float) if trial % 2 else rng.normal(size=k))
+        dominated = {i for i in range(k) for j in range(k)
+                     if gain[j] >= gain[i] and ppl[j] <= ppl[i] and (gain[j] > gain[i] or ppl[j] < ppl[i])}
+        duplicates = {i for i in range(k) for j in range(i) if gain[j] == gain[i] and ppl[j] == ppl[i]}
+        assert set(pareto.front(gain, ppl).tolist()) == set(range(k)) - dominated - duplicates
+        ref = (gain.min() - 0.5, ppl.max() * 1.5)
+        xs = np.unique(np.concatenate([[ref[0]], gain]))
+        ys = np.unique(np.concatenate([[-np.log(ref[1])], -np.log(ppl)]))
+        cells = itertools.product(zip(xs, xs[1:], strict=False), zip(ys, ys[1:], strict=False))
+        area = sum((x1 - x0) * (y1 - y0) for (x0, x1), (y0, y1) in cells
+                   if any(g >= x1 and -np.log(p) >= y1 for g, p in zip(gain, ppl, strict=True)))
+        assert pareto.hypervolume(gain, ppl, ref) == pytest.approx(area, rel=1e-12, abs=1e-12)
+
+
+def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tied, lm_folder):
+    """The judge reads the decoded text in its own template, tokenized by itself (here a model whose template
+    and tokenizer are SmolLM2's; texts of different token counts)."""
+    from rmjax.scoring.judge import judge_perplexities
+
+    hf = tiny.build_hf_model("llama3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
+    judge = load(str(lm_folder))
+    texts = ["The cat sat on the mat.", "Love", " dog dog dog", "Freedom, obviously"]
+    got = judge_perplexities(judge, PROMPT, texts)
+    split = chat.split_chat(judge.tokenizer, PROMPT)
+    for text, ppl in zip(texts, got, strict=True):
+        full = chat.Conversations(judge.tokenizer, PROMPT).token_ids([text])[0]
+        start, stop = len(split.prefix), len(full) - len(split.suffix)
+        mean = _torch_mean_log_prob(hf, full, start, stop)
+        atol = tolerance.logprobs_atol(judge.params, judge.config, np.asarray([full], np.int32))
+        assert abs(np.log(ppl) + mean) <= atol, (text, np.log(ppl), -mean)
+
+
+def _swapped_tokenizer(src, dst):
+    """A copy of an LM folder whose tokenizer gives two tokens each other's ids."""
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    (dst / "tokenizer.json").write_text(json.dumps(data))
+    return dst
+
+
+def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm_folder, lm_folder, tmp_path,
+                                                                              monkeypatch):
+    from rmjax.errors import UsageError
+    from rmjax.runs.options import RunOptions
+    from rmjax.search import frontier_job
+    from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
+
+    out = tmp_path / "f"
+    cfg = FrontierConfig(lambdas=(0.0, 1.0), direction="both", forwards=200, top=3, z_sample=64)
+    search = fluent.FluentConfig(num_tokens=3, samples=8, beam=2, proposals=4, search_width=16, topk=8)
+
+    def spec(**options):
+        return FrontierSpec(RunOptions(model=str(rm_folder), out=str(out), **options), {"greatest": PROMPT}, cfg,
+                            search, lm=str(lm_folder), judge=str(lm_folder))
+
+    run_frontier(spec())
+    csv = out / "frontier.csv"
+    first = csv.read_bytes()
+    table = __import__("pandas").read_csv(csv, keep_default_na=False)
+    assert list(table.columns) == ["direction", "lambda", "method", "rank", "ids", "text", "roundtrip", "reward",
+                                   "reward_z", "prior_logp", "judge_ppl", "forwards"]
+    assert set(table.method) == {"search", "best_of_n"} and set(table.direction) == {"optimal", "pessimal"}
+    assert (table.forwards <= 200).all() and (out / "frontier.png").stat().st_size > 0
+    meta = json.loads((out / "frontier.csv.meta.json").read_text())
+    assert set(meta["summary"]) == {"optimal", "pessimal"}
+
+    real, calls_made = frontier_job._compute, []
+
+    def crash_after_three(*args, **kwargs):
+        if len(calls_made) == 3:
+            raise KeyboardInterrupt
+        calls_made.append(args[4:8])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(frontier_job, "_compute", crash_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        run_frontier(spec(overwrite=True))
+    assert not (out / "frontier.csv.meta.json").exists()  # a crashed run leaves no result passed off as complete
+    monkeypatch.setattr(frontier_job, "_compute", lambda *a, **k: (calls_made.append(a[4:8]), real(*a, **k))[1])
+    run_frontier(spec())
+    assert len(calls_made) == 6  # 3 before the crash, 3 after it: the 3 finished units were read back
+    assert csv.read_bytes() == first
+
+    # refusals, each before the models load (the RM here unties its embeddings: no prior of its own)
+    with pytest.raises(UsageError, match="no LM head"):
+        run_frontier(dataclasses_replace(spec(), lm=None, judge=str(lm_folder)))
+    with pytest.raises(UsageError, match="another tokenizer"):
+        run_frontier(dataclasses_replace(spec(overwrite=True), lm=str(_swapped_tokenizer(lm_folder,
+                                                                                         tmp_path / "swapped"))))
+    with pytest.raises(UsageError, match="one prompt per job"):
+        run_frontier(dataclasses_replace(spec(overwrite=True), prompts={"a": "A?", "b": "B?"}))
+
+
+def dataclasses_replace(spec, **changes):
+    import dataclasses
+
+    return dataclasses.replace(spec, **changes)
+
+
+def test_bad_flags_stop_the_entry_point_in_one_line_before_any_model_loads(tmp_path):
+    out = tmp_path / "f"
+    cli.user_error(cli.run("frontier", "--model=/nonexistent/model", "--lambdas=0,-1", f"--out={out}"),
+                   "--lambdas=0.0,-1.0", "distinct finite numbers >= 0")
+    cli.user_error(cli.run("frontier", "--model=/nonexistent/model", "--start_share=1.5", f"--out={out}"),
+                   "--start_share=1.5")
+    assert not out.exists()
