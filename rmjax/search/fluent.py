@@ -104,8 +104,9 @@ class _Archive:
 
 
 def fluent_search(objective: Objective, cfg: FluentConfig, banned: np.ndarray,
-                  retokenize: list[RetokenizationCheck], progress: Callable[[], None] | None = None) -> Found:
-    """The search (module docstring) until the budget is spent or every neighbour of the buffer was evaluated."""
+                  retokenize: list[RetokenizationCheck], progress: Callable[[tuple], None] | None = None) -> Found:
+    """The search (module docstring) until the budget is spent or every neighbour of the buffer was evaluated;
+    `progress(latest)` after each scoring call, with (forwards spent, best J, its ids)."""
     forwards, n = objective.forwards, cfg.num_tokens
     archive, seen = _Archive(forwards), set()
     allowed = np.flatnonzero(~banned)
@@ -179,8 +180,8 @@ def _beam_starts(objective: Objective, cfg: FluentConfig, banned, allowed, exact
             values = objective.score(cands)
             archive.add(cands, values)
         partials = cands[np.lexsort((np.arange(len(cands)), -values.objective))[: cfg.beam]]
-        if progress:
-            progress()
+        if progress and archive.history:
+            progress(archive.history[-1])
 
 
 def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, retokenize, archive: _Archive,
@@ -219,7 +220,7 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
             cands = _affordable(objective, cands, current, every)
             archive.add(cands, objective.score(cands, current, extended, every=every))
             if progress:
-                progress()
+                progress(archive.history[-1])
             break
         else:
             return True  # every neighbour of the buffer was evaluated

@@ -252,7 +252,7 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
     objective = Objective(p.target, p.prior, lam or 0.0, sign, cfg.repetition_penalty, forwards)
     reported = [float(forwards.spent)]
 
-    def tick() -> None:
+    def tick(latest=None) -> None:
         progress.update(int(float(forwards.spent)) - int(reported[0]))
         reported[0] = float(forwards.spent)
 
