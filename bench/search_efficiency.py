@@ -176,8 +176,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from rmjax.loading import load
+    from rmjax.parallel.distributed import quiet_absent_tpu
     from rmjax.search.gcg import make_target
 
+    quiet_absent_tpu()
     runs = {m: [] for m in args.methods.split(",")}  # method -> [(model, direction, seed, curve)]
     started = time.perf_counter()
     for name in args.models.split(","):

@@ -359,7 +359,7 @@ def test_variants_run_from_their_first_change_and_equal_full_forwards(kind, tiny
     assert len(pack(tails, 6 + 2 * len(SUFFIX) + 1)) < len(variants) - 5  # several tails share rows
     want = _full_rewards(model, variants)
     assert np.isfinite(want).all() and np.ptp(want) > 1e-3  # (NaN would compare equal to NaN)
-    from_gradient = gcg_lib._device_gradient(target, current)[1]
+    from_gradient = gcg_lib.reward_gradient_on_device(target, current)[1]
     for extended in (extend_prefix(model, target.cache, current[None]), from_gradient):
         for rows in (8, 32):
             got = score_variants(model, extended, np.asarray(SUFFIX, np.int32), current, variants, rows)

@@ -76,7 +76,7 @@ class Found:
     values: Values
     spent: Fraction
     history: list[tuple[float, float, list[int]]]  # (forwards, best J, best ids) after each scoring call
-    converged: bool = False  # stopped before the budget: every neighbour of the buffer's best was evaluated
+    converged: bool = False  # stopped before the budget: no sequence evaluated had a new neighbour to propose
 
     def best(self, k: int) -> np.ndarray:
         """Indices of the k highest J, ties to the earlier."""
@@ -139,6 +139,9 @@ def _sample_starts(objective: Objective, cfg: FluentConfig, banned, retokenize, 
     count = cfg.samples
     if objective.uses_prior:
         count = max(count, int(Fraction(cfg.sample_share) * budget // per_sample))
+    count = min(count, int(forwards.left // per_sample))  # what the starts' share has left
+    if count == 0:
+        return
     forwards.charge(0, count * n)
     ids, lps = prior_lib.sample_responses(prior.model, prior.cache, prior.first, banned, count, n, cfg.seed,
                                           cfg.temperature)
@@ -186,16 +189,18 @@ def _beam_starts(objective: Objective, cfg: FluentConfig, banned, allowed, exact
 
 def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, retokenize, archive: _Archive,
          seen, progress) -> bool:
-    """GCG steps from the buffer (the archive's best) until the budget is spent (BudgetSpent) or no entry has a
-    candidate left (True)."""
+    """GCG steps, each from the best sequence evaluated so far that still has a candidate to give, until the
+    budget is spent (BudgetSpent) or none has (True). A sequence none of whose proposals is new is passed over from
+    then on: exact mode moves down the archive (coordinate ascent from the next start), gradient mode tries at most
+    BUFFER_TRIES entries a step."""
     gcg_cfg = cfg.gcg(n_replace=1)
     banned_on_device, key, n = jnp.asarray(banned), jax.random.key(cfg.seed), cfg.num_tokens
-    position = 0  # exact mode: the next position to sweep
+    position, spent = 0, set()  # exact mode: the next position to sweep; sequences with nothing left to give
     for step in range(10**9):
         found = archive.found(n)
-        buffer = found.ids[found.best(cfg.buffer_size)]
-        for attempt in range(min(len(buffer), BUFFER_TRIES)):
-            current = buffer[attempt].astype(np.int32)
+        order = [i for i in found.best(len(found.ids)) if tuple(found.ids[i].tolist()) not in spent]
+        for attempt, index in enumerate(order if exact else order[:BUFFER_TRIES]):
+            current = found.ids[index].astype(np.int32)
             if exact:
                 cands = None
                 for shift in range(n):
@@ -207,23 +212,25 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
                         cands, position = swaps[keep], (p + 1) % n
                         break
                 if cands is None:
+                    spent.add(tuple(current.tolist()))
                     continue
-                extended = objective.extended_cache(current)
+                extended, every = objective.extended_cache(current), None
             else:
                 loss, extended, every = objective.gradient(current)  # every: None at λ = 0
                 step_key = jax.random.fold_in(key, step * BUFFER_TRIES + attempt)
                 cands = _proposals(current, loss, every, banned_on_device, gcg_cfg, cfg, step_key)
                 cands, _ = filter_candidates(cands, retokenize, gcg_cfg, seen)
                 if not len(cands):
+                    spent.add(tuple(current.tolist()))
                     continue
-            every = None if exact else every
             cands = _affordable(objective, cands, current, every)
             archive.add(cands, objective.score(cands, current, extended, every=every))
             if progress:
                 progress(archive.history[-1])
             break
         else:
-            return True  # every neighbour of the buffer was evaluated
+            if exact or len(order) <= BUFFER_TRIES:
+                return True  # nothing evaluated so far has a new neighbour to propose
 
 
 def _proposals(current, loss, every, banned, gcg_cfg: GCGConfig, cfg: FluentConfig, key) -> np.ndarray:

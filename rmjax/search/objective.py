@@ -162,6 +162,8 @@ class Objective:
         log-probs, already computed (a sampler's): the prior is not run again."""
         cands = np.asarray(cands, np.int32)
         n, tail = cands.shape[1], len(self.target.suffix)
+        if current is not None and extended is None:
+            extended = self.extended_cache(current)
         if current is None:
             rm_positions = len(cands) * (n + tail)
         else:
@@ -173,8 +175,7 @@ class Objective:
         if current is None:
             reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size)
         else:
-            cache = extended if extended is not None else extend_prefix(t.model, t.cache, np.asarray(current)[None])
-            reward = score_variants(t.model, cache, np.asarray(t.suffix, np.int32), current, cands, self.batch_size,
+            reward = score_variants(t.model, extended, np.asarray(t.suffix, np.int32), current, cands, self.batch_size,
                                     log_probs=shared)
             if shared:
                 reward, after = reward
