@@ -160,7 +160,7 @@ class _Ledger:
         counters = {
             "score_responses": lambda m, c, s, r, b: rm_add(np.shape(r)[0] * (np.shape(r)[1] + self.tail)),
             "score_variants": variants,
-            "extend_prefix": lambda m, c, x: rm_add(np.size(x)),
+            "extend_prefix": lambda m, c, x: (rm_add if m is rm else lm_add)(np.size(x)),
             "reward_gradient_on_device": lambda t, ids: rm_add(3 * (len(ids) + self.tail)),
         }
         prior_counters = {

@@ -4,8 +4,9 @@
 The search: starts, then GCG on the full objective J from the best of them (seeded GCG was never worse).
 - Starts, within `start_share` of the budget: samples from the prior, then a beam (BEAST-like) whose partials
   are extended by the prior's top `proposals` next tokens and ranked by J of the partial.
-- GCG from the buffer of the best sequences: candidates are single swaps sampled from the gradient of −J's top-k
-  (the prior's term is in the gradient) mixed with swaps to the prior's top next tokens at each position.
+- GCG from the best sequences so far: candidates are single swaps sampled from the gradient of −J's top-k
+  (the prior's term is in the gradient) mixed with swaps to the prior's top next tokens at each position; and
+  `resamples` responses that keep the current sequence's first j tokens and draw the rest from the prior.
 - A candidate set no larger than `exact_limit` (the findings' 500 nouns) is searched exactly instead: the beam
   extends by every allowed token and each step proposes every allowed token at one position (a coordinate step),
   since scoring them costs less than a few guesses.
@@ -47,6 +48,8 @@ class FluentConfig:
     proposals: int = setting(8, "The prior's top next tokens proposed per partial (beam) and per position (GCG).")
     exact_limit: int = setting(1024, "A candidate set this small is searched exactly (every token at a position).")
     search_width: int = setting(64, "Candidates per GCG step.")
+    resamples: int = setting(8, "At λ > 0, tails per GCG step redrawn from the prior after a random position of "
+                                 "the current sequence (fluent moves the gradient does not propose).")
     topk: int = setting(64, "Swaps per position by gradient.")
     buffer_size: int = setting(8, "Best sequences GCG keeps.")
     start_share: float = setting(0.4, "Share of the budget the starts (samples and beam) may spend.")
@@ -54,7 +57,8 @@ class FluentConfig:
     seed: int = setting(0, "Random seed.")
 
     def __post_init__(self):
-        checks.validate(self, {n: checks.POSITIVE for n in ("num_tokens", "samples", "beam", "proposals",
+        checks.validate(self, {"resamples": checks.NON_NEGATIVE} | {n: checks.POSITIVE for n in (
+                                   "num_tokens", "samples", "beam", "proposals",
                                                              "search_width", "topk", "buffer_size", "temperature")}
                         | {"start_share": (lambda v: 0 < v < 1, "a share in (0, 1)"),
                            "sample_share": (lambda v: 0 <= v < 1, "a share in [0, 1)"),
@@ -225,6 +229,8 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
                     continue
             cands = _affordable(objective, cands, current, every)
             archive.add(cands, objective.score(cands, current, extended, every=every))
+            if every is not None and cfg.resamples:
+                _resample_tails(objective, cfg, current, every, extended, banned, retokenize, archive, seen, step)
             if progress:
                 progress(archive.history[-1])
             break
@@ -251,10 +257,32 @@ def _proposals(current, loss, every, banned, gcg_cfg: GCGConfig, cfg: FluentConf
     return np.concatenate([cands, to_host(swaps).astype(cands.dtype)])
 
 
-def _affordable(objective: Objective, cands: np.ndarray, current: np.ndarray, every) -> np.ndarray:
+def _resample_tails(objective: Objective, cfg: FluentConfig, current: np.ndarray, every, extended, banned,
+                    retokenize, archive: _Archive, seen, step: int) -> None:
+    """`resamples` responses that keep current's first j tokens (j drawn per step) and draw the rest from the prior,
+    scored from their first change; their log-probs are the sampler's and current's own (`every`), so the prior
+    runs only to draw (and, when it is not the RM, to extend its cache by the j kept tokens)."""
+    prior, n = objective.prior, len(current)
+    j = int(np.random.default_rng([cfg.seed, step]).integers(0, n))
+    cache = objective.prior_cache_after(current, j, extended)
+    objective.forwards.charge(0, cfg.resamples * (n - j))
+    tails, lps = prior_lib.sample_responses(prior.model, cache, every[j], banned, cfg.resamples, n - j,
+                                            (cfg.seed * 1_000_003 + step) % 2**32, cfg.temperature)
+    cands = np.concatenate([np.repeat(current[None, :j], len(tails), axis=0), tails], axis=1)
+    own = float(np.asarray(every)[np.arange(j), current[:j]].astype(np.float64).sum())
+    keep = _fresh(cands, retokenize, seen)
+    if keep.any():
+        cands, known = cands[keep], (own + lps[keep].astype(np.float64).sum(axis=1)) / n
+        fits = len(_affordable(objective, cands, current, None, known=True))
+        archive.add(cands[:fits], objective.score(cands[:fits], current, extended, known_logp=known[:fits]))
+
+
+def _affordable(objective: Objective, cands: np.ndarray, current: np.ndarray, every, known: bool = False
+                ) -> np.ndarray:
     """The leading candidates whose scoring fits the budget left; BudgetSpent when not even one does."""
     left = objective.forwards.left
-    fits = sum(1 for total in np.cumsum(objective.cost(cands, current, every)) if total <= left)  # sums only grow
+    costs = objective.cost(cands, current, every, known)
+    fits = sum(1 for total in np.cumsum(costs) if total <= left)  # the sums only grow
     if fits == 0:
         raise BudgetSpent
     return cands[:fits]

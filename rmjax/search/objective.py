@@ -146,11 +146,12 @@ class Objective:
         shared = current is not None and every is not None and self.prior.model is self.target.model
         return self.uses_prior and known_logp is None and not shared
 
-    def cost(self, cands: np.ndarray, current: np.ndarray | None = None, every=None) -> np.ndarray:
-        """What `score` charges for each candidate [W] (Fractions)."""
+    def cost(self, cands: np.ndarray, current: np.ndarray | None = None, every=None, known: bool = False
+             ) -> np.ndarray:
+        """What `score` charges for each candidate [W] (Fractions); `known`: their log-probs are given."""
         n, tail = np.shape(cands)[1], len(self.target.suffix)
         rm = np.full(len(cands), n + tail) if current is None else n - first_changes(current, cands) + tail
-        lm = n if self._prior_runs(current, every, None) else 0
+        lm = n if self._prior_runs(current, every, 0.0 if known else None) else 0
         return np.asarray([self.forwards.cost(int(r), lm) for r in rm], object)
 
     def score(self, cands: np.ndarray, current: np.ndarray | None = None, extended=None,
@@ -200,6 +201,16 @@ class Objective:
         """The RM cache of prefix + current (what `score` runs variants against), charged N RM positions."""
         self.forwards.charge(len(current))
         return extend_prefix(self.target.model, self.target.cache, np.asarray(current, np.int32)[None])
+
+    def prior_cache_after(self, current: np.ndarray, j: int, extended):
+        """The prior's cache of prompt + current[:j]: the head of `extended` (the RM's cache of prompt + current)
+        when the RM is the prior, else the prior's prompt cache extended by j tokens (charged j prior positions)."""
+        if self.prior.model is self.target.model:
+            return extended.head(extended.k.shape[2] - len(current) + j)
+        if not j:
+            return self.prior.cache
+        self.forwards.charge(0, j)
+        return extend_prefix(self.prior.model, self.prior.cache, np.asarray(current, np.int32)[None, :j])
 
     def gradient(self, current: np.ndarray) -> tuple[jax.Array, object, jax.Array | None]:
         """d(−J)/d one_hot(current) [N, V] on the device, the RM cache of prefix + current (for `score`), and the
