@@ -129,7 +129,9 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
         job.finish(lambda path: frontier_out.write(path, rows, summary), model=rm.source, lm=lm.source,
                    judge=judge_model.source, dtype=rm.dtype, mesh=dict(rm.mesh.shape) if rm.mesh else None,
                    prompts=spec.prompts, config=dataclasses.asdict(spec.config),
-                   search=dataclasses.asdict(spec.search), units=[u.meta() for u in units], summary=summary)
+                   search=dataclasses.asdict(spec.search), units=[u.meta() for u in units], summary=summary,
+                   forwards=sum(u.forwards for u in units),
+                   forwards_per_second=sum(u.forwards for u in units) / max(sum(u.seconds for u in units), 1e-9))
         if is_main():
             store.remove()
             print(frontier_out.describe(summary, out), file=sys.stderr)
