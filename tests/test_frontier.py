@@ -114,10 +114,12 @@ def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_pr
     mean.backward()
     want = one_hot.grad.numpy()
     hf.float()
-    scale = np.abs(want).max()
-    np.testing.assert_allclose(grad, want, atol=tolerance.grad_rel_error(lm.config, len(prefix) + 4, 4) * scale * 10,
-                               rtol=0)
-    np.testing.assert_allclose(every, lp[len(prefix) - 1 : -1].detach().numpy(), atol=1e-4, rtol=0)
+    full = np.asarray([[*prefix, *ids.tolist()]], np.int32)
+    lp_atol = tolerance.logprobs_atol(lm.params, lm.config, full)
+    # the direct term (each position's log-probs, over N) and the backward through the embeddings
+    atol = lp_atol / len(ids) + tolerance.grad_atol(want, lm.config, full.shape[1], len(ids))
+    np.testing.assert_allclose(grad, want, atol=atol, rtol=0)
+    np.testing.assert_allclose(every, lp[len(prefix) - 1 : -1].detach().numpy(), atol=lp_atol, rtol=0)
 
     banned = np.ones(lm.config.vocab_size, bool)
     banned[_word_ids(lm.tokenizer)] = False
