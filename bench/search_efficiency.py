@@ -11,7 +11,8 @@ Methods, each stopped at --budget forwards (default 25,000, 1/10 of exhaustive s
 Forwards follow BUILD_NOTES 'Forwards' (rmjax.search.objective): every call's positions over N + S (the RM; the
 prior's over N), a gradient 3x, padding rows free. GCG and the beam are counted by wrapping their scoring calls.
 
-python bench/search_efficiency.py [--budget=25000] [--seeds=5] [--models=elo-rm-smollm2-135m,elo-rm-gemma3-270m]
+python bench/search_efficiency.py [--budget=25000] [--seeds=5] [--first_seed=0] \
+    [--models=elo-rm-smollm2-135m,elo-rm-gemma3-270m]
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=int, default=25000)
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first_seed", type=int, default=0, help="seeds first_seed .. first_seed + seeds - 1")
     ap.add_argument("--beam_k", type=int, default=48)
     ap.add_argument("--models", default="elo-rm-smollm2-135m,elo-rm-gemma3-270m")
     ap.add_argument("--methods", default="gcg,beam,beam+gcg,search")
@@ -190,14 +192,14 @@ def main() -> None:
         counter.install()
         for direction in ("optimal", "pessimal"):
             rank = Ranks(cands, table, direction)
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for method in runs:
                     counter.spent = Fraction(len(target.prefix), 2 + len(target.suffix))  # the prompt's prefill
                     tick = time.perf_counter()
                     if method == "gcg":
                         curve = run_gcg(target, cands, direction, seed, args.budget, counter, rank)
                     elif method == "beam":
-                        if seed:
+                        if seed != args.first_seed:
                             curve = runs[method][-1][3]  # deterministic: the same run
                         else:
                             curve, _ = run_beam(model, cands, direction, args.beam_k, counter, rank)

@@ -120,6 +120,8 @@ def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_pr
     atol = lp_atol / len(ids) + tolerance.grad_atol(want, lm.config, full.shape[1], len(ids))
     np.testing.assert_allclose(grad, want, atol=atol, rtol=0)
     np.testing.assert_allclose(every, lp[len(prefix) - 1 : -1].detach().numpy(), atol=lp_atol, rtol=0)
+    forward_only = np.asarray(prior_lib.every_log_probs(lm, prior.cache, prior.first, ids))  # the λ = 0 proposals
+    np.testing.assert_allclose(forward_only, lp[len(prefix) - 1 : -1].detach().numpy(), atol=lp_atol, rtol=0)
 
     banned = np.ones(lm.config.vocab_size, bool)
     banned[_word_ids(lm.tokenizer)] = False
@@ -142,7 +144,8 @@ class _Ledger:
         real = {name: getattr(objective, name) for name in ("score_responses", "score_variants", "extend_prefix",
                                                             "reward_gradient_on_device")}
         real_prior = {name: getattr(prior_lib, name) for name in ("response_log_probs", "prior_gradient",
-                                                                  "next_log_probs", "sample_responses")}
+                                                                  "next_log_probs", "sample_responses",
+                                                                  "every_log_probs")}
 
         def spy(name, count):
             def call(*args, **kwargs):
@@ -168,6 +171,7 @@ class _Ledger:
         prior_counters = {
             "response_log_probs": lambda m, c, f, r, b=64: lm_add(np.size(r)),
             "prior_gradient": lambda m, c, f, ids: lm_add(3 * len(ids)),
+            "every_log_probs": lambda m, c, f, ids: lm_add(len(ids)),
             "next_log_probs": lambda m, c, f, p: lm_add(np.size(p)),
             "sample_responses": lambda m, c, f, b, count, length, *a, **k: lm_add(count * length),
         }
@@ -180,7 +184,7 @@ class _Ledger:
         return Fraction(self.rm_positions, self.n + self.tail) + Fraction(self.lm_positions, self.n)
 
 
-@pytest.mark.parametrize("case", ["shared prior", "separate prior", "exact, λ=0", "best-of-N"])
+@pytest.mark.parametrize("case", ["shared prior", "separate prior", "exact, λ=0", "gradient, λ=0", "best-of-N"])
 def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypatch, case):
     """Every position a method runs, counted from its calls' arguments by the definition, equals what the search
     charged; no method passes the budget, and each stops when too little is left for its next call."""
@@ -193,7 +197,7 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
     prior = Prior.of(lm if case == "separate prior" else rm, target.prefix)
     ledger = _Ledger(monkeypatch, rm, n, len(target.suffix))
     forwards = Forwards(budget, n + len(target.suffix), n)
-    obj = Objective(target, prior, 0.0 if case == "exact, λ=0" else 1.0, 1.0, 2.0, forwards)
+    obj = Objective(target, prior, 0.0 if case.endswith("λ=0") else 1.0, 1.0, 2.0, forwards)
     cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8,
                               exact_limit=16)
     if case == "best-of-N":
@@ -230,6 +234,39 @@ def test_pareto_front_and_hypervolume_against_brute_force():
         area = sum((x1 - x0) * (y1 - y0) for (x0, x1), (y0, y1) in cells
                    if any(g >= x1 and -np.log(p) >= y1 for g, p in zip(gain, ppl, strict=True)))
         assert pareto.hypervolume(gain, ppl, ref) == pytest.approx(area, rel=1e-12, abs=1e-12)
+
+
+def test_search_rows_are_its_best_by_j_and_points_of_its_own_front():
+    """The written search rows: the top by J, and up to front_rows points no evaluated sequence beats on both
+    gain and fluency, both ends of the front among them; ordered by J."""
+    from rmjax.search.frontier_job import search_rows
+
+    rng = np.random.default_rng(1)
+    for trial in range(20):
+        w, rho, lam, sign = int(rng.integers(1, 60)), 2.0, 0.5, (1.0, -1.0)[trial % 2]
+        ids = rng.integers(0, 4, (w, 4))
+        reward, logp = rng.normal(size=w).round(1), rng.normal(size=w).round(1)
+        rep = objective.repetition(ids)
+        j = sign * reward + lam * (logp - rho * rep)
+        found = fluent.Found(ids, objective.Values(reward, logp, rep, j), Fraction(0), [])
+        top, spread = int(rng.integers(1, 5)), int(rng.integers(0, 6))
+        rows = search_rows(found, top, spread, sign, rho).tolist()
+        gain, fluency = sign * reward, logp - rho * rep
+        on_front = [i for i in range(w) if not any(
+            gain[k] >= gain[i] and fluency[k] >= fluency[i] and (gain[k] > gain[i] or fluency[k] > fluency[i])
+            for k in range(w))]
+        best_by_j = sorted(range(w), key=lambda i: (-j[i], i))[:top]
+        extra = set(rows) - set(best_by_j)
+        assert set(best_by_j) <= set(rows) and len(rows) == len(set(rows)) <= top + spread
+        assert extra <= set(on_front)
+        assert rows == sorted(rows, key=lambda i: (-j[i], i))
+        if spread >= 2:  # the front's ends: its most fluent and its best gain (first of equal points)
+            ends = [min(on_front, key=lambda i: (-fluency[i], -gain[i], i)),
+                    min(on_front, key=lambda i: (-gain[i], -fluency[i], i))]
+            assert set(ends) <= set(rows)
+        if spread >= len(on_front):
+            distinct = {(gain[i], fluency[i]) for i in on_front}
+            assert {(gain[i], fluency[i]) for i in rows} >= distinct
 
 
 def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tied, lm_folder):

@@ -109,6 +109,22 @@ def prior_gradient(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.nd
                 replicated(first, model.mesh))
 
 
+def _every_log_probs(cfg: ModelConfig, params, cache: nn.KVCache, ids, first):
+    return _mean_log_prob_of_one_hot(cfg, params, cache, jax.nn.one_hot(ids, first.shape[0], dtype=jnp.float32),
+                                     ids, first)[1]
+
+
+def every_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.ndarray) -> jax.Array:
+    """The log-probabilities of every token at every position of one response [N, V] on the device (row j: given
+    the tokens before it): prior_gradient's aux at the cost of a forward, for the prior's proposals where J has
+    no prior term."""
+    require_lm_head(model)
+    call = compiled(_every_log_probs, model.config, model.mesh,
+                    (PARAMS, Cache(1, cache.k.shape[2]), REPLICATED, REPLICATED), REPLICATED)
+    return call(declared_params(model), cache, replicated(np.asarray(ids, np.int32), model.mesh),
+                replicated(first, model.mesh))
+
+
 def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, key, *, rows: int, length: int,
             temperature: float):
     """`rows` responses of `length` tokens drawn from the prior after the prefix `cache` (banned tokens never),

@@ -10,8 +10,10 @@ The search: starts, then GCG on the full objective J from the best of them (seed
 - A candidate set no larger than `exact_limit` (the findings' 500 nouns) is searched exactly instead: the beam
   extends by every allowed token and each step proposes every allowed token at one position (a coordinate step),
   since scoring them costs less than a few guesses.
-At λ = 0 the prior does not enter J, so it proposes nothing past the starts (its proposals would only spend
-budget). Both search and baseline stop when the next call would pass the budget.
+At λ = 0 the prior does not enter J, but with `explore` it still proposes its swaps and tails (one prior forward a
+step): over a large vocabulary the gradient's single swaps alone stall (Gemma 3 pessimal ended above best-of-N's
+best without them). Exact mode needs neither. Both search and baseline stop when the next call would pass the
+budget.
 
 The baseline (`best_of_n`): as many prior samples as the budget buys (each one prior and one RM forward), ranked
 by J.
@@ -43,13 +45,16 @@ BUFFER_TRIES = 4  # buffer entries a step tries before the search counts as stuc
 class FluentConfig:
     num_tokens: int = setting(8, "Response length N in tokens.")
     samples: int = setting(32, "Prior samples among the starts (at least).")
-    sample_share: float = setting(0.25, "At λ > 0, the share of the budget the starts' prior samples may take.")
+    sample_share: float = setting(0.25, "At λ > 0 (or exploring), the share of the budget the starts' prior "
+                                        "samples may take.")
     beam: int = setting(4, "Partials the start beam keeps per level (K).")
     proposals: int = setting(8, "The prior's top next tokens proposed per partial (beam) and per position (GCG).")
     exact_limit: int = setting(1024, "A candidate set this small is searched exactly (every token at a position).")
     search_width: int = setting(64, "Candidates per GCG step.")
-    resamples: int = setting(8, "At λ > 0, tails per GCG step redrawn from the prior after a random position of "
-                                 "the current sequence (fluent moves the gradient does not propose).")
+    resamples: int = setting(8, "Tails per GCG step redrawn from the prior after a random position of the current "
+                                 "sequence (fluent moves the gradient does not propose).")
+    explore: bool = setting(True, "At λ = 0 too, the prior proposes swaps and tails (one prior forward a GCG step; "
+                                  "J does not read it): exploration where the gradient alone stalls.")
     topk: int = setting(64, "Swaps per position by gradient.")
     buffer_size: int = setting(8, "Best sequences GCG keeps.")
     start_share: float = setting(0.4, "Share of the budget the starts (samples and beam) may spend.")
@@ -118,7 +123,7 @@ def fluent_search(objective: Objective, cfg: FluentConfig, banned: np.ndarray,
     limit, forwards.limit = forwards.limit, min(forwards.limit, forwards.spent + Fraction(cfg.start_share) *
                                                 forwards.limit)
     try:
-        _sample_starts(objective, cfg, banned, retokenize, archive, seen, limit)
+        _sample_starts(objective, cfg, banned, retokenize, archive, seen, limit, exact)
         _beam_starts(objective, cfg, banned, allowed, exact, retokenize, archive, seen, progress)
     except BudgetSpent:
         pass
@@ -136,12 +141,13 @@ def fluent_search(objective: Objective, cfg: FluentConfig, banned: np.ndarray,
 
 
 def _sample_starts(objective: Objective, cfg: FluentConfig, banned, retokenize, archive: _Archive, seen,
-                   budget: int) -> None:
-    """--samples prior samples; at λ > 0 as many as sample_share of the budget buys, if more (the fluent starts)."""
+                   budget: int, exact: bool) -> None:
+    """--samples prior samples; at λ > 0 (or exploring, outside exact mode) as many as sample_share of the budget
+    buys, if more (the fluent starts)."""
     prior, n, forwards = objective.prior, cfg.num_tokens, objective.forwards
     per_sample = forwards.cost(n + len(objective.target.suffix), n)
     count = cfg.samples
-    if objective.uses_prior:
+    if objective.uses_prior or (cfg.explore and not exact):
         count = max(count, int(Fraction(cfg.sample_share) * budget // per_sample))
     count = min(count, int(forwards.left // per_sample))  # what the starts' share has left
     if count == 0:
@@ -220,7 +226,7 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
                     continue
                 extended, every = objective.extended_cache(current), None
             else:
-                loss, extended, every = objective.gradient(current)  # every: None at λ = 0
+                loss, extended, every = objective.gradient(current, cfg.explore)  # λ = 0, no explore: None
                 step_key = jax.random.fold_in(key, step * BUFFER_TRIES + attempt)
                 cands = _proposals(current, loss, every, banned_on_device, gcg_cfg, cfg, step_key)
                 cands, _ = filter_candidates(cands, retokenize, gcg_cfg, seen)

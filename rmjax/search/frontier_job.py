@@ -30,7 +30,7 @@ from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.scoring.prefix import score_responses
-from rmjax.search import frontier_out
+from rmjax.search import frontier_out, pareto
 from rmjax.search.fluent import FluentConfig, Found, best_of_n, fluent_search
 from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
@@ -46,7 +46,10 @@ class FrontierConfig:
                              ("optimal", "pessimal", "both"))
     forwards: int = setting(3000, "Forwards budget of each search and of best-of-N (see BUILD_NOTES 'Forwards').")
     repetition_penalty: float = setting(2.0, "ρ: the fluency term loses ρ x the share of repeating positions.")
-    top: int = setting(8, "Rows written per direction, λ and method.")
+    top: int = setting(8, "Rows written per direction, λ and method: the best by J.")
+    front_rows: int = setting(16, "At λ > 0, search rows written besides the top: up to this many spread along the "
+                                  "search's own Pareto front (reward vs prior fluency, over every sequence it "
+                                  "evaluated), its frontier as best-of-N's samples are best-of-N's.")
     z_sample: int = setting(2048, "Without --sweep: single tokens sampled (seeded) to estimate the reward's mean and "
                                   "SD for reward_z.")
     allow_non_ascii: bool = setting(False, "Allow non-ASCII tokens in responses.")
@@ -55,7 +58,7 @@ class FrontierConfig:
     def __post_init__(self):
         object.__setattr__(self, "lambdas", tuple(float(v) for v in self.lambdas))
         checks.validate(self, {"forwards": checks.POSITIVE, "top": checks.POSITIVE, "z_sample": checks.POSITIVE,
-                               "repetition_penalty": checks.NON_NEGATIVE,
+                               "front_rows": checks.NON_NEGATIVE, "repetition_penalty": checks.NON_NEGATIVE,
                                "direction": checks.one_of("optimal", "pessimal", "both")})
         bad = [v for v in self.lambdas if not (v >= 0 and np.isfinite(v))]
         if not self.lambdas or bad or len(set(self.lambdas)) != len(self.lambdas):
@@ -260,13 +263,25 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
 
     if method == "search":
         found = fluent_search(objective, search, p.banned, p.retokenize, tick)
-        rows = found.best(cfg.top)
+        rows = search_rows(found, cfg.top, cfg.front_rows if lam else 0, sign, cfg.repetition_penalty)
     else:
         found = best_of_n(objective, search, p.banned)
         rows = np.arange(len(found.ids))
     tick()
     progress.update(cfg.forwards - int(float(forwards.spent)))  # what a unit left unspent: the line counts units
     return _finish(p, judge, spec, name, direction, method, lam, found, rows, time.perf_counter() - started)
+
+
+def search_rows(found: Found, top: int, front_rows: int, sign: float, rho: float) -> np.ndarray:
+    """The `top` rows by J and up to `front_rows` spread along the search's own Pareto front over every sequence
+    it evaluated (sign·reward vs fluency F = prior log-prob − ρ·repetition; all must know F), best J first. The
+    search's answer is a frontier, as EPO's is: best-of-N offers all its samples, the search its front."""
+    v, rows = found.values, found.best(top).tolist()
+    if front_rows:
+        fluency = v.prior_logp - rho * v.repetition
+        rows += [i for i in pareto.spread(pareto.front(sign * v.reward, -fluency), front_rows).tolist()
+                 if i not in rows]
+    return np.asarray(sorted(rows, key=lambda i: (-v.objective[i], i)), np.int64)
 
 
 def _finish(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: str, method: str,

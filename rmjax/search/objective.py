@@ -212,11 +212,14 @@ class Objective:
         self.forwards.charge(0, j)
         return extend_prefix(self.prior.model, self.prior.cache, np.asarray(current, np.int32)[None, :j])
 
-    def gradient(self, current: np.ndarray) -> tuple[jax.Array, object, jax.Array | None]:
+    def gradient(self, current: np.ndarray, explore: bool = False) -> tuple[jax.Array, object, jax.Array | None]:
         """d(−J)/d one_hot(current) [N, V] on the device, the RM cache of prefix + current (for `score`), and the
-        prior's log-probabilities of every token at every position [N, V] (None at λ = 0), charged first."""
+        prior's log-probabilities of every token at every position [N, V], charged first. At λ = 0 those come
+        only with `explore` (a prior forward, for the prior's proposals), else None."""
         n, tail = len(current), len(self.target.suffix)
-        self.forwards.charge(GRADIENT_COST * (n + tail), GRADIENT_COST * n if self.uses_prior else 0)
+        explore = explore and not self.uses_prior and self.prior is not None
+        lm = GRADIENT_COST * n if self.uses_prior else n if explore else 0
+        self.forwards.charge(GRADIENT_COST * (n + tail), lm)
         grad, extended = reward_gradient_on_device(self.target, current)
         loss = -self.sign * grad
         every = None
@@ -225,6 +228,8 @@ class Objective:
                                                          current)
             vocab = min(loss.shape[1], prior_grad.shape[1])
             loss = loss[:, :vocab] - self.lam * jax.device_put(prior_grad[:, :vocab], loss.sharding)
+        elif explore:
+            every = prior_lib.every_log_probs(self.prior.model, self.prior.cache, self.prior.first, current)
         return loss, extended, every
 
     def next_token_log_probs(self, partials: np.ndarray) -> jnp.ndarray:

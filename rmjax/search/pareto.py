@@ -40,6 +40,14 @@ def hypervolume(gain: np.ndarray, perplexity: np.ndarray, reference: tuple[float
     return float(area)
 
 
+def spread(indices: np.ndarray, k: int) -> np.ndarray:
+    """k of a front's indices evenly spaced along it, both ends kept; all of them when there are no more than k."""
+    indices = np.asarray(indices, np.int64)
+    if len(indices) <= k:
+        return indices
+    return indices[np.unique(np.linspace(0, len(indices) - 1, k).round().astype(np.int64))] if k else indices[:0]
+
+
 def reference_point(gain: np.ndarray, perplexity: np.ndarray) -> tuple[float, float]:
     """The worst gain and the worst perplexity among all points (of every method being compared)."""
     gain, perplexity = np.asarray(gain, np.float64), np.asarray(perplexity, np.float64)
