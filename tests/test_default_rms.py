@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rmjax import nn
-from rmjax.loading import load
+from rmjax.loading import config_of, load
 from rmjax.loading.registry import BUILTIN_DIR
 from rmjax.loading.safetensors_io import iter_tensors
 from rmjax.scoring.texts import TextScorer
@@ -22,6 +22,7 @@ PROMPT = "What, in one word, is the greatest thing ever?"
 def test_default_rm_loads_and_ranks_elo_extremes(name):
     rm = load(name)
     assert rm.config.is_reward_model and rm.config.num_labels == 1
+    assert config_of(name) == rm.config  # what jobs check before loading (the frontier's LM-head refusal)
     (_, head), = list(iter_tensors(BUILTIN_DIR / f"{name}.safetensors"))
     np.testing.assert_array_equal(np.asarray(nn.get(rm.params, "score.kernel")), np.asarray(head()).T)
     items = read_elo_items(ELO / "What, in one word, is the greatest thing ever.csv").sort_values("elo_score")

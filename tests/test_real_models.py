@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from rmjax.loading import load, resolve
+from rmjax.loading import config_of, load, resolve
 from tests import jitted as M
 from tests import tolerance
 
@@ -28,6 +28,7 @@ def _prompt_ids(model) -> np.ndarray:
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
 def test_real_model_matches_transformers_gguf(name):
     model = load(name)
+    assert config_of(name) == model.config  # read before loading, without the weights
     ids = _prompt_ids(model)
     if name.startswith("smollm2"):
         assert model.chat_template and ids.shape[1] == 42  # system + user + assistant header

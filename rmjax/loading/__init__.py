@@ -11,11 +11,11 @@ from rmjax.loading.gguf_file import cached_hf_folder
 from rmjax.loading.hf import load_hf_model_folder
 from rmjax.loading.identity import derived, file_sha256, folder_fingerprint, gguf_fingerprint
 from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS, builtin_head_file, cache_dir, resolve
-from rmjax.loading.reward_head import reward_model_from_lm
+from rmjax.loading.reward_head import reward_config, reward_model_from_lm
 from rmjax.loading.safetensors_io import iter_tensors
 from rmjax.model import Model
 
-__all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "config_and_tokenizer", "fingerprint", "load", "peek"]
+__all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "config_and_tokenizer", "config_of", "fingerprint", "load", "peek"]
 
 
 def fingerprint(spec: str) -> dict:
@@ -45,14 +45,27 @@ def config_and_tokenizer(spec: str):
     """(config, tokenizer) of any model spec without reading its weights: what tokenizing for the model needs
     before it loads (a GGUF file is converted first, as `load` does; a builtin reward model has its backbone's
     config and tokenizer)."""
-    from rmjax.config import load_config_file
     from rmjax.loading.hf import load_tokenizer
 
-    kind, path = resolve(BUILTIN_RMS.get(spec, spec))
+    cfg, path = _config_and_folder(BUILTIN_RMS.get(spec, spec))
+    return cfg, load_tokenizer(path, cfg)
+
+
+def config_of(spec: str):
+    """The config `load(spec)` gives, without reading weights or the tokenizer (a GGUF file is converted once and
+    cached, as `load` does; a builtin reward model is its backbone's config with a reward head's)."""
+    if spec in BUILTIN_RMS:
+        return reward_config(_config_and_folder(BUILTIN_RMS[spec])[0])
+    return _config_and_folder(spec)[0]
+
+
+def _config_and_folder(spec: str):
+    from rmjax.config import load_config_file
+
+    kind, path = resolve(spec)
     if kind == "gguf":
         path = cached_hf_folder(path, cache_dir())
-    cfg = load_config_file(path / "config.json")
-    return cfg, load_tokenizer(path, cfg)
+    return load_config_file(path / "config.json"), path
 
 
 def load(

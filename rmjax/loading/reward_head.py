@@ -35,10 +35,14 @@ def new_head_fingerprint(lm_fingerprint: dict | None, seed: int) -> dict | None:
     return None if lm_fingerprint is None else derived(lm_fingerprint, score_init_seed=seed)
 
 
+def reward_config(lm_config):
+    """The config of a one-label reward model made from an LM of this config."""
+    return lm_config.replace(num_labels=1, architecture=SEQUENCE_CLASSIFIERS[lm_config.model_type])
+
+
 def reward_model_from_lm(lm: Model, score: np.ndarray | None = None, seed: int = 0, source: str | None = None) -> Model:
     """The LM's backbone with a (new or given) one-label score head; the LM head is dropped."""
-    arch = SEQUENCE_CLASSIFIERS[lm.config.model_type]
-    cfg = lm.config.replace(num_labels=1, architecture=arch)
+    cfg = reward_config(lm.config)
     head = init_score_head(cfg.hidden_size, seed) if score is None else np.asarray(score, np.float32)
     if head.shape != (cfg.hidden_size, 1):
         raise UsageError(f"score head has shape {head.shape}, expected ({cfg.hidden_size}, 1).")
@@ -46,7 +50,7 @@ def reward_model_from_lm(lm: Model, score: np.ndarray | None = None, seed: int =
     placed = jnp.asarray(head) if lm.mesh is None else replicated(head, lm.mesh)
     params = nn.from_flat(cfg, {**weights, "score.kernel": placed})
     raw = {k: v for k, v in lm.raw_config.items() if k not in ("num_labels", "id2label", "label2id")}
-    raw.update(architectures=[arch], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    raw.update(architectures=[cfg.architecture], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     if lm.config.model_type == "gemma3_text":
         raw["model_type"] = "gemma3_text"
     fp = (new_head_fingerprint(lm.fingerprint, seed) if score is None

@@ -19,7 +19,7 @@ import numpy as np
 from rmjax import checks
 from rmjax.checks import setting
 from rmjax.errors import ResumeMismatchError, UsageError
-from rmjax.loading import fingerprint, peek
+from rmjax.loading import config_of, fingerprint
 from rmjax.loading.for_job import load_for_job
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
@@ -110,11 +110,11 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
                          f"{', '.join(list(spec.prompts)[:4])}); give --prompt or a single prompt's name.")
     if spec.sweep:
         results.checked_input(spec.sweep, ("sweep",), "--sweep")
-    rm_config = _config_of(o.model)
+    rm_config = config_of(o.model)
     require_reward_model(rm_config, o.model, "the frontier")
     judge = spec.judge or default_judge(rm_config)
     for name, source in (("--lm", spec.lm or o.model), ("--judge", judge)):
-        _require_lm_head(_config_of(source), source, name)
+        _require_lm_head(config_of(source), source, name)
     identity = frontier_identity(spec, fingerprint(o.model), fingerprint(spec.lm) if spec.lm else None,
                                  fingerprint(judge), judge)
     out = csv_path(o.out)
@@ -139,16 +139,6 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
             store.remove()
             print(frontier_out.describe(summary, out), file=sys.stderr)
         return out
-
-
-def _config_of(source: str):
-    """A model's config without its weights where the source allows (a checkpoint folder), else loaded."""
-    peeked = peek(source)
-    if peeked is not None:
-        return peeked[0]
-    from rmjax.loading import load
-
-    return load(source).config
 
 
 def _require_lm_head(cfg, source: str, flag: str) -> None:
