@@ -184,7 +184,8 @@ class _Ledger:
         return Fraction(self.rm_positions, self.n + self.tail) + Fraction(self.lm_positions, self.n)
 
 
-@pytest.mark.parametrize("case", ["shared prior", "separate prior", "exact, λ=0", "gradient, λ=0", "best-of-N"])
+@pytest.mark.parametrize("case", ["shared prior", "separate prior", "exact, λ=0", "gradient, λ=0",
+                                  "gradient, no explore, λ=0", "best-of-N"])
 def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypatch, case):
     """Every position a method runs, counted from its calls' arguments by the definition, equals what the search
     charged; no method passes the budget, and each stops when too little is left for its next call."""
@@ -199,7 +200,7 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
     forwards = Forwards(budget, n + len(target.suffix), n)
     obj = Objective(target, prior, 0.0 if case.endswith("λ=0") else 1.0, 1.0, 2.0, forwards)
     cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8,
-                              exact_limit=16)
+                              exact_limit=16, explore="no explore" not in case)
     if case == "best-of-N":
         found = fluent.best_of_n(obj, cfg, banned)
     else:
