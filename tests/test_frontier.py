@@ -147,8 +147,11 @@ class _Ledger:
                                                                   "next_log_probs", "sample_responses",
                                                                   "every_log_probs")}
 
+        self.called = set()
+
         def spy(name, count):
             def call(*args, **kwargs):
+                self.called.add(name)
                 count(*args, **kwargs)
                 return (real | real_prior)[name](*args, **kwargs)
             return call
@@ -206,6 +209,8 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
     else:
         found = fluent.fluent_search(obj, cfg, banned, [])
     assert found.spent == forwards.spent == ledger.forwards()
+    if case.startswith("gradient"):  # at λ = 0 the prior proposes only when exploring
+        assert ("every_log_probs" in ledger.called) == ("no explore" not in case)
     assert forwards.spent <= budget
     if found.converged:  # stopped early: every single swap of the buffer's best sequences was evaluated
         best = found.ids[found.best(fluent.BUFFER_TRIES)]
