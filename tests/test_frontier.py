@@ -96,6 +96,35 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied):
         assert max(got.repetition) > 0
 
 
+@pytest.mark.parametrize("case", ["shared prior", "separate prior", "λ=0, exploring"])
+def test_every_sequence_a_search_evaluates_carries_its_true_terms(tied, case):
+    """Whatever path scored a sequence (samples, beam, shared-forward variants, redrawn tails whose log-probs are
+    the sampler's plus the kept head's), its reward equals a full forward and its prior log-prob transformers'."""
+    hf, lm, rm = tied
+    n = 3
+    target = make_target(rm, PROMPT)
+    banned = np.ones(rm.config.vocab_size, bool)
+    banned[300:5000] = False
+    prior = Prior.of(lm if case == "separate prior" else rm, target.prefix)
+    obj = Objective(target, prior, 0.0 if case.startswith("λ=0") else 1.0, -1.0, 2.0,
+                    Forwards(120, n + len(target.suffix), n))
+    cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8,
+                              exact_limit=16, resamples=4)
+    found = fluent.fluent_search(obj, cfg, banned, [])
+    known = np.flatnonzero(np.isfinite(found.values.prior_logp))
+    assert len(found.ids) > 30 and len(known) > 20  # starts, GCG variants and redrawn tails
+    prefix, suffix = list(target.prefix), list(target.suffix)
+    for i in range(len(found.ids)):
+        full = [*prefix, *found.ids[i].tolist(), *suffix]
+        want = float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32), np.ones((1, len(full)), bool)))[0, 0])
+        np.testing.assert_allclose(found.values.reward[i], want, rtol=0,
+                                   atol=tolerance.any_rewards_atol(rm.params, rm.config, len(full)))
+        if i in known:
+            np.testing.assert_allclose(
+                found.values.prior_logp[i], _torch_mean_log_prob(hf, full, len(prefix), len(prefix) + n), rtol=0,
+                atol=tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32)))
+
+
 def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_probs(tied):
     """d mean log p / d one_hot(ids) against torch autograd through inputs_embeds; sampled responses avoid banned
     tokens and carry the prior's own log-probs (transformers on the whole conversation)."""
