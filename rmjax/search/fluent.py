@@ -275,7 +275,7 @@ def _resample_tails(objective: Objective, cfg: FluentConfig, current: np.ndarray
     tails, lps = prior_lib.sample_responses(prior.model, cache, every[j], banned, cfg.resamples, n - j,
                                             (cfg.seed * 1_000_003 + step) % 2**32, cfg.temperature)
     cands = np.concatenate([np.repeat(current[None, :j], len(tails), axis=0), tails], axis=1)
-    own = float(np.asarray(every)[np.arange(j), current[:j]].astype(np.float64).sum())
+    own = float(to_host(every[np.arange(j), current[:j]]).astype(np.float64).sum())  # j entries, not [N, V]
     keep = _fresh(cands, retokenize, seen)
     if keep.any():
         cands, known = cands[keep], (own + lps[keep].astype(np.float64).sum(axis=1)) / n
