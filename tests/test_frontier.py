@@ -3,6 +3,7 @@ exactly, the Pareto front and hypervolume against brute force, the judge, and th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import shutil
@@ -252,6 +253,37 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
     assert not banned[found.ids].any()
 
 
+def test_a_seeded_search_takes_its_seeds_free_with_their_terms(tied, monkeypatch):
+    """Seeds (rows another λ's search found and paid for) join the archive at no charge, with
+    J computed from their given reward and prior log-prob under this search's λ; no sequence is scored twice, and
+    the search's best is at least the best seed's."""
+    _, _, rm = tied
+    n = 3
+    target = make_target(rm, PROMPT)
+    banned = np.ones(rm.config.vocab_size, bool)
+    banned[300:5000] = False
+    prior = Prior.of(rm, target.prefix)
+    cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8, exact_limit=16)
+    unit = (n + len(target.suffix), n)
+    earlier = fluent.fluent_search(Objective(target, prior, 4.0, -1.0, 2.0, Forwards(150, *unit)),
+                                   dataclasses.replace(cfg, seed=7), banned, [])
+    pick = earlier.best(6)
+    seeds = (earlier.ids[pick], earlier.values.reward[pick], earlier.values.prior_logp[pick])
+    ledger, scored, real_score = _Ledger(monkeypatch, rm, n, len(target.suffix)), [], Objective.score
+    monkeypatch.setattr(Objective, "score", lambda self, cands, *a, **k: (
+        scored.extend(map(tuple, np.asarray(cands).tolist())), real_score(self, cands, *a, **k))[1])
+    forwards = Forwards(150, *unit)
+    found = fluent.fluent_search(Objective(target, prior, 0.25, -1.0, 2.0, forwards), cfg, banned, [], seeds=seeds)
+    assert found.spent == forwards.spent == ledger.forwards() and len(scored) == len(set(scored)) > 20
+    free = [i for i, ids in enumerate(seeds[0].tolist()) if tuple(ids) not in set(scored)]
+    assert free  # seeds the search had not found itself: in its archive without being scored (nor charged)
+    index = {tuple(row): i for i, row in enumerate(found.ids.tolist())}
+    want = -seeds[1] + 0.25 * (seeds[2] - 2.0 * objective.repetition(seeds[0]))
+    got = [found.values.objective[index[tuple(seeds[0][i].tolist())]] for i in free]
+    np.testing.assert_allclose(got, want[free], rtol=1e-12)
+    assert found.values.objective.max() >= max(want)
+
+
 def test_pareto_front_and_hypervolume_against_brute_force():
     rng = np.random.default_rng(0)
     for trial in range(30):
@@ -360,19 +392,20 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
 
     real, calls_made = frontier_job._compute, []
 
-    def crash_after_three(*args, **kwargs):
-        if len(calls_made) == 3:
+    def crash_after_one(*args, **kwargs):  # the λ = 0 search then starts from the λ = 1 rows read back
+        if len(calls_made) == 1:
             raise KeyboardInterrupt
-        calls_made.append(args[4:8])
+        calls_made.append(args[3:7])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(frontier_job, "_compute", crash_after_three)
+    monkeypatch.setattr(frontier_job, "_compute", crash_after_one)
     with pytest.raises(KeyboardInterrupt):
         run_frontier(spec(overwrite=True))
     assert not (out / "frontier.csv.meta.json").exists()  # a crashed run leaves no result passed off as complete
-    monkeypatch.setattr(frontier_job, "_compute", lambda *a, **k: (calls_made.append(a[4:8]), real(*a, **k))[1])
+    monkeypatch.setattr(frontier_job, "_compute", lambda *a, **k: (calls_made.append(a[3:7]), real(*a, **k))[1])
     run_frontier(spec())
-    assert len(calls_made) == 6  # 3 before the crash, 3 after it: the 3 finished units were read back
+    assert len(calls_made) == 6  # 1 before the crash, 5 after it: the finished unit was read back
+    assert calls_made[:2] == [("greatest", "optimal", "search", 1.0), ("greatest", "optimal", "search", 0.0)]
     assert csv.read_bytes() == first
 
     # refusals, each before the models load (the RM here unties its embeddings: no prior of its own)

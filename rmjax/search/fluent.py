@@ -10,6 +10,8 @@ The search: starts, then GCG on the full objective J from the best of them (seed
 - A candidate set no larger than `exact_limit` (the findings' 500 nouns) is searched exactly instead: the beam
   extends by every allowed token and each step proposes every allowed token at one position (a coordinate step),
   since scoring them costs less than a few guesses.
+- Seeds, another search's rows (the frontier's larger λs), join the archive first, free: GCG goes on from the
+  best of them and the starts.
 At λ = 0 the prior does not enter J, but with `explore` it still proposes its swaps and tails (one prior forward a
 step): over a large vocabulary the gradient's single swaps alone stall (Gemma 3 pessimal ended above best-of-N's
 best without them). Exact mode needs neither. Both search and baseline stop when the next call would pass the
@@ -113,11 +115,18 @@ class _Archive:
 
 
 def fluent_search(objective: Objective, cfg: FluentConfig, banned: np.ndarray,
-                  retokenize: list[RetokenizationCheck], progress: Callable[[tuple], None] | None = None) -> Found:
+                  retokenize: list[RetokenizationCheck], progress: Callable[[tuple], None] | None = None,
+                  seeds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Found:
     """The search (module docstring) until the budget is spent or every neighbour of the buffer was evaluated;
-    `progress(latest)` after each scoring call, with (forwards spent, best J, its ids)."""
+    `progress(latest)` after each scoring call, with (forwards spent, best J, its ids). `seeds` (ids [S, N], their
+    rewards and mean prior log-probs, found and paid for by another search) join the archive first, free."""
     forwards, n = objective.forwards, cfg.num_tokens
     archive, seen = _Archive(forwards), set()
+    if seeds is not None and len(seeds[0]):
+        ids, reward, logp = (np.asarray(a) for a in seeds)
+        keep = _fresh(ids, retokenize, seen)
+        if keep.any():
+            archive.add(ids[keep], objective.values(reward[keep], logp[keep], ids[keep]))
     allowed = np.flatnonzero(~banned)
     exact = len(allowed) <= cfg.exact_limit
     limit, forwards.limit = forwards.limit, min(forwards.limit, forwards.spent + Fraction(cfg.start_share) *

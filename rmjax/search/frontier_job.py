@@ -50,6 +50,10 @@ class FrontierConfig:
     front_rows: int = setting(16, "At λ > 0, search rows written besides the top: up to this many spread along the "
                                   "search's own Pareto front (reward vs prior fluency, over every sequence it "
                                   "evaluated), its frontier as best-of-N's samples are best-of-N's.")
+    share: bool = setting(True, "Run each direction's searches from the largest λ down, each adding the rows the "
+                                "larger λs' searches wrote to its own starts (a homotopy over λ, as EPO's population "
+                                "spans it). Those rows were paid for by their own searches: a direction's search "
+                                "still spends len(lambdas) x forwards in all.")
     z_sample: int = setting(2048, "Without --sweep: single tokens sampled (seeded) to estimate the reward's mean and "
                                   "SD for reward_z.")
     allow_non_ascii: bool = setting(False, "Allow non-ASCII tokens in responses.")
@@ -181,8 +185,9 @@ class Unit:
 
 def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store: ChunkStore) -> list[Unit]:
     cfg, search = spec.config, spec.search
+    lambdas = sorted(cfg.lambdas, reverse=True) if cfg.share else cfg.lambdas
     plan = [(p, d, m, lam) for p in spec.prompts for d in cfg.directions
-            for m, lam in [*(("search", v) for v in cfg.lambdas), ("best_of_n", None)]]
+            for m, lam in [*(("search", v) for v in lambdas), ("best_of_n", None)]]
     progress = Progress(len(plan) * cfg.forwards, "frontier", unit="forwards", every=10.0)
     units, ready = [], {}
     for index, (name, direction, method, lam) in enumerate(plan):
@@ -193,7 +198,9 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
             continue
         if name not in ready:
             ready[name] = _prepare(rm, lm, spec, name)
-        units.append(_compute(ready[name], judge, spec, name, direction, method, lam, progress))
+        seeds = _seeds([u for u in units if (u.prompt, u.direction, u.method) == (name, direction, "search")]
+                       if cfg.share and method == "search" else [])
+        units.append(_compute(ready[name], judge, spec, name, direction, method, lam, progress, seeds))
         if is_main():
             _write(store, key, units[-1])
     return units
@@ -236,8 +243,16 @@ def _reward_scale(rm: Model, target: Target, spec: FrontierSpec, name: str, chec
     return float(values.mean()), float(values.std(ddof=1))
 
 
+def _seeds(earlier: list[Unit]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The rows earlier searches of the same prompt and direction wrote (ids, reward, prior log-prob), in plan
+    order: a later search goes on from them too (FrontierConfig.share)."""
+    if not earlier:
+        return None
+    return tuple(np.concatenate([getattr(u, f) for u in earlier]) for f in ("ids", "reward", "prior_logp"))
+
+
 def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: str, method: str,
-             lam: float | None, progress: Progress) -> Unit:
+             lam: float | None, progress: Progress, seeds=None) -> Unit:
     cfg, search, started = spec.config, spec.search, time.perf_counter()
     n, tail = search.num_tokens, len(p.target.suffix)
     forwards = Forwards(cfg.forwards, n + tail, n)
@@ -252,7 +267,7 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
         reported[0] = float(forwards.spent)
 
     if method == "search":
-        found = fluent_search(objective, search, p.banned, p.retokenize, tick)
+        found = fluent_search(objective, search, p.banned, p.retokenize, tick, seeds)
         rows = search_rows(found, cfg.top, cfg.front_rows if lam else 0, sign, cfg.repetition_penalty)
     else:
         found = best_of_n(objective, search, p.banned)
