@@ -34,13 +34,15 @@ from rmjax.search.gcg import Target, reward_gradient_on_device
 GRADIENT_COST = 3  # a backward pass costs about twice its forward
 
 
-def _shared_log_probs(current: np.ndarray, cands: np.ndarray, every: np.ndarray, after: np.ndarray) -> np.ndarray:
+def _shared_log_probs(current: np.ndarray, cands: np.ndarray, every: jax.Array, after: np.ndarray) -> np.ndarray:
     """Mean log-probs of variants of `current`: its own tokens' before the first change and the changed token's
-    (both from `every` [N, V], the prior at every position of current), then the tail's (`after`, summed)."""
+    (both from `every` [N, V] on the device, the prior at every position of current; only those N + W entries
+    come to the host), then the tail's (`after`, summed)."""
     first = first_changes(current, cands)
-    own = np.concatenate([[0.0], np.cumsum(every[np.arange(len(current)), current].astype(np.float64))])
-    changed = every[first, cands[np.arange(len(cands)), first]].astype(np.float64)
-    return (own[first] + changed + after) / len(current)
+    rows = np.concatenate([np.arange(len(current)), first])
+    picked = to_host(every[rows, np.concatenate([current, cands[np.arange(len(cands)), first]])])
+    own = np.concatenate([[0.0], np.cumsum(picked[: len(current)].astype(np.float64))])
+    return (own[first] + picked[len(current):].astype(np.float64) + after) / len(current)
 
 
 class BudgetSpent(Exception):
