@@ -402,11 +402,21 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     with pytest.raises(KeyboardInterrupt):
         run_frontier(spec(overwrite=True))
     assert not (out / "frontier.csv.meta.json").exists()  # a crashed run leaves no result passed off as complete
-    monkeypatch.setattr(frontier_job, "_compute", lambda *a, **k: (calls_made.append(a[3:7]), real(*a, **k))[1])
+    seeds_given = []
+    monkeypatch.setattr(frontier_job, "_compute", lambda *a, **k: (calls_made.append(a[3:7]), seeds_given.append(a[8]),
+                                                                    real(*a, **k))[2])
     run_frontier(spec())
     assert len(calls_made) == 6  # 1 before the crash, 5 after it: the finished unit was read back
     assert calls_made[:2] == [("greatest", "optimal", "search", 1.0), ("greatest", "optimal", "search", 0.0)]
     assert csv.read_bytes() == first
+    # the λ = 0 search after the resume was given exactly the λ = 1 rows the CSV holds, with their terms
+    written = table[(table.direction == "optimal") & (table["lambda"] == 1.0) & (table.method == "search")]
+    ids, reward, logp = seeds_given[0]
+    assert sorted(" ".join(map(str, row)) for row in ids.tolist()) == sorted(written.ids)
+    by_ids = dict(zip(written.ids, zip(written.reward, written.prior_logp, strict=True), strict=True))
+    np.testing.assert_allclose(  # the CSV keeps 9 significant digits: off by at most half a unit of the 9th
+        [by_ids[" ".join(map(str, r))] for r in ids.tolist()], np.stack([reward, logp], 1), rtol=5.1e-9, atol=0)
+    assert seeds_given[2] is None  # best-of-N takes no seeds
 
     # refusals, each before the models load (the RM here unties its embeddings: no prior of its own)
     with pytest.raises(UsageError, match="no LM head"):

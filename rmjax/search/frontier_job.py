@@ -252,7 +252,8 @@ def _seeds(earlier: list[Unit]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | N
 
 
 def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: str, method: str,
-             lam: float | None, progress: Progress, seeds=None) -> Unit:
+             lam: float | None, progress: Progress,
+             seeds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Unit:
     cfg, search, started = spec.config, spec.search, time.perf_counter()
     n, tail = search.num_tokens, len(p.target.suffix)
     forwards = Forwards(cfg.forwards, n + tail, n)
