@@ -48,12 +48,15 @@ OVERWRITE = flags.DEFINE_bool("overwrite", False,
                               "refused, and a finished result of the same inputs is reused.")
 ALLOW_NONFINITE = flags.DEFINE_bool("allow_nonfinite", False,
                                     "Write NaN/Inf scores instead of stopping (they are counted in .meta.json).")
+COMPILE_CACHE = flags.DEFINE_bool("compile_cache", True,
+                                  "Keep compiled XLA programs in the model cache's xla/ folder (.cache/rmjax/xla, or "
+                                  "$RMJAX_CACHE_DIR/xla): a later job with the same shapes skips their compilation.")
 
 
 # Entry points that run a language model rather than a reward head (logprobs, train_rm) declare these as
 # their key flags instead of adopting the whole module, so their --help does not offer --output_column.
 LM_FLAGS = ("model", "dtype", "mesh", "prompts", "prompt", "template", "coordinator", "num_processes", "process_id",
-            "overwrite", "allow_nonfinite")
+            "overwrite", "allow_nonfinite", "compile_cache")
 
 
 def refuse_output_column(job: str) -> None:
@@ -88,7 +91,7 @@ _mesh: list = []
 
 def start():
     """Once per job, before anything touches a device: logs, multi-host initialization, the mesh
-    (checked against the devices there are). Returns the mesh (None without --mesh)."""
+    (checked against the devices there are), the compilation cache. Returns the mesh (None without --mesh)."""
     if not _mesh:
         from rmjax.parallel import distributed, sharding
 
@@ -98,6 +101,11 @@ def start():
             _mesh.append(sharding.make_mesh(MESH.value) if MESH.value else None)
         except ValueError as error:
             raise UsageError(f"--mesh={MESH.value}: {error}") from None
+        if COMPILE_CACHE.value:
+            from rmjax.compiled import keep_compilations
+            from rmjax.loading.registry import cache_dir
+
+            keep_compilations(cache_dir() / "xla")
     return _mesh[0]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -128,6 +129,21 @@ def _abstract(x: Any) -> Any:
     if not hasattr(x, "shape"):
         return x
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if isinstance(x, jax.Array) else None)
+
+
+def keep_compilations(folder: Path, min_seconds: float = 0.5) -> bool:
+    """XLA's persistent compilation cache in `folder` (programs that took at least `min_seconds` to compile), so
+    a job compiles each program once per machine, not once per process: on 2 CPU cores a frontier job on Gemma 3
+    spends over a minute compiling its samplers, scorers and gradients. Left alone where a cache is already set
+    (JAX_COMPILATION_CACHE_DIR), and off in a CPU process with several devices, where a program with collectives
+    loaded back from the cache hangs in its first collective (jax 0.10.2, see tests/cli.py). Whether it is on."""
+    if jax.config.jax_compilation_cache_dir is not None:
+        return False
+    if jax.default_backend() == "cpu" and jax.device_count() > 1:
+        return False
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_seconds))
+    return True
 
 
 _CACHE: dict[tuple, Compiled] = {}

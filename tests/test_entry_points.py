@@ -130,3 +130,33 @@ def test_logprobs_refuses_output_column_before_loading(tmp_path):
     from tests import cli
 
     cli.user_error(cli.run("logprobs", "--output_column=1", f"--out={tmp_path / 'lp.csv'}"), "--output_column=1")
+
+
+def test_jobs_keep_their_compilations_in_the_model_cache(tmp_path):
+    """start() points XLA's persistent cache at the model cache's xla/ folder (not with --nocompile_cache, not where
+    JAX_COMPILATION_CACHE_DIR already says, not on a CPU process with several devices); a program compiled by one
+    process is loaded by the next."""
+    from tests.cli import COMPILE_CACHE, ENV
+
+    env = {k: v for k, v in ENV.items() if k not in COMPILE_CACHE} | {"RMJAX_CACHE_DIR": str(tmp_path / "c")}
+    probe = ("import sys, jax; from absl import flags; from experiments import common; flags.FLAGS(sys.argv); "
+             "common.start(); print(jax.config.jax_compilation_cache_dir)")
+
+    def cache_dir_of(*flags: str, **extra: str) -> str:
+        proc = subprocess.run([sys.executable, "-c", probe, *flags], cwd=REPO, env=env | extra, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert cache_dir_of() == str(tmp_path / "c" / "xla")
+    assert cache_dir_of("--nocompile_cache") == "None"
+    assert cache_dir_of(JAX_COMPILATION_CACHE_DIR=str(tmp_path / "mine")) == str(tmp_path / "mine")
+    assert cache_dir_of(XLA_FLAGS="--xla_force_host_platform_device_count=2") == "None"
+    hits = ("import sys, jax, jax.numpy as jnp; from pathlib import Path; from rmjax.compiled import "
+            "keep_compilations; events = []; jax.monitoring.register_event_listener(lambda e, **k: events.append(e)); "
+            "assert keep_compilations(Path(sys.argv[1]), min_seconds=0); jax.jit(lambda x: jnp.sin(x) @ x)"
+            "(jnp.ones((4, 4))).block_until_ready(); print(events.count('/jax/compilation_cache/cache_hits'))")
+    counts = [subprocess.run([sys.executable, "-c", hits, str(tmp_path / "x")], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300) for _ in range(2)]
+    first, second = (int(c.stdout.strip().splitlines()[-1]) for c in counts)
+    assert first == 0 < second, counts[1].stderr[-2000:]

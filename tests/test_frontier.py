@@ -336,6 +336,38 @@ def test_search_rows_are_its_best_by_j_and_points_of_its_own_front():
             assert {(gain[i], fluency[i]) for i in rows} >= distinct
 
 
+def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_share_a_reference():
+    """Dominating responses (judge perplexity ≤ best-of-N's median, gain ≥ its best) counted as distinct sequences,
+    though several λs write the same one; both hypervolumes from the worst gain and perplexity of all points."""
+    from rmjax.search.frontier_job import FrontierConfig, Unit
+    from rmjax.search.frontier_out import summaries
+
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        sign, units = (1.0, -1.0)[trial % 2], []
+        direction = "optimal" if sign > 0 else "pessimal"
+        pool = rng.integers(0, 3, (6, 2))  # few distinct responses: λs write the same ones
+        for lam in (None, 1.0, 0.0):
+            w = int(rng.integers(1, 12))
+            ids = pool[rng.integers(0, len(pool), w)] if lam is not None else rng.integers(0, 3, (w, 2))
+            reward = np.asarray([float(np.sum(r)) for r in ids]) + (0 if lam is not None else rng.normal(size=w))
+            ppl = np.exp(np.asarray([1.0 + r[0] for r in ids]) + (0 if lam is not None else rng.normal(size=w)))
+            units.append(Unit("p", direction, "best_of_n" if lam is None else "search", lam, ids, reward,
+                              np.zeros(w), ppl, np.ones(w, bool), 0.0, np.zeros((0, 2)), (0.0, 1.0)))
+        got = summaries(units, FrontierConfig(direction=direction))[direction]
+        base, search = units[0], units[1:]
+        median, best = np.median(base.judge_ppl), np.max(sign * base.reward)
+        want = {tuple(u.ids[i]) for u in search for i in range(len(u.ids))
+                if u.judge_ppl[i] <= median and sign * u.reward[i] >= best}
+        assert got["dominating_responses"] == len(want)
+        every = [(sign * r, p) for u in units for r, p in zip(u.reward, u.judge_ppl, strict=True)]
+        ref = (min(g for g, _ in every), max(p for _, p in every))
+        assert (sign * got["hypervolume"]["reference"]["reward"], got["hypervolume"]["reference"]["judge_ppl"]) == ref
+        s_gain = np.concatenate([sign * u.reward for u in search])
+        assert got["hypervolume"]["search"] == pareto.hypervolume(
+            s_gain, np.concatenate([u.judge_ppl for u in search]), ref)
+
+
 def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tied, lm_folder):
     """The judge reads the decoded text in its own template, tokenized by itself (here a model whose template
     and tokenizer are SmolLM2's; texts of different token counts)."""

@@ -55,8 +55,8 @@ def _rows_of(unit, lam: float, which, tokenizer) -> list[dict]:
 
 
 def summaries(units, cfg) -> dict:
-    """Per direction: best-of-N's best reward and median judge perplexity over all its samples, the search rows
-    that dominate both, each method's hypervolume from a shared reference point, and the ratio."""
+    """Per direction: best-of-N's best reward and median judge perplexity over all its samples, the distinct
+    search responses that dominate both, each method's hypervolume from a shared reference point, and the ratio."""
     out = {}
     for direction in cfg.directions:
         sign = 1.0 if direction == "optimal" else -1.0
@@ -66,12 +66,16 @@ def summaries(units, cfg) -> dict:
         b_gain, b_ppl = sign * base.reward, base.judge_ppl
         ref = pareto.reference_point(np.concatenate([s_gain, b_gain]), np.concatenate([s_ppl, b_ppl]))
         median, best = float(np.median(b_ppl)), float(b_gain.max())
-        dominating = [(u.lam, i) for u in search for i in range(len(u.ids))
-                      if u.judge_ppl[i] <= median and sign * u.reward[i] >= best]
+        dominating, seen = [], set()  # a response several λs wrote counts once
+        for u in search:
+            for i in range(len(u.ids)):
+                if u.judge_ppl[i] <= median and sign * u.reward[i] >= best and tuple(u.ids[i].tolist()) not in seen:
+                    seen.add(tuple(u.ids[i].tolist()))
+                    dominating.append((u.lam, i))
         hv_search, hv_base = pareto.hypervolume(s_gain, s_ppl, ref), pareto.hypervolume(b_gain, b_ppl, ref)
         out[direction] = {
             "best_of_n": {"samples": len(base.ids), "best_reward": sign * best, "median_judge_ppl": median},
-            "dominating_rows": len(dominating),
+            "dominating_responses": len(dominating),
             "best_dominating": _best_dominating(search, dominating, sign),
             "hypervolume": {"search": hv_search, "best_of_n": hv_base,
                             "ratio": hv_search / hv_base if hv_base > 0 else None,
@@ -105,8 +109,8 @@ def describe(summary: dict, out: Path) -> str:
         base, hv = s["best_of_n"], s["hypervolume"]
         ratio = f"{hv['ratio']:.2f}x" if hv["ratio"] is not None else "n/a"
         lines.append(f"{direction}: best-of-N ({base['samples']} samples) best reward {base['best_reward']:.3f}, "
-                     f"median judge perplexity {base['median_judge_ppl']:.1f}; {s['dominating_rows']} search rows "
-                     f"dominate both; hypervolume search/best-of-N {ratio}")
+                     f"median judge perplexity {base['median_judge_ppl']:.1f}; {s['dominating_responses']} search "
+                     f"responses dominate both; hypervolume search/best-of-N {ratio}")
     return "\n".join(lines) + f"\n-> {out}, {png_path(out)}"
 
 
