@@ -143,7 +143,8 @@ def sentiment_scatter(points: dict[str, pd.DataFrame], title: str, path: str | P
         ax.set_xlabel("AFINN-111 sentiment", fontsize=8)
         ax.set_ylabel("score", fontsize=8)
         ax.set_title(model, fontsize=9)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # no fit (too few points of one valence): no legend to draw
+            ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
 
