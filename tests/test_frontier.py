@@ -342,7 +342,7 @@ def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_s
     from rmjax.search.frontier_job import FrontierConfig, Unit
     from rmjax.search.frontier_out import summaries
 
-    rng = np.random.default_rng(3)
+    rng, repeated = np.random.default_rng(3), 0
     for trial in range(20):
         sign, units = (1.0, -1.0)[trial % 2], []
         direction = "optimal" if sign > 0 else "pessimal"
@@ -350,8 +350,9 @@ def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_s
         for lam in (None, 1.0, 0.0):
             w = int(rng.integers(1, 12))
             ids = pool[rng.integers(0, len(pool), w)] if lam is not None else rng.integers(0, 3, (w, 2))
-            reward = np.asarray([float(np.sum(r)) for r in ids]) + (0 if lam is not None else rng.normal(size=w))
-            ppl = np.exp(np.asarray([1.0 + r[0] for r in ids]) + (0 if lam is not None else rng.normal(size=w)))
+            noise = 0 if lam is not None else rng.normal(size=w)  # best-of-N: its own, a little worse on both
+            reward = np.asarray([float(np.sum(r)) for r in ids]) + (0 if lam is not None else noise - sign)
+            ppl = np.exp(np.asarray([1.0 + r[0] for r in ids]) + (0 if lam is not None else noise + 1))
             units.append(Unit("p", direction, "best_of_n" if lam is None else "search", lam, ids, reward,
                               np.zeros(w), ppl, np.ones(w, bool), 0.0, np.zeros((0, 2)), (0.0, 1.0)))
         got = summaries(units, FrontierConfig(direction=direction))[direction]
@@ -360,12 +361,15 @@ def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_s
         want = {tuple(u.ids[i]) for u in search for i in range(len(u.ids))
                 if u.judge_ppl[i] <= median and sign * u.reward[i] >= best}
         assert got["dominating_responses"] == len(want)
+        rows = sum(u.judge_ppl[i] <= median and sign * u.reward[i] >= best for u in search for i in range(len(u.ids)))
+        repeated += rows > len(want)  # trials where counting rows would be wrong
         every = [(sign * r, p) for u in units for r, p in zip(u.reward, u.judge_ppl, strict=True)]
         ref = (min(g for g, _ in every), max(p for _, p in every))
         assert (sign * got["hypervolume"]["reference"]["reward"], got["hypervolume"]["reference"]["judge_ppl"]) == ref
         s_gain = np.concatenate([sign * u.reward for u in search])
         assert got["hypervolume"]["search"] == pareto.hypervolume(
             s_gain, np.concatenate([u.judge_ppl for u in search]), ref)
+    assert repeated >= 10  # the trials do test the counting once
 
 
 def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tied, lm_folder):
