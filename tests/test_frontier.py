@@ -284,6 +284,60 @@ def test_a_seeded_search_takes_its_seeds_free_with_their_terms(tied, monkeypatch
     assert found.values.objective.max() >= max(want)
 
 
+class _RecordingObjective:
+    """What _merge_improvements needs of an Objective: a budget, costs, and a score that records its candidates."""
+
+    def __init__(self, left: int):
+        self.forwards, self.scored = Forwards(left, 1, 1), []
+
+    def cost(self, cands, current, every, known=False):
+        return np.full(len(cands), Fraction(1), object)
+
+    def score(self, cands, current, extended, every=None):
+        self.scored.append(np.asarray(cands).copy())
+        zero = np.zeros(len(cands))
+        return objective.Values(zero, zero, zero, zero)
+
+
+def test_a_step_merges_its_improving_swaps_at_distinct_positions_best_first():
+    """The merged candidates, against a brute-force reading of the rule: the single swaps that beat current's J,
+    best first, the best one per position, applied cumulatively (best two, best three, ... up to `merges`); swaps
+    that do not improve, multi-token changes and sequences seen before are never merged or scored."""
+    rng, merged_trials = np.random.default_rng(4), 0
+    for _ in range(40):
+        n, merges = int(rng.integers(2, 7)), int(rng.integers(0, 6))
+        current = rng.integers(0, 50, n).astype(np.int32)
+        cands = np.repeat(current[None], int(rng.integers(1, 25)), axis=0)
+        for row in cands:
+            for p in rng.choice(n, int(rng.choice([1, 1, 1, 2])), replace=False):
+                row[p] = (row[p] + int(rng.integers(1, 49))) % 50
+        j = rng.integers(-4, 5, len(cands)).astype(float)  # ties: the earlier candidate first
+        cfg = fluent.FluentConfig(num_tokens=n, merges=merges)
+        seen = {tuple(r) for r in cands.tolist()}
+        archive, obj = fluent._Archive(None), _RecordingObjective(10**6)
+        archive.forwards = obj.forwards
+        fluent._merge_improvements(obj, cfg, current, 0.0, cands, objective.Values(j, j, j, j), None, None, [],
+                                   archive, seen)
+        order = sorted(range(len(cands)), key=lambda i: (-j[i], i))
+        chosen = {}
+        for i in order:
+            diff = [p for p in range(n) if cands[i][p] != current[p]]
+            if j[i] > 0 and len(diff) == 1 and diff[0] not in chosen and len(chosen) < merges:
+                chosen[diff[0]] = cands[i][diff[0]]
+        want, row = [], current.copy()
+        for k, (p, t) in enumerate(chosen.items()):
+            row = row.copy()
+            row[p] = t
+            if k:
+                want.append(row)
+        want = [w for w in want if tuple(w.tolist()) not in {tuple(r) for r in cands.tolist()}]
+        got = np.concatenate(obj.scored) if obj.scored else np.zeros((0, n), np.int32)
+        assert got.tolist() == [w.tolist() for w in want]
+        assert len(archive.ids) == len(want)
+        merged_trials += len(want) > 0
+    assert merged_trials >= 15  # the rule was exercised, not only its empty case
+
+
 def test_pareto_front_and_hypervolume_against_brute_force():
     rng = np.random.default_rng(0)
     for trial in range(30):

@@ -6,7 +6,8 @@ The search: starts, then GCG on the full objective J from the best of them (seed
   are extended by the prior's top `proposals` next tokens and ranked by J of the partial.
 - GCG from the best sequences so far: candidates are single swaps sampled from the gradient of −J's top-k
   (the prior's term is in the gradient) mixed with swaps to the prior's top next tokens at each position; and
-  `resamples` responses that keep the current sequence's first j tokens and draw the rest from the prior.
+  `resamples` responses that keep the current sequence's first j tokens and draw the rest from the prior. The
+  swaps that each raised J, at different positions, are then scored applied together (`merges`).
 - A candidate set no larger than `exact_limit` (the findings' 500 nouns) is searched exactly instead: the beam
   extends by every allowed token and each step proposes every allowed token at one position (a coordinate step),
   since scoring them costs less than a few guesses.
@@ -58,15 +59,17 @@ class FluentConfig:
     explore: bool = setting(True, "At λ = 0 too, the prior proposes swaps and tails (one prior forward a GCG step; "
                                   "J does not read it): exploration where the gradient alone stalls.")
     topk: int = setting(64, "Swaps per position by gradient.")
+    merges: int = setting(4, "A GCG step's improving swaps (at different positions) applied together, up to this "
+                             "many; 0 or 1: none merged.")
     buffer_size: int = setting(8, "Best sequences GCG keeps.")
     start_share: float = setting(0.4, "Share of the budget the starts (samples and beam) may spend.")
     temperature: float = setting(1.0, "Sampling temperature of the prior (starts and best-of-N).")
     seed: int = setting(0, "Random seed.")
 
     def __post_init__(self):
-        checks.validate(self, {"resamples": checks.NON_NEGATIVE} | {n: checks.POSITIVE for n in (
-                                   "num_tokens", "samples", "beam", "proposals",
-                                                             "search_width", "topk", "buffer_size", "temperature")}
+        checks.validate(self, {"resamples": checks.NON_NEGATIVE, "merges": checks.NON_NEGATIVE}
+                        | {n: checks.POSITIVE for n in ("num_tokens", "samples", "beam", "proposals", "search_width",
+                                                        "topk", "buffer_size", "temperature")}
                         | {"start_share": (lambda v: 0 < v < 1, "a share in (0, 1)"),
                            "sample_share": (lambda v: 0 <= v < 1, "a share in [0, 1)"),
                            "exact_limit": checks.NON_NEGATIVE,
@@ -243,7 +246,11 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
                     spent.add(tuple(current.tolist()))
                     continue
             cands = _affordable(objective, cands, current, every)
-            archive.add(cands, objective.score(cands, current, extended, every=every))
+            values = objective.score(cands, current, extended, every=every)
+            archive.add(cands, values)
+            if not exact and cfg.merges:
+                _merge_improvements(objective, cfg, current, found.values.objective[index], cands, values, extended,
+                                    every, retokenize, archive, seen)
             if every is not None and cfg.resamples:
                 _resample_tails(objective, cfg, current, every, extended, banned, retokenize, archive, seen, step)
             if progress:
@@ -252,6 +259,34 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
         else:
             if exact or len(order) <= BUFFER_TRIES:
                 return True  # nothing evaluated so far has a new neighbour to propose
+
+
+def _merge_improvements(objective: Objective, cfg: FluentConfig, current: np.ndarray, current_j: float,
+                        cands: np.ndarray, values: Values, extended, every, retokenize, archive: _Archive, seen
+                        ) -> None:
+    """Swaps that each raised J, at different positions, applied together: the best, the best two, ... up to
+    `merges` (I-GCG's multi-coordinate update). A step whose single swaps improve at several positions takes them
+    all at once instead of one (the changes are scored, not assumed to add up)."""
+    swaps: dict[int, int] = {}  # position -> the token of the best improving swap there, best swap first
+    for i in np.lexsort((np.arange(len(cands)), -values.objective)).tolist():
+        if values.objective[i] <= current_j or len(swaps) == cfg.merges:
+            break
+        changed = np.flatnonzero(cands[i] != current)
+        if len(changed) == 1 and int(changed[0]) not in swaps:
+            swaps[int(changed[0])] = int(cands[i, changed[0]])
+    merged, row = [], current.copy()
+    for k, (p, token) in enumerate(swaps.items()):
+        row = row.copy()
+        row[p] = token
+        if k:
+            merged.append(row)
+    if not merged:
+        return
+    merged = np.asarray(merged)
+    merged = merged[_fresh(merged, retokenize, seen)]
+    if len(merged):
+        merged = _affordable(objective, merged, current, every)
+        archive.add(merged, objective.score(merged, current, extended, every=every))
 
 
 def _proposals(current, loss, every, banned, gcg_cfg: GCGConfig, cfg: FluentConfig, key) -> np.ndarray:
