@@ -54,7 +54,7 @@ runtime-smoke: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n auto --dist worksteal tests
+	$(PY) -m pytest -q -n auto --dist worksteal --durations=15 tests
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .

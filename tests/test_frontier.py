@@ -324,15 +324,12 @@ def test_a_step_merges_its_improving_swaps_at_distinct_positions_best_first():
             diff = [p for p in range(n) if cands[i][p] != current[p]]
             if j[i] > 0 and len(diff) == 1 and diff[0] not in chosen and len(chosen) < merges:
                 chosen[diff[0]] = cands[i][diff[0]]
-        want, row = [], current.copy()
-        for k, (p, t) in enumerate(chosen.items()):
-            row = row.copy()
-            row[p] = t
-            if k:
-                want.append(row)
-        want = [w for w in want if tuple(w.tolist()) not in {tuple(r) for r in cands.tolist()}]
+        positions, tokens = list(chosen), list(chosen.values())
+        want = [[tokens[positions.index(p)] if p in positions[:k] else current[p] for p in range(n)]
+                for k in range(2, len(positions) + 1)]  # each built from current afresh
+        want = [w for w in want if w not in cands.tolist()]
         got = np.concatenate(obj.scored) if obj.scored else np.zeros((0, n), np.int32)
-        assert got.tolist() == [w.tolist() for w in want]
+        assert got.tolist() == want
         assert len(archive.ids) == len(want)
         merged_trials += len(want) > 0
     assert merged_trials >= 15  # the rule was exercised, not only its empty case
