@@ -264,9 +264,9 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
 def _merge_improvements(objective: Objective, cfg: FluentConfig, current: np.ndarray, current_j: float,
                         cands: np.ndarray, values: Values, extended, every, retokenize, archive: _Archive, seen
                         ) -> None:
-    """Swaps that each raised J, at different positions, applied together: the best, the best two, ... up to
-    `merges` (I-GCG's multi-coordinate update). A step whose single swaps improve at several positions takes them
-    all at once instead of one (the changes are scored, not assumed to add up)."""
+    """Swaps that each raised J, at different positions, applied together: the best two, the best three, ... up
+    to `merges` (I-GCG's multi-coordinate update; the best alone was scored already). A step whose single swaps
+    improve at several positions takes them all at once instead of one (scored, not assumed to add up)."""
     swaps: dict[int, int] = {}  # position -> the token of the best improving swap there, best swap first
     for i in np.lexsort((np.arange(len(cands)), -values.objective)).tolist():
         if values.objective[i] <= current_j or len(swaps) == cfg.merges:
