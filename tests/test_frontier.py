@@ -466,9 +466,22 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
         return FrontierSpec(RunOptions(model=str(rm_folder), out=str(out), **options), {"greatest": PROMPT}, cfg,
                             search, lm=str(lm_folder), judge=str(lm_folder))
 
+    drawn, draw = [], fluent._sample_starts
+
+    def record_starts(objective, search_cfg, banned, retokenize, archive, *rest):
+        before = len(archive.ids)
+        draw(objective, search_cfg, banned, retokenize, archive, *rest)
+        drawn.append({tuple(row) for row in archive.ids[before:]})
+
+    monkeypatch.setattr(fluent, "_sample_starts", record_starts)
     run_frontier(spec())
+    monkeypatch.setattr(fluent, "_sample_starts", draw)
     csv = out / "frontier.csv"
     first = csv.read_bytes()
+    # each λ's search draws its own prior samples (with one seed, λ = 0 paid again for λ = 1's), and the largest
+    # λ's search draws the same ones in both directions (it keeps --seed)
+    assert len(drawn) == 4 and all(drawn) and not drawn[0] & drawn[1] and not drawn[2] & drawn[3]
+    assert drawn[0] == drawn[2]
     table = __import__("pandas").read_csv(csv, keep_default_na=False)
     assert list(table.columns) == ["direction", "lambda", "method", "rank", "ids", "text", "roundtrip", "reward",
                                    "reward_z", "prior_logp", "judge_ppl", "forwards"]

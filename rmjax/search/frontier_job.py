@@ -268,6 +268,7 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
         reported[0] = float(forwards.spent)
 
     if method == "search":
+        search = dataclasses.replace(search, seed=search_seed(search.seed, lam, cfg.lambdas))
         found = fluent_search(objective, search, p.banned, p.retokenize, tick, seeds)
         rows = search_rows(found, cfg.top, cfg.front_rows if lam else 0, sign, cfg.repetition_penalty)
     else:
@@ -276,6 +277,14 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
     tick()
     progress.update(cfg.forwards - int(float(forwards.spent)))  # what a unit left unspent: the line counts units
     return _finish(p, judge, spec, name, direction, method, lam, found, rows, time.perf_counter() - started)
+
+
+def search_seed(seed: int, lam: float, lambdas: tuple[float, ...]) -> int:
+    """The seed of λ's search: --seed for the largest λ, a seed drawn from (--seed, its place from the largest)
+    for the others, so that each λ's search draws its own prior samples and tails. With one seed for all, each
+    search paid to draw and score the samples the searches before it had drawn and scored."""
+    place = sorted(lambdas, reverse=True).index(lam)
+    return seed if place == 0 else int(np.random.SeedSequence([seed, place]).generate_state(1)[0])
 
 
 def search_rows(found: Found, top: int, front_rows: int, sign: float, rho: float) -> np.ndarray:
