@@ -354,37 +354,62 @@ def test_pareto_front_and_hypervolume_against_brute_force():
         assert pareto.hypervolume(gain, ppl, ref) == pytest.approx(area, rel=1e-12, abs=1e-12)
 
 
-def test_search_rows_are_its_best_by_j_and_points_of_its_own_front():
-    """The written search rows: the top by J, and up to front_rows points no evaluated sequence beats on both
-    gain and fluency, both ends of the front among them; ordered by J."""
+def _layers_by_brute_force(gain, fluency):
+    """Each point's Pareto layer (0: the front), peeling fronts: a point is in the layer when no point left beats
+    it on both (better on one) and no earlier point left equals it."""
+    left, layer, depth = set(range(len(gain))), {}, 0
+    while left:
+        this = {i for i in left if not any(
+            (gain[k] >= gain[i] and fluency[k] >= fluency[i] and (gain[k] > gain[i] or fluency[k] > fluency[i]))
+            or (k < i and gain[k] == gain[i] and fluency[k] == fluency[i]) for k in left)}
+        layer |= dict.fromkeys(this, depth)
+        left, depth = left - this, depth + 1
+    return layer
+
+
+def test_search_rows_are_its_best_by_j_and_its_own_pareto_layers():
+    """The written search rows: the top by J, and up to front_rows points taken layer by layer from the search's
+    own (gain, fluency) Pareto layers, whole layers first, the last one touched spread with both its ends kept;
+    ordered by J."""
     from rmjax.search.frontier_job import search_rows
 
-    rng = np.random.default_rng(1)
-    for trial in range(20):
+    rng, deep = np.random.default_rng(1), 0
+    for trial in range(40):
         w, rho, lam, sign = int(rng.integers(1, 60)), 2.0, 0.5, (1.0, -1.0)[trial % 2]
         ids = rng.integers(0, 4, (w, 4))
         reward, logp = rng.normal(size=w).round(1), rng.normal(size=w).round(1)
         rep = objective.repetition(ids)
         j = sign * reward + lam * (logp - rho * rep)
         found = fluent.Found(ids, objective.Values(reward, logp, rep, j), Fraction(0), [])
-        top, spread = int(rng.integers(1, 5)), int(rng.integers(0, 6))
-        rows = search_rows(found, top, spread, sign, rho).tolist()
+        top, extra_rows = int(rng.integers(1, 5)), int(rng.integers(0, 30))
+        rows = search_rows(found, top, extra_rows, sign, rho).tolist()
         gain, fluency = sign * reward, logp - rho * rep
-        on_front = [i for i in range(w) if not any(
-            gain[k] >= gain[i] and fluency[k] >= fluency[i] and (gain[k] > gain[i] or fluency[k] > fluency[i])
-            for k in range(w))]
+        layer = _layers_by_brute_force(gain, fluency)
         best_by_j = sorted(range(w), key=lambda i: (-j[i], i))[:top]
         extra = set(rows) - set(best_by_j)
-        assert set(best_by_j) <= set(rows) and len(rows) == len(set(rows)) <= top + spread
-        assert extra <= set(on_front)
+        assert set(best_by_j) <= set(rows) and len(rows) == len(set(rows)) <= top + extra_rows
         assert rows == sorted(rows, key=lambda i: (-j[i], i))
-        if spread >= 2:  # the front's ends: its most fluent and its best gain (first of equal points)
-            ends = [min(on_front, key=lambda i: (-fluency[i], -gain[i], i)),
-                    min(on_front, key=lambda i: (-gain[i], -fluency[i], i))]
-            assert set(ends) <= set(rows)
-        if spread >= len(on_front):
-            distinct = {(gain[i], fluency[i]) for i in on_front}
-            assert {(gain[i], fluency[i]) for i in rows} >= distinct
+        if not extra_rows:
+            assert not extra
+            continue
+        whole = 0  # points in the layers before the last one touched: all written
+        for depth in range(max(layer.values()) + 1):
+            members = [i for i in range(w) if layer[i] == depth]
+            if whole + len(members) > extra_rows:
+                break
+            assert set(members) <= set(rows)
+            whole += len(members)
+        else:  # every layer fits: every point is written
+            assert set(rows) == set(range(w))
+            continue
+        deep += depth > 0
+        last = [i for i in members if i in rows]
+        assert extra <= {i for i in range(w) if layer[i] <= depth}
+        assert len(extra & set(members)) <= extra_rows - whole <= len(last)
+        if extra_rows - whole >= 2:  # the last layer's ends: its most fluent and its best gain (first of equals)
+            assert {min(members, key=lambda i: (-fluency[i], -gain[i], i)),
+                    min(members, key=lambda i: (-gain[i], -fluency[i], i))} <= set(rows)
+    assert deep >= 10  # rows came from behind the front, not only from it
 
 
 def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_share_a_reference():

@@ -47,9 +47,10 @@ class FrontierConfig:
     forwards: int = setting(3000, "Forwards budget of each search and of best-of-N (see BUILD_NOTES 'Forwards').")
     repetition_penalty: float = setting(2.0, "ρ: the fluency term loses ρ x the share of repeating positions.")
     top: int = setting(8, "Rows written per direction, λ and method: the best by J.")
-    front_rows: int = setting(16, "At λ > 0, search rows written besides the top: up to this many spread along the "
-                                  "search's own Pareto front (reward vs prior fluency, over every sequence it "
-                                  "evaluated), its frontier as best-of-N's samples are best-of-N's.")
+    front_rows: int = setting(64, "At λ > 0, search rows written besides the top: up to this many from the "
+                                  "search's own Pareto layers (reward vs prior fluency, over every sequence it "
+                                  "evaluated: its front, then the front of the rest, …), its frontier as best-of-N's "
+                                  "samples are best-of-N's.")
     share: bool = setting(True, "Run each direction's searches from the largest λ down, each adding the rows the "
                                 "larger λs' searches wrote to its own starts (a homotopy over λ, as EPO's population "
                                 "spans it). Those rows were paid for by their own searches: a direction's search "
@@ -288,14 +289,14 @@ def search_seed(seed: int, lam: float, lambdas: tuple[float, ...]) -> int:
 
 
 def search_rows(found: Found, top: int, front_rows: int, sign: float, rho: float) -> np.ndarray:
-    """The `top` rows by J and up to `front_rows` spread along the search's own Pareto front over every sequence
-    it evaluated (sign·reward vs fluency F = prior log-prob − ρ·repetition; all must know F), best J first. The
-    search's answer is a frontier, as EPO's is: best-of-N offers all its samples, the search its front."""
+    """The `top` rows by J and up to `front_rows` from the search's own Pareto layers over every sequence it
+    evaluated (sign·reward vs fluency F = prior log-prob − ρ·repetition; all must know F), best J first. The
+    search's answer is a frontier, as EPO's is: best-of-N offers all its samples, the search its front and the
+    layers behind it, since the judge, another LM, does not rank fluency as the prior does."""
     v, rows = found.values, found.best(top).tolist()
     if front_rows:
         fluency = v.prior_logp - rho * v.repetition
-        rows += [i for i in pareto.spread(pareto.front(sign * v.reward, -fluency), front_rows).tolist()
-                 if i not in rows]
+        rows += [i for i in pareto.layers(sign * v.reward, -fluency, front_rows).tolist() if i not in rows]
     return np.asarray(sorted(rows, key=lambda i: (-v.objective[i], i)), np.int64)
 
 

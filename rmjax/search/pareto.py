@@ -48,6 +48,19 @@ def spread(indices: np.ndarray, k: int) -> np.ndarray:
     return indices[np.unique(np.linspace(0, len(indices) - 1, k).round().astype(np.int64))] if k else indices[:0]
 
 
+def layers(gain: np.ndarray, perplexity: np.ndarray, k: int) -> np.ndarray:
+    """k points taken layer by layer (NSGA-II's non-dominated sorting): the front, then the front of the points
+    left, …; the last layer taken is spread to fit (both its ends kept). All of them when there are no more than
+    k (NaN points never enter)."""
+    gain, perplexity = np.asarray(gain, np.float64), np.asarray(perplexity, np.float64)
+    left, taken = np.flatnonzero(np.isfinite(gain) & np.isfinite(perplexity)), []
+    while len(left) and len(taken) < k:
+        layer = left[front(gain[left], perplexity[left])]
+        taken += spread(layer, k - len(taken)).tolist()
+        left = np.setdiff1d(left, layer)
+    return np.asarray(taken, np.int64)
+
+
 def reference_point(gain: np.ndarray, perplexity: np.ndarray) -> tuple[float, float]:
     """The worst gain and the worst perplexity among all points (of every method being compared)."""
     gain, perplexity = np.asarray(gain, np.float64), np.asarray(perplexity, np.float64)
