@@ -50,8 +50,8 @@ def spread(indices: np.ndarray, k: int) -> np.ndarray:
 
 def layers(gain: np.ndarray, perplexity: np.ndarray, k: int) -> np.ndarray:
     """k points taken layer by layer (NSGA-II's non-dominated sorting): the front, then the front of the points
-    left, …; the last layer taken is spread to fit (both its ends kept). All of them when there are no more than
-    k (NaN points never enter)."""
+    left, …; the last layer taken is spread to fit (both its ends kept where two fit). All of them when there are
+    no more than k (NaN points never enter)."""
     gain, perplexity = np.asarray(gain, np.float64), np.asarray(perplexity, np.float64)
     left, taken = np.flatnonzero(np.isfinite(gain) & np.isfinite(perplexity)), []
     while len(left) and len(taken) < k:
