@@ -3,10 +3,13 @@ against transformers running the whole conversation."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
+import scipy.stats
 import torch
 
 from rmjax.loading import load
+from rmjax.nn import ops
 from rmjax.scoring.prefix import prefill_prefix
 from rmjax.scoring.prior import first_token_log_probs, response_log_probs
 from rmjax.text import prompts
@@ -57,3 +60,20 @@ def test_a_reward_model_is_its_own_prior_only_with_tied_embeddings(tmp_path):
         else:
             with pytest.raises(UsageError, match="untied embeddings"):
                 first_token_log_probs(rm, prefix)
+
+
+def test_the_two_step_sampler_draws_from_the_softmax():
+    """ops.sample_categorical (a block by its total probability, then a token within it) against the exact
+    probabilities: 200,000 draws over 37 tokens in blocks of 8 (the last block padded), three at -inf. A
+    chi-square test at p > 1e-4 fails a correct sampler for one seed in 10,000; the seed is fixed."""
+    logits = np.random.default_rng(0).normal(size=37).astype(np.float32) * 2
+    banned = np.zeros(37, bool)
+    banned[[3, 17, 36]] = True
+    logits[banned] = -np.inf
+    draw = jax.jit(lambda key: ops.sample_categorical(key, jax.numpy.broadcast_to(logits, (4000, 37)), block=8))
+    draws = np.concatenate([np.asarray(draw(jax.random.key(k))) for k in range(50)])
+    counts = np.bincount(draws, minlength=37)
+    assert len(counts) == 37 and counts[banned].sum() == 0
+    p = np.exp(logits[~banned] - logits[~banned].max())
+    p /= p.sum()
+    assert scipy.stats.chisquare(counts[~banned], len(draws) * p).pvalue > 1e-4

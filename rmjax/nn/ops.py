@@ -154,3 +154,18 @@ def _one_hot_rows_backward(table, g):
 
 
 one_hot_rows.defvjp(_one_hot_rows_forward, _one_hot_rows_backward)
+
+
+def sample_categorical(key: jax.Array, logits: jax.Array, block: int = 512) -> jax.Array:
+    """One index per row of `logits` [R, V] drawn from softmax(logits), like jax.random.categorical, in two
+    draws: a block of `block` indices by the blocks' total probability, then an index within it. Gumbel noise for
+    V/block + block entries instead of V: for 64 rows of a 262,144-token vocabulary the noise alone takes longer
+    on a CPU than the LM head that made the logits (0.28 s against 0.15 s). Entries at -inf are never drawn."""
+    rows, vocab = logits.shape
+    blocks = -(-vocab // block)
+    grouped = jnp.pad(logits, ((0, 0), (0, blocks * block - vocab)), constant_values=-jnp.inf)
+    grouped = grouped.reshape(rows, blocks, block)
+    which_key, within_key = jax.random.split(key)
+    chosen = jax.random.categorical(which_key, jax.nn.logsumexp(grouped, axis=-1), axis=-1)
+    inside = jnp.take_along_axis(grouped, chosen[:, None, None], axis=1)[:, 0]
+    return chosen * block + jax.random.categorical(within_key, inside, axis=-1)

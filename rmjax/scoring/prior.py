@@ -134,7 +134,7 @@ def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, key, *, 
     ids, lps, logp = [], [], jnp.broadcast_to(first, (rows, first.shape[0]))
     for step, step_key in enumerate(jax.random.split(key, length)):
         logits = jnp.where(banned[None], -jnp.inf, logp / temperature)
-        token = jax.random.categorical(step_key, logits, axis=-1).astype(jnp.int32)
+        token = ops.sample_categorical(step_key, logits).astype(jnp.int32)
         ids.append(token)
         lps.append(jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0])
         if step + 1 < length:
