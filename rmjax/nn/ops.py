@@ -1,4 +1,4 @@
-"""Pure numerics shared by every family: RMSNorm, RoPE, attention, gated MLP, soft caps.
+"""Pure numerics shared by every family: RMSNorm, RoPE, attention, gated MLP, soft caps, sampling.
 
 Each function takes plain arrays and static options; which option a model uses comes from
 its ModelConfig. Softmax, RoPE angles and norms are computed in float32 whatever the
