@@ -18,6 +18,7 @@ from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.scoring import calls
 from rmjax.scoring import prior as prior_lib
 from rmjax.search import fluent, objective, pareto
+from rmjax.search import gcg as gcg_lib
 from rmjax.search.gcg import make_target
 from rmjax.search.objective import Forwards, Objective, Prior
 from rmjax.text import chat, prompts
@@ -60,8 +61,8 @@ def _torch_mean_log_prob(hf, full: list[int], start: int, stop: int) -> float:
 
 
 def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied):
-    """Reward and prior terms of whole candidates, of GCG variants (the RM's own LM head in the same forward) and
-    with a separate prior, against the whole decoded conversation: the reward by a full forward without cache,
+    """Reward and prior terms of whole candidates, of beam partials and of GCG variants, with the RM as its own
+    prior (its LM head in the same forward) and with a separate prior, against the whole decoded conversation: the reward by a full forward without cache,
     the prior's mean log-prob by transformers; J by its formula."""
     hf, lm, rm = tied
     n, lam, rho = 5, 0.7, 2.0
@@ -74,12 +75,18 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied):
         cands[row, pos] = words[(list(words).index(cands[row, pos]) + 1 + row) % len(words)]
     cands[5, 4] = cands[5, 3]  # a repeat: the repetition term
     cands = np.unique(cands, axis=0)
-    want_reward, want_logp = [], []
-    for ids in cands:
-        full, start, stop = _conversation(rm.tokenizer, ids)
-        want_reward.append(float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32),
+
+    def want(responses):
+        rewards, logps = [], []
+        for ids in responses:
+            full, start, stop = _conversation(rm.tokenizer, ids)
+            rewards.append(float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32),
                                                           np.ones((1, len(full)), bool)))[0, 0]))
-        want_logp.append(_torch_mean_log_prob(hf, full, start, stop))
+            logps.append(_torch_mean_log_prob(hf, full, start, stop))
+        return rewards, logps, full
+
+    want_reward, want_logp, full = want(cands)
+    partial_reward, partial_logp, _ = want(cands[:, :3])  # a beam level
     length = len(full)
     r_atol = tolerance.any_rewards_atol(rm.params, rm.config, length)
     lp_atol = tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32))
@@ -95,6 +102,9 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied):
             want_j = sign * got.reward + lam * (got.prior_logp - rho * np.asarray(rep))
             np.testing.assert_allclose(got.objective, want_j, rtol=1e-12)
         assert max(got.repetition) > 0
+        got = obj.score_partials(cands[:, :3])
+        np.testing.assert_allclose(got.reward, partial_reward, atol=r_atol, rtol=0)
+        np.testing.assert_allclose(got.prior_logp, partial_logp, atol=lp_atol, rtol=0)
 
 
 @pytest.mark.parametrize("case", ["shared prior", "separate prior", "λ=0, exploring"])
@@ -166,13 +176,37 @@ def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_pr
                                    rtol=0)
 
 
+@pytest.mark.parametrize("sign, lam", [(1.0, 0.7), (-1.0, 0.0)])
+def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_apart(tied, sign, lam):
+    """One forward and backward of the RM gives d(sign·R + λ·mean log p)/d one_hot and the prior's log-probs at
+    every position: equal to the reward's gradient (against PyTorch in test_gcg) and the prior's (against torch
+    autograd above), each from its own forward. At λ = 0 (the prior only proposes) the gradient is the reward's."""
+    _, _, rm = tied
+    target = make_target(rm, PROMPT)
+    prior, ids = Prior.of(rm, target.prefix), _word_ids(rm.tokenizer)[[3, 0, 5, 5, 8]]
+    obj = Objective(target, prior, lam, sign, 2.0, Forwards(10**6, len(ids) + len(target.suffix), len(ids)))
+    assert obj.rm_is_prior
+    loss, _, every = obj.gradient(ids, explore=True)
+    loss, every = np.asarray(loss), np.asarray(every)
+    reward_grad = np.asarray(gcg_lib.reward_gradient(target, ids))
+    prior_grad, want_every = (np.asarray(a) for a in prior_lib.prior_gradient(rm, prior.cache, prior.first, ids))
+    full = np.asarray([[*target.prefix, *ids.tolist(), *target.suffix]], np.int32)
+    lp_atol = tolerance.logprobs_atol(rm.params, rm.config, full)
+    # both ways are f32 against the same exact value: twice each term's bound
+    atol = 2 * (tolerance.grad_atol(reward_grad, rm.config, full.shape[1], rm.config.hidden_size)
+                + lam * (lp_atol / len(ids) + tolerance.grad_atol(prior_grad, rm.config, full.shape[1], len(ids))))
+    np.testing.assert_allclose(loss, -(sign * reward_grad + lam * prior_grad), atol=atol, rtol=0)
+    np.testing.assert_allclose(every, want_every, atol=2 * lp_atol, rtol=0)
+    assert np.abs(lam * prior_grad).max() > 10 * atol or lam == 0  # the prior's term is there to be missed
+
+
 class _Ledger:
     """Positions each model call runs, counted by the definition from the calls' own arguments."""
 
     def __init__(self, monkeypatch, rm, n: int, tail: int):
         self.rm_positions, self.lm_positions, self.n, self.tail = 0, 0, n, tail
         real = {name: getattr(objective, name) for name in ("score_responses", "score_variants", "extend_prefix",
-                                                            "reward_gradient_on_device")}
+                                                            "reward_gradient_on_device", "joint_gradient_on_device")}
         real_prior = {name: getattr(prior_lib, name) for name in ("response_log_probs", "prior_gradient",
                                                                   "next_log_probs", "sample_responses",
                                                                   "every_log_probs")}
@@ -196,10 +230,11 @@ class _Ledger:
             sum(self.n - next((j for j in range(self.n) if row[j] != cur[j]), self.n - 1) + len(suffix)
                 for row in np.asarray(v).tolist()))
         counters = {
-            "score_responses": lambda m, c, s, r, b: rm_add(np.shape(r)[0] * (np.shape(r)[1] + self.tail)),
+            "score_responses": lambda m, c, s, r, b, first=None: rm_add(np.shape(r)[0] * (np.shape(r)[1] + self.tail)),
             "score_variants": variants,
             "extend_prefix": lambda m, c, x: (rm_add if m is rm else lm_add)(np.size(x)),
             "reward_gradient_on_device": lambda t, ids: rm_add(3 * (len(ids) + self.tail)),
+            "joint_gradient_on_device": lambda t, first, ids, *a, **k: rm_add(3 * (len(ids) + self.tail)),
         }
         prior_counters = {
             "response_log_probs": lambda m, c, f, r, b=64: lm_add(np.size(r)),
@@ -240,7 +275,9 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
         found = fluent.fluent_search(obj, cfg, banned, [])
     assert found.spent == forwards.spent == ledger.forwards()
     if case.startswith("gradient"):  # at λ = 0 the prior proposes only when exploring
-        assert ("every_log_probs" in ledger.called) == ("no explore" not in case)
+        # (the RM is its own prior here: its gradient's forward gives the prior's log-probs)
+        assert ("joint_gradient_on_device" in ledger.called) == ("no explore" not in case)
+        assert "every_log_probs" not in ledger.called
     assert forwards.spent <= budget
     if found.converged:  # stopped early: every single swap of the buffer's best sequences was evaluated
         best = found.ids[found.best(fluent.BUFFER_TRIES)]

@@ -93,8 +93,23 @@ def rewards_of_batch(params: nnx.State, cfg: ModelConfig, cache: nn.KVCache, res
     return out[:, column]
 
 
-def _score_batch(cfg: ModelConfig, params, cache: nn.KVCache, responses, suffix, *, column: int) -> jax.Array:
-    return rewards_of_batch(params, cfg, cache, responses, suffix, column)
+def _score_batch(cfg: ModelConfig, params, cache: nn.KVCache, responses, suffix, first=None, *, column: int,
+                 log_probs: bool = False):
+    if not log_probs:
+        return rewards_of_batch(params, cfg, cache, responses, suffix, column)
+    model = nn.module(params, cfg)
+    tail = jnp.broadcast_to(suffix, (responses.shape[0], suffix.shape[0]))
+    hidden = model(ids=jnp.concatenate([responses, tail], axis=1), cache=cache).hidden
+    rewards = model.reward_head(hidden[:, -1], cache.gate_input)[:, column]
+    later = _picked_log_probs(model, hidden[:, : responses.shape[1]], responses)  # tokens 1.. of each response
+    return rewards, first[responses[:, 0]] + later.sum(axis=1)
+
+
+def _picked_log_probs(model, hidden: jax.Array, ids: jax.Array) -> jax.Array:
+    """Log-probability of each token ids[:, j + 1] read off the LM head at position j of `hidden` [B, T, H]:
+    [B, T - 1] float32."""
+    logits = model.lm_logits(hidden[:, :-1]).astype(jnp.float32)
+    return jnp.take_along_axis(logits, ids[:, 1:, None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
 
 
 def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
@@ -191,33 +206,42 @@ def _score_variants(cfg: ModelConfig, params, cache: nn.KVCache, ids, rel, segme
     rewards = model.reward_head(ends.reshape(rows * slots, -1), cache.gate_input)[:, column].reshape(rows, slots)
     if not log_probs:
         return rewards
-    logits = model.lm_logits(hidden[:, :-1]).astype(jnp.float32)  # position j predicts the token at j + 1
-    picked = jnp.take_along_axis(logits, ids[:, 1:, None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
+    picked = _picked_log_probs(model, hidden, ids)
     return rewards, jnp.pad(picked, ((0, 0), (1, 0)))  # [rows, width]: column j + 1 holds token j + 1's
 
 
-def batch_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int = 0) -> Compiled:
+def batch_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int = 0, log_probs: bool = False) -> Compiled:
     """The compiled sweep step: (params, prefix cache [1, cache_width], responses [B, N], suffix [S]) -> [B]
-    rewards of output `column`, the responses' rows over `data`."""
+    rewards of output `column`, the responses' rows over `data`. With `log_probs` it also takes the first token's
+    log-probabilities [V] and gives each response's summed log-probabilities [B] off the LM head."""
+    if log_probs:
+        return compiled(_score_batch, cfg, mesh, (PARAMS, Cache(1, cache_width), ROWS(2), REPLICATED, REPLICATED),
+                        (ROWS(1), ROWS(1)), column=column, log_probs=True)
     return compiled(_score_batch, cfg, mesh, (PARAMS, Cache(1, cache_width), ROWS(2), REPLICATED), ROWS(1),
                     column=column)
 
 
-def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, batch_size: int) -> np.ndarray:
-    """Rewards of equal-length responses [W, N] after a cached prefix: [W] float32 (host loop).
+def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, batch_size: int,
+                    first: jax.Array | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Rewards of equal-length responses [W, N] after a cached prefix: [W] float32 (host loop). With `first` (the
+    prefix's next-token log-probabilities [V], a model whose backbone ties its LM head: the same forward serves
+    both), also each response's summed log-probabilities [W] float32 (issue 25's fluency term).
 
     Every batch has the same shape (the last is padded), so one compilation serves all calls with
     this batch size; batches are dispatched before any result is copied to the host.
     """
     batch_size = batching.round_up(batch_size, model.mesh)
-    scorer = batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column)
-    params = declared_params(model)
+    log_probs = first is not None
+    scorer = batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, log_probs)
+    params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()
     pending = []
     for start in range(0, len(responses), batch_size):
         part = responses[start : start + batch_size]
         padded, _ = batching.pad_rows(part, responses.shape[1], num_rows=batch_size)
-        scores = scorer(params, cache, batching.place(padded, model.mesh), suffix)
-        pending.append((len(part), scores))
+        scores = scorer(params, cache, batching.place(padded, model.mesh), suffix, *extra)
+        pending.append((len(part), scores if log_probs else (scores,)))
     if not pending:
-        return np.zeros(0, np.float32)
-    return np.concatenate([to_host(scores)[:n] for n, scores in pending]).astype(np.float32)
+        return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
+    out = tuple(np.concatenate([to_host(r[k])[:n] for n, r in pending]).astype(np.float32)
+                for k in range(2 if log_probs else 1))
+    return out if log_probs else out[0]

@@ -82,10 +82,15 @@ def _mean_log_prob_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_h
     log-probabilities of every token at every position [N, V] (row j: token j given the tokens before it)."""
     model = nn.module(params, cfg)
     embeds = ops.one_hot_rows(one_hot, model.embed.embedding[...], ids)
-    hidden = model(embeds=embeds[None], cache=cache).hidden[0]
-    later = jax.nn.log_softmax(model.lm_logits(hidden[:-1]).astype(jnp.float32), axis=-1)
-    every = jnp.concatenate([first[None], later])
+    every = every_log_probs_of_hidden(model, model(embeds=embeds[None], cache=cache).hidden[0], first)
     return jnp.mean(jnp.sum(one_hot * every, axis=-1)), every
+
+
+def every_log_probs_of_hidden(model, hidden: jax.Array, first: jax.Array) -> jax.Array:
+    """The prior's log-probabilities of every token at every position of a response [N, V], from the final-normed
+    hidden states of its N positions [N, H] after the prompt (row j from position j − 1, row 0 is `first`)."""
+    later = jax.nn.log_softmax(model.lm_logits(hidden[:-1]).astype(jnp.float32), axis=-1)
+    return jnp.concatenate([first[None], later])
 
 
 def _prior_gradient(cfg: ModelConfig, params, cache: nn.KVCache, ids, first):

@@ -82,13 +82,19 @@ def make_target(model: Model, prompt: str, template: str = "auto", prefix=None, 
                   suffix_ids=replicated(jnp.asarray(suffix, jnp.int32), model.mesh))
 
 
-def _reward_of_one_hot(cfg, params, cache, one_hot, ids, suffix, *, column):
-    """Reward of prefix + (one_hot @ E) + suffix, differentiable in the one-hot matrix [N, V] (one_hot(ids));
-    and, as aux, the K/V of that forward (the cache GCG's candidates are scored against)."""
-    model = nn.module(params, cfg)
+def one_hot_forward(model, cache: nn.KVCache, one_hot, ids, suffix):
+    """The forward of the cached prefix + (one_hot @ E) + suffix, differentiable in the one-hot matrix [N, V]
+    (one_hot(ids)): its final-normed hidden states [1, N + S, H] and K/V."""
     table = model.embed.embedding[...]
     embeds = jnp.concatenate([ops.one_hot_rows(one_hot, table, ids), jnp.take(table, suffix, axis=0)])
-    out = model(embeds=embeds[None], cache=cache)
+    return model(embeds=embeds[None], cache=cache)
+
+
+def _reward_of_one_hot(cfg, params, cache, one_hot, ids, suffix, *, column):
+    """Reward of prefix + (one_hot @ E) + suffix, differentiable in the one-hot; and, as aux, the K/V of that
+    forward (the cache GCG's candidates are scored against)."""
+    model = nn.module(params, cfg)
+    out = one_hot_forward(model, cache, one_hot, ids, suffix)
     return model.reward_head(out.hidden[:, -1], cache.gate_input)[0, column], out.kv
 
 

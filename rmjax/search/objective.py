@@ -10,9 +10,10 @@ Forwards (the budget every method spends; `Forwards`): one forward is one whole 
 its cached prompt: response + the template's suffix (N + S positions) through the RM, the response (N positions)
 through the prior. A call running p positions of a model costs p / that model's unit: a GCG candidate that shares
 its head with the sequence it came from runs from its first change (prefix.score_variants), a beam partial of d
-tokens runs d + S. A gradient costs 3 times its forward's positions (forward + backward). A prompt's prefill costs
-its prefix positions once per model. Padding rows cost nothing (they carry no candidate). Counts are exact
-fractions.
+tokens runs d + S. A gradient costs 3 times its forward's positions (forward + backward). When the RM is its own
+prior, one RM forward serves both terms: a GCG candidate's and a gradient's prior log-probs are read off the LM head
+at the positions the RM runs, and cost no prior positions. A prompt's prefill costs its prefix positions once per
+model. Padding rows cost nothing (they carry no candidate). Counts are exact fractions.
 """
 
 from __future__ import annotations
@@ -24,12 +25,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rmjax import nn
+from rmjax.compiled import PARAMS, REPLICATED, Cache, Compiled, compiled, declared_params
+from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.model import Model
-from rmjax.parallel.distributed import to_host
+from rmjax.parallel.distributed import replicated, to_host
 from rmjax.scoring import prior as prior_lib
-from rmjax.scoring.prefix import extend_prefix, first_changes, prefill_prefix, score_responses, score_variants
-from rmjax.search.gcg import Target, reward_gradient_on_device
+from rmjax.scoring.prefix import (
+    append_kv,
+    extend_prefix,
+    first_changes,
+    prefill_prefix,
+    score_responses,
+    score_variants,
+)
+from rmjax.search.gcg import Target, one_hot_forward, reward_gradient_on_device
 
 GRADIENT_COST = 3  # a backward pass costs about twice its forward
 
@@ -43,6 +54,48 @@ def _shared_log_probs(current: np.ndarray, cands: np.ndarray, every: jax.Array, 
     picked = to_host(every[rows, np.concatenate([current, cands[np.arange(len(cands)), first]])])
     own = np.concatenate([[0.0], np.cumsum(picked[: len(current)].astype(np.float64))])
     return (own[first] + picked[len(current):].astype(np.float64) + after) / len(current)
+
+
+def _joint_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids, suffix, first, weights, *,
+                      column: int, fluent: bool):
+    """weights · (R, mean log p) of prefix + one_hot(ids) + suffix through a reward model that is its own prior:
+    one forward gives the reward at its end and the prior's log-probs at the response's positions (causal: the
+    suffix after them does not change them). Aux: the forward's K/V and those log-probs [N, V]; without `fluent`
+    (λ = 0) J reads only R, and the log-probs are the prior's proposals."""
+    model = nn.module(params, cfg)
+    out = one_hot_forward(model, cache, one_hot, ids, suffix)
+    value = weights[0] * model.reward_head(out.hidden[:, -1], cache.gate_input)[0, column]
+    every = prior_lib.every_log_probs_of_hidden(model, out.hidden[0, : ids.shape[0]], first)
+    if not fluent:
+        return value, (out.kv, jax.lax.stop_gradient(every))
+    return value + weights[1] * jnp.mean(jnp.sum(one_hot * every, axis=-1)), (out.kv, every)
+
+
+def _joint_gradient(cfg: ModelConfig, params, cache: nn.KVCache, ids, suffix, first, weights, *, column: int,
+                    fluent: bool):
+    one_hot = jax.nn.one_hot(ids, first.shape[0], dtype=jnp.float32)
+    return jax.grad(_joint_of_one_hot, argnums=3, has_aux=True)(cfg, params, cache, one_hot, ids, suffix, first,
+                                                                 weights, column=column, fluent=fluent)
+
+
+def joint_gradient_call(cfg: ModelConfig, mesh, cache_width: int, column: int, fluent: bool) -> Compiled:
+    """The compiled joint gradient: (params, prefix cache [1, cache_width], ids [N], suffix [S], first [V],
+    weights [2]) -> (d weights·(R, mean log p) / d one_hot(ids) [N, V], (the forward's K/V, log-probs [N, V]))."""
+    return compiled(_joint_gradient, cfg, mesh, (PARAMS, Cache(1, cache_width), *[REPLICATED] * 4),
+                    (REPLICATED, (None, REPLICATED)), column=column, fluent=fluent)
+
+
+def joint_gradient_on_device(target: Target, first: jax.Array, ids: np.ndarray, sign: float, lam: float,
+                             fluent: bool) -> tuple[jax.Array, nn.KVCache, jax.Array]:
+    """d (sign·R + λ·mean log p) / d one_hot(ids) [N, V] (λ only with `fluent`), the RM cache of prefix + ids and
+    the prior's log-probs at every position [N, V], from one forward and backward of the RM (its own prior)."""
+    m = target.model
+    ids = np.asarray(ids, np.int32)
+    call = joint_gradient_call(m.config, m.mesh, target.cache.k.shape[2], m.output_column, fluent)
+    weights = replicated(np.asarray([sign, lam], np.float32), m.mesh)
+    grad, (kv, every) = call(declared_params(m), target.cache, replicated(ids, m.mesh), target.suffix_ids,
+                             replicated(first, m.mesh), weights)
+    return grad, append_kv(m, target.cache, kv, len(ids)), every
 
 
 class BudgetSpent(Exception):
@@ -142,10 +195,17 @@ class Objective:
         fluency = np.nan_to_num(logp, nan=0.0) - self.repetition_weight * rep
         return Values(reward, logp, rep, self.sign * reward.astype(np.float64) + self.lam * fluency)
 
+    @property
+    def rm_is_prior(self) -> bool:
+        """The prior is the RM itself after the same prompt: one RM forward gives both terms."""
+        return (self.prior is not None and self.prior.model is self.target.model
+                and self.prior.prefix == tuple(self.target.prefix))
+
     def _prior_runs(self, current, every, known_logp) -> bool:
         """Whether `score` runs the prior: not at λ = 0, not for known log-probs, not when the RM's own forward
-        reads them (the RM is its own prior, and the gradient gave the prior at every position of current)."""
-        shared = current is not None and every is not None and self.prior.model is self.target.model
+        reads them (the RM is its own prior: whole candidates, and variants of current when the gradient gave the
+        prior at every position of current)."""
+        shared = self.rm_is_prior and (current is None or every is not None)
         return self.uses_prior and known_logp is None and not shared
 
     def cost(self, cands: np.ndarray, current: np.ndarray | None = None, every=None, known: bool = False
@@ -160,8 +220,8 @@ class Objective:
               known_logp: np.ndarray | None = None, every: jax.Array | None = None) -> Values:
         """J of candidates [W, N] (all N long), charged first. With `current`, the RM runs each from its first
         change against `extended`, the cache of prefix + current (from the gradient's forward); when the RM is its
-        own prior and `every` (the prior's log-probs at every position of current, from the gradient) is given,
-        that same forward's LM head gives the prior term (no prior forward). `known_logp`: their mean prior
+        own prior, its forward's LM head gives the prior term (no prior forward): for variants, with `every` (the
+        prior's log-probs at every position of current, from the gradient). `known_logp`: their mean prior
         log-probs, already computed (a sampler's): the prior is not run again."""
         cands = np.asarray(cands, np.int32)
         n, tail = cands.shape[1], len(self.target.suffix)
@@ -174,30 +234,40 @@ class Objective:
         run_prior = self._prior_runs(current, every, known_logp)
         shared = self.uses_prior and known_logp is None and not run_prior
         self.forwards.charge(rm_positions, len(cands) * n if run_prior else 0)
-        t = self.target
         if current is None:
-            reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size)
-        else:
-            reward = score_variants(t.model, extended, np.asarray(t.suffix, np.int32), current, cands, self.batch_size,
-                                    log_probs=shared)
-            if shared:
-                reward, after = reward
-                return self.values(reward, _shared_log_probs(current, cands, to_host(every), after), cands)
-        if known_logp is not None:
-            logp = np.asarray(known_logp, np.float64)
-        else:
-            logp = self.prior.mean_log_probs(cands) if self.uses_prior else np.full(len(cands), np.nan)
-        return self.values(reward, logp, cands)
+            return self._score_whole(cands, shared, known_logp)
+        t = self.target
+        reward = score_variants(t.model, extended, np.asarray(t.suffix, np.int32), current, cands, self.batch_size,
+                                log_probs=shared)
+        if shared:
+            reward, after = reward
+            return self.values(reward, _shared_log_probs(current, cands, to_host(every), after), cands)
+        return self.values(reward, self._mean_log_probs(cands, known_logp), cands)
 
     def score_partials(self, partials: np.ndarray) -> Values:
-        """J of partial responses [W, d] (d ≤ N: a beam level), charged (d + S) RM and d prior positions each."""
+        """J of partial responses [W, d] (d ≤ N: a beam level), charged (d + S) RM positions each and d prior
+        positions unless the RM is its own prior."""
         partials = np.asarray(partials, np.int32)
         d, tail = partials.shape[1], len(self.target.suffix)
-        self.forwards.charge(len(partials) * (d + tail), len(partials) * d if self.uses_prior else 0)
+        shared = self.uses_prior and self.rm_is_prior
+        self.forwards.charge(len(partials) * (d + tail), len(partials) * d if self.uses_prior and not shared else 0)
+        return self._score_whole(partials, shared)
+
+    def _score_whole(self, cands: np.ndarray, shared: bool, known_logp: np.ndarray | None = None) -> Values:
+        """J of responses run whole after the prompt (already charged); `shared`: the RM's forward gives the
+        prior term too."""
         t = self.target
-        reward = score_responses(t.model, t.cache, t.suffix_ids, partials, self.batch_size)
-        logp = self.prior.mean_log_probs(partials) if self.uses_prior else np.full(len(partials), np.nan)
-        return self.values(reward, logp, partials)
+        if shared:
+            reward, summed = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size,
+                                             first=self.prior.first)
+            return self.values(reward, summed.astype(np.float64) / cands.shape[1], cands)
+        reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size)
+        return self.values(reward, self._mean_log_probs(cands, known_logp), cands)
+
+    def _mean_log_probs(self, cands: np.ndarray, known_logp: np.ndarray | None) -> np.ndarray:
+        if known_logp is not None:
+            return np.asarray(known_logp, np.float64)
+        return self.prior.mean_log_probs(cands) if self.uses_prior else np.full(len(cands), np.nan)
 
     def extended_cache(self, current: np.ndarray):
         """The RM cache of prefix + current (what `score` runs variants against), charged N RM positions."""
@@ -207,7 +277,7 @@ class Objective:
     def prior_cache_after(self, current: np.ndarray, j: int, extended):
         """The prior's cache of prompt + current[:j]: the head of `extended` (the RM's cache of prompt + current)
         when the RM is the prior, else the prior's prompt cache extended by j tokens (charged j prior positions)."""
-        if self.prior.model is self.target.model:
+        if self.rm_is_prior:
             return extended.head(extended.k.shape[2] - len(current) + j)
         if not j:
             return self.prior.cache
@@ -217,9 +287,15 @@ class Objective:
     def gradient(self, current: np.ndarray, explore: bool = False) -> tuple[jax.Array, object, jax.Array | None]:
         """d(−J)/d one_hot(current) [N, V] on the device, the RM cache of prefix + current (for `score`), and the
         prior's log-probabilities of every token at every position [N, V], charged first. At λ = 0 those come
-        only with `explore` (a prior forward, for the prior's proposals), else None."""
+        only with `explore` (a prior forward, for the prior's proposals), else None. When the RM is its own prior,
+        one forward and backward of the RM gives all three (joint_gradient_on_device)."""
         n, tail = len(current), len(self.target.suffix)
         explore = explore and not self.uses_prior and self.prior is not None
+        if self.rm_is_prior and (self.uses_prior or explore):
+            self.forwards.charge(GRADIENT_COST * (n + tail))
+            grad, extended, every = joint_gradient_on_device(self.target, self.prior.first, current, self.sign,
+                                                             self.lam, fluent=self.uses_prior)
+            return -grad, extended, every
         lm = GRADIENT_COST * n if self.uses_prior else n if explore else 0
         self.forwards.charge(GRADIENT_COST * (n + tail), lm)
         grad, extended = reward_gradient_on_device(self.target, current)
