@@ -62,8 +62,8 @@ def _torch_mean_log_prob(hf, full: list[int], start: int, stop: int) -> float:
 
 def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied):
     """Reward and prior terms of whole candidates, of beam partials and of GCG variants, with the RM as its own
-    prior (its LM head in the same forward) and with a separate prior, against the whole decoded conversation: the reward by a full forward without cache,
-    the prior's mean log-prob by transformers; J by its formula."""
+    prior (its LM head in the same forward) and with a separate prior, against the whole decoded conversation:
+    the reward by a full forward without cache, the prior's mean log-prob by transformers; J by its formula."""
     hf, lm, rm = tied
     n, lam, rho = 5, 0.7, 2.0
     target = make_target(rm, PROMPT)

@@ -14,9 +14,9 @@ The search: starts, then GCG on the full objective J from the best of them (seed
 - Seeds, another search's rows (the frontier's larger λs), join the archive first, free: GCG goes on from the
   best of them and the starts.
 At λ = 0 the prior does not enter J, but with `explore` it still proposes its swaps and tails (one prior forward a
-step): over a large vocabulary the gradient's single swaps alone stall (Gemma 3 pessimal ended above best-of-N's
-best without them). Exact mode needs neither. Both search and baseline stop when the next call would pass the
-budget.
+step; none when the RM is its own prior, whose gradient forward gives them): over a large vocabulary the gradient's
+single swaps alone stall (Gemma 3 pessimal ended above best-of-N's best without them). Exact mode needs neither.
+Both search and baseline stop when the next call would pass the budget.
 
 The baseline (`best_of_n`): as many prior samples as the budget buys (each one prior and one RM forward), ranked
 by J.
@@ -56,8 +56,9 @@ class FluentConfig:
     search_width: int = setting(64, "Candidates per GCG step.")
     resamples: int = setting(8, "Tails per GCG step redrawn from the prior after a random position of the current "
                                  "sequence (fluent moves the gradient does not propose).")
-    explore: bool = setting(True, "At λ = 0 too, the prior proposes swaps and tails (one prior forward a GCG step; "
-                                  "J does not read it): exploration where the gradient alone stalls.")
+    explore: bool = setting(True, "At λ = 0 too, the prior proposes swaps and tails (one prior forward a GCG step, "
+                                  "free when the RM is its own prior; J does not read it): exploration where the "
+                                  "gradient alone stalls.")
     topk: int = setting(64, "Swaps per position by gradient.")
     merges: int = setting(4, "A GCG step's improving swaps (at different positions) applied together, up to this "
                              "many; 0 or 1: none merged.")
