@@ -4,16 +4,17 @@ Optimal: maximize J = R + λ·F; pessimal: maximize J = −R + λ·F, i.e. fluen
 prompt + response + suffix (one RM target, the GCG target), F = mean log p_prior(response | the prompt's chat
 context) − ρ·repetition. The repetition share counts the positions that repeat the token before them or a
 bigram seen earlier, over N: loops are what a small LM rates most likely, and ρ keeps F from rewarding them.
-At λ = 0 the prior has no say and is never run.
+At λ = 0 the prior has no say in J (it may still propose: rmjax.search.fluent's `explore`).
 
 Forwards (the budget every method spends; `Forwards`): one forward is one whole candidate through one model after
 its cached prompt: response + the template's suffix (N + S positions) through the RM, the response (N positions)
 through the prior. A call running p positions of a model costs p / that model's unit: a GCG candidate that shares
 its head with the sequence it came from runs from its first change (prefix.score_variants), a beam partial of d
 tokens runs d + S. A gradient costs 3 times its forward's positions (forward + backward). When the RM is its own
-prior, one RM forward serves both terms: a GCG candidate's and a gradient's prior log-probs are read off the LM head
-at the positions the RM runs, and cost no prior positions. A prompt's prefill costs its prefix positions once per
-model. Padding rows cost nothing (they carry no candidate). Counts are exact fractions.
+prior, one RM forward serves both terms: the prior log-probs of a candidate (whole, a beam partial, or a GCG
+variant's tail) and of a gradient are read off the LM head at the positions the RM runs, and cost no prior
+positions. A prompt's prefill costs its prefix positions once per model. Padding rows cost nothing (they carry no
+candidate). Counts are exact fractions.
 """
 
 from __future__ import annotations
