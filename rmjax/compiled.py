@@ -17,6 +17,7 @@ A function takes the config first, then its arrays, then static keywords: `fn(cf
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,26 @@ _CACHE: dict[tuple, Compiled] = {}
 _CACHE_SIZE = 256
 
 
+def release_near_map_limit(fraction: float = 0.5) -> bool:
+    """Drop every compiled executable (jax's caches) when this process holds more than `fraction` of the
+    kernel's memory-map limit (vm.max_map_count, 65,530 by default). XLA:CPU maps each executable's code in many
+    small regions (about 17 for a tiny program, hundreds for a model's), and at the limit the next compile or
+    persistent-cache load segfaults instead of raising: a test worker reached it after some 200 tests. The jitted
+    calls stay (`made` still lists them) and compile again when next called, with the same results. Linux only
+    (elsewhere a no-op); whether it released."""
+    try:
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+        with open("/proc/self/maps", "rb") as maps:
+            used = maps.read().count(b"\n")
+    except (OSError, ValueError):
+        return False
+    if used <= fraction * limit:
+        return False
+    jax.clear_caches()
+    gc.collect()
+    return True
+
+
 def compiled(fn: Callable[..., Any], cfg: ModelConfig, mesh: Mesh | None, in_axes: tuple, out_axes: Any = None,
              donate: tuple[int, ...] = (), **static: Any) -> Compiled:
     """`fn(cfg, *args, **static)` jitted with `in_axes` (one spec per positional argument) and `out_axes` (a spec
@@ -172,6 +193,7 @@ def compiled(fn: Callable[..., Any], cfg: ModelConfig, mesh: Mesh | None, in_axe
                          out_shardings=_resolve(out_axes, cfg, mesh), donate_argnums=donate)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))  # the oldest: a long session's shapes come and go
+    release_near_map_limit()  # a miss is followed by a compile, which costs far more than counting the maps
     made = _CACHE[key] = Compiled(body.__name__, jitted, mesh, tuple(in_axes), out_axes)
     return made
 

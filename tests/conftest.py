@@ -46,6 +46,16 @@ import pytest  # noqa: E402
 numpy.testing.assert_allclose = functools.partial(numpy.testing.assert_allclose, equal_nan=False)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_code_between_modules():
+    """A worker runs hundreds of tests' programs, many jitted outside rmjax.compiled (tests/jitted.py): after each
+    module, free them if the process nears the kernel's map limit (at it, XLA segfaults in the next compile)."""
+    yield
+    from rmjax import compiled
+
+    compiled.release_near_map_limit()
+
+
 @pytest.fixture(scope="module")
 def rm_folder(tmp_path_factory):
     """A tiny random reward model (Llama) with the real SmolLM2 tokenizer and chat template."""
