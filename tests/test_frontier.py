@@ -492,10 +492,12 @@ def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tie
 
     hf = tiny.build_hf_model("llama3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
     judge = load(str(lm_folder))
-    texts = ["The cat sat on the mat.", "Love", " dog dog dog", "Freedom, obviously"]
-    got = judge_perplexities(judge, PROMPT, texts)
+    texts = ["The cat sat on the mat.", "Love", " dog dog dog", "Freedom, obviously", "Love"]
     split = chat.split_chat(judge.tokenizer, PROMPT)
-    for text, ppl in zip(texts, got, strict=True):
+    got = []
+    for size in (64, 2):  # texts of different lengths share a batch, right-padded; "Love" twice runs once
+        got += zip(texts, judge_perplexities(judge, PROMPT, texts, batch_size=size), strict=True)
+    for text, ppl in got:
         full = chat.Conversations(judge.tokenizer, PROMPT).token_ids([text])[0]
         start, stop = len(split.prefix), len(full) - len(split.suffix)
         mean = _torch_mean_log_prob(hf, full, start, stop)

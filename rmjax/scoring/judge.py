@@ -34,13 +34,22 @@ def judge_tokens(judge: Model, prompt: str, texts: list[str], template: str = "a
 def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: str = "auto",
                        batch_size: int = 64) -> np.ndarray:
     """exp(−mean log p) of each text's judge tokens after the prompt [W] float64; NaN for a text with no token.
-    Texts of one token count run in one batch shape."""
+    Each distinct text runs once; texts sorted by token count share batches, each right-padded to its longest
+    (causal: the padding after a text's tokens changes none of its log-probs), so few rows are padding."""
     require_lm_head(judge)
-    prefix, rows = judge_tokens(judge, prompt, texts, template)
-    out = np.full(len(texts), np.nan)
+    distinct = list(dict.fromkeys(texts))
+    prefix, rows = judge_tokens(judge, prompt, distinct, template)
+    ppl = np.full(len(distinct), np.nan)
     cache, first = prefill_prefix(judge, prefix), first_token_log_probs(judge, list(prefix))
-    for length in sorted({len(r) for r in rows if r}):
-        which = [i for i, r in enumerate(rows) if len(r) == length]
-        lps = response_log_probs(judge, cache, first, np.asarray([rows[i] for i in which], np.int32), batch_size)
-        out[which] = np.exp(-lps.astype(np.float64).mean(axis=1))
-    return out
+    order = sorted((i for i, r in enumerate(rows) if r), key=lambda i: len(rows[i]))
+    for start in range(0, len(order), batch_size):
+        which = order[start : start + batch_size]
+        width = len(rows[which[-1]])
+        padded = np.zeros((len(which), width), np.int32)
+        for k, i in enumerate(which):
+            padded[k, : len(rows[i])] = rows[i]
+        lps = response_log_probs(judge, cache, first, padded, batch_size).astype(np.float64)
+        for k, i in enumerate(which):
+            ppl[i] = np.exp(-lps[k, : len(rows[i])].mean())
+    at = {text: i for i, text in enumerate(distinct)}
+    return ppl[[at[text] for text in texts]]

@@ -228,9 +228,11 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
     both), also each response's summed log-probabilities [W] float32 (issue 25's fluency term).
 
     Every batch has the same shape (the last is padded), so one compilation serves all calls with
-    this batch size; batches are dispatched before any result is copied to the host.
+    this batch size; fewer responses than a batch run in the next power of two rows (a beam level's 32 partials
+    are not padded to 256). Batches are dispatched before any result is copied to the host.
     """
-    batch_size = batching.round_up(batch_size, model.mesh)
+    batch_size = min(batching.round_up(batch_size, model.mesh),
+                     batching.rows_for(len(responses), batching.data_shards(model.mesh)))
     log_probs = first is not None
     scorer = batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, log_probs)
     params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()

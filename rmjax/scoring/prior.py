@@ -59,11 +59,12 @@ def prior_call(cfg: ModelConfig, mesh, cache_width: int) -> Compiled:
 def response_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, responses: np.ndarray,
                        batch_size: int = 64) -> np.ndarray:
     """Each token's log-probability of equal-length responses [W, N] after the prefix `cache` (whose next-token
-    log-probabilities are `first`): [W, N] float32. Batches are padded to one shape and all dispatched before
-    any result is copied to the host."""
+    log-probabilities are `first`): [W, N] float32. Batches are padded to one shape (fewer responses than a batch:
+    the next power of two rows) and all dispatched before any result is copied to the host."""
     require_lm_head(model)
     responses = np.asarray(responses, np.int32)
-    batch_size = batching.round_up(batch_size, model.mesh)
+    batch_size = min(batching.round_up(batch_size, model.mesh),
+                     batching.rows_for(len(responses), batching.data_shards(model.mesh)))
     call = prior_call(model.config, model.mesh, cache.k.shape[2])
     params, first = declared_params(model), replicated(first, model.mesh)
     pending = []
