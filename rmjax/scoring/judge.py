@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from rmjax.model import Model
+from rmjax.parallel import batching
 from rmjax.scoring.prefix import prefill_prefix
 from rmjax.scoring.prior import first_token_log_probs, require_lm_head, response_log_probs
 from rmjax.text import chat
@@ -44,10 +45,7 @@ def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: st
     order = sorted((i for i, r in enumerate(rows) if r), key=lambda i: len(rows[i]))
     for start in range(0, len(order), batch_size):
         which = order[start : start + batch_size]
-        width = len(rows[which[-1]])
-        padded = np.zeros((len(which), width), np.int32)
-        for k, i in enumerate(which):
-            padded[k, : len(rows[i])] = rows[i]
+        padded, _ = batching.pad_rows([rows[i] for i in which])
         lps = response_log_probs(judge, cache, first, padded, batch_size).astype(np.float64)
         for k, i in enumerate(which):
             ppl[i] = np.exp(-lps[k, : len(rows[i])].mean())
