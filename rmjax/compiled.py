@@ -154,8 +154,8 @@ _CACHE_SIZE = 256
 def release_near_map_limit(fraction: float = 0.5) -> bool:
     """Drop every compiled executable (jax's caches) when this process holds more than `fraction` of the
     kernel's memory-map limit (vm.max_map_count, 65,530 by default). XLA:CPU maps each executable's code in many
-    small regions (about 17 for a tiny program, hundreds for a model's), and at the limit the next compile or
-    persistent-cache load segfaults instead of raising: a test worker reached it after some 200 tests. The jitted
+    small regions (about 17 for a tiny program, more for a larger one), and at the limit the next compile or
+    persistent-cache load segfaults instead of raising: a test worker of the full suite reached it. The jitted
     calls stay (`made` still lists them) and compile again when next called, with the same results. Linux only
     (elsewhere a no-op); whether it released."""
     try:
