@@ -73,6 +73,9 @@ def main() -> None:
     for j in jobs:
         for method in ("search", "best_of_n"):
             rows = [at + i for i, k in enumerate(j["methods"]) if k == method]
+            if not rows:
+                print(f"{j['name']}, {method}: no row at judge perplexity <= {args.max_ppl:g}")
+                continue
             print(f"{j['name']}, {method} ({len(rows)}): " + ", ".join(f"z under {m} {z[m][rows].mean():+.2f}"
                                                                         for m in models))
         for i, text in enumerate(j["texts"]):

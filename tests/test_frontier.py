@@ -485,6 +485,40 @@ def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_s
     assert repeated >= 10  # the trials do test the counting once
 
 
+def test_the_fluency_cost_is_the_best_reward_against_the_best_at_judge_perplexity_100():
+    """The summary's fluency cost, against a brute-force reading of every search row: the most rewarding row (by
+    direction) at any judge perplexity, the most rewarding at ≤ 100, their difference in reward and in SDs."""
+    from rmjax.search.frontier_job import FrontierConfig, Unit
+    from rmjax.search.frontier_out import summaries
+
+    rng, none_fluent, differ = np.random.default_rng(5), 0, 0
+    for trial in range(40):
+        sign = (1.0, -1.0)[trial % 2]
+        direction = "optimal" if sign > 0 else "pessimal"
+        units, sd = [], float(rng.uniform(0.5, 2.0))
+        for lam in (None, 4.0, 1.0, 0.0):
+            w = int(rng.integers(1, 10))
+            ppl = np.exp(rng.uniform(1.0, 8.0, w) + (0 if trial % 5 else 4.7))  # every 5th: none fluent
+            units.append(Unit("p", direction, "best_of_n" if lam is None else "search", lam,
+                              rng.integers(0, 50, (w, 3)), rng.normal(size=w) * 3, np.zeros(w), ppl,
+                              np.ones(w, bool), 0.0, np.zeros((0, 2)), (0.3, sd)))
+        got = summaries(units, FrontierConfig(direction=direction))[direction]["fluency_cost"]
+        rows = [(sign * u.reward[i], u.reward[i], u.judge_ppl[i]) for u in units[1:] for i in range(len(u.ids))]
+        best = max(rows)
+        fluent = [r for r in rows if r[2] <= 100]
+        assert (got["best"]["reward"], got["best"]["judge_ppl"]) == (best[1], best[2])
+        if not fluent:
+            none_fluent += 1
+            assert got["best_fluent"] is None and got["reward"] is None and got["sd"] is None
+            continue
+        top = max(fluent)
+        assert (got["best_fluent"]["reward"], got["best_fluent"]["judge_ppl"]) == (top[1], top[2])
+        assert got["reward"] == pytest.approx(best[0] - top[0], abs=1e-12) and got["reward"] >= 0
+        assert got["sd"] == pytest.approx((best[0] - top[0]) / sd, abs=1e-12)
+        differ += got["reward"] > 0
+    assert none_fluent >= 3 and differ >= 10  # both branches, and costs above zero, were tested
+
+
 def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tied, lm_folder):
     """The judge reads the decoded text in its own template, tokenized by itself (here a model whose template
     and tokenizer are SmolLM2's; texts of different token counts)."""

@@ -13,6 +13,7 @@ from rmjax.runs import results
 from rmjax.search import pareto
 from rmjax.search.objective import repetition
 
+FLUENT_PPL = 100.0  # judge perplexity at or below which a response counts as fluent (the fluency cost)
 COLUMNS = ("direction", "lambda", "method", "rank", "ids", "text", "roundtrip", "reward", "reward_z", "prior_logp",
            "judge_ppl", "forwards")
 
@@ -56,7 +57,8 @@ def _rows_of(unit, lam: float, which, tokenizer) -> list[dict]:
 
 def summaries(units, cfg) -> dict:
     """Per direction: best-of-N's best reward and median judge perplexity over all its samples, the distinct
-    search responses that dominate both, each method's hypervolume from a shared reference point, and the ratio."""
+    search responses that dominate both, each method's hypervolume from a shared reference point, the ratio, and
+    what fluency costs the search."""
     out = {}
     for direction in cfg.directions:
         sign = 1.0 if direction == "optimal" else -1.0
@@ -80,8 +82,26 @@ def summaries(units, cfg) -> dict:
             "hypervolume": {"search": hv_search, "best_of_n": hv_base,
                             "ratio": hv_search / hv_base if hv_base > 0 else None,
                             "reference": {"reward": sign * ref[0], "judge_ppl": ref[1]}},
+            "fluency_cost": _fluency_cost(search, sign),
         }
     return out
+
+
+def _fluency_cost(search, sign: float) -> dict:
+    """The search's most rewarding row at any judge perplexity against its most rewarding at ≤ FLUENT_PPL (by
+    direction): the reward fluency costs, also in SDs of the single-token rewards (the reward_z scale)."""
+    def best(fluent_only: bool) -> dict | None:
+        rows = [(u, i) for u in search for i in range(len(u.ids)) if not fluent_only or u.judge_ppl[i] <= FLUENT_PPL]
+        if not rows:
+            return None
+        unit, i = max(rows, key=lambda r: sign * r[0].reward[r[1]])  # of equals, the first written
+        return {"lambda": unit.lam, "ids": unit.ids[i].tolist(), "reward": float(unit.reward[i]),
+                "judge_ppl": float(unit.judge_ppl[i])}
+
+    top, fluent = best(False), best(True)
+    cost = None if fluent is None else sign * (top["reward"] - fluent["reward"])
+    return {"max_judge_ppl": FLUENT_PPL, "best": top, "best_fluent": fluent, "reward": cost,
+            "sd": None if cost is None else cost / search[0].z[1]}
 
 
 def _best_dominating(search, dominating, sign: float) -> dict | None:
@@ -111,6 +131,11 @@ def describe(summary: dict, out: Path) -> str:
         lines.append(f"{direction}: best-of-N ({base['samples']} samples) best reward {base['best_reward']:.3f}, "
                      f"median judge perplexity {base['median_judge_ppl']:.1f}; {s['dominating_responses']} search "
                      f"responses dominate both; hypervolume search/best-of-N {ratio}")
+        cost = s["fluency_cost"]
+        if cost["reward"] is not None:
+            lines.append(f"  fluency costs {cost['reward']:.2f} reward ({cost['sd']:.1f} SD): the search's best "
+                         f"{cost['best']['reward']:.3f} at judge perplexity {cost['best']['judge_ppl']:.3g}, its "
+                         f"best at <= {FLUENT_PPL:g} {cost['best_fluent']['reward']:.3f}")
     return "\n".join(lines) + f"\n-> {out}, {png_path(out)}"
 
 
