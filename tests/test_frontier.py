@@ -474,6 +474,12 @@ def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_s
         want = {tuple(u.ids[i]) for u in search for i in range(len(u.ids))
                 if u.judge_ppl[i] <= median and sign * u.reward[i] >= best}
         assert got["dominating_responses"] == len(want)
+        gains = [sign * u.reward[i] for u in search for i in range(len(u.ids))
+                 if u.judge_ppl[i] <= median and sign * u.reward[i] >= best]
+        if gains:  # the most rewarding of them, by direction
+            assert sign * got["best_dominating"]["reward"] == max(gains)
+        else:
+            assert got["best_dominating"] is None
         rows = sum(u.judge_ppl[i] <= median and sign * u.reward[i] >= best for u in search for i in range(len(u.ids)))
         repeated += rows > len(want)  # trials where counting rows would be wrong
         every = [(sign * r, p) for u in units for r, p in zip(u.reward, u.judge_ppl, strict=True)]

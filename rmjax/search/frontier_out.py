@@ -73,12 +73,12 @@ def summaries(units, cfg) -> dict:
             for i in range(len(u.ids)):
                 if u.judge_ppl[i] <= median and sign * u.reward[i] >= best and tuple(u.ids[i].tolist()) not in seen:
                     seen.add(tuple(u.ids[i].tolist()))
-                    dominating.append((u.lam, i))
+                    dominating.append((u, i))
         hv_search, hv_base = pareto.hypervolume(s_gain, s_ppl, ref), pareto.hypervolume(b_gain, b_ppl, ref)
         out[direction] = {
             "best_of_n": {"samples": len(base.ids), "best_reward": sign * best, "median_judge_ppl": median},
             "dominating_responses": len(dominating),
-            "best_dominating": _best_dominating(search, dominating, sign),
+            "best_dominating": _most_rewarding(dominating, sign),
             "hypervolume": {"search": hv_search, "best_of_n": hv_base,
                             "ratio": hv_search / hv_base if hv_base > 0 else None,
                             "reference": {"reward": sign * ref[0], "judge_ppl": ref[1]}},
@@ -90,26 +90,20 @@ def summaries(units, cfg) -> dict:
 def _fluency_cost(search, sign: float) -> dict:
     """The search's most rewarding row at any judge perplexity against its most rewarding at ≤ FLUENT_PPL (by
     direction): the reward fluency costs, also in SDs of the single-token rewards (the reward_z scale)."""
-    def best(fluent_only: bool) -> dict | None:
-        rows = [(u, i) for u in search for i in range(len(u.ids)) if not fluent_only or u.judge_ppl[i] <= FLUENT_PPL]
-        if not rows:
-            return None
-        unit, i = max(rows, key=lambda r: sign * r[0].reward[r[1]])  # of equals, the first written
-        return {"lambda": unit.lam, "ids": unit.ids[i].tolist(), "reward": float(unit.reward[i]),
-                "judge_ppl": float(unit.judge_ppl[i])}
-
-    top, fluent = best(False), best(True)
+    rows = [(u, i) for u in search for i in range(len(u.ids))]
+    top = _most_rewarding(rows, sign)
+    fluent = _most_rewarding([(u, i) for u, i in rows if u.judge_ppl[i] <= FLUENT_PPL], sign)
     cost = None if fluent is None else sign * (top["reward"] - fluent["reward"])
     return {"max_judge_ppl": FLUENT_PPL, "best": top, "best_fluent": fluent, "reward": cost,
             "sd": None if cost is None else cost / search[0].z[1]}
 
 
-def _best_dominating(search, dominating, sign: float) -> dict | None:
-    if not dominating:
+def _most_rewarding(rows, sign: float) -> dict | None:
+    """The most rewarding (by direction) of search rows given as (unit, index); of equals, the first."""
+    if not rows:
         return None
-    lam, i = max(dominating, key=lambda d: sign * next(u for u in search if u.lam == d[0]).reward[d[1]])
-    unit = next(u for u in search if u.lam == lam)
-    return {"lambda": lam, "ids": unit.ids[i].tolist(), "reward": float(unit.reward[i]),
+    unit, i = max(rows, key=lambda r: sign * r[0].reward[r[1]])
+    return {"lambda": unit.lam, "ids": unit.ids[i].tolist(), "reward": float(unit.reward[i]),
             "judge_ppl": float(unit.judge_ppl[i])}
 
 
