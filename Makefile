@@ -32,11 +32,11 @@ demo: $(VENV)/.installed
 		--out=results/demo/elo-rm-smollm2-135m_greatest.csv
 
 # Rebuild the committed score heads of the default reward models (recipe in BUILD_NOTES.md); replaces them.
-ELO_GREATEST := ../shared/data/elo/What, in one word, is the greatest thing ever.csv
+# --elo=builtin: the greatest-thing EloEverything file shipped in rmjax/data/elo.
 default-rms: $(VENV)/.installed
-	$(PY) -m experiments.train_rm --model=smollm2-135m-instruct --elo="$(ELO_GREATEST)" --steps=1500 \
+	$(PY) -m experiments.train_rm --model=smollm2-135m-instruct --elo=builtin --steps=1500 \
 		--workdir=runs/elo-rm-smollm2-135m --head_out=rmjax/builtin/elo-rm-smollm2-135m.safetensors --overwrite
-	$(PY) -m experiments.train_rm --model=gemma-3-270m --elo="$(ELO_GREATEST)" --steps=1500 \
+	$(PY) -m experiments.train_rm --model=gemma-3-270m --elo=builtin --steps=1500 \
 		--workdir=runs/elo-rm-gemma3-270m --head_out=rmjax/builtin/elo-rm-gemma3-270m.safetensors --overwrite
 
 # Every README command must work from requirements.txt alone (no test extras, so no torch): a venv with only

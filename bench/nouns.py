@@ -12,7 +12,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-BNC = REPO.parent / "shared" / "data" / "corpora" / "1_1_all_alpha.txt"
 
 
 def main() -> None:
@@ -21,11 +20,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=500)
     args = ap.parse_args()
 
+    from rmjax.data import BNC_FREQUENCIES
     from rmjax.loading import load
 
     tokenizers = [load(m).tokenizer for m in ("elo-rm-smollm2-135m", "elo-rm-gemma3-270m")]
     frequency: dict[str, float] = {}
-    for line in open(BNC, encoding="latin-1"):
+    for line in open(BNC_FREQUENCIES, encoding="latin-1"):
         fields = line.rstrip("\n").split("\t")
         fields = fields[1:] if fields and fields[0] == "" else fields
         word = fields[0] if fields else ""

@@ -1,12 +1,14 @@
 """Analyses of score tables: paper 1, EloEverything, Big Two (paper 2) and the implicit RM between two LMs.
 
-python -m experiments.analyze --scores=results/scores/ --elo=../shared/data/elo --out=results/analysis \
-    [--models_yaml=../shared/data/reward_models.yaml] [--bigtwo_checkpoints=DIR] \
+python -m experiments.analyze --scores=results/scores/ --elo=builtin --out=results/analysis \
+    [--models_yaml=YAML] [--frequencies=1_1_all_alpha.txt] [--bigtwo_checkpoints=DIR] \
     [--implicit_chosen=LLAMA_LOGPROBS.csv --implicit_reference=GEMMA_LOGPROBS.csv] \
     [--roundtrip_only] [--collapse_variants=none|max|mean] [--frequency_scale=log_per_million|zscore]
 
 Every input is optional; the analyses whose inputs are given run. Tables are written as CSV, figures
-as PNG, and the headline numbers to <out>/report.md (also printed). Nothing is downloaded.
+as PNG, and the headline numbers to <out>/report.md (also printed). Nothing is downloaded: `--elo=builtin`
+reads the EloEverything files shipped in rmjax/data/elo, and --models_yaml and --frequencies default to the
+files shipped in rmjax/data.
 
 With both --scores and --elo, the --scores models join the published ones in every EloEverything table
 and figure: a column scores the EloEverything prompt with the same text (.meta.json prompts), an item is
@@ -16,20 +18,15 @@ token scores are counted in report.md and elo_scores_coverage.csv (rmjax.analysi
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from absl import flags
 
 from experiments import cli, config_flags
+from rmjax import data as shipped
 from rmjax.analysis.spec import AnalysisConfig
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-DEFAULT_YAML = SHARED_DATA / "reward_models.yaml"
-DEFAULT_BNC = SHARED_DATA / "corpora" / "1_1_all_alpha.txt"
-
-# One flag per AnalysisConfig field (help and choices declared there); the data files default to ../shared/data.
+# One flag per AnalysisConfig field (help and choices declared there); the data files default to the shipped ones.
 ANALYSIS_CONFIG = config_flags.define(AnalysisConfig, defaults=dict(
-    models_yaml=str(DEFAULT_YAML) if DEFAULT_YAML.is_file() else "", frequencies=str(DEFAULT_BNC)))
+    models_yaml=str(shipped.REWARD_MODELS_YAML), frequencies=str(shipped.BNC_FREQUENCIES)))
 OUT = flags.DEFINE_string("out", "results/analysis", "Output directory for tables, figures and report.md.")
 IMPLICIT = flags.DEFINE_list("implicit", [], "Removed: its A,B order was ambiguous; use --implicit_chosen and "
                              "--implicit_reference.")

@@ -1,7 +1,6 @@
 """Train a reward model from a causal LM on preference pairs (Bradley–Terry), with resumable checkpoints.
 
-python -m experiments.train_rm --model=smollm2-135m-instruct \
-    --elo="../shared/data/elo/What, in one word, is the greatest thing ever.csv" \
+python -m experiments.train_rm --model=smollm2-135m-instruct --elo=builtin \
     --trainable=head --steps=1500 --workdir=runs/elo-rm --export=runs/elo-rm/hf
 
 Re-running the same command after a crash resumes from the last checkpoint in --workdir (by default a
@@ -21,7 +20,9 @@ from rmjax.train.loop import TrainConfig
 PAIRS = flags.DEFINE_string("pairs", None, "CSV/JSONL of prompt, chosen, rejected[, label (soft, in [0,1])].")
 HELDOUT_PAIRS = flags.DEFINE_string("heldout_pairs", None, "Held-out pairs file (default: 20% of --pairs' prompts, or "
                                     "of its response items when it has one prompt; never a trained response).")
-ELO = flags.DEFINE_string("elo", None, "EloEverything CSV: builds pairs from human Elo ratings, split by item.")
+ELO = flags.DEFINE_string("elo", None, "EloEverything CSV: builds pairs from human Elo ratings, split by item. "
+                          "builtin: the shipped greatest-thing file (the default reward models' data); "
+                          "builtin:<prompt>: another shipped file (rmjax/data/elo/<prompt>.csv).")
 N_TRAIN = flags.DEFINE_integer("n_train", 20000, "EloEverything: training pairs to sample.", lower_bound=1)
 N_HELDOUT = flags.DEFINE_integer("n_heldout", 4000, "EloEverything: held-out pairs (from held-out items only).",
                                  lower_bound=1)

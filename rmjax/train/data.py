@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rmjax import data as shipped
 from rmjax.errors import InputFileError, MissingFileError, UsageError
 
 
@@ -169,10 +170,24 @@ def elo_probability(elo_i: np.ndarray, elo_j: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + 10.0 ** ((elo_j - elo_i) / 400.0))
 
 
+def elo_csv(spec: str | Path) -> Path:
+    """The EloEverything file `spec` names: a CSV path, `builtin` (the shipped greatest-thing file, which trained
+    the default reward models) or `builtin:<prompt>` (another shipped file, by its prompt)."""
+    text = str(spec)
+    if text != shipped.BUILTIN and not text.startswith(shipped.BUILTIN + ":"):
+        return Path(spec)
+    prompt = text.partition(":")[2] or shipped.GREATEST
+    path = shipped.elo_file(prompt)
+    if path is None:
+        raise UsageError(f"--elo={text}: no shipped EloEverything file for that prompt; give builtin or one of "
+                         + ", ".join(f'"builtin:{name}"' for name in shipped.elo_files()) + ".")
+    return path
+
+
 def read_elo_items(path: str | Path) -> pd.DataFrame:
-    path = Path(path)
+    path = elo_csv(path)
     if not path.is_file():
-        raise MissingFileError(f"EloEverything file {path} not found (expected ../shared/data/elo/*.csv).")
+        raise MissingFileError(f"EloEverything file {path} not found (--elo=builtin reads the shipped one).")
     try:
         df = pd.read_csv(path, keep_default_na=False, dtype={"name": str})
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
@@ -198,7 +213,7 @@ def elo_pairs(
     Hard labels are sampled from the Elo probability (the chosen item is the sampled winner);
     soft labels keep the probability itself with the higher-rated item as `chosen`.
     """
-    path = Path(path)
+    path = elo_csv(path)
     items = read_elo_items(path)
     prompt = prompt or elo_prompt(path)
     rng = np.random.default_rng(seed)
