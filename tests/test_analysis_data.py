@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from rmjax.analysis import data, paper1, stats
+from rmjax.data import DATA_DIR
 from rmjax.runs import results
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TRICKY = ["None", "NaN", "null", "", " ", "\n", '"', ",", " love", "love"]
 
 
@@ -40,7 +40,7 @@ def test_text_tables_are_read_too(tmp_path):
 
 
 def test_model_name_from_meta_json_or_stem_and_nickname(tmp_path):
-    meta = data.load_model_metadata(SHARED / "reward_models.yaml")
+    meta = data.load_model_metadata(DATA_DIR / "reward_models.yaml")
     write_model(tmp_path / "a.csv", ["x"], {"p": np.zeros(1)})
     results.write_meta(tmp_path / "a.csv", kind="sweep", model="Ray2333/GRM-gemma2-2B-rewardmodel-ft")
     write_model(tmp_path / "Skywork--Skywork-Reward-Gemma-2-27B.csv", ["x"], {"p": np.zeros(1)})
@@ -53,7 +53,7 @@ def test_model_name_from_meta_json_or_stem_and_nickname(tmp_path):
 
 
 def test_model_metadata_from_yaml():
-    meta = data.load_model_metadata(SHARED / "reward_models.yaml")
+    meta = data.load_model_metadata(DATA_DIR / "reward_models.yaml")
     assert len(meta) == 10
     row = meta.loc["Skywork/Skywork-Reward-Llama-3.1-8B-v0.2"]
     assert (row.nickname, row.base_model, row.developer, row.parameters_b, row.reward_bench_rank) == \

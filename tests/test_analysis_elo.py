@@ -1,4 +1,4 @@
-"""EloEverything, end to end: `experiments.analyze --elo=../shared/data/elo` writes every table and figure (with
+"""EloEverything, end to end: `experiments.analyze --elo=builtin` writes every table and figure (with
 the models given with --scores beside the published ones),
 and its numbers equal scipy computed independently here from the raw files."""
 
@@ -16,9 +16,10 @@ import pytest
 import yaml
 from scipy import stats
 
+from rmjax.data import DATA_DIR
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-ELO = SHARED / "elo"
+ELO = DATA_DIR / "elo"
 SLUGS = {
     "What is the single thing, person, or concept that humans most prefer":
         "what_is_the_single_thing_person_or_concept_that_humans_most",
@@ -31,11 +32,11 @@ SLUGS = {
 @pytest.fixture(scope="module")
 def elo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("elo") / "out"
-    proc = subprocess.run([sys.executable, "-m", "experiments.analyze", f"--elo={ELO}", f"--out={out}",
-                           f"--models_yaml={SHARED / 'reward_models.yaml'}"], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "experiments.analyze", "--elo=builtin", f"--out={out}",
+                           f"--models_yaml={DATA_DIR / 'reward_models.yaml'}"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    nicknames = {m["name"]: m["nickname"] for m in yaml.safe_load((SHARED / "reward_models.yaml").read_text())}
+    nicknames = {m["name"]: m["nickname"] for m in yaml.safe_load((DATA_DIR / "reward_models.yaml").read_text())}
     raw = {stem: pd.read_csv(ELO / f"{stem}.csv", keep_default_na=False) for stem in SLUGS}
     return out, proc.stdout, raw, nicknames
 

@@ -14,10 +14,10 @@ import yaml
 from scipy import stats
 
 from rmjax.analysis import lexicons
+from rmjax.data import DATA_DIR
 from rmjax.runs import results
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 SENTIMENT_WORDS = {"love": 3, "happy": 3, "good": 3, "great": 3, "beautiful": 3, "joy": 3, "excellent": 3,
                    "win": 4, "hope": 2, "kind": 2, "hate": -3, "bad": -3, "terrible": -3, "sad": -2, "war": -2,
@@ -51,7 +51,7 @@ def fake_scores(strings: list[str], base: str, rng: np.random.Generator) -> dict
     """Scores that follow sentiment (best/greatest up, worst down), frequency, and a Big Two bias
     (Llama: agency up; Gemma: communion up), plus model noise."""
     afinn = lexicons.load_afinn()
-    freq = lexicons.load_bnc_frequencies(SHARED / "corpora" / "1_1_all_alpha.txt")
+    freq = lexicons.load_bnc_frequencies(DATA_DIR / "corpora" / "1_1_all_alpha.txt")
     sentiment = np.nan_to_num(lexicons.lookup(strings, afinn))
     log_freq = np.nan_to_num(np.log(lexicons.lookup(strings, freq)), nan=0.0)
     word = [lexicons.normalize(s) for s in strings]

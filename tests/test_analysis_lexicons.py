@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,8 +11,7 @@ from scipy import stats as scipy_stats
 
 from rmjax.analysis import bigtwo, lexicons
 from rmjax.analysis.data import ScoreTable
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from rmjax.data import DATA_DIR
 
 
 def test_wildcard_stems():
@@ -78,7 +76,7 @@ def test_bnc_frequencies_sum_word_forms_over_parts_of_speech(tmp_path):
                        "\tThe\tDet\t:\t61847\t100\t0.98\n".encode("latin-1"))
     assert lexicons.load_bnc_frequencies(sample) == {"café": 12.0, "go": 901.0, "going": 366.0, "went": 483.0,
                                                      "the": 61847.0}
-    real = lexicons.load_bnc_frequencies(SHARED / "corpora" / "1_1_all_alpha.txt")
+    real = lexicons.load_bnc_frequencies(DATA_DIR / "corpora" / "1_1_all_alpha.txt")
     assert real["the"] == 61847.0 and real["went"] == 483.0
     assert real["love"] > 150 and all(v > 0 for v in real.values())
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,7 +12,6 @@ from rmjax.loading.safetensors_io import iter_tensors
 from rmjax.scoring.texts import TextScorer
 from rmjax.train.data import read_elo_items
 
-ELO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "elo"
 PROMPT = "What, in one word, is the greatest thing ever?"
 
 
@@ -25,7 +22,7 @@ def test_default_rm_loads_and_ranks_elo_extremes(name):
     assert config_of(name) == rm.config  # what jobs check before loading (the frontier's LM-head refusal)
     (_, head), = list(iter_tensors(BUILTIN_DIR / f"{name}.safetensors"))
     np.testing.assert_array_equal(np.asarray(nn.get(rm.params, "score.kernel")), np.asarray(head()).T)
-    items = read_elo_items(ELO / "What, in one word, is the greatest thing ever.csv").sort_values("elo_score")
+    items = read_elo_items("builtin").sort_values("elo_score")  # the greatest-thing file the heads trained on
     bottom, top = items["name"].head(40).tolist(), items["name"].tail(40).tolist()
     scores = TextScorer(rm, PROMPT).score(top + bottom)
     # Humans' 40 favourite items score higher on average than their 40 least favourite.

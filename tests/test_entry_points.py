@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from rmjax.data import DATA_DIR
 from rmjax.loading import load
 from rmjax.runs import results
 from rmjax.scoring.logprobs import next_token_logprobs
@@ -18,12 +19,11 @@ from rmjax.text import prompts
 from tests import tiny, tolerance
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 
 
 def test_builtin_prompt_sets_match_the_papers_files():
-    assert prompts.PAPER1 == yaml.safe_load((SHARED / "prompts.yaml").read_text())
-    assert prompts.factorial_prompts() == yaml.safe_load((SHARED / "prompts54.yaml").read_text())
+    assert prompts.PAPER1 == yaml.safe_load((DATA_DIR / "prompts.yaml").read_text())
+    assert prompts.factorial_prompts() == yaml.safe_load((DATA_DIR / "prompts54.yaml").read_text())
 
 
 def test_resolve_prompts():

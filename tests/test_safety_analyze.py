@@ -147,7 +147,7 @@ def test_roundtrip_only_is_applied_or_refused(tmp_path):
         ([f"--scores={tmp_path / 'none.csv'}"], ["none.csv", "leaves none of its 40 rows", "greatest, worst"]),
         ([f"--scores={tmp_path / 'half.csv'},{tmp_path / 'beam.csv'}"], ["--roundtrip_only", "beam.csv"]),
         (implicit, ["--roundtrip_only", "implicit"]),
-        ([f"--elo={cli.REPO.parent / 'shared' / 'data' / 'elo'}"], ["--roundtrip_only", "drop it"]),
+        (["--elo=builtin"], ["--roundtrip_only", "drop it"]),
     ]
     for i, (flags, fragments) in enumerate(refused):
         out = tmp_path / f"out{i}"

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
 from rmjax import zoo
+from rmjax.data import DATA_DIR
 from rmjax.loading import load, resolve
 from tests import tiny
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
 
 def test_zoo_matches_the_papers_model_list():
-    published = yaml.safe_load((SHARED / "reward_models.yaml").read_text())
+    published = yaml.safe_load((DATA_DIR / "reward_models.yaml").read_text())
     assert [m["name"] for m in published] == [e.hf_id for e in zoo.ZOO]
     assert [m["nickname"] for m in published] == [e.nickname for e in zoo.ZOO]
     for m, e in zip(published, zoo.ZOO, strict=True):
