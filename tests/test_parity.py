@@ -98,3 +98,20 @@ def test_sharded_checkpoint_with_index(tmp_path):
     np.testing.assert_allclose(np.asarray(M.rewards(model.params, model.config, ids, mask)),
                                _hf_outputs(hf, ids, mask),
                                atol=tolerance.rewards_atol(model.params, model.config, ids, mask), rtol=0)
+
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_large_rms_norm_eps_parity(saved, name):
+    """RMSNorm's epsilon is part of the math: dropped, the tiny models' default eps (1e-5, 1e-6) moves rewards by
+    only 1/50 to 1/2 of the float32 bound, so only the real-model test caught it (issue 42's mutant). With
+    rms_norm_eps = 1.0, about the mean square of the activations, every norm (the layers', Gemma 2/3's sandwich
+    norms, Gemma 3's q/k norms, the final one) depends on it, and the rewards must still match transformers at
+    the same bound."""
+    hf, folder = saved(name, 1, rms_norm_eps=1.0)
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    assert model.config.norm_eps == 1.0
+    ids, mask = tiny.random_batch(seed=13, batch=4, length=12, padding="left")
+    ref = _hf_outputs(hf, ids, mask)
+    got = np.asarray(M.rewards(model.params, model.config, ids, mask))
+    np.testing.assert_allclose(got, ref, atol=tolerance.rewards_atol(model.params, model.config, ids, mask), rtol=0)
