@@ -14,6 +14,7 @@ from flax import nnx
 from rmjax import nn
 from rmjax.config import ModelConfig, load_config_file, read_json_file
 from rmjax.errors import CheckpointError, MissingFileError, TokenizerMismatchError, UsageError
+from rmjax.heads import ARCHITECTURES as CUSTOM_HEADS
 from rmjax.loading import safetensors_io
 from rmjax.loading.identity import folder_fingerprint
 from rmjax.loading.weights import assemble
@@ -37,7 +38,49 @@ def place_params(flat: dict[str, Any], cfg: ModelConfig, mesh: jax.sharding.Mesh
     return nn.from_flat(cfg, {p: sharding.place(a, declared[p].axes, mesh) for p, a in flat.items()})
 
 
+def _named_code(value) -> list[str]:
+    """The module references an `auto_map` value names (strings, at any depth; null entries name none)."""
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [name for item in value for name in _named_code(item)]
+    return []
+
+
+def _foreign_code(raw, tokenizer: bool) -> list[str]:
+    """The code an `auto_map` names that rmjax would need to run. A config.json of a published RM whose head
+    rmjax ports (rmjax.heads: ArmoRM, QRM, URM) maps its architecture to the authors' modeling file; rmjax
+    computes that head itself and never imports the file, so only its tokenizer entry would count there."""
+    auto_map = raw.get("auto_map") if isinstance(raw, dict) else None
+    if tokenizer or not isinstance(auto_map, dict):
+        return _named_code(auto_map)
+    architectures = raw.get("architectures")
+    ported = (isinstance(architectures, list) and bool(architectures)
+              and all(isinstance(a, str) and a in CUSTOM_HEADS for a in architectures))
+    return [name for key, value in auto_map.items() if not ported or key == "AutoTokenizer"
+            for name in _named_code(value)]
+
+
+def refuse_remote_code(folder: Path) -> None:
+    """A folder whose config.json or tokenizer_config.json maps a class to code of its own (`auto_map`) is refused
+    before its config or tokenizer is parsed: rmjax runs no code from a checkpoint (transformers would import
+    it after a prompt that a stray "y" on stdin answers). Every folder loader and tokenizer read calls this."""
+    for name, what in (("config.json", "model config"), ("tokenizer_config.json", "tokenizer config")):
+        path = folder / name
+        if not path.is_file():
+            continue
+        code = _foreign_code(read_json_file(path, what), tokenizer=name == "tokenizer_config.json")
+        if code:
+            raise CheckpointError(
+                f"{path}: its auto_map names code of its own ({', '.join(sorted(set(code)))[:200]}); rmjax runs "
+                "no code from a checkpoint. Use a checkpoint of a supported architecture (Llama 3, Gemma 1-3, the "
+                "ported heads of rmjax/heads.py) that needs no custom code.")
+
+
 def load_tokenizer(folder: Path, cfg: ModelConfig, required: bool = True):
+    refuse_remote_code(folder)
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
         if not required:
             return None
@@ -48,7 +91,8 @@ def load_tokenizer(folder: Path, cfg: ModelConfig, required: bool = True):
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder))
+        # No code from the folder, and nothing from the network (a missing file is the folder's fault).
+        tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise CheckpointError(f"{folder}: the tokenizer files cannot be read ({type(error).__name__}: "
                               f"{str(error)[:200]}); restore them from the checkpoint's original repository.") from None
@@ -76,6 +120,7 @@ def load_hf_model_folder(
     folder = Path(folder)
     if not folder.is_dir():
         raise MissingFileError(f"{folder}: no such model folder.")
+    refuse_remote_code(folder)
     cfg = load_config_file(folder / "config.json")
     raw_config = read_json_file(folder / "config.json", "model config")
     tensors = (

@@ -70,6 +70,14 @@ def builtin_head_file(name: str) -> Path:
     return head_file
 
 
+def _without_remote_code(folder: Path) -> Path:
+    """`folder`, refused first if it brings code of its own (before its config is even parsed)."""
+    from rmjax.loading.hf import refuse_remote_code
+
+    refuse_remote_code(folder)
+    return folder
+
+
 def resolve(spec: str) -> tuple[str, Path]:
     """('hf', folder) or ('gguf', file) for a model spec; a clear error otherwise."""
     if spec in BUILTIN_GGUF:
@@ -79,7 +87,7 @@ def resolve(spec: str) -> tuple[str, Path]:
         ggufs = sorted(path.glob("*.gguf"))
         if not (path / "config.json").is_file() and len(ggufs) == 1:
             return "gguf", ggufs[0]
-        return "hf", path
+        return "hf", _without_remote_code(path)
     if path.is_file() and path.suffix == ".gguf":
         return "gguf", path
     if not path.exists() and spec.count("/") == 1:
@@ -87,7 +95,7 @@ def resolve(spec: str) -> tuple[str, Path]:
 
         folder = local_folder(spec)  # a hub id already downloaded ($RMJAX_MODELS_DIR or the HF cache)
         if folder is not None:
-            return "hf", folder
+            return "hf", _without_remote_code(folder)
     if path.is_file():
         raise CheckpointError(f"{spec}: a model spec is a folder or a .gguf file, not {path.suffix or 'this file'}.")
     raise MissingFileError(
