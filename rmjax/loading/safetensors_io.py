@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import ml_dtypes
 import numpy as np
@@ -75,22 +75,54 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, callable]]:
         yield name, load
 
 
+def _shard_path(folder: Path, name, index: Path) -> Path:
+    """`folder/name` for a shard the index names, refused unless `name` is a plain .safetensors file name in the
+    folder (as Hugging Face writes them): no `..`, no absolute path, no subfolder. (The shard file itself may be
+    a link, as the Hugging Face cache makes them.)"""
+    if not isinstance(name, str) or not name or "\0" in name:
+        why = "is not a file name"
+    elif PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+        why = "lies outside the folder"
+    elif "/" in name:
+        why = "is not a file directly in the folder"
+    elif not name.endswith(".safetensors"):
+        why = "is not a .safetensors file"
+    else:
+        return folder / name
+    raise CheckpointError(f"{index}: shard {str(name)[:200]!r} {why}; rmjax reads only the checkpoint's own files. "
+                          "Restore the index from the checkpoint's original repository.")
+
+
+def _regular(files: list[Path]) -> list[Path]:
+    """`files` as they are; anything there but a regular file (a folder, a FIFO that would block the read) is
+    refused."""
+    for path in files:
+        if path.exists() and not path.is_file():
+            raise CheckpointError(f"{path}: not a regular file; a checkpoint's weights are *.safetensors files. "
+                                  "Remove it or restore the checkpoint.")
+    return files
+
+
 def checkpoint_files(folder: Path) -> list[Path]:
-    """The safetensors files of a checkpoint folder (single file or sharded with an index)."""
+    """The safetensors files of a checkpoint folder (single file or sharded with an index), each inside the
+    folder: the one list that loading and the fingerprint (rmjax.loading.identity) both read."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            weight_map = json.loads(index.read_text())["weight_map"]
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise TypeError("weight_map is not a non-empty object")
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise CheckpointError(f"{index}: not a valid shard index ({type(error).__name__}: {error}); restore it "
                                   "from the checkpoint's original repository.") from None
-        missing = [s for s in shards if not (folder / s).is_file()]
+        paths = sorted({_shard_path(folder, name, index) for name in weight_map.values()})
+        missing = [str(p.relative_to(folder)) for p in paths if not p.exists()]
         if missing:
             raise CheckpointError(
                 f"{index} lists shards that are missing: {', '.join(missing)}. "
                 "Download every shard of the checkpoint into the folder."
             )
-        return [folder / s for s in shards]
+        return _regular(paths)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         bins = sorted(folder.glob("*.bin"))
@@ -101,7 +133,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
             else " Download the checkpoint's *.safetensors files into it."
         )
         raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json.{fix}")
-    return files
+    return _regular(files)
 
 
 def save_file(tensors: dict[str, np.ndarray], path: Path, metadata: dict | None = None) -> None:
