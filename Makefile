@@ -40,7 +40,7 @@ default-rms: $(VENV)/.installed
 		--workdir=runs/elo-rm-gemma3-270m --head_out=rmjax/builtin/elo-rm-gemma3-270m.safetensors --overwrite
 
 # Every README command must work from requirements.txt alone (no test extras, so no torch): a venv with only
-# the runtime install runs one short README command. CI runs it on its fresh .venv before `make test`
+# the runtime install runs one short README command and the analyses of the shipped data (about 10 s). CI runs it on its fresh .venv before `make test`
 # adds the test extras (SMOKE_VENV=.venv); elsewhere it builds its own .venv-runtime.
 SMOKE_VENV ?= .venv-runtime
 smoke:
@@ -51,6 +51,7 @@ runtime-smoke: $(VENV)/.installed
 		echo "smoke: $(VENV) has torch (test extras): it cannot show that the runtime install suffices"; exit 1; fi
 	$(PY) -m experiments.sweep --model=elo-rm-smollm2-135m --prompts=greatest --limit=64 --top=3 \
 		--out=results/smoke/elo-rm-smollm2-135m_greatest.csv --overwrite
+	$(PY) -m experiments.analyze --elo=builtin --out=results/smoke/analysis_elo --overwrite
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .
