@@ -40,8 +40,9 @@ default-rms: $(VENV)/.installed
 		--workdir=runs/elo-rm-gemma3-270m --head_out=rmjax/builtin/elo-rm-gemma3-270m.safetensors --overwrite
 
 # Every README command must work from requirements.txt alone (no test extras, so no torch): a venv with only
-# the runtime install runs one short README command and the analyses of the shipped data (about 10 s). CI runs it on its fresh .venv before `make test`
-# adds the test extras (SMOKE_VENV=.venv); elsewhere it builds its own .venv-runtime.
+# the runtime install runs one short README command and the analyses of the shipped EloEverything data (about
+# 10 s). CI runs it on its fresh .venv before `make test` adds the test extras (SMOKE_VENV=.venv); elsewhere it
+# builds its own .venv-runtime.
 SMOKE_VENV ?= .venv-runtime
 smoke:
 	$(MAKE) --no-print-directory runtime-smoke VENV=$(SMOKE_VENV)
