@@ -3,13 +3,19 @@ it kills and compares against an independent reference (float64 numpy, a redrawn
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pandas as pd
 import pytest
 
 from rmjax.nn import ops
+from tests import cli
+from tests.test_analysis_stats import redrawn_bootstrap_intervals
+from tests.test_safety_analyze import sweep
 from tests.tolerance import U32
 
 BF16 = ml_dtypes.bfloat16
@@ -72,3 +78,40 @@ def test_bf16_rms_norm_is_float32_math_rounded_once(plus_one):
                           f"{[(tuple(i), got[tuple(i)], allowed[0][tuple(i)]) for i in bad[:3]]}")
     ulp = np.abs(allowed[0]) * 2.0**-7  # a bf16 ulp is at most 2^-7 of the value
     assert (np.abs(got - allowed[0]) <= ulp).all()
+
+
+def _analyze(scores: Path, out: Path, seed: int) -> dict[str, bytes]:
+    """One cheap analysis that runs the bootstrap (two stand-in sweeps; no metadata, lexicon files or RSA), and
+    its tables (CSV) as bytes."""
+    cli.ok(cli.run("analyze", f"--scores={scores}", "--models_yaml=", "--frequencies=", "--n_boot=30",
+                   "--n_permutations=5", "--top=3", f"--seed={seed}", f"--out={out}"))
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix == ".csv"}
+
+
+def test_analyze_seed_fixes_every_table_and_moves_the_intervals(tmp_path):
+    """Mutants killed: the bootstrap ignoring its seed (`--seed` had no effect, and no test could tell), and a
+    level other than 95% anywhere between the flag and the table. The same --seed gives byte-identical tables,
+    whose intervals are those of the resamples redrawn from the table's scores; another seed gives other
+    intervals around the same moments. (The CSVs hold 9 significant digits: rel 1e-8.)"""
+    rng = np.random.default_rng(9)
+    scores = tmp_path / "scores"
+    scores.mkdir()
+    for model in ("a", "b"):
+        sweep(scores / f"{model}.csv", {"greatest": rng.gamma(2.0, size=40)}, model=model)
+    first = _analyze(scores, tmp_path / "first", seed=7)
+    assert "paper1_moments.csv" in first
+    assert _analyze(scores, tmp_path / "again", seed=7) == first
+    other = _analyze(scores, tmp_path / "other", seed=8)
+    assert other != first
+    for run, seed in (("first", 7), ("other", 8)):
+        moments = pd.read_csv(tmp_path / run / "paper1_moments.csv").set_index("model")
+        for model in ("a", "b"):
+            read = pd.read_csv(scores / f"{model}.csv")["greatest"].to_numpy(np.float64)  # what analyze reads
+            want = redrawn_bootstrap_intervals(read, n_boot=30, seed=seed)
+            got = moments.loc[model, list(want)].to_dict()
+            assert got == pytest.approx(want, rel=1e-8, abs=0), (run, model)
+    tables = [pd.read_csv(tmp_path / run / "paper1_moments.csv") for run in ("first", "other")]
+    point = ["prompt", "model", "n_tokens", "mean", "variance", "skewness"]
+    pd.testing.assert_frame_equal(tables[0][point], tables[1][point])
+    intervals = [c for c in tables[0].columns if c.endswith(("_ci_low", "_ci_high"))]
+    assert len(intervals) == 6 and (tables[0][intervals].to_numpy() != tables[1][intervals].to_numpy()).all()

@@ -25,8 +25,11 @@ def moments(x: np.ndarray) -> dict[str, float]:
 def bootstrap_moments(x: np.ndarray, n_boot: int = 1000, confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
     """`moments` plus percentile-bootstrap confidence intervals (resampling tokens with replacement).
 
-    Keys: mean, variance, skewness and <each>_ci_low / <each>_ci_high. Each resample's moments come
-    from power sums of the centred data (one gather per resample: ~3 ms for 256k tokens).
+    Keys: mean, variance, skewness and <each>_ci_low / <each>_ci_high. Resample b = 0 .. n_boot-1 is
+    x[rng.integers(0, n, size=n)], drawn in that order from rng = np.random.default_rng(seed): the same seed
+    gives the same intervals, byte for byte. The interval is the (1 - confidence)/2 and (1 + confidence)/2
+    quantiles (numpy's default, linear) of the resamples' moments. Each resample's moments come from power
+    sums of the centred data (one gather per resample: ~3 ms for 256k tokens).
     """
     x = np.asarray(x, np.float64)
     n = len(x)
