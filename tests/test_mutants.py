@@ -3,6 +3,7 @@ it kills and compares against an independent reference (float64 numpy, a redrawn
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
@@ -13,7 +14,7 @@ import pandas as pd
 import pytest
 
 from rmjax.nn import ops
-from tests import cli
+from tests import cli, tiny
 from tests.test_analysis_stats import redrawn_bootstrap_intervals
 from tests.test_safety_analyze import sweep
 from tests.tolerance import U32
@@ -115,3 +116,53 @@ def test_analyze_seed_fixes_every_table_and_moves_the_intervals(tmp_path):
     pd.testing.assert_frame_equal(tables[0][point], tables[1][point])
     intervals = [c for c in tables[0].columns if c.endswith(("_ci_low", "_ci_high"))]
     assert len(intervals) == 6 and (tables[0][intervals].to_numpy() != tables[1][intervals].to_numpy()).all()
+
+
+@pytest.fixture(scope="module")
+def overflow_row(tmp_path_factory):
+    """A tiny Gemma 2 reward model (SmolLM2 tokenizer) whose reward is NaN for responses holding 'Love' only: its
+    embedding row is finite (4.3e37 in one channel) but times Gemma's sqrt(hidden) = 8 it overflows to inf, and the
+    first norm turns inf into NaN. Its gradient entries stay finite (8·g·4.3e37 for |g| < 1), so GCG's gradient
+    check passes and only the candidates' own check can see the NaN. Returns (folder, the start token 'No', 'Love')."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("overflow") / "rm"
+    tiny.save_reward_model_with_tokenizer(folder, name="gemma2", seed=3)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    (start,), (nan,) = (tokenizer(w, add_special_tokens=False).input_ids for w in ("No", "Love"))
+    assert start < nan  # --token_ids without 'x': the search starts from the lowest id, 'No'
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float32(4.3e37) * np.float32(8.0))
+
+    def overflow(table: np.ndarray) -> np.ndarray:
+        table = table.copy()
+        table[nan] = 0.0
+        table[nan, 0] = 4.3e37
+        return table
+
+    cli.edit_tensor(folder, "model.embed_tokens.weight", overflow)
+    return folder, start, nan
+
+
+def test_gcg_candidate_nan_for_one_token_is_refused_or_counted(overflow_row, tmp_path):
+    """Mutant killed: GCG's check of its candidates' rewards skipped (a NaN candidate dropped silently). It was
+    caught only because the test model was NaN for every start; here the model is NaN for one token, which the
+    one step evaluates as its only candidate (two tokens allowed: the start 'No' and 'Love'). Without
+    --allow_nonfinite the job stops naming it and writes nothing; with it, the NaN candidate is never a result
+    and .meta.json counts it: one candidate dropped, the one evaluated."""
+    folder, start, nan = overflow_row
+    flags = [f"--model={folder}", "--num_tokens=1", "--steps=1", "--selection=greedy", "--topk=2", "--search_width=2",
+             f"--token_ids={start},{nan}"]
+    refused = tmp_path / "refused.json"
+    line = cli.user_error(cli.run("gcg", *flags, f"--out={refused}"), "non-finite rewards", "1 of 1",
+                          f"response ids [{nan}] ('Love')", "--allow_nonfinite", loaded=True)
+    assert "gradient" not in line  # the candidates' check, not the gradient's
+    assert not refused.exists()
+    out = tmp_path / "allowed.json"
+    cli.ok(cli.run("gcg", *flags, "--allow_nonfinite", f"--out={out}"))
+    meta = json.loads(out.with_name(out.name + ".meta.json").read_text())
+    assert meta["nonfinite"] == {"candidates_dropped": 1}
+    result = json.loads(out.read_text())
+    assert result["history"][0]["candidates"] == 1 and result["best_ids"] == [start]
+    assert [entry["ids"] for entry in result["buffer"]] == [[start]]
+    assert np.isfinite(result["best_reward"])
