@@ -42,7 +42,8 @@ flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort l
 
 flags.register_multi_flags_validator(
     ["pairs", "elo"], lambda f: bool(f["pairs"]) != bool(f["elo"]),
-    message="give exactly one of --pairs=FILE (prompt, chosen, rejected[, label]) and --elo=EloEverything CSV.")
+    message="give exactly one of --pairs=FILE (prompt, chosen, rejected[, label]) and --elo=EloEverything CSV "
+            "(builtin: the shipped one).")
 flags.register_multi_flags_validator(
     ["heldout_pairs", "pairs"], lambda f: not f["heldout_pairs"] or bool(f["pairs"]),
     message="--heldout_pairs goes with --pairs (EloEverything splits its own held-out items).")
