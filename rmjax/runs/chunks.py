@@ -1,16 +1,20 @@
 """A resumable store of completed result chunks beside an output file.
 
-Each chunk (rows [start, stop) of the candidate list, all prompts) is written atomically
-(temp file + rename), so a crash loses at most the chunk in flight and never leaves a partial
-one. The manifest pins the run's identity (`rmjax.runs.claims`: model content, tokenizer, template,
-every setting that changes a score) and the chunk size; resuming with another identity is refused
-rather than mixing results of two runs, and a resume keeps the saved chunk size.
+Each chunk (rows [start, stop) of the candidate list, all prompts) is written to a temp file, proven on disk
+(synced, its size and its bytes read back: `np.save` does not raise on a short write, e.g. a full disk) and only
+then renamed into place, so a crash or a full disk loses at most the chunk in flight and never leaves a partial
+one under a chunk's name. The manifest pins the run's identity (`rmjax.runs.claims`: model content, tokenizer,
+template, every setting that changes a score), the chunk size and the batch size; resuming with another identity
+is refused rather than mixing results of two runs, and a resume keeps the saved chunk and batch sizes (another
+batch size is another compiled program, whose float rounding differs: one run's scores share one).
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import json
-import shutil
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +23,7 @@ import numpy as np
 
 from rmjax.errors import ResumeMismatchError
 from rmjax.parallel.distributed import barrier, is_main
-from rmjax.runs.claims import canonical, mismatch_message, real_path
+from rmjax.runs.claims import canonical, clear_store, mismatch_message, real_path
 from rmjax.runs.results import atomic_write_text
 
 
@@ -28,22 +32,57 @@ def store_dir(out: str | Path) -> Path:
     return out.with_name(out.name + ".chunks")
 
 
+def _manifest(directory: Path) -> dict | None:
+    try:
+        saved = json.loads((directory / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def resume_batch_size(out: str | Path, batch_size: int) -> int:
+    """The batch size a job runs with: that of the saved progress beside `out` when there is some (its chunks were
+    scored with it; said on stderr when `batch_size`, 0 for the memory plan's pick, asks otherwise), else
+    `batch_size`. Called before the memory plan, so a saved batch size that does not fit here is refused there."""
+    saved = (_manifest(store_dir(out)) or {}).get("batch_size")
+    if not isinstance(saved, int) or isinstance(saved, bool) or saved < 1:
+        return batch_size
+    if saved != batch_size and is_main():
+        print(_kept_batch_note(store_dir(out), saved, batch_size), file=sys.stderr, flush=True)
+    return saved
+
+
+def _kept_batch_note(directory: Path, saved: int, asked: int | None) -> str:
+    asked_for = f"--batch_size={asked}" if asked else "the memory plan's pick"
+    return (f"resuming {directory} with its batch size {saved}, not {asked_for}: its saved scores were computed in "
+            f"batches of {saved} (another batch size rounds differently); pass --overwrite to start over with another.")
+
+
 class ChunkStore:
-    def __init__(self, out: str | Path, identity: dict, chunk_size: int, create: bool = True):
+    """The saved chunks of one run. `batch_size` (None: a job without one) is recorded in a new manifest; an
+    existing manifest's chunk and batch sizes are kept (`self.chunk_size`, `self.batch_size`)."""
+
+    def __init__(self, out: str | Path, identity: dict, chunk_size: int, create: bool = True,
+                 batch_size: int | None = None):
         self.dir = store_dir(out)
         self.identity = canonical(identity)
-        self.chunk_size = chunk_size
+        self.chunk_size, self.batch_size = chunk_size, batch_size
         manifest = self.dir / "manifest.json"
         if manifest.is_file():
-            saved = json.loads(manifest.read_text())
+            saved = _manifest(self.dir)
+            if saved is None:
+                raise ResumeMismatchError(f"{manifest} is unreadable; delete {self.dir} to start over (pass "
+                                          "--overwrite).")
             if saved.get("identity") != self.identity:
                 raise ResumeMismatchError(mismatch_message(f"saved progress {self.dir}", saved.get("identity") or {},
                                                            self.identity))
             self.chunk_size = int(saved["chunk_size"])  # chunks already on disk fix the layout
+            if saved.get("batch_size") is not None:  # and the rounding of their scores
+                self.batch_size = int(saved["batch_size"])
         elif create:
             self.dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(manifest, json.dumps({"identity": self.identity, "chunk_size": chunk_size}, indent=2,
-                                                   sort_keys=True))
+            atomic_write_text(manifest, json.dumps({"identity": self.identity, "chunk_size": chunk_size,
+                                                    "batch_size": batch_size}, indent=2, sort_keys=True))
 
     def _path(self, start: int | str) -> Path:
         """A chunk by its first row (the sweep) or by a name (the beam: depth, partial, first candidate)."""
@@ -56,47 +95,74 @@ class ChunkStore:
         """The names of the complete chunks (one directory listing)."""
         return {p.name[len("chunk-"):-len(".npy")] for p in self.dir.glob("chunk-*.npy")}
 
+    def damaged(self, name: int | str, why: str) -> ResumeMismatchError:
+        """The one refusal of a stored chunk that cannot be used: it names the file to delete (only that one:
+        the rerun recomputes it and keeps the others)."""
+        path = self._path(name)
+        return ResumeMismatchError(f"{path} {why}; delete {path} and rerun to recompute that chunk (the other "
+                                   "saved chunks are kept).")
+
     def write(self, start: int | str, scores: np.ndarray) -> None:
+        """Store a chunk under its name only once its bytes are proven on disk; a short or failed write removes
+        the temp file and raises OSError (ENOSPC: the entry points' one-line disk error)."""
         path = self._path(start)
         tmp = path.with_name("tmp-" + path.name)  # not matched by chunk-*.npy
-        np.save(tmp, scores)
-        tmp.replace(path)
+        buffer = io.BytesIO()
+        np.save(buffer, np.asarray(scores), allow_pickle=False)
+        data = buffer.getvalue()
+        try:
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                size = tmp.stat().st_size
+                if size != len(data):
+                    raise OSError(errno.ENOSPC, f"only {size} of its {len(data)} bytes reached the disk (full?)")
+                if tmp.read_bytes() != data:
+                    raise OSError(errno.ENOSPC, "the bytes read back differ from those written (full?)")
+            except OSError as error:  # named after the chunk (the temp file is gone)
+                raise OSError(error.errno, f"{error.strerror or error}; the chunk was not saved", str(path)) from None
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def read(self, start: int | str, shape: tuple[int, int], check: Callable[[np.ndarray, str], object]) -> np.ndarray:
         """A stored chunk, held to what a freshly computed one must pass in *this* run: its shape and float32 dtype,
         then `check(scores, what)`, the job's own test of a fresh chunk (finiteness under this run's
         --allow_nonfinite). The run that stored it may have had other such settings (they are not part of the
         identity), so nothing read back is trusted as is."""
-        path = self._path(start)
-        try:
-            scores = np.load(path)
-        except (OSError, ValueError) as error:
-            raise ResumeMismatchError(f"{path} is unreadable ({error}); delete it to recompute that chunk.") from None
+        scores = self.load(start)
         if scores.shape != shape or scores.dtype != np.float32:
-            raise ResumeMismatchError(f"{path} holds {scores.dtype} scores of shape {scores.shape} where float32 of "
-                                      f"{shape} are expected; delete it to recompute that chunk.")
-        check(scores, f"scores saved in {path}")
+            raise self.damaged(start, f"holds {scores.dtype} scores of shape {scores.shape} where float32 of {shape} "
+                                      "are expected")
+        check(scores, f"scores saved in {self._path(start)}")
         return scores
 
     def load(self, name: int | str) -> np.ndarray:
-        """A stored array as it was written (the caller checks its shape against what it expects)."""
-        path = self._path(name)
+        """A stored array as it was written (the caller checks its shape against what it expects, refusing a
+        wrong one with `damaged`)."""
         try:
-            return np.load(path)
+            return np.load(self._path(name), allow_pickle=False)
         except (OSError, ValueError) as error:
-            raise ResumeMismatchError(f"{path} is unreadable ({error}); delete it to recompute it.") from None
+            raise self.damaged(name, f"is unreadable ({' '.join(str(error).split())})") from None
 
     def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """The store's own files and then its folder (rmjax.runs.claims.clear_store: nothing it did not write)."""
+        clear_store(self.dir)
 
 
-def open_store(out: str | Path, identity: dict, chunk_size: int) -> ChunkStore:
-    """The chunk store of a resumable job (sweep, beam): process 0 owns the files; the others open the same
-    store once it exists (shared disk)."""
-    store = ChunkStore(out, identity, chunk_size) if is_main() else None
+def open_store(out: str | Path, identity: dict, chunk_size: int, batch_size: int | None = None) -> ChunkStore:
+    """The chunk store of a resumable job (sweep, beam, frontier): process 0 owns the files; the others open the
+    same store once it exists (shared disk). Score with its `chunk_size` and `batch_size`: a resume keeps the
+    saved ones (said on stderr)."""
+    store = ChunkStore(out, identity, chunk_size, batch_size=batch_size) if is_main() else None
     barrier("rmjax-sweep-store")
     if store is None:
-        store = ChunkStore(out, identity, chunk_size, create=False)
+        store = ChunkStore(out, identity, chunk_size, create=False, batch_size=batch_size)
     if store.chunk_size != chunk_size and is_main():
         print(f"resuming {store.dir} with its chunk size {store.chunk_size}", file=sys.stderr)
+    if store.batch_size != batch_size and is_main():
+        print(_kept_batch_note(store.dir, store.batch_size, batch_size), file=sys.stderr)
     return store

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -88,25 +90,63 @@ def read_meta_identity(meta: Path) -> dict | None:
         return None
 
 
-def remove(paths: Sequence[Path]) -> None:
+# What a chunk store (rmjax.runs.chunks) holds that its job wrote: the chunks, their temp files, the manifest and
+# its temp file (rmjax.runs.results.atomic_write_text). Anything else in the folder is not the job's to delete.
+STORE_FILES = ("chunk-*.npy", "tmp-chunk-*.npy", "manifest.json", ".manifest.json.*.tmp")
+
+
+def store_files(store: Path) -> tuple[list[Path], list[Path]]:
+    """(the files of `store` its job wrote, everything else in it), each sorted; both empty without the folder,
+    and a file (or link) in the folder's place is foreign itself."""
+    if not store.is_dir() or store.is_symlink():
+        return [], ([store] if store.exists() or store.is_symlink() else [])
+    own, foreign = [], []
+    for entry in sorted(store.iterdir()):
+        is_own = entry.is_file() and not entry.is_symlink() and any(fnmatch.fnmatchcase(entry.name, pattern)
+                                                                     for pattern in STORE_FILES)
+        (own if is_own else foreign).append(entry)
+    return own, foreign
+
+
+def clear_store(store: Path) -> None:
+    """Delete what the job wrote in its chunk store, then the folder once empty (anything else stays, named)."""
+    own, foreign = store_files(store)
+    for path in own:
+        path.unlink(missing_ok=True)
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        print(f"note: kept {store}: it holds {foreign[0].name}{more}, which no rmjax job wrote.", file=sys.stderr,
+              flush=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        store.rmdir()
+
+
+def remove(paths: Sequence[Path], store: Path | None = None) -> None:
+    """Delete `paths` (files; folders an rmjax run made, whole) and then, with `store`, the chunk store's own
+    files (`clear_store`)."""
     for p in paths:
         if p.is_dir():
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
+    if store is not None:
+        clear_store(store)
 
 
 @dataclasses.dataclass
 class Claim:
     """The decision taken for one output: `reuse` (a finished result with this identity is there) or
     write it (fresh, resuming saved progress, or replacing an old result with --overwrite). `remove`
-    lists what process 0 deletes before the work starts."""
+    lists what process 0 deletes before the work starts, and `clear` a chunk store whose own files it deletes
+    (never anything else in that folder)."""
 
     out: Path
     identity: dict
     reuse: bool = False
     resume: bool = False
     remove: tuple[Path, ...] = ()
+    clear: Path | None = None
 
 
 def _present(path: Path) -> bool:
@@ -130,18 +170,24 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
                 if problem is not None:
                     raise OutputExistsError(f"{flag}={out} holds a result of these inputs that does not match its "
                                             f"{meta.name}: {problem}. Pass --overwrite to recompute it.")
-            leftover = (store,) if store is not None and store.is_dir() else ()
-            return Claim(out, identity, reuse=True, remove=leftover)
+            leftover = store if store is not None and store.is_dir() else None
+            return Claim(out, identity, reuse=True, clear=leftover)
     elif stored == identity:
         stored = None  # its .meta.json outlived the result: recompute it
     elif folder and _present(out) and stored is None:
         # A folder is only ever replaced when an rmjax run of this kind made it (never a user's tree).
         raise OutputExistsError(f"{flag}={out} holds files that no rmjax run of this kind wrote (no {meta.name}); "
                                 "choose an empty or new folder.")
+    clear = None
     if store is not None and _present(store):
         progress = read_meta_identity(store / "manifest.json")
-        if overwrite:
-            existing.append(store)  # --overwrite recomputes everything
+        if overwrite:  # --overwrite recomputes everything: it deletes the store's chunks, and nothing else
+            foreign = store_files(store)[1]
+            if foreign:
+                raise OutputExistsError(f"--overwrite would delete {flag}={out}'s saved progress {store}, but it also "
+                                        f"holds {foreign[0]}, which no rmjax job wrote; move it elsewhere, or choose "
+                                        "another output.")
+            clear = store
         elif progress == identity:
             return Claim(out, identity, resume=True)  # continue it; the old outputs are replaced at the end
         elif progress is None:
@@ -153,7 +199,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             raise _refuse(flag, out, "is not a finished rmjax result (no .meta.json with its inputs)")
         changed = ", ".join(changed_keys(stored, identity))
         raise _refuse(flag, out, f"holds the result of a run with different {changed}")
-    return Claim(out, identity, remove=tuple(existing))
+    return Claim(out, identity, remove=tuple(existing), clear=clear)
 
 
 def real_path(path: str | Path) -> Path:
@@ -182,6 +228,6 @@ def claim(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Se
         decision = _decide(out, meta, identity, overwrite, owned,
                            Path(store) if store is not None else None, flag, folder)
         barrier("rmjax-claim")  # every process decided before anything is removed
-        if decision.remove and is_main():
-            remove(decision.remove)
+        if (decision.remove or decision.clear) and is_main():
+            remove(decision.remove, decision.clear)
         yield decision

@@ -191,9 +191,31 @@ def write_meta(path: str | Path, files: Iterable[str | Path] = (), **fields) -> 
     path = Path(path)
     listed = [p for p in dict.fromkeys([path, *map(Path, files)]) if p.is_file()]
     record = {"written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields,
-              "files": {os.path.relpath(p, path.parent): file_record(p) for p in listed},
+              "files": {_file_key(path, p): file_record(p) for p in listed},
               "environment": environment()}
     return dump_json(record, meta_path(path))
+
+
+def _file_key(result: Path, path: Path) -> str:
+    """How a result's .meta.json names `path` (relative to the result's folder)."""
+    return os.path.relpath(path, result.parent)
+
+
+def recorded(result: str | Path, path: str | Path) -> bool:
+    """Whether the .meta.json of `result` records `path` among its files (with its size and digest)."""
+    files = (read_meta(result) or {}).get("files")
+    return isinstance(files, dict) and _file_key(Path(result), Path(path)) in files
+
+
+def record_files(result: str | Path, files: Iterable[str | Path]) -> Path:
+    """Add a record (size, digest) of each of `files` to the .meta.json of a finished `result`, e.g. a figure
+    drawn when the result was reused, so that a later reader can prove it is the one drawn from it."""
+    result = Path(result)
+    meta = read_meta(result)
+    if meta is None or not isinstance(meta.get("files"), dict):
+        raise RuntimeError(f"internal error: {result} has no .meta.json to record {list(map(str, files))} in.")
+    meta["files"].update({_file_key(result, Path(p)): file_record(p) for p in files})
+    return dump_json(meta, meta_path(result))
 
 
 def csv_rows(path: str | Path) -> int:

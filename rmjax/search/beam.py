@@ -146,6 +146,8 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
     check_enumeration(cfg, len(candidates))
     contexts = [prepare_prompt(model, n, t, cfg.template, response_tokens=cfg.depth) for n, t in prompts.items()]
     chunk_size = store.chunk_size if store is not None else chunk_size
+    if store is not None and store.batch_size is not None:  # the batches its saved scores were computed in
+        batch_size = store.batch_size
     sizes = job_size(cfg, len(candidates), from_sweep=depth1 is not None)
     estimate = _estimate(model, contexts, cfg, candidates, sizes, store, batch_size, chunk_size)
     progress = Progress(sum(sizes), "beam", every=progress_every, done=estimate["resumed"],

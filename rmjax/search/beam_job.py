@@ -15,7 +15,7 @@ from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results
-from rmjax.runs.chunks import open_store, store_dir
+from rmjax.runs.chunks import open_store, resume_batch_size, store_dir
 from rmjax.runs.claims import canonical, changed_keys
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.results import array_sha1
@@ -142,7 +142,9 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
     with claim_job(o, identity, store=store_dir(o.out)) as job:
         if job.reuse:
             return None
-        model, batch_size = load_planned(o, spec.prompts, spec.token_ids, spec.batch_size, limit=spec.limit,
+        # a resume scores with its saved batch size, planned (refused if it does not fit) before the weights load
+        asked = resume_batch_size(o.out, spec.batch_size) if job.claimed.resume else spec.batch_size
+        model, batch_size = load_planned(o, spec.prompts, spec.token_ids, asked, limit=spec.limit,
                                          response_tokens=cfg.depth, given=lines)  # a line: at most one candidate
         ids, extra = spec.token_ids, {}
         if lines is not None:
@@ -196,7 +198,8 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
     with jobs.claimed(job, out, identity, overwrite=overwrite, store=store_dir(out)) as job:
         if job.reuse:
             return None
-        store = open_store(out, identity, chunk_size)
+        store = open_store(out, identity, chunk_size, batch_size)
+        batch_size = store.batch_size  # a resume keeps the batches its saved scores were computed in
         result = beam_search(model, prompts, cfg, candidates, batch_size=batch_size, chunk_size=chunk_size,
                              store=store, allow_nonfinite=allow_nonfinite, depth1=depth1)
         job.finish(lambda path: write_csv(path, result.found, model.tokenizer, list(prompts)),

@@ -18,7 +18,7 @@ import numpy as np
 
 from rmjax import checks
 from rmjax.checks import setting
-from rmjax.errors import ResumeMismatchError, UsageError
+from rmjax.errors import UsageError
 from rmjax.loading import config_of, fingerprint
 from rmjax.loading.for_job import load_for_job
 from rmjax.model import Model, require_reward_model
@@ -194,8 +194,10 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
     units, ready = [], {}
     for index, (name, direction, method, lam) in enumerate(plan):
         key = f"u{index:04d}"
-        if store.has(key):
+        if store.has(key):  # held to this run's finiteness rule, as a fresh unit (_finish)
             units.append(_read(store, key, name, direction, method, lam, search.num_tokens))
+            _check_terms(rm.tokenizer, units[-1], spec.options.allow_nonfinite,
+                         f"frontier terms saved in {store.dir / f'chunk-{key}.npy'}")
             progress.update(int(units[-1].forwards))
             continue
         if name not in ready:
@@ -317,25 +319,44 @@ def _finish(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: 
                                 p.target.prefix, p.target.suffix)
     roundtrip = np.asarray([survives(check, row) for row in ids.tolist()])
     reward = values.reward[rows]
-    finite.check(np.stack([reward, logp, ppl], axis=1), what="frontier terms", allow=spec.options.allow_nonfinite,
-                 columns=["reward", "prior_logp", "judge_ppl"], row=lambda i: f"response {texts[i]!r}")
     history = np.asarray([(f, j) for f, j, _ in found.history], np.float64).reshape(-1, 2)
-    return Unit(name, direction, method, lam, ids, reward.astype(np.float64), logp.astype(np.float64), ppl,
+    unit = Unit(name, direction, method, lam, ids, reward.astype(np.float64), logp.astype(np.float64), ppl,
                 roundtrip, float(found.spent), history, p.z, seconds)
+    _check_terms(tokenizer, unit, spec.options.allow_nonfinite, "frontier terms")  # before the unit is stored
+    return unit
+
+
+def _check_terms(tokenizer, u: Unit, allow: bool, what: str) -> None:
+    """finite.check of a unit's reward, prior log-prob and judge perplexity (fresh, or read back)."""
+    texts = tokenizer.batch_decode(u.ids.tolist())
+    finite.check(np.stack([u.reward, u.prior_logp, u.judge_ppl], axis=1), what=what, allow=allow,
+                 columns=["reward", "prior_logp", "judge_ppl"], row=lambda i: f"response {texts[i]!r}")
 
 
 def _write(store: ChunkStore, key: str, u: Unit) -> None:
+    """A unit as one chunk (one atomic file: a kill leaves the whole unit or none of it): a header row [rows,
+    NaN…], its rows [ids, reward, prior log-prob, judge perplexity, round trip], then [forwards, seconds], the
+    reward's mean and SD and the best-J history, two values a row, padded with NaN."""
     columns = np.column_stack([u.ids.astype(np.float64), u.reward, u.prior_logp, u.judge_ppl,
                                u.roundtrip.astype(np.float64)])
-    store.write(key, columns)
-    store.write(key + "-h", np.vstack([[u.forwards, u.seconds], [*u.z], u.history]))
+    extra = np.vstack([[u.forwards, u.seconds], [*u.z], u.history])
+    header = np.full((1, columns.shape[1]), np.nan)
+    header[0, 0] = len(columns)
+    padded = np.full((len(extra), columns.shape[1]), np.nan)
+    padded[:, :2] = extra
+    store.write(key, np.vstack([header, columns, padded]))
 
 
 def _read(store: ChunkStore, key: str, name: str, direction: str, method: str, lam, n: int) -> Unit:
-    columns, extra = store.load(key), store.load(key + "-h")
-    if columns.ndim != 2 or columns.shape[1] != n + 4 or extra.ndim != 2 or extra.shape[1] != 2:
-        raise ResumeMismatchError(f"{store.dir}: unit {key} is not this run's shape; delete the folder's "
-                                  ".chunks to recompute it.")
+    """A unit `_write` stored; any other array (another layout, another --num_tokens) is refused naming its file."""
+    packed = store.load(key)
+    ok = packed.dtype == np.float64 and packed.ndim == 2 and packed.shape[0] >= 3 and packed.shape[1] == n + 4
+    rows = float(packed[0, 0]) if ok else -1.0
+    ok = ok and rows.is_integer() and 0 <= rows <= len(packed) - 3
+    if not (ok and np.isnan(packed[0, 1:]).all() and np.isnan(packed[int(rows) + 1:, 2:]).all()):
+        raise store.damaged(key, f"is not a frontier unit of this run ({packed.dtype} of shape {packed.shape}, for "
+                                 f"responses of {n} tokens)")
+    columns, extra = packed[1:int(rows) + 1], packed[int(rows) + 1:, :2]
     return Unit(name, direction, method, lam, columns[:, :n].astype(np.int64), columns[:, n], columns[:, n + 1],
                 columns[:, n + 2], columns[:, n + 3].astype(bool), float(extra[0, 0]), extra[2:], tuple(extra[1]),
                 float(extra[0, 1]))

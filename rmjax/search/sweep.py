@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.errors import OutputExistsError, PromptTooLongError, UsageError
 from rmjax.loading import fingerprint
 from rmjax.loading.for_job import check_in_vocabulary, check_output_column, load_for_job
 from rmjax.loading.identity import model_fingerprint
@@ -27,7 +27,8 @@ from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import jobs, results
-from rmjax.runs.chunks import open_store, store_dir
+from rmjax.runs.chunks import open_store, resume_batch_size, store_dir
+from rmjax.runs.claims import real_path
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import Progress
 from rmjax.runs.results import array_sha1
@@ -118,6 +119,11 @@ def plot_path(out: str | Path) -> Path:
     return Path(out).with_name(Path(out).name + ".png")  # from the full name: x.csv and x.txt differ
 
 
+def figure_path(out: str | Path) -> Path:
+    """Where the histogram is written: `plot_path`, through a symlink as the claim locks it."""
+    return real_path(plot_path(out))
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepSpec:
     """A sweep as one value: the candidates (`token_ids`, else the vocabulary; `limit` keeps the first N), how
@@ -146,17 +152,36 @@ def run_sweep(spec: SweepSpec) -> Path:
                               token_ids=spec.token_ids, limit=spec.limit, mode=spec.mode, template=o.template,
                               text_add_special_tokens=spec.text_add_special_tokens)
     with claim_job(o, identity, owned=[plot_path(o.out)], store=store_dir(o.out)) as job:
-        if not job.reuse:
-            model, batch_size = load_planned(o, spec.prompts, spec.token_ids, spec.batch_size, limit=spec.limit,
-                                             mode=spec.mode)
+        if not job.reuse:  # a resume scores with its saved batch size, planned (refused if it does not fit) here
+            asked = resume_batch_size(o.out, spec.batch_size) if job.claimed.resume else spec.batch_size
+            model, batch_size = load_planned(o, spec.prompts, spec.token_ids, asked, limit=spec.limit, mode=spec.mode)
             sweep(model, spec.prompts, spec.token_ids, limit=spec.limit, mode=spec.mode, batch_size=batch_size,
                   chunk_size=spec.chunk_size, template=o.template, out=o.out,
-                  text_add_special_tokens=spec.text_add_special_tokens, allow_nonfinite=o.allow_nonfinite, job=job)
-        if spec.plot and is_main() and not (job.reuse and plot_path(o.out).is_file()):
-            from rmjax.runs.table_summary import plot_distributions
-
-            plot_distributions(o.out, plot_path(o.out))
+                  text_add_special_tokens=spec.text_add_special_tokens, allow_nonfinite=o.allow_nonfinite, job=job,
+                  plot=spec.plot)
+        elif spec.plot and is_main():
+            reused_figure(job.out, figure_path(o.out))
     return Path(o.out)
+
+
+def _draw(csv: Path, png: Path) -> None:
+    from rmjax.runs.table_summary import plot_distributions
+
+    plot_distributions(csv, png)
+
+
+def reused_figure(csv: Path, png: Path) -> Path:
+    """The figure of a reused sweep: the one its .meta.json records (proven unchanged by the claim, which checks
+    every recorded file), else drawn now and recorded; a file at `png` that the result does not record is not
+    its figure, and is refused rather than reported or overwritten."""
+    if results.recorded(csv, png):
+        return png
+    if png.exists() or png.is_symlink():
+        raise OutputExistsError(f"{png} is not the figure of {csv} (its {results.meta_path(csv).name} does not record "
+                                "it): move it away to draw the figure there, or pass --overwrite to recompute both.")
+    _draw(csv, png)
+    results.record_files(csv, [png])
+    return png
 
 
 def _check_mode(mode: str) -> None:
@@ -180,13 +205,15 @@ def sweep(
     overwrite: bool = False,
     allow_nonfinite: bool = False,
     job: jobs.Job | None = None,
+    plot: bool = False,
 ) -> pd.DataFrame:
     """Reward of every candidate for every prompt; resumable when `out` is given.
 
     Completed chunks go to `<out>.chunks/`; an interrupted run restarted with the same inputs
-    (rmjax.runs.claims identity) continues after the last complete chunk. The CSV and its .meta.json
-    appear only when all chunks are done; a finished result with the same identity is reused. `out` is
-    claimed here unless `job` is its claim already (`run_sweep`). NaN/Inf scores stop it unless `allow_nonfinite`.
+    (rmjax.runs.claims identity) continues after the last complete chunk, with the chunk and batch sizes it
+    was saved with. The CSV (with `plot`, its histogram too) and its .meta.json appear only when all chunks are
+    done; a finished result with the same identity is reused. `out` is claimed here unless `job` is its claim
+    already (`run_sweep`). NaN/Inf scores stop it unless `allow_nonfinite`.
     """
     _check_mode(mode)
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
@@ -197,13 +224,16 @@ def sweep(
              if out is not None else contextlib.nullcontext())
     with guard as job:
         if job is not None and job.reuse:
+            if plot and is_main():
+                reused_figure(job.out, figure_path(out))
             return results.read_scores_csv(out)  # proven whole by the claim (its digest)
         start_time = time.perf_counter()
         tokens = candidate_ids(model, token_ids, limit)
         _, names_all, decoded_all = chat.token_table(model.tokenizer, model.config.vocab_size)
         names, decoded = [names_all[i] for i in tokens], [decoded_all[i] for i in tokens]
+        store = open_store(out, identity, chunk_size, batch_size) if out is not None else None
+        batch_size = store.batch_size if store is not None else batch_size  # every row in one run's batches
         score, sequence = _scorer(model, prompts, mode, template, text_add_special_tokens, tokens, decoded, batch_size)
-        store = open_store(out, identity, chunk_size) if out is not None else None
 
         def check(scores: np.ndarray, offset: int, what: str = "scores") -> dict | None:
             return finite.check(scores, what=what, columns=list(prompts), allow=allow_nonfinite,
@@ -224,8 +254,14 @@ def sweep(
         if job is not None:
             columns = {n: table[:, j] for j, n in enumerate(prompts)}
             scored = len(tokens) - done_before
+            def write(path: Path) -> Path:
+                results.write_scores_csv(path, tokens, names, decoded, columns, roundtrip)
+                if plot:  # before .meta.json, which records it: a reuse then knows its own figure
+                    _draw(path, figure_path(out))
+                return path
+
             job.finish(
-                lambda path: results.write_scores_csv(path, tokens, names, decoded, columns, roundtrip),
+                write,
                 **jobs.model_meta(model), architecture=model.config.architecture, prompts=prompts, mode=mode,
                 template=template, n_candidates=len(tokens), resumed_candidates=done_before, batch_size=batch_size,
                 roundtrip={"tokens": int(roundtrip.sum()), "of": len(tokens), "per_prompt": per_prompt},

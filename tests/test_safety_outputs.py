@@ -1,0 +1,284 @@
+"""Saved progress and outputs (issue 42): what a job writes is whole or absent, what it deletes is its own, what it
+reports is what it computed.
+
+Each test failed on the code before its fix: a short chunk write committed as complete, a frontier unit split over
+two files, --overwrite deleting a chunk folder whatever it held, a reused sweep reporting a foreign figure, a resume
+mixing batch sizes, and two mutants the suite let through (a sweep chunk stored before its NaN check, the CSV's
+token_id column out of step with its rows).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from rmjax.errors import NonFiniteError, OutputExistsError, ResumeMismatchError
+from rmjax.runs import results
+from rmjax.runs.chunks import ChunkStore, store_dir
+from rmjax.runs.options import RunOptions
+from rmjax.search.sweep import SweepSpec, plot_path, run_sweep
+from tests import cli, tiny, tolerance
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+
+
+@pytest.fixture(scope="module")
+def rm(tmp_path_factory):
+    """The tiny reward model (transformers' copy for the reference forwards) and its folder."""
+    return tiny.save_reward_model_with_tokenizer(tmp_path_factory.mktemp("rm") / "rm")
+
+
+@pytest.fixture(scope="module")
+def nan_rm(rm, tmp_path_factory):
+    """The tiny RM with a NaN embedding row: every response holding token 20 scores NaN."""
+    model = cli.copy_folder(rm[1], tmp_path_factory.mktemp("nan") / "model")
+    cli.edit_tensor(model, "model.embed_tokens.weight", lambda w: np.where(np.arange(len(w))[:, None] == 20, np.nan, w))
+    return model
+
+
+def _sweep(folder, out, **settings) -> SweepSpec:
+    options = {k: settings.pop(k) for k in ("overwrite", "allow_nonfinite") if k in settings}
+    return SweepSpec(RunOptions(model=str(folder), out=str(out), **options), {"greatest": PROMPT}, **settings)
+
+
+def _interrupt_at_write(monkeypatch, n: int) -> None:
+    """The job is killed as its n-th chunk write starts (the ones before it are on disk)."""
+    real, calls = ChunkStore.write, []
+
+    def write(self, name, scores):
+        calls.append(name)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(self, name, scores)
+
+    monkeypatch.setattr(ChunkStore, "write", write)
+
+
+def _chunks(out) -> list[str]:
+    return sorted(p.name for p in store_dir(out).glob("*"))
+
+
+# The sweep with the file-size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ) set as its second chunk is written:
+# the kernel stops that file at 1,000 bytes and write() reports no error, as on a full disk.
+_SHORT_AFTER_FIRST_CHUNK = (
+    "import resource, runpy, sys; import rmjax.runs.chunks as c; real = c.ChunkStore.write; n = []\n"
+    "def write(self, name, scores):\n"
+    "    n.append(name)\n"
+    "    if len(n) == 2: resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))\n"
+    "    return real(self, name, scores)\n"
+    "c.ChunkStore.write = write; runpy.run_module(sys.argv.pop(1), run_name='__main__')")
+
+
+def test_a_short_chunk_write_fails_at_once_and_the_rerun_resumes(rm, tmp_path):
+    """np.save does not raise on a short write: a full disk committed truncated chunks as complete, and the rerun
+    the error advised refused them. Now a chunk is renamed into place only once its bytes are proven on disk."""
+    out = tmp_path / "s.csv"
+    flags = [f"--model={rm[1]}", "--prompts=greatest", f"--out={out}", "--limit=1536", "--chunk_size=512",
+             "--batch_size=64", "--top=1"]  # a chunk: 2,176 bytes
+    proc = subprocess.run([sys.executable, "-c", _SHORT_AFTER_FIRST_CHUNK, "experiments.sweep", *flags], cwd=cli.REPO,
+                          env=cli.subprocess_env(), capture_output=True, text=True, timeout=600)
+    line = cli.user_error(proc, f"cannot write {store_dir(out) / 'chunk-0000000512.npy'}", "not saved",
+                          "free space", "rerun", loaded=True)
+    assert "chunk" in line
+    assert _chunks(out) == ["chunk-0000000000.npy", "manifest.json"] and not out.exists()
+    cli.ok(cli.run("sweep", *flags))
+    clean = tmp_path / "clean.csv"
+    cli.ok(cli.run("sweep", *[f for f in flags if not f.startswith("--out=")], f"--out={clean}"))
+    assert out.read_bytes() == clean.read_bytes()
+    assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == 512
+
+
+def test_a_silently_short_chunk_write_is_caught_by_its_read_back(tmp_path, monkeypatch):
+    """A write that reports success and leaves the file short (np.save under the limit above did) is caught by the
+    size and read-back checks: nothing under a chunk's name, no temp file left."""
+    from rmjax.runs import chunks
+
+    class HalfWritten(io.FileIO):
+        def write(self, data):
+            super().write(bytes(data)[: len(data) // 2])
+            return len(data)
+
+    store = ChunkStore(tmp_path / "u.csv", {"job": "test"}, 4)
+    monkeypatch.setattr(chunks, "open", lambda path, mode: HalfWritten(path, mode.replace("b", "")), raising=False)
+    with pytest.raises(OSError, match=r"only \d+ of its 160 bytes reached the disk.*not saved") as error:
+        store.write(0, np.ones((8, 1), np.float32))
+    assert error.value.filename == str(store.dir / "chunk-0000000000.npy")
+    assert _chunks(tmp_path / "u.csv") == ["manifest.json"]
+
+
+def _frontier_spec(rm_folder, lm_folder, out):
+    from rmjax.search import fluent
+    from rmjax.search.frontier_job import FrontierConfig, FrontierSpec
+
+    cfg = FrontierConfig(lambdas=(1.0,), direction="optimal", forwards=120, top=3, z_sample=16)
+    search = fluent.FluentConfig(num_tokens=2, samples=8, beam=2, proposals=4, search_width=8, topk=8)
+    return FrontierSpec(RunOptions(model=str(rm_folder), out=str(out)), {"greatest": PROMPT}, cfg, search,
+                        lm=str(lm_folder), judge=str(lm_folder))
+
+
+def test_a_frontier_unit_is_one_chunk_and_a_bad_one_is_named(rm, lm_folder, tmp_path, monkeypatch):
+    """A frontier killed between a unit's two chunk writes left a store whose error named a file that did not exist
+    (the unit's second). A unit is one chunk now: killed at any write, the rerun resumes byte for byte; and a
+    damaged unit is refused naming the one file to delete, after which the rerun recomputes it."""
+    import shutil
+
+    from rmjax.search.frontier_job import csv_path, run_frontier
+
+    clean = tmp_path / "clean"
+    run_frontier(_frontier_spec(rm[1], lm_folder, clean))
+    want = csv_path(clean).read_bytes()
+    out = tmp_path / "f"
+    with monkeypatch.context() as patch:
+        _interrupt_at_write(patch, 2)
+        with pytest.raises(KeyboardInterrupt):
+            run_frontier(_frontier_spec(rm[1], lm_folder, out))
+    assert _chunks(csv_path(out)) == ["chunk-u0000.npy", "manifest.json"]
+    damaged = tmp_path / "d"
+    shutil.copytree(out, damaged)
+    run_frontier(_frontier_spec(rm[1], lm_folder, out))
+    assert csv_path(out).read_bytes() == want
+
+    unit = store_dir(csv_path(damaged)) / "chunk-u0000.npy"
+    unit.write_bytes(unit.read_bytes()[:-40])
+    with pytest.raises(ResumeMismatchError, match=f"delete {unit} and rerun"):
+        run_frontier(_frontier_spec(rm[1], lm_folder, damaged))
+    np.save(unit, np.zeros((3, 6)))  # readable, but not a unit
+    with pytest.raises(ResumeMismatchError, match=f"{unit} is not a frontier unit.*delete {unit} and rerun"):
+        run_frontier(_frontier_spec(rm[1], lm_folder, damaged))
+    unit.unlink()
+    run_frontier(_frontier_spec(rm[1], lm_folder, damaged))
+    assert csv_path(damaged).read_bytes() == want
+
+
+def test_overwrite_deletes_only_the_jobs_own_saved_progress(rm, tmp_path):
+    """--overwrite deleted OUT.chunks/ whatever it held (another job's finished result in it was lost). It refuses
+    a chunk folder holding anything a job did not write, naming it; one holding only a job's files is cleared."""
+    from rmjax.runs.claims import claim
+
+    out = tmp_path / "s.csv"
+    store = store_dir(out)
+    store.mkdir()
+    (store / "manifest.json").write_text('{"identity": {"job": "sweep", "model": "other"}, "chunk_size": 4}')
+    np.save(store / "chunk-0000000000.npy", np.zeros((4, 1), np.float32))
+    (store / "tmp-chunk-0000000004.npy").write_bytes(b"\x93NUMPY")
+    (store / "theirs.csv").write_text("token_id,score\n1,2.5\n")
+    cli.user_error(cli.run("sweep", f"--model={rm[1]}", "--prompts=greatest", f"--out={out}", "--limit=8",
+                           "--overwrite"), "--overwrite would delete", f"{store / 'theirs.csv'}", "no rmjax job wrote")
+    assert _chunks(out) == ["chunk-0000000000.npy", "manifest.json", "theirs.csv", "tmp-chunk-0000000004.npy"]
+
+    (store / "theirs.csv").unlink()
+    with claim(out, {"job": "sweep", "model": "this"}, overwrite=True, store=store) as decision:
+        assert not decision.reuse and not decision.resume
+    assert not store.exists()
+
+
+def test_a_reused_sweep_reports_only_the_figure_its_meta_records(rm, tmp_path):
+    """A reused sweep with --plot reported whatever OUT.png was there as its figure. The figure is drawn before the
+    .meta.json, which records its digest; a reuse reports it only when recorded (and unchanged, as the claim checks
+    every recorded file), draws and records it when absent, and refuses a file it did not draw."""
+    out = tmp_path / "s.csv"
+    png = plot_path(out)
+    run_sweep(_sweep(rm[1], out, limit=8, batch_size=8))
+    png.write_bytes(b"not this sweep's figure")
+    with pytest.raises(OutputExistsError, match=f"{png} is not the figure of {out}"):
+        run_sweep(_sweep(rm[1], out, limit=8, batch_size=8, plot=True))
+    assert png.read_bytes() == b"not this sweep's figure"
+    png.unlink()
+    run_sweep(_sweep(rm[1], out, limit=8, batch_size=8, plot=True))  # reused: drawn now and recorded
+    assert json.loads(results.meta_path(out).read_text())["files"][png.name] == results.file_record(png)
+    run_sweep(_sweep(rm[1], out, limit=8, batch_size=8, plot=True))  # reused with its recorded figure
+
+    fresh = tmp_path / "fresh.csv"
+    run_sweep(_sweep(rm[1], fresh, limit=8, batch_size=8, plot=True))
+    assert json.loads(results.meta_path(fresh).read_text())["files"][plot_path(fresh).name] == \
+        results.file_record(plot_path(fresh))
+    plot_path(fresh).write_bytes(b"changed")
+    with pytest.raises(OutputExistsError, match=r"does not match its fresh.csv.meta.json: fresh.csv.png has 7 bytes"):
+        run_sweep(_sweep(rm[1], fresh, limit=8, batch_size=8, plot=True))
+
+
+def test_a_resume_keeps_the_saved_batch_size(rm, tmp_path, monkeypatch, capsys):
+    """A resume with another --batch_size mixed two programs' roundings and its .meta.json recorded only the last
+    batch size. A resume keeps the saved one (said on stderr), the sweep's and the beam's: the CSV is the one an
+    uninterrupted run with that batch size writes, and .meta.json records it."""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
+    out, clean = tmp_path / "s.csv", tmp_path / "clean.csv"
+    run_sweep(_sweep(rm[1], clean, limit=48, chunk_size=16, batch_size=4))
+    with monkeypatch.context() as patch:
+        _interrupt_at_write(patch, 2)
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(_sweep(rm[1], out, limit=48, chunk_size=16, batch_size=4))
+    capsys.readouterr()
+    run_sweep(_sweep(rm[1], out, limit=48, chunk_size=16, batch_size=16))
+    assert "with its batch size 4, not --batch_size=16" in capsys.readouterr().err
+    assert out.read_bytes() == clean.read_bytes()
+    meta = json.loads(results.meta_path(out).read_text())
+    assert meta["batch_size"] == 4 and meta["resumed_candidates"] == 16
+
+    def beam(path, batch_size):
+        return BeamSpec(RunOptions(model=str(rm[1]), out=str(path)), {"greatest": PROMPT},
+                        BeamConfig(depth=2, beam=2, top=3), limit=24, batch_size=batch_size, chunk_size=8)
+
+    out, clean = tmp_path / "b.csv", tmp_path / "bclean.csv"
+    run_beam(beam(clean, 4))
+    with monkeypatch.context() as patch:
+        _interrupt_at_write(patch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            run_beam(beam(out, 4))
+    capsys.readouterr()
+    run_beam(beam(out, 8))
+    assert "with its batch size 4, not --batch_size=8" in capsys.readouterr().err
+    assert out.read_bytes() == clean.read_bytes()
+    assert json.loads(results.meta_path(out).read_text())["batch_size"] == 4
+
+
+def test_a_refused_sweep_leaves_no_nan_chunk(nan_rm, tmp_path):
+    """Mutant that survived: a sweep (or beam) chunk stored before its NaN check; the run still failed, but left
+    NaN chunks behind. Token 20 is in the third chunk: the first two are stored, the NaN one is not."""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
+    out = tmp_path / "s.csv"
+    with pytest.raises(NonFiniteError, match="token 20"):
+        run_sweep(_sweep(nan_rm, out, limit=48, chunk_size=8, batch_size=8))
+    beam_out = tmp_path / "b.csv"
+    with pytest.raises(NonFiniteError, match=r"response ids \[20\]"):
+        run_beam(BeamSpec(RunOptions(model=str(nan_rm), out=str(beam_out)), {"greatest": PROMPT},
+                          BeamConfig(depth=2, beam=2, top=3), limit=48, batch_size=8, chunk_size=8))
+    for path in (out, beam_out):
+        stored = sorted(store_dir(path).glob("chunk-*.npy"))
+        for chunk in stored:
+            assert np.isfinite(np.load(chunk)).all(), chunk
+        assert len(stored) == 2 and not path.exists(), stored  # the chunks before the NaN one were stored
+
+
+def test_unsorted_token_ids_are_written_row_by_row_with_their_scores(rm, tmp_path):
+    """Mutant that survived: the CSV's token_id column written sorted, out of step with its score rows (every test
+    passed ids ascending). Each row of a sweep of unsorted ids is held to a transformers forward of its own token
+    in the conversation."""
+    from rmjax.loading import load
+    from rmjax.text import chat
+
+    hf, folder = rm
+    given = [17, 3, 250, 9, 48000, 120]
+    out = tmp_path / "s.csv"
+    run_sweep(_sweep(folder, out, token_ids=tuple(given), batch_size=4, chunk_size=4))
+    table = results.read_scores_csv(out)
+    assert table["token_id"].tolist() == given
+    model = load(str(folder))
+    split = chat.split_chat(model.tokenizer, PROMPT)
+    full = np.asarray([split.ids_with([t]) for t in table["token_id"]], np.int32)
+    with torch.no_grad():
+        want = hf(input_ids=torch.from_numpy(full).long()).logits[:, 0].numpy()
+    atol = tolerance.rewards_atol(model.params, model.config, full, np.ones_like(full, bool))
+    np.testing.assert_allclose(table["greatest"].to_numpy(), want, atol=atol, rtol=0)
+    assert np.abs(np.diff(want)).min() > 10 * atol  # distinct rewards: a row paired with another token would fail
+
