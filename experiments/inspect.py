@@ -59,7 +59,7 @@ def main(argv):
         common.options(OUT.value), next(iter(prompts.items())),
         responses=tuple(RESPONSES.value) if RESPONSES.value else None, source=source, top=TOP.value,
         depth=DEPTH.value, steps=STEPS.value, baseline=BASELINE.value, tolerance=IG_TOLERANCE.value,
-        max_evaluations=IG_MAX_EVALUATIONS.value))
+        max_evaluations=IG_MAX_EVALUATIONS.value, source_flag=given[0]))
     if distributed.is_main():
         for label, reward, explained, gap, evals in zip(summary["responses"], summary["reward"], summary["explained"],
                                                         summary["ig_relative_gap"], summary["ig_evaluations"],

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from rmjax.errors import InputFileError, MissingFileError, UsageError
-from rmjax.runs import results
+from rmjax.runs import results, stages
 from rmjax.text import yamlfile
 
 TOKEN_KEYS = results.KEY_COLUMNS
@@ -166,6 +166,7 @@ def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.Data
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
     if duplicated:
         raise UsageError(f"several score tables are for the same model {duplicated}; pass one file per model.")
+    stages.same_prompt_texts([(flag, t.path) for t in tables])  # one prompt name, one text, in every table
     return tables
 
 

@@ -14,6 +14,7 @@ from rmjax.analysis import elo as elo_lib
 from rmjax.analysis.files import MODEL
 from rmjax.analysis.spec import AnalysisConfig
 from rmjax.errors import InputFileError, MissingFileError, UsageError
+from rmjax.runs import stages
 
 
 def _load_optional(skipped: list[str], what: str, loader: Callable, *args):
@@ -84,9 +85,21 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
     for table in tables:
         if table.frame.empty:  # every statistic of it would be NaN, reported as if computed
             raise InputFileError(f"{table.path}: the table has no rows (a header only); give the finished table.")
+    same_prompt_texts(found)
     for label, path in [(t.model, t.path) for t in found.scores] + [(t.model, t.path) for t in found.beams]:
         if label == MODEL:
             raise UsageError(f"--scores={path}: its model is labelled {MODEL!r}, the name of the model column of every "
                              "model x model table; give it another name (its .meta.json model, or a --models_yaml "
                              "nickname).")
     return found
+
+
+def same_prompt_texts(found: Inputs) -> None:
+    """Each group of tables compared column by column (the score tables, the beam results, the implicit pair, the
+    checkpoints) uses a prompt name for one prompt text (rmjax.runs.stages.same_prompt_texts): two models' columns
+    of one name scored for different texts are refused in one line, not compared."""
+    implicit = zip(("--implicit_chosen", "--implicit_reference"), found.implicit or (), strict=False)
+    for group in ([("--scores", t.path) for t in found.scores], [("--scores", t.path) for t in found.beams],
+                  [(flag, t.path) for flag, t in implicit],
+                  [("--bigtwo_checkpoints", t.path) for _, t in found.checkpoints]):
+        stages.same_prompt_texts([(flag, path) for flag, path in group if path is not None])

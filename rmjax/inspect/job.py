@@ -20,7 +20,7 @@ from rmjax.loading import config_and_tokenizer, fingerprint
 from rmjax.loading.for_job import check_template, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
-from rmjax.runs import jobs, results
+from rmjax.runs import jobs, results, stages
 from rmjax.runs.claims import check_writable
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import Progress
@@ -78,11 +78,35 @@ def distinct_labels(items: list[Item]) -> list[Item]:
             if labels.count(i.label) > 1 else i for i in items]
 
 
-def best_and_worst(path: str | Path, prompt_name: str, top: int, depth: int | None = None) -> list[tuple[int, ...]]:
+SOURCE_KINDS = ("sweep", "beam", "gcg")  # what --from_sweep / --from_beam read
+
+
+def source_needs(model_fp: dict, *, dtype: str, output_column: int, template: str,
+                 prompt: tuple[str, str]) -> stages.Needs:
+    """What the run that ranked the responses must have used: this model's content, dtype, output column and
+    template, token mode (inspect runs prefix + ids + suffix), and this prompt's text under its name."""
+    return stages.Needs(model=model_fp, dtype=dtype, output_column=output_column, template=template, mode="token",
+                        prompts=dict([prompt]))
+
+
+def read_source(path: str | Path, flag: str = "--from_sweep", needs: stages.Needs | None = None) -> stages.StageInput:
+    """A sweep, beam or GCG result to take responses from: whole by its .meta.json, and (given `needs`) ranked by
+    this model for this prompt's text, else refused in one line (rmjax.runs.stages.read_input)."""
+    return stages.read_input(path, SOURCE_KINDS, flag, needs,
+                             why="its best and worst are another run's (the patching map would take its clean and "
+                                 "donor from them); inspect a result of this model and prompt")
+
+
+def best_and_worst(path: str | Path, prompt_name: str, top: int, depth: int | None = None,
+                   flag: str = "--from_sweep", needs: stages.Needs | None = None) -> list[tuple[int, ...]]:
     """The `top` best then the `top` worst sequences of a sweep CSV (by `prompt_name`) or a beam CSV (at `depth`,
     default its deepest: the optimal rows, then the pessimal ones, or the optimal ranking's tail without them);
-    of a GCG result JSON, the first 2·`top` of its buffer. The file must be whole by its .meta.json."""
-    results.checked_input(path, ("sweep", "beam", "gcg"), "--from_sweep")
+    of a GCG result JSON, the first 2·`top` of its buffer. The file must be whole by its .meta.json (and made
+    with what `needs` asks for: `read_source`)."""
+    return _best_and_worst(read_source(path, flag, needs).path, prompt_name, top, depth)
+
+
+def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None) -> list[tuple[int, ...]]:
     if str(path).endswith(".json"):  # a GCG result: its buffer, best first
         try:
             buffer = json.loads(Path(path).read_text())["buffer"]
@@ -141,6 +165,7 @@ class InspectSpec:
     tolerance: float = TOLERANCE
     max_evaluations: int = MAX_EVALUATIONS
     batch_size: int = 16
+    source_flag: str = "--from_sweep"  # the flag that gave `source`, for its messages and .meta.json
 
 
 def run_inspect(spec: InspectSpec) -> dict:
@@ -149,15 +174,19 @@ def run_inspect(spec: InspectSpec) -> dict:
     write (`write_inspect`). Returns the summary (also in .meta.json)."""
     o, (name, text) = spec.options, spec.prompt
     out = check_writable(o.out, "--out", folder=True)  # before the model loads
-    # read (and proven whole by its .meta.json) before the model loads
-    sequences = best_and_worst(spec.source, name, spec.top, spec.depth) if spec.source else None
+    # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads
+    model_fp, sequences, source = fingerprint(o.model), None, None
+    if spec.source:
+        source = read_source(spec.source, spec.source_flag, source_needs(
+            model_fp, dtype=o.dtype, output_column=o.output_column, template=o.template, prompt=spec.prompt))
+        sequences = _best_and_worst(source.path, name, spec.top, spec.depth)
     config, tokenizer = config_and_tokenizer(o.model)
     check_template(tokenizer, o.template)
     context = config.max_position_embeddings
     items = (_text_items(tokenizer, context, text, list(spec.responses), o.template) if spec.responses is not None
              else _id_items(tokenizer, context, text, sequences or [], o.template))
     items = distinct_labels(_require_items(items))
-    identity = inspect_identity(fingerprint(o.model), dtype=o.dtype, output_column=o.output_column, prompt=text,
+    identity = inspect_identity(model_fp, dtype=o.dtype, output_column=o.output_column, prompt=text,
                                 items=items, steps=spec.steps, baseline=spec.baseline, tolerance=spec.tolerance,
                                 max_evaluations=spec.max_evaluations)
     with claim_job(o, identity, out=out / FILES[0], owned=[out / f for f in FILES[1:]]) as job:
@@ -165,7 +194,8 @@ def run_inspect(spec: InspectSpec) -> dict:
             return json.loads(results.meta_path(out / FILES[0]).read_text())["summary"]
         return write_inspect(load_for_job(o), text, items, out, steps=spec.steps, baseline=spec.baseline,
                              batch_size=spec.batch_size, allow_nonfinite=o.allow_nonfinite, tolerance=spec.tolerance,
-                             max_evaluations=spec.max_evaluations, job=job)
+                             max_evaluations=spec.max_evaluations, job=job,
+                             inputs=stages.recorded({spec.source_flag: source}))
 
 
 def _require_items(items: list[Item]) -> list[Item]:
@@ -178,11 +208,13 @@ def _require_items(items: list[Item]) -> list[Item]:
 def write_inspect(model: Model, prompt: str, items: list[Item], out: str | Path, *, steps: int = 64,
                   baseline: str = "pad", overwrite: bool = False, batch_size: int = 16,
                   allow_nonfinite: bool = False, tolerance: float = TOLERANCE,
-                  max_evaluations: int = MAX_EVALUATIONS, job: jobs.Job | None = None) -> dict:
+                  max_evaluations: int = MAX_EVALUATIONS, job: jobs.Job | None = None,
+                  inputs: dict | None = None) -> dict:
     """Compute everything for `items` with a loaded model and write it to folder `out`; the summary (also in
     .meta.json). `out` is claimed here unless `job` is its claim already (`run_inspect`). Integrated gradients
     start from `steps` + 1 path points and are refined until their relative completeness gap is within
-    `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.inspect.attribution)."""
+    `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.inspect.attribution). `inputs`: the
+    earlier results the responses came from, for .meta.json (rmjax.runs.stages.recorded)."""
     items = distinct_labels(_require_items(items))
     out = Path(out)
     identity = inspect_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
@@ -227,7 +259,7 @@ def write_inspect(model: Model, prompt: str, items: list[Item], out: str | Path,
             return path
 
         job.finish(write, **jobs.model_meta(model), prompt=prompt, steps=steps, baseline=baseline,
-                   ig_tolerance=tolerance, ig_max_evaluations=max_evaluations, summary=summary,
+                   ig_tolerance=tolerance, ig_max_evaluations=max_evaluations, inputs=inputs or {}, summary=summary,
                    seconds=time.perf_counter() - start)
         return summary
 

@@ -8,19 +8,19 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from rmjax.errors import UsageError
 from rmjax.loading import fingerprint
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
-from rmjax.runs import jobs, results
+from rmjax.runs import jobs, results, stages
 from rmjax.runs.chunks import open_store, resume_batch_size, store_dir
-from rmjax.runs.claims import canonical, changed_keys
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.results import array_sha1
 from rmjax.search.beam import BeamConfig, BeamResult, Found, beam_search
-from rmjax.search.sweep import load_planned, sweep_identity
+from rmjax.search.sweep import load_planned
 from rmjax.text import candidates as candidate_set
 from rmjax.text.candidates import candidate_ids
 from rmjax.text.prompts import check_prompt_names
@@ -41,32 +41,30 @@ def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, pr
     return identity
 
 
-def read_sweep(path: str | Path, identity: dict):
-    """The table of a finished sweep that can stand for this beam's depth 1, checked like a resume against
-    `identity` (rmjax.search.sweep.sweep_identity of depth 1: model content, dtype, output column, token mode, template,
-    prompts). It may hold more prompts and any candidates (`depth1_scores` checks they cover ours). Another run's
+def sweep_needs(model_fp: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
+                template: str) -> stages.Needs:
+    """What a sweep must have been run with to stand for this beam's depth 1: a token-mode sweep of the same model
+    content, dtype, output column, template and prompt texts (more prompts and any candidates are fine:
+    `depth1_scores` checks they cover ours)."""
+    return stages.Needs(model=model_fp, dtype=dtype, output_column=output_column, template=template, mode="token",
+                        prompts=prompts)
+
+
+def read_sweep(path: str | Path, needs: stages.Needs) -> tuple[pd.DataFrame, stages.StageInput]:
+    """The table of a finished sweep that can stand for this beam's depth 1 (`sweep_needs`, checked by the one
+    stage-input check, rmjax.runs.stages.read_input), and what was read (path, sha1) for .meta.json. Another run's
     sweep, one without its .meta.json (unfinished), or a CSV that is not byte for byte what the sweep wrote, is
     refused in one line."""
-    path, flag = Path(path), f"--from_sweep={path}"
-    meta = results.checked_input(path, ("sweep",), "--from_sweep")
-    stored = meta.get("identity")
-    if not isinstance(stored, dict) or stored.get("job") != "sweep":
-        raise UsageError(f"{flag} is not a finished rmjax sweep (its .meta.json has no sweep identity); rerun the "
-                         "sweep or drop --from_sweep.")
-    want, theirs = canonical(identity), stored.get("prompts") or {}
-    if isinstance(theirs, dict) and all(theirs.get(n) == t for n, t in want["prompts"].items()):
-        want["prompts"] = theirs  # a superset of ours: the other columns are not read
-    want.update(token_ids=stored.get("token_ids"), limit=stored.get("limit"))  # its rows: checked by depth1_scores
-    changed = changed_keys(stored, want)
-    if changed:
-        raise UsageError(f"{flag} was made by a sweep with different {', '.join(changed)}: its scores are not this "
-                         "beam's depth 1 (it needs a token-mode sweep of the same model content, dtype, output "
-                         "column, template and prompts).")
+    flag = f"--from_sweep={path}"
+    given = stages.read_input(path, ("sweep",), "--from_sweep", needs,
+                              why="its scores are not this beam's depth 1 (it needs a token-mode sweep of the same "
+                                  "model content, dtype, output column, template and prompts)")
     table = results.read_scores_csv(path)
-    if len(table) != meta.get("n_candidates"):  # whole by its digest; a sweep's own count must agree too
-        raise UsageError(f"{flag} holds {len(table)} rows where its .meta.json counts {meta.get('n_candidates')}; "
-                         "rerun the sweep (with --overwrite).")
-    return table
+    counted = given.meta.get("n_candidates")
+    if len(table) != counted:  # whole by its digest; a sweep's own count must agree too
+        raise UsageError(f"{flag} holds {len(table)} rows where its .meta.json counts {counted}; rerun the sweep "
+                         "(with --overwrite).")
+    return table, given
 
 
 def depth1_scores(table, candidates: np.ndarray, prompts: dict[str, str], path: str | Path = "") -> np.ndarray:
@@ -134,9 +132,9 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
     lines, requested = _requested(spec)
     fp, from_sweep = fingerprint(o.model), None
     if spec.from_sweep:  # refused now, before the model loads, if it is not this beam's depth 1
-        read_sweep(spec.from_sweep, sweep_identity(fp, dtype=o.dtype, output_column=o.output_column,
-                                                   prompts=spec.prompts, template=cfg.template))
-        from_sweep = results.file_sha1(spec.from_sweep)
+        _, given = read_sweep(spec.from_sweep, sweep_needs(fp, dtype=o.dtype, output_column=o.output_column,
+                                                           prompts=spec.prompts, template=cfg.template))
+        from_sweep = given.sha1
     identity = beam_identity(fp, dtype=o.dtype, prompts=spec.prompts, cfg=cfg, output_column=o.output_column,
                              candidates=requested, limit=spec.limit, from_sweep=from_sweep)
     with claim_job(o, identity, store=store_dir(o.out)) as job:
@@ -188,10 +186,11 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
     candidates = candidate_ids(model, candidates, limit)
     depth1, extra_meta = None, dict(extra_meta or {})
     if from_sweep is not None:
-        table = read_sweep(from_sweep, sweep_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts,
-                                                      output_column=model.output_column, template=cfg.template))
+        table, given = read_sweep(from_sweep, sweep_needs(model_fingerprint(model), dtype=model.dtype, prompts=prompts,
+                                                          output_column=model.output_column, template=cfg.template))
         depth1 = depth1_scores(table, candidates, prompts, from_sweep)
-        extra_meta["from_sweep"] = {"path": str(from_sweep), "sha1": results.file_sha1(from_sweep)}
+        extra_meta["from_sweep"] = given.record()  # as before issue 42; `inputs` is every reader's record
+        extra_meta["inputs"] = stages.recorded({"--from_sweep": given})
     identity = beam_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                              prompts=prompts, cfg=cfg, candidates=requested, limit=limit,
                              from_sweep=extra_meta["from_sweep"]["sha1"] if from_sweep is not None else None)

@@ -23,7 +23,7 @@ from rmjax.loading import config_of, fingerprint
 from rmjax.loading.for_job import load_for_job
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
-from rmjax.runs import results
+from rmjax.runs import results, stages
 from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import Progress
@@ -114,8 +114,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     if len(spec.prompts) != 1:
         raise UsageError(f"the frontier runs one prompt per job ({len(spec.prompts)} given: "
                          f"{', '.join(list(spec.prompts)[:4])}); give --prompt or a single prompt's name.")
-    if spec.sweep:
-        results.checked_input(spec.sweep, ("sweep",), "--sweep")
+    swept = _read_sweep(spec, fingerprint(o.model)) if spec.sweep else None  # before any model loads
     rm_config = config_of(o.model)
     require_reward_model(rm_config, o.model, "the frontier")
     judge = spec.judge or default_judge(rm_config)
@@ -138,13 +137,25 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
         job.finish(lambda path: frontier_out.write(path, rows, summary), model=rm.source, lm=lm.source,
                    judge=judge_model.source, dtype=rm.dtype, mesh=dict(rm.mesh.shape) if rm.mesh else None,
                    prompts=spec.prompts, config=dataclasses.asdict(spec.config),
-                   search=dataclasses.asdict(spec.search), units=[u.meta() for u in units], summary=summary,
+                   search=dataclasses.asdict(spec.search), inputs=stages.recorded({"--sweep": swept}),
+                   units=[u.meta() for u in units], summary=summary,
                    forwards=sum(u.forwards for u in units),
                    forwards_per_second=sum(u.forwards for u in units) / max(sum(u.seconds for u in units), 1e-9))
         if is_main():
             store.remove()
             print(frontier_out.describe(summary, out), file=sys.stderr)
         return out
+
+
+def _read_sweep(spec: FrontierSpec, model_fp: dict) -> stages.StageInput:
+    """--sweep, refused in one line unless a token-mode sweep of this RM (content, dtype, output column, template)
+    scored this prompt's text under its name: its column is reward_z's yardstick."""
+    o = spec.options
+    needs = stages.Needs(model=model_fp, dtype=o.dtype, output_column=o.output_column, template=o.template,
+                         mode="token", prompts=spec.prompts)
+    return stages.read_input(spec.sweep, ("sweep",), "--sweep", needs,
+                             why="its scores are not this RM's single-token rewards for this prompt, reward_z's "
+                                 "yardstick; sweep this RM and prompt (or drop --sweep)")
 
 
 def _require_lm_head(cfg, source: str, flag: str) -> None:

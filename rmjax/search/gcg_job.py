@@ -14,19 +14,19 @@ from rmjax.loading.for_job import check_in_vocabulary, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
-from rmjax.runs import jobs, results
+from rmjax.runs import jobs, results, stages
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.results import array_sha1
 from rmjax.search.gcg import GCGResult, gcg, make_target
 from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan
-from rmjax.search.gcg_start import init_from_rows
+from rmjax.search.gcg_start import init_from_rows, read_init_from
 
 
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
                  cfg: GCGConfig) -> dict:
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
     if cfg.init_from:  # before any model loads: a partial or foreign file stops here
-        results.checked_input(cfg.init_from, ("beam",), "--init_from")
+        stages.read_input(cfg.init_from, ("beam",), "--init_from")
     for name in ("init_from", "vocab_file"):  # what they hold, not only their names
         if getattr(cfg, name):
             config[name] = {"path": getattr(cfg, name), "sha1": _input_sha1(getattr(cfg, name))}
@@ -74,8 +74,8 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     if cfg.init_from:  # a file that is not a beam CSV of this search stops the job now
         init_from_rows(cfg)
     specs = [s for s in o.model.split(",") if s]
-    identity = gcg_identity([fingerprint(s) for s in specs], dtype=o.dtype, prompts=spec.prompts,
-                            output_column=o.output_column, cfg=cfg)
+    fps = [fingerprint(s) for s in specs]
+    identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg)
     with claim_job(o, identity, owned=[steps_path(o.out)]) as job:
         if job.reuse:
             return None
@@ -85,6 +85,7 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
             check_in_vocabulary(cfg.token_ids, config.vocab_size)
             if cfg.init_from:
                 init_from_rows(cfg, config.vocab_size)
+                read_init_from(cfg, fps)  # a beam of another tokenizer: after its ids are named if out of range
             plan_search(cfg, spec.prompts, o.dtype, config, tokenizer, mesh)
 
         models = [load_for_job(o, s, before_weights) for s in specs]
@@ -114,13 +115,16 @@ def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out:
     with jobs.claimed(job, out, identity, overwrite=overwrite, owned=[steps_path(out)]) as job:
         if job.reuse:
             return None
+        inputs = {"--init_from": read_init_from(cfg, [model_fingerprint(m) for m in models]) if cfg.init_from
+                  else None}
         targets = [make_target(m, text, cfg.template) for m in models for text in prompts.values()]
         log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if is_main() else None
         result = gcg(targets, cfg, log=log)
         nonfinite = {"candidates_dropped": result.nonfinite_candidates} if result.nonfinite_candidates else None
         job.finish(lambda path: _write(result, models[0].tokenizer.decode, cfg, path), **jobs.model_meta(models[0]),
                    models=[m.source for m in models], prompts=prompts, config=dataclasses.asdict(cfg),
-                   seconds=result.seconds, steps=len(result.history), nonfinite=nonfinite,
+                   inputs=stages.recorded(inputs), seconds=result.seconds, steps=len(result.history),
+                   nonfinite=nonfinite,
                    seconds_per_step=result.seconds / max(len(result.history), 1))
         return result
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from rmjax.errors import UsageError
 from rmjax.model import Model
-from rmjax.runs import results
+from rmjax.runs import results, stages
 from rmjax.search.gcg_config import GCGConfig
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids, survives
 from rmjax.text.candidates import read_vocab_file, words_to_ids
@@ -94,7 +94,7 @@ def init_from_rows(cfg: GCGConfig, vocab_size: int | None = None):
 
     path = Path(cfg.init_from)
     flag = f"--init_from={path}"
-    results.checked_input(path, ("beam",), "--init_from")  # whole, and a beam's (python -m experiments.beam)
+    stages.read_input(path, ("beam",), "--init_from")  # whole, and a beam's (python -m experiments.beam)
     try:
         df = results.read_beam_csv(path)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, pd.errors.ParserError) as error:
@@ -115,6 +115,15 @@ def init_from_rows(cfg: GCGConfig, vocab_size: int | None = None):
             raise UsageError(f"{flag}: token ids {outside[:5]} are outside this model's vocabulary [0, {vocab_size}) "
                              "(a beam of another model, or an edited CSV); run the beam with this model.")
     return rows
+
+
+def read_init_from(cfg: GCGConfig, model_fps: list[dict]) -> stages.StageInput:
+    """--init_from, refused in one line unless the beam that wrote it ran a model with the tokenizer of one of
+    these (its ids are then the same tokens); what was read, for .meta.json. Its scores are not read: GCG scores
+    its starts itself, so another model, prompt or template only gives other starts."""
+    return stages.read_input(cfg.init_from, ("beam",), "--init_from", stages.Needs(tokenizer_of=tuple(model_fps)),
+                             why="its token ids are other tokens for this model, so GCG would start from text the "
+                                 "beam never found; run the beam with a model of this tokenizer")
 
 
 def _seeds(cfg: GCGConfig, checks: list[RetokenizationCheck], banned: np.ndarray) -> list[list[int]]:
