@@ -123,14 +123,36 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
     [W] float32. With `log_probs` (a model whose backbone ties its LM head: the same forward serves both), also
     each variant's summed log-probabilities of its response tokens after its first change, read off the LM head
     at its tail's positions [W] float32 (issue 25's fluency term; the first changed token's own log-probability
-    is the cache's, which the caller has)."""
-    n, tail = len(current), len(suffix)
+    is the cache's, which the caller has).
+
+    A NaN/Inf tail makes every tail of its row NaN: the mask gives its keys weight 0, but 0 x NaN is NaN in the
+    weights x values product. So each non-finite result that shared its row is scored again alone, and no
+    variant's score depends on which variants shared its row (a NaN is rare: the second pass costs little)."""
     if not len(variants):
         return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
+    n, tail = len(current), len(suffix)
     first = first_changes(current, variants)
+    packed = pack(n - first + tail, (n + tail) + (1 + tail))
+    out, summed = _score_packed(model, extended, suffix, current, variants, first, packed, rows, log_probs)
+    shared = np.zeros(len(variants), bool)
+    for members in packed:
+        shared[members] = len(members) > 1
+    again = np.flatnonzero(shared & ~(np.isfinite(out) & np.isfinite(summed)))
+    if len(again):
+        alone = _score_packed(model, extended, suffix, current, variants, first, [[int(i)] for i in again], rows,
+                              log_probs)
+        out[again], summed[again] = alone[0][again], alone[1][again]
+    return (out, summed) if log_probs else out
+
+
+def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
+                  variants: np.ndarray, first: np.ndarray, packed: list[list[int]], rows: int,
+                  log_probs: bool) -> tuple[np.ndarray, np.ndarray]:
+    """score_variants' forward of the variants' tails placed as `packed` says (the variants in each row): their
+    rewards [W] and summed log-probabilities [W] (zeros without `log_probs`), zero for variants in no row."""
+    n, tail = len(current), len(suffix)
     width = (n + tail) + (1 + tail)
     slots = width // (1 + tail)  # the most tails a row can hold
-    packed = pack(n - first + tail, width)
     calls = -(-len(packed) // rows)
     per_call = batching.round_up(batching.bucket(-(-len(packed) // calls), 8), model.mesh)
     cache_width = extended.k.shape[2]
@@ -161,7 +183,7 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
             i, stop = who[r, slot], last[start + r, slot] - tail  # the span's last response token
             if picked is not None:  # token j + 1 read at position j, from the first changed token on
                 summed[i] = picked[r, stop - (n - first[i]) + 2 : stop + 1].sum()
-    return (out, summed) if log_probs else out
+    return out, summed
 
 
 def first_changes(current: np.ndarray, variants: np.ndarray) -> np.ndarray:

@@ -70,6 +70,7 @@ class GCGResult:
     buffer: list[tuple[float, list[int]]]
     seconds: float
     nonfinite_candidates: int = 0  # dropped with allow_nonfinite
+    nonfinite_swaps: int = 0  # (position, token) gradient entries NaN/Inf, never proposed (allow_nonfinite)
 
 
 def make_target(model: Model, prompt: str, template: str = "auto", prefix=None, suffix=None) -> Target:
@@ -160,14 +161,15 @@ def gcg(targets: list[Target], cfg: GCGConfig, log: Callable[[str], None] | None
     best_loss, best_ids = search.buffer[0]
     return GCGResult(best_ids, _decode(search.lead, best_ids), -sign * best_loss, history,
                      [(-sign * loss, ids) for loss, ids in search.buffer], time.perf_counter() - search.start,
-                     search.dropped)
+                     search.dropped, search.skipped_swaps)
 
 
 @dataclasses.dataclass
 class _Search:
     """One gcg() run: what every step reads, and what the steps update: the buffer (the best sequences, lowest
-    loss first), every sequence evaluated so far (`seen`, the history --forbid_revisits keeps) and the count of
-    candidates dropped for a NaN/Inf reward (--allow_nonfinite)."""
+    loss first), every sequence evaluated so far (`seen`, the history --forbid_revisits keeps) and the counts of
+    candidates dropped for a NaN/Inf reward and of swaps of allowed tokens never proposed for a NaN/Inf gradient
+    entry, summed over the gradients computed (--allow_nonfinite)."""
 
     targets: list[Target]
     cfg: GCGConfig
@@ -184,6 +186,7 @@ class _Search:
     buffer: list[tuple[float, list[int]]] = dataclasses.field(default_factory=list)
     seen: set[tuple[int, ...]] = dataclasses.field(default_factory=set)
     dropped: int = 0
+    skipped_swaps: int = 0
 
     @property
     def lead(self) -> Model:
@@ -231,6 +234,8 @@ class _Search:
                     f"the reward's gradient for response ids {current.tolist()} is NaN/Inf at {nonfinite} "
                     f"(position, token) entries{_explain(self.targets, current)}. Fix the model, or "
                     f"{finite.ALLOW_HINT}.")
+            if nonfinite:  # allowed: those swaps are never proposed (swap_scores), and the result says how many
+                self.skipped_swaps += int(jnp.sum(~jnp.isfinite(grad) & ~self.banned[None, : grad.shape[1]]))
             # never a banned swap, nor one with no gradient
             score = swap_scores(grad, self.banned, jnp.asarray(current), self.embed, cfg.embed_reg)
             step_cfg = dataclasses.replace(cfg, n_replace=min(cfg.num_tokens, cfg.n_replace + attempt))

@@ -120,11 +120,12 @@ def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out:
         targets = [make_target(m, text, cfg.template) for m in models for text in prompts.values()]
         log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if is_main() else None
         result = gcg(targets, cfg, log=log)
-        nonfinite = {"candidates_dropped": result.nonfinite_candidates} if result.nonfinite_candidates else None
+        nonfinite = {key: count for key, count in (("candidates_dropped", result.nonfinite_candidates),
+                                                    ("gradient_swaps_skipped", result.nonfinite_swaps)) if count}
         job.finish(lambda path: _write(result, models[0].tokenizer.decode, cfg, path), **jobs.model_meta(models[0]),
                    models=[m.source for m in models], prompts=prompts, config=dataclasses.asdict(cfg),
                    inputs=stages.recorded(inputs), seconds=result.seconds, steps=len(result.history),
-                   nonfinite=nonfinite,
+                   nonfinite=nonfinite or None,
                    seconds_per_step=result.seconds / max(len(result.history), 1))
         return result
 

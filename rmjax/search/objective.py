@@ -14,7 +14,8 @@ tokens runs d + S. A gradient costs 3 times its forward's positions (forward + b
 prior, one RM forward serves both terms: the prior log-probs of a candidate (whole, a beam partial, or a GCG
 variant's tail) and of a gradient are read off the LM head at the positions the RM runs, and cost no prior
 positions. A prompt's prefill costs its prefix positions once per model. Padding rows cost nothing (they carry no
-candidate). Counts are exact fractions.
+candidate), nor does a variant scored again alone because a row-mate was NaN (prefix.score_variants): a candidate
+is charged once. Counts are exact fractions.
 """
 
 from __future__ import annotations
