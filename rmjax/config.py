@@ -142,69 +142,148 @@ def _first(d: dict, *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _rope(params: dict | None, theta: float | None, default_theta: float) -> RopeConfig:
-    params = dict(params or {})
-    theta = params.get("rope_theta", theta if theta is not None else default_theta)
-    kind = params.get("rope_type", params.get("type", "default"))
+_REQUIRED = object()
+
+
+class _Fields:
+    """A config dict's fields, each checked as it is read: a value of the wrong kind or range is refused in one
+    line naming the file, the field and the value (never a traceback, never a model built on it)."""
+
+    def __init__(self, d: dict, source: str, prefix: str = ""):
+        self.d, self.source, self.prefix = d, source, prefix
+
+    def within(self, key: str) -> _Fields:
+        """The fields of the object at `key` (an absent or null one reads as empty)."""
+        value = self.d.get(key)
+        if value is not None and not isinstance(value, dict):
+            self.refuse(key, value, "must be a JSON object")
+        return _Fields(value or {}, self.source, f"{self.prefix}{key}.")
+
+    def nonempty(self, key: str) -> bool:
+        return bool(self.d.get(key))
+
+    def refuse(self, key: str, value: Any, rule: str) -> None:
+        shown = json.dumps(value) if isinstance(value, bool | int | float | str | type(None)) else repr(value)
+        raise CheckpointError(f"{self.source}: {self.prefix}{key}={shown} {rule}; restore the config from the "
+                              "checkpoint's original repository.")
+
+    def get(self, *keys: str, default: Any = None) -> tuple[str, Any]:
+        """(the first of `keys` set (not null), its value), or (keys[0], default)."""
+        for key in keys:
+            if self.d.get(key) is not None:
+                return key, self.d[key]
+        return keys[0], default
+
+    def integer(self, *keys: str, default: Any = _REQUIRED, least: int = 1) -> int:
+        """An integer >= `least` (not a bool, not 4.5 or 4.0, not a string)."""
+        key, value = self.get(*keys, default=default)
+        if value is _REQUIRED:
+            raise CheckpointError(f"{self.source}: no {self.prefix}{key} (an integer >= {least}); restore the "
+                                  "config from the checkpoint's original repository.")
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            self.refuse(key, value, f"must be an integer >= {least}")
+        return value
+
+    def number(self, *keys: str, default: Any = _REQUIRED) -> float:
+        """A finite number > 0."""
+        key, value = self.get(*keys, default=default)
+        if value is _REQUIRED:
+            raise CheckpointError(f"{self.source}: no {self.prefix}{key} (a number > 0); restore the config from "
+                                  "the checkpoint's original repository.")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            self.refuse(key, value, "must be a finite number > 0")
+        return float(value)
+
+    def optional_number(self, key: str) -> float | None:
+        """A finite number > 0, or None when absent or null."""
+        return None if self.d.get(key) is None else self.number(key)
+
+
+def _rope(top: _Fields, f: _Fields, theta_key: str, default_theta: float, max_position: int) -> RopeConfig:
+    """One attention type's RoPE from `f`, its parameters' object (rope_parameters, rope_scaling or an entry of a
+    nested rope_parameters): the base is its rope_theta, else `top`'s `theta_key`, else `default_theta`."""
+    kind = f.d.get("rope_type", f.d.get("type", "default"))
     if kind not in ("default", "linear", "llama3"):
         raise UnsupportedModelError(
-            f"RoPE type {kind!r} is not supported (supported: default, linear, llama3)."
+            f"{f.source}: RoPE type {kind!r} is not supported (supported: default, linear, llama3)."
         )
+    theta = f.number("rope_theta") if f.d.get("rope_theta") is not None else top.number(theta_key,
+                                                                                          default=default_theta)
     return RopeConfig(
-        theta=float(theta),
+        theta=theta,
         kind=kind,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+        factor=f.number("factor", default=1.0),
+        low_freq_factor=f.number("low_freq_factor", default=1.0),
+        high_freq_factor=f.number("high_freq_factor", default=4.0),
+        # llama3 scaling without its own original length: the model's context (transformers does the same)
+        original_max_position=f.integer("original_max_position_embeddings",
+                                        default=max_position if kind == "llama3" else 8192),
     )
 
 
-def _rope_pair(d: dict, model_type: str) -> tuple[RopeConfig, RopeConfig]:
+def _rope_pair(top: _Fields, model_type: str, max_position: int) -> tuple[RopeConfig, RopeConfig]:
     """(global, local) RoPE configs from either config format."""
-    params = d.get("rope_parameters")
-    nested = isinstance(params, dict) and (
-        "full_attention" in params or "sliding_attention" in params
-    )
+    params = top.within("rope_parameters")
+    nested = "full_attention" in params.d or "sliding_attention" in params.d
+    # v4 (and a flat v5 rope_parameters): one object, rope_parameters or else rope_scaling
+    flat = params if top.nonempty("rope_parameters") else top.within("rope_scaling")
     if model_type in ("gemma3_text", "gemma3"):
         if nested:
-            glob = _rope(params.get("full_attention"), d.get("rope_theta"), 1_000_000.0)
-            local = _rope(params.get("sliding_attention"), d.get("rope_local_base_freq"), 10_000.0)
+            glob = _rope(top, params.within("full_attention"), "rope_theta", 1_000_000.0, max_position)
+            local = _rope(top, params.within("sliding_attention"), "rope_local_base_freq", 10_000.0, max_position)
         else:  # v4: rope_theta + rope_scaling apply to global layers, rope_local_base_freq to local
-            glob = _rope(params or d.get("rope_scaling"), d.get("rope_theta"), 1_000_000.0)
-            local = RopeConfig(theta=float(d.get("rope_local_base_freq", 10_000.0)))
+            glob = _rope(top, flat, "rope_theta", 1_000_000.0, max_position)
+            local = RopeConfig(theta=top.number("rope_local_base_freq", default=10_000.0))
         return glob, local
-    if nested:
-        params = params.get("full_attention")
     default_theta = 500_000.0 if model_type == "llama" else 10_000.0
-    rope = _rope(params or d.get("rope_scaling"), d.get("rope_theta"), default_theta)
-    if rope.kind == "llama3" and "original_max_position_embeddings" not in (
-        params or d.get("rope_scaling") or {}
-    ):
-        rope = dataclasses.replace(rope, original_max_position=int(d["max_position_embeddings"]))
+    if nested and params.nonempty("full_attention"):
+        flat = params.within("full_attention")
+    elif nested:
+        flat = top.within("rope_scaling")
+    rope = _rope(top, flat, "rope_theta", default_theta, max_position)
     return rope, rope
 
 
-def _local_layers(d: dict, model_type: str, num_layers: int) -> tuple[bool, ...]:
-    if d.get("layer_types"):
-        types = d["layer_types"]
-        if len(types) != num_layers:
+def _local_layers(f: _Fields, model_type: str, num_layers: int) -> tuple[bool, ...]:
+    types = f.d.get("layer_types")
+    if types:
+        if not isinstance(types, list) or len(types) != num_layers:
             raise UnsupportedModelError(
-                f"layer_types has {len(types)} entries for {num_layers} layers."
+                f"{f.source}: layer_types has {len(types) if isinstance(types, list) else '?'} entries for "
+                f"{num_layers} layers."
             )
+        unknown = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"})
+        if unknown:
+            raise UnsupportedModelError(f"{f.source}: layer_types {', '.join(unknown)} are not supported (supported: "
+                                        "sliding_attention, full_attention).")
         return tuple(t == "sliding_attention" for t in types)
     if model_type == "gemma2":  # local first: layer i is local iff i is even
         return tuple(i % 2 == 0 for i in range(num_layers))
     if model_type in ("gemma3_text", "gemma3"):
-        pattern = int(d.get("sliding_window_pattern", 6))
+        pattern = f.integer("sliding_window_pattern", default=6)
         return tuple((i + 1) % pattern != 0 for i in range(num_layers))
     return (False,) * num_layers
 
 
+def _check_head_fields(f: _Fields) -> None:
+    """The gated heads' sizes (rmjax.heads reads them), checked where they are given."""
+    for key in ("num_objectives", "num_quantiles", "gating_hidden_dim", "gating_block_modules"):
+        if f.d.get(key) is not None:
+            f.integer(key)
+    if f.d.get("gating_n_hidden") is not None:
+        f.integer("gating_n_hidden", least=0)
+    f.optional_number("gating_temperature")
+
+
 def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
-    """Build a ModelConfig from a Hugging Face config dict (v4 or v5 format)."""
+    """Build a ModelConfig from a Hugging Face config dict (v4 or v5 format). Every path to a ModelConfig from a
+    file (a folder's config.json, a GGUF file's metadata, the zoo's architectures, a plan's --model) comes here, and
+    every size, count and constant is checked here: a value no model can have (0 layers, 4.5 layers, `true`, heads
+    that the KV heads do not divide, an epsilon of 0) is a CheckpointError naming the file, field and value."""
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{source}: a model config must be a JSON object.")
     archs = raw.get("architectures") or []
-    arch = archs[0] if archs else ""
+    arch = archs[0] if isinstance(archs, list) and archs else ""
     model_type = raw.get("model_type", "")
     if model_type not in SUPPORTED_MODEL_TYPES or (arch and arch not in SUPPORTED_ARCHITECTURES):
         raise UnsupportedModelError(
@@ -212,20 +291,31 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
             f"rmjax runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}. Another custom head needs a port "
             "in rmjax/heads.py."
         )
-    text = raw.get("text_config", raw) if model_type == "gemma3" else raw
+    top = _Fields(raw, source)
+    f = top.within("text_config") if model_type == "gemma3" and "text_config" in raw else top
+    text = f.d
     if model_type == "gemma3":
         text = dict(text)
         text.setdefault("model_type", "gemma3_text")
+        f = _Fields(text, source, f.prefix)
     if text.get("attention_bias") or text.get("mlp_bias"):
         raise UnsupportedModelError(f"{source}: attention_bias / mlp_bias are not supported.")
     family = text.get("model_type", model_type) if model_type == "gemma3" else model_type
-    hidden = int(text["hidden_size"])
-    num_heads = int(text["num_attention_heads"])
-    head_dim = int(_first(text, "head_dim", default=hidden // num_heads))
-    num_layers = int(text["num_hidden_layers"])
+    hidden = f.integer("hidden_size")
+    num_heads = f.integer("num_attention_heads")
+    num_kv_heads = f.integer("num_key_value_heads", default=num_heads)
+    if num_heads % num_kv_heads:
+        f.refuse("num_key_value_heads", num_kv_heads, f"does not divide num_attention_heads={num_heads} (each "
+                 "KV head serves a whole group of query heads)")
+    if text.get("head_dim") is None and hidden < num_heads:
+        f.refuse("hidden_size", hidden, f"is less than num_attention_heads={num_heads}, so head_dim (hidden_size // "
+                 "num_attention_heads, no head_dim given) would be 0")
+    head_dim = f.integer("head_dim", default=hidden // num_heads)
+    num_layers = f.integer("num_hidden_layers")
+    max_position = f.integer("max_position_embeddings", default=8192)
     is_gemma = family.startswith("gemma")
     if family in ("gemma2", "gemma3_text"):
-        query_scale = float(text.get("query_pre_attn_scalar", 256)) ** -0.5
+        query_scale = f.number("query_pre_attn_scalar", default=256) ** -0.5
     else:
         query_scale = head_dim**-0.5
     act = _first(text, "hidden_activation", "hidden_act", default="silu")
@@ -236,42 +326,45 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         activation = "silu"
     else:
         raise UnsupportedModelError(f"{source}: activation {act!r} is not supported.")
-    rope_global, rope_local = _rope_pair(text, family)
-    local = _local_layers(text, family, num_layers)
-    window = text.get("sliding_window") if any(local) else None
+    rope_global, rope_local = _rope_pair(f, family, max_position)
+    local = _local_layers(f, family, num_layers)
+    window = f.integer("sliding_window") if any(local) else None
     is_cls = arch.endswith("ForSequenceClassification")
+    _check_head_fields(top)
+    _check_head_fields(f)
+    given_labels = top.integer("num_labels") if raw.get("num_labels") is not None else None
     head = head_config({**text, **raw}, arch, family)
     num_labels = head.score_width if head is not None else None
     if is_cls:
         # transformers' default is 2 labels and config.json then omits id2label.
-        num_labels = int(raw.get("num_labels") or len(raw.get("id2label") or {}) or 2)
+        num_labels = given_labels or len(raw.get("id2label") or {}) or 2
     eos = _first(raw, "eos_token_id", default=text.get("eos_token_id"))
     return ModelConfig(
         model_type=family,
-        vocab_size=int(text["vocab_size"]),
+        vocab_size=f.integer("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(text["intermediate_size"]),
+        intermediate_size=f.integer("intermediate_size"),
         num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=int(_first(text, "num_key_value_heads", default=num_heads)),
+        num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        norm_eps=float(_first(text, "rms_norm_eps", default=1e-6)),
+        norm_eps=f.number("rms_norm_eps", default=1e-6),
         norm_plus_one=is_gemma,
         scale_embeddings=is_gemma,
         query_scale=query_scale,
         activation=activation,
         sandwich_norms=family in ("gemma2", "gemma3_text"),
         qk_norm=family == "gemma3_text",
-        attn_softcap=text.get("attn_logit_softcapping") if family == "gemma2" else None,
-        final_softcap=text.get("final_logit_softcapping") if family != "gemma" else None,
+        attn_softcap=f.optional_number("attn_logit_softcapping") if family == "gemma2" else None,
+        final_softcap=f.optional_number("final_logit_softcapping") if family != "gemma" else None,
         local_layers=local,
-        sliding_window=int(window) if window else None,
+        sliding_window=window,
         rope_global=rope_global,
         rope_local=rope_local,
         tie_embeddings=bool(
             _first(raw, "tie_word_embeddings", default=text.get("tie_word_embeddings", is_gemma))
         ),
-        max_position_embeddings=int(text.get("max_position_embeddings", 8192)),
+        max_position_embeddings=max_position,
         num_labels=num_labels,
         head=head,
         pad_token_id=_first(raw, "pad_token_id", default=text.get("pad_token_id")),

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rmjax.config import config_from_hf
 from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
 from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
 from rmjax.loading.safetensors_io import save_file
@@ -73,24 +74,26 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
             f"{path}: GGUF files with a rope_freqs tensor (Llama 3.1+ rope scaling) are not supported; "
             "load the Hugging Face safetensors checkpoint instead."
         )
+    # Sizes go into the config as the file has them: config_from_hf (below) checks every one, naming the file.
     a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
-    hidden = int(a("embedding_length"))
-    heads = int(a("attention.head_count"))
+    hidden = a("embedding_length")
+    heads = a("attention.head_count")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = int(a("vocab_size", len(tokens.data) if tokens else 0))
+    vocab = a("vocab_size", len(tokens.data) if tokens else 0)
+    eps = a("attention.layer_norm_rms_epsilon", 1e-6)
     cls, model_type = _ARCHS[arch]
     cfg = {
         "architectures": [cls],
         "model_type": model_type,
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(a("feed_forward_length")),
-        "num_hidden_layers": int(a("block_count")),
+        "intermediate_size": a("feed_forward_length"),
+        "num_hidden_layers": a("block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(a("attention.head_count_kv", heads)),
-        "head_dim": int(a("attention.key_length", hidden // heads)),
-        "max_position_embeddings": int(a("context_length", 8192)),
-        "rms_norm_eps": float(np.float32(a("attention.layer_norm_rms_epsilon", 1e-6))),
+        "num_key_value_heads": a("attention.head_count_kv", heads),
+        "head_dim": a("attention.key_length", _quotient(hidden, heads)),
+        "max_position_embeddings": a("context_length", 8192),
+        "rms_norm_eps": float(np.float32(eps)) if _is_number(eps) else eps,  # stored as float32
         "tie_word_embeddings": "output.weight" not in names,
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
@@ -115,7 +118,18 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
         cfg["sliding_window"] = a("attention.sliding_window", 512)
         cfg["sliding_window_pattern"] = 6
         cfg["query_pre_attn_scalar"] = 256  # right for 270M-12B; 27B GGUFs need 168
+    config_from_hf(cfg, source=f"{path} (GGUF metadata)")  # refused now, before any tensor is converted
     return cfg
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _quotient(hidden, heads) -> int | None:
+    """hidden // heads where both are positive integers; else None (config_from_hf refuses the bad one)."""
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (hidden, heads))
+    return hidden // heads if ok else None
 
 
 def gguf_key_map(cfg: dict) -> list[tuple[str, str, Callable]]:
