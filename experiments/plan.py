@@ -5,8 +5,11 @@ python -m experiments.plan --model=Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 --to
 
 --model is a zoo hub id or nickname (rmjax.zoo), a checkpoint folder, a config.json or a builtin name: only the
 config (and a tokenizer, when there is one) is read, never the weights. Without --mesh the plan picks the mesh and
-batch size that fit and are fastest by its estimate, and says why. A job that does not fit exits with status 2
-and one line naming the smallest slice that would. Needs libtpu: pip install "jax[tpu]==<the pinned jax>".
+batch size that fit and are fastest by its estimate, and says why. What the job itself would refuse (a context too
+short for its positions, an exhaustive beam too large for the host, a batch past its candidates, a config no model
+can have) and an --out that cannot be written are refused first, by the job's own checks, before anything compiles.
+A job that does not fit exits with status 2 and one line naming the smallest slice that would. Needs libtpu:
+pip install "jax[tpu]==<the pinned jax>".
 """
 
 from __future__ import annotations
@@ -65,9 +68,12 @@ def main(argv):
     from rmjax.errors import UsageError
     from rmjax.plan.planner import describe, plan, write
     from rmjax.plan.spec import plan_inputs
+    from rmjax.runs.claims import check_writable
 
-    if OUT.value and Path(OUT.value).exists() and not common.OVERWRITE.value:
-        raise UsageError(f"--out={OUT.value} exists; pass --overwrite to replace it, or choose another --out.")
+    if OUT.value:  # before anything compiles: a folder or an unwritable place is refused now
+        check_writable(OUT.value, "--out")
+        if Path(OUT.value).exists() and not common.OVERWRITE.value:
+            raise UsageError(f"--out={OUT.value} exists; pass --overwrite to replace it, or choose another --out.")
 
     cfg, piece, shape, mesh = plan_inputs(
         common.MODEL.value, TOPOLOGY.value, JOB.value, mesh=common.MESH.value, prompts=common.PROMPTS.value,

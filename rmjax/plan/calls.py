@@ -152,10 +152,12 @@ def score_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefi
 
     params, width, prefill, cache = _prefix(cfg, dtype, mesh, prompts, prefix_tokens)
     batch = batching.round_up(batch_size, mesh)
+    # as the job: a batch holds no more rows than its texts need (the next power of two, rounded up to `data`)
+    rows = min(batch, batching.rows_for(texts, batching.data_shards(mesh)))
     length = batching.bucket(text_tokens + suffix_tokens, LENGTH_BUCKET)
-    scorer = rewards_after_call(cfg, mesh, width, batch)  # a batch rounded up to `data`: its rows over `data`
-    args = (params, cache, _array((batch, length), jnp.int32, mesh, "data"),
-            _array((batch, length), jnp.bool_, mesh, "data"))
+    scorer = rewards_after_call(cfg, mesh, width, rows)  # a batch rounded up to `data`: its rows over `data`
+    args = (params, cache, _array((rows, length), jnp.int32, mesh, "data"),
+            _array((rows, length), jnp.bool_, mesh, "data"))
     return [prefill, Call("score_texts", scorer, args, prompts * math.ceil(texts / batch), params, cache)]
 
 

@@ -57,10 +57,11 @@ def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model:
         costs = tuple(cost_of(c.name, c.call, c.args, c.count)[0] for c in made)
     except jax.errors.JaxRuntimeError as error:
         # The TPU compiler refuses a program whose buffers exceed the chip's HBM, saying what it would need
-        found = re.search(r"RESOURCE_EXHAUSTED.*?\(([\d.]+)G\) exceeds", str(error))
+        found = re.search(r"RESOURCE_EXHAUSTED.*?\(([\d.]+)([KMGTP])\) exceeds", str(error))
         if found is None:
             raise
-        return Option(data, model, batch_size, (), weights, cache, int(float(found[1]) * 2**30) + weights)
+        need = float(found[1]) * 2 ** (10 * "KMGTP".index(found[2]) + 10)
+        return Option(data, model, batch_size, (), weights, cache, int(need) + weights)
     return Option(data, model, batch_size, costs, weights, cache)
 
 

@@ -47,11 +47,62 @@ def model_config(spec: str, reward: bool = True):
     return cfg, tokenizer
 
 
-def _prompt_tokens(tokenizer, prompts: dict[str, str], template: str) -> tuple[int, int]:
+def _prompt_sizes(tokenizer, prompts: dict[str, str], template: str, prefix_tokens: int,
+                  suffix_tokens: int) -> list[tuple[str, int, int]]:
+    """(prompt, prefix tokens, suffix tokens) of each prompt: measured with the model's tokenizer and template (or
+    the defaults without one), each overridden by a given --prefix_tokens / --suffix_tokens."""
     from rmjax.text import chat
 
-    splits = [chat.split_chat(tokenizer, text, template) for text in prompts.values()]
-    return max(len(s.prefix) for s in splits), max(len(s.suffix) for s in splits)
+    if tokenizer is not None:
+        splits = [chat.split_chat(tokenizer, text, template) for text in prompts.values()]
+        measured = [(s.prompt, len(s.prefix), len(s.suffix)) for s in splits]
+    else:
+        measured = [(text, DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS) for text in prompts.values()]
+    return [(text, prefix_tokens or prefix, suffix if suffix_tokens < 0 else suffix_tokens)
+            for text, prefix, suffix in measured]
+
+
+def check_job(cfg: ModelConfig, tokenizer, job: str, sizes: list[tuple[str, int, int]], *, candidates: int,
+              limit: int, batch_size: int, depth: int, beam: int, direction: str, exhaustive: bool, num_tokens: int,
+              steps: int, search_width: int, text_tokens: int) -> None:
+    """What the job itself would refuse before its model loads, refused here before anything compiles, by the
+    job's own checks (the same functions): a plan is never more permissive than its job. `sizes`: each prompt's
+    (text, prefix, suffix) tokens as planned."""
+    from rmjax.search import sweep
+    from rmjax.text import chat
+
+    context = cfg.max_position_embeddings
+    if job in ("sweep", "beam"):
+        config = None
+        if job == "beam":
+            from rmjax.search.beam import BeamConfig, check_candidate_set, check_enumeration
+
+            config = BeamConfig(depth=depth, beam=beam, direction=direction, exhaustive=exhaustive)
+            check_candidate_set(config, bool(limit))
+        for text, prefix, suffix in sizes:
+            sweep.check_room(text, prefix, suffix, context, depth if job == "beam" else 1, "--depth")
+        if config is not None:
+            check_enumeration(config, candidates)
+        if batch_size:  # the job rounds its limit up to the data axis: the plan, not knowing it, allows the least
+            sweep.check_batch_size(batch_size, candidates, None)
+    elif job == "gcg":
+        from rmjax.search.gcg_config import GCGConfig, check_context, check_search_width
+
+        config = GCGConfig(num_tokens=num_tokens, steps=steps or 100, search_width=search_width,
+                           eval_batch_size=batch_size or 256)
+        for text, prefix, suffix in sizes:
+            check_context(config, text, prefix, suffix, context)
+        check_search_width(config, min(cfg.vocab_size, len(tokenizer)) if tokenizer is not None else cfg.vocab_size)
+    else:  # score, inspect: each text after the prompt; logprobs: the prompt alone
+        response = 0 if job == "logprobs" else text_tokens
+        for text, prefix, suffix in sizes:
+            chat.check_fits(text, prefix, response, suffix, context)
+        if job == "inspect":
+            from rmjax.inspect.attribution import MAX_EVALUATIONS
+
+            if batch_size > MAX_EVALUATIONS:  # every batch is padded to its size (rmjax.inspect.attribution)
+                raise UsageError(f"--batch_size={batch_size} is more than the {MAX_EVALUATIONS} path points one "
+                                 f"attribution evaluates at most; use --batch_size={MAX_EVALUATIONS} or less.")
 
 
 def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
@@ -81,17 +132,25 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                              f"{piece.chips}.")
     cfg, tokenizer = model_config(model, reward=job != "logprobs")
     if job == "train_rm":
+        from rmjax.train.loop import TrainConfig
+
         batch = batch_size or 256
+        TrainConfig(trainable=trainable, last_k=last_k, steps=steps or 1500, batch_size=batch)  # the job's checks
         if trainable == "last_k" and last_k > cfg.num_layers:
             raise UsageError(f"--last_k={last_k}: the model has {cfg.num_layers} layers.")
+        if trainable != "head" and sequence_tokens > cfg.max_position_embeddings:
+            raise UsageError(f"--sequence_tokens={sequence_tokens} is more than the model's context of "
+                             f"{cfg.max_position_embeddings} positions (max_position_embeddings).")
         return cfg, piece, TrainShape(trainable, last_k, steps or 1500, batch, n_train, responses,
                                       sequence_tokens), sizes
     texts = resolve_prompts(list(prompts), list(extra_prompts))
-    measured = _prompt_tokens(tokenizer, texts, template) if tokenizer is not None else (
-        DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS)
-    prefix = prefix_tokens or measured[0]
-    suffix = measured[1] if suffix_tokens < 0 else suffix_tokens
+    per_prompt = _prompt_sizes(tokenizer, texts, template, prefix_tokens, suffix_tokens)
+    prefix = max(p for _, p, _ in per_prompt)
+    suffix = max(s for _, _, s in per_prompt)
     candidates = min(limit, cfg.vocab_size) if limit else cfg.vocab_size
+    check_job(cfg, tokenizer, job, per_prompt, candidates=candidates, limit=limit, batch_size=batch_size, depth=depth,
+              beam=beam, direction=direction, exhaustive=exhaustive, num_tokens=num_tokens, steps=steps,
+              search_width=search_width, text_tokens=text_tokens)
     if job == "logprobs":
         if cfg.is_reward_model:
             raise UsageError(f"--model={model}: logprobs needs a causal LM (an LM head); this is a reward model.")

@@ -208,6 +208,14 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
 PARTIAL_BYTES = 48  # + 48 per token: one enumerated partial (a tuple of numpy ints in a list, then its array row)
 
 
+def check_candidate_set(cfg: BeamConfig, given: bool) -> None:
+    """--exhaustive needs a small candidate set `given` (--token_ids, --vocab_file or --limit): refuse the whole
+    vocabulary. Pure: the job and its plan (rmjax.plan.spec) share it."""
+    if cfg.exhaustive and not given:
+        raise UsageError("--exhaustive enumerates |S|^depth sequences: give a small candidate set S with --token_ids, "
+                         "--vocab_file or --limit (the whole vocabulary is what the beam is for).")
+
+
 def check_enumeration(cfg: BeamConfig, n: int) -> None:
     """--exhaustive holds all n^(depth-1) partials of its deepest level at once: refuse, before any forward, a
     candidate set or depth whose list cannot fit the host (it used to die of memory after the first levels)."""

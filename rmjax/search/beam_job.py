@@ -19,7 +19,7 @@ from rmjax.runs import jobs, results, stages
 from rmjax.runs.chunks import open_store, resume_batch_size, store_dir
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.results import array_sha1
-from rmjax.search.beam import BeamConfig, BeamResult, Found, beam_search
+from rmjax.search.beam import BeamConfig, BeamResult, Found, beam_search, check_candidate_set
 from rmjax.search.sweep import load_planned
 from rmjax.text import candidates as candidate_set
 from rmjax.text.candidates import candidate_ids
@@ -157,9 +157,7 @@ def _requested(spec: BeamSpec) -> tuple[list[str] | None, str | None]:
     if spec.token_ids is not None and spec.vocab_file:
         raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
     lines = candidate_set.read_vocab_file(spec.vocab_file) if spec.vocab_file else None
-    if spec.config.exhaustive and spec.token_ids is None and lines is None and spec.limit is None:
-        raise UsageError("--exhaustive enumerates |S|^depth sequences: give a small candidate set S with --token_ids, "
-                         "--vocab_file or --limit (the whole vocabulary is what the beam is for).")
+    check_candidate_set(spec.config, spec.token_ids is not None or lines is not None or spec.limit is not None)
     return lines, candidate_set.identity_of_candidates(spec.token_ids, lines)
 
 

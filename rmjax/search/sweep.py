@@ -48,21 +48,29 @@ def memory_plan(cfg, tokenizer, prompts: dict[str, str], template: str, dtype: s
     prefix) from the config and tokenizer alone, before weights load; picks the batch size when None,
     raises DoesNotFitError when the run cannot fit (PromptTooLongError when a prompt cannot, naming
     `response_flag` when the response of `response_tokens` > 1 is what overflows the context)."""
-    context = cfg.max_position_embeddings
     splits = [chat.split_chat(tokenizer, t, template) for t in prompts.values()]
     for split in splits:
-        room = context - len(split.prefix) - len(split.suffix)
-        if room >= response_tokens:
-            continue
-        if response_tokens > 1 and room > 0:
-            raise PromptTooLongError(f"{response_flag}={response_tokens}: prompt {split.prompt[:40]!r} takes "
-                                     f"{context - room} of the model's {context} positions (max_position_embeddings) "
-                                     f"with its template, leaving {room} for the response; use {response_flag}={room} "
-                                     "or less, or a shorter prompt.")
-        chat.split_chat(tokenizer, split.prompt, template, context, response_tokens)  # raises: the prompt is too long
+        check_room(split.prompt, len(split.prefix), len(split.suffix), cfg.max_position_embeddings, response_tokens,
+                   response_flag)
     prefix = batching.bucket(max(len(s.prefix) for s in splits) + response_tokens - 1, PREFIX_BUCKET)
     positions = 1 + max(len(s.suffix) for s in splits) if mode == "token" else 16  # text: re-tokenized tails
     return memory.plan(cfg, dtype, prefix, positions, mesh, batch_size)
+
+
+def check_room(prompt: str, prefix: int, suffix: int, context: int, response_tokens: int = 1,
+               response_flag: str = "--depth") -> None:
+    """Refuse a prompt whose templated prefix and suffix leave fewer than `response_tokens` of the model's `context`
+    positions, naming `response_flag` when a response longer than one token is what overflows. Pure: sweep, beam
+    and their plans (rmjax.plan.spec) share it."""
+    room = context - prefix - suffix
+    if room >= response_tokens:
+        return
+    if response_tokens > 1 and room > 0:
+        raise PromptTooLongError(f"{response_flag}={response_tokens}: prompt {prompt[:40]!r} takes "
+                                 f"{context - room} of the model's {context} positions (max_position_embeddings) "
+                                 f"with its template, leaving {room} for the response; use {response_flag}={room} "
+                                 "or less, or a shorter prompt.")
+    chat.check_fits(prompt, prefix, response_tokens, suffix, context)  # raises: the prompt alone is too long
 
 
 def check_batch_size(batch_size: int, candidates: int, mesh) -> None:

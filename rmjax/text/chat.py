@@ -112,14 +112,20 @@ def split_chat(
         raise ValueError(f"template must be auto, chat or plain, not {template!r}")
     split = ChatSplit(prompt, tuple(prefix), tuple(suffix), template)
     if max_positions is not None:
-        needed = len(prefix) + response_tokens + len(suffix)
-        if needed > max_positions:
-            raise PromptTooLongError(
-                f"prompt {prompt[:60]!r}... needs {needed} positions (prefix {len(prefix)} + response "
-                f"{response_tokens} + suffix {len(suffix)}) but the model's context is {max_positions} "
-                "(max_position_embeddings). Shorten the prompt or the system message."
-            )
+        check_fits(prompt, len(prefix), response_tokens, len(suffix), max_positions)
     return split
+
+
+def check_fits(prompt: str, prefix: int, response_tokens: int, suffix: int, max_positions: int) -> None:
+    """Refuse a templated prompt whose prefix, response and suffix run past the model's context (positions it was
+    never trained on). Pure: the jobs and their plans (rmjax.plan.spec) share it."""
+    needed = prefix + response_tokens + suffix
+    if needed > max_positions:
+        raise PromptTooLongError(
+            f"prompt {prompt[:60]!r}... needs {needed} positions (prefix {prefix} + response "
+            f"{response_tokens} + suffix {suffix}) but the model's context is {max_positions} "
+            "(max_position_embeddings). Shorten the prompt or the system message."
+        )
 
 
 def token_table(tokenizer, vocab_size: int) -> tuple[np.ndarray, list[str], list[str]]:

@@ -1,0 +1,234 @@
+"""Issue 42: a model config is checked in one place (config_from_hf), whatever file it comes from, and a plan
+refuses what its job would refuse, by the job's own checks, before anything compiles.
+
+Each refusal is one line `error: …` with status 2 and no traceback (tests.cli.user_error). "Before anything
+compiles" is read off the plan's output: it prints one `plan: data:…` line per mesh it has compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rmjax.config import config_from_hf, load_config_file
+from rmjax.errors import CheckpointError
+from tests import tiny
+from tests.cli import run, user_error
+
+ARCHITECTURES = {"llama3": "LlamaForSequenceClassification", "gemma2": "Gemma2ForSequenceClassification",
+                 "gemma3": "Gemma3TextForSequenceClassification"}
+
+
+def _raw(name: str = "llama3", **changes) -> dict:
+    """A tiny reward model's config.json (as transformers writes it), with `changes`."""
+    raw = tiny.hf_config(name, num_labels=1).to_dict()
+    raw["architectures"] = [ARCHITECTURES[name]]
+    raw.update(changes)
+    return raw
+
+
+def _config_file(tmp_path, name: str = "llama3", **changes):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_raw(name, **changes)))
+    return path
+
+
+# (family, field, value, what the one line says of it): every value no model can have
+BAD_FIELDS = [
+    ("llama3", "num_hidden_layers", True, "num_hidden_layers=true must be an integer >= 1"),
+    ("llama3", "num_hidden_layers", 4.5, "num_hidden_layers=4.5 must be an integer >= 1"),
+    ("llama3", "num_hidden_layers", 4.0, "num_hidden_layers=4.0 must be an integer >= 1"),
+    ("llama3", "num_hidden_layers", 0, "num_hidden_layers=0 must be an integer >= 1"),
+    ("llama3", "num_hidden_layers", -1, "num_hidden_layers=-1 must be an integer >= 1"),
+    ("llama3", "hidden_size", -64, "hidden_size=-64 must be an integer >= 1"),
+    ("llama3", "hidden_size", "64", 'hidden_size="64" must be an integer >= 1'),
+    ("llama3", "intermediate_size", 0, "intermediate_size=0 must be an integer >= 1"),
+    ("llama3", "head_dim", 0, "head_dim=0 must be an integer >= 1"),
+    ("llama3", "vocab_size", 0, "vocab_size=0 must be an integer >= 1"),
+    ("llama3", "num_attention_heads", 0, "num_attention_heads=0 must be an integer >= 1"),
+    ("llama3", "num_key_value_heads", 0, "num_key_value_heads=0 must be an integer >= 1"),
+    ("llama3", "num_key_value_heads", 3, "num_key_value_heads=3 does not divide num_attention_heads=4"),
+    ("llama3", "max_position_embeddings", 0, "max_position_embeddings=0 must be an integer >= 1"),
+    ("llama3", "rms_norm_eps", 0, "rms_norm_eps=0 must be a finite number > 0"),
+    ("llama3", "rms_norm_eps", -1e-6, "rms_norm_eps=-1e-06 must be a finite number > 0"),
+    ("llama3", "rms_norm_eps", math.inf, "rms_norm_eps=Infinity must be a finite number > 0"),
+    ("llama3", "rope_parameters", {"rope_type": "default", "rope_theta": 0},
+     "rope_parameters.rope_theta=0 must be a finite number > 0"),
+    ("llama3", "num_labels", 0, "num_labels=0 must be an integer >= 1"),
+    ("gemma2", "sliding_window", 0, "sliding_window=0 must be an integer >= 1"),
+    ("gemma2", "attn_logit_softcapping", 0, "attn_logit_softcapping=0 must be a finite number > 0"),
+    ("gemma2", "final_logit_softcapping", -30.0, "final_logit_softcapping=-30.0 must be a finite number > 0"),
+    ("gemma2", "query_pre_attn_scalar", 0, "query_pre_attn_scalar=0 must be a finite number > 0"),
+]
+
+
+@pytest.mark.parametrize("name, field, value, says", BAD_FIELDS,
+                         ids=[f"{n}-{f}={v!r}" for n, f, v, _ in BAD_FIELDS])
+def test_config_from_hf_refuses_a_value_no_model_can_have(name, field, value, says):
+    with pytest.raises(CheckpointError) as refused:
+        config_from_hf(_raw(name, **{field: value}), source="where/config.json")
+    message = str(refused.value)
+    assert message.startswith("where/config.json: ") and says in message, message
+    assert "\n" not in message
+
+
+def test_config_from_hf_refuses_head_dim_0_from_too_few_hidden_units():
+    """No head_dim given: hidden_size // num_attention_heads is 0 (a ZeroDivisionError before)."""
+    raw = _raw(hidden_size=2)
+    del raw["head_dim"]
+    with pytest.raises(CheckpointError, match="hidden_size=2 is less than num_attention_heads=4"):
+        config_from_hf(raw)
+
+
+def test_config_from_hf_names_a_missing_field_and_a_nested_one():
+    raw = _raw()
+    del raw["num_hidden_layers"]
+    with pytest.raises(CheckpointError, match="no num_hidden_layers"):
+        config_from_hf(raw)
+    # Gemma 3's multimodal config keeps the text model in text_config: the line names the path to the field
+    outer = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+             "text_config": _raw("gemma3", num_hidden_layers=0)}
+    with pytest.raises(CheckpointError, match=r"text_config\.num_hidden_layers=0 must be an integer >= 1"):
+        config_from_hf(outer)
+
+
+def test_valid_configs_still_build(tmp_path):
+    """The checks refuse nothing a real config has: every tiny family, a v4-style file and the zoo's architectures."""
+    from rmjax import zoo
+
+    for name in ARCHITECTURES:
+        cfg = load_config_file(_config_file(tmp_path, name))
+        assert cfg.num_layers == 4 and cfg.num_heads % cfg.num_kv_heads == 0
+    assert load_config_file(_config_file(tmp_path, "gemma2")).sliding_window == 4
+    for entry in zoo.ZOO:
+        assert zoo.architecture_config(entry).num_layers > 0
+
+
+def test_loading_a_folder_refuses_a_bad_config_in_one_line(rm_folder, tmp_path):
+    """Heads that the KV heads do not divide: a traceback from the first forward before; now one line, before any
+    weight loads."""
+    from tests.cli import copy_folder
+
+    folder = copy_folder(rm_folder, tmp_path / "model")
+    raw = json.loads((folder / "config.json").read_text())
+    raw["num_key_value_heads"] = 3
+    (folder / "config.json").write_text(json.dumps(raw))
+    line = user_error(run("sweep", f"--model={folder}", "--limit=4", f"--out={tmp_path / 'out.csv'}"),
+                      "num_key_value_heads=3 does not divide num_attention_heads=4", str(folder / "config.json"))
+    assert "Traceback" not in line and not (tmp_path / "out.csv").exists()
+
+
+def test_gguf_metadata_goes_through_the_same_checks(tmp_path):
+    """A GGUF file whose metadata says 0 layers is refused from its metadata, naming the file, before any tensor is
+    converted (it became a config.json of 0 layers before)."""
+    import gguf
+
+    from rmjax.loading.gguf_file import hf_config_from_gguf, read_gguf
+
+    path = tmp_path / "bad.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("embedding_length", 64), ("feed_forward_length", 96), ("block_count", 0),
+                       ("attention.head_count", 4), ("attention.head_count_kv", 2), ("vocab_size", 96),
+                       ("context_length", 512)):
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(CheckpointError) as refused:
+        hf_config_from_gguf(read_gguf(path), path)
+    assert f"{path} (GGUF metadata): num_hidden_layers=0 must be an integer >= 1" in str(refused.value)
+
+
+# --- plans refuse what their job refuses, before compiling -------------------------------------------------------
+
+
+def _plan_refused(*flags: str, says: tuple[str, ...] = ()) -> str:
+    proc = run("plan", "--topology=v5e:2x2", *flags)
+    line = user_error(proc, *says)
+    assert "plan: data:" not in proc.stdout, proc.stdout  # no mesh was compiled
+    return line
+
+
+@pytest.mark.parametrize("field, value, says", [("num_hidden_layers", 4.5, "num_hidden_layers=4.5"),
+                                                ("intermediate_size", 0, "intermediate_size=0"),
+                                                ("num_key_value_heads", 3, "num_key_value_heads=3 does not divide")])
+def test_plan_refuses_a_config_no_model_can_have(tmp_path, field, value, says):
+    config = _config_file(tmp_path, **{field: value})
+    _plan_refused(f"--model={config}", "--job=sweep", "--limit=64", says=(str(config), says))
+
+
+@pytest.mark.parametrize("job, flags, says", [
+    ("sweep", (), ("needs 73 positions", "context is 40")),  # 64 prefix + 1 + 8 suffix tokens (no tokenizer)
+    ("beam", ("--prefix_tokens=30", "--depth=3"), ("--depth=3", "leaving 2 for the response", "--depth=2")),
+    ("gcg", ("--prefix_tokens=30",), ("--num_tokens=8", "leaving 2 for the response")),
+    ("score", ("--prefix_tokens=30",), ("needs 46 positions",)),
+])
+def test_plan_refuses_a_context_shorter_than_the_jobs_positions(tmp_path, job, flags, says):
+    config = _config_file(tmp_path, max_position_embeddings=40)
+    _plan_refused(f"--model={config}", f"--job={job}", "--limit=64", *flags, says=says)
+
+
+def test_plan_refuses_the_exhaustive_beams_the_job_refuses(tmp_path):
+    """The job refuses an exhaustive depth-3 beam whose partials cannot fit the host, and one over the whole
+    vocabulary; the plan compiled both (and said 0.01 GiB per chip)."""
+    config = _config_file(tmp_path, vocab_size=1 << 20)
+    _plan_refused(f"--model={config}", "--job=beam", "--exhaustive", "--depth=3", f"--limit={1 << 20}",
+                  says=("--exhaustive --depth=3 over 1,048,576 candidates", "partial responses", "this host has"))
+    _plan_refused(f"--model={config}", "--job=beam", "--exhaustive", "--depth=2",
+                  says=("--exhaustive enumerates", "--limit"))
+
+
+@pytest.mark.parametrize("job, batch, says", [
+    ("sweep", "1000000000000", ("--batch_size=1000000000000 is more than the 64 candidates",)),
+    ("inspect", "1000000000000", ("--batch_size=1000000000000 is more than the 1024 path points",)),
+    ("sweep", "1e12", ("--batch_size=1e12",)),  # not an integer: absl's flag parser, one line
+])
+def test_plan_refuses_a_batch_size_past_what_one_call_holds(tmp_path, job, batch, says):
+    _plan_refused(f"--model={_config_file(tmp_path)}", f"--job={job}", "--limit=64", f"--batch_size={batch}",
+                  says=says)
+
+
+def test_plan_refuses_an_out_that_is_a_folder_before_compiling(tmp_path):
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    _plan_refused(f"--model={_config_file(tmp_path)}", "--job=sweep", "--limit=64", f"--out={folder}", "--overwrite",
+                  says=(f"--out={folder} is a directory",))
+
+
+def test_a_compile_refused_in_terabytes_is_a_plan_that_does_not_fit(monkeypatch):
+    """The TPU compiler states what it would need in G or T (train_rm at --batch_size=10^12: '236.47T'); a T
+    escaped as a traceback."""
+    import jax
+
+    from rmjax.plan import chips, planner
+    from rmjax.plan.calls import Call
+
+    class Shape:
+        def calls(self, cfg, dtype, mesh, batch):
+            return [Call("step", None, (), 1)]
+
+    def refuse(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
+                                         "for HLO temporaries (236.47T) exceeds available HBM (15.75G).")
+
+    monkeypatch.setattr(planner, "mesh_on", lambda *args: None)
+    monkeypatch.setattr(planner, "cost_of", refuse)
+    option = planner.compile_option(None, "bfloat16", chips.parse_slice("v5e:2x2"), 4, 1, Shape(), 1 << 40)
+    assert option.refused_bytes == int(236.47 * 2**40)
+
+
+def test_a_score_batch_past_the_texts_plans_the_rows_the_job_uses():
+    """The score job pads a batch only to the next power of two of its texts (rmjax.scoring.texts: 100 texts on 4
+    data chips, 128 rows, whatever --batch_size); the plan laid out --batch_size rows (10^12: an int32 overflow)."""
+    from rmjax.plan import calls, chips
+
+    piece = chips.parse_slice("v5e:2x2")
+    made = calls.score_calls(config_from_hf(_raw()), "float32", chips.mesh_on(piece, 4, 1), prompts=1,
+                             prefix_tokens=40, suffix_tokens=5, texts=100, text_tokens=6, batch_size=10**12)
+    score = made[-1]
+    assert score.name == "score_texts" and score.count == 1
+    assert score.args[2].shape == (128, 12)  # 6 text + 5 suffix tokens in 4-token buckets
