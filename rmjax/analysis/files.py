@@ -19,7 +19,9 @@ from rmjax.runs.results import atomic_write_text, dump_json
 
 def write_frame(path: str | Path, frame: pd.DataFrame) -> Path:
     """A DataFrame through `results.write_table`: text/int/bool columns as keys, float columns as values
-    (so tokens such as `None` or `NaN` stay strings when read back with NA parsing off)."""
+    (so tokens such as `None` or `NaN` stay strings when read back with NA parsing off). An analysis statistic
+    is NaN where it is undefined (a model without a score for an item, fewer than 3 shared strings, a rank-deficient
+    regression): NaN in its float columns means "no value" (rmjax.runs.finiteness); an infinity is refused."""
     names = [str(c) for c in frame.columns]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:  # frame[column] would be two columns; write_table would refuse them anyway
@@ -33,7 +35,7 @@ def write_frame(path: str | Path, frame: pd.DataFrame) -> Path:
             values[str(column)] = series.to_numpy(np.float64)
         else:
             keys[str(column)] = [v.item() if isinstance(v, np.generic) else v for v in series.tolist()]
-    return results.write_table(path, keys, values)
+    return results.write_table(path, keys, values, no_value=values)
 
 
 def markdown(frame: pd.DataFrame, digits: int = 3) -> str:

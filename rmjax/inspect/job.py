@@ -258,9 +258,9 @@ def write_inspect(model: Model, prompt: str, items: list[Item], out: str | Path,
             write_figures(out, items, lens, attributions, patched, pair, col, tok)
             return path
 
-        job.finish(write, **jobs.model_meta(model), prompt=prompt, steps=steps, baseline=baseline,
-                   ig_tolerance=tolerance, ig_max_evaluations=max_evaluations, inputs=inputs or {}, summary=summary,
-                   seconds=time.perf_counter() - start)
+        job.finish(write, allow_nonfinite=allow_nonfinite, **jobs.model_meta(model), prompt=prompt, steps=steps,
+                   baseline=baseline, ig_tolerance=tolerance, ig_max_evaluations=max_evaluations, inputs=inputs or {},
+                   summary=summary, seconds=time.perf_counter() - start)
         return summary
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rmjax.parallel.distributed import is_main
-from rmjax.runs import results
+from rmjax.runs import finiteness, results
 from rmjax.runs.claims import Claim, claim, real_path, require_claimed
 
 
@@ -40,14 +40,16 @@ class Job:
         """A finished result of the same inputs is there: nothing to compute."""
         return self.claimed.reuse
 
-    def finish(self, write: Callable[[Path], Path | None], **meta: Any) -> Path:
+    def finish(self, write: Callable[[Path], Path | None], *, allow_nonfinite: bool = False, **meta: Any) -> Path:
         """Process 0 runs `write(out)` (the result files; returns the result's path) and then writes
-        .meta.json with kind, identity and seconds (unless `meta` gives them) and `meta`."""
+        .meta.json with kind, identity and seconds (unless `meta` gives them) and `meta`. A NaN/Inf number in
+        any of them stops the job unless `allow_nonfinite` (the job's --allow_nonfinite: rmjax.runs.finiteness)."""
         path = self.out
         if is_main():
-            path = Path(write(self.out) or self.out)
-            meta.setdefault("seconds", time.perf_counter() - self.started)
-            results.write_meta(path, files=self.owned, kind=self.kind, identity=self.identity, **meta)
+            with finiteness.nonfinite_allowed(allow_nonfinite):
+                path = Path(write(self.out) or self.out)
+                meta.setdefault("seconds", time.perf_counter() - self.started)
+                results.write_meta(path, files=self.owned, kind=self.kind, identity=self.identity, **meta)
         return path
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from rmjax.errors import InputFileError, MissingFileError
+from rmjax.runs.finiteness import require_finite_json, require_finite_table
 
 KEY_COLUMNS = ["token_id", "token_name", "token_decoded"]
 ROUNDTRIP = "roundtrip"
@@ -41,12 +42,15 @@ def write_rows(f, rows: Iterable[list]) -> None:
         writer.writerow([float(f"{v:.9g}") if isinstance(v, float | np.floating) else v for v in row])
 
 
-def write_table(path: str | Path, keys: dict[str, list], values: dict[str, np.ndarray]) -> Path:
-    """CSV of key columns (ids, strings) then float columns, written atomically."""
+def write_table(path: str | Path, keys: dict[str, list], values: dict[str, np.ndarray], *,
+                allow_nonfinite: bool | None = None, no_value: Iterable[str] = ()) -> Path:
+    """CSV of key columns (ids, strings) then float columns, written atomically; a NaN/Inf anywhere stops it
+    unless allowed (rmjax.runs.finiteness: `no_value` names columns in which NaN means "no value")."""
     path = Path(path)
     names = [*keys, *values]
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: duplicate column names {sorted({n for n in names if names.count(n) > 1})}.")
+    require_finite_table(path, keys, values, allow_nonfinite=allow_nonfinite, no_value=no_value)
     path.parent.mkdir(parents=True, exist_ok=True)
     with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
         write_rows(f, [list(keys) + list(values)])
@@ -179,8 +183,10 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return path
 
 
-def dump_json(value, path: str | Path) -> Path:
-    """Strict JSON (no NaN), written atomically."""
+def dump_json(value, path: str | Path, *, allow_nonfinite: bool | None = None) -> Path:
+    """Strict JSON, written atomically: a NaN/Inf number is refused (rmjax.runs.finiteness), or written as null
+    where non-finite values are allowed."""
+    require_finite_json(Path(path), value, allow_nonfinite=allow_nonfinite)
     return atomic_write_text(Path(path), json.dumps(json_safe(value), indent=2, default=str, allow_nan=False))
 
 

@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from rmjax import nn
-from rmjax.errors import NonFiniteError
+from rmjax.errors import NonFiniteError, UsageError
 from rmjax.parallel.distributed import replicated, to_host
+from rmjax.runs import finiteness
 from rmjax.scoring import calls
 
-ALLOW_HINT = "pass --allow_nonfinite to write them anyway (counted in .meta.json)"
+ALLOW_HINT = finiteness.ALLOW_HINT  # one wording for every refusal of NaN/Inf
 
 
 def _few(values, k: int = 5) -> str:
@@ -106,3 +107,22 @@ def merge(records: Sequence[dict | None]) -> dict | None:
         return None
     return {"values": sum(r["values"] for r in found), "rows": sum(r["rows"] for r in found),
             "first": [f for r in found for f in r["first"]][:3], "allowed": all(r["allowed"] for r in found)}
+
+
+def yardstick(values: np.ndarray, *, what: str, row: Callable[[int], str], allow: bool,
+              fix: str) -> tuple[float, float]:
+    """The mean and SD (ddof 1) a z-score divides by. NaN/Inf values stop the job (`check`) or, with `allow`, are
+    left out; fewer than 2 values, or an SD that is 0 or not finite, is refused in one line (the z-scores would be
+    NaN or ±Inf), `fix` saying how to give a usable one."""
+    values = np.asarray(values, np.float64).ravel()
+    if len(values):
+        check(values[:, None], what=what, row=row, columns=["reward"], allow=allow)
+    kept = values[np.isfinite(values)]
+    if len(kept) < 2:
+        raise UsageError(f"{what}: {len(kept)} finite value{'' if len(kept) == 1 else 's'}, but a z-score's SD needs "
+                         f"at least 2; {fix}.")
+    mean, sd = float(kept.mean()), float(kept.std(ddof=1))
+    if not (np.isfinite(mean) and np.isfinite(sd) and sd > 0):
+        raise UsageError(f"{what}: the {len(kept)} values have mean {mean:.6g} and SD {sd:.6g}; a z-score needs a "
+                         f"finite SD > 0; {fix}.")
+    return mean, sd

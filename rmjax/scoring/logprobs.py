@@ -76,5 +76,6 @@ def write_logprobs(model: Model, prompts: dict[str, str], out: str | Path, templ
                                  allow=allow_nonfinite, row=lambda i: f"token {i} ({decoded[i]!r})",
                                  explain=lambda i, j: finite.diagnose(model, rows[j]))
         return job.finish(lambda path: results.write_scores_csv(path, ids, names, decoded, lps),
-                          **jobs.model_meta(model), prompts=prompts, template=template, n_tokens=int(len(ids)),
+                          **jobs.model_meta(model), allow_nonfinite=allow_nonfinite, prompts=prompts, template=template,
+                          n_tokens=int(len(ids)),
                           nonfinite=nonfinite)

@@ -158,4 +158,4 @@ def write_text_scores(model: Model, prompts: dict[str, str], texts: list[str], o
             return Path(out)
         scores, nonfinite = _scored(model, prompts, texts, template, batch_size, False, allow_nonfinite)
         return job.finish(lambda path: results.write_table(path, {"text": texts}, scores), **jobs.model_meta(model),
-                          prompts=prompts, n_texts=len(texts), nonfinite=nonfinite)
+                          allow_nonfinite=allow_nonfinite, prompts=prompts, n_texts=len(texts), nonfinite=nonfinite)

@@ -200,6 +200,7 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
         result = beam_search(model, prompts, cfg, candidates, batch_size=batch_size, chunk_size=chunk_size,
                              store=store, allow_nonfinite=allow_nonfinite, depth1=depth1)
         job.finish(lambda path: write_csv(path, result.found, model.tokenizer, list(prompts)),
+                   allow_nonfinite=allow_nonfinite,
                    **jobs.model_meta(model), prompts=prompts, config=dataclasses.asdict(cfg),
                    candidate_set={"size": len(candidates), "sha1": array_sha1(candidates)},
                    candidates_scored=result.scored, resumed_candidates=result.resumed, levels=result.levels,

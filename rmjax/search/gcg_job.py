@@ -123,6 +123,7 @@ def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out:
         nonfinite = {key: count for key, count in (("candidates_dropped", result.nonfinite_candidates),
                                                     ("gradient_swaps_skipped", result.nonfinite_swaps)) if count}
         job.finish(lambda path: _write(result, models[0].tokenizer.decode, cfg, path), **jobs.model_meta(models[0]),
+                   allow_nonfinite=cfg.allow_nonfinite,
                    models=[m.source for m in models], prompts=prompts, config=dataclasses.asdict(cfg),
                    inputs=stages.recorded(inputs), seconds=result.seconds, steps=len(result.history),
                    nonfinite=nonfinite or None,

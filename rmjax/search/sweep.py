@@ -269,7 +269,7 @@ def sweep(
                 return path
 
             job.finish(
-                write,
+                write, allow_nonfinite=allow_nonfinite,
                 **jobs.model_meta(model), architecture=model.config.architecture, prompts=prompts, mode=mode,
                 template=template, n_candidates=len(tokens), resumed_candidates=done_before, batch_size=batch_size,
                 roundtrip={"tokens": int(roundtrip.sum()), "of": len(tokens), "per_prompt": per_prompt},

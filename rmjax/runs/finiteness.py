@@ -1,0 +1,87 @@
+"""The one finiteness rule for every number a job writes, read (scores) or derived (z-scores, ratios,
+hypervolumes, perplexities): a NaN or ±Inf in a CSV value or a JSON number stops the write in one line naming
+the file, the column or field and the first row, unless the job runs with --allow_nonfinite.
+
+The final writers (rmjax.runs.results: `write_table`, `dump_json`, so `write_meta` too) apply it, so a number no
+earlier check looked at cannot reach a file silently. A job's --allow_nonfinite reaches them through
+`nonfinite_allowed`, which rmjax.runs.jobs.Job.finish sets around its writes; a writer may also be told
+directly. A table column in which NaN means "no value" (an analysis statistic that is undefined) is named so by
+its writer (`no_value`); ±Inf is never "no value".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from rmjax.errors import NonFiniteError
+
+ALLOW_HINT = "pass --allow_nonfinite to write them anyway (counted in .meta.json)"
+_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("nonfinite_allowed", default=False)
+
+
+@contextlib.contextmanager
+def nonfinite_allowed(allow: bool) -> Iterator[None]:
+    """Within the block the writers write NaN/Inf (JSON: null) when `allow`, and refuse them otherwise."""
+    token = _ALLOWED.set(bool(allow))
+    try:
+        yield
+    finally:
+        _ALLOWED.reset(token)
+
+
+def allowed(allow_nonfinite: bool | None = None) -> bool:
+    """A writer's own setting, or else (None) that of the job writing (`nonfinite_allowed`; False outside one)."""
+    return _ALLOWED.get() if allow_nonfinite is None else bool(allow_nonfinite)
+
+
+def _refuse(path: Path, what: str, count: int, first: str) -> None:
+    raise NonFiniteError(f"{path.name}: {what} would hold {count} NaN/Inf value{'s' if count > 1 else ''} (first: "
+                         f"{first}). Nothing was written: fix the model or input, or {ALLOW_HINT}.")
+
+
+def require_finite_table(path: Path, keys: dict[str, list], values: dict[str, np.ndarray], *,
+                         allow_nonfinite: bool | None = None, no_value: Iterable[str] = ()) -> None:
+    """NonFiniteError naming the first column and row of a table's key and value columns holding NaN/Inf (NaN
+    passes in a `no_value` column), unless non-finite values are allowed."""
+    if allowed(allow_nonfinite):
+        return
+    no_value = set(no_value)
+    label = next(iter(keys), None)
+    for name, column in [*keys.items(), *values.items()]:
+        if name in keys:  # ids and strings; a float key (the frontier's λ) is checked too
+            bad = np.asarray([isinstance(v, float | np.floating) and not np.isfinite(v) for v in column], bool)
+        else:
+            column = np.asarray(column, np.float64)
+            bad = np.isinf(column) if name in no_value else ~np.isfinite(column)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            where = f"row {i + 1}" + (f" ({label} {keys[label][i]!r})" if label not in (None, name) else "")
+            _refuse(Path(path), f"column {name!r}", int(bad.sum()), f"{where}: {column[i]}")
+
+
+def require_finite_json(path: Path, value, *, allow_nonfinite: bool | None = None) -> None:
+    """NonFiniteError naming the first NaN/Inf number in a JSON value (its field path), unless allowed."""
+    if allowed(allow_nonfinite):
+        return
+    found = list(_nonfinite_numbers(value))
+    if found:
+        _refuse(Path(path), f"field {found[0][0]!r}", len(found), f"{found[0][0]} = {found[0][1]}")
+
+
+def _nonfinite_numbers(value, at: str = "") -> Iterator[tuple[str, float]]:
+    """(where, number) for each NaN/Inf float inside nested dicts, lists, tuples and arrays."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _nonfinite_numbers(v, f"{at}.{k}" if at else str(k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _nonfinite_numbers(v, f"{at}[{i}]")
+    elif isinstance(value, np.ndarray):
+        yield from _nonfinite_numbers(value.tolist(), at)
+    elif isinstance(value, float | np.floating) and not np.isfinite(value):
+        yield at or "value", float(value)
