@@ -30,13 +30,17 @@ from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.scoring.prefix import score_responses
-from rmjax.search import frontier_out, pareto
+from rmjax.search import frontier_checks, frontier_out, pareto
 from rmjax.search.fluent import FluentConfig, Found, best_of_n, fluent_search
 from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, survives
-from rmjax.search.objective import Forwards, Objective, Prior
+from rmjax.search.objective import BudgetSpent, Forwards, Objective, Prior
 from rmjax.text import chat
+
+# reward_z divides by the SD of the single-token rewards: one value has none (NaN), equal values one of 0 (±Inf)
+Z_SAMPLE: checks.Rule = (lambda v: v >= 2, "an integer >= 2 (reward_z divides by the SD of that many single-token "
+                                           "rewards)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +67,7 @@ class FrontierConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "lambdas", tuple(float(v) for v in self.lambdas))
-        checks.validate(self, {"forwards": checks.POSITIVE, "top": checks.POSITIVE, "z_sample": checks.POSITIVE,
+        checks.validate(self, {"forwards": checks.POSITIVE, "top": checks.POSITIVE, "z_sample": Z_SAMPLE,
                                "front_rows": checks.NON_NEGATIVE, "repetition_penalty": checks.NON_NEGATIVE,
                                "direction": checks.one_of("optimal", "pessimal", "both")})
         bad = [v for v in self.lambdas if not (v >= 0 and np.isfinite(v))]
@@ -120,6 +124,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     judge = spec.judge or default_judge(rm_config)
     for name, source in (("--lm", spec.lm or o.model), ("--judge", judge)):
         _require_lm_head(config_of(source), source, name)
+    frontier_checks.check_before_loading(spec)  # context, budget, --sweep's yardstick
     identity = frontier_identity(spec, fingerprint(o.model), fingerprint(spec.lm) if spec.lm else None,
                                  fingerprint(judge), judge)
     out = csv_path(o.out)
@@ -134,7 +139,8 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
         units = compute_units(rm, lm, judge_model, spec, store)
         rows = frontier_out.rows(units, spec.config, rm.tokenizer)
         summary = frontier_out.summaries(units, spec.config)
-        job.finish(lambda path: frontier_out.write(path, rows, summary), model=rm.source, lm=lm.source,
+        job.finish(lambda path: frontier_out.write(path, rows, summary), allow_nonfinite=o.allow_nonfinite,
+                   model=rm.source, lm=lm.source,
                    judge=judge_model.source, dtype=rm.dtype, mesh=dict(rm.mesh.shape) if rm.mesh else None,
                    prompts=spec.prompts, config=dataclasses.asdict(spec.config),
                    search=dataclasses.asdict(spec.search), inputs=stages.recorded({"--sweep": swept}),
@@ -244,18 +250,17 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
 
 def _reward_scale(rm: Model, target: Target, spec: FrontierSpec, name: str, check) -> tuple[float, float]:
     """Mean and SD of the reward over single-token responses: the --sweep column, else z_sample tokens drawn
-    with seed 0 from the vocabulary (not counted against any budget: a yardstick, not a search)."""
+    with seed 0 from the vocabulary (not counted against any budget: a yardstick, not a search). Fewer than 2
+    values or an SD of 0 is refused (finite.yardstick): reward_z would be NaN or ±Inf."""
     if spec.sweep:
-        table = results.read_scores_csv(spec.sweep)
-        if name not in table.columns:
-            raise UsageError(f"--sweep={spec.sweep} has no column {name!r} (it has {results.value_columns(table)}).")
-        values = table[name].to_numpy(np.float64)
-    else:
-        vocab = min(rm.config.vocab_size, len(rm.tokenizer))
-        tokens = np.random.default_rng(0).choice(vocab, min(spec.config.z_sample, vocab), replace=False)
-        values = score_responses(rm, target.cache, target.suffix_ids, tokens[:, None].astype(np.int32), 256)
-    values = values[np.isfinite(values)]
-    return float(values.mean()), float(values.std(ddof=1))
+        return frontier_checks.sweep_yardstick(spec.sweep, name, spec.options.allow_nonfinite)
+    vocab = min(rm.config.vocab_size, len(rm.tokenizer))
+    tokens = np.random.default_rng(0).choice(vocab, min(spec.config.z_sample, vocab), replace=False)
+    values = score_responses(rm, target.cache, target.suffix_ids, tokens[:, None].astype(np.int32), 256)
+    return finite.yardstick(values, what=f"single-token rewards of {len(tokens)} sampled tokens (--z_sample)",
+                            row=lambda i: f"token {int(tokens[i])}", allow=spec.options.allow_nonfinite,
+                            fix="raise --z_sample or give a --sweep of this RM and prompt (an RM that scores every "
+                                "token alike gives reward_z no scale)")
 
 
 def _seeds(earlier: list[Unit]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -273,7 +278,12 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
     n, tail = search.num_tokens, len(p.target.suffix)
     forwards = Forwards(cfg.forwards, n + tail, n)
     # the prompt's prefill, once per model (the RM as its own prior: once)
-    forwards.charge(len(p.target.prefix), len(p.prior.prefix) if p.prior.model is not p.target.model else 0)
+    prior_prefix = len(p.prior.prefix) if p.prior.model is not p.target.model else 0
+    try:
+        forwards.charge(len(p.target.prefix), prior_prefix)
+    except BudgetSpent:  # frontier_checks refuses this before loading; never an internal exception's traceback
+        need = frontier_checks.minimum_forwards(len(p.target.prefix), tail, prior_prefix, n, search.start_share)
+        raise UsageError(frontier_checks.budget_message(cfg.forwards, need)) from None
     sign = 1.0 if direction == "optimal" else -1.0
     objective = Objective(p.target, p.prior, lam or 0.0, sign, cfg.repetition_penalty, forwards)
     reported = [float(forwards.spent)]

@@ -1,0 +1,73 @@
+"""What the frontier checks before any weight loads, from its flags, the models' configs and tokenizers and the
+--sweep table: the prompt and --num_tokens within each model's context (GCG's check), a --forwards budget that
+buys at least one candidate, and reward_z's yardstick from --sweep (its single-token rewards)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.loading import config_and_tokenizer
+from rmjax.runs import results
+from rmjax.scoring import finite
+from rmjax.search.gcg_config import check_context
+from rmjax.text import chat
+
+PER_CANDIDATE = 2  # one prior forward to sample a response and one RM forward to score it (rmjax.search.fluent)
+
+
+def check_before_loading(spec) -> None:
+    """Refuse, in one line and before any model loads, a frontier job (rmjax.search.frontier_job.FrontierSpec)
+    that cannot run: a response past the RM's or the prior's context, a budget too small for one candidate, a
+    --sweep column that gives no yardstick."""
+    o, search = spec.options, spec.search
+    name, text = next(iter(spec.prompts.items()))
+    if spec.sweep:
+        sweep_yardstick(spec.sweep, name, o.allow_nonfinite)
+    context_cfg = search.gcg(template=o.template)
+    rm_cfg, rm_tokenizer = config_and_tokenizer(o.model)
+    rm = chat.split_chat(rm_tokenizer, text, o.template)
+    check_context(context_cfg, text, len(rm.prefix), len(rm.suffix), rm_cfg.max_position_embeddings)
+    prior_prefix = 0  # the RM as its own prior: one prefill serves both
+    if spec.lm:
+        lm_cfg, lm_tokenizer = config_and_tokenizer(spec.lm)
+        prior = chat.split_chat(lm_tokenizer, text, o.template)
+        try:  # the prior reads the prompt and the response (no suffix)
+            check_context(context_cfg, text, len(prior.prefix), 0, lm_cfg.max_position_embeddings)
+        except PromptTooLongError as error:
+            raise PromptTooLongError(f"the prior --lm={spec.lm}: {error}") from None
+        prior_prefix = len(prior.prefix)
+    need = minimum_forwards(len(rm.prefix), len(rm.suffix), prior_prefix, search.num_tokens, search.start_share)
+    if spec.config.forwards < need:
+        raise UsageError(budget_message(spec.config.forwards, need))
+
+
+def prefill_cost(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int) -> Fraction:
+    """Forwards the prompt's prefill costs (rmjax.search.objective: prefix positions over each model's unit)."""
+    return Fraction(rm_prefix, num_tokens + suffix) + Fraction(prior_prefix, num_tokens)
+
+
+def minimum_forwards(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int, start_share: float) -> int:
+    """The least --forwards that buys one candidate after the prefill, for best-of-N and for the search's
+    starts, which may spend start_share of the budget (rmjax.search.fluent.fluent_search)."""
+    prefill = prefill_cost(rm_prefix, suffix, prior_prefix, num_tokens)
+    return max(math.ceil(prefill + PER_CANDIDATE), math.ceil(PER_CANDIDATE / Fraction(start_share)))
+
+
+def budget_message(forwards: int, need: int) -> str:
+    return (f"--forwards={forwards} does not buy one candidate: the prompt's prefill and one sampled and scored "
+            f"response (within --start_share of the budget for the search's starts) need {need}; give "
+            f"--forwards={need} or more.")
+
+
+def sweep_yardstick(path: str, name: str, allow_nonfinite: bool) -> tuple[float, float]:
+    """The mean and SD of prompt `name`'s column of the sweep at `path` (reward_z's yardstick), refused in one
+    line when it has fewer than 2 values or no spread (finite.yardstick)."""
+    table = results.read_scores_csv(path)
+    if name not in table.columns:
+        raise UsageError(f"--sweep={path} has no column {name!r} (it has {results.value_columns(table)}).")
+    tokens = table["token_id"].tolist() if "token_id" in table.columns else list(range(len(table)))
+    return finite.yardstick(table[name].to_numpy(), what=f"single-token rewards of --sweep={path} for {name!r}",
+                            row=lambda i: f"token {tokens[i]}", allow=allow_nonfinite,
+                            fix="sweep more tokens (reward_z is in SDs of the single-token rewards), or drop --sweep")
