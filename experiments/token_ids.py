@@ -11,6 +11,7 @@ from absl import flags
 TOKEN_IDS = flags.DEFINE_list("token_ids", None, "Only these token ids (the candidate set): the tokens scored "
                               "(sweep, beam) or searched (GCG). Comma-separated non-negative integers, each once.")
 
+INT64_MAX = 2**63 - 1
 _ASCII_DIGITS = re.compile(r"[0-9]+")  # str.isdigit and int() also take '٢٨', '２８' (and isdigit '²')
 
 
@@ -23,6 +24,10 @@ def _token_ids_are_ints(values: list[str] | None) -> bool:
     if bad or not values:
         raise flags.ValidationError(f"expected non-negative integer token ids in ASCII digits 0-9, got "
                                     f"{bad[0] if bad else 'none'!r}")
+    huge = [v.strip() for v in values if int(v) > INT64_MAX]
+    if huge:  # numpy cannot hold it (an OverflowError traceback where the job keys its ids); no vocabulary is so large
+        raise flags.ValidationError(f"token id {huge[0][:30]}{'…' if len(huge[0]) > 30 else ''} does not fit a 64-bit "
+                                    "integer; token ids are below the model's vocabulary size")
     repeated = [str(i) for i, n in Counter(int(v) for v in values).items() if n > 1]
     if repeated:
         raise flags.ValidationError(f"token ids {', '.join(repeated)} are given more than once; give each id once "

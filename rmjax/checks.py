@@ -7,14 +7,17 @@ one line naming the flag (flags share the fields' names), the value and the allo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import types
+import typing
 from collections.abc import Callable
 
 from rmjax.errors import UsageError
 
 Rule = tuple[Callable[[object], bool], str]
 
-POSITIVE: Rule = (lambda v: v >= 1, "an integer >= 1")
+POSITIVE: Rule = (lambda v: v >= 1, "an integer >= 1")  # a float setting: GREATER_THAN_ZERO (`validate`)
 NON_NEGATIVE: Rule = (lambda v: v >= 0, ">= 0")
 GREATER_THAN_ZERO: Rule = (lambda v: v > 0, "> 0")
 
@@ -28,14 +31,33 @@ def one_of(*choices: str) -> Rule:
     return (lambda v: v in choices, "one of " + ", ".join(choices))
 
 
+@functools.cache
+def _float_fields(cls: type) -> frozenset[str]:
+    """The fields of a config dataclass declared float (or float | None)."""
+    hints = typing.get_type_hints(cls)
+    return frozenset(f.name for f in dataclasses.fields(cls) if _is_float(hints.get(f.name)))
+
+
+def _is_float(hint) -> bool:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return float in typing.get_args(hint)
+    return hint is float
+
+
+def rule_for(config_class: type, name: str, rule: Rule) -> Rule:
+    """`rule` as it applies to field `name`: POSITIVE on a float setting means > 0 (it is "an integer >= 1" only
+    for integers: read for a float, it refused a temperature of 0.5)."""
+    return GREATER_THAN_ZERO if rule is POSITIVE and name in _float_fields(config_class) else rule
+
+
 def validate(config, rules: dict[str, Rule]) -> None:
-    """UsageError for the first field of `config` outside its rule (None passes: 'not set'); a float
-    setting must be finite."""
+    """UsageError for the first field of `config` outside its rule (None passes: 'not set'; a rule reads as the
+    field's declared type: `rule_for`); a float setting must be finite."""
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{field.name}={value}: must be a finite number.")
         if field.name in rules and value is not None:
-            ok, allowed = rules[field.name]
+            ok, allowed = rule_for(type(config), field.name, rules[field.name])
             if not ok(value):
                 raise UsageError(f"--{field.name}={value}: must be {allowed}.")

@@ -53,12 +53,18 @@ def make_mesh(spec: str | dict[str, int] = "data:-1,model:1", devices=None) -> M
         if size == -1:
             sizes[name] = max(1, len(devices) // known)
     if sizes["data"] * sizes["model"] != len(devices):
-        raise ValueError(
-            f"mesh data:{sizes['data']} x model:{sizes['model']} needs "
-            f"{sizes['data'] * sizes['model']} devices, {len(devices)} available."
-        )
+        raise ValueError(mesh_mismatch(sizes["data"], sizes["model"], len(devices)))
     grid = np.asarray(devices).reshape(sizes["data"], sizes["model"])
     return Mesh(grid, ("data", "model"))
+
+
+def mesh_mismatch(data: int, model: int, devices: int) -> str:
+    """Why a data x model mesh does not fit `devices`: a mesh uses every device, so data x model must equal
+    their number; with a valid shape to use instead (the same model size where it divides them)."""
+    shape = f"data:{devices // model},model:{model}" if model <= devices and devices % model == 0 else \
+        f"data:{devices},model:1"
+    return (f"mesh data:{data} x model:{model} needs {data * model} devices, {devices} available: a mesh must use "
+            f"every device (data x model = {devices}), e.g. --mesh={shape}")
 
 
 def spec_for(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
