@@ -1,0 +1,244 @@
+"""Jobs' flags and numbers (issue 42): one finiteness rule for every number a job writes, and flag values that
+used to end in a traceback, a silent NaN or an unclear refusal.
+
+Each test failed on the code before its fix: the frontier wrote NaN reward_z (exit 0) from a yardstick of one
+value and ±Inf from one of SD 0; the final writers wrote a NaN or Inf of a derived column; `frontier --forwards=1`
+escaped as a BudgetSpent traceback; `--temperature` refused every value below 1; `frontier --num_tokens` past
+the context ran on; `--token_ids` past int64 was an OverflowError traceback; a mesh on 3 of 4 devices was refused
+without saying that a mesh uses them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rmjax.errors import NonFiniteError, UsageError
+from rmjax.runs import results
+from tests import cli
+
+PROMPT_FLAGS = ("--prompts=greatest",)
+# a frontier small enough to run in seconds: one λ, one direction, responses of 2 tokens
+SMALL = ("--num_tokens=2", "--samples=4", "--beam=2", "--proposals=2", "--search_width=8", "--topk=4", "--top=2",
+         "--lambdas=0", "--direction=optimal", *PROMPT_FLAGS)
+
+
+def _frontier(rm_folder, lm_folder, out, *flags: str):
+    return cli.run("frontier", f"--model={rm_folder}", f"--lm={lm_folder}", f"--judge={lm_folder}", *SMALL,
+                   f"--out={out}", *flags)
+
+
+@pytest.fixture(scope="module")
+def flat_rm(rm_folder, tmp_path_factory):
+    """The tiny RM with a zero reward head: every response scores exactly 0 (single-token rewards of SD 0)."""
+    model = cli.copy_folder(rm_folder, tmp_path_factory.mktemp("flat") / "model")
+    cli.edit_tensor(model, "score.weight", np.zeros_like)
+    return model
+
+
+def test_a_yardstick_of_fewer_than_two_values_or_sd_zero_is_refused(rm_folder, lm_folder, flat_rm, tmp_path):
+    """reward_z = (reward - mean) / SD of single-token rewards: --z_sample=1 or a one-token --sweep gave NaN in
+    every row and an RM that scores all tokens alike ±Inf, written with exit 0."""
+    out = tmp_path / "f"
+    cli.user_error(_frontier(rm_folder, lm_folder, out, "--z_sample=1", "--forwards=60"), "--z_sample=1",
+                   "integer >= 2")
+    assert not (out / "frontier.csv").exists()
+    # a sweep's column is read before any model loads
+    sweep = tmp_path / "one.csv"
+    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--token_ids=5", *PROMPT_FLAGS, f"--out={sweep}"))
+    cli.user_error(_frontier(rm_folder, lm_folder, out, f"--sweep={sweep}", "--forwards=60"),
+                   f"--sweep={sweep}", "1 finite value", "at least 2")
+    assert not (out / "frontier.csv").exists()
+    # the sampled yardstick is refused as soon as it is computed: every token scores 0
+    line = cli.user_error(_frontier(flat_rm, lm_folder, out, "--z_sample=8", "--forwards=60"), "--z_sample",
+                          "SD 0", "finite SD > 0", loaded=True)
+    assert "8 sampled tokens" in line
+    assert not (out / "frontier.csv").exists()
+
+
+def test_the_final_writers_refuse_a_nonfinite_derived_number(tmp_path):
+    """A NaN/Inf computed after every score was checked (a z-score, a ratio) reached the CSV as `nan`/`inf` and
+    .meta.json as null: the writers themselves now refuse it unless the job allows non-finite values."""
+    keys = {"direction": ["optimal", "optimal"], "lambda": [0.0, 1.0]}
+    for bad in (np.nan, np.inf, -np.inf):
+        with pytest.raises(NonFiniteError, match=r"t\.csv: column 'reward_z' .* row 2 \(direction 'optimal'\)"):
+            results.write_table(tmp_path / "t.csv", keys, {"reward": np.ones(2), "reward_z": np.array([0.5, bad])})
+        assert not (tmp_path / "t.csv").exists()
+    with pytest.raises(NonFiniteError, match="column 'lambda'"):  # a float key column too
+        results.write_table(tmp_path / "t.csv", {"lambda": [0.0, math.nan]}, {"reward": np.ones(2)})
+    with pytest.raises(NonFiniteError, match=r"field 'summary\.optimal\.hypervolume\.ratio'"):
+        results.write_meta(tmp_path / "t.csv", summary={"optimal": {"hypervolume": {"ratio": math.inf}}})
+    assert not results.meta_path(tmp_path / "t.csv").exists()
+    # a column whose NaN means "no value" says so; an infinity is never one
+    results.write_table(tmp_path / "t.csv", keys, {"tau": np.array([0.5, np.nan])}, no_value=["tau"])
+    assert (tmp_path / "t.csv").read_text().splitlines()[2].endswith(",nan")
+    with pytest.raises(NonFiniteError, match="column 'tau'"):
+        results.write_table(tmp_path / "t.csv", keys, {"tau": np.array([0.5, np.inf])}, no_value=["tau"])
+    # --allow_nonfinite (a job's, through Job.finish) writes them: the CSV's `nan`, the JSON's null
+    from rmjax.runs import finiteness
+
+    with finiteness.nonfinite_allowed(True):
+        results.write_table(tmp_path / "t.csv", keys, {"reward_z": np.array([0.5, np.nan])})
+        results.write_meta(tmp_path / "t.csv", summary={"ratio": math.inf})
+    assert json.loads(results.meta_path(tmp_path / "t.csv").read_text())["summary"] == {"ratio": None}
+    with pytest.raises(NonFiniteError):  # and only inside the job that allows them
+        results.dump_json({"x": [1.0, math.nan]}, tmp_path / "x.json")
+
+
+def test_the_frontier_writer_refuses_nan_reward_z(tmp_path):
+    """The frontier's CSV through the shared writer: a unit whose yardstick has no spread cannot be written."""
+    from rmjax.search import frontier_out
+    from rmjax.search.frontier_job import FrontierConfig, Unit
+
+    ids = np.array([[5, 6], [7, 8]])
+    unit = Unit("greatest", "optimal", "search", 0.0, ids, np.array([0.5, 0.25]), np.array([-3.0, -4.0]),
+                np.array([20.0, 30.0]), np.array([True, True]), 10.0, np.zeros((0, 2)),
+                (np.float64(0.5), np.float64(0.0)))  # as read back from a unit's chunk
+    tokenizer = type("T", (), {"decode": staticmethod(lambda ids: " ".join(map(str, ids)))})()
+    cfg = FrontierConfig(lambdas=(0.0,), direction="optimal")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rows = frontier_out.rows([unit, dataclasses.replace(unit, method="best_of_n", lam=None)], cfg, tokenizer)
+    assert any(math.isnan(r["reward_z"]) for r in rows) and any(math.isinf(r["reward_z"]) for r in rows)
+    with pytest.raises(NonFiniteError, match="column 'reward_z'"):
+        frontier_out.write(tmp_path / "frontier.csv", rows, {})
+    assert not (tmp_path / "frontier.csv").exists()
+
+
+def _prefix_and_suffix(folder, text: str) -> tuple[int, int]:
+    """Prompt positions before and after the response in the folder's chat template, from transformers'
+    tokenizer and its own rendering of the template (not rmjax's)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    marker = "\x00RESPONSE\x00"
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text},
+                                              {"role": "assistant", "content": marker}], tokenize=False)
+    before, after = rendered.split(marker)
+    return (len(tokenizer(before, add_special_tokens=False).input_ids),
+            len(tokenizer(after, add_special_tokens=False).input_ids))
+
+
+def test_a_budget_that_buys_no_candidate_is_refused_naming_the_minimum(rm_folder, lm_folder, tmp_path):
+    """--forwards=1 ended in the search's internal BudgetSpent traceback (the prompt's prefill alone passed it).
+    The least budget: the prefill (prefix positions over each model's unit: N + S for the RM, N for the prior)
+    plus one sampled and scored response (2 forwards), and those 2 within --start_share (0.4) of it."""
+    from rmjax.text.prompts import resolve_prompts
+
+    text = resolve_prompts(["greatest"], [])["greatest"]
+    (rm_prefix, suffix), (lm_prefix, _) = _prefix_and_suffix(rm_folder, text), _prefix_and_suffix(lm_folder, text)
+    n = 2
+    need = math.ceil(max(Fraction(rm_prefix, n + suffix) + Fraction(lm_prefix, n) + 2, 2 / Fraction(0.4)))
+    out = tmp_path / "f"
+    for budget in (1, need - 1):
+        cli.user_error(_frontier(rm_folder, lm_folder, out, f"--forwards={budget}", "--z_sample=8"),
+                       f"--forwards={budget}", f"give --forwards={need} or more")
+    assert not (out / "frontier.csv").exists()
+    cli.ok(_frontier(rm_folder, lm_folder, out, f"--forwards={need}", "--z_sample=8", "--temperature=0.5"))
+    table = pd.read_csv(out / "frontier.csv", keep_default_na=False)
+    assert set(table.method) == {"search", "best_of_n"} and (table.forwards <= need).all()
+
+
+def test_float_settings_are_positive_numbers_not_integers(tmp_path):
+    """`--temperature` (a float) was checked with the integer rule: every value below 1 was refused as "must be
+    an integer >= 1". A rule reads as its field's type: POSITIVE is > 0 for a float setting."""
+    from rmjax import checks
+    from rmjax.search.fluent import FluentConfig
+
+    out = tmp_path / "f"
+    line = cli.user_error(cli.run("frontier", "--model=/nonexistent/model", "--temperature=0.5", f"--out={out}"))
+    assert "temperature" not in line  # past the flags: the model is what is missing
+    cli.user_error(cli.run("frontier", "--model=/nonexistent/model", "--temperature=0", f"--out={out}"),
+                   "--temperature=0.0", "> 0")
+    assert FluentConfig(temperature=0.25).temperature == 0.25
+
+    @dataclasses.dataclass(frozen=True)
+    class Settings:
+        scale: float = 1.0
+        count: int = 1
+        maybe: float | None = None
+
+        def __post_init__(self):
+            checks.validate(self, {n: checks.POSITIVE for n in ("scale", "count", "maybe")})
+
+    Settings(scale=0.01, maybe=0.5)
+    for bad, message in (({"scale": 0.0}, "--scale=0.0: must be > 0"), ({"maybe": -1.0}, "--maybe=-1.0: must be > 0"),
+                         ({"count": 0}, "--count=0: must be an integer >= 1")):
+        with pytest.raises(UsageError, match=message):
+            Settings(**bad)
+
+
+def test_a_response_past_the_context_is_refused_before_loading(rm_folder, lm_folder, tmp_path):
+    """GCG refused a --num_tokens past the model's context in seconds; the frontier ran on (positions the model
+    never saw). Checked for the RM (prefix + N + suffix) and for the prior (prefix + N), from config.json."""
+    from rmjax.text.prompts import resolve_prompts
+
+    text = resolve_prompts(["greatest"], [])["greatest"]
+    prefix, suffix = _prefix_and_suffix(rm_folder, text)
+    short = cli.copy_folder(rm_folder, tmp_path / "short")
+    config = json.loads((short / "config.json").read_text())
+    context = prefix + suffix + 10
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
+    out = tmp_path / "f"
+    cli.user_error(_frontier(short, lm_folder, out, "--num_tokens=11", "--forwards=60"), "--num_tokens=11",
+                   f"takes {prefix + suffix} of the model's {context} positions", "--num_tokens=10 or less")
+    short_lm = cli.copy_folder(lm_folder, tmp_path / "short_lm")
+    config = json.loads((short_lm / "config.json").read_text())
+    (short_lm / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 40}))
+    cli.user_error(_frontier(rm_folder, short_lm, out, "--num_tokens=400", "--forwards=60"), "--num_tokens=400",
+                   f"--lm={short_lm}", "of the model's 40 positions")
+    assert not out.exists() or not (out / "frontier.csv").exists()
+
+
+@pytest.mark.parametrize("job", ["sweep", "beam", "gcg"])
+def test_token_ids_past_int64_are_refused_in_one_line(rm_folder, tmp_path, job):
+    """An id that no int64 holds was an OverflowError traceback where the job keys its ids (the vocabulary check
+    came after); the largest int64 reaches the vocabulary check."""
+    out = tmp_path / "out.csv"
+    cli.user_error(cli.run(job, f"--model={rm_folder}", "--token_ids=1,99999999999999999999", f"--out={out}"),
+                   "99999999999999999999", "64-bit")
+    cli.user_error(cli.run(job, f"--model={rm_folder}", f"--token_ids=1,{2**63}", f"--out={out}"), str(2**63),
+                   "64-bit")
+    cli.user_error(cli.run(job, f"--model={rm_folder}", f"--token_ids=1,{2**63 - 1}", f"--out={out}"),
+                   str(2**63 - 1), "outside the vocabulary")
+    assert not out.exists()
+
+
+def test_a_mesh_must_use_every_device_and_the_refusal_says_so(rm_folder, tmp_path):
+    """data:3 on 4 devices was refused as "needs 3 devices, 4 available", as if 3 were too few."""
+    out = tmp_path / "s.csv"
+    four = {"JAX_NUM_CPU_DEVICES": "4"}
+    cli.user_error(cli.run("sweep", f"--model={rm_folder}", "--mesh=data:3", f"--out={out}", env=four),
+                   "--mesh=data:3", "needs 3 devices, 4 available", "must use every device", "data x model = 4",
+                   "e.g. --mesh=data:4,model:1")
+    cli.user_error(cli.run("sweep", f"--model={rm_folder}", "--mesh=data:1,model:2", f"--out={out}", env=four),
+                   "must use every device", "e.g. --mesh=data:2,model:2")
+    assert not out.exists()
+
+
+def test_the_yardstick_is_the_mean_and_sd_of_its_finite_values():
+    """finite.yardstick against numpy: NaN/Inf values stop it unless allowed (then left out), and what is left
+    must be at least 2 values with an SD > 0."""
+    from rmjax.scoring import finite
+
+    rng = np.random.default_rng(7)
+    values = rng.normal(3.0, 2.0, size=50)
+    kwargs = {"what": "rewards", "row": lambda i: f"token {i}", "fix": "give more"}
+    assert finite.yardstick(values, allow=False, **kwargs) == pytest.approx((np.mean(values), np.std(values, ddof=1)),
+                                                                             rel=1e-12)
+    holed = values.copy()
+    holed[[3, 9]] = [np.nan, np.inf]
+    with pytest.raises(NonFiniteError, match="token 3"):
+        finite.yardstick(holed, allow=False, **kwargs)
+    kept = np.delete(values, [3, 9])
+    assert finite.yardstick(holed, allow=True, **kwargs) == pytest.approx((kept.mean(), kept.std(ddof=1)), rel=1e-12)
+    for few in ([1.5], [], [np.nan, 2.0]):
+        with pytest.raises(UsageError, match="at least 2; give more"):
+            finite.yardstick(np.array(few), allow=True, **kwargs)
+    with pytest.raises(UsageError, match="SD 0"):
+        finite.yardstick(np.full(5, 0.25), allow=False, **kwargs)
