@@ -143,7 +143,8 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
         # a resume scores with its saved batch size, planned (refused if it does not fit) before the weights load
         asked = resume_batch_size(o.out, spec.batch_size) if job.claimed.resume else spec.batch_size
         model, batch_size = load_planned(o, spec.prompts, spec.token_ids, asked, limit=spec.limit,
-                                         response_tokens=cfg.depth, given=lines)  # a line: at most one candidate
+                                         response_tokens=cfg.depth, given=lines,  # a line: at most one candidate
+                                         resumed=job.claimed.resume)
         ids, extra = spec.token_ids, {}
         if lines is not None:
             ids, extra["vocab_file"] = _vocab_ids(model, lines, spec.vocab_file)

@@ -84,12 +84,13 @@ def check_batch_size(batch_size: int, candidates: int, mesh) -> None:
 
 def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequence[int] | None, batch_size: int = 0,
                  *, limit: int | None = None, mode: str = "token", response_tokens: int = 1,
-                 given: Sequence | None = None) -> tuple[Model, int]:
+                 given: Sequence | None = None, resumed: bool = False) -> tuple[Model, int]:
     """(model, batch size) of a job that scores candidates in batches (sweep, beam). Before the weights load
     (rmjax.loading.for_job.load_for_job): a model without a score head, a bad output column, `token_ids` outside
     the vocabulary and a prompt too long for the context are refused, the batch size is picked (`batch_size`,
     or the largest that fits when 0) and the memory plan printed; an explicit `batch_size` beyond the candidates
-    (`given`, default `token_ids`, as `limit` keeps them) is refused too."""
+    (`given`, default `token_ids`, as `limit` keeps them) is refused too, but not a `resumed` run's saved batch size
+    (the memory plan may have picked it: a power of two past the candidates)."""
     plan = {}
 
     def before_weights(cfg, tokenizer, mesh) -> None:
@@ -99,7 +100,7 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
         estimate = memory_plan(cfg, tokenizer, prompts, options.template, options.dtype, mesh, batch_size or None,
                                mode, response_tokens)
         count = candidate_count(cfg, tokenizer, token_ids if given is None else given, limit)
-        if batch_size:
+        if batch_size and not resumed:
             check_batch_size(batch_size, count, mesh)
         # a picked batch needs no more rows than the candidates (every batch is padded to its size)
         plan["batch_size"] = batch_size or min(estimate.batch_size,
@@ -162,7 +163,8 @@ def run_sweep(spec: SweepSpec) -> Path:
     with claim_job(o, identity, owned=[plot_path(o.out)], store=store_dir(o.out)) as job:
         if not job.reuse:  # a resume scores with its saved batch size, planned (refused if it does not fit) here
             asked = resume_batch_size(o.out, spec.batch_size) if job.claimed.resume else spec.batch_size
-            model, batch_size = load_planned(o, spec.prompts, spec.token_ids, asked, limit=spec.limit, mode=spec.mode)
+            model, batch_size = load_planned(o, spec.prompts, spec.token_ids, asked, limit=spec.limit, mode=spec.mode,
+                                             resumed=job.claimed.resume)
             sweep(model, spec.prompts, spec.token_ids, limit=spec.limit, mode=spec.mode, batch_size=batch_size,
                   chunk_size=spec.chunk_size, template=o.template, out=o.out,
                   text_add_special_tokens=spec.text_add_special_tokens, allow_nonfinite=o.allow_nonfinite, job=job,
