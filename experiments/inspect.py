@@ -33,6 +33,8 @@ IG_TOLERANCE = flags.DEFINE_float("ig_tolerance", 0.05, "Integrated gradients: r
 IG_MAX_EVALUATIONS = flags.DEFINE_integer("ig_max_evaluations", 1024, "Integrated gradients: gradient evaluations "
                                           "per response at most (the refinement stops there, with a warning).",
                                           lower_bound=2)
+BATCH_SIZE = flags.DEFINE_integer("batch_size", 16, "Integrated gradients: path points per call (at most 1024; "
+                                  "activation patching: twice as many patches).", lower_bound=1)
 BASELINE = flags.DEFINE_enum("baseline", "pad", ["pad", "zero"], "Integrated-gradients baseline embedding (pad: the "
                              "pad token's row at every position; zero: completeness is poor on RMSNorm models).")
 flags.adopt_module_key_flags(common)
@@ -59,7 +61,7 @@ def main(argv):
         common.options(OUT.value), next(iter(prompts.items())),
         responses=tuple(RESPONSES.value) if RESPONSES.value else None, source=source, top=TOP.value,
         depth=DEPTH.value, steps=STEPS.value, baseline=BASELINE.value, tolerance=IG_TOLERANCE.value,
-        max_evaluations=IG_MAX_EVALUATIONS.value, source_flag=given[0]))
+        max_evaluations=IG_MAX_EVALUATIONS.value, batch_size=BATCH_SIZE.value, source_flag=given[0]))
     if distributed.is_main():
         for label, reward, explained, gap, evals in zip(summary["responses"], summary["reward"], summary["explained"],
                                                         summary["ig_relative_gap"], summary["ig_evaluations"],

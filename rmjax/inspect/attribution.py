@@ -53,6 +53,16 @@ MAX_EVALUATIONS = 1024  # gradient evaluations (forward + backward of one conver
 MIN_PANEL = 2.0**-16
 
 
+def check_batch_size(batch_size: int) -> None:
+    """Each call evaluates `batch_size` path points, padded to that many rows: more than one attribution ever
+    evaluates is only memory. Refused before anything loads by the inspect job and by its plan (rmjax.plan.spec)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"--batch_size={batch_size}: must be an integer >= 1.")
+    if batch_size > MAX_EVALUATIONS:
+        raise UsageError(f"--batch_size={batch_size} is more than the {MAX_EVALUATIONS} path points one attribution "
+                         f"evaluates at most; use --batch_size={MAX_EVALUATIONS} or less.")
+
+
 @dataclasses.dataclass
 class Attribution:
     ids: list[int]
@@ -112,6 +122,7 @@ def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = 
     max_evaluations ≤ steps + 1 it is plain composite Simpson. `history`: integrate_path's."""
     if baseline not in BASELINES:
         raise UsageError(f"--baseline={baseline}: must be one of {', '.join(BASELINES)}.")
+    check_batch_size(batch_size)
     column = model.output_column if column is None else column
     table = nn.get(model.params, "embed.embedding")
     x = table[jnp.asarray(ids)].astype(jnp.float32)  # [T, H]

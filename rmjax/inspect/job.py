@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import NonFiniteError, UsageError
-from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute
+from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute, check_batch_size
 from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
@@ -173,6 +173,7 @@ def run_inspect(spec: InspectSpec) -> dict:
     weights → claim options.out once → unless a finished result of the same inputs is there, load, compute and
     write (`write_inspect`). Returns the summary (also in .meta.json)."""
     o, (name, text) = spec.options, spec.prompt
+    check_batch_size(spec.batch_size)  # what its plan refuses, refused before anything loads
     out = check_writable(o.out, "--out", folder=True)  # before the model loads
     # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads
     model_fp, sequences, source = fingerprint(o.model), None, None
@@ -216,6 +217,7 @@ def write_inspect(model: Model, prompt: str, items: list[Item], out: str | Path,
     `tolerance` or `max_evaluations` gradient evaluations are spent (rmjax.inspect.attribution). `inputs`: the
     earlier results the responses came from, for .meta.json (rmjax.runs.stages.recorded)."""
     items = distinct_labels(_require_items(items))
+    check_batch_size(batch_size)
     out = Path(out)
     identity = inspect_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                                 prompt=prompt, items=items, steps=steps, baseline=baseline, tolerance=tolerance,

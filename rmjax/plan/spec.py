@@ -97,12 +97,10 @@ def check_job(cfg: ModelConfig, tokenizer, job: str, sizes: list[tuple[str, int,
         response = 0 if job == "logprobs" else text_tokens
         for text, prefix, suffix in sizes:
             chat.check_fits(text, prefix, response, suffix, context)
-        if job == "inspect":
-            from rmjax.inspect.attribution import MAX_EVALUATIONS
+        if job == "inspect" and batch_size:  # every batch is padded to its size
+            from rmjax.inspect.attribution import check_batch_size
 
-            if batch_size > MAX_EVALUATIONS:  # every batch is padded to its size (rmjax.inspect.attribution)
-                raise UsageError(f"--batch_size={batch_size} is more than the {MAX_EVALUATIONS} path points one "
-                                 f"attribution evaluates at most; use --batch_size={MAX_EVALUATIONS} or less.")
+            check_batch_size(batch_size)
 
 
 def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
@@ -132,10 +130,11 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                              f"{piece.chips}.")
     cfg, tokenizer = model_config(model, reward=job != "logprobs")
     if job == "train_rm":
-        from rmjax.train.loop import TrainConfig
+        from rmjax.train.loop import TrainConfig, check_batch_size
 
         batch = batch_size or 256
         TrainConfig(trainable=trainable, last_k=last_k, steps=steps or 1500, batch_size=batch)  # the job's checks
+        check_batch_size(batch, n_train)
         if trainable == "last_k" and last_k > cfg.num_layers:
             raise UsageError(f"--last_k={last_k}: the model has {cfg.num_layers} layers.")
         if trainable != "head" and sequence_tokens > cfg.max_position_embeddings:

@@ -9,6 +9,10 @@ sweep's chunk store, a training workdir), so that
 - a result or saved progress of a run with another identity is never overwritten or continued:
   the job stops, naming what changed, unless `--overwrite` is given (which removes the old
   result before the new run starts);
+- a file at a companion's path (a figure, a steps CSV) that the output's `.meta.json` does not record is never
+  written over unasked, whether the run is fresh or resumed;
+- `--overwrite` deletes only what a job wrote (the files a folder output's job declares, a chunk store's own),
+  and refuses a folder that holds anything else, every output of a run decided before anything is deleted;
 - two runs never write the same output at once (an advisory lock, `OUT.lock`).
 
 A job claims its output once, before the model loads (rmjax.runs.options, rmjax.runs.jobs), and hands the
@@ -92,43 +96,69 @@ def read_meta_identity(meta: Path) -> dict | None:
 
 # What a chunk store (rmjax.runs.chunks) holds that its job wrote: the chunks, their temp files, the manifest and
 # its temp file (rmjax.runs.results.atomic_write_text). Anything else in the folder is not the job's to delete.
+# Every folder a job writes declares its files so (fnmatch names; one ending in "/" a folder the job writes whole):
+# rmjax.train.loop.WORKDIR_FILES, rmjax.train.rm.EXPORT_FILES.
 STORE_FILES = ("chunk-*.npy", "tmp-chunk-*.npy", "manifest.json", ".manifest.json.*.tmp")
 
 
-def store_files(store: Path) -> tuple[list[Path], list[Path]]:
-    """(the files of `store` its job wrote, everything else in it), each sorted; both empty without the folder,
-    and a file (or link) in the folder's place is foreign itself."""
+def _holds_any(entry: Path, others: Sequence[Path]) -> bool:
+    """Whether `entry` is one of `others` or a folder above one."""
+    return any(entry == other or entry in other.parents for other in others)
+
+
+def _written(entry: Path, patterns: Sequence[str]) -> bool:
+    """Whether `entry` is one of `patterns` (a file, or a folder for a pattern ending in "/"; never a link)."""
+    if entry.is_symlink():
+        return False
+    return any(fnmatch.fnmatchcase(entry.name, pattern.rstrip("/"))
+               and (entry.is_dir() if pattern.endswith("/") else entry.is_file()) for pattern in patterns)
+
+
+def store_files(store: Path, patterns: Sequence[str] = STORE_FILES,
+                beside: Sequence[str | Path] = ()) -> tuple[list[Path], list[Path]]:
+    """(the entries of folder `store` its job wrote, by `patterns`; everything else in it), each sorted; both empty
+    without the folder, and a file (or link) in the folder's place is foreign itself. `beside`: the run's other
+    outputs, claimed on their own (an export inside a training workdir): an entry that is one, or holds one, is
+    neither (left to its own claim)."""
     if not store.is_dir() or store.is_symlink():
         return [], ([store] if store.exists() or store.is_symlink() else [])
+    others = [Path(os.path.realpath(p)) for p in beside]
     own, foreign = [], []
     for entry in sorted(store.iterdir()):
-        is_own = entry.is_file() and not entry.is_symlink() and any(fnmatch.fnmatchcase(entry.name, pattern)
-                                                                     for pattern in STORE_FILES)
-        (own if is_own else foreign).append(entry)
+        if _holds_any(Path(os.path.realpath(entry)), others):
+            continue
+        (own if _written(entry, patterns) else foreign).append(entry)
     return own, foreign
 
 
-def clear_store(store: Path) -> None:
-    """Delete what the job wrote in its chunk store, then the folder once empty (anything else stays, named)."""
-    own, foreign = store_files(store)
-    for path in own:
-        path.unlink(missing_ok=True)
+def clear_store(store: Path, patterns: Sequence[str] = STORE_FILES, beside: Sequence[str | Path] = ()) -> None:
+    """Delete what the job wrote in its folder (`store_files`), then the folder once empty (anything else stays,
+    named)."""
+    own, foreign = store_files(store, patterns, beside)
+    remove(own)
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         print(f"note: kept {store}: it holds {foreign[0].name}{more}, which no rmjax job wrote.", file=sys.stderr,
               flush=True)
         return
     with contextlib.suppress(FileNotFoundError):
-        store.rmdir()
+        if not any(store.iterdir()):  # what `beside` names stays
+            store.rmdir()
+
+
+def _foreign(what: str, foreign: Path, flag: str) -> OutputExistsError:
+    """The one refusal of an --overwrite that would delete a file no rmjax job wrote."""
+    return OutputExistsError(f"--overwrite would delete {what}, but it also holds {foreign}, which no rmjax job "
+                             f"wrote; move it elsewhere, or choose another {flag}.")
 
 
 def remove(paths: Sequence[Path], store: Path | None = None) -> None:
-    """Delete `paths` (files; folders an rmjax run made, whole) and then, with `store`, the chunk store's own
-    files (`clear_store`)."""
+    """Delete `paths` (files; folders an rmjax job wrote whole, e.g. orbax's checkpoints) and then, with `store`,
+    the chunk store's own files (`clear_store`)."""
     for p in paths:
-        if p.is_dir():
+        if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
-        elif p.exists():
+        elif p.exists() or p.is_symlink():
             p.unlink()
     if store is not None:
         clear_store(store)
@@ -158,14 +188,34 @@ def _refuse(flag: str, out: Path, why: str) -> OutputExistsError:
                              "another output.")
 
 
+def _unrecorded(meta: Path, owned: Sequence[Path]) -> list[Path]:
+    """The companions at hand that the output's `meta` does not record as written (name, size and digest): a file
+    there that no rmjax run of this output wrote, or one changed since."""
+    try:
+        files = json.loads(meta.read_text()).get("files") if meta.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        files = None
+    files = files if isinstance(files, dict) else {}
+
+    def recorded(path: Path) -> bool:
+        want = files.get(os.path.relpath(path, meta.parent))
+        if not isinstance(want, dict) or not path.is_file() or path.stat().st_size != want.get("bytes"):
+            return False
+        return results.file_record(path)["sha256"] == want.get("sha256")
+
+    return [p for p in owned if (_present(p) or p.is_symlink()) and not recorded(p)]
+
+
 def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[Path], store: Path | None,
-            flag: str, folder: bool) -> Claim:
+            flag: str, folder: Sequence[str] | None, beside: Sequence[Path]) -> Claim:
     """Read-only: what to do with `out` (raises when it may not be written)."""
-    existing = [p for p in dict.fromkeys([out, meta, *owned]) if _present(p)]
+    # a folder holding only the run's other outputs (`beside`: an export inside a workdir) is an empty one
+    present = _present(out) if folder is None else any(store_files(out, folder, beside))
+    existing = [p for p in dict.fromkeys([out, meta, *owned]) if (present if p == out else _present(p))]
     stored = read_meta_identity(meta) if meta.is_file() else None
-    if stored == identity and _present(out):
+    if stored == identity and present:
         if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
-            if not folder:  # a file result is reused only when it is byte for byte what was written
+            if folder is None:  # a file result is reused only when it is byte for byte what was written
                 problem = results.damage(out, json.loads(meta.read_text()))
                 if problem is not None:
                     raise OutputExistsError(f"{flag}={out} holds a result of these inputs that does not match its "
@@ -174,19 +224,22 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             return Claim(out, identity, reuse=True, clear=leftover)
     elif stored == identity:
         stored = None  # its .meta.json outlived the result: recompute it
-    elif folder and _present(out) and stored is None:
+    elif folder is not None and present and stored is None:
         # A folder is only ever replaced when an rmjax run of this kind made it (never a user's tree).
         raise OutputExistsError(f"{flag}={out} holds files that no rmjax run of this kind wrote (no {meta.name}); "
                                 "choose an empty or new folder.")
+    unrecorded = _unrecorded(meta, owned)
+    if unrecorded and not overwrite:  # a resume or a fresh run would write over it at the end
+        raise OutputExistsError(f"{unrecorded[0]} already exists and no rmjax run of {flag}={out} wrote it (no "
+                                f"{meta.name} records it as it is): move it away, pass --overwrite to replace it, or "
+                                "choose another output.")
     clear = None
     if store is not None and _present(store):
         progress = read_meta_identity(store / "manifest.json")
         if overwrite:  # --overwrite recomputes everything: it deletes the store's chunks, and nothing else
             foreign = store_files(store)[1]
             if foreign:
-                raise OutputExistsError(f"--overwrite would delete {flag}={out}'s saved progress {store}, but it also "
-                                        f"holds {foreign[0]}, which no rmjax job wrote; move it elsewhere, or choose "
-                                        "another output.")
+                raise _foreign(f"{flag}={out}'s saved progress {store}", foreign[0], flag)
             clear = store
         elif progress == identity:
             return Claim(out, identity, resume=True)  # continue it; the old outputs are replaced at the end
@@ -199,7 +252,12 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             raise _refuse(flag, out, "is not a finished rmjax result (no .meta.json with its inputs)")
         changed = ", ".join(changed_keys(stored, identity))
         raise _refuse(flag, out, f"holds the result of a run with different {changed}")
-    return Claim(out, identity, remove=tuple(existing), clear=clear)
+    if folder is not None and out in existing:  # an rmjax folder: --overwrite deletes what its job wrote, only
+        own, foreign = store_files(out, folder, beside)
+        if foreign:
+            raise _foreign(f"{flag}={out}", foreign[0], flag)
+        existing = [*(p for p in existing if p != out and out not in p.parents), *own]
+    return Claim(out, identity, remove=tuple(dict.fromkeys(existing)), clear=clear)
 
 
 def real_path(path: str | Path) -> Path:
@@ -210,24 +268,57 @@ def real_path(path: str | Path) -> Path:
     return real if real != Path(os.path.abspath(path)) else path
 
 
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """One output of a run to claim (`claim`'s arguments). `owned`: its companions (a figure, a steps CSV), refused
+    when `meta` does not record them unless --overwrite; `store`: its saved progress; `folder`: `out` is a folder
+    and these are the names of what its job writes in it (`store_files`), all that --overwrite deletes there;
+    `beside`: the run's other outputs that may lie inside it (and their locks), left to their own claims."""
+
+    out: str | Path
+    identity: dict
+    overwrite: bool = False
+    owned: Sequence[str | Path] = ()
+    store: str | Path | None = None
+    flag: str = "--out"
+    meta: str | Path | None = None
+    folder: Sequence[str] | None = None
+    beside: Sequence[str | Path] = ()
+
+
+def _lock_and_decide(output: Output, held: contextlib.ExitStack) -> Claim:
+    """Check that `output` can be written, lock it (process 0, in `held`) and take the read-only decision."""
+    identity, flag = canonical(output.identity), output.flag
+    out = check_writable(real_path(output.out), flag, folder=output.folder is not None)
+    meta = Path(output.meta) if output.meta is not None else meta_path(out)
+    owned = [real_path(p) for p in output.owned]
+    if is_main():  # the companions too: another job's --out may name one of them
+        for path in dict.fromkeys([out, *owned]):
+            held.enter_context(locks.hold(path, what=f"{flag}={out}"))
+    beside = [path for p in output.beside for path in (Path(p), locks.lock_path(p))]
+    return _decide(out, meta, identity, output.overwrite, owned,
+                   Path(output.store) if output.store is not None else None, flag, output.folder, beside)
+
+
+@contextlib.contextmanager
+def claim_all(outputs: Sequence[Output]) -> Iterator[list[Claim]]:
+    """Check, lock and decide for each of a run's outputs, held until the block ends. Every process takes the same
+    read-only decisions, all of them (a refusal of any output stops the run before anything is deleted); then
+    process 0 (which holds the locks) removes what --overwrite replaces."""
+    with contextlib.ExitStack() as held:
+        decisions = [_lock_and_decide(output, held) for output in outputs]
+        barrier("rmjax-claim")  # every process decided before anything is removed
+        if is_main():
+            for decision in decisions:
+                if decision.remove or decision.clear:
+                    remove(decision.remove, decision.clear)
+        yield decisions
+
+
 @contextlib.contextmanager
 def claim(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
           store: str | Path | None = None, flag: str = "--out", meta: str | Path | None = None,
-          folder: bool = False) -> Iterator[Claim]:
-    """Check, lock and decide for output `out` (+ `owned` companions, + a progress `store`), held until
-    the block ends. Every process takes the same read-only decision; then process 0 (which holds the
-    lock) removes what --overwrite replaces."""
-    identity = canonical(identity)
-    out = check_writable(real_path(out), flag, folder=folder)
-    meta = Path(meta) if meta is not None else meta_path(out)
-    owned = [real_path(p) for p in owned]
-    with contextlib.ExitStack() as held:
-        if is_main():  # the companions too: another job's --out may name one of them
-            for path in dict.fromkeys([out, *owned]):
-                held.enter_context(locks.hold(path, what=f"{flag}={out}"))
-        decision = _decide(out, meta, identity, overwrite, owned,
-                           Path(store) if store is not None else None, flag, folder)
-        barrier("rmjax-claim")  # every process decided before anything is removed
-        if (decision.remove or decision.clear) and is_main():
-            remove(decision.remove, decision.clear)
+          folder: Sequence[str] | None = None, beside: Sequence[str | Path] = ()) -> Iterator[Claim]:
+    """Claim one output (`claim_all`; the arguments: `Output`)."""
+    with claim_all([Output(out, identity, overwrite, owned, store, flag, meta, folder, beside)]) as (decision,):
         yield decision

@@ -14,7 +14,7 @@ import csv
 import dataclasses
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import jax
@@ -32,7 +32,7 @@ from rmjax.model import Model
 from rmjax.nn.layers import SplitStack
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import global_array, is_main
-from rmjax.runs.claims import claim, require_claimed
+from rmjax.runs.claims import Claim, Output, claim_all, require_claimed
 from rmjax.runs.progress import Progress
 from rmjax.runs.results import dump_json
 from rmjax.scoring import finite
@@ -97,19 +97,43 @@ def check_batch_on_mesh(cfg: TrainConfig, mesh: jax.sharding.Mesh | None) -> Non
                          f"size {data}; use a multiple of {data} (e.g. {batching.round_up(cfg.batch_size, mesh)}).")
 
 
+def check_batch_size(batch_size: int, pairs: int) -> None:
+    """A step takes `batch_size` of the `pairs` training pairs: more would take some pair twice in one step (and,
+    huge, exhaust the host building the step's indices). Refused before loading by the job and by its plan."""
+    if batch_size > pairs:
+        raise UsageError(f"--batch_size={batch_size} is more than the {pairs} training pairs (a step would take some "
+                         f"pair more than once); use --batch_size={pairs} or less.")
+
+
+def workdir_output(workdir: Path, identity: dict, overwrite: bool, beside: Sequence[str | Path] = ()) -> Output:
+    """The workdir holds one run (its identity in run.json, written as soon as it is claimed: `start_workdir`):
+    continue it, or refuse another's (unless --overwrite, which deletes the files the run wrote there,
+    WORKDIR_FILES, and refuses a workdir holding anything else). `beside`: the run's other outputs (an export
+    folder, a head file), which may lie inside the workdir and are claimed on their own."""
+    return Output(workdir, identity, overwrite=overwrite, meta=workdir / RUN_FILE, folder=WORKDIR_FILES,
+                  flag="--workdir", beside=tuple(beside))
+
+
+def start_workdir(workdir: Path, identity: dict, decision: Claim) -> None:
+    """Record the run's identity in a claimed workdir (unless its finished run is reused)."""
+    if not decision.reuse and is_main():
+        workdir.mkdir(parents=True, exist_ok=True)
+        dump_json({"identity": identity}, workdir / RUN_FILE)
+
+
 @contextlib.contextmanager
-def claim_workdir(workdir: Path, identity: dict, overwrite: bool) -> Iterator:
-    """The workdir holds one run (its identity in run.json, written as soon as it is claimed): continue
-    it, or refuse another's (unless --overwrite)."""
-    with claim(workdir, identity, overwrite=overwrite, meta=workdir / RUN_FILE, folder=True,
-               flag="--workdir") as decision:
-        if not decision.reuse and is_main():
-            workdir.mkdir(parents=True, exist_ok=True)
-            dump_json({"identity": identity}, workdir / RUN_FILE)
+def claim_workdir(workdir: Path, identity: dict, overwrite: bool, beside: Sequence[str | Path] = ()) -> Iterator:
+    """Claim a training workdir on its own (`workdir_output`, `start_workdir`)."""
+    with claim_all([workdir_output(workdir, identity, overwrite, beside)]) as (decision,):
+        start_workdir(workdir, identity, decision)
         yield decision
 
 
 RUN_FILE = "run.json"
+# What a run writes in its workdir (rmjax.runs.claims.store_files): run.json, the logs and summary.json and their
+# temp files (`_write_log`; rmjax.runs.results.atomic_write_text), and orbax's checkpoints folder, whole.
+WORKDIR_FILES = (RUN_FILE, "summary.json", "train_log.csv", "eval_log.csv", "train_log.csv.tmp", "eval_log.csv.tmp",
+                 f".{RUN_FILE}.*.tmp", ".summary.json.*.tmp", "checkpoints/")
 
 
 @dataclasses.dataclass
@@ -212,6 +236,7 @@ def train_reward_model(
     """
     if cfg.trainable == "last_k" and cfg.last_k > model.config.num_layers:
         raise UsageError(f"--last_k={cfg.last_k}: {model.source} has {model.config.num_layers} layers.")
+    check_batch_size(cfg.batch_size, len(train))
     check_batch_on_mesh(cfg, model.mesh)
     workdir = Path(workdir)
     identity = train_identity(model_fingerprint(model), model.dtype, train, heldout, cfg)

@@ -3,7 +3,6 @@ builtin default reward models, `make default-rms`)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 import sys
@@ -22,18 +21,20 @@ from rmjax.loading.safetensors_io import save_file
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs import results
-from rmjax.runs.claims import claim
+from rmjax.runs.claims import Output, claim_all
 from rmjax.runs.results import dump_json
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
 from rmjax.train.loop import (
     TrainConfig,
     TrainResult,
     check_batch_on_mesh,
-    claim_workdir,
+    check_batch_size,
+    start_workdir,
     train_identity,
     train_reward_model,
+    workdir_output,
 )
-from rmjax.train.rm import save_hf_folder
+from rmjax.train.rm import HF_FOLDER_FILES, save_hf_folder
 
 
 def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int, soft: bool, seed: int,
@@ -105,20 +106,21 @@ def run_training(
     `workdir` defaults to a folder derived from the run (`default_workdir`). With `mesh` the weights are
     sharded by the logical-axis rules and each step's pairs split over `data`.
     """
+    check_batch_size(cfg.batch_size, len(train))
     check_batch_on_mesh(cfg, mesh)
     identity = training_identity(lm_spec, train, heldout, cfg, dtype)
     workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
     print(f"workdir: {workdir}", file=sys.stderr)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(claim_workdir(workdir, identity, overwrite))
-        if export:
-            export = Path(export)
-            stack.enter_context(claim(export, identity, overwrite=overwrite, meta=export / SUMMARY_FILE, folder=True,
-                                      flag="--export"))
-        if head_out:
-            head_out = Path(head_out)
-            stack.enter_context(claim(head_out, identity, overwrite=overwrite, meta=head_out.with_suffix(".json"),
-                                      flag="--head_out"))
+    export, head_out = (Path(p) if p else None for p in (export, head_out))
+    head_files = [head_out, head_out.with_suffix(".json")] if head_out else []
+    outputs = [workdir_output(workdir, identity, overwrite, beside=[*([export] if export else []), *head_files])]
+    if export:
+        outputs.append(Output(export, identity, overwrite=overwrite, meta=export / SUMMARY_FILE, folder=EXPORT_FILES,
+                              flag="--export", beside=tuple(head_files)))
+    if head_out:
+        outputs.append(Output(head_out, identity, overwrite=overwrite, meta=head_files[1], flag="--head_out"))
+    with claim_all(outputs) as (work, *_):  # every output decided (or refused) before --overwrite deletes any
+        start_workdir(workdir, identity, work)
         lm = load(lm_spec, dtype=dtype, mesh=mesh)
         rm = reward_model_from_lm(lm, seed=cfg.seed, source=f"{lm_spec}+score")
         result = train_reward_model(rm, train, heldout, cfg, workdir, claimed=identity)
@@ -150,3 +152,4 @@ def run_training(
 
 
 SUMMARY_FILE = "rmjax_training.json"  # beside an exported folder's weights: the run that made them
+EXPORT_FILES = (*HF_FOLDER_FILES, SUMMARY_FILE, f".{SUMMARY_FILE}.*.tmp")  # all --overwrite deletes in --export

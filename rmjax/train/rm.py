@@ -21,6 +21,15 @@ def bradley_terry_loss(r_chosen: jax.Array, r_rejected: jax.Array, label: jax.Ar
     return -jnp.mean(label * jax.nn.log_sigmoid(d) + (1.0 - label) * jax.nn.log_sigmoid(-d))
 
 
+# What `save_hf_folder` writes (rmjax.runs.claims.store_files): the weights (and safetensors_io's temp file), the
+# config, and what a transformers tokenizer's save_pretrained writes: its config, special and added tokens, chat
+# template files, a fast tokenizer's tokenizer.json, a slow one's vocabulary files.
+HF_FOLDER_FILES = ("model.safetensors", "model.safetensors.tmp", "config.json", "tokenizer.json",
+                   "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json", "additional_chat_templates/", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+
+
 def save_hf_folder(model: Model, folder: str | Path) -> Path:
     """config.json + model.safetensors + tokenizer/chat template, loadable by rmjax and transformers
     (written by process 0)."""

@@ -1,0 +1,197 @@
+"""Outputs, third round (issue 42): a file at a companion's path that no rmjax run of the output wrote is never
+written over unasked, a job refuses the batch size its plan refuses (before its model loads), and --overwrite of a
+training folder deletes only what the run wrote there.
+
+Each test failed on the code before its fix: a resumed sweep drew its figure over a foreign OUT.png (and a fresh
+one refused it naming the CSV, which did not exist); inspect had no bound on its batch and train_rm none on its
+batch either (both ran out of memory, after loading); --overwrite deleted a training workdir or export folder whole,
+whatever it held.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rmjax.errors import OutputExistsError, UsageError
+from rmjax.runs import results
+from rmjax.runs.chunks import ChunkStore, store_dir
+from rmjax.runs.options import RunOptions
+from rmjax.search.sweep import SweepSpec, plot_path, run_sweep
+from tests import cli, tiny
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+FOREIGN = b"\x89PNG a figure of the user's, not of this sweep"
+HUGE = "1000000000000"
+
+
+@pytest.fixture(scope="module")
+def rm(tmp_path_factory):
+    """The tiny reward model's folder (with the SmolLM2 tokenizer and chat template)."""
+    return tiny.save_reward_model_with_tokenizer(tmp_path_factory.mktemp("rm") / "rm")[1]
+
+
+def _sweep(folder, out, **settings) -> SweepSpec:
+    options = {k: settings.pop(k) for k in ("overwrite",) if k in settings}
+    return SweepSpec(RunOptions(model=str(folder), out=str(out), **options), {"greatest": PROMPT}, **settings)
+
+
+def _quick(job: str, *flags: str) -> subprocess.CompletedProcess:
+    """An entry point expected to stop before its model loads: a run that goes on instead (the old code, towards
+    running out of memory) fails the test by its timeout, not by taking the machine down."""
+    return subprocess.run(cli.command(job, *flags), cwd=cli.REPO, env=cli.subprocess_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_resumed_sweep_refuses_a_figure_no_run_of_it_drew(rm, tmp_path, monkeypatch):
+    """The resume decision returned before looking at the companions: a foreign OUT.png was drawn over at the end of
+    the resumed run. Now it is refused (the saved chunks kept), and the resume goes on once it is moved away."""
+    out, png = tmp_path / "s.csv", plot_path(tmp_path / "s.csv")
+    spec = _sweep(rm, out, limit=48, chunk_size=16, batch_size=8, plot=True)
+    real, calls = ChunkStore.write, []
+
+    def killed_at_second_chunk(self, name, scores):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, name, scores)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ChunkStore, "write", killed_at_second_chunk)
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(spec)
+    png.write_bytes(FOREIGN)
+    with pytest.raises(OutputExistsError, match=f"{png} already exists and no rmjax run of --out={out} wrote it"):
+        run_sweep(spec)
+    assert png.read_bytes() == FOREIGN and not out.exists()
+    assert sorted(p.name for p in store_dir(out).glob("chunk-*")) == ["chunk-0000000000.npy"]
+    png.unlink()
+    run_sweep(spec)
+    assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == 16
+    assert results.recorded(out, png)
+
+
+def test_a_fresh_sweep_refuses_a_foreign_figure_in_one_line_and_overwrite_replaces_it(rm, tmp_path):
+    """No result and no saved progress, a foreign OUT.png: refused naming it (the old line named the CSV, which did
+    not exist); --overwrite replaces it with the sweep's own figure."""
+    out, png = tmp_path / "s.csv", plot_path(tmp_path / "s.csv")
+    png.write_bytes(FOREIGN)
+    flags = [f"--model={rm}", "--prompts=greatest", f"--out={out}", "--limit=8", "--batch_size=8", "--top=1", "--plot"]
+    cli.user_error(cli.run("sweep", *flags), str(png), "no rmjax run of", "--overwrite")
+    assert png.read_bytes() == FOREIGN and not out.exists()
+    cli.ok(cli.run("sweep", *flags, "--overwrite"))
+    assert png.read_bytes() != FOREIGN and results.recorded(out, png)
+
+
+def test_a_companion_is_written_over_only_when_its_output_records_it(tmp_path):
+    """The rule every job's companions share (a GCG steps CSV, a frontier's figure): one recorded, byte for byte, in
+    the output's .meta.json is the run's own; any other file there is refused unless --overwrite, which removes it."""
+    from rmjax.runs.claims import claim
+
+    out, steps = tmp_path / "g.json", tmp_path / "g.steps.csv"
+    steps.write_text("theirs\n")
+    with pytest.raises(OutputExistsError, match=f"{steps} already exists and no rmjax run"):
+        with claim(out, {"job": "gcg", "steps": 1}, owned=[steps]):
+            pass
+    assert steps.read_text() == "theirs\n"
+    with claim(out, {"job": "gcg", "steps": 1}, owned=[steps], overwrite=True):
+        assert not steps.exists()
+    out.write_text("{}")
+    steps.write_text("ours\n")
+    results.write_meta(out, files=[steps], kind="gcg", identity={"job": "gcg", "steps": 1})
+    with pytest.raises(OutputExistsError, match="holds the result of a run with different steps"):
+        with claim(out, {"job": "gcg", "steps": 2}, owned=[steps]):  # its own companion: the usual refusal
+            pass
+    steps.write_text("changed\n")
+    with pytest.raises(OutputExistsError, match=f"{steps} already exists"):
+        with claim(out, {"job": "gcg", "steps": 2}, owned=[steps]):
+            pass
+
+
+def test_inspect_refuses_the_batch_its_plan_refuses_before_loading(rm, tmp_path):
+    """inspect padded each call to --batch_size path points with no bound (10^12: out of memory after loading);
+    its plan refused past 1024. Both refuse by one check now, before anything loads."""
+    from rmjax.plan.spec import plan_inputs
+
+    line = cli.user_error(_quick("inspect", f"--model={rm}", "--prompts=greatest", "--responses=love,war",
+                                 f"--out={tmp_path / 'i'}", f"--batch_size={HUGE}"),
+                          f"--batch_size={HUGE}", "1024 path points")
+    with pytest.raises(UsageError) as planned:
+        plan_inputs(str(rm), "v5e:2x2", "inspect", batch_size=int(HUGE))
+    assert line == f"error: {planned.value}"
+
+
+def _pairs(path, n: int = 48):
+    """Preference pairs whose split by item leaves both a training and a held-out part (tests/test_safety_resume)."""
+    nouns = ["apple", "river", "house", "music", "dog", "book", "tree", "city", "light", "stone", "garden", "road"]
+    rng = np.random.default_rng(4)
+    pd.DataFrame({"prompt": "Which is better?", "chosen": [f"good {x}" for x in rng.choice(nouns, n)],
+                  "rejected": [f"bad {x}" for x in rng.choice(nouns, n)]}).to_csv(path, index=False)
+    return path
+
+
+def test_train_rm_refuses_a_batch_past_its_training_pairs_before_loading(lm_folder, tmp_path):
+    """train_rm built a step of --batch_size indices with no bound (10^12: out of memory after loading). It and its
+    plan refuse a batch past the training pairs by one check, before anything loads."""
+    from rmjax.plan.spec import plan_inputs
+    from rmjax.train.recipe import load_pairs
+
+    pairs = _pairs(tmp_path / "p.csv")
+    train = load_pairs(str(pairs), None, 1, 1, False, 0)[0]
+    line = cli.user_error(_quick("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--batch_size={HUGE}",
+                                 f"--workdir={tmp_path / 'w'}"),
+                          f"--batch_size={HUGE}", f"the {len(train)} training pairs")
+    assert not (tmp_path / "w").exists()
+    with pytest.raises(UsageError) as planned:
+        plan_inputs(str(lm_folder), "v5e:2x2", "train_rm", batch_size=int(HUGE), n_train=len(train))
+    assert line == f"error: {planned.value}"
+
+
+def _tree(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_of_a_training_folder_deletes_only_what_the_run_wrote(lm_folder, tmp_path):
+    """--overwrite deleted a workdir or an export folder whole when an rmjax run had made it, a user's files in it
+    too. A folder holding a file its run did not write is refused, naming it, with nothing deleted (not even the
+    workdir's checkpoints before the export's refusal); one holding only the run's files is replaced, the export
+    inside the workdir as the usage line has it."""
+    work = tmp_path / "work"
+    flags = [f"--model={lm_folder}", f"--pairs={_pairs(tmp_path / 'p.csv')}", "--steps=2", "--checkpoint_every=2",
+             "--batch_size=8", f"--workdir={work}", f"--export={work / 'hf'}"]
+    cli.ok(cli.run("train_rm", *flags, "--learning_rate=0.05"))
+    for mine in (work / "hf" / "notes.txt", work / "notes.txt"):
+        mine.write_text("the user's")
+        before = _tree(work)
+        cli.user_error(cli.run("train_rm", *flags, "--learning_rate=0.02", "--overwrite"),
+                       "--overwrite would delete", f"holds {mine},", "no rmjax job wrote")
+        assert _tree(work) == before
+        mine.unlink()
+    cli.ok(cli.run("train_rm", *flags, "--learning_rate=0.02", "--overwrite"))
+    assert json.loads((work / "run.json").read_text())["identity"]["config"]["learning_rate"] == 0.02
+    summary = json.loads((work / "hf" / "rmjax_training.json").read_text())
+    assert summary["config"]["learning_rate"] == 0.02
+
+
+def test_a_workdir_holding_only_the_runs_other_outputs_is_a_new_one(tmp_path):
+    """All of a run's outputs are decided before its workdir records the run: a refusal of a later output leaves
+    the export folder inside the workdir created and empty, and the rerun still finds a new workdir, not a folder of
+    the user's. Only the run's own files are cleared by --overwrite; its export inside is its own claim's."""
+    from rmjax.runs.claims import Output, claim_all
+    from rmjax.train.loop import WORKDIR_FILES, start_workdir, workdir_output
+
+    work = tmp_path / "work"
+    (work / "hf").mkdir(parents=True)
+    with claim_all([workdir_output(work, {"job": "train_rm", "run": 1}, False, beside=[work / "hf"])]) as (claimed,):
+        assert not claimed.reuse and not claimed.remove
+        start_workdir(work, {"job": "train_rm", "run": 1}, claimed)
+    (work / "checkpoints" / "2").mkdir(parents=True)
+    (work / "hf" / "theirs.txt").write_text("kept")
+    with claim_all([Output(work, {"job": "train_rm", "run": 2}, overwrite=True, meta=work / "run.json",
+                           folder=WORKDIR_FILES, flag="--workdir", beside=(work / "hf",))]) as (claimed,):
+        assert sorted(p.name for p in claimed.remove) == ["checkpoints", "run.json"]
+    assert sorted(p.name for p in work.iterdir()) == ["hf"] and (work / "hf" / "theirs.txt").read_text() == "kept"
