@@ -136,3 +136,132 @@ def test_gcg_counts_the_swaps_a_nan_gradient_keeps_it_from_proposing(overflow_ro
     result = json.loads(out.read_text())
     assert result["history"][0]["candidates"] == 1  # 'Yes' only: 'Love' never proposed
     assert sorted(entry["ids"] for entry in result["buffer"]) == sorted([[start], [yes]])
+
+
+# Padding: the pad token's row never reaches a real token's result ------------------------------------------------
+# A padded key gets attention weight 0, but 0 x NaN is NaN: with the pad token's embedding row NaN/Inf (pad id 0, or
+# one that overflows under Gemma's x sqrt(hidden)) every padded row came out NaN, and every prompt cached with left
+# padding. Padding now enters the stack as zeros (Transformer.inputs). References: transformers PyTorch forwards of
+# each unpadded sequence alone; tolerances from the float32 bound (tests/tolerance.py).
+
+PAD_ROW, NAN_TOKEN = 0, 9  # tiny.PAD; a real token whose row holds a NaN
+
+
+@pytest.fixture(scope="module")
+def bad_pad(tmp_path_factory):
+    """{'rm' | 'lm': (the transformers model, the loaded model)}: tiny Gemma 2s whose pad row overflows to inf
+    (4.3e37 x 8) and whose token NAN_TOKEN has a NaN in its row."""
+    import torch
+
+    from tests import tiny
+
+    built = {}
+    for kind, labels in (("rm", 1), ("lm", None)):  # the LM's head untied: its logits never read the bad rows
+        hf = tiny.build_hf_model("gemma2", num_labels=labels, seed=3, tie_word_embeddings=False)
+        with torch.no_grad():
+            table = hf.get_input_embeddings().weight
+            table[PAD_ROW] = 0.0
+            table[PAD_ROW, 0] = 4.3e37
+            table[NAN_TOKEN, 0] = float("nan")
+        folder = tiny.save_hf_model(hf, tmp_path_factory.mktemp(f"bad_pad_{kind}"))
+        built[kind] = hf, load(str(folder), require_tokenizer=False)
+    return built
+
+
+ROWS = [[5, 6, 7, 8, 10], [5, 6], [11, 12, 13], [5, NAN_TOKEN, 7]]  # widths differ; the last holds a real NaN
+
+
+def _reward_alone(hf, model, row: list[int]) -> tuple[float, float]:
+    """transformers' reward of `row` alone and the float32 bound of the comparison."""
+    import torch
+
+    with torch.no_grad():
+        want = float(hf(input_ids=torch.tensor([row])).logits[0, 0])
+    ids = np.asarray([row], np.int32)
+    return want, tolerance.rewards_atol(model.params, model.config, ids, np.ones_like(ids, bool))
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_rows_score_as_alone_with_a_non_finite_pad_row(bad_pad, side):
+    """Rows of different widths padded with the overflowing pad token: each finite row gets its reward alone (the
+    padded ones were NaN); the row holding a real NaN token stays NaN."""
+    hf, model = bad_pad["rm"]
+    ids, mask = batching.pad_rows(ROWS, side=side, pad_id=PAD_ROW)
+    got = to_host(calls.rewards(model, ids, mask))[:, 0]
+    for i, row in enumerate(ROWS[:-1]):
+        want, atol = _reward_alone(hf, model, row)
+        np.testing.assert_allclose(got[i], want, atol=atol, rtol=0, err_msg=f"row {i}")
+    assert np.isnan(got[-1])
+
+
+def test_a_left_padded_prefix_cache_with_a_non_finite_pad_row_scores_as_the_whole_sequence(bad_pad):
+    """A prompt cached left-padded (prefill_prefix pads to a bucket of 32 with id 0), then right-padded
+    continuations after it (rewards_after, as text scoring does) and packed variant tails (score_variants, as GCG
+    does): each equals the whole sequence's reward alone (all were NaN); a continuation with a real NaN stays NaN."""
+    from rmjax.scoring.prefix import prefill_prefix
+
+    hf, model = bad_pad["rm"]
+    prefix = [5, 6, 7]
+    cache = prefill_prefix(model, prefix)
+    assert cache.k.shape[2] > len(prefix)  # the case: left padding in the cache
+    ids, mask = batching.pad_rows(ROWS, pad_id=PAD_ROW)
+    got = to_host(calls.rewards_after(model, cache, ids, mask))[:, 0]
+    for i, row in enumerate(ROWS[:-1]):
+        want, atol = _reward_alone(hf, model, prefix + row)
+        np.testing.assert_allclose(got[i], want, atol=atol, rtol=0, err_msg=f"row {i}")
+    assert np.isnan(got[-1])
+    current, suffix = np.asarray([10, 11, 12]), np.asarray([3, 4], np.int32)
+    variants = np.asarray([[10, 11, 13], [14, 11, 12], [10, NAN_TOKEN, 16]])
+    scored = score_variants(model, extend_prefix(model, cache, current[None]), suffix, current, variants, 8)
+    for i, variant in enumerate(variants[:-1]):
+        want, atol = _reward_alone(hf, model, [*prefix, *variant, *suffix])
+        np.testing.assert_allclose(scored[i], want, atol=atol, rtol=0, err_msg=f"variant {i}")
+    assert np.isnan(scored[-1])
+
+
+def test_log_probs_of_left_padded_prompts_with_a_non_finite_pad_row_equal_each_alone(bad_pad):
+    """The logprobs job's forward (prompts left-padded with the pad id, next-token log-probs at each last token):
+    each finite prompt's log-probs equal transformers' for it alone (the padded ones were NaN); a prompt with a real
+    NaN token stays NaN."""
+    import torch
+
+    hf, model = bad_pad["lm"]
+    ids, mask = batching.pad_rows(ROWS, side="left", pad_id=PAD_ROW)
+    got = to_host(calls.next_token_log_probs(model, ids, mask))
+    for i, row in enumerate(ROWS[:-1]):
+        with torch.no_grad():
+            want = torch.log_softmax(hf(input_ids=torch.tensor([row])).logits[0, -1].double(), -1).numpy()
+        alone = np.asarray([row], np.int32)
+        atol = tolerance.logprobs_atol(model.params, model.config, alone, np.ones_like(alone, bool))
+        np.testing.assert_allclose(got[i], want, atol=atol, rtol=0, err_msg=f"prompt {i}")
+    assert np.isnan(got[-1]).all()
+
+
+def test_score_texts_with_an_overflowing_pad_row_refuses_only_the_nan_text(overflow_row, tmp_path):  # noqa: F811
+    """The score job's path (prompt cached left-padded, responses right-padded in one batch) on the Gemma 2 whose
+    'Love' overflows, its pad row 0 made to overflow too: refused naming 'Love' alone, '1 of 3' (it was 3 of 3);
+    with --allow_nonfinite the other two equal their whole sequences' rewards."""
+    from rmjax.scoring.texts import TextScorer, score_texts
+
+    folder, _, _ = overflow_row
+    bad = cli.copy_folder(folder, tmp_path / "pad_overflows")
+
+    def overflow(table: np.ndarray) -> np.ndarray:
+        table = table.copy()
+        table[PAD_ROW] = 0.0
+        table[PAD_ROW, 0] = 4.3e37
+        return table
+
+    cli.edit_tensor(bad, "model.embed_tokens.weight", overflow)
+    model, texts = load(str(bad)), ["Yes", "No thanks", "Love"]
+    full = TextScorer(model, PROMPT).token_ids(texts)
+    assert len({len(f) for f in full}) > 1 and PAD_ROW not in {t for f in full for t in f}  # the case: padding
+    with pytest.raises(NonFiniteError, match=r"1 of 3 are NaN/Inf.*first: text 'Love'"):
+        score_texts(model, {"greatest": PROMPT}, texts)
+    got = score_texts(model, {"greatest": PROMPT}, texts, allow_nonfinite=True)["greatest"]
+    for i in (0, 1):
+        ids = np.asarray([full[i]], np.int32)
+        want = float(to_host(calls.rewards(model, ids, np.ones_like(ids, bool)))[0, model.output_column])
+        atol = tolerance.rewards_atol(model.params, model.config, ids, np.ones_like(ids, bool))
+        np.testing.assert_allclose(got[i], want, atol=atol, rtol=0, err_msg=texts[i])
+    assert np.isnan(got[2])

@@ -203,11 +203,11 @@ class Transformer(nnx.Module):
                  segments: Segments | None = None) -> Forward:
         """`embeds` are raw embedding rows (e.g. GCG's differentiable one-hot rows); the Gemma scale is
         applied here for both, so ids=x equals embeds=table[x] (transformers' inputs_embeds expects it
-        applied). With `cache`, the new tokens attend to the cached prefix too."""
-        # The embedding gather reads a vocab-sharded table: say where its rows go.
-        x = constrain(self.embed.scaled(self.embed(ids) if embeds is None else embeds), ACTIVATION)
-        batch, length = x.shape[:2]
-        mask = jnp.ones((batch, length), bool) if mask is None else mask.astype(bool)
+        applied). With `cache`, the new tokens attend to the cached prefix too. Padding (mask False) enters
+        the stack as zeros (`inputs`)."""
+        rows = self.embed(ids) if embeds is None else embeds
+        mask = jnp.ones(rows.shape[:2], bool) if mask is None else mask.astype(bool)
+        x = self.inputs(rows, mask)
         if positions is None:
             positions = positions_from_mask(mask, 0 if cache is None else cache.next_positions)
         x, k, v, reads = self.layers(x, self._attention_inputs(positions, mask, cache, segments),
@@ -215,6 +215,17 @@ class Transformer(nnx.Module):
                                      residuals, patch)
         kv = KVCache(k=k, v=v, positions=positions, valid=mask)
         return Forward(self.final_norm(x), kv, *(reads or ()))
+
+    def inputs(self, rows: jax.Array, mask: jax.Array) -> jax.Array:
+        """Embedding rows [B, T, H] as the first layer sees them: scaled, and zero where `mask` says padding.
+        A padded key gets attention weight exactly 0, but 0 x NaN is NaN in the weights x values product: a pad
+        token whose row is NaN/Inf (or overflows under Gemma's scale) turned every padded row NaN. From zeros a
+        padded position's hidden state, keys and values (in a cache too) are mixes of its row's real tokens,
+        finite when those are (RMSNorm of zeros is zero, by its eps); the real positions' results are the same
+        bit for bit. A real token's NaN still shows."""
+        x = self.embed.scaled(rows)
+        # The embedding gather reads a vocab-sharded table: say where its rows go.
+        return constrain(jnp.where(mask[..., None], x, jnp.zeros((), x.dtype)), ACTIVATION)
 
     def _attention_inputs(self, positions, mask, cache: KVCache | None,
                           segments: Segments | None = None) -> AttentionInputs:
@@ -282,12 +293,12 @@ class Transformer(nnx.Module):
 
     def trace(self, ids: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
         """Every stage of one forward, for per-layer reads and for finding where a NaN starts:
-        embeddings [B, T, H] (scaled), residual after each layer [L, B, T, H], final-normed hidden
-        [B, T, H] and, at the last token, the head's outputs [B, num_outputs] (a causal LM: the
-        next-token log-probs [B, vocab])."""
+        embeddings [B, T, H] (as the stack sees them: scaled, zero at padding), residual after each layer
+        [L, B, T, H], final-normed hidden [B, T, H] and, at the last token, the head's outputs [B, num_outputs]
+        (a causal LM: the next-token log-probs [B, vocab])."""
         rows = self.embed(ids)
         out = self(embeds=rows, mask=mask, residuals=True)
-        trace = {"embeddings": self.embed.scaled(rows), "layers": out.residuals, "hidden": out.hidden}
+        trace = {"embeddings": self.inputs(rows, mask.astype(bool)), "layers": out.residuals, "hidden": out.hidden}
         if self.config.is_reward_model:
             trace["head"] = self.rewards_from(ids, mask, out.hidden)
         else:
