@@ -99,6 +99,25 @@ def check(values: np.ndarray, *, what: str, row: Callable[[int], str], columns: 
     )
 
 
+def gradient_swaps_skipped(grad, banned, *, allow: bool, what: str, tokenizer=None,
+                           explain: Callable[[], str] = lambda: "") -> int:
+    """One rule for a search's gradient [N, V] (GCG's and the frontier's): swap_scores puts a NaN/Inf entry at
+    +inf, so that swap is never proposed. Without `allow` the job stops here, naming how many entries, the first
+    (position, token) and `explain()` (where the model turns NaN); with it, returns how many swaps of allowed tokens
+    (not `banned` [V']) were kept from being proposed, for .meta.json's count."""
+    bad = ~jnp.isfinite(grad)
+    total = int(to_host(jnp.sum(bad)))
+    if not total:
+        return 0
+    if not allow:
+        position, token = np.unravel_index(int(to_host(jnp.argmax(bad.reshape(-1)))), bad.shape)
+        text = f" ({tokenizer.decode([int(token)])!r})" if tokenizer is not None else ""
+        raise NonFiniteError(f"{what} is NaN/Inf at {total} (position, token) entries (first: position "
+                             f"{int(position)}, token {int(token)}{text}){explain()}. Fix the model, or {ALLOW_HINT}.")
+    width = min(bad.shape[1], banned.shape[0])
+    return int(to_host(jnp.sum(bad[:, :width] & ~jnp.asarray(banned)[None, :width])))
+
+
 def merge(records: Sequence[dict | None]) -> dict | None:
     """One .meta.json record for a result checked in parts (the beam's chunks): counts summed, the first few
     offending rows kept in order; None when every part was finite."""

@@ -240,6 +240,7 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
                 extended, every = objective.extended_cache(current), None
             else:
                 loss, extended, every = objective.gradient(current, cfg.explore)  # λ = 0, no explore: None
+                objective.check_gradient(loss, banned_on_device, current)  # NaN/Inf: refused, or counted
                 step_key = jax.random.fold_in(key, step * BUFFER_TRIES + attempt)
                 cands = _proposals(current, loss, every, banned_on_device, gcg_cfg, cfg, step_key)
                 cands, _ = filter_candidates(cands, retokenize, gcg_cfg, seen)

@@ -199,7 +199,7 @@ class _Search:
         if bad.any() and not self.cfg.allow_nonfinite:
             finite.check(rewards[:, None], what="rewards", columns=["GCG objective"], allow=False,
                          row=lambda i: f"response ids {cands[i].tolist()} ({_decode(self.lead, cands[i].tolist())!r})",
-                         explain=lambda i, j: _explain(self.targets, cands[i]))
+                         explain=lambda i, j: explain_nonfinite(self.targets, cands[i]))
         self.dropped += int(bad.sum())
         return np.where(bad, np.nan, -self.sign * rewards)
 
@@ -228,14 +228,11 @@ class _Search:
             current = np.asarray(self.buffer[attempt][1])
             grads, extended = zip(*(reward_gradient_on_device(t, current) for t in self.targets), strict=True)
             grad = _mean_on_device([g[:, :self.vocab] for g in grads]) * -self.sign
-            nonfinite = int(jnp.sum(~jnp.isfinite(grad)))
-            if nonfinite and not cfg.allow_nonfinite:
-                raise NonFiniteError(
-                    f"the reward's gradient for response ids {current.tolist()} is NaN/Inf at {nonfinite} "
-                    f"(position, token) entries{_explain(self.targets, current)}. Fix the model, or "
-                    f"{finite.ALLOW_HINT}.")
-            if nonfinite:  # allowed: those swaps are never proposed (swap_scores), and the result says how many
-                self.skipped_swaps += int(jnp.sum(~jnp.isfinite(grad) & ~self.banned[None, : grad.shape[1]]))
+            # a NaN/Inf entry stops the search, or (allowed) is never proposed (swap_scores) and counted
+            self.skipped_swaps += finite.gradient_swaps_skipped(
+                grad, self.banned, allow=cfg.allow_nonfinite, tokenizer=self.lead.tokenizer,
+                what=f"the reward's gradient for response ids {current.tolist()}",
+                explain=lambda ids=current: explain_nonfinite(self.targets, ids))
             # never a banned swap, nor one with no gradient
             score = swap_scores(grad, self.banned, jnp.asarray(current), self.embed, cfg.embed_reg)
             step_cfg = dataclasses.replace(cfg, n_replace=min(cfg.num_tokens, cfg.n_replace + attempt))
@@ -313,7 +310,7 @@ def _mean_on_device(grads: list[jax.Array]) -> jax.Array:
     return sum(jax.device_put(g, grads[0].sharding) for g in grads) / len(grads)
 
 
-def _explain(targets: list[Target], ids: np.ndarray) -> str:
+def explain_nonfinite(targets: list[Target], ids: np.ndarray) -> str:
     """Where the first target whose reward of `ids` is non-finite turns NaN (see rmjax.scoring.finite)."""
     for t in targets:
         if not np.isfinite(evaluate([t], np.asarray([ids]), 1)).all():

@@ -33,6 +33,7 @@ from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.model import Model
 from rmjax.parallel.distributed import replicated, to_host
+from rmjax.scoring import finite
 from rmjax.scoring import prior as prior_lib
 from rmjax.scoring.prefix import (
     append_kv,
@@ -42,7 +43,7 @@ from rmjax.scoring.prefix import (
     score_responses,
     score_variants,
 )
-from rmjax.search.gcg import Target, one_hot_forward, reward_gradient_on_device
+from rmjax.search.gcg import Target, explain_nonfinite, one_hot_forward, reward_gradient_on_device
 
 GRADIENT_COST = 3  # a backward pass costs about twice its forward
 
@@ -183,6 +184,8 @@ class Objective:
     repetition_weight: float
     forwards: Forwards
     batch_size: int = 256
+    allow_nonfinite: bool = False  # NaN/Inf gradient entries counted in `swaps_skipped`, not refused
+    swaps_skipped: int = 0  # swaps of allowed tokens a NaN/Inf gradient entry kept from being proposed
 
     def __post_init__(self):
         if self.lam > 0 and self.prior is None:
@@ -311,6 +314,24 @@ class Objective:
         elif explore:
             every = prior_lib.every_log_probs(self.prior.model, self.prior.cache, self.prior.first, current)
         return loss, extended, every
+
+    def check_gradient(self, loss: jax.Array, banned: jax.Array, current: np.ndarray) -> None:
+        """GCG's rule for a gradient (finite.gradient_swaps_skipped): a NaN/Inf entry of `loss` [N, V] over the
+        searched vocabulary (`banned` [V']) stops the job, naming where the RM or the prior turns non-finite, or
+        with allow_nonfinite is counted in `swaps_skipped` (swap_scores never proposes it)."""
+        self.swaps_skipped += finite.gradient_swaps_skipped(
+            loss[:, : banned.shape[0]], banned, allow=self.allow_nonfinite, tokenizer=self.target.model.tokenizer,
+            what=f"the objective's gradient (λ = {self.lam:g}) for response ids {np.asarray(current).tolist()}",
+            explain=lambda: self._explain(current))
+
+    def _explain(self, current: np.ndarray) -> str:
+        """Where the RM turns non-finite on prefix + current + suffix, else the non-finite parameters of the RM and
+        of the prior when its gradient is in J."""
+        found = explain_nonfinite([self.target], current)
+        if found or not self.uses_prior or self.rm_is_prior:
+            return found
+        params = finite.nonfinite_parameters(self.prior.model.params)
+        return f"; non-finite parameters of the prior {self.prior.model.source}: {'; '.join(params)}" if params else ""
 
     def next_token_log_probs(self, partials: np.ndarray) -> jnp.ndarray:
         """The prior's log-probabilities of each partial's next token [W, V] (the beam's proposals), charged d
