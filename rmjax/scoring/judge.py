@@ -4,12 +4,17 @@ causal LM of another family, on the judge's own tokenization, after the prompt i
 The text is put into the judge's conversation and the whole conversation tokenized, so the response's tokens are
 those the judge would read there (a leading space or a merge at the template's edge included); where the
 conversation's head is not the prompt's prefix token for token, the text is tokenized alone.
+
+The judge reads the prompt's prefix and the response's tokens, within its context: a response longer than that in
+the judge's tokenization (known only once the text is, since one RM token may be many judge tokens) is refused in
+one line, never scored at positions the judge was not trained on.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from rmjax.errors import PromptTooLongError
 from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.scoring.prefix import prefill_prefix
@@ -29,7 +34,25 @@ def judge_tokens(judge: Model, prompt: str, texts: list[str], template: str = "a
             rows.append(ids[len(prefix) : len(ids) - tail])
         else:
             rows.append(judge.tokenizer(text, add_special_tokens=False).input_ids)
+    check_room(judge, prompt, len(split.prefix), tail, texts, rows)
     return split.prefix, rows
+
+
+def check_room(judge: Model, prompt: str, prefix: int, suffix: int, texts: list[str], rows: list[list[int]]
+               ) -> None:
+    """Refuse, naming the longest, responses whose conversation in the judge's template (prefix, the response's
+    judge tokens, suffix: split_chat's rule) passes the judge's context (max_position_embeddings): their
+    perplexity would be read at positions it never saw."""
+    context = judge.config.max_position_embeddings
+    longest = max(range(len(rows)), key=lambda i: len(rows[i]), default=None)
+    if longest is None or prefix + len(rows[longest]) + suffix <= context:
+        return
+    over = sum(prefix + len(r) + suffix > context for r in rows)
+    raise PromptTooLongError(
+        f"the judge {judge.source} cannot read {over} of {len(rows)} responses within its context of {context} "
+        f"positions (max_position_embeddings): {texts[longest]!r} is {len(rows[longest])} of its tokens, between "
+        f"a prefix of {prefix} and a suffix of {suffix} (prompt {prompt[:40]!r}). Give a smaller --num_tokens or a "
+        "judge with a longer context; no perplexity was computed.")
 
 
 def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: str = "auto",

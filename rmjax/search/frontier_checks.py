@@ -17,10 +17,12 @@ from rmjax.text import chat
 PER_CANDIDATE = 2  # one prior forward to sample a response and one RM forward to score it (rmjax.search.fluent)
 
 
-def check_before_loading(spec) -> None:
+def check_before_loading(spec, judge: str) -> None:
     """Refuse, in one line and before any model loads, a frontier job (rmjax.search.frontier_job.FrontierSpec)
-    that cannot run: a response past the RM's or the prior's context, a budget too small for one candidate, a
-    --sweep column that gives no yardstick."""
+    that cannot run: a response past the RM's or the prior's context, a prompt that leaves the judge no room for
+    a response, a budget too small for one candidate, a --sweep column that gives no yardstick. (How many judge
+    tokens a response takes is known only from its text: rmjax.scoring.judge refuses one past the judge's context
+    as soon as it is decoded.)"""
     o, search = spec.options, spec.search
     name, text = next(iter(spec.prompts.items()))
     if spec.sweep:
@@ -38,6 +40,11 @@ def check_before_loading(spec) -> None:
         except PromptTooLongError as error:
             raise PromptTooLongError(f"the prior --lm={spec.lm}: {error}") from None
         prior_prefix = len(prior.prefix)
+    judge_cfg, judge_tokenizer = config_and_tokenizer(judge)
+    try:  # the judge reads the prompt in its own template ("auto") and at least one token of a response
+        chat.split_chat(judge_tokenizer, text, "auto", judge_cfg.max_position_embeddings)
+    except PromptTooLongError as error:
+        raise PromptTooLongError(f"the judge --judge={judge}: {error}") from None
     need = minimum_forwards(len(rm.prefix), len(rm.suffix), prior_prefix, search.num_tokens, search.start_share)
     if spec.config.forwards < need:
         raise UsageError(budget_message(spec.config.forwards, need))
