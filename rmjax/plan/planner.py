@@ -19,6 +19,7 @@ from rmjax.parallel import batching
 from rmjax.plan.chips import CHIPS, Slice, mesh_on
 from rmjax.plan.cost import CallCost, cost_of, shard_bytes
 from rmjax.plan.shapes import SweepShape
+from rmjax.runs import results
 from rmjax.scoring import memory
 
 JOBS = ("sweep", "beam", "gcg", "score", "logprobs", "inspect", "train_rm")
@@ -193,9 +194,8 @@ def _duration(seconds: float) -> str:
 
 
 def write(p: dict, out: str | Path) -> Path:
-    import json
-
+    """The plan as strict JSON through the jobs' one writer (results.dump_json: atomic, and a NaN/Inf estimate is
+    refused naming its field; a plan has no --allow_nonfinite): a refused plan leaves any earlier file whole."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(p, indent=1) + "\n")
-    return out
+    return results.dump_json(p, out, allow_nonfinite=False)
