@@ -1,0 +1,147 @@
+"""Jobs' leftovers of issue 42: the frontier's NaN gradient, its judge's context, and plan's JSON.
+
+Each test failed on the code before its fix: the frontier's search never proposed a swap whose gradient entry was
+NaN/Inf and said nothing (GCG refused, or counted it with --allow_nonfinite); the judge scored a response past its
+context at positions it never saw, with exit 0 (and a judge too short for its prompt was refused only after the
+search); `plan --out` wrote NaN/Inf (json.dumps) where every other writer refuses them, and wrote in place.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests import cli
+
+# a frontier small enough to run in seconds: one λ, one direction, responses of 2 tokens
+N = 2
+SMALL = (f"--num_tokens={N}", "--samples=4", "--beam=2", "--proposals=2", "--search_width=8", "--topk=4", "--top=2",
+         "--lambdas=0", "--direction=optimal", "--prompts=greatest", "--z_sample=8")
+
+
+def _frontier(rm, lm, judge, out, *flags: str):
+    return cli.run("frontier", f"--model={rm}", f"--lm={lm}", f"--judge={judge}", *SMALL, f"--out={out}", *flags)
+
+
+def test_the_frontier_refuses_or_counts_swaps_a_nan_gradient_keeps_it_from_proposing(rm_folder, lm_folder, tmp_path):
+    """'Love' with a NaN in its RM embedding row: the gradient's 'Love' column is NaN at every position, and
+    swap_scores sets it to +inf, so the frontier's search never proposed it and said nothing. Now GCG's rule
+    (finite.gradient_swaps_skipped): refused in one line naming the token, or with --allow_nonfinite counted in
+    .meta.json (N swaps a gradient: one token, every position) and the run completes."""
+    from transformers import AutoTokenizer
+
+    (love,) = AutoTokenizer.from_pretrained(str(rm_folder))("Love", add_special_tokens=False).input_ids
+    rm = cli.copy_folder(rm_folder, tmp_path / "nan_row")
+
+    def poison(table: np.ndarray) -> np.ndarray:
+        table = table.copy()
+        table[love, 0] = np.nan
+        return table
+
+    cli.edit_tensor(rm, "model.embed_tokens.weight", poison)
+    out = tmp_path / "refused"
+    line = cli.user_error(_frontier(rm, lm_folder, lm_folder, out, "--forwards=80"), "objective's gradient",
+                          f"token {love} ('Love')", "embed", "--allow_nonfinite", loaded=True)
+    assert "NaN/Inf at" in line
+    assert not (out / "frontier.csv").exists()
+    out = tmp_path / "allowed"
+    cli.ok(_frontier(rm, lm_folder, lm_folder, out, "--forwards=80", "--allow_nonfinite"))
+    meta = json.loads((out / "frontier.csv.meta.json").read_text())
+    units = {u["method"]: u for u in meta["units"]}
+    skipped = meta["nonfinite"]["gradient_swaps_skipped"]
+    assert skipped > 0 and skipped % N == 0 and units["search"]["gradient_swaps_skipped"] == skipped
+    assert "gradient_swaps_skipped" not in units["best_of_n"]  # no gradient
+    table = pd.read_csv(out / "frontier.csv", keep_default_na=False)
+    assert np.isfinite(table.reward).all() and not any(str(love) in ids.split() for ids in table.ids)
+
+
+
+def _judge_split(folder) -> tuple[int, int]:
+    """The prompt's prefix and suffix lengths in the judge's own template ("auto"), with transformers alone."""
+    from transformers import AutoTokenizer
+
+    from rmjax.text.prompts import resolve_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    marker = "\u0000RESPONSE\u0000"
+    text = resolve_prompts(["greatest"], [])["greatest"]
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text},
+                                              {"role": "assistant", "content": marker}], tokenize=False)
+    before, after = rendered.split(marker)
+    return (len(tokenizer(before, add_special_tokens=False).input_ids),
+            len(tokenizer(after, add_special_tokens=False).input_ids))
+
+
+def _short_context(folder, dst, context: int):
+    copy = cli.copy_folder(folder, dst)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
+    return copy
+
+
+def test_a_response_past_the_judges_context_is_refused_never_scored(rm_folder, lm_folder, tmp_path):
+    """The judge re-tokenizes each found response after the prompt in its own template; past its context the
+    perplexity was read at positions it never saw, with exit 0. A judge with no room for a response is refused
+    before any weight loads; one response longer than the room (known once decoded) in one line, no CSV."""
+    prefix, suffix = _judge_split(lm_folder)
+    out = tmp_path / "f"
+    no_room = _short_context(lm_folder, tmp_path / "no_room", prefix + suffix)
+    cli.user_error(_frontier(rm_folder, lm_folder, no_room, out, "--forwards=80"), f"--judge={no_room}",
+                   f"needs {prefix + suffix + 1} positions", f"context is {prefix + suffix}")
+    context = prefix + suffix + 1  # room for one judge token: 4 RM tokens decode to more
+    short = _short_context(lm_folder, tmp_path / "short", context)
+    line = cli.user_error(_frontier(rm_folder, lm_folder, short, out, "--num_tokens=4", "--forwards=80"),
+                          f"the judge {short}", f"context of {context} positions", "--num_tokens", loaded=True)
+    assert f"a prefix of {prefix} and a suffix of {suffix}" in line
+    assert not (out / "frontier.csv").exists()
+
+
+def test_the_judges_room_is_its_context_to_the_token(lm_folder):
+    """judge_tokens at the boundary (config and tokenizer only: no weights): responses of t judge tokens pass in a
+    context of prefix + t + suffix and are refused, naming the longest, in one less."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from rmjax.errors import PromptTooLongError
+    from rmjax.scoring.judge import judge_tokens
+    from rmjax.text.prompts import resolve_prompts
+
+    prefix, suffix = _judge_split(lm_folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(lm_folder))
+    text = resolve_prompts(["greatest"], [])["greatest"]
+    texts = [" the cat sat on the mat", " yes"]
+    longest = len(tokenizer(texts[0], add_special_tokens=False).input_ids)
+
+    def judge(context: int):
+        return SimpleNamespace(tokenizer=tokenizer, source="tiny-judge",
+                               config=SimpleNamespace(max_position_embeddings=context))
+
+    _, rows = judge_tokens(judge(prefix + longest + suffix), text, texts)
+    assert [len(r) for r in rows] == [longest, 1]
+    with pytest.raises(PromptTooLongError, match=rf"cannot read 1 of 2 responses .*' the cat sat on the mat' is "
+                                                 rf"{longest} of its tokens"):
+        judge_tokens(judge(prefix + longest + suffix - 1), text, texts)
+
+
+
+def test_a_plan_with_a_nonfinite_estimate_is_refused_and_the_old_plan_kept(tmp_path):
+    """plan --out wrote json.dumps' bare NaN/Infinity (no strict reader takes it) where every job's writer refuses
+    NaN/Inf; and it wrote in place. Now results.dump_json: refused naming the field, an earlier plan left whole,
+    a finite plan strict JSON."""
+    from rmjax.errors import NonFiniteError
+    from rmjax.plan.planner import write
+
+    out = tmp_path / "plans" / "plan.json"
+    plan = {"job": "sweep", "chips": 4, "predicted_seconds": 12.5, "per_chip_bytes": {"total": 1024}}
+    write(plan, out)
+    before = out.read_bytes()
+    assert json.loads(before, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}")) == plan
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(NonFiniteError, match=r"plan\.json: field 'per_chip_bytes\.total'"):
+            write({**plan, "per_chip_bytes": {"total": bad}}, out)
+        assert out.read_bytes() == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["plan.json"]  # no temp file left
