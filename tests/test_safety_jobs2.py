@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from tests import cli
+from tests.test_mutants import overflow_row  # noqa: F401  (the fixture)
 
 # a frontier small enough to run in seconds: one λ, one direction, responses of 2 tokens
 N = 2
@@ -29,9 +30,12 @@ def _frontier(rm, lm, judge, out, *flags: str):
 def test_the_frontier_refuses_or_counts_swaps_a_nan_gradient_keeps_it_from_proposing(rm_folder, lm_folder, tmp_path):
     """'Love' with a NaN in its RM embedding row: the gradient's 'Love' column is NaN at every position, and
     swap_scores sets it to +inf, so the frontier's search never proposed it and said nothing. Now GCG's rule
-    (finite.gradient_swaps_skipped): refused in one line naming the token, or with --allow_nonfinite counted in
-    .meta.json (N swaps a gradient: one token, every position) and the run completes."""
+    (finite.gradient_swaps_skipped): refused in one line naming the token, or with --allow_nonfinite counted (N
+    swaps a gradient: one token, every position). The count is saved with its unit: a run killed before writing,
+    resumed without the flag, is refused naming the saved unit; resumed with it, .meta.json records the count."""
     from transformers import AutoTokenizer
+
+    from tests.test_safety_resume2 import _killed_before_writing
 
     (love,) = AutoTokenizer.from_pretrained(str(rm_folder))("Love", add_special_tokens=False).input_ids
     rm = cli.copy_folder(rm_folder, tmp_path / "nan_row")
@@ -48,7 +52,12 @@ def test_the_frontier_refuses_or_counts_swaps_a_nan_gradient_keeps_it_from_propo
     assert "NaN/Inf at" in line
     assert not (out / "frontier.csv").exists()
     out = tmp_path / "allowed"
-    cli.ok(_frontier(rm, lm_folder, lm_folder, out, "--forwards=80", "--allow_nonfinite"))
+    flags = (f"--model={rm}", f"--lm={lm_folder}", f"--judge={lm_folder}", *SMALL, f"--out={out}", "--forwards=80")
+    assert _killed_before_writing("frontier", *flags, "--allow_nonfinite").returncode == 137
+    assert not (out / "frontier.csv").exists()
+    cli.user_error(cli.run("frontier", *flags), "search unit saved in", "chunk-u0000.npy", "gradient_swaps_skipped",
+                   "--allow_nonfinite", loaded=True)
+    cli.ok(cli.run("frontier", *flags, "--allow_nonfinite"))
     meta = json.loads((out / "frontier.csv.meta.json").read_text())
     units = {u["method"]: u for u in meta["units"]}
     skipped = meta["nonfinite"]["gradient_swaps_skipped"]
@@ -57,6 +66,43 @@ def test_the_frontier_refuses_or_counts_swaps_a_nan_gradient_keeps_it_from_propo
     table = pd.read_csv(out / "frontier.csv", keep_default_na=False)
     assert np.isfinite(table.reward).all() and not any(str(love) in ids.split() for ids in table.ids)
 
+
+def test_the_frontier_objective_refuses_or_drops_and_counts_a_nan_sequence(overflow_row):  # noqa: F811
+    """The frontier ranked a sequence whose reward was NaN last and never said so (GCG refuses it, or drops and
+    counts it). Now Objective's scores are held to GCG's rule: refused naming the sequence and where the model
+    turns NaN; with allow_nonfinite dropped (J = -inf: never kept or written) and counted; the finite ones keep
+    their rewards (against a whole-sequence forward)."""
+    from rmjax.errors import NonFiniteError
+    from rmjax.loading import load
+    from rmjax.search.gcg import make_target
+    from rmjax.search.objective import Forwards, Objective
+    from rmjax.text import prompts
+    from tests.test_safety_packing import _whole_reward
+
+    folder, start, nan = overflow_row
+    model = load(str(folder))
+    target = make_target(model, prompts.PAPER1["greatest"])
+    tail = len(target.suffix)
+    cands = np.asarray([[start, start], [start, nan], [nan, start]], np.int32)
+
+    def objective(allow: bool) -> Objective:
+        return Objective(target, None, 0.0, 1.0, 0.0, Forwards(10**6, 2 + tail, 2), allow_nonfinite=allow)
+
+    refusing = objective(False)
+    with pytest.raises(NonFiniteError, match=rf"2 of 3 are NaN/Inf.*first: response ids \[{start}, {nan}\] "
+                                             r"\('NoLove'\).*first non-finite value"):
+        refusing.score(cands)
+    with pytest.raises(NonFiniteError, match=rf"response ids \[{nan}\] \('Love'\)"):  # a beam's partials too
+        refusing.score_partials(cands[2:, :1])
+    allowing = objective(True)
+    got = allowing.score(cands)
+    assert allowing.candidates_dropped == 2
+    assert np.isneginf(got.objective[1:]).all() and np.isnan(got.reward[1:]).all()
+    want, atol = _whole_reward(model, target, [start, start])
+    np.testing.assert_allclose(got.reward[0], want, atol=atol, rtol=0)
+    assert got.objective[0] == got.reward[0]  # λ = 0, sign +1
+    allowing.score_partials(cands[2:, :1])
+    assert allowing.candidates_dropped == 3
 
 
 def _judge_split(folder) -> tuple[int, int]:

@@ -71,7 +71,8 @@ def test_the_objective_scores_a_packed_finite_variant_with_its_prior_term_as_alo
     current, cands = np.asarray([start, start]), np.asarray([[yes, start], [start, nan]], np.int32)
     tail = len(target.suffix)
     assert pack(np.asarray([2 + tail, 1 + tail]), 3 + 2 * tail) == [[0, 1]]  # the case: one row
-    obj = Objective(target, Prior.of(model, target.prefix), 1.0, 1.0, 0.0, Forwards(10**6, 2 + tail, 2))
+    obj = Objective(target, Prior.of(model, target.prefix), 1.0, 1.0, 0.0, Forwards(10**6, 2 + tail, 2),
+                    allow_nonfinite=True)  # 'No Love' is dropped and counted, not refused
     assert obj.rm_is_prior
     _, extended, every = obj.gradient(current)
     got = obj.score(cands, current, extended, every=every)
@@ -81,7 +82,7 @@ def test_the_objective_scores_a_packed_finite_variant_with_its_prior_term_as_alo
     lps = to_host(calls.next_token_log_probs(model, ids, mask))
     logp = (float(lps[0, yes]) + float(lps[1, start])) / 2
     lp_atol = tolerance.logprobs_atol(model.params, model.config, ids, mask)
-    assert np.isnan(got.reward[1])
+    assert np.isnan(got.reward[1]) and obj.candidates_dropped == 1
     np.testing.assert_allclose(got.reward[0], reward, atol=atol, rtol=0)  # was NaN
     np.testing.assert_allclose(got.prior_logp[0], logp, atol=lp_atol, rtol=0)  # was NaN
 

@@ -144,7 +144,8 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
                    judge=judge_model.source, dtype=rm.dtype, mesh=dict(rm.mesh.shape) if rm.mesh else None,
                    prompts=spec.prompts, config=dataclasses.asdict(spec.config),
                    search=dataclasses.asdict(spec.search), inputs=stages.recorded({"--sweep": swept}),
-                   units=[u.meta() for u in units], summary=summary, nonfinite=nonfinite_record(units),
+                   units=[u.meta() for u in units], summary=summary,
+                   nonfinite=frontier_out.nonfinite_record(units),
                    forwards=sum(u.forwards for u in units),
                    forwards_per_second=sum(u.forwards for u in units) / max(sum(u.seconds for u in units), 1e-9))
         if is_main():
@@ -197,11 +198,12 @@ class Unit:
     z: tuple[float, float]  # the reward's mean and SD over single tokens
     seconds: float = 0.0
     swaps_skipped: int = 0  # swaps of allowed tokens a NaN/Inf gradient entry kept from being proposed
+    candidates_dropped: int = 0  # sequences scored with a NaN/Inf term, never kept (Objective._checked)
 
     def meta(self) -> dict:
         return {"prompt": self.prompt, "direction": self.direction, "method": self.method, "lambda": self.lam,
                 "rows": len(self.ids), "forwards": self.forwards, "seconds": round(self.seconds, 3)} | (
-                {"gradient_swaps_skipped": self.swaps_skipped} if self.swaps_skipped else {})
+                frontier_out.nonfinite_record([self]) or {})
 
 
 def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store: ChunkStore) -> list[Unit]:
@@ -217,7 +219,7 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
             units.append(_read(store, key, name, direction, method, lam, search.num_tokens))
             _check_terms(rm.tokenizer, units[-1], spec.options.allow_nonfinite,
                          f"frontier terms saved in {store.dir / f'chunk-{key}.npy'}")
-            _check_skipped(units[-1], spec.options.allow_nonfinite, store.dir / f"chunk-{key}.npy")
+            _check_counts(units[-1], spec.options.allow_nonfinite, store.dir / f"chunk-{key}.npy")
             progress.update(int(units[-1].forwards))
             continue
         if name not in ready:
@@ -302,11 +304,15 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
         rows = search_rows(found, cfg.top, cfg.front_rows if lam else 0, sign, cfg.repetition_penalty)
     else:
         found = best_of_n(objective, search, p.banned)
-        rows = np.arange(len(found.ids))
+        rows = np.flatnonzero(np.isfinite(found.values.objective))  # all but those dropped (--allow_nonfinite)
+        if not len(rows):
+            raise NonFiniteError(f"every one of best-of-N's {len(found.ids)} samples has a NaN/Inf reward or prior "
+                                 "log-prob: nothing to compare the search with. Check the models for NaN.")
     tick()
     progress.update(cfg.forwards - int(float(forwards.spent)))  # what a unit left unspent: the line counts units
     unit = _finish(p, judge, spec, name, direction, method, lam, found, rows, time.perf_counter() - started)
-    return dataclasses.replace(unit, swaps_skipped=objective.swaps_skipped)
+    return dataclasses.replace(unit, swaps_skipped=objective.swaps_skipped,
+                               candidates_dropped=objective.candidates_dropped)
 
 
 def search_seed(seed: int, lam: float, lambdas: tuple[float, ...]) -> int:
@@ -322,7 +328,8 @@ def search_rows(found: Found, top: int, front_rows: int, sign: float, rho: float
     evaluated (sign·reward vs fluency F = prior log-prob − ρ·repetition; all must know F), best J first. The
     search's answer is a frontier, as EPO's is: best-of-N offers all its samples, the search its front and the
     layers behind it, since the judge, another LM, does not rank fluency as the prior does."""
-    v, rows = found.values, found.best(top).tolist()
+    v = found.values
+    rows = [i for i in found.best(top).tolist() if np.isfinite(v.objective[i])]  # none dropped (--allow_nonfinite)
     if front_rows:
         fluency = v.prior_logp - rho * v.repetition
         rows += [i for i in pareto.layers(sign * v.reward, -fluency, front_rows).tolist() if i not in rows]
@@ -359,31 +366,25 @@ def _check_terms(tokenizer, u: Unit, allow: bool, what: str) -> None:
                  columns=["reward", "prior_logp", "judge_ppl"], row=lambda i: f"response {texts[i]!r}")
 
 
-def _check_skipped(u: Unit, allow: bool, path: Path) -> None:
-    """A saved unit whose search skipped NaN/Inf gradient swaps (stored with --allow_nonfinite) is held to this
-    run's rule, as a fresh unit is (Objective.check_gradient)."""
-    if u.swaps_skipped and not allow:
-        raise NonFiniteError(f"the search saved in {path} ({u.direction}, λ = {u.lam}) met NaN/Inf gradient entries "
-                             f"and never proposed {u.swaps_skipped} swaps (it ran with --allow_nonfinite). Fix the "
-                             f"model, or {finite.ALLOW_HINT}.")
-
-
-def nonfinite_record(units: list[Unit]) -> dict | None:
-    """.meta.json's `nonfinite`, as GCG's: the swaps of allowed tokens NaN/Inf gradient entries kept from being
-    proposed, over every search; None when there were none."""
-    skipped = sum(u.swaps_skipped for u in units)
-    return {"gradient_swaps_skipped": skipped} if skipped else None
+def _check_counts(u: Unit, allow: bool, path: Path) -> None:
+    """A saved unit that dropped NaN/Inf sequences or skipped NaN/Inf gradient swaps (stored with
+    --allow_nonfinite) is held to this run's rule, as a fresh unit is (Objective's checks)."""
+    if (u.swaps_skipped or u.candidates_dropped) and not allow:
+        raise NonFiniteError(f"the {u.method} unit saved in {path} ({u.direction}, λ = {u.lam}) ran with "
+                             f"--allow_nonfinite and met NaN/Inf values ({frontier_out.nonfinite_record([u])}). "
+                             f"Fix the model, or {finite.ALLOW_HINT}.")
 
 
 def _write(store: ChunkStore, key: str, u: Unit) -> None:
     """A unit as one chunk (one atomic file: a kill leaves the whole unit or none of it): a header row [rows,
-    gradient swaps skipped, NaN…], its rows [ids, reward, prior log-prob, judge perplexity, round trip], then
-    [forwards, seconds], the reward's mean and SD and the best-J history, two values a row, padded with NaN."""
+    gradient swaps skipped, sequences dropped, NaN…], its rows [ids, reward, prior log-prob, judge perplexity,
+    round trip], then [forwards, seconds], the reward's mean and SD and the best-J history, two values a row,
+    padded with NaN."""
     columns = np.column_stack([u.ids.astype(np.float64), u.reward, u.prior_logp, u.judge_ppl,
                                u.roundtrip.astype(np.float64)])
     extra = np.vstack([[u.forwards, u.seconds], [*u.z], u.history])
     header = np.full((1, columns.shape[1]), np.nan)
-    header[0, :2] = len(columns), u.swaps_skipped
+    header[0, :3] = len(columns), u.swaps_skipped, u.candidates_dropped
     padded = np.full((len(extra), columns.shape[1]), np.nan)
     padded[:, :2] = extra
     store.write(key, np.vstack([header, columns, padded]))
@@ -393,12 +394,12 @@ def _read(store: ChunkStore, key: str, name: str, direction: str, method: str, l
     """A unit `_write` stored; any other array (another layout, another --num_tokens) is refused naming its file."""
     packed = store.load(key)
     ok = packed.dtype == np.float64 and packed.ndim == 2 and packed.shape[0] >= 3 and packed.shape[1] == n + 4
-    rows, skipped = (float(packed[0, 0]), float(packed[0, 1])) if ok else (-1.0, -1.0)
-    ok = ok and rows.is_integer() and 0 <= rows <= len(packed) - 3 and skipped.is_integer() and skipped >= 0
-    if not (ok and np.isnan(packed[0, 2:]).all() and np.isnan(packed[int(rows) + 1:, 2:]).all()):
+    rows, skipped, dropped = (float(v) for v in packed[0, :3]) if ok else (-1.0, -1.0, -1.0)
+    ok = ok and all(v.is_integer() and v >= 0 for v in (rows, skipped, dropped)) and rows <= len(packed) - 3
+    if not (ok and np.isnan(packed[0, 3:]).all() and np.isnan(packed[int(rows) + 1:, 2:]).all()):
         raise store.damaged(key, f"is not a frontier unit of this run ({packed.dtype} of shape {packed.shape}, for "
                                  f"responses of {n} tokens)")
     columns, extra = packed[1:int(rows) + 1], packed[int(rows) + 1:, :2]
     return Unit(name, direction, method, lam, columns[:, :n].astype(np.int64), columns[:, n], columns[:, n + 1],
                 columns[:, n + 2], columns[:, n + 3].astype(bool), float(extra[0, 0]), extra[2:], tuple(extra[1]),
-                float(extra[0, 1]), int(skipped))
+                float(extra[0, 1]), int(skipped), int(dropped))

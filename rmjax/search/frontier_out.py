@@ -107,6 +107,14 @@ def _most_rewarding(rows, sign: float) -> dict | None:
             "judge_ppl": float(unit.judge_ppl[i])}
 
 
+def nonfinite_record(units) -> dict | None:
+    """.meta.json's `nonfinite`, as GCG's: the sequences dropped for a NaN/Inf term and the swaps of allowed tokens
+    NaN/Inf gradient entries kept from being proposed, over `units`; None when there were none."""
+    counts = {"candidates_dropped": sum(u.candidates_dropped for u in units),
+              "gradient_swaps_skipped": sum(u.swaps_skipped for u in units)}
+    return {k: v for k, v in counts.items() if v} or None
+
+
 def write(path: Path, table: list[dict], summary: dict) -> Path:
     """The CSV (COLUMNS; text JSON-quoted, so any response survives) and the figure beside it."""
     keys = {c: [r[c] for r in table] for c in COLUMNS[:7]}

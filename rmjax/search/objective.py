@@ -184,8 +184,9 @@ class Objective:
     repetition_weight: float
     forwards: Forwards
     batch_size: int = 256
-    allow_nonfinite: bool = False  # NaN/Inf gradient entries counted in `swaps_skipped`, not refused
+    allow_nonfinite: bool = False  # NaN/Inf gradient entries and terms counted, not refused
     swaps_skipped: int = 0  # swaps of allowed tokens a NaN/Inf gradient entry kept from being proposed
+    candidates_dropped: int = 0  # sequences scored with a NaN/Inf term (allow_nonfinite), never kept
 
     def __post_init__(self):
         if self.lam > 0 and self.prior is None:
@@ -246,8 +247,9 @@ class Objective:
                                 log_probs=shared)
         if shared:
             reward, after = reward
-            return self.values(reward, _shared_log_probs(current, cands, to_host(every), after), cands)
-        return self.values(reward, self._mean_log_probs(cands, known_logp), cands)
+            return self._checked(self.values(reward, _shared_log_probs(current, cands, to_host(every), after), cands),
+                                 cands)
+        return self._checked(self.values(reward, self._mean_log_probs(cands, known_logp), cands), cands)
 
     def score_partials(self, partials: np.ndarray) -> Values:
         """J of partial responses [W, d] (d ≤ N: a beam level), charged (d + S) RM positions each and d prior
@@ -265,9 +267,32 @@ class Objective:
         if shared:
             reward, summed = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size,
                                              first=self.prior.first)
-            return self.values(reward, summed.astype(np.float64) / cands.shape[1], cands)
+            return self._checked(self.values(reward, summed.astype(np.float64) / cands.shape[1], cands), cands)
         reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size)
-        return self.values(reward, self._mean_log_probs(cands, known_logp), cands)
+        return self._checked(self.values(reward, self._mean_log_probs(cands, known_logp), cands), cands)
+
+    def _checked(self, v: Values, cands: np.ndarray) -> Values:
+        """GCG's rule for what it scores: a NaN/Inf term J reads (the reward; the prior log-prob at λ > 0) stops the
+        job, naming the first sequence and where its model turns non-finite; with allow_nonfinite the sequence is
+        dropped (J = −inf: never kept, ranked or written) and counted in `candidates_dropped`."""
+        terms = np.stack([v.reward, v.prior_logp], axis=1)[:, : 2 if self.uses_prior else 1].astype(np.float64)
+        bad = ~np.isfinite(terms).all(axis=1)
+        if not bad.any():
+            return v
+        if not self.allow_nonfinite:
+            decode = self.target.model.tokenizer.decode
+            finite.check(terms, what=f"objective terms (λ = {self.lam:g})", columns=["reward", "prior_logp"],
+                         allow=False, row=lambda i: f"response ids {cands[i].tolist()} ({decode(cands[i].tolist())!r})",
+                         explain=lambda i, j: self._explain_terms(cands[i], j))
+        self.candidates_dropped += int(bad.sum())
+        return dataclasses.replace(v, objective=np.where(bad, -np.inf, v.objective))
+
+    def _explain_terms(self, ids: np.ndarray, column: int) -> str:
+        """Where the RM (column 0, the reward) or the prior (1, its log-prob) turns non-finite on `ids`."""
+        if column == 0:
+            return explain_nonfinite([self.target], ids)
+        return f" (the prior {self.prior.model.source})" + finite.diagnose(self.prior.model,
+                                                                          [*self.prior.prefix, *ids.tolist()])
 
     def _mean_log_probs(self, cands: np.ndarray, known_logp: np.ndarray | None) -> np.ndarray:
         if known_logp is not None:
