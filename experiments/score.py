@@ -21,17 +21,21 @@ flags.adopt_module_key_flags(common)
 
 
 def read_texts() -> list[str]:
-    from rmjax.errors import InputFileError, MissingFileError, UsageError
+    import sys
+
+    from rmjax.errors import MissingFileError, UsageError
+    from rmjax.text.candidates import read_vocab_file
 
     texts = list(TEXTS.value)
     if TEXTS_FILE.value:
         path = Path(TEXTS_FILE.value)
         if not path.is_file():
             raise MissingFileError(f"--texts_file={path} not found.")
-        try:
-            texts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        except UnicodeDecodeError as error:
-            raise InputFileError(f"--texts_file={path} is not UTF-8 text ({error}).") from None
+        lines = read_vocab_file(path, "--texts_file")  # lines end at '\n' only (a U+2028 inside one is no end)
+        if lines.blank:
+            print(f"--texts_file={path}: {lines.blank} blank or whitespace-only line{'s' * (lines.blank != 1)} "
+                  "skipped.", file=sys.stderr)
+        texts += lines
     if not texts:
         raise UsageError("give responses with --texts=a,b,c or --texts_file=FILE.")
     return texts

@@ -6,7 +6,9 @@ then renamed into place, so a crash or a full disk loses at most the chunk in fl
 one under a chunk's name. The manifest pins the run's identity (`rmjax.runs.claims`: model content, tokenizer,
 template, every setting that changes a score), the chunk size and the batch size; resuming with another identity
 is refused rather than mixing results of two runs, and a resume keeps the saved chunk and batch sizes (another
-batch size is another compiled program, whose float rounding differs: one run's scores share one).
+batch size is another compiled program, whose float rounding differs: one run's scores share one). The identity
+compares as `canonical` sorts it, blind to order, while a chunk's columns are the prompts in the order given: the
+manifest also records each mapping's key order (`key_order`), and a resume in another order is refused.
 """
 
 from __future__ import annotations
@@ -58,6 +60,26 @@ def _kept_batch_note(directory: Path, saved: int, asked: int | None) -> str:
             f"batches of {saved} (another batch size rounds differently); pass --overwrite to start over with another.")
 
 
+def key_order(value: object, path: str = "") -> dict[str, list[str]]:
+    """The key order of every mapping of two or more keys in an identity, by dotted path: what `canonical` loses
+    and a chunk's layout keeps (the sweep's and beam's columns are their prompts in the order given)."""
+    out: dict[str, list[str]] = {}
+    if isinstance(value, dict):
+        if len(value) > 1:
+            out[path or "identity"] = [str(k) for k in value]
+        for key, item in value.items():
+            out.update(key_order(item, f"{path}.{key}" if path else str(key)))
+    return out
+
+
+def _order_mismatch(directory: Path, saved: dict, now: dict) -> ResumeMismatchError:
+    path = next(p for p in sorted(set(saved) | set(now)) if saved.get(p) != now.get(p))
+    return ResumeMismatchError(
+        f"saved progress {directory} holds {path} in the order {', '.join(saved.get(path) or [])}, not "
+        f"{', '.join(now.get(path) or [])} (its chunks' columns are in that order). Rerun with them in that order to "
+        "continue it, pass --overwrite to discard it, or choose another --out.")
+
+
 class ChunkStore:
     """The saved chunks of one run. `batch_size` (None: a job without one) is recorded in a new manifest; an
     existing manifest's chunk and batch sizes are kept (`self.chunk_size`, `self.batch_size`)."""
@@ -65,7 +87,7 @@ class ChunkStore:
     def __init__(self, out: str | Path, identity: dict, chunk_size: int, create: bool = True,
                  batch_size: int | None = None):
         self.dir = store_dir(out)
-        self.identity = canonical(identity)
+        self.identity, order = canonical(identity), key_order(identity)
         self.chunk_size, self.batch_size = chunk_size, batch_size
         manifest = self.dir / "manifest.json"
         if manifest.is_file():
@@ -76,13 +98,16 @@ class ChunkStore:
             if saved.get("identity") != self.identity:
                 raise ResumeMismatchError(mismatch_message(f"saved progress {self.dir}", saved.get("identity") or {},
                                                            self.identity))
+            if isinstance(saved.get("key_order"), dict) and saved["key_order"] != order:
+                raise _order_mismatch(self.dir, saved["key_order"], order)
             self.chunk_size = int(saved["chunk_size"])  # chunks already on disk fix the layout
             if saved.get("batch_size") is not None:  # and the rounding of their scores
                 self.batch_size = int(saved["batch_size"])
         elif create:
             self.dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(manifest, json.dumps({"identity": self.identity, "chunk_size": chunk_size,
-                                                    "batch_size": batch_size}, indent=2, sort_keys=True))
+            atomic_write_text(manifest, json.dumps({"identity": self.identity, "key_order": order,
+                                                    "chunk_size": chunk_size, "batch_size": batch_size},
+                                                   indent=2, sort_keys=True))
 
     def _path(self, start: int | str) -> Path:
         """A chunk by its first row (the sweep) or by a name (the beam: depth, partial, first candidate)."""

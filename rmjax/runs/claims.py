@@ -300,11 +300,45 @@ def _lock_and_decide(output: Output, held: contextlib.ExitStack) -> Claim:
                    Path(output.store) if output.store is not None else None, flag, output.folder, beside)
 
 
+def _named_files(output: Output) -> list[Path]:
+    """The paths `output` writes by name (the result, unless a folder; its .meta.json; its companions)."""
+    out = Path(os.path.realpath(real_path(output.out)))
+    meta = Path(output.meta) if output.meta is not None else meta_path(out)
+    return [out, *(Path(os.path.realpath(p)) for p in (meta, *output.owned))]
+
+
+def check_distinct(outputs: Sequence[Output]) -> None:
+    """Refuse, before anything is locked or written, a run whose outputs name one file twice: a head whose recipe
+    is itself (--head_out=x.json: x.json), or a file a folder output writes (--head_out=WORKDIR/run: its recipe
+    WORKDIR/run.json is the workdir's run.json). One would overwrite the other, with exit 0."""
+    seen: dict[Path, str] = {}
+    for output in outputs:
+        for path in _named_files(output):
+            if seen.get(path) == f"{output.flag}={output.out}":
+                raise UsageError(f"{output.flag}={output.out} would write two of its files (the result and its "
+                                 f"record) to one, {path}; give {output.flag} another name (e.g. another suffix).")
+            if path in seen:
+                raise UsageError(f"{output.flag}={output.out} would write {path}, which {seen[path]} writes too; "
+                                 "give the outputs names that do not meet.")
+            seen[path] = f"{output.flag}={output.out}"
+    for output in outputs:
+        if output.folder is None:
+            continue
+        root, who = Path(os.path.realpath(real_path(output.out))), f"{output.flag}={output.out}"
+        for path, other in seen.items():
+            inside = [p for p in output.folder if path.parent == root and fnmatch.fnmatchcase(path.name, p.rstrip("/"))
+                      or p.endswith("/") and root / p.rstrip("/") in path.parents]
+            if other != who and inside:
+                raise UsageError(f"{other} would write {path}, where {who} writes its own {inside[0]}; give the "
+                                 "outputs names that do not meet.")
+
+
 @contextlib.contextmanager
 def claim_all(outputs: Sequence[Output]) -> Iterator[list[Claim]]:
     """Check, lock and decide for each of a run's outputs, held until the block ends. Every process takes the same
     read-only decisions, all of them (a refusal of any output stops the run before anything is deleted); then
     process 0 (which holds the locks) removes what --overwrite replaces."""
+    check_distinct(outputs)
     with contextlib.ExitStack() as held:
         decisions = [_lock_and_decide(output, held) for output in outputs]
         barrier("rmjax-claim")  # every process decided before anything is removed

@@ -78,16 +78,17 @@ def skipped_lines_report(lines: list[str], skipped: list[str], repeated: list[st
     return out
 
 
-def read_vocab_file(path: str | Path) -> VocabLines:
-    """The candidate strings of --vocab_file, one per line, verbatim but for the line end (a Windows '\\r\\n' and a
-    leading byte-order mark are not part of a line). Blank and whitespace-only lines are skipped and counted
-    (`words_to_ids` reports them)."""
+def read_vocab_file(path: str | Path, flag: str = "--vocab_file") -> VocabLines:
+    """The strings of a one-per-line file (--vocab_file, score's --texts_file), verbatim but for the line end (a
+    Windows '\\r\\n' and a leading byte-order mark are not part of a line). Lines end at '\\n' only: str.splitlines
+    would also cut at a form feed, '\\x85' or U+2028 inside a line, making two strings of one. Blank and
+    whitespace-only lines are skipped and counted (`.blank`; `words_to_ids` reports them)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
-        raise UsageError(f"--vocab_file={path}: cannot read it ({error.strerror or error}).") from None
+        raise UsageError(f"{flag}={path}: cannot read it ({error.strerror or error}).") from None
     except UnicodeDecodeError as error:
-        raise UsageError(f"--vocab_file={path}: not UTF-8 text ({error.reason} at byte {error.start}); save it as "
+        raise UsageError(f"{flag}={path}: not UTF-8 text ({error.reason} at byte {error.start}); save it as "
                          "UTF-8, one string per line.") from None
     raw = text.removeprefix("\ufeff").split("\n")
     if raw and raw[-1] == "":

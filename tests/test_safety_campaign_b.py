@@ -1,0 +1,114 @@
+"""Issue 42's second hidden campaign, its careless-user half: what a hurried user got wrong with exit 0.
+
+Each test failed on the code before its fix: a sweep or beam resumed with its prompts in another order wrote the
+saved chunks' columns under the other prompts' names; score's --texts_file cut a response at a form feed or U+2028
+(str.splitlines) and kept a byte-order mark in the first; train_rm's --head_out=x.json wrote its recipe over the
+head, and --head_out=WORKDIR/run its recipe over the workdir's run.json.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from rmjax.errors import ResumeMismatchError
+from rmjax.runs.chunks import ChunkStore, store_dir
+from rmjax.runs.options import RunOptions
+from rmjax.search.sweep import SweepSpec, run_sweep
+from tests import cli
+
+PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?",
+           "worst": "What, in one word, is the worst thing ever?"}
+SWAPPED = dict(reversed(PROMPTS.items()))
+
+
+def _interrupt_at_write(monkeypatch, n: int) -> None:
+    """The job is killed as its n-th chunk write starts (the ones before it are on disk)."""
+    real, calls = ChunkStore.write, []
+
+    def write(self, name, scores):
+        calls.append(name)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(self, name, scores)
+
+    monkeypatch.setattr(ChunkStore, "write", write)
+
+
+def test_a_resume_with_the_prompts_in_another_order_is_refused(rm_folder, tmp_path, monkeypatch):
+    """The identity compares prompts as a mapping (any order) while a chunk holds their columns in the order given:
+    a sweep killed after its first chunk and resumed with --prompts=worst,greatest wrote the first chunk's
+    'greatest' scores under 'worst' and the other way round, exit 0. The beam's chunks likewise."""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
+    out = tmp_path / "s.csv"
+
+    def sweep(prompts):
+        return run_sweep(SweepSpec(RunOptions(model=str(rm_folder), out=str(out)), prompts, limit=24, chunk_size=8,
+                                   batch_size=8))
+
+    with monkeypatch.context() as patch:
+        _interrupt_at_write(patch, 2)
+        with pytest.raises(KeyboardInterrupt):
+            sweep(PROMPTS)
+    assert len(list(store_dir(out).glob("chunk-*.npy"))) == 1
+    with pytest.raises(ResumeMismatchError, match="holds prompts in the order greatest, worst, not worst, greatest"):
+        sweep(SWAPPED)
+    sweep(PROMPTS)  # the saved order continues
+    assert list(pd.read_csv(out).columns[-2:]) == ["greatest", "worst"]
+
+    beam_out = tmp_path / "b.csv"
+
+    def beam(prompts):
+        return run_beam(BeamSpec(RunOptions(model=str(rm_folder), out=str(beam_out)), prompts,
+                                 BeamConfig(depth=2, beam=2, top=2), limit=24, batch_size=8, chunk_size=8))
+
+    with monkeypatch.context() as patch:
+        _interrupt_at_write(patch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            beam(PROMPTS)
+    with pytest.raises(ResumeMismatchError, match="in the order greatest, worst"):
+        beam(SWAPPED)
+
+
+def test_texts_file_lines_end_at_newlines_only(rm_folder, tmp_path):
+    """str.splitlines also ends a line at a form feed, U+2028 and the like: a two-line file was scored as four
+    responses, exit 0; and a Windows editor's byte-order mark stayed in the first response."""
+    texts = tmp_path / "texts.txt"
+    texts.write_bytes("\ufeffLove\r\na\u2028b\n\nc\x0cd\n".encode())
+    out = tmp_path / "t.csv"
+    proc = cli.ok(cli.run("score", f"--model={rm_folder}", f"--texts_file={texts}", f"--out={out}"))
+    table = pd.read_csv(out, keep_default_na=False)
+    assert table["text"].tolist() == ["Love", "a\u2028b", "c\x0cd"]
+    assert "1 blank or whitespace-only line skipped" in proc.stderr
+
+
+def test_train_rm_outputs_that_name_one_file_are_refused(lm_folder, tmp_path):
+    """--head_out=x.json: the recipe (x.json) replaced the head, leaving no weights, exit 0; --head_out=WORKDIR/run
+    wrote its recipe over the workdir's run.json, and --export=E --head_out=E/rmjax_training over the export's
+    record. Now refused before the model loads."""
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout = tmp_path / "heldout.csv"
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    flags = (f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={heldout}", "--steps=2", "--batch_size=2",
+             "--warmup_steps=1", "--checkpoint_every=1")
+    work = tmp_path / "work"
+    cli.user_error(cli.run("train_rm", *flags, f"--workdir={work}", f"--head_out={tmp_path / 'head.json'}"),
+                   "--head_out=", "head.json", "two of its files")
+    cli.user_error(cli.run("train_rm", *flags, f"--workdir={work}", f"--head_out={work / 'run'}"),
+                   "run.json", f"--workdir={work}")
+    export = tmp_path / "export"
+    cli.user_error(cli.run("train_rm", *flags, f"--workdir={work}", f"--export={export}",
+                           f"--head_out={export / 'rmjax_training'}"), "rmjax_training.json", f"--export={export}")
+    cli.user_error(cli.run("train_rm", *flags, f"--workdir={work}", f"--head_out={work / 'checkpoints' / 'h'}"),
+                   "checkpoints/")
+    assert not work.exists() and not export.exists()
+    head = tmp_path / "head.safetensors"
+    cli.ok(cli.run("train_rm", *flags, f"--workdir={work}", f"--head_out={head}"))
+    assert json.loads(head.with_suffix(".json").read_text())["files"]["head.safetensors"]["bytes"] == \
+        head.stat().st_size
+    assert json.loads((work / "run.json").read_text())["identity"]["job"] == "train_rm"
