@@ -112,3 +112,25 @@ def test_train_rm_outputs_that_name_one_file_are_refused(lm_folder, tmp_path):
     assert json.loads(head.with_suffix(".json").read_text())["files"]["head.safetensors"]["bytes"] == \
         head.stat().st_size
     assert json.loads((work / "run.json").read_text())["identity"]["job"] == "train_rm"
+
+
+def test_analyze_with_a_constant_model_skips_its_mds_in_one_line(tmp_path):
+    """Two models, one scoring every string alike for 'greatest': Kendall tau with it is undefined (NaN), and the
+    MDS of 1 - tau ended the analysis with scikit-learn's traceback (status 1). Now that prompt's MDS/RSA is
+    skipped, named in report.md; the other prompt's MDS is drawn."""
+    scores = tmp_path / "scores"
+    scores.mkdir()
+    header = '"token_id","token_name","token_decoded","roundtrip","greatest","worst"\n'
+    words = ["a", "b", "c", "love"]
+    (scores / "flat.csv").write_text(header + "".join(f'{i},"{w}","{w}",1,0.5,{0.1 * (i + 1)}\n'
+                                                      for i, w in enumerate(words)))
+    (scores / "ranked.csv").write_text(header + "".join(f'{i},"{w}","{w}",1,{0.1 * (i + 1)},{0.4 - 0.1 * i}\n'
+                                                        for i, w in enumerate(words)))
+    out = tmp_path / "analysis"
+    proc = cli.ok(cli.run("analyze", f"--scores={scores}", f"--out={out}"))
+    assert "Traceback" not in proc.stderr
+    report = (out / "report.md").read_text()
+    assert "MDS/RSA for 'greatest': Kendall tau is undefined for flat" in report
+    assert not (out / "paper1_mds_greatest.csv").exists() and (out / "paper1_mds_worst.csv").exists()
+    tau = pd.read_csv(out / "paper1_kendall_tau_worst.csv", index_col=0)
+    assert tau.loc["flat", "ranked"] == pytest.approx(-1.0)  # worst: one ranking the other's reverse

@@ -114,6 +114,11 @@ def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], promp
             outputs.figure(f"paper1_{name}_{slug}", plots.heatmap, matrix, f"{name.replace('_', ' ')}: {prompt}",
                            vmin=0 if name == "rbo" else None, vmax=1)
         tau = matrices["kendall_tau"]
+        constant = [c for c in aligned.columns if aligned[c].nunique() < 2]
+        if constant:  # a rank correlation with one value is undefined (NaN): no MDS, no RSA, no summary of it
+            outputs.skip(f"MDS/RSA for {prompt!r}: Kendall tau is undefined for {', '.join(map(str, constant))}, "
+                         f"whose score is one value on all {len(aligned)} shared strings.")
+            continue
         coords = stats.mds_embedding(1.0 - tau, seed)
         outputs.table(f"paper1_mds_{slug}", coords.rename_axis("model").reset_index())
         outputs.figure(f"paper1_mds_{slug}", plots.mds_scatter, coords, groups, f"MDS of 1 - Kendall tau: {prompt}")
