@@ -134,3 +134,28 @@ def test_analyze_with_a_constant_model_skips_its_mds_in_one_line(tmp_path):
     assert not (out / "paper1_mds_greatest.csv").exists() and (out / "paper1_mds_worst.csv").exists()
     tau = pd.read_csv(out / "paper1_kendall_tau_worst.csv", index_col=0)
     assert tau.loc["flat", "ranked"] == pytest.approx(-1.0)  # worst: one ranking the other's reverse
+
+
+def test_heldout_accuracy_leaves_ties_out(lm_folder, tmp_path):
+    """A held-out pair labelled 0.5 prefers neither response, but accuracy counted it right only when the chosen
+    side scored higher: a held-out set of ties gave accuracy 0.0 or 1.0 with exit 0, and ties beside decisive pairs
+    moved the number. Ties only are refused before the model loads; otherwise accuracy is over the decisive pairs."""
+    import numpy as np
+
+    from rmjax.train.data import Pairs
+    from rmjax.train.loop import _evaluation
+
+    label = np.asarray([1.0, 0.0, 0.5, 0.5, 0.8], np.float32)
+    rc = np.asarray([2.0, 1.0, 0.0, 3.0, 0.0], np.float32)  # right, wrong, (tie), (tie), wrong
+    rr = np.asarray([1.0, 0.0, 1.0, 1.0, 1.0], np.float32)
+    heldout = Pairs(["q"] * 5, list("abcde"), list("fghij"), label)
+    record = _evaluation(None, lambda module: (rc, rr), heldout)
+    assert record["heldout_accuracy"] == pytest.approx(1 / 3)  # 1 right of the 3 pairs with a preference
+
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    ties = tmp_path / "ties.csv"
+    ties.write_text("prompt,chosen,rejected,label\nH,Gold,Dirt,0.5\nH,Sun,Rain,0.5\n")
+    cli.user_error(cli.run("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={ties}",
+                           "--steps=2", "--batch_size=2", f"--workdir={tmp_path / 'work'}"),
+                   "all 2 held-out pairs have label 0.5", "accuracy is undefined")

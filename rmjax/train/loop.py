@@ -224,6 +224,14 @@ def trained_params(module: nn.Transformer) -> nnx.State:
     return nnx.state(module)
 
 
+def check_heldout(heldout: Pairs) -> None:
+    """Held-out accuracy counts the pairs whose label prefers one side (a label of 0.5 is a tie: neither order is
+    right): a held-out set of ties only has no accuracy. Refused before loading (run_training)."""
+    if len(heldout) and not np.any(np.asarray(heldout.label) != 0.5):
+        raise UsageError(f"all {len(heldout)} held-out pairs have label 0.5 (a tie), so held-out accuracy is "
+                         "undefined; give held-out pairs that prefer one response (label other than 0.5).")
+
+
 def train_reward_model(
     model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: str | Path, log=print,
     overwrite: bool = False, claimed: dict | None = None,
@@ -237,6 +245,7 @@ def train_reward_model(
     if cfg.trainable == "last_k" and cfg.last_k > model.config.num_layers:
         raise UsageError(f"--last_k={cfg.last_k}: {model.source} has {model.config.num_layers} layers.")
     check_batch_size(cfg.batch_size, len(train))
+    check_heldout(heldout)
     check_batch_on_mesh(cfg, model.mesh)
     workdir = Path(workdir)
     identity = train_identity(model_fingerprint(model), model.dtype, train, heldout, cfg)
@@ -275,14 +284,17 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
 
 
 def _evaluation(module: nn.Transformer, held_rewards, heldout: Pairs) -> dict:
-    """Held-out accuracy and Bradley–Terry loss; NaN/Inf rewards stop the run."""
+    """Held-out accuracy (over the pairs whose label is not a tie) and Bradley–Terry loss; NaN/Inf rewards stop
+    the run."""
     rc, rr = held_rewards(module)
     if not (np.isfinite(np.asarray(rc)).all() and np.isfinite(np.asarray(rr)).all()):
         raise NonFiniteError("held-out rewards are NaN/Inf; the run stops. Lower --learning_rate or --clip_norm, "
                              "or check the data and the model for NaN.")
     label = jnp.asarray(heldout.label)
-    agree = jnp.where(label >= 0.5, rc > rr, rc < rr)
-    return {"heldout_accuracy": float(jnp.mean(agree)), "heldout_loss": float(bradley_terry_loss(rc, rr, label))}
+    agree = jnp.where(label > 0.5, rc > rr, rc < rr)
+    decisive = label != 0.5  # a tie (0.5) prefers neither order: not counted right or wrong (check_heldout)
+    return {"heldout_accuracy": float(jnp.sum(agree & decisive) / jnp.sum(decisive)),
+            "heldout_loss": float(bradley_terry_loss(rc, rr, label))}
 
 
 def _restore(manager, module: nn.Transformer, optimizer: nnx.Optimizer, wrt, log) -> int | None:

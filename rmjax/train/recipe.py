@@ -29,6 +29,7 @@ from rmjax.train.loop import (
     TrainResult,
     check_batch_on_mesh,
     check_batch_size,
+    check_heldout,
     start_workdir,
     train_identity,
     train_reward_model,
@@ -107,6 +108,7 @@ def run_training(
     sharded by the logical-axis rules and each step's pairs split over `data`.
     """
     check_batch_size(cfg.batch_size, len(train))
+    check_heldout(heldout)
     check_batch_on_mesh(cfg, mesh)
     identity = training_identity(lm_spec, train, heldout, cfg, dtype)
     workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
