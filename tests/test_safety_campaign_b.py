@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from rmjax.errors import ResumeMismatchError
+from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, store_dir
 from rmjax.runs.options import RunOptions
 from rmjax.search.sweep import SweepSpec, run_sweep
@@ -159,3 +160,21 @@ def test_heldout_accuracy_leaves_ties_out(lm_folder, tmp_path):
     cli.user_error(cli.run("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={ties}",
                            "--steps=2", "--batch_size=2", f"--workdir={tmp_path / 'work'}"),
                    "all 2 held-out pairs have label 0.5", "accuracy is undefined")
+
+
+def test_an_output_that_is_an_input_of_the_run_is_refused(rm_folder, tmp_path):
+    """beam --from_sweep=X --out=X --overwrite deleted the sweep X (and its .meta.json) as an old result to replace,
+    then stopped: '--from_sweep=X: no such file'. An output that is a file the run reads is refused before
+    anything is deleted (the sweep stays byte for byte), --vocab_file likewise."""
+    sweep = tmp_path / "s.csv"
+    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--token_ids=5,6,7", f"--out={sweep}"))
+    before = sweep.read_bytes(), results.meta_path(sweep).read_bytes()
+    cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--from_sweep={sweep}", "--token_ids=5,6,7", "--depth=2",
+                           "--beam=2", "--top=2", f"--out={sweep}", "--overwrite"),
+                   "which this run reads (--from_sweep=")
+    assert (sweep.read_bytes(), results.meta_path(sweep).read_bytes()) == before
+    words = tmp_path / "words.txt"
+    words.write_text("Love\nHate\n")
+    cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--vocab_file={words}", "--depth=1", f"--out={words}",
+                           "--overwrite"), "which this run reads (--vocab_file=")
+    assert words.read_text() == "Love\nHate\n"

@@ -190,7 +190,8 @@ def run_inspect(spec: InspectSpec) -> dict:
     identity = inspect_identity(model_fp, dtype=o.dtype, output_column=o.output_column, prompt=text,
                                 items=items, steps=spec.steps, baseline=spec.baseline, tolerance=spec.tolerance,
                                 max_evaluations=spec.max_evaluations)
-    with claim_job(o, identity, out=out / FILES[0], owned=[out / f for f in FILES[1:]]) as job:
+    with claim_job(o, identity, out=out / FILES[0], owned=[out / f for f in FILES[1:]],
+                   inputs={spec.source_flag: spec.source} if spec.source else None) as job:
         if job.reuse:
             return json.loads(results.meta_path(out / FILES[0]).read_text())["summary"]
         return write_inspect(load_for_job(o), text, items, out, steps=spec.steps, baseline=spec.baseline,

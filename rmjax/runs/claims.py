@@ -30,7 +30,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from rmjax.errors import OutputExistsError, ResumeMismatchError, UsageError
@@ -284,6 +284,7 @@ class Output:
     meta: str | Path | None = None
     folder: Sequence[str] | None = None
     beside: Sequence[str | Path] = ()
+    inputs: Mapping[str, str | Path | None] = dataclasses.field(default_factory=dict)  # flag -> a file the run reads
 
 
 def _lock_and_decide(output: Output, held: contextlib.ExitStack) -> Claim:
@@ -310,7 +311,8 @@ def _named_files(output: Output) -> list[Path]:
 def check_distinct(outputs: Sequence[Output]) -> None:
     """Refuse, before anything is locked or written, a run whose outputs name one file twice: a head whose recipe
     is itself (--head_out=x.json: x.json), or a file a folder output writes (--head_out=WORKDIR/run: its recipe
-    WORKDIR/run.json is the workdir's run.json). One would overwrite the other, with exit 0."""
+    WORKDIR/run.json is the workdir's run.json). One would overwrite the other, with exit 0. Nor may an output be
+    a file the run reads (`Output.inputs`): beam --from_sweep=X --out=X --overwrite deleted its sweep."""
     seen: dict[Path, str] = {}
     for output in outputs:
         for path in _named_files(output):
@@ -321,11 +323,17 @@ def check_distinct(outputs: Sequence[Output]) -> None:
                 raise UsageError(f"{output.flag}={output.out} would write {path}, which {seen[path]} writes too; "
                                  "give the outputs names that do not meet.")
             seen[path] = f"{output.flag}={output.out}"
+    read = {Path(os.path.realpath(path)): f"{flag}={path}" for output in outputs
+            for flag, path in output.inputs.items() if path}
+    for path, given in read.items():
+        if path in seen:
+            raise UsageError(f"{seen[path]} would write {path}, which this run reads ({given}); choose another "
+                             "output.")
     for output in outputs:
         if output.folder is None:
             continue
         root, who = Path(os.path.realpath(real_path(output.out))), f"{output.flag}={output.out}"
-        for path, other in seen.items():
+        for path, other in [*seen.items(), *read.items()]:
             inside = [p for p in output.folder if path.parent == root and fnmatch.fnmatchcase(path.name, p.rstrip("/"))
                       or p.endswith("/") and root / p.rstrip("/") in path.parents]
             if other != who and inside:
@@ -352,7 +360,9 @@ def claim_all(outputs: Sequence[Output]) -> Iterator[list[Claim]]:
 @contextlib.contextmanager
 def claim(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
           store: str | Path | None = None, flag: str = "--out", meta: str | Path | None = None,
-          folder: Sequence[str] | None = None, beside: Sequence[str | Path] = ()) -> Iterator[Claim]:
+          folder: Sequence[str] | None = None, beside: Sequence[str | Path] = (),
+          inputs: Mapping[str, str | Path | None] | None = None) -> Iterator[Claim]:
     """Claim one output (`claim_all`; the arguments: `Output`)."""
-    with claim_all([Output(out, identity, overwrite, owned, store, flag, meta, folder, beside)]) as (decision,):
+    with claim_all([Output(out, identity, overwrite, owned, store, flag, meta, folder, beside,
+                           dict(inputs or {}))]) as (decision,):
         yield decision

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,11 @@ def model_meta(model) -> dict:
 
 @contextlib.contextmanager
 def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
-        store: str | Path | None = None) -> Iterator[Job]:
-    """Claim `out` for `identity` (reuse, resume, refuse or overwrite: rmjax.runs.claims.claim) for the block."""
+        store: str | Path | None = None, inputs: Mapping[str, str | Path | None] | None = None) -> Iterator[Job]:
+    """Claim `out` for `identity` (reuse, resume, refuse or overwrite: rmjax.runs.claims.claim) for the block;
+    `inputs` (flag -> path): the files the job reads, which no output may be."""
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
-    with claim(out, identity, overwrite=overwrite, owned=owned, store=store) as decision:
+    with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs) as decision:
         yield Job(out, identity, decision, time.perf_counter(), tuple(map(real_path, owned)))
 
 

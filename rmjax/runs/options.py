@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import jax
@@ -35,10 +35,13 @@ class RunOptions:
 
 @contextlib.contextmanager
 def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = None,
-              owned: Sequence[str | Path] = (), store: str | Path | None = None) -> Iterator[jobs.Job]:
+              owned: Sequence[str | Path] = (), store: str | Path | None = None,
+              inputs: Mapping[str, str | Path | None] | None = None) -> Iterator[jobs.Job]:
     """Claim `out` (default options.out) for `identity` with options.overwrite (rmjax.runs.jobs.job) for the
-    block, saying so when a finished result of the same inputs is reused."""
-    with jobs.job(out or options.out, identity, overwrite=options.overwrite, owned=owned, store=store) as job:
+    block, saying so when a finished result of the same inputs is reused. `inputs` (flag -> path): the files the
+    job reads (an earlier result, a word list), which no output may be."""
+    with jobs.job(out or options.out, identity, overwrite=options.overwrite, owned=owned, store=store,
+                  inputs=inputs) as job:
         if job.reuse:
             print(f"{options.out} is already complete for these inputs (same model content, prompts and settings): "
                   "reusing it; pass --overwrite to recompute.", file=sys.stderr)

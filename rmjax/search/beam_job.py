@@ -137,7 +137,8 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
         from_sweep = given.sha1
     identity = beam_identity(fp, dtype=o.dtype, prompts=spec.prompts, cfg=cfg, output_column=o.output_column,
                              candidates=requested, limit=spec.limit, from_sweep=from_sweep)
-    with claim_job(o, identity, store=store_dir(o.out)) as job:
+    with claim_job(o, identity, store=store_dir(o.out),
+                   inputs={"--from_sweep": spec.from_sweep, "--vocab_file": spec.vocab_file}) as job:
         if job.reuse:
             return None
         # a resume scores with its saved batch size, planned (refused if it does not fit) before the weights load

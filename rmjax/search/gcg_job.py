@@ -76,7 +76,8 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     specs = [s for s in o.model.split(",") if s]
     fps = [fingerprint(s) for s in specs]
     identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg)
-    with claim_job(o, identity, owned=[steps_path(o.out)]) as job:
+    with claim_job(o, identity, owned=[steps_path(o.out)],
+                   inputs={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file}) as job:
         if job.reuse:
             return None
 
