@@ -178,3 +178,18 @@ def test_an_output_that_is_an_input_of_the_run_is_refused(rm_folder, tmp_path):
     cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--vocab_file={words}", "--depth=1", f"--out={words}",
                            "--overwrite"), "which this run reads (--vocab_file=")
     assert words.read_text() == "Love\nHate\n"
+
+
+def test_inspect_top_past_what_its_source_holds_is_refused(rm_folder, tmp_path):
+    """inspect --from_beam --top=3 of a beam keeping 2 sequences per direction inspected 4 responses with exit 0
+    (a partial result, unsaid); --from_sweep --top past half the sweep's tokens made the best and worst lists
+    overlap and was refused as "response … is given twice", which the user never did."""
+    beam = tmp_path / "b.csv"
+    cli.ok(cli.run("beam", f"--model={rm_folder}", "--token_ids=5,6,7,8,9", "--depth=1", "--beam=2", "--top=2",
+                   f"--out={beam}"))
+    assert len(pd.read_csv(beam)) == 4
+    inspect = ("inspect", f"--model={rm_folder}", "--steps=4", f"--out={tmp_path / 'inspect'}")
+    cli.user_error(cli.run(*inspect, f"--from_beam={beam}", "--top=3"), "--top=3", "2 optimal, 2 pessimal")
+    sweep = tmp_path / "s.csv"
+    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--token_ids=5,6,7", f"--out={sweep}"))
+    cli.user_error(cli.run(*inspect, f"--from_sweep={sweep}", "--top=2"), "--top=2", "its 3 tokens")

@@ -107,12 +107,14 @@ def best_and_worst(path: str | Path, prompt_name: str, top: int, depth: int | No
 
 
 def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None) -> list[tuple[int, ...]]:
+    """The --top best and worst responses of an earlier result, refused when it holds fewer than 2 x --top distinct
+    ones (the best and worst lists would overlap, or come up short, with exit 0)."""
     if str(path).endswith(".json"):  # a GCG result: its buffer, best first
         try:
             buffer = json.loads(Path(path).read_text())["buffer"]
         except (OSError, ValueError, KeyError, TypeError):
             raise UsageError(f"{path}: not a GCG result JSON (experiments.gcg writes one).") from None
-        return [tuple(entry["ids"]) for entry in buffer[: 2 * top]]
+        return _enough([tuple(entry["ids"]) for entry in buffer[: 2 * top]], top, path, "its buffer")
     if results.is_beam_csv(path):
         df = results.read_beam_csv(path)
         level = df[df.depth == (depth or df.depth.max())]
@@ -120,13 +122,26 @@ def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None) -
             raise UsageError(f"{path} has no sequences of depth {depth} (depths {sorted(set(df.depth))}).")
         best = level[level.direction == "optimal"].sort_values("rank")
         worst = level[level.direction == "pessimal"].sort_values("rank", ascending=False)
-        worst = worst if len(worst) else best
-        return [tuple(ids) for ids in [*best.ids[:top], *worst.ids[-top:]]]
+        if not len(worst):  # one direction only: its best and its worst
+            return _enough([tuple(ids) for ids in best.ids], top, path, f"depth {level.depth.iloc[0]}")
+        picks = [tuple(ids) for ids in [*best.ids[:top], *worst.ids[-top:]]]
+        if min(len(best), len(worst)) < top:
+            picks = []  # one direction keeps fewer than --top: refused, not inspected short
+        return _enough(picks, top, path, f"depth {level.depth.iloc[0]} ({len(best)} optimal, {len(worst)} pessimal)")
     df = results.read_scores_csv(path)
     if prompt_name not in df.columns:
         raise UsageError(f"{path} has no column for prompt {prompt_name!r} (it has {results.value_columns(df)}).")
     order = df.sort_values(prompt_name, ascending=False, kind="stable").token_id.tolist()
-    return [(int(t),) for t in order[:top] + order[::-1][:top][::-1]]
+    return _enough([(int(t),) for t in order], top, path, f"its {len(order)} tokens")
+
+
+def _enough(ranked: list[tuple[int, ...]], top: int, path: Path, what: str) -> list[tuple[int, ...]]:
+    """The first and last `top` of `ranked` (best first), or, when they would overlap or come up short, one line."""
+    if len(ranked) < 2 * top or len(set(ranked)) < len(ranked):
+        raise UsageError(f"--top={top} asks for the {top} best and {top} worst responses of {path}, but {what} "
+                         f"{'hold' if what.startswith('its') else 'holds'} fewer distinct ones than {2 * top}; use a "
+                         "smaller --top.")
+    return ranked[:top] + ranked[len(ranked) - top:]
 
 
 def inspect_identity(model_fp: dict, *, dtype: str, output_column: int, prompt: str, items: list[Item],
