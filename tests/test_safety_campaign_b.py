@@ -193,3 +193,15 @@ def test_inspect_top_past_what_its_source_holds_is_refused(rm_folder, tmp_path):
     sweep = tmp_path / "s.csv"
     cli.ok(cli.run("sweep", f"--model={rm_folder}", "--token_ids=5,6,7", f"--out={sweep}"))
     cli.user_error(cli.run(*inspect, f"--from_sweep={sweep}", "--top=2"), "--top=2", "its 3 tokens")
+
+
+def test_implicit_rm_of_one_model_twice_is_refused(lm_folder, tmp_path):
+    """Two log-prob tables of one model (two runs, or a copied folder: one content fingerprint) passed as chosen
+    and reference: MWLR is 0 for every token, and analyze listed the ties' order as 'optimal' and 'pessimal'
+    tokens with exit 0 (only the same file twice was refused)."""
+    tables = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    for table in tables:
+        cli.ok(cli.run("logprobs", f"--model={lm_folder}", f"--out={table}"))
+    cli.user_error(cli.run("analyze", f"--implicit_chosen={tables[0]}", f"--implicit_reference={tables[1]}",
+                           f"--out={tmp_path / 'analysis'}"), "are log-probs of one model")
+    assert not (tmp_path / "analysis" / "report.md").exists()

@@ -14,7 +14,7 @@ from rmjax.analysis import elo as elo_lib
 from rmjax.analysis.files import MODEL
 from rmjax.analysis.spec import AnalysisConfig
 from rmjax.errors import InputFileError, MissingFileError, UsageError
-from rmjax.runs import stages
+from rmjax.runs import results, stages
 
 
 def _load_optional(skipped: list[str], what: str, loader: Callable, *args):
@@ -78,6 +78,7 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
         (chosen,), (reference,) = (data.load_score_tables([p], kinds=data.LOGPROB_KINDS, flag=flag, bare=False)
                                    for p, flag in ((cfg.implicit_chosen, "--implicit_chosen"),
                                                    (cfg.implicit_reference, "--implicit_reference")))  # same name ok
+        _two_models(chosen.path, reference.path)
         found.implicit = chosen, reference
     if cfg.bigtwo_checkpoints and found.lexicon is not None:
         found.checkpoints = bigtwo.load_checkpoints(cfg.bigtwo_checkpoints, cfg.roundtrip_only)
@@ -92,6 +93,17 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
                              "model x model table; give it another name (its .meta.json model, or a --models_yaml "
                              "nickname).")
     return found
+
+
+def _two_models(chosen: Path, reference: Path) -> None:
+    """The implicit RM compares two models: two tables of one model content, dtype and template (two files, or a
+    copy of the model) have MWLR 0 for every token, and its 'optimal' tokens would be the ties' order."""
+    same = [(results.read_meta(p) or {}).get("identity") or {} for p in (chosen, reference)]
+    keys = ("model", "dtype", "template")
+    if all(same[0].get(k) is not None and same[0].get(k) == same[1].get(k) for k in keys):
+        raise UsageError(f"--implicit_chosen={chosen} and --implicit_reference={reference} are log-probs of one model "
+                         "(same weights, tokenizer, dtype and template: MWLR is 0 for every token); give the tables "
+                         "of two models.")
 
 
 def same_prompt_texts(found: Inputs) -> None:
