@@ -205,3 +205,20 @@ def test_implicit_rm_of_one_model_twice_is_refused(lm_folder, tmp_path):
     cli.user_error(cli.run("analyze", f"--implicit_chosen={tables[0]}", f"--implicit_reference={tables[1]}",
                            f"--out={tmp_path / 'analysis'}"), "are log-probs of one model")
     assert not (tmp_path / "analysis" / "report.md").exists()
+
+
+def test_a_result_deleted_without_its_meta_is_recomputed(rm_folder, tmp_path):
+    """A user deleted a sweep's CSV (not its .meta.json) and reran the command: refused as '--out=X already exists
+    and is not a finished rmjax result (no .meta.json with its inputs)', both false. The .meta.json of this very
+    run (and the figure it records) are its own: the rerun recomputes the result, byte for byte the deleted one."""
+    out = tmp_path / "s.csv"
+    flags = ("sweep", f"--model={rm_folder}", "--token_ids=5,6,7", f"--out={out}", "--plot")
+    cli.ok(cli.run(*flags))
+    first = out.read_bytes()
+    out.unlink()
+    cli.ok(cli.run(*flags))
+    assert out.read_bytes() == first
+    figure = out.with_name(out.name + ".png")
+    out.unlink()
+    figure.write_bytes(b"not the figure it drew")  # a companion the .meta.json does not record stays refused
+    cli.user_error(cli.run(*flags), str(figure), "no rmjax run")

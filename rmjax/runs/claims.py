@@ -213,6 +213,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     present = _present(out) if folder is None else any(store_files(out, folder, beside))
     existing = [p for p in dict.fromkeys([out, meta, *owned]) if (present if p == out else _present(p))]
     stored = read_meta_identity(meta) if meta.is_file() else None
+    outlived = False
     if stored == identity and present:
         if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
             if folder is None:  # a file result is reused only when it is byte for byte what was written
@@ -222,8 +223,8 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
                                             f"{meta.name}: {problem}. Pass --overwrite to recompute it.")
             leftover = store if store is not None and store.is_dir() else None
             return Claim(out, identity, reuse=True, clear=leftover)
-    elif stored == identity:
-        stored = None  # its .meta.json outlived the result: recompute it
+    elif stored == identity:  # its .meta.json outlived the result: recompute it (that .meta.json and the
+        stored, outlived = None, True  # companions it records as written are this run's, replaced)
     elif folder is not None and present and stored is None:
         # A folder is only ever replaced when an rmjax run of this kind made it (never a user's tree).
         raise OutputExistsError(f"{flag}={out} holds files that no rmjax run of this kind wrote (no {meta.name}); "
@@ -247,7 +248,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             raise _refuse(flag, store, "holds chunks without a manifest (not a resumable rmjax run)")
         else:
             raise ResumeMismatchError(mismatch_message(f"saved progress {store}", progress, identity, flag))
-    if existing and not overwrite:
+    if existing and not overwrite and not outlived:
         if stored is None:
             raise _refuse(flag, out, "is not a finished rmjax result (no .meta.json with its inputs)")
         changed = ", ".join(changed_keys(stored, identity))
