@@ -92,7 +92,7 @@ def load_checkpoints(directory: str | Path, roundtrip_only: bool = False) -> lis
     found = []
     for path in Path(directory).glob("step_*.csv"):
         match = re.fullmatch(r"step_(\d+)", path.stem)
-        if match:
+        if match and path.is_file():  # a FIFO named step_1.csv would hang the read
             frame, string_column = read_table(path)
             if roundtrip_only:
                 frame = roundtrip_rows(frame, string_column, path)

@@ -51,7 +51,7 @@ class EloPrompt:
 
 def load_elo(directory: str | Path, metadata: pd.DataFrame | None = None) -> list[EloPrompt]:
     """Every EloEverything CSV in `directory`, model columns renamed to nicknames when known."""
-    paths = sorted(Path(directory).glob("*.csv"))
+    paths = sorted(p for p in Path(directory).glob("*.csv") if p.is_file())  # a FIFO named x.csv would hang the read
     if not paths:
         raise MissingFileError(f"no EloEverything *.csv files in {directory}.")
     prompts = []

@@ -3,7 +3,6 @@ so a later `--overwrite` removes exactly those files and never a file of the use
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -58,10 +57,7 @@ MODEL = "model"  # the first column of a model x model matrix (so no model may b
 def _manifest(manifest: Path) -> tuple[list[str], bool] | None:
     """(the file names an analysis.json lists, whether that analysis finished), or None when there is none or it
     is not one (unreadable, or a file of the user's)."""
-    try:
-        listed = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
+    listed = results.read_json(manifest)  # a FIFO or device at its name is never read (it would hang)
     if not isinstance(listed, dict) or not isinstance(listed.get("files"), list) or "complete" not in listed:
         return None
     return [name for name in listed["files"] if isinstance(name, str)], listed["complete"] is True

@@ -17,6 +17,7 @@ import errno
 import io
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 from rmjax.errors import ResumeMismatchError
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs.claims import canonical, clear_store, mismatch_message, real_path
-from rmjax.runs.results import atomic_write_text
+from rmjax.runs.results import atomic_write_text, fresh_file, read_json
 
 
 def store_dir(out: str | Path) -> Path:
@@ -35,11 +36,17 @@ def store_dir(out: str | Path) -> Path:
 
 
 def _manifest(directory: Path) -> dict | None:
-    try:
-        saved = json.loads((directory / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
+    saved = read_json(directory / "manifest.json")  # a FIFO or device there is never read (it would hang)
     return saved if isinstance(saved, dict) else None
+
+
+def _plain(path: Path) -> bool:
+    """Whether `path` is a regular file of its own (not a link, FIFO or device): only such a file is a chunk; a
+    link would read another file, a FIFO would block the read."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def resume_batch_size(out: str | Path, batch_size: int) -> int:
@@ -114,11 +121,11 @@ class ChunkStore:
         return self.dir / (f"chunk-{start:010d}.npy" if isinstance(start, int) else f"chunk-{start}.npy")
 
     def has(self, start: int | str) -> bool:
-        return self._path(start).is_file()
+        return _plain(self._path(start))
 
     def names(self) -> set[str]:
         """The names of the complete chunks (one directory listing)."""
-        return {p.name[len("chunk-"):-len(".npy")] for p in self.dir.glob("chunk-*.npy")}
+        return {p.name[len("chunk-"):-len(".npy")] for p in self.dir.glob("chunk-*.npy") if _plain(p)}
 
     def damaged(self, name: int | str, why: str) -> ResumeMismatchError:
         """The one refusal of a stored chunk that cannot be used: it names the file to delete (only that one:
@@ -137,7 +144,7 @@ class ChunkStore:
         data = buffer.getvalue()
         try:
             try:
-                with open(tmp, "wb") as f:
+                with open(fresh_file(tmp), "wb") as f:  # a link planted at the temp name is removed, not followed
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
@@ -168,9 +175,12 @@ class ChunkStore:
     def load(self, name: int | str) -> np.ndarray:
         """A stored array as it was written (the caller checks its shape against what it expects, refusing a
         wrong one with `damaged`)."""
-        try:
-            return np.load(self._path(name), allow_pickle=False)
-        except (OSError, ValueError) as error:
+        path = self._path(name)
+        if not _plain(path):
+            raise self.damaged(name, "is not a regular file (a link, a FIFO or a device)")
+        try:  # mapped first: a header promising more data than the file holds is refused, not allocated
+            return np.array(np.load(path, mmap_mode="r", allow_pickle=False))
+        except (OSError, ValueError, EOFError) as error:
             raise self.damaged(name, f"is unreadable ({' '.join(str(error).split())})") from None
 
     def remove(self) -> None:

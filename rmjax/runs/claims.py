@@ -88,10 +88,9 @@ def check_writable(path: str | Path, flag: str = "--out", folder: bool = False) 
 
 
 def read_meta_identity(meta: Path) -> dict | None:
-    try:
-        return json.loads(meta.read_text()).get("identity")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The identity a .meta.json or manifest records (None without one; a FIFO or device there is never read)."""
+    saved = results.read_json(meta)
+    return saved.get("identity") if isinstance(saved, dict) else None
 
 
 # What a chunk store (rmjax.runs.chunks) holds that its job wrote: the chunks, their temp files, the manifest and
@@ -191,24 +190,37 @@ def _refuse(flag: str, out: Path, why: str) -> OutputExistsError:
 def _unrecorded(meta: Path, owned: Sequence[Path]) -> list[Path]:
     """The companions at hand that the output's `meta` does not record as written (name, size and digest): a file
     there that no rmjax run of this output wrote, or one changed since."""
-    try:
-        files = json.loads(meta.read_text()).get("files") if meta.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        files = None
+    saved = results.read_json(meta)
+    files = saved.get("files") if isinstance(saved, dict) else None
     files = files if isinstance(files, dict) else {}
 
-    def recorded(path: Path) -> bool:
+    def recorded(path: Path) -> bool:  # a link is never what a run wrote (writing it would follow the link)
         want = files.get(os.path.relpath(path, meta.parent))
-        if not isinstance(want, dict) or not path.is_file() or path.stat().st_size != want.get("bytes"):
+        if not isinstance(want, dict) or path.is_symlink() or not path.is_file() \
+                or path.stat().st_size != want.get("bytes"):
             return False
         return results.file_record(path)["sha256"] == want.get("sha256")
 
     return [p for p in owned if (_present(p) or p.is_symlink()) and not recorded(p)]
 
 
+def _refuse_links(out: Path, patterns: Sequence[str], beside: Sequence[Path], flag: str) -> None:
+    """A folder output (a training workdir, an export) is written into: a link in it, or in a folder its job writes
+    whole (orbax's checkpoints/), would make the run write, and prune, where the link points (a planted
+    `checkpoints -> elsewhere`). Refused on a fresh, resumed or reused run alike."""
+    own, foreign = store_files(out, patterns, beside)
+    inside = [entry for folder in own if folder.is_dir() for entry in sorted(folder.iterdir())]
+    linked = [entry for entry in [*foreign, *inside] if entry.is_symlink() and entry != out]
+    if linked:
+        raise OutputExistsError(f"{linked[0]} is a link, in {flag}={out} which rmjax writes into: the run would write "
+                                f"(and delete) where it points. Remove the link, or give {flag} the real folder.")
+
+
 def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[Path], store: Path | None,
             flag: str, folder: Sequence[str] | None, beside: Sequence[Path]) -> Claim:
     """Read-only: what to do with `out` (raises when it may not be written)."""
+    if folder is not None:
+        _refuse_links(out, folder, beside, flag)
     # a folder holding only the run's other outputs (`beside`: an export inside a workdir) is an empty one
     present = _present(out) if folder is None else any(store_files(out, folder, beside))
     existing = [p for p in dict.fromkeys([out, meta, *owned]) if (present if p == out else _present(p))]
@@ -217,7 +229,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     if stored == identity and present:
         if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
             if folder is None:  # a file result is reused only when it is byte for byte what was written
-                problem = results.damage(out, json.loads(meta.read_text()))
+                problem = results.damage(out, results.read_json(meta) or {})
                 if problem is not None:
                     raise OutputExistsError(f"{flag}={out} holds a result of these inputs that does not match its "
                                             f"{meta.name}: {problem}. Pass --overwrite to recompute it.")
@@ -235,6 +247,9 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
                                 f"{meta.name} records it as it is): move it away, pass --overwrite to replace it, or "
                                 "choose another output.")
     clear = None
+    if store is not None and (store.is_symlink() or (store.exists() and not store.is_dir())):
+        raise OutputExistsError(f"{store} is a link or a file, not a folder of saved chunks an rmjax run made: the "
+                                "chunks would be written where it points. Remove it, or choose another output.")
     if store is not None and _present(store):
         progress = read_meta_identity(store / "manifest.json")
         if overwrite:  # --overwrite recomputes everything: it deletes the store's chunks, and nothing else
@@ -259,6 +274,14 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             raise _foreign(f"{flag}={out}", foreign[0], flag)
         existing = [*(p for p in existing if p != out and out not in p.parents), *own]
     return Claim(out, identity, remove=tuple(dict.fromkeys(existing)), clear=clear)
+
+
+def companion_path(path: str | Path) -> Path:
+    """A companion's path (a figure, a steps CSV beside the result) with its folder's links resolved but not its
+    own name's: a link planted at a companion's name is a file no run wrote (refused, and --overwrite removes the
+    link), never the file it points to, which is nothing of this run's."""
+    path = Path(os.path.abspath(path))
+    return Path(os.path.realpath(path.parent)) / path.name
 
 
 def real_path(path: str | Path) -> Path:
@@ -293,7 +316,7 @@ def _lock_and_decide(output: Output, held: contextlib.ExitStack) -> Claim:
     identity, flag = canonical(output.identity), output.flag
     out = check_writable(real_path(output.out), flag, folder=output.folder is not None)
     meta = Path(output.meta) if output.meta is not None else meta_path(out)
-    owned = [real_path(p) for p in output.owned]
+    owned = [companion_path(p) for p in output.owned]
     if is_main():  # the companions too: another job's --out may name one of them
         for path in dict.fromkeys([out, *owned]):
             held.enter_context(locks.hold(path, what=f"{flag}={out}"))

@@ -19,7 +19,7 @@ from typing import Any
 
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import finiteness, results
-from rmjax.runs.claims import Claim, claim, real_path, require_claimed
+from rmjax.runs.claims import Claim, claim, companion_path, real_path, require_claimed
 
 
 @dataclasses.dataclass
@@ -66,7 +66,7 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
     `inputs` (flag -> path): the files the job reads, which no output may be."""
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs) as decision:
-        yield Job(out, identity, decision, time.perf_counter(), tuple(map(real_path, owned)))
+        yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)))
 
 
 @contextlib.contextmanager

@@ -71,6 +71,22 @@ def _open(lock: Path) -> int:
     return fd
 
 
+def _refuse_unless_lock(lock: Path, fd: int) -> None:
+    """A file already at the lock's name is taken over (truncated, then removed on release) only when it is empty or
+    an rmjax lock record (a killed run's): anything else is a file of someone's, e.g. `Gemfile.lock` beside the
+    target of a link planted at an output's or companion's name."""
+    head = os.pread(fd, 4097, 0)
+    if not head:
+        return
+    try:
+        info = json.loads(head.decode())
+    except (ValueError, UnicodeDecodeError):
+        info = None
+    if not (isinstance(info, dict) and set(info) == {"pid", "host", "since"}):
+        raise LockedError(f"{lock} is a file rmjax did not make (not a lock record): rmjax would truncate and then "
+                          "delete it. Move it away if it is not needed, or choose another output.")
+
+
 def _holder(fd: int) -> str:
     try:
         info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
@@ -105,6 +121,7 @@ def _acquire(lock: Path, wait: bool) -> int:
             continue
         try:
             _refuse_unless_plain(lock, os.fstat(fd))  # a hard link added while we waited
+            _refuse_unless_lock(lock, fd)
         except LockedError:
             os.close(fd)
             raise

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -60,12 +61,42 @@ def write_table(path: str | Path, keys: dict[str, list], values: dict[str, np.nd
     return path
 
 
+def fresh_file(path: Path) -> Path:
+    """`path` created anew as an empty file of ours: whatever was planted at its name (a link to another file, which
+    writing would follow; a FIFO) is removed first, never followed. For the temp files a job writes under names
+    that can be foreseen (`.<name>.<pid>.tmp`, a chunk's `tmp-…`): a link there would make the job overwrite its
+    target."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # the name itself (a link is removed, not followed); a folder there raises
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
+    return path
+
+
+def read_json(path: Path, most: int = 256 << 20):
+    """The JSON value in `path` when it is a regular file (through links) of at most `most` bytes; None when it is
+    absent, not JSON, or not such a file: a FIFO or a device there (`/dev/zero`) would block the read or fill
+    memory, so it is never read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > most:
+            return None
+        try:
+            return json.loads(f.read(most + 1).decode("utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return None
+
+
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
     """A temp file beside `path` that replaces it when the block ends, and is removed when the block fails
-    (a full disk leaves neither a partial result nor a stray .tmp)."""
+    (a full disk leaves neither a partial result nor a stray .tmp). The temp file is made anew (`fresh_file`)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        fresh_file(tmp)
         yield tmp
         tmp.replace(path)
     except BaseException:
@@ -284,7 +315,7 @@ def read_meta(path: str | Path) -> dict | None:
         return None
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError) as error:
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:  # RecursionError: nested too deep
         raise InputFileError(f"{meta_file} is unreadable ({error}); rerun the job that wrote {Path(path).name}.") \
             from None
     if not isinstance(meta, dict):

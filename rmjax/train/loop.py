@@ -13,6 +13,7 @@ import contextlib
 import csv
 import dataclasses
 import functools
+import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from rmjax.parallel import batching
 from rmjax.parallel.distributed import global_array, is_main
 from rmjax.runs.claims import Claim, Output, claim_all, require_claimed
 from rmjax.runs.progress import Progress
-from rmjax.runs.results import dump_json
+from rmjax.runs.results import dump_json, fresh_file
 from rmjax.scoring import finite
 from rmjax.scoring.texts import TextScorer
 from rmjax.train.data import Pairs
@@ -145,6 +146,7 @@ class TrainResult:
     steps_per_second: float
     resumed_from: int | None
     workdir: Path | None = None
+    config: TrainConfig | None = None  # as trained (a resume keeps its saved --feature_batch_size)
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -308,17 +310,38 @@ def _restore(manager, module: nn.Transformer, optimizer: nnx.Optimizer, wrt, log
     return step
 
 
+def _kept_feature_batch(cfg: TrainConfig, workdir: Path, resuming: bool, log) -> TrainConfig:
+    """A head-only run's features are computed once per run, in batches of --feature_batch_size, whose rounding
+    the trained head inherits: a resume computes them in the batches its checkpoints were trained on (run.json
+    records them), as a sweep's resume keeps its batch size; a run without checkpoints records its own."""
+    if cfg.trainable != "head":
+        return cfg
+    try:
+        run = json.loads((workdir / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        run = None
+    saved = run.get("feature_batch_size") if isinstance(run, dict) else None
+    if resuming and isinstance(saved, int) and not isinstance(saved, bool) and saved >= 1:
+        if saved != cfg.feature_batch_size:
+            log(f"resuming {workdir} with its --feature_batch_size={saved}, not {cfg.feature_batch_size}: its "
+                "checkpoints were trained on features computed in those batches (another size rounds differently)")
+        return dataclasses.replace(cfg, feature_batch_size=saved)
+    if isinstance(run, dict) and is_main():
+        dump_json({**run, "feature_batch_size": cfg.feature_batch_size}, workdir / RUN_FILE)
+    return cfg
+
+
 def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log) -> TrainResult:
     start = time.perf_counter()
-    module, wrt = trainable_part(model, cfg)
-    pair_rewards, data, held_rewards = _objective(model, train, heldout, cfg, log)
-    optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=wrt)
-    nnx.update(optimizer, on_mesh(nnx.state(optimizer), model.mesh))
-
     manager = ocp.CheckpointManager(
         (workdir / "checkpoints").resolve(),
         options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints, create=True),
     )
+    cfg = _kept_feature_batch(cfg, workdir, manager.latest_step() is not None, log)
+    module, wrt = trainable_part(model, cfg)
+    pair_rewards, data, held_rewards = _objective(model, train, heldout, cfg, log)
+    optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=wrt)
+    nnx.update(optimizer, on_mesh(nnx.state(optimizer), model.mesh))
     resumed_from = _restore(manager, module, optimizer, wrt, log)
     first = resumed_from or 0
     history = _read_log(workdir / "train_log.csv", upto=first)
@@ -358,6 +381,7 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         seconds=time.perf_counter() - start,
         steps_per_second=steps_run / loop_seconds if loop_seconds > 0 else 0.0,
         resumed_from=resumed_from,
+        config=cfg,
     )
 
 
@@ -395,7 +419,7 @@ def _read_log(path: Path, upto: int) -> list[dict]:
 
 
 def _write_log(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = fresh_file(path.with_name(path.name + ".tmp"))  # a link planted there is removed, not written through
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
