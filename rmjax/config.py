@@ -111,7 +111,7 @@ def read_json_file(path: str | Path, what: str = "file") -> Any:
     path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:  # RecursionError: nested too deep
         raise CheckpointError(f"{path}: invalid JSON in this {what} ({error}); restore it from the "
                               "checkpoint's original repository.") from None
 

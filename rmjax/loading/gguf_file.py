@@ -22,7 +22,9 @@ import numpy as np
 
 from rmjax.config import config_from_hf
 from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
+from rmjax.loading.gguf_bounds import check_metadata_bounds
 from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
+from rmjax.loading.identity import sampled_digest
 from rmjax.loading.safetensors_io import save_file
 from rmjax.runs import locks
 
@@ -231,6 +233,7 @@ def read_gguf(path: Path):
     import gguf
 
     try:
+        check_metadata_bounds(path)  # gguf's reader would loop on an array that claims more than the file holds
         reader = gguf.GGUFReader(str(path))
     except Exception as error:  # the reader raises ValueError, struct.error, IndexError... on bad bytes
         raise CheckpointError(f"{path}: not a readable GGUF file, probably truncated or corrupt "
@@ -244,12 +247,15 @@ def read_gguf(path: Path):
 
 
 def cached_hf_folder(path: str | Path, cache_root: Path) -> Path:
-    """The converted folder for `path`, converting on first use (keyed by file name, size, mtime)."""
+    """The converted folder for `path`, converting on first use (keyed by file name, size, mtime and the content
+    fingerprint that job identities record: another file put in its place with the same size and mtime, as `cp -p`
+    or an archive leaves it, is converted anew, never served the old file's weights under its own identity)."""
     path = Path(path).resolve()
     if not path.is_file():
         raise MissingFileError(f"{path}: no such GGUF file.")
     st = path.stat()
-    digest = hashlib.sha1(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{sampled_digest(path)}"
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     out = cache_root / "converted" / f"{path.stem}-{digest}"
     if (out / "config.json").is_file():
         return out

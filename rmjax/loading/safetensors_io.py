@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -39,7 +40,7 @@ def read_header(path: Path) -> tuple[dict, int]:
                                   f"{size}); download it again.")
         try:
             header = json.loads(f.read(n))
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
             raise CheckpointError(f"{path}: corrupt safetensors header ({error}); download it again.") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object); download it again.")
@@ -47,9 +48,16 @@ def read_header(path: Path) -> tuple[dict, int]:
     data = size - 8 - n
     for name, info in header.items():
         try:
-            start, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: corrupt safetensors header entry for {name!r}.") from None
+            start, end = info["data_offsets"]
+            shape, dtype = list(info["shape"]), np.dtype(_DTYPES.get(info["dtype"], np.uint8))
+            whole = [v for v in (start, end, *shape) if type(v) is int and v >= 0]  # JSON ints (no bool, no 4.5)
+            if len(whole) != 2 + len(shape) or start > end:
+                raise ValueError("offsets and shape must be whole numbers >= 0, the start before the end")
+            if (end - start) != math.prod(shape) * dtype.itemsize and info["dtype"] in _DTYPES:  # Python ints: exact
+                raise ValueError(f"shape {shape} ({info['dtype']}) does not span its {end - start} bytes")
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CheckpointError(f"{path}: corrupt safetensors header entry for {name!r} ({error}); download the "
+                                  "file again.") from None
         if end > data:
             raise CheckpointError(f"{path}: truncated: tensor {name!r} ends at byte {end} of the data but the file "
                                   f"holds {data} data bytes; download it again.")
@@ -112,7 +120,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
             if not isinstance(weight_map, dict) or not weight_map:
                 raise TypeError("weight_map is not a non-empty object")
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
             raise CheckpointError(f"{index}: not a valid shard index ({type(error).__name__}: {error}); restore it "
                                   "from the checkpoint's original repository.") from None
         paths = sorted({_shard_path(folder, name, index) for name in weight_map.values()})

@@ -55,9 +55,41 @@ def loads(text: str, path: str | Path = "<yaml>", keys_as_written: bool = False)
     loader = _StrictLoader(text)
     loader.path, loader.keys_as_written = str(path), keys_as_written
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        _refuse_expansion(node, path)
+        return None if node is None else loader.construct_document(node)
+    except RecursionError:
+        raise UsageError(f"{path}: invalid YAML (values nested too deeply to read).") from None
     finally:
         loader.dispose()
+
+
+MAX_NODES = 1_000_000  # values a document may stand for once its aliases are expanded (rmjax's files hold hundreds)
+
+
+def _refuse_expansion(root: yaml.Node | None, path: str | Path) -> None:
+    """Refuse a document whose aliases expand past MAX_NODES values (a "billion laughs": a few lines that stand for
+    9^9 strings, which printing or hashing the value would spell out) or refer to themselves."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node, open_: set[int]) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_:
+            raise UsageError(f"{path}: invalid YAML (an alias refers to the value that contains it).")
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) \
+            else node.value if isinstance(node, yaml.SequenceNode) else []
+        open_.add(id(node))
+        total = 1 + sum(size(child, open_) for child in children)
+        open_.discard(id(node))
+        if total > MAX_NODES:
+            raise UsageError(f"{path}: its aliases (*name) expand to more than {MAX_NODES:,} values; write the "
+                             "values out.")
+        sizes[id(node)] = total
+        return total
+
+    if root is not None:
+        size(root, set())
 
 
 def load(path: str | Path, error: type[Exception] = UsageError, keys_as_written: bool = False) -> Any:

@@ -113,7 +113,7 @@ def _json_pairs(path: Path) -> list[dict]:
     if path.suffix == ".json":
         try:
             whole = json.loads(text, object_pairs_hook=_object_once)
-        except ValueError:
+        except (ValueError, RecursionError):
             whole = None  # JSON lines after all
         except _RepeatedKey as error:
             raise InputFileError(f"{path}: an object gives key {error} twice; JSON would keep only the last. Remove "
@@ -135,6 +135,9 @@ def _json_pairs(path: Path) -> list[dict]:
                 raise InputFileError(f"{path}: line {number} is not JSON ({error.msg} at column {error.colno}); "
                                      "write one object {\"prompt\": …, \"chosen\": …, \"rejected\": …} per "
                                      "line.") from None
+            except RecursionError:
+                raise InputFileError(f"{path}: line {number} nests arrays or objects too deeply to read; write one "
+                                     "object {\"prompt\": …, \"chosen\": …, \"rejected\": …} per line.") from None
     labelled = None
     for number, row in rows:
         at = f"{path}: {where} {number}"
