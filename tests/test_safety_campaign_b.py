@@ -222,3 +222,49 @@ def test_a_result_deleted_without_its_meta_is_recomputed(rm_folder, tmp_path):
     out.unlink()
     figure.write_bytes(b"not the figure it drew")  # a companion the .meta.json does not record stays refused
     cli.user_error(cli.run(*flags), str(figure), "no rmjax run")
+
+
+def test_a_head_run_resumes_with_its_saved_feature_batch_size(lm_folder, tmp_path):
+    """--feature_batch_size is not part of a training run's identity, yet the frozen features (and so every
+    later step) round differently in other batches: a head-only run killed at step 8 and resumed with another
+    --feature_batch_size trained on mixed features, its losses and head no longer the uninterrupted run's. The
+    resume now computes them in the batches its checkpoints were trained on (run.json records them)."""
+    import dataclasses
+
+    import numpy as np
+
+    from rmjax import nn
+    from rmjax.loading import load
+    from rmjax.loading.reward_head import reward_model_from_lm
+    from rmjax.train.data import Pairs
+    from rmjax.train.loop import TrainConfig, train_reward_model
+
+    rm = reward_model_from_lm(load(str(lm_folder)), seed=0)
+    rng = np.random.default_rng(0)
+    words = [f"{a} {b}" for a in ("good", "bad", "fine", "odd") for b in ("apple", "river", "house", "music", "dog")]
+
+    def pairs(n: int) -> Pairs:
+        a, b = rng.choice(words, n), rng.choice(words, n)
+        return Pairs(["Which is better?"] * n, list(a), list(b), np.ones(n, np.float32))
+
+    train, held = pairs(64), pairs(8)
+    cfg = TrainConfig(trainable="head", steps=12, batch_size=8, learning_rate=5e-2, checkpoint_every=4)
+    whole = train_reward_model(rm, train, held, cfg, tmp_path / "a", log=lambda *_: None)
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_8(message):
+        if message.startswith("step 8:"):
+            raise Crash
+
+    with pytest.raises(Crash):
+        train_reward_model(rm, train, held, cfg, tmp_path / "b", log=crash_at_8)
+    notes = []
+    resumed = train_reward_model(rm, train, held, dataclasses.replace(cfg, feature_batch_size=3), tmp_path / "b",
+                                 log=notes.append)
+    assert resumed.resumed_from == 8 and resumed.config.feature_batch_size == 256
+    assert any("--feature_batch_size=256, not 3" in n for n in notes)
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
+    np.testing.assert_array_equal(np.asarray(nn.flat(resumed.model.params)["score.kernel"]),
+                                  np.asarray(nn.flat(whole.model.params)["score.kernel"]))

@@ -129,7 +129,7 @@ def run_training(
         result.workdir = workdir
         summary = {
             "identity": identity, "base_model": lm_spec, "train_pairs": len(train), "heldout_pairs": len(heldout),
-            "config": dataclasses.asdict(cfg), "final": result.evals[-1] if result.evals else None,
+            "config": dataclasses.asdict(result.config or cfg), "final": result.evals[-1] if result.evals else None,
             "steps_per_second": result.steps_per_second, "seconds": result.seconds,
             "resumed_from": result.resumed_from, "recipe": recipe or {},
             "mesh": dict(mesh.shape) if mesh is not None else None,
