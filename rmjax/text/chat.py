@@ -7,7 +7,12 @@ computes the prefix once and runs only response + suffix per candidate.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,19 +54,76 @@ def template_source(tokenizer) -> str:
     return f"the chat template of {folder}"
 
 
+# A template may read the clock (Llama 3.2's `strftime_now("%d %b %Y")`): rendered at the time of the run, the same
+# inputs would score differently on another day, and a resume across midnight would mix two prompts. Every
+# template sees this fixed day instead, the one Llama 3.1's template writes when it is given none.
+TEMPLATE_CLOCK = datetime.datetime(2024, 7, 26)
+RENDER_SECONDS = 30  # a checkpoint's template renders in milliseconds; one that loops for ever is refused
+
+
+@contextlib.contextmanager
+def _fixed_clock() -> Iterator[None]:
+    """transformers gives templates `strftime_now`, which reads `datetime.now()` of its chat_template_utils module
+    (a callable passed in the render's keywords would reach the template as a string): that clock reads
+    TEMPLATE_CLOCK while a template renders."""
+    from transformers.utils import chat_template_utils as rendering
+
+    real = rendering.datetime
+
+    class Fixed(real):
+        @classmethod
+        def now(cls, tz=None):
+            return cls.combine(TEMPLATE_CLOCK.date(), TEMPLATE_CLOCK.time(), tz)
+
+    rendering.datetime = Fixed
+    try:
+        yield
+    finally:
+        rendering.datetime = real
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, what: str) -> Iterator[None]:
+    """Stop a render that takes longer than `seconds` (a template is code from the checkpoint: a loop of 10^10 steps
+    must not hang the job). Only the main thread can take a signal; elsewhere the render runs unbounded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except TimeoutError:
+        raise UsageError(f"{what} did not finish rendering one conversation in {seconds} s; fix the template, or "
+                         "pass --template=plain.") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def render_template(tokenizer, messages: list[dict]) -> str:
-    """The chat template applied to `messages` as text; a template jinja cannot compile or that raises is a
-    UsageError naming the template, jinja's message and the line (not a traceback from inside jinja)."""
+    """The chat template applied to `messages` as text, at the fixed TEMPLATE_CLOCK and within RENDER_SECONDS; a
+    template jinja cannot compile, that raises, runs out of memory or of time is a UsageError naming the template
+    (not a traceback from inside jinja)."""
     import jinja2
 
+    source = template_source(tokenizer)
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False)
+        with _time_limit(RENDER_SECONDS, source), _fixed_clock():
+            return tokenizer.apply_chat_template(messages, tokenize=False)
     except jinja2.TemplateSyntaxError as error:
-        raise UsageError(f"{template_source(tokenizer)} is not valid jinja: {error.message} (line {error.lineno} "
+        raise UsageError(f"{source} is not valid jinja: {error.message} (line {error.lineno} "
                          "of the template). Fix the template, or pass --template=plain.") from None
-    except jinja2.TemplateError as error:
-        raise UsageError(f"{template_source(tokenizer)} failed on a user + assistant conversation: {error}. Fix "
-                         "the template, or pass --template=plain.") from None
+    except UsageError:
+        raise
+    except Exception as error:  # the template is the checkpoint's code: whatever it raises is its fault
+        raise UsageError(f"{source} failed on a user + assistant conversation: {type(error).__name__}"
+                         f"{': ' + str(error)[:200] if str(error) else ''}. Fix the template, or pass "
+                         "--template=plain.") from None
 
 
 def check_template(tokenizer, template: str = "auto") -> None:
@@ -154,7 +216,7 @@ class Conversations:
     def conversation(self, response: str) -> str:
         if self.split.template == "chat":
             messages = [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}]
-            return self.tokenizer.apply_chat_template(messages, tokenize=False)
+            return render_template(self.tokenizer, messages)
         return chat.PLAIN_FORMAT.format(prompt=self.prompt) + " " + response.strip()
 
     def token_ids(self, responses: list[str]) -> list[list[int]]:
