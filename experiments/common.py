@@ -7,6 +7,7 @@ that can run before the weights; entry points end through `run` (experiments.cli
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from absl import flags
@@ -109,13 +110,18 @@ def start():
     return _mesh[0]
 
 
-def options(out: str) -> RunOptions:
-    """The shared flags as the library's RunOptions for a job writing `out` (after `start`: the mesh is one)."""
+def options(out: str, **files: str | None) -> RunOptions:
+    """The shared flags as the library's RunOptions for a job writing `out` (after `start`: the mesh is one).
+    The files the command line names (a model file, --prompts YAML files, and `files`: flag name -> path, such as
+    texts_file) go with it as inputs that no output may be."""
     from rmjax.runs.options import RunOptions
 
+    named = [("--model", m) for m in (MODEL.value or "").split(",")]
+    named += [("--prompts", p) for p in PROMPTS.value or ()] + [(f"--{k}", v) for k, v in files.items() if v]
+    inputs = tuple((flag, path) for flag, path in named if path and Path(path).is_file())
     return RunOptions(model=MODEL.value, out=out, dtype=DTYPE.value, mesh=start(), template=TEMPLATE.value,
                       output_column=OUTPUT_COLUMN.value, overwrite=OVERWRITE.value,
-                      allow_nonfinite=ALLOW_NONFINITE.value)
+                      allow_nonfinite=ALLOW_NONFINITE.value, inputs=inputs)
 
 
 def check_model_template() -> None:

@@ -50,7 +50,8 @@ def main(argv):
 
     texts = read_texts()
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    out = run_score(ScoreSpec(common.options(OUT.value), prompts, tuple(texts), BATCH_SIZE.value))
+    options = common.options(OUT.value, texts_file=TEXTS_FILE.value)
+    out = run_score(ScoreSpec(options, prompts, tuple(texts), BATCH_SIZE.value))
     if not distributed.is_main():
         return
     table = results.read_scores_csv(out)

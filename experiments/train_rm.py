@@ -11,6 +11,7 @@ refused unless --overwrite.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from absl import flags
 
@@ -64,7 +65,9 @@ def main(argv):
               "soft": SOFT.value, "split": split}
     result = run_training(common.MODEL.value, train, heldout, cfg, WORKDIR.value, export=EXPORT.value,
                           head_out=HEAD_OUT.value, dtype=common.DTYPE.value, elo_csv=ELO.value, recipe=recipe,
-                          overwrite=common.OVERWRITE.value, mesh=mesh)
+                          overwrite=common.OVERWRITE.value, mesh=mesh,
+                          inputs={"--pairs": PAIRS.value, "--heldout_pairs": HELDOUT_PAIRS.value,
+                                  **{f"--model={m}": m for m in [common.MODEL.value] if Path(m).is_file()}})
     final = result.evals[-1] if result.evals else {}
     trained = cfg.steps - (result.resumed_from or 0)
     done = f"trained {trained} steps ({result.steps_per_second:.1f} steps/s)" if trained else \

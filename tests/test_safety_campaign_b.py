@@ -180,6 +180,37 @@ def test_an_output_that_is_an_input_of_the_run_is_refused(rm_folder, tmp_path):
     assert words.read_text() == "Love\nHate\n"
 
 
+def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tmp_path):
+    """The same rule for the files every job's flags name: --texts_file, a --prompts YAML, the frontier's --sweep and
+    train_rm's --pairs, each given as the output with --overwrite, was replaced by the result (exit 0)."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Love\nHate\n")
+    cli.user_error(cli.run("score", f"--model={rm_folder}", f"--texts_file={texts}", f"--out={texts}", "--overwrite"),
+                   "which this run reads (--texts_file=")
+    assert texts.read_text() == "Love\nHate\n"
+    prompts = tmp_path / "prompts.yaml"
+    prompts.write_text("greatest: What is the greatest thing?\n")
+    cli.user_error(cli.run("sweep", f"--model={rm_folder}", f"--prompts={prompts}", "--token_ids=5,6",
+                           f"--out={prompts}", "--overwrite"), "which this run reads (--prompts=")
+    assert prompts.read_text() == "greatest: What is the greatest thing?\n"
+    sweep = tmp_path / "f" / "frontier.csv"  # where a frontier job with --out=f writes its table
+    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--token_ids=5,6,7", f"--out={sweep}"))
+    before = sweep.read_bytes()
+    cli.user_error(cli.run("frontier", f"--model={rm_folder}", f"--lm={lm_folder}", f"--judge={lm_folder}",
+                           f"--sweep={sweep}", f"--out={sweep.parent}", "--overwrite"),
+                   "which this run reads (--sweep=")
+    assert sweep.read_bytes() == before
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout = tmp_path / "heldout.csv"
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    cli.user_error(cli.run("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={heldout}",
+                           "--steps=2", "--batch_size=2", f"--workdir={tmp_path / 'work'}", f"--head_out={pairs}",
+                           "--overwrite"),
+                   "which this run reads (--pairs=")
+    assert pairs.read_text().startswith("prompt,chosen,rejected\nQ0,Love,Hate")
+
+
 def test_inspect_top_past_what_its_source_holds_is_refused(rm_folder, tmp_path):
     """inspect --from_beam --top=3 of a beam keeping 2 sequences per direction inspected 4 responses with exit 0
     (a partial result, unsaid); --from_sweep --top past half the sweep's tokens made the best and worst lists

@@ -347,8 +347,8 @@ def check_distinct(outputs: Sequence[Output]) -> None:
                 raise UsageError(f"{output.flag}={output.out} would write {path}, which {seen[path]} writes too; "
                                  "give the outputs names that do not meet.")
             seen[path] = f"{output.flag}={output.out}"
-    read = {Path(os.path.realpath(path)): f"{flag}={path}" for output in outputs
-            for flag, path in output.inputs.items() if path}
+    read = {Path(os.path.realpath(path)): flag if "=" in flag else f"{flag}={path}" for output in outputs
+            for flag, path in output.inputs.items() if path}  # a key may name the flag and its value already
     for path, given in read.items():
         if path in seen:
             raise UsageError(f"{seen[path]} would write {path}, which this run reads ({given}); choose another "

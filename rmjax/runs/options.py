@@ -31,6 +31,8 @@ class RunOptions:
     output_column: int = 0  # which reward-head output the job reads
     overwrite: bool = False  # replace a result of other inputs (else refused); recompute a finished one
     allow_nonfinite: bool = False  # write NaN/Inf instead of stopping (counted in .meta.json)
+    inputs: tuple[tuple[str, str], ...] = ()  # (flag, path) of the files the command line names (a model file, a
+    # prompts YAML, a texts file): no output of the job may be one of them
 
 
 @contextlib.contextmanager
@@ -40,8 +42,9 @@ def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = N
     """Claim `out` (default options.out) for `identity` with options.overwrite (rmjax.runs.jobs.job) for the
     block, saying so when a finished result of the same inputs is reused. `inputs` (flag -> path): the files the
     job reads (an earlier result, a word list), which no output may be."""
+    read = {f"{flag}={path}": path for flag, path in options.inputs} | dict(inputs or {})
     with jobs.job(out or options.out, identity, overwrite=options.overwrite, owned=owned, store=store,
-                  inputs=inputs) as job:
+                  inputs=read) as job:
         if job.reuse:
             print(f"{options.out} is already complete for these inputs (same model content, prompts and settings): "
                   "reusing it; pass --overwrite to recompute.", file=sys.stderr)

@@ -128,7 +128,8 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     identity = frontier_identity(spec, fingerprint(o.model), fingerprint(spec.lm) if spec.lm else None,
                                  fingerprint(judge), judge)
     out = csv_path(o.out)
-    with claim_job(o, identity, out=out, owned=[frontier_out.png_path(out)], store=store_dir(out)) as job:
+    with claim_job(o, identity, out=out, owned=[frontier_out.png_path(out)], store=store_dir(out),
+                   inputs={"--sweep": spec.sweep}) as job:
         if job.reuse:
             return None
         rm = load_for_job(o)

@@ -7,6 +7,7 @@ import dataclasses
 import re
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -100,8 +101,10 @@ def run_training(
     recipe: dict | None = None,
     overwrite: bool = False,
     mesh: jax.sharding.Mesh | None = None,
+    inputs: Mapping[str, str | None] | None = None,
 ) -> TrainResult:
-    """Load the LM, add a score head, train, export an HF folder and/or the head, write a summary.
+    """Load the LM, add a score head, train, export an HF folder and/or the head, write a summary. `inputs`
+    (flag -> path): the files the run reads (--pairs, a model file), which no output may be.
 
     Every output (workdir, export folder, head file) is checked and locked before the model loads;
     `workdir` defaults to a folder derived from the run (`default_workdir`). With `mesh` the weights are
@@ -121,6 +124,7 @@ def run_training(
                               flag="--export", beside=tuple(head_files)))
     if head_out:
         outputs.append(Output(head_out, identity, overwrite=overwrite, meta=head_files[1], flag="--head_out"))
+    outputs = [dataclasses.replace(output, inputs=dict(inputs or {})) for output in outputs]
     with claim_all(outputs) as (work, *_):  # every output decided (or refused) before --overwrite deletes any
         start_workdir(workdir, identity, work)
         lm = load(lm_spec, dtype=dtype, mesh=mesh)
