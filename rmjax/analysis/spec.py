@@ -48,7 +48,8 @@ class AnalysisConfig:
 
     def __post_init__(self):
         checks.validate(self, {
-            "top": checks.POSITIVE, "n_boot": checks.POSITIVE, "n_permutations": checks.POSITIVE,
+            "top": checks.POSITIVE, "n_permutations": checks.POSITIVE,
+            "n_boot": (lambda v: v >= 2, "an integer >= 2 (one resample gives an interval of no width)"),
             "rbo_depth": checks.POSITIVE, "rbo_p": (lambda p: 0 < p < 1, "in (0, 1)"),
             "collapse_variants": checks.one_of(*COLLAPSE_MODES),
             "frequency_scale": checks.one_of(*FREQUENCY_SCALES),
