@@ -13,7 +13,8 @@ import math
 import pytest
 
 from rmjax.config import config_from_hf, load_config_file
-from rmjax.errors import CheckpointError
+from rmjax.errors import CheckpointError, UsageError
+from rmjax.plan.chips import parse_slice
 from tests import tiny
 from tests.cli import run, user_error
 
@@ -232,3 +233,10 @@ def test_a_score_batch_past_the_texts_plans_the_rows_the_job_uses():
     score = made[-1]
     assert score.name == "score_texts" and score.count == 1
     assert score.args[2].shape == (128, 12)  # 6 text + 5 suffix tokens in 4-token buckets
+
+
+@pytest.mark.parametrize("topology", ["v5e:0x0", "v4:1x0x2", "v6e:0x4"])
+def test_a_topology_with_a_zero_dimension_is_no_slice(topology):
+    """v5e:0x0 was taken as a slice of 0 chips and refused later as 'no mesh of v5e:0x0 splits the batch of None'."""
+    with pytest.raises(UsageError, match=f"--topology={topology}: expected a TPU slice"):
+        parse_slice(topology)

@@ -58,7 +58,7 @@ class Slice:
 def parse_slice(name: str) -> Slice:
     """'v5e:2x4' (libtpu's topology) or 'v5e-8' (Cloud TPU's accelerator type) -> Slice."""
     m = re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})", name.strip())
-    if m:
+    if m and all(int(d) >= 1 for d in m[2].split("x")):  # v5e:0x0 is no slice
         return Slice(CHIPS[m[1]], f"{m[1]}:{m[2]}")
     m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)-(\d+)", name.strip())
     if m:
