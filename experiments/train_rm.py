@@ -16,6 +16,7 @@ from pathlib import Path
 from absl import flags
 
 from experiments import common, config_flags
+from rmjax.errors import UsageError
 from rmjax.train.loop import TrainConfig
 
 PAIRS = flags.DEFINE_string("pairs", None, "CSV/JSONL of prompt, chosen, rejected[, label (soft, in [0,1])].")
@@ -56,6 +57,9 @@ def main(argv):
 
     mesh = common.start()
     common.refuse_output_column("train_rm (it trains a new one-output score head)")
+    if common.ALLOW_NONFINITE.value:  # a NaN loss or reward ends a training run: there is nothing to write anyway
+        raise UsageError("--allow_nonfinite does not apply to train_rm: a NaN/Inf loss, gradient or held-out reward "
+                         "stops the run (lower --learning_rate or --clip_norm instead); leave it out.")
     cfg = TRAIN_CONFIG(template=common.TEMPLATE.value)
     train, heldout, split = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value,
                                        cfg.seed, HELDOUT_PAIRS.value)

@@ -180,3 +180,10 @@ def test_more_inputs_never_silently_reduced(tmp_path, monkeypatch):
     monkeypatch.setenv("RMJAX_NUM_PROCESSES", "two")  # was int('two'): a ValueError traceback
     with pytest.raises(UsageError, match=r"\$RMJAX_NUM_PROCESSES='two'"):
         distributed.initialize()
+
+
+def test_train_rm_refuses_allow_nonfinite_it_would_ignore(tmp_path):
+    """train_rm took --allow_nonfinite and ignored it (a NaN loss stops a training run whatever it says)."""
+    cli.user_error(cli.run("train_rm", "--model=smollm2-135m-instruct", "--elo=builtin", "--allow_nonfinite",
+                           f"--workdir={tmp_path / 'w'}"), "--allow_nonfinite does not apply to train_rm")
+    assert not (tmp_path / "w").exists()
