@@ -77,3 +77,20 @@ def edit_tensor(folder: Path, key: str, edit) -> None:
     tensors = load_file(str(path))
     tensors[key] = edit(np.array(tensors[key]))
     save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+# What a planted link's target holds (the `victim` fixture, tests/conftest.py): a test asserts it is still there.
+VICTIM_TEXT = "precious: must survive\n"
+
+
+def edit_embedding_row(folder: Path, row: int, first: float, *, zero_rest: bool = False) -> None:
+    """Set entry 0 of embedding row `row` of `folder`'s model to `first` (NaN, or a float32 that overflows once
+    scaled), the rest of the row zeroed when asked: one token whose every use turns the model non-finite."""
+    def edit(table: np.ndarray) -> np.ndarray:
+        table = table.copy()
+        if zero_rest:
+            table[row] = 0.0
+        table[row, 0] = first
+        return table
+
+    edit_tensor(folder, "model.embed_tokens.weight", edit)

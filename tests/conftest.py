@@ -56,6 +56,17 @@ def _release_compiled_code_between_modules():
     compiled.release_near_map_limit()
 
 
+@pytest.fixture
+def victim(tmp_path):
+    """A file outside the job's folder that a planted link points at (holding tests.cli.VICTIM_TEXT)."""
+    from tests.cli import VICTIM_TEXT
+
+    path = tmp_path / "elsewhere" / "victim.txt"
+    path.parent.mkdir()
+    path.write_text(VICTIM_TEXT)
+    return path
+
+
 @pytest.fixture(scope="module")
 def rm_folder(tmp_path_factory):
     """A tiny random reward model (Llama) with the real SmolLM2 tokenizer and chat template."""

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from rmjax.nn import ops
-from tests import cli, tiny
+from tests import cli, inproc, tiny
 from tests.test_analysis_stats import redrawn_bootstrap_intervals
 from tests.test_safety_analyze import sweep
 from tests.tolerance import U32
@@ -83,9 +83,10 @@ def test_bf16_rms_norm_is_float32_math_rounded_once(plus_one):
 
 def _analyze(scores: Path, out: Path, seed: int) -> dict[str, bytes]:
     """One cheap analysis that runs the bootstrap (two stand-in sweeps; no metadata, lexicon files or RSA), and
-    its tables (CSV) as bytes."""
-    cli.ok(cli.run("analyze", f"--scores={scores}", "--models_yaml=", "--frequencies=", "--n_boot=30",
-                   "--n_permutations=5", "--top=3", f"--seed={seed}", f"--out={out}"))
+    its tables (CSV) as bytes: `analyze --scores=DIR --models_yaml= --frequencies= --n_boot=30 --n_permutations=5
+    --top=3 --seed=S`, in-process."""
+    inproc.analyze(out, scores=(str(scores),), models_yaml=None, frequencies=None, n_boot=30, n_permutations=5,
+                   top=3, seed=seed)
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix == ".csv"}
 
 
@@ -133,14 +134,7 @@ def overflow_row(tmp_path_factory):
     assert start < nan  # --token_ids without 'x': the search starts from the lowest id, 'No'
     with np.errstate(over="ignore"):
         assert np.isinf(np.float32(4.3e37) * np.float32(8.0))
-
-    def overflow(table: np.ndarray) -> np.ndarray:
-        table = table.copy()
-        table[nan] = 0.0
-        table[nan, 0] = 4.3e37
-        return table
-
-    cli.edit_tensor(folder, "model.embed_tokens.weight", overflow)
+    cli.edit_embedding_row(folder, nan, 4.3e37, zero_rest=True)
     return folder, start, nan
 
 
@@ -150,16 +144,24 @@ def test_gcg_candidate_nan_for_one_token_is_refused_or_counted(overflow_row, tmp
     one step evaluates as its only candidate (two tokens allowed: the start 'No' and 'Love'). Without
     --allow_nonfinite the job stops naming it and writes nothing; with it, the NaN candidate is never a result
     and .meta.json counts it: one candidate dropped, the one evaluated."""
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+
     folder, start, nan = overflow_row
-    flags = [f"--model={folder}", "--num_tokens=1", "--steps=1", "--selection=greedy", "--topk=2", "--search_width=2",
-             f"--token_ids={start},{nan}"]
+
+    def gcg(out, allow_nonfinite: bool):  # gcg --num_tokens=1 --steps=1 --selection=greedy --topk=2 --search_width=2
+        # --token_ids=START,NAN [--allow_nonfinite], in-process
+        return run_gcg(GcgSpec(inproc.options(folder, out, allow_nonfinite=allow_nonfinite), inproc.prompts(),
+                               GCGConfig(num_tokens=1, steps=1, selection="greedy", topk=2, search_width=2,
+                                         token_ids=(start, nan), allow_nonfinite=allow_nonfinite)))
+
     refused = tmp_path / "refused.json"
-    line = cli.user_error(cli.run("gcg", *flags, f"--out={refused}"), "non-finite rewards", "1 of 1",
-                          f"response ids [{nan}] ('Love')", "--allow_nonfinite", loaded=True)
+    line = inproc.refused(lambda: gcg(refused, False), "non-finite rewards", "1 of 1",
+                          f"response ids [{nan}] ('Love')", "--allow_nonfinite")
     assert "gradient" not in line  # the candidates' check, not the gradient's
     assert not refused.exists()
     out = tmp_path / "allowed.json"
-    cli.ok(cli.run("gcg", *flags, "--allow_nonfinite", f"--out={out}"))
+    gcg(out, True)
     meta = json.loads(out.with_name(out.name + ".meta.json").read_text())
     assert meta["nonfinite"] == {"candidates_dropped": 1}
     result = json.loads(out.read_text())

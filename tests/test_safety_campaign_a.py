@@ -24,17 +24,9 @@ from rmjax.errors import CheckpointError, LockedError, OutputExistsError, Resume
 from rmjax.runs import claims, locks, results
 from rmjax.runs.chunks import ChunkStore, store_dir
 from tests import cli
+from tests.cli import VICTIM_TEXT
 
-PRECIOUS = "precious: must survive\n"
 IDENTITY = {"job": "sweep", "model": {"weights": "w", "tokenizer": "t"}}
-
-
-@pytest.fixture
-def victim(tmp_path):
-    path = tmp_path / "elsewhere" / "notes.txt"
-    path.parent.mkdir()
-    path.write_text(PRECIOUS)
-    return path
 
 
 def _returns_within(fn, seconds: float = 20.0):
@@ -76,12 +68,12 @@ def test_a_temp_file_link_is_removed_not_written_through(tmp_path, victim):
     out.parent.mkdir()
     (out.parent / f".x.json.{os.getpid()}.tmp").symlink_to(victim)
     results.dump_json({"a": 1}, out)
-    assert victim.read_text() == PRECIOUS and not out.is_symlink() and json.loads(out.read_text()) == {"a": 1}
+    assert victim.read_text() == VICTIM_TEXT and not out.is_symlink() and json.loads(out.read_text()) == {"a": 1}
 
     store = ChunkStore(tmp_path / "run" / "s.csv", IDENTITY, 4)
     (store.dir / "tmp-chunk-0000000000.npy").symlink_to(victim)
     store.write(0, np.ones((4, 1), np.float32))
-    assert victim.read_text() == PRECIOUS
+    assert victim.read_text() == VICTIM_TEXT
     assert not (store.dir / "chunk-0000000000.npy").is_symlink() and store.load(0).sum() == 4
 
 
@@ -92,7 +84,7 @@ def test_a_training_log_temp_link_is_removed(tmp_path, victim):
     log = tmp_path / "eval_log.csv"
     log.with_name("eval_log.csv.tmp").symlink_to(victim)
     _write_log(log, [{"step": 1, "loss": 0.5}])
-    assert victim.read_text() == PRECIOUS and log.read_text().startswith("step,loss")
+    assert victim.read_text() == VICTIM_TEXT and log.read_text().startswith("step,loss")
 
 
 # --- state files: a FIFO is never read (before: the job hung) ----------------------------------------------------
@@ -146,7 +138,7 @@ def test_analyze_input_folders_skip_a_fifo(tmp_path):
 
 
 def test_overwrite_removes_a_companion_link_not_its_target(rm_folder, tmp_path, victim):
-    """`s.csv.png -> notes.txt` planted beside the output: `sweep --overwrite` used to delete notes.txt (the
+    """`s.csv.png -> victim.txt` planted beside the output: `sweep --overwrite` used to delete victim.txt (the
     companion was resolved to its target, which --overwrite removed) and exit 0. Now the link itself is the
     companion: refused without --overwrite, removed (not followed) with it."""
     out = tmp_path / "run" / "s.csv"
@@ -155,7 +147,7 @@ def test_overwrite_removes_a_companion_link_not_its_target(rm_folder, tmp_path, 
     link.symlink_to(victim)
     cli.user_error(cli.run("sweep", f"--model={rm_folder}", f"--out={out}", "--token_ids=10,11"), str(link))
     cli.ok(cli.run("sweep", f"--model={rm_folder}", f"--out={out}", "--token_ids=10,11", "--overwrite"))
-    assert victim.read_text() == PRECIOUS and not link.is_symlink() and out.is_file()
+    assert victim.read_text() == VICTIM_TEXT and not link.is_symlink() and out.is_file()
 
 
 def test_a_recorded_link_is_not_a_companion(tmp_path, victim):
@@ -173,7 +165,7 @@ def test_a_recorded_link_is_not_a_companion(tmp_path, victim):
     with pytest.raises(OutputExistsError, match="s.csv.png already exists"):
         with claims.claim(out, IDENTITY, owned=[png], store=store_dir(out)):
             pass
-    assert victim.read_text() == PRECIOUS
+    assert victim.read_text() == VICTIM_TEXT
 
 
 def test_a_lock_never_takes_over_a_file_of_someone_elses(tmp_path):
@@ -184,11 +176,11 @@ def test_a_lock_never_takes_over_a_file_of_someone_elses(tmp_path):
     project.mkdir()
     (project / "Gemfile").write_text("source 'x'\n")
     lock = project / "Gemfile.lock"
-    lock.write_text(PRECIOUS)
+    lock.write_text(VICTIM_TEXT)
     with pytest.raises(LockedError, match="not a lock record"):
         with locks.hold(project / "Gemfile"):
             pass
-    assert lock.read_text() == PRECIOUS
+    assert lock.read_text() == VICTIM_TEXT
     lock.write_text(json.dumps({"pid": 1, "host": "h", "since": "00:00:00"}))  # a killed run's record: taken over
     with locks.hold(project / "Gemfile"):
         pass

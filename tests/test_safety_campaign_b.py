@@ -15,27 +15,14 @@ import pytest
 
 from rmjax.errors import ResumeMismatchError
 from rmjax.runs import results
-from rmjax.runs.chunks import ChunkStore, store_dir
+from rmjax.runs.chunks import store_dir
 from rmjax.runs.options import RunOptions
 from rmjax.search.sweep import SweepSpec, run_sweep
-from tests import cli
+from tests import cli, inproc
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?",
            "worst": "What, in one word, is the worst thing ever?"}
 SWAPPED = dict(reversed(PROMPTS.items()))
-
-
-def _interrupt_at_write(monkeypatch, n: int) -> None:
-    """The job is killed as its n-th chunk write starts (the ones before it are on disk)."""
-    real, calls = ChunkStore.write, []
-
-    def write(self, name, scores):
-        calls.append(name)
-        if len(calls) == n:
-            raise KeyboardInterrupt
-        return real(self, name, scores)
-
-    monkeypatch.setattr(ChunkStore, "write", write)
 
 
 def test_a_resume_with_the_prompts_in_another_order_is_refused(rm_folder, tmp_path, monkeypatch):
@@ -52,7 +39,7 @@ def test_a_resume_with_the_prompts_in_another_order_is_refused(rm_folder, tmp_pa
                                    batch_size=8))
 
     with monkeypatch.context() as patch:
-        _interrupt_at_write(patch, 2)
+        inproc.interrupt_at_write(patch, 2)
         with pytest.raises(KeyboardInterrupt):
             sweep(PROMPTS)
     assert len(list(store_dir(out).glob("chunk-*.npy"))) == 1
@@ -68,7 +55,7 @@ def test_a_resume_with_the_prompts_in_another_order_is_refused(rm_folder, tmp_pa
                                  BeamConfig(depth=2, beam=2, top=2), limit=24, batch_size=8, chunk_size=8))
 
     with monkeypatch.context() as patch:
-        _interrupt_at_write(patch, 3)
+        inproc.interrupt_at_write(patch, 3)
         with pytest.raises(KeyboardInterrupt):
             beam(PROMPTS)
     with pytest.raises(ResumeMismatchError, match="in the order greatest, worst"):
@@ -87,29 +74,31 @@ def test_texts_file_lines_end_at_newlines_only(rm_folder, tmp_path):
     assert "1 blank or whitespace-only line skipped" in proc.stderr
 
 
-def test_train_rm_outputs_that_name_one_file_are_refused(lm_folder, tmp_path):
+def test_train_rm_outputs_that_name_one_file_are_refused(lm_folder, tmp_path, monkeypatch):
     """--head_out=x.json: the recipe (x.json) replaced the head, leaving no weights, exit 0; --head_out=WORKDIR/run
     wrote its recipe over the workdir's run.json, and --export=E --head_out=E/rmjax_training over the export's
-    record. Now refused before the model loads."""
+    record. Now refused before the model loads (run_training's claims, in-process as train_rm calls it)."""
     pairs = tmp_path / "pairs.csv"
     pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
     heldout = tmp_path / "heldout.csv"
     heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
-    flags = (f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={heldout}", "--steps=2", "--batch_size=2",
-             "--warmup_steps=1", "--checkpoint_every=1")
-    work = tmp_path / "work"
-    cli.user_error(cli.run("train_rm", *flags, f"--workdir={work}", f"--head_out={tmp_path / 'head.json'}"),
-                   "--head_out=", "head.json", "two of its files")
-    cli.user_error(cli.run("train_rm", *flags, f"--workdir={work}", f"--head_out={work / 'run'}"),
-                   "run.json", f"--workdir={work}")
-    export = tmp_path / "export"
-    cli.user_error(cli.run("train_rm", *flags, f"--workdir={work}", f"--export={export}",
-                           f"--head_out={export / 'rmjax_training'}"), "rmjax_training.json", f"--export={export}")
-    cli.user_error(cli.run("train_rm", *flags, f"--workdir={work}", f"--head_out={work / 'checkpoints' / 'h'}"),
-                   "checkpoints/")
+    work, export = tmp_path / "work", tmp_path / "export"
+
+    def train_rm(**outputs):
+        return inproc.train_rm(lm_folder, pairs=pairs, heldout_pairs=heldout, workdir=work, steps=2, batch_size=2,
+                               warmup_steps=1, checkpoint_every=1, **outputs)
+
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(lambda: train_rm(head_out=tmp_path / "head.json"), "--head_out=", "head.json",
+                       "two of its files")
+        inproc.refused(lambda: train_rm(head_out=work / "run"), "run.json", f"--workdir={work}")
+        inproc.refused(lambda: train_rm(export=export, head_out=export / "rmjax_training"), "rmjax_training.json",
+                       f"--export={export}")
+        inproc.refused(lambda: train_rm(head_out=work / "checkpoints" / "h"), "checkpoints/")
     assert not work.exists() and not export.exists()
     head = tmp_path / "head.safetensors"
-    cli.ok(cli.run("train_rm", *flags, f"--workdir={work}", f"--head_out={head}"))
+    train_rm(head_out=head)
     assert json.loads(head.with_suffix(".json").read_text())["files"]["head.safetensors"]["bytes"] == \
         head.stat().st_size
     assert json.loads((work / "run.json").read_text())["identity"]["job"] == "train_rm"
@@ -128,8 +117,7 @@ def test_analyze_with_a_constant_model_skips_its_mds_in_one_line(tmp_path):
     (scores / "ranked.csv").write_text(header + "".join(f'{i},"{w}","{w}",1,{0.1 * (i + 1)},{0.4 - 0.1 * i}\n'
                                                         for i, w in enumerate(words)))
     out = tmp_path / "analysis"
-    proc = cli.ok(cli.run("analyze", f"--scores={scores}", f"--out={out}"))
-    assert "Traceback" not in proc.stderr
+    inproc.analyze(out, scores=(str(scores),))  # as `analyze --scores=DIR`: it raised scikit-learn's error
     report = (out / "report.md").read_text()
     assert "MDS/RSA for 'greatest': Kendall tau is undefined for flat" in report
     assert not (out / "paper1_mds_greatest.csv").exists() and (out / "paper1_mds_worst.csv").exists()
@@ -137,7 +125,7 @@ def test_analyze_with_a_constant_model_skips_its_mds_in_one_line(tmp_path):
     assert tau.loc["flat", "ranked"] == pytest.approx(-1.0)  # worst: one ranking the other's reverse
 
 
-def test_heldout_accuracy_leaves_ties_out(lm_folder, tmp_path):
+def test_heldout_accuracy_leaves_ties_out(lm_folder, tmp_path, monkeypatch):
     """A held-out pair labelled 0.5 prefers neither response, but accuracy counted it right only when the chosen
     side scored higher: a held-out set of ties gave accuracy 0.0 or 1.0 with exit 0, and ties beside decisive pairs
     moved the number. Ties only are refused before the model loads; otherwise accuracy is over the decisive pairs."""
@@ -157,32 +145,39 @@ def test_heldout_accuracy_leaves_ties_out(lm_folder, tmp_path):
     pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
     ties = tmp_path / "ties.csv"
     ties.write_text("prompt,chosen,rejected,label\nH,Gold,Dirt,0.5\nH,Sun,Rain,0.5\n")
-    cli.user_error(cli.run("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={ties}",
-                           "--steps=2", "--batch_size=2", f"--workdir={tmp_path / 'work'}"),
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: inproc.train_rm(lm_folder, pairs=pairs, heldout_pairs=ties, steps=2, batch_size=2,
+                                           workdir=tmp_path / "work"),
                    "all 2 held-out pairs have label 0.5", "accuracy is undefined")
 
 
-def test_an_output_that_is_an_input_of_the_run_is_refused(rm_folder, tmp_path):
+def test_an_output_that_is_an_input_of_the_run_is_refused(rm_folder, tmp_path, monkeypatch):
     """beam --from_sweep=X --out=X --overwrite deleted the sweep X (and its .meta.json) as an old result to replace,
     then stopped: '--from_sweep=X: no such file'. An output that is a file the run reads is refused before
-    anything is deleted (the sweep stays byte for byte), --vocab_file likewise."""
+    anything is deleted (the sweep stays byte for byte), --vocab_file likewise (run_beam's claim, in-process)."""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
     sweep = tmp_path / "s.csv"
-    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--token_ids=5,6,7", f"--out={sweep}"))
+    run_sweep(SweepSpec(inproc.options(rm_folder, sweep), inproc.prompts(), (5, 6, 7)))
     before = sweep.read_bytes(), results.meta_path(sweep).read_bytes()
-    cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--from_sweep={sweep}", "--token_ids=5,6,7", "--depth=2",
-                           "--beam=2", "--top=2", f"--out={sweep}", "--overwrite"),
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_beam(BeamSpec(inproc.options(rm_folder, sweep, overwrite=True), inproc.prompts(),
+                                             BeamConfig(depth=2, beam=2, top=2), (5, 6, 7), from_sweep=str(sweep))),
                    "which this run reads (--from_sweep=")
     assert (sweep.read_bytes(), results.meta_path(sweep).read_bytes()) == before
     words = tmp_path / "words.txt"
     words.write_text("Love\nHate\n")
-    cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--vocab_file={words}", "--depth=1", f"--out={words}",
-                           "--overwrite"), "which this run reads (--vocab_file=")
+    inproc.refused(lambda: run_beam(BeamSpec(inproc.options(rm_folder, words, overwrite=True), inproc.prompts(),
+                                             BeamConfig(depth=1), vocab_file=str(words))),
+                   "which this run reads (--vocab_file=")
     assert words.read_text() == "Love\nHate\n"
 
 
-def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tmp_path):
+def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tmp_path, monkeypatch):
     """The same rule for the files every job's flags name: --texts_file, a --prompts YAML, the frontier's --sweep and
-    train_rm's --pairs, each given as the output with --overwrite, was replaced by the result (exit 0)."""
+    train_rm's --pairs, each given as the output with --overwrite, was replaced by the result (exit 0). The entry
+    points name --texts_file, --prompts and --pairs (so those run as commands); the frontier job its --sweep."""
     texts = tmp_path / "texts.txt"
     texts.write_text("Love\nHate\n")
     cli.user_error(cli.run("score", f"--model={rm_folder}", f"--texts_file={texts}", f"--out={texts}", "--overwrite"),
@@ -193,12 +188,18 @@ def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tm
     cli.user_error(cli.run("sweep", f"--model={rm_folder}", f"--prompts={prompts}", "--token_ids=5,6",
                            f"--out={prompts}", "--overwrite"), "which this run reads (--prompts=")
     assert prompts.read_text() == "greatest: What is the greatest thing?\n"
+    from rmjax.search.fluent import FluentConfig
+    from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
+
     sweep = tmp_path / "f" / "frontier.csv"  # where a frontier job with --out=f writes its table
-    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--token_ids=5,6,7", f"--out={sweep}"))
+    run_sweep(SweepSpec(inproc.options(rm_folder, sweep), inproc.prompts(), (5, 6, 7)))
     before = sweep.read_bytes()
-    cli.user_error(cli.run("frontier", f"--model={rm_folder}", f"--lm={lm_folder}", f"--judge={lm_folder}",
-                           f"--sweep={sweep}", f"--out={sweep.parent}", "--overwrite"),
-                   "which this run reads (--sweep=")
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(lambda: run_frontier(FrontierSpec(
+            inproc.options(rm_folder, sweep.parent, overwrite=True), inproc.prompts(), FrontierConfig(),
+            FluentConfig(), lm=str(lm_folder), judge=str(lm_folder), sweep=str(sweep))),
+            "which this run reads (--sweep=")
     assert sweep.read_bytes() == before
     pairs = tmp_path / "pairs.csv"
     pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
@@ -211,48 +212,64 @@ def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tm
     assert pairs.read_text().startswith("prompt,chosen,rejected\nQ0,Love,Hate")
 
 
-def test_inspect_top_past_what_its_source_holds_is_refused(rm_folder, tmp_path):
+def test_inspect_top_past_what_its_source_holds_is_refused(rm_folder, tmp_path, monkeypatch):
     """inspect --from_beam --top=3 of a beam keeping 2 sequences per direction inspected 4 responses with exit 0
     (a partial result, unsaid); --from_sweep --top past half the sweep's tokens made the best and worst lists
-    overlap and was refused as "response … is given twice", which the user never did."""
+    overlap and was refused as "response … is given twice", which the user never did. (The jobs in-process.)"""
+    from rmjax.inspect.job import InspectSpec, run_inspect
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
     beam = tmp_path / "b.csv"
-    cli.ok(cli.run("beam", f"--model={rm_folder}", "--token_ids=5,6,7,8,9", "--depth=1", "--beam=2", "--top=2",
-                   f"--out={beam}"))
+    run_beam(BeamSpec(inproc.options(rm_folder, beam), inproc.prompts(), BeamConfig(depth=1, beam=2, top=2),
+                      (5, 6, 7, 8, 9)))
     assert len(pd.read_csv(beam)) == 4
-    inspect = ("inspect", f"--model={rm_folder}", "--steps=4", f"--out={tmp_path / 'inspect'}")
-    cli.user_error(cli.run(*inspect, f"--from_beam={beam}", "--top=3"), "--top=3", "2 optimal, 2 pessimal")
     sweep = tmp_path / "s.csv"
-    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--token_ids=5,6,7", f"--out={sweep}"))
-    cli.user_error(cli.run(*inspect, f"--from_sweep={sweep}", "--top=2"), "--top=2", "its 3 tokens")
+    run_sweep(SweepSpec(inproc.options(rm_folder, sweep), inproc.prompts(), (5, 6, 7)))
+    inproc.no_weights_read(monkeypatch)
+
+    def inspect(source, flag, top):
+        (prompt,) = inproc.prompts().items()
+        return run_inspect(InspectSpec(inproc.options(rm_folder, tmp_path / "inspect"), prompt, source=str(source),
+                                       top=top, steps=4, source_flag=flag))
+
+    inproc.refused(lambda: inspect(beam, "--from_beam", 3), "--top=3", "2 optimal, 2 pessimal")
+    inproc.refused(lambda: inspect(sweep, "--from_sweep", 2), "--top=2", "its 3 tokens")
 
 
 def test_implicit_rm_of_one_model_twice_is_refused(lm_folder, tmp_path):
     """Two log-prob tables of one model (two runs, or a copied folder: one content fingerprint) passed as chosen
     and reference: MWLR is 0 for every token, and analyze listed the ties' order as 'optimal' and 'pessimal'
     tokens with exit 0 (only the same file twice was refused)."""
+    from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
+
     tables = [tmp_path / "a.csv", tmp_path / "b.csv"]
-    for table in tables:
-        cli.ok(cli.run("logprobs", f"--model={lm_folder}", f"--out={table}"))
-    cli.user_error(cli.run("analyze", f"--implicit_chosen={tables[0]}", f"--implicit_reference={tables[1]}",
-                           f"--out={tmp_path / 'analysis'}"), "are log-probs of one model")
+    for table in tables:  # two runs of `logprobs --model=LM` (in-process)
+        run_logprobs(LogprobsSpec(inproc.options(lm_folder, table), inproc.prompts()))
+    inproc.refused(lambda: inproc.analyze(tmp_path / "analysis", implicit_chosen=str(tables[0]),
+                                          implicit_reference=str(tables[1])), "are log-probs of one model")
     assert not (tmp_path / "analysis" / "report.md").exists()
 
 
 def test_a_result_deleted_without_its_meta_is_recomputed(rm_folder, tmp_path):
     """A user deleted a sweep's CSV (not its .meta.json) and reran the command: refused as '--out=X already exists
     and is not a finished rmjax result (no .meta.json with its inputs)', both false. The .meta.json of this very
-    run (and the figure it records) are its own: the rerun recomputes the result, byte for byte the deleted one."""
+    run (and the figure it records) are its own: the rerun recomputes the result, byte for byte the deleted one.
+    (`sweep --token_ids=5,6,7 --plot`, in-process.)"""
     out = tmp_path / "s.csv"
-    flags = ("sweep", f"--model={rm_folder}", "--token_ids=5,6,7", f"--out={out}", "--plot")
-    cli.ok(cli.run(*flags))
+
+    def sweep():
+        return run_sweep(SweepSpec(inproc.options(rm_folder, out), inproc.prompts(), (5, 6, 7), plot=True))
+
+    sweep()
     first = out.read_bytes()
     out.unlink()
-    cli.ok(cli.run(*flags))
+    sweep()
     assert out.read_bytes() == first
     figure = out.with_name(out.name + ".png")
     out.unlink()
     figure.write_bytes(b"not the figure it drew")  # a companion the .meta.json does not record stays refused
-    cli.user_error(cli.run(*flags), str(figure), "no rmjax run")
+    inproc.refused(sweep, str(figure), "no rmjax run")
 
 
 def test_a_head_run_resumes_with_its_saved_feature_batch_size(lm_folder, tmp_path):
@@ -269,6 +286,7 @@ def test_a_head_run_resumes_with_its_saved_feature_batch_size(lm_folder, tmp_pat
     from rmjax.loading.reward_head import reward_model_from_lm
     from rmjax.train.data import Pairs
     from rmjax.train.loop import TrainConfig, train_reward_model
+    from tests.test_train import Crash, crash_at
 
     rm = reward_model_from_lm(load(str(lm_folder)), seed=0)
     rng = np.random.default_rng(0)
@@ -281,16 +299,8 @@ def test_a_head_run_resumes_with_its_saved_feature_batch_size(lm_folder, tmp_pat
     train, held = pairs(64), pairs(8)
     cfg = TrainConfig(trainable="head", steps=12, batch_size=8, learning_rate=5e-2, checkpoint_every=4)
     whole = train_reward_model(rm, train, held, cfg, tmp_path / "a", log=lambda *_: None)
-
-    class Crash(Exception):
-        pass
-
-    def crash_at_8(message):
-        if message.startswith("step 8:"):
-            raise Crash
-
     with pytest.raises(Crash):
-        train_reward_model(rm, train, held, cfg, tmp_path / "b", log=crash_at_8)
+        train_reward_model(rm, train, held, cfg, tmp_path / "b", log=crash_at(8))
     notes = []
     resumed = train_reward_model(rm, train, held, dataclasses.replace(cfg, feature_batch_size=3), tmp_path / "b",
                                  log=notes.append)

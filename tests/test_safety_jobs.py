@@ -6,6 +6,10 @@ value and ±Inf from one of SD 0; the final writers wrote a NaN or Inf of a deri
 escaped as a BudgetSpent traceback; `--temperature` refused every value below 1; `frontier --num_tokens` past
 the context ran on; `--token_ids` past int64 was an OverflowError traceback; a mesh on 3 of 4 devices was refused
 without saying that a mesh uses them all.
+
+A refusal that comes before any model loads, and a run whose point is the job's library code, runs in-process
+(tests/inproc.py: the entry points only turn flags into the spec these tests build); what only the command line
+does (the --temperature and --token_ids flags) stays a command.
 """
 
 from __future__ import annotations
@@ -21,17 +25,31 @@ import pytest
 
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.runs import results
-from tests import cli
+from rmjax.runs.options import RunOptions
+from tests import cli, inproc
 
-PROMPT_FLAGS = ("--prompts=greatest",)
-# a frontier small enough to run in seconds: one λ, one direction, responses of 2 tokens
-SMALL = ("--num_tokens=2", "--samples=4", "--beam=2", "--proposals=2", "--search_width=8", "--topk=4", "--top=2",
-         "--lambdas=0", "--direction=optimal", *PROMPT_FLAGS)
+# The least budget that buys the tiny frontier's candidates (the starts and best-of-N; no GCG step): what
+# test_a_budget_that_buys_no_candidate_is_refused_naming_the_minimum computes
+FORWARDS = 34
 
 
-def _frontier(rm_folder, lm_folder, out, *flags: str):
-    return cli.run("frontier", f"--model={rm_folder}", f"--lm={lm_folder}", f"--judge={lm_folder}", *SMALL,
-                   f"--out={out}", *flags)
+def frontier_spec(rm, lm, out, *, judge=None, sweep=None, allow_nonfinite: bool = False, num_tokens: int = 2,
+                  temperature: float = 1.0, **config):
+    """A frontier small enough to run in seconds (one λ, one direction, responses of 2 tokens), as
+    experiments.frontier builds it from `--num_tokens=2 --samples=4 --beam=2 --proposals=2 --search_width=8 --topk=4
+    --top=2 --lambdas=0 --direction=optimal --z_sample=8 --forwards=34 --prompts=greatest`: the same settings here,
+    in test_safety_jobs2 and in test_safety_outputs compile one set of programs."""
+    from rmjax.search.fluent import FluentConfig
+    from rmjax.search.frontier_job import FrontierConfig, FrontierSpec
+    from rmjax.text.prompts import resolve_prompts
+
+    cfg = FrontierConfig(**{"lambdas": (0.0,), "direction": "optimal", "forwards": FORWARDS, "top": 2, "z_sample": 8,
+                            **config})
+    search = FluentConfig(num_tokens=num_tokens, samples=4, beam=2, proposals=2, search_width=8, topk=4,
+                          temperature=temperature)
+    return FrontierSpec(RunOptions(model=str(rm), out=str(out), allow_nonfinite=allow_nonfinite),
+                        resolve_prompts(["greatest"], []), cfg, search, lm=str(lm), judge=str(judge or lm),
+                        sweep=None if sweep is None else str(sweep))
 
 
 @pytest.fixture(scope="module")
@@ -42,24 +60,28 @@ def flat_rm(rm_folder, tmp_path_factory):
     return model
 
 
-def test_a_yardstick_of_fewer_than_two_values_or_sd_zero_is_refused(rm_folder, lm_folder, flat_rm, tmp_path):
+def test_a_yardstick_of_fewer_than_two_values_or_sd_zero_is_refused(rm_folder, lm_folder, flat_rm, tmp_path,
+                                                                    monkeypatch):
     """reward_z = (reward - mean) / SD of single-token rewards: --z_sample=1 or a one-token --sweep gave NaN in
     every row and an RM that scores all tokens alike ±Inf, written with exit 0."""
+    from rmjax.search.frontier_job import csv_path, run_frontier
+    from rmjax.search.sweep import SweepSpec, run_sweep
+
     out = tmp_path / "f"
-    cli.user_error(_frontier(rm_folder, lm_folder, out, "--z_sample=1", "--forwards=60"), "--z_sample=1",
-                   "integer >= 2")
-    assert not (out / "frontier.csv").exists()
-    # a sweep's column is read before any model loads
-    sweep = tmp_path / "one.csv"
-    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--token_ids=5", *PROMPT_FLAGS, f"--out={sweep}"))
-    cli.user_error(_frontier(rm_folder, lm_folder, out, f"--sweep={sweep}", "--forwards=60"),
-                   f"--sweep={sweep}", "1 finite value", "at least 2")
-    assert not (out / "frontier.csv").exists()
+    sweep = tmp_path / "one.csv"  # `sweep --token_ids=5 --prompts=greatest`
+    run_sweep(SweepSpec(RunOptions(model=str(rm_folder), out=str(sweep)), inproc.prompts("greatest"), token_ids=(5,)))
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(lambda: frontier_spec(rm_folder, lm_folder, out, z_sample=1), "--z_sample=1", "integer >= 2")
+        # a sweep's column is read before any model loads
+        inproc.refused(lambda: run_frontier(frontier_spec(rm_folder, lm_folder, out, sweep=sweep)),
+                       f"--sweep={sweep}", "1 finite value", "at least 2")
+    assert not csv_path(out).exists()
     # the sampled yardstick is refused as soon as it is computed: every token scores 0
-    line = cli.user_error(_frontier(flat_rm, lm_folder, out, "--z_sample=8", "--forwards=60"), "--z_sample",
-                          "SD 0", "finite SD > 0", loaded=True)
+    line = inproc.refused(lambda: run_frontier(frontier_spec(flat_rm, lm_folder, out)),
+                          "--z_sample", "SD 0", "finite SD > 0")
     assert "8 sampled tokens" in line
-    assert not (out / "frontier.csv").exists()
+    assert not csv_path(out).exists()
 
 
 def test_the_final_writers_refuse_a_nonfinite_derived_number(tmp_path):
@@ -124,23 +146,27 @@ def _prefix_and_suffix(folder, text: str) -> tuple[int, int]:
             len(tokenizer(after, add_special_tokens=False).input_ids))
 
 
-def test_a_budget_that_buys_no_candidate_is_refused_naming_the_minimum(rm_folder, lm_folder, tmp_path):
+def test_a_budget_that_buys_no_candidate_is_refused_naming_the_minimum(rm_folder, lm_folder, tmp_path, monkeypatch):
     """--forwards=1 ended in the search's internal BudgetSpent traceback (the prompt's prefill alone passed it).
     The least budget: the prefill (prefix positions over each model's unit: N + S for the RM, N for the prior)
     plus one sampled and scored response (2 forwards), and those 2 within --start_share (0.4) of it."""
+    from rmjax.search.frontier_job import csv_path, run_frontier
     from rmjax.text.prompts import resolve_prompts
 
     text = resolve_prompts(["greatest"], [])["greatest"]
     (rm_prefix, suffix), (lm_prefix, _) = _prefix_and_suffix(rm_folder, text), _prefix_and_suffix(lm_folder, text)
     n = 2
     need = math.ceil(max(Fraction(rm_prefix, n + suffix) + Fraction(lm_prefix, n) + 2, 2 / Fraction(0.4)))
+    assert need <= FORWARDS, "FORWARDS, the other frontier runs' budget, buys no candidate"
     out = tmp_path / "f"
-    for budget in (1, need - 1):
-        cli.user_error(_frontier(rm_folder, lm_folder, out, f"--forwards={budget}", "--z_sample=8"),
-                       f"--forwards={budget}", f"give --forwards={need} or more")
-    assert not (out / "frontier.csv").exists()
-    cli.ok(_frontier(rm_folder, lm_folder, out, f"--forwards={need}", "--z_sample=8", "--temperature=0.5"))
-    table = pd.read_csv(out / "frontier.csv", keep_default_na=False)
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        for budget in (1, need - 1):
+            inproc.refused(lambda b=budget: run_frontier(frontier_spec(rm_folder, lm_folder, out, forwards=b)),
+                           f"--forwards={budget}", f"give --forwards={need} or more")
+    assert not csv_path(out).exists()
+    run_frontier(frontier_spec(rm_folder, lm_folder, out, forwards=need, temperature=0.5))
+    table = pd.read_csv(csv_path(out), keep_default_na=False)
     assert set(table.method) == {"search", "best_of_n"} and (table.forwards <= need).all()
 
 
@@ -153,8 +179,7 @@ def test_float_settings_are_positive_numbers_not_integers(tmp_path):
     out = tmp_path / "f"
     line = cli.user_error(cli.run("frontier", "--model=/nonexistent/model", "--temperature=0.5", f"--out={out}"))
     assert "temperature" not in line  # past the flags: the model is what is missing
-    cli.user_error(cli.run("frontier", "--model=/nonexistent/model", "--temperature=0", f"--out={out}"),
-                   "--temperature=0.0", "> 0")
+    inproc.refused(lambda: FluentConfig(temperature=0.0), "--temperature=0.0", "> 0")  # the flag's config
     assert FluentConfig(temperature=0.25).temperature == 0.25
 
     @dataclasses.dataclass(frozen=True)
@@ -173,9 +198,10 @@ def test_float_settings_are_positive_numbers_not_integers(tmp_path):
             Settings(**bad)
 
 
-def test_a_response_past_the_context_is_refused_before_loading(rm_folder, lm_folder, tmp_path):
+def test_a_response_past_the_context_is_refused_before_loading(rm_folder, lm_folder, tmp_path, monkeypatch):
     """GCG refused a --num_tokens past the model's context in seconds; the frontier ran on (positions the model
     never saw). Checked for the RM (prefix + N + suffix) and for the prior (prefix + N), from config.json."""
+    from rmjax.search.frontier_job import csv_path, run_frontier
     from rmjax.text.prompts import resolve_prompts
 
     text = resolve_prompts(["greatest"], [])["greatest"]
@@ -185,40 +211,70 @@ def test_a_response_past_the_context_is_refused_before_loading(rm_folder, lm_fol
     context = prefix + suffix + 10
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
     out = tmp_path / "f"
-    cli.user_error(_frontier(short, lm_folder, out, "--num_tokens=11", "--forwards=60"), "--num_tokens=11",
-                   f"takes {prefix + suffix} of the model's {context} positions", "--num_tokens=10 or less")
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_frontier(frontier_spec(short, lm_folder, out, num_tokens=11)),
+                   "--num_tokens=11", f"takes {prefix + suffix} of the model's {context} positions",
+                   "--num_tokens=10 or less")
     short_lm = cli.copy_folder(lm_folder, tmp_path / "short_lm")
     config = json.loads((short_lm / "config.json").read_text())
     (short_lm / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 40}))
-    cli.user_error(_frontier(rm_folder, short_lm, out, "--num_tokens=400", "--forwards=60"), "--num_tokens=400",
-                   f"--lm={short_lm}", "of the model's 40 positions")
-    assert not out.exists() or not (out / "frontier.csv").exists()
+    inproc.refused(lambda: run_frontier(frontier_spec(rm_folder, short_lm, out, num_tokens=400)),
+                   "--num_tokens=400", f"--lm={short_lm}", "of the model's 40 positions")
+    assert not csv_path(out).exists()
 
 
 @pytest.mark.parametrize("job", ["sweep", "beam", "gcg"])
 def test_token_ids_past_int64_are_refused_in_one_line(rm_folder, tmp_path, job):
     """An id that no int64 holds was an OverflowError traceback where the job keys its ids (the vocabulary check
-    came after); the largest int64 reaches the vocabulary check."""
+    came after). The check is the --token_ids flag's (experiments/token_ids.py), so each job's command line;
+    its boundary is checked below."""
     out = tmp_path / "out.csv"
     cli.user_error(cli.run(job, f"--model={rm_folder}", "--token_ids=1,99999999999999999999", f"--out={out}"),
                    "99999999999999999999", "64-bit")
-    cli.user_error(cli.run(job, f"--model={rm_folder}", f"--token_ids=1,{2**63}", f"--out={out}"), str(2**63),
-                   "64-bit")
-    cli.user_error(cli.run(job, f"--model={rm_folder}", f"--token_ids=1,{2**63 - 1}", f"--out={out}"),
-                   str(2**63 - 1), "outside the vocabulary")
     assert not out.exists()
 
 
-def test_a_mesh_must_use_every_device_and_the_refusal_says_so(rm_folder, tmp_path):
-    """data:3 on 4 devices was refused as "needs 3 devices, 4 available", as if 3 were too few."""
-    out = tmp_path / "s.csv"
-    four = {"JAX_NUM_CPU_DEVICES": "4"}
-    cli.user_error(cli.run("sweep", f"--model={rm_folder}", "--mesh=data:3", f"--out={out}", env=four),
-                   "--mesh=data:3", "needs 3 devices, 4 available", "must use every device", "data x model = 4",
-                   "e.g. --mesh=data:4,model:1")
-    cli.user_error(cli.run("sweep", f"--model={rm_folder}", "--mesh=data:1,model:2", f"--out={out}", env=four),
-                   "must use every device", "e.g. --mesh=data:2,model:2")
+def test_the_token_id_check_ends_at_the_largest_int64(rm_folder, tmp_path, monkeypatch):
+    """The flag's check refuses 2**63 and lets the largest int64 through; with it, each job reaches its own
+    vocabulary check (no OverflowError on the way), before any weight loads."""
+    from absl import flags
+
+    from experiments.token_ids import _token_ids_are_ints
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+    from rmjax.search.sweep import SweepSpec, run_sweep
+
+    with pytest.raises(flags.ValidationError, match=f"token id {2**63} does not fit a 64-bit integer"):
+        _token_ids_are_ints(["1", str(2**63)])
+    largest = (1, 2**63 - 1)
+    assert _token_ids_are_ints([str(t) for t in largest])
+    out = tmp_path / "out.csv"
+    options, prompts = RunOptions(model=str(rm_folder), out=str(out)), inproc.prompts("greatest")
+    inproc.no_weights_read(monkeypatch)
+    for job in (lambda: run_sweep(SweepSpec(options, prompts, token_ids=largest)),
+                lambda: run_beam(BeamSpec(options, prompts, BeamConfig(), largest)),
+                lambda: run_gcg(GcgSpec(options, prompts, GCGConfig(token_ids=largest)))):
+        inproc.refused(job, str(2**63 - 1), "outside the vocabulary")
     assert not out.exists()
+
+
+def test_a_mesh_must_use_every_device_and_the_refusal_says_so():
+    """data:3 on 4 devices was refused as "needs 3 devices, 4 available", as if 3 were too few (the mesh of
+    --mesh, experiments.common.start, on 4 devices)."""
+    import jax
+
+    from rmjax.parallel.sharding import make_mesh
+
+    four = jax.devices()[:4]
+    with pytest.raises(ValueError) as error:
+        make_mesh("data:3", devices=four)
+    for fragment in ("needs 3 devices, 4 available", "must use every device", "data x model = 4",
+                     "e.g. --mesh=data:4,model:1"):
+        assert fragment in str(error.value)
+    with pytest.raises(ValueError, match=r"must use every device.*e\.g\. --mesh=data:2,model:2"):
+        make_mesh("data:1,model:2", devices=four)
 
 
 def test_the_yardstick_is_the_mean_and_sd_of_its_finite_values():

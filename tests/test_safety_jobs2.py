@@ -14,56 +14,53 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests import cli
+from rmjax.runs import results
+from tests import cli, inproc
 from tests.test_mutants import overflow_row  # noqa: F401  (the fixture)
+from tests.test_safety_jobs import frontier_spec  # the small frontier (responses of N = 2 tokens)
 
-# a frontier small enough to run in seconds: one λ, one direction, responses of 2 tokens
 N = 2
-SMALL = (f"--num_tokens={N}", "--samples=4", "--beam=2", "--proposals=2", "--search_width=8", "--topk=4", "--top=2",
-         "--lambdas=0", "--direction=optimal", "--prompts=greatest", "--z_sample=8")
 
 
-def _frontier(rm, lm, judge, out, *flags: str):
-    return cli.run("frontier", f"--model={rm}", f"--lm={lm}", f"--judge={judge}", *SMALL, f"--out={out}", *flags)
-
-
-def test_the_frontier_refuses_or_counts_swaps_a_nan_gradient_keeps_it_from_proposing(rm_folder, lm_folder, tmp_path):
+def test_the_frontier_refuses_or_counts_swaps_a_nan_gradient_keeps_it_from_proposing(rm_folder, lm_folder, tmp_path,
+                                                                                    monkeypatch):
     """'Love' with a NaN in its RM embedding row: the gradient's 'Love' column is NaN at every position, and
     swap_scores sets it to +inf, so the frontier's search never proposed it and said nothing. Now GCG's rule
     (finite.gradient_swaps_skipped): refused in one line naming the token, or with --allow_nonfinite counted (N
     swaps a gradient: one token, every position). The count is saved with its unit: a run killed before writing,
-    resumed without the flag, is refused naming the saved unit; resumed with it, .meta.json records the count."""
+    resumed without the flag, is refused naming the saved unit; resumed with it, .meta.json records the count.
+    (The frontier job in-process, as experiments.frontier calls it: test_safety_jobs.frontier_spec.)"""
     from transformers import AutoTokenizer
 
-    from tests.test_safety_resume2 import _killed_before_writing
+    from rmjax.search.frontier_job import csv_path, run_frontier
 
     (love,) = AutoTokenizer.from_pretrained(str(rm_folder))("Love", add_special_tokens=False).input_ids
     rm = cli.copy_folder(rm_folder, tmp_path / "nan_row")
+    cli.edit_embedding_row(rm, love, np.nan)
 
-    def poison(table: np.ndarray) -> np.ndarray:
-        table = table.copy()
-        table[love, 0] = np.nan
-        return table
+    def frontier(out, allow_nonfinite: bool = False):  # --forwards=80: the search takes GCG steps
+        return run_frontier(frontier_spec(rm, lm_folder, out, forwards=80, allow_nonfinite=allow_nonfinite))
 
-    cli.edit_tensor(rm, "model.embed_tokens.weight", poison)
     out = tmp_path / "refused"
-    line = cli.user_error(_frontier(rm, lm_folder, lm_folder, out, "--forwards=80"), "objective's gradient",
-                          f"token {love} ('Love')", "embed", "--allow_nonfinite", loaded=True)
+    line = inproc.refused(lambda: frontier(out), "objective's gradient", f"token {love} ('Love')", "embed",
+                          "--allow_nonfinite")
     assert "NaN/Inf at" in line
-    assert not (out / "frontier.csv").exists()
+    assert not csv_path(out).exists()
     out = tmp_path / "allowed"
-    flags = (f"--model={rm}", f"--lm={lm_folder}", f"--judge={lm_folder}", *SMALL, f"--out={out}", "--forwards=80")
-    assert _killed_before_writing("frontier", *flags, "--allow_nonfinite").returncode == 137
-    assert not (out / "frontier.csv").exists()
-    cli.user_error(cli.run("frontier", *flags), "search unit saved in", "chunk-u0000.npy", "gradient_swaps_skipped",
-                   "--allow_nonfinite", loaded=True)
-    cli.ok(cli.run("frontier", *flags, "--allow_nonfinite"))
-    meta = json.loads((out / "frontier.csv.meta.json").read_text())
+    with monkeypatch.context() as patch:
+        inproc.interrupt_at_finish(patch)
+        with pytest.raises(KeyboardInterrupt):
+            frontier(out, allow_nonfinite=True)
+    assert not csv_path(out).exists()
+    inproc.refused(lambda: frontier(out), "search unit saved in", "chunk-u0000.npy", "gradient_swaps_skipped",
+                   "--allow_nonfinite")
+    frontier(out, allow_nonfinite=True)
+    meta = json.loads(results.meta_path(csv_path(out)).read_text())
     units = {u["method"]: u for u in meta["units"]}
     skipped = meta["nonfinite"]["gradient_swaps_skipped"]
     assert skipped > 0 and skipped % N == 0 and units["search"]["gradient_swaps_skipped"] == skipped
     assert "gradient_swaps_skipped" not in units["best_of_n"]  # no gradient
-    table = pd.read_csv(out / "frontier.csv", keep_default_na=False)
+    table = pd.read_csv(csv_path(out), keep_default_na=False)
     assert np.isfinite(table.reward).all() and not any(str(love) in ids.split() for ids in table.ids)
 
 
@@ -128,21 +125,27 @@ def _short_context(folder, dst, context: int):
     return copy
 
 
-def test_a_response_past_the_judges_context_is_refused_never_scored(rm_folder, lm_folder, tmp_path):
+def test_a_response_past_the_judges_context_is_refused_never_scored(rm_folder, lm_folder, tmp_path, monkeypatch):
     """The judge re-tokenizes each found response after the prompt in its own template; past its context the
     perplexity was read at positions it never saw, with exit 0. A judge with no room for a response is refused
-    before any weight loads; one response longer than the room (known once decoded) in one line, no CSV."""
+    before any weight loads; one response longer than the room (known once decoded) in one line, no CSV.
+    (The frontier job in-process, as experiments.frontier calls it.)"""
+    from rmjax.search.frontier_job import csv_path, run_frontier
+
     prefix, suffix = _judge_split(lm_folder)
     out = tmp_path / "f"
     no_room = _short_context(lm_folder, tmp_path / "no_room", prefix + suffix)
-    cli.user_error(_frontier(rm_folder, lm_folder, no_room, out, "--forwards=80"), f"--judge={no_room}",
-                   f"needs {prefix + suffix + 1} positions", f"context is {prefix + suffix}")
-    context = prefix + suffix + 1  # room for one judge token: 4 RM tokens decode to more
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(lambda: run_frontier(frontier_spec(rm_folder, lm_folder, out, judge=no_room, forwards=80)),
+                       f"--judge={no_room}", f"needs {prefix + suffix + 1} positions",
+                       f"context is {prefix + suffix}")
+    context = prefix + suffix + 1  # room for one judge token: some of the 2-token RM responses decode to more
     short = _short_context(lm_folder, tmp_path / "short", context)
-    line = cli.user_error(_frontier(rm_folder, lm_folder, short, out, "--num_tokens=4", "--forwards=80"),
-                          f"the judge {short}", f"context of {context} positions", "--num_tokens", loaded=True)
+    line = inproc.refused(lambda: run_frontier(frontier_spec(rm_folder, lm_folder, out, judge=short, forwards=80)),
+                          f"the judge {short}", f"context of {context} positions", "--num_tokens")
     assert f"a prefix of {prefix} and a suffix of {suffix}" in line
-    assert not (out / "frontier.csv").exists()
+    assert not csv_path(out).exists()
 
 
 def test_the_judges_room_is_its_context_to_the_token(lm_folder):

@@ -23,7 +23,7 @@ from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, store_dir
 from rmjax.runs.options import RunOptions
 from rmjax.search.sweep import SweepSpec, plot_path, run_sweep
-from tests import cli, tiny, tolerance
+from tests import cli, inproc, tiny, tolerance
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 
@@ -47,30 +47,17 @@ def _sweep(folder, out, **settings) -> SweepSpec:
     return SweepSpec(RunOptions(model=str(folder), out=str(out), **options), {"greatest": PROMPT}, **settings)
 
 
-def _interrupt_at_write(monkeypatch, n: int) -> None:
-    """The job is killed as its n-th chunk write starts (the ones before it are on disk)."""
-    real, calls = ChunkStore.write, []
-
-    def write(self, name, scores):
-        calls.append(name)
-        if len(calls) == n:
-            raise KeyboardInterrupt
-        return real(self, name, scores)
-
-    monkeypatch.setattr(ChunkStore, "write", write)
-
-
 def _chunks(out) -> list[str]:
     return sorted(p.name for p in store_dir(out).glob("*"))
 
 
 # The sweep with the file-size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ) set as its second chunk is written:
-# the kernel stops that file at 1,000 bytes and write() reports no error, as on a full disk.
+# the kernel stops that file at 400 bytes and write() reports no error, as on a full disk.
 _SHORT_AFTER_FIRST_CHUNK = (
     "import resource, runpy, sys; import rmjax.runs.chunks as c; real = c.ChunkStore.write; n = []\n"
     "def write(self, name, scores):\n"
     "    n.append(name)\n"
-    "    if len(n) == 2: resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))\n"
+    "    if len(n) == 2: resource.setrlimit(resource.RLIMIT_FSIZE, (400, resource.RLIM_INFINITY))\n"
     "    return real(self, name, scores)\n"
     "c.ChunkStore.write = write; runpy.run_module(sys.argv.pop(1), run_name='__main__')")
 
@@ -79,11 +66,11 @@ def test_a_short_chunk_write_fails_at_once_and_the_rerun_resumes(rm, tmp_path):
     """np.save does not raise on a short write: a full disk committed truncated chunks as complete, and the rerun
     the error advised refused them. Now a chunk is renamed into place only once its bytes are proven on disk."""
     out = tmp_path / "s.csv"
-    flags = [f"--model={rm[1]}", "--prompts=greatest", f"--out={out}", "--limit=1536", "--chunk_size=512",
-             "--batch_size=64", "--top=1"]  # a chunk: 2,176 bytes
+    flags = [f"--model={rm[1]}", "--prompts=greatest", f"--out={out}", "--limit=384", "--chunk_size=128",
+             "--batch_size=64", "--top=1"]  # a chunk: 640 bytes
     proc = subprocess.run([sys.executable, "-c", _SHORT_AFTER_FIRST_CHUNK, "experiments.sweep", *flags], cwd=cli.REPO,
                           env=cli.subprocess_env(), capture_output=True, text=True, timeout=600)
-    line = cli.user_error(proc, f"cannot write {store_dir(out) / 'chunk-0000000512.npy'}", "not saved",
+    line = cli.user_error(proc, f"cannot write {store_dir(out) / 'chunk-0000000128.npy'}", "not saved",
                           "free space", "rerun", loaded=True)
     assert "chunk" in line
     assert _chunks(out) == ["chunk-0000000000.npy", "manifest.json"] and not out.exists()
@@ -91,7 +78,7 @@ def test_a_short_chunk_write_fails_at_once_and_the_rerun_resumes(rm, tmp_path):
     clean = tmp_path / "clean.csv"
     cli.ok(cli.run("sweep", *[f for f in flags if not f.startswith("--out=")], f"--out={clean}"))
     assert out.read_bytes() == clean.read_bytes()
-    assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == 512
+    assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == 128
 
 
 def test_a_silently_short_chunk_write_is_caught_by_its_read_back(tmp_path, monkeypatch):
@@ -112,47 +99,39 @@ def test_a_silently_short_chunk_write_is_caught_by_its_read_back(tmp_path, monke
     assert _chunks(tmp_path / "u.csv") == ["manifest.json"]
 
 
-def _frontier_spec(rm_folder, lm_folder, out):
-    from rmjax.search import fluent
-    from rmjax.search.frontier_job import FrontierConfig, FrontierSpec
-
-    cfg = FrontierConfig(lambdas=(1.0,), direction="optimal", forwards=120, top=3, z_sample=16)
-    search = fluent.FluentConfig(num_tokens=2, samples=8, beam=2, proposals=4, search_width=8, topk=8)
-    return FrontierSpec(RunOptions(model=str(rm_folder), out=str(out)), {"greatest": PROMPT}, cfg, search,
-                        lm=str(lm_folder), judge=str(lm_folder))
-
-
 def test_a_frontier_unit_is_one_chunk_and_a_bad_one_is_named(rm, lm_folder, tmp_path, monkeypatch):
     """A frontier killed between a unit's two chunk writes left a store whose error named a file that did not exist
     (the unit's second). A unit is one chunk now: killed at any write, the rerun resumes byte for byte; and a
-    damaged unit is refused naming the one file to delete, after which the rerun recomputes it."""
+    damaged unit is refused naming the one file to delete, after which the rerun recomputes it. (The small frontier
+    of test_safety_jobs: one λ, so two units, search and best-of-N.)"""
     import shutil
 
     from rmjax.search.frontier_job import csv_path, run_frontier
+    from tests.test_safety_jobs import frontier_spec
 
     clean = tmp_path / "clean"
-    run_frontier(_frontier_spec(rm[1], lm_folder, clean))
+    run_frontier(frontier_spec(rm[1], lm_folder, clean))
     want = csv_path(clean).read_bytes()
     out = tmp_path / "f"
     with monkeypatch.context() as patch:
-        _interrupt_at_write(patch, 2)
+        inproc.interrupt_at_write(patch, 2)
         with pytest.raises(KeyboardInterrupt):
-            run_frontier(_frontier_spec(rm[1], lm_folder, out))
+            run_frontier(frontier_spec(rm[1], lm_folder, out))
     assert _chunks(csv_path(out)) == ["chunk-u0000.npy", "manifest.json"]
     damaged = tmp_path / "d"
     shutil.copytree(out, damaged)
-    run_frontier(_frontier_spec(rm[1], lm_folder, out))
+    run_frontier(frontier_spec(rm[1], lm_folder, out))
     assert csv_path(out).read_bytes() == want
 
     unit = store_dir(csv_path(damaged)) / "chunk-u0000.npy"
     unit.write_bytes(unit.read_bytes()[:-40])
     with pytest.raises(ResumeMismatchError, match=f"delete {unit} and rerun"):
-        run_frontier(_frontier_spec(rm[1], lm_folder, damaged))
+        run_frontier(frontier_spec(rm[1], lm_folder, damaged))
     np.save(unit, np.zeros((3, 6)))  # readable, but not a unit
     with pytest.raises(ResumeMismatchError, match=f"{unit} is not a frontier unit.*delete {unit} and rerun"):
-        run_frontier(_frontier_spec(rm[1], lm_folder, damaged))
+        run_frontier(frontier_spec(rm[1], lm_folder, damaged))
     unit.unlink()
-    run_frontier(_frontier_spec(rm[1], lm_folder, damaged))
+    run_frontier(frontier_spec(rm[1], lm_folder, damaged))
     assert csv_path(damaged).read_bytes() == want
 
 
@@ -213,7 +192,7 @@ def test_a_resume_keeps_the_saved_batch_size(rm, tmp_path, monkeypatch, capsys):
     out, clean = tmp_path / "s.csv", tmp_path / "clean.csv"
     run_sweep(_sweep(rm[1], clean, limit=48, chunk_size=16, batch_size=4))
     with monkeypatch.context() as patch:
-        _interrupt_at_write(patch, 2)
+        inproc.interrupt_at_write(patch, 2)
         with pytest.raises(KeyboardInterrupt):
             run_sweep(_sweep(rm[1], out, limit=48, chunk_size=16, batch_size=4))
     capsys.readouterr()
@@ -230,7 +209,7 @@ def test_a_resume_keeps_the_saved_batch_size(rm, tmp_path, monkeypatch, capsys):
     out, clean = tmp_path / "b.csv", tmp_path / "bclean.csv"
     run_beam(beam(clean, 4))
     with monkeypatch.context() as patch:
-        _interrupt_at_write(patch, 3)
+        inproc.interrupt_at_write(patch, 3)
         with pytest.raises(KeyboardInterrupt):
             run_beam(beam(out, 4))
     capsys.readouterr()

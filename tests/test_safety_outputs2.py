@@ -22,7 +22,7 @@ from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, store_dir
 from rmjax.runs.options import RunOptions
 from rmjax.search.sweep import SweepSpec, plot_path, run_sweep
-from tests import cli, tiny
+from tests import cli, inproc, tiny
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 FOREIGN = b"\x89PNG a figure of the user's, not of this sweep"
@@ -77,13 +77,13 @@ def test_a_resumed_sweep_refuses_a_figure_no_run_of_it_drew(rm, tmp_path, monkey
 
 def test_a_fresh_sweep_refuses_a_foreign_figure_in_one_line_and_overwrite_replaces_it(rm, tmp_path):
     """No result and no saved progress, a foreign OUT.png: refused naming it (the old line named the CSV, which did
-    not exist); --overwrite replaces it with the sweep's own figure."""
+    not exist); --overwrite replaces it with the sweep's own figure. (`sweep --limit=8 --plot`, in-process.)"""
     out, png = tmp_path / "s.csv", plot_path(tmp_path / "s.csv")
     png.write_bytes(FOREIGN)
-    flags = [f"--model={rm}", "--prompts=greatest", f"--out={out}", "--limit=8", "--batch_size=8", "--top=1", "--plot"]
-    cli.user_error(cli.run("sweep", *flags), str(png), "no rmjax run of", "--overwrite")
+    inproc.refused(lambda: run_sweep(_sweep(rm, out, limit=8, batch_size=8, plot=True)), str(png), "no rmjax run of",
+                   "--overwrite")
     assert png.read_bytes() == FOREIGN and not out.exists()
-    cli.ok(cli.run("sweep", *flags, "--overwrite"))
+    run_sweep(_sweep(rm, out, limit=8, batch_size=8, plot=True, overwrite=True))
     assert png.read_bytes() != FOREIGN and results.recorded(out, png)
 
 
@@ -159,19 +159,23 @@ def test_overwrite_of_a_training_folder_deletes_only_what_the_run_wrote(lm_folde
     """--overwrite deleted a workdir or an export folder whole when an rmjax run had made it, a user's files in it
     too. A folder holding a file its run did not write is refused, naming it, with nothing deleted (not even the
     workdir's checkpoints before the export's refusal); one holding only the run's files is replaced, the export
-    inside the workdir as the usage line has it."""
+    inside the workdir as the usage line has it. (train_rm's run_training, in-process.)"""
     work = tmp_path / "work"
-    flags = [f"--model={lm_folder}", f"--pairs={_pairs(tmp_path / 'p.csv')}", "--steps=2", "--checkpoint_every=2",
-             "--batch_size=8", f"--workdir={work}", f"--export={work / 'hf'}"]
-    cli.ok(cli.run("train_rm", *flags, "--learning_rate=0.05"))
+    pairs = _pairs(tmp_path / "p.csv")
+
+    def train_rm(**settings):
+        return inproc.train_rm(lm_folder, pairs=pairs, steps=2, checkpoint_every=2, batch_size=8, workdir=work,
+                               export=work / "hf", **settings)
+
+    train_rm(learning_rate=0.05)
     for mine in (work / "hf" / "notes.txt", work / "notes.txt"):
         mine.write_text("the user's")
         before = _tree(work)
-        cli.user_error(cli.run("train_rm", *flags, "--learning_rate=0.02", "--overwrite"),
+        inproc.refused(lambda: train_rm(learning_rate=0.02, overwrite=True),
                        "--overwrite would delete", f"holds {mine},", "no rmjax job wrote")
         assert _tree(work) == before
         mine.unlink()
-    cli.ok(cli.run("train_rm", *flags, "--learning_rate=0.02", "--overwrite"))
+    train_rm(learning_rate=0.02, overwrite=True)
     assert json.loads((work / "run.json").read_text())["identity"]["config"]["learning_rate"] == 0.02
     summary = json.loads((work / "hf" / "rmjax_training.json").read_text())
     assert summary["config"]["learning_rate"] == 0.02

@@ -123,13 +123,7 @@ def test_gcg_counts_the_swaps_a_nan_gradient_keeps_it_from_proposing(overflow_ro
     folder, start, nan = overflow_row
     (yes,) = AutoTokenizer.from_pretrained(str(folder))("Yes", add_special_tokens=False).input_ids
     nan_row = cli.copy_folder(folder, tmp_path / "nan_row")
-
-    def poison(table: np.ndarray) -> np.ndarray:
-        table = table.copy()
-        table[nan, 0] = np.nan
-        return table
-
-    cli.edit_tensor(nan_row, "model.embed_tokens.weight", poison)
+    cli.edit_embedding_row(nan_row, nan, np.nan)
     out = tmp_path / "gcg.json"
     cli.ok(cli.run("gcg", *_flags(nan_row, start, yes, nan), "--allow_nonfinite", f"--out={out}"))
     meta = json.loads(out.with_name(out.name + ".meta.json").read_text())
@@ -246,14 +240,7 @@ def test_score_texts_with_an_overflowing_pad_row_refuses_only_the_nan_text(overf
 
     folder, _, _ = overflow_row
     bad = cli.copy_folder(folder, tmp_path / "pad_overflows")
-
-    def overflow(table: np.ndarray) -> np.ndarray:
-        table = table.copy()
-        table[PAD_ROW] = 0.0
-        table[PAD_ROW, 0] = 4.3e37
-        return table
-
-    cli.edit_tensor(bad, "model.embed_tokens.weight", overflow)
+    cli.edit_embedding_row(bad, PAD_ROW, 4.3e37, zero_rest=True)
     model, texts = load(str(bad)), ["Yes", "No thanks", "Love"]
     full = TextScorer(model, PROMPT).token_ids(texts)
     assert len({len(f) for f in full}) > 1 and PAD_ROW not in {t for f in full for t in f}  # the case: padding

@@ -1,8 +1,11 @@
 """Issue 42: a model config is checked in one place (config_from_hf), whatever file it comes from, and a plan
 refuses what its job would refuse, by the job's own checks, before anything compiles.
 
-Each refusal is one line `error: …` with status 2 and no traceback (tests.cli.user_error). "Before anything
-compiles" is read off the plan's output: it prints one `plan: data:…` line per mesh it has compiled.
+Each refusal is one line `error: …` with status 2 and no traceback. The plan's refusals come from
+rmjax.plan.spec.plan_inputs, which experiments.plan calls with its flags before `plan` compiles anything: they are
+checked in-process (tests/inproc.py `refused`, as the entry point would print them); what only the command does (its
+flag parser, its --out check) runs as the command, where "before anything compiles" is read off the plan's output:
+it prints one `plan: data:…` line per mesh it has compiled.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import pytest
 from rmjax.config import config_from_hf, load_config_file
 from rmjax.errors import CheckpointError, UsageError
 from rmjax.plan.chips import parse_slice
-from tests import tiny
+from tests import inproc, tiny
 from tests.cli import run, user_error
 
 ARCHITECTURES = {"llama3": "LlamaForSequenceClassification", "gemma2": "Gemma2ForSequenceClassification",
@@ -107,18 +110,21 @@ def test_valid_configs_still_build(tmp_path):
         assert zoo.architecture_config(entry).num_layers > 0
 
 
-def test_loading_a_folder_refuses_a_bad_config_in_one_line(rm_folder, tmp_path):
+def test_loading_a_folder_refuses_a_bad_config_in_one_line(rm_folder, tmp_path, monkeypatch):
     """Heads that the KV heads do not divide: a traceback from the first forward before; now one line, before any
-    weight loads."""
+    weight loads (`sweep --model=FOLDER --limit=4`, in-process)."""
+    from rmjax.search.sweep import SweepSpec, run_sweep
     from tests.cli import copy_folder
 
     folder = copy_folder(rm_folder, tmp_path / "model")
     raw = json.loads((folder / "config.json").read_text())
     raw["num_key_value_heads"] = 3
     (folder / "config.json").write_text(json.dumps(raw))
-    line = user_error(run("sweep", f"--model={folder}", "--limit=4", f"--out={tmp_path / 'out.csv'}"),
-                      "num_key_value_heads=3 does not divide num_attention_heads=4", str(folder / "config.json"))
-    assert "Traceback" not in line and not (tmp_path / "out.csv").exists()
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(folder, tmp_path / "out.csv"), inproc.prompts(),
+                                               limit=4)),
+                   "num_key_value_heads=3 does not divide num_attention_heads=4", str(folder / "config.json"))
+    assert not (tmp_path / "out.csv").exists()
 
 
 def test_gguf_metadata_goes_through_the_same_checks(tmp_path):
@@ -147,11 +153,20 @@ def test_gguf_metadata_goes_through_the_same_checks(tmp_path):
 # --- plans refuse what their job refuses, before compiling -------------------------------------------------------
 
 
-def _plan_refused(*flags: str, says: tuple[str, ...] = ()) -> str:
+def _plan_command_refused(*flags: str, says: tuple[str, ...] = ()) -> str:
+    """`python -m experiments.plan --topology=v5e:2x2 FLAGS`: one line, and no mesh compiled."""
     proc = run("plan", "--topology=v5e:2x2", *flags)
     line = user_error(proc, *says)
     assert "plan: data:" not in proc.stdout, proc.stdout  # no mesh was compiled
     return line
+
+
+def _plan_refused(config, job: str, says: tuple[str, ...] = (), **flags) -> str:
+    """experiments.plan --model=CONFIG --topology=v5e:2x2 --job=JOB --FLAG=value... as its main calls plan_inputs
+    (the command's defaults; --texts is 7530 there), refused before `plan` would compile anything."""
+    from rmjax.plan.spec import plan_inputs
+
+    return inproc.refused(lambda: plan_inputs(str(config), "v5e:2x2", job, **{"texts_count": 7530, **flags}), *says)
 
 
 @pytest.mark.parametrize("field, value, says", [("num_hidden_layers", 4.5, "num_hidden_layers=4.5"),
@@ -159,45 +174,46 @@ def _plan_refused(*flags: str, says: tuple[str, ...] = ()) -> str:
                                                 ("num_key_value_heads", 3, "num_key_value_heads=3 does not divide")])
 def test_plan_refuses_a_config_no_model_can_have(tmp_path, field, value, says):
     config = _config_file(tmp_path, **{field: value})
-    _plan_refused(f"--model={config}", "--job=sweep", "--limit=64", says=(str(config), says))
+    _plan_refused(config, "sweep", limit=64, says=(str(config), says))
 
 
 @pytest.mark.parametrize("job, flags, says", [
-    ("sweep", (), ("needs 73 positions", "context is 40")),  # 64 prefix + 1 + 8 suffix tokens (no tokenizer)
-    ("beam", ("--prefix_tokens=30", "--depth=3"), ("--depth=3", "leaving 2 for the response", "--depth=2")),
-    ("gcg", ("--prefix_tokens=30",), ("--num_tokens=8", "leaving 2 for the response")),
-    ("score", ("--prefix_tokens=30",), ("needs 46 positions",)),
+    ("sweep", {}, ("needs 73 positions", "context is 40")),  # 64 prefix + 1 + 8 suffix tokens (no tokenizer)
+    ("beam", {"prefix_tokens": 30, "depth": 3}, ("--depth=3", "leaving 2 for the response", "--depth=2")),
+    ("gcg", {"prefix_tokens": 30}, ("--num_tokens=8", "leaving 2 for the response")),
+    ("score", {"prefix_tokens": 30}, ("needs 46 positions",)),
 ])
 def test_plan_refuses_a_context_shorter_than_the_jobs_positions(tmp_path, job, flags, says):
     config = _config_file(tmp_path, max_position_embeddings=40)
-    _plan_refused(f"--model={config}", f"--job={job}", "--limit=64", *flags, says=says)
+    _plan_refused(config, job, limit=64, says=says, **flags)
 
 
 def test_plan_refuses_the_exhaustive_beams_the_job_refuses(tmp_path):
     """The job refuses an exhaustive depth-3 beam whose partials cannot fit the host, and one over the whole
     vocabulary; the plan compiled both (and said 0.01 GiB per chip)."""
     config = _config_file(tmp_path, vocab_size=1 << 20)
-    _plan_refused(f"--model={config}", "--job=beam", "--exhaustive", "--depth=3", f"--limit={1 << 20}",
+    _plan_refused(config, "beam", exhaustive=True, depth=3, limit=1 << 20,
                   says=("--exhaustive --depth=3 over 1,048,576 candidates", "partial responses", "this host has"))
-    _plan_refused(f"--model={config}", "--job=beam", "--exhaustive", "--depth=2",
-                  says=("--exhaustive enumerates", "--limit"))
+    _plan_refused(config, "beam", exhaustive=True, depth=2, says=("--exhaustive enumerates", "--limit"))
 
 
 @pytest.mark.parametrize("job, batch, says", [
-    ("sweep", "1000000000000", ("--batch_size=1000000000000 is more than the 64 candidates",)),
-    ("inspect", "1000000000000", ("--batch_size=1000000000000 is more than the 1024 path points",)),
-    ("sweep", "1e12", ("--batch_size=1e12",)),  # not an integer: absl's flag parser, one line
+    ("sweep", 1000000000000, ("--batch_size=1000000000000 is more than the 64 candidates",)),
+    ("inspect", 1000000000000, ("--batch_size=1000000000000 is more than the 1024 path points",)),
 ])
 def test_plan_refuses_a_batch_size_past_what_one_call_holds(tmp_path, job, batch, says):
-    _plan_refused(f"--model={_config_file(tmp_path)}", f"--job={job}", "--limit=64", f"--batch_size={batch}",
-                  says=says)
+    config = _config_file(tmp_path)
+    _plan_refused(config, job, limit=64, batch_size=batch, says=says)
+    if job == "sweep":  # --batch_size=1e12, no integer: absl's flag parser refuses it in one line, nothing compiled
+        _plan_command_refused(f"--model={config}", "--job=sweep", "--limit=64", "--batch_size=1e12",
+                              says=("--batch_size=1e12",))
 
 
 def test_plan_refuses_an_out_that_is_a_folder_before_compiling(tmp_path):
     folder = tmp_path / "plans"
     folder.mkdir()
-    _plan_refused(f"--model={_config_file(tmp_path)}", "--job=sweep", "--limit=64", f"--out={folder}", "--overwrite",
-                  says=(f"--out={folder} is a directory",))
+    _plan_command_refused(f"--model={_config_file(tmp_path)}", "--job=sweep", "--limit=64", f"--out={folder}",
+                          "--overwrite", says=(f"--out={folder} is a directory",))
 
 
 def test_a_compile_refused_in_terabytes_is_a_plan_that_does_not_fit(monkeypatch):

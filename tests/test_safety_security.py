@@ -26,17 +26,7 @@ import pytest
 from rmjax.errors import CheckpointError, LockedError
 from rmjax.runs import locks
 from tests import cli
-
-VICTIM_TEXT = "precious: must survive\n"
-
-
-@pytest.fixture
-def victim(tmp_path):
-    """A file outside the job's folder that a planted link points at."""
-    path = tmp_path / "elsewhere" / "victim.txt"
-    path.parent.mkdir()
-    path.write_text(VICTIM_TEXT)
-    return path
+from tests.cli import VICTIM_TEXT
 
 
 def _plant(lock, target):

@@ -117,22 +117,27 @@ def test_nan_features_stop_head_training(lm, tmp_path):
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
+class Crash(Exception):
+    """A training run killed at a step: raised by `crash_at`'s log."""
+
+
+def crash_at(step: int):
+    """A `log` for train_reward_model that kills the run as it logs `step` (after the checkpoint before it)."""
+    def log(message: str) -> None:
+        if message.startswith(f"step {step}:"):
+            raise Crash
+
+    return log
+
+
 def test_resume_after_crash_is_exact(lm, tmp_path):
     rm = reward_model_from_lm(lm, seed=1)
     train, held = _separable(NOUNS[:20], 64, 2), _separable(NOUNS[20:], 16, 3)
     cfg = TrainConfig(trainable="last_k", last_k=1, steps=12, batch_size=8, learning_rate=1e-2,
                       checkpoint_every=4, weight_decay=0.01)
     whole = train_reward_model(rm, train, held, cfg, tmp_path / "a", log=lambda *_: None)
-
-    class Crash(Exception):
-        pass
-
-    def crash_at_8(msg):
-        if msg.startswith("step 8:"):
-            raise Crash
-
     with pytest.raises(Crash):
-        train_reward_model(rm, train, held, cfg, tmp_path / "b", log=crash_at_8)
+        train_reward_model(rm, train, held, cfg, tmp_path / "b", log=crash_at(8))
     resumed = train_reward_model(rm, train, held, cfg, tmp_path / "b", log=lambda *_: None)
     assert resumed.resumed_from == 8
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]

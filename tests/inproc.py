@@ -1,0 +1,110 @@
+"""Running a job in the test's own process, as its entry point would, for refusals and small runs whose point is
+the job's library code (claims, stage inputs, config checks), not the command line: no Python start per case.
+
+An entry point (experiments/*.py) only turns its flags into the job's spec and calls one `run_*` function; a user
+error (`RmjaxError`) becomes one line `error: <one_line(error)>` with status 2 (experiments/cli.py). `refused` is
+the in-process counterpart of `tests.cli.user_error`, and `no_weights_read` its `loaded=False`. What only the
+command line does (flag parsing, the files `experiments.common.options` collects) stays tested through `tests.cli`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rmjax.errors import RmjaxError, one_line
+from rmjax.runs.options import RunOptions
+
+
+def refused(call: Callable[[], object], *fragments: str) -> str:
+    """`call()` ends in a user error (what the entry point prints as its one `error: …` line, status 2) naming
+    every fragment; returns that line."""
+    with pytest.raises(RmjaxError) as error:
+        call()
+    line = f"error: {one_line(error.value)}"
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    return line
+
+
+def no_weights_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on, reading a checkpoint's tensors fails the test: what follows must stop before any weight loads
+    (the in-process `loaded=False` of tests.cli.user_error)."""
+    from rmjax.loading import safetensors_io
+
+    def read(path, *args, **kwargs):
+        raise AssertionError(f"a weight was read from {path}: the job did not stop before loading")
+
+    monkeypatch.setattr(safetensors_io, "iter_tensors", read)
+
+
+# experiments/train_rm.py's command-line defaults for TrainConfig (real runs), which differ from the dataclass's.
+TRAIN_RM_DEFAULTS = dict(steps=1500, batch_size=256, learning_rate=1e-2, warmup_steps=100, checkpoint_every=250)
+
+
+def train_rm(model: str | Path, *, pairs: str | Path, heldout_pairs: str | Path | None = None,
+             workdir: str | Path | None = None, export: str | Path | None = None, head_out: str | Path | None = None,
+             overwrite: bool = False, **settings):
+    """experiments.train_rm's main with --pairs (and --heldout_pairs): `settings` are TrainConfig flags."""
+    from rmjax.train.loop import TrainConfig
+    from rmjax.train.recipe import load_pairs, run_training
+
+    cfg = TrainConfig(**{**TRAIN_RM_DEFAULTS, **settings})
+    pairs, heldout_pairs = str(pairs), heldout_pairs and str(heldout_pairs)
+    train, heldout, split = load_pairs(pairs, None, 20000, 4000, False, cfg.seed, heldout_pairs)
+    recipe = {"elo": None, "pairs": pairs, "n_train": 20000, "n_heldout": 4000, "soft": False, "split": split}
+    named_file = {f"--model={model}": str(model)} if Path(model).is_file() else {}
+    return run_training(str(model), train, heldout, cfg, workdir, export=export, head_out=head_out, recipe=recipe,
+                        overwrite=overwrite, inputs={"--pairs": pairs, "--heldout_pairs": heldout_pairs, **named_file})
+
+
+def options(model: str | Path, out: str | Path, **settings) -> RunOptions:
+    """The shared flags (experiments.common.options) of a job on `model` writing `out`; `settings`: RunOptions
+    fields (overwrite=True, allow_nonfinite=True, ...)."""
+    return RunOptions(model=str(model), out=str(out), **settings)
+
+
+def prompts(*names: str, **texts: str) -> dict[str, str]:
+    """--prompts=names (default greatest) and --prompt=name=text, resolved as the entry points resolve them."""
+    from rmjax.text.prompts import resolve_prompts
+
+    return resolve_prompts(list(names) if names or texts else ["greatest"], [f"{k}={v}" for k, v in texts.items()])
+
+
+def analyze(out: str | Path, **settings) -> dict:
+    """experiments.analyze's main: `settings` are AnalysisConfig flags; --models_yaml and --frequencies default
+    to the shipped files as on the command line (None: given empty)."""
+    from rmjax import data as shipped
+    from rmjax.analysis.report import run_analyses
+    from rmjax.analysis.spec import AnalysisConfig
+
+    defaults = dict(models_yaml=str(shipped.REWARD_MODELS_YAML), frequencies=str(shipped.BNC_FREQUENCIES))
+    return run_analyses(AnalysisConfig(**{**defaults, **settings}), out, overwrite=False)
+
+
+def interrupt_at_write(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """The job is killed (KeyboardInterrupt) as its n-th chunk write starts: the ones before it are on disk."""
+    from rmjax.runs.chunks import ChunkStore
+
+    real, calls = ChunkStore.write, []
+
+    def write(self, name, scores):
+        calls.append(name)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(self, name, scores)
+
+    monkeypatch.setattr(ChunkStore, "write", write)
+
+
+def interrupt_at_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job is killed (KeyboardInterrupt) the moment it would write its result: every chunk is on disk, no result
+    nor .meta.json (tests.test_safety_resume2's KILLED_BEFORE_WRITING, in-process)."""
+    from rmjax.runs import jobs
+
+    def finish(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs.Job, "finish", finish)
