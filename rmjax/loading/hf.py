@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from rmjax.config import ModelConfig, load_config_file, read_json_file
 from rmjax.errors import CheckpointError, MissingFileError, TokenizerMismatchError, UsageError
 from rmjax.heads import ARCHITECTURES as CUSTOM_HEADS
 from rmjax.loading import safetensors_io
-from rmjax.loading.identity import folder_fingerprint
+from rmjax.loading.identity import file_sha256, folder_fingerprint, tokenizer_digest
 from rmjax.loading.weights import assemble
 from rmjax.model import Model
 from rmjax.parallel import sharding
@@ -88,6 +90,27 @@ def load_tokenizer(folder: Path, cfg: ModelConfig, required: bool = True):
             f"{folder}: no tokenizer files ({', '.join(TOKENIZER_FILES)}). Copy them from the "
             "checkpoint's original repository (reward models use their base model's tokenizer)."
         )
+    tok = _read_tokenizer(folder)
+    check_tokenizer_fits(tok, cfg, str(folder / "tokenizer.json"))
+    return tok
+
+
+# Tokenizers read in this process, by folder and file content: a job reads its model's tokenizer when it peeks at
+# the model and again when it loads it, the frontier three models' each three times (≈0.3 s per read of SmolLM2's,
+# more for Gemma's 262k vocabulary). Keyed by the digest of every file the tokenizer reads (identity.TOKENIZER_FILES
+# and config.json), so a file changed in place is read again. rmjax never modifies a tokenizer it is given.
+_tokenizers: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+_TOKENIZERS_KEPT = 4
+_tokenizers_lock = threading.Lock()
+
+
+def _read_tokenizer(folder: Path):
+    config = folder / "config.json"
+    key = (str(folder.resolve()), tokenizer_digest(folder), file_sha256(config) if config.is_file() else "")
+    with _tokenizers_lock:
+        if key in _tokenizers:
+            _tokenizers.move_to_end(key)
+            return _tokenizers[key]
     from transformers import AutoTokenizer
 
     try:
@@ -96,7 +119,10 @@ def load_tokenizer(folder: Path, cfg: ModelConfig, required: bool = True):
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise CheckpointError(f"{folder}: the tokenizer files cannot be read ({type(error).__name__}: "
                               f"{str(error)[:200]}); restore them from the checkpoint's original repository.") from None
-    check_tokenizer_fits(tok, cfg, str(folder / "tokenizer.json"))
+    with _tokenizers_lock:
+        _tokenizers[key] = tok
+        while len(_tokenizers) > _TOKENIZERS_KEPT:
+            _tokenizers.popitem(last=False)
     return tok
 
 
