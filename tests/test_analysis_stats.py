@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -141,6 +142,16 @@ def test_mds_recovers_planar_distances():
     embedded = np.linalg.norm(coords.to_numpy()[:, None] - coords.to_numpy()[None], axis=-1)
     np.testing.assert_allclose(embedded, distances, atol=1e-3)  # SMACOF stops at a stress change of 1e-6: not exact
     assert list(coords.index) == labels and list(coords.columns) == ["x", "y"]
+
+
+def test_mds_of_models_all_alike_puts_them_at_one_point_without_warnings():
+    """Every dissimilarity 0 (two runs of one model): the embedding is one point; scikit-learn got there after 300
+    iterations of 0/0 (a RuntimeWarning each)."""
+    labels = list("abc")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coords = stats.mds_embedding(pd.DataFrame(np.zeros((3, 3)), index=labels, columns=labels))
+    assert (coords.to_numpy() == 0).all() and list(coords.index) == labels
 
 
 def test_theoretical_similarities_follow_the_paper():

@@ -137,6 +137,8 @@ def mds_embedding(dissimilarity: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     values = dissimilarity.to_numpy(np.float64)
     values = (values + values.T) / 2.0
     np.fill_diagonal(values, 0.0)
+    if not values.any():  # every model at one point: scikit-learn divides 0 by 0 for 300 iterations to say so
+        return pd.DataFrame(np.zeros((len(values), 2)), index=dissimilarity.index, columns=["x", "y"])
     mds = MDS(n_components=2, metric="precomputed", metric_mds=True, init="classical_mds", random_state=seed)
     coords = mds.fit_transform(values)
     return pd.DataFrame(coords, index=dissimilarity.index, columns=["x", "y"])
