@@ -1,6 +1,8 @@
 """Issue 22 for `experiments.analyze`: no silent wrong results. Names that read alike get files of their own,
 --roundtrip_only is honoured or refused (never only claimed), bad inputs and outputs stop in one line, and a
-killed analysis is known as one (and replaced by --overwrite). Stand-in tables, no model: each run takes seconds."""
+killed analysis is known as one (and replaced by --overwrite). Stand-in tables, no model. The analyses run
+in-process (`analyze`: experiments.analyze's main, its RmjaxError the command's one `error:` line, tests/inproc.py);
+only the killed analysis is a command, killed with SIGKILL."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +22,11 @@ from rmjax.analysis import data
 from rmjax.analysis.files import Outputs
 from rmjax.errors import OutputExistsError
 from rmjax.runs import results
-from tests import cli
+from tests import cli, inproc
 
 QUICK = ["--models_yaml=", "--frequencies=", "--n_boot=5", "--n_permutations=5", "--top=3"]
+# QUICK as AnalysisConfig fields (the flags given empty are None).
+QUICK_SETTINGS = dict(models_yaml=None, frequencies=None, n_boot=5, n_permutations=5, top=3)
 WORDS = [f"w{i}" for i in range(40)]
 
 
@@ -51,6 +56,20 @@ def beam(path: Path, model: str, prompts: list[str], seed: int) -> Path:
     results.write_table(path, keys, {p: rng.normal(size=len(keys["depth"])) for p in prompts})
     results.write_meta(path, kind="beam", model=model, prompts={p: p for p in prompts})
     return path
+
+
+def analyze(out: Path, *scores: Path, overwrite: bool = False, **settings) -> dict:
+    """`analyze --scores=A,B ... QUICK --out=OUT [--overwrite]` in-process: tests.inproc.analyze with --overwrite,
+    `settings` AnalysisConfig flags over QUICK's."""
+    from rmjax import data as shipped
+    from rmjax.analysis.report import run_analyses
+    from rmjax.analysis.spec import AnalysisConfig
+
+    settings = {"models_yaml": str(shipped.REWARD_MODELS_YAML), "frequencies": str(shipped.BNC_FREQUENCIES),
+                **QUICK_SETTINGS, **settings}
+    if scores:
+        settings["scores"] = tuple(str(p) for p in scores)
+    return run_analyses(AnalysisConfig(**settings), out, overwrite=overwrite)
 
 
 def manifest(out: Path) -> dict:
@@ -83,13 +102,13 @@ def test_names_that_read_alike_get_files_of_their_own(tmp_path):
     scores.mkdir()
     sweep(scores / "m1.csv", {"a_b": base, "a-b": base})
     sweep(scores / "m2.csv", {"a_b": base + 1, "a-b": -base})
-    cases["prompts"] = [f"--scores={scores}"]
+    cases["prompts"] = dict(scores=(str(scores),))
     # models: my_rm's beam is read first, my-rm's second
     beams = tmp_path / "models"
     beams.mkdir()
     beam(beams / "a.csv", "my_rm", ["greatest"], seed=1)
     beam(beams / "b.csv", "my-rm", ["greatest"], seed=2)
-    cases["models"] = [f"--scores={beams}"]
+    cases["models"] = dict(scores=(str(beams),))
     # a prompt whose Big Two figure (bigtwo_<prompt>.png) was the checkpoints figure's name
     clash = tmp_path / "clash"
     clash.mkdir()
@@ -98,7 +117,7 @@ def test_names_that_read_alike_get_files_of_their_own(tmp_path):
     steps.mkdir()
     for step in (0, 10):
         sweep(steps / f"step_{step}.csv", {"greatest": base + step})
-    cases["families"] = [f"--scores={clash}", f"--bigtwo_checkpoints={steps}"]
+    cases["families"] = dict(scores=(str(clash),), bigtwo_checkpoints=str(steps))
     # EloEverything files whose prompts differ only in punctuation
     elo = tmp_path / "elo"
     elo.mkdir()
@@ -106,11 +125,11 @@ def test_names_that_read_alike_get_files_of_their_own(tmp_path):
         pd.DataFrame({"elo_rank": [1, 2, 3, 4], "elo_score": [1500, 1400, 1300, 1200], "name": list("abcd"),
                       "elo_matches": [9] * 4, "m1": [4, 3, 2, 1], "m2": [sign * v for v in (4, 3, 2, 1)]}).to_csv(
             elo / f"{stem}.csv", index=False)
-    cases["elo"] = [f"--elo={elo}"]
+    cases["elo"] = dict(elo=str(elo))
 
-    for case, flags in cases.items():
+    for case, settings in cases.items():
         out = tmp_path / f"out_{case}"
-        cli.ok(cli.run("analyze", *flags, *QUICK, f"--out={out}"))
+        analyze(out, **settings)
         files = whole(out)
         if case == "prompts":
             assert tau(out / "paper1_kendall_tau_a_b.csv") == pytest.approx(1.0)
@@ -142,19 +161,19 @@ def test_roundtrip_only_is_applied_or_refused(tmp_path):
     beam(tmp_path / "beam.csv", "b", ["greatest"], seed=3)
     for name, kind in (("lp_a", "logprobs"), ("lp_b", "next_token_logprobs")):  # the kind of today, of before
         sweep(tmp_path / f"{name}.csv", {"greatest": base}, kind=kind)
-    implicit = [f"--implicit_chosen={tmp_path / 'lp_a.csv'}", f"--implicit_reference={tmp_path / 'lp_b.csv'}"]
+    implicit = dict(implicit_chosen=str(tmp_path / "lp_a.csv"), implicit_reference=str(tmp_path / "lp_b.csv"))
     refused = [
-        ([f"--scores={tmp_path / 'none.csv'}"], ["none.csv", "leaves none of its 40 rows", "greatest, worst"]),
-        ([f"--scores={tmp_path / 'half.csv'},{tmp_path / 'beam.csv'}"], ["--roundtrip_only", "beam.csv"]),
+        (dict(scores=(str(tmp_path / "none.csv"),)), ["none.csv", "leaves none of its 40 rows", "greatest, worst"]),
+        (dict(scores=(str(tmp_path / "half.csv"), str(tmp_path / "beam.csv"))), ["--roundtrip_only", "beam.csv"]),
         (implicit, ["--roundtrip_only", "implicit"]),
-        (["--elo=builtin"], ["--roundtrip_only", "drop it"]),
+        (dict(elo="builtin"), ["--roundtrip_only", "drop it"]),
     ]
-    for i, (flags, fragments) in enumerate(refused):
+    for i, (settings, fragments) in enumerate(refused):
         out = tmp_path / f"out{i}"
-        cli.user_error(cli.run("analyze", *flags, "--roundtrip_only", *QUICK, f"--out={out}"), *fragments)
-        assert not out.exists(), flags
+        inproc.refused(partial(analyze, out, roundtrip_only=True, **settings), *fragments)
+        assert not out.exists(), settings
     out = tmp_path / "kept"
-    cli.ok(cli.run("analyze", f"--scores={tmp_path / 'half.csv'}", "--roundtrip_only", *QUICK, f"--out={out}"))
+    analyze(out, tmp_path / "half.csv", roundtrip_only=True)
     moments = pd.read_csv(out / "paper1_moments.csv")
     assert moments["n_tokens"].tolist() == [20, 20]
     assert moments.loc[moments.prompt == "greatest", "mean"].item() == pytest.approx(base[half == 1].mean())
@@ -181,7 +200,8 @@ runpy.run_module("experiments.analyze", run_name="__main__", alter_sys=True)
 
 def test_killed_analysis_is_unfinished_and_overwritten(tmp_path):
     """3: analyze killed while writing a table (its .tmp left) or a figure (half a PNG, not yet listed) left a
-    folder that --overwrite refused as 'files no rmjax analysis wrote'; the folder must say it is unfinished."""
+    folder that --overwrite refused as 'files no rmjax analysis wrote'; the folder must say it is unfinished.
+    The analysis is killed (SIGKILL) as a command; the same command again, and with --overwrite, run in-process."""
     base = np.random.default_rng(2).normal(size=40)
     scores = tmp_path / "scores"
     scores.mkdir()
@@ -196,8 +216,8 @@ def test_killed_analysis_is_unfinished_and_overwritten(tmp_path):
         left = sorted(p.name for p in out.iterdir())
         assert any(name.startswith((target, f".{target}.")) for name in left), left
         assert "report.md" not in left and manifest(out)["complete"] is False
-        cli.user_error(cli.run("analyze", *flags, f"--out={out}"), "unfinished analysis", "--overwrite")
-        cli.ok(cli.run("analyze", *flags, f"--out={out}", "--overwrite"))
+        inproc.refused(partial(analyze, out, scores), "unfinished analysis", "--overwrite")
+        analyze(out, scores, overwrite=True)
         assert not [name for name in whole(out) if name.endswith(".tmp")]
 
 
@@ -212,24 +232,22 @@ def test_unreadable_inputs_and_unwritable_outputs_stop_in_one_line(tmp_path):
     models.mkdir()
     sweep(models / "a.csv", {"greatest": base}, model="model")
     sweep(models / "b.csv", {"greatest": -base}, model="other")
-    good = f"--scores={models / 'b.csv'}"
+    good = models / "b.csv"
     cases = [
-        ([f"--scores={tmp_path / 'random.csv'}"], ["random.csv", "not a text CSV"]),
-        ([f"--scores={tmp_path / 'image.csv'}"], ["image.csv", "not a text CSV"]),
-        ([f"--scores={tmp_path / 'empty.csv'}"], ["empty.csv", "no rows"]),
-        ([f"--scores={models}"], ["a.csv", "'model'"]),
-        ([good, "--out=/proc/self"], ["--out=/proc/self", "cannot write"]),
-        ([good, "--out=/proc/rmjax-none/analysis"], ["--out=/proc/rmjax-none/analysis", "cannot write"]),
+        (tmp_path / "random.csv", None, ["random.csv", "not a text CSV"]),
+        (tmp_path / "image.csv", None, ["image.csv", "not a text CSV"]),
+        (tmp_path / "empty.csv", None, ["empty.csv", "no rows"]),
+        (models, None, ["a.csv", "'model'"]),
+        (good, Path("/proc/self"), ["--out=/proc/self", "cannot write"]),
+        (good, Path("/proc/rmjax-none/analysis"), ["--out=/proc/rmjax-none/analysis", "cannot write"]),
     ]
     if os.geteuid() != 0:  # root writes in a read-only folder anyway
         locked = tmp_path / "read_only"
         locked.mkdir()
         locked.chmod(0o555)
-        cases.append(([good, f"--out={locked}"], [str(locked), "cannot write"]))
-    for i, (flags, fragments) in enumerate(cases):
-        if not any(f.startswith("--out=") for f in flags):
-            flags = [*flags, f"--out={tmp_path / f'out{i}'}"]
-        cli.user_error(cli.run("analyze", *flags, *QUICK), *fragments)
+        cases.append((good, locked, [str(locked), "cannot write"]))
+    for i, (scores, out, fragments) in enumerate(cases):  # analyze --scores=SCORES QUICK --out=OUT, in-process
+        inproc.refused(partial(analyze, out or tmp_path / f"out{i}", scores), *fragments)
 
 
 def test_prompts_and_models_named_like_pandas_attributes(tmp_path):
@@ -245,7 +263,7 @@ def test_prompts_and_models_named_like_pandas_attributes(tmp_path):
     for model, seed in (("values", 5), ("shape", 6)):
         beam(scores / f"beam_{model}.csv", model, ["mean", "index"], seed)
     out = tmp_path / "out"
-    cli.ok(cli.run("analyze", f"--scores={scores}", *QUICK, f"--out={out}"))
+    analyze(out, scores)
     whole(out)
     moments = pd.read_csv(out / "paper1_moments.csv", keep_default_na=False).set_index(["prompt", "model"])
     for name in names:
@@ -267,15 +285,15 @@ def test_implicit_takes_only_log_prob_tables(tmp_path):
     cases = [("rewards.csv", "--implicit_chosen", ["experiments.sweep result", "experiments.logprobs"]),
              ("bare.csv", "--implicit_reference", ["bare.csv.meta.json", "experiments.logprobs"]),
              ("lp.csv", "--implicit_chosen", ["one file"])]  # MWLR 0 for every token
-    for i, (name, flag, fragments) in enumerate(cases):
+    for i, (name, flag, fragments) in enumerate(cases):  # analyze --implicit_chosen=… --implicit_reference=…
         pair = {"--implicit_chosen": tmp_path / "lp.csv", "--implicit_reference": tmp_path / "lp.csv",
                 flag: tmp_path / name}
-        line = cli.user_error(cli.run("analyze", *(f"{k}={v}" for k, v in pair.items()), *QUICK,
-                                      f"--out={tmp_path / f'out{i}'}"), flag, name, *fragments)
+        settings = {k.removeprefix("--"): str(v) for k, v in pair.items()}
+        line = inproc.refused(partial(analyze, tmp_path / f"out{i}", **settings), flag, name, *fragments)
         assert "Traceback" not in line
 
 
-def test_cut_tables_are_refused_and_bare_ones_warned(tmp_path):
+def test_cut_tables_are_refused_and_bare_ones_warned(tmp_path, capsys):
     """5: a sweep cut to 150 of its 3000 rows, or its last number cut mid-digit, is refused; a table without
     .meta.json (the published RMs') is read with a warning."""
     values = np.random.default_rng(6).normal(size=3000)
@@ -290,12 +308,13 @@ def test_cut_tables_are_refused_and_bare_ones_warned(tmp_path):
         assert content != text
         (cut / name).write_text(content)
         (cut / f"{name}.meta.json").write_text(results.meta_path(full).read_text().replace("full.csv", name))
-        cli.user_error(cli.run("analyze", f"--scores={cut / name}", *QUICK, f"--out={tmp_path / name}"),
-                       f"--scores={cut / name}", "does not match", "bytes")
+        inproc.refused(partial(analyze, tmp_path / name, cut / name), f"--scores={cut / name}", "does not match",
+                       "bytes")
     bare = tmp_path / "published.csv"
     bare.write_text(text)
-    proc = cli.ok(cli.run("analyze", f"--scores={bare}", *QUICK, f"--out={tmp_path / 'bare_out'}"))
-    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: ")] == [
+    capsys.readouterr()
+    analyze(tmp_path / "bare_out", bare)  # analyze --scores=published.csv QUICK, in-process: its stderr
+    assert [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: ")] == [
         f"warning: --scores={bare} has no published.csv.meta.json (not written by rmjax, e.g. the published RMs' "
         "tables): its completeness cannot be checked."]
 

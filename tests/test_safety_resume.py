@@ -1,7 +1,9 @@
 """Resume and reuse only what the same inputs produced; never overwrite or share an output unasked.
 
-Each test runs the entry points as a user does and reproduces one way a result used to come out
-wrong with exit status 0 (issue 11: 1, 2, 4, 8).
+Each test reproduces one way a result used to come out wrong with exit status 0 (issue 11: 1, 2, 4, 8). Where
+the point is the job's library code (identities, claims, reuse) the job runs in-process, as its entry point would
+(tests/inproc.py: an RmjaxError is the command's one `error:` line); killed runs, runs racing each other, byte
+comparisons with a killed run's resume and --mesh on a device count run the entry points as a user does.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from tests import cli, tiny
+from rmjax.search.sweep import SweepSpec, run_sweep
+from tests import cli, inproc, tiny
 
 
 def _pairs(path, adjective: str, n: int = 48):
@@ -28,37 +32,45 @@ def _pairs(path, adjective: str, n: int = 48):
     return path
 
 
-def test_train_rm_workdir_belongs_to_one_run(lm_folder, tmp_path):
-    """1: a workdir is continued only by the run that made it; the default workdir is per run."""
+def test_train_rm_workdir_belongs_to_one_run(lm_folder, tmp_path, monkeypatch, capsys):
+    """1: a workdir is continued only by the run that made it; the default workdir is per run. Each run is
+    `train_rm --model=LM --steps=4 --checkpoint_every=2 --batch_size=8 --learning_rate=0.05 --pairs=… …` in-process
+    (tests.inproc.train_rm); the refused ones stop before any weight is read."""
     first, other = _pairs(tmp_path / "a.csv", "good"), _pairs(tmp_path / "b.csv", "great")
     workdir = tmp_path / "work"
-    base = [f"--model={lm_folder}", "--steps=4", "--checkpoint_every=2", "--batch_size=8", "--learning_rate=0.05"]
-    export = f"--export={workdir / 'hf'}"  # inside the workdir, as the usage line has it
-    cli.ok(cli.run("train_rm", *base, f"--pairs={first}", f"--workdir={workdir}", export))
+    base = dict(steps=4, checkpoint_every=2, batch_size=8, learning_rate=0.05)
+    train = partial(inproc.train_rm, lm_folder)
+    export = workdir / "hf"  # inside the workdir, as the usage line has it
+    train(pairs=first, workdir=workdir, export=export, **base)
     summary = json.loads((workdir / "summary.json").read_text())
     assert (workdir / "hf" / "model.safetensors").is_file() and (workdir / "run.json").is_file()
-    # Another run's data and learning rate into the same workdir: refused, naming both and the fixes.
-    line = cli.user_error(cli.run("train_rm", *base[:-1], "--learning_rate=0.5", f"--pairs={other}",
-                                  f"--workdir={workdir}"), "config.learning_rate", "train", "--overwrite", "--workdir")
-    assert "heldout" in line  # the 10% held out of another file differ too
-    # Another trainable part: named as such, not orbax's "partial_restore".
-    cli.user_error(cli.run("train_rm", *base, "--trainable=full", f"--pairs={first}", f"--workdir={workdir}"),
-                   "config.trainable")
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        # Another run's data and learning rate into the same workdir: refused, naming both and the fixes.
+        line = inproc.refused(partial(train, pairs=other, workdir=workdir, **{**base, "learning_rate": 0.5}),
+                              "config.learning_rate", "train", "--overwrite", "--workdir")
+        assert "heldout" in line  # the 10% held out of another file differ too
+        # Another trainable part: named as such, not orbax's "partial_restore".
+        inproc.refused(partial(train, pairs=first, workdir=workdir, trainable="full", **base), "config.trainable")
     assert json.loads((workdir / "summary.json").read_text()) == summary  # nothing was touched
-    # The same command again finds its own finished run.
-    again = cli.ok(cli.run("train_rm", *base, f"--pairs={first}", f"--workdir={workdir}", export))
-    assert "already trained" in again.stdout
+    # The same command again finds its own finished run (the command says "already trained": none of its steps).
+    again = train(pairs=first, workdir=workdir, export=export, **base)
+    assert again.resumed_from == base["steps"]
     # --overwrite replaces an rmjax workdir, never a folder of the user's.
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "precious.txt").write_text("keep")
-    cli.user_error(cli.run("train_rm", *base, f"--pairs={first}", f"--workdir={mine}", "--overwrite"),
-                   "no rmjax run of this kind wrote")
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(partial(train, pairs=first, workdir=mine, overwrite=True, **base),
+                       "no rmjax run of this kind wrote")
     assert (mine / "precious.txt").read_text() == "keep"
     # Without --workdir a run gets a folder of its own (under runs/train_rm of the working directory), named from
     # the run's identity: another learning rate, another folder.
-    run = cli.ok(cli.run("train_rm", *base, f"--pairs={first}", cwd=tmp_path))
-    made = re.search(r"workdir: (\S+)", run.stderr).group(1)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    train(pairs=first, **base)
+    made = re.search(r"workdir: (\S+)", capsys.readouterr().err).group(1)
     assert made.startswith("runs/train_rm/lm-") and (tmp_path / made / "summary.json").is_file()
     from rmjax.train.loop import TrainConfig
     from rmjax.train.recipe import default_workdir, load_pairs, training_identity
@@ -74,8 +86,16 @@ def _sweep_flags(model, out, *extra: str) -> list[str]:
             "--batch_size=64", "--top=2", *extra]
 
 
-def test_sweep_resume_checks_weights_and_template(rm_folder, tmp_path):
-    """2: a killed sweep is continued only with the same weights and chat template, byte for byte."""
+def _sweep(model, out) -> Path:
+    """`sweep` with _sweep_flags(model, out), in-process."""
+    return run_sweep(SweepSpec(inproc.options(model, out), inproc.prompts("greatest"), limit=2048, chunk_size=256,
+                               batch_size=64))
+
+
+def test_sweep_resume_checks_weights_and_template(rm_folder, tmp_path, monkeypatch):
+    """2: a killed sweep is continued only with the same weights and chat template, byte for byte. The clean run,
+    the killed one and the resume are commands (one device each, compared byte for byte); the refused resumes run
+    in-process (`_sweep`), stopped before any weight is read."""
     model = cli.copy_folder(rm_folder, tmp_path / "model")
     clean = tmp_path / "clean.csv"
     cli.ok(cli.run("sweep", *_sweep_flags(model, clean)))
@@ -88,12 +108,16 @@ def test_sweep_resume_checks_weights_and_template(rm_folder, tmp_path):
     tiny.save_hf_model(tiny.build_hf_model("llama3", num_labels=1, seed=5, vocab_size=49152, pad_token_id=2,
                                            bos_token_id=1, eos_token_id=2), tmp_path / "other")
     (model / "model.safetensors").write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())
-    cli.user_error(cli.run("sweep", *_sweep_flags(model, out)), "model.weights", "--overwrite", "--out")
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(partial(_sweep, model, out), "model.weights", "--overwrite", "--out")
     (model / "model.safetensors").write_bytes(weights)
     # An edited chat template.
     template = (model / "chat_template.jinja").read_text()
     (model / "chat_template.jinja").write_text(template.replace("<|im_start|>assistant", "<|im_start|>Assistant"))
-    cli.user_error(cli.run("sweep", *_sweep_flags(model, out)), "model.tokenizer")
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(partial(_sweep, model, out), "model.tokenizer")
     assert len(list(chunks.glob("chunk-*.npy"))) == done  # the saved chunks were kept
     (model / "chat_template.jinja").write_text(template)
     resumed = cli.ok(cli.run("sweep", *_sweep_flags(model, out)))
@@ -101,42 +125,73 @@ def test_sweep_resume_checks_weights_and_template(rm_folder, tmp_path):
     assert out.read_bytes() == clean.read_bytes()
 
 
-def test_finished_result_is_reused_and_another_is_refused(rm_folder, tmp_path):
-    """4: a full result is not replaced by a quick run; the same run is reused without loading the model."""
+def test_finished_result_is_reused_and_another_is_refused(rm_folder, tmp_path, monkeypatch, capsys):
+    """4: a full result is not replaced by a quick run; the same run is reused without loading the model. The
+    sweeps (`sweep --model=RM --prompts=greatest --limit=300 --top=2`, then `--token_ids=1,2`) run in-process; the
+    command's closing summary is rmjax.runs.table_summary's."""
+    from rmjax.runs.table_summary import summarize_table
+
     out = tmp_path / "full.csv"
-    flags = [f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=300", "--top=2"]
-    cli.ok(cli.run("sweep", *flags))
+
+    def sweep(out, overwrite=False, **candidates):
+        return run_sweep(SweepSpec(inproc.options(rm_folder, out, overwrite=overwrite), inproc.prompts("greatest"),
+                                   **candidates))
+
+    sweep(out, limit=300)
     csv, meta = out.read_bytes(), out.with_name("full.csv.meta.json").read_bytes()
-    again = cli.ok(cli.run("sweep", *flags))
-    assert "reusing it" in again.stderr and "loaded" not in again.stderr and "top 2 tokens" in again.stdout
-    quick = [f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--token_ids=1,2"]
-    cli.user_error(cli.run("sweep", *quick), "already exists", "token_ids", "--overwrite")
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        again = sweep(out, limit=300)
+    err = capsys.readouterr().err
+    assert "reusing it" in err and "loaded" not in err and "top 2 tokens" in summarize_table(again, 2)
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(partial(sweep, out, token_ids=(1, 2)), "already exists", "token_ids", "--overwrite")
     assert out.read_bytes() == csv and out.with_name("full.csv.meta.json").read_bytes() == meta
-    cli.ok(cli.run("sweep", *quick, "--overwrite"))
+    sweep(out, overwrite=True, token_ids=(1, 2))
     assert pd.read_csv(out)["token_id"].tolist() == [1, 2]
     # A file at --out that no run of this kind wrote is not replaced either.
     stray = tmp_path / "notes.csv"
     stray.write_text("my notes\n")
-    cli.user_error(cli.run("sweep", *quick[:2], f"--out={stray}", "--token_ids=1"), "not a finished rmjax result")
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(partial(sweep, stray, token_ids=(1,)), "not a finished rmjax result")
     assert stray.read_text() == "my notes\n"
 
 
-def test_builtin_model_result_is_reused(tmp_path):
+def test_builtin_model_result_is_reused(tmp_path, capsys):
     """The identity computed before loading equals the loaded model's for a builtin RM (GGUF backbone +
-    committed head), so a finished result is found again."""
-    flags = ["--model=elo-rm-smollm2-135m", "--limit=8", f"--out={tmp_path / 's.csv'}", "--top=1"]
-    assert "loaded elo-rm-smollm2-135m" in cli.ok(cli.run("sweep", *flags)).stderr
-    assert "reusing it" in cli.ok(cli.run("sweep", *flags)).stderr
+    committed head), so a finished result is found again (`sweep --model=elo-rm-smollm2-135m --limit=8`,
+    in-process)."""
+    spec = SweepSpec(inproc.options("elo-rm-smollm2-135m", tmp_path / "s.csv"), inproc.prompts(), limit=8)
+    run_sweep(spec)
+    assert "loaded elo-rm-smollm2-135m" in capsys.readouterr().err
+    run_sweep(spec)
+    assert "reusing it" in capsys.readouterr().err
 
 
-def test_gcg_result_is_not_overwritten(rm_folder, tmp_path):
+def test_gcg_result_is_not_overwritten(rm_folder, tmp_path, monkeypatch, capsys):
+    """`gcg --num_tokens=2 --steps=1 --search_width=8 --topk=8` (in-process): another seed is refused before any
+    weight is read, the same run reused."""
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+
     out = tmp_path / "gcg.json"
-    flags = [f"--model={rm_folder}", f"--out={out}", "--num_tokens=2", "--steps=1", "--search_width=8", "--topk=8"]
-    cli.ok(cli.run("gcg", *flags))
+
+    def gcg(**settings):
+        return run_gcg(GcgSpec(inproc.options(rm_folder, out), inproc.prompts(),
+                               GCGConfig(num_tokens=2, steps=1, search_width=8, topk=8, **settings)))
+
+    gcg()
     before = out.read_bytes()
-    cli.user_error(cli.run("gcg", *flags, "--seed=1"), "already exists", "config.seed")
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(partial(gcg, seed=1), "already exists", "config.seed")
     assert out.read_bytes() == before
-    assert "reusing it" in cli.ok(cli.run("gcg", *flags)).stderr
+    capsys.readouterr()
+    gcg()
+    assert "reusing it" in capsys.readouterr().err
 
 
 def _score_table(path, seed: int):
@@ -146,15 +201,27 @@ def _score_table(path, seed: int):
                   "best": rng.normal(size=len(words)), "worst": rng.normal(size=len(words))}).to_csv(path, index=False)
 
 
+def _analyze(out: Path, overwrite: bool = False, **settings) -> dict:
+    """`analyze --n_boot=5 --n_permutations=5 --models_yaml= --out=OUT [--overwrite]` in-process (tests.inproc.analyze
+    with --overwrite); `settings`: AnalysisConfig flags."""
+    from rmjax import data as shipped
+    from rmjax.analysis.report import run_analyses
+    from rmjax.analysis.spec import AnalysisConfig
+
+    cfg = AnalysisConfig(frequencies=str(shipped.BNC_FREQUENCIES), models_yaml=None, n_boot=5, n_permutations=5,
+                         **settings)
+    return run_analyses(cfg, out, overwrite=overwrite)
+
+
 def test_analyze_replaces_only_its_own_files(tmp_path):
-    """4: analyze refuses a non-empty --out; --overwrite removes exactly the earlier analysis's files."""
+    """4: analyze refuses a non-empty --out; --overwrite removes exactly the earlier analysis's files (`_analyze`:
+    the command in-process)."""
     scores = tmp_path / "scores"
     scores.mkdir()
     for i in range(2):
         _score_table(scores / f"model{i}.csv", i)
     out = tmp_path / "analysis"
-    quick = ["--n_boot=5", "--n_permutations=5", "--models_yaml=", f"--out={out}"]
-    cli.ok(cli.run("analyze", f"--scores={scores}", *quick))
+    _analyze(out, scores=(str(scores),))
     first = {p.name for p in out.iterdir()}
     assert "paper1_framing_correlations.csv" in first and "report.md" in first
     elo = tmp_path / "elo"
@@ -162,13 +229,13 @@ def test_analyze_replaces_only_its_own_files(tmp_path):
     pd.DataFrame({"elo_rank": [1, 2, 3, 4], "elo_score": [1500, 1400, 1300, 1200], "name": ["a", "b", "c", "d"],
                   "elo_matches": [9, 9, 9, 9], "m1": [4, 3, 2, 1], "m2": [1, 3, 2, 4]}).to_csv(
         elo / "What is best.csv", index=False)
-    cli.user_error(cli.run("analyze", f"--elo={elo}", *quick), "not empty", "--overwrite")
-    cli.ok(cli.run("analyze", f"--elo={elo}", *quick, "--overwrite"))
+    inproc.refused(partial(_analyze, out, elo=str(elo)), "not empty", "--overwrite")
+    _analyze(out, overwrite=True, elo=str(elo))
     second = {p.name for p in out.iterdir()}
     assert not any(name.startswith("paper1_") for name in second), "a stale table of the first run survived"
     assert "report.md" in second and "paper1" not in (out / "report.md").read_text()
     (out / "mine.txt").write_text("keep me")
-    cli.user_error(cli.run("analyze", f"--elo={elo}", *quick, "--overwrite"), "no rmjax analysis wrote", "mine.txt")
+    inproc.refused(partial(_analyze, out, overwrite=True, elo=str(elo)), "no rmjax analysis wrote", "mine.txt")
     assert (out / "mine.txt").read_text() == "keep me"
 
 
@@ -182,23 +249,31 @@ def _holds_lock(lock) -> bool:
                for line in open("/proc/locks").read().splitlines() if len(line.split()) > 5)
 
 
-def test_second_sweep_on_the_same_out_is_refused(rm_folder, tmp_path):
-    """8: two sweeps on one --out: the second says another run holds it; a killed holder blocks nothing."""
+def test_second_sweep_on_the_same_out_is_refused(rm_folder, tmp_path, monkeypatch):
+    """8: two sweeps on one --out: the second says another run holds it; a killed holder blocks nothing. The
+    first sweep is a command (another process, killed); the second, and the one after the kill, run in-process."""
     out = tmp_path / "s.csv"
     long_run = [f"--model={rm_folder}", "--prompts=paper1", f"--out={out}", "--chunk_size=4096", "--batch_size=64"]
+
+    def sweep(**settings):  # sweep --model=RM --prompts=paper1 --out=OUT …, in-process
+        return run_sweep(SweepSpec(inproc.options(rm_folder, out, overwrite=settings.pop("overwrite", False)),
+                                   inproc.prompts("paper1"), **settings))
+
     first = subprocess.Popen(cli.command("sweep", *long_run), cwd=cli.REPO, env=cli.ENV, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not _holds_lock(tmp_path / "s.csv.lock") and time.time() < deadline:
         time.sleep(0.05)
     try:
-        cli.user_error(cli.run("sweep", *long_run), "another run holds", "s.csv.lock")
+        with monkeypatch.context() as patch:
+            inproc.no_weights_read(patch)
+            inproc.refused(partial(sweep, chunk_size=4096, batch_size=64), "another run holds", "s.csv.lock")
         assert first.poll() is None, "the first sweep must still be running"
     finally:
         first.kill()
         first.wait()
     # The lock died with its process (its file stays behind); --overwrite drops the killed run's chunks.
-    cli.ok(cli.run("sweep", *long_run[:3], "--limit=256", "--overwrite"))
+    sweep(limit=256, overwrite=True)  # sweep --model=RM --prompts=paper1 --out=OUT --limit=256 --overwrite
     assert len(pd.read_csv(out)) == 256
 
 
