@@ -1,7 +1,10 @@
 """Issue 22, no silent wrong results: inputs never silently reduced, and flag values and input files that
 cannot work refused in one line naming the problem and the fix, before any model loads.
 
-Each test runs the entry points as a user does (a subprocess); cases of one class share a test.
+Cases of one class share a test. What the command line checks (flag values and validators, multi-process flags,
+train_rm's own refusals) runs as the commands (a subprocess); what the job's library code checks (prompt and model
+YAML files, --vocab_file, a pairs file, --init_from, the chat template before a sweep loads) runs in-process as
+the entry points call it (tests/inproc.py).
 """
 
 from __future__ import annotations
@@ -12,26 +15,34 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests import cli
+from rmjax.search.sweep import SweepSpec, run_sweep
+from tests import cli, inproc
 
-NO_MODEL = "--model=/nonexistent/model"  # every check here runs before the model is looked for
+MISSING_MODEL = "/nonexistent/model"
+NO_MODEL = f"--model={MISSING_MODEL}"  # every check here runs before the model is looked for
 
 
 def test_yaml_files_refuse_a_key_given_twice(tmp_path):
-    """1a: PyYAML keeps the last of two equal keys, so a prompt file or model list lost an entry silently."""
+    """1a: PyYAML keeps the last of two equal keys, so a prompt file or model list lost an entry silently. (`sweep
+    --prompts=FILE` and `analyze --elo=DIR --models_yaml=FILE`, in-process.)"""
     (tmp_path / "prompts.yaml").write_text("greatest: What is the greatest thing?\nbest: Best?\n"
                                            "greatest: What is the worst thing?\n")
     (tmp_path / "numbers.yaml").write_text('007: "What, in one word, is number seven?"\n1: One?\n"1": Also one?\n')
     (tmp_path / "models.yaml").write_text("- name: org/a\n  nickname: A\n  size: 8B\n  nickname: B\n")
     (tmp_path / "elo").mkdir()
     out = tmp_path / "s.csv"
-    cli.user_error(cli.run("sweep", NO_MODEL, f"--prompts={tmp_path / 'prompts.yaml'}", f"--out={out}"),
-                   str(tmp_path / "prompts.yaml"), "key 'greatest' is given twice", "lines 1 and 3")
+
+    def sweep(prompts):
+        return run_sweep(SweepSpec(inproc.options(MISSING_MODEL, out), inproc.prompts(str(prompts))))
+
+    inproc.refused(lambda: sweep(tmp_path / "prompts.yaml"), str(tmp_path / "prompts.yaml"),
+                   "key 'greatest' is given twice", "lines 1 and 3")
     # names are kept as written: `1:` and `"1":` are one column name (and `007:` used to become the prompt "7")
-    cli.user_error(cli.run("sweep", NO_MODEL, f"--prompts={tmp_path / 'numbers.yaml'}", f"--out={out}"),
-                   "numbers.yaml", "key '1' is given twice", "lines 2 and 3")
-    cli.user_error(cli.run("analyze", f"--elo={tmp_path / 'elo'}", f"--models_yaml={tmp_path / 'models.yaml'}",
-                           f"--out={tmp_path / 'a'}"), "models.yaml", "key 'nickname' is given twice", "lines 2 and 4")
+    inproc.refused(lambda: sweep(tmp_path / "numbers.yaml"), "numbers.yaml", "key '1' is given twice",
+                   "lines 2 and 3")
+    inproc.refused(lambda: inproc.analyze(tmp_path / "a", elo=str(tmp_path / "elo"),
+                                          models_yaml=str(tmp_path / "models.yaml")),
+                   "models.yaml", "key 'nickname' is given twice", "lines 2 and 4")
     assert not out.exists()
 
 
@@ -46,19 +57,25 @@ def test_token_ids_are_a_set_of_ascii_integers(value, fragment):
     cli.user_error(cli.run("sweep", NO_MODEL, f"--token_ids={value}"), "--token_ids", fragment)
 
 
-def test_vocab_file_reports_every_line_it_leaves_out(rm_folder, tmp_path):
+def test_vocab_file_reports_every_line_it_leaves_out(rm_folder, tmp_path, capsys):
     """1c: blank and whitespace-only lines, repeats and lines that are not one token used to vanish uncounted (a
-    Windows line end made every line 'not one token', a byte-order mark the first)."""
+    Windows line end made every line 'not one token', a byte-order mark the first). (`beam --vocab_file=F --depth=1
+    --top=2`, in-process.)"""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
     words = tmp_path / "words.txt"
     words.write_bytes("\ufeffcat\r\n\r\n   \r\ncat\r\n dog\r\nnot one token here\r\n".encode())
     out = tmp_path / "b.csv"
-    proc = cli.ok(cli.run("beam", f"--model={rm_folder}", f"--vocab_file={words}", "--depth=1", "--top=2",
-                          f"--out={out}"))
+    capsys.readouterr()
+    run_beam(BeamSpec(inproc.options(rm_folder, out), inproc.prompts(), BeamConfig(depth=1, top=2),
+                      vocab_file=str(words)))
+    stderr = capsys.readouterr().err
     flag = f"--vocab_file={words}"
-    assert f"{flag}: 2 blank or whitespace-only lines skipped" in proc.stderr, proc.stderr
+    assert f"{flag}: 2 blank or whitespace-only lines skipped" in stderr, stderr
     assert f"{flag}: 1 line that is not one token of this tokenizer skipped (first: 'not one token here')" \
-        in proc.stderr
-    assert f"{flag}: 1 duplicate line skipped (the token of an earlier line; first: 'cat')" in proc.stderr
+        in stderr
+    assert f"{flag}: 1 duplicate line skipped (the token of an earlier line; first: 'cat')" in stderr
     assert sorted(pd.read_csv(out, keep_default_na=False).decoded.unique()) == ['" dog"', '"cat"']
 
 
@@ -82,21 +99,27 @@ def test_multiprocess_flags_that_would_run_alone_are_refused():
         cli.user_error(cli.run("sweep", NO_MODEL, "--token_ids=1", *flags), *fragments)
 
 
-def test_chat_template_syntax_error_is_one_line_before_loading(rm_folder, tmp_path):
-    """2c: a jinja syntax error in the chat template was a traceback from inside jinja, after the weights loaded."""
+def test_chat_template_syntax_error_is_one_line_before_loading(rm_folder, tmp_path, monkeypatch):
+    """2c: a jinja syntax error in the chat template was a traceback from inside jinja, after the weights loaded.
+    (`sweep --token_ids=1,2` in-process: the sweep job checks the template; train_rm's check is its entry point's,
+    so it runs as the command.)"""
     broken = cli.copy_folder(rm_folder, tmp_path / "broken")
     template = broken / "chat_template.jinja"
     template.write_text(template.read_text().replace("{% endfor %}", "", 1))
     pairs = tmp_path / "p.jsonl"
     pairs.write_text(json.dumps({"prompt": "Q?", "chosen": "a", "rejected": "b"}) + "\n")
-    for job, flags in (("sweep", ["--token_ids=1,2", f"--out={tmp_path / 's.csv'}"]),
-                       ("train_rm", [f"--pairs={pairs}", f"--heldout_pairs={pairs}", f"--workdir={tmp_path / 'w'}"])):
-        cli.user_error(cli.run(job, f"--model={broken}", *flags), str(template), "is not valid jinja",
-                       "'endfor'", "line 6", "--template=plain")
+    fragments = (str(template), "is not valid jinja", "'endfor'", "line 6", "--template=plain")
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(broken, tmp_path / "s.csv"), inproc.prompts(),
+                                                   (1, 2))), *fragments)
+    cli.user_error(cli.run("train_rm", f"--model={broken}", f"--pairs={pairs}", f"--heldout_pairs={pairs}",
+                           f"--workdir={tmp_path / 'w'}"), *fragments)
 
 
 def test_malformed_pairs_jsonl_names_the_line(tmp_path):
-    """2d: a line that is not a pair object was a TypeError traceback, or became the text 'nan' or 'None'."""
+    """2d: a line that is not a pair object was a TypeError traceback, or became the text 'nan' or 'None'.
+    (`train_rm --pairs=FILE`, in-process: the pairs are read before the model is looked for.)"""
     good = json.dumps({"prompt": "Q?", "chosen": "a", "rejected": "b"})
     cases = (("{not json", "line 2 is not JSON"),
              ("[1, 2]", "line 2 is a JSON array"),
@@ -105,7 +128,7 @@ def test_malformed_pairs_jsonl_names_the_line(tmp_path):
     for i, (line, fragment) in enumerate(cases):
         pairs = tmp_path / f"p{i}.jsonl"
         pairs.write_text(f"{good}\n{line}\n")
-        cli.user_error(cli.run("train_rm", NO_MODEL, f"--pairs={pairs}"), str(pairs), fragment)
+        inproc.refused(lambda pairs=pairs: inproc.train_rm(MISSING_MODEL, pairs=pairs), str(pairs), fragment)
 
 
 def _beam_csv(path, ids: list[str]):
@@ -119,15 +142,22 @@ def _beam_csv(path, ids: list[str]):
     return path
 
 
-def test_init_from_ids_outside_the_vocabulary_are_named(rm_folder, tmp_path):
+def test_init_from_ids_outside_the_vocabulary_are_named(rm_folder, tmp_path, monkeypatch):
     """2e: a beam of another model (ids past this vocabulary, or negative) was an IndexError inside the search, or
-    silently the last token of the vocabulary."""
+    silently the last token of the vocabulary. (`gcg --init_from=F --num_tokens=2 [--steps=1]`, in-process, before
+    any weight is read.)"""
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+
+    def gcg(model, init_from, **settings):
+        return run_gcg(GcgSpec(inproc.options(model, tmp_path / "g.json"), inproc.prompts(),
+                               GCGConfig(num_tokens=2, init_from=str(init_from), **settings)))
+
+    inproc.no_weights_read(monkeypatch)
     other = _beam_csv(tmp_path / "other.csv", ["5 -1", "50000 7"])
-    cli.user_error(cli.run("gcg", f"--model={rm_folder}", f"--init_from={other}", "--num_tokens=2", "--steps=1",
-                           f"--out={tmp_path / 'g.json'}"), str(other), "[-1, 50000]", "vocabulary [0, 49152)")
+    inproc.refused(lambda: gcg(rm_folder, other, steps=1), str(other), "[-1, 50000]", "vocabulary [0, 49152)")
     unreadable = _beam_csv(tmp_path / "bad.csv", ["5 x"])
-    cli.user_error(cli.run("gcg", NO_MODEL, f"--init_from={unreadable}", "--num_tokens=2"), str(unreadable),
-                   "cannot be read as a beam result CSV")
+    inproc.refused(lambda: gcg(MISSING_MODEL, unreadable), str(unreadable), "cannot be read as a beam result CSV")
 
 
 def test_from_sweep_rows_repeating_a_token_are_refused():

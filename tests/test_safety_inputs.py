@@ -1,7 +1,9 @@
 """NaN/Inf never written silently; every bad value or file a one-line error before the work starts.
 
-Each test runs the entry points as a user does and reproduces one way issue 11 found a wrong
-result, a late failure or an unclear error (3, 5, 6, 7).
+Each test reproduces one way issue 11 found a wrong result, a late failure or an unclear error (3, 5, 6, 7). The
+jobs run in-process as their entry points call them (tests/inproc.py) where the check is the job's own (non-finite
+scores, prompt files, outputs, config ranges, input files); flag values refused by the command line itself (flag
+bounds and validators, --mesh, --texts_file, stray arguments) run as the commands.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests import cli
+from rmjax.search.gcg_config import GCGConfig
+from rmjax.search.gcg_job import GcgSpec, run_gcg
+from rmjax.search.sweep import SweepSpec, run_sweep
+from tests import cli, inproc
 
 
 @pytest.fixture(scope="module")
@@ -29,40 +34,58 @@ def _meta(out):
     return json.loads(out.with_name(out.name + ".meta.json").read_text())
 
 
+def _gcg(model, out, **settings):
+    """experiments.gcg's main with --prompts=greatest (the default): `settings` are GCGConfig flags."""
+    return run_gcg(GcgSpec(inproc.options(model, out), inproc.prompts(), GCGConfig(**settings)))
+
+
 def test_nan_score_head_stops_sweep_and_gcg(rm_folder, tmp_path):
-    """3: a NaN head weight used to give an all-NaN CSV and bare NaN in GCG's JSON, with status 0."""
+    """3: a NaN head weight used to give an all-NaN CSV and bare NaN in GCG's JSON, with status 0. (`sweep
+    --prompts=greatest,worst --token_ids=10,11,12 [--allow_nonfinite]`, `analyze --scores=S --models_yaml=` and `gcg
+    --num_tokens=2 --steps=2 --search_width=8 --topk=8`, in-process.)"""
     model = cli.copy_folder(rm_folder, tmp_path / "nan_head")
     cli.edit_tensor(model, "score.weight", lambda w: np.where(np.arange(w.size).reshape(w.shape) == 7, np.nan, w))
     out = tmp_path / "s.csv"
-    flags = [f"--model={model}", "--prompts=greatest,worst", f"--out={out}", "--token_ids=10,11,12"]
-    cli.user_error(cli.run("sweep", *flags), "non-finite scores", "token 10", "the reward head",
-                   "non-finite parameters: score.kernel (1 value", "--allow_nonfinite", loaded=True)
+
+    def sweep(**settings):
+        return run_sweep(SweepSpec(inproc.options(model, out, **settings), inproc.prompts("greatest", "worst"),
+                                   (10, 11, 12)))
+
+    inproc.refused(sweep, "non-finite scores", "token 10", "the reward head",
+                   "non-finite parameters: score.kernel (1 value", "--allow_nonfinite")
     assert not out.exists()
-    cli.ok(cli.run("sweep", *flags, "--allow_nonfinite"))
+    sweep(allow_nonfinite=True)
     assert pd.read_csv(out)[["greatest", "worst"]].isna().all().all()
     assert _meta(out)["nonfinite"]["values"] == 6 and _meta(out)["nonfinite"]["allowed"] is True
     # The analysis refuses such a table, naming its rows.
-    cli.user_error(cli.run("analyze", f"--scores={out}", "--models_yaml=", f"--out={tmp_path / 'a'}"),
+    inproc.refused(lambda: inproc.analyze(tmp_path / "a", scores=(str(out),), models_yaml=None),
                    "NaN/Inf", "token 10", "--allow_nonfinite")
     gcg = tmp_path / "g.json"
-    cli.user_error(cli.run("gcg", f"--model={model}", f"--out={gcg}", "--num_tokens=2", "--steps=2",
-                           "--search_width=8", "--topk=8"), "non-finite rewards", "the reward head", loaded=True)
+    inproc.refused(lambda: _gcg(model, gcg, num_tokens=2, steps=2, search_width=8, topk=8),
+                   "non-finite rewards", "the reward head")
     assert not gcg.exists()
 
 
 def test_nan_embedding_row_is_named(rm_folder, love, tmp_path):
-    """3: one NaN embedding row used to be reported as the 'bottom' token of a sweep."""
+    """3: one NaN embedding row used to be reported as the 'bottom' token of a sweep. (`sweep --token_ids=5,LOVE,7`
+    and `score --texts=Peace,Love [--allow_nonfinite]`, in-process.)"""
+    from rmjax.scoring.texts import ScoreSpec, run_score
+
     model = cli.copy_folder(rm_folder, tmp_path / "nan_row")
     cli.edit_tensor(model, "model.embed_tokens.weight", lambda w: np.where(np.arange(len(w))[:, None] == love,
                                                                            np.nan, w))
-    cli.user_error(cli.run("sweep", f"--model={model}", f"--out={tmp_path / 's.csv'}", f"--token_ids=5,{love},7"),
+    inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(model, tmp_path / "s.csv"), inproc.prompts(),
+                                               (5, love, 7))),
                    f"token {love} ('Love')", f"the embedding row of token {love}",
-                   f"embed.embedding (64 values, row {love})", loaded=True)
-    cli.user_error(cli.run("score", f"--model={model}", f"--out={tmp_path / 't.csv'}", "--texts=Peace,Love"),
-                   "non-finite rewards", "text 'Love'", f"the embedding row of token {love}", loaded=True)
+                   f"embed.embedding (64 values, row {love})")
+
+    def score(**settings):
+        return run_score(ScoreSpec(inproc.options(model, tmp_path / "t.csv", **settings), inproc.prompts(),
+                                   ("Peace", "Love")))
+
+    inproc.refused(score, "non-finite rewards", "text 'Love'", f"the embedding row of token {love}")
     assert not (tmp_path / "t.csv").exists()
-    cli.ok(cli.run("score", f"--model={model}", f"--out={tmp_path / 't.csv'}", "--texts=Peace,Love",
-                   "--allow_nonfinite"))
+    score(allow_nonfinite=True)
     table = pd.read_csv(tmp_path / "t.csv", keep_default_na=False, na_values=["nan"])
     assert np.isnan(table.greatest[1]) and np.isfinite(table.greatest[0])
     assert _meta(tmp_path / "t.csv")["nonfinite"] == {"values": 1, "rows": 1, "first": ["text 'Love' for 'greatest'"],
@@ -76,6 +99,11 @@ def bad_yaml(tmp_path):
     return tmp_path
 
 
+def _nothing_left_behind(out):
+    assert not out.exists() and not out.with_name("s.csv.chunks").exists() and not out.with_name("s.csv.lock").exists()
+
+
+# Refused by the command line itself (flag bounds and validators, --mesh against the devices, a stray argument).
 BAD_SWEEP_FLAGS = [
     (["--limit=-1"], ["--limit=-1"]),  # used to drop the last token
     (["--batch_size=-1"], ["--batch_size=-1"]),  # used to run at batch 1
@@ -84,12 +112,6 @@ BAD_SWEEP_FLAGS = [
     (["--mesh=model:0"], ["--mesh", "size 0"]),  # used to be a ZeroDivisionError
     (["--mesh=data:3"], ["--mesh=data:3", "needs 3 devices"]),
     (["--output_column=-2"], ["--output_column=-2"]),
-    (["--prompts={dir}/nul.yaml"], ["prompt 'nul'", "has no text"]),  # used to become the prompt "None"
-    (["--prompts={dir}/broken.yaml"], ["broken.yaml", "invalid YAML"]),
-    (["--prompt=token_id=Hello?"], ["'token_id'", "key column"]),  # used to give a duplicate CSV header
-    (["--prompt=greatest=Another text?"], ["'greatest'", "given twice"]),
-    (["--out={dir}"], ["is a directory"]),  # used to fail after scoring
-    (["--out={dir}/nul.yaml/s.csv"], ["cannot write"]),
     (["stray"], ["unexpected argument 'stray'"]),
 ]
 
@@ -100,26 +122,42 @@ def test_bad_sweep_values_stop_before_loading(rm_folder, bad_yaml, flags, fragme
     out = bad_yaml / "s.csv"
     flags = [f.format(dir=bad_yaml) for f in flags]
     cli.user_error(cli.run("sweep", f"--model={rm_folder}", f"--out={out}", *flags), *fragments)
-    assert not out.exists() and not out.with_name("s.csv.chunks").exists() and not out.with_name("s.csv.lock").exists()
+    _nothing_left_behind(out)
 
 
+# The sweep job's own refusals: (id as the flags, --prompts, --prompt name=text, --out, fragments).
+BAD_SWEEP_INPUTS = [
+    ("--prompts={dir}/nul.yaml", ["{dir}/nul.yaml"], {}, "{dir}/s.csv", ["prompt 'nul'", "has no text"]),  # used
+    # to become the prompt "None"
+    ("--prompts={dir}/broken.yaml", ["{dir}/broken.yaml"], {}, "{dir}/s.csv", ["broken.yaml", "invalid YAML"]),
+    ("--prompt=token_id=Hello?", ["greatest"], {"token_id": "Hello?"}, "{dir}/s.csv",  # used to give a duplicate
+     ["'token_id'", "key column"]),  # CSV header
+    ("--prompt=greatest=Another text?", ["greatest"], {"greatest": "Another text?"}, "{dir}/s.csv",
+     ["'greatest'", "given twice"]),
+    ("--out={dir}", ["greatest"], {}, "{dir}", ["is a directory"]),  # used to fail after scoring
+    ("--out={dir}/nul.yaml/s.csv", ["greatest"], {}, "{dir}/nul.yaml/s.csv", ["cannot write"]),
+]
+
+
+@pytest.mark.parametrize("names,texts,out_flag,fragments", [c[1:] for c in BAD_SWEEP_INPUTS],
+                         ids=[c[0] for c in BAD_SWEEP_INPUTS])
+def test_bad_sweep_inputs_stop_before_loading(rm_folder, bad_yaml, monkeypatch, names, texts, out_flag, fragments):
+    """5, 6, 7: the same for what the sweep job itself refuses (`sweep --prompts=… --prompt=name=text --out=…`,
+    in-process): one line naming it, before any weight is read, nothing left behind."""
+    out = bad_yaml / "s.csv"
+    names = [n.format(dir=bad_yaml) for n in names]
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(rm_folder, out_flag.format(dir=bad_yaml)),
+                                               inproc.prompts(*names, **texts))), *fragments)
+    _nothing_left_behind(out)
+
+
+# Refused by the command line itself (flag bounds, a multi-flag validator, score's --texts_file).
 BAD_OTHER_FLAGS = [
-    ("gcg", ["--num_tokens=0"], ["--num_tokens=0"]),  # used to run
-    ("gcg", ["--num_tokens=-3"], ["--num_tokens=-3"]),
-    ("gcg", ["--search_width=0"], ["--search_width=0"]),  # used to run
-    ("gcg", ["--topk=0"], ["--topk=0"]),
-    ("gcg", ["--num_tokens=2", "--n_replace=3"], ["--n_replace"]),
-    ("gcg", ["--out={dir}/file.txt/g.json"], ["cannot write"]),  # used to fail after the whole search
     ("score", ["--batch_size=0"], ["--batch_size=0"]),
     ("score", ["--texts_file={dir}/missing.txt"], ["missing.txt", "not found"]),
-    ("train_rm", ["--steps=0", "--elo={dir}/e.csv"], ["--steps=0"]),
-    ("train_rm", ["--learning_rate=0", "--elo={dir}/e.csv"], ["--learning_rate"]),
-    ("train_rm", ["--clip_norm=inf", "--elo={dir}/e.csv"], ["--clip_norm=inf", "finite"]),
     ("train_rm", ["--pairs={dir}/p.csv", "--elo={dir}/e.csv"], ["exactly one of --pairs", "--elo"]),
-    ("train_rm", ["--pairs={dir}/file.txt"], ["file.txt", "missing columns"]),
     ("logprobs", ["--top=-1"], ["--top=-1"]),
-    ("analyze", ["--rbo_p=1.5", "--scores={dir}"], ["--rbo_p"]),
-    ("analyze", ["--scores={dir}/none.csv"], ["none.csv", "not found"]),
 ]
 
 
@@ -130,13 +168,49 @@ def test_bad_values_of_other_jobs_stop_before_loading(rm_folder, tmp_path, job, 
     cli.user_error(cli.run(job, *model, *[f.format(dir=tmp_path) for f in flags]), *fragments)
 
 
+def _train_config(**settings):
+    """The TrainConfig experiments.train_rm builds from its flags (before it reads any pairs)."""
+    from rmjax.train.loop import TrainConfig
+
+    return TrainConfig(**{**inproc.TRAIN_RM_DEFAULTS, **settings})
+
+
+# The jobs' own refusals (config ranges, outputs, input files): (id as the flags, call(model, dir), fragments).
+BAD_OTHER_VALUES = [
+    ("gcg--num_tokens=0", lambda m, d: _gcg(m, d / "g.json", num_tokens=0), ["--num_tokens=0"]),  # used to run
+    ("gcg--num_tokens=-3", lambda m, d: _gcg(m, d / "g.json", num_tokens=-3), ["--num_tokens=-3"]),
+    ("gcg--search_width=0", lambda m, d: _gcg(m, d / "g.json", search_width=0), ["--search_width=0"]),  # used to run
+    ("gcg--topk=0", lambda m, d: _gcg(m, d / "g.json", topk=0), ["--topk=0"]),
+    ("gcg--num_tokens=2", lambda m, d: _gcg(m, d / "g.json", num_tokens=2, n_replace=3), ["--n_replace"]),
+    ("gcg--out={dir}/file.txt/g.json", lambda m, d: _gcg(m, d / "file.txt" / "g.json"),  # used to fail after the
+     ["cannot write"]),  # whole search
+    ("train_rm--steps=0", lambda m, d: _train_config(steps=0), ["--steps=0"]),  # with --elo={dir}/e.csv
+    ("train_rm--learning_rate=0", lambda m, d: _train_config(learning_rate=0.0), ["--learning_rate"]),
+    ("train_rm--clip_norm=inf", lambda m, d: _train_config(clip_norm=float("inf")), ["--clip_norm=inf", "finite"]),
+    ("train_rm--pairs={dir}/file.txt", lambda m, d: inproc.train_rm(m, pairs=d / "file.txt"),
+     ["file.txt", "missing columns"]),
+    ("analyze--rbo_p=1.5", lambda m, d: inproc.analyze(d / "a", rbo_p=1.5, scores=(str(d),)), ["--rbo_p"]),
+    ("analyze--scores={dir}/none.csv", lambda m, d: inproc.analyze(d / "a", scores=(str(d / "none.csv"),)),
+     ["none.csv", "not found"]),
+]
+
+
+@pytest.mark.parametrize("call,fragments", [c[1:] for c in BAD_OTHER_VALUES], ids=[c[0] for c in BAD_OTHER_VALUES])
+def test_bad_values_of_other_jobs_refused_by_the_job(rm_folder, tmp_path, monkeypatch, call, fragments):
+    """The jobs' own checks of the same kind (gcg, train_rm and analyze as their entry points call them,
+    in-process): one line naming the value, before any weight is read."""
+    (tmp_path / "file.txt").write_text("not a table\n")
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: call(rm_folder, tmp_path), *fragments)
+
+
 def test_gcg_never_samples_banned_tokens_with_a_large_topk(rm_folder, tmp_path):
-    """5: --topk above the number of allowed tokens used to let GCG sample special and non-ASCII ids."""
+    """5: --topk above the number of allowed tokens used to let GCG sample special and non-ASCII ids. (`gcg
+    --num_tokens=3 --steps=3 --search_width=64 --topk=49152 --buffer_size=64 --noretokenize_filter`, in-process.)"""
     from transformers import AutoTokenizer
 
     out = tmp_path / "g.json"
-    cli.ok(cli.run("gcg", f"--model={rm_folder}", f"--out={out}", "--num_tokens=3", "--steps=3", "--search_width=64",
-                   "--topk=49152", "--buffer_size=64", "--noretokenize_filter"))
+    _gcg(rm_folder, out, num_tokens=3, steps=3, search_width=64, topk=49152, buffer_size=64, retokenize_filter=False)
     result = json.loads(out.read_text())
     seen = {i for entry in result["buffer"] + result["history"] for i in entry["ids"]}
     assert len(seen) > 20
@@ -146,19 +220,25 @@ def test_gcg_never_samples_banned_tokens_with_a_large_topk(rm_folder, tmp_path):
         assert i not in tok.all_special_ids and text.isascii() and text.isprintable() and text, (i, text)
 
 
-def test_truncated_and_corrupt_files_are_named(rm_folder, tmp_path):
-    """7: truncated weights, config or GGUF used to end in 'cannot reshape array…' with no file named."""
+def test_truncated_and_corrupt_files_are_named(rm_folder, tmp_path, monkeypatch, capfd):
+    """7: truncated weights, config or GGUF used to end in 'cannot reshape array…' with no file named. (`sweep
+    --token_ids=1,2` and `logprobs` with $RMJAX_CACHE_DIR, in-process; no model reported loaded.)"""
     from rmjax.loading.registry import resolve
+    from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
+
+    def sweep(model):
+        return run_sweep(SweepSpec(inproc.options(model, tmp_path / "s.csv"), inproc.prompts(), (1, 2)))
 
     truncated = cli.copy_folder(rm_folder, tmp_path / "truncated")
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    flags = ["--token_ids=1,2", f"--out={tmp_path / 's.csv'}"]
-    cli.user_error(cli.run("sweep", f"--model={truncated}", *flags), str(weights), "truncated")
+    inproc.refused(lambda: sweep(truncated), str(weights), "truncated")
     config = cli.copy_folder(rm_folder, tmp_path / "config")
     (config / "config.json").write_text('{"architectures": ["LlamaForSequenceClassification"], ')
-    cli.user_error(cli.run("sweep", f"--model={config}", *flags), str(config / "config.json"), "invalid JSON")
+    inproc.refused(lambda: sweep(config), str(config / "config.json"), "invalid JSON")
     gguf = tmp_path / "cut.gguf"
     gguf.write_bytes(resolve("smollm2-135m-instruct")[1].read_bytes()[: 8 << 20])
-    cli.user_error(cli.run("logprobs", f"--model={gguf}", f"--out={tmp_path / 'l.csv'}",
-                           env={"RMJAX_CACHE_DIR": str(tmp_path / "cache")}), str(gguf), "truncated")
+    monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path / "cache"))
+    inproc.refused(lambda: run_logprobs(LogprobsSpec(inproc.options(gguf, tmp_path / "l.csv"), inproc.prompts())),
+                   str(gguf), "truncated")
+    assert "loaded" not in capfd.readouterr().err
