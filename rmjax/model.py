@@ -17,7 +17,8 @@ from rmjax.errors import UsageError
 
 @dataclasses.dataclass
 class Model:
-    """A loaded model: static config, parameters (possibly sharded), tokenizer."""
+    """A loaded model: static config, parameters (possibly sharded), tokenizer. Loads of the same tokenizer files
+    in one process share one tokenizer object (rmjax.loading.hf): copy it (`copy.deepcopy`) before changing it."""
 
     config: ModelConfig
     params: nnx.State  # the nnx state of `module` (rmjax.nn.Transformer)

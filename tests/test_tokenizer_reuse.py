@@ -8,7 +8,7 @@ import json
 
 from transformers import AutoTokenizer
 
-from rmjax.loading import load
+from rmjax.loading import identity, load
 from tests import cli
 
 WORDS = "a b ab ba love"
@@ -35,4 +35,23 @@ def test_a_folder_tokenizer_is_reused_until_its_files_change(rm_folder, tmp_path
 
     config = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ messages[0].content }}"}))
-    assert load(str(folder)).tokenizer is not changed  # any file the tokenizer reads
+    templated = load(str(folder)).tokenizer
+    assert templated is not changed  # any file the tokenizer reads
+
+    named = folder / "additional_chat_templates" / "tool_use.jinja"  # read by transformers, named by no list
+    named.parent.mkdir()
+    named.write_text("{{ messages[0].content }}")
+    assert load(str(folder)).tokenizer is not templated
+    before = identity.tokenizer_digest(folder)
+    named.write_text("{{ messages[-1].content }}")  # changed in place: read again, and another identity
+    assert identity.tokenizer_digest(folder) != before
+    assert load(str(folder)).tokenizer.chat_template["tool_use"] == "{{ messages[-1].content }}"
+
+
+def test_the_tokenizer_digest_of_the_usual_files_is_unchanged(rm_folder):
+    """A folder of the usual files (identity.TOKENIZER_FILES only) digests as before tokenizer_files existed, so
+    results made before still resume."""
+    files = {name: identity.file_sha256(rm_folder / name) for name in identity.TOKENIZER_FILES
+             if (rm_folder / name).is_file()}
+    assert set(identity.tokenizer_files(rm_folder)) == set(files)
+    assert identity.tokenizer_digest(rm_folder) == identity.hash_json(files)

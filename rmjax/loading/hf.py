@@ -97,8 +97,9 @@ def load_tokenizer(folder: Path, cfg: ModelConfig, required: bool = True):
 
 # Tokenizers read in this process, by folder and file content: a job reads its model's tokenizer when it peeks at
 # the model and again when it loads it, the frontier three models' each three times (≈0.3 s per read of SmolLM2's,
-# more for Gemma's 262k vocabulary). Keyed by the digest of every file the tokenizer reads (identity.TOKENIZER_FILES
-# and config.json), so a file changed in place is read again. rmjax never modifies a tokenizer it is given.
+# more for Gemma's 262k vocabulary). Keyed by the digest of every file the tokenizer reads (identity.tokenizer_files
+# and config.json), so a file changed in place is read again. Loads of one content share one tokenizer object: rmjax
+# never modifies a tokenizer, and a caller who changes `load(x).tokenizer` copies it first (Model's docstring).
 _tokenizers: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
 _TOKENIZERS_KEPT = 4
 _tokenizers_lock = threading.Lock()

@@ -62,9 +62,23 @@ def sampled_digest(path: Path, edge: int = 1 << 20, blocks: int = 64, block: int
     return h.hexdigest()[:24]
 
 
+# What transformers' tokenizer loading reads besides TOKENIZER_FILES when they are there: a slow tokenizer's vocabulary
+# (vocab.txt, any *.model), Mistral's tekken.json, the versioned tokenizer.X.json that tokenizer_config.json's
+# fast_tokenizer_files names, and the named chat templates (additional_chat_templates/*.jinja; default.jinja is the
+# template when chat_template.jinja is absent).
+TOKENIZER_PATTERNS = ("vocab.txt", "tekken.json", "*.model", "tokenizer.*.json", "additional_chat_templates/*.jinja")
+
+
+def tokenizer_files(folder: Path) -> dict[str, Path]:
+    """Every file of `folder` its tokenizer may read, by name relative to the folder."""
+    paths = [folder / name for name in TOKENIZER_FILES]
+    paths += [path for pattern in TOKENIZER_PATTERNS for path in sorted(folder.glob(pattern))]
+    return {path.relative_to(folder).as_posix(): path for path in paths if path.is_file()}
+
+
 def tokenizer_digest(folder: Path) -> str:
-    files = {name: file_sha256(folder / name) for name in TOKENIZER_FILES if (folder / name).is_file()}
-    return hash_json(files)
+    """The digest of every file the tokenizer reads (a folder holding only TOKENIZER_FILES digests as before)."""
+    return hash_json({name: file_sha256(path) for name, path in tokenizer_files(folder).items()})
 
 
 def folder_fingerprint(folder: Path) -> dict:
