@@ -122,11 +122,3 @@ def options(out: str, **files: str | None) -> RunOptions:
     return RunOptions(model=MODEL.value, out=out, dtype=DTYPE.value, mesh=start(), template=TEMPLATE.value,
                       output_column=OUTPUT_COLUMN.value, overwrite=OVERWRITE.value,
                       allow_nonfinite=ALLOW_NONFINITE.value, inputs=inputs)
-
-
-def check_model_template() -> None:
-    """--template against --model's chat template before any weight is read (rmjax.loading.for_job)."""
-    from rmjax.loading.for_job import check_model_template as check
-
-    start()
-    check(MODEL.value, TEMPLATE.value)

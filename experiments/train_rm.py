@@ -10,14 +10,11 @@ refused unless --overwrite.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from absl import flags
 
 from experiments import common, config_flags
 from rmjax.errors import UsageError
-from rmjax.train.loop import TrainConfig
+from rmjax.train.loop import COMMAND_LINE_DEFAULTS, TrainConfig
 
 PAIRS = flags.DEFINE_string("pairs", None, "CSV/JSONL of prompt, chosen, rejected[, label (soft, in [0,1])].")
 HELDOUT_PAIRS = flags.DEFINE_string("heldout_pairs", None, "Held-out pairs file (default: 20% of --pairs' prompts, or "
@@ -30,8 +27,7 @@ N_HELDOUT = flags.DEFINE_integer("n_heldout", 4000, "EloEverything: held-out pai
                                  lower_bound=1)
 SOFT = flags.DEFINE_bool("soft", False, "EloEverything: soft labels (the Elo probability) instead of sampled winners.")
 # One flag per TrainConfig field (help and choices declared there), with command-line defaults for real runs.
-TRAIN_CONFIG = config_flags.define(TrainConfig, skip=("template",), defaults=dict(
-    steps=1500, batch_size=256, learning_rate=1e-2, warmup_steps=100, checkpoint_every=250))
+TRAIN_CONFIG = config_flags.define(TrainConfig, skip=("template",), defaults=COMMAND_LINE_DEFAULTS)
 WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and summary.json go here (default: "
                                "runs/train_rm/<model>-<digest of model, data and settings>).")
 EXPORT = flags.DEFINE_string("export", None, "Write the trained model as a Hugging Face folder here.")
@@ -53,7 +49,7 @@ flags.register_multi_flags_validator(
 
 def main(argv):
     del argv
-    from rmjax.train.recipe import load_pairs, run_training
+    from rmjax.train.recipe import train_from_data
 
     mesh = common.start()
     common.refuse_output_column("train_rm (it trains a new one-output score head)")
@@ -61,17 +57,10 @@ def main(argv):
         raise UsageError("--allow_nonfinite does not apply to train_rm: a NaN/Inf loss, gradient or held-out reward "
                          "stops the run (lower --learning_rate or --clip_norm instead); leave it out.")
     cfg = TRAIN_CONFIG(template=common.TEMPLATE.value)
-    train, heldout, split = load_pairs(PAIRS.value, ELO.value, N_TRAIN.value, N_HELDOUT.value, SOFT.value,
-                                       cfg.seed, HELDOUT_PAIRS.value)
-    common.check_model_template()  # a broken chat template stops the job here, not after the LM loads
-    print("split: " + ", ".join(f"{k} {v}" for k, v in split.items()), file=sys.stderr)
-    recipe = {"elo": ELO.value, "pairs": PAIRS.value, "n_train": N_TRAIN.value, "n_heldout": N_HELDOUT.value,
-              "soft": SOFT.value, "split": split}
-    result = run_training(common.MODEL.value, train, heldout, cfg, WORKDIR.value, export=EXPORT.value,
-                          head_out=HEAD_OUT.value, dtype=common.DTYPE.value, elo_csv=ELO.value, recipe=recipe,
-                          overwrite=common.OVERWRITE.value, mesh=mesh,
-                          inputs={"--pairs": PAIRS.value, "--heldout_pairs": HELDOUT_PAIRS.value,
-                                  **{f"--model={m}": m for m in [common.MODEL.value] if Path(m).is_file()}})
+    result = train_from_data(common.MODEL.value, cfg, pairs=PAIRS.value, elo=ELO.value,
+                             heldout_pairs=HELDOUT_PAIRS.value, n_train=N_TRAIN.value, n_heldout=N_HELDOUT.value,
+                             soft=SOFT.value, workdir=WORKDIR.value, export=EXPORT.value, head_out=HEAD_OUT.value,
+                             dtype=common.DTYPE.value, overwrite=common.OVERWRITE.value, mesh=mesh)
     final = result.evals[-1] if result.evals else {}
     trained = cfg.steps - (result.resumed_from or 0)
     done = f"trained {trained} steps ({result.steps_per_second:.1f} steps/s)" if trained else \

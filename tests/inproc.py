@@ -40,24 +40,22 @@ def no_weights_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(safetensors_io, "iter_tensors", read)
 
 
-# experiments/train_rm.py's command-line defaults for TrainConfig (real runs), which differ from the dataclass's.
-TRAIN_RM_DEFAULTS = dict(steps=1500, batch_size=256, learning_rate=1e-2, warmup_steps=100, checkpoint_every=250)
+def train_config(**settings):
+    """The TrainConfig experiments.train_rm builds from its flags (its command-line defaults, then `settings`)."""
+    from rmjax.train.loop import COMMAND_LINE_DEFAULTS, TrainConfig
+
+    return TrainConfig(**{**COMMAND_LINE_DEFAULTS, **settings})
 
 
 def train_rm(model: str | Path, *, pairs: str | Path, heldout_pairs: str | Path | None = None,
              workdir: str | Path | None = None, export: str | Path | None = None, head_out: str | Path | None = None,
              overwrite: bool = False, **settings):
     """experiments.train_rm's main with --pairs (and --heldout_pairs): `settings` are TrainConfig flags."""
-    from rmjax.train.loop import TrainConfig
-    from rmjax.train.recipe import load_pairs, run_training
+    from rmjax.train.recipe import train_from_data
 
-    cfg = TrainConfig(**{**TRAIN_RM_DEFAULTS, **settings})
-    pairs, heldout_pairs = str(pairs), heldout_pairs and str(heldout_pairs)
-    train, heldout, split = load_pairs(pairs, None, 20000, 4000, False, cfg.seed, heldout_pairs)
-    recipe = {"elo": None, "pairs": pairs, "n_train": 20000, "n_heldout": 4000, "soft": False, "split": split}
-    named_file = {f"--model={model}": str(model)} if Path(model).is_file() else {}
-    return run_training(str(model), train, heldout, cfg, workdir, export=export, head_out=head_out, recipe=recipe,
-                        overwrite=overwrite, inputs={"--pairs": pairs, "--heldout_pairs": heldout_pairs, **named_file})
+    return train_from_data(str(model), train_config(**settings), pairs=str(pairs),
+                           heldout_pairs=heldout_pairs and str(heldout_pairs), workdir=workdir, export=export,
+                           head_out=head_out, overwrite=overwrite)
 
 
 def options(model: str | Path, out: str | Path, **settings) -> RunOptions:

@@ -168,13 +168,6 @@ def test_bad_values_of_other_jobs_stop_before_loading(rm_folder, tmp_path, job, 
     cli.user_error(cli.run(job, *model, *[f.format(dir=tmp_path) for f in flags]), *fragments)
 
 
-def _train_config(**settings):
-    """The TrainConfig experiments.train_rm builds from its flags (before it reads any pairs)."""
-    from rmjax.train.loop import TrainConfig
-
-    return TrainConfig(**{**inproc.TRAIN_RM_DEFAULTS, **settings})
-
-
 # The jobs' own refusals (config ranges, outputs, input files): (id as the flags, call(model, dir), fragments).
 BAD_OTHER_VALUES = [
     ("gcg--num_tokens=0", lambda m, d: _gcg(m, d / "g.json", num_tokens=0), ["--num_tokens=0"]),  # used to run
@@ -184,9 +177,10 @@ BAD_OTHER_VALUES = [
     ("gcg--num_tokens=2", lambda m, d: _gcg(m, d / "g.json", num_tokens=2, n_replace=3), ["--n_replace"]),
     ("gcg--out={dir}/file.txt/g.json", lambda m, d: _gcg(m, d / "file.txt" / "g.json"),  # used to fail after the
      ["cannot write"]),  # whole search
-    ("train_rm--steps=0", lambda m, d: _train_config(steps=0), ["--steps=0"]),  # with --elo={dir}/e.csv
-    ("train_rm--learning_rate=0", lambda m, d: _train_config(learning_rate=0.0), ["--learning_rate"]),
-    ("train_rm--clip_norm=inf", lambda m, d: _train_config(clip_norm=float("inf")), ["--clip_norm=inf", "finite"]),
+    ("train_rm--steps=0", lambda m, d: inproc.train_config(steps=0), ["--steps=0"]),  # with --elo={dir}/e.csv
+    ("train_rm--learning_rate=0", lambda m, d: inproc.train_config(learning_rate=0.0), ["--learning_rate"]),
+    ("train_rm--clip_norm=inf", lambda m, d: inproc.train_config(clip_norm=float("inf")),
+     ["--clip_norm=inf", "finite"]),
     ("train_rm--pairs={dir}/file.txt", lambda m, d: inproc.train_rm(m, pairs=d / "file.txt"),
      ["file.txt", "missing columns"]),
     ("analyze--rbo_p=1.5", lambda m, d: inproc.analyze(d / "a", rbo_p=1.5, scores=(str(d),)), ["--rbo_p"]),

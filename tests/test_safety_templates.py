@@ -54,4 +54,3 @@ def test_a_template_that_hangs_exhausts_memory_or_raises_is_one_usage_error(toke
         chat.split_chat(tokenizer, "hi", "chat")
     assert time.monotonic() - start < 20
     assert "--template=plain" in str(refused.value)
-

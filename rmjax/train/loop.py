@@ -72,6 +72,10 @@ class TrainConfig:
         })
 
 
+# experiments.train_rm's defaults for TrainConfig (real runs), which differ from the dataclass's (tests' small runs).
+COMMAND_LINE_DEFAULTS = dict(steps=1500, batch_size=256, learning_rate=1e-2, warmup_steps=100, checkpoint_every=250)
+
+
 # Settings that do not change the trained parameters: a run may resume with other values.
 NOT_IN_IDENTITY = ("checkpoint_every", "keep_checkpoints", "feature_batch_size")
 

@@ -55,6 +55,25 @@ def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int,
     return split_pairs(data, seed=seed)
 
 
+def train_from_data(model: str, cfg: TrainConfig, *, pairs: str | None = None, elo: str | None = None,
+                    heldout_pairs: str | None = None, n_train: int = 20000, n_heldout: int = 4000, soft: bool = False,
+                    workdir: str | Path | None = None, export: str | Path | None = None,
+                    head_out: str | Path | None = None, dtype: str = "float32", overwrite: bool = False,
+                    mesh: jax.sharding.Mesh | None = None) -> TrainResult:
+    """train_rm's one call: the pairs (a file, or EloEverything), the template checked against the model's
+    tokenizer before any weight is read, then `run_training` with the recipe and the files the run reads."""
+    from rmjax.loading.for_job import check_model_template
+
+    train, heldout, split = load_pairs(pairs, elo, n_train, n_heldout, soft, cfg.seed, heldout_pairs)
+    check_model_template(model, cfg.template)  # a broken chat template stops the job here, not after the LM loads
+    print("split: " + ", ".join(f"{k} {v}" for k, v in split.items()), file=sys.stderr)
+    recipe = {"elo": elo, "pairs": pairs, "n_train": n_train, "n_heldout": n_heldout, "soft": soft, "split": split}
+    inputs = {"--pairs": pairs, "--heldout_pairs": heldout_pairs, **({f"--model={model}": model}
+                                                                     if Path(model).is_file() else {})}
+    return run_training(model, train, heldout, cfg, workdir, export=export, head_out=head_out, dtype=dtype,
+                        elo_csv=elo, recipe=recipe, overwrite=overwrite, mesh=mesh, inputs=inputs)
+
+
 def elo_agreement(model: Model, heldout: Pairs, elo_csv: str | Path, template: str) -> dict:
     """Held-out accuracy against the Elo ordering, and the best accuracy any model could reach
     on labels sampled from Elo probabilities (mean max(p, 1-p))."""
