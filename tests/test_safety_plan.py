@@ -162,11 +162,11 @@ def _plan_command_refused(*flags: str, says: tuple[str, ...] = ()) -> str:
 
 
 def _plan_refused(config, job: str, says: tuple[str, ...] = (), **flags) -> str:
-    """experiments.plan --model=CONFIG --topology=v5e:2x2 --job=JOB --FLAG=value... as its main calls plan_inputs
-    (the command's defaults; --texts is 7530 there), refused before `plan` would compile anything."""
+    """experiments.plan --model=CONFIG --topology=v5e:2x2 --job=JOB --FLAG=value... as its main calls plan_inputs,
+    refused before `plan` would compile anything (no refusal here depends on --texts, whose default differs)."""
     from rmjax.plan.spec import plan_inputs
 
-    return inproc.refused(lambda: plan_inputs(str(config), "v5e:2x2", job, **{"texts_count": 7530, **flags}), *says)
+    return inproc.refused(lambda: plan_inputs(str(config), "v5e:2x2", job, **flags), *says)
 
 
 @pytest.mark.parametrize("field, value, says", [("num_hidden_layers", 4.5, "num_hidden_layers=4.5"),
