@@ -17,7 +17,7 @@ from rmjax.loading import load
 from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.scoring import calls
 from rmjax.scoring import prior as prior_lib
-from rmjax.search import fluent, objective, pareto
+from rmjax.search import fluent, objective, pareto, turns
 from rmjax.search import gcg as gcg_lib
 from rmjax.search.gcg import make_target
 from rmjax.search.objective import Forwards, Objective, Prior
@@ -60,49 +60,65 @@ def _torch_mean_log_prob(hf, full: list[int], start: int, stop: int) -> float:
     return float(lp[np.arange(start - 1, stop - 1), full[start:stop]].mean())
 
 
-def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied):
-    """Reward and prior terms of whole candidates, of beam partials and of GCG variants, with the RM as its own
-    prior (its LM head in the same forward) and with a separate prior, against the whole decoded conversation:
-    the reward by a full forward without cache, the prior's mean log-prob by transformers; J by its formula."""
+def _whole_turns(current: np.ndarray, words: np.ndarray, end: int) -> np.ndarray:
+    """Whole turns around `current` (N slots, end-filled): single swaps, a repeat, truncations, a deletion and,
+    where current is shorter than N, a token put before its end."""
+    n, body = len(current), turns.tokens(current, end)
+    cands = [current.copy() for _ in range(6)]
+    for row, pos in enumerate([0, 1, 2, 4, 4, 3]):
+        pos = min(pos, len(body) - 1)
+        cands[row][pos] = words[(list(words).index(cands[row][pos]) + 1 + row) % len(words)]
+    cands[5][len(body) - 1] = cands[5][len(body) - 2]  # a repeat: the repetition term
+    shorter = [body[:1], body[:3], body[1:]] + ([[*body, int(words[2])]] if len(body) < n else [])
+    return np.unique(np.concatenate([np.asarray(cands), turns.from_turns(shorter, n, end)]), axis=0)
+
+
+@pytest.mark.parametrize("length", [5, 3])
+def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length):
+    """Reward and prior terms of whole turns (N slots, shorter ones end-filled), of beam partials and of GCG
+    variants (swaps, truncations, deletions, one more token before the end), with the RM as its own prior (its
+    LM head in the same forward) and with a separate prior, against the whole decoded conversation: the reward by
+    a full forward without cache, the prior's mean log-prob of the response's tokens and its end of turn by
+    transformers; J by its formula."""
     hf, lm, rm = tied
     n, lam, rho = 5, 0.7, 2.0
     target = make_target(rm, PROMPT)
+    end = target.suffix[0]
     words = _word_ids(rm.tokenizer)
     rng = np.random.default_rng(0)
-    current = rng.choice(words, n).astype(np.int32)
-    cands = np.repeat(current[None], 6, axis=0)
-    for row, pos in enumerate([0, 1, 2, 4, 4, 3]):
-        cands[row, pos] = words[(list(words).index(cands[row, pos]) + 1 + row) % len(words)]
-    cands[5, 4] = cands[5, 3]  # a repeat: the repetition term
-    cands = np.unique(cands, axis=0)
+    current = turns.from_turns([rng.choice(words, length).tolist()], n, end)[0]
+    cands = _whole_turns(current, words, end)
+    assert len(set(turns.lengths(cands, end).tolist())) >= 3
 
     def want(responses):
         rewards, logps = [], []
         for ids in responses:
-            full, start, stop = _conversation(rm.tokenizer, ids)
+            full, start, stop = _conversation(rm.tokenizer, turns.tokens(ids, end))
+            assert full[stop] == end  # the conversation's end of turn follows the response
             rewards.append(float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32),
                                                           np.ones((1, len(full)), bool)))[0, 0]))
-            logps.append(_torch_mean_log_prob(hf, full, start, stop))
+            logps.append(_torch_mean_log_prob(hf, full, start, stop + 1))
         return rewards, logps, full
 
     want_reward, want_logp, full = want(cands)
-    partial_reward, partial_logp, _ = want(cands[:, :3])  # a beam level
-    length = len(full)
-    r_atol = tolerance.any_rewards_atol(rm.params, rm.config, length)
+    partial_reward, partial_logp, _ = want(cands[:, :2])  # a beam level
+    r_atol = tolerance.any_rewards_atol(rm.params, rm.config, len(full) + n)
     lp_atol = tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32))
     for sign, prior in ((1.0, Prior.of(rm, target.prefix)), (-1.0, Prior.of(lm, target.prefix))):
-        obj = Objective(target, prior, lam, sign, rho, Forwards(10**6, n + len(target.suffix), n))
+        obj = Objective(target, prior, lam, sign, rho, Forwards(10**6, n + len(target.suffix), n + 1))
         loss, extended, every = obj.gradient(current)
+        assert loss.shape[0] == length + 1
         for got in (obj.score(cands), obj.score(cands, current, extended, every=every)):
             np.testing.assert_allclose(got.reward, want_reward, atol=r_atol, rtol=0)
             np.testing.assert_allclose(got.prior_logp, want_logp, atol=lp_atol, rtol=0)
+            bodies = [turns.tokens(ids, end) for ids in cands]
             rep = [sum(ids[j] == ids[j - 1] or (ids[j - 1], ids[j]) in set(zip(ids[: j - 1], ids[1:j], strict=True))
-                       for j in range(1, n)) / n for ids in cands.tolist()]
+                       for j in range(1, len(ids))) / len(ids) for ids in bodies]
             np.testing.assert_allclose(got.repetition, rep, atol=0)
             want_j = sign * got.reward + lam * (got.prior_logp - rho * np.asarray(rep))
             np.testing.assert_allclose(got.objective, want_j, rtol=1e-12)
         assert max(got.repetition) > 0
-        got = obj.score_partials(cands[:, :3])
+        got = obj.score_partials(cands[:, :2])
         np.testing.assert_allclose(got.reward, partial_reward, atol=r_atol, rtol=0)
         np.testing.assert_allclose(got.prior_logp, partial_logp, atol=lp_atol, rtol=0)
 
@@ -118,22 +134,25 @@ def test_every_sequence_a_search_evaluates_carries_its_true_terms(tied, case):
     banned[300:5000] = False
     prior = Prior.of(lm if case == "separate prior" else rm, target.prefix)
     obj = Objective(target, prior, 0.0 if case.startswith("λ=0") else 1.0, -1.0, 2.0,
-                    Forwards(120, n + len(target.suffix), n))
+                    Forwards(120, n + len(target.suffix), n + 1))
     cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8,
                               exact_limit=16, resamples=4)
     found = fluent.fluent_search(obj, cfg, banned, [])
     known = np.flatnonzero(np.isfinite(found.values.prior_logp))
     assert len(found.ids) > 30 and len(known) > 20  # starts, GCG variants and redrawn tails
-    prefix, suffix = list(target.prefix), list(target.suffix)
+    prefix, suffix, end = list(target.prefix), list(target.suffix), target.suffix[0]
+    sizes = turns.lengths(found.ids, end)
+    assert (sizes < n).any() and (sizes == n).any()  # whole turns of several lengths
     for i in range(len(found.ids)):
-        full = [*prefix, *found.ids[i].tolist(), *suffix]
+        body = turns.tokens(found.ids[i], end)
+        full = [*prefix, *body, *suffix]
         want = float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32), np.ones((1, len(full)), bool)))[0, 0])
         np.testing.assert_allclose(found.values.reward[i], want, rtol=0,
                                    atol=tolerance.any_rewards_atol(rm.params, rm.config, len(full)))
-        if i in known:
+        if i in known:  # the response's tokens and its end of turn
             np.testing.assert_allclose(
-                found.values.prior_logp[i], _torch_mean_log_prob(hf, full, len(prefix), len(prefix) + n), rtol=0,
-                atol=tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32)))
+                found.values.prior_logp[i], _torch_mean_log_prob(hf, full, len(prefix), len(prefix) + len(body) + 1),
+                rtol=0, atol=tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32)))
 
 
 def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_probs(tied):
@@ -184,12 +203,15 @@ def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_
     _, _, rm = tied
     target = make_target(rm, PROMPT)
     prior, ids = Prior.of(rm, target.prefix), _word_ids(rm.tokenizer)[[3, 0, 5, 5, 8]]
-    obj = Objective(target, prior, lam, sign, 2.0, Forwards(10**6, len(ids) + len(target.suffix), len(ids)))
+    obj = Objective(target, prior, lam, sign, 2.0, Forwards(10**6, len(ids) + len(target.suffix), len(ids) + 1))
     assert obj.rm_is_prior
     loss, _, every = obj.gradient(ids, explore=True)
     loss, every = np.asarray(loss), np.asarray(every)
-    reward_grad = np.asarray(gcg_lib.reward_gradient(target, ids))
-    prior_grad, want_every = (np.asarray(a) for a in prior_lib.prior_gradient(rm, prior.cache, prior.first, ids))
+    # the turn: the response and its end of turn, the rest of the suffix after it (row 5: a token before the end)
+    turn = np.asarray([*ids.tolist(), target.suffix[0]], np.int32)
+    rest = make_target(rm, PROMPT, prefix=target.prefix, suffix=target.suffix[1:])
+    reward_grad = np.asarray(gcg_lib.reward_gradient(rest, turn))
+    prior_grad, want_every = (np.asarray(a) for a in prior_lib.prior_gradient(rm, prior.cache, prior.first, turn))
     full = np.asarray([[*target.prefix, *ids.tolist(), *target.suffix]], np.int32)
     lp_atol = tolerance.logprobs_atol(rm.params, rm.config, full)
     # both ways are f32 against the same exact value: twice each term's bound
@@ -203,7 +225,7 @@ def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_
 class _Ledger:
     """Positions each model call runs, counted by the definition from the calls' own arguments."""
 
-    def __init__(self, monkeypatch, rm, n: int, tail: int):
+    def __init__(self, monkeypatch, rm, n: int, tail: int, end: int):
         self.rm_positions, self.lm_positions, self.n, self.tail = 0, 0, n, tail
         real = {name: getattr(objective, name) for name in ("score_responses", "score_variants", "extend_prefix",
                                                             "reward_gradient_on_device", "joint_gradient_on_device")}
@@ -226,22 +248,30 @@ class _Ledger:
         def lm_add(k):
             self.lm_positions += k
 
-        variants = lambda m, ext, suffix, cur, v, rows, log_probs=False: rm_add(  # noqa: E731
-            sum(self.n - next((j for j in range(self.n) if row[j] != cur[j]), self.n - 1) + len(suffix)
-                for row in np.asarray(v).tolist()))
+        def first_change(row, cur):  # where a variant (a turn: tokens, end of turn) first differs from current's
+            return next((j for j in range(min(len(row), len(cur))) if row[j] != cur[j]),
+                        min(len(row), len(cur)) if len(row) != len(cur) else len(cur) - 1)
+
+        def through_end(rows):  # a prior row's positions: up to and with its first end of turn
+            return sum(row.index(end) + 1 if end in row else len(row) for row in np.asarray(rows).tolist())
+
+        variants = lambda m, ext, suffix, cur, v, rows, log_probs=False, longest=None: rm_add(  # noqa: E731
+            sum(len(row) - first_change(list(row), list(cur)) + len(suffix) for row in v))
         counters = {
-            "score_responses": lambda m, c, s, r, b, first=None: rm_add(np.shape(r)[0] * (np.shape(r)[1] + self.tail)),
+            "score_responses": lambda m, c, s, r, b, first=None, lengths=None: rm_add(
+                np.shape(r)[0] * (np.shape(r)[1] + self.tail) if lengths is None else int(np.sum(lengths + self.tail))),
             "score_variants": variants,
             "extend_prefix": lambda m, c, x: (rm_add if m is rm else lm_add)(np.size(x)),
-            "reward_gradient_on_device": lambda t, ids: rm_add(3 * (len(ids) + self.tail)),
-            "joint_gradient_on_device": lambda t, first, ids, *a, **k: rm_add(3 * (len(ids) + self.tail)),
+            "reward_gradient_on_device": lambda t, ids: rm_add(3 * (len(ids) + len(t.suffix))),
+            "joint_gradient_on_device": lambda t, first, ids, *a, **k: rm_add(3 * (len(ids) + len(t.suffix))),
         }
         prior_counters = {
-            "response_log_probs": lambda m, c, f, r, b=64: lm_add(np.size(r)),
+            "response_log_probs": lambda m, c, f, r, b=64: lm_add(through_end(r)),
             "prior_gradient": lambda m, c, f, ids: lm_add(3 * len(ids)),
             "every_log_probs": lambda m, c, f, ids: lm_add(len(ids)),
             "next_log_probs": lambda m, c, f, p: lm_add(np.size(p)),
-            "sample_responses": lambda m, c, f, b, count, length, *a, **k: lm_add(count * length),
+            "sample_responses": lambda m, c, f, b, count, length, *a, end=None, **k: lm_add(
+                count * (length + (end is not None))),
         }
         for name, count in counters.items():
             monkeypatch.setattr(objective, name, spy(name, count))
@@ -249,11 +279,11 @@ class _Ledger:
             monkeypatch.setattr(prior_lib, name, spy(name, count))
 
     def forwards(self) -> Fraction:
-        return Fraction(self.rm_positions, self.n + self.tail) + Fraction(self.lm_positions, self.n)
+        return Fraction(self.rm_positions, self.n + self.tail) + Fraction(self.lm_positions, self.n + 1)
 
 
 @pytest.mark.parametrize("case", ["shared prior", "separate prior", "exact, λ=0", "gradient, λ=0",
-                                  "gradient, no explore, λ=0", "best-of-N"])
+                                  "gradient, no explore, λ=0", "best-of-N", "best-of-N, separate prior"])
 def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypatch, case):
     """Every position a method runs, counted from its calls' arguments by the definition, equals what the search
     charged; no method passes the budget, and each stops when too little is left for its next call."""
@@ -263,31 +293,36 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
     words = _word_ids(rm.tokenizer)
     banned = np.ones(rm.config.vocab_size, bool)
     banned[words if case == "exact, λ=0" else np.arange(300, 5000)] = False
-    prior = Prior.of(lm if case == "separate prior" else rm, target.prefix)
-    ledger = _Ledger(monkeypatch, rm, n, len(target.suffix))
-    forwards = Forwards(budget, n + len(target.suffix), n)
+    prior = Prior.of(lm if case.endswith("separate prior") else rm, target.prefix)
+    ledger = _Ledger(monkeypatch, rm, n, len(target.suffix), target.suffix[0])
+    forwards = Forwards(budget, n + len(target.suffix), n + 1)
     obj = Objective(target, prior, 0.0 if case.endswith("λ=0") else 1.0, 1.0, 2.0, forwards)
     cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8,
                               exact_limit=16, explore="no explore" not in case)
-    if case == "best-of-N":
+    if case.startswith("best-of-N"):
         found = fluent.best_of_n(obj, cfg, banned)
     else:
         found = fluent.fluent_search(obj, cfg, banned, [])
-    assert found.spent == forwards.spent == ledger.forwards()
+    if case == "best-of-N":  # the RM is its own prior: a sample is one forward, the sampler's (module docstring)
+        assert found.spent == forwards.spent == len(found.ids) == budget
+    else:
+        assert found.spent == forwards.spent == ledger.forwards()
     if case.startswith("gradient"):  # at λ = 0 the prior proposes only when exploring
         # (the RM is its own prior here: its gradient's forward gives the prior's log-probs)
         assert ("joint_gradient_on_device" in ledger.called) == ("no explore" not in case)
         assert "every_log_probs" not in ledger.called
     assert forwards.spent <= budget
+    end = target.suffix[0]
     if found.converged:  # stopped early: every single swap of the buffer's best sequences was evaluated
         best = found.ids[found.best(fluent.BUFFER_TRIES)]
         evaluated = {tuple(r) for r in found.ids.tolist()}
-        assert all(tuple(np.where(np.arange(n) == p, w, row)) in evaluated
-                   for row in best for p in range(n) for w in np.flatnonzero(~banned))
+        assert all(tuple(np.where(np.arange(n) == p, w, row)) in evaluated for row in best
+                   for p in range(turns.lengths(row[None], end)[0]) for w in np.flatnonzero(~banned))
     else:
         assert budget - forwards.spent < 8  # a gradient (3 + 3) and one candidate (≤ 2) are the dearest calls
-    assert len({tuple(r) for r in found.ids.tolist()}) == len(found.ids) or case == "best-of-N"
-    assert not banned[found.ids].any()
+    assert len({tuple(r) for r in found.ids.tolist()}) == len(found.ids) or case.startswith("best-of-N")
+    assert not banned[np.concatenate([turns.tokens(r, end) for r in found.ids])].any()
+    assert (found.ids == turns.canonical(found.ids, end)).all() and (found.ids[:, 0] != end).all()
 
 
 def test_a_seeded_search_takes_its_seeds_free_with_their_terms(tied, monkeypatch):
@@ -301,12 +336,12 @@ def test_a_seeded_search_takes_its_seeds_free_with_their_terms(tied, monkeypatch
     banned[300:5000] = False
     prior = Prior.of(rm, target.prefix)
     cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8, exact_limit=16)
-    unit = (n + len(target.suffix), n)
+    unit = (n + len(target.suffix), n + 1)
     earlier = fluent.fluent_search(Objective(target, prior, 4.0, -1.0, 2.0, Forwards(150, *unit)),
                                    dataclasses.replace(cfg, seed=7), banned, [])
     pick = earlier.best(6)
     seeds = (earlier.ids[pick], earlier.values.reward[pick], earlier.values.prior_logp[pick])
-    ledger, scored, real_score = _Ledger(monkeypatch, rm, n, len(target.suffix)), [], Objective.score
+    ledger, scored, real_score = _Ledger(monkeypatch, rm, n, len(target.suffix), target.suffix[0]), [], Objective.score
     monkeypatch.setattr(Objective, "score", lambda self, cands, *a, **k: (
         scored.extend(map(tuple, np.asarray(cands).tolist())), real_score(self, cands, *a, **k))[1])
     forwards = Forwards(150, *unit)
@@ -315,7 +350,7 @@ def test_a_seeded_search_takes_its_seeds_free_with_their_terms(tied, monkeypatch
     free = [i for i, ids in enumerate(seeds[0].tolist()) if tuple(ids) not in set(scored)]
     assert free  # seeds the search had not found itself: in its archive without being scored (nor charged)
     index = {tuple(row): i for i, row in enumerate(found.ids.tolist())}
-    want = -seeds[1] + 0.25 * (seeds[2] - 2.0 * objective.repetition(seeds[0]))
+    want = -seeds[1] + 0.25 * (seeds[2] - 2.0 * objective.repetition(seeds[0], target.suffix[0]))
     got = [found.values.objective[index[tuple(seeds[0][i].tolist())]] for i in free]
     np.testing.assert_allclose(got, want[free], rtol=1e-12)
     assert found.values.objective.max() >= max(want)
@@ -326,6 +361,7 @@ class _RecordingObjective:
 
     def __init__(self, left: int):
         self.forwards, self.scored = Forwards(left, 1, 1), []
+        self.end = 10**6  # no token here: every sequence is a whole turn of N tokens
 
     def cost(self, cands, current, every, known=False):
         return np.full(len(cands), Fraction(1), object)
@@ -451,7 +487,9 @@ def test_search_rows_are_its_best_by_j_and_its_own_pareto_layers():
 
 def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_share_a_reference():
     """Dominating responses (judge perplexity ≤ best-of-N's median, gain ≥ its best) counted as distinct sequences,
-    though several λs write the same one; both hypervolumes from the worst gain and perplexity of all points."""
+    though several λs write the same one; both hypervolumes from one fixed reference inside the fluent band
+    (best-of-N's median gain, perplexity 1,000); the primary metric, each method's best at each judge-perplexity
+    cap (30, 100, best-of-N's median), against a brute-force reading of every row."""
     from rmjax.search.frontier_job import FrontierConfig, Unit
     from rmjax.search.frontier_out import summaries
 
@@ -482,9 +520,15 @@ def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_s
             assert got["best_dominating"] is None
         rows = sum(u.judge_ppl[i] <= median and sign * u.reward[i] >= best for u in search for i in range(len(u.ids)))
         repeated += rows > len(want)  # trials where counting rows would be wrong
-        every = [(sign * r, p) for u in units for r, p in zip(u.reward, u.judge_ppl, strict=True)]
-        ref = (min(g for g, _ in every), max(p for _, p in every))
+        ref = (float(np.median(sign * base.reward)), 1000.0)
         assert (sign * got["hypervolume"]["reference"]["reward"], got["hypervolume"]["reference"]["judge_ppl"]) == ref
+        assert [c["cap"] for c in got["at_judge_ppl"]] == [30.0, 100.0, median]
+        for cap in got["at_judge_ppl"]:
+            s_best = [sign * u.reward[i] for u in search for i in range(len(u.ids)) if u.judge_ppl[i] <= cap["cap"]]
+            b_best = [sign * r for r, p in zip(base.reward, base.judge_ppl, strict=True) if p <= cap["cap"]]
+            assert cap["search"] == (sign * max(s_best) if s_best else None)
+            assert cap["best_of_n"] == (sign * max(b_best) if b_best else None)
+            assert cap["delta_sd"] == (pytest.approx(max(s_best) - max(b_best)) if s_best and b_best else None)
         s_gain = np.concatenate([sign * u.reward for u in search])
         assert got["hypervolume"]["search"] == pareto.hypervolume(
             s_gain, np.concatenate([u.judge_ppl for u in search]), ref)
@@ -535,12 +579,16 @@ def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tie
     texts = ["The cat sat on the mat.", "Love", " dog dog dog", "Freedom, obviously", "Love"]
     split = chat.split_chat(judge.tokenizer, PROMPT)
     got = []
-    for size in (64, 2):  # texts of different lengths share a batch, right-padded; "Love" twice runs once
-        got += zip(texts, judge_perplexities(judge, PROMPT, texts, batch_size=size), strict=True)
-    for text, ppl in got:
+    for size, end in ((64, False), (2, False), (64, True), (2, True)):
+        # texts of different lengths share a batch, right-padded; "Love" twice runs once; whole turns: the end of
+        # turn after the text counts
+        got += zip(texts, judge_perplexities(judge, PROMPT, texts, batch_size=size, end_of_turn=end),
+                   [end] * len(texts), strict=True)
+    for text, ppl, end in got:
         full = chat.Conversations(judge.tokenizer, PROMPT).token_ids([text])[0]
         start, stop = len(split.prefix), len(full) - len(split.suffix)
-        mean = _torch_mean_log_prob(hf, full, start, stop)
+        assert full[stop] == split.suffix[0]
+        mean = _torch_mean_log_prob(hf, full, start, stop + end)
         atol = tolerance.logprobs_atol(judge.params, judge.config, np.asarray([full], np.int32))
         assert abs(np.log(ppl) + mean) <= atol, (text, np.log(ppl), -mean)
 
@@ -587,10 +635,27 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     assert len(drawn) == 4 and all(drawn) and not drawn[0] & drawn[1] and not drawn[2] & drawn[3]
     assert drawn[0] == drawn[2]
     table = __import__("pandas").read_csv(csv, keep_default_na=False)
-    assert list(table.columns) == ["direction", "lambda", "method", "rank", "ids", "text", "roundtrip", "reward",
-                                   "reward_z", "prior_logp", "judge_ppl", "forwards"]
+    assert list(table.columns) == ["direction", "lambda", "method", "rank", "ids", "text", "roundtrip", "ends_turn",
+                                   "completed_text", "reward", "reward_z", "prior_logp", "judge_ppl",
+                                   "completed_reward", "forwards"]
+    # the completion check: each completed text starts with its text (equal where the prior ends the turn there),
+    # and its reward is what the score job gives that text
+    from rmjax.scoring.texts import score_texts
+
+    texts, completed = [json.loads(t) for t in table.text], [json.loads(t) for t in table.completed_text]
+    assert all(c.startswith(t) for t, c in zip(texts, completed, strict=True))
+    assert all(c == t for t, c, e in zip(texts, completed, table.ends_turn, strict=True) if e)
+    assert (np.asarray(completed) != np.asarray(texts)).any()
+    some = list(dict.fromkeys(completed))[:6]
+    rm = load(str(rm_folder))
+    want = dict(zip(some, score_texts(rm, {"greatest": PROMPT}, some)["greatest"], strict=True))
+    got = table.groupby(table.completed_text.map(json.loads)).completed_reward.first()
+    np.testing.assert_allclose([got[t] for t in some], [want[t] for t in some], rtol=0,
+                               atol=tolerance.any_rewards_atol(rm.params, rm.config, 64))
     assert set(table.method) == {"search", "best_of_n"} and set(table.direction) == {"optimal", "pessimal"}
-    assert (table.forwards <= 200).all() and (out / "frontier.png").stat().st_size > 0
+    searched = table.method == "search"  # best-of-N gets the direction's pooled budget: every λ's together
+    assert (table.forwards[searched] <= 200).all() and (table.forwards[~searched] <= 2 * 200).all()
+    assert (table.forwards[~searched] > 2 * 200 - 3).all() and (out / "frontier.png").stat().st_size > 0
     meta = json.loads((out / "frontier.csv.meta.json").read_text())
     assert set(meta["summary"]) == {"optimal", "pessimal"}
 
@@ -616,10 +681,14 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     # the λ = 0 search after the resume was given exactly the λ = 1 rows the CSV holds, with their terms
     written = table[(table.direction == "optimal") & (table["lambda"] == 1.0) & (table.method == "search")]
     ids, reward, logp = seeds_given[0]
-    assert sorted(" ".join(map(str, row)) for row in ids.tolist()) == sorted(written.ids)
+    from rmjax.loading import config_and_tokenizer
+
+    end = chat.split_chat(config_and_tokenizer(str(rm_folder))[1], PROMPT).suffix[0]  # fills a short turn's slots
+    keys = [" ".join(map(str, turns.tokens(row, end))) for row in ids.tolist()]
+    assert sorted(keys) == sorted(written.ids)
     by_ids = dict(zip(written.ids, zip(written.reward, written.prior_logp, strict=True), strict=True))
     np.testing.assert_allclose(  # the CSV keeps 9 significant digits: off by at most half a unit of the 9th
-        [by_ids[" ".join(map(str, r))] for r in ids.tolist()], np.stack([reward, logp], 1), rtol=5.1e-9, atol=0)
+        [by_ids[k] for k in keys], np.stack([reward, logp], 1), rtol=5.1e-9, atol=0)
     assert seeds_given[2] is None  # best-of-N takes no seeds
 
     # refusals, each before the models load (the RM here unties its embeddings: no prior of its own)

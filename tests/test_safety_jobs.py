@@ -148,15 +148,16 @@ def _prefix_and_suffix(folder, text: str) -> tuple[int, int]:
 
 def test_a_budget_that_buys_no_candidate_is_refused_naming_the_minimum(rm_folder, lm_folder, tmp_path, monkeypatch):
     """--forwards=1 ended in the search's internal BudgetSpent traceback (the prompt's prefill alone passed it).
-    The least budget: the prefill (prefix positions over each model's unit: N + S for the RM, N for the prior)
-    plus one sampled and scored response (2 forwards), and those 2 within --start_share (0.4) of it."""
+    The least budget: the prefill (prefix positions over each model's unit: N + S for the RM, N + 1 for the
+    prior, which reads a whole turn's end too) plus one sampled and scored response (2 forwards), and those 2
+    within --start_share (0.4) of it."""
     from rmjax.search.frontier_job import csv_path, run_frontier
     from rmjax.text.prompts import resolve_prompts
 
     text = resolve_prompts(["greatest"], [])["greatest"]
     (rm_prefix, suffix), (lm_prefix, _) = _prefix_and_suffix(rm_folder, text), _prefix_and_suffix(lm_folder, text)
     n = 2
-    need = math.ceil(max(Fraction(rm_prefix, n + suffix) + Fraction(lm_prefix, n) + 2, 2 / Fraction(0.4)))
+    need = math.ceil(max(Fraction(rm_prefix, n + suffix) + Fraction(lm_prefix, n + 1) + 2, 2 / Fraction(0.4)))
     assert need <= FORWARDS, "FORWARDS, the other frontier runs' budget, buys no candidate"
     out = tmp_path / "f"
     with monkeypatch.context() as patch:
@@ -167,7 +168,8 @@ def test_a_budget_that_buys_no_candidate_is_refused_naming_the_minimum(rm_folder
     assert not csv_path(out).exists()
     run_frontier(frontier_spec(rm_folder, lm_folder, out, forwards=need, temperature=0.5))
     table = pd.read_csv(csv_path(out), keep_default_na=False)
-    assert set(table.method) == {"search", "best_of_n"} and (table.forwards <= need).all()
+    lambdas = len(frontier_spec(rm_folder, lm_folder, out).config.lambdas)  # best-of-N: every λ's budget pooled
+    assert set(table.method) == {"search", "best_of_n"} and (table.forwards <= need * lambdas).all()
 
 
 def test_float_settings_are_positive_numbers_not_integers(tmp_path):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rmjax.errors import PromptTooLongError
+from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.scoring.prefix import prefill_prefix
@@ -56,13 +56,21 @@ def check_room(judge: Model, prompt: str, prefix: int, suffix: int, texts: list[
 
 
 def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: str = "auto",
-                       batch_size: int = 64) -> np.ndarray:
+                       batch_size: int = 64, end_of_turn: bool = False) -> np.ndarray:
     """exp(−mean log p) of each text's judge tokens after the prompt [W] float64; NaN for a text with no token.
-    Each distinct text runs once; texts sorted by token count share batches, each right-padded to its longest
-    (causal: the padding after a text's tokens changes none of its log-probs), so few rows are padding."""
+    With `end_of_turn` (whole responses, rmjax.search.turns), the judge's end of turn after them counts too: a
+    fragment the judge would not stop on reads as less fluent. Each distinct text runs once; texts sorted by token
+    count share batches, each right-padded to its longest (causal: the padding after a text's tokens changes none
+    of its log-probs), so few rows are padding."""
     require_lm_head(judge)
     distinct = list(dict.fromkeys(texts))
     prefix, rows = judge_tokens(judge, prompt, distinct, template)
+    if end_of_turn:
+        suffix = chat.split_chat(judge.tokenizer, prompt, template).suffix
+        if not suffix:
+            raise UsageError(f"the judge {judge.source}'s template puts no end of turn after a response: give a "
+                             "judge with a chat template.")
+        rows = [[*r, suffix[0]] if r else r for r in rows]
     ppl = np.full(len(distinct), np.nan)
     cache, first = prefill_prefix(judge, prefix), first_token_log_probs(judge, list(prefix))
     order = sorted((i for i, r in enumerate(rows) if r), key=lambda i: len(rows[i]))

@@ -113,7 +113,8 @@ def _picked_log_probs(model, hidden: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
-                   variants: np.ndarray, rows: int, log_probs: bool = False) -> np.ndarray | tuple[np.ndarray, ...]:
+                   variants: np.ndarray | list, rows: int, log_probs: bool = False, longest: int | None = None
+                   ) -> np.ndarray | tuple[np.ndarray, ...]:
     """Rewards of responses [W, N] that each equal `current` [N] up to their first changed position (GCG's
     candidates): `extended`, the cache of prefix + current (extend_prefix, or append_kv after GCG's gradient),
     serves every variant's unchanged head, so a variant runs only from its first change on (+ suffix). The
@@ -127,31 +128,37 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
 
     A NaN/Inf tail makes every tail of its row NaN: the mask gives its keys weight 0, but 0 x NaN is NaN in the
     weights x values product. So each non-finite result that shared its row is scored again alone, and no
-    variant's score depends on which variants shared its row (a NaN is rare: the second pass costs little)."""
+    variant's score depends on which variants shared its row (a NaN is rare: the second pass costs little).
+
+    Variants may differ in length from current and from each other (whole turns, rmjax.search.turns: a list of
+    rows, each at most `longest` tokens, which sets the rows' width): each runs from its first change to its own
+    end, then the suffix."""
     if not len(variants):
         return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
     n, tail = len(current), len(suffix)
+    variants = [np.asarray(v) for v in variants]
     first = first_changes(current, variants)
-    packed = pack(n - first + tail, (n + tail) + (1 + tail))
-    out, summed = _score_packed(model, extended, suffix, current, variants, first, packed, rows, log_probs)
+    spans = np.asarray([len(v) - f + tail for v, f in zip(variants, first, strict=True)])
+    width = (max(n, longest or 0, max(len(v) for v in variants)) + tail) + (1 + tail)
+    packed = pack(spans, width)
+    out, summed = _score_packed(model, extended, suffix, current, variants, first, packed, rows, log_probs, width)
     shared = np.zeros(len(variants), bool)
     for members in packed:
         shared[members] = len(members) > 1
     again = np.flatnonzero(shared & ~(np.isfinite(out) & np.isfinite(summed)))
     if len(again):
         alone = _score_packed(model, extended, suffix, current, variants, first, [[int(i)] for i in again], rows,
-                              log_probs)
+                              log_probs, width)
         out[again], summed[again] = alone[0][again], alone[1][again]
     return (out, summed) if log_probs else out
 
 
 def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
-                  variants: np.ndarray, first: np.ndarray, packed: list[list[int]], rows: int,
-                  log_probs: bool) -> tuple[np.ndarray, np.ndarray]:
+                  variants: list[np.ndarray], first: np.ndarray, packed: list[list[int]], rows: int,
+                  log_probs: bool, width: int) -> tuple[np.ndarray, np.ndarray]:
     """score_variants' forward of the variants' tails placed as `packed` says (the variants in each row): their
     rewards [W] and summed log-probabilities [W] (zeros without `log_probs`), zero for variants in no row."""
     n, tail = len(current), len(suffix)
-    width = (n + tail) + (1 + tail)
     slots = width // (1 + tail)  # the most tails a row can hold
     calls = -(-len(packed) // rows)
     per_call = batching.round_up(batching.bucket(-(-len(packed) // calls), 8), model.mesh)
@@ -162,9 +169,10 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
     for r, members in enumerate(packed):
         at = 0
         for slot, i in enumerate(members):
-            span = slice(at, at + n - first[i] + tail)
-            ids[r, span] = np.concatenate([variants[i, first[i] :], suffix])
-            rel[r, span] = np.arange(first[i], n + tail)  # positions after the prompt
+            own = len(variants[i])
+            span = slice(at, at + own - first[i] + tail)
+            ids[r, span] = np.concatenate([variants[i][first[i] :], suffix])
+            rel[r, span] = np.arange(first[i], own + tail)  # positions after the prompt
             segment[r, span], cache_end[r, span] = slot, cache_width - n + first[i]
             last[r, slot], owner[r, slot] = span.stop - 1, i
             at = span.stop
@@ -182,15 +190,25 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
         for r, slot in zip(*np.nonzero(who >= 0), strict=True):
             i, stop = who[r, slot], last[start + r, slot] - tail  # the span's last response token
             if picked is not None:  # token j + 1 read at position j, from the first changed token on
-                summed[i] = picked[r, stop - (n - first[i]) + 2 : stop + 1].sum()
+                summed[i] = picked[r, stop - (len(variants[i]) - first[i]) + 2 : stop + 1].sum()
     return out, summed
 
 
-def first_changes(current: np.ndarray, variants: np.ndarray) -> np.ndarray:
-    """Each variant's first position that differs from `current` (score_variants runs it from there on: n - first
-    + len(suffix) positions); an unchanged variant reruns its last token."""
-    changed = np.asarray(variants) != np.asarray(current)[None]
-    return np.where(changed.any(1), changed.argmax(1), len(current) - 1)
+def first_changes(current: np.ndarray, variants: np.ndarray | list) -> np.ndarray:
+    """Each variant's first position that differs from `current` (score_variants runs it from there on: its length
+    − first + len(suffix) positions); an unchanged variant reruns its last token. Variants of other lengths (whole
+    turns) differ where they first differ, or where the shorter ends."""
+    current = np.asarray(current)
+    if isinstance(variants, np.ndarray) and variants.ndim == 2 and variants.shape[1] == len(current):
+        changed = variants != current[None]
+        return np.where(changed.any(1), changed.argmax(1), len(current) - 1)
+    out = np.zeros(len(variants), np.int64)
+    for i, v in enumerate(variants):
+        v = np.asarray(v)
+        common = min(len(v), len(current))
+        diff = np.flatnonzero(v[:common] != current[:common])
+        out[i] = diff[0] if len(diff) else (common if len(v) != len(current) else len(current) - 1)
+    return out
 
 
 def variants_scorer(cfg: ModelConfig, mesh, cache_width: int, n: int, rows: int, slots: int, column: int = 0,
@@ -243,8 +261,49 @@ def batch_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int = 0, log_
                     column=column)
 
 
+def _score_turns(cfg: ModelConfig, params, cache: nn.KVCache, rows, read, first=None, *, column: int,
+                 tail: int = 1):
+    """Whole turns (score_responses with `lengths`): rows [B, T] of response + suffix + padding, the reward read
+    at `read` [B], the suffix's last position (causal: the padding after it changes nothing before it); with
+    `first`, the summed log-probabilities of each response's tokens and of the end of turn after them (the
+    suffix's first token: tokens 0..L of the row, L = read − `tail` + 1)."""
+    model = nn.module(params, cfg)
+    hidden = model(ids=rows, cache=cache).hidden
+    rewards = model.reward_head(hidden[jnp.arange(rows.shape[0]), read], cache.gate_input)[:, column]
+    if first is None:
+        return rewards
+    picked = _picked_log_probs(model, hidden, rows)  # column t: token t + 1
+    lengths = read - (tail - 1)
+    keep = jnp.arange(picked.shape[1])[None] < lengths[:, None]  # tokens 1..L
+    return rewards, first[rows[:, 0]] + jnp.where(keep, picked, 0.0).sum(axis=1)
+
+
+def turns_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int, suffix_length: int, log_probs: bool
+                 ) -> Compiled:
+    """The compiled scorer of whole turns (score_responses with `lengths`): (params, prefix cache, rows [B, T],
+    read [B](, first [V])) -> rewards [B] (, summed log-probabilities [B])."""
+    if log_probs:
+        return compiled(_score_turns, cfg, mesh, (PARAMS, Cache(1, cache_width), ROWS(2), ROWS(1), REPLICATED),
+                        (ROWS(1), ROWS(1)), column=column, tail=suffix_length)
+    return compiled(_score_turns, cfg, mesh, (PARAMS, Cache(1, cache_width), ROWS(2), ROWS(1)), ROWS(1),
+                    column=column)
+
+
+def turn_rows(responses: np.ndarray, lengths: np.ndarray, suffix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each response's first `lengths` tokens followed by the suffix, right-padded with 0 to N + S: rows [W, N + S]
+    and the position to read each reward at [W]."""
+    responses, suffix = np.asarray(responses, np.int32), np.asarray(suffix, np.int32)
+    n, tail = responses.shape[1], len(suffix)
+    rows = np.zeros((len(responses), n + tail), np.int32)
+    for i, length in enumerate(np.asarray(lengths).tolist()):
+        rows[i, :length] = responses[i, :length]
+        rows[i, length : length + tail] = suffix
+    return rows, np.asarray(lengths, np.int32) + tail - 1
+
+
 def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, batch_size: int,
-                    first: jax.Array | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+                    first: jax.Array | None = None, lengths: np.ndarray | None = None
+                    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Rewards of equal-length responses [W, N] after a cached prefix: [W] float32 (host loop). With `first` (the
     prefix's next-token log-probabilities [V], a model whose backbone ties its LM head: the same forward serves
     both), also each response's summed log-probabilities [W] float32 (issue 25's fluency term).
@@ -256,6 +315,8 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
     batch_size = min(batching.round_up(batch_size, model.mesh),
                      batching.rows_for(len(responses), batching.data_shards(model.mesh)))
     log_probs = first is not None
+    if lengths is not None:
+        return _score_turn_batches(model, cache, suffix, responses, lengths, batch_size, first)
     scorer = batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, log_probs)
     params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()
     pending = []
@@ -264,6 +325,29 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
         padded, _ = batching.pad_rows(part, responses.shape[1], num_rows=batch_size)
         scores = scorer(params, cache, batching.place(padded, model.mesh), suffix, *extra)
         pending.append((len(part), scores if log_probs else (scores,)))
+    if not pending:
+        return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
+    out = tuple(np.concatenate([to_host(r[k])[:n] for n, r in pending]).astype(np.float32)
+                for k in range(2 if log_probs else 1))
+    return out if log_probs else out[0]
+
+
+def _score_turn_batches(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, lengths: np.ndarray,
+                        batch_size: int, first: jax.Array | None):
+    """score_responses of whole turns of `lengths` tokens (each response's first L of its N slots)."""
+    suffix = np.asarray(to_host(suffix) if isinstance(suffix, jax.Array) else suffix, np.int32)
+    rows, read = turn_rows(responses, lengths, suffix)
+    log_probs = first is not None
+    scorer = turns_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, len(suffix), log_probs)
+    params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()
+    pending = []
+    for start in range(0, len(rows), batch_size):
+        part = slice(start, start + batch_size)
+        padded, _ = batching.pad_rows(rows[part], rows.shape[1], num_rows=batch_size)
+        at = np.full(batch_size, rows.shape[1] - 1, np.int32)
+        at[: len(read[part])] = read[part]
+        out = scorer(params, cache, batching.place(padded, model.mesh), batching.place(at, model.mesh), *extra)
+        pending.append((len(read[part]), out if log_probs else (out,)))
     if not pending:
         return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
     out = tuple(np.concatenate([to_host(r[k])[:n] for n, r in pending]).astype(np.float32)

@@ -132,40 +132,50 @@ def every_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.n
 
 
 def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, key, *, rows: int, length: int,
-            temperature: float):
+            temperature: float, end: int | None = None, end_from: int = 1):
     """`rows` responses of `length` tokens drawn from the prior after the prefix `cache` (banned tokens never),
     each step one new position against the growing cache; with each token's log-probability under the prior
-    itself (not the banned-renormalized, tempered distribution it was drawn from)."""
+    itself (not the banned-renormalized, tempered distribution it was drawn from). With `end` (whole turns), the
+    end of turn may be drawn from step `end_from` on (what follows it is not the response: the caller cuts it),
+    and one more step gives its log-probability after all `length` tokens: log-probabilities [rows, length + 1]."""
     model = nn.module(params, cfg)
     ids, lps, logp = [], [], jnp.broadcast_to(first, (rows, first.shape[0]))
     for step, step_key in enumerate(jax.random.split(key, length)):
         logits = jnp.where(banned[None], -jnp.inf, logp / temperature)
+        if end is not None and step >= end_from:
+            logits = logits.at[:, end].set(logp[:, end] / temperature)
         token = ops.sample_categorical(step_key, logits).astype(jnp.int32)
         ids.append(token)
         lps.append(jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0])
-        if step + 1 < length:
+        if step + 1 < length or end is not None:
             out = model(ids=token[:, None], cache=cache)
             cache = cache.append(out.kv)
             logp = jax.nn.log_softmax(model.lm_logits(out.hidden[:, -1]).astype(jnp.float32), axis=-1)
+    if end is not None:
+        lps.append(logp[:, end])
     return jnp.stack(ids, axis=1), jnp.stack(lps, axis=1)
 
 
-def sample_call(cfg: ModelConfig, mesh, cache_width: int, rows: int, length: int, temperature: float) -> Compiled:
+def sample_call(cfg: ModelConfig, mesh, cache_width: int, rows: int, length: int, temperature: float,
+                end: int | None = None, end_from: int = 1) -> Compiled:
     """The compiled sampler: (params, prefix cache [1, cache_width], first [V], banned [V], key) -> (ids [rows,
-    length], log-probabilities [rows, length])."""
+    length], log-probabilities [rows, length (+ 1 with `end`)])."""
     return compiled(_sample, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED, None),
-                    (REPLICATED, REPLICATED), rows=rows, length=length, temperature=temperature)
+                    (REPLICATED, REPLICATED), rows=rows, length=length, temperature=temperature, end=end,
+                    end_from=end_from)
 
 
 def sample_responses(model: Model, cache: nn.KVCache, first: jax.Array, banned: np.ndarray, count: int,
-                     length: int, seed: int, temperature: float = 1.0, batch_size: int = 64
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     length: int, seed: int, temperature: float = 1.0, batch_size: int = 64,
+                     end: int | None = None, end_from: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """`count` responses of `length` tokens sampled from the prior (never a `banned` token): ids [count, length]
     and each token's log-probability under the prior [count, length]. Batch b draws with key fold_in(seed, b),
-    so the first k samples are the same whatever `count` is."""
+    so the first k samples are the same whatever `count` is. With `end` (whole turns: _sample), the end of turn
+    may be drawn from step `end_from` on, and the log-probabilities have one more column: the end of turn's after
+    all `length` tokens."""
     require_lm_head(model)
     rows = batching.round_up(min(batch_size, max(count, 1)), model.mesh)
-    call = sample_call(model.config, model.mesh, cache.k.shape[2], rows, length, float(temperature))
+    call = sample_call(model.config, model.mesh, cache.k.shape[2], rows, length, float(temperature), end, end_from)
     params = declared_params(model)
     never = np.ones(first.shape[0], bool)  # tokens past the banned list's vocabulary are never drawn
     never[: min(len(banned), len(never))] = np.asarray(banned)[: len(never)]
@@ -173,7 +183,7 @@ def sample_responses(model: Model, cache: nn.KVCache, first: jax.Array, banned: 
     pending = [call(params, cache, first, banned, jax.random.fold_in(jax.random.key(seed), b))
                for b in range(-(-count // rows))]
     if not pending:
-        return np.zeros((0, length), np.int32), np.zeros((0, length), np.float32)
+        return np.zeros((0, length), np.int32), np.zeros((0, length + (end is not None)), np.float32)
     ids = np.concatenate([to_host(i) for i, _ in pending])[:count]
     lps = np.concatenate([to_host(lp) for _, lp in pending])[:count]
     return ids.astype(np.int32), lps.astype(np.float32)

@@ -37,8 +37,9 @@ from rmjax.checks import setting
 from rmjax.errors import UsageError
 from rmjax.parallel.distributed import to_host
 from rmjax.scoring import prior as prior_lib
+from rmjax.search import turns
 from rmjax.search.gcg_config import GCGConfig
-from rmjax.search.gcg_swaps import RetokenizationCheck, filter_candidates, sample_candidates, survives, swap_scores
+from rmjax.search.gcg_swaps import RetokenizationCheck, sample_candidates, survives, swap_scores
 from rmjax.search.objective import BudgetSpent, Objective, Values
 
 BUFFER_TRIES = 4  # buffer entries a step tries before the search counts as stuck
@@ -64,13 +65,18 @@ class FluentConfig:
                              "many; 0 or 1: none merged.")
     buffer_size: int = setting(8, "Best sequences GCG keeps.")
     start_share: float = setting(0.4, "Share of the budget the starts (samples and beam) may spend.")
-    temperature: float = setting(1.0, "Sampling temperature of the prior (starts and best-of-N).")
+    temperature: float = setting(1.0, "Sampling temperature of the prior's starts and tails.")
+    best_of_n_temperatures: tuple[float, ...] = setting((0.7, 1.0), "Best-of-N draws equal shares of its samples "
+                                                                    "at each of these temperatures.")
     seed: int = setting(0, "Random seed.")
 
     def __post_init__(self):
+        object.__setattr__(self, "best_of_n_temperatures", tuple(float(t) for t in self.best_of_n_temperatures))
         checks.validate(self, {"resamples": checks.NON_NEGATIVE, "merges": checks.NON_NEGATIVE}
                         | {n: checks.POSITIVE for n in ("num_tokens", "samples", "beam", "proposals", "search_width",
                                                         "topk", "buffer_size", "temperature")}
+                        | {"best_of_n_temperatures": (lambda v: len(v) > 0 and all(t > 0 for t in v),
+                                                      "positive temperatures")}
                         | {"start_share": (lambda v: 0 < v < 1, "a share in (0, 1)"),
                            "sample_share": (lambda v: 0 <= v < 1, "a share in [0, 1)"),
                            "exact_limit": checks.NON_NEGATIVE,
@@ -128,7 +134,7 @@ def fluent_search(objective: Objective, cfg: FluentConfig, banned: np.ndarray,
     archive, seen = _Archive(forwards), set()
     if seeds is not None and len(seeds[0]):
         ids, reward, logp = (np.asarray(a) for a in seeds)
-        keep = _fresh(ids, retokenize, seen)
+        keep = _fresh(ids, retokenize, seen, objective.end)
         if keep.any():
             archive.add(ids[keep], objective.values(reward[keep], logp[keep], ids[keep]))
     allowed = np.flatnonzero(~banned)
@@ -157,28 +163,40 @@ def _sample_starts(objective: Objective, cfg: FluentConfig, banned, retokenize, 
                    budget: int, exact: bool) -> None:
     """--samples prior samples; at λ > 0 (or exploring, outside exact mode) as many as sample_share of the budget
     buys, if more (the fluent starts)."""
-    prior, n, forwards = objective.prior, cfg.num_tokens, objective.forwards
-    per_sample = forwards.cost(n + len(objective.target.suffix), n)
+    prior, n, forwards, end = objective.prior, cfg.num_tokens, objective.forwards, objective.end
+    per_sample = forwards.cost(n + len(objective.target.suffix), n + 1)  # at most: a whole turn of N tokens
     count = cfg.samples
     if objective.uses_prior or (cfg.explore and not exact):
         count = max(count, int(Fraction(cfg.sample_share) * budget // per_sample))
     count = min(count, int(forwards.left // per_sample))  # what the starts' share has left
     if count == 0:
         return
-    forwards.charge(0, count * n)
+    forwards.charge(0, count * (n + 1))
     ids, lps = prior_lib.sample_responses(prior.model, prior.cache, prior.first, banned, count, n, cfg.seed,
-                                          cfg.temperature)
-    keep = _fresh(ids, retokenize, seen)
+                                          cfg.temperature, end=end)
+    ids = turns.canonical(ids, end)
+    keep = _fresh(ids, retokenize, seen, end)
     if keep.any():
-        archive.add(ids[keep], objective.score(ids[keep], known_logp=lps[keep].mean(axis=1)))
+        archive.add(ids[keep], objective.score(ids[keep], known_logp=turn_means(lps[keep], ids[keep], end)))
 
 
-def _fresh(cands: np.ndarray, retokenize, seen: set) -> np.ndarray:
-    """Mask of the first occurrence of each candidate not seen before that passes the re-tokenization filter;
-    they join `seen`."""
+def turn_means(lps: np.ndarray, ids: np.ndarray, end: int, head: float | np.ndarray = 0.0, kept: int = 0
+               ) -> np.ndarray:
+    """Mean log-prob of whole turns [W, N] from a sampler's log-probs of their slots after the first `kept`
+    (prior.sample_responses with `end`: [W, N − kept + 1], the end of turn's included) and the kept tokens'
+    summed log-prob `head`: over each turn's L tokens and its end of turn."""
+    size = turns.lengths(ids, end)
+    within = np.arange(lps.shape[1])[None] <= (size - kept)[:, None]
+    return (head + np.where(within, lps.astype(np.float64), 0.0).sum(axis=1)) / (size + 1)
+
+
+def _fresh(cands: np.ndarray, retokenize, seen: set, end: int) -> np.ndarray:
+    """Mask of the first occurrence of each candidate (a whole turn of at least one token) not seen before that
+    passes the re-tokenization filter; they join `seen`."""
     keep = np.zeros(len(cands), bool)
     for i, row in enumerate(np.asarray(cands).tolist()):
-        if tuple(row) not in seen and all(survives(c, row) for c in retokenize):
+        body = turns.tokens(row, end)
+        if body and tuple(row) not in seen and all(survives(c, body) for c in retokenize):
             seen.add(tuple(row))
             keep[i] = True
     return keep
@@ -187,8 +205,8 @@ def _fresh(cands: np.ndarray, retokenize, seen: set) -> np.ndarray:
 def _beam_starts(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, retokenize,
                  archive: _Archive, seen, progress) -> None:
     """Level by level: each kept partial extended by every allowed token (exact) or the prior's top proposals,
-    the K best by J kept; the last level's sequences join the archive."""
-    n, partials = cfg.num_tokens, np.zeros((1, 0), np.int64)
+    the K best by J kept. Every level's sequences are whole turns of their length: they join the archive."""
+    n, partials, end = cfg.num_tokens, np.zeros((1, 0), np.int64), objective.end
     banned_on_device = jnp.asarray(banned)
     for depth in range(1, n + 1):
         if exact:
@@ -197,10 +215,15 @@ def _beam_starts(objective: Objective, cfg: FluentConfig, banned, allowed, exact
             lp = objective.next_token_log_probs(partials)[:, : len(banned)]
             tokens = to_host(jax.lax.top_k(jnp.where(banned_on_device[None], -jnp.inf, lp), cfg.proposals)[1])
         cands = np.concatenate([np.repeat(partials, tokens.shape[1], axis=0), tokens.reshape(-1, 1)], axis=1)
+        whole = turns.from_turns(cands, n, end)
         if depth < n:
             values = objective.score_partials(cands)
+            keep = _fresh(whole, retokenize, seen, end)
+            if keep.any():
+                archive.add(whole[keep], Values(*(np.asarray(getattr(values, f.name))[keep]
+                                                  for f in dataclasses.fields(Values))))
         else:
-            cands = cands[_fresh(cands, retokenize, seen)]
+            cands = cands[_fresh(whole, retokenize, seen, end)]
             if not len(cands):
                 return
             values = objective.score(cands)
@@ -228,9 +251,8 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
                 cands = None
                 for shift in range(n):
                     p = (position + shift) % n
-                    swaps = np.repeat(current[None], len(allowed), axis=0)
-                    swaps[:, p] = allowed
-                    keep = _fresh(swaps, retokenize, seen)
+                    swaps = _coordinate(current, p, allowed, objective.end)
+                    keep = _fresh(swaps, retokenize, seen, objective.end)
                     if keep.any():
                         cands, position = swaps[keep], (p + 1) % n
                         break
@@ -242,8 +264,10 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
                 loss, extended, every = objective.gradient(current, cfg.explore)  # λ = 0, no explore: None
                 objective.check_gradient(loss, banned_on_device, current)  # NaN/Inf: refused, or counted
                 step_key = jax.random.fold_in(key, step * BUFFER_TRIES + attempt)
-                cands = _proposals(current, loss, every, banned_on_device, gcg_cfg, cfg, step_key)
-                cands, _ = filter_candidates(cands, retokenize, gcg_cfg, seen)
+                cands = _whole(_proposals(turns.turn(current, objective.end), loss, every, banned_on_device, gcg_cfg,
+                                          cfg, step_key), current, objective.end)
+                cands = np.unique(np.concatenate([cands, turns.moves(current, objective.end)]), axis=0)
+                cands = cands[_fresh(cands, retokenize, seen, objective.end)]
                 if not len(cands):
                     spent.add(tuple(current.tolist()))
                     continue
@@ -261,6 +285,29 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
         else:
             if exact or len(order) <= BUFFER_TRIES:
                 return True  # nothing evaluated so far has a new neighbour to propose
+
+
+def _coordinate(current: np.ndarray, p: int, allowed: np.ndarray, end: int) -> np.ndarray:
+    """Exact mode's step at slot p of a whole turn of L tokens: every allowed token there (at p = L: one more token
+    before the end), and the turn cut at p and without its token p."""
+    size = int(turns.lengths(current[None], end)[0])
+    if p > size:
+        return np.zeros((0, len(current)), np.int32)
+    swaps = np.repeat(current[None], len(allowed), axis=0)
+    swaps[:, p] = allowed
+    body = turns.tokens(current, end)
+    shorter = [body[:p], body[:p] + body[p + 1 :]] if p < size else []
+    return np.concatenate([swaps, turns.from_turns([t for t in shorter if t], len(current), end)])
+
+
+def _whole(proposals: np.ndarray, current: np.ndarray, end: int) -> np.ndarray:
+    """Swaps of current's turn form [W, L + 1] as N-slot whole turns: a swap at the end of turn's slot puts one
+    more token before it (none past N)."""
+    n, size = len(current), proposals.shape[1] - 1
+    grown = proposals[:, size] != end
+    if size == n:
+        proposals = proposals[~grown]
+    return turns.from_turns(proposals, n, end)
 
 
 def _merge_improvements(objective: Objective, cfg: FluentConfig, current: np.ndarray, current_j: float,
@@ -285,7 +332,7 @@ def _merge_improvements(objective: Objective, cfg: FluentConfig, current: np.nda
     if not merged:
         return
     merged = np.asarray(merged)
-    merged = merged[_fresh(merged, retokenize, seen)]
+    merged = merged[_fresh(merged, retokenize, seen, objective.end)]
     if len(merged):
         merged = _affordable(objective, merged, current, every)
         archive.add(merged, objective.score(merged, current, extended, every=every))
@@ -314,17 +361,18 @@ def _resample_tails(objective: Objective, cfg: FluentConfig, current: np.ndarray
     """`resamples` responses that keep current's first j tokens (j drawn per step) and draw the rest from the prior,
     scored from their first change; their log-probs are the sampler's and current's own (`every`), so the prior
     runs only to draw (and, when it is not the RM, to extend its cache by the j kept tokens)."""
-    prior, n = objective.prior, len(current)
-    j = int(np.random.default_rng([cfg.seed, step]).integers(0, n))
+    prior, n, end = objective.prior, len(current), objective.end
+    j = int(np.random.default_rng([cfg.seed, step]).integers(0, turns.lengths(current[None], end)[0]))
     cache = objective.prior_cache_after(current, j, extended)
-    objective.forwards.charge(0, cfg.resamples * (n - j))
+    objective.forwards.charge(0, cfg.resamples * (n - j + 1))
     tails, lps = prior_lib.sample_responses(prior.model, cache, every[j], banned, cfg.resamples, n - j,
-                                            (cfg.seed * 1_000_003 + step) % 2**32, cfg.temperature)
-    cands = np.concatenate([np.repeat(current[None, :j], len(tails), axis=0), tails], axis=1)
-    own = float(to_host(every[np.arange(j), current[:j]]).astype(np.float64).sum())  # j entries, not [N, V]
-    keep = _fresh(cands, retokenize, seen)
+                                            (cfg.seed * 1_000_003 + step) % 2**32, cfg.temperature, end=end,
+                                            end_from=0 if j else 1)
+    cands = turns.canonical(np.concatenate([np.repeat(current[None, :j], len(tails), axis=0), tails], axis=1), end)
+    own = float(to_host(every[np.arange(j), current[:j]]).astype(np.float64).sum())  # j entries, not [L + 1, V]
+    keep = _fresh(cands, retokenize, seen, end)
     if keep.any():
-        cands, known = cands[keep], (own + lps[keep].astype(np.float64).sum(axis=1)) / n
+        cands, known = cands[keep], turn_means(lps[keep], cands[keep], end, own, j)
         fits = len(_affordable(objective, cands, current, None, known=True))
         archive.add(cands[:fits], objective.score(cands[:fits], current, extended, known_logp=known[:fits]))
 
@@ -341,17 +389,29 @@ def _affordable(objective: Objective, cands: np.ndarray, current: np.ndarray, ev
 
 
 def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray) -> Found:
-    """As many prior samples as the budget left buys (one prior forward to sample, one RM forward to score each),
-    ranked by J; samples may repeat (each was paid for)."""
-    forwards, n = objective.forwards, cfg.num_tokens
-    per_sample = forwards.cost(n + len(objective.target.suffix), n)
+    """As many prior samples as the budget left buys, whole turns drawn in equal shares at each of
+    `best_of_n_temperatures`, ranked by J; samples may repeat (each was paid for). A sample costs one RM forward
+    when the RM is its own prior (the sampler's forward holds every position the reward reads but the suffix's),
+    else one prior forward to draw it and its RM positions to score it."""
+    forwards, n, end = objective.forwards, cfg.num_tokens, objective.end
+    full = n + len(objective.target.suffix)
+    own = objective.rm_is_prior
+    per_sample = forwards.cost(full) if own else forwards.cost(full, n + 1)
     count = int(forwards.left // per_sample)
     if count == 0:
         raise UsageError(f"--forwards={forwards.limit} buys no best-of-N sample; give a larger budget.")
-    forwards.charge(0, count * n)
-    ids, lps = prior_lib.sample_responses(objective.prior.model, objective.prior.cache, objective.prior.first,
-                                          banned, count, n, cfg.seed + 1, cfg.temperature)
-    values = objective.score(ids, known_logp=lps.mean(axis=1))
+    forwards.charge(count * full if own else 0, 0 if own else count * (n + 1))
+    temperatures = cfg.best_of_n_temperatures
+    shares = [count // len(temperatures) + (k < count % len(temperatures)) for k in range(len(temperatures))]
+    ids, lps = [], []
+    for k, (share, temperature) in enumerate(zip(shares, temperatures, strict=True)):
+        drawn, lp = prior_lib.sample_responses(objective.prior.model, objective.prior.cache, objective.prior.first,
+                                               banned, share, n, cfg.seed + 1 + k, temperature, end=end)
+        ids.append(turns.canonical(drawn, end))
+        lps.append(lp)
+    ids, lps = np.concatenate(ids), np.concatenate(lps)
+    known = turn_means(lps, ids, end)
+    values = objective.score_paid(ids, known) if own else objective.score(ids, known_logp=known)
     best = int(np.lexsort((np.arange(count), -values.objective))[0])
     return Found(ids.astype(np.int64), values, forwards.spent,
                  [(float(forwards.spent), float(values.objective[best]), ids[best].tolist())])

@@ -35,8 +35,8 @@ def check_before_loading(spec, judge: str) -> None:
     if spec.lm:
         lm_cfg, lm_tokenizer = config_and_tokenizer(spec.lm)
         prior = chat.split_chat(lm_tokenizer, text, o.template)
-        try:  # the prior reads the prompt and the response (no suffix)
-            check_context(context_cfg, text, len(prior.prefix), 0, lm_cfg.max_position_embeddings)
+        try:  # the prior reads the prompt, the response and its end of turn
+            check_context(context_cfg, text, len(prior.prefix), 1, lm_cfg.max_position_embeddings)
         except PromptTooLongError as error:
             raise PromptTooLongError(f"the prior --lm={spec.lm}: {error}") from None
         prior_prefix = len(prior.prefix)
@@ -52,7 +52,7 @@ def check_before_loading(spec, judge: str) -> None:
 
 def prefill_cost(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int) -> Fraction:
     """Forwards the prompt's prefill costs (rmjax.search.objective: prefix positions over each model's unit)."""
-    return Fraction(rm_prefix, num_tokens + suffix) + Fraction(prior_prefix, num_tokens)
+    return Fraction(rm_prefix, num_tokens + suffix) + Fraction(prior_prefix, num_tokens + 1)
 
 
 def minimum_forwards(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int, start_share: float) -> int:

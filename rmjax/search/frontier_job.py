@@ -10,6 +10,7 @@ run is the CSV of one that never stopped.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,8 @@ from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.scoring.prefix import score_responses
-from rmjax.search import frontier_checks, frontier_out, pareto
+from rmjax.search import frontier_checks, frontier_out, pareto, turns
+from rmjax.search.completion import complete_responses
 from rmjax.search.fluent import FluentConfig, Found, best_of_n, fluent_search
 from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
@@ -107,7 +109,7 @@ def frontier_identity(spec: FrontierSpec, model_fp: dict, lm_fp: dict | None, ju
     return {"job": "frontier", "model": model_fp, "lm": lm_fp, "judge": {"spec": judge, "model": judge_fp},
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
-            "search": dataclasses.asdict(spec.search),
+            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)",
             "sweep": results.file_sha1(spec.sweep) if spec.sweep else None}
 
 
@@ -139,7 +141,8 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
         store = open_store(out, identity, 1)
         units = compute_units(rm, lm, judge_model, spec, store)
         rows = frontier_out.rows(units, spec.config, rm.tokenizer)
-        summary = frontier_out.summaries(units, spec.config)
+        _complete(rows, rm, lm, spec)
+        summary = frontier_out.summaries(units, spec.config, rows)
         job.finish(lambda path: frontier_out.write(path, rows, summary), allow_nonfinite=o.allow_nonfinite,
                    model=rm.source, lm=lm.source,
                    judge=judge_model.source, dtype=rm.dtype, mesh=dict(rm.mesh.shape) if rm.mesh else None,
@@ -153,6 +156,20 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
             store.remove()
             print(frontier_out.describe(summary, out), file=sys.stderr)
         return out
+
+
+def _complete(rows: list[dict], rm: Model, lm: Model, spec: FrontierSpec) -> None:
+    """The completion check of every written row (rmjax.search.completion: the prior continues it greedily to its
+    end of turn, the RM scores the completed text), each distinct response once; a check, not a search: outside
+    the forwards budget."""
+    prompt = next(iter(spec.prompts.values()))
+    distinct = list(dict.fromkeys(r["ids"] for r in rows))
+    done = complete_responses(rm, lm, prompt, [[int(t) for t in k.split()] for k in distinct], spec.options.template)
+    at = {k: i for i, k in enumerate(distinct)}
+    for r in rows:
+        i = at[r["ids"]]
+        r.update(ends_turn=int(done.ends_turn[i]), completed_reward=float(done.completed_reward[i]),
+                 completed_text=json.dumps(done.completed_text[i], ensure_ascii=False))
 
 
 def _read_sweep(spec: FrontierSpec, model_fp: dict) -> stages.StageInput:
@@ -200,6 +217,10 @@ class Unit:
     seconds: float = 0.0
     swaps_skipped: int = 0  # swaps of allowed tokens a NaN/Inf gradient entry kept from being proposed
     candidates_dropped: int = 0  # sequences scored with a NaN/Inf term, never kept (Objective._checked)
+    end: int = -1  # the end-of-turn id that fills the slots after a shorter response (rmjax.search.turns)
+
+    def texts(self, tokenizer) -> list[str]:
+        return turns.decode(tokenizer, self.ids, self.end)
 
     def meta(self) -> dict:
         return {"prompt": self.prompt, "direction": self.direction, "method": self.method, "lambda": self.lam,
@@ -212,12 +233,13 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
     lambdas = sorted(cfg.lambdas, reverse=True) if cfg.share else cfg.lambdas
     plan = [(p, d, m, lam) for p in spec.prompts for d in cfg.directions
             for m, lam in [*(("search", v) for v in lambdas), ("best_of_n", None)]]
-    progress = Progress(len(plan) * cfg.forwards, "frontier", unit="forwards", every=10.0)
+    progress = Progress(sum(_budget(cfg, m) for *_, m, _ in plan), "frontier", unit="forwards", every=10.0)
     units, ready = [], {}
     for index, (name, direction, method, lam) in enumerate(plan):
         key = f"u{index:04d}"
         if store.has(key):  # held to this run's finiteness rule, as a fresh unit (_finish)
-            units.append(_read(store, key, name, direction, method, lam, search.num_tokens))
+            units.append(_read(store, key, name, direction, method, lam, search.num_tokens,
+                               end_of_turn(rm, spec, name)))
             _check_terms(rm.tokenizer, units[-1], spec.options.allow_nonfinite,
                          f"frontier terms saved in {store.dir / f'chunk-{key}.npy'}")
             _check_counts(units[-1], spec.options.allow_nonfinite, store.dir / f"chunk-{key}.npy")
@@ -233,6 +255,18 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
     return units
 
 
+def _budget(cfg: FrontierConfig, method: str) -> int:
+    """A unit's forwards: --forwards for each λ's search, all of them pooled for best-of-N (equal compute: a
+    direction's searches spend len(lambdas) x --forwards together)."""
+    return cfg.forwards * (len(cfg.lambdas) if method == "best_of_n" else 1)
+
+
+def end_of_turn(rm: Model, spec: FrontierSpec, name: str) -> int:
+    """The end-of-turn id of the RM's template for this prompt (rmjax.search.turns)."""
+    split = chat.split_chat(rm.tokenizer, spec.prompts[name], spec.options.template)
+    return turns.end_of_turn(split.suffix, rm.source)
+
+
 @dataclasses.dataclass
 class _Prompt:
     target: Target
@@ -246,7 +280,13 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
     """A prompt's RM target, prior, allowed tokens, re-tokenization check and reward scale."""
     text, template = spec.prompts[name], spec.options.template
     target = make_target(rm, text, template)
-    prior = Prior.of(lm, target.prefix if lm is rm else chat.split_chat(lm.tokenizer, text, template).prefix)
+    end = turns.end_of_turn(target.suffix, rm.source)
+    if lm is not rm:
+        split = chat.split_chat(lm.tokenizer, text, template)
+        if turns.end_of_turn(split.suffix, lm.source) != end:
+            raise UsageError(f"--lm={lm.source} ends a turn with token {split.suffix[0]}, {rm.source} with {end}: "
+                             "whole responses need one end of turn; give a prior with the RM's chat template.")
+    prior = Prior.of(lm, target.prefix if lm is rm else split.prefix)
     gcg_cfg = spec.search.gcg(allow_non_ascii=spec.config.allow_non_ascii, template=template)
     banned = banned_tokens(rm, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, template), target.prefix, target.suffix)
@@ -282,7 +322,7 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
              seeds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Unit:
     cfg, search, started = spec.config, spec.search, time.perf_counter()
     n, tail = search.num_tokens, len(p.target.suffix)
-    forwards = Forwards(cfg.forwards, n + tail, n)
+    forwards = Forwards(_budget(cfg, method), n + tail, n + 1)
     # the prompt's prefill, once per model (the RM as its own prior: once)
     prior_prefix = len(p.prior.prefix) if p.prior.model is not p.target.model else 0
     try:
@@ -341,28 +381,28 @@ def _finish(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: 
             lam: float | None, found: Found, rows: np.ndarray, seconds: float) -> Unit:
     """The unit's rows with their report-only terms: the prior log-prob where the search did not run the prior
     (λ = 0), the judge's perplexity and the round trip; any NaN/Inf stops the job."""
-    ids, values = found.ids[rows], found.values
+    ids, values, end = found.ids[rows], found.values, turns.end_of_turn(p.target.suffix, p.target.model.source)
     logp = values.prior_logp[rows].copy()
     missing = ~np.isfinite(logp)
     if missing.any():
-        logp[missing] = p.prior.mean_log_probs(ids[missing])
+        logp[missing] = p.prior.mean_log_probs(ids[missing], end)
     tokenizer = p.target.model.tokenizer
-    texts = tokenizer.batch_decode(ids.tolist())
-    ppl = judge_perplexities(judge, spec.prompts[name], texts)  # in the judge's own template
+    texts = turns.decode(tokenizer, ids, end)
+    ppl = judge_perplexities(judge, spec.prompts[name], texts, end_of_turn=True)  # in the judge's own template
     check = RetokenizationCheck(chat.Conversations(tokenizer, spec.prompts[name], spec.options.template),
                                 p.target.prefix, p.target.suffix)
-    roundtrip = np.asarray([survives(check, row) for row in ids.tolist()])
+    roundtrip = np.asarray([survives(check, turns.tokens(row, end)) for row in ids.tolist()])
     reward = values.reward[rows]
     history = np.asarray([(f, j) for f, j, _ in found.history], np.float64).reshape(-1, 2)
     unit = Unit(name, direction, method, lam, ids, reward.astype(np.float64), logp.astype(np.float64), ppl,
-                roundtrip, float(found.spent), history, p.z, seconds)
+                roundtrip, float(found.spent), history, p.z, seconds, end=end)
     _check_terms(tokenizer, unit, spec.options.allow_nonfinite, "frontier terms")  # before the unit is stored
     return unit
 
 
 def _check_terms(tokenizer, u: Unit, allow: bool, what: str) -> None:
     """finite.check of a unit's reward, prior log-prob and judge perplexity (fresh, or read back)."""
-    texts = tokenizer.batch_decode(u.ids.tolist())
+    texts = u.texts(tokenizer)
     finite.check(np.stack([u.reward, u.prior_logp, u.judge_ppl], axis=1), what=what, allow=allow,
                  columns=["reward", "prior_logp", "judge_ppl"], row=lambda i: f"response {texts[i]!r}")
 
@@ -391,7 +431,7 @@ def _write(store: ChunkStore, key: str, u: Unit) -> None:
     store.write(key, np.vstack([header, columns, padded]))
 
 
-def _read(store: ChunkStore, key: str, name: str, direction: str, method: str, lam, n: int) -> Unit:
+def _read(store: ChunkStore, key: str, name: str, direction: str, method: str, lam, n: int, end: int) -> Unit:
     """A unit `_write` stored; any other array (another layout, another --num_tokens) is refused naming its file."""
     packed = store.load(key)
     ok = packed.dtype == np.float64 and packed.ndim == 2 and packed.shape[0] >= 3 and packed.shape[1] == n + 4
@@ -403,4 +443,4 @@ def _read(store: ChunkStore, key: str, name: str, direction: str, method: str, l
     columns, extra = packed[1:int(rows) + 1], packed[int(rows) + 1:, :2]
     return Unit(name, direction, method, lam, columns[:, :n].astype(np.int64), columns[:, n], columns[:, n + 1],
                 columns[:, n + 2], columns[:, n + 3].astype(bool), float(extra[0, 0]), extra[2:], tuple(extra[1]),
-                float(extra[0, 1]), int(skipped), int(dropped))
+                float(extra[0, 1]), int(skipped), int(dropped), end)

@@ -10,12 +10,15 @@ import numpy as np
 
 from rmjax.analysis import plots
 from rmjax.runs import results
-from rmjax.search import pareto
+from rmjax.search import pareto, turns
 from rmjax.search.objective import repetition
 
 FLUENT_PPL = 100.0  # judge perplexity at or below which a response counts as fluent (the fluency cost)
-COLUMNS = ("direction", "lambda", "method", "rank", "ids", "text", "roundtrip", "reward", "reward_z", "prior_logp",
-           "judge_ppl", "forwards")
+PPL_CAPS = (30.0, 100.0)  # the primary metric's judge-perplexity caps (and best-of-N's median)
+HV_PPL = 1000.0  # the hypervolume's fixed reference perplexity, inside the fluent band
+KEYS = ("direction", "lambda", "method", "rank", "ids", "text", "roundtrip", "ends_turn", "completed_text")
+VALUES = ("reward", "reward_z", "prior_logp", "judge_ppl", "completed_reward", "forwards")
+COLUMNS = KEYS + VALUES
 
 
 def png_path(csv: str | Path) -> Path:
@@ -24,7 +27,7 @@ def png_path(csv: str | Path) -> Path:
 
 def _objective(unit, lam: float, rho: float) -> np.ndarray:
     sign = 1.0 if unit.direction == "optimal" else -1.0
-    return sign * unit.reward + lam * (unit.prior_logp - rho * repetition(unit.ids))
+    return sign * unit.reward + lam * (unit.prior_logp - rho * repetition(unit.ids, unit.end))
 
 
 def rows(units, cfg, tokenizer) -> list[dict]:
@@ -47,18 +50,21 @@ def rows(units, cfg, tokenizer) -> list[dict]:
 def _rows_of(unit, lam: float, which, tokenizer) -> list[dict]:
     mean, sd = unit.z
     return [{"direction": unit.direction, "lambda": float(lam), "method": unit.method, "rank": rank + 1,
-             "ids": " ".join(map(str, unit.ids[i].tolist())),
-             "text": json.dumps(tokenizer.decode(unit.ids[i].tolist()), ensure_ascii=False),
+             "ids": " ".join(map(str, turns.tokens(unit.ids[i], unit.end))),
+             "text": json.dumps(tokenizer.decode(turns.tokens(unit.ids[i], unit.end)), ensure_ascii=False),
              "roundtrip": int(unit.roundtrip[i]), "reward": float(unit.reward[i]),
              "reward_z": (float(unit.reward[i]) - mean) / sd, "prior_logp": float(unit.prior_logp[i]),
              "judge_ppl": float(unit.judge_ppl[i]), "forwards": unit.forwards}
             for rank, i in enumerate(which)]
 
 
-def summaries(units, cfg) -> dict:
-    """Per direction: best-of-N's best reward and median judge perplexity over all its samples, the distinct
-    search responses that dominate both, each method's hypervolume from a shared reference point, the ratio, and
-    what fluency costs the search."""
+def summaries(units, cfg, table: list[dict] | None = None) -> dict:
+    """Per direction: the compute each method spent (best-of-N: the searches' pooled budget), the primary metric
+    (each method's best reward at judge perplexity ≤ each cap, and the difference in SDs of the single-token
+    rewards), best-of-N's best reward and median judge perplexity over all its samples, the distinct search
+    responses that dominate both, each method's hypervolume from a fixed reference inside the fluent band
+    (best-of-N's median reward, perplexity HV_PPL), what fluency costs the search, and (from the written rows'
+    completion check, `table`) the truncation gain: how much of a row's reward its stopping point earns."""
     out = {}
     for direction in cfg.directions:
         sign = 1.0 if direction == "optimal" else -1.0
@@ -66,7 +72,7 @@ def summaries(units, cfg) -> dict:
         base = next(u for u in units if u.direction == direction and u.method == "best_of_n")
         s_gain, s_ppl = sign * np.concatenate([u.reward for u in search]), np.concatenate([u.judge_ppl for u in search])
         b_gain, b_ppl = sign * base.reward, base.judge_ppl
-        ref = pareto.reference_point(np.concatenate([s_gain, b_gain]), np.concatenate([s_ppl, b_ppl]))
+        ref = (float(np.median(b_gain)), HV_PPL)
         median, best = float(np.median(b_ppl)), float(b_gain.max())
         dominating, seen = [], set()  # a response several λs wrote counts once
         for u in search:
@@ -75,15 +81,48 @@ def summaries(units, cfg) -> dict:
                     seen.add(tuple(u.ids[i].tolist()))
                     dominating.append((u, i))
         hv_search, hv_base = pareto.hypervolume(s_gain, s_ppl, ref), pareto.hypervolume(b_gain, b_ppl, ref)
+        sd = base.z[1]
         out[direction] = {
-            "best_of_n": {"samples": len(base.ids), "best_reward": sign * best, "median_judge_ppl": median},
+            "search_forwards": float(sum(u.forwards for u in search)),
+            "best_of_n": {"samples": len(base.ids), "forwards": float(base.forwards), "best_reward": sign * best,
+                          "median_judge_ppl": median},
+            "at_judge_ppl": [_at_cap(cap, s_gain, s_ppl, b_gain, b_ppl, sign, sd) for cap in (*PPL_CAPS, median)],
+            "compute_multiplier": None,  # measured by bench/frontier_findings.py (best-of-N at 1x..8x), not here
             "dominating_responses": len(dominating),
             "best_dominating": _most_rewarding(dominating, sign),
             "hypervolume": {"search": hv_search, "best_of_n": hv_base,
                             "ratio": hv_search / hv_base if hv_base > 0 else None,
                             "reference": {"reward": sign * ref[0], "judge_ppl": ref[1]}},
             "fluency_cost": _fluency_cost(search, sign),
+            "truncation_gain": None if table is None else truncation_gains(table, direction, base.z),
         }
+    return out
+
+
+def _at_cap(cap: float, s_gain, s_ppl, b_gain, b_ppl, sign: float, sd: float) -> dict:
+    """Each method's most rewarding response (by direction) at judge perplexity ≤ cap, and the search's lead in
+    SDs; ci95 comes from seeds (the findings bench), not one job."""
+    s = s_gain[s_ppl <= cap].max(initial=-np.inf)
+    b = b_gain[b_ppl <= cap].max(initial=-np.inf)
+    found = np.isfinite(s) and np.isfinite(b)
+    return {"cap": float(cap), "search": sign * float(s) if np.isfinite(s) else None,
+            "best_of_n": sign * float(b) if np.isfinite(b) else None,
+            "delta_sd": float((s - b) / sd) if found else None, "ci95": None}
+
+
+def truncation_gains(table: list[dict], direction: str, z: tuple[float, float]) -> dict:
+    """The written rows' truncation gain (direction-signed reward − completed_reward, in SDs of the single-token
+    rewards): median and share of rows whose prior would end the turn there, for the search at λ > 0, at λ = 0
+    and for best-of-N."""
+    sign, out = (1.0 if direction == "optimal" else -1.0), {}
+    groups = {"search": lambda r: r["method"] == "search" and r["lambda"] > 0,
+              "search_lambda0": lambda r: r["method"] == "search" and r["lambda"] == 0,
+              "best_of_n": lambda r: r["method"] == "best_of_n"}
+    for name, keep in groups.items():
+        mine = {r["ids"]: r for r in table if r["direction"] == direction and keep(r)}.values()  # distinct rows
+        gains = [sign * (r["reward"] - r["completed_reward"]) / z[1] for r in mine]
+        out[name] = {"rows": len(gains), "median_sd": float(np.median(gains)) if gains else None,
+                     "ends_turn": float(np.mean([r["ends_turn"] for r in mine])) if gains else None}
     return out
 
 
@@ -103,7 +142,7 @@ def _most_rewarding(rows, sign: float) -> dict | None:
     if not rows:
         return None
     unit, i = max(rows, key=lambda r: sign * r[0].reward[r[1]])
-    return {"lambda": unit.lam, "ids": unit.ids[i].tolist(), "reward": float(unit.reward[i]),
+    return {"lambda": unit.lam, "ids": turns.tokens(unit.ids[i], unit.end), "reward": float(unit.reward[i]),
             "judge_ppl": float(unit.judge_ppl[i])}
 
 
@@ -116,9 +155,9 @@ def nonfinite_record(units) -> dict | None:
 
 
 def write(path: Path, table: list[dict], summary: dict) -> Path:
-    """The CSV (COLUMNS; text JSON-quoted, so any response survives) and the figure beside it."""
-    keys = {c: [r[c] for r in table] for c in COLUMNS[:7]}
-    values = {c: np.asarray([r[c] for r in table], np.float64) for c in COLUMNS[7:]}
+    """The CSV (COLUMNS; texts JSON-quoted, so any response survives) and the figure beside it."""
+    keys = {c: [r[c] for r in table] for c in KEYS}
+    values = {c: np.asarray([r[c] for r in table], np.float64) for c in VALUES}
     results.write_table(path, keys, values)
     fronts = {(d, m): _front(table, d, m) for d in summary for m in ("search", "best_of_n")}
     plots.frontier_scatter(table, fronts, png_path(path))
@@ -130,15 +169,31 @@ def describe(summary: dict, out: Path) -> str:
     for direction, s in summary.items():
         base, hv = s["best_of_n"], s["hypervolume"]
         ratio = f"{hv['ratio']:.2f}x" if hv["ratio"] is not None else "n/a"
-        lines.append(f"{direction}: best-of-N ({base['samples']} samples) best reward {base['best_reward']:.3f}, "
-                     f"median judge perplexity {base['median_judge_ppl']:.1f}; {s['dominating_responses']} search "
-                     f"responses dominate both; hypervolume search/best-of-N {ratio}")
+        lines.append(f"{direction}: search {s['search_forwards']:.0f} forwards (all λ), best-of-N "
+                     f"{base['forwards']:.0f} ({base['samples']} whole-turn samples) best reward "
+                     f"{base['best_reward']:.3f}, median judge perplexity {base['median_judge_ppl']:.1f}")
+        for cap in s["at_judge_ppl"]:
+            lead = "n/a" if cap["delta_sd"] is None else f"{cap['delta_sd']:+.2f} SD"
+            lines.append(f"  at judge perplexity <= {cap['cap']:.3g}: search {_fmt(cap['search'])}, best-of-N "
+                         f"{_fmt(cap['best_of_n'])} ({lead})")
+        gain = s.get("truncation_gain") or {}
+        for name, g in gain.items():
+            if g["rows"]:
+                lines.append(f"  truncation gain ({name}, {g['rows']} rows): median {g['median_sd']:+.2f} SD; "
+                             f"{g['ends_turn']:.0%} end where the prior would end the turn")
+        lines.append(f"  {s['dominating_responses']} search responses dominate best-of-N's best and median; "
+                     f"hypervolume search/best-of-N {ratio} (reference: best-of-N's median reward, perplexity "
+                     f"{HV_PPL:g})")
         cost = s["fluency_cost"]
         if cost["reward"] is not None:
             lines.append(f"  fluency costs {cost['reward']:.2f} reward ({cost['sd']:.1f} SD): the search's best "
                          f"{cost['best']['reward']:.3f} at judge perplexity {cost['best']['judge_ppl']:.3g}, its "
                          f"best at <= {FLUENT_PPL:g} {cost['best_fluent']['reward']:.3f}")
     return "\n".join(lines) + f"\n-> {out}, {png_path(out)}"
+
+
+def _fmt(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3f}"
 
 
 def _front(table: list[dict], direction: str, method: str) -> list[dict]:

@@ -43,20 +43,25 @@ from rmjax.scoring.prefix import (
     score_responses,
     score_variants,
 )
+from rmjax.search import turns
 from rmjax.search.gcg import Target, explain_nonfinite, one_hot_forward, reward_gradient_on_device
 
 GRADIENT_COST = 3  # a backward pass costs about twice its forward
 
 
-def _shared_log_probs(current: np.ndarray, cands: np.ndarray, every: jax.Array, after: np.ndarray) -> np.ndarray:
-    """Mean log-probs of variants of `current`: its own tokens' before the first change and the changed token's
-    (both from `every` [N, V] on the device, the prior at every position of current; only those N + W entries
-    come to the host), then the tail's (`after`, summed)."""
+def _shared_log_probs(current: np.ndarray, cands: list[np.ndarray], every: jax.Array, after: np.ndarray
+                      ) -> np.ndarray:
+    """Mean log-probs of variants of `current` (turn forms, rmjax.search.turns: tokens and end of turn): its own
+    tokens' before the first change and the changed token's (both from `every` [L + 1, V] on the device, the prior
+    at every position of current's turn; only those L + 1 + W entries come to the host), then the tail's
+    (`after`, summed), over each variant's own length."""
     first = first_changes(current, cands)
     rows = np.concatenate([np.arange(len(current)), first])
-    picked = to_host(every[rows, np.concatenate([current, cands[np.arange(len(cands)), first]])])
+    changed = [int(c[f]) for c, f in zip(cands, first, strict=True)]
+    picked = to_host(every[rows, np.concatenate([current, changed]).astype(np.int32)])
     own = np.concatenate([[0.0], np.cumsum(picked[: len(current)].astype(np.float64))])
-    return (own[first] + picked[len(current):].astype(np.float64) + after) / len(current)
+    sizes = np.asarray([len(c) for c in cands], np.float64)
+    return (own[first] + picked[len(current):].astype(np.float64) + after) / sizes
 
 
 def _joint_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids, suffix, first, weights, *,
@@ -107,7 +112,8 @@ class BudgetSpent(Exception):
 
 @dataclasses.dataclass
 class Forwards:
-    """Forwards spent against a limit (module docstring): `rm_unit` = N + S, `lm_unit` = N."""
+    """Forwards spent against a limit (module docstring): `rm_unit` = N + S, `lm_unit` = N + 1 (a whole turn: the
+    response and its end of turn)."""
 
     limit: int
     rm_unit: int
@@ -129,11 +135,13 @@ class Forwards:
         return self.limit - self.spent
 
 
-def repetition(ids: np.ndarray) -> np.ndarray:
-    """Share of each response's positions [W, N] that repeat the previous token or an earlier bigram: [W]."""
+def repetition(ids: np.ndarray, end: int | None = None) -> np.ndarray:
+    """Share of each response's positions [W, N] that repeat the previous token or an earlier bigram: [W]. With
+    `end`, whole turns: over each response's own tokens (turns.tokens)."""
     ids = np.asarray(ids)
     out = np.zeros(len(ids), np.float64)
     for r, row in enumerate(ids.tolist()):
+        row = turns.tokens(row, end) if end is not None else row
         bigrams, repeats = set(), 0
         for j in range(1, len(row)):
             pair = (row[j - 1], row[j])
@@ -169,8 +177,13 @@ class Prior:
         return cls(model, tuple(prefix), prefill_prefix(model, prefix),
                    prior_lib.first_token_log_probs(model, list(prefix)))
 
-    def mean_log_probs(self, ids: np.ndarray, batch_size: int = 64) -> np.ndarray:
-        return prior_lib.response_log_probs(self.model, self.cache, self.first, ids, batch_size).mean(axis=1)
+    def mean_log_probs(self, ids: np.ndarray, end: int, batch_size: int = 64) -> np.ndarray:
+        """Mean log-prob of each whole turn [W, N] (turns): its tokens and its end of turn."""
+        ids = np.asarray(ids)
+        size = turns.lengths(ids, end) + 1
+        rows = np.concatenate([ids, np.full((len(ids), 1), end)], axis=1)
+        lps = prior_lib.response_log_probs(self.model, self.cache, self.first, rows, batch_size).astype(np.float64)
+        return np.where(np.arange(rows.shape[1])[None] < size[:, None], lps, 0.0).sum(axis=1) / size
 
 
 @dataclasses.dataclass(eq=False)
@@ -191,13 +204,18 @@ class Objective:
     def __post_init__(self):
         if self.lam > 0 and self.prior is None:
             raise UsageError("a fluency weight λ > 0 needs a prior LM.")
+        t = self.target
+        self.end = turns.end_of_turn(t.suffix, t.model.source)
+        rest = tuple(t.suffix[1:])  # the gradient's and variants' suffix: turn forms carry the end of turn
+        self.turn_target = dataclasses.replace(t, suffix=rest,
+                                               suffix_ids=replicated(np.asarray(rest, np.int32), t.model.mesh))
 
     @property
     def uses_prior(self) -> bool:
         return self.lam > 0
 
     def values(self, reward: np.ndarray, logp: np.ndarray, ids: np.ndarray) -> Values:
-        rep = repetition(ids)
+        rep = repetition(ids, self.end)
         fluency = np.nan_to_num(logp, nan=0.0) - self.repetition_weight * rep
         return Values(reward, logp, rep, self.sign * reward.astype(np.float64) + self.lam * fluency)
 
@@ -214,61 +232,74 @@ class Objective:
         shared = self.rm_is_prior and (current is None or every is not None)
         return self.uses_prior and known_logp is None and not shared
 
+    def _positions(self, cands: np.ndarray, current: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The RM positions each candidate runs (whole: L + S; a variant of current: from its first change in turn
+        form to the end of the suffix) and each one's prior positions if the prior runs it (L + 1)."""
+        size, tail = turns.lengths(cands, self.end), len(self.target.suffix)
+        if current is None:
+            return size + tail, size + 1
+        first = first_changes(turns.turn(current, self.end), [turns.turn(c, self.end) for c in cands])
+        return size - first + tail, size + 1
+
     def cost(self, cands: np.ndarray, current: np.ndarray | None = None, every=None, known: bool = False
              ) -> np.ndarray:
         """What `score` charges for each candidate [W] (Fractions); `known`: their log-probs are given."""
-        n, tail = np.shape(cands)[1], len(self.target.suffix)
-        rm = np.full(len(cands), n + tail) if current is None else n - first_changes(current, cands) + tail
-        lm = n if self._prior_runs(current, every, 0.0 if known else None) else 0
-        return np.asarray([self.forwards.cost(int(r), lm) for r in rm], object)
+        rm, lm = self._positions(cands, current)
+        runs = self._prior_runs(current, every, 0.0 if known else None)
+        return np.asarray([self.forwards.cost(int(r), int(m) if runs else 0) for r, m in zip(rm, lm, strict=True)],
+                          object)
 
     def score(self, cands: np.ndarray, current: np.ndarray | None = None, extended=None,
               known_logp: np.ndarray | None = None, every: jax.Array | None = None) -> Values:
-        """J of candidates [W, N] (all N long), charged first. With `current`, the RM runs each from its first
-        change against `extended`, the cache of prefix + current (from the gradient's forward); when the RM is its
-        own prior, its forward's LM head gives the prior term (no prior forward): for variants, with `every` (the
-        prior's log-probs at every position of current, from the gradient). `known_logp`: their mean prior
-        log-probs, already computed (a sampler's): the prior is not run again."""
+        """J of whole turns [W, N] (N slots, turns' canonical form), charged first. With `current`, the RM runs
+        each from its first change (in turn form) against `extended`, the cache of prefix + current's turn (from
+        the gradient's forward); when the RM is its own prior, its forward's LM head gives the prior term (no
+        prior forward): for variants, with `every` (the prior's log-probs at every position of current's turn,
+        from the gradient). `known_logp`: their mean prior log-probs, already computed (a sampler's): the prior
+        is not run again."""
         cands = np.asarray(cands, np.int32)
-        n, tail = cands.shape[1], len(self.target.suffix)
         if current is not None and extended is None:
             extended = self.extended_cache(current)
-        if current is None:
-            rm_positions = len(cands) * (n + tail)
-        else:
-            rm_positions = int((n - first_changes(current, cands) + tail).sum())
+        rm_positions, lm_positions = self._positions(cands, current)
         run_prior = self._prior_runs(current, every, known_logp)
         shared = self.uses_prior and known_logp is None and not run_prior
-        self.forwards.charge(rm_positions, len(cands) * n if run_prior else 0)
+        self.forwards.charge(int(rm_positions.sum()), int(lm_positions.sum()) if run_prior else 0)
         if current is None:
             return self._score_whole(cands, shared, known_logp)
-        t = self.target
-        reward = score_variants(t.model, extended, np.asarray(t.suffix, np.int32), current, cands, self.batch_size,
-                                log_probs=shared)
+        t, end = self.turn_target, self.end
+        mine, variants = turns.turn(current, end), [turns.turn(c, end) for c in cands]
+        reward = score_variants(t.model, extended, np.asarray(t.suffix, np.int32), mine, variants, self.batch_size,
+                                log_probs=shared, longest=cands.shape[1] + 1)
         if shared:
             reward, after = reward
-            return self._checked(self.values(reward, _shared_log_probs(current, cands, to_host(every), after), cands),
+            return self._checked(self.values(reward, _shared_log_probs(mine, variants, every, after), cands),
                                  cands)
         return self._checked(self.values(reward, self._mean_log_probs(cands, known_logp), cands), cands)
 
+    def score_paid(self, cands: np.ndarray, known_logp: np.ndarray) -> Values:
+        """J of whole turns whose forwards the caller charged (best-of-N's samples drawn by the RM as its own
+        prior: the sampler's forward was the scoring one), with their known mean log-probs."""
+        return self._score_whole(np.asarray(cands, np.int32), False, known_logp)
+
     def score_partials(self, partials: np.ndarray) -> Values:
-        """J of partial responses [W, d] (d ≤ N: a beam level), charged (d + S) RM positions each and d prior
-        positions unless the RM is its own prior."""
+        """J of d-token responses [W, d] (d ≤ N: a beam level; each a whole turn of d tokens), charged (d + S) RM
+        positions each and d + 1 prior positions unless the RM is its own prior."""
         partials = np.asarray(partials, np.int32)
         d, tail = partials.shape[1], len(self.target.suffix)
         shared = self.uses_prior and self.rm_is_prior
-        self.forwards.charge(len(partials) * (d + tail), len(partials) * d if self.uses_prior and not shared else 0)
+        self.forwards.charge(len(partials) * (d + tail),
+                             len(partials) * (d + 1) if self.uses_prior and not shared else 0)
         return self._score_whole(partials, shared)
 
     def _score_whole(self, cands: np.ndarray, shared: bool, known_logp: np.ndarray | None = None) -> Values:
         """J of responses run whole after the prompt (already charged); `shared`: the RM's forward gives the
         prior term too."""
-        t = self.target
+        t, size = self.target, turns.lengths(cands, self.end)
         if shared:
             reward, summed = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size,
-                                             first=self.prior.first)
-            return self._checked(self.values(reward, summed.astype(np.float64) / cands.shape[1], cands), cands)
-        reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size)
+                                             first=self.prior.first, lengths=size)
+            return self._checked(self.values(reward, summed.astype(np.float64) / (size + 1), cands), cands)
+        reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size, lengths=size)
         return self._checked(self.values(reward, self._mean_log_probs(cands, known_logp), cands), cands)
 
     def _checked(self, v: Values, cands: np.ndarray) -> Values:
@@ -281,9 +312,10 @@ class Objective:
             return v
         if not self.allow_nonfinite:
             decode = self.target.model.tokenizer.decode
+            body = [turns.tokens(c, self.end) for c in cands]
             finite.check(terms, what=f"objective terms (λ = {self.lam:g})", columns=["reward", "prior_logp"],
-                         allow=False, row=lambda i: f"response ids {cands[i].tolist()} ({decode(cands[i].tolist())!r})",
-                         explain=lambda i, j: self._explain_terms(cands[i], j))
+                         allow=False, row=lambda i: f"response ids {body[i]} ({decode(body[i])!r})",
+                         explain=lambda i, j: self._explain_terms(np.asarray(body[i]), j))
         self.candidates_dropped += int(bad.sum())
         return dataclasses.replace(v, objective=np.where(bad, -np.inf, v.objective))
 
@@ -297,38 +329,44 @@ class Objective:
     def _mean_log_probs(self, cands: np.ndarray, known_logp: np.ndarray | None) -> np.ndarray:
         if known_logp is not None:
             return np.asarray(known_logp, np.float64)
-        return self.prior.mean_log_probs(cands) if self.uses_prior else np.full(len(cands), np.nan)
+        return self.prior.mean_log_probs(cands, self.end) if self.uses_prior else np.full(len(cands), np.nan)
 
     def extended_cache(self, current: np.ndarray):
-        """The RM cache of prefix + current (what `score` runs variants against), charged N RM positions."""
-        self.forwards.charge(len(current))
-        return extend_prefix(self.target.model, self.target.cache, np.asarray(current, np.int32)[None])
+        """The RM cache of prefix + current's turn (what `score` runs variants against), charged L + 1 RM
+        positions."""
+        mine = turns.turn(current, self.end)
+        self.forwards.charge(len(mine))
+        return extend_prefix(self.target.model, self.target.cache, mine[None])
 
     def prior_cache_after(self, current: np.ndarray, j: int, extended):
-        """The prior's cache of prompt + current[:j]: the head of `extended` (the RM's cache of prompt + current)
-        when the RM is the prior, else the prior's prompt cache extended by j tokens (charged j prior positions)."""
+        """The prior's cache of prompt + current[:j]: the head of `extended` (the RM's cache of prompt + current's
+        turn) when the RM is the prior, else the prior's prompt cache extended by j tokens (charged j prior
+        positions)."""
         if self.rm_is_prior:
-            return extended.head(extended.k.shape[2] - len(current) + j)
+            return extended.head(extended.k.shape[2] - len(turns.turn(current, self.end)) + j)
         if not j:
             return self.prior.cache
         self.forwards.charge(0, j)
         return extend_prefix(self.prior.model, self.prior.cache, np.asarray(current, np.int32)[None, :j])
 
     def gradient(self, current: np.ndarray, explore: bool = False) -> tuple[jax.Array, object, jax.Array | None]:
-        """d(−J)/d one_hot(current) [N, V] on the device, the RM cache of prefix + current (for `score`), and the
-        prior's log-probabilities of every token at every position [N, V], charged first. At λ = 0 those come
-        only with `explore` (a prior forward, for the prior's proposals), else None. When the RM is its own prior,
-        one forward and backward of the RM gives all three (joint_gradient_on_device)."""
-        n, tail = len(current), len(self.target.suffix)
+        """d(−J)/d one_hot(turn) [L + 1, V] on the device (current's turn form: row L, its end of turn's slot,
+        says what putting a token there, one more before the end, would do), the RM cache of prefix + that turn
+        (for `score`), and the prior's log-probabilities of every token at every position of it [L + 1, V],
+        charged first. At λ = 0 those come only with `explore` (a prior forward, for the prior's proposals), else
+        None. When the RM is its own prior, one forward and backward of the RM gives all three
+        (joint_gradient_on_device)."""
+        current = turns.turn(current, self.end)
+        n, tail = len(current), len(self.turn_target.suffix)
         explore = explore and not self.uses_prior and self.prior is not None
         if self.rm_is_prior and (self.uses_prior or explore):
             self.forwards.charge(GRADIENT_COST * (n + tail))
-            grad, extended, every = joint_gradient_on_device(self.target, self.prior.first, current, self.sign,
+            grad, extended, every = joint_gradient_on_device(self.turn_target, self.prior.first, current, self.sign,
                                                              self.lam, fluent=self.uses_prior)
             return -grad, extended, every
         lm = GRADIENT_COST * n if self.uses_prior else n if explore else 0
         self.forwards.charge(GRADIENT_COST * (n + tail), lm)
-        grad, extended = reward_gradient_on_device(self.target, current)
+        grad, extended = reward_gradient_on_device(self.turn_target, current)
         loss = -self.sign * grad
         every = None
         if self.uses_prior:
@@ -352,7 +390,7 @@ class Objective:
     def _explain(self, current: np.ndarray) -> str:
         """Where the RM turns non-finite on prefix + current + suffix, else the non-finite parameters of the RM and
         of the prior when its gradient is in J."""
-        found = explain_nonfinite([self.target], current)
+        found = explain_nonfinite([self.target], np.asarray(turns.tokens(current, self.end)))
         if found or not self.uses_prior or self.rm_is_prior:
             return found
         params = finite.nonfinite_parameters(self.prior.model.params)

@@ -59,10 +59,3 @@ def layers(gain: np.ndarray, perplexity: np.ndarray, k: int) -> np.ndarray:
         taken += spread(layer, k - len(taken)).tolist()
         left = np.setdiff1d(left, layer)
     return np.asarray(taken, np.int64)
-
-
-def reference_point(gain: np.ndarray, perplexity: np.ndarray) -> tuple[float, float]:
-    """The worst gain and the worst perplexity among all points (of every method being compared)."""
-    gain, perplexity = np.asarray(gain, np.float64), np.asarray(perplexity, np.float64)
-    ok = np.isfinite(gain) & np.isfinite(perplexity)
-    return float(gain[ok].min()), float(perplexity[ok].max())

@@ -1,0 +1,139 @@
+"""The completion check of a search's written responses: a prior LM continues each response greedily (argmax) until
+its most likely next token ends the turn, at most `max_new` tokens, and the reward model scores the completed text
+as `experiments.score` would (rmjax.scoring.texts.score_texts).
+
+The decode runs rows of prompt prefix + response, left-padded into one [rows, width] batch (positions count only
+real tokens, so the padding shifts no RoPE and is masked as a key), prefilled once into a cache of width + max_new
+slots; each step writes one new position into the next slot (a `lax.while_loop`: one compiled step, stopped as soon
+as every row has ended; a row that ended keeps stepping, its further tokens ignored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rmjax import nn
+from rmjax.compiled import PARAMS, REPLICATED, ROWS, compiled, declared_params
+from rmjax.config import ModelConfig
+from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.model import Model
+from rmjax.parallel import batching
+from rmjax.parallel.distributed import replicated, to_host
+from rmjax.scoring.prior import require_lm_head
+from rmjax.scoring.texts import score_texts
+from rmjax.text.chat import split_chat
+
+WIDTH_BUCKET = 16  # rows are left-padded to a multiple of this: few compilations
+
+
+@dataclasses.dataclass
+class Completions:
+    """Each written response, completed by the prior's greedy continuation and scored by the reward model."""
+
+    ends_turn: np.ndarray  # [W] bool: the prior's most likely next token after the response is the end of turn
+    completed_ids: list[list[int]]  # response + greedy continuation (end of turn not included); the response if it ends
+    completed_text: list[str]  # decoded; each starts with the response's own decoded text
+    completed_reward: np.ndarray  # [W] float64: the RM's reward of completed_text as a response to the prompt
+
+
+def _with_free_slots(kv: nn.KVCache, free: int) -> nn.KVCache:
+    """`kv` followed by `free` empty slots (no keys until written: `valid` False)."""
+    def grow(x, axis):
+        return jnp.pad(x, [(0, free) if a == axis else (0, 0) for a in range(x.ndim)])
+
+    return nn.KVCache(k=grow(kv.k, 2), v=grow(kv.v, 2), positions=grow(kv.positions, 1), valid=grow(kv.valid, 1))
+
+
+def _write(cache: nn.KVCache, kv: nn.KVCache, at) -> nn.KVCache:
+    """`cache` with the positions of `kv` written into its slots from `at` on."""
+    def put(old, new, axis):
+        return jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), at, axis)
+
+    return nn.KVCache(k=put(cache.k, kv.k, 2), v=put(cache.v, kv.v, 2), positions=put(cache.positions, kv.positions, 1),
+                      valid=put(cache.valid, kv.valid, 1))
+
+
+def _greedy(cfg: ModelConfig, params, ids, mask, end_id, *, max_new: int):
+    """The argmax next token after each left-padded row [B, T] and after each of its greedy continuations:
+    [B, max_new] int32, filled with `end_id` past the step at which every row had predicted it."""
+    model = nn.module(params, cfg)
+    rows, width = ids.shape
+    out = model(ids=ids, mask=mask)
+    first = jnp.argmax(model.lm_logits(out.hidden[:, -1]), axis=-1).astype(jnp.int32)
+    cache = _with_free_slots(out.kv, max_new)
+    preds = jnp.full((rows, max_new), end_id, jnp.int32).at[:, 0].set(first)
+    done = (first == end_id) | ~mask.any(axis=1)  # all-padding rows never hold the loop
+
+    def running(state):
+        step, _, _, done = state
+        return (step < max_new) & ~jnp.all(done)
+
+    def step_once(state):
+        step, cache, preds, done = state
+        new = model(ids=preds[:, step - 1, None], cache=cache)
+        cache = _write(cache, new.kv, width + step - 1)  # the fed token's slot
+        token = jnp.argmax(model.lm_logits(new.hidden[:, -1]), axis=-1).astype(jnp.int32)
+        token = jnp.where(done, end_id, token)  # a row that ended stays ended
+        return step + 1, cache, preds.at[:, step].set(token), done | (token == end_id)
+
+    return jax.lax.while_loop(running, step_once, (jnp.int32(1), cache, preds, done))[2]
+
+
+def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, responses: list[list[int]],
+                         max_new: int = 32, batch_size: int = 64) -> tuple[np.ndarray, list[list[int]]]:
+    """ends_turn [W] bool (the prior's argmax after prefix + response is `end_id`) and the tokens the prior adds to
+    each response greedily before its argmax is `end_id`, at most `max_new` (empty when it ends). Batches of up to
+    `batch_size` rows, each prefilled once and decoded against its growing KV cache in one compiled call."""
+    require_lm_head(prior)
+    if max_new < 1:
+        raise UsageError(f"max_new must be at least 1, not {max_new}.")
+    prefix, responses = [int(t) for t in prefix], [[int(t) for t in r] for r in responses]
+    context = prior.config.max_position_embeddings
+    for i, response in enumerate(responses):
+        if len(prefix) + len(response) + max_new > context:
+            raise PromptTooLongError(f"response {i} needs {len(prefix) + len(response) + max_new} positions (prefix "
+                                     f"{len(prefix)} + response {len(response)} + {max_new} new tokens) but the "
+                                     f"prior's context is {context} (max_position_embeddings).")
+    batch_size = batching.round_up(batch_size, prior.mesh)
+    params, end = declared_params(prior), replicated(np.int32(end_id), prior.mesh)
+    pending = []
+    for start in range(0, len(responses), batch_size):
+        part = [prefix + r for r in responses[start : start + batch_size]]
+        rows = min(batch_size, batching.rows_for(len(part), batching.data_shards(prior.mesh)))
+        width = batching.bucket(max(len(r) for r in part), WIDTH_BUCKET)
+        ids, mask = batching.pad_rows(part, width, side="left", num_rows=rows)
+        call = compiled(_greedy, prior.config, prior.mesh, (PARAMS, ROWS(2), ROWS(2), REPLICATED), ROWS(2),
+                        max_new=max_new)
+        pending.append((len(part), call(params, batching.place(ids, prior.mesh), batching.place(mask, prior.mesh),
+                                        end)))
+    preds = np.concatenate([to_host(p)[:n] for n, p in pending]) if pending else np.zeros((0, max_new), np.int32)
+    ends = preds == end_id
+    stops = np.where(ends.any(axis=1), ends.argmax(axis=1), max_new)
+    return ends[:, 0].copy(), [row[:stop].tolist() for row, stop in zip(preds, stops, strict=True)]
+
+
+def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[list[int]], template: str = "auto",
+                       max_new: int = 32, batch_size: int = 64) -> Completions:
+    """Each response completed by the prior's greedy continuation up to the end of the turn (the first token of the
+    template's text after the response, e.g. `<|im_end|>`), and the RM's reward of the completed text for `prompt`
+    (score_texts: what experiments.score writes; a NaN/Inf reward raises NonFiniteError)."""
+    split = split_chat(prior.tokenizer, prompt, template)
+    if not split.suffix:
+        raise UsageError(f"the {split.template} template puts no text after the response, so the prior's end of turn "
+                         "is unknown: the completion check needs a chat template (--template=chat).")
+    ends, added = greedy_continuations(prior, split.prefix, split.suffix[0], responses, max_new, batch_size)
+    decode = rm.tokenizer.decode
+    ids, texts = [], []
+    for response, more in zip(responses, added, strict=True):
+        response = [int(t) for t in response]
+        text = decode(response)
+        whole = decode(response + more) if more else text
+        ids.append(response + more)
+        texts.append(whole if whole.startswith(text) else text + decode(more))
+    rewards = score_texts(rm, {"completed": prompt}, texts, template)["completed"] if texts else np.zeros(0)
+    return Completions(ends, ids, texts, np.asarray(rewards, np.float64))

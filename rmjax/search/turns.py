@@ -1,0 +1,77 @@
+"""Whole responses (issue 43): a response is a whole turn of 1..N tokens that ends with the model's end of turn.
+
+A search fragment of N tokens cut off mid-sentence scored as a finished answer is what the reward model saw as
+a finished answer: its reward comes from where the text stops (the Gemma 3 RM pays about +3.5 SD for an
+unfinished sentence). So the fluent search's responses are turns: the RM reads prefix + response + suffix (the
+template's end of turn and what follows it), and the fluency term and the judge's perplexity include the end of
+turn's log-probability, which a fragment no model would stop on does not earn.
+
+Responses live in N slots, as every search array does: a response of L < N tokens is followed by the end-of-turn
+id in every slot after it (the canonical form; the end of turn is never a response token). Its turn form is its
+L tokens and one end of turn: the tokens the models read before the rest of the suffix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rmjax.errors import UsageError
+
+
+def end_of_turn(suffix: tuple[int, ...] | list[int], source: str) -> int:
+    """The end-of-turn id: the template's suffix's first token (<end_of_turn>, <|im_end|>, <|eot_id|>). A template
+    with no suffix (a raw prompt) ends no turn: refused."""
+    if not len(suffix):
+        raise UsageError(f"{source}'s template puts nothing after the response (no end-of-turn token): whole "
+                         "responses need one; use a chat template (--template=auto with a chat model).")
+    return int(suffix[0])
+
+
+def lengths(ids: np.ndarray, end: int) -> np.ndarray:
+    """Each response's token count L (its first end of turn's slot, else N): [W] int64."""
+    ids = np.asarray(ids).reshape(len(ids), -1)
+    ended = ids == end
+    return np.where(ended.any(1), ended.argmax(1), ids.shape[1]).astype(np.int64)
+
+
+def canonical(ids: np.ndarray, end: int) -> np.ndarray:
+    """Responses with every slot after their first end of turn set to the end of turn (a copy)."""
+    ids = np.array(ids)
+    after = np.cumsum(ids == end, axis=1) > 0
+    ids[after] = end
+    return ids
+
+
+def tokens(row, end: int) -> list[int]:
+    """A response's own tokens (before its end of turn)."""
+    row = list(np.asarray(row).tolist())
+    return row[: row.index(end)] if end in row else row
+
+
+def turn(row, end: int) -> np.ndarray:
+    """A response's turn form: its tokens and one end of turn (L + 1 ids)."""
+    return np.asarray([*tokens(row, end), end], np.int32)
+
+
+def from_turns(turns, n: int, end: int) -> np.ndarray:
+    """Turn forms (or bare token lists) as N-slot responses [W, N], filled with the end of turn."""
+    out = np.full((len(turns), n), end, np.int32)
+    for i, t in enumerate(turns):
+        body = tokens(t, end)
+        out[i, : len(body)] = body
+    return out
+
+
+def decode(tokenizer, ids: np.ndarray, end: int) -> list[str]:
+    """Each response's text (its tokens before the end of turn)."""
+    return tokenizer.batch_decode([tokens(row, end) for row in np.asarray(ids)])
+
+
+def moves(current: np.ndarray, end: int) -> np.ndarray:
+    """Length moves from an N-slot response of L tokens, canonical: every truncation (the first j tokens, 1 ≤ j <
+    L) and every deletion of one token (L > 1), the moves a swap cannot make (FLRT's insert/delete, the gradient
+    proposing the inserts at the end of turn's slot)."""
+    body, n = tokens(current, end), len(current)
+    out = [body[:j] for j in range(1, len(body))] + [body[:j] + body[j + 1 :] for j in range(len(body))
+                                                        if len(body) > 1]
+    return from_turns(out, n, end) if out else np.zeros((0, n), np.int32)
