@@ -1,12 +1,12 @@
-"""Fluent optimal and pessimal responses: the reward–perplexity frontier of one prompt, against best-of-N at the
-same forwards budget.
+"""Fluent optimal and pessimal whole responses (1..N tokens, each ending the turn): the reward–perplexity frontier
+of one prompt, against best-of-N given the same compute (every λ's budget pooled).
 
 python -m experiments.frontier --model=elo-rm-smollm2-135m --prompts=greatest --num_tokens=8 \
     --lambdas=0,0.25,1,4 --forwards=3000 --direction=both --out=results/frontier [--lm=LM] [--judge=LM] \
     [--sweep=SWEEP_CSV]
 
-Writes OUT/frontier.csv (direction, lambda, method, rank, ids, text, roundtrip, reward, reward_z, prior_logp,
-judge_ppl, forwards), OUT/frontier.png and OUT/frontier.csv.meta.json. Re-running the same command after a crash
+Writes OUT/frontier.csv (direction, lambda, method, rank, ids, text, roundtrip, ends_turn, completed_text, reward,
+reward_z, prior_logp, judge_ppl, completed_reward, forwards), OUT/frontier.png and OUT/frontier.csv.meta.json. Re-running the same command after a crash
 resumes from the last finished (direction, λ, method).
 """
 

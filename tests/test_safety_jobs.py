@@ -127,6 +127,8 @@ def test_the_frontier_writer_refuses_nan_reward_z(tmp_path):
     with np.errstate(divide="ignore", invalid="ignore"):
         rows = frontier_out.rows([unit, dataclasses.replace(unit, method="best_of_n", lam=None)], cfg, tokenizer)
     assert any(math.isnan(r["reward_z"]) for r in rows) and any(math.isinf(r["reward_z"]) for r in rows)
+    for r in rows:  # the completion check's columns (frontier_job._complete)
+        r.update(ends_turn=1, completed_text=r["text"], completed_reward=r["reward"])
     with pytest.raises(NonFiniteError, match="column 'reward_z'"):
         frontier_out.write(tmp_path / "frontier.csv", rows, {})
     assert not (tmp_path / "frontier.csv").exists()
