@@ -591,6 +591,16 @@ def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tie
         mean = _torch_mean_log_prob(hf, full, start, stop + end)
         atol = tolerance.logprobs_atol(judge.params, judge.config, np.asarray([full], np.int32))
         assert abs(np.log(ppl) + mean) <= atol, (text, np.log(ppl), -mean)
+    # a base model read as plain text (no chat template): its end-of-sequence token ends the response
+    plain = chat.split_chat(judge.tokenizer, PROMPT, "plain")
+    assert not plain.suffix
+    for text, ppl in zip(texts, judge_perplexities(judge, PROMPT, texts, template="plain", end_of_turn=True),
+                         strict=True):
+        full = chat.Conversations(judge.tokenizer, PROMPT, "plain").token_ids([text])[0]
+        full = [*full, judge.tokenizer.eos_token_id]
+        mean = _torch_mean_log_prob(hf, full, len(plain.prefix), len(full))
+        atol = tolerance.logprobs_atol(judge.params, judge.config, np.asarray([full], np.int32))
+        assert abs(np.log(ppl) + mean) <= atol, (text, np.log(ppl), -mean)
 
 
 def _swapped_tokenizer(src, dst):

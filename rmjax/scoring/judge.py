@@ -55,6 +55,17 @@ def check_room(judge: Model, prompt: str, prefix: int, suffix: int, texts: list[
         "judge with a longer context; no perplexity was computed.")
 
 
+def judge_end_of_turn(judge: Model, prompt: str, template: str = "auto") -> int:
+    """What ends a response for the judge: its template's first token after the response, or, for a base model
+    read as plain text (no chat template), its end-of-sequence token."""
+    suffix = chat.split_chat(judge.tokenizer, prompt, template).suffix
+    end = suffix[0] if suffix else judge.tokenizer.eos_token_id
+    if end is None:
+        raise UsageError(f"the judge {judge.source} has no end of turn (no chat template, no end-of-sequence "
+                         "token): give a judge that has one.")
+    return int(end)
+
+
 def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: str = "auto",
                        batch_size: int = 64, end_of_turn: bool = False) -> np.ndarray:
     """exp(−mean log p) of each text's judge tokens after the prompt [W] float64; NaN for a text with no token.
@@ -66,11 +77,8 @@ def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: st
     distinct = list(dict.fromkeys(texts))
     prefix, rows = judge_tokens(judge, prompt, distinct, template)
     if end_of_turn:
-        suffix = chat.split_chat(judge.tokenizer, prompt, template).suffix
-        if not suffix:
-            raise UsageError(f"the judge {judge.source}'s template puts no end of turn after a response: give a "
-                             "judge with a chat template.")
-        rows = [[*r, suffix[0]] if r else r for r in rows]
+        end = judge_end_of_turn(judge, prompt, template)
+        rows = [[*r, end] if r else r for r in rows]
     ppl = np.full(len(distinct), np.nan)
     cache, first = prefill_prefix(judge, prefix), first_token_log_probs(judge, list(prefix))
     order = sorted((i for i, r in enumerate(rows) if r), key=lambda i: len(rows[i]))
