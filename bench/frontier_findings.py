@@ -172,7 +172,7 @@ def truncation(args) -> None:
         for name, text in names:
             target = make_target(rm, text)
             prior = Prior.of(rm, target.prefix)
-            end = turns.end_of_turn(target.suffix, model)
+            end = turns.end_of_turn(target.suffix, rm.tokenizer, model)
             banned = banned_tokens(rm, rm.config.vocab_size, FluentConfig().gcg())
             ids, _ = sample_responses(rm, prior.cache, prior.first, banned, args.samples, args.num_tokens, 0)
             reward = score_responses(rm, target.cache, target.suffix_ids, ids, 64).astype(np.float64)

@@ -46,10 +46,10 @@ def _word_ids(tokenizer) -> np.ndarray:
     return np.asarray([i[0] for i in ids], np.int32)
 
 
-def _conversation(tokenizer, ids) -> tuple[list[int], int, int]:
-    """The decoded response in the chat template, tokenized: ids, where the response starts and ends."""
-    split = chat.split_chat(tokenizer, PROMPT)
-    full = chat.Conversations(tokenizer, PROMPT).token_ids([tokenizer.decode(list(ids))])[0]
+def _conversation(tokenizer, ids, template: str = "auto") -> tuple[list[int], int, int]:
+    """The decoded response in the template, tokenized: ids, where the response starts and ends."""
+    split = chat.split_chat(tokenizer, PROMPT, template)
+    full = chat.Conversations(tokenizer, PROMPT, template).token_ids([tokenizer.decode(list(ids))])[0]
     assert full[: len(split.prefix)] == list(split.prefix) and full[len(split.prefix):][: len(ids)] == list(ids)
     return full, len(split.prefix), len(split.prefix) + len(ids)
 
@@ -58,6 +58,10 @@ def _torch_mean_log_prob(hf, full: list[int], start: int, stop: int) -> float:
     with torch.no_grad():
         lp = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0].double(), -1).numpy()
     return float(lp[np.arange(start - 1, stop - 1), full[start:stop]].mean())
+
+
+def obj_tail(target) -> int:
+    return max(len(target.suffix), 1)
 
 
 def _whole_turns(current: np.ndarray, words: np.ndarray, end: int) -> np.ndarray:
@@ -73,17 +77,19 @@ def _whole_turns(current: np.ndarray, words: np.ndarray, end: int) -> np.ndarray
     return np.unique(np.concatenate([np.asarray(cands), turns.from_turns(shorter, n, end)]), axis=0)
 
 
-@pytest.mark.parametrize("length", [5, 3])
-def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length):
+@pytest.mark.parametrize("length, template", [(5, "auto"), (3, "auto"), (3, "plain")])
+def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, template):
     """Reward and prior terms of whole turns (N slots, shorter ones end-filled), of beam partials and of GCG
     variants (swaps, truncations, deletions, one more token before the end), with the RM as its own prior (its
     LM head in the same forward) and with a separate prior, against the whole decoded conversation: the reward by
     a full forward without cache, the prior's mean log-prob of the response's tokens and its end of turn by
-    transformers; J by its formula."""
+    transformers; J by its formula. The plain template has no suffix: the RM reads the response's last token, and
+    the prior's end of sequence ends the turn."""
     hf, lm, rm = tied
     n, lam, rho = 5, 0.7, 2.0
-    target = make_target(rm, PROMPT)
-    end = target.suffix[0]
+    target = make_target(rm, PROMPT, template)
+    end = target.suffix[0] if target.suffix else rm.tokenizer.eos_token_id
+    assert bool(target.suffix) == (template == "auto")
     words = _word_ids(rm.tokenizer)
     rng = np.random.default_rng(0)
     current = turns.from_turns([rng.choice(words, length).tolist()], n, end)[0]
@@ -93,10 +99,13 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length):
     def want(responses):
         rewards, logps = [], []
         for ids in responses:
-            full, start, stop = _conversation(rm.tokenizer, turns.tokens(ids, end))
-            assert full[stop] == end  # the conversation's end of turn follows the response
+            full, start, stop = _conversation(rm.tokenizer, turns.tokens(ids, end), template)
             rewards.append(float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32),
                                                           np.ones((1, len(full)), bool)))[0, 0]))
+            if template == "plain":
+                assert stop == len(full)
+                full = [*full, end]
+            assert full[stop] == end  # the end of turn follows the response
             logps.append(_torch_mean_log_prob(hf, full, start, stop + 1))
         return rewards, logps, full
 
@@ -105,7 +114,7 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length):
     r_atol = tolerance.any_rewards_atol(rm.params, rm.config, len(full) + n)
     lp_atol = tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32))
     for sign, prior in ((1.0, Prior.of(rm, target.prefix)), (-1.0, Prior.of(lm, target.prefix))):
-        obj = Objective(target, prior, lam, sign, rho, Forwards(10**6, n + len(target.suffix), n + 1))
+        obj = Objective(target, prior, lam, sign, rho, Forwards(10**6, n + obj_tail(target), n + 1))
         loss, extended, every = obj.gradient(current)
         assert loss.shape[0] == length + 1
         for got in (obj.score(cands), obj.score(cands, current, extended, every=every)):
@@ -195,28 +204,34 @@ def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_pr
                                    rtol=0)
 
 
-@pytest.mark.parametrize("sign, lam", [(1.0, 0.7), (-1.0, 0.0)])
-def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_apart(tied, sign, lam):
+@pytest.mark.parametrize("sign, lam, template", [(1.0, 0.7, "auto"), (-1.0, 0.0, "auto"), (1.0, 0.7, "plain")])
+def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_apart(tied, sign, lam, template):
     """One forward and backward of the RM gives d(sign·R + λ·mean log p)/d one_hot and the prior's log-probs at
     every position: equal to the reward's gradient (against PyTorch in test_gcg) and the prior's (against torch
-    autograd above), each from its own forward. At λ = 0 (the prior only proposes) the gradient is the reward's."""
+    autograd above), each from its own forward. At λ = 0 (the prior only proposes) the gradient is the reward's.
+    The gradient is over the turn: the response and its end of turn (row 5: a token put before the end). With the
+    plain template (no suffix) the reward is the response's last token's: the end of turn is the prior's only."""
     _, _, rm = tied
-    target = make_target(rm, PROMPT)
+    target = make_target(rm, PROMPT, template)
     prior, ids = Prior.of(rm, target.prefix), _word_ids(rm.tokenizer)[[3, 0, 5, 5, 8]]
-    obj = Objective(target, prior, lam, sign, 2.0, Forwards(10**6, len(ids) + len(target.suffix), len(ids) + 1))
+    obj = Objective(target, prior, lam, sign, 2.0, Forwards(10**6, len(ids) + obj_tail(target), len(ids) + 1))
     assert obj.rm_is_prior
     loss, _, every = obj.gradient(ids, explore=True)
     loss, every = np.asarray(loss), np.asarray(every)
-    # the turn: the response and its end of turn, the rest of the suffix after it (row 5: a token before the end)
-    turn = np.asarray([*ids.tolist(), target.suffix[0]], np.int32)
-    rest = make_target(rm, PROMPT, prefix=target.prefix, suffix=target.suffix[1:])
-    reward_grad = np.asarray(gcg_lib.reward_gradient(rest, turn))
+    end = target.suffix[0] if target.suffix else rm.tokenizer.eos_token_id
+    turn = np.asarray([*ids.tolist(), end], np.int32)
+    if target.suffix:
+        rest = make_target(rm, PROMPT, prefix=target.prefix, suffix=target.suffix[1:])
+        reward_grad = np.asarray(gcg_lib.reward_gradient(rest, turn))
+    else:  # the reward of the response alone; the end's row: nothing (the RM does not read it)
+        reward_grad = np.asarray(gcg_lib.reward_gradient(target, ids))
+        reward_grad = np.concatenate([reward_grad, np.zeros_like(reward_grad[:1])])
     prior_grad, want_every = (np.asarray(a) for a in prior_lib.prior_gradient(rm, prior.cache, prior.first, turn))
     full = np.asarray([[*target.prefix, *ids.tolist(), *target.suffix]], np.int32)
     lp_atol = tolerance.logprobs_atol(rm.params, rm.config, full)
     # both ways are f32 against the same exact value: twice each term's bound
-    atol = 2 * (tolerance.grad_atol(reward_grad, rm.config, full.shape[1], rm.config.hidden_size)
-                + lam * (lp_atol / len(ids) + tolerance.grad_atol(prior_grad, rm.config, full.shape[1], len(ids))))
+    atol = 2 * (tolerance.grad_atol(reward_grad, rm.config, full.shape[1] + 1, rm.config.hidden_size)
+                + lam * (lp_atol / len(ids) + tolerance.grad_atol(prior_grad, rm.config, full.shape[1] + 1, len(ids))))
     np.testing.assert_allclose(loss, -(sign * reward_grad + lam * prior_grad), atol=atol, rtol=0)
     np.testing.assert_allclose(every, want_every, atol=2 * lp_atol, rtol=0)
     assert np.abs(lam * prior_grad).max() > 10 * atol or lam == 0  # the prior's term is there to be missed
@@ -255,14 +270,14 @@ class _Ledger:
         def through_end(rows):  # a prior row's positions: up to and with its first end of turn
             return sum(row.index(end) + 1 if end in row else len(row) for row in np.asarray(rows).tolist())
 
-        variants = lambda m, ext, suffix, cur, v, rows, log_probs=False, longest=None: rm_add(  # noqa: E731
+        variants = lambda m, ext, suffix, cur, v, rows, log_probs=False, longest=None, **k: rm_add(  # noqa: E731
             sum(len(row) - first_change(list(row), list(cur)) + len(suffix) for row in v))
         counters = {
-            "score_responses": lambda m, c, s, r, b, first=None, lengths=None: rm_add(
+            "score_responses": lambda m, c, s, r, b, first=None, lengths=None, end=None: rm_add(
                 np.shape(r)[0] * (np.shape(r)[1] + self.tail) if lengths is None else int(np.sum(lengths + self.tail))),
             "score_variants": variants,
             "extend_prefix": lambda m, c, x: (rm_add if m is rm else lm_add)(np.size(x)),
-            "reward_gradient_on_device": lambda t, ids: rm_add(3 * (len(ids) + len(t.suffix))),
+            "reward_gradient_on_device": lambda t, ids, read_offset=0: rm_add(3 * (len(ids) + len(t.suffix))),
             "joint_gradient_on_device": lambda t, first, ids, *a, **k: rm_add(3 * (len(ids) + len(t.suffix))),
         }
         prior_counters = {
@@ -629,6 +644,9 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
                             search, lm=str(lm_folder), judge=str(lm_folder))
 
     drawn, draw = [], fluent._sample_starts
+    counted, real_update = [], frontier_job.Progress.update
+    monkeypatch.setattr(frontier_job.Progress, "update", lambda self, n, force=False: (
+        counted.append((n, self.total)), real_update(self, n, force))[1])
 
     def record_starts(objective, search_cfg, banned, retokenize, archive, *rest):
         before = len(archive.ids)
@@ -640,6 +658,8 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     monkeypatch.setattr(fluent, "_sample_starts", draw)
     csv = out / "frontier.csv"
     first = csv.read_bytes()
+    # the progress line counts every unit's budget (best-of-N's pooled one too), forward, to its total
+    assert all(n >= 0 for n, _ in counted) and sum(n for n, _ in counted) == counted[0][1] == 2 * (2 + 2) * 200
     # each λ's search draws its own prior samples (with one seed, λ = 0 paid again for λ = 1's), and the largest
     # λ's search draws the same ones in both directions (it keeps --seed)
     assert len(drawn) == 4 and all(drawn) and not drawn[0] & drawn[1] and not drawn[2] & drawn[3]

@@ -113,8 +113,8 @@ def _picked_log_probs(model, hidden: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
-                   variants: np.ndarray | list, rows: int, log_probs: bool = False, longest: int | None = None
-                   ) -> np.ndarray | tuple[np.ndarray, ...]:
+                   variants: np.ndarray | list, rows: int, log_probs: bool = False, longest: int | None = None,
+                   firsts: np.ndarray | None = None, read_offset: int = 0) -> np.ndarray | tuple[np.ndarray, ...]:
     """Rewards of responses [W, N] that each equal `current` [N] up to their first changed position (GCG's
     candidates): `extended`, the cache of prefix + current (extend_prefix, or append_kv after GCG's gradient),
     serves every variant's unchanged head, so a variant runs only from its first change on (+ suffix). The
@@ -131,31 +131,33 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
     variant's score depends on which variants shared its row (a NaN is rare: the second pass costs little).
 
     Variants may differ in length from current and from each other (whole turns, rmjax.search.turns: a list of
-    rows, each at most `longest` tokens, which sets the rows' width): each runs from its first change to its own
-    end, then the suffix."""
+    rows, each at most `longest` tokens, which sets the rows' width): each runs from its first change (or
+    `firsts`, no later) to its own end, then the suffix; the reward is read `read_offset` positions before the
+    span's last (plain whole turns end with an end of turn the RM does not read)."""
     if not len(variants):
         return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
     n, tail = len(current), len(suffix)
     variants = [np.asarray(v) for v in variants]
-    first = first_changes(current, variants)
+    first = first_changes(current, variants) if firsts is None else np.asarray(firsts)
     spans = np.asarray([len(v) - f + tail for v, f in zip(variants, first, strict=True)])
     width = (max(n, longest or 0, max(len(v) for v in variants)) + tail) + (1 + tail)
     packed = pack(spans, width)
-    out, summed = _score_packed(model, extended, suffix, current, variants, first, packed, rows, log_probs, width)
+    out, summed = _score_packed(model, extended, suffix, current, variants, first, packed, rows, log_probs, width,
+                                read_offset)
     shared = np.zeros(len(variants), bool)
     for members in packed:
         shared[members] = len(members) > 1
     again = np.flatnonzero(shared & ~(np.isfinite(out) & np.isfinite(summed)))
     if len(again):
         alone = _score_packed(model, extended, suffix, current, variants, first, [[int(i)] for i in again], rows,
-                              log_probs, width)
+                              log_probs, width, read_offset)
         out[again], summed[again] = alone[0][again], alone[1][again]
     return (out, summed) if log_probs else out
 
 
 def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
                   variants: list[np.ndarray], first: np.ndarray, packed: list[list[int]], rows: int,
-                  log_probs: bool, width: int) -> tuple[np.ndarray, np.ndarray]:
+                  log_probs: bool, width: int, read_offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """score_variants' forward of the variants' tails placed as `packed` says (the variants in each row): their
     rewards [W] and summed log-probabilities [W] (zeros without `log_probs`), zero for variants in no row."""
     n, tail = len(current), len(suffix)
@@ -174,7 +176,7 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
             ids[r, span] = np.concatenate([variants[i][first[i] :], suffix])
             rel[r, span] = np.arange(first[i], own + tail)  # positions after the prompt
             segment[r, span], cache_end[r, span] = slot, cache_width - n + first[i]
-            last[r, slot], owner[r, slot] = span.stop - 1, i
+            last[r, slot], owner[r, slot] = span.stop - 1 - read_offset, i
             at = span.stop
     scorer = variants_scorer(model.config, model.mesh, cache_width, n, per_call, slots, model.output_column,
                              log_probs)
@@ -188,7 +190,7 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
         scores, picked = (result, None) if not log_probs else (to_host(result[0]), to_host(result[1]))
         out[who[who >= 0]] = to_host(scores)[who >= 0]
         for r, slot in zip(*np.nonzero(who >= 0), strict=True):
-            i, stop = who[r, slot], last[start + r, slot] - tail  # the span's last response token
+            i, stop = who[r, slot], last[start + r, slot] + read_offset - tail  # the span's last response token
             if picked is not None:  # token j + 1 read at position j, from the first changed token on
                 summed[i] = picked[r, stop - (len(variants[i]) - first[i]) + 2 : stop + 1].sum()
     return out, summed
@@ -289,20 +291,23 @@ def turns_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int, suffix_l
                     column=column)
 
 
-def turn_rows(responses: np.ndarray, lengths: np.ndarray, suffix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each response's first `lengths` tokens followed by the suffix, right-padded with 0 to N + S: rows [W, N + S]
-    and the position to read each reward at [W]."""
+def turn_rows(responses: np.ndarray, lengths: np.ndarray, suffix: np.ndarray, end: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Each response's first `lengths` tokens followed by the suffix (which starts with the end of turn `end`), or,
+    with no suffix (plain), by `end` alone, which only the log-probs read: rows [W, N + max(S, 1)], right-padded
+    with 0, and the position to read each reward at [W] (the suffix's last; plain: the response's last)."""
     responses, suffix = np.asarray(responses, np.int32), np.asarray(suffix, np.int32)
     n, tail = responses.shape[1], len(suffix)
-    rows = np.zeros((len(responses), n + tail), np.int32)
+    after = suffix if tail else np.asarray([end], np.int32)
+    rows = np.zeros((len(responses), n + len(after)), np.int32)
     for i, length in enumerate(np.asarray(lengths).tolist()):
         rows[i, :length] = responses[i, :length]
-        rows[i, length : length + tail] = suffix
+        rows[i, length : length + len(after)] = after
     return rows, np.asarray(lengths, np.int32) + tail - 1
 
 
 def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, batch_size: int,
-                    first: jax.Array | None = None, lengths: np.ndarray | None = None
+                    first: jax.Array | None = None, lengths: np.ndarray | None = None, end: int | None = None
                     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Rewards of equal-length responses [W, N] after a cached prefix: [W] float32 (host loop). With `first` (the
     prefix's next-token log-probabilities [V], a model whose backbone ties its LM head: the same forward serves
@@ -316,7 +321,7 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
                      batching.rows_for(len(responses), batching.data_shards(model.mesh)))
     log_probs = first is not None
     if lengths is not None:
-        return _score_turn_batches(model, cache, suffix, responses, lengths, batch_size, first)
+        return _score_turn_batches(model, cache, suffix, responses, lengths, batch_size, first, end)
     scorer = batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, log_probs)
     params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()
     pending = []
@@ -333,10 +338,10 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
 
 
 def _score_turn_batches(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, lengths: np.ndarray,
-                        batch_size: int, first: jax.Array | None):
+                        batch_size: int, first: jax.Array | None, end: int | None):
     """score_responses of whole turns of `lengths` tokens (each response's first L of its N slots)."""
     suffix = np.asarray(to_host(suffix) if isinstance(suffix, jax.Array) else suffix, np.int32)
-    rows, read = turn_rows(responses, lengths, suffix)
+    rows, read = turn_rows(responses, lengths, suffix, end)
     log_probs = first is not None
     scorer = turns_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, len(suffix), log_probs)
     params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()

@@ -26,6 +26,7 @@ from rmjax.parallel import batching
 from rmjax.parallel.distributed import replicated, to_host
 from rmjax.scoring.prior import require_lm_head
 from rmjax.scoring.texts import score_texts
+from rmjax.search import turns
 from rmjax.text.chat import split_chat
 
 WIDTH_BUCKET = 16  # rows are left-padded to a multiple of this: few compilations
@@ -123,10 +124,8 @@ def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[lis
     template's text after the response, e.g. `<|im_end|>`), and the RM's reward of the completed text for `prompt`
     (score_texts: what experiments.score writes; a NaN/Inf reward raises NonFiniteError)."""
     split = split_chat(prior.tokenizer, prompt, template)
-    if not split.suffix:
-        raise UsageError(f"the {split.template} template puts no text after the response, so the prior's end of turn "
-                         "is unknown: the completion check needs a chat template (--template=chat).")
-    ends, added = greedy_continuations(prior, split.prefix, split.suffix[0], responses, max_new, batch_size)
+    end = turns.end_of_turn(split.suffix, prior.tokenizer, prior.source)  # plain: its end of sequence
+    ends, added = greedy_continuations(prior, split.prefix, end, responses, max_new, batch_size)
     decode = rm.tokenizer.decode
     ids, texts = [], []
     for response, more in zip(responses, added, strict=True):

@@ -164,7 +164,7 @@ def _sample_starts(objective: Objective, cfg: FluentConfig, banned, retokenize, 
     """--samples prior samples; at λ > 0 (or exploring, outside exact mode) as many as sample_share of the budget
     buys, if more (the fluent starts)."""
     prior, n, forwards, end = objective.prior, cfg.num_tokens, objective.forwards, objective.end
-    per_sample = forwards.cost(n + len(objective.target.suffix), n + 1)  # at most: a whole turn of N tokens
+    per_sample = forwards.cost(n + objective.tail, n + 1)  # at most: a whole turn of N tokens
     count = cfg.samples
     if objective.uses_prior or (cfg.explore and not exact):
         count = max(count, int(Fraction(cfg.sample_share) * budget // per_sample))
@@ -394,7 +394,7 @@ def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray) -> Fo
     when the RM is its own prior (the sampler's forward holds every position the reward reads but the suffix's),
     else one prior forward to draw it and its RM positions to score it."""
     forwards, n, end = objective.forwards, cfg.num_tokens, objective.end
-    full = n + len(objective.target.suffix)
+    full = n + objective.tail
     own = objective.rm_is_prior
     per_sample = forwards.cost(full) if own else forwards.cost(full, n + 1)
     count = int(forwards.left // per_sample)

@@ -11,6 +11,7 @@ from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.loading import config_and_tokenizer
 from rmjax.runs import results
 from rmjax.scoring import finite
+from rmjax.search import turns
 from rmjax.search.gcg_config import check_context
 from rmjax.text import chat
 
@@ -45,7 +46,8 @@ def check_before_loading(spec, judge: str) -> None:
         chat.split_chat(judge_tokenizer, text, "auto", judge_cfg.max_position_embeddings)
     except PromptTooLongError as error:
         raise PromptTooLongError(f"the judge --judge={judge}: {error}") from None
-    need = minimum_forwards(len(rm.prefix), len(rm.suffix), prior_prefix, search.num_tokens, search.start_share)
+    need = minimum_forwards(len(rm.prefix), turns.rm_tail(rm.suffix), prior_prefix, search.num_tokens,
+                            search.start_share)
     if spec.config.forwards < need:
         raise UsageError(budget_message(spec.config.forwards, need))
 

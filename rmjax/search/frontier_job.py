@@ -264,7 +264,7 @@ def _budget(cfg: FrontierConfig, method: str) -> int:
 def end_of_turn(rm: Model, spec: FrontierSpec, name: str) -> int:
     """The end-of-turn id of the RM's template for this prompt (rmjax.search.turns)."""
     split = chat.split_chat(rm.tokenizer, spec.prompts[name], spec.options.template)
-    return turns.end_of_turn(split.suffix, rm.source)
+    return turns.end_of_turn(split.suffix, rm.tokenizer, rm.source)
 
 
 @dataclasses.dataclass
@@ -280,11 +280,12 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
     """A prompt's RM target, prior, allowed tokens, re-tokenization check and reward scale."""
     text, template = spec.prompts[name], spec.options.template
     target = make_target(rm, text, template)
-    end = turns.end_of_turn(target.suffix, rm.source)
+    end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
     if lm is not rm:
         split = chat.split_chat(lm.tokenizer, text, template)
-        if turns.end_of_turn(split.suffix, lm.source) != end:
-            raise UsageError(f"--lm={lm.source} ends a turn with token {split.suffix[0]}, {rm.source} with {end}: "
+        theirs = turns.end_of_turn(split.suffix, lm.tokenizer, lm.source)
+        if theirs != end:
+            raise UsageError(f"--lm={lm.source} ends a turn with token {theirs}, {rm.source} with {end}: "
                              "whole responses need one end of turn; give a prior with the RM's chat template.")
     prior = Prior.of(lm, target.prefix if lm is rm else split.prefix)
     gcg_cfg = spec.search.gcg(allow_non_ascii=spec.config.allow_non_ascii, template=template)
@@ -321,7 +322,7 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
              lam: float | None, progress: Progress,
              seeds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Unit:
     cfg, search, started = spec.config, spec.search, time.perf_counter()
-    n, tail = search.num_tokens, len(p.target.suffix)
+    n, tail = search.num_tokens, turns.rm_tail(p.target.suffix)
     forwards = Forwards(_budget(cfg, method), n + tail, n + 1)
     # the prompt's prefill, once per model (the RM as its own prior: once)
     prior_prefix = len(p.prior.prefix) if p.prior.model is not p.target.model else 0
@@ -333,7 +334,7 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
     sign = 1.0 if direction == "optimal" else -1.0
     objective = Objective(p.target, p.prior, lam or 0.0, sign, cfg.repetition_penalty, forwards,
                           allow_nonfinite=spec.options.allow_nonfinite)
-    reported = [float(forwards.spent)]
+    reported = [0.0]  # the prefill counts too: a unit adds up to its budget
 
     def tick(latest=None) -> None:
         progress.update(int(float(forwards.spent)) - int(reported[0]))
@@ -350,7 +351,7 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
             raise NonFiniteError(f"every one of best-of-N's {len(found.ids)} samples has a NaN/Inf reward or prior "
                                  "log-prob: nothing to compare the search with. Check the models for NaN.")
     tick()
-    progress.update(cfg.forwards - int(float(forwards.spent)))  # what a unit left unspent: the line counts units
+    progress.update(_budget(cfg, method) - int(float(forwards.spent)))  # what a unit left: the line counts units
     unit = _finish(p, judge, spec, name, direction, method, lam, found, rows, time.perf_counter() - started)
     return dataclasses.replace(unit, swaps_skipped=objective.swaps_skipped,
                                candidates_dropped=objective.candidates_dropped)
@@ -381,7 +382,9 @@ def _finish(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: 
             lam: float | None, found: Found, rows: np.ndarray, seconds: float) -> Unit:
     """The unit's rows with their report-only terms: the prior log-prob where the search did not run the prior
     (λ = 0), the judge's perplexity and the round trip; any NaN/Inf stops the job."""
-    ids, values, end = found.ids[rows], found.values, turns.end_of_turn(p.target.suffix, p.target.model.source)
+    model = p.target.model
+    ids, values, end = found.ids[rows], found.values, turns.end_of_turn(p.target.suffix, model.tokenizer,
+                                                                         model.source)
     logp = values.prior_logp[rows].copy()
     missing = ~np.isfinite(logp)
     if missing.any():

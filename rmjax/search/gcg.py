@@ -91,26 +91,26 @@ def one_hot_forward(model, cache: nn.KVCache, one_hot, ids, suffix):
     return model(embeds=embeds[None], cache=cache)
 
 
-def _reward_of_one_hot(cfg, params, cache, one_hot, ids, suffix, *, column):
+def _reward_of_one_hot(cfg, params, cache, one_hot, ids, suffix, *, column, read_offset=0):
     """Reward of prefix + (one_hot @ E) + suffix, differentiable in the one-hot; and, as aux, the K/V of that
     forward (the cache GCG's candidates are scored against)."""
     model = nn.module(params, cfg)
     out = one_hot_forward(model, cache, one_hot, ids, suffix)
-    return model.reward_head(out.hidden[:, -1], cache.gate_input)[0, column], out.kv
+    return model.reward_head(out.hidden[:, -1 - read_offset], cache.gate_input)[0, column], out.kv
 
 
-def _grad_one_hot(cfg, params, cache, ids, suffix, *, column):
+def _grad_one_hot(cfg, params, cache, ids, suffix, *, column, read_offset=0):
     """d reward / d one_hot(ids) [N, V], and the K/V of the forward (aux)."""
     one_hot = jax.nn.one_hot(ids, cfg.vocab_size, dtype=jnp.float32)
     return jax.grad(_reward_of_one_hot, argnums=3, has_aux=True)(cfg, params, cache, one_hot, ids, suffix,
-                                                                  column=column)
+                                                                  column=column, read_offset=read_offset)
 
 
-def gradient_call(cfg, mesh, cache_width: int, column: int = 0) -> Compiled:
+def gradient_call(cfg, mesh, cache_width: int, column: int = 0, read_offset: int = 0) -> Compiled:
     """The compiled GCG gradient after a prefix cache [1, cache_width]: (params, cache, ids [N], suffix [S]) ->
     (d reward / d one_hot(ids) [N, V], the forward's K/V)."""
     return compiled(_grad_one_hot, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED),
-                    (REPLICATED, None), column=column)
+                    (REPLICATED, None), column=column, read_offset=read_offset)
 
 
 def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
@@ -118,11 +118,13 @@ def reward_gradient(target: Target, ids: np.ndarray) -> np.ndarray:
     return to_host(reward_gradient_on_device(target, ids)[0])
 
 
-def reward_gradient_on_device(target: Target, ids: np.ndarray) -> tuple[jax.Array, nn.KVCache]:
-    """The gradient, and the cache of prefix + ids that its forward computed on the way (prefix.append_kv)."""
+def reward_gradient_on_device(target: Target, ids: np.ndarray, read_offset: int = 0
+                              ) -> tuple[jax.Array, nn.KVCache]:
+    """The gradient, and the cache of prefix + ids that its forward computed on the way (prefix.append_kv); the
+    reward read `read_offset` positions before the last (a plain whole turn's end, which the RM does not read)."""
     m = target.model
     ids = np.asarray(ids, np.int32)
-    call = gradient_call(m.config, m.mesh, target.cache.k.shape[2], m.output_column)
+    call = gradient_call(m.config, m.mesh, target.cache.k.shape[2], m.output_column, read_offset)
     grad, kv = call(declared_params(m), target.cache, replicated(ids, m.mesh), target.suffix_ids)
     return grad, append_kv(m, target.cache, kv, len(ids))
 

@@ -49,13 +49,12 @@ from rmjax.search.gcg import Target, explain_nonfinite, one_hot_forward, reward_
 GRADIENT_COST = 3  # a backward pass costs about twice its forward
 
 
-def _shared_log_probs(current: np.ndarray, cands: list[np.ndarray], every: jax.Array, after: np.ndarray
-                      ) -> np.ndarray:
+def _shared_log_probs(current: np.ndarray, cands: list[np.ndarray], every: jax.Array, after: np.ndarray,
+                      first: np.ndarray) -> np.ndarray:
     """Mean log-probs of variants of `current` (turn forms, rmjax.search.turns: tokens and end of turn): its own
     tokens' before the first change and the changed token's (both from `every` [L + 1, V] on the device, the prior
     at every position of current's turn; only those L + 1 + W entries come to the host), then the tail's
-    (`after`, summed), over each variant's own length."""
-    first = first_changes(current, cands)
+    (`after`, summed), over each variant's own length; `first`: where each variant's forward started."""
     rows = np.concatenate([np.arange(len(current)), first])
     changed = [int(c[f]) for c, f in zip(cands, first, strict=True)]
     picked = to_host(every[rows, np.concatenate([current, changed]).astype(np.int32)])
@@ -65,14 +64,14 @@ def _shared_log_probs(current: np.ndarray, cands: list[np.ndarray], every: jax.A
 
 
 def _joint_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids, suffix, first, weights, *,
-                      column: int, fluent: bool):
+                      column: int, fluent: bool, read_offset: int = 0):
     """weights · (R, mean log p) of prefix + one_hot(ids) + suffix through a reward model that is its own prior:
     one forward gives the reward at its end and the prior's log-probs at the response's positions (causal: the
     suffix after them does not change them). Aux: the forward's K/V and those log-probs [N, V]; without `fluent`
     (λ = 0) J reads only R, and the log-probs are the prior's proposals."""
     model = nn.module(params, cfg)
     out = one_hot_forward(model, cache, one_hot, ids, suffix)
-    value = weights[0] * model.reward_head(out.hidden[:, -1], cache.gate_input)[0, column]
+    value = weights[0] * model.reward_head(out.hidden[:, -1 - read_offset], cache.gate_input)[0, column]
     every = prior_lib.every_log_probs_of_hidden(model, out.hidden[0, : ids.shape[0]], first)
     if not fluent:
         return value, (out.kv, jax.lax.stop_gradient(every))
@@ -80,26 +79,28 @@ def _joint_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids,
 
 
 def _joint_gradient(cfg: ModelConfig, params, cache: nn.KVCache, ids, suffix, first, weights, *, column: int,
-                    fluent: bool):
+                    fluent: bool, read_offset: int = 0):
     one_hot = jax.nn.one_hot(ids, first.shape[0], dtype=jnp.float32)
     return jax.grad(_joint_of_one_hot, argnums=3, has_aux=True)(cfg, params, cache, one_hot, ids, suffix, first,
-                                                                 weights, column=column, fluent=fluent)
+                                                                 weights, column=column, fluent=fluent,
+                                                                 read_offset=read_offset)
 
 
-def joint_gradient_call(cfg: ModelConfig, mesh, cache_width: int, column: int, fluent: bool) -> Compiled:
+def joint_gradient_call(cfg: ModelConfig, mesh, cache_width: int, column: int, fluent: bool, read_offset: int = 0
+                        ) -> Compiled:
     """The compiled joint gradient: (params, prefix cache [1, cache_width], ids [N], suffix [S], first [V],
     weights [2]) -> (d weights·(R, mean log p) / d one_hot(ids) [N, V], (the forward's K/V, log-probs [N, V]))."""
     return compiled(_joint_gradient, cfg, mesh, (PARAMS, Cache(1, cache_width), *[REPLICATED] * 4),
-                    (REPLICATED, (None, REPLICATED)), column=column, fluent=fluent)
+                    (REPLICATED, (None, REPLICATED)), column=column, fluent=fluent, read_offset=read_offset)
 
 
 def joint_gradient_on_device(target: Target, first: jax.Array, ids: np.ndarray, sign: float, lam: float,
-                             fluent: bool) -> tuple[jax.Array, nn.KVCache, jax.Array]:
+                             fluent: bool, read_offset: int = 0) -> tuple[jax.Array, nn.KVCache, jax.Array]:
     """d (sign·R + λ·mean log p) / d one_hot(ids) [N, V] (λ only with `fluent`), the RM cache of prefix + ids and
     the prior's log-probs at every position [N, V], from one forward and backward of the RM (its own prior)."""
     m = target.model
     ids = np.asarray(ids, np.int32)
-    call = joint_gradient_call(m.config, m.mesh, target.cache.k.shape[2], m.output_column, fluent)
+    call = joint_gradient_call(m.config, m.mesh, target.cache.k.shape[2], m.output_column, fluent, read_offset)
     weights = replicated(np.asarray([sign, lam], np.float32), m.mesh)
     grad, (kv, every) = call(declared_params(m), target.cache, replicated(ids, m.mesh), target.suffix_ids,
                              replicated(first, m.mesh), weights)
@@ -205,7 +206,9 @@ class Objective:
         if self.lam > 0 and self.prior is None:
             raise UsageError("a fluency weight λ > 0 needs a prior LM.")
         t = self.target
-        self.end = turns.end_of_turn(t.suffix, t.model.source)
+        self.end = turns.end_of_turn(t.suffix, t.model.tokenizer, t.model.source)
+        self.read_offset = 0 if turns.reads_end(t.suffix) else 1  # plain: the reward is read before the end
+        self.tail = turns.rm_tail(t.suffix)  # RM positions after a turn's tokens (Forwards' rm_unit is N + tail)
         rest = tuple(t.suffix[1:])  # the gradient's and variants' suffix: turn forms carry the end of turn
         self.turn_target = dataclasses.replace(t, suffix=rest,
                                                suffix_ids=replicated(np.asarray(rest, np.int32), t.model.mesh))
@@ -235,11 +238,19 @@ class Objective:
     def _positions(self, cands: np.ndarray, current: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The RM positions each candidate runs (whole: L + S; a variant of current: from its first change in turn
         form to the end of the suffix) and each one's prior positions if the prior runs it (L + 1)."""
-        size, tail = turns.lengths(cands, self.end), len(self.target.suffix)
+        size, tail = turns.lengths(cands, self.end), self.tail
         if current is None:
             return size + tail, size + 1
-        first = first_changes(turns.turn(current, self.end), [turns.turn(c, self.end) for c in cands])
+        first = self._firsts(turns.turn(current, self.end), [turns.turn(c, self.end) for c in cands])
         return size - first + tail, size + 1
+
+    def _firsts(self, mine: np.ndarray, variants: list[np.ndarray]) -> np.ndarray:
+        """Where each variant's RM forward starts (turn forms): its first change; with the plain template no later
+        than its last token, whose position the reward is read at (the end of turn after it is the prior's)."""
+        first = first_changes(mine, variants)
+        if self.read_offset:
+            first = np.minimum(first, np.asarray([len(v) - 2 for v in variants], np.int64))
+        return first
 
     def cost(self, cands: np.ndarray, current: np.ndarray | None = None, every=None, known: bool = False
              ) -> np.ndarray:
@@ -268,12 +279,14 @@ class Objective:
             return self._score_whole(cands, shared, known_logp)
         t, end = self.turn_target, self.end
         mine, variants = turns.turn(current, end), [turns.turn(c, end) for c in cands]
+        firsts = self._firsts(mine, variants)
         reward = score_variants(t.model, extended, np.asarray(t.suffix, np.int32), mine, variants, self.batch_size,
-                                log_probs=shared, longest=cands.shape[1] + 1)
+                                log_probs=shared, longest=cands.shape[1] + 1, firsts=firsts,
+                                read_offset=self.read_offset)
         if shared:
             reward, after = reward
-            return self._checked(self.values(reward, _shared_log_probs(mine, variants, every, after), cands),
-                                 cands)
+            logp = _shared_log_probs(mine, variants, every, after, firsts)
+            return self._checked(self.values(reward, logp, cands), cands)
         return self._checked(self.values(reward, self._mean_log_probs(cands, known_logp), cands), cands)
 
     def score_paid(self, cands: np.ndarray, known_logp: np.ndarray) -> Values:
@@ -285,7 +298,7 @@ class Objective:
         """J of d-token responses [W, d] (d ≤ N: a beam level; each a whole turn of d tokens), charged (d + S) RM
         positions each and d + 1 prior positions unless the RM is its own prior."""
         partials = np.asarray(partials, np.int32)
-        d, tail = partials.shape[1], len(self.target.suffix)
+        d, tail = partials.shape[1], self.tail
         shared = self.uses_prior and self.rm_is_prior
         self.forwards.charge(len(partials) * (d + tail),
                              len(partials) * (d + 1) if self.uses_prior and not shared else 0)
@@ -297,9 +310,9 @@ class Objective:
         t, size = self.target, turns.lengths(cands, self.end)
         if shared:
             reward, summed = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size,
-                                             first=self.prior.first, lengths=size)
+                                             first=self.prior.first, lengths=size, end=self.end)
             return self._checked(self.values(reward, summed.astype(np.float64) / (size + 1), cands), cands)
-        reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size, lengths=size)
+        reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size, lengths=size, end=self.end)
         return self._checked(self.values(reward, self._mean_log_probs(cands, known_logp), cands), cands)
 
     def _checked(self, v: Values, cands: np.ndarray) -> Values:
@@ -362,11 +375,12 @@ class Objective:
         if self.rm_is_prior and (self.uses_prior or explore):
             self.forwards.charge(GRADIENT_COST * (n + tail))
             grad, extended, every = joint_gradient_on_device(self.turn_target, self.prior.first, current, self.sign,
-                                                             self.lam, fluent=self.uses_prior)
+                                                             self.lam, fluent=self.uses_prior,
+                                                             read_offset=self.read_offset)
             return -grad, extended, every
         lm = GRADIENT_COST * n if self.uses_prior else n if explore else 0
         self.forwards.charge(GRADIENT_COST * (n + tail), lm)
-        grad, extended = reward_gradient_on_device(self.turn_target, current)
+        grad, extended = reward_gradient_on_device(self.turn_target, current, self.read_offset)
         loss = -self.sign * grad
         every = None
         if self.uses_prior:

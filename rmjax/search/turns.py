@@ -18,13 +18,27 @@ import numpy as np
 from rmjax.errors import UsageError
 
 
-def end_of_turn(suffix: tuple[int, ...] | list[int], source: str) -> int:
-    """The end-of-turn id: the template's suffix's first token (<end_of_turn>, <|im_end|>, <|eot_id|>). A template
-    with no suffix (a raw prompt) ends no turn: refused."""
-    if not len(suffix):
-        raise UsageError(f"{source}'s template puts nothing after the response (no end-of-turn token): whole "
-                         "responses need one; use a chat template (--template=auto with a chat model).")
-    return int(suffix[0])
+def end_of_turn(suffix: tuple[int, ...] | list[int], tokenizer, source: str) -> int:
+    """The end-of-turn id: the template's suffix's first token (<end_of_turn>, <|im_end|>, <|eot_id|>); with the
+    plain template (no suffix: the RM reads the response's last token) the tokenizer's end of sequence, which
+    only the prior reads. Neither: refused."""
+    end = suffix[0] if len(suffix) else tokenizer.eos_token_id
+    if end is None:
+        raise UsageError(f"{source}'s template puts nothing after the response and its tokenizer has no end-of-"
+                         "sequence token: whole responses need an end of turn; use a chat template.")
+    return int(end)
+
+
+def rm_tail(suffix) -> int:
+    """The RM positions after a whole turn's tokens: its suffix's, or with the plain template the end of turn
+    (which the RM runs for the log-probs its LM head gives, though the reward is read before it)."""
+    return max(len(suffix), 1)
+
+
+def reads_end(suffix) -> bool:
+    """Whether the RM reads the end of turn (a chat template's suffix starts with it) or only the prior does
+    (plain: the reward is read at the response's last token)."""
+    return len(suffix) > 0
 
 
 def lengths(ids: np.ndarray, end: int) -> np.ndarray:
