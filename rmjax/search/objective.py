@@ -1,21 +1,23 @@
-"""Issue 25's objective, and what it costs in forwards.
+"""Issue 25's objective over whole turns (issue 43, rmjax.search.turns), and what it costs in forwards.
 
 Optimal: maximize J = R + λ·F; pessimal: maximize J = −R + λ·F, i.e. fluent *and* disliked. R is the reward of
-prompt + response + suffix (one RM target, the GCG target), F = mean log p_prior(response | the prompt's chat
-context) − ρ·repetition. The repetition share counts the positions that repeat the token before them or a
-bigram seen earlier, over N: loops are what a small LM rates most likely, and ρ keeps F from rewarding them.
-At λ = 0 the prior has no say in J (it may still propose: rmjax.search.fluent's `explore`).
+prompt + response + suffix (one RM target, the GCG target), the response a whole turn of L ≤ N tokens; F = mean
+log p_prior over the response's L tokens and its end of turn (given the prompt's chat context) − ρ·repetition. The
+repetition share counts the response's positions that repeat the token before them or a bigram seen earlier, over
+L: loops are what a small LM rates most likely, and ρ keeps F from rewarding them. At λ = 0 the prior has no say
+in J (it may still propose: rmjax.search.fluent's `explore`).
 
 Forwards (the budget every method spends; `Forwards`): one forward is one whole candidate through one model after
-its cached prompt: response + the template's suffix (N + S positions) through the RM, the response (N positions)
-through the prior. A call running p positions of a model costs p / that model's unit: a GCG candidate that shares
-its head with the sequence it came from runs from its first change (prefix.score_variants), a beam partial of d
-tokens runs d + S. A gradient costs 3 times its forward's positions (forward + backward). When the RM is its own
-prior, one RM forward serves both terms: the prior log-probs of a candidate (whole, a beam partial, or a GCG
-variant's tail) and of a gradient are read off the LM head at the positions the RM runs, and cost no prior
-positions. A prompt's prefill costs its prefix positions once per model. Padding rows cost nothing (they carry no
-candidate), nor does a variant scored again alone because a row-mate was NaN (prefix.score_variants): a candidate
-is charged once. Counts are exact fractions.
+its cached prompt: a response of N tokens and the template's suffix (N + S positions; plain template: N + 1, the
+end of turn the RM runs for its log-probs) through the RM, the response and its end of turn (N + 1) through the
+prior. A call running p positions of a model costs p / that model's unit: a whole turn of L tokens L + S, a GCG
+candidate that shares its head with the sequence it came from runs from its first change in turn form
+(prefix.score_variants), a beam level's d-token turn d + S. A gradient costs 3 times its forward's positions
+(forward + backward). When the RM is its own prior, one RM forward serves both terms: the prior log-probs of a
+candidate (whole, a beam level, or a GCG variant's tail) and of a gradient are read off the LM head at the
+positions the RM runs, and cost no prior positions. A prompt's prefill costs its prefix positions once per model.
+Padding rows cost nothing (they carry no candidate), nor does a variant scored again alone because a row-mate was
+NaN (prefix.score_variants): a candidate is charged once. Counts are exact fractions.
 """
 
 from __future__ import annotations
