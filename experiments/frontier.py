@@ -6,8 +6,8 @@ python -m experiments.frontier --model=elo-rm-smollm2-135m --prompts=greatest --
     [--sweep=SWEEP_CSV]
 
 Writes OUT/frontier.csv (direction, lambda, method, rank, ids, text, roundtrip, ends_turn, completed_text, reward,
-reward_z, prior_logp, judge_ppl, completed_reward, forwards), OUT/frontier.png and OUT/frontier.csv.meta.json. Re-running the same command after a crash
-resumes from the last finished (direction, λ, method).
+reward_z, prior_logp, judge_ppl, completed_reward, forwards), OUT/frontier.png and OUT/frontier.csv.meta.json.
+Re-running the same command after a crash resumes from the last finished (direction, λ, method).
 """
 
 from __future__ import annotations

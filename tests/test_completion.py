@@ -167,11 +167,13 @@ def test_a_response_that_ends_the_turn_is_its_own_completion(setup, completed):
 
 def test_refusals(setup):
     prior, rm = setup["prior"], setup["rm"]
-    # the plain template puts nothing after the response: the prior's end of sequence ends it (its greedy
+    # the plain template puts nothing after the response: the newline before the next turn ends it (its greedy
     # continuation is the one greedy_continuations gives with that end)
     done = complete_responses(rm, prior, PROMPT, [[5], [6, 7]], template="plain", max_new=3)
     plain = split_chat(prior.tokenizer, PROMPT, "plain")
-    ends, added = greedy_continuations(prior, plain.prefix, prior.tokenizer.eos_token_id, [[5], [6, 7]], max_new=3)
+    newline = prior.tokenizer("\n", add_special_tokens=False).input_ids
+    assert len(newline) == 1
+    ends, added = greedy_continuations(prior, plain.prefix, newline[0], [[5], [6, 7]], max_new=3)
     assert done.completed_ids == [[5, *added[0]], [6, 7, *added[1]]] and (done.ends_turn == ends).all()
     context = prior.config.max_position_embeddings
     inproc.refused(lambda: greedy_continuations(prior, setup["prefix"], setup["end"], [[5], [6] * 10], max_new=context),

@@ -60,6 +60,13 @@ def _torch_mean_log_prob(hf, full: list[int], start: int, stop: int) -> float:
     return float(lp[np.arange(start - 1, stop - 1), full[start:stop]].mean())
 
 
+def _newline(tokenizer) -> int:
+    """The plain format's end of turn: the newline before the next `User:` line (one token here)."""
+    ids = tokenizer("\n", add_special_tokens=False).input_ids
+    assert len(ids) == 1
+    return ids[0]
+
+
 def obj_tail(target) -> int:
     return max(len(target.suffix), 1)
 
@@ -88,7 +95,7 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, t
     hf, lm, rm = tied
     n, lam, rho = 5, 0.7, 2.0
     target = make_target(rm, PROMPT, template)
-    end = target.suffix[0] if target.suffix else rm.tokenizer.eos_token_id
+    end = target.suffix[0] if target.suffix else _newline(rm.tokenizer)
     assert bool(target.suffix) == (template == "auto")
     words = _word_ids(rm.tokenizer)
     rng = np.random.default_rng(0)
@@ -218,7 +225,7 @@ def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_
     assert obj.rm_is_prior
     loss, _, every = obj.gradient(ids, explore=True)
     loss, every = np.asarray(loss), np.asarray(every)
-    end = target.suffix[0] if target.suffix else rm.tokenizer.eos_token_id
+    end = target.suffix[0] if target.suffix else _newline(rm.tokenizer)
     turn = np.asarray([*ids.tolist(), end], np.int32)
     if target.suffix:
         rest = make_target(rm, PROMPT, prefix=target.prefix, suffix=target.suffix[1:])
@@ -606,13 +613,13 @@ def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tie
         mean = _torch_mean_log_prob(hf, full, start, stop + end)
         atol = tolerance.logprobs_atol(judge.params, judge.config, np.asarray([full], np.int32))
         assert abs(np.log(ppl) + mean) <= atol, (text, np.log(ppl), -mean)
-    # a base model read as plain text (no chat template): its end-of-sequence token ends the response
+    # a base model read as plain text (no chat template): the newline before the next turn ends the response
     plain = chat.split_chat(judge.tokenizer, PROMPT, "plain")
     assert not plain.suffix
     for text, ppl in zip(texts, judge_perplexities(judge, PROMPT, texts, template="plain", end_of_turn=True),
                          strict=True):
         full = chat.Conversations(judge.tokenizer, PROMPT, "plain").token_ids([text])[0]
-        full = [*full, judge.tokenizer.eos_token_id]
+        full = [*full, _newline(judge.tokenizer)]
         mean = _torch_mean_log_prob(hf, full, len(plain.prefix), len(full))
         atol = tolerance.logprobs_atol(judge.params, judge.config, np.asarray([full], np.int32))
         assert abs(np.log(ppl) + mean) <= atol, (text, np.log(ppl), -mean)

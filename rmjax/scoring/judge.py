@@ -56,10 +56,9 @@ def check_room(judge: Model, prompt: str, prefix: int, suffix: int, texts: list[
 
 
 def judge_end_of_turn(judge: Model, prompt: str, template: str = "auto") -> int:
-    """What ends a response for the judge: its template's first token after the response, or, for a base model
-    read as plain text (no chat template), its end-of-sequence token."""
-    suffix = chat.split_chat(judge.tokenizer, prompt, template).suffix
-    end = suffix[0] if suffix else judge.tokenizer.eos_token_id
+    """What ends a response for the judge (chat.end_of_turn_id): its template's first token after the response,
+    or, for a base model read as plain text (no chat template), the newline before the next turn."""
+    end = chat.end_of_turn_id(judge.tokenizer, chat.split_chat(judge.tokenizer, prompt, template))
     if end is None:
         raise UsageError(f"the judge {judge.source} has no end of turn (no chat template, no end-of-sequence "
                          "token): give a judge that has one.")

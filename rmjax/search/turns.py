@@ -16,13 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from rmjax.errors import UsageError
+from rmjax.text import chat
 
 
 def end_of_turn(suffix: tuple[int, ...] | list[int], tokenizer, source: str) -> int:
-    """The end-of-turn id: the template's suffix's first token (<end_of_turn>, <|im_end|>, <|eot_id|>); with the
-    plain template (no suffix: the RM reads the response's last token) the tokenizer's end of sequence, which
-    only the prior reads. Neither: refused."""
-    end = suffix[0] if len(suffix) else tokenizer.eos_token_id
+    """The end-of-turn id (chat.end_of_turn_id): the template's suffix's first token (<end_of_turn>, <|im_end|>,
+    <|eot_id|>); with the plain template (no suffix: the RM reads the response's last token) the newline before
+    the next turn, which only the prior reads. Neither: refused."""
+    end = chat.end_of_turn_id(tokenizer, chat.ChatSplit("", (), tuple(suffix), "chat" if len(suffix) else "plain"))
     if end is None:
         raise UsageError(f"{source}'s template puts nothing after the response and its tokenizer has no end-of-"
                          "sequence token: whole responses need an end of turn; use a chat template.")
