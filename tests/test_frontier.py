@@ -430,6 +430,23 @@ def test_a_step_merges_its_improving_swaps_at_distinct_positions_best_first():
     assert merged_trials >= 15  # the rule was exercised, not only its empty case
 
 
+def test_merged_swaps_of_whole_turns_are_canonical():
+    """A cut (the end of turn put at a response's last slot) and an improving swap after it merge into the cut
+    turn itself, never into a row with tokens after its end of turn (one response under two keys)."""
+    end, current = 99, np.asarray([1, 2, 3, 99, 99], np.int32)
+    cands = np.asarray([[1, 2, 99, 99, 99], [1, 2, 3, 4, 99], [5, 2, 3, 99, 99]], np.int32)  # cut, grow, swap
+    j = np.asarray([3.0, 2.0, 1.0])
+    obj = _RecordingObjective(10**6)
+    obj.end = end
+    archive = fluent._Archive(obj.forwards)
+    seen = {tuple(r) for r in cands.tolist()}
+    fluent._merge_improvements(obj, fluent.FluentConfig(num_tokens=5, merges=3), current, 0.0, cands,
+                               objective.Values(j, j, j, j), None, None, [], archive, seen)
+    got = np.concatenate(obj.scored) if obj.scored else np.zeros((0, 5), np.int32)
+    assert (got == turns.canonical(got, end)).all()
+    assert got.tolist() == [[5, 2, 99, 99, 99]]  # the cut and the first swap; the growth after the cut is no token
+
+
 def test_pareto_front_and_hypervolume_against_brute_force():
     rng = np.random.default_rng(0)
     for trial in range(30):

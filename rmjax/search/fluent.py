@@ -331,7 +331,7 @@ def _merge_improvements(objective: Objective, cfg: FluentConfig, current: np.nda
             merged.append(row)
     if not merged:
         return
-    merged = np.asarray(merged)
+    merged = turns.canonical(np.asarray(merged), objective.end)  # a cut and a swap after it: one turn
     merged = merged[_fresh(merged, retokenize, seen, objective.end)]
     if len(merged):
         merged = _affordable(objective, merged, current, every)
