@@ -67,7 +67,8 @@ def _multiples(model: str, seed: int, args, folder: Path) -> list[dict]:
     target = make_target(rm, prompt)
     prior = Prior.of(rm, target.prefix)
     search = FluentConfig(num_tokens=args.num_tokens, seed=seed)
-    banned = banned_tokens(rm, rm.config.vocab_size, search.gcg())
+    banned = banned_tokens(rm, rm.config.vocab_size,  # as the job bans (frontier_job._prepare, its defaults)
+                           search.gcg(allow_non_ascii=FrontierConfig().allow_non_ascii, template="auto"))
     out = []
     for direction, summary in meta["summary"].items():
         sign = 1.0 if direction == "optimal" else -1.0
@@ -80,8 +81,9 @@ def _multiples(model: str, seed: int, args, folder: Path) -> list[dict]:
         order = _interleaved(len(found.ids), len(search.best_of_n_temperatures))
         ids, gain = found.ids[order], sign * found.values.reward[order]
         texts = turns.decode(rm.tokenizer, ids, objective.end)
-        first = json.dumps(sorted(_body(ids[: summary["best_of_n"]["samples"]], objective.end)))
-        same = first == json.dumps(sorted(_body(_job_samples(rows, direction), objective.end)))
+        # the job's written best-of-N rows (its top by J per λ) are among the redraw's first samples: the same draws
+        drawn = set(_body(found.ids[_jobs_share(summary["best_of_n"]["samples"], order)], objective.end))
+        same = set(_body(_job_samples(rows, direction), objective.end)) <= drawn
         mine = [r for r in rows if r["direction"] == direction and r["method"] == "search"]
         for cap in summary["at_judge_ppl"]:
             best = max((sign * float(r["reward"]) for r in mine if float(r["judge_ppl"]) <= cap["cap"]),
@@ -111,6 +113,12 @@ def _body(ids, end) -> list[str]:
 def _job_samples(rows, direction):  # the CSV keeps only best-of-N's top rows: compared as a set of distinct ids
     return [[int(t) for t in r["ids"].split()] for r in rows if r["direction"] == direction
             and r["method"] == "best_of_n"]
+
+
+def _jobs_share(samples: int, order: np.ndarray) -> np.ndarray:
+    """Indices (into best_of_n's concatenated streams) of the samples the job's own best-of-N drew: the first
+    `samples` of the interleaved order, each stream's prefix."""
+    return np.sort(order[:samples])
 
 
 def _interleaved(count: int, streams: int) -> np.ndarray:

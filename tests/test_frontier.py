@@ -574,6 +574,40 @@ def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_s
     assert repeated >= 10  # the trials do test the counting once
 
 
+def test_the_truncation_gain_is_the_direction_signed_loss_to_completion_over_distinct_rows():
+    """The summary's truncation gain against a brute-force reading of written rows: per group (search at λ > 0,
+    at λ = 0, best-of-N), each distinct response once, sign·(reward − completed_reward)/SD, its median and the
+    share that ends the turn."""
+    from rmjax.search.frontier_out import truncation_gains
+
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        direction = ("optimal", "pessimal")[trial % 2]
+        sign, sd = (1.0 if direction == "optimal" else -1.0), float(rng.uniform(0.5, 2.0))
+        groups = [("search", 0.0), ("search", 1.0), ("best_of_n", 1.0)]
+        table = []
+        for _ in range(int(rng.integers(1, 30))):
+            method, lam = groups[rng.integers(0, 3)]
+            table.append({"direction": ("optimal", "pessimal")[rng.integers(0, 2)], "method": method, "lambda": lam,
+                          "ids": str(rng.integers(0, 6)), "reward": float(rng.normal()),
+                          "completed_reward": float(rng.normal()), "ends_turn": int(rng.integers(0, 2))})
+        got = truncation_gains(table, direction, (0.3, sd))
+        for name, keep in (("search", lambda r: r["method"] == "search" and r["lambda"] > 0),
+                           ("search_lambda0", lambda r: r["method"] == "search" and r["lambda"] == 0),
+                           ("best_of_n", lambda r: r["method"] == "best_of_n")):
+            rows = {}
+            for r in table:  # the last row of each response, as a dict keyed by ids keeps it
+                if r["direction"] == direction and keep(r):
+                    rows[r["ids"]] = r
+            gains = [sign * (r["reward"] - r["completed_reward"]) / sd for r in rows.values()]
+            assert got[name]["rows"] == len(gains)
+            if gains:
+                assert got[name]["median_sd"] == pytest.approx(float(np.median(gains)), abs=1e-12)
+                assert got[name]["ends_turn"] == pytest.approx(np.mean([r["ends_turn"] for r in rows.values()]))
+            else:
+                assert got[name]["median_sd"] is None and got[name]["ends_turn"] is None
+
+
 def test_the_fluency_cost_is_the_best_reward_against_the_best_at_judge_perplexity_100():
     """The summary's fluency cost, against a brute-force reading of every search row: the most rewarding row (by
     direction) at any judge perplexity, the most rewarding at ≤ 100, their difference in reward and in SDs."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.errors import PromptTooLongError
 from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.scoring.prefix import prefill_prefix
@@ -58,11 +58,8 @@ def check_room(judge: Model, prompt: str, prefix: int, suffix: int, texts: list[
 def judge_end_of_turn(judge: Model, prompt: str, template: str = "auto") -> int:
     """What ends a response for the judge (chat.end_of_turn_id): its template's first token after the response,
     or, for a base model read as plain text (no chat template), the newline before the next turn."""
-    end = chat.end_of_turn_id(judge.tokenizer, chat.split_chat(judge.tokenizer, prompt, template))
-    if end is None:
-        raise UsageError(f"the judge {judge.source} has no end of turn (no chat template, no end-of-sequence "
-                         "token): give a judge that has one.")
-    return int(end)
+    return chat.end_of_turn_id(judge.tokenizer, chat.split_chat(judge.tokenizer, prompt, template).suffix,
+                               f"the judge {judge.source}")
 
 
 def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: str = "auto",

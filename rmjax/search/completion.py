@@ -124,7 +124,7 @@ def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[lis
     template's text after the response, e.g. `<|im_end|>`), and the RM's reward of the completed text for `prompt`
     (score_texts: what experiments.score writes; a NaN/Inf reward raises NonFiniteError)."""
     split = split_chat(prior.tokenizer, prompt, template)
-    end = turns.end_of_turn(split.suffix, prior.tokenizer, prior.source)  # plain: its end of sequence
+    end = turns.end_of_turn(split.suffix, prior.tokenizer, prior.source)  # plain: the newline before `User:`
     ends, added = greedy_continuations(prior, split.prefix, end, responses, max_new, batch_size)
     decode = rm.tokenizer.decode
     ids, texts = [], []

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from rmjax.errors import UsageError
 from rmjax.text import chat
 
 
@@ -23,11 +22,7 @@ def end_of_turn(suffix: tuple[int, ...] | list[int], tokenizer, source: str) -> 
     """The end-of-turn id (chat.end_of_turn_id): the template's suffix's first token (<end_of_turn>, <|im_end|>,
     <|eot_id|>); with the plain template (no suffix: the RM reads the response's last token) the newline before
     the next turn, which only the prior reads. Neither: refused."""
-    end = chat.end_of_turn_id(tokenizer, chat.ChatSplit("", (), tuple(suffix), "chat" if len(suffix) else "plain"))
-    if end is None:
-        raise UsageError(f"{source}'s template puts nothing after the response and its tokenizer has no end-of-"
-                         "sequence token: whole responses need an end of turn; use a chat template.")
-    return int(end)
+    return chat.end_of_turn_id(tokenizer, suffix, source)
 
 
 def rm_tail(suffix) -> int:

@@ -41,15 +41,20 @@ class ChatSplit:
         return [*self.prefix, *response, *self.suffix]
 
 
-def end_of_turn_id(tokenizer, split: ChatSplit) -> int | None:
-    """The token that ends the assistant's turn: the chat template's first token after the response
-    (<end_of_turn>, <|im_end|>, <|eot_id|>); in the plain format the newline before the next `User:` line (what
-    a base model writes when its answer is over; its end of sequence it almost never does), or the end of
-    sequence where a newline is not one token. None: neither."""
-    if split.suffix:
-        return int(split.suffix[0])
+def end_of_turn_id(tokenizer, suffix, source: str) -> int:
+    """The token that ends the assistant's turn after a response whose template suffix is `suffix`: the chat
+    template's first token after the response (<end_of_turn>, <|im_end|>, <|eot_id|>); in the plain format (no
+    suffix) the newline before the next `User:` line (what a base model writes when its answer is over; its end of
+    sequence it almost never does), or the end of sequence where a newline is not one token. Neither: refused."""
+    if len(suffix):
+        return int(suffix[0])
     newline = tokenizer("\n", add_special_tokens=False).input_ids
-    return int(newline[0]) if len(newline) == 1 else tokenizer.eos_token_id
+    end = newline[0] if len(newline) == 1 else tokenizer.eos_token_id
+    if end is None:
+        raise UsageError(f"{source}'s template puts nothing after the response and its tokenizer has neither a "
+                         "one-token newline nor an end-of-sequence token: whole responses need an end of turn; use "
+                         "a chat template.")
+    return int(end)
 
 
 def has_chat_template(tokenizer) -> bool:
