@@ -55,9 +55,38 @@ def _conversation(tokenizer, ids, template: str = "auto") -> tuple[list[int], in
 
 
 def _torch_mean_log_prob(hf, full: list[int], start: int, stop: int) -> float:
+    """The judge's term by transformers: the mean log-prob of full[start:stop]."""
     with torch.no_grad():
         lp = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0].double(), -1).numpy()
     return float(lp[np.arange(start - 1, stop - 1), full[start:stop]].mean())
+
+
+def _torch_fluency_log_prob(hf, full: list[int], start: int, stop: int) -> float:
+    """F's log-prob term by transformers: the mean log-prob of the response's tokens full[start : stop - 1] and the
+    log-prob of the end of turn full[stop - 1] after them, added at full weight."""
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0].double(), -1).numpy()
+    picked = lp[np.arange(start - 1, stop - 1), full[start:stop]]
+    return float(picked[:-1].mean() + picked[-1])
+
+
+def _check_prior_gradient(hf, lm, prefix, ids, weights, grad, every) -> None:
+    """A prior gradient (None: not taken) and its every-position log-probs against torch autograd of
+    Σ weights · log p(ids) through inputs_embeds, in float64."""
+    table = hf.get_input_embeddings().weight.detach().double()
+    one_hot = torch.nn.functional.one_hot(torch.tensor(ids, dtype=torch.long), table.shape[0]).double()
+    one_hot.requires_grad_(True)
+    embeds = torch.cat([table[torch.tensor(prefix)], one_hot @ table])[None]
+    lp = torch.log_softmax(hf.double()(inputs_embeds=embeds).logits[0], -1)
+    ((one_hot * lp[len(prefix) - 1 : -1]).sum(-1) * torch.tensor(weights, dtype=torch.float64)).sum().backward()
+    want = one_hot.grad.numpy()
+    hf.float()
+    full = np.asarray([[*prefix, *ids.tolist()]], np.int32)
+    lp_atol = tolerance.logprobs_atol(lm.params, lm.config, full)
+    np.testing.assert_allclose(every, lp[len(prefix) - 1 : -1].detach().numpy(), atol=lp_atol, rtol=0)
+    if grad is not None:  # the direct term (each position's log-probs, weighted) and the backward
+        atol = lp_atol * max(weights) + tolerance.grad_atol(want, lm.config, full.shape[1], len(ids))
+        np.testing.assert_allclose(grad, want, atol=atol, rtol=0)
 
 
 def _newline(tokenizer) -> int:
@@ -89,7 +118,7 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, t
     """Reward and prior terms of whole turns (N slots, shorter ones end-filled), of beam partials and of GCG
     variants (swaps, truncations, deletions, one more token before the end), with the RM as its own prior (its
     LM head in the same forward) and with a separate prior, against the whole decoded conversation: the reward by
-    a full forward without cache, the prior's mean log-prob of the response's tokens and its end of turn by
+    a full forward without cache, F's log-prob term (the response's tokens' mean + its end of turn's) by
     transformers; J by its formula. The plain template has no suffix: the RM reads the response's last token, and
     the prior's end of sequence ends the turn."""
     hf, lm, rm = tied
@@ -113,7 +142,7 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, t
                 assert stop == len(full)
                 full = [*full, end]
             assert full[stop] == end  # the end of turn follows the response
-            logps.append(_torch_mean_log_prob(hf, full, start, stop + 1))
+            logps.append(_torch_fluency_log_prob(hf, full, start, stop + 1))
         return rewards, logps, full
 
     want_reward, want_logp, full = want(cands)
@@ -167,36 +196,24 @@ def test_every_sequence_a_search_evaluates_carries_its_true_terms(tied, case):
                                    atol=tolerance.any_rewards_atol(rm.params, rm.config, len(full)))
         if i in known:  # the response's tokens and its end of turn
             np.testing.assert_allclose(
-                found.values.prior_logp[i], _torch_mean_log_prob(hf, full, len(prefix), len(prefix) + len(body) + 1),
+                found.values.prior_logp[i], _torch_fluency_log_prob(hf, full, len(prefix), len(prefix) + len(body) + 1),
                 rtol=0, atol=tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32)))
 
 
 def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_probs(tied):
-    """d mean log p / d one_hot(ids) against torch autograd through inputs_embeds; sampled responses avoid banned
+    """d F's log-prob / d one_hot(ids) against torch autograd through inputs_embeds (ids a turn form: three
+    tokens at 1/3 each and the end of turn at full weight), and the plain mean's; sampled responses avoid banned
     tokens and carry the prior's own log-probs (transformers on the whole conversation)."""
     hf, lm, _ = tied
     split = chat.split_chat(lm.tokenizer, PROMPT)
     prefix, ids = list(split.prefix), _word_ids(lm.tokenizer)[[1, 4, 2, 7]]
     prior = Prior.of(lm, prefix)
-    grad, every = (np.asarray(a) for a in prior_lib.prior_gradient(lm, prior.cache, prior.first, ids))
-    table = hf.get_input_embeddings().weight.detach().double()
-    one_hot = torch.nn.functional.one_hot(torch.tensor(ids, dtype=torch.long), table.shape[0]).double()
-    one_hot.requires_grad_(True)
-    embeds = torch.cat([table[torch.tensor(prefix)], one_hot @ table])[None]
-    hf_double = hf.double()
-    lp = torch.log_softmax(hf_double(inputs_embeds=embeds).logits[0], -1)
-    mean = (one_hot * lp[len(prefix) - 1 : -1]).sum() / len(ids)
-    mean.backward()
-    want = one_hot.grad.numpy()
-    hf.float()
-    full = np.asarray([[*prefix, *ids.tolist()]], np.int32)
-    lp_atol = tolerance.logprobs_atol(lm.params, lm.config, full)
-    # the direct term (each position's log-probs, over N) and the backward through the embeddings
-    atol = lp_atol / len(ids) + tolerance.grad_atol(want, lm.config, full.shape[1], len(ids))
-    np.testing.assert_allclose(grad, want, atol=atol, rtol=0)
-    np.testing.assert_allclose(every, lp[len(prefix) - 1 : -1].detach().numpy(), atol=lp_atol, rtol=0)
+    for by_hand in ([1 / 3, 1 / 3, 1 / 3, 1.0], [0.25] * 4):
+        weights = turns.fluency_weights([3], 4)[0] if by_hand[-1] == 1.0 else None
+        grad, every = (np.asarray(a) for a in prior_lib.prior_gradient(lm, prior.cache, prior.first, ids, weights))
+        _check_prior_gradient(hf, lm, prefix, ids, by_hand, grad, every)
     forward_only = np.asarray(prior_lib.every_log_probs(lm, prior.cache, prior.first, ids))  # the λ = 0 proposals
-    np.testing.assert_allclose(forward_only, lp[len(prefix) - 1 : -1].detach().numpy(), atol=lp_atol, rtol=0)
+    _check_prior_gradient(hf, lm, prefix, ids, [0.25] * 4, None, forward_only)
 
     banned = np.ones(lm.config.vocab_size, bool)
     banned[_word_ids(lm.tokenizer)] = False
@@ -213,7 +230,7 @@ def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_pr
 
 @pytest.mark.parametrize("sign, lam, template", [(1.0, 0.7, "auto"), (-1.0, 0.0, "auto"), (1.0, 0.7, "plain")])
 def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_apart(tied, sign, lam, template):
-    """One forward and backward of the RM gives d(sign·R + λ·mean log p)/d one_hot and the prior's log-probs at
+    """One forward and backward of the RM gives d(sign·R + λ·F's log-prob)/d one_hot and the prior's log-probs at
     every position: equal to the reward's gradient (against PyTorch in test_gcg) and the prior's (against torch
     autograd above), each from its own forward. At λ = 0 (the prior only proposes) the gradient is the reward's.
     The gradient is over the turn: the response and its end of turn (row 5: a token put before the end). With the
@@ -233,12 +250,13 @@ def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_
     else:  # the reward of the response alone; the end's row: nothing (the RM does not read it)
         reward_grad = np.asarray(gcg_lib.reward_gradient(target, ids))
         reward_grad = np.concatenate([reward_grad, np.zeros_like(reward_grad[:1])])
-    prior_grad, want_every = (np.asarray(a) for a in prior_lib.prior_gradient(rm, prior.cache, prior.first, turn))
+    prior_grad, want_every = (np.asarray(a) for a in prior_lib.prior_gradient(
+        rm, prior.cache, prior.first, turn, turns.fluency_weights([len(ids)], len(turn))[0]))
     full = np.asarray([[*target.prefix, *ids.tolist(), *target.suffix]], np.int32)
     lp_atol = tolerance.logprobs_atol(rm.params, rm.config, full)
     # both ways are f32 against the same exact value: twice each term's bound
     atol = 2 * (tolerance.grad_atol(reward_grad, rm.config, full.shape[1] + 1, rm.config.hidden_size)
-                + lam * (lp_atol / len(ids) + tolerance.grad_atol(prior_grad, rm.config, full.shape[1] + 1, len(ids))))
+                + lam * (lp_atol + tolerance.grad_atol(prior_grad, rm.config, full.shape[1] + 1, len(ids))))
     np.testing.assert_allclose(loss, -(sign * reward_grad + lam * prior_grad), atol=atol, rtol=0)
     np.testing.assert_allclose(every, want_every, atol=2 * lp_atol, rtol=0)
     assert np.abs(lam * prior_grad).max() > 10 * atol or lam == 0  # the prior's term is there to be missed
@@ -289,7 +307,7 @@ class _Ledger:
         }
         prior_counters = {
             "response_log_probs": lambda m, c, f, r, b=64: lm_add(through_end(r)),
-            "prior_gradient": lambda m, c, f, ids: lm_add(3 * len(ids)),
+            "prior_gradient": lambda m, c, f, ids, *a: lm_add(3 * len(ids)),
             "every_log_probs": lambda m, c, f, ids: lm_add(len(ids)),
             "next_log_probs": lambda m, c, f, p: lm_add(np.size(p)),
             "sample_responses": lambda m, c, f, b, count, length, *a, end=None, **k: lm_add(

@@ -122,8 +122,8 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
     keeps them apart), about `rows` rows per call (a multiple of 8): the positions run are the tails', with
     little padding.
     [W] float32. With `log_probs` (a model whose backbone ties its LM head: the same forward serves both), also
-    each variant's summed log-probabilities of its response tokens after its first change, read off the LM head
-    at its tail's positions [W] float32 (issue 25's fluency term; the first changed token's own log-probability
+    each variant's log-probabilities of its tokens after its first change, read off the LM head at its tail's
+    positions: a list of W float32 arrays (issue 25's fluency term; the first changed token's own log-probability
     is the cache's, which the caller has).
 
     A NaN/Inf tail makes every tail of its row NaN: the mask gives its keys weight 0, but 0 x NaN is NaN in the
@@ -135,31 +135,35 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
     `firsts`, no later) to its own end, then the suffix; the reward is read `read_offset` positions before the
     span's last (plain whole turns end with an end of turn the RM does not read)."""
     if not len(variants):
-        return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
+        return (np.zeros(0, np.float32), []) if log_probs else np.zeros(0, np.float32)
     n, tail = len(current), len(suffix)
     variants = [np.asarray(v) for v in variants]
     first = first_changes(current, variants) if firsts is None else np.asarray(firsts)
     spans = np.asarray([len(v) - f + tail for v, f in zip(variants, first, strict=True)])
     width = (max(n, longest or 0, max(len(v) for v in variants)) + tail) + (1 + tail)
     packed = pack(spans, width)
-    out, summed = _score_packed(model, extended, suffix, current, variants, first, packed, rows, log_probs, width,
+    out, picked = _score_packed(model, extended, suffix, current, variants, first, packed, rows, log_probs, width,
                                 read_offset)
     shared = np.zeros(len(variants), bool)
     for members in packed:
         shared[members] = len(members) > 1
-    again = np.flatnonzero(shared & ~(np.isfinite(out) & np.isfinite(summed)))
+    finite = np.isfinite(out) & np.asarray([np.isfinite(p).all() for p in picked])
+    again = np.flatnonzero(shared & ~finite)
     if len(again):
         alone = _score_packed(model, extended, suffix, current, variants, first, [[int(i)] for i in again], rows,
                               log_probs, width, read_offset)
-        out[again], summed[again] = alone[0][again], alone[1][again]
-    return (out, summed) if log_probs else out
+        out[again] = alone[0][again]
+        for i in again:
+            picked[i] = alone[1][i]
+    return (out, picked) if log_probs else out
 
 
 def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
                   variants: list[np.ndarray], first: np.ndarray, packed: list[list[int]], rows: int,
-                  log_probs: bool, width: int, read_offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                  log_probs: bool, width: int, read_offset: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
     """score_variants' forward of the variants' tails placed as `packed` says (the variants in each row): their
-    rewards [W] and summed log-probabilities [W] (zeros without `log_probs`), zero for variants in no row."""
+    rewards [W] and each one's log-probabilities after its first change (empty without `log_probs`), zero and empty
+    for variants in no row."""
     n, tail = len(current), len(suffix)
     slots = width // (1 + tail)  # the most tails a row can hold
     calls = -(-len(packed) // rows)
@@ -185,15 +189,15 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
         part = slice(start, start + per_call)
         placed = (batching.place(a[part], model.mesh) for a in (ids, rel, segment, cache_end, last))
         pending.append((start, owner[part], scorer(params, extended, *placed)))
-    out, summed = np.zeros(len(variants), np.float32), np.zeros(len(variants), np.float32)
+    out, tails = np.zeros(len(variants), np.float32), [np.zeros(0, np.float32) for _ in variants]
     for start, who, result in pending:
         scores, picked = (result, None) if not log_probs else (to_host(result[0]), to_host(result[1]))
         out[who[who >= 0]] = to_host(scores)[who >= 0]
         for r, slot in zip(*np.nonzero(who >= 0), strict=True):
             i, stop = who[r, slot], last[start + r, slot] + read_offset - tail  # the span's last response token
             if picked is not None:  # token j + 1 read at position j, from the first changed token on
-                summed[i] = picked[r, stop - (len(variants[i]) - first[i]) + 2 : stop + 1].sum()
-    return out, summed
+                tails[i] = picked[r, stop - (len(variants[i]) - first[i]) + 2 : stop + 1].astype(np.float32)
+    return out, tails
 
 
 def first_changes(current: np.ndarray, variants: np.ndarray | list) -> np.ndarray:
@@ -263,30 +267,26 @@ def batch_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int = 0, log_
                     column=column)
 
 
-def _score_turns(cfg: ModelConfig, params, cache: nn.KVCache, rows, read, first=None, *, column: int,
-                 tail: int = 1):
+def _score_turns(cfg: ModelConfig, params, cache: nn.KVCache, rows, read, first=None, *, column: int):
     """Whole turns (score_responses with `lengths`): rows [B, T] of response + suffix + padding, the reward read
     at `read` [B], the suffix's last position (causal: the padding after it changes nothing before it); with
-    `first`, the summed log-probabilities of each response's tokens and of the end of turn after them (the
-    suffix's first token: tokens 0..L of the row, L = read − `tail` + 1)."""
+    `first`, the log-probability of each row's token at each position [B, T] (the caller weighs the response's
+    tokens and the end of turn after them; what follows is not the prior's term)."""
     model = nn.module(params, cfg)
     hidden = model(ids=rows, cache=cache).hidden
     rewards = model.reward_head(hidden[jnp.arange(rows.shape[0]), read], cache.gate_input)[:, column]
     if first is None:
         return rewards
     picked = _picked_log_probs(model, hidden, rows)  # column t: token t + 1
-    lengths = read - (tail - 1)
-    keep = jnp.arange(picked.shape[1])[None] < lengths[:, None]  # tokens 1..L
-    return rewards, first[rows[:, 0]] + jnp.where(keep, picked, 0.0).sum(axis=1)
+    return rewards, jnp.concatenate([first[rows[:, :1]], picked], axis=1)
 
 
-def turns_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int, suffix_length: int, log_probs: bool
-                 ) -> Compiled:
+def turns_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int, log_probs: bool) -> Compiled:
     """The compiled scorer of whole turns (score_responses with `lengths`): (params, prefix cache, rows [B, T],
-    read [B](, first [V])) -> rewards [B] (, summed log-probabilities [B])."""
+    read [B](, first [V])) -> rewards [B] (, each position's log-probability [B, T])."""
     if log_probs:
         return compiled(_score_turns, cfg, mesh, (PARAMS, Cache(1, cache_width), ROWS(2), ROWS(1), REPLICATED),
-                        (ROWS(1), ROWS(1)), column=column, tail=suffix_length)
+                        (ROWS(1), ROWS(2)), column=column)
     return compiled(_score_turns, cfg, mesh, (PARAMS, Cache(1, cache_width), ROWS(2), ROWS(1)), ROWS(1),
                     column=column)
 
@@ -311,7 +311,9 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
                     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Rewards of equal-length responses [W, N] after a cached prefix: [W] float32 (host loop). With `first` (the
     prefix's next-token log-probabilities [V], a model whose backbone ties its LM head: the same forward serves
-    both), also each response's summed log-probabilities [W] float32 (issue 25's fluency term).
+    both), also each response's summed log-probabilities [W] float32 (issue 25's fluency term); of whole turns
+    (`lengths`), each position's log-probability [W, N + max(S, 1)] instead (turn_rows' rows; the caller weighs
+    the tokens and the end of turn).
 
     Every batch has the same shape (the last is padded), so one compilation serves all calls with
     this batch size; fewer responses than a batch run in the next power of two rows (a beam level's 32 partials
@@ -343,7 +345,7 @@ def _score_turn_batches(model: Model, cache: nn.KVCache, suffix, responses: np.n
     suffix = np.asarray(to_host(suffix) if isinstance(suffix, jax.Array) else suffix, np.int32)
     rows, read = turn_rows(responses, lengths, suffix, end)
     log_probs = first is not None
-    scorer = turns_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, len(suffix), log_probs)
+    scorer = turns_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, log_probs)
     params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()
     pending = []
     for start in range(0, len(rows), batch_size):
@@ -354,7 +356,8 @@ def _score_turn_batches(model: Model, cache: nn.KVCache, suffix, responses: np.n
         out = scorer(params, cache, batching.place(padded, model.mesh), batching.place(at, model.mesh), *extra)
         pending.append((len(read[part]), out if log_probs else (out,)))
     if not pending:
-        return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
+        return (np.zeros(0, np.float32), np.zeros((0, rows.shape[1]), np.float32)) if log_probs \
+            else np.zeros(0, np.float32)
     out = tuple(np.concatenate([to_host(r[k])[:n] for n, r in pending]).astype(np.float32)
                 for k in range(2 if log_probs else 1))
     return out if log_probs else out[0]

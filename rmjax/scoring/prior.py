@@ -77,14 +77,15 @@ def response_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, respon
     return np.concatenate([to_host(lp)[:n] for n, lp in pending]).astype(np.float32)
 
 
-def _mean_log_prob_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids, first):
-    """Mean log-probability of the response one_hot(ids) [N, V] after the prefix `cache`, differentiable in the
-    one-hot (through the embeddings and through which log-probability each position picks); as aux, the prior's
-    log-probabilities of every token at every position [N, V] (row j: token j given the tokens before it)."""
+def _weighted_log_prob_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids, first, weights):
+    """weights · log-probabilities of the response one_hot(ids) [N, V] after the prefix `cache` (weights [N]: the
+    caller's, a mean or the fluency term's), differentiable in the one-hot (through the embeddings and through which
+    log-probability each position picks); as aux, the prior's log-probabilities of every token at every position
+    [N, V] (row j: token j given the tokens before it)."""
     model = nn.module(params, cfg)
     embeds = ops.one_hot_rows(one_hot, model.embed.embedding[...], ids)
     every = every_log_probs_of_hidden(model, model(embeds=embeds[None], cache=cache).hidden[0], first)
-    return jnp.mean(jnp.sum(one_hot * every, axis=-1)), every
+    return jnp.sum(weights * jnp.sum(one_hot * every, axis=-1)), every
 
 
 def every_log_probs_of_hidden(model, hidden: jax.Array, first: jax.Array) -> jax.Array:
@@ -94,30 +95,35 @@ def every_log_probs_of_hidden(model, hidden: jax.Array, first: jax.Array) -> jax
     return jnp.concatenate([first[None], later])
 
 
-def _prior_gradient(cfg: ModelConfig, params, cache: nn.KVCache, ids, first):
+def _prior_gradient(cfg: ModelConfig, params, cache: nn.KVCache, ids, first, weights):
     one_hot = jax.nn.one_hot(ids, first.shape[0], dtype=jnp.float32)
-    return jax.grad(_mean_log_prob_of_one_hot, argnums=3, has_aux=True)(cfg, params, cache, one_hot, ids, first)
+    return jax.grad(_weighted_log_prob_of_one_hot, argnums=3, has_aux=True)(cfg, params, cache, one_hot, ids, first,
+                                                                            weights)
 
 
 def prior_gradient_call(cfg: ModelConfig, mesh, cache_width: int) -> Compiled:
-    """The compiled prior gradient: (params, prefix cache [1, cache_width], ids [N], first [V]) -> (d mean log p /
-    d one_hot(ids) [N, V], every token's log-probability at every position [N, V])."""
-    return compiled(_prior_gradient, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED),
+    """The compiled prior gradient: (params, prefix cache [1, cache_width], ids [N], first [V], weights [N]) ->
+    (d weights·log p / d one_hot(ids) [N, V], every token's log-probability at every position [N, V])."""
+    return compiled(_prior_gradient, cfg, mesh, (PARAMS, Cache(1, cache_width), *[REPLICATED] * 3),
                     (REPLICATED, REPLICATED))
 
 
-def prior_gradient(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """d mean log p(ids | prompt) / d one_hot(ids) [N, V] and the log-probabilities of every token at every
-    position [N, V], both on the device (GCG's fluency term and the prior's proposals)."""
+def prior_gradient(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.ndarray,
+                   weights: np.ndarray | None = None) -> tuple[jax.Array, jax.Array]:
+    """d weights·log p(ids | prompt) / d one_hot(ids) [N, V] (weights [N], default the mean) and the
+    log-probabilities of every token at every position [N, V], both on the device (the fluency term's gradient and
+    the prior's proposals)."""
     require_lm_head(model)
+    ids = np.asarray(ids, np.int32)
+    weights = np.full(len(ids), 1.0 / len(ids)) if weights is None else weights
     call = prior_gradient_call(model.config, model.mesh, cache.k.shape[2])
-    return call(declared_params(model), cache, replicated(np.asarray(ids, np.int32), model.mesh),
-                replicated(first, model.mesh))
+    return call(declared_params(model), cache, replicated(ids, model.mesh), replicated(first, model.mesh),
+                replicated(np.asarray(weights, np.float32), model.mesh))
 
 
 def _every_log_probs(cfg: ModelConfig, params, cache: nn.KVCache, ids, first):
-    return _mean_log_prob_of_one_hot(cfg, params, cache, jax.nn.one_hot(ids, first.shape[0], dtype=jnp.float32),
-                                     ids, first)[1]
+    one_hot = jax.nn.one_hot(ids, first.shape[0], dtype=jnp.float32)
+    return _weighted_log_prob_of_one_hot(cfg, params, cache, one_hot, ids, first, 0.0)[1]
 
 
 def every_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.ndarray) -> jax.Array:

@@ -177,17 +177,19 @@ def _sample_starts(objective: Objective, cfg: FluentConfig, banned, retokenize, 
     ids = turns.canonical(ids, end)
     keep = _fresh(ids, retokenize, seen, end)
     if keep.any():
-        archive.add(ids[keep], objective.score(ids[keep], known_logp=turn_means(lps[keep], ids[keep], end)))
+        archive.add(ids[keep], objective.score(ids[keep], known_logp=turn_fluency(lps[keep], ids[keep], end)))
 
 
-def turn_means(lps: np.ndarray, ids: np.ndarray, end: int, head: float | np.ndarray = 0.0, kept: int = 0
+def turn_fluency(lps: np.ndarray, ids: np.ndarray, end: int, head: float | np.ndarray = 0.0, kept: int = 0
                ) -> np.ndarray:
-    """Mean log-prob of whole turns [W, N] from a sampler's log-probs of their slots after the first `kept`
-    (prior.sample_responses with `end`: [W, N − kept + 1], the end of turn's included) and the kept tokens'
-    summed log-prob `head`: over each turn's L tokens and its end of turn."""
+    """F's log-prob term of whole turns [W, N] (turns.fluency_log_prob) from a sampler's log-probs of their slots
+    after the first `kept` (prior.sample_responses with `end`: [W, N − kept + 1], the end of turn's included) and
+    the kept tokens' summed log-prob `head`."""
     size = turns.lengths(ids, end)
-    within = np.arange(lps.shape[1])[None] <= (size - kept)[:, None]
-    return (head + np.where(within, lps.astype(np.float64), 0.0).sum(axis=1)) / (size + 1)
+    lps = lps.astype(np.float64)
+    at_end = lps[np.arange(len(lps)), size - kept]
+    tokens = head + np.where(np.arange(lps.shape[1])[None] < (size - kept)[:, None], lps, 0.0).sum(axis=1)
+    return tokens / size + at_end
 
 
 def _fresh(cands: np.ndarray, retokenize, seen: set, end: int) -> np.ndarray:
@@ -372,7 +374,7 @@ def _resample_tails(objective: Objective, cfg: FluentConfig, current: np.ndarray
     own = float(to_host(every[np.arange(j), current[:j]]).astype(np.float64).sum())  # j entries, not [L + 1, V]
     keep = _fresh(cands, retokenize, seen, end)
     if keep.any():
-        cands, known = cands[keep], turn_means(lps[keep], cands[keep], end, own, j)
+        cands, known = cands[keep], turn_fluency(lps[keep], cands[keep], end, own, j)
         fits = len(_affordable(objective, cands, current, None, known=True))
         archive.add(cands[:fits], objective.score(cands[:fits], current, extended, known_logp=known[:fits]))
 
@@ -410,7 +412,7 @@ def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray) -> Fo
         ids.append(turns.canonical(drawn, end))
         lps.append(lp)
     ids, lps = np.concatenate(ids), np.concatenate(lps)
-    known = turn_means(lps, ids, end)
+    known = turn_fluency(lps, ids, end)
     values = objective.score_paid(ids, known) if own else objective.score(ids, known_logp=known)
     best = int(np.lexsort((np.arange(count), -values.objective))[0])
     return Found(ids.astype(np.int64), values, forwards.spent,

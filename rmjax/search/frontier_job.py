@@ -110,6 +110,7 @@ def frontier_identity(spec: FrontierSpec, model_fp: dict, lm_fp: dict | None, ju
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
             "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)",
+            "fluency": "mean token log-prob + end of turn at full weight",
             "sweep": results.file_sha1(spec.sweep) if spec.sweep else None}
 
 
@@ -388,7 +389,7 @@ def _finish(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: 
     logp = values.prior_logp[rows].copy()
     missing = ~np.isfinite(logp)
     if missing.any():
-        logp[missing] = p.prior.mean_log_probs(ids[missing], end)
+        logp[missing] = p.prior.fluency_log_probs(ids[missing], end)
     tokenizer = p.target.model.tokenizer
     texts = turns.decode(tokenizer, ids, end)
     ppl = judge_perplexities(judge, spec.prompts[name], texts, end_of_turn=True)  # in the judge's own template

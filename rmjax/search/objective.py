@@ -1,8 +1,9 @@
 """Issue 25's objective over whole turns (issue 43, rmjax.search.turns), and what it costs in forwards.
 
 Optimal: maximize J = R + λ·F; pessimal: maximize J = −R + λ·F, i.e. fluent *and* disliked. R is the reward of
-prompt + response + suffix (one RM target, the GCG target), the response a whole turn of L ≤ N tokens; F = mean
-log p_prior over the response's L tokens and its end of turn (given the prompt's chat context) − ρ·repetition. The
+prompt + response + suffix (one RM target, the GCG target), the response a whole turn of L ≤ N tokens; F = the
+mean log p_prior over the response's L tokens + log p_prior of its end of turn after them, at full weight (given
+the prompt's chat context; turns.fluency_weights says why) − ρ·repetition. The
 repetition share counts the response's positions that repeat the token before them or a bigram seen earlier, over
 L: loops are what a small LM rates most likely, and ρ keeps F from rewarding them. At λ = 0 the prior has no say
 in J (it may still propose: rmjax.search.fluent's `explore`).
@@ -51,33 +52,39 @@ from rmjax.search.gcg import Target, explain_nonfinite, one_hot_forward, reward_
 GRADIENT_COST = 3  # a backward pass costs about twice its forward
 
 
-def _shared_log_probs(current: np.ndarray, cands: list[np.ndarray], every: jax.Array, after: np.ndarray,
+def _shared_log_probs(current: np.ndarray, cands: list[np.ndarray], every: jax.Array, after: list[np.ndarray],
                       first: np.ndarray) -> np.ndarray:
-    """Mean log-probs of variants of `current` (turn forms, rmjax.search.turns: tokens and end of turn): its own
-    tokens' before the first change and the changed token's (both from `every` [L + 1, V] on the device, the prior
-    at every position of current's turn; only those L + 1 + W entries come to the host), then the tail's
-    (`after`, summed), over each variant's own length; `first`: where each variant's forward started."""
+    """F's log-prob term of variants of `current` (turn forms, rmjax.search.turns: tokens and end of turn): its own
+    tokens' log-probs before the first change and the changed token's (both from `every` [L + 1, V] on the device,
+    the prior at every position of current's turn; only those L + 1 + W entries come to the host), then the
+    tail's (`after`, from the variant's forward), weighed by turns.fluency_log_prob; `first`: where each variant's
+    forward started."""
     rows = np.concatenate([np.arange(len(current)), first])
     changed = [int(c[f]) for c, f in zip(cands, first, strict=True)]
-    picked = to_host(every[rows, np.concatenate([current, changed]).astype(np.int32)])
-    own = np.concatenate([[0.0], np.cumsum(picked[: len(current)].astype(np.float64))])
-    sizes = np.asarray([len(c) for c in cands], np.float64)
-    return (own[first] + picked[len(current):].astype(np.float64) + after) / sizes
+    picked = to_host(every[rows, np.concatenate([current, changed]).astype(np.int32)]).astype(np.float64)
+    own, width = picked[: len(current)], max(len(c) for c in cands)
+    lps = np.zeros((len(cands), width), np.float64)
+    for i, (f, tail) in enumerate(zip(first, after, strict=True)):
+        row = np.concatenate([own[:f], [picked[len(current) + i]], tail])
+        lps[i, : len(row)] = row
+    return turns.fluency_log_prob(lps, [len(c) - 1 for c in cands])
 
 
 def _joint_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids, suffix, first, weights, *,
                       column: int, fluent: bool, read_offset: int = 0):
-    """weights · (R, mean log p) of prefix + one_hot(ids) + suffix through a reward model that is its own prior:
-    one forward gives the reward at its end and the prior's log-probs at the response's positions (causal: the
-    suffix after them does not change them). Aux: the forward's K/V and those log-probs [N, V]; without `fluent`
-    (λ = 0) J reads only R, and the log-probs are the prior's proposals."""
+    """weights · (R, F's log-prob term) of prefix + one_hot(ids) + suffix through a reward model that is its own
+    prior (ids: a turn form, its last the end of turn: turns.fluency_weights): one forward gives the reward at its
+    end and the prior's log-probs at the turn's positions (causal: the suffix after them does not change them).
+    Aux: the forward's K/V and those log-probs [N, V]; without `fluent` (λ = 0) J reads only R, and the log-probs
+    are the prior's proposals."""
     model = nn.module(params, cfg)
     out = one_hot_forward(model, cache, one_hot, ids, suffix)
     value = weights[0] * model.reward_head(out.hidden[:, -1 - read_offset], cache.gate_input)[0, column]
     every = prior_lib.every_log_probs_of_hidden(model, out.hidden[0, : ids.shape[0]], first)
     if not fluent:
         return value, (out.kv, jax.lax.stop_gradient(every))
-    return value + weights[1] * jnp.mean(jnp.sum(one_hot * every, axis=-1)), (out.kv, every)
+    fluency = turns.fluency_weights([ids.shape[0] - 1], ids.shape[0])[0].astype(np.float32)
+    return value + weights[1] * jnp.sum(fluency * jnp.sum(one_hot * every, axis=-1)), (out.kv, every)
 
 
 def _joint_gradient(cfg: ModelConfig, params, cache: nn.KVCache, ids, suffix, first, weights, *, column: int,
@@ -91,14 +98,14 @@ def _joint_gradient(cfg: ModelConfig, params, cache: nn.KVCache, ids, suffix, fi
 def joint_gradient_call(cfg: ModelConfig, mesh, cache_width: int, column: int, fluent: bool, read_offset: int = 0
                         ) -> Compiled:
     """The compiled joint gradient: (params, prefix cache [1, cache_width], ids [N], suffix [S], first [V],
-    weights [2]) -> (d weights·(R, mean log p) / d one_hot(ids) [N, V], (the forward's K/V, log-probs [N, V]))."""
+    weights [2]) -> (d weights·(R, F's log-prob) / d one_hot(ids) [N, V], (the forward's K/V, log-probs [N, V]))."""
     return compiled(_joint_gradient, cfg, mesh, (PARAMS, Cache(1, cache_width), *[REPLICATED] * 4),
                     (REPLICATED, (None, REPLICATED)), column=column, fluent=fluent, read_offset=read_offset)
 
 
 def joint_gradient_on_device(target: Target, first: jax.Array, ids: np.ndarray, sign: float, lam: float,
                              fluent: bool, read_offset: int = 0) -> tuple[jax.Array, nn.KVCache, jax.Array]:
-    """d (sign·R + λ·mean log p) / d one_hot(ids) [N, V] (λ only with `fluent`), the RM cache of prefix + ids and
+    """d (sign·R + λ·F's log-prob) / d one_hot(ids) [N, V] (λ only with `fluent`), the RM cache of prefix + ids and
     the prior's log-probs at every position [N, V], from one forward and backward of the RM (its own prior)."""
     m = target.model
     ids = np.asarray(ids, np.int32)
@@ -156,7 +163,7 @@ def repetition(ids: np.ndarray, end: int | None = None) -> np.ndarray:
 
 @dataclasses.dataclass
 class Values:
-    """The terms of candidates [W]: reward, mean prior log-prob (NaN where the prior was not run: λ = 0),
+    """The terms of candidates [W]: reward, F's prior log-prob term (NaN where the prior was not run: λ = 0),
     repetition share and objective J."""
 
     reward: np.ndarray
@@ -180,13 +187,13 @@ class Prior:
         return cls(model, tuple(prefix), prefill_prefix(model, prefix),
                    prior_lib.first_token_log_probs(model, list(prefix)))
 
-    def mean_log_probs(self, ids: np.ndarray, end: int, batch_size: int = 64) -> np.ndarray:
-        """Mean log-prob of each whole turn [W, N] (turns): its tokens and its end of turn."""
+    def fluency_log_probs(self, ids: np.ndarray, end: int, batch_size: int = 64) -> np.ndarray:
+        """F's log-prob term of each whole turn [W, N] (turns.fluency_log_prob: its tokens' mean and its end of
+        turn's)."""
         ids = np.asarray(ids)
-        size = turns.lengths(ids, end) + 1
         rows = np.concatenate([ids, np.full((len(ids), 1), end)], axis=1)
-        lps = prior_lib.response_log_probs(self.model, self.cache, self.first, rows, batch_size).astype(np.float64)
-        return np.where(np.arange(rows.shape[1])[None] < size[:, None], lps, 0.0).sum(axis=1) / size
+        lps = prior_lib.response_log_probs(self.model, self.cache, self.first, rows, batch_size)
+        return turns.fluency_log_prob(lps, turns.lengths(ids, end))
 
 
 @dataclasses.dataclass(eq=False)
@@ -268,7 +275,7 @@ class Objective:
         each from its first change (in turn form) against `extended`, the cache of prefix + current's turn (from
         the gradient's forward); when the RM is its own prior, its forward's LM head gives the prior term (no
         prior forward): for variants, with `every` (the prior's log-probs at every position of current's turn,
-        from the gradient). `known_logp`: their mean prior log-probs, already computed (a sampler's): the prior
+        from the gradient). `known_logp`: their F log-prob terms, already computed (a sampler's): the prior
         is not run again."""
         cands = np.asarray(cands, np.int32)
         if current is not None and extended is None:
@@ -289,11 +296,11 @@ class Objective:
             reward, after = reward
             logp = _shared_log_probs(mine, variants, every, after, firsts)
             return self._checked(self.values(reward, logp, cands), cands)
-        return self._checked(self.values(reward, self._mean_log_probs(cands, known_logp), cands), cands)
+        return self._checked(self.values(reward, self._fluency_log_probs(cands, known_logp), cands), cands)
 
     def score_paid(self, cands: np.ndarray, known_logp: np.ndarray) -> Values:
         """J of whole turns whose forwards the caller charged (best-of-N's samples drawn by the RM as its own
-        prior: the sampler's forward was the scoring one), with their known mean log-probs."""
+        prior: the sampler's forward was the scoring one), with their known F log-prob terms."""
         return self._score_whole(np.asarray(cands, np.int32), False, known_logp)
 
     def score_partials(self, partials: np.ndarray) -> Values:
@@ -311,11 +318,11 @@ class Objective:
         prior term too."""
         t, size = self.target, turns.lengths(cands, self.end)
         if shared:
-            reward, summed = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size,
-                                             first=self.prior.first, lengths=size, end=self.end)
-            return self._checked(self.values(reward, summed.astype(np.float64) / (size + 1), cands), cands)
+            reward, lps = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size,
+                                          first=self.prior.first, lengths=size, end=self.end)
+            return self._checked(self.values(reward, turns.fluency_log_prob(lps, size), cands), cands)
         reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size, lengths=size, end=self.end)
-        return self._checked(self.values(reward, self._mean_log_probs(cands, known_logp), cands), cands)
+        return self._checked(self.values(reward, self._fluency_log_probs(cands, known_logp), cands), cands)
 
     def _checked(self, v: Values, cands: np.ndarray) -> Values:
         """GCG's rule for what it scores: a NaN/Inf term J reads (the reward; the prior log-prob at λ > 0) stops the
@@ -341,10 +348,10 @@ class Objective:
         return f" (the prior {self.prior.model.source})" + finite.diagnose(self.prior.model,
                                                                           [*self.prior.prefix, *ids.tolist()])
 
-    def _mean_log_probs(self, cands: np.ndarray, known_logp: np.ndarray | None) -> np.ndarray:
+    def _fluency_log_probs(self, cands: np.ndarray, known_logp: np.ndarray | None) -> np.ndarray:
         if known_logp is not None:
             return np.asarray(known_logp, np.float64)
-        return self.prior.mean_log_probs(cands, self.end) if self.uses_prior else np.full(len(cands), np.nan)
+        return self.prior.fluency_log_probs(cands, self.end) if self.uses_prior else np.full(len(cands), np.nan)
 
     def extended_cache(self, current: np.ndarray):
         """The RM cache of prefix + current's turn (what `score` runs variants against), charged L + 1 RM
@@ -387,7 +394,7 @@ class Objective:
         every = None
         if self.uses_prior:
             prior_grad, every = prior_lib.prior_gradient(self.prior.model, self.prior.cache, self.prior.first,
-                                                         current)
+                                                         current, turns.fluency_weights([n - 1], n)[0])
             vocab = min(loss.shape[1], prior_grad.shape[1])
             loss = loss[:, :vocab] - self.lam * jax.device_put(prior_grad[:, :vocab], loss.sharding)
         elif explore:
