@@ -5,15 +5,18 @@ python -m experiments.beam --model=elo-rm-smollm2-135m --prompts=greatest --dept
     [--from_sweep=SWEEP_CSV] [--exhaustive] [--batch_size=0 (auto)] [--chunk_size=4096] [--mesh=data:8,model:1]
 
 Rows: `depth, direction, rank, ids, tokens, decoded, <one score column per prompt>`; with several prompts the
-beam ranks by their mean reward. Re-running the same command after a crash resumes from the last chunk. Before
-the first forward it prints an estimate of the whole job (every depth and direction); the progress line keeps it.
+beam ranks by their mean reward. The completion check (OUT.completions.csv): the RM's own LM (or --lm) continues
+each written response greedily to its end of turn and the RM scores that, per prompt: `depth, direction, rank,
+ids, prompt, ends_turn, completed_text, reward, completed_reward, truncation_gain`. Re-running the same command
+after a crash resumes from the last chunk. Before the first forward it prints an estimate of the whole job (every
+depth and direction); the progress line keeps it.
 """
 
 from __future__ import annotations
 
 from absl import flags
 
-from experiments import candidates, common, config_flags
+from experiments import candidates, common, config_flags, lm_flag
 from rmjax.search.beam import BeamConfig
 
 OUT = flags.DEFINE_string("out", "results/beam.csv", "Output CSV; a .meta.json is written beside it.")
@@ -31,6 +34,7 @@ FROM_SWEEP = flags.DEFINE_string("from_sweep", None,
 SHOW = flags.DEFINE_integer("show", 5, "Sequences printed per depth and direction at the end.", lower_bound=0)
 BEAM_CONFIG = config_flags.define(BeamConfig, skip=("template",))
 flags.adopt_module_key_flags(common)
+flags.adopt_module_key_flags(lm_flag)
 flags.adopt_module_key_flags(candidates)
 flags.adopt_module_key_flags(config_flags)
 
@@ -48,10 +52,11 @@ def main(argv):
     beam_job.run_beam(beam_job.BeamSpec(
         common.options(OUT.value), prompts, cfg, None if token_ids is None else tuple(token_ids),
         vocab_file=VOCAB_FILE.value, limit=LIMIT.value, from_sweep=FROM_SWEEP.value,
-        batch_size=candidates.BATCH_SIZE.value, chunk_size=candidates.CHUNK_SIZE.value))
+        batch_size=candidates.BATCH_SIZE.value, chunk_size=candidates.CHUNK_SIZE.value, lm=lm_flag.LM.value))
     if distributed.is_main():
         print(beam_job.summary(OUT.value, SHOW.value))
-        print(f"wrote {OUT.value} and {results.meta_path(OUT.value)}")
+        done = beam_job.completions_path(OUT.value)
+        print(f"wrote {OUT.value}{f', {done}' if done.is_file() else ''} and {results.meta_path(OUT.value)}")
 
 
 if __name__ == "__main__":

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from absl import flags
 
-from experiments import common, config_flags
+from experiments import common, config_flags, lm_flag
 from rmjax.search.fluent import FluentConfig
 from rmjax.search.frontier_job import FrontierConfig
 
 OUT = flags.DEFINE_string("out", "results/frontier", "Output folder: frontier.csv, frontier.png, .meta.json.")
-LM = flags.DEFINE_string("lm", None, "The prior: a causal LM with the RM's tokenizer (default: the RM's own "
-                         "backbone, when it ties its embeddings).")
 JUDGE = flags.DEFINE_string("judge", None, "The judge: a causal LM of another family (default: gemma-3-270m for a "
                             "Llama-family RM, smollm2-135m-instruct for a Gemma one).")
 SWEEP = flags.DEFINE_string("sweep", None, "A finished experiments.sweep CSV of this RM and prompt: reward_z uses its "
@@ -28,6 +26,7 @@ SWEEP = flags.DEFINE_string("sweep", None, "A finished experiments.sweep CSV of 
 FRONTIER_CONFIG = config_flags.define(FrontierConfig)
 SEARCH_CONFIG = config_flags.define(FluentConfig)
 flags.adopt_module_key_flags(common)
+flags.adopt_module_key_flags(lm_flag)
 flags.adopt_module_key_flags(config_flags)
 
 
@@ -38,7 +37,7 @@ def main(argv):
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     frontier, search = FRONTIER_CONFIG(), SEARCH_CONFIG()  # bad values stop here, before any model loads
-    spec = FrontierSpec(common.options(OUT.value), prompts, frontier, search, lm=LM.value, judge=JUDGE.value,
+    spec = FrontierSpec(common.options(OUT.value), prompts, frontier, search, lm=lm_flag.LM.value, judge=JUDGE.value,
                         sweep=SWEEP.value)
     run_frontier(spec)
 

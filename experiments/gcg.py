@@ -4,7 +4,10 @@ python -m experiments.gcg --model=elo-rm-smollm2-135m --prompts=greatest --num_t
     --direction=optimal --steps=100 --search_width=128 --topk=64 --n_replace=1 --seed=0 --out=results/gcg.json \
     [--token_ids=… | --vocab_file=words.txt]
 
-Several --model values (comma-separated) and/or prompts make the objective their mean reward.
+Several --model values (comma-separated) and/or prompts make the objective their mean reward. The completion check
+(OUT.completions.csv): each RM's own LM (or --lm) continues each buffer sequence greedily to its end of turn and
+the RM scores that, per prompt: `model, rank, ids, prompt, ends_turn, completed_text, reward, completed_reward,
+truncation_gain`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 
 from absl import flags
 
-from experiments import common, config_flags, token_ids
+from experiments import common, config_flags, lm_flag, token_ids
 from rmjax.search.gcg_config import GCGConfig
 
 OUT = flags.DEFINE_string("out", "results/gcg.json", "Result JSON (+ per-step CSV and .meta.json beside it).")
@@ -21,6 +24,7 @@ OUT = flags.DEFINE_string("out", "results/gcg.json", "Result JSON (+ per-step CS
 # checked when the config is built); --template and --allow_nonfinite are shared, and --token_ids is the beam's.
 GCG_CONFIG = config_flags.define(GCGConfig, skip=("template", "allow_nonfinite", "token_ids"))
 flags.adopt_module_key_flags(common)
+flags.adopt_module_key_flags(lm_flag)
 flags.adopt_module_key_flags(token_ids)
 flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort lists them
 
@@ -34,7 +38,7 @@ def main(argv):
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     cfg = GCG_CONFIG(template=common.TEMPLATE.value, allow_nonfinite=common.ALLOW_NONFINITE.value,
                      token_ids=tuple(token_ids.token_ids() or ()))
-    run_gcg(GcgSpec(common.options(OUT.value), prompts, cfg))
+    run_gcg(GcgSpec(common.options(OUT.value), prompts, cfg, lm=lm_flag.LM.value))
     if distributed.is_main():
         with open(OUT.value, encoding="utf-8") as f:
             result = json.load(f)

@@ -353,3 +353,39 @@ def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):
     assert meta["levels"][0]["from_sweep"] == 20 and meta["candidates_scored"] == 2 * 2 * 20
     assert "the whole job is 80 candidates" in proc.stderr and "depth 1: from the sweep" in proc.stderr
     cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--out={tmp_path / 'x.csv'}", "--limit=0"), "--limit")
+
+
+def test_the_completion_check_of_every_written_row_and_prompt(rm_folder, lm_folder, model, tmp_path):
+    """OUT.completions.csv: one row per written (depth, direction, rank) and prompt, checked against independent
+    readings (tests/completion_checks.py), its reward the beam CSV's; .meta.json's medians read the table. The
+    tiny RM ties no LM head: without --lm the check is skipped and says so."""
+    from transformers import AutoModelForCausalLM
+
+    from rmjax.search.beam_job import completions_path
+    from tests.completion_checks import check_table
+
+    lm = load(str(lm_folder))
+    s = _candidates(10, seed=3)
+    out = tmp_path / "beam.csv"
+    write_beam(model, PROMPTS, BeamConfig(depth=2, beam=3, top=3), s, out=out, batch_size=8, lm=lm)
+    beam = results.read_beam_csv(out)
+    table = __import__("pandas").read_csv(completions_path(out), keep_default_na=False)
+    assert list(table.columns) == ["depth", "direction", "rank", "ids", "prompt", "ends_turn", "completed_text",
+                                   "reward", "completed_reward", "truncation_gain"]
+    assert len(table) == len(beam) * len(PROMPTS)
+    want = beam[list(PROMPTS)].to_numpy(np.float64).reshape(-1)  # a row's prompts together
+    assert table.ids.tolist() == [" ".join(map(str, ids)) for ids in beam.ids for _ in PROMPTS]
+    assert table.prompt.tolist() == list(PROMPTS) * len(beam)
+    signs = np.where(table.direction == "optimal", 1.0, -1.0)
+    check_table(table, model, lm, AutoModelForCausalLM.from_pretrained(lm_folder).eval(), PROMPTS, want, signs, 0.0)
+    meta = json.loads(results.meta_path(out).read_text())
+    for direction, got in meta["completion"]["by_direction"].items():
+        mine = table[table.direction == direction]
+        assert got["rows"] == len(mine)
+        assert got["median_truncation_gain"] == pytest.approx(float(np.median(mine.truncation_gain)), abs=1e-6)
+    assert meta["completion"]["lm"] == lm.source and meta["identity"]["completion"]["lm"] is not None
+
+    bare = tmp_path / "bare.csv"
+    write_beam(model, PROMPTS, BeamConfig(depth=1, beam=3, top=3), s, out=bare, batch_size=8)
+    assert not completions_path(bare).exists()
+    assert "--lm" in json.loads(results.meta_path(bare).read_text())["completion"]["skipped"]

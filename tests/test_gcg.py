@@ -524,6 +524,44 @@ def test_steps_csv_has_the_candidates_column_and_is_part_of_the_result(rm_folder
     assert steps_path(out).read_bytes() == before
 
 
+def test_the_completion_check_of_the_buffer(rm_folder, lm_folder, tmp_path):
+    """OUT.completions.csv: one row per buffer sequence (best first) and prompt, checked against independent
+    readings (tests/completion_checks.py), its reward a full forward of the conversation without cache."""
+    import json
+
+    import pandas as pd
+    from transformers import AutoModelForCausalLM
+
+    from rmjax.runs import results
+    from rmjax.scoring import calls
+    from rmjax.search.gcg_job import completions_path, write_gcg
+    from rmjax.text import chat
+    from tests.completion_checks import check_table
+
+    model, lm = load(str(rm_folder)), load(str(lm_folder))
+    prompts = {"greatest": PROMPT, "worst": "Name the worst thing."}
+    out = tmp_path / "gcg.json"
+    cfg = GCGConfig(num_tokens=2, steps=2, search_width=8, topk=8, seed=0, direction="pessimal")
+    result = write_gcg([model], prompts, cfg, out, lm=lm)
+    table = pd.read_csv(completions_path(out), keep_default_na=False)
+    assert list(table.columns) == ["model", "rank", "ids", "prompt", "ends_turn", "completed_text", "reward",
+                                   "completed_reward", "truncation_gain"]
+    assert table.ids.tolist() == [" ".join(map(str, ids)) for _, ids in result.buffer for _ in prompts]
+    assert table["rank"].tolist() == [r for r in range(1, len(result.buffer) + 1) for _ in prompts]
+    want, longest = [], 0
+    for ids in table.ids:
+        full = chat.split_chat(model.tokenizer, dict(prompts)[table.prompt[len(want)]]).ids_with(
+            [int(t) for t in ids.split()])
+        longest = max(longest, len(full))
+        want.append(float(np.asarray(calls.rewards(model, np.asarray([full], np.int32),
+                                                   np.ones((1, len(full)), bool)))[0, 0]))
+    check_table(table, model, lm, AutoModelForCausalLM.from_pretrained(lm_folder).eval(), prompts,
+                np.asarray(want), -np.ones(len(table)), tolerance.any_rewards_atol(model.params, model.config, longest))
+    meta = json.loads(results.meta_path(out).read_text())
+    got = meta["completion"][model.source]["pessimal"]
+    assert got["median_truncation_gain"] == pytest.approx(float(np.median(table.truncation_gain)), abs=1e-6)
+
+
 def test_gcg_entry_point_takes_token_ids(rm_folder, tmp_path):
     """Issue 21 (10): experiments.gcg --token_ids, parsed as experiments.beam's (given with --vocab_file it is
     refused when the config is built: test above); ids past the vocabulary stop the job before the weights load."""

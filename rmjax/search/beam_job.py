@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from rmjax.errors import UsageError
-from rmjax.loading import fingerprint
+from rmjax.loading import config_of, fingerprint
+from rmjax.loading.for_job import load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
@@ -20,6 +21,13 @@ from rmjax.runs.chunks import open_store, resume_batch_size, store_dir
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.results import array_sha1
 from rmjax.search.beam import BeamConfig, BeamResult, Found, beam_search, check_candidate_set
+from rmjax.search.completion import (
+    COMPLETION_VALUES,
+    check_written,
+    completion_prior,
+    gains_summary,
+    require_prior_config,
+)
 from rmjax.search.sweep import load_planned
 from rmjax.text import candidates as candidate_set
 from rmjax.text.candidates import candidate_ids
@@ -28,17 +36,26 @@ from rmjax.text.prompts import check_prompt_names
 
 def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
                   cfg: BeamConfig, candidates: str | None, limit: int | None = None,
-                  from_sweep: str | None = None) -> dict:
+                  from_sweep: str | None = None, lm: dict | None = None) -> dict:
     """What the result depends on; `candidates` identifies the requested set (None: the vocabulary),
     `limit` keeps its first N, `from_sweep` is the sha1 of the sweep CSV whose scores are depth 1 (both keys
-    only when given, so the identity of a run without them is what it always was)."""
+    only when given, so the identity of a run without them is what it always was); `lm`: the fingerprint of the
+    completion check's LM when it is not the RM (the check's table is an output)."""
     identity = {"job": "beam", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
-                "prompts": dict(prompts), "config": dataclasses.asdict(cfg), "candidates": candidates}
+                "prompts": dict(prompts), "config": dataclasses.asdict(cfg), "candidates": candidates,
+                "completion": {"lm": lm, "max_new": MAX_NEW}}
     if limit is not None:
         identity["limit"] = int(limit)
     if from_sweep is not None:
         identity["depth1_from_sweep"] = from_sweep
     return identity
+
+
+MAX_NEW = 32  # the completion check's greedy tokens at most
+
+
+def completions_path(out: str | Path) -> Path:
+    return Path(out).with_name(Path(out).name + ".completions.csv")  # from the full name: injective
 
 
 def sweep_needs(model_fp: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
@@ -118,6 +135,7 @@ class BeamSpec:
     from_sweep: str | None = None
     batch_size: int = 0
     chunk_size: int = 4096
+    lm: str | None = None  # the completion check's LM when the RM has no LM head of its own
 
     def __post_init__(self):
         object.__setattr__(self, "config", dataclasses.replace(self.config, template=self.options.template))
@@ -131,13 +149,16 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
     lines, requested = _requested(spec)
     fp, from_sweep = fingerprint(o.model), None
+    if spec.lm:
+        require_prior_config(config_of(spec.lm), spec.lm, "--lm")
     if spec.from_sweep:  # refused now, before the model loads, if it is not this beam's depth 1
         _, given = read_sweep(spec.from_sweep, sweep_needs(fp, dtype=o.dtype, output_column=o.output_column,
                                                            prompts=spec.prompts, template=cfg.template))
         from_sweep = given.sha1
     identity = beam_identity(fp, dtype=o.dtype, prompts=spec.prompts, cfg=cfg, output_column=o.output_column,
-                             candidates=requested, limit=spec.limit, from_sweep=from_sweep)
-    with claim_job(o, identity, store=store_dir(o.out),
+                             candidates=requested, limit=spec.limit, from_sweep=from_sweep,
+                             lm=fingerprint(spec.lm) if spec.lm else None)
+    with claim_job(o, identity, store=store_dir(o.out), owned=[completions_path(o.out)],
                    inputs={"--from_sweep": spec.from_sweep, "--vocab_file": spec.vocab_file}) as job:
         if job.reuse:
             return None
@@ -146,12 +167,13 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
         model, batch_size = load_planned(o, spec.prompts, spec.token_ids, asked, limit=spec.limit,
                                          response_tokens=cfg.depth, given=lines,  # a line: at most one candidate
                                          resumed=job.claimed.resume)
+        lm = load_for_job(dataclasses.replace(o, output_column=0), spec.lm) if spec.lm else None
         ids, extra = spec.token_ids, {}
         if lines is not None:
             ids, extra["vocab_file"] = _vocab_ids(model, lines, spec.vocab_file)
         return write_beam(model, spec.prompts, cfg, ids, out=o.out, requested=requested, limit=spec.limit,
                           from_sweep=spec.from_sweep, batch_size=batch_size, chunk_size=spec.chunk_size,
-                          allow_nonfinite=o.allow_nonfinite, extra_meta=extra, job=job)
+                          allow_nonfinite=o.allow_nonfinite, extra_meta=extra, job=job, lm=lm)
 
 
 def _requested(spec: BeamSpec) -> tuple[list[str] | None, str | None]:
@@ -178,11 +200,12 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
                out: str | Path, requested: str | None = None, limit: int | None = None,
                from_sweep: str | Path | None = None, batch_size: int = 256, chunk_size: int = 4096,
                overwrite: bool = False, allow_nonfinite: bool = False, extra_meta: dict | None = None,
-               job: jobs.Job | None = None) -> BeamResult | None:
-    """Search with a loaded model (resumable) and write the CSV and .meta.json; None when reused. `out` is
-    claimed here unless `job` is its claim already (`run_beam`). `requested` identifies the candidate set as
-    asked for (identity); default: the whole vocabulary. `limit` keeps its first N (as the sweep's --limit);
-    `from_sweep`: a finished sweep CSV whose scores are depth 1."""
+               job: jobs.Job | None = None, lm: Model | None = None) -> BeamResult | None:
+    """Search with a loaded model (resumable) and write the CSV, the completion check's table
+    (`completions_path`, when an LM completes: `lm`, else the RM's own backbone if it ties its embeddings) and
+    .meta.json; None when reused. `out` is claimed here unless `job` is its claim already (`run_beam`).
+    `requested` identifies the candidate set as asked for (identity); default: the whole vocabulary. `limit`
+    keeps its first N (as the sweep's --limit); `from_sweep`: a finished sweep CSV whose scores are depth 1."""
     candidates = candidate_ids(model, candidates, limit)
     depth1, extra_meta = None, dict(extra_meta or {})
     if from_sweep is not None:
@@ -193,15 +216,27 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
         extra_meta["inputs"] = stages.recorded({"--from_sweep": given})
     identity = beam_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                              prompts=prompts, cfg=cfg, candidates=requested, limit=limit,
-                             from_sweep=extra_meta["from_sweep"]["sha1"] if from_sweep is not None else None)
-    with jobs.claimed(job, out, identity, overwrite=overwrite, store=store_dir(out)) as job:
+                             from_sweep=extra_meta["from_sweep"]["sha1"] if from_sweep is not None else None,
+                             lm=model_fingerprint(lm) if lm is not None else None)
+    prior, skipped = completion_prior(model, lm)
+    with jobs.claimed(job, out, identity, overwrite=overwrite, store=store_dir(out),
+                      owned=[completions_path(out)]) as job:
         if job.reuse:
             return None
         store = open_store(out, identity, chunk_size, batch_size)
         batch_size = store.batch_size  # a resume keeps the batches its saved scores were computed in
         result = beam_search(model, prompts, cfg, candidates, batch_size=batch_size, chunk_size=chunk_size,
                              store=store, allow_nonfinite=allow_nonfinite, depth1=depth1)
-        job.finish(lambda path: write_csv(path, result.found, model.tokenizer, list(prompts)),
+        checked = _completions(model, prior, prompts, result.found, cfg.template) if prior is not None else None
+        if skipped and is_main():
+            print(f"completion check {skipped}", file=sys.stderr)
+
+        def write(path: Path) -> Path:
+            if checked is not None:
+                results.write_table(completions_path(path), *checked[0])
+            return write_csv(path, result.found, model.tokenizer, list(prompts))
+
+        job.finish(write, completion=checked[1] if checked is not None else {"skipped": skipped},
                    allow_nonfinite=allow_nonfinite,
                    **jobs.model_meta(model), prompts=prompts, config=dataclasses.asdict(cfg),
                    candidate_set={"size": len(candidates), "sha1": array_sha1(candidates)},
@@ -214,6 +249,27 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
         if is_main():
             store.remove()
         return result
+
+
+def _completions(model: Model, prior: Model, prompts: dict[str, str], found: list[Found], template: str
+                 ) -> tuple[tuple[dict, dict], dict]:
+    """The completion check of every written row and prompt (rmjax.search.completion.check_written): the table's
+    keys and values (`depth, direction, rank, ids` then the check's columns, one row per written row and prompt)
+    and its summary per direction for .meta.json."""
+    rows = [(f.depth, f.direction, rank + 1, ids, scores) for f in found
+            for rank, (ids, scores) in enumerate(zip(f.ids.tolist(), f.scores, strict=True))]
+    signs = np.asarray([1.0 if r[1] == "optimal" else -1.0 for r in rows])
+    table = check_written(model, prior, prompts, [r[3] for r in rows], np.asarray([r[4] for r in rows]), signs,
+                          template, MAX_NEW)
+    which = [rows[i] for i in table["row"]]
+    keys = {"depth": [r[0] for r in which], "direction": [r[1] for r in which], "rank": [r[2] for r in which],
+            "ids": [" ".join(map(str, r[3])) for r in which], "prompt": table["prompt"],
+            "ends_turn": table["ends_turn"],
+            "completed_text": [json.dumps(t, ensure_ascii=False) for t in table["completed_text"]]}
+    values = {k: np.asarray(table[k], np.float64) for k in COMPLETION_VALUES}
+    summary = {"lm": prior.source, "max_new": MAX_NEW, "reward_units": "the RM's raw reward",
+               "by_direction": gains_summary(table, [r[1] for r in which])}
+    return (keys, values), summary
 
 
 def summary(path: str | Path, n: int = 5) -> str:

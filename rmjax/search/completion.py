@@ -136,3 +136,74 @@ def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[lis
         texts.append(whole if whole.startswith(text) else text + decode(more))
     rewards = score_texts(rm, {"completed": prompt}, texts, template)["completed"] if texts else np.zeros(0)
     return Completions(ends, ids, texts, np.asarray(rewards, np.float64))
+
+
+def require_prior_config(cfg: ModelConfig, source: str, flag: str) -> None:
+    """A model named by `flag` (--lm, --judge) must give next-token log-probs: refused in one line before it
+    loads when it is a reward model whose backbone's untied LM head was dropped."""
+    if cfg.is_reward_model and not cfg.tie_embeddings:
+        raise UsageError(f"{flag}={source} has no LM head (a reward model whose backbone's untied LM head was "
+                         f"dropped); give a causal LM{' with the same tokenizer' if flag == '--lm' else ''}.")
+
+
+def same_tokenizer(rm: Model, lm: Model) -> None:
+    """The prior reads the RM's token ids: another vocabulary is refused in one line."""
+    if lm is not rm and rm.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
+        raise UsageError(f"--lm={lm.source} has another tokenizer than {rm.source} ({len(lm.tokenizer)} vs "
+                         f"{len(rm.tokenizer)} tokens, or other ids): the prior must read the RM's token ids; give "
+                         "an LM of the RM's family and tokenizer.")
+
+
+def completion_prior(rm: Model, lm: Model | None) -> tuple[Model | None, str | None]:
+    """The LM that completes a job's written responses: --lm, else the RM's own backbone when it ties its
+    embeddings (its LM head is the embedding table); else none, and why (the job records that it skipped)."""
+    if lm is not None:
+        same_tokenizer(rm, lm)
+        return lm, None
+    try:
+        require_lm_head(rm)
+    except UsageError as e:
+        return None, f"skipped: {e}"
+    return rm, None
+
+
+COMPLETION_VALUES = ("reward", "completed_reward", "truncation_gain")
+
+
+def check_written(rm: Model, prior: Model, prompts: dict[str, str], responses: list[list[int]], rewards: np.ndarray,
+                  signs: np.ndarray, template: str = "auto", max_new: int = 32) -> dict[str, list]:
+    """The completion check of a job's written rows (beam, exhaustive, GCG): for each response [W] and prompt (the
+    rewards [W, prompts] the job wrote, the direction's sign [W]), ends_turn, completed_text, completed_reward and
+    the truncation gain sign · (reward − completed_reward) in the RM's reward units; each distinct response is
+    completed once per prompt. Columns of W × prompts rows (row-major: a response's prompts together), `row` the
+    response's index."""
+    rewards, signs = np.asarray(rewards, np.float64).reshape(len(responses), len(prompts)), np.asarray(signs)
+    distinct = sorted({tuple(int(t) for t in r) for r in responses})
+    table: dict[str, list] = {k: [] for k in ("row", "prompt", "ends_turn", "completed_text", *COMPLETION_VALUES)}
+    done = {name: complete_responses(rm, prior, text, [list(d) for d in distinct], template, max_new)
+            for name, text in prompts.items()} if distinct else {}
+    at = {d: i for i, d in enumerate(distinct)}
+    for i, response in enumerate(responses):
+        j = at[tuple(int(t) for t in response)]
+        for p, name in enumerate(prompts):
+            got = done[name]
+            table["row"].append(i)
+            table["prompt"].append(name)
+            table["ends_turn"].append(int(got.ends_turn[j]))
+            table["completed_text"].append(got.completed_text[j])
+            table["reward"].append(float(rewards[i, p]))
+            table["completed_reward"].append(float(got.completed_reward[j]))
+            table["truncation_gain"].append(float(signs[i] * (rewards[i, p] - got.completed_reward[j])))
+    return table
+
+
+def gains_summary(table: dict[str, list], groups: list[str]) -> dict:
+    """Per group (one label per row of `table`, e.g. the direction): rows, the median truncation gain (reward
+    units) and the share of responses that end where the prior would end the turn."""
+    out = {}
+    for group in sorted(set(groups)):
+        mine = [i for i, g in enumerate(groups) if g == group]
+        out[group] = {"rows": len(mine),
+                      "median_truncation_gain": float(np.median([table["truncation_gain"][i] for i in mine])),
+                      "ends_turn": float(np.mean([table["ends_turn"][i] for i in mine]))}
+    return out

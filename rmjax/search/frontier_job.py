@@ -32,7 +32,7 @@ from rmjax.scoring import finite
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.scoring.prefix import score_responses
 from rmjax.search import frontier_checks, frontier_out, pareto, turns
-from rmjax.search.completion import complete_responses
+from rmjax.search.completion import complete_responses, require_prior_config, same_tokenizer
 from rmjax.search.fluent import FluentConfig, Found, best_of_n, fluent_search
 from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
@@ -126,7 +126,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     require_reward_model(rm_config, o.model, "the frontier")
     judge = spec.judge or default_judge(rm_config)
     for name, source in (("--lm", spec.lm or o.model), ("--judge", judge)):
-        _require_lm_head(config_of(source), source, name)
+        require_prior_config(config_of(source), source, name)
     frontier_checks.check_before_loading(spec, judge)  # context, budget, --sweep's yardstick
     identity = frontier_identity(spec, fingerprint(o.model), fingerprint(spec.lm) if spec.lm else None,
                                  fingerprint(judge), judge)
@@ -138,7 +138,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
         rm = load_for_job(o)
         lm = rm if spec.lm is None else load_for_job(dataclasses.replace(o, output_column=0), spec.lm)
         judge_model = load_for_job(dataclasses.replace(o, output_column=0), judge)
-        _same_tokenizer(rm, lm)
+        same_tokenizer(rm, lm)
         store = open_store(out, identity, 1)
         units = compute_units(rm, lm, judge_model, spec, store)
         rows = frontier_out.rows(units, spec.config, rm.tokenizer)
@@ -182,19 +182,6 @@ def _read_sweep(spec: FrontierSpec, model_fp: dict) -> stages.StageInput:
     return stages.read_input(spec.sweep, ("sweep",), "--sweep", needs,
                              why="its scores are not this RM's single-token rewards for this prompt, reward_z's "
                                  "yardstick; sweep this RM and prompt (or drop --sweep)")
-
-
-def _require_lm_head(cfg, source: str, flag: str) -> None:
-    if cfg.is_reward_model and not cfg.tie_embeddings:
-        raise UsageError(f"{flag}={source} has no LM head (a reward model whose backbone's untied LM head was "
-                         f"dropped); give a causal LM{' with the same tokenizer' if flag == '--lm' else ''}.")
-
-
-def _same_tokenizer(rm: Model, lm: Model) -> None:
-    if lm is not rm and rm.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
-        raise UsageError(f"--lm={lm.source} has another tokenizer than {rm.source} ({len(lm.tokenizer)} vs "
-                         f"{len(rm.tokenizer)} tokens, or other ids): the prior must read the RM's token ids; give "
-                         "an LM of the RM's family and tokenizer.")
 
 
 @dataclasses.dataclass

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from rmjax.errors import UsageError
-from rmjax.loading import fingerprint
+from rmjax.loading import config_of, fingerprint
 from rmjax.loading.for_job import check_in_vocabulary, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
@@ -17,13 +18,23 @@ from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results, stages
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.results import array_sha1
-from rmjax.search.gcg import GCGResult, gcg, make_target
+from rmjax.scoring.prefix import score_responses
+from rmjax.search.completion import (
+    COMPLETION_VALUES,
+    check_written,
+    completion_prior,
+    gains_summary,
+    require_prior_config,
+)
+from rmjax.search.gcg import GCGResult, Target, gcg, make_target
 from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan
 from rmjax.search.gcg_start import init_from_rows, read_init_from
 
+MAX_NEW = 32  # the completion check's greedy tokens at most
+
 
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
-                 cfg: GCGConfig) -> dict:
+                 cfg: GCGConfig, lm: dict | None = None) -> dict:
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
     if cfg.init_from:  # before any model loads: a partial or foreign file stops here
         stages.read_input(cfg.init_from, ("beam",), "--init_from")
@@ -36,7 +47,7 @@ def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: i
         ids = np.unique(np.asarray(cfg.token_ids, np.int64))
         config["token_ids"] = {"count": len(ids), "sha1": array_sha1(ids)}
     return {"job": "gcg", "models": list(model_fingerprints), "dtype": dtype, "output_column": int(output_column),
-            "prompts": dict(prompts), "config": config}
+            "prompts": dict(prompts), "config": config, "completion": {"lm": lm, "max_new": MAX_NEW}}
 
 
 def _input_sha1(path: str) -> str | None:
@@ -50,6 +61,10 @@ def steps_path(out: str | Path) -> Path:
     return Path(out).with_name(Path(out).name + ".steps.csv")  # from the full name: injective
 
 
+def completions_path(out: str | Path) -> Path:
+    return Path(out).with_name(Path(out).name + ".completions.csv")
+
+
 @dataclasses.dataclass(frozen=True)
 class GcgSpec:
     """A GCG job as one value: the search (`config`; its template and allow_nonfinite are options') over the mean
@@ -58,6 +73,7 @@ class GcgSpec:
     options: RunOptions
     prompts: dict[str, str]
     config: GCGConfig
+    lm: str | None = None  # the completion check's LM when the RMs have no LM head of their own
 
     def __post_init__(self):
         o = self.options
@@ -75,8 +91,11 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
         init_from_rows(cfg)
     specs = [s for s in o.model.split(",") if s]
     fps = [fingerprint(s) for s in specs]
-    identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg)
-    with claim_job(o, identity, owned=[steps_path(o.out)],
+    if spec.lm:
+        require_prior_config(config_of(spec.lm), spec.lm, "--lm")
+    identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg,
+                            lm=fingerprint(spec.lm) if spec.lm else None)
+    with claim_job(o, identity, owned=[steps_path(o.out), completions_path(o.out)],
                    inputs={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file}) as job:
         if job.reuse:
             return None
@@ -90,7 +109,8 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
             plan_search(cfg, spec.prompts, o.dtype, config, tokenizer, mesh)
 
         models = [load_for_job(o, s, before_weights) for s in specs]
-        return write_gcg(models, spec.prompts, cfg, o.out, job=job)
+        lm = load_for_job(dataclasses.replace(o, output_column=0), spec.lm) if spec.lm else None
+        return write_gcg(models, spec.prompts, cfg, o.out, job=job, lm=lm)
 
 
 def plan_search(cfg: GCGConfig, prompts: dict[str, str], dtype: str, config, tokenizer, mesh) -> None:
@@ -104,16 +124,18 @@ def plan_search(cfg: GCGConfig, prompts: dict[str, str], dtype: str, config, tok
 
 
 def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: str | Path,
-              overwrite: bool = False, job: jobs.Job | None = None) -> GCGResult | None:
-    """Search with loaded models and write the result; None when a finished result with the same identity is
-    reused. `out` is claimed here unless `job` is its claim already (`run_gcg`)."""
+              overwrite: bool = False, job: jobs.Job | None = None, lm: Model | None = None) -> GCGResult | None:
+    """Search with loaded models and write the result and the completion check of its buffer (`lm`, else each
+    RM's own backbone if it ties its embeddings); None when a finished result with the same identity is reused.
+    `out` is claimed here unless `job` is its claim already (`run_gcg`)."""
     vocab = {len(m.tokenizer) for m in models}
     if len(vocab) > 1:
         raise UsageError("GCG over several models needs one shared tokenizer; these have vocabularies of "
                          f"sizes {sorted(vocab)}.")
     identity = gcg_identity([model_fingerprint(m) for m in models], dtype=models[0].dtype, prompts=prompts,
-                            output_column=models[0].output_column, cfg=cfg)
-    with jobs.claimed(job, out, identity, overwrite=overwrite, owned=[steps_path(out)]) as job:
+                            output_column=models[0].output_column, cfg=cfg,
+                            lm=model_fingerprint(lm) if lm is not None else None)
+    with jobs.claimed(job, out, identity, overwrite=overwrite, owned=[steps_path(out), completions_path(out)]) as job:
         if job.reuse:
             return None
         inputs = {"--init_from": read_init_from(cfg, [model_fingerprint(m) for m in models]) if cfg.init_from
@@ -123,13 +145,57 @@ def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out:
         result = gcg(targets, cfg, log=log)
         nonfinite = {key: count for key, count in (("candidates_dropped", result.nonfinite_candidates),
                                                     ("gradient_swaps_skipped", result.nonfinite_swaps)) if count}
-        job.finish(lambda path: _write(result, models[0].tokenizer.decode, cfg, path), **jobs.model_meta(models[0]),
+        table, completion = _completions(targets, lm, prompts, result, cfg)
+
+        def write(path: Path) -> Path:
+            if table is not None:
+                results.write_table(completions_path(path), *table)
+            return _write(result, models[0].tokenizer.decode, cfg, path)
+
+        job.finish(write, completion=completion, **jobs.model_meta(models[0]),
                    allow_nonfinite=cfg.allow_nonfinite,
                    models=[m.source for m in models], prompts=prompts, config=dataclasses.asdict(cfg),
                    inputs=stages.recorded(inputs), seconds=result.seconds, steps=len(result.history),
                    nonfinite=nonfinite or None,
                    seconds_per_step=result.seconds / max(len(result.history), 1))
         return result
+
+
+def _completions(targets: list[Target], lm: Model | None, prompts: dict[str, str], result: GCGResult,
+                 cfg: GCGConfig) -> tuple[tuple[dict, dict] | None, dict]:
+    """The completion check of the buffer (best first) for each RM and prompt (check_written): the table's keys
+    and values (`model, rank, ids` then the check's columns), or None when no RM has an LM to complete with, and
+    the record for .meta.json (per model: its summary, or why it was skipped)."""
+    buffer = [ids for _, ids in result.buffer]
+    signs = np.full(len(buffer), 1.0 if cfg.direction == "optimal" else -1.0)
+    keys: dict[str, list] = {k: [] for k in ("model", "rank", "ids", "prompt", "ends_turn", "completed_text")}
+    values: dict[str, list] = {k: [] for k in COMPLETION_VALUES}
+    record = {}
+    models = [t.model for i, t in enumerate(targets) if all(u.model is not t.model for u in targets[:i])]
+    for m in models:
+        prior, skipped = completion_prior(m, lm)
+        if prior is None:
+            record[m.source] = {"skipped": skipped}
+            if is_main():
+                print(f"completion check of {m.source} {skipped}", file=sys.stderr)
+            continue
+        mine = [t for t in targets if t.model is m]
+        rewards = np.stack([score_responses(m, t.cache, t.suffix_ids, np.asarray(buffer, np.int32), 64)
+                            for t in mine], axis=1)
+        table = check_written(m, prior, prompts, buffer, rewards, signs, cfg.template, MAX_NEW)
+        keys["model"] += [m.source] * len(table["row"])
+        keys["rank"] += [i + 1 for i in table["row"]]
+        keys["ids"] += [" ".join(map(str, buffer[i])) for i in table["row"]]
+        keys["prompt"] += table["prompt"]
+        keys["ends_turn"] += table["ends_turn"]
+        keys["completed_text"] += [json.dumps(t, ensure_ascii=False) for t in table["completed_text"]]
+        for k in COMPLETION_VALUES:
+            values[k] += table[k]
+        record[m.source] = {"lm": prior.source, "max_new": MAX_NEW, "reward_units": "the RM's raw reward",
+                            **gains_summary(table, [cfg.direction] * len(table["row"]))}
+    if not keys["model"]:
+        return None, record
+    return (keys, {k: np.asarray(v, np.float64) for k, v in values.items()}), record
 
 
 def _write(result: GCGResult, decode, cfg: GCGConfig, out: Path) -> Path:
