@@ -7,12 +7,16 @@ Methods, each stopped at --budget forwards (default 25,000, 1/10 of exhaustive s
 - `beam`: the beam with K = --beam_k (the largest K whose two levels fit the budget; deterministic: one run
   stands for every seed);
 - `beam+gcg`: GCG seeded from the best 8 of a K = 8 beam;
-- `search`: rmjax.search.fluent at λ = 0 (the 500 nouns are a small set: its exact coordinate steps).
+- `search`: rmjax.search.fluent at λ = 0. The 500 nouns are a small set, which puts it in its exact coordinate
+  steps; `--exact_limit` below 500 (e.g. 0) takes the gradient path instead, as on a whole vocabulary: gradient
+  swaps, prior swaps, redrawn tails and merges are what must find the optimum (issue 43). Its responses are whole
+  turns of 1 or 2 tokens, so its ground truth is the best of the 500 single tokens and the 250,000 pairs (the
+  exhaustive CSV's depths 1 and 2); GCG's and the beam's is the best pair.
 Forwards follow BUILD_NOTES 'Forwards' (rmjax.search.objective): every call's positions over N + S (the RM; the
 prior's over N), a gradient 3x, padding rows free. GCG and the beam are counted by wrapping their scoring calls.
 
-python bench/search_efficiency.py [--budget=25000] [--seeds=5] [--first_seed=0] \
-    [--models=elo-rm-smollm2-135m,elo-rm-gemma3-270m]
+python bench/search_efficiency.py [--budget=25000] [--seeds=5] [--first_seed=0] [--exact_limit=1024] \
+    [--models=elo-rm-smollm2-135m,elo-rm-gemma3-270m] [--methods=gcg,beam,beam+gcg,search]
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ class Reached(Exception):
     """The run found the exhaustive optimum: no need to spend the rest."""
 
 
-def exhaustive(model: str, folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(the 500 candidate ids, their N = 2 scores [500, 500]) of `model` for `greatest`, computed once with
-    experiments.beam --exhaustive (resumable) and cached."""
+def exhaustive(model: str, folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the 500 candidate ids, their N = 2 scores [500, 500], their single-token scores [500]) of `model` for
+    `greatest`, computed once with experiments.beam --exhaustive (resumable) and cached."""
     from rmjax.runs import results
 
     words = folder / "words500.txt"
@@ -50,25 +54,39 @@ def exhaustive(model: str, folder: Path) -> tuple[np.ndarray, np.ndarray]:
         subprocess.run([sys.executable, "-m", "experiments.beam", f"--model={model}", "--prompts=greatest",
                         f"--vocab_file={words}", "--depth=2", "--exhaustive", "--direction=optimal", "--top=250000",
                         "--show=1", f"--out={out}"], check=True, cwd=REPO)
-    df = results.read_beam_csv(out)
-    df = df[df.depth == 2]
+    whole = results.read_beam_csv(out)
+    df = whole[whole.depth == 2]
     ids = np.asarray(df.ids.tolist(), np.int64)
     cands = np.unique(ids)
     where = {t: i for i, t in enumerate(cands.tolist())}
     table = np.full((len(cands), len(cands)), np.nan)
     table[[where[a] for a in ids[:, 0]], [where[b] for b in ids[:, 1]]] = df["greatest"].to_numpy(np.float64)
     assert np.isfinite(table).all(), "the exhaustive CSV does not cover |S|^2 sequences"
-    return cands, table
+    ones = whole[whole.depth == 1]
+    single = np.full(len(cands), np.nan)
+    single[[where[i[0]] for i in ones.ids]] = ones["greatest"].to_numpy(np.float64)
+    assert np.isfinite(single).all(), "the exhaustive CSV does not cover |S| single tokens"
+    return cands, table, single
 
 
 class Ranks:
-    def __init__(self, cands: np.ndarray, table: np.ndarray, direction: str):
+    """A response's rank among the ground truth's (1: the optimum): the pairs, and with `single` the single tokens
+    too (whole turns: a 1-token response is its token then `end`)."""
+
+    def __init__(self, cands: np.ndarray, table: np.ndarray, direction: str, single: np.ndarray | None = None,
+                 end: int | None = None):
         self.where = {t: i for i, t in enumerate(cands.tolist())}
-        self.table, self.sign = table, 1.0 if direction == "optimal" else -1.0
-        self.sorted = np.sort(-self.sign * table.ravel())
+        self.table, self.single, self.end = table, single, end
+        self.sign = 1.0 if direction == "optimal" else -1.0
+        pool = table.ravel() if single is None else np.concatenate([table.ravel(), single])
+        self.sorted = np.sort(-self.sign * pool)
 
     def __call__(self, ids) -> int:
-        value = -self.sign * self.table[self.where[int(ids[0])], self.where[int(ids[1])]]
+        first = self.where[int(ids[0])]
+        if self.single is not None and int(ids[1]) == self.end:
+            value = -self.sign * self.single[first]
+        else:
+            value = -self.sign * self.table[first, self.where[int(ids[1])]]
         return int(np.searchsorted(self.sorted, value, side="left")) + 1
 
 
@@ -131,7 +149,7 @@ def run_beam(model, cands, direction, k, counter, rank) -> tuple[list[tuple[floa
     return [(float(counter.spent), rank(best.ids[0]))], best.ids
 
 
-def run_search(model, target, cands, direction, seed, budget, rank) -> list[tuple[float, int]]:
+def run_search(model, target, cands, direction, seed, budget, rank, exact_limit: int) -> list[tuple[float, int]]:
     from rmjax.search import fluent
     from rmjax.search.objective import Forwards, Objective, Prior
 
@@ -149,7 +167,8 @@ def run_search(model, target, cands, direction, seed, budget, rank) -> list[tupl
             raise Reached
 
     try:
-        fluent.fluent_search(objective, fluent.FluentConfig(num_tokens=2, seed=seed), banned, [], progress)
+        fluent.fluent_search(objective, fluent.FluentConfig(num_tokens=2, seed=seed, exact_limit=exact_limit), banned,
+                             [], progress)
     except Reached:
         pass
     return curve
@@ -172,6 +191,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--first_seed", type=int, default=0, help="seeds first_seed .. first_seed + seeds - 1")
     ap.add_argument("--beam_k", type=int, default=48)
+    ap.add_argument("--exact_limit", type=int, default=1024,
+                    help="the search's exact mode up to this many candidates; below 500 it takes the gradient path")
     ap.add_argument("--models", default="elo-rm-smollm2-135m,elo-rm-gemma3-270m")
     ap.add_argument("--methods", default="gcg,beam,beam+gcg,search")
     ap.add_argument("--cache", default=str(REPO / ".cache" / "rmjax" / "bench"))
@@ -179,19 +200,22 @@ def main() -> None:
 
     from rmjax.loading import load
     from rmjax.parallel.distributed import quiet_absent_tpu
+    from rmjax.search import turns
     from rmjax.search.gcg import make_target
 
     quiet_absent_tpu()
     runs = {m: [] for m in args.methods.split(",")}  # method -> [(model, direction, seed, curve)]
     started = time.perf_counter()
     for name in args.models.split(","):
-        cands, table = exhaustive(name, Path(args.cache))
+        cands, table, single = exhaustive(name, Path(args.cache))
         model = load(name)
         target = make_target(model, _prompt())
         counter = Counter(len(target.suffix))
         counter.install()
         for direction in ("optimal", "pessimal"):
             rank = Ranks(cands, table, direction)
+            end = turns.end_of_turn(target.suffix, model.tokenizer, name)
+            turn_rank = Ranks(cands, table, direction, single, end)  # the search's: whole turns of 1 or 2 tokens
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for method in runs:
                     counter.spent = Fraction(len(target.prefix), 2 + len(target.suffix))  # the prompt's prefill
@@ -208,7 +232,8 @@ def main() -> None:
                         init = [model.tokenizer.decode(ids.tolist()) for ids in seeds]
                         curve = beam_curve + run_gcg(target, cands, direction, seed, args.budget, counter, rank, init)
                     else:
-                        curve = run_search(model, target, cands, direction, seed, args.budget, rank)
+                        curve = run_search(model, target, cands, direction, seed, args.budget, turn_rank,
+                                           args.exact_limit)
                     runs[method].append((name, direction, seed, curve))
                     reached = [f for f, r in curve if r == 1]
                     at = f" at {reached[0]:,.0f} forwards" if reached else ""
@@ -216,19 +241,21 @@ def main() -> None:
                           f"({time.perf_counter() - tick:.0f} s)", flush=True)
     print(f"\n{len(runs)} methods x {len(next(iter(runs.values())))} runs, budget {args.budget:,} forwards "
           f"({time.perf_counter() - started:.0f} s)")
-    header = "method     reach rank 1   median forwards to rank 1   median best rank at " + \
+    header = "method     reach rank 1   median / worst forwards to rank 1   median best rank at " + \
         " ".join(f"{c:>6,}" for c in CHECKPOINTS)
     print(header)
     for method, items in runs.items():
         firsts = [next((f for f, r in c if r == 1 and f <= args.budget), None) for *_, c in items]
         hit = [f for f in firsts if f is not None]
         median = f"{np.median(hit):,.0f}" if hit else "-"
+        worst = f"{max(hit):,.0f}" if len(hit) == len(firsts) else f"> {args.budget:,}"  # a run that never reached
+        median = f"{median} / {worst}"
         at = []
         for checkpoint in CHECKPOINTS:
             values = [best_at(c, checkpoint) for *_, c in items]
             values = [v for v in values if v is not None]
             at.append(f"{np.median(values):>6,.0f}" if values else f"{'-':>6}")
-        print(f"{method:<10} {len(hit):>3} / {len(items):<3}     {median:>12}                 {' '.join(at)}")
+        print(f"{method:<10} {len(hit):>3} / {len(items):<3}     {median:>20}                 {' '.join(at)}")
 
 
 if __name__ == "__main__":
