@@ -6,10 +6,10 @@ python -m experiments.beam --model=elo-rm-smollm2-135m --prompts=greatest --dept
 
 Rows: `depth, direction, rank, ids, tokens, decoded, <one score column per prompt>`; with several prompts the
 beam ranks by their mean reward. The completion check (OUT.completions.csv): the RM's own LM (or --lm) continues
-each written response greedily to its end of turn and the RM scores that, per prompt: `depth, direction, rank,
-ids, prompt, ends_turn, completed_text, reward, completed_reward, truncation_gain`. Re-running the same command
-after a crash resumes from the last chunk. Before the first forward it prints an estimate of the whole job (every
-depth and direction); the progress line keeps it.
+each depth and direction's first 100 rows greedily to its end of turn and the RM scores that, per prompt: `depth,
+direction, rank, ids, prompt, ends_turn, completed_text, reward, completed_reward, truncation_gain`. Re-running
+the same command after a crash resumes from the last chunk. Before the first forward it prints an estimate of the
+whole job (every depth and direction); the progress line keeps it.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, pr
 
 
 MAX_NEW = 32  # the completion check's greedy tokens at most
+CHECKED_ROWS = 100  # the completion check covers each depth and direction's best rows (an exhaustive CSV holds all)
 
 
 def completions_path(out: str | Path) -> Path:
@@ -253,11 +254,12 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
 
 def _completions(model: Model, prior: Model, prompts: dict[str, str], found: list[Found], template: str
                  ) -> tuple[tuple[dict, dict], dict]:
-    """The completion check of every written row and prompt (rmjax.search.completion.check_written): the table's
-    keys and values (`depth, direction, rank, ids` then the check's columns, one row per written row and prompt)
-    and its summary per direction for .meta.json."""
+    """The completion check of each depth and direction's first CHECKED_ROWS written rows, for every prompt
+    (rmjax.search.completion.check_written): the table's keys and values (`depth, direction, rank, ids` then the
+    check's columns, one row per checked row and prompt) and its summary per direction for .meta.json."""
     rows = [(f.depth, f.direction, rank + 1, ids, scores) for f in found
-            for rank, (ids, scores) in enumerate(zip(f.ids.tolist(), f.scores, strict=True))]
+            for rank, (ids, scores) in enumerate(zip(f.ids[:CHECKED_ROWS].tolist(), f.scores[:CHECKED_ROWS],
+                                                     strict=True))]
     signs = np.asarray([1.0 if r[1] == "optimal" else -1.0 for r in rows])
     table = check_written(model, prior, prompts, [r[3] for r in rows], np.asarray([r[4] for r in rows]), signs,
                           template, MAX_NEW)
@@ -267,7 +269,8 @@ def _completions(model: Model, prior: Model, prompts: dict[str, str], found: lis
             "ends_turn": table["ends_turn"],
             "completed_text": [json.dumps(t, ensure_ascii=False) for t in table["completed_text"]]}
     values = {k: np.asarray(table[k], np.float64) for k in COMPLETION_VALUES}
-    summary = {"lm": prior.source, "max_new": MAX_NEW, "reward_units": "the RM's raw reward",
+    summary = {"lm": prior.source, "max_new": MAX_NEW, "rows_checked": f"the first {CHECKED_ROWS} of each depth "
+               "and direction", "reward_units": "the RM's raw reward",
                "by_direction": gains_summary(table, [r[1] for r in which])}
     return (keys, values), summary
 
