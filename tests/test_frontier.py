@@ -626,6 +626,51 @@ def test_the_truncation_gain_is_the_direction_signed_loss_to_completion_over_dis
                 assert got[name]["median_sd"] is None and got[name]["ends_turn"] is None
 
 
+def test_complete_answers_at_a_cap_are_the_best_that_end_asked_lazily():
+    """at_judge_ppl_complete against a brute-force reading: per method and cap, the most rewarding response (by
+    direction) at judge perplexity ≤ cap among those that end the turn (an oracle over distinct responses), its
+    lead in SDs; the oracle is asked about each response at most once, and not about every response."""
+    from types import SimpleNamespace
+
+    from rmjax.search.frontier_out import complete_at_caps
+
+    rng, end = np.random.default_rng(3), 99
+    for trial in range(20):
+        ends = {i: bool(rng.random() < 0.3) for i in range(40)}
+        units = []
+        for direction in ("optimal", "pessimal"):
+            for method in ("search", "search", "best_of_n"):
+                w = int(rng.integers(1, 60))
+                ids = np.full((w, 3), end)
+                ids[:, 0] = rng.integers(0, 40, w)  # one-token responses: repeats across units
+                units.append(SimpleNamespace(direction=direction, method=method, ids=ids, end=end,
+                                             reward=rng.normal(size=w), judge_ppl=rng.uniform(1, 200, w),
+                                             z=(0.0, 1.7)))
+        summary = {d: {"at_judge_ppl": [{"cap": c} for c in (30.0, 100.0, 57.0)]} for d in ("optimal", "pessimal")}
+        asked = []
+
+        def oracle(responses):
+            asked.extend(r[0] for r in responses)
+            return np.asarray([ends[r[0]] for r in responses])
+
+        complete_at_caps(summary, units, oracle, batch=4)
+        assert len(asked) == len(set(asked))  # each response asked once
+        for direction, s in summary.items():
+            sign = 1.0 if direction == "optimal" else -1.0
+            for got in s["at_judge_ppl_complete"]:
+                want = {}
+                for method in ("search", "best_of_n"):
+                    gains = [sign * u.reward[i] for u in units if u.direction == direction and u.method == method
+                             for i in range(len(u.ids)) if u.judge_ppl[i] <= got["cap"] and ends[int(u.ids[i, 0])]]
+                    want[method] = max(gains) if gains else None
+                    assert got[method] == (None if want[method] is None else pytest.approx(sign * want[method]))
+                if None in want.values():
+                    assert got["delta_sd"] is None
+                else:
+                    assert got["delta_sd"] == pytest.approx((want["search"] - want["best_of_n"]) / 1.7)
+    assert len(set(asked)) < 40  # lazy: the last trial did not need every response
+
+
 def test_the_fluency_cost_is_the_best_reward_against_the_best_at_judge_perplexity_100():
     """The summary's fluency cost, against a brute-force reading of every search row: the most rewarding row (by
     direction) at any judge perplexity, the most rewarding at ≤ 100, their difference in reward and in SDs."""

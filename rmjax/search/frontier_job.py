@@ -32,7 +32,12 @@ from rmjax.scoring import finite
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.scoring.prefix import score_responses
 from rmjax.search import frontier_checks, frontier_out, pareto, turns
-from rmjax.search.completion import complete_responses, require_prior_config, same_tokenizer
+from rmjax.search.completion import (
+    complete_responses,
+    greedy_continuations,
+    require_prior_config,
+    same_tokenizer,
+)
 from rmjax.search.fluent import FluentConfig, Found, best_of_n, fluent_search
 from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
@@ -144,6 +149,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
         rows = frontier_out.rows(units, spec.config, rm.tokenizer)
         _complete(rows, rm, lm, spec)
         summary = frontier_out.summaries(units, spec.config, rows)
+        frontier_out.complete_at_caps(summary, units, _ends_of(lm, spec))
         job.finish(lambda path: frontier_out.write(path, rows, summary), allow_nonfinite=o.allow_nonfinite,
                    model=rm.source, lm=lm.source,
                    judge=judge_model.source, dtype=rm.dtype, mesh=dict(rm.mesh.shape) if rm.mesh else None,
@@ -171,6 +177,13 @@ def _complete(rows: list[dict], rm: Model, lm: Model, spec: FrontierSpec) -> Non
         i = at[r["ids"]]
         r.update(ends_turn=int(done.ends_turn[i]), completed_reward=float(done.completed_reward[i]),
                  completed_text=json.dumps(done.completed_text[i], ensure_ascii=False))
+
+
+def _ends_of(lm: Model, spec: FrontierSpec):
+    """Whether the prior's most likely next token after each response (token lists) ends the turn."""
+    split = chat.split_chat(lm.tokenizer, next(iter(spec.prompts.values())), spec.options.template)
+    end = turns.end_of_turn(split.suffix, lm.tokenizer, lm.source)
+    return lambda responses: greedy_continuations(lm, split.prefix, end, responses, max_new=1)[0]
 
 
 def _read_sweep(spec: FrontierSpec, model_fp: dict) -> stages.StageInput:

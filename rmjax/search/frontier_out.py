@@ -110,6 +110,47 @@ def _at_cap(cap: float, s_gain, s_ppl, b_gain, b_ppl, sign: float, sd: float) ->
             "delta_sd": float((s - b) / sd) if found else None, "ci95": None}
 
 
+def complete_at_caps(summary: dict, units, ends_of, batch: int = 32) -> None:
+    """Adds `at_judge_ppl_complete` to each direction's summary: the primary metric over complete responses only,
+    those after which the prior's most likely next token ends the turn. A judge cap alone lets fragments through
+    (a plain judge's end of turn, a newline, is cheap after one; SmolLM2's best-of-N best at ppl ≤ 100 was the
+    unfinished `The question of "What, in one`). `ends_of(responses) -> bool [W]` is asked lazily: each method's
+    responses under the cap, in order of reward (by direction), `batch` at a time until one ends; each response
+    is asked once."""
+    known: dict[tuple[int, ...], bool] = {}
+    for direction, s in summary.items():
+        sign = 1.0 if direction == "optimal" else -1.0
+        mine = [u for u in units if u.direction == direction]
+        pools = {m: [(sign * float(u.reward[i]), float(u.judge_ppl[i]), tuple(turns.tokens(u.ids[i], u.end)))
+                     for u in mine if u.method == m for i in range(len(u.ids))] for m in ("search", "best_of_n")}
+        sd, entries = next(u for u in mine if u.method == "best_of_n").z[1], []
+        for cap in (c["cap"] for c in s["at_judge_ppl"]):
+            best = {m: _first_complete(pool, cap, ends_of, known, batch) for m, pool in pools.items()}
+            found = best["search"] is not None and best["best_of_n"] is not None
+            entries.append({"cap": cap, **{m: None if b is None else sign * b for m, b in best.items()},
+                            "delta_sd": (best["search"] - best["best_of_n"]) / sd if found else None, "ci95": None})
+        s["at_judge_ppl_complete"] = entries
+
+
+def _first_complete(pool, cap: float, ends_of, known: dict, batch: int) -> float | None:
+    """The highest gain of a response in `pool` (gain, judge ppl, tokens) at judge perplexity ≤ cap that ends the
+    turn (`known`, else asked of `ends_of` a batch at a time); None when none does."""
+    under = sorted((r for r in pool if r[1] <= cap), key=lambda r: -r[0])
+    order = list(dict.fromkeys(r[2] for r in under))
+    gain = {}
+    for g, _, ids in under:
+        gain.setdefault(ids, g)  # the first: its highest
+    for start in range(0, len(order), batch):
+        part = order[start : start + batch]
+        unknown = [ids for ids in part if ids not in known]
+        if unknown:
+            known.update(zip(unknown, (bool(e) for e in ends_of([list(ids) for ids in unknown])), strict=True))
+        hit = next((ids for ids in part if known[ids]), None)
+        if hit is not None:
+            return gain[hit]
+    return None
+
+
 def truncation_gains(table: list[dict], direction: str, z: tuple[float, float]) -> dict:
     """The written rows' truncation gain (direction-signed reward − completed_reward, in SDs of the single-token
     rewards): median and share of rows whose prior would end the turn there, for the search at λ > 0, at λ = 0
@@ -176,6 +217,10 @@ def describe(summary: dict, out: Path) -> str:
             lead = "n/a" if cap["delta_sd"] is None else f"{cap['delta_sd']:+.2f} SD"
             lines.append(f"  at judge perplexity <= {cap['cap']:.3g}: search {_fmt(cap['search'])}, best-of-N "
                          f"{_fmt(cap['best_of_n'])} ({lead})")
+        for cap in s.get("at_judge_ppl_complete") or []:
+            lead = "n/a" if cap["delta_sd"] is None else f"{cap['delta_sd']:+.2f} SD"
+            lines.append(f"  complete answers only, at judge perplexity <= {cap['cap']:.3g}: search "
+                         f"{_fmt(cap['search'])}, best-of-N {_fmt(cap['best_of_n'])} ({lead})")
         gain = s.get("truncation_gain") or {}
         for name, g in gain.items():
             if g["rows"]:
