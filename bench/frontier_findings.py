@@ -10,7 +10,8 @@ then, per direction, best-of-N drawn again at `--multiples` x the searches' pool
 first k samples are best-of-N at a budget of k. At each judge-perplexity cap (30, 100, the job's best-of-N median)
 the compute multiplier is k*/(search forwards), k* the first sample that reaches the search's best at that cap
 (judged lazily: only samples rewarded at least that much are judged); censored at `--multiples` when none does.
-Over seeds: the median and a bootstrap 95% interval of the geometric mean.
+Also over complete answers only (the job's `at_judge_ppl_complete`: a sample counts when it also ends the turn,
+the prior's argmax after it being the end of turn). Over seeds: the geometric mean and a bootstrap 95% interval.
 
 `truncation`: how much reward an unfinished sentence earns. Per model and prompt (the 54-prompt set's first
 `--prompts`), `--samples` 8-token prior samples that do not end the turn (fragments, as the pre-issue-43 search
@@ -36,7 +37,7 @@ from rmjax.scoring.judge import judge_perplexities  # noqa: E402
 from rmjax.scoring.prefix import score_responses  # noqa: E402
 from rmjax.scoring.prior import sample_responses  # noqa: E402
 from rmjax.search import fluent, turns  # noqa: E402
-from rmjax.search.completion import complete_responses  # noqa: E402
+from rmjax.search.completion import complete_responses, greedy_continuations  # noqa: E402
 from rmjax.search.fluent import FluentConfig  # noqa: E402
 from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier  # noqa: E402
 from rmjax.search.gcg import make_target  # noqa: E402
@@ -85,12 +86,21 @@ def _multiples(model: str, seed: int, args, folder: Path) -> list[dict]:
         drawn = set(_body(found.ids[_jobs_share(summary["best_of_n"]["samples"], order)], objective.end))
         same = set(_body(_job_samples(rows, direction), objective.end)) <= drawn
         mine = [r for r in rows if r["direction"] == direction and r["method"] == "search"]
-        for cap in summary["at_judge_ppl"]:
-            best = max((sign * float(r["reward"]) for r in mine if float(r["judge_ppl"]) <= cap["cap"]),
-                       default=None)
-            k = None if best is None else _first_reaching(judge, prompt, texts, gain, best, cap["cap"])
+        bodies = [turns.tokens(r, objective.end) for r in ids]
+        ends_of = _ends_of(rm, target, objective.end, bodies)
+        caps = [(c, False) for c in summary["at_judge_ppl"]]
+        caps += [(c, True) for c in summary.get("at_judge_ppl_complete", [])]  # answers that end, on both sides
+        for cap, complete in caps:
+            if complete:  # the job's search best among its answers that end
+                best = None if cap["search"] is None else sign * cap["search"]
+            else:
+                best = max((sign * float(r["reward"]) for r in mine if float(r["judge_ppl"]) <= cap["cap"]),
+                           default=None)
+            k = None if best is None else _first_reaching(judge, prompt, texts, gain, best, cap["cap"],
+                                                          ends_of if complete else None)
             multiplier = args.multiples if k is None else k / budget
             out.append({"model": model, "seed": seed, "direction": direction, "cap": cap["cap"],
+                        "complete_only": complete,
                         "search": cap["search"], "best_of_n": cap["best_of_n"], "delta_sd": cap["delta_sd"],
                         "samples_to_reach": k, "multiplier": multiplier, "censored": k is None,
                         "search_forwards": budget, "prefix_is_the_jobs_best_of_n": same,
@@ -129,16 +139,25 @@ def _interleaved(count: int, streams: int) -> np.ndarray:
     return np.asarray([starts[s] + i for i in range(max(shares)) for s in range(streams) if i < shares[s]])
 
 
-def _first_reaching(judge, prompt: str, texts: list[str], gain: np.ndarray, best: float, cap: float) -> int | None:
-    """The count of samples (in order) up to the first whose gain reaches `best` at judge perplexity ≤ cap."""
+def _first_reaching(judge, prompt: str, texts: list[str], gain: np.ndarray, best: float, cap: float,
+                    ends_of=None) -> int | None:
+    """The count of samples (in order) up to the first whose gain reaches `best` at judge perplexity ≤ cap (and,
+    with `ends_of`, that ends the turn)."""
     candidates = np.flatnonzero(gain >= best)
     for start in range(0, len(candidates), JUDGE_BATCH):
         part = candidates[start : start + JUDGE_BATCH]
         ppl = judge_perplexities(judge, prompt, [texts[i] for i in part], end_of_turn=True)
-        hit = np.flatnonzero(ppl <= cap)
+        hit = part[ppl <= cap]
+        if ends_of is not None and len(hit):
+            hit = hit[ends_of(hit)]
         if len(hit):
-            return int(part[hit[0]]) + 1
+            return int(hit[0]) + 1
     return None
+
+
+def _ends_of(rm, target, end: int, bodies: list[list[int]]):
+    """Whether the RM's own LM (the job's prior) ends the turn after each of the samples `index`."""
+    return lambda index: greedy_continuations(rm, target.prefix, end, [bodies[i] for i in index], max_new=1)[0]
 
 
 def _geometric_ci(values: list[float], rng) -> tuple[float, float, float]:
@@ -154,16 +173,19 @@ def multiplier(args) -> None:
             folder = _job(model, seed, args, out / f"{model}-s{seed}")
             found += _multiples(model, seed, args, folder)
     rng, summary = np.random.default_rng(0), []
-    for key in sorted({(r["model"], r["direction"], r["cap"] if r["cap"] in (30.0, 100.0) else "median")
-                       for r in found}, key=str):
-        mine = [r for r in found if (r["model"], r["direction"]) == key[:2]
+    for key in sorted({(r["model"], r["direction"], r["cap"] if r["cap"] in (30.0, 100.0) else "median",
+                        r.get("complete_only", False)) for r in found}, key=str):
+        mine = [r for r in found
+                if (r["model"], r["direction"], r.get("complete_only", False)) == (*key[:2], key[3])
                 and (r["cap"] == key[2] or (key[2] == "median" and r["cap"] not in (30.0, 100.0)))]
         geo, low, high = _geometric_ci([r["multiplier"] for r in mine], rng)
-        summary.append({"model": key[0], "direction": key[1], "cap": key[2], "seeds": len(mine),
+        summary.append({"model": key[0], "direction": key[1], "cap": key[2], "complete_only": key[3],
+                        "seeds": len(mine),
                         "multipliers": [r["multiplier"] for r in mine], "censored": sum(r["censored"] for r in mine),
                         "geometric_mean": geo, "ci95": [low, high],
                         "delta_sd": [r["delta_sd"] for r in mine]})
-        print(f"{key[0]} {key[1]} cap {key[2]}: multiplier {geo:.2f}x (95% CI {low:.2f}-{high:.2f}; seeds "
+        which = " (complete answers)" if key[3] else ""
+        print(f"{key[0]} {key[1]} cap {key[2]}{which}: multiplier {geo:.2f}x (95% CI {low:.2f}-{high:.2f}; seeds "
               f"{[round(r['multiplier'], 2) for r in mine]}, {summary[-1]['censored']} censored at "
               f"{args.multiples}x); search lead {[None if d is None else round(d, 2) for d in summary[-1]['delta_sd']]}"
               " SD", flush=True)
