@@ -635,7 +635,7 @@ def test_complete_answers_at_a_cap_are_the_best_that_end_asked_lazily():
     from rmjax.search.frontier_out import complete_at_caps
 
     rng, end = np.random.default_rng(3), 99
-    for trial in range(20):
+    for _ in range(20):
         ends = {i: bool(rng.random() < 0.3) for i in range(40)}
         units = []
         for direction in ("optimal", "pessimal"):
