@@ -649,7 +649,7 @@ def test_complete_answers_at_a_cap_are_the_best_that_end_asked_lazily():
         summary = {d: {"at_judge_ppl": [{"cap": c} for c in (30.0, 100.0, 57.0)]} for d in ("optimal", "pessimal")}
         asked = []
 
-        def oracle(responses):
+        def oracle(responses, asked=asked, ends=ends):
             asked.extend(r[0] for r in responses)
             return np.asarray([ends[r[0]] for r in responses])
 
