@@ -228,7 +228,8 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
         batch_size = store.batch_size  # a resume keeps the batches its saved scores were computed in
         result = beam_search(model, prompts, cfg, candidates, batch_size=batch_size, chunk_size=chunk_size,
                              store=store, allow_nonfinite=allow_nonfinite, depth1=depth1)
-        checked = _completions(model, prior, prompts, result.found, cfg.template) if prior is not None else None
+        checked = (_completions(model, prior, prompts, result.found, cfg.template, allow_nonfinite)
+                   if prior is not None else None)
         if skipped and is_main():
             print(f"completion check {skipped}", file=sys.stderr)
 
@@ -252,8 +253,8 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
         return result
 
 
-def _completions(model: Model, prior: Model, prompts: dict[str, str], found: list[Found], template: str
-                 ) -> tuple[tuple[dict, dict], dict]:
+def _completions(model: Model, prior: Model, prompts: dict[str, str], found: list[Found], template: str,
+                 allow_nonfinite: bool = False) -> tuple[tuple[dict, dict], dict]:
     """The completion check of each depth and direction's first CHECKED_ROWS written rows, for every prompt
     (rmjax.search.completion.check_written): the table's keys and values (`depth, direction, rank, ids` then the
     check's columns, one row per checked row and prompt) and its summary per direction for .meta.json."""
@@ -262,7 +263,7 @@ def _completions(model: Model, prior: Model, prompts: dict[str, str], found: lis
                                                      strict=True))]
     signs = np.asarray([1.0 if r[1] == "optimal" else -1.0 for r in rows])
     table = check_written(model, prior, prompts, [r[3] for r in rows], np.asarray([r[4] for r in rows]), signs,
-                          template, MAX_NEW)
+                          template, MAX_NEW, allow_nonfinite)
     which = [rows[i] for i in table["row"]]
     keys = {"depth": [r[0] for r in which], "direction": [r[1] for r in which], "rank": [r[2] for r in which],
             "ids": [" ".join(map(str, r[3])) for r in which], "prompt": table["prompt"],

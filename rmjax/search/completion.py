@@ -59,13 +59,18 @@ def _write(cache: nn.KVCache, kv: nn.KVCache, at) -> nn.KVCache:
                       valid=put(cache.valid, kv.valid, 1))
 
 
+def _argmax(logits):
+    """The most likely token; a NaN logit is no evidence of that (jnp.argmax would pick it): read as −inf."""
+    return jnp.argmax(jnp.where(jnp.isnan(logits), -jnp.inf, logits), axis=-1).astype(jnp.int32)
+
+
 def _greedy(cfg: ModelConfig, params, ids, mask, end_id, *, max_new: int):
     """The argmax next token after each left-padded row [B, T] and after each of its greedy continuations:
     [B, max_new] int32, filled with `end_id` past the step at which every row had predicted it."""
     model = nn.module(params, cfg)
     rows, width = ids.shape
     out = model(ids=ids, mask=mask)
-    first = jnp.argmax(model.lm_logits(out.hidden[:, -1]), axis=-1).astype(jnp.int32)
+    first = _argmax(model.lm_logits(out.hidden[:, -1]))
     cache = _with_free_slots(out.kv, max_new)
     preds = jnp.full((rows, max_new), end_id, jnp.int32).at[:, 0].set(first)
     done = (first == end_id) | ~mask.any(axis=1)  # all-padding rows never hold the loop
@@ -78,7 +83,7 @@ def _greedy(cfg: ModelConfig, params, ids, mask, end_id, *, max_new: int):
         step, cache, preds, done = state
         new = model(ids=preds[:, step - 1, None], cache=cache)
         cache = _write(cache, new.kv, width + step - 1)  # the fed token's slot
-        token = jnp.argmax(model.lm_logits(new.hidden[:, -1]), axis=-1).astype(jnp.int32)
+        token = _argmax(model.lm_logits(new.hidden[:, -1]))
         token = jnp.where(done, end_id, token)  # a row that ended stays ended
         return step + 1, cache, preds.at[:, step].set(token), done | (token == end_id)
 
@@ -119,10 +124,11 @@ def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, respo
 
 
 def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[list[int]], template: str = "auto",
-                       max_new: int = 32, batch_size: int = 64) -> Completions:
+                       max_new: int = 32, batch_size: int = 64, allow_nonfinite: bool = False) -> Completions:
     """Each response completed by the prior's greedy continuation up to the end of the turn (the first token of the
     template's text after the response, e.g. `<|im_end|>`), and the RM's reward of the completed text for `prompt`
-    (score_texts: what experiments.score writes; a NaN/Inf reward raises NonFiniteError)."""
+    (score_texts: what experiments.score writes; a NaN/Inf reward raises NonFiniteError unless `allow_nonfinite`,
+    the job's --allow_nonfinite)."""
     split = split_chat(prior.tokenizer, prompt, template)
     end = turns.end_of_turn(split.suffix, prior.tokenizer, prior.source)  # plain: the newline before `User:`
     ends, added = greedy_continuations(prior, split.prefix, end, responses, max_new, batch_size)
@@ -134,7 +140,8 @@ def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[lis
         whole = decode(response + more) if more else text
         ids.append(response + more)
         texts.append(whole if whole.startswith(text) else text + decode(more))
-    rewards = score_texts(rm, {"completed": prompt}, texts, template)["completed"] if texts else np.zeros(0)
+    rewards = score_texts(rm, {"completed": prompt}, texts, template,
+                          allow_nonfinite=allow_nonfinite)["completed"] if texts else np.zeros(0)
     return Completions(ends, ids, texts, np.asarray(rewards, np.float64))
 
 
@@ -171,7 +178,8 @@ COMPLETION_VALUES = ("reward", "completed_reward", "truncation_gain")
 
 
 def check_written(rm: Model, prior: Model, prompts: dict[str, str], responses: list[list[int]], rewards: np.ndarray,
-                  signs: np.ndarray, template: str = "auto", max_new: int = 32) -> dict[str, list]:
+                  signs: np.ndarray, template: str = "auto", max_new: int = 32, allow_nonfinite: bool = False
+                  ) -> dict[str, list]:
     """The completion check of a job's written rows (beam, exhaustive, GCG): for each response [W] and prompt (the
     rewards [W, prompts] the job wrote, the direction's sign [W]), ends_turn, completed_text, completed_reward and
     the truncation gain sign · (reward − completed_reward) in the RM's reward units; each distinct response is
@@ -180,7 +188,8 @@ def check_written(rm: Model, prior: Model, prompts: dict[str, str], responses: l
     rewards, signs = np.asarray(rewards, np.float64).reshape(len(responses), len(prompts)), np.asarray(signs)
     distinct = sorted({tuple(int(t) for t in r) for r in responses})
     table: dict[str, list] = {k: [] for k in ("row", "prompt", "ends_turn", "completed_text", *COMPLETION_VALUES)}
-    done = {name: complete_responses(rm, prior, text, [list(d) for d in distinct], template, max_new)
+    done = {name: complete_responses(rm, prior, text, [list(d) for d in distinct], template, max_new,
+                                     allow_nonfinite=allow_nonfinite)
             for name, text in prompts.items()} if distinct else {}
     at = {d: i for i, d in enumerate(distinct)}
     for i, response in enumerate(responses):
@@ -203,7 +212,9 @@ def gains_summary(table: dict[str, list], groups: list[str]) -> dict:
     out = {}
     for group in sorted(set(groups)):
         mine = [i for i, g in enumerate(groups) if g == group]
-        out[group] = {"rows": len(mine),
-                      "median_truncation_gain": float(np.median([table["truncation_gain"][i] for i in mine])),
+        gains = np.asarray([table["truncation_gain"][i] for i in mine], np.float64)
+        finite = gains[np.isfinite(gains)]  # NaN/Inf only with --allow_nonfinite: counted, not averaged
+        out[group] = {"rows": len(mine), "nonfinite": int(len(gains) - len(finite)),
+                      "median_truncation_gain": float(np.median(finite)) if len(finite) else None,
                       "ends_turn": float(np.mean([table["ends_turn"][i] for i in mine]))}
     return out

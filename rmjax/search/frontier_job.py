@@ -171,7 +171,8 @@ def _complete(rows: list[dict], rm: Model, lm: Model, spec: FrontierSpec) -> Non
     the forwards budget."""
     prompt = next(iter(spec.prompts.values()))
     distinct = list(dict.fromkeys(r["ids"] for r in rows))
-    done = complete_responses(rm, lm, prompt, [[int(t) for t in k.split()] for k in distinct], spec.options.template)
+    done = complete_responses(rm, lm, prompt, [[int(t) for t in k.split()] for k in distinct], spec.options.template,
+                              allow_nonfinite=spec.options.allow_nonfinite)
     at = {k: i for i, k in enumerate(distinct)}
     for r in rows:
         i = at[r["ids"]]

@@ -182,7 +182,7 @@ def _completions(targets: list[Target], lm: Model | None, prompts: dict[str, str
         mine = [t for t in targets if t.model is m]
         rewards = np.stack([score_responses(m, t.cache, t.suffix_ids, np.asarray(buffer, np.int32), 64)
                             for t in mine], axis=1)
-        table = check_written(m, prior, prompts, buffer, rewards, signs, cfg.template, MAX_NEW)
+        table = check_written(m, prior, prompts, buffer, rewards, signs, cfg.template, MAX_NEW, cfg.allow_nonfinite)
         keys["model"] += [m.source] * len(table["row"])
         keys["rank"] += [i + 1 for i in table["row"]]
         keys["ids"] += [" ".join(map(str, buffer[i])) for i in table["row"]]
