@@ -12,16 +12,25 @@ Methods, each stopped at --budget forwards (default 25,000, 1/10 of exhaustive s
   swaps, prior swaps, redrawn tails and merges are what must find the optimum (issue 43). Its responses are whole
   turns of 1 or 2 tokens, so its ground truth is the best of the 500 single tokens and the 250,000 pairs (the
   exhaustive CSV's depths 1 and 2); GCG's and the beam's is the best pair.
+`--space=vocab` (issue 43): the search alone over the whole vocabulary (less special and non-ASCII tokens, as the
+frontier searches it) at N = --num_tokens, in its gradient mode. No exhaustive ranking exists there (49k^N
+sequences), so the ground truth is a beam over the same tokens (K = --truth_k per level, both directions, resumable,
+cached): exact at depth 1, the best known whole turn of 1..N tokens beyond. A run reaches it when its best J is
+within 1e-3 of the truth's (two float32 forwards along different paths: cached beam extension vs the search's
+batched whole turns) or holds its ids; a run that goes past it by more has found a better turn than the beam.
 Forwards follow BUILD_NOTES 'Forwards' (rmjax.search.objective): every call's positions over N + S (the RM; the
 prior's over N), a gradient 3x, padding rows free. GCG and the beam are counted by wrapping their scoring calls.
 
 python bench/search_efficiency.py [--budget=25000] [--seeds=5] [--first_seed=0] [--exact_limit=1024] \
     [--models=elo-rm-smollm2-135m,elo-rm-gemma3-270m] [--methods=gcg,beam,beam+gcg,search]
+python bench/search_efficiency.py --space=vocab --num_tokens=2 --truth_k=8 --budget=5000 --seeds=5 \
+    --models=elo-rm-smollm2-135m
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -81,7 +90,7 @@ class Ranks:
         pool = table.ravel() if single is None else np.concatenate([table.ravel(), single])
         self.sorted = np.sort(-self.sign * pool)
 
-    def __call__(self, ids) -> int:
+    def __call__(self, ids, value: float | None = None) -> int:
         first = self.where[int(ids[0])]
         if self.single is not None and int(ids[1]) == self.end:
             value = -self.sign * self.single[first]
@@ -149,29 +158,74 @@ def run_beam(model, cands, direction, k, counter, rank) -> tuple[list[tuple[floa
     return [(float(counter.spent), rank(best.ids[0]))], best.ids
 
 
-def run_search(model, target, cands, direction, seed, budget, rank, exact_limit: int) -> list[tuple[float, int]]:
+def run_search(model, target, cands, direction, seed, budget, rank, exact_limit: int,
+               n: int = 2) -> list[tuple[float, int]]:
+    """The search's curve of (forwards, rank(latest J, its ids)), stopped at the budget or at rank 1."""
     from rmjax.search import fluent
     from rmjax.search.objective import Forwards, Objective, Prior
 
     banned = np.ones(model.config.vocab_size, bool)
     banned[cands] = False
-    forwards = Forwards(budget, 2 + len(target.suffix), 2)
+    forwards = Forwards(budget, n + len(target.suffix), n)
     forwards.charge(len(target.prefix))
     objective = Objective(target, Prior.of(model, target.prefix), 0.0, 1.0 if direction == "optimal" else -1.0, 0.0,
                           forwards)
-    curve = [(float(forwards.spent), len(cands) ** 2)]
+    curve = [(float(forwards.spent), len(cands) ** n)]
 
     def progress(latest):
-        curve.append((latest[0], rank(latest[2])))
+        curve.append((latest[0], rank(latest[2], latest[1])))
         if curve[-1][1] == 1:
             raise Reached
 
     try:
-        fluent.fluent_search(objective, fluent.FluentConfig(num_tokens=2, seed=seed, exact_limit=exact_limit), banned,
+        fluent.fluent_search(objective, fluent.FluentConfig(num_tokens=n, seed=seed, exact_limit=exact_limit), banned,
                              [], progress)
     except Reached:
         pass
     return curve
+
+
+def vocab_truth(model, name: str, allowed: np.ndarray, n: int, k: int, folder: Path) -> dict:
+    """Per direction, the best whole turn of 1..n tokens a beam of K over `allowed` finds: {"value": signed
+    reward (J at λ = 0), "ids": its tokens, "per_depth": the best signed reward at each depth}. The beam's rows
+    per depth are cached; a cached beam at least n deep serves (its depths up to n are those of a beam to n)."""
+    from rmjax.runs.chunks import ChunkStore
+    from rmjax.search.beam import BeamConfig, beam_search
+
+    path = folder / name / f"vocab_beam_k{k}.json"
+    key = {"model": name, "beam": k, "prompt": _prompt(), "allowed": len(allowed), "allowed_sum": int(allowed.sum())}
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    if saved.get("key") != key or saved.get("depth", 0) < n:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store = ChunkStore(folder / name / f"vocab_beam{n}_k{k}.csv", dict(key, depth=n), 4096, batch_size=256)
+        result = beam_search(model, {"greatest": _prompt()}, BeamConfig(depth=n, beam=k, direction="both", top=1),
+                             allowed, store=store)
+        rows = [{"depth": f.depth, "direction": f.direction, "reward": float(f.scores[0, 0]),
+                 "ids": f.ids[0].tolist()} for f in result.found]
+        saved = {"key": key, "depth": n, "rows": rows}
+        path.write_text(json.dumps(saved, indent=1))
+    truth = {}
+    for direction, sign in (("optimal", 1.0), ("pessimal", -1.0)):
+        rows = sorted(((sign * r["reward"], r["depth"], r["ids"]) for r in saved["rows"]
+                       if r["direction"] == direction and r["depth"] <= n), reverse=True)
+        truth[direction] = {"value": rows[0][0], "ids": rows[0][2],
+                            "per_depth": {str(d): round(v, 4) for v, d, _ in sorted(rows, key=lambda r: r[1])}}
+    return truth
+
+
+class Reach:
+    """Rank 1 when a whole turn reaches the vocabulary ground truth (module docstring), else 2; remembers the
+    best J seen, to tell how far short a run stopped or how far past the beam it went."""
+
+    TOLERANCE = 1e-3
+
+    def __init__(self, truth: dict, end: int):
+        self.value, self.ids, self.end, self.best = truth["value"], list(truth["ids"]), end, -np.inf
+
+    def __call__(self, ids, value: float) -> int:
+        self.best = max(self.best, float(value))
+        turn = [int(t) for t in ids if int(t) != self.end]
+        return 1 if value >= self.value - self.TOLERANCE or turn == self.ids else 2
 
 
 def _prompt() -> str:
@@ -196,7 +250,13 @@ def main() -> None:
     ap.add_argument("--models", default="elo-rm-smollm2-135m,elo-rm-gemma3-270m")
     ap.add_argument("--methods", default="gcg,beam,beam+gcg,search")
     ap.add_argument("--cache", default=str(REPO / ".cache" / "rmjax" / "bench"))
+    ap.add_argument("--space", default="nouns", choices=("nouns", "vocab"),
+                    help="the 500 nouns at N = 2 (exhaustive truth), or the whole vocabulary (the search alone)")
+    ap.add_argument("--num_tokens", type=int, default=2, help="N, with --space=vocab")
+    ap.add_argument("--truth_k", type=int, default=8, help="the ground-truth beam's K, with --space=vocab")
     args = ap.parse_args()
+    if args.space == "vocab":
+        return main_vocab(args)
 
     from rmjax.loading import load
     from rmjax.parallel.distributed import quiet_absent_tpu
@@ -256,6 +316,48 @@ def main() -> None:
             values = [v for v in values if v is not None]
             at.append(f"{np.median(values):>6,.0f}" if values else f"{'-':>6}")
         print(f"{method:<10} {len(hit):>3} / {len(items):<3}     {median:>20}                 {' '.join(at)}")
+
+
+def main_vocab(args) -> None:
+    """--space=vocab: the search's forwards to the beam's best whole turn over the whole vocabulary."""
+    from rmjax.loading import load
+    from rmjax.parallel.distributed import quiet_absent_tpu
+    from rmjax.search import turns
+    from rmjax.search.gcg import make_target
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_start import banned_tokens
+
+    quiet_absent_tpu()
+    rows, started = [], time.perf_counter()
+    for name in args.models.split(","):
+        model = load(name)
+        target = make_target(model, _prompt())
+        allowed = np.flatnonzero(~banned_tokens(model, model.config.vocab_size, GCGConfig()))
+        truth = vocab_truth(model, name, allowed, args.num_tokens, args.truth_k, Path(args.cache))
+        end = turns.end_of_turn(target.suffix, model.tokenizer, name)
+        for direction in ("optimal", "pessimal"):
+            goal = truth[direction]
+            print(f"{name} {direction}: the beam's best (K = {args.truth_k}) {goal['value']:+.4f} "
+                  f"{model.tokenizer.decode(goal['ids'])!r}; per depth {goal['per_depth']}", flush=True)
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                tick, reach = time.perf_counter(), Reach(goal, end)
+                curve = run_search(model, target, allowed, direction, seed, args.budget, reach, args.exact_limit,
+                                   args.num_tokens)
+                first = next((f for f, r in curve if r == 1), None)
+                rows.append((name, direction, seed, first, reach.best - goal["value"]))
+                at = f"reached at {first:,.0f} forwards" if first is not None else "not reached"
+                print(f"{name} {direction} seed {seed}: {at}; best J − truth {reach.best - goal['value']:+.4f} "
+                      f"({time.perf_counter() - tick:.0f} s)", flush=True)
+    firsts = [r[3] for r in rows]
+    hit = [f for f in firsts if f is not None]
+    worst = f"{max(hit):,.0f}" if hit and len(hit) == len(firsts) else f"> {args.budget:,}"
+    median = f"{np.median(hit):,.0f}" if hit else "-"
+    past = sum(r[4] > Reach.TOLERANCE for r in rows)
+    short = [r[4] for r in rows if r[3] is None]
+    print(f"\nsearch, whole vocabulary, N = {args.num_tokens}, budget {args.budget:,} forwards, truth: beam K = "
+          f"{args.truth_k} ({time.perf_counter() - started:.0f} s)")
+    print(f"reached {len(hit)} / {len(rows)}; forwards to reach: median {median}, worst {worst}; went past the "
+          f"beam's best in {past}; median shortfall of the others {np.median(short) if short else 0:+.4f}")
 
 
 if __name__ == "__main__":
