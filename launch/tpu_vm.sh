@@ -4,29 +4,39 @@
 # launch/tpu_vm.sh --name=rmjax-v5e --zone=us-west4-a --type=v5litepod-8 \
 #     --checkpoint=gs://BUCKET/Skywork-Reward-Gemma-2-27B-v0.2 \
 #     --job="experiments.sweep --model=/tmp/ckpt --prompts=paper1 --dtype=bfloat16 --mesh=data:1,model:8 --out=results/s.csv" \
-#     [--project=P] [--version=tpu-ubuntu2204-base] [--results=results/] [--plan_model=SPEC] [--keep] [--dry-run]
+#     [--project=P] [--version=RUNTIME] [--spot | --queued] [--results=results/] [--plan_model=SPEC] [--keep] \
+#     [--dry-run]
 #
-# --type: v4-8, v5litepod-8, v6e-8, v5litepod-16 ... (on multi-host slices every worker runs the job and
+# --type: v4-8, v5litepod-8, v5p-8, v6e-8, v5litepod-16 ... (on multi-host slices every worker runs the job and
 #         jax.distributed finds its peers; process 0 writes results/).
-# --checkpoint: gs:// path (copied with gsutil on each worker) or a local folder (scp'd to each worker).
+# --version: the TPU software version; by default the one --type needs (Google's "TPU software versions" page):
+#         v4 tpu-ubuntu2204-base, v5litepod v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5, v6e v2-alpha-tpuv6e (a v5e
+#         VM on the v4 image shows no TPU, and JAX runs on its CPU).
+# --spot: a Spot VM (60-70% cheaper; it can be preempted, and every rmjax job resumes where it stopped).
+# --queued: ask through a queued resource (gcloud compute tpus queued-resources; how v5e/v5p/v6e capacity is
+#         usually granted), wait for it to become ACTIVE, and delete it (with its VM) at the end. With --spot too.
+# --checkpoint: gs:// path (copied with gcloud storage on each worker) or a local folder (scp'd to each worker).
 # --job: shell text, run on every worker as `.venv/bin/python -m JOB` in the shipped repository.
 # --plan_model: a zoo hub id or nickname, a config.json or a local folder: before the VM is created, the job is
 #         compiled for --type here (python -m experiments.plan, needs jax[tpu]) and refused when it does not fit;
-#         default: the checkpoint's config.json (gsutil cp from a gs:// checkpoint) or its local folder.
+#         default: the checkpoint's config.json (gcloud storage cp from a gs:// checkpoint) or its local folder.
 # --keep: keep the VM at the end, also after a failure (otherwise a failed run deletes it too).
-# --dry-run prints every command, one per line, quoted so that a line pasted into a shell runs exactly it.
+# --dry-run runs the plan here (its verdict on stderr; from a gs:// checkpoint only with --plan_model) and prints
+#         every command, one per line, quoted so that a line pasted into a shell runs exactly it.
+# A name already in use is refused before anything is created. From the moment `create` starts, any exit (a
+# failure, Ctrl-C, a client timeout while Google is still creating it) deletes whatever exists under the name.
 # The VM gets `git archive HEAD`: uncommitted changes are not shipped (a warning names them).
 set -euo pipefail
 
-NAME="" ZONE="" TYPE="" PROJECT="" VERSION="tpu-ubuntu2204-base" CHECKPOINT="" JOB="" RESULTS="results/" KEEP=0 DRY=0
-PLAN_MODEL=""
+NAME="" ZONE="" TYPE="" PROJECT="" VERSION="" CHECKPOINT="" JOB="" RESULTS="results/" KEEP=0 DRY=0
+PLAN_MODEL="" SPOT=0 QUEUED=0
 for arg in "$@"; do
   case "$arg" in
     --name=*) NAME="${arg#*=}" ;; --zone=*) ZONE="${arg#*=}" ;; --type=*) TYPE="${arg#*=}" ;;
     --project=*) PROJECT="${arg#*=}" ;; --version=*) VERSION="${arg#*=}" ;;
     --checkpoint=*) CHECKPOINT="${arg#*=}" ;; --job=*) JOB="${arg#*=}" ;; --results=*) RESULTS="${arg#*=}" ;;
     --plan_model=*) PLAN_MODEL="${arg#*=}" ;;
-    --keep) KEEP=1 ;; --dry-run) DRY=1 ;;
+    --keep) KEEP=1 ;; --dry-run) DRY=1 ;; --spot) SPOT=1 ;; --queued) QUEUED=1 ;;
     -h|--help) sed -n '2,/^set -/{/^#/p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
@@ -35,23 +45,48 @@ for required in NAME ZONE TYPE JOB; do
   [ -n "${!required}" ] || { echo "--$(echo "$required" | tr '[:upper:]' '[:lower:]') is required (see --help)" >&2; exit 2; }
 done
 
+if [ -z "$VERSION" ]; then
+  case "$TYPE" in
+    v4-*) VERSION=tpu-ubuntu2204-base ;;
+    v5litepod-*|v5e-*) VERSION=v2-alpha-tpuv5-lite ;;
+    v5p-*) VERSION=v2-alpha-tpuv5 ;;
+    v6e-*) VERSION=v2-alpha-tpuv6e ;;
+    *) echo "--type=$TYPE: no default runtime for it (v4-*, v5litepod-*, v5p-*, v6e-*); pass --version" >&2; exit 2 ;;
+  esac
+fi
+
 source "$(dirname "$0")/run.sh"  # quote, run: the printed line is the argv that runs
 TPU=(gcloud compute tpus tpu-vm)
+QR=(gcloud compute tpus queued-resources)
 WHERE=(--zone="$ZONE")
 [ -n "$PROJECT" ] && WHERE+=(--project="$PROJECT")
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 TARBALL="${TMPDIR:-/tmp}/rmjax-$NAME.tar.gz"
 
-# A VM left behind by a failed job keeps billing: delete it on any exit once it exists, unless --keep.
-CREATED=0
+# A VM left behind keeps billing. From the moment create starts (the name was free: checked first), any exit
+# deletes whatever exists under the name, unless --keep: a create that failed, was interrupted or timed out on
+# the client may still finish on Google's side. A second Ctrl-C does not stop the deletion.
+STARTED=0
+exists() {  # whether a VM (or, with --queued, a queued resource) exists under the name; with --dry-run: no
+  local what=("${TPU[@]}") ; [ "$QUEUED" = 1 ] && what=("${QR[@]}")
+  if [ "$DRY" = 1 ]; then printf '%s\n' "$(quote "${what[@]}" describe "$NAME" "${WHERE[@]}" --quiet)"; return 1; fi
+  "${what[@]}" describe "$NAME" "${WHERE[@]}" --quiet >/dev/null 2>&1
+}
 cleanup() {
   local rc=$? delete=("${TPU[@]}" delete "$NAME" "${WHERE[@]}" --quiet)
-  if [ "$CREATED" = 1 ]; then
+  trap '' INT TERM HUP
+  [ "$QUEUED" = 1 ] && delete=("${QR[@]}" delete "$NAME" "${WHERE[@]}" --force --quiet)  # its VM with it
+  if [ "$STARTED" = 1 ]; then
     if [ "$KEEP" = 1 ]; then
       echo "==> TPU VM $NAME is KEPT (--keep) and still billing. Delete it with: $(quote "${delete[@]}")" >&2
-    else
-      [ "$rc" = 0 ] || echo "error: the run failed (exit $rc); deleting TPU VM $NAME (--keep keeps it)" >&2
+    elif [ "$DRY" = 1 ]; then
+      exists || true
       run "${delete[@]}"
+    elif exists; then
+      [ "$rc" = 0 ] || echo "error: the run failed (exit $rc); deleting TPU VM $NAME (--keep keeps it)" >&2
+      ( run "${delete[@]}" ) || true  # (run exits on failure: only its subshell here)
+    else
+      [ "$rc" = 0 ] || echo "error: the run failed (exit $rc); no TPU VM $NAME exists to delete" >&2
     fi
   fi
   exit "$rc"
@@ -82,7 +117,8 @@ read -ra JOB_WORDS <<<"$JOB"  # split on blanks, no glob expansion
 JOB_NAME="${JOB_WORDS[0]#experiments.}"
 if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read
   PLAN_MODEL="${TMPDIR:-/tmp}/rmjax-$NAME-config.json"
-  run gsutil cp "$CHECKPOINT/config.json" "$PLAN_MODEL"
+  run gcloud storage cp "$CHECKPOINT/config.json" "$PLAN_MODEL"
+  [ "$DRY" = 1 ] && PLAN_DRY_SKIP=1
 elif [ -z "$PLAN_MODEL" ]; then
   PLAN_MODEL="$CHECKPOINT"
 fi
@@ -103,23 +139,51 @@ else
   done
   PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY=python3
   PLAN[0]="$PY"
-  ( cd "$REPO" && run "${PLAN[@]}" ) || { rc=$?; echo "error: the job does not plan for $TYPE (above); no VM was created" >&2; exit "$rc"; }
-fi
-
-run "${TPU[@]}" create "$NAME" "${WHERE[@]}" --accelerator-type="$TYPE" --version="$VERSION"
-CREATED=1
-run git -C "$REPO" archive --format=tar.gz -o "$TARBALL" HEAD
-run "${TPU[@]}" scp "$TARBALL" "$NAME:~/rmjax.tar.gz" "${WHERE[@]}" --worker=all
-run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --command="$SETUP"
-if [ -n "$CHECKPOINT" ]; then
-  if [[ "$CHECKPOINT" == gs://* ]]; then
-    run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all \
-      --command="mkdir -p /tmp/ckpt && gsutil -m cp -r $(quote "$CHECKPOINT/*") /tmp/ckpt/"
+  if [ "$DRY" = 1 ]; then  # the command, then its verdict (on stderr: stdout holds only commands)
+    run "${PLAN[@]}"
+    if [ "${PLAN_DRY_SKIP:-0}" = 1 ]; then
+      echo "dry run: the plan needs $CHECKPOINT/config.json; pass --plan_model to plan it here now" >&2
+    else
+      ( cd "$REPO" && "${PLAN[@]}" ) >&2 || { rc=$?; echo "error: the job does not plan for $TYPE (above); a real run would create no VM" >&2; exit "$rc"; }
+    fi
   else
-    run "${TPU[@]}" scp --recurse "$CHECKPOINT" "$NAME:/tmp/ckpt" "${WHERE[@]}" --worker=all
+    ( cd "$REPO" && run "${PLAN[@]}" ) || { rc=$?; echo "error: the job does not plan for $TYPE (above); no VM was created" >&2; exit "$rc"; }
   fi
 fi
-run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all \
+
+if exists; then
+  echo "error: a TPU VM$([ "$QUEUED" = 1 ] && echo " queued resource") named $NAME already exists in $ZONE; choose another --name or delete it" >&2
+  exit 2
+fi
+CAPACITY=(); [ "$SPOT" = 1 ] && CAPACITY=(--spot)
+STARTED=1
+if [ "$QUEUED" = 1 ]; then
+  run "${QR[@]}" create "$NAME" --node-id="$NAME" "${WHERE[@]}" --accelerator-type="$TYPE" \
+    --runtime-version="$VERSION" "${CAPACITY[@]}" --quiet
+  # granted when capacity frees up: wait for ACTIVE (a FAILED or SUSPENDED request stops here, and is deleted)
+  WAIT=("${QR[@]}" describe "$NAME" "${WHERE[@]}" --format='value(state.state)' --quiet)
+  if [ "$DRY" = 1 ]; then printf '%s\n' "$(quote "${WAIT[@]}")"; else
+    while state="$("${WAIT[@]}")"; [ "$state" != ACTIVE ]; do
+      case "$state" in FAILED|SUSPENDED) echo "error: queued resource $NAME is $state" >&2; exit 1 ;; esac
+      echo "==> queued resource $NAME is ${state:-unknown}; waiting for capacity" >&2; sleep "${RMJAX_QUEUE_POLL:-60}"
+    done
+  fi
+else
+  run "${TPU[@]}" create "$NAME" "${WHERE[@]}" --accelerator-type="$TYPE" --version="$VERSION" "${CAPACITY[@]}" \
+    --quiet
+fi
+run git -C "$REPO" archive --format=tar.gz -o "$TARBALL" HEAD
+run "${TPU[@]}" scp "$TARBALL" "$NAME:~/rmjax.tar.gz" "${WHERE[@]}" --worker=all --quiet
+run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --quiet --command="$SETUP"
+if [ -n "$CHECKPOINT" ]; then
+  if [[ "$CHECKPOINT" == gs://* ]]; then
+    run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --quiet \
+      --command="mkdir -p /tmp/ckpt && gcloud storage cp -r $(quote "$CHECKPOINT/*") /tmp/ckpt/"
+  else
+    run "${TPU[@]}" scp --recurse "$CHECKPOINT" "$NAME:/tmp/ckpt" "${WHERE[@]}" --worker=all --quiet
+  fi
+fi
+run "${TPU[@]}" ssh "$NAME" "${WHERE[@]}" --worker=all --quiet \
   --command="cd rmjax && HF_HUB_OFFLINE=1 RMJAX_COORDINATOR=auto .venv/bin/python -m $JOB"
 run mkdir -p "$RESULTS"
-run "${TPU[@]}" scp --recurse "$NAME:~/rmjax/results/*" "$RESULTS" "${WHERE[@]}" --worker=0
+run "${TPU[@]}" scp --recurse "$NAME:~/rmjax/results/*" "$RESULTS" "${WHERE[@]}" --worker=0 --quiet

@@ -56,6 +56,27 @@ def _fake(bin_dir: Path, name: str, log: Path, fail_on: str = "") -> None:
     (bin_dir / name).chmod(0o755)
 
 
+def _fake_gcloud(bin_dir: Path, log: Path, fail_on: str = "", created_then_fails: bool = False,
+                 slow_create: bool = False) -> Path:
+    """A stand-in gcloud that logs its argv (as _fake) and keeps one VM's existence in a file (returned): `create`
+    makes it (then, with slow_create, takes 60 s), `delete` removes it, `describe` fails when there is none.
+    FAIL_ON fails a call (exit 3) before it acts; `created_then_fails`: create makes the VM and then fails (a
+    client timeout while Google goes on creating it)."""
+    bin_dir.mkdir(exist_ok=True)
+    vm = bin_dir.parent / "vm.exists"
+    fail = f'case "$*" in *{shlex.quote(fail_on)}*) exit 3 ;; esac\n' if fail_on else ""
+    after_create = ("exit 4;" if created_then_fails else "") + ("sleep 60;" if slow_create else "")
+    (bin_dir / "gcloud").write_text(
+        f'#!/bin/sh\nfor a in gcloud "$@"; do printf "%s\\037" "$a"; done >> {log}\necho >> {log}\n{fail}'
+        'case "$*" in\n'
+        f'  *" describe "*) [ -e {vm} ] || exit 1 ;;\n'
+        f'  *" create "*) touch {vm}; {after_create} ;;\n'
+        f'  *" delete "*) rm -f {vm} ;;\n'
+        'esac\n')
+    (bin_dir / "gcloud").chmod(0o755)
+    return vm
+
+
 def _logged(log: Path) -> list[list[str]]:
     return [line.split("\x1f")[:-1] for line in log.read_text().split("\n")[:-1]] if log.exists() else []
 
@@ -65,23 +86,68 @@ def test_tpu_vm_dry_run():
     cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=us-west4-a", "--type=v5litepod-8", "--project=p",
                 "--checkpoint=gs://b/ckpt", f"--job={JOB}", env={**os.environ, "TMPDIR": "/tmp"})
     # the plan first, from the checkpoint's config.json alone (issue 24)
-    assert cmds[0] == ["gsutil", "cp", "gs://b/ckpt/config.json", "/tmp/rmjax-rm-config.json"]
+    assert cmds[0] == ["gcloud", "storage", "cp", "gs://b/ckpt/config.json", "/tmp/rmjax-rm-config.json"]
     assert cmds[1][1:5] == ["-m", "experiments.plan", "--model=/tmp/rmjax-rm-config.json", "--topology=v5litepod-8"]
     cmds = cmds[2:]
-    assert cmds[0] == [*TPU, "create", "rm", *where, "--accelerator-type=v5litepod-8",
-                       "--version=tpu-ubuntu2204-base"]
+    describe = [*TPU, "describe", "rm", *where, "--quiet"]
+    assert cmds[0] == describe  # the name must be free before anything is created
+    assert cmds[1] == [*TPU, "create", "rm", *where, "--accelerator-type=v5litepod-8",
+                       "--version=v2-alpha-tpuv5-lite", "--quiet"]
     ssh = [c for c in cmds if c[:5] == [*TPU, "ssh"]]
-    assert all(c[:-1] == [*TPU, "ssh", "rm", *where, "--worker=all"] for c in ssh)
+    assert all(c[:-1] == [*TPU, "ssh", "rm", *where, "--worker=all", "--quiet"] for c in ssh)
     setup, ckpt, job = (_remote(c) for c in ssh)
     assert setup[:3] == ["mkdir", "-p", "rmjax"] and "jax[tpu]" in setup
-    assert ckpt == ["mkdir", "-p", "/tmp/ckpt", "&&", "gsutil", "-m", "cp", "-r", "gs://b/ckpt/*", "/tmp/ckpt/"]
+    assert ckpt == ["mkdir", "-p", "/tmp/ckpt", "&&", "gcloud", "storage", "cp", "-r", "gs://b/ckpt/*", "/tmp/ckpt/"]
     assert job == ["cd", "rmjax", "&&", "HF_HUB_OFFLINE=1", "RMJAX_COORDINATOR=auto", ".venv/bin/python", "-m",
                    *JOB.split()]
     assert cmds.index(ssh[0]) < cmds.index(ssh[1]) < cmds.index(ssh[2])
-    assert cmds[-2] == [*TPU, "scp", "--recurse", "rm:~/rmjax/results/*", "results/", *where, "--worker=0"]
-    assert cmds[-1] == [*TPU, "delete", "rm", *where, "--quiet"]
+    assert cmds[-3] == [*TPU, "scp", "--recurse", "rm:~/rmjax/results/*", "results/", *where, "--worker=0",
+                        "--quiet"]
+    assert cmds[-2:] == [describe, [*TPU, "delete", "rm", *where, "--quiet"]]
+    assert all("--quiet" in c for c in cmds if c[0] == "gcloud")  # no prompt can block an unattended run
     kept = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v4-8", f"--job={JOB}", "--keep")
     assert not any("delete" in c for c in kept) and not any("gsutil" in " ".join(c) for c in kept)
+
+
+def test_tpu_vm_runtime_follows_the_type_and_spot_reaches_create():
+    """Google's TPU software versions: a v5e/v5p/v6e VM on the v4 image shows no TPU (issue 44)."""
+    def create(*args: str) -> list[str]:
+        return next(c for c in _dry("tpu_vm.sh", "--name=rm", "--zone=z", f"--job={JOB}", *args)
+                    if c[4:5] == ["create"])
+
+    for kind, runtime in (("v4-8", "tpu-ubuntu2204-base"), ("v5litepod-8", "v2-alpha-tpuv5-lite"),
+                          ("v5p-8", "v2-alpha-tpuv5"), ("v6e-8", "v2-alpha-tpuv6e")):
+        assert f"--version={runtime}" in create(f"--type={kind}")
+        assert "--spot" in create(f"--type={kind}", "--spot")
+    assert "--version=mine" in create("--type=v6e-8", "--version=mine")
+    bad = _run("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v9-8", f"--job={JOB}", "--dry-run")
+    assert bad.returncode == 2 and "--type=v9-8: no default runtime" in bad.stderr
+
+
+def test_tpu_vm_queued_resource_is_waited_for_and_deleted_with_its_vm(tmp_path):
+    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v6e-8", f"--job={JOB}", "--queued", "--spot")
+    qr = ["gcloud", "compute", "tpus", "queued-resources"]
+    assert cmds[0] == [*qr, "describe", "rm", "--zone=z", "--quiet"]
+    assert cmds[1] == [*qr, "create", "rm", "--node-id=rm", "--zone=z", "--accelerator-type=v6e-8",
+                       "--runtime-version=v2-alpha-tpuv6e", "--spot", "--quiet"]
+    assert cmds[2] == [*qr, "describe", "rm", "--zone=z", "--format=value(state.state)", "--quiet"]
+    assert cmds[-1] == [*qr, "delete", "rm", "--zone=z", "--force", "--quiet"]
+    assert not any(c[:5] == [*TPU, "create"] for c in cmds)
+    # the wait: a fake queue that answers WAITING_FOR_RESOURCES once, then ACTIVE
+    log, bin_dir, env, args = _fake_tpu(tmp_path)
+    vm = _fake_gcloud(bin_dir, log)
+    states = tmp_path / "states"
+    states.write_text("WAITING_FOR_RESOURCES\nACTIVE\n")
+    script = (bin_dir / "gcloud").read_text().replace(
+        'case "$*" in\n', f'case "$*" in *state.state*) head -1 {states}; sed -i 1d {states}; exit 0 ;; esac\n'
+        'case "$*" in\n', 1)
+    (bin_dir / "gcloud").write_text(script)
+    res = _run("tpu_vm.sh", *args, "--queued", env={**env, "RMJAX_QUEUE_POLL": "0"})
+    assert res.returncode == 0, res.stderr
+    assert "queued resource rm is WAITING_FOR_RESOURCES; waiting for capacity" in res.stderr
+    ran = _logged(log)
+    assert [c[4] for c in ran[:4]] == ["describe", "create", "describe", "describe"]
+    assert ran[-1] == [*qr, "delete", "rm", "--zone=z", "--force", "--quiet"] and not vm.exists()
 
 
 def test_tpu_vm_setup_asks_for_python_311():
@@ -105,28 +171,61 @@ def _fake_tpu(tmp_path: Path) -> tuple[Path, Path, dict, list[str]]:
 
 def test_tpu_vm_runs_what_it_prints(tmp_path):
     log, bin_dir, env, args = _fake_tpu(tmp_path)
-    _fake(bin_dir, "gcloud", log)
-    assert _run("tpu_vm.sh", *args, env=env).returncode == 0
+    vm = _fake_gcloud(bin_dir, log)
+    assert _run("tpu_vm.sh", *args, env=env).returncode == 0 and not vm.exists()
     assert _logged(log) == [c for c in _dry("tpu_vm.sh", *args, env=env) if c[0] == "gcloud"]
 
 
 def test_tpu_vm_deletes_the_vm_after_a_failure_unless_keep(tmp_path):
     log, bin_dir, env, args = _fake_tpu(tmp_path)
     delete = [*TPU, "delete", "rm", "--zone=z", "--quiet"]
-    _fake(bin_dir, "gcloud", log, fail_on="-m experiments.sweep")
+    vm = _fake_gcloud(bin_dir, log, fail_on="-m experiments.sweep")
     failed = _run("tpu_vm.sh", *args, env=env)
     ran = _logged(log)
-    assert failed.returncode == 3 and "-m experiments.sweep" in ran[-2][-1] and ran[-1] == delete
+    assert failed.returncode == 3 and "-m experiments.sweep" in ran[-3][-1] and ran[-1] == delete
+    assert ran[-2][4] == "describe" and not vm.exists()
     assert "error: exit 3 from: gcloud" in failed.stderr and "deleting TPU VM rm" in failed.stderr
 
     log.unlink()
     kept = _run("tpu_vm.sh", *args, "--keep", env=env)
-    assert kept.returncode == 3 and not any("delete" in c for c in _logged(log))
+    assert kept.returncode == 3 and not any("delete" in c for c in _logged(log)) and vm.exists()
     assert f"rm is KEPT (--keep) and still billing. Delete it with: {shlex.join(delete)}" in kept.stderr
 
-    log.unlink()  # a VM that was not created (e.g. the name is taken) is not deleted
-    _fake(bin_dir, "gcloud", log, fail_on="create")
-    assert _run("tpu_vm.sh", *args, env=env).returncode == 3 and [c[4] for c in _logged(log)] == ["create"]
+    log.unlink()  # a name in use (here: the kept VM) is refused before anything is created, and not deleted
+    taken = _run("tpu_vm.sh", *args, env=env)
+    assert taken.returncode == 2 and "named rm already exists" in taken.stderr
+    assert [c[4] for c in _logged(log)] == ["describe"] and vm.exists()
+
+    vm.unlink()
+    log.unlink()  # a create that made nothing leaves nothing to delete
+    _fake_gcloud(bin_dir, log, fail_on="create")
+    assert _run("tpu_vm.sh", *args, env=env).returncode == 3
+    assert [c[4] for c in _logged(log)] == ["describe", "create", "describe"]
+
+    log.unlink()  # a create that fails on the client while the VM comes up (a timeout): the VM is deleted
+    vm = _fake_gcloud(bin_dir, log, created_then_fails=True)
+    assert _run("tpu_vm.sh", *args, env=env).returncode == 4
+    assert [c[4] for c in _logged(log)] == ["describe", "create", "describe", "delete"] and not vm.exists()
+
+
+def test_tpu_vm_interrupted_during_create_deletes_the_vm(tmp_path):
+    """Ctrl-C (SIGINT to the foreground process group) while `create` runs: the VM Google is making is deleted."""
+    import signal
+    import time
+
+    log, bin_dir, env, args = _fake_tpu(tmp_path)
+    vm = _fake_gcloud(bin_dir, log, slow_create=True)
+    proc = subprocess.Popen(["bash", str(LAUNCH / "tpu_vm.sh"), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not vm.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert vm.exists(), "create never started"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert [c[4] for c in _logged(log)] == ["describe", "create", "describe", "delete"] and not vm.exists()
+    assert "deleting TPU VM rm" in err
 
 
 def test_tpu_vm_warns_that_uncommitted_changes_are_not_shipped(tmp_path):
@@ -214,17 +313,20 @@ def test_tpu_vm_plans_the_job_first_and_creates_no_vm_for_one_that_does_not_fit(
     raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
     config = tmp_path / "config.json"
     config.write_text(json.dumps(raw))
-    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", f"--job={JOB} --dtype=bfloat16",
-                f"--plan_model={config}")
+    dry = ["tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", f"--job={JOB} --dtype=bfloat16",
+           f"--plan_model={config}"]
+    cmds = _dry(*dry, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert cmds[0][1:] == ["-m", "experiments.plan", f"--model={config}", "--topology=v5litepod-8", "--job=sweep",
                            "--prompts=paper1", "--mesh=data:1,model:8", "--dtype=bfloat16"]
-    assert cmds[1][:5] == [*TPU, "create"]
+    assert cmds[2][:5] == [*TPU, "create"]
+    verdict = _run(*dry, "--dry-run", env={**os.environ, "JAX_PLATFORMS": "cpu"}).stderr  # the plan ran
+    assert "sweep on v5e:2x4 (8 x v5e): mesh data:1,model:8" in verdict and "realistic" in verdict
     # a 70B-shaped model in float32 on eight 16 GiB chips
     raw.update(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                num_key_value_heads=8, head_dim=128, vocab_size=128256)
     config.write_text(json.dumps(raw))
     log, bin_dir, env, args = _fake_tpu(tmp_path)
-    _fake(bin_dir, "gcloud", log)
+    _fake_gcloud(bin_dir, log)
     env = {**env, "JAX_PLATFORMS": "cpu"}
     res = _run("tpu_vm.sh", *args[:2], "--type=v5litepod-8",
                "--job=experiments.sweep --model=/tmp/ckpt --prompts=greatest --out=results/s.csv",
