@@ -140,15 +140,18 @@ def test_plan_picks_a_mesh_writes_the_plan_and_refuses_what_cannot_fit(tmp_path)
     ok(run("plan", f"--model={config}", "--topology=v5e:2x2", "--job=sweep", "--limit=4096", f"--out={out}"))
     written = json.loads(out.read_text())
     assert written["chips"] == 4 and written["mesh"]["data"] * written["mesh"]["model"] == 4
-    assert "fastest by estimate" in written["why"] and written["predicted_seconds"] > 0
+    assert "fastest by realistic time" in written["why"] and written["predicted_seconds"] > 0
     assert written["per_chip_bytes"]["total"] <= written["hbm_bytes"]
+    assert written["predicted_seconds"] == written["realistic_seconds"] >= written["lower_bound_seconds"] > 0
+    assert written["accelerator_type"] == "v5litepod-4" and written["usd_on_demand"] > written["usd_spot"] > 0
+    assert written["usd_on_demand"] == pytest.approx(written["realistic_seconds"] / 3600 * 4 * 1.20)
     user_error(run("plan", f"--model={config}", "--topology=v5e:2x2", f"--out={out}"), "exists", "--overwrite")
     # a 70B-shaped model in float32 on four 16 GiB chips
     raw.update(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                num_key_value_heads=8, head_dim=128, vocab_size=128256)
     config.write_text(json.dumps(raw))
     user_error(run("plan", f"--model={config}", "--topology=v5e:2x2", "--job=sweep", "--dtype=float32",
-                   f"--out={out}.big"), "16.0 GiB", "Smallest that fits by estimate")
+                   f"--out={out}.big"), "15.75 GiB", "Cheapest that fit by estimate", "v5litepod-")
     assert not (tmp_path / "plan.json.big").exists()
 
 
@@ -239,3 +242,56 @@ def test_inspect_compiles_for_v5e_with_the_jobs_counts():
     counts = {c.name: c.count for c in option.costs}
     assert counts == {"lens": 1, "token_curve": 1, "attribution_path": 2 * 5, "patching_donor": 1,
                       "patching": math.ceil((12 * (1 + 3 * 4) + 2) / 32)}
+
+
+def test_collectives_are_read_from_the_hlo_with_their_loops_trips():
+    """A 10-layer scan of matmuls whose contracting dimension is split over 4 chips: each trip all-reduces its
+    [256, 512] bf16 result (262,144 bytes) over the 4; the result is gathered once after the loop."""
+    mesh = chips.mesh_on(SLICE, 1, 4)
+
+    def stack(x, w):
+        return jax.lax.scan(lambda h, wi: (jax.numpy.tanh(h @ wi), None), x, w)[0]
+
+    split = jax.NamedSharding(mesh, jax.P(None, "model"))
+    x = jax.ShapeDtypeStruct((256, 512), jax.numpy.bfloat16, sharding=split)
+    w = jax.ShapeDtypeStruct((10, 512, 512), jax.numpy.bfloat16,
+                             sharding=jax.NamedSharding(mesh, jax.P(None, "model", None)))
+    compiled = jax.jit(stack, out_shardings=jax.NamedSharding(mesh, jax.P())).trace(x, w).lower().compile()
+    found = {(c.kind, c.bytes, c.group, c.times) for c in cost.collectives(compiled.as_text())}
+    assert ("all-reduce", 256 * 512 * 2, 4, 10) in found
+    reduce = cost.Collective("all-reduce", 256 * 512 * 2, 4, 10)
+    assert reduce.seconds(1e9) == pytest.approx(10 * 2 * 3 / 4 * 256 * 512 * 2 / 1e9)  # a ring: 2(n-1)/n
+
+
+@pytest.mark.parametrize("topology", ["v5e-1", "v6e-1", "v5p-2", "v4-2"])
+def test_one_chip_slices_plan_like_the_others(topology, tmp_path):
+    config = tmp_path / "config.json"
+    raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
+    config.write_text(json.dumps(raw))
+    ok(run("plan", f"--model={config}", f"--topology={topology}", "--job=sweep", "--limit=512",
+           f"--out={tmp_path / 'p.json'}"))
+    written = json.loads((tmp_path / "p.json").read_text())
+    assert written["chips"] == 1 and written["accelerator_type"] == topology.replace("v5e", "v5litepod")
+    assert written["collective_seconds"] == 0
+
+
+def test_an_8b_sweep_on_v6e_8_is_compute_bound_near_its_flops_at_peak(tmp_path):
+    """2 x parameters x positions at peak is the least a sweep can take; the plan's lower bound must be that to
+    within 20% (the head, attention to the prefix and padding are the rest), and compute-bound."""
+    from rmjax import zoo
+
+    out = tmp_path / "p.json"
+    ok(run("plan", "--model=Skywork/Skywork-Reward-Llama-3.1-8B-v0.2", "--topology=v6e-8", "--job=sweep",
+           "--prompts=greatest", "--dtype=bfloat16", "--mesh=data:8,model:1", "--batch_size=4096", f"--out={out}"))
+    p = json.loads(out.read_text())
+    cfg = zoo.architecture_config(next(e for e in zoo.ZOO if e.nickname == "S-Lla-8B-v0.2"))
+    params = sum(d.size for name, d in nn.declarations(cfg).items() if "embed" not in name)
+    candidates = cfg.vocab_size
+    floor = 2 * params * p["positions_per_candidate"] * candidates / (8 * chips.CHIPS["v6e"].peak_flops)
+    assert p["bound"] == "compute" and p["lower_bound_seconds"] == pytest.approx(floor, rel=0.2)
+    assert p["realistic_seconds"] > p["lower_bound_seconds"]
+
+
+def test_a_70b_on_one_v5e_chip_is_refused_naming_cloud_accelerator_types():
+    user_error(run("plan", "--model=llama-3.1-70b", "--topology=v5e-1", "--job=sweep", "--dtype=bfloat16",
+                   "--prompts=greatest"), "v5litepod-1", "Cheapest that fit by estimate", "/h on demand")

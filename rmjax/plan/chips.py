@@ -1,7 +1,8 @@
 """TPU chips and slices, for compiling ahead of time on a machine with no TPU (deviceless AOT through libtpu).
 
-The chip figures are Google's published per-chip numbers (BUILD_NOTES names the pages); a plan's time is a
-roofline estimate from them, not a measurement.
+The chip figures are Google's published per-chip numbers (BUILD_NOTES names the pages); a plan's times are a
+roofline lower bound and an MFU-derated estimate from them (rmjax.plan.cost), not measurements. Prices are a dated
+list (PRICES) that the plan multiplies by its realistic time: check the pricing page before budgeting.
 """
 
 from __future__ import annotations
@@ -26,19 +27,30 @@ GB = 10**9
 class Chip:
     name: str
     peak_flops: float  # dense bf16 FLOP/s
-    hbm_bytes: int
+    hbm_bytes: int  # what one program may use (v5e: libtpu allows 15.75 of its 16 GiB)
     hbm_bandwidth: float  # bytes/s
     chip_config: str  # libtpu's chip configuration: one jax device per chip (megacore where a chip has two cores)
+    ici_bandwidth: float  # inter-chip interconnect, bytes/s per chip, both directions
+    cloud_name: str  # Cloud TPU's accelerator-type prefix
+    cores_in_name: int  # Cloud names count chips (v5e, v6e) or TensorCores, 2 a chip (v4, v5p)
+    slice_chips: tuple[int, ...]  # the chip counts Cloud TPU sells as one slice, smallest first
 
 
 CHIPS = {
-    "v4": Chip("v4", 275e12, 32 * 2**30, 1200 * GB, "megacore"),
-    "v5e": Chip("v5e", 197e12, 16 * 2**30, 819 * GB, "default"),
-    "v5p": Chip("v5p", 459e12, 95 * GB, 2765 * GB, "megacore"),
-    "v6e": Chip("v6e", 918e12, 32 * 2**30, 1640 * GB, "default"),
+    "v4": Chip("v4", 275e12, 32 * 2**30, 1200 * GB, "megacore", 1200 * GB, "v4", 2, (4, 8, 16, 32, 64, 128, 256)),
+    "v5e": Chip("v5e", 197e12, int(15.75 * 2**30), 819 * GB, "default", 400 * GB, "v5litepod", 1,
+                (1, 4, 8, 16, 32, 64, 128, 256)),
+    "v5p": Chip("v5p", 459e12, 95 * 2**30, 2765 * GB, "megacore", 1200 * GB, "v5p", 2, (4, 8, 16, 32, 64, 128, 256)),
+    "v6e": Chip("v6e", 918e12, 32 * 2**30, 1640 * GB, "default", 800 * GB, "v6e", 1, (1, 4, 8, 16, 32, 64, 128, 256)),
 }
-# Cloud TPU's own names (v5e-8, v4-8, ...) count chips for v5e/v6e and TensorCores (2 a chip) for v4/v5p.
-_CORES_IN_NAME = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
+_CORES_IN_NAME = {name: chip.cores_in_name for name, chip in CHIPS.items()}
+
+# US dollars per chip-hour. On demand: Google's Cloud TPU pricing page, us-central1 / us-east5 list prices as of
+# 2025 (v4 3.22, v5e 1.20, v5p 4.20, v6e 2.70). Spot: not a list price here but on-demand x 0.35, the middle of
+# the 60-70% Spot discount Google states for TPUs. Regions and dates differ: check the page before budgeting.
+PRICES_AS_OF = "2025 list prices, us-central1 / us-east5 (cloud.google.com/tpu/pricing); spot = 0.35 x on demand"
+PRICES = {"v4": (3.22, 3.22 * 0.35), "v5e": (1.20, 1.20 * 0.35), "v5p": (4.20, 4.20 * 0.35),
+          "v6e": (2.70, 2.70 * 0.35)}
 _GRIDS = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 _CUBES = {1: "1x1x1", 2: "1x1x2", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8"}
 
@@ -52,7 +64,19 @@ class Slice:
 
     @property
     def chips(self) -> int:
-        return math.prod(int(d) for d in self.topology.split(":")[1].split("x"))
+        return math.prod(self.dims)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.topology.split(":")[1].split("x"))
+
+    @property
+    def accelerator_type(self) -> str:
+        """Cloud TPU's name for it (gcloud --accelerator-type): v5litepod-8, v5p-8 (4 chips), v6e-1, ..."""
+        return f"{self.chip.cloud_name}-{self.chips * self.chip.cores_in_name}"
+
+    def usd_per_hour(self, spot: bool = False) -> float:
+        return self.chips * PRICES[self.chip.name][1 if spot else 0]
 
 
 def parse_slice(name: str) -> Slice:
@@ -61,7 +85,7 @@ def parse_slice(name: str) -> Slice:
     if m and all(int(d) >= 1 for d in m[2].split("x")):  # v5e:0x0 is no slice
         return Slice(CHIPS[m[1]], f"{m[1]}:{m[2]}")
     m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)-(\d+)", name.strip())
-    if m:
+    if m and int(m[2]) % _CORES_IN_NAME["v5e" if m[1] == "v5litepod" else m[1]] == 0:
         kind = "v5e" if m[1] == "v5litepod" else m[1]
         chips = int(m[2]) // _CORES_IN_NAME[kind]
         grid = (_CUBES if kind in ("v4", "v5p") else _GRIDS).get(chips)
@@ -97,8 +121,17 @@ def devices(piece: Slice) -> list:
 
     with _quiet_fd():
         desc = topologies.get_topology_desc(topology_name=piece.topology, platform="tpu",
-                                            chip_config_name=piece.chip.chip_config)
+                                            chip_config_name=piece.chip.chip_config, **_host_bounds(piece))
     return list(desc.devices)
+
+
+def _host_bounds(piece: Slice) -> dict:
+    """libtpu lays a slice out on hosts of 2x2x1 chips by default, which a slice smaller than one host (v5e-1,
+    v6e-1, v5p-2: one chip) does not divide: it is its own host."""
+    dims = (*piece.dims, 1, 1)[:3]
+    if all(d % b == 0 for d, b in zip(dims, (2, 2, 1), strict=True)):
+        return {}
+    return {"chips_per_host_bounds": [math.gcd(d, b) for d, b in zip(dims, (2, 2, 1), strict=True)]}
 
 
 def mesh_on(piece: Slice, data: int, model: int) -> Mesh:

@@ -1,16 +1,30 @@
-"""What one compiled call costs on one chip: XLA's memory analysis and a roofline time.
+"""What one compiled call costs on one chip: XLA's memory analysis, and two times (issue 44).
 
-XLA's `cost_analysis` of the partitioned program is per chip but counts a `lax.scan` body once (the decoder
+FLOPs: XLA's `cost_analysis` of the partitioned program is per chip but counts a `lax.scan` body once (the decoder
 stack is one scan over layers). The count here is XLA's, scaled by the trip counts the jaxpr shows: the matmul
-FLOPs (and operand bytes) of the jaxpr with every scan body times its length, over the same count with each body
-once. Matmuls carry nearly all of a transformer's FLOPs, so the ratio is the decoder's layer count to within the
-embedding and head's share.
+FLOPs of the jaxpr with every scan body times its length, over the same count with each body once. Matmuls carry
+nearly all of a transformer's FLOPs, so the ratio is the decoder's layer count to within the embedding and head's
+share.
+
+HBM traffic is modelled, not XLA's pre-hardware `bytes accessed` (scaled by trips, that counted 3-7x the real
+traffic): every argument (weights, caches, inputs) read once, every result written once, and the matmuls'
+activations (their operand and result bytes with scan trips counted, less the weights they read) split over the
+`data` axis (replicated over `model`: an upper bound on that term).
+
+Collectives are read from the compiled HLO: every all-reduce, all-gather, reduce-scatter, all-to-all and
+collective-permute with its bytes and group, times the trip count of the while loops (scans) it sits in, priced as
+a ring over the chip's ICI bandwidth.
+
+`lower_bound_seconds`: the larger of compute at peak and traffic at full HBM bandwidth, plus collectives at full ICI
+bandwidth. `realistic_seconds`: the same at the assumed efficiencies (`assumed_mfu` by matmul rows a chip,
+HBM_EFFICIENCY, ICI_EFFICIENCY): assumptions until a TPU run calibrates them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 import jax
@@ -56,11 +70,119 @@ def _inner(values) -> list[jcore.Jaxpr]:
     return out
 
 
-def scan_factors(traced: jax.stages.Traced) -> tuple[float, float]:
-    """(FLOP factor, byte factor) from counting each scan body once to counting it per trip."""
-    jaxpr = traced.jaxpr.jaxpr
-    (f_all, b_all), (f_once, b_once) = _matmuls(jaxpr, True), _matmuls(jaxpr, False)
-    return (f_all / f_once if f_once else 1.0), (b_all / b_once if b_once else 1.0)
+MFU_SOURCE = ("MFU by matmul rows a chip (FLOPs over twice the weight elements a call reads): 0.55 at >= 2048 "
+              "rows (MXU-filling; MaxText reports 50-60% for dense LLMs on v5e/v5p), 0.45 at >= 512, 0.30 at >= 128, "
+              "0.15 below; an assumption, not a measurement")
+HBM_EFFICIENCY = 0.8  # streaming reads reach ~80% of the HBM bandwidth on TPU and GPU
+ICI_EFFICIENCY = 0.7  # ring collectives reach ~70% of the links' bandwidth
+
+
+def assumed_mfu(rows: float) -> float:
+    """The fraction of peak a call's matmuls reach with `rows` rows a chip (MFU_SOURCE)."""
+    return 0.55 if rows >= 2048 else 0.45 if rows >= 512 else 0.30 if rows >= 128 else 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective of a compiled program: its kind, result bytes on one chip, devices in its group, and how
+    many times one call runs it (the trip counts of the loops around it)."""
+
+    kind: str
+    bytes: int
+    group: int
+    times: int
+
+    def seconds(self, ici_bandwidth: float) -> float:
+        """A ring over `group` chips: all-reduce moves 2(n-1)/n of the data through each chip, all-gather and
+        all-to-all (n-1)/n of their result, reduce-scatter (n-1) results, a permute its result once."""
+        n = self.group
+        if n <= 1:
+            return 0.0
+        moved = {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n, "all-to-all": (n - 1) / n,
+                 "reduce-scatter": n - 1, "collective-permute": 1.0}[self.kind] * self.bytes
+        return self.times * moved / ici_bandwidth
+
+
+_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+                "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+_OP = re.compile(r"=\s*(.*?)\s+(" + "|".join(_KINDS) + r")(-start)?\(")
+_SHAPE = re.compile(r"\b([a-z]+[0-9a-z]*)\[([\d,]*)\]")
+
+
+def collectives(hlo: str) -> tuple[Collective, ...]:
+    """The collectives of a compiled program's HLO text (see Collective), each counted once per execution of the
+    computation it sits in: a while body's runs are its known trip count times its caller's."""
+    bodies, current, header = {}, None, re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+    entry = None
+    for line in hlo.splitlines():
+        found = header.match(line)
+        if found and not line.startswith(" "):
+            current = found[1]
+            bodies[current] = []
+            entry = current if line.startswith("ENTRY") else entry
+        elif current is not None:
+            bodies[current].append(line)
+    runs: dict[str, int] = {}
+
+    def visit(name: str, times: int) -> None:
+        runs[name] = runs.get(name, 0) + times
+        for line in bodies.get(name, ()):
+            body = re.search(r"body=%?([\w.\-]+)", line)
+            if body and " while(" in line:
+                visit(body[1], times * _trips(line, bodies))
+            for called in re.findall(r"(?:calls=|branch_computations=\{)(%?[\w.\-]+(?:,\s*%[\w.\-]+)*)", line):
+                for one in called.split(","):
+                    visit(one.strip().lstrip("%"), times)
+
+    if entry is not None:
+        visit(entry, 1)
+    out = []
+    for name, times in runs.items():
+        for line in bodies.get(name, ()):
+            op = _OP.search(line)
+            if op is None:
+                continue
+            shapes = _SHAPE.findall(op[1])
+            if not shapes:
+                continue
+            dtype, dims = shapes[-1]  # an async start's tuple ends with its result
+            size = math.prod(int(d) for d in dims.split(",") if d) * _DTYPE_BYTES.get(dtype, 4)
+            out.append(Collective(op[2], size, _group(line), times))
+    return tuple(out)
+
+
+def _trips(line: str, bodies: dict[str, list[str]]) -> int:
+    """A while loop's trip count: XLA's known_trip_count, else its condition's `i < constant` (a scan counts
+    from 0 by 1), else 1."""
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+    if known:
+        return int(known[1])
+    cond = re.search(r"condition=%?([\w.\-]+)", line)
+    lines = bodies.get(cond[1], []) if cond else []
+    constants = {m[1]: int(m[2]) for m in (re.search(r"%([\w.\-]+) = s32\[\]\S* constant\((\d+)\)", x) for x in lines)
+                 if m}
+    for x in lines:
+        compare = re.search(r"compare\(%[\w.\-]+, %([\w.\-]+)\), direction=LT", x)
+        if compare and compare[1] in constants:
+            return constants[compare[1]]
+    return 1
+
+
+def _group(line: str) -> int:
+    """Devices in each of an op's replica groups: mesh['a'=1,'b'=4] {'b'} (the named axes' sizes), {{0,1},{2,3}}
+    or the iota form [2,2]<=[4] (2 groups of 2); a permute's pairs count as a group of 2."""
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if named:
+        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", named[1])}
+        return math.prod(sizes[a] for a in re.findall(r"'([^']+)'", named[2]))
+    iota = re.search(r"replica_groups=\[([\d,]+)\]<=", line)
+    if iota:
+        return int(iota[1].split(",")[-1])
+    listed = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+    if listed:
+        return len(listed[1].split(","))
+    return 2 if "source_target_pairs" in line else 1
 
 
 def shard_bytes(tree: Any) -> int:
@@ -79,40 +201,67 @@ class CallCost:
     name: str
     count: int
     flops: float  # per chip, scan trips counted
-    bytes_accessed: float  # per chip, scan trips counted
+    traffic_bytes: float  # per chip, modelled (module docstring)
     xla_flops: float  # cost_analysis as XLA reports it (each scan body once)
     argument_bytes: int
     output_bytes: int
     temp_bytes: int
     alias_bytes: int
+    collectives: tuple[Collective, ...] = ()
+    weight_elements: float = 0.0  # weights one chip reads per call (for the MFU's rows)
 
     @property
     def peak_bytes(self) -> int:
         """Arguments, results and scratch live at once (donated arguments counted once)."""
         return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
-    def seconds(self, chip: Chip) -> float:
-        """Roofline estimate of one call: the slower of compute at peak and memory traffic at full bandwidth."""
-        return max(self.flops / chip.peak_flops, self.bytes_accessed / chip.hbm_bandwidth)
+    @property
+    def rows(self) -> float:
+        """Matmul rows a chip: FLOPs over 2 x the weight elements (inf with no weights)."""
+        return self.flops / (2 * self.weight_elements) if self.weight_elements else math.inf
+
+    def terms(self, chip: Chip, realistic: bool = False) -> dict[str, float]:
+        """Seconds of one call: compute, memory, collective, at peak (lower bound) or at the assumed efficiencies."""
+        mfu, hbm, ici = (assumed_mfu(self.rows), HBM_EFFICIENCY, ICI_EFFICIENCY) if realistic else (1, 1, 1)
+        return {"compute": self.flops / (chip.peak_flops * mfu),
+                "memory": self.traffic_bytes / (chip.hbm_bandwidth * hbm),
+                "collective": sum(c.seconds(chip.ici_bandwidth * ici) for c in self.collectives)}
+
+    def seconds(self, chip: Chip, realistic: bool = True) -> float:
+        """One call: the slower of compute and memory, plus collectives (not overlapped: a bound's simplicity)."""
+        t = self.terms(chip, realistic)
+        return max(t["compute"], t["memory"]) + t["collective"]
 
     def bound(self, chip: Chip) -> str:
-        return "compute" if self.flops / chip.peak_flops >= self.bytes_accessed / chip.hbm_bandwidth else "memory"
+        t = self.terms(chip)
+        return max(t, key=t.get)
 
     def as_dict(self, chip: Chip) -> dict:
-        return {"name": self.name, "count": self.count, "flops": self.flops, "bytes_accessed": self.bytes_accessed,
+        return {"name": self.name, "count": self.count, "flops": self.flops, "traffic_bytes": self.traffic_bytes,
                 "xla_flops_scan_once": self.xla_flops, "temp_bytes": self.temp_bytes,
-                "predicted_seconds": self.seconds(chip), "bound": self.bound(chip)}
+                "collective_bytes": sum(c.bytes * c.times for c in self.collectives),
+                "assumed_mfu": assumed_mfu(self.rows),
+                "lower_bound_seconds": self.seconds(chip, realistic=False),
+                "realistic_seconds": self.seconds(chip), "bound": self.bound(chip)}
 
 
-def cost_of(name: str, call: Compiled, args: tuple, count: int) -> tuple[CallCost, jax.stages.Compiled]:
-    """Compile `call` for `args` (abstract, with shardings on the target's devices) and read its cost."""
+def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = None,
+            data: int = 1) -> tuple[CallCost, jax.stages.Compiled]:
+    """Compile `call` for `args` (abstract, with shardings on the target's devices) and read its cost; `weights`
+    (the argument holding the model's weights) and the `data` axis size model the activations' traffic."""
     traced = call.trace(*args)  # one trace serves the count and the compile
     executable = traced.lower().compile()
     analysis = executable.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, list | tuple) else analysis
     memory = executable.memory_analysis()
-    f_factor, b_factor = scan_factors(traced)
+    jaxpr = traced.jaxpr.jaxpr
+    (f_all, moved), (f_once, _) = _matmuls(jaxpr, True), _matmuls(jaxpr, False)
     xla_flops = float(analysis.get("flops", 0.0))
-    return CallCost(name, count, xla_flops * f_factor, float(analysis.get("bytes accessed", 0.0)) * b_factor,
-                    xla_flops, int(memory.argument_size_in_bytes), int(memory.output_size_in_bytes),
-                    int(memory.temp_size_in_bytes), int(memory.alias_size_in_bytes)), executable
+    global_weights = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(weights))
+    arguments, outputs = int(memory.argument_size_in_bytes), int(memory.output_size_in_bytes)
+    traffic = arguments + outputs + max(0.0, moved - global_weights) / data
+    elements = sum(math.prod(x.sharding.shard_shape(x.shape)) if getattr(x, "sharding", None) is not None
+                   else math.prod(x.shape) for x in jax.tree.leaves(weights))
+    return CallCost(name, count, xla_flops * (f_all / f_once if f_once else 1.0), traffic, xla_flops, arguments,
+                    outputs, int(memory.temp_size_in_bytes), int(memory.alias_size_in_bytes),
+                    collectives(executable.as_text()), float(elements)), executable

@@ -1,8 +1,8 @@
 """A job's plan on a TPU slice, from the model's config alone: compile its calls for the slice, read per-chip
-memory from XLA, estimate the time by roofline, and pick the mesh and batch size when none is given.
+memory from XLA, bound and estimate the time (rmjax.plan.cost), price it, and pick the mesh and batch size when
+none is given.
 
-The time is an estimate (each call at the slower of peak compute and full HBM bandwidth, times the number of
-calls), not a measurement: no TPU is involved.
+The times are a lower bound and an estimate at assumed efficiencies, not measurements: no TPU is involved.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import jax
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError, UsageError
 from rmjax.parallel import batching
-from rmjax.plan.chips import CHIPS, Slice, mesh_on
-from rmjax.plan.cost import CallCost, cost_of, shard_bytes
+from rmjax.plan.chips import CHIPS, PRICES_AS_OF, Slice, mesh_on, parse_slice
+from rmjax.plan.cost import HBM_EFFICIENCY, ICI_EFFICIENCY, MFU_SOURCE, CallCost, cost_of, shard_bytes
 from rmjax.plan.shapes import SweepShape
 from rmjax.runs import results
 from rmjax.scoring import memory
@@ -45,8 +45,16 @@ class Option:
     def total_bytes(self) -> int:
         return max([c.peak_bytes for c in self.costs] + [self.refused_bytes])
 
-    def seconds(self, piece: Slice) -> float:
-        return sum(c.count * c.seconds(piece.chip) for c in self.costs)
+    def seconds(self, piece: Slice, realistic: bool = True) -> float:
+        return sum(c.count * c.seconds(piece.chip, realistic) for c in self.costs)
+
+    def terms(self, piece: Slice, realistic: bool = False) -> dict[str, float]:
+        """The job's compute, memory and collective seconds, each summed over its calls."""
+        out = {"compute": 0.0, "memory": 0.0, "collective": 0.0}
+        for c in self.costs:
+            for k, v in c.terms(piece.chip, realistic).items():
+                out[k] += c.count * v
+        return out
 
 
 def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model: int, shape,
@@ -55,7 +63,7 @@ def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model:
     weights = max((shard_bytes(c.weights) for c in made if c.weights is not None), default=0)
     cache = max((shard_bytes(c.cache) for c in made if c.cache is not None), default=0)
     try:
-        costs = tuple(cost_of(c.name, c.call, c.args, c.count)[0] for c in made)
+        costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data)[0] for c in made)
     except jax.errors.JaxRuntimeError as error:
         # The TPU compiler refuses a program whose buffers exceed the chip's HBM, saying what it would need
         found = re.search(r"RESOURCE_EXHAUSTED.*?\(([\d.]+)([KMGTP])\) exceeds", str(error))
@@ -109,7 +117,7 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
         fits = option.total_bytes <= piece.chip.hbm_bytes and not option.refused_bytes
         notes.append(f"data:{data},model:{model} batch {batch}: " + (
             f"the TPU compiler refuses it (over {option.total_bytes / 2**30:.1f} GiB per chip)" if option.refused_bytes
-            else f"{option.total_bytes / 2**30:.2f} GiB per chip, {option.seconds(piece):.4g} s"
+            else f"{option.total_bytes / 2**30:.2f} GiB per chip, {option.seconds(piece):.4g} s realistic"
             + ("" if fits else " (does not fit)")))
         log(f"plan: {notes[-1]}")
         options.append((not fits, option.seconds(piece), option))
@@ -117,34 +125,44 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
     if not fitting:
         worst = min(options, key=lambda o: o[2].total_bytes)[2] if options else None
         raise PlanDoesNotFitError(_does_not_fit(cfg, dtype, piece, shape, worst))
-    best = min(fitting, key=lambda o: o[1])[2]
+    # realistic time with collectives; times within 1% of each other tie, and a tie goes to the smaller model axis
+    fastest = min(o[1] for o in fitting)
+    best = min((o for o in fitting if o[1] <= 1.01 * fastest), key=lambda o: (o[2].model, o[1]))[2]
     why = ("given --mesh and batch" if mesh and (batch_size or fixed) else
-           f"fastest by estimate of those that fit: {'; '.join(notes)}")
+           f"fastest by realistic time (with collectives; within 1% the smaller model axis) of those that fit: "
+           f"{'; '.join(notes)}")
     return best, why
 
 
 def _does_not_fit(cfg: ModelConfig, dtype: str, piece: Slice, shape, option: Option | None) -> str:
     need = (f"needs {'over ' if option.refused_bytes else ''}{option.total_bytes / 2**30:.1f} GiB per chip "
             f"(data:{option.data},model:{option.model})" if option else "fits no batch by the memory planner")
-    return (f"{cfg.architecture} in {dtype} on {piece.topology} {need}; a {piece.chip.name} chip has "
-            f"{piece.chip.hbm_bytes / 2**30:.1f} GiB. {_smallest_fit(cfg, dtype, shape)}")
+    return (f"{cfg.architecture} in {dtype} on {piece.accelerator_type} ({piece.topology}) {need}; a "
+            f"{piece.chip.name} chip has {piece.chip.hbm_bytes / 2**30:.2f} GiB. {_smallest_fit(cfg, dtype, shape)}")
 
 
 def _smallest_fit(cfg: ModelConfig, dtype: str, shape) -> str:
-    """The smallest slice in the chip table whose chips hold the weights split over `model` and one batch, by the
-    jobs' memory planner (an estimate: compile it to be sure)."""
-    positions, prefix = shape.positions(), shape.memory_prefix()
-    best = None
+    """The cheapest slices (by price per hour, on demand) whose chips hold the job by estimate, named as gcloud
+    names them. A shape with its own estimate (`per_chip_estimate`: training counts gradients and optimizer
+    state) is sized by it; the others by the jobs' memory planner (weights split over `model` and one batch)."""
+    fits = []
     for chip in CHIPS.values():
-        for chips in (4, 8, 16, 32, 64, 128, 256):
+        for chips in chip.slice_chips:
+            piece = parse_slice(f"{chip.cloud_name}-{chips * chip.cores_in_name}")
             model = max(m for m in range(1, chips + 1) if chips % m == 0 and cfg.num_heads % m == 0)
-            est = memory.estimate(cfg, dtype, prefix, positions, chips // model, chips // model, model,
-                                  chip.hbm_bytes, backend="tpu")
-            if est.total_bytes <= 0.8 * chip.hbm_bytes:
-                if best is None or chips < best[0]:
-                    best = (chips, f"{chip.name} with {chips} chips, --mesh=data:{chips // model},model:{model}")
+            if hasattr(shape, "per_chip_estimate"):
+                need, mesh = shape.per_chip_estimate(cfg, dtype, chips, model)
+            else:
+                need = memory.estimate(cfg, dtype, shape.memory_prefix(), shape.positions(), chips // model,
+                                       chips // model, model, chip.hbm_bytes, backend="tpu").total_bytes
+                mesh = f"--mesh=data:{chips // model},model:{model}"
+            if need <= 0.8 * chip.hbm_bytes:
+                fits.append((piece.usd_per_hour(), piece.accelerator_type, mesh))
                 break
-    return f"Smallest that fits by estimate: {best[1]}." if best else "No slice in the table fits it."
+    if not fits:
+        return "No slice in the table fits it."
+    ranked = ", ".join(f"{name} ({mesh}, ${usd:.2f}/h on demand)" for usd, name, mesh in sorted(fits)[:3])
+    return f"Cheapest that fit by estimate: {ranked}."
 
 
 def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict | None = None,
@@ -152,24 +170,35 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
     """The plan of `job` with `shape` on `piece` (a dict for PLAN.json). Raises PlanDoesNotFitError."""
     option, why = choose(cfg, dtype, piece, shape, mesh, batch_size, log)
     chip = piece.chip
-    seconds = option.seconds(piece)
+    lower, realistic = option.seconds(piece, realistic=False), option.seconds(piece)
+    terms = option.terms(piece)
     work = sum(c.count * c.flops for c in option.costs)
-    traffic = sum(c.count * c.bytes_accessed for c in option.costs)
+    hours = realistic / 3600
     out = {
         "job": job, "model": cfg.architecture, "dtype": dtype, "topology": piece.topology, "chip": chip.name,
-        "chips": piece.chips, "mesh": {"data": option.data, "model": option.model}, "batch_size": option.batch_size,
-        "why": why,
+        "chips": piece.chips, "accelerator_type": piece.accelerator_type,
+        "mesh": {"data": option.data, "model": option.model}, "batch_size": option.batch_size, "why": why,
         "per_chip_bytes": {"weights": option.weights_bytes, "cache": option.cache_bytes,
                            "temp": max(c.temp_bytes for c in option.costs),
                            "output": max(c.output_bytes for c in option.costs), "total": option.total_bytes},
         "hbm_bytes": chip.hbm_bytes,
         "calls": [c.as_dict(chip) for c in option.costs],
-        "predicted_seconds": seconds,
-        "bound": "compute" if work / chip.peak_flops >= traffic / chip.hbm_bandwidth else "memory",
+        "lower_bound_seconds": lower,
+        "realistic_seconds": realistic,
+        "predicted_seconds": realistic,
+        "collective_seconds": terms["collective"],
+        "bound": max(terms, key=terms.get),
+        "lower_bound_terms_seconds": terms,
+        "assumed_mfu": _weighted_mfu(option),
+        "assumed_mfu_source": MFU_SOURCE,
+        "assumed_hbm_efficiency": HBM_EFFICIENCY, "assumed_ici_efficiency": ICI_EFFICIENCY,
+        "usd_on_demand": hours * piece.usd_per_hour(), "usd_spot": hours * piece.usd_per_hour(spot=True),
+        "prices": PRICES_AS_OF,
         "chip_figures": {"peak_bf16_flops": chip.peak_flops, "hbm_bytes": chip.hbm_bytes,
-                         "hbm_bandwidth": chip.hbm_bandwidth},
-        "estimate": "roofline per call: max(FLOPs / peak, bytes / bandwidth) x calls; FLOPs and bytes are XLA's "
-                    "per-chip cost analysis with each scan body counted per trip (rmjax.plan.cost)",
+                         "hbm_bandwidth": chip.hbm_bandwidth, "ici_bandwidth": chip.ici_bandwidth},
+        "estimate": "lower bound: per call max(FLOPs / peak, modelled HBM traffic / bandwidth) + collectives / ICI "
+                    "bandwidth, times calls; realistic: the same at the assumed MFU and efficiencies "
+                    "(rmjax.plan.cost)",
     }
     if shape.per == "candidate":
         out["positions_per_candidate"] = shape.positions()
@@ -178,13 +207,25 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
     return out
 
 
+def _weighted_mfu(option: Option) -> float:
+    """The MFU the realistic time assumes, over the whole job: its FLOPs over peak times its compute seconds."""
+    from rmjax.plan.cost import assumed_mfu
+
+    work = sum(c.count * c.flops for c in option.costs)
+    at = sum(c.count * c.flops / assumed_mfu(c.rows) for c in option.costs)
+    return work / at if at else 0.0
+
+
 def describe(p: dict) -> str:
     gib = 2**30
     b = p["per_chip_bytes"]
-    return (f"{p['job']} on {p['topology']} ({p['chips']} x {p['chip']}): mesh data:{p['mesh']['data']},"
-            f"model:{p['mesh']['model']}, batch {p['batch_size']}; per chip {b['total'] / gib:.2f} GiB of "
-            f"{p['hbm_bytes'] / gib:.0f} (weights {b['weights'] / gib:.2f}, cache {b['cache'] / gib:.3f}, temp "
-            f"{b['temp'] / gib:.2f}); predicted {_duration(p['predicted_seconds'])} ({p['bound']}-bound, estimate)")
+    return (f"{p['job']} on {p['topology']} ({p['chips']} x {p['chip']}, {p['accelerator_type']}): mesh "
+            f"data:{p['mesh']['data']},model:{p['mesh']['model']}, batch {p['batch_size']}; per chip "
+            f"{b['total'] / gib:.2f} GiB of {p['hbm_bytes'] / gib:.2f} (weights {b['weights'] / gib:.2f}, cache "
+            f"{b['cache'] / gib:.3f}, temp {b['temp'] / gib:.2f}); lower bound {_duration(p['lower_bound_seconds'])},"
+            f" realistic {_duration(p['realistic_seconds'])} at MFU {p['assumed_mfu']:.2f} ({p['bound']}-bound; "
+            f"collectives {_duration(p['collective_seconds'])}); ${p['usd_on_demand']:.2f} on demand, "
+            f"${p['usd_spot']:.2f} spot")
 
 
 def _duration(seconds: float) -> str:
