@@ -46,6 +46,10 @@ DIRECTION = flags.DEFINE_enum("direction", "both", ["optimal", "pessimal", "both
 EXHAUSTIVE = flags.DEFINE_bool("exhaustive", False, "beam: score every sequence of the candidates.")
 NUM_TOKENS = flags.DEFINE_integer("num_tokens", 8, "gcg: response length in tokens.", lower_bound=1)
 SEARCH_WIDTH = flags.DEFINE_integer("search_width", 128, "gcg: candidates evaluated per step.", lower_bound=1)
+FSDP = flags.DEFINE_enum("fsdp", "auto", ["auto", "true", "false"], "train_rm: shard the trained weights and Adam's "
+                         "moments over data (auto: only when the replicated state does not fit).")
+REMAT = flags.DEFINE_enum("remat", "auto", ["auto", "true", "false"], "train_rm: recompute each layer in the "
+                          "backward pass (auto: only when FSDP alone does not fit).")
 TEXTS = flags.DEFINE_integer("texts", 7530, "score: response texts per prompt (EloEverything's items).",
                              lower_bound=1)
 TEXT_TOKENS = flags.DEFINE_integer("text_tokens", 8, "score, inspect: tokens per response text.", lower_bound=1)
@@ -84,7 +88,8 @@ def main(argv):
         direction=DIRECTION.value, exhaustive=EXHAUSTIVE.value, num_tokens=NUM_TOKENS.value,
         search_width=SEARCH_WIDTH.value, texts_count=TEXTS.value, text_tokens=TEXT_TOKENS.value,
         items=ITEMS.value, ig_steps=IG_STEPS.value)
-    result = plan(cfg, common.DTYPE.value, piece, JOB.value, shape, mesh, BATCH_SIZE.value or None)
+    result = plan(cfg, common.DTYPE.value, piece, JOB.value, shape, mesh, BATCH_SIZE.value or None, fsdp=FSDP.value,
+                  remat=REMAT.value)
     print(describe(result))
     if OUT.value:
         print(f"plan written to {write(result, OUT.value)}")

@@ -133,8 +133,11 @@ else
   for word in "${JOB_WORDS[@]:1}"; do  # the flags the plan shares with the jobs
     case "$word" in
       --prompts=*|--prompt=*|--dtype=*|--mesh=*|--batch_size=*|--limit=*|--template=*|--trainable=*|--last_k=*|\
-      --steps=*|--n_train=*|--depth=*|--beam=*|--direction=*|--exhaustive*|--num_tokens=*|--search_width=*)
+      --steps=*|--n_train=*|--depth=*|--beam=*|--direction=*|--exhaustive*|--num_tokens=*|--search_width=*|\
+      --fsdp=*|--remat=*)
         PLAN+=("$word") ;;
+      --fsdp|--remat) PLAN+=("$word=true") ;;  # train_rm's bool flags; the plan's say auto, true or false
+      --nofsdp|--noremat) PLAN+=("--${word#--no}=false") ;;
     esac
   done
   PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY=python3

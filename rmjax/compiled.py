@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rmjax import nn
@@ -75,6 +76,10 @@ def _resolve(spec: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
         return None
     if spec is PARAMS:
         return nn.shardings(cfg, mesh)
+    if isinstance(spec, jax.sharding.Sharding):  # given as it is (a state's own shardings: rmjax.train.step)
+        return spec
+    if isinstance(spec, nnx.State):
+        return jax.tree.map(lambda s: _resolve(s, cfg, mesh), spec)
     if isinstance(spec, Cache):
         return nn.KVCache.shardings(cfg, mesh, spec.batch, spec.length)
     if isinstance(spec, Axes):
@@ -92,6 +97,8 @@ def _frozen(spec: Any) -> Any:
         return tuple(sorted((k, _frozen(v)) for k, v in spec.items()))
     if isinstance(spec, list) or (isinstance(spec, tuple) and not isinstance(spec, Axes)):
         return tuple(_frozen(v) for v in spec)
+    if isinstance(spec, nnx.State):
+        return jax.tree.structure(spec), tuple(jax.tree.leaves(spec))
     return spec
 
 

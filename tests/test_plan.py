@@ -295,3 +295,23 @@ def test_an_8b_sweep_on_v6e_8_is_compute_bound_near_its_flops_at_peak(tmp_path):
 def test_a_70b_on_one_v5e_chip_is_refused_naming_cloud_accelerator_types():
     user_error(run("plan", "--model=llama-3.1-70b", "--topology=v5e-1", "--job=sweep", "--dtype=bfloat16",
                    "--prompts=greatest"), "v5litepod-1", "Cheapest that fit by estimate", "/h on demand")
+
+
+def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tmp_path):
+    """A full fine-tune of a 1.8B-parameter shape on v5litepod-4: weights, gradients and Adam's two moments
+    (4 x 3.6 GB in bfloat16) cannot sit whole on each 15.75 GiB chip; split over `data` (FSDP) they fit. With
+    FSDP forbidden the refusal counts that state in the slices it names."""
+    config = tmp_path / "config.json"
+    raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
+    raw.update(hidden_size=4096, intermediate_size=14336, num_hidden_layers=8, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, vocab_size=32768)
+    config.write_text(json.dumps(raw))
+    flags = [f"--model={config}", "--topology=v5e-4", "--job=train_rm", "--trainable=full", "--dtype=bfloat16",
+             "--mesh=data:4,model:1", "--batch_size=8", "--sequence_tokens=32", "--n_train=100"]
+    out = tmp_path / "p.json"
+    ok(run("plan", *flags, f"--out={out}"))
+    p = json.loads(out.read_text())
+    assert p["assumed"]["fsdp"] and "does not fit without FSDP" in p["why"]
+    assert p["per_chip_bytes"]["total"] <= p["hbm_bytes"] and p["collective_seconds"] > 0
+    user_error(run("plan", *flags, "--fsdp=false", "--remat=false"), "v5litepod-4", "Cheapest that fit",
+               "--fsdp --remat")

@@ -86,17 +86,19 @@ def test_sweep_resume_stops_at_the_first_bad_stored_chunk(nan_row, tmp_path):
     assert len(list(out.with_name(out.name + ".chunks").glob("chunk-*.npy"))) == done  # none scored in vain
 
 
-def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path):
+@pytest.mark.parametrize("devices, mesh_axes, sharded", [(4, (2, 2), ()), (8, (8, 1), ("--fsdp", "--remat"))])
+def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path, devices, mesh_axes, sharded):
     """Issue 13: --mesh reached train_rm's flags but not its model (it trained on one device). Issue 22: a run
     on a mesh, killed after a checkpoint, could not restore it ("incompatible devices ... opt.states int32[]":
-    optax's step count came back on one device beside weights on several)."""
+    optax's step count came back on one device beside weights on several). Issue 44: with --fsdp (the trained
+    layer, head and Adam's moments split over `data`) and --remat, the same on 8 devices."""
     rng = np.random.default_rng(0)
     for name, nouns in (("train", ["apple", "river", "house", "music", "dog", "book", "tree", "city"]),
                         ("heldout", ["light", "stone", "garden", "road"])):
         pd.DataFrame({"prompt": "Which is better?", "chosen": [f"good {x}" for x in rng.choice(nouns, 32)],
                       "rejected": [f"bad {x}" for x in rng.choice(nouns, 32)]}).to_csv(tmp_path / f"{name}.csv",
                                                                                         index=False)
-    four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    four = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     steps, learning_rate, batch = 6, 0.05, 8
 
     def flags(run: str, *mesh: str) -> list[str]:
@@ -105,10 +107,11 @@ def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path
                 "--checkpoint_every=2", f"--batch_size={batch}", f"--learning_rate={learning_rate}", *mesh,
                 f"--workdir={tmp_path / run}", f"--export={tmp_path / (run + '-hf')}"]
 
-    mesh = "--mesh=data:2,model:2"
-    cli.ok(cli.run("train_rm", *flags("many", mesh), env=four))
+    mesh = f"--mesh=data:{mesh_axes[0]},model:{mesh_axes[1]}"
+    cli.ok(cli.run("train_rm", *flags("many", mesh, *sharded), env=four))
     cli.ok(cli.run("train_rm", *flags("one")))
-    assert json.loads((tmp_path / "many" / "summary.json").read_text())["mesh"] == {"data": 2, "model": 2}
+    assert json.loads((tmp_path / "many" / "summary.json").read_text())["mesh"] == dict(zip(("data", "model"),
+                                                                                             mesh_axes, strict=True))
     assert json.loads((tmp_path / "one" / "summary.json").read_text())["mesh"] is None
     losses = [pd.read_csv(tmp_path / run / "train_log.csv")["loss"].to_numpy() for run in ("many", "one")]
     from safetensors.numpy import load_file
@@ -129,7 +132,7 @@ def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path
 
     # Killed on the mesh after its first checkpoint, then resumed: byte for byte the uninterrupted run.
     first = tmp_path / "killed" / "checkpoints" / "2"
-    proc = subprocess.Popen(cli.command("train_rm", *flags("killed", mesh)), cwd=cli.REPO,
+    proc = subprocess.Popen(cli.command("train_rm", *flags("killed", mesh, *sharded)), cwd=cli.REPO,
                             env=cli.subprocess_env(**four), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not first.is_dir() and proc.poll() is None and time.time() < deadline:
@@ -137,7 +140,7 @@ def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert first.is_dir() and not (tmp_path / "killed" / "summary.json").exists()
-    resumed = cli.ok(cli.run("train_rm", *flags("killed", mesh), env=four))
+    resumed = cli.ok(cli.run("train_rm", *flags("killed", mesh, *sharded), env=four))
     assert "resumed from checkpoint at step" in resumed.stdout + resumed.stderr
     for name in ("killed-hf/model.safetensors", "killed/train_log.csv", "killed/eval_log.csv"):
         assert (tmp_path / name).read_bytes() == (tmp_path / name.replace("killed", "many")).read_bytes(), name

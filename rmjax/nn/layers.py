@@ -158,6 +158,7 @@ class DecoderStack(nnx.Module):
         for name, (shape, axes) in layer_weights(cfg).items():
             setattr(self, name, weight((n, *shape), ("layers", *axes), dtype))
         self.cfg = cfg
+        self.remat = False  # training's --remat: each layer's activations recomputed in the backward pass
 
     def stacked(self) -> dict[str, jax.Array]:
         return {name: getattr(self, name)[...] for name in layer_weights(self.cfg)}
@@ -169,8 +170,13 @@ class DecoderStack(nnx.Module):
         the residual stream: after Gemma's post-norms)."""
         cfg = self.cfg
 
+        axes = {name: a for name, (_, a) in layer_weights(cfg).items()}
+
         def body(h, xs):
             lw, is_local, ck, cv, index, donors = xs
+            # each layer's weights as declared (over `model`): with FSDP (split over `data` too) this gathers one
+            # layer at a time, inside the loop, not the whole stack before it; otherwise a no-op
+            lw = {name: constrain(w, axes[name]) for name, w in lw.items()}
             cos = jnp.where(is_local, inputs.rope_local[0], inputs.rope_global[0])
             sin = jnp.where(is_local, inputs.rope_local[1], inputs.rope_global[1])
             masks = tuple(jnp.where(is_local, lm, gm)
@@ -180,6 +186,8 @@ class DecoderStack(nnx.Module):
             h = constrain(h if edit is None else edit("residual", h), ACTIVATION)
             return h, (k, v, (h, *writes) if residuals else None)
 
+        if self.remat:  # keep only each layer's input for the backward pass; recompute the rest
+            body = jax.checkpoint(body, prevent_cse=False)
         n = len(self.local_layers)
         donors = None if patch is None else (patch.residual, patch.attention, patch.mlp)
         xs = (self.stacked(), jnp.asarray(self.local_layers), cache_k, cache_v, jnp.arange(n), donors)

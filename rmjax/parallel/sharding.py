@@ -84,6 +84,33 @@ def named_sharding(
     return NamedSharding(mesh, spec_for(axes, shape, mesh))
 
 
+def fsdp_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """The FSDP rule (ZeRO-3) for a trained weight or its optimizer state: its largest dimension that no mesh axis
+    holds and `data` divides goes over `data` too, so each chip keeps 1/data of it; XLA gathers a layer's weights
+    where they are used and reduce-scatters their gradients. A weight no such dimension has stays as it was."""
+    data = mesh.shape["data"]
+    parts = list(spec) + [None] * (len(shape) - len(spec))
+    if data == 1 or "data" in parts:
+        return PartitionSpec(*parts)
+    free = [i for i, (part, dim) in enumerate(zip(parts, shape, strict=True)) if part is None and dim % data == 0]
+    if free:
+        parts[max(free, key=lambda i: shape[i])] = "data"
+    return PartitionSpec(*parts)
+
+
+def shard_over_data(tree, mesh: Mesh | None):
+    """`tree` with every mesh-placed array resharded by `fsdp_spec` (scalars and unplaced leaves as they are)."""
+    if mesh is None:
+        return tree
+
+    def reshard(x):
+        if not isinstance(x, jax.Array) or not isinstance(x.sharding, NamedSharding) or x.ndim == 0:
+            return x
+        return jax.device_put(x, NamedSharding(mesh, fsdp_spec(x.sharding.spec, x.shape, mesh)))
+
+    return jax.tree.map(reshard, tree)
+
+
 def place(array, axes: tuple[str | None, ...], mesh: Mesh | None) -> jax.Array:
     """Put a host (or lazily read) array on the mesh, each device receiving only its own slice.
 

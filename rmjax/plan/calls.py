@@ -208,12 +208,17 @@ def inspect_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, items: int, token
 
 
 def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, last_k: int, steps: int,
-                batch_size: int, pairs: int, responses: int, sequence_tokens: int) -> list[Call]:
+                batch_size: int, pairs: int, responses: int, sequence_tokens: int, fsdp: bool = False,
+                remat: bool = False) -> list[Call]:
     """One training step of `trainable` (rmjax.train.loop: a head-only run reads a feature matrix of
-    `responses` rows, the others token sequences of `sequence_tokens`), made `steps` times."""
+    `responses` rows, the others token sequences of `sequence_tokens`), made `steps` times; with `fsdp` the
+    trained weights and optimizer state split over `data` as train_rm --fsdp places them, with `remat` each
+    layer recomputed in the backward pass."""
     from rmjax.train.loop import TrainConfig, make_optimizer, trainable_part
+    from rmjax.train.step import _moving
 
-    train_cfg = TrainConfig(trainable=trainable, last_k=last_k, steps=steps, batch_size=batch_size)
+    train_cfg = TrainConfig(trainable=trainable, last_k=last_k, steps=steps, batch_size=batch_size, fsdp=fsdp,
+                            remat=remat)
 
     class Shapes:  # what trainable_part reads of a Model
         config = cfg
@@ -237,20 +242,26 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
         data = (_array((2, pairs, sequence_tokens), jnp.int32, mesh),
                 _array((2, pairs, sequence_tokens), jnp.bool_, mesh))
         pair_rewards = sequence_pair_rewards
-    runner = Steps(cfg, mesh, module, optimizer, wrt, pair_rewards, data, copy=False)
+    moving = _placed(nnx.split((module, optimizer), _moving(wrt), ...)[1], mesh, fsdp)
+    runner = Steps(cfg, mesh, module, optimizer, wrt, pair_rewards, data, copy=False,
+                   moving_shardings=jax.tree.map(lambda x: x.sharding, moving) if fsdp else None)
     rows = _array((batching.round_up(batch_size, mesh),), jnp.int32, mesh, "data")
     label = _array(rows.shape, jnp.float32, mesh, "data")
-    args = (_placed(runner.moving, mesh), _placed(runner.frozen, mesh), data, rows, label)
-    return [Call("train_step", runner.call, args, steps, _placed(nnx.state(module, nnx.Param), mesh))]
+    args = (moving, _placed(runner.frozen, mesh), data, rows, label)
+    weights = (_placed(nnx.state(module, nnx.All(nnx.Param, wrt)), mesh, fsdp),  # as train_rm places them
+               _placed(nnx.state(module, nnx.All(nnx.Param, nnx.Not(wrt))), mesh))
+    return [Call("train_step", runner.call, args, steps, weights)]
 
 
-def _placed(state: nnx.State, mesh: Mesh) -> nnx.State:
+def _placed(state: nnx.State, mesh: Mesh, fsdp: bool = False) -> nnx.State:
     """Abstract variables with the sharding their declared axes give (an optimizer's moments inherit their
-    weight's axes; counts are replicated)."""
+    weight's axes; counts are replicated), split over `data` too with `fsdp` (sharding.fsdp_spec)."""
     def place(var):
         value = var.get_value()
         axes = var.get_metadata().get("axes") or ()
         spec = sharding.named_sharding(tuple(axes), value.shape, mesh) if axes else NamedSharding(mesh, PartitionSpec())
+        if fsdp and value.ndim:
+            spec = NamedSharding(mesh, sharding.fsdp_spec(spec.spec, value.shape, mesh))
         return var.replace(value=jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=spec))
 
     return jax.tree.map(place, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

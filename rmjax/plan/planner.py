@@ -166,9 +166,22 @@ def _smallest_fit(cfg: ModelConfig, dtype: str, shape) -> str:
 
 
 def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict | None = None,
-         batch_size: int | None = None, log=print) -> dict:
-    """The plan of `job` with `shape` on `piece` (a dict for PLAN.json). Raises PlanDoesNotFitError."""
-    option, why = choose(cfg, dtype, piece, shape, mesh, batch_size, log)
+         batch_size: int | None = None, log=print, fsdp: str = "auto", remat: str = "auto") -> dict:
+    """The plan of `job` with `shape` on `piece` (a dict for PLAN.json). Raises PlanDoesNotFitError. Training
+    tries its replicated state first, then FSDP, then FSDP with remat (`fsdp`, `remat`: auto, on or off)."""
+    tries = shape.variants(fsdp, remat) if hasattr(shape, "variants") else [shape]
+    for attempt in tries:
+        try:
+            option, why = choose(cfg, dtype, piece, attempt, mesh, batch_size, log)
+        except PlanDoesNotFitError:
+            if attempt is tries[-1]:
+                raise
+            log(f"plan: does not fit with fsdp={attempt.fsdp}, remat={attempt.remat}; trying the next")
+            continue
+        if attempt is not tries[0]:
+            why = f"the state does not fit without {'FSDP and remat' if attempt.remat else 'FSDP'}; " + why
+        shape = attempt
+        break
     chip = piece.chip
     lower, realistic = option.seconds(piece, realistic=False), option.seconds(piece)
     terms = option.terms(piece)

@@ -97,6 +97,8 @@ class TrainShape:
     pairs: int
     responses: int
     sequence_tokens: int
+    fsdp: bool = False
+    remat: bool = False
 
     per = "step"
     split_batch = True  # rmjax.train.loop.check_batch_on_mesh
@@ -116,6 +118,36 @@ class TrainShape:
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
         return calls.train_calls(cfg, dtype, mesh, **dataclasses.asdict(self))
+
+    def per_chip_estimate(self, cfg: ModelConfig, dtype: str, chips: int, model: int) -> tuple[int, str]:
+        """(bytes a chip needs, the flags that get there) with FSDP and remat, for the refusal's "cheapest that
+        fit": frozen weights split over `model`; trained weights, their gradients and Adam's two moments split
+        over every chip; each layer's input kept for the backward pass and one layer's activations at a time."""
+        import numpy as np
+
+        from rmjax import nn
+        from rmjax.loading.hf import numpy_dtype
+
+        size = np.dtype(numpy_dtype(dtype)).itemsize
+        declared = nn.declarations(cfg)
+        total = sum(d.size for d in declared.values())
+        embed = sum(d.size for name, d in declared.items() if "embed" in name)
+        trained = {"head": cfg.hidden_size * max(1, cfg.num_labels),
+                   "last_k": (total - embed) * min(self.last_k, cfg.num_layers) / cfg.num_layers,
+                   "full": total - embed}[self.trainable]
+        rows = 2 * max(1, self.batch_size // (chips // model)) * self.sequence_tokens  # chosen and rejected
+        activations = rows * 4 * (cfg.hidden_size * cfg.num_layers + 4 * cfg.hidden_size + 3 * cfg.intermediate_size)
+        need = (total - trained) * size / model + 4 * trained * size / chips + activations
+        return int(need), f"--mesh=data:{chips // model},model:{model} --fsdp --remat"
+
+    def variants(self, fsdp: str, remat: str) -> list[TrainShape]:
+        """The shapes a plan tries in turn (`auto`: without first, then with; FSDP before remat)."""
+        out = []
+        choices = {"auto": (False, True), "true": (True,), "false": (False,)}
+        for f in choices[fsdp]:
+            for r in choices[remat]:
+                out.append(dataclasses.replace(self, fsdp=f, remat=r))
+        return sorted(out, key=lambda s: (s.remat, s.fsdp))
 
 
 @dataclasses.dataclass(frozen=True)

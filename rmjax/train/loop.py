@@ -30,8 +30,8 @@ from rmjax.checks import setting
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
-from rmjax.nn.layers import SplitStack
-from rmjax.parallel import batching
+from rmjax.nn.layers import DecoderStack, SplitStack
+from rmjax.parallel import batching, sharding
 from rmjax.parallel.distributed import global_array, is_main
 from rmjax.runs.claims import Claim, Output, claim_all, require_claimed
 from rmjax.runs.progress import Progress
@@ -60,6 +60,10 @@ class TrainConfig:
     seed: int = setting(0, "Seed of the head init, data split and batch order.")
     template: str = setting("auto", "Chat template use.", ("auto", "chat", "plain"))
     feature_batch_size: int = setting(256, "Responses per batch when computing frozen-backbone features.")
+    fsdp: bool = setting(False, "Shard the trained weights and Adam's moments over the mesh's data axis too (FSDP): "
+                         "each chip keeps 1/data of them, and XLA gathers a layer's weights where they are used.")
+    remat: bool = setting(False, "Recompute each decoder layer's activations in the backward pass instead of keeping "
+                          "them (less memory for about a third more compute).")
 
     def __post_init__(self):
         checks.validate(self, {
@@ -85,6 +89,9 @@ def train_identity(model_fingerprint: dict, dtype: str, train: Pairs, heldout: P
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
     if cfg.trainable != "last_k":
         del config["last_k"]  # unused
+    for off in ("fsdp", "remat"):  # off, a run's identity is what it was before these settings existed
+        if not config[off]:
+            del config[off]
     return {"job": "train_rm", "model": model_fingerprint, "dtype": dtype, "train": train.digest(),
             "heldout": heldout.digest(), "config": config, "checkpoint_format": CHECKPOINT_FORMAT}
 
@@ -215,10 +222,14 @@ def trainable_part(model: Model, cfg: TrainConfig) -> tuple[nn.Transformer, nnx.
     embeddings. Everything else is frozen and gets no optimizer state."""
     module = model.module  # fresh variables: training never changes `model`
     n = model.config.num_layers
+    for _, part in nnx.iter_modules(module):
+        if isinstance(part, DecoderStack):
+            part.remat = cfg.remat
     if cfg.trainable == "head":
         return module, nnx.PathContains("score")
     if cfg.trainable == "last_k" and cfg.last_k < n:
         module.layers = SplitStack.of(module.layers, n - cfg.last_k)
+        module.layers.lower.remat = module.layers.upper.remat = cfg.remat
         return module, nnx.Any(nnx.PathContains("upper"), nnx.PathContains("final_norm"), nnx.PathContains("score"))
     return module, nnx.All(nnx.Param, nnx.Not(nnx.PathContains("embed")))
 
@@ -346,11 +357,16 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     pair_rewards, data, held_rewards = _objective(model, train, heldout, cfg, log)
     optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=wrt)
     nnx.update(optimizer, on_mesh(nnx.state(optimizer), model.mesh))
+    if cfg.fsdp:  # before restoring: a checkpoint is restored where its target lives
+        nnx.update(module, sharding.shard_over_data(nnx.state(module, wrt), model.mesh))
+        nnx.update(optimizer, sharding.shard_over_data(nnx.state(optimizer), model.mesh))
     resumed_from = _restore(manager, module, optimizer, wrt, log)
     first = resumed_from or 0
     history = _read_log(workdir / "train_log.csv", upto=first)
     evals = _read_log(workdir / "eval_log.csv", upto=first)
-    steps = Steps(model.config, model.mesh, module, optimizer, wrt, pair_rewards, data)
+    steps = Steps(model.config, model.mesh, module, optimizer, wrt, pair_rewards, data,
+                  moving_shardings=_shardings(nnx.state((module, optimizer), nnx.Any(wrt, nnx.OptState)))
+                  if cfg.fsdp and model.mesh is not None else None)
     progress = Progress(cfg.steps, "train", unit="steps", done=first)
     loop_start = time.perf_counter()
     for step in range(first, cfg.steps):
@@ -387,6 +403,10 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         resumed_from=resumed_from,
         config=cfg,
     )
+
+
+def _shardings(state: nnx.State) -> nnx.State:
+    return jax.tree.map(lambda x: x.sharding, state)
 
 
 def on_mesh(state, mesh: jax.sharding.Mesh | None):

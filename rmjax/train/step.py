@@ -55,15 +55,16 @@ class Steps:
     The module and optimizer are stale between `write_back`s (their moving buffers are donated)."""
 
     def __init__(self, cfg: ModelConfig, mesh, module: nnx.Module, optimizer: nnx.Optimizer, wrt: Any,
-                 pair_rewards: Callable, data: tuple, copy: bool = True):
+                 pair_rewards: Callable, data: tuple, copy: bool = True, moving_shardings: nnx.State | None = None):
         self._parts = (module, optimizer)
         graphdef, moving, self.frozen = nnx.split(self._parts, _moving(wrt), ...)
         # the module shares its arrays with the loaded model: the steps donate copies, never the model's own
         # (`copy=False`: an abstract module, for a plan's compile: rmjax.plan)
         self.moving = jax.tree.map(jnp.copy, moving) if copy else moving
         self.data = data
-        self.call = compiled(_step, cfg, mesh, (None, None, None, ROWS(1), ROWS(1)), (REPLICATED, None), donate=(0,),
-                             graphdef=graphdef, wrt=wrt, pair_rewards=pair_rewards)
+        # sharded over `data` (FSDP), the moving state must come back as it went in: its shardings are pinned
+        self.call = compiled(_step, cfg, mesh, (None, None, None, ROWS(1), ROWS(1)), (REPLICATED, moving_shardings),
+                             donate=(0,), graphdef=graphdef, wrt=wrt, pair_rewards=pair_rewards)
 
     def __call__(self, idx: jax.Array, label: jax.Array) -> jax.Array:
         """One optimizer step on pairs `idx` (rows over the data); the loss."""
