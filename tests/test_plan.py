@@ -315,3 +315,24 @@ def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tm
     assert p["per_chip_bytes"]["total"] <= p["hbm_bytes"] and p["collective_seconds"] > 0
     user_error(run("plan", *flags, "--fsdp=false", "--remat=false"), "v5litepod-4", "Cheapest that fit",
                "--fsdp --remat")
+
+
+def test_each_host_reads_its_chips_shards_of_the_checkpoint():
+    """v5p-16: 8 chips on 2 hosts of 4. With model:8 each host's chips hold half of every split weight and all of
+    each replicated one; the peak adds the largest weight in float32."""
+    from rmjax.plan.host import host_side
+
+    cfg = _reward_config("llama3", **ALIGNED)
+    split = replicated = 0
+    for d in nn.declarations(cfg).values():
+        size = d.size * (4 if d.float32 else 2)
+        if any(sharding.RULES.get(a) == "model" and n % 8 == 0 for a, n in zip(d.axes, d.shape, strict=True) if a):
+            split += size
+        else:
+            replicated += size
+    side = host_side(cfg, "bfloat16", chips.parse_slice("v5p-16"), 8, _declared_per_chip(cfg, 2, 8))
+    assert (side["hosts"], side["chips_per_host"]) == (2, 4)
+    assert side["checkpoint_bytes_per_host"] == pytest.approx(replicated + split / 2, abs=1)
+    largest = max(d.size for d in nn.declarations(cfg).values())
+    assert side["host_ram_peak_bytes"] == pytest.approx(replicated + split / 2 + 4 * largest, abs=1)
+    assert side["fits_host_ram"] and side["host_ram_bytes"] == 448 * 10**9

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from pathlib import Path
 
 import jax
@@ -18,6 +19,7 @@ from rmjax.errors import RmjaxError, UsageError
 from rmjax.parallel import batching
 from rmjax.plan.chips import CHIPS, PRICES_AS_OF, Slice, mesh_on, parse_slice
 from rmjax.plan.cost import HBM_EFFICIENCY, ICI_EFFICIENCY, MFU_SOURCE, CallCost, cost_of, shard_bytes
+from rmjax.plan.host import host_side
 from rmjax.plan.shapes import SweepShape
 from rmjax.runs import results
 from rmjax.scoring import memory
@@ -40,6 +42,7 @@ class Option:
     weights_bytes: int
     cache_bytes: int
     refused_bytes: int = 0  # what the TPU compiler said one call needs when it refused to compile it
+    compile_seconds: float = 0.0  # measured here, compiling for the slice
 
     @property
     def total_bytes(self) -> int:
@@ -62,6 +65,7 @@ def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model:
     made = shape.calls(cfg, dtype, mesh_on(piece, data, model), batch_size)
     weights = max((shard_bytes(c.weights) for c in made if c.weights is not None), default=0)
     cache = max((shard_bytes(c.cache) for c in made if c.cache is not None), default=0)
+    started = time.perf_counter()
     try:
         costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data)[0] for c in made)
     except jax.errors.JaxRuntimeError as error:
@@ -71,7 +75,7 @@ def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model:
             raise
         need = float(found[1]) * 2 ** (10 * "KMGTP".index(found[2]) + 10)
         return Option(data, model, batch_size, (), weights, cache, int(need) + weights)
-    return Option(data, model, batch_size, costs, weights, cache)
+    return Option(data, model, batch_size, costs, weights, cache, compile_seconds=time.perf_counter() - started)
 
 
 def _meshes(piece: Slice, cfg: ModelConfig, batch: int | None) -> list[tuple[int, int]]:
@@ -207,6 +211,8 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
         "assumed_hbm_efficiency": HBM_EFFICIENCY, "assumed_ici_efficiency": ICI_EFFICIENCY,
         "usd_on_demand": hours * piece.usd_per_hour(), "usd_spot": hours * piece.usd_per_hour(spot=True),
         "prices": PRICES_AS_OF,
+        "host": host_side(cfg, dtype, piece, option.model, option.weights_bytes),
+        "compile_seconds": option.compile_seconds,
         "chip_figures": {"peak_bf16_flops": chip.peak_flops, "hbm_bytes": chip.hbm_bytes,
                          "hbm_bandwidth": chip.hbm_bandwidth, "ici_bandwidth": chip.ici_bandwidth},
         "estimate": "lower bound: per call max(FLOPs / peak, modelled HBM traffic / bandwidth) + collectives / ICI "
@@ -238,7 +244,11 @@ def describe(p: dict) -> str:
             f"{b['cache'] / gib:.3f}, temp {b['temp'] / gib:.2f}); lower bound {_duration(p['lower_bound_seconds'])},"
             f" realistic {_duration(p['realistic_seconds'])} at MFU {p['assumed_mfu']:.2f} ({p['bound']}-bound; "
             f"collectives {_duration(p['collective_seconds'])}); ${p['usd_on_demand']:.2f} on demand, "
-            f"${p['usd_spot']:.2f} spot")
+            f"${p['usd_spot']:.2f} spot; each of {p['host']['hosts']} host(s) reads "
+            f"{p['host']['checkpoint_bytes_per_host'] / 2**30:.1f} GiB of checkpoint, loading peaks under "
+            f"{p['host']['host_ram_peak_bytes'] / 2**30:.1f} of {p['host']['host_ram_bytes'] / 2**30:.0f} GiB RAM"
+            + ("" if p["host"]["fits_host_ram"] else " (MAY NOT FIT the VM's RAM)")
+            + f"; compiled here in {p['compile_seconds']:.1f} s")
 
 
 def _duration(seconds: float) -> str:
