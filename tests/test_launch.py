@@ -320,7 +320,7 @@ def test_tpu_vm_plans_the_job_first_and_creates_no_vm_for_one_that_does_not_fit(
                            "--prompts=paper1", "--mesh=data:1,model:8", "--dtype=bfloat16"]
     assert cmds[2][:5] == [*TPU, "create"]
     verdict = _run(*dry, "--dry-run", env={**os.environ, "JAX_PLATFORMS": "cpu"}).stderr  # the plan ran
-    assert "sweep on v5e:2x4 (8 x v5e): mesh data:1,model:8" in verdict and "realistic" in verdict
+    assert "sweep on v5e:2x4 (8 x v5e, v5litepod-8): mesh data:1,model:8" in verdict and "realistic" in verdict
     # a 70B-shaped model in float32 on eight 16 GiB chips
     raw.update(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                num_key_value_heads=8, head_dim=128, vocab_size=128256)
@@ -332,5 +332,5 @@ def test_tpu_vm_plans_the_job_first_and_creates_no_vm_for_one_that_does_not_fit(
                "--job=experiments.sweep --model=/tmp/ckpt --prompts=greatest --out=results/s.csv",
                f"--plan_model={config}", env=env)
     assert res.returncode == 2, res.stderr
-    assert "Smallest that fits by estimate" in res.stderr and "no VM was created" in res.stderr
+    assert "Cheapest that fit by estimate" in res.stderr and "no VM was created" in res.stderr
     assert _logged(log) == []
