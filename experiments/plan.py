@@ -8,7 +8,7 @@ config (and a tokenizer, when there is one) is read, never the weights. Without 
 batch size that fit and are fastest by its estimate, and says why. What the job itself would refuse (a context too
 short for its positions, an exhaustive beam too large for the host, a batch past its candidates, a config no model
 can have) and an --out that cannot be written are refused first, by the job's own checks, before anything compiles.
-A job that does not fit exits with status 2 and one line naming the smallest slice that would. Needs libtpu:
+A job that does not fit exits with status 2 and one line naming the cheapest Cloud slices that would. Needs libtpu:
 pip install "jax[tpu]==<the pinned jax>".
 """
 
