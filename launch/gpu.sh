@@ -36,7 +36,7 @@ SETUP+=' && { echo $p; break; }; done)'
 SETUP+=' || { echo "error: rmjax needs Python 3.11+ and this host has none'
 SETUP+=' (looked for python3.11 to python3.14, python3): install one" >&2; exit 1; }; }'
 SETUP+=' && $PY -m venv .venv && .venv/bin/pip install -q -r requirements.txt "jax[cuda12]"'
-SETUP+=' && .venv/bin/pip install -q --no-deps -e .'
+SETUP+=' && .venv/bin/pip install -q --no-deps -r requirements-nodeps.txt -e .'  # as `make demo`, + jax[cuda12]
 
 run rsync -az --exclude=.venv --exclude=.cache --exclude=results --exclude=runs "$REPO/" "$HOST:rmjax/"
 run ssh "$HOST" "$SETUP"

