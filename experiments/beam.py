@@ -20,10 +20,6 @@ from experiments import candidates, common, config_flags, lm_flag
 from rmjax.search.beam import BeamConfig
 
 OUT = flags.DEFINE_string("out", "results/beam.csv", "Output CSV; a .meta.json is written beside it.")
-VOCAB_FILE = flags.DEFINE_string("vocab_file", None,
-                                 "Candidate set from a text file, one string per line taken verbatim (' cat' and "
-                                 "'cat' are different tokens); lines that are not exactly one token are skipped "
-                                 "(counted in .meta.json).")
 LIMIT = flags.DEFINE_integer("limit", None, "Keep only the first N candidates, as experiments.sweep --limit does (of "
                              "the vocabulary: token ids 0..N-1; or of --token_ids / --vocab_file).", lower_bound=1)
 FROM_SWEEP = flags.DEFINE_string("from_sweep", None,
@@ -51,7 +47,7 @@ def main(argv):
     token_ids = candidates.token_ids()
     beam_job.run_beam(beam_job.BeamSpec(
         common.options(OUT.value), prompts, cfg, None if token_ids is None else tuple(token_ids),
-        vocab_file=VOCAB_FILE.value, limit=LIMIT.value, from_sweep=FROM_SWEEP.value,
+        vocab_file=candidates.VOCAB_FILE.value, limit=LIMIT.value, from_sweep=FROM_SWEEP.value,
         batch_size=candidates.BATCH_SIZE.value, chunk_size=candidates.CHUNK_SIZE.value, lm=lm_flag.LM.value))
     if distributed.is_main():
         print(beam_job.summary(OUT.value, SHOW.value))

@@ -1,8 +1,8 @@
 """Score every vocabulary token as the whole assistant response to each prompt.
 
 python -m experiments.sweep --model=SPEC --prompts=greatest,best,worst --out=results/scores.csv \
-    [--mode=token|text] [--token_ids=1,2,3 | --limit=N] [--batch_size=0 (auto)] [--dtype=float32] \
-    [--mesh=data:8,model:1] [--overwrite] [--allow_nonfinite]
+    [--mode=token|text] [--token_ids=1,2,3 | --vocab_file=words.txt] [--limit=N] [--batch_size=0 (auto)] \
+    [--dtype=float32] [--mesh=data:8,model:1] [--overwrite] [--allow_nonfinite]
 
 Re-running the same command after a crash resumes from the last completed chunk; re-running it after
 it finished reuses the result. Another run's result at --out is refused unless --overwrite.
@@ -41,7 +41,8 @@ def main(argv):
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     token_ids = candidates.token_ids()
     out = run_sweep(SweepSpec(common.options(OUT.value), prompts, None if token_ids is None else tuple(token_ids),
-                              limit=LIMIT.value, mode=MODE.value, batch_size=candidates.BATCH_SIZE.value,
+                              limit=LIMIT.value, vocab_file=candidates.VOCAB_FILE.value, mode=MODE.value,
+                              batch_size=candidates.BATCH_SIZE.value,
                               chunk_size=CHUNK_SIZE.value, text_add_special_tokens=TEXT_SPECIAL.value,
                               plot=PLOT.value))
     if not distributed.is_main():

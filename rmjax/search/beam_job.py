@@ -188,11 +188,7 @@ def _requested(spec: BeamSpec) -> tuple[list[str] | None, str | None]:
 
 def _vocab_ids(model: Model, lines: list[str], path: str) -> tuple[np.ndarray, dict]:
     """The ids of the lines that are one token of the model's tokenizer, and their record for .meta.json."""
-    ids, skipped = candidate_set.words_to_ids(model.tokenizer, lines)
-    if not len(ids):
-        raise UsageError(f"--vocab_file={path}: none of its {len(lines)} lines is a single token of this tokenizer.")
-    if is_main():
-        print(f"--vocab_file: {len(ids)} of {len(lines)} lines are single tokens", file=sys.stderr)
+    ids, skipped = candidate_set.single_token_ids(model.tokenizer, lines, path)
     return ids, {"path": path, "lines": len(lines), "single_tokens": len(ids), "skipped": len(skipped),
                  "first_skipped": skipped[:10]}
 

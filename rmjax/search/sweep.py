@@ -37,7 +37,14 @@ from rmjax.scoring.context import prepare_prompt, score_tokens
 from rmjax.scoring.prefix import PREFIX_BUCKET
 from rmjax.scoring.texts import TextScorer
 from rmjax.text import chat
-from rmjax.text.candidates import candidate_count, candidate_ids, roundtrip_mask
+from rmjax.text.candidates import (
+    candidate_count,
+    candidate_ids,
+    identity_of_candidates,
+    read_vocab_file,
+    roundtrip_mask,
+    single_token_ids,
+)
 from rmjax.text.prompts import check_prompt_names
 
 
@@ -116,12 +123,16 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
 
 def sweep_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
                    token_ids=None, limit: int | None = None, mode: str = "token", template: str = "auto",
-                   text_add_special_tokens: bool = False) -> dict:
-    """What a sweep's scores depend on (rmjax.runs.claims): computable before the model loads."""
+                   text_add_special_tokens: bool = False, vocab_lines: list[str] | None = None) -> dict:
+    """What a sweep's scores depend on (rmjax.runs.claims): computable before the model loads (a --vocab_file's
+    lines stand for the ids the tokenizer makes of them)."""
     requested = None if token_ids is None else array_sha1(np.asarray(list(token_ids), np.int64))
-    return {"job": "sweep", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
-            "prompts": dict(prompts), "token_ids": requested, "limit": limit, "mode": mode, "template": template,
-            "text_add_special_tokens": bool(text_add_special_tokens) and mode == "text"}  # unused in token mode
+    out = {"job": "sweep", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
+           "prompts": dict(prompts), "token_ids": requested, "limit": limit, "mode": mode, "template": template,
+           "text_add_special_tokens": bool(text_add_special_tokens) and mode == "text"}  # unused in token mode
+    if vocab_lines is not None:
+        out.update(token_ids=None, vocab_file=identity_of_candidates(None, vocab_lines))
+    return out
 
 
 def plot_path(out: str | Path) -> Path:
@@ -148,6 +159,7 @@ class SweepSpec:
     chunk_size: int = 4096
     text_add_special_tokens: bool = False
     plot: bool = False
+    vocab_file: str | None = None  # the single-token lines of this file, in place of token_ids
 
 
 def run_sweep(spec: SweepSpec) -> Path:
@@ -157,18 +169,23 @@ def run_sweep(spec: SweepSpec) -> Path:
     o = spec.options
     _check_mode(spec.mode)
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
+    if spec.token_ids is not None and spec.vocab_file:
+        raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
+    lines = read_vocab_file(spec.vocab_file) if spec.vocab_file else None
     identity = sweep_identity(fingerprint(o.model), dtype=o.dtype, output_column=o.output_column, prompts=spec.prompts,
                               token_ids=spec.token_ids, limit=spec.limit, mode=spec.mode, template=o.template,
-                              text_add_special_tokens=spec.text_add_special_tokens)
-    with claim_job(o, identity, owned=[plot_path(o.out)], store=store_dir(o.out)) as job:
+                              text_add_special_tokens=spec.text_add_special_tokens, vocab_lines=lines)
+    with claim_job(o, identity, owned=[plot_path(o.out)], store=store_dir(o.out),
+                   inputs={"--vocab_file": spec.vocab_file}) as job:
         if not job.reuse:  # a resume scores with its saved batch size, planned (refused if it does not fit) here
             asked = resume_batch_size(o.out, spec.batch_size) if job.claimed.resume else spec.batch_size
             model, batch_size = load_planned(o, spec.prompts, spec.token_ids, asked, limit=spec.limit, mode=spec.mode,
-                                             resumed=job.claimed.resume)
-            sweep(model, spec.prompts, spec.token_ids, limit=spec.limit, mode=spec.mode, batch_size=batch_size,
+                                             given=lines, resumed=job.claimed.resume)
+            ids = spec.token_ids if lines is None else single_token_ids(model.tokenizer, lines, spec.vocab_file)[0]
+            sweep(model, spec.prompts, ids, limit=spec.limit, mode=spec.mode, batch_size=batch_size,
                   chunk_size=spec.chunk_size, template=o.template, out=o.out,
                   text_add_special_tokens=spec.text_add_special_tokens, allow_nonfinite=o.allow_nonfinite, job=job,
-                  plot=spec.plot)
+                  plot=spec.plot, vocab_lines=lines)
         elif spec.plot and is_main():
             reused_figure(job.out, figure_path(o.out))
     return Path(o.out)
@@ -216,6 +233,7 @@ def sweep(
     allow_nonfinite: bool = False,
     job: jobs.Job | None = None,
     plot: bool = False,
+    vocab_lines: list[str] | None = None,
 ) -> pd.DataFrame:
     """Reward of every candidate for every prompt; resumable when `out` is given.
 
@@ -228,8 +246,9 @@ def sweep(
     _check_mode(mode)
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = sweep_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
-                              prompts=prompts, token_ids=token_ids, limit=limit, mode=mode, template=template,
-                              text_add_special_tokens=text_add_special_tokens)
+                              prompts=prompts, token_ids=None if vocab_lines is not None else token_ids, limit=limit,
+                              mode=mode, template=template, text_add_special_tokens=text_add_special_tokens,
+                              vocab_lines=vocab_lines)
     guard = (jobs.claimed(job, out, identity, overwrite=overwrite, owned=[plot_path(out)], store=store_dir(out))
              if out is not None else contextlib.nullcontext())
     with guard as job:

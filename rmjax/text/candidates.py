@@ -134,3 +134,14 @@ def roundtrip_mask(tokenizer, prompts: dict[str, str], template: str, tokens: np
         counts[name] = int(done[key].sum())
         mask &= done[key]
     return mask, counts
+
+
+def single_token_ids(tokenizer, lines: list[str], path: str | None) -> tuple[np.ndarray, list[str]]:
+    """(the ids of the --vocab_file lines that are one token of `tokenizer`, the lines skipped); none is refused.
+    The count goes to stderr."""
+    ids, skipped = words_to_ids(tokenizer, lines)
+    if not len(ids):
+        raise UsageError(f"--vocab_file={path}: none of its {len(lines)} lines is a single token of this tokenizer.")
+    if is_main():
+        print(f"--vocab_file: {len(ids)} of {len(lines)} lines are single tokens", file=sys.stderr)
+    return ids, skipped
