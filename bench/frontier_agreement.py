@@ -3,7 +3,8 @@ session")
 
     python bench/frontier_agreement.py DIR [DIR ...] [--max_ppl=100] [--per_job=5]
 
-Each DIR is a finished `experiments.frontier` job (one direction). From each: its most rewarding search rows
+Each DIR is a finished `experiments.frontier` job; each of its directions counts as one job. From each: its most
+rewarding search rows
 at judge perplexity <= --max_ppl (distinct texts, --per_job of them) and best-of-N's most rewarding row. Every
 text is scored as text by each RM among the jobs (its own tokenization, the job's prompt and template), in SDs
 of that RM's single-token rewards (the scale of the jobs' reward_z column). Prints each job's mean z under each
@@ -21,12 +22,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _job(folder: Path, max_ppl: float, per_job: int) -> dict:
+def _jobs(folder: Path, max_ppl: float, per_job: int) -> list[dict]:
+    """One entry per direction of a finished job."""
     if not (folder / "frontier.csv.meta.json").is_file():
         sys.exit(f"{folder}: not a finished frontier job (it has no frontier.csv.meta.json).")
     meta = json.loads((folder / "frontier.csv.meta.json").read_text())
     with open(folder / "frontier.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
+    return [_job(folder, meta, [r for r in rows if r["direction"] == d], max_ppl, per_job)
+            for d in dict.fromkeys(r["direction"] for r in rows)]
+
+
+def _job(folder: Path, meta: dict, rows: list[dict], max_ppl: float, per_job: int) -> dict:
     sign = 1.0 if rows[0]["direction"] == "optimal" else -1.0
     by_gain = sorted(rows, key=lambda r: -sign * float(r["reward"]))
     texts = []
@@ -51,7 +58,7 @@ def main() -> None:
     ap.add_argument("--max_ppl", type=float, default=100.0)
     ap.add_argument("--per_job", type=int, default=5)
     args = ap.parse_args()
-    jobs = [_job(Path(d), args.max_ppl, args.per_job) for d in args.dirs]
+    jobs = [job for d in args.dirs for job in _jobs(Path(d), args.max_ppl, args.per_job)]
     if len({(tuple(j["prompts"].items()), j["template"]) for j in jobs}) != 1:
         sys.exit("the jobs must share one prompt and template.")
     models = list(dict.fromkeys(j["model"] for j in jobs))

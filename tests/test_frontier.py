@@ -8,6 +8,7 @@ import itertools
 import json
 import shutil
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -841,6 +842,18 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     np.testing.assert_allclose(  # the CSV keeps 9 significant digits: off by at most half a unit of the 9th
         [by_ids[k] for k in keys], np.stack([reward, logp], 1), rtol=5.1e-9, atol=0)
     assert seeds_given[2] is None  # best-of-N takes no seeds
+
+    # the findings benches read both directions of a --direction=both job (issue 45: one crashed, one dropped
+    # the pessimal half)
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    for script in ("frontier_ceiling.py", "frontier_agreement.py"):
+        ran = subprocess.run([sys.executable, str(bench / script), str(out)], capture_output=True, text=True,
+                             env=cli.subprocess_env())
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        assert "optimal" in ran.stdout and "pessimal" in ran.stdout, ran.stdout
 
     # refusals, each before the models load (the RM here unties its embeddings: no prior of its own)
     with pytest.raises(UsageError, match="no LM head"):
