@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -100,3 +101,18 @@ def test_readme_library_call_runs_as_written(tmp_path, monkeypatch):
         ids = np.asarray([split.ids_with([int(token)])], np.int32)
         want = float(np.asarray(M.rewards(rm.params, rm.config, ids, np.ones_like(ids, bool)))[0, 0])
         assert abs(got - want) <= tolerance.rewards_atol(rm.params, rm.config, ids)
+
+
+def test_importing_rmjax_silences_the_no_pytorch_advisory():
+    """Issue 45: transformers' "PyTorch was not found" banner printed from the library and the bench scripts
+    (the entry points already silenced it). Run where no torch is found, as from the runtime install."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['torch'] = None; {} import transformers; from transformers import AutoTokenizer"
+    bare = subprocess.run([sys.executable, "-c", code.format("")], capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"})
+    assert "PyTorch was not found" in bare.stderr  # the advisory this test is about is still what transformers does
+    quiet = subprocess.run([sys.executable, "-c", code.format("import rmjax;")], capture_output=True, text=True,
+                           env={k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"})
+    assert quiet.returncode == 0 and "PyTorch was not found" not in quiet.stderr, quiet.stderr
