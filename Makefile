@@ -26,7 +26,7 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	$(COMPILE)
 	touch $@
 
-# Full-vocabulary sweep of the default reward model for the greatest-thing prompt (~4 min on 2 cores).
+# Full-vocabulary sweep of the default reward model for the greatest-thing prompt (4-6 min on 2 cores, as README.md says).
 demo: $(VENV)/.installed
 	$(PY) -m experiments.sweep --model=elo-rm-smollm2-135m --prompts=greatest --plot \
 		--out=results/demo/elo-rm-smollm2-135m_greatest.csv
