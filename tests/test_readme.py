@@ -116,3 +116,22 @@ def test_importing_rmjax_silences_the_no_pytorch_advisory():
     quiet = subprocess.run([sys.executable, "-c", code.format("import rmjax;")], capture_output=True, text=True,
                            env={k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"})
     assert quiet.returncode == 0 and "PyTorch was not found" not in quiet.stderr, quiet.stderr
+
+
+def test_readme_models_snippet_runs_as_written(rm_folder):
+    """Issue 45: the "Models" snippet used `ids` and `mask` that it never defined. Run on a tiny RM with SmolLM2's
+    tokenizer in float32 (its path and dtype swapped; the suite's 8 CPU devices take its data:4,model:2 mesh),
+    each row's reward is a full forward's."""
+    from tests import jitted as M
+
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "calls.rewards(" in b]
+    block = (block.replace('"/path/to/Skywork-Reward-Llama-3.1-8B-v0.2"', repr(str(rm_folder)))
+             .replace('"bfloat16"', '"float32"'))
+    scope: dict = {}
+    exec(block, scope)  # noqa: S102 - the README's own code
+    rm, batch, scores = scope["rm"], scope["batch"], np.asarray(scope["scores"])
+    assert scores.shape == (2, 1)
+    for row, got in enumerate(scores[:, 0]):
+        ids = batch.input_ids[row][batch.attention_mask[row].astype(bool)][None].astype(np.int32)
+        want = float(np.asarray(M.rewards(rm.params, rm.config, ids, np.ones_like(ids, bool)))[0, 0])
+        assert abs(got - want) <= tolerance.rewards_atol(rm.params, rm.config, ids)
