@@ -240,6 +240,12 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
     np.testing.assert_allclose(last.reward.to_numpy(), [df.greatest.iloc[-1], df.greatest.iloc[0]], atol=atol, rtol=0)
     patch = pd.read_csv(out / "patching.csv", keep_default_na=False)
     assert set(patch.component) == {"residual", "attention", "mlp"}
+    # one layer numbering in both files (issue 45: patching.csv counted blocks from 0, reward_lens.csv from 1)
+    n = model.config.num_layers
+    for table in (patch, lens):
+        blocks = table[table.component.isin(["attention", "mlp"])]
+        assert set(blocks.layer) == set(range(1, n + 1))
+    assert set(patch[patch.component == "residual"].layer) == set(range(n + 1))
     assert set(patch.clean) == {model.tokenizer.decode([best])}
     assert set(patch.donor) == {model.tokenizer.decode([worst])}
     cli.user_error(cli.run("inspect", f"--model={rm_folder}", "--prompts=greatest,worst", "--responses=a",

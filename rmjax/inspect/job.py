@@ -316,8 +316,10 @@ def _write_tables(out: Path, items, lens, curves, attributions, patched, pair, c
             for item, a in zip(items, attributions, strict=True) for p, t in enumerate(item.ids)]
     _table(out / "attribution.csv", ["response", "position", "token_id", "token"],
            ["grad_x_input", "integrated_gradients"], rows)
+    # one numbering in every output (and figure): block k is layer k, from 1; the residual's layer 0 is the
+    # embeddings, its layer k the stream after block k (the attention and MLP maps' row i is block i + 1)
     rows = [] if patched is None else [
-        (pair[0].label, pair[1].label, name, layer, p, values[layer, p])
+        (pair[0].label, pair[1].label, name, layer + (name != "residual"), p, values[layer, p])
         for name, values in patched.maps.items() for layer in range(values.shape[0]) for p in range(values.shape[1])]
     _table(out / "patching.csv", ["clean", "donor", "component", "layer", "position"], ["reward"], rows)
 
