@@ -45,9 +45,11 @@ class Progress:
             eta = (self.total - self.done) / rate if rate > 0 else float("nan")
             pct = 100.0 * self.done / max(self.total, 1)
             eta_s = duration(eta) if eta == eta else "?"
+            speed = f"{rate:,.1f}" if rate > 0 else "?"  # nothing measured yet: no rate, not "0.0"
+            resumed = f", resumed from {self.resumed:,}" if self.resumed else ""
             print(
-                f"[{self.label}] {self.done:,}/{self.total:,} {self.unit} ({pct:.1f}%) "
-                f"{rate:,.1f} {self.unit}/s ETA {eta_s}",
+                f"[{self.label}] {self.done:,}/{self.total:,} {self.unit} ({pct:.1f}%{resumed}) "
+                f"{speed} {self.unit}/s ETA {eta_s}",
                 file=self.stream,
                 flush=True,
             )
