@@ -207,11 +207,36 @@ def scores_run(tmp_path_factory):
 
     cfg = AnalysisConfig(scores=(str(root / "scores"),), elo=str(root / "elo"), models_yaml=str(models_yaml),
                          frequencies=None, n_boot=10, n_permutations=20, top=5)
+    from rmjax.analysis import elo as elo_module
+
     with pytest.MonkeyPatch.context() as patch:
         for name in ("heatmap", "rank_trajectories"):
             patch.setattr(plots, name, recorder(getattr(plots, name)))
+        # elo-rm-test stands for a builtin RM, whose training record names the EloEverything data (issue 45)
+        patch.setattr(elo_module, "elo_training", lambda source: "builtin" if source == "elo-rm-test" else None)
         result = run_analyses(cfg, root / "out", echo=False)
     return root / "out", raw, expected, dict(drawn), result
+
+
+def test_a_model_trained_on_the_elo_data_is_named_as_in_sample(scores_run, tmp_path):
+    """Issue 45: the builtin RMs ranked above the published ones against humans without the report saying that
+    they were trained on this Elo data, or on how many items each τ is."""
+    from rmjax.analysis.elo import elo_training
+
+    out, _, _, drawn, _ = scores_run
+    agreement = pd.read_csv(out / "elo_human_agreement.csv", keep_default_na=False)
+    assert set(agreement[agreement.model == "elo-rm-test"].trained_on_elo) == {"builtin"}
+    assert set(agreement[agreement.model != "elo-rm-test"].trained_on_elo) == {""}
+    report = (out / "report.md").read_text()
+    assert "**elo-rm-test was trained on EloEverything pairs** (`--elo=builtin`)" in report
+    assert "n_items |" in report  # each τ beside the items it is over
+    grid = drawn["elo_spearman_to_human"][0]
+    assert "elo-rm-test (trained on this data)" in list(grid.index)
+    # the records it reads: a builtin RM's, an exported folder's; a published RM has none
+    assert elo_training("elo-rm-smollm2-135m") == "builtin"
+    (tmp_path / "rmjax_training.json").write_text('{"recipe": {"elo": "builtin:best"}}')
+    assert elo_training(str(tmp_path)) == "builtin:best"
+    assert elo_training("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2") is None
 
 
 def test_scores_models_join_the_published_ones(scores_run):
@@ -277,15 +302,16 @@ def test_scores_models_ranks_tau_matrix_and_coverage(scores_run):
     assert "2 published models and 2 from --scores (P-A (--scores), elo-rm-test)" in report
     assert "labelled 'P-A (--scores)'" in report and "prompt columns worst are not EloEverything prompts" in report
     line = next(line for line in report.splitlines() if line.startswith("| elo-rm-test | "))
-    assert line.endswith(" | 1.000 |")  # tau columns: prefer, then greatest (pivot order)
+    # tau columns: prefer, then greatest (pivot order), then the fewest items a model's τ is over
+    assert line.endswith(" | 1.000 | 20 |")
 
 
 def test_scores_models_are_in_the_figures(scores_run):
     out, _, expected, drawn, result = scores_run
     slug = "what_in_one_word_is_the_greatest_thing_ever"
     (grid, _), (tau, _) = drawn["elo_spearman_to_human"], drawn[f"elo_kendall_tau_{slug}"]
-    assert list(grid.index) == ["P-A", "P-B", "P-A (--scores)", "elo-rm-test"]
-    assert grid.loc["elo-rm-test", GREATEST + "?"] == pytest.approx(1.0)
+    assert list(grid.index) == ["P-A", "P-B", "P-A (--scores)", "elo-rm-test (trained on this data)"]
+    assert grid.loc["elo-rm-test (trained on this data)", GREATEST + "?"] == pytest.approx(1.0)
     assert np.isnan(grid.loc["P-A (--scores)", PREFER + "?"])  # no column for that prompt
     assert "elo-rm-test" in tau.index and "P-A (--scores)" in tau.columns
     ranks, columns, labels, items, _ = drawn[f"elo_rank_trajectories_{slug}"]

@@ -138,9 +138,29 @@ def tau_matrix(elo_prompt: EloPrompt) -> pd.DataFrame:
     return matrix
 
 
-def human_agreement(elo_prompts: Sequence[EloPrompt]) -> pd.DataFrame:
+def elo_training(source: str) -> str | None:
+    """The EloEverything data a model was trained on (its training recipe's `elo`: "builtin", "builtin:<prompt>"
+    or a CSV), from a builtin RM's record or an exported folder's rmjax_training.json; None when it records none
+    (a published RM, or one trained on other pairs)."""
+    import json
+    from importlib import resources
+
+    candidates = [resources.files("rmjax") / "builtin" / f"{source}.json", Path(source) / "rmjax_training.json"]
+    for record in candidates:
+        try:
+            recipe = json.loads(record.read_text()).get("recipe") or {}
+        except (OSError, ValueError):
+            continue
+        return recipe.get("elo") or None
+    return None
+
+
+def human_agreement(elo_prompts: Sequence[EloPrompt], sources: dict[str, str] | None = None) -> pd.DataFrame:
     """Kendall tau-b and Spearman rho of each model's scores with the human Elo scores, per prompt, over
-    the items the model scores (all of them for a published model); `source` is published or --scores."""
+    the items the model scores (all of them for a published model); `source` is published or --scores;
+    `trained_on_elo`: the EloEverything data the model was trained on (`elo_training` of `sources[model]`, the
+    model each --scores label names; empty for none), whose τ is then partly in-sample."""
+    sources = sources or {}
     rows = []
     for ep in elo_prompts:
         human = ep.items["elo_score"].to_numpy(np.float64)
@@ -153,7 +173,8 @@ def human_agreement(elo_prompts: Sequence[EloPrompt]) -> pd.DataFrame:
                          "source": "--scores" if model in ep.user_models else "published",
                          "n_items": int(covered.sum()),
                          "kendall_tau": float(tau.statistic), "kendall_p": float(tau.pvalue),
-                         "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue)})
+                         "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue),
+                         "trained_on_elo": (elo_training(sources[model]) if model in sources else None) or ""})
     return pd.DataFrame(rows)
 
 

@@ -185,7 +185,9 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
         prompts = added.prompts
     user_models = [] if added is None or added.coverage.empty else list(dict.fromkeys(added.coverage["model"]))
     models = published + user_models  # the --scores models in the order of their tables
-    agreement = outputs.table("elo_human_agreement", elo_lib.human_agreement(prompts))
+    agreement = outputs.table("elo_human_agreement", elo_lib.human_agreement(
+        prompts, {t.model: t.source for t in tables}))
+    in_sample = list(dict.fromkeys(agreement.model[agreement.trained_on_elo != ""]))
     outputs.headline["elo_human_agreement"] = agreement
     median_of = "models only" if not user_models else f"the {len(published)} published models only"
     for ep in prompts:
@@ -210,14 +212,25 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
         grid = grid.loc[[m for m in models if m in grid.index]]
         outputs.figure("elo_cross_prompt_tau", plots.heatmap, grid, "Each model's Kendall tau between prompts")
     grid = agreement.pivot(index="model", columns="prompt", values="spearman_rho").loc[models]
-    outputs.figure("elo_spearman_to_human", plots.heatmap, grid, "Spearman rho with the human ranking")
+    grid.index = [f"{m} (trained on this data)" if m in in_sample else m for m in grid.index]
+    outputs.figure("elo_spearman_to_human", plots.heatmap, grid, "Spearman rho with the human ranking"
+                   + ("\n(models trained on this data are partly in-sample)" if in_sample else ""))
     table = agreement.pivot(index="model", columns="prompt", values="kendall_tau").loc[models]
     table.columns = [f"tau: {c}" for c in table.columns]
+    if user_models:  # a --scores model may score only some items: its τ is over those
+        table["n_items"] = agreement.groupby("model", sort=False)["n_items"].min().loc[models]
     counted = f"{len(published)} models" if not user_models else \
         f"{len(published)} published models and {len(user_models)} from --scores ({', '.join(user_models)})"
     outputs.say("## EloEverything", "", f"{len(prompts[0].items)} items, {counted}, "
                 f"{len(prompts)} prompts. Kendall tau-b (and Spearman rho in elo_human_agreement.csv) of each "
                 "model with the human Elo ranking:", "", markdown(table.reset_index()), "")
+    for model in in_sample:
+        data_name = agreement.trained_on_elo[agreement.model == model].iloc[0]
+        outputs.say(f"- **{model} was trained on EloEverything pairs** (`--elo={data_name}`): its agreement with "
+                    "the human ranking is partly in-sample (training pairs come from these items' Elo scores), not "
+                    "an independent comparison with the published models.")
+    if in_sample:
+        outputs.say("")
     spearman = agreement.pivot(index="model", columns="prompt", values="spearman_rho").loc[models]
     spearman.columns = [f"rho: {c}" for c in spearman.columns]
     outputs.say(markdown(spearman.reset_index()), "")
