@@ -20,8 +20,8 @@ from rmjax.scoring.texts import TextScorer
 from rmjax.search.sweep import sweep
 from rmjax.text import chat
 from rmjax.text.chat import NoChatTemplateError
-from tests import cli, tiny, tolerance
 from tests import jitted as M
+from tests import tiny, tolerance
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?",
            "worst": "What, in one word, is the worst thing ever? Think hard about all options first."}
@@ -181,29 +181,34 @@ def test_missing_chat_template(rm, tmp_path):
                                rtol=0)
 
 
-def test_sweep_takes_a_vocab_file_as_beam_and_gcg_do(rm_folder, tmp_path):
+def test_sweep_takes_a_vocab_file_as_beam_and_gcg_do(rm_folder, tmp_path, capsys):
     """Issue 45: the sweep had no --vocab_file. Its single-token lines are scored exactly as the same ids given
     with --token_ids; a line that is not one token is skipped and counted; another file is another run."""
     from transformers import AutoTokenizer
 
-    from rmjax.runs import results as res
+    from rmjax.errors import RmjaxError, UsageError
+    from rmjax.runs.options import RunOptions
+    from rmjax.search.sweep import SweepSpec, run_sweep
 
     tok = AutoTokenizer.from_pretrained(rm_folder)
     words = tmp_path / "words.txt"
     words.write_text(" cat\n dog\nzzqxjv-not-one-token\n house\n", encoding="utf-8")
     ids = [tok(w, add_special_tokens=False).input_ids[0] for w in (" cat", " dog", " house")]
     by_file, by_ids = tmp_path / "file.csv", tmp_path / "ids.csv"
-    done = cli.ok(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--vocab_file={words}",
-                          f"--out={by_file}"))
-    assert "--vocab_file: 3 of 4 lines are single tokens" in done.stderr
-    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--token_ids={','.join(map(str, ids))}",
-                   f"--out={by_ids}"))
-    a, b = res.read_scores_csv(by_file), res.read_scores_csv(by_ids)
+    prompts = {"greatest": PROMPTS["greatest"]}
+
+    def spec(out, **given):
+        return SweepSpec(RunOptions(model=str(rm_folder), out=str(out)), prompts, **given)
+
+    run_sweep(spec(by_file, vocab_file=str(words)))
+    assert "--vocab_file: 3 of 4 lines are single tokens" in capsys.readouterr().err
+    run_sweep(spec(by_ids, token_ids=tuple(ids)))
+    a, b = results.read_scores_csv(by_file), results.read_scores_csv(by_ids)
     assert sorted(a.token_id) == sorted(ids)
     assert a.set_index("token_id")["greatest"].sort_index().tolist() == \
         b.set_index("token_id")["greatest"].sort_index().tolist()
     words.write_text(" cat\n dog\n", encoding="utf-8")
-    cli.user_error(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--vocab_file={words}",
-                           f"--out={by_file}"), "--overwrite")
-    cli.user_error(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--vocab_file={words}",
-                           "--token_ids=1", f"--out={tmp_path / 'x.csv'}"), "--token_ids or --vocab_file")
+    with pytest.raises(RmjaxError, match="--overwrite"):
+        run_sweep(spec(by_file, vocab_file=str(words)))
+    with pytest.raises(UsageError, match="--token_ids or --vocab_file"):
+        run_sweep(spec(tmp_path / "x.csv", vocab_file=str(words), token_ids=(1,)))
