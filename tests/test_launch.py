@@ -218,8 +218,11 @@ def test_tpu_vm_interrupted_during_create_deletes_the_vm(tmp_path):
 
     log, bin_dir, env, args = _fake_tpu(tmp_path)
     vm = _fake_gcloud(bin_dir, log, slow_create=True)
+    # a test worker may ignore SIGINT (pytest-xdist's do), and a shell cannot trap a signal ignored on entry:
+    # the script gets SIGINT's default disposition, as from a terminal
     proc = subprocess.Popen(["bash", str(LAUNCH / "tpu_vm.sh"), *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not vm.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
