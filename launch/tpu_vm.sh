@@ -65,7 +65,8 @@ TARBALL="${TMPDIR:-/tmp}/rmjax-$NAME.tar.gz"
 
 # A VM left behind keeps billing. From the moment create starts (the name was free: checked first), any exit
 # deletes whatever exists under the name, unless --keep: a create that failed, was interrupted or timed out on
-# the client may still finish on Google's side. A second Ctrl-C does not stop the deletion.
+# the client may still finish on Google's side. A second Ctrl-C does not stop the deletion; a delete that fails
+# while the VM is still there is an error that names the command.
 STARTED=0
 exists() {  # whether a VM (or, with --queued, a queued resource) exists under the name; with --dry-run: no
   local what=("${TPU[@]}") ; [ "$QUEUED" = 1 ] && what=("${QR[@]}")
@@ -79,14 +80,16 @@ cleanup() {
   if [ "$STARTED" = 1 ]; then
     if [ "$KEEP" = 1 ]; then
       echo "==> TPU VM $NAME is KEPT (--keep) and still billing. Delete it with: $(quote "${delete[@]}")" >&2
-    elif [ "$DRY" = 1 ]; then
-      exists || true
-      run "${delete[@]}"
-    elif exists; then
-      [ "$rc" = 0 ] || echo "error: the run failed (exit $rc); deleting TPU VM $NAME (--keep keeps it)" >&2
-      ( run "${delete[@]}" ) || true  # (run exits on failure: only its subshell here)
     else
-      [ "$rc" = 0 ] || echo "error: the run failed (exit $rc); no TPU VM $NAME exists to delete" >&2
+      # delete first, ask after: a describe that fails for another reason (network, auth) must not leave a VM
+      # billing; only a delete that fails is checked, and a VM still there is said loudly
+      [ "$rc" = 0 ] || echo "error: the run failed (exit $rc); deleting TPU VM $NAME (--keep keeps it)" >&2
+      if ! ( run "${delete[@]}" ); then  # (run exits on failure: only its subshell here)
+        if [ "$DRY" != 1 ] && exists; then
+          echo "ERROR: TPU VM $NAME could not be deleted and is STILL BILLING: $(quote "${delete[@]}")" >&2
+          [ "$rc" != 0 ] || rc=1
+        fi
+      fi
     fi
   fi
   exit "$rc"

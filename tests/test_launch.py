@@ -59,7 +59,8 @@ def _fake(bin_dir: Path, name: str, log: Path, fail_on: str = "") -> None:
 def _fake_gcloud(bin_dir: Path, log: Path, fail_on: str = "", created_then_fails: bool = False,
                  slow_create: bool = False) -> Path:
     """A stand-in gcloud that logs its argv (as _fake) and keeps one VM's existence in a file (returned): `create`
-    makes it (then, with slow_create, takes 60 s), `delete` removes it, `describe` fails when there is none.
+    makes it (then, with slow_create, takes 60 s), `delete` removes it, and `describe` and `delete` fail when there
+    is none (as gcloud's NOT_FOUND).
     FAIL_ON fails a call (exit 3) before it acts; `created_then_fails`: create makes the VM and then fails (a
     client timeout while Google goes on creating it)."""
     bin_dir.mkdir(exist_ok=True)
@@ -74,7 +75,7 @@ def _fake_gcloud(bin_dir: Path, log: Path, fail_on: str = "", created_then_fails
         'case "$*" in\n'
         f'  *" describe "*) [ -e {vm} ] || exit 1 ;;\n'
         f'  *" create "*) touch {vm}; {after_create} ;;\n'
-        f'  *" delete "*) rm -f {vm} ;;\n'
+        f'  *" delete "*) [ -e {vm} ] || exit 1; rm -f {vm} ;;\n'
         'esac\n')
     (bin_dir / "gcloud").chmod(0o755)
     return vm
@@ -104,9 +105,9 @@ def test_tpu_vm_dry_run():
     assert job == ["cd", "rmjax", "&&", "HF_HUB_OFFLINE=1", "RMJAX_COORDINATOR=auto", ".venv/bin/python", "-m",
                    *JOB.split()]
     assert cmds.index(ssh[0]) < cmds.index(ssh[1]) < cmds.index(ssh[2])
-    assert cmds[-3] == [*TPU, "scp", "--recurse", "rm:~/rmjax/results/*", "results/", *where, "--worker=0",
+    assert cmds[-2] == [*TPU, "scp", "--recurse", "rm:~/rmjax/results/*", "results/", *where, "--worker=0",
                         "--quiet"]
-    assert cmds[-2:] == [describe, [*TPU, "delete", "rm", *where, "--quiet"]]
+    assert cmds[-1] == [*TPU, "delete", "rm", *where, "--quiet"]
     assert all("--quiet" in c for c in cmds if c[0] == "gcloud")  # no prompt can block an unattended run
     kept = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v4-8", f"--job={JOB}", "--keep")
     assert not any("delete" in c for c in kept) and not any("gsutil" in " ".join(c) for c in kept)
@@ -185,8 +186,8 @@ def test_tpu_vm_deletes_the_vm_after_a_failure_unless_keep(tmp_path):
     vm = _fake_gcloud(bin_dir, log, fail_on="-m experiments.sweep")
     failed = _run("tpu_vm.sh", *args, env=env)
     ran = _logged(log)
-    assert failed.returncode == 3 and "-m experiments.sweep" in ran[-3][-1] and ran[-1] == delete
-    assert ran[-2][4] == "describe" and not vm.exists()
+    assert failed.returncode == 3 and "-m experiments.sweep" in ran[-2][-1] and ran[-1] == delete
+    assert not vm.exists()
     assert "error: exit 3 from: gcloud" in failed.stderr and "deleting TPU VM rm" in failed.stderr
 
     log.unlink()
@@ -200,15 +201,22 @@ def test_tpu_vm_deletes_the_vm_after_a_failure_unless_keep(tmp_path):
     assert [c[4] for c in _logged(log)] == ["describe"] and vm.exists()
 
     vm.unlink()
-    log.unlink()  # a create that made nothing leaves nothing to delete
+    log.unlink()  # a create that made nothing: the delete finds nothing, and that is no error
     _fake_gcloud(bin_dir, log, fail_on="create")
-    assert _run("tpu_vm.sh", *args, env=env).returncode == 3
-    assert [c[4] for c in _logged(log)] == ["describe", "create", "describe"]
+    nothing = _run("tpu_vm.sh", *args, env=env)
+    assert nothing.returncode == 3 and "STILL BILLING" not in nothing.stderr
+    assert [c[4] for c in _logged(log)] == ["describe", "create", "delete", "describe"]
 
     log.unlink()  # a create that fails on the client while the VM comes up (a timeout): the VM is deleted
     vm = _fake_gcloud(bin_dir, log, created_then_fails=True)
     assert _run("tpu_vm.sh", *args, env=env).returncode == 4
-    assert [c[4] for c in _logged(log)] == ["describe", "create", "describe", "delete"] and not vm.exists()
+    assert [c[4] for c in _logged(log)] == ["describe", "create", "delete"] and not vm.exists()
+
+    log.unlink()  # a delete that fails while the VM is there: said loudly, and the run fails
+    vm = _fake_gcloud(bin_dir, log, fail_on=" delete ")
+    billing = _run("tpu_vm.sh", *args, env=env)
+    assert billing.returncode == 1 and vm.exists()
+    assert f"TPU VM rm could not be deleted and is STILL BILLING: {shlex.join(delete)}" in billing.stderr
 
 
 def test_tpu_vm_interrupted_during_create_deletes_the_vm(tmp_path):
@@ -230,7 +238,7 @@ def test_tpu_vm_interrupted_during_create_deletes_the_vm(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert [c[4] for c in _logged(log)] == ["describe", "create", "describe", "delete"] and not vm.exists()
+    assert [c[4] for c in _logged(log)] == ["describe", "create", "delete"] and not vm.exists()
     assert "deleting TPU VM rm" in err
 
 
