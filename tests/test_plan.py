@@ -347,3 +347,28 @@ def test_each_host_reads_its_chips_shards_of_the_checkpoint():
     largest = max(d.size for d in nn.declarations(cfg).values())
     assert side["host_ram_peak_bytes"] == pytest.approx(replicated + split / 2 + 4 * largest, abs=1)
     assert side["fits_host_ram"] and side["host_ram_bytes"] == 448 * 10**9
+
+
+def test_fsdp_and_remat_change_the_training_step():
+    """--fsdp and --remat act on the step train_rm runs (the plan's calls build it as train_rm does, through
+    trainable_part and Steps): split over data:4, each chip's arguments hold a quarter of every trained weight and
+    of Adam's two moments (3 x the trained float32 bytes, less a quarter), and with remat the traced step
+    recomputes each layer (a remat in the scan body), without it none. No compile: shapes and the jaxpr."""
+    from rmjax.plan import calls as plan_calls
+
+    cfg = _reward_config(**ALIGNED)
+    trained = 4 * sum(d.size for name, d in nn.declarations(cfg).items() if "embed" not in name)
+    mesh = chips.mesh_on(SLICE, 4, 1)
+    made = {}
+    for fsdp, remat in ((False, False), (True, False), (True, True)):
+        (made[fsdp, remat],) = plan_calls.train_calls(cfg, "float32", mesh, trainable="full", last_k=1, steps=1,
+                                                      batch_size=32, pairs=64, responses=1, sequence_tokens=64,
+                                                      fsdp=fsdp, remat=remat)
+    whole, split = (cost.shard_bytes(made[key].args) for key in ((False, False), (True, False)))
+    assert whole - split == pytest.approx((3 / 4) * 3 * trained, rel=0.01)
+
+    def remats(call) -> bool:
+        jaxpr = str(call.call.trace(*call.args).jaxpr)
+        return "remat" in jaxpr or "checkpoint" in jaxpr
+
+    assert remats(made[True, True]) and not remats(made[True, False])
