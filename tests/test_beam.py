@@ -339,19 +339,20 @@ def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):
     cfg = BeamConfig(depth=2, beam=2, top=5)
     prompts = {"greatest": PROMPTS["greatest"]}
     lib = write_beam(model, prompts, cfg, out=tmp_path / "lib.csv", limit=20, batch_size=8)
-    assert lib.candidates.tolist() == list(range(20))
-    assert all(max(f.ids.ravel()) < 20 for f in lib.found)
+    assert lib.candidates.tolist() == list(range(17, 20))  # SmolLM2's 17 added special tokens are ids 0..16
+    assert all(17 <= min(f.ids.ravel()) and max(f.ids.ravel()) < 20 for f in lib.found)
     first = write_beam(model, prompts, cfg, _candidates(30), out=tmp_path / "ids.csv", limit=7, batch_size=8)
     assert first.candidates.tolist() == _candidates(30)[:7].tolist()
-    swept = _sweep(model, tmp_path / "sweep.csv", prompts, range(30))
+    swept = _sweep(model, tmp_path / "sweep.csv", prompts, range(17, 20))  # batches as the beam's: same bits
     out = tmp_path / "cli.csv"
     proc = cli.ok(cli.run("beam", f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=20",
                           "--depth=2", "--beam=2", "--top=5", "--batch_size=8", f"--from_sweep={swept}"))
     assert out.read_bytes() == (tmp_path / "lib.csv").read_bytes()
     meta = json.loads(results.meta_path(out).read_text())
-    assert meta["candidate_set"]["size"] == 20 and meta["identity"]["limit"] == 20
-    assert meta["levels"][0]["from_sweep"] == 20 and meta["candidates_scored"] == 2 * 2 * 20
-    assert "the whole job is 80 candidates" in proc.stderr and "depth 1: from the sweep" in proc.stderr
+    assert meta["candidate_set"]["size"] == 3 and meta["identity"]["limit"] == 20
+    assert meta["levels"][0]["from_sweep"] == 3 and meta["candidates_scored"] == 3 * 3  # both beams' prefixes: all 3
+    assert "17 special/byte tokens of 20 candidates left out" in proc.stderr
+    assert "depth 1: from the sweep" in proc.stderr
     cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--out={tmp_path / 'x.csv'}", "--limit=0"), "--limit")
 
 
@@ -389,3 +390,26 @@ def test_the_completion_check_of_every_written_row_and_prompt(rm_folder, lm_fold
     write_beam(model, PROMPTS, BeamConfig(depth=1, beam=3, top=3), s, out=bare, batch_size=8)
     assert not completions_path(bare).exists()
     assert "--lm" in json.loads(results.meta_path(bare).read_text())["completion"]["skipped"]
+
+
+def test_special_and_byte_tokens_are_left_out_unless_allowed(model, tmp_path):
+    """Issue 45: `--limit=500` kept ids 0..499 (SmolLM2's specials and raw bytes) and every top depth-2 row began
+    with `<|endoftext|>`. Beam, GCG and the frontier now share one exclusion; --allow_special keeps them all."""
+    from rmjax.search.gcg_swaps import disallowed_ids
+    from rmjax.text.candidates import special_or_byte
+
+    tok = model.tokenizer
+    left_out = special_or_byte(tok, model.config.vocab_size)
+    byte = next(i for i in range(100, 300) if "\ufffd" in tok.decode([i]))  # a lone UTF-8 lead byte
+    newline, word = tok("\n").input_ids[0], tok(" the").input_ids[0]
+    assert left_out[:17].all() and left_out[byte] and not left_out[[17, newline, word]].any()
+    assert (disallowed_ids(tok, model.config.vocab_size, False, True) == left_out).all()  # GCG's own default
+    assert not disallowed_ids(tok, model.config.vocab_size, True, True)[: len(tok)].any()
+    prompts = {"greatest": PROMPTS["greatest"]}
+    ids = np.asarray([0, 1, byte, newline, word, 17], np.int64)
+    cfg = BeamConfig(depth=2, beam=3, top=4, direction="optimal")
+    found = write_beam(model, prompts, cfg, ids, out=tmp_path / "b.csv", batch_size=8).found
+    assert {int(t) for f in found for t in f.ids.ravel()} <= {newline, word, 17}
+    kept = write_beam(model, prompts, BeamConfig(depth=1, beam=3, top=6, direction="optimal", allow_special=True),
+                      ids, out=tmp_path / "all.csv", batch_size=8)
+    assert sorted(kept.candidates.tolist()) == sorted(ids.tolist())

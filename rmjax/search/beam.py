@@ -46,6 +46,8 @@ class BeamConfig:
     exhaustive: bool = setting(False, "Score all |S|^d sequences of the candidate set S at every depth (no pruning; "
                                "--beam is ignored). Give a small S with --token_ids or --vocab_file.")
     template: str = setting("auto", "Chat template use.", ("auto", "chat", "plain"))
+    allow_special: bool = setting(False, "Keep special and byte tokens (`<|endoftext|>`, raw bytes) among the "
+                                  "candidates; by default they are left out, as GCG and the frontier leave them out.")
 
     def __post_init__(self):
         checks.validate(self, {"depth": checks.POSITIVE, "beam": checks.POSITIVE, "top": checks.POSITIVE,

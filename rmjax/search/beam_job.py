@@ -193,6 +193,18 @@ def _vocab_ids(model: Model, lines: list[str], path: str) -> tuple[np.ndarray, d
                  "first_skipped": skipped[:10]}
 
 
+def _without_special(model: Model, candidates: np.ndarray) -> np.ndarray:
+    """The candidates less special and byte tokens, saying how many left (never silently a smaller set)."""
+    left_out = candidate_set.special_or_byte(model.tokenizer, model.config.vocab_size)[candidates]
+    if left_out.all():
+        raise UsageError(f"all {len(candidates)} candidates are special or byte tokens: pass --allow_special to "
+                         "search them, or give other tokens.")
+    if left_out.any() and is_main():
+        print(f"beam: {int(left_out.sum())} special/byte token{'s' * (int(left_out.sum()) != 1)} of "
+              f"{len(candidates)} candidates left out (--allow_special keeps them).", file=sys.stderr)
+    return candidates[~left_out]
+
+
 def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidates: np.ndarray | None = None, *,
                out: str | Path, requested: str | None = None, limit: int | None = None,
                from_sweep: str | Path | None = None, batch_size: int = 256, chunk_size: int = 4096,
@@ -204,6 +216,8 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
     `requested` identifies the candidate set as asked for (identity); default: the whole vocabulary. `limit`
     keeps its first N (as the sweep's --limit); `from_sweep`: a finished sweep CSV whose scores are depth 1."""
     candidates = candidate_ids(model, candidates, limit)
+    if not cfg.allow_special:
+        candidates = _without_special(model, candidates)
     depth1, extra_meta = None, dict(extra_meta or {})
     if from_sweep is not None:
         table, given = read_sweep(from_sweep, sweep_needs(model_fingerprint(model), dtype=model.dtype, prompts=prompts,

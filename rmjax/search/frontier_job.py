@@ -70,6 +70,8 @@ class FrontierConfig:
     z_sample: int = setting(2048, "Without --sweep: single tokens sampled (seeded) to estimate the reward's mean and "
                                   "SD for reward_z.")
     allow_non_ascii: bool = setting(False, "Allow non-ASCII tokens in responses.")
+    allow_special: bool = setting(False, "Allow special and byte tokens (`<|endoftext|>`, raw bytes) in responses, "
+                                  "as GCG's and the beam's --allow_special.")
     retokenize_filter: bool = setting(True, "Search only responses that re-tokenize to themselves in the template.")
 
     def __post_init__(self):
@@ -290,7 +292,8 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
             raise UsageError(f"--lm={lm.source} ends a turn with token {theirs}, {rm.source} with {end}: "
                              "whole responses need one end of turn; give a prior with the RM's chat template.")
     prior = Prior.of(lm, target.prefix if lm is rm else split.prefix)
-    gcg_cfg = spec.search.gcg(allow_non_ascii=spec.config.allow_non_ascii, template=template)
+    gcg_cfg = spec.search.gcg(allow_non_ascii=spec.config.allow_non_ascii, allow_special=spec.config.allow_special,
+                             template=template)
     banned = banned_tokens(rm, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, template), target.prefix, target.suffix)
     return _Prompt(target, prior, banned, [check] if spec.config.retokenize_filter else [],

@@ -14,22 +14,20 @@ import numpy as np
 
 from rmjax.parallel.distributed import to_host
 from rmjax.search.gcg_config import GCGConfig
+from rmjax.text.candidates import special_or_byte
 from rmjax.text.chat import Conversations
 
 
 def disallowed_ids(tokenizer, vocab_size: int, allow_special: bool, allow_non_ascii: bool) -> np.ndarray:
-    """Boolean [V]: special/control tokens and (optionally) non-ASCII or undecodable tokens."""
+    """Boolean [V]: special and byte tokens (`special_or_byte`, unless allowed), non-ASCII or non-printable ones
+    (unless allowed), and ids past the tokenizer."""
     bad = np.zeros(vocab_size, bool)
     if tokenizer is None:
         return bad
     n = min(len(tokenizer), vocab_size)
     bad[n:] = True
     if not allow_special:
-        bad[[i for i in tokenizer.all_special_ids if i < vocab_size]] = True
-        for i, tok in enumerate(tokenizer.convert_ids_to_tokens(list(range(n)))):
-            if tok is not None and tok.startswith("<") and tok.endswith(">") and len(tok) > 2 and (
-                    "|" in tok or tok.startswith("<unused") or tok in tokenizer.all_special_tokens):
-                bad[i] = True
+        bad |= special_or_byte(tokenizer, vocab_size)
     if not allow_non_ascii:
         for i, text in enumerate(tokenizer.batch_decode([[i] for i in range(n)])):
             if not text or not text.isascii() or not text.isprintable() or "\ufffd" in text:

@@ -14,6 +14,30 @@ from rmjax.runs.results import array_sha1
 from rmjax.text.chat import Conversations, _special_ids
 
 
+def special_or_byte(tokenizer, vocab_size: int) -> np.ndarray:
+    """Boolean [V]: the tokens searches leave out unless --allow_special: special/control tokens (declared or
+    added as special, `<|…|>` and `<unused…>` markers) and byte tokens (a lone token decodes to nothing, to U+FFFD
+    or to a control character), plus ids past the tokenizer. One rule for beam, GCG and the frontier: an
+    `<|endoftext|>` or a raw byte ranks high by ending or breaking the text, not for what it says."""
+    out = np.zeros(vocab_size, bool)
+    if tokenizer is None:
+        return out
+    n = min(len(tokenizer), vocab_size)
+    out[n:] = True
+    out[[i for i in tokenizer.all_special_ids if i < vocab_size]] = True
+    added = getattr(tokenizer, "added_tokens_decoder", {})  # SmolLM2's <file_sep> …: special, yet not "all_special"
+    out[[i for i, tok in added.items() if tok.special and i < vocab_size]] = True
+    declared = set(tokenizer.all_special_tokens)
+    for i, tok in enumerate(tokenizer.convert_ids_to_tokens(list(range(n)))):
+        if tok is not None and tok.startswith("<") and tok.endswith(">") and len(tok) > 2 and (
+                "|" in tok or tok.startswith("<unused") or tok in declared):
+            out[i] = True
+    for i, text in enumerate(tokenizer.batch_decode([[i] for i in range(n)])):
+        if not text or "\ufffd" in text or any(not c.isprintable() and not c.isspace() for c in text):
+            out[i] = True
+    return out
+
+
 def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) -> int:
     """How many candidates `candidate_ids` will give, from the config and tokenizer alone (before the weights)."""
     vocab = min(cfg.vocab_size, len(tokenizer)) if tokenizer is not None else cfg.vocab_size
