@@ -1,4 +1,5 @@
-"""The README's Flax NNX examples run as written (on the builtin default reward model)."""
+"""The README and the docs/ pages it links: their code runs as written (on the builtin default reward model), their
+commands use flags their jobs have, and every link resolves."""
 
 from __future__ import annotations
 
@@ -11,12 +12,44 @@ import numpy as np
 
 from tests import tolerance
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+
+
+def _pages() -> list[Path]:
+    """The README and every docs/ page: where the documented code and commands now live (issue 45)."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _python_blocks() -> list[str]:
+    return [b for page in _pages() for b in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
+
+
+def _section(heading: str) -> str:
+    """The text under the one heading (any level) named `heading`, up to the next heading of its level or above
+    (a `# comment` inside a code block is no heading)."""
+    found = []
+    for page in _pages():
+        level, lines, fenced = 0, [], False
+        for line in page.read_text().splitlines(keepends=True):
+            fenced ^= line.startswith("```")
+            hashes = re.match(r"(#+) ", line) if not fenced and not line.startswith("```") else None
+            if level and hashes and len(hashes.group(1)) <= level:
+                found.append("".join(lines))
+                level = 0
+            if level:
+                lines.append(line)
+            if hashes and line[hashes.end():].strip() == heading:
+                level, lines = len(hashes.group(1)), []
+        if level:
+            found.append("".join(lines))
+    assert len(found) == 1, f"{len(found)} sections named {heading!r} in README.md and docs/"
+    return found[0]
 
 
 def _nnx_blocks() -> list[str]:
-    section = README.read_text().split("### The model is a Flax NNX module", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return re.findall(r"```python\n(.*?)```", _section("The model is a Flax NNX module"), flags=re.S)
 
 
 def test_readme_nnx_examples_run():
@@ -53,8 +86,9 @@ def test_readme_nnx_examples_run():
 
 
 def _readme_commands() -> list[tuple[str, set[str]]]:
-    """(job, flags used) of every `python -m experiments.JOB …` command in the README, continuation lines joined."""
-    text = README.read_text().replace("\\\n", " ")
+    """(job, flags used) of every `python -m experiments.JOB …` command in the README and the docs/ pages,
+    continuation lines joined."""
+    text = "\n".join(page.read_text() for page in _pages()).replace("\\\n", " ")
     found = []
     for line in text.splitlines():
         for match in re.finditer(r"python -m experiments\.(\w+)(.*)", line):
@@ -69,7 +103,7 @@ def _readme_commands() -> list[tuple[str, set[str]]]:
 
 
 def test_readme_commands_use_flags_their_job_has():
-    """A README command with a flag its entry point lacks fails for the first user who copies it."""
+    """A README or docs/ command with a flag its entry point lacks fails for the first user who copies it."""
     from tests import cli
 
     commands = _readme_commands()
@@ -78,7 +112,7 @@ def test_readme_commands_use_flags_their_job_has():
     helps = {job: cli.run(job, "--helpfull").stdout for job in jobs}
     for job, used in commands:
         for flag in used:
-            assert re.search(rf"--(\[no\])?{flag}\b", helps[job]), f"README: experiments.{job} has no --{flag}"
+            assert re.search(rf"--(\[no\])?{flag}\b", helps[job]), f"docs: experiments.{job} has no --{flag}"
 
 
 def test_readme_library_call_runs_as_written(tmp_path, monkeypatch):
@@ -89,7 +123,7 @@ def test_readme_library_call_runs_as_written(tmp_path, monkeypatch):
     from rmjax.text import chat
     from tests import jitted as M
 
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "run_sweep(" in b]
+    (block,) = [b for b in _python_blocks() if "run_sweep(" in b]
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(block, scope)  # noqa: S102 - the README's own code
@@ -124,7 +158,7 @@ def test_readme_models_snippet_runs_as_written(rm_folder):
     each row's reward is a full forward's."""
     from tests import jitted as M
 
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "calls.rewards(" in b]
+    (block,) = [b for b in _python_blocks() if "calls.rewards(" in b]
     block = (block.replace('"/path/to/Skywork-Reward-Llama-3.1-8B-v0.2"', repr(str(rm_folder)))
              .replace('"bfloat16"', '"float32"'))
     scope: dict = {}
@@ -135,3 +169,62 @@ def test_readme_models_snippet_runs_as_written(rm_folder):
         ids = batch.input_ids[row][batch.attention_mask[row].astype(bool)][None].astype(np.int32)
         want = float(np.asarray(M.rewards(rm.params, rm.config, ids, np.ones_like(ids, bool)))[0, 0])
         assert abs(got - want) <= tolerance.rewards_atol(rm.params, rm.config, ids)
+
+
+def _links(page: Path) -> list[str]:
+    """Every Markdown link target of `page` (inline links), code spans and blocks left out."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+def test_readme_is_a_first_read_that_links_every_docs_page():
+    """Issue 45: the README was 836 dense lines, NNX internals before the commands a user runs next, and no docs/
+    pages. Now: at most 300 lines, `make demo` and `make test` first, every docs/ page linked from it."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300, len(text.splitlines())
+    first_block = re.search(r"```\w*\n(.*?)```", text, flags=re.S).group(1)
+    assert [line.split()[:2] for line in first_block.splitlines()] == [["make", "demo"], ["make", "test"]]
+    pages = sorted(p.name for p in DOCS.glob("*.md"))
+    assert {"models-and-loading.md", "sweeps.md", "search.md", "inspect.md", "analyses.md", "training.md",
+            "launch.md", "safety.md", "outputs.md", "package-map.md"} <= set(pages)
+    linked = {(README.parent / link.split("#")[0]).resolve() for link in _links(README)}
+    assert [p for p in pages if (DOCS / p).resolve() not in linked] == []
+
+
+def test_every_relative_link_in_readme_and_docs_resolves():
+    """A link to a moved section or a renamed page is a dead end for a reader: each relative link names a file
+    that exists (anchors are checked against the headings of the page they point to)."""
+    broken = []
+    for page in _pages():
+        for link in _links(page):
+            if re.match(r"[a-z]+:", link):  # http:, https:, mailto:
+                continue
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.is_file():
+                broken.append(f"{page.name}: {link}")
+            elif anchor and target.suffix == ".md":
+                slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                         for h in re.findall(r"^#+ (.*)$", target.read_text(), flags=re.M)}
+                if anchor not in slugs:
+                    broken.append(f"{page.name}: {link} (no such heading)")
+    assert broken == []
+
+
+def test_readme_job_commands_chain_on_files_made_before_them():
+    """Issue 45: README examples named inputs nothing creates (`inspect --from_sweep=results/scores.csv`). Every
+    input path a README job command reads (`--from_sweep`, `--sweep`, `--init_from`, `--scores`, `--model`,
+    `--checkpoint`, …) under results/ or runs/ is a file an earlier README command says it writes."""
+    from tests.test_readme_chain import readme_steps
+
+    steps = readme_steps(README.read_text())
+    assert len(steps) >= 10
+    written: set[str] = set()
+    for step in steps:
+        for path in re.findall(r"--\w+=((?:results|runs)/[^\s\"']+)", step.command):
+            if "--out=" + path in step.command or "--workdir=" + path in step.command or \
+                    "--export=" + path in step.command:
+                continue
+            assert any(w == path or w.startswith(path.rstrip("/") + "/") for w in written), (step.command, path)
+        written.update(step.writes)
