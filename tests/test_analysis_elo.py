@@ -315,7 +315,7 @@ def test_scores_models_are_in_the_figures(scores_run):
     assert np.isnan(grid.loc["P-A (--scores)", PREFER + "?"])  # no column for that prompt
     assert "elo-rm-test" in tau.index and "P-A (--scores)" in tau.columns
     ranks, columns, labels, items, _ = drawn[f"elo_rank_trajectories_{slug}"]
-    assert "elo-rm-test_rank" in columns and "elo-rm-test (rho 1.00, 20 items)" in labels
+    assert "elo-rm-test_rank" in columns and "elo-rm-test\n(rho 1.00, 20 items)" in labels
     assert (Path(result["figures"]["elo_spearman_to_human"])).stat().st_size > 1000
 
 

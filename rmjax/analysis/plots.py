@@ -3,6 +3,7 @@ modules computed and returns the path it wrote."""
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,24 +14,43 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from rmjax.text.visible import figure_text  # noqa: E402
 
 PALETTE = plt.get_cmap("tab10")
+MEDIAN = {"color": "black", "linewidth": 2}  # a median line: black on any box or violin colour
 
 
-def text_label(token: str, max_length: int = 24) -> str:
-    """A token as it can be printed on a figure: whitespace visible (repr), `$` not read as mathtext."""
-    shown = repr(token)[1:-1]
-    shown = shown if len(shown) <= max_length else shown[: max_length - 1] + "…"
-    return shown.replace("$", r"\$")
+def wrap(text: str, inches: float, fontsize: float = 12) -> str:
+    """`text` broken into lines that fit `inches` at `fontsize` (a long prompt or model name in a title, axis
+    label or tick label), its own line breaks kept."""
+    width = max(12, int(inches * 72 / (0.6 * fontsize)))
+    return "\n".join("\n".join(textwrap.wrap(line, width) or [""]) for line in str(text).split("\n"))
+
+
+def name_label(name: str, width: int = 44) -> str:
+    """A model or prompt name as a (rotated) tick label: one line of at most `width` characters, cut in the middle
+    (…) so that names alike up to a suffix (…-8B-v0.2, …-27B-v0.2) stay apart; the full name is in the CSV."""
+    name = str(name)
+    head = (width - 1) // 2
+    return name if len(name) <= width else name[:head] + "…" + name[len(name) - (width - 1 - head):]
+
+
+def _inches(labels, fontsize: float = 10) -> float:
+    """The length of the longest of `labels` on a figure, in inches (DejaVu Sans: about 0.6 em a character)."""
+    return max((len(line) for label in labels for line in str(label).split("\n")), default=0) * 0.6 * fontsize / 72
 
 
 def _save(fig: plt.Figure, path: str | Path) -> Path:
+    """The figure with every text on it: a tight bounding box (a title, colorbar label or rotated long label
+    that reaches past the canvas grows the image rather than being cut)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # glyphs missing from the default font (CJK tokens, emoji)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return path
 
@@ -43,26 +63,34 @@ def quantile_sketch(values: np.ndarray, size: int = 2000) -> np.ndarray:
 
 def violin(distributions: dict[str, np.ndarray], title: str, path: str | Path) -> Path:
     """Violins of each model's score distribution (the density of a 2000-quantile sketch of it)."""
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(distributions) + 2), 4.5))
+    labels = [name_label(m) for m in distributions]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(distributions) + 2), 3.5 + 0.7 * _inches(labels)))
     data = [quantile_sketch(v) for v in distributions.values()]
     parts = ax.violinplot(data, showmedians=True, showextrema=True)
     for i, body in enumerate(parts["bodies"]):
         body.set_facecolor(PALETTE(i % 10))
         body.set_alpha(0.6)
-    ax.set_xticks(range(1, len(data) + 1), list(distributions), rotation=45, ha="right")
+    parts["cmedians"].set(color=MEDIAN["color"], linewidth=MEDIAN["linewidth"])
+    for name in ("cbars", "cmins", "cmaxes"):
+        parts[name].set_color("0.4")
+    ax.set_xticks(range(1, len(data) + 1), labels, rotation=45, ha="right")
     ax.set_ylabel("score")
-    ax.set_title(title)
+    ax.set_title(wrap(title, fig.get_figwidth()))
+    ax.legend(handles=[Line2D([], [], **MEDIAN, label="median"), Line2D([], [], color="0.4", label="min to max")],
+              fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     return _save(fig, path)
 
 
 def heatmap(matrix: pd.DataFrame, title: str, path: str | Path, vmin: float | None = None,
             vmax: float | None = None, cmap: str = "viridis", fmt: str = "{:.2f}") -> Path:
     rows, cols = matrix.shape
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.7 * cols + 2.5), max(4, 0.6 * rows + 2)))
+    xlabels, ylabels = [name_label(c) for c in matrix.columns], [wrap(i, 4.0, 10) for i in matrix.index]
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.7 * cols + 2.5 + _inches(ylabels)),
+                                    max(4, 0.6 * rows + 2 + 0.7 * _inches(xlabels))))
     values = matrix.to_numpy(np.float64)
     image = ax.imshow(values, vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto")
-    ax.set_xticks(range(cols), [str(c) for c in matrix.columns], rotation=45, ha="right")
-    ax.set_yticks(range(rows), [str(i) for i in matrix.index])
+    ax.set_xticks(range(cols), xlabels, rotation=45, ha="right")
+    ax.set_yticks(range(rows), ylabels)
     if max(rows, cols) <= 16:
         middle = np.nanmean(values)
         for i in range(values.shape[0]):
@@ -72,7 +100,7 @@ def heatmap(matrix: pd.DataFrame, title: str, path: str | Path, vmin: float | No
                 ax.text(j, i, fmt.format(values[i, j]), ha="center", va="center", fontsize=7,
                         color="white" if values[i, j] < middle else "black")
     fig.colorbar(image, ax=ax, shrink=0.8)
-    ax.set_title(title)
+    ax.set_title(wrap(title, fig.get_figwidth()))
     return _save(fig, path)
 
 
@@ -90,7 +118,7 @@ def mds_scatter(coords: pd.DataFrame, groups: dict[str, str] | None, title: str,
         ax.legend(title="base model", fontsize=8)
     ax.set_xlabel("MDS 1")
     ax.set_ylabel("MDS 2")
-    ax.set_title(title)
+    ax.set_title(wrap(title, fig.get_figwidth()))
     return _save(fig, path)
 
 
@@ -99,18 +127,21 @@ def matrix_panels(matrices: dict[str, pd.DataFrame], title: str, path: str | Pat
     fig, axes = plt.subplots(1, len(matrices), figsize=(4.2 * len(matrices), 4.4), squeeze=False)
     for ax, (name, matrix) in zip(axes[0], matrices.items(), strict=True):
         ax.imshow(matrix.to_numpy(np.float64), vmin=0, vmax=1, cmap="magma")
-        labels = [str(c) for c in matrix.columns]
+        labels = [name_label(c) for c in matrix.columns]
         ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
         ax.set_yticks(range(len(labels)), labels, fontsize=6)
         ax.set_title(name.replace("_", " "), fontsize=9)
-    fig.suptitle(title)
+    fig.suptitle(wrap(title, fig.get_figwidth()))
     return _save(fig, path)
+
+
+PANEL = 3.6  # inches: the width of one panel of a _grid
 
 
 def _grid(n: int) -> tuple[plt.Figure, np.ndarray]:
     cols = min(n, 4)
     rows = int(np.ceil(n / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.3 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(PANEL * cols, 3.3 * rows), squeeze=False)
     for ax in axes.flat[n:]:
         ax.axis("off")
     return fig, axes.flat
@@ -121,10 +152,10 @@ def framing_scatter(pairs: dict[str, tuple[np.ndarray, np.ndarray]], best: str, 
     fig, axes = _grid(len(pairs))
     for ax, (model, (b, w)) in zip(axes, pairs.items(), strict=False):
         ax.scatter(b, w, s=2, alpha=0.3, rasterized=True)
-        ax.set_title(model, fontsize=9)
-        ax.set_xlabel(f"{best} score", fontsize=8)
-        ax.set_ylabel(f"{worst} score", fontsize=8)
-    fig.suptitle(f"Framing: {best} vs {worst}")
+        ax.set_title(wrap(model, PANEL, 9), fontsize=9)
+        ax.set_xlabel(wrap(f"{best} score", PANEL, 8), fontsize=8)
+        ax.set_ylabel(wrap(f"{worst} score", PANEL, 8), fontsize=8)
+    fig.suptitle(wrap(f"Framing: {best} vs {worst}", fig.get_figwidth()))
     return _save(fig, path)
 
 
@@ -142,16 +173,17 @@ def sentiment_scatter(points: dict[str, pd.DataFrame], title: str, path: str | P
                 ax.plot(xs, intercept + slope * xs, lw=2, label=f"{valence}: {slope:.3f}")
         ax.set_xlabel("AFINN-111 sentiment", fontsize=8)
         ax.set_ylabel("score", fontsize=8)
-        ax.set_title(model, fontsize=9)
+        ax.set_title(wrap(model, PANEL, 9), fontsize=9)
         if ax.get_legend_handles_labels()[0]:  # no fit (too few points of one valence): no legend to draw
             ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(wrap(title, fig.get_figwidth(), 10), fontsize=10)
     return _save(fig, path)
 
 
 def slope_plot(slopes: pd.DataFrame, group_columns: Sequence[str], slope: str, se: str, title: str,
                ylabel: str, path: str | Path) -> Path:
-    """One dot per model in each group, with the mean over models +- its standard error (diamond)."""
+    """One dot per model in each group (± its standard error), with the mean over models ± its standard error
+    (black diamond, named in the legend)."""
     groups = list(slopes.groupby(list(group_columns), sort=False))
     models = list(dict.fromkeys(slopes["model"]))
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(groups) + 3), 4.5))
@@ -165,12 +197,13 @@ def slope_plot(slopes: pd.DataFrame, group_columns: Sequence[str], slope: str, s
         values = part[slope].dropna().to_numpy()
         if len(values):
             sem = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
-            ax.errorbar(x + 0.4, values.mean(), yerr=sem, fmt="D", color="black", ms=7)
+            ax.errorbar(x + 0.4, values.mean(), yerr=sem, fmt="D", color="black", ms=7,
+                        label="mean over models ± SE" if x == 0 else None)
     ax.axhline(0, color="gray", lw=0.8)
-    labels = [" / ".join(str(k) for k in (key if isinstance(key, tuple) else (key,))) for key, _ in groups]
+    labels = [" / ".join(name_label(k, 32) for k in (key if isinstance(key, tuple) else (key,))) for key, _ in groups]
     ax.set_xticks(range(len(groups)), labels, rotation=30, ha="right")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(wrap(title, fig.get_figwidth()))
     ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
     return _save(fig, path)
 
@@ -189,12 +222,13 @@ def rank_trajectories(ranks: pd.DataFrame, columns: Sequence[str], column_labels
         color = colormaps[group](0.45 + 0.5 * seen[group] / max(counts[group], 1))
         values = [by_name.loc[name, c] for c in columns]
         ax.plot(range(len(columns)), values, marker="o", color=color,
-                label=f"{text_label(name, 30)} (#{by_name.loc[name, 'human_rank']:.0f})")
+                label=f"{figure_text(name, 30)} (#{by_name.loc[name, 'human_rank']:.0f})")
     ax.set_yscale("log")
     ax.invert_yaxis()
-    ax.set_xticks(range(len(columns)), column_labels, rotation=45, ha="right", fontsize=8)
+    labels = ["\n".join(map(name_label, str(c).split("\n"))) for c in column_labels]  # model \n (its rho)
+    ax.set_xticks(range(len(columns)), labels, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("rank (1 = best, log scale)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(wrap(title, fig.get_figwidth(), 10), fontsize=10)
     ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
     return _save(fig, path)
 
@@ -205,28 +239,32 @@ def diverging_bars(table: pd.DataFrame, label: str, value: str, title: str, path
     fig, ax = plt.subplots(figsize=(7, max(4, 0.22 * len(ordered) + 1)))
     colors = ["tab:green" if v > 0 else "tab:purple" for v in ordered[value]]
     ax.barh(range(len(ordered)), ordered[value], color=colors)
-    ax.set_yticks(range(len(ordered)), [text_label(str(s), 32) for s in ordered[label]], fontsize=7)
+    ax.set_yticks(range(len(ordered)), [figure_text(str(s), 32) for s in ordered[label]], fontsize=7)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel(value.replace("_", " "))
-    ax.set_title(title, fontsize=10)
+    ax.set_title(wrap(title, fig.get_figwidth(), 10), fontsize=10)
     return _save(fig, path)
 
 
 def bigtwo_boxes(points: dict[str, pd.DataFrame], title: str, path: str | Path) -> Path:
-    """Agency vs communion score percentiles (1 = top of the table) per model."""
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(points) + 2), 4.5))
+    """Agency vs communion score percentiles (1 = top of the table) per model; medians black (an orange median on
+    the orange agency box could not be seen), named in the legend."""
+    labels = [name_label(m) for m in points]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(points) + 2), 3.5 + 0.7 * _inches(labels)))
     for i, frame in enumerate(points.values()):
         for offset, category, color in ((-0.18, "agency", "tab:orange"), (0.18, "communion", "tab:blue")):
             values = frame.loc[frame.category == category, "percentile"].to_numpy()
             if len(values):
-                box = ax.boxplot(values, positions=[i + offset], widths=0.3, patch_artist=True, showfliers=False)
+                box = ax.boxplot(values, positions=[i + offset], widths=0.3, patch_artist=True, showfliers=False,
+                                 medianprops=MEDIAN)
                 box["boxes"][0].set_facecolor(color)
     ax.scatter([], [], color="tab:orange", marker="s", label="agency")
     ax.scatter([], [], color="tab:blue", marker="s", label="communion")
-    ax.set_xticks(range(len(points)), list(points), rotation=45, ha="right")
-    ax.set_ylabel("score percentile in the model's table (1 = top)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.plot([], [], **MEDIAN, label="median")
+    ax.set_xticks(range(len(points)), labels, rotation=45, ha="right")
+    ax.set_ylabel("score percentile in the model's table\n(1 = top)")
+    ax.set_title(wrap(title, fig.get_figwidth()))
+    ax.legend(fontsize=8, bbox_to_anchor=(1.02, 1), loc="upper left")
     return _save(fig, path)
 
 
@@ -241,7 +279,7 @@ def checkpoint_lines(frame: pd.DataFrame, path: str | Path) -> Path:
         ax.invert_yaxis()
         ax.set_xlabel("training step")
         ax.set_ylabel("median rank (1 = best)")
-        ax.set_title(prompt, fontsize=9)
+        ax.set_title(wrap(prompt, PANEL, 9), fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle("Big Two ranks across checkpoints")
     return _save(fig, path)
@@ -253,10 +291,10 @@ def top_bottom_bars(table: pd.DataFrame, label: str, value: str, title: str, pat
     fig, ax = plt.subplots(figsize=(7, max(4, 0.22 * len(ordered) + 1)))
     ax.barh(range(len(ordered)), ordered[value], color=["tab:green" if s == "top" else "tab:red"
                                                          for s in ordered.side])
-    ax.set_yticks(range(len(ordered)), [text_label(str(s)) for s in ordered[label]], fontsize=7)
+    ax.set_yticks(range(len(ordered)), [figure_text(str(s), 24) for s in ordered[label]], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(value)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(wrap(title, fig.get_figwidth(), 10), fontsize=10)
     return _save(fig, path)
 
 

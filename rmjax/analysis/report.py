@@ -201,7 +201,7 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
                        f"Median model rank (over {median_of}) minus human rank:\n{ep.prompt}")
         stats_of = agreement[agreement.prompt == ep.prompt].set_index("model")
         columns = ["human_rank"] + [f"{m}_rank" for m in ep.models]
-        labels = ["Human"] + [f"{m} (rho {stats_of.spearman_rho[m]:.2f}" + (
+        labels = ["Human"] + [f"{m}\n(rho {stats_of.spearman_rho[m]:.2f}" + (
             f", {stats_of.n_items[m]} items)" if m in ep.user_models else ")") for m in ep.models]
         outputs.figure(f"elo_rank_trajectories_{ep.slug}", plots.rank_trajectories, ranks, columns, labels,
                        elo_lib.trajectory_items(ranks, ep.models), f"Rank trajectories: {ep.prompt}")

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.inspect.patching import COMPONENTS
+from rmjax.text.visible import figure_text
 
 
 def percent(x: float) -> str:
@@ -31,21 +32,17 @@ def write_figures(out: Path, items, lens, attributions, patched, pair, col: int,
 
 
 class _Labels:
-    """Text for a figure: characters the font has no glyph for (CJK, Bengali, ... with only DejaVu installed) are
-    written as escapes (\\u539f), not drawn as empty boxes."""
+    """Text for a figure (rmjax.text.visible.figure_text): whitespace visible (␣ at the ends, \\n), characters the font
+    has no glyph for (CJK, Bengali, ... with only DejaVu installed) written as escapes (\\u539f), not empty boxes."""
 
     def __init__(self, tok):
-        from matplotlib import font_manager, ft2font
-
         self.tok = tok
-        self.glyphs = ft2font.FT2Font(font_manager.findfont(font_manager.FontProperties())).get_charmap()
 
     def __call__(self, text: str, cut: int | None = 30) -> str:
-        shown = "".join(c if ord(c) in self.glyphs else ascii(c)[1:-1] for c in repr(text)[1:-1][:cut])
-        return shown.replace("$", r"\$")
+        return figure_text(text, cut)
 
     def token(self, t: int) -> str:
-        return self(self.tok.decode([t]), None)
+        return figure_text(self.tok.decode([t]))
 
 
 def _lens_figure(plt, label, items, lens, attributions, patched, pair, col):

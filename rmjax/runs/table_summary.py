@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.runs import results
+from rmjax.text.visible import figure_text
 
 
 def _prompt_texts(meta: dict) -> dict[str, str]:
@@ -55,13 +56,18 @@ def summarize_table(path: str | Path, k: int = 20, what: str = "score") -> str:
     return "\n".join(lines)
 
 
-def _label(text: str) -> str:
-    """A token for a figure: its repr, escaped to ASCII where the default font may lack the glyphs."""
-    return repr(text) if text.isascii() else ascii(text)
+def _marked_rows(df, roundtrip: np.ndarray | None) -> np.ndarray:
+    """Which tokens the figure may mark as top or bottom: those a real conversation produces (roundtrip = 1), or,
+    in a table without that column, those whose decoded text is not a byte fragment (no U+FFFD)."""
+    if roundtrip is not None:
+        return roundtrip.astype(bool)
+    return ~df["token_decoded"].str.contains("\ufffd", regex=False).to_numpy(bool)
 
 
 def plot_distributions(path: str | Path, png: str | Path | None = None) -> Path:
-    """Histogram of each prompt's scores over all candidates (PNG beside the CSV by default)."""
+    """Histogram of each prompt's scores over all candidates (PNG beside the CSV by default), the top and bottom
+    token marked among the tokens that round trip (a byte fragment decodes to U+FFFD and no conversation contains
+    it); the figure says how many it left unmarked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,21 +76,28 @@ def plot_distributions(path: str | Path, png: str | Path | None = None) -> Path:
     df = results.read_scores_csv(path)
     png = Path(png) if png else Path(path).with_name(Path(path).name + ".png")
     cols = results.value_columns(df)
+    marked = df[_marked_rows(df, df[results.ROUNDTRIP].to_numpy() if results.ROUNDTRIP in df.columns else None)]
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, col in enumerate(cols):
-        _, _, patches = ax.hist(df[col], bins=120, alpha=0.6, label=col)
+        _, _, patches = ax.hist(df[col], bins=120, alpha=0.6, label=figure_text(col, 40))
         color = patches[0].get_facecolor()
+        if marked.empty:
+            continue
         # The best and the worst token, marked where they fall.
-        for row, side in ((df.loc[df[col].idxmax()], "top"), (df.loc[df[col].idxmin()], "bottom")):
+        for row, side in ((marked.loc[marked[col].idxmax()], "top"), (marked.loc[marked[col].idxmin()], "bottom")):
             ax.axvline(row[col], color=color, linestyle="--", linewidth=1)
-            ax.annotate(f"{side}: {_label(row['token_decoded'])} {row[col]:.2f}", xy=(row[col], 1),
+            ax.annotate(f"{side}: '{figure_text(row['token_decoded'], 30)}' {row[col]:.2f}", xy=(row[col], 1),
                         xycoords=("data", "axes fraction"), xytext=(0, -12 - 11 * i), textcoords="offset points",
                         ha="right" if side == "top" else "left", fontsize=7, color=color)
     ax.set_xlabel("reward")
     ax.set_ylabel("tokens")
-    ax.set_title(f"Reward of each of {len(df):,} tokens as the whole response")
-    ax.legend(loc="center left")
+    left = len(df) - len(marked)
+    ax.set_title(f"Reward of each of {len(df):,} tokens as the whole response" + (
+        f"\ntop and bottom marked among the {len(marked):,} tokens that round trip\n({left:,} "
+        f"{'byte fragment or token' if left == 1 else 'byte fragments or tokens'} without a round trip not marked)"
+        if left else ""), fontsize=10 if left else None)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    fig.savefig(png, dpi=120, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return png
