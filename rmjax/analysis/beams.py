@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 
 from rmjax.analysis import data, stats
-from rmjax.analysis.files import Outputs, markdown
+from rmjax.analysis.files import MODEL, Outputs, markdown
 from rmjax.errors import InputFileError, UsageError
 from rmjax.runs import results
+from rmjax.text.visible import markdown_code
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,9 @@ def beam_section(outputs: Outputs, tables: list[BeamTable], top: int) -> None:
             shown = part.sort_values("rank").head(top)[["rank", "decoded", mean, *table.prompts]]
             outputs.table(f"beam_{models[table.model]}_depth{depth}_{direction}", shown)
             said = "mean" if mean == "mean" else f"{mean}: mean"
-            outputs.say(f"{table.model}, {depth} tokens, {direction} ({said} over prompts):", "",
-                        markdown(shown[["rank", "decoded", mean]].head(min(top, 10))), "")
+            listed = shown[["rank", "decoded", mean]].head(min(top, 10))
+            outputs.say(f"{table.model}, {depth} tokens, {direction} ({said} over prompts; ␣: a space):", "",
+                        markdown(listed.assign(decoded=listed["decoded"].map(markdown_code))), "")
     if len(tables) < 2:
         outputs.skip("beam Kendall tau: needs beam results of >= 2 models.")
         return
@@ -111,4 +113,5 @@ def beam_section(outputs: Outputs, tables: list[BeamTable], top: int) -> None:
         outputs.matrix(name, tau)
         outputs.matrix(name + "_shared", shared)
         outputs.say(f"Kendall tau-b between models on the {depth}-token sequences both found for {prompt!r} "
-                    "(aligned by decoded string; shared counts beside it):", "", markdown(tau), "")
+                    f"(aligned by decoded string; how many they share: {name}_shared.csv):", "",
+                    markdown(tau.rename_axis(MODEL).reset_index()), "")

@@ -19,6 +19,7 @@ from rmjax.analysis.spec import AnalysisConfig
 from rmjax.errors import UsageError
 from rmjax.runs import locks
 from rmjax.runs.claims import check_writable
+from rmjax.text.visible import markdown_code
 
 
 def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: pd.DataFrame | None,
@@ -46,11 +47,11 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
     shared_top = outputs.table("paper1_top_bottom_shared",
                                paper1.top_bottom_table(tables, prompts, cfg.top, vocabulary))
     first = shared_top[(shared_top["prompt"] == prompts[0]) & (shared_top["rank"] <= 5)]
-    outputs.say(f"Top and bottom 5 tokens on the shared vocabulary for {prompts[0]!r}:", "")
+    outputs.say(f"Top and bottom 5 tokens on the shared vocabulary for {prompts[0]!r} (␣: a space):", "")
     for model in labels:
         part = first[first.model == model]
-        top = ", ".join(repr(s) for s in part[part.side == "top"].token_decoded)
-        bottom = ", ".join(repr(s) for s in part[part.side == "bottom"].token_decoded)
+        top = ", ".join(map(markdown_code, part[part.side == "top"].token_decoded))
+        bottom = ", ".join(map(markdown_code, part[part.side == "bottom"].token_decoded))
         outputs.say(f"- {model}: top {top}; bottom {bottom}")
     outputs.say("")
 
@@ -282,15 +283,15 @@ def implicit_section(outputs: Outputs, chosen: data.ScoreTable, reference: data.
     outputs.say(f"## Implicit RM: {title}", "",
                 f"MWLR = 1/2 (p_c + p_r)(log p_c - log p_r), p_c = {chosen.model} (chosen), p_r = {reference.model} "
                 f"(reference): > 0 where {chosen.model} gives the token more probability; on {len(rewards)} shared "
-                "decoded strings (max prob per duplicate string).", "")
+                "decoded strings (max prob per duplicate string); ␣ in a token is a space.", "")
     prompts = implicit_lib.mwlr_columns(rewards)
     parts = data.file_parts(prompts, clashes=lambda slug: slug == "top_bottom" or slug.split("_")[0] == "bigtwo")
     for prompt in prompts:
         part = top_bottom[top_bottom.prompt == prompt]
         outputs.figure(f"implicit_rm_{parts[prompt]}", plots.top_bottom_bars, part, "text", "mwlr",
                        f"Implicit RM, {title}: {prompt}")
-        top = ", ".join(repr(s) for s in part[part.side == "top"].text.head(10))
-        bottom = ", ".join(repr(s) for s in part[part.side == "bottom"].text.head(10))
+        top = ", ".join(map(markdown_code, part[part.side == "top"].text.head(10)))
+        bottom = ", ".join(map(markdown_code, part[part.side == "bottom"].text.head(10)))
         outputs.say(f"- {prompt}: optimal {top}; pessimal {bottom}")
     outputs.say("")
     if lexicon is not None:
