@@ -30,7 +30,8 @@ SOFT = flags.DEFINE_bool("soft", False, "EloEverything: soft labels (the Elo pro
 TRAIN_CONFIG = config_flags.define(TrainConfig, skip=("template",), defaults=COMMAND_LINE_DEFAULTS)
 WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and summary.json go here (default: "
                                "runs/train_rm/<model>-<digest of model, data and settings>).")
-EXPORT = flags.DEFINE_string("export", None, "Write the trained model as a Hugging Face folder here.")
+EXPORT = flags.DEFINE_string("export", None, "Write the trained model as a Hugging Face folder here (printed at the "
+                             "end); a folder of another run is refused unless --overwrite, this run's is kept.")
 HEAD_OUT = flags.DEFINE_string("head_out", None, "Write only the score head (safetensors) + recipe JSON here.")
 for _name in common.LM_FLAGS:
     flags.declare_key_flag(_name)
@@ -67,6 +68,8 @@ def main(argv):
         f"already trained: all {cfg.steps} steps were in the workdir"
     print(f"{done}; held-out accuracy {final.get('heldout_accuracy', float('nan')):.3f}; summary in "
           f"{result.workdir}/summary.json")
+    if result.export is not None:
+        print(f"Hugging Face folder: {result.export}")
 
 
 if __name__ == "__main__":

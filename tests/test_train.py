@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +151,52 @@ def test_resume_after_crash_is_exact(lm, tmp_path):
     np.testing.assert_array_equal(np.asarray(flat_a["embed.embedding"]), np.asarray(base["embed.embedding"]))
     assert not np.array_equal(np.asarray(flat_a["layers.down"][-1]), np.asarray(base["layers.down"][-1]))
 
+
+
+def test_a_finished_run_is_reused_before_anything_is_computed(lm_folder, tmp_path, monkeypatch, capsys):
+    """Issue 45: a finished train_rm recomputed every feature (the default RM's 7,516 responses, about 60 s) and
+    rewrote its --export folder silently before saying it was done, and never said where it exported. Now the
+    command prints its Hugging Face folder; run again, it reads no weight and computes no feature, keeps the export
+    as it is (saying so); an output the finished run has not written yet (--head_out) restores its last checkpoint,
+    computing no feature either."""
+    from safetensors.numpy import load_file
+
+    from rmjax.train import loop
+    from tests import cli, inproc
+
+    pairs, held, work, export = (tmp_path / name for name in ("pairs.csv", "held.csv", "work", "hf"))
+    _separable(NOUNS[:20], 48, 0).to_frame().to_csv(pairs, index=False)
+    _separable(NOUNS[20:], 16, 1).to_frame().to_csv(held, index=False)
+    settings = dict(steps=2, checkpoint_every=2, batch_size=8)
+    proc = cli.ok(cli.run("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={held}",
+                          f"--workdir={work}", f"--export={export}", *(f"--{k}={v}" for k, v in settings.items())))
+    assert proc.stdout.strip().splitlines()[-1] == f"Hugging Face folder: {export}"
+    summary = json.loads((work / "summary.json").read_text())
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in [*export.iterdir(), work / "summary.json"]}
+
+    def computed(*args, **kwargs):
+        raise AssertionError("the finished run computed its features again")
+
+    monkeypatch.setattr(loop, "_objective", computed)
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        capsys.readouterr()
+        again = inproc.train_rm(lm_folder, pairs=pairs, heldout_pairs=held, workdir=work, export=export, **settings)
+    err = capsys.readouterr().err
+    took = f"took {summary['seconds']:.1f} s"  # the old run's date and time, never passed off as just measured
+    assert f"{work}: reused (written {summary['written_at']}, {took}): this run, finished" in err
+    assert f"--export={export}: reused (written " in err
+    assert again.model is None and again.resumed_from == 2 and again.export == export
+    assert again.evals[-1] == summary["final"]
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files} == files  # nothing rewritten
+    # A head file the finished run has not written: its last checkpoint restored, no step run, no feature computed.
+    head = tmp_path / "head.safetensors"
+    inproc.train_rm(lm_folder, pairs=pairs, heldout_pairs=held, workdir=work, export=export, head_out=head,
+                    **settings)
+    assert "its last checkpoint is restored" in capsys.readouterr().err
+    np.testing.assert_array_equal(load_file(str(head))["score.weight"],
+                                  load_file(str(export / "model.safetensors"))["score.weight"])
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files} == files
 
 
 @pytest.mark.parametrize("trainable, trained", [

@@ -150,7 +150,7 @@ WORKDIR_FILES = (RUN_FILE, "summary.json", "train_log.csv", "eval_log.csv", "tra
 
 @dataclasses.dataclass
 class TrainResult:
-    model: Model
+    model: Model | None  # None: a finished run reused without loading it (`reused`)
     history: list[dict]
     evals: list[dict]
     seconds: float
@@ -158,6 +158,8 @@ class TrainResult:
     resumed_from: int | None
     workdir: Path | None = None
     config: TrainConfig | None = None  # as trained (a resume keeps its saved --feature_batch_size)
+    reused: dict | None = None  # the summary.json of the finished run found in the workdir (rmjax.train.recipe)
+    export: Path | None = None  # the Hugging Face folder of the trained model (written now, or reused)
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -347,6 +349,9 @@ def _kept_feature_batch(cfg: TrainConfig, workdir: Path, resuming: bool, log) ->
 
 
 def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log) -> TrainResult:
+    """Restore the workdir's last checkpoint, then run the steps after it. A run whose every step is checkpointed
+    restores its weights and computes nothing else: no features, no sequences (train_rm's export of a finished
+    run)."""
     start = time.perf_counter()
     manager = ocp.CheckpointManager(
         (workdir / "checkpoints").resolve(),
@@ -354,7 +359,6 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     )
     cfg = _kept_feature_batch(cfg, workdir, manager.latest_step() is not None, log)
     module, wrt = trainable_part(model, cfg)
-    pair_rewards, data, held_rewards = _objective(model, train, heldout, cfg, log)
     optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=wrt)
     nnx.update(optimizer, on_mesh(nnx.state(optimizer), model.mesh))
     if cfg.fsdp:  # before restoring: a checkpoint is restored where its target lives
@@ -362,8 +366,33 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         nnx.update(optimizer, sharding.shard_over_data(nnx.state(optimizer), model.mesh))
     resumed_from = _restore(manager, module, optimizer, wrt, log)
     first = resumed_from or 0
-    history = _read_log(workdir / "train_log.csv", upto=first)
-    evals = _read_log(workdir / "eval_log.csv", upto=first)
+    history = read_log(workdir / "train_log.csv", upto=first)
+    evals = read_log(workdir / "eval_log.csv", upto=first)
+    loop_seconds = 0.0
+    if first < cfg.steps:
+        loop_seconds = _run_steps(model, train, heldout, cfg, workdir, log, manager, (module, optimizer, wrt), first,
+                                  history, evals)
+    manager.wait_until_finished()
+    steps_run = cfg.steps - first
+    return TrainResult(
+        # trained: its fingerprint no longer applies (fingerprint_of)
+        model=dataclasses.replace(model, params=trained_params(module)),
+        history=history,
+        evals=evals,
+        seconds=time.perf_counter() - start,
+        steps_per_second=steps_run / loop_seconds if loop_seconds > 0 else 0.0,
+        resumed_from=resumed_from,
+        config=cfg,
+    )
+
+
+def _run_steps(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log, manager,
+               trained: tuple, first: int, history: list[dict], evals: list[dict]) -> float:
+    """Steps `first`..cfg.steps on the objective (`_objective`: the features or sequences, computed here), each
+    checkpoint with its held-out evaluation and logs; `history` and `evals` grow in place. Returns the seconds the
+    steps took (after the objective's features)."""
+    module, optimizer, wrt = trained
+    pair_rewards, data, held_rewards = _objective(model, train, heldout, cfg, log)
     steps = Steps(model.config, model.mesh, module, optimizer, wrt, pair_rewards, data,
                   moving_shardings=_shardings(nnx.state((module, optimizer), nnx.Any(wrt, nnx.OptState)))
                   if cfg.fsdp and model.mesh is not None else None)
@@ -390,19 +419,7 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
             manager.save(step + 1, args=ocp.args.StandardSave(_checkpoint(module, optimizer, wrt)))
             manager.wait_until_finished()  # a logged checkpoint is a durable one
             log(f"step {step + 1}: loss {float(loss):.4f}, held-out accuracy {record['heldout_accuracy']:.3f}")
-    manager.wait_until_finished()
-    steps_run = cfg.steps - first
-    loop_seconds = time.perf_counter() - loop_start
-    return TrainResult(
-        # trained: its fingerprint no longer applies (fingerprint_of)
-        model=dataclasses.replace(model, params=trained_params(module)),
-        history=history,
-        evals=evals,
-        seconds=time.perf_counter() - start,
-        steps_per_second=steps_run / loop_seconds if loop_seconds > 0 else 0.0,
-        resumed_from=resumed_from,
-        config=cfg,
-    )
+    return time.perf_counter() - loop_start
 
 
 def _shardings(state: nnx.State) -> nnx.State:
@@ -433,7 +450,7 @@ def _checkpoint(module: nn.Transformer, optimizer: nnx.Optimizer, wrt) -> dict:
     return {"params": nnx.state(module, wrt), "optimizer": nnx.state(optimizer)}
 
 
-def _read_log(path: Path, upto: int) -> list[dict]:
+def read_log(path: Path, upto: int) -> list[dict]:
     """Rows of a previous run up to the restored step (later rows are replayed, not duplicated)."""
     if not path.is_file():
         return []

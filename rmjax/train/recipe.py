@@ -16,14 +16,15 @@ import numpy as np
 from rmjax import nn
 from rmjax.errors import UsageError
 from rmjax.loading import fingerprint, load
+from rmjax.loading.export import HF_FOLDER_FILES, reused_note, save_hf_folder
 from rmjax.loading.identity import hash_json
 from rmjax.loading.reward_head import new_head_fingerprint, reward_model_from_lm
 from rmjax.loading.safetensors_io import save_file
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs import results
-from rmjax.runs.claims import Output, claim_all
-from rmjax.runs.results import dump_json
+from rmjax.runs.claims import Claim, Output, canonical, claim_all
+from rmjax.runs.results import dump_json, read_json
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
 from rmjax.train.loop import (
     TrainConfig,
@@ -31,12 +32,12 @@ from rmjax.train.loop import (
     check_batch_on_mesh,
     check_batch_size,
     check_heldout,
+    read_log,
     start_workdir,
     train_identity,
     train_reward_model,
     workdir_output,
 )
-from rmjax.train.rm import HF_FOLDER_FILES, save_hf_folder
 
 
 def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int, soft: bool, seed: int,
@@ -144,36 +145,82 @@ def run_training(
     if head_out:
         outputs.append(Output(head_out, identity, overwrite=overwrite, meta=head_files[1], flag="--head_out"))
     outputs = [dataclasses.replace(output, inputs=dict(inputs or {})) for output in outputs]
-    with claim_all(outputs) as (work, *_):  # every output decided (or refused) before --overwrite deletes any
+    with claim_all(outputs) as (work, *others):  # every output decided (or refused) before --overwrite deletes any
         start_workdir(workdir, identity, work)
-        lm = load(lm_spec, dtype=dtype, mesh=mesh)
-        rm = reward_model_from_lm(lm, seed=cfg.seed, source=f"{lm_spec}+score")
-        result = train_reward_model(rm, train, heldout, cfg, workdir, claimed=identity)
-        result.workdir = workdir
-        summary = {
+        # A finished run is recognised here, before the model loads or any feature is computed; the outputs it
+        # already wrote (its export, its head) are kept as they are, never rewritten without --overwrite.
+        done = finished_run(workdir, identity, work)
+        written = dict(zip([p for p in (export, head_out) if p], others, strict=True))
+        fresh = {path: not decision.reuse for path, decision in written.items()}
+        if done is not None:
+            print(reused_line(workdir, done.reused, restore=any(fresh.values())), file=sys.stderr)
+        for path, flag, what in ((export, "--export", "Hugging Face folder"), (head_out, "--head_out", "head")):
+            if path and not fresh[path]:
+                record = export / SUMMARY_FILE if path == export else head_files[1]
+                print(f"{flag}={path}: {reused_note(results.read_json(record))}: this run's {what}, already there; "
+                      "pass --overwrite to write it again.", file=sys.stderr)
+        if done is not None and not any(fresh.values()):
+            done.export = export
+            return done
+        result = _trained(lm_spec, train, heldout, cfg, workdir, identity, dtype, mesh)
+        summary = {k: v for k, v in done.reused.items() if k not in ("environment", "written_at")} if done else {
             "identity": identity, "base_model": lm_spec, "train_pairs": len(train), "heldout_pairs": len(heldout),
             "config": dataclasses.asdict(result.config or cfg), "final": result.evals[-1] if result.evals else None,
             "steps_per_second": result.steps_per_second, "seconds": result.seconds,
             "resumed_from": result.resumed_from, "recipe": recipe or {},
             "mesh": dict(mesh.shape) if mesh is not None else None,
         }
-        if elo_csv:
+        if elo_csv and done is None:
             summary["elo"] = elo_agreement(result.model, heldout, elo_csv, cfg.template)
-        if export:
+        if export and fresh[export]:
             save_hf_folder(result.model, export)
         head = to_host(nn.get(result.model.params, "score.kernel"))
         if is_main():  # every process trained; one writes
-            if export:
-                dump_json(summary, export / SUMMARY_FILE)
-            if head_out:
+            now = time.strftime("%Y-%m-%d %H:%M:%S")
+            if export and fresh[export]:
+                dump_json({**summary, "written_at": now}, export / SUMMARY_FILE)
+            if head_out and fresh[head_out]:
                 head_out.parent.mkdir(parents=True, exist_ok=True)
                 save_file({"score.weight": head.T.copy()}, head_out)
-                dump_json({**summary, "files": {head_out.name: results.file_record(head_out)}},
+                dump_json({**summary, "written_at": now, "files": {head_out.name: results.file_record(head_out)}},
                           head_out.with_suffix(".json"))
-            summary["environment"] = results.environment()
-            summary["written_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            dump_json(summary, workdir / "summary.json")
+            if done is None:
+                dump_json({**summary, "environment": results.environment(), "written_at": now},
+                          workdir / "summary.json")
+    result.workdir, result.export, result.reused = workdir, export, done and done.reused
     return result
+
+
+def finished_run(workdir: Path, identity: dict, decision: Claim) -> TrainResult | None:
+    """The finished run of `identity` in its claimed workdir, read back from its logs without loading the model or
+    computing anything (its summary.json, written last by `run_training`, records that every step ran); None when
+    the workdir holds no run, or an unfinished one (resumed from its last checkpoint)."""
+    if not decision.reuse:
+        return None
+    summary = read_json(workdir / "summary.json")
+    if not isinstance(summary, dict) or summary.get("identity") != canonical(identity):
+        return None
+    steps = identity["config"]["steps"]
+    return TrainResult(model=None, history=read_log(workdir / "train_log.csv", upto=steps),
+                       evals=read_log(workdir / "eval_log.csv", upto=steps), seconds=0.0, steps_per_second=0.0,
+                       resumed_from=steps, workdir=workdir, reused=summary)
+
+
+def reused_line(workdir: Path, summary: dict, restore: bool = False) -> str:
+    """The one line saying a finished run is reused (rmjax.loading.export.reused_note: when, how long); `restore`:
+    its last checkpoint is loaded to write an output it has not written yet (no step runs)."""
+    then = ("its last checkpoint is restored to write the outputs it has not written (no step runs, no feature is "
+            "computed)" if restore else "nothing is loaded or computed")
+    return f"{workdir}: {reused_note(summary)}: this run, finished; {then}; pass --overwrite to train it again."
+
+
+def _trained(lm_spec: str, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, identity: dict,
+             dtype: str, mesh: jax.sharding.Mesh | None) -> TrainResult:
+    """Load the LM, add a score head and train it in the claimed workdir (resuming its last checkpoint; a finished
+    run's is only restored)."""
+    lm = load(lm_spec, dtype=dtype, mesh=mesh)
+    rm = reward_model_from_lm(lm, seed=cfg.seed, source=f"{lm_spec}+score")
+    return train_reward_model(rm, train, heldout, cfg, workdir, claimed=identity)
 
 
 SUMMARY_FILE = "rmjax_training.json"  # beside an exported folder's weights: the run that made them

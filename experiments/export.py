@@ -1,0 +1,39 @@
+"""Write any loadable model (a builtin name, a checkpoint folder, a .gguf file) as a Hugging Face folder that
+transformers' AutoModelForSequenceClassification loads: config.json, model.safetensors, tokenizer files, and
+rmjax_export.json (what was exported, when).
+
+python -m experiments.export --model=elo-rm-smollm2-135m --out=exports/elo-rm-smollm2-135m
+
+A folder of another model is refused unless --overwrite; the same model's finished export is kept.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from experiments import common
+from rmjax.errors import UsageError
+
+OUT = flags.DEFINE_string("out", None, "Folder to write (config.json, model.safetensors, tokenizer files, "
+                          "rmjax_export.json).")
+flags.mark_flag_as_required("out")
+
+for _name in ("model", "dtype", "mesh", "coordinator", "num_processes", "process_id", "overwrite", "compile_cache"):
+    flags.declare_key_flag(_name)
+
+
+def main(argv):
+    del argv
+    from rmjax.loading.export import run_export
+    from rmjax.parallel import distributed
+
+    if common.OUTPUT_COLUMN.value:  # a given --output_column is a mistake, not something to ignore
+        raise UsageError(f"--output_column={common.OUTPUT_COLUMN.value}: export writes the whole model, every "
+                         "output of its reward head; leave --output_column out.")
+    folder = run_export(common.options(OUT.value))
+    if distributed.is_main():
+        print(f"Hugging Face folder: {folder}")
+
+
+if __name__ == "__main__":
+    common.run(main)

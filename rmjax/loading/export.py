@@ -1,0 +1,131 @@
+"""A model as a Hugging Face folder (config.json, model.safetensors, tokenizer files) that transformers'
+AutoModelForSequenceClassification loads: one writer, `save_hf_folder`, for `train_rm --export` and for the export
+job (`run_export`, experiments/export.py), which writes any model `rmjax.loading.load` accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from rmjax import nn
+from rmjax.errors import UsageError
+from rmjax.loading.safetensors_io import save_file
+from rmjax.loading.weights import to_hf_tensors
+from rmjax.model import Model
+from rmjax.parallel.distributed import is_main, to_host
+from rmjax.runs.options import RunOptions
+
+# What `save_hf_folder` writes (rmjax.runs.claims.store_files): the weights (and safetensors_io's temp file), the
+# config, and what a transformers tokenizer's save_pretrained writes: its config, special and added tokens, chat
+# template files, a fast tokenizer's tokenizer.json, a slow one's vocabulary files.
+HF_FOLDER_FILES = ("model.safetensors", "model.safetensors.tmp", "config.json", "tokenizer.json",
+                   "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json", "additional_chat_templates/", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+
+
+def save_hf_folder(model: Model, folder: str | Path) -> Path:
+    """config.json + model.safetensors + tokenizer/chat template, loadable by rmjax and transformers
+    (written by process 0)."""
+    flat = {k: to_host(v) for k, v in nn.flat(model.params).items()}  # every process takes part in gathering
+    if not is_main():
+        return Path(folder)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(to_hf_tensors(flat, model.config), folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(model.raw_config, indent=2))
+    if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+# The export job's record inside its folder (as train_rm's export has rmjax_training.json): what was exported (the
+# identity), when and how long it took, and the files written. Written last: a folder holding it is complete.
+EXPORT_RECORD = "rmjax_export.json"
+EXPORT_FILES = (*HF_FOLDER_FILES, EXPORT_RECORD, f".{EXPORT_RECORD}.*.tmp")  # all --overwrite deletes in --out
+
+
+def export_identity(model_fingerprint: dict, dtype: str) -> dict:
+    """What an exported folder depends on: the model's content (weights, head, tokenizer, template) and the dtype
+    its weights are written in."""
+    return {"job": "export", "model": model_fingerprint, "dtype": dtype}
+
+
+def _model_folder(spec: str) -> Path | None:
+    """The checkpoint folder `spec` loads from (None for a builtin name or a GGUF file, read from the cache)."""
+    from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS, resolve
+
+    if spec in BUILTIN_RMS or spec in BUILTIN_GGUF:
+        return None
+    kind, path = resolve(spec)
+    return Path(os.path.realpath(path)) if kind == "hf" else None
+
+
+def _refuse_own_folder(spec: str, out: Path) -> None:
+    """--out may not be (in, or around) the folder the model is read from: --overwrite would delete the model
+    before it loads."""
+    folder = _model_folder(spec)
+    where = Path(os.path.realpath(out))
+    if folder is not None and (where == folder or folder in where.parents or where in folder.parents):
+        raise UsageError(f"--out={out} is, or holds, the model's own folder {folder}; choose another folder.")
+
+
+def training_recipe(spec: str) -> dict | None:
+    """The training recipe the model records (a builtin reward model's, or a train_rm export's
+    rmjax_training.json), carried into the export's record: what it was trained on (rmjax.analysis.elo)."""
+    from importlib import resources
+
+    from rmjax.runs.results import read_json
+
+    folder = _model_folder(spec)
+    record = (read_json(folder / "rmjax_training.json") if folder is not None
+              else read_json(Path(str(resources.files("rmjax") / "builtin" / f"{spec}.json"))))
+    recipe = record.get("recipe") if isinstance(record, dict) else None
+    return recipe if isinstance(recipe, dict) else None
+
+
+def reused_note(record: dict | None) -> str:
+    """"reused (written DATE, took S s)" from a finished output's record (its `written_at` or `written`, and
+    `seconds`), as rmjax.runs.options.reused_note says it of a result file: an old run's time is never read as now."""
+    record = record if isinstance(record, dict) else {}
+    seconds = record.get("seconds")
+    took = f", took {seconds:.1f} s" if isinstance(seconds, int | float) else ""
+    return f"reused (written {record.get('written_at') or record.get('written') or 'at an unrecorded time'}{took})"
+
+
+def run_export(options: RunOptions) -> Path:
+    """The export job: the model's identity from its fingerprint, without loading it → claim options.out (a
+    folder; a finished export of the same model is reused, another's refused unless options.overwrite) → load →
+    write the Hugging Face folder, then its record. Returns the folder."""
+    from rmjax.loading import fingerprint
+    from rmjax.loading.for_job import load_for_job
+    from rmjax.runs import results
+    from rmjax.runs.claims import claim, real_path
+
+    out = real_path(options.out)
+    _refuse_own_folder(options.model, out)
+    identity = export_identity(fingerprint(options.model), options.dtype)
+    record_path = out / EXPORT_RECORD
+    with claim(out, identity, overwrite=options.overwrite, flag="--out", meta=record_path, folder=EXPORT_FILES,
+               inputs=dict(options.inputs)) as decision:
+        if decision.reuse:
+            print(f"--out={out}: {reused_note(results.read_json(record_path))}: this model's export, already there; "
+                  "pass --overwrite to write it again.", file=sys.stderr)
+            return out
+        start = time.perf_counter()
+        model = load_for_job(options)
+        save_hf_folder(model, out)
+        if is_main():
+            files = sorted(p for p in out.rglob("*") if p.is_file())
+            results.dump_json({
+                "kind": "export", "identity": identity, "model": model.source, "dtype": model.dtype,
+                "mesh": dict(model.mesh.shape) if model.mesh is not None else None,
+                "written_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.perf_counter() - start,
+                "recipe": training_recipe(options.model),
+                "files": {str(p.relative_to(out)): results.file_record(p) for p in files},
+                "environment": results.environment()}, record_path)
+    return out
