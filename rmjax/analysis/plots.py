@@ -3,7 +3,6 @@ modules computed and returns the path it wrote."""
 
 from __future__ import annotations
 
-import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,17 +15,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from rmjax.text.visible import figure_text  # noqa: E402
+from rmjax.text.visible import figure_text, wrap  # noqa: E402
 
 PALETTE = plt.get_cmap("tab10")
 MEDIAN = {"color": "black", "linewidth": 2}  # a median line: black on any box or violin colour
-
-
-def wrap(text: str, inches: float, fontsize: float = 12) -> str:
-    """`text` broken into lines that fit `inches` at `fontsize` (a long prompt or model name in a title, axis
-    label or tick label), its own line breaks kept."""
-    width = max(12, int(inches * 72 / (0.6 * fontsize)))
-    return "\n".join("\n".join(textwrap.wrap(line, width) or [""]) for line in str(text).split("\n"))
 
 
 def name_label(name: str, width: int = 44) -> str:

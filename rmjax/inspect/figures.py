@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.inspect.patching import COMPONENTS
-from rmjax.text.visible import figure_text
+from rmjax.text.visible import figure_text, wrap
 
 
 def percent(x: float) -> str:
@@ -84,12 +84,12 @@ def _attribution_figure(plt, label, items, lens, attributions, patched, pair, co
             ax.set_title(f"DOES NOT ADD UP (tolerance {100 * a.tolerance:g}%): {text}", fontsize=8, loc="left",
                          color="red", fontweight="bold")
     if failed:
-        fig.suptitle("Integrated gradients per token: NOT COMPLETE for " + ", ".join(label(f) for f in failed)
-                     + " (their sums miss the reward difference; do not read them as its decomposition)",
-                     color="red", fontweight="bold")
+        fig.suptitle(wrap("Integrated gradients per token: NOT COMPLETE for " + ", ".join(label(f) for f in failed)
+                          + " (their sums miss the reward difference; do not read them as its decomposition)",
+                          fig.get_figwidth()), color="red", fontweight="bold")
     else:
-        fig.suptitle("Integrated gradients per token (red: lowers, blue: raises the reward; the line: the response "
-                     "starts)")
+        fig.suptitle(wrap("Integrated gradients per token (red: lowers, blue: raises the reward; the line: the "
+                          "response starts)", fig.get_figwidth()))
     return fig
 
 

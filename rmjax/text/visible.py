@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+import textwrap
 
 SPACE = "\u2423"  # ␣ (OPEN BOX): each space at either end of a text
 
@@ -45,3 +46,10 @@ def figure_text(text: str, cut: int | None = None) -> str:
     glyphs = _font_glyphs()
     shown = "".join(c if ord(c) in glyphs or c == "\n" else ascii(c)[1:-1] for c in shown)
     return shown.replace("$", r"\$")
+
+
+def wrap(text: str, inches: float, fontsize: float = 12) -> str:
+    """`text` broken into lines that fit `inches` at `fontsize` on a figure (a long prompt or model name in a title
+    or axis label; DejaVu Sans: about 0.6 em a character), its own line breaks kept."""
+    width = max(12, int(inches * 72 / (0.6 * fontsize)))
+    return "\n".join("\n".join(textwrap.wrap(line, width) or [""]) for line in str(text).split("\n"))
