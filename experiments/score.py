@@ -1,7 +1,10 @@
 """Score arbitrary response texts for each prompt with a reward model (prefix-cached).
 
-python -m experiments.score --model=SPEC --prompts=greatest --texts=Love,Hate,"Ice cream" --out=results/texts.csv
-python -m experiments.score --model=SPEC --texts_file=items.txt   # one response per line
+python -m experiments.score --model=SPEC --prompts=greatest --texts=Love,Hate,"Ice cream"   # prints, writes nothing
+python -m experiments.score --model=SPEC --texts_file=items.txt --out=results/texts.csv   # one response per line
+
+Each text's reward is printed with its z-score: SDs from the mean reward of --z_sample single tokens (seeded; the
+frontier's reward_z uses the same sample, so the two agree).
 """
 
 from __future__ import annotations
@@ -12,9 +15,13 @@ from absl import flags
 
 from experiments import common
 
-OUT = flags.DEFINE_string("out", "results/texts.csv", "Output CSV `text, <one column per prompt>` (+ .meta.json).")
-TEXTS = flags.DEFINE_list("texts", [], "Responses to score (comma-separated).")
-TEXTS_FILE = flags.DEFINE_string("texts_file", None, "File with one response per line.")
+OUT = flags.DEFINE_string("out", None, "Output CSV `text, <one column per prompt>` (+ .meta.json); without it the "
+                          "scores are printed and nothing is written.")
+TEXTS = flags.DEFINE_list("texts", [], "Responses to score (comma-separated; a text with a comma: --texts_file).")
+TEXTS_FILE = flags.DEFINE_string("texts_file", None, "File with one response per line (commas and quotes kept).")
+Z_SAMPLE = flags.DEFINE_integer("z_sample", 2048, "Single tokens sampled (seed 0) to estimate each prompt's mean and "
+                                "SD of the reward for the printed z-scores; 0: no z-scores.", lower_bound=0)
+SHOW = flags.DEFINE_integer("show", 20, "Texts printed per prompt (the highest first).", lower_bound=1)
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Responses per forward pass.", lower_bound=1)
 
 flags.adopt_module_key_flags(common)
@@ -44,21 +51,31 @@ def read_texts() -> list[str]:
 def main(argv):
     del argv
     from rmjax.parallel import distributed
-    from rmjax.runs import results
     from rmjax.scoring.texts import ScoreSpec, run_score
     from rmjax.text import prompts as prompt_lib
 
     texts = read_texts()
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     options = common.options(OUT.value, texts_file=TEXTS_FILE.value)
-    out = run_score(ScoreSpec(options, prompts, tuple(texts), BATCH_SIZE.value))
-    if not distributed.is_main():
-        return
-    table = results.read_scores_csv(out)
-    for name in results.value_columns(table):
-        ranked = table.sort_values(name, ascending=False, kind="stable").head(20)
-        print(f"{name}: " + ", ".join(f"{t!r} {v:.3f}" for t, v in zip(ranked["text"], ranked[name], strict=True)))
-    print(f"{len(table)} texts x {len(results.value_columns(table))} prompts -> {OUT.value}")
+    found = run_score(ScoreSpec(options, prompts, tuple(texts), BATCH_SIZE.value, Z_SAMPLE.value))
+    if distributed.is_main():
+        print(summary(found, texts, SHOW.value))
+
+
+def summary(found, texts: list[str], show: int) -> str:
+    """Per prompt, the `show` highest texts: reward, z (with the scale it came from) and the text's repr."""
+    lines = []
+    for name, values in found.scores.items():
+        scale = found.scale[name] if found.scale else None
+        head = f"{name}: reward" + (f", z = (reward - {scale[0]:.4f}) / {scale[1]:.4f} (single-token sample)"
+                                     if scale else "")
+        lines.append(head)
+        for i in sorted(range(len(texts)), key=lambda i: -values[i])[:show]:
+            z = f"  z {(values[i] - scale[0]) / scale[1]:+6.2f}" if scale else ""
+            lines.append(f"  {values[i]:>10.4f}{z}  {texts[i]!r}")
+    where = f" -> {found.out} (+ .meta.json)" if found.out else " (printed only; --out=FILE writes a CSV)"
+    lines.append(f"{len(texts)} texts x {len(found.scores)} prompts{where}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

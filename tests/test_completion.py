@@ -147,7 +147,7 @@ def test_completed_rewards_are_what_the_score_job_writes(setup, completed, tmp_p
         assert text == rm.tokenizer.decode(ids) or text == rm.tokenizer.decode(response) + rm.tokenizer.decode(
             ids[len(response):])
     out = run_score(ScoreSpec(inproc.options(setup["rm"].source, tmp_path / "scores.csv"), {"p": PROMPT},
-                              tuple(texts)))
+                              tuple(texts), z_sample=0)).out
     table = results.read_scores_csv(out)
     assert table["text"].tolist() == texts
     longest = max(len(ids) for ids in completed.completed_ids) + len(setup["prefix"]) + 8

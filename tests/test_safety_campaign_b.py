@@ -52,7 +52,8 @@ def test_a_resume_with_the_prompts_in_another_order_is_refused(rm_folder, tmp_pa
 
     def beam(prompts):
         return run_beam(BeamSpec(RunOptions(model=str(rm_folder), out=str(beam_out)), prompts,
-                                 BeamConfig(depth=2, beam=2, top=2), limit=24, batch_size=8, chunk_size=8))
+                                 BeamConfig(depth=2, beam=2, top=2, allow_special=True), limit=24, batch_size=8,
+                                 chunk_size=8))
 
     with monkeypatch.context() as patch:
         inproc.interrupt_at_write(patch, 3)
@@ -163,7 +164,8 @@ def test_an_output_that_is_an_input_of_the_run_is_refused(rm_folder, tmp_path, m
     before = sweep.read_bytes(), results.meta_path(sweep).read_bytes()
     inproc.no_weights_read(monkeypatch)
     inproc.refused(lambda: run_beam(BeamSpec(inproc.options(rm_folder, sweep, overwrite=True), inproc.prompts(),
-                                             BeamConfig(depth=2, beam=2, top=2), (5, 6, 7), from_sweep=str(sweep))),
+                                             BeamConfig(depth=2, beam=2, top=2, allow_special=True), (5, 6, 7),
+                                             from_sweep=str(sweep))),
                    "which this run reads (--from_sweep=")
     assert (sweep.read_bytes(), results.meta_path(sweep).read_bytes()) == before
     words = tmp_path / "words.txt"
@@ -221,8 +223,8 @@ def test_inspect_top_past_what_its_source_holds_is_refused(rm_folder, tmp_path, 
     from rmjax.search.beam_job import BeamSpec, run_beam
 
     beam = tmp_path / "b.csv"
-    run_beam(BeamSpec(inproc.options(rm_folder, beam), inproc.prompts(), BeamConfig(depth=1, beam=2, top=2),
-                      (5, 6, 7, 8, 9)))
+    run_beam(BeamSpec(inproc.options(rm_folder, beam), inproc.prompts(),
+                      BeamConfig(depth=1, beam=2, top=2, allow_special=True), (5, 6, 7, 8, 9)))
     assert len(pd.read_csv(beam)) == 4
     sweep = tmp_path / "s.csv"
     run_sweep(SweepSpec(inproc.options(rm_folder, sweep), inproc.prompts(), (5, 6, 7)))

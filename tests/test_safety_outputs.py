@@ -204,7 +204,8 @@ def test_a_resume_keeps_the_saved_batch_size(rm, tmp_path, monkeypatch, capsys):
 
     def beam(path, batch_size):
         return BeamSpec(RunOptions(model=str(rm[1]), out=str(path)), {"greatest": PROMPT},
-                        BeamConfig(depth=2, beam=2, top=3), limit=24, batch_size=batch_size, chunk_size=8)
+                        BeamConfig(depth=2, beam=2, top=3, allow_special=True), limit=24, batch_size=batch_size,
+                        chunk_size=8)
 
     out, clean = tmp_path / "b.csv", tmp_path / "bclean.csv"
     run_beam(beam(clean, 4))
@@ -231,7 +232,7 @@ def test_a_refused_sweep_leaves_no_nan_chunk(nan_rm, tmp_path):
     beam_out = tmp_path / "b.csv"
     with pytest.raises(NonFiniteError, match=r"response ids \[20\]"):
         run_beam(BeamSpec(RunOptions(model=str(nan_rm), out=str(beam_out)), {"greatest": PROMPT},
-                          BeamConfig(depth=2, beam=2, top=3), limit=48, batch_size=8, chunk_size=8))
+                          BeamConfig(depth=2, beam=2, top=3, allow_special=True), limit=48, batch_size=8, chunk_size=8))
     for path in (out, beam_out):
         stored = sorted(store_dir(path).glob("chunk-*.npy"))
         for chunk in stored:

@@ -144,7 +144,9 @@ def test_finished_result_is_reused_and_another_is_refused(rm_folder, tmp_path, m
         inproc.no_weights_read(patch)
         again = sweep(out, limit=300)
     err = capsys.readouterr().err
-    assert "reusing it" in err and "loaded" not in err and "top 2 tokens" in summarize_table(again, 2)
+    assert "reused (written " in err and "loaded" not in err and "top 2 tokens" in summarize_table(again, 2)
+    recorded = json.loads(meta)  # issue 45: the old run's date and time, never passed off as just measured
+    assert f"reused (written {recorded['written']}, took {recorded['seconds']:.1f} s)" in err
     with monkeypatch.context() as patch:
         inproc.no_weights_read(patch)
         inproc.refused(partial(sweep, out, token_ids=(1, 2)), "already exists", "token_ids", "--overwrite")
@@ -168,7 +170,7 @@ def test_builtin_model_result_is_reused(tmp_path, capsys):
     run_sweep(spec)
     assert "loaded elo-rm-smollm2-135m" in capsys.readouterr().err
     run_sweep(spec)
-    assert "reusing it" in capsys.readouterr().err
+    assert "reused (written " in capsys.readouterr().err
 
 
 def test_gcg_result_is_not_overwritten(rm_folder, tmp_path, monkeypatch, capsys):
@@ -191,7 +193,7 @@ def test_gcg_result_is_not_overwritten(rm_folder, tmp_path, monkeypatch, capsys)
     assert out.read_bytes() == before
     capsys.readouterr()
     gcg()
-    assert "reusing it" in capsys.readouterr().err
+    assert "reused (written " in capsys.readouterr().err
 
 
 def _score_table(path, seed: int):

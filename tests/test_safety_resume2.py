@@ -49,7 +49,7 @@ def test_beam_resume_checks_stored_chunks_like_fresh_ones(nan_row, tmp_path):
     the stored NaN chunks with status 0; its .meta.json never counted NaN scores either."""
     def flags(out):
         return [f"--model={nan_row}", "--prompts=greatest", f"--out={out}", "--depth=2", "--beam=2", "--top=4",
-                "--limit=32", "--chunk_size=8"]
+                "--limit=32", "--chunk_size=8", "--allow_special"]
 
     out = tmp_path / "beam.csv"
     chunks = out.with_name(out.name + ".chunks")
@@ -175,5 +175,6 @@ def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path):
                    "--batch_size=4096", "3 candidates", "--batch_size=3")
     # An exhaustive enumeration the host cannot list (40,000^3 partials at depth 4): refused before any forward.
     cli.user_error(cli.run("beam", model, f"--out={tmp_path / 'e.csv'}", "--exhaustive", "--limit=40000",
-                           "--depth=4"), "--exhaustive --depth=4", "40,000 candidates", "use at most", loaded=True)
+                           "--allow_special", "--depth=4"),
+                   "--exhaustive --depth=4", "40,000 candidates", "use at most", loaded=True)
     assert not list(tmp_path.glob("*.csv")) and not list(tmp_path.glob("*.json"))

@@ -90,8 +90,8 @@ def test_derived_file_names_are_injective_and_symlinks_are_one_output(rm_folder,
     sweep_out, beam_out = tmp_path / "x.csv", tmp_path / "x.txt"
     _sweep(rm_folder, sweep_out)
     # beam --prompts=greatest --token_ids=5,6,7,8 --depth=2 --beam=2
-    run_beam(BeamSpec(inproc.options(rm_folder, beam_out), inproc.prompts("greatest"), BeamConfig(depth=2, beam=2),
-                      (5, 6, 7, 8)))
+    run_beam(BeamSpec(inproc.options(rm_folder, beam_out), inproc.prompts("greatest"),
+                      BeamConfig(depth=2, beam=2, allow_special=True), (5, 6, 7, 8)))
     kinds = {p.name: json.loads(results.meta_path(p).read_text())["kind"] for p in (sweep_out, beam_out)}
     assert kinds == {"x.csv": "sweep", "x.txt": "beam"}
     beam_meta = results.meta_path(beam_out).read_bytes()
@@ -101,7 +101,7 @@ def test_derived_file_names_are_injective_and_symlinks_are_one_output(rm_folder,
     link.symlink_to(sweep_out)
     capsys.readouterr()
     _sweep(rm_folder, link)
-    assert "reusing it" in capsys.readouterr().err and not results.meta_path(link).exists()
+    assert "reused (written " in capsys.readouterr().err and not results.meta_path(link).exists()
     with locks.hold(sweep_out):  # a run writing the target holds its lock: a run through the link (another
         # process: the command) is refused
         refused = cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--out={link}", "--token_ids=1,2")

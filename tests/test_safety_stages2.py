@@ -119,7 +119,7 @@ def test_beam_and_gcg_record_what_they_read_and_gcg_refuses_another_tokenizers_b
 
     def beam(model, out, **spec):  # beam --prompts=greatest --limit=60 --depth=2 --beam=2 --top=4
         return run_beam(BeamSpec(inproc.options(model, out), inproc.prompts("greatest"),
-                                 BeamConfig(depth=2, beam=2, top=4), limit=60, **spec))
+                                 BeamConfig(depth=2, beam=2, top=4, allow_special=True), limit=60, **spec))
 
     def gcg(init_from, out):  # gcg --prompts=greatest --num_tokens=2 --steps=1 --search_width=4 --topk=4
         # --buffer_size=2 --noretokenize_filter --allow_special --init_from=BEAM

@@ -145,3 +145,12 @@ def yardstick(values: np.ndarray, *, what: str, row: Callable[[int], str], allow
         raise UsageError(f"{what}: the {len(kept)} values have mean {mean:.6g} and SD {sd:.6g}; a z-score needs a "
                          f"finite SD > 0; {fix}.")
     return mean, sd
+
+
+def sampled_yardstick(vocab: int, n: int, score: Callable[[np.ndarray], np.ndarray], *, allow: bool,
+                      fix: str) -> tuple[float, float]:
+    """`yardstick` of the rewards of `n` single tokens drawn with seed 0 from ids [0, vocab): one sample for every
+    job (--z_sample), so the frontier's reward_z and `score`'s z of one RM and prompt share their scale."""
+    tokens = np.random.default_rng(0).choice(vocab, min(n, vocab), replace=False)
+    return yardstick(score(tokens), what=f"single-token rewards of {len(tokens)} sampled tokens (--z_sample)",
+                     row=lambda i: f"token {int(tokens[i])}", allow=allow, fix=fix)

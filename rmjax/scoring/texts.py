@@ -14,17 +14,18 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax.errors import PromptTooLongError
+from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.loading import fingerprint
 from rmjax.loading.for_job import load_for_job
 from rmjax.loading.identity import hash_json, model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
-from rmjax.parallel.distributed import to_host
+from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs import jobs, results
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import Progress
 from rmjax.scoring import calls, finite
+from rmjax.scoring.context import prepare_prompt, score_tokens
 from rmjax.scoring.prefix import prefill_prefix
 from rmjax.text.chat import Conversations
 from rmjax.text.prompts import check_prompt_names
@@ -116,46 +117,94 @@ def _scored(model: Model, prompts: dict[str, str], texts: list[str], template: s
 
 
 def text_scores_identity(model_fingerprint: dict, *, dtype: str, output_column: int, prompts: dict[str, str],
-                         texts: list[str], template: str = "auto") -> dict:
+                         texts: list[str], template: str = "auto", z_sample: int = 0) -> dict:
+    """What a score CSV depends on; `z_sample` too, since its .meta.json records the z scale drawn from it."""
     return {"job": "score", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
-            "prompts": dict(prompts), "texts": hash_json(list(texts)), "n_texts": len(texts), "template": template}
+            "prompts": dict(prompts), "texts": hash_json(list(texts)), "n_texts": len(texts), "template": template,
+            "z_sample": int(z_sample)}
 
 
 @dataclasses.dataclass(frozen=True)
 class ScoreSpec:
-    """A text-scoring job as one value: the responses scored after each prompt, `batch_size` per forward pass."""
+    """A text-scoring job as one value: the responses scored after each prompt, `batch_size` per forward pass;
+    options.out None writes nothing (an ad-hoc look); `z_sample` single tokens (0: none) give each prompt's scale
+    for z-scores (finite.sampled_yardstick, the frontier's)."""
 
     options: RunOptions
     prompts: dict[str, str]
     texts: tuple[str, ...]
     batch_size: int = 256
+    z_sample: int = 2048
 
 
-def run_score(spec: ScoreSpec) -> Path:
-    """The score job: identity (without loading the model) → claim options.out once → unless a finished result of
-    the same inputs is there, load and score → the CSV and its .meta.json. Returns the CSV's path."""
+@dataclasses.dataclass
+class Scored:
+    """What `run_score` found: {prompt: reward of each text}, {prompt: (mean, SD) of the single-token sample} or
+    None, and the CSV written (None without --out)."""
+
+    scores: dict[str, np.ndarray]
+    scale: dict[str, tuple[float, float]] | None
+    out: Path | None
+
+
+def run_score(spec: ScoreSpec) -> Scored:
+    """The score job: identity (without loading the model) → with options.out, claim it once → unless a finished
+    result of the same inputs is there, load and score → the CSV and its .meta.json (recording the z scale).
+    Without options.out nothing is claimed or written."""
     o, texts = spec.options, list(spec.texts)
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
+    if spec.z_sample == 1 or spec.z_sample < 0:
+        raise UsageError(f"--z_sample={spec.z_sample}: give 0 (no z-scores) or at least 2 tokens (an SD needs 2).")
+    if o.out is None:
+        model = load_for_job(o)
+        scores, _ = _scored(model, spec.prompts, texts, o.template, spec.batch_size, False, o.allow_nonfinite)
+        return Scored(scores, z_scale(model, spec.prompts, spec.z_sample, o.template, spec.batch_size,
+                                      o.allow_nonfinite), None)
     identity = text_scores_identity(fingerprint(o.model), dtype=o.dtype, prompts=spec.prompts, texts=texts,
-                                    output_column=o.output_column, template=o.template)
+                                    output_column=o.output_column, template=o.template, z_sample=spec.z_sample)
     with claim_job(o, identity) as job:
         if not job.reuse:
             write_text_scores(load_for_job(o), spec.prompts, texts, o.out, o.template, spec.batch_size,
-                              allow_nonfinite=o.allow_nonfinite, job=job)
-    return Path(o.out)
+                              allow_nonfinite=o.allow_nonfinite, job=job, z_sample=spec.z_sample)
+    if not is_main():
+        return Scored({}, None, Path(o.out))
+    table = results.read_scores_csv(o.out)
+    recorded = (results.read_meta(o.out) or {}).get("z_scale")
+    scale = {name: tuple(v) for name, v in recorded.items()} if recorded else None
+    return Scored({name: table[name].to_numpy(np.float64) for name in spec.prompts}, scale, Path(o.out))
+
+
+def z_scale(model: Model, prompts: dict[str, str], z_sample: int, template: str = "auto", batch_size: int = 256,
+            allow_nonfinite: bool = False) -> dict[str, tuple[float, float]] | None:
+    """{prompt: (mean, SD)} of the rewards of `z_sample` single tokens (finite.sampled_yardstick); None for 0."""
+    if not z_sample:
+        return None
+    vocab = min(model.config.vocab_size, len(model.tokenizer))
+    out = {}
+    for name, text in prompts.items():
+        ctx = prepare_prompt(model, name, text, template)
+        out[name] = finite.sampled_yardstick(
+            vocab, z_sample, lambda tokens, ctx=ctx: score_tokens(model, ctx, tokens, batch_size),
+            allow=allow_nonfinite,
+            fix="raise --z_sample (an RM that scores every token alike gives z-scores no scale), or pass "
+                "--z_sample=0")
+    return out
 
 
 def write_text_scores(model: Model, prompts: dict[str, str], texts: list[str], out: str | Path,
                       template: str = "auto", batch_size: int = 256, overwrite: bool = False,
-                      allow_nonfinite: bool = False, job: jobs.Job | None = None) -> Path:
-    """`text, <one column per prompt>` CSV + .meta.json (reused when a finished one has the same identity);
-    `out` is claimed here unless `job` is its claim already (`run_score`)."""
+                      allow_nonfinite: bool = False, job: jobs.Job | None = None, z_sample: int = 0) -> Path:
+    """`text, <one column per prompt>` CSV + .meta.json (reused when a finished one has the same identity; with
+    `z_sample`, its z_scale: each prompt's (mean, SD) of single-token rewards); `out` is claimed here unless `job`
+    is its claim already (`run_score`)."""
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = text_scores_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, texts=texts,
-                                    output_column=model.output_column, template=template)
+                                    output_column=model.output_column, template=template, z_sample=z_sample)
     with jobs.claimed(job, out, identity, overwrite=overwrite) as job:
         if job.reuse:
             return Path(out)
         scores, nonfinite = _scored(model, prompts, texts, template, batch_size, False, allow_nonfinite)
+        scale = z_scale(model, prompts, z_sample, template, batch_size, allow_nonfinite)  # after: texts' NaN first
         return job.finish(lambda path: results.write_table(path, {"text": texts}, scores), **jobs.model_meta(model),
-                          allow_nonfinite=allow_nonfinite, prompts=prompts, n_texts=len(texts), nonfinite=nonfinite)
+                          allow_nonfinite=allow_nonfinite, prompts=prompts, n_texts=len(texts), nonfinite=nonfinite,
+                          **({"z_scale": scale} if scale else {}))

@@ -306,13 +306,12 @@ def _reward_scale(rm: Model, target: Target, spec: FrontierSpec, name: str, chec
     values or an SD of 0 is refused (finite.yardstick): reward_z would be NaN or ±Inf."""
     if spec.sweep:
         return frontier_checks.sweep_yardstick(spec.sweep, name, spec.options.allow_nonfinite)
-    vocab = min(rm.config.vocab_size, len(rm.tokenizer))
-    tokens = np.random.default_rng(0).choice(vocab, min(spec.config.z_sample, vocab), replace=False)
-    values = score_responses(rm, target.cache, target.suffix_ids, tokens[:, None].astype(np.int32), 256)
-    return finite.yardstick(values, what=f"single-token rewards of {len(tokens)} sampled tokens (--z_sample)",
-                            row=lambda i: f"token {int(tokens[i])}", allow=spec.options.allow_nonfinite,
-                            fix="raise --z_sample or give a --sweep of this RM and prompt (an RM that scores every "
-                                "token alike gives reward_z no scale)")
+    return finite.sampled_yardstick(
+        min(rm.config.vocab_size, len(rm.tokenizer)), spec.config.z_sample,
+        lambda tokens: score_responses(rm, target.cache, target.suffix_ids, tokens[:, None].astype(np.int32), 256),
+        allow=spec.options.allow_nonfinite,
+        fix="raise --z_sample or give a --sweep of this RM and prompt (an RM that scores every token alike gives "
+            "reward_z no scale)")
 
 
 def _seeds(earlier: list[Unit]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

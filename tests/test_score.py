@@ -1,0 +1,53 @@
+"""experiments.score as an ad-hoc look: prints rewards and z-scores, writes only with --out."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from tests import cli, tolerance
+from tests import jitted as M
+
+PROMPT = "What, in one word, is the greatest thing ever?"  # --prompts=greatest
+
+
+def _full_reward(model, ids: list[int]) -> float:
+    ids = np.asarray([ids], np.int32)
+    return float(np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0])
+
+
+def test_score_prints_z_scores_and_writes_only_with_out(rm_folder, tmp_path):
+    """Issue 45: `score` defaulted to --out=results/texts.csv, so a second ad-hoc call was refused, and it printed
+    no z-scores. Now it prints each reward with z against --z_sample single tokens (drawn with seed 0, as the
+    frontier draws them), writes nothing without --out, and records the scale in .meta.json with it. Reference:
+    one full forward per conversation of the chat template, and numpy's mean and SD of the sampled tokens'."""
+    from rmjax.loading import load
+
+    flags = (f"--model={rm_folder}", "--prompts=greatest", "--texts=Love,Hate", "--z_sample=16")
+    first = cli.ok(cli.run("score", *flags, cwd=tmp_path))
+    again = cli.ok(cli.run("score", *flags, cwd=tmp_path))  # no file claimed: the same call runs twice
+    assert list(tmp_path.iterdir()) == [] and first.stdout == again.stdout
+    model = load(str(rm_folder))
+    tok = model.tokenizer
+    sampled = np.random.default_rng(0).choice(min(model.config.vocab_size, len(tok)), 16, replace=False)
+    from rmjax.text import chat
+
+    split = chat.split_chat(tok, PROMPT)
+    tokens = np.asarray([_full_reward(model, split.ids_with([int(t)])) for t in sampled], np.float64)
+    mean, sd = tokens.mean(), tokens.std(ddof=1)
+    for text in ("Love", "Hate"):
+        rendered = tok.apply_chat_template([{"role": "user", "content": PROMPT},
+                                            {"role": "assistant", "content": text}], tokenize=False)
+        full = tok(rendered, add_special_tokens=False).input_ids
+        want = _full_reward(model, full)
+        row = re.search(rf"^\s+(\S+)\s+z\s+(\S+)\s+'{text}'$", first.stdout, flags=re.M)
+        assert row, first.stdout
+        atol = tolerance.any_rewards_atol(model.params, model.config, len(full) + 8)
+        assert abs(float(row.group(1)) - want) <= atol + 5e-5  # printed to 4 decimals
+        assert abs(float(row.group(2)) - (want - mean) / sd) <= (atol + 5e-5) * 4 / sd + 5e-3
+    out = tmp_path / "t.csv"
+    cli.ok(cli.run("score", *flags, f"--out={out}", cwd=tmp_path))
+    recorded = json.loads((tmp_path / "t.csv.meta.json").read_text())["z_scale"]["greatest"]
+    assert np.allclose(recorded, [mean, sd], rtol=0, atol=tolerance.any_rewards_atol(model.params, model.config, 64))
