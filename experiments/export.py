@@ -2,7 +2,7 @@
 transformers' AutoModelForSequenceClassification loads: config.json, model.safetensors, tokenizer files, and
 rmjax_export.json (what was exported, when).
 
-python -m experiments.export --model=elo-rm-smollm2-135m --out=exports/elo-rm-smollm2-135m
+python -m experiments.export --model=elo-rm-smollm2-135m --out=results/export/elo-rm-smollm2-135m
 
 A folder of another model is refused unless --overwrite; the same model's finished export is kept.
 """
