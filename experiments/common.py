@@ -35,6 +35,11 @@ PROMPT = flags.DEFINE_multi_string("prompt", [], "Extra prompt as name=text (rep
 TEMPLATE = flags.DEFINE_enum("template", "auto", ["auto", "chat", "plain"],
                              "chat: the tokenizer's chat template; plain: 'User: {p}\\nAssistant:' "
                              "(base models); auto: chat when the tokenizer has one.")
+SYSTEM_PROMPT = flags.DEFINE_string("system_prompt", None,
+                                    "The system message of every conversation (chat templates only). Unset: the "
+                                    "template's own behaviour (SmolLM2's injects 'You are a helpful AI assistant "
+                                    "named SmolLM, trained by Hugging Face'); --system_prompt='' gives an empty "
+                                    "system turn. Recorded in .meta.json and part of the result's identity.")
 COORDINATOR = flags.DEFINE_string("coordinator", None,
                                   "Multi-host: coordinator host:port of jax.distributed (or $RMJAX_COORDINATOR).")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.", lower_bound=1)
@@ -65,6 +70,12 @@ def refuse_output_column(job: str) -> None:
     if OUTPUT_COLUMN.value:
         raise UsageError(f"--output_column={OUTPUT_COLUMN.value}: {job} has no reward head outputs to choose "
                          "from; leave --output_column out.")
+
+
+def refuse_system_prompt(job: str, why: str) -> None:
+    """A job that renders no scored conversation of its own: a given --system_prompt is refused, not ignored."""
+    if SYSTEM_PROMPT.value is not None:
+        raise UsageError(f"--system_prompt: {job} {why}; leave --system_prompt out.")
 
 
 def _mesh_spec_is_valid(spec: str) -> bool:
@@ -121,4 +132,4 @@ def options(out: str, **files: str | None) -> RunOptions:
     inputs = tuple((flag, path) for flag, path in named if path and Path(path).is_file())
     return RunOptions(model=MODEL.value, out=out, dtype=DTYPE.value, mesh=start(), template=TEMPLATE.value,
                       output_column=OUTPUT_COLUMN.value, overwrite=OVERWRITE.value,
-                      allow_nonfinite=ALLOW_NONFINITE.value, inputs=inputs)
+                      allow_nonfinite=ALLOW_NONFINITE.value, inputs=inputs, system_prompt=SYSTEM_PROMPT.value)

@@ -30,6 +30,7 @@ def main(argv):
     if common.OUTPUT_COLUMN.value:  # a given --output_column is a mistake, not something to ignore
         raise UsageError(f"--output_column={common.OUTPUT_COLUMN.value}: export writes the whole model, every "
                          "output of its reward head; leave --output_column out.")
+    common.refuse_system_prompt("export", "writes the tokenizer's own chat template, which sets the system turn")
     folder = run_export(common.options(OUT.value))
     if distributed.is_main():
         print(f"Hugging Face folder: {folder}")

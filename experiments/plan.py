@@ -74,6 +74,7 @@ def main(argv):
     from rmjax.plan.spec import plan_inputs
     from rmjax.runs.claims import check_writable
 
+    common.refuse_system_prompt("plan", "sizes conversations with the chat template's own system turn")
     if OUT.value:  # before anything compiles: a folder or an unwritable place is refused now
         check_writable(OUT.value, "--out")
         if Path(OUT.value).exists() and not common.OVERWRITE.value:

@@ -54,6 +54,8 @@ def main(argv):
 
     mesh = common.start()
     common.refuse_output_column("train_rm (it trains a new one-output score head)")
+    common.refuse_system_prompt("train_rm", "renders its pairs with the chat template's own system turn (a "
+                                "--system_prompt for training is not built yet)")
     if common.ALLOW_NONFINITE.value:  # a NaN loss or reward ends a training run: there is nothing to write anyway
         raise UsageError("--allow_nonfinite does not apply to train_rm: a NaN/Inf loss, gradient or held-out reward "
                          "stops the run (lower --learning_rate or --clip_norm instead); leave it out.")

@@ -18,8 +18,11 @@ from rmjax.model import Model
 __all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "config_and_tokenizer", "config_of", "fingerprint", "load", "peek"]
 
 
-def fingerprint(spec: str) -> dict:
-    """Content fingerprint of a model spec without loading it: equal to `load(spec).fingerprint`."""
+def fingerprint(spec: str, system_prompt: str | None = None) -> dict:
+    """Content fingerprint of a model spec without loading it: equal to `load(spec).fingerprint` (with a
+    --system_prompt, to its `model_fingerprint` once the prompt is set on its tokenizer)."""
+    if system_prompt is not None:
+        return fingerprint(spec) | {"system_prompt": system_prompt}
     if spec in BUILTIN_RMS:
         return derived(fingerprint(BUILTIN_RMS[spec]), head=file_sha256(builtin_head_file(spec)))
     kind, path = resolve(spec)

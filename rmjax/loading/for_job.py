@@ -14,6 +14,7 @@ from rmjax.errors import UsageError
 from rmjax.loading import load, peek
 from rmjax.model import Model
 from rmjax.runs.options import RunOptions
+from rmjax.text.chat import set_system_prompt
 
 
 def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
@@ -56,10 +57,12 @@ def load_for_job(options: RunOptions, spec: str | None = None, before_weights: C
     peeked = peek(spec) if before_weights is not None or options.template != "plain" else None
     early = peeked is not None and peeked[1] is not None  # a checkpoint folder: checked before its weights
     if early:
+        set_system_prompt(peeked[1], options.system_prompt)
         check_template(peeked[1], options.template)
         if before_weights is not None:
             before_weights(*peeked, options.mesh)
     model = load(spec, dtype=options.dtype, mesh=options.mesh)
+    set_system_prompt(model.tokenizer, options.system_prompt)
     if not early:
         check_template(model.tokenizer, options.template)
         if before_weights is not None:

@@ -107,7 +107,17 @@ def array_digest(array) -> str:
 
 
 def model_fingerprint(model) -> dict:
-    """The loaded model's fingerprint; for a model built in memory, or whose params or tokenizer were
+    """The loaded model's fingerprint, with the --system_prompt its tokenizer renders conversations with (as
+    `rmjax.loading.fingerprint(spec, system_prompt)` gives before loading)."""
+    from rmjax.text.chat import system_prompt_of
+
+    fp = _content_fingerprint(model)
+    system = system_prompt_of(model.tokenizer)
+    return fp if system is None else fp | {"system_prompt": system}
+
+
+def _content_fingerprint(model) -> dict:
+    """The loaded model's content fingerprint; for a model built in memory, or whose params or tokenizer were
     replaced since it was loaded, a digest of its parameters and tokenizer (each part recomputed only
     when it was replaced)."""
     fp, of = model.fingerprint or {}, model.fingerprint_of or (None, None)

@@ -55,8 +55,12 @@ class Job:
 
 def model_meta(model) -> dict:
     """What .meta.json records about the model a job ran."""
+    from rmjax.text.chat import system_prompt_of, template_head
+
     return {"model": model.source, "dtype": model.dtype, "output_column": model.output_column,
-            "mesh": dict(model.mesh.shape) if model.mesh is not None else None, "load_seconds": model.load_seconds}
+            "mesh": dict(model.mesh.shape) if model.mesh is not None else None, "load_seconds": model.load_seconds,
+            "system_prompt": system_prompt_of(model.tokenizer),  # None: the chat template's own (its head below)
+            "chat_template_head": template_head(model.tokenizer)}  # what precedes the user turn, as rendered
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 
+from rmjax.errors import UsageError
 from rmjax.runs import jobs, results
 
 
@@ -33,6 +34,19 @@ class RunOptions:
     allow_nonfinite: bool = False  # write NaN/Inf instead of stopping (counted in .meta.json)
     inputs: tuple[tuple[str, str], ...] = ()  # (flag, path) of the files the command line names (a model file, a
     # prompts YAML, a texts file): no output of the job may be one of them
+    system_prompt: str | None = None  # the system message of every conversation (None: the template's own)
+
+    def __post_init__(self):
+        if self.system_prompt is not None and self.template == "plain":
+            raise UsageError("--system_prompt needs a chat template, and --template=plain has no system turn: drop "
+                             "one of them.")
+
+    def fingerprint(self, spec: str | None = None) -> dict:
+        """`rmjax.loading.fingerprint` of `spec` (default the model) as this run renders its conversations: with
+        the system prompt, as the loaded model's `model_fingerprint` is."""
+        from rmjax.loading import fingerprint
+
+        return fingerprint(spec or self.model, system_prompt=self.system_prompt)
 
 
 @contextlib.contextmanager

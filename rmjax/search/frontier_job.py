@@ -20,7 +20,7 @@ import numpy as np
 from rmjax import checks
 from rmjax.checks import setting
 from rmjax.errors import NonFiniteError, UsageError
-from rmjax.loading import config_of, fingerprint
+from rmjax.loading import config_of
 from rmjax.loading.for_job import load_for_job
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
@@ -128,17 +128,18 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     if len(spec.prompts) != 1:
         raise UsageError(f"the frontier runs one prompt per job ({len(spec.prompts)} given: "
                          f"{', '.join(list(spec.prompts)[:4])}); give --prompt or a single prompt's name.")
-    swept = _read_sweep(spec, fingerprint(o.model)) if spec.sweep else None  # before any model loads
+    swept = _read_sweep(spec, o.fingerprint()) if spec.sweep else None  # before any model loads
     rm_config = config_of(o.model)
     require_reward_model(rm_config, o.model, "the frontier")
     judge = spec.judge or default_judge(rm_config)
     for name, source in (("--lm", spec.lm or o.model), ("--judge", judge)):
         require_prior_config(config_of(source), source, name)
     frontier_checks.check_before_loading(spec, judge)  # context, budget, --sweep's yardstick
-    identity = frontier_identity(spec, fingerprint(o.model), fingerprint(spec.lm) if spec.lm else None,
-                                 fingerprint(judge), judge)
+    identity = frontier_identity(spec, o.fingerprint(), o.fingerprint(spec.lm) if spec.lm else None,
+                                 o.fingerprint(judge), judge)
     out = csv_path(o.out)
-    with claim_job(o, identity, out=out, owned=[frontier_out.png_path(out)], store=store_dir(out),
+    with claim_job(o, identity, out=out, owned=[frontier_out.png_path(out), frontier_out.samples_path(out)],
+                   store=store_dir(out),
                    inputs={"--sweep": spec.sweep}) as job:
         if job.reuse:
             return None
@@ -152,7 +153,8 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
         _complete(rows, rm, lm, spec)
         summary = frontier_out.summaries(units, spec.config, rows)
         frontier_out.complete_at_caps(summary, units, _ends_of(lm, spec))
-        job.finish(lambda path: frontier_out.write(path, rows, summary), allow_nonfinite=o.allow_nonfinite,
+        samples = frontier_out.sample_rows(units, rm.tokenizer)
+        job.finish(lambda path: frontier_out.write(path, rows, summary, samples), allow_nonfinite=o.allow_nonfinite,
                    model=rm.source, lm=lm.source,
                    judge=judge_model.source, dtype=rm.dtype, mesh=dict(rm.mesh.shape) if rm.mesh else None,
                    prompts=spec.prompts, config=dataclasses.asdict(spec.config),

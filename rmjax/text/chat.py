@@ -121,12 +121,40 @@ def _time_limit(seconds: float, what: str) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+SYSTEM_PROMPT_ATTR = "rmjax_system_prompt"
+
+
+def set_system_prompt(tokenizer, text: str | None) -> None:
+    """Every conversation this tokenizer renders (`render_template`) opens with `text` as its system message
+    (--system_prompt); None keeps the template's own behaviour (SmolLM2's injects "You are a helpful AI assistant
+    named SmolLM…"). Held by the tokenizer so that every job's every rendering path agrees, and read by
+    rmjax.loading.identity so that results made under another system prompt are never resumed or reused."""
+    if tokenizer is not None and text is not None:
+        setattr(tokenizer, SYSTEM_PROMPT_ATTR, text)
+
+
+def system_prompt_of(tokenizer) -> str | None:
+    return getattr(tokenizer, SYSTEM_PROMPT_ATTR, None)
+
+
+def template_head(tokenizer) -> str | None:
+    """What the chat template renders before the user's words (the system turn it injects, if any), for
+    .meta.json; None without a chat template."""
+    if tokenizer is None or not has_chat_template(tokenizer):
+        return None
+    return render_template(tokenizer, [{"role": "user", "content": MARKER}]).split(MARKER)[0]
+
+
 def render_template(tokenizer, messages: list[dict]) -> str:
-    """The chat template applied to `messages` as text, at the fixed TEMPLATE_CLOCK and within RENDER_SECONDS; a
-    template jinja cannot compile, that raises, runs out of memory or of time is a UsageError naming the template
-    (not a traceback from inside jinja)."""
+    """The chat template applied to `messages` as text (after the --system_prompt system message when one is set
+    and `messages` has none), at the fixed TEMPLATE_CLOCK and within RENDER_SECONDS; a template jinja cannot
+    compile, that raises, runs out of memory or of time is a UsageError naming the template (not a traceback from
+    inside jinja)."""
     import jinja2
 
+    system = system_prompt_of(tokenizer)
+    if system is not None and (not messages or messages[0].get("role") != "system"):
+        messages = [{"role": "system", "content": system}, *messages]
     source = template_source(tokenizer)
     try:
         with _time_limit(RENDER_SECONDS, source), _fixed_clock():
@@ -145,8 +173,13 @@ def render_template(tokenizer, messages: list[dict]) -> str:
 def check_template(tokenizer, template: str = "auto") -> None:
     """Apply the template as the jobs do (`split_chat`) to a placeholder prompt, so that a broken or missing chat
     template is refused before the model's weights load."""
-    if tokenizer is not None:
-        split_chat(tokenizer, "What, in one word, is the greatest thing ever?", template)
+    if tokenizer is None:
+        return
+    split = split_chat(tokenizer, "What, in one word, is the greatest thing ever?", template)
+    if split.template == "plain" and system_prompt_of(tokenizer) is not None:
+        raise UsageError("--system_prompt needs a chat template, and this run uses the plain `User: …\\nAssistant:` "
+                         "format (--template=plain, or a tokenizer without a chat template): drop --system_prompt "
+                         "or use a model with a chat template.")
 
 
 def split_chat(

@@ -1,0 +1,64 @@
+"""--system_prompt: the system message of every scored conversation, part of the result's identity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rmjax.runs import results
+from rmjax.search.sweep import SweepSpec, run_sweep
+from tests import cli, inproc, tolerance
+from tests import jitted as M
+
+PROMPT = "What, in one word, is the greatest thing ever?"  # --prompts=greatest
+TOKENS = (504, 3180, 2683)
+
+
+def _reference(model, messages: list[dict]) -> float:
+    """transformers' own rendering of the conversation, tokenized, and one full forward."""
+    text = model.tokenizer.apply_chat_template(messages, tokenize=False)
+    ids = np.asarray([model.tokenizer(text, add_special_tokens=False).input_ids], np.int32)
+    return float(np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0]), ids.shape[1]
+
+
+def test_system_prompt_is_each_conversations_system_turn_and_recorded(rm_folder, tmp_path, monkeypatch):
+    """Issue 45: SmolLM2's template injected its default system prompt ("You are a helpful AI assistant named
+    SmolLM…") into every scored conversation, unsaid, with no flag to set it. Each score is now a full forward of
+    the template rendered by transformers with that system message; .meta.json records it and the template's own
+    head; a run with another system prompt neither resumes nor reuses the result."""
+    from rmjax.loading import load
+
+    model = load(str(rm_folder))
+    default_out, own_out = tmp_path / "default.csv", tmp_path / "own.csv"
+    run_sweep(SweepSpec(inproc.options(rm_folder, default_out), inproc.prompts(), TOKENS, batch_size=3))
+    run_sweep(SweepSpec(inproc.options(rm_folder, own_out, system_prompt="Answer as a pirate."), inproc.prompts(),
+                        TOKENS, batch_size=3))
+    for out, system in ((default_out, None), (own_out, "Answer as a pirate.")):
+        table = results.read_scores_csv(out)
+        for token, got in zip(table["token_id"], table["greatest"], strict=True):
+            messages = [{"role": "user", "content": PROMPT},
+                        {"role": "assistant", "content": model.tokenizer.decode([int(token)])}]
+            if system is not None:
+                messages.insert(0, {"role": "system", "content": system})
+            want, length = _reference(model, messages)
+            assert abs(got - want) <= tolerance.any_rewards_atol(model.params, model.config, length + 8)
+        meta = results.read_meta(out)
+        assert meta["system_prompt"] == system
+        assert (system or "You are a helpful AI assistant named SmolLM") in meta["chat_template_head"]
+    default, own = (results.read_scores_csv(p)["greatest"].to_numpy() for p in (default_out, own_out))
+    assert np.abs(default - own).max() > 1e-4  # the flag changed what was scored
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(rm_folder, own_out, system_prompt="Be brief."),
+                                               inproc.prompts(), TOKENS, batch_size=3)),
+                   "already exists", "system_prompt", "--overwrite")
+
+
+@pytest.mark.parametrize("job", ["sweep", "train_rm", "export"])
+def test_system_prompt_refused_where_it_cannot_apply(rm_folder, tmp_path, job):
+    """With --template=plain there is no system turn; train_rm and export render with the template's own: each is
+    one line before any weight loads, never a flag silently ignored."""
+    flags = {"sweep": ("--template=plain", f"--out={tmp_path / 's.csv'}"),
+             "train_rm": (f"--workdir={tmp_path / 'w'}", "--elo=builtin"), "export": (f"--out={tmp_path / 'e'}",)}
+    proc = cli.run(job, f"--model={rm_folder}", "--system_prompt=Be brief.", *flags[job])
+    cli.user_error(proc, "--system_prompt")
+    assert not list(tmp_path.iterdir())
