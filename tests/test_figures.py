@@ -290,7 +290,10 @@ def _frontier(path):
             for lam in lams for p, r in zip(_rng().uniform(2, 500, 8), _rng().normal(size=8), strict=True)]
     fronts = {(d, m): [r for r in rows if r["direction"] == d and r["method"] == m][:3]
               for d in ("optimal", "pessimal") for m in ("search", "best_of_n")}
-    plots.frontier_scatter(rows, fronts, path)
+    samples = [{"direction": d, "judge_ppl": float(p), "reward": float(r)}
+               for d in ("optimal", "pessimal") for p, r in zip(_rng().uniform(2, 500, 30), _rng().normal(size=30),
+                                                                strict=True)]
+    plots.frontier_scatter(rows, fronts, path, samples)  # its best-of-N star and median line need legend entries
 
 
 ANALYSIS = {"violin": _violin, "heatmap": _heatmap, "heatmap_models": _token_heatmap, "mds": _mds,

@@ -11,6 +11,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -810,6 +811,16 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     assert (table.forwards[~searched] > 2 * 200 - 3).all() and (out / "frontier.png").stat().st_size > 0
     meta = json.loads((out / "frontier.csv.meta.json").read_text())
     assert set(meta["summary"]) == {"optimal", "pessimal"}
+    # Issue 45: the summary's best-of-N best and median perplexity were in no CSV; now each is a column's.
+    samples = pd.read_csv(out / "frontier_best_of_n.csv")
+    assert "frontier_best_of_n.csv" in meta["files"]
+    for direction, summary in meta["summary"].items():
+        mine, base = samples[samples.direction == direction], summary["best_of_n"]
+        assert len(mine) == base["samples"] and mine["rank"].tolist() == list(range(1, len(mine) + 1))
+        best = mine.reward.max() if direction == "optimal" else mine.reward.min()
+        assert best == mine.reward.iloc[0]  # written with 9 significant digits: 5e-9 apart at most
+        assert best == pytest.approx(base["best_reward"], rel=1e-8, abs=1e-12)
+        assert np.median(mine.judge_ppl) == pytest.approx(base["median_judge_ppl"], rel=1e-8)
 
     real, calls_made = frontier_job._compute, []
 

@@ -130,7 +130,7 @@ def test_the_frontier_writer_refuses_nan_reward_z(tmp_path):
     for r in rows:  # the completion check's columns (frontier_job._complete)
         r.update(ends_turn=1, completed_text=r["text"], completed_reward=r["reward"])
     with pytest.raises(NonFiniteError, match="column 'reward_z'"):
-        frontier_out.write(tmp_path / "frontier.csv", rows, {})
+        frontier_out.write(tmp_path / "frontier.csv", rows, {}, [])
     assert not (tmp_path / "frontier.csv").exists()
 
 

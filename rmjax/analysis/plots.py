@@ -290,9 +290,11 @@ def top_bottom_bars(table: pd.DataFrame, label: str, value: str, title: str, pat
     return _save(fig, path)
 
 
-def frontier_scatter(rows: list[dict], fronts: dict[tuple[str, str], list[dict]], path: str | Path) -> Path:
+def frontier_scatter(rows: list[dict], fronts: dict[tuple[str, str], list[dict]], path: str | Path,
+                     samples: list[dict] | None = None) -> Path:
     """Reward against judge perplexity (log scale), one panel per direction: the search's rows coloured by λ,
-    best-of-N's in grey, each method's Pareto front drawn through its rows."""
+    best-of-N's in grey, each method's Pareto front drawn through its rows; with `samples` (every best-of-N
+    sample), the summary's best-of-N numbers too: its most rewarding sample and its median judge perplexity."""
     directions = list(dict.fromkeys(r["direction"] for r in rows))
     fig, axes = plt.subplots(1, len(directions), figsize=(6.5 * len(directions), 5), squeeze=False)
     lambdas = sorted({r["lambda"] for r in rows})
@@ -308,6 +310,13 @@ def frontier_scatter(rows: list[dict], fronts: dict[tuple[str, str], list[dict]]
             front = sorted(fronts.get((direction, method), []), key=lambda r: r["judge_ppl"])
             ax.plot([r["judge_ppl"] for r in front], [r["reward"] for r in front], style, lw=1,
                     label=f"Pareto front, {method.replace('_', '-')}")
+        drawn = [r for r in samples or () if r["direction"] == direction]
+        if drawn:
+            best = drawn[0]  # sample_rows: the most rewarding (by direction) first
+            ax.scatter([best["judge_ppl"]], [best["reward"]], s=90, marker="*", c="k", zorder=5,
+                       label=f"best-of-N best of {len(drawn)} samples")
+            ax.axvline(float(np.median([r["judge_ppl"] for r in drawn])), color="0.4", ls="--", lw=0.8,
+                       label="best-of-N median judge perplexity")
         ax.set_xscale("log")
         ax.set_xlabel("judge perplexity (lower: more fluent)")
         ax.set_ylabel("reward")

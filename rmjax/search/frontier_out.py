@@ -21,8 +21,33 @@ VALUES = ("reward", "reward_z", "prior_logp", "judge_ppl", "completed_reward", "
 COLUMNS = KEYS + VALUES
 
 
+SAMPLE_COLUMNS = ("direction", "rank", "ids", "text", "roundtrip", "reward", "reward_z", "prior_logp", "judge_ppl")
+
+
 def png_path(csv: str | Path) -> Path:
     return Path(csv).with_name("frontier.png")
+
+
+def samples_path(csv: str | Path) -> Path:
+    """Every best-of-N sample, so that each summary number about best-of-N (its best reward, its median judge
+    perplexity, the hypervolume reference) is a column of a CSV, not only a line of the summary."""
+    return Path(csv).with_name("frontier_best_of_n.csv")
+
+
+def sample_rows(units, tokenizer) -> list[dict]:
+    """Per direction, best-of-N's samples, the most rewarding (by direction) first; a sample drawn twice is a row
+    each time, as the median counts it."""
+    out = []
+    for unit in (u for u in units if u.method == "best_of_n"):
+        sign, (mean, sd) = (1.0 if unit.direction == "optimal" else -1.0), unit.z
+        order = np.lexsort((np.arange(len(unit.ids)), -sign * unit.reward))
+        out += [{"direction": unit.direction, "rank": rank + 1,
+                 "ids": " ".join(map(str, turns.tokens(unit.ids[i], unit.end))),
+                 "text": json.dumps(tokenizer.decode(turns.tokens(unit.ids[i], unit.end)), ensure_ascii=False),
+                 "roundtrip": int(unit.roundtrip[i]), "reward": float(unit.reward[i]),
+                 "reward_z": (float(unit.reward[i]) - mean) / sd, "prior_logp": float(unit.prior_logp[i]),
+                 "judge_ppl": float(unit.judge_ppl[i])} for rank, i in enumerate(order.tolist())]
+    return out
 
 
 def _objective(unit, lam: float, rho: float) -> np.ndarray:
@@ -195,14 +220,19 @@ def nonfinite_record(units) -> dict | None:
     return {k: v for k, v in counts.items() if v} or None
 
 
-def write(path: Path, table: list[dict], summary: dict) -> Path:
-    """The CSV (COLUMNS; texts JSON-quoted, so any response survives) and the figure beside it."""
-    keys = {c: [r[c] for r in table] for c in KEYS}
-    values = {c: np.asarray([r[c] for r in table], np.float64) for c in VALUES}
-    results.write_table(path, keys, values)
+def write(path: Path, table: list[dict], summary: dict, samples: list[dict]) -> Path:
+    """The CSV (COLUMNS; texts JSON-quoted, so any response survives), best-of-N's samples (`samples_path`) and
+    the figure beside them."""
+    _write_rows(path, table, KEYS, VALUES)
+    _write_rows(samples_path(path), samples, SAMPLE_COLUMNS[:5], SAMPLE_COLUMNS[5:])
     fronts = {(d, m): _front(table, d, m) for d in summary for m in ("search", "best_of_n")}
-    plots.frontier_scatter(table, fronts, png_path(path))
+    plots.frontier_scatter(table, fronts, png_path(path), samples)
     return path
+
+
+def _write_rows(path: Path, rows: list[dict], keys, values) -> None:
+    results.write_table(path, {c: [r[c] for r in rows] for c in keys},
+                        {c: np.asarray([r[c] for r in rows], np.float64) for c in values})
 
 
 def describe(summary: dict, out: Path) -> str:
@@ -211,8 +241,9 @@ def describe(summary: dict, out: Path) -> str:
         base, hv = s["best_of_n"], s["hypervolume"]
         ratio = f"{hv['ratio']:.2f}x" if hv["ratio"] is not None else "n/a"
         lines.append(f"{direction}: search {s['search_forwards']:.0f} forwards (all λ), best-of-N "
-                     f"{base['forwards']:.0f} ({base['samples']} whole-turn samples) best reward "
-                     f"{base['best_reward']:.3f}, median judge perplexity {base['median_judge_ppl']:.1f}")
+                     f"{base['forwards']:.0f} ({base['samples']} whole-turn samples, all in "
+                     f"{samples_path(out).name}) best reward {base['best_reward']:.3f}, median judge perplexity "
+                     f"{base['median_judge_ppl']:.1f}")
         for cap in s["at_judge_ppl"]:
             lead = "n/a" if cap["delta_sd"] is None else f"{cap['delta_sd']:+.2f} SD"
             lines.append(f"  at judge perplexity <= {cap['cap']:.3g}: search {_fmt(cap['search'])}, best-of-N "
@@ -234,7 +265,7 @@ def describe(summary: dict, out: Path) -> str:
             lines.append(f"  fluency costs {cost['reward']:.2f} reward ({cost['sd']:.1f} SD): the search's best "
                          f"{cost['best']['reward']:.3f} at judge perplexity {cost['best']['judge_ppl']:.3g}, its "
                          f"best at <= {FLUENT_PPL:g} {cost['best_fluent']['reward']:.3f}")
-    return "\n".join(lines) + f"\n-> {out}, {png_path(out)}"
+    return "\n".join(lines) + f"\n-> {out}, {samples_path(out)}, {png_path(out)}"
 
 
 def _fmt(value: float | None) -> str:
