@@ -752,7 +752,7 @@ def _swapped_tokenizer(src, dst):
 
 
 def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm_folder, lm_folder, tmp_path,
-                                                                              monkeypatch):
+                                                                              monkeypatch, capsys):
     from rmjax.errors import UsageError
     from rmjax.runs.options import RunOptions
     from rmjax.search import frontier_job
@@ -837,8 +837,12 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     seeds_given = []
     monkeypatch.setattr(frontier_job, "_compute", lambda *a, **k: (calls_made.append(a[3:7]), seeds_given.append(a[8]),
                                                                     real(*a, **k))[2])
+    capsys.readouterr()
     run_frontier(spec())
     assert len(calls_made) == 6  # 1 before the crash, 5 after it: the finished unit was read back
+    # issue 45: the progress line names the unit it runs (direction, λ) and counts the unit read back as resumed
+    err = capsys.readouterr().err
+    assert "[frontier 6/6: greatest pessimal, best-of-N] " in err and ", resumed from " in err, err[-2000:]
     assert calls_made[:2] == [("greatest", "optimal", "search", 1.0), ("greatest", "optimal", "search", 0.0)]
     assert csv.read_bytes() == first
     # the λ = 0 search after the resume was given exactly the λ = 1 rows the CSV holds, with their terms

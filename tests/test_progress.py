@@ -17,3 +17,18 @@ def test_a_resumed_run_says_so_and_an_unmeasured_rate_is_unknown():
     fresh = io.StringIO()
     Progress(10, "inspect", unit="responses", stream=fresh, every=0).update(0, force=True)
     assert "resumed" not in fresh.getvalue() and "? responses/s" in fresh.getvalue()
+
+
+def test_work_read_back_counts_as_resumed_and_never_in_the_rate():
+    """The frontier counted units read back from disk as if just computed: its rate, and so its ETA, took the
+    speed of reading them back. Now `resume` counts them done and resumed, and the rate is this process's work."""
+    out = io.StringIO()
+    progress = Progress(1000, "frontier 2/4: greatest optimal, search λ=0.25", unit="forwards", stream=out, every=0)
+    progress.resume(500)
+    progress.start -= 10.0  # 10 s of this process's work: 100 forwards
+    progress.update(100)
+    line = out.getvalue().strip()
+    rate = float(line.split(") ")[1].split(" ")[0])
+    assert line.startswith("[frontier 2/4: greatest optimal, search λ=0.25] 600/1,000 forwards (60.0%, resumed "
+                           "from 500) "), line
+    assert 9.0 <= rate <= 10.0  # 100 forwards in 10 s and the few microseconds since, not 600 in 10 s

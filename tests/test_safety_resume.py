@@ -147,6 +147,7 @@ def test_finished_result_is_reused_and_another_is_refused(rm_folder, tmp_path, m
     assert "reused (written " in err and "loaded" not in err and "top 2 tokens" in summarize_table(again, 2)
     recorded = json.loads(meta)  # issue 45: the old run's date and time, never passed off as just measured
     assert f"reused (written {recorded['written']}, took {recorded['seconds']:.1f} s)" in err
+    assert f"at {recorded['written']}, computed in {recorded['seconds']:.1f} s" in summarize_table(again, 2)
     with monkeypatch.context() as patch:
         inproc.no_weights_read(patch)
         inproc.refused(partial(sweep, out, token_ids=(1, 2)), "already exists", "token_ids", "--overwrite")

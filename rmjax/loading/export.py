@@ -88,15 +88,6 @@ def training_recipe(spec: str) -> dict | None:
     return recipe if isinstance(recipe, dict) else None
 
 
-def reused_note(record: dict | None) -> str:
-    """"reused (written DATE, took S s)" from a finished output's record (its `written_at` or `written`, and
-    `seconds`), as rmjax.runs.options.reused_note says it of a result file: an old run's time is never read as now."""
-    record = record if isinstance(record, dict) else {}
-    seconds = record.get("seconds")
-    took = f", took {seconds:.1f} s" if isinstance(seconds, int | float) else ""
-    return f"reused (written {record.get('written_at') or record.get('written') or 'at an unrecorded time'}{took})"
-
-
 def run_export(options: RunOptions) -> Path:
     """The export job: the model's identity from its fingerprint, without loading it → claim options.out (a
     folder; a finished export of the same model is reused, another's refused unless options.overwrite) → load →
@@ -113,8 +104,9 @@ def run_export(options: RunOptions) -> Path:
     with claim(out, identity, overwrite=options.overwrite, flag="--out", meta=record_path, folder=EXPORT_FILES,
                inputs=dict(options.inputs)) as decision:
         if decision.reuse:
-            print(f"--out={out}: {reused_note(results.read_json(record_path))}: this model's export, already there; "
-                  "pass --overwrite to write it again.", file=sys.stderr)
+            note = results.reused_note(results.read_json(record_path))
+            print(f"--out={out}: {note}: this model's export, already there; pass --overwrite to write it again.",
+                  file=sys.stderr)
             return out
         start = time.perf_counter()
         model = load_for_job(options)

@@ -60,14 +60,8 @@ def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = N
     with jobs.job(out or options.out, identity, overwrite=options.overwrite, owned=owned, store=store,
                   inputs=read) as job:
         if job.reuse:
-            print(f"{options.out}: {reused_note(job.out)}: a finished result of the same inputs (model content, "
-                  "prompts and settings); pass --overwrite to recompute.", file=sys.stderr)
+            note = results.reused_note(results.read_meta(job.out))
+            print(f"{options.out}: {note}: a finished result of the same inputs (model content, prompts and "
+                  "settings); pass --overwrite to recompute.", file=sys.stderr)
         yield job
 
-
-def reused_note(result: str | Path) -> str:
-    """'reused (written DATE, took S)' from the result's .meta.json, so an old run's time is never read as now."""
-    meta = results.read_meta(result) or {}
-    seconds = meta.get("seconds")
-    took = f", took {seconds:.1f} s" if isinstance(seconds, (int, float)) else ""
-    return f"reused (written {meta.get('written', 'at an unrecorded time')}{took})"

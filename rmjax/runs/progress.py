@@ -36,6 +36,12 @@ class Progress:
         measured = (self.done - self.resumed) / elapsed if elapsed > 0 else 0.0
         return measured if measured > 0 or not self.rate_hint else self.rate_hint
 
+    def resume(self, n: int) -> None:
+        """Work found done on disk (a resumed job's finished units): counted as done and as "resumed from", but never
+        in the rate, which would otherwise promise the rest at the speed of reading it back."""
+        self.done += n
+        self.resumed += n
+
     def update(self, n: int, force: bool = False) -> None:
         self.done += n
         now = time.perf_counter()

@@ -233,6 +233,15 @@ def write_meta(path: str | Path, files: Iterable[str | Path] = (), **fields) -> 
     return dump_json(record, meta_path(path))
 
 
+def reused_note(record: dict | None) -> str:
+    """"reused (written DATE, took S s)" from a finished output's record (a .meta.json, an export's or a training
+    run's: `written` or `written_at`, and `seconds`), so an old run's time is never read as now."""
+    record = record if isinstance(record, dict) else {}
+    seconds = record.get("seconds")
+    took = f", took {seconds:.1f} s" if isinstance(seconds, int | float) else ""
+    return f"reused (written {record.get('written_at') or record.get('written') or 'at an unrecorded time'}{took})"
+
+
 def _file_key(result: Path, path: Path) -> str:
     """How a result's .meta.json names `path` (relative to the result's folder)."""
     return os.path.relpath(path, result.parent)

@@ -50,7 +50,8 @@ def summarize_table(path: str | Path, k: int = 20, what: str = "score") -> str:
     lines.append(
         f"\n{len(df)} tokens x {len(results.value_columns(df))} prompts written to {path}"
         + (f" (+ {meta_file.name})" if meta else "")
-        + (f" in {seconds:.1f} s" if seconds is not None else "")
+        + (f" at {meta['written']}" if "written" in meta else "")  # a reused result's own time, never passed off
+        + (f", computed in {seconds:.1f} s" if seconds is not None else "")  # as this command's
         + (f"; model load {meta['load_seconds']:.1f} s" if "load_seconds" in meta else "")
     )
     return "\n".join(lines)

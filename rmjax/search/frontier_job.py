@@ -234,6 +234,12 @@ class Unit:
                 frontier_out.nonfinite_record([self]) or {})
 
 
+def unit_label(prompt: str, direction: str, method: str, lam: float | None, index: int, units: int) -> str:
+    """What the progress line is running now: `frontier 3/10: greatest optimal, search λ=0.25`."""
+    what = f"search λ={lam:g}" if method == "search" else "best-of-N"
+    return f"frontier {index + 1}/{units}: {prompt} {direction}, {what}"
+
+
 def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store: ChunkStore) -> list[Unit]:
     cfg, search = spec.config, spec.search
     lambdas = sorted(cfg.lambdas, reverse=True) if cfg.share else cfg.lambdas
@@ -249,8 +255,9 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
             _check_terms(rm.tokenizer, units[-1], spec.options.allow_nonfinite,
                          f"frontier terms saved in {store.dir / f'chunk-{key}.npy'}")
             _check_counts(units[-1], spec.options.allow_nonfinite, store.dir / f"chunk-{key}.npy")
-            progress.update(int(units[-1].forwards))
+            progress.resume(_budget(cfg, method))  # as a computed unit counts: its whole budget
             continue
+        progress.label = unit_label(name, direction, method, lam, index, len(plan))
         if name not in ready:
             ready[name] = _prepare(rm, lm, spec, name)
         seeds = _seeds([u for u in units if (u.prompt, u.direction, u.method) == (name, direction, "search")]

@@ -16,7 +16,7 @@ import numpy as np
 from rmjax import nn
 from rmjax.errors import UsageError
 from rmjax.loading import fingerprint, load
-from rmjax.loading.export import HF_FOLDER_FILES, reused_note, save_hf_folder
+from rmjax.loading.export import HF_FOLDER_FILES, save_hf_folder
 from rmjax.loading.identity import hash_json
 from rmjax.loading.reward_head import new_head_fingerprint, reward_model_from_lm
 from rmjax.loading.safetensors_io import save_file
@@ -157,8 +157,9 @@ def run_training(
         for path, flag, what in ((export, "--export", "Hugging Face folder"), (head_out, "--head_out", "head")):
             if path and not fresh[path]:
                 record = export / SUMMARY_FILE if path == export else head_files[1]
-                print(f"{flag}={path}: {reused_note(results.read_json(record))}: this run's {what}, already there; "
-                      "pass --overwrite to write it again.", file=sys.stderr)
+                note = results.reused_note(results.read_json(record))
+                print(f"{flag}={path}: {note}: this run's {what}, already there; pass --overwrite to write it "
+                      "again.", file=sys.stderr)
         if done is not None and not any(fresh.values()):
             done.export = export
             return done
@@ -207,11 +208,11 @@ def finished_run(workdir: Path, identity: dict, decision: Claim) -> TrainResult 
 
 
 def reused_line(workdir: Path, summary: dict, restore: bool = False) -> str:
-    """The one line saying a finished run is reused (rmjax.loading.export.reused_note: when, how long); `restore`:
+    """The one line saying a finished run is reused (rmjax.runs.results.reused_note: when, how long); `restore`:
     its last checkpoint is loaded to write an output it has not written yet (no step runs)."""
     then = ("its last checkpoint is restored to write the outputs it has not written (no step runs, no feature is "
             "computed)" if restore else "nothing is loaded or computed")
-    return f"{workdir}: {reused_note(summary)}: this run, finished; {then}; pass --overwrite to train it again."
+    return f"{workdir}: {results.reused_note(summary)}: this run, finished; {then}; pass --overwrite to train it again."
 
 
 def _trained(lm_spec: str, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, identity: dict,
