@@ -13,7 +13,7 @@ from experiments import common
 OUT = flags.DEFINE_string("out", "results/logprobs.csv", "Output CSV (a .meta.json is written beside it).")
 TOP = flags.DEFINE_integer("top", 20, "How many top and bottom tokens to print per prompt.", lower_bound=0)
 
-for _name in common.LM_FLAGS:
+for _name in (*common.LM_FLAGS, "system_prompt"):  # its conversations take the system prompt as every job's
     flags.declare_key_flag(_name)
 flags.FLAGS.set_default("model", common.DEFAULT_LM)
 

@@ -236,6 +236,10 @@ def test_a_model_trained_on_the_elo_data_is_named_as_in_sample(scores_run, tmp_p
     assert elo_training("elo-rm-smollm2-135m") == "builtin"
     (tmp_path / "rmjax_training.json").write_text('{"recipe": {"elo": "builtin:best"}}')
     assert elo_training(str(tmp_path)) == "builtin:best"
+    exported = tmp_path / "exported"  # experiments.export of a builtin RM carries its recipe (issue 45)
+    exported.mkdir()
+    (exported / "rmjax_export.json").write_text('{"identity": {"job": "export"}, "recipe": {"elo": "builtin"}}')
+    assert elo_training(str(exported)) == "builtin"
     assert elo_training("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2") is None
 
 

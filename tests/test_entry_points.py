@@ -108,14 +108,19 @@ def test_help_lists_each_jobs_flags_and_default_model():
     from tests import cli
 
     own = {"sweep": "--mode", "beam": "--depth", "gcg": "--num_tokens", "inspect": "--responses",
-           "score": "--texts_file", "logprobs": "--out", "train_rm": "--learning_rate", "analyze": "--scores"}
+           "score": "--texts_file", "logprobs": "--out", "train_rm": "--learning_rate", "analyze": "--scores",
+           "export": "--out"}
     for job, flag in own.items():
         out = cli.run(job, "--help").stdout  # absl's help exits with status 1
         assert flag in out, (job, flag)
         if job == "analyze":
             continue
+        if job == "export":  # any model, as it is: no template or system prompt to choose
+            assert "--model" in out and "--overwrite" in out and "--system_prompt" not in out
+            continue
         for shared in ("--model", "--dtype", "--mesh", "--template"):
             assert shared in out, (job, shared)
+        assert ("--system_prompt" in out) == (job != "train_rm"), job  # every job that renders a conversation
         if job in ("logprobs", "train_rm"):  # these run a causal LM
             assert _default(out, "--model") in BUILTIN_GGUF, job
             assert "--output_column" not in out, job  # reward-only: not offered where there is no reward head

@@ -140,12 +140,14 @@ def tau_matrix(elo_prompt: EloPrompt) -> pd.DataFrame:
 
 def elo_training(source: str) -> str | None:
     """The EloEverything data a model was trained on (its training recipe's `elo`: "builtin", "builtin:<prompt>"
-    or a CSV), from a builtin RM's record or an exported folder's rmjax_training.json; None when it records none
-    (a published RM, or one trained on other pairs)."""
+    or a CSV), from a builtin RM's record, or a folder's rmjax_training.json (train_rm --export) or
+    rmjax_export.json (experiments.export, which carries the recipe of what it exported); None when it records
+    none (a published RM, or one trained on other pairs)."""
     import json
     from importlib import resources
 
-    candidates = [resources.files("rmjax") / "builtin" / f"{source}.json", Path(source) / "rmjax_training.json"]
+    candidates = [resources.files("rmjax") / "builtin" / f"{source}.json", Path(source) / "rmjax_training.json",
+                  Path(source) / "rmjax_export.json"]
     for record in candidates:
         try:
             recipe = json.loads(record.read_text()).get("recipe") or {}
