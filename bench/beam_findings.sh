@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 14 findings (BUILD_NOTES "Findings: beam vs GCG vs exhaustive search"): both default RMs, prompt greatest,
+# Issue 14 findings (BUILD_NOTES, Search: beam, GCG and exhaustive search): both default RMs, prompt greatest,
 # candidate set = 500 BNC nouns (bench/nouns.py). About 45 minutes on 2 CPU cores.
 set -e
 cd "$(dirname "$0")/.."

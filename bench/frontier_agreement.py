@@ -1,5 +1,4 @@
-"""Do two reward models agree on what each other's frontier found? (issue 25's findings; BUILD_NOTES "Tenth
-session")
+"""Do two reward models agree on what each other's frontier found? (BUILD_NOTES, Search: the frontier)
 
     python bench/frontier_agreement.py DIR [DIR ...] [--max_ppl=100] [--per_job=5]
 

@@ -1,5 +1,5 @@
 """How far each frontier job's search is from the hypervolume goal (1.5x best-of-N's), and how far any of the
-given jobs' searches could take it (issue 25; BUILD_NOTES "Tenth session").
+given jobs' searches could take it (BUILD_NOTES, Search: the frontier).
 
     python bench/frontier_ceiling.py DIR [DIR ...]     # each DIR a finished `experiments.frontier` job
 

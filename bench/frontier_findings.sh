@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 25 findings (BUILD_NOTES "Fluent optimal and pessimal responses"): both default RMs, prompt greatest,
+# Issue 25 findings (BUILD_NOTES, Search: the frontier's findings): both default RMs, prompt greatest,
 # 8-token responses, λ in {0, 0.25, 1, 4}, the default budget, one job per direction (5-10 minutes each on
 # 2 CPU cores). Further arguments go to every job (e.g. --seed=1, --noshare).
 set -e

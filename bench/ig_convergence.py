@@ -18,7 +18,7 @@ from rmjax.inspect.job import items_from_ids, items_from_texts  # noqa: E402
 from rmjax.loading import load  # noqa: E402
 
 PROMPT = "What, in one word, is the greatest thing ever?"
-# Each model's best and worst single token of its full-vocabulary sweep for 'greatest' (BUILD_NOTES, issue 15).
+# Each model's best and worst single token of its full-vocabulary sweep for 'greatest' (BUILD_NOTES, Inspect).
 EXTREMES = {"elo-rm-smollm2-135m": ["connections", "══"], "elo-rm-gemma3-270m": ["原始内容存档", "সন্"]}
 
 

@@ -67,7 +67,8 @@ def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
 def upcast_bytes(cfg: ModelConfig, dtype: str, model_shards: int, backend: str | None = None) -> int:
     """A CPU has no bfloat16 matmul: XLA computes in float32 from a float32 copy of every weight a matmul reads
     (all but the embedding table, which is only gathered from), held beside the bfloat16 weights for the whole
-    call. XLA's memory analysis of a 2B sweep on the CPU: temp 7.85 GiB beside 4.87 GiB of weights (BUILD_NOTES)."""
+    call. XLA's memory analysis of a 2B sweep's compiled call on the CPU (as rmjax.plan.cost reads it): temp
+    7.85 GiB beside 4.87 GiB of weights."""
     if dtype != "bfloat16" or (backend or jax.default_backend()) != "cpu":
         return 0
     embedding = nn.declarations(cfg)["embed.embedding"]
@@ -87,7 +88,7 @@ def estimate(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, batc
     tokens = rows * positions
     # Live activations of one layer (residual, q/k/v, MLP intermediate) + f32 attention scores over prefix + new
     # keys. A scoring call keeps no K/V of the new positions (XLA drops the scan's unused K/V outputs): counting
-    # them overstated an 8B sweep's batch by 0.56 GiB a chip, 12-32% of the total (BUILD_NOTES, issue 24).
+    # them overstated an 8B sweep's batch by 0.56 GiB a chip, 12-32% of the total (measured against XLA's analysis).
     per_layer = tokens * (4 * cfg.hidden_size + 2 * cfg.intermediate_size // model_shards) * b
     scores = tokens * (cfg.num_heads // max(1, model_shards)) * (prefix_len + positions) * 4 * 2
     return MemoryEstimate(param_bytes(cfg, dtype, model_shards), cache, per_layer + scores, batch_size, device_bytes,

@@ -51,7 +51,8 @@ def _moving(wrt: Any) -> Any:
 class Steps:
     """A run's training steps. The module and optimizer are split once: what moves (trained weights, optimizer state)
     goes into each step and comes back, its old buffers donated; the frozen rest only goes in. A step that returned
-    the whole model copied every frozen weight each time (60 ms a step for 135M parameters on 2 cores, BUILD_NOTES).
+    the whole model copied every frozen weight each time (120 ms a head-only step for SmolLM2-135M on 2 cores,
+    BUILD_NOTES).
     The module and optimizer are stale between `write_back`s (their moving buffers are donated)."""
 
     def __init__(self, cfg: ModelConfig, mesh, module: nnx.Module, optimizer: nnx.Optimizer, wrt: Any,
