@@ -105,17 +105,37 @@ def paper1_run(tmp_path_factory):
     return score_dir, out, proc
 
 
+RSA_MATRICES = ("same_base_model", "same_developer", "parameter_similarity", "rewardbench_rank_similarity")
 PAPER1_TABLES = ["paper1_shared_vocabulary", "paper1_moments", "paper1_top_bottom_raw", "paper1_top_bottom_shared",
                  "paper1_rsa", "paper1_framing_correlations", "paper1_framing_rankings", "paper1_sentiment_slopes",
                  "paper1_frequency_slopes", "bigtwo", "bigtwo_variants", "bigtwo_families",
-                 *(f"paper1_rsa_theoretical_{m}" for m in ("same_base_model", "same_developer",
-                                                           "parameter_similarity", "rewardbench_rank_similarity")),
+                 *(f"paper1_rsa_theoretical_{m}" for m in RSA_MATRICES),
                  *(f"paper1_{m}_{p}" for m in ("kendall_tau", "spearman", "rbo", "mds") for p in PROMPTS)]
 PAPER1_FIGURES = ["paper1_rsa_theoretical_matrices", "paper1_framing_scatter", "paper1_sentiment_slopes",
                   "paper1_frequency_slopes",
                   *(f"paper1_{m}_{p}" for m in ("violin", "kendall_tau", "spearman", "rbo", "mds", "sentiment_scatter")
                     for p in PROMPTS),
                   *(f"bigtwo_{p}" for p in PROMPTS)]
+
+
+def _undocumented(out: Path, prompts: list[str], matrices: tuple[str, ...] = ()) -> list[str]:
+    """The files of an analysis folder that docs/outputs.md does not name (a prompt in a name as `<prompt>`, an
+    RSA matrix as `<matrix>`, a table and figure of one stem as `stem.csv/.png`). Issue 45: implicit_rm_<prompt>.png
+    and its Big Two figure and variants table were written but documented nowhere."""
+    import re
+
+    doc = (REPO / "docs" / "outputs.md").read_text()
+    missing = []
+    for path in sorted(out.iterdir()):
+        name = path.name
+        for prompt in prompts:
+            name = re.sub(rf"_{prompt}(?=\.)", "_<prompt>", name)
+        for matrix in matrices:
+            name = re.sub(rf"_{matrix}(?=\.)", "_<matrix>", name)
+        stem = name.rsplit(".", 1)[0]
+        if not re.search(rf"`(?:[^`\s]*/)?(?:{re.escape(name)}|{re.escape(stem)}\.csv/\.png)`", doc):
+            missing.append(name)
+    return missing
 
 
 def _read(out: Path, name: str) -> pd.DataFrame:
@@ -142,6 +162,7 @@ def test_paper1_writes_every_table_and_figure(paper1_run):
         [f"{n}.csv" for n in PAPER1_TABLES] + [f"{n}.png" for n in PAPER1_FIGURES] + ["report.md", "analysis.json"])
     report = (out / "report.md").read_text()
     assert "## Paper 1" in report and "Skipped" not in report and "shared vocabulary 299" in proc.stdout
+    assert _undocumented(out, PROMPTS, RSA_MATRICES) == []
 
 
 def test_paper1_numbers_equal_independent_references(paper1_run):
@@ -251,6 +272,7 @@ def test_implicit_rm_and_checkpoints_from_the_command_line(tmp_path):
     for name in ("implicit_rm_greatest.png", "implicit_rm_worst.png", "implicit_rm_bigtwo_greatest.png",
                  "bigtwo_checkpoints.png", "report.md"):
         assert (out / name).stat().st_size > 0, name
+    assert _undocumented(out, ["greatest", "worst"]) == []
 
 
 def test_command_line_needs_an_input(tmp_path):

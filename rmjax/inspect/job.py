@@ -17,7 +17,7 @@ from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
 from rmjax.loading import config_and_tokenizer
-from rmjax.loading.for_job import check_template, load_for_job
+from rmjax.loading.for_job import check_template, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.runs import jobs, results, stages
@@ -191,7 +191,7 @@ def run_inspect(spec: InspectSpec) -> dict:
     check_batch_size(spec.batch_size)  # what its plan refuses, refused before anything loads
     out = check_writable(o.out, "--out", folder=True)  # before the model loads
     # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads
-    model_fp, sequences, source = o.fingerprint(), None, None
+    model_fp, sequences, source = job_fingerprint(o), None, None
     if spec.source:
         source = read_source(spec.source, spec.source_flag, source_needs(
             model_fp, dtype=o.dtype, output_column=o.output_column, template=o.template, prompt=spec.prompt))

@@ -11,7 +11,7 @@ import jax
 
 from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
-from rmjax.loading import load, peek
+from rmjax.loading import fingerprint, load, peek
 from rmjax.model import Model
 from rmjax.runs.options import RunOptions
 from rmjax.text.chat import set_system_prompt
@@ -47,6 +47,12 @@ def check_model_template(spec: str, template: str) -> None:
     peeked = peek(spec) if template != "plain" else None
     if peeked is not None and peeked[1] is not None:
         check_template(peeked[1], template)
+
+
+def job_fingerprint(options: RunOptions, spec: str | None = None) -> dict:
+    """The fingerprint of `spec` (default options.model) as the job will load it (`load_for_job`): with its
+    --system_prompt, as the loaded model's `model_fingerprint` then is. Computed without loading."""
+    return fingerprint(spec or options.model, system_prompt=options.system_prompt)
 
 
 def load_for_job(options: RunOptions, spec: str | None = None, before_weights: Callable | None = None) -> Model:

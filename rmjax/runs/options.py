@@ -41,13 +41,6 @@ class RunOptions:
             raise UsageError("--system_prompt needs a chat template, and --template=plain has no system turn: drop "
                              "one of them.")
 
-    def fingerprint(self, spec: str | None = None) -> dict:
-        """`rmjax.loading.fingerprint` of `spec` (default the model) as this run renders its conversations: with
-        the system prompt, as the loaded model's `model_fingerprint` is."""
-        from rmjax.loading import fingerprint
-
-        return fingerprint(spec or self.model, system_prompt=self.system_prompt)
-
 
 @contextlib.contextmanager
 def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = None,

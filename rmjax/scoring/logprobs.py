@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import UsageError
-from rmjax.loading.for_job import load_for_job
+from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel import batching
@@ -51,7 +51,7 @@ def run_logprobs(spec: LogprobsSpec) -> Path:
     of the same inputs is there, load and compute → the CSV and its .meta.json. Returns the CSV's path."""
     o = spec.options
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
-    identity = logprobs_identity(o.fingerprint(), dtype=o.dtype, prompts=spec.prompts, template=o.template)
+    identity = logprobs_identity(job_fingerprint(o), dtype=o.dtype, prompts=spec.prompts, template=o.template)
     with claim_job(o, identity) as job:
         if not job.reuse:
             write_logprobs(load_for_job(o), spec.prompts, o.out, o.template, allow_nonfinite=o.allow_nonfinite,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import PromptTooLongError, UsageError
-from rmjax.loading.for_job import load_for_job
+from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import hash_json, model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
@@ -159,7 +159,7 @@ def run_score(spec: ScoreSpec) -> Scored:
         scores, _ = _scored(model, spec.prompts, texts, o.template, spec.batch_size, False, o.allow_nonfinite)
         return Scored(scores, z_scale(model, spec.prompts, spec.z_sample, o.template, spec.batch_size,
                                       o.allow_nonfinite), None)
-    identity = text_scores_identity(o.fingerprint(), dtype=o.dtype, prompts=spec.prompts, texts=texts,
+    identity = text_scores_identity(job_fingerprint(o), dtype=o.dtype, prompts=spec.prompts, texts=texts,
                                     output_column=o.output_column, template=o.template, z_sample=spec.z_sample)
     with claim_job(o, identity) as job:
         if not job.reuse:

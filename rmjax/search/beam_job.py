@@ -12,7 +12,7 @@ import pandas as pd
 
 from rmjax.errors import UsageError
 from rmjax.loading import config_of
-from rmjax.loading.for_job import load_for_job
+from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
@@ -149,7 +149,7 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
     o, cfg = spec.options, spec.config
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
     lines, requested = _requested(spec)
-    fp, from_sweep = o.fingerprint(), None
+    fp, from_sweep = job_fingerprint(o), None
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")
     if spec.from_sweep:  # refused now, before the model loads, if it is not this beam's depth 1
@@ -158,7 +158,7 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
         from_sweep = given.sha1
     identity = beam_identity(fp, dtype=o.dtype, prompts=spec.prompts, cfg=cfg, output_column=o.output_column,
                              candidates=requested, limit=spec.limit, from_sweep=from_sweep,
-                             lm=o.fingerprint(spec.lm) if spec.lm else None)
+                             lm=job_fingerprint(o, spec.lm) if spec.lm else None)
     with claim_job(o, identity, store=store_dir(o.out), owned=[completions_path(o.out)],
                    inputs={"--from_sweep": spec.from_sweep, "--vocab_file": spec.vocab_file}) as job:
         if job.reuse:

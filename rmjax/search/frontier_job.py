@@ -21,7 +21,7 @@ from rmjax import checks
 from rmjax.checks import setting
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import config_of
-from rmjax.loading.for_job import load_for_job
+from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import results, stages
@@ -128,15 +128,15 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     if len(spec.prompts) != 1:
         raise UsageError(f"the frontier runs one prompt per job ({len(spec.prompts)} given: "
                          f"{', '.join(list(spec.prompts)[:4])}); give --prompt or a single prompt's name.")
-    swept = _read_sweep(spec, o.fingerprint()) if spec.sweep else None  # before any model loads
+    swept = _read_sweep(spec, job_fingerprint(o)) if spec.sweep else None  # before any model loads
     rm_config = config_of(o.model)
     require_reward_model(rm_config, o.model, "the frontier")
     judge = spec.judge or default_judge(rm_config)
     for name, source in (("--lm", spec.lm or o.model), ("--judge", judge)):
         require_prior_config(config_of(source), source, name)
     frontier_checks.check_before_loading(spec, judge)  # context, budget, --sweep's yardstick
-    identity = frontier_identity(spec, o.fingerprint(), o.fingerprint(spec.lm) if spec.lm else None,
-                                 o.fingerprint(judge), judge)
+    identity = frontier_identity(spec, job_fingerprint(o), job_fingerprint(o, spec.lm) if spec.lm else None,
+                                 job_fingerprint(o, judge), judge)
     out = csv_path(o.out)
     with claim_job(o, identity, out=out, owned=[frontier_out.png_path(out), frontier_out.samples_path(out)],
                    store=store_dir(out),

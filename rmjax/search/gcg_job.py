@@ -11,7 +11,7 @@ import numpy as np
 
 from rmjax.errors import UsageError
 from rmjax.loading import config_of
-from rmjax.loading.for_job import check_in_vocabulary, load_for_job
+from rmjax.loading.for_job import check_in_vocabulary, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
@@ -90,11 +90,11 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     if cfg.init_from:  # a file that is not a beam CSV of this search stops the job now
         init_from_rows(cfg)
     specs = [s for s in o.model.split(",") if s]
-    fps = [o.fingerprint(s) for s in specs]
+    fps = [job_fingerprint(o, s) for s in specs]
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")
     identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg,
-                            lm=o.fingerprint(spec.lm) if spec.lm else None)
+                            lm=job_fingerprint(o, spec.lm) if spec.lm else None)
     with claim_job(o, identity, owned=[steps_path(o.out), completions_path(o.out)],
                    inputs={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file}) as job:
         if job.reuse:

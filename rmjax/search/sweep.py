@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from rmjax.errors import OutputExistsError, PromptTooLongError, UsageError
-from rmjax.loading.for_job import check_in_vocabulary, check_output_column, load_for_job
+from rmjax.loading.for_job import check_in_vocabulary, check_output_column, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
@@ -171,7 +171,7 @@ def run_sweep(spec: SweepSpec) -> Path:
     if spec.token_ids is not None and spec.vocab_file:
         raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
     lines = read_vocab_file(spec.vocab_file) if spec.vocab_file else None
-    identity = sweep_identity(o.fingerprint(), dtype=o.dtype, output_column=o.output_column, prompts=spec.prompts,
+    identity = sweep_identity(job_fingerprint(o), dtype=o.dtype, output_column=o.output_column, prompts=spec.prompts,
                               token_ids=spec.token_ids, limit=spec.limit, mode=spec.mode, template=o.template,
                               text_add_special_tokens=spec.text_add_special_tokens, vocab_lines=lines)
     with claim_job(o, identity, owned=[plot_path(o.out)], store=store_dir(o.out),

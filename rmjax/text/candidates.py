@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -10,7 +11,6 @@ import numpy as np
 from rmjax.errors import UsageError
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
-from rmjax.runs.results import array_sha1
 from rmjax.text.chat import Conversations, _special_ids
 
 
@@ -36,6 +36,11 @@ def special_or_byte(tokenizer, vocab_size: int) -> np.ndarray:
         if not text or "\ufffd" in text or any(not c.isprintable() and not c.isspace() for c in text):
             out[i] = True
     return out
+
+
+def _sha1(values: np.ndarray) -> str:
+    """rmjax.runs.results.array_sha1 (the same digest, so identities agree), here so text never imports runs."""
+    return hashlib.sha1(np.ascontiguousarray(values).tobytes()).hexdigest()
 
 
 def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) -> int:
@@ -126,9 +131,9 @@ def read_vocab_file(path: str | Path, flag: str = "--vocab_file") -> VocabLines:
 def identity_of_candidates(token_ids: list[int] | None, vocab_lines: list[str] | None) -> str | None:
     """The candidate set as requested (before a tokenizer turns words into ids): part of the job's identity."""
     if token_ids is not None:
-        return "token_ids:" + array_sha1(np.asarray(token_ids, np.int64))
+        return "token_ids:" + _sha1(np.asarray(token_ids, np.int64))
     if vocab_lines is not None:
-        return "vocab_file:" + array_sha1(np.frombuffer("\n".join(vocab_lines).encode(), np.uint8))
+        return "vocab_file:" + _sha1(np.frombuffer("\n".join(vocab_lines).encode(), np.uint8))
     return None
 
 
