@@ -32,3 +32,17 @@ def test_work_read_back_counts_as_resumed_and_never_in_the_rate():
     assert line.startswith("[frontier 2/4: greatest optimal, search λ=0.25] 600/1,000 forwards (60.0%, resumed "
                            "from 500) "), line
     assert 9.0 <= rate <= 10.0  # 100 forwards in 10 s and the few microseconds since, not 600 in 10 s
+
+
+def test_with_warmup_the_first_work_and_its_compile_stay_out_of_the_rate():
+    """Issue 45: the frontier's first ETA said 15 min for a 5-min run: its first step's time was mostly compiling.
+    With `warmup` the rate starts at the first work reported: 100 forwards in the 10 s after it, not 110 in 110 s."""
+    out = io.StringIO()
+    progress = Progress(1000, "frontier", unit="forwards", stream=out, every=0, warmup=True)
+    progress.start -= 100.0  # the first step: compiling, then 10 forwards
+    progress.update(10)
+    assert "? forwards/s ETA ?" in out.getvalue() and "resumed" not in out.getvalue()
+    progress.start -= 10.0
+    progress.update(100)
+    rate = float(out.getvalue().strip().splitlines()[-1].split(") ")[1].split(" ")[0])
+    assert 9.0 <= rate <= 10.0

@@ -228,3 +228,13 @@ def test_readme_job_commands_chain_on_files_made_before_them():
                 continue
             assert any(w == path or w.startswith(path.rstrip("/") + "/") for w in written), (step.command, path)
         written.update(step.writes)
+
+
+def test_build_notes_are_by_subsystem_and_short():
+    """Issue 45: BUILD_NOTES was a 2,157-line diary ordered by issue and sitting ("Tenth session (issue 25)")."""
+    text = (README.parent / "BUILD_NOTES.md").read_text()
+    assert len(text.splitlines()) <= 800
+    assert re.findall(r"^## (.+)$", text, flags=re.M) == [
+        "Model and numerics", "Loading", "Sweep", "Search", "Inspect", "Training", "Plans and launch", "Analyses",
+        "Safety of results", "The test suite"]
+    assert not re.search(r"\b(session|sitting)s?\b", text, flags=re.I)

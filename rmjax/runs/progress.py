@@ -19,13 +19,16 @@ class Progress:
 
     `total` and `label` may change while it runs (rmjax.search.beam counts one whole job over its levels and revises
     the total as a level starts); `rate_hint` (unit/s, e.g. timed on a warm-up batch) stands for the rate until
-    some work is measured."""
+    some work is measured. With `warmup`, the rate starts at the first work reported, which is left out of it: that
+    work paid for compiling (the frontier's first ETA said 15 min for a 5-min run)."""
 
     def __init__(self, total: int, label: str, unit: str = "candidates", every: float = 5.0,
-                 done: int = 0, stream=None, rate_hint: float | None = None):
+                 done: int = 0, stream=None, rate_hint: float | None = None, warmup: bool = False):
         self.total, self.label, self.unit, self.every = total, label, unit, every
         self.done = done
         self.resumed = done
+        self.rate_base = done  # work the rate leaves out: resumed, and with `warmup` the first work reported
+        self.warming = warmup
         self.rate_hint = rate_hint
         self.start = self.last = time.perf_counter()
         self.stream = stream or sys.stderr
@@ -33,7 +36,7 @@ class Progress:
     @property
     def rate(self) -> float:
         elapsed = time.perf_counter() - self.start
-        measured = (self.done - self.resumed) / elapsed if elapsed > 0 else 0.0
+        measured = (self.done - self.rate_base) / elapsed if elapsed > 0 else 0.0
         return measured if measured > 0 or not self.rate_hint else self.rate_hint
 
     def resume(self, n: int) -> None:
@@ -41,10 +44,13 @@ class Progress:
         in the rate, which would otherwise promise the rest at the speed of reading it back."""
         self.done += n
         self.resumed += n
+        self.rate_base += n
 
     def update(self, n: int, force: bool = False) -> None:
         self.done += n
         now = time.perf_counter()
+        if self.warming and n > 0:
+            self.warming, self.rate_base, self.start = False, self.done, now
         if force or now - self.last >= self.every or self.done >= self.total:
             self.last = now
             rate = self.rate

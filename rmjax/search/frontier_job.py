@@ -245,7 +245,8 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
     lambdas = sorted(cfg.lambdas, reverse=True) if cfg.share else cfg.lambdas
     plan = [(p, d, m, lam) for p in spec.prompts for d in cfg.directions
             for m, lam in [*(("search", v) for v in lambdas), ("best_of_n", None)]]
-    progress = Progress(sum(_budget(cfg, m) for *_, m, _ in plan), "frontier", unit="forwards", every=10.0)
+    progress = Progress(sum(_budget(cfg, m) for *_, m, _ in plan), "frontier", unit="forwards", every=10.0,
+                        warmup=True)
     units, ready = [], {}
     for index, (name, direction, method, lam) in enumerate(plan):
         key = f"u{index:04d}"
