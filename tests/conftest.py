@@ -87,3 +87,17 @@ def lm_folder(tmp_path_factory):
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (folder / f).write_bytes((tiny.smollm2_tokenizer_folder() / f).read_bytes())
     return folder
+
+
+# Modules with the longest tests run first, whole (a module's fixtures are set up once): with two xdist workers a
+# minute-long test started last runs alone while the other worker idles. Measured in CI (`--durations`).
+HEAVY_MODULES = ("test_frontier.py", "test_real_models.py", "test_safety_resume2.py", "test_attribution_real.py",
+                 "test_plan.py", "test_multihost.py", "test_sharding.py", "test_safety_jobs2.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = item.path.name
+        return HEAVY_MODULES.index(name) if name in HEAVY_MODULES else len(HEAVY_MODULES)
+
+    items.sort(key=rank)  # stable: each module keeps its own order

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from tests import cli, tolerance
+from tests import cli, inproc, tolerance
 from tests import jitted as M
 
 PROMPT = "What, in one word, is the greatest thing ever?"  # --prompts=greatest
@@ -47,7 +47,9 @@ def test_score_prints_z_scores_and_writes_only_with_out(rm_folder, tmp_path):
         atol = tolerance.any_rewards_atol(model.params, model.config, len(full) + 8)
         assert abs(float(row.group(1)) - want) <= atol + 5e-5  # printed to 4 decimals
         assert abs(float(row.group(2)) - (want - mean) / sd) <= (atol + 5e-5) * 4 / sd + 5e-3
+    from rmjax.scoring.texts import ScoreSpec, run_score  # with --out, in-process (the flags are checked above)
+
     out = tmp_path / "t.csv"
-    cli.ok(cli.run("score", *flags, f"--out={out}", cwd=tmp_path))
+    run_score(ScoreSpec(inproc.options(rm_folder, out), {"greatest": PROMPT}, ("Love", "Hate"), z_sample=16))
     recorded = json.loads((tmp_path / "t.csv.meta.json").read_text())["z_scale"]["greatest"]
     assert np.allclose(recorded, [mean, sd], rtol=0, atol=tolerance.any_rewards_atol(model.params, model.config, 64))

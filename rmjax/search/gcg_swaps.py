@@ -14,7 +14,7 @@ import numpy as np
 
 from rmjax.parallel.distributed import to_host
 from rmjax.search.gcg_config import GCGConfig
-from rmjax.text.candidates import special_or_byte
+from rmjax.text.candidates import decoded_tokens, special_or_byte
 from rmjax.text.chat import Conversations
 
 
@@ -29,7 +29,7 @@ def disallowed_ids(tokenizer, vocab_size: int, allow_special: bool, allow_non_as
     if not allow_special:
         bad |= special_or_byte(tokenizer, vocab_size)
     if not allow_non_ascii:
-        for i, text in enumerate(tokenizer.batch_decode([[i] for i in range(n)])):
+        for i, text in enumerate(decoded_tokens(tokenizer, n)):
             if not text or not text.isascii() or not text.isprintable() or "\ufffd" in text:
                 bad[i] = True
     return bad

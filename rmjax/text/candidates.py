@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 from pathlib import Path
@@ -12,6 +13,13 @@ from rmjax.errors import UsageError
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
 from rmjax.text.chat import Conversations, _special_ids
+
+
+@functools.lru_cache(maxsize=4)
+def decoded_tokens(tokenizer, n: int) -> tuple[str, ...]:
+    """Each of the first `n` token ids decoded alone, once per tokenizer (Gemma 3's 262,144 take ≈1 s; beam, GCG
+    and the frontier each ask, GCG twice)."""
+    return tuple(tokenizer.batch_decode([[i] for i in range(n)]))
 
 
 def special_or_byte(tokenizer, vocab_size: int) -> np.ndarray:
@@ -32,7 +40,7 @@ def special_or_byte(tokenizer, vocab_size: int) -> np.ndarray:
         if tok is not None and tok.startswith("<") and tok.endswith(">") and len(tok) > 2 and (
                 "|" in tok or tok.startswith("<unused") or tok in declared):
             out[i] = True
-    for i, text in enumerate(tokenizer.batch_decode([[i] for i in range(n)])):
+    for i, text in enumerate(decoded_tokens(tokenizer, n)):
         if not text or "\ufffd" in text or any(not c.isprintable() and not c.isspace() for c in text):
             out[i] = True
     return out
