@@ -47,12 +47,19 @@ SMOKE_VENV ?= .venv-runtime
 smoke:
 	$(MAKE) --no-print-directory runtime-smoke VENV=$(SMOKE_VENV)
 
+# The commands run in a clone of HEAD in an empty folder (nothing beside it: no ../shared), with its own .cache
+# (the GGUF model converts from nothing) and its own code and data (python -m puts the clone first on sys.path).
+SMOKE_CLONE := $(shell mktemp -d -u)/clone
 runtime-smoke: $(VENV)/.installed
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 		echo "smoke: $(VENV) has torch (test extras): it cannot show that the runtime install suffices"; exit 1; fi
-	$(PY) -m experiments.sweep --model=elo-rm-smollm2-135m --prompts=greatest --limit=64 --top=3 \
-		--out=results/smoke/elo-rm-smollm2-135m_greatest.csv --overwrite
-	$(PY) -m experiments.analyze --elo=builtin --out=results/smoke/analysis_elo --overwrite
+	mkdir -p $(dir $(SMOKE_CLONE)) && git clone -q . $(SMOKE_CLONE)
+	cd $(SMOKE_CLONE) && PYTHONPATH=$(SMOKE_CLONE) $(abspath $(PY)) -c "import rmjax, sys; assert rmjax.__file__.startswith('$(SMOKE_CLONE)/'), rmjax.__file__"
+	cd $(SMOKE_CLONE) && PYTHONPATH=$(SMOKE_CLONE) $(abspath $(PY)) -m experiments.sweep --model=elo-rm-smollm2-135m --prompts=greatest \
+		--limit=64 --top=3 --out=results/smoke/elo-rm-smollm2-135m_greatest.csv
+	cd $(SMOKE_CLONE) && PYTHONPATH=$(SMOKE_CLONE) $(abspath $(PY)) -m experiments.analyze --elo=builtin --out=results/smoke/analysis_elo
+	test -s $(SMOKE_CLONE)/results/smoke/analysis_elo/report.md
+	rm -rf $(dir $(SMOKE_CLONE))
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .

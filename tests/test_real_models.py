@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -75,7 +77,11 @@ def test_gguf_tokenizer_equals_transformers_gguf_tokenizer(name):
     with plain_array_reading():
         reader = read_gguf(gguf_path)
         ours = tokenizer_from_gguf(reader, hf_config_from_gguf(reader, gguf_path)["model_type"], gguf_path)
-    ref = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    # transformers reads SmolLM2's file with gguf's own reader, the independent check of rmjax's plain reading;
+    # Gemma 3's 262,144-token vocabulary through that reader takes 30 s more, so it goes through the plain one.
+    reading = plain_array_reading() if name.startswith("gemma") else contextlib.nullcontext()
+    with reading:
+        ref = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     assert type(ours) is type(ref)
     assert ours.backend_tokenizer.to_str() == ref.backend_tokenizer.to_str()
     assert ours.chat_template == ref.chat_template
