@@ -47,15 +47,20 @@ SMOKE_VENV ?= .venv-runtime
 smoke:
 	$(MAKE) --no-print-directory runtime-smoke VENV=$(SMOKE_VENV)
 
-# The commands run in a clone of HEAD in an empty folder (nothing beside it: no ../shared), with its own .cache
-# (the GGUF model converts from nothing) and its own code and data (python -m puts the clone first on sys.path).
+# The commands run in a clone of HEAD (a copy of the tree where it is no git checkout) in an empty folder: nothing
+# beside it (no ../shared), its own code and data (checked). The GGUF model converts into this checkout's cache,
+# from nothing on a fresh one (CI's), so that the suite reuses it.
 SMOKE_CLONE := $(shell mktemp -d -u)/clone
 runtime-smoke: $(VENV)/.installed
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 		echo "smoke: $(VENV) has torch (test extras): it cannot show that the runtime install suffices"; exit 1; fi
-	mkdir -p $(dir $(SMOKE_CLONE)) && git clone -q . $(SMOKE_CLONE)
+	mkdir -p $(SMOKE_CLONE)
+	if git rev-parse --git-dir >/dev/null 2>&1; then git clone -q . $(SMOKE_CLONE); else \
+		tar --exclude=./.venv --exclude=./.venv-runtime --exclude=./.cache --exclude=./results --exclude=./runs \
+			-cf - . | tar -C $(SMOKE_CLONE) -xf -; fi
 	cd $(SMOKE_CLONE) && PYTHONPATH=$(SMOKE_CLONE) $(abspath $(PY)) -c "import rmjax, sys; assert rmjax.__file__.startswith('$(SMOKE_CLONE)/'), rmjax.__file__"
-	cd $(SMOKE_CLONE) && PYTHONPATH=$(SMOKE_CLONE) $(abspath $(PY)) -m experiments.sweep --model=elo-rm-smollm2-135m --prompts=greatest \
+	cd $(SMOKE_CLONE) && PYTHONPATH=$(SMOKE_CLONE) RMJAX_CACHE_DIR=$(CURDIR)/.cache/rmjax \
+		$(abspath $(PY)) -m experiments.sweep --model=elo-rm-smollm2-135m --prompts=greatest \
 		--limit=64 --top=3 --out=results/smoke/elo-rm-smollm2-135m_greatest.csv
 	cd $(SMOKE_CLONE) && PYTHONPATH=$(SMOKE_CLONE) $(abspath $(PY)) -m experiments.analyze --elo=builtin --out=results/smoke/analysis_elo
 	test -s $(SMOKE_CLONE)/results/smoke/analysis_elo/report.md
