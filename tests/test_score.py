@@ -46,10 +46,14 @@ def test_score_prints_z_scores_and_writes_only_with_out(rm_folder, tmp_path):
         assert row, first.stdout
         atol = tolerance.any_rewards_atol(model.params, model.config, len(full) + 8)
         assert abs(float(row.group(1)) - want) <= atol + 5e-5  # printed to 4 decimals
-        assert abs(float(row.group(2)) - (want - mean) / sd) <= (atol + 5e-5) * 4 / sd + 5e-3
+        # z = (r - m) / s: r and the mean each within atol, the SD within atol·sqrt(n/(n-1)) (Minkowski), so z is
+        # within (2 + |z|·1.04)·atol / (s - 1.04·atol), plus half the printed 0.01
+        z = (want - mean) / sd
+        assert abs(float(row.group(2)) - z) <= (2 + 1.04 * abs(z)) * atol / (sd - 1.04 * atol) + 5e-3
     from rmjax.scoring.texts import ScoreSpec, run_score  # with --out, in-process (the flags are checked above)
 
     out = tmp_path / "t.csv"
     run_score(ScoreSpec(inproc.options(rm_folder, out), {"greatest": PROMPT}, ("Love", "Hate"), z_sample=16))
     recorded = json.loads((tmp_path / "t.csv.meta.json").read_text())["z_scale"]["greatest"]
-    assert np.allclose(recorded, [mean, sd], rtol=0, atol=tolerance.any_rewards_atol(model.params, model.config, 64))
+    atol = tolerance.any_rewards_atol(model.params, model.config, 64)  # a prompt and one token: under 64 keys
+    assert abs(recorded[0] - mean) <= atol and abs(recorded[1] - sd) <= 1.04 * atol  # SD: atol·sqrt(16/15)
