@@ -323,3 +323,37 @@ def frontier_scatter(rows: list[dict], fronts: dict[tuple[str, str], list[dict]]
         ax.set_title(f"{direction}: {'higher' if direction == 'optimal' else 'lower'} reward is the goal")
         ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def disagreement_scatter(rows: list[dict], maps: dict[str, pd.DataFrame], path: str | Path, cap: float) -> Path:
+    """z_A against z_B, one panel per prompt: the vocabulary map's single tokens in grey (when computed), the
+    written rows by method (colour) and direction (marker), the line z_A = z_B, and each method's most
+    disagreeing row at judge perplexity ≤ cap per direction starred: the fronts the summary compares."""
+    prompts = list(dict.fromkeys(r["prompt"] for r in rows))
+    fig, axes = plt.subplots(1, len(prompts), figsize=(6 * len(prompts), 5.5), squeeze=False)
+    markers, colours = {"a_over_b": "^", "b_over_a": "v"}, {"search": PALETTE(0), "best_of_n": PALETTE(1)}
+    for ax, prompt in zip(axes[0], prompts, strict=True):
+        if prompt in maps:
+            m = maps[prompt]
+            ax.scatter(m["z_b"], m["z_a"], s=2, c="0.8", label=f"single tokens ({len(m)})", rasterized=True)
+        mine = [r for r in rows if r["prompt"] == prompt]
+        for direction, marker in markers.items():
+            for method, colour in colours.items():
+                found = [r for r in mine if (r["direction"], r["method"]) == (direction, method)]
+                if not found:
+                    continue
+                ax.scatter([r["z_b"] for r in found], [r["z_a"] for r in found], s=18, marker=marker, color=colour,
+                           label=f"{method.replace('_', '-')}, {direction.replace('_', ' ')}")
+                fluent = [r for r in found if r["judge_ppl"] <= cap]
+                if fluent:
+                    sign = 1.0 if direction == "a_over_b" else -1.0
+                    best = max(fluent, key=lambda r: sign * r["gap"])
+                    ax.scatter([best["z_b"]], [best["z_a"]], s=140, marker="*", color=colour, edgecolors="k",
+                               zorder=5)
+        lo, hi = ax.get_xlim()[0], ax.get_xlim()[1]
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="z_A = z_B")
+        ax.set_xlabel("z_B (SDs of side B's single-token rewards)")
+        ax.set_ylabel("z_A (SDs of side A's single-token rewards)")
+        ax.set_title(f"{prompt}: ★ most disagreeing at judge perplexity ≤ {cap:g}")
+        ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -66,23 +66,31 @@ def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: st
                        batch_size: int = 64, end_of_turn: bool = False) -> np.ndarray:
     """exp(−mean log p) of each text's judge tokens after the prompt [W] float64; NaN for a text with no token.
     With `end_of_turn` (whole responses, rmjax.search.turns), the judge's end of turn after them counts too: a
-    fragment the judge would not stop on reads as less fluent. Each distinct text runs once; texts sorted by token
-    count share batches, each right-padded to its longest (causal: the padding after a text's tokens changes none
-    of its log-probs), so few rows are padding."""
-    require_lm_head(judge)
+    fragment the judge would not stop on reads as less fluent."""
+    lps = text_log_probs(judge, prompt, texts, template, batch_size, end_of_turn)
+    return np.asarray([np.exp(-lp.mean()) if len(lp) else np.nan for lp in lps], np.float64)
+
+
+def text_log_probs(lm: Model, prompt: str, texts: list[str], template: str = "auto", batch_size: int = 64,
+                   end_of_turn: bool = False) -> list[np.ndarray]:
+    """Each text's token log-probs under `lm` after the prompt, on the LM's own tokenization in its own template
+    (judge_tokens), float64; with `end_of_turn`, its end of turn's last (a text with no token: none). Each distinct
+    text runs once; texts sorted by token count share batches, each right-padded to its longest (causal: the padding
+    after a text's tokens changes none of its log-probs), so few rows are padding."""
+    require_lm_head(lm)
     distinct = list(dict.fromkeys(texts))
-    prefix, rows = judge_tokens(judge, prompt, distinct, template)
+    prefix, rows = judge_tokens(lm, prompt, distinct, template)
     if end_of_turn:
-        end = judge_end_of_turn(judge, prompt, template)
+        end = judge_end_of_turn(lm, prompt, template)
         rows = [[*r, end] if r else r for r in rows]
-    ppl = np.full(len(distinct), np.nan)
-    cache, first = prefill_prefix(judge, prefix), first_token_log_probs(judge, list(prefix))
+    out = [np.zeros(0, np.float64) for _ in distinct]
+    cache, first = prefill_prefix(lm, prefix), first_token_log_probs(lm, list(prefix))
     order = sorted((i for i, r in enumerate(rows) if r), key=lambda i: len(rows[i]))
     for start in range(0, len(order), batch_size):
         which = order[start : start + batch_size]
         padded, _ = batching.pad_rows([rows[i] for i in which])
-        lps = response_log_probs(judge, cache, first, padded, batch_size).astype(np.float64)
+        lps = response_log_probs(lm, cache, first, padded, batch_size).astype(np.float64)
         for k, i in enumerate(which):
-            ppl[i] = np.exp(-lps[k, : len(rows[i])].mean())
+            out[i] = lps[k, : len(rows[i])]
     at = {text: i for i, text in enumerate(distinct)}
-    return ppl[[at[text] for text in texts]]
+    return [out[at[text]] for text in texts]

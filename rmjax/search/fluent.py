@@ -164,7 +164,7 @@ def _sample_starts(objective: Objective, cfg: FluentConfig, banned, retokenize, 
     """--samples prior samples; at λ > 0 (or exploring, outside exact mode) as many as sample_share of the budget
     buys, if more (the fluent starts)."""
     prior, n, forwards, end = objective.prior, cfg.num_tokens, objective.forwards, objective.end
-    per_sample = forwards.cost(n + objective.tail, n + 1)  # at most: a whole turn of N tokens
+    per_sample = forwards.cost(n + objective.tail, n + 1, objective.other_each)  # at most: a turn of N tokens
     count = cfg.samples
     if objective.uses_prior or (cfg.explore and not exact):
         count = max(count, int(Fraction(cfg.sample_share) * budget // per_sample))
@@ -207,7 +207,8 @@ def _fresh(cands: np.ndarray, retokenize, seen: set, end: int) -> np.ndarray:
 def _beam_starts(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, retokenize,
                  archive: _Archive, seen, progress) -> None:
     """Level by level: each kept partial extended by every allowed token (exact) or the prior's top proposals,
-    the K best by J kept. Every level's sequences are whole turns of their length: they join the archive."""
+    those that pass the checks (re-tokenization; a disagreement's other side) scored, the K best by J kept. Every
+    level's sequences are whole turns of their length: they join the archive."""
     n, partials, end = cfg.num_tokens, np.zeros((1, 0), np.int64), objective.end
     banned_on_device = jnp.asarray(banned)
     for depth in range(1, n + 1):
@@ -217,6 +218,10 @@ def _beam_starts(objective: Objective, cfg: FluentConfig, banned, allowed, exact
             lp = objective.next_token_log_probs(partials)[:, : len(banned)]
             tokens = to_host(jax.lax.top_k(jnp.where(banned_on_device[None], -jnp.inf, lp), cfg.proposals)[1])
         cands = np.concatenate([np.repeat(partials, tokens.shape[1], axis=0), tokens.reshape(-1, 1)], axis=1)
+        passes = np.asarray([all(survives(c, row.tolist()) for c in retokenize) for row in cands], bool)
+        cands = cands[passes]  # a partial that fails a check is neither scored nor extended
+        if not len(cands):
+            return
         whole = turns.from_turns(cands, n, end)
         if depth < n:
             values = objective.score_partials(cands)
@@ -394,15 +399,16 @@ def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray) -> Fo
     """As many prior samples as the budget left buys, whole turns drawn in equal shares at each of
     `best_of_n_temperatures`, ranked by J; samples may repeat (each was paid for). A sample costs one RM forward
     when the RM is its own prior (the sampler's forward holds every position the reward reads but the suffix's),
-    else one prior forward to draw it and its RM positions to score it."""
+    else one prior forward to draw it and its RM positions to score it; with a partner, its forwards too."""
     forwards, n, end = objective.forwards, cfg.num_tokens, objective.end
     full = n + objective.tail
     own = objective.rm_is_prior
-    per_sample = forwards.cost(full) if own else forwards.cost(full, n + 1)
+    each = objective.other_each  # a disagreement's other side: its forwards, charged by `score` unless own
+    per_sample = forwards.cost(full, 0, each) if own else forwards.cost(full, n + 1, each)
     count = int(forwards.left // per_sample)
     if count == 0:
         raise UsageError(f"--forwards={forwards.limit} buys no best-of-N sample; give a larger budget.")
-    forwards.charge(count * full if own else 0, 0 if own else count * (n + 1))
+    forwards.charge(count * full if own else 0, 0 if own else count * (n + 1), count * each if own else 0)
     temperatures = cfg.best_of_n_temperatures
     shares = [count // len(temperatures) + (k < count % len(temperatures)) for k in range(len(temperatures))]
     ids, lps = [], []

@@ -57,11 +57,13 @@ def prefill_cost(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int
     return Fraction(rm_prefix, num_tokens + suffix) + Fraction(prior_prefix, num_tokens + 1)
 
 
-def minimum_forwards(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int, start_share: float) -> int:
+def minimum_forwards(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int, start_share: float,
+                     per_candidate: int = PER_CANDIDATE) -> int:
     """The least --forwards that buys one candidate after the prefill, for best-of-N and for the search's
-    starts, which may spend start_share of the budget (rmjax.search.fluent.fluent_search)."""
+    starts, which may spend start_share of the budget (rmjax.search.fluent.fluent_search); `per_candidate` more
+    with a disagreement's other side."""
     prefill = prefill_cost(rm_prefix, suffix, prior_prefix, num_tokens)
-    return max(math.ceil(prefill + PER_CANDIDATE), math.ceil(PER_CANDIDATE / Fraction(start_share)))
+    return max(math.ceil(prefill + per_candidate), math.ceil(per_candidate / Fraction(start_share)))
 
 
 def budget_message(forwards: int, need: int) -> str:

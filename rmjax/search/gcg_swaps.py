@@ -6,6 +6,7 @@ words that report it."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -122,8 +123,12 @@ class RetokenizationCheck(NamedTuple):
     suffix: tuple[int, ...]
 
 
-def survives(check: RetokenizationCheck, ids: list[int]) -> bool:
-    return retokenizes(check.conversations, ids, [*check.prefix, *ids, *check.suffix])
+def survives(check: RetokenizationCheck | Callable[[list[int]], bool], ids: list[int]) -> bool:
+    """The response passes the check: a target's re-tokenization, or any other test of its ids (a disagreement's
+    other side: the decoded text round-trips there too)."""
+    if isinstance(check, RetokenizationCheck):
+        return retokenizes(check.conversations, ids, [*check.prefix, *ids, *check.suffix])
+    return check(ids)
 
 
 def filter_candidates(cands: np.ndarray, checks: list[RetokenizationCheck], cfg: GCGConfig,

@@ -19,12 +19,18 @@ candidate (whole, a beam level, or a GCG variant's tail) and of a gradient are r
 positions the RM runs, and cost no prior positions. A prompt's prefill costs its prefix positions once per model.
 Padding rows cost nothing (they carry no candidate), nor does a variant scored again alone because a row-mate was
 NaN (prefix.score_variants): a candidate is charged once. Counts are exact fractions.
+
+A disagreement search (issue 46, rmjax.search.disagree) is this objective with a `partner`: R becomes the gap
+z_A − z_B of the candidate (A: this RM target, in SDs of its single-token rewards; B: the other side, scoring the
+decoded text in its own template and tokens), the gradient is A's (B may read other tokens), and each candidate
+also costs the partner's whole forwards (`Partner.each`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from fractions import Fraction
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -130,12 +136,13 @@ class Forwards:
     lm_unit: int
     spent: Fraction = Fraction(0)
 
-    def cost(self, rm_positions: int = 0, lm_positions: int = 0) -> Fraction:
-        return Fraction(int(rm_positions), self.rm_unit) + Fraction(int(lm_positions), self.lm_unit)
+    def cost(self, rm_positions: int = 0, lm_positions: int = 0, whole: int = 0) -> Fraction:
+        """`whole`: whole forwards of another model (a disagreement's other side), one per candidate it scores."""
+        return Fraction(int(rm_positions), self.rm_unit) + Fraction(int(lm_positions), self.lm_unit) + int(whole)
 
-    def charge(self, rm_positions: int = 0, lm_positions: int = 0) -> None:
+    def charge(self, rm_positions: int = 0, lm_positions: int = 0, whole: int = 0) -> None:
         """Spend a call's positions; BudgetSpent (and nothing spent) when it would pass the limit."""
-        cost = self.cost(rm_positions, lm_positions)
+        cost = self.cost(rm_positions, lm_positions, whole)
         if self.spent + cost > self.limit:
             raise BudgetSpent
         self.spent += cost
@@ -196,6 +203,16 @@ class Prior:
         return turns.fluency_log_prob(lps, turns.lengths(ids, end))
 
 
+class Partner(Protocol):
+    """The other side of a disagreement search (rmjax.search.disagree.Disagreement)."""
+
+    each: int  # whole forwards each candidate costs on the other side
+    scale: float  # A's SD: the gradient of z_A is A's reward gradient over it
+
+    def gap(self, reward: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """z_A − z_B of candidates [W, N] from A's rewards [W]."""
+
+
 @dataclasses.dataclass(eq=False)
 class Objective:
     """J of one direction and λ over one RM target, charged to `forwards` (module docstring)."""
@@ -210,6 +227,7 @@ class Objective:
     allow_nonfinite: bool = False  # NaN/Inf gradient entries and terms counted, not refused
     swaps_skipped: int = 0  # swaps of allowed tokens a NaN/Inf gradient entry kept from being proposed
     candidates_dropped: int = 0  # sequences scored with a NaN/Inf term (allow_nonfinite), never kept
+    partner: Partner | None = None  # a disagreement's other side: R is the gap z_A − z_B (module docstring)
 
     def __post_init__(self):
         if self.lam > 0 and self.prior is None:
@@ -226,7 +244,19 @@ class Objective:
     def uses_prior(self) -> bool:
         return self.lam > 0
 
+    @property
+    def other_each(self) -> int:
+        """Whole forwards of the partner per candidate (0 without one)."""
+        return self.partner.each if self.partner is not None else 0
+
+    @property
+    def gradient_sign(self) -> float:
+        """The weight of the RM's reward in the gradient: sign, over A's SD when R is a gap of z-scores."""
+        return self.sign / self.partner.scale if self.partner is not None else self.sign
+
     def values(self, reward: np.ndarray, logp: np.ndarray, ids: np.ndarray) -> Values:
+        if self.partner is not None:
+            reward = self.partner.gap(reward, np.asarray(ids))
         rep = repetition(ids, self.end)
         fluency = np.nan_to_num(logp, nan=0.0) - self.repetition_weight * rep
         return Values(reward, logp, rep, self.sign * reward.astype(np.float64) + self.lam * fluency)
@@ -266,8 +296,8 @@ class Objective:
         """What `score` charges for each candidate [W] (Fractions); `known`: their log-probs are given."""
         rm, lm = self._positions(cands, current)
         runs = self._prior_runs(current, every, 0.0 if known else None)
-        return np.asarray([self.forwards.cost(int(r), int(m) if runs else 0) for r, m in zip(rm, lm, strict=True)],
-                          object)
+        return np.asarray([self.forwards.cost(int(r), int(m) if runs else 0, self.other_each)
+                           for r, m in zip(rm, lm, strict=True)], object)
 
     def score(self, cands: np.ndarray, current: np.ndarray | None = None, extended=None,
               known_logp: np.ndarray | None = None, every: jax.Array | None = None) -> Values:
@@ -283,7 +313,8 @@ class Objective:
         rm_positions, lm_positions = self._positions(cands, current)
         run_prior = self._prior_runs(current, every, known_logp)
         shared = self.uses_prior and known_logp is None and not run_prior
-        self.forwards.charge(int(rm_positions.sum()), int(lm_positions.sum()) if run_prior else 0)
+        self.forwards.charge(int(rm_positions.sum()), int(lm_positions.sum()) if run_prior else 0,
+                             len(cands) * self.other_each)
         if current is None:
             return self._score_whole(cands, shared, known_logp)
         t, end = self.turn_target, self.end
@@ -310,7 +341,8 @@ class Objective:
         d, tail = partials.shape[1], self.tail
         shared = self.uses_prior and self.rm_is_prior
         self.forwards.charge(len(partials) * (d + tail),
-                             len(partials) * (d + 1) if self.uses_prior and not shared else 0)
+                             len(partials) * (d + 1) if self.uses_prior and not shared else 0,
+                             len(partials) * self.other_each)
         return self._score_whole(partials, shared)
 
     def _score_whole(self, cands: np.ndarray, shared: bool, known_logp: np.ndarray | None = None) -> Values:
@@ -383,14 +415,15 @@ class Objective:
         explore = explore and not self.uses_prior and self.prior is not None
         if self.rm_is_prior and (self.uses_prior or explore):
             self.forwards.charge(GRADIENT_COST * (n + tail))
-            grad, extended, every = joint_gradient_on_device(self.turn_target, self.prior.first, current, self.sign,
+            grad, extended, every = joint_gradient_on_device(self.turn_target, self.prior.first, current,
+                                                             self.gradient_sign,
                                                              self.lam, fluent=self.uses_prior,
                                                              read_offset=self.read_offset)
             return -grad, extended, every
         lm = GRADIENT_COST * n if self.uses_prior else n if explore else 0
         self.forwards.charge(GRADIENT_COST * (n + tail), lm)
         grad, extended = reward_gradient_on_device(self.turn_target, current, self.read_offset)
-        loss = -self.sign * grad
+        loss = -self.gradient_sign * grad
         every = None
         if self.uses_prior:
             prior_grad, every = prior_lib.prior_gradient(self.prior.model, self.prior.cache, self.prior.first,

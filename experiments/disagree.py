@@ -1,0 +1,56 @@
+"""Where two reward models disagree, or a reward model and a base model's implicit reward: fluent whole responses
+side A rates far above side B (and the reverse), found by the frontier's search on the gap z_A − z_B, against
+best-of-N at the same forwards; with --vocab_map, every one-token response both vocabularies share.
+
+python -m experiments.disagree --models=elo-rm-smollm2-135m,elo-rm-gemma3-270m --prompts=greatest \
+    --num_tokens=8 --forwards=2000 --direction=both --out=results/disagree [--vocab_map]
+python -m experiments.disagree --models=elo-rm-smollm2-135m,implicit:smollm2-135m-instruct:gemma-3-270m ...
+
+Writes OUT/disagree.csv (prompt, direction, method, rank, text, ends_turn, completed_text, reward_a, reward_b, z_a,
+z_b, gap, judge_ppl, forwards), OUT/disagree.png, OUT/vocab_map.csv (with --vocab_map) and .meta.json. Re-running
+the same command after a crash resumes from the last finished (prompt, direction, method).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from absl import flags
+
+from experiments import common, config_flags, lm_flag
+from rmjax.search.disagree_job import DisagreeConfig
+from rmjax.search.fluent import FluentConfig
+
+MODELS = flags.DEFINE_list("models", None, "The two sides A,B: reward model specs, or for B "
+                           "implicit:CHOSEN_LM:REFERENCE_LM (the chosen LM's log-prob minus the reference's).")
+OUT = flags.DEFINE_string("out", "results/disagree", "Output folder: disagree.csv, disagree.png, vocab_map.csv, "
+                          ".meta.json.")
+JUDGE = flags.DEFINE_string("judge", None, "The judge: a causal LM of another family than side A (default: "
+                            "gemma-3-270m for a Llama-family RM, smollm2-135m-instruct for a Gemma one).")
+DISAGREE_CONFIG = config_flags.define(DisagreeConfig)
+SEARCH_CONFIG = config_flags.define(FluentConfig)
+flags.mark_flag_as_required("models")
+flags.adopt_module_key_flags(common)
+flags.adopt_module_key_flags(lm_flag)
+flags.adopt_module_key_flags(config_flags)
+
+
+def main(argv):
+    del argv
+    from rmjax.search.disagree_job import DisagreeSpec, parse_sides, run_disagree
+    from rmjax.text import prompts as prompt_lib
+
+    a, _ = parse_sides(MODELS.value)  # bad values stop here, before any model loads
+    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    config, search = DISAGREE_CONFIG(), SEARCH_CONFIG()
+    options = common.options(OUT.value)
+    named = [m for m in MODELS.value if Path(m).is_file()]
+    options = dataclasses.replace(options, model=a.models[0],
+                                  inputs=options.inputs + tuple(("--models", m) for m in named))
+    run_disagree(DisagreeSpec(options, tuple(MODELS.value), prompts, config, search, lm=lm_flag.LM.value,
+                              judge=JUDGE.value))
+
+
+if __name__ == "__main__":
+    common.run(main)

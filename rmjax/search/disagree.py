@@ -1,0 +1,115 @@
+"""Where two sides disagree (issue 46): the gap z_A − z_B that the frontier's search climbs (the Objective's
+`partner`), and the vocabulary-wide map over the one-token responses both vocabularies share.
+
+z is each side's reward in SDs of its own single-token rewards for the prompt (`Side.yardstick`): one affine map
+per side, so a gap of 3 means one side puts the response 3 SDs further up its own scale than the other does. The
+search runs in side A's tokens; side B scores the decoded text in its own template and tokenization, and a
+candidate whose text does not round-trip in B is never scored (`round_trips`, a re-tokenization check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from rmjax.scoring import finite
+from rmjax.search import turns
+from rmjax.search.sides import Side
+from rmjax.text.candidates import decoded_tokens
+
+
+@dataclasses.dataclass(eq=False)
+class Disagreement:
+    """The Objective's partner (rmjax.search.objective.Partner): A's rewards of candidates (A's ids) become gaps;
+    every candidate scored is kept in `ledger` (its own tokens -> (reward A, reward B)), so written rows read
+    their values."""
+
+    tokenizer: object  # side A's
+    end: int  # A's end of turn (rmjax.search.turns)
+    z_a: tuple[float, float]
+    other: Side
+    z_b: tuple[float, float]
+    allow_nonfinite: bool = False
+    ledger: dict = dataclasses.field(default_factory=dict)
+    known: dict = dataclasses.field(default_factory=dict)  # text -> B's reward (a text is scored once)
+
+    @property
+    def each(self) -> int:
+        return self.other.spec.each
+
+    @property
+    def scale(self) -> float:
+        return self.z_a[1]
+
+    def rewards_b(self, texts: list[str]) -> np.ndarray:
+        """B's reward of each text (a text B scored before is not scored again); NaN/Inf stops the job unless
+        allowed."""
+        new = [t for t in dict.fromkeys(texts) if t not in self.known]
+        if new:
+            values = self.other.rewards(new)
+            finite.check(values[:, None], what=f"rewards of side B ({self.other.spec.text})", columns=["reward"],
+                         allow=self.allow_nonfinite, row=lambda i: f"text {new[i]!r}")
+            self.known.update(zip(new, values.tolist(), strict=True))
+        return np.asarray([self.known[t] for t in texts], np.float64)
+
+    def gap(self, reward: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        reward = np.asarray(reward, np.float64)
+        rb = self.rewards_b(turns.decode(self.tokenizer, ids, self.end))
+        for row, a, b in zip(np.asarray(ids).tolist(), reward.tolist(), rb.tolist(), strict=True):
+            self.ledger[tuple(turns.tokens(row, self.end))] = (a, b)
+        return z_of(reward, self.z_a) - z_of(rb, self.z_b)
+
+    def round_trips(self, body: list[int]) -> bool:
+        """A response's own tokens (A's) decode to a text that round-trips in side B."""
+        return self.other.round_trips(self.tokenizer.decode(list(body)))
+
+
+def z_of(reward, scale: tuple[float, float]) -> np.ndarray:
+    return (np.asarray(reward, np.float64) - scale[0]) / scale[1]
+
+
+def shared_strings(a: Side, b: Side, banned_a: np.ndarray, banned_b: np.ndarray) -> pd.DataFrame:
+    """The strings both sides' tokenizers read as one allowed token: text, token_a, token_b (the token each
+    tokenizer makes of the string alone, which decodes back to it), sorted by A's id. A token its own tokenizer
+    never produces from its text (a normalizer changes it, another split wins) is no response the side can read."""
+    def first_ids(side: Side, banned: np.ndarray) -> dict[str, int]:
+        texts = decoded_tokens(side.tokenizer, side.vocab)
+        candidates = [i for i, text in enumerate(texts) if not banned[i] and text]
+        encoded = side.tokenizer([texts[i] for i in candidates], add_special_tokens=False).input_ids
+        return {texts[i]: i for i, ids in zip(candidates, encoded, strict=True) if ids == [i]}
+
+    ids_a, ids_b = first_ids(a, banned_a), first_ids(b, banned_b)
+    both = [(text, i, ids_b[text]) for text, i in ids_a.items() if text in ids_b]
+    return pd.DataFrame(both, columns=["text", "token_a", "token_b"])
+
+
+def token_rewards_of(side: Side, ids: np.ndarray) -> np.ndarray:
+    """A side's single-token rewards of its own ids (Side.token_rewards)."""
+    return side.token_rewards(np.asarray(ids, np.int64))
+
+
+def vocab_map(a: Side, b: Side, shared: pd.DataFrame, z_a: tuple[float, float], z_b: tuple[float, float],
+              prompt: str) -> tuple[pd.DataFrame, dict]:
+    """Per shared string: both sides' single-token rewards, their z and the gap z_A − z_B, sorted by gap (largest
+    first, ties by text); and the summary: Kendall τ (b) between the sides' rewards over the strings, their
+    Pearson r and the affine-invariant distance sqrt((1 − r) / 2) of the standardised rewards (EPIC's)."""
+    ra = token_rewards_of(a, shared["token_a"].to_numpy())
+    rb = token_rewards_of(b, shared["token_b"].to_numpy())
+    frame = shared.assign(prompt=prompt, reward_a=ra, reward_b=rb, z_a=z_of(ra, z_a), z_b=z_of(rb, z_b))
+    frame["gap"] = frame["z_a"] - frame["z_b"]
+    frame = frame.sort_values(["gap", "text"], ascending=[False, True], kind="mergesort").reset_index(drop=True)
+    return frame[["prompt", "text", "token_a", "token_b", "reward_a", "reward_b", "z_a", "z_b", "gap"]], \
+        agreement(ra, rb)
+
+
+def agreement(ra: np.ndarray, rb: np.ndarray) -> dict:
+    """Kendall τ (b), Pearson r and the EPIC-style distance sqrt((1 − r)/2) (Gleave et al.: Pearson distance after
+    standardising; 0 equal up to an affine map, 1 opposite) of two reward vectors over the same items."""
+    ra, rb = np.asarray(ra, np.float64), np.asarray(rb, np.float64)
+    tau = stats.kendalltau(ra, rb).statistic if len(ra) > 1 else float("nan")
+    r = float(np.corrcoef(ra, rb)[0, 1]) if len(ra) > 1 else float("nan")
+    return {"n": int(len(ra)), "kendall_tau": float(tau), "pearson_r": r,
+            "epic_distance": float(np.sqrt(max(0.0, (1.0 - r) / 2.0))) if np.isfinite(r) else float("nan")}

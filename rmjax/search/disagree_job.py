@@ -1,0 +1,349 @@
+"""The disagreement job (issue 46): per prompt and direction, the frontier's search on the gap z_A − z_B (plus its
+fluency term) and best-of-N at the same forwards, every written row re-scored by each side as `experiments.score`
+scores a text, judged and completion-checked; optionally the vocabulary-wide map. Resumable unit by unit (a unit:
+prompt, direction, method), then DIR/disagree.csv, DIR/vocab_map.csv, DIR/disagree.png and .meta.json.
+
+a_over_b: responses side A rates far above side B (gap > 0 is the goal); b_over_a: the reverse. Side A must be a
+reward model (the search's gradient is A's, in A's tokens); B a reward model or `implicit:CHOSEN:REFERENCE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rmjax import checks
+from rmjax.checks import setting
+from rmjax.errors import NonFiniteError, UsageError
+from rmjax.loading import config_and_tokenizer, config_of
+from rmjax.loading.for_job import job_fingerprint, load_for_job
+from rmjax.model import Model, require_reward_model
+from rmjax.parallel.distributed import is_main
+from rmjax.runs.chunks import ChunkStore, open_store, store_dir
+from rmjax.runs.options import RunOptions, claim_job
+from rmjax.runs.progress import Progress
+from rmjax.search import disagree_out, frontier_checks, turns
+from rmjax.search.completion import require_prior_config, same_tokenizer
+from rmjax.search.disagree import Disagreement, shared_strings, vocab_map
+from rmjax.search.fluent import FluentConfig, best_of_n, fluent_search
+from rmjax.search.frontier_job import Z_SAMPLE, default_judge, search_rows
+from rmjax.search.gcg import make_target
+from rmjax.search.gcg_start import banned_tokens
+from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids, survives
+from rmjax.search.objective import BudgetSpent, Forwards, Objective, Prior
+from rmjax.search.sides import Side, SideSpec, make_side
+from rmjax.text import chat
+
+DIRECTIONS = ("a_over_b", "b_over_a")
+
+
+@dataclasses.dataclass(frozen=True)
+class DisagreeConfig:
+    direction: str = setting("both", "a_over_b: responses side A rates far above side B; b_over_a: the reverse.",
+                             ("a_over_b", "b_over_a", "both"))
+    forwards: int = setting(2000, "Forwards budget of the search, and of best-of-N, per prompt and direction; both "
+                                   "sides' forwards count.")
+    lam: float = setting(1.0, "λ: weight of the fluency term (the frontier's: mean token log-prob + end of turn "
+                              "under side A's backbone, minus the repetition penalty).")
+    repetition_penalty: float = setting(2.0, "ρ: the fluency term loses ρ x the share of repeating positions.")
+    top: int = setting(8, "Rows written per prompt, direction and method: the best by the objective.")
+    front_rows: int = setting(32, "Rows written besides the top: up to this many from each method's Pareto layers "
+                                  "(gap vs fluency).")
+    z_sample: int = setting(2048, "Single tokens sampled (seeded) per side and prompt for the SD that z divides by.")
+    search: bool = setting(True, "Run the search and best-of-N (--nosearch: only the vocabulary map).")
+    vocab_map: bool = setting(False, "Also map every one-token response both vocabularies share: z_A against z_B, "
+                                     "Kendall τ, the top and bottom by gap (DIR/vocab_map.csv).")
+    map_top: int = setting(20, "Strings the summary names at each end of the vocabulary map, per prompt.")
+    allow_non_ascii: bool = setting(False, "Allow non-ASCII tokens in responses.")
+    allow_special: bool = setting(False, "Allow special and byte tokens in responses.")
+
+    def __post_init__(self):
+        checks.validate(self, {"forwards": checks.POSITIVE, "top": checks.POSITIVE, "z_sample": Z_SAMPLE,
+                               "front_rows": checks.NON_NEGATIVE, "repetition_penalty": checks.NON_NEGATIVE,
+                               "map_top": checks.POSITIVE, "direction": checks.one_of("a_over_b", "b_over_a", "both"),
+                               "lam": (lambda v: v >= 0 and np.isfinite(v), "a finite number >= 0")})
+        if not (self.search or self.vocab_map):
+            raise UsageError("--nosearch without --vocab_map computes nothing: give one of them.")
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        return DIRECTIONS if self.direction == "both" else (self.direction,)
+
+
+@dataclasses.dataclass(frozen=True)
+class DisagreeSpec:
+    """The job as one value: options.out is the output folder, options.model side A's reward model; `models` the
+    two sides as given; `lm` the prior of the fluency term (None: side A's own backbone); `judge` (None: the
+    default of the other family)."""
+
+    options: RunOptions
+    models: tuple[str, str]
+    prompts: dict[str, str]
+    config: DisagreeConfig
+    search: FluentConfig
+    lm: str | None = None
+    judge: str | None = None
+
+
+def parse_sides(models: tuple[str, ...] | list[str]) -> tuple[SideSpec, SideSpec]:
+    """Two sides; side A a reward model (the search's gradient is its), refused in one line before loading."""
+    if len(models) != 2:
+        raise UsageError(f"--models takes two sides, A,B ({len(models)} given).")
+    a, b = (SideSpec.parse(m) for m in models)
+    if a.implicit:
+        raise UsageError(f"--models={','.join(models)}: side A searches by its reward gradient and must be a reward "
+                         "model; put the implicit side second (--direction=b_over_a searches the other way).")
+    if a.text == b.text:
+        raise UsageError(f"--models: both sides are {a.text}; a model does not disagree with itself.")
+    return a, b
+
+
+def folder_paths(folder: str | Path) -> dict[str, Path]:
+    folder = Path(folder)
+    return {"csv": folder / "disagree.csv", "map": folder / "vocab_map.csv", "png": folder / "disagree.png"}
+
+
+def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> str:
+    """Every model's config read before any weight: side A (and B's RM) a reward model, the LMs with LM heads;
+    the judge's spec."""
+    rm_config = config_of(a.models[0])
+    require_reward_model(rm_config, a.models[0], "the disagreement search's side A")
+    if b.implicit:
+        for name, source in zip(("CHOSEN", "REFERENCE"), b.models, strict=True):
+            require_prior_config(config_of(source), source, f"--models implicit {name}")
+    else:
+        require_reward_model(config_of(b.models[0]), b.models[0], "side B")
+    judge = spec.judge or default_judge(rm_config)
+    for flag, source in (("--lm", spec.lm or a.models[0]), ("--judge", judge)):
+        require_prior_config(config_of(source), source, flag)
+    if spec.config.search:
+        _check_budget(spec, b)
+    return judge
+
+
+def _check_budget(spec: DisagreeSpec, b: SideSpec) -> None:
+    """A budget that buys no candidate (A's prefill, one sampled response scored by both sides), refused before
+    loading, as the frontier's (frontier_checks.minimum_forwards)."""
+    o, search = spec.options, spec.search
+    _, tokenizer = config_and_tokenizer(o.model)
+    prior_prefix = 0
+    if spec.lm:
+        prior_prefix = len(chat.split_chat(config_and_tokenizer(spec.lm)[1], next(iter(spec.prompts.values())),
+                                           o.template).prefix)
+    for text in spec.prompts.values():
+        split = chat.split_chat(tokenizer, text, o.template)
+        need = frontier_checks.minimum_forwards(len(split.prefix), turns.rm_tail(split.suffix), prior_prefix,
+                                                search.num_tokens, search.start_share,
+                                                frontier_checks.PER_CANDIDATE + b.each)
+        if spec.config.forwards < need:
+            raise UsageError(frontier_checks.budget_message(spec.config.forwards, need))
+
+
+def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judge: str) -> dict:
+    o = spec.options
+    fp = {m: job_fingerprint(o, m) for side in sides for m in side.models}
+    return {"job": "disagree", "sides": [{"spec": s.text, "models": [fp[m] for m in s.models]} for s in sides],
+            "lm": job_fingerprint(o, spec.lm) if spec.lm else None, "judge": {"spec": judge,
+                                                                              "model": job_fingerprint(o, judge)},
+            "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
+            "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
+            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)"}
+
+
+def run_disagree(spec: DisagreeSpec) -> Path | None:
+    """Checks and identity without loading → claim DIR → load both sides, the prior and the judge → per prompt:
+    yardsticks, the vocabulary map, the units (resumable) → DIR's files and .meta.json. Returns DIR (None off the
+    main process)."""
+    o, cfg = spec.options, spec.config
+    a, b = parse_sides(spec.models)
+    if o.model != a.models[0]:
+        raise UsageError(f"options.model ({o.model}) is not side A ({a.models[0]}).")
+    judge = _check_configs(spec, a, b)
+    identity = disagree_identity(spec, (a, b), judge)
+    paths = folder_paths(o.out)
+    main = paths["csv"] if cfg.search else paths["map"]
+    owned = [p for k, p in paths.items() if p != main and (k != "map" or cfg.vocab_map) and (k != "png" or cfg.search)]
+    with claim_job(o, identity, out=main, owned=owned, store=store_dir(main)) as job:
+        if job.reuse:
+            return Path(o.out)
+        models = _load(spec, a, b)
+        rm = models[a.models[0]]
+        lm = models.get(spec.lm, rm) if spec.lm else rm
+        same_tokenizer(rm, lm)
+        judge_model = load_for_job(dataclasses.replace(o, output_column=0), judge)
+        store = open_store(main, identity, 1)
+        started, ready = time.perf_counter(), {}
+        for name, text in spec.prompts.items():
+            ready[name] = _prepare(spec, models, a, b, rm, lm, name, text)
+        maps = {name: _vocab_map(p, name) for name, p in ready.items()} if cfg.vocab_map else {}
+        units = _units(spec, ready, store) if cfg.search else []
+        table = disagree_out.rows(units, ready, judge_model, spec) if cfg.search else []
+        summary = disagree_out.summaries(table, units, maps, cfg)
+        job.finish(lambda path: disagree_out.write(paths, table, maps, cfg), model=rm.source,
+                   allow_nonfinite=o.allow_nonfinite,
+                   sides=[{"spec": s.text, "models": [models[m].source for m in s.models]} for s in (a, b)],
+                   lm=lm.source, judge=judge_model.source, dtype=o.dtype, prompts=spec.prompts,
+                   config=dataclasses.asdict(cfg), search=dataclasses.asdict(spec.search),
+                   yardsticks={n: {"a": list(p.z_a), "b": list(p.z_b)} for n, p in ready.items()},
+                   units=[u.meta() for u in units], summary=summary, seconds=time.perf_counter() - started)
+        if is_main():
+            store.remove()
+            print(disagree_out.describe(summary, paths, cfg), file=sys.stderr)
+    return Path(o.out)
+
+
+def _load(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> dict[str, Model]:
+    """Every distinct model once: reward models with the job's output column, LMs with none."""
+    o, out = spec.options, {}
+    lms = set(b.models if b.implicit else ()) | ({spec.lm} if spec.lm else set())
+    for m in dict.fromkeys([*a.models, *b.models, *([spec.lm] if spec.lm else [])]):
+        out[m] = load_for_job(dataclasses.replace(o, output_column=0) if m in lms else o, m)
+    return out
+
+
+@dataclasses.dataclass(eq=False)
+class Ready:
+    """A prompt made ready: both sides, their yardsticks, A's target and prior, A's allowed tokens and the
+    checks every candidate passes."""
+
+    prompt: str
+    side_a: Side
+    side_b: Side
+    z_a: tuple[float, float]
+    z_b: tuple[float, float]
+    target: object
+    prior: Prior
+    banned: np.ndarray
+    retokenize: list
+    end: int
+
+
+def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideSpec, rm: Model, lm: Model,
+             name: str, text: str) -> Ready:
+    o, cfg = spec.options, spec.config
+    side_a, side_b = (make_side(s, models, text, o.template) for s in (a, b))
+    z_a, z_b = (s.yardstick(cfg.z_sample, o.allow_nonfinite) for s in (side_a, side_b))
+    target = make_target(rm, text, o.template)
+    end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
+    prior = Prior.of(lm, target.prefix if lm is rm else chat.split_chat(lm.tokenizer, text, o.template).prefix)
+    gcg_cfg = spec.search.gcg(allow_non_ascii=cfg.allow_non_ascii, allow_special=cfg.allow_special,
+                             template=o.template)
+    banned = banned_tokens(rm, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
+    check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, o.template), target.prefix, target.suffix)
+    ready = Ready(text, side_a, side_b, z_a, z_b, target, prior, banned, [check], end)
+    ready.retokenize.append(_partner(ready, o.allow_nonfinite).round_trips)
+    return ready
+
+
+def _partner(p: Ready, allow: bool) -> Disagreement:
+    return Disagreement(p.target.model.tokenizer, p.end, p.z_a, p.side_b, p.z_b, allow)
+
+
+def _vocab_map(p: Ready, name: str):
+    """The map over the strings both vocabularies share as allowed single tokens (B's own exclusion rule too)."""
+    tok_b = p.side_b.tokenizer
+    banned_b = disallowed_ids(tok_b, p.side_b.vocab, allow_special=False, allow_non_ascii=False)
+    shared = shared_strings(p.side_a, p.side_b, p.banned, banned_b)
+    if shared.empty:
+        raise UsageError(f"the two sides share no allowed single-token string for prompt {name!r}: no vocabulary "
+                         "map.")
+    return vocab_map(p.side_a, p.side_b, shared, p.z_a, p.z_b, name)
+
+
+@dataclasses.dataclass
+class Unit:
+    """One (prompt, direction, method): its written rows (A's ids [W, N]; both sides' rewards as the search
+    scored them), the forwards it spent and its time."""
+
+    prompt: str
+    direction: str
+    method: str
+    ids: np.ndarray
+    reward_a: np.ndarray
+    reward_b: np.ndarray
+    forwards: float
+    seconds: float
+
+    def meta(self) -> dict:
+        return {"prompt": self.prompt, "direction": self.direction, "method": self.method, "rows": len(self.ids),
+                "forwards": self.forwards, "seconds": round(self.seconds, 3)}
+
+
+def _units(spec: DisagreeSpec, ready: dict[str, Ready], store: ChunkStore) -> list[Unit]:
+    cfg = spec.config
+    plan = [(p, d, m) for p in spec.prompts for d in cfg.directions for m in ("search", "best_of_n")]
+    progress = Progress(cfg.forwards * len(plan), "disagree", unit="forwards", every=10.0, warmup=True)
+    units = []
+    for index, (name, direction, method) in enumerate(plan):
+        key = f"u{index:04d}"
+        if store.has(key):
+            units.append(_read(store, key, name, direction, method, spec.search.num_tokens))
+            progress.resume(cfg.forwards)
+            continue
+        progress.label = f"disagree {index + 1}/{len(plan)}: {name} {direction}, {method.replace('_', '-')}"
+        units.append(_compute(ready[name], spec, name, direction, method, progress))
+        if is_main():
+            _write(store, key, units[-1])
+    return units
+
+
+def _compute(p: Ready, spec: DisagreeSpec, name: str, direction: str, method: str, progress: Progress) -> Unit:
+    cfg, search, started = spec.config, spec.search, time.perf_counter()
+    n, tail = search.num_tokens, turns.rm_tail(p.target.suffix)
+    forwards = Forwards(cfg.forwards, n + tail, n + 1)
+    try:
+        forwards.charge(len(p.target.prefix), len(p.prior.prefix) if p.prior.model is not p.target.model else 0)
+    except BudgetSpent:
+        raise UsageError(f"--forwards={cfg.forwards} does not buy the prompt's prefill; give a larger "
+                         "budget.") from None
+    partner = _partner(p, spec.options.allow_nonfinite)
+    sign = 1.0 if direction == "a_over_b" else -1.0
+    objective = Objective(p.target, p.prior, cfg.lam, sign, cfg.repetition_penalty, forwards,
+                          allow_nonfinite=spec.options.allow_nonfinite, partner=partner)
+    reported = [0.0]
+
+    def tick(latest=None) -> None:
+        progress.update(int(float(forwards.spent)) - int(reported[0]))
+        reported[0] = float(forwards.spent)
+
+    if method == "search":
+        found = fluent_search(objective, search, p.banned, p.retokenize, tick)
+    else:
+        found = best_of_n(objective, search, p.banned)
+        # only texts that round-trip in both sides count: best-of-N's samples were drawn unfiltered (and paid for)
+        keep = [i for i, row in enumerate(found.ids.tolist())
+                if all(survives(c, turns.tokens(row, p.end)) for c in p.retokenize)]
+        found = dataclasses.replace(found, ids=found.ids[keep], values=dataclasses.replace(
+            found.values, **{f.name: getattr(found.values, f.name)[keep] for f in dataclasses.fields(found.values)}))
+    rows = search_rows(found, cfg.top, cfg.front_rows, sign, cfg.repetition_penalty)
+    if not len(rows):
+        raise NonFiniteError(f"{method} found no row to write for {name} {direction} (every sequence had a NaN/Inf "
+                             "term or no text that round-trips in side B).")
+    tick()
+    progress.update(cfg.forwards - int(float(forwards.spent)))
+    ids = found.ids[rows]
+    scored = [partner.ledger[tuple(turns.tokens(r, p.end))] for r in ids.tolist()]
+    ra, rb = (np.asarray([v[k] for v in scored], np.float64) for k in (0, 1))
+    return Unit(name, direction, method, ids, ra, rb, float(found.spent), time.perf_counter() - started)
+
+
+def _write(store: ChunkStore, key: str, u: Unit) -> None:
+    """A unit as one chunk: a header [rows, forwards, seconds, NaN…], then its rows [ids, reward A, reward B]."""
+    columns = np.column_stack([u.ids.astype(np.float64), u.reward_a, u.reward_b])
+    header = np.full((1, columns.shape[1]), np.nan)
+    header[0, :3] = len(columns), u.forwards, u.seconds
+    store.write(key, np.vstack([header, columns]))
+
+
+def _read(store: ChunkStore, key: str, name: str, direction: str, method: str, n: int) -> Unit:
+    packed = store.load(key)
+    ok = packed.dtype == np.float64 and packed.ndim == 2 and packed.shape[1] == n + 2 and len(packed) >= 2
+    if not (ok and float(packed[0, 0]) == len(packed) - 1 and np.isfinite(packed[1:]).all()):
+        raise store.damaged(key, f"is not a disagreement unit of this run ({packed.dtype} of shape {packed.shape})")
+    rows = packed[1:]
+    return Unit(name, direction, method, rows[:, :n].astype(np.int64), rows[:, n], rows[:, n + 1],
+                float(packed[0, 1]), float(packed[0, 2]))

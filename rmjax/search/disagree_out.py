@@ -1,0 +1,150 @@
+"""The disagreement job's outputs: the written rows (each re-scored by both sides as experiments.score scores a
+text, judged, completion-checked), the comparison with best-of-N at a judge-perplexity cap, the vocabulary map's
+CSV and the figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rmjax.analysis import plots
+from rmjax.errors import RmjaxError
+from rmjax.runs import results
+from rmjax.scoring.judge import judge_perplexities
+from rmjax.search import turns
+from rmjax.search.completion import complete_responses
+from rmjax.search.disagree import z_of
+from rmjax.search.frontier_out import FLUENT_PPL
+
+KEYS = ("prompt", "direction", "method", "rank", "text", "ends_turn", "completed_text")
+VALUES = ("reward_a", "reward_b", "z_a", "z_b", "gap", "judge_ppl", "forwards")
+MAP_KEYS = ("prompt", "text", "token_a", "token_b")
+MAP_VALUES = ("reward_a", "reward_b", "z_a", "z_b", "gap")
+
+
+def _tolerance(dtype: str, reward: np.ndarray) -> np.ndarray:
+    """How far a row's reward through the search's cached ids may sit from the same text scored afresh: float32
+    rounding over a forward (about 1e-6 relative per op, well inside 1e-3 of the reward's scale); bfloat16 keeps 8
+    bits of mantissa (2^-8 ≈ 4e-3 relative per op), so 3e-2."""
+    return (1e-3 if dtype == "float32" else 3e-2) * np.maximum(1.0, np.abs(reward))
+
+
+def rows(units, ready: dict, judge, spec) -> list[dict]:
+    """Every CSV row, units in plan order and each unit's rows in its order (best objective first): both sides'
+    rewards of the decoded text scored afresh (what experiments.score gives it), checked against what the search
+    scored; z per side; the judge's perplexity; the completion check."""
+    out = []
+    for u in units:
+        p = ready[u.prompt]
+        tokenizer, end = p.target.model.tokenizer, p.end
+        texts = turns.decode(tokenizer, u.ids, end)
+        ra, rb = p.side_a.rewards(texts), p.side_b.rewards(texts)
+        for side, fresh, searched in (("A", ra, u.reward_a), ("B", rb, u.reward_b)):
+            off = np.abs(fresh - searched) > _tolerance(spec.options.dtype, searched)
+            if off.any():
+                i = int(np.flatnonzero(off)[0])
+                raise RmjaxError(f"side {side}'s reward of {texts[i]!r} is {fresh[i]:.6g} scored as a text but "
+                                 f"{searched[i]:.6g} in the search: the search's scores are not the text's. Nothing "
+                                 "was written; report this with the command.")
+        ppl = judge_perplexities(judge, p.prompt, texts, spec.options.template, end_of_turn=True)
+        done = complete_responses(p.target.model, p.prior.model, p.prompt,
+                                  [turns.tokens(r, end) for r in u.ids.tolist()], spec.options.template,
+                                  allow_nonfinite=spec.options.allow_nonfinite)
+        za, zb = z_of(ra, p.z_a), z_of(rb, p.z_b)
+        out += [{"prompt": u.prompt, "direction": u.direction, "method": u.method, "rank": k + 1,
+                 "text": json.dumps(texts[k], ensure_ascii=False), "ends_turn": int(done.ends_turn[k]),
+                 "completed_text": json.dumps(done.completed_text[k], ensure_ascii=False),
+                 "reward_a": float(ra[k]), "reward_b": float(rb[k]), "z_a": float(za[k]), "z_b": float(zb[k]),
+                 "gap": float(za[k] - zb[k]), "judge_ppl": float(ppl[k]), "forwards": u.forwards}
+                for k in range(len(texts))]
+    return out
+
+
+def _best(table: list[dict], prompt: str, direction: str, method: str, cap: float, complete: bool) -> dict | None:
+    """The row of the largest gap by direction at judge perplexity ≤ cap (and ending where the prior would end the
+    turn, with `complete`)."""
+    sign = 1.0 if direction == "a_over_b" else -1.0
+    mine = [r for r in table if (r["prompt"], r["direction"], r["method"]) == (prompt, direction, method)
+            and r["judge_ppl"] <= cap and (r["ends_turn"] or not complete)]
+    if not mine:
+        return None
+    r = max(mine, key=lambda r: sign * r["gap"])
+    return {k: r[k] for k in ("text", "gap", "z_a", "z_b", "judge_ppl", "ends_turn")}
+
+
+def summaries(table: list[dict], units, maps: dict, cfg) -> dict:
+    """Per prompt: per direction, each method's forwards and most disagreeing row at judge perplexity ≤
+    FLUENT_PPL (and among complete answers), and whether the search's beats best-of-N's; the vocabulary map's
+    agreement and its `map_top` strings at each end."""
+    out = {}
+    for prompt in dict.fromkeys([u.prompt for u in units] + list(maps)):
+        entry = {}
+        for direction in (cfg.directions if units else ()):
+            sign = 1.0 if direction == "a_over_b" else -1.0
+            d = {"forwards": {u.method: u.forwards for u in units if (u.prompt, u.direction) == (prompt, direction)}}
+            for complete in (False, True):
+                best = {m: _best(table, prompt, direction, m, FLUENT_PPL, complete) for m in ("search", "best_of_n")}
+                s, b = best["search"], best["best_of_n"]
+                d["complete" if complete else "at_cap"] = {
+                    "cap": FLUENT_PPL, **best,
+                    "search_beats_best_of_n": None if s is None else (b is None or sign * s["gap"] > sign * b["gap"])}
+            entry[direction] = d
+        if prompt in maps:
+            frame, agree = maps[prompt]
+            entry["vocab_map"] = {**agree, "top": _ends(frame.head(cfg.map_top)),
+                                  "bottom": _ends(frame.tail(cfg.map_top).iloc[::-1])}
+        out[prompt] = entry
+    return out
+
+
+def _ends(frame: pd.DataFrame) -> list[dict]:
+    return [{"text": t, "gap": float(g), "z_a": float(a), "z_b": float(b)}
+            for t, g, a, b in zip(frame["text"], frame["gap"], frame["z_a"], frame["z_b"], strict=True)]
+
+
+def write(paths: dict[str, Path], table: list[dict], maps: dict, cfg) -> Path:
+    """disagree.csv (texts JSON-quoted, so any response survives), vocab_map.csv, the figure; returns the main
+    file (the map's with --nosearch)."""
+    if maps:
+        frame = pd.concat([f for f, _ in maps.values()], ignore_index=True)
+        results.write_table(paths["map"], {"prompt": frame["prompt"].tolist(),
+                                           "text": [json.dumps(t, ensure_ascii=False) for t in frame["text"]],
+                                           "token_a": frame["token_a"].tolist(), "token_b": frame["token_b"].tolist()},
+                            {c: frame[c].to_numpy(np.float64) for c in MAP_VALUES})
+    if not cfg.search:
+        return paths["map"]
+    results.write_table(paths["csv"], {c: [r[c] for r in table] for c in KEYS},
+                        {c: np.asarray([r[c] for r in table], np.float64) for c in VALUES})
+    plots.disagreement_scatter(table, {p: f for p, (f, _) in maps.items()}, paths["png"], FLUENT_PPL)
+    return paths["csv"]
+
+
+def describe(summary: dict, paths: dict[str, Path], cfg) -> str:
+    lines = []
+    for prompt, entry in summary.items():
+        for direction in cfg.directions:
+            if direction not in entry:
+                continue
+            d = entry[direction]
+            for key, what in (("at_cap", "at judge perplexity"), ("complete", "complete answers at judge perplexity")):
+                c = d[key]
+                lines.append(f"{prompt} {direction}, {what} <= {c['cap']:g}: search {_fmt(c['search'])}, best-of-N "
+                             f"{_fmt(c['best_of_n'])} (forwards {d['forwards'].get('search', 0):.0f} vs "
+                             f"{d['forwards'].get('best_of_n', 0):.0f})")
+        if "vocab_map" in entry:
+            m = entry["vocab_map"]
+            lines.append(f"{prompt} vocabulary map over {m['n']} shared strings: Kendall τ {m['kendall_tau']:.3f}, "
+                         f"EPIC distance {m['epic_distance']:.3f}; A over B most: "
+                         + ", ".join(f"{r['text']!r} {r['gap']:+.1f}" for r in m["top"][:5]) + "; B over A most: "
+                         + ", ".join(f"{r['text']!r} {r['gap']:+.1f}" for r in m["bottom"][:5]))
+    written = [paths["csv"], paths["png"]] if cfg.search else []
+    return "\n".join(lines) + "\n-> " + ", ".join(map(str, written + ([paths["map"]] if cfg.vocab_map else [])))
+
+
+def _fmt(best: dict | None) -> str:
+    if best is None:
+        return "none"
+    return f"gap {best['gap']:+.2f} SD ({best['text']}, z_A {best['z_a']:+.2f}, z_B {best['z_b']:+.2f})"

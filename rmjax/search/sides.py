@@ -1,0 +1,156 @@
+"""The two sides of a disagreement (issue 46): a reward model, or the implicit reward of two causal LMs.
+
+A side scores response *texts* for one prompt, each in its own chat template and tokenization, so two sides may
+read different vocabularies (the default RMs: 49,152 and 262,144 tokens); a text counts only where it round-trips
+(its tokens in the conversation decode back to it, up to the edge whitespace the template
+renders its own way). The implicit side `implicit:CHOSEN:REFERENCE` is the second
+paper's log-prob difference, log π_chosen(y|x) − log π_reference(y|x) over the response's own tokens (each LM on
+its own tokenization of the text; the end of turn is left out, so a one-token response's value is what
+`experiments.logprobs` gives the two LMs); its tokens, for the search and the vocabulary map, are the chosen LM's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from rmjax.errors import UsageError
+from rmjax.model import Model
+from rmjax.scoring import finite
+from rmjax.scoring.context import prepare_prompt, score_tokens
+from rmjax.scoring.judge import text_log_probs
+from rmjax.scoring.prior import first_token_log_probs
+from rmjax.scoring.texts import TextScorer
+from rmjax.text import chat
+
+IMPLICIT = "implicit:"
+
+
+@dataclasses.dataclass(frozen=True)
+class SideSpec:
+    """One side as given on the command line: a reward model spec, or `implicit:CHOSEN_LM:REFERENCE_LM`."""
+
+    text: str
+    models: tuple[str, ...]  # (rm,) or (chosen, reference)
+
+    @classmethod
+    def parse(cls, text: str) -> SideSpec:
+        text = text.strip()
+        if not text.startswith(IMPLICIT):
+            if not text:
+                raise UsageError("--models: an empty side; give two reward models or implicit:CHOSEN:REFERENCE.")
+            return cls(text, (text,))
+        parts = text[len(IMPLICIT):].split(":")
+        if len(parts) != 2 or not all(parts):
+            raise UsageError(f"--models side {text!r}: an implicit side is implicit:CHOSEN_LM:REFERENCE_LM (two causal "
+                             "LMs, the chosen one's log-prob minus the reference's).")
+        return cls(text, tuple(parts))
+
+    @property
+    def implicit(self) -> bool:
+        return len(self.models) == 2
+
+    @property
+    def each(self) -> int:
+        """Whole forwards to score one text: one per model."""
+        return len(self.models)
+
+
+class Side:
+    """A side after one prompt: `rewards(texts)`, `token_rewards(ids)` of its own vocabulary's single tokens,
+    `round_trips(text)`, and the tokenizer of its tokens."""
+
+    spec: SideSpec
+    tokenizer: object
+    vocab: int
+
+    def rewards(self, texts: list[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    def token_rewards(self, ids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def round_trips(self, text: str) -> bool:
+        raise NotImplementedError
+
+    def yardstick(self, z_sample: int, allow_nonfinite: bool) -> tuple[float, float]:
+        """Mean and SD of its single-token rewards over `z_sample` of its tokens (finite.sampled_yardstick: the
+        sample `score` and the frontier draw, so an RM side's z is theirs)."""
+        return finite.sampled_yardstick(self.vocab, z_sample, self.token_rewards, allow=allow_nonfinite,
+                                        fix=f"raise --z_sample (side {self.spec.text} scores every token alike?)")
+
+
+def _response_ids(conversations: chat.Conversations, text: str) -> list[int] | None:
+    """The text's tokens inside its conversation (between the template's prefix and suffix), or None where the
+    conversation does not start with the prompt's prefix and end with its suffix."""
+    ids = conversations.token_ids([text])[0]
+    prefix, suffix = list(conversations.split.prefix), list(conversations.split.suffix)
+    body = ids[len(prefix): len(ids) - len(suffix)]
+    if ids[: len(prefix)] != prefix or (suffix and ids[len(ids) - len(suffix):] != suffix) or not body:
+        return None
+    return body
+
+
+def round_trips_in(conversations: chat.Conversations, text: str) -> bool:
+    """The text, put in the model's conversation and tokenized, decodes back to itself from its response tokens,
+    up to the whitespace at its edges, which each template renders its own way (the plain template puts one space
+    before the stripped response, as the published pipeline did; some chat templates trim)."""
+    body = _response_ids(conversations, text)
+    return body is not None and conversations.tokenizer.decode(body).strip() == text.strip()
+
+
+class RewardSide(Side):
+    """A reward model: a text's reward is what experiments.score gives it (TextScorer), a token's the sweep's."""
+
+    def __init__(self, spec: SideSpec, model: Model, prompt: str, template: str):
+        self.spec, self.model, self.tokenizer = spec, model, model.tokenizer
+        self.vocab = min(model.config.vocab_size, len(model.tokenizer))
+        self.scorer = TextScorer(model, prompt, template)
+        self.context = prepare_prompt(model, "side", prompt, template)
+
+    def rewards(self, texts: list[str]) -> np.ndarray:
+        return self.scorer.score(list(texts)).astype(np.float64) if texts else np.zeros(0)
+
+    def token_rewards(self, ids: np.ndarray) -> np.ndarray:
+        return score_tokens(self.model, self.context, np.asarray(ids), 256).astype(np.float64)
+
+    def round_trips(self, text: str) -> bool:
+        return round_trips_in(self.scorer, text)
+
+
+class ImplicitSide(Side):
+    """log π_chosen(y|x) − log π_reference(y|x) over the response's own tokens, each LM on its tokenization."""
+
+    def __init__(self, spec: SideSpec, chosen: Model, reference: Model, prompt: str, template: str):
+        self.spec, self.chosen, self.reference, self.tokenizer = spec, chosen, reference, chosen.tokenizer
+        self.prompt, self.template = prompt, template
+        self.vocab = min(chosen.config.vocab_size, len(chosen.tokenizer))
+        self.conversations = [chat.Conversations(m.tokenizer, prompt, template) for m in (chosen, reference)]
+        self.first = np.asarray(first_token_log_probs(chosen, list(self.conversations[0].split.prefix)), np.float64)
+
+    def _log_probs(self, model: Model, texts: list[str]) -> np.ndarray:
+        return np.asarray([lp.sum() for lp in text_log_probs(model, self.prompt, texts, self.template)], np.float64)
+
+    def rewards(self, texts: list[str]) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.zeros(0)
+        return self._log_probs(self.chosen, texts) - self._log_probs(self.reference, texts)
+
+    def token_rewards(self, ids: np.ndarray) -> np.ndarray:
+        """The chosen LM's log-prob of each token as the response's first (its logprobs row) minus the
+        reference's of the token's text on its own tokenization."""
+        ids = np.asarray(ids)
+        texts = self.chosen.tokenizer.batch_decode([[int(i)] for i in ids])
+        return self.first[ids] - self._log_probs(self.reference, texts)
+
+    def round_trips(self, text: str) -> bool:
+        return all(round_trips_in(c, text) for c in self.conversations)
+
+
+def make_side(spec: SideSpec, models: dict[str, Model], prompt: str, template: str) -> Side:
+    """The side after `prompt`, from the loaded models (by spec)."""
+    if spec.implicit:
+        return ImplicitSide(spec, models[spec.models[0]], models[spec.models[1]], prompt, template)
+    return RewardSide(spec, models[spec.models[0]], prompt, template)

@@ -1,0 +1,219 @@
+"""Issue 46: the disagreement search and map between two sides — the cross-tokenizer round trip, the budget ledger
+across two models, the implicit side against experiments.logprobs, and the job's rows against experiments.score."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from rmjax.loading import load
+from rmjax.runs.options import RunOptions
+from rmjax.search import disagree_job, fluent, turns
+from rmjax.search.disagree import Disagreement, agreement
+from rmjax.search.disagree_job import DisagreeConfig, DisagreeSpec, run_disagree
+from rmjax.search.gcg import make_target
+from rmjax.search.objective import Forwards, Objective, Prior
+from rmjax.search.sides import ImplicitSide, Side, SideSpec
+from rmjax.text import prompts
+from tests import tiny, tolerance
+from tests.inproc import no_weights_read, refused
+from tests.test_frontier import _Ledger
+
+PROMPT = prompts.PAPER1["greatest"]
+SEARCH = fluent.FluentConfig(num_tokens=3, samples=8, beam=2, proposals=4, search_width=16, topk=8)
+
+
+@pytest.fixture(scope="module")
+def lower_rm(tmp_path_factory):
+    """Side B: another tiny RM whose tokenizer lowercases its input (a normalizer), so a text with a capital letter
+    does not come back from it as itself: a text that round-trips in A but not in B."""
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path_factory.mktemp("lower") / "rm", seed=7)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["normalizer"] = {"type": "Lowercase"}
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def lm2_folder(tmp_path_factory, lm_folder):
+    """A second tiny causal LM with the SmolLM2 tokenizer: the implicit side's reference."""
+    folder = tmp_path_factory.mktemp("lm2") / "lm"
+    hf = tiny.build_hf_model("llama3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2, seed=5)
+    tiny.save_hf_model(hf, folder)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(lm_folder / f, folder / f)
+    return folder
+
+
+class _CountingSide(Side):
+    """A side whose reward is a text's length, counting every text it scores; texts holding an "e" do not
+    round-trip in it."""
+
+    def __init__(self, tokenizer):
+        self.spec, self.tokenizer, self.vocab, self.scored = SideSpec("counting", ("x", "y")), tokenizer, 100, []
+
+    def rewards(self, texts):
+        self.scored += list(texts)
+        return np.asarray([float(len(t)) for t in texts])
+
+    def round_trips(self, text):
+        return "e" not in text
+
+
+@pytest.mark.parametrize("method", ["search", "best_of_n"])
+def test_both_sides_forwards_are_charged_and_the_budget_never_passed(rm_folder, lm_folder, monkeypatch, method):
+    """Side A's positions (counted from its calls, as the frontier's ledger does) plus side B's whole forwards
+    (each = 2 models per text it scores, once per candidate) equal what was charged, within the budget; no
+    candidate whose text B cannot read back is scored by B or kept by the search."""
+    rm, lm = load(str(rm_folder)), load(str(lm_folder))
+    target = make_target(rm, PROMPT)
+    n, budget = SEARCH.num_tokens, 240
+    ledger = _Ledger(monkeypatch, rm, n, len(target.suffix), target.suffix[0])
+    forwards = Forwards(budget, n + len(target.suffix), n + 1)
+    side = _CountingSide(rm.tokenizer)
+    end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
+    partner = Disagreement(rm.tokenizer, end, (0.0, 2.0), side, (1.0, 4.0))
+    calls = []
+    real_gap = partner.gap
+    monkeypatch.setattr(partner, "gap", lambda reward, ids: (calls.append(len(ids)), real_gap(reward, ids))[1])
+    obj = Objective(target, Prior.of(lm, target.prefix), 1.0, 1.0, 2.0, forwards, partner=partner)
+    banned = np.ones(rm.config.vocab_size, bool)
+    banned[300:5000] = False
+    if method == "search":
+        found = fluent.fluent_search(obj, SEARCH, banned, [partner.round_trips])
+        assert all("e" not in t for t in side.scored)  # the filter ran before B scored anything
+    else:
+        found = fluent.best_of_n(obj, SEARCH, banned)
+    assert found.spent == forwards.spent <= budget
+    assert forwards.spent == ledger.forwards() + Fraction(2 * sum(calls))
+    assert sum(calls) == len(side.scored) > 0
+    texts = turns.decode(rm.tokenizer, found.ids, end)
+    want = (found.values.reward, (np.asarray([len(t) for t in texts]) - 1.0) / 4.0)
+    reward_a = np.asarray([partner.ledger[tuple(turns.tokens(r, end))][0] for r in found.ids.tolist()])
+    np.testing.assert_allclose(want[0], reward_a / 2.0 - want[1], rtol=0, atol=1e-12)  # gap = z_A − z_B
+
+
+def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tmp_path):
+    """implicit:CHOSEN:REFERENCE of a one-token response is the chosen LM's log-prob minus the reference's, as
+    `experiments.logprobs` writes them (one job per LM); a text's is the same through the text path."""
+    from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
+
+    tables = {}
+    for name, folder in (("chosen", lm_folder), ("reference", lm2_folder)):
+        out = tmp_path / f"{name}.csv"
+        run_logprobs(LogprobsSpec(RunOptions(model=str(folder), out=str(out)), {"greatest": PROMPT}))
+        tables[name] = pd.read_csv(out, keep_default_na=False).set_index("token_id")["greatest"]
+    chosen, reference = load(str(lm_folder)), load(str(lm2_folder))
+    side = ImplicitSide(SideSpec.parse(f"implicit:{lm_folder}:{lm2_folder}"), chosen, reference, PROMPT, "auto")
+    words = [" cat", " dog", " good", "Love", " the"]
+    ids = np.asarray([chosen.tokenizer(w, add_special_tokens=False).input_ids[0] for w in words])
+    want = tables["chosen"].loc[ids].to_numpy() - tables["reference"].loc[ids].to_numpy()
+    atol = 2 * tolerance.logprobs_atol(chosen.params, chosen.config, np.asarray([[*range(40)]], np.int32))
+    texts = [chosen.tokenizer.decode([int(i)]) for i in ids]
+    assert all(side.round_trips(t) for t in texts)
+    np.testing.assert_allclose(side.rewards(texts), want, rtol=0, atol=atol)
+    np.testing.assert_allclose(side.token_rewards(ids), want, rtol=0, atol=atol)
+
+
+def test_agreement_against_scipy_and_its_affine_invariance():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=50)
+    b = a + rng.normal(size=50)
+    got = agreement(a, b)
+    assert got["kendall_tau"] == pytest.approx(stats.kendalltau(a, b).statistic)
+    assert got["pearson_r"] == pytest.approx(stats.pearsonr(a, b).statistic)
+    assert agreement(a, 3 * a + 7)["epic_distance"] == pytest.approx(0.0, abs=1e-7)
+    assert agreement(a, -a)["epic_distance"] == pytest.approx(1.0)
+
+
+def _spec(a, b, out, lm, **config):
+    cfg = DisagreeConfig(**{"direction": "both", "forwards": 150, "top": 3, "front_rows": 4, "z_sample": 64,
+                            "vocab_map": True} | config)
+    return DisagreeSpec(RunOptions(model=str(a), out=str(out)), (str(a), str(b)), {"greatest": PROMPT}, cfg, SEARCH,
+                        lm=str(lm), judge=str(lm))
+
+
+def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byte(rm_folder, lower_rm, lm_folder,
+                                                                                  tmp_path, monkeypatch):
+    from rmjax.scoring.texts import ScoreSpec, run_score
+    from rmjax.search import disagree
+
+    failed = []
+    real = disagree.Disagreement.round_trips
+
+    def recording(self, body):
+        ok = real(self, body)
+        if not ok:
+            failed.append(self.tokenizer.decode(list(body)))
+        return ok
+
+    monkeypatch.setattr(disagree.Disagreement, "round_trips", recording)
+    out = tmp_path / "d"
+    run_disagree(_spec(rm_folder, lower_rm, out, lm_folder))
+    table = pd.read_csv(out / "disagree.csv", keep_default_na=False)
+    assert list(table.columns) == ["prompt", "direction", "method", "rank", "text", "ends_turn", "completed_text",
+                                   "reward_a", "reward_b", "z_a", "z_b", "gap", "judge_ppl", "forwards"]
+    assert set(table.direction) == {"a_over_b", "b_over_a"} and set(table.method) == {"search", "best_of_n"}
+    texts = [json.loads(t) for t in table.text]
+    # the round trip: the search met texts B lowercases, and wrote none of them
+    assert any(t != t.lower() for t in failed)
+    assert all(t == t.lower() for t in texts)
+    # each side's reward is what experiments.score gives the text, z one affine map per side (score's scale)
+    meta = json.loads((out / "disagree.csv.meta.json").read_text())
+    for side, folder in (("a", rm_folder), ("b", lower_rm)):
+        scored = run_score(ScoreSpec(RunOptions(model=str(folder), out=None), {"greatest": PROMPT}, tuple(texts),
+                                     z_sample=64))
+        model = load(str(folder))
+        atol = tolerance.any_rewards_atol(model.params, model.config, 64)
+        np.testing.assert_allclose(table[f"reward_{side}"], scored.scores["greatest"], rtol=0, atol=max(atol, 1e-6))
+        mean, sd = scored.scale["greatest"]
+        assert meta["yardsticks"]["greatest"][side] == pytest.approx([mean, sd], abs=atol)
+        np.testing.assert_allclose(table[f"z_{side}"], (table[f"reward_{side}"] - mean) / sd, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(table.gap, table.z_a - table.z_b, rtol=0, atol=1e-6)  # 9 digits in the CSV
+    assert (table.forwards <= 150).all() and (table.forwards > 150 - 8).all()
+    # the vocabulary map: strings both tokenizers hold as one allowed token, sorted by gap, τ as scipy's
+    vocab = pd.read_csv(out / "vocab_map.csv", keep_default_na=False)
+    strings = [json.loads(t) for t in vocab.text]
+    assert len(strings) == len(set(strings)) > 1000 and all(s == s.lower() for s in strings)
+    assert (np.diff(vocab.gap.to_numpy()) <= 0).all()
+    a_tok = load(str(rm_folder)).tokenizer
+    assert all(a_tok.decode([int(i)]) == s for i, s in zip(vocab.token_a[:50], strings[:50], strict=True))
+    summary = meta["summary"]["greatest"]["vocab_map"]
+    assert summary["kendall_tau"] == pytest.approx(stats.kendalltau(vocab.reward_a, vocab.reward_b).statistic)
+    assert [r["text"] for r in summary["top"]] == strings[:20]
+    # a crash after two units: the rerun computes the rest and writes the same bytes
+    first = (out / "disagree.csv").read_bytes()
+    again = tmp_path / "again"
+    real_compute, computed = disagree_job._compute, []
+
+    def crash_after_two(*args, **kwargs):
+        if len(computed) == 2:
+            raise KeyboardInterrupt
+        computed.append(1)
+        return real_compute(*args, **kwargs)
+
+    monkeypatch.setattr(disagree_job, "_compute", crash_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        run_disagree(_spec(rm_folder, lower_rm, again, lm_folder))
+    monkeypatch.setattr(disagree_job, "_compute", real_compute)
+    run_disagree(_spec(rm_folder, lower_rm, again, lm_folder))
+    assert (again / "disagree.csv").read_bytes() == first
+
+
+def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_folder, tmp_path, monkeypatch):
+    no_weights_read(monkeypatch)
+    out = tmp_path / "x"
+    refused(lambda: run_disagree(_spec(f"implicit:{lm_folder}:{lm_folder}", rm_folder, out, lm_folder)),
+            "side A", "reward model")
+    refused(lambda: run_disagree(_spec(rm_folder, rm_folder, out, lm_folder)), "does not disagree with itself")
+    refused(lambda: run_disagree(_spec(rm_folder, "implicit:onlyone", out, lm_folder)), "implicit:CHOSEN_LM")
+    refused(lambda: run_disagree(_spec(rm_folder, f"implicit:{lm_folder}:{lm_folder}", out, lm_folder,
+                                       forwards=3)), "--forwards=3")
+    refused(lambda: DisagreeConfig(search=False, vocab_map=False), "--nosearch")
+    assert not out.exists()
