@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from rmjax.analysis.stats import epic_distance_matrix
 from rmjax.loading import load
 from rmjax.runs.options import RunOptions
 from rmjax.search import disagree_job, fluent, turns
@@ -130,6 +131,13 @@ def test_agreement_against_scipy_and_its_affine_invariance():
     assert got["pearson_r"] == pytest.approx(stats.pearsonr(a, b).statistic)
     assert agreement(a, 3 * a + 7)["epic_distance"] == pytest.approx(0.0, abs=1e-7)
     assert agreement(a, -a)["epic_distance"] == pytest.approx(1.0)
+    # analyze's pairwise table over several RMs: the same distance for every pair, 0 on the diagonal
+    frame = pd.DataFrame({"x": a, "y": b, "z": rng.normal(size=50)})
+    matrix = epic_distance_matrix(frame)
+    for i, j in [("x", "y"), ("x", "z"), ("y", "z")]:
+        want = np.sqrt((1 - stats.pearsonr(frame[i], frame[j]).statistic) / 2)
+        assert matrix.loc[i, j] == matrix.loc[j, i] == pytest.approx(want)
+    assert (np.diag(matrix) == 0).all()
 
 
 def _spec(a, b, out, lm, **config):

@@ -67,10 +67,12 @@ def top_bottom_table(tables: Sequence[ScoreTable], prompts: Sequence[str], k: in
 
 
 def heterogeneity(aligned: pd.DataFrame, rbo_p: float = 0.9, rbo_depth: int = 132) -> dict[str, pd.DataFrame]:
-    """Model x model Kendall tau-b, Spearman rho and RBO on aligned scores (rows = shared strings)."""
+    """Model x model Kendall tau-b, Spearman rho, RBO and the affine-invariant EPIC distance on aligned scores
+    (rows = shared strings)."""
     return {"kendall_tau": stats.kendall_tau_matrix(aligned),
             "spearman": stats.spearman_matrix(aligned),
-            "rbo": stats.rbo_matrix(aligned, p=rbo_p, depth=rbo_depth)}
+            "rbo": stats.rbo_matrix(aligned, p=rbo_p, depth=rbo_depth),
+            "epic_distance": stats.epic_distance_matrix(aligned)}
 
 
 def rsa_table(tau: pd.DataFrame, metadata: pd.DataFrame, n_permutations: int = 10000,

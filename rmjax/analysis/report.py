@@ -113,7 +113,7 @@ def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], promp
         for name, matrix in matrices.items():
             outputs.matrix(f"paper1_{name}_{slug}", matrix)
             outputs.figure(f"paper1_{name}_{slug}", plots.heatmap, matrix, f"{name.replace('_', ' ')}: {prompt}",
-                           vmin=0 if name == "rbo" else None, vmax=1)
+                           vmin=0 if name in ("rbo", "epic_distance") else None, vmax=1)
         tau = matrices["kendall_tau"]
         constant = [c for c in aligned.columns if aligned[c].nunique() < 2]
         if constant:  # a rank correlation with one value is undefined (NaN): no MDS, no RSA, no summary of it

@@ -77,6 +77,20 @@ def kendall_tau_matrix(frame: pd.DataFrame) -> pd.DataFrame:
     return _pairwise(frame, lambda a, b: stats.kendalltau(a, b, variant="b").statistic)
 
 
+def epic_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """The affine-invariant distance of two reward vectors over the same items (EPIC's Pearson distance, Gleave et
+    al. 2021): sqrt((1 − r) / 2) of their Pearson r, i.e. the distance of the standardised rewards; 0 for rewards
+    equal up to a positive affine map, 1 for opposite ones. Rank correlations (τ) ignore how far apart items are;
+    this reads the scale each RM puts them on."""
+    r = float(np.corrcoef(np.asarray(a, np.float64), np.asarray(b, np.float64))[0, 1])
+    return float(np.sqrt(max(0.0, (1.0 - r) / 2.0))) if np.isfinite(r) else float("nan")
+
+
+def epic_distance_matrix(frame: pd.DataFrame) -> pd.DataFrame:
+    """`epic_distance` between every pair of columns (0 on the diagonal)."""
+    return 1.0 - _pairwise(frame, lambda a, b: 1.0 - epic_distance(a, b))
+
+
 def spearman_matrix(frame: pd.DataFrame) -> pd.DataFrame:
     return _pairwise(frame, lambda a, b: stats.spearmanr(a, b).statistic)
 

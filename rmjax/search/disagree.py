@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from rmjax.analysis import stats as analysis_stats
 from rmjax.scoring import finite
 from rmjax.search import turns
 from rmjax.search.sides import Side
@@ -109,7 +110,8 @@ def agreement(ra: np.ndarray, rb: np.ndarray) -> dict:
     """Kendall τ (b), Pearson r and the EPIC-style distance sqrt((1 − r)/2) (Gleave et al.: Pearson distance after
     standardising; 0 equal up to an affine map, 1 opposite) of two reward vectors over the same items."""
     ra, rb = np.asarray(ra, np.float64), np.asarray(rb, np.float64)
-    tau = stats.kendalltau(ra, rb).statistic if len(ra) > 1 else float("nan")
-    r = float(np.corrcoef(ra, rb)[0, 1]) if len(ra) > 1 else float("nan")
-    return {"n": int(len(ra)), "kendall_tau": float(tau), "pearson_r": r,
-            "epic_distance": float(np.sqrt(max(0.0, (1.0 - r) / 2.0))) if np.isfinite(r) else float("nan")}
+    if len(ra) < 2:
+        return {"n": int(len(ra)), "kendall_tau": float("nan"), "pearson_r": float("nan"),
+                "epic_distance": float("nan")}
+    return {"n": int(len(ra)), "kendall_tau": float(stats.kendalltau(ra, rb).statistic),
+            "pearson_r": float(np.corrcoef(ra, rb)[0, 1]), "epic_distance": analysis_stats.epic_distance(ra, rb)}

@@ -47,7 +47,7 @@ class DisagreeConfig:
                              ("a_over_b", "b_over_a", "both"))
     forwards: int = setting(2000, "Forwards budget of the search, and of best-of-N, per prompt and direction; both "
                                    "sides' forwards count.")
-    lam: float = setting(1.0, "λ: weight of the fluency term (the frontier's: mean token log-prob + end of turn "
+    lam: float = setting(0.5, "λ: weight of the fluency term (the frontier's: mean token log-prob + end of turn "
                               "under side A's backbone, minus the repetition penalty).")
     repetition_penalty: float = setting(2.0, "ρ: the fluency term loses ρ x the share of repeating positions.")
     top: int = setting(8, "Rows written per prompt, direction and method: the best by the objective.")
