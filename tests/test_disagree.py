@@ -117,7 +117,10 @@ def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tm
     want = tables["chosen"].loc[ids].to_numpy() - tables["reference"].loc[ids].to_numpy()
     atol = 2 * tolerance.logprobs_atol(chosen.params, chosen.config, np.asarray([[*range(40)]], np.int32))
     texts = [chosen.tokenizer.decode([int(i)]) for i in ids]
-    assert all(side.round_trips(t) for t in texts)
+    # a text round-trips where both LMs read it back; with whitespace at an edge it does not count (one template
+    # keeps it, another strips it)
+    assert side.round_trips("Love") and side.round_trips("cats and dogs")
+    assert not any(side.round_trips(t) for t in (" cat", "Love ", "cats\n"))
     np.testing.assert_allclose(side.rewards(texts), want, rtol=0, atol=atol)
     np.testing.assert_allclose(side.token_rewards(ids), want, rtol=0, atol=atol)
 

@@ -2,8 +2,8 @@
 
 A side scores response *texts* for one prompt, each in its own chat template and tokenization, so two sides may
 read different vocabularies (the default RMs: 49,152 and 262,144 tokens); a text counts only where it round-trips
-(its tokens in the conversation decode back to it, up to the edge whitespace the template
-renders its own way). The implicit side `implicit:CHOSEN:REFERENCE` is the second
+(its tokens in the conversation decode back to it; no whitespace at its edges, which one
+template keeps and another strips). The implicit side `implicit:CHOSEN:REFERENCE` is the second
 paper's log-prob difference, log π_chosen(y|x) − log π_reference(y|x) over the response's own tokens (each LM on
 its own tokenization of the text; the end of turn is left out, so a one-token response's value is what
 `experiments.logprobs` gives the two LMs); its tokens, for the search and the vocabulary map, are the chosen LM's.
@@ -94,10 +94,13 @@ def _response_ids(conversations: chat.Conversations, text: str) -> list[int] | N
 
 def round_trips_in(conversations: chat.Conversations, text: str) -> bool:
     """The text, put in the model's conversation and tokenized, decodes back to itself from its response tokens,
-    up to the whitespace at its edges, which each template renders its own way (the plain template puts one space
-    before the stripped response, as the published pipeline did; some chat templates trim)."""
+    up to the one space the plain template puts before a response (as the published pipeline did). A text with
+    whitespace at its edges does not count: one template keeps it and another strips it, so two models would read
+    two texts (a trailing space cost SmolLM2's chat reading 2 SD against Gemma 3's plain one)."""
+    if text != text.strip():
+        return False
     body = _response_ids(conversations, text)
-    return body is not None and conversations.tokenizer.decode(body).strip() == text.strip()
+    return body is not None and conversations.tokenizer.decode(body).strip() == text
 
 
 class RewardSide(Side):
