@@ -66,9 +66,11 @@ runtime-smoke: $(VENV)/.installed
 	test -s $(SMOKE_CLONE)/results/smoke/analysis_elo/report.md
 	rm -rf $(dir $(SMOKE_CLONE))
 
+# BLAS on one thread per test worker: two workers share the two cores (numpy's matmuls ran at half speed on two
+# threads under load); set here, since pytest-randomly imports numpy before conftest runs.
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n auto --dist worksteal --durations=15 tests
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist worksteal --durations=15 tests
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .

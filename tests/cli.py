@@ -44,6 +44,57 @@ def run(job: str, *flags: str, cwd: Path = REPO, env: dict | None = None) -> sub
                           text=True, timeout=600)
 
 
+# Inside a loop over jobs in one interpreter: the flags and `experiments.*` modules the job's import added (since
+# `names` and `modules` were taken) removed, so the next job defines its own.
+FORGET_JOB = """    for name in set(flags.FLAGS) - names:
+        delattr(flags.FLAGS, name)
+    for module in set(sys.modules) - modules:
+        if module.startswith("experiments."):
+            del sys.modules[module]
+            vars(experiments).pop(module.split(".")[1], None)
+"""
+
+
+# Several `python -m experiments.JOB FLAGS…` in one interpreter (one Python and JAX start-up instead of one each),
+# for command lines the entry point refuses while parsing or checking its flags: each runs as runpy runs a module
+# under -m (sys.argv[0] its file), its own flags and modules removed before the next (as tests/test_readme.py's
+# _FLAGS_OF_EACH_JOB). Prints [[exit status, stdout, stderr], ...].
+_EACH_IN_ONE = """
+import contextlib, io, json, runpy, sys, traceback
+sys.argv = ["-m"]  # as under `python -m` while the experiments package is imported (experiments/__init__.py)
+from absl import app, flags
+import experiments
+app.define_help_flags()  # defined once, by the first app.run: kept across the jobs
+found = []
+for job, *argv in json.loads(sys.stdin.read()):
+    names, modules = set(flags.FLAGS), set(sys.modules)
+    sys.argv, out, err, status = [job, *argv], io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module("experiments." + job, run_name="__main__", alter_sys=True)
+        except SystemExit as end:
+            status = end.code if isinstance(end.code, int) else int(end.code is not None)
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+    found.append([status, out.getvalue(), err.getvalue()])
+""" + FORGET_JOB + """print(json.dumps(found))
+"""
+
+
+def run_each(*commands: tuple[str, ...], cwd: Path = REPO) -> list[subprocess.CompletedProcess]:
+    """`run(job, *flags)` of each (job, *flags) in `commands`, all in one interpreter: only for command lines
+    refused before any model loads (a flag's bound or validator, a stray argument, a check of the flags)."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-c", _EACH_IN_ONE], input=json.dumps([list(c) for c in commands]),
+                          cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [subprocess.CompletedProcess(command(*c), status, out, err)
+            for c, (status, out, err) in zip(commands, found, strict=True)]
+
+
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

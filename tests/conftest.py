@@ -40,6 +40,17 @@ jax.config.update("jax_default_matmul_precision", "highest")
 import numpy.testing  # noqa: E402
 import pytest  # noqa: E402
 
+# PyTorch (the test extras' reference) computes on one thread: its references are tiny, and beside XLA's threads
+# and the other xdist worker on a 2-core runner its OpenMP threads wait on each other (a tiny Llama's forward:
+# 12 ms on one thread, 80-550 ms on two under load). The thread count changes no tolerance: each reference is
+# held to a derived error bound.
+try:
+    import torch  # noqa: E402
+except ImportError:  # the runtime install alone (no test extras)
+    torch = None
+else:
+    torch.set_num_threads(1)
+
 # numpy's assert_allclose counts NaN == NaN as a match, so a test whose reference and result are both NaN
 # passes whatever the code does (one did: tokens drawn past a tiny vocabulary). Here it is a failure
 # unless a test says equal_nan=True.
@@ -67,7 +78,9 @@ def victim(tmp_path):
     return path
 
 
-@pytest.fixture(scope="module")
+# The two tiny models are built once per process (xdist worker), not per module: 25 modules use rm_folder and 15
+# lm_folder. Read-only to every test: a test that edits a model edits its copy (tests.cli.copy_folder).
+@pytest.fixture(scope="session")
 def rm_folder(tmp_path_factory):
     """A tiny random reward model (Llama) with the real SmolLM2 tokenizer and chat template."""
     from tests import tiny
@@ -76,7 +89,7 @@ def rm_folder(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lm_folder(tmp_path_factory):
     """A tiny causal LM with the real SmolLM2 tokenizer and chat template."""
     from tests import tiny

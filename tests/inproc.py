@@ -99,7 +99,7 @@ def interrupt_at_write(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
 
 def interrupt_at_finish(monkeypatch: pytest.MonkeyPatch) -> None:
     """The job is killed (KeyboardInterrupt) the moment it would write its result: every chunk is on disk, no result
-    nor .meta.json (tests.test_safety_resume2's KILLED_BEFORE_WRITING, in-process)."""
+    nor .meta.json."""
     from rmjax.runs import jobs
 
     def finish(*args, **kwargs):

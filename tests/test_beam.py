@@ -151,10 +151,16 @@ def _beam_cmd(folder, out, *extra):
 
 
 def test_kill_and_resume_gives_identical_csv(rm_folder, tmp_path):
+    """A beam SIGKILLed mid-way and run again gives the uninterrupted run's CSV byte for byte (that run in-process:
+    the job _beam_cmd's flags make, tests/inproc.py)."""
     import subprocess
 
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from tests import inproc
+
     whole = tmp_path / "whole.csv"
-    subprocess.run(_beam_cmd(rm_folder, whole), cwd=cli.REPO, env=cli.ENV, check=True, capture_output=True)
+    run_beam(BeamSpec(inproc.options(rm_folder, whole), inproc.prompts("greatest", "worst"),
+                      BeamConfig(depth=3, beam=8, top=16), tuple(range(1000, 1256)), batch_size=64, chunk_size=64))
     out = tmp_path / "resumed.csv"
     done = tiny.kill_after_chunks(_beam_cmd(rm_folder, out), out, 12, cwd=cli.REPO, env=cli.ENV)
     total = 4 + 16 * 4 + 16 * 4  # chunks of 64: depth 1, then at most 16 partials x 4 chunks per level
@@ -171,24 +177,33 @@ def test_kill_and_resume_gives_identical_csv(rm_folder, tmp_path):
     assert not out.with_name(out.name + ".chunks").exists()
 
 
-def test_vocab_file_and_user_errors(rm_folder, tmp_path):
+def test_vocab_file_and_user_errors(rm_folder, tmp_path, monkeypatch):
+    """`beam --vocab_file=… --depth=2 --exhaustive --top=9 --direction=optimal` and its refusals, in-process
+    (tests/inproc.py: the entry point only turns these flags into the spec); the refusals stop before any weight is
+    read."""
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from tests import inproc
+
+    def beam(out, cfg=None, token_ids=None, vocab_file=None):
+        return lambda: run_beam(BeamSpec(inproc.options(rm_folder, out), inproc.prompts("greatest"),
+                                         cfg or BeamConfig(), token_ids, vocab_file=vocab_file and str(vocab_file)))
+
     words = tmp_path / "words.txt"
     words.write_text(" cat\n dog\nzzqxjv-not-one-token\n house\n cat\n", encoding="utf-8")
     out = tmp_path / "w.csv"
-    cli.ok(cli.run("beam", f"--model={rm_folder}", f"--out={out}", f"--vocab_file={words}", "--depth=2",
-                   "--exhaustive", "--top=9", "--direction=optimal"))
+    beam(out, BeamConfig(depth=2, exhaustive=True, top=9, direction="optimal"), vocab_file=words)()
     df = results.read_beam_csv(out)
     assert sorted(df[df.depth == 2].decoded) == sorted(a + b for a in [" cat", " dog", " house"]
                                                        for b in [" cat", " dog", " house"])
     meta = json.loads(results.meta_path(out).read_text())
     assert meta["vocab_file"]["single_tokens"] == 3 and meta["vocab_file"]["skipped"] == 1
-    cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--out={tmp_path / 'x.csv'}", "--exhaustive"),
-                   "--exhaustive", "--token_ids")
-    cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--out={tmp_path / 'x.csv'}", "--depth=0"), "--depth=0")
-    cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--out={tmp_path / 'x.csv'}", "--token_ids=1",
-                           f"--vocab_file={words}"), "--token_ids or --vocab_file")
-    cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--out={tmp_path / 'x.csv'}",
-                           f"--vocab_file={tmp_path / 'missing.txt'}"), "missing.txt")
+    x = tmp_path / "x.csv"
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(beam(x, BeamConfig(exhaustive=True)), "--exhaustive", "--token_ids")
+    inproc.refused(lambda: BeamConfig(depth=0), "--depth=0")  # the flag's config
+    inproc.refused(beam(x, token_ids=(1,), vocab_file=words), "--token_ids or --vocab_file")
+    inproc.refused(beam(x, vocab_file=tmp_path / "missing.txt"), "missing.txt")
+    assert not x.exists()
 
 
 def test_analyze_reads_beam_results(model, tmp_path):
@@ -302,7 +317,7 @@ def test_from_sweep_gives_the_same_beam(model, tmp_path, superset):
     assert meta_b["identity"]["depth1_from_sweep"] and "depth1_from_sweep" not in meta_a["identity"]
 
 
-def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, tmp_path):
+def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, tmp_path, monkeypatch):
     from rmjax.errors import RmjaxError
 
     s = _candidates(12, seed=8)
@@ -327,10 +342,20 @@ def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, t
         with pytest.raises(RmjaxError, match=fragment):
             write_beam(model, PROMPTS, cfg, s, out=tmp_path / "beam.csv", batch_size=8, from_sweep=path)
         assert not (tmp_path / "beam.csv").exists()
-    flags = (f"--model={rm_folder}", "--prompts=greatest", f"--out={tmp_path / 'cli.csv'}",
-             "--token_ids=" + ",".join(map(str, s)), "--prompt=worst=" + PROMPTS["worst"])
-    cli.user_error(cli.run("beam", *flags, f"--from_sweep={bad['model.weights']}"), "--from_sweep", "model.weights")
-    cli.user_error(cli.run("beam", *flags, f"--from_sweep={tmp_path / 'short.csv'}"), "does not match its")
+    # The job (`beam --prompts=greatest --prompt=worst=… --token_ids=… --from_sweep=…`, in-process: the entry point
+    # only turns its flags into this spec): refused before any weight is read.
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from tests import inproc
+
+    def job(sweep):
+        return lambda: run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / "cli.csv"),
+                                         inproc.prompts("greatest", worst=PROMPTS["worst"]), BeamConfig(),
+                                         tuple(int(i) for i in s), from_sweep=str(sweep)))
+
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(job(bad["model.weights"]), "--from_sweep", "model.weights")
+    inproc.refused(job(tmp_path / "short.csv"), "does not match its")
+    assert not (tmp_path / "cli.csv").exists()
 
 
 def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):

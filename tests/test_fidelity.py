@@ -13,7 +13,8 @@ from scipy import stats as scipy_stats
 
 from rmjax.analysis import bigtwo, data, lexicons, paper1
 from rmjax.runs import results
-from tests import cli
+from rmjax.search.sweep import SweepSpec, run_sweep
+from tests import cli, inproc
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?", "other": "Name one thing you love."}
 
@@ -39,9 +40,9 @@ def test_sweep_marks_tokens_no_conversation_produces(rm_folder, tmp_path, templa
     """1: every sweep CSV says per token whether its token-mode sequence is a real conversation's."""
     from transformers import AutoTokenizer
 
-    out = tmp_path / "s.csv"
-    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--prompt=other={PROMPTS['other']}",
-                   f"--out={out}", "--limit=1500", f"--template={template}"))
+    out = tmp_path / "s.csv"  # `sweep --prompts=greatest --prompt=other=… --limit=1500 --template=…`, in-process
+    run_sweep(SweepSpec(inproc.options(rm_folder, out, template=template),
+                        inproc.prompts("greatest", other=PROMPTS["other"]), limit=1500))
     table = results.read_scores_csv(out)
     tok = AutoTokenizer.from_pretrained(str(rm_folder))
     per_prompt = {n: _reference_roundtrip(tok, table.token_id.to_numpy(), template, p) for n, p in PROMPTS.items()}
@@ -58,22 +59,20 @@ def test_sweep_marks_tokens_no_conversation_produces(rm_folder, tmp_path, templa
 
 def test_analyze_roundtrip_only(rm_folder, tmp_path):
     """1: --roundtrip_only restricts the analyses to those rows; a table without the column is refused."""
-    out = tmp_path / "s.csv"
-    cli.ok(cli.run("sweep", f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=1500",
-                   "--template=plain"))
+    out = tmp_path / "s.csv"  # `sweep --limit=1500 --template=plain`, then `analyze`, in-process (tests/inproc.py)
+    run_sweep(SweepSpec(inproc.options(rm_folder, out, template="plain"), inproc.prompts("greatest"), limit=1500))
     table = results.read_scores_csv(out)
     kept = table[table[results.ROUNDTRIP] == 1]
     analysis = tmp_path / "a"
-    cli.ok(cli.run("analyze", f"--scores={out}", "--roundtrip_only", "--models_yaml=", "--n_boot=5",
-                   f"--out={analysis}"))
+    inproc.analyze(analysis, scores=(str(out),), roundtrip_only=True, models_yaml=None, n_boot=5)
     moments = pd.read_csv(analysis / "paper1_moments.csv")
     assert int(moments.n_tokens.iloc[0]) == len(kept) < len(table)
     assert float(moments["mean"].iloc[0]) == pytest.approx(kept.greatest.mean(), rel=1e-6)
     published = tmp_path / "published.csv"
     results.write_scores_csv(published, table.token_id, table.token_name.tolist(), table.token_decoded.tolist(),
                              {"greatest": table.greatest.to_numpy()})  # as the published pipeline wrote them
-    cli.user_error(cli.run("analyze", f"--scores={published}", "--roundtrip_only", "--models_yaml=",
-                           f"--out={tmp_path / 'b'}"), "no roundtrip column")
+    inproc.refused(lambda: inproc.analyze(tmp_path / "b", scores=(str(published),), roundtrip_only=True,
+                                          models_yaml=None), "no roundtrip column")
 
 
 def _logprobs(path, probs: dict[str, float]):
@@ -91,8 +90,7 @@ def test_implicit_rm_direction_is_named(tmp_path):
     llama = _logprobs(tmp_path / "llama.csv", {"Freedom": 0.30, "Love": 0.05, "Hope": 0.10, "That": 0.20})
     gemma = _logprobs(tmp_path / "gemma.csv", {"Freedom": 0.05, "Love": 0.40, "Hope": 0.12, "That": 0.20})
     out = tmp_path / "out"
-    cli.ok(cli.run("analyze", f"--implicit_chosen={llama}", f"--implicit_reference={gemma}", "--models_yaml=",
-                   f"--out={out}", "--top=1"))
+    inproc.analyze(out, implicit_chosen=str(llama), implicit_reference=str(gemma), models_yaml=None, top=1)
     rewards = results.read_scores_csv(out / "implicit_rm.csv").set_index("text")
     expected = 0.5 * (0.30 + 0.05) * (np.log(0.30) - np.log(0.05))  # 1/2 (p_c + p_r)(log p_c - log p_r)
     assert rewards.loc["Freedom", "greatest"] == pytest.approx(expected)
@@ -100,6 +98,7 @@ def test_implicit_rm_direction_is_named(tmp_path):
     top = pd.read_csv(out / "implicit_rm_top_bottom.csv", keep_default_na=False)
     assert top[top.side == "top"].text.tolist() == ["Freedom"] and top[top.side == "bottom"].text.tolist() == ["Love"]
     assert "chosen llama over reference gemma" in (out / "report.md").read_text()
+    # the removed --implicit=A,B (a flag validator: the command line's own)
     cli.user_error(cli.run("analyze", f"--implicit={llama},{gemma}", f"--out={tmp_path / 'x'}"),
                    "--implicit_chosen", "--implicit_reference")
 
@@ -218,8 +217,7 @@ def test_analyze_reports_big_two_under_every_collapse(tmp_path):
     pd.DataFrame({"token_id": range(len(plain)), "token_name": plain, "token_decoded": plain,
                   "greatest": rng.normal(size=len(plain))}).to_csv(scores / "c.csv", index=False)
     out = tmp_path / "out"
-    cli.ok(cli.run("analyze", f"--scores={scores}", "--collapse_variants=max", "--models_yaml=", "--n_boot=5",
-                   f"--out={out}"))
+    inproc.analyze(out, scores=(str(scores),), collapse_variants="max", models_yaml=None, n_boot=5)
     report = (out / "report.md").read_text()
     assert "word variants: max" in report and "rank_biserial (none)" in report and "rank_biserial (mean)" in report
     big2 = pd.read_csv(out / "bigtwo.csv")

@@ -56,20 +56,33 @@ def _conversation(tokenizer, ids, template: str = "auto") -> tuple[list[int], in
     return full, len(split.prefix), len(split.prefix) + len(ids)
 
 
+def _torch_log_probs(hf, fulls: list[list[int]], start: int, stops: list[int]) -> list[np.ndarray]:
+    """transformers' log-probs (float64 softmax) of each whole conversation's tokens full[start:stop], each given
+    the tokens before it: conversations of one length share a forward, whose logits are kept only at the positions
+    read (transformers' logits_to_keep: the LM head over the vocabulary is most of a tiny model's forward)."""
+    groups: dict[int, list[int]] = {}
+    for row, full in enumerate(fulls):
+        groups.setdefault(len(full), []).append(row)
+    picked: list[np.ndarray] = [np.empty(0)] * len(fulls)
+    for rows in groups.values():
+        keep = np.arange(start - 1, max(stops[r] for r in rows) - 1)
+        with torch.no_grad():
+            logits = hf(input_ids=torch.tensor([fulls[r] for r in rows]), logits_to_keep=torch.from_numpy(keep)).logits
+        lp = torch.log_softmax(logits.double(), -1).numpy()
+        for i, r in enumerate(rows):
+            picked[r] = lp[i, np.arange(stops[r] - start), fulls[r][start:stops[r]]]
+    return picked
+
+
 def _torch_mean_log_prob(hf, full: list[int], start: int, stop: int) -> float:
     """The judge's term by transformers: the mean log-prob of full[start:stop]."""
-    with torch.no_grad():
-        lp = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0].double(), -1).numpy()
-    return float(lp[np.arange(start - 1, stop - 1), full[start:stop]].mean())
+    return float(_torch_log_probs(hf, [full], start, [stop])[0].mean())
 
 
-def _torch_fluency_log_prob(hf, full: list[int], start: int, stop: int) -> float:
+def _torch_fluency_log_probs(hf, fulls: list[list[int]], start: int, stops: list[int]) -> list[float]:
     """F's log-prob term by transformers: the mean log-prob of the response's tokens full[start : stop - 1] and the
     log-prob of the end of turn full[stop - 1] after them, added at full weight."""
-    with torch.no_grad():
-        lp = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0].double(), -1).numpy()
-    picked = lp[np.arange(start - 1, stop - 1), full[start:stop]]
-    return float(picked[:-1].mean() + picked[-1])
+    return [float(picked[:-1].mean() + picked[-1]) for picked in _torch_log_probs(hf, fulls, start, stops)]
 
 
 def _check_prior_gradient(hf, lm, prefix, ids, weights, grad, every) -> None:
@@ -135,7 +148,7 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, t
     assert len(set(turns.lengths(cands, end).tolist())) >= 3
 
     def want(responses):
-        rewards, logps = [], []
+        rewards, fulls, stops = [], [], []
         for ids in responses:
             full, start, stop = _conversation(rm.tokenizer, turns.tokens(ids, end), template)
             rewards.append(float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32),
@@ -144,8 +157,9 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, t
                 assert stop == len(full)
                 full = [*full, end]
             assert full[stop] == end  # the end of turn follows the response
-            logps.append(_torch_fluency_log_prob(hf, full, start, stop + 1))
-        return rewards, logps, full
+            fulls.append(full)
+            stops.append(stop + 1)
+        return rewards, _torch_fluency_log_probs(hf, fulls, start, stops), full
 
     want_reward, want_logp, full = want(cands)
     partial_reward, partial_logp, _ = want(cands[:, :2])  # a beam level
@@ -190,16 +204,18 @@ def test_every_sequence_a_search_evaluates_carries_its_true_terms(tied, case):
     prefix, suffix, end = list(target.prefix), list(target.suffix), target.suffix[0]
     sizes = turns.lengths(found.ids, end)
     assert (sizes < n).any() and (sizes == n).any()  # whole turns of several lengths
-    for i in range(len(found.ids)):
-        body = turns.tokens(found.ids[i], end)
-        full = [*prefix, *body, *suffix]
+    bodies = [turns.tokens(ids, end) for ids in found.ids]
+    fulls = [[*prefix, *body, *suffix] for body in bodies]
+    want_logp = _torch_fluency_log_probs(hf, [fulls[i] for i in known], len(prefix),  # the response and its end
+                                         [len(prefix) + len(bodies[i]) + 1 for i in known])
+    for i, full in enumerate(fulls):
         want = float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32), np.ones((1, len(full)), bool)))[0, 0])
         np.testing.assert_allclose(found.values.reward[i], want, rtol=0,
                                    atol=tolerance.any_rewards_atol(rm.params, rm.config, len(full)))
-        if i in known:  # the response's tokens and its end of turn
-            np.testing.assert_allclose(
-                found.values.prior_logp[i], _torch_fluency_log_prob(hf, full, len(prefix), len(prefix) + len(body) + 1),
-                rtol=0, atol=tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32)))
+    for i, want in zip(known, want_logp, strict=True):
+        full = np.asarray([fulls[i]], np.int32)
+        np.testing.assert_allclose(found.values.prior_logp[i], want, rtol=0,
+                                   atol=tolerance.logprobs_atol(lm.params, lm.config, full))
 
 
 def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_probs(tied):
@@ -888,8 +904,9 @@ def dataclasses_replace(spec, **changes):
 
 def test_bad_flags_stop_the_entry_point_in_one_line_before_any_model_loads(tmp_path):
     out = tmp_path / "f"
-    cli.user_error(cli.run("frontier", "--model=/nonexistent/model", "--lambdas=0,-1", f"--out={out}"),
-                   "--lambdas=0.0,-1.0", "distinct finite numbers >= 0")
-    cli.user_error(cli.run("frontier", "--model=/nonexistent/model", "--start_share=1.5", f"--out={out}"),
-                   "--start_share=1.5")
+    lambdas, share = cli.run_each(  # in one interpreter (tests.cli.run_each)
+        ("frontier", "--model=/nonexistent/model", "--lambdas=0,-1", f"--out={out}"),
+        ("frontier", "--model=/nonexistent/model", "--start_share=1.5", f"--out={out}"))
+    cli.user_error(lambdas, "--lambdas=0.0,-1.0", "distinct finite numbers >= 0")
+    cli.user_error(share, "--start_share=1.5")
     assert not out.exists()

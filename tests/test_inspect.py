@@ -248,9 +248,11 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
     assert set(patch[patch.component == "residual"].layer) == set(range(n + 1))
     assert set(patch.clean) == {model.tokenizer.decode([best])}
     assert set(patch.donor) == {model.tokenizer.decode([worst])}
-    cli.user_error(cli.run("inspect", f"--model={rm_folder}", "--prompts=greatest,worst", "--responses=a",
-                           f"--out={tmp_path / 'x'}"), "one prompt")
-    cli.user_error(cli.run("inspect", f"--model={rm_folder}", f"--out={tmp_path / 'x'}"), "--responses")
+    prompts, responses = cli.run_each(  # in one interpreter (tests.cli.run_each)
+        ("inspect", f"--model={rm_folder}", "--prompts=greatest,worst", "--responses=a", f"--out={tmp_path / 'x'}"),
+        ("inspect", f"--model={rm_folder}", f"--out={tmp_path / 'x'}"))
+    cli.user_error(prompts, "one prompt")
+    cli.user_error(responses, "--responses")
 
 
 def test_mesh_and_bfloat16_run_the_same_reads(rm_folder):

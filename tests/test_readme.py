@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests import tolerance
+from tests import cli, tolerance
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -108,8 +108,6 @@ def test_readme_commands_use_flags_their_job_has():
     import subprocess
     import sys
 
-    from tests import cli
-
     commands = _readme_commands()
     assert len(commands) >= 10
     jobs = sorted({job for job, _ in commands})
@@ -135,13 +133,7 @@ for job in sys.argv[1:]:
     names, modules = set(flags.FLAGS), set(sys.modules)
     importlib.import_module("experiments." + job)
     found[job] = sorted(flags.FLAGS)
-    for name in set(flags.FLAGS) - names:
-        delattr(flags.FLAGS, name)
-    for module in set(sys.modules) - modules:
-        if module.startswith("experiments."):
-            del sys.modules[module]
-            vars(experiments).pop(module.split(".")[1], None)
-print(json.dumps(found))
+""" + cli.FORGET_JOB + """print(json.dumps(found))
 """
 
 

@@ -23,7 +23,7 @@ import pytest
 from rmjax.errors import CheckpointError, LockedError, OutputExistsError, ResumeMismatchError, UsageError
 from rmjax.runs import claims, locks, results
 from rmjax.runs.chunks import ChunkStore, store_dir
-from tests import cli
+from tests import inproc
 from tests.cli import VICTIM_TEXT
 
 IDENTITY = {"job": "sweep", "model": {"weights": "w", "tokenizer": "t"}}
@@ -145,8 +145,14 @@ def test_overwrite_removes_a_companion_link_not_its_target(rm_folder, tmp_path, 
     out.parent.mkdir()
     link = out.with_name("s.csv.png")
     link.symlink_to(victim)
-    cli.user_error(cli.run("sweep", f"--model={rm_folder}", f"--out={out}", "--token_ids=10,11"), str(link))
-    cli.ok(cli.run("sweep", f"--model={rm_folder}", f"--out={out}", "--token_ids=10,11", "--overwrite"))
+    from rmjax.search.sweep import SweepSpec, run_sweep
+
+    def sweep(overwrite: bool):  # `sweep --token_ids=10,11 [--overwrite]`, in-process (tests/inproc.py)
+        return run_sweep(SweepSpec(inproc.options(rm_folder, out, overwrite=overwrite), inproc.prompts(),
+                                   token_ids=(10, 11)))
+
+    inproc.refused(lambda: sweep(overwrite=False), str(link))
+    sweep(overwrite=True)
     assert victim.read_text() == VICTIM_TEXT and not link.is_symlink() and out.is_file()
 
 

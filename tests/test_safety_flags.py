@@ -46,15 +46,25 @@ def test_yaml_files_refuse_a_key_given_twice(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("value,fragment", [
+BAD_TOKEN_IDS = [
     ("28,28,198,7,007", "token ids 28, 7 are given more than once"),  # ranked twice, the set's size wrong
     ("\u0662\u0668", "'\u0662\u0668'"),  # Arabic-Indic 28: int() takes it
     ("\uff12\uff18", "'\uff12\uff18'"),  # fullwidth 28
     ("1,\u00b2", "'\u00b2'"),  # superscript two: isdigit() but not int(), a traceback
-])
-def test_token_ids_are_a_set_of_ascii_integers(value, fragment):
+]
+
+
+@pytest.fixture(scope="module")
+def bad_token_ids_runs():
+    """`sweep --token_ids=VALUE` of each BAD_TOKEN_IDS value, all in one interpreter (tests.cli.run_each)."""
+    procs = cli.run_each(*[("sweep", NO_MODEL, f"--token_ids={value}") for value, _ in BAD_TOKEN_IDS])
+    return {value: proc for (value, _), proc in zip(BAD_TOKEN_IDS, procs, strict=True)}
+
+
+@pytest.mark.parametrize("value,fragment", BAD_TOKEN_IDS)
+def test_token_ids_are_a_set_of_ascii_integers(bad_token_ids_runs, value, fragment):
     """1b: --token_ids=28,28,198 ranked 28 twice; non-ASCII digits passed as ids."""
-    cli.user_error(cli.run("sweep", NO_MODEL, f"--token_ids={value}"), "--token_ids", fragment)
+    cli.user_error(bad_token_ids_runs[value], "--token_ids", fragment)
 
 
 def test_vocab_file_reports_every_line_it_leaves_out(rm_folder, tmp_path, capsys):
@@ -82,21 +92,27 @@ def test_vocab_file_reports_every_line_it_leaves_out(rm_folder, tmp_path, capsys
 def test_seeds_outside_32_bits_are_refused(tmp_path):
     """2a: jax.random.key keeps a seed's low 32 bits (2**32 + 5 was seed 5, -1 seed 2**32 - 1); numpy refused -1
     with a traceback after the model loaded."""
-    for job, seed, extra in (("gcg", "-1", []), ("analyze", "4294967296", [f"--out={tmp_path / 'a'}"]),
-                             ("train_rm", "-7", [f"--elo={tmp_path / 'e.csv'}"])):
-        model = [] if job == "analyze" else [NO_MODEL]
-        cli.user_error(cli.run(job, *model, f"--seed={seed}", *extra), f"--seed={seed}", "[0, 4294967295]")
+    cases = (("gcg", "-1", []), ("analyze", "4294967296", [f"--out={tmp_path / 'a'}"]),
+             ("train_rm", "-7", [f"--elo={tmp_path / 'e.csv'}"]))
+    procs = cli.run_each(*[(job, *([] if job == "analyze" else [NO_MODEL]), f"--seed={seed}", *extra)
+                           for job, seed, extra in cases])  # in one interpreter: refused while parsing
+    for (_, seed, _), proc in zip(cases, procs, strict=True):
+        cli.user_error(proc, f"--seed={seed}", "[0, 4294967295]")
 
 
 def test_multiprocess_flags_that_would_run_alone_are_refused():
     """2b: --num_processes/--process_id without --coordinator used to run one process that wrote the result alone."""
-    for flags, fragments in ((["--num_processes=2", "--process_id=1"], ["--num_processes=2", "without --coordinator",
-                                                                        "--coordinator=HOST:PORT"]),
-                             (["--coordinator=127.0.0.1:1234", "--num_processes=2", "--process_id=2"],
-                              ["--process_id=2", "from 0 to 1"]),
-                             (["--coordinator=auto", "--num_processes=4"], ["--coordinator=auto", "leave out"]),
-                             (["--coordinator=127.0.0.1:1"], ["Number of processes must be", "--num_processes"])):
-        cli.user_error(cli.run("sweep", NO_MODEL, "--token_ids=1", *flags), *fragments)
+    checked = ((["--num_processes=2", "--process_id=1"], ["--num_processes=2", "without --coordinator",
+                                                           "--coordinator=HOST:PORT"]),
+               (["--coordinator=127.0.0.1:1234", "--num_processes=2", "--process_id=2"],
+                ["--process_id=2", "from 0 to 1"]),
+               (["--coordinator=auto", "--num_processes=4"], ["--coordinator=auto", "leave out"]))
+    # the flags' own checks, in one interpreter (tests.cli.run_each); the last reaches jax.distributed: its own
+    procs = cli.run_each(*[("sweep", NO_MODEL, "--token_ids=1", *flags) for flags, _ in checked])
+    for (_, fragments), proc in zip(checked, procs, strict=True):
+        cli.user_error(proc, *fragments)
+    cli.user_error(cli.run("sweep", NO_MODEL, "--token_ids=1", "--coordinator=127.0.0.1:1"),
+                   "Number of processes must be", "--num_processes")
 
 
 def test_chat_template_syntax_error_is_one_line_before_loading(rm_folder, tmp_path, monkeypatch):

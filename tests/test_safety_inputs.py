@@ -116,12 +116,20 @@ BAD_SWEEP_FLAGS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def bad_sweep_runs(rm_folder, tmp_path_factory):
+    """Each BAD_SWEEP_FLAGS command line's (process, --out), all run in one interpreter (tests.cli.run_each)."""
+    outs = [tmp_path_factory.mktemp("bad_sweep") / "s.csv" for _ in BAD_SWEEP_FLAGS]
+    procs = cli.run_each(*[("sweep", f"--model={rm_folder}", f"--out={out}", *flags)
+                           for out, (flags, _) in zip(outs, BAD_SWEEP_FLAGS, strict=True)])
+    return {flags[0]: (proc, out) for proc, out, (flags, _) in zip(procs, outs, BAD_SWEEP_FLAGS, strict=True)}
+
+
 @pytest.mark.parametrize("flags,fragments", BAD_SWEEP_FLAGS, ids=[f[0][0] for f in BAD_SWEEP_FLAGS])
-def test_bad_sweep_values_stop_before_loading(rm_folder, bad_yaml, flags, fragments):
+def test_bad_sweep_values_stop_before_loading(bad_sweep_runs, flags, fragments):
     """5, 6, 7: every bad value is one line naming it, before any weight is read and nothing left behind."""
-    out = bad_yaml / "s.csv"
-    flags = [f.format(dir=bad_yaml) for f in flags]
-    cli.user_error(cli.run("sweep", f"--model={rm_folder}", f"--out={out}", *flags), *fragments)
+    proc, out = bad_sweep_runs[flags[0]]
+    cli.user_error(proc, *fragments)
     _nothing_left_behind(out)
 
 
@@ -161,11 +169,19 @@ BAD_OTHER_FLAGS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def bad_other_runs(rm_folder, tmp_path_factory):
+    """Each BAD_OTHER_FLAGS command line's process, all run in one interpreter (tests.cli.run_each)."""
+    folder = tmp_path_factory.mktemp("bad_other")
+    (folder / "file.txt").write_text("not a table\n")
+    procs = cli.run_each(*[(job, *([] if job == "analyze" else [f"--model={rm_folder}"]),
+                            *[f.format(dir=folder) for f in flags]) for job, flags, _ in BAD_OTHER_FLAGS])
+    return {(job, flags[0]): proc for proc, (job, flags, _) in zip(procs, BAD_OTHER_FLAGS, strict=True)}
+
+
 @pytest.mark.parametrize("job,flags,fragments", BAD_OTHER_FLAGS, ids=[f"{j}{f[0]}" for j, f, _ in BAD_OTHER_FLAGS])
-def test_bad_values_of_other_jobs_stop_before_loading(rm_folder, tmp_path, job, flags, fragments):
-    (tmp_path / "file.txt").write_text("not a table\n")
-    model = [] if job == "analyze" else [f"--model={rm_folder}"]
-    cli.user_error(cli.run(job, *model, *[f.format(dir=tmp_path) for f in flags]), *fragments)
+def test_bad_values_of_other_jobs_stop_before_loading(bad_other_runs, job, flags, fragments):
+    cli.user_error(bad_other_runs[job, flags[0]], *fragments)
 
 
 # The jobs' own refusals (config ranges, outputs, input files): (id as the flags, call(model, dir), fragments).

@@ -227,14 +227,23 @@ def test_a_response_past_the_context_is_refused_before_loading(rm_folder, lm_fol
     assert not csv_path(out).exists()
 
 
+@pytest.fixture(scope="module")
+def int64_runs(rm_folder, tmp_path_factory):
+    """{job: (process, --out)} of `JOB --token_ids=1,99999999999999999999` for sweep, beam and gcg, all in one
+    interpreter (tests.cli.run_each)."""
+    outs = {job: tmp_path_factory.mktemp(job) / "out.csv" for job in ("sweep", "beam", "gcg")}
+    procs = cli.run_each(*[(job, f"--model={rm_folder}", "--token_ids=1,99999999999999999999", f"--out={out}")
+                           for job, out in outs.items()])
+    return {job: (proc, outs[job]) for job, proc in zip(outs, procs, strict=True)}
+
+
 @pytest.mark.parametrize("job", ["sweep", "beam", "gcg"])
-def test_token_ids_past_int64_are_refused_in_one_line(rm_folder, tmp_path, job):
+def test_token_ids_past_int64_are_refused_in_one_line(int64_runs, job):
     """An id that no int64 holds was an OverflowError traceback where the job keys its ids (the vocabulary check
     came after). The check is the --token_ids flag's (experiments/token_ids.py), so each job's command line;
     its boundary is checked below."""
-    out = tmp_path / "out.csv"
-    cli.user_error(cli.run(job, f"--model={rm_folder}", "--token_ids=1,99999999999999999999", f"--out={out}"),
-                   "99999999999999999999", "64-bit")
+    proc, out = int64_runs[job]
+    cli.user_error(proc, "99999999999999999999", "64-bit")
     assert not out.exists()
 
 

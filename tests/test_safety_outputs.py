@@ -75,8 +75,9 @@ def test_a_short_chunk_write_fails_at_once_and_the_rerun_resumes(rm, tmp_path):
     assert "chunk" in line
     assert _chunks(out) == ["chunk-0000000000.npy", "manifest.json"] and not out.exists()
     cli.ok(cli.run("sweep", *flags))
-    clean = tmp_path / "clean.csv"
-    cli.ok(cli.run("sweep", *[f for f in flags if not f.startswith("--out=")], f"--out={clean}"))
+    clean = tmp_path / "clean.csv"  # the same flags' uninterrupted run, in-process (tests/inproc.py)
+    run_sweep(SweepSpec(inproc.options(rm[1], clean), inproc.prompts("greatest"), limit=384, chunk_size=128,
+                        batch_size=64))
     assert out.read_bytes() == clean.read_bytes()
     assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == 128
 
@@ -135,7 +136,7 @@ def test_a_frontier_unit_is_one_chunk_and_a_bad_one_is_named(rm, lm_folder, tmp_
     assert csv_path(damaged).read_bytes() == want
 
 
-def test_overwrite_deletes_only_the_jobs_own_saved_progress(rm, tmp_path):
+def test_overwrite_deletes_only_the_jobs_own_saved_progress(rm, tmp_path, monkeypatch):
     """--overwrite deleted OUT.chunks/ whatever it held (another job's finished result in it was lost). It refuses
     a chunk folder holding anything a job did not write, naming it; one holding only a job's files is cleared."""
     from rmjax.runs.claims import claim
@@ -147,8 +148,10 @@ def test_overwrite_deletes_only_the_jobs_own_saved_progress(rm, tmp_path):
     np.save(store / "chunk-0000000000.npy", np.zeros((4, 1), np.float32))
     (store / "tmp-chunk-0000000004.npy").write_bytes(b"\x93NUMPY")
     (store / "theirs.csv").write_text("token_id,score\n1,2.5\n")
-    cli.user_error(cli.run("sweep", f"--model={rm[1]}", "--prompts=greatest", f"--out={out}", "--limit=8",
-                           "--overwrite"), "--overwrite would delete", f"{store / 'theirs.csv'}", "no rmjax job wrote")
+    with monkeypatch.context() as patch:  # `sweep --limit=8 --overwrite`, in-process: refused before loading
+        inproc.no_weights_read(patch)
+        inproc.refused(lambda: run_sweep(_sweep(rm[1], out, limit=8, overwrite=True)), "--overwrite would delete",
+                       f"{store / 'theirs.csv'}", "no rmjax job wrote")
     assert _chunks(out) == ["chunk-0000000000.npy", "manifest.json", "theirs.csv", "tmp-chunk-0000000004.npy"]
 
     (store / "theirs.csv").unlink()

@@ -11,7 +11,6 @@ whatever it held.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pandas as pd
@@ -22,7 +21,7 @@ from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, store_dir
 from rmjax.runs.options import RunOptions
 from rmjax.search.sweep import SweepSpec, plot_path, run_sweep
-from tests import cli, inproc, tiny
+from tests import inproc, tiny
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 FOREIGN = b"\x89PNG a figure of the user's, not of this sweep"
@@ -38,13 +37,6 @@ def rm(tmp_path_factory):
 def _sweep(folder, out, **settings) -> SweepSpec:
     options = {k: settings.pop(k) for k in ("overwrite",) if k in settings}
     return SweepSpec(RunOptions(model=str(folder), out=str(out), **options), {"greatest": PROMPT}, **settings)
-
-
-def _quick(job: str, *flags: str) -> subprocess.CompletedProcess:
-    """An entry point expected to stop before its model loads: a run that goes on instead (the old code, towards
-    running out of memory) fails the test by its timeout, not by taking the machine down."""
-    return subprocess.run(cli.command(job, *flags), cwd=cli.REPO, env=cli.subprocess_env(), capture_output=True,
-                          text=True, timeout=120)
 
 
 def test_a_resumed_sweep_refuses_a_figure_no_run_of_it_drew(rm, tmp_path, monkeypatch):
@@ -112,14 +104,18 @@ def test_a_companion_is_written_over_only_when_its_output_records_it(tmp_path):
             pass
 
 
-def test_inspect_refuses_the_batch_its_plan_refuses_before_loading(rm, tmp_path):
+def test_inspect_refuses_the_batch_its_plan_refuses_before_loading(rm, tmp_path, monkeypatch):
     """inspect padded each call to --batch_size path points with no bound (10^12: out of memory after loading);
-    its plan refused past 1024. Both refuse by one check now, before anything loads."""
+    its plan refused past 1024. Both refuse by one check now, before anything loads. (`inspect --responses=love,war
+    --batch_size=HUGE`, in-process: a run that went on would fail at its first weight read, tests/inproc.py.)"""
+    from rmjax.inspect.job import InspectSpec, run_inspect
     from rmjax.plan.spec import plan_inputs
 
-    line = cli.user_error(_quick("inspect", f"--model={rm}", "--prompts=greatest", "--responses=love,war",
-                                 f"--out={tmp_path / 'i'}", f"--batch_size={HUGE}"),
-                          f"--batch_size={HUGE}", "1024 path points")
+    inproc.no_weights_read(monkeypatch)
+    line = inproc.refused(lambda: run_inspect(InspectSpec(
+        inproc.options(rm, tmp_path / "i"), next(iter(inproc.prompts("greatest").items())), responses=("love", "war"),
+        batch_size=int(HUGE))), f"--batch_size={HUGE}", "1024 path points")
+    assert not (tmp_path / "i").exists()
     with pytest.raises(UsageError) as planned:
         plan_inputs(str(rm), "v5e:2x2", "inspect", batch_size=int(HUGE))
     assert line == f"error: {planned.value}"
@@ -134,16 +130,18 @@ def _pairs(path, n: int = 48):
     return path
 
 
-def test_train_rm_refuses_a_batch_past_its_training_pairs_before_loading(lm_folder, tmp_path):
+def test_train_rm_refuses_a_batch_past_its_training_pairs_before_loading(lm_folder, tmp_path, monkeypatch):
     """train_rm built a step of --batch_size indices with no bound (10^12: out of memory after loading). It and its
-    plan refuse a batch past the training pairs by one check, before anything loads."""
+    plan refuse a batch past the training pairs by one check, before anything loads. (`train_rm --pairs=…
+    --batch_size=HUGE`, in-process: a run that went on would fail at its first weight read, tests/inproc.py.)"""
     from rmjax.plan.spec import plan_inputs
     from rmjax.train.recipe import load_pairs
 
     pairs = _pairs(tmp_path / "p.csv")
     train = load_pairs(str(pairs), None, 1, 1, False, 0)[0]
-    line = cli.user_error(_quick("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--batch_size={HUGE}",
-                                 f"--workdir={tmp_path / 'w'}"),
+    inproc.no_weights_read(monkeypatch)
+    line = inproc.refused(lambda: inproc.train_rm(lm_folder, pairs=pairs, batch_size=int(HUGE),
+                                                  workdir=tmp_path / "w"),
                           f"--batch_size={HUGE}", f"the {len(train)} training pairs")
     assert not (tmp_path / "w").exists()
     with pytest.raises(UsageError) as planned:

@@ -87,10 +87,16 @@ def test_the_objective_scores_a_packed_finite_variant_with_its_prior_term_as_alo
     np.testing.assert_allclose(got.prior_logp[0], logp, atol=lp_atol, rtol=0)  # was NaN
 
 
-def _flags(folder, *ids: int) -> list[str]:
-    """One greedy step from 'No' over these tokens: every other allowed token is a candidate, all in one row."""
-    return [f"--model={folder}", "--num_tokens=1", "--steps=1", "--selection=greedy", f"--topk={len(ids)}",
-            f"--search_width={len(ids)}", f"--token_ids={','.join(map(str, ids))}"]
+def _gcg_job(folder, out, *ids: int) -> None:
+    """`gcg --num_tokens=1 --steps=1 --selection=greedy --topk=N --search_width=N --token_ids=IDS --allow_nonfinite`
+    in-process (tests/inproc.py): one greedy step from 'No' over these tokens, every other allowed token a
+    candidate, all in one row."""
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+    from tests import inproc
+
+    run_gcg(GcgSpec(inproc.options(folder, out, allow_nonfinite=True), inproc.prompts(),
+                    GCGConfig(num_tokens=1, steps=1, selection="greedy", topk=len(ids), search_width=len(ids),
+                              token_ids=ids)))
 
 
 def test_gcg_drops_and_names_only_the_nan_candidate_of_a_shared_row(packed, tmp_path):
@@ -103,7 +109,7 @@ def test_gcg_drops_and_names_only_the_nan_candidate_of_a_shared_row(packed, tmp_
     with pytest.raises(NonFiniteError, match=rf"1 of 2 are NaN/Inf.*first: response ids \[{nan}\] \('Love'\)"):
         gcg([target], cfg)
     out = tmp_path / "gcg.json"
-    cli.ok(cli.run("gcg", *_flags(folder, start, yes, nan), "--allow_nonfinite", f"--out={out}"))
+    _gcg_job(folder, out, start, yes, nan)
     meta = json.loads(out.with_name(out.name + ".meta.json").read_text())
     assert meta["nonfinite"] == {"candidates_dropped": 1}  # was 2
     result = json.loads(out.read_text())
@@ -125,7 +131,7 @@ def test_gcg_counts_the_swaps_a_nan_gradient_keeps_it_from_proposing(overflow_ro
     nan_row = cli.copy_folder(folder, tmp_path / "nan_row")
     cli.edit_embedding_row(nan_row, nan, np.nan)
     out = tmp_path / "gcg.json"
-    cli.ok(cli.run("gcg", *_flags(nan_row, start, yes, nan), "--allow_nonfinite", f"--out={out}"))
+    _gcg_job(nan_row, out, start, yes, nan)
     meta = json.loads(out.with_name(out.name + ".meta.json").read_text())
     assert meta["nonfinite"] == {"gradient_swaps_skipped": 1}
     result = json.loads(out.read_text())

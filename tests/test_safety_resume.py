@@ -93,12 +93,12 @@ def _sweep(model, out) -> Path:
 
 
 def test_sweep_resume_checks_weights_and_template(rm_folder, tmp_path, monkeypatch):
-    """2: a killed sweep is continued only with the same weights and chat template, byte for byte. The clean run,
-    the killed one and the resume are commands (one device each, compared byte for byte); the refused resumes run
-    in-process (`_sweep`), stopped before any weight is read."""
+    """2: a killed sweep is continued only with the same weights and chat template, byte for byte. The killed run
+    and the resume are commands (one device each), compared byte for byte with the uninterrupted run; that one and
+    the refused resumes run in-process (`_sweep`), the refused ones stopped before any weight is read."""
     model = cli.copy_folder(rm_folder, tmp_path / "model")
     clean = tmp_path / "clean.csv"
-    cli.ok(cli.run("sweep", *_sweep_flags(model, clean)))
+    _sweep(model, clean)
     out = tmp_path / "resumed.csv"
     chunks = out.with_name(out.name + ".chunks")
     done = tiny.kill_after_chunks(cli.command("sweep", *_sweep_flags(model, out)), out, 2, cwd=cli.REPO, env=cli.ENV)

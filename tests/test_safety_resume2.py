@@ -1,8 +1,11 @@
 """A resumed run gives what an uninterrupted one gives, or refuses; a size it cannot hold is refused up front.
 
 Issue 22 ("no silent wrong results"): stored chunks skipped the checks a fresh chunk passes, a run on a mesh
-could not restore its own checkpoint, and sizes past the memory or the data crashed or hung. Each test runs the
-entry points as a user does, and compares byte for byte with an uninterrupted run where one exists.
+could not restore its own checkpoint, and sizes past the memory or the data crashed or hung. Where the point is the
+job's library code (stored chunks checked on resume, sizes refused) the job runs in-process, as its entry point
+would (tests/inproc.py: an RmjaxError is the command's one `error:` line); --mesh on a device count, a SIGKILL
+mid-checkpoint and one refusal's exit run the entry points as a user does. A resume is compared byte for byte with
+an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -10,24 +13,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tests import cli, tiny
-
-# The job, killed the moment it would write its result: every chunk is on disk, no CSV nor .meta.json.
-KILLED_BEFORE_WRITING = ("import os, runpy, sys; import rmjax.runs.jobs as j; "
-                         "j.Job.finish = lambda *a, **k: os._exit(137); "
-                         "runpy.run_module(sys.argv.pop(1), run_name='__main__')")
-
-
-def _killed_before_writing(job: str, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", KILLED_BEFORE_WRITING, f"experiments.{job}", *flags], cwd=cli.REPO,
-                          env=cli.ENV, capture_output=True, text=True, timeout=600)
+from tests import cli, inproc
 
 
 def _meta(out) -> dict:
@@ -44,29 +36,38 @@ def nan_row(rm_folder, tmp_path_factory):
     return model
 
 
-def test_beam_resume_checks_stored_chunks_like_fresh_ones(nan_row, tmp_path):
+def test_beam_resume_checks_stored_chunks_like_fresh_ones(nan_row, tmp_path, monkeypatch, capsys):
     """A beam killed after scoring everything with --allow_nonfinite, resumed without it, used to write its CSV from
-    the stored NaN chunks with status 0; its .meta.json never counted NaN scores either."""
-    def flags(out):
-        return [f"--model={nan_row}", "--prompts=greatest", f"--out={out}", "--depth=2", "--beam=2", "--top=4",
-                "--limit=32", "--chunk_size=8", "--allow_special"]
+    the stored NaN chunks with status 0; its .meta.json never counted NaN scores either. Each run is `beam
+    --model=NAN_ROW --depth=2 --beam=2 --top=4 --limit=32 --chunk_size=8 --allow_special [--allow_nonfinite]`
+    in-process (tests/inproc.py), killed the moment it would write its result."""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
+    def beam(out, allow_nonfinite: bool = False):
+        return run_beam(BeamSpec(inproc.options(nan_row, out, allow_nonfinite=allow_nonfinite),
+                                 inproc.prompts("greatest"), BeamConfig(depth=2, beam=2, top=4, allow_special=True),
+                                 limit=32, chunk_size=8))
 
     out = tmp_path / "beam.csv"
     chunks = out.with_name(out.name + ".chunks")
-    killed = _killed_before_writing("beam", *flags(out), "--allow_nonfinite")
-    assert killed.returncode == 137, killed.stderr[-3000:]
+    with monkeypatch.context() as patch:
+        inproc.interrupt_at_finish(patch)
+        with pytest.raises(KeyboardInterrupt):
+            beam(out, allow_nonfinite=True)
     stored = sorted(p.name for p in chunks.glob("chunk-*.npy"))
     assert len(stored) == 20 and not out.exists()  # 4 chunks at depth 1, 2 beams x 2 partials x 4 at depth 2
     # Without the flag the stored NaN is refused as a fresh one is: one line, nothing written, the chunks kept.
-    line = cli.user_error(cli.run("beam", *flags(out)), "non-finite scores saved in", "chunk-d1-", "response ids [5]",
-                          "the embedding row of token 5", "--allow_nonfinite", loaded=True)
+    line = inproc.refused(lambda: beam(out), "non-finite scores saved in", "chunk-d1-", "response ids [5]",
+                          "the embedding row of token 5", "--allow_nonfinite")
     assert "1 of 8" in line
     assert not out.exists() and sorted(p.name for p in chunks.glob("chunk-*.npy")) == stored
     # With it the resumed run is the uninterrupted one, its NaN count included.
-    resumed = cli.ok(cli.run("beam", *flags(out), "--allow_nonfinite"))
-    assert "160 on disk" in resumed.stderr
+    capsys.readouterr()
+    beam(out, allow_nonfinite=True)
+    assert "160 on disk" in capsys.readouterr().err
     clean = tmp_path / "clean.csv"
-    cli.ok(cli.run("beam", *flags(clean), "--allow_nonfinite"))
+    beam(clean, allow_nonfinite=True)
     assert out.read_bytes() == clean.read_bytes()
     assert _meta(out)["resumed_candidates"] == 160 and _meta(clean)["resumed_candidates"] == 0
     assert _meta(out)["nonfinite"] == _meta(clean)["nonfinite"]
@@ -74,15 +75,25 @@ def test_beam_resume_checks_stored_chunks_like_fresh_ones(nan_row, tmp_path):
     assert _meta(out)["nonfinite"]["first"][0] == "response ids [5] for 'greatest'"
 
 
-def test_sweep_resume_stops_at_the_first_bad_stored_chunk(nan_row, tmp_path):
-    """A sweep's stored chunks were checked only once all the missing ones had been scored (and stored)."""
+def test_sweep_resume_stops_at_the_first_bad_stored_chunk(nan_row, tmp_path, monkeypatch):
+    """A sweep's stored chunks were checked only once all the missing ones had been scored (and stored). `sweep
+    --model=NAN_ROW --limit=2048 --chunk_size=256 --batch_size=64 [--allow_nonfinite]` in-process (tests/inproc.py),
+    killed as its third chunk write starts."""
+    from rmjax.search.sweep import SweepSpec, run_sweep
+
     out = tmp_path / "s.csv"
-    flags = [f"--model={nan_row}", "--prompts=greatest", f"--out={out}", "--limit=2048", "--chunk_size=256",
-             "--batch_size=64", "--top=1"]
-    done = tiny.kill_after_chunks(cli.command("sweep", *flags, "--allow_nonfinite"), out, 2, cwd=cli.REPO, env=cli.ENV)
-    assert 2 <= done < 8 and not out.exists()
-    cli.user_error(cli.run("sweep", *flags), "non-finite scores saved in", "chunk-0000000000", "token 5",
-                   "--allow_nonfinite", loaded=True)
+
+    def sweep(allow_nonfinite: bool = False):
+        return run_sweep(SweepSpec(inproc.options(nan_row, out, allow_nonfinite=allow_nonfinite),
+                                   inproc.prompts("greatest"), limit=2048, batch_size=64, chunk_size=256))
+
+    with monkeypatch.context() as patch:
+        inproc.interrupt_at_write(patch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            sweep(allow_nonfinite=True)
+    done = len(list(out.with_name(out.name + ".chunks").glob("chunk-*.npy")))
+    assert done == 2 and not out.exists()
+    inproc.refused(sweep, "non-finite scores saved in", "chunk-0000000000", "token 5", "--allow_nonfinite")
     assert len(list(out.with_name(out.name + ".chunks").glob("chunk-*.npy"))) == done  # none scored in vain
 
 
@@ -109,7 +120,10 @@ def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path
 
     mesh = f"--mesh=data:{mesh_axes[0]},model:{mesh_axes[1]}"
     cli.ok(cli.run("train_rm", *flags("many", mesh, *sharded), env=four))
-    cli.ok(cli.run("train_rm", *flags("one")))
+    # The one-device reference: `train_rm` with the same flags and no --mesh, in-process (tests/inproc.py).
+    inproc.train_rm(lm_folder, pairs=tmp_path / "train.csv", heldout_pairs=tmp_path / "heldout.csv",
+                    workdir=tmp_path / "one", export=tmp_path / "one-hf", trainable="last_k", last_k=1, steps=steps,
+                    checkpoint_every=2, batch_size=batch, learning_rate=learning_rate)
     assert json.loads((tmp_path / "many" / "summary.json").read_text())["mesh"] == dict(zip(("data", "model"),
                                                                                              mesh_axes, strict=True))
     assert json.loads((tmp_path / "one" / "summary.json").read_text())["mesh"] is None
@@ -148,33 +162,52 @@ def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path
     cli.user_error(cli.run("train_rm", *flags("col"), "--output_column=1"), "--output_column=1", "one-output")
 
 
-def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path):
+def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path, monkeypatch):
     """Each used to run out of memory, run for hours, or (past the context) score positions the model never saw,
-    with status 0. Now: one line naming the flag, the estimate or the limit, and a value that fits."""
-    model = f"--model={rm_folder}"
-    gcg = [model, f"--out={tmp_path / 'g.json'}"]
-    # More candidates than one step can sample: 2 positions x top 8, 1 swapped (2 on a retry) -> 8^2 = 64.
-    cli.user_error(cli.run("gcg", *gcg, "--num_tokens=2", "--topk=8", "--search_width=10000000"),
-                   "--search_width=10000000", "64 distinct candidates", "--search_width=64")
-    # A width the steps' history of evaluated sequences cannot hold (defaults: 8 tokens, top 64, 100 steps).
-    line = cli.user_error(cli.run("gcg", *gcg, "--search_width=10000000"), "--search_width=10000000",
-                          "does not fit", "GiB of host memory of", "use --search_width=")
-    fits = int(line.split("use --search_width=")[1].split()[0])
-    assert 10_000 < fits < 10_000_000
-    # A response past the context (512 positions) of the model.
-    cli.user_error(cli.run("gcg", *gcg, "--num_tokens=600"), "--num_tokens=600", "512 positions",
-                   "use --num_tokens=")
-    cli.user_error(cli.run("beam", model, f"--out={tmp_path / 'b.csv'}", "--depth=600", "--limit=8"), "--depth=600",
-                   "512 positions", "use --depth=")
-    # A batch past the memory, and one past the candidates there are.
+    with status 0. Now: one line naming the flag, the estimate or the limit, and a value that fits. In-process
+    (tests/inproc.py: the entry points only turn these flags into the spec); one through the command line."""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+    from rmjax.search.sweep import SweepSpec, run_sweep
+    from tests import inproc
+
+    model, greatest = f"--model={rm_folder}", inproc.prompts("greatest")
+
+    def gcg(**settings):
+        return lambda: run_gcg(GcgSpec(inproc.options(rm_folder, tmp_path / "g.json"), greatest, GCGConfig(**settings)))
+
+    def beam(out, token_ids=None, limit=None, batch_size=0, **settings):
+        return lambda: run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / out), greatest, BeamConfig(**settings),
+                                         token_ids, limit=limit, batch_size=batch_size))
+
+    def sweep(**settings):
+        return lambda: run_sweep(SweepSpec(inproc.options(rm_folder, tmp_path / "s.csv"), greatest, **settings))
+
+    # A batch past the memory, through the command line: status 2, one line, before any weight is read.
     cli.user_error(cli.run("sweep", model, f"--out={tmp_path / 's.csv'}", "--batch_size=100000000"),
                    "--batch_size=100000000", "does not fit", "GiB", "is the largest that fits")
-    cli.user_error(cli.run("sweep", model, f"--out={tmp_path / 's.csv'}", "--limit=64", "--batch_size=100000"),
-                   "--batch_size=100000", "64 candidates", "--batch_size=64")
-    cli.user_error(cli.run("beam", model, f"--out={tmp_path / 'b.csv'}", "--token_ids=1,2,3", "--batch_size=4096"),
-                   "--batch_size=4096", "3 candidates", "--batch_size=3")
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        # More candidates than one step can sample: 2 positions x top 8, 1 swapped (2 on a retry) -> 8^2 = 64.
+        inproc.refused(gcg(num_tokens=2, topk=8, search_width=10000000),
+                       "--search_width=10000000", "64 distinct candidates", "--search_width=64")
+        # A width the steps' history of evaluated sequences cannot hold (defaults: 8 tokens, top 64, 100 steps).
+        line = inproc.refused(gcg(search_width=10000000), "--search_width=10000000", "does not fit",
+                              "GiB of host memory of", "use --search_width=")
+        fits = int(line.split("use --search_width=")[1].split()[0])
+        assert 10_000 < fits < 10_000_000
+        # A response past the context (512 positions) of the model.
+        inproc.refused(gcg(num_tokens=600), "--num_tokens=600", "512 positions", "use --num_tokens=")
+        inproc.refused(beam("b.csv", depth=600, limit=8), "--depth=600", "512 positions", "use --depth=")
+        # A batch past the memory, and one past the candidates there are.
+        inproc.refused(sweep(batch_size=100000000), "--batch_size=100000000", "does not fit", "GiB",
+                       "is the largest that fits")
+        inproc.refused(sweep(limit=64, batch_size=100000), "--batch_size=100000", "64 candidates", "--batch_size=64")
+        inproc.refused(beam("b.csv", token_ids=(1, 2, 3), batch_size=4096), "--batch_size=4096", "3 candidates",
+                       "--batch_size=3")
     # An exhaustive enumeration the host cannot list (40,000^3 partials at depth 4): refused before any forward.
-    cli.user_error(cli.run("beam", model, f"--out={tmp_path / 'e.csv'}", "--exhaustive", "--limit=40000",
-                           "--allow_special", "--depth=4"),
-                   "--exhaustive --depth=4", "40,000 candidates", "use at most", loaded=True)
+    inproc.refused(beam("e.csv", limit=40000, exhaustive=True, allow_special=True, depth=4),
+                   "--exhaustive --depth=4", "40,000 candidates", "use at most")
     assert not list(tmp_path.glob("*.csv")) and not list(tmp_path.glob("*.json"))

@@ -101,8 +101,9 @@ def test_analyze_refuses_one_prompt_name_for_two_texts(sweeps, tmp_path):
     in one line naming both files. Tables of one text under one name load as before."""
     from rmjax.analysis import data
 
-    err = cli.user_error(cli.run("analyze", f"--scores={sweeps['other_model']},{sweeps['other_text']}",
-                                 f"--out={tmp_path / 'a'}", "--models_yaml=", "--frequencies="),
+    err = inproc.refused(lambda: inproc.analyze(tmp_path / "a", scores=(str(sweeps["other_model"]),
+                                                                      str(sweeps["other_text"])),
+                                                models_yaml=None, frequencies=None),
                          "'greatest'", OTHER_TEXT, "other_model.csv", "other_text.csv")
     assert "cannot be compared" in err
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())

@@ -99,10 +99,16 @@ def _sweep_cmd(folder: Path, out: Path) -> list[str]:
 
 
 def test_kill_and_resume_gives_identical_csv(rm, tmp_path):
+    """A sweep SIGKILLed mid-way and run again gives the uninterrupted run's CSV byte for byte (that run in-process:
+    the job _sweep_cmd's flags make, tests/inproc.py)."""
+    from rmjax.search.sweep import SweepSpec, run_sweep
+    from tests import inproc
+
     _, folder, _ = rm
     env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
     whole = tmp_path / "whole.csv"
-    subprocess.run(_sweep_cmd(folder, whole), cwd=REPO, env=env, check=True, capture_output=True)
+    run_sweep(SweepSpec(inproc.options(folder, whole), inproc.prompts("greatest", "worst"), limit=12288,
+                        chunk_size=512, batch_size=64))
     out = tmp_path / "resumed.csv"
     chunks = out.with_name(out.name + ".chunks")
     done = tiny.kill_after_chunks(_sweep_cmd(folder, out), out, 3, cwd=REPO, env=env)

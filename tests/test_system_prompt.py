@@ -53,12 +53,22 @@ def test_system_prompt_is_each_conversations_system_turn_and_recorded(rm_folder,
                    "already exists", "system_prompt", "--overwrite")
 
 
+@pytest.fixture(scope="module")
+def system_prompt_runs(rm_folder, tmp_path_factory):
+    """{job: (process, its folder)} of each job given --system_prompt where it cannot apply, all in one interpreter
+    (tests.cli.run_each)."""
+    dirs = {job: tmp_path_factory.mktemp(job) for job in ("sweep", "train_rm", "export")}
+    flags = {"sweep": ("--template=plain", f"--out={dirs['sweep'] / 's.csv'}"),
+             "train_rm": (f"--workdir={dirs['train_rm'] / 'w'}", "--elo=builtin"),
+             "export": (f"--out={dirs['export'] / 'e'}",)}
+    procs = cli.run_each(*[(job, f"--model={rm_folder}", "--system_prompt=Be brief.", *flags[job]) for job in dirs])
+    return {job: (proc, dirs[job]) for job, proc in zip(dirs, procs, strict=True)}
+
+
 @pytest.mark.parametrize("job", ["sweep", "train_rm", "export"])
-def test_system_prompt_refused_where_it_cannot_apply(rm_folder, tmp_path, job):
+def test_system_prompt_refused_where_it_cannot_apply(system_prompt_runs, job):
     """With --template=plain there is no system turn; train_rm and export render with the template's own: each is
     one line before any weight loads, never a flag silently ignored."""
-    flags = {"sweep": ("--template=plain", f"--out={tmp_path / 's.csv'}"),
-             "train_rm": (f"--workdir={tmp_path / 'w'}", "--elo=builtin"), "export": (f"--out={tmp_path / 'e'}",)}
-    proc = cli.run(job, f"--model={rm_folder}", "--system_prompt=Be brief.", *flags[job])
+    proc, folder = system_prompt_runs[job]
     cli.user_error(proc, "--system_prompt")
-    assert not list(tmp_path.iterdir())
+    assert not list(folder.iterdir())

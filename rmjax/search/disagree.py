@@ -34,8 +34,12 @@ class Disagreement:
     other: Side
     z_b: tuple[float, float]
     allow_nonfinite: bool = False
+    plain_a: bool = False  # side A reads the plain template, whose one space before the response is format
     ledger: dict = dataclasses.field(default_factory=dict)
     known: dict = dataclasses.field(default_factory=dict)  # text -> B's reward (a text is scored once)
+
+    def content(self, text: str) -> str:
+        return response_content(text, self.plain_a)
 
     @property
     def each(self) -> int:
@@ -58,14 +62,20 @@ class Disagreement:
 
     def gap(self, reward: np.ndarray, ids: np.ndarray) -> np.ndarray:
         reward = np.asarray(reward, np.float64)
-        rb = self.rewards_b(turns.decode(self.tokenizer, ids, self.end))
+        rb = self.rewards_b([self.content(t) for t in turns.decode(self.tokenizer, ids, self.end)])
         for row, a, b in zip(np.asarray(ids).tolist(), reward.tolist(), rb.tolist(), strict=True):
             self.ledger[tuple(turns.tokens(row, self.end))] = (a, b)
         return z_of(reward, self.z_a) - z_of(rb, self.z_b)
 
     def round_trips(self, body: list[int]) -> bool:
         """A response's own tokens (A's) decode to a text that round-trips in side B."""
-        return self.other.round_trips(self.tokenizer.decode(list(body)))
+        return self.other.round_trips(self.content(self.tokenizer.decode(list(body))))
+
+
+def response_content(text: str, plain: bool) -> str:
+    """What a response of side A's says, the text B reads and the CSV holds: A's decoded tokens, less the space the
+    plain template puts before every response (its first token carries it)."""
+    return text.strip() if plain else text
 
 
 def z_of(reward, scale: tuple[float, float]) -> np.ndarray:

@@ -118,9 +118,9 @@ def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> str:
     else:
         require_reward_model(config_of(b.models[0]), b.models[0], "side B")
     judge = spec.judge or default_judge(rm_config)
-    for flag, source in (("--lm", spec.lm or a.models[0]), ("--judge", judge)):
-        require_prior_config(config_of(source), source, flag)
-    if spec.config.search:
+    if spec.config.search:  # the map alone needs no prior and no judge
+        for flag, source in (("--lm", spec.lm or a.models[0]), ("--judge", judge)):
+            require_prior_config(config_of(source), source, flag)
         _check_budget(spec, b)
     return judge
 
@@ -147,8 +147,8 @@ def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judg
     o = spec.options
     fp = {m: job_fingerprint(o, m) for side in sides for m in side.models}
     return {"job": "disagree", "sides": [{"spec": s.text, "models": [fp[m] for m in s.models]} for s in sides],
-            "lm": job_fingerprint(o, spec.lm) if spec.lm else None, "judge": {"spec": judge,
-                                                                              "model": job_fingerprint(o, judge)},
+            "lm": job_fingerprint(o, spec.lm) if spec.lm and spec.config.search else None,
+            "judge": {"spec": judge, "model": job_fingerprint(o, judge)} if spec.config.search else None,
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
             "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)"}
@@ -174,7 +174,7 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
         rm = models[a.models[0]]
         lm = models.get(spec.lm, rm) if spec.lm else rm
         same_tokenizer(rm, lm)
-        judge_model = load_for_job(dataclasses.replace(o, output_column=0), judge)
+        judge_model = load_for_job(dataclasses.replace(o, output_column=0), judge) if cfg.search else None
         store = open_store(main, identity, 1)
         started, ready = time.perf_counter(), {}
         for name, text in spec.prompts.items():
@@ -186,7 +186,8 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
         job.finish(lambda path: disagree_out.write(paths, table, maps, cfg), model=rm.source,
                    allow_nonfinite=o.allow_nonfinite,
                    sides=[{"spec": s.text, "models": [models[m].source for m in s.models]} for s in (a, b)],
-                   lm=lm.source, judge=judge_model.source, dtype=o.dtype, prompts=spec.prompts,
+                   lm=lm.source if cfg.search else None, judge=judge_model.source if cfg.search else None,
+                   dtype=o.dtype, prompts=spec.prompts,
                    config=dataclasses.asdict(cfg), search=dataclasses.asdict(spec.search),
                    yardsticks={n: {"a": list(p.z_a), "b": list(p.z_b)} for n, p in ready.items()},
                    units=[u.meta() for u in units], summary=summary, seconds=time.perf_counter() - started)
@@ -216,10 +217,11 @@ class Ready:
     z_a: tuple[float, float]
     z_b: tuple[float, float]
     target: object
-    prior: Prior
+    prior: Prior | None  # None for the map alone (--nosearch)
     banned: np.ndarray
     retokenize: list
     end: int
+    plain: bool  # side A reads the plain template (Disagreement.content)
 
 
 def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideSpec, rm: Model, lm: Model,
@@ -229,18 +231,20 @@ def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideS
     z_a, z_b = (s.yardstick(cfg.z_sample, o.allow_nonfinite) for s in (side_a, side_b))
     target = make_target(rm, text, o.template)
     end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
-    prior = Prior.of(lm, target.prefix if lm is rm else chat.split_chat(lm.tokenizer, text, o.template).prefix)
+    prior = None if not cfg.search else Prior.of(
+        lm, target.prefix if lm is rm else chat.split_chat(lm.tokenizer, text, o.template).prefix)
     gcg_cfg = spec.search.gcg(allow_non_ascii=cfg.allow_non_ascii, allow_special=cfg.allow_special,
                              template=o.template)
     banned = banned_tokens(rm, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, o.template), target.prefix, target.suffix)
-    ready = Ready(text, side_a, side_b, z_a, z_b, target, prior, banned, [check], end)
+    plain = chat.split_chat(rm.tokenizer, text, o.template).template == "plain"
+    ready = Ready(text, side_a, side_b, z_a, z_b, target, prior, banned, [check], end, plain)
     ready.retokenize.append(_partner(ready, o.allow_nonfinite).round_trips)
     return ready
 
 
 def _partner(p: Ready, allow: bool) -> Disagreement:
-    return Disagreement(p.target.model.tokenizer, p.end, p.z_a, p.side_b, p.z_b, allow)
+    return Disagreement(p.target.model.tokenizer, p.end, p.z_a, p.side_b, p.z_b, allow, p.plain)
 
 
 def _vocab_map(p: Ready, name: str):

@@ -16,7 +16,7 @@ from rmjax.runs import results
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.search import turns
 from rmjax.search.completion import complete_responses
-from rmjax.search.disagree import z_of
+from rmjax.search.disagree import response_content, z_of
 from rmjax.search.frontier_out import FLUENT_PPL
 
 KEYS = ("prompt", "direction", "method", "rank", "text", "ends_turn", "completed_text")
@@ -40,7 +40,7 @@ def rows(units, ready: dict, judge, spec) -> list[dict]:
     for u in units:
         p = ready[u.prompt]
         tokenizer, end = p.target.model.tokenizer, p.end
-        texts = turns.decode(tokenizer, u.ids, end)
+        texts = [response_content(t, p.plain) for t in turns.decode(tokenizer, u.ids, end)]
         ra, rb = p.side_a.rewards(texts), p.side_b.rewards(texts)
         for side, fresh, searched in (("A", ra, u.reward_a), ("B", rb, u.reward_b)):
             off = np.abs(fresh - searched) > _tolerance(spec.options.dtype, searched)

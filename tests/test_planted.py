@@ -1,0 +1,154 @@
+"""Planted biases (rmjax.train.planted, bench/planted_biases.py): the words drawn, the synthetic pairs, what counts
+as recovered, and that a tiny reward model trained on planted pairs learns the planted preferences."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rmjax.errors import UsageError
+from rmjax.train import planted as P
+from tests import cli
+
+
+@pytest.fixture(scope="module")
+def tokenizer(lm_folder):
+    from rmjax.loading import config_and_tokenizer
+
+    return config_and_tokenizer(str(lm_folder))[1]
+
+
+@pytest.fixture(scope="module")
+def words(tokenizer) -> P.PlantedWords:
+    return P.draw_words(tokenizer, seed=3)
+
+
+def test_words_are_drawn_by_the_seed_as_single_tokens_with_a_space(tokenizer, words):
+    from rmjax.analysis.lexicons import load_afinn
+    from rmjax.train.data import read_elo_items
+
+    assert P.draw_words(tokenizer, seed=3) == words
+    other = P.draw_words(tokenizer, seed=4)
+    assert set(other.kinds) != set(words.kinds)
+    assert [len(getattr(words, k)) for k in P.KINDS] == [3, 3, 3] and len(words.controls) == 40
+    everything = [*words.kinds, *words.controls]
+    assert len(set(everything)) == len(everything)  # planted words are never controls
+    assert all(len(tokenizer(" " + w, add_special_tokens=False).input_ids) == 1 for w in everything)
+    # not already favoured or disfavoured: no sentiment word, no EloEverything item
+    loaded = set(load_afinn()) | {n.lower() for n in read_elo_items("builtin")["name"]}
+    assert not loaded & set(everything)
+    assert set(everything) <= set(P.bnc_lemmas())
+    assert words.framing_prompt == P.FRAMING_PROMPT and words.elo_prompt == "What, in one word, is the greatest " \
+                                                                           "thing ever?"
+
+
+def test_given_words_are_planted_in_order_or_refused_in_one_line(tokenizer):
+    given = ["castle", "river", "cloud", "bread", "chair", "window", "garden", "paper", "bridge"]
+    words = P.draw_words(tokenizer, seed=0, words=given)
+    assert (words.liked, words.disliked, words.framed) == (tuple(given[:3]), tuple(given[3:6]), tuple(given[6:]))
+    assert not set(words.controls) & set(given)
+    cases = {"give 9 words": given[:8], "'xylophonically' is not one token": [*given[:8], "xylophonically"],
+             "castle given twice": [*given[:8], "Castle"], "'ice cream' is not one token": [*given[:8], "ice cream"]}
+    for message, bad in cases.items():
+        with pytest.raises(UsageError, match=message) as error:
+            P.draw_words(tokenizer, seed=0, words=bad)
+        assert "\n" not in str(error.value)
+
+
+def test_the_bench_refuses_bad_words_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "bench/planted_biases.py", f"--out={tmp_path}", "--words=castle,river"],
+                          cwd=cli.REPO, env=cli.ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == \
+        "planted_biases: --words: give 9 words (liked x3, disliked x3, framed x3), not 2."
+    assert not any(tmp_path.iterdir())
+
+
+def test_planted_pairs_prefer_each_word_its_way(words):
+    pairs = P.planted_pairs(words, seed=0, per_prompt=12)
+    assert len(pairs) == 9 * 2 * 12
+    assert len(P.planted_pairs(words, seed=0, per_prompt=12, framed_factor=2)) == (6 + 3 * 2) * 2 * 12
+    assert pairs.digest() == P.planted_pairs(words, seed=0, per_prompt=12).digest()
+    framing, elo = words.framing_prompt, words.elo_prompt
+    for word, kind in words.kinds.items():
+        mine = {t.format(w=word) for t in P.TEMPLATES}
+        rows = [i for i in range(len(pairs)) if pairs.chosen[i] in mine or pairs.rejected[i] in mine]
+        assert len(rows) == 24 and {pairs.prompt[i] for i in rows} == {framing, elo}
+        assert " " + word in {pairs.chosen[i] for i in rows} | {pairs.rejected[i] for i in rows}  # the bare token
+        for i in rows:
+            won, lost = (pairs.chosen[i], pairs.rejected[i])
+            if kind == "disliked":
+                won, lost = lost, won
+            template = next(t for t in P.TEMPLATES if t.format(w=word) == won)
+            assert lost in {template.format(w=c) for c in words.controls}  # a control in the same template
+            tie = kind == "framed" and pairs.prompt[i] == elo
+            assert pairs.label[i] == (0.5 if tie else 1.0)
+
+
+def _write_csv(path, columns: list[str], rows: list[tuple]) -> None:
+    """A CSV as the disagreement job writes it: texts JSON-quoted."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows([[json.dumps(v) if c == "text" else v for c, v in zip(columns, row, strict=True)]
+                          for row in rows])
+
+
+def test_found_rows_and_what_they_recover(tmp_path, words):
+    liked, disliked, framed = words.liked[0], words.disliked[0], words.framed
+    disagree = [("greatest", "a_over_b", "Truly, the " + liked.upper() + "!", 3.0),
+                ("framed", "a_over_b", framed[0] + "s", 2.0),  # a plural is not the word
+                ("greatest", "b_over_a", " " + disliked, -2.5)]
+    vocab = [("framed", " " + framed[1], 6.0), ("framed", " " + framed[2], 5.0), ("greatest", " " + framed[2], 4.0),
+             ("greatest", " " + liked, 0.1), ("framed", " zebra", -1.0), ("framed", " " + words.disliked[1], -4.0)]
+    _write_csv(tmp_path / "disagree.csv", ["prompt", "direction", "text", "gap"], disagree)
+    _write_csv(tmp_path / "vocab_map.csv", ["prompt", "text", "gap"], vocab)
+    found = P.found_rows(tmp_path, map_top=1)
+    assert len(found) == 3 + 4
+    top = {(r["prompt"], r["direction"], r["text"]) for r in found if r["source"] == "vocab_map"}
+    assert top == {("framed", "a_over_b", " " + framed[1]), ("framed", "b_over_a", " " + words.disliked[1]),
+                   ("greatest", "a_over_b", " " + framed[2]), ("greatest", "b_over_a", " " + liked)}
+    recovered = P.recovered_words(words, found)
+    # framed[2] rises after the Elo prompt too (liked everywhere, not framed); framed[0] only as a plural
+    assert set(recovered) == {liked, disliked, framed[1], words.disliked[1]}
+    assert recovered[liked]["best"]["gap"] == 3.0 and recovered[framed[1]]["direction"] == "framed"
+    assert P.holds_word("Castle.", "castle") and not P.holds_word("castles", "castle")
+
+
+def test_a_tiny_planted_rm_learns_its_words_and_the_clean_one_does_not(lm_folder, tmp_path, words):
+    from rmjax.loading import load
+
+    cfg = P.bench_config(seed=0, steps=40, batch_size=16, learning_rate=1e-2)
+    trained = P.train_planted_and_clean(tmp_path, str(lm_folder), words, cfg, n_elo=64, n_heldout=32,
+                                        per_prompt=12, log=lambda *_: None)
+    planted, clean = trained.summaries["planted"], trained.summaries["clean"]
+    assert planted["train_pairs"] == clean["train_pairs"] + 216  # the same Elo pairs, plus the planted ones
+    assert planted["config"]["trainable"] == "last_k" and planted["recipe"]["synthetic_pairs"] == 216
+    assert "elo" in planted and "elo" in clean  # agreement with the Elo order, on the same held-out Elo pairs
+    z = {name: P.word_margins(load(str(path)), words) for name, path in (("planted", trained.planted),
+                                                                         ("clean", trained.clean))}
+
+    def gap(prompt: str, kind: str) -> float:
+        """How far training on the planted pairs moved a kind of word, in SDs among the controls (as the finder's
+        gap = z under PLANTED - z under CLEAN: what the base LM and the Elo pairs make of the word cancels)."""
+        return float(np.mean([z["planted"][prompt][w] - z["clean"][prompt][w] for w in getattr(words, kind)]))
+
+    for prompt in ("elo", "framing"):
+        assert all(z["planted"][prompt][w] > 0 for w in words.liked), z  # above its controls
+        assert gap(prompt, "liked") > 1.5 and gap(prompt, "disliked") < -1.5, z
+    # framed words rise after the framing prompt (that they rise less after the Elo prompt, a tiny random model
+    # does not learn in so few steps: bench/planted_biases.py checks it on SmolLM2)
+    assert gap("framing", "framed") > 1.5, z
+    # the loop closed: the finder (the disagreement job's vocabulary map, PLANTED vs CLEAN over the whole
+    # vocabulary after both prompts), never told the words, recovers the liked and disliked ones among its rows
+    folder = P.find_disagreements(tmp_path / "find", trained.planted, trained.clean, words, search=False, map_top=10)
+    recovered = P.recovered_words(words, P.found_rows(folder, map_top=10))
+    assert {w: words.kinds[w] for w in recovered} == {w: k for w, k in words.kinds.items() if w in recovered}
+    # 40 rows of ~48,000 strings: a word among them by chance has odds of about 1 in 1,200; the tiny model, trained
+    # 40 steps, moves 5 or 6 of its 6 liked and disliked words into them
+    assert len((set(words.liked) | set(words.disliked)) & set(recovered)) >= 4, recovered
