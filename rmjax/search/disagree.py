@@ -16,6 +16,7 @@ import pandas as pd
 from scipy import stats
 
 from rmjax.analysis import stats as analysis_stats
+from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.search import turns
 from rmjax.search.sides import Side
@@ -97,9 +98,18 @@ def shared_strings(a: Side, b: Side, banned_a: np.ndarray, banned_b: np.ndarray)
     return pd.DataFrame(both, columns=["text", "token_a", "token_b"])
 
 
-def token_rewards_of(side: Side, ids: np.ndarray) -> np.ndarray:
-    """A side's single-token rewards of its own ids (Side.token_rewards)."""
-    return side.token_rewards(np.asarray(ids, np.int64))
+MAP_CHUNK = 4096  # single tokens scored between progress lines
+
+
+def token_rewards_of(side: Side, ids: np.ndarray, progress: Progress | None = None) -> np.ndarray:
+    """A side's single-token rewards of its own ids (Side.token_rewards), a chunk at a time with `progress`."""
+    ids = np.asarray(ids, np.int64)
+    out = []
+    for start in range(0, len(ids), MAP_CHUNK):
+        out.append(side.token_rewards(ids[start : start + MAP_CHUNK]))
+        if progress is not None:
+            progress.update(len(out[-1]))
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def vocab_map(a: Side, b: Side, shared: pd.DataFrame, z_a: tuple[float, float], z_b: tuple[float, float],
@@ -107,8 +117,9 @@ def vocab_map(a: Side, b: Side, shared: pd.DataFrame, z_a: tuple[float, float], 
     """Per shared string: both sides' single-token rewards, their z and the gap z_A − z_B, sorted by gap (largest
     first, ties by text); and the summary: Kendall τ (b) between the sides' rewards over the strings, their
     Pearson r and the affine-invariant distance sqrt((1 − r) / 2) of the standardised rewards (EPIC's)."""
-    ra = token_rewards_of(a, shared["token_a"].to_numpy())
-    rb = token_rewards_of(b, shared["token_b"].to_numpy())
+    progress = Progress(2 * len(shared), f"vocabulary map: {prompt}", unit="tokens", every=10.0)
+    ra = token_rewards_of(a, shared["token_a"].to_numpy(), progress)
+    rb = token_rewards_of(b, shared["token_b"].to_numpy(), progress)
     frame = shared.assign(prompt=prompt, reward_a=ra, reward_b=rb, z_a=z_of(ra, z_a), z_b=z_of(rb, z_b))
     frame["gap"] = frame["z_a"] - frame["z_b"]
     frame = frame.sort_values(["gap", "text"], ascending=[False, True], kind="mergesort").reset_index(drop=True)
