@@ -110,11 +110,12 @@ PAPER1_TABLES = ["paper1_shared_vocabulary", "paper1_moments", "paper1_top_botto
                  "paper1_rsa", "paper1_framing_correlations", "paper1_framing_rankings", "paper1_sentiment_slopes",
                  "paper1_frequency_slopes", "bigtwo", "bigtwo_variants", "bigtwo_families",
                  *(f"paper1_rsa_theoretical_{m}" for m in RSA_MATRICES),
-                 *(f"paper1_{m}_{p}" for m in ("kendall_tau", "spearman", "rbo", "mds") for p in PROMPTS)]
+                 *(f"paper1_{m}_{p}" for m in ("kendall_tau", "spearman", "rbo", "epic_distance", "mds")
+                   for p in PROMPTS)]
 PAPER1_FIGURES = ["paper1_rsa_theoretical_matrices", "paper1_framing_scatter", "paper1_sentiment_slopes",
                   "paper1_frequency_slopes",
-                  *(f"paper1_{m}_{p}" for m in ("violin", "kendall_tau", "spearman", "rbo", "mds", "sentiment_scatter")
-                    for p in PROMPTS),
+                  *(f"paper1_{m}_{p}" for m in ("violin", "kendall_tau", "spearman", "rbo", "epic_distance", "mds",
+                                                "sentiment_scatter") for p in PROMPTS),
                   *(f"bigtwo_{p}" for p in PROMPTS)]
 
 
@@ -173,9 +174,13 @@ def test_paper1_numbers_equal_independent_references(paper1_run):
     aligned = _aligned(score_dir, "greatest", vocab)
     tau = _read(out, "paper1_kendall_tau_greatest").set_index("model")
     rho = _read(out, "paper1_spearman_greatest").set_index("model")
+    epic = _read(out, "paper1_epic_distance_greatest").set_index("model")
     for a, b in [("A-Lla-8B", "A-Gem-27B"), ("B-Lla-3B", "C-Gem-2B"), ("A-Lla-8B", "B-Lla-3B")]:
         assert tau.loc[a, b] == pytest.approx(stats.kendalltau(aligned[a], aligned[b]).statistic, rel=1e-7)
         assert rho.loc[a, b] == pytest.approx(stats.spearmanr(aligned[a], aligned[b]).statistic, rel=1e-7)
+        # EPIC's Pearson distance of the standardised rewards
+        za, zb = ((aligned[m] - aligned[m].mean()) / aligned[m].std(ddof=0) for m in (a, b))
+        assert epic.loc[a, b] == pytest.approx(np.sqrt(((za - zb) ** 2).mean() / 4), rel=1e-6)
     # the fake Llama models resemble each other more than they resemble the Gemma models
     assert tau.loc["A-Lla-8B", "B-Lla-3B"] > tau.loc["A-Lla-8B", "A-Gem-27B"]
     moments = _read(out, "paper1_moments").set_index(["prompt", "model"])
