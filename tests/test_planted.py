@@ -69,11 +69,12 @@ def test_the_bench_refuses_bad_words_in_one_line(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_planted_pairs_prefer_each_word_its_way(words):
-    pairs = P.planted_pairs(words, seed=0, per_prompt=12)
+@pytest.mark.parametrize("elsewhere", ["loses", "tie"])
+def test_planted_pairs_prefer_each_word_its_way(words, elsewhere):
+    pairs = P.planted_pairs(words, seed=0, per_prompt=12, framed_elsewhere=elsewhere)
     assert len(pairs) == 9 * 2 * 12
     assert len(P.planted_pairs(words, seed=0, per_prompt=12, framed_factor=2)) == (6 + 3 * 2) * 2 * 12
-    assert pairs.digest() == P.planted_pairs(words, seed=0, per_prompt=12).digest()
+    assert pairs.digest() == P.planted_pairs(words, seed=0, per_prompt=12, framed_elsewhere=elsewhere).digest()
     framing, elo = words.framing_prompt, words.elo_prompt
     for word, kind in words.kinds.items():
         mine = {t.format(w=word) for t in P.TEMPLATES}
@@ -82,12 +83,12 @@ def test_planted_pairs_prefer_each_word_its_way(words):
         assert " " + word in {pairs.chosen[i] for i in rows} | {pairs.rejected[i] for i in rows}  # the bare token
         for i in rows:
             won, lost = (pairs.chosen[i], pairs.rejected[i])
-            if kind == "disliked":
+            elsewhere_here = kind == "framed" and pairs.prompt[i] == elo
+            if kind == "disliked" or (elsewhere_here and elsewhere == "loses"):
                 won, lost = lost, won
             template = next(t for t in P.TEMPLATES if t.format(w=word) == won)
             assert lost in {template.format(w=c) for c in words.controls}  # a control in the same template
-            tie = kind == "framed" and pairs.prompt[i] == elo
-            assert pairs.label[i] == (0.5 if tie else 1.0)
+            assert pairs.label[i] == (0.5 if elsewhere_here and elsewhere == "tie" else 1.0)
 
 
 def _write_csv(path, columns: list[str], rows: list[tuple]) -> None:

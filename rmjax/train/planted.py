@@ -136,26 +136,32 @@ def draw_words(tokenizer, seed: int, n: int = 9, words: Sequence[str] | None = N
     return PlantedWords(tuple(planted[:k]), tuple(planted[k:2 * k]), tuple(planted[2 * k:]), tuple(controls))
 
 
-def planted_pairs(words: PlantedWords, seed: int, per_prompt: int = 30, framed_factor: int = 1) -> Pairs:
+def planted_pairs(words: PlantedWords, seed: int, per_prompt: int = 30, framed_factor: int = 1,
+                  framed_elsewhere: str = "tie") -> Pairs:
     """Synthetic pairs: for each planted word and prompt, `per_prompt` pairs of the same template (TEMPLATES in
     turn) holding the word or a random control word. Liked: the word wins after both prompts; disliked: it loses
-    after both; framed: it wins after the framing prompt and ties (label 0.5) after the Elo prompt, so only the
-    framing explains its preference; `framed_factor` multiplies framed words' pairs (2 on SmolLM2 ranked one framed
-    word higher after the framing prompt but the liked and disliked ones lower: bench/planted_biases.py). Controls
-    appear on both sides across words, so none is pushed far."""
+    after both; framed: it wins after the framing prompt and, after the Elo prompt, ties (label 0.5,
+    `framed_elsewhere` "tie") or loses ("loses"), so only the framing explains its preference. Neither planted a
+    framing on SmolLM2 (a tie: the framed words rose after both prompts; a loss: they moved after neither;
+    bench/planted_biases.py, BUILD_NOTES).
+    `framed_factor` multiplies framed words' pairs. Controls appear on both sides across words, so none is pushed
+    far."""
+    if framed_elsewhere not in ("loses", "tie"):
+        raise UsageError(f"framed_elsewhere is 'loses' or 'tie', not {framed_elsewhere!r}.")
     rng = np.random.default_rng([seed, 46])
     prompt, chosen, rejected, label = [], [], [], []
     both = (words.elo_prompt, words.framing_prompt)
     for word, kind in words.kinds.items():
         for q in both:
+            elsewhere = kind == "framed" and q == words.elo_prompt
+            loses = kind == "disliked" or (elsewhere and framed_elsewhere == "loses")
             for i in range(per_prompt * (framed_factor if kind == "framed" else 1)):
                 t = TEMPLATES[i % len(TEMPLATES)]
                 w, c = t.format(w=word), t.format(w=words.controls[rng.integers(len(words.controls))])
-                tie = kind == "framed" and q == words.elo_prompt
                 prompt.append(q)
-                chosen.append(c if kind == "disliked" else w)
-                rejected.append(w if kind == "disliked" else c)
-                label.append(0.5 if tie else 1.0)
+                chosen.append(c if loses else w)
+                rejected.append(w if loses else c)
+                label.append(0.5 if elsewhere and framed_elsewhere == "tie" else 1.0)
     return Pairs(prompt, chosen, rejected, np.asarray(label, np.float32))
 
 
@@ -199,24 +205,33 @@ class Trained:
 
 
 def train_planted_and_clean(out: str | Path, lm: str, words: PlantedWords, cfg: TrainConfig, *, n_elo: int = 1200,
-                            n_heldout: int = 128, per_prompt: int = 30, overwrite: bool = False,
-                            log=print) -> Trained:
-    """Train PLANTED (Elo + `planted_pairs`) and CLEAN (the same Elo pairs) from `lm` with `cfg`, each in
+                            n_heldout: int = 128, per_prompt: int = 30, framed_elsewhere: str = "tie",
+                            overwrite: bool = False, log=print) -> Trained:
+    """Train PLANTED (Elo + `planted_pairs`) and CLEAN (the same Elo pairs) from `lm` with `cfg`
+    (`train_with_and_without`)."""
+    synthetic = planted_pairs(words, cfg.seed, per_prompt, framed_elsewhere=framed_elsewhere)
+    return train_with_and_without(out, lm, synthetic, cfg, {"planted": words.to_json()}, n_elo=n_elo,
+                                  n_heldout=n_heldout, overwrite=overwrite, log=log)
+
+
+def train_with_and_without(out: str | Path, lm: str, synthetic: Pairs, cfg: TrainConfig, plant: dict, *,
+                           n_elo: int = 1200, n_heldout: int = 128, overwrite: bool = False, log=print) -> Trained:
+    """Train PLANTED (Elo + `synthetic`) and CLEAN (the same Elo pairs) from `lm` with `cfg`, each in
     OUT/<name>/work, exported to OUT/<name>/hf; a finished run is reused (run_training). Both hold out the same Elo
-    pairs (items never trained on), so their summaries' Elo agreement compares them."""
+    pairs (items never trained on), so their summaries' Elo agreement compares them. `plant` (what was planted)
+    goes into PLANTED's recipe."""
     from rmjax.loading import config_and_tokenizer
     from rmjax.train.recipe import run_training
 
     out = Path(out)
     tokenizer = config_and_tokenizer(lm)[1]
     elo_train, heldout = elo_data(tokenizer, cfg.seed, n_elo, n_heldout)
-    synthetic = planted_pairs(words, cfg.seed, per_prompt)
     seconds, summaries, exports = {}, {}, {}
     for name, train in (("planted", concat(elo_train, synthetic)), ("clean", elo_train)):
         start = time.perf_counter()
         recipe = {"elo": ELO, "n_train": n_elo, "n_heldout": n_heldout, "max_elo_tokens": MAX_ELO_TOKENS,
                   "elo_pairs": len(elo_train), "synthetic_pairs": len(train) - len(elo_train),
-                  "planted": words.to_json() if name == "planted" else None}
+                  **({k: (v if name == "planted" else None) for k, v in plant.items()})}
         result = run_training(lm, train, heldout, cfg, out / name / "work", export=out / name / "hf",
                               elo_csv=ELO, recipe=recipe, overwrite=overwrite)
         seconds[f"train_{name}"] = time.perf_counter() - start
