@@ -29,6 +29,7 @@ from rmjax.scoring.prefix import prefill_prefix
 from rmjax.text.chat import Conversations
 from rmjax.text.prompts import check_prompt_names
 
+CACHED_PROMPT_ROWS = 16  # score_conversations: a prompt with this many responses gets its prefix cached
 LENGTH_BUCKET = 4  # remainders are right-padded to a multiple of this (few compilations)
 
 
@@ -66,34 +67,83 @@ class TextScorer(Conversations):
 
     def _run(self, responses: list[str], batch_size: int, compute, width_out: int) -> np.ndarray:
         """compute(ids, mask, cached) -> [B, width_out] over batches grouped by length and cache use."""
-        model, p = self.model, len(self.prefix)
-        max_pos = model.config.max_position_embeddings
-        out = np.zeros((len(responses), width_out), np.float32)
+        p = len(self.prefix)
         cached, full = collections.defaultdict(list), collections.defaultdict(list)
         for i, ids in enumerate(self.token_ids(responses)):
-            if len(ids) > max_pos:
-                raise PromptTooLongError(f"response {responses[i][:40]!r} makes {len(ids)} tokens, more than the "
-                                         f"model's context of {max_pos} (max_position_embeddings).")
+            _check_length(self.model, ids, responses[i])
             if len(ids) > p and ids[:p] == self.prefix:
                 cached[_bucket(len(ids) - p)].append((i, ids[p:]))
             else:
                 full[_bucket(len(ids))].append((i, ids))
-        batch_size = batching.round_up(batch_size, model.mesh)
-        # Long passes (training features, EloEverything items) report rate and ETA.
-        progress = Progress(len(responses), "score texts", unit="texts") if len(responses) >= 2000 else None
-        for groups, with_cache in ((cached, True), (full, False)):
-            for width, rows in sorted(groups.items()):
-                for start in range(0, len(rows), batch_size):
-                    part = rows[start : start + batch_size]
-                    # a short last batch pads only to the next power of two (few shapes, little waste)
-                    n_rows = min(batch_size, batching.round_up(1 << (len(part) - 1).bit_length(), model.mesh))
-                    ids, mask = batching.pad_rows([seq for _, seq in part], width, num_rows=n_rows)
-                    ids, mask = batching.place(ids, model.mesh), batching.place(mask, model.mesh)
-                    values = to_host(compute(ids, mask, with_cache)).reshape(n_rows, width_out)
-                    out[[i for i, _ in part]] = values[: len(part)]
-                    if progress is not None:
-                        progress.update(len(part))
-        return out
+        return _batched(self.model, ((cached, True), (full, False)), compute, len(responses), width_out,
+                        batch_size, _progress(len(responses)))
+
+
+def _check_length(model: Model, ids: list[int], response: str) -> None:
+    if len(ids) > model.config.max_position_embeddings:
+        raise PromptTooLongError(f"response {response[:40]!r} makes {len(ids)} tokens, more than the model's "
+                                 f"context of {model.config.max_position_embeddings} (max_position_embeddings).")
+
+
+def _progress(n: int) -> Progress | None:
+    """Long passes (training features, EloEverything items, the audit's batteries) report rate and ETA."""
+    return Progress(n, "score texts", unit="texts") if n >= 2000 else None
+
+
+def _batched(model: Model, groups, compute, n: int, width_out: int, batch_size: int,
+             progress: Progress | None = None) -> np.ndarray:
+    """[n, width_out]: compute(ids, mask, cached) over each (rows by padded width, cached) group of `groups`, rows
+    being (output index, ids), in batches of `batch_size` rows; `progress` counts the rows done."""
+    out = np.zeros((n, width_out), np.float32)
+    batch_size = batching.round_up(batch_size, model.mesh)
+    for by_width, with_cache in groups:
+        for width, rows in sorted(by_width.items()):
+            for start in range(0, len(rows), batch_size):
+                part = rows[start : start + batch_size]
+                # a short last batch pads only to the next power of two (few shapes, little waste)
+                n_rows = min(batch_size, batching.round_up(1 << (len(part) - 1).bit_length(), model.mesh))
+                ids, mask = batching.pad_rows([seq for _, seq in part], width, num_rows=n_rows)
+                ids, mask = batching.place(ids, model.mesh), batching.place(mask, model.mesh)
+                values = to_host(compute(ids, mask, with_cache)).reshape(n_rows, width_out)
+                out[[i for i, _ in part]] = values[: len(part)]
+                if progress is not None:
+                    progress.update(len(part))
+    return out
+
+
+def score_conversations(model: Model, prompts: list[str], responses: list[str], template: str = "auto",
+                        batch_size: int = 256, allow_nonfinite: bool = False) -> np.ndarray:
+    """Reward of each (prompt, response) row, [N] float32: a prompt with CACHED_PROMPT_ROWS responses or more
+    scores them against its cached prefix (TextScorer); the rest (the audit's identity-in-prompt and sycophancy
+    items: many prompts, a few responses each) run whole, batched across prompts. NaN/Inf stop it unless allowed."""
+    require_reward_model(model.config, model.source, "conversation scoring")
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses.")
+    by_prompt: dict[str, list[int]] = collections.defaultdict(list)
+    for i, prompt in enumerate(prompts):
+        by_prompt[prompt].append(i)
+    full, out = collections.defaultdict(list), np.zeros(len(responses), np.float32)
+    progress = _progress(len(responses))
+    for prompt, rows in list(by_prompt.items()):
+        if len(rows) >= CACHED_PROMPT_ROWS:  # enough responses to pay for the prompt's prefill
+            out[rows] = TextScorer(model, prompt, template).score([responses[i] for i in rows], batch_size)
+            if progress is not None:
+                progress.update(len(rows))
+            continue
+        conversations = Conversations(model.tokenizer, prompt, template, False, model.config.max_position_embeddings)
+        for i, ids in zip(rows, conversations.token_ids([responses[i] for i in rows]), strict=True):
+            _check_length(model, ids, responses[i])
+            full[_bucket(len(ids))].append((i, ids))
+
+    def reward(ids, mask, cached: bool):
+        return calls.rewards(model, ids, mask)[:, model.output_column]
+
+    whole = _batched(model, ((full, False),), reward, len(responses), 1, batch_size, progress)[:, 0]
+    rest = [i for rows in full.values() for i, _ in rows]
+    out[rest] = whole[rest]
+    finite.check(out[:, None], what="rewards", columns=["reward"], allow=allow_nonfinite,
+                 row=lambda i: f"prompt {prompts[i]!r}, response {responses[i]!r}")
+    return out
 
 
 def score_texts(model: Model, prompts: dict[str, str], texts: list[str], template: str = "auto",
