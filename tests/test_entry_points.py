@@ -109,7 +109,7 @@ def test_help_lists_each_jobs_flags_and_default_model():
 
     own = {"sweep": "--mode", "beam": "--depth", "gcg": "--num_tokens", "inspect": "--responses",
            "score": "--texts_file", "logprobs": "--out", "train_rm": "--learning_rate", "analyze": "--scores",
-           "export": "--out"}
+           "export": "--out", "audit": "--batteries"}
     # Every job's `python -m experiments.JOB --help` in one interpreter (one JAX start-up instead of nine).
     helps = dict(zip(own, cli.run_each(*((job, "--help") for job in own)), strict=True))
     for job, flag in own.items():

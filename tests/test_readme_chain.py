@@ -86,8 +86,8 @@ def test_the_readme_lists_its_commands_in_chain_order():
     assert commands[:2] == ["make demo", "make test"]
     assert set(SKIPPED) <= set(commands)
     jobs = [re.match(r"python -m experiments\.(\w+)", c).group(1) for c in commands if c.startswith("python -m")]
-    assert jobs == ["score", "inspect", "beam", "gcg", "frontier", "disagree", "logprobs", "analyze", "train_rm",
-                    "export", "plan"]
+    assert jobs == ["score", "inspect", "beam", "gcg", "frontier", "disagree", "audit", "logprobs", "analyze",
+                    "train_rm", "export", "plan"]
     assert any(c.startswith("launch/tpu_vm.sh") and "--dry-run" in c for c in commands)
     assert steps[0].writes == ("results/demo/elo-rm-smollm2-135m_greatest.csv",
                                "results/demo/elo-rm-smollm2-135m_greatest.csv.meta.json",

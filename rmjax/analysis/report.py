@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -300,9 +300,11 @@ def implicit_section(outputs: Outputs, chosen: data.ScoreTable, reference: data.
 
 
 def run_analyses(cfg: AnalysisConfig, out: str | Path = "results/analysis", *, overwrite: bool = False,
-                 echo: bool = True) -> dict:
+                 echo: bool = True, sections: Sequence[Callable[[Outputs], None]] = ()) -> dict:
     """Run the analyses whose inputs `cfg` gives; returns {'out', 'report', 'tables', 'figures', 'skipped',
-    'headline'} (tables and figures map output names to paths). Every input is read before --out is touched."""
+    'headline'} (tables and figures map output names to paths). Every input is read before --out is touched;
+    `sections` (read already, such as rmjax.audit.compare.AuditSection, a job above this package) write after
+    the analyses of `cfg`."""
     start = time.perf_counter()
     inputs = load_inputs(cfg)
     out = Path(out)
@@ -316,6 +318,8 @@ def run_analyses(cfg: AnalysisConfig, out: str | Path = "results/analysis", *, o
         outputs = Outputs(out, overwrite)
         outputs.skipped.extend(inputs.skipped)
         _sections(outputs, inputs, cfg)
+        for section in sections:
+            section(outputs)
         if outputs.skipped:
             outputs.say("## Skipped", "", *(f"- {s}" for s in outputs.skipped), "")
         outputs.say(f"{len(outputs.tables)} tables and {len(outputs.figures)} figures written to {outputs.out} in "

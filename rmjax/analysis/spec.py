@@ -29,6 +29,8 @@ class AnalysisConfig:
     bigtwo_dictionary: str | None = setting(None, "CSV word,category (agency/communion) instead of nvm's Big Two "
                                             "stems.")
     frequencies: str | None = setting(None, "BNC word-frequency list (1_1_all_alpha.txt).")
+    audits: tuple[str, ...] = setting((), "Audit folders (experiments.audit), two or more: their effects side by "
+                                      "side and the paired differences between models, with CIs.")
     top: int = setting(20, "Top and bottom tokens/items per table.")
     n_boot: int = setting(1000, "Bootstrap resamples for the moments' confidence intervals.")
     n_permutations: int = setting(10000, "Permutations for the RSA p-values.")
@@ -65,6 +67,6 @@ class AnalysisConfig:
                              "given; drop it.")
         if len(self.framing) != 2:
             raise UsageError("--framing takes two prompt names, e.g. best,worst.")
-        if not (self.scores or self.elo or self.implicit_chosen or self.bigtwo_checkpoints):
-            raise UsageError("nothing to analyze: give --scores, --elo, --implicit_chosen/--implicit_reference "
-                             "and/or --bigtwo_checkpoints.")
+        if not (self.scores or self.elo or self.implicit_chosen or self.bigtwo_checkpoints or self.audits):
+            raise UsageError("nothing to analyze: give --scores, --elo, --implicit_chosen/--implicit_reference, "
+                             "--bigtwo_checkpoints and/or --audits.")

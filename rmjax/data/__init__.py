@@ -6,6 +6,7 @@ a `pip install` has it (MIT licence: LICENSE-elo-and-corpora.txt beside these fi
 - corpora/1_1_all_alpha.txt: BNC word frequencies (the analyses' `--frequencies` default).
 - reward_models.yaml: the ten published RMs (the analyses' `--models_yaml` default).
 - prompts.yaml, prompts54.yaml: the two papers' prompt sets (rmjax.text.prompts builds the same ones).
+- audit/*.yaml: the bias audit's counterfactual batteries (rmjax.audit.batteries; LICENSE-audit.txt beside them).
 
 Imports nothing from rmjax, so every layer may use it.
 """
@@ -21,6 +22,7 @@ REWARD_MODELS_YAML = DATA_DIR / "reward_models.yaml"
 PROMPTS_YAML = DATA_DIR / "prompts.yaml"
 PROMPTS54_YAML = DATA_DIR / "prompts54.yaml"
 LICENSE = DATA_DIR / "LICENSE-elo-and-corpora.txt"
+AUDIT_DIR = DATA_DIR / "audit"
 
 BUILTIN = "builtin"  # `--elo=builtin`: the EloEverything files above
 GREATEST = "What, in one word, is the greatest thing ever"  # the default reward models' training prompt

@@ -1,0 +1,77 @@
+"""Audits side by side (`analyze --audits=DIR,DIR…`): each model's effects per row, and for every pair of models
+the paired difference of their effects over the items both scored, with its CI, p and Holm's correction.
+
+The section is built (every audit read and checked) before the analysis folder is touched, and written by
+`rmjax.analysis.report.run_analyses` as one of its sections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from rmjax.analysis.files import Outputs, markdown
+from rmjax.analysis.report import run_analyses
+from rmjax.analysis.spec import AnalysisConfig
+from rmjax.audit import batteries as battery_lib
+from rmjax.audit import stats
+from rmjax.audit.job import folder_paths, read_items
+from rmjax.errors import MissingFileError, UsageError
+from rmjax.runs import results
+
+
+def run_analyses_with_audits(cfg: AnalysisConfig, out: str | Path, *, overwrite: bool = False,
+                             echo: bool = True) -> dict:
+    """`experiments.analyze`: the analyses of `cfg` (rmjax.analysis.report.run_analyses), plus the audits side by
+    side when `cfg.audits` names them (read before the folder is touched)."""
+    sections = [AuditSection(cfg.audits, n_boot=cfg.n_boot, n_perm=cfg.n_permutations, seed=cfg.seed)] \
+        if cfg.audits else []
+    return run_analyses(cfg, out, overwrite=overwrite, echo=echo, sections=sections)
+
+
+class AuditSection:
+    """The audits of several models, read now; called with the analysis's Outputs, it writes
+    audit_side_by_side.csv and audit_differences.csv and the report's lines."""
+
+    def __init__(self, folders: Sequence[str], n_boot: int = 2000, n_perm: int = 10000, seed: int = 0):
+        self.items: dict[str, pd.DataFrame] = {}
+        self.tables: dict[str, pd.DataFrame] = {}
+        for folder in folders:
+            paths = folder_paths(folder)
+            meta = results.read_meta(paths["csv"]) if paths["csv"].is_file() else None
+            if meta is None or not paths["items"].is_file():
+                raise MissingFileError(f"--audits={folder}: no finished audit there (audit.csv, audit_items.csv and "
+                                       ".meta.json); run experiments.audit --out={folder} first.")
+            name = str(meta.get("model") or Path(folder).name)
+            if name in self.items:
+                raise UsageError(f"--audits: two audits are of model {name}; give each model once.")
+            self.items[name] = read_items(paths["items"])
+            self.tables[name] = pd.read_csv(paths["csv"], keep_default_na=False)
+        if len(self.items) < 2:
+            raise UsageError("--audits: give at least two audit folders to compare.")
+        shared = set.intersection(*(set(f["battery"]) for f in self.items.values()))
+        if not shared:
+            raise UsageError("--audits: the audits share no battery.")
+        self.contrasts = [c for b in battery_lib.build([b for b in battery_lib.BATTERIES if b in shared])
+                          for c in b.contrasts]
+        self.settings = dict(n_boot=n_boot, n_perm=n_perm, seed=seed)
+        self.differences = stats.compare_models(self.items, self.contrasts, **self.settings)
+
+    def __call__(self, outputs: Outputs) -> None:
+        keys = ["battery", "axis", "contrast"]
+        side = None
+        for name, table in self.tables.items():
+            part = table[[*keys, "effect", "ci_low", "ci_high", "p_holm"]].rename(
+                columns={c: f"{c} {name}" for c in ("effect", "ci_low", "ci_high", "p_holm")})
+            side = part if side is None else side.merge(part, on=keys, how="outer", sort=False)
+        outputs.table("audit_side_by_side", side)
+        diff = outputs.table("audit_differences", self.differences)
+        kept = diff[diff["p_holm"] < 0.05]
+        outputs.say("## Audits side by side", "",
+                    f"{len(self.items)} models; {len(diff)} paired differences of effects over shared items, "
+                    f"{len(kept)} with p_holm < 0.05 (Holm over the table):", "")
+        if len(kept):
+            outputs.say(markdown(kept[["battery", "axis", "contrast", "model_a", "model_b", "difference", "ci_low",
+                                       "ci_high", "p_holm"]].head(20)), "")

@@ -1,0 +1,187 @@
+"""The audit job: identity without loading -> claim DIR -> load -> score each battery's variants (resumable per
+battery) -> audit_items.csv, audit.csv, audit.png and .meta.json.
+
+Every number of audit.csv is recomputed from audit_items.csv by `rmjax.audit.stats` (`recompute` reads it back),
+so a reader can check any row with the items alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rmjax.audit import batteries as battery_lib
+from rmjax.audit import stats
+from rmjax.errors import UsageError
+from rmjax.loading.for_job import job_fingerprint, load_for_job
+from rmjax.loading.identity import hash_json
+from rmjax.model import Model
+from rmjax.parallel.distributed import is_main
+from rmjax.runs import results
+from rmjax.runs.chunks import open_store, store_dir
+from rmjax.runs.options import RunOptions, claim_job
+from rmjax.scoring.texts import score_conversations
+
+ITEM_KEYS = ("battery", "axis", "item", "group", "text")  # then reward, then prompt (audit_items.csv)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditSpec:
+    """An audit as one value: which batteries, and the statistics' settings (`seed` seeds every bootstrap,
+    permutation and shuffle; the rows' streams are derived from it)."""
+
+    options: RunOptions  # options.out is the output folder
+    batteries: tuple[str, ...] = battery_lib.BATTERIES
+    n_boot: int = 2000
+    n_perm: int = 10000
+    seed: int = 0
+    batch_size: int = 64
+
+    def __post_init__(self):
+        if not self.batteries:
+            raise UsageError("--batteries: name at least one of " + ", ".join(battery_lib.BATTERIES) + ".")
+        unknown = [b for b in self.batteries if b not in battery_lib.BATTERIES]
+        if unknown:
+            raise UsageError(f"--batteries: {', '.join(unknown)} unknown; choose from "
+                             f"{', '.join(battery_lib.BATTERIES)}.")
+        if len(set(self.batteries)) != len(self.batteries):
+            raise UsageError(f"--batteries: {','.join(self.batteries)} names a battery twice.")
+        for flag, value, least in (("--n_boot", self.n_boot, 100), ("--n_perm", self.n_perm, 100),
+                                   ("--batch_size", self.batch_size, 1)):
+            if value < least:
+                raise UsageError(f"{flag}={value}: give at least {least}.")
+        if self.options.allow_nonfinite:
+            raise UsageError("--allow_nonfinite: an audit's statistics need every reward finite; leave it out.")
+
+
+def folder_paths(folder: str | Path) -> dict[str, Path]:
+    folder = Path(folder)
+    return {"csv": folder / "audit.csv", "items": folder / "audit_items.csv", "png": folder / "audit.png"}
+
+
+def audit_identity(spec: AuditSpec, built: list[battery_lib.Battery]) -> dict:
+    o = spec.options
+    return {"job": "audit", "model": job_fingerprint(o), "dtype": o.dtype, "output_column": int(o.output_column),
+            "template": o.template, "batteries": list(spec.batteries),
+            "variants": hash_json([dataclasses.astuple(v) for b in built for v in b.variants]),
+            "contrasts": hash_json([dataclasses.astuple(c) for b in built for c in b.contrasts]),
+            "stats": {"n_boot": spec.n_boot, "n_perm": spec.n_perm, "seed": spec.seed}}
+
+
+def run_audit(spec: AuditSpec) -> Path | None:
+    """Returns DIR (None off the main process). Batteries are built and checked before any weight loads."""
+    o = spec.options
+    built = battery_lib.build(spec.batteries)
+    battery_lib.check(built)
+    identity = audit_identity(spec, built)
+    paths = folder_paths(o.out)
+    with claim_job(o, identity, out=paths["csv"], owned=[paths["items"], paths["png"]],
+                   store=store_dir(paths["csv"])) as job:
+        if job.reuse:
+            if is_main():
+                print(describe(pd.read_csv(paths["csv"], keep_default_na=False), paths), file=sys.stderr)
+            return Path(o.out)
+        started = time.perf_counter()
+        model = load_for_job(o)
+        store = open_store(paths["csv"], identity, 1)
+        items = pd.concat([_scored(model, b, store, spec.batch_size, o.template) for b in built], ignore_index=True)
+        table = stats.audit_table(items, [c for b in built for c in b.contrasts], n_boot=spec.n_boot,
+                                  n_perm=spec.n_perm, seed=spec.seed)
+        nulls = [c.null for b in built for c in b.contrasts]
+        job.finish(lambda path: write(paths, items, table, nulls), **_model_meta(model),
+                   batteries=list(spec.batteries), n_variants=len(items),
+                   n_rows=len(table), summary=summary(table), seconds=time.perf_counter() - started)
+        if is_main():
+            store.remove()
+            print(describe(table, paths), file=sys.stderr)
+    return Path(o.out)
+
+
+def _model_meta(model: Model) -> dict:
+    from rmjax.runs.jobs import model_meta
+
+    return model_meta(model)
+
+
+def _scored(model: Model, battery: battery_lib.Battery, store, batch_size: int, template: str) -> pd.DataFrame:
+    """The battery's variants with their rewards; a battery scored before a crash is read back, not rescored."""
+    v = battery.variants
+    if store.has(battery.name):
+        rewards = store.read(battery.name, (len(v), 1), _check(store, battery.name))[:, 0]
+    else:
+        started = time.perf_counter()
+        rewards = score_conversations(model, [x.prompt for x in v], [x.response for x in v], template, batch_size)
+        store.write(battery.name, np.asarray(rewards, np.float32)[:, None])
+        if is_main():
+            print(f"audit: {battery.name}: {len(v)} conversations scored in {time.perf_counter() - started:.0f} s",
+                  file=sys.stderr)
+    return pd.DataFrame({"battery": [x.battery for x in v], "axis": [x.axis for x in v],
+                         "item": [x.item for x in v], "group": [x.group for x in v],
+                         "text": [x.response for x in v], "reward": np.asarray(rewards, np.float64),
+                         "prompt": [x.prompt for x in v]})
+
+
+def _check(store, name: str):
+    def check(values: np.ndarray, why: str) -> None:
+        if not np.isfinite(values).all():
+            raise store.damaged(name, f"holds non-finite rewards ({why})")
+    return check
+
+
+def write(paths: dict[str, Path], items: pd.DataFrame, table: pd.DataFrame, nulls: list[str]) -> Path:
+    """audit_items.csv (one row per scored variant: ITEM_KEYS, reward, then the prompt, where the identity-in-prompt
+    and sycophancy items differ), the figure, then audit.csv (the result the claim names)."""
+    from rmjax.audit import figure
+
+    columns = [*ITEM_KEYS, "reward", "prompt"]
+    with results.replacing(paths["items"]) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        results.write_rows(f, [columns])
+        results.write_rows(f, ([*(str(v) for v in row[:-2]), float(row[-2]), str(row[-1])]
+                               for row in items[columns].itertuples(index=False)))
+    figure.effects(table, nulls, paths["png"])
+    keys = ("battery", "axis", "contrast", "n_items")
+    results.write_table(paths["csv"], {k: table[k].tolist() for k in keys},
+                        {k: table[k].to_numpy(np.float64) for k in table.columns if k not in keys})
+    return paths["csv"]
+
+
+def read_items(path: str | Path) -> pd.DataFrame:
+    """audit_items.csv as written (strings kept as strings: a text "None" or "NaN" stays text)."""
+    frame = pd.read_csv(path, keep_default_na=False, dtype={k: str for k in (*ITEM_KEYS, "prompt")})
+    frame["reward"] = frame["reward"].astype(np.float64)
+    return frame
+
+
+def recompute(folder: str | Path, n_boot: int = 2000, n_perm: int = 10000, seed: int = 0) -> pd.DataFrame:
+    """audit.csv's table recomputed from audit_items.csv alone, with the batteries' contrasts."""
+    items = read_items(folder_paths(folder)["items"])
+    built = battery_lib.build(sorted(set(items["battery"]), key=battery_lib.BATTERIES.index))
+    return stats.audit_table(items, [c for b in built for c in b.contrasts], n_boot=n_boot, n_perm=n_perm,
+                             seed=seed)
+
+
+def summary(table: pd.DataFrame) -> dict:
+    """What .meta.json says at a glance: rows, rows surviving Holm at 0.05, and those beyond their null."""
+    survive = table[table["p_holm"] < 0.05]
+    return {"rows": len(table), "holm_0.05": len(survive),
+            "surviving": [f"{r.battery}/{r.axis}: {r.contrast} {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+                          f" null {r.null_effect:+.3f}" for r in survive.itertuples()]}
+
+
+def describe(table: pd.DataFrame, paths: dict[str, Path]) -> str:
+    lines = []
+    for battery, part in table.groupby("battery", sort=False):
+        kept = part[part["p_holm"] < 0.05]
+        lines.append(f"{battery}: {len(kept)} of {len(part)} effects survive Holm's correction (p_holm < 0.05)")
+        for r in kept.sort_values("p_holm").head(8).itertuples():
+            beyond = abs(r.effect) > abs(r.null_effect)
+            lines.append(f"  {r.axis}: {r.contrast}: {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], "
+                         f"p_holm {r.p_holm:.2g}, null {r.null_effect:+.3f}"
+                         + ("" if beyond else " (within its null)"))
+    lines.append(f"-> {paths['csv']}, {paths['items'].name}, {paths['png'].name} (+ .meta.json)")
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""Issue 47: the audit job on a tiny reward model — its rewards against transformers, every audit.csv number
+recomputed from audit_items.csv by brute force, resume after a crash, and refusals before any weight loads."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from rmjax.audit import AXIS_MEAN
+from rmjax.audit import batteries as battery_lib
+from rmjax.audit.job import AuditSpec, folder_paths, read_items, recompute, run_audit
+from rmjax.loading import load
+from rmjax.text.chat import Conversations
+from tests import tolerance
+from tests.inproc import interrupt_at_write, no_weights_read, options, refused
+
+COLUMNS = ["battery", "axis", "contrast", "n_items", "effect", "ci_low", "ci_high", "p", "p_holm", "null_effect"]
+SMALL = dict(n_boot=400, n_perm=400, batch_size=256)
+
+
+@pytest.fixture(scope="module")
+def audited(rm_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("audit") / "run"
+    run_audit(AuditSpec(options(rm_folder, out), **SMALL))
+    return out
+
+
+def test_rewards_equal_transformers_on_the_same_conversations(audited, rm_folder):
+    items = read_items(folder_paths(audited)["items"])
+    model = load(str(rm_folder))
+    torch_model = AutoModelForSequenceClassification.from_pretrained(rm_folder, torch_dtype=torch.float32).eval()
+    rng = np.random.default_rng(0)
+    rows = [int(i) for b in battery_lib.BATTERIES
+            for i in rng.choice(np.flatnonzero(items["battery"] == b), 6, replace=False)]
+    worst = 0.0
+    for i in rows:
+        prompt, text, reward = items["prompt"][i], items["text"][i], items["reward"][i]
+        ids = Conversations(model.tokenizer, prompt, "auto").token_ids([text])[0]
+        with torch.no_grad():
+            expected = float(torch_model(torch.tensor([ids])).logits[0, 0])
+        atol = tolerance.any_rewards_atol(model.params, model.config, len(ids))
+        assert abs(reward - expected) <= atol, (prompt, text, reward, expected, atol)
+        worst = max(worst, abs(reward - expected) / atol)
+    assert worst > 0  # the comparison compared something
+
+
+def test_every_number_is_recomputed_from_the_items_by_brute_force(audited):
+    table = pd.read_csv(folder_paths(audited)["csv"], keep_default_na=False)
+    assert list(table.columns) == COLUMNS
+    items = read_items(folder_paths(audited)["items"])
+    assert list(items.columns) == ["battery", "axis", "item", "group", "text", "reward", "prompt"]
+    built = {c.name: c for b in battery_lib.build() for c in b.contrasts}
+    for row in table.itertuples():
+        c = next(c for c in battery_lib.build([row.battery])[0].contrasts
+                 if c.axis == row.axis and c.name == row.contrast)
+        assert c.name in built
+        part = items[(items["battery"] == row.battery) & (items["axis"] == row.axis)]
+        groups = sorted(set(part["group"])) if c.y == (AXIS_MEAN,) else list(c.y)
+        need = set(c.x) | set(groups)
+        d = []
+        for _, one in part.groupby("item"):
+            means = {g: one.loc[one["group"] == g, "reward"].mean() for g in need if (one["group"] == g).any()}
+            if set(means) == need:
+                d.append(np.mean([means[g] for g in c.x]) - np.mean([means[g] for g in groups]))
+        assert row.n_items == len(d) >= 20
+        assert row.effect == pytest.approx(np.mean(d), rel=1e-7, abs=1e-9)
+        assert row.ci_low <= row.effect <= row.ci_high
+        assert 0 < row.p <= row.p_holm <= 1
+    # Holm over every row of the audit, from its definition
+    p = table["p"].to_numpy()
+    order = np.argsort(p, kind="stable")
+    running, holm = 0.0, np.empty_like(p)
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        holm[i] = running
+    np.testing.assert_allclose(table["p_holm"], holm, rtol=1e-8)
+    again = recompute(audited, n_boot=400, n_perm=400)
+    np.testing.assert_allclose(table[COLUMNS[3:]].to_numpy(float), again[COLUMNS[3:]].to_numpy(float), rtol=1e-7,
+                               atol=1e-9)
+    assert (folder_paths(audited)["png"]).stat().st_size > 0
+
+
+def test_a_crash_after_one_battery_resumes_without_rescoring_it(rm_folder, tmp_path, monkeypatch, audited):
+    out = tmp_path / "run"
+    spec = AuditSpec(options(rm_folder, out), **SMALL)
+    with monkeypatch.context() as m:
+        interrupt_at_write(m, 2)  # the second battery's chunk: the first is on disk
+        with pytest.raises(KeyboardInterrupt):
+            run_audit(spec)
+    assert not folder_paths(out)["csv"].exists()
+    from rmjax.audit import job as job_lib
+
+    scored = []
+    real = job_lib.score_conversations
+    monkeypatch.setattr(job_lib, "score_conversations", lambda m, p, r, *a: scored.append(len(p)) or real(m, p, r, *a))
+    run_audit(spec)
+    assert len(scored) == len(battery_lib.BATTERIES) - 1  # the first battery was read back
+    for name in ("csv", "items"):
+        assert folder_paths(out)[name].read_bytes() == folder_paths(audited)[name].read_bytes()
+
+
+def test_bad_settings_are_refused_before_any_weight_loads(rm_folder, tmp_path, monkeypatch, audited):
+    no_weights_read(monkeypatch)
+    o = options(rm_folder, tmp_path / "x")
+    refused(lambda: run_audit(AuditSpec(o, batteries=("identity", "colour"))), "--batteries", "colour", "identity")
+    refused(lambda: run_audit(AuditSpec(o, batteries=())), "--batteries")
+    refused(lambda: run_audit(AuditSpec(o, n_boot=10)), "--n_boot=10")
+    refused(lambda: run_audit(AuditSpec(options(rm_folder, tmp_path / "y", allow_nonfinite=True))),
+            "--allow_nonfinite")
+    # a finished audit of other inputs is not overwritten without --overwrite
+    refused(lambda: run_audit(AuditSpec(options(rm_folder, audited), seed=1, **SMALL)), "--overwrite")
+    assert not any(tmp_path.iterdir())
+
+
+def test_identity_items_are_counterfactual_pairs(audited):
+    """Within an item and axis, the identity texts differ only where the group is named (the premise of reading a
+    paired difference as the group's effect)."""
+    items = read_items(folder_paths(audited)["items"])
+    part = items[(items["battery"] == "identity") & items["axis"].str.endswith("(response)")]
+    for (_, _), one in itertools.islice(part.groupby(["axis", "item"]), 5):
+        prompts = set(one["prompt"])
+        assert len(prompts) == 1  # one prompt per response item
+        assert one["group"].nunique() >= 2
+
+
+def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
+    from tests import tiny
+    from tests.inproc import analyze
+
+    _, other = tiny.save_reward_model_with_tokenizer(tmp_path / "other", seed=7)
+    second = tmp_path / "second"
+    run_audit(AuditSpec(options(other, second), batteries=("length", "sycophancy"), **SMALL))
+    found = analyze(tmp_path / "analysis", audits=(str(audited), str(second)))
+    diff = pd.read_csv(found["tables"]["audit_differences"], keep_default_na=False)
+    side = pd.read_csv(found["tables"]["audit_side_by_side"], keep_default_na=False)
+    a = pd.read_csv(folder_paths(audited)["csv"], keep_default_na=False)
+    b = pd.read_csv(folder_paths(second)["csv"], keep_default_na=False)
+    assert list(diff["battery"].unique()) == ["length", "sycophancy"] and len(diff) == len(b)  # shared batteries
+    for row in diff.itertuples():
+        ea = a[(a["axis"] == row.axis) & (a["contrast"] == row.contrast)]["effect"].item()
+        eb = b[(b["axis"] == row.axis) & (b["contrast"] == row.contrast)]["effect"].item()
+        # every item is shared, so each model's effect is its own audit's, and the difference is theirs
+        assert row.effect_a == pytest.approx(ea, rel=1e-6) and row.effect_b == pytest.approx(eb, rel=1e-6)
+        assert row.difference == pytest.approx(ea - eb, rel=1e-6, abs=1e-9)
+        assert row.ci_low <= row.difference <= row.ci_high and row.p <= row.p_holm
+    assert len(side) == len(a)  # every row of the larger audit, the other model's columns empty where it has none
+    refused(lambda: analyze(tmp_path / "again", audits=(str(audited),)), "at least two")
+    refused(lambda: analyze(tmp_path / "again", audits=(str(audited), str(tmp_path / "none"))), "no finished audit")
+
+
+def test_the_entry_point_refuses_an_unknown_battery_in_one_line(tmp_path):
+    from tests import cli
+
+    (result,) = cli.run_each(("audit", f"--out={tmp_path / 'a'}", "--batteries=identity,colour"))
+    cli.user_error(result, "--batteries: colour unknown", "identity, length, sycophancy, framing")
+    assert not (tmp_path / "a").exists()

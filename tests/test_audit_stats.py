@@ -1,0 +1,418 @@
+"""Each statistic of rmjax.audit.stats against an independent reference: scipy, brute force from the definition,
+numpy's least squares, or numbers worked out by hand. Monte-Carlo comparisons use tolerances derived from the
+estimators' standard errors (5 SD of the difference of two independent estimates)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from rmjax.audit import AXIS_MEAN, Contrast, stats
+
+COLUMNS = ["battery", "axis", "item", "group", "text", "reward", "prompt"]
+
+
+def frame(rows) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def hand_items() -> pd.DataFrame:
+    """identity/gender: t1 complete with several variants, t2 lacks nb, t3 complete, t0 has only woman; plus rows
+    of another axis and another battery that no identity/gender contrast may read."""
+    rows = [
+        ("identity", "gender", "t1", "man", "ab", 1.0, "p"),
+        ("identity", "gender", "t1", "man", "abcd", 3.0, "p"),  # man: reward 2, length 3
+        ("identity", "gender", "t1", "woman", "abcdef", 5.0, "p"),  # woman: 5, 6
+        ("identity", "gender", "t1", "nb", "a", 0.5, "p"),
+        ("identity", "gender", "t1", "nb", "abc", 1.5, "p"),
+        ("identity", "gender", "t1", "nb", "abcde", 4.0, "p"),  # nb: 2, 3
+        ("identity", "gender", "t2", "man", "xx", 1.0, "p"),
+        ("identity", "gender", "t2", "woman", "xxx", 2.0, "p"),
+        ("identity", "gender", "t3", "man", "q", 0.0, "p"),
+        ("identity", "gender", "t3", "woman", "qq", -1.0, "p"),
+        ("identity", "gender", "t3", "nb", "qqq", 2.0, "p"),
+        ("identity", "gender", "t0", "woman", "z", 7.0, "p"),
+        ("identity", "race", "t1", "man", "ab", 100.0, "p"),
+        ("identity", "race", "t1", "woman", "ab", -100.0, "p"),
+        ("length", "gender", "t1", "man", "ab", 100.0, "p"),
+        ("length", "gender", "t1", "woman", "abcdefgh", -100.0, "p"),
+    ]
+    return frame(rows)
+
+
+# --- group_means and item_differences, by hand ---------------------------------------------------------------
+
+
+def test_group_means_average_variants_inside_the_item():
+    items = hand_items()
+    reward = stats.group_means(items, "identity", "gender")
+    length = stats.group_means(items, "identity", "gender", value="length")
+    assert list(reward.index) == ["t0", "t1", "t2", "t3"] and list(reward.columns) == ["man", "nb", "woman"]
+    assert reward.loc["t1"].tolist() == [2.0, 2.0, 5.0]
+    assert length.loc["t1"].tolist() == [3.0, 3.0, 6.0]
+    assert np.isnan(reward.loc["t2", "nb"]) and np.isnan(reward.loc["t0", "man"])
+    with pytest.raises(ValueError, match="value"):
+        stats.group_means(items, "identity", "gender", value="tokens")
+
+
+def test_item_differences_by_hand():
+    items = hand_items()
+    d, dl, ids = stats.item_differences(items, Contrast("identity", "gender", ("woman",), ("man",), "shuffled"))
+    assert ids == ["t1", "t2", "t3"]  # t0 lacks man; nb is not needed, so t2 stays
+    np.testing.assert_allclose(d, [5 - 2, 2 - 1, -1 - 0])
+    np.testing.assert_allclose(dl, [6 - 3, 3 - 2, 2 - 1])
+
+    # AXIS_MEAN is every group of the axis, woman included; only items with all of them (t2 is dropped)
+    d, dl, ids = stats.item_differences(items, Contrast("identity", "gender", ("woman",), (AXIS_MEAN,), "shuffled"))
+    assert ids == ["t1", "t3"]
+    np.testing.assert_allclose(d, [5 - (2 + 5 + 2) / 3, -1 - (0 - 1 + 2) / 3])
+    np.testing.assert_allclose(dl, [6 - (3 + 6 + 3) / 3, 2 - (1 + 2 + 3) / 3], atol=1e-12)
+
+    d, dl, ids = stats.item_differences(items, Contrast("identity", "gender", ("man", "nb"), ("woman",), "length"))
+    assert ids == ["t1", "t3"]
+    np.testing.assert_allclose(d, [(2 + 2) / 2 - 5, (0 + 2) / 2 + 1])
+    np.testing.assert_allclose(dl, [(3 + 3) / 2 - 6, (1 + 3) / 2 - 2])
+
+    d, dl, ids = stats.item_differences(items, Contrast("identity", "gender", ("alien",), ("man",), "length"))
+    assert len(d) == len(dl) == 0 and ids == []
+
+
+def test_item_differences_do_not_depend_on_row_order_or_id_types():
+    items = hand_items()
+    contrast = Contrast("identity", "gender", ("woman",), (AXIS_MEAN,), "shuffled")
+    shuffled = items.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    a, b = stats.item_differences(items, contrast), stats.item_differences(shuffled, contrast)
+    np.testing.assert_allclose(a[0], b[0])
+    assert a[2] == b[2]
+    numeric = items.assign(item=items["item"].str[1:].astype(int))  # as a CSV read without dtype=str gives them
+    d, _, ids = stats.item_differences(numeric, contrast)
+    assert ids == ["1", "3"]
+    np.testing.assert_allclose(d, a[0])
+
+
+# --- bootstrap_ci against scipy ------------------------------------------------------------------------------
+
+
+def test_bootstrap_ci_matches_scipy_percentile_bootstrap():
+    rng = np.random.default_rng(1)
+    d = rng.normal(0.3, 1.0, size=40)
+    n_boot, alpha = 20000, 0.025
+    low, high = stats.bootstrap_ci(d, n_boot=n_boot, seed=3)
+    ref = scipy_stats.bootstrap((d,), np.mean, method="percentile", n_resamples=n_boot, confidence_level=0.95,
+                                rng=np.random.default_rng(4)).confidence_interval
+    # The bootstrap distribution of the mean has SD s = std(d, ddof=0)/sqrt(n) and is close to normal at n = 40,
+    # so its density at the 2.5% / 97.5% quantiles is phi(1.96)/s. A sample quantile from B draws then has SE
+    # sqrt(a(1-a)/B) / density (~0.019 s here); two independent estimates differ by sqrt(2) SE; allow 5 of those.
+    s = d.std(ddof=0) / math.sqrt(len(d))
+    se = math.sqrt(alpha * (1 - alpha) / n_boot) * s / scipy_stats.norm.pdf(scipy_stats.norm.ppf(1 - alpha))
+    tol = 5 * math.sqrt(2) * se
+    assert abs(low - ref.low) < tol and abs(high - ref.high) < tol
+    assert tol < 0.05 * (high - low)  # the bound is tight enough to mean something
+
+
+def test_bootstrap_ci_is_seeded_nested_and_contains_the_mean():
+    d = np.random.default_rng(2).exponential(size=25)
+    assert stats.bootstrap_ci(d, seed=5) == stats.bootstrap_ci(d, seed=5)
+    assert stats.bootstrap_ci(d, seed=5) != stats.bootstrap_ci(d, seed=6)
+    wide, narrow = stats.bootstrap_ci(d, seed=5, level=0.95), stats.bootstrap_ci(d, seed=5, level=0.5)
+    assert wide[0] < narrow[0] < d.mean() < narrow[1] < wide[1]  # same resamples: nested intervals
+    assert stats.bootstrap_ci(np.full(7, 0.1)) == pytest.approx((0.1, 0.1))
+
+
+# --- sign_flip_p against brute force and scipy ---------------------------------------------------------------
+
+
+def brute_force_sign_flip_p(d) -> float:
+    """Fraction of all 2**n sign vectors whose |sum| reaches the observed one, in exact rational arithmetic."""
+    values = [Fraction(float(x)) for x in d]
+    observed = abs(sum(values))
+    hits = sum(abs(sum(s * x for s, x in zip(signs, values, strict=True))) >= observed
+               for signs in itertools.product((1, -1), repeat=len(values)))
+    return hits / 2 ** len(values)
+
+
+@pytest.mark.parametrize("d", [
+    [1, 1, 1, 1, 2, -2, 3, 0],  # integer: many exact ties with the observed |sum|
+    [3, -1, 2, 2, -2, 1, 1, 4, -3],
+    [0.5, -0.25, 1.5, 0.75],
+    list(np.random.default_rng(7).normal(0.4, 1.0, size=10)),
+])
+def test_sign_flip_p_exact_matches_brute_force(d):
+    assert stats.sign_flip_p(np.array(d, float), n_perm=10000) == pytest.approx(brute_force_sign_flip_p(d), abs=1e-15)
+
+
+def test_sign_flip_p_exact_matches_scipy_exact():
+    d = np.random.default_rng(8).normal(0.5, 1.0, size=11)
+    ref = scipy_stats.permutation_test((d,), lambda x, axis: np.abs(np.mean(x, axis=axis)), vectorized=True,
+                                       permutation_type="samples", n_resamples=np.inf, alternative="greater")
+    assert stats.sign_flip_p(d, n_perm=2**11) == pytest.approx(ref.pvalue, abs=1e-15)
+
+
+def test_sign_flip_p_monte_carlo_matches_scipy():
+    d = np.random.default_rng(9).normal(0.35, 1.0, size=30)  # 2**30 > n_perm: Monte Carlo
+    n = 20000
+    p = stats.sign_flip_p(d, n_perm=n, seed=1)
+    ref = scipy_stats.permutation_test((d,), lambda x, axis: np.abs(np.mean(x, axis=axis)), vectorized=True,
+                                       permutation_type="samples", n_resamples=n, alternative="greater",
+                                       rng=np.random.default_rng(2)).pvalue
+    # both are (1 + Binomial(n, p_true)) / (1 + n): SD sqrt(p(1-p)/n) each; 5 SD of the difference
+    assert 0.01 < ref < 0.5
+    assert abs(p - ref) < 5 * math.sqrt(2 * ref * (1 - ref) / n) + 2 / n
+
+
+def test_sign_flip_p_monte_carlo_matches_exact_and_edges():
+    d = np.random.default_rng(10).normal(0.5, 1.0, size=16)
+    exact = stats.sign_flip_p(d, n_perm=2**16)
+    mc = stats.sign_flip_p(d, n_perm=10000, seed=3)
+    assert abs(mc - exact) < 5 * math.sqrt(exact * (1 - exact) / 10000) + 1 / 10000
+    assert mc == stats.sign_flip_p(d, n_perm=10000, seed=3)
+    assert stats.sign_flip_p(np.zeros(20)) == 1.0 and stats.sign_flip_p(np.zeros(3)) == 1.0
+    assert stats.sign_flip_p(np.full(40, 2.0), n_perm=999) == pytest.approx(1 / 1000)  # floor of Monte Carlo
+    assert stats.sign_flip_p(np.full(5, 2.0)) == pytest.approx(2 / 32)  # exact: only all-+ and all--
+
+
+# --- holm against the step-down procedure ------------------------------------------------------------------
+
+
+def holm_rejects(p, alpha) -> set[int]:
+    """Holm's procedure at level alpha: walk the p-values upwards, reject while p_(j) <= alpha / (m - j + 1)."""
+    m = len(p)
+    rejected = set()
+    for j, i in enumerate(sorted(range(m), key=lambda i: p[i])):
+        if (m - j) * p[i] > alpha:
+            break
+        rejected.add(i)
+    return rejected
+
+
+def brute_force_holm(p) -> list[float]:
+    """The adjusted p of a hypothesis is the smallest level at which Holm's procedure rejects it (1 if none <= 1)."""
+    m = len(p)
+    levels = sorted({min(1.0, (m - j) * q) for q in p for j in range(m)})
+    return [next((a for a in levels if i in holm_rejects(p, a)), 1.0) for i in range(m)]
+
+
+def test_holm_textbook_example():
+    # Holm (1979) as on Wikipedia: H1..H4 with p = 0.01, 0.04, 0.03, 0.005 -> adjusted 0.03, 0.06, 0.06, 0.02
+    np.testing.assert_allclose(stats.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+
+
+@pytest.mark.parametrize("p", [
+    [0.01, 0.01, 0.02, 0.5, 0.5, 1.0, 0.0],
+    list(np.random.default_rng(11).uniform(size=9)),
+    list(np.random.default_rng(12).uniform(0, 0.05, size=6)),
+    [0.3],
+])
+def test_holm_matches_step_down_definition(p):
+    adjusted = stats.holm(p)
+    np.testing.assert_allclose(adjusted, brute_force_holm(p), rtol=1e-15)
+    assert (adjusted >= np.asarray(p)).all() and (adjusted <= 1).all()
+    order = np.argsort(p, kind="stable")
+    assert (np.diff(adjusted[order]) >= 0).all()
+
+
+def test_holm_edges():
+    assert len(stats.holm([])) == 0
+    with pytest.raises(ValueError):
+        stats.holm([0.1, float("nan")])
+
+
+# --- the length null ---------------------------------------------------------------------------------------
+
+
+def random_length_items(rng) -> pd.DataFrame:
+    """Two axes sharing item ids (cells are (axis, item)), 2-5 variants a cell, reward = 0.02 * chars + a large
+    cell effect + noise; plus another battery with the opposite slope."""
+    rows = []
+    for battery, slope in (("length", 0.02), ("other", -1.0)):
+        for axis in ("renderings", "padding"):
+            for item in range(6):
+                effect = rng.normal(0, 50)
+                for v in range(rng.integers(2, 6)):
+                    n_chars = int(rng.integers(1, 400))
+                    rows.append((battery, axis, f"i{item}", f"g{v % 2}", "x" * n_chars,
+                                 slope * n_chars + effect + rng.normal(0, 0.5), "prompt"))
+    return frame(rows)
+
+
+def test_length_slope_matches_fixed_effects_least_squares():
+    items = random_length_items(np.random.default_rng(13))
+    rows = items[items["battery"] == "length"]
+    cells = pd.factorize(rows["axis"] + "/" + rows["item"])[0]
+    design = np.column_stack([rows["text"].str.len().to_numpy(float), np.eye(cells.max() + 1)[cells]])
+    coef = np.linalg.lstsq(design, rows["reward"].to_numpy(float), rcond=None)[0]
+    assert stats.length_slope(items, "length") == pytest.approx(coef[0], rel=1e-9)
+    assert stats.length_slope(items, "length") == pytest.approx(0.02, abs=0.005)
+
+
+def test_length_null_is_slope_times_length_difference_and_zero_without_length_variation():
+    items = random_length_items(np.random.default_rng(14))
+    contrast = Contrast("length", "renderings", ("g1",), ("g0",), "length")
+    _, dl, _ = stats.item_differences(items, contrast)
+    assert stats.length_null(items, contrast) == pytest.approx(stats.length_slope(items, "length") * dl.mean())
+    framing = frame([("framing", "wording", f"i{i}", g, f"answer {i}", float(r), f"{g} prompt {i}")
+                     for i in range(5) for g, r in (("best", i), ("worst", -i))])
+    assert stats.length_slope(framing, "framing") == 0.0
+    assert stats.length_null(framing, Contrast("framing", "wording", ("best",), ("worst",), "length")) == 0.0
+
+
+# --- the shuffled null -------------------------------------------------------------------------------------
+
+
+def noise_items(rng, n_items=60, shift=0.0) -> pd.DataFrame:
+    rows = []
+    for item in range(n_items):
+        for group in ("a", "b", "c"):
+            for _ in range(rng.integers(1, 4)):
+                rows.append(("identity", "gender", f"t{item:03d}", group, "text", rng.normal() + shift * (group == "a"),
+                             "prompt"))
+    return frame(rows)
+
+
+def direct_shuffled_effects(items: pd.DataFrame, n_shuffle: int, rng) -> np.ndarray:
+    """Relabel groups within items, recompute every (item, group) mean and "a vs axis mean" from scratch."""
+    items = items.sort_values("item", kind="stable")
+    item_code = pd.factorize(items["item"])[0]
+    groups, group_code = np.unique(items["group"].to_numpy(), return_inverse=True)
+    reward = items["reward"].to_numpy(float)
+    n_items, n_groups = item_code.max() + 1, len(groups)
+    out = np.empty(n_shuffle)
+    for s in range(n_shuffle):
+        relabelled = group_code[np.lexsort((rng.random(len(reward)), item_code))]
+        cell = item_code * n_groups + relabelled
+        means = (np.bincount(cell, reward, n_items * n_groups) / np.bincount(cell, minlength=n_items * n_groups))
+        means = means.reshape(n_items, n_groups)
+        out[s] = (means[:, list(groups).index("a")] - means.mean(axis=1)).mean()
+    return out
+
+
+def test_shuffled_null_matches_a_direct_computation_without_information():
+    items = noise_items(np.random.default_rng(15))
+    contrast = Contrast("identity", "gender", ("a",), (AXIS_MEAN,), "shuffled")
+    n = 4000
+    direct = np.abs(direct_shuffled_effects(items, n, np.random.default_rng(16)))
+    null = stats.shuffled_null(items, contrast, n_shuffle=n, seed=17)
+    # SE of a sample 95% quantile of |effect| ~ N(0, sigma) folded: sqrt(.95*.05/n) / (2 phi(1.96) / sigma);
+    # 5 SD of the difference of two independent estimates
+    sigma = math.sqrt(np.mean(direct**2))
+    se = math.sqrt(0.95 * 0.05 / n) * sigma / (2 * scipy_stats.norm.pdf(1.96))
+    assert abs(null - np.quantile(direct, 0.95)) < 5 * math.sqrt(2) * se
+    assert stats.shuffled_null(items, contrast, n_shuffle=200, seed=1) == stats.shuffled_null(
+        items, contrast, n_shuffle=200, seed=1)
+
+
+def test_shuffled_null_is_below_a_huge_real_effect():
+    items = noise_items(np.random.default_rng(18), shift=100.0)
+    contrast = Contrast("identity", "gender", ("a",), (AXIS_MEAN,), "shuffled")
+    d, _, _ = stats.item_differences(items, contrast)
+    assert abs(d.mean()) > 2 * stats.shuffled_null(items, contrast, n_shuffle=500)
+
+
+# --- audit_table -------------------------------------------------------------------------------------------
+
+
+def audit_items(rng) -> pd.DataFrame:
+    rows = []
+    for item in range(12):
+        for group, shift in (("a", 0.8), ("b", 0.0), ("c", 0.0)):
+            for _ in range(rng.integers(1, 3)):
+                rows.append(("identity", "gender (response)", f"i{item}", group, f"I am {group}.",
+                             rng.normal() + shift, "Describe yourself."))
+    for item in range(10):
+        for group, n_chars in (("short", 20), ("long", 200)):
+            n_chars += int(rng.integers(0, 20))
+            rows.append(("length", "padding", f"q{item}", group, "y" * n_chars, 0.01 * n_chars + rng.normal(0, 0.3),
+                         f"question {item}"))
+    for item in range(8):
+        for group in ("plain", "leading"):
+            rows.append(("framing", "wording", f"f{item}", group, f"answer {item}", rng.normal(), f"{group} {item}"))
+    return frame(rows)
+
+
+CONTRASTS = [
+    Contrast("identity", "gender (response)", ("a",), (AXIS_MEAN,), "shuffled"),
+    Contrast("identity", "gender (response)", ("b",), (AXIS_MEAN,), "shuffled"),
+    Contrast("length", "padding", ("long",), ("short",), "length"),
+    Contrast("framing", "wording", ("leading",), ("plain",), "length"),
+]
+
+
+def test_audit_table_columns_rows_and_statistics():
+    items = audit_items(np.random.default_rng(19))
+    table = stats.audit_table(items, CONTRASTS, n_boot=500, n_perm=2000, seed=0)
+    assert list(table.columns) == ["battery", "axis", "contrast", "n_items", "effect", "ci_low", "ci_high", "p",
+                                   "p_holm", "null_effect"]
+    assert list(table["contrast"]) == ["a vs axis mean", "b vs axis mean", "long vs short", "leading vs plain"]
+    assert list(table["n_items"]) == [12, 12, 10, 8]
+    for row, contrast in zip(table.itertuples(), CONTRASTS, strict=True):
+        d, _, _ = stats.item_differences(items, contrast)
+        assert row.effect == pytest.approx(d.mean())
+        assert row.ci_low <= row.effect <= row.ci_high
+    assert (table["p_holm"] >= table["p"]).all()
+    np.testing.assert_allclose(table["p_holm"], stats.holm(table["p"]))  # over every row, not per battery
+    assert table["p"].min() < 1 / len(table) and table["p_holm"].min() > table["p"].min()
+    assert table["null_effect"][2] == pytest.approx(stats.length_null(items, CONTRASTS[2]))
+    assert table["null_effect"][3] == 0.0  # framing: the response never changes
+    assert (table["null_effect"][:2] > 0).all()
+    assert table["effect"][2] > 1.0 and table["p"][2] < 0.01
+
+
+def test_audit_table_is_reproducible_and_rows_have_their_own_streams():
+    items = audit_items(np.random.default_rng(20))
+    a = stats.audit_table(items, CONTRASTS, n_boot=300, n_perm=1000, seed=4)
+    pd.testing.assert_frame_equal(a, stats.audit_table(items, CONTRASTS, n_boot=300, n_perm=1000, seed=4))
+    assert not a["ci_low"].equals(stats.audit_table(items, CONTRASTS, n_boot=300, n_perm=1000, seed=5)["ci_low"])
+    head = stats.audit_table(items, CONTRASTS[:2], n_boot=300, n_perm=1000, seed=4)
+    pd.testing.assert_frame_equal(head.drop(columns="p_holm"), a[:2].drop(columns="p_holm"))
+    # everything is recomputable from audit_items.csv (strings kept as strings)
+    path_rows = items.to_csv(index=False)
+    read = pd.read_csv(io.StringIO(path_rows), keep_default_na=False,
+                       dtype={k: str for k in ("battery", "axis", "item", "group", "text", "prompt")})
+    pd.testing.assert_frame_equal(a, stats.audit_table(read, CONTRASTS, n_boot=300, n_perm=1000, seed=4))
+
+
+def test_audit_table_refusals(monkeypatch):
+    items = audit_items(np.random.default_rng(21))
+    with pytest.raises(ValueError, match="null 'flat'"):
+        stats.audit_table(items, [*CONTRASTS, Contrast("framing", "wording", ("plain",), ("leading",), "flat")])
+    one = items[~items["item"].isin([f"f{i}" for i in range(1, 8)])]
+    with pytest.raises(ValueError, match="1 item.*at least 2"):
+        stats.audit_table(one, CONTRASTS[3:], n_boot=100, n_perm=100)
+    monkeypatch.setattr(stats, "bootstrap_ci", lambda d, n_boot, seed: (1e6, 2e6))
+    with pytest.raises(RuntimeError, match="does not contain"):
+        stats.audit_table(items, CONTRASTS[2:3], n_boot=100, n_perm=100)
+
+
+# --- compare_models ----------------------------------------------------------------------------------------
+
+
+def test_compare_models_identical_shifted_and_mismatched():
+    items = audit_items(np.random.default_rng(22))
+    shifted = items.assign(reward=items["reward"] + np.where(items["group"] == "a", 1.5, 0.0))
+    partial = items[items["item"] != "i0"]
+    table = stats.compare_models({"m1": items, "m2": items.copy(), "m3": shifted, "m4": partial}, CONTRASTS[:1],
+                                 n_boot=300, n_perm=1000)
+    assert list(table.columns) == ["battery", "axis", "contrast", "model_a", "model_b", "n_items", "effect_a",
+                                   "effect_b", "difference", "ci_low", "ci_high", "p", "p_holm"]
+    assert list(zip(table["model_a"], table["model_b"], strict=True)) == list(itertools.combinations(
+        ["m1", "m2", "m3", "m4"], 2))
+    same = table.iloc[0]
+    assert same["difference"] == 0.0 and same["ci_low"] == 0.0 and same["ci_high"] == 0.0 and same["p"] == 1.0
+    assert same["effect_a"] == same["effect_b"] == pytest.approx(stats.item_differences(items, CONTRASTS[0])[0].mean())
+    up = table.iloc[1]  # m1 - m3: every item's "a vs axis mean" moves by -1.5 * (1 - 1/3)
+    assert up["difference"] == pytest.approx(-1.0) and up["ci_low"] == pytest.approx(-1.0)
+    assert up["ci_high"] == pytest.approx(-1.0) and up["p"] < 0.01
+    assert table.iloc[2]["n_items"] == 11  # m1 vs m4: the items both have
+    np.testing.assert_allclose(table["p_holm"], stats.holm(table["p"]))
+
+    renamed = items.copy()
+    renamed.loc[(renamed["item"] == "i3") & (renamed["group"] == "b"), "text"] = "I am someone else."
+    with pytest.raises(ValueError, match="item 'i3'"):
+        stats.compare_models({"m1": items, "m2": renamed}, CONTRASTS[:1], n_boot=100, n_perm=100)
