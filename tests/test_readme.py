@@ -258,5 +258,5 @@ def test_build_notes_are_by_subsystem_and_short():
     assert len(text.splitlines()) <= 800
     assert re.findall(r"^## (.+)$", text, flags=re.M) == [
         "Model and numerics", "Loading", "Sweep", "Search", "Inspect", "Training", "Plans and launch", "Analyses",
-        "Safety of results", "The test suite"]
+        "Audit", "Safety of results", "The test suite"]
     assert not re.search(r"\b(session|sitting)s?\b", text, flags=re.I)
