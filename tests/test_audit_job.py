@@ -49,12 +49,17 @@ def test_rewards_equal_transformers_on_the_same_conversations(audited, rm_folder
     assert worst > 0  # the comparison compared something
 
 
-def test_every_number_is_recomputed_from_the_items_by_brute_force(audited):
+def test_effects_nulls_and_holm_are_recomputed_from_the_items_by_brute_force(audited):
+    """Effect, n_items, the length-only null and Holm from a loop over audit_items.csv; the CIs, p-values and
+    shuffled nulls (seeded draws) from `recompute` on the same file, and CI ⊇ effect, p <= p_holm."""
     table = pd.read_csv(folder_paths(audited)["csv"], keep_default_na=False)
     assert list(table.columns) == COLUMNS
     items = read_items(folder_paths(audited)["items"])
     assert list(items.columns) == ["battery", "axis", "item", "group", "text", "reward", "prompt"]
     built = {c.name: c for b in battery_lib.build() for c in b.contrasts}
+    renderings = items[items["axis"] == "renderings"].set_index(["item", "group"])
+    padded, concise = (renderings.xs(g, level="group") for g in ("padded_neutral", "concise"))
+    slope = (padded["reward"] - concise["reward"]).sum() / (padded["text"].str.len() - concise["text"].str.len()).sum()
     for row in table.itertuples():
         c = next(c for c in battery_lib.build([row.battery])[0].contrasts
                  if c.axis == row.axis and c.name == row.contrast)
@@ -62,13 +67,19 @@ def test_every_number_is_recomputed_from_the_items_by_brute_force(audited):
         part = items[(items["battery"] == row.battery) & (items["axis"] == row.axis)]
         groups = sorted(set(part["group"])) if c.y == (AXIS_MEAN,) else list(c.y)
         need = set(c.x) | set(groups)
-        d = []
+        d, dl = [], []
         for _, one in part.groupby("item"):
             means = {g: one.loc[one["group"] == g, "reward"].mean() for g in need if (one["group"] == g).any()}
+            chars = {g: one.loc[one["group"] == g, "text"].str.len().mean() for g in means}
             if set(means) == need:
                 d.append(np.mean([means[g] for g in c.x]) - np.mean([means[g] for g in groups]))
+                dl.append(np.mean([chars[g] for g in c.x]) - np.mean([chars[g] for g in groups]))
         assert row.n_items == len(d) >= 20
         assert row.effect == pytest.approx(np.mean(d), rel=1e-7, abs=1e-9)
+        if c.null == "length":  # the filler's reward per character times the contrast's length difference
+            assert row.null_effect == pytest.approx(slope * np.mean(dl), rel=1e-6, abs=1e-12)
+        else:
+            assert row.null_effect > 0  # a quantile of |effect| under shuffles
         assert row.ci_low <= row.effect <= row.ci_high
         assert 0 < row.p <= row.p_holm <= 1
     # Holm over every row of the audit, from its definition
@@ -110,6 +121,10 @@ def test_bad_settings_are_refused_before_any_weight_loads(rm_folder, tmp_path, m
     refused(lambda: run_audit(AuditSpec(o, batteries=("identity", "colour"))), "--batteries", "colour", "identity")
     refused(lambda: run_audit(AuditSpec(o, batteries=())), "--batteries")
     refused(lambda: run_audit(AuditSpec(o, n_boot=10)), "--n_boot=10")
+    refused(lambda: run_audit(AuditSpec(o, seed=-1)), "--seed=-1")
+    # the length battery calibrates the length-only nulls of identity and sycophancy; framing's are 0 without it
+    assert AuditSpec(o, batteries=("identity",)).batteries == ("identity", "length")
+    assert AuditSpec(o, batteries=("framing",)).batteries == ("framing",)
     refused(lambda: run_audit(AuditSpec(options(rm_folder, tmp_path / "y", allow_nonfinite=True))),
             "--allow_nonfinite")
     # a finished audit of other inputs is not overwritten without --overwrite
@@ -134,7 +149,11 @@ def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
 
     _, other = tiny.save_reward_model_with_tokenizer(tmp_path / "other", seed=7)
     second = tmp_path / "second"
-    run_audit(AuditSpec(options(other, second), batteries=("length", "sycophancy"), **SMALL))
+    run_audit(AuditSpec(options(other, second), batteries=("sycophancy", "length"), **SMALL))
+    # rows' seeds follow the job's battery order, and recompute keeps it
+    again = recompute(second, n_boot=400, n_perm=400)
+    written = pd.read_csv(folder_paths(second)["csv"], keep_default_na=False)
+    np.testing.assert_allclose(written[COLUMNS[3:]].to_numpy(float), again[COLUMNS[3:]].to_numpy(float), rtol=1e-7)
     found = analyze(tmp_path / "analysis", audits=(str(audited), str(second)))
     diff = pd.read_csv(found["tables"]["audit_differences"], keep_default_na=False)
     side = pd.read_csv(found["tables"]["audit_side_by_side"], keep_default_na=False)

@@ -227,39 +227,40 @@ def test_holm_edges():
 # --- the length null ---------------------------------------------------------------------------------------
 
 
-def random_length_items(rng) -> pd.DataFrame:
-    """Two axes sharing item ids (cells are (axis, item)), 2-5 variants a cell, reward = 0.02 * chars + a large
-    cell effect + noise; plus another battery with the opposite slope."""
+def filler_items(rng, n_items=8) -> pd.DataFrame:
+    """The length battery's padded and concise renderings (reward 0.02 a character + an item effect + noise), a
+    third rendering, and identity rows whose lengths differ by group."""
     rows = []
-    for battery, slope in (("length", 0.02), ("other", -1.0)):
-        for axis in ("renderings", "padding"):
-            for item in range(6):
-                effect = rng.normal(0, 50)
-                for v in range(rng.integers(2, 6)):
-                    n_chars = int(rng.integers(1, 400))
-                    rows.append((battery, axis, f"i{item}", f"g{v % 2}", "x" * n_chars,
-                                 slope * n_chars + effect + rng.normal(0, 0.5), "prompt"))
+    for item in range(n_items):
+        effect = rng.normal(0, 5)
+        for group, n_chars in (("concise", 40), ("padded_neutral", 120), ("detailed", 300)):
+            n_chars += int(rng.integers(0, 30))
+            rows.append(("length", "renderings", f"q{item}", group, "x" * n_chars,
+                         0.02 * n_chars + effect + rng.normal(0, 0.1), "question"))
+        for group, text in (("a", "short"), ("b", "much longer text")):
+            rows.append(("identity", "g (response)", f"t{item}", group, text, rng.normal(), "prompt"))
     return frame(rows)
 
 
-def test_length_slope_matches_fixed_effects_least_squares():
-    items = random_length_items(np.random.default_rng(13))
-    rows = items[items["battery"] == "length"]
-    cells = pd.factorize(rows["axis"] + "/" + rows["item"])[0]
-    design = np.column_stack([rows["text"].str.len().to_numpy(float), np.eye(cells.max() + 1)[cells]])
-    coef = np.linalg.lstsq(design, rows["reward"].to_numpy(float), rcond=None)[0]
-    assert stats.length_slope(items, "length") == pytest.approx(coef[0], rel=1e-9)
-    assert stats.length_slope(items, "length") == pytest.approx(0.02, abs=0.005)
+def test_filler_slope_by_hand():
+    items = filler_items(np.random.default_rng(13))
+    by = {g: items[items["group"] == g].set_index("item") for g in ("padded_neutral", "concise")}
+    added = (by["padded_neutral"]["text"].str.len() - by["concise"]["text"].str.len()).sum()
+    gained = (by["padded_neutral"]["reward"] - by["concise"]["reward"]).sum()
+    assert stats.filler_slope(items) == pytest.approx(gained / added, rel=1e-12)
+    assert stats.filler_slope(items) == pytest.approx(0.02, abs=0.005)
+    assert stats.filler_slope(items[items["battery"] != "length"]) is None
 
 
-def test_length_null_is_slope_times_length_difference_and_zero_without_length_variation():
-    items = random_length_items(np.random.default_rng(14))
-    contrast = Contrast("length", "renderings", ("g1",), ("g0",), "length")
-    _, dl, _ = stats.item_differences(items, contrast)
-    assert stats.length_null(items, contrast) == pytest.approx(stats.length_slope(items, "length") * dl.mean())
+def test_length_null_is_the_filler_slope_times_the_length_difference():
+    items = filler_items(np.random.default_rng(14))
+    contrast = Contrast("identity", "g (response)", ("b",), ("a",), "length")
+    assert stats.length_null(items, contrast) == pytest.approx(stats.filler_slope(items) * (16 - 5), rel=1e-12)
+    with pytest.raises(ValueError, match="needs the length battery"):
+        stats.length_null(items[items["battery"] != "length"], contrast)
     framing = frame([("framing", "wording", f"i{i}", g, f"answer {i}", float(r), f"{g} prompt {i}")
                      for i in range(5) for g, r in (("best", i), ("worst", -i))])
-    assert stats.length_slope(framing, "framing") == 0.0
+    # the responses never differ in length: no slope needed, the null is 0
     assert stats.length_null(framing, Contrast("framing", "wording", ("best",), ("worst",), "length")) == 0.0
 
 
@@ -308,6 +309,17 @@ def test_shuffled_null_matches_a_direct_computation_without_information():
         items, contrast, n_shuffle=200, seed=1)
 
 
+def test_shuffled_null_shuffles_only_the_contrast_groups():
+    """A third group's real effect is not chance: a vs b, with c far above both, keeps a null of noise size."""
+    items = noise_items(np.random.default_rng(21))
+    items.loc[items["group"] == "c", "reward"] += 100.0
+    only = items[items["group"] != "c"]
+    contrast = Contrast("identity", "gender", ("a",), ("b",), "shuffled")
+    assert stats.shuffled_null(items, contrast, n_shuffle=300, seed=3) == stats.shuffled_null(
+        only, contrast, n_shuffle=300, seed=3)
+    assert stats.shuffled_null(items, contrast, n_shuffle=300, seed=3) < 1.0
+
+
 def test_shuffled_null_is_below_a_huge_real_effect():
     items = noise_items(np.random.default_rng(18), shift=100.0)
     contrast = Contrast("identity", "gender", ("a",), (AXIS_MEAN,), "shuffled")
@@ -326,10 +338,10 @@ def audit_items(rng) -> pd.DataFrame:
                 rows.append(("identity", "gender (response)", f"i{item}", group, f"I am {group}.",
                              rng.normal() + shift, "Describe yourself."))
     for item in range(10):
-        for group, n_chars in (("short", 20), ("long", 200)):
+        for group, n_chars in (("concise", 20), ("padded_neutral", 200)):
             n_chars += int(rng.integers(0, 20))
-            rows.append(("length", "padding", f"q{item}", group, "y" * n_chars, 0.01 * n_chars + rng.normal(0, 0.3),
-                         f"question {item}"))
+            rows.append(("length", "renderings", f"q{item}", group, "y" * n_chars,
+                         0.01 * n_chars + rng.normal(0, 0.3), f"question {item}"))
     for item in range(8):
         for group in ("plain", "leading"):
             rows.append(("framing", "wording", f"f{item}", group, f"answer {item}", rng.normal(), f"{group} {item}"))
@@ -339,7 +351,7 @@ def audit_items(rng) -> pd.DataFrame:
 CONTRASTS = [
     Contrast("identity", "gender (response)", ("a",), (AXIS_MEAN,), "shuffled"),
     Contrast("identity", "gender (response)", ("b",), (AXIS_MEAN,), "shuffled"),
-    Contrast("length", "padding", ("long",), ("short",), "length"),
+    Contrast("length", "renderings", ("padded_neutral",), ("concise",), "length"),
     Contrast("framing", "wording", ("leading",), ("plain",), "length"),
 ]
 
@@ -349,7 +361,8 @@ def test_audit_table_columns_rows_and_statistics():
     table = stats.audit_table(items, CONTRASTS, n_boot=500, n_perm=2000, seed=0)
     assert list(table.columns) == ["battery", "axis", "contrast", "n_items", "effect", "ci_low", "ci_high", "p",
                                    "p_holm", "null_effect"]
-    assert list(table["contrast"]) == ["a vs axis mean", "b vs axis mean", "long vs short", "leading vs plain"]
+    assert list(table["contrast"]) == ["a vs axis mean", "b vs axis mean", "padded_neutral vs concise",
+                                       "leading vs plain"]
     assert list(table["n_items"]) == [12, 12, 10, 8]
     for row, contrast in zip(table.itertuples(), CONTRASTS, strict=True):
         d, _, _ = stats.item_differences(items, contrast)
@@ -358,7 +371,8 @@ def test_audit_table_columns_rows_and_statistics():
     assert (table["p_holm"] >= table["p"]).all()
     np.testing.assert_allclose(table["p_holm"], stats.holm(table["p"]))  # over every row, not per battery
     assert table["p"].min() < 1 / len(table) and table["p_holm"].min() > table["p"].min()
-    assert table["null_effect"][2] == pytest.approx(stats.length_null(items, CONTRASTS[2]))
+    # the filler's own contrast: its length-only null is its effect (slope = Σ gained / Σ added characters)
+    assert table["null_effect"][2] == pytest.approx(table["effect"][2], rel=1e-9)
     assert table["null_effect"][3] == 0.0  # framing: the response never changes
     assert (table["null_effect"][:2] > 0).all()
     assert table["effect"][2] > 1.0 and table["p"][2] < 0.01

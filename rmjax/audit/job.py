@@ -21,7 +21,7 @@ from rmjax.errors import UsageError
 from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import hash_json
 from rmjax.model import Model
-from rmjax.parallel.distributed import is_main
+from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import results
 from rmjax.runs.chunks import open_store, store_dir
 from rmjax.runs.options import RunOptions, claim_job
@@ -32,8 +32,9 @@ ITEM_KEYS = ("battery", "axis", "item", "group", "text")  # then reward, then pr
 
 @dataclasses.dataclass(frozen=True)
 class AuditSpec:
-    """An audit as one value: which batteries, and the statistics' settings (`seed` seeds every bootstrap,
-    permutation and shuffle; the rows' streams are derived from it)."""
+    """An audit as one value: which batteries (the length battery joins identity or sycophancy: it calibrates their
+    length-only nulls), and the statistics' settings (`seed` seeds every bootstrap, permutation and shuffle; the
+    rows' streams are derived from it)."""
 
     options: RunOptions  # options.out is the output folder
     batteries: tuple[str, ...] = battery_lib.BATTERIES
@@ -55,6 +56,11 @@ class AuditSpec:
                                    ("--batch_size", self.batch_size, 1)):
             if value < least:
                 raise UsageError(f"{flag}={value}: give at least {least}.")
+        if self.seed < 0:
+            raise UsageError(f"--seed={self.seed}: give a seed of 0 or more.")
+        if "length" not in self.batteries and {"identity", "sycophancy"} & set(self.batteries):
+            # their length-only nulls are calibrated on the length battery's filler (stats.filler_slope)
+            object.__setattr__(self, "batteries", (*self.batteries, "length"))
         if self.options.allow_nonfinite:
             raise UsageError("--allow_nonfinite: an audit's statistics need every reward finite; leave it out.")
 
@@ -88,8 +94,9 @@ def run_audit(spec: AuditSpec) -> Path | None:
             return Path(o.out)
         started = time.perf_counter()
         model = load_for_job(o)
-        store = open_store(paths["csv"], identity, 1)
-        items = pd.concat([_scored(model, b, store, spec.batch_size, o.template) for b in built], ignore_index=True)
+        store = open_store(paths["csv"], identity, 1, spec.batch_size)
+        kept = store.batch_size or spec.batch_size
+        items = pd.concat([_scored(model, b, store, kept, o.template) for b in built], ignore_index=True)
         table = stats.audit_table(items, [c for b in built for c in b.contrasts], n_boot=spec.n_boot,
                                   n_perm=spec.n_perm, seed=spec.seed)
         nulls = [c.null for b in built for c in b.contrasts]
@@ -111,12 +118,14 @@ def _model_meta(model: Model) -> dict:
 def _scored(model: Model, battery: battery_lib.Battery, store, batch_size: int, template: str) -> pd.DataFrame:
     """The battery's variants with their rewards; a battery scored before a crash is read back, not rescored."""
     v = battery.variants
+    barrier(f"rmjax-audit-{battery.name}")  # every process agrees whether it is stored before any writes
     if store.has(battery.name):
         rewards = store.read(battery.name, (len(v), 1), _check(store, battery.name))[:, 0]
     else:
         started = time.perf_counter()
         rewards = score_conversations(model, [x.prompt for x in v], [x.response for x in v], template, batch_size)
-        store.write(battery.name, np.asarray(rewards, np.float32)[:, None])
+        if is_main():
+            store.write(battery.name, np.asarray(rewards, np.float32)[:, None])
         if is_main():
             print(f"audit: {battery.name}: {len(v)} conversations scored in {time.perf_counter() - started:.0f} s",
                   file=sys.stderr)
@@ -160,7 +169,7 @@ def read_items(path: str | Path) -> pd.DataFrame:
 def recompute(folder: str | Path, n_boot: int = 2000, n_perm: int = 10000, seed: int = 0) -> pd.DataFrame:
     """audit.csv's table recomputed from audit_items.csv alone, with the batteries' contrasts."""
     items = read_items(folder_paths(folder)["items"])
-    built = battery_lib.build(sorted(set(items["battery"]), key=battery_lib.BATTERIES.index))
+    built = battery_lib.build(list(dict.fromkeys(items["battery"])))  # the job's order: rows' seeds follow it
     return stats.audit_table(items, [c for b in built for c in b.contrasts], n_boot=n_boot, n_perm=n_perm,
                              seed=seed)
 

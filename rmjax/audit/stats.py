@@ -148,35 +148,54 @@ def holm(p: Sequence[float]) -> np.ndarray:
     return out
 
 
-def _length_slope(frame: pd.DataFrame, battery: str) -> float:
-    rows = frame[frame["battery"] == battery]
-    if rows.empty:
+# The length-only predictor's slope: reward per character of content-free filler, the length battery's padded
+# rendering (the concise answer plus filler sentences) against the concise one.
+FILLER = ("length", "renderings", "padded_neutral", "concise")
+
+
+def _filler_slope(frame: pd.DataFrame) -> float | None:
+    battery, axis, padded, concise = FILLER
+    rows = _axis_rows(frame, battery, axis)
+    reward, length = _means(rows, "reward"), _means(rows, "length")
+    if padded not in reward.columns or concise not in reward.columns:
+        return None
+    keep = reward[[padded, concise]].notna().all(axis=1).to_numpy()
+    added = float((length[padded] - length[concise])[keep].sum())
+    gained = float((reward[padded] - reward[concise])[keep].sum())
+    return gained / added if added > 0 else None
+
+
+def filler_slope(items: pd.DataFrame) -> float | None:
+    """Reward per character of filler that adds no content (FILLER: Σ over items of the padded-minus-concise reward
+    over Σ of the added characters); None without the length battery's two renderings. A slope fitted on the
+    contrast's own rows would be its effect divided by its length difference: the filler measures what length
+    alone earns, apart from any contrast."""
+    return _filler_slope(_normalised(items))
+
+
+def _length_null(frame: pd.DataFrame, contrast: Contrast, length: np.ndarray) -> float:
+    mean_length = float(length.mean()) if len(length) else float("nan")
+    if mean_length == 0:  # the responses never differ in length (framing, identity in the prompt)
         return 0.0
-    cells = rows.groupby(["axis", "item"])
-    x = (rows["length"] - cells["length"].transform("mean")).to_numpy(np.float64)
-    y = (rows["reward"] - cells["reward"].transform("mean")).to_numpy(np.float64)
-    sxx = float(x @ x)
-    return float(x @ y) / sxx if sxx > 0 else 0.0
-
-
-def length_slope(items: pd.DataFrame, battery: str) -> float:
-    """Reward per character of response within items (OLS with a fixed effect per (axis, item) cell, i.e. both
-    demeaned in the cell): what length alone predicts. 0 when length never varies within a cell (framing)."""
-    return _length_slope(_normalised(items), battery)
+    slope = _filler_slope(frame)
+    if slope is None or not np.isfinite(mean_length):
+        raise ValueError(f"the length-only null of {contrast.battery}/{contrast.axis} {contrast.name!r} needs the "
+                         "length battery's padded_neutral and concise renderings in the same audit")
+    return slope * mean_length
 
 
 def length_null(items: pd.DataFrame, contrast: Contrast) -> float:
-    """The effect the contrast would show from its length difference alone: the battery's length slope times the
-    mean over items of the length difference. Compare the effect with it, not with 0."""
+    """The effect the contrast would show from its length difference alone: `filler_slope` times the mean over
+    items of the contrast's length difference (0 when lengths never differ). Compare the effect with it."""
     frame = _normalised(items)
     _, length, _ = _differences(frame, contrast)
-    return _length_slope(frame, contrast.battery) * float(length.mean()) if len(length) else float("nan")
+    return _length_null(frame, contrast, length)
 
 
 def shuffled_null(items: pd.DataFrame, contrast: Contrast, n_shuffle: int = 1000, seed: int = 0,
                   quantile: float = 0.95) -> float:
-    """What chance alone gives: group labels permuted at random among each item's variants of the axis, the
-    contrast's effect recomputed, and the `quantile` of |effect| over the shuffles. Compare |effect| with it.
+    """What chance alone gives: group labels permuted at random among each item's variants of the contrast's groups,
+    the contrast's effect recomputed, and the `quantile` of |effect| over the shuffles. Compare |effect| with it.
 
     d_i is linear in the item's rewards with one weight per row (+1/(|x| c_g) for a row of group g in x, -1/(|y| c_g)
     in y, c_g its group's variant count); a shuffle keeps the counts, so it only permutes those weights.
@@ -186,10 +205,11 @@ def shuffled_null(items: pd.DataFrame, contrast: Contrast, n_shuffle: int = 1000
     _, _, ids = _differences(frame, contrast)
     if not ids:
         raise ValueError(f"contrast {contrast.name!r} of {contrast.battery}/{contrast.axis} has no complete item")
-    x, y, _ = _contrast_groups(contrast, sorted(set(rows["group"])))
+    x, y, needed = _contrast_groups(contrast, sorted(set(rows["group"])))
     rng = np.random.default_rng(seed)
     total = np.zeros(n_shuffle)
-    for _, cell in rows[rows["item"].isin(ids)].groupby("item"):
+    # labels are shuffled among the contrast's own groups: another group's real effect is not chance
+    for _, cell in rows[rows["item"].isin(ids) & rows["group"].isin(needed)].groupby("item"):
         groups = cell["group"].to_numpy()
         counts = cell.groupby("group")["group"].transform("size").to_numpy(np.float64)
         weight = np.array([x.count(g) / len(x) - y.count(g) / len(y) for g in groups]) / counts
@@ -234,7 +254,7 @@ def audit_table(items: pd.DataFrame, contrasts: Sequence[Contrast], n_boot: int 
         effect = float(d.mean())
         low, high = _checked_ci(d, effect, n_boot, boot_seed, f"{c.battery}/{c.axis} {c.name}")
         if c.null == "length":
-            null = _length_slope(frame, c.battery) * float(length.mean())
+            null = _length_null(frame, c, length)
         else:
             null = shuffled_null(frame, c, seed=null_seed)
         rows.append({"battery": c.battery, "axis": c.axis, "contrast": c.name, "n_items": len(d), "effect": effect,
