@@ -22,6 +22,7 @@ from rmjax.search.gcg import make_target
 from rmjax.search.objective import Forwards, Objective, Prior
 from rmjax.search.sides import ImplicitSide, Side, SideSpec
 from rmjax.text import prompts
+from rmjax.text.chat import Conversations
 from tests import tiny, tolerance
 from tests.inproc import no_weights_read, refused
 from tests.test_frontier import _Ledger
@@ -115,8 +116,15 @@ def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tm
     words = [" cat", " dog", " good", "Love", " the"]
     ids = np.asarray([chosen.tokenizer(w, add_special_tokens=False).input_ids[0] for w in words])
     want = tables["chosen"].loc[ids].to_numpy() - tables["reference"].loc[ids].to_numpy()
-    atol = 2 * tolerance.logprobs_atol(chosen.params, chosen.config, np.asarray([[*range(40)]], np.int32))
     texts = [chosen.tokenizer.decode([int(i)]) for i in ids]
+
+    def bound(model) -> float:
+        """logprobs_atol over the LM's own conversations of these responses (its template and tokenization)."""
+        conversations = Conversations(model.tokenizer, PROMPT, "auto").token_ids(texts)
+        return max(tolerance.logprobs_atol(model.params, model.config, np.asarray([c], np.int32))
+                   for c in conversations)
+
+    atol = bound(chosen) + bound(reference)  # a difference of two log-probs, each from two f32 evaluations
     # a text round-trips where both LMs read it back; with whitespace at an edge it does not count (one template
     # keeps it, another strips it)
     assert side.round_trips("Love") and side.round_trips("cats and dogs")
