@@ -26,14 +26,10 @@ def judge_tokens(judge: Model, prompt: str, texts: list[str], template: str = "a
                  ) -> tuple[tuple[int, ...], list[list[int]]]:
     """The prompt's prefix in the judge's template and each text's tokens after it."""
     split = chat.split_chat(judge.tokenizer, prompt, template, judge.config.max_position_embeddings)
-    conversations = chat.Conversations(judge.tokenizer, prompt, template)
-    prefix, tail = list(split.prefix), len(split.suffix)
-    rows = []
-    for text, ids in zip(texts, conversations.token_ids(list(texts)), strict=True):
-        if ids[: len(prefix)] == prefix and len(ids) - tail > len(prefix):
-            rows.append(ids[len(prefix) : len(ids) - tail])
-        else:
-            rows.append(judge.tokenizer(text, add_special_tokens=False).input_ids)
+    inside = chat.Conversations(judge.tokenizer, prompt, template).response_ids(list(texts))
+    rows = [ids if ids is not None else judge.tokenizer(text, add_special_tokens=False).input_ids
+            for text, ids in zip(texts, inside, strict=True)]
+    tail = len(split.suffix)
     check_room(judge, prompt, len(split.prefix), tail, texts, rows)
     return split.prefix, rows
 

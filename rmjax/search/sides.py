@@ -81,17 +81,6 @@ class Side:
                                         fix=f"raise --z_sample (side {self.spec.text} scores every token alike?)")
 
 
-def _response_ids(conversations: chat.Conversations, text: str) -> list[int] | None:
-    """The text's tokens inside its conversation (between the template's prefix and suffix), or None where the
-    conversation does not start with the prompt's prefix and end with its suffix."""
-    ids = conversations.token_ids([text])[0]
-    prefix, suffix = list(conversations.split.prefix), list(conversations.split.suffix)
-    body = ids[len(prefix): len(ids) - len(suffix)]
-    if ids[: len(prefix)] != prefix or (suffix and ids[len(ids) - len(suffix):] != suffix) or not body:
-        return None
-    return body
-
-
 def round_trips_in(conversations: chat.Conversations, text: str) -> bool:
     """The text, put in the model's conversation and tokenized, decodes back to itself from its response tokens,
     up to the one space the plain template puts before a response (as the published pipeline did). A text with
@@ -99,7 +88,7 @@ def round_trips_in(conversations: chat.Conversations, text: str) -> bool:
     two texts (a trailing space cost SmolLM2's chat reading 2 SD against Gemma 3's plain one)."""
     if text != text.strip():
         return False
-    body = _response_ids(conversations, text)
+    body = conversations.response_ids([text])[0]
     return body is not None and conversations.tokenizer.decode(body).strip() == text
 
 

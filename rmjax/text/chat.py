@@ -277,6 +277,18 @@ class Conversations:
         texts = [self.conversation(r) for r in responses]
         return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
 
+    def response_ids(self, responses: list[str]) -> list[list[int] | None]:
+        """Each response's own tokens in its conversation, between the template's prefix and suffix; None where the
+        conversation does not start with the prefix and end with the suffix (a merge across the template's edge) or
+        leaves no token between them. Judges, implicit sides and round-trip checks read a response this one way."""
+        prefix, suffix = list(self.split.prefix), list(self.split.suffix)
+        rows = []
+        for ids in self.token_ids(list(responses)):
+            body = ids[len(prefix): len(ids) - len(suffix)]
+            whole = ids[: len(prefix)] == prefix and (not suffix or ids[len(ids) - len(suffix):] == suffix)
+            rows.append(body if whole and body else None)
+        return rows
+
 
 def _special_ids(tokenizer) -> set[int]:
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
