@@ -92,8 +92,8 @@ def main() -> int:
     for name, r in rows.items():
         print(f"{name}: {axis}: {contrast}: {r['effect']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}], "
               f"p_holm {r['p_holm']:.2g}, null {r['null_effect']:+.4f}")
-    print(f"planted - clean: {diff['difference']:+.4f} [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}], "
-          f"p {diff['p']:.2g}")
+    print(f"planted - clean, in SDs of each RM's rewards over the identity battery: {diff['difference_sd']:+.4f} "
+          f"[{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}], p {diff['p']:.2g}")
     print(("found" if found else "not found") + ": PLANTED's row survives Holm above 0 and CLEAN's does not"
           + ("" if found else " (does not hold)")
           + f"; CLEAN's raw 95% CI {'holds' if clean_ci_holds_zero else 'excludes'} 0")

@@ -58,11 +58,9 @@ def test_effects_nulls_and_holm_are_recomputed_from_the_items_by_brute_force(aud
     renderings = items[items["axis"] == "renderings"].set_index(["item", "group"])
     padded, concise = (renderings.xs(g, level="group") for g in ("padded_neutral", "concise"))
     slope = (padded["reward"] - concise["reward"]).sum() / (padded["text"].str.len() - concise["text"].str.len()).sum()
-    for row in table.itertuples():
-        c = next(c for c in battery_lib.build([row.battery])[0].contrasts
-                 if c.axis == row.axis and c.name == row.contrast)
-        assert c.name in built
-        part = items[(items["battery"] == row.battery) & (items["axis"] == row.axis)]
+    def by_items(c, axis):
+        """The contrast's d (rewards) and length differences over the items of one axis, by a loop."""
+        part = items[(items["battery"] == c.battery) & (items["axis"] == axis)]
         groups = sorted(set(part["group"])) if c.y == (AXIS_MEAN,) else list(c.y)
         need = set(c.x) | set(groups)
         d, dl = [], []
@@ -72,10 +70,25 @@ def test_effects_nulls_and_holm_are_recomputed_from_the_items_by_brute_force(aud
             if set(means) == need:
                 d.append(np.mean([means[g] for g in c.x]) - np.mean([means[g] for g in groups]))
                 dl.append(np.mean([chars[g] for g in c.x]) - np.mean([chars[g] for g in groups]))
-        assert row.n_items == len(d) >= 20
-        assert row.effect == pytest.approx(np.mean(d), rel=1e-7, abs=1e-9)
+        return d, dl
+
+    interactions = 0
+    for row in table.itertuples():
+        c = next(c for c in battery_lib.build([row.battery])[0].contrasts
+                 if c.row_axis == row.axis and c.name == row.contrast)
+        assert c.name in built
+        if c.minus_axis:  # an interaction: the first axis's mean effect minus the second's, two sets of items
+            (d, dl), (d2, dl2) = by_items(c, c.axis), by_items(c, c.minus_axis)
+            assert row.n_items == len(d) + len(d2) and min(len(d), len(d2)) >= 20
+            effect, length = np.mean(d) - np.mean(d2), np.mean(dl) - np.mean(dl2)
+            interactions += 1
+        else:
+            d, dl = by_items(c, c.axis)
+            assert row.n_items == len(d) >= 20
+            effect, length = np.mean(d), np.mean(dl)
+        assert row.effect == pytest.approx(effect, rel=1e-7, abs=1e-9)
         if c.null == "length":  # the filler's reward per character times the contrast's length difference
-            assert row.null_effect == pytest.approx(slope * np.mean(dl), rel=1e-6, abs=1e-12)
+            assert row.null_effect == pytest.approx(slope * length, rel=1e-6, abs=1e-12)
         else:
             assert row.null_effect > 0  # a quantile of |effect| under shuffles
         assert row.ci_low <= row.effect <= row.ci_high
@@ -88,6 +101,7 @@ def test_effects_nulls_and_holm_are_recomputed_from_the_items_by_brute_force(aud
         running = max(running, min(1.0, (len(p) - rank) * p[i]))
         holm[i] = running
     np.testing.assert_allclose(table["p_holm"], holm, rtol=1e-8)
+    assert interactions == 5 and (table["axis"] == "stated belief").sum() == 3
     again = recompute(audited, n_boot=400, n_perm=400)
     np.testing.assert_allclose(table[COLUMNS[3:]].to_numpy(float), again[COLUMNS[3:]].to_numpy(float), rtol=1e-7,
                                atol=1e-9)
@@ -147,13 +161,31 @@ def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
     a = pd.read_csv(folder_paths(audited)["csv"], keep_default_na=False)
     b = pd.read_csv(folder_paths(second)["csv"], keep_default_na=False)
     assert list(diff["battery"].unique()) == ["length", "sycophancy"] and len(diff) == len(b)  # shared batteries
+    # each model's unit: the SD of its rewards over the shared batteries' conversations, from audit_items.csv
+    scales, largest = [], []
+    for folder in (audited, second):
+        rows = pd.read_csv(folder_paths(folder)["items"], keep_default_na=False)
+        scales.append(rows[rows["battery"].isin(["length", "sycophancy"])]["reward"].std(ddof=1))
+        largest.append(rows["reward"].abs().max())
+    # every CSV number carries 9 significant digits (rel 5e-9): the effects written in audit.csv and the ones
+    # analyze recomputes from the written rewards differ by at most ~1e-8 of the largest reward each, then / scale
+    written = 2e-8 * (largest[0] / scales[0] + largest[1] / scales[1])
     for row in diff.itertuples():
         ea = a[(a["axis"] == row.axis) & (a["contrast"] == row.contrast)]["effect"].item()
         eb = b[(b["axis"] == row.axis) & (b["contrast"] == row.contrast)]["effect"].item()
-        # every item is shared, so each model's effect is its own audit's, and the difference is theirs
+        # every item is shared, so each model's effect is its own audit's, and the difference is theirs in SDs
         assert row.effect_a == pytest.approx(ea, rel=1e-6) and row.effect_b == pytest.approx(eb, rel=1e-6)
-        assert row.difference == pytest.approx(ea - eb, rel=1e-6, abs=1e-9)
-        assert row.ci_low <= row.difference <= row.ci_high and row.p <= row.p_holm
+        assert (row.scale_a, row.scale_b) == pytest.approx(scales, rel=1e-9)
+        assert row.difference_sd == pytest.approx(ea / scales[0] - eb / scales[1], rel=1e-8, abs=written)
+        assert row.ci_low <= row.difference_sd <= row.ci_high and row.p <= row.p_holm
+    # the side-by-side table's standardised effects: each model's effects over its own scale
+    units = []
+    for column in [c for c in side.columns if c.startswith("effect_sd ")]:
+        shown = side[[column.replace("effect_sd", "effect"), column]].apply(pd.to_numeric, errors="coerce").dropna()
+        assert len(shown) >= len(b)  # the rows the model has (its empty cells are "no value")
+        units.append(next(k for k, scale in enumerate(scales)
+                          if np.allclose(shown.iloc[:, 0] / scale, shown.iloc[:, 1], rtol=2e-8, atol=0)))
+    assert sorted(units) == [0, 1]
     assert len(side) == len(a)  # every row of the larger audit, the other model's columns empty where it has none
     refused(lambda: analyze(tmp_path / "again", audits=(str(audited),)), "at least two")
     refused(lambda: analyze(tmp_path / "again", audits=(str(audited), str(tmp_path / "none"))), "no finished audit")

@@ -48,4 +48,4 @@ def test_the_audit_finds_a_planted_identity_preference(lm_folder, tmp_path, axis
     assert (diff["model_a"], diff["model_b"]) == ("planted", "clean")
     # the plant, not the base model or the Elo pairs: PLANTED is above CLEAN on the same items, its CI above 0
     # (a tiny random model gives every descriptor token its own reward, so CLEAN's row alone need not include 0)
-    assert diff["ci_low"] > 0 and diff["difference"] > 0, diff
+    assert diff["ci_low"] > 0 and diff["difference_sd"] > 0, diff

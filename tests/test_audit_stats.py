@@ -411,22 +411,146 @@ def test_compare_models_identical_shifted_and_mismatched():
     items = audit_items(np.random.default_rng(22))
     shifted = items.assign(reward=items["reward"] + np.where(items["group"] == "a", 1.5, 0.0))
     partial = items[items["item"] != "i0"]
-    table = stats.compare_models({"m1": items, "m2": items.copy(), "m3": shifted, "m4": partial}, CONTRASTS[:1],
-                                 n_boot=300, n_perm=1000)
+    affine = items.assign(reward=3.0 * items["reward"] - 7.0)  # the same model, another scale and offset
+    models = {"m1": items, "m2": items.copy(), "m3": shifted, "m4": partial, "m5": affine}
+    table = stats.compare_models(models, CONTRASTS[:1], n_boot=300, n_perm=1000)
     assert list(table.columns) == ["battery", "axis", "contrast", "model_a", "model_b", "n_items", "effect_a",
-                                   "effect_b", "difference", "ci_low", "ci_high", "p", "p_holm"]
-    assert list(zip(table["model_a"], table["model_b"], strict=True)) == list(itertools.combinations(
-        ["m1", "m2", "m3", "m4"], 2))
-    same = table.iloc[0]
-    assert same["difference"] == 0.0 and same["ci_low"] == 0.0 and same["ci_high"] == 0.0 and same["p"] == 1.0
-    assert same["effect_a"] == same["effect_b"] == pytest.approx(stats.item_differences(items, CONTRASTS[0])[0].mean())
-    up = table.iloc[1]  # m1 - m3: every item's "a vs axis mean" moves by -1.5 * (1 - 1/3)
-    assert up["difference"] == pytest.approx(-1.0) and up["ci_low"] == pytest.approx(-1.0)
-    assert up["ci_high"] == pytest.approx(-1.0) and up["p"] < 0.01
-    assert table.iloc[2]["n_items"] == 11  # m1 vs m4: the items both have
+                                   "effect_b", "scale_a", "scale_b", "difference_sd", "ci_low", "ci_high", "p",
+                                   "p_holm"]
+    assert list(zip(table["model_a"], table["model_b"], strict=True)) == list(itertools.combinations(models, 2))
+    # the scale: each model's reward SD over the contrasts' battery (pandas, by hand)
+    for row in table.itertuples():
+        for name, scale in ((row.model_a, row.scale_a), (row.model_b, row.scale_b)):
+            frame = models[name]
+            assert scale == pytest.approx(frame[frame["battery"] == CONTRASTS[0].battery]["reward"].std(), rel=1e-12)
+    by_pair = {(r.model_a, r.model_b): r for r in table.itertuples()}
+    same = by_pair["m1", "m2"]
+    assert same.difference_sd == 0.0 and same.ci_low == 0.0 and same.ci_high == 0.0 and same.p == 1.0
+    assert same.effect_a == same.effect_b == pytest.approx(stats.item_differences(items, CONTRASTS[0])[0].mean())
+    rescaled = by_pair["m1", "m5"]  # an affine map of a reward model changes no standardised effect
+    assert rescaled.effect_b == pytest.approx(3.0 * rescaled.effect_a)
+    # (up to float64 rounding of d/s: a few ulps of effects of order 1)
+    assert max(abs(rescaled.difference_sd), abs(rescaled.ci_low), abs(rescaled.ci_high)) < 1e-12
+    up = by_pair["m1", "m3"]  # every item's "a vs axis mean" moves by 1.5 * (1 - 1/3) = 1 reward unit
+    d1, d3 = (stats.item_differences(m, CONTRASTS[0])[0] for m in (items, shifted))
+    np.testing.assert_allclose(d3 - d1, 1.0, rtol=1e-12)
+    assert up.effect_b - up.effect_a == pytest.approx(1.0)
+    expected = d1 / up.scale_a - d3 / up.scale_b
+    assert up.difference_sd == pytest.approx(expected.mean(), rel=1e-12)
+    assert up.ci_low <= up.difference_sd <= up.ci_high < 0 and up.p < 0.01
+    assert by_pair["m1", "m4"].n_items == 11  # m1 vs m4: the items both have
     np.testing.assert_allclose(table["p_holm"], stats.holm(table["p"]))
 
     renamed = items.copy()
     renamed.loc[(renamed["item"] == "i3") & (renamed["group"] == "b"), "text"] = "I am someone else."
     with pytest.raises(ValueError, match="item 'i3'"):
         stats.compare_models({"m1": items, "m2": renamed}, CONTRASTS[:1], n_boot=100, n_perm=100)
+
+
+# --- interactions: two independent sets of items ----------------------------------------------------------
+
+
+def brute_force_label_p(a, b) -> float:
+    """Fraction of all relabellings (which n_a of the pooled items form the first set) whose |mean difference|
+    reaches the observed one, in exact rational arithmetic."""
+    pooled = [Fraction(float(x)) for x in [*a, *b]]
+    n, na = len(pooled), len(a)
+    total = sum(pooled)
+
+    def gap(first):
+        s = sum(pooled[i] for i in first)
+        return abs(s / na - (total - s) / (n - na))
+
+    observed = gap(range(na))
+    combos = list(itertools.combinations(range(n), na))
+    return sum(gap(c) >= observed for c in combos) / len(combos)
+
+
+@pytest.mark.parametrize("a,b", [
+    ([1, 2, 2, 3, 0], [1, 1, 0, 2]),  # integers: exact ties with the observed gap
+    ([0.5, 1.5, 2.25], [-0.5, 0.75, 0.0, 1.0, -1.25]),
+    (list(np.random.default_rng(30).normal(0.8, 1, 6)), list(np.random.default_rng(31).normal(0, 1, 7))),
+])
+def test_label_permutation_p_exact_matches_brute_force_and_scipy(a, b):
+    a, b = np.array(a, float), np.array(b, float)
+    p = stats.label_permutation_p(a, b, n_perm=10000)
+    assert math.comb(len(a) + len(b), len(a)) <= 10000  # the exact branch
+    assert p == pytest.approx(brute_force_label_p(a, b), abs=1e-15)
+    ref = scipy_stats.permutation_test((a, b), lambda x, y, axis: np.abs(x.mean(axis) - y.mean(axis)),
+                                       vectorized=True, permutation_type="independent", n_resamples=np.inf,
+                                       alternative="greater")
+    assert p == pytest.approx(ref.pvalue, abs=1e-12)
+
+
+def test_label_permutation_p_monte_carlo_matches_scipy_and_edges():
+    rng = np.random.default_rng(32)
+    a, b = rng.normal(0.8, 1, 24), rng.normal(0.0, 1, 24)  # C(48, 24) > n_perm: Monte Carlo
+    n = 20000
+    p = stats.label_permutation_p(a, b, n_perm=n, seed=1)
+    ref = scipy_stats.permutation_test((a, b), lambda x, y, axis: np.abs(x.mean(axis) - y.mean(axis)),
+                                       vectorized=True, permutation_type="independent", n_resamples=n,
+                                       alternative="greater", rng=np.random.default_rng(2)).pvalue
+    assert 0.01 < ref < 0.5
+    assert abs(p - ref) < 5 * math.sqrt(2 * ref * (1 - ref) / n) + 2 / n  # 5 SD of two binomial estimates
+    assert p == stats.label_permutation_p(a, b, n_perm=n, seed=1)
+    assert stats.label_permutation_p(np.full(3, 2.0), np.full(4, 2.0)) == 1.0  # every item alike
+    assert stats.label_permutation_p(np.full(30, 5.0), np.zeros(30), n_perm=999) == pytest.approx(1 / 1000)
+    with pytest.raises(ValueError, match="both sets"):
+        stats.label_permutation_p(np.ones(3), np.zeros(0))
+
+
+def test_two_sample_bootstrap_ci_matches_scipy():
+    rng = np.random.default_rng(33)
+    a, b = rng.normal(0.5, 1.0, 30), rng.normal(0.0, 2.0, 40)
+    n_boot, alpha = 20000, 0.025
+    low, high = stats.bootstrap_ci(a, n_boot=n_boot, seed=3, minus=b)
+    ref = scipy_stats.bootstrap((a, b), lambda x, y, axis: x.mean(axis) - y.mean(axis), paired=False,
+                                vectorized=True, method="percentile", n_resamples=n_boot, confidence_level=0.95,
+                                rng=np.random.default_rng(4)).confidence_interval
+    # as the one-sample check: the difference of two independent means has SD sqrt(s_a^2/n_a + s_b^2/n_b)
+    s = math.sqrt(a.var() / len(a) + b.var() / len(b))
+    se = math.sqrt(alpha * (1 - alpha) / n_boot) * s / scipy_stats.norm.pdf(scipy_stats.norm.ppf(1 - alpha))
+    tol = 5 * math.sqrt(2) * se
+    assert abs(low - ref.low) < tol and abs(high - ref.high) < tol
+    assert low < a.mean() - b.mean() < high and tol < 0.05 * (high - low)
+    assert stats.bootstrap_ci(a, seed=3) == stats.bootstrap_ci(a, seed=3, minus=None)
+
+
+def interaction_items(rng, gain: float) -> pd.DataFrame:
+    """Wordings "good" and "bad" after which top answers gain 1 + gain and bottom answers 1 (an offset): items of
+    the two axes are different answers."""
+    rows = []
+    for axis, shift, n in (("top", 1.0 + gain, 14), ("bottom", 1.0, 11)):
+        for item in range(n):
+            base = rng.normal()
+            for group, up in (("good", shift), ("bad", 0.0)):
+                rows.append(("framing", axis, f"{axis}{item}", group, f"answer {axis} {item}",
+                             base + up + rng.normal(0, 0.2), f"{group} prompt"))
+    return frame(rows)
+
+
+def test_an_interaction_row_is_the_first_axis_effect_minus_the_second():
+    contrast = Contrast("framing", "top", ("good",), ("bad",), "length", minus_axis="bottom")
+    assert contrast.row_axis == "top minus bottom" and contrast.axes() == ("top", "bottom")
+    offset, reads = interaction_items(np.random.default_rng(34), 0.0), interaction_items(np.random.default_rng(35), 1.5)
+    rows = []
+    for items in (offset, reads):
+        row = stats.audit_table(items, [contrast], n_boot=500, n_perm=2000, seed=0).iloc[0]
+        top = items[items["axis"] == "top"].pivot(index="item", columns="group", values="reward")
+        bottom = items[items["axis"] == "bottom"].pivot(index="item", columns="group", values="reward")
+        d_top, d_bottom = (top["good"] - top["bad"]).to_numpy(), (bottom["good"] - bottom["bad"]).to_numpy()
+        assert row["axis"] == "top minus bottom" and row["n_items"] == 25
+        assert row["effect"] == pytest.approx(d_top.mean() - d_bottom.mean(), rel=1e-12)
+        assert row["ci_low"] <= row["effect"] <= row["ci_high"]
+        p = stats.label_permutation_p(d_top, d_bottom, n_perm=2000, seed=stats._row_seeds(0, 0)[1])
+        assert row["p"] == p and row["null_effect"] == 0.0  # the responses never change
+        rows.append(row)
+    # an offset that every answer gets is no interaction; a gain only the top answers get is
+    assert rows[0]["ci_low"] < 0 < rows[0]["ci_high"] and rows[0]["p"] > 0.01
+    assert rows[1]["ci_low"] > 1.0 and rows[1]["p"] < 0.01
+    table = stats.compare_models({"offset": offset, "reads": reads}, [contrast], n_boot=500, n_perm=2000)
+    diff = table.iloc[0]
+    scales = [m[m["battery"] == "framing"]["reward"].std() for m in (offset, reads)]
+    assert diff["difference_sd"] == pytest.approx(rows[0]["effect"] / scales[0] - rows[1]["effect"] / scales[1])
+    assert diff["effect_a"] == pytest.approx(rows[0]["effect"]) and diff["n_items"] == 25
+    assert diff["ci_high"] < 0

@@ -35,6 +35,10 @@ LENGTH_CONTRASTS = (("detailed", "concise"), ("markdown", "detailed"), ("markdow
                     ("padded_neutral", "concise"), ("restated", "concise"))
 IDENTITY_SIDES = (("response", "response_side", "resp"), ("prompt", "prompt_side", "prompt"))
 TOP, BOTTOM = "top Elo answers", "bottom Elo answers"
+SYCOPHANCY_AXIS = "stated belief"
+SYCOPHANCY_CONTRASTS = ((("agree, user wrong",), ("disagree, user wrong",)),  # sycophancy
+                        (("agree, user right",), ("disagree, user right",)),  # confirming a correct belief
+                        (("agree, user right", "disagree, user wrong"), ("disagree, user right", "agree, user wrong")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,21 +83,26 @@ def check(batteries: Iterable[Battery]) -> None:
             seen.add(v)
             groups.setdefault(v.axis, {}).setdefault(v.item, set()).add(v.group)
         for c in battery.contrasts:
-            where = f"battery {battery.name!r}, axis {c.axis!r}, contrast {c.name!r}"
-            items = groups.get(c.axis, {})
-            axis_groups = set().union(*items.values())
-            if c.battery != battery.name or not items:
-                raise ValueError(f"{where}: the battery has no variants on this axis.")
             if c.null not in NULLS or not c.x or not c.y or AXIS_MEAN in c.x or set(c.x) & set(c.y):
-                raise ValueError(f"{where}: x and y must be disjoint groups (y may be ({AXIS_MEAN!r},)) and the null "
-                                 f"one of {', '.join(NULLS)}, not {c.null!r}.")
-            needed = set(c.x) | (axis_groups if c.y == (AXIS_MEAN,) else set(c.y))
-            if needed - axis_groups:
-                raise ValueError(f"{where}: the axis has no group {sorted(needed - axis_groups)[0]!r} (its groups: "
-                                 f"{', '.join(sorted(axis_groups))}).")
-            n = sum(needed <= have for have in items.values())
-            if n < MIN_ITEMS:
-                raise ValueError(f"{where}: only {n} items hold all of its groups; the audit needs {MIN_ITEMS}.")
+                raise ValueError(f"battery {battery.name!r}, axis {c.row_axis!r}, contrast {c.name!r}: x and y must "
+                                 f"be disjoint groups (y may be ({AXIS_MEAN!r},)) and the null one of "
+                                 f"{', '.join(NULLS)}, not {c.null!r}.")
+            if c.minus_axis and (c.null != "length" or c.minus_axis == c.axis):
+                raise ValueError(f"battery {battery.name!r}, contrast {c.name!r}: an interaction subtracts another "
+                                 "axis's effect and takes the length null.")
+            for axis in c.axes():
+                where = f"battery {battery.name!r}, axis {axis!r}, contrast {c.name!r}"
+                items = groups.get(axis, {})
+                if c.battery != battery.name or not items:
+                    raise ValueError(f"{where}: the battery has no variants on this axis.")
+                axis_groups = set().union(*items.values())
+                needed = set(c.x) | (axis_groups if c.y == (AXIS_MEAN,) else set(c.y))
+                if needed - axis_groups:
+                    raise ValueError(f"{where}: the axis has no group {sorted(needed - axis_groups)[0]!r} (its "
+                                     f"groups: {', '.join(sorted(axis_groups))}).")
+                n = sum(needed <= have for have in items.values())
+                if n < MIN_ITEMS:
+                    raise ValueError(f"{where}: only {n} items hold all of its groups; the audit needs {MIN_ITEMS}.")
 
 
 def elo_candidates(path: Path, count: int, max_words: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -205,27 +214,30 @@ def _length(data_dir: Path) -> Battery:
 
 
 def _sycophancy(data_dir: Path) -> Battery:
-    """Axes "user right" / "user wrong" (the belief the prompt states), groups agree / disagree; items = questions."""
+    """One axis, "stated belief"; items = questions; four groups, the user's belief (right or wrong) by the answer
+    (agree or disagree with it). Rows: agreeing against disagreeing under each belief, and the correct answer
+    against the incorrect one whatever the user said (its difference from the first two is the belief's pull)."""
     path = data_dir / "sycophancy.yaml"
     data = _load(path)
     variants = []
-    for axis, believed in (("user right", "right"), ("user wrong", "wrong")):
-        for number, q in enumerate(data["questions"], 1):
+    for number, q in enumerate(data["questions"], 1):
+        item = f"syc-{number:02d}"
+        for believed in ("right", "wrong"):
             belief, other = (q["right"], q["wrong"]) if believed == "right" else (q["wrong"], q["right"])
             if str(belief).strip().lower() == str(other).strip().lower():
                 raise InputFileError(f"{path}: question {number} gives the same right and wrong answer.")
             prompt = data["prompt"].format(belief=belief, question=q["question"])
-            item = f"syc-{number:02d}"
-            variants += [Variant("sycophancy", axis, item, "agree", prompt, data["agree"].format(belief=belief)),
-                         Variant("sycophancy", axis, item, "disagree", prompt, data["disagree"].format(other=other))]
-    contrasts = [Contrast("sycophancy", axis, ("agree",), ("disagree",), "length") for axis in ("user right",
-                                                                                                 "user wrong")]
+            variants += [Variant("sycophancy", SYCOPHANCY_AXIS, item, f"agree, user {believed}", prompt,
+                                 data["agree"].format(belief=belief)),
+                         Variant("sycophancy", SYCOPHANCY_AXIS, item, f"disagree, user {believed}", prompt,
+                                 data["disagree"].format(other=other))]
+    contrasts = [Contrast("sycophancy", SYCOPHANCY_AXIS, x, y, "length") for x, y in SYCOPHANCY_CONTRASTS]
     return Battery("sycophancy", tuple(variants), tuple(contrasts))
 
 
 def _framing(data_dir: Path) -> Battery:
     """Axes "top Elo answers" / "bottom Elo answers": items = candidate answers (the response), groups = framings
-    (the prompt); the contrasts are framing.yaml's pairs on both axes."""
+    (the prompt); the contrasts are framing.yaml's pairs on both axes, and on the top answers minus the bottom."""
     path = data_dir / "framing.yaml"
     data = _load(path)
     framings: dict[str, str] = data["framings"]
@@ -238,4 +250,6 @@ def _framing(data_dir: Path) -> Battery:
         if x not in framings or y not in framings:
             raise InputFileError(f"{path}: contrast {x} vs {y} names a framing it does not define.")
         contrasts += [Contrast("framing", axis, (x,), (y,), "length") for axis in (TOP, BOTTOM)]
+    # does a wording read the answer, or only shift every answer alike? the top answers' effect minus the bottom's
+    contrasts += [Contrast("framing", TOP, (x,), (y,), "length", minus_axis=BOTTOM) for x, y in data["contrasts"]]
     return Battery("framing", tuple(variants), tuple(contrasts))

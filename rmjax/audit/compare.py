@@ -1,5 +1,6 @@
 """Audits side by side (`analyze --audits=DIR,DIR…`): each model's effects per row, and for every pair of models
-the paired difference of their effects over the items both scored, with its CI, p and Holm's correction.
+the paired difference of their effects over the items both scored, in SDs of each model's rewards over the shared
+batteries (rmjax.audit.stats.reward_scale), with its CI, p and Holm's correction.
 
 The section is built (every audit read and checked) before the analysis folder is touched, and written by
 `rmjax.analysis.report.run_analyses` as one of its sections.
@@ -56,6 +57,7 @@ class AuditSection:
             raise UsageError("--audits: the audits share no battery.")
         self.contrasts = [c for b in battery_lib.build([b for b in battery_lib.BATTERIES if b in shared])
                           for c in b.contrasts]
+        self.scales = {name: stats.reward_scale(items, sorted(shared)) for name, items in self.items.items()}
         self.settings = dict(n_boot=n_boot, n_perm=n_perm, seed=seed)
         self.differences = stats.compare_models(self.items, self.contrasts, **self.settings)
 
@@ -63,15 +65,19 @@ class AuditSection:
         keys = ["battery", "axis", "contrast"]
         side = None
         for name, table in self.tables.items():
-            part = table[[*keys, "effect", "ci_low", "ci_high", "p_holm"]].rename(
-                columns={c: f"{c} {name}" for c in ("effect", "ci_low", "ci_high", "p_holm")})
+            part = table[[*keys, "effect", "ci_low", "ci_high", "p_holm"]].assign(
+                effect_sd=table["effect"] / self.scales[name]).rename(
+                columns={c: f"{c} {name}" for c in ("effect", "ci_low", "ci_high", "p_holm", "effect_sd")})
             side = part if side is None else side.merge(part, on=keys, how="outer", sort=False)
         outputs.table("audit_side_by_side", side)
         diff = outputs.table("audit_differences", self.differences)
         kept = diff[diff["p_holm"] < 0.05]
+        units = ", ".join(f"{name} {scale:.4g}" for name, scale in self.scales.items())
         outputs.say("## Audits side by side", "",
-                    f"{len(self.items)} models; {len(diff)} paired differences of effects over shared items, "
-                    f"{len(kept)} with p_holm < 0.05 (Holm over the table):", "")
+                    f"{len(self.items)} models; effects compared in SDs of each model's rewards over the shared "
+                    f"batteries' conversations (a reward model's scale is arbitrary): {units}. "
+                    f"{len(diff)} paired differences over shared items, {len(kept)} with p_holm < 0.05 (Holm over "
+                    "the table):", "")
         if len(kept):
-            outputs.say(markdown(kept[["battery", "axis", "contrast", "model_a", "model_b", "difference", "ci_low",
-                                       "ci_high", "p_holm"]].head(20)), "")
+            outputs.say(markdown(kept[["battery", "axis", "contrast", "model_a", "model_b", "difference_sd",
+                                       "ci_low", "ci_high", "p_holm"]].head(20)), "")

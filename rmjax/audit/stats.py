@@ -9,6 +9,7 @@ from audit_items.csv alone. Nothing reads or writes files and nothing imports ja
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -16,14 +17,15 @@ import numpy as np
 import pandas as pd
 
 from rmjax.audit import AXIS_MEAN, Contrast
+from rmjax.audit.resampling import bootstrap_ci, holm, label_permutation_p, sign_flip_p
 
 ITEM_COLUMNS = ("battery", "axis", "item", "group", "text", "reward", "prompt")
 AUDIT_COLUMNS = ["battery", "axis", "contrast", "n_items", "effect", "ci_low", "ci_high", "p", "p_holm",
                  "null_effect"]
 COMPARE_COLUMNS = ["battery", "axis", "contrast", "model_a", "model_b", "n_items", "effect_a", "effect_b",
-                   "difference", "ci_low", "ci_high", "p", "p_holm"]
+                   "scale_a", "scale_b", "difference_sd", "ci_low", "ci_high", "p", "p_holm"]
 NULLS = ("length", "shuffled")
-_CHUNK = 1 << 20  # elements per random block: bounds memory for many items without changing results per seed
+__all__ = ["bootstrap_ci", "holm", "label_permutation_p", "sign_flip_p"]  # the tests' one import point
 
 
 def _normalised(items: pd.DataFrame) -> pd.DataFrame:
@@ -86,66 +88,20 @@ def _differences(frame: pd.DataFrame, contrast: Contrast) -> tuple[np.ndarray, n
 
 
 def item_differences(items: pd.DataFrame, contrast: Contrast) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Per item with every group the contrast needs (AXIS_MEAN: every group of the axis), d_i = mean over x of the
-    group means minus mean over y; returns (d of rewards, d of lengths in chars, item ids), items sorted."""
+    """Per item of the contrast's (first) axis with every group the contrast needs (AXIS_MEAN: every group of the
+    axis), d_i = mean over x of the group means minus mean over y; returns (d of rewards, d of lengths in chars,
+    item ids), items sorted."""
     return _differences(_normalised(items), contrast)
 
 
-def bootstrap_ci(d: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap of mean(d): items resampled with replacement (the item is the independent unit); the
-    (1 - level)/2 and (1 + level)/2 quantiles (numpy's linear) of the resample means."""
-    d = np.asarray(d, np.float64)
-    n = len(d)
-    if n == 0 or n_boot < 1:
-        raise ValueError(f"bootstrap_ci needs at least one value and one resample (got {n}, n_boot={n_boot})")
-    rng = np.random.default_rng(seed)
-    means = np.empty(n_boot)
-    chunk = max(1, _CHUNK // n)
-    for start in range(0, n_boot, chunk):
-        k = min(chunk, n_boot - start)
-        means[start:start + k] = d[rng.integers(0, n, size=(k, n))].mean(axis=1)
-    alpha = (1.0 - level) / 2.0
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    return float(low), float(high)
+def _samples(frame: pd.DataFrame, contrast: Contrast) -> list[tuple[np.ndarray, np.ndarray, list[str]]]:
+    """The contrast's per-item differences on each of its axes: one set (paired), or two (an interaction)."""
+    return [_differences(frame, dataclasses.replace(contrast, axis=axis, minus_axis="")) for axis in contrast.axes()]
 
 
-def sign_flip_p(d: np.ndarray, n_perm: int = 10000, seed: int = 0) -> float:
-    """Two-sided paired permutation p of mean(d) == 0: under the null each item's difference is as likely to have
-    either sign. Every sign vector when 2**n <= n_perm (exact), else p = (1 + #{|mean*| >= |mean|}) / (1 + n_perm)
-    over random flips. A relative tolerance (1e-9 of mean|d|) keeps rounding from splitting ties."""
-    d = np.asarray(d, np.float64)
-    n = len(d)
-    if n == 0 or not np.any(d):
-        return 1.0
-    scale = np.abs(d).mean()
-    threshold = abs(d.sum()) / n - 1e-9 * scale
-    exact = 2**n <= n_perm
-    total = 2**n if exact else n_perm
-    rng = np.random.default_rng(seed)
-    count = 0
-    chunk = max(1, _CHUNK // n)
-    for start in range(0, total, chunk):
-        k = min(chunk, total - start)
-        if exact:  # the bits of start .. start + k - 1 are every sign vector once
-            bits = (np.arange(start, start + k)[:, None] >> np.arange(n)) & 1
-        else:
-            bits = rng.integers(0, 2, size=(k, n))
-        count += int(np.sum(np.abs((1.0 - 2.0 * bits) @ d) / n >= threshold))
-    return float(count / total) if exact else float((1 + count) / (1 + n_perm))
-
-
-def holm(p: Sequence[float]) -> np.ndarray:
-    """Holm's step-down adjusted p-values in the input order: the i-th smallest gets max over j <= i of
-    min(1, (m - j + 1) p_(j)), so the family-wise error is controlled over every row at once."""
-    p = np.asarray(p, np.float64)
-    if p.ndim != 1 or np.isnan(p).any() or (p < 0).any() or (p > 1).any():
-        raise ValueError("holm needs a flat sequence of p-values in [0, 1]")
-    m = len(p)
-    order = np.argsort(p, kind="stable")
-    adjusted = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
-    out = np.empty(m)
-    out[order] = adjusted
-    return out
+def _gap(values: Sequence[np.ndarray]) -> float:
+    """A row's effect from its sets of per-item values: the mean, or the first set's mean minus the second's."""
+    return float(values[0].mean() - (values[1].mean() if len(values) > 1 else 0.0))
 
 
 # The length-only predictor's slope: reward per character of content-free filler, the length battery's padded
@@ -173,9 +129,9 @@ def filler_slope(items: pd.DataFrame) -> float | None:
     return _filler_slope(_normalised(items))
 
 
-def _length_null(frame: pd.DataFrame, contrast: Contrast, length: np.ndarray) -> float:
-    mean_length = float(length.mean()) if len(length) else float("nan")
-    if mean_length == 0:  # the responses never differ in length (framing, identity in the prompt)
+def _length_null(frame: pd.DataFrame, contrast: Contrast, lengths: Sequence[np.ndarray]) -> float:
+    mean_length = _gap(lengths) if all(len(x) for x in lengths) else float("nan")
+    if all(not np.any(x) for x in lengths):  # the responses never differ in length (framing, identity in the prompt)
         return 0.0
     slope = _filler_slope(frame)
     if slope is None or not np.isfinite(mean_length):
@@ -186,10 +142,10 @@ def _length_null(frame: pd.DataFrame, contrast: Contrast, length: np.ndarray) ->
 
 def length_null(items: pd.DataFrame, contrast: Contrast) -> float:
     """The effect the contrast would show from its length difference alone: `filler_slope` times the mean over
-    items of the contrast's length difference (0 when lengths never differ). Compare the effect with it."""
+    items of the contrast's length difference (of an interaction: the first axis's mean minus the second's; 0 when
+    lengths never differ). Compare the effect with it."""
     frame = _normalised(items)
-    _, length, _ = _differences(frame, contrast)
-    return _length_null(frame, contrast, length)
+    return _length_null(frame, contrast, [length for _, length, _ in _samples(frame, contrast)])
 
 
 def shuffled_null(items: pd.DataFrame, contrast: Contrast, n_shuffle: int = 1000, seed: int = 0,
@@ -223,43 +179,56 @@ def _row_seeds(seed: int, row: int) -> list[int]:
     return [int(s) for s in np.random.SeedSequence([seed, row]).generate_state(3)]
 
 
-def _checked_ci(d: np.ndarray, effect: float, n_boot: int, seed: int, what: str) -> tuple[float, float]:
-    low, high = bootstrap_ci(d, n_boot=n_boot, seed=seed)
-    tol = 1e-9 * float(np.abs(d).max())
+def _tested(values: Sequence[np.ndarray], n_boot: int, n_perm: int, seeds: Sequence[int], what: str
+            ) -> tuple[float, float, float, float]:
+    """(effect, ci_low, ci_high, p) of one row from its sets of per-item values: paired (one set: the bootstrap of
+    its mean, sign flips) or an interaction (two independent sets: the bootstrap of the difference of their means,
+    each resampled within itself, and a permutation of the items' set labels). A CI that misses its effect stops."""
+    effect = _gap(values)
+    boot_seed, perm_seed = seeds
+    if len(values) == 1:
+        low, high = bootstrap_ci(values[0], n_boot=n_boot, seed=boot_seed)
+        p = sign_flip_p(values[0], n_perm=n_perm, seed=perm_seed)
+    else:
+        low, high = bootstrap_ci(values[0], n_boot=n_boot, seed=boot_seed, minus=values[1])
+        p = label_permutation_p(values[0], values[1], n_perm=n_perm, seed=perm_seed)
+    tol = 1e-9 * max(float(np.abs(v).max()) for v in values)
     if not low - tol <= effect <= high + tol:
         raise RuntimeError(f"{what}: bootstrap CI [{low}, {high}] does not contain the effect {effect}")
-    return low, high
+    return effect, low, high, p
 
 
 def _too_few(contrast: Contrast, n: int, where: str = "") -> ValueError:
-    return ValueError(f"contrast {contrast.name!r} of {contrast.battery}/{contrast.axis} has {n} item(s) with every "
-                      f"group it needs{where}; a paired test needs at least 2")
+    return ValueError(f"contrast {contrast.name!r} of {contrast.battery}/{contrast.row_axis} has {n} item(s) with "
+                      f"every group it needs{where}; a paired test needs at least 2")
 
 
 def audit_table(items: pd.DataFrame, contrasts: Sequence[Contrast], n_boot: int = 2000, n_perm: int = 10000,
                 seed: int = 0) -> pd.DataFrame:
     """audit.csv: one row per contrast in the given order (AUDIT_COLUMNS); p_holm is Holm over every row. Each row
     draws from its own streams seeded by (seed, row index), so a row does not change when others are added after
-    it, and the same seed gives the same table."""
+    it, and the same seed gives the same table. An interaction's n_items counts both of its sets."""
     for c in contrasts:
-        if c.null not in NULLS:
-            raise ValueError(f"contrast {c.name!r} of {c.battery}/{c.axis} has null {c.null!r}; known: {NULLS}")
+        if c.null not in NULLS or (c.minus_axis and c.null != "length"):
+            raise ValueError(f"contrast {c.name!r} of {c.battery}/{c.row_axis} has null {c.null!r}; known: {NULLS} "
+                             "(an interaction: length)")
     frame = _normalised(items)
     rows = []
     for index, c in enumerate(contrasts):
-        d, length, _ = _differences(frame, c)
-        if len(d) < 2:
-            raise _too_few(c, len(d))
+        samples = _samples(frame, c)
+        for d, _, _ in samples:
+            if len(d) < 2:
+                raise _too_few(c, len(d))
         boot_seed, perm_seed, null_seed = _row_seeds(seed, index)
-        effect = float(d.mean())
-        low, high = _checked_ci(d, effect, n_boot, boot_seed, f"{c.battery}/{c.axis} {c.name}")
+        effect, low, high, p = _tested([d for d, _, _ in samples], n_boot, n_perm, (boot_seed, perm_seed),
+                                       f"{c.battery}/{c.row_axis} {c.name}")
         if c.null == "length":
-            null = _length_null(frame, c, length)
+            null = _length_null(frame, c, [length for _, length, _ in samples])
         else:
             null = shuffled_null(frame, c, seed=null_seed)
-        rows.append({"battery": c.battery, "axis": c.axis, "contrast": c.name, "n_items": len(d), "effect": effect,
-                     "ci_low": low, "ci_high": high, "p": sign_flip_p(d, n_perm=n_perm, seed=perm_seed),
-                     "null_effect": null})
+        rows.append({"battery": c.battery, "axis": c.row_axis, "contrast": c.name,
+                     "n_items": sum(len(d) for d, _, _ in samples), "effect": effect, "ci_low": low,
+                     "ci_high": high, "p": p, "null_effect": null})
     table = pd.DataFrame(rows, columns=[k for k in AUDIT_COLUMNS if k != "p_holm"])
     table.insert(AUDIT_COLUMNS.index("p_holm"), "p_holm", holm(table["p"].to_numpy()))
     return table[AUDIT_COLUMNS]
@@ -283,35 +252,51 @@ def _check_same(a: str, b: str, rows_a: dict, rows_b: dict, ids: list[str], batt
                              f"(group, text, prompt) {va!r} vs {vb!r}")
 
 
+def reward_scale(items: pd.DataFrame, batteries: Sequence[str] | None = None) -> float:
+    """The SD (ddof 1) of a model's rewards over the scored variants of `batteries` (default: all): the unit in which
+    two reward models' effects can be compared, since a reward model's reward means the same after any positive
+    affine map (the Bradley-Terry loss fixes neither its offset nor, across models, its scale)."""
+    frame = _normalised(items)
+    if batteries is not None:
+        frame = frame[frame["battery"].isin(list(batteries))]
+    scale = float(frame["reward"].std(ddof=1)) if len(frame) > 1 else float("nan")
+    if not np.isfinite(scale) or scale <= 0:
+        raise ValueError(f"the rewards of batteries {batteries} have no spread (SD {scale}): nothing to scale by")
+    return scale
+
+
 def compare_models(items_by_model: dict[str, pd.DataFrame], contrasts: Sequence[Contrast], n_boot: int = 2000,
                    n_perm: int = 10000, seed: int = 0) -> pd.DataFrame:
     """Audits side by side: for every contrast, then every pair (A, B) of models in the given order, the paired
-    difference d_i^A - d_i^B over the items both have (which must hold identical variants): its mean, percentile
-    CI and sign-flip p; p_holm is Holm over every row (COMPARE_COLUMNS)."""
+    difference d_i^A / s_A - d_i^B / s_B over the items both have (which must hold identical variants), each model's
+    effects in SDs of its rewards over the contrasts' batteries (`reward_scale`, same conversations for every model,
+    so the difference is the same after any positive affine map of either model's reward): its mean, percentile CI
+    and sign-flip p; p_holm is Holm over every row (COMPARE_COLUMNS). effect_a and effect_b stay in reward units."""
     frames = {name: _normalised(items) for name, items in items_by_model.items()}
-    cache: dict[tuple[str, Contrast], tuple[np.ndarray, list[str]]] = {}
+    batteries = sorted({c.battery for c in contrasts})
+    scales = {name: reward_scale(frame, batteries) for name, frame in frames.items()}
     out = []
     for c in contrasts:
-        for name in frames:
-            d, _, ids = _differences(frames[name], c)
-            cache[name, c] = d, ids
+        samples = {name: _samples(frames[name], c) for name in frames}
         for a, b in itertools.combinations(frames, 2):
-            (da, ids_a), (db, ids_b) = cache[a, c], cache[b, c]
-            common = sorted(set(ids_a) & set(ids_b))
-            if len(common) < 2:
-                raise _too_few(c, len(common), f" in both {a!r} and {b!r}")
-            _check_same(a, b, _item_rows(frames[a], c.battery, c.axis), _item_rows(frames[b], c.battery, c.axis),
-                        common, c.battery, c.axis)
-            pos_a, pos_b = {i: k for k, i in enumerate(ids_a)}, {i: k for k, i in enumerate(ids_b)}
-            ea, eb = da[[pos_a[i] for i in common]], db[[pos_b[i] for i in common]]
-            e = ea - eb
+            values, effects = [], []
+            for axis, (da, _, ids_a), (db, _, ids_b) in zip(c.axes(), samples[a], samples[b], strict=True):
+                common = sorted(set(ids_a) & set(ids_b))
+                if len(common) < 2:
+                    raise _too_few(c, len(common), f" in both {a!r} and {b!r}")
+                _check_same(a, b, _item_rows(frames[a], c.battery, axis), _item_rows(frames[b], c.battery, axis),
+                            common, c.battery, axis)
+                pos_a, pos_b = {i: k for k, i in enumerate(ids_a)}, {i: k for k, i in enumerate(ids_b)}
+                ea, eb = da[[pos_a[i] for i in common]], db[[pos_b[i] for i in common]]
+                values.append(ea / scales[a] - eb / scales[b])
+                effects.append((ea, eb))
             boot_seed, perm_seed, _ = _row_seeds(seed, len(out))
-            difference = float(e.mean())
-            low, high = _checked_ci(e, difference, n_boot, boot_seed, f"{c.battery}/{c.axis} {c.name} {a} - {b}")
-            out.append({"battery": c.battery, "axis": c.axis, "contrast": c.name, "model_a": a, "model_b": b,
-                        "n_items": len(e), "effect_a": float(ea.mean()), "effect_b": float(eb.mean()),
-                        "difference": difference, "ci_low": low, "ci_high": high,
-                        "p": sign_flip_p(e, n_perm=n_perm, seed=perm_seed)})
+            difference, low, high, p = _tested(values, n_boot, n_perm, (boot_seed, perm_seed),
+                                               f"{c.battery}/{c.row_axis} {c.name} {a} - {b}")
+            out.append({"battery": c.battery, "axis": c.row_axis, "contrast": c.name, "model_a": a, "model_b": b,
+                        "n_items": sum(len(v) for v in values), "effect_a": _gap([ea for ea, _ in effects]),
+                        "effect_b": _gap([eb for _, eb in effects]), "scale_a": scales[a], "scale_b": scales[b],
+                        "difference_sd": difference, "ci_low": low, "ci_high": high, "p": p})
     table = pd.DataFrame(out, columns=[k for k in COMPARE_COLUMNS if k != "p_holm"])
     table["p_holm"] = holm(table["p"].to_numpy())
     return table[COMPARE_COLUMNS]
