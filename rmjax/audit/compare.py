@@ -59,7 +59,8 @@ class AuditSection:
                           for c in b.contrasts]
         self.scales = {name: stats.reward_scale(items, sorted(shared)) for name, items in self.items.items()}
         self.settings = dict(n_boot=n_boot, n_perm=n_perm, seed=seed)
-        self.differences = stats.compare_models(self.items, self.contrasts, **self.settings)
+        # one scale per model serves both tables
+        self.differences = stats.compare_models(self.items, self.contrasts, scales=self.scales, **self.settings)
 
     def __call__(self, outputs: Outputs) -> None:
         keys = ["battery", "axis", "contrast"]

@@ -126,7 +126,6 @@ def _scored(model: Model, battery: battery_lib.Battery, store, batch_size: int, 
         rewards = score_conversations(model, [x.prompt for x in v], [x.response for x in v], template, batch_size)
         if is_main():
             store.write(battery.name, np.asarray(rewards, np.float32)[:, None])
-        if is_main():
             print(f"audit: {battery.name}: {len(v)} conversations scored in {time.perf_counter() - started:.0f} s",
                   file=sys.stderr)
     return pd.DataFrame({"battery": [x.battery for x in v], "axis": [x.axis for x in v],

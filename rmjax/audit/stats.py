@@ -266,15 +266,17 @@ def reward_scale(items: pd.DataFrame, batteries: Sequence[str] | None = None) ->
 
 
 def compare_models(items_by_model: dict[str, pd.DataFrame], contrasts: Sequence[Contrast], n_boot: int = 2000,
-                   n_perm: int = 10000, seed: int = 0) -> pd.DataFrame:
+                   n_perm: int = 10000, seed: int = 0, scales: dict[str, float] | None = None) -> pd.DataFrame:
     """Audits side by side: for every contrast, then every pair (A, B) of models in the given order, the paired
     difference d_i^A / s_A - d_i^B / s_B over the items both have (which must hold identical variants), each model's
     effects in SDs of its rewards over the contrasts' batteries (`reward_scale`, same conversations for every model,
     so the difference is the same after any positive affine map of either model's reward): its mean, percentile CI
-    and sign-flip p; p_holm is Holm over every row (COMPARE_COLUMNS). effect_a and effect_b stay in reward units."""
+    and sign-flip p; p_holm is Holm over every row (COMPARE_COLUMNS). effect_a and effect_b stay in reward units.
+    `scales` (each model's reward_scale over the contrasts' batteries) are computed here when not given."""
     frames = {name: _normalised(items) for name, items in items_by_model.items()}
-    batteries = sorted({c.battery for c in contrasts})
-    scales = {name: reward_scale(frame, batteries) for name, frame in frames.items()}
+    if scales is None:
+        batteries = sorted({c.battery for c in contrasts})
+        scales = {name: reward_scale(frame, batteries) for name, frame in frames.items()}
     out = []
     for c in contrasts:
         samples = {name: _samples(frames[name], c) for name in frames}
