@@ -34,7 +34,6 @@ if _resolve_compilation_strategy is None:
 else:
     _compiler._resolve_compilation_strategy = _one_device_programs_only
 jax.config.update("jax_num_cpu_devices", 8)
-jax.config.update("jax_default_matmul_precision", "highest")
 
 
 import numpy.testing  # noqa: E402

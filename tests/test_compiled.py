@@ -32,3 +32,24 @@ def test_release_frees_the_compiled_code_and_the_calls_compile_again():
     assert _maps() - before < held // 2
     for f, expected in zip(calls, want, strict=True):
         np.testing.assert_array_equal(np.asarray(f(x)), expected)
+
+
+def test_every_product_of_a_model_call_runs_at_its_operands_precision(rm_folder):
+    """At JAX's default precision a float32 product rounds its inputs to TF32 on a GPU and to one bfloat16 pass on a
+    TPU (BUILD_NOTES -> GPU: a 1B Llama's rewards 300x further from float64 than transformers' float32); this CPU
+    computes both the same way, so the test reads the programs: the forward and GCG's backward pass."""
+    import re
+
+    from rmjax.loading import load
+    from rmjax.scoring import calls
+    from rmjax.search import gcg
+
+    model = load(str(rm_folder))
+    ids = np.full((2, 5), 7, np.int32)
+    calls.rewards(model, ids, np.ones_like(ids, bool))
+    gcg.reward_gradient(gcg.make_target(model, "Name a colour."), ids[0])
+    for name in ("_rewards", "_grad_one_hot"):
+        for call in compiled.made(name):
+            products = re.findall(r"stablehlo\.dot_general[^\n]*", call.lower(*call.example[0]).as_text())
+            assert len(products) >= 7, name  # at least q, k, v, o, gate, up and down
+            assert all("precision = [HIGHEST, HIGHEST]" in p for p in products), (name, products)
