@@ -53,16 +53,18 @@ def build_model(folder: Path) -> Path:
     return folder
 
 
-def reference_scores(folder: Path, prompt: str, tokens: np.ndarray, batch: int = 64) -> tuple[np.ndarray, float]:
+def reference_scores(folder: Path, prompt: str, tokens: np.ndarray, batch: int = 64, device: str = "cpu",
+                     dtype: str = "float32") -> tuple[np.ndarray, float]:
     """The published pipeline's scores and seconds; `tokens` [n] (one-token responses) or [n, d] (d-token ones)."""
     import torch
     import transformers
 
-    torch.set_num_threads(2)
+    if device == "cpu":
+        torch.set_num_threads(2)
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
     tok.padding_side = "right"
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        str(folder), dtype=torch.float32, attn_implementation="sdpa").eval()
+        str(folder), dtype=getattr(torch, dtype), attn_implementation="sdpa").to(device).eval()
     out = []
     start = time.perf_counter()
     for s in range(0, len(tokens), batch):
@@ -70,17 +72,17 @@ def reference_scores(folder: Path, prompt: str, tokens: np.ndarray, batch: int =
                                           {"role": "assistant", "content": tok.decode(np.atleast_1d(t).tolist())}],
                                          tokenize=False)
                  for t in tokens[s : s + batch]]
-        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.no_grad():
-            out.append(model(**enc).logits[:, 0].float().numpy())
+            out.append(model(**enc).logits[:, 0].float().cpu().numpy())
     return np.concatenate(out), time.perf_counter() - start
 
 
-def jax_matmul_peak(n: int = 2048, reps: int = 10) -> float:
+def jax_matmul_peak(n: int = 2048, reps: int = 10, dtype: str = "float32") -> float:
     import jax
     import jax.numpy as jnp
 
-    a = jnp.ones((n, n), jnp.float32)
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
     best = float("inf")
