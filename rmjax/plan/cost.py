@@ -15,6 +15,8 @@ Collectives are read from the compiled HLO: every all-reduce, all-gather, reduce
 collective-permute with its bytes and group, times the trip count of the while loops (scans) it sits in, priced as
 a ring over the chip's ICI bandwidth.
 
+A float32 product at "highest" costs a TPU six bf16 passes (`mxu_passes`), so compute time counts FLOPs times passes.
+
 `lower_bound_seconds`: the larger of compute at peak and traffic at full HBM bandwidth, plus collectives at full ICI
 bandwidth. `realistic_seconds`: the same at the assumed efficiencies (`assumed_mfu` by matmul rows a chip,
 HBM_EFFICIENCY, ICI_EFFICIENCY): assumptions until a TPU run calibrates them.
@@ -34,28 +36,42 @@ from jax.extend import core as jcore
 from rmjax.compiled import Compiled
 from rmjax.plan.chips import Chip
 
+# bf16 passes of a TPU's MXU for one product: float32 operands at "highest" (every compiled call:
+# rmjax.compiled.MATMUL_PRECISION) take six (XLA's cycle estimate for a 4096^2 product on v5e: 5.8x the bf16 one), at
+# "high" three; bfloat16 operands, or JAX's default, one.
+_PASSES = {jax.lax.Precision.HIGHEST: 6, jax.lax.Precision.HIGH: 3}
 
-def _matmuls(jaxpr: jcore.Jaxpr, trips: bool) -> tuple[float, float]:
-    """(FLOPs, operand + result bytes) of every dot_general in `jaxpr`; scan bodies times their length when
-    `trips`, else once; a cond's costliest branch; a while body once (its trip count is not static)."""
-    flops = moved = 0.0
+
+def _passes(eqn: jcore.JaxprEqn) -> int:
+    if any(np.dtype(v.aval.dtype) != np.float32 for v in eqn.invars[:2]):
+        return 1
+    precision = eqn.params.get("precision")
+    return max((_PASSES.get(p, 1) for p in (precision if isinstance(precision, tuple) else (precision,))), default=1)
+
+
+def _matmuls(jaxpr: jcore.Jaxpr, trips: bool) -> tuple[float, float, float]:
+    """(FLOPs, operand + result bytes, FLOPs times MXU passes) of every dot_general in `jaxpr`; scan bodies times
+    their length when `trips`, else once; a cond's costliest branch; a while body once (its trip count is not
+    static)."""
+    flops = moved = passes = 0.0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
             (contract, _), _ = eqn.params["dimension_numbers"]
             lhs, rhs, out = eqn.invars[0].aval, eqn.invars[1].aval, eqn.outvars[0].aval
-            flops += 2.0 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in contract)
+            f = 2.0 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in contract)
+            flops, passes = flops + f, passes + f * _passes(eqn)
             moved += sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in (lhs, rhs, out))
             continue
         subs = [_matmuls(sub, trips) for sub in _inner(eqn.params.values())]
         if not subs:
             continue
         if eqn.primitive.name == "cond":
-            f, b = max(subs)
+            f, b, p = max(subs)
         else:
-            f, b = map(sum, zip(*subs, strict=True))
+            f, b, p = map(sum, zip(*subs, strict=True))
         times = eqn.params["length"] if trips and eqn.primitive.name == "scan" else 1
-        flops, moved = flops + times * f, moved + times * b
-    return flops, moved
+        flops, moved, passes = flops + times * f, moved + times * b, passes + times * p
+    return flops, moved, passes
 
 
 def _inner(values) -> list[jcore.Jaxpr]:
@@ -209,6 +225,7 @@ class CallCost:
     alias_bytes: int
     collectives: tuple[Collective, ...] = ()
     weight_elements: float = 0.0  # weights one chip reads per call (for the MFU's rows)
+    mxu_passes: float = 1.0  # bf16 passes per FLOP, FLOP-weighted over the products (`_PASSES`)
 
     @property
     def peak_bytes(self) -> int:
@@ -223,7 +240,7 @@ class CallCost:
     def terms(self, chip: Chip, realistic: bool = False) -> dict[str, float]:
         """Seconds of one call: compute, memory, collective, at peak (lower bound) or at the assumed efficiencies."""
         mfu, hbm, ici = (assumed_mfu(self.rows), HBM_EFFICIENCY, ICI_EFFICIENCY) if realistic else (1, 1, 1)
-        return {"compute": self.flops / (chip.peak_flops * mfu),
+        return {"compute": self.flops * self.mxu_passes / (chip.peak_flops * mfu),
                 "memory": self.traffic_bytes / (chip.hbm_bandwidth * hbm),
                 "collective": sum(c.seconds(chip.ici_bandwidth * ici) for c in self.collectives)}
 
@@ -240,7 +257,7 @@ class CallCost:
         return {"name": self.name, "count": self.count, "flops": self.flops, "traffic_bytes": self.traffic_bytes,
                 "xla_flops_scan_once": self.xla_flops, "temp_bytes": self.temp_bytes,
                 "collective_bytes": sum(c.bytes * c.times for c in self.collectives),
-                "assumed_mfu": assumed_mfu(self.rows),
+                "assumed_mfu": assumed_mfu(self.rows), "mxu_passes": self.mxu_passes,
                 "lower_bound_seconds": self.seconds(chip, realistic=False),
                 "realistic_seconds": self.seconds(chip), "bound": self.bound(chip)}
 
@@ -255,7 +272,7 @@ def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = N
     analysis = analysis[0] if isinstance(analysis, list | tuple) else analysis
     memory = executable.memory_analysis()
     jaxpr = traced.jaxpr.jaxpr
-    (f_all, moved), (f_once, _) = _matmuls(jaxpr, True), _matmuls(jaxpr, False)
+    (f_all, moved, passes), (f_once, _, _) = _matmuls(jaxpr, True), _matmuls(jaxpr, False)
     xla_flops = float(analysis.get("flops", 0.0))
     global_weights = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(weights))
     arguments, outputs = int(memory.argument_size_in_bytes), int(memory.output_size_in_bytes)
@@ -264,4 +281,4 @@ def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = N
                    else math.prod(x.shape) for x in jax.tree.leaves(weights))
     return CallCost(name, count, xla_flops * (f_all / f_once if f_once else 1.0), traffic, xla_flops, arguments,
                     outputs, int(memory.temp_size_in_bytes), int(memory.alias_size_in_bytes),
-                    collectives(executable.as_text()), float(elements)), executable
+                    collectives(executable.as_text()), float(elements), passes / f_all if f_all else 1.0), executable
