@@ -9,7 +9,7 @@ evaluation, lens, attribution, patching, log-probs, text scoring, the training s
 - the call is traced with the mesh set, so the activations' constraints (`nn.layers.constrain`) apply on every
   path, not only on those that remembered to set it;
 - one compilation serves every call with the same config, mesh, function, shapes and static arguments;
-- every product runs at its operands' own precision (`MATMUL_PRECISION`), on every backend;
+- every product runs at its weights' own precision (`MATMUL_PRECISION`), on every backend;
 - an ahead-of-time plan (`Compiled.lower` on abstract arguments) lowers exactly what a job runs.
 
 A function takes the config first, then its arrays, then static keywords: `fn(cfg, *arrays, **static)`.
@@ -45,7 +45,8 @@ REPLICATED = Axes()
 # JAX's default lets a float32 product round its inputs: to TF32 on an H200 (rewards of a 1B Llama off by 6e-3 SD
 # against float64, 300x transformers' float32) and to one bfloat16 pass on a TPU, so `--dtype=float32` would not be
 # float32 there. "highest" leaves bfloat16 operands' products as they were (same error and speed on an H200, the same
-# TPU kernel); BUILD_NOTES -> Model and numerics -> GPU.
+# TPU kernel); a bf16 weight read in float32 (an LM head) keeps the default (nn.ops.weight_precision). BUILD_NOTES ->
+# Model and numerics -> On a GPU.
 MATMUL_PRECISION = "highest"
 
 

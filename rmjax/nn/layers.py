@@ -63,7 +63,9 @@ class Embedder(nnx.Module):
 
     def attend(self, hidden: jax.Array) -> jax.Array:
         """Tied LM head: hidden [..., H] -> logits [..., vocab] in float32."""
-        return jnp.einsum("...h,vh->...v", hidden.astype(jnp.float32), self.embedding[...].astype(jnp.float32))
+        table = self.embedding[...]
+        return jnp.einsum("...h,vh->...v", hidden.astype(jnp.float32), table.astype(jnp.float32),
+                          precision=ops.weight_precision(table))
 
 
 class RMSNorm(nnx.Module):
@@ -81,11 +83,11 @@ class Linear(nnx.Module):
 
     def __init__(self, shape: tuple[int, int], axes: Axes, dtype, *, float32: bool = False):
         self.kernel = weight(shape, axes, dtype, float32=float32)
-        self.precision = jax.lax.Precision.HIGHEST if float32 else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return jnp.einsum("...h,hl->...l", x.astype(jnp.float32), self.kernel[...].astype(jnp.float32),
-                          precision=self.precision)
+        kernel = self.kernel[...]
+        return jnp.einsum("...h,hl->...l", x.astype(jnp.float32), kernel.astype(jnp.float32),
+                          precision=ops.weight_precision(kernel))
 
 
 def layer_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], Axes]]:

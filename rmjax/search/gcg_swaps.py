@@ -51,7 +51,9 @@ def swap_scores(loss_grad: jax.Array, banned: jax.Array, current: jax.Array, emb
     score = jnp.where(jnp.isfinite(loss_grad), loss_grad, jnp.inf)
     if embed is not None:
         here = embed[current]
-        sq = (embed**2).sum(-1)[None, :] + (here**2).sum(-1)[:, None] - 2.0 * here @ embed.T
+        # |e|^2 + |c|^2 - 2 e.c cancels between near tokens: the product at full precision, whatever JAX's default
+        cross = jnp.matmul(here, embed.T, precision=jax.lax.Precision.HIGHEST)
+        sq = (embed**2).sum(-1)[None, :] + (here**2).sum(-1)[:, None] - 2.0 * cross
         dist = jnp.sqrt(jnp.maximum(sq, 0.0))
         score = score + embed_reg * dist / (dist.mean() + 1e-9)
     return jnp.where(banned[None, :], jnp.inf, score)
