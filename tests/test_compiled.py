@@ -57,8 +57,10 @@ def _programs(rm_folder, lm_folder, dtype: str) -> tuple[dict[str, str], int]:
     calls.next_token_log_probs(lm, ids, mask)
     target = gcg.make_target(rm, "Name a colour.")
     gradient = gcg.gradient_call(rm.config, rm.mesh, target.cache.k.shape[2], rm.output_column)
-    texts = {"_rewards": compiled.made("_rewards")[-1].lower(rm.params, ids, mask),
-             "_next_token_log_probs": compiled.made("_next_token_log_probs")[-1].lower(lm.params, ids, mask),
+    rows = compiled.rows_of(len(ids), 2, rm.mesh)  # the call `calls.rewards` made, found by its config
+    rewards = compiled.compiled(calls._rewards, rm.config, rm.mesh, (compiled.PARAMS, rows, rows), rows)
+    texts = {"_rewards": rewards.lower(rm.params, ids, mask),
+             "_next_token_log_probs": calls.log_probs_call(lm.config, lm.mesh).lower(lm.params, ids, mask),
              "_grad_one_hot": gradient.lower(rm.params, target.cache, ids[0], target.suffix_ids)}
     return {name: lowered.as_text() for name, lowered in texts.items()}, rm.config.vocab_size
 
