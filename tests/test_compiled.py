@@ -53,13 +53,9 @@ def _programs(rm_folder, lm_folder, dtype: str) -> tuple[dict[str, str], int]:
 
     rm, lm = load(str(rm_folder), dtype=dtype), load(str(lm_folder), dtype=dtype)
     ids, mask = np.full((2, 5), 7, np.int32), np.ones((2, 5), bool)
-    calls.rewards(rm, ids, mask)
-    calls.next_token_log_probs(lm, ids, mask)
     target = gcg.make_target(rm, "Name a colour.")
     gradient = gcg.gradient_call(rm.config, rm.mesh, target.cache.k.shape[2], rm.output_column)
-    rows = compiled.rows_of(len(ids), 2, rm.mesh)  # the call `calls.rewards` made, found by its config
-    rewards = compiled.compiled(calls._rewards, rm.config, rm.mesh, (compiled.PARAMS, rows, rows), rows)
-    texts = {"_rewards": rewards.lower(rm.params, ids, mask),
+    texts = {"_rewards": calls.rewards_call(rm.config, rm.mesh, len(ids)).lower(rm.params, ids, mask),
              "_next_token_log_probs": calls.log_probs_call(lm.config, lm.mesh).lower(lm.params, ids, mask),
              "_grad_one_hot": gradient.lower(rm.params, target.cache, ids[0], target.suffix_ids)}
     return {name: lowered.as_text() for name, lowered in texts.items()}, rm.config.vocab_size
@@ -74,6 +70,17 @@ def test_every_product_of_a_float32_model_runs_at_float32(rm_folder, lm_folder):
         products = _products(text)
         assert len(products) >= 7, name  # at least q, k, v, o, gate, up and down
         assert all("precision = [HIGHEST, HIGHEST]" in p for p in products), (name, products)
+
+
+def test_gcgs_embedding_distances_run_at_float32():
+    """Swap scores' |e|^2 + |c|^2 - 2 e.c cancels between near tokens; it is a plain jit outside rmjax.compiled,
+    so its product names its precision itself."""
+    from rmjax.search.gcg_swaps import swap_scores
+
+    embed = np.ones((64, 16), np.float32)
+    text = swap_scores.lower(np.zeros((3, 64), np.float32), np.zeros(64, bool), np.arange(3), embed, 0.5).as_text()
+    products = _products(text)
+    assert products and all("precision = [HIGHEST, HIGHEST]" in p for p in products), products
 
 
 def test_a_bfloat16_weight_cast_to_float32_keeps_the_backends_default(rm_folder, lm_folder):

@@ -16,8 +16,14 @@ from rmjax.model import Model
 
 def rewards(model: Model, ids, mask) -> jax.Array:
     """All head outputs at each row's last real token: [B, num_outputs] float32."""
-    rows = _rows(model, ids)
-    return compiled(_rewards, model.config, model.mesh, (PARAMS, rows, rows), rows)(declared_params(model), ids, mask)
+    return rewards_call(model.config, model.mesh, np.shape(ids)[0])(declared_params(model), ids, mask)
+
+
+def rewards_call(cfg: ModelConfig, mesh, rows: int) -> Compiled:
+    """The compiled scorer of whole conversations: (params, ids [rows, T], mask) -> head outputs, the rows over
+    `data` when the mesh divides them."""
+    spec = rows_of(rows, 2, mesh)
+    return compiled(_rewards, cfg, mesh, (PARAMS, spec, spec), spec)
 
 
 def rewards_after(model: Model, cache: nn.KVCache, ids, mask) -> jax.Array:
