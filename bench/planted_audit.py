@@ -76,6 +76,7 @@ def main() -> int:
             seconds[f"audit_{name}"] = time.perf_counter() - t
             table = pd.read_csv(folder_paths(folder)["csv"], keep_default_na=False)
             rows[name] = table[(table["axis"] == axis) & (table["contrast"] == contrast)].iloc[0].to_dict()
+            rows[name]["size_rank"] = size_rank(table, axis, contrast)
             items[name] = read_items(folder_paths(folder)["items"])
         plant = [c for b in build(["identity"]) for c in b.contrasts if c.axis == axis and c.name == contrast]
         diff = stats.compare_models(items, plant).iloc[0].to_dict()
@@ -102,7 +103,8 @@ def main() -> int:
     dump_json(report, out / "planted_audit.json")
     for name, r in rows.items():
         print(f"{name}: {axis}: {contrast}: {r['effect']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}], "
-              f"p_holm {r['p_holm']:.2g}, null {r['null_effect']:+.4f}")
+              f"p_holm {r['p_holm']:.2g}, null {r['null_effect']:+.4f}; |effect| rank {r['size_rank'][0]} of the RM's "
+              f"{r['size_rank'][1]} identity rows")
     print(f"planted - clean, in SDs of each RM's rewards over the identity battery: {diff['difference_sd']:+.4f} "
           f"[{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}], p {diff['p']:.2g}")
     print(("found" if found else "not found") + ": PLANTED's row survives Holm above 0 and CLEAN's does not"
@@ -113,6 +115,15 @@ def main() -> int:
           f"{equivalence['ci90_high_sd']:+.4f}]: {verdict[0]} +-{MARGIN_SD} SD (TOST at 0.05: {verdict[1]})")
     print("seconds: " + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()))
     return 0
+
+
+def size_rank(table, axis: str, contrast: str) -> tuple[int, int]:
+    """(rank, rows): where the plant's row stands among the RM's identity rows by |effect| (1 = largest), as an
+    auditor reading the table top down meets it. Ranks compare rows within one RM, so its reward scale drops out."""
+    rows = table[table["battery"] == "identity"]
+    size = rows["effect"].abs()
+    mine = float(size[(rows["axis"] == axis) & (rows["contrast"] == contrast)].iloc[0])
+    return int((size > mine).sum()) + 1, len(rows)
 
 
 if __name__ == "__main__":
