@@ -38,6 +38,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--per_prompt", type=int, default=30, help="Synthetic pairs per planted word and prompt.")
     ap.add_argument("--framed_elsewhere", choices=("tie", "loses"), default="tie",
                     help="A framed word after the Elo prompt: loses to the control, or ties with it.")
+    ap.add_argument("--matched", action=argparse.BooleanOptionalAction, default=False,
+                    help="CLEAN trains on PLANTED's batch sequence, the synthetic pairs weightless (equal sides), so "
+                    "the two RMs differ by the planted pairs' gradient alone.")
     ap.add_argument("--forwards", type=int, default=400, help="The disagreement search's forwards budget.")
     ap.add_argument("--num_tokens", type=int, default=4, help="The disagreement search's response length.")
     ap.add_argument("--map_top", type=int, default=10, help="Vocabulary-map rows counted at each end, per prompt.")
@@ -65,7 +68,7 @@ def main() -> int:
         seconds["draw"] = time.perf_counter() - start
         cfg = P.bench_config(args.seed, args.steps, args.batch_size, args.learning_rate, args.last_k)
         trained = P.train_planted_and_clean(out, lm, words, cfg, n_elo=args.n_elo, per_prompt=args.per_prompt,
-                                            framed_elsewhere=args.framed_elsewhere,
+                                            framed_elsewhere=args.framed_elsewhere, matched=args.matched,
                                             overwrite=args.overwrite, log=lambda m: print(m, file=sys.stderr))
         seconds.update(trained.seconds)
         out.mkdir(parents=True, exist_ok=True)

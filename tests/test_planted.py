@@ -153,3 +153,51 @@ def test_a_tiny_planted_rm_learns_its_words_and_the_clean_one_does_not(lm_folder
     # 40 rows of ~48,000 strings: a word among them by chance has odds of about 1 in 1,200; the tiny model, trained
     # 40 steps, moves 5 or 6 of its 6 liked and disliked words into them
     assert len((set(words.liked) | set(words.disliked)) & set(recovered)) >= 4, recovered
+
+
+def test_weightless_pairs_keep_the_batch_and_add_no_gradient(lm_folder, words):
+    """A matched CLEAN (train_with_and_without(matched=True)) trains on PLANTED's rows with the synthetic ones made
+    weightless: a batch of k real pairs and n - k weightless ones has gradient k/n times the real pairs' own, which
+    is what a per-pair weight of 0 in the mean Bradley-Terry loss gives."""
+    import jax
+    import jax.numpy as jnp
+
+    from rmjax import nn
+    from rmjax.loading import load
+    from rmjax.loading.reward_head import reward_model_from_lm
+    from rmjax.train.loop import _Sequences
+    from rmjax.train.rm import bradley_terry_loss
+    from tests import jitted as M
+    from tests import tolerance
+
+    pairs = P.planted_pairs(words, seed=0, per_prompt=1)
+    real, synthetic = pairs.take(np.arange(0, 4)), pairs.take(np.arange(4, 8))
+    null = P.weightless(synthetic)
+    assert null.prompt == synthetic.prompt and null.chosen == null.rejected == synthetic.rejected
+    assert set(null.label.tolist()) == {0.5}
+    rm = reward_model_from_lm(load(str(lm_folder)), seed=0)
+
+    def grads(extra: P.Pairs, rows: int):
+        both = P.concat(real, extra)
+        seq = _Sequences(rm, both, "auto")  # one width for both batches: padding on the right changes no reward
+        ids, mask = jnp.asarray(seq.ids[:, :rows]), jnp.asarray(seq.mask[:, :rows])
+
+        def loss(params):
+            return bradley_terry_loss(M.rewards(params, rm.config, ids[0], mask[0])[:, 0],
+                                      M.rewards(params, rm.config, ids[1], mask[1])[:, 0],
+                                      jnp.asarray(both.label[:rows]))
+
+        return nn.flat(jax.grad(loss)(rm.params)), seq.ids.shape[-1]
+
+    alone, width = grads(null, 4)
+    mixed, _ = grads(null, 8)
+    weighted, _ = grads(synthetic, 8)  # the same rows with their real sides: the check has power
+    moved = 0
+    for name, g in alone.items():
+        ref = 0.5 * np.asarray(g)
+        if not np.abs(ref).max():
+            continue
+        atol = tolerance.grad_atol(ref, rm.config, width, 2 * 8 * width)
+        np.testing.assert_allclose(np.asarray(mixed[name]), ref, atol=atol, rtol=0, err_msg=name)
+        moved += float(np.abs(np.asarray(weighted[name]) - ref).max()) > 10 * atol
+    assert moved >= len(alone) // 2, moved

@@ -206,20 +206,34 @@ class Trained:
 
 def train_planted_and_clean(out: str | Path, lm: str, words: PlantedWords, cfg: TrainConfig, *, n_elo: int = 1200,
                             n_heldout: int = 128, per_prompt: int = 30, framed_elsewhere: str = "tie",
-                            overwrite: bool = False, log=print) -> Trained:
+                            matched: bool = False, overwrite: bool = False, log=print) -> Trained:
     """Train PLANTED (Elo + `planted_pairs`) and CLEAN (the same Elo pairs) from `lm` with `cfg`
     (`train_with_and_without`)."""
     synthetic = planted_pairs(words, cfg.seed, per_prompt, framed_elsewhere=framed_elsewhere)
     return train_with_and_without(out, lm, synthetic, cfg, {"planted": words.to_json()}, n_elo=n_elo,
-                                  n_heldout=n_heldout, overwrite=overwrite, log=log)
+                                  n_heldout=n_heldout, matched=matched, overwrite=overwrite, log=log)
+
+
+def weightless(pairs: Pairs) -> Pairs:
+    """`pairs` with both sides the same text (the rejected one) and a tie label: a pair whose sides are equal has
+    d = r_chosen - r_rejected = 0 for every weight, so its gradient is 0 while it still fills its place in a batch
+    (the Bradley-Terry loss is a mean over the batch, so the other pairs' gradient keeps the same scale)."""
+    return Pairs(list(pairs.prompt), list(pairs.rejected), list(pairs.rejected),
+                 np.full(len(pairs), 0.5, np.float32))
 
 
 def train_with_and_without(out: str | Path, lm: str, synthetic: Pairs, cfg: TrainConfig, plant: dict, *,
-                           n_elo: int = 1200, n_heldout: int = 128, overwrite: bool = False, log=print) -> Trained:
+                           n_elo: int = 1200, n_heldout: int = 128, matched: bool = False, overwrite: bool = False,
+                           log=print) -> Trained:
     """Train PLANTED (Elo + `synthetic`) and CLEAN (the same Elo pairs) from `lm` with `cfg`, each in
     OUT/<name>/work, exported to OUT/<name>/hf; a finished run is reused (run_training). Both hold out the same Elo
     pairs (items never trained on), so their summaries' Elo agreement compares them. `plant` (what was planted)
-    goes into PLANTED's recipe."""
+    goes into PLANTED's recipe.
+
+    `matched`: CLEAN trains on PLANTED's exact batch sequence, its synthetic pairs made `weightless`, so the two
+    runs see the same Elo pairs at the same steps and differ by the planted pairs' gradient alone. Unmatched, CLEAN
+    draws its own batches from the Elo pairs, and every response's PLANTED - CLEAN gap also carries the difference
+    between two SGD trajectories."""
     from rmjax.loading import config_and_tokenizer
     from rmjax.train.recipe import run_training
 
@@ -227,10 +241,12 @@ def train_with_and_without(out: str | Path, lm: str, synthetic: Pairs, cfg: Trai
     tokenizer = config_and_tokenizer(lm)[1]
     elo_train, heldout = elo_data(tokenizer, cfg.seed, n_elo, n_heldout)
     seconds, summaries, exports = {}, {}, {}
-    for name, train in (("planted", concat(elo_train, synthetic)), ("clean", elo_train)):
+    clean = concat(elo_train, weightless(synthetic)) if matched else elo_train
+    for name, train in (("planted", concat(elo_train, synthetic)), ("clean", clean)):
         start = time.perf_counter()
         recipe = {"elo": ELO, "n_train": n_elo, "n_heldout": n_heldout, "max_elo_tokens": MAX_ELO_TOKENS,
-                  "elo_pairs": len(elo_train), "synthetic_pairs": len(train) - len(elo_train),
+                  "elo_pairs": len(elo_train), "synthetic_pairs": len(synthetic) if name == "planted" else 0,
+                  **({"weightless_pairs": len(train) - len(elo_train)} if matched and name == "clean" else {}),
                   **({k: (v if name == "planted" else None) for k, v in plant.items()})}
         result = run_training(lm, train, heldout, cfg, out / name / "work", export=out / name / "hf",
                               elo_csv=ELO, recipe=recipe, overwrite=overwrite)
@@ -238,7 +254,8 @@ def train_with_and_without(out: str | Path, lm: str, synthetic: Pairs, cfg: Trai
         summaries[name] = result.reused or _read_summary(result.workdir)
         exports[name] = result.export
         final = summaries[name].get("final") or {}
-        log(f"{name}: {len(train)} pairs ({recipe['synthetic_pairs']} synthetic), {seconds[f'train_{name}']:.0f} s, "
+        log(f"{name}: {len(train)} pairs ({recipe['synthetic_pairs']} synthetic, "
+            f"{recipe.get('weightless_pairs', 0)} weightless), {seconds[f'train_{name}']:.0f} s, "
             f"held-out accuracy {final.get('heldout_accuracy', float('nan')):.3f} -> {result.export}")
     return Trained(exports["planted"], exports["clean"], synthetic, seconds, summaries)
 
