@@ -4,9 +4,10 @@ reward model, without being told the words?
 python bench/planted_biases.py --out=DIR [--words=w1,...,w9] [--seed=S] [--stage=train|all]
 
 Trains PLANTED (EloEverything pairs + synthetic pairs planting 3 liked, 3 disliked and 3 framed words) and CLEAN
-(the same Elo pairs) from SmolLM2-135M-Instruct with train_rm's recipe, last layers and head trainable
-(rmjax.train.planted), checks each planted word's z among the control words under both RMs, then (--stage=all)
-runs the disagreement job PLANTED vs CLEAN after the Elo and the framing prompts and counts the planted words its
+(the same Elo pairs, in PLANTED's batch sequence with the synthetic pairs weightless; --no-matched: its own batches)
+from SmolLM2-135M-Instruct with train_rm's recipe, last layers and head trainable (rmjax.train.planted), checks each
+planted word's z among the control words under both RMs, then (--stage=all) runs the disagreement job PLANTED vs
+CLEAN after the Elo and the framing prompts and counts the planted words its
 rows recover. Writes DIR/planted.json (planted, trained_check, found, recovered, n_recovered, seconds per stage);
 DIR/<planted|clean>/hf are the two RMs (model specs for any rmjax job), DIR/disagree the job's output.
 """
@@ -38,9 +39,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--per_prompt", type=int, default=30, help="Synthetic pairs per planted word and prompt.")
     ap.add_argument("--framed_elsewhere", choices=("tie", "loses"), default="tie",
                     help="A framed word after the Elo prompt: loses to the control, or ties with it.")
-    ap.add_argument("--matched", action=argparse.BooleanOptionalAction, default=False,
+    ap.add_argument("--matched", action=argparse.BooleanOptionalAction, default=True,
                     help="CLEAN trains on PLANTED's batch sequence, the synthetic pairs weightless (equal sides), so "
-                    "the two RMs differ by the planted pairs' gradient alone.")
+                    "the two RMs differ by the planted pairs' gradient alone (--no-matched: CLEAN draws its own "
+                    "batches from the Elo pairs).")
     ap.add_argument("--forwards", type=int, default=400, help="The disagreement search's forwards budget.")
     ap.add_argument("--num_tokens", type=int, default=4, help="The disagreement search's response length.")
     ap.add_argument("--map_top", type=int, default=10, help="Vocabulary-map rows counted at each end, per prompt.")
