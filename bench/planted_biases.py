@@ -7,9 +7,9 @@ Trains PLANTED (EloEverything pairs + synthetic pairs planting 3 liked, 3 dislik
 (the same Elo pairs, in PLANTED's batch sequence with the synthetic pairs weightless; --no-matched: its own batches)
 from SmolLM2-135M-Instruct with train_rm's recipe, last layers and head trainable (rmjax.train.planted), checks each
 planted word's z among the control words under both RMs, then (--stage=all) runs the disagreement job PLANTED vs
-CLEAN after the Elo and the framing prompts and counts the planted words its
-rows recover. Writes DIR/planted.json (planted, trained_check, found, recovered, n_recovered, seconds per stage);
-DIR/<planted|clean>/hf are the two RMs (model specs for any rmjax job), DIR/disagree the job's output.
+CLEAN after the Elo and the framing prompts and counts the planted words its rows recover. Writes DIR/planted.json
+(planted, trained_check, found, recovered, n_recovered, seconds per stage); DIR/<planted|clean>/hf are the two
+RMs (model specs for any rmjax job), DIR/disagree the job's output.
 """
 
 from __future__ import annotations

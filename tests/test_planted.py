@@ -175,6 +175,19 @@ def test_weightless_pairs_keep_the_batch_and_add_no_gradient(lm_folder, words):
     null = P.weightless(synthetic)
     assert null.prompt == synthetic.prompt and null.chosen == null.rejected == synthetic.rejected
     assert set(null.label.tolist()) == {0.5}
+    # the wiring: at every step the loop draws the same rows of both sets, the same Elo pairs, and the synthetic
+    # rows of CLEAN are those of PLANTED made weightless
+    from rmjax.train.loop import batch_indices
+
+    sets = P.training_sets(real, synthetic, matched=True)
+    assert len(P.training_sets(real, synthetic, matched=False)["clean"]) == len(real)
+    for step in range(6):
+        idx = batch_indices(len(sets["planted"]), 3, 0, step)
+        assert np.array_equal(idx, batch_indices(len(sets["clean"]), 3, 0, step))
+        for i in idx:
+            p, c = sets["planted"].take([i]), sets["clean"].take([i])
+            assert p.prompt == c.prompt and c.rejected == p.rejected
+            assert (c.chosen, c.label[0]) == ((p.chosen, p.label[0]) if i < len(real) else (p.rejected, 0.5))
     rm = reward_model_from_lm(load(str(lm_folder)), seed=0)
 
     def grads(extra: P.Pairs, rows: int):

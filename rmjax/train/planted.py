@@ -222,6 +222,13 @@ def weightless(pairs: Pairs) -> Pairs:
                  np.full(len(pairs), 0.5, np.float32))
 
 
+def training_sets(elo_train: Pairs, synthetic: Pairs, matched: bool) -> dict[str, Pairs]:
+    """{planted: Elo + synthetic, clean: the Elo pairs alone, or (`matched`) in the same rows with the synthetic
+    ones `weightless`, so the loop's batch_indices draws the same pairs for both at every step}."""
+    return {"planted": concat(elo_train, synthetic),
+            "clean": concat(elo_train, weightless(synthetic)) if matched else elo_train}
+
+
 def train_with_and_without(out: str | Path, lm: str, synthetic: Pairs, cfg: TrainConfig, plant: dict, *,
                            n_elo: int = 1200, n_heldout: int = 128, matched: bool = False, overwrite: bool = False,
                            log=print) -> Trained:
@@ -241,8 +248,7 @@ def train_with_and_without(out: str | Path, lm: str, synthetic: Pairs, cfg: Trai
     tokenizer = config_and_tokenizer(lm)[1]
     elo_train, heldout = elo_data(tokenizer, cfg.seed, n_elo, n_heldout)
     seconds, summaries, exports = {}, {}, {}
-    clean = concat(elo_train, weightless(synthetic)) if matched else elo_train
-    for name, train in (("planted", concat(elo_train, synthetic)), ("clean", clean)):
+    for name, train in training_sets(elo_train, synthetic, matched).items():
         start = time.perf_counter()
         recipe = {"elo": ELO, "n_train": n_elo, "n_heldout": n_heldout, "max_elo_tokens": MAX_ELO_TOKENS,
                   "elo_pairs": len(elo_train), "synthetic_pairs": len(synthetic) if name == "planted" else 0,
