@@ -205,16 +205,23 @@ class Transformer(nnx.Module):
         applied here for both, so ids=x equals embeds=table[x] (transformers' inputs_embeds expects it
         applied). With `cache`, the new tokens attend to the cached prefix too. Padding (mask False) enters
         the stack as zeros (`inputs`)."""
-        rows = self.embed(ids) if embeds is None else embeds
-        mask = jnp.ones(rows.shape[:2], bool) if mask is None else mask.astype(bool)
-        x = self.inputs(rows, mask)
-        if positions is None:
-            positions = positions_from_mask(mask, 0 if cache is None else cache.next_positions)
-        x, k, v, reads = self.layers(x, self._attention_inputs(positions, mask, cache, segments),
-                                     None if cache is None else cache.k, None if cache is None else cache.v,
-                                     residuals, patch)
+        x, mask, positions, inputs = self.enter(ids=ids, embeds=embeds, mask=mask, positions=positions, cache=cache,
+                                                segments=segments)
+        x, k, v, reads = self.layers(x, inputs, None if cache is None else cache.k,
+                                     None if cache is None else cache.v, residuals, patch)
         kv = KVCache(k=k, v=v, positions=positions, valid=mask)
         return Forward(self.final_norm(x), kv, *(reads or ()))
+
+    def enter(self, *, ids: jax.Array | None = None, embeds: jax.Array | None = None, mask: jax.Array | None = None,
+              positions: jax.Array | None = None, cache: KVCache | None = None, segments: Segments | None = None
+              ) -> tuple[jax.Array, jax.Array, jax.Array, AttentionInputs]:
+        """What the decoder stack is given: its input rows [B, T, H], the mask, the positions and the attention
+        inputs (a forked forward runs one stack's lower layers and two upper parts on them)."""
+        rows = self.embed(ids) if embeds is None else embeds
+        mask = jnp.ones(rows.shape[:2], bool) if mask is None else mask.astype(bool)
+        if positions is None:
+            positions = positions_from_mask(mask, 0 if cache is None else cache.next_positions)
+        return self.inputs(rows, mask), mask, positions, self._attention_inputs(positions, mask, cache, segments)
 
     def inputs(self, rows: jax.Array, mask: jax.Array) -> jax.Array:
         """Embedding rows [B, T, H] as the first layer sees them: scaled, and zero where `mask` says padding.

@@ -326,17 +326,23 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
         return _score_turn_batches(model, cache, suffix, responses, lengths, batch_size, first, end)
     scorer = batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, log_probs)
     params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()
+    out = in_batches(lambda rows: scorer(params, cache, rows, suffix, *extra), responses, batch_size, model.mesh,
+                     outputs=2 if log_probs else 1)
+    return out if log_probs else out[0]
+
+
+def in_batches(call, responses: np.ndarray, batch_size: int, mesh, outputs: int = 1) -> tuple[np.ndarray, ...]:
+    """`call(rows)` on `responses` [W, N] a batch of `batch_size` rows at a time (the last padded, so one
+    compilation serves all), placed over `data`; every batch dispatched before any result is copied to the host.
+    The call gives `outputs` arrays of [batch] (one array when 1): each concatenated over the batches, [W] float32."""
     pending = []
     for start in range(0, len(responses), batch_size):
         part = responses[start : start + batch_size]
         padded, _ = batching.pad_rows(part, responses.shape[1], num_rows=batch_size)
-        scores = scorer(params, cache, batching.place(padded, model.mesh), suffix, *extra)
-        pending.append((len(part), scores if log_probs else (scores,)))
-    if not pending:
-        return (np.zeros(0, np.float32),) * 2 if log_probs else np.zeros(0, np.float32)
-    out = tuple(np.concatenate([to_host(r[k])[:n] for n, r in pending]).astype(np.float32)
-                for k in range(2 if log_probs else 1))
-    return out if log_probs else out[0]
+        result = call(batching.place(padded, mesh))
+        pending.append((len(part), result if outputs > 1 else (result,)))
+    return tuple(np.concatenate([to_host(r[k])[:n] for n, r in pending]).astype(np.float32) if pending
+                 else np.zeros(0, np.float32) for k in range(outputs))
 
 
 def _score_turn_batches(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, lengths: np.ndarray,

@@ -19,7 +19,7 @@ from rmjax.analysis import stats as analysis_stats
 from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.search import turns
-from rmjax.search.sides import Side
+from rmjax.search.sides import RewardSide, Side
 from rmjax.text.candidates import decoded_tokens
 
 
@@ -118,13 +118,31 @@ def vocab_map(a: Side, b: Side, shared: pd.DataFrame, z_a: tuple[float, float], 
     first, ties by text); and the summary: Kendall τ (b) between the sides' rewards over the strings, their
     Pearson r and the affine-invariant distance sqrt((1 − r) / 2) of the standardised rewards (EPIC's)."""
     progress = Progress(2 * len(shared), f"vocabulary map: {prompt}", unit="tokens", every=10.0)
-    ra = token_rewards_of(a, shared["token_a"].to_numpy(), progress)
-    rb = token_rewards_of(b, shared["token_b"].to_numpy(), progress)
+    ra, rb, layers = both_token_rewards(a, b, shared, progress)
     frame = shared.assign(prompt=prompt, reward_a=ra, reward_b=rb, z_a=z_of(ra, z_a), z_b=z_of(rb, z_b))
     frame["gap"] = frame["z_a"] - frame["z_b"]
     frame = frame.sort_values(["gap", "text"], ascending=[False, True], kind="mergesort").reset_index(drop=True)
     return frame[["prompt", "text", "token_a", "token_b", "reward_a", "reward_b", "z_a", "z_b", "gap"]], \
-        agreement(ra, rb)
+        agreement(ra, rb) | {"shared_layers": layers}
+
+
+def both_token_rewards(a: Side, b: Side, shared: pd.DataFrame, progress: Progress | None = None
+                       ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Both sides' single-token rewards of the shared strings, and how many leading layers were run once for both:
+    two RMs that hold their first layers alike (one fine-tuned from the other with those layers frozen) and read
+    the strings as the same tokens share that part of every forward (rmjax.scoring.forked); others run their own."""
+    ids_a, ids_b = shared["token_a"].to_numpy(), shared["token_b"].to_numpy()
+    layers = a.shared_layers(b) if isinstance(a, RewardSide) and np.array_equal(ids_a, ids_b) else 0
+    if not layers:
+        return token_rewards_of(a, ids_a, progress), token_rewards_of(b, ids_b, progress), 0
+    parts = []
+    for start in range(0, len(ids_a), MAP_CHUNK):
+        parts.append(a.forked_token_rewards(b, ids_a[start : start + MAP_CHUNK], layers))
+        if progress is not None:
+            progress.update(2 * len(parts[-1][0]))
+    if not parts:
+        return np.zeros(0), np.zeros(0), layers
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), layers
 
 
 def agreement(ra: np.ndarray, rb: np.ndarray) -> dict:

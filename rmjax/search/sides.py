@@ -19,6 +19,7 @@ from rmjax.errors import UsageError
 from rmjax.model import Model
 from rmjax.scoring import finite
 from rmjax.scoring.context import prepare_prompt, score_tokens
+from rmjax.scoring.forked import forked_token_rewards, shared_layers
 from rmjax.scoring.judge import text_log_probs
 from rmjax.scoring.prior import first_token_log_probs
 from rmjax.scoring.texts import TextScorer
@@ -109,6 +110,19 @@ class RewardSide(Side):
 
     def round_trips(self, text: str) -> bool:
         return round_trips_in(self.scorer, text)
+
+    def shared_layers(self, other: Side) -> int:
+        """Leading layers this RM and `other` hold alike (rmjax.scoring.forked), when `other` is an RM reading the
+        same prompt in the same tokens: what a forked forward of both can run once; else 0."""
+        if not isinstance(other, RewardSide) or self.context.split != other.context.split:
+            return 0
+        return shared_layers(self.model, other.model)
+
+    def forked_token_rewards(self, other: RewardSide, ids: np.ndarray, layers: int) -> tuple[np.ndarray, np.ndarray]:
+        """token_rewards of the same ids under this RM and `other`, their first `layers` layers run once."""
+        ra, rb = forked_token_rewards(self.model, other.model, self.context, other.context, np.asarray(ids), layers,
+                                      256)
+        return ra.astype(np.float64), rb.astype(np.float64)
 
 
 class ImplicitSide(Side):
