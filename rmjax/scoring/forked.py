@@ -20,6 +20,7 @@ from rmjax.config import ModelConfig
 from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import to_host
+from rmjax.runs.progress import Progress
 from rmjax.scoring.context import PromptContext
 from rmjax.scoring.prefix import in_batches
 
@@ -48,10 +49,11 @@ def shared_layers(a: Model, b: Model) -> int:
 
 
 def forked_token_rewards(a: Model, b: Model, ctx_a: PromptContext, ctx_b: PromptContext, tokens: np.ndarray,
-                         shared: int, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+                         shared: int, batch_size: int = 256, progress: Progress | None = None,
+                         chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     """Each model's reward of every token of `tokens` as a one-token response after its prompt context: what
     score_tokens gives for each, with the first `shared` layers (shared_layers) run once. The contexts must be
-    the same prompt in the same tokens."""
+    the same prompt in the same tokens. `progress` counts both models' tokens, `chunk` tokens at a time."""
     if not 0 < shared < a.config.num_layers or shared > shared_layers(a, b):
         raise ValueError(f"the two models do not share their first {shared} layers.")
     if ctx_a.split.prefix != ctx_b.split.prefix or ctx_a.split.suffix != ctx_b.split.suffix:
@@ -61,9 +63,15 @@ def forked_token_rewards(a: Model, b: Model, ctx_a: PromptContext, ctx_b: Prompt
                      batching.rows_for(len(responses), batching.data_shards(a.mesh)))
     scorer = forked_scorer(a.config, a.mesh, ctx_a.cache.k.shape[2], shared, a.output_column, b.output_column)
     params_a, params_b = declared_params(a), declared_params(b)
-    out = in_batches(lambda rows: scorer(params_a, params_b, ctx_a.cache, ctx_b.cache, rows, ctx_a.suffix),
-                     responses, batch_size, a.mesh, outputs=2)
-    return out[0], out[1]
+    parts = []
+    for start in range(0, len(responses), chunk):
+        parts.append(in_batches(lambda rows: scorer(params_a, params_b, ctx_a.cache, ctx_b.cache, rows, ctx_a.suffix),
+                                responses[start : start + chunk], batch_size, a.mesh, outputs=2))
+        if progress is not None:
+            progress.update(2 * len(parts[-1][0]))
+    if not parts:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
 def forked_scorer(cfg: ModelConfig, mesh, cache_width: int, shared: int, column_a: int, column_b: int) -> Compiled:

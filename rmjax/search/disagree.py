@@ -135,14 +135,7 @@ def both_token_rewards(a: Side, b: Side, shared: pd.DataFrame, progress: Progres
     layers = a.shared_layers(b) if isinstance(a, RewardSide) and np.array_equal(ids_a, ids_b) else 0
     if not layers:
         return token_rewards_of(a, ids_a, progress), token_rewards_of(b, ids_b, progress), 0
-    parts = []
-    for start in range(0, len(ids_a), MAP_CHUNK):
-        parts.append(a.forked_token_rewards(b, ids_a[start : start + MAP_CHUNK], layers))
-        if progress is not None:
-            progress.update(2 * len(parts[-1][0]))
-    if not parts:
-        return np.zeros(0), np.zeros(0), layers
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), layers
+    return (*a.forked_token_rewards(b, ids_a, layers, progress, MAP_CHUNK), layers)
 
 
 def agreement(ra: np.ndarray, rb: np.ndarray) -> dict:

@@ -118,10 +118,11 @@ class RewardSide(Side):
             return 0
         return shared_layers(self.model, other.model)
 
-    def forked_token_rewards(self, other: RewardSide, ids: np.ndarray, layers: int) -> tuple[np.ndarray, np.ndarray]:
+    def forked_token_rewards(self, other: RewardSide, ids: np.ndarray, layers: int, progress=None, chunk: int = 4096
+                             ) -> tuple[np.ndarray, np.ndarray]:
         """token_rewards of the same ids under this RM and `other`, their first `layers` layers run once."""
         ra, rb = forked_token_rewards(self.model, other.model, self.context, other.context, np.asarray(ids), layers,
-                                      256)
+                                      256, progress, chunk)
         return ra.astype(np.float64), rb.astype(np.float64)
 
 
