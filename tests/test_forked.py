@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
@@ -12,6 +13,7 @@ import pytest
 
 from rmjax import nn
 from rmjax.loading import load
+from rmjax.parallel import sharding
 from rmjax.scoring.context import PromptContext
 from rmjax.scoring.forked import forked_token_rewards, shared_layers
 from rmjax.scoring.prefix import prefill_prefix
@@ -72,6 +74,26 @@ def test_forked_rewards_equal_each_models_own_full_forward(family, tmp_path):
     assert np.abs(ra - rb).min() > 100 * atol  # B's own upper layers and head, not A's
     with pytest.raises(ValueError, match="share"):
         forked_token_rewards(a, b, _context(a), _context(b), tokens, n - 1)
+
+
+@pytest.mark.parametrize("mesh_spec", ["data:2,model:4", "data:8,model:1"])
+def test_forked_rewards_on_a_mesh_equal_the_unsharded_ones(mesh_spec, tmp_path):
+    """Sharded weights (heads over `model`) and rows over `data`: the fork's slices of the stacked layers keep
+    their placement, and the rewards are the one-device ones within the bound (partial sums over `model`)."""
+    folder = tiny.save_hf_model(tiny.build_hf_model("llama3", num_labels=1, seed=4), tmp_path)
+    plain = load(str(folder), require_tokenizer=False)
+    mesh = sharding.make_mesh(mesh_spec)
+    a = load(str(folder), mesh=mesh, require_tokenizer=False)
+    n = a.config.num_layers
+    b, b_plain = (_retrained(m, first=n - 1) for m in (a, plain))
+    b = dataclasses.replace(b, params=jax.device_put(b.params, nn.shardings(b.config, mesh)))
+    assert shared_layers(a, b) == n - 1
+    tokens = np.arange(5, 5 + 21)
+    got = forked_token_rewards(a, b, _context(a), _context(b), tokens, n - 1, batch_size=8)
+    want = forked_token_rewards(plain, b_plain, _context(plain), _context(b_plain), tokens, n - 1, batch_size=8)
+    ids = np.asarray([[*PREFIX, t, *SUFFIX] for t in tokens], np.int32)
+    for model, g, w in ((plain, got[0], want[0]), (b_plain, got[1], want[1])):
+        np.testing.assert_allclose(g, w, rtol=0, atol=tolerance.rewards_atol(model.params, model.config, ids))
 
 
 def test_the_vocabulary_map_forks_two_rms_that_share_layers(rm_folder):
