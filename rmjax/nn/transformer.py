@@ -221,7 +221,7 @@ class Transformer(nnx.Module):
         mask = jnp.ones(rows.shape[:2], bool) if mask is None else mask.astype(bool)
         if positions is None:
             positions = positions_from_mask(mask, 0 if cache is None else cache.next_positions)
-        return self.inputs(rows, mask), mask, positions, self._attention_inputs(positions, mask, cache, segments)
+        return self.inputs(rows, mask), mask, positions, self.attention_inputs(positions, mask, cache, segments)
 
     def inputs(self, rows: jax.Array, mask: jax.Array) -> jax.Array:
         """Embedding rows [B, T, H] as the first layer sees them: scaled, and zero where `mask` says padding.
@@ -234,7 +234,7 @@ class Transformer(nnx.Module):
         # The embedding gather reads a vocab-sharded table: say where its rows go.
         return constrain(jnp.where(mask[..., None], x, jnp.zeros((), x.dtype)), ACTIVATION)
 
-    def _attention_inputs(self, positions, mask, cache: KVCache | None,
+    def attention_inputs(self, positions, mask, cache: KVCache | None,
                           segments: Segments | None = None) -> AttentionInputs:
         cfg = self.config
         batch = positions.shape[0]

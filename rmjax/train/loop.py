@@ -38,6 +38,7 @@ from rmjax.runs.progress import Progress
 from rmjax.runs.results import dump_json, fresh_file
 from rmjax.scoring import finite
 from rmjax.scoring.texts import TextScorer
+from rmjax.train import prefixed
 from rmjax.train.data import Pairs
 from rmjax.train.rm import bradley_terry_loss
 from rmjax.train.step import Steps, feature_pair_rewards, pair_rewards_of, sequence_pair_rewards
@@ -278,7 +279,8 @@ def train_reward_model(
 def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log):
     """(pair_rewards(module, data, idx) for the training step (rmjax.train.step), its training `data`,
     held_rewards(module) -> (chosen, rejected) rewards of the held-out pairs). A head-only run trains on cached final
-    hidden states; the others on the token sequences."""
+    hidden states; `last_k` on the responses after each prompt's prefix, computed once below the trained layers
+    (rmjax.train.prefixed), where the conversations allow; the others on the token sequences."""
     start = time.perf_counter()
     on = functools.partial(pair_rewards_of, model.config, model.mesh)
     if cfg.trainable == "head":
@@ -291,7 +293,7 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
         held = (matrix, *map(jnp.asarray, feats.pair_rows(heldout)))
         return (feature_pair_rewards, (matrix, *map(jnp.asarray, feats.pair_rows(train))),
                 lambda m: on(m, feature_pair_rewards, held, np.arange(len(heldout))))
-    train_seq, held_seq = _Sequences(model, train, cfg.template), _Sequences(model, heldout, cfg.template)
+    held_seq = _Sequences(model, heldout, cfg.template)
     held = (jnp.asarray(held_seq.ids), jnp.asarray(held_seq.mask))
 
     def held_rewards(m: nn.Transformer):
@@ -299,6 +301,15 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
                  for i in range(0, len(heldout), 64)]
         return tuple(jnp.concatenate(side) for side in zip(*parts, strict=True))
 
+    n = model.config.num_layers
+    split = prefixed.prefixed_pairs(model, train, cfg.template) if cfg.trainable == "last_k" and cfg.last_k < n \
+        else None
+    if split is not None:  # the frozen layers see each prompt's template prefix once, not in every conversation
+        data = prefixed.frozen_prefix_data(model, split, n - cfg.last_k)
+        log(f"prompt prefixes through the {n - cfg.last_k} frozen layers in {time.perf_counter() - start:.1f} s; "
+            f"{split.prefixes.shape[1]} prefix and {split.responses.shape[2]} response tokens a row")
+        return prefixed.prefixed_pair_rewards, data, held_rewards
+    train_seq = _Sequences(model, train, cfg.template)
     return sequence_pair_rewards, (jnp.asarray(train_seq.ids), jnp.asarray(train_seq.mask)), held_rewards
 
 
