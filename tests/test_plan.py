@@ -4,6 +4,7 @@ model that cannot fit is refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -113,6 +114,12 @@ def test_training_step_compiles_for_v5e(trainable):
     assert result["per_chip_bytes"]["weights"] == _declared_per_chip(cfg, 4, 2)
     if trainable == "last_k":  # two scanned stacks (3 frozen layers, 1 trained): each counted per layer
         assert step["flops"] > 1.3 * step["xla_flops_scan_once"]
+        # as train_rm runs it, 2 prompts' 16-token prefixes through the frozen layers once: the 3 frozen layers
+        # then see 8 tokens a row, not 24, and the trained one the prefixes once a step: about 0.4 of the FLOPs
+        split = plan(cfg, "float32", SLICE, "train_rm", dataclasses.replace(shape, prompts=2, prefix_tokens=16),
+                     {"data": 2, "model": 2}, log=lambda *_: None)
+        (prefixed_step,) = split["calls"]
+        assert 0.2 * step["flops"] < prefixed_step["flops"] < 0.6 * step["flops"]
 
 
 def test_a_scan_is_counted_once_per_trip():

@@ -8,6 +8,7 @@ weights are read).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -30,6 +31,7 @@ from rmjax.scoring.prefix import (
     row_call,
     variants_scorer,
 )
+from rmjax.train import prefixed
 from rmjax.train.step import Steps, feature_pair_rewards, sequence_pair_rewards
 
 
@@ -209,9 +211,11 @@ def inspect_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, items: int, token
 
 def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, last_k: int, steps: int,
                 batch_size: int, pairs: int, responses: int, sequence_tokens: int, fsdp: bool = False,
-                remat: bool = False) -> list[Call]:
+                remat: bool = False, prompts: int = 1, prefix_tokens: int = 0) -> list[Call]:
     """One training step of `trainable` (rmjax.train.loop: a head-only run reads a feature matrix of
-    `responses` rows, the others token sequences of `sequence_tokens`), made `steps` times; with `fsdp` the
+    `responses` rows, the others token sequences of `sequence_tokens`, `last_k` those after `prompts` prefixes of
+    `prefix_tokens` run through the frozen layers once, when 0 < prefix_tokens < sequence_tokens), made `steps`
+    times; with `fsdp` the
     trained weights and optimizer state split over `data` as train_rm --fsdp places them, with `remat` each
     layer recomputed in the backward pass."""
     from rmjax.train.loop import TrainConfig, make_optimizer, trainable_part
@@ -238,6 +242,16 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
         data = (_array((responses, cfg.hidden_size), jnp.float32, mesh), _array((pairs,), jnp.int32, mesh),
                 _array((pairs,), jnp.int32, mesh))
         pair_rewards = feature_pair_rewards
+    elif trainable == "last_k" and last_k < cfg.num_layers and 0 < prefix_tokens < sequence_tokens:
+        # as train_rm runs it: each prompt's prefix through the frozen layers once (rmjax.train.prefixed)
+        ids = jax.ShapeDtypeStruct((prompts, prefix_tokens), jnp.int32)
+        frozen = jax.eval_shape(functools.partial(prefixed.lower_prefix, cfg, shared=cfg.num_layers - last_k),
+                                zoo.abstract_params(cfg, jnp.dtype(numpy_dtype(dtype))), ids,
+                                jax.ShapeDtypeStruct(ids.shape, jnp.bool_))
+        response = sequence_tokens - prefix_tokens
+        data = (_array((2, pairs, response), jnp.int32, mesh), _array((2, pairs, response), jnp.bool_, mesh),
+                _array((pairs,), jnp.int32, mesh), *(_array(x.shape, x.dtype, mesh) for x in frozen))
+        pair_rewards = prefixed.prefixed_pair_rewards
     else:
         data = (_array((2, pairs, sequence_tokens), jnp.int32, mesh),
                 _array((2, pairs, sequence_tokens), jnp.bool_, mesh))

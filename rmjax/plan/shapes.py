@@ -99,6 +99,8 @@ class TrainShape:
     sequence_tokens: int
     fsdp: bool = False
     remat: bool = False
+    prompts: int = 1
+    prefix_tokens: int = 0  # last_k: each prompt's prefix, run through the frozen layers once (0: not split)
 
     per = "step"
     split_batch = True  # rmjax.train.loop.check_batch_on_mesh

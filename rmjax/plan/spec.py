@@ -140,8 +140,13 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         if trainable != "head" and sequence_tokens > cfg.max_position_embeddings:
             raise UsageError(f"--sequence_tokens={sequence_tokens} is more than the model's context of "
                              f"{cfg.max_position_embeddings} positions (max_position_embeddings).")
+        prompts_planned, prefix = 1, 0
+        if trainable == "last_k":  # train_rm runs each prompt's prefix through the frozen layers once
+            measured = _prompt_sizes(tokenizer, resolve_prompts(list(prompts), list(extra_prompts)), template,
+                                     prefix_tokens, suffix_tokens)
+            prompts_planned, prefix = len(measured), max(p for _, p, _ in measured)
         return cfg, piece, TrainShape(trainable, last_k, steps or 1500, batch, n_train, responses,
-                                      sequence_tokens), sizes
+                                      sequence_tokens, prompts=prompts_planned, prefix_tokens=prefix), sizes
     texts = resolve_prompts(list(prompts), list(extra_prompts))
     per_prompt = _prompt_sizes(tokenizer, texts, template, prefix_tokens, suffix_tokens)
     prefix = max(p for _, p, _ in per_prompt)

@@ -70,7 +70,7 @@ def frozen_prefix_data(model: Model, split: PrefixedPairs, shared: int) -> tuple
     """The training step's data (`prefixed_pair_rewards`): the responses, each pair's prompt, and each prompt's
     prefix through the first `shared` layers: its keys and values there, its positions and validity, and its
     hidden state entering layer `shared`."""
-    call = compiled(_lower_prefix, model.config, model.mesh, (PARAMS, REPLICATED, REPLICATED), REPLICATED,
+    call = compiled(lower_prefix, model.config, model.mesh, (PARAMS, REPLICATED, REPLICATED), REPLICATED,
                     shared=shared)
     k, v, positions, valid, hidden = call(declared_params(model), jnp.asarray(split.prefixes),
                                           jnp.asarray(split.prefix_mask))
@@ -78,7 +78,9 @@ def frozen_prefix_data(model: Model, split: PrefixedPairs, shared: int) -> tuple
             valid, hidden)
 
 
-def _lower_prefix(cfg: ModelConfig, params, ids, mask, *, shared: int):
+def lower_prefix(cfg: ModelConfig, params, ids, mask, *, shared: int) -> tuple:
+    """Prefixes [prompts, W] through the first `shared` layers: (K, V, positions, validity, hidden state entering
+    layer `shared`), the frozen part of `prefixed_pair_rewards`'s data."""
     module = nn.module(params, cfg)
     x, mask, positions, inputs = module.enter(ids=ids, mask=mask)
     x, k, v, _ = nn.SplitStack.of(module.layers, shared).lower(x, inputs)
