@@ -120,6 +120,10 @@ def test_training_step_compiles_for_v5e(trainable):
                      {"data": 2, "model": 2}, log=lambda *_: None)
         (prefixed_step,) = split["calls"]
         assert 0.2 * step["flops"] < prefixed_step["flops"] < 0.6 * step["flops"]
+        # more prompts than a step's 8 pairs: the job trains on whole sequences, and the plan compiles that
+        many = plan(cfg, "float32", SLICE, "train_rm", dataclasses.replace(shape, prompts=9, prefix_tokens=16),
+                    {"data": 2, "model": 2}, log=lambda *_: None)
+        assert many["calls"][0]["flops"] == step["flops"]
 
 
 def test_a_scan_is_counted_once_per_trip():

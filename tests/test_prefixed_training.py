@@ -66,7 +66,7 @@ def _pad(rows, width):
 def test_rewards_and_gradient_equal_the_whole_conversations(rm):
     last_k = 2 if rm.config.has_local_layers else 1  # Gemma 3: a full-attention and a windowed layer train
     pairs = _pairs(0, 10)
-    split = prefixed.prefixed_pairs(rm, pairs, "auto")
+    split = prefixed.prefixed_pairs(rm, pairs, "auto", batch_size=6)
     assert split is not None and len(split.prefixes) == len(PROMPTS)
     assert len(set(split.prefix_mask.sum(1).tolist())) == len(PROMPTS)  # padded prefixes of three widths
     module, wrt = trainable_part(rm, TrainConfig(trainable="last_k", last_k=last_k))
@@ -121,14 +121,19 @@ def test_a_run_trains_as_on_whole_sequences(tmp_path, monkeypatch):
     assert not np.array_equal(np.asarray(a["layers.down"][-1]), np.asarray(nn.flat(rm.params)["layers.down"][-1]))
 
 
-def test_a_prompt_gated_head_trains_on_whole_sequences(tmp_path):
-    """Its gate reads the prefix's final hidden state, which the trained layers change."""
+def test_a_prompt_gated_head_or_many_prompts_train_on_whole_sequences(tmp_path):
+    """A gated head reads the prefix's final hidden state, which the trained layers change; with more prompts than
+    a batch has pairs, running every prefix's trained layers each step would cost more than whole sequences."""
     import dataclasses
 
     from rmjax.heads import HeadConfig
 
     rm = _rm("llama3", tmp_path)
+    pairs = _pairs(0, 12)
     head = HeadConfig(kind="armo", num_objectives=2, pattern=(1, 2))
     gated = dataclasses.replace(rm, config=dataclasses.replace(rm.config, head=head))
-    assert prefixed.prefixed_pairs(gated, _pairs(0, 4), "auto") is None
-    assert prefixed.prefixed_pairs(rm, _pairs(0, 4), "auto") is not None
+    assert prefixed.prefixed_pairs(gated, pairs, "auto", batch_size=8) is None
+    assert prefixed.prefixed_pairs(rm, pairs, "auto", batch_size=8) is not None  # 3 prompts
+    assert prefixed.prefixed_pairs(rm, pairs, "auto", batch_size=2) is None
+    many = Pairs([f"Prompt number {i}?" for i in range(12)], pairs.chosen, pairs.rejected, pairs.label)
+    assert prefixed.prefixed_pairs(rm, many, "auto", batch_size=8) is None

@@ -214,10 +214,9 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
                 remat: bool = False, prompts: int = 1, prefix_tokens: int = 0) -> list[Call]:
     """One training step of `trainable` (rmjax.train.loop: a head-only run reads a feature matrix of
     `responses` rows, the others token sequences of `sequence_tokens`, `last_k` those after `prompts` prefixes of
-    `prefix_tokens` run through the frozen layers once, when 0 < prefix_tokens < sequence_tokens), made `steps`
-    times; with `fsdp` the
-    trained weights and optimizer state split over `data` as train_rm --fsdp places them, with `remat` each
-    layer recomputed in the backward pass."""
+    `prefix_tokens` run through the frozen layers once, when 0 < prefix_tokens < sequence_tokens and that
+    `prefixed.pays`), made `steps` times; with `fsdp` the trained weights and optimizer state split over `data` as
+    train_rm --fsdp places them, with `remat` each layer recomputed in the backward pass."""
     from rmjax.train.loop import TrainConfig, make_optimizer, trainable_part
     from rmjax.train.step import _moving
 
@@ -242,7 +241,8 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
         data = (_array((responses, cfg.hidden_size), jnp.float32, mesh), _array((pairs,), jnp.int32, mesh),
                 _array((pairs,), jnp.int32, mesh))
         pair_rewards = feature_pair_rewards
-    elif trainable == "last_k" and last_k < cfg.num_layers and 0 < prefix_tokens < sequence_tokens:
+    elif (trainable == "last_k" and last_k < cfg.num_layers and 0 < prefix_tokens < sequence_tokens
+          and prefixed.pays(prompts, batch_size)):
         # as train_rm runs it: each prompt's prefix through the frozen layers once (rmjax.train.prefixed)
         ids = jax.ShapeDtypeStruct((prompts, prefix_tokens), jnp.int32)
         frozen = jax.eval_shape(functools.partial(prefixed.lower_prefix, cfg, shared=cfg.num_layers - last_k),

@@ -302,8 +302,8 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
         return tuple(jnp.concatenate(side) for side in zip(*parts, strict=True))
 
     n = model.config.num_layers
-    split = prefixed.prefixed_pairs(model, train, cfg.template) if cfg.trainable == "last_k" and cfg.last_k < n \
-        else None
+    split = prefixed.prefixed_pairs(model, train, cfg.template, cfg.batch_size) \
+        if cfg.trainable == "last_k" and cfg.last_k < n else None
     if split is not None:  # the frozen layers see each prompt's template prefix once, not in every conversation
         data = prefixed.frozen_prefix_data(model, split, n - cfg.last_k)
         log(f"prompt prefixes through the {n - cfg.last_k} frozen layers in {time.perf_counter() - start:.1f} s; "

@@ -38,13 +38,21 @@ class PrefixedPairs:
     prefix_mask: np.ndarray  # [prompts, W] bool
 
 
-def prefixed_pairs(model: Model, pairs: Pairs, template: str) -> PrefixedPairs | None:
-    """`pairs` split at each prompt's template prefix; None where a conversation does not start with its prompt's
-    prefix (a merge across the template's edge) or has no token after it, or the head reads the prompt (a
-    prompt-gated head's input is the prefix's final hidden state, which the trained layers change): those train on
-    whole sequences."""
+def pays(prompts: int, batch_size: int) -> bool:
+    """Whether a run over `prompts` distinct prompts, `batch_size` pairs a step, trains on prefixes: every step runs
+    the trained layers over every prompt's prefix, and the data holds every prefix's frozen K/V. With no more prompts
+    than a batch has pairs, a step does less work than on whole sequences and the K/V are at most a batch's; a pairs
+    file with a prompt per pair (most preference data) trains on whole sequences."""
+    return prompts <= batch_size
+
+
+def prefixed_pairs(model: Model, pairs: Pairs, template: str, batch_size: int) -> PrefixedPairs | None:
+    """`pairs` split at each prompt's template prefix; None where that does not `pay`, where a conversation does not
+    start with its prompt's prefix (a merge across the template's edge) or has no token after it, or where the head
+    reads the prompt (a prompt-gated head's input is the prefix's final hidden state, which the trained layers
+    change): those train on whole sequences."""
     head = model.config.head
-    if head is not None and head.pattern:
+    if (head is not None and head.pattern) or not pays(len(set(pairs.prompt)), batch_size):
         return None
     conversations = {q: Conversations(model.tokenizer, q, template, False, model.config.max_position_embeddings)
                      for q in dict.fromkeys(pairs.prompt)}
