@@ -31,12 +31,15 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="Seed of the words, controls, pairs, head and batches.")
     ap.add_argument("--stage", choices=("train", "all"), default="all", help="train: train and check only.")
     ap.add_argument("--lm", default=None, help="Base LM (default: train_rm's, smollm2-135m-instruct).")
-    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--batch_size", type=int, default=16)
     ap.add_argument("--learning_rate", type=float, default=5e-4)
-    ap.add_argument("--last_k", type=int, default=2)
+    ap.add_argument("--last_k", type=int, default=4, help="Trained layers below the head: 4 let the framed words "
+                    "separate the two prompts (2 did not).")
     ap.add_argument("--n_elo", type=int, default=1200, help="Elo training pairs sampled (before long items go).")
     ap.add_argument("--per_prompt", type=int, default=30, help="Synthetic pairs per planted word and prompt.")
+    ap.add_argument("--framed_factor", type=int, default=3, help="Framed words get this many times --per_prompt pairs "
+                    "(half of them ties after the Elo prompt).")
     ap.add_argument("--framed_elsewhere", choices=("tie", "loses"), default="tie",
                     help="A framed word after the Elo prompt: loses to the control, or ties with it.")
     ap.add_argument("--matched", action=argparse.BooleanOptionalAction, default=True,
@@ -70,8 +73,9 @@ def main() -> int:
         seconds["draw"] = time.perf_counter() - start
         cfg = P.bench_config(args.seed, args.steps, args.batch_size, args.learning_rate, args.last_k)
         trained = P.train_planted_and_clean(out, lm, words, cfg, n_elo=args.n_elo, per_prompt=args.per_prompt,
-                                            framed_elsewhere=args.framed_elsewhere, matched=args.matched,
-                                            overwrite=args.overwrite, log=lambda m: print(m, file=sys.stderr))
+                                            framed_factor=args.framed_factor, framed_elsewhere=args.framed_elsewhere,
+                                            matched=args.matched, overwrite=args.overwrite,
+                                            log=lambda m: print(m, file=sys.stderr))
         seconds.update(trained.seconds)
         out.mkdir(parents=True, exist_ok=True)
         trained.pairs.to_frame().to_csv(out / "synthetic_pairs.csv", index=False)

@@ -205,11 +205,12 @@ class Trained:
 
 
 def train_planted_and_clean(out: str | Path, lm: str, words: PlantedWords, cfg: TrainConfig, *, n_elo: int = 1200,
-                            n_heldout: int = 128, per_prompt: int = 30, framed_elsewhere: str = "tie",
-                            matched: bool = False, overwrite: bool = False, log=print) -> Trained:
+                            n_heldout: int = 128, per_prompt: int = 30, framed_factor: int = 1,
+                            framed_elsewhere: str = "tie", matched: bool = False, overwrite: bool = False,
+                            log=print) -> Trained:
     """Train PLANTED (Elo + `planted_pairs`) and CLEAN (the same Elo pairs) from `lm` with `cfg`
     (`train_with_and_without`)."""
-    synthetic = planted_pairs(words, cfg.seed, per_prompt, framed_elsewhere=framed_elsewhere)
+    synthetic = planted_pairs(words, cfg.seed, per_prompt, framed_factor, framed_elsewhere)
     return train_with_and_without(out, lm, synthetic, cfg, {"planted": words.to_json()}, n_elo=n_elo,
                                   n_heldout=n_heldout, matched=matched, overwrite=overwrite, log=log)
 
