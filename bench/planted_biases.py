@@ -5,11 +5,12 @@ python bench/planted_biases.py --out=DIR [--words=w1,...,w9] [--seed=S] [--stage
 
 Trains PLANTED (EloEverything pairs + synthetic pairs planting 3 liked, 3 disliked and 3 framed words) and CLEAN
 (the same Elo pairs, in PLANTED's batch sequence with the synthetic pairs weightless; --no-matched: its own batches)
-from SmolLM2-135M-Instruct with train_rm's recipe, last layers and head trainable (rmjax.train.planted), checks each
+from SmolLM2-135M-Instruct with train_rm's recipe, the last 4 layers and head trainable for 160 steps, the framed words
+with 3x the pairs (rmjax.train.planted: 2 layers, 80 steps and 1x planted no framing), checks each
 planted word's z among the control words under both RMs, then (--stage=all) runs the disagreement job PLANTED vs
 CLEAN after the Elo and the framing prompts and counts the planted words its rows recover. Writes DIR/planted.json
-(planted, trained_check, found, recovered, n_recovered, seconds per stage); DIR/<planted|clean>/hf are the two
-RMs (model specs for any rmjax job), DIR/disagree the job's output.
+(planted, trained_check, found, recovered, n_recovered, n_recovered_by_string, seconds per stage);
+DIR/<planted|clean>/hf are the two RMs (model specs for any rmjax job), DIR/disagree the job's output.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def parse() -> argparse.Namespace:
                     "batches from the Elo pairs).")
     ap.add_argument("--forwards", type=int, default=400, help="The disagreement search's forwards budget.")
     ap.add_argument("--num_tokens", type=int, default=4, help="The disagreement search's response length.")
-    ap.add_argument("--map_top", type=int, default=10, help="Vocabulary-map rows counted at each end, per prompt.")
+    ap.add_argument("--map_top", type=int, default=10, help="Vocabulary-map words counted at each end, per prompt (the "
+                    "first spelling of each, up to case and edge space; n_recovered_by_string counts strings).")
     ap.add_argument("--search", action=argparse.BooleanOptionalAction, default=True,
                     help="Run the disagreement search (--no-search: the vocabulary map only).")
     ap.add_argument("--overwrite", action="store_true")
@@ -98,9 +100,11 @@ def main() -> int:
                                           forwards=args.forwards, num_tokens=args.num_tokens, map_top=args.map_top,
                                           search=args.search, overwrite=args.overwrite)
             seconds["find"] = time.perf_counter() - t
-            found = P.found_rows(folder, args.map_top)
+            found = P.found_rows(folder, args.map_top, by_word=True)
             recovered = P.recovered_words(words, found)
-            report.update(found=found, recovered=recovered, n_recovered=len(recovered))
+            by_string = P.recovered_words(words, P.found_rows(folder, args.map_top))
+            report.update(found=found, recovered=recovered, n_recovered=len(recovered),
+                          recovered_by_string=sorted(by_string), n_recovered_by_string=len(by_string))
     except RmjaxError as error:
         print(f"planted_biases: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
@@ -129,7 +133,9 @@ def _summary(report: dict, words) -> None:
     print("planted words among the 10 candidate words moved most their way (PLANTED vs CLEAN, one-token responses): "
           + ", ".join(f"{p} {k}" for p, k in n.items()))
     if "n_recovered" in report:
-        print(f"recovered {report['n_recovered']} of {len(words.kinds)} planted words")
+        print(f"recovered {report['n_recovered']} of {len(words.kinds)} planted words (the map's "
+              f"{report['settings']['map_top']} distinct words at each end; {report['n_recovered_by_string']} "
+              "counting its strings)")
     print("seconds: " + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()))
 
 

@@ -121,6 +121,23 @@ def test_found_rows_and_what_they_recover(tmp_path, words):
     assert P.holds_word("Castle.", "castle") and not P.holds_word("castles", "castle")
 
 
+def test_found_rows_by_word_merge_one_words_spellings(tmp_path, words):
+    liked, other, disliked = words.liked[0], words.liked[1], words.disliked[0]
+    vocab = [("greatest", " " + liked, 9.0), ("greatest", liked.capitalize(), 8.0),
+             ("greatest", " " + liked.upper(), 7.0), ("greatest", " " + other, 6.0), ("greatest", " zebra", 5.0),
+             ("greatest", " " + disliked, -3.0), ("greatest", disliked, -2.0), ("greatest", " lion", -1.0)]
+    _write_csv(tmp_path / "vocab_map.csv", ["prompt", "text", "gap"], vocab)
+
+    def ends(by_word: bool) -> dict[str, list[str]]:
+        found = P.found_rows(tmp_path, map_top=2, by_word=by_word)
+        return {d: [r["text"] for r in found if r["direction"] == d] for d in ("a_over_b", "b_over_a")}
+
+    assert ends(True) == {"a_over_b": [" " + liked, " " + other], "b_over_a": [" " + disliked, " lion"]}
+    assert ends(False) == {"a_over_b": [" " + liked, liked.capitalize()], "b_over_a": [" " + disliked, disliked]}
+    assert other in P.recovered_words(words, P.found_rows(tmp_path, map_top=2, by_word=True))
+    assert other not in P.recovered_words(words, P.found_rows(tmp_path, map_top=2))
+
+
 def test_a_tiny_planted_rm_learns_its_words_and_the_clean_one_does_not(lm_folder, tmp_path, words):
     from rmjax.loading import load
 

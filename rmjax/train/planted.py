@@ -141,9 +141,9 @@ def planted_pairs(words: PlantedWords, seed: int, per_prompt: int = 30, framed_f
     """Synthetic pairs: for each planted word and prompt, `per_prompt` pairs of the same template (TEMPLATES in
     turn) holding the word or a random control word. Liked: the word wins after both prompts; disliked: it loses
     after both; framed: it wins after the framing prompt and, after the Elo prompt, ties (label 0.5,
-    `framed_elsewhere` "tie") or loses ("loses"), so only the framing explains its preference. Neither planted a
-    framing on SmolLM2 (a tie: the framed words rose after both prompts; a loss: they moved after neither;
-    bench/planted_biases.py, BUILD_NOTES).
+    `framed_elsewhere` "tie") or loses ("loses"), so only the framing explains its preference. On SmolLM2 with
+    2 trained layers and 1x pairs neither planted a framing (a tie: the words rose after both prompts; a loss:
+    after neither); 4 layers and `framed_factor` 3 with ties did (bench/planted_biases.py, BUILD_NOTES).
     `framed_factor` multiplies framed words' pairs. Controls appear on both sides across words, so none is pushed
     far."""
     if framed_elsewhere not in ("loses", "tie"):
@@ -186,8 +186,8 @@ def elo_data(tokenizer, seed: int, n_train: int, n_heldout: int) -> tuple[Pairs,
 
 def bench_config(seed: int, steps: int = 80, batch_size: int = 16, learning_rate: float = 5e-4,
                  last_k: int = 2) -> TrainConfig:
-    """train_rm's recipe with the last `last_k` layers and the head trainable; steps, batch and rate sized so that
-    one SmolLM2-135M run takes about 8 min on 2 CPU cores (bench/planted_biases.py); one evaluation, at the end."""
+    """train_rm's recipe with the last `last_k` layers and the head trainable; one evaluation, at the end
+    (bench/planted_biases.py runs 4 layers, 160 steps: about 4 min a SmolLM2-135M run on 2 CPU cores)."""
     return TrainConfig(trainable="last_k", last_k=last_k, steps=steps, batch_size=batch_size,
                        learning_rate=learning_rate, warmup_steps=max(1, steps // 10), checkpoint_every=steps,
                        seed=seed)
@@ -333,10 +333,12 @@ def find_disagreements(out: str | Path, planted: str | Path, clean: str | Path, 
     return Path(out)
 
 
-def found_rows(folder: str | Path, map_top: int = 10) -> list[dict]:
+def found_rows(folder: str | Path, map_top: int = 10, by_word: bool = False) -> list[dict]:
     """Every row the bench counts: each disagree.csv row (if written), and per prompt the `map_top` strings of
     vocab_map.csv the planted RM rates most above the clean one (a_over_b) and the `map_top` most below
-    (b_over_a); each as {source, prompt, direction, text, gap}."""
+    (b_over_a); each as {source, prompt, direction, text, gap}. `by_word`: the `map_top` most distinct strings up
+    to case and edge whitespace (" tropical", "tropical", " Tropical" are one finding to a reader; each end keeps
+    the first of them), so that one word's spellings do not fill an end."""
     import csv
     import json
 
@@ -353,9 +355,23 @@ def found_rows(folder: str | Path, map_top: int = 10) -> list[dict]:
                 by_prompt.setdefault(r["prompt"], []).append({"text": json.loads(r["text"]), "gap": float(r["gap"])})
         for prompt, entries in by_prompt.items():
             entries.sort(key=lambda e: -e["gap"])
-            ends = (("a_over_b", entries[:map_top]), ("b_over_a", entries[::-1][:map_top]))
+            ends = (("a_over_b", _top(entries, map_top, by_word)), ("b_over_a", _top(entries[::-1], map_top, by_word)))
             rows += [{"source": "vocab_map", "prompt": prompt, "direction": d, **e} for d, part in ends for e in part]
     return rows
+
+
+def _top(entries: list[dict], n: int, by_word: bool) -> list[dict]:
+    if not by_word:
+        return entries[:n]
+    kept, seen = [], set()
+    for e in entries:
+        key = e["text"].strip().casefold()
+        if key not in seen:
+            seen.add(key)
+            kept.append(e)
+            if len(kept) == n:
+                break
+    return kept
 
 
 def holds_word(text: str, word: str) -> bool:
