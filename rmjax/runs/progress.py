@@ -68,3 +68,20 @@ class Progress:
 
     def seconds(self) -> float:
         return time.perf_counter() - self.start
+
+
+class PhaseClock:
+    """Seconds per phase of a job, for its .meta.json: each call adds the time since the last one to its phase, so
+    where a long run spends its time is on record beside its results."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 1) for k, v in self.seconds.items()}

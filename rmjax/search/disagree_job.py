@@ -25,7 +25,7 @@ from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.options import RunOptions, claim_job
-from rmjax.runs.progress import Progress
+from rmjax.runs.progress import PhaseClock, Progress
 from rmjax.search import disagree_out, frontier_checks, turns
 from rmjax.search.completion import require_prior_config, same_tokenizer
 from rmjax.search.disagree import Disagreement, shared_strings, vocab_map
@@ -170,18 +170,21 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
     with claim_job(o, identity, out=main, owned=owned, store=store_dir(main)) as job:
         if job.reuse:
             return Path(o.out)
+        clock = PhaseClock()
         models = _load(spec, a, b)
         rm = models[a.models[0]]
         lm = models.get(spec.lm, rm) if spec.lm else rm
         same_tokenizer(rm, lm)
         judge_model = load_for_job(dataclasses.replace(o, output_column=0), judge) if cfg.search else None
         store = open_store(main, identity, 1)
-        started, ready = time.perf_counter(), {}
-        for name, text in spec.prompts.items():
-            ready[name] = _prepare(spec, models, a, b, rm, lm, name, text)
+        clock("load")
+        ready = {name: _prepare(spec, models, a, b, rm, lm, name, text) for name, text in spec.prompts.items()}
+        clock("prepare")
         maps = {name: _vocab_map(p, name) for name, p in ready.items()} if cfg.vocab_map else {}
+        clock("vocab_map")
         units = _units(spec, ready, store) if cfg.search else []
-        table = disagree_out.rows(units, ready, judge_model, spec) if cfg.search else []
+        clock("search")
+        table = disagree_out.rows(units, ready, judge_model, spec, clock) if cfg.search else []
         summary = disagree_out.summaries(table, units, maps, cfg)
         job.finish(lambda path: disagree_out.write(paths, table, maps, cfg), model=rm.source,
                    allow_nonfinite=o.allow_nonfinite,
@@ -190,7 +193,8 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
                    dtype=o.dtype, prompts=spec.prompts,
                    config=dataclasses.asdict(cfg), search=dataclasses.asdict(spec.search),
                    yardsticks={n: {"a": list(p.z_a), "b": list(p.z_b)} for n, p in ready.items()},
-                   units=[u.meta() for u in units], summary=summary, seconds=time.perf_counter() - started)
+                   units=[u.meta() for u in units], summary=summary, seconds=sum(clock.seconds.values()),
+                   seconds_by_phase=clock.rounded())
         if is_main():
             store.remove()
             print(disagree_out.describe(summary, paths, cfg), file=sys.stderr)

@@ -13,6 +13,7 @@ import pandas as pd
 from rmjax.analysis import plots
 from rmjax.errors import RmjaxError
 from rmjax.runs import results
+from rmjax.runs.progress import PhaseClock
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.search import turns
 from rmjax.search.completion import complete_responses
@@ -32,11 +33,11 @@ def _tolerance(dtype: str, reward: np.ndarray) -> np.ndarray:
     return (1e-3 if dtype == "float32" else 3e-2) * np.maximum(1.0, np.abs(reward))
 
 
-def rows(units, ready: dict, judge, spec) -> list[dict]:
+def rows(units, ready: dict, judge, spec, clock: PhaseClock | None = None) -> list[dict]:
     """Every CSV row, units in plan order and each unit's rows in its order (best objective first): both sides'
     rewards of the decoded text scored afresh (what experiments.score gives it), checked against what the search
-    scored; z per side; the judge's perplexity; the completion check."""
-    out = []
+    scored; z per side; the judge's perplexity; the completion check (each timed on `clock`)."""
+    out, clock = [], clock or PhaseClock()
     for u in units:
         p = ready[u.prompt]
         tokenizer, end = p.target.model.tokenizer, p.end
@@ -49,10 +50,13 @@ def rows(units, ready: dict, judge, spec) -> list[dict]:
                 raise RmjaxError(f"side {side}'s reward of {texts[i]!r} is {fresh[i]:.6g} scored as a text but "
                                  f"{searched[i]:.6g} in the search: the search's scores are not the text's. Nothing "
                                  "was written; report this with the command.")
+        clock("rescore")
         ppl = judge_perplexities(judge, p.prompt, texts, spec.options.template, end_of_turn=True)
+        clock("judge")
         done = complete_responses(p.target.model, p.prior.model, p.prompt,
                                   [turns.tokens(r, end) for r in u.ids.tolist()], spec.options.template,
                                   allow_nonfinite=spec.options.allow_nonfinite)
+        clock("complete")
         za, zb = z_of(ra, p.z_a), z_of(rb, p.z_b)
         out += [{"prompt": u.prompt, "direction": u.direction, "method": u.method, "rank": k + 1,
                  "text": json.dumps(texts[k], ensure_ascii=False), "ends_turn": int(done.ends_turn[k]),
