@@ -33,7 +33,7 @@ from tests import inproc, tolerance
 
 PROMPT = prompts.PAPER1["greatest"]
 MAX_NEW = 6
-LENGTHS = (1, 2, 3, 5, 4)
+LENGTHS = (1, 2, 3, 5, 4, 0)  # 0: the next token after the prompt alone
 
 
 @dataclasses.dataclass
@@ -67,7 +67,7 @@ def setup(lm_folder, rm_folder):
     responses = [rng.integers(100, 20000, size=n).tolist() for n in LENGTHS]
     refs = [_reference(hf, list(split.prefix), r) for r in responses]
     return dict(folder=lm_folder, prior=prior, rm=rm, prefix=list(split.prefix), end=split.suffix[0],
-                responses=responses, refs=refs)
+                responses=responses, refs=refs, hf=hf)
 
 
 def _atol(model, prefix: list[int], ref: Reference, params=None) -> float:
@@ -114,6 +114,21 @@ def test_greedy_continuations_equal_transformers_decoding_without_a_cache(setup)
     meshed = load(str(setup["folder"]), mesh=make_mesh("data:4,model:2"))
     got_ends, added = greedy_continuations(meshed, prefix, ends[1], setup["responses"], MAX_NEW)
     assert added == whole[1] and got_ends.tolist() == whole[0].tolist()
+
+
+def test_a_prompt_whose_shared_prefix_fills_its_cache(setup):
+    """The prompt's prefix less its last token is prefilled once, left-padded to a bucket of 32 slots; where it fills
+    the bucket there is no padding slot for a misplaced decode step to land in harmlessly."""
+    prior = setup["prior"]
+    letters, words = "qwertyuiopasdfghjklzxcvbnm", []
+    while len(split_chat(prior.tokenizer, " ".join(words)).prefix) - 1 < 64:
+        words.append(letters[len(words) % len(letters)])
+    prefix = list(split_chat(prior.tokenizer, " ".join(words)).prefix)
+    assert len(prefix) - 1 == 64, len(prefix)  # a letter is one token here: the bucket is full
+    refs = [_reference(setup["hf"], prefix, r) for r in setup["responses"][:3]]
+    got_ends, added = greedy_continuations(prior, prefix, setup["end"], [r.response for r in refs], MAX_NEW)
+    for i, ref in enumerate(refs):
+        assert _check(bool(got_ends[i]), added[i], ref, setup["end"], _atol(prior, prefix, ref)), f"row {i}"
 
 
 @pytest.fixture(scope="module")
