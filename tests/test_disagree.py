@@ -183,10 +183,14 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     # the round trip: the search met texts B lowercases, and wrote none of them
     assert any(t != t.lower() for t in failed)
     assert all(t == t.lower() for t in texts)
+    # each row's completion continues its own text (rows of all units after a prompt are completed together)
+    completed = [json.loads(t) for t in table.completed_text]
+    assert all(c.startswith(t) and (c == t) == bool(e) for c, t, e in zip(completed, texts, table.ends_turn,
+                                                                         strict=True))
     # each side's reward is what experiments.score gives the text, z one affine map per side (score's scale)
     meta = json.loads((out / "disagree.csv.meta.json").read_text())
     phases = meta["seconds_by_phase"]  # where the time went, every phase of the job once
-    assert list(phases) == ["load", "prepare", "vocab_map", "search", "rescore", "judge", "complete"]
+    assert list(phases) == ["load", "prepare", "vocab_map", "search", "complete", "rescore", "judge"]
     assert sum(phases.values()) == pytest.approx(meta["seconds"], abs=0.05 * len(phases))
     for side, folder in (("a", rm_folder), ("b", lower_rm)):
         scored = run_score(ScoreSpec(RunOptions(model=str(folder), out=None), {"greatest": PROMPT}, tuple(texts),

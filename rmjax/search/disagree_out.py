@@ -38,7 +38,9 @@ def rows(units, ready: dict, judge, spec, clock: PhaseClock | None = None) -> li
     rewards of the decoded text scored afresh (what experiments.score gives it), checked against what the search
     scored; z per side; the judge's perplexity; the completion check (each timed on `clock`)."""
     out, clock = [], clock or PhaseClock()
-    for u in units:
+    completed = _completions(units, ready, spec)
+    clock("complete")
+    for u, done in zip(units, completed, strict=True):
         p = ready[u.prompt]
         tokenizer, end = p.target.model.tokenizer, p.end
         texts = [response_content(t, p.plain) for t in turns.decode(tokenizer, u.ids, end)]
@@ -53,17 +55,30 @@ def rows(units, ready: dict, judge, spec, clock: PhaseClock | None = None) -> li
         clock("rescore")
         ppl = judge_perplexities(judge, p.prompt, texts, spec.options.template, end_of_turn=True)
         clock("judge")
-        done = complete_responses(p.target.model, p.prior.model, p.prompt,
-                                  [turns.tokens(r, end) for r in u.ids.tolist()], spec.options.template,
-                                  allow_nonfinite=spec.options.allow_nonfinite)
-        clock("complete")
         za, zb = z_of(ra, p.z_a), z_of(rb, p.z_b)
         out += [{"prompt": u.prompt, "direction": u.direction, "method": u.method, "rank": k + 1,
-                 "text": json.dumps(texts[k], ensure_ascii=False), "ends_turn": int(done.ends_turn[k]),
-                 "completed_text": json.dumps(done.completed_text[k], ensure_ascii=False),
+                 "text": json.dumps(texts[k], ensure_ascii=False), "ends_turn": int(done[0][k]),
+                 "completed_text": json.dumps(done[1][k], ensure_ascii=False),
                  "reward_a": float(ra[k]), "reward_b": float(rb[k]), "z_a": float(za[k]), "z_b": float(zb[k]),
                  "gap": float(za[k] - zb[k]), "judge_ppl": float(ppl[k]), "forwards": u.forwards}
                 for k in range(len(texts))]
+    return out
+
+
+def _completions(units, ready: dict, spec) -> list[tuple[list[bool], list[str]]]:
+    """Each unit's completion check (ends_turn, completed_text per row), the rows of all units after one prompt
+    completed together: one decode batch instead of one per unit."""
+    out = [None] * len(units)
+    for prompt in dict.fromkeys(u.prompt for u in units):
+        p, mine = ready[prompt], [i for i, u in enumerate(units) if u.prompt == prompt]
+        responses = [turns.tokens(r, p.end) for i in mine for r in units[i].ids.tolist()]
+        done = complete_responses(p.target.model, p.prior.model, p.prompt, responses, spec.options.template,
+                                  allow_nonfinite=spec.options.allow_nonfinite)
+        start = 0
+        for i in mine:
+            stop = start + len(units[i].ids)
+            out[i] = (done.ends_turn[start:stop].tolist(), done.completed_text[start:stop])
+            start = stop
     return out
 
 
