@@ -84,7 +84,9 @@ def main() -> int:
         t = time.perf_counter()
         models = {name: load(str(path)) for name, path in (("planted", trained.planted), ("clean", trained.clean))}
         check = {name: P.word_margins(model, words) for name, model in models.items()}
-        gaps = P.pool_gaps(models["planted"], models["clean"], words, P.candidate_words(tokenizer))
+        texts = P.pool_texts(words, P.candidate_words(tokenizer))
+        # the whole command reads the candidates' rewards from the map it computes anyway
+        rewards = P.pool_rewards(models["planted"], models["clean"], words, texts) if args.stage == "train" else None
         del models
         seconds["check"] = time.perf_counter() - t
         report = {"seed": args.seed, "planted": words.to_json(), "controls": list(words.controls),
@@ -93,7 +95,7 @@ def main() -> int:
                   "settings": {k: v for k, v in vars(args).items() if k not in ("out", "overwrite")},
                   "training": {n: {k: s.get(k) for k in ("final", "elo", "train_pairs", "seconds", "written_at")}
                                for n, s in trained.summaries.items()},
-                  "trained_check": check, "pool_gaps": gaps}
+                  "trained_check": check}
         if args.stage == "all":
             t = time.perf_counter()
             folder = P.find_disagreements(out / "disagree", trained.planted, trained.clean, words,
@@ -105,6 +107,12 @@ def main() -> int:
             by_string = P.recovered_words(words, P.found_rows(folder, args.map_top))
             report.update(found=found, recovered=recovered, n_recovered=len(recovered),
                           recovered_by_string=sorted(by_string), n_recovered_by_string=len(by_string))
+            t = time.perf_counter()
+            rewards = P.pool_rewards_from_map(folder, texts)
+            if rewards is None:  # a candidate the map does not hold: score them all
+                rewards = P.pool_rewards(load(str(trained.planted)), load(str(trained.clean)), words, texts)
+            seconds["check"] += time.perf_counter() - t
+        report["pool_gaps"] = P.pool_gaps(words, texts, rewards)
     except RmjaxError as error:
         print(f"planted_biases: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

@@ -170,6 +170,27 @@ def test_a_tiny_planted_rm_learns_its_words_and_the_clean_one_does_not(lm_folder
     # 40 rows of ~48,000 strings: a word among them by chance has odds of about 1 in 1,200; the tiny model, trained
     # 40 steps, moves 5 or 6 of its 6 liked and disliked words into them
     assert len((set(words.liked) | set(words.disliked)) & set(recovered)) >= 4, recovered
+    # the candidates' rewards the bench reads from the map are those experiments.score gives their texts, and
+    # pool_gaps ranks each planted word as scipy's z-scores and a sort do
+    from scipy import stats
+
+    from tests import tolerance
+
+    texts = P.pool_texts(words, words.controls)
+    models = [load(str(path)) for path in (trained.planted, trained.clean)]
+    scored = P.pool_rewards(*models, words, texts)
+    from_map = P.pool_rewards_from_map(folder, texts)
+    atol = max(tolerance.any_rewards_atol(m.params, m.config, 64) for m in models)
+    for name in ("elo", "framing"):
+        np.testing.assert_allclose(from_map[name], scored[name], rtol=0, atol=atol)
+    gaps = P.pool_gaps(words, texts, scored)
+    for name, r in scored.items():
+        gap = stats.zscore(r[0]) - stats.zscore(r[1])
+        for w, kind in words.kinds.items():
+            mine = gap[texts.index(" " + w)]
+            assert gaps[name][w]["gap"] == pytest.approx(mine, abs=1e-9)
+            assert gaps[name][w]["rank"] == 1 + int(np.sum(gap > mine if kind != "disliked" else gap < mine))
+    assert P.pool_rewards_from_map(folder, [*texts, " not-a-token-xyz"]) is None
 
 
 def test_weightless_pairs_keep_the_batch_and_add_no_gradient(lm_folder, words):

@@ -290,20 +290,54 @@ def word_margins(model, words: PlantedWords) -> dict[str, dict[str, float]]:
     return out
 
 
-def pool_gaps(planted, clean, words: PlantedWords, pool: Sequence[str]) -> dict[str, dict[str, dict]]:
-    """{prompt: {planted word: {gap, rank}}} over the one-token responses " w" of `pool` (the candidate words) and
-    the planted words: gap = z under PLANTED - z under CLEAN (z over those responses, per model and prompt), as the
-    vocabulary map computes it over the whole vocabulary; rank 1 = the response moved most the word's way (up for
-    liked and framed, down for disliked). A finder-free preview of the FIND step."""
+POOL_PROMPTS = {"elo": "greatest", "framing": "framed"}  # pool_gaps' prompt names -> the FIND step's
+
+
+def pool_texts(words: PlantedWords, pool: Sequence[str]) -> list[str]:
+    """The one-token responses " w" that pool_gaps ranks: the candidate words and the planted ones."""
+    return sorted({" " + w for w in [*pool, *words.kinds]})
+
+
+def pool_rewards(planted, clean, words: PlantedWords, texts: Sequence[str]) -> dict[str, np.ndarray]:
+    """{prompt: [2, len(texts)] rewards under PLANTED and CLEAN}, each text scored as experiments.score does."""
     from rmjax.scoring.texts import score_texts
 
-    texts = sorted({" " + w for w in [*pool, *words.kinds]})
     prompts = {"elo": words.elo_prompt, "framing": words.framing_prompt}
-    z = [{n: (r - r.mean()) / (r.std() or 1.0) for n, r in score_texts(m, prompts, texts).items()}
-         for m in (planted, clean)]
+    scored = [score_texts(m, prompts, list(texts)) for m in (planted, clean)]
+    return {n: np.stack([scored[0][n], scored[1][n]]).astype(np.float64) for n in prompts}
+
+
+def pool_rewards_from_map(folder: str | Path, texts: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """pool_rewards read from the FIND step's vocabulary map (its reward_a is PLANTED's, reward_b CLEAN's, of each
+    one-token response): no forward run twice. None when the map lacks a text (then score them)."""
+    import csv
+    import json
+
+    path = Path(folder) / "vocab_map.csv"
+    if not path.is_file():
+        return None
+    found: dict[str, dict[str, tuple[float, float]]] = {}
+    with open(path, encoding="utf-8", newline="") as f:
+        for r in csv.DictReader(f):
+            found.setdefault(r["prompt"], {})[json.loads(r["text"])] = (float(r["reward_a"]), float(r["reward_b"]))
     out = {}
-    for name in prompts:
-        gap = z[0][name] - z[1][name]
+    for name, prompt in POOL_PROMPTS.items():
+        mine = found.get(prompt, {})
+        if not all(t in mine for t in texts):
+            return None
+        out[name] = np.asarray([mine[t] for t in texts], np.float64).T
+    return out
+
+
+def pool_gaps(words: PlantedWords, texts: Sequence[str], rewards: dict[str, np.ndarray]) -> dict[str, dict[str, dict]]:
+    """{prompt: {planted word: {gap, rank}}} over the one-token responses `texts` (pool_texts) from their
+    `rewards` (pool_rewards): gap = z under PLANTED - z under CLEAN (z over those responses, per model and
+    prompt), as the vocabulary map computes it over the whole vocabulary; rank 1 = the response moved most the
+    word's way (up for liked and framed, down for disliked). Where the planted words stand among the candidates."""
+    texts, out = list(texts), {}
+    for name, r in rewards.items():
+        z = (r - r.mean(axis=1, keepdims=True)) / np.where(r.std(axis=1) > 0, r.std(axis=1), 1.0)[:, None]
+        gap = z[0] - z[1]
         order = {t: i for i, t in enumerate(np.asarray(texts)[np.argsort(-gap, kind="stable")])}
         out[name] = {}
         for w, kind in words.kinds.items():
