@@ -190,7 +190,7 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     # each side's reward is what experiments.score gives the text, z one affine map per side (score's scale)
     meta = json.loads((out / "disagree.csv.meta.json").read_text())
     phases = meta["seconds_by_phase"]  # where the time went, every phase of the job once
-    assert list(phases) == ["load", "prepare", "vocab_map", "search", "complete", "rescore", "judge"]
+    assert list(phases) == ["load", "prepare", "vocab_map", "yardsticks", "search", "complete", "rescore", "judge"]
     assert sum(phases.values()) == pytest.approx(meta["seconds"], abs=0.05 * len(phases))
     for side, folder in (("a", rm_folder), ("b", lower_rm)):
         scored = run_score(ScoreSpec(RunOptions(model=str(folder), out=None), {"greatest": PROMPT}, tuple(texts),
@@ -200,7 +200,9 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
         np.testing.assert_allclose(table[f"reward_{side}"], scored.scores["greatest"], rtol=0, atol=max(atol, 1e-6))
         mean, sd = scored.scale["greatest"]
         assert meta["yardsticks"]["greatest"][side] == pytest.approx([mean, sd], abs=atol)
-        np.testing.assert_allclose(table[f"z_{side}"], (table[f"reward_{side}"] - mean) / sd, rtol=0, atol=1e-6)
+        # the yardstick, read from the map, is within atol of score's: z within atol·(1 + |z|)/sd
+        want = ((table[f"reward_{side}"] - mean) / sd).to_numpy()
+        np.testing.assert_allclose(table[f"z_{side}"], want, rtol=0, atol=1e-6 + atol * (1 + np.abs(want).max()) / sd)
     np.testing.assert_allclose(table.gap, table.z_a - table.z_b, rtol=0, atol=1e-6)  # 9 digits in the CSV
     assert (table.forwards <= 150).all() and (table.forwards > 150 - 8).all()
     # the vocabulary map: strings both tokenizers hold as one allowed token, sorted by gap, τ as scipy's

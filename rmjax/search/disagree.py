@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 from scipy import stats
@@ -36,6 +38,7 @@ class Disagreement:
     z_b: tuple[float, float]
     allow_nonfinite: bool = False
     plain_a: bool = False  # side A reads the plain template, whose one space before the response is format
+    token_map: np.ndarray | None = None  # A's id -> B's id of the same string (-1: none); None: B's gradient unused
     ledger: dict = dataclasses.field(default_factory=dict)
     known: dict = dataclasses.field(default_factory=dict)  # text -> B's reward (a text is scored once)
 
@@ -49,6 +52,36 @@ class Disagreement:
     @property
     def scale(self) -> float:
         return self.z_a[1]
+
+    @property
+    def gradient_each(self) -> int:
+        """Whole forwards of side B one `gradient` costs (0: B's gradient is not used)."""
+        return self.other.gradient_each if self.token_map is not None else 0
+
+    def gradient(self, turn: np.ndarray, width: int) -> jax.Array | None:
+        """d z_B / d one_hot(A's turn form) [L + 1, width], estimated through the tokens both sides read alike: at
+        a position where A's token and B's cover the same characters, swapping A's token for t changes z_B by B's
+        gradient toward t's twin in B's vocabulary less B's gradient at its own token (0 where t has no twin, and at
+        every other position). Without it the proposals see only A, and B enters a step only when candidates are
+        scored."""
+        body = turns.tokens(turn, self.end)
+        text = self.content(self.tokenizer.decode(body))
+        found = self.other.gradient(text) if self.gradient_each else None
+        if found is None:
+            return None
+        grad_b, body_b = found
+        pairs = aligned_tokens(self.tokenizer, body, self.other.tokenizer, body_b, self.token_map)
+        out = jnp.zeros((len(turn), width), jnp.float32)
+        if not pairs:
+            return out
+        mine, theirs = (np.asarray(x, np.int32) for x in zip(*pairs, strict=True))
+        twins = np.full((len(pairs), width), -1, np.int64)
+        twins[:, : min(width, len(self.token_map))] = self.token_map[:width]
+        own = np.asarray(body_b, np.int64)[theirs]
+        twins = np.where(twins >= 0, twins, own[:, None])  # no twin: no estimated change
+        rows = grad_b[theirs]
+        delta = jnp.take_along_axis(rows, jnp.asarray(twins), axis=1) - rows[jnp.arange(len(pairs)), own][:, None]
+        return out.at[mine].set(delta / self.z_b[1])
 
     def rewards_b(self, texts: list[str]) -> np.ndarray:
         """B's reward of each text (a text B scored before is not scored again); NaN/Inf stops the job unless
@@ -71,6 +104,26 @@ class Disagreement:
     def round_trips(self, body: list[int]) -> bool:
         """A response's own tokens (A's) decode to a text that round-trips in side B."""
         return self.other.round_trips(self.content(self.tokenizer.decode(list(body))))
+
+
+def aligned_tokens(tokenizer_a, body_a: list[int], tokenizer_b, body_b: list[int], token_map: np.ndarray
+                   ) -> list[tuple[int, int]]:
+    """(i, j): A's token i and B's token j span the same characters of the text (each side's decoding less its
+    leading whitespace, which one template's space before the response adds) and are the same string (B's j is
+    A's i's twin in `token_map`)."""
+    def spans(tokenizer, body):
+        ends = [len(tokenizer.decode(body[:k])) for k in range(len(body) + 1)]
+        whole = tokenizer.decode(body)
+        lead = len(whole) - len(whole.lstrip())
+        return {(ends[k] - lead, ends[k + 1] - lead): k for k in range(len(body))}
+
+    theirs = spans(tokenizer_b, body_b)
+    pairs = []
+    for span, i in spans(tokenizer_a, body_a).items():
+        j = theirs.get(span)
+        if j is not None and body_a[i] < len(token_map) and token_map[body_a[i]] == body_b[j]:
+            pairs.append((i, j))
+    return pairs
 
 
 def response_content(text: str, plain: bool) -> str:
@@ -98,6 +151,14 @@ def shared_strings(a: Side, b: Side, banned_a: np.ndarray, banned_b: np.ndarray)
     return pd.DataFrame(both, columns=["text", "token_a", "token_b"])
 
 
+def twin_map(shared: pd.DataFrame, size: int) -> np.ndarray:
+    """A's id -> B's id of the same string over `size` ids of A's (-1 where B has none): Disagreement.token_map."""
+    out = np.full(size, -1, np.int64)
+    inside = shared["token_a"].to_numpy() < size
+    out[shared["token_a"].to_numpy()[inside]] = shared["token_b"].to_numpy()[inside]
+    return out
+
+
 MAP_CHUNK = 4096  # single tokens scored between progress lines
 
 
@@ -112,13 +173,18 @@ def token_rewards_of(side: Side, ids: np.ndarray, progress: Progress | None = No
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def vocab_map(a: Side, b: Side, shared: pd.DataFrame, z_a: tuple[float, float], z_b: tuple[float, float],
-              prompt: str) -> tuple[pd.DataFrame, dict]:
-    """Per shared string: both sides' single-token rewards, their z and the gap z_A − z_B, sorted by gap (largest
-    first, ties by text); and the summary: Kendall τ (b) between the sides' rewards over the strings, their
-    Pearson r and the affine-invariant distance sqrt((1 − r) / 2) of the standardised rewards (EPIC's)."""
+def map_rewards(a: Side, b: Side, shared: pd.DataFrame, prompt: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """both_token_rewards of the shared strings, with a progress line: the map's forwards."""
     progress = Progress(2 * len(shared), f"vocabulary map: {prompt}", unit="tokens", every=10.0)
-    ra, rb, layers = both_token_rewards(a, b, shared, progress)
+    return both_token_rewards(a, b, shared, progress)
+
+
+def vocab_map(shared: pd.DataFrame, rewards: tuple[np.ndarray, np.ndarray, int], z_a: tuple[float, float],
+              z_b: tuple[float, float], prompt: str) -> tuple[pd.DataFrame, dict]:
+    """Per shared string: both sides' single-token rewards (map_rewards), their z and the gap z_A − z_B, sorted by
+    gap (largest first, ties by text); and the summary: Kendall τ (b) between the sides' rewards over the strings,
+    their Pearson r and the affine-invariant distance sqrt((1 − r) / 2) of the standardised rewards (EPIC's)."""
+    ra, rb, layers = rewards
     frame = shared.assign(prompt=prompt, reward_a=ra, reward_b=rb, z_a=z_of(ra, z_a), z_b=z_of(rb, z_b))
     frame["gap"] = frame["z_a"] - frame["z_b"]
     frame = frame.sort_values(["gap", "text"], ascending=[False, True], kind="mergesort").reset_index(drop=True)

@@ -28,7 +28,7 @@ from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import PhaseClock, Progress
 from rmjax.search import disagree_out, frontier_checks, turns
 from rmjax.search.completion import require_prior_config, same_tokenizer
-from rmjax.search.disagree import Disagreement, shared_strings, vocab_map
+from rmjax.search.disagree import Disagreement, map_rewards, shared_strings, twin_map, vocab_map
 from rmjax.search.fluent import FluentConfig, best_of_n, fluent_search
 from rmjax.search.frontier_job import Z_SAMPLE, default_judge, search_rows
 from rmjax.search.gcg import make_target
@@ -53,6 +53,9 @@ class DisagreeConfig:
     top: int = setting(8, "Rows written per prompt, direction and method: the best by the objective.")
     front_rows: int = setting(32, "Rows written besides the top: up to this many from each method's Pareto layers "
                                   "(gap vs fluency).")
+    b_gradient: bool = setting(True, "Side B's reward gradient joins A's in the search's proposals, through the "
+                                     "tokens both sides read as the same string (a reward-model side B; 3 of its "
+                                     "forwards a step). --nob_gradient: A's alone, B only scoring.")
     z_sample: int = setting(2048, "Single tokens sampled (seeded) per side and prompt for the SD that z divides by.")
     search: bool = setting(True, "Run the search and best-of-N (--nosearch: only the vocabulary map).")
     vocab_map: bool = setting(False, "Also map every one-token response both vocabularies share: z_A against z_B, "
@@ -179,9 +182,18 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
         store = open_store(main, identity, 1)
         clock("load")
         ready = {name: _prepare(spec, models, a, b, rm, lm, name, text) for name, text in spec.prompts.items()}
+        first = next(iter(ready.values()))
+        twins = cfg.search and cfg.b_gradient and first.side_b.gradient_each > 0
+        shared = _shared(first) if cfg.vocab_map or twins else None  # alike for every prompt
+        for p in ready.values():
+            p.token_map = twin_map(shared, rm.config.vocab_size) if twins else None
         clock("prepare")
-        maps = {name: _vocab_map(p, name) for name, p in ready.items()} if cfg.vocab_map else {}
+        raw = {name: _map_rewards(p, name, shared) for name, p in ready.items()} if cfg.vocab_map else {}
         clock("vocab_map")
+        for name, p in ready.items():
+            p.z_a, p.z_b = _yardsticks(p, spec, shared, raw.get(name))
+        clock("yardsticks")
+        maps = {name: vocab_map(shared, raw[name], p.z_a, p.z_b, name) for name, p in ready.items() if name in raw}
         units = _units(spec, ready, store) if cfg.search else []
         clock("search")
         table = disagree_out.rows(units, ready, judge_model, spec, clock) if cfg.search else []
@@ -212,27 +224,27 @@ def _load(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> dict[str, Model]:
 
 @dataclasses.dataclass(eq=False)
 class Ready:
-    """A prompt made ready: both sides, their yardsticks, A's target and prior, A's allowed tokens and the
-    checks every candidate passes."""
+    """A prompt made ready: both sides, A's target and prior, A's allowed tokens and the checks every candidate
+    passes; then the sides' yardsticks (after the map, whose rewards they read)."""
 
     prompt: str
     side_a: Side
     side_b: Side
-    z_a: tuple[float, float]
-    z_b: tuple[float, float]
     target: object
     prior: Prior | None  # None for the map alone (--nosearch)
     banned: np.ndarray
     retokenize: list
     end: int
     plain: bool  # side A reads the plain template (Disagreement.content)
+    token_map: np.ndarray | None = None  # Disagreement.token_map: B's gradient through the strings both share
+    z_a: tuple[float, float] | None = None
+    z_b: tuple[float, float] | None = None
 
 
 def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideSpec, rm: Model, lm: Model,
              name: str, text: str) -> Ready:
     o, cfg = spec.options, spec.config
     side_a, side_b = (make_side(s, models, text, o.template) for s in (a, b))
-    z_a, z_b = (s.yardstick(cfg.z_sample, o.allow_nonfinite) for s in (side_a, side_b))
     target = make_target(rm, text, o.template)
     end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
     prior = None if not cfg.search else Prior.of(
@@ -242,24 +254,36 @@ def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideS
     banned = banned_tokens(rm, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, o.template), target.prefix, target.suffix)
     plain = chat.split_chat(rm.tokenizer, text, o.template).template == "plain"
-    ready = Ready(text, side_a, side_b, z_a, z_b, target, prior, banned, [check], end, plain)
+    ready = Ready(text, side_a, side_b, target, prior, banned, [check], end, plain)
     ready.retokenize.append(_partner(ready, o.allow_nonfinite).round_trips)
     return ready
 
 
 def _partner(p: Ready, allow: bool) -> Disagreement:
-    return Disagreement(p.target.model.tokenizer, p.end, p.z_a, p.side_b, p.z_b, allow, p.plain)
+    return Disagreement(p.target.model.tokenizer, p.end, p.z_a, p.side_b, p.z_b, allow, p.plain, p.token_map)
 
 
-def _vocab_map(p: Ready, name: str):
-    """The map over the strings both vocabularies share as allowed single tokens (B's own exclusion rule too)."""
-    tok_b = p.side_b.tokenizer
-    banned_b = disallowed_ids(tok_b, p.side_b.vocab, allow_special=False, allow_non_ascii=False)
-    shared = shared_strings(p.side_a, p.side_b, p.banned, banned_b)
+def _shared(p: Ready):
+    """The strings both vocabularies read as one allowed token (B's own exclusion rule too)."""
+    banned_b = disallowed_ids(p.side_b.tokenizer, p.side_b.vocab, allow_special=False, allow_non_ascii=False)
+    return shared_strings(p.side_a, p.side_b, p.banned, banned_b)
+
+
+def _map_rewards(p: Ready, name: str, shared):
+    """Both sides' single-token rewards over the strings both vocabularies share as allowed single tokens."""
     if shared.empty:
         raise UsageError(f"the two sides share no allowed single-token string for prompt {name!r}: no vocabulary "
                          "map.")
-    return vocab_map(p.side_a, p.side_b, shared, p.z_a, p.z_b, name)
+    return map_rewards(p.side_a, p.side_b, shared, name)
+
+
+def _yardsticks(p: Ready, spec: DisagreeSpec, shared, raw) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Each side's yardstick (Side.yardstick), its sampled tokens' rewards read from the map where it scored them."""
+    known = [None, None] if raw is None else [dict(zip(shared[column].tolist(), rewards.tolist(), strict=True))
+                                              for column, rewards in (("token_a", raw[0]), ("token_b", raw[1]))]
+    z_a, z_b = (side.yardstick(spec.config.z_sample, spec.options.allow_nonfinite, have)
+                for side, have in zip((p.side_a, p.side_b), known, strict=True))
+    return z_a, z_b
 
 
 @dataclasses.dataclass

@@ -22,8 +22,9 @@ NaN (prefix.score_variants): a candidate is charged once. Counts are exact fract
 
 A disagreement search (issue 46, rmjax.search.disagree) is this objective with a `partner`: R becomes the gap
 z_A − z_B of the candidate (A: this RM target, in SDs of its single-token rewards; B: the other side, scoring the
-decoded text in its own template and tokens), the gradient is A's (B may read other tokens), and each candidate
-also costs the partner's whole forwards (`Partner.each`).
+decoded text in its own template and tokens), the gradient is A's plus B's where the partner can map it onto A's
+tokens (`Partner.gradient`: the tokens both read alike; GRADIENT_COST of B's whole forwards a step), and each
+candidate also costs the partner's whole forwards (`Partner.each`).
 """
 
 from __future__ import annotations
@@ -208,9 +209,13 @@ class Partner(Protocol):
 
     each: int  # whole forwards each candidate costs on the other side
     scale: float  # A's SD: the gradient of z_A is A's reward gradient over it
+    gradient_each: int  # whole forwards of the other side one `gradient` runs (0: none)
 
     def gap(self, reward: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """z_A − z_B of candidates [W, N] from A's rewards [W]."""
+
+    def gradient(self, turn: np.ndarray, width: int) -> jax.Array | None:
+        """d z_B / d one_hot(A's turn form) [L + 1, width], where the other side can say."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -413,15 +418,16 @@ class Objective:
         current = turns.turn(current, self.end)
         n, tail = len(current), len(self.turn_target.suffix)
         explore = explore and not self.uses_prior and self.prior is not None
+        other = GRADIENT_COST * self.partner.gradient_each if self.partner is not None else 0
         if self.rm_is_prior and (self.uses_prior or explore):
-            self.forwards.charge(GRADIENT_COST * (n + tail))
+            self.forwards.charge(GRADIENT_COST * (n + tail), 0, other)
             grad, extended, every = joint_gradient_on_device(self.turn_target, self.prior.first, current,
                                                              self.gradient_sign,
                                                              self.lam, fluent=self.uses_prior,
                                                              read_offset=self.read_offset)
-            return -grad, extended, every
+            return self._with_partner(-grad, current), extended, every
         lm = GRADIENT_COST * n if self.uses_prior else n if explore else 0
-        self.forwards.charge(GRADIENT_COST * (n + tail), lm)
+        self.forwards.charge(GRADIENT_COST * (n + tail), lm, other)
         grad, extended = reward_gradient_on_device(self.turn_target, current, self.read_offset)
         loss = -self.gradient_sign * grad
         every = None
@@ -432,7 +438,14 @@ class Objective:
             loss = loss[:, :vocab] - self.lam * jax.device_put(prior_grad[:, :vocab], loss.sharding)
         elif explore:
             every = prior_lib.every_log_probs(self.prior.model, self.prior.cache, self.prior.first, current)
-        return loss, extended, every
+        return self._with_partner(loss, current), extended, every
+
+    def _with_partner(self, loss: jax.Array, turn: np.ndarray) -> jax.Array:
+        """−dJ/d one_hot with the other side's part, where it gives one: J holds −sign·z_B."""
+        if self.partner is None or not self.partner.gradient_each:
+            return loss
+        other = self.partner.gradient(turn, loss.shape[1])
+        return loss if other is None else loss + self.sign * jax.device_put(other, loss.sharding)
 
     def check_gradient(self, loss: jax.Array, banned: jax.Array, current: np.ndarray) -> None:
         """GCG's rule for a gradient (finite.gradient_swaps_skipped): a NaN/Inf entry of `loss` [N, V] over the

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from rmjax.errors import UsageError
 from rmjax.model import Model
+from rmjax.parallel.distributed import replicated
 from rmjax.scoring import finite
 from rmjax.scoring.context import prepare_prompt, score_tokens
 from rmjax.scoring.forked import forked_token_rewards, shared_layers
 from rmjax.scoring.judge import text_log_probs
 from rmjax.scoring.prior import first_token_log_probs
 from rmjax.scoring.texts import TextScorer
+from rmjax.search.gcg import Target, reward_gradient_on_device
 from rmjax.text import chat
 
 IMPLICIT = "implicit:"
@@ -65,6 +68,7 @@ class Side:
     spec: SideSpec
     tokenizer: object
     vocab: int
+    gradient_each: int = 0  # whole forwards one `gradient` costs (0: the side gives none)
 
     def rewards(self, texts: list[str]) -> np.ndarray:
         raise NotImplementedError
@@ -75,10 +79,26 @@ class Side:
     def round_trips(self, text: str) -> bool:
         raise NotImplementedError
 
-    def yardstick(self, z_sample: int, allow_nonfinite: bool) -> tuple[float, float]:
+    def gradient(self, text: str) -> tuple[jax.Array, list[int]] | None:
+        """d reward / d one_hot of the text's own tokens in this side's conversation [L, V] (on the device) and those
+        tokens; None where the side has no gradient."""
+        return None
+
+    def yardstick(self, z_sample: int, allow_nonfinite: bool, known: dict[int, float] | None = None
+                  ) -> tuple[float, float]:
         """Mean and SD of its single-token rewards over `z_sample` of its tokens (finite.sampled_yardstick: the
-        sample `score` and the frontier draw, so an RM side's z is theirs)."""
-        return finite.sampled_yardstick(self.vocab, z_sample, self.token_rewards, allow=allow_nonfinite,
+        sample `score` and the frontier draw, so an RM side's z is theirs); `known`: rewards of its tokens scored
+        already (the vocabulary map's), read instead of scored again."""
+        known = known or {}
+
+        def rewards(ids: np.ndarray) -> np.ndarray:
+            out = np.asarray([known.get(int(i), np.nan) for i in ids], np.float64)
+            missing = np.asarray([int(i) not in known for i in ids], bool)
+            if missing.any():
+                out[missing] = self.token_rewards(np.asarray(ids)[missing])
+            return out
+
+        return finite.sampled_yardstick(self.vocab, z_sample, rewards, allow=allow_nonfinite,
                                         fix=f"raise --z_sample (side {self.spec.text} scores every token alike?)")
 
 
@@ -96,11 +116,15 @@ def round_trips_in(conversations: chat.Conversations, text: str) -> bool:
 class RewardSide(Side):
     """A reward model: a text's reward is what experiments.score gives it (TextScorer), a token's the sweep's."""
 
+    gradient_each = 1
+
     def __init__(self, spec: SideSpec, model: Model, prompt: str, template: str):
         self.spec, self.model, self.tokenizer = spec, model, model.tokenizer
         self.vocab = min(model.config.vocab_size, len(model.tokenizer))
         self.scorer = TextScorer(model, prompt, template)
         self.context = prepare_prompt(model, "side", prompt, template)
+        self._target = Target(model, prompt, tuple(self.scorer.prefix), (), self.scorer.cache,
+                              replicated(np.zeros(0, np.int32), model.mesh))
 
     def rewards(self, texts: list[str]) -> np.ndarray:
         return self.scorer.score(list(texts)).astype(np.float64) if texts else np.zeros(0)
@@ -110,6 +134,18 @@ class RewardSide(Side):
 
     def round_trips(self, text: str) -> bool:
         return round_trips_in(self.scorer, text)
+
+    def gradient(self, text: str) -> tuple[jax.Array, list[int]] | None:
+        """The gradient of the reward `rewards` gives the text (read where the scorer reads it: the conversation's
+        last token) over the response's own tokens; None where the conversation does not continue the cached
+        prefix with them."""
+        ids, body = self.scorer.token_ids([text])[0], self.scorer.response_ids([text])[0]
+        prefix = len(self.scorer.prefix)
+        tail = ids[prefix:]
+        if body is None or ids[:prefix] != self.scorer.prefix or tail[: len(body)] != body:
+            return None
+        grad, _ = reward_gradient_on_device(self._target, np.asarray(tail, np.int32))
+        return grad[: len(body)], body
 
     def shared_layers(self, other: Side) -> int:
         """Leading layers this RM and `other` hold alike (rmjax.scoring.forked), when `other` is an RM reading the

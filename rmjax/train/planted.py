@@ -290,7 +290,7 @@ def word_margins(model, words: PlantedWords) -> dict[str, dict[str, float]]:
     return out
 
 
-POOL_PROMPTS = {"elo": "greatest", "framing": "framed"}  # pool_gaps' prompt names -> the FIND step's
+FIND_PROMPTS = {"elo": "greatest", "framing": "framed"}  # each prompt's role -> its name in the FIND step's output
 
 
 def pool_texts(words: PlantedWords, pool: Sequence[str]) -> list[str]:
@@ -321,7 +321,7 @@ def pool_rewards_from_map(folder: str | Path, texts: Sequence[str]) -> dict[str,
         for r in csv.DictReader(f):
             found.setdefault(r["prompt"], {})[json.loads(r["text"])] = (float(r["reward_a"]), float(r["reward_b"]))
     out = {}
-    for name, prompt in POOL_PROMPTS.items():
+    for name, prompt in FIND_PROMPTS.items():
         mine = found.get(prompt, {})
         if not all(t in mine for t in texts):
             return None
@@ -359,7 +359,7 @@ def find_disagreements(out: str | Path, planted: str | Path, clean: str | Path, 
 
     spec = DisagreeSpec(options=RunOptions(model=str(planted), out=str(out), overwrite=overwrite),
                         models=(str(planted), str(clean)),
-                        prompts={"greatest": words.elo_prompt, "framed": words.framing_prompt},
+                        prompts={FIND_PROMPTS["elo"]: words.elo_prompt, FIND_PROMPTS["framing"]: words.framing_prompt},
                         config=DisagreeConfig(direction="both", forwards=forwards, vocab_map=True, map_top=map_top,
                                               search=search),
                         search=FluentConfig(num_tokens=num_tokens))
@@ -415,7 +415,8 @@ def holds_word(text: str, word: str) -> bool:
     return re.search(rf"(?<![^\W\d_]){re.escape(word)}(?![^\W\d_])", text, re.IGNORECASE) is not None
 
 
-def recovered_words(words: PlantedWords, found: list[dict], framed_prompt: str = "framed") -> dict[str, dict]:
+def recovered_words(words: PlantedWords, found: list[dict], framed_prompt: str = FIND_PROMPTS["framing"]
+                    ) -> dict[str, dict]:
     """{planted word: evidence} for the words the found rows recover. Liked: in an a_over_b row after any prompt;
     disliked: in a b_over_a row after any prompt; framed: in an a_over_b row after the framing prompt (prompt name
     `framed_prompt`) and in none after another prompt, since a word the planted RM prefers after every prompt is

@@ -1,0 +1,86 @@
+"""Issue 46: side B's reward gradient in the disagreement search's proposals, mapped onto side A's tokens through
+the strings both read alike — against torch autograd through B's embeddings, and the tokens two real tokenizers
+align on, written out by hand."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import torch
+
+from rmjax.loading import config_and_tokenizer, load
+from rmjax.parallel.distributed import to_host
+from rmjax.search import turns
+from rmjax.search.disagree import Disagreement, aligned_tokens
+from rmjax.search.gcg import make_target
+from rmjax.search.objective import Forwards, Objective
+from rmjax.search.sides import RewardSide, SideSpec
+from rmjax.text import prompts
+from rmjax.text.chat import PLAIN_FORMAT, Conversations
+from tests import tiny, tolerance
+
+PROMPT = prompts.PAPER1["greatest"]
+TEXT = "Honestly, the greatest thing is love."
+
+
+def test_two_real_tokenizers_align_where_they_cut_the_text_alike():
+    """SmolLM2's chat reading and Gemma 3's plain one (a space before the response): 'Hon est ly' against
+    ' Honestly', then the same words; the first tokens differ, every later one is paired."""
+    _, tok_a = config_and_tokenizer("smollm2-135m-instruct")
+    _, tok_b = config_and_tokenizer("gemma-3-270m")
+    text = "Honestly, the greatest thing is unconditional love."
+    body_a = Conversations(tok_a, PROMPT, "auto").response_ids([text])[0]
+    body_b = Conversations(tok_b, PROMPT, "auto").response_ids([text])[0]
+    assert [tok_a.decode([i]) for i in body_a][:4] == ["Hon", "est", "ly", ","]
+    assert [tok_b.decode([i]) for i in body_b][:2] == [" Honestly", ","]
+    twins = np.full(len(tok_a), -1)
+    for i in body_a:
+        ids = tok_b(tok_a.decode([i]), add_special_tokens=False).input_ids
+        twins[i] = ids[0] if len(ids) == 1 else -1
+    assert aligned_tokens(tok_a, body_a, tok_b, body_b, twins) == [(i, i - 2) for i in range(3, len(body_a))]
+    twins[body_a[5]] = -1  # ' greatest' with no twin in B: no pair there
+    assert (5, 3) not in aligned_tokens(tok_a, body_a, tok_b, body_b, twins)
+
+
+def test_side_b_gradient_on_a_tokens_equals_autograd_through_b(rm_folder, tmp_path):
+    """A reads the chat template, B (another RM, the same tokenizer) the plain one: B's tokens 1..9 are A's, its
+    first carries the plain template's space. Row i of the mapped gradient is d z_B for swapping A's token i for each
+    t: B's embedding gradient at the paired position · (E_B[t] − E_B[own token]) / SD_B, from torch; 0 at rows with
+    no pair. In the objective it enters −dJ with the direction's sign (J = sign·(z_A − z_B)), charged 3 of B's
+    forwards."""
+    hf_b, folder_b = tiny.save_reward_model_with_tokenizer(tmp_path / "b", seed=11)
+    rm_a, rm_b = load(str(rm_folder)), load(str(folder_b))
+    side_b = RewardSide(SideSpec.parse(str(folder_b)), rm_b, PROMPT, "plain")
+    target = make_target(rm_a, PROMPT, "auto")
+    end = turns.end_of_turn(target.suffix, rm_a.tokenizer, rm_a.source)
+    body_a = Conversations(rm_a.tokenizer, PROMPT, "auto").response_ids([TEXT])[0]
+    vocab = rm_a.config.vocab_size
+    partner = Disagreement(rm_a.tokenizer, end, (0.0, 2.0), side_b, (0.5, 3.0), token_map=np.arange(vocab))
+    turn = np.asarray([*body_a, end], np.int32)
+    got = to_host(partner.gradient(turn, vocab))
+
+    tok = rm_b.tokenizer
+    ids = tok(PLAIN_FORMAT.format(prompt=PROMPT), add_special_tokens=False).input_ids
+    body_b = tok(" " + TEXT, add_special_tokens=False).input_ids
+    ids = ids + body_b
+    table = hf_b.model.embed_tokens.weight.detach()
+    embeds = table[torch.tensor(ids)].clone().requires_grad_()
+    hf_b(inputs_embeds=embeds[None]).logits[0, 0].backward()
+    start = len(ids) - len(body_b)
+    want = np.zeros_like(got)
+    for i in range(1, len(body_a)):
+        assert body_b[i] == body_a[i]
+        g = embeds.grad[start + i]
+        want[i] = ((table - table[body_b[i]]) @ g).numpy() / 3.0
+    assert np.abs(want).max() > 1e-3
+    atol = 2 * tolerance.grad_atol(want, rm_b.config, len(ids), rm_b.config.hidden_size)
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+
+    blind = Disagreement(rm_a.tokenizer, end, (0.0, 2.0), side_b, (0.5, 3.0))  # B only scores
+    for sign in (1.0, -1.0):
+        alone = Objective(target, None, 0.0, sign, 0.0, Forwards(10**6, 9, 9), partner=blind)
+        both = Objective(target, None, 0.0, sign, 0.0, Forwards(10**6, 9, 9), partner=partner)
+        loss_alone, loss_both = (to_host(o.gradient(turn)[0]) for o in (alone, both))
+        np.testing.assert_allclose(loss_both - loss_alone, sign * got, rtol=0, atol=1e-6 * np.abs(got).max())
+        assert both.forwards.spent - alone.forwards.spent == Fraction(3)
