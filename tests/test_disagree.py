@@ -153,7 +153,7 @@ def test_agreement_against_scipy_and_its_affine_invariance():
 
 def _spec(a, b, out, lm, **config):
     cfg = DisagreeConfig(**{"direction": "both", "forwards": 150, "top": 3, "front_rows": 4, "z_sample": 64,
-                            "vocab_map": True} | config)
+                            "vocab_map": True, "b_gradient": True} | config)
     return DisagreeSpec(RunOptions(model=str(a), out=str(out)), (str(a), str(b)), {"greatest": PROMPT}, cfg, SEARCH,
                         lm=str(lm), judge=str(lm))
 

@@ -53,9 +53,9 @@ class DisagreeConfig:
     top: int = setting(8, "Rows written per prompt, direction and method: the best by the objective.")
     front_rows: int = setting(32, "Rows written besides the top: up to this many from each method's Pareto layers "
                                   "(gap vs fluency).")
-    b_gradient: bool = setting(True, "Side B's reward gradient joins A's in the search's proposals, through the "
-                                     "tokens both sides read as the same string (a reward-model side B; 3 of its "
-                                     "forwards a step). --nob_gradient: A's alone, B only scoring.")
+    b_gradient: bool = setting(False, "Side B's reward gradient joins A's in the search's proposals, through the "
+                                      "tokens both sides read as the same string (a reward-model side B; 3 of its "
+                                      "forwards a step). Off: A's gradient alone, B only scoring candidates.")
     z_sample: int = setting(2048, "Single tokens sampled (seeded) per side and prompt for the SD that z divides by.")
     search: bool = setting(True, "Run the search and best-of-N (--nosearch: only the vocabulary map).")
     vocab_map: bool = setting(False, "Also map every one-token response both vocabularies share: z_A against z_B, "
