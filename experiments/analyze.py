@@ -4,7 +4,7 @@ python -m experiments.analyze --scores=results/scores/ --elo=builtin --out=resul
     [--models_yaml=YAML] [--frequencies=1_1_all_alpha.txt] [--bigtwo_checkpoints=DIR] \
     [--implicit_chosen=LLAMA_LOGPROBS.csv --implicit_reference=GEMMA_LOGPROBS.csv] \
     [--roundtrip_only] [--collapse_variants=none|max|mean] [--frequency_scale=log_per_million|zscore] \
-    [--audits=AUDIT_DIR,AUDIT_DIR]
+    [--audits=AUDIT_DIR,AUDIT_DIR] [--disagreements=DISAGREE_DIR,DISAGREE_DIR]
 
 Every input is optional; the analyses whose inputs are given run. Tables are written as CSV, figures
 as PNG, and the headline numbers to <out>/report.md (also printed). Nothing is downloaded: `--elo=builtin`

@@ -232,6 +232,7 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     monkeypatch.setattr(disagree_job, "_compute", real_compute)
     run_disagree(_spec(rm_folder, lower_rm, again, lm_folder))
     assert (again / "disagree.csv").read_bytes() == first
+    _analyze_seeds_of_a_real_run(out, again, tmp_path)
 
 
 def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_folder, tmp_path, monkeypatch):
@@ -245,3 +246,29 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
                                        forwards=3)), "--forwards=3")
     refused(lambda: DisagreeConfig(search=False, vocab_map=False), "--nosearch")
     assert not out.exists()
+
+
+def _analyze_seeds_of_a_real_run(out, again, tmp_path):
+    """analyze --disagreements reads the job's own summary (tests/test_analysis_disagreements.py checks its
+    numbers): two runs of one seed are refused; with a copy labelled seed 1 each cell counts the runs where both
+    methods have a row under the cap (the tiny judge's perplexity may leave none)."""
+    import shutil
+
+    from tests.inproc import analyze, refused
+
+    refused(lambda: analyze(tmp_path / "same", disagreements=(str(out), str(again))), "seed 0 is given twice")
+    other = tmp_path / "seed1"
+    shutil.copytree(out, other)
+    meta_file = other / "disagree.csv.meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["identity"]["search"]["seed"] = 1
+    meta_file.write_text(json.dumps(meta))
+    found = analyze(tmp_path / "seeds", disagreements=(str(out), str(other)))
+    table = pd.read_csv(found["tables"]["disagreement_seeds"], keep_default_na=False)
+    summary = meta["summary"]["greatest"]
+    assert [(r.direction, r.view) for r in table.itertuples()] == [
+        (d, v) for d in ("a_over_b", "b_over_a") for v in ("at_cap", "complete")]
+    for row in table.itertuples():
+        cell = summary[row.direction][row.view]
+        both = bool(cell["search"] and cell["best_of_n"])
+        assert row.runs == 2 * both and (not both or row.ci_low == row.ci_high == row.advantage)

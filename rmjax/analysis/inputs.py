@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from rmjax import data as shipped
-from rmjax.analysis import beams, bigtwo, data, lexicons
+from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis.files import MODEL
 from rmjax.analysis.spec import AnalysisConfig
@@ -39,6 +39,7 @@ class Inputs:
     elo: list[elo_lib.EloPrompt] = dataclasses.field(default_factory=list)
     implicit: tuple[data.ScoreTable, data.ScoreTable] | None = None
     checkpoints: list[tuple[int, data.ScoreTable]] = dataclasses.field(default_factory=list)
+    disagreements: list[disagreements.DisagreementRun] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -82,6 +83,8 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
         found.implicit = chosen, reference
     if cfg.bigtwo_checkpoints and found.lexicon is not None:
         found.checkpoints = bigtwo.load_checkpoints(cfg.bigtwo_checkpoints, cfg.roundtrip_only)
+    if cfg.disagreements:
+        found.disagreements = disagreements.load_runs(cfg.disagreements)
     tables = [*found.scores, *(found.implicit or ()), *(t for _, t in found.checkpoints)]
     for table in tables:
         if table.frame.empty:  # every statistic of it would be NaN, reported as if computed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rmjax.analysis import beams, bigtwo, data, lexicons, paper1, plots, stats
+from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons, paper1, plots, stats
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
 from rmjax.analysis.files import Outputs, markdown
@@ -353,3 +353,5 @@ def _sections(outputs: Outputs, inputs: Inputs, cfg: AnalysisConfig) -> None:
         outputs.figure("bigtwo_checkpoints", plots.checkpoint_lines, frame)
         columns = ["step", "prompt", "median_rank_agency", "median_rank_communion", "rank_biserial"]
         outputs.say("## Big Two across checkpoints", "", markdown(frame[columns]), "")
+    if inputs.disagreements:
+        disagreements.section(outputs, inputs.disagreements)

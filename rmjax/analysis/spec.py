@@ -31,6 +31,9 @@ class AnalysisConfig:
     frequencies: str | None = setting(None, "BNC word-frequency list (1_1_all_alpha.txt).")
     audits: tuple[str, ...] = setting((), "Audit folders (experiments.audit), two or more: their effects side by "
                                       "side and the paired differences between models, with CIs.")
+    disagreements: tuple[str, ...] = setting((), "Disagreement folders (experiments.disagree), one job at two or "
+                                             "more --seed values: the search against best-of-N per prompt and "
+                                             "direction over the runs, with a t interval.")
     top: int = setting(20, "Top and bottom tokens/items per table.")
     n_boot: int = setting(1000, "Bootstrap resamples for the moments' confidence intervals.")
     n_permutations: int = setting(10000, "Permutations for the RSA p-values.")
@@ -67,6 +70,7 @@ class AnalysisConfig:
                              "given; drop it.")
         if len(self.framing) != 2:
             raise UsageError("--framing takes two prompt names, e.g. best,worst.")
-        if not (self.scores or self.elo or self.implicit_chosen or self.bigtwo_checkpoints or self.audits):
+        if not (self.scores or self.elo or self.implicit_chosen or self.bigtwo_checkpoints or self.audits
+                or self.disagreements):
             raise UsageError("nothing to analyze: give --scores, --elo, --implicit_chosen/--implicit_reference, "
-                             "--bigtwo_checkpoints and/or --audits.")
+                             "--bigtwo_checkpoints, --audits and/or --disagreements.")

@@ -1,0 +1,134 @@
+"""One disagreement job run at several --seed values (`analyze --disagreements=DIR,DIR…`): per prompt, direction
+and view, how far the search's best row went beyond best-of-N's at the same forwards, over the runs, with a 95% t
+interval. One run's win can be its seed's luck; a method is ahead where the interval is.
+
+Each run's best rows are the job's own summary (its .meta.json: the largest gap by direction at judge perplexity
+≤ the cap, and among complete answers). The runs must be one job but for the seed: the same sides (weights and
+tokenizers), prompts, budget and settings, each seed once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from rmjax.analysis.files import Outputs, markdown
+from rmjax.errors import MissingFileError, UsageError
+from rmjax.runs import results
+
+VIEWS = ("at_cap", "complete")  # the job's summary: every row under the judge cap; complete answers only
+DIRECTIONS = ("a_over_b", "b_over_a")
+GOAL_SD = 3.0  # issue 46: the search's best row at least this far apart, and ahead of best-of-N
+COLUMNS = ["prompt", "direction", "view", "runs", "search_gap", "best_of_n_gap", "advantage", "ci_low", "ci_high",
+           "search_ahead", "goal_met"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DisagreementRun:
+    folder: str
+    seed: int
+    identity: dict
+    summary: dict
+
+
+def load_runs(folders: Sequence[str]) -> list[DisagreementRun]:
+    """Every folder's finished disagreement job, checked to be one job at distinct seeds; refused in one line."""
+    runs = []
+    for folder in folders:
+        path = Path(folder) / "disagree.csv"
+        meta = results.read_meta(path) if path.is_file() else None
+        if not meta or meta.get("kind") != "disagree" or not isinstance(meta.get("summary"), dict):
+            raise MissingFileError(f"--disagreements={folder}: no finished disagreement job there (disagree.csv and "
+                                   "its .meta.json); run experiments.disagree --out={folder} first.")
+        identity = meta.get("identity") or {}
+        runs.append(DisagreementRun(str(folder), int((identity.get("search") or {}).get("seed", 0)), identity,
+                                    meta["summary"]))
+    if len(runs) < 2:
+        raise UsageError("--disagreements: give at least two runs of one job at different --seed values.")
+    first = runs[0]
+    for run in runs[1:]:
+        differs = _differences(_without_seed(first.identity), _without_seed(run.identity))
+        if differs:
+            raise UsageError(f"--disagreements: {run.folder} differs from {first.folder} in {', '.join(differs)}; "
+                             "compare runs of one job that differ only in --seed.")
+    seeds = [run.seed for run in runs]
+    if len(set(seeds)) < len(seeds):
+        twice = sorted({s for s in seeds if seeds.count(s) > 1})
+        raise UsageError(f"--disagreements: seed {twice[0]} is given twice; each run must be its own seed (the same "
+                         "seed repeats the same search).")
+    if not any(d in entry for entry in first.summary.values() for d in DIRECTIONS):
+        raise UsageError(f"--disagreements={first.folder}: the job ran no search (--nosearch); nothing to compare.")
+    return runs
+
+
+def _without_seed(identity: dict) -> dict:
+    search = {k: v for k, v in (identity.get("search") or {}).items() if k != "seed"}
+    return {**identity, "search": search}
+
+
+def _differences(a: dict, b: dict) -> list[str]:
+    """The keys (one level into dicts: config.forwards) whose values differ."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [f"{key}.{k}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+        elif x != y:
+            out.append(key)
+    return out
+
+
+def seed_table(runs: Sequence[DisagreementRun]) -> pd.DataFrame:
+    """Per prompt, direction and view: the runs where both methods have a best row; their mean gaps; the search's
+    advantage (its gap beyond best-of-N's in the direction's sense, in SD: > 0 the search went further) with its
+    95% t interval over the runs; in how many runs the search was ahead, and met the goal (≥ GOAL_SD and ahead)."""
+    rows = []
+    for prompt, entry in runs[0].summary.items():
+        for direction in [d for d in DIRECTIONS if d in entry]:
+            sign = 1.0 if direction == "a_over_b" else -1.0
+            for view in VIEWS:
+                best = [run.summary[prompt][direction][view] for run in runs]
+                pairs = np.asarray([(b["search"]["gap"], b["best_of_n"]["gap"]) for b in best
+                                    if b.get("search") and b.get("best_of_n")], np.float64).reshape(-1, 2)
+                advantage = sign * (pairs[:, 0] - pairs[:, 1])
+                low, high = t_interval(advantage)
+                rows.append({"prompt": prompt, "direction": direction, "view": view, "runs": len(pairs),
+                             "search_gap": _mean(pairs[:, 0]), "best_of_n_gap": _mean(pairs[:, 1]),
+                             "advantage": _mean(advantage), "ci_low": low, "ci_high": high,
+                             "search_ahead": int((advantage > 0).sum()),
+                             "goal_met": int(((advantage > 0) & (sign * pairs[:, 0] >= GOAL_SD)).sum())})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if len(values) else float("nan")
+
+
+def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The mean's t interval over independent runs (NaN with fewer than two)."""
+    values = np.asarray(values, np.float64)
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    if np.ptp(values) == 0:  # every run alike: no spread, the interval is the point
+        return float(values[0]), float(values[0])
+    result = stats.ttest_1samp(values, 0.0).confidence_interval(level)
+    return float(result.low), float(result.high)
+
+
+def section(outputs: Outputs, runs: Sequence[DisagreementRun]) -> None:
+    """disagreement_seeds.csv and the report's lines."""
+    table = outputs.table("disagreement_seeds", seed_table(runs))
+    seeds = ", ".join(str(run.seed) for run in runs)
+    ahead = table[table["ci_low"] > 0]
+    behind = table[table["ci_high"] < 0]
+    outputs.say("## Disagreement search against best-of-N over seeds", "",
+                f"{len(runs)} runs (seeds {seeds}) of one job at equal forwards. advantage: the search's best gap "
+                "beyond best-of-N's in the direction's sense (SD; > 0 the search went further), mean over the runs "
+                f"with its 95% t interval. Ahead by its interval in {len(ahead)} of {len(table)} cells, behind in "
+                f"{len(behind)}; the goal (≥ {GOAL_SD:g} SD and ahead) met in {int(table['goal_met'].sum())} of "
+                f"{int(table['runs'].sum())} cell-runs.", "", markdown(table), "")

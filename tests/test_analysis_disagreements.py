@@ -1,0 +1,73 @@
+"""analyze --disagreements: the search against best-of-N over seeds, by hand and against scipy's t quantile."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from tests.inproc import analyze, refused
+
+
+def _best(gap):
+    return None if gap is None else {"text": "x", "gap": gap, "z_a": 0.0, "z_b": 0.0, "judge_ppl": 10.0,
+                                     "ends_turn": 1}
+
+
+def _run(folder, seed, gaps, forwards=1000):
+    """A finished disagreement job's files: gaps {(direction, view): (search, best_of_n)}."""
+    folder.mkdir()
+    (folder / "disagree.csv").write_text("prompt\n")
+    summary = {"greatest": {d: {"forwards": {}, **{v: {"cap": 100.0, "search": _best(gaps[d, v][0]),
+                                                        "best_of_n": _best(gaps[d, v][1])}
+                                                    for v in ("at_cap", "complete")}}
+                            for d in ("a_over_b", "b_over_a")}}
+    identity = {"job": "disagree", "config": {"forwards": forwards}, "search": {"num_tokens": 8, "seed": seed}}
+    meta = {"kind": "disagree", "identity": identity, "summary": summary}
+    (folder / "disagree.csv.meta.json").write_text(json.dumps(meta))
+    return str(folder)
+
+
+DIGITS = 1e-8  # the CSV holds 9 significant digits
+SEARCH = {("a_over_b", "at_cap"): [3.5, 2.0, 3.2], ("a_over_b", "complete"): [1.0, None, 2.0],
+          ("b_over_a", "at_cap"): [-4.0, -3.1, -2.0], ("b_over_a", "complete"): [-1.0, -1.0, -1.0]}
+BEST_OF_N = {("a_over_b", "at_cap"): [3.0, 2.5, 3.0], ("a_over_b", "complete"): [0.5, 1.0, 1.0],
+             ("b_over_a", "at_cap"): [-3.0, -3.0, -3.0], ("b_over_a", "complete"): [-1.5, -1.5, -1.5]}
+
+
+def test_the_advantage_over_seeds_and_its_t_interval(tmp_path):
+    folders = [_run(tmp_path / f"s{k}", k, {key: (SEARCH[key][k], BEST_OF_N[key][k]) for key in SEARCH})
+               for k in range(3)]
+    found = analyze(tmp_path / "out", disagreements=tuple(folders))
+    table = pd.read_csv(found["tables"]["disagreement_seeds"], keep_default_na=False)
+    assert len(table) == 4
+    for row in table.itertuples():
+        key, sign = (row.direction, row.view), 1 if row.direction == "a_over_b" else -1
+        pairs = [(s, b) for s, b in zip(SEARCH[key], BEST_OF_N[key], strict=True) if s is not None]
+        adv = np.asarray([sign * (s - b) for s, b in pairs])
+        half = stats.t.ppf(0.975, len(adv) - 1) * adv.std(ddof=1) / np.sqrt(len(adv))
+        assert row.runs == len(adv) and row.advantage == pytest.approx(adv.mean(), rel=DIGITS, abs=1e-12)
+        assert (row.ci_low, row.ci_high) == pytest.approx((adv.mean() - half, adv.mean() + half), rel=DIGITS, abs=1e-12)
+        assert row.search_ahead == (adv > 0).sum()
+        assert row.goal_met == sum(a > 0 and sign * s >= 3 for a, (s, _) in zip(adv, pairs, strict=True))
+    # hand-counted: a>b at cap ahead in runs 0 and 2, the goal in both (3.5, 3.2); b>a at cap ahead in 0 and 1,
+    # the goal in both (−4.0, −3.1); complete b>a: behind by 0.5 every run, an interval of no width
+    a_cap = table[(table.direction == "a_over_b") & (table.view == "at_cap")].iloc[0]
+    b_cap = table[(table.direction == "b_over_a") & (table.view == "at_cap")].iloc[0]
+    b_done = table[(table.direction == "b_over_a") & (table.view == "complete")].iloc[0]
+    assert (a_cap.search_ahead, a_cap.goal_met, b_cap.search_ahead, b_cap.goal_met) == (2, 2, 2, 2)
+    assert b_done.ci_low == b_done.ci_high == pytest.approx(-0.5) and b_done.search_ahead == 0
+    assert "Disagreement search against best-of-N over seeds" in open(found["report"]).read()
+
+
+def test_runs_of_different_jobs_or_one_run_are_refused(tmp_path):
+    gaps = {key: (SEARCH[key][0], BEST_OF_N[key][0]) for key in SEARCH}
+    a = _run(tmp_path / "a", 0, gaps)
+    b = _run(tmp_path / "b", 1, gaps, forwards=2000)
+    refused(lambda: analyze(tmp_path / "o1", disagreements=(a, b)), "differs", "config.forwards", "--seed")
+    refused(lambda: analyze(tmp_path / "o2", disagreements=(a,)), "at least two runs")
+    refused(lambda: analyze(tmp_path / "o3", disagreements=(a, str(tmp_path / "none"))), "no finished disagreement")
+    assert not any(p.name.startswith("o") for p in tmp_path.iterdir())  # refused before --out is touched
