@@ -69,5 +69,6 @@ def test_runs_of_different_jobs_or_one_run_are_refused(tmp_path):
     b = _run(tmp_path / "b", 1, gaps, forwards=2000)
     refused(lambda: analyze(tmp_path / "o1", disagreements=(a, b)), "differs", "config.forwards", "--seed")
     refused(lambda: analyze(tmp_path / "o2", disagreements=(a,)), "at least two runs")
-    refused(lambda: analyze(tmp_path / "o3", disagreements=(a, str(tmp_path / "none"))), "no finished disagreement")
+    missing = str(tmp_path / "none")
+    refused(lambda: analyze(tmp_path / "o3", disagreements=(a, missing)), "no finished", f"--out={missing}")
     assert not any(p.name.startswith("o") for p in tmp_path.iterdir())  # refused before --out is touched

@@ -44,7 +44,7 @@ def load_runs(folders: Sequence[str]) -> list[DisagreementRun]:
         meta = results.read_meta(path) if path.is_file() else None
         if not meta or meta.get("kind") != "disagree" or not isinstance(meta.get("summary"), dict):
             raise MissingFileError(f"--disagreements={folder}: no finished disagreement job there (disagree.csv and "
-                                   "its .meta.json); run experiments.disagree --out={folder} first.")
+                                   f"its .meta.json); run experiments.disagree --out={folder} first.")
         identity = meta.get("identity") or {}
         runs.append(DisagreementRun(str(folder), int((identity.get("search") or {}).get("seed", 0)), identity,
                                     meta["summary"]))
