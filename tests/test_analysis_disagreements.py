@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from rmjax.analysis.disagreements import ahead_share
 from tests.inproc import analyze, refused
 
 
@@ -60,7 +61,15 @@ def test_the_advantage_over_seeds_and_its_t_interval(tmp_path):
     b_done = table[(table.direction == "b_over_a") & (table.view == "complete")].iloc[0]
     assert (a_cap.search_ahead, a_cap.goal_met, b_cap.search_ahead, b_cap.goal_met) == (2, 2, 2, 2)
     assert b_done.ci_low == b_done.ci_high == pytest.approx(-0.5) and b_done.search_ahead == 0
-    assert "Disagreement search against best-of-N over seeds" in open(found["report"]).read()
+    report = open(found["report"]).read()
+    assert "Disagreement search against best-of-N over seeds" in report
+    # the share of cell-runs the search wins, with Clopper-Pearson's interval from the beta quantiles
+    ahead = {"at_cap": 4, "complete": 2}  # hand-counted from SEARCH and BEST_OF_N
+    for view, total in (("at_cap", 6), ("complete", 5)):
+        k = ahead[view]
+        low, high = stats.beta.ppf(0.025, k, total - k + 1), stats.beta.ppf(0.975, k + 1, total - k)
+        assert ahead_share(table, view) == pytest.approx((k, total, low, high), abs=1e-9)
+        assert f"- {view}: the search ahead in {k} of {total} cell-runs" in report
 
 
 def test_runs_of_different_jobs_or_one_run_are_refused(tmp_path):

@@ -120,6 +120,17 @@ def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(result.low), float(result.high)
 
 
+def ahead_share(table: pd.DataFrame, view: str) -> tuple[int, int, float, float]:
+    """Cell-runs of `view` where the search was ahead, of all, and the share's exact (Clopper–Pearson) 95% interval:
+    how often the search wins one prompt and direction at one seed."""
+    rows = table[table["view"] == view]
+    ahead, total = int(rows["search_ahead"].sum()), int(rows["runs"].sum())
+    if not total:
+        return 0, 0, float("nan"), float("nan")
+    ci = stats.binomtest(ahead, total).proportion_ci(0.95, method="exact")
+    return ahead, total, float(ci.low), float(ci.high)
+
+
 def section(outputs: Outputs, runs: Sequence[DisagreementRun]) -> None:
     """disagreement_seeds.csv and the report's lines."""
     table = outputs.table("disagreement_seeds", seed_table(runs))
@@ -131,4 +142,9 @@ def section(outputs: Outputs, runs: Sequence[DisagreementRun]) -> None:
                 "beyond best-of-N's in the direction's sense (SD; > 0 the search went further), mean over the runs "
                 f"with its 95% t interval. Ahead by its interval in {len(ahead)} of {len(table)} cells, behind in "
                 f"{len(behind)}; the goal (≥ {GOAL_SD:g} SD and ahead) met in {int(table['goal_met'].sum())} of "
-                f"{int(table['runs'].sum())} cell-runs.", "", markdown(table), "")
+                f"{int(table['runs'].sum())} cell-runs.", "")
+    for view in VIEWS:
+        ahead, total, low, high = ahead_share(table, view)
+        outputs.say(f"- {view}: the search ahead in {ahead} of {total} cell-runs (95% CI of the share {low:.0%} to "
+                    f"{high:.0%})")
+    outputs.say("", markdown(table), "")
