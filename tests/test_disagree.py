@@ -101,6 +101,52 @@ def test_both_sides_forwards_are_charged_and_the_budget_never_passed(rm_folder, 
     np.testing.assert_allclose(want[0], reward_a / 2.0 - want[1], rtol=0, atol=1e-12)  # gap = z_A − z_B
 
 
+def test_a_screened_step_has_b_score_only_a_s_best_and_charges_b_for_those_alone(rm_folder, lm_folder, monkeypatch):
+    """--screen=K: each GCG step's candidates are ranked by A's part of J (sign·reward over A's SD + λ·F), and B
+    scores only the K best. The ranking is checked against A's terms of the same candidates scored whole by an
+    objective without a partner (another code path: whole turns, no prefix variants); the charge against side A's
+    positions counted from its calls plus B's whole forwards for the texts it scored; no screened-out candidate is
+    kept."""
+    rm, lm = load(str(rm_folder)), load(str(lm_folder))
+    target, prior = make_target(rm, PROMPT), Prior.of(lm, make_target(rm, PROMPT).prefix)
+    n, budget, keep, lam, scale = SEARCH.num_tokens, 240, 4, 1.0, 2.0
+    ledger = _Ledger(monkeypatch, rm, n, len(target.suffix), target.suffix[0])
+    forwards = Forwards(budget, n + len(target.suffix), n + 1)
+    side = _CountingSide(rm.tokenizer)
+    end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
+    partner = Disagreement(rm.tokenizer, end, (0.0, scale), side, (1.0, 4.0))
+    obj = Objective(target, prior, lam, -1.0, 2.0, forwards, partner=partner, screen=keep)
+    steps, real = [], obj.score_screened
+
+    def screened(cands, k, *args, **kwargs):
+        kept, values = real(cands, k, *args, **kwargs)
+        steps.append((np.asarray(cands), k, kept))
+        return kept, values
+
+    monkeypatch.setattr(obj, "score_screened", screened)
+    banned = np.ones(rm.config.vocab_size, bool)
+    banned[300:5000] = False
+    found = fluent.fluent_search(obj, SEARCH, banned, [partner.round_trips])
+    assert found.spent == forwards.spent <= budget
+    assert forwards.spent == ledger.forwards() + Fraction(2 * len(side.scored))  # B: 2 models a text
+    assert any(len(c) > keep for c, _, _ in steps)  # the screen screened
+    reference = Objective(target, prior, lam, -1.0, 2.0, Forwards(10**9, n + len(target.suffix), n + 1))
+    archived = {tuple(r) for r in found.ids.tolist()}
+    for cands, k, kept in steps:
+        assert len(set(kept.tolist())) == len(kept) == min(k, len(cands))
+        whole = reference.score(cands)  # no partner: reward is A's alone
+        own = -whole.reward / scale + lam * (whole.prior_logp - 2.0 * whole.repetition)
+        out = np.setdiff1d(np.arange(len(cands)), kept)
+        # float32 forwards, cached against whole, agree to ~1e-6 on a tiny model's O(1) terms; 1e-4 leaves room
+        assert not len(out) or own[kept].min() >= own[out].max() - 1e-4
+        assert {tuple(r) for r in cands[kept].tolist()} <= archived
+        assert not {tuple(r) for r in cands[out].tolist()} & archived
+    texts = turns.decode(rm.tokenizer, found.ids, end)
+    reward_a = np.asarray([partner.ledger[tuple(turns.tokens(r, end))][0] for r in found.ids.tolist()])
+    np.testing.assert_allclose(found.values.reward, reward_a / scale - (np.asarray([len(t) for t in texts]) - 1.0)
+                               / 4.0, rtol=0, atol=1e-12)  # every kept row has its gap z_A − z_B
+
+
 def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tmp_path):
     """implicit:CHOSEN:REFERENCE of a one-token response is the chosen LM's log-prob minus the reference's, as
     `experiments.logprobs` writes them (one job per LM); a text's is the same through the text path."""

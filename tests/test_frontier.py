@@ -421,7 +421,7 @@ class _RecordingObjective:
         self.forwards, self.scored = Forwards(left, 1, 1), []
         self.end = 10**6  # no token here: every sequence is a whole turn of N tokens
 
-    def cost(self, cands, current, every, known=False):
+    def cost(self, cands, current, every, known=False, partner=True):
         return np.full(len(cands), Fraction(1), object)
 
     def score(self, cands, current, extended, every=None):

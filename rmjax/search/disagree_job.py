@@ -56,6 +56,9 @@ class DisagreeConfig:
     b_gradient: bool = setting(False, "Side B's reward gradient joins A's in the search's proposals, through the "
                                       "tokens both sides read as the same string (a reward-model side B; 3 of its "
                                       "forwards a step). Off: A's gradient alone, B only scoring candidates.")
+    screen: int = setting(0, "Each GCG step ranks its candidates by side A's part of the objective and has side B "
+                             "score only this many of them (0: all): more steps for B's forwards. Best-of-N is "
+                             "unchanged.")
     z_sample: int = setting(2048, "Single tokens sampled (seeded) per side and prompt for the SD that z divides by.")
     search: bool = setting(True, "Run the search and best-of-N (--nosearch: only the vocabulary map).")
     vocab_map: bool = setting(False, "Also map every one-token response both vocabularies share: z_A against z_B, "
@@ -66,7 +69,8 @@ class DisagreeConfig:
 
     def __post_init__(self):
         checks.validate(self, {"forwards": checks.POSITIVE, "top": checks.POSITIVE, "z_sample": Z_SAMPLE,
-                               "front_rows": checks.NON_NEGATIVE, "repetition_penalty": checks.NON_NEGATIVE,
+                               "front_rows": checks.NON_NEGATIVE, "screen": checks.NON_NEGATIVE,
+                               "repetition_penalty": checks.NON_NEGATIVE,
                                "map_top": checks.POSITIVE, "direction": checks.one_of("a_over_b", "b_over_a", "both"),
                                "lam": (lambda v: v >= 0 and np.isfinite(v), "a finite number >= 0")})
         if not (self.search or self.vocab_map):
@@ -335,7 +339,7 @@ def _compute(p: Ready, spec: DisagreeSpec, name: str, direction: str, method: st
     partner = _partner(p, spec.options.allow_nonfinite)
     sign = 1.0 if direction == "a_over_b" else -1.0
     objective = Objective(p.target, p.prior, cfg.lam, sign, cfg.repetition_penalty, forwards,
-                          allow_nonfinite=spec.options.allow_nonfinite, partner=partner)
+                          allow_nonfinite=spec.options.allow_nonfinite, partner=partner, screen=cfg.screen)
     reported = [0.0]
 
     def tick(latest=None) -> None:

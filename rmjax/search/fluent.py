@@ -278,8 +278,13 @@ def _gcg(objective: Objective, cfg: FluentConfig, banned, allowed, exact: bool, 
                 if not len(cands):
                     spent.add(tuple(current.tolist()))
                     continue
-            cands = _affordable(objective, cands, current, every)
-            values = objective.score(cands, current, extended, every=every)
+            screen = objective.screen if objective.partner is not None else 0
+            cands = _affordable(objective, cands, current, every, screen=screen)
+            if screen:
+                kept, values = objective.score_screened(cands, screen, current, extended, every=every)
+                cands = cands[kept]
+            else:
+                values = objective.score(cands, current, extended, every=every)
             archive.add(cands, values)
             if not exact and cfg.merges:
                 _merge_improvements(objective, cfg, current, found.values.objective[index], cands, values, extended,
@@ -384,12 +389,15 @@ def _resample_tails(objective: Objective, cfg: FluentConfig, current: np.ndarray
         archive.add(cands[:fits], objective.score(cands[:fits], current, extended, known_logp=known[:fits]))
 
 
-def _affordable(objective: Objective, cands: np.ndarray, current: np.ndarray, every, known: bool = False
-                ) -> np.ndarray:
-    """The leading candidates whose scoring fits the budget left; BudgetSpent when not even one does."""
-    left = objective.forwards.left
-    costs = objective.cost(cands, current, every, known)
-    fits = sum(1 for total in np.cumsum(costs) if total <= left)  # the sums only grow
+def _affordable(objective: Objective, cands: np.ndarray, current: np.ndarray, every, known: bool = False,
+                screen: int = 0) -> np.ndarray:
+    """The leading candidates whose scoring fits the budget left (`screen`: the other side scores at most that many
+    of them, Objective.score_screened); BudgetSpent when not even one does."""
+    left, forwards = objective.forwards.left, objective.forwards
+    totals = np.cumsum(objective.cost(cands, current, every, known, partner=not screen))
+    if screen:
+        totals = [t + forwards.cost(whole=min(screen, i + 1) * objective.other_each) for i, t in enumerate(totals)]
+    fits = sum(1 for total in totals if total <= left)  # the sums only grow
     if fits == 0:
         raise BudgetSpent
     return cands[:fits]

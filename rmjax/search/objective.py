@@ -184,6 +184,7 @@ class Objective:
     swaps_skipped: int = 0  # swaps of allowed tokens a NaN/Inf gradient entry kept from being proposed
     candidates_dropped: int = 0  # sequences scored with a NaN/Inf term (allow_nonfinite), never kept
     partner: Partner | None = None  # a disagreement's other side: R is the gap z_A − z_B (module docstring)
+    screen: int = 0  # with a partner: a GCG step's partner scores only this many candidates (score_screened)
 
     def __post_init__(self):
         if self.lam > 0 and self.prior is None:
@@ -213,9 +214,12 @@ class Objective:
     def values(self, reward: np.ndarray, logp: np.ndarray, ids: np.ndarray) -> Values:
         if self.partner is not None:
             reward = self.partner.gap(reward, np.asarray(ids))
+        return self._values(reward, logp, ids, self.sign)
+
+    def _values(self, reward: np.ndarray, logp: np.ndarray, ids: np.ndarray, weight: float) -> Values:
         rep = repetition(ids, self.end)
         fluency = np.nan_to_num(logp, nan=0.0) - self.repetition_weight * rep
-        return Values(reward, logp, rep, self.sign * reward.astype(np.float64) + self.lam * fluency)
+        return Values(reward, logp, rep, weight * np.asarray(reward, np.float64) + self.lam * fluency)
 
     @property
     def rm_is_prior(self) -> bool:
@@ -247,12 +251,13 @@ class Objective:
             first = np.minimum(first, np.asarray([len(v) - 2 for v in variants], np.int64))
         return first
 
-    def cost(self, cands: np.ndarray, current: np.ndarray | None = None, every=None, known: bool = False
-             ) -> np.ndarray:
-        """What `score` charges for each candidate [W] (Fractions); `known`: their log-probs are given."""
+    def cost(self, cands: np.ndarray, current: np.ndarray | None = None, every=None, known: bool = False,
+             partner: bool = True) -> np.ndarray:
+        """What `score` charges for each candidate [W] (Fractions); `known`: their log-probs are given; without
+        `partner`, this side's part alone (`score_screened` charges the partner per candidate it keeps)."""
         rm, lm = self._positions(cands, current)
         runs = self._prior_runs(current, every, 0.0 if known else None)
-        return np.asarray([self.forwards.cost(int(r), int(m) if runs else 0, self.other_each)
+        return np.asarray([self.forwards.cost(int(r), int(m) if runs else 0, self.other_each if partner else 0)
                            for r, m in zip(rm, lm, strict=True)], object)
 
     def score(self, cands: np.ndarray, current: np.ndarray | None = None, extended=None,
@@ -264,15 +269,36 @@ class Objective:
         from the gradient). `known_logp`: their F log-prob terms, already computed (a sampler's): the prior
         is not run again."""
         cands = np.asarray(cands, np.int32)
+        reward, logp = self._own_terms(cands, current, extended, known_logp, every, len(cands))
+        return self._checked(self.values(reward, logp, cands), cands)
+
+    def score_screened(self, cands: np.ndarray, keep: int, current: np.ndarray | None = None, extended=None,
+                       known_logp: np.ndarray | None = None, every: jax.Array | None = None
+                       ) -> tuple[np.ndarray, Values]:
+        """`score` with a disagreement's partner run only for the `keep` best candidates by this side's part of J
+        (sign·reward over A's SD + λ·F, J less the partner's term): each candidate is charged this side's positions,
+        the partner's forwards only for those kept. Returns the kept indices (best first) and their Values; a
+        candidate screened out has no gap and is neither kept nor written."""
+        cands = np.asarray(cands, np.int32)
+        reward, logp = self._own_terms(cands, current, extended, known_logp, every, min(keep, len(cands)))
+        own = self._checked(self._values(reward, logp, cands, self.gradient_sign), cands)
+        order = np.lexsort((np.arange(len(cands)), -own.objective))[:keep]
+        order = order[np.isfinite(own.objective[order])]  # a NaN/Inf term of this side's (allow_nonfinite)
+        return order, self._checked(self.values(reward[order], logp[order], cands[order]), cands[order])
+
+    def _own_terms(self, cands: np.ndarray, current, extended, known_logp, every, partnered: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """This RM's rewards of candidates and their F log-prob terms (`score`), charged first with the partner's
+        forwards for `partnered` of them."""
         if current is not None and extended is None:
             extended = self.extended_cache(current)
         rm_positions, lm_positions = self._positions(cands, current)
         run_prior = self._prior_runs(current, every, known_logp)
         shared = self.uses_prior and known_logp is None and not run_prior
         self.forwards.charge(int(rm_positions.sum()), int(lm_positions.sum()) if run_prior else 0,
-                             len(cands) * self.other_each)
+                             partnered * self.other_each)
         if current is None:
-            return self._score_whole(cands, shared, known_logp)
+            return self._whole_terms(cands, shared, known_logp)
         t, end = self.turn_target, self.end
         mine, variants = turns.turn(current, end), [turns.turn(c, end) for c in cands]
         firsts = self._firsts(mine, variants)
@@ -281,14 +307,14 @@ class Objective:
                                 read_offset=self.read_offset)
         if shared:
             reward, after = reward
-            logp = _shared_log_probs(mine, variants, every, after, firsts)
-            return self._checked(self.values(reward, logp, cands), cands)
-        return self._checked(self.values(reward, self._fluency_log_probs(cands, known_logp), cands), cands)
+            return reward, _shared_log_probs(mine, variants, every, after, firsts)
+        return reward, self._fluency_log_probs(cands, known_logp)
 
     def score_paid(self, cands: np.ndarray, known_logp: np.ndarray) -> Values:
         """J of whole turns whose forwards the caller charged (best-of-N's samples drawn by the RM as its own
         prior: the sampler's forward was the scoring one), with their known F log-prob terms."""
-        return self._score_whole(np.asarray(cands, np.int32), False, known_logp)
+        cands = np.asarray(cands, np.int32)
+        return self._checked(self.values(*self._whole_terms(cands, False, known_logp), cands), cands)
 
     def score_partials(self, partials: np.ndarray) -> Values:
         """J of d-token responses [W, d] (d ≤ N: a beam level; each a whole turn of d tokens), charged (d + S) RM
@@ -299,18 +325,19 @@ class Objective:
         self.forwards.charge(len(partials) * (d + tail),
                              len(partials) * (d + 1) if self.uses_prior and not shared else 0,
                              len(partials) * self.other_each)
-        return self._score_whole(partials, shared)
+        return self._checked(self.values(*self._whole_terms(partials, shared), partials), partials)
 
-    def _score_whole(self, cands: np.ndarray, shared: bool, known_logp: np.ndarray | None = None) -> Values:
-        """J of responses run whole after the prompt (already charged); `shared`: the RM's forward gives the
-        prior term too."""
+    def _whole_terms(self, cands: np.ndarray, shared: bool, known_logp: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """Rewards and F log-prob terms of responses run whole after the prompt (already charged); `shared`: the
+        RM's forward gives the prior term too."""
         t, size = self.target, turns.lengths(cands, self.end)
         if shared:
             reward, lps = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size,
                                           first=self.prior.first, lengths=size, end=self.end)
-            return self._checked(self.values(reward, turns.fluency_log_prob(lps, size), cands), cands)
+            return reward, turns.fluency_log_prob(lps, size)
         reward = score_responses(t.model, t.cache, t.suffix_ids, cands, self.batch_size, lengths=size, end=self.end)
-        return self._checked(self.values(reward, self._fluency_log_probs(cands, known_logp), cands), cands)
+        return reward, self._fluency_log_probs(cands, known_logp)
 
     def _checked(self, v: Values, cands: np.ndarray) -> Values:
         """GCG's rule for what it scores: a NaN/Inf term J reads (the reward; the prior log-prob at λ > 0) stops the
