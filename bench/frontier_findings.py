@@ -37,12 +37,13 @@ from rmjax.scoring.judge import judge_perplexities  # noqa: E402
 from rmjax.scoring.prefix import score_responses  # noqa: E402
 from rmjax.scoring.prior import sample_responses  # noqa: E402
 from rmjax.search import fluent, turns  # noqa: E402
+from rmjax.search.budget import Forwards  # noqa: E402
 from rmjax.search.completion import complete_responses, greedy_continuations  # noqa: E402
 from rmjax.search.fluent import FluentConfig  # noqa: E402
 from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier  # noqa: E402
 from rmjax.search.gcg import make_target  # noqa: E402
 from rmjax.search.gcg_start import banned_tokens  # noqa: E402
-from rmjax.search.objective import Forwards, Objective, Prior  # noqa: E402
+from rmjax.search.objective import Objective, Prior  # noqa: E402
 from rmjax.text import prompts as prompt_lib  # noqa: E402
 
 MODELS = "elo-rm-smollm2-135m,elo-rm-gemma3-270m"

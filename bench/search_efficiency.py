@@ -162,7 +162,8 @@ def run_search(model, target, cands, direction, seed, budget, rank, exact_limit:
                n: int = 2) -> list[tuple[float, int]]:
     """The search's curve of (forwards, rank(latest J, its ids)), stopped at the budget or at rank 1."""
     from rmjax.search import fluent
-    from rmjax.search.objective import Forwards, Objective, Prior
+    from rmjax.search.budget import Forwards
+    from rmjax.search.objective import Objective, Prior
 
     banned = np.ones(model.config.vocab_size, bool)
     banned[cands] = False

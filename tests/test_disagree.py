@@ -16,10 +16,11 @@ from rmjax.analysis.stats import epic_distance_matrix
 from rmjax.loading import load
 from rmjax.runs.options import RunOptions
 from rmjax.search import disagree_job, fluent, turns
+from rmjax.search.budget import Forwards
 from rmjax.search.disagree import Disagreement, agreement
 from rmjax.search.disagree_job import DisagreeConfig, DisagreeSpec, run_disagree
 from rmjax.search.gcg import make_target
-from rmjax.search.objective import Forwards, Objective, Prior
+from rmjax.search.objective import Objective, Prior
 from rmjax.search.sides import ImplicitSide, Side, SideSpec
 from rmjax.text import prompts
 from rmjax.text.chat import Conversations

@@ -12,9 +12,10 @@ import torch
 from rmjax.loading import config_and_tokenizer, load
 from rmjax.parallel.distributed import to_host
 from rmjax.search import turns
+from rmjax.search.budget import Forwards
 from rmjax.search.disagree import Disagreement, aligned_tokens
 from rmjax.search.gcg import make_target
-from rmjax.search.objective import Forwards, Objective
+from rmjax.search.objective import Objective
 from rmjax.search.sides import RewardSide, SideSpec
 from rmjax.text import prompts
 from rmjax.text.chat import PLAIN_FORMAT, Conversations

@@ -21,8 +21,9 @@ from rmjax.scoring import calls
 from rmjax.scoring import prior as prior_lib
 from rmjax.search import fluent, objective, pareto, turns
 from rmjax.search import gcg as gcg_lib
+from rmjax.search.budget import Forwards
 from rmjax.search.gcg import make_target
-from rmjax.search.objective import Forwards, Objective, Prior
+from rmjax.search.objective import Objective, Prior
 from rmjax.text import chat, prompts
 from tests import cli, tiny, tolerance
 

@@ -71,8 +71,9 @@ def test_the_frontier_objective_refuses_or_drops_and_counts_a_nan_sequence(overf
     their rewards (against a whole-sequence forward)."""
     from rmjax.errors import NonFiniteError
     from rmjax.loading import load
+    from rmjax.search.budget import Forwards
     from rmjax.search.gcg import make_target
-    from rmjax.search.objective import Forwards, Objective
+    from rmjax.search.objective import Objective
     from rmjax.text import prompts
     from tests.test_safety_packing import _whole_reward
 

@@ -20,9 +20,10 @@ from rmjax.parallel import batching
 from rmjax.parallel.distributed import to_host
 from rmjax.scoring import calls
 from rmjax.scoring.prefix import extend_prefix, pack, score_variants
+from rmjax.search.budget import Forwards
 from rmjax.search.gcg import gcg, make_target
 from rmjax.search.gcg_config import GCGConfig
-from rmjax.search.objective import Forwards, Objective, Prior
+from rmjax.search.objective import Objective, Prior
 from rmjax.text import prompts
 from tests import cli, tolerance
 from tests.test_mutants import overflow_row  # noqa: F401  (the fixture)

@@ -27,6 +27,7 @@ from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import PhaseClock, Progress
 from rmjax.search import disagree_out, frontier_checks, turns
+from rmjax.search.budget import BudgetSpent, Forwards
 from rmjax.search.completion import require_prior_config, same_tokenizer
 from rmjax.search.disagree import Disagreement, map_rewards, shared_strings, twin_map, vocab_map
 from rmjax.search.fluent import FluentConfig, best_of_n, fluent_search
@@ -34,7 +35,7 @@ from rmjax.search.frontier_job import Z_SAMPLE, default_judge, search_rows
 from rmjax.search.gcg import make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids, survives
-from rmjax.search.objective import BudgetSpent, Forwards, Objective, Prior
+from rmjax.search.objective import Objective, Prior
 from rmjax.search.sides import Side, SideSpec, make_side
 from rmjax.text import chat
 

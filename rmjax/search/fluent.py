@@ -38,9 +38,10 @@ from rmjax.errors import UsageError
 from rmjax.parallel.distributed import to_host
 from rmjax.scoring import prior as prior_lib
 from rmjax.search import turns
+from rmjax.search.budget import BudgetSpent
 from rmjax.search.gcg_config import GCGConfig
 from rmjax.search.gcg_swaps import RetokenizationCheck, sample_candidates, survives, swap_scores
-from rmjax.search.objective import BudgetSpent, Objective, Values
+from rmjax.search.objective import Objective, Values
 
 BUFFER_TRIES = 4  # buffer entries a step tries before the search counts as stuck
 

@@ -32,6 +32,7 @@ from rmjax.scoring import finite
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.scoring.prefix import score_responses
 from rmjax.search import frontier_checks, frontier_out, pareto, turns
+from rmjax.search.budget import BudgetSpent, Forwards
 from rmjax.search.completion import (
     complete_responses,
     greedy_continuations,
@@ -42,7 +43,7 @@ from rmjax.search.fluent import FluentConfig, Found, best_of_n, fluent_search
 from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, survives
-from rmjax.search.objective import BudgetSpent, Forwards, Objective, Prior
+from rmjax.search.objective import Objective, Prior
 from rmjax.text import chat
 
 # reward_z divides by the SD of the single-token rewards: one value has none (NaN), equal values one of 0 (±Inf)

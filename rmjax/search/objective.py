@@ -30,7 +30,6 @@ candidate also costs the partner's whole forwards (`Partner.each`).
 from __future__ import annotations
 
 import dataclasses
-from fractions import Fraction
 from typing import Protocol
 
 import jax
@@ -50,6 +49,7 @@ from rmjax.scoring.prefix import (
     score_variants,
 )
 from rmjax.search import turns
+from rmjax.search.budget import Forwards
 from rmjax.search.gcg import Target, explain_nonfinite, reward_gradient_on_device
 from rmjax.search.joint_gradient import joint_gradient_on_device
 
@@ -72,36 +72,6 @@ def _shared_log_probs(current: np.ndarray, cands: list[np.ndarray], every: jax.A
         row = np.concatenate([own[:f], [picked[len(current) + i]], tail])
         lps[i, : len(row)] = row
     return turns.fluency_log_prob(lps, [len(c) - 1 for c in cands])
-
-
-class BudgetSpent(Exception):
-    """The search's forwards are spent: no call that would pass the limit is run."""
-
-
-@dataclasses.dataclass
-class Forwards:
-    """Forwards spent against a limit (module docstring): `rm_unit` = N + S, `lm_unit` = N + 1 (a whole turn: the
-    response and its end of turn)."""
-
-    limit: int
-    rm_unit: int
-    lm_unit: int
-    spent: Fraction = Fraction(0)
-
-    def cost(self, rm_positions: int = 0, lm_positions: int = 0, whole: int = 0) -> Fraction:
-        """`whole`: whole forwards of another model (a disagreement's other side), one per candidate it scores."""
-        return Fraction(int(rm_positions), self.rm_unit) + Fraction(int(lm_positions), self.lm_unit) + int(whole)
-
-    def charge(self, rm_positions: int = 0, lm_positions: int = 0, whole: int = 0) -> None:
-        """Spend a call's positions; BudgetSpent (and nothing spent) when it would pass the limit."""
-        cost = self.cost(rm_positions, lm_positions, whole)
-        if self.spent + cost > self.limit:
-            raise BudgetSpent
-        self.spent += cost
-
-    @property
-    def left(self) -> Fraction:
-        return self.limit - self.spent
 
 
 def repetition(ids: np.ndarray, end: int | None = None) -> np.ndarray:
