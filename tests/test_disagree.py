@@ -102,25 +102,29 @@ def test_both_sides_forwards_are_charged_and_the_budget_never_passed(rm_folder, 
     np.testing.assert_allclose(want[0], reward_a / 2.0 - want[1], rtol=0, atol=1e-12)  # gap = z_A − z_B
 
 
-def test_a_screened_step_has_b_score_only_a_s_best_and_charges_b_for_those_alone(rm_folder, lm_folder, monkeypatch):
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_screened_step_has_b_score_only_a_s_best_and_charges_b_for_those_alone(rm_folder, lm_folder, monkeypatch,
+                                                                                 sign):
     """--screen=K: each GCG step's candidates are ranked by A's part of J (sign·reward over A's SD + λ·F), and B
     scores only the K best. The ranking is checked against A's terms of the same candidates scored whole by an
     objective without a partner (another code path: whole turns, no prefix variants); the charge against side A's
-    positions counted from its calls plus B's whole forwards for the texts it scored; no screened-out candidate is
-    kept."""
+    positions counted from its calls plus B's whole forwards for the texts it scored, each step's charge as
+    predicted (A's cost of every candidate, B's of the kept); no screened-out candidate is kept."""
     rm, lm = load(str(rm_folder)), load(str(lm_folder))
     target, prior = make_target(rm, PROMPT), Prior.of(lm, make_target(rm, PROMPT).prefix)
-    n, budget, keep, lam, scale = SEARCH.num_tokens, 240, 4, 1.0, 2.0
+    n, budget, keep, lam, scale = SEARCH.num_tokens, 240, 2, 1.0, 2.0
     ledger = _Ledger(monkeypatch, rm, n, len(target.suffix), target.suffix[0])
     forwards = Forwards(budget, n + len(target.suffix), n + 1)
     side = _CountingSide(rm.tokenizer)
     end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
     partner = Disagreement(rm.tokenizer, end, (0.0, scale), side, (1.0, 4.0))
-    obj = Objective(target, prior, lam, -1.0, 2.0, forwards, partner=partner, screen=keep)
+    obj = Objective(target, prior, lam, sign, 2.0, forwards, partner=partner, screen=keep)
     steps, real = [], obj.score_screened
 
-    def screened(cands, k, *args, **kwargs):
-        kept, values = real(cands, k, *args, **kwargs)
+    def screened(cands, k, current, extended, every=None):
+        before = forwards.spent
+        kept, values = real(cands, k, current, extended, every=every)
+        assert forwards.spent - before == sum(obj.cost(cands, current, every, partner=False)) + 2 * min(k, len(cands))
         steps.append((np.asarray(cands), k, kept))
         return kept, values
 
@@ -131,12 +135,12 @@ def test_a_screened_step_has_b_score_only_a_s_best_and_charges_b_for_those_alone
     assert found.spent == forwards.spent <= budget
     assert forwards.spent == ledger.forwards() + Fraction(2 * len(side.scored))  # B: 2 models a text
     assert any(len(c) > keep for c, _, _ in steps)  # the screen screened
-    reference = Objective(target, prior, lam, -1.0, 2.0, Forwards(10**9, n + len(target.suffix), n + 1))
+    reference = Objective(target, prior, lam, sign, 2.0, Forwards(10**9, n + len(target.suffix), n + 1))
     archived = {tuple(r) for r in found.ids.tolist()}
     for cands, k, kept in steps:
         assert len(set(kept.tolist())) == len(kept) == min(k, len(cands))
         whole = reference.score(cands)  # no partner: reward is A's alone
-        own = -whole.reward / scale + lam * (whole.prior_logp - 2.0 * whole.repetition)
+        own = sign * whole.reward / scale + lam * (whole.prior_logp - 2.0 * whole.repetition)
         out = np.setdiff1d(np.arange(len(cands)), kept)
         # float32 forwards, cached against whole, agree to ~1e-6 on a tiny model's O(1) terms; 1e-4 leaves room
         assert not len(out) or own[kept].min() >= own[out].max() - 1e-4

@@ -247,13 +247,15 @@ class Objective:
                        ) -> tuple[np.ndarray, Values]:
         """`score` with a disagreement's partner run only for the `keep` best candidates by this side's part of J
         (sign·reward over A's SD + λ·F, J less the partner's term): each candidate is charged this side's positions,
-        the partner's forwards only for those kept. Returns the kept indices (best first) and their Values; a
+        the partner's forwards only for those kept (a candidate with a NaN/Inf term of this side's is dropped,
+        allow_nonfinite, before the partner is charged). Returns the kept indices (best first) and their Values; a
         candidate screened out has no gap and is neither kept nor written."""
         cands = np.asarray(cands, np.int32)
-        reward, logp = self._own_terms(cands, current, extended, known_logp, every, min(keep, len(cands)))
+        reward, logp = self._own_terms(cands, current, extended, known_logp, every, 0)
         own = self._checked(self._values(reward, logp, cands, self.gradient_sign), cands)
         order = np.lexsort((np.arange(len(cands)), -own.objective))[:keep]
         order = order[np.isfinite(own.objective[order])]  # a NaN/Inf term of this side's (allow_nonfinite)
+        self.forwards.charge(whole=len(order) * self.other_each)  # within cost(partner=False) + min(keep, W)·each
         return order, self._checked(self.values(reward[order], logp[order], cands[order]), cands[order])
 
     def _own_terms(self, cands: np.ndarray, current, extended, known_logp, every, partnered: int
