@@ -1,6 +1,7 @@
-"""Training the last K layers on each prompt's prefix computed once (rmjax.train.prefixed): the rewards and the
-loss's gradient are the whole conversations' (an independent full forward, no cache), within the float32 bound,
-and a run trains as a run on whole sequences does, within Adam's rounding drift."""
+"""Training the last K layers on each prompt's prefix (and each distinct response's frozen states) computed once
+(rmjax.train.prefixed): the rewards and the loss's gradient are the whole conversations' (an independent full
+forward, no cache), within the float32 bound, and a run trains as a run on whole sequences does, within Adam's
+rounding drift."""
 
 from __future__ import annotations
 
@@ -63,14 +64,21 @@ def _pad(rows, width):
     return ids, mask
 
 
-def test_rewards_and_gradient_equal_the_whole_conversations(rm):
+@pytest.mark.parametrize("steps", [0, 100], ids=["frozen_layers_each_step", "frozen_states_once"])
+def test_rewards_and_gradient_equal_the_whole_conversations(rm, steps, monkeypatch):
     last_k = 2 if rm.config.has_local_layers else 1  # Gemma 3: a full-attention and a windowed layer train
     pairs = _pairs(0, 10)
     split = prefixed.prefixed_pairs(rm, pairs, "auto", batch_size=6)
     assert split is not None and len(split.prefixes) == len(PROMPTS)
     assert len(set(split.prefix_mask.sum(1).tolist())) == len(PROMPTS)  # padded prefixes of three widths
     module, wrt = trainable_part(rm, TrainConfig(trainable="last_k", last_k=last_k))
-    data = prefixed.frozen_prefix_data(rm, split, rm.config.num_layers - last_k)
+    monkeypatch.setattr(prefixed, "STATES_CHUNK", 3)  # several calls, the last one padded
+    data = prefixed.frozen_prefix_data(rm, split, rm.config.num_layers - last_k, steps, batch_size=6)
+    distinct = set(zip(pairs.prompt, pairs.chosen)) | set(zip(pairs.prompt, pairs.rejected))
+    if steps:  # each distinct (prompt, response) once, counted here from the texts
+        assert len(data[-1][0]) == len(distinct) and len(distinct) % 3 != 0
+    else:  # 0 steps would run the frozen layers over no row: computing the states first does not pay
+        assert data[-1] is None
     idx = jnp.asarray([7, 2, 2, 0, 9, 4])  # a batch with a repeat, in no order
     label = jnp.asarray(pairs.label[np.asarray(idx)])
     ids, mask = _whole(rm, pairs)
@@ -107,7 +115,10 @@ def test_a_run_trains_as_on_whole_sequences(tmp_path, monkeypatch):
     cfg = TrainConfig(trainable="last_k", last_k=2, steps=4, batch_size=8, learning_rate=1e-2, checkpoint_every=4)
     said = []
     fast = train_reward_model(rm, train, held, cfg, tmp_path / "prefixed", log=said.append)
-    assert any(m.startswith("prompt prefixes through the 2 frozen layers") for m in said), said
+    distinct = len(set(zip(train.prompt, train.chosen)) | set(zip(train.prompt, train.rejected)))
+    assert distinct < 2 * cfg.steps * cfg.batch_size  # so the states of the responses are computed once
+    assert any(m.startswith(f"prompt prefixes and {distinct} distinct responses through the 2 frozen layers")
+               for m in said), said
     monkeypatch.setattr(prefixed, "prefixed_pairs", lambda *a: None)
     whole = train_reward_model(rm, train, held, cfg, tmp_path / "whole", log=lambda *_: None)
     length = _whole(rm, train)[0].shape[-1]

@@ -249,8 +249,11 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
                                 zoo.abstract_params(cfg, jnp.dtype(numpy_dtype(dtype))), ids,
                                 jax.ShapeDtypeStruct(ids.shape, jnp.bool_))
         response = sequence_tokens - prefix_tokens
+        hidden = frozen[-1].dtype  # `responses` distinct: their states below the trained layers kept where they pay
+        states = (_array((responses, response, cfg.hidden_size), hidden, mesh), _array((2, pairs), jnp.int32, mesh)) \
+            if prefixed.states_pay(responses, response, cfg.hidden_size, hidden.itemsize, steps, batch_size) else None
         data = (_array((2, pairs, response), jnp.int32, mesh), _array((2, pairs, response), jnp.bool_, mesh),
-                _array((pairs,), jnp.int32, mesh), *(_array(x.shape, x.dtype, mesh) for x in frozen))
+                _array((pairs,), jnp.int32, mesh), *(_array(x.shape, x.dtype, mesh) for x in frozen), states)
         pair_rewards = prefixed.prefixed_pair_rewards
     else:
         data = (_array((2, pairs, sequence_tokens), jnp.int32, mesh),

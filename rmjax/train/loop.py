@@ -305,9 +305,11 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
     split = prefixed.prefixed_pairs(model, train, cfg.template, cfg.batch_size) \
         if cfg.trainable == "last_k" and cfg.last_k < n else None
     if split is not None:  # the frozen layers see each prompt's template prefix once, not in every conversation
-        data = prefixed.frozen_prefix_data(model, split, n - cfg.last_k)
-        log(f"prompt prefixes through the {n - cfg.last_k} frozen layers in {time.perf_counter() - start:.1f} s; "
-            f"{split.prefixes.shape[1]} prefix and {split.responses.shape[2]} response tokens a row")
+        data = prefixed.frozen_prefix_data(model, split, n - cfg.last_k, cfg.steps, cfg.batch_size)
+        states = "" if data[-1] is None else f" and {len(data[-1][0])} distinct responses"
+        log(f"prompt prefixes{states} through the {n - cfg.last_k} frozen layers in "
+            f"{time.perf_counter() - start:.1f} s; {split.prefixes.shape[1]} prefix and {split.responses.shape[2]} "
+            "response tokens a row")
         return prefixed.prefixed_pair_rewards, data, held_rewards
     train_seq = _Sequences(model, train, cfg.template)
     return sequence_pair_rewards, (jnp.asarray(train_seq.ids), jnp.asarray(train_seq.mask)), held_rewards

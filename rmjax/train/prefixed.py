@@ -7,6 +7,10 @@ goes through the frozen layers once, before training, and each step runs the fro
 tokens only (attending to their prompt's cached keys and values) and the trained layers on each prompt's prefix
 once plus the responses. The loss and its gradient are the sequence objective's, up to float rounding: a prefix
 cache's forward is the full forward (tests/test_prefixed_training.py holds them to the float32 bound).
+
+The responses' states below the trained layers are as frozen as the prefixes': where the run would otherwise run
+the frozen layers over more response rows than there are distinct responses (`states_pay`), each distinct response
+goes through them once too, and a step runs only the trained layers (BUILD_NOTES: the planted bench's steps).
 """
 
 from __future__ import annotations
@@ -74,16 +78,46 @@ def prefixed_pairs(model: Model, pairs: Pairs, template: str, batch_size: int) -
                          np.asarray([order[q] for q in pairs.prompt], np.int32), prefixes, prefix_mask)
 
 
-def frozen_prefix_data(model: Model, split: PrefixedPairs, shared: int) -> tuple:
+STATES_BYTES = 1 << 30  # the most the responses' frozen states may take (a copy on each device)
+STATES_CHUNK = 256  # responses a call when computing them
+
+
+def states_pay(responses: int, tokens: int, hidden: int, itemsize: int, steps: int, batch_size: int) -> bool:
+    """Whether `responses` distinct responses of `tokens` tokens go through the frozen layers once, before
+    training: when the steps would run those layers over more response rows (2 a pair) than that, and their
+    states fit in STATES_BYTES."""
+    return responses <= 2 * steps * batch_size and responses * tokens * hidden * itemsize <= STATES_BYTES
+
+
+def frozen_prefix_data(model: Model, split: PrefixedPairs, shared: int, steps: int = 0, batch_size: int = 0
+                       ) -> tuple:
     """The training step's data (`prefixed_pair_rewards`): the responses, each pair's prompt, and each prompt's
     prefix through the first `shared` layers: its keys and values there, its positions and validity, and its
-    hidden state entering layer `shared`."""
+    hidden state entering layer `shared`; last, where `states_pay` for a run of `steps` of `batch_size` pairs,
+    the distinct responses' states entering layer `shared` and each side's row of them, else None."""
     call = compiled(lower_prefix, model.config, model.mesh, (PARAMS, REPLICATED, REPLICATED), REPLICATED,
                     shared=shared)
-    k, v, positions, valid, hidden = call(declared_params(model), jnp.asarray(split.prefixes),
-                                          jnp.asarray(split.prefix_mask))
-    return (jnp.asarray(split.responses), jnp.asarray(split.mask), jnp.asarray(split.prompt_of), k, v, positions,
+    params = declared_params(model)
+    k, v, positions, valid, hidden = call(params, jnp.asarray(split.prefixes), jnp.asarray(split.prefix_mask))
+    data = (jnp.asarray(split.responses), jnp.asarray(split.mask), jnp.asarray(split.prompt_of), k, v, positions,
             valid, hidden)
+    tokens = split.responses.shape[2]
+    keys = np.concatenate([np.broadcast_to(split.prompt_of[None, :, None], (2, len(split.prompt_of), 1)),
+                           split.responses, split.mask], axis=-1).reshape(-1, 1 + 2 * tokens)
+    distinct, index = np.unique(keys, axis=0, return_inverse=True)
+    if not states_pay(len(distinct), tokens, model.config.hidden_size, hidden.dtype.itemsize, steps, batch_size):
+        return (*data, None)
+    lower = compiled(lower_responses, model.config, model.mesh, (PARAMS, *[REPLICATED] * 7), REPLICATED,
+                     shared=shared)
+    chunk = min(STATES_CHUNK, len(distinct))
+    states = []
+    for start in range(0, len(distinct), chunk):
+        rows = distinct[start:start + chunk]
+        rows = np.concatenate([rows, np.repeat(rows[:1], chunk - len(rows), axis=0)])  # one shape, one compile
+        states.append(lower(params, jnp.asarray(rows[:, 1:1 + tokens]), jnp.asarray(rows[:, 1 + tokens:], bool),
+                            jnp.asarray(rows[:, 0]), k, v, positions, valid))
+    states = jnp.concatenate(states)[: len(distinct)]
+    return (*data, (states, jnp.asarray(index.reshape(2, -1), jnp.int32)))
 
 
 def lower_prefix(cfg: ModelConfig, params, ids, mask, *, shared: int) -> tuple:
@@ -95,11 +129,22 @@ def lower_prefix(cfg: ModelConfig, params, ids, mask, *, shared: int) -> tuple:
     return k, v, positions, mask, x
 
 
+def lower_responses(cfg: ModelConfig, params, ids, mask, prompt_of, k, v, positions, valid, *, shared: int
+                    ) -> jax.Array:
+    """Responses [R, T] after their prompts' cached prefixes (`lower_prefix`'s K/V) through the first `shared`
+    layers: their hidden states entering layer `shared`."""
+    module = nn.module(params, cfg)
+    cache = nn.KVCache(k=k[:, prompt_of], v=v[:, prompt_of], positions=positions[prompt_of], valid=valid[prompt_of])
+    x, _, _, inputs = module.enter(ids=ids, mask=mask, cache=cache)
+    return nn.SplitStack.of(module.layers, shared).lower(x, inputs, cache.k, cache.v)[0]
+
+
 def prefixed_pair_rewards(m: nnx.Module, data: tuple, idx: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Rewards of chosen and rejected for pairs `idx` (as `sequence_pair_rewards`), `m.layers` a SplitStack whose
     lower part is frozen: the trained layers run over each prompt's cached prefix state once, and over the
-    responses after it; the frozen layers over the responses only."""
-    responses, mask, prompt_of, k, v, positions, valid, hidden = data
+    responses after it; the frozen layers over the responses only, or not at all where the data holds their
+    states."""
+    responses, mask, prompt_of, k, v, positions, valid, hidden, frozen_states = data
     upper, lower = m.layers.upper, m.layers.lower
     _, uk, uv, _ = upper(hidden, m.attention_inputs(positions, valid, None))
     rows = prompt_of[idx]
@@ -107,7 +152,11 @@ def prefixed_pair_rewards(m: nnx.Module, data: tuple, idx: jax.Array) -> tuple[j
 
     def side(s: int) -> jax.Array:
         x, new_mask, _, inputs = m.enter(ids=responses[s][idx], mask=mask[s][idx], cache=cache)
-        x = lower(x, inputs, cache.k, cache.v)[0]
+        if frozen_states is None:
+            x = lower(x, inputs, cache.k, cache.v)[0]
+        else:  # the embedding above is unused (compiled away); `inputs` still carry the positions and masks
+            states, row = frozen_states
+            x = states[row[s][idx]]
         x = upper(x, inputs, uk[:, rows], uv[:, rows])[0]
         return m.reward_head(nn.at_last(m.final_norm(x), new_mask))[:, 0]
 
