@@ -10,7 +10,8 @@ with 3x the pairs (rmjax.train.planted: 2 layers, 80 steps and 1x planted no fra
 planted word's z among the control words under both RMs, then (--stage=all) runs the disagreement job PLANTED vs
 CLEAN after the Elo and the framing prompts and counts the planted words its rows recover. Writes DIR/planted.json
 (planted, trained_check, found, recovered, n_recovered, n_recovered_by_string, seconds per stage);
-DIR/<planted|clean>/hf are the two RMs (model specs for any rmjax job), DIR/disagree the job's output.
+DIR/<planted|clean>/hf are the two RMs (model specs for any rmjax job), DIR/disagree the job's output; beside the
+seconds, the day's f32 matmul rate (matmul_gflops), since the 2-core machine's speed moves from day to day.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench import sweep_vs_reference  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -118,6 +121,8 @@ def main() -> int:
         return 2
     seconds["total"] = time.perf_counter() - start
     report["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
+    # the goal is minutes on 2 cores, whose speed moves from day to day (BUILD_NOTES): the day's matmul beside it
+    report["matmul_gflops"] = round(sweep_vs_reference.jax_matmul_peak(), 1)
     dump_json(report, out / "planted.json")
     _summary(report, words)
     return 0
@@ -144,7 +149,8 @@ def _summary(report: dict, words) -> None:
         print(f"recovered {report['n_recovered']} of {len(words.kinds)} planted words (the map's "
               f"{report['settings']['map_top']} distinct words at each end; {report['n_recovered_by_string']} "
               "counting its strings)")
-    print("seconds: " + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()))
+    print("seconds: " + ", ".join(f"{k} {v}" for k, v in report["seconds"].items())
+          + f"; this machine's f32 2048² matmul today: {report['matmul_gflops']} GFLOP/s")
 
 
 if __name__ == "__main__":

@@ -152,6 +152,54 @@ def test_a_screened_step_has_b_score_only_a_s_best_and_charges_b_for_those_alone
                                / 4.0, rtol=0, atol=1e-12)  # every kept row has its gap z_A − z_B
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_screened_best_of_n_buys_more_samples_and_has_b_score_only_a_s_best_share(rm_folder, lm_folder,
+                                                                                  monkeypatch, sign):
+    """--screen=K applies to the baseline too (the fair control for the screened search): best-of-N draws as many
+    samples as A's cost of each plus B's of the best K/search_width share buys, more than unscreened at the same
+    budget; B scores only that share, A's best by its part of J (checked against a partner-less objective scoring
+    the same samples whole); the ledger holds and nothing screened out is kept."""
+    rm, lm = load(str(rm_folder)), load(str(lm_folder))
+    target, prior = make_target(rm, PROMPT), Prior.of(lm, make_target(rm, PROMPT).prefix)
+    n, budget, keep, lam, scale = SEARCH.num_tokens, 240, 2, 1.0, 2.0
+    banned = np.ones(rm.config.vocab_size, bool)
+    banned[300:5000] = False
+    end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
+
+    def objective(screen: int):
+        forwards = Forwards(budget, n + len(target.suffix), n + 1)
+        side = _CountingSide(rm.tokenizer)
+        partner = Disagreement(rm.tokenizer, end, (0.0, scale), side, (1.0, 4.0))
+        return Objective(target, prior, lam, sign, 2.0, forwards, partner=partner, screen=screen), side
+
+    plain, _ = objective(0)
+    unscreened = len(fluent.best_of_n(plain, SEARCH, banned).ids)
+    ledger = _Ledger(monkeypatch, rm, n, len(target.suffix), target.suffix[0])
+    obj, side = objective(keep)
+    calls, real = [], obj.score_screened
+
+    def screened_recording(cands, k, **kw):
+        kept, values = real(cands, k, **kw)
+        calls.append((np.asarray(cands), k, kept))
+        return kept, values
+
+    monkeypatch.setattr(obj, "score_screened", screened_recording)
+    found = fluent.best_of_n(obj, SEARCH, banned)
+    ((cands, k, kept),) = calls
+    share = Fraction(keep, SEARCH.search_width)
+    assert k == -(-len(cands) * keep // SEARCH.search_width) and len(kept) == k == len(side.scored)
+    assert len(cands) > unscreened  # plain best-of-N counts every sample's B forwards
+    more = len(cands) + 1  # a sample's A side: one whole RM turn and one prior turn (2 forwards)
+    assert more * 2 + -(-more * share // 1) * 2 > budget  # one more sample would not fit
+    assert obj.forwards.spent == ledger.forwards() + Fraction(2 * len(side.scored)) <= budget
+    reference = Objective(target, prior, lam, sign, 2.0, Forwards(10**9, n + len(target.suffix), n + 1))
+    whole = reference.score(cands)
+    own = sign * whole.reward / scale + lam * (whole.prior_logp - 2.0 * whole.repetition)
+    out = np.setdiff1d(np.arange(len(cands)), kept)
+    assert own[kept].min() >= own[out].max() - 1e-4  # float32 sampler's log-probs against the whole forward's
+    assert {tuple(r) for r in found.ids.tolist()} <= {tuple(r) for r in cands[kept].tolist()}
+
+
 def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tmp_path):
     """implicit:CHOSEN:REFERENCE of a one-token response is the chosen LM's log-prob minus the reference's, as
     `experiments.logprobs` writes them (one job per LM); a text's is the same through the text path."""
@@ -283,6 +331,13 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     monkeypatch.setattr(disagree_job, "_compute", real_compute)
     run_disagree(_spec(rm_folder, lower_rm, again, lm_folder))
     assert (again / "disagree.csv").read_bytes() == first
+    # --methods=best_of_n (a control rerun): the joint run's best-of-N rows, alone
+    alone = tmp_path / "alone"
+    run_disagree(_spec(rm_folder, lower_rm, alone, lm_folder, methods="best_of_n"))
+    control = pd.read_csv(alone / "disagree.csv", keep_default_na=False)
+    joint = table[table.method == "best_of_n"].reset_index(drop=True)
+    assert set(control.method) == {"best_of_n"} and len(control) == len(joint) > 0
+    pd.testing.assert_frame_equal(control, joint, check_exact=False, rtol=0, atol=1e-6)
     _analyze_seeds_of_a_real_run(out, again, tmp_path)
 
 

@@ -74,7 +74,7 @@ def test_rewards_and_gradient_equal_the_whole_conversations(rm, steps, monkeypat
     module, wrt = trainable_part(rm, TrainConfig(trainable="last_k", last_k=last_k))
     monkeypatch.setattr(prefixed, "STATES_CHUNK", 3)  # several calls, the last one padded
     data = prefixed.frozen_prefix_data(rm, split, rm.config.num_layers - last_k, steps, batch_size=6)
-    distinct = set(zip(pairs.prompt, pairs.chosen)) | set(zip(pairs.prompt, pairs.rejected))
+    distinct = set(zip(pairs.prompt, pairs.chosen, strict=True)) | set(zip(pairs.prompt, pairs.rejected, strict=True))
     if steps:  # each distinct (prompt, response) once, counted here from the texts
         assert len(data[-1][0]) == len(distinct) and len(distinct) % 3 != 0
     else:  # 0 steps would run the frozen layers over no row: computing the states first does not pay
@@ -115,7 +115,7 @@ def test_a_run_trains_as_on_whole_sequences(tmp_path, monkeypatch):
     cfg = TrainConfig(trainable="last_k", last_k=2, steps=4, batch_size=8, learning_rate=1e-2, checkpoint_every=4)
     said = []
     fast = train_reward_model(rm, train, held, cfg, tmp_path / "prefixed", log=said.append)
-    distinct = len(set(zip(train.prompt, train.chosen)) | set(zip(train.prompt, train.rejected)))
+    distinct = len({*zip(train.prompt, train.chosen, strict=True), *zip(train.prompt, train.rejected, strict=True)})
     assert distinct < 2 * cfg.steps * cfg.batch_size  # so the states of the responses are computed once
     assert any(m.startswith(f"prompt prefixes and {distinct} distinct responses through the 2 frozen layers")
                for m in said), said

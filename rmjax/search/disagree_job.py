@@ -40,6 +40,7 @@ from rmjax.search.sides import Side, SideSpec, make_side
 from rmjax.text import chat
 
 DIRECTIONS = ("a_over_b", "b_over_a")
+METHODS = ("search", "best_of_n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +59,14 @@ class DisagreeConfig:
                                       "tokens both sides read as the same string (a reward-model side B; 3 of its "
                                       "forwards a step). Off: A's gradient alone, B only scoring candidates.")
     screen: int = setting(0, "Each GCG step ranks its candidates by side A's part of the objective and has side B "
-                             "score only this many of them (0: all): more steps for B's forwards. Best-of-N is "
-                             "unchanged.")
+                             "score only this many of them (0: all): more steps for B's forwards. Best-of-N gets the "
+                             "same screen (B scores A's best screen/search_width share of its samples), so it "
+                             "draws more samples.")
     z_sample: int = setting(2048, "Single tokens sampled (seeded) per side and prompt for the SD that z divides by.")
     search: bool = setting(True, "Run the search and best-of-N (--nosearch: only the vocabulary map).")
+    methods: str = setting("both", "search or best_of_n: run that one alone (a control rerun beside another run's "
+                                   "rows, at the same forwards); both: the search against best-of-N.",
+                           ("search", "best_of_n", "both"))
     vocab_map: bool = setting(False, "Also map every one-token response both vocabularies share: z_A against z_B, "
                                      "Kendall τ, the top and bottom by gap (DIR/vocab_map.csv).")
     map_top: int = setting(20, "Strings the summary names at each end of the vocabulary map, per prompt.")
@@ -73,6 +78,7 @@ class DisagreeConfig:
                                "front_rows": checks.NON_NEGATIVE, "screen": checks.NON_NEGATIVE,
                                "repetition_penalty": checks.NON_NEGATIVE,
                                "map_top": checks.POSITIVE, "direction": checks.one_of("a_over_b", "b_over_a", "both"),
+                               "methods": checks.one_of("search", "best_of_n", "both"),
                                "lam": (lambda v: v >= 0 and np.isfinite(v), "a finite number >= 0")})
         if not (self.search or self.vocab_map):
             raise UsageError("--nosearch without --vocab_map computes nothing: give one of them.")
@@ -80,6 +86,10 @@ class DisagreeConfig:
     @property
     def directions(self) -> tuple[str, ...]:
         return DIRECTIONS if self.direction == "both" else (self.direction,)
+
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        return METHODS if self.methods == "both" else (self.methods,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +169,8 @@ def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judg
             "judge": {"spec": judge, "model": job_fingerprint(o, judge)} if spec.config.search else None,
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
-            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)"}
+            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)",
+            **({"screened": "GCG steps and best-of-N"} if spec.config.screen else {})}
 
 
 def run_disagree(spec: DisagreeSpec) -> Path | None:
@@ -312,7 +323,7 @@ class Unit:
 
 def _units(spec: DisagreeSpec, ready: dict[str, Ready], store: ChunkStore) -> list[Unit]:
     cfg = spec.config
-    plan = [(p, d, m) for p in spec.prompts for d in cfg.directions for m in ("search", "best_of_n")]
+    plan = [(p, d, m) for p in spec.prompts for d in cfg.directions for m in cfg.method_names]
     progress = Progress(cfg.forwards * len(plan), "disagree", unit="forwards", every=10.0, warmup=True)
     units = []
     for index, (name, direction, method) in enumerate(plan):

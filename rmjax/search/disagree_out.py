@@ -22,6 +22,7 @@ from rmjax.search.frontier_out import FLUENT_PPL
 
 KEYS = ("prompt", "direction", "method", "rank", "text", "ends_turn", "completed_text")
 VALUES = ("reward_a", "reward_b", "z_a", "z_b", "gap", "judge_ppl", "forwards")
+LABELS = {"search": "search", "best_of_n": "best-of-N"}
 MAP_KEYS = ("prompt", "text", "token_a", "token_b")
 MAP_VALUES = ("reward_a", "reward_b", "z_a", "z_b", "gap")
 
@@ -150,9 +151,10 @@ def describe(summary: dict, paths: dict[str, Path], cfg) -> str:
             d = entry[direction]
             for key, what in (("at_cap", "at judge perplexity"), ("complete", "complete answers at judge perplexity")):
                 c = d[key]
-                lines.append(f"{prompt} {direction}, {what} <= {c['cap']:g}: search {_fmt(c['search'])}, best-of-N "
-                             f"{_fmt(c['best_of_n'])} (forwards {d['forwards'].get('search', 0):.0f} vs "
-                             f"{d['forwards'].get('best_of_n', 0):.0f})")
+                ran = cfg.method_names
+                lines.append(f"{prompt} {direction}, {what} <= {c['cap']:g}: "
+                             + ", ".join(f"{LABELS[m]} {_fmt(c[m])}" for m in ran)
+                             + " (forwards " + " vs ".join(f"{d['forwards'].get(m, 0):.0f}" for m in ran) + ")")
         if "vocab_map" in entry:
             m = entry["vocab_map"]
             lines.append(f"{prompt} vocabulary map over {m['n']} shared strings: Kendall τ {m['kendall_tau']:.3f}, "

@@ -243,15 +243,16 @@ class Objective:
         return self._checked(self.values(reward, logp, cands), cands)
 
     def score_screened(self, cands: np.ndarray, keep: int, current: np.ndarray | None = None, extended=None,
-                       known_logp: np.ndarray | None = None, every: jax.Array | None = None
+                       known_logp: np.ndarray | None = None, every: jax.Array | None = None, paid: bool = False
                        ) -> tuple[np.ndarray, Values]:
         """`score` with a disagreement's partner run only for the `keep` best candidates by this side's part of J
-        (sign·reward over A's SD + λ·F, J less the partner's term): each candidate is charged this side's positions,
-        the partner's forwards only for those kept (a candidate with a NaN/Inf term of this side's is dropped,
-        allow_nonfinite, before the partner is charged). Returns the kept indices (best first) and their Values; a
-        candidate screened out has no gap and is neither kept nor written."""
+        (sign·reward over A's SD + λ·F, J less the partner's term): each candidate is charged this side's positions
+        (unless `paid`, as `score_paid`), the partner's forwards only for those kept (a candidate with a NaN/Inf
+        term of this side's is dropped, allow_nonfinite, before the partner is charged). Returns the kept indices
+        (best first) and their Values; a candidate screened out has no gap and is neither kept nor written."""
         cands = np.asarray(cands, np.int32)
-        reward, logp = self._own_terms(cands, current, extended, known_logp, every, 0)
+        reward, logp = self._whole_terms(cands, False, known_logp) if paid else \
+            self._own_terms(cands, current, extended, known_logp, every, 0)
         own = self._checked(self._values(reward, logp, cands, self.gradient_sign), cands)
         order = np.lexsort((np.arange(len(cands)), -own.objective))[:keep]
         order = order[np.isfinite(own.objective[order])]  # a NaN/Inf term of this side's (allow_nonfinite)
