@@ -36,7 +36,7 @@ from rmjax.runs.options import RunOptions  # noqa: E402
 from rmjax.scoring.judge import judge_perplexities  # noqa: E402
 from rmjax.scoring.prefix import score_responses  # noqa: E402
 from rmjax.scoring.prior import sample_responses  # noqa: E402
-from rmjax.search import fluent, turns  # noqa: E402
+from rmjax.search import baseline, turns  # noqa: E402
 from rmjax.search.budget import Forwards  # noqa: E402
 from rmjax.search.completion import complete_responses, greedy_continuations  # noqa: E402
 from rmjax.search.fluent import FluentConfig  # noqa: E402
@@ -79,7 +79,7 @@ def _multiples(model: str, seed: int, args, folder: Path) -> list[dict]:
                                                                      args.num_tokens + len(target.suffix),
                                                                      args.num_tokens + 1))
         started = time.perf_counter()
-        found = fluent.best_of_n(objective, search, banned)
+        found = baseline.best_of_n(objective, search, banned)
         order = _interleaved(len(found.ids), len(search.best_of_n_temperatures))
         ids, gain = found.ids[order], sign * found.values.reward[order]
         texts = turns.decode(rm.tokenizer, ids, objective.end)

@@ -15,7 +15,7 @@ from scipy import stats
 from rmjax.analysis.stats import epic_distance_matrix
 from rmjax.loading import load
 from rmjax.runs.options import RunOptions
-from rmjax.search import disagree_job, fluent, turns
+from rmjax.search import baseline, disagree_job, fluent, turns
 from rmjax.search.budget import Forwards
 from rmjax.search.disagree import Disagreement, agreement
 from rmjax.search.disagree_job import DisagreeConfig, DisagreeSpec, run_disagree
@@ -55,18 +55,19 @@ def lm2_folder(tmp_path_factory, lm_folder):
 
 
 class _CountingSide(Side):
-    """A side whose reward is a text's length, counting every text it scores; texts holding an "e" do not
-    round-trip in it."""
+    """A side whose reward is a text's length, counting every text it scores; texts holding an "e" (or
+    `unreadable`) do not round-trip in it."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, unreadable: str = "e"):
         self.spec, self.tokenizer, self.vocab, self.scored = SideSpec("counting", ("x", "y")), tokenizer, 100, []
+        self.unreadable = unreadable
 
     def rewards(self, texts):
         self.scored += list(texts)
         return np.asarray([float(len(t)) for t in texts])
 
     def round_trips(self, text):
-        return "e" not in text
+        return self.unreadable not in text
 
 
 @pytest.mark.parametrize("method", ["search", "best_of_n"])
@@ -92,7 +93,7 @@ def test_both_sides_forwards_are_charged_and_the_budget_never_passed(rm_folder, 
         found = fluent.fluent_search(obj, SEARCH, banned, [partner.round_trips])
         assert all("e" not in t for t in side.scored)  # the filter ran before B scored anything
     else:
-        found = fluent.best_of_n(obj, SEARCH, banned)
+        found = baseline.best_of_n(obj, SEARCH, banned)
     assert found.spent == forwards.spent <= budget
     assert forwards.spent == ledger.forwards() + Fraction(2 * sum(calls))
     assert sum(calls) == len(side.scored) > 0
@@ -168,12 +169,12 @@ def test_screened_best_of_n_buys_more_samples_and_has_b_score_only_a_s_best_shar
 
     def objective(screen: int):
         forwards = Forwards(budget, n + len(target.suffix), n + 1)
-        side = _CountingSide(rm.tokenizer)
+        side = _CountingSide(rm.tokenizer, unreadable="x")  # a few samples B cannot read, not most
         partner = Disagreement(rm.tokenizer, end, (0.0, scale), side, (1.0, 4.0))
         return Objective(target, prior, lam, sign, 2.0, forwards, partner=partner, screen=screen), side
 
     plain, _ = objective(0)
-    unscreened = len(fluent.best_of_n(plain, SEARCH, banned).ids)
+    unscreened = len(baseline.best_of_n(plain, SEARCH, banned).ids)
     ledger = _Ledger(monkeypatch, rm, n, len(target.suffix), target.suffix[0])
     obj, side = objective(keep)
     calls, real = [], obj.score_screened
@@ -184,19 +185,24 @@ def test_screened_best_of_n_buys_more_samples_and_has_b_score_only_a_s_best_shar
         return kept, values
 
     monkeypatch.setattr(obj, "score_screened", screened_recording)
-    found = fluent.best_of_n(obj, SEARCH, banned)
+    drawn, sample = [], baseline.prior_lib.sample_responses
+    monkeypatch.setattr(baseline.prior_lib, "sample_responses",
+                        lambda *a, **kw: (drawn.append(a[4]), sample(*a, **kw))[1])
+    found = baseline.best_of_n(obj, SEARCH, banned, [obj.partner.round_trips])
     ((cands, k, kept),) = calls
     share = Fraction(keep, SEARCH.search_width)
-    assert k == -(-len(cands) * keep // SEARCH.search_width) and len(kept) == k == len(side.scored)
-    assert len(cands) > unscreened  # plain best-of-N counts every sample's B forwards
-    more = len(cands) + 1  # a sample's A side: one whole RM turn and one prior turn (2 forwards)
+    assert k == -(-sum(drawn) * keep // SEARCH.search_width) and len(kept) == min(k, len(cands)) == len(side.scored)
+    assert sum(drawn) > unscreened  # plain best-of-N counts every sample's B forwards
+    texts = turns.decode(rm.tokenizer, cands, end)  # what B cannot read back ("x") was dropped before the screen
+    assert all("x" not in t for t in texts) and all("x" not in t for t in side.scored) and sum(drawn) > len(cands)
+    more = sum(drawn) + 1  # a sample's A side: one whole RM turn and one prior turn (2 forwards)
     assert more * 2 + -(-more * share // 1) * 2 > budget  # one more sample would not fit
     assert obj.forwards.spent == ledger.forwards() + Fraction(2 * len(side.scored)) <= budget
     reference = Objective(target, prior, lam, sign, 2.0, Forwards(10**9, n + len(target.suffix), n + 1))
     whole = reference.score(cands)
     own = sign * whole.reward / scale + lam * (whole.prior_logp - 2.0 * whole.repetition)
     out = np.setdiff1d(np.arange(len(cands)), kept)
-    assert own[kept].min() >= own[out].max() - 1e-4  # float32 sampler's log-probs against the whole forward's
+    assert len(out) and own[kept].min() >= own[out].max() - 1e-4  # the sampler's f32 log-probs against the whole's
     assert {tuple(r) for r in found.ids.tolist()} <= {tuple(r) for r in cands[kept].tolist()}
 
 
@@ -331,13 +337,19 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     monkeypatch.setattr(disagree_job, "_compute", real_compute)
     run_disagree(_spec(rm_folder, lower_rm, again, lm_folder))
     assert (again / "disagree.csv").read_bytes() == first
-    # --methods=best_of_n (a control rerun): the joint run's best-of-N rows, alone
+    # --methods=best_of_n (a control rerun): the joint run's best-of-N rows, alone; --screen is the search's alone
+    # unless --screen_best_of_n
     alone = tmp_path / "alone"
-    run_disagree(_spec(rm_folder, lower_rm, alone, lm_folder, methods="best_of_n"))
+    run_disagree(_spec(rm_folder, lower_rm, alone, lm_folder, methods="best_of_n", screen=2))
     control = pd.read_csv(alone / "disagree.csv", keep_default_na=False)
     joint = table[table.method == "best_of_n"].reset_index(drop=True)
     assert set(control.method) == {"best_of_n"} and len(control) == len(joint) > 0
     pd.testing.assert_frame_equal(control, joint, check_exact=False, rtol=0, atol=1e-6)
+    screened = tmp_path / "screened"
+    run_disagree(_spec(rm_folder, lower_rm, screened, lm_folder, methods="best_of_n", screen=2, screen_best_of_n=True))
+    units = json.loads((screened / "disagree.csv.meta.json").read_text())["units"]
+    assert len(units) == 2 and all(u["method"] == "best_of_n" for u in units)
+    assert pd.read_csv(screened / "disagree.csv", keep_default_na=False).text.tolist() != joint.text.tolist()
     _analyze_seeds_of_a_real_run(out, again, tmp_path)
 
 

@@ -19,7 +19,7 @@ from rmjax.loading import load
 from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.scoring import calls
 from rmjax.scoring import prior as prior_lib
-from rmjax.search import fluent, objective, pareto, turns
+from rmjax.search import baseline, fluent, objective, pareto, turns
 from rmjax.search import gcg as gcg_lib
 from rmjax.search.budget import Forwards
 from rmjax.search.gcg import make_target
@@ -359,7 +359,7 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
     cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8,
                               exact_limit=16, explore="no explore" not in case)
     if case.startswith("best-of-N"):
-        found = fluent.best_of_n(obj, cfg, banned)
+        found = baseline.best_of_n(obj, cfg, banned)
     else:
         found = fluent.fluent_search(obj, cfg, banned, [])
     if case == "best-of-N":  # the RM is its own prior: a sample is one forward, the sampler's (module docstring)

@@ -27,10 +27,11 @@ from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import PhaseClock, Progress
 from rmjax.search import disagree_out, frontier_checks, turns
+from rmjax.search.baseline import best_of_n
 from rmjax.search.budget import BudgetSpent, Forwards
 from rmjax.search.completion import require_prior_config, same_tokenizer
 from rmjax.search.disagree import Disagreement, map_rewards, shared_strings, twin_map, vocab_map
-from rmjax.search.fluent import FluentConfig, best_of_n, fluent_search
+from rmjax.search.fluent import FluentConfig, fluent_search
 from rmjax.search.frontier_job import Z_SAMPLE, default_judge, search_rows
 from rmjax.search.gcg import make_target
 from rmjax.search.gcg_start import banned_tokens
@@ -59,9 +60,11 @@ class DisagreeConfig:
                                       "tokens both sides read as the same string (a reward-model side B; 3 of its "
                                       "forwards a step). Off: A's gradient alone, B only scoring candidates.")
     screen: int = setting(0, "Each GCG step ranks its candidates by side A's part of the objective and has side B "
-                             "score only this many of them (0: all): more steps for B's forwards. Best-of-N gets the "
-                             "same screen (B scores A's best screen/search_width share of its samples), so it "
-                             "draws more samples.")
+                             "score only this many of them (0: all): more steps for B's forwards. Best-of-N is "
+                             "unchanged unless --screen_best_of_n.")
+    screen_best_of_n: bool = setting(False, "With --screen: best-of-N is screened too (B scores A's best "
+                                            "screen/search_width share of its samples, so it draws more). A control: "
+                                            "measured weaker than unscreened at the cap (BUILD_NOTES).")
     z_sample: int = setting(2048, "Single tokens sampled (seeded) per side and prompt for the SD that z divides by.")
     search: bool = setting(True, "Run the search and best-of-N (--nosearch: only the vocabulary map).")
     methods: str = setting("both", "search or best_of_n: run that one alone (a control rerun beside another run's "
@@ -169,8 +172,7 @@ def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judg
             "judge": {"spec": judge, "model": job_fingerprint(o, judge)} if spec.config.search else None,
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
-            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)",
-            **({"screened": "GCG steps and best-of-N"} if spec.config.screen else {})}
+            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)"}
 
 
 def run_disagree(spec: DisagreeSpec) -> Path | None:
@@ -351,7 +353,8 @@ def _compute(p: Ready, spec: DisagreeSpec, name: str, direction: str, method: st
     partner = _partner(p, spec.options.allow_nonfinite)
     sign = 1.0 if direction == "a_over_b" else -1.0
     objective = Objective(p.target, p.prior, cfg.lam, sign, cfg.repetition_penalty, forwards,
-                          allow_nonfinite=spec.options.allow_nonfinite, partner=partner, screen=cfg.screen)
+                          allow_nonfinite=spec.options.allow_nonfinite, partner=partner,
+                          screen=cfg.screen if method == "search" or cfg.screen_best_of_n else 0)
     reported = [0.0]
 
     def tick(latest=None) -> None:
@@ -361,7 +364,7 @@ def _compute(p: Ready, spec: DisagreeSpec, name: str, direction: str, method: st
     if method == "search":
         found = fluent_search(objective, search, p.banned, p.retokenize, tick)
     else:
-        found = best_of_n(objective, search, p.banned)
+        found = best_of_n(objective, search, p.banned, p.retokenize)
         # only texts that round-trip in both sides count: best-of-N's samples were drawn unfiltered (and paid for)
         keep = [i for i, row in enumerate(found.ids.tolist())
                 if all(survives(c, turns.tokens(row, p.end)) for c in p.retokenize)]

@@ -18,14 +18,12 @@ step; none when the RM is its own prior, whose gradient forward gives them): ove
 single swaps alone stall (Gemma 3 pessimal ended above best-of-N's best without them). Exact mode needs neither.
 Both search and baseline stop when the next call would pass the budget.
 
-The baseline (`best_of_n`): as many prior samples as the budget buys (each one prior and one RM forward), ranked
-by J.
+The baseline, best-of-N at the same budget, is rmjax.search.baseline.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -403,44 +401,3 @@ def _affordable(objective: Objective, cands: np.ndarray, current: np.ndarray, ev
     if fits == 0:
         raise BudgetSpent
     return cands[:fits]
-
-
-def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray) -> Found:
-    """As many prior samples as the budget left buys, whole turns drawn in equal shares at each of
-    `best_of_n_temperatures`, ranked by J; samples may repeat (each was paid for). A sample costs one RM forward
-    when the RM is its own prior (the sampler's forward holds every position the reward reads but the suffix's),
-    else one prior forward to draw it and its RM positions to score it; with a partner, its forwards too. With a
-    disagreement's `screen` (the search's): the partner scores only the best screen/search_width share of the
-    samples by this side's part of J, as a screened GCG step does, so the budget buys more samples."""
-    forwards, n, end = objective.forwards, cfg.num_tokens, objective.end
-    full = n + objective.tail
-    own = objective.rm_is_prior
-    each = objective.other_each  # a disagreement's other side: its forwards, charged by `score` unless own
-    screen = objective.screen if objective.partner is not None else 0
-    share = min(Fraction(screen, cfg.search_width), Fraction(1)) if screen else Fraction(1)
-    mine = forwards.cost(full, 0) if own else forwards.cost(full, n + 1)
-    count = int(forwards.left // (mine + share * each))
-    while count and count * mine + math.ceil(count * share) * each > forwards.left:  # the kept share rounds up
-        count -= 1
-    if count == 0:
-        raise UsageError(f"--forwards={forwards.limit} buys no best-of-N sample; give a larger budget.")
-    forwards.charge(count * full if own else 0, 0 if own else count * (n + 1), count * each if own and not screen
-                    else 0)
-    temperatures = cfg.best_of_n_temperatures
-    shares = [count // len(temperatures) + (k < count % len(temperatures)) for k in range(len(temperatures))]
-    ids, lps = [], []
-    for k, (drawn_here, temperature) in enumerate(zip(shares, temperatures, strict=True)):
-        drawn, lp = prior_lib.sample_responses(objective.prior.model, objective.prior.cache, objective.prior.first,
-                                               banned, drawn_here, n, cfg.seed + 1 + k, temperature, end=end)
-        ids.append(turns.canonical(drawn, end))
-        lps.append(lp)
-    ids, lps = np.concatenate(ids), np.concatenate(lps)
-    known = turn_fluency(lps, ids, end)
-    if screen:
-        kept, values = objective.score_screened(ids, math.ceil(count * share), known_logp=known, paid=own)
-        ids = ids[kept]
-    else:
-        values = objective.score_paid(ids, known) if own else objective.score(ids, known_logp=known)
-    best = int(np.lexsort((np.arange(len(ids)), -values.objective))[0])
-    return Found(ids.astype(np.int64), values, forwards.spent,
-                 [(float(forwards.spent), float(values.objective[best]), ids[best].tolist())])

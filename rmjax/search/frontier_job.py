@@ -32,6 +32,7 @@ from rmjax.scoring import finite
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.scoring.prefix import score_responses
 from rmjax.search import frontier_checks, frontier_out, pareto, turns
+from rmjax.search.baseline import best_of_n
 from rmjax.search.budget import BudgetSpent, Forwards
 from rmjax.search.completion import (
     complete_responses,
@@ -39,7 +40,7 @@ from rmjax.search.completion import (
     require_prior_config,
     same_tokenizer,
 )
-from rmjax.search.fluent import FluentConfig, Found, best_of_n, fluent_search
+from rmjax.search.fluent import FluentConfig, Found, fluent_search
 from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, survives
