@@ -339,17 +339,33 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     assert (again / "disagree.csv").read_bytes() == first
     # --methods=best_of_n (a control rerun): the joint run's best-of-N rows, alone; --screen is the search's alone
     # unless --screen_best_of_n
+    real_screened, screened_calls = Objective.score_screened, []
+
+    def spy(self, cands, keep, *args, **kwargs):
+        kept, values = real_screened(self, cands, keep, *args, **kwargs)
+        tok = self.target.model.tokenizer
+        screened_calls.append((len(cands), keep, {tok.decode(turns.tokens(r, self.end)) for r in cands[kept].tolist()}))
+        return kept, values
+
+    monkeypatch.setattr(Objective, "score_screened", spy)
     alone = tmp_path / "alone"
     run_disagree(_spec(rm_folder, lower_rm, alone, lm_folder, methods="best_of_n", screen=2))
+    assert not screened_calls  # --screen alone leaves best-of-N unscreened
     control = pd.read_csv(alone / "disagree.csv", keep_default_na=False)
     joint = table[table.method == "best_of_n"].reset_index(drop=True)
     assert set(control.method) == {"best_of_n"} and len(control) == len(joint) > 0
     pd.testing.assert_frame_equal(control, joint, check_exact=False, rtol=0, atol=1e-6)
     screened = tmp_path / "screened"
-    run_disagree(_spec(rm_folder, lower_rm, screened, lm_folder, methods="best_of_n", screen=2, screen_best_of_n=True))
+    run_disagree(_spec(rm_folder, lower_rm, screened, lm_folder, methods="best_of_n", screen=1, screen_best_of_n=True))
     units = json.loads((screened / "disagree.csv.meta.json").read_text())["units"]
     assert len(units) == 2 and all(u["method"] == "best_of_n" for u in units)
-    assert pd.read_csv(screened / "disagree.csv", keep_default_na=False).text.tolist() != joint.text.tolist()
+    # --screen_best_of_n: one screened scoring per unit, B scoring fewer than the readable samples, and every
+    # written row among those B scored
+    assert len(screened_calls) == 2 and all(0 < keep < readable for readable, keep, _ in screened_calls)
+    written = pd.read_csv(screened / "disagree.csv", keep_default_na=False)
+    for (_, _, kept), (_, rows) in zip(screened_calls, written.groupby("direction", sort=False), strict=True):
+        assert {json.loads(t) for t in rows.text} <= kept
+    assert written.text.tolist() != joint.text.tolist()
     _analyze_seeds_of_a_real_run(out, again, tmp_path)
 
 

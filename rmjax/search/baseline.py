@@ -23,8 +23,9 @@ def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retok
     when the RM is its own prior (the sampler's forward holds every position the reward reads but the suffix's),
     else one prior forward to draw it and its RM positions to score it; with a partner, its forwards too. With a
     disagreement's `screen` (the search's): the partner scores only the best screen/search_width share of the
-    samples by this side's part of J, as a screened GCG step does, so the budget buys more samples; those that fail
-    a `retokenize` check (the round trip in both sides) are dropped first, unscored."""
+    samples by this side's part of J, as a screened GCG step does, so the budget buys more samples. Samples that fail a
+    `retokenize` check (a disagreement: the round trip in both sides) are not returned; screened, they are dropped
+    before ranking, unscored."""
     forwards, n, end = objective.forwards, cfg.num_tokens, objective.end
     full = n + objective.tail
     own = objective.rm_is_prior
@@ -49,16 +50,23 @@ def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retok
         lps.append(lp)
     ids, lps = np.concatenate(ids), np.concatenate(lps)
     known = turn_fluency(lps, ids, end)
-    if screen:  # what B could not read back is never ranked, so the kept share goes to texts it can score
-        readable = np.asarray([all(survives(c, turns.tokens(row, end)) for c in retokenize) for row in ids.tolist()],
-                              bool)
+    # only texts that pass every check (a disagreement: the round trip in both sides) count; unscreened, every
+    # sample was scored (and paid for) as drawn; screened, the unreadable are dropped first, so the kept share goes
+    # to texts the partner can score
+    readable = np.asarray([all(survives(c, turns.tokens(row, end)) for c in retokenize) for row in ids.tolist()],
+                          bool)
+    if screen:
         ids, known = ids[readable], known[readable]
-        if not len(ids):  # nothing to write: the job says so
-            return Found(ids.astype(np.int64), objective.values(np.zeros(0), np.zeros(0), ids), forwards.spent, [])
-        kept, values = objective.score_screened(ids, math.ceil(count * share), known_logp=known, paid=own)
-        ids = ids[kept]
+        if len(ids):
+            kept, values = objective.score_screened(ids, math.ceil(count * share), known_logp=known, paid=own)
+            ids = ids[kept]
+        else:
+            values = objective.values(np.zeros(0), np.zeros(0), ids)
     else:
         values = objective.score_paid(ids, known) if own else objective.score(ids, known_logp=known)
+        ids, values = ids[readable], values.take(readable)
+    if not len(ids):  # nothing to write: the job says so
+        return Found(ids.astype(np.int64), values, forwards.spent, [])
     best = int(np.lexsort((np.arange(len(ids)), -values.objective))[0])
     return Found(ids.astype(np.int64), values, forwards.spent,
                  [(float(forwards.spent), float(values.objective[best]), ids[best].tolist())])

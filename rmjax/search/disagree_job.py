@@ -35,7 +35,7 @@ from rmjax.search.fluent import FluentConfig, fluent_search
 from rmjax.search.frontier_job import Z_SAMPLE, default_judge, search_rows
 from rmjax.search.gcg import make_target
 from rmjax.search.gcg_start import banned_tokens
-from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids, survives
+from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids
 from rmjax.search.objective import Objective, Prior
 from rmjax.search.sides import Side, SideSpec, make_side
 from rmjax.text import chat
@@ -365,11 +365,6 @@ def _compute(p: Ready, spec: DisagreeSpec, name: str, direction: str, method: st
         found = fluent_search(objective, search, p.banned, p.retokenize, tick)
     else:
         found = best_of_n(objective, search, p.banned, p.retokenize)
-        # only texts that round-trip in both sides count: best-of-N's samples were drawn unfiltered (and paid for)
-        keep = [i for i, row in enumerate(found.ids.tolist())
-                if all(survives(c, turns.tokens(row, p.end)) for c in p.retokenize)]
-        found = dataclasses.replace(found, ids=found.ids[keep], values=dataclasses.replace(
-            found.values, **{f.name: getattr(found.values, f.name)[keep] for f in dataclasses.fields(found.values)}))
     rows = search_rows(found, cfg.top, cfg.front_rows, sign, cfg.repetition_penalty)
     if not len(rows):
         raise NonFiniteError(f"{method} found no row to write for {name} {direction} (every sequence had a NaN/Inf "

@@ -227,8 +227,7 @@ def _beam_starts(objective: Objective, cfg: FluentConfig, banned, allowed, exact
             values = objective.score_partials(cands)
             keep = _fresh(whole, retokenize, seen, end)
             if keep.any():
-                archive.add(whole[keep], Values(*(np.asarray(getattr(values, f.name))[keep]
-                                                  for f in dataclasses.fields(Values))))
+                archive.add(whole[keep], values.take(keep))
         else:
             cands = cands[_fresh(whole, retokenize, seen, end)]
             if not len(cands):

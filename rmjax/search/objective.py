@@ -100,6 +100,10 @@ class Values:
     repetition: np.ndarray
     objective: np.ndarray
 
+    def take(self, index) -> Values:
+        """The terms of the candidates `index` selects (a mask or indices)."""
+        return Values(*(np.asarray(getattr(self, f.name))[index] for f in dataclasses.fields(Values)))
+
 
 @dataclasses.dataclass(eq=False)
 class Prior:
