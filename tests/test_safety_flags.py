@@ -214,10 +214,16 @@ def test_more_inputs_never_silently_reduced(tmp_path, monkeypatch):
     for name, text, match in (("twice.jsonl", good + ', "chosen": "c"}\n', "line 1 gives key chosen twice"),
                               ("mixed.jsonl", good + ', "label": 0.2}\n' + good + "}\n", "line 1 has a label but"),
                               ("twice.csv", "prompt,chosen,rejected,chosen\nq,a,b,c\n", "column chosen more than"),
-                              ("blank.csv", "prompt,chosen,rejected,label\nq,a,b,0.5\nq,a,b,\n", "pair 2 has label")):
+                              ("blank.csv", "prompt,chosen,rejected,label\nq,a,b,0.5\nq,a,b,\n", "pair 2 has label"),
+                              # a misspelt label was no label: every pair 1.0 (the 0 below would flip the pair)
+                              *((f"{n}.csv", f"prompt,chosen,rejected,{n}\nq,a,b,0\n", f"'{n}' looks like one")
+                                for n in ("lable", "Label", "labels", "labl", " label")),
+                              ("lable.jsonl", good + ', "lable": 0}\n', "'lable' looks like one")):
         (tmp_path / name).write_text(text)
         with pytest.raises(InputFileError, match=match):
             read_pairs(tmp_path / name)
+    (tmp_path / "table.csv").write_text("prompt,chosen,rejected,table,level\nq,a,b,x,y\n")  # other columns stay
+    assert read_pairs(tmp_path / "table.csv").label.tolist() == [1.0]
     (tmp_path / "list.json").write_text("[" + good + "}]")  # a .json file of one list was 'missing columns'
     assert read_pairs(tmp_path / "list.json").chosen == ["a"]
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))  # was a UnicodeDecodeError traceback

@@ -64,6 +64,12 @@ def read_pairs(path: str | Path) -> Pairs:
         raise InputFileError(f"{path}: missing columns {sorted(missing)} (need prompt, chosen, rejected[, label]).")
     if not len(df):
         raise InputFileError(f"{path}: no preference pairs.")
+    if "label" not in df:
+        near = [str(c) for c in df.columns if _misspelt_label(str(c))]
+        if near:
+            raise InputFileError(f"{path}: no label column, but {near[0]!r} looks like one; rename it label (or, if "
+                                 "it is no label, rename it to something else: without label every pair counts as "
+                                 "chosen preferred).")
     # a blank or non-numeric label is NaN here, and refused with the pair it is on
     label = pd.to_numeric(df["label"], errors="coerce").to_numpy(np.float64) if "label" in df else np.ones(len(df))
     bad = np.flatnonzero(~np.isfinite(label) | (label < 0) | (label > 1))
@@ -72,6 +78,17 @@ def read_pairs(path: str | Path) -> Pairs:
                              "all); label must be a probability in [0, 1] on every pair, or leave the column out.")
     return Pairs(df["prompt"].astype(str).tolist(), df["chosen"].astype(str).tolist(),
                  df["rejected"].astype(str).tolist(), label.astype(np.float32))
+
+
+def _misspelt_label(name: str) -> bool:
+    """`Label`, `labels`, `lable`, ` label`: one slip from `label` (case, spaces, one letter added, dropped or two
+    swapped; not one letter changed, which `table` is), read as no label at all were it let through."""
+    name, want = "".join(name.split()).casefold(), "label"
+    if name == want:
+        return True
+    dropped = {want[:i] + want[i + 1:] for i in range(len(want))}
+    swapped = {want[:i] + want[i + 1] + want[i] + want[i + 2:] for i in range(len(want) - 1)}
+    return name in dropped | swapped or any(name[:i] + name[i + 1:] == want for i in range(len(name)))
 
 
 def _refuse_repeated_columns(path: Path) -> None:
