@@ -79,11 +79,11 @@ def test_a_temp_file_link_is_removed_not_written_through(tmp_path, victim):
 
 def test_a_training_log_temp_link_is_removed(tmp_path, victim):
     """train_rm's `eval_log.csv.tmp` in a resumed workdir: before, the log was written into the victim."""
-    from rmjax.train.loop import _write_log
+    from rmjax.train.workdir import write_log
 
     log = tmp_path / "eval_log.csv"
     log.with_name("eval_log.csv.tmp").symlink_to(victim)
-    _write_log(log, [{"step": 1, "loss": 0.5}])
+    write_log(log, [{"step": 1, "loss": 0.5}])
     assert victim.read_text() == VICTIM_TEXT and log.read_text().startswith("step,loss")
 
 
@@ -211,7 +211,7 @@ def test_a_linked_chunk_store_is_refused(tmp_path):
 def test_a_link_in_a_training_workdir_is_refused(tmp_path):
     """A resumed workdir (its run.json naming this run) with `checkpoints -> elsewhere`: orbax wrote (and, with
     --keep_checkpoints, pruned) checkpoints where the link points."""
-    from rmjax.train.loop import workdir_output
+    from rmjax.train.workdir import workdir_output
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

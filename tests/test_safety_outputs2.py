@@ -184,7 +184,7 @@ def test_a_workdir_holding_only_the_runs_other_outputs_is_a_new_one(tmp_path):
     the export folder inside the workdir created and empty, and the rerun still finds a new workdir, not a folder of
     the user's. Only the run's own files are cleared by --overwrite; its export inside is its own claim's."""
     from rmjax.runs.claims import Output, claim_all
-    from rmjax.train.loop import WORKDIR_FILES, start_workdir, workdir_output
+    from rmjax.train.workdir import WORKDIR_FILES, start_workdir, workdir_output
 
     work = tmp_path / "work"
     (work / "hf").mkdir(parents=True)

@@ -57,7 +57,7 @@ def _claim_output(out):
 
 
 def _claim_workdir(workdir):
-    from rmjax.train.loop import claim_workdir
+    from rmjax.train.workdir import claim_workdir
 
     with claim_workdir(workdir, {"job": "test"}, overwrite=False):
         pass

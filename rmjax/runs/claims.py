@@ -96,7 +96,7 @@ def read_meta_identity(meta: Path) -> dict | None:
 # What a chunk store (rmjax.runs.chunks) holds that its job wrote: the chunks, their temp files, the manifest and
 # its temp file (rmjax.runs.results.atomic_write_text). Anything else in the folder is not the job's to delete.
 # Every folder a job writes declares its files so (fnmatch names; one ending in "/" a folder the job writes whole):
-# rmjax.train.loop.WORKDIR_FILES, rmjax.train.rm.EXPORT_FILES.
+# rmjax.train.workdir.WORKDIR_FILES, rmjax.train.rm.EXPORT_FILES.
 STORE_FILES = ("chunk-*.npy", "tmp-chunk-*.npy", "manifest.json", ".manifest.json.*.tmp")
 
 

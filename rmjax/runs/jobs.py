@@ -5,7 +5,7 @@ computes and writes; called directly with a loaded model, that function claims f
 an output is claimed once.
 
 A result whose .meta.json is there is complete (rmjax.runs.claims reuses it for the same identity);
-training keeps a workdir of checkpoints instead (rmjax.train.loop.claim_workdir) but writes the same way.
+training keeps a workdir of checkpoints instead (rmjax.train.workdir.claim_workdir) but writes the same way.
 """
 
 from __future__ import annotations

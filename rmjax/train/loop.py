@@ -9,13 +9,10 @@ batches — and the loss curve — of an uninterrupted run.
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import dataclasses
 import functools
 import json
 import time
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import jax
@@ -33,15 +30,16 @@ from rmjax.model import Model
 from rmjax.nn.layers import DecoderStack, SplitStack
 from rmjax.parallel import batching, sharding
 from rmjax.parallel.distributed import global_array, is_main
-from rmjax.runs.claims import Claim, Output, claim_all, require_claimed
+from rmjax.runs.claims import require_claimed
 from rmjax.runs.progress import Progress
-from rmjax.runs.results import dump_json, fresh_file
+from rmjax.runs.results import dump_json
 from rmjax.scoring import finite
 from rmjax.scoring.texts import TextScorer
 from rmjax.train import prefixed
 from rmjax.train.data import Pairs
 from rmjax.train.rm import bradley_terry_loss
 from rmjax.train.step import Steps, feature_pair_rewards, pair_rewards_of, sequence_pair_rewards
+from rmjax.train.workdir import RUN_FILE, claim_workdir, read_log, write_log
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,37 +114,6 @@ def check_batch_size(batch_size: int, pairs: int) -> None:
     if batch_size > pairs:
         raise UsageError(f"--batch_size={batch_size} is more than the {pairs} training pairs (a step would take some "
                          f"pair more than once); use --batch_size={pairs} or less.")
-
-
-def workdir_output(workdir: Path, identity: dict, overwrite: bool, beside: Sequence[str | Path] = ()) -> Output:
-    """The workdir holds one run (its identity in run.json, written as soon as it is claimed: `start_workdir`):
-    continue it, or refuse another's (unless --overwrite, which deletes the files the run wrote there,
-    WORKDIR_FILES, and refuses a workdir holding anything else). `beside`: the run's other outputs (an export
-    folder, a head file), which may lie inside the workdir and are claimed on their own."""
-    return Output(workdir, identity, overwrite=overwrite, meta=workdir / RUN_FILE, folder=WORKDIR_FILES,
-                  flag="--workdir", beside=tuple(beside))
-
-
-def start_workdir(workdir: Path, identity: dict, decision: Claim) -> None:
-    """Record the run's identity in a claimed workdir (unless its finished run is reused)."""
-    if not decision.reuse and is_main():
-        workdir.mkdir(parents=True, exist_ok=True)
-        dump_json({"identity": identity}, workdir / RUN_FILE)
-
-
-@contextlib.contextmanager
-def claim_workdir(workdir: Path, identity: dict, overwrite: bool, beside: Sequence[str | Path] = ()) -> Iterator:
-    """Claim a training workdir on its own (`workdir_output`, `start_workdir`)."""
-    with claim_all([workdir_output(workdir, identity, overwrite, beside)]) as (decision,):
-        start_workdir(workdir, identity, decision)
-        yield decision
-
-
-RUN_FILE = "run.json"
-# What a run writes in its workdir (rmjax.runs.claims.store_files): run.json, the logs and summary.json and their
-# temp files (`_write_log`; rmjax.runs.results.atomic_write_text), and orbax's checkpoints folder, whole.
-WORKDIR_FILES = (RUN_FILE, "summary.json", "train_log.csv", "eval_log.csv", "train_log.csv.tmp", "eval_log.csv.tmp",
-                 f".{RUN_FILE}.*.tmp", ".summary.json.*.tmp", "checkpoints/")
 
 
 @dataclasses.dataclass
@@ -427,8 +394,8 @@ def _run_steps(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, wor
             evals.append(record)
             # Logs first, then the checkpoint: a resume trims the logs back to its checkpoint.
             if is_main():
-                _write_log(workdir / "train_log.csv", history)
-                _write_log(workdir / "eval_log.csv", evals)
+                write_log(workdir / "train_log.csv", history)
+                write_log(workdir / "eval_log.csv", evals)
             manager.save(step + 1, args=ocp.args.StandardSave(_checkpoint(module, optimizer, wrt)))
             manager.wait_until_finished()  # a logged checkpoint is a durable one
             log(f"step {step + 1}: loss {float(loss):.4f}, held-out accuracy {record['heldout_accuracy']:.3f}")
@@ -461,21 +428,3 @@ def _checkpoint(module: nn.Transformer, optimizer: nnx.Optimizer, wrt) -> dict:
     """What a checkpoint holds: the trainable weights and the optimizer's state (frozen weights come from
     the base model, which the workdir's identity pins)."""
     return {"params": nnx.state(module, wrt), "optimizer": nnx.state(optimizer)}
-
-
-def read_log(path: Path, upto: int) -> list[dict]:
-    """Rows of a previous run up to the restored step (later rows are replayed, not duplicated)."""
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        rows = [{k: (int(v) if k == "step" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)]
-    return [r for r in rows if r["step"] <= upto]
-
-
-def _write_log(path: Path, rows: list[dict]) -> None:
-    tmp = fresh_file(path.with_name(path.name + ".tmp"))  # a link planted there is removed, not written through
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)

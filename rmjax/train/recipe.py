@@ -32,12 +32,10 @@ from rmjax.train.loop import (
     check_batch_on_mesh,
     check_batch_size,
     check_heldout,
-    read_log,
-    start_workdir,
     train_identity,
     train_reward_model,
-    workdir_output,
 )
+from rmjax.train.workdir import read_log, start_workdir, workdir_output
 
 
 def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int, soft: bool, seed: int,
