@@ -52,7 +52,7 @@ def main() -> None:
             mesh = jax.sharding.Mesh(np.asarray(devices).reshape(data, model), ("data", "model"))
             made = calls.sweep_calls(cfg, args.dtype, mesh, prompts=1, prefix_tokens=64, suffix_tokens=8,
                                      candidates=batch, batch_size=batch)
-            xla = max(cost.cost_of(c.name, c.call, c.args, 1)[0].peak_bytes for c in made)
+            xla = max(cost.cost_of(c.name, c.call, c.args, 1).peak_bytes for c in made)
             planned = memory.estimate(cfg, args.dtype, 64, 9, batch, data, model,
                                       backend="cpu" if on_cpu else "tpu").total_bytes
             print(f"| {name} | data:{data},model:{model} | {batch} | {planned / gib:.3f} | {xla / gib:.3f} | "

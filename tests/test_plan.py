@@ -82,7 +82,7 @@ def test_cpu_compile_takes_exactly_the_declared_bytes():
     prefill, score = calls.sweep_calls(cfg, "bfloat16", cpu_mesh, prompts=1, prefix_tokens=40, suffix_tokens=5,
                                        candidates=1000, batch_size=64)
     assert cost.shard_bytes(score.weights) == _declared_per_chip(cfg, 2, 2)
-    assert cost.cost_of(score.name, score.call, score.args, 1)[0].argument_bytes == cost.shard_bytes(score.args)
+    assert cost.cost_of(score.name, score.call, score.args, 1).argument_bytes == cost.shard_bytes(score.args)
 
 
 def test_tpu_program_does_the_flops_of_the_cpu_program():
@@ -94,8 +94,8 @@ def test_tpu_program_does_the_flops_of_the_cpu_program():
     cpu_mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:4]).reshape(2, 2), ("data", "model"))
     on_cpu = calls.sweep_calls(cfg, "bfloat16", cpu_mesh, **_sweep_kwargs(shape))
     for tpu_call, cpu_call in zip(on_tpu, on_cpu, strict=True):
-        tpu_cost, _ = cost.cost_of(tpu_call.name, tpu_call.call, tpu_call.args, 1)
-        cpu_cost, _ = cost.cost_of(cpu_call.name, cpu_call.call, cpu_call.args, 1)
+        tpu_cost = cost.cost_of(tpu_call.name, tpu_call.call, tpu_call.args, 1)
+        cpu_cost = cost.cost_of(cpu_call.name, cpu_call.call, cpu_call.args, 1)
         assert tpu_cost.xla_flops == pytest.approx(cpu_cost.xla_flops, rel=0.05), tpu_call.name
 
 
@@ -142,9 +142,36 @@ def test_a_scan_is_counted_once_per_trip():
     call = compiled(stack, _reward_config(), mesh, (REPLICATED, REPLICATED), REPLICATED)
     x = jax.ShapeDtypeStruct((256, 512), jax.numpy.bfloat16, sharding=jax.NamedSharding(mesh, jax.P()))
     w = jax.ShapeDtypeStruct((10, 512, 512), jax.numpy.bfloat16, sharding=x.sharding)
-    counted, _ = cost.cost_of("stack", call, (x, w), 1)
+    counted = cost.cost_of("stack", call, (x, w), 1)
     assert counted.xla_flops == pytest.approx(2 * 256 * 512 * 512, rel=0.02)  # one trip: XLA's count
     assert counted.flops == pytest.approx(10 * 2 * 256 * 512 * 512, rel=0.02)
+
+
+def test_a_tpu_compile_is_kept_and_the_same_program_reads_it_back_without_compiling(tmp_path, monkeypatch):
+    """A deviceless TPU compile takes tens of seconds and jax's cache cannot load it: the plan keeps XLA's numbers
+    under a key of the program, the chips and the compiler. The same program reads them back, compiling nothing, at
+    the same cost; another program, other chips or a torn entry compile."""
+    from rmjax.compiled import REPLICATED, compiled
+
+    monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path))
+    compiles, real = [], jax.stages.Lowered.compile
+    monkeypatch.setattr(jax.stages.Lowered, "compile", lambda self, *a, **k: compiles.append(1) or real(self, *a, **k))
+
+    def cost_of(piece, rows):
+        mesh = chips.mesh_on(piece, 4, 1)
+        call = compiled(lambda cfg, x, w: x @ w, _reward_config(), mesh, (REPLICATED, REPLICATED), REPLICATED)
+        x = jax.ShapeDtypeStruct((rows, 512), "bfloat16", sharding=jax.NamedSharding(mesh, jax.P()))
+        return cost.cost_of("product", call, (x, jax.ShapeDtypeStruct((512, 512), "bfloat16", sharding=x.sharding)),
+                            1)
+
+    first, again = cost_of(SLICE, 256), cost_of(SLICE, 256)
+    assert len(compiles) == 1 and not first.kept and again.kept
+    assert dataclasses.replace(again, kept=False) == first
+    assert cost_of(SLICE, 128).xla_flops == pytest.approx(first.xla_flops / 2) and len(compiles) == 2
+    assert not cost_of(chips.parse_slice("v6e-4"), 256).kept and len(compiles) == 3
+    for entry in (tmp_path / "plans").glob("*.json"):
+        entry.write_text(entry.read_text(encoding="utf-8")[:100], encoding="utf-8")
+    assert cost_of(SLICE, 256) == first and len(compiles) == 4
 
 
 @pytest.mark.parametrize("dtype,passes", [("bfloat16", 1), ("float32", 6)])
@@ -156,7 +183,7 @@ def test_a_float32_product_costs_six_mxu_passes(dtype, passes):
     mesh = chips.mesh_on(SLICE, 4, 1)
     call = compiled(lambda cfg, x, w: x @ w, _reward_config(), mesh, (REPLICATED, REPLICATED), REPLICATED)
     x = jax.ShapeDtypeStruct((256, 512), dtype, sharding=jax.NamedSharding(mesh, jax.P()))
-    counted, _ = cost.cost_of("product", call, (x, jax.ShapeDtypeStruct((512, 512), dtype, sharding=x.sharding)), 1)
+    counted = cost.cost_of("product", call, (x, jax.ShapeDtypeStruct((512, 512), dtype, sharding=x.sharding)), 1)
     assert counted.flops == pytest.approx(2 * 256 * 512 * 512, rel=0.02) and counted.mxu_passes == passes
     chip = chips.CHIPS["v5e"]
     assert counted.terms(chip)["compute"] == pytest.approx(passes * counted.flops / chip.peak_flops)
@@ -199,7 +226,7 @@ def test_the_jobs_memory_planner_agrees_with_xla_within_15_percent(where, dtype)
     mesh = jax.sharding.Mesh(np.asarray(devices).reshape(2, 4), ("data", "model"))
     made = calls.sweep_calls(cfg, dtype, mesh, prompts=1, prefix_tokens=64, suffix_tokens=8, candidates=1024,
                              batch_size=1024)
-    xla = max(cost.cost_of(c.name, c.call, c.args, 1)[0].peak_bytes for c in made)
+    xla = max(cost.cost_of(c.name, c.call, c.args, 1).peak_bytes for c in made)
     planned = memory.estimate(cfg, dtype, 64, 9, 1024, 2, 4, backend=where)
     assert planned.total_bytes == pytest.approx(xla, rel=0.15)
 

@@ -25,8 +25,12 @@ HBM_EFFICIENCY, ICI_EFFICIENCY): assumptions until a TPU run calibrates them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -34,7 +38,9 @@ import numpy as np
 from jax.extend import core as jcore
 
 from rmjax.compiled import Compiled
+from rmjax.loading.registry import cache_dir
 from rmjax.plan.chips import Chip
+from rmjax.runs import results
 
 # bf16 passes of a TPU's MXU for one product: float32 operands at "highest" (every compiled call:
 # rmjax.compiled.MATMUL_PRECISION) take six (XLA's cycle estimate for a 4096^2 product on v5e: 5.8x the bf16 one), at
@@ -226,6 +232,7 @@ class CallCost:
     collectives: tuple[Collective, ...] = ()
     weight_elements: float = 0.0  # weights one chip reads per call (for the MFU's rows)
     mxu_passes: float = 1.0  # bf16 passes per FLOP, FLOP-weighted over the products (`_PASSES`)
+    kept: bool = False  # XLA's numbers came from the plan cache, not a compile now (compiled_numbers)
 
     @property
     def peak_bytes(self) -> int:
@@ -262,23 +269,78 @@ class CallCost:
                 "realistic_seconds": self.seconds(chip), "bound": self.bound(chip)}
 
 
-def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = None,
-            data: int = 1) -> tuple[CallCost, jax.stages.Compiled]:
+def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = None, data: int = 1) -> CallCost:
     """Compile `call` for `args` (abstract, with shardings on the target's devices) and read its cost; `weights`
     (the argument holding the model's weights) and the `data` axis size model the activations' traffic."""
     traced = call.trace(*args)  # one trace serves the count and the compile
-    executable = traced.lower().compile()
-    analysis = executable.cost_analysis()
-    analysis = analysis[0] if isinstance(analysis, list | tuple) else analysis
-    memory = executable.memory_analysis()
+    xla = compiled_numbers(traced.lower(), args)
     jaxpr = traced.jaxpr.jaxpr
     (f_all, moved, passes), (f_once, _, _) = _matmuls(jaxpr, True), _matmuls(jaxpr, False)
-    xla_flops = float(analysis.get("flops", 0.0))
+    xla_flops = xla["flops"]
     global_weights = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(weights))
-    arguments, outputs = int(memory.argument_size_in_bytes), int(memory.output_size_in_bytes)
+    arguments, outputs = xla["argument_bytes"], xla["output_bytes"]
     traffic = arguments + outputs + max(0.0, moved - global_weights) / data
     elements = sum(math.prod(x.sharding.shard_shape(x.shape)) if getattr(x, "sharding", None) is not None
                    else math.prod(x.shape) for x in jax.tree.leaves(weights))
     return CallCost(name, count, xla_flops * (f_all / f_once if f_once else 1.0), traffic, xla_flops, arguments,
-                    outputs, int(memory.temp_size_in_bytes), int(memory.alias_size_in_bytes),
-                    collectives(executable.as_text()), float(elements), passes / f_all if f_all else 1.0), executable
+                    outputs, xla["temp_bytes"], xla["alias_bytes"], collectives(xla["hlo"]), float(elements),
+                    passes / f_all if f_all else 1.0, xla["kept"])
+
+
+NUMBERS = {"flops": float, "argument_bytes": int, "output_bytes": int, "temp_bytes": int, "alias_bytes": int,
+           "hlo": str}
+
+
+def compiled_numbers(lowered: jax.stages.Lowered, args: tuple) -> dict:
+    """What the plan reads of XLA's compile (NUMBERS: flops, memory sizes, the compiled HLO; `kept`: read from the
+    cache). A TPU compile here is
+    deviceless (20 s for one 8B sweep call on 2 cores) and jax's persistent cache cannot load it, so a TPU
+    compile's numbers are kept in the rmjax cache (plans/) under a key of all the compile reads: the program's
+    text (shapes, shardings), the chips (kind, ids, coordinates), the compiler's build and flags, jax's version.
+    CPU compiles are not kept (quick, and in jax's own cache). An unreadable entry is compiled again."""
+    devices = _devices(args)
+    path = None
+    if devices and devices[0].platform == "tpu":
+        key = json.dumps([lowered.as_text(), devices[0].client.platform_version, jax.__version__,
+                          [(d.id, d.device_kind, list(getattr(d, "coords", ()))) for d in devices],
+                          os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")])
+        path = cache_dir() / "plans" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+        kept = _read_numbers(path)
+        if kept is not None:
+            return kept | {"kept": True}
+    executable = lowered.compile()
+    analysis = executable.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list | tuple) else analysis
+    memory = executable.memory_analysis()
+    numbers = {"flops": float(analysis.get("flops", 0.0)), "argument_bytes": int(memory.argument_size_in_bytes),
+               "output_bytes": int(memory.output_size_in_bytes), "temp_bytes": int(memory.temp_size_in_bytes),
+               "alias_bytes": int(memory.alias_size_in_bytes), "hlo": executable.as_text()}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        results.dump_json(numbers, path)
+    return numbers | {"kept": False}
+
+
+def _devices(args: tuple) -> list:
+    """The devices the arguments are laid out on (their first sharding's), in id order; none without shardings."""
+    for x in jax.tree.leaves(args):
+        sharding = getattr(x, "sharding", None)
+        if sharding is not None:
+            return sorted(sharding.device_set, key=lambda d: d.id)
+    return []
+
+
+def _read_numbers(path: Path) -> dict | None:
+    """A kept entry, or None where there is none or it is not one (torn, edited): then the program compiles."""
+    try:
+        numbers = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(numbers, dict) and set(numbers) == set(NUMBERS)):
+        return None
+    kinds = {float: (int, float), int: (int,), str: (str,)}
+    if any(isinstance(numbers[k], bool) or not isinstance(numbers[k], kinds[t]) for k, t in NUMBERS.items()):
+        return None
+    if not math.isfinite(numbers["flops"]):
+        return None
+    return {k: t(numbers[k]) for k, t in NUMBERS.items()}

@@ -67,7 +67,7 @@ def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model:
     cache = max((shard_bytes(c.cache) for c in made if c.cache is not None), default=0)
     started = time.perf_counter()
     try:
-        costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data)[0] for c in made)
+        costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data) for c in made)
     except jax.errors.JaxRuntimeError as error:
         # The TPU compiler refuses a program whose buffers exceed the chip's HBM, saying what it would need
         found = re.search(r"RESOURCE_EXHAUSTED.*?\(([\d.]+)([KMGTP])\) exceeds", str(error))
@@ -213,6 +213,7 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
         "prices": PRICES_AS_OF,
         "host": host_side(cfg, dtype, piece, option.model, option.weights_bytes),
         "compile_seconds": option.compile_seconds,
+        "compile_kept": bool(option.costs) and all(c.kept for c in option.costs),
         "chip_figures": {"peak_bf16_flops": chip.peak_flops, "hbm_bytes": chip.hbm_bytes,
                          "hbm_bandwidth": chip.hbm_bandwidth, "ici_bandwidth": chip.ici_bandwidth},
         "estimate": "lower bound: per call max(FLOPs / peak, modelled HBM traffic / bandwidth) + collectives / ICI "
@@ -248,7 +249,8 @@ def describe(p: dict) -> str:
             f"{p['host']['checkpoint_bytes_per_host'] / 2**30:.1f} GiB of checkpoint, loading peaks under "
             f"{p['host']['host_ram_peak_bytes'] / 2**30:.1f} of {p['host']['host_ram_bytes'] / 2**30:.0f} GiB RAM"
             + ("" if p["host"]["fits_host_ram"] else " (MAY NOT FIT the VM's RAM)")
-            + f"; compiled here in {p['compile_seconds']:.1f} s")
+            + (f"; XLA's numbers of an earlier compile, read in {p['compile_seconds']:.1f} s (the rmjax cache's plans/)"
+               if p["compile_kept"] else f"; compiled here in {p['compile_seconds']:.1f} s"))
 
 
 def _duration(seconds: float) -> str:
