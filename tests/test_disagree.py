@@ -93,11 +93,14 @@ def test_both_sides_forwards_are_charged_and_the_budget_never_passed(rm_folder, 
         found = fluent.fluent_search(obj, SEARCH, banned, [partner.round_trips])
         assert all("e" not in t for t in side.scored)  # the filter ran before B scored anything
     else:
-        found = baseline.best_of_n(obj, SEARCH, banned)
+        found = baseline.best_of_n(obj, SEARCH, banned, [partner.round_trips])
     assert found.spent == forwards.spent <= budget
     assert forwards.spent == ledger.forwards() + Fraction(2 * sum(calls))
     assert sum(calls) == len(side.scored) > 0
     texts = turns.decode(rm.tokenizer, found.ids, end)
+    assert all("e" not in t for t in texts)  # nothing B cannot read back is returned
+    if method == "best_of_n":  # every sample was scored (and paid for) as drawn; those B cannot read are dropped
+        assert 0 < len(found.ids) < sum(calls)
     want = (found.values.reward, (np.asarray([len(t) for t in texts]) - 1.0) / 4.0)
     reward_a = np.asarray([partner.ledger[tuple(turns.tokens(r, end))][0] for r in found.ids.tolist()])
     np.testing.assert_allclose(want[0], reward_a / 2.0 - want[1], rtol=0, atol=1e-12)  # gap = z_A − z_B

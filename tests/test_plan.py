@@ -158,7 +158,7 @@ def test_a_tpu_compile_is_kept_and_the_same_program_reads_it_back_without_compil
     monkeypatch.setattr(jax.stages.Lowered, "compile", lambda self, *a, **k: compiles.append(1) or real(self, *a, **k))
 
     def cost_of(piece, rows):
-        mesh = chips.mesh_on(piece, 4, 1)
+        mesh = piece if isinstance(piece, jax.sharding.Mesh) else chips.mesh_on(piece, 4, 1)
         call = compiled(lambda cfg, x, w: x @ w, _reward_config(), mesh, (REPLICATED, REPLICATED), REPLICATED)
         x = jax.ShapeDtypeStruct((rows, 512), "bfloat16", sharding=jax.NamedSharding(mesh, jax.P()))
         return cost.cost_of("product", call, (x, jax.ShapeDtypeStruct((512, 512), "bfloat16", sharding=x.sharding)),
@@ -169,9 +169,15 @@ def test_a_tpu_compile_is_kept_and_the_same_program_reads_it_back_without_compil
     assert dataclasses.replace(again, kept=False) == first
     assert cost_of(SLICE, 128).xla_flops == pytest.approx(first.xla_flops / 2) and len(compiles) == 2
     assert not cost_of(chips.parse_slice("v6e-4"), 256).kept and len(compiles) == 3
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_example_flag=true")  # the compiler's flags are in the key
+    assert not cost_of(SLICE, 256).kept and len(compiles) == 4
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
     for entry in (tmp_path / "plans").glob("*.json"):
         entry.write_text(entry.read_text(encoding="utf-8")[:100], encoding="utf-8")
-    assert cost_of(SLICE, 256) == first and len(compiles) == 4
+    assert cost_of(SLICE, 256) == first and len(compiles) == 5
+    entries = sorted((tmp_path / "plans").glob("*.json"))
+    cpu = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:1]).reshape(1, 1), ("data", "model"))
+    assert not cost_of(cpu, 256).kept and sorted((tmp_path / "plans").glob("*.json")) == entries  # not kept
 
 
 @pytest.mark.parametrize("dtype,passes", [("bfloat16", 1), ("float32", 6)])

@@ -24,6 +24,7 @@ HBM_EFFICIENCY, ICI_EFFICIENCY): assumptions until a TPU run calibrates them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -289,21 +290,30 @@ def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = N
 
 NUMBERS = {"flops": float, "argument_bytes": int, "output_bytes": int, "temp_bytes": int, "alias_bytes": int,
            "hlo": str}
+KEPT_FORMAT = 1  # of a kept entry and its key: a change here leaves the old entries unread
+# jax settings that reach the compile's options, not the lowered text (jax/_src/compiler.py)
+COMPILE_SETTINGS = ("jax_optimization_level", "jax_memory_fitting_level", "jax_exec_time_optimization_effort",
+                    "jax_memory_fitting_effort", "jax_enable_remat_opt_pass", "jax_disable_most_optimizations",
+                    "jax_xla_profile_version", "jax_use_shardy_partitioner", "jax_enable_pgle")
 
 
 def compiled_numbers(lowered: jax.stages.Lowered, args: tuple) -> dict:
     """What the plan reads of XLA's compile (NUMBERS: flops, memory sizes, the compiled HLO; `kept`: read from the
-    cache). A TPU compile here is
-    deviceless (20 s for one 8B sweep call on 2 cores) and jax's persistent cache cannot load it, so a TPU
-    compile's numbers are kept in the rmjax cache (plans/) under a key of all the compile reads: the program's
-    text (shapes, shardings), the chips (kind, ids, coordinates), the compiler's build and flags, jax's version.
-    CPU compiles are not kept (quick, and in jax's own cache). An unreadable entry is compiled again."""
+    cache). A TPU compile here is deviceless (20 s for one 8B sweep call on 2 cores) and jax's persistent cache
+    cannot load it, so a TPU compile's numbers are kept in the rmjax cache (plans/) under a key of the program's
+    text (shapes, shardings, donation, precision), the chips in the mesh's order (kind, ids, coordinates), the
+    compiler's build, XLA_FLAGS and LIBTPU_INIT_ARGS, the jax settings that reach the compile's options, and
+    jax's and jaxlib's versions. CPU compiles are not kept (quick, and in jax's own cache). An unreadable entry
+    is compiled again; a cache that cannot be written is passed over."""
     devices = _devices(args)
     path = None
     if devices and devices[0].platform == "tpu":
-        key = json.dumps([lowered.as_text(), devices[0].client.platform_version, jax.__version__,
-                          [(d.id, d.device_kind, list(getattr(d, "coords", ()))) for d in devices],
-                          os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")])
+        import jaxlib
+
+        settings = {name: repr(jax.config.values.get(name)) for name in COMPILE_SETTINGS}
+        key = json.dumps([KEPT_FORMAT, lowered.as_text(), devices[0].client.platform_version, jax.__version__,
+                          jaxlib.__version__, [(d.id, d.device_kind, list(getattr(d, "coords", ()))) for d in devices],
+                          os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""), settings])
         path = cache_dir() / "plans" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
         kept = _read_numbers(path)
         if kept is not None:
@@ -316,17 +326,23 @@ def compiled_numbers(lowered: jax.stages.Lowered, args: tuple) -> dict:
                "output_bytes": int(memory.output_size_in_bytes), "temp_bytes": int(memory.temp_size_in_bytes),
                "alias_bytes": int(memory.alias_size_in_bytes), "hlo": executable.as_text()}
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        results.dump_json(numbers, path)
+        with contextlib.suppress(OSError):  # read-only or full: the plan goes on, compiling next time too
+            path.parent.mkdir(parents=True, exist_ok=True)
+            results.dump_json(numbers, path)
     return numbers | {"kept": False}
 
 
 def _devices(args: tuple) -> list:
-    """The devices the arguments are laid out on (their first sharding's), in id order; none without shardings."""
+    """The devices the arguments are laid out on: the first mesh's, in its order (which the lowered text does not
+    record), else the first sharding's in id order; none without shardings."""
     for x in jax.tree.leaves(args):
         sharding = getattr(x, "sharding", None)
-        if sharding is not None:
-            return sorted(sharding.device_set, key=lambda d: d.id)
+        if sharding is None:
+            continue
+        mesh = getattr(sharding, "mesh", None)
+        if mesh is not None and hasattr(mesh, "devices"):
+            return list(mesh.devices.flat)
+        return sorted(sharding.device_set, key=lambda d: d.id)
     return []
 
 
