@@ -150,7 +150,8 @@ def test_a_scan_is_counted_once_per_trip():
 def test_a_tpu_compile_is_kept_and_the_same_program_reads_it_back_without_compiling(tmp_path, monkeypatch):
     """A deviceless TPU compile takes tens of seconds and jax's cache cannot load it: the plan keeps XLA's numbers
     under a key of the program, the chips and the compiler. The same program reads them back, compiling nothing, at
-    the same cost; another program, other chips or a torn entry compile."""
+    the same cost; another program, other chips, other compiler flags or a torn entry compile; a refusal is kept
+    too; a CPU compile is not."""
     from rmjax.compiled import REPLICATED, compiled
 
     monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path))
@@ -175,6 +176,10 @@ def test_a_tpu_compile_is_kept_and_the_same_program_reads_it_back_without_compil
     for entry in (tmp_path / "plans").glob("*.json"):
         entry.write_text(entry.read_text(encoding="utf-8")[:100], encoding="utf-8")
     assert cost_of(SLICE, 256) == first and len(compiles) == 5
+    for _ in range(2):  # 16 GiB of input on a 15.75 GiB chip: refused by the compiler, then by the kept entry
+        with pytest.raises(cost.CompileRefused, match="RESOURCE_EXHAUSTED"):
+            cost_of(SLICE, 2**24)
+    assert len(compiles) == 6
     entries = sorted((tmp_path / "plans").glob("*.json"))
     cpu = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:1]).reshape(1, 1), ("data", "model"))
     assert not cost_of(cpu, 256).kept and sorted((tmp_path / "plans").glob("*.json")) == entries  # not kept

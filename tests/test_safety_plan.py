@@ -219,18 +219,17 @@ def test_plan_refuses_an_out_that_is_a_folder_before_compiling(tmp_path):
 def test_a_compile_refused_in_terabytes_is_a_plan_that_does_not_fit(monkeypatch):
     """The TPU compiler states what it would need in G or T (train_rm at --batch_size=10^12: '236.47T'); a T
     escaped as a traceback."""
-    import jax
-
     from rmjax.plan import chips, planner
     from rmjax.plan.calls import Call
+    from rmjax.plan.cost import CompileRefused
 
     class Shape:
         def calls(self, cfg, dtype, mesh, batch):
             return [Call("step", None, (), 1)]
 
     def refuse(*args):
-        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
-                                         "for HLO temporaries (236.47T) exceeds available HBM (15.75G).")
+        raise CompileRefused("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+                             "temporaries (236.47T) exceeds available HBM (15.75G).")
 
     monkeypatch.setattr(planner, "mesh_on", lambda *args: None)
     monkeypatch.setattr(planner, "cost_of", refuse)

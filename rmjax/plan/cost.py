@@ -303,8 +303,9 @@ def compiled_numbers(lowered: jax.stages.Lowered, args: tuple) -> dict:
     cannot load it, so a TPU compile's numbers are kept in the rmjax cache (plans/) under a key of the program's
     text (shapes, shardings, donation, precision), the chips in the mesh's order (kind, ids, coordinates), the
     compiler's build, XLA_FLAGS and LIBTPU_INIT_ARGS, the jax settings that reach the compile's options, and
-    jax's and jaxlib's versions. CPU compiles are not kept (quick, and in jax's own cache). An unreadable entry
-    is compiled again; a cache that cannot be written is passed over."""
+    jax's and jaxlib's versions; a refusal for want of HBM is kept too (CompileRefused). CPU compiles are not kept
+    (quick, and in jax's own cache). An unreadable entry is compiled again; a cache that cannot be written is
+    passed over."""
     devices = _devices(args)
     path = None
     if devices and devices[0].platform == "tpu":
@@ -316,20 +317,37 @@ def compiled_numbers(lowered: jax.stages.Lowered, args: tuple) -> dict:
                           os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""), settings])
         path = cache_dir() / "plans" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
         kept = _read_numbers(path)
+        if kept is not None and "refused" in kept:
+            raise CompileRefused(kept["refused"])
         if kept is not None:
             return kept | {"kept": True}
-    executable = lowered.compile()
+    try:
+        executable = lowered.compile()
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        _keep(path, {"refused": str(error)})
+        raise CompileRefused(str(error)) from None
     analysis = executable.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, list | tuple) else analysis
     memory = executable.memory_analysis()
     numbers = {"flops": float(analysis.get("flops", 0.0)), "argument_bytes": int(memory.argument_size_in_bytes),
                "output_bytes": int(memory.output_size_in_bytes), "temp_bytes": int(memory.temp_size_in_bytes),
                "alias_bytes": int(memory.alias_size_in_bytes), "hlo": executable.as_text()}
+    _keep(path, numbers)
+    return numbers | {"kept": False}
+
+
+class CompileRefused(Exception):
+    """The TPU compiler refused the program (its buffers exceed the chip's HBM), now or in a kept entry; the
+    message is the compiler's, naming what it would need."""
+
+
+def _keep(path: Path | None, entry: dict) -> None:
     if path is not None:
         with contextlib.suppress(OSError):  # read-only or full: the plan goes on, compiling next time too
             path.parent.mkdir(parents=True, exist_ok=True)
-            results.dump_json(numbers, path)
-    return numbers | {"kept": False}
+            results.dump_json(entry, path)
 
 
 def _devices(args: tuple) -> list:
@@ -352,6 +370,8 @@ def _read_numbers(path: Path) -> dict | None:
         numbers = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    if isinstance(numbers, dict) and set(numbers) == {"refused"} and isinstance(numbers["refused"], str):
+        return numbers
     if not (isinstance(numbers, dict) and set(numbers) == set(NUMBERS)):
         return None
     kinds = {float: (int, float), int: (int,), str: (str,)}

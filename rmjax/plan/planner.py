@@ -12,13 +12,19 @@ import re
 import time
 from pathlib import Path
 
-import jax
-
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError, UsageError
 from rmjax.parallel import batching
 from rmjax.plan.chips import CHIPS, PRICES_AS_OF, Slice, mesh_on, parse_slice
-from rmjax.plan.cost import HBM_EFFICIENCY, ICI_EFFICIENCY, MFU_SOURCE, CallCost, cost_of, shard_bytes
+from rmjax.plan.cost import (
+    HBM_EFFICIENCY,
+    ICI_EFFICIENCY,
+    MFU_SOURCE,
+    CallCost,
+    CompileRefused,
+    cost_of,
+    shard_bytes,
+)
 from rmjax.plan.host import host_side
 from rmjax.plan.shapes import SweepShape
 from rmjax.runs import results
@@ -68,7 +74,7 @@ def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model:
     started = time.perf_counter()
     try:
         costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data) for c in made)
-    except jax.errors.JaxRuntimeError as error:
+    except CompileRefused as error:
         # The TPU compiler refuses a program whose buffers exceed the chip's HBM, saying what it would need
         found = re.search(r"RESOURCE_EXHAUSTED.*?\(([\d.]+)([KMGTP])\) exceeds", str(error))
         if found is None:
