@@ -10,11 +10,13 @@ import shutil
 from fractions import Fraction
 from pathlib import Path
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
+from rmjax.compiled import declared_params
 from rmjax.loading import load
 from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.scoring import calls
@@ -236,15 +238,42 @@ def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_pr
 
     banned = np.ones(lm.config.vocab_size, bool)
     banned[_word_ids(lm.tokenizer)] = False
-    got, lps = prior_lib.sample_responses(lm, prior.cache, prior.first, banned, 5, 3, seed=0, batch_size=4)
-    assert got.shape == (5, 3) and not banned[got].any()
-    for row, row_lp in zip(got, lps, strict=True):
-        full = [*prefix, *row.tolist()]
-        with torch.no_grad():
-            ref = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0], -1).numpy()
-        np.testing.assert_allclose(row_lp, ref[np.arange(len(prefix) - 1, len(full) - 1), row],
-                                   atol=tolerance.logprobs_atol(lm.params, lm.config, np.asarray([full], np.int32)),
-                                   rtol=0)
+    end = int(_word_ids(lm.tokenizer)[0])  # whole turns: one allowed word stands in for the end of turn
+    for end_kw in ({}, {"end": end, "end_from": 2}):
+        got, lps = prior_lib.sample_responses(lm, prior.cache, prior.first, banned, 5, 3, seed=0, batch_size=4,
+                                              **end_kw)
+        assert got.shape == (5, 3) and lps.shape == (5, 3 + bool(end_kw)) and not banned[got].any()
+        for row, row_lp in zip(got, lps, strict=True):
+            full = [*prefix, *row.tolist()]
+            with torch.no_grad():
+                ref = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0], -1).numpy()
+            want = ref[np.arange(len(prefix) - 1, len(full) - 1), row]
+            if end_kw:  # and the end of turn's after all three tokens
+                want = np.append(want, ref[-1, end])
+            np.testing.assert_allclose(row_lp, want, rtol=0, atol=tolerance.logprobs_atol(
+                lm.params, lm.config, np.asarray([full], np.int32)))
+    # the end of turn is drawn from step end_from on (where it is drawn, it is likelier than the one other word
+    # allowed), never before
+    word = int(_word_ids(lm.tokenizer)[1])
+    one_word = np.ones(lm.config.vocab_size, bool)
+    one_word[word] = False
+    got, _ = prior_lib.sample_responses(lm, prior.cache, prior.first, one_word, 32, 3, seed=0, end=end, end_from=2)
+    assert (got[:, :2] == word).all() and end in got[:, 2] and set(got[:, 2].tolist()) <= {word, end}
+
+
+def test_the_sampler_compiles_one_step_whatever_the_length(tied):
+    """The sampler's tokens are drawn in a scan: its program holds one forward for any length (unrolled, each
+    step was a forward of its own, and a 16-token sampler compiled 16 of them)."""
+    _, lm, _ = tied
+    prior = Prior.of(lm, chat.split_chat(lm.tokenizer, PROMPT).prefix)
+    def program_size(length, end):
+        call = prior_lib.sample_call(lm.config, lm.mesh, prior.cache.k.shape[2], 4, length, 1.0, end)
+        banned = np.zeros(lm.config.vocab_size, bool)
+        jaxpr = call.trace(declared_params(lm), prior.cache, prior.first, banned, jax.random.key(0)).jaxpr
+        return len(jaxpr.eqns)
+
+    for end in (None, 2):
+        assert program_size(3, end) == program_size(16, end)
 
 
 @pytest.mark.parametrize("sign, lam, template", [(1.0, 0.7, "auto"), (-1.0, 0.0, "auto"), (1.0, 0.7, "plain")])

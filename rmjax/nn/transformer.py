@@ -99,6 +99,22 @@ class KVCache:
                        positions=jnp.concatenate([mine.positions, new.positions], axis=1),
                        valid=jnp.concatenate([mine.valid, new.valid], axis=1), gate_input=mine.gate_input)
 
+    def with_free_slots(self, free: int) -> KVCache:
+        """This cache followed by `free` empty slots (`valid` False until written): a fixed shape that a decoding
+        loop writes into, so that the loop's body compiles once (append grows the shape every step)."""
+        return self._over_slots(lambda name, x, axis: jnp.pad(
+            x, [(0, free) if a == axis else (0, 0) for a in range(x.ndim)]))
+
+    def write(self, new: KVCache, at) -> KVCache:
+        """This cache with `new`'s positions written into its slots from `at` (may be traced) on."""
+        return self._over_slots(lambda name, x, axis: jax.lax.dynamic_update_slice_in_dim(
+            x, getattr(new, name).astype(x.dtype), at, axis))
+
+    def _over_slots(self, fn) -> KVCache:
+        """`fn(name, array, its slot axis)` on every field with slots (the one after the batch axis)."""
+        return KVCache(**{name: fn(name, getattr(self, name), self.AXES[name].index("batch") + 1)
+                          for name in ("k", "v", "positions", "valid")}, gate_input=self.gate_input)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass

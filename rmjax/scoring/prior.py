@@ -145,21 +145,33 @@ def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, key, *, 
     end of turn may be drawn from step `end_from` on (what follows it is not the response: the caller cuts it),
     and one more step gives its log-probability after all `length` tokens: log-probabilities [rows, length + 1]."""
     model = nn.module(params, cfg)
-    ids, lps, logp = [], [], jnp.broadcast_to(first, (rows, first.shape[0]))
-    for step, step_key in enumerate(jax.random.split(key, length)):
+    keys = jax.random.split(key, length)
+    fed = length if end is not None else length - 1  # steps whose token is fed back (the last only for its end)
+    width = cache.positions.shape[1]
+    slots = cache.repeat(rows).with_free_slots(fed)
+
+    def draw(step, step_key, logp):
         logits = jnp.where(banned[None], -jnp.inf, logp / temperature)
-        if end is not None and step >= end_from:
-            logits = logits.at[:, end].set(logp[:, end] / temperature)
+        if end is not None:
+            logits = logits.at[:, end].set(jnp.where(step >= end_from, logp[:, end] / temperature, logits[:, end]))
         token = ops.sample_categorical(step_key, logits).astype(jnp.int32)
-        ids.append(token)
-        lps.append(jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0])
-        if step + 1 < length or end is not None:
-            out = model(ids=token[:, None], cache=cache)
-            cache = cache.append(out.kv)
-            logp = jax.nn.log_softmax(model.lm_logits(out.hidden[:, -1]).astype(jnp.float32), axis=-1)
+        return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+    def step_once(state, step_and_key):  # one body for every step: it compiles once, whatever `length` is
+        slots, logp = state
+        step, step_key = step_and_key
+        token, lp = draw(step, step_key, logp)
+        out = model(ids=token[:, None], cache=slots)
+        logits = model.lm_logits(out.hidden[:, -1]).astype(jnp.float32)
+        return (slots.write(out.kv, width + step), jax.nn.log_softmax(logits, axis=-1)), (token, lp)
+
+    logp = jnp.broadcast_to(first, (rows, first.shape[0]))
+    (_, logp), (ids, lps) = jax.lax.scan(step_once, (slots, logp), (jnp.arange(fed), keys[:fed]))
+    ids, lps = ids.T, lps.T
     if end is not None:
-        lps.append(logp[:, end])
-    return jnp.stack(ids, axis=1), jnp.stack(lps, axis=1)
+        return ids, jnp.concatenate([lps, logp[:, end, None]], axis=1)
+    token, lp = draw(length - 1, keys[-1], logp)
+    return jnp.concatenate([ids, token[:, None]], axis=1), jnp.concatenate([lps, lp[:, None]], axis=1)
 
 
 def sample_call(cfg: ModelConfig, mesh, cache_width: int, rows: int, length: int, temperature: float,

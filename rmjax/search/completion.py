@@ -45,36 +45,9 @@ class Completions:
     completed_reward: np.ndarray  # [W] float64: the RM's reward of completed_text as a response to the prompt
 
 
-def _with_free_slots(kv: nn.KVCache, free: int) -> nn.KVCache:
-    """`kv` followed by `free` empty slots (no keys until written: `valid` False)."""
-    def grow(x, axis):
-        return jnp.pad(x, [(0, free) if a == axis else (0, 0) for a in range(x.ndim)])
-
-    return nn.KVCache(k=grow(kv.k, 2), v=grow(kv.v, 2), positions=grow(kv.positions, 1), valid=grow(kv.valid, 1))
-
-
-def _write(cache: nn.KVCache, kv: nn.KVCache, at) -> nn.KVCache:
-    """`cache` with the positions of `kv` written into its slots from `at` on."""
-    def put(old, new, axis):
-        return jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), at, axis)
-
-    return nn.KVCache(k=put(cache.k, kv.k, 2), v=put(cache.v, kv.v, 2), positions=put(cache.positions, kv.positions, 1),
-                      valid=put(cache.valid, kv.valid, 1))
-
-
 def _argmax(logits):
     """The most likely token; a NaN logit is no evidence of that (jnp.argmax would pick it): read as −inf."""
     return jnp.argmax(jnp.where(jnp.isnan(logits), -jnp.inf, logits), axis=-1).astype(jnp.int32)
-
-
-def _joined(prefix: nn.KVCache, kv: nn.KVCache) -> nn.KVCache:
-    """The one-row `prefix` cache copied to each of `kv`'s rows, followed by `kv`'s slots."""
-    def join(a, b, axis):
-        return jnp.concatenate([jnp.broadcast_to(a, b.shape[:axis] + a.shape[axis:axis + 1] + b.shape[axis + 1:])
-                                .astype(b.dtype), b], axis=axis)
-
-    return nn.KVCache(k=join(prefix.k, kv.k, 2), v=join(prefix.v, kv.v, 2),
-                      positions=join(prefix.positions, kv.positions, 1), valid=join(prefix.valid, kv.valid, 1))
 
 
 def _greedy(cfg: ModelConfig, params, prefix: nn.KVCache, ids, mask, end_id, *, max_new: int):
@@ -85,7 +58,7 @@ def _greedy(cfg: ModelConfig, params, prefix: nn.KVCache, ids, mask, end_id, *, 
     rows, width = ids.shape
     out = model(ids=ids, mask=mask, cache=prefix)
     first = _argmax(model.lm_logits(out.hidden[:, -1]))
-    cache = _with_free_slots(_joined(prefix, out.kv), max_new)
+    cache = prefix.append(out.kv).with_free_slots(max_new)
     width += prefix.positions.shape[1]
     preds = jnp.full((rows, max_new), end_id, jnp.int32).at[:, 0].set(first)
     done = (first == end_id) | ~mask.any(axis=1)  # all-padding rows never hold the loop
@@ -97,7 +70,7 @@ def _greedy(cfg: ModelConfig, params, prefix: nn.KVCache, ids, mask, end_id, *, 
     def step_once(state):
         step, cache, preds, done = state
         new = model(ids=preds[:, step - 1, None], cache=cache)
-        cache = _write(cache, new.kv, width + step - 1)  # the fed token's slot
+        cache = cache.write(new.kv, width + step - 1)  # the fed token's slot
         token = _argmax(model.lm_logits(new.hidden[:, -1]))
         token = jnp.where(done, end_id, token)  # a row that ended stays ended
         return step + 1, cache, preds.at[:, step].set(token), done | (token == end_id)
