@@ -140,8 +140,8 @@ def every_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.n
 def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, key, *, rows: int, length: int,
             temperature: float, end: int | None = None, end_from: int = 1):
     """`rows` responses of `length` tokens drawn from the prior after the prefix `cache` (banned tokens never),
-    each step one new position against the growing cache; with each token's log-probability under the prior
-    itself (not the banned-renormalized, tempered distribution it was drawn from). With `end` (whole turns), the
+    each step one new position written into the cache's free slots; with each token's log-probability under the
+    prior itself (not the banned-renormalized, tempered distribution it was drawn from). With `end` (whole turns), the
     end of turn may be drawn from step `end_from` on (what follows it is not the response: the caller cuts it),
     and one more step gives its log-probability after all `length` tokens: log-probabilities [rows, length + 1]."""
     model = nn.module(params, cfg)

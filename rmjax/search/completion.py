@@ -82,7 +82,7 @@ def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, respo
                          max_new: int = 32, batch_size: int = 64) -> tuple[np.ndarray, list[list[int]]]:
     """ends_turn [W] bool (the prior's argmax after prefix + response is `end_id`) and the tokens the prior adds to
     each response greedily before its argmax is `end_id`, at most `max_new` (empty when it ends). Batches of up to
-    `batch_size` rows, each prefilled once and decoded against its growing KV cache in one compiled call."""
+    `batch_size` rows, each prefilled once and decoded into its KV cache's free slots in one compiled call."""
     require_lm_head(prior)
     if max_new < 1:
         raise UsageError(f"max_new must be at least 1, not {max_new}.")
