@@ -156,7 +156,9 @@ def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = 
             part = alphas[start : start + batch_size]
             a = jnp.asarray(part, jnp.float32)
             rows = base[None] + a[:, None, None] * (x - base)[None]
-            padded = jnp.zeros((batch_size, width, x.shape[1]), table.dtype).at[: len(rows), :t].set(rows)
+            # the path's points in the model's dtype: a bfloat16 model reads them rounded, as its embeddings are
+            padded = jnp.zeros((batch_size, width, x.shape[1]), table.dtype).at[: len(rows), :t].set(
+                rows.astype(table.dtype))
             r, g = gradients(params, ids_arr, mask, place(padded, model.mesh))
             g = to_host(g)[: len(part), :t].astype(np.float64)
             rewards.append(to_host(r)[: len(part)].astype(np.float64))
