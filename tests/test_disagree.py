@@ -259,6 +259,25 @@ def test_agreement_against_scipy_and_its_affine_invariance():
     assert (np.diag(matrix) == 0).all()
 
 
+def test_rescored_rows_are_held_to_their_dtype_s_rounding():
+    """A row whose search score is not its text's is refused; the tolerance is the dtype's rounding. bfloat16's is
+    in SDs of the side's rewards: the case an H200 run refused (a 1B Llama shape, 0.12 SD apart) passes, a shift of
+    one SD (what a template or tokenization mismatch gives) does not."""
+    from rmjax.errors import RmjaxError
+    from rmjax.search.disagree_out import check_rescored
+
+    texts = ["x", "y"]
+    check_rescored("A", texts, np.array([1.0, -2.0]), np.array([1.0005, -2.001]), "float32", 0.26)
+    with pytest.raises(RmjaxError, match="side A's reward of 'y' is -2 scored as a text but -2.003"):
+        check_rescored("A", texts, np.array([1.0, -2.0]), np.array([1.0, -2.003]), "float32", 0.26)
+    seen = np.array([0.98872, 0.0]), np.array([0.956913, 0.0])
+    with pytest.raises(RmjaxError):
+        check_rescored("A", texts, *seen, "float32", 0.2635)
+    check_rescored("A", texts, *seen, "bfloat16", 0.2635)
+    with pytest.raises(RmjaxError, match=r"side B.*\(\+1.00 SD in bfloat16\)"):
+        check_rescored("B", texts, np.array([0.5, 0.2635]), np.array([0.5, 0.0]), "bfloat16", 0.2635)
+
+
 def _spec(a, b, out, lm, **config):
     cfg = DisagreeConfig(**{"direction": "both", "forwards": 150, "top": 3, "front_rows": 4, "z_sample": 64,
                             "vocab_map": True, "b_gradient": True} | config)

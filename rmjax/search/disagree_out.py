@@ -27,11 +27,27 @@ MAP_KEYS = ("prompt", "text", "token_a", "token_b")
 MAP_VALUES = ("reward_a", "reward_b", "z_a", "z_b", "gap")
 
 
-def _tolerance(dtype: str, reward: np.ndarray) -> np.ndarray:
-    """How far a row's reward through the search's cached ids may sit from the same text scored afresh: float32
-    rounding over a forward (about 1e-6 relative per op, well inside 1e-3 of the reward's scale); bfloat16 keeps 8
-    bits of mantissa (2^-8 ≈ 4e-3 relative per op), so 3e-2."""
-    return (1e-3 if dtype == "float32" else 3e-2) * np.maximum(1.0, np.abs(reward))
+def _tolerance(dtype: str, reward: np.ndarray, sd: float) -> np.ndarray:
+    """How far a row's reward through the search's cached ids may sit from the same text scored afresh. float32:
+    rounding over a forward (about 1e-6 relative per op), well inside 1e-3 of the reward's scale. bfloat16 (8 bits
+    of mantissa) errs in SDs of the rewards: against float64, 0.04-0.15 SD at published shapes (BUILD_NOTES, On a
+    GPU), so two bfloat16 paths of one text differ by up to about 0.3 SD (0.12 seen on an H200, a 1B Llama shape);
+    0.5 SD of the side's single-token rewards, or 3e-2 of the reward's scale where that is larger."""
+    scale = np.maximum(1.0, np.abs(reward))
+    return 1e-3 * scale if dtype == "float32" else np.maximum(3e-2 * scale, 0.5 * sd)
+
+
+def check_rescored(side: str, texts: list[str], fresh: np.ndarray, searched: np.ndarray, dtype: str,
+                   sd: float) -> None:
+    """Refuse rows whose search scores are not the texts' (a tokenization or template that differs between the
+    search and experiments.score), beyond the dtype's rounding (`_tolerance`)."""
+    off = np.abs(fresh - searched) > _tolerance(dtype, searched, sd)
+    if off.any():
+        i = int(np.flatnonzero(off)[0])
+        hint = "" if dtype == "float32" else f" ({(fresh[i] - searched[i]) / sd:+.2f} SD in {dtype})"
+        raise RmjaxError(f"side {side}'s reward of {texts[i]!r} is {fresh[i]:.6g} scored as a text but "
+                         f"{searched[i]:.6g} in the search{hint}: the search's scores are not the text's. Nothing "
+                         "was written; report this with the command.")
 
 
 def rows(units, ready: dict, judge, spec, clock: PhaseClock | None = None) -> list[dict]:
@@ -46,13 +62,8 @@ def rows(units, ready: dict, judge, spec, clock: PhaseClock | None = None) -> li
         tokenizer, end = p.target.model.tokenizer, p.end
         texts = [response_content(t, p.plain) for t in turns.decode(tokenizer, u.ids, end)]
         ra, rb = p.side_a.rewards(texts), p.side_b.rewards(texts)
-        for side, fresh, searched in (("A", ra, u.reward_a), ("B", rb, u.reward_b)):
-            off = np.abs(fresh - searched) > _tolerance(spec.options.dtype, searched)
-            if off.any():
-                i = int(np.flatnonzero(off)[0])
-                raise RmjaxError(f"side {side}'s reward of {texts[i]!r} is {fresh[i]:.6g} scored as a text but "
-                                 f"{searched[i]:.6g} in the search: the search's scores are not the text's. Nothing "
-                                 "was written; report this with the command.")
+        for side, fresh, searched, scale in (("A", ra, u.reward_a, p.z_a), ("B", rb, u.reward_b, p.z_b)):
+            check_rescored(side, texts, fresh, searched, spec.options.dtype, scale[1])
         clock("rescore")
         ppl = judge_perplexities(judge, p.prompt, texts, spec.options.template, end_of_turn=True)
         clock("judge")
