@@ -148,15 +148,15 @@ def gcg_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_
 def score_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int, suffix_tokens: int,
                 texts: int, text_tokens: int, batch_size: int) -> list[Call]:
     """Text scoring (rmjax.scoring.texts): per prompt a prefill, then the texts in batches after the cache, each
-    text's tokens and the template's tail padded to `text_width` (planned for texts of `text_tokens` tokens)."""
+    text's tokens and the template's tail in 4-token buckets (planned for texts of `text_tokens` tokens)."""
     from rmjax.scoring.calls import rewards_after_call
-    from rmjax.scoring.texts import text_width
+    from rmjax.scoring.texts import LENGTH_BUCKET
 
     params, width, prefill, cache = _prefix(cfg, dtype, mesh, prompts, prefix_tokens)
     batch = batching.round_up(batch_size, mesh)
     # as the job: a batch holds no more rows than its texts need (the next power of two, rounded up to `data`)
     rows = min(batch, batching.rows_for(texts, batching.data_shards(mesh)))
-    length = text_width(text_tokens + suffix_tokens)
+    length = batching.bucket(text_tokens + suffix_tokens, LENGTH_BUCKET)
     scorer = rewards_after_call(cfg, mesh, width, rows)  # a batch rounded up to `data`: its rows over `data`
     args = (params, cache, _array((rows, length), jnp.int32, mesh, "data"),
             _array((rows, length), jnp.bool_, mesh, "data"))

@@ -30,15 +30,11 @@ from rmjax.text.chat import Conversations
 from rmjax.text.prompts import check_prompt_names
 
 CACHED_PROMPT_ROWS = 16  # score_conversations: a prompt with this many responses gets its prefix cached
-LENGTH_BUCKET = 4  # rows of up to 32 tokens are right-padded to a multiple of this (few compilations)
+LENGTH_BUCKET = 4  # remainders are right-padded to a multiple of this (few compilations)
 
 
-def text_width(n: int) -> int:
-    """The padded width of a row of n tokens: a multiple of LENGTH_BUCKET up to 32 tokens, then of an eighth of the
-    next power of two (at most 25% padding): whole conversations of 50-150 tokens (the audit's) share a dozen
-    widths, not 25, and each width is one compilation."""
-    step = max(LENGTH_BUCKET, 1 << max(0, (n - 1).bit_length() - 3))
-    return batching.bucket(n, step)
+def _bucket(n: int) -> int:
+    return batching.bucket(n, LENGTH_BUCKET)
 
 
 class TextScorer(Conversations):
@@ -76,9 +72,9 @@ class TextScorer(Conversations):
         for i, ids in enumerate(self.token_ids(responses)):
             _check_length(self.model, ids, responses[i])
             if len(ids) > p and ids[:p] == self.prefix:
-                cached[text_width(len(ids) - p)].append((i, ids[p:]))
+                cached[_bucket(len(ids) - p)].append((i, ids[p:]))
             else:
-                full[text_width(len(ids))].append((i, ids))
+                full[_bucket(len(ids))].append((i, ids))
         return _batched(self.model, ((cached, True), (full, False)), compute, len(responses), width_out,
                         batch_size, _progress(len(responses)))
 
@@ -137,7 +133,7 @@ def score_conversations(model: Model, prompts: list[str], responses: list[str], 
         conversations = Conversations(model.tokenizer, prompt, template, False, model.config.max_position_embeddings)
         for i, ids in zip(rows, conversations.token_ids([responses[i] for i in rows]), strict=True):
             _check_length(model, ids, responses[i])
-            full[text_width(len(ids))].append((i, ids))
+            full[_bucket(len(ids))].append((i, ids))
 
     def reward(ids, mask, cached: bool):
         return calls.rewards(model, ids, mask)[:, model.output_column]
