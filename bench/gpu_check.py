@@ -59,12 +59,16 @@ SHAPES = {
 }
 
 
-def build(name: str, folder: Path, tokenizer: Path, layers: int | None, device: str):
-    """A random reward model of the shape `name` (transformers' own initialisation), saved in float32."""
+def build(name: str, folder: Path, tokenizer: Path, layers: int | None, device: str, kind: str = "rm",
+          seed: int = 0):
+    """A random reward model of the shape `name` (transformers' own initialisation), saved in float32; with `kind`
+    "lm", the causal LM of the same backbone (embeddings tied)."""
     import torch
     import transformers
 
     config_cls, model_cls, fields = SHAPES[name]
+    if kind == "lm":
+        model_cls = model_cls.replace("TextFor", "For").replace("ForSequenceClassification", "ForCausalLM")
     fields = dict(fields, **SPECIAL, num_labels=1)
     if layers:
         fields["num_hidden_layers"] = layers
@@ -72,7 +76,7 @@ def build(name: str, folder: Path, tokenizer: Path, layers: int | None, device: 
         n = fields["num_hidden_layers"]
         fields["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
     config = getattr(transformers, config_cls)(**fields)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.device(device):
         model = getattr(transformers, model_cls)(config).eval()
     shutil.rmtree(folder, ignore_errors=True)

@@ -23,30 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.gpu_check import SHAPES, SPECIAL  # noqa: E402
-
-
-def build(kind: str, folder: Path, shape: str, tokenizer: Path, layers: int | None, seed: int) -> None:
-    """A random model of `shape` with transformers' own initialisation: a reward model, or (`kind` "lm") the
-    causal LM of the same backbone, its embeddings tied."""
-    import shutil
-
-    import torch
-    import transformers
-
-    config_cls, model_cls, fields = SHAPES[shape]
-    fields = dict(fields, **SPECIAL, num_labels=1)
-    if layers:
-        fields["num_hidden_layers"] = layers
-    config = getattr(transformers, config_cls)(**fields)
-    cls = model_cls if kind == "rm" else model_cls.replace("ForSequenceClassification", "ForCausalLM")
-    torch.manual_seed(seed)
-    model = getattr(transformers, cls)(config).eval()
-    shutil.rmtree(folder, ignore_errors=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
-        if (tokenizer / f).is_file():
-            shutil.copy(tokenizer / f, folder / f)
+from bench.gpu_check import SHAPES, build  # noqa: E402
 
 
 def jobs(a: Path, b: Path, lm: Path, out: Path, quick: bool) -> dict[str, list[str]]:
@@ -94,7 +71,7 @@ def main() -> int:
     report: dict = {"shape": args.shape, "layers": args.layers, "quick": args.quick}
     start = time.perf_counter()
     for kind, folder, seed in (("rm", a, 0), ("rm", b, 1), ("lm", lm, 2)):
-        build(kind, folder, args.shape, Path(args.tokenizer), args.layers, seed)
+        build(args.shape, folder, Path(args.tokenizer), args.layers, "cpu", kind=kind, seed=seed)
     report["build_s"] = round(time.perf_counter() - start, 1)
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     only = [w for w in args.only.split(",") if w]
