@@ -1,4 +1,5 @@
-"""GPU jobs check: every README job, run as a user runs it (`python -m experiments.NAME`), on one GPU in bfloat16.
+"""GPU jobs check: the README's model jobs, run as a user runs them (`python -m experiments.NAME`), on one GPU in
+bfloat16 (logprobs, analyze, export and plan are left out: no accelerator work, or none the others lack).
 
 python bench/gpu_jobs.py --out=DIR --tokenizer=FOLDER [--shape=llama3.2-1b] [--layers=N] [--quick]
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +29,8 @@ from bench.gpu_check import SHAPES, build  # noqa: E402
 
 
 def jobs(a: Path, b: Path, lm: Path, out: Path, quick: bool) -> dict[str, list[str]]:
-    """The README's chain, on the random models (sizes as the README's unless `quick`)."""
+    """The README's chain on the random models, at sizes that make an accelerator work (larger than the README's
+    laptop sizes; tiny with `quick`). inspect and beam read the sweep's CSV: `--only` them with `sweep`."""
     common = ["--dtype=bfloat16", "--prompts=greatest"]
     sweep = out / "sweep.csv"
     limit = ["--limit=512"] if quick else []
@@ -74,6 +77,8 @@ def main() -> int:
         build(args.shape, folder, Path(args.tokenizer), args.layers, "cpu", kind=kind, seed=seed)
     report["build_s"] = round(time.perf_counter() - start, 1)
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    shutil.rmtree(work / "results", ignore_errors=True)  # a rerun computes afresh (same models: it would reuse)
+    failed = 0
     only = [w for w in args.only.split(",") if w]
     for name, argv in jobs(a, b, lm, work / "results", args.quick).items():
         if only and name.split()[0] not in only:
@@ -89,7 +94,8 @@ def main() -> int:
         report[name] = {"rc": rc, "seconds": round(time.perf_counter() - start, 1), "tail": lines[-14:]}
         (out / "gpu_jobs.json").write_text(json.dumps(report, indent=1))
         print(name, rc, report[name]["seconds"], "s", flush=True)
-    return 0
+        failed += rc != 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

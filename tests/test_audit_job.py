@@ -21,6 +21,12 @@ COLUMNS = ["battery", "axis", "contrast", "n_items", "effect", "ci_low", "ci_hig
 SMALL = dict(n_boot=400, n_perm=400, batch_size=256)
 
 
+def _recompute_atol(folder) -> float:
+    """recompute reads the rewards as written (9 significant digits, rel 5e-9): an effect or CI bound, a mean or
+    quantile of reward differences, moves by up to ~1e-8 of the largest reward, however small the value itself."""
+    return 2e-8 * np.abs(pd.read_csv(folder_paths(folder)["items"], keep_default_na=False)["reward"]).max()
+
+
 @pytest.fixture(scope="module")
 def audited(rm_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("audit") / "run"
@@ -104,7 +110,7 @@ def test_effects_nulls_and_holm_are_recomputed_from_the_items_by_brute_force(aud
     assert interactions == 5 and (table["axis"] == "stated belief").sum() == 3
     again = recompute(audited, n_boot=400, n_perm=400)
     np.testing.assert_allclose(table[COLUMNS[3:]].to_numpy(float), again[COLUMNS[3:]].to_numpy(float), rtol=1e-7,
-                               atol=1e-9)
+                               atol=_recompute_atol(audited))
     assert (folder_paths(audited)["png"]).stat().st_size > 0
 
 
@@ -154,11 +160,8 @@ def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
     # rows' seeds follow the job's battery order, and recompute keeps it
     again = recompute(second, n_boot=400, n_perm=400)
     written = pd.read_csv(folder_paths(second)["csv"], keep_default_na=False)
-    # recompute reads the rewards as written (9 significant digits, rel 5e-9): an effect or CI bound, a mean or
-    # quantile of reward differences, moves by up to ~1e-8 of the largest reward, however small the bound itself
-    atol = 2e-8 * np.abs(pd.read_csv(folder_paths(second)["items"], keep_default_na=False)["reward"]).max()
     np.testing.assert_allclose(written[COLUMNS[3:]].to_numpy(float), again[COLUMNS[3:]].to_numpy(float), rtol=1e-7,
-                               atol=atol)
+                               atol=_recompute_atol(second))
     found = analyze(tmp_path / "analysis", audits=(str(audited), str(second)))
     diff = pd.read_csv(found["tables"]["audit_differences"], keep_default_na=False)
     side = pd.read_csv(found["tables"]["audit_side_by_side"], keep_default_na=False)

@@ -15,7 +15,7 @@ from scipy import stats
 from rmjax.analysis.stats import epic_distance_matrix
 from rmjax.loading import load
 from rmjax.runs.options import RunOptions
-from rmjax.search import baseline, disagree_job, fluent, turns
+from rmjax.search import baseline, disagree_job, disagree_out, fluent, turns
 from rmjax.search.budget import Forwards
 from rmjax.search.disagree import Disagreement, agreement
 from rmjax.search.disagree_job import DisagreeConfig, DisagreeSpec, run_disagree
@@ -300,6 +300,13 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
         return ok
 
     monkeypatch.setattr(disagree.Disagreement, "round_trips", recording)
+    checked, real_check = [], disagree_out.check_rescored
+
+    def spy_check(side, texts, fresh, searched, dtype, sd):
+        checked.append((side, sd))
+        return real_check(side, texts, fresh, searched, dtype, sd)
+
+    monkeypatch.setattr(disagree_out, "check_rescored", spy_check)
     out = tmp_path / "d"
     run_disagree(_spec(rm_folder, lower_rm, out, lm_folder))
     table = pd.read_csv(out / "disagree.csv", keep_default_na=False)
@@ -316,6 +323,9 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
                                                                          strict=True))
     # each side's reward is what experiments.score gives the text, z one affine map per side (score's scale)
     meta = json.loads((out / "disagree.csv.meta.json").read_text())
+    # the re-scoring check holds each side to its own yardstick's SD (bfloat16's tolerance is in those SDs)
+    yardsticks = meta["yardsticks"]["greatest"]
+    assert set(checked) == {("A", yardsticks["a"][1]), ("B", yardsticks["b"][1])}
     phases = meta["seconds_by_phase"]  # where the time went, every phase of the job once
     assert list(phases) == ["load", "prepare", "vocab_map", "yardsticks", "search", "complete", "rescore", "judge"]
     assert sum(phases.values()) == pytest.approx(meta["seconds"], abs=0.05 * len(phases))

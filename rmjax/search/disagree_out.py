@@ -30,9 +30,10 @@ MAP_VALUES = ("reward_a", "reward_b", "z_a", "z_b", "gap")
 def _tolerance(dtype: str, reward: np.ndarray, sd: float) -> np.ndarray:
     """How far a row's reward through the search's cached ids may sit from the same text scored afresh. float32:
     rounding over a forward (about 1e-6 relative per op), well inside 1e-3 of the reward's scale. bfloat16 (8 bits
-    of mantissa) errs in SDs of the rewards: against float64, 0.04-0.15 SD at published shapes (BUILD_NOTES, On a
-    GPU), so two bfloat16 paths of one text differ by up to about 0.3 SD (0.12 seen on an H200, a 1B Llama shape);
-    0.5 SD of the side's single-token rewards, or 3e-2 of the reward's scale where that is larger."""
+    of mantissa) errs by a share of the rewards' spread: rmjax's bf16 rewards sat 0.04-0.09 SD (of random rows) from
+    float64 at published shapes (BUILD_NOTES, On a GPU), and one text's two bf16 paths 0.12 SD (of the single-token
+    yardstick) apart on an H200. 0.5 SD of the side's single-token rewards (a judgement, 4x that case), or 3e-2 of
+    the reward's scale where larger; a template or tokenization mismatch moves a reward by SDs (sides.py: 2 SD)."""
     scale = np.maximum(1.0, np.abs(reward))
     return 1e-3 * scale if dtype == "float32" else np.maximum(3e-2 * scale, 0.5 * sd)
 
