@@ -449,6 +449,16 @@ def test_step_candidate_counts_equal_a_recount_of_the_filters(rm_folder, monkeyp
     assert set(warned) == {h["step"] for h in res.history if 4 * h["candidates"] < cfg.search_width}
     for s, message in warned.items():
         assert f"{res.history[s - 1]['candidates']} of --search_width=32" in message and "To get more" in message
+    # from step 2 on, a step's line says the time left at the mean pace of the steps after the first (it compiled)
+    from rmjax.runs.progress import duration
+
+    lines = [next(m for k, m in events if k == "log" and f"step {n}/{cfg.steps} " in m) for n in range(1, 7)]
+    first = res.history[0]["seconds"]
+    for n, line in enumerate(lines, start=1):
+        seconds = res.history[n - 1]["seconds"]
+        assert line.endswith(f"{seconds:.1f} s)") == (n in (1, cfg.steps))
+        if 1 < n < cfg.steps:
+            assert line.endswith(f"{seconds:.1f} s, {duration((seconds - first) / (n - 1) * (6 - n))} left)")
 
 
 def test_warning_names_the_step_and_what_to_change(tiny_rm, caplog):

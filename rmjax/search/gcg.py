@@ -28,6 +28,7 @@ from rmjax.errors import NonFiniteError
 from rmjax.model import Model, require_reward_model
 from rmjax.nn import ops
 from rmjax.parallel.distributed import is_main, replicated, to_host
+from rmjax.runs.progress import duration
 from rmjax.scoring import finite
 from rmjax.scoring.prefix import append_kv, extend_prefix, prefill_prefix, score_responses, score_variants
 from rmjax.search.gcg_config import GCGConfig, check_context
@@ -189,6 +190,7 @@ class _Search:
     seen: set[tuple[int, ...]] = dataclasses.field(default_factory=set)
     dropped: int = 0
     skipped_swaps: int = 0
+    first_step_seconds: float = 0.0  # when step 1 ended: it paid the compiles, which the ETA leaves out
 
     @property
     def lead(self) -> Model:
@@ -249,6 +251,15 @@ class _Search:
                          f"entry {attempt + 2} with n_replace={min(cfg.num_tokens, cfg.n_replace + attempt + 1)}")
         return cands, counts, attempt, current, extended
 
+    def time_left(self, step: int, seconds: float) -> str:
+        """`, 1m05s left` at the mean pace of the steps after the first (which compiled), from step 2 on; `at most`
+        under --patience, which may stop the search sooner."""
+        left = self.cfg.steps - step - 1
+        if step == 0 or left == 0:
+            return ""
+        bound = "at most " if self.cfg.patience is not None else ""
+        return f", {bound}{duration((seconds - self.first_step_seconds) / step * left)} left"
+
     def report(self, step: int, cands: np.ndarray, counts: dict[str, int], attempt: int) -> dict:
         """The history's record of a step (the best so far, the filter's counts), logged; a warning when under a
         quarter of --search_width was left to evaluate."""
@@ -258,10 +269,12 @@ class _Search:
                   "text": _decode(self.lead, best_ids), "candidates": len(cands), "retries": attempt,
                   **{k: v for k, v in counts.items() if k != "left"}, "seconds": time.perf_counter() - self.start}
         retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
+        if step == 0:
+            self.first_step_seconds = record["seconds"]
         if self.log:
             self.log(f"[gcg {cfg.direction}] step {step + 1}/{cfg.steps} reward {record['reward']:.4f} "
                      f"{record['text']!r} ({describe_filter(counts)}{';' + retried if retried else ''}; "
-                     f"{record['seconds']:.1f} s)")
+                     f"{record['seconds']:.1f} s{self.time_left(step, record['seconds'])})")
         if 4 * len(cands) < cfg.search_width and is_main():
             logging.warning("GCG step %d: only %d of --search_width=%d candidates left to evaluate%s (%d sampled, %s). "
                             "%s", step + 1, len(cands), cfg.search_width, retried, counts["sampled"],
