@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -459,6 +460,17 @@ def test_step_candidate_counts_equal_a_recount_of_the_filters(rm_folder, monkeyp
         assert line.endswith(f"{seconds:.1f} s)") == (n in (1, cfg.steps))
         if 1 < n < cfg.steps:
             assert line.endswith(f"{seconds:.1f} s, {duration((seconds - first) / (n - 1) * (6 - n))} left)")
+    # a tiny model's steps round to 0m00s above: the pace leaves the first (compiling) step out, and --patience
+    # makes the time an upper bound
+    from types import SimpleNamespace
+
+    from rmjax.search.gcg import _Search
+
+    paced = SimpleNamespace(cfg=cfg, first_step_seconds=30.0)
+    assert _Search.time_left(paced, 2, 90.0) == ", 1m30s left"  # (90 - 30) s over 2 steps, 3 steps to go
+    paced.cfg = dataclasses.replace(cfg, patience=2)
+    assert _Search.time_left(paced, 2, 90.0) == ", at most 1m30s left"
+    assert _Search.time_left(paced, 0, 30.0) == _Search.time_left(paced, 5, 200.0) == ""
 
 
 def test_warning_names_the_step_and_what_to_change(tiny_rm, caplog):
