@@ -11,6 +11,8 @@ whatever it held.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -21,7 +23,7 @@ from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, store_dir
 from rmjax.runs.options import RunOptions
 from rmjax.search.sweep import SweepSpec, plot_path, run_sweep
-from tests import inproc, tiny
+from tests import cli, inproc, tiny
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 FOREIGN = b"\x89PNG a figure of the user's, not of this sweep"
@@ -197,3 +199,25 @@ def test_a_workdir_holding_only_the_runs_other_outputs_is_a_new_one(tmp_path):
                            folder=WORKDIR_FILES, flag="--workdir", beside=(work / "hf",))]) as (claimed,):
         assert sorted(p.name for p in claimed.remove) == ["checkpoints", "run.json"]
     assert sorted(p.name for p in work.iterdir()) == ["hf"] and (work / "hf" / "theirs.txt").read_text() == "kept"
+
+
+# A figure drawn with the file-size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ) below its size: as on a full disk.
+_FIGURE_UNDER_LIMIT = (
+    "import resource, sys\n"
+    "from rmjax.analysis import plots\n"
+    "fig, ax = plots.plt.subplots(figsize=(6, 4)); ax.plot(range(100), [i * i for i in range(100)])\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (2000, resource.RLIM_INFINITY))\n"
+    "plots._save(fig, sys.argv[1])\n")
+
+
+def test_a_figure_cut_by_a_full_disk_leaves_the_old_one_and_no_temp_file(tmp_path):
+    """savefig wrote straight to the figure's name, so a full disk left a cut PNG there (and replaced a good one);
+    now the figure is written beside it and renamed only once whole."""
+    png = tmp_path / "figure.png"
+    old = b"\x89PNG an earlier, whole figure"
+    png.write_bytes(old)
+    proc = subprocess.run([sys.executable, "-c", _FIGURE_UNDER_LIMIT, str(png)], cwd=cli.REPO, env=cli.subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and f"File too large: '{png}'" in proc.stderr, proc.stderr[-2000:]
+    assert png.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["figure.png"]

@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from rmjax.runs.results import save_figure  # noqa: E402
 from rmjax.text.visible import figure_text, wrap  # noqa: E402
 
 PALETTE = plt.get_cmap("tab10")
@@ -42,7 +43,7 @@ def _save(fig: plt.Figure, path: str | Path) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # glyphs missing from the default font (CJK tokens, emoji)
         fig.tight_layout()
-        fig.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.1)
+        save_figure(fig, path, dpi=120, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return path
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.inspect.patching import COMPONENTS
+from rmjax.runs.results import save_figure
 from rmjax.text.visible import figure_text, wrap
 
 
@@ -27,7 +28,7 @@ def write_figures(out: Path, items, lens, attributions, patched, pair, col: int,
     for draw, name in ((_lens_figure, "lens.png"), (_attribution_figure, "attribution.png"),
                        (_patching_figure, "patching.png")):
         fig = draw(plt, labels, items, lens, attributions, patched, pair, col)
-        fig.savefig(out / name, dpi=120, bbox_inches="tight")
+        save_figure(fig, out / name, dpi=120, bbox_inches="tight")
         plt.close(fig)
 
 

@@ -99,8 +99,10 @@ def replacing(path: Path) -> Iterator[Path]:
         fresh_file(tmp)
         yield tmp
         tmp.replace(path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename in (None, str(tmp), tmp):
+            error.filename = str(path)  # the one-line disk error names the output (not a temp file, not nothing)
         raise
 
 
@@ -211,6 +213,14 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     path = Path(path)
     with replacing(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+    return path
+
+
+def save_figure(fig, path: str | Path, **savefig) -> Path:
+    """A matplotlib figure written whole or not at all (a full disk leaves no cut image behind a good name)."""
+    path = Path(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", **savefig)
     return path
 
 
