@@ -355,7 +355,29 @@ def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, t
     inproc.no_weights_read(monkeypatch)
     inproc.refused(job(bad["model.weights"]), "--from_sweep", "model.weights")
     inproc.refused(job(tmp_path / "short.csv"), "does not match its")
+    inproc.refused(job(bad["lacks 2 of"]), "lacks 2 of the beam's 12 candidates")  # was refused only once loaded
     assert not (tmp_path / "cli.csv").exists()
+
+
+def test_from_sweep_checked_before_loading_leaves_out_what_the_beam_leaves_out(rm_folder, model, tmp_path):
+    """The check before loading takes the beam's own candidate set: special and byte tokens the beam leaves out
+    need not be in the sweep (a check on the ids as given refused this job), and --allow_special needs them."""
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from rmjax.text.candidates import special_or_byte
+    from tests import inproc
+
+    special = np.flatnonzero(special_or_byte(model.tokenizer, model.config.vocab_size))[:2]
+    assert len(special) == 2
+    s = _candidates(8, seed=9)
+    swept = _sweep(model, tmp_path / "sweep.csv", PROMPTS, s)
+
+    def job(allow_special: bool):
+        return run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / f"beam_{allow_special}.csv"),
+                                 dict(PROMPTS), BeamConfig(depth=1, beam=2, top=2, allow_special=allow_special),
+                                 tuple(int(i) for i in np.concatenate([special, s])), from_sweep=str(swept)))
+
+    inproc.refused(lambda: job(True), "lacks 2 of the beam's 10 candidates")
+    assert job(False).levels[0]["from_sweep"] == len(s)
 
 
 def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):

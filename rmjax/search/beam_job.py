@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from rmjax.errors import UsageError
-from rmjax.loading import config_of
+from rmjax.loading import config_and_tokenizer, config_of
 from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
@@ -152,9 +152,15 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
     fp, from_sweep = job_fingerprint(o), None
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")
-    if spec.from_sweep:  # refused now, before the model loads, if it is not this beam's depth 1
-        _, given = read_sweep(spec.from_sweep, sweep_needs(fp, dtype=o.dtype, output_column=o.output_column,
-                                                           prompts=spec.prompts, template=cfg.template))
+    if spec.from_sweep:  # refused now, before the model loads, if it is not this beam's depth 1 or lacks a candidate
+        table, given = read_sweep(spec.from_sweep, sweep_needs(fp, dtype=o.dtype, output_column=o.output_column,
+                                                               prompts=spec.prompts, template=cfg.template))
+        model_config, tokenizer = config_and_tokenizer(o.model)
+        vocab = model_config.vocab_size
+        ids = spec.token_ids if lines is None else candidate_set.single_token_ids(tokenizer, lines, spec.vocab_file,
+                                                                                   report=False)[0]
+        depth1_scores(table, beam_candidates(tokenizer, vocab, cfg, ids, spec.limit, report=False), spec.prompts,
+                      spec.from_sweep)
         from_sweep = given.sha1
     identity = beam_identity(fp, dtype=o.dtype, prompts=spec.prompts, cfg=cfg, output_column=o.output_column,
                              candidates=requested, limit=spec.limit, from_sweep=from_sweep,
@@ -193,13 +199,18 @@ def _vocab_ids(model: Model, lines: list[str], path: str) -> tuple[np.ndarray, d
                  "first_skipped": skipped[:10]}
 
 
-def _without_special(model: Model, candidates: np.ndarray) -> np.ndarray:
-    """The candidates less special and byte tokens, saying how many left (never silently a smaller set)."""
-    left_out = candidate_set.special_or_byte(model.tokenizer, model.config.vocab_size)[candidates]
+def beam_candidates(tokenizer, vocab: int, cfg: BeamConfig, token_ids=None, limit: int | None = None,
+                    report: bool = True) -> np.ndarray:
+    """The ids a beam searches: `token_ids` or the vocabulary, its first `limit`, less special and byte tokens
+    unless cfg.allow_special (saying how many left: never silently a smaller set). Needs no weights."""
+    candidates = candidate_ids(tokenizer, vocab, token_ids, limit)
+    if cfg.allow_special:
+        return candidates
+    left_out = candidate_set.special_or_byte(tokenizer, vocab)[candidates]
     if left_out.all():
         raise UsageError(f"all {len(candidates)} candidates are special or byte tokens: pass --allow_special to "
                          "search them, or give other tokens.")
-    if left_out.any() and is_main():
+    if report and left_out.any() and is_main():
         print(f"beam: {int(left_out.sum())} special/byte token{'s' * (int(left_out.sum()) != 1)} of "
               f"{len(candidates)} candidates left out (--allow_special keeps them).", file=sys.stderr)
     return candidates[~left_out]
@@ -215,9 +226,7 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
     .meta.json; None when reused. `out` is claimed here unless `job` is its claim already (`run_beam`).
     `requested` identifies the candidate set as asked for (identity); default: the whole vocabulary. `limit`
     keeps its first N (as the sweep's --limit); `from_sweep`: a finished sweep CSV whose scores are depth 1."""
-    candidates = candidate_ids(model, candidates, limit)
-    if not cfg.allow_special:
-        candidates = _without_special(model, candidates)
+    candidates = beam_candidates(model.tokenizer, model.config.vocab_size, cfg, candidates, limit)
     depth1, extra_meta = None, dict(extra_meta or {})
     if from_sweep is not None:
         table, given = read_sweep(from_sweep, sweep_needs(model_fingerprint(model), dtype=model.dtype, prompts=prompts,

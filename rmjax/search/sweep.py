@@ -256,7 +256,7 @@ def sweep(
                 reused_figure(job.out, figure_path(out))
             return results.read_scores_csv(out)  # proven whole by the claim (its digest)
         start_time = time.perf_counter()
-        tokens = candidate_ids(model, token_ids, limit)
+        tokens = candidate_ids(model.tokenizer, model.config.vocab_size, token_ids, limit)
         _, names_all, decoded_all = chat.token_table(model.tokenizer, model.config.vocab_size)
         names, decoded = [names_all[i] for i in tokens], [decoded_all[i] for i in tokens]
         store = open_store(out, identity, chunk_size, batch_size) if out is not None else None

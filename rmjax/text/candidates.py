@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import UsageError
-from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
 from rmjax.text.chat import Conversations, _special_ids
 
@@ -58,10 +57,11 @@ def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) ->
     return min(n, limit) if limit is not None else n
 
 
-def candidate_ids(model: Model, token_ids=None, limit: int | None = None) -> np.ndarray:
-    vocab = model.config.vocab_size
+def candidate_ids(tokenizer, vocab: int, token_ids=None, limit: int | None = None) -> np.ndarray:
+    """The candidate ids a job scores: `token_ids` (checked against the model's `vocab` size) or every token both
+    the model and its tokenizer have; `limit` keeps the first N. Needs no weights (a check before loading)."""
     if token_ids is None:
-        ids = np.arange(min(vocab, len(model.tokenizer)))
+        ids = np.arange(min(vocab, len(tokenizer)))
     else:
         ids = np.asarray(list(token_ids), np.int64)
         bad = ids[(ids < 0) | (ids >= vocab)]
@@ -173,12 +173,13 @@ def roundtrip_mask(tokenizer, prompts: dict[str, str], template: str, tokens: np
     return mask, counts
 
 
-def single_token_ids(tokenizer, lines: list[str], path: str | None) -> tuple[np.ndarray, list[str]]:
+def single_token_ids(tokenizer, lines: list[str], path: str | None, report: bool = True
+                     ) -> tuple[np.ndarray, list[str]]:
     """(the ids of the --vocab_file lines that are one token of `tokenizer`, the lines skipped); none is refused.
-    The count goes to stderr."""
-    ids, skipped = words_to_ids(tokenizer, lines)
+    With `report`, the count goes to stderr."""
+    ids, skipped = words_to_ids(tokenizer, lines, report)
     if not len(ids):
         raise UsageError(f"--vocab_file={path}: none of its {len(lines)} lines is a single token of this tokenizer.")
-    if is_main():
+    if report and is_main():
         print(f"--vocab_file: {len(ids)} of {len(lines)} lines are single tokens", file=sys.stderr)
     return ids, skipped
