@@ -109,6 +109,24 @@ def test_pessimal_buffer_decreases_monotonically(tiny_rm):
                                             abs=_atol(model, [res.best_ids]))
 
 
+def test_a_step_of_many_batches_runs_in_slices_with_a_progress_line(tiny_rm, monkeypatch, capsys):
+    """A step longer than PROGRESS_BATCHES batches reports its progress (a huge --search_width showed nothing for
+    hours); its slices keep each reward with its candidate: every buffer entry equals a full forward of its ids."""
+    from rmjax.search import gcg as gcg_lib
+
+    _, model = tiny_rm
+    monkeypatch.setattr(gcg_lib, "PROGRESS_BATCHES", 1)
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    res = gcg([target], GCGConfig(num_tokens=3, steps=3, search_width=32, topk=8, eval_batch_size=4,
+                                  retokenize_filter=False, seed=2))
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[gcg optimal step ")]
+    assert [ln.split("]")[0] for ln in lines] == [f"[gcg optimal step {k}" for k in (1, 2, 3)]
+    assert all(f"{h['candidates']}/{h['candidates']} candidates (100.0%)" in ln
+               for ln, h in zip(lines, res.history, strict=True))
+    ids = np.asarray([entry for _, entry in res.buffer])
+    np.testing.assert_allclose([r for r, _ in res.buffer], _full_rewards(model, ids), atol=_atol(model, ids), rtol=0)
+
+
 def test_multi_prompt_objective_is_the_mean(tiny_rm):
     _, model = tiny_rm
     other_prefix = (1, 4, 4, 70)

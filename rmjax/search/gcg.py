@@ -28,7 +28,7 @@ from rmjax.errors import NonFiniteError
 from rmjax.model import Model, require_reward_model
 from rmjax.nn import ops
 from rmjax.parallel.distributed import is_main, replicated, to_host
-from rmjax.runs.progress import duration
+from rmjax.runs.progress import Progress, duration
 from rmjax.scoring import finite
 from rmjax.scoring.prefix import append_kv, extend_prefix, prefill_prefix, score_responses, score_variants
 from rmjax.search.gcg_config import GCGConfig, check_context
@@ -130,6 +130,9 @@ def reward_gradient_on_device(target: Target, ids: np.ndarray, read_offset: int 
     return grad, append_kv(m, target.cache, kv, len(ids))
 
 
+PROGRESS_BATCHES = 64  # evaluation batches a step runs before it reports progress (slices this many at a time)
+
+
 def evaluate(targets: list[Target], candidates: np.ndarray, batch_size: int = 256,
              current: np.ndarray | None = None, extended: list[nn.KVCache] | None = None) -> np.ndarray:
     """Mean reward over targets of each candidate response [W, N] -> [W]. With `current` (the sequence the
@@ -196,9 +199,22 @@ class _Search:
     def lead(self) -> Model:
         return self.targets[0].model
 
-    def losses(self, cands: np.ndarray, current: np.ndarray | None = None, extended=None) -> np.ndarray:
-        """-sign * reward; NaN/Inf stop the search (or, when allowed, mark the candidate to drop)."""
-        rewards = evaluate(self.targets, cands, self.eval_batch, current, extended)
+    def losses(self, cands: np.ndarray, current: np.ndarray | None = None, extended=None,
+               step: int | None = None) -> np.ndarray:
+        """-sign * reward; NaN/Inf stop the search (or, when allowed, mark the candidate to drop). A step of more
+        than PROGRESS_BATCHES batches runs in slices of that many with a progress line (rate, ETA): a huge
+        --search_width ran for hours with nothing on screen until its step ended."""
+        rows = self.eval_batch * PROGRESS_BATCHES
+        if step is None or len(cands) <= rows:
+            rewards = evaluate(self.targets, cands, self.eval_batch, current, extended)
+        else:
+            progress = Progress(len(cands), f"gcg {self.cfg.direction} step {step + 1}", every=30.0)
+            parts = []
+            for start in range(0, len(cands), rows):
+                parts.append(evaluate(self.targets, cands[start : start + rows], self.eval_batch, current, extended))
+                if is_main():
+                    progress.update(len(parts[-1]))
+            rewards = np.concatenate(parts)
         bad = ~np.isfinite(rewards)
         if bad.any() and not self.cfg.allow_nonfinite:
             finite.check(rewards[:, None], what="rewards", columns=["GCG objective"], allow=False,
@@ -212,7 +228,7 @@ class _Search:
         the candidates evaluated, the filter's counts and the retries."""
         cands, counts, attempt, current, extended = self._propose(step)
         if len(cands):
-            losses = self.losses(cands, current, list(extended))
+            losses = self.losses(cands, current, list(extended), step)
             held = {tuple(ids) for _, ids in self.buffer}  # without the history a sequence can come back: keep it once
             for loss, ids in zip(losses, cands, strict=True):
                 if np.isfinite(loss) and tuple(ids.tolist()) not in held:
