@@ -72,3 +72,20 @@ def test_system_prompt_refused_where_it_cannot_apply(system_prompt_runs, job):
     proc, folder = system_prompt_runs[job]
     cli.user_error(proc, "--system_prompt")
     assert not list(folder.iterdir())
+
+
+def test_inspect_scores_the_conversation_with_its_system_prompt(rm_folder, tmp_path):
+    """Inspect tokenized its responses before loading, with a tokenizer that had not been given --system_prompt:
+    its rewards were of conversations without it. Each reward now equals transformers' rendering with it."""
+    from rmjax.inspect.job import InspectSpec, run_inspect
+    from rmjax.loading import load
+
+    model = load(str(rm_folder))
+    responses = ("Love", "War and peace")
+    summary = run_inspect(InspectSpec(inproc.options(rm_folder, tmp_path / "inspect", system_prompt="Be a pirate."),
+                                      ("greatest", PROMPT), responses=responses, steps=4, max_evaluations=8))
+    for response, got in zip(responses, summary["reward"], strict=True):
+        want, length = _reference(model, [{"role": "system", "content": "Be a pirate."},
+                                          {"role": "user", "content": PROMPT},
+                                          {"role": "assistant", "content": response}])
+        assert abs(got - want) <= tolerance.any_rewards_atol(model.params, model.config, length + 8), (response, got)

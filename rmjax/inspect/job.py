@@ -16,8 +16,7 @@ from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute, che
 from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
-from rmjax.loading import config_and_tokenizer
-from rmjax.loading.for_job import check_template, job_fingerprint, load_for_job
+from rmjax.loading.for_job import check_template, job_config_and_tokenizer, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.runs import jobs, results, stages
@@ -196,7 +195,7 @@ def run_inspect(spec: InspectSpec) -> dict:
         source = read_source(spec.source, spec.source_flag, source_needs(
             model_fp, dtype=o.dtype, output_column=o.output_column, template=o.template, prompt=spec.prompt))
         sequences = _best_and_worst(source.path, name, spec.top, spec.depth)
-    config, tokenizer = config_and_tokenizer(o.model)
+    config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
     check_template(tokenizer, o.template)
     context = config.max_position_embeddings
     items = (_text_items(tokenizer, context, text, list(spec.responses), o.template) if spec.responses is not None

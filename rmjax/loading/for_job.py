@@ -11,7 +11,7 @@ import jax
 
 from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
-from rmjax.loading import fingerprint, load, peek
+from rmjax.loading import config_and_tokenizer, fingerprint, load, peek
 from rmjax.model import Model
 from rmjax.runs.options import RunOptions
 from rmjax.text.chat import set_system_prompt
@@ -47,6 +47,14 @@ def check_model_template(spec: str, template: str) -> None:
     peeked = peek(spec) if template != "plain" else None
     if peeked is not None and peeked[1] is not None:
         check_template(peeked[1], template)
+
+
+def job_config_and_tokenizer(options: RunOptions, spec: str | None = None):
+    """(config, tokenizer) of `spec` (default options.model) as the job will load it, without its weights: the
+    tokenizer renders the job's --system_prompt, so a prompt's length checked before loading is the loaded one's."""
+    config, tokenizer = config_and_tokenizer(spec or options.model)
+    set_system_prompt(tokenizer, options.system_prompt)
+    return config, tokenizer
 
 
 def job_fingerprint(options: RunOptions, spec: str | None = None) -> dict:
