@@ -185,6 +185,12 @@ def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tm
     cli.user_error(cli.run("score", f"--model={rm_folder}", f"--texts_file={texts}", f"--out={texts}", "--overwrite"),
                    "which this run reads (--texts_file=")
     assert texts.read_text() == "Love\nHate\n"
+    # a file inside the model's folder: --out=MODEL/config.json --overwrite deleted the model's config
+    model = cli.copy_folder(rm_folder, tmp_path / "model")
+    config = (model / "config.json").read_bytes()
+    cli.user_error(cli.run("score", f"--model={model}", "--texts=a", f"--out={model / 'config.json'}", "--overwrite"),
+                   "inside a folder this run reads (--model=")
+    assert (model / "config.json").read_bytes() == config
     prompts = tmp_path / "prompts.yaml"
     prompts.write_text("greatest: What is the greatest thing?\n")
     cli.user_error(cli.run("sweep", f"--model={rm_folder}", f"--prompts={prompts}", "--token_ids=5,6",
