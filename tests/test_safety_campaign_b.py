@@ -191,6 +191,12 @@ def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tm
     cli.user_error(cli.run("score", f"--model={model}", "--texts=a", f"--out={model / 'config.json'}", "--overwrite"),
                    "inside a folder this run reads (--model=")
     assert (model / "config.json").read_bytes() == config
+    # a file output named as a folder (--out=dir/): score wrote `dir` and its .meta.json, then died reading `dir/`
+    cli.user_error(cli.run("score", f"--model={rm_folder}", "--texts=a", f"--out={tmp_path / 'scores'}/"),
+                   "ends in a separator", f"--out={tmp_path / 'scores'}/result.csv")
+    inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(rm_folder, f"{tmp_path / 'swept'}/"), inproc.prompts(),
+                                               (5, 6))), "ends in a separator")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(("scores", "swept"))]
     prompts = tmp_path / "prompts.yaml"
     prompts.write_text("greatest: What is the greatest thing?\n")
     cli.user_error(cli.run("sweep", f"--model={rm_folder}", f"--prompts={prompts}", "--token_ids=5,6",

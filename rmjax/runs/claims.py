@@ -70,6 +70,15 @@ def require_claimed(claimed: dict, loaded: dict, out: str | Path) -> None:
                            f"{', '.join(changed_keys(canonical(claimed), canonical(loaded)))}); please report it.")
 
 
+def refuse_folder_name(out: str | Path, flag: str = "--out") -> None:
+    """A file output given with a trailing separator (`--out=dir/`): Path() drops it but open() does not, so the
+    run wrote a file `dir` and its .meta.json, then failed reading it back as `dir/` (a traceback)."""
+    if str(out).endswith(("/", os.sep)):
+        name = str(out).rstrip("/" + os.sep) or "."
+        raise UsageError(f"{flag}={out} ends in a separator, as a folder does, and this output is a file; give a "
+                         f"file path such as {flag}={name}/result.csv or {flag}={name}.")
+
+
 def check_writable(path: str | Path, flag: str = "--out", folder: bool = False) -> Path:
     """Fail now, not after the work, when `path` cannot be written."""
     path = Path(path)
@@ -314,6 +323,8 @@ class Output:
 def _lock_and_decide(output: Output, held: contextlib.ExitStack) -> Claim:
     """Check that `output` can be written, lock it (process 0, in `held`) and take the read-only decision."""
     identity, flag = canonical(output.identity), output.flag
+    if output.folder is None:
+        refuse_folder_name(output.out, flag)
     out = check_writable(real_path(output.out), flag, folder=output.folder is not None)
     meta = Path(output.meta) if output.meta is not None else meta_path(out)
     owned = [companion_path(p) for p in output.owned]

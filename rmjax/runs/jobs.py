@@ -19,7 +19,7 @@ from typing import Any
 
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import finiteness, results
-from rmjax.runs.claims import Claim, claim, companion_path, real_path, require_claimed
+from rmjax.runs.claims import Claim, claim, companion_path, real_path, refuse_folder_name, require_claimed
 
 
 @dataclasses.dataclass
@@ -68,6 +68,7 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
         store: str | Path | None = None, inputs: Mapping[str, str | Path | None] | None = None) -> Iterator[Job]:
     """Claim `out` for `identity` (reuse, resume, refuse or overwrite: rmjax.runs.claims.claim) for the block;
     `inputs` (flag -> path): the files the job reads, which no output may be."""
+    refuse_folder_name(out)
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs) as decision:
         yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)))
