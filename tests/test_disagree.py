@@ -3,6 +3,7 @@ across two models, the implicit side against experiments.logprobs, and the job's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from fractions import Fraction
@@ -380,15 +381,16 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
         return kept, values
 
     monkeypatch.setattr(Objective, "score_screened", spy)
-    alone = tmp_path / "alone"
-    run_disagree(_spec(rm_folder, lower_rm, alone, lm_folder, methods="best_of_n", screen=2))
-    assert not screened_calls  # --screen alone leaves best-of-N unscreened
+    alone = tmp_path / "alone"  # the joint run's --screen=2 screens its search only: best-of-N alone has none
+    run_disagree(_spec(rm_folder, lower_rm, alone, lm_folder, methods="best_of_n", b_gradient=False))
+    assert not screened_calls
     control = pd.read_csv(alone / "disagree.csv", keep_default_na=False)
     joint = table[table.method == "best_of_n"].reset_index(drop=True)
     assert set(control.method) == {"best_of_n"} and len(control) == len(joint) > 0
     pd.testing.assert_frame_equal(control, joint, check_exact=False, rtol=0, atol=1e-6)
     screened = tmp_path / "screened"
-    run_disagree(_spec(rm_folder, lower_rm, screened, lm_folder, methods="best_of_n", screen=1, screen_best_of_n=True))
+    run_disagree(_spec(rm_folder, lower_rm, screened, lm_folder, methods="best_of_n", screen=1, screen_best_of_n=True,
+                       b_gradient=False))
     units = json.loads((screened / "disagree.csv.meta.json").read_text())["units"]
     assert len(units) == 2 and all(u["method"] == "best_of_n" for u in units)
     # --screen_best_of_n: one screened scoring per unit, B scoring fewer than the readable samples, and every
@@ -401,17 +403,59 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     _analyze_seeds_of_a_real_run(out, again, tmp_path)
 
 
-def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_folder, tmp_path, monkeypatch):
+def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_folder, lm2_folder, lower_rm,
+                                                                    tmp_path, monkeypatch):
     no_weights_read(monkeypatch)
     out = tmp_path / "x"
-    refused(lambda: run_disagree(_spec(f"implicit:{lm_folder}:{lm_folder}", rm_folder, out, lm_folder)),
-            "side A", "reward model")
+    implicit = f"implicit:{lm_folder}:{lm2_folder}"
+    refused(lambda: run_disagree(_spec(implicit, rm_folder, out, lm_folder)), "side A", "reward model")
     refused(lambda: run_disagree(_spec(rm_folder, rm_folder, out, lm_folder)), "does not disagree with itself")
     refused(lambda: run_disagree(_spec(rm_folder, "implicit:onlyone", out, lm_folder)), "implicit:CHOSEN_LM")
-    refused(lambda: run_disagree(_spec(rm_folder, f"implicit:{lm_folder}:{lm_folder}", out, lm_folder,
-                                       forwards=3)), "--forwards=3")
+    refused(lambda: run_disagree(_spec(rm_folder, implicit, out, lm_folder, forwards=3, b_gradient=False)),
+            "--forwards=3")
     refused(lambda: DisagreeConfig(search=False, vocab_map=False), "--nosearch")
+    # an implicit side of one LM twice rewards every text 0: z_B a constant, the "disagreement" A's reward alone
+    refused(lambda: run_disagree(_spec(rm_folder, f"implicit:{lm_folder}:{lm_folder}", out, lm_folder)),
+            "the same model", "reward is 0 for every text")
+    # settings that would change nothing yet be recorded as used
+    refused(lambda: run_disagree(_spec(rm_folder, implicit, out, lm_folder)), "--b_gradient", "implicit")
+    refused(lambda: DisagreeConfig(methods="best_of_n", b_gradient=True), "--b_gradient")
+    refused(lambda: DisagreeConfig(screen_best_of_n=True), "--screen_best_of_n", "--screen=K")
+    refused(lambda: DisagreeConfig(screen=2, screen_best_of_n=True, methods="search"), "--screen_best_of_n")
+    refused(lambda: DisagreeConfig(screen=2, methods="best_of_n"), "--screen", "--screen_best_of_n")
+    refused(lambda: DisagreeConfig(screen=2, search=False, vocab_map=True), "--screen")
+    # every prompt is checked, whatever its place: the context of each model (side B's too) and the budget
+    long = " ".join(["word"] * 600)
+    for prompts_ in ({"greatest": PROMPT, "long": long}, {"long": long, "greatest": PROMPT}):
+        spec = dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder), prompts=prompts_)
+        refused(lambda spec=spec: run_disagree(spec), "prompt 'word word", "max_position_embeddings")
+    need = {}
+    for name, text in (("short", "Hi?"), ("longer", " ".join(["word"] * 120))):
+        line = refused(lambda name=name, text=text: run_disagree(dataclasses.replace(
+            _spec(rm_folder, lower_rm, out, lm_folder, forwards=3), prompts={name: text})), "--forwards=3")
+        need[name] = int(line.split("give --forwards=")[1].split(" ")[0])
+    assert need["short"] < need["longer"]
+    for order in (("short", "longer"), ("longer", "short")):
+        texts = {"short": "Hi?", "longer": " ".join(["word"] * 120)}
+        spec = dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder, forwards=need["longer"] - 1),
+                                   prompts={k: texts[k] for k in order})
+        refused(lambda spec=spec: run_disagree(spec), f"give --forwards={need['longer']} or more")
     assert not out.exists()
+
+
+def test_the_summary_claims_no_win_over_a_best_of_n_that_did_not_run():
+    """--methods=search: the summary said the search beat best-of-N (there was nothing to beat)."""
+    cfg = DisagreeConfig(direction="a_over_b", methods="search")
+    unit = disagree_job.Unit("greatest", "a_over_b", "search", np.zeros((1, 3), np.int64), np.zeros(1), np.zeros(1),
+                             100.0, 1.0)
+    row = {"prompt": "greatest", "direction": "a_over_b", "method": "search", "rank": 1, "text": '"x"',
+           "ends_turn": 1, "completed_text": '"x"', "reward_a": 0.0, "reward_b": 0.0, "z_a": 0.1, "z_b": 0.0,
+           "gap": 0.1, "judge_ppl": 10.0, "forwards": 100.0}
+    entry = disagree_out.summaries([row], [unit], {}, cfg)["greatest"]["a_over_b"]
+    assert entry["at_cap"]["search"]["gap"] == 0.1 and entry["at_cap"]["search_beats_best_of_n"] is None
+    both = disagree_out.summaries([row], [unit, dataclasses.replace(unit, method="best_of_n")], {},
+                                  DisagreeConfig(direction="a_over_b"))["greatest"]["a_over_b"]
+    assert both["at_cap"]["search_beats_best_of_n"] is True  # best-of-N ran and wrote no row under the cap
 
 
 def _analyze_seeds_of_a_real_run(out, again, tmp_path):

@@ -195,3 +195,32 @@ def test_a_plan_with_a_nonfinite_estimate_is_refused_and_the_old_plan_kept(tmp_p
             write({**plan, "per_chip_bytes": {"total": bad}}, out)
         assert out.read_bytes() == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["plan.json"]  # no temp file left
+
+
+def test_the_wrong_kind_of_model_is_refused_from_its_config_before_any_weight_loads(rm_folder, lm_folder, tmp_path,
+                                                                                    monkeypatch):
+    """score, audit and GCG read a causal LM's weights (513 MiB for a real one) before saying it has no score head,
+    logprobs a reward model's before saying it is one; inspect died with a TypeError in the reward head after
+    loading. Each now refuses from the config. GCG's objective is the models' mean, so a model twice is refused."""
+    from rmjax.audit.job import AuditSpec, run_audit
+    from rmjax.inspect.job import InspectSpec, run_inspect
+    from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
+    from rmjax.scoring.texts import ScoreSpec, run_score
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+
+    inproc.no_weights_read(monkeypatch)
+    lm, out = str(lm_folder), tmp_path / "out"
+    inproc.refused(lambda: run_score(ScoreSpec(inproc.options(lm, out), inproc.prompts(), ("a",))), "no score head",
+                   "text scoring")
+    inproc.refused(lambda: run_score(ScoreSpec(inproc.options(lm, None), inproc.prompts(), ("a",))), "no score head")
+    inproc.refused(lambda: run_audit(AuditSpec(inproc.options(lm, out))), "no score head", "the audit")
+    inproc.refused(lambda: run_gcg(GcgSpec(inproc.options(f"{rm_folder},{lm}", out), inproc.prompts(),
+                                           GCGConfig(num_tokens=2, steps=1))), f"{lm} has no score head", "GCG")
+    inproc.refused(lambda: run_gcg(GcgSpec(inproc.options(f"{rm_folder},{rm_folder}", out), inproc.prompts(),
+                                           GCGConfig(num_tokens=2, steps=1))), "more than once")
+    inproc.refused(lambda: run_inspect(InspectSpec(inproc.options(lm, out), ("greatest", "Q?"), responses=("a",))),
+                   "no score head", "inspect")
+    inproc.refused(lambda: run_logprobs(LogprobsSpec(inproc.options(rm_folder, out), inproc.prompts())),
+                   "is a reward model", "causal LM")
+    assert not out.exists()

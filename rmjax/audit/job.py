@@ -18,9 +18,10 @@ import pandas as pd
 from rmjax.audit import batteries as battery_lib
 from rmjax.audit import stats
 from rmjax.errors import UsageError
+from rmjax.loading import config_of
 from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import hash_json
-from rmjax.model import Model
+from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import results
 from rmjax.runs.chunks import open_store, store_dir
@@ -84,6 +85,7 @@ def run_audit(spec: AuditSpec) -> Path | None:
     o = spec.options
     built = battery_lib.build(spec.batteries)
     battery_lib.check(built)
+    require_reward_model(config_of(o.model), o.model, "the audit")  # from its config, before any weight loads
     identity = audit_identity(spec, built)
     paths = folder_paths(o.out)
     with claim_job(o, identity, out=paths["csv"], owned=[paths["items"], paths["png"]],

@@ -18,7 +18,7 @@ from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
 from rmjax.loading.for_job import check_template, job_config_and_tokenizer, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
-from rmjax.model import Model
+from rmjax.model import Model, require_reward_model
 from rmjax.runs import jobs, results, stages
 from rmjax.runs.claims import check_writable
 from rmjax.runs.options import RunOptions, claim_job
@@ -188,6 +188,8 @@ def run_inspect(spec: InspectSpec) -> dict:
     write (`write_inspect`). Returns the summary (also in .meta.json)."""
     o, (name, text) = spec.options, spec.prompt
     check_batch_size(spec.batch_size)  # what its plan refuses, refused before anything loads
+    config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
+    require_reward_model(config, o.model, "inspect")
     out = check_writable(o.out, "--out", folder=True)  # before the model loads
     # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads
     model_fp, sequences, source = job_fingerprint(o), None, None
@@ -195,7 +197,6 @@ def run_inspect(spec: InspectSpec) -> dict:
         source = read_source(spec.source, spec.source_flag, source_needs(
             model_fp, dtype=o.dtype, output_column=o.output_column, template=o.template, prompt=spec.prompt))
         sequences = _best_and_worst(source.path, name, spec.top, spec.depth)
-    config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
     check_template(tokenizer, o.template)
     context = config.max_position_embeddings
     items = (_text_items(tokenizer, context, text, list(spec.responses), o.template) if spec.responses is not None

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import UsageError
+from rmjax.loading import config_of
 from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
@@ -51,6 +52,8 @@ def run_logprobs(spec: LogprobsSpec) -> Path:
     of the same inputs is there, load and compute → the CSV and its .meta.json. Returns the CSV's path."""
     o = spec.options
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
+    if config_of(o.model).is_reward_model:  # from its config, before any weight loads
+        raise UsageError(f"{o.model} is a reward model; log-probs need a causal LM (*ForCausalLM).")
     identity = logprobs_identity(job_fingerprint(o), dtype=o.dtype, prompts=spec.prompts, template=o.template)
     with claim_job(o, identity) as job:
         if not job.reuse:

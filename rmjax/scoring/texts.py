@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.loading import config_of
 from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import hash_json, model_fingerprint
 from rmjax.model import Model, require_reward_model
@@ -204,6 +205,7 @@ def run_score(spec: ScoreSpec) -> Scored:
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
     if spec.z_sample == 1 or spec.z_sample < 0:
         raise UsageError(f"--z_sample={spec.z_sample}: give 0 (no z-scores) or at least 2 tokens (an SD needs 2).")
+    require_reward_model(config_of(o.model), o.model, "text scoring")  # from its config, before any weight loads
     if o.out is None:
         model = load_for_job(o)
         scores, _ = _scored(model, spec.prompts, texts, o.template, spec.batch_size, False, o.allow_nonfinite)

@@ -19,7 +19,7 @@ import numpy as np
 from rmjax import checks
 from rmjax.checks import setting
 from rmjax.errors import NonFiniteError, UsageError
-from rmjax.loading import config_and_tokenizer, config_of
+from rmjax.loading import config_of
 from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
@@ -85,6 +85,17 @@ class DisagreeConfig:
                                "lam": (lambda v: v >= 0 and np.isfinite(v), "a finite number >= 0")})
         if not (self.search or self.vocab_map):
             raise UsageError("--nosearch without --vocab_map computes nothing: give one of them.")
+        # settings that would change nothing, yet be recorded as used (identity, .meta.json): refused
+        searching = self.search and self.methods != "best_of_n"
+        if self.b_gradient and not searching:
+            raise UsageError("--b_gradient steers the search's proposals, and the search does not run here "
+                             "(--nosearch or --methods=best_of_n); drop --b_gradient.")
+        if self.screen_best_of_n and not (self.screen and self.search and self.methods != "search"):
+            raise UsageError("--screen_best_of_n screens best-of-N's samples by --screen=K; give --screen=K and run "
+                             "best-of-N (--methods=both or best_of_n), or drop --screen_best_of_n.")
+        if self.screen and not (searching or self.screen_best_of_n):
+            raise UsageError("--screen screens the search's steps, and the search does not run here (--nosearch or "
+                             "--methods=best_of_n); add --screen_best_of_n to screen best-of-N, or drop --screen.")
 
     @property
     def directions(self) -> tuple[str, ...]:
@@ -138,30 +149,28 @@ def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> str:
             require_prior_config(config_of(source), source, f"--models implicit {name}")
     else:
         require_reward_model(config_of(b.models[0]), b.models[0], "side B")
+    if b.implicit and spec.config.b_gradient:
+        raise UsageError(f"--b_gradient takes side B's reward gradient, and side B ({b.text}) is an implicit reward, "
+                         "which gives none; drop --b_gradient.")
     judge = spec.judge or default_judge(rm_config)
     if spec.config.search:  # the map alone needs no prior and no judge
         for flag, source in (("--lm", spec.lm or a.models[0]), ("--judge", judge)):
             require_prior_config(config_of(source), source, flag)
-        _check_budget(spec, b)
+    _check_prompts(spec, b, judge)
     return judge
 
 
-def _check_budget(spec: DisagreeSpec, b: SideSpec) -> None:
-    """A budget that buys no candidate (A's prefill, one sampled response scored by both sides), refused before
-    loading, as the frontier's (frontier_checks.minimum_forwards)."""
-    o, search = spec.options, spec.search
-    _, tokenizer = config_and_tokenizer(o.model)
-    prior_prefix = 0
-    if spec.lm:
-        prior_prefix = len(chat.split_chat(config_and_tokenizer(spec.lm)[1], next(iter(spec.prompts.values())),
-                                           o.template).prefix)
+def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> None:
+    """Every prompt against every model that reads it (side A, B's models, the prior, the judge: each one's context)
+    and a budget that buys a candidate (A's prefill, one sampled response scored by both sides), refused before
+    loading, as the frontier's (frontier_checks.PromptChecks). The map alone reads one-token responses."""
+    search = spec.search if spec.config.search else dataclasses.replace(spec.search, num_tokens=1)
+    others = [(f"side B {m}", m, not b.implicit) for m in b.models]  # an implicit side's LMs: prompt, response, end
+    prompt_checks = frontier_checks.PromptChecks(spec.options, search, spec.lm if spec.config.search else None,
+                                           judge if spec.config.search else None, others,
+                                           frontier_checks.PER_CANDIDATE + b.each)
     for text in spec.prompts.values():
-        split = chat.split_chat(tokenizer, text, o.template)
-        need = frontier_checks.minimum_forwards(len(split.prefix), turns.rm_tail(split.suffix), prior_prefix,
-                                                search.num_tokens, search.start_share,
-                                                frontier_checks.PER_CANDIDATE + b.each)
-        if spec.config.forwards < need:
-            raise UsageError(frontier_checks.budget_message(spec.config.forwards, need))
+        prompt_checks.check(text, spec.config.forwards if spec.config.search else None)
 
 
 def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judge: str) -> dict:
@@ -187,7 +196,7 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
     identity = disagree_identity(spec, (a, b), judge)
     paths = folder_paths(o.out)
     main = paths["csv"] if cfg.search else paths["map"]
-    owned = [p for k, p in paths.items() if p != main and (k != "map" or cfg.vocab_map) and (k != "png" or cfg.search)]
+    owned = [p for p in paths.values() if p != main]  # all, written or not: a rerun leaves no earlier run's map
     with claim_job(o, identity, out=main, owned=owned, store=store_dir(main)) as job:
         if job.reuse:
             return Path(o.out)

@@ -117,12 +117,14 @@ def summaries(table: list[dict], units, maps: dict, cfg) -> dict:
         for direction in (cfg.directions if units else ()):
             sign = 1.0 if direction == "a_over_b" else -1.0
             d = {"forwards": {u.method: u.forwards for u in units if (u.prompt, u.direction) == (prompt, direction)}}
+            ran = d["forwards"]
             for complete in (False, True):
                 best = {m: _best(table, prompt, direction, m, FLUENT_PPL, complete) for m in ("search", "best_of_n")}
                 s, b = best["search"], best["best_of_n"]
                 d["complete" if complete else "at_cap"] = {
                     "cap": FLUENT_PPL, **best,
-                    "search_beats_best_of_n": None if s is None else (b is None or sign * s["gap"] > sign * b["gap"])}
+                    "search_beats_best_of_n": None if s is None or "best_of_n" not in ran  # nothing to beat
+                    else (b is None or sign * s["gap"] > sign * b["gap"])}
             entry[direction] = d
         if prompt in maps:
             frame, agree = maps[prompt]

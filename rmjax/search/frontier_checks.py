@@ -8,7 +8,7 @@ import math
 from fractions import Fraction
 
 from rmjax.errors import PromptTooLongError, UsageError
-from rmjax.loading import config_and_tokenizer
+from rmjax.loading.for_job import job_config_and_tokenizer
 from rmjax.runs import results
 from rmjax.scoring import finite
 from rmjax.search import turns
@@ -24,32 +24,58 @@ def check_before_loading(spec, judge: str) -> None:
     a response, a budget too small for one candidate, a --sweep column that gives no yardstick. (How many judge
     tokens a response takes is known only from its text: rmjax.scoring.judge refuses one past the judge's context
     as soon as it is decoded.)"""
-    o, search = spec.options, spec.search
     name, text = next(iter(spec.prompts.items()))
     if spec.sweep:
-        sweep_yardstick(spec.sweep, name, o.allow_nonfinite)
-    context_cfg = search.gcg(template=o.template)
-    rm_cfg, rm_tokenizer = config_and_tokenizer(o.model)
-    rm = chat.split_chat(rm_tokenizer, text, o.template)
-    check_context(context_cfg, text, len(rm.prefix), len(rm.suffix), rm_cfg.max_position_embeddings)
-    prior_prefix = 0  # the RM as its own prior: one prefill serves both
-    if spec.lm:
-        lm_cfg, lm_tokenizer = config_and_tokenizer(spec.lm)
-        prior = chat.split_chat(lm_tokenizer, text, o.template)
-        try:  # the prior reads the prompt, the response and its end of turn
-            check_context(context_cfg, text, len(prior.prefix), 1, lm_cfg.max_position_embeddings)
+        sweep_yardstick(spec.sweep, name, spec.options.allow_nonfinite)
+    PromptChecks(spec.options, spec.search, spec.lm, judge).check(text, spec.config.forwards)
+
+
+class PromptChecks:
+    """A search's prompt checked against every model that reads it, before any weight loads (each config and
+    tokenizer read once, as the job loads it: with its --system_prompt): the response within the RM's, the
+    prior's (`lm`) and each of `others`' context (a disagreement's side B: (label, spec, reads its template's
+    suffix)), room in the judge's, and a --forwards budget that buys one candidate (`per_candidate` forwards)."""
+
+    def __init__(self, options, search, lm: str | None, judge: str | None, others=(),
+                 per_candidate: int = PER_CANDIDATE):
+        self.options, self.search, self.per_candidate = options, search, per_candidate
+        self.context_cfg = search.gcg(template=options.template)
+        self.rm = job_config_and_tokenizer(options)
+        self.lm = (f"the prior --lm={lm}", *job_config_and_tokenizer(options, lm)) if lm else None
+        self.others = [(label, *job_config_and_tokenizer(options, m), suffix) for label, m, suffix in others]
+        self.judge = (judge, *job_config_and_tokenizer(options, judge)) if judge else None
+
+    def check(self, text: str, forwards: int | None) -> None:
+        """`text` fits every model; with `forwards`, the budget buys one candidate after its prefill."""
+        rm = self._room(None, *self.rm, text, reads_suffix=True)
+        for label, config, tokenizer, suffix in self.others:
+            self._room(label, config, tokenizer, text, reads_suffix=suffix)
+        prior_prefix = 0  # the RM as its own prior: one prefill serves both
+        if self.lm:  # the prior reads the prompt, the response and its end of turn
+            prior_prefix = len(self._room(*self.lm, text, reads_suffix=False).prefix)
+        if self.judge:
+            judge, judge_cfg, judge_tokenizer = self.judge
+            try:  # the judge reads the prompt in its own template ("auto") and at least one token of a response
+                chat.split_chat(judge_tokenizer, text, "auto", judge_cfg.max_position_embeddings)
+            except PromptTooLongError as error:
+                raise PromptTooLongError(f"the judge --judge={judge}: {error}") from None
+        if forwards is None:
+            return
+        need = minimum_forwards(len(rm.prefix), turns.rm_tail(rm.suffix), prior_prefix, self.search.num_tokens,
+                                self.search.start_share, self.per_candidate)
+        if forwards < need:
+            raise UsageError(budget_message(forwards, need))
+
+    def _room(self, label: str | None, config, tokenizer, text: str, reads_suffix: bool):
+        split = chat.split_chat(tokenizer, text, self.options.template)
+        try:
+            check_context(self.context_cfg, text, len(split.prefix), len(split.suffix) if reads_suffix else 1,
+                          config.max_position_embeddings)
         except PromptTooLongError as error:
-            raise PromptTooLongError(f"the prior --lm={spec.lm}: {error}") from None
-        prior_prefix = len(prior.prefix)
-    judge_cfg, judge_tokenizer = config_and_tokenizer(judge)
-    try:  # the judge reads the prompt in its own template ("auto") and at least one token of a response
-        chat.split_chat(judge_tokenizer, text, "auto", judge_cfg.max_position_embeddings)
-    except PromptTooLongError as error:
-        raise PromptTooLongError(f"the judge --judge={judge}: {error}") from None
-    need = minimum_forwards(len(rm.prefix), turns.rm_tail(rm.suffix), prior_prefix, search.num_tokens,
-                            search.start_share)
-    if spec.config.forwards < need:
-        raise UsageError(budget_message(spec.config.forwards, need))
+            if label is None:
+                raise
+            raise PromptTooLongError(f"{label}: {error}") from None
+        return split
 
 
 def prefill_cost(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int) -> Fraction:

@@ -13,7 +13,7 @@ from rmjax.errors import UsageError
 from rmjax.loading import config_of
 from rmjax.loading.for_job import check_in_vocabulary, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
-from rmjax.model import Model
+from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results, stages
 from rmjax.runs.options import RunOptions, claim_job
@@ -90,6 +90,11 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     if cfg.init_from:  # a file that is not a beam CSV of this search stops the job now
         init_from_rows(cfg)
     specs = [s for s in o.model.split(",") if s]
+    repeated = sorted({s for s in specs if specs.count(s) > 1})
+    if repeated:  # the objective is the models' mean: a model twice is weighted twice, unsaid
+        raise UsageError(f"--model names {repeated[0]} more than once; give each model once.")
+    for s in specs:  # a causal LM is refused from its config, before any weight loads
+        require_reward_model(config_of(s), s, "GCG")
     fps = [job_fingerprint(o, s) for s in specs]
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")

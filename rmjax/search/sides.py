@@ -49,6 +49,9 @@ class SideSpec:
         if len(parts) != 2 or not all(parts):
             raise UsageError(f"--models side {text!r}: an implicit side is implicit:CHOSEN_LM:REFERENCE_LM (two causal "
                              "LMs, the chosen one's log-prob minus the reference's).")
+        if parts[0] == parts[1]:  # its reward is 0 for every text: z_B a constant, the search A's alone
+            raise UsageError(f"--models side {text!r}: the chosen and the reference LM are the same model, so its "
+                             "reward is 0 for every text; give two different LMs.")
         return cls(text, tuple(parts))
 
     @property
