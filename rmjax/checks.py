@@ -61,3 +61,8 @@ def validate(config, rules: dict[str, Rule]) -> None:
             ok, allowed = rule_for(type(config), field.name, rules[field.name])
             if not ok(value):
                 raise UsageError(f"--{field.name}={value}: must be {allowed}.")
+
+
+# The fewest bootstrap resamples or permutations an audit's statistics take (the audit and `analyze --audits`):
+# with fewer, a percentile CI can miss its own effect and a permutation p cannot reach below 0.01.
+MIN_RESAMPLES = 100

@@ -284,3 +284,15 @@ def test_command_line_needs_an_input(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "experiments.analyze", f"--out={tmp_path}"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "nothing to analyze: give --scores" in proc.stderr
+
+
+def test_settings_that_make_a_meaningless_table_are_refused():
+    """analyze --audits took --n_boot=2 (a traceback: a CI that missed its effect) and --n_permutations=1 (every p
+    0.5 or 1, written with exit 0); --framing=best,best wrote a framing table of one prompt against itself."""
+    from rmjax.analysis.spec import AnalysisConfig
+    from tests.inproc import refused
+
+    refused(lambda: AnalysisConfig(audits=("a",), n_boot=2), "--n_boot=2", "at least 100")
+    refused(lambda: AnalysisConfig(audits=("a",), n_permutations=1), "--n_permutations=1", "at least 100")
+    refused(lambda: AnalysisConfig(scores=("s.csv",), framing=("best", "best")), "two different prompt names")
+    assert AnalysisConfig(scores=("s.csv",), n_boot=2).n_boot == 2  # the moments' bootstrap keeps its own floor

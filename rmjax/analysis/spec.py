@@ -68,8 +68,12 @@ class AnalysisConfig:
         if self.roundtrip_only and not (self.scores or self.bigtwo_checkpoints):
             raise UsageError("--roundtrip_only restricts sweep tables (--scores, --bigtwo_checkpoints) and none is "
                              "given; drop it.")
-        if len(self.framing) != 2:
-            raise UsageError("--framing takes two prompt names, e.g. best,worst.")
+        if len(self.framing) != 2 or self.framing[0] == self.framing[1]:
+            raise UsageError("--framing takes two different prompt names, e.g. best,worst.")
+        if self.audits:  # the audit's own floor (rmjax.audit.job.AuditSpec): fewer broke its CIs and p-values
+            for flag, value in (("--n_boot", self.n_boot), ("--n_permutations", self.n_permutations)):
+                if value < checks.MIN_RESAMPLES:
+                    raise UsageError(f"{flag}={value}: --audits needs at least {checks.MIN_RESAMPLES}.")
         if not (self.scores or self.elo or self.implicit_chosen or self.bigtwo_checkpoints or self.audits
                 or self.disagreements):
             raise UsageError("nothing to analyze: give --scores, --elo, --implicit_chosen/--implicit_reference, "

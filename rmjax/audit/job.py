@@ -17,6 +17,7 @@ import pandas as pd
 
 from rmjax.audit import batteries as battery_lib
 from rmjax.audit import stats
+from rmjax.checks import MIN_RESAMPLES
 from rmjax.errors import UsageError
 from rmjax.loading import config_of
 from rmjax.loading.for_job import job_fingerprint, load_for_job
@@ -53,7 +54,7 @@ class AuditSpec:
                              f"{', '.join(battery_lib.BATTERIES)}.")
         if len(set(self.batteries)) != len(self.batteries):
             raise UsageError(f"--batteries: {','.join(self.batteries)} names a battery twice.")
-        for flag, value, least in (("--n_boot", self.n_boot, 100), ("--n_perm", self.n_perm, 100),
+        for flag, value, least in (("--n_boot", self.n_boot, MIN_RESAMPLES), ("--n_perm", self.n_perm, MIN_RESAMPLES),
                                    ("--batch_size", self.batch_size, 1)):
             if value < least:
                 raise UsageError(f"{flag}={value}: give at least {least}.")
