@@ -32,6 +32,16 @@ def test_unknown_spec_names_the_fix():
         load("Skywork/Not-A-Local-Folder")
 
 
+def test_an_empty_spec_or_several_models_where_one_is_taken_say_so(folder):
+    """--model= read as the current folder ("no model.safetensors in ."); --model=A,B as a hub id to download."""
+    from rmjax.errors import UsageError
+
+    with pytest.raises(UsageError, match="--model is empty"):
+        load("")
+    with pytest.raises(UsageError, match="this job takes one model"):
+        load(f"{folder},{folder}")
+
+
 def test_missing_config(copy):
     (copy / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"config\.json not found"):

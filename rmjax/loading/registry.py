@@ -6,7 +6,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from rmjax.errors import CheckpointError, MissingFileError
+from rmjax.errors import CheckpointError, MissingFileError, UsageError
 from rmjax.runs import locks
 
 
@@ -82,6 +82,11 @@ def resolve(spec: str) -> tuple[str, Path]:
     """('hf', folder) or ('gguf', file) for a model spec; a clear error otherwise."""
     if spec in BUILTIN_GGUF:
         return "gguf", BUILTIN_GGUF[spec]()
+    if not spec.strip():  # Path("") is the current folder
+        raise UsageError("--model is empty: give a checkpoint folder, a .gguf file or a builtin name.")
+    if "," in spec and not Path(spec).expanduser().exists():
+        raise UsageError(f"--model={spec}: this job takes one model (a comma separates several only where a job "
+                         "takes them: gcg's --model, disagree's --models).")
     path = Path(spec).expanduser()
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
