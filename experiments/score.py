@@ -34,14 +34,21 @@ def read_texts() -> list[str]:
     from rmjax.text.candidates import read_vocab_file
 
     texts = list(TEXTS.value)
+    if any(not t.strip() for t in texts):
+        raise UsageError(f"--texts={','.join(texts)} has an empty response (two commas in a row, or one at an end); "
+                         "remove it, or put an empty response's neighbours in --texts_file.")
     if TEXTS_FILE.value:
         path = Path(TEXTS_FILE.value)
+        if path.is_dir():
+            raise UsageError(f"--texts_file={path} is a folder; give a file with one response per line.")
         if not path.is_file():
             raise MissingFileError(f"--texts_file={path} not found.")
         lines = read_vocab_file(path, "--texts_file")  # lines end at '\n' only (a U+2028 inside one is no end)
         if lines.blank:
             print(f"--texts_file={path}: {lines.blank} blank or whitespace-only line{'s' * (lines.blank != 1)} "
                   "skipped.", file=sys.stderr)
+        if not lines:
+            raise UsageError(f"--texts_file={path} holds no response (every line is blank); give one per line.")
         texts += lines
     if not texts:
         raise UsageError("give responses with --texts=a,b,c or --texts_file=FILE.")

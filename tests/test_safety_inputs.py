@@ -164,6 +164,9 @@ def test_bad_sweep_inputs_stop_before_loading(rm_folder, bad_yaml, monkeypatch, 
 BAD_OTHER_FLAGS = [
     ("score", ["--batch_size=0"], ["--batch_size=0"]),
     ("score", ["--texts_file={dir}/missing.txt"], ["missing.txt", "not found"]),
+    ("score", ["--texts_file={dir}"], ["is a folder"]),  # said "not found"
+    ("score", ["--texts_file={dir}/blank.txt"], ["blank.txt holds no response"]),  # said "give --texts or --texts_file"
+    ("score", ["--texts=a,,b"], ["empty response"]),  # scored an empty response
     ("train_rm", ["--pairs={dir}/p.csv", "--elo={dir}/e.csv"], ["exactly one of --pairs", "--elo"]),
     ("logprobs", ["--top=-1"], ["--top=-1"]),
 ]
@@ -174,9 +177,19 @@ def bad_other_runs(rm_folder, tmp_path_factory):
     """Each BAD_OTHER_FLAGS command line's process, all run in one interpreter (tests.cli.run_each)."""
     folder = tmp_path_factory.mktemp("bad_other")
     (folder / "file.txt").write_text("not a table\n")
+    (folder / "blank.txt").write_text("\n  \n")
     procs = cli.run_each(*[(job, *([] if job == "analyze" else [f"--model={rm_folder}"]),
                             *[f.format(dir=folder) for f in flags]) for job, flags, _ in BAD_OTHER_FLAGS])
     return {(job, flags[0]): proc for proc, (job, flags, _) in zip(procs, BAD_OTHER_FLAGS, strict=True)}
+
+
+def test_a_response_given_twice_is_refused(rm_folder, tmp_path, monkeypatch):
+    """score --texts=a,a wrote two rows keyed "a" (the table's rows are keyed by their text)."""
+    from rmjax.scoring.texts import ScoreSpec, run_score
+
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_score(ScoreSpec(inproc.options(rm_folder, tmp_path / "s.csv"), inproc.prompts(),
+                                               ("a", "b", "a"))), "'a' is given 2 times", "give each once")
 
 
 @pytest.mark.parametrize("job,flags,fragments", BAD_OTHER_FLAGS, ids=[f"{j}{f[0]}" for j, f, _ in BAD_OTHER_FLAGS])

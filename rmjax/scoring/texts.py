@@ -203,6 +203,10 @@ def run_score(spec: ScoreSpec) -> Scored:
     Without options.out nothing is claimed or written."""
     o, texts = spec.options, list(spec.texts)
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
+    repeated = [t for t, n in collections.Counter(texts).items() if n > 1]
+    if repeated:  # the table's rows are keyed by their text: two alike would be one response twice
+        raise UsageError(f"the response {repeated[0]!r} is given {texts.count(repeated[0])} times"
+                         f"{f' ({len(repeated)} responses repeat)' if len(repeated) > 1 else ''}; give each once.")
     if spec.z_sample == 1 or spec.z_sample < 0:
         raise UsageError(f"--z_sample={spec.z_sample}: give 0 (no z-scores) or at least 2 tokens (an SD needs 2).")
     require_reward_model(config_of(o.model), o.model, "text scoring")  # from its config, before any weight loads
