@@ -183,6 +183,19 @@ def bad_other_runs(rm_folder, tmp_path_factory):
     return {(job, flags[0]): proc for proc, (job, flags, _) in zip(procs, BAD_OTHER_FLAGS, strict=True)}
 
 
+def test_last_k_past_the_layers_is_refused_before_the_workdir_is_claimed(lm_folder, tmp_path, monkeypatch):
+    """train_rm --trainable=last_k --last_k=99 claimed its workdir (run.json written) and loaded the LM first."""
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout = tmp_path / "heldout.csv"
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: inproc.train_rm(lm_folder, pairs=pairs, heldout_pairs=heldout, workdir=tmp_path / "work",
+                                           trainable="last_k", last_k=99, steps=2, batch_size=2), "--last_k=99",
+                   "layers")
+    assert not (tmp_path / "work").exists()
+
+
 def test_a_response_given_twice_is_refused(rm_folder, tmp_path, monkeypatch):
     """score --texts=a,a wrote two rows keyed "a" (the table's rows are keyed by their text)."""
     from rmjax.scoring.texts import ScoreSpec, run_score

@@ -219,6 +219,12 @@ def check_heldout(heldout: Pairs) -> None:
                          "undefined; give held-out pairs that prefer one response (label other than 0.5).")
 
 
+def check_last_k(cfg: TrainConfig, config, source: str) -> None:
+    """--last_k past the model's layers, refused (from its config, before the weights load: run_training)."""
+    if cfg.trainable == "last_k" and cfg.last_k > config.num_layers:
+        raise UsageError(f"--last_k={cfg.last_k}: {source} has {config.num_layers} layers; give at most that.")
+
+
 def train_reward_model(
     model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: str | Path, log=print,
     overwrite: bool = False, claimed: dict | None = None,
@@ -229,8 +235,7 @@ def train_reward_model(
     from its last checkpoint, another run's workdir is refused unless `overwrite` (which clears it).
     `claimed`: the identity under which the caller claimed `workdir` before the model loaded (run_training).
     """
-    if cfg.trainable == "last_k" and cfg.last_k > model.config.num_layers:
-        raise UsageError(f"--last_k={cfg.last_k}: {model.source} has {model.config.num_layers} layers.")
+    check_last_k(cfg, model.config, model.source)
     check_batch_size(cfg.batch_size, len(train))
     check_heldout(heldout)
     check_batch_on_mesh(cfg, model.mesh)

@@ -15,7 +15,7 @@ import numpy as np
 
 from rmjax import nn
 from rmjax.errors import UsageError
-from rmjax.loading import fingerprint, load
+from rmjax.loading import config_of, fingerprint, load
 from rmjax.loading.export import HF_FOLDER_FILES, save_hf_folder
 from rmjax.loading.identity import hash_json
 from rmjax.loading.reward_head import new_head_fingerprint, reward_model_from_lm
@@ -32,6 +32,7 @@ from rmjax.train.loop import (
     check_batch_on_mesh,
     check_batch_size,
     check_heldout,
+    check_last_k,
     train_identity,
     train_reward_model,
 )
@@ -131,6 +132,7 @@ def run_training(
     check_batch_size(cfg.batch_size, len(train))
     check_heldout(heldout)
     check_batch_on_mesh(cfg, mesh)
+    check_last_k(cfg, config_of(lm_spec), lm_spec)  # before any output is claimed or weight read
     identity = training_identity(lm_spec, train, heldout, cfg, dtype)
     workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
     print(f"workdir: {workdir}", file=sys.stderr)
