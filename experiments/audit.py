@@ -29,6 +29,7 @@ def main(argv):
     del argv
     from rmjax.audit.job import AuditSpec, run_audit
 
+    common.refuse_given("the audit", ("prompts", "prompt"), "scores its batteries' own prompts (rmjax/data/audit)")
     spec = AuditSpec(common.options(OUT.value), tuple(BATTERIES_FLAG.value), N_BOOT.value, N_PERM.value,
                      SEED.value, BATCH_SIZE.value)
     run_audit(spec)

@@ -72,6 +72,14 @@ def refuse_output_column(job: str) -> None:
                          "from; leave --output_column out.")
 
 
+def refuse_given(job: str, names: tuple[str, ...], why: str) -> None:
+    """Flags a job takes with the shared ones but never reads: given on the command line, refused, not ignored
+    (nor recorded as if they had been used)."""
+    given = [n for n in names if flags.FLAGS[n].present]
+    if given:
+        raise UsageError(f"--{given[0]}: {job} {why}; leave {', '.join('--' + n for n in given)} out.")
+
+
 def refuse_system_prompt(job: str, why: str) -> None:
     """A job that renders no scored conversation of its own: a given --system_prompt is refused, not ignored."""
     if SYSTEM_PROMPT.value is not None:

@@ -41,11 +41,12 @@ def main(argv):
     from rmjax.search.disagree_job import DisagreeSpec, parse_sides, run_disagree
     from rmjax.text import prompts as prompt_lib
 
-    a, _ = parse_sides(MODELS.value)  # bad values stop here, before any model loads
+    common.refuse_given("disagree", ("model",), "takes its two sides from --models (side A first)")
+    a, b = parse_sides(MODELS.value)  # bad values stop here, before any model loads
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     config, search = DISAGREE_CONFIG(), SEARCH_CONFIG()
     options = common.options(OUT.value)
-    named = [m for m in MODELS.value if Path(m).is_file()]
+    named = [m for side in (a, b) for m in side.models if Path(m).exists()]  # a model folder too: no output in it
     options = dataclasses.replace(options, model=a.models[0],
                                   inputs=options.inputs + tuple(("--models", m) for m in named))
     run_disagree(DisagreeSpec(options, tuple(MODELS.value), prompts, config, search, lm=lm_flag.LM.value,

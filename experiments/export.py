@@ -31,6 +31,8 @@ def main(argv):
         raise UsageError(f"--output_column={common.OUTPUT_COLUMN.value}: export writes the whole model, every "
                          "output of its reward head; leave --output_column out.")
     common.refuse_system_prompt("export", "writes the tokenizer's own chat template, which sets the system turn")
+    common.refuse_given("export", ("prompts", "prompt", "template", "allow_nonfinite"),
+                        "writes the model as it is and scores nothing")
     folder = run_export(common.options(OUT.value))
     if distributed.is_main():
         print(f"Hugging Face folder: {folder}")

@@ -54,6 +54,10 @@ def main(argv):
                             ("--from_beam", FROM_BEAM.value)) if v]
     if len(given) != 1:
         raise UsageError("give the responses one way: --responses, --from_sweep or --from_beam.")
+    if RESPONSES.value:
+        common.refuse_given("inspect --responses", ("top", "depth"), "inspects the responses given")
+    elif FROM_SWEEP.value:
+        common.refuse_given("inspect --from_sweep", ("depth",), "reads one-token responses")
     source = FROM_SWEEP.value or FROM_BEAM.value
     if source and not Path(source).is_file():
         raise MissingFileError(f"{given[0]}={source} not found.")

@@ -59,6 +59,9 @@ def main(argv):
     if common.ALLOW_NONFINITE.value:  # a NaN loss or reward ends a training run: there is nothing to write anyway
         raise UsageError("--allow_nonfinite does not apply to train_rm: a NaN/Inf loss, gradient or held-out reward "
                          "stops the run (lower --learning_rate or --clip_norm instead); leave it out.")
+    if PAIRS.value:
+        common.refuse_given("train_rm --pairs", ("n_train", "n_heldout", "soft"), "trains on the pairs given "
+                            "(--n_train, --n_heldout and --soft build pairs from --elo)")
     cfg = TRAIN_CONFIG(template=common.TEMPLATE.value)
     result = train_from_data(common.MODEL.value, cfg, pairs=PAIRS.value, elo=ELO.value,
                              heldout_pairs=HELDOUT_PAIRS.value, n_train=N_TRAIN.value, n_heldout=N_HELDOUT.value,

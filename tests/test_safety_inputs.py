@@ -167,6 +167,12 @@ BAD_OTHER_FLAGS = [
     ("score", ["--texts_file={dir}"], ["is a folder"]),  # said "not found"
     ("score", ["--texts_file={dir}/blank.txt"], ["blank.txt holds no response"]),  # said "give --texts or --texts_file"
     ("score", ["--texts=a,,b"], ["empty response"]),  # scored an empty response
+    # flags a job takes with the shared ones but never reads: each was ignored, exit 0 (and recorded as used)
+    ("audit", ["--prompts=greatest"], ["--prompts: the audit", "batteries' own prompts"]),
+    ("export", ["--template=plain", "--out={dir}/e"], ["--template: export"]),
+    ("disagree", ["--models={dir}/a,{dir}/b"], ["--model: disagree", "--models"]),  # --model: run_each's
+    ("inspect", ["--responses=a", "--top=3"], ["--top: inspect --responses"]),
+    ("train_rm", ["--pairs={dir}/file.txt", "--n_train=5"], ["--n_train: train_rm --pairs", "--elo"]),
     ("train_rm", ["--pairs={dir}/p.csv", "--elo={dir}/e.csv"], ["exactly one of --pairs", "--elo"]),
     ("logprobs", ["--top=-1"], ["--top=-1"]),
 ]
