@@ -203,10 +203,6 @@ def run_score(spec: ScoreSpec) -> Scored:
     Without options.out nothing is claimed or written."""
     o, texts = spec.options, list(spec.texts)
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
-    repeated = [t for t, n in collections.Counter(texts).items() if n > 1]
-    if repeated:  # the table's rows are keyed by their text: two alike would be one response twice
-        raise UsageError(f"the response {repeated[0]!r} is given {texts.count(repeated[0])} times"
-                         f"{f' ({len(repeated)} responses repeat)' if len(repeated) > 1 else ''}; give each once.")
     if spec.z_sample == 1 or spec.z_sample < 0:
         raise UsageError(f"--z_sample={spec.z_sample}: give 0 (no z-scores) or at least 2 tokens (an SD needs 2).")
     require_reward_model(config_of(o.model), o.model, "text scoring")  # from its config, before any weight loads
@@ -215,6 +211,10 @@ def run_score(spec: ScoreSpec) -> Scored:
         scores, _ = _scored(model, spec.prompts, texts, o.template, spec.batch_size, False, o.allow_nonfinite)
         return Scored(scores, z_scale(model, spec.prompts, spec.z_sample, o.template, spec.batch_size,
                                       o.allow_nonfinite), None)
+    repeated = [t for t, n in collections.Counter(texts).items() if n > 1]
+    if repeated:  # a written table's rows are keyed by their text: two alike would be one response twice
+        raise UsageError(f"the response {repeated[0]!r} is given {texts.count(repeated[0])} times"
+                         f"{f' ({len(repeated)} responses repeat)' if len(repeated) > 1 else ''}; give each once.")
     identity = text_scores_identity(job_fingerprint(o), dtype=o.dtype, prompts=spec.prompts, texts=texts,
                                     output_column=o.output_column, template=o.template, z_sample=spec.z_sample)
     with claim_job(o, identity) as job:
