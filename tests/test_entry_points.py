@@ -34,6 +34,9 @@ def test_resolve_prompts():
     assert len(prompts.resolve_prompts("prompts54")) == 54
     with pytest.raises(ValueError, match="unknown prompt 'gretest'"):
         prompts.resolve_prompts("gretest")
+    with pytest.raises(ValueError, match="names greatest more than once"):  # was kept once, unsaid
+        prompts.resolve_prompts("greatest,best,greatest")
+    assert "greatest" in prompts.resolve_prompts("paper1,greatest")  # a set and one of its names: alike, kept once
 
 
 def test_next_token_logprobs_match_transformers(tmp_path):

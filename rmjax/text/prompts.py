@@ -78,6 +78,9 @@ def resolve_prompts(names: str | list[str] | None = None, extra: list[str] | Non
         names = [n.strip() for n in names.split(",") if n.strip()]
     out: dict[str, str] = {}
     known = builtin_prompts()
+    repeated = sorted({n for n in names or [] if list(names).count(n) > 1})
+    if repeated:  # one column per name: a name twice was kept once, unsaid
+        raise UsageError(f"--prompts names {repeated[0]} more than once; give each once.")
     for name in names or []:
         if name in PROMPT_SETS:
             for key, text in PROMPT_SETS[name].items():
