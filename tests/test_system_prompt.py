@@ -89,3 +89,18 @@ def test_inspect_scores_the_conversation_with_its_system_prompt(rm_folder, tmp_p
                                           {"role": "user", "content": PROMPT},
                                           {"role": "assistant", "content": response}])
         assert abs(got - want) <= tolerance.any_rewards_atol(model.params, model.config, length + 8), (response, got)
+
+
+def test_a_system_prompt_stays_with_its_job(rm_folder):
+    """Loads of one tokenizer share one object, and --system_prompt was set on it: every later job of the process
+    (a library caller's, a test's) rendered that system prompt too. Each job now holds its own copy."""
+    from rmjax.loading.for_job import job_fingerprint, load_for_job
+    from rmjax.loading.identity import model_fingerprint
+    from rmjax.text.chat import system_prompt_of
+
+    pirate_options = inproc.options(rm_folder, None, system_prompt="Answer as a pirate.")
+    plain_options = inproc.options(rm_folder, None)
+    pirate, plain = load_for_job(pirate_options), load_for_job(plain_options)
+    assert system_prompt_of(pirate.tokenizer) == "Answer as a pirate." and system_prompt_of(plain.tokenizer) is None
+    assert model_fingerprint(pirate) == job_fingerprint(pirate_options)
+    assert model_fingerprint(plain) == job_fingerprint(plain_options)

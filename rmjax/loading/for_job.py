@@ -14,7 +14,7 @@ from rmjax.errors import UsageError
 from rmjax.loading import config_and_tokenizer, fingerprint, load, peek
 from rmjax.model import Model
 from rmjax.runs.options import RunOptions
-from rmjax.text.chat import set_system_prompt
+from rmjax.text.chat import with_system_prompt
 
 
 def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
@@ -53,8 +53,7 @@ def job_config_and_tokenizer(options: RunOptions, spec: str | None = None):
     """(config, tokenizer) of `spec` (default options.model) as the job will load it, without its weights: the
     tokenizer renders the job's --system_prompt, so a prompt's length checked before loading is the loaded one's."""
     config, tokenizer = config_and_tokenizer(spec or options.model)
-    set_system_prompt(tokenizer, options.system_prompt)
-    return config, tokenizer
+    return config, with_system_prompt(tokenizer, options.system_prompt)
 
 
 def job_fingerprint(options: RunOptions, spec: str | None = None) -> dict:
@@ -71,12 +70,14 @@ def load_for_job(options: RunOptions, spec: str | None = None, before_weights: C
     peeked = peek(spec) if before_weights is not None or options.template != "plain" else None
     early = peeked is not None and peeked[1] is not None  # a checkpoint folder: checked before its weights
     if early:
-        set_system_prompt(peeked[1], options.system_prompt)
+        peeked = (peeked[0], with_system_prompt(peeked[1], options.system_prompt))
         check_template(peeked[1], options.template)
         if before_weights is not None:
             before_weights(*peeked, options.mesh)
     model = load(spec, dtype=options.dtype, mesh=options.mesh)
-    set_system_prompt(model.tokenizer, options.system_prompt)
+    if options.system_prompt is not None:  # the same files' tokenizer (model_fingerprint adds the system prompt)
+        model.tokenizer = with_system_prompt(model.tokenizer, options.system_prompt)
+        model.stamp(model.fingerprint)
     if not early:
         check_template(model.tokenizer, options.template)
         if before_weights is not None:

@@ -8,6 +8,7 @@ computes the prefix once and runs only response + suffix per candidate.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import datetime
 import signal
@@ -124,13 +125,18 @@ def _time_limit(seconds: float, what: str) -> Iterator[None]:
 SYSTEM_PROMPT_ATTR = "rmjax_system_prompt"
 
 
-def set_system_prompt(tokenizer, text: str | None) -> None:
-    """Every conversation this tokenizer renders (`render_template`) opens with `text` as its system message
-    (--system_prompt); None keeps the template's own behaviour (SmolLM2's injects "You are a helpful AI assistant
-    named SmolLM…"). Held by the tokenizer so that every job's every rendering path agrees, and read by
-    rmjax.loading.identity so that results made under another system prompt are never resumed or reused."""
-    if tokenizer is not None and text is not None:
-        setattr(tokenizer, SYSTEM_PROMPT_ATTR, text)
+def with_system_prompt(tokenizer, text: str | None):
+    """The tokenizer whose every conversation (`render_template`) opens with `text` as its system message
+    (--system_prompt): a shallow copy holding it, so every job's every rendering path agrees and
+    rmjax.loading.identity reads it (results made under another system prompt are never resumed or reused). None
+    keeps the template's own behaviour (SmolLM2's injects "You are a helpful AI assistant named SmolLM…"). A copy,
+    because loads of one tokenizer share one object (rmjax.loading.hf): set on it, a system prompt reached every
+    later job of the process."""
+    if tokenizer is None or text is None:
+        return tokenizer
+    tokenizer = copy.copy(tokenizer)
+    setattr(tokenizer, SYSTEM_PROMPT_ATTR, text)
+    return tokenizer
 
 
 def system_prompt_of(tokenizer) -> str | None:
