@@ -167,6 +167,10 @@ BAD_OTHER_FLAGS = [
     ("score", ["--texts_file={dir}"], ["is a folder"]),  # said "not found"
     ("score", ["--texts_file={dir}/blank.txt"], ["blank.txt holds no response"]),  # said "give --texts or --texts_file"
     ("score", ["--texts=a,,b"], ["empty response"]),  # scored an empty response
+    # refused from the config and tokenizer, before the weights (each loaded them first)
+    ("score", ["--texts=a", "--prompt=long=" + "word " * 600, "--out={dir}/s.csv"], ["needs 634 positions", "512"]),
+    ("sweep", ["--vocab_file={dir}/file.txt", "--out={dir}/v.csv"], ["file.txt", "single token"]),
+    ("gcg", ["--vocab_file={dir}/file.txt", "--out={dir}/g.json", "--num_tokens=2"], ["file.txt", "single token"]),
     # flags a job takes with the shared ones but never reads: each was ignored, exit 0 (and recorded as used)
     ("audit", ["--prompts=greatest"], ["--prompts: the audit", "batteries' own prompts"]),
     ("export", ["--template=plain", "--out={dir}/e"], ["--template: export"]),

@@ -29,6 +29,7 @@ from rmjax.search.completion import (
 from rmjax.search.gcg import GCGResult, Target, gcg, make_target
 from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan
 from rmjax.search.gcg_start import init_from_rows, read_init_from
+from rmjax.text.candidates import read_vocab_file, single_token_ids
 
 MAX_NEW = 32  # the completion check's greedy tokens at most
 
@@ -108,6 +109,8 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
         def before_weights(config, tokenizer, mesh) -> None:
             # ids past a model's vocabulary (--token_ids, --init_from) stop the job before its weights load
             check_in_vocabulary(cfg.token_ids, config.vocab_size)
+            if cfg.vocab_file:  # none of its lines a single token: refused before the weights
+                single_token_ids(tokenizer, read_vocab_file(cfg.vocab_file), cfg.vocab_file, report=False)
             if cfg.init_from:
                 init_from_rows(cfg, config.vocab_size)
                 read_init_from(cfg, fps)  # a beam of another tokenizer: after its ids are named if out of range

@@ -37,6 +37,7 @@ from rmjax.scoring.prefix import PREFIX_BUCKET
 from rmjax.scoring.texts import TextScorer
 from rmjax.text import chat
 from rmjax.text.candidates import (
+    VocabLines,
     candidate_count,
     candidate_ids,
     identity_of_candidates,
@@ -105,7 +106,10 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
         check_in_vocabulary(token_ids, cfg.vocab_size)
         estimate = memory_plan(cfg, tokenizer, prompts, options.template, options.dtype, mesh, batch_size or None,
                                mode, response_tokens)
-        count = candidate_count(cfg, tokenizer, token_ids if given is None else given, limit)
+        candidates = token_ids if given is None else given
+        if isinstance(given, VocabLines):  # a --vocab_file with no single token is refused before the weights
+            candidates = single_token_ids(tokenizer, given, given.path, report=False)[0]
+        count = candidate_count(cfg, tokenizer, candidates, limit)
         if batch_size and not resumed:
             check_batch_size(batch_size, count, mesh)
         # a picked batch needs no more rows than the candidates (every batch is padded to its size)
