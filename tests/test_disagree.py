@@ -482,3 +482,15 @@ def _analyze_seeds_of_a_real_run(out, again, tmp_path):
         cell = summary[row.direction][row.view]
         both = bool(cell["search"] and cell["best_of_n"])
         assert row.runs == 2 * both and (not both or row.ci_low == row.ci_high == row.advantage)
+
+
+def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_rm, lm_folder, tmp_path):
+    """vocab_map.csv was the job's own only when this run wrote one: a map-only run, then a search without a map
+    with --overwrite into the same folder, left the first run's map beside the second's results."""
+    out = tmp_path / "d"
+    run_disagree(_spec(rm_folder, lower_rm, out, lm_folder, search=False, b_gradient=False))
+    assert (out / "vocab_map.csv").is_file()
+    spec = _spec(rm_folder, lower_rm, out, lm_folder, vocab_map=False, b_gradient=False, direction="a_over_b",
+                 methods="best_of_n", forwards=40)
+    run_disagree(dataclasses.replace(spec, options=dataclasses.replace(spec.options, overwrite=True)))
+    assert (out / "disagree.csv").is_file() and not (out / "vocab_map.csv").exists()

@@ -124,12 +124,14 @@ def test_chat_template_syntax_error_is_one_line_before_loading(rm_folder, tmp_pa
     template.write_text(template.read_text().replace("{% endfor %}", "", 1))
     pairs = tmp_path / "p.jsonl"
     pairs.write_text(json.dumps({"prompt": "Q?", "chosen": "a", "rejected": "b"}) + "\n")
+    heldout = tmp_path / "h.jsonl"
+    heldout.write_text(json.dumps({"prompt": "H?", "chosen": "c", "rejected": "d"}) + "\n")
     fragments = (str(template), "is not valid jinja", "'endfor'", "line 6", "--template=plain")
     with monkeypatch.context() as patch:
         inproc.no_weights_read(patch)
         inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(broken, tmp_path / "s.csv"), inproc.prompts(),
                                                    (1, 2))), *fragments)
-    cli.user_error(cli.run("train_rm", f"--model={broken}", f"--pairs={pairs}", f"--heldout_pairs={pairs}",
+    cli.user_error(cli.run("train_rm", f"--model={broken}", f"--pairs={pairs}", f"--heldout_pairs={heldout}",
                            f"--workdir={tmp_path / 'w'}"), *fragments)
 
 
@@ -239,3 +241,38 @@ def test_train_rm_refuses_allow_nonfinite_it_would_ignore(tmp_path):
     cli.user_error(cli.run("train_rm", "--model=smollm2-135m-instruct", "--elo=builtin", "--allow_nonfinite",
                            f"--workdir={tmp_path / 'w'}"), "--allow_nonfinite does not apply to train_rm")
     assert not (tmp_path / "w").exists()
+
+
+def test_pairs_and_ratings_read_as_written_or_refused(tmp_path):
+    """A trailing comma on every row made pandas take the prompt column as the index: each pair was read shifted one
+    column left (prompt = the chosen text, rejected = ''), silently; a short row got rejected ''; a pair of one
+    response twice, a rating given twice for one item, held-out pairs that are training pairs and an Elo file too
+    small to split were read as if fine (the last a ValueError traceback)."""
+    from rmjax.errors import RmjaxError
+    from rmjax.train.data import elo_pairs, read_pairs
+    from rmjax.train.recipe import load_pairs
+
+    def refused(text: str, suffix: str, *fragments: str, read=read_pairs) -> None:
+        path = tmp_path / f"f{len(list(tmp_path.iterdir()))}{suffix}"
+        path.write_text(text)
+        with pytest.raises(RmjaxError) as error:
+            read(path)
+        for fragment in fragments:
+            assert fragment in str(error.value), (fragment, str(error.value))
+
+    header = "prompt,chosen,rejected\n"
+    refused(header + "p1,a,b,\np2,c,d,\n", ".csv", "row 1 has 4 fields", "header has 3")
+    refused(header + "p1,a,b\np2,c\n", ".csv", "row 2 has 2 fields")
+    refused(header + "p1,a,b\np2,c,c\n", ".csv", "pair 2 has the same chosen and rejected")
+    good = tmp_path / "good.csv"
+    good.write_text(header + 'p1,"a, with a comma",b\np2,"two\nlines",d\n')
+    pairs = read_pairs(good)
+    assert (pairs.prompt, pairs.chosen, pairs.rejected) == (["p1", "p2"], ["a, with a comma", "two\nlines"], ["b", "d"])
+    refused("name,elo_score\na,1000\nb,1500\na,1500\nc,900\n", ".csv", "'a' has more than one row",
+            read=lambda p: elo_pairs(p, 4, 4))
+    refused("name,elo_score\na,1000\nb,1500\nc,900\n", ".csv", "each side needs at least 2 items",
+            read=lambda p: elo_pairs(p, 4, 4))
+    with pytest.raises(RmjaxError, match="1 of its 1 pairs are also in --pairs"):
+        swapped = tmp_path / "swapped.csv"
+        swapped.write_text(header + "p2,d,\"two\nlines\"\n")  # the same pair, its sides swapped (a label 0 pair)
+        load_pairs(str(good), None, 1, 1, False, 0, heldout_pairs=str(swapped))

@@ -55,8 +55,9 @@ def read_pairs(path: str | Path) -> Pairs:
         if path.suffix in (".jsonl", ".json"):
             df = pd.DataFrame(_json_pairs(path))
         else:
-            df = pd.read_csv(path, keep_default_na=False, dtype={"prompt": str, "chosen": str, "rejected": str})
             _refuse_repeated_columns(path)
+            df = pd.read_csv(path, keep_default_na=False, index_col=False,
+                             dtype={"prompt": str, "chosen": str, "rejected": str})
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
         raise InputFileError(f"{path}: cannot be read as preference pairs ({' '.join(str(error).split())}).") from None
     missing = {"prompt", "chosen", "rejected"} - set(df.columns)
@@ -76,6 +77,10 @@ def read_pairs(path: str | Path) -> Pairs:
     if len(bad):
         raise InputFileError(f"{path}: pair {bad[0] + 1} has label {df['label'].iloc[bad[0]]!r} ({len(bad)} pairs in "
                              "all); label must be a probability in [0, 1] on every pair, or leave the column out.")
+    same = np.flatnonzero((df["chosen"].astype(str) == df["rejected"].astype(str)).to_numpy())
+    if len(same):  # no preference to learn, and scored wrong in held-out accuracy whatever the model does
+        raise InputFileError(f"{path}: pair {same[0] + 1} has the same chosen and rejected response "
+                             f"({df['chosen'].iloc[same[0]]!r}; {len(same)} pairs in all); remove such pairs.")
     return Pairs(df["prompt"].astype(str).tolist(), df["chosen"].astype(str).tolist(),
                  df["rejected"].astype(str).tolist(), label.astype(np.float32))
 
@@ -93,14 +98,20 @@ def _misspelt_label(name: str) -> bool:
 
 def _refuse_repeated_columns(path: Path) -> None:
     """pandas renames a second `chosen` column `chosen.1` and reads the first: a header naming a column twice is
-    refused instead."""
+    refused instead. So is a row of more or fewer fields than the header: with one more on every row (a trailing
+    comma) pandas took the first column as the index and read each pair shifted one column left, silently."""
     import csv
 
     with open(path, encoding="utf-8", newline="") as f:
-        header = next(csv.reader(f), [])
-    twice = sorted({name for name in header if header.count(name) > 1})
-    if twice:
-        raise InputFileError(f"{path}: the header names column {', '.join(twice)} more than once; keep one.")
+        rows = csv.reader(f)
+        header = next(rows, [])
+        twice = sorted({name for name in header if header.count(name) > 1})
+        if twice:
+            raise InputFileError(f"{path}: the header names column {', '.join(twice)} more than once; keep one.")
+        for number, row in enumerate(rows, start=1):
+            if row and len(row) != len(header):
+                raise InputFileError(f"{path}: row {number} has {len(row)} fields where the header has {len(header)} "
+                                     f"({', '.join(header)}); a trailing or missing comma shifts every value.")
 
 
 def _object_once(pairs: list[tuple[str, object]]) -> dict:
@@ -216,7 +227,11 @@ def read_elo_items(path: str | Path) -> pd.DataFrame:
         raise InputFileError(f"{path}: expected columns name and elo_score.")
     if not np.isfinite(pd.to_numeric(df["elo_score"], errors="coerce")).all():
         raise InputFileError(f"{path}: elo_score must be a number in every row.")
-    return df[["name", "elo_score"]].drop_duplicates("name").reset_index(drop=True)
+    repeated = sorted(set(df["name"][df["name"].duplicated()]))
+    if repeated:  # which of two ratings is the item's would be a guess (analyze refuses them too)
+        raise InputFileError(f"{path}: item {repeated[0]!r} has more than one row ({len(repeated)} items repeat); "
+                             "keep one rating per item.")
+    return df[["name", "elo_score"]].reset_index(drop=True)
 
 
 def elo_pairs(
@@ -239,6 +254,9 @@ def elo_pairs(
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(items))
     cut = int(round(len(items) * (1 - heldout_fraction)))
+    if min(cut, len(items) - cut) < 2:  # a pair needs two items on each side of the split
+        raise UsageError(f"--elo={path}: {len(items)} items split {cut} / {len(items) - cut} for training and "
+                         "held-out pairs; each side needs at least 2 items (give more rated items).")
     return (_sample_pairs(items.iloc[order[:cut]], n_train, soft, rng, prompt),
             _sample_pairs(items.iloc[order[cut:]], n_heldout, soft, rng, prompt))
 
