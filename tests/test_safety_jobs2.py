@@ -224,3 +224,21 @@ def test_the_wrong_kind_of_model_is_refused_from_its_config_before_any_weight_lo
     inproc.refused(lambda: run_logprobs(LogprobsSpec(inproc.options(rm_folder, out), inproc.prompts())),
                    "is a reward model", "causal LM")
     assert not out.exists()
+
+
+def test_gcg_over_models_reading_ids_as_different_tokens_is_refused(rm_folder, tmp_path, monkeypatch):
+    """GCG averages each candidate's reward over its models as one list of ids: two tokenizers of one size but
+    another order (only sizes were compared, after loading) averaged two different responses' rewards, exit 0."""
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+
+    other = cli.copy_folder(rm_folder, tmp_path / "reordered")
+    tokenizer = json.loads((other / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["Ġcat"], vocab["Ġdog"] = vocab["Ġdog"], vocab["Ġcat"]  # the same tokens, two ids swapped
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_gcg(GcgSpec(inproc.options(f"{rm_folder},{other}", tmp_path / "g.json"),
+                                           inproc.prompts(), GCGConfig(num_tokens=2, steps=1))),
+                   "one vocabulary", f"{other}'s differs")
+

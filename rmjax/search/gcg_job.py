@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import UsageError
-from rmjax.loading import config_of
+from rmjax.loading import config_and_tokenizer, config_of
 from rmjax.loading.for_job import check_in_vocabulary, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model, require_reward_model
@@ -96,6 +96,8 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
         raise UsageError(f"--model names {repeated[0]} more than once; give each model once.")
     for s in specs:  # a causal LM is refused from its config, before any weight loads
         require_reward_model(config_of(s), s, "GCG")
+    if len(specs) > 1:
+        check_one_vocabulary([config_and_tokenizer(s)[1] for s in specs], specs)
     fps = [job_fingerprint(o, s) for s in specs]
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")
@@ -131,15 +133,23 @@ def plan_search(cfg: GCGConfig, prompts: dict[str, str], dtype: str, config, tok
         print(f"memory plan: {plan.describe()}", file=sys.stderr)
 
 
+def check_one_vocabulary(tokenizers: list, sources: list[str]) -> None:
+    """GCG's candidates are one list of ids for every model: each model must read an id as the same token. Equal
+    sizes were all that was checked (after loading), so a reordered vocabulary averaged two different responses'
+    rewards."""
+    first = tokenizers[0].get_vocab()
+    for tokenizer, source in zip(tokenizers[1:], sources[1:], strict=True):
+        if tokenizer.get_vocab() != first:
+            raise UsageError(f"GCG over several models needs one vocabulary (each id the same token): {source}'s "
+                             f"differs from {sources[0]}'s; search them one at a time.")
+
+
 def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out: str | Path,
               overwrite: bool = False, job: jobs.Job | None = None, lm: Model | None = None) -> GCGResult | None:
     """Search with loaded models and write the result and the completion check of its buffer (`lm`, else each
     RM's own backbone if it ties its embeddings); None when a finished result with the same identity is reused.
     `out` is claimed here unless `job` is its claim already (`run_gcg`)."""
-    vocab = {len(m.tokenizer) for m in models}
-    if len(vocab) > 1:
-        raise UsageError("GCG over several models needs one shared tokenizer; these have vocabularies of "
-                         f"sizes {sorted(vocab)}.")
+    check_one_vocabulary([m.tokenizer for m in models], [m.source for m in models])
     identity = gcg_identity([model_fingerprint(m) for m in models], dtype=models[0].dtype, prompts=prompts,
                             output_column=models[0].output_column, cfg=cfg,
                             lm=model_fingerprint(lm) if lm is not None else None)
