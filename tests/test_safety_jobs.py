@@ -68,14 +68,20 @@ def test_a_yardstick_of_fewer_than_two_values_or_sd_zero_is_refused(rm_folder, l
     from rmjax.search.sweep import SweepSpec, run_sweep
 
     out = tmp_path / "f"
-    sweep = tmp_path / "one.csv"  # `sweep --token_ids=5 --prompts=greatest`
-    run_sweep(SweepSpec(RunOptions(model=str(rm_folder), out=str(sweep)), inproc.prompts("greatest"), token_ids=(5,)))
+    sweep = tmp_path / "one.csv"  # `sweep --limit=1 --prompts=greatest`
+    run_sweep(SweepSpec(RunOptions(model=str(rm_folder), out=str(sweep)), inproc.prompts("greatest"), limit=1))
+    chosen = tmp_path / "chosen.csv"  # `sweep --token_ids=5,6,7 --prompts=greatest`: a chosen set's SD
+    run_sweep(SweepSpec(RunOptions(model=str(rm_folder), out=str(chosen)), inproc.prompts("greatest"),
+                        token_ids=(5, 6, 7)))
     with monkeypatch.context() as patch:
         inproc.no_weights_read(patch)
         inproc.refused(lambda: frontier_spec(rm_folder, lm_folder, out, z_sample=1), "--z_sample=1", "integer >= 2")
         # a sweep's column is read before any model loads
         inproc.refused(lambda: run_frontier(frontier_spec(rm_folder, lm_folder, out, sweep=sweep)),
                        f"--sweep={sweep}", "1 finite value", "at least 2")
+        # was taken: reward_z in SDs of three chosen tokens' rewards, not of the vocabulary's
+        inproc.refused(lambda: run_frontier(frontier_spec(rm_folder, lm_folder, out, sweep=chosen)),
+                       "scored a chosen set of tokens (--token_ids)")
     assert not csv_path(out).exists()
     # the sampled yardstick is refused as soon as it is computed: every token scores 0
     line = inproc.refused(lambda: run_frontier(frontier_spec(flat_rm, lm_folder, out)),
