@@ -336,3 +336,25 @@ def test_a_scores_table_without_an_elo_prompt_is_reported(tmp_path):
     added = elo_lib.add_score_tables(elo_lib.load_elo(tmp_path / "elo"), data.load_score_tables([path]))
     assert added.coverage.empty and all("other" not in ep.models for ep in added.prompts)
     assert "none of its prompts (worst) is an EloEverything prompt" in added.notes[0]
+
+
+def test_a_rating_or_score_that_is_not_finite_is_refused(tmp_path):
+    """An EloEverything file with elo_score 'nan' made every statistic of its prompt NaN (exit 0); a model's 'inf'
+    score was dropped from τ as if unscored. A model's NaN (an item it did not score) is still read."""
+    from rmjax.analysis import elo as elo_lib
+    from rmjax.errors import InputFileError
+
+    raw = _write_elo(tmp_path, np.random.default_rng(0))
+    path = tmp_path / f"{GREATEST}.csv"
+    frame = raw[GREATEST].reset_index()
+    for column, value, fragment in (("elo_score", np.nan, "'elo_score'"), ("org/Pub-A", np.inf, "'org/Pub-A'")):
+        bad = frame.copy()
+        bad.loc[2, column] = value
+        bad.to_csv(path, index=False, na_rep="nan")
+        with pytest.raises(InputFileError, match=f"column {fragment} of item '{ITEMS[2]}' is not a finite number"):
+            elo_lib.load_elo(tmp_path)
+    unscored = frame.copy()
+    unscored.loc[2, "org/Pub-A"] = np.nan
+    unscored.to_csv(path, index=False, na_rep="nan")
+    loaded = {p.prompt: p for p in elo_lib.load_elo(tmp_path)}
+    assert np.isnan(loaded[f"{GREATEST}?"].scores.loc[ITEMS[2]].iloc[0])

@@ -86,6 +86,13 @@ def load_elo(directory: str | Path, metadata: pd.DataFrame | None = None) -> lis
             items = frame[["elo_score", "elo_rank", "elo_matches"]].astype(np.float64)
         except ValueError as error:
             raise InputFileError(f"--elo: {path} has a value that is not a number ({error}).") from None
+        # an item's human rating is never missing (a 'nan' cell made every statistic NaN, exit 0); a model's score
+        # may be NaN (an item it did not score), never ±Inf (dropped from τ as unscored, unsaid)
+        bad = [(column, frame.index[i]) for column, values in (*items.items(), *scores.items())
+               for i in np.flatnonzero(~np.isfinite(values.to_numpy()) if column in items else np.isinf(values))]
+        if bad:
+            raise InputFileError(f"--elo: {path}: column {bad[0][0]!r} of item {bad[0][1]!r} is not a finite number "
+                                 f"({len(bad)} such cells); fix or remove them.")
         scores.columns = labels
         prompts.append(EloPrompt(path.stem + "?", parts[path.stem], items, scores))
     return prompts
