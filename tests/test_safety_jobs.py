@@ -90,6 +90,21 @@ def test_a_yardstick_of_fewer_than_two_values_or_sd_zero_is_refused(rm_folder, l
     assert not csv_path(out).exists()
 
 
+def test_the_writers_name_allow_nonfinite_only_for_a_job_that_has_it(tmp_path):
+    """analyze (no --allow_nonfinite flag) was told to pass --allow_nonfinite, then refused it as an unknown flag."""
+    from rmjax.runs.finiteness import nonfinite_allowed
+
+    def message(**told) -> str:
+        with pytest.raises(NonFiniteError) as error:
+            results.write_table(tmp_path / "t.csv", {"k": ["a"]}, {"v": np.array([np.nan])}, **told)
+        return str(error.value)
+
+    assert "--allow_nonfinite" not in message() and "t.csv was not written: fix the input" in message()
+    assert "--allow_nonfinite" in message(allow_nonfinite=False)
+    with nonfinite_allowed(False):
+        assert "--allow_nonfinite" in message()
+
+
 def test_the_final_writers_refuse_a_nonfinite_derived_number(tmp_path):
     """A NaN/Inf computed after every score was checked (a z-score, a ratio) reached the CSV as `nan`/`inf` and
     .meta.json as null: the writers themselves now refuse it unless the job allows non-finite values."""

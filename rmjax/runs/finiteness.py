@@ -22,16 +22,18 @@ from rmjax.errors import NonFiniteError
 
 ALLOW_HINT = "pass --allow_nonfinite to write them anyway (counted in .meta.json)"
 _ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("nonfinite_allowed", default=False)
+_HAS_FLAG: contextvars.ContextVar[bool] = contextvars.ContextVar("nonfinite_flag", default=False)
 
 
 @contextlib.contextmanager
 def nonfinite_allowed(allow: bool) -> Iterator[None]:
     """Within the block the writers write NaN/Inf (JSON: null) when `allow`, and refuse them otherwise."""
-    token = _ALLOWED.set(bool(allow))
+    token, flag = _ALLOWED.set(bool(allow)), _HAS_FLAG.set(True)
     try:
         yield
     finally:
         _ALLOWED.reset(token)
+        _HAS_FLAG.reset(flag)
 
 
 def allowed(allow_nonfinite: bool | None = None) -> bool:
@@ -39,9 +41,12 @@ def allowed(allow_nonfinite: bool | None = None) -> bool:
     return _ALLOWED.get() if allow_nonfinite is None else bool(allow_nonfinite)
 
 
-def _refuse(path: Path, what: str, count: int, first: str) -> None:
+def _refuse(path: Path, what: str, count: int, first: str, told: bool) -> None:
+    """`told`: the writer was given a job's --allow_nonfinite (or writes inside `nonfinite_allowed`), so the flag
+    exists to name; analyze has none (its message named a flag it then refused as unknown)."""
+    fix = f"fix the model or input, or {ALLOW_HINT}" if told or _HAS_FLAG.get() else "fix the input"
     raise NonFiniteError(f"{path.name}: {what} would hold {count} NaN/Inf value{'s' if count > 1 else ''} (first: "
-                         f"{first}). Nothing was written: fix the model or input, or {ALLOW_HINT}.")
+                         f"{first}). {path.name} was not written: {fix}.")
 
 
 def require_finite_table(path: Path, keys: dict[str, list], values: dict[str, np.ndarray], *,
@@ -61,7 +66,8 @@ def require_finite_table(path: Path, keys: dict[str, list], values: dict[str, np
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             where = f"row {i + 1}" + (f" ({label} {keys[label][i]!r})" if label not in (None, name) else "")
-            _refuse(Path(path), f"column {name!r}", int(bad.sum()), f"{where}: {column[i]}")
+            _refuse(Path(path), f"column {name!r}", int(bad.sum()), f"{where}: {column[i]}",
+                    allow_nonfinite is not None)
 
 
 def require_finite_json(path: Path, value, *, allow_nonfinite: bool | None = None) -> None:
@@ -70,7 +76,8 @@ def require_finite_json(path: Path, value, *, allow_nonfinite: bool | None = Non
         return
     found = list(_nonfinite_numbers(value))
     if found:
-        _refuse(Path(path), f"field {found[0][0]!r}", len(found), f"{found[0][0]} = {found[0][1]}")
+        _refuse(Path(path), f"field {found[0][0]!r}", len(found), f"{found[0][0]} = {found[0][1]}",
+                allow_nonfinite is not None)
 
 
 def _nonfinite_numbers(value, at: str = "") -> Iterator[tuple[str, float]]:
