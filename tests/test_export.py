@@ -86,3 +86,17 @@ def test_export_reuses_its_own_folder_and_refuses_another_without_overwrite(rm_f
     assert sorted(written) == sorted(source)
     for key, value in source.items():
         np.testing.assert_array_equal(written[key], value)
+
+
+def test_a_bfloat16_export_says_bfloat16(rm_folder, tmp_path):
+    """export --dtype=bfloat16 wrote bfloat16 weights under a config.json saying float32 (the dtype it was read
+    in): transformers, loading with the config's dtype, would take them as another precision than they are."""
+    from safetensors import safe_open
+
+    out = tmp_path / "hf"
+    run_export(inproc.options(rm_folder, out, dtype="bfloat16"))
+    config = json.loads((out / "config.json").read_text())
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        embed = f.get_slice("model.embed_tokens.weight").get_dtype()
+    assert embed == "BF16" and config["dtype"] == "bfloat16"
+    assert config.get("torch_dtype", "bfloat16") == "bfloat16"

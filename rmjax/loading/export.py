@@ -37,7 +37,10 @@ def save_hf_folder(model: Model, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(to_hf_tensors(flat, model.config), folder / "model.safetensors", metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(model.raw_config, indent=2))
+    # the weights' dtype, not the one the checkpoint was read from (a bfloat16 export's config said float32)
+    keys = [k for k in ("dtype", "torch_dtype") if k in model.raw_config] or ["dtype"]
+    config = {**model.raw_config, **dict.fromkeys(keys, str(model.dtype))}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     if model.tokenizer is not None:
         model.tokenizer.save_pretrained(str(folder))
     return folder
