@@ -44,6 +44,8 @@ def main(argv):
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     cfg = BEAM_CONFIG(template=common.TEMPLATE.value)
+    if cfg.exhaustive:
+        common.refuse_given("beam --exhaustive", ("beam",), "scores every sequence and keeps no beam")
     token_ids = candidates.token_ids()
     beam_job.run_beam(beam_job.BeamSpec(
         common.options(OUT.value), prompts, cfg, None if token_ids is None else tuple(token_ids),

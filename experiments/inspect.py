@@ -18,7 +18,8 @@ from absl import flags
 from experiments import common
 
 OUT = flags.DEFINE_string("out", "results/inspect", "Output folder.")
-RESPONSES = flags.DEFINE_list("responses", None, "Responses as text (placed in the chat template).")
+RESPONSES = flags.DEFINE_list("responses", None, "Responses as text (placed in the chat template; comma-separated, "
+                                                 "spaces at an item's ends dropped).")
 FROM_SWEEP = flags.DEFINE_string("from_sweep", None, "A sweep CSV: inspect its --top best and worst tokens.")
 FROM_BEAM = flags.DEFINE_string("from_beam", None, "A beam CSV (the --top best and worst sequences of its deepest "
                                 "level, or of --depth) or a GCG result JSON (the first 2 x --top of its buffer).")

@@ -17,7 +17,8 @@ from experiments import common
 
 OUT = flags.DEFINE_string("out", None, "Output CSV `text, <one column per prompt>` (+ .meta.json); without it the "
                           "scores are printed and nothing is written.")
-TEXTS = flags.DEFINE_list("texts", [], "Responses to score (comma-separated; a text with a comma: --texts_file).")
+TEXTS = flags.DEFINE_list("texts", [], "Responses to score (comma-separated; spaces at an item's ends are dropped: a "
+                                       "text with a comma or an edge space, --texts_file).")
 TEXTS_FILE = flags.DEFINE_string("texts_file", None, "File with one response per line (commas and quotes kept).")
 Z_SAMPLE = flags.DEFINE_integer("z_sample", 2048, "Single tokens sampled (seed 0) to estimate each prompt's mean and "
                                 "SD of the reward for the printed z-scores; 0: no z-scores.", lower_bound=0)
@@ -61,6 +62,8 @@ def main(argv):
     from rmjax.scoring.texts import ScoreSpec, run_score
     from rmjax.text import prompts as prompt_lib
 
+    if OUT.value is None:
+        common.refuse_given("score without --out", ("overwrite",), "writes nothing to replace")
     texts = read_texts()
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     options = common.options(OUT.value, texts_file=TEXTS_FILE.value)

@@ -39,6 +39,9 @@ def main(argv):
     from rmjax.text import prompts as prompt_lib
 
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    if MODE.value != "text":
+        common.refuse_given("sweep --mode=token", ("text_add_special_tokens",), "places token ids in the template "
+                            "(--text_add_special_tokens applies to --mode=text)")
     token_ids = candidates.token_ids()
     out = run_sweep(SweepSpec(common.options(OUT.value), prompts, None if token_ids is None else tuple(token_ids),
                               limit=LIMIT.value, vocab_file=candidates.VOCAB_FILE.value, mode=MODE.value,

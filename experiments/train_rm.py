@@ -59,6 +59,11 @@ def main(argv):
     if common.ALLOW_NONFINITE.value:  # a NaN loss or reward ends a training run: there is nothing to write anyway
         raise UsageError("--allow_nonfinite does not apply to train_rm: a NaN/Inf loss, gradient or held-out reward "
                          "stops the run (lower --learning_rate or --clip_norm instead); leave it out.")
+    common.refuse_given("train_rm", ("prompts", "prompt"), "trains on its pairs' own prompts")
+    cfg_flags = flags.FLAGS
+    if cfg_flags["last_k"].present and cfg_flags["trainable"].value != "last_k":
+        raise UsageError(f"--last_k applies to --trainable=last_k (this run trains {cfg_flags['trainable'].value}); "
+                         "leave --last_k out.")
     if PAIRS.value:
         common.refuse_given("train_rm --pairs", ("n_train", "n_heldout", "soft"), "trains on the pairs given "
                             "(--n_train, --n_heldout and --soft build pairs from --elo)")

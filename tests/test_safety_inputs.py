@@ -177,6 +177,11 @@ BAD_OTHER_FLAGS = [
     ("disagree", ["--models={dir}/a,{dir}/b"], ["--model: disagree", "--models"]),  # --model: run_each's
     ("inspect", ["--responses=a", "--top=3"], ["--top: inspect --responses"]),
     ("train_rm", ["--pairs={dir}/file.txt", "--n_train=5"], ["--n_train: train_rm --pairs", "--elo"]),
+    ("train_rm", ["--prompts=best", "--elo=builtin"], ["--prompts: train_rm"]),
+    ("train_rm", ["--last_k=3", "--elo=builtin"], ["--last_k applies to --trainable=last_k"]),  # recorded as used
+    ("beam", ["--exhaustive", "--beam=1", "--token_ids=300,301", "--out={dir}/b.csv"], ["--beam: beam --exhaustive"]),
+    ("sweep", ["--text_add_special_tokens", "--out={dir}/t.csv"], ["--text_add_special_tokens", "--mode=text"]),
+    ("score", ["--overwrite", "--texts=a"], ["--overwrite: score without --out"]),
     ("train_rm", ["--pairs={dir}/p.csv", "--elo={dir}/e.csv"], ["exactly one of --pairs", "--elo"]),
     ("logprobs", ["--top=-1"], ["--top=-1"]),
 ]
