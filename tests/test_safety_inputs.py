@@ -179,6 +179,8 @@ BAD_OTHER_FLAGS = [
     ("train_rm", ["--pairs={dir}/file.txt", "--n_train=5"], ["--n_train: train_rm --pairs", "--elo"]),
     ("train_rm", ["--prompts=best", "--elo=builtin"], ["--prompts: train_rm"]),
     ("train_rm", ["--last_k=3", "--elo=builtin"], ["--last_k applies to --trainable=last_k"]),  # recorded as used
+    ("train_rm", ["--remat", "--elo=builtin"], ["--trainable=head trains none"]),  # recorded as used
+    ("train_rm", ["--fsdp", "--elo=builtin", "--trainable=full"], ["--fsdp", "data axis"]),  # recorded as used
     ("beam", ["--exhaustive", "--beam=1", "--token_ids=300,301", "--out={dir}/b.csv"], ["--beam: beam --exhaustive"]),
     ("sweep", ["--text_add_special_tokens", "--out={dir}/t.csv"], ["--text_add_special_tokens", "--mode=text"]),
     ("score", ["--overwrite", "--texts=a"], ["--overwrite: score without --out"]),

@@ -108,6 +108,17 @@ def check_batch_on_mesh(cfg: TrainConfig, mesh: jax.sharding.Mesh | None) -> Non
                          f"size {data}; use a multiple of {data} (e.g. {batching.round_up(cfg.batch_size, mesh)}).")
 
 
+def check_sharding_settings(cfg: TrainConfig, mesh: jax.sharding.Mesh | None) -> None:
+    """--fsdp and --remat that would change nothing are refused, not recorded in the run's identity as used: both
+    act on trained layers (head-only training has none), and FSDP splits over a data axis (none without --mesh)."""
+    if cfg.trainable == "head" and (cfg.fsdp or cfg.remat):
+        raise UsageError("--fsdp and --remat act on trained layers, and --trainable=head trains none (its features "
+                         "are computed once); leave them out.")
+    if cfg.fsdp and batching.data_shards(mesh) == 1:
+        raise UsageError("--fsdp splits the trained weights over the mesh's data axis, and this run has none of size "
+                         "> 1; give --mesh=data:N,... or leave --fsdp out.")
+
+
 def check_batch_size(batch_size: int, pairs: int) -> None:
     """A step takes `batch_size` of the `pairs` training pairs: more would take some pair twice in one step (and,
     huge, exhaust the host building the step's indices). Refused before loading by the job and by its plan."""

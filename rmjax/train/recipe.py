@@ -33,6 +33,7 @@ from rmjax.train.loop import (
     check_batch_size,
     check_heldout,
     check_last_k,
+    check_sharding_settings,
     train_identity,
     train_reward_model,
 )
@@ -139,6 +140,7 @@ def run_training(
     check_batch_size(cfg.batch_size, len(train))
     check_heldout(heldout)
     check_batch_on_mesh(cfg, mesh)
+    check_sharding_settings(cfg, mesh)
     check_last_k(cfg, config_of(lm_spec), lm_spec)  # before any output is claimed or weight read
     identity = training_identity(lm_spec, train, heldout, cfg, dtype)
     workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
