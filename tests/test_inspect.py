@@ -300,6 +300,13 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
     assert best_and_worst(beam, "p", 1) == [(1, 2), (7, 8)]  # the deepest level: best optimal, worst pessimal
     assert best_and_worst(beam, "p", 2) == [(1, 2), (3, 4), (9, 9), (7, 8)]
     assert best_and_worst(beam, "p", 1, depth=1) == [(5,), (6,)]
+    # one direction only: a pessimal beam's least and most pessimal (it was refused: "use a smaller --top")
+    pessimal = tmp_path / "pessimal.csv"
+    results.write_table(pessimal, {"depth": [2, 2, 2], "direction": ["pessimal"] * 3, "rank": [1, 2, 3],
+                                   "ids": ["7 8", "9 9", "4 4"], "tokens": ["[]"] * 3, "decoded": ['""'] * 3},
+                        {"p": np.arange(3.0)})
+    results.write_meta(pessimal, kind="beam")
+    assert best_and_worst(pessimal, "p", 1) == [(4, 4), (7, 8)]
     gcg = tmp_path / "gcg.json"
     gcg.write_text('{"buffer": [{"ids": [3, 4], "reward": 1.0}, {"ids": [5, 6], "reward": 0.5}]}')
     results.write_meta(gcg, kind="gcg")

@@ -123,6 +123,8 @@ def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None) -
         worst = level[level.direction == "pessimal"].sort_values("rank", ascending=False)
         if not len(worst):  # one direction only: its best and its worst
             return _enough([tuple(ids) for ids in best.ids], top, path, f"depth {level.depth.iloc[0]}")
+        if not len(best):  # pessimal only: ranked worst first, so its best is its last
+            return _enough([tuple(ids) for ids in worst.ids], top, path, f"depth {level.depth.iloc[0]}")
         picks = [tuple(ids) for ids in [*best.ids[:top], *worst.ids[-top:]]]
         if min(len(best), len(worst)) < top:
             picks = []  # one direction keeps fewer than --top: refused, not inspected short
