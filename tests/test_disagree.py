@@ -491,6 +491,6 @@ def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_
     run_disagree(_spec(rm_folder, lower_rm, out, lm_folder, search=False, b_gradient=False))
     assert (out / "vocab_map.csv").is_file()
     spec = _spec(rm_folder, lower_rm, out, lm_folder, vocab_map=False, b_gradient=False, direction="a_over_b",
-                 methods="best_of_n", forwards=40)
+                 methods="best_of_n")
     run_disagree(dataclasses.replace(spec, options=dataclasses.replace(spec.options, overwrite=True)))
     assert (out / "disagree.csv").is_file() and not (out / "vocab_map.csv").exists()

@@ -206,7 +206,7 @@ def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tm
     from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
 
     sweep = tmp_path / "f" / "frontier.csv"  # where a frontier job with --out=f writes its table
-    run_sweep(SweepSpec(inproc.options(rm_folder, sweep), inproc.prompts(), (5, 6, 7)))
+    run_sweep(SweepSpec(inproc.options(rm_folder, sweep), inproc.prompts(), limit=3))
     before = sweep.read_bytes()
     with monkeypatch.context() as patch:
         inproc.no_weights_read(patch)
