@@ -137,7 +137,8 @@ def options(out: str, **files: str | None) -> RunOptions:
 
     named = [("--model", m) for m in (MODEL.value or "").split(",")]
     named += [("--prompts", p) for p in PROMPTS.value or ()] + [(f"--{k}", v) for k, v in files.items() if v]
-    inputs = tuple((flag, path) for flag, path in named if path and Path(path).exists())  # a model folder too
+    inputs = tuple((flag, path) for flag, path in named  # a model's folder too (a prompt name is not a path)
+                   if path and (Path(path).is_file() or flag == "--model" and Path(path).is_dir()))
     return RunOptions(model=MODEL.value, out=out, dtype=DTYPE.value, mesh=start(), template=TEMPLATE.value,
                       output_column=OUTPUT_COLUMN.value, overwrite=OVERWRITE.value,
                       allow_nonfinite=ALLOW_NONFINITE.value, inputs=inputs, system_prompt=SYSTEM_PROMPT.value)

@@ -394,7 +394,13 @@ def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tm
     for name in (part.split(" (")[0] for part in named.removeprefix("Cheapest that fit by estimate: ").split("), ")):
         piece = chips.parse_slice(name)
         assert piece.chips * 0.8 * piece.chip.hbm_bytes >= 4 * trained, named
-    assert "--fsdp --remat" in named
+    assert "--remat" in named and "data:1,model:1 --fsdp" not in named and "data:1,model:4 --fsdp" not in named
+    # only flags train_rm takes for that run: no --fsdp without a data axis, neither for head-only training
+    assert shape.per_chip_estimate(cfg, "bfloat16", 8, 2)[1] == "--mesh=data:4,model:2 --fsdp --remat"
+    assert shape.per_chip_estimate(cfg, "bfloat16", 8, 8)[1] == "--mesh=data:1,model:8 --remat"
+    _, _, head, _ = plan_inputs(str(config), "v5e-4", "train_rm", trainable="head", batch_size=8, sequence_tokens=32,
+                                n_train=100)
+    assert head.per_chip_estimate(cfg, "bfloat16", 8, 2)[1] == "--mesh=data:4,model:2"
 
 
 def test_each_host_reads_its_chips_shards_of_the_checkpoint():

@@ -191,6 +191,10 @@ def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tm
     cli.user_error(cli.run("score", f"--model={model}", "--texts=a", f"--out={model / 'config.json'}", "--overwrite"),
                    "inside a folder this run reads (--model=")
     assert (model / "config.json").read_bytes() == config
+    # a prompt's name is no path: a folder that happens to bear it may hold the output
+    (tmp_path / "greatest").mkdir()
+    cli.ok(cli.run("score", f"--model={rm_folder}", "--prompts=greatest", "--texts=a", "--z_sample=0",
+                   "--out=greatest/s.csv", cwd=tmp_path))
     # a file output named as a folder (--out=dir/): score wrote `dir` and its .meta.json, then died reading `dir/`
     cli.user_error(cli.run("score", f"--model={rm_folder}", "--texts=a", f"--out={tmp_path / 'scores'}/"),
                    "ends in a separator", f"--out={tmp_path / 'scores'}/result.csv")

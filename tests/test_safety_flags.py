@@ -268,6 +268,9 @@ def test_pairs_and_ratings_read_as_written_or_refused(tmp_path):
     good.write_text(header + 'p1,"a, with a comma",b\np2,"two\nlines",d\n')
     pairs = read_pairs(good)
     assert (pairs.prompt, pairs.chosen, pairs.rejected) == (["p1", "p2"], ["a, with a comma", "two\nlines"], ["b", "d"])
+    long = tmp_path / "long.csv"  # a field past csv's default 128 KiB, and a whitespace-only line pandas skips
+    long.write_text(header + f"p1,{'x' * 200_000},b\n   \np2,c,d\n")
+    assert read_pairs(long).chosen == ["x" * 200_000, "c"]
     refused("name,elo_score\na,1000\nb,1500\na,1500\nc,900\n", ".csv", "'a' has more than one row",
             read=lambda p: elo_pairs(p, 4, 4))
     refused("name,elo_score\na,1000\nb,1500\nc,900\n", ".csv", "each side needs at least 2 items",

@@ -224,6 +224,14 @@ def test_the_wrong_kind_of_model_is_refused_from_its_config_before_any_weight_lo
     inproc.refused(lambda: run_logprobs(LogprobsSpec(inproc.options(rm_folder, out), inproc.prompts())),
                    "is a reward model", "causal LM")
     assert not out.exists()
+    # a builtin RM passes (its backbone's config, which config_and_tokenizer reads, has no score head): each job
+    # goes on to its next check, still before loading
+    builtin = "elo-rm-smollm2-135m"
+    inproc.refused(lambda: run_score(ScoreSpec(inproc.options(builtin, out), inproc.prompts(), ("a", "a"))),
+                   "'a' is given 2 times")
+    inproc.refused(lambda: run_inspect(InspectSpec(inproc.options(builtin, out), ("greatest", "Q?"),
+                                                   responses=("a", "a"))), "given twice")
+    assert not out.exists() or not list(out.iterdir())  # inspect's writable check makes its folder, empty
 
 
 def test_gcg_over_models_reading_ids_as_different_tokens_is_refused(rm_folder, tmp_path, monkeypatch):

@@ -140,7 +140,10 @@ class TrainShape:
         rows = 2 * max(1, self.batch_size // (chips // model)) * self.sequence_tokens  # chosen and rejected
         activations = rows * 4 * (cfg.hidden_size * cfg.num_layers + 4 * cfg.hidden_size + 3 * cfg.intermediate_size)
         need = (total - trained) * size / model + 4 * trained * size / chips + activations
-        return int(need), f"--mesh=data:{chips // model},model:{model} --fsdp --remat"
+        # only the flags train_rm takes for this run (it refuses them where they change nothing: no trained
+        # layers, or no data axis to split over)
+        flags = ([] if self.trainable == "head" else ["--fsdp"] * (chips // model > 1) + ["--remat"])
+        return int(need), " ".join([f"--mesh=data:{chips // model},model:{model}", *flags])
 
     def variants(self, fsdp: str, remat: str) -> list[TrainShape]:
         """The shapes a plan tries in turn (`auto`: without first, then with; FSDP before remat)."""

@@ -365,8 +365,7 @@ def check_distinct(outputs: Sequence[Output]) -> None:
             raise UsageError(f"{seen[path]} would write {path}, which this run reads ({given}); choose another "
                              "output.")
     for path, who in seen.items():  # a folder read (a model's checkpoint folder) holds no output either
-        inside = [given for folder, given in read.items() if folder in path.parents or folder == path and
-                  folder.is_dir()]
+        inside = [given for folder, given in read.items() if folder in path.parents]
         if inside:
             raise UsageError(f"{who} would write {path}, inside a folder this run reads ({inside[0]}); choose an "
                              "output outside it.")

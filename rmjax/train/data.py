@@ -102,16 +102,23 @@ def _refuse_repeated_columns(path: Path) -> None:
     comma) pandas took the first column as the index and read each pair shifted one column left, silently."""
     import csv
 
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = csv.reader(f)
-        header = next(rows, [])
-        twice = sorted({name for name in header if header.count(name) > 1})
-        if twice:
-            raise InputFileError(f"{path}: the header names column {', '.join(twice)} more than once; keep one.")
-        for number, row in enumerate(rows, start=1):
-            if row and len(row) != len(header):
-                raise InputFileError(f"{path}: row {number} has {len(row)} fields where the header has {len(header)} "
-                                     f"({', '.join(header)}); a trailing or missing comma shifts every value.")
+    limit = csv.field_size_limit(2**31 - 1)  # a long response is one field (csv's default stops at 128 KiB)
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = csv.reader(f)
+            header = next(rows, [])
+            twice = sorted({name for name in header if header.count(name) > 1})
+            if twice:
+                raise InputFileError(f"{path}: the header names column {', '.join(twice)} more than once; keep one.")
+            for number, row in enumerate(rows, start=1):
+                if any(field.strip() for field in row) and len(row) != len(header):  # pandas skips blank lines
+                    raise InputFileError(f"{path}: row {number} has {len(row)} fields where the header has "
+                                         f"{len(header)} ({', '.join(header)}); a trailing or missing comma shifts "
+                                         "every value.")
+    except csv.Error as error:
+        raise InputFileError(f"{path}: cannot be read as preference pairs ({error}).") from None
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _object_once(pairs: list[tuple[str, object]]) -> dict:
