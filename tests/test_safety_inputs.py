@@ -213,6 +213,22 @@ def test_last_k_past_the_layers_is_refused_before_the_workdir_is_claimed(lm_fold
     assert not (tmp_path / "work").exists()
 
 
+def test_train_rm_writes_nothing_inside_its_models_folder(lm_folder, tmp_path, monkeypatch):
+    """Only a model given as a file was an input of train_rm: --export or --head_out inside the LM's folder was
+    accepted (with --overwrite, an export there deletes the folder's config and weights before writing)."""
+    model = cli.copy_folder(lm_folder, tmp_path / "lm")
+    pairs, heldout = tmp_path / "pairs.csv", tmp_path / "heldout.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    inproc.no_weights_read(monkeypatch)
+    for output in ({"export": model / "hf"}, {"head_out": model / "head.safetensors"}):
+        inproc.refused(lambda output=output: inproc.train_rm(model, pairs=pairs, heldout_pairs=heldout,
+                                                             workdir=tmp_path / "work", steps=2, batch_size=2,
+                                                             overwrite=True, **output),
+                       "inside a folder this run reads (--model=")
+    assert sorted(p.name for p in model.iterdir()) == sorted(p.name for p in lm_folder.iterdir())
+
+
 def test_a_response_given_twice_is_refused(rm_folder, tmp_path, monkeypatch):
     """score --texts=a,a wrote two rows keyed "a" (the table's rows are keyed by their text)."""
     from rmjax.scoring.texts import ScoreSpec, run_score

@@ -76,8 +76,8 @@ def train_from_data(model: str, cfg: TrainConfig, *, pairs: str | None = None, e
     check_model_template(model, cfg.template)  # a broken chat template stops the job here, not after the LM loads
     print("split: " + ", ".join(f"{k} {v}" for k, v in split.items()), file=sys.stderr)
     recipe = {"elo": elo, "pairs": pairs, "n_train": n_train, "n_heldout": n_heldout, "soft": soft, "split": split}
-    inputs = {"--pairs": pairs, "--heldout_pairs": heldout_pairs, **({f"--model={model}": model}
-                                                                     if Path(model).is_file() else {})}
+    inputs = {"--pairs": pairs, "--heldout_pairs": heldout_pairs, **({f"--model={model}": model}  # a folder too
+                                                                     if Path(model).exists() else {})}
     return run_training(model, train, heldout, cfg, workdir, export=export, head_out=head_out, dtype=dtype,
                         elo_csv=elo, recipe=recipe, overwrite=overwrite, mesh=mesh, inputs=inputs)
 
