@@ -103,6 +103,8 @@ def test_the_writers_name_allow_nonfinite_only_for_a_job_that_has_it(tmp_path):
     assert "--allow_nonfinite" in message(allow_nonfinite=False)
     with nonfinite_allowed(False):
         assert "--allow_nonfinite" in message()
+    with nonfinite_allowed(False, has_flag=False):  # the audit, which refuses the flag
+        assert "--allow_nonfinite" not in message()
 
 
 def test_the_final_writers_refuse_a_nonfinite_derived_number(tmp_path):

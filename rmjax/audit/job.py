@@ -103,7 +103,7 @@ def run_audit(spec: AuditSpec) -> Path | None:
         table = stats.audit_table(items, [c for b in built for c in b.contrasts], n_boot=spec.n_boot,
                                   n_perm=spec.n_perm, seed=spec.seed)
         nulls = [c.null for b in built for c in b.contrasts]
-        job.finish(lambda path: write(paths, items, table, nulls), **_model_meta(model),
+        job.finish(lambda path: write(paths, items, table, nulls), allow_nonfinite=None, **_model_meta(model),
                    batteries=list(spec.batteries), n_variants=len(items),
                    n_rows=len(table), summary=summary(table), seconds=time.perf_counter() - started)
         if is_main():

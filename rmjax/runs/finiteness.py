@@ -26,9 +26,10 @@ _HAS_FLAG: contextvars.ContextVar[bool] = contextvars.ContextVar("nonfinite_flag
 
 
 @contextlib.contextmanager
-def nonfinite_allowed(allow: bool) -> Iterator[None]:
-    """Within the block the writers write NaN/Inf (JSON: null) when `allow`, and refuse them otherwise."""
-    token, flag = _ALLOWED.set(bool(allow)), _HAS_FLAG.set(True)
+def nonfinite_allowed(allow: bool, has_flag: bool = True) -> Iterator[None]:
+    """Within the block the writers write NaN/Inf (JSON: null) when `allow`, and refuse them otherwise, naming
+    --allow_nonfinite when the job `has_flag`."""
+    token, flag = _ALLOWED.set(bool(allow)), _HAS_FLAG.set(bool(has_flag))
     try:
         yield
     finally:

@@ -40,13 +40,15 @@ class Job:
         """A finished result of the same inputs is there: nothing to compute."""
         return self.claimed.reuse
 
-    def finish(self, write: Callable[[Path], Path | None], *, allow_nonfinite: bool = False, **meta: Any) -> Path:
+    def finish(self, write: Callable[[Path], Path | None], *, allow_nonfinite: bool | None = False,
+               **meta: Any) -> Path:
         """Process 0 runs `write(out)` (the result files; returns the result's path) and then writes
         .meta.json with kind, identity and seconds (unless `meta` gives them) and `meta`. A NaN/Inf number in
-        any of them stops the job unless `allow_nonfinite` (the job's --allow_nonfinite: rmjax.runs.finiteness)."""
+        any of them stops the job unless `allow_nonfinite` (the job's --allow_nonfinite: rmjax.runs.finiteness;
+        None: the job has no such flag, so the refusal does not name it)."""
         path = self.out
         if is_main():
-            with finiteness.nonfinite_allowed(allow_nonfinite):
+            with finiteness.nonfinite_allowed(bool(allow_nonfinite), has_flag=allow_nonfinite is not None):
                 path = Path(write(self.out) or self.out)
                 meta.setdefault("seconds", time.perf_counter() - self.started)
                 results.write_meta(path, files=self.owned, kind=self.kind, identity=self.identity, **meta)
