@@ -16,7 +16,6 @@ from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute, che
 from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
-from rmjax.loading import config_of
 from rmjax.loading.for_job import check_template, job_config_and_tokenizer, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model, require_reward_model
@@ -191,8 +190,8 @@ def run_inspect(spec: InspectSpec) -> dict:
     write (`write_inspect`). Returns the summary (also in .meta.json)."""
     o, (name, text) = spec.options, spec.prompt
     check_batch_size(spec.batch_size)  # what its plan refuses, refused before anything loads
-    require_reward_model(config_of(o.model), o.model, "inspect")  # a builtin RM's own config, not its backbone's
     config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
+    require_reward_model(config, o.model, "inspect")
     out = check_writable(o.out, "--out", folder=True)  # before the model loads
     # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads
     model_fp, sequences, source = job_fingerprint(o), None, None

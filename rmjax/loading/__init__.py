@@ -45,21 +45,22 @@ def peek(spec: str):
 
 
 def config_and_tokenizer(spec: str):
-    """(config, tokenizer) of any model spec without reading its weights: what tokenizing for the model needs
-    before it loads (a GGUF file is converted first, as `load` does; a builtin reward model has its backbone's
-    config and tokenizer)."""
+    """(config_of(spec), tokenizer) without reading weights: what tokenizing for the model needs before it loads
+    (a builtin reward model: its backbone's tokenizer). The config is the loaded model's, so a check of the kind
+    of model (reward or causal) reads the same from either function."""
     from rmjax.loading.hf import load_tokenizer
 
     cfg, path = _config_and_folder(BUILTIN_RMS.get(spec, spec))
-    return cfg, load_tokenizer(path, cfg)
+    return config_of(spec, cfg), load_tokenizer(path, cfg)
 
 
-def config_of(spec: str):
+def config_of(spec: str, backbone=None):
     """The config `load(spec)` gives, without reading weights or the tokenizer (a GGUF file is converted once and
-    cached, as `load` does; a builtin reward model is its backbone's config with a reward head's)."""
+    cached, as `load` does; a builtin reward model is its backbone's config, `backbone` when read already, with a
+    reward head's)."""
     if spec in BUILTIN_RMS:
-        return reward_config(_config_and_folder(BUILTIN_RMS[spec])[0])
-    return _config_and_folder(spec)[0]
+        return reward_config(backbone or _config_and_folder(BUILTIN_RMS[spec])[0])
+    return backbone or _config_and_folder(spec)[0]
 
 
 def _config_and_folder(spec: str):

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import PromptTooLongError, UsageError
-from rmjax.loading import config_of
 from rmjax.loading.for_job import job_config_and_tokenizer, job_fingerprint, load_for_job
 from rmjax.loading.identity import hash_json, model_fingerprint
 from rmjax.model import Model, require_reward_model
@@ -206,9 +205,8 @@ def run_score(spec: ScoreSpec) -> Scored:
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
     if spec.z_sample == 1 or spec.z_sample < 0:
         raise UsageError(f"--z_sample={spec.z_sample}: give 0 (no z-scores) or at least 2 tokens (an SD needs 2).")
-    # the kind of model (config_of: a builtin RM's own config, not its backbone's) and each prompt's room
-    require_reward_model(config_of(o.model), o.model, "text scoring")
-    config, tokenizer = job_config_and_tokenizer(o)
+    config, tokenizer = job_config_and_tokenizer(o)  # the kind of model and each prompt's room, before the weights
+    require_reward_model(config, o.model, "text scoring")
     for text in spec.prompts.values():
         chat.split_chat(tokenizer, text, o.template, config.max_position_embeddings)
     if o.out is None:

@@ -94,10 +94,10 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     repeated = sorted({s for s in specs if specs.count(s) > 1})
     if repeated:  # the objective is the models' mean: a model twice is weighted twice, unsaid
         raise UsageError(f"--model names {repeated[0]} more than once; give each model once.")
-    for s in specs:  # a causal LM is refused from its config, before any weight loads
-        require_reward_model(config_of(s), s, "GCG")
-    if len(specs) > 1:
-        check_one_vocabulary([config_and_tokenizer(s)[1] for s in specs], specs)
+    read = [config_and_tokenizer(s) for s in specs]  # before any weight loads: the kind of model, the vocabulary
+    for s, (config, _) in zip(specs, read, strict=True):
+        require_reward_model(config, s, "GCG")
+    check_one_vocabulary([tokenizer for _, tokenizer in read], specs)
     fps = [job_fingerprint(o, s) for s in specs]
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")

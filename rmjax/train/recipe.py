@@ -52,15 +52,18 @@ def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int,
     data = read_pairs(pairs)
     if heldout_pairs:
         heldout = read_pairs(heldout_pairs)
-        trained = {(p, frozenset((c, r))) for p, c, r in zip(data.prompt, data.chosen, data.rejected, strict=True)}
-        shared = [i for i, key in enumerate(zip(heldout.prompt, map(frozenset, zip(heldout.chosen, heldout.rejected,
-                                                                                      strict=True)), strict=True))
-                  if key in trained]
+        trained = set(_pair_keys(data))
+        shared = [i for i, key in enumerate(_pair_keys(heldout)) if key in trained]
         if shared:  # held-out accuracy on pairs the model trained on measures memory, not generalisation
             raise UsageError(f"--heldout_pairs={heldout_pairs}: {len(shared)} of its {len(heldout)} pairs are also "
                              f"in --pairs={pairs} (first: pair {shared[0] + 1}); hold out pairs not trained on.")
         return data, heldout, {"split_by": "file", "train_pairs": len(data), "heldout_pairs": len(heldout)}
     return split_pairs(data, seed=seed)
+
+
+def _pair_keys(pairs: Pairs) -> list[tuple[str, frozenset]]:
+    """Each pair as (prompt, {its two responses}): one pair whichever side its label prefers."""
+    return [(p, frozenset((c, r))) for p, c, r in zip(pairs.prompt, pairs.chosen, pairs.rejected, strict=True)]
 
 
 def train_from_data(model: str, cfg: TrainConfig, *, pairs: str | None = None, elo: str | None = None,
