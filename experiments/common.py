@@ -7,6 +7,8 @@ that can run before the weights; entry points end through `run` (experiments.cli
 
 from __future__ import annotations
 
+import csv
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,6 +65,34 @@ COMPILE_CACHE = flags.DEFINE_bool("compile_cache", True,
 # their key flags instead of adopting the whole module, so their --help does not offer --output_column.
 LM_FLAGS = ("model", "dtype", "mesh", "prompts", "prompt", "template", "coordinator", "num_processes", "process_id",
             "overwrite", "allow_nonfinite", "compile_cache")
+
+
+class _TextListParser(flags.ListParser):
+    """absl's list parser strips each item, so `--texts=" love"` scored 'love': a response is kept as typed
+    (csv quoting still puts a comma inside one)."""
+
+    def parse(self, argument):
+        if isinstance(argument, list) or not argument:
+            return list(argument or [])
+        try:
+            return list(next(csv.reader([argument], strict=True)))
+        except csv.Error as e:
+            raise ValueError(f"Unable to parse the value {argument!r} as a comma-separated list: {e}") from e
+
+
+def define_texts(name: str, default: list[str] | None, help_text: str) -> flags.FlagHolder:
+    """A comma-separated list of response texts, each kept exactly (spaces at its ends are part of the response)."""
+    return flags.DEFINE(_TextListParser(), name, default, help_text, serializer=flags.CsvListSerializer(","))
+
+
+def note_edge_spaces(flag: str, texts) -> None:
+    """Spaces at a response's ends are scored (a different tokenization): said once, so that `--texts=a, b` is
+    not read as 'b' without a word."""
+    edged = [t for t in texts if t != t.strip()]
+    if edged:
+        shown = ", ".join(repr(t) for t in edged[:3]) + (" …" if len(edged) > 3 else "")
+        print(f"{flag}: {len(edged)} response{'s' * (len(edged) != 1)} with a space at an end, scored with it: "
+              f"{shown}.", file=sys.stderr)
 
 
 def refuse_output_column(job: str) -> None:

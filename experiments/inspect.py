@@ -18,8 +18,8 @@ from absl import flags
 from experiments import common
 
 OUT = flags.DEFINE_string("out", "results/inspect", "Output folder.")
-RESPONSES = flags.DEFINE_list("responses", None, "Responses as text (placed in the chat template; comma-separated, "
-                                                 "spaces at an item's ends dropped).")
+RESPONSES = common.define_texts("responses", None, "Responses as text (placed in the chat template; comma-separated, "
+                                                  "each kept as typed, spaces at its ends too).")
 FROM_SWEEP = flags.DEFINE_string("from_sweep", None, "A sweep CSV: inspect its --top best and worst tokens.")
 FROM_BEAM = flags.DEFINE_string("from_beam", None, "A beam CSV (the --top best and worst sequences of its deepest "
                                 "level, or of --depth) or a GCG result JSON (the first 2 x --top of its buffer).")
@@ -56,6 +56,7 @@ def main(argv):
     if len(given) != 1:
         raise UsageError("give the responses one way: --responses, --from_sweep or --from_beam.")
     if RESPONSES.value:
+        common.note_edge_spaces("--responses", RESPONSES.value)
         common.refuse_given("inspect --responses", ("top", "depth"), "inspects the responses given")
     elif FROM_SWEEP.value:
         common.refuse_given("inspect --from_sweep", ("depth",), "reads one-token responses")

@@ -17,8 +17,8 @@ from experiments import common
 
 OUT = flags.DEFINE_string("out", None, "Output CSV `text, <one column per prompt>` (+ .meta.json); without it the "
                           "scores are printed and nothing is written.")
-TEXTS = flags.DEFINE_list("texts", [], "Responses to score (comma-separated; spaces at an item's ends are dropped: a "
-                                       "text with a comma or an edge space, --texts_file).")
+TEXTS = common.define_texts("texts", [], "Responses to score (comma-separated, each kept as typed, spaces at its ends "
+                                        "too; quote one holding a comma, '\"a, b\",c', or use --texts_file).")
 TEXTS_FILE = flags.DEFINE_string("texts_file", None, "File with one response per line (commas and quotes kept).")
 Z_SAMPLE = flags.DEFINE_integer("z_sample", 2048, "Single tokens sampled (seed 0) to estimate each prompt's mean and "
                                 "SD of the reward for the printed z-scores; 0: no z-scores.", lower_bound=0)
@@ -35,6 +35,7 @@ def read_texts() -> list[str]:
     from rmjax.text.candidates import read_vocab_file
 
     texts = list(TEXTS.value)
+    common.note_edge_spaces("--texts", texts)
     if any(not t.strip() for t in texts):
         raise UsageError(f"--texts={','.join(texts)} has an empty response (two commas in a row, or one at an end); "
                          "remove it, or put an empty response's neighbours in --texts_file.")

@@ -57,3 +57,26 @@ def test_score_prints_z_scores_and_writes_only_with_out(rm_folder, tmp_path):
     recorded = json.loads((tmp_path / "t.csv.meta.json").read_text())["z_scale"]["greatest"]
     atol = tolerance.any_rewards_atol(model.params, model.config, 64)  # a prompt and one token: under 64 keys
     assert abs(recorded[0] - mean) <= atol and abs(recorded[1] - sd) <= 1.04 * atol  # SD: atol·sqrt(16/15)
+
+
+def test_texts_keep_their_edge_spaces(rm_folder, tmp_path):
+    """absl's list flag strips each item: `--texts=" Love",Hate` scored 'Love', a different conversation, under
+    the name the user typed nowhere (the CSV said 'Love'). Each item is now kept as typed, said on stderr, and a
+    quoted item keeps its comma. Reference: one full forward of the chat template's rendering of ' Love'."""
+    from rmjax.loading import load
+    from rmjax.runs.results import read_scores_csv
+
+    out = tmp_path / "t.csv"
+    run = cli.ok(cli.run("score", f"--model={rm_folder}", "--prompts=greatest", '--texts=" Love","a, b"',
+                         "--z_sample=0", f"--out={out}"))
+    assert "1 response with a space at an end" in run.stderr and "' Love'" in run.stderr
+    table = read_scores_csv(out)
+    assert list(table["text"]) == [" Love", "a, b"]
+    model = load(str(rm_folder))
+    rendered = model.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT},
+                                                    {"role": "assistant", "content": " Love"}], tokenize=False)
+    spaced = model.tokenizer(rendered, add_special_tokens=False).input_ids
+    stripped = model.tokenizer(rendered.replace(" Love", "Love"), add_special_tokens=False).input_ids
+    assert spaced != stripped  # the space is part of what the model reads
+    atol = tolerance.any_rewards_atol(model.params, model.config, len(spaced) + 8)
+    assert abs(float(table["greatest"][0]) - _full_reward(model, spaced)) <= atol
