@@ -250,6 +250,10 @@ BAD_OTHER_VALUES = [
     ("gcg--search_width=0", lambda m, d: _gcg(m, d / "g.json", search_width=0), ["--search_width=0"]),  # used to run
     ("gcg--topk=0", lambda m, d: _gcg(m, d / "g.json", topk=0), ["--topk=0"]),
     ("gcg--num_tokens=2", lambda m, d: _gcg(m, d / "g.json", num_tokens=2, n_replace=3), ["--n_replace"]),
+    # an --init that is not --num_tokens tokens of a real conversation: refused after the weights had loaded
+    ("gcg--init=a", lambda m, d: _gcg(m, d / "g.json", num_tokens=3, init=("a",)), ["--init 'a'", "--num_tokens=3"]),
+    ("gcg--init=a b c d", lambda m, d: _gcg(m, d / "g.json", num_tokens=2, init=("a b c d",)),  # was cut to 2 tokens
+     ["--init 'a b c d'", "--num_tokens=2"]),
     ("gcg--out={dir}/file.txt/g.json", lambda m, d: _gcg(m, d / "file.txt" / "g.json"),  # used to fail after the
      ["cannot write"]),  # whole search
     ("train_rm--steps=0", lambda m, d: inproc.train_config(steps=0), ["--steps=0"]),  # with --elo={dir}/e.csv
@@ -311,3 +315,24 @@ def test_truncated_and_corrupt_files_are_named(rm_folder, tmp_path, monkeypatch,
     inproc.refused(lambda: run_logprobs(LogprobsSpec(inproc.options(gguf, tmp_path / "l.csv"), inproc.prompts())),
                    str(gguf), "truncated")
     assert "loaded" not in capfd.readouterr().err
+
+
+def test_a_refused_claim_leaves_no_folder_it_made(lm_folder, tmp_path, monkeypatch):
+    """The write check made each output's folder as it went: train_rm with a good new --workdir and an --export
+    that is a file was refused, and left the empty workdir behind (and a nested score --out its folders)."""
+    pairs, heldout = tmp_path / "pairs.csv", tmp_path / "heldout.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    (tmp_path / "a_file").write_text("x")
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: inproc.train_rm(lm_folder, pairs=pairs, heldout_pairs=heldout, steps=2, batch_size=2,
+                                           workdir=tmp_path / "new" / "work", export=tmp_path / "a_file"),
+                   "is a file")
+    assert not (tmp_path / "new").exists()
+    from rmjax.runs.claims import Output, claim_all
+
+    (tmp_path / "taken.csv").write_text("a foreign result\n")
+    with pytest.raises(Exception, match="taken.csv"):
+        with claim_all([Output(tmp_path / "x" / "y" / "r.csv", {"k": 1}), Output(tmp_path / "taken.csv", {"k": 1})]):
+            pass
+    assert not (tmp_path / "x").exists()

@@ -387,14 +387,34 @@ def claim_all(outputs: Sequence[Output]) -> Iterator[list[Claim]]:
     read-only decisions, all of them (a refusal of any output stops the run before anything is deleted); then
     process 0 (which holds the locks) removes what --overwrite replaces."""
     check_distinct(outputs)
-    with contextlib.ExitStack() as held:
-        decisions = [_lock_and_decide(output, held) for output in outputs]
-        barrier("rmjax-claim")  # every process decided before anything is removed
-        if is_main():
-            for decision in decisions:
-                if decision.remove or decision.clear:
-                    remove(decision.remove, decision.clear)
-        yield decisions
+    missing = _missing_folders(outputs)
+    claimed = False
+    try:
+        with contextlib.ExitStack() as held:
+            decisions = [_lock_and_decide(output, held) for output in outputs]
+            barrier("rmjax-claim")  # every process decided before anything is removed
+            if is_main():
+                for decision in decisions:
+                    if decision.remove or decision.clear:
+                        remove(decision.remove, decision.clear)
+            claimed = True
+            yield decisions
+    except BaseException:
+        if not claimed:  # a refused claim leaves no folder it made (the write check and the locks make them)
+            for folder in sorted(missing, key=lambda f: len(f.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only an empty one
+        raise
+
+
+def _missing_folders(outputs: Sequence[Output]) -> list[Path]:
+    """The folders the claim of `outputs` would create (each output's folder, or its file's): absent now."""
+    missing = []
+    for output in outputs:
+        path = Path(os.path.abspath(real_path(output.out)))
+        folder = path if output.folder is not None else path.parent
+        missing += [f for f in (folder, *folder.parents) if not f.exists()]
+    return list(dict.fromkeys(missing))
 
 
 @contextlib.contextmanager

@@ -278,7 +278,7 @@ def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideS
         lm, target.prefix if lm is rm else chat.split_chat(lm.tokenizer, text, o.template).prefix)
     gcg_cfg = spec.search.gcg(allow_non_ascii=cfg.allow_non_ascii, allow_special=cfg.allow_special,
                              template=o.template)
-    banned = banned_tokens(rm, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
+    banned = banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, o.template), target.prefix, target.suffix)
     plain = chat.split_chat(rm.tokenizer, text, o.template).template == "plain"
     ready = Ready(text, side_a, side_b, target, prior, banned, [check], end, plain)

@@ -315,7 +315,7 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
     prior = Prior.of(lm, target.prefix if lm is rm else split.prefix)
     gcg_cfg = spec.search.gcg(allow_non_ascii=spec.config.allow_non_ascii, allow_special=spec.config.allow_special,
                              template=template)
-    banned = banned_tokens(rm, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
+    banned = banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, template), target.prefix, target.suffix)
     return _Prompt(target, prior, banned, [check] if spec.config.retokenize_filter else [],
                    _reward_scale(rm, target, spec, name, check))

@@ -306,12 +306,12 @@ def _begin(targets: list[Target], cfg: GCGConfig, log: Callable[[str], None] | N
     for t in targets:  # past the context every reward is meaningless
         check_context(cfg, t.prompt, len(t.prefix), len(t.suffix), t.model.config.max_position_embeddings)
     vocab = min(t.model.config.vocab_size for t in targets)
-    banned = banned_tokens(lead, vocab, cfg)
+    banned = banned_tokens(lead.tokenizer, vocab, cfg)
     banned_on_device = jnp.asarray(banned)
     embed = nn.get(lead.params, "embed.embedding")[:vocab].astype(jnp.float32) if cfg.embed_reg > 0 else None
     key = jax.random.key(cfg.seed)
     checks = _retokenization_checks(targets, cfg)
-    inits = start_sequences(lead, cfg, banned, checks)
+    inits = start_sequences(lead.tokenizer, cfg, banned, checks)
     # Candidates' tails run packed about two to a row (prefix.score_variants): search_width / 2 rows per call.
     eval_batch = min(cfg.eval_batch_size, max(1, cfg.search_width // 2))
     search = _Search(targets, cfg, log, sign=sign, start=start, vocab=vocab, allowed=int((~banned).sum()),

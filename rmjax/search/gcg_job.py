@@ -28,7 +28,7 @@ from rmjax.search.completion import (
 )
 from rmjax.search.gcg import GCGResult, Target, gcg, make_target
 from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan
-from rmjax.search.gcg_start import init_from_rows, read_init_from
+from rmjax.search.gcg_start import check_starts, init_from_rows, read_init_from
 from rmjax.text.candidates import read_vocab_file, single_token_ids
 
 MAX_NEW = 32  # the completion check's greedy tokens at most
@@ -117,6 +117,7 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
                 init_from_rows(cfg, config.vocab_size)
                 read_init_from(cfg, fps)  # a beam of another tokenizer: after its ids are named if out of range
             plan_search(cfg, spec.prompts, o.dtype, config, tokenizer, mesh)
+            check_starts(cfg, tokenizer, config.vocab_size, spec.prompts.values())  # --init that cannot survive
 
         models = [load_for_job(o, s, before_weights) for s in specs]
         lm = load_for_job(dataclasses.replace(o, output_column=0), spec.lm) if spec.lm else None

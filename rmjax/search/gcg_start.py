@@ -10,19 +10,19 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import UsageError
-from rmjax.model import Model
 from rmjax.runs import results, stages
 from rmjax.search.gcg_config import GCGConfig
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids, survives
 from rmjax.text.candidates import read_vocab_file, words_to_ids
+from rmjax.text.chat import Conversations, split_chat
 
 
-def banned_tokens(model: Model, vocab: int, cfg: GCGConfig) -> np.ndarray:
+def banned_tokens(tokenizer, vocab: int, cfg: GCGConfig) -> np.ndarray:
     """Boolean [V]: the tokens no response may hold: special/control, non-ASCII (unless allowed), past the
     tokenizer, and outside the candidate set (--vocab_file / --token_ids). A set that leaves none is refused."""
-    banned = disallowed_ids(model.tokenizer, vocab, cfg.allow_special, cfg.allow_non_ascii)
+    banned = disallowed_ids(tokenizer, vocab, cfg.allow_special, cfg.allow_non_ascii)
     if cfg.vocab_file:
-        banned |= ~_only(model, cfg.vocab_file, vocab)
+        banned |= ~_only(tokenizer, cfg.vocab_file, vocab)
     if cfg.token_ids:
         banned |= ~_only_ids(cfg.token_ids, vocab)
     if banned.all():
@@ -32,27 +32,28 @@ def banned_tokens(model: Model, vocab: int, cfg: GCGConfig) -> np.ndarray:
     return banned
 
 
-def start_sequences(model: Model, cfg: GCGConfig, banned: np.ndarray,
+def start_sequences(tokenizer, cfg: GCGConfig, banned: np.ndarray,
                     checks: list[RetokenizationCheck]) -> list[list[int]]:
     """The sequences the buffer starts from: --init_from's best (see `_seeds`), then each --init response not
     among them; with neither, the default start (see `_init_ids`)."""
     rng = np.random.default_rng(cfg.seed)
     seeds = _seeds(cfg, checks, banned) if cfg.init_from else []
     texts = cfg.init or (() if seeds else ("",))
-    return seeds + [ids for ids in (_init_ids(model, text, cfg, banned, rng, checks) for text in texts)
+    return seeds + [ids for ids in (_init_ids(tokenizer, text, cfg, banned, rng, checks) for text in texts)
                     if ids not in seeds]
 
 
-def _init_ids(model: Model, text: str, cfg: GCGConfig, banned: np.ndarray, rng,
+def _init_ids(tokenizer, text: str, cfg: GCGConfig, banned: np.ndarray, rng,
               checks: list[RetokenizationCheck]) -> list[int]:
     """The starting response: `text` (--init), or by default "x x x ..." (with and without a leading space:
     templates that trim the response make the spaced form impossible). A start that no real conversation
     produces could be reported as the best response, so it must pass the same re-tokenization filter."""
-    if model.tokenizer is None:
+    if tokenizer is None:
         return [int(i) for i in rng.choice(np.flatnonzero(~banned), cfg.num_tokens)]
     tries = [text] if text else [" x" * cfg.num_tokens, "x" + " x" * (cfg.num_tokens - 1)]
     for attempt in tries:
-        ids = model.tokenizer(attempt, add_special_tokens=False).input_ids[: cfg.num_tokens]
+        ids = tokenizer(attempt, add_special_tokens=False).input_ids
+        ids = ids if text else ids[: cfg.num_tokens]  # an --init longer than --num_tokens is refused, not cut
         allowed = bool(text) or not banned[ids].any()  # the default start keeps to the candidate set too
         if len(ids) == cfg.num_tokens and allowed and all(survives(check, ids) for check in checks):
             return ids
@@ -66,9 +67,9 @@ def _init_ids(model: Model, text: str, cfg: GCGConfig, banned: np.ndarray, rng,
                      f"--num_tokens={cfg.num_tokens} tokens that survives the template, or --noretokenize_filter.")
 
 
-def _only(model: Model, path: str, vocab: int) -> np.ndarray:
+def _only(tokenizer, path: str, vocab: int) -> np.ndarray:
     """Boolean [V]: the single tokens of --vocab_file."""
-    ids, _ = words_to_ids(model.tokenizer, read_vocab_file(path))
+    ids, _ = words_to_ids(tokenizer, read_vocab_file(path))
     if not len(ids):
         raise UsageError(f"--vocab_file={path}: none of its lines is a single token of this tokenizer.")
     allowed = np.zeros(vocab, bool)
@@ -84,6 +85,17 @@ def _only_ids(ids: tuple[int, ...], vocab: int) -> np.ndarray:
     allowed = np.zeros(vocab, bool)
     allowed[list(ids)] = True
     return allowed
+
+
+def check_starts(cfg: GCGConfig, tokenizer, vocab_size: int, prompts) -> None:
+    """The start sequences (--init_from's, --init, or the default), from the tokenizer alone: a start that does not
+    survive the template stops the job before the weights load, not after."""
+    if tokenizer is None:
+        return
+    checks = [RetokenizationCheck(Conversations(tokenizer, prompt, cfg.template), split.prefix, split.suffix)
+              for prompt in prompts
+              for split in [split_chat(tokenizer, prompt, cfg.template)]] if cfg.retokenize_filter else []
+    start_sequences(tokenizer, cfg, banned_tokens(tokenizer, vocab_size, cfg), checks)
 
 
 def init_from_rows(cfg: GCGConfig, vocab_size: int | None = None):
