@@ -68,6 +68,11 @@ def main(argv):
         common.refuse_given("train_rm --pairs", ("n_train", "n_heldout", "soft"), "trains on the pairs given "
                             "(--n_train, --n_heldout and --soft build pairs from --elo)")
     cfg = TRAIN_CONFIG(template=common.TEMPLATE.value)
+    if cfg.warmup_steps >= cfg.steps:  # the schedule stretched to fit: the peak learning rate was never reached
+        given = "" if cfg_flags["warmup_steps"].present else ", the default"
+        raise UsageError(f"--steps={cfg.steps} ends before the warmup does (--warmup_steps={cfg.warmup_steps}{given}): "
+                         f"the learning rate would never reach --learning_rate; give --warmup_steps below --steps "
+                         f"(e.g. --warmup_steps={max(cfg.steps // 10, 0)}).")
     result = train_from_data(common.MODEL.value, cfg, pairs=PAIRS.value, elo=ELO.value,
                              heldout_pairs=HELDOUT_PAIRS.value, n_train=N_TRAIN.value, n_heldout=N_HELDOUT.value,
                              soft=SOFT.value, workdir=WORKDIR.value, export=EXPORT.value, head_out=HEAD_OUT.value,

@@ -224,7 +224,8 @@ def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tm
     heldout = tmp_path / "heldout.csv"
     heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
     cli.user_error(cli.run("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={heldout}",
-                           "--steps=2", "--batch_size=2", f"--workdir={tmp_path / 'work'}", f"--head_out={pairs}",
+                           "--steps=2", "--warmup_steps=1", "--batch_size=2", f"--workdir={tmp_path / 'work'}",
+                           f"--head_out={pairs}",
                            "--overwrite"),
                    "which this run reads (--pairs=")
     assert pairs.read_text().startswith("prompt,chosen,rejected\nQ0,Love,Hate")

@@ -181,9 +181,14 @@ BAD_OTHER_FLAGS = [
     ("train_rm", ["--last_k=3", "--elo=builtin"], ["--last_k applies to --trainable=last_k"]),  # recorded as used
     ("train_rm", ["--remat", "--elo=builtin"], ["--trainable=head trains none"]),  # recorded as used
     ("train_rm", ["--fsdp", "--elo=builtin", "--trainable=full"], ["--fsdp", "data axis"]),  # recorded as used
+    # the schedule was stretched to fit: the learning rate never reached its peak, exit 0
+    ("train_rm", ["--steps=50", "--elo=builtin"], ["--steps=50 ends before the warmup",
+                                                   "--warmup_steps=100, the default"]),
+    ("train_rm", ["--warmup_steps=8", "--steps=8", "--elo=builtin"], ["--warmup_steps=8)", "--warmup_steps=0"]),
     ("beam", ["--exhaustive", "--beam=1", "--token_ids=300,301", "--out={dir}/b.csv"], ["--beam: beam --exhaustive"]),
     ("sweep", ["--text_add_special_tokens", "--out={dir}/t.csv"], ["--text_add_special_tokens", "--mode=text"]),
     ("score", ["--overwrite", "--texts=a"], ["--overwrite: score without --out"]),
+    ("gcg", ["--selection=greedy", "--seed=3", "--out={dir}/g.json"], ["--seed: gcg --selection=greedy"]),
     ("train_rm", ["--pairs={dir}/p.csv", "--elo={dir}/e.csv"], ["exactly one of --pairs", "--elo"]),
     ("logprobs", ["--top=-1"], ["--top=-1"]),
 ]

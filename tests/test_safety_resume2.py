@@ -115,7 +115,8 @@ def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path
     def flags(run: str, *mesh: str) -> list[str]:
         return [f"--model={lm_folder}", f"--pairs={tmp_path / 'train.csv'}",
                 f"--heldout_pairs={tmp_path / 'heldout.csv'}", "--trainable=last_k", "--last_k=1", f"--steps={steps}",
-                "--checkpoint_every=2", f"--batch_size={batch}", f"--learning_rate={learning_rate}", *mesh,
+                "--warmup_steps=1", "--checkpoint_every=2", f"--batch_size={batch}", f"--learning_rate={learning_rate}",
+                *mesh,
                 f"--workdir={tmp_path / run}", f"--export={tmp_path / (run + '-hf')}"]
 
     mesh = f"--mesh=data:{mesh_axes[0]},model:{mesh_axes[1]}"
@@ -123,7 +124,7 @@ def test_train_rm_trains_and_resumes_on_the_mesh_it_is_given(lm_folder, tmp_path
     # The one-device reference: `train_rm` with the same flags and no --mesh, in-process (tests/inproc.py).
     inproc.train_rm(lm_folder, pairs=tmp_path / "train.csv", heldout_pairs=tmp_path / "heldout.csv",
                     workdir=tmp_path / "one", export=tmp_path / "one-hf", trainable="last_k", last_k=1, steps=steps,
-                    checkpoint_every=2, batch_size=batch, learning_rate=learning_rate)
+                    checkpoint_every=2, batch_size=batch, learning_rate=learning_rate, warmup_steps=1)
     assert json.loads((tmp_path / "many" / "summary.json").read_text())["mesh"] == dict(zip(("data", "model"),
                                                                                              mesh_axes, strict=True))
     assert json.loads((tmp_path / "one" / "summary.json").read_text())["mesh"] is None

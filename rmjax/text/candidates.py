@@ -54,6 +54,9 @@ def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) ->
     """How many candidates `candidate_ids` will give, from the config and tokenizer alone (before the weights)."""
     vocab = min(cfg.vocab_size, len(tokenizer)) if tokenizer is not None else cfg.vocab_size
     n = len(token_ids) if token_ids is not None else vocab
+    if limit is not None and limit >= n:  # recorded in the identity as if it had kept fewer
+        raise UsageError(f"--limit={limit} keeps all {n:,} candidates, so it changes nothing; leave it out, or give "
+                         f"a --limit below {n:,}.")
     return min(n, limit) if limit is not None else n
 
 
