@@ -115,12 +115,11 @@ def run_export(options: RunOptions) -> Path:
         model = load_for_job(options)
         save_hf_folder(model, out)
         if is_main():
-            files = sorted(p for p in out.rglob("*") if p.is_file())
             results.dump_json({
                 "kind": "export", "identity": identity, "model": model.source, "dtype": model.dtype,
                 "mesh": dict(model.mesh.shape) if model.mesh is not None else None,
                 "written_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.perf_counter() - start,
                 "recipe": training_recipe(options.model),
-                "files": {str(p.relative_to(out)): results.file_record(p) for p in files},
+                "files": results.folder_record(out),
                 "environment": results.environment()}, record_path)
     return out

@@ -191,9 +191,9 @@ def _present(path: Path) -> bool:
     return path.is_file() or (path.is_dir() and any(path.iterdir()))
 
 
-def _refuse(flag: str, out: Path, why: str) -> OutputExistsError:
-    return OutputExistsError(f"{flag}={out} already exists and {why}. Pass --overwrite to replace it, or choose "
-                             "another output.")
+def _refuse(flag: str, out: Path, why: str, fix: str | None = None) -> OutputExistsError:
+    return OutputExistsError(f"{flag}={out} already exists and {why}. "
+                             f"{fix or 'Pass --overwrite to replace it, or choose another output.'}")
 
 
 def _unrecorded(meta: Path, owned: Sequence[Path]) -> list[Path]:
@@ -226,8 +226,9 @@ def _refuse_links(out: Path, patterns: Sequence[str], beside: Sequence[Path], fl
 
 
 def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[Path], store: Path | None,
-            flag: str, folder: Sequence[str] | None, beside: Sequence[Path]) -> Claim:
-    """Read-only: what to do with `out` (raises when it may not be written)."""
+            flag: str, folder: Sequence[str] | None, beside: Sequence[Path], fix: str | None = None) -> Claim:
+    """Read-only: what to do with `out` (raises when it may not be written); `fix`: what a refusal advises, where
+    --overwrite would replace more than this output (Output.fix)."""
     if folder is not None:
         _refuse_links(out, folder, beside, flag)
     # a folder holding only the run's other outputs (`beside`: an export inside a workdir) is an empty one
@@ -237,17 +238,25 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     outlived = False
     if stored == identity and present:
         if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
-            if folder is None:  # a file result is reused only when it is byte for byte what was written
-                problem = results.damage(out, results.read_json(meta) or {})
-                if problem is not None:
-                    raise OutputExistsError(f"{flag}={out} holds a result of these inputs that does not match its "
-                                            f"{meta.name}: {problem}. Pass --overwrite to recompute it.")
+            # reused only when byte for byte what was written; a folder too where its record lists its files (an
+            # export cut short or edited; not a training workdir, whose run.json records only the run it holds)
+            recorded = results.read_json(meta) or {}
+            problem = results.damage(out, recorded, meta) if folder is not None and "files" in recorded else \
+                None if folder is not None else results.damage(out, recorded)
+            if problem is not None:
+                raise OutputExistsError(f"{flag}={out} holds a result of these inputs that does not match its "
+                                        f"{meta.name}: {problem}. {fix or 'Pass --overwrite to recompute it.'}")
+            if folder is None and is_main():
+                for name in results.missing_figures(out, recorded):
+                    print(f"note: {name}, a figure of {out}, was deleted; the result itself is whole and is reused.",
+                          file=sys.stderr)
             leftover = store if store is not None and store.is_dir() else None
             return Claim(out, identity, reuse=True, clear=leftover)
     elif stored == identity:  # its .meta.json outlived the result: recompute it (that .meta.json and the
         stored, outlived = None, True  # companions it records as written are this run's, replaced)
-    elif folder is not None and present and stored is None:
-        # A folder is only ever replaced when an rmjax run of this kind made it (never a user's tree).
+    elif folder is not None and present and stored is None and store_files(out, folder, beside)[1]:
+        # A folder is only ever replaced when an rmjax run of this kind made it (never a user's tree); one holding
+        # only what its job writes, without the record written last, is that job's unfinished folder (below).
         raise OutputExistsError(f"{flag}={out} holds files that no rmjax run of this kind wrote (no {meta.name}); "
                                 "choose an empty or new folder.")
     unrecorded = _unrecorded(meta, owned)
@@ -274,9 +283,10 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             raise ResumeMismatchError(mismatch_message(f"saved progress {store}", progress, identity, flag))
     if existing and not overwrite and not outlived:
         if stored is None:
-            raise _refuse(flag, out, "is not a finished rmjax result (no .meta.json with its inputs)")
+            raise _refuse(flag, out, f"is not a finished rmjax result (no {meta.name} with its inputs: a run that "
+                          "stopped before its end, or another program's file)", fix)
         changed = ", ".join(changed_keys(stored, identity))
-        raise _refuse(flag, out, f"holds the result of a run with different {changed}")
+        raise _refuse(flag, out, f"holds the result of a run with different {changed}", fix)
     if folder is not None and out in existing:  # an rmjax folder: --overwrite deletes what its job wrote, only
         own, foreign = store_files(out, folder, beside)
         if foreign:
@@ -318,6 +328,7 @@ class Output:
     folder: Sequence[str] | None = None
     beside: Sequence[str | Path] = ()
     inputs: Mapping[str, str | Path | None] = dataclasses.field(default_factory=dict)  # flag -> a file the run reads
+    fix: str | None = None  # a refusal's advice where --overwrite would replace the run's other outputs too
 
 
 def _lock_and_decide(output: Output, held: contextlib.ExitStack) -> Claim:
@@ -333,7 +344,7 @@ def _lock_and_decide(output: Output, held: contextlib.ExitStack) -> Claim:
             held.enter_context(locks.hold(path, what=f"{flag}={out}"))
     beside = [path for p in output.beside for path in (Path(p), locks.lock_path(p))]
     return _decide(out, meta, identity, output.overwrite, owned,
-                   Path(output.store) if output.store is not None else None, flag, output.folder, beside)
+                   Path(output.store) if output.store is not None else None, flag, output.folder, beside, output.fix)
 
 
 def _named_files(output: Output) -> list[Path]:

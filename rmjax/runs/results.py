@@ -18,7 +18,7 @@ import platform
 import stat
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -305,18 +305,21 @@ def file_record(path: str | Path) -> dict:
     return record
 
 
-def damage(result: Path, meta: dict) -> str | None:
+def damage(result: Path, meta: dict, record: Path | None = None) -> str | None:
     """What is wrong with `result` and the other files its .meta.json records (None when every one is as it
-    was written)."""
-    meta_file = meta_path(result)
+    was written). `record`: a folder result's record inside it (its files named relative to the folder). A
+    deleted figure is no damage: the tables it draws are whole (`missing_figures`)."""
+    meta_file = record if record is not None else meta_path(result)
     files = meta.get("files")
     if not isinstance(files, dict) or not files:
         return f"{meta_file.name} records no digest of its files (an older rmjax wrote it)"
-    if result.name not in files:
+    if record is None and result.name not in files:
         return f"{meta_file.name} records {', '.join(files)}, not {result.name} (it was copied or renamed)"
     for name, want in files.items():
         path = meta_file.parent / name
         if not path.is_file():
+            if _is_figure(name) and not (path.exists() or path.is_symlink()):
+                continue
             return f"{name} is missing"
         size = path.stat().st_size
         if not isinstance(want, dict) or size != want.get("bytes"):
@@ -325,6 +328,29 @@ def damage(result: Path, meta: dict) -> str | None:
         if file_record(path)["sha256"] != want.get("sha256"):
             return f"{name} changed after it was written (its sha256 differs)"
     return None
+
+
+def _is_figure(name: str) -> bool:
+    return name.lower().endswith((".png", ".pdf", ".svg"))
+
+
+def missing_figures(result: Path, meta: dict) -> list[str]:
+    """The figures `result`'s .meta.json records that were deleted since (its tables whole): a rerun reuses the
+    result and says so, instead of refusing it as damaged (recomputing a whole vocabulary to redraw a picture)."""
+    files = meta.get("files") if isinstance(meta, dict) else None
+    folder = meta_path(result).parent
+    return [name for name in (files if isinstance(files, dict) else {}) if _is_figure(name)
+            and not ((folder / name).exists() or (folder / name).is_symlink())]
+
+
+def folder_record(folder: Path, beside: Sequence[Path] = ()) -> dict:
+    """Size and sha256 of every file in `folder` (a folder result: an export), by path inside it; what `beside`
+    names (another output claimed on its own) left out."""
+    others = [Path(os.path.realpath(p)) for p in beside]
+    files = sorted(p for p in folder.rglob("*") if p.is_file()
+                   and not any(Path(os.path.realpath(p)) == o or o in Path(os.path.realpath(p)).parents
+                               for o in others))
+    return {str(p.relative_to(folder)): file_record(p) for p in files}
 
 
 def read_meta(path: str | Path) -> dict | None:

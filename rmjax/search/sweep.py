@@ -204,8 +204,8 @@ def reused_figure(csv: Path, png: Path) -> Path:
     """The figure of a reused sweep: the one its .meta.json records (proven unchanged by the claim, which checks
     every recorded file), else drawn now and recorded; a file at `png` that the result does not record is not
     its figure, and is refused rather than reported or overwritten."""
-    if results.recorded(csv, png):
-        return png
+    if results.recorded(csv, png) and png.is_file() and not png.is_symlink():
+        return png  # a recorded figure deleted since is drawn again
     if png.exists() or png.is_symlink():
         raise OutputExistsError(f"{png} is not the figure of {csv} (its {results.meta_path(csv).name} does not record "
                                 "it): move it away to draw the figure there, or pass --overwrite to recompute both.")

@@ -151,11 +151,16 @@ def run_training(
     export, head_out = (Path(p) if p else None for p in (export, head_out))
     head_files = [head_out, head_out.with_suffix(".json")] if head_out else []
     outputs = [workdir_output(workdir, identity, overwrite, beside=[*([export] if export else []), *head_files])]
+    def fix(path: Path) -> str:  # --overwrite would train again: the finished workdir is reused without it
+        return (f"Delete {path} and rerun: the training in {workdir} is reused (--overwrite would delete it and "
+                "train again).")
+
     if export:
         outputs.append(Output(export, identity, overwrite=overwrite, meta=export / SUMMARY_FILE, folder=EXPORT_FILES,
-                              flag="--export", beside=tuple(head_files)))
+                              flag="--export", beside=tuple(head_files), fix=fix(export)))
     if head_out:
-        outputs.append(Output(head_out, identity, overwrite=overwrite, meta=head_files[1], flag="--head_out"))
+        outputs.append(Output(head_out, identity, overwrite=overwrite, meta=head_files[1], flag="--head_out",
+                              fix=fix(head_out)))
     outputs = [dataclasses.replace(output, inputs=dict(inputs or {})) for output in outputs]
     with claim_all(outputs) as (work, *others):  # every output decided (or refused) before --overwrite deletes any
         start_workdir(workdir, identity, work)
@@ -191,7 +196,8 @@ def run_training(
         if is_main():  # every process trained; one writes
             now = time.strftime("%Y-%m-%d %H:%M:%S")
             if export and fresh[export]:
-                dump_json({**summary, "written_at": now}, export / SUMMARY_FILE)
+                dump_json({**summary, "written_at": now, "files": results.folder_record(export, head_files)},
+                          export / SUMMARY_FILE)  # a rerun reuses the folder only when every file is as written
             if head_out and fresh[head_out]:
                 head_out.parent.mkdir(parents=True, exist_ok=True)
                 save_file({"score.weight": head.T.copy()}, head_out)

@@ -1,0 +1,103 @@
+"""What a rerun reuses is whole, and what it cannot reuse it says how to recover without losing finished work.
+
+Each test failed on the code before its fix: an export folder cut short or missing a file was "reused" with exit 0
+(its record's digests were never read), a killed export could be neither reused nor replaced ("no rmjax run of this
+kind wrote" files it wrote), train_rm's refusal of a half-written head advised --overwrite (which retrains), and a
+sweep whose figure was deleted could not be reused or read by a later job (recomputing a vocabulary to redraw a
+picture)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rmjax.errors import OutputExistsError
+from rmjax.loading.export import EXPORT_RECORD, run_export
+from rmjax.runs import results
+from rmjax.search.sweep import SweepSpec, plot_path, run_sweep
+from tests import inproc
+
+
+def test_a_damaged_export_is_not_reused(rm_folder, tmp_path, monkeypatch):
+    """`export --out=X` rerun after X/model.safetensors was cut to half, or X/tokenizer.json deleted."""
+    out = tmp_path / "x"
+    run_export(inproc.options(rm_folder, out))
+    weights = out / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_export(inproc.options(rm_folder, out)), "model.safetensors has", "cut short")
+    weights.write_bytes(whole)
+    tokenizer = (out / "tokenizer.json").read_bytes()
+    (out / "tokenizer.json").unlink()
+    inproc.refused(lambda: run_export(inproc.options(rm_folder, out)), "tokenizer.json is missing")
+    (out / "tokenizer.json").write_bytes(tokenizer)
+    assert run_export(inproc.options(rm_folder, out)) == out  # whole again: reused, nothing loaded
+
+
+def test_an_export_killed_before_its_record_is_replaced_with_overwrite(rm_folder, tmp_path):
+    """Killed after the weights, before rmjax_export.json (written last): both a rerun and --overwrite said the
+    folder held files "no rmjax run of this kind wrote". A rerun now names the missing record; --overwrite
+    replaces the folder; a file of the user's in it still stops both."""
+    out = tmp_path / "x"
+    run_export(inproc.options(rm_folder, out))
+    (out / EXPORT_RECORD).unlink()
+    inproc.refused(lambda: run_export(inproc.options(rm_folder, out)), "not a finished rmjax result",
+                   f"no {EXPORT_RECORD}", "--overwrite")
+    run_export(inproc.options(rm_folder, out, overwrite=True))
+    assert json.loads((out / EXPORT_RECORD).read_text())["files"]["model.safetensors"]
+    (out / EXPORT_RECORD).unlink()
+    (out / "notes.txt").write_text("mine")
+    for overwrite in (False, True):
+        inproc.refused(lambda overwrite=overwrite: run_export(inproc.options(rm_folder, out, overwrite=overwrite)),
+                       "no rmjax run of this kind wrote")
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_train_rm_advises_deleting_a_half_written_head_not_retraining(lm_folder, tmp_path):
+    """A run killed between head.safetensors and head.json: the refusal advised --overwrite, which deletes the
+    finished workdir and trains again. It now names the file to delete; after that the rerun trains nothing. An
+    export is checked against the files its record lists."""
+    pairs, heldout = tmp_path / "pairs.csv", tmp_path / "heldout.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    head, work, export = tmp_path / "head.safetensors", tmp_path / "work", tmp_path / "hf"
+    settings = dict(pairs=pairs, heldout_pairs=heldout, workdir=work, steps=2, batch_size=2, warmup_steps=1)
+    inproc.train_rm(lm_folder, head_out=head, export=export, **settings)
+    recorded = json.loads((export / "rmjax_training.json").read_text())["files"]
+    assert sorted(recorded) == sorted(str(p.relative_to(export)) for p in export.rglob("*")
+                                      if p.is_file() and p.name != "rmjax_training.json")
+    head.with_suffix(".json").unlink()
+    inproc.refused(lambda: inproc.train_rm(lm_folder, head_out=head, export=export, **settings),
+                   f"Delete {head} and rerun", f"the training in {work} is reused", "no head.json")
+    head.unlink()
+    result = inproc.train_rm(lm_folder, head_out=head, export=export, **settings)
+    assert result.reused and head.with_suffix(".json").is_file()  # the head rewritten from the last checkpoint
+    (export / "config.json").write_text("{}")
+    inproc.refused(lambda: inproc.train_rm(lm_folder, head_out=head, export=export, **settings),
+                   "config.json has", f"Delete {export} and rerun")
+
+
+def test_a_sweep_whose_figure_was_deleted_is_reused_and_read(rm_folder, tmp_path, capfd):
+    """`sweep --plot`, the PNG deleted: the rerun and `beam --from_sweep` both refused the whole CSV as damaged."""
+    out = tmp_path / "s.csv"
+
+    def spec(**settings):
+        return SweepSpec(inproc.options(rm_folder, out, **settings), inproc.prompts(), limit=8, batch_size=8,
+                         plot=True)
+
+    run_sweep(spec())
+    plot_path(out).unlink()
+    capfd.readouterr()
+    run_sweep(spec())  # reused, the figure drawn again and recorded
+    assert "was deleted; the result itself is whole and is reused" in capfd.readouterr().err
+    assert json.loads(results.meta_path(out).read_text())["files"][plot_path(out).name] == \
+        results.file_record(plot_path(out))
+    plot_path(out).unlink()
+    from rmjax.runs import stages
+
+    stages.read_input(out, ("sweep",), "--from_sweep")  # a later job reads the whole CSV
+    out.write_text(out.read_text().replace(",", ";", 1))
+    with pytest.raises(OutputExistsError, match="s.csv has|changed after"):
+        run_sweep(spec())
