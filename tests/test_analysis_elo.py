@@ -358,3 +358,22 @@ def test_a_rating_or_score_that_is_not_finite_is_refused(tmp_path):
     unscored.to_csv(path, index=False, na_rep="nan")
     loaded = {p.prompt: p for p in elo_lib.load_elo(tmp_path)}
     assert np.isnan(loaded[f"{GREATEST}?"].scores.loc[ITEMS[2]].iloc[0])
+
+
+def test_a_published_model_that_leaves_items_unscored_stays_out_of_the_median():
+    """Two models that rank six items exactly as humans do, one scoring only d, e, f: the median model rank was NaN
+    on a-c and 1.5 ranks from the humans' on d-f (a partial model ranks 1..3), and 'humans rank higher' was filled
+    with items humans rank lower. The median is over the models that score every item; each list keeps its sign."""
+    from rmjax.analysis.elo import EloPrompt, human_vs_median_model, ranks_table
+
+    names = list("abcdef")
+    items = pd.DataFrame({"elo_score": [6.0, 5, 4, 3, 2, 1]}, index=names)
+    scores = pd.DataFrame({"m1": [6.0, 5, 4, 3, 2, 1], "m2": [np.nan, np.nan, np.nan, 3, 2, 1]}, index=names)
+    ranks = ranks_table(EloPrompt("q?", "q", items, scores))
+    np.testing.assert_array_equal(ranks["median_model_rank"], stats.rankdata(-items["elo_score"]))
+    np.testing.assert_array_equal(ranks["median_model_rank_minus_human_rank"], 0)
+    assert human_vs_median_model(ranks).empty  # no item on either side
+    scores["m1"] = [6.0, 5, 4, 1, 3, 2]  # d two ranks lower by the model, e and f one higher
+    gaps = human_vs_median_model(ranks_table(EloPrompt("q?", "q", items, scores)))
+    higher, lower = (gaps[gaps.direction == d] for d in ("humans_rank_higher", "humans_rank_lower"))
+    assert list(higher.name) == ["d"] and list(lower.name) == ["e", "f"]

@@ -243,3 +243,18 @@ def test_z_scores_and_descending_ranks():
     x = np.array([3.0, 1.0, 3.0, 7.0])
     np.testing.assert_allclose(stats.z_scores(x), scipy_stats.zscore(x, ddof=0))
     np.testing.assert_array_equal(stats.descending_ranks(x), [2.5, 4.0, 2.5, 1.0])
+
+
+def test_theories_without_their_metadata_are_left_out():
+    """A model without reward_bench_rank made its theory matrix NaN: rho NaN and p 0.0 (|rho*| >= NaN is never
+    true) reached paper1_rsa.csv. Two models without base_model were the same base ('' == ''). A theory is now
+    built only from metadata every model has, and the test refuses a NaN matrix."""
+    meta = pd.DataFrame({"base_model": ["Llama", "", "Llama", ""], "developer": ["x", "x", "y", "z"],
+                         "parameters_b": [8.0, 27.0, 3.0, 1.0], "reward_bench_rank": [10.0, 2.0, np.nan, 4.0]},
+                        index=["m1", "m2", "m3", "m4"])
+    assert stats.unknown_metadata(meta) == {"same_base_model": ["m2", "m4"], "rewardbench_rank_similarity": ["m3"]}
+    assert sorted(stats.theoretical_similarities(meta)) == ["parameter_similarity", "same_developer"]
+    theory = np.where(np.eye(4) > 0, 1.0, 0.5)
+    theory[0, 1] = theory[1, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        stats.rsa_permutation_test(np.arange(16.0).reshape(4, 4), theory)

@@ -249,6 +249,12 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
     assert set(patch[patch.component == "residual"].layer) == set(range(n + 1))
     assert set(patch.clean) == {model.tokenizer.decode([best])}
     assert set(patch.donor) == {model.tokenizer.decode([worst])}
+    # in_response marked the template's end of turn after the response too (<|im_end|>, its newline)
+    tokens = pd.read_csv(out / "token_rewards.csv", keep_default_na=False)
+    for token in (best, worst):
+        rows = tokens[tokens.response == model.tokenizer.decode([token])]
+        assert rows[rows.in_response == 1].token_id.tolist() == [token]
+        assert rows.position.max() == len(split.ids_with([token])) - 1  # every position listed
     prompts, responses = cli.run_each(  # in one interpreter (tests.cli.run_each)
         ("inspect", f"--model={rm_folder}", "--prompts=greatest,worst", "--responses=a", f"--out={tmp_path / 'x'}"),
         ("inspect", f"--model={rm_folder}", f"--out={tmp_path / 'x'}"))

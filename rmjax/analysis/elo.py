@@ -109,8 +109,9 @@ def _covered(values: np.ndarray, fn) -> np.ndarray:
 
 def ranks_table(elo_prompt: EloPrompt) -> pd.DataFrame:
     """Per item: human Elo, z-score and rank, each model's score, z-score and rank (1 = best, ties
-    averaged), and the median rank over the published models only (humans excluded). A --scores model
-    is z-scored and ranked among the items it scores (NaN elsewhere) and is not part of the median."""
+    averaged), and the median rank over the published models only (humans excluded). A --scores model, or a
+    published one that leaves items unscored, is z-scored and ranked among the items it scores (NaN elsewhere) and
+    is not part of the median: its ranks run over fewer items, and the median of a NaN was NaN."""
     human = elo_prompt.items["elo_score"].to_numpy(np.float64)
     out = pd.DataFrame({"name": elo_prompt.items.index, "human_elo_score": human,
                         "human_z": stats.z_scores(human), "human_rank": stats.descending_ranks(human)})
@@ -118,7 +119,7 @@ def ranks_table(elo_prompt: EloPrompt) -> pd.DataFrame:
     for model in elo_prompt.models:
         values = elo_prompt.scores[model].to_numpy(np.float64)
         ranks = _covered(values, stats.descending_ranks)
-        if model not in elo_prompt.user_models:
+        if model not in elo_prompt.user_models and np.isfinite(values).all():
             model_ranks.append(ranks)
         out[f"{model}_score"] = values
         out[f"{model}_z"] = _covered(values, stats.z_scores)
@@ -206,8 +207,9 @@ def human_vs_median_model(ranks: pd.DataFrame, k: int = 20) -> pd.DataFrame:
     """The k items humans rank most above and most below the median model rank (median over the
     models only; humans are not part of the median)."""
     diff = ranks["median_model_rank_minus_human_rank"]
-    higher = ranks.loc[diff.sort_values(ascending=False, kind="mergesort").index[:k]]
-    lower = ranks.loc[diff.sort_values(ascending=True, kind="mergesort").index[:k]]
+    # each side only its own sign: with few positive differences, negative ones filled "humans rank higher"
+    higher = ranks.loc[diff[diff > 0].sort_values(ascending=False, kind="mergesort").index[:k]]
+    lower = ranks.loc[diff[diff < 0].sort_values(ascending=True, kind="mergesort").index[:k]]
     rows = []
     for direction, part in (("humans_rank_higher", higher), ("humans_rank_lower", lower)):
         for position, (_, row) in enumerate(part.iterrows(), start=1):

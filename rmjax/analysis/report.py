@@ -131,7 +131,11 @@ def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], promp
             rsa.insert(0, "prompt", prompt)
             rsa_rows.append(rsa)
     outputs.say("")
-    if rsa_rows:
+    if model_meta is not None and len(tables) >= 3:
+        for theory, models in stats.unknown_metadata(model_meta).items():
+            outputs.skip(f"RSA {theory}: --models_yaml gives no {stats.THEORY_FIELDS[theory]} for "
+                         f"{', '.join(models)}.")
+    if rsa_rows and any(len(r) for r in rsa_rows):
         rsa = outputs.table("paper1_rsa", pd.concat(rsa_rows, ignore_index=True))
         theory = stats.theoretical_similarities(model_meta)
         for name, matrix in theory.items():
@@ -170,7 +174,10 @@ def bigtwo_section(outputs: Outputs, tables: list[data.ScoreTable], lexicon: big
                 "once per normalized word (its best variant: max; the mean of its variants: mean):", "",
                 markdown(wide.reset_index()), "")
     model_meta = data.metadata_for([t.model for t in tables], metadata)
-    if model_meta is not None:
+    unknown = [] if model_meta is None else stats.unknown_metadata(model_meta).get("same_base_model", [])
+    if unknown:  # pooled as one family named ''
+        outputs.skip(f"Big Two per base-model family: --models_yaml gives no base_model for {', '.join(unknown)}.")
+    elif model_meta is not None:
         families = dict(zip(model_meta.index, model_meta["base_model"], strict=True))
         family = outputs.table(f"{name}_families",
                                bigtwo.bigtwo_family_comparison(tables, prompts, lexicon, families, collapse))
@@ -196,10 +203,17 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
         tau = outputs.matrix(f"elo_kendall_tau_{ep.slug}", elo_lib.tau_matrix(ep))
         outputs.figure(f"elo_kendall_tau_{ep.slug}", plots.heatmap, tau,
                        f"Kendall tau-b, humans + models:\n{ep.prompt}")
+        partial = [m for m in ep.models if m not in ep.user_models and not ep.scores[m].notna().all()]
+        if partial:  # ranked over fewer items: not comparable with the others' ranks
+            outputs.say(f"{ep.prompt!r}: {', '.join(partial)} leave{'s' * (len(partial) == 1)} items unscored and "
+                        "are left out of the median model rank.", "")
         gaps = outputs.table(f"elo_human_vs_median_model_{ep.slug}", elo_lib.human_vs_median_model(ranks, top_k))
-        outputs.figure(f"elo_human_vs_median_model_{ep.slug}", plots.diverging_bars, gaps, "name",
-                       "median_model_rank_minus_human_rank",
-                       f"Median model rank (over {median_of}) minus human rank:\n{ep.prompt}")
+        if len(gaps):
+            outputs.figure(f"elo_human_vs_median_model_{ep.slug}", plots.diverging_bars, gaps, "name",
+                           "median_model_rank_minus_human_rank",
+                           f"Median model rank (over {median_of}) minus human rank:\n{ep.prompt}")
+        else:
+            outputs.skip(f"elo_human_vs_median_model for {ep.prompt!r}: no published model scores every item.")
         stats_of = agreement[agreement.prompt == ep.prompt].set_index("model")
         columns = ["human_rank"] + [f"{m}_rank" for m in ep.models]
         labels = ["Human"] + [f"{m}\n(rho {stats_of.spearman_rho[m]:.2f}" + (

@@ -163,10 +163,28 @@ def upper_triangle(matrix: np.ndarray | pd.DataFrame) -> np.ndarray:
     return matrix[np.triu_indices(len(matrix), k=1)]
 
 
+# Each RSA theory matrix and the metadata column it is built from.
+THEORY_FIELDS = {"same_base_model": "base_model", "same_developer": "developer",
+                 "parameter_similarity": "parameters_b", "rewardbench_rank_similarity": "reward_bench_rank"}
+
+
+def unknown_metadata(metadata: pd.DataFrame) -> dict[str, list[str]]:
+    """Theory -> the models (rows of `metadata`) whose field it is built from is not given: '' or NaN. Two unknown
+    base models compared equal ('' == ''), and a NaN rank gave rho NaN with p 0."""
+    unknown = {}
+    for theory, field in THEORY_FIELDS.items():
+        values = metadata[field]
+        missing = values.isna() if pd.api.types.is_numeric_dtype(values) else \
+            values.isna() | (values.astype(str).str.strip() == "")
+        if missing.any():
+            unknown[theory] = [str(m) for m in metadata.index[missing.to_numpy()]]
+    return unknown
+
+
 def theoretical_similarities(metadata: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """The paper's four RSA model matrices, as similarities between models (rows of `metadata`):
     same base [base_i == base_j]; same developer; parameters (1+|p_i-p_j|)^-1 (billions);
-    RewardBench rank (1+|r_i-r_j|)^-1."""
+    RewardBench rank (1+|r_i-r_j|)^-1. Only those whose field every model has (`unknown_metadata`)."""
     labels = list(metadata.index)
 
     def frame(values: np.ndarray) -> pd.DataFrame:
@@ -176,12 +194,13 @@ def theoretical_similarities(metadata: pd.DataFrame) -> dict[str, pd.DataFrame]:
     developer = metadata["developer"].to_numpy()
     params = metadata["parameters_b"].to_numpy(np.float64)
     rank = metadata["reward_bench_rank"].to_numpy(np.float64)
-    return {
+    unknown = unknown_metadata(metadata)
+    return {name: matrix for name, matrix in {
         "same_base_model": frame(base[:, None] == base[None, :]),
         "same_developer": frame(developer[:, None] == developer[None, :]),
         "parameter_similarity": frame(1.0 / (1.0 + np.abs(params[:, None] - params[None, :]))),
         "rewardbench_rank_similarity": frame(1.0 / (1.0 + np.abs(rank[:, None] - rank[None, :]))),
-    }
+    }.items() if name not in unknown}
 
 
 def rsa_permutation_test(model_dissimilarity: np.ndarray, theory: np.ndarray, n_permutations: int = 10000,
@@ -197,6 +216,8 @@ def rsa_permutation_test(model_dissimilarity: np.ndarray, theory: np.ndarray, n_
     n = len(theory)
     iu = np.triu_indices(n, k=1)
     observed_x, observed_y = model_dissimilarity[iu], theory[iu]
+    if not (np.isfinite(observed_x).all() and np.isfinite(observed_y).all()):  # rho NaN, and |rho*| >= NaN never
+        raise ValueError("rsa_permutation_test: a matrix holds NaN/Inf; leave out what is not known.")
     if np.ptp(observed_x) == 0 or np.ptp(observed_y) == 0:
         return {"rho": float("nan"), "p_value": float("nan"), "n_permutations": 0, "exact": False}
     rho = float(stats.spearmanr(observed_x, observed_y).statistic)

@@ -38,6 +38,7 @@ class Item:
     label: str
     ids: tuple[int, ...]
     start: int  # position of the response's first token
+    end: int  # one past its last: the template's end of turn that follows is not the response
 
 
 def items_from_texts(model: Model, prompt: str, responses: list[str], template: str = "auto") -> list[Item]:
@@ -52,8 +53,12 @@ def items_from_ids(model: Model, prompt: str, sequences: list[tuple[int, ...]], 
 
 def _text_items(tokenizer, context: int, prompt: str, responses: list[str], template: str) -> list[Item]:
     conv = Conversations(tokenizer, prompt, template, max_positions=context)
-    start = len(conv.prefix)
-    return [Item(r, tuple(ids), start) for r, ids in zip(responses, conv.token_ids(responses), strict=True)]
+    start, suffix = len(conv.prefix), list(conv.split.suffix)
+
+    def end(ids: list[int]) -> int:
+        return len(ids) - len(suffix) if suffix and ids[len(ids) - len(suffix):] == suffix else len(ids)
+
+    return [Item(r, tuple(ids), start, end(ids)) for r, ids in zip(responses, conv.token_ids(responses), strict=True)]
 
 
 def _id_items(tokenizer, context: int, prompt: str, sequences: list[tuple[int, ...]], template: str) -> list[Item]:
@@ -61,7 +66,7 @@ def _id_items(tokenizer, context: int, prompt: str, sequences: list[tuple[int, .
     texts = [tokenizer.decode(list(s)) for s in sequences]
     # several sequences may decode alike (every lone byte token decodes to U+FFFD): their ids tell them apart
     return [Item(t if texts.count(t) == 1 else f"{t} [ids {' '.join(map(str, s))}]", tuple(split.ids_with(list(s))),
-                 len(split.prefix)) for t, s in zip(texts, sequences, strict=True)]
+                 len(split.prefix), len(split.prefix) + len(s)) for t, s in zip(texts, sequences, strict=True)]
 
 
 def distinct_labels(items: list[Item]) -> list[Item]:
@@ -311,7 +316,7 @@ def _write_tables(out: Path, items, lens, curves, attributions, patched, pair, c
         for name, values in (("attention", lens.attention), ("mlp", lens.mlp)):
             rows += [(item.label, layer + 1, name, values[layer, b, col]) for layer in range(layers)]
     _table(out / "reward_lens.csv", ["response", "layer", "component"], ["reward"], rows)
-    rows = [(item.label, p, t, tok.decode([t]), int(p >= item.start), curve[p, col])
+    rows = [(item.label, p, t, tok.decode([t]), int(item.start <= p < item.end), curve[p, col])
             for item, curve in zip(items, curves, strict=True) for p, t in enumerate(item.ids)]
     _table(out / "token_rewards.csv", ["response", "position", "token_id", "token", "in_response"], ["reward"], rows)
     rows = [(item.label, p, t, tok.decode([t]), a.grad_x_input[p], a.integrated_gradients[p])
