@@ -101,3 +101,29 @@ def test_a_sweep_whose_figure_was_deleted_is_reused_and_read(rm_folder, tmp_path
     out.write_text(out.read_text().replace(",", ";", 1))
     with pytest.raises(OutputExistsError, match="s.csv has|changed after"):
         run_sweep(spec())
+
+
+def test_ctrl_c_ends_in_one_line_and_the_rerun_resumes(rm_folder, tmp_path):
+    """SIGINT during a sweep printed a KeyboardInterrupt traceback (exit -2). It is one line now (exit 130), and the
+    same command then finishes from the saved chunks."""
+    import signal
+    import subprocess
+    import time
+
+    from tests import cli
+
+    out = tmp_path / "s.csv"
+    flags = (f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--chunk_size=1024", "--batch_size=256")
+    proc = subprocess.Popen(cli.command("sweep", *flags), cwd=cli.REPO, env=cli.ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    store = tmp_path / "s.csv.chunks"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline and not any(store.glob("chunk-*.npy")):
+        time.sleep(0.05)  # the first chunk is saved: the job is mid-way
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted: nothing was written as finished" in err
+    assert not out.exists()
+    cli.ok(cli.run("sweep", *flags))
+    assert out.is_file()
