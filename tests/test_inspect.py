@@ -317,6 +317,10 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
     gcg.write_text('{"buffer": [{"ids": [3, 4], "reward": 1.0}, {"ids": [5, 6], "reward": 0.5}]}')
     results.write_meta(gcg, kind="gcg")
     assert best_and_worst(gcg, "p", 1) == [(3, 4), (5, 6)]
+    from rmjax.errors import UsageError
+
+    with pytest.raises(UsageError, match="--depth=2 picks a level of a beam CSV"):  # was ignored, exit 0
+        best_and_worst(gcg, "p", 1, depth=2, flag="--from_beam")
 
 
 def test_nonfinite_weights_stop_inspect_before_writing(rm_folder, tmp_path):

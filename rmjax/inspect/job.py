@@ -113,6 +113,9 @@ def best_and_worst(path: str | Path, prompt_name: str, top: int, depth: int | No
 def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None) -> list[tuple[int, ...]]:
     """The --top best and worst responses of an earlier result, refused when it holds fewer than 2 x --top distinct
     ones (the best and worst lists would overlap, or come up short, with exit 0)."""
+    if depth is not None and not results.is_beam_csv(path):  # a GCG buffer or a sweep has one length: unread
+        raise UsageError(f"--depth={depth} picks a level of a beam CSV; {path} is not one (its sequences have one "
+                         "length); leave --depth out.")
     if str(path).endswith(".json"):  # a GCG result: its buffer, best first
         try:
             buffer = json.loads(Path(path).read_text())["buffer"]
