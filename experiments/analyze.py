@@ -24,6 +24,7 @@ from absl import flags
 from experiments import cli, config_flags
 from rmjax import data as shipped
 from rmjax.analysis.spec import AnalysisConfig
+from rmjax.errors import UsageError
 
 # One flag per AnalysisConfig field (help and choices declared there); the data files default to the shipped ones.
 ANALYSIS_CONFIG = config_flags.define(AnalysisConfig, defaults=dict(
@@ -39,10 +40,28 @@ flags.register_validator("implicit", lambda v: not v, message="--implicit is gon
 flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort lists them
 
 
+# A setting and the inputs whose analyses read it: given without any of them, it would change nothing.
+READ_BY = {
+    "framing": ("scores",), "frequencies": ("scores",), "frequency_scale": ("scores",), "rbo_p": ("scores",),
+    "rbo_depth": ("scores",), "n_permutations": ("scores", "audits"), "n_boot": ("scores", "audits"),
+    "models_yaml": ("scores", "elo"), "bigtwo_dictionary": ("scores", "bigtwo_checkpoints", "implicit_chosen"),
+    "collapse_variants": ("scores", "bigtwo_checkpoints", "implicit_chosen"),
+}
+
+
+def refuse_unread_settings() -> None:
+    """A setting given without an input that reads it (--framing without --scores) is refused, not ignored."""
+    for name, inputs in READ_BY.items():
+        if flags.FLAGS[name].present and not any(flags.FLAGS[i].value for i in inputs):
+            raise UsageError(f"--{name} applies to {' / '.join('--' + i for i in inputs)}, and none is given; leave "
+                             f"--{name} out.")
+
+
 def main(argv):
     del argv
     from rmjax.audit.compare import run_analyses_with_audits
 
+    refuse_unread_settings()
     run_analyses_with_audits(ANALYSIS_CONFIG(), OUT.value, overwrite=OVERWRITE.value)
 
 

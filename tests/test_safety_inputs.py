@@ -189,6 +189,9 @@ BAD_OTHER_FLAGS = [
     ("sweep", ["--text_add_special_tokens", "--out={dir}/t.csv"], ["--text_add_special_tokens", "--mode=text"]),
     ("score", ["--overwrite", "--texts=a"], ["--overwrite: score without --out"]),
     ("gcg", ["--selection=greedy", "--seed=3", "--out={dir}/g.json"], ["--seed: gcg --selection=greedy"]),
+    # analyze settings whose inputs are not given: each was accepted and changed nothing
+    ("analyze", ["--framing=good,bad", "--elo=builtin", "--out={dir}/a"], ["--framing applies to --scores"]),
+    ("analyze", ["--rbo_p=0.5", "--elo=builtin", "--out={dir}/a"], ["--rbo_p applies to --scores"]),
     ("train_rm", ["--pairs={dir}/p.csv", "--elo={dir}/e.csv"], ["exactly one of --pairs", "--elo"]),
     ("logprobs", ["--top=-1"], ["--top=-1"]),
 ]
