@@ -134,14 +134,16 @@ if [ -z "$PLAN_MODEL" ]; then
   echo "warning: no --plan_model or --checkpoint to read the model's config from: the job is not planned" >&2
 else
   PLAN=(python -m experiments.plan --model="$PLAN_MODEL" --topology="$TYPE" --job="$JOB_NAME")
-  for word in "${JOB_WORDS[@]:1}"; do  # the flags the plan shares with the jobs
-    case "$word" in
-      --prompts=*|--prompt=*|--dtype=*|--mesh=*|--batch_size=*|--limit=*|--template=*|--trainable=*|--last_k=*|\
-      --steps=*|--n_train=*|--depth=*|--beam=*|--direction=*|--exhaustive*|--num_tokens=*|--search_width=*|\
-      --fsdp=*|--remat=*)
+  for word in "${JOB_WORDS[@]:1}"; do  # the flags the plan shares with the job (the plan refuses the others)
+    case "$JOB_NAME:$word" in
+      *:--prompts=*|*:--prompt=*|*:--dtype=*|*:--mesh=*|*:--batch_size=*|*:--template=*|\
+      sweep:--limit=*|beam:--limit=*|beam:--depth=*|beam:--beam=*|beam:--direction=*|beam:--exhaustive*|\
+      gcg:--num_tokens=*|gcg:--search_width=*|gcg:--steps=*|train_rm:--steps=*|train_rm:--trainable=*|\
+      train_rm:--last_k=*|train_rm:--n_train=*|train_rm:--fsdp=*|train_rm:--remat=*)
         PLAN+=("$word") ;;
-      --fsdp|--remat) PLAN+=("$word=true") ;;  # train_rm's bool flags; the plan's say auto, true or false
-      --nofsdp|--noremat) PLAN+=("--${word#--no}=false") ;;
+      inspect:--steps=*) PLAN+=("--ig_steps=${word#--steps=}") ;;  # inspect's --steps: the IG path's
+      train_rm:--fsdp|train_rm:--remat) PLAN+=("$word=true") ;;  # train_rm's bool flags; the plan's: auto|true|false
+      train_rm:--nofsdp|train_rm:--noremat) PLAN+=("--${word#--no}=false") ;;
     esac
   done
   PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY=python3
