@@ -63,7 +63,7 @@ class ModelConfig:
     norm_plus_one: bool  # Gemma: x * (1 + w) computed in f32; Llama: w * x after casting back
     scale_embeddings: bool  # Gemma: embeddings * sqrt(hidden), the scalar cast to the weight dtype
     query_scale: float
-    activation: str  # silu | gelu_tanh
+    activation: str  # silu | gelu_tanh | gelu (exact)
     sandwich_norms: bool  # Gemma 2/3: extra norms after attention and after the MLP
     qk_norm: bool  # Gemma 3: RMSNorm over head_dim on q and k before RoPE
     attn_softcap: float | None
@@ -143,6 +143,43 @@ def _first(d: dict, *keys: str, default: Any = None) -> Any:
 
 
 _REQUIRED = object()
+
+# transformers' config-class defaults (LlamaConfig, GemmaConfig, Gemma2Config, Gemma3TextConfig of the pinned 5.x)
+# for the fields a config.json may leave out: transformers >= 4.5x writes only what differs from them (Gemma 3's
+# text_config often lacks its heads and head_dim), and reads an absent field as the class default, so rmjax does
+# too. An explicit null keeps its meaning (no soft cap; head_dim from hidden_size). hidden_size, intermediate_size
+# and num_hidden_layers stay required: the weights fix them, and a config.json without them is a damaged one.
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(vocab_size=32_000, num_attention_heads=32, max_position_embeddings=2048, hidden_act="silu",
+                  rope_theta=10_000.0),
+    "gemma": dict(vocab_size=256_000, num_attention_heads=16, num_key_value_heads=16, head_dim=256,
+                  max_position_embeddings=8192, hidden_act="gelu_pytorch_tanh", rope_theta=10_000.0),
+    "gemma2": dict(vocab_size=256_000, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                   max_position_embeddings=8192, hidden_activation="gelu_pytorch_tanh", rope_theta=10_000.0,
+                   query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0),
+    "gemma3_text": dict(vocab_size=262_208, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                        max_position_embeddings=131_072, hidden_activation="gelu_pytorch_tanh",
+                        query_pre_attn_scalar=256, sliding_window=4096),
+}
+# The field each family's MLP reads its activation from (transformers: Llama and Gemma 1 `hidden_act`, Gemma 2/3
+# `hidden_activation`; the other one is ignored), and the names rmjax runs: ACT2FN's "gelu" is the exact (erf) GELU
+# (rmjax ran the tanh approximation); only Gemma 1's config class turns "gelu" into the tanh approximation.
+_ACTIVATION_FIELD = {"llama": "hidden_act", "gemma": "hidden_act", "gemma2": "hidden_activation",
+                     "gemma3_text": "hidden_activation"}
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
+                "gelu_new": "gelu_tanh", "gelu": "gelu"}
+
+
+def _activation(f: _Fields, family: str) -> str:
+    key = _ACTIVATION_FIELD[family]
+    act = f.d.get(key)
+    if family == "gemma" and act == "gelu":
+        act = "gelu_pytorch_tanh"  # GemmaConfig: "gelu" of the official releases means the tanh approximation
+    if act not in _ACTIVATIONS:
+        raise UnsupportedModelError(f"{f.source}: {f.prefix}{key}={json.dumps(act)} is not supported (supported: "
+                                    f"{', '.join(_ACTIVATIONS)}); rmjax runs only these activations.")
+    return _ACTIVATIONS[act]
 
 
 class _Fields:
@@ -235,7 +272,7 @@ def _rope_pair(top: _Fields, model_type: str, max_position: int) -> tuple[RopeCo
             glob = _rope(top, flat, "rope_theta", 1_000_000.0, max_position)
             local = RopeConfig(theta=top.number("rope_local_base_freq", default=10_000.0))
         return glob, local
-    default_theta = 500_000.0 if model_type == "llama" else 10_000.0
+    default_theta = 10_000.0  # LlamaConfig, GemmaConfig and Gemma2Config all default to 1e4
     if nested and params.nonempty("full_attention"):
         flat = params.within("full_attention")
     elif nested:
@@ -300,7 +337,15 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         f = _Fields(text, source, f.prefix)
     if text.get("attention_bias") or text.get("mlp_bias"):
         raise UnsupportedModelError(f"{source}: attention_bias / mlp_bias are not supported.")
+    if text.get("use_bidirectional_attention"):
+        raise UnsupportedModelError(f"{source}: {f.prefix}use_bidirectional_attention=true (an encoder such as "
+                                    "EmbeddingGemma) is not supported; rmjax runs causal decoders only.")
     family = text.get("model_type", model_type) if model_type == "gemma3" else model_type
+    family = "gemma3_text" if family == "gemma3" else family
+    if family not in CLASS_DEFAULTS:
+        f.refuse("model_type", family, f"is not a text model rmjax runs ({', '.join(CLASS_DEFAULTS)})")
+    text = {**CLASS_DEFAULTS[family], **text}  # absent fields only: a null stays null
+    f = _Fields(text, source, f.prefix)
     hidden = f.integer("hidden_size")
     num_heads = f.integer("num_attention_heads")
     num_kv_heads = f.integer("num_key_value_heads", default=num_heads)
@@ -312,20 +357,14 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
                  "num_attention_heads, no head_dim given) would be 0")
     head_dim = f.integer("head_dim", default=hidden // num_heads)
     num_layers = f.integer("num_hidden_layers")
-    max_position = f.integer("max_position_embeddings", default=8192)
+    max_position = f.integer("max_position_embeddings")
     is_gemma = family.startswith("gemma")
-    if family in ("gemma2", "gemma3_text"):
+    sandwich = family in ("gemma2", "gemma3_text")  # Gemma 2/3: query_pre_attn_scalar, soft caps, extra norms
+    if sandwich:
         query_scale = f.number("query_pre_attn_scalar", default=256) ** -0.5
     else:
         query_scale = head_dim**-0.5
-    act = _first(text, "hidden_activation", "hidden_act", default="silu")
-    if act in ("gelu_pytorch_tanh", "gelu_tanh", "gelu"):
-        # Gemma 1 configs say "gelu" but transformers runs the tanh approximation.
-        activation = "gelu_tanh"
-    elif act == "silu":
-        activation = "silu"
-    else:
-        raise UnsupportedModelError(f"{source}: activation {act!r} is not supported.")
+    activation = _activation(f, family)
     rope_global, rope_local = _rope_pair(f, family, max_position)
     local = _local_layers(f, family, num_layers)
     window = f.integer("sliding_window") if any(local) else None
@@ -353,10 +392,11 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         scale_embeddings=is_gemma,
         query_scale=query_scale,
         activation=activation,
-        sandwich_norms=family in ("gemma2", "gemma3_text"),
+        sandwich_norms=sandwich,
         qk_norm=family == "gemma3_text",
+        # transformers: Gemma 2 caps attention logits, Gemma 3 ignores the field; both cap the LM's logits
         attn_softcap=f.optional_number("attn_logit_softcapping") if family == "gemma2" else None,
-        final_softcap=f.optional_number("final_logit_softcapping") if family != "gemma" else None,
+        final_softcap=f.optional_number("final_logit_softcapping") if sandwich else None,
         local_layers=local,
         sliding_window=window,
         rope_global=rope_global,

@@ -36,6 +36,11 @@ _ARCHS = {
 }
 
 
+# Part of the cache key of converted folders: bumped when the conversion's output changes, so that a folder an
+# older rmjax converted is converted anew (2: rope scaling and Gemma 3 27B's query scale read from the metadata).
+CONVERSION_VERSION = 2
+
+
 def _field(reader, key: str, default=None):
     f = reader.fields.get(key)
     if f is None:
@@ -105,8 +110,13 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
     if arch == "llama":
         cfg["hidden_act"] = "silu"
         cfg["rope_theta"] = float(theta if theta is not None else 10_000.0)
+    elif arch == "gemma":
+        cfg["hidden_act"] = "gelu_pytorch_tanh"  # the field GemmaConfig reads (Gemma 2/3: hidden_activation)
     else:
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
+    scaling = _rope_scaling(a, arch, path)
+    if scaling:
+        cfg["rope_scaling"] = scaling
     if arch == "gemma2":
         cfg["rope_theta"] = float(theta or 10_000.0)
         cfg["sliding_window"] = a("attention.sliding_window", 4096)
@@ -119,9 +129,28 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
         cfg["rope_local_base_freq"] = 10_000.0
         cfg["sliding_window"] = a("attention.sliding_window", 512)
         cfg["sliding_window_pattern"] = 6
-        cfg["query_pre_attn_scalar"] = 256  # right for 270M-12B; 27B GGUFs need 168
+        # llama.cpp's query scale for Gemma 3: 1/sqrt(n_embd / n_head) for the 27B (62 layers; HF's
+        # query_pre_attn_scalar 168), 1/sqrt(head_dim) for every other size (256 for 270M-12B)
+        if a("block_count") == 62:
+            cfg["query_pre_attn_scalar"] = _quotient(hidden, heads)
+        else:
+            cfg["query_pre_attn_scalar"] = cfg["head_dim"]
     config_from_hf(cfg, source=f"{path} (GGUF metadata)")  # refused now, before any tensor is converted
     return cfg
+
+
+def _rope_scaling(a, arch: str, path: Path) -> dict | None:
+    """`{arch}.rope.scaling.type` / `.factor` (or the older `rope.scale_linear`), as llama.cpp reads them (a factor
+    without a type is linear), as HF's rope_scaling; None for no scaling. llama.cpp's convert writes them for
+    Gemma 3 4B-27B (linear x8 on the global layers)."""
+    factor = a("rope.scaling.factor", a("rope.scale_linear"))
+    kind = a("rope.scaling.type", "linear")
+    if kind == "none" or factor is None or factor in (0, 1):
+        return None
+    if kind != "linear":
+        raise UnsupportedModelError(f"{path}: {arch}.rope.scaling.type={kind!r} is not supported (supported: none, "
+                                    "linear); load the Hugging Face safetensors checkpoint instead.")
+    return {"rope_type": "linear", "factor": float(np.float32(factor)) if _is_number(factor) else factor}
 
 
 def _is_number(value) -> bool:
@@ -187,7 +216,13 @@ def _convert(path: Path, out: Path, start: float) -> Path:
         for pattern, key, fn in rules:
             m = pattern.fullmatch(t.name)
             if m:
-                w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+                try:
+                    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+                except NotImplementedError:  # gguf has no numpy dequantizer for some types (Q8_1, ...)
+                    raise UnsupportedModelError(
+                        f"{path}: tensor {t.name!r} is quantized as {t.tensor_type.name}, which the installed gguf "
+                        f"{_gguf_version()} cannot dequantize; use a GGUF of another quantization (Q8_0, Q4_K, F16) "
+                        "or the Hugging Face safetensors checkpoint.") from None
                 tensors[key.format(*m.groups())] = fn(w)
                 break
         else:
@@ -201,6 +236,15 @@ def _convert(path: Path, out: Path, start: float) -> Path:
         json.dumps({"gguf": str(path), "convert_seconds": time.perf_counter() - start}, indent=2)
     )
     return out
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "?"
 
 
 @contextlib.contextmanager
@@ -247,14 +291,15 @@ def read_gguf(path: Path):
 
 
 def cached_hf_folder(path: str | Path, cache_root: Path) -> Path:
-    """The converted folder for `path`, converting on first use (keyed by file name, size, mtime and the content
-    fingerprint that job identities record: another file put in its place with the same size and mtime, as `cp -p`
-    or an archive leaves it, is converted anew, never served the old file's weights under its own identity)."""
+    """The converted folder for `path`, converting on first use (keyed by file name, size, mtime, the content
+    fingerprint that job identities record and CONVERSION_VERSION: another file put in its place with the same size
+    and mtime, as `cp -p` or an archive leaves it, is converted anew, never served the old file's weights under its
+    own identity)."""
     path = Path(path).resolve()
     if not path.is_file():
         raise MissingFileError(f"{path}: no such GGUF file.")
     st = path.stat()
-    key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{sampled_digest(path)}"
+    key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{sampled_digest(path)}|{CONVERSION_VERSION}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     out = cache_root / "converted" / f"{path.stem}-{digest}"
     if (out / "config.json").is_file():

@@ -48,6 +48,10 @@ def tokenizer_from_gguf(reader, model_type: str, path) -> object:
     if "tokenizer.ggml.tokens" not in fields:
         raise CheckpointError(f"{path}: this GGUF file has no tokenizer (no tokenizer.ggml.tokens); "
                               "load a Hugging Face folder with its tokenizer files instead.")
+    if "tokenizer.ggml.model" not in fields:
+        raise CheckpointError(f"{path}: this GGUF file has no tokenizer.ggml.model (the tokenizer's kind: llama, "
+                              "gpt2); convert it again with llama.cpp's convert_hf_to_gguf.py, or load the Hugging "
+                              "Face folder with its tokenizer files instead.")
     tokenizer = {name: _value(fields[f"tokenizer.{key}"]) for key, name in _TOKENIZER_KEYS.items()
                  if f"tokenizer.{key}" in fields}
     config = {name: _value(fields[f"tokenizer.{key}"]) for key, name in _CONFIG_KEYS.items()
@@ -60,7 +64,13 @@ def tokenizer_from_gguf(reader, model_type: str, path) -> object:
         token_id = tokenizer.get(key)
         config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
     architecture = str(fields["general.architecture"].contents())
-    backend, extra = convert_gguf_tokenizer(architecture, tokenizer)
+    try:
+        backend, extra = convert_gguf_tokenizer(architecture, tokenizer)
+    except (ValueError, KeyError, TypeError, IndexError) as error:  # an unknown kind, a missing or odd field
+        raise CheckpointError(f"{path}: transformers cannot build this GGUF file's tokenizer (tokenizer.ggml.model="
+                              f"{tokenizer.get('tokenizer_type')!r}; {type(error).__name__}: "
+                              f"{' '.join(str(error).split())[:160]}); load the Hugging Face folder with its "
+                              "tokenizer files instead.") from None
     # The class transformers' AutoTokenizer picks for these files: Gemma's and Llama 2's sentencepiece
     # classes, and the generic backend for byte-level BPE (Llama 3, SmolLM2).
     if sentencepiece:

@@ -120,11 +120,27 @@ def _read_tokenizer(folder: Path):
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise CheckpointError(f"{folder}: the tokenizer files cannot be read ({type(error).__name__}: "
                               f"{str(error)[:200]}); restore them from the checkpoint's original repository.") from None
+    except Exception as error:  # the `tokenizers` parser raises a bare Exception
+        # ("data did not match any variant ...") on a tokenizer.json it cannot parse, often one a newer
+        # `tokenizers` wrote (a model or pre-tokenizer type this version lacks)
+        raise CheckpointError(
+            f"{folder / 'tokenizer.json'}: the installed tokenizers {_version('tokenizers')} cannot parse it "
+            f"({' '.join(str(error).split())[:160]}); upgrade tokenizers (pip install -U tokenizers transformers) "
+            "or re-save the tokenizer with the version installed here.") from None
     with _tokenizers_lock:
         _tokenizers[key] = tok
         while len(_tokenizers) > _TOKENIZERS_KEPT:
             _tokenizers.popitem(last=False)
     return tok
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"
 
 
 def check_tokenizer_fits(tok, cfg: ModelConfig, where: str) -> None:
@@ -150,10 +166,7 @@ def load_hf_model_folder(
     refuse_remote_code(folder)
     cfg = load_config_file(folder / "config.json")
     raw_config = read_json_file(folder / "config.json", "model config")
-    tensors = (
-        item for path in safetensors_io.checkpoint_files(folder) for item in safetensors_io.iter_tensors(path)
-    )
-    flat = assemble(tensors, cfg, nn.declarations(cfg), numpy_dtype(dtype), str(folder))
+    flat = assemble(safetensors_io.iter_checkpoint(folder), cfg, nn.declarations(cfg), numpy_dtype(dtype), str(folder))
     params = place_params(flat, cfg, mesh)
     tok = load_tokenizer(folder, cfg, required=require_tokenizer)
     total, read = sum(p.nbytes for p in flat.values()), sum(p.bytes_read for p in flat.values())

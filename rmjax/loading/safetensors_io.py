@@ -113,7 +113,10 @@ def _regular(files: list[Path]) -> list[Path]:
 
 def checkpoint_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder (single file or sharded with an index), each inside the
-    folder: the one list that loading and the fingerprint (rmjax.loading.identity) both read."""
+    folder: the one list that loading and the fingerprint (rmjax.loading.identity) both read. Without an index,
+    model.safetensors alone where it exists, as transformers reads it (another *.safetensors beside it, such as
+    an older copy, is not part of the checkpoint); only a folder without it reads every *.safetensors, and
+    `iter_checkpoint` refuses a tensor found in two of them."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -141,7 +144,23 @@ def checkpoint_files(folder: Path) -> list[Path]:
             else " Download the checkpoint's *.safetensors files into it."
         )
         raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json.{fix}")
-    return _regular(files)
+    _regular(files)
+    single = folder / "model.safetensors"
+    return [single] if single in files else files
+
+
+def iter_checkpoint(folder: Path) -> Iterator[tuple[str, callable]]:
+    """(name, loader) of every tensor of the checkpoint's files; a name found in two files is refused (which of
+    the two would be the model's weight is not for rmjax to guess)."""
+    seen: dict[str, Path] = {}
+    for path in checkpoint_files(folder):
+        for name, load in iter_tensors(path):
+            if name in seen:
+                raise CheckpointError(f"{folder}: tensor {name!r} is in both {seen[name].name} and {path.name}; "
+                                      "keep only the checkpoint's own weight files (model.safetensors, or the "
+                                      "shards model.safetensors.index.json lists).")
+            seen[name] = path
+            yield name, load
 
 
 def save_file(tensors: dict[str, np.ndarray], path: Path, metadata: dict | None = None) -> None:

@@ -63,6 +63,18 @@ def _heads_out_inverse(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
 
 # Each forward transform's inverse (rmjax layout -> HF layout), for saving checkpoints.
 _INVERSE = {_identity: _identity, _transpose: _transpose, _heads_out: _heads_out_inverse}
+# The same, on shapes: the HF-layout shape a tensor must have, checked before its transform reshapes it.
+_HF_SHAPE = {
+    _identity: lambda shape: tuple(shape),
+    _transpose: lambda shape: tuple(shape)[::-1],
+    _heads_out_inverse: lambda shape: (shape[2], shape[0] * shape[1]) if len(shape) == 3 else None,
+    _heads_in_inverse: lambda shape: (shape[1] * shape[2], shape[0]) if len(shape) == 3 else None,
+}
+# The config.json fields that size a tensor of each target (named when a tensor disagrees with them).
+_SIZED_BY = {"layers.q": "num_attention_heads, head_dim, hidden_size", "layers.o": "num_attention_heads, head_dim, "
+             "hidden_size", "layers.k": "num_key_value_heads, head_dim, hidden_size",
+             "layers.v": "num_key_value_heads, head_dim, hidden_size", "embed.embedding": "vocab_size, hidden_size",
+             "score.kernel": "num_labels, hidden_size"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +87,10 @@ class Rule:
     @property
     def inverse(self) -> Transform:
         return _INVERSE.get(self.transform, _heads_in_inverse)
+
+    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The HF-layout shape of a parameter (slice) of rmjax shape `shape`."""
+        return _HF_SHAPE[self.inverse](shape)
 
     def match(self, key: str) -> re.Match | None:
         return re.fullmatch(self.pattern, key)
@@ -216,19 +232,26 @@ def assemble(
             raise CheckpointError(f"{source}: tensor {raw_key!r} is not used by config {cfg.architecture}.")
         decl = declared[rule.target]
         target_dtype = decl.dtype(dtype)
-        value = rule.transform(load(), cfg)
         m = rule.match(key)
         stacked = "layer" in m.groupdict()
         i = int(m.group("layer")) if stacked else 0
         if stacked and i >= cfg.num_layers:
             raise CheckpointError(f"{source}: {raw_key!r} beyond num_hidden_layers={cfg.num_layers}.")
         expected = decl.shape[1:] if stacked else decl.shape
-        if value.shape != expected:
+        # Checked in the file's layout, before the transform's reshape (which would end in numpy's traceback)
+        raw, hf_expected = load(), rule.hf_shape(expected)
+        if tuple(raw.shape) != hf_expected:
+            fields = _SIZED_BY.get(rule.target, "its sizes")
             hint = " (num_labels in config.json must match score.weight)" if rule.target == "score.kernel" else ""
             raise CheckpointError(
-                f"{source}: {raw_key!r} has shape {value.shape} after conversion, config.json implies {expected}{hint}."
+                f"{source}: {raw_key!r} has shape {tuple(raw.shape)} but config.json ({fields}) implies "
+                f"{hf_expected}{hint}; use the config.json saved with these weights."
             )
+        value = rule.transform(raw, cfg)
         param = out.setdefault(rule.target, LazyParam(decl.shape, target_dtype, stacked))
+        if i in param.parts:
+            raise CheckpointError(f"{source}: two tensors give {rule.target}{f' of layer {i}' if stacked else ''} "
+                                  f"(the second is {raw_key!r}); keep only the checkpoint's own weight files.")
         param.parts[i] = value
     missing = [p for p in declared if p not in out]
     partial = [p for p, lazy in out.items() if lazy.stacked and len(lazy.parts) != cfg.num_layers]

@@ -133,7 +133,10 @@ def gated_mlp(
     x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, activation: str
 ) -> jax.Array:
     g = x @ gate
-    act = jax.nn.silu(g) if activation == "silu" else jax.nn.gelu(g, approximate=True)
+    if activation == "silu":
+        act = jax.nn.silu(g)
+    else:  # gelu_tanh: Gemma's gelu_pytorch_tanh; gelu: transformers' exact (erf) GELU
+        act = jax.nn.gelu(g, approximate=activation == "gelu_tanh")
     return (act * (x @ up)) @ down
 
 

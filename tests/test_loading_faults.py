@@ -1,0 +1,310 @@
+"""Checkpoints that loaded to another model than transformers' (silently), or ended in a traceback.
+
+Each silent case compares against transformers (PyTorch float32, eager) reading the same folder, at the float32
+bound of tests/tolerance.py; each refusal is one line naming the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from rmjax.config import config_from_hf
+from rmjax.errors import CheckpointError, UnsupportedModelError
+from rmjax.loading.gguf_file import gguf_to_hf_folder, hf_config_from_gguf, read_gguf
+from rmjax.loading.hf import load_hf_model_folder, load_tokenizer
+from tests import jitted as M
+from tests import tiny, tolerance
+
+ARCHS = {"llama3": "LlamaForSequenceClassification", "gemma": "GemmaForSequenceClassification",
+         "gemma2": "Gemma2ForSequenceClassification", "gemma3": "Gemma3TextForSequenceClassification"}
+
+
+def _saved(tmp_path, name, edit=None, num_labels=1, seed=0, **overrides):
+    """A tiny model saved by transformers, its config.json then edited by `edit(raw)`."""
+    folder = tiny.save_hf_model(tiny.build_hf_model(name, num_labels, seed=seed, **overrides), tmp_path / name)
+    if edit is not None:
+        raw = json.loads((folder / "config.json").read_text())
+        edit(raw)
+        (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+def _compare(folder, lm=False):
+    """rmjax vs transformers' own reading of `folder` (rewards, or LM logits at real tokens)."""
+    cls = transformers.AutoModelForCausalLM if lm else transformers.AutoModelForSequenceClassification
+    hf = cls.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+    ids, mask = tiny.random_batch(seed=3, batch=3, length=12, padding="right")
+    with torch.no_grad():
+        ref = hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
+                 position_ids=tiny.torch_positions(mask)).logits.float().numpy()
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    if lm:
+        got = np.asarray(M.logits(model.params, model.config, ids, mask))
+        atol = tolerance.logits_atol(model.params, model.config, ids, mask)
+        np.testing.assert_allclose(got[mask], ref[mask], atol=atol, rtol=0)
+    else:
+        got = np.asarray(M.rewards(model.params, model.config, ids, mask))
+        np.testing.assert_allclose(got, ref, atol=tolerance.rewards_atol(model.params, model.config, ids, mask),
+                                   rtol=0)
+    return model, hf
+
+
+def _one_line(error) -> str:
+    message = str(error.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    return message
+
+
+# 1: a second weights file beside model.safetensors
+
+def test_a_second_safetensors_file_beside_model_safetensors_is_not_read(tmp_path):
+    """transformers reads model.safetensors alone; rmjax read every *.safetensors and the last file's copy of each
+    tensor won."""
+    folder = _saved(tmp_path, "llama3")
+    other = tiny.save_hf_model(tiny.build_hf_model("llama3", 1, seed=1), tmp_path / "other")
+    shutil.copy(other / "model.safetensors", folder / "pytorch_model_v2.safetensors")
+    _compare(folder)
+
+
+def test_a_tensor_in_two_files_is_refused(tmp_path):
+    """Without model.safetensors and an index every file is read: a tensor found twice names both files."""
+    folder = _saved(tmp_path, "llama3")
+    (folder / "model.safetensors").rename(folder / "weights-a.safetensors")
+    shutil.copy(folder / "weights-a.safetensors", folder / "weights-b.safetensors")
+    with pytest.raises(CheckpointError) as refused:
+        load_hf_model_folder(folder, require_tokenizer=False)
+    message = _one_line(refused)
+    assert "weights-a.safetensors" in message and "weights-b.safetensors" in message and "tensor '" in message
+
+
+# 2: Gemma 3 GGUF rope scaling and the 27B query scale
+
+def _gemma3_gguf(path, hidden, heads, kv, head_dim, layers, scaling):
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_context_length(131072)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(128)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    w.add_sliding_window(1024)
+    if scaling:  # what llama.cpp's convert_hf_to_gguf writes for Gemma 3 4B-27B
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(8.0)
+    w.add_token_list(["<pad>", "<eos>", "<bos>"] + [f"t{i}" for i in range(13)])
+    w.add_tensor("token_embd.weight", np.zeros((16, 8), np.float32))  # metadata is all the config reads
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("size, hidden, heads, kv, head_dim, layers, scalar",
+                         [("4b", 2560, 8, 4, 256, 34, 256), ("27b", 5376, 32, 16, 128, 62, 168)])
+def test_gemma3_gguf_rope_scaling_and_query_scale(tmp_path, size, hidden, heads, kv, head_dim, layers, scalar):
+    """The HF config of the same model (its rope_scaling, its query_pre_attn_scalar: 168 = hidden / heads for the
+    27B, as llama.cpp computes it) gives the same RoPE and query scale as the GGUF file."""
+    path = _gemma3_gguf(tmp_path / f"{size}.gguf", hidden, heads, kv, head_dim, layers, scaling=True)
+    raw = hf_config_from_gguf(read_gguf(path), path)
+    assert raw["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    assert raw["query_pre_attn_scalar"] == scalar
+    got = config_from_hf(raw)
+    hf = transformers.Gemma3TextConfig(
+        vocab_size=16, hidden_size=hidden, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, head_dim=head_dim, max_position_embeddings=131072, sliding_window=1024,
+        rope_scaling={"rope_type": "linear", "factor": 8.0}, query_pre_attn_scalar=scalar,
+        rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
+    want = config_from_hf({**hf.to_dict(), "architectures": ["Gemma3ForCausalLM"]})
+    assert (got.rope_global, got.rope_local, got.query_scale) == (want.rope_global, want.rope_local, want.query_scale)
+    assert got.rope_global.kind == "linear" and got.rope_global.factor == 8.0
+
+
+# 3: EmbeddingGemma-style bidirectional attention
+
+@pytest.mark.parametrize("name", ["gemma", "gemma2", "gemma3"])
+def test_bidirectional_attention_is_refused(name):
+    raw = {**tiny.hf_config(name, num_labels=1).to_dict(), "architectures": [ARCHS[name]],
+           "use_bidirectional_attention": True}
+    with pytest.raises(UnsupportedModelError) as refused:
+        config_from_hf(raw, source="m/config.json")
+    assert "use_bidirectional_attention" in _one_line(refused)
+
+
+# 4, 10: absent fields read as transformers' class defaults
+
+def _drop(*keys):
+    def edit(raw):
+        for key in keys:
+            raw.pop(key, None)
+    return edit
+
+
+ABSENT = {
+    "llama-no-rope-theta": ("llama3", _drop("rope_parameters", "rope_theta", "rope_scaling"), {}, False),
+    "gemma2-no-attn-softcap": ("gemma2", _drop("attn_logit_softcapping"), {}, False),
+    "gemma2-no-final-softcap": ("gemma2", _drop("final_logit_softcapping"), {}, True),
+    # sparse Gemma 3 configs (transformers >= 4.5x) leave out the heads and head_dim that equal the class defaults
+    "gemma3-sparse-heads": ("gemma3", _drop("num_attention_heads", "num_key_value_heads", "head_dim"),
+                            dict(num_attention_heads=8, num_key_value_heads=4, head_dim=256), False),
+}
+
+
+@pytest.mark.parametrize("case", list(ABSENT))
+def test_absent_field_reads_as_transformers_does(tmp_path, case):
+    name, edit, overrides, lm = ABSENT[case]
+    folder = _saved(tmp_path, name, edit, num_labels=None if lm else 1, **overrides)
+    _compare(folder, lm=lm)
+
+
+MINIMAL = {"llama3": transformers.LlamaConfig, "gemma": transformers.GemmaConfig,
+           "gemma2": transformers.Gemma2Config, "gemma3": transformers.Gemma3TextConfig}
+
+
+@pytest.mark.parametrize("name", list(MINIMAL))
+def test_minimal_config_gets_the_class_defaults(name):
+    """A config.json with only the sizes the weights fix: every other constant as transformers' config class."""
+    sizes = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=6)
+    hf = MINIMAL[name](**sizes)
+    cfg = config_from_hf({"model_type": hf.model_type, "architectures": [ARCHS[name]], **sizes})
+    rope = hf.rope_parameters.get("full_attention", hf.rope_parameters)
+    assert (cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.max_position_embeddings) == (
+        hf.vocab_size, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.max_position_embeddings)
+    assert cfg.rope_global.theta == rope["rope_theta"]
+    assert cfg.query_scale == getattr(hf, "query_pre_attn_scalar", hf.head_dim) ** -0.5
+    assert cfg.attn_softcap == getattr(hf, "attn_logit_softcapping", None)
+    assert cfg.final_softcap == getattr(hf, "final_logit_softcapping", None)
+    if cfg.has_local_layers:
+        assert cfg.sliding_window == hf.sliding_window
+    # an explicit null keeps its meaning: no cap
+    if name == "gemma2":
+        nulls = config_from_hf({"model_type": "gemma2", **sizes, "attn_logit_softcapping": None,
+                                "final_logit_softcapping": None})
+        assert nulls.attn_softcap is None and nulls.final_softcap is None
+
+
+def test_sparse_multimodal_gemma3_config_reads_as_transformers_does():
+    """google/gemma-3-4b-it's config.json: its text_config has no heads, head_dim or vocab_size."""
+    raw = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+           "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                           "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                           "sliding_window": 1024}}
+    text = transformers.Gemma3Config(text_config=raw["text_config"]).text_config
+    cfg = config_from_hf(raw)
+    assert (cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.query_scale) == (
+        text.vocab_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim,
+        text.query_pre_attn_scalar**-0.5)
+    assert (cfg.rope_global.kind, cfg.rope_global.factor) == ("linear", 8.0)
+
+
+def test_llama_without_max_position_embeddings_has_transformers_context(tmp_path):
+    folder = _saved(tmp_path, "llama3", _drop("max_position_embeddings"))
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    assert model.config.max_position_embeddings == transformers.AutoConfig.from_pretrained(
+        folder).max_position_embeddings
+
+
+# 5: exact GELU
+
+@pytest.mark.parametrize("name,key", [("llama3", "hidden_act"), ("gemma2", "hidden_activation"),
+                                      ("gemma3", "hidden_activation")])
+def test_exact_gelu_runs_where_transformers_runs_it(tmp_path, name, key):
+    """ACT2FN's "gelu" is the exact erf GELU; rmjax ran the tanh approximation (4e-5 to 2.6e-4 off transformers on a
+    tiny model). Only Gemma 1's config class maps "gelu" to the tanh approximation."""
+    model, _ = _compare(_saved(tmp_path, name, lambda raw: raw.update({key: "gelu"})))
+    assert model.config.activation == "gelu"
+
+
+def test_gemma1_gelu_is_the_tanh_approximation(tmp_path):
+    model, _ = _compare(_saved(tmp_path, "gemma", lambda raw: raw.update(hidden_act="gelu")))
+    assert model.config.activation == "gelu_tanh"
+    raw = {**tiny.hf_config("llama3", num_labels=1).to_dict(), "architectures": [ARCHS["llama3"]],
+           "hidden_act": "relu"}
+    with pytest.raises(UnsupportedModelError) as refused:
+        config_from_hf(raw, source="m/config.json")
+    assert 'hidden_act="relu" is not supported' in _one_line(refused)
+
+
+# 7: head_dim that disagrees with the weights
+
+def test_head_dim_disagreeing_with_the_weights_is_one_line(tmp_path):
+    folder = _saved(tmp_path, "llama3", lambda raw: raw.update(head_dim=32))
+    with pytest.raises(CheckpointError) as refused:
+        load_hf_model_folder(folder, require_tokenizer=False)
+    message = _one_line(refused)
+    # k_proj.weight is [kv_heads * head_dim, hidden] = [2 * 16, 64]; head_dim 32 would make it [64, 64]
+    assert "k_proj.weight' has shape (32, 64)" in message and "head_dim" in message and "implies (64, 64)" in message
+
+
+# 8: a tokenizer.json the installed tokenizers cannot parse
+
+def test_unparseable_tokenizer_json_is_one_line(tmp_path):
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    raw = json.loads((tmp_path / "tokenizer.json").read_text())
+    raw["model"]["type"] = "Nonsense"  # as a newer tokenizers might write a model type this one lacks
+    (tmp_path / "tokenizer.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError) as refused:
+        load_tokenizer(tmp_path, config_from_hf({**tiny.hf_config("llama3").to_dict()}))
+    message = _one_line(refused)
+    assert "tokenizer.json" in message and "upgrade tokenizers" in message
+
+
+# 9: GGUF files the installed gguf / transformers cannot read
+
+def _llama_gguf(path, tokenizer_model, quant):
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(512)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(96)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(1e4)
+    w.add_vocab_size(4)
+    if tokenizer_model:
+        w.add_tokenizer_model(tokenizer_model)
+        w.add_tokenizer_pre("default")
+    w.add_token_list(["a", "b", "c", "ab"])
+    w.add_token_merges(["a b"])
+    w.add_token_types([1, 1, 1, 1])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    if quant:  # 4 rows of 64 values in Q8_1: 2 blocks of 40 bytes each
+        w.add_tensor("token_embd.weight", np.zeros((4, 80), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+    else:
+        w.add_tensor("token_embd.weight", np.zeros((4, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_quant_type_gguf_cannot_dequantize_is_one_line(tmp_path):
+    path = _llama_gguf(tmp_path / "q81.gguf", "gpt2", quant=True)
+    with pytest.raises(UnsupportedModelError) as refused:
+        gguf_to_hf_folder(path, tmp_path / "out")
+    message = _one_line(refused)
+    assert "token_embd.weight" in message and "Q8_1" in message
+
+
+def test_gguf_without_tokenizer_model_is_one_line(tmp_path):
+    path = _llama_gguf(tmp_path / "notok.gguf", None, quant=False)
+    with pytest.raises(CheckpointError) as refused:
+        gguf_to_hf_folder(path, tmp_path / "out")
+    assert "tokenizer.ggml.model" in _one_line(refused)
