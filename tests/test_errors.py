@@ -106,6 +106,25 @@ def test_matching_tokenizer_loads(copy):
     assert len(load_hf_model_folder(copy).tokenizer) == tiny.VOCAB
 
 
+def test_another_models_smaller_tokenizer_is_refused(copy):
+    """A tokenizer of fewer tokens than the embedding passed the size check, though config.json's end-of-sequence
+    id is not one of its tokens (a Llama 3 RM given SmolLM2's tokenizer scored, exit 0): every id it gives names
+    another token in this model."""
+    import json
+
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    raw = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**raw, "eos_token_id": [2, tiny.VOCAB - 1]}))
+    vocab = {f"t{i}": i for i in range(tiny.VOCAB // 2)}
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
+    fast.save_pretrained(str(copy))
+    with pytest.raises(TokenizerMismatchError, match=rf"eos_token_id {tiny.VOCAB - 1} is not a token of this "
+                                                     rf"tokenizer \({tiny.VOCAB // 2} tokens\)"):
+        load_hf_model_folder(copy)
+
+
 def test_bad_dtype(copy):
     with pytest.raises(ValueError, match="dtype 'int8' not supported"):
         load_hf_model_folder(copy, dtype="int8", require_tokenizer=False)

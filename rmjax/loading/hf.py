@@ -151,6 +151,16 @@ def check_tokenizer_fits(tok, cfg: ModelConfig, where: str) -> None:
             f"{cfg.vocab_size} rows (config.json vocab_size); ids >= {cfg.vocab_size} would index "
             "past the table. Use the tokenizer that was saved with this checkpoint."
         )
+    eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else (cfg.eos_token_id,)
+    named = [(f"{name}_token_id", i) for name, ids in (("bos", (cfg.bos_token_id,)), ("eos", eos),
+                                                        ("pad", (cfg.pad_token_id,))) for i in ids if i is not None]
+    outside = [(name, i) for name, i in named if not 0 <= i < size]
+    if outside:  # another model's tokenizer, smaller than this one's: every id it gives names another token here
+        name, i = outside[0]
+        raise TokenizerMismatchError(
+            f"{where}: config.json's {name} {i} is not a token of this tokenizer ({size} tokens): the tokenizer is "
+            "another model's. Use the tokenizer that was saved with this checkpoint."
+        )
 
 
 def load_hf_model_folder(
