@@ -1,6 +1,6 @@
 """Cheap content fingerprints of checkpoints: what a resumed or reused result was computed from.
 
-A fingerprint is `{"weights": …, "tokenizer": …}`. Weights: config.json, the shard index, and per
+A fingerprint is `{"weights": …, "tokenizer": …, "reading": READING}`. Weights: config.json, the shard index, and per
 safetensors file its size, its header (names, dtypes, shapes, offsets) and the first and last 4 KiB
 of every tensor — so swapping in another checkpoint of the same architecture, or fine-tuning any
 tensor, changes it — without reading the weights (a 70B checkpoint costs ~1,500 small reads).
@@ -81,6 +81,12 @@ def tokenizer_digest(folder: Path) -> str:
     return hash_json({name: file_sha256(path) for name, path in tokenizer_files(folder).items()})
 
 
+# How rmjax reads a checkpoint into a model (config.json's absent fields, GGUF conversion): part of every file
+# fingerprint, so a result computed under another reading is not reused as this one's. 2: transformers' class
+# defaults, exact GELU, Gemma 3 GGUF rope scaling and 27B query scale.
+READING = 2
+
+
 def folder_fingerprint(folder: Path) -> dict:
     """Fingerprint of an HF checkpoint folder (config.json, index, safetensors, tokenizer files)."""
     from rmjax.loading.safetensors_io import checkpoint_files
@@ -89,17 +95,17 @@ def folder_fingerprint(folder: Path) -> dict:
              if (folder / name).is_file()}
     for path in checkpoint_files(folder):
         parts[path.name] = safetensors_digest(path)
-    return {"weights": hash_json(parts), "tokenizer": tokenizer_digest(folder)}
+    return {"weights": hash_json(parts), "tokenizer": tokenizer_digest(folder), "reading": READING}
 
 
 def gguf_fingerprint(path: Path) -> dict:
     digest = sampled_digest(path)
-    return {"weights": digest, "tokenizer": digest}  # the tokenizer and template live in the GGUF
+    return {"weights": digest, "tokenizer": digest, "reading": READING}  # the tokenizer and template: in the GGUF
 
 
 def derived(fingerprint: dict, **change) -> dict:
     """The fingerprint of a model made from another (a new or given score head)."""
-    return {"weights": hash_json([fingerprint["weights"], change]), "tokenizer": fingerprint["tokenizer"]}
+    return {**fingerprint, "weights": hash_json([fingerprint["weights"], change])}
 
 
 def array_digest(array) -> str:
@@ -136,4 +142,5 @@ def _content_fingerprint(model) -> dict:
     if tokenizer is None and tok is not None:
         tokenizer = hash_json([type(tok).__name__, sorted(tok.get_vocab().items()), getattr(tok, "chat_template", None),
                                list(tok.all_special_tokens)])
-    return model.stamp({"weights": weights, "tokenizer": tokenizer}).fingerprint
+    kept = {k: v for k, v in fp.items() if k not in ("weights", "tokenizer", "system_prompt")}  # the reading
+    return model.stamp({**kept, "weights": weights, "tokenizer": tokenizer}).fingerprint
