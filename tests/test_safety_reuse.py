@@ -38,16 +38,25 @@ def test_a_damaged_export_is_not_reused(rm_folder, tmp_path, monkeypatch):
 
 def test_an_export_killed_before_its_record_is_replaced_with_overwrite(rm_folder, tmp_path):
     """Killed after the weights, before rmjax_export.json (written last): both a rerun and --overwrite said the
-    folder held files "no rmjax run of this kind wrote". A rerun now names the missing record; --overwrite
-    replaces the folder; a file of the user's in it still stops both."""
+    folder held files "no rmjax run of this kind wrote". The export marks its folder unfinished until the record is
+    written: a rerun names the missing record, --overwrite replaces the folder. A folder of the same file names
+    without the mark (a model the user saved) or with a file of the user's is never emptied."""
     out = tmp_path / "x"
     run_export(inproc.options(rm_folder, out))
+    assert not (out / results.UNFINISHED).exists()
     (out / EXPORT_RECORD).unlink()
+    (out / results.UNFINISHED).write_bytes(b"")  # where a kill before the record leaves it
     inproc.refused(lambda: run_export(inproc.options(rm_folder, out)), "not a finished rmjax result",
                    f"no {EXPORT_RECORD}", "--overwrite")
     run_export(inproc.options(rm_folder, out, overwrite=True))
     assert json.loads((out / EXPORT_RECORD).read_text())["files"]["model.safetensors"]
     (out / EXPORT_RECORD).unlink()
+    names = sorted(p.name for p in out.iterdir())  # a saved model: the export's file names, no mark, no record
+    for overwrite in (False, True):
+        inproc.refused(lambda overwrite=overwrite: run_export(inproc.options(rm_folder, out, overwrite=overwrite)),
+                       "no rmjax run of this kind wrote")
+    assert sorted(p.name for p in out.iterdir()) == names
+    (out / results.UNFINISHED).write_bytes(b"")
     (out / "notes.txt").write_text("mine")
     for overwrite in (False, True):
         inproc.refused(lambda overwrite=overwrite: run_export(inproc.options(rm_folder, out, overwrite=overwrite)),
@@ -77,6 +86,21 @@ def test_train_rm_advises_deleting_a_half_written_head_not_retraining(lm_folder,
     (export / "config.json").write_text("{}")
     inproc.refused(lambda: inproc.train_rm(lm_folder, head_out=head, export=export, **settings),
                    "config.json has", f"Delete {export} and rerun")
+
+
+def test_a_head_inside_the_export_folder_reruns(lm_folder, tmp_path):
+    """--head_out inside --export: the export's record listed the head's lock file (there while it was written,
+    gone after), so every rerun refused the export as damaged."""
+    pairs, heldout = tmp_path / "pairs.csv", tmp_path / "heldout.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    export = tmp_path / "hf"
+    settings = dict(pairs=pairs, heldout_pairs=heldout, workdir=tmp_path / "work", steps=2, batch_size=2,
+                    warmup_steps=1, export=export, head_out=export / "head.safetensors")
+    inproc.train_rm(lm_folder, **settings)
+    recorded = json.loads((export / "rmjax_training.json").read_text())["files"]
+    assert not [name for name in recorded if name.startswith("head")]
+    assert inproc.train_rm(lm_folder, **settings).reused
 
 
 def test_a_sweep_whose_figure_was_deleted_is_reused_and_read(rm_folder, tmp_path, capfd):
@@ -123,7 +147,7 @@ def test_ctrl_c_ends_in_one_line_and_the_rerun_resumes(rm_folder, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
-    assert "Traceback" not in err and "interrupted: nothing was written as finished" in err
+    assert "Traceback" not in err and "interrupted: rerun the same command to continue" in err
     assert not out.exists()
     cli.ok(cli.run("sweep", *flags))
     assert out.is_file()

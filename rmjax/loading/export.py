@@ -18,11 +18,12 @@ from rmjax.loading.weights import to_hf_tensors
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs.options import RunOptions
+from rmjax.runs.results import UNFINISHED, mark_unfinished
 
 # What `save_hf_folder` writes (rmjax.runs.claims.store_files): the weights (and safetensors_io's temp file), the
 # config, and what a transformers tokenizer's save_pretrained writes: its config, special and added tokens, chat
 # template files, a fast tokenizer's tokenizer.json, a slow one's vocabulary files.
-HF_FOLDER_FILES = ("model.safetensors", "model.safetensors.tmp", "config.json", "tokenizer.json",
+HF_FOLDER_FILES = (UNFINISHED, "model.safetensors", "model.safetensors.tmp", "config.json", "tokenizer.json",
                    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
                    "chat_template.json", "additional_chat_templates/", "tokenizer.model", "vocab.json", "vocab.txt",
                    "merges.txt", "spiece.model", "sentencepiece.bpe.model")
@@ -35,7 +36,7 @@ def save_hf_folder(model: Model, folder: str | Path) -> Path:
     if not is_main():
         return Path(folder)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    mark_unfinished(folder)  # until the caller's record is written (results.mark_finished)
     save_file(to_hf_tensors(flat, model.config), folder / "model.safetensors", metadata={"format": "pt"})
     # the weights' dtype, not the one the checkpoint was read from (a bfloat16 export's config said float32)
     keys = [k for k in ("dtype", "torch_dtype") if k in model.raw_config] or ["dtype"]
@@ -122,4 +123,5 @@ def run_export(options: RunOptions) -> Path:
                 "recipe": training_recipe(options.model),
                 "files": results.folder_record(out),
                 "environment": results.environment()}, record_path)
+            results.mark_finished(out)
     return out

@@ -241,8 +241,10 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             # reused only when byte for byte what was written; a folder too where its record lists its files (an
             # export cut short or edited; not a training workdir, whose run.json records only the run it holds)
             recorded = results.read_json(meta) or {}
-            problem = results.damage(out, recorded, meta) if folder is not None and "files" in recorded else \
-                None if folder is not None else results.damage(out, recorded)
+            if folder is None:
+                problem = results.damage(out, recorded)
+            else:  # a training workdir's run.json lists no files: it records the run it holds
+                problem = results.damage(out, recorded, meta) if "files" in recorded else None
             if problem is not None:
                 raise OutputExistsError(f"{flag}={out} holds a result of these inputs that does not match its "
                                         f"{meta.name}: {problem}. {fix or 'Pass --overwrite to recompute it.'}")
@@ -254,9 +256,11 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             return Claim(out, identity, reuse=True, clear=leftover)
     elif stored == identity:  # its .meta.json outlived the result: recompute it (that .meta.json and the
         stored, outlived = None, True  # companions it records as written are this run's, replaced)
-    elif folder is not None and present and stored is None and store_files(out, folder, beside)[1]:
-        # A folder is only ever replaced when an rmjax run of this kind made it (never a user's tree); one holding
-        # only what its job writes, without the record written last, is that job's unfinished folder (below).
+    elif folder is not None and present and stored is None and (
+            store_files(out, folder, beside)[1] or not (out / results.UNFINISHED).is_file()):
+        # A folder is only ever replaced when an rmjax run of this kind made it (never a user's tree, e.g. a saved
+        # model of the same file names); one marked unfinished and holding only what its job writes is that job's,
+        # stopped before its record (replaced with --overwrite, below).
         raise OutputExistsError(f"{flag}={out} holds files that no rmjax run of this kind wrote (no {meta.name}); "
                                 "choose an empty or new folder.")
     unrecorded = _unrecorded(meta, owned)

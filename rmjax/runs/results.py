@@ -181,6 +181,16 @@ def meta_path(path: str | Path) -> Path:
     return path.with_name(path.name + ".meta.json")
 
 
+def package_version(name: str) -> str:
+    """An installed package's version for a message ('?' when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "?"
+
+
 def environment() -> dict:
     import jax
 
@@ -343,11 +353,26 @@ def missing_figures(result: Path, meta: dict) -> list[str]:
             and not ((folder / name).exists() or (folder / name).is_symlink())]
 
 
+# Written into a folder output (an export) before its files and removed once its record is written: a folder that
+# holds it and nothing its job does not write is that job's unfinished output, which --overwrite may replace (a
+# folder without it or a record is a user's, e.g. a saved model, and is never emptied).
+UNFINISHED = ".rmjax-unfinished"
+
+
+def mark_unfinished(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / UNFINISHED).write_bytes(b"")
+
+
+def mark_finished(folder: Path) -> None:
+    (folder / UNFINISHED).unlink(missing_ok=True)
+
+
 def folder_record(folder: Path, beside: Sequence[Path] = ()) -> dict:
     """Size and sha256 of every file in `folder` (a folder result: an export), by path inside it; what `beside`
-    names (another output claimed on its own) left out."""
-    others = [Path(os.path.realpath(p)) for p in beside]
-    files = sorted(p for p in folder.rglob("*") if p.is_file()
+    names (another output claimed on its own, and its lock) and the unfinished mark left out."""
+    others = [Path(os.path.realpath(p)) for o in beside for p in (o, Path(o).with_name(Path(o).name + ".lock"))]
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != UNFINISHED
                    and not any(Path(os.path.realpath(p)) == o or o in Path(os.path.realpath(p)).parents
                                for o in others))
     return {str(p.relative_to(folder)): file_record(p) for p in files}

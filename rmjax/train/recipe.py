@@ -151,7 +151,9 @@ def run_training(
     export, head_out = (Path(p) if p else None for p in (export, head_out))
     head_files = [head_out, head_out.with_suffix(".json")] if head_out else []
     outputs = [workdir_output(workdir, identity, overwrite, beside=[*([export] if export else []), *head_files])]
-    def fix(path: Path) -> str:  # --overwrite would train again: the finished workdir is reused without it
+    def fix(path: Path) -> str | None:  # --overwrite would train again: a finished workdir is reused without it
+        if not (workdir / "summary.json").is_file():
+            return None
         return (f"Delete {path} and rerun: the training in {workdir} is reused (--overwrite would delete it and "
                 "train again).")
 
@@ -198,6 +200,7 @@ def run_training(
             if export and fresh[export]:
                 dump_json({**summary, "written_at": now, "files": results.folder_record(export, head_files)},
                           export / SUMMARY_FILE)  # a rerun reuses the folder only when every file is as written
+                results.mark_finished(export)
             if head_out and fresh[head_out]:
                 head_out.parent.mkdir(parents=True, exist_ok=True)
                 save_file({"score.weight": head.T.copy()}, head_out)
