@@ -53,6 +53,7 @@ def jobs(a: Path, b: Path, lm: Path, out: Path, quick: bool) -> dict[str, list[s
         "audit": ["audit", f"--model={a}", "--dtype=bfloat16", f"--out={out}/audit"],
         "train_rm (last 2 layers)": ["train_rm", f"--model={lm}", "--dtype=bfloat16", "--elo=builtin",
                                      "--trainable=last_k", f"--steps={5 if quick else 200}",
+                                     f"--warmup_steps={1 if quick else 100}",
                                      f"--workdir={out}/train_rm"],
     }
 

@@ -36,8 +36,8 @@ def main(argv):
     from rmjax.text import prompts as prompt_lib
 
     if flags.FLAGS["selection"].value == "greedy":  # recorded in the identity as used, changing nothing
-        common.refuse_given("gcg --selection=greedy", ("seed", "n_replace"), "takes the best single swaps by "
-                            "gradient, drawing nothing at random")
+        common.refuse_given("gcg --selection=greedy", ("seed",), "takes the best swaps by gradient, drawing "
+                            "nothing at random")
     prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
     cfg = GCG_CONFIG(template=common.TEMPLATE.value, allow_nonfinite=common.ALLOW_NONFINITE.value,
                      token_ids=tuple(token_ids.token_ids() or ()))

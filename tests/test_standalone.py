@@ -64,5 +64,6 @@ def test_elo_builtin_names_the_shipped_files():
 
 
 def test_train_rm_refuses_an_unknown_builtin_elo_prompt_before_loading(tmp_path):
-    cli.user_error(cli.run("train_rm", "--elo=builtin:What is love", "--steps=1", f"--workdir={tmp_path}"),
+    cli.user_error(cli.run("train_rm", "--elo=builtin:What is love", "--steps=1", "--warmup_steps=0",
+                           f"--workdir={tmp_path}"),
                    "--elo=builtin:What is love", f'"builtin:{GREATEST}"')
