@@ -172,6 +172,7 @@ _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh
 
 
 def _activation(f: _Fields, family: str) -> str:
+    """The activation the family's transformers MLP runs, from the field it reads (the other one is ignored)."""
     key = _ACTIVATION_FIELD[family]
     act = f.d.get(key)
     if family == "gemma" and act == "gelu":

@@ -308,3 +308,13 @@ def test_gguf_without_tokenizer_model_is_one_line(tmp_path):
     with pytest.raises(CheckpointError) as refused:
         gguf_to_hf_folder(path, tmp_path / "out")
     assert "tokenizer.ggml.model" in _one_line(refused)
+
+
+def test_a_peft_adapter_beside_the_weights_is_refused(tmp_path):
+    """Beside model.safetensors an adapter_model.safetensors was left unread (only model.safetensors is the
+    checkpoint): the base model scored as the fine-tuned one. Before, its LoRA tensors matched no rule."""
+    folder = _saved(tmp_path, "llama3")
+    (folder / "adapter_model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointError) as refused:
+        load_hf_model_folder(folder, require_tokenizer=False)
+    assert "PEFT adapter (adapter_model.safetensors)" in _one_line(refused)

@@ -27,6 +27,7 @@ from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
 from rmjax.loading.identity import sampled_digest
 from rmjax.loading.safetensors_io import save_file
 from rmjax.runs import locks
+from rmjax.runs.results import package_version
 
 _ARCHS = {
     "llama": ("LlamaForCausalLM", "llama"),
@@ -221,8 +222,8 @@ def _convert(path: Path, out: Path, start: float) -> Path:
                 except NotImplementedError:  # gguf has no numpy dequantizer for some types (Q8_1, ...)
                     raise UnsupportedModelError(
                         f"{path}: tensor {t.name!r} is quantized as {t.tensor_type.name}, which the installed gguf "
-                        f"{_gguf_version()} cannot dequantize; use a GGUF of another quantization (Q8_0, Q4_K, F16) "
-                        "or the Hugging Face safetensors checkpoint.") from None
+                        f"{package_version('gguf')} cannot dequantize; use a GGUF of another quantization (Q8_0, "
+                        "Q4_K, F16) or the Hugging Face safetensors checkpoint.") from None
                 tensors[key.format(*m.groups())] = fn(w)
                 break
         else:
@@ -236,15 +237,6 @@ def _convert(path: Path, out: Path, start: float) -> Path:
         json.dumps({"gguf": str(path), "convert_seconds": time.perf_counter() - start}, indent=2)
     )
     return out
-
-
-def _gguf_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("gguf")
-    except PackageNotFoundError:
-        return "?"
 
 
 @contextlib.contextmanager

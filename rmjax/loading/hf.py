@@ -22,6 +22,7 @@ from rmjax.loading.identity import file_sha256, folder_fingerprint, tokenizer_di
 from rmjax.loading.weights import assemble
 from rmjax.model import Model
 from rmjax.parallel import sharding
+from rmjax.runs.results import package_version
 
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
@@ -124,7 +125,7 @@ def _read_tokenizer(folder: Path):
         # ("data did not match any variant ...") on a tokenizer.json it cannot parse, often one a newer
         # `tokenizers` wrote (a model or pre-tokenizer type this version lacks)
         raise CheckpointError(
-            f"{folder / 'tokenizer.json'}: the installed tokenizers {_version('tokenizers')} cannot parse it "
+            f"{folder / 'tokenizer.json'}: the installed tokenizers {package_version('tokenizers')} cannot parse it "
             f"({' '.join(str(error).split())[:160]}); upgrade tokenizers (pip install -U tokenizers transformers) "
             "or re-save the tokenizer with the version installed here.") from None
     with _tokenizers_lock:
@@ -132,15 +133,6 @@ def _read_tokenizer(folder: Path):
         while len(_tokenizers) > _TOKENIZERS_KEPT:
             _tokenizers.popitem(last=False)
     return tok
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "?"
 
 
 def check_tokenizer_fits(tok, cfg: ModelConfig, where: str) -> None:
@@ -154,7 +146,7 @@ def check_tokenizer_fits(tok, cfg: ModelConfig, where: str) -> None:
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else (cfg.eos_token_id,)
     named = [(f"{name}_token_id", i) for name, ids in (("bos", (cfg.bos_token_id,)), ("eos", eos),
                                                         ("pad", (cfg.pad_token_id,))) for i in ids if i is not None]
-    outside = [(name, i) for name, i in named if not 0 <= i < size]
+    outside = [(name, i) for name, i in named if i >= size]  # (a legacy pad id -1 names no token: not checked)
     if outside:  # another model's tokenizer, smaller than this one's: every id it gives names another token here
         name, i = outside[0]
         raise TokenizerMismatchError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 import ml_dtypes
@@ -117,6 +117,10 @@ def checkpoint_files(folder: Path) -> list[Path]:
     model.safetensors alone where it exists, as transformers reads it (another *.safetensors beside it, such as
     an older copy, is not part of the checkpoint); only a folder without it reads every *.safetensors, and
     `iter_checkpoint` refuses a tensor found in two of them."""
+    adapter = [p.name for p in (folder / "adapter_config.json", folder / "adapter_model.safetensors") if p.exists()]
+    if adapter:  # a PEFT adapter is no checkpoint rmjax reads: beside base weights it was ignored, not applied
+        raise CheckpointError(f"{folder}: holds a PEFT adapter ({adapter[0]}), which rmjax does not apply; merge it "
+                              "into its base model (peft's merge_and_unload, then save_pretrained) and load that.")
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -149,7 +153,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return [single] if single in files else files
 
 
-def iter_checkpoint(folder: Path) -> Iterator[tuple[str, callable]]:
+def iter_checkpoint(folder: Path) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
     """(name, loader) of every tensor of the checkpoint's files; a name found in two files is refused (which of
     the two would be the model's weight is not for rmjax to guess)."""
     seen: dict[str, Path] = {}
