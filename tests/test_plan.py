@@ -206,7 +206,7 @@ def test_plan_picks_a_mesh_writes_the_plan_and_refuses_what_cannot_fit(tmp_path)
     raw["architectures"] = ["LlamaForSequenceClassification"]
     config.write_text(json.dumps(raw))
     out = tmp_path / "plan.json"
-    ok(run("plan", f"--model={config}", "--topology=v5e:2x2", "--job=sweep", "--limit=4096", f"--out={out}"))
+    ok(run("plan", f"--model={config}", "--topology=v5e:2x2", "--job=sweep", f"--out={out}"))
     written = json.loads(out.read_text())
     assert written["chips"] == 4 and written["mesh"]["data"] * written["mesh"]["model"] == 4
     assert "fastest by realistic time" in written["why"] and written["predicted_seconds"] > 0
@@ -337,7 +337,7 @@ def test_one_chip_slices_plan_like_the_others(topology, tmp_path):
     config = tmp_path / "config.json"
     raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
     config.write_text(json.dumps(raw))
-    ok(run("plan", f"--model={config}", f"--topology={topology}", "--job=sweep", "--limit=512",
+    ok(run("plan", f"--model={config}", f"--topology={topology}", "--job=sweep",
            f"--out={tmp_path / 'p.json'}"))
     written = json.loads((tmp_path / "p.json").read_text())
     assert written["chips"] == 1 and written["accelerator_type"] == topology.replace("v5e", "v5litepod")

@@ -192,8 +192,9 @@ def test_plan_refuses_the_exhaustive_beams_the_job_refuses(tmp_path):
     """The job refuses an exhaustive depth-3 beam whose partials cannot fit the host, and one over the whole
     vocabulary; the plan compiled both (and said 0.01 GiB per chip)."""
     config = _config_file(tmp_path, vocab_size=1 << 20)
-    _plan_refused(config, "beam", exhaustive=True, depth=3, limit=1 << 20,
-                  says=("--exhaustive --depth=3 over 1,048,576 candidates", "partial responses", "this host has"))
+    _plan_refused(config, "beam", exhaustive=True, depth=3, limit=(1 << 20) - 1,
+                  says=("--exhaustive --depth=3 over 1,048,575 candidates", "partial responses", "this host has"))
+    _plan_refused(config, "sweep", limit=1 << 20, says=("--limit=1048576 keeps all 1,048,576 candidates",))
     _plan_refused(config, "beam", exhaustive=True, depth=2, says=("--exhaustive enumerates", "--limit"))
 
 

@@ -18,6 +18,7 @@ from rmjax.plan.shapes import (
     SweepShape,
     TrainShape,
 )
+from rmjax.text.candidates import candidate_count
 
 DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and an end-of-turn, with no tokenizer
 
@@ -151,7 +152,7 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
     per_prompt = _prompt_sizes(tokenizer, texts, template, prefix_tokens, suffix_tokens)
     prefix = max(p for _, p, _ in per_prompt)
     suffix = max(s for _, _, s in per_prompt)
-    candidates = min(limit, cfg.vocab_size) if limit else cfg.vocab_size
+    candidates = candidate_count(cfg, tokenizer, None, limit or None)  # a --limit keeping all is the job's refusal
     check_job(cfg, tokenizer, job, per_prompt, candidates=candidates, limit=limit, batch_size=batch_size, depth=depth,
               beam=beam, direction=direction, exhaustive=exhaustive, num_tokens=num_tokens, steps=steps,
               search_width=search_width, text_tokens=text_tokens)

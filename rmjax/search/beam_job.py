@@ -28,7 +28,7 @@ from rmjax.search.completion import (
     gains_summary,
     require_prior_config,
 )
-from rmjax.search.sweep import load_planned
+from rmjax.search.sweep import check_limit, load_planned
 from rmjax.text import candidates as candidate_set
 from rmjax.text.candidates import candidate_ids
 from rmjax.text.prompts import check_prompt_names
@@ -149,6 +149,7 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
     o, cfg = spec.options, spec.config
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
     lines, requested = _requested(spec)
+    check_limit(o.model, spec.token_ids, lines, spec.limit, spec.vocab_file)
     fp, from_sweep = job_fingerprint(o), None
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")

@@ -175,6 +175,7 @@ def run_sweep(spec: SweepSpec) -> Path:
     if spec.token_ids is not None and spec.vocab_file:
         raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
     lines = read_vocab_file(spec.vocab_file) if spec.vocab_file else None
+    check_limit(o.model, spec.token_ids, lines, spec.limit, spec.vocab_file)
     identity = sweep_identity(job_fingerprint(o), dtype=o.dtype, output_column=o.output_column, prompts=spec.prompts,
                               token_ids=spec.token_ids, limit=spec.limit, mode=spec.mode, template=o.template,
                               text_add_special_tokens=spec.text_add_special_tokens, vocab_lines=lines)
@@ -192,6 +193,18 @@ def run_sweep(spec: SweepSpec) -> Path:
         elif spec.plot and is_main():
             reused_figure(job.out, figure_path(o.out))
     return Path(o.out)
+
+
+def check_limit(model: str, token_ids, lines: VocabLines | None, limit: int | None, vocab_file: str | None) -> None:
+    """A --limit that keeps every candidate changes nothing: refused from the config and tokenizer before the claim
+    (where --overwrite deletes an earlier result, and a finished one with it would be reused)."""
+    if limit is None:
+        return
+    from rmjax.loading import config_and_tokenizer
+
+    config, tokenizer = config_and_tokenizer(model)
+    ids = token_ids if lines is None else single_token_ids(tokenizer, lines, vocab_file, report=False)[0]
+    candidate_count(config, tokenizer, ids, limit)
 
 
 def _draw(csv: Path, png: Path) -> None:
