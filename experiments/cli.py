@@ -42,8 +42,8 @@ def run(main: Callable[[list[str]], None]) -> None:
             print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
             sys.exit(2)
         except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; saved progress is kept
-            print("\ninterrupted: nothing was written as finished; rerun the same command to resume from the saved "
-                  "progress.", file=sys.stderr, flush=True)
+            print("\ninterrupted: rerun the same command to continue (a job that saves progress resumes from it; "
+                  "a result is reused only when its record proves it whole).", file=sys.stderr, flush=True)
             sys.exit(130)
         except OSError as error:  # the machine's, not the code's: a full or read-only disk, a quota
             if error.errno not in _DISK_ERRORS:

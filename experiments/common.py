@@ -85,14 +85,14 @@ def define_texts(name: str, default: list[str] | None, help_text: str) -> flags.
     return flags.DEFINE(_TextListParser(), name, default, help_text, serializer=flags.CsvListSerializer(","))
 
 
-def note_edge_spaces(flag: str, texts) -> None:
-    """Spaces at a response's ends are scored (a different tokenization): said once, so that `--texts=a, b` is
-    not read as 'b' without a word."""
+def note_edge_spaces(flag: str, texts: list[str]) -> None:
+    """A response with a space at an end is kept so (a template may read it: ChatML does, Llama 3's and Gemma's
+    trim it): said once, so that `--texts=a, b` is not read as 'b' without a word."""
     edged = [t for t in texts if t != t.strip()]
     if edged:
         shown = ", ".join(repr(t) for t in edged[:3]) + (" …" if len(edged) > 3 else "")
-        print(f"{flag}: {len(edged)} response{'s' * (len(edged) != 1)} with a space at an end, scored with it: "
-              f"{shown}.", file=sys.stderr)
+        print(f"{flag}: {len(edged)} response{'s' * (len(edged) != 1)} with a space at an end, kept as typed "
+              f"(a chat template that trims responses drops it): {shown}.", file=sys.stderr)
 
 
 def refuse_output_column(job: str) -> None:
@@ -147,6 +147,12 @@ def start():
 
         quiet_logs()
         distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
+        if not MESH.value:  # each process would load the model and compute the whole job alone, unsaid
+            import jax
+
+            if jax.process_count() > 1:
+                raise UsageError(f"{jax.process_count()} processes and no --mesh: each would compute the whole job "
+                                 f"alone; give --mesh=data:D,model:M over all {jax.device_count()} devices.")
         try:
             _mesh.append(sharding.make_mesh(MESH.value) if MESH.value else None)
         except ValueError as error:

@@ -335,3 +335,20 @@ def test_nonfinite_weights_stop_inspect_before_writing(rm_folder, tmp_path):
     with pytest.raises(NonFiniteError, match="non-finite values in the reward lens.*score.kernel"):
         write_inspect(model, "What is best?", items, tmp_path / "out", steps=2)
     assert not (tmp_path / "out" / "reward_lens.csv").exists()
+
+
+def test_text_responses_mark_only_their_own_tokens(rm_folder):
+    """`--responses` as text: the response's span is its tokens between the template's prefix and its end of turn
+    (transformers' rendering cut at both ends), not the end of turn after it."""
+    from rmjax.inspect.job import items_from_texts
+    from rmjax.text import chat
+
+    model = load(str(rm_folder))
+    prompt = "What, in one word, is the greatest thing ever?"
+    split = chat.split_chat(model.tokenizer, prompt)
+    for item in items_from_texts(model, prompt, ["love", "a long answer, with commas"]):
+        rendered = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt},
+                                                        {"role": "assistant", "content": item.label}], tokenize=False)
+        ids = model.tokenizer(rendered, add_special_tokens=False).input_ids
+        assert list(item.ids) == ids and ids[item.end:] == list(split.suffix) and len(split.suffix) >= 1
+        assert model.tokenizer.decode(ids[item.start:item.end]) == item.label

@@ -69,7 +69,7 @@ def test_texts_keep_their_edge_spaces(rm_folder, tmp_path):
     out = tmp_path / "t.csv"
     run = cli.ok(cli.run("score", f"--model={rm_folder}", "--prompts=greatest", '--texts=" Love","a, b"',
                          "--z_sample=0", f"--out={out}"))
-    assert "1 response with a space at an end" in run.stderr and "' Love'" in run.stderr
+    assert "1 response with a space at an end, kept as typed" in run.stderr and "' Love'" in run.stderr
     table = read_scores_csv(out)
     assert list(table["text"]) == [" Love", "a, b"]
     model = load(str(rm_folder))

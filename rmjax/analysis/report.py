@@ -204,16 +204,20 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
         outputs.figure(f"elo_kendall_tau_{ep.slug}", plots.heatmap, tau,
                        f"Kendall tau-b, humans + models:\n{ep.prompt}")
         partial = [m for m in ep.models if m not in ep.user_models and not ep.scores[m].notna().all()]
+        over = median_of
         if partial:  # ranked over fewer items: not comparable with the others' ranks
             outputs.say(f"{ep.prompt!r}: {', '.join(partial)} leave{'s' * (len(partial) == 1)} items unscored and "
                         "are left out of the median model rank.", "")
+            over = f"the {len(published) - len(partial)} published models that score every item"
         gaps = outputs.table(f"elo_human_vs_median_model_{ep.slug}", elo_lib.human_vs_median_model(ranks, top_k))
         if len(gaps):
             outputs.figure(f"elo_human_vs_median_model_{ep.slug}", plots.diverging_bars, gaps, "name",
                            "median_model_rank_minus_human_rank",
-                           f"Median model rank (over {median_of}) minus human rank:\n{ep.prompt}")
-        else:
+                           f"Median model rank (over {over}) minus human rank:\n{ep.prompt}")
+        elif ranks["median_model_rank"].isna().all():
             outputs.skip(f"elo_human_vs_median_model for {ep.prompt!r}: no published model scores every item.")
+        else:
+            outputs.say(f"{ep.prompt!r}: the median model ranks every item as humans do.", "")
         stats_of = agreement[agreement.prompt == ep.prompt].set_index("model")
         columns = ["human_rank"] + [f"{m}_rank" for m in ep.models]
         labels = ["Human"] + [f"{m}\n(rho {stats_of.spearman_rho[m]:.2f}" + (

@@ -5,7 +5,9 @@ point also calls before the model loads."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +19,7 @@ from rmjax.text.candidates import read_vocab_file, words_to_ids
 from rmjax.text.chat import Conversations, split_chat
 
 
-def banned_tokens(tokenizer, vocab: int, cfg: GCGConfig) -> np.ndarray:
+def banned_tokens(tokenizer: Any, vocab: int, cfg: GCGConfig) -> np.ndarray:
     """Boolean [V]: the tokens no response may hold: special/control, non-ASCII (unless allowed), past the
     tokenizer, and outside the candidate set (--vocab_file / --token_ids). A set that leaves none is refused."""
     banned = disallowed_ids(tokenizer, vocab, cfg.allow_special, cfg.allow_non_ascii)
@@ -32,7 +34,7 @@ def banned_tokens(tokenizer, vocab: int, cfg: GCGConfig) -> np.ndarray:
     return banned
 
 
-def start_sequences(tokenizer, cfg: GCGConfig, banned: np.ndarray,
+def start_sequences(tokenizer: Any, cfg: GCGConfig, banned: np.ndarray,
                     checks: list[RetokenizationCheck]) -> list[list[int]]:
     """The sequences the buffer starts from: --init_from's best (see `_seeds`), then each --init response not
     among them; with neither, the default start (see `_init_ids`)."""
@@ -87,7 +89,7 @@ def _only_ids(ids: tuple[int, ...], vocab: int) -> np.ndarray:
     return allowed
 
 
-def check_starts(cfg: GCGConfig, tokenizer, vocab_size: int, prompts) -> None:
+def check_starts(cfg: GCGConfig, tokenizer: Any, vocab_size: int, prompts: Iterable[str]) -> None:
     """The start sequences (--init_from's, --init, or the default), from the tokenizer alone: a start that does not
     survive the template stops the job before the weights load, not after."""
     if tokenizer is None:
