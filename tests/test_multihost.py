@@ -110,3 +110,19 @@ def test_two_process_beam_equals_one(tmp_path):
     atol = _atol(folder, 2)
     for prompt in ("greatest", "worst"):
         np.testing.assert_allclose(b[prompt], a[prompt], atol=atol, rtol=0)
+
+
+def test_processes_without_a_mesh_are_refused(tmp_path):
+    """--num_processes=2 without --mesh: each process loaded the model and swept every candidate alone (exit 0,
+    the second host's work thrown away). Both now stop in one line before loading."""
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
+    env = cli.subprocess_env(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
+    port = _free_port()
+    procs = [subprocess.Popen(_cmd(folder, tmp_path / "s.csv", f"--coordinator=127.0.0.1:{port}",
+                                   "--num_processes=2", f"--process_id={i}"), cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, err
+        assert "2 processes and no --mesh" in err and "over all 8 devices" in err
+    assert not (tmp_path / "s.csv").exists()

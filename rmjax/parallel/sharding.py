@@ -114,13 +114,22 @@ def shard_over_data(tree, mesh: Mesh | None):
 def place(array, axes: tuple[str | None, ...], mesh: Mesh | None) -> jax.Array:
     """Put a host (or lazily read) array on the mesh, each device receiving only its own slice.
 
-    JAX asks only for this process's devices' slices, once per distinct slice, so with a lazily
-    read checkpoint a process reads a replicated parameter once and a sharded one shard by shard.
+    JAX asks only for this process's devices' slices, but once per device for a partly replicated sharding (a
+    `model`-sharded weight on data:D,model:M: D times each slice), so slices are read once each here, keyed by
+    their index: with a lazily read checkpoint a process reads each byte it needs once.
     """
     if mesh is None:
         return jax.numpy.asarray(np.asarray(array))
     sharding = named_sharding(axes, array.shape, mesh)
-    return jax.make_array_from_callback(array.shape, sharding, lambda index: np.asarray(array[index]))
+    read: dict[tuple, np.ndarray] = {}
+
+    def slice_of(index: tuple) -> np.ndarray:
+        key = tuple((i.start, i.stop, i.step) if isinstance(i, slice) else i for i in index)
+        if key not in read:
+            read[key] = np.asarray(array[index])
+        return read[key]
+
+    return jax.make_array_from_callback(array.shape, sharding, slice_of)
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
