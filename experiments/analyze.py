@@ -51,8 +51,9 @@ READ_BY = {
 
 def refuse_unread_settings() -> None:
     """A setting given without an input that reads it (--framing without --scores) is refused, not ignored."""
-    for name, inputs in READ_BY.items():
-        if flags.FLAGS[name].present and not any(flags.FLAGS[i].value for i in inputs):
+    for name, inputs in READ_BY.items():  # an empty value (--models_yaml= : none) asks for nothing
+        given = flags.FLAGS[name]
+        if given.present and given.value not in ("", None) and not any(flags.FLAGS[i].value for i in inputs):
             raise UsageError(f"--{name} applies to {' / '.join('--' + i for i in inputs)}, and none is given; leave "
                              f"--{name} out.")
 

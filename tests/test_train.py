@@ -167,7 +167,7 @@ def test_a_finished_run_is_reused_before_anything_is_computed(lm_folder, tmp_pat
     pairs, held, work, export = (tmp_path / name for name in ("pairs.csv", "held.csv", "work", "hf"))
     _separable(NOUNS[:20], 48, 0).to_frame().to_csv(pairs, index=False)
     _separable(NOUNS[20:], 16, 1).to_frame().to_csv(held, index=False)
-    settings = dict(steps=2, checkpoint_every=2, batch_size=8)
+    settings = dict(steps=2, warmup_steps=1, checkpoint_every=2, batch_size=8)
     proc = cli.ok(cli.run("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={held}",
                           f"--workdir={work}", f"--export={export}", *(f"--{k}={v}" for k, v in settings.items())))
     assert proc.stdout.strip().splitlines()[-1] == f"Hugging Face folder: {export}"
