@@ -146,8 +146,8 @@ def start():
         from rmjax.parallel import distributed, sharding
 
         quiet_logs()
-        distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
-        if not MESH.value:  # each process would load the model and compute the whole job alone, unsaid
+        several = distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
+        if several and not MESH.value:  # each process would load the model and compute the whole job alone, unsaid
             import jax
 
             if jax.process_count() > 1:
