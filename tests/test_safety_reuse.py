@@ -127,27 +127,32 @@ def test_a_sweep_whose_figure_was_deleted_is_reused_and_read(rm_folder, tmp_path
         run_sweep(spec())
 
 
+# The sweep sends itself SIGINT (what Ctrl-C sends) as its second chunk is written: deterministic, however fast.
+_CTRL_C_AT_SECOND_CHUNK = (
+    "import os, runpy, signal, sys; import rmjax.runs.chunks as c; real = c.ChunkStore.write; n = []\n"
+    "def write(self, name, scores):\n"
+    "    n.append(name)\n"
+    "    if len(n) == 2: os.kill(os.getpid(), signal.SIGINT)\n"
+    "    return real(self, name, scores)\n"
+    "c.ChunkStore.write = write; runpy.run_module(sys.argv.pop(1), run_name='__main__')")
+
+
 def test_ctrl_c_ends_in_one_line_and_the_rerun_resumes(rm_folder, tmp_path):
     """SIGINT during a sweep printed a KeyboardInterrupt traceback (exit -2). It is one line now (exit 130), and the
     same command then finishes from the saved chunks."""
-    import signal
     import subprocess
-    import time
+    import sys
 
+    from rmjax.runs.chunks import store_dir
     from tests import cli
 
     out = tmp_path / "s.csv"
-    flags = (f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--chunk_size=1024", "--batch_size=256")
-    proc = subprocess.Popen(cli.command("sweep", *flags), cwd=cli.REPO, env=cli.ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    store = tmp_path / "s.csv.chunks"
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline and not any(store.glob("chunk-*.npy")):
-        time.sleep(0.05)  # the first chunk is saved: the job is mid-way
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "interrupted: rerun the same command to continue" in err
-    assert not out.exists()
+    flags = (f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=384", "--chunk_size=128",
+             "--batch_size=64")
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_AT_SECOND_CHUNK, "experiments.sweep", *flags], cwd=cli.REPO,
+                          env=cli.subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr and "interrupted: rerun the same command to continue" in proc.stderr
+    assert not out.exists() and (store_dir(out) / "chunk-0000000000.npy").is_file()
     cli.ok(cli.run("sweep", *flags))
-    assert out.is_file()
+    assert out.is_file() and results.read_meta(out)["resumed_candidates"] >= 128
