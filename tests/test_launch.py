@@ -369,24 +369,22 @@ def test_remote_hosts_install_what_make_demo_installs():
 def test_tpu_vm_plans_with_the_flags_the_plan_reads_for_that_job(tmp_path):
     """The plan refuses a job flag its --job does not read. The launcher passed gcg's --direction and inspect's
     --depth on (the beam's flags to the plan) and inspect's --steps as GCG's steps: now only a job's own, and
-    inspect's --steps as --ig_steps."""
+    inspect's --steps as --ig_steps. (A gs:// checkpoint: the dry run prints the plan without running it.)"""
     import json
 
-    from tests import tiny
+    from tests import cli, tiny
 
-    raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(raw))
     for job, words, planned in (
             ("gcg", "--direction=pessimal --num_tokens=4 --steps=9", ["--num_tokens=4", "--steps=9"]),
             ("inspect", "--depth=2 --steps=32 --from_beam=b.csv", ["--ig_steps=32"]),
             ("beam", "--depth=3 --direction=optimal --limit=64", ["--depth=3", "--direction=optimal", "--limit=64"])):
-        dry = ["tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", f"--job=experiments.{job} {words}",
-               f"--plan_model={config}"]
-        cmds = _dry(*dry, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-        assert cmds[0][1:5] == ["-m", "experiments.plan", f"--model={config}", "--topology=v5litepod-8"]
-        assert cmds[0][5:] == [f"--job={job}", *planned], cmds[0]
-    from tests import cli
-
+        cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt",
+                    f"--job=experiments.{job} {words}", env={**os.environ, "TMPDIR": "/tmp"})
+        (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
+        assert plan[3:] == ["--model=/tmp/rmjax-rm-config.json", "--topology=v5litepod-8", f"--job={job}",
+                            *planned], plan
+    raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(raw))
     cli.user_error(cli.run("plan", f"--model={config}", "--job=gcg", "--direction=pessimal"),
                    "--direction: plan --job=gcg does not read it")

@@ -128,8 +128,10 @@ def test_a_sweep_whose_figure_was_deleted_is_reused_and_read(rm_folder, tmp_path
 
 
 # The sweep sends itself SIGINT (what Ctrl-C sends) as its second chunk is written: deterministic, however fast.
+# Python's own SIGINT handler is put back first: under pytest-xdist a subprocess inherits SIGINT ignored.
 _CTRL_C_AT_SECOND_CHUNK = (
-    "import os, runpy, signal, sys; import rmjax.runs.chunks as c; real = c.ChunkStore.write; n = []\n"
+    "import os, runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "import rmjax.runs.chunks as c; real = c.ChunkStore.write; n = []\n"
     "def write(self, name, scores):\n"
     "    n.append(name)\n"
     "    if len(n) == 2: os.kill(os.getpid(), signal.SIGINT)\n"
