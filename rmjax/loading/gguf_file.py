@@ -24,7 +24,7 @@ from rmjax.config import config_from_hf
 from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
 from rmjax.loading.gguf_bounds import check_metadata_bounds
 from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
-from rmjax.loading.identity import sampled_digest
+from rmjax.loading.identity import READING, sampled_digest
 from rmjax.loading.safetensors_io import save_file
 from rmjax.runs import locks
 from rmjax.runs.results import package_version
@@ -35,11 +35,6 @@ _ARCHS = {
     "gemma2": ("Gemma2ForCausalLM", "gemma2"),
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
 }
-
-
-# Part of the cache key of converted folders: bumped when the conversion's output changes, so that a folder an
-# older rmjax converted is converted anew (2: rope scaling and Gemma 3 27B's query scale read from the metadata).
-CONVERSION_VERSION = 2
 
 
 def _field(reader, key: str, default=None):
@@ -283,15 +278,15 @@ def read_gguf(path: Path):
 
 
 def cached_hf_folder(path: str | Path, cache_root: Path) -> Path:
-    """The converted folder for `path`, converting on first use (keyed by file name, size, mtime, the content
-    fingerprint that job identities record and CONVERSION_VERSION: another file put in its place with the same size
-    and mtime, as `cp -p` or an archive leaves it, is converted anew, never served the old file's weights under its
-    own identity)."""
+    """The converted folder for `path`, converting on first use, keyed by file name, size, mtime, the content
+    fingerprint that job identities record (another file put in its place with the same size and mtime, as `cp -p`
+    leaves it, is converted anew, never served the old file's weights) and identity.READING (a folder an older
+    reading converted is converted anew)."""
     path = Path(path).resolve()
     if not path.is_file():
         raise MissingFileError(f"{path}: no such GGUF file.")
     st = path.stat()
-    key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{sampled_digest(path)}|{CONVERSION_VERSION}"
+    key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{sampled_digest(path)}|{READING}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     out = cache_root / "converted" / f"{path.stem}-{digest}"
     if (out / "config.json").is_file():
