@@ -139,7 +139,8 @@ def test_the_final_writers_refuse_a_nonfinite_derived_number(tmp_path):
 def test_the_frontier_writer_refuses_nan_reward_z(tmp_path):
     """The frontier's CSV through the shared writer: a unit whose yardstick has no spread cannot be written."""
     from rmjax.search import frontier_out
-    from rmjax.search.frontier_job import FrontierConfig, Unit
+    from rmjax.search.frontier_job import FrontierConfig
+    from rmjax.search.frontier_unit import Unit
 
     ids = np.array([[5, 6], [7, 8]])
     unit = Unit("greatest", "optimal", "search", 0.0, ids, np.array([0.5, 0.25]), np.array([-3.0, -4.0]),
