@@ -46,6 +46,7 @@ READ_BY = {
     "rbo_depth": ("scores",), "n_permutations": ("scores", "audits"), "n_boot": ("scores", "audits"),
     "models_yaml": ("scores", "elo"), "bigtwo_dictionary": ("scores", "bigtwo_checkpoints", "implicit_chosen"),
     "collapse_variants": ("scores", "bigtwo_checkpoints", "implicit_chosen"),
+    "seed": ("scores", "audits"), "top": ("scores", "elo", "implicit_chosen"),
 }
 
 

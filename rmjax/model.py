@@ -33,6 +33,7 @@ class Model:
     fingerprint: dict | None = None  # {"weights", "tokenizer"} content digests (rmjax.loading.identity)
     fingerprint_of: tuple[int, int] | None = None  # id() of the params and tokenizer it describes
     output_column: int = 0  # which head output jobs read (a run option: --output_column), not architecture
+    training: dict | None = None  # the training recipe the checkpoint records (rmjax.loading.registry), read at load
 
     def __post_init__(self):
         if self.fingerprint is not None and self.fingerprint_of is None:

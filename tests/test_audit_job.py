@@ -196,6 +196,22 @@ def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
     assert len(side) == len(a)  # every row of the larger audit, the other model's columns empty where it has none
     refused(lambda: analyze(tmp_path / "again", audits=(str(audited),)), "at least two")
     refused(lambda: analyze(tmp_path / "again", audits=(str(audited), str(tmp_path / "none"))), "no finished audit")
+    # an audit whose items were edited, or cut short, after it was written is refused, not compared: an edited
+    # reward moved its differences silently (and the side-by-side table still showed the audit's own effects)
+    import shutil
+
+    for name in ("edited", "cut"):
+        copy = tmp_path / name
+        shutil.copytree(second, copy)
+        items = folder_paths(copy)["items"]
+        if name == "edited":
+            rows = pd.read_csv(items, keep_default_na=False, dtype=str)
+            rows.loc[0, "reward"] = repr(float(rows.loc[0, "reward"]) + 5.0)
+            rows.to_csv(items, index=False)
+        else:
+            items.write_text("".join(items.read_text().splitlines(keepends=True)[:40]))
+        refused(lambda: analyze(tmp_path / f"again-{name}", audits=(str(audited), str(copy))),  # noqa: B023
+                "does not match its")
 
 
 def test_the_entry_point_refuses_an_unknown_battery_in_one_line(tmp_path):

@@ -344,3 +344,48 @@ def test_overwrite_keeps_what_is_not_ours(tmp_path):
         with pytest.raises(OutputExistsError, match=f"no rmjax analysis wrote \\({name}"):
             Outputs(out, overwrite=True)
         assert (out / name).exists()
+
+
+def test_models_given_by_path_are_named_by_their_folder(tmp_path):
+    """A folder's label was cut at its first dot (Skywork-Reward-V2-Llama-3.2-1B and …-3.1-8B both became
+    Skywork-Reward-V2-Llama-3, then refused as one model), and two folders named alike were one model."""
+    def labels(*models: str) -> list[str]:
+        folder = tmp_path / f"s{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        rng = np.random.default_rng(0)
+        paths = [sweep(folder / f"t{i}.csv", {"greatest": rng.normal(size=40)}, model=m) for i, m in enumerate(models)]
+        return [t.model for t in data.load_score_tables(paths)]
+
+    assert labels("/m/Skywork-Reward-V2-Llama-3.2-1B", "out/Skywork-Reward-V2-Llama-3.1-8B/") == [
+        "Skywork-Reward-V2-Llama-3.2-1B", "Skywork-Reward-V2-Llama-3.1-8B"]
+    assert labels("/x/a/model", "/x/b/model", "elo-rm-smollm2-135m") == ["a/model", "b/model", "elo-rm-smollm2-135m"]
+    assert labels("models/rm.v2.gguf", "./other/x.y") == ["rm.v2", "x.y"]  # a GGUF file loses its suffix alone
+    inproc.refused(lambda: labels("/x/a/model", "/x/a/model"), "same model", "model")
+
+
+def test_the_in_sample_note_reads_the_recipe_the_scoring_job_recorded(rm_folder, tmp_path, monkeypatch):
+    """The Elo in-sample note looked for the model's rmjax_training.json by the path the job was given, from the
+    analysis's working directory: a model scored by absolute path (or from elsewhere) lost the note. The job now
+    records the recipe the checkpoint holds in its .meta.json."""
+    import shutil
+
+    from rmjax.analysis.data import ScoreTable
+    from rmjax.analysis.elo import table_training
+    from rmjax.scoring.texts import ScoreSpec, run_score
+
+    model = tmp_path / "trained"
+    shutil.copytree(rm_folder, model)
+    (model / "rmjax_training.json").write_text(json.dumps({"recipe": {"elo": "builtin:best"}}))
+    out = tmp_path / "scores.csv"
+    run_score(ScoreSpec(inproc.options(str(model), out), {"greatest": "What is the greatest thing?"}, ("Love",),
+                        z_sample=16))
+    assert results.read_meta(out)["training"] == {"elo": "builtin:best"}
+    monkeypatch.chdir(tmp_path.parent)  # the analysis runs elsewhere, and the folder has moved since
+    model.rename(tmp_path / "moved")
+    frame = pd.DataFrame({"text": ["Love"], "greatest": [0.0]})
+    assert table_training(ScoreTable("trained", "trained", frame, "text", out)) == "builtin:best"
+    # a recorded "none" is the answer; a result written before the meta recorded it asks the model's own record
+    results.write_meta(tmp_path / "none.csv", kind="score", model="elo-rm-smollm2-135m", training=None)
+    results.write_meta(tmp_path / "old.csv", kind="score", model="elo-rm-smollm2-135m")
+    assert table_training(ScoreTable("a", "a", frame, "text", tmp_path / "none.csv")) is None
+    assert table_training(ScoreTable("b", "b", frame, "text", tmp_path / "old.csv")) == "builtin"

@@ -192,6 +192,8 @@ BAD_OTHER_FLAGS = [
     # analyze settings whose inputs are not given: each was accepted and changed nothing
     ("analyze", ["--framing=good,bad", "--elo=builtin", "--out={dir}/a"], ["--framing applies to --scores"]),
     ("analyze", ["--rbo_p=0.5", "--elo=builtin", "--out={dir}/a"], ["--rbo_p applies to --scores"]),
+    ("analyze", ["--seed=7", "--elo=builtin", "--out={dir}/a"], ["--seed applies to --scores / --audits"]),
+    ("analyze", ["--top=3", "--disagreements={dir},{dir}", "--out={dir}/a"], ["--top applies to --scores"]),
     ("train_rm", ["--pairs={dir}/p.csv", "--elo={dir}/e.csv"], ["exactly one of --pairs", "--elo"]),
     ("logprobs", ["--top=-1"], ["--top=-1"]),
 ]

@@ -89,17 +89,41 @@ def read_table(path: str | Path, kinds: Sequence[str] = SCORE_KINDS, flag: str =
     return frame, string_column
 
 
+def source_model(path: str | Path) -> str | None:
+    """The model the .meta.json beside the CSV names, as the job was given it (None without one)."""
+    meta = results.read_meta(Path(path))
+    model = meta.get("model") if meta is not None else None
+    return model if isinstance(model, str) and model else None
+
+
+def model_name(model: str, parts: int = 1) -> str:
+    """A model's label: a builtin name as it is, a folder or GGUF file by its last `parts` path parts (a .gguf
+    suffix dropped), so one model gets one label however its path was written."""
+    if not ("/" in model or model.startswith((".", "~")) or model.endswith(".gguf")):
+        return model
+    path = Path(model.rstrip("/"))
+    name = "/".join([*path.parent.parts[max(0, len(path.parent.parts) - parts + 1):], path.name])
+    return name[:-len(".gguf")] if name.endswith(".gguf") else name
+
+
 def source_name(path: str | Path) -> str:
-    """Model name: the `model` of the .meta.json beside the CSV (basename if it is a path), else the stem."""
-    path = Path(path)
-    meta = results.read_meta(path)
-    if meta is not None:
-        model = meta.get("model")
-        if isinstance(model, str) and model:
-            if model.startswith(("/", ".", "~")) or model.endswith(".gguf"):
-                return Path(model.rstrip("/")).stem
-            return model
-    return path.stem
+    """Model name: the `model_name` of the model the .meta.json beside the CSV names, else the file's stem."""
+    model = source_model(path)
+    return Path(path).stem if model is None else model_name(model)
+
+
+def distinct_names(models: Sequence[str | None], names: list[str]) -> list[str]:
+    """`names` with the models that share one but are not one model (/x/a/model and /x/b/model) named by more of
+    their paths, until they differ."""
+    names = list(names)
+    for parts in range(2, 64):
+        clash = [i for i, name in enumerate(names) if models[i] is not None and len(
+            {models[j] for j, other in enumerate(names) if other == name}) > 1]
+        if not clash:
+            break
+        for i in clash:
+            names[i] = model_name(models[i], parts)
+    return names
 
 
 def source_prompts(path: str | Path | None) -> dict[str, str]:
@@ -157,8 +181,11 @@ def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.Data
         frame, string_column = read_table(path, kinds, flag, bare)
         if roundtrip_only:
             frame = roundtrip_rows(frame, string_column, path)
-        source = source_name(path)
-        tables.append(ScoreTable(model_label(source, metadata), source, frame, string_column, path))
+        tables.append((path, frame, string_column))
+    models = [source_model(path) for path, *_ in tables]
+    sources = distinct_names(models, [source_name(path) for path, *_ in tables])
+    tables = [ScoreTable(model_label(source, metadata), source, frame, string_column, path)
+              for source, (path, frame, string_column) in zip(sources, tables, strict=True)]
     if metadata is not None:
         position = {nickname: i for i, nickname in enumerate(metadata["nickname"])}
         tables.sort(key=lambda t: position.get(t.model, len(position)))

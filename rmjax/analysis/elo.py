@@ -165,12 +165,24 @@ def elo_training(source: str) -> str | None:
     return None
 
 
-def human_agreement(elo_prompts: Sequence[EloPrompt], sources: dict[str, str] | None = None) -> pd.DataFrame:
+def table_training(table: ScoreTable) -> str | None:
+    """The EloEverything data the table's model was trained on: what its .meta.json records (the model's recipe,
+    read where the job loaded it, wherever that was run from); for a result written before the meta recorded it,
+    `elo_training` of the model it names."""
+    meta = results.read_meta(table.path) if table.path is not None else None
+    if isinstance(meta, dict) and "training" in meta:
+        recipe = meta["training"]
+        return (recipe.get("elo") or None) if isinstance(recipe, dict) else None
+    model = meta.get("model") if isinstance(meta, dict) else None
+    return elo_training(model if isinstance(model, str) and model else table.source)
+
+
+def human_agreement(elo_prompts: Sequence[EloPrompt], trained: dict[str, str | None] | None = None) -> pd.DataFrame:
     """Kendall tau-b and Spearman rho of each model's scores with the human Elo scores, per prompt, over
     the items the model scores (all of them for a published model); `source` is published or --scores;
-    `trained_on_elo`: the EloEverything data the model was trained on (`elo_training` of `sources[model]`, the
-    model each --scores label names; empty for none), whose τ is then partly in-sample."""
-    sources = sources or {}
+    `trained_on_elo`: the EloEverything data the model was trained on (`trained[model]`, `table_training` of each
+    --scores table; empty for none), whose τ is then partly in-sample."""
+    trained = trained or {}
     rows = []
     for ep in elo_prompts:
         human = ep.items["elo_score"].to_numpy(np.float64)
@@ -184,7 +196,7 @@ def human_agreement(elo_prompts: Sequence[EloPrompt], sources: dict[str, str] | 
                          "n_items": int(covered.sum()),
                          "kendall_tau": float(tau.statistic), "kendall_p": float(tau.pvalue),
                          "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue),
-                         "trained_on_elo": (elo_training(sources[model]) if model in sources else None) or ""})
+                         "trained_on_elo": trained.get(model) or ""})
     return pd.DataFrame(rows)
 
 

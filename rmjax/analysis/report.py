@@ -194,7 +194,7 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
     user_models = [] if added is None or added.coverage.empty else list(dict.fromkeys(added.coverage["model"]))
     models = published + user_models  # the --scores models in the order of their tables
     agreement = outputs.table("elo_human_agreement", elo_lib.human_agreement(
-        prompts, {t.model: t.source for t in tables}))
+        prompts, {t.model: elo_lib.table_training(t) for t in tables}))
     in_sample = list(dict.fromkeys(agreement.model[agreement.trained_on_elo != ""]))
     outputs.headline["elo_human_agreement"] = agreement
     median_of = "models only" if not user_models else f"the {len(published)} published models only"

@@ -41,10 +41,12 @@ class AuditSection:
         self.tables: dict[str, pd.DataFrame] = {}
         for folder in folders:
             paths = folder_paths(folder)
-            meta = results.read_meta(paths["csv"]) if paths["csv"].is_file() else None
-            if meta is None or not paths["items"].is_file():
+            if not (paths["csv"].is_file() and paths["items"].is_file()):
                 raise MissingFileError(f"--audits={folder}: no finished audit there (audit.csv, audit_items.csv and "
                                        ".meta.json); run experiments.audit --out={folder} first.")
+            # both tables whole and as the audit wrote them (its record's digests): an edited item moved every
+            # difference computed from it, silently
+            meta = results.checked_input(paths["csv"], ("audit",), "--audits")
             name = str(meta.get("model") or Path(folder).name)
             if name in self.items:
                 raise UsageError(f"--audits: two audits are of model {name}; give each model once.")
@@ -60,7 +62,10 @@ class AuditSection:
         self.scales = {name: stats.reward_scale(items, sorted(shared)) for name, items in self.items.items()}
         self.settings = dict(n_boot=n_boot, n_perm=n_perm, seed=seed)
         # one scale per model serves both tables
-        self.differences = stats.compare_models(self.items, self.contrasts, scales=self.scales, **self.settings)
+        try:
+            self.differences = stats.compare_models(self.items, self.contrasts, scales=self.scales, **self.settings)
+        except ValueError as error:  # too few items of a contrast in both audits
+            raise UsageError(f"--audits: {error}.") from None
 
     def __call__(self, outputs: Outputs) -> None:
         keys = ["battery", "axis", "contrast"]

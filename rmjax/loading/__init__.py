@@ -10,7 +10,14 @@ import numpy as np
 from rmjax.loading.gguf_file import cached_hf_folder
 from rmjax.loading.hf import load_hf_model_folder
 from rmjax.loading.identity import derived, file_sha256, folder_fingerprint, gguf_fingerprint
-from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS, builtin_head_file, cache_dir, resolve
+from rmjax.loading.registry import (
+    BUILTIN_GGUF,
+    BUILTIN_RMS,
+    builtin_head_file,
+    cache_dir,
+    resolve,
+    training_recipe,
+)
 from rmjax.loading.reward_head import reward_config, reward_model_from_lm
 from rmjax.loading.safetensors_io import iter_tensors
 from rmjax.model import Model
@@ -82,7 +89,7 @@ def load(
     start = time.perf_counter()
     if spec in BUILTIN_RMS:
         model = _load_builtin_rm(spec, dtype=dtype, mesh=mesh)
-        model.load_seconds = time.perf_counter() - start
+        model.load_seconds, model.training = time.perf_counter() - start, training_recipe(spec)
         return model
     kind, path = resolve(spec)
     source_fingerprint = None
@@ -90,7 +97,7 @@ def load(
         source_fingerprint = gguf_fingerprint(path)
         path = cached_hf_folder(path, cache_dir())
     model = load_hf_model_folder(path, dtype=dtype, mesh=mesh, require_tokenizer=require_tokenizer)
-    model.source = spec
+    model.source, model.training = spec, training_recipe(spec)
     model.stamp(source_fingerprint or model.fingerprint)
     model.load_seconds = time.perf_counter() - start
     return model

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rmjax import nn
 from rmjax.errors import UsageError
+from rmjax.loading.registry import model_folder, training_recipe
 from rmjax.loading.safetensors_io import save_file
 from rmjax.loading.weights import to_hf_tensors
 from rmjax.model import Model
@@ -59,37 +60,13 @@ def export_identity(model_fingerprint: dict, dtype: str) -> dict:
     return {"job": "export", "model": model_fingerprint, "dtype": dtype}
 
 
-def _model_folder(spec: str) -> Path | None:
-    """The checkpoint folder `spec` loads from (None for a builtin name or a GGUF file, read from the cache)."""
-    from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS, resolve
-
-    if spec in BUILTIN_RMS or spec in BUILTIN_GGUF:
-        return None
-    kind, path = resolve(spec)
-    return Path(os.path.realpath(path)) if kind == "hf" else None
-
-
 def _refuse_own_folder(spec: str, out: Path) -> None:
     """--out may not be (in, or around) the folder the model is read from: --overwrite would delete the model
     before it loads."""
-    folder = _model_folder(spec)
+    folder = model_folder(spec)
     where = Path(os.path.realpath(out))
     if folder is not None and (where == folder or folder in where.parents or where in folder.parents):
         raise UsageError(f"--out={out} is, or holds, the model's own folder {folder}; choose another folder.")
-
-
-def training_recipe(spec: str) -> dict | None:
-    """The training recipe the model records (a builtin reward model's, or a train_rm export's
-    rmjax_training.json), carried into the export's record: what it was trained on (rmjax.analysis.elo)."""
-    from importlib import resources
-
-    from rmjax.runs.results import read_json
-
-    folder = _model_folder(spec)
-    record = (read_json(folder / "rmjax_training.json") if folder is not None
-              else read_json(Path(str(resources.files("rmjax") / "builtin" / f"{spec}.json"))))
-    recipe = record.get("recipe") if isinstance(record, dict) else None
-    return recipe if isinstance(recipe, dict) else None
 
 
 def run_export(options: RunOptions) -> Path:

@@ -110,3 +110,34 @@ def resolve(spec: str) -> tuple[str, Path]:
         f"a hub model first, e.g. `huggingface-cli download {spec} --local-dir DIR`, and pass DIR "
         "(or put it under $RMJAX_MODELS_DIR/ORG/NAME)."
     )
+
+
+def model_folder(spec: str) -> Path | None:
+    """The checkpoint folder `spec` loads from (None for a builtin name or a GGUF file, read from the cache)."""
+    if spec in BUILTIN_RMS or spec in BUILTIN_GGUF:
+        return None
+    kind, path = resolve(spec)
+    return Path(os.path.realpath(path)) if kind == "hf" else None
+
+
+# What a checkpoint records about how it was made: train_rm --export's run summary, or the export job's record,
+# which carries the recipe of the model it exported (rmjax.loading.export).
+RECORDS = ("rmjax_training.json", "rmjax_export.json")
+
+
+def training_recipe(spec: str) -> dict | None:
+    """The training recipe the model records (a builtin reward model's, a train_rm export's, or an export's of
+    either): what it was trained on, for the analyses' in-sample notes (rmjax.analysis.elo). None: none recorded."""
+    from importlib import resources
+
+    from rmjax.runs.results import read_json
+
+    folder = model_folder(spec)
+    records = ([folder / name for name in RECORDS] if folder is not None
+               else [Path(str(resources.files("rmjax") / "builtin" / f"{spec}.json"))])
+    for path in records:
+        record = read_json(path)
+        if isinstance(record, dict):
+            recipe = record.get("recipe")
+            return recipe if isinstance(recipe, dict) else None
+    return None

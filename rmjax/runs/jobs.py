@@ -62,7 +62,8 @@ def model_meta(model) -> dict:
     return {"model": model.source, "dtype": model.dtype, "output_column": model.output_column,
             "mesh": dict(model.mesh.shape) if model.mesh is not None else None, "load_seconds": model.load_seconds,
             "system_prompt": system_prompt_of(model.tokenizer),  # None: the chat template's own (its head below)
-            "chat_template_head": template_head(model.tokenizer)}  # what precedes the user turn, as rendered
+            "chat_template_head": template_head(model.tokenizer),  # what precedes the user turn, as rendered
+            "training": getattr(model, "training", None)}  # its recorded recipe: the analyses' in-sample notes
 
 
 @contextlib.contextmanager

@@ -397,7 +397,8 @@ def read_meta(path: str | Path) -> dict | None:
 # kinds of score and logprobs results, which are still read.
 _KIND_JOB = {"sweep": "experiments.sweep", "beam": "experiments.beam", "gcg": "experiments.gcg",
              "logprobs": "experiments.logprobs", "score": "experiments.score", "inspect": "experiments.inspect",
-             "next_token_logprobs": "experiments.logprobs", "score_texts": "experiments.score"}
+             "next_token_logprobs": "experiments.logprobs", "score_texts": "experiments.score",
+             "audit": "experiments.audit"}
 
 
 def checked_input(path: str | Path, kinds: Iterable[str], flag: str, bare: str | None = None) -> dict | None:
