@@ -100,3 +100,60 @@ def test_a_bfloat16_export_says_bfloat16(rm_folder, tmp_path):
         embed = f.get_slice("model.embed_tokens.weight").get_dtype()
     assert embed == "BF16" and config["dtype"] == "bfloat16"
     assert config.get("torch_dtype", "bfloat16") == "bfloat16"
+
+
+def _multimodal_gemma3(folder, classifier: bool):
+    """A tiny multimodal Gemma 3 (Gemma3ForSequenceClassification or …ForConditionalGeneration, a SigLIP tower,
+    text fields nested in text_config) with the SmolLM2 tokenizer, saved by transformers."""
+    import shutil
+
+    vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    text = tiny.hf_config("gemma3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2).to_dict()
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                                    **({"num_labels": 1} if classifier else {}))
+    torch.manual_seed(0)
+    cls = transformers.Gemma3ForSequenceClassification if classifier else transformers.Gemma3ForConditionalGeneration
+    hf = cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():  # weights far from the initializer's, so random ones would show
+            p.normal_(0.0, 0.5 if "norm" in name or "embed" in name else 0.15)
+    tiny.save_hf_model(hf, folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny.smollm2_tokenizer_folder() / name, folder / name)
+    return folder
+
+
+def _loads_whole(folder):
+    """transformers' model of `folder`, refused where any weight was missing (left at its initializer) or unused."""
+    hf, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    return hf.eval()
+
+
+def test_a_multimodal_gemma3_exports_as_its_text_model(tmp_path):
+    """The export of a multimodal Gemma 3 RM kept its config (model_type gemma3, text_config nested) beside
+    text-only weight names: transformers ran the language model on random weights (rewards −1.15 for 0.54). And an
+    RM made from a multimodal Gemma 3 LM (train_rm) wrote a config neither transformers nor rmjax could read."""
+    from rmjax.loading.reward_head import reward_model_from_lm
+    from rmjax.train.rm import save_hf_folder
+
+    source = _multimodal_gemma3(tmp_path / "mm_rm", classifier=True)
+    out = run_export(inproc.options(str(source), tmp_path / "export"))
+    expected, sequences = _transformers_rewards(source, PROMPT, TEXTS)  # the multimodal class on its own folder
+    got, same = _transformers_rewards(out, PROMPT, TEXTS)
+    _loads_whole(out)
+    assert all(np.array_equal(a, b) for a, b in zip(sequences, same, strict=True))
+    model = load(str(out))
+    for ids, want, have in zip(sequences, expected, got, strict=True):
+        atol = tolerance.any_rewards_atol(model.params, model.config, ids.shape[1])
+        assert abs(have - want) <= 2 * atol, (have, want, atol)  # two float32 forwards of the same weights
+    lm = load(str(_multimodal_gemma3(tmp_path / "mm_lm", classifier=False)))
+    rm = reward_model_from_lm(lm, seed=3)
+    written = save_hf_folder(rm, tmp_path / "trained")
+    _loads_whole(written)
+    want, (ids,) = _transformers_rewards(written, PROMPT, TEXTS[:1])
+    reloaded = load(str(written))
+    have = float(TextScorer(reloaded, PROMPT).score(TEXTS[:1])[0])
+    assert abs(have - want[0]) <= 2 * tolerance.any_rewards_atol(reloaded.params, reloaded.config, ids.shape[1])

@@ -598,8 +598,8 @@ def test_the_summary_counts_each_dominating_response_once_and_its_hypervolumes_s
     (best-of-N's median gain, perplexity 1,000); the primary metric, each method's best at each judge-perplexity
     cap (30, 100, best-of-N's median), against a brute-force reading of every row."""
     from rmjax.search.frontier_job import FrontierConfig
-    from rmjax.search.frontier_unit import Unit
     from rmjax.search.frontier_out import summaries
+    from rmjax.search.frontier_unit import Unit
 
     rng, repeated = np.random.default_rng(3), 0
     for trial in range(20):
@@ -726,8 +726,8 @@ def test_the_fluency_cost_is_the_best_reward_against_the_best_at_judge_perplexit
     """The summary's fluency cost, against a brute-force reading of every search row: the most rewarding row (by
     direction) at any judge perplexity, the most rewarding at ≤ 100, their difference in reward and in SDs."""
     from rmjax.search.frontier_job import FrontierConfig
-    from rmjax.search.frontier_unit import Unit
     from rmjax.search.frontier_out import summaries
+    from rmjax.search.frontier_unit import Unit
 
     rng, none_fluent, differ = np.random.default_rng(5), 0, 0
     for trial in range(40):

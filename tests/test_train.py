@@ -20,8 +20,8 @@ from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_pairs
 from rmjax.train.loop import TrainConfig, batch_indices, train_reward_model, trainable_part
 from rmjax.train.rm import bradley_terry_loss, save_hf_folder
+from tests import inproc, tiny, tolerance
 from tests import jitted as M
-from tests import tiny, tolerance
 
 NOUNS = ["apple", "river", "house", "music", "dog", "book", "tree", "city", "light", "stone", "garden", "friend",
          "road", "window", "cloud", "paper", "chair", "bread", "ocean", "mountain", "coffee", "summer", "letter",
@@ -152,6 +152,35 @@ def test_resume_after_crash_is_exact(lm, tmp_path):
     assert not np.array_equal(np.asarray(flat_a["layers.down"][-1]), np.asarray(base["layers.down"][-1]))
 
 
+
+
+def test_bfloat16_layers_train_through_a_float32_master(lm, tmp_path):
+    """A bfloat16 weight kept its value when an Adam step (about the learning rate) was below half its spacing
+    (2^-8 of it): at lr 1e-4 one trained weight in five moved, and the export was mostly the base model. The reference
+    is the same run in float32: where it moved a weight more than 2 bfloat16 spacings, the bfloat16 run moves it too,
+    the same way, by as much up to its rounding (at most a quarter of such a move) and the forward's bf16 noise."""
+    base32 = reward_model_from_lm(lm, seed=1)
+    base16 = reward_model_from_lm(load(lm.source, dtype="bfloat16"), seed=1)
+    train, held = _separable(NOUNS[:20], 64, 2), _separable(NOUNS[20:], 16, 3)
+    cfg = TrainConfig(trainable="last_k", last_k=1, steps=40, batch_size=8, learning_rate=1e-4, warmup_steps=0,
+                      checkpoint_every=40)
+    runs = [train_reward_model(rm, train, held, cfg, tmp_path / rm.dtype, log=lambda *_: None)
+            for rm in (base32, base16)]
+    (f32, b16), (w32, w16) = [nn.flat(r.model.params) for r in runs], [nn.flat(rm.params) for rm in (base32, base16)]
+    for key in ("layers.q", "layers.down", "final_norm.scale"):
+        layer = -1 if key.startswith("layers") else ...  # the last layer of a stacked weight
+
+        def trained_part(a, layer=layer):
+            return np.asarray(a, np.float32)[layer]
+        assert b16[key].dtype == jnp.bfloat16  # the model keeps its dtype; the master copy is the optimizer's
+        start, trained = trained_part(w16[key]), trained_part(b16[key])
+        ref = trained_part(f32[key]) - trained_part(w32[key])
+        spacing = 2.0 ** (np.floor(np.log2(np.abs(start) + 1e-30)) - 7)  # bfloat16: 8 significant bits
+        far = np.abs(ref) > 2 * spacing
+        assert far.mean() > 0.3, key  # the comparison compares something
+        moved = trained - start
+        assert np.mean((np.sign(moved) == np.sign(ref))[far]) > 0.95, key
+        assert np.abs(moved - ref)[far].mean() < 0.3 * np.abs(ref)[far].mean(), key
 
 def test_a_finished_run_is_reused_before_anything_is_computed(lm_folder, tmp_path, monkeypatch, capsys):
     """Issue 45: a finished train_rm recomputed every feature (the default RM's 7,516 responses, about 60 s) and
@@ -330,3 +359,45 @@ def test_data_parallel_training_on_a_mesh_matches_one_device(lm, tmp_path):
                                rtol=0)
     np.testing.assert_allclose(np.asarray(nn.get(many.model.params, "score.kernel")),
                                np.asarray(nn.get(one.model.params, "score.kernel")), atol=drift, rtol=0)
+
+
+def test_no_warmup_starts_at_the_peak_rate():
+    """--warmup_steps=0 warmed up for one step anyway, at rate 0 (step 1 changed nothing), and --steps=1 with it died
+    in optax after the model loaded. Reference: the schedule's formula (linear warmup over W steps from 0, then a
+    cosine to a tenth of the peak at step T), read from AdamW's first steps on a constant gradient (each of size
+    ≈ the rate: Adam divides the gradient by its own size)."""
+    import math
+
+    from rmjax.train.loop import make_optimizer
+
+    def first_steps(warmup: int, steps: int) -> list[float]:
+        opt = make_optimizer(TrainConfig(steps=steps, warmup_steps=warmup, learning_rate=1.0, weight_decay=0.0,
+                                         clip_norm=1e9))
+        params, state, sizes = jnp.zeros(1), None, []
+        state = opt.init(params)
+        for _ in range(steps):
+            update, state = opt.update(jnp.ones(1), state, params)
+            sizes.append(-float(update[0]))
+        return sizes
+
+    def formula(t: int, warmup: int, steps: int) -> float:
+        if t < warmup:
+            return t / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (t - warmup) / (steps - warmup)))
+
+    for warmup, steps in [(0, 5), (2, 6), (0, 1)]:
+        # Adam's bias correction 1 - 0.999^t, in float32, is off by up to 2^-24 / 1e-3 = 6e-5 of itself
+        np.testing.assert_allclose(first_steps(warmup, steps), [formula(t, warmup, steps) for t in range(steps)],
+                                   rtol=1.2e-4, atol=0)
+
+
+def test_training_from_a_reward_model_says_its_head_is_replaced(rm_folder, tmp_path, capsys):
+    """train_rm --model=<a reward model> trained a new random head in silence (step 1's loss about log 2): the
+    model's own head is not where training starts, and the note says so."""
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout = tmp_path / "heldout.csv"
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    inproc.train_rm(rm_folder, pairs=pairs, heldout_pairs=heldout, workdir=tmp_path / "work", steps=1, batch_size=2,
+                    warmup_steps=0, checkpoint_every=1)
+    assert f"note: {rm_folder} is a reward model; its score head is replaced" in capsys.readouterr().err

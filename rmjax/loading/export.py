@@ -30,6 +30,26 @@ HF_FOLDER_FILES = (UNFINISHED, "model.safetensors", "model.safetensors.tmp", "co
                    "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 
+# A multimodal Gemma 3's text model under its text-only class (the weights written are the text model's alone), and
+# what the wrapper's top level says of the head, which its text_config does not.
+TEXT_ONLY_CLASS = {"Gemma3ForSequenceClassification": "Gemma3TextForSequenceClassification",
+                   "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+HEAD_FIELDS = ("architectures", "num_labels", "id2label", "label2id", "problem_type", "dtype", "torch_dtype",
+               "transformers_version")
+
+
+def text_only_config(raw: dict) -> dict:
+    """config.json for the text-only weights `save_hf_folder` writes. A multimodal Gemma 3's config (its text model's
+    fields nested in text_config, model_type gemma3) made transformers load the written weights as unexpected keys
+    and run its language model on random ones (the exported RM's rewards were another model's)."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        return raw
+    flat = {**text, **{k: raw[k] for k in HEAD_FIELDS if k in raw}, "model_type": "gemma3_text"}
+    flat["architectures"] = [TEXT_ONLY_CLASS.get(a, a) for a in flat.get("architectures") or []]
+    return flat
+
+
 def save_hf_folder(model: Model, folder: str | Path) -> Path:
     """config.json + model.safetensors + tokenizer/chat template, loadable by rmjax and transformers
     (written by process 0)."""
@@ -40,8 +60,9 @@ def save_hf_folder(model: Model, folder: str | Path) -> Path:
     mark_unfinished(folder)  # until the caller's record is written (results.mark_finished)
     save_file(to_hf_tensors(flat, model.config), folder / "model.safetensors", metadata={"format": "pt"})
     # the weights' dtype, not the one the checkpoint was read from (a bfloat16 export's config said float32)
-    keys = [k for k in ("dtype", "torch_dtype") if k in model.raw_config] or ["dtype"]
-    config = {**model.raw_config, **dict.fromkeys(keys, str(model.dtype))}
+    raw = text_only_config(model.raw_config)
+    keys = [k for k in ("dtype", "torch_dtype") if k in raw] or ["dtype"]
+    config = {**raw, **dict.fromkeys(keys, str(model.dtype))}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     if model.tokenizer is not None:
         model.tokenizer.save_pretrained(str(folder))

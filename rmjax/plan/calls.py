@@ -233,7 +233,7 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
         Shapes.module = nn.Transformer(cfg, jnp.dtype(numpy_dtype(dtype)))
         module, wrt = trainable_part(Shapes, train_cfg)
         filters.append(wrt)
-        return module, nnx.Optimizer(module, make_optimizer(train_cfg), wrt=wrt)
+        return module, nnx.Optimizer(module, make_optimizer(train_cfg, dtype), wrt=wrt)
 
     module, optimizer = nnx.eval_shape(parts)
     wrt = filters[0]

@@ -91,8 +91,9 @@ def train_identity(model_fingerprint: dict, dtype: str, train: Pairs, heldout: P
     for off in ("fsdp", "remat"):  # off, a run's identity is what it was before these settings existed
         if not config[off]:
             del config[off]
+    master = {"master": "float32"} if needs_master(cfg, dtype) else {}  # its checkpoints hold the master copy
     return {"job": "train_rm", "model": model_fingerprint, "dtype": dtype, "train": train.digest(),
-            "heldout": heldout.digest(), "config": config, "checkpoint_format": CHECKPOINT_FORMAT}
+            "heldout": heldout.digest(), "config": config, "checkpoint_format": CHECKPOINT_FORMAT, **master}
 
 
 # 2: trainable nnx state + optimizer nnx state (issue 13); 1 (unmarked): {params, opt_state} of every weight.
@@ -120,8 +121,9 @@ def check_sharding_settings(cfg: TrainConfig, mesh: jax.sharding.Mesh | None) ->
 
 
 def check_batch_size(batch_size: int, pairs: int) -> None:
-    """A step takes `batch_size` of the `pairs` training pairs: more would take some pair twice in one step (and,
-    huge, exhaust the host building the step's indices). Refused before loading by the job and by its plan."""
+    """A step takes `batch_size` of the `pairs` training pairs: more would take some pair twice in every step (and,
+    huge, exhaust the host building the step's indices). Refused before loading by the job and by its plan. (A step
+    that straddles two epochs may still hold a pair twice, once from each: `batch_indices`.)"""
     if batch_size > pairs:
         raise UsageError(f"--batch_size={batch_size} is more than the {pairs} training pairs (a step would take some "
                          f"pair more than once); use --batch_size={pairs} or less.")
@@ -141,15 +143,43 @@ class TrainResult:
     export: Path | None = None  # the Hugging Face folder of the trained model (written now, or reused)
 
 
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+def make_optimizer(cfg: TrainConfig, dtype: str = "float32") -> optax.GradientTransformation:
+    """AdamW after clipping, on a cosine schedule after a linear warmup of cfg.warmup_steps (0: none); layers of a
+    bfloat16 model train through a float32 master copy (`float32_master`)."""
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.learning_rate, max(cfg.warmup_steps, 1), max(cfg.steps, cfg.warmup_steps + 1), cfg.learning_rate * 0.1
+        0.0, cfg.learning_rate, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1), cfg.learning_rate * 0.1
     )
-    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
+    chain = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
+    return float32_master(chain) if needs_master(cfg, dtype) else chain
+
+
+def needs_master(cfg: TrainConfig, dtype: str) -> bool:
+    """Trained layers held in a narrower dtype than float32 (the score head is float32 in every dtype)."""
+    return cfg.trainable != "head" and dtype != "float32"
+
+
+def float32_master(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`inner` on a float32 copy of the trained weights (its state float32 too). A bfloat16 weight added an Adam step
+    below half its spacing (lr 2e-5 against 5e-4 near 0.09) and kept its value: 96% of a layer's weights never moved.
+    Each update is the new master minus the weight, so `optax.apply_updates` (its sum in float32) rounds the master."""
+    def init(params):
+        master = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+        return master, inner.init(master)
+
+    def update(grads, state, params):
+        master, inner_state = state
+        grads = jax.tree.map(lambda g: jnp.asarray(g, jnp.float32), grads)
+        steps, inner_state = inner.update(grads, inner_state, master)
+        master = optax.apply_updates(master, steps)
+        return jax.tree.map(lambda m, p: m - jnp.asarray(p, jnp.float32), master, params), (master, inner_state)
+
+    return optax.GradientTransformation(init, update)
 
 
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
-    """Rows of step `step`: consecutive slices of per-epoch permutations (deterministic in seed, step)."""
+    """Rows of step `step`: consecutive slices of per-epoch permutations (deterministic in seed, step). Each epoch
+    takes every pair once; a step across an epoch's end takes its last pairs and the next epoch's first, which may
+    repeat one of them (the recipe the default heads were trained with)."""
     out = []
     pos = step * batch_size
     while len(out) < batch_size:
@@ -355,7 +385,7 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     )
     cfg = _kept_feature_batch(cfg, workdir, manager.latest_step() is not None, log)
     module, wrt = trainable_part(model, cfg)
-    optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=wrt)
+    optimizer = nnx.Optimizer(module, make_optimizer(cfg, model.dtype), wrt=wrt)
     nnx.update(optimizer, on_mesh(nnx.state(optimizer), model.mesh))
     if cfg.fsdp:  # before restoring: a checkpoint is restored where its target lives
         nnx.update(module, sharding.shard_over_data(nnx.state(module, wrt), model.mesh))

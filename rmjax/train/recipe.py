@@ -241,6 +241,9 @@ def _trained(lm_spec: str, train: Pairs, heldout: Pairs, cfg: TrainConfig, workd
     """Load the LM, add a score head and train it in the claimed workdir (resuming its last checkpoint; a finished
     run's is only restored)."""
     lm = load(lm_spec, dtype=dtype, mesh=mesh)
+    if lm.config.is_reward_model and is_main():  # its trained head is not the starting point: say so
+        print(f"note: {lm_spec} is a reward model; its score head is replaced by a new one (seed {cfg.seed}), and "
+              "training starts from its backbone.", file=sys.stderr)
     rm = reward_model_from_lm(lm, seed=cfg.seed, source=f"{lm_spec}+score")
     return train_reward_model(rm, train, heldout, cfg, workdir, claimed=identity)
 
