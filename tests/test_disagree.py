@@ -181,33 +181,42 @@ def test_screened_best_of_n_buys_more_samples_and_has_b_score_only_a_s_best_shar
     unscreened = len(baseline.best_of_n(plain, SEARCH, banned).ids)
     ledger = _Ledger(monkeypatch, rm, n, len(target.suffix), target.suffix[0])
     obj, side = objective(keep)
-    calls, real = [], obj.score_screened
+    calls, rounds, real = [], [], obj.score_screened
 
     def screened_recording(cands, k, **kw):
         kept, values = real(cands, k, **kw)
-        calls.append((np.asarray(cands), k, kept))
+        calls.append((np.asarray(cands), k, kept, rounds[-1]))  # and the size of the round it screens
         return kept, values
 
     monkeypatch.setattr(obj, "score_screened", screened_recording)
     drawn, sample = [], baseline.prior_lib.sample_responses
     monkeypatch.setattr(baseline.prior_lib, "sample_responses",
                         lambda *a, **kw: (drawn.append(a[4]), sample(*a, **kw))[1])
+    one_round = baseline._round
+    monkeypatch.setattr(baseline, "_round", lambda *a: (rounds.append(a[4]), one_round(*a))[1])
     found = baseline.best_of_n(obj, SEARCH, banned, [obj.partner.round_trips])
-    ((cands, k, kept),) = calls
     share = Fraction(keep, SEARCH.search_width)
-    assert k == -(-sum(drawn) * keep // SEARCH.search_width) and len(kept) == min(k, len(cands)) == len(side.scored)
+    assert 0 < len(calls) <= len(rounds) and sum(rounds) == sum(drawn)  # each round screens its own samples
+    for cands, k, kept, count in calls:
+        assert k == -(-count * keep // SEARCH.search_width) and len(kept) == min(k, len(cands))
+    assert sum(len(kept) for _, _, kept, _ in calls) == len(side.scored)
     assert sum(drawn) > unscreened  # plain best-of-N counts every sample's B forwards
+    cands = np.concatenate([c for c, *_ in calls])
     texts = turns.decode(rm.tokenizer, cands, end)  # what B cannot read back ("x") was dropped before the screen
     assert all("x" not in t for t in texts) and all("x" not in t for t in side.scored) and sum(drawn) > len(cands)
-    more = sum(drawn) + 1  # a sample's A side: one whole RM turn and one prior turn (2 forwards)
-    assert more * 2 + -(-more * share // 1) * 2 > budget  # one more sample would not fit
+    assert baseline._affordable(obj, SEARCH, share) == 0  # one more sample would not fit
     assert obj.forwards.spent == ledger.forwards() + Fraction(2 * len(side.scored)) <= budget
     reference = Objective(target, prior, lam, sign, 2.0, Forwards(10**9, n + len(target.suffix), n + 1))
-    whole = reference.score(cands)
-    own = sign * whole.reward / scale + lam * (whole.prior_logp - 2.0 * whole.repetition)
-    out = np.setdiff1d(np.arange(len(cands)), kept)
-    assert len(out) and own[kept].min() >= own[out].max() - 1e-4  # the sampler's f32 log-probs against the whole's
-    assert {tuple(r) for r in found.ids.tolist()} <= {tuple(r) for r in cands[kept].tolist()}
+    kept_rows = []
+    for round_cands, _, kept, _ in calls:
+        whole = reference.score(round_cands)
+        own = sign * whole.reward / scale + lam * (whole.prior_logp - 2.0 * whole.repetition)
+        out = np.setdiff1d(np.arange(len(round_cands)), kept)
+        # the sampler's f32 log-probs against the whole's
+        assert not len(out) or own[kept].min() >= own[out].max() - 1e-4
+        kept_rows += [tuple(r) for r in round_cands[kept].tolist()]
+    assert any(len(np.setdiff1d(np.arange(len(c)), kept)) for c, _, kept, _ in calls)  # the screen dropped some
+    assert {tuple(r) for r in found.ids.tolist()} <= set(kept_rows)
 
 
 def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tmp_path):
@@ -314,6 +323,8 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     assert list(table.columns) == ["prompt", "direction", "method", "rank", "text", "ends_turn", "completed_text",
                                    "reward_a", "reward_b", "z_a", "z_b", "gap", "judge_ppl", "forwards"]
     assert set(table.direction) == {"a_over_b", "b_over_a"} and set(table.method) == {"search", "best_of_n"}
+    for _, rows in table.groupby(["direction", "method"]):  # best-of-N's repeats took its rows (the search's none)
+        assert rows.text.is_unique
     texts = [json.loads(t) for t in table.text]
     # the round trip: the search met texts B lowercases, and wrote none of them
     assert any(t != t.lower() for t in failed)
@@ -389,16 +400,22 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     assert set(control.method) == {"best_of_n"} and len(control) == len(joint) > 0
     pd.testing.assert_frame_equal(control, joint, check_exact=False, rtol=0, atol=1e-6)
     screened = tmp_path / "screened"
+    real_best_of_n = disagree_job.best_of_n
+    monkeypatch.setattr(disagree_job, "best_of_n", lambda *a: (screened_calls.append("unit"), real_best_of_n(*a))[1])
     run_disagree(_spec(rm_folder, lower_rm, screened, lm_folder, methods="best_of_n", screen=1, screen_best_of_n=True,
                        b_gradient=False))
     units = json.loads((screened / "disagree.csv.meta.json").read_text())["units"]
     assert len(units) == 2 and all(u["method"] == "best_of_n" for u in units)
-    # --screen_best_of_n: one screened scoring per unit, B scoring fewer than the readable samples, and every
-    # written row among those B scored
-    assert len(screened_calls) == 2 and all(0 < keep < readable for readable, keep, _ in screened_calls)
+    # --screen_best_of_n: screened scorings in each unit (one a round of samples), B scoring fewer than the readable
+    # samples of its first round, and every written row among those B scored in its unit
+    per_unit = [[]]
+    for call in screened_calls[1:]:
+        per_unit.append([]) if call == "unit" else per_unit[-1].append(call)
+    assert screened_calls[0] == "unit" and len(per_unit) == 2 and all(calls for calls in per_unit)
+    assert all(0 < calls[0][1] < calls[0][0] for calls in per_unit)
     written = pd.read_csv(screened / "disagree.csv", keep_default_na=False)
-    for (_, _, kept), (_, rows) in zip(screened_calls, written.groupby("direction", sort=False), strict=True):
-        assert {json.loads(t) for t in rows.text} <= kept
+    for calls, (_, rows) in zip(per_unit, written.groupby("direction", sort=False), strict=True):
+        assert {json.loads(t) for t in rows.text} <= set().union(*(kept for _, _, kept in calls))
     assert written.text.tolist() != joint.text.tolist()
     _analyze_seeds_of_a_real_run(out, again, tmp_path)
 
@@ -494,3 +511,17 @@ def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_
                  methods="best_of_n")
     run_disagree(dataclasses.replace(spec, options=dataclasses.replace(spec.options, overwrite=True)))
     assert (out / "disagree.csv").is_file() and not (out / "vocab_map.csv").exists()
+
+
+def test_best_of_n_rows_are_distinct_samples():
+    """disagree wrote best-of-N's repeats as ranks 1–4 of one text: its rows held fewer of its finds than the
+    search's (whose archive is distinct). Each sample is kept once, at its first draw, with its own terms (the job
+    test checks the written rows are distinct)."""
+    from rmjax.search.objective import Values
+
+    ids = np.array([[1, 2], [3, 4], [1, 2], [5, 6], [3, 4]])
+    terms = np.arange(5.0)
+    found = fluent.Found(ids, Values(terms, terms + 10, terms + 20, terms + 30), Fraction(5), [])
+    kept = baseline.distinct_samples(found)
+    assert kept.ids.tolist() == [[1, 2], [3, 4], [5, 6]] and kept.values.reward.tolist() == [0.0, 1.0, 3.0]
+    assert kept.values.objective.tolist() == [30.0, 31.0, 33.0] and kept.spent == 5  # each was paid for

@@ -415,6 +415,33 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
     assert (found.ids == turns.canonical(found.ids, end)).all() and (found.ids[:, 0] != end).all()
 
 
+
+def test_best_of_n_with_a_separate_prior_spends_the_whole_budget(tied, monkeypatch):
+    """Best-of-N priced every sample as a whole N-token turn, then charged the short ones their own length: with a
+    separate prior it spent 157 of 200 forwards against the search's 200. Now what a round leaves buys another, so
+    it stops only when no whole sample fits. The samples here are one-token turns (the prior's draws stand-in)."""
+    _, lm, rm = tied
+    n, budget = 4, 200
+    target = make_target(rm, PROMPT)
+    words = _word_ids(rm.tokenizer)
+    seeds = []
+
+    def one_token_turns(model, cache, first, banned, count, length, seed, temperature=1.0, end=None, **_):
+        seeds.append(seed)
+        ids = np.full((count, length), end, np.int32)
+        ids[:, 0] = np.random.default_rng(seed).choice(words, count)
+        return ids, np.full((count, length + 1), -1.0, np.float32)
+
+    monkeypatch.setattr(prior_lib, "sample_responses", one_token_turns)
+    forwards = Forwards(budget, n + len(target.suffix), n + 1)
+    obj = Objective(target, Prior.of(lm, target.prefix), 1.0, 1.0, 2.0, forwards)
+    cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8)
+    found = baseline.best_of_n(obj, cfg, np.zeros(rm.config.vocab_size, bool))
+    whole = forwards.cost(n + len(target.suffix), n + 1)  # one sample priced before it is drawn
+    assert budget - whole < forwards.spent <= budget and found.spent == forwards.spent
+    # each draw has a stream of its own: none is another draw's, nor the seed a search at a nearby --seed starts from
+    assert len(set(seeds)) == len(seeds) and not set(seeds) & set(range(1000))
+
 def test_a_seeded_search_takes_its_seeds_free_with_their_terms(tied, monkeypatch):
     """Seeds (rows another λ's search found and paid for) join the archive at no charge, with
     J computed from their given reward and prior log-prob under this search's λ; no sequence is scored twice, and
@@ -864,6 +891,8 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     # Issue 45: the summary's best-of-N best and median perplexity were in no CSV; now each is a column's.
     samples = pd.read_csv(out / "frontier_best_of_n.csv")
     assert "frontier_best_of_n.csv" in meta["files"]
+    # a sample whose text tokenizes otherwise was written with its ids' reward, not its text's, and ranked
+    assert (samples.roundtrip == 1).all() and (table.roundtrip == 1).all()
     for direction, summary in meta["summary"].items():
         mine, base = samples[samples.direction == direction], summary["best_of_n"]
         assert len(mine) == base["samples"] and mine["rank"].tolist() == list(range(1, len(mine) + 1))

@@ -335,3 +335,17 @@ def test_the_yardstick_is_the_mean_and_sd_of_its_finite_values():
             finite.yardstick(np.array(few), allow=True, **kwargs)
     with pytest.raises(UsageError, match="SD 0"):
         finite.yardstick(np.full(5, 0.25), allow=False, **kwargs)
+
+
+def test_the_end_of_turn_is_never_a_response_token_under_allow_special(rm_folder, lm_folder, tmp_path):
+    """--allow_special stopped banning the end of turn as a token: a sample or swap put it first, an empty turn,
+    and the frontier died in a ZeroDivisionError (its repetition share). The other special tokens are allowed."""
+    from rmjax.loading import load
+    from rmjax.search import frontier_job
+
+    spec = frontier_spec(rm_folder, lm_folder, tmp_path / "f", allow_special=True)
+    rm, lm = load(str(rm_folder)), load(str(lm_folder))
+    prepared = frontier_job._prepare(rm, lm, spec, "greatest")
+    end = frontier_job.end_of_turn(rm, spec, "greatest")
+    special = set(rm.tokenizer.all_special_ids) - {end}
+    assert prepared.banned[end] and special and not prepared.banned[sorted(special)].any()

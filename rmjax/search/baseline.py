@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -14,7 +15,7 @@ from rmjax.scoring import prior as prior_lib
 from rmjax.search import turns
 from rmjax.search.fluent import FluentConfig, Found, turn_fluency
 from rmjax.search.gcg_swaps import survives
-from rmjax.search.objective import Objective
+from rmjax.search.objective import Objective, Values
 
 
 def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokenize: Sequence = ()) -> Found:
@@ -25,27 +26,65 @@ def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retok
     disagreement's `screen` (the search's): the partner scores only the best screen/search_width share of the
     samples by this side's part of J, as a screened GCG step does, so the budget buys more samples. Samples that fail a
     `retokenize` check (a disagreement: the round trip in both sides) are not returned; screened, they are dropped
-    before ranking, unscored."""
-    forwards, n, end = objective.forwards, cfg.num_tokens, objective.end
-    full = n + objective.tail
-    own = objective.rm_is_prior
-    each = objective.other_each  # a disagreement's other side: its forwards, charged by `score` unless own
+    before ranking, unscored. A sample is priced as a whole N-token turn before it is drawn, and a shorter one is
+    charged its own length: what a round leaves buys another round, until no sample fits (equal compute)."""
+    forwards = objective.forwards
     screen = objective.screen if objective.partner is not None else 0
     share = min(Fraction(screen, cfg.search_width), Fraction(1)) if screen else Fraction(1)
-    mine = forwards.cost(full, 0) if own else forwards.cost(full, n + 1)
+    ids, values = [], []
+    for round_ in range(1 << 20):
+        count = _affordable(objective, cfg, share)
+        if count == 0:
+            if round_ == 0:
+                raise UsageError(f"--forwards={forwards.limit} buys no best-of-N sample; give a larger budget.")
+            break
+        drawn, scored = _round(objective, cfg, banned, retokenize, count, share, round_)
+        ids.append(drawn)
+        values.append(scored)
+    ids = np.concatenate(ids).astype(np.int64)
+    values = values[0] if len(values) == 1 else Values(*(
+        np.concatenate([np.asarray(getattr(v, f.name)) for v in values]) for f in dataclasses.fields(Values)))
+    if not len(ids):  # nothing to write: the job says so
+        return Found(ids, values, forwards.spent, [])
+    best = int(np.lexsort((np.arange(len(ids)), -values.objective))[0])
+    return Found(ids, values, forwards.spent, [(float(forwards.spent), float(values.objective[best]),
+                                                ids[best].tolist())])
+
+
+def _affordable(objective: Objective, cfg: FluentConfig, share: Fraction) -> int:
+    """How many whole N-token samples the budget left pays for (the partner's kept share rounds up)."""
+    forwards, n = objective.forwards, cfg.num_tokens
+    full, each = n + objective.tail, objective.other_each
+    mine = forwards.cost(full, 0) if objective.rm_is_prior else forwards.cost(full, n + 1)
     count = int(forwards.left // (mine + share * each))
-    while count and count * mine + math.ceil(count * share) * each > forwards.left:  # the kept share rounds up
+    while count and count * mine + math.ceil(count * share) * each > forwards.left:
         count -= 1
-    if count == 0:
-        raise UsageError(f"--forwards={forwards.limit} buys no best-of-N sample; give a larger budget.")
+    return count
+
+
+def sample_seed(seed: int, temperature_index: int, round_: int) -> int:
+    """The seed of one temperature's share of one round: its own stream (seed + 1 + k drew what the search's starts
+    at --seed=seed+1+k drew, so runs at nearby seeds shared samples: not independent replicates)."""
+    return int(np.random.SeedSequence([seed, 0x626F6E, temperature_index, round_]).generate_state(1)[0])
+
+
+def _round(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokenize: Sequence, count: int,
+           share: Fraction, round_: int) -> tuple[np.ndarray, Values]:
+    """`count` samples drawn, paid for and scored; those every `retokenize` check reads back (ids, values)."""
+    forwards, n, end = objective.forwards, cfg.num_tokens, objective.end
+    full, own, each = n + objective.tail, objective.rm_is_prior, objective.other_each
+    screen = objective.screen if objective.partner is not None else 0
     forwards.charge(count * full if own else 0, 0 if own else count * (n + 1), count * each if own and not screen
                     else 0)
     temperatures = cfg.best_of_n_temperatures
     shares = [count // len(temperatures) + (k < count % len(temperatures)) for k in range(len(temperatures))]
     ids, lps = [], []
     for k, (drawn_here, temperature) in enumerate(zip(shares, temperatures, strict=True)):
+        if not drawn_here:
+            continue
         drawn, lp = prior_lib.sample_responses(objective.prior.model, objective.prior.cache, objective.prior.first,
-                                               banned, drawn_here, n, cfg.seed + 1 + k, temperature, end=end)
+                                               banned, drawn_here, n, sample_seed(cfg.seed, k, round_), temperature,
+                                               end=end)
         ids.append(turns.canonical(drawn, end))
         lps.append(lp)
     ids, lps = np.concatenate(ids), np.concatenate(lps)
@@ -59,14 +98,17 @@ def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retok
         ids, known = ids[readable], known[readable]
         if len(ids):
             kept, values = objective.score_screened(ids, math.ceil(count * share), known_logp=known, paid=own)
-            ids = ids[kept]
-        else:
-            values = objective.values(np.zeros(0), np.zeros(0), ids)
-    else:
-        values = objective.score_paid(ids, known) if own else objective.score(ids, known_logp=known)
-        ids, values = ids[readable], values.take(readable)
-    if not len(ids):  # nothing to write: the job says so
-        return Found(ids.astype(np.int64), values, forwards.spent, [])
-    best = int(np.lexsort((np.arange(len(ids)), -values.objective))[0])
-    return Found(ids.astype(np.int64), values, forwards.spent,
-                 [(float(forwards.spent), float(values.objective[best]), ids[best].tolist())])
+            return ids[kept], values
+        return ids, Values(*(np.zeros(0) for _ in dataclasses.fields(Values)))
+    values = objective.score_paid(ids, known) if own else objective.score(ids, known_logp=known)
+    return ids[readable], values.take(readable)
+
+
+def distinct_samples(found: Found) -> Found:
+    """Each sample once (its first draw): a table of best rows filled with one text's repeats showed fewer of
+    best-of-N's finds than of the search's (whose archive is distinct)."""
+    if not len(found.ids):
+        return found
+    _, first = np.unique(found.ids, axis=0, return_index=True)
+    keep = np.sort(first)
+    return dataclasses.replace(found, ids=found.ids[keep], values=found.values.take(keep))

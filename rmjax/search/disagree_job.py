@@ -27,12 +27,12 @@ from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import PhaseClock, Progress
 from rmjax.search import disagree_out, frontier_checks, turns
-from rmjax.search.baseline import best_of_n
+from rmjax.search.baseline import best_of_n, distinct_samples
 from rmjax.search.budget import BudgetSpent, Forwards
 from rmjax.search.completion import require_prior_config, same_tokenizer
 from rmjax.search.disagree import Disagreement, map_rewards, shared_strings, twin_map, vocab_map
 from rmjax.search.fluent import FluentConfig, fluent_search
-from rmjax.search.frontier_job import Z_SAMPLE, default_judge, search_rows
+from rmjax.search.frontier_job import BEST_OF_N, Z_SAMPLE, default_judge, search_rows
 from rmjax.search.gcg import make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids
@@ -178,10 +178,11 @@ def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judg
     fp = {m: job_fingerprint(o, m) for side in sides for m in side.models}
     return {"job": "disagree", "sides": [{"spec": s.text, "models": [fp[m] for m in s.models]} for s in sides],
             "lm": job_fingerprint(o, spec.lm) if spec.lm and spec.config.search else None,
-            "judge": {"spec": judge, "model": job_fingerprint(o, judge)} if spec.config.search else None,
+            "judge": {"spec": judge, "model": job_fingerprint(o, judge), "template": "its own"} if spec.config.search
+            else None,
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
-            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)"}
+            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)", "best_of_n": BEST_OF_N}
 
 
 def run_disagree(spec: DisagreeSpec) -> Path | None:
@@ -278,7 +279,8 @@ def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideS
         lm, target.prefix if lm is rm else chat.split_chat(lm.tokenizer, text, o.template).prefix)
     gcg_cfg = spec.search.gcg(allow_non_ascii=cfg.allow_non_ascii, allow_special=cfg.allow_special,
                              template=o.template)
-    banned = banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
+    banned = turns.banned_with_end(banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size),
+                                                 gcg_cfg), end)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, o.template), target.prefix, target.suffix)
     plain = chat.split_chat(rm.tokenizer, text, o.template).template == "plain"
     ready = Ready(text, side_a, side_b, target, prior, banned, [check], end, plain)
@@ -373,7 +375,7 @@ def _compute(p: Ready, spec: DisagreeSpec, name: str, direction: str, method: st
     if method == "search":
         found = fluent_search(objective, search, p.banned, p.retokenize, tick)
     else:
-        found = best_of_n(objective, search, p.banned, p.retokenize)
+        found = distinct_samples(best_of_n(objective, search, p.banned, p.retokenize))
     rows = search_rows(found, cfg.top, cfg.front_rows, sign, cfg.repetition_penalty)
     if not len(rows):
         raise NonFiniteError(f"{method} found no row to write for {name} {direction} (every sequence had a NaN/Inf "

@@ -66,7 +66,7 @@ def rows(units, ready: dict, judge, spec, clock: PhaseClock | None = None) -> li
         for side, fresh, searched, scale in (("A", ra, u.reward_a, p.z_a), ("B", rb, u.reward_b, p.z_b)):
             check_rescored(side, texts, fresh, searched, spec.options.dtype, scale[1])
         clock("rescore")
-        ppl = judge_perplexities(judge, p.prompt, texts, spec.options.template, end_of_turn=True)
+        ppl = judge_perplexities(judge, p.prompt, texts, end_of_turn=True)  # the judge's own template (as frontier)
         clock("judge")
         za, zb = z_of(ra, p.z_a), z_of(rb, p.z_b)
         out += [{"prompt": u.prompt, "direction": u.direction, "method": u.method, "rank": k + 1,

@@ -105,6 +105,11 @@ class FrontierSpec:
     sweep: str | None = None
 
 
+# How best-of-N draws and keeps its samples (part of each identity: a result of another rule is not reused): texts
+# that round-trip, the whole budget (a short sample's change buys more), streams of their own.
+BEST_OF_N = "round trip, whole budget, own streams"
+
+
 def default_judge(rm_config) -> str:
     """Another family than the RM's: Gemma 3 270M for a Llama-family RM, SmolLM2 135M for a Gemma one."""
     return "smollm2-135m-instruct" if rm_config.model_type.startswith("gemma") else "gemma-3-270m"
@@ -120,7 +125,7 @@ def frontier_identity(spec: FrontierSpec, model_fp: dict, lm_fp: dict | None, ju
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
             "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)",
-            "fluency": "mean token log-prob + end of turn at full weight",
+            "fluency": "mean token log-prob + end of turn at full weight", "best_of_n": BEST_OF_N,
             "sweep": results.file_sha1(spec.sweep) if spec.sweep else None}
 
 
@@ -284,7 +289,8 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
     prior = Prior.of(lm, target.prefix if lm is rm else split.prefix)
     gcg_cfg = spec.search.gcg(allow_non_ascii=spec.config.allow_non_ascii, allow_special=spec.config.allow_special,
                              template=template)
-    banned = banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size), gcg_cfg)
+    banned = turns.banned_with_end(banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size),
+                                                 gcg_cfg), end)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, template), target.prefix, target.suffix)
     return _Prompt(target, prior, banned, [check] if spec.config.retokenize_filter else [],
                    _reward_scale(rm, target, spec, name, check))
@@ -339,7 +345,7 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
         found = fluent_search(objective, search, p.banned, p.retokenize, tick, seeds)
         rows = search_rows(found, cfg.top, cfg.front_rows if lam else 0, sign, cfg.repetition_penalty)
     else:
-        found = best_of_n(objective, search, p.banned)
+        found = best_of_n(objective, search, p.banned, p.retokenize)
         rows = np.flatnonzero(np.isfinite(found.values.objective))  # all but those dropped (--allow_nonfinite)
         if not len(rows):
             raise NonFiniteError(f"every one of best-of-N's {len(found.ids)} samples has a NaN/Inf reward or prior "

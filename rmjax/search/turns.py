@@ -104,3 +104,11 @@ def moves(current: np.ndarray, end: int) -> np.ndarray:
     out = [body[:j] for j in range(1, len(body))] + [body[:j] + body[j + 1 :] for j in range(len(body))
                                                         if len(body) > 1]
     return from_turns(out, n, end) if out else np.zeros((0, n), np.int32)
+
+
+def banned_with_end(banned: np.ndarray, end: int) -> np.ndarray:
+    """`banned` with the end of turn too: it is never a response token (the sampler and the truncations end turns).
+    Allowed by --allow_special, a swap or sample put it first: an empty turn, scored as an answer."""
+    banned = np.array(banned, bool)
+    banned[end] = True
+    return banned
