@@ -525,3 +525,27 @@ def test_best_of_n_rows_are_distinct_samples():
     kept = baseline.distinct_samples(found)
     assert kept.ids.tolist() == [[1, 2], [3, 4], [5, 6]] and kept.values.reward.tolist() == [0.0, 1.0, 3.0]
     assert kept.values.objective.tolist() == [30.0, 31.0, 33.0] and kept.spent == 5  # each was paid for
+
+
+def test_the_judge_reads_its_own_template_whatever_the_sides_read(rm_folder, lower_rm, lm_folder, tmp_path):
+    """disagree passed the sides' --template to the judge: with --template=chat a judge without a chat template
+    stopped the job after both sides had loaded (naming no judge), and --template=plain read a chat judge otherwise
+    than the frontier's judge does. The judge reads its own template ("auto"), as in the frontier."""
+    from rmjax.scoring.judge import judge_perplexities
+
+    judge = tiny_judge = tmp_path / "plain_judge"
+    shutil.copytree(lm_folder, tiny_judge)
+    (judge / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((judge / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (judge / "tokenizer_config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    cfg = DisagreeConfig(direction="a_over_b", forwards=150, top=2, front_rows=0, z_sample=64, vocab_map=False,
+                         b_gradient=False, methods="best_of_n")
+    run_disagree(DisagreeSpec(RunOptions(model=str(rm_folder), out=str(out), template="chat"),
+                              (str(rm_folder), str(lower_rm)), {"greatest": PROMPT}, cfg, SEARCH, lm=str(lm_folder),
+                              judge=str(judge)))
+    table = pd.read_csv(out / "disagree.csv", keep_default_na=False)
+    texts = [json.loads(t) for t in table.text]
+    want = judge_perplexities(load(str(judge)), PROMPT, texts, end_of_turn=True)
+    np.testing.assert_allclose(table.judge_ppl, want, rtol=1e-6)  # 9 digits in the CSV; one float32 program

@@ -206,7 +206,9 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
         rm = models[a.models[0]]
         lm = models.get(spec.lm, rm) if spec.lm else rm
         same_tokenizer(rm, lm)
-        judge_model = load_for_job(dataclasses.replace(o, output_column=0), judge) if cfg.search else None
+        # the judge reads its own template (judge_perplexities), whatever --template the sides read
+        judging = dataclasses.replace(o, output_column=0, template="auto")
+        judge_model = load_for_job(judging, judge) if cfg.search else None
         store = open_store(main, identity, 1)
         clock("load")
         ready = {name: _prepare(spec, models, a, b, rm, lm, name, text) for name, text in spec.prompts.items()}

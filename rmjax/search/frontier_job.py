@@ -153,7 +153,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
             return None
         rm = load_for_job(o)
         lm = rm if spec.lm is None else load_for_job(dataclasses.replace(o, output_column=0), spec.lm)
-        judge_model = load_for_job(dataclasses.replace(o, output_column=0), judge)
+        judge_model = load_for_job(dataclasses.replace(o, output_column=0, template="auto"), judge)  # its own template
         same_tokenizer(rm, lm)
         store = open_store(out, identity, 1)
         units = compute_units(rm, lm, judge_model, spec, store)
