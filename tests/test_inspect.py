@@ -14,6 +14,7 @@ from rmjax.inspect.attribution import attribute
 from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
 from rmjax.loading import load
+from rmjax.parallel import batching
 from tests import jitted as M
 from tests import tiny, tolerance
 
@@ -286,6 +287,12 @@ def test_mesh_and_bfloat16_run_the_same_reads(rm_folder):
     # bf16 rounds each stored weight and activation once (u = 2^-8, the same on any IEEE CPU; tests/tolerance.py):
     # measured 2% of the scale
     np.testing.assert_allclose(half.lens, a.lens, atol=0.05 * np.abs(a.lens).max(), rtol=0)
+    # its last layer is the bfloat16 model's reward: the forward's own hidden state through the float32 head (a
+    # residual normed in float32, or a norm fused into the head, read 1.7e-3 and 5.6e-4 off it). Two float32 sums of
+    # the head's products differ by far less than the float32 bound of a whole forward
+    ids, mask = batching.pad_rows(seqs, pad_id=0)
+    np.testing.assert_allclose(half.lens[-1], np.asarray(M.rewards(half_model.params, half_model.config, ids, mask)),
+                               atol=tolerance.any_rewards_atol(one.params, one.config, 6), rtol=0)
     with warnings.catch_warnings():  # the path's float32 points cast to bfloat16 silently warned (an error in a
         warnings.simplefilter("error", FutureWarning)  # later jax): seen on a GPU run in bfloat16
         half_ig = attribute(half_model, seqs[0], steps=4, batch_size=4).integrated_gradients
