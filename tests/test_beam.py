@@ -450,6 +450,16 @@ def test_special_and_byte_tokens_are_left_out_unless_allowed(model, tmp_path):
     byte = next(i for i in range(100, 300) if "\ufffd" in tok.decode([i]))  # a lone UTF-8 lead byte
     newline, word = tok("\n").input_ids[0], tok(" the").input_ids[0]
     assert left_out[:17].all() and left_out[byte] and not left_out[[17, newline, word]].any()
+    # control characters Python calls whitespace (\x0b, \x0c, \x1c-\x1f) are control tokens too: '\x1c' filled a
+    # beam's top rows; tab and newline stay (decoded here by the tokenizer, against unicodedata's category)
+    import unicodedata
+
+    for i in range(300):
+        text = tok.decode([i])
+        if len(text) == 1 and unicodedata.category(text) == "Cc":
+            assert left_out[i] == (text not in "\t\n\r"), (i, text)
+    assert sum(left_out[i] for i in range(17, 300) if len(tok.decode([i])) == 1
+               and tok.decode([i]) in "\x0b\x0c\x1c\x1d\x1e\x1f") >= 5
     assert (disallowed_ids(tok, model.config.vocab_size, False, True) == left_out).all()  # GCG's own default
     assert not disallowed_ids(tok, model.config.vocab_size, True, True)[: len(tok)].any()
     prompts = {"greatest": PROMPTS["greatest"]}

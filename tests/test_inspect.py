@@ -308,11 +308,21 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
     results.write_table(beam, {"depth": [1, 1, 2, 2, 2, 2], "direction": ["optimal", "pessimal"] + ["optimal"] * 2
                                + ["pessimal"] * 2, "rank": [1, 1, 1, 2, 1, 2],
                                "ids": ["5", "6", "1 2", "3 4", "7 8", "9 9"], "tokens": ["[]"] * 6,
-                               "decoded": ['""'] * 6}, {"p": np.arange(6.0)})
+                               "decoded": ['""'] * 6}, {"p": np.asarray([5.0, 0.0, 4.0, 3.0, 0.0, 1.0])})
     results.write_meta(beam, kind="beam")
     assert best_and_worst(beam, "p", 1) == [(1, 2), (7, 8)]  # the deepest level: best optimal, worst pessimal
     assert best_and_worst(beam, "p", 2) == [(1, 2), (3, 4), (9, 9), (7, 8)]
     assert best_and_worst(beam, "p", 1, depth=1) == [(5,), (6,)]
+    # a beam over two prompts ranks by their mean: the inspected prompt's best and worst are by its own column (its
+    # rank 1 was taken, and the patching map's clean run was not this prompt's best)
+    two = tmp_path / "two.csv"
+    results.write_table(two, {"depth": [1] * 6, "direction": ["optimal"] * 3 + ["pessimal"] * 3,
+                              "rank": [1, 2, 3, 1, 2, 3], "ids": ["1", "2", "3", "4", "5", "6"], "tokens": ["[]"] * 6,
+                              "decoded": ['""'] * 6},
+                        {"p": np.asarray([1.0, 3.0, 2.0, -1.0, -3.0, -2.0]), "q": np.asarray([5.0, 0, 0, -5, 0, 0])})
+    results.write_meta(two, kind="beam")
+    assert best_and_worst(two, "p", 1) == [(2,), (5,)] and best_and_worst(two, "q", 1) == [(1,), (4,)]
+    assert best_and_worst(two, "p", 3) == [(2,), (3,), (1,), (4,), (6,), (5,)]
     # one direction only: a pessimal beam's least and most pessimal (it was refused: "use a smaller --top")
     pessimal = tmp_path / "pessimal.csv"
     results.write_table(pessimal, {"depth": [2, 2, 2], "direction": ["pessimal"] * 3, "rank": [1, 2, 3],

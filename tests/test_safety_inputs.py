@@ -189,6 +189,14 @@ BAD_OTHER_FLAGS = [
     ("sweep", ["--text_add_special_tokens", "--out={dir}/t.csv"], ["--text_add_special_tokens", "--mode=text"]),
     ("score", ["--overwrite", "--texts=a"], ["--overwrite: score without --out"]),
     ("gcg", ["--selection=greedy", "--seed=3", "--out={dir}/g.json"], ["--seed: gcg --selection=greedy"]),
+    # NaN refined every response to the cap, then failed to write; a cap below the first grid was passed silently
+    ("inspect", ["--ig_tolerance=nan", "--responses=a"], ["--ig_tolerance=nan", "finite"]),
+    ("inspect", ["--steps=40", "--ig_max_evaluations=8", "--responses=a"], ["--ig_max_evaluations=8", "41 points"]),
+    # four words fill no step of 128 (as four --token_ids were refused)
+    ("gcg", ["--vocab_file={dir}/words.txt", "--search_width=128", "--num_tokens=2", "--out={dir}/g2.json"],
+     ["--search_width=128", "distinct candidates"]),
+    # an --init of banned tokens: they reached the best response, the buffer and the history
+    ("gcg", ["--init= x<|endoftext|>", "--num_tokens=2", "--out={dir}/g.json"], ["may not use", "<|endoftext|>"]),
     # analyze settings whose inputs are not given: each was accepted and changed nothing
     ("analyze", ["--framing=good,bad", "--elo=builtin", "--out={dir}/a"], ["--framing applies to --scores"]),
     ("analyze", ["--rbo_p=0.5", "--elo=builtin", "--out={dir}/a"], ["--rbo_p applies to --scores"]),
@@ -205,6 +213,7 @@ def bad_other_runs(rm_folder, tmp_path_factory):
     folder = tmp_path_factory.mktemp("bad_other")
     (folder / "file.txt").write_text("not a table\n")
     (folder / "blank.txt").write_text("\n  \n")
+    (folder / "words.txt").write_text(" cat\n dog\n house\n sun\n")
     procs = cli.run_each(*[(job, *([] if job == "analyze" else [f"--model={rm_folder}"]),
                             *[f.format(dir=folder) for f in flags]) for job, flags, _ in BAD_OTHER_FLAGS])
     return {(job, flags[0]): proc for proc, (job, flags, _) in zip(procs, BAD_OTHER_FLAGS, strict=True)}

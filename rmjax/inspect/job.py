@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -127,8 +128,13 @@ def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None) -
         level = df[df.depth == (depth or df.depth.max())]
         if level.empty:
             raise UsageError(f"{path} has no sequences of depth {depth} (depths {sorted(set(df.depth))}).")
-        best = level[level.direction == "optimal"].sort_values("rank")
-        worst = level[level.direction == "pessimal"].sort_values("rank", ascending=False)
+        # by this prompt's own reward (a beam over several prompts ranks by their mean: its rank 1 was not this
+        # prompt's best), the beam's rank breaking ties; the worst last
+        keys = [prompt_name, "rank"] if prompt_name in level.columns else ["rank"]
+        best = level[level.direction == "optimal"].sort_values(keys, ascending=[False, True][-len(keys):],
+                                                               kind="stable")
+        worst = level[level.direction == "pessimal"].sort_values(keys, ascending=[False, False][-len(keys):],
+                                                                 kind="stable")
         if not len(worst):  # one direction only: its best and its worst
             return _enough([tuple(ids) for ids in best.ids], top, path, f"depth {level.depth.iloc[0]}")
         if not len(best):  # pessimal only: ranked worst first, so its best is its last
@@ -198,6 +204,12 @@ def run_inspect(spec: InspectSpec) -> dict:
     write (`write_inspect`). Returns the summary (also in .meta.json)."""
     o, (name, text) = spec.options, spec.prompt
     check_batch_size(spec.batch_size)  # what its plan refuses, refused before anything loads
+    if not math.isfinite(spec.tolerance) or spec.tolerance < 0:  # NaN refined to the cap, then failed to write
+        raise UsageError(f"--ig_tolerance={spec.tolerance}: give a finite number >= 0 (a relative gap).")
+    if spec.max_evaluations < spec.steps + 1:  # the path's first grid alone takes steps + 1
+        raise UsageError(f"--ig_max_evaluations={spec.max_evaluations} is fewer than the --steps={spec.steps} path's "
+                         f"{spec.steps + 1} points, which are all evaluated; give --ig_max_evaluations >= "
+                         f"{spec.steps + 1} or fewer --steps.")
     config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
     require_reward_model(config, o.model, "inspect")
     out = check_writable(o.out, "--out", folder=True)  # before the model loads

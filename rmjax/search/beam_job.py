@@ -44,6 +44,8 @@ def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, pr
     identity = {"job": "beam", "model": model_fingerprint, "dtype": dtype, "output_column": int(output_column),
                 "prompts": dict(prompts), "config": dataclasses.asdict(cfg), "candidates": candidates,
                 "completion": {"lm": lm, "max_new": MAX_NEW}}
+    if not cfg.allow_special:  # which tokens the search left out (absent before the rule had a version)
+        identity["left_out"] = candidate_set.LEFT_OUT
     if limit is not None:
         identity["limit"] = int(limit)
     if from_sweep is not None:

@@ -28,7 +28,7 @@ from rmjax.search.completion import (
 )
 from rmjax.search.gcg import GCGResult, Target, gcg, make_target
 from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan
-from rmjax.search.gcg_start import check_starts, init_from_rows, read_init_from
+from rmjax.search.gcg_start import banned_tokens, check_starts, init_from_rows, read_init_from
 from rmjax.text.candidates import read_vocab_file, single_token_ids
 
 MAX_NEW = 32  # the completion check's greedy tokens at most
@@ -129,6 +129,8 @@ def plan_search(cfg: GCGConfig, prompts: dict[str, str], dtype: str, config, tok
     checked for a model before its weights load (rmjax.search.gcg_config.search_plan); prints the plan."""
     if tokenizer is None:
         return  # make_target names the missing tokenizer
+    if cfg.vocab_file or cfg.token_ids:  # the candidates a step samples from: the set, less what is banned in it
+        check_search_width(cfg, int((~banned_tokens(tokenizer, config.vocab_size, cfg)).sum()))
     plan = search_plan(cfg, config, tokenizer, prompts, dtype, mesh)
     if is_main():
         print(f"memory plan: {plan.describe()}", file=sys.stderr)

@@ -56,8 +56,13 @@ def _init_ids(tokenizer, text: str, cfg: GCGConfig, banned: np.ndarray, rng,
     for attempt in tries:
         ids = tokenizer(attempt, add_special_tokens=False).input_ids
         ids = ids if text else ids[: cfg.num_tokens]  # an --init longer than --num_tokens is refused, not cut
-        allowed = bool(text) or not banned[ids].any()  # the default start keeps to the candidate set too
-        if len(ids) == cfg.num_tokens and allowed and all(survives(check, ids) for check in checks):
+        outside = [i for i in ids if i >= len(banned) or banned[i]]
+        if text and outside:  # its tokens would be reported as the best response the search found
+            names = ", ".join(repr(tokenizer.decode([i])) for i in outside[:5])
+            raise UsageError(f"--init {text!r} holds tokens the search may not use ({names}: special, control, "
+                             "non-ASCII or outside --vocab_file / --token_ids); give --init of allowed tokens, or "
+                             "--allow_special / --allow_non_ascii.")
+        if len(ids) == cfg.num_tokens and not outside and all(survives(check, ids) for check in checks):
             return ids
     if not text and (cfg.vocab_file or cfg.token_ids):  # 'x' is not in the set: its lowest allowed id, repeated
         ids = [int(np.flatnonzero(~banned)[0])] * cfg.num_tokens

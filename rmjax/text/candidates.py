@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import sys
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +41,20 @@ def special_or_byte(tokenizer, vocab_size: int) -> np.ndarray:
                 "|" in tok or tok.startswith("<unused") or tok in declared):
             out[i] = True
     for i, text in enumerate(decoded_tokens(tokenizer, n)):
-        if not text or "\ufffd" in text or any(not c.isprintable() and not c.isspace() for c in text):
+        if not text or "\ufffd" in text or any(_control(c) for c in text):
             out[i] = True
     return out
+
+
+# The rule's version, in the identity of a job it filters (a result left out other tokens): 2 counts \x0b, \x0c and
+# \x1c-\x1f as control characters (Python calls them whitespace: SmolLM2's '\x1c' filled a beam's top rows).
+LEFT_OUT = 2
+
+
+def _control(c: str) -> bool:
+    """A character no answer holds: a control character (category Cc) other than tab and newline, or one that
+    is neither printable nor whitespace."""
+    return (unicodedata.category(c) == "Cc" and c not in "\t\n\r") or (not c.isprintable() and not c.isspace())
 
 
 def _sha1(values: np.ndarray) -> str:
