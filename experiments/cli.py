@@ -30,6 +30,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+_ACCESS_ERRORS = {errno.EACCES, errno.EPERM, errno.ELOOP}
 
 
 def run(main: Callable[[list[str]], None]) -> None:
@@ -46,12 +47,16 @@ def run(main: Callable[[list[str]], None]) -> None:
                   "a result is reused only when its record proves it whole).", file=sys.stderr, flush=True)
             sys.exit(130)
         except OSError as error:  # the machine's, not the code's: a full or read-only disk, a quota
-            if error.errno not in _DISK_ERRORS:
-                raise
-            print(f"error: cannot write {error.filename or 'an output'}: {error.strerror}; free space or choose "
-                  "another --out, then rerun the same command (finished chunks are kept).", file=sys.stderr,
-                  flush=True)
-            sys.exit(2)
+            if error.errno in _DISK_ERRORS:
+                print(f"error: cannot write {error.filename or 'an output'}: {error.strerror}; free space or choose "
+                      "another --out, then rerun the same command (finished chunks are kept).", file=sys.stderr,
+                      flush=True)
+                sys.exit(2)
+            if error.errno in _ACCESS_ERRORS and error.filename:  # a file the run was given, as the user made it
+                print(f"error: cannot read or write {error.filename}: {error.strerror}; fix its permissions (or "
+                      "give another path), then rerun the same command.", file=sys.stderr, flush=True)
+                sys.exit(2)
+            raise
 
     quiet_absent_tpu()  # before JAX starts its backends
     app.run(guarded, flags_parser=_parse_flags)

@@ -27,6 +27,11 @@ done
 
 source "$(dirname "$0")/run.sh"  # quote, run: the printed line is the argv that runs
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
+JOB_NAME="${JOB%% *}"; JOB_NAME="${JOB_NAME#experiments.}"
+if [ ! -f "$REPO/experiments/$JOB_NAME.py" ]; then  # `python -m <anything>` would run on the host
+  echo "error: --job=$JOB: rmjax has no job $JOB_NAME (experiments/*.py)" >&2
+  exit 2
+fi
 
 # Python 3.11+ (setup.py's python_requires): the first new enough of these on the host. The host is not ours
 # to install on, so without one the set-up stops and says so.

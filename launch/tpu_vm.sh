@@ -117,8 +117,24 @@ SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python -r requirem
 SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -r requirements-nodeps.txt -e .'
 
 # Plan before paying: compile the job for --type on this machine and refuse one that does not fit.
-read -ra JOB_WORDS <<<"$JOB"  # split on blanks, no glob expansion
+# The job's words as the VM's shell will read them (quotes undone), `--flag value` joined as `--flag=value`: split
+# on blanks, a quoted prompt reached the plan cut at its first space and `--mesh data:8,model:1` not at all.
+SPLIT='import shlex, sys
+words = shlex.split(sys.argv[1])
+out = []
+for word in words:
+    if out and out[-1].startswith("--") and "=" not in out[-1] and not word.startswith("-"):
+        out[-1] += "=" + word  # absl reads `--flag value` as `--flag=value` (the jobs take no positional words)
+    else:
+        out.append(word)
+sys.stdout.write("\0".join(out))'
+python3 -c "$SPLIT" "$JOB" >/dev/null 2>&1 || { echo "error: --job=$JOB: its quotes do not pair up" >&2; exit 2; }
+mapfile -d '' -t JOB_WORDS < <(python3 -c "$SPLIT" "$JOB")
 JOB_NAME="${JOB_WORDS[0]#experiments.}"
+if [ ! -f "$REPO/experiments/$JOB_NAME.py" ]; then  # a typo would have failed on the VM, after paying for it
+  echo "error: --job=${JOB_WORDS[0]}: rmjax has no job $JOB_NAME (experiments/*.py)" >&2
+  exit 2
+fi
 if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read
   PLAN_MODEL="${TMPDIR:-/tmp}/rmjax-$NAME-config.json"
   run gcloud storage cp "$CHECKPOINT/config.json" "$PLAN_MODEL"
@@ -126,11 +142,14 @@ if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.jso
 elif [ -z "$PLAN_MODEL" ]; then
   PLAN_MODEL="$CHECKPOINT"
 fi
+UNPLANNED=""
 case "$JOB_NAME" in
   sweep|beam|gcg|score|logprobs|inspect|train_rm) ;;
-  *) echo "warning: experiments.plan has no job $JOB_NAME: the VM is created unplanned" >&2; PLAN_MODEL="" ;;
+  *) UNPLANNED=1; echo "warning: experiments.plan has no job $JOB_NAME: the VM is created unplanned" >&2 ;;
 esac
-if [ -z "$PLAN_MODEL" ]; then
+if [ -n "$UNPLANNED" ]; then
+  :
+elif [ -z "$PLAN_MODEL" ]; then
   echo "warning: no --plan_model or --checkpoint to read the model's config from: the job is not planned" >&2
 else
   PLAN=(python -m experiments.plan --model="$PLAN_MODEL" --topology="$TYPE" --job="$JOB_NAME")
@@ -142,6 +161,7 @@ else
       train_rm:--last_k=*|train_rm:--n_train=*|train_rm:--fsdp=*|train_rm:--remat=*)
         PLAN+=("$word") ;;
       inspect:--steps=*) PLAN+=("--ig_steps=${word#--steps=}") ;;  # inspect's --steps: the IG path's
+      gcg:--eval_batch_size=*) PLAN+=("--batch_size=${word#--eval_batch_size=}") ;;  # the rows GCG evaluates
       train_rm:--fsdp|train_rm:--remat) PLAN+=("$word=true") ;;  # train_rm's bool flags; the plan's: auto|true|false
       train_rm:--nofsdp|train_rm:--noremat) PLAN+=("--${word#--no}=false") ;;
     esac

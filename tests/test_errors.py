@@ -141,3 +141,20 @@ def test_bfloat16_load_keeps_float32_scores(folder):
     b = np.asarray(M.rewards(bf16.params, bf16.config, ids, mask))
     assert b.dtype == np.float32
     assert np.abs(a - b).max() < 0.05 * np.abs(a).max() + 0.05
+
+
+def test_a_file_the_run_cannot_read_is_one_line(tmp_path):
+    """An unreadable config.json, tokenizer or weights file ended in a PermissionError traceback (status 1). Every
+    entry point's runner now says which file, in one line (status 2). Root reads any file, so the error is raised
+    as `open` raises it for a user who cannot."""
+    import subprocess
+    import sys
+
+    code = ("import errno\nfrom experiments import cli\n"
+            "def main(argv):\n"
+            "    raise PermissionError(errno.EACCES, 'Permission denied', '/models/rm/config.json')\n"
+            "cli.run(main)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("error: cannot read or write /models/rm/config.json: Permission denied; fix its "
+                                   "permissions (or give another path), then rerun the same command.")

@@ -248,6 +248,8 @@ def test_tpu_vm_warns_that_uncommitted_changes_are_not_shipped(tmp_path):
     shutil.copy(LAUNCH / "tpu_vm.sh", repo / "launch")
     shutil.copy(LAUNCH / "run.sh", repo / "launch")
     (repo / "a.py").write_text("x = 1\n")
+    (repo / "experiments").mkdir()
+    (repo / "experiments" / "sweep.py").write_text("")  # the job the launcher checks the repository has
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for step in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
         subprocess.run([*git, *step], check=True)
@@ -388,3 +390,27 @@ def test_tpu_vm_plans_with_the_flags_the_plan_reads_for_that_job(tmp_path):
     config.write_text(json.dumps(raw))
     cli.user_error(cli.run("plan", f"--model={config}", "--job=gcg", "--direction=pessimal"),
                    "--direction: plan --job=gcg does not read it")
+
+
+def test_the_plan_reads_the_job_as_the_vms_shell_will_and_a_typo_creates_nothing():
+    """The launcher split --job on blanks: a quoted prompt reached the plan cut at its first space, `--mesh
+    data:8,model:1` (absl's space form) reached it not at all (the plan chose its own mesh and said "fits"), and
+    gcg's --eval_batch_size was dropped. A job rmjax does not have created the VM (and gpu.sh ran `python -m` of
+    anything)."""
+    job = ("experiments.sweep --model=/tmp/ckpt --prompt='x=What is $HOME up' --mesh data:8,model:1 "
+           "--dtype bfloat16 --out=results/s.csv")
+    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt", f"--job={job}",
+                env={**os.environ, "TMPDIR": "/tmp"})
+    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
+    assert plan[6:] == ["--prompt=x=What is $HOME up", "--mesh=data:8,model:1", "--dtype=bfloat16"], plan
+    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt",
+                "--job=experiments.gcg --num_tokens=4 --eval_batch_size=16", env={**os.environ, "TMPDIR": "/tmp"})
+    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
+    assert plan[6:] == ["--num_tokens=4", "--batch_size=16"], plan
+    for script, args in (("tpu_vm.sh", ["--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt"]),
+                         ("gpu.sh", ["--host=me@box"])):
+        bad = _run(script, *args, "--job=experiments.sweeep --model=/tmp/ckpt", "--dry-run")
+        assert bad.returncode == 2 and "rmjax has no job sweeep" in bad.stderr and not bad.stdout, bad
+    bad = _run("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--job=experiments.sweep --prompt='x",
+               "--dry-run")
+    assert bad.returncode == 2 and "quotes do not pair up" in bad.stderr and not bad.stdout, bad

@@ -256,3 +256,29 @@ def test_a_topology_with_a_zero_dimension_is_no_slice(topology):
     """v5e:0x0 was taken as a slice of 0 chips and refused later as 'no mesh of v5e:0x0 splits the batch of None'."""
     with pytest.raises(UsageError, match=f"--topology={topology}: expected a TPU slice"):
         parse_slice(topology)
+
+
+def test_the_plan_refuses_what_train_rm_and_the_sweeps_memory_planner_refuse(tmp_path):
+    """The plan said "fits" (and the launcher created a VM) for runs the job then refused on it: train_rm's batch
+    not divisible by the data axis, --fsdp with head-only training or without a data axis, and a sweep's explicit
+    --batch_size that XLA fits but the job's own memory planner (which the job checks it against) does not.
+    Each is refused before anything compiles (no `plan: data:…` compile line)."""
+    from rmjax.plan.planner import plan
+    from rmjax.plan.spec import plan_inputs
+
+    config = _config_file(tmp_path)
+    logged = []
+    for (settings, fsdp, says) in (
+            (dict(trainable="last_k", batch_size=100, mesh="data:8,model:1"), "auto", "use a multiple of 8"),
+            (dict(trainable="head", batch_size=64), "true", "--trainable=head trains none"),
+            (dict(trainable="full", batch_size=64, mesh="data:1,model:8"), "true", "data:1; give a data axis")):
+        cfg, piece, shape, mesh = plan_inputs(str(config), "v5e-8", "train_rm", n_train=1000, sequence_tokens=32,
+                                              **settings)
+        args = (cfg, "bfloat16", piece, "train_rm", shape, mesh)
+        inproc.refused(lambda args=args, fsdp=fsdp: plan(*args, log=logged.append, fsdp=fsdp), says)
+    assert not logged
+    cfg, piece, shape, mesh = plan_inputs("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2", "v5e-8", "sweep",
+                                          mesh="data:1,model:8", batch_size=40960)
+    inproc.refused(lambda: plan(cfg, "bfloat16", piece, "sweep", shape, mesh, batch_size=40960, log=logged.append),
+                   "fits no batch by the memory planner")
+    assert logged and all("the job's memory planner refuses it" in line for line in logged), logged

@@ -80,17 +80,26 @@ class Slice:
 
 
 def parse_slice(name: str) -> Slice:
-    """'v5e:2x4' (libtpu's topology) or 'v5e-8' (Cloud TPU's accelerator type) -> Slice."""
+    """'v5e:2x4' (libtpu's topology) or 'v5e-8' (Cloud TPU's accelerator type) -> Slice: one Cloud TPU sells (a
+    plan of v5e:3x3 or v6e-512 was named and priced)."""
     m = re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})", name.strip())
     if m and all(int(d) >= 1 for d in m[2].split("x")):  # v5e:0x0 is no slice
-        return Slice(CHIPS[m[1]], f"{m[1]}:{m[2]}")
+        piece = Slice(CHIPS[m[1]], f"{m[1]}:{m[2]}")
+        axes = 3 if m[1] in ("v4", "v5p") else 2  # v4 and v5p are 3-D tori, v5e and v6e 2-D
+        if len(piece.dims) == axes and piece.chips in piece.chip.slice_chips:
+            return piece
+        raise UsageError(f"--topology={name}: Cloud TPU sells no such {m[1]} slice ({axes}-D, of "
+                         f"{', '.join(map(str, piece.chip.slice_chips))} chips).")
     m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)-(\d+)", name.strip())
     if m and int(m[2]) % _CORES_IN_NAME["v5e" if m[1] == "v5litepod" else m[1]] == 0:
         kind = "v5e" if m[1] == "v5litepod" else m[1]
         chips = int(m[2]) // _CORES_IN_NAME[kind]
         grid = (_CUBES if kind in ("v4", "v5p") else _GRIDS).get(chips)
-        if grid:
+        if grid and chips in CHIPS[kind].slice_chips:
             return Slice(CHIPS[kind], f"{kind}:{grid}")
+        if grid:
+            sold = ", ".join(f"{m[1]}-{c * _CORES_IN_NAME[kind]}" for c in CHIPS[kind].slice_chips)
+            raise UsageError(f"--topology={name}: Cloud TPU sells no such slice ({sold}).")
     raise UsageError(f"--topology={name}: expected a TPU slice such as v5e:2x4 or v5e-8 (chips {', '.join(CHIPS)}).")
 
 

@@ -123,6 +123,14 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
         if batch is None:
             notes.append(f"data:{data},model:{model} fits no batch by the memory planner")
             continue
+        if batch_size and not fixed and isinstance(shape, SweepShape):  # the job's own check of a given batch
+            est = memory.estimate(cfg, dtype, shape.memory_prefix(), shape.positions(), batch, data, model,
+                                  piece.chip.hbm_bytes, backend="tpu")
+            if est.total_bytes > piece.chip.hbm_bytes:  # XLA's figure fitted where the job refuses, on the VM
+                notes.append(f"data:{data},model:{model} batch {batch}: the job's memory planner refuses it "
+                             f"({est.describe()})")
+                log(f"plan: {notes[-1]}")
+                continue
         option = compile_option(cfg, dtype, piece, data, model, shape, batch)
         fits = option.total_bytes <= piece.chip.hbm_bytes and not option.refused_bytes
         notes.append(f"data:{data},model:{model} batch {batch}: " + (
@@ -180,6 +188,18 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
     """The plan of `job` with `shape` on `piece` (a dict for PLAN.json). Raises PlanDoesNotFitError. Training
     tries its replicated state first, then FSDP, then FSDP with remat (`fsdp`, `remat`: auto, on or off)."""
     tries = shape.variants(fsdp, remat) if hasattr(shape, "variants") else [shape]
+    if hasattr(shape, "variants"):  # what train_rm refuses (rmjax.train.loop.check_sharding_settings)
+        if shape.trainable == "head" and "true" in (fsdp, remat):
+            raise UsageError("--fsdp and --remat act on trained layers, and --trainable=head trains none; leave them "
+                             "out (or auto).")
+        if mesh and mesh["data"] == 1:  # FSDP splits over a data axis: none here
+            if fsdp == "true":
+                raise UsageError(f"--fsdp splits the trained weights over the mesh's data axis, and --mesh has "
+                                 f"data:{mesh['data']}; give a data axis > 1 or leave --fsdp out.")
+            tries = [t for t in tries if not t.fsdp]
+        if mesh and shape.batch_size % mesh["data"]:  # rmjax.train.loop.check_batch_on_mesh
+            raise UsageError(f"--batch_size={shape.batch_size}: each step's pairs are split over the mesh's data "
+                             f"axis of size {mesh['data']}; use a multiple of {mesh['data']}.")
     for attempt in tries:
         try:
             option, why = choose(cfg, dtype, piece, attempt, mesh, batch_size, log)
