@@ -27,9 +27,10 @@ done
 
 source "$(dirname "$0")/run.sh"  # quote, run: the printed line is the argv that runs
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-JOB_NAME="${JOB%% *}"; JOB_NAME="${JOB_NAME#experiments.}"
-if [ ! -f "$REPO/experiments/$JOB_NAME.py" ]; then  # `python -m <anything>` would run on the host
-  echo "error: --job=$JOB: rmjax has no job $JOB_NAME (experiments/*.py)" >&2
+JOB_NAME="${JOB%% *}"
+if [[ "$JOB_NAME" != experiments.* ]] || ! grep -qs '__main__' "$REPO/experiments/${JOB_NAME#experiments.}.py"; then
+  # `python -m <anything>` would run on the host
+  echo "error: --job=$JOB: rmjax has no job ${JOB_NAME#experiments.} (give experiments.NAME, NAME one of experiments/*.py's jobs)" >&2
   exit 2
 fi
 

@@ -128,11 +128,14 @@ for word in words:
     else:
         out.append(word)
 sys.stdout.write("\0".join(out))'
-python3 -c "$SPLIT" "$JOB" >/dev/null 2>&1 || { echo "error: --job=$JOB: its quotes do not pair up" >&2; exit 2; }
-mapfile -d '' -t JOB_WORDS < <(python3 -c "$SPLIT" "$JOB")
+SPLIT_PY="$REPO/.venv/bin/python"; [ -x "$SPLIT_PY" ] || SPLIT_PY="$(command -v python3 || true)"
+[ -n "$SPLIT_PY" ] || { echo "error: no python3 here to read --job with (the plan needs one too)" >&2; exit 2; }
+"$SPLIT_PY" -c "$SPLIT" "$JOB" >/dev/null 2>&1 || { echo "error: --job=$JOB: its quotes do not pair up" >&2; exit 2; }
+mapfile -d '' -t JOB_WORDS < <("$SPLIT_PY" -c "$SPLIT" "$JOB")
 JOB_NAME="${JOB_WORDS[0]#experiments.}"
-if [ ! -f "$REPO/experiments/$JOB_NAME.py" ]; then  # a typo would have failed on the VM, after paying for it
-  echo "error: --job=${JOB_WORDS[0]}: rmjax has no job $JOB_NAME (experiments/*.py)" >&2
+# a typo would have failed on the VM, after paying for it: experiments.NAME, a job (an entry point with a main)
+if [[ "${JOB_WORDS[0]}" != experiments.* ]] || ! grep -qs '__main__' "$REPO/experiments/$JOB_NAME.py"; then
+  echo "error: --job=${JOB_WORDS[0]}: rmjax has no job $JOB_NAME (give experiments.NAME, NAME one of experiments/*.py's jobs)" >&2
   exit 2
 fi
 if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read

@@ -90,18 +90,22 @@ def test_both_sides_forwards_are_charged_and_the_budget_never_passed(rm_folder, 
     obj = Objective(target, Prior.of(lm, target.prefix), 1.0, 1.0, 2.0, forwards, partner=partner)
     banned = np.ones(rm.config.vocab_size, bool)
     banned[300:5000] = False
+    drawn, sample = [], baseline.prior_lib.sample_responses
+    monkeypatch.setattr(baseline.prior_lib, "sample_responses",
+                        lambda *a, **kw: (drawn.append(a[4]), sample(*a, **kw))[1])
     if method == "search":
         found = fluent.fluent_search(obj, SEARCH, banned, [partner.round_trips])
-        assert all("e" not in t for t in side.scored)  # the filter ran before B scored anything
     else:
         found = baseline.best_of_n(obj, SEARCH, banned, [partner.round_trips])
+    # the filter ran before B scored anything: best-of-N paid B for readable samples only, as the search pays
+    assert all("e" not in t for t in side.scored)
     assert found.spent == forwards.spent <= budget
     assert forwards.spent == ledger.forwards() + Fraction(2 * sum(calls))
     assert sum(calls) == len(side.scored) > 0
     texts = turns.decode(rm.tokenizer, found.ids, end)
     assert all("e" not in t for t in texts)  # nothing B cannot read back is returned
-    if method == "best_of_n":  # every sample was scored (and paid for) as drawn; those B cannot read are dropped
-        assert 0 < len(found.ids) < sum(calls)
+    if method == "best_of_n":  # each readable sample scored once and kept; the unreadable drawn, never scored
+        assert 0 < len(found.ids) == sum(calls) < sum(drawn)
     want = (found.values.reward, (np.asarray([len(t) for t in texts]) - 1.0) / 4.0)
     reward_a = np.asarray([partner.ledger[tuple(turns.tokens(r, end))][0] for r in found.ids.tolist()])
     np.testing.assert_allclose(want[0], reward_a / 2.0 - want[1], rtol=0, atol=1e-12)  # gap = z_A − z_B

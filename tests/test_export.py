@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -110,7 +111,9 @@ def _multimodal_gemma3(folder, classifier: bool):
     vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=28, patch_size=14)
     text = tiny.hf_config("gemma3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2).to_dict()
+    # the token ids at the top level too, as google/gemma-3-4b-it has them (its eos: [1, 106])
     cfg = transformers.Gemma3Config(text_config=text, vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                                    eos_token_id=[2, 5], bos_token_id=1, pad_token_id=2,
                                     **({"num_labels": 1} if classifier else {}))
     torch.manual_seed(0)
     cls = transformers.Gemma3ForSequenceClassification if classifier else transformers.Gemma3ForConditionalGeneration
@@ -146,9 +149,18 @@ def test_a_multimodal_gemma3_exports_as_its_text_model(tmp_path):
     _loads_whole(out)
     assert all(np.array_equal(a, b) for a, b in zip(sequences, same, strict=True))
     model = load(str(out))
+    # the text model's config as rmjax reads it from the multimodal one: the same but for the class (token ids too)
+    assert dataclasses.replace(model.config, architecture="") == dataclasses.replace(load(str(source)).config,
+                                                                                      architecture="")
     for ids, want, have in zip(sequences, expected, got, strict=True):
         atol = tolerance.any_rewards_atol(model.params, model.config, ids.shape[1])
         assert abs(have - want) <= 2 * atol, (have, want, atol)  # two float32 forwards of the same weights
+    # an export written before this rule (its record's identity without it) ran on random weights: not reused
+    record = json.loads((out / EXPORT_RECORD).read_text())
+    assert record["identity"]["config"] == "text-only"
+    del record["identity"]["config"]
+    (out / EXPORT_RECORD).write_text(json.dumps(record))
+    inproc.refused(lambda: run_export(inproc.options(str(source), out)), "--overwrite")
     lm = load(str(_multimodal_gemma3(tmp_path / "mm_lm", classifier=False)))
     rm = reward_model_from_lm(lm, seed=3)
     written = save_hf_folder(rm, tmp_path / "trained")

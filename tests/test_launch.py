@@ -249,7 +249,7 @@ def test_tpu_vm_warns_that_uncommitted_changes_are_not_shipped(tmp_path):
     shutil.copy(LAUNCH / "run.sh", repo / "launch")
     (repo / "a.py").write_text("x = 1\n")
     (repo / "experiments").mkdir()
-    (repo / "experiments" / "sweep.py").write_text("")  # the job the launcher checks the repository has
+    (repo / "experiments" / "sweep.py").write_text('if __name__ == "__main__":\n    pass\n')  # the launcher checks
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for step in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
         subprocess.run([*git, *step], check=True)
@@ -409,8 +409,9 @@ def test_the_plan_reads_the_job_as_the_vms_shell_will_and_a_typo_creates_nothing
     assert plan[6:] == ["--num_tokens=4", "--batch_size=16"], plan
     for script, args in (("tpu_vm.sh", ["--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt"]),
                          ("gpu.sh", ["--host=me@box"])):
-        bad = _run(script, *args, "--job=experiments.sweeep --model=/tmp/ckpt", "--dry-run")
-        assert bad.returncode == 2 and "rmjax has no job sweeep" in bad.stderr and not bad.stdout, bad
+        for job, name in (("experiments.sweeep", "sweeep"), ("sweep", "sweep"), ("experiments.cli", "cli")):
+            bad = _run(script, *args, f"--job={job} --model=/tmp/ckpt", "--dry-run")  # a typo, no prefix, no job
+            assert bad.returncode == 2 and f"rmjax has no job {name}" in bad.stderr and not bad.stdout, bad
     bad = _run("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--job=experiments.sweep --prompt='x",
                "--dry-run")
     assert bad.returncode == 2 and "quotes do not pair up" in bad.stderr and not bad.stdout, bad

@@ -338,7 +338,7 @@ def test_only_slices_cloud_tpu_sells_are_planned():
     from rmjax.errors import UsageError
 
     for name in ("v5e:3x3", "v5e:2x2x2", "v6e:16x32", "v6e:1x2", "v5p-2", "v4-4", "v4:1x1x1", "v5p:2x2"):
-        with pytest.raises(UsageError, match="sells no such"):
+        with pytest.raises(UsageError, match="slice table has no such"):
             chips.parse_slice(name)
     assert [chips.parse_slice(n).accelerator_type for n in ("v5e:2x4", "v4:2x2x1", "v5p-8", "v6e-256", "v5e-1")] == [
         "v5litepod-8", "v4-8", "v5p-8", "v6e-256", "v5litepod-1"]

@@ -271,7 +271,7 @@ def test_the_plan_refuses_what_train_rm_and_the_sweeps_memory_planner_refuse(tmp
     for (settings, fsdp, says) in (
             (dict(trainable="last_k", batch_size=100, mesh="data:8,model:1"), "auto", "use a multiple of 8"),
             (dict(trainable="head", batch_size=64), "true", "--trainable=head trains none"),
-            (dict(trainable="full", batch_size=64, mesh="data:1,model:8"), "true", "data:1; give a data axis")):
+            (dict(trainable="full", batch_size=64, mesh="data:1,model:8"), "true", "none of size > 1")):
         cfg, piece, shape, mesh = plan_inputs(str(config), "v5e-8", "train_rm", n_train=1000, sequence_tokens=32,
                                               **settings)
         args = (cfg, "bfloat16", piece, "train_rm", shape, mesh)

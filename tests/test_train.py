@@ -368,7 +368,7 @@ def test_no_warmup_starts_at_the_peak_rate():
     ≈ the rate: Adam divides the gradient by its own size)."""
     import math
 
-    from rmjax.train.loop import make_optimizer
+    from rmjax.train.optimizer import make_optimizer
 
     def first_steps(warmup: int, steps: int) -> list[float]:
         opt = make_optimizer(TrainConfig(steps=steps, warmup_steps=warmup, learning_rate=1.0, weight_decay=0.0,

@@ -164,7 +164,8 @@ def inspect_identity(model_fp: dict, *, dtype: str, output_column: int, prompt: 
                      max_evaluations: int = MAX_EVALUATIONS) -> dict:
     return {"job": "inspect", "model": model_fp, "dtype": dtype, "output_column": int(output_column),
             "prompt": prompt, "responses": [list(i.ids) for i in items], "steps": steps, "baseline": baseline,
-            "ig_tolerance": tolerance, "ig_max_evaluations": max_evaluations}
+            "ig_tolerance": tolerance, "ig_max_evaluations": max_evaluations} | (
+                {} if dtype == "float32" else {"lens": "the last layer is the forward's reward"})  # bf16 read it off
 
 
 def ig_warning(label: str, a) -> str | None:

@@ -30,23 +30,25 @@ HF_FOLDER_FILES = (UNFINISHED, "model.safetensors", "model.safetensors.tmp", "co
                    "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 
-# A multimodal Gemma 3's text model under its text-only class (the weights written are the text model's alone), and
-# what the wrapper's top level says of the head, which its text_config does not.
+# A multimodal Gemma 3's text model under its text-only class (the weights written are the text model's alone).
 TEXT_ONLY_CLASS = {"Gemma3ForSequenceClassification": "Gemma3TextForSequenceClassification",
                    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
-HEAD_FIELDS = ("architectures", "num_labels", "id2label", "label2id", "problem_type", "dtype", "torch_dtype",
-               "transformers_version")
+# What only the multimodal wrapper has: the rest of its top level (token ids, labels, dtype) stays.
+MULTIMODAL_FIELDS = ("text_config", "vision_config", "model_type", "architectures", "image_token_index",
+                     "boi_token_index", "eoi_token_index", "mm_tokens_per_image", "auto_map")
 
 
 def text_only_config(raw: dict) -> dict:
     """config.json for the text-only weights `save_hf_folder` writes. A multimodal Gemma 3's config (its text model's
     fields nested in text_config, model_type gemma3) made transformers load the written weights as unexpected keys
-    and run its language model on random ones (the exported RM's rewards were another model's)."""
+    and run its language model on random ones (the exported RM's rewards were another model's). Its top level's
+    token ids (eos [1, 106]), labels and dtype are kept beside the text model's fields."""
     text = raw.get("text_config")
-    if not isinstance(text, dict):
+    if raw.get("model_type") not in ("gemma3", "gemma3_text") or not isinstance(text, dict):
         return raw
-    flat = {**text, **{k: raw[k] for k in HEAD_FIELDS if k in raw}, "model_type": "gemma3_text"}
-    flat["architectures"] = [TEXT_ONLY_CLASS.get(a, a) for a in flat.get("architectures") or []]
+    top = {k: v for k, v in raw.items() if k not in MULTIMODAL_FIELDS}
+    flat = {**text, **top, "model_type": "gemma3_text"}
+    flat["architectures"] = [TEXT_ONLY_CLASS.get(a, a) for a in raw.get("architectures") or []]
     return flat
 
 
@@ -75,10 +77,21 @@ EXPORT_RECORD = "rmjax_export.json"
 EXPORT_FILES = (*HF_FOLDER_FILES, EXPORT_RECORD, f".{EXPORT_RECORD}.*.tmp")  # all --overwrite deletes in --out
 
 
-def export_identity(model_fingerprint: dict, dtype: str) -> dict:
+def export_identity(model_fingerprint: dict, dtype: str, text_only: bool = False) -> dict:
     """What an exported folder depends on: the model's content (weights, head, tokenizer, template) and the dtype
-    its weights are written in."""
-    return {"job": "export", "model": model_fingerprint, "dtype": dtype}
+    its weights are written in; `text_only`: a multimodal config written as its text model's (an export from before
+    that rule ran on random weights in transformers, and must not be reused)."""
+    return {"job": "export", "model": model_fingerprint, "dtype": dtype} | ({"config": "text-only"} if text_only
+                                                                           else {})
+
+
+def _text_only(spec: str) -> bool:
+    """Whether `spec`'s config.json is one `text_only_config` rewrites (read before any weight)."""
+    from rmjax.runs.results import read_json
+
+    folder = model_folder(spec)
+    raw = read_json(folder / "config.json") if folder is not None else None
+    return isinstance(raw, dict) and text_only_config(raw) is not raw
 
 
 def _refuse_own_folder(spec: str, out: Path) -> None:
@@ -101,7 +114,7 @@ def run_export(options: RunOptions) -> Path:
 
     out = real_path(options.out)
     _refuse_own_folder(options.model, out)
-    identity = export_identity(fingerprint(options.model), options.dtype)
+    identity = export_identity(fingerprint(options.model), options.dtype, _text_only(options.model))
     record_path = out / EXPORT_RECORD
     with claim(out, identity, overwrite=options.overwrite, flag="--out", meta=record_path, folder=EXPORT_FILES,
                inputs=dict(options.inputs)) as decision:

@@ -217,7 +217,8 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
     `prefix_tokens` run through the frozen layers once, when 0 < prefix_tokens < sequence_tokens and that
     `prefixed.pays`), made `steps` times; with `fsdp` the trained weights and optimizer state split over `data` as
     train_rm --fsdp places them, with `remat` each layer recomputed in the backward pass."""
-    from rmjax.train.loop import TrainConfig, make_optimizer, trainable_part
+    from rmjax.train.loop import TrainConfig, trainable_part
+    from rmjax.train.optimizer import make_optimizer
     from rmjax.train.step import _moving
 
     train_cfg = TrainConfig(trainable=trainable, last_k=last_k, steps=steps, batch_size=batch_size, fsdp=fsdp,

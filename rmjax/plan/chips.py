@@ -88,8 +88,8 @@ def parse_slice(name: str) -> Slice:
         axes = 3 if m[1] in ("v4", "v5p") else 2  # v4 and v5p are 3-D tori, v5e and v6e 2-D
         if len(piece.dims) == axes and piece.chips in piece.chip.slice_chips:
             return piece
-        raise UsageError(f"--topology={name}: Cloud TPU sells no such {m[1]} slice ({axes}-D, of "
-                         f"{', '.join(map(str, piece.chip.slice_chips))} chips).")
+        raise UsageError(f"--topology={name}: rmjax's slice table has no such {m[1]} slice (it knows {axes}-D ones "
+                         f"of {', '.join(map(str, piece.chip.slice_chips))} chips, the sizes Cloud TPU sells).")
     m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)-(\d+)", name.strip())
     if m and int(m[2]) % _CORES_IN_NAME["v5e" if m[1] == "v5litepod" else m[1]] == 0:
         kind = "v5e" if m[1] == "v5litepod" else m[1]
@@ -99,7 +99,7 @@ def parse_slice(name: str) -> Slice:
             return Slice(CHIPS[kind], f"{kind}:{grid}")
         if grid:
             sold = ", ".join(f"{m[1]}-{c * _CORES_IN_NAME[kind]}" for c in CHIPS[kind].slice_chips)
-            raise UsageError(f"--topology={name}: Cloud TPU sells no such slice ({sold}).")
+            raise UsageError(f"--topology={name}: rmjax's slice table has no such slice (it knows {sold}).")
     raise UsageError(f"--topology={name}: expected a TPU slice such as v5e:2x4 or v5e-8 (chips {', '.join(CHIPS)}).")
 
 

@@ -183,23 +183,28 @@ def _smallest_fit(cfg: ModelConfig, dtype: str, shape) -> str:
     return f"Cheapest that fit by estimate: {ranked}."
 
 
+def _train_tries(shape, tries: list, mesh: dict | None, fsdp: str, remat: str) -> list:
+    """The training variants train_rm would take with these flags (`--fsdp`, `--remat` given as true are checked
+    as the job checks them; auto tries no FSDP where there is no data axis to split over)."""
+    from types import SimpleNamespace
+
+    from rmjax.train.loop import TrainConfig, check_batch_on_mesh, check_sharding_settings
+
+    job_mesh = SimpleNamespace(shape=mesh) if mesh else None  # what batching.data_shards reads of a Mesh
+    given = TrainConfig(trainable=shape.trainable, last_k=shape.last_k, steps=shape.steps,
+                        batch_size=shape.batch_size, fsdp=fsdp == "true", remat=remat == "true")
+    check_sharding_settings(given, job_mesh)
+    check_batch_on_mesh(given, job_mesh)
+    return [t for t in tries if not t.fsdp] if mesh and mesh["data"] == 1 else tries
+
+
 def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict | None = None,
          batch_size: int | None = None, log=print, fsdp: str = "auto", remat: str = "auto") -> dict:
     """The plan of `job` with `shape` on `piece` (a dict for PLAN.json). Raises PlanDoesNotFitError. Training
     tries its replicated state first, then FSDP, then FSDP with remat (`fsdp`, `remat`: auto, on or off)."""
     tries = shape.variants(fsdp, remat) if hasattr(shape, "variants") else [shape]
-    if hasattr(shape, "variants"):  # what train_rm refuses (rmjax.train.loop.check_sharding_settings)
-        if shape.trainable == "head" and "true" in (fsdp, remat):
-            raise UsageError("--fsdp and --remat act on trained layers, and --trainable=head trains none; leave them "
-                             "out (or auto).")
-        if mesh and mesh["data"] == 1:  # FSDP splits over a data axis: none here
-            if fsdp == "true":
-                raise UsageError(f"--fsdp splits the trained weights over the mesh's data axis, and --mesh has "
-                                 f"data:{mesh['data']}; give a data axis > 1 or leave --fsdp out.")
-            tries = [t for t in tries if not t.fsdp]
-        if mesh and shape.batch_size % mesh["data"]:  # rmjax.train.loop.check_batch_on_mesh
-            raise UsageError(f"--batch_size={shape.batch_size}: each step's pairs are split over the mesh's data "
-                             f"axis of size {mesh['data']}; use a multiple of {mesh['data']}.")
+    if hasattr(shape, "variants"):  # what train_rm refuses, by its own checks, on the mesh it would be given
+        tries = _train_tries(shape, tries, mesh, fsdp, remat)
     for attempt in tries:
         try:
             option, why = choose(cfg, dtype, piece, attempt, mesh, batch_size, log)

@@ -140,7 +140,7 @@ class TrainShape:
         rows = 2 * max(1, self.batch_size // (chips // model)) * self.sequence_tokens  # chosen and rejected
         activations = rows * 4 * (cfg.hidden_size * cfg.num_layers + 4 * cfg.hidden_size + 3 * cfg.intermediate_size)
         # a trained weight, its gradient and Adam's two moments; narrower than float32 (not the head), a float32
-        # master copy too, and moments in float32 (rmjax.train.loop.float32_master)
+        # master copy too, and moments in float32 (rmjax.train.optimizer.float32_master)
         per_trained = 4 * size if self.trainable == "head" or size == 4 else 2 * size + 3 * 4
         need = (total - trained) * size / model + per_trained * trained / chips + activations
         # only the flags train_rm takes for this run (it refuses them where they change nothing: no trained

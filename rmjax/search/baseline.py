@@ -74,10 +74,11 @@ def _round(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokeni
     forwards, n, end = objective.forwards, cfg.num_tokens, objective.end
     full, own, each = n + objective.tail, objective.rm_is_prior, objective.other_each
     screen = objective.screen if objective.partner is not None else 0
-    forwards.charge(count * full if own else 0, 0 if own else count * (n + 1), count * each if own and not screen
-                    else 0)
+    forwards.charge(count * full if own else 0, 0 if own else count * (n + 1), 0)  # the partner's: below
     temperatures = cfg.best_of_n_temperatures
-    shares = [count // len(temperatures) + (k < count % len(temperatures)) for k in range(len(temperatures))]
+    # equal shares; the remainder goes to another temperature each round
+    shares = [count // len(temperatures) + ((k - round_) % len(temperatures) < count % len(temperatures))
+              for k in range(len(temperatures))]
     ids, lps = [], []
     for k, (drawn_here, temperature) in enumerate(zip(shares, temperatures, strict=True)):
         if not drawn_here:
@@ -89,19 +90,21 @@ def _round(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokeni
         lps.append(lp)
     ids, lps = np.concatenate(ids), np.concatenate(lps)
     known = turn_fluency(lps, ids, end)
-    # only texts that pass every check (a disagreement: the round trip in both sides) count; unscreened, every
-    # sample was scored (and paid for) as drawn; screened, the unreadable are dropped first, so the kept share goes
-    # to texts the partner can score
+    # only texts that pass every check (a disagreement: the round trip in both sides) are scored and paid for, as
+    # the search scores only those: the sample's own forward (the RM as its prior) is spent already; a separate
+    # RM's positions and the partner's forwards are not, and what they save buys the next round
     readable = np.asarray([all(survives(c, turns.tokens(row, end)) for c in retokenize) for row in ids.tolist()],
                           bool)
-    if screen:
-        ids, known = ids[readable], known[readable]
-        if len(ids):
-            kept, values = objective.score_screened(ids, math.ceil(count * share), known_logp=known, paid=own)
-            return ids[kept], values
+    ids, known = ids[readable], known[readable]
+    if not len(ids):
         return ids, Values(*(np.zeros(0) for _ in dataclasses.fields(Values)))
-    values = objective.score_paid(ids, known) if own else objective.score(ids, known_logp=known)
-    return ids[readable], values.take(readable)
+    if screen:
+        kept, values = objective.score_screened(ids, math.ceil(count * share), known_logp=known, paid=own)
+        return ids[kept], values
+    if own:
+        forwards.charge(0, 0, len(ids) * each)
+        return ids, objective.score_paid(ids, known)
+    return ids, objective.score(ids, known_logp=known)
 
 
 def distinct_samples(found: Found) -> Found:

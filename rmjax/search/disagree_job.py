@@ -32,7 +32,7 @@ from rmjax.search.budget import BudgetSpent, Forwards
 from rmjax.search.completion import require_prior_config, same_tokenizer
 from rmjax.search.disagree import Disagreement, map_rewards, shared_strings, twin_map, vocab_map
 from rmjax.search.fluent import FluentConfig, fluent_search
-from rmjax.search.frontier_job import BEST_OF_N, Z_SAMPLE, default_judge, search_rows
+from rmjax.search.frontier_job import BEST_OF_N, Z_SAMPLE, default_judge, left_out, search_rows
 from rmjax.search.gcg import make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids
@@ -182,7 +182,8 @@ def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judg
             else None,
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
-            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)", "best_of_n": BEST_OF_N}
+            "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)", "best_of_n": BEST_OF_N,
+            **left_out(spec.config)}
 
 
 def run_disagree(spec: DisagreeSpec) -> Path | None:

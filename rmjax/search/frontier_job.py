@@ -46,6 +46,7 @@ from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, survives
 from rmjax.search.objective import Objective, Prior
+from rmjax.text import candidates as candidate_set
 from rmjax.text import chat
 
 # reward_z divides by the SD of the single-token rewards: one value has none (NaN), equal values one of 0 (±Inf)
@@ -107,7 +108,7 @@ class FrontierSpec:
 
 # How best-of-N draws and keeps its samples (part of each identity: a result of another rule is not reused): texts
 # that round-trip, the whole budget (a short sample's change buys more), streams of their own.
-BEST_OF_N = "round trip, whole budget, own streams"
+BEST_OF_N = "round trip, whole budget, own streams, readable paid for"
 
 
 def default_judge(rm_config) -> str:
@@ -126,7 +127,13 @@ def frontier_identity(spec: FrontierSpec, model_fp: dict, lm_fp: dict | None, ju
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
             "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)",
             "fluency": "mean token log-prob + end of turn at full weight", "best_of_n": BEST_OF_N,
-            "sweep": results.file_sha1(spec.sweep) if spec.sweep else None}
+            "sweep": results.file_sha1(spec.sweep) if spec.sweep else None} | left_out(spec.config)
+
+
+def left_out(cfg) -> dict:
+    """The candidate rule's version where it alone decides what is left out (--allow_non_ascii without
+    --allow_special: rmjax.text.candidates.LEFT_OUT); {} elsewhere, so other identities stay as they were."""
+    return {"left_out": candidate_set.LEFT_OUT} if cfg.allow_non_ascii and not cfg.allow_special else {}
 
 
 def run_frontier(spec: FrontierSpec) -> Path | None:
@@ -348,8 +355,9 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
         found = best_of_n(objective, search, p.banned, p.retokenize)
         rows = np.flatnonzero(np.isfinite(found.values.objective))  # all but those dropped (--allow_nonfinite)
         if not len(rows):
-            raise NonFiniteError(f"every one of best-of-N's {len(found.ids)} samples has a NaN/Inf reward or prior "
-                                 "log-prob: nothing to compare the search with. Check the models for NaN.")
+            raise NonFiniteError(f"best-of-N kept no sample to compare the search with: of {len(found.ids)} whose "
+                                 "text round-trips, none has a finite reward and prior log-prob. Check the models for "
+                                 "NaN, or the template (--noretokenize_filter keeps texts that do not round-trip).")
     tick()
     progress.update(_budget(cfg, method) - int(float(forwards.spent)))  # what a unit left: the line counts units
     unit = _finish(p, judge, spec, name, direction, method, lam, found, rows, time.perf_counter() - started)

@@ -29,6 +29,7 @@ from rmjax.search.completion import (
 from rmjax.search.gcg import GCGResult, Target, gcg, make_target
 from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan
 from rmjax.search.gcg_start import banned_tokens, check_starts, init_from_rows, read_init_from
+from rmjax.text import candidates as candidate_set
 from rmjax.text.candidates import read_vocab_file, single_token_ids
 
 MAX_NEW = 32  # the completion check's greedy tokens at most
@@ -47,8 +48,10 @@ def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: i
     if cfg.token_ids:
         ids = np.unique(np.asarray(cfg.token_ids, np.int64))
         config["token_ids"] = {"count": len(ids), "sha1": array_sha1(ids)}
+    # which tokens the default set leaves out (under --allow_non_ascii the special_or_byte rule alone decides)
+    left_out = {"left_out": candidate_set.LEFT_OUT} if cfg.allow_non_ascii and not cfg.allow_special else {}
     return {"job": "gcg", "models": list(model_fingerprints), "dtype": dtype, "output_column": int(output_column),
-            "prompts": dict(prompts), "config": config, "completion": {"lm": lm, "max_new": MAX_NEW}}
+            "prompts": dict(prompts), "config": config, "completion": {"lm": lm, "max_new": MAX_NEW}, **left_out}
 
 
 def _input_sha1(path: str) -> str | None:

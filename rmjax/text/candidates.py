@@ -52,8 +52,8 @@ LEFT_OUT = 2
 
 
 def _control(c: str) -> bool:
-    """A character no answer holds: a control character (category Cc) other than tab and newline, or one that
-    is neither printable nor whitespace."""
+    """A character no answer holds: a control character (category Cc) other than tab, newline and carriage return,
+    or one that is neither printable nor whitespace."""
     return (unicodedata.category(c) == "Cc" and c not in "\t\n\r") or (not c.isprintable() and not c.isspace())
 
 

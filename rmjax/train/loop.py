@@ -18,7 +18,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -37,6 +36,7 @@ from rmjax.scoring import finite
 from rmjax.scoring.texts import TextScorer
 from rmjax.train import prefixed
 from rmjax.train.data import Pairs
+from rmjax.train.optimizer import make_optimizer, needs_master
 from rmjax.train.rm import bradley_terry_loss
 from rmjax.train.step import Steps, feature_pair_rewards, pair_rewards_of, sequence_pair_rewards
 from rmjax.train.workdir import RUN_FILE, claim_workdir, read_log, write_log
@@ -92,6 +92,8 @@ def train_identity(model_fingerprint: dict, dtype: str, train: Pairs, heldout: P
         if not config[off]:
             del config[off]
     master = {"master": "float32"} if needs_master(cfg, dtype) else {}  # its checkpoints hold the master copy
+    if cfg.warmup_steps == 0:  # a run from before this rule warmed up one step at rate 0: not this run
+        master["warmup"] = "none: the peak rate from step 1"
     return {"job": "train_rm", "model": model_fingerprint, "dtype": dtype, "train": train.digest(),
             "heldout": heldout.digest(), "config": config, "checkpoint_format": CHECKPOINT_FORMAT, **master}
 
@@ -141,39 +143,6 @@ class TrainResult:
     config: TrainConfig | None = None  # as trained (a resume keeps its saved --feature_batch_size)
     reused: dict | None = None  # the summary.json of the finished run found in the workdir (rmjax.train.recipe)
     export: Path | None = None  # the Hugging Face folder of the trained model (written now, or reused)
-
-
-def make_optimizer(cfg: TrainConfig, dtype: str = "float32") -> optax.GradientTransformation:
-    """AdamW after clipping, on a cosine schedule after a linear warmup of cfg.warmup_steps (0: none); layers of a
-    bfloat16 model train through a float32 master copy (`float32_master`)."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.learning_rate, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1), cfg.learning_rate * 0.1
-    )
-    chain = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
-    return float32_master(chain) if needs_master(cfg, dtype) else chain
-
-
-def needs_master(cfg: TrainConfig, dtype: str) -> bool:
-    """Trained layers held in a narrower dtype than float32 (the score head is float32 in every dtype)."""
-    return cfg.trainable != "head" and dtype != "float32"
-
-
-def float32_master(inner: optax.GradientTransformation) -> optax.GradientTransformation:
-    """`inner` on a float32 copy of the trained weights (its state float32 too). A bfloat16 weight added an Adam step
-    below half its spacing (lr 2e-5 against 5e-4 near 0.09) and kept its value: 96% of a layer's weights never moved.
-    Each update is the new master minus the weight, so `optax.apply_updates` (its sum in float32) rounds the master."""
-    def init(params):
-        master = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
-        return master, inner.init(master)
-
-    def update(grads, state, params):
-        master, inner_state = state
-        grads = jax.tree.map(lambda g: jnp.asarray(g, jnp.float32), grads)
-        steps, inner_state = inner.update(grads, inner_state, master)
-        master = optax.apply_updates(master, steps)
-        return jax.tree.map(lambda m, p: m - jnp.asarray(p, jnp.float32), master, params), (master, inner_state)
-
-    return optax.GradientTransformation(init, update)
 
 
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
