@@ -424,7 +424,7 @@ def test_best_of_n_with_a_separate_prior_spends_the_whole_budget(tied, monkeypat
     n, budget = 4, 200
     target = make_target(rm, PROMPT)
     words = _word_ids(rm.tokenizer)
-    seeds = []
+    seeds, rounds = [], []
 
     def one_token_turns(model, cache, first, banned, count, length, seed, temperature=1.0, end=None, **_):
         seeds.append(seed)
@@ -433,6 +433,8 @@ def test_best_of_n_with_a_separate_prior_spends_the_whole_budget(tied, monkeypat
         return ids, np.full((count, length + 1), -1.0, np.float32)
 
     monkeypatch.setattr(prior_lib, "sample_responses", one_token_turns)
+    one_round = baseline._round
+    monkeypatch.setattr(baseline, "_round", lambda *a: (rounds.append(a[4]), one_round(*a))[1])  # its count
     forwards = Forwards(budget, n + len(target.suffix), n + 1)
     obj = Objective(target, Prior.of(lm, target.prefix), 1.0, 1.0, 2.0, forwards)
     cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8)
@@ -441,6 +443,8 @@ def test_best_of_n_with_a_separate_prior_spends_the_whole_budget(tied, monkeypat
     assert budget - whole < forwards.spent <= budget and found.spent == forwards.spent
     # each draw has a stream of its own: none is another draw's, nor the seed a search at a nearby --seed starts from
     assert len(set(seeds)) == len(seeds) and not set(seeds) & set(range(1000))
+    # the rounds' small draws come in powers of two (so few sampler shapes compile), and there were several
+    assert len(rounds) > 2 and all(c >= baseline.SAMPLER_ROWS or c & (c - 1) == 0 for c in rounds), rounds
 
 def test_a_seeded_search_takes_its_seeds_free_with_their_terms(tied, monkeypatch):
     """Seeds (rows another λ's search found and paid for) join the archive at no charge, with

@@ -17,6 +17,8 @@ from rmjax.search.fluent import FluentConfig, Found, turn_fluency
 from rmjax.search.gcg_swaps import survives
 from rmjax.search.objective import Objective, Values
 
+SAMPLER_ROWS = 64  # prior_lib.sample_responses' batch: larger counts run in batches of it
+
 
 def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokenize: Sequence = ()) -> Found:
     """As many prior samples as the budget left buys, whole turns drawn in equal shares at each of
@@ -38,12 +40,14 @@ def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retok
             if round_ == 0:
                 raise UsageError(f"--forwards={forwards.limit} buys no best-of-N sample; give a larger budget.")
             break
+        # below a sampler batch, a power of two: the rounds' small counts share a few compiled sampler shapes (each
+        # count its own rows compiled the sampler again, a few seconds each); what is left goes to the next round
+        count = count if count >= SAMPLER_ROWS else 1 << (count.bit_length() - 1)
         drawn, scored = _round(objective, cfg, banned, retokenize, count, share, round_)
         ids.append(drawn)
         values.append(scored)
     ids = np.concatenate(ids).astype(np.int64)
-    values = values[0] if len(values) == 1 else Values(*(
-        np.concatenate([np.asarray(getattr(v, f.name)) for v in values]) for f in dataclasses.fields(Values)))
+    values = Values.joined(values)
     if not len(ids):  # nothing to write: the job says so
         return Found(ids, values, forwards.spent, [])
     best = int(np.lexsort((np.arange(len(ids)), -values.objective))[0])
@@ -97,7 +101,7 @@ def _round(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokeni
                           bool)
     ids, known = ids[readable], known[readable]
     if not len(ids):
-        return ids, Values(*(np.zeros(0) for _ in dataclasses.fields(Values)))
+        return ids, Values.joined([])
     if screen:
         kept, values = objective.score_screened(ids, math.ceil(count * share), known_logp=known, paid=own)
         return ids[kept], values

@@ -104,6 +104,12 @@ class Values:
         """The terms of the candidates `index` selects (a mask or indices)."""
         return Values(*(np.asarray(getattr(self, f.name))[index] for f in dataclasses.fields(Values)))
 
+    @staticmethod
+    def joined(parts: list[Values]) -> Values:
+        """The terms of several candidate lists, one after another (none: an empty list)."""
+        return Values(*(np.concatenate([np.zeros(0)] + [np.asarray(getattr(v, f.name), np.float64) for v in parts])
+                        for f in dataclasses.fields(Values)))
+
 
 @dataclasses.dataclass(eq=False)
 class Prior:
