@@ -123,7 +123,8 @@ SPLIT='import shlex, sys
 words = shlex.split(sys.argv[1])
 out = []
 for word in words:
-    if out and out[-1].startswith("--") and "=" not in out[-1] and not word.startswith("-"):
+    value = not word.startswith("-") or word[1:2].isdigit() or word[1:2] == "."  # -1 and -.5 are values
+    if out and out[-1].startswith("--") and "=" not in out[-1] and value:
         out[-1] += "=" + word  # absl reads `--flag value` as `--flag=value` (the jobs take no positional words)
     else:
         out.append(word)

@@ -404,9 +404,10 @@ def test_the_plan_reads_the_job_as_the_vms_shell_will_and_a_typo_creates_nothing
     (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
     assert plan[6:] == ["--prompt=x=What is $HOME up", "--mesh=data:8,model:1", "--dtype=bfloat16"], plan
     cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt",
-                "--job=experiments.gcg --num_tokens=4 --eval_batch_size=16", env={**os.environ, "TMPDIR": "/tmp"})
-    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
-    assert plan[6:] == ["--num_tokens=4", "--batch_size=16"], plan
+                "--job=experiments.gcg --num_tokens=4 --eval_batch_size=16 --steps -3 --search_width -.5",
+                env={**os.environ, "TMPDIR": "/tmp"})
+    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]  # a negative value is a value, not a flag
+    assert plan[6:] == ["--num_tokens=4", "--batch_size=16", "--steps=-3", "--search_width=-.5"], plan
     for script, args in (("tpu_vm.sh", ["--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt"]),
                          ("gpu.sh", ["--host=me@box"])):
         for job, name in (("experiments.sweeep", "sweeep"), ("sweep", "sweep"), ("experiments.cli", "cli")):
