@@ -342,6 +342,12 @@ def test_only_slices_cloud_tpu_sells_are_planned():
             chips.parse_slice(name)
     assert [chips.parse_slice(n).accelerator_type for n in ("v5e:2x4", "v4:2x2x1", "v5p-8", "v6e-256", "v5e-1")] == [
         "v5litepod-8", "v4-8", "v5p-8", "v6e-256", "v5litepod-1"]
+    # slices past 128 chips that Cloud TPU sells (v5p-512 was refused as no slice), by their default shapes
+    assert [chips.parse_slice(n).topology for n in ("v5p-512", "v4-1024", "v5p-12288", "v4-8192", "v4:8x8x16")] == [
+        "v5p:4x8x8", "v4:8x8x8", "v5p:16x16x24", "v4:16x16x16", "v4:8x8x16"]
+    for name in ("v4-12288", "v5p-16384", "v5p:16x16x32"):
+        with pytest.raises(UsageError, match="slice table has no such"):
+            chips.parse_slice(name)
 
 
 @pytest.mark.parametrize("topology", ["v5e-1", "v6e-1"])

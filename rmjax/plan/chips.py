@@ -37,10 +37,12 @@ class Chip:
 
 
 CHIPS = {
-    "v4": Chip("v4", 275e12, 32 * 2**30, 1200 * GB, "megacore", 1200 * GB, "v4", 2, (4, 8, 16, 32, 64, 128, 256)),
+    "v4": Chip("v4", 275e12, 32 * 2**30, 1200 * GB, "megacore", 1200 * GB, "v4", 2,
+               (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)),
     "v5e": Chip("v5e", 197e12, int(15.75 * 2**30), 819 * GB, "default", 400 * GB, "v5litepod", 1,
                 (1, 4, 8, 16, 32, 64, 128, 256)),
-    "v5p": Chip("v5p", 459e12, 95 * 2**30, 2765 * GB, "megacore", 1200 * GB, "v5p", 2, (4, 8, 16, 32, 64, 128, 256)),
+    "v5p": Chip("v5p", 459e12, 95 * 2**30, 2765 * GB, "megacore", 1200 * GB, "v5p", 2,
+                (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6144)),
     "v6e": Chip("v6e", 918e12, 32 * 2**30, 1640 * GB, "default", 800 * GB, "v6e", 1, (1, 4, 8, 16, 32, 64, 128, 256)),
 }
 _CORES_IN_NAME = {name: chip.cores_in_name for name, chip in CHIPS.items()}
@@ -52,7 +54,10 @@ PRICES_AS_OF = "2025 list prices, us-central1 / us-east5 (cloud.google.com/tpu/p
 PRICES = {"v4": (3.22, 3.22 * 0.35), "v5e": (1.20, 1.20 * 0.35), "v5p": (4.20, 4.20 * 0.35),
           "v6e": (2.70, 2.70 * 0.35)}
 _GRIDS = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
-_CUBES = {1: "1x1x1", 2: "1x1x2", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8"}
+# v4 and v5p's default shapes by chip count (Cloud TPU's v4/v5p pages; the v4 pod has 4,096 chips, v5p's largest
+# slice 16x16x24)
+_CUBES = {1: "1x1x1", 2: "1x1x2", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
+          256: "4x8x8", 512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16", 6144: "16x16x24"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +102,7 @@ def parse_slice(name: str) -> Slice:
         grid = (_CUBES if kind in ("v4", "v5p") else _GRIDS).get(chips)
         if grid and chips in CHIPS[kind].slice_chips:
             return Slice(CHIPS[kind], f"{kind}:{grid}")
-        if grid:
+        if chips:
             sold = ", ".join(f"{m[1]}-{c * _CORES_IN_NAME[kind]}" for c in CHIPS[kind].slice_chips)
             raise UsageError(f"--topology={name}: rmjax's slice table has no such slice (it knows {sold}).")
     raise UsageError(f"--topology={name}: expected a TPU slice such as v5e:2x4 or v5e-8 (chips {', '.join(CHIPS)}).")
