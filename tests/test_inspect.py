@@ -336,6 +336,19 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
     assert best_and_worst(gcg, "p", 1) == [(3, 4), (5, 6)]
     from rmjax.errors import UsageError
 
+    # a pessimal buffer (lowest reward first): its best is its last, as a pessimal beam's
+    pessimal_gcg = tmp_path / "pessimal_gcg.json"
+    pessimal_gcg.write_text('{"buffer": [{"ids": [3, 4], "reward": -2.0}, {"ids": [5, 6], "reward": -1.0}, '
+                            '{"ids": [7, 7], "reward": -0.5}]}')
+    results.write_meta(pessimal_gcg, kind="gcg", identity={"prompts": {"p": "x"}, "models": [{}]})
+    assert best_and_worst(pessimal_gcg, "p", 1) == [(5, 6), (3, 4)]
+    # a GCG run over two prompts (or models) ranks its buffer by their mean: its first entry was taken as this
+    # prompt's best, as a two-prompt beam's rank 1 was
+    for prompts, models in (({"p": "x", "q": "y"}, [{}]), ({"p": "x"}, [{}, {}])):
+        results.write_meta(gcg, kind="gcg", identity={"prompts": prompts, "models": models})
+        with pytest.raises(UsageError, match="ranks its buffer by their mean reward, not by prompt 'p'"):
+            best_and_worst(gcg, "p", 1, flag="--from_beam")
+
     with pytest.raises(UsageError, match="--depth=2 picks a level of a beam CSV"):  # was ignored, exit 0
         best_and_worst(gcg, "p", 1, depth=2, flag="--from_beam")
 

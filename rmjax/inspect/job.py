@@ -106,12 +106,14 @@ def best_and_worst(path: str | Path, prompt_name: str, top: int, depth: int | No
                    flag: str = "--from_sweep", needs: stages.Needs | None = None) -> list[tuple[int, ...]]:
     """The `top` best then the `top` worst sequences of a sweep CSV (by `prompt_name`) or a beam CSV (at `depth`,
     default its deepest: the optimal rows, then the pessimal ones, or the optimal ranking's tail without them);
-    of a GCG result JSON, the first 2·`top` of its buffer. The file must be whole by its .meta.json (and made
-    with what `needs` asks for: `read_source`)."""
-    return _best_and_worst(read_source(path, flag, needs).path, prompt_name, top, depth)
+    of a GCG result JSON of this one prompt and model, the first 2·`top` of its buffer, highest reward first. The
+    file must be whole by its .meta.json (and made with what `needs` asks for: `read_source`)."""
+    source = read_source(path, flag, needs)
+    return _best_and_worst(source.path, prompt_name, top, depth, source.meta, flag)
 
 
-def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None) -> list[tuple[int, ...]]:
+def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None, meta: dict | None = None,
+                    flag: str = "--from_beam") -> list[tuple[int, ...]]:
     """The --top best and worst responses of an earlier result, refused when it holds fewer than 2 x --top distinct
     ones (the best and worst lists would overlap, or come up short, with exit 0)."""
     if depth is not None and not results.is_beam_csv(path):  # a GCG buffer or a sweep has one length: unread
@@ -122,7 +124,9 @@ def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None) -
             buffer = json.loads(Path(path).read_text())["buffer"]
         except (OSError, ValueError, KeyError, TypeError):
             raise UsageError(f"{path}: not a GCG result JSON (experiments.gcg writes one).") from None
-        return _enough([tuple(entry["ids"]) for entry in buffer[: 2 * top]], top, path, "its buffer")
+        _one_target(path, meta, prompt_name, flag)
+        kept = sorted(buffer[: 2 * top], key=lambda entry: -entry["reward"])  # a pessimal buffer: lowest first
+        return _enough([tuple(entry["ids"]) for entry in kept], top, path, "its buffer")
     if results.is_beam_csv(path):
         df = results.read_beam_csv(path)
         level = df[df.depth == (depth or df.depth.max())]
@@ -148,6 +152,17 @@ def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None) -
         raise UsageError(f"{path} has no column for prompt {prompt_name!r} (it has {results.value_columns(df)}).")
     order = df.sort_values(prompt_name, ascending=False, kind="stable").token_id.tolist()
     return _enough([(int(t),) for t in order], top, path, f"its {len(order)} tokens")
+
+
+def _one_target(path: Path, meta: dict | None, prompt_name: str, flag: str) -> None:
+    """A GCG run over several prompts or models ranks its buffer by their mean reward, which it alone records:
+    its first entries are not this prompt's best (as a several-prompt beam's rank 1 was not)."""
+    identity = (meta or {}).get("identity") if isinstance((meta or {}).get("identity"), dict) else {}
+    prompts, models = identity.get("prompts") or {}, identity.get("models") or []
+    if len(prompts) > 1 or len(models) > 1:
+        raise UsageError(f"{flag}={path}: that GCG run searched {len(prompts)} prompt(s) with {len(models)} model(s) "
+                         f"and ranks its buffer by their mean reward, not by prompt {prompt_name!r}'s; inspect a GCG "
+                         "run of this prompt and model alone, or give its texts with --responses.")
 
 
 def _enough(ranked: list[tuple[int, ...]], top: int, path: Path, what: str) -> list[tuple[int, ...]]:
@@ -219,7 +234,7 @@ def run_inspect(spec: InspectSpec) -> dict:
     if spec.source:
         source = read_source(spec.source, spec.source_flag, source_needs(
             model_fp, dtype=o.dtype, output_column=o.output_column, template=o.template, prompt=spec.prompt))
-        sequences = _best_and_worst(source.path, name, spec.top, spec.depth)
+        sequences = _best_and_worst(source.path, name, spec.top, spec.depth, source.meta, spec.source_flag)
     check_template(tokenizer, o.template)
     context = config.max_position_embeddings
     items = (_text_items(tokenizer, context, text, list(spec.responses), o.template) if spec.responses is not None
