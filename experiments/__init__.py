@@ -9,10 +9,21 @@ of `python -m`, i.e. while this package is imported: an in-process import (tests
 
 import importlib.util
 import os
+import signal
 import sys
+
+
+def interrupted_while_starting(signum, frame):
+    """Ctrl-C while a job imports (JAX, transformers: a second or more) printed a traceback; nothing is written
+    yet, so one line and exit 130. cli.run puts Python's own handler back once the job's main is about to run."""
+    print("\ninterrupted while starting: nothing was written.", file=sys.stderr, flush=True)
+    os._exit(130)
+
 
 if sys.argv[:1] == ["-m"]:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup)
+        signal.signal(signal.SIGINT, interrupted_while_starting)
 # Only where torch is installed: elsewhere transformers finds none by itself, and a job that never loads a
 # tokenizer (analyze) need not import transformers for this.
 if sys.argv[:1] == ["-m"] and "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:

@@ -8,6 +8,7 @@ their traceback (status 1).
 from __future__ import annotations
 
 import errno
+import signal
 import sys
 from collections.abc import Callable
 
@@ -59,4 +60,8 @@ def run(main: Callable[[list[str]], None]) -> None:
             raise
 
     quiet_absent_tpu()  # before JAX starts its backends
+    from experiments import interrupted_while_starting
+
+    if signal.getsignal(signal.SIGINT) is interrupted_while_starting:  # from here, `guarded` says what was kept
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     app.run(guarded, flags_parser=_parse_flags)

@@ -158,3 +158,24 @@ def test_ctrl_c_ends_in_one_line_and_the_rerun_resumes(rm_folder, tmp_path):
     assert not out.exists() and (store_dir(out) / "chunk-0000000000.npy").is_file()
     cli.ok(cli.run("sweep", *flags))
     assert out.is_file() and results.read_meta(out)["resumed_candidates"] >= 128
+
+
+def test_ctrl_c_while_a_job_imports_is_one_line():
+    """Ctrl-C in the second or so a job spends importing JAX and transformers printed a KeyboardInterrupt
+    traceback. As a program (`python -m` sets argv[0] to "-m" while it imports the package) it is one line, exit
+    130; once cli.run starts the job, its own handler says what was kept."""
+    import subprocess
+    import sys
+
+    from tests import cli
+
+    start = ("import os, signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+             "sys.argv[:1] = ['-m']; import experiments\n")
+    during_imports = start + "os.kill(os.getpid(), signal.SIGINT); time.sleep(30)"
+    in_the_job = start + ("from experiments import cli\n"
+                          "cli.run(lambda argv: os.kill(os.getpid(), signal.SIGINT) or time.sleep(30))")
+    for script, said in ((during_imports, "interrupted while starting: nothing was written"),
+                         (in_the_job, "interrupted: rerun the same command to continue")):
+        proc = subprocess.run([sys.executable, "-c", script], cwd=cli.REPO, env=cli.subprocess_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 130 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
