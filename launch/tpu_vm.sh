@@ -162,14 +162,29 @@ else
       *:--prompts=*|*:--prompt=*|*:--dtype=*|*:--mesh=*|*:--batch_size=*|*:--template=*|\
       sweep:--limit=*|beam:--limit=*|beam:--depth=*|beam:--beam=*|beam:--direction=*|beam:--exhaustive*|\
       gcg:--num_tokens=*|gcg:--search_width=*|gcg:--steps=*|train_rm:--steps=*|train_rm:--trainable=*|\
-      train_rm:--last_k=*|train_rm:--n_train=*|train_rm:--fsdp=*|train_rm:--remat=*)
+      train_rm:--last_k=*|train_rm:--n_train=*)
         PLAN+=("$word") ;;
       inspect:--steps=*) PLAN+=("--ig_steps=${word#--steps=}") ;;  # inspect's --steps: the IG path's
       gcg:--eval_batch_size=*) PLAN+=("--batch_size=${word#--eval_batch_size=}") ;;  # the rows GCG evaluates
-      train_rm:--fsdp|train_rm:--remat) PLAN+=("$word=true") ;;  # train_rm's bool flags; the plan's: auto|true|false
-      train_rm:--nofsdp|train_rm:--noremat) PLAN+=("--${word#--no}=false") ;;
     esac
   done
+  if [ "$JOB_NAME" = train_rm ]; then  # --fsdp and --remat as the job reads them: off unless given (the plan's
+    for name in fsdp remat; do       # auto would assume whatever fits, and say "fits" for a run that would not)
+      value=false
+      for word in "${JOB_WORDS[@]:1}"; do
+        case "$word" in
+          --$name) value=true ;;
+          --no$name) value=false ;;
+          --$name=*) value="${word#--$name=}" ;;
+        esac
+      done
+      case "${value,,}" in
+        false|f|0|no|n) PLAN+=("--$name=false") ;;
+        true|t|1|yes|y) PLAN+=("--$name=true") ;;
+        *) echo "error: --job: train_rm's --$name=$value is not true or false" >&2; exit 2 ;;
+      esac
+    done
+  fi
   PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY=python3
   PLAN[0]="$PY"
   if [ "$DRY" = 1 ]; then  # the command, then its verdict (on stderr: stdout holds only commands)

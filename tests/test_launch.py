@@ -408,6 +408,15 @@ def test_the_plan_reads_the_job_as_the_vms_shell_will_and_a_typo_creates_nothing
                 env={**os.environ, "TMPDIR": "/tmp"})
     (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]  # a negative value is a value, not a flag
     assert plan[6:] == ["--num_tokens=4", "--batch_size=16", "--steps=-3", "--search_width=-.5"], plan
+    # train_rm runs without FSDP and remat unless given them: the plan's auto assumed whichever fitted, and said
+    # "fits" for an 8B full fine-tune that fits only with remat
+    for words, planned in (("", ["--fsdp=false", "--remat=false"]),
+                           (" --fsdp --noremat", ["--fsdp=true", "--remat=false"]),
+                           (" --remat=True --fsdp=0", ["--fsdp=false", "--remat=true"])):
+        cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5p-8", "--checkpoint=gs://b/ckpt",
+                    f"--job=experiments.train_rm --trainable=full{words}", env={**os.environ, "TMPDIR": "/tmp"})
+        (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
+        assert plan[6:] == ["--trainable=full", *planned], plan
     for script, args in (("tpu_vm.sh", ["--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt"]),
                          ("gpu.sh", ["--host=me@box"])):
         for job, name in (("experiments.sweeep", "sweeep"), ("sweep", "sweep"), ("experiments.cli", "cli")):

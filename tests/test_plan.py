@@ -396,9 +396,11 @@ def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tm
     flags = [f"--model={config}", "--topology=v5e-4", "--job=train_rm", "--trainable=full", "--dtype=bfloat16",
              "--mesh=data:4,model:1", "--batch_size=8", "--sequence_tokens=32", "--n_train=100"]
     out = tmp_path / "p.json"
-    ok(run("plan", *flags, f"--out={out}"))
+    said = ok(run("plan", *flags, f"--out={out}"))
     p = json.loads(out.read_text())
     assert p["assumed"]["fsdp"] and "does not fit without FSDP" in p["why"]
+    # the flags train_rm needs for it are said (its defaults are off; a plan that needed remat said only its mesh)
+    assert f"batch 8 with --fsdp{' --remat' if p['assumed']['remat'] else ''};" in said.stdout, said.stdout
     assert p["per_chip_bytes"]["total"] <= p["hbm_bytes"] and p["collective_seconds"] > 0
     # a refusal's "cheapest that fit" counts the trained weights, gradients, Adam's two moments and (bfloat16) the
     # float32 master: each slice it names holds 2 + 2 + 4 + 4 + 4 = 16 bytes a trained parameter across its chips

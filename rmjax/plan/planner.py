@@ -213,8 +213,9 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
                 raise
             log(f"plan: does not fit with fsdp={attempt.fsdp}, remat={attempt.remat}; trying the next")
             continue
-        if attempt is not tries[0]:
-            why = f"the state does not fit without {'FSDP and remat' if attempt.remat else 'FSDP'}; " + why
+        if attempt is not tries[0]:  # the flags the run needs: remat may come without FSDP (auto tries it first)
+            needed = " and ".join(name for name, on in (("FSDP", attempt.fsdp), ("remat", attempt.remat)) if on)
+            why = f"the state does not fit without {needed}; " + why
         shape = attempt
         break
     chip = piece.chip
@@ -271,7 +272,7 @@ def describe(p: dict) -> str:
     gib = 2**30
     b = p["per_chip_bytes"]
     return (f"{p['job']} on {p['topology']} ({p['chips']} x {p['chip']}, {p['accelerator_type']}): mesh "
-            f"data:{p['mesh']['data']},model:{p['mesh']['model']}, batch {p['batch_size']}; per chip "
+            f"data:{p['mesh']['data']},model:{p['mesh']['model']}, batch {p['batch_size']}{_train_flags(p)}; per chip "
             f"{b['total'] / gib:.2f} GiB of {p['hbm_bytes'] / gib:.2f} (weights {b['weights'] / gib:.2f}, cache "
             f"{b['cache'] / gib:.3f}, temp {b['temp'] / gib:.2f}); lower bound {_duration(p['lower_bound_seconds'])},"
             f" realistic {_duration(p['realistic_seconds'])} at MFU {p['assumed_mfu']:.2f} ({p['bound']}-bound; "
@@ -282,6 +283,16 @@ def describe(p: dict) -> str:
             + ("" if p["host"]["fits_host_ram"] else " (MAY NOT FIT the VM's RAM)")
             + (f"; XLA's numbers of an earlier compile, read in {p['compile_seconds']:.1f} s (the rmjax cache's plans/)"
                if p["compile_kept"] else f"; compiled here in {p['compile_seconds']:.1f} s"))
+
+
+def _train_flags(p: dict) -> str:
+    """The --fsdp / --remat a training plan assumed, which train_rm runs only when given (its defaults are off): a
+    plan that fits only with remat said just its mesh and batch."""
+    assumed = p.get("assumed") or {}
+    if p["job"] != "train_rm" or "fsdp" not in assumed:
+        return ""
+    given = [flag for flag, on in (("--fsdp", assumed["fsdp"]), ("--remat", assumed["remat"])) if on]
+    return f" with {' '.join(given)}" if given else " without --fsdp or --remat"
 
 
 def _duration(seconds: float) -> str:
