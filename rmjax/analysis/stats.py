@@ -22,6 +22,9 @@ def moments(x: np.ndarray) -> dict[str, float]:
             "skewness": float(stats.skew(x, bias=True))}
 
 
+DEGENERATE = 1e-12  # a variance below this share of the second raw moment is rounding (sums: ~log2(n) ulp)
+
+
 def bootstrap_moments(x: np.ndarray, n_boot: int = 1000, confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
     """`moments` plus percentile-bootstrap confidence intervals (resampling tokens with replacement).
 
@@ -43,7 +46,9 @@ def bootstrap_moments(x: np.ndarray, n_boot: int = 1000, confidence: float = 0.9
         m1, r2, r3 = y.sum() / n, y2.sum() / n, (y2 * y).sum() / n
         m2 = r2 - m1 * m1
         m3 = r3 - 3.0 * m1 * r2 + 2.0 * m1**3
-        boot[b] = (centre + m1, m2, m3 / m2**1.5 if m2 > 0 else np.nan)
+        # a resample of one repeated value (small or tied data) leaves m2 a rounding error, not 0: its "skewness"
+        # was ~1e8 and set the interval's end; undefined instead, as scipy's skew says
+        boot[b] = (centre + m1, m2, m3 / m2**1.5 if m2 > DEGENERATE * r2 else np.nan)
     alpha = (1.0 - confidence) / 2.0
     out = moments(x)
     for j, name in enumerate(("mean", "variance", "skewness")):
