@@ -22,7 +22,8 @@ def _run(folder, seed, gaps, forwards=1000):
     """A finished disagreement job's files: gaps {(direction, view): (search, best_of_n)}."""
     folder.mkdir()
     (folder / "disagree.csv").write_text("prompt\n")
-    summary = {"greatest": {d: {"forwards": {}, **{v: {"cap": 100.0, "search": _best(gaps[d, v][0]),
+    ran = {"search": forwards, "best_of_n": forwards}
+    summary = {"greatest": {d: {"forwards": ran, **{v: {"cap": 100.0, "search": _best(gaps[d, v][0]),
                                                         "best_of_n": _best(gaps[d, v][1])}
                                                     for v in ("at_cap", "complete")}}
                             for d in ("a_over_b", "b_over_a")}}
@@ -50,7 +51,8 @@ def test_the_advantage_over_seeds_and_its_t_interval(tmp_path):
         pairs = [(s, b) for s, b in zip(SEARCH[key], BEST_OF_N[key], strict=True) if s is not None]
         adv = np.asarray([sign * (s - b) for s, b in pairs])
         half = stats.t.ppf(0.975, len(adv) - 1) * adv.std(ddof=1) / np.sqrt(len(adv))
-        assert row.runs == len(adv) and row.advantage == pytest.approx(adv.mean(), rel=DIGITS, abs=1e-12)
+        assert row.runs == 3 and row.paired == len(adv)  # a run with no search row counts (lost), unpaired
+        assert row.advantage == pytest.approx(adv.mean(), rel=DIGITS, abs=1e-12)
         assert (row.ci_low, row.ci_high) == pytest.approx((adv.mean() - half, adv.mean() + half), rel=DIGITS, abs=1e-12)
         assert row.search_ahead == (adv > 0).sum()
         assert row.goal_met == sum(a > 0 and sign * s >= 3 for a, (s, _) in zip(adv, pairs, strict=True))
@@ -65,11 +67,30 @@ def test_the_advantage_over_seeds_and_its_t_interval(tmp_path):
     assert "Disagreement search against best-of-N over seeds" in report
     # the share of cell-runs the search wins, with Clopper-Pearson's interval from the beta quantiles
     ahead = {"at_cap": 4, "complete": 2}  # hand-counted from SEARCH and BEST_OF_N
-    for view, total in (("at_cap", 6), ("complete", 5)):
+    for view, total in (("at_cap", 6), ("complete", 6)):  # complete a>b run 1: no search row, best-of-N's 1.0
         k = ahead[view]
         low, high = stats.beta.ppf(0.025, k, total - k + 1), stats.beta.ppf(0.975, k + 1, total - k)
         assert ahead_share(table, view) == pytest.approx((k, total, low, high), abs=1e-9)
         assert f"- {view}: the search ahead in {k} of {total} cell-runs" in report
+
+
+def test_a_run_where_one_method_has_no_row_counts_for_the_other(tmp_path):
+    """Cell-runs where the search wrote no row under the cap and best-of-N did were dropped from the counts: "ahead
+    in 2 of 2" where it was 2 of 6. Counted as the job's summary counts them: a loss for the side with no row, a
+    win for the other (and toward the goal when that side is the search and ≥ 3 SD); never where the other
+    method did not run."""
+    from rmjax.analysis.disagreements import DisagreementRun, seed_table
+
+    def run(s, b, ran=("search", "best_of_n")):
+        entry = {"forwards": {m: 1000 for m in ran}, **{v: {"search": _best(s), "best_of_n": _best(b)}
+                                                        for v in ("at_cap", "complete")}}
+        return DisagreementRun("f", 0, {}, {"greatest": {"a_over_b": entry}})
+
+    table = seed_table([run(None, 2.0), run(3.5, None), run(1.0, 0.5), run(None, None), run(4.0, None, ("search",))])
+    row = table.iloc[0]
+    # counted: runs 0 (lost), 1 (won, the goal), 2 (won, paired); not 3 (neither) nor 4 (best-of-N did not run)
+    assert (row.runs, row.paired, row.search_ahead, row.goal_met) == (3, 1, 2, 1)
+    assert row.advantage == pytest.approx(0.5) and row.search_gap == 1.0
 
 
 def test_runs_of_different_jobs_or_one_run_are_refused(tmp_path):

@@ -477,6 +477,11 @@ def test_the_summary_claims_no_win_over_a_best_of_n_that_did_not_run():
     both = disagree_out.summaries([row], [unit, dataclasses.replace(unit, method="best_of_n")], {},
                                   DisagreeConfig(direction="a_over_b"))["greatest"]["a_over_b"]
     assert both["at_cap"]["search_beats_best_of_n"] is True  # best-of-N ran and wrote no row under the cap
+    # the other way round: the search wrote no row under the cap and best-of-N did: a loss (it said None)
+    units = [unit, dataclasses.replace(unit, method="best_of_n")]
+    lost = disagree_out.summaries([{**row, "method": "best_of_n"}], units, {},
+                                  DisagreeConfig(direction="a_over_b"))["greatest"]["a_over_b"]
+    assert lost["at_cap"]["search"] is None and lost["at_cap"]["search_beats_best_of_n"] is False
 
 
 def _analyze_seeds_of_a_real_run(out, again, tmp_path):

@@ -24,8 +24,8 @@ from rmjax.runs import results
 VIEWS = ("at_cap", "complete")  # the job's summary: every row under the judge cap; complete answers only
 DIRECTIONS = ("a_over_b", "b_over_a")
 GOAL_SD = 3.0  # issue 46: the search's best row at least this far apart, and ahead of best-of-N
-COLUMNS = ["prompt", "direction", "view", "runs", "search_gap", "best_of_n_gap", "advantage", "ci_low", "ci_high",
-           "search_ahead", "goal_met"]
+COLUMNS = ["prompt", "direction", "view", "runs", "paired", "search_gap", "best_of_n_gap", "advantage", "ci_low",
+           "ci_high", "search_ahead", "goal_met"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,24 +84,33 @@ def _differences(a: dict, b: dict) -> list[str]:
 
 
 def seed_table(runs: Sequence[DisagreementRun]) -> pd.DataFrame:
-    """Per prompt, direction and view: the runs where both methods have a best row; their mean gaps; the search's
-    advantage (its gap beyond best-of-N's in the direction's sense, in SD: > 0 the search went further) with its
-    95% t interval over the runs; in how many runs the search was ahead, and met the goal (≥ GOAL_SD and ahead)."""
+    """Per prompt, direction and view: the runs where a method that ran has a best row (`runs`), and where both
+    have one (`paired`); the paired runs' mean gaps and the search's advantage (its gap beyond best-of-N's in the
+    direction's sense, in SD: > 0 the search went further) with its 95% t interval; in how many runs the search was
+    ahead, and met the goal (≥ GOAL_SD and ahead). A run where one method wrote no row under the cap and the other
+    did counts for the other, as the job's own summary says (dropped, a search with no answer was no loss)."""
     rows = []
     for prompt, entry in runs[0].summary.items():
         for direction in [d for d in DIRECTIONS if d in entry]:
             sign = 1.0 if direction == "a_over_b" else -1.0
             for view in VIEWS:
-                best = [run.summary[prompt][direction][view] for run in runs]
-                pairs = np.asarray([(b["search"]["gap"], b["best_of_n"]["gap"]) for b in best
-                                    if b.get("search") and b.get("best_of_n")], np.float64).reshape(-1, 2)
+                cells = []
+                for run in runs:
+                    ran, best = run.summary[prompt][direction].get("forwards") or {}, \
+                        run.summary[prompt][direction][view]
+                    s, b = best.get("search"), best.get("best_of_n")
+                    if (s and b) or (s and "best_of_n" in ran) or (b and "search" in ran):
+                        cells.append((s, b))
+                pairs = np.asarray([(s["gap"], b["gap"]) for s, b in cells if s and b], np.float64).reshape(-1, 2)
+                alone = [s["gap"] for s, b in cells if s and not b]  # best-of-N ran and wrote no row here
                 advantage = sign * (pairs[:, 0] - pairs[:, 1])
                 low, high = t_interval(advantage)
-                rows.append({"prompt": prompt, "direction": direction, "view": view, "runs": len(pairs),
-                             "search_gap": _mean(pairs[:, 0]), "best_of_n_gap": _mean(pairs[:, 1]),
-                             "advantage": _mean(advantage), "ci_low": low, "ci_high": high,
-                             "search_ahead": int((advantage > 0).sum()),
-                             "goal_met": int(((advantage > 0) & (sign * pairs[:, 0] >= GOAL_SD)).sum())})
+                rows.append({"prompt": prompt, "direction": direction, "view": view, "runs": len(cells),
+                             "paired": len(pairs), "search_gap": _mean(pairs[:, 0]),
+                             "best_of_n_gap": _mean(pairs[:, 1]), "advantage": _mean(advantage), "ci_low": low,
+                             "ci_high": high, "search_ahead": int((advantage > 0).sum()) + len(alone),
+                             "goal_met": int(((advantage > 0) & (sign * pairs[:, 0] >= GOAL_SD)).sum())
+                             + sum(sign * gap >= GOAL_SD for gap in alone)})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -140,9 +149,10 @@ def section(outputs: Outputs, runs: Sequence[DisagreementRun]) -> None:
     outputs.say("## Disagreement search against best-of-N over seeds", "",
                 f"{len(runs)} runs (seeds {seeds}) of one job at equal forwards. advantage: the search's best gap "
                 "beyond best-of-N's in the direction's sense (SD; > 0 the search went further), mean over the runs "
-                f"with its 95% t interval. Ahead by its interval in {len(ahead)} of {len(table)} cells, behind in "
-                f"{len(behind)}; the goal (≥ {GOAL_SD:g} SD and ahead) met in {int(table['goal_met'].sum())} of "
-                f"{int(table['runs'].sum())} cell-runs.", "")
+                "where both have a row (paired) with its 95% t interval; a run where one method has no row and the "
+                f"other has counts for the other. Ahead by its interval in {len(ahead)} of {len(table)} cells, "
+                f"behind in {len(behind)}; the goal (≥ {GOAL_SD:g} SD and ahead) met in "
+                f"{int(table['goal_met'].sum())} of {int(table['runs'].sum())} cell-runs.", "")
     for view in VIEWS:
         ahead, total, low, high = ahead_share(table, view)
         outputs.say(f"- {view}: the search ahead in {ahead} of {total} cell-runs (95% CI of the share {low:.0%} to "

@@ -123,8 +123,9 @@ def summaries(table: list[dict], units, maps: dict, cfg) -> dict:
                 s, b = best["search"], best["best_of_n"]
                 d["complete" if complete else "at_cap"] = {
                     "cap": FLUENT_PPL, **best,
-                    "search_beats_best_of_n": None if s is None or "best_of_n" not in ran  # nothing to beat
-                    else (b is None or sign * s["gap"] > sign * b["gap"])}
+                    # None: nothing to beat, or neither has a row; a search with no row lost to one that has
+                    "search_beats_best_of_n": None if "best_of_n" not in ran or (s is None and b is None)
+                    else s is not None and (b is None or sign * s["gap"] > sign * b["gap"])}
             entry[direction] = d
         if prompt in maps:
             frame, agree = maps[prompt]
