@@ -97,13 +97,15 @@ def _multiples(model: str, seed: int, args, folder: Path) -> list[dict]:
             else:
                 best = max((sign * float(r["reward"]) for r in mine if float(r["judge_ppl"]) <= cap["cap"]),
                            default=None)
-            k = None if best is None else _first_reaching(judge, prompt, texts, gain, best, cap["cap"],
-                                                          ends_of if complete else None)
-            multiplier = args.multiples if k is None else k / budget
+            # a search with no row under the cap is reached by best-of-N's first sample under it (it was written
+            # censored at --multiples, the search's best possible score); with neither, there is nothing to compare
+            k = _first_reaching(judge, prompt, texts, gain, -np.inf if best is None else best, cap["cap"],
+                                ends_of if complete else None)
+            multiplier = None if best is None and k is None else args.multiples if k is None else k / budget
             out.append({"model": model, "seed": seed, "direction": direction, "cap": cap["cap"],
                         "complete_only": complete,
                         "search": cap["search"], "best_of_n": cap["best_of_n"], "delta_sd": cap["delta_sd"],
-                        "samples_to_reach": k, "multiplier": multiplier, "censored": k is None,
+                        "samples_to_reach": k, "multiplier": multiplier, "censored": best is not None and k is None,
                         "search_forwards": budget, "prefix_is_the_jobs_best_of_n": same,
                         "seconds": round(time.perf_counter() - started, 1)})
             print(json.dumps(out[-1]), flush=True)
@@ -179,9 +181,11 @@ def multiplier(args) -> None:
         mine = [r for r in found
                 if (r["model"], r["direction"], r.get("complete_only", False)) == (*key[:2], key[3])
                 and (r["cap"] == key[2] or (key[2] == "median" and r["cap"] not in (30.0, 100.0)))]
-        geo, low, high = _geometric_ci([r["multiplier"] for r in mine], rng)
+        neither = [r for r in mine if r["multiplier"] is None]  # no row under the cap for either method
+        mine = [r for r in mine if r["multiplier"] is not None]
+        geo, low, high = _geometric_ci([r["multiplier"] for r in mine], rng) if mine else (np.nan,) * 3
         summary.append({"model": key[0], "direction": key[1], "cap": key[2], "complete_only": key[3],
-                        "seeds": len(mine),
+                        "seeds": len(mine), "left_out_neither_answered": len(neither),
                         "multipliers": [r["multiplier"] for r in mine], "censored": sum(r["censored"] for r in mine),
                         "geometric_mean": geo, "ci95": [low, high],
                         "delta_sd": [r["delta_sd"] for r in mine]})

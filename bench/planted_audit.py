@@ -80,7 +80,7 @@ def main() -> int:
             items[name] = read_items(folder_paths(folder)["items"])
         plant = [c for b in build(["identity"]) for c in b.contrasts if c.axis == axis and c.name == contrast]
         diff = stats.compare_models(items, plant).iloc[0].to_dict()
-        clean_d = stats.item_differences(items["clean"], plant[0])[0] / stats.reward_scale(items["clean"])
+        clean_d = stats.item_differences(items["clean"], plant[0])[0] / stats.reward_scale(items["clean"], ["identity"])
         equivalence = dict(zip(("ci90_low_sd", "ci90_high_sd"), resampling.bootstrap_ci(clean_d, level=0.90),
                                strict=True), effect_sd=float(clean_d.mean()), margin_sd=MARGIN_SD)
         equivalence["negligible"] = bool(-MARGIN_SD < equivalence["ci90_low_sd"]
