@@ -101,6 +101,24 @@ def lm_folder(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    """A tiny tied Llama 3.2 LM with the SmolLM2 tokenizer and template, the HF model, and an RM made from it
+    (its own prior)."""
+    import shutil
+
+    from rmjax.loading import load
+    from rmjax.loading.reward_head import reward_model_from_lm
+    from tests import tiny
+
+    hf = tiny.build_hf_model("llama3.2", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2, seed=3)
+    folder = tiny.save_hf_model(hf, tmp_path_factory.mktemp("tied") / "lm")
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny.smollm2_tokenizer_folder() / f, folder / f)
+    lm = load(str(folder))
+    return hf, lm, reward_model_from_lm(lm, seed=1)
+
+
 # Modules with the longest tests run first, whole (a module's fixtures are set up once): with two xdist workers a
 # minute-long test started last runs alone while the other worker idles. Measured in CI (`--durations`).
 HEAVY_MODULES = ("test_frontier.py", "test_real_models.py", "test_safety_resume2.py", "test_attribution_real.py",

@@ -100,15 +100,45 @@ def test_both_sides_forwards_are_charged_and_the_budget_never_passed(rm_folder, 
     # the filter ran before B scored anything: best-of-N paid B for readable samples only, as the search pays
     assert all("e" not in t for t in side.scored)
     assert found.spent == forwards.spent <= budget
-    assert forwards.spent == ledger.forwards() + Fraction(2 * sum(calls))
-    assert sum(calls) == len(side.scored) > 0
+    # B is paid for each text it runs (a repeated sample's text is scored once, and paid once)
+    assert forwards.spent == ledger.forwards() + Fraction(2 * len(side.scored))
+    assert sum(calls) >= len(side.scored) == len(set(side.scored)) > 0
     texts = turns.decode(rm.tokenizer, found.ids, end)
     assert all("e" not in t for t in texts)  # nothing B cannot read back is returned
-    if method == "best_of_n":  # each readable sample scored once and kept; the unreadable drawn, never scored
+    if method == "best_of_n":  # each readable sample kept; the unreadable drawn, never scored
         assert 0 < len(found.ids) == sum(calls) < sum(drawn)
+        assert len(side.scored) == len(set(texts))  # B ran each distinct text once
     want = (found.values.reward, (np.asarray([len(t) for t in texts]) - 1.0) / 4.0)
     reward_a = np.asarray([partner.ledger[tuple(turns.tokens(r, end))][0] for r in found.ids.tolist()])
     np.testing.assert_allclose(want[0], reward_a / 2.0 - want[1], rtol=0, atol=1e-12)  # gap = z_A − z_B
+
+
+@pytest.mark.parametrize("screen", [0, 2])
+def test_best_of_n_with_the_rm_as_its_own_prior_pays_b_for_each_readable_sample(tied, monkeypatch, screen):
+    """The RM as its own prior (its sampler's forward is A's): each drawn sample costs one forward, and B's whole
+    forwards are charged for the samples it scores, the readable ones (or the screen's share) alone. No test ran
+    this branch: B's charge deleted (best-of-N scored B for free), charged for every drawn sample, or A's positions
+    charged twice under the screen all passed."""
+    _, _, rm = tied
+    target = make_target(rm, PROMPT)
+    n, budget = SEARCH.num_tokens, 120
+    forwards = Forwards(budget, n + len(target.suffix), n + 1)
+    end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
+    side = _CountingSide(rm.tokenizer, unreadable="x")
+    partner = Disagreement(rm.tokenizer, end, (0.0, 2.0), side, (1.0, 4.0))
+    obj = Objective(target, Prior.of(rm, target.prefix), 1.0, 1.0, 2.0, forwards, partner=partner, screen=screen)
+    assert obj.rm_is_prior and partner.each == 2
+    banned = np.ones(rm.config.vocab_size, bool)
+    banned[300:5000] = False
+    drawn, sample = [], baseline.prior_lib.sample_responses
+    monkeypatch.setattr(baseline.prior_lib, "sample_responses",
+                        lambda *a, **kw: (drawn.append(a[4]), sample(*a, **kw))[1])
+    found = baseline.best_of_n(obj, SEARCH, banned, [partner.round_trips])
+    texts = turns.decode(rm.tokenizer, np.asarray(found.ids), end)
+    assert 0 < len(side.scored) < sum(drawn) and all("x" not in t for t in side.scored + texts)
+    assert len(side.scored) == len(set(side.scored))  # a repeated sample's text is scored, and paid for, once
+    assert forwards.spent == sum(drawn) + 2 * len(side.scored) <= budget  # A once a sample, B per text it ran
+    assert baseline._affordable(obj, SEARCH, Fraction(screen or SEARCH.search_width, SEARCH.search_width)) == 0
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])

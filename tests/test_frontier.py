@@ -18,7 +18,6 @@ import torch
 
 from rmjax.compiled import declared_params
 from rmjax.loading import load
-from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.scoring import calls
 from rmjax.scoring import prior as prior_lib
 from rmjax.search import baseline, fluent, objective, pareto, turns
@@ -31,18 +30,6 @@ from tests import cli, tiny, tolerance
 
 PROMPT = prompts.PAPER1["greatest"]
 WORDS = [" the", " cat", " dog", " is", " good", " very", " sat", " on", " a", " mat"]
-
-
-@pytest.fixture(scope="module")
-def tied(tmp_path_factory):
-    """A tiny tied Llama 3.2 LM with the SmolLM2 tokenizer and template, the HF model, and an RM made from it
-    (its own prior)."""
-    hf = tiny.build_hf_model("llama3.2", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2, seed=3)
-    folder = tiny.save_hf_model(hf, tmp_path_factory.mktemp("tied") / "lm")
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tiny.smollm2_tokenizer_folder() / f, folder / f)
-    lm = load(str(folder))
-    return hf, lm, reward_model_from_lm(lm, seed=1)
 
 
 def _word_ids(tokenizer) -> np.ndarray:

@@ -22,7 +22,8 @@ SAMPLER_ROWS = 64  # prior_lib.sample_responses' batch: larger counts run in bat
 
 def best_of_n(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokenize: Sequence = ()) -> Found:
     """As many prior samples as the budget left buys, whole turns drawn in equal shares at each of
-    `best_of_n_temperatures`, ranked by J; samples may repeat (each was paid for). A sample costs one RM forward
+    `best_of_n_temperatures`, ranked by J; samples may repeat (each draw was paid for; a partner scores a text once,
+    and is paid once for it, as for the search's candidates). A sample costs one RM forward
     when the RM is its own prior (the sampler's forward holds every position the reward reads but the suffix's),
     else one prior forward to draw it and its RM positions to score it; with a partner, its forwards too. With a
     disagreement's `screen` (the search's): the partner scores only the best screen/search_width share of the
@@ -76,7 +77,7 @@ def _round(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokeni
            share: Fraction, round_: int) -> tuple[np.ndarray, Values]:
     """`count` samples drawn, paid for and scored; those every `retokenize` check reads back (ids, values)."""
     forwards, n, end = objective.forwards, cfg.num_tokens, objective.end
-    full, own, each = n + objective.tail, objective.rm_is_prior, objective.other_each
+    full, own = n + objective.tail, objective.rm_is_prior
     screen = objective.screen if objective.partner is not None else 0
     forwards.charge(count * full if own else 0, 0 if own else count * (n + 1), 0)  # the partner's: below
     temperatures = cfg.best_of_n_temperatures
@@ -106,7 +107,7 @@ def _round(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokeni
         kept, values = objective.score_screened(ids, math.ceil(count * share), known_logp=known, paid=own)
         return ids[kept], values
     if own:
-        forwards.charge(0, 0, len(ids) * each)
+        forwards.charge(0, 0, objective.partner_forwards(ids))
         return ids, objective.score_paid(ids, known)
     return ids, objective.score(ids, known_logp=known)
 

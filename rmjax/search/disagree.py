@@ -94,9 +94,16 @@ class Disagreement:
             self.known.update(zip(new, values.tolist(), strict=True))
         return np.asarray([self.known[t] for t in texts], np.float64)
 
+    def texts(self, ids: np.ndarray) -> list[str]:
+        """What side B reads of candidates (A's ids)."""
+        return [self.content(t) for t in turns.decode(self.tokenizer, ids, self.end)]
+
+    def unscored(self, ids: np.ndarray) -> int:
+        return len({t for t in self.texts(ids) if t not in self.known})
+
     def gap(self, reward: np.ndarray, ids: np.ndarray) -> np.ndarray:
         reward = np.asarray(reward, np.float64)
-        rb = self.rewards_b([self.content(t) for t in turns.decode(self.tokenizer, ids, self.end)])
+        rb = self.rewards_b(self.texts(ids))
         for row, a, b in zip(np.asarray(ids).tolist(), reward.tolist(), rb.tolist(), strict=True):
             self.ledger[tuple(turns.tokens(row, self.end))] = (a, b)
         return z_of(reward, self.z_a) - z_of(rb, self.z_b)

@@ -183,7 +183,7 @@ def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judg
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
             "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)", "best_of_n": BEST_OF_N,
-            **left_out(spec.config)}
+            "side_b_paid": "once a text", **left_out(spec.config)}
 
 
 def run_disagree(spec: DisagreeSpec) -> Path | None:

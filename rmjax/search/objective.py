@@ -24,7 +24,8 @@ A disagreement search (issue 46, rmjax.search.disagree) is this objective with a
 z_A − z_B of the candidate (A: this RM target, in SDs of its single-token rewards; B: the other side, scoring the
 decoded text in its own template and tokens), the gradient is A's plus B's where the partner can map it onto A's
 tokens (`Partner.gradient`: the tokens both read alike; GRADIENT_COST of B's whole forwards a step), and each
-candidate also costs the partner's whole forwards (`Partner.each`).
+text the partner scores costs its whole forwards (`Partner.each`): a text it scored before (a repeated sample) is
+not scored again, and costs nothing (best-of-N paid B for its repeats, compute neither method spent).
 """
 
 from __future__ import annotations
@@ -145,6 +146,9 @@ class Partner(Protocol):
     def gap(self, reward: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """z_A − z_B of candidates [W, N] from A's rewards [W]."""
 
+    def unscored(self, ids: np.ndarray) -> int:
+        """How many distinct texts among candidates [W, N] the other side has not scored: what `gap` will run."""
+
     def gradient(self, turn: np.ndarray, width: int) -> jax.Array | None:
         """d z_B / d one_hot(A's turn form) [L + 1, width], where the other side can say."""
 
@@ -183,8 +187,12 @@ class Objective:
 
     @property
     def other_each(self) -> int:
-        """Whole forwards of the partner per candidate (0 without one)."""
+        """Whole forwards of the partner per text it scores (0 without one)."""
         return self.partner.each if self.partner is not None else 0
+
+    def partner_forwards(self, cands: np.ndarray) -> int:
+        """The partner's whole forwards for scoring candidates [W, N]: each text it has not scored yet."""
+        return self.partner.unscored(cands) * self.other_each if self.partner is not None else 0
 
     @property
     def gradient_sign(self) -> float:
@@ -249,7 +257,7 @@ class Objective:
         from the gradient). `known_logp`: their F log-prob terms, already computed (a sampler's): the prior
         is not run again."""
         cands = np.asarray(cands, np.int32)
-        reward, logp = self._own_terms(cands, current, extended, known_logp, every, len(cands))
+        reward, logp = self._own_terms(cands, current, extended, known_logp, every, True)
         return self._checked(self.values(reward, logp, cands), cands)
 
     def score_screened(self, cands: np.ndarray, keep: int, current: np.ndarray | None = None, extended=None,
@@ -262,24 +270,24 @@ class Objective:
         (best first) and their Values; a candidate screened out has no gap and is neither kept nor written."""
         cands = np.asarray(cands, np.int32)
         reward, logp = self._whole_terms(cands, False, known_logp) if paid else \
-            self._own_terms(cands, current, extended, known_logp, every, 0)
+            self._own_terms(cands, current, extended, known_logp, every, False)
         own = self._checked(self._values(reward, logp, cands, self.gradient_sign), cands)
         order = np.lexsort((np.arange(len(cands)), -own.objective))[:keep]
         order = order[np.isfinite(own.objective[order])]  # a NaN/Inf term of this side's (allow_nonfinite)
-        self.forwards.charge(whole=len(order) * self.other_each)  # within cost(partner=False) + min(keep, W)·each
+        self.forwards.charge(whole=self.partner_forwards(cands[order]))  # within cost(partner=False) + keep·each
         return order, self._checked(self.values(reward[order], logp[order], cands[order]), cands[order])
 
-    def _own_terms(self, cands: np.ndarray, current, extended, known_logp, every, partnered: int
+    def _own_terms(self, cands: np.ndarray, current, extended, known_logp, every, partnered: bool
                    ) -> tuple[np.ndarray, np.ndarray]:
-        """This RM's rewards of candidates and their F log-prob terms (`score`), charged first with the partner's
-        forwards for `partnered` of them."""
+        """This RM's rewards of candidates and their F log-prob terms (`score`), charged first, with the partner's
+        forwards for them when `partnered`."""
         if current is not None and extended is None:
             extended = self.extended_cache(current)
         rm_positions, lm_positions = self._positions(cands, current)
         run_prior = self._prior_runs(current, every, known_logp)
         shared = self.uses_prior and known_logp is None and not run_prior
         self.forwards.charge(int(rm_positions.sum()), int(lm_positions.sum()) if run_prior else 0,
-                             partnered * self.other_each)
+                             self.partner_forwards(cands) if partnered else 0)
         if current is None:
             return self._whole_terms(cands, shared, known_logp)
         t, end = self.turn_target, self.end
@@ -307,7 +315,7 @@ class Objective:
         shared = self.uses_prior and self.rm_is_prior
         self.forwards.charge(len(partials) * (d + tail),
                              len(partials) * (d + 1) if self.uses_prior and not shared else 0,
-                             len(partials) * self.other_each)
+                             self.partner_forwards(partials))
         return self._checked(self.values(*self._whole_terms(partials, shared), partials), partials)
 
     def _whole_terms(self, cands: np.ndarray, shared: bool, known_logp: np.ndarray | None = None
