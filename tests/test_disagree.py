@@ -588,3 +588,15 @@ def test_the_judge_reads_its_own_template_whatever_the_sides_read(rm_folder, low
     texts = [json.loads(t) for t in table.text]
     want = judge_perplexities(load(str(judge)), PROMPT, texts, end_of_turn=True)
     np.testing.assert_allclose(table.judge_ppl, want, rtol=1e-6)  # 9 digits in the CSV; one float32 program
+
+
+def test_the_end_of_turn_is_never_a_response_token_under_allow_special(rm_folder, lower_rm, lm_folder, tmp_path):
+    """disagree --allow_special let the end of turn be a response token, as the frontier's did (an empty turn,
+    scored as an answer); only the frontier had a test. The other special tokens are allowed."""
+    spec = _spec(rm_folder, lower_rm, tmp_path / "d", lm_folder, allow_special=True)
+    a, b = disagree_job.parse_sides(spec.models)
+    models = disagree_job._load(spec, a, b)
+    rm = models[a.models[0]]
+    ready = disagree_job._prepare(spec, models, a, b, rm, models[spec.lm], "greatest", PROMPT)
+    special = set(rm.tokenizer.all_special_ids) - {ready.end}
+    assert ready.banned[ready.end] and special and not ready.banned[sorted(special)].any()

@@ -77,6 +77,16 @@ def test_side_b_gradient_on_a_tokens_equals_autograd_through_b(rm_folder, tmp_pa
     assert np.abs(want).max() > 1e-3
     atol = 2 * tolerance.grad_atol(want, rm_b.config, len(ids), rm_b.config.hidden_size)
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+    # a token with no twin in B's vocabulary (-1) has no estimated change (it wrapped to B's last column)
+    holes = np.arange(vocab)
+    holes[::3] = -1
+    holed = to_host(Disagreement(rm_a.tokenizer, end, (0.0, 2.0), side_b, (0.5, 3.0), token_map=holes)
+                    .gradient(turn, vocab))
+    expected = want.copy()
+    expected[:, holes == -1] = 0.0
+    expected[[i for i, t in enumerate(turn) if i < len(body_a) and holes[t] == -1]] = 0.0  # unpaired: B says nothing
+    assert expected.any() and not holed[:, holes == -1].any()
+    np.testing.assert_allclose(holed, expected, rtol=0, atol=atol)
 
     blind = Disagreement(rm_a.tokenizer, end, (0.0, 2.0), side_b, (0.5, 3.0))  # B only scores
     for sign in (1.0, -1.0):

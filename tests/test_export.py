@@ -152,6 +152,11 @@ def test_a_multimodal_gemma3_exports_as_its_text_model(tmp_path):
     # the text model's config as rmjax reads it from the multimodal one: the same but for the class (token ids too)
     assert dataclasses.replace(model.config, architecture="") == dataclasses.replace(load(str(source)).config,
                                                                                       architecture="")
+    # the class transformers' own table names for a gemma3_text classifier (a tool reading `architectures`, not
+    # `model_type`, built the multimodal model)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES as CLASSES
+
+    assert json.loads((out / "config.json").read_text())["architectures"] == [CLASSES["gemma3_text"]]
     for ids, want, have in zip(sequences, expected, got, strict=True):
         atol = tolerance.any_rewards_atol(model.params, model.config, ids.shape[1])
         assert abs(have - want) <= 2 * atol, (have, want, atol)  # two float32 forwards of the same weights

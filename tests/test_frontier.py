@@ -411,10 +411,11 @@ def test_best_of_n_with_a_separate_prior_spends_the_whole_budget(tied, monkeypat
     n, budget = 4, 200
     target = make_target(rm, PROMPT)
     words = _word_ids(rm.tokenizer)
-    seeds, rounds = [], []
+    seeds, rounds, draws = [], [], []
 
     def one_token_turns(model, cache, first, banned, count, length, seed, temperature=1.0, end=None, **_):
         seeds.append(seed)
+        draws.append((temperature, count))
         ids = np.full((count, length), end, np.int32)
         ids[:, 0] = np.random.default_rng(seed).choice(words, count)
         return ids, np.full((count, length + 1), -1.0, np.float32)
@@ -432,6 +433,18 @@ def test_best_of_n_with_a_separate_prior_spends_the_whole_budget(tied, monkeypat
     assert len(set(seeds)) == len(seeds) and not set(seeds) & set(range(1000))
     # the rounds' small draws come in powers of two (so few sampler shapes compile), and there were several
     assert len(rounds) > 2 and all(c >= baseline.SAMPLER_ROWS or c & (c - 1) == 0 for c in rounds), rounds
+    # each round's count in equal shares over the temperatures, the remainder to the next temperature each round
+    # (round r's first extra to temperature r mod T): rounds of 1 sample all went to the first temperature
+    temps = cfg.best_of_n_temperatures
+    want = [(temps[k], c // len(temps) + ((k - r) % len(temps) < c % len(temps)))
+            for r, c in enumerate(rounds) for k in range(len(temps))]
+    assert draws == [(t, c) for t, c in want if c]
+    totals = [sum(c for t, c in draws if t == temp) for temp in temps]
+    assert max(totals) - min(totals) <= 1, totals
+    # its history (stored with the unit) holds the best J and its sequence, not the worst
+    best = int(np.argmax(found.values.objective))
+    assert found.history[-1][1:] == (float(found.values.objective[best]), found.ids[best].tolist())
+
 
 def test_a_seeded_search_takes_its_seeds_free_with_their_terms(tied, monkeypatch):
     """Seeds (rows another λ's search found and paid for) join the archive at no charge, with

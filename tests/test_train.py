@@ -391,6 +391,26 @@ def test_no_warmup_starts_at_the_peak_rate():
                                    rtol=1.2e-4, atol=0)
 
 
+def test_an_identity_tells_runs_the_old_rules_trained_apart():
+    """A run with --warmup_steps=0 (once a step at rate 0) and one of bfloat16 layers (once without a float32 master)
+    each carry a key that runs written under the old rules lack, so none is resumed or reused as theirs. Head-only
+    training needs no master in any dtype (the score head is float32): its identity has none, and it holds none."""
+    from rmjax.train.loop import train_identity
+    from rmjax.train.optimizer import needs_master
+
+    pairs = Pairs(["p"], ["a"], ["b"], np.ones(1))
+    fp = {"model": "m"}
+
+    def identity(dtype="float32", **cfg):
+        return train_identity(fp, dtype, pairs, pairs, TrainConfig(**cfg))
+
+    assert identity(warmup_steps=0)["warmup"] and "warmup" not in identity(warmup_steps=1)
+    assert identity("bfloat16", trainable="full")["master"] == "float32"
+    assert "master" not in identity("float32", trainable="full") and "master" not in identity("bfloat16")
+    assert not needs_master(TrainConfig(trainable="head"), "bfloat16")
+    assert needs_master(TrainConfig(trainable="last_k"), "bfloat16")
+
+
 def test_training_from_a_reward_model_says_its_head_is_replaced(rm_folder, tmp_path, capsys):
     """train_rm --model=<a reward model> trained a new random head in silence (step 1's loss about log 2): the
     model's own head is not where training starts, and the note says so."""
