@@ -59,8 +59,9 @@ class FrontierConfig:
     lambdas: tuple[float, ...] = setting((0.0, 0.25, 1.0, 4.0), "Fluency weights λ, one search each.")
     direction: str = setting("both", "Fluent and liked (optimal), fluent and disliked (pessimal), or both.",
                              ("optimal", "pessimal", "both"))
-    forwards: int = setting(2000, "Forwards budget of each search and of best-of-N (see BUILD_NOTES 'Forwards'; "
-                                   "2,000: a prompt and direction in about 10 minutes on 2 CPU cores).")
+    forwards: int = setting(2000, "Forwards budget of each λ's search; best-of-N gets a direction's pool, "
+                                   "len(lambdas) x forwards (see BUILD_NOTES 'Forwards'; 2,000 with four λ: about "
+                                   "15 minutes a prompt and direction on 2 idle CPU cores).")
     repetition_penalty: float = setting(2.0, "ρ: the fluency term loses ρ x the share of repeating positions.")
     top: int = setting(8, "Rows written per direction, λ and method: the best by J.")
     front_rows: int = setting(64, "At λ > 0, search rows written besides the top: up to this many from the "

@@ -27,8 +27,8 @@ class GCGConfig:
                             "tokens).")
     n_replace: int = setting(1, "Positions swapped per candidate (1..--num_tokens).")
     direction: str = setting("optimal", "Maximize or minimize the reward.", ("optimal", "pessimal"))
-    selection: str = setting("random", "random: sample swaps among the top-k; greedy: the best single swaps by "
-                             "gradient.", ("random", "greedy"))
+    selection: str = setting("random", "random: sample swaps among the top-k; greedy: the best swaps by gradient "
+                             "(deterministic), each candidate swapping --n_replace positions.", ("random", "greedy"))
     embed_reg: float = setting(0.0, "Faster-GCG embedding-distance regularizer weight (penalizes swaps far from "
                                "the current token).")
     forbid_revisits: bool = setting(True, "Never evaluate a sequence twice (Faster-GCG history).")
