@@ -189,6 +189,7 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
         part = slice(start, start + per_call)
         placed = (batching.place(a[part], model.mesh) for a in (ids, rel, segment, cache_end, last))
         pending.append((start, owner[part], scorer(params, extended, *placed)))
+        batching.bound_in_flight(pending, model.mesh, lambda entry: entry[2])
     out, tails = np.zeros(len(variants), np.float32), [np.zeros(0, np.float32) for _ in variants]
     for start, who, result in pending:
         scores, picked = (result, None) if not log_probs else (to_host(result[0]), to_host(result[1]))
@@ -341,6 +342,7 @@ def in_batches(call, responses: np.ndarray, batch_size: int, mesh, outputs: int 
         padded, _ = batching.pad_rows(part, responses.shape[1], num_rows=batch_size)
         result = call(batching.place(padded, mesh))
         pending.append((len(part), result if outputs > 1 else (result,)))
+        batching.bound_in_flight(pending, mesh, lambda entry: entry[1])
     return tuple(np.concatenate([to_host(r[k])[:n] for n, r in pending]).astype(np.float32) if pending
                  else np.zeros(0, np.float32) for k in range(outputs))
 
@@ -361,6 +363,7 @@ def _score_turn_batches(model: Model, cache: nn.KVCache, suffix, responses: np.n
         at[: len(read[part])] = read[part]
         out = scorer(params, cache, batching.place(padded, model.mesh), batching.place(at, model.mesh), *extra)
         pending.append((len(read[part]), out if log_probs else (out,)))
+        batching.bound_in_flight(pending, model.mesh, lambda entry: entry[1])
     if not pending:
         return (np.zeros(0, np.float32), np.zeros((0, rows.shape[1]), np.float32)) if log_probs \
             else np.zeros(0, np.float32)

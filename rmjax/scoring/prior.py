@@ -72,6 +72,7 @@ def response_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, respon
         part = responses[start : start + batch_size]
         padded, _ = batching.pad_rows(part, responses.shape[1], num_rows=batch_size)
         pending.append((len(part), call(params, cache, batching.place(padded, model.mesh), first)))
+        batching.bound_in_flight(pending, model.mesh, lambda entry: entry[1])
     if not pending:
         return np.zeros((0, responses.shape[1]), np.float32)
     return np.concatenate([to_host(lp)[:n] for n, lp in pending]).astype(np.float32)
@@ -192,18 +193,23 @@ def sample_responses(model: Model, cache: nn.KVCache, first: jax.Array, banned: 
     may be drawn from step `end_from` on, and the log-probabilities have one more column: the end of turn's after
     all `length` tokens."""
     require_lm_head(model)
-    rows = batching.round_up(min(batch_size, max(count, 1)), model.mesh)
+    # each batch keeps `drawn` rows of its `rows` (a multiple of the data axis): on data:3 a batch of 66 put samples
+    # 64-65 in batch 0, and every later sample in another batch's position (another draw than on one device)
+    drawn = min(batch_size, max(count, 1))
+    rows = batching.round_up(drawn, model.mesh)
     call = sample_call(model.config, model.mesh, cache.k.shape[2], rows, length, float(temperature), end, end_from)
     params = declared_params(model)
     never = np.ones(first.shape[0], bool)  # tokens past the banned list's vocabulary are never drawn
     never[: min(len(banned), len(never))] = np.asarray(banned)[: len(never)]
     first, banned = replicated(first, model.mesh), replicated(jnp.asarray(never), model.mesh)
-    pending = [call(params, cache, first, banned, jax.random.fold_in(jax.random.key(seed), b))
-               for b in range(-(-count // rows))]
+    pending = []
+    for b in range(-(-count // drawn)):
+        pending.append(call(params, cache, first, banned, jax.random.fold_in(jax.random.key(seed), b)))
+        batching.bound_in_flight(pending, model.mesh)
     if not pending:
         return np.zeros((0, length), np.int32), np.zeros((0, length + (end is not None)), np.float32)
-    ids = np.concatenate([to_host(i) for i, _ in pending])[:count]
-    lps = np.concatenate([to_host(lp) for _, lp in pending])[:count]
+    ids = np.concatenate([to_host(i)[:drawn] for i, _ in pending])[:count]
+    lps = np.concatenate([to_host(lp)[:drawn] for _, lp in pending])[:count]
     return ids.astype(np.int32), lps.astype(np.float32)
 
 

@@ -109,6 +109,7 @@ def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, respo
                                                             ROWS(2), REPLICATED), ROWS(2), max_new=max_new)
         pending.append((len(part), call(params, shared, batching.place(ids, prior.mesh),
                                         batching.place(mask, prior.mesh), end)))
+        batching.bound_in_flight(pending, prior.mesh, lambda entry: entry[1])
     preds = np.concatenate([to_host(p)[:n] for n, p in pending]) if pending else np.zeros((0, max_new), np.int32)
     ends = preds == end_id
     stops = np.where(ends.any(axis=1), ends.argmax(axis=1), max_new)
