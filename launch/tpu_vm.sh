@@ -133,6 +133,7 @@ SPLIT_PY="$REPO/.venv/bin/python"; [ -x "$SPLIT_PY" ] || SPLIT_PY="$(command -v 
 [ -n "$SPLIT_PY" ] || { echo "error: no python3 here to read --job with (the plan needs one too)" >&2; exit 2; }
 "$SPLIT_PY" -c "$SPLIT" "$JOB" >/dev/null 2>&1 || { echo "error: --job=$JOB: its quotes do not pair up" >&2; exit 2; }
 mapfile -d '' -t JOB_WORDS < <("$SPLIT_PY" -c "$SPLIT" "$JOB")
+mapfile -d '' -t RAW_WORDS < <("$SPLIT_PY" -c 'import shlex, sys; sys.stdout.write("\0".join(shlex.split(sys.argv[1])))' "$JOB")
 JOB_NAME="${JOB_WORDS[0]#experiments.}"
 # a typo would have failed on the VM, after paying for it: experiments.NAME, a job (an entry point with a main)
 if [[ "${JOB_WORDS[0]}" != experiments.* ]] || ! grep -qs '__main__' "$REPO/experiments/$JOB_NAME.py"; then
@@ -178,10 +179,18 @@ else
           --$name=*) value="${word#--$name=}" ;;
         esac
       done
-      case "${value,,}" in
-        false|f|0|no|n) PLAN+=("--$name=false") ;;
-        true|t|1|yes|y) PLAN+=("--$name=true") ;;
-        *) echo "error: --job: train_rm's --$name=$value is not true or false" >&2; exit 2 ;;
+      case "${value,,}" in  # absl's spellings of a boolean; a word after the flag (joined above) it reads as stray
+        false|f|0) PLAN+=("--$name=false") ;;
+        true|t|1) PLAN+=("--$name=true") ;;
+        *) echo "error: --job: train_rm reads --$name=$value as no boolean (give --$name, --no$name or" \
+                "--$name=true|false; absl reads '--$name WORD' as --$name and a stray WORD)" >&2; exit 2 ;;
+      esac
+    done
+    for (( i = 1; i + 1 < ${#RAW_WORDS[@]}; i++ )); do  # `--remat true`: the plan read --remat=true, the job a stray word
+      case "${RAW_WORDS[i]}" in
+        --fsdp|--remat|--nofsdp|--noremat)
+          [[ "${RAW_WORDS[i+1]}" == -* ]] || { echo "error: --job: train_rm reads '${RAW_WORDS[i]} ${RAW_WORDS[i+1]}'" \
+            "as ${RAW_WORDS[i]} and a stray word; give ${RAW_WORDS[i]} alone or ${RAW_WORDS[i]}=true|false" >&2; exit 2; } ;;
       esac
     done
   fi

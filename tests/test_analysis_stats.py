@@ -104,6 +104,8 @@ def test_bootstrap_skewness_of_tied_data_leaves_out_one_value_resamples(x):
     want = redrawn_bootstrap_intervals(x, 1000, 0)
     assert got == pytest.approx({**got, **want}, rel=1e-9, abs=1e-12)
     assert abs(got["skewness_ci_high"]) < 10 and abs(got["skewness_ci_low"]) < 10
+    rng = np.random.default_rng(0)  # the interval is over the resamples that have a skewness: counted
+    assert got["skewness_resamples"] == sum(np.ptp(x[rng.integers(0, len(x), len(x))]) > 0 for _ in range(1000))
 
 
 def test_kendall_tau_b_matrix_matches_pair_counting_with_ties():

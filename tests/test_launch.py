@@ -417,6 +417,12 @@ def test_the_plan_reads_the_job_as_the_vms_shell_will_and_a_typo_creates_nothing
                     f"--job=experiments.train_rm --trainable=full{words}", env={**os.environ, "TMPDIR": "/tmp"})
         (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
         assert plan[6:] == ["--trainable=full", *planned], plan
+    # what train_rm itself refuses is refused before the VM: absl takes no "yes", and reads `--remat true` as
+    # --remat and a stray word (the plan read --remat=true and said "fits")
+    for words in (" --fsdp=yes", " --remat true"):
+        bad = _run("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5p-8", "--checkpoint=gs://b/ckpt",
+                   f"--job=experiments.train_rm --trainable=full{words}", "--dry-run")
+        assert bad.returncode == 2 and "error: --job: train_rm reads" in bad.stderr and "create" not in bad.stdout, bad
     for script, args in (("tpu_vm.sh", ["--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt"]),
                          ("gpu.sh", ["--host=me@box"])):
         for job, name in (("experiments.sweeep", "sweeep"), ("sweep", "sweep"), ("experiments.cli", "cli")):

@@ -94,10 +94,10 @@ def test_samples_are_the_same_on_any_mesh(lm_folder):
     from rmjax.parallel.sharding import make_mesh
     from rmjax.scoring.prior import sample_responses
 
-    prefix, banned = [1, 2, 3], None
+    prefix = [1, 2, 3]
 
     def draw(model):
-        never = np.zeros(model.config.vocab_size, bool) if banned is None else banned
+        never = np.zeros(model.config.vocab_size, bool)
         return sample_responses(model, prefill_prefix(model, prefix), first_token_log_probs(model, prefix), never,
                                 200, 3, seed=7)
 

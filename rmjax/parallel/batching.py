@@ -62,7 +62,7 @@ def bound_in_flight(pending: list, mesh: jax.sharding.Mesh | None, result=lambda
     calls of a plain 4-device jit); at 5 in flight 1,000 ran. Elsewhere every batch is dispatched before any is
     read."""
     if (len(pending) > CPU_IN_FLIGHT and mesh is not None and mesh.devices.size > 1
-            and jax.default_backend() == "cpu"):
+            and mesh.devices.flat[0].platform == "cpu"):
         jax.block_until_ready(result(pending[-1 - CPU_IN_FLIGHT]))
 
 
