@@ -101,10 +101,12 @@ def test_samples_are_the_same_on_any_mesh(lm_folder):
         return sample_responses(model, prefill_prefix(model, prefix), first_token_log_probs(model, prefix), never,
                                 200, 3, seed=7)
 
-    want_ids, want_lps = draw(load(str(lm_folder)))
+    one = load(str(lm_folder))
+    want_ids, want_lps = draw(one)
     ids, lps = draw(load(str(lm_folder), mesh=make_mesh("data:3,model:1", jax.devices()[:3])))
     np.testing.assert_array_equal(ids, want_ids)
-    np.testing.assert_allclose(lps, want_lps, rtol=0, atol=1e-4)
+    rows = np.concatenate([np.tile(prefix, (len(ids), 1)), ids], axis=1).astype(np.int32)  # what each log-prob reads
+    np.testing.assert_allclose(lps, want_lps, rtol=0, atol=tolerance.logprobs_atol(one.params, one.config, rows))
 
 
 def test_many_batches_on_a_cpu_mesh_finish(rm_folder, tmp_path):
@@ -127,6 +129,7 @@ def test_many_batches_on_a_cpu_mesh_finish(rm_folder, tmp_path):
     one, four = runs.values()
     assert list(one.text) == list(four.text)
     one_model = load(str(rm_folder))
-    atol = 2 * tolerance.any_rewards_atol(one_model.params, one_model.config, 64)  # sums reordered over 4
+    # sums reordered over 4 devices; 64 positions bound the conversation (46 for "A cat" in the chat template)
+    atol = 2 * tolerance.any_rewards_atol(one_model.params, one_model.config, 64)
     for column in [c for c in one.columns if c != "text"]:
         np.testing.assert_allclose(four[column], one[column], rtol=0, atol=atol)

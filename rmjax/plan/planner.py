@@ -201,7 +201,7 @@ def _train_tries(shape, tries: list, mesh: dict | None, fsdp: str, remat: str) -
 def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict | None = None,
          batch_size: int | None = None, log=print, fsdp: str = "auto", remat: str = "auto") -> dict:
     """The plan of `job` with `shape` on `piece` (a dict for PLAN.json). Raises PlanDoesNotFitError. Training
-    tries its replicated state first, then FSDP, then FSDP with remat (`fsdp`, `remat`: auto, on or off)."""
+    tries neither FSDP nor remat first, then FSDP, then remat, then both (`fsdp`, `remat`: auto, on or off)."""
     tries = shape.variants(fsdp, remat) if hasattr(shape, "variants") else [shape]
     if hasattr(shape, "variants"):  # what train_rm refuses, by its own checks, on the mesh it would be given
         tries = _train_tries(shape, tries, mesh, fsdp, remat)

@@ -132,9 +132,8 @@ def frontier_identity(spec: FrontierSpec, model_fp: dict, lm_fp: dict | None, ju
 
 
 def left_out(cfg) -> dict:
-    """The candidate rule's version where it alone decides what is left out (--allow_non_ascii without
-    --allow_special: rmjax.text.candidates.LEFT_OUT); {} elsewhere, so other identities stay as they were."""
-    return {"left_out": candidate_set.LEFT_OUT} if cfg.allow_non_ascii and not cfg.allow_special else {}
+    """The candidate rule's version for this job's settings (rmjax.text.candidates.left_out_rule)."""
+    return candidate_set.left_out_rule(cfg.allow_non_ascii, cfg.allow_special)
 
 
 def run_frontier(spec: FrontierSpec) -> Path | None:

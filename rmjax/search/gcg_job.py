@@ -48,8 +48,7 @@ def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: i
     if cfg.token_ids:
         ids = np.unique(np.asarray(cfg.token_ids, np.int64))
         config["token_ids"] = {"count": len(ids), "sha1": array_sha1(ids)}
-    # which tokens the default set leaves out (under --allow_non_ascii the special_or_byte rule alone decides)
-    left_out = {"left_out": candidate_set.LEFT_OUT} if cfg.allow_non_ascii and not cfg.allow_special else {}
+    left_out = candidate_set.left_out_rule(cfg.allow_non_ascii, cfg.allow_special)
     return {"job": "gcg", "models": list(model_fingerprints), "dtype": dtype, "output_column": int(output_column),
             "prompts": dict(prompts), "config": config, "completion": {"lm": lm, "max_new": MAX_NEW}, **left_out}
 

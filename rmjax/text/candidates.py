@@ -51,6 +51,12 @@ def special_or_byte(tokenizer, vocab_size: int) -> np.ndarray:
 LEFT_OUT = 2
 
 
+def left_out_rule(allow_non_ascii: bool, allow_special: bool) -> dict:
+    """A search identity's record of LEFT_OUT where this rule alone decides what is left out (--allow_non_ascii
+    without --allow_special); {} elsewhere, so other identities stay as they were."""
+    return {"left_out": LEFT_OUT} if allow_non_ascii and not allow_special else {}
+
+
 def _control(c: str) -> bool:
     """A character no answer holds: a control character (category Cc) other than tab, newline and carriage return,
     or one that is neither printable nor whitespace."""
