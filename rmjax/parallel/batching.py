@@ -6,13 +6,16 @@ Used by the sweep, text scoring, GCG, log-probs and training.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import jax
 import numpy as np
 
-from rmjax.parallel.distributed import global_array
+from rmjax.parallel.distributed import global_array, to_host
 from rmjax.parallel.sharding import batch_sharding
+
+T = TypeVar("T")
 
 
 def data_shards(mesh: jax.sharding.Mesh | None) -> int:
@@ -52,18 +55,41 @@ def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None, *, side: s
     return ids, mask
 
 
-CPU_IN_FLIGHT = 4  # batches a multi-device CPU mesh may have dispatched and unread (`bound_in_flight`)
+CPU_IN_FLIGHT = 4  # batches a multi-device CPU mesh may have dispatched and unread (`dispatched`)
 
 
-def bound_in_flight(pending: list, mesh: jax.sharding.Mesh | None, result=lambda entry: entry) -> None:
-    """Called after each batch is dispatched (`pending`: the batches so far, `result(entry)` a batch's outputs): on a
-    CPU mesh of several devices, wait for the batch CPU_IN_FLIGHT before the last. XLA:CPU (jax 0.10.2) hangs, then
-    aborts the process, when ~30 or more multi-device programs wait at once (a 4-device score of 400 batches; 128
-    calls of a plain 4-device jit); at 5 in flight 1,000 ran. Elsewhere every batch is dispatched before any is
-    read."""
-    if (len(pending) > CPU_IN_FLIGHT and mesh is not None and mesh.devices.size > 1
-            and mesh.devices.flat[0].platform == "cpu"):
-        jax.block_until_ready(result(pending[-1 - CPU_IN_FLIGHT]))
+def dispatched(batches: Iterable[T], mesh: jax.sharding.Mesh | None, result: Callable[[T], object] = lambda e: e
+               ) -> list[T]:
+    """Every batch of `batches` (an iterator whose each step dispatches one: device work returned unread, with the
+    caller's bookkeeping; `result(entry)` picks its device outputs), dispatched before any is read, so the host
+    never waits between them. On a CPU mesh of several devices at most CPU_IN_FLIGHT wait unread: XLA:CPU (jax
+    0.10.2) hangs, then aborts the process, when ~30 or more multi-device programs wait at once (a 4-device score
+    of 400 batches; 128 calls of a plain 4-device jit); at 5 in flight 1,000 ran."""
+    bounded = mesh is not None and mesh.devices.size > 1 and mesh.devices.flat[0].platform == "cpu"
+    pending = []
+    for entry in batches:
+        pending.append(entry)
+        if bounded and len(pending) > CPU_IN_FLIGHT:
+            jax.block_until_ready(result(pending[-1 - CPU_IN_FLIGHT]))
+    return pending
+
+
+def in_batches(call: Callable, rows: np.ndarray, batch_size: int, mesh: jax.sharding.Mesh | None, outputs: int = 1
+               ) -> tuple[np.ndarray, ...]:
+    """`call(batch)` on token rows [W, N] `batch_size` rows at a time (the last padded, so one compilation serves
+    all), placed over `data` and `dispatched`. The call gives `outputs` arrays (one array when 1) whose first axis is
+    the batch: each concatenated over the batches to W rows, float32."""
+    def each():
+        for start in range(0, len(rows), batch_size):
+            part = rows[start : start + batch_size]
+            padded, _ = pad_rows(part, rows.shape[1], num_rows=batch_size)
+            result = call(place(padded, mesh))
+            yield len(part), result if outputs > 1 else (result,)
+
+    pending = dispatched(each(), mesh, lambda entry: entry[1])
+    if not pending:
+        return tuple(np.zeros(0, np.float32) for _ in range(outputs))
+    return tuple(np.concatenate([to_host(r[k])[:n] for n, r in pending]).astype(np.float32) for k in range(outputs))
 
 
 def place(array: np.ndarray, mesh: jax.sharding.Mesh | None):

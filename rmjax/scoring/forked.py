@@ -22,7 +22,6 @@ from rmjax.parallel import batching
 from rmjax.parallel.distributed import to_host
 from rmjax.runs.progress import Progress
 from rmjax.scoring.context import PromptContext
-from rmjax.scoring.prefix import in_batches
 
 
 @jax.jit
@@ -65,8 +64,9 @@ def forked_token_rewards(a: Model, b: Model, ctx_a: PromptContext, ctx_b: Prompt
     params_a, params_b = declared_params(a), declared_params(b)
     parts = []
     for start in range(0, len(responses), chunk):
-        parts.append(in_batches(lambda rows: scorer(params_a, params_b, ctx_a.cache, ctx_b.cache, rows, ctx_a.suffix),
-                                responses[start : start + chunk], batch_size, a.mesh, outputs=2))
+        parts.append(batching.in_batches(
+            lambda rows: scorer(params_a, params_b, ctx_a.cache, ctx_b.cache, rows, ctx_a.suffix),
+            responses[start : start + chunk], batch_size, a.mesh, outputs=2))
         if progress is not None:
             progress.update(2 * len(parts[-1][0]))
     if not parts:

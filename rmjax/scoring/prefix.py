@@ -184,12 +184,15 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
             at = span.stop
     scorer = variants_scorer(model.config, model.mesh, cache_width, n, per_call, slots, model.output_column,
                              log_probs)
-    params, pending = declared_params(model), []
-    for start in range(0, calls * per_call, per_call):
-        part = slice(start, start + per_call)
-        placed = (batching.place(a[part], model.mesh) for a in (ids, rel, segment, cache_end, last))
-        pending.append((start, owner[part], scorer(params, extended, *placed)))
-        batching.bound_in_flight(pending, model.mesh, lambda entry: entry[2])
+    params = declared_params(model)
+
+    def each():
+        for start in range(0, calls * per_call, per_call):
+            part = slice(start, start + per_call)
+            placed = (batching.place(a[part], model.mesh) for a in (ids, rel, segment, cache_end, last))
+            yield start, owner[part], scorer(params, extended, *placed)
+
+    pending = batching.dispatched(each(), model.mesh, lambda entry: entry[2])
     out, tails = np.zeros(len(variants), np.float32), [np.zeros(0, np.float32) for _ in variants]
     for start, who, result in pending:
         scores, picked = (result, None) if not log_probs else (to_host(result[0]), to_host(result[1]))
@@ -327,24 +330,9 @@ def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarr
         return _score_turn_batches(model, cache, suffix, responses, lengths, batch_size, first, end)
     scorer = batch_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, log_probs)
     params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()
-    out = in_batches(lambda rows: scorer(params, cache, rows, suffix, *extra), responses, batch_size, model.mesh,
-                     outputs=2 if log_probs else 1)
+    out = batching.in_batches(lambda rows: scorer(params, cache, rows, suffix, *extra), responses, batch_size,
+                              model.mesh, outputs=2 if log_probs else 1)
     return out if log_probs else out[0]
-
-
-def in_batches(call, responses: np.ndarray, batch_size: int, mesh, outputs: int = 1) -> tuple[np.ndarray, ...]:
-    """`call(rows)` on `responses` [W, N] a batch of `batch_size` rows at a time (the last padded, so one
-    compilation serves all), placed over `data`; every batch dispatched before any result is copied to the host.
-    The call gives `outputs` arrays of [batch] (one array when 1): each concatenated over the batches, [W] float32."""
-    pending = []
-    for start in range(0, len(responses), batch_size):
-        part = responses[start : start + batch_size]
-        padded, _ = batching.pad_rows(part, responses.shape[1], num_rows=batch_size)
-        result = call(batching.place(padded, mesh))
-        pending.append((len(part), result if outputs > 1 else (result,)))
-        batching.bound_in_flight(pending, mesh, lambda entry: entry[1])
-    return tuple(np.concatenate([to_host(r[k])[:n] for n, r in pending]).astype(np.float32) if pending
-                 else np.zeros(0, np.float32) for k in range(outputs))
 
 
 def _score_turn_batches(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, lengths: np.ndarray,
@@ -355,15 +343,17 @@ def _score_turn_batches(model: Model, cache: nn.KVCache, suffix, responses: np.n
     log_probs = first is not None
     scorer = turns_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, log_probs)
     params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()
-    pending = []
-    for start in range(0, len(rows), batch_size):
-        part = slice(start, start + batch_size)
-        padded, _ = batching.pad_rows(rows[part], rows.shape[1], num_rows=batch_size)
-        at = np.full(batch_size, rows.shape[1] - 1, np.int32)
-        at[: len(read[part])] = read[part]
-        out = scorer(params, cache, batching.place(padded, model.mesh), batching.place(at, model.mesh), *extra)
-        pending.append((len(read[part]), out if log_probs else (out,)))
-        batching.bound_in_flight(pending, model.mesh, lambda entry: entry[1])
+
+    def each():
+        for start in range(0, len(rows), batch_size):
+            part = slice(start, start + batch_size)
+            padded, _ = batching.pad_rows(rows[part], rows.shape[1], num_rows=batch_size)
+            at = np.full(batch_size, rows.shape[1] - 1, np.int32)
+            at[: len(read[part])] = read[part]
+            out = scorer(params, cache, batching.place(padded, model.mesh), batching.place(at, model.mesh), *extra)
+            yield len(read[part]), out if log_probs else (out,)
+
+    pending = batching.dispatched(each(), model.mesh, lambda entry: entry[1])
     if not pending:
         return (np.zeros(0, np.float32), np.zeros((0, rows.shape[1]), np.float32)) if log_probs \
             else np.zeros(0, np.float32)

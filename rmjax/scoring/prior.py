@@ -67,15 +67,9 @@ def response_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, respon
                      batching.rows_for(len(responses), batching.data_shards(model.mesh)))
     call = prior_call(model.config, model.mesh, cache.k.shape[2])
     params, first = declared_params(model), replicated(first, model.mesh)
-    pending = []
-    for start in range(0, len(responses), batch_size):
-        part = responses[start : start + batch_size]
-        padded, _ = batching.pad_rows(part, responses.shape[1], num_rows=batch_size)
-        pending.append((len(part), call(params, cache, batching.place(padded, model.mesh), first)))
-        batching.bound_in_flight(pending, model.mesh, lambda entry: entry[1])
-    if not pending:
+    if not len(responses):
         return np.zeros((0, responses.shape[1]), np.float32)
-    return np.concatenate([to_host(lp)[:n] for n, lp in pending]).astype(np.float32)
+    return batching.in_batches(lambda rows: call(params, cache, rows, first), responses, batch_size, model.mesh)[0]
 
 
 def _weighted_log_prob_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids, first, weights):
@@ -202,10 +196,8 @@ def sample_responses(model: Model, cache: nn.KVCache, first: jax.Array, banned: 
     never = np.ones(first.shape[0], bool)  # tokens past the banned list's vocabulary are never drawn
     never[: min(len(banned), len(never))] = np.asarray(banned)[: len(never)]
     first, banned = replicated(first, model.mesh), replicated(jnp.asarray(never), model.mesh)
-    pending = []
-    for b in range(-(-count // drawn)):
-        pending.append(call(params, cache, first, banned, jax.random.fold_in(jax.random.key(seed), b)))
-        batching.bound_in_flight(pending, model.mesh)
+    pending = batching.dispatched((call(params, cache, first, banned, jax.random.fold_in(jax.random.key(seed), b))
+                                   for b in range(-(-count // drawn))), model.mesh)
     if not pending:
         return np.zeros((0, length), np.int32), np.zeros((0, length + (end is not None)), np.float32)
     ids = np.concatenate([to_host(i)[:drawn] for i, _ in pending])[:count]

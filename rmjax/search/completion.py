@@ -99,17 +99,19 @@ def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, respo
     batch_size = batching.round_up(batch_size, prior.mesh)
     params, end = declared_params(prior), replicated(np.int32(end_id), prior.mesh)
     shared = prefill_prefix(prior, prefix[:-1])
-    pending = []
-    for start in range(0, len(responses), batch_size):
-        part = [prefix[-1:] + r for r in responses[start : start + batch_size]]
-        rows = min(batch_size, batching.rows_for(len(part), batching.data_shards(prior.mesh)))
-        width = batching.bucket(max(len(r) for r in part), WIDTH_BUCKET)
-        ids, mask = batching.pad_rows(part, width, side="left", num_rows=rows)
-        call = compiled(_greedy, prior.config, prior.mesh, (PARAMS, Cache(1, shared.positions.shape[1]), ROWS(2),
-                                                            ROWS(2), REPLICATED), ROWS(2), max_new=max_new)
-        pending.append((len(part), call(params, shared, batching.place(ids, prior.mesh),
-                                        batching.place(mask, prior.mesh), end)))
-        batching.bound_in_flight(pending, prior.mesh, lambda entry: entry[1])
+
+    def each():
+        for start in range(0, len(responses), batch_size):
+            part = [prefix[-1:] + r for r in responses[start : start + batch_size]]
+            rows = min(batch_size, batching.rows_for(len(part), batching.data_shards(prior.mesh)))
+            width = batching.bucket(max(len(r) for r in part), WIDTH_BUCKET)
+            ids, mask = batching.pad_rows(part, width, side="left", num_rows=rows)
+            call = compiled(_greedy, prior.config, prior.mesh, (PARAMS, Cache(1, shared.positions.shape[1]),
+                                                                ROWS(2), ROWS(2), REPLICATED), ROWS(2), max_new=max_new)
+            yield len(part), call(params, shared, batching.place(ids, prior.mesh), batching.place(mask, prior.mesh),
+                                  end)
+
+    pending = batching.dispatched(each(), prior.mesh, lambda entry: entry[1])
     preds = np.concatenate([to_host(p)[:n] for n, p in pending]) if pending else np.zeros((0, max_new), np.int32)
     ends = preds == end_id
     stops = np.where(ends.any(axis=1), ends.argmax(axis=1), max_new)
