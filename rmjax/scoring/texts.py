@@ -97,18 +97,25 @@ def _batched(model: Model, groups, compute, n: int, width_out: int, batch_size: 
     being (output index, ids), in batches of `batch_size` rows; `progress` counts the rows done."""
     out = np.zeros((n, width_out), np.float32)
     batch_size = batching.round_up(batch_size, model.mesh)
-    for by_width, with_cache in groups:
-        for width, rows in sorted(by_width.items()):
+
+    def each():
+        for by_width, with_cache in groups:
+            # shortest first, cut into full batches, each padded to its longest row's width: only a group's last
+            # batch is short (a batch a width made a short batch for every width, and each its own compilation)
+            rows = [row for width in sorted(by_width) for row in by_width[width]]
             for start in range(0, len(rows), batch_size):
                 part = rows[start : start + batch_size]
+                width = _bucket(max(len(seq) for _, seq in part))
                 # a short last batch pads only to the next power of two (few shapes, little waste)
                 n_rows = min(batch_size, batching.round_up(1 << (len(part) - 1).bit_length(), model.mesh))
                 ids, mask = batching.pad_rows([seq for _, seq in part], width, num_rows=n_rows)
                 ids, mask = batching.place(ids, model.mesh), batching.place(mask, model.mesh)
-                values = to_host(compute(ids, mask, with_cache)).reshape(n_rows, width_out)
-                out[[i for i, _ in part]] = values[: len(part)]
-                if progress is not None:
-                    progress.update(len(part))
+                yield [i for i, _ in part], compute(ids, mask, with_cache)
+
+    for index, values in batching.dispatched(each(), model.mesh, lambda entry: entry[1]):
+        out[index] = to_host(values).reshape(-1, width_out)[: len(index)]
+        if progress is not None:
+            progress.update(len(index))
     return out
 
 
