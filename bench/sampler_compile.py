@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def unrolled_sample(cfg, params, cache, first, banned, key, *, rows, length, temperature, end=None, end_from=1):
+def unrolled_sample(cfg, params, cache, first, banned, temperature, key, *, rows, length, end=None, end_from=1):
     """The reference: rmjax.scoring.prior._sample's draws, one traced forward per step."""
     import jax
     import jax.numpy as jnp
@@ -67,15 +67,15 @@ def main() -> None:
     banned = np.zeros(lm.config.vocab_size, bool)
     banned[: lm.config.vocab_size // 2] = True  # both draw through a ban: half the tokens, the end of turn among
     banned[end] = True  # them (allowed from step end_from = 2 on)
-    call_args = (declared_params(lm), prior.cache, prior.first, banned)
-    spec = (PARAMS, Cache(1, prior.cache.k.shape[2]), REPLICATED, REPLICATED, None)
+    call_args = (declared_params(lm), prior.cache, prior.first, banned, np.float32(1.0))
+    spec = (PARAMS, Cache(1, prior.cache.k.shape[2]), REPLICATED, REPLICATED, REPLICATED, None)
     print(f"{'length':>6} {'sampler':>9} {'first call s':>12} {'again s':>8} {'compile s':>9}")
     for length in map(int, args.lengths.split(",")):
         got = {}
         for name, fn in (("unrolled", unrolled_sample), ("scan", prior_lib._sample)):
             jax.clear_caches()
             call = compiled(fn, lm.config, lm.mesh, spec, (REPLICATED, REPLICATED),
-                            rows=args.rows, length=length, temperature=1.0, end=end, end_from=2)
+                            rows=args.rows, length=length, end=end, end_from=2)
             times = []
             for seed in (0, 1):
                 start = time.perf_counter()

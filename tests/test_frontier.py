@@ -256,9 +256,10 @@ def test_the_sampler_compiles_one_step_whatever_the_length(tied):
     prior = Prior.of(lm, chat.split_chat(lm.tokenizer, PROMPT).prefix)
 
     def matmuls(length, end):
-        call = prior_lib.sample_call(lm.config, lm.mesh, prior.cache.k.shape[2], 4, length, 1.0, end)
+        call = prior_lib.sample_call(lm.config, lm.mesh, prior.cache.k.shape[2], 4, length, end)
         banned = np.zeros(lm.config.vocab_size, bool)
-        lowered = call.lower(declared_params(lm), prior.cache, prior.first, banned, jax.random.key(0))
+        lowered = call.lower(declared_params(lm), prior.cache, prior.first, banned, np.float32(1.0),
+                             jax.random.key(0))
         return lowered.as_text().count("dot_general")
 
     for end in (None, 2):

@@ -132,8 +132,8 @@ def every_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.n
                 replicated(first, model.mesh))
 
 
-def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, key, *, rows: int, length: int,
-            temperature: float, end: int | None = None, end_from: int = 1):
+def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, temperature, key, *, rows: int,
+            length: int, end: int | None = None, end_from: int = 1):
     """`rows` responses of `length` tokens drawn from the prior after the prefix `cache` (banned tokens never),
     each step one new position written into the cache's free slots; with each token's log-probability under the
     prior itself (not the banned-renormalized, tempered distribution it was drawn from). With `end` (whole turns), the
@@ -169,13 +169,13 @@ def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, key, *, 
     return jnp.concatenate([ids, token[:, None]], axis=1), jnp.concatenate([lps, lp[:, None]], axis=1)
 
 
-def sample_call(cfg: ModelConfig, mesh, cache_width: int, rows: int, length: int, temperature: float,
-                end: int | None = None, end_from: int = 1) -> Compiled:
-    """The compiled sampler: (params, prefix cache [1, cache_width], first [V], banned [V], key) -> (ids [rows,
-    length], log-probabilities [rows, length (+ 1 with `end`)])."""
-    return compiled(_sample, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED, None),
-                    (REPLICATED, REPLICATED), rows=rows, length=length, temperature=temperature, end=end,
-                    end_from=end_from)
+def sample_call(cfg: ModelConfig, mesh, cache_width: int, rows: int, length: int, end: int | None = None,
+                end_from: int = 1) -> Compiled:
+    """The compiled sampler: (params, prefix cache [1, cache_width], first [V], banned [V], temperature [],
+    key) -> (ids [rows, length], log-probabilities [rows, length (+ 1 with `end`)]). The temperature is an
+    argument, not part of the program: best-of-N's two temperatures share one compilation."""
+    return compiled(_sample, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED, REPLICATED, None),
+                    (REPLICATED, REPLICATED), rows=rows, length=length, end=end, end_from=end_from)
 
 
 def sample_responses(model: Model, cache: nn.KVCache, first: jax.Array, banned: np.ndarray, count: int,
@@ -191,12 +191,14 @@ def sample_responses(model: Model, cache: nn.KVCache, first: jax.Array, banned: 
     # 64-65 in batch 0, and every later sample in another batch's position (another draw than on one device)
     drawn = min(batch_size, max(count, 1))
     rows = batching.round_up(drawn, model.mesh)
-    call = sample_call(model.config, model.mesh, cache.k.shape[2], rows, length, float(temperature), end, end_from)
+    call = sample_call(model.config, model.mesh, cache.k.shape[2], rows, length, end, end_from)
     params = declared_params(model)
     never = np.ones(first.shape[0], bool)  # tokens past the banned list's vocabulary are never drawn
     never[: min(len(banned), len(never))] = np.asarray(banned)[: len(never)]
     first, banned = replicated(first, model.mesh), replicated(jnp.asarray(never), model.mesh)
-    pending = batching.dispatched((call(params, cache, first, banned, jax.random.fold_in(jax.random.key(seed), b))
+    temperature = replicated(np.float32(temperature), model.mesh)
+    pending = batching.dispatched((call(params, cache, first, banned, temperature,
+                                        jax.random.fold_in(jax.random.key(seed), b))
                                    for b in range(-(-count // drawn))), model.mesh)
     if not pending:
         return np.zeros((0, length), np.int32), np.zeros((0, length + (end is not None)), np.float32)
