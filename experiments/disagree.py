@@ -19,7 +19,7 @@ from pathlib import Path
 from absl import flags
 
 from experiments import common, config_flags, lm_flag
-from rmjax.search.disagree_job import DisagreeConfig
+from rmjax.search.disagree_job import SEARCH_DEFAULTS, DisagreeConfig
 from rmjax.search.fluent import FluentConfig
 
 MODELS = flags.DEFINE_list("models", None, "The two sides A,B: reward model specs, or for B "
@@ -29,7 +29,7 @@ OUT = flags.DEFINE_string("out", "results/disagree", "Output folder: disagree.cs
 JUDGE = flags.DEFINE_string("judge", None, "The judge: a causal LM of another family than side A (default: "
                             "gemma-3-270m for a Llama-family RM, smollm2-135m-instruct for a Gemma one).")
 DISAGREE_CONFIG = config_flags.define(DisagreeConfig)
-SEARCH_CONFIG = config_flags.define(FluentConfig)
+SEARCH_CONFIG = config_flags.define(FluentConfig, defaults=SEARCH_DEFAULTS)  # the library's search_config
 flags.mark_flag_as_required("models")
 flags.adopt_module_key_flags(common)
 flags.adopt_module_key_flags(lm_flag)

@@ -42,6 +42,15 @@ from rmjax.text import chat
 
 DIRECTIONS = ("a_over_b", "b_over_a")
 METHODS = ("search", "best_of_n")
+# The disagreement's search: more of its budget on prior samples, drawn at best-of-N's lower temperature, before GCG
+# (the frontier's 0.25, 0.4 and 1.0). At the default RMs' 1,000 forwards, seeds 0-2 (BUILD_NOTES): ahead of best-of-N
+# on complete answers in 16 of 18 cell-runs (10 with the frontier's), at the judge cap in 9 (3).
+SEARCH_DEFAULTS = {"sample_share": 0.6, "start_share": 0.7, "temperature": 0.7}
+
+
+def search_config(**settings) -> FluentConfig:
+    """The search's settings for a disagreement: FluentConfig's, with SEARCH_DEFAULTS, then `settings`."""
+    return FluentConfig(**(SEARCH_DEFAULTS | settings))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -354,15 +354,14 @@ def find_disagreements(out: str | Path, planted: str | Path, clean: str | Path, 
     after both prompts, with the vocabulary map; it is given the models and prompts, never the words. Writes
     OUT/disagree.csv (with `search`) and OUT/vocab_map.csv; returns OUT."""
     from rmjax.runs.options import RunOptions
-    from rmjax.search.disagree_job import DisagreeConfig, DisagreeSpec, run_disagree
-    from rmjax.search.fluent import FluentConfig
+    from rmjax.search.disagree_job import DisagreeConfig, DisagreeSpec, run_disagree, search_config
 
     spec = DisagreeSpec(options=RunOptions(model=str(planted), out=str(out), overwrite=overwrite),
                         models=(str(planted), str(clean)),
                         prompts={FIND_PROMPTS["elo"]: words.elo_prompt, FIND_PROMPTS["framing"]: words.framing_prompt},
                         config=DisagreeConfig(direction="both", forwards=forwards, vocab_map=True, map_top=map_top,
                                               search=search),
-                        search=FluentConfig(num_tokens=num_tokens))
+                        search=search_config(num_tokens=num_tokens))
     run_disagree(spec)
     return Path(out)
 
