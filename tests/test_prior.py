@@ -133,3 +133,28 @@ def test_many_batches_on_a_cpu_mesh_finish(rm_folder, tmp_path):
     atol = 2 * tolerance.any_rewards_atol(one_model.params, one_model.config, 64)
     for column in [c for c in one.columns if c != "text"]:
         np.testing.assert_allclose(four[column], one[column], rtol=0, atol=atol)
+
+
+def test_the_sampler_draws_from_the_tempered_distribution(lm_folder):
+    """The temperature is an argument of the compiled sampler: two tokens allowed, the first drawn token's share at
+    T 0.5 and 2 is softmax(log p / T) over the two, within 5 binomial SDs of 4,096 draws (a temperature dropped or
+    passed in another argument's place draws otherwise)."""
+    from rmjax.scoring.prior import sample_responses
+
+    model, prefix = load(str(lm_folder)), [1, 2, 3]
+    first = np.asarray(first_token_log_probs(model, prefix), np.float64)
+    b = int(np.argmax(first))
+    a = int(np.argmin(np.abs(first - (first[b] - 1.0))))  # a token 1 nat below it: tempering moves their shares
+    banned = np.ones(model.config.vocab_size, bool)
+    banned[[a, b]] = False
+    cache, count = prefill_prefix(model, prefix), 4096
+    shares = []
+    for temperature in (0.5, 2.0):
+        ids, _ = sample_responses(model, cache, first_token_log_probs(model, prefix), banned, count, 1, seed=3,
+                                  temperature=temperature)
+        want = 1 / (1 + np.exp((first[b] - first[a]) / temperature))  # p(a) of softmax(log p / T) over {a, b}
+        got = float(np.mean(ids[:, 0] == a))
+        assert set(np.unique(ids[:, 0])) <= {a, b}
+        assert abs(got - want) <= 5 * np.sqrt(want * (1 - want) / count), (temperature, got, want)
+        shares.append(want)
+    assert abs(shares[0] - shares[1]) > 10 * np.sqrt(0.25 / count), (first[a], first[b])  # the test can tell

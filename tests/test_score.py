@@ -80,3 +80,23 @@ def test_texts_keep_their_edge_spaces(rm_folder, tmp_path):
     assert spaced != stripped  # the space is part of what the model reads
     atol = tolerance.any_rewards_atol(model.params, model.config, len(spaced) + 8)
     assert abs(float(table["greatest"][0]) - _full_reward(model, spaced)) <= atol
+
+
+def test_text_batches_keep_every_row_once_and_join_a_width_s_few_rows_to_the_next():
+    """texts._cut on random width groups: every row once, shortest first, no batch past batch_size, and only the
+    last batch holds fewer than `alone` rows (a width's few rows ride with the next width's)."""
+    from rmjax.scoring.texts import _cut
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        by_width, index = {}, 0
+        for width in sorted(rng.choice(np.arange(4, 80, 4), size=rng.integers(1, 8), replace=False)):
+            count = int(rng.integers(1, 70))
+            by_width[int(width)] = [(index + k, [0] * int(width)) for k in range(count)]
+            index += count
+        batch_size, alone = int(rng.choice([8, 32, 256])), 16
+        batches = list(_cut(by_width, batch_size, alone))
+        rows = [row for part in batches for row in part]
+        assert [i for i, _ in rows] == list(range(index))  # each once, in width order (the dict's rows in order)
+        assert all(1 <= len(part) <= batch_size for part in batches)
+        assert all(len(part) >= min(alone, batch_size) for part in batches[:-1]), trial
