@@ -65,7 +65,7 @@ def main() -> int:
     ap.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
     ap.add_argument("--layers", type=int, default=None, help="Fewer layers (a quick run on a CPU).")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="", help="Comma-separated job names' first words (default: all).")
+    ap.add_argument("--only", default="", help="Job names' first words, comma-separated, run in that order.")
     ap.add_argument("--timeout", type=float, default=600, help="Seconds a job may take.")
     args = ap.parse_args()
     out = Path(args.out)
@@ -80,10 +80,11 @@ def main() -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     shutil.rmtree(work / "results", ignore_errors=True)  # a rerun computes afresh (same models: it would reuse)
     failed = 0
+    table = jobs(a, b, lm, work / "results", args.quick)
     only = [w for w in args.only.split(",") if w]
-    for name, argv in jobs(a, b, lm, work / "results", args.quick).items():
-        if only and name.split()[0] not in only:
-            continue
+    chosen = [n for w in only for n in table if n.split()[0] == w] if only else list(table)
+    for name in chosen:
+        argv = table[name]
         start = time.perf_counter()
         try:
             run = subprocess.run([sys.executable, "-m", f"experiments.{argv[0]}", *argv[1:]], cwd=REPO, env=env,
