@@ -19,7 +19,7 @@ from pathlib import Path
 from absl import flags
 
 from experiments import common, config_flags, lm_flag
-from rmjax.search.disagree_job import SEARCH_DEFAULTS, DisagreeConfig
+from rmjax.search.disagree_config import SEARCH_DEFAULTS, DisagreeConfig
 from rmjax.search.fluent import FluentConfig
 
 MODELS = flags.DEFINE_list("models", None, "The two sides A,B: reward model specs, or for B "
@@ -38,7 +38,8 @@ flags.adopt_module_key_flags(config_flags)
 
 def main(argv):
     del argv
-    from rmjax.search.disagree_job import DisagreeSpec, parse_sides, run_disagree
+    from rmjax.search.disagree_config import DisagreeSpec, parse_sides
+    from rmjax.search.disagree_job import run_disagree
     from rmjax.text import prompts as prompt_lib
 
     common.refuse_given("disagree", ("model",), "takes its two sides from --models (side A first)")

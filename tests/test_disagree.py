@@ -16,10 +16,11 @@ from scipy import stats
 from rmjax.analysis.stats import epic_distance_matrix
 from rmjax.loading import load
 from rmjax.runs.options import RunOptions
-from rmjax.search import baseline, disagree_job, disagree_out, fluent, turns
+from rmjax.search import baseline, disagree_config, disagree_job, disagree_out, fluent, turns
 from rmjax.search.budget import Forwards
 from rmjax.search.disagree import Disagreement, agreement
-from rmjax.search.disagree_job import DisagreeConfig, DisagreeSpec, run_disagree
+from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec
+from rmjax.search.disagree_job import run_disagree
 from rmjax.search.gcg import make_target
 from rmjax.search.objective import Objective, Prior
 from rmjax.search.sides import ImplicitSide, Side, SideSpec
@@ -594,7 +595,7 @@ def test_the_end_of_turn_is_never_a_response_token_under_allow_special(rm_folder
     """disagree --allow_special let the end of turn be a response token, as the frontier's did (an empty turn,
     scored as an answer); only the frontier had a test. The other special tokens are allowed."""
     spec = _spec(rm_folder, lower_rm, tmp_path / "d", lm_folder, allow_special=True)
-    a, b = disagree_job.parse_sides(spec.models)
+    a, b = disagree_config.parse_sides(spec.models)
     models = disagree_job._load(spec, a, b)
     rm = models[a.models[0]]
     ready = disagree_job._prepare(spec, models, a, b, rm, models[spec.lm], "greatest", PROMPT)

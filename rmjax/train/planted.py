@@ -354,7 +354,8 @@ def find_disagreements(out: str | Path, planted: str | Path, clean: str | Path, 
     after both prompts, with the vocabulary map; it is given the models and prompts, never the words. Writes
     OUT/disagree.csv (with `search`) and OUT/vocab_map.csv; returns OUT."""
     from rmjax.runs.options import RunOptions
-    from rmjax.search.disagree_job import DisagreeConfig, DisagreeSpec, run_disagree, search_config
+    from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec, search_config
+    from rmjax.search.disagree_job import run_disagree
 
     spec = DisagreeSpec(options=RunOptions(model=str(planted), out=str(out), overwrite=overwrite),
                         models=(str(planted), str(clean)),
