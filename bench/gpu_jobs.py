@@ -72,6 +72,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("TMPDIR", "/tmp")) / "rmjax-gpu-jobs"
     a, b, lm = work / "rm_a", work / "rm_b", work / "lm"
+    table = jobs(a, b, lm, work / "results", args.quick)
+    only = [w for w in args.only.split(",") if w]
+    chosen = [n for w in only for n in table if n.split()[0] == w] if only else list(table)
+    unknown = [w for w in only if not any(n.split()[0] == w for n in table)]
+    if unknown:  # a misspelt name would run nothing and report success
+        ap.error(f"--only: no job named {', '.join(unknown)} (jobs: {', '.join(n.split()[0] for n in table)})")
     report: dict = {"shape": args.shape, "layers": args.layers, "quick": args.quick}
     start = time.perf_counter()
     for kind, folder, seed in (("rm", a, 0), ("rm", b, 1), ("lm", lm, 2)):
@@ -80,9 +86,6 @@ def main() -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     shutil.rmtree(work / "results", ignore_errors=True)  # a rerun computes afresh (same models: it would reuse)
     failed = 0
-    table = jobs(a, b, lm, work / "results", args.quick)
-    only = [w for w in args.only.split(",") if w]
-    chosen = [n for w in only for n in table if n.split()[0] == w] if only else list(table)
     for name in chosen:
         argv = table[name]
         start = time.perf_counter()

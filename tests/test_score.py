@@ -83,8 +83,9 @@ def test_texts_keep_their_edge_spaces(rm_folder, tmp_path):
 
 
 def test_text_batches_keep_every_row_once_and_join_a_width_s_few_rows_to_the_next():
-    """texts._cut on random width groups: every row once, shortest first, no batch past batch_size, and only the
-    last batch holds fewer than `alone` rows (a width's few rows ride with the next width's)."""
+    """texts._cut on random width groups: every row once, shortest first, no batch past batch_size, only the
+    last batch holds fewer than `alone` rows (a width's few rows ride with the next width's), and a batch takes a
+    wider row only while it holds fewer than `alone` rows (pooling every width, padded 11-16% more, fails)."""
     from rmjax.scoring.texts import _cut
 
     rng = np.random.default_rng(0)
@@ -100,3 +101,5 @@ def test_text_batches_keep_every_row_once_and_join_a_width_s_few_rows_to_the_nex
         assert [i for i, _ in rows] == list(range(index))  # each once, in width order (the dict's rows in order)
         assert all(1 <= len(part) <= batch_size for part in batches)
         assert all(len(part) >= min(alone, batch_size) for part in batches[:-1]), trial
+        for part in batches:  # where the width grows inside a batch, fewer than `alone` rows came before
+            assert all(k < alone for k in range(1, len(part)) if len(part[k][1]) != len(part[k - 1][1])), trial
