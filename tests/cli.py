@@ -21,10 +21,26 @@ COMPILE_CACHE = {"JAX_COMPILATION_CACHE_DIR": str(REPO / ".cache" / "jax-tests")
                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
-def subprocess_env(base: dict | None = None, **extra: str) -> dict:
+# The tests compile hundreds of programs of tiny models, which take longer to compile than to run: with LLVM's
+# backend optimisation off their compiles take about half the time (BUILD_NOTES, Tests). The same HLO is compiled
+# either way, and the jobs wrote the same bytes both ways (BUILD_NOTES). conftest.py does the same in-process, for
+# CPU programs only. Not for `plan` (its TPU compiles would read the flag too) nor for the README's commands
+# (tests/test_readme_chain.py runs them as a user does).
+QUICK_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def quick_compile(xla_flags: str) -> str:
+    """`xla_flags` with QUICK_COMPILE added."""
+    return xla_flags if QUICK_COMPILE in xla_flags.split() else f"{xla_flags} {QUICK_COMPILE}".strip()
+
+
+def subprocess_env(base: dict | None = None, quick: bool = True, **extra: str) -> dict:
     """A subprocess environment: `base` (default ENV) with `extra`, without the compile cache when it gives the
-    process several CPU devices (JAX_NUM_CPU_DEVICES or --xla_force_host_platform_device_count)."""
+    process several CPU devices (JAX_NUM_CPU_DEVICES or --xla_force_host_platform_device_count), with
+    QUICK_COMPILE unless not `quick`."""
     merged = {**(ENV if base is None else base), **extra}
+    flags = merged.get("XLA_FLAGS", "")
+    merged["XLA_FLAGS"] = quick_compile(flags) if quick else " ".join(f for f in flags.split() if f != QUICK_COMPILE)
     flag = re.search(r"--xla_force_host_platform_device_count=(\d+)", merged.get("XLA_FLAGS", ""))
     if int(merged.get("JAX_NUM_CPU_DEVICES", "1")) > 1 or (flag and int(flag.group(1)) > 1):
         merged = {k: v for k, v in merged.items() if k not in COMPILE_CACHE}
@@ -32,7 +48,8 @@ def subprocess_env(base: dict | None = None, **extra: str) -> dict:
 
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
-       "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **COMPILE_CACHE}
+       "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **COMPILE_CACHE,
+       "XLA_FLAGS": quick_compile(os.environ.get("XLA_FLAGS", ""))}
 
 
 def command(job: str, *flags: str) -> list[str]:
@@ -40,8 +57,8 @@ def command(job: str, *flags: str) -> list[str]:
 
 
 def run(job: str, *flags: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(command(job, *flags), cwd=cwd, env=subprocess_env(**(env or {})), capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(command(job, *flags), cwd=cwd, env=subprocess_env(quick=job != "plan", **(env or {})),
+                          capture_output=True, text=True, timeout=600)
 
 
 # Inside a loop over jobs in one interpreter: the flags and `experiments.*` modules the job's import added (since

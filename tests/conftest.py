@@ -35,6 +35,23 @@ else:
     _compiler._resolve_compilation_strategy = _one_device_programs_only
 jax.config.update("jax_num_cpu_devices", 8)
 
+# CPU programs compile with LLVM's backend optimisation off (tests/cli.py QUICK_COMPILE says why), except in tests
+# marked `optimized`, whose real models take longer to run than to compile. A compile option: it enters the
+# persistent cache's key. The hook is private to the pinned jax: under another jax, compiles keep their defaults.
+from jax._src.interpreters import pxla as _pxla  # noqa: E402
+
+_create_compile_options = getattr(_pxla, "create_compile_options", None)
+_quick_compile = {"on": True}
+
+
+def _quick_on_cpu(computation, tuple_args, to_inputs, to_outputs, backend, devices, compiler_options):
+    if _quick_compile["on"] and backend.platform == "cpu":
+        compiler_options = {"xla_backend_optimization_level": 0, **compiler_options}
+    return _create_compile_options(computation, tuple_args, to_inputs, to_outputs, backend, devices, compiler_options)
+
+
+if _create_compile_options is not None:
+    _pxla.create_compile_options = _quick_on_cpu
 
 import numpy.testing  # noqa: E402
 import pytest  # noqa: E402
@@ -54,6 +71,12 @@ else:
 # passes whatever the code does (one did: tokens drawn past a tiny vocabulary). Here it is a failure
 # unless a test says equal_nan=True.
 numpy.testing.assert_allclose = functools.partial(numpy.testing.assert_allclose, equal_nan=False)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the test's fixtures are set up (a module's too): their compiles follow the test's mark."""
+    _quick_compile["on"] = item.get_closest_marker("optimized") is None
 
 
 @pytest.fixture(scope="module", autouse=True)

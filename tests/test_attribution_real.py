@@ -4,11 +4,14 @@ baseline has cliffs 0.003 wide in α that uniform steps miss (64 midpoints: a 38
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute
 from rmjax.inspect.job import items_from_texts
 from rmjax.loading import load
 from tests import jitted as M
+
+pytestmark = pytest.mark.optimized  # the real RM's forwards take longer than their compiles (tests/conftest.py)
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 

@@ -172,3 +172,16 @@ def test_jobs_keep_their_compilations_in_the_model_cache(tmp_path):
                              capture_output=True, text=True, timeout=300) for _ in range(2)]
     first, second = (int(c.stdout.strip().splitlines()[-1]) for c in counts)
     assert first == 0 < second, counts[1].stderr[-2000:]
+
+
+def test_test_subprocesses_compile_quickly_except_the_planner():
+    """tests.cli.subprocess_env adds QUICK_COMPILE beside a device-count flag, once, and takes it out for `plan`
+    (its TPU compiles would read it)."""
+    from tests import cli
+
+    devices = "--xla_force_host_platform_device_count=2"
+    assert cli.subprocess_env(XLA_FLAGS=devices)["XLA_FLAGS"].split() == [devices, cli.QUICK_COMPILE]
+    assert cli.subprocess_env(XLA_FLAGS=f"{cli.QUICK_COMPILE} {devices}")["XLA_FLAGS"].split().count(
+        cli.QUICK_COMPILE) == 1
+    assert cli.subprocess_env(quick=False, XLA_FLAGS=f"{devices} {cli.QUICK_COMPILE}")["XLA_FLAGS"] == devices
+    assert cli.QUICK_COMPILE in cli.ENV["XLA_FLAGS"].split()

@@ -20,8 +20,8 @@ from rmjax.scoring.texts import TextScorer
 from rmjax.search.sweep import sweep
 from rmjax.text import chat
 from rmjax.text.chat import NoChatTemplateError
+from tests import cli, tiny, tolerance
 from tests import jitted as M
-from tests import tiny, tolerance
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?",
            "worst": "What, in one word, is the worst thing ever? Think hard about all options first."}
@@ -105,7 +105,7 @@ def test_kill_and_resume_gives_identical_csv(rm, tmp_path):
     from tests import inproc
 
     _, folder, _ = rm
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    env = cli.subprocess_env(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")  # compiled as in-process
     whole = tmp_path / "whole.csv"
     run_sweep(SweepSpec(inproc.options(folder, whole), inproc.prompts("greatest", "worst"), limit=12288,
                         chunk_size=512, batch_size=64))
