@@ -7,8 +7,13 @@ set -euo pipefail
 out=${1:?usage: bench/quick_compile.sh OUT [JOB...]}; shift
 jobs=${*:-score sweep gcg disagree logprobs train}
 py=${PYTHON:-.venv/bin/python}
+if [ -e "$out" ] && [ -n "$(ls -A "$out")" ]; then echo "error: $out is not empty; give a new folder" >&2; exit 2; fi
+for job in $jobs; do
+  case $job in score|sweep|gcg|disagree|logprobs|train) ;; *) echo "error: unknown job: $job" >&2; exit 2 ;; esac
+done
+quick=$($py -c "from tests.cli import QUICK_COMPILE; print(QUICK_COMPILE)")  # the flag the tests use
 for level in default quick; do
-  if [ $level = quick ]; then export XLA_FLAGS=--xla_backend_optimization_level=0; else export XLA_FLAGS=; fi
+  if [ $level = quick ]; then export XLA_FLAGS=$quick; else export XLA_FLAGS=; fi
   o=$out/$level; mkdir -p "$o"
   for job in $jobs; do
     case $job in
@@ -23,8 +28,7 @@ for level in default quick; do
       logprobs) $py -m experiments.logprobs --model=smollm2-135m-instruct --prompts=greatest --out="$o/logprobs.csv" ;;
       train) $py -m experiments.train_rm --model=smollm2-135m-instruct --elo=builtin --trainable=head --steps=30 \
                --warmup_steps=3 --workdir="$o/train" ;;
-      *) echo "unknown job: $job" >&2; exit 2 ;;
-    esac > "$o/$job.log" 2>&1
+    esac > "$o/$job.log" 2>&1 || { echo "error: $job failed with $level compiles; see $o/$job.log" >&2; exit 1; }
   done
 done
 $py - "$out" <<'PY'
