@@ -18,16 +18,23 @@ from rmjax.errors import RmjaxError, one_line
 from rmjax.parallel.distributed import quiet_absent_tpu
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def flag_error(argv: list[str]) -> str | None:
+    """Why a job would refuse this command line before it starts (None: it would not); `argv[0]` is the program."""
     try:
         rest = flags.FLAGS(argv)
     except flags.Error as error:
-        print(f"error: {one_line(error)} (see --help)", file=sys.stderr)
-        sys.exit(2)
+        return f"{one_line(error)} (see --help)"
     if len(rest) > 1:
-        print(f"error: unexpected argument {rest[1]!r}; every setting is a --flag (see --help)", file=sys.stderr)
+        return f"unexpected argument {rest[1]!r}; every setting is a --flag (see --help)"
+    return None
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    error = flag_error(argv)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    return rest
+    return [argv[0]]
 
 
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}

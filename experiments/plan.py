@@ -22,6 +22,7 @@ from absl import flags  # noqa: E402
 
 from experiments import common  # noqa: E402
 from rmjax.plan.planner import JOBS  # noqa: E402
+from rmjax.plan.spec import JOBS_SIZED_BY  # noqa: E402
 
 TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x4", "TPU slice: libtpu's name (v5e:2x4) or Cloud TPU's (v5e-8); "
                                "chips v4, v5e, v5p, v6e.")
@@ -66,13 +67,6 @@ SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm, last_k/
 for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template", "overwrite"):
     flags.declare_key_flag(_name)
 
-# The jobs each job-specific flag sizes (as its help says): given for another job, it changed nothing.
-USED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam",), "direction": ("beam",),
-           "exhaustive": ("beam",), "num_tokens": ("gcg",), "search_width": ("gcg",), "steps": ("train_rm", "gcg"),
-           "texts": ("score",), "text_tokens": ("score", "inspect"), "items": ("inspect",), "ig_steps": ("inspect",),
-           **{name: ("train_rm",) for name in ("trainable", "last_k", "fsdp", "remat", "n_train", "responses",
-                                                 "sequence_tokens")}}
-
 
 def main(argv):
     del argv
@@ -84,7 +78,7 @@ def main(argv):
     from rmjax.runs.claims import check_writable
 
     common.refuse_system_prompt("plan", "sizes conversations with the chat template's own system turn")
-    for name, jobs in USED_BY.items():
+    for name, jobs in JOBS_SIZED_BY.items():
         if JOB.value not in jobs:
             common.refuse_given(f"plan --job={JOB.value}", (name,), f"does not read it (--{name} sizes "
                                 f"{' and '.join(jobs)})")

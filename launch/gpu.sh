@@ -34,6 +34,12 @@ if [[ "$JOB_NAME" != experiments.* ]] || ! grep -qs '__main__' "$REPO/experiment
   exit 2
 fi
 
+# What the job would refuse (a flag it lacks, a bad value) is refused here, read by the job's own flags, where this
+# checkout has its .venv (the host is paid for, and the set-up takes minutes).
+if [ -x "$REPO/.venv/bin/python" ]; then
+  ( cd "$REPO" && .venv/bin/python -m experiments.job_line "$JOB" >/dev/null ) || exit 2
+fi
+
 # Python 3.11+ (setup.py's python_requires): the first new enough of these on the host. The host is not ours
 # to install on, so without one the set-up stops and says so.
 SETUP='cd rmjax && { PY=$(for p in python3.11 python3.12 python3.13 python3.14 python3; do'

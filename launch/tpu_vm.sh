@@ -116,30 +116,18 @@ SETUP+=' || { echo "error: no Python 3.11 on this VM, and uv could not download 
 SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python -r requirements.txt "jax[tpu]"'
 SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -r requirements-nodeps.txt -e .'
 
-# Plan before paying: compile the job for --type on this machine and refuse one that does not fit.
-# The job's words as the VM's shell will read them (quotes undone), `--flag value` joined as `--flag=value`: split
-# on blanks, a quoted prompt reached the plan cut at its first space and `--mesh data:8,model:1` not at all.
-SPLIT='import shlex, sys
-words = shlex.split(sys.argv[1])
-out = []
-for word in words:
-    value = not word.startswith("-") or word[1:2].isdigit() or word[1:2] == "."  # -1 and -.5 are values
-    if out and out[-1].startswith("--") and "=" not in out[-1] and value:
-        out[-1] += "=" + word  # absl reads `--flag value` as `--flag=value` (the jobs take no positional words)
-    else:
-        out.append(word)
-sys.stdout.write("\0".join(out))'
-SPLIT_PY="$REPO/.venv/bin/python"; [ -x "$SPLIT_PY" ] || SPLIT_PY="$(command -v python3 || true)"
-[ -n "$SPLIT_PY" ] || { echo "error: no python3 here to read --job with (the plan needs one too)" >&2; exit 2; }
-"$SPLIT_PY" -c "$SPLIT" "$JOB" >/dev/null 2>&1 || { echo "error: --job=$JOB: its quotes do not pair up" >&2; exit 2; }
-mapfile -d '' -t JOB_WORDS < <("$SPLIT_PY" -c "$SPLIT" "$JOB")
-mapfile -d '' -t RAW_WORDS < <("$SPLIT_PY" -c 'import shlex, sys; sys.stdout.write("\0".join(shlex.split(sys.argv[1])))' "$JOB")
-JOB_NAME="${JOB_WORDS[0]#experiments.}"
-# a typo would have failed on the VM, after paying for it: experiments.NAME, a job (an entry point with a main)
-if [[ "${JOB_WORDS[0]}" != experiments.* ]] || ! grep -qs '__main__' "$REPO/experiments/$JOB_NAME.py"; then
-  echo "error: --job=${JOB_WORDS[0]}: rmjax has no job $JOB_NAME (give experiments.NAME, NAME one of experiments/*.py's jobs)" >&2
-  exit 2
-fi
+# Plan before paying: read the job's command line with the job's own flags (experiments/job_line.py: as the VM's
+# shell and absl will read it, so a flag the job lacks or a value it refuses stops here), then compile the job for
+# --type on this machine and refuse one that does not fit.
+PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY="$(command -v python3 || true)"
+[ -n "$PY" ] || { echo "error: no python here to read --job with (make demo creates .venv; the plan needs it too)" >&2; exit 2; }
+READ="$(mktemp)"
+( cd "$REPO" && "$PY" -m experiments.job_line "$JOB" ) >"$READ" || {
+  rc=$?; rm -f "$READ"
+  [ "$rc" = 2 ] || echo "error: $PY could not read --job (is rmjax installed there? make demo creates .venv)" >&2
+  exit 2; }
+mapfile -d '' -t JOB_READ <"$READ"; rm -f "$READ"
+JOB_NAME="${JOB_READ[0]}" PLAN_FLAGS=("${JOB_READ[@]:1}")  # no plan flags: a job experiments.plan does not plan
 if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read
   PLAN_MODEL="${TMPDIR:-/tmp}/rmjax-$NAME-config.json"
   run gcloud storage cp "$CHECKPOINT/config.json" "$PLAN_MODEL"
@@ -147,55 +135,12 @@ if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.jso
 elif [ -z "$PLAN_MODEL" ]; then
   PLAN_MODEL="$CHECKPOINT"
 fi
-UNPLANNED=""
-case "$JOB_NAME" in
-  sweep|beam|gcg|score|logprobs|inspect|train_rm) ;;
-  *) UNPLANNED=1; echo "warning: experiments.plan has no job $JOB_NAME: the VM is created unplanned" >&2 ;;
-esac
-if [ -n "$UNPLANNED" ]; then
-  :
+if [ "${#PLAN_FLAGS[@]}" = 0 ]; then
+  echo "warning: experiments.plan has no job $JOB_NAME: the VM is created unplanned" >&2
 elif [ -z "$PLAN_MODEL" ]; then
   echo "warning: no --plan_model or --checkpoint to read the model's config from: the job is not planned" >&2
 else
-  PLAN=(python -m experiments.plan --model="$PLAN_MODEL" --topology="$TYPE" --job="$JOB_NAME")
-  for word in "${JOB_WORDS[@]:1}"; do  # the flags the plan shares with the job (the plan refuses the others)
-    case "$JOB_NAME:$word" in
-      *:--prompts=*|*:--prompt=*|*:--dtype=*|*:--mesh=*|*:--batch_size=*|*:--template=*|\
-      sweep:--limit=*|beam:--limit=*|beam:--depth=*|beam:--beam=*|beam:--direction=*|beam:--exhaustive*|\
-      gcg:--num_tokens=*|gcg:--search_width=*|gcg:--steps=*|train_rm:--steps=*|train_rm:--trainable=*|\
-      train_rm:--last_k=*|train_rm:--n_train=*)
-        PLAN+=("$word") ;;
-      inspect:--steps=*) PLAN+=("--ig_steps=${word#--steps=}") ;;  # inspect's --steps: the IG path's
-      gcg:--eval_batch_size=*) PLAN+=("--batch_size=${word#--eval_batch_size=}") ;;  # the rows GCG evaluates
-    esac
-  done
-  if [ "$JOB_NAME" = train_rm ]; then  # --fsdp and --remat as the job reads them: off unless given (the plan's
-    for name in fsdp remat; do       # auto would assume whatever fits, and say "fits" for a run that would not)
-      value=false
-      for word in "${JOB_WORDS[@]:1}"; do
-        case "$word" in
-          --$name) value=true ;;
-          --no$name) value=false ;;
-          --$name=*) value="${word#--$name=}" ;;
-        esac
-      done
-      case "${value,,}" in  # absl's spellings of a boolean; a word after the flag (joined above) it reads as stray
-        false|f|0) PLAN+=("--$name=false") ;;
-        true|t|1) PLAN+=("--$name=true") ;;
-        *) echo "error: --job: train_rm reads --$name=$value as no boolean (give --$name, --no$name or" \
-                "--$name=true|false; absl reads '--$name WORD' as --$name and a stray WORD)" >&2; exit 2 ;;
-      esac
-    done
-    for (( i = 1; i + 1 < ${#RAW_WORDS[@]}; i++ )); do  # `--remat true`: the plan read --remat=true, the job a stray word
-      case "${RAW_WORDS[i]}" in
-        --fsdp|--remat|--nofsdp|--noremat)
-          [[ "${RAW_WORDS[i+1]}" == -* ]] || { echo "error: --job: train_rm reads '${RAW_WORDS[i]} ${RAW_WORDS[i+1]}'" \
-            "as ${RAW_WORDS[i]} and a stray word; give ${RAW_WORDS[i]} alone or ${RAW_WORDS[i]}=true|false" >&2; exit 2; } ;;
-      esac
-    done
-  fi
-  PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY=python3
-  PLAN[0]="$PY"
+  PLAN=("$PY" -m experiments.plan --model="$PLAN_MODEL" --topology="$TYPE" "${PLAN_FLAGS[@]}")
   if [ "$DRY" = 1 ]; then  # the command, then its verdict (on stderr: stdout holds only commands)
     run "${PLAN[@]}"
     if [ "${PLAN_DRY_SKIP:-0}" = 1 ]; then

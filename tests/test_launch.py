@@ -248,8 +248,10 @@ def test_tpu_vm_warns_that_uncommitted_changes_are_not_shipped(tmp_path):
     shutil.copy(LAUNCH / "tpu_vm.sh", repo / "launch")
     shutil.copy(LAUNCH / "run.sh", repo / "launch")
     (repo / "a.py").write_text("x = 1\n")
-    (repo / "experiments").mkdir()
-    (repo / "experiments" / "sweep.py").write_text('if __name__ == "__main__":\n    pass\n')  # the launcher checks
+    # the launcher reads --job with the job's flags: this checkout's jobs and its .venv (ignored, as here)
+    (repo / "experiments").symlink_to(LAUNCH.parent / "experiments", target_is_directory=True)
+    (repo / ".venv").symlink_to(LAUNCH.parent / ".venv", target_is_directory=True)
+    (repo / ".gitignore").write_text(".venv\n")
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for step in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
         subprocess.run([*git, *step], check=True)
@@ -333,7 +335,7 @@ def test_tpu_vm_plans_the_job_first_and_creates_no_vm_for_one_that_does_not_fit(
            f"--plan_model={config}"]
     cmds = _dry(*dry, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert cmds[0][1:] == ["-m", "experiments.plan", f"--model={config}", "--topology=v5litepod-8", "--job=sweep",
-                           "--prompts=paper1", "--mesh=data:1,model:8", "--dtype=bfloat16"]
+                           "--prompts=paper1", "--dtype=bfloat16", "--mesh=data:1,model:8", "--batch_size=0"]
     assert cmds[2][:5] == [*TPU, "create"]
     verdict = _run(*dry, "--dry-run", env={**os.environ, "JAX_PLATFORMS": "cpu"}).stderr  # the plan ran
     assert "sweep on v5e:2x4 (8 x v5e, v5litepod-8): mesh data:1,model:8" in verdict and "realistic" in verdict
@@ -368,66 +370,82 @@ def test_remote_hosts_install_what_make_demo_installs():
         assert setup[at - 1] == "-r" and "--no-deps" in setup[at - 6:at] and "requirements.txt" in setup
 
 
-def test_tpu_vm_plans_with_the_flags_the_plan_reads_for_that_job(tmp_path):
-    """The plan refuses a job flag its --job does not read. The launcher passed gcg's --direction and inspect's
-    --depth on (the beam's flags to the plan) and inspect's --steps as GCG's steps: now only a job's own, and
-    inspect's --steps as --ig_steps. (A gs:// checkpoint: the dry run prints the plan without running it.)"""
-    import json
-
-    from tests import cli, tiny
-
-    for job, words, planned in (
-            ("gcg", "--direction=pessimal --num_tokens=4 --steps=9", ["--num_tokens=4", "--steps=9"]),
-            ("inspect", "--depth=2 --steps=32 --from_beam=b.csv", ["--ig_steps=32"]),
-            ("beam", "--depth=3 --direction=optimal --limit=64", ["--depth=3", "--direction=optimal", "--limit=64"])):
-        cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt",
-                    f"--job=experiments.{job} {words}", env={**os.environ, "TMPDIR": "/tmp"})
-        (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
-        assert plan[3:] == ["--model=/tmp/rmjax-rm-config.json", "--topology=v5litepod-8", f"--job={job}",
-                            *planned], plan
-    raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(raw))
-    cli.user_error(cli.run("plan", f"--model={config}", "--job=gcg", "--direction=pessimal"),
-                   "--direction: plan --job=gcg does not read it")
-
-
-def test_the_plan_reads_the_job_as_the_vms_shell_will_and_a_typo_creates_nothing():
-    """The launcher split --job on blanks: a quoted prompt reached the plan cut at its first space, `--mesh
-    data:8,model:1` (absl's space form) reached it not at all (the plan chose its own mesh and said "fits"), and
-    gcg's --eval_batch_size was dropped. A job rmjax does not have created the VM (and gpu.sh ran `python -m` of
-    anything)."""
-    job = ("experiments.sweep --model=/tmp/ckpt --prompt='x=What is $HOME up' --mesh data:8,model:1 "
-           "--dtype bfloat16 --out=results/s.csv")
+def _planned(job: str) -> list[str]:
+    """The plan's flags from --job= on, in the launcher's dry run (a gs:// checkpoint: printed, not run)."""
     cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt", f"--job={job}",
                 env={**os.environ, "TMPDIR": "/tmp"})
     (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
-    assert plan[6:] == ["--prompt=x=What is $HOME up", "--mesh=data:8,model:1", "--dtype=bfloat16"], plan
-    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt",
-                "--job=experiments.gcg --num_tokens=4 --eval_batch_size=16 --steps -3 --search_width -.5",
-                env={**os.environ, "TMPDIR": "/tmp"})
-    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]  # a negative value is a value, not a flag
-    assert plan[6:] == ["--num_tokens=4", "--batch_size=16", "--steps=-3", "--search_width=-.5"], plan
+    assert plan[3:5] == ["--model=/tmp/rmjax-rm-config.json", "--topology=v5litepod-8"], plan
+    assert cmds[-1][:5] == [*TPU, "delete"]  # and the VM would be created
+    return plan[5:]
+
+
+def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
+    """The launcher mapped the job's words to the plan's flags in shell, and got them wrong in turn: a quoted prompt
+    reached the plan cut at its first space, `--mesh data:8,model:1` (absl's space form) not at all (the plan chose
+    its own mesh and said "fits"), gcg's --eval_batch_size was dropped, gcg's --direction and inspect's --depth went
+    on (the plan refuses them), inspect's --steps as GCG's, and train_rm's --fsdp/--remat needed their own parser.
+    Now the job's flags read them (experiments/job_line.py): each planned job gets its sizes, its defaults too (from
+    the job's own config), and only flags the plan reads for that job."""
+    from rmjax.plan.planner import JOBS
+    from rmjax.plan.spec import JOBS_SIZED_BY
+    from rmjax.search.gcg_config import GCGConfig
+
+    width = GCGConfig.__dataclass_fields__["search_width"].default
+    cases = {
+        "sweep": ("--model=/tmp/ckpt --prompt='x=What is $HOME up' --mesh data:8,model:1 --dtype bfloat16 "
+                  "--out=results/s.csv", ["--prompt=x=What is $HOME up", "--dtype=bfloat16", "--mesh=data:8,model:1",
+                                          "--batch_size=0"]),
+        "gcg": ("--direction=pessimal --num_tokens=4 --eval_batch_size=16 --steps -3",  # -3: a value; the plan refuses
+                ["--num_tokens=4", f"--search_width={width}", "--steps=-3", "--batch_size=16"]),
+        "inspect": ("--depth=2 --steps=32 --from_beam=b.csv", ["--ig_steps=32", "--batch_size=16", "--items=4"]),
+        "beam": ("--depth=3 --direction=optimal --limit=64 --noexhaustive --prompts paper1",
+                 ["--prompts=paper1", "--limit=64", "--batch_size=0", "--depth=3", "--beam=64", "--direction=optimal",
+                  "--exhaustive=false"]),
+        "score": ("--texts='\"a,b\",c' --batch_size 8", ["--batch_size=8", "--texts=2"]),
+        "logprobs": ("--template=plain", ["--template=plain"]),
+        "train_rm": ("--elo=builtin --trainable=full --steps=5", ["--trainable=full", "--last_k=2", "--steps=5",
+                                                                  "--batch_size=256", "--n_train=20000",
+                                                                  "--fsdp=false", "--remat=false"]),
+    }
+    assert set(cases) == set(JOBS)
+    for job, (words, planned) in cases.items():
+        flags = _planned(f"experiments.{job} {words}")
+        assert flags == [f"--job={job}", *planned], (job, flags)
+        for flag in flags[1:]:  # the plan refuses a size it does not read for the job: none is passed
+            name = flag[2:].split("=")[0]
+            assert name in ("prompts", "prompt", "dtype", "mesh", "template", "batch_size") or \
+                job in JOBS_SIZED_BY[name], (job, flag)
     # train_rm runs without FSDP and remat unless given them: the plan's auto assumed whichever fitted, and said
     # "fits" for an 8B full fine-tune that fits only with remat
-    for words, planned in (("", ["--fsdp=false", "--remat=false"]),
-                           (" --fsdp --noremat", ["--fsdp=true", "--remat=false"]),
-                           (" --remat=True --fsdp=0", ["--fsdp=false", "--remat=true"])):
-        cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5p-8", "--checkpoint=gs://b/ckpt",
-                    f"--job=experiments.train_rm --trainable=full{words}", env={**os.environ, "TMPDIR": "/tmp"})
-        (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
-        assert plan[6:] == ["--trainable=full", *planned], plan
-    # what train_rm itself refuses is refused before the VM: absl takes no "yes", and reads `--remat true` as
-    # --remat and a stray word (the plan read --remat=true and said "fits")
-    for words in (" --fsdp=yes", " --remat true"):
-        bad = _run("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5p-8", "--checkpoint=gs://b/ckpt",
-                   f"--job=experiments.train_rm --trainable=full{words}", "--dry-run")
-        assert bad.returncode == 2 and "error: --job: train_rm reads" in bad.stderr and "create" not in bad.stdout, bad
-    for script, args in (("tpu_vm.sh", ["--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt"]),
-                         ("gpu.sh", ["--host=me@box"])):
+    for words, fsdp, remat in ((" --fsdp --noremat", "true", "false"), (" --remat=True --fsdp=0", "false", "true")):
+        flags = _planned(f"experiments.train_rm --elo=builtin --trainable=full{words}")
+        assert flags[-2:] == [f"--fsdp={fsdp}", f"--remat={remat}"], flags
+
+
+def test_what_the_job_would_refuse_is_refused_before_the_vm():
+    """A flag the job does not have, a value it refuses, a stray word (absl reads `--remat true` as --remat and a
+    stray `true`), a job rmjax does not have or unpaired quotes failed on the VM, after paying for it (gpu.sh: after
+    the set-up); now nothing runs."""
+    tpu = ["--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt"]
+    for job, said in (("experiments.sweep --promts=paper1", "Unknown command line flag 'promts'"),
+                      ("experiments.train_rm --elo=builtin --trainable=full --fsdp=yes", "Non-boolean argument"),
+                      ("experiments.train_rm --elo=builtin --trainable=full --remat true", "argument 'true'"),
+                      ("experiments.train_rm --trainable=full", "give exactly one of --pairs"),
+                      ("experiments.gcg --search_width -.5", "--search_width=-.5"),
+                      ("experiments.disagree --models=a,b --forwards=x", "--forwards=x")):
+        for script, args in (("tpu_vm.sh", tpu), ("gpu.sh", ["--host=me@box"])):
+            bad = _run(script, *args, f"--job={job}", "--dry-run")
+            assert bad.returncode == 2 and "error: --job: experiments." in bad.stderr and said in bad.stderr, bad
+            assert not bad.stdout, bad
+    for script, args in (("tpu_vm.sh", tpu), ("gpu.sh", ["--host=me@box"])):
         for job, name in (("experiments.sweeep", "sweeep"), ("sweep", "sweep"), ("experiments.cli", "cli")):
             bad = _run(script, *args, f"--job={job} --model=/tmp/ckpt", "--dry-run")  # a typo, no prefix, no job
             assert bad.returncode == 2 and f"rmjax has no job {name}" in bad.stderr and not bad.stdout, bad
-    bad = _run("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--job=experiments.sweep --prompt='x",
-               "--dry-run")
+    bad = _run("tpu_vm.sh", *tpu, "--job=experiments.sweep --prompt='x", "--dry-run")
     assert bad.returncode == 2 and "quotes do not pair up" in bad.stderr and not bad.stdout, bad
+    # a job the plan does not plan is read, said unplanned, and launched
+    unplanned = _run("tpu_vm.sh", *tpu, "--job=experiments.disagree --models=a,b", "--dry-run",
+                     env={**os.environ, "TMPDIR": "/tmp"})
+    assert unplanned.returncode == 0 and "experiments.plan has no job disagree" in unplanned.stderr, unplanned
+    assert "experiments.plan" not in unplanned.stdout and " create " in unplanned.stdout

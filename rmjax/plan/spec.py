@@ -21,6 +21,14 @@ from rmjax.plan.shapes import (
 from rmjax.text.candidates import candidate_count
 
 DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and an end-of-turn, with no tokenizer
+# The jobs each job-specific size applies to (as experiments.plan's help says): given for another job it would
+# change nothing, so the plan refuses it.
+JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam",), "direction": ("beam",),
+                 "exhaustive": ("beam",), "num_tokens": ("gcg",), "search_width": ("gcg",),
+                 "steps": ("train_rm", "gcg"), "texts": ("score",), "text_tokens": ("score", "inspect"),
+                 "items": ("inspect",), "ig_steps": ("inspect",),
+                 **{name: ("train_rm",) for name in ("trainable", "last_k", "fsdp", "remat", "n_train", "responses",
+                                                      "sequence_tokens")}}
 
 
 def model_config(spec: str, reward: bool = True):
