@@ -434,7 +434,8 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
                       ("experiments.train_rm --trainable=full", "give exactly one of --pairs"),
                       ("experiments.gcg --search_width -.5", "--search_width=-.5"),
                       ("experiments.disagree --models=a,b --forwards=x", "--forwards=x")):
-        for script, args in (("tpu_vm.sh", tpu), ("gpu.sh", ["--host=me@box"])):
+        scripts = [("tpu_vm.sh", tpu)] + [("gpu.sh", ["--host=me@box"])] * ("promts" in job)  # gpu.sh: one case
+        for script, args in scripts:
             bad = _run(script, *args, f"--job={job}", "--dry-run")
             assert bad.returncode == 2 and "error: --job: experiments." in bad.stderr and said in bad.stderr, bad
             assert not bad.stdout, bad
