@@ -35,7 +35,14 @@ def define(cls: type, *, skip: Iterable[str] = (), defaults: dict[str, Any] | No
         values = {name: _value(holder.value, hints[name]) for name, holder in holders.items()}
         return cls(**values, **given)
 
+    build.builds = cls
     return build
+
+
+def builders(module: types.ModuleType) -> list[Callable[..., Any]]:
+    """The config builders an entry point's module defined (experiments.job_line checks a launch's settings with
+    them, the skipped fields at their defaults)."""
+    return [value for value in vars(module).values() if callable(value) and hasattr(value, "builds")]
 
 
 def _define(name: str, hint: Any, default: Any, meta: typing.Mapping) -> flags.FlagHolder:

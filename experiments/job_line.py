@@ -1,18 +1,21 @@
 """Read a launch's --job with the job's own flags, here, before a machine is paid for.
 
-python -m experiments.job_line "experiments.sweep --prompts=paper1 --mesh data:1,model:8 --out=results/s.csv"
+python -m experiments.job_line "experiments.sweep --prompts=paper1 --mesh data:1,model:8 --out=results/s.csv" [TYPE]
 
 launch/tpu_vm.sh once turned the job's words into the plan's flags in shell, and got quoting, `--flag value`,
 negative numbers and absl's boolean spellings wrong in turn; a flag the job does not have failed only on the VM.
-Here absl reads the words as the job on the VM will (the job's module defines its flags), so what the job would
-refuse stops the launch here. Prints, NUL-separated, the job's name and then, for a job experiments.plan plans,
-the plan's flags for this run: the job-specific sizes with the job's own values (its defaults too, so the plan
-sizes the run the job will make) and the shared flags given. A refused line: one `error: --job: …` line, exit 2.
+Here absl reads the words as the job on the remote host will (the job's module defines its flags) and the job's
+settings are checked as the job checks them, so what the job would refuse stops the launch here; with a TPU
+TYPE, so does a job with no --mesh on a slice of several chips (it would use one). Prints, NUL-separated, the
+job's name and then, for a job experiments.plan plans, the plan's flags for this run: the job-specific sizes with
+the job's own values (its defaults too, so the plan sizes the run the job will make) and the shared flags given.
+A refused line: one `error: --job: …` line, exit 2.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -20,7 +23,7 @@ from pathlib import Path
 from absl import flags
 
 SHARED = ("prompts", "prompt", "dtype", "mesh", "template")  # the plan's and the job's (experiments.common)
-# Each planned job's flags that size its run: the job's flag -> the plan's. Derived sizes are in `_derived`.
+# Each planned job's flags that size its run: the job's flag -> the plan's. Counts are in `_derived`.
 SIZES: dict[str, dict[str, str]] = {
     "sweep": {"limit": "limit", "batch_size": "batch_size"},
     "beam": {name: name for name in ("limit", "batch_size", "depth", "beam", "direction", "exhaustive")},
@@ -31,6 +34,8 @@ SIZES: dict[str, dict[str, str]] = {
     "inspect": {"steps": "ig_steps", "batch_size": "batch_size"},
     "train_rm": {name: name for name in ("trainable", "last_k", "steps", "batch_size", "n_train", "fsdp", "remat")},
 }
+HELP = ("help", "helpshort", "helpfull", "helpxml", "only_check_args")  # absl's: the job would print and stop
+_OPERATOR = re.compile(r"[;&|<>()]+")
 
 
 def _fail(message: str) -> None:
@@ -38,12 +43,26 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def job_words(line: str) -> list[str]:
+    """The words the remote shell passes to `python -m`: up to a redirection, `;`, `&&` or `|` (another command's,
+    or the shell's), comments dropped; a file descriptor written against its redirection (`2>&1`) goes too."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, ""  # shlex would cut `a#b`; the shell's comment starts a word
+    words = list(lexer)
+    cut = next((i for i, word in enumerate(words) if _OPERATOR.fullmatch(word) or word.startswith("#")), len(words))
+    if cut < len(words) and words[cut][0] in "<>" and cut and words[cut - 1].isdigit() and \
+            re.search(rf"(^|\s){words[cut - 1]}[<>]", line):
+        cut -= 1
+    return words[:cut]
+
+
 def _job_name(first: str, experiments: Path) -> str:
-    """A typo would have failed on the VM, after paying for it: experiments.NAME, an entry point with a main."""
+    """A typo would have failed on the remote host, after paying for it: experiments.NAME, an entry point (it
+    ends by running its main through experiments.cli, as every job does)."""
     name = first.removeprefix("experiments.")
     source = experiments / f"{name}.py"
     if not (first.startswith("experiments.") and name.isidentifier() and source.is_file()
-            and "__main__" in source.read_text()):
+            and re.search(r"^\s+(common|cli)\.run\(main\)$", source.read_text(), re.M)):
         _fail(f"rmjax has no job {name} (give experiments.NAME, NAME one of experiments/*.py's jobs)")
     return name
 
@@ -59,8 +78,8 @@ def _as_flag(name: str, value: object) -> list[str]:
 
 
 def _derived(job: str, values: flags.FlagValues) -> list[str]:
-    """Sizes the plan takes as counts, where the job's flags give them."""
-    if job == "score" and values["texts"].present:
+    """Sizes the plan takes as counts, where the job's flags give them (a --texts_file is on the remote host)."""
+    if job == "score" and values.texts and not values.texts_file:
         return [f"--texts={len(values.texts)}"]
     if job == "inspect" and values.responses:
         return [f"--items={len(values.responses)}"]
@@ -81,24 +100,56 @@ def plan_flags(job: str, values: flags.FlagValues) -> list[str]:
     return out + _derived(job, values)
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) != 2:
-        _fail("give the job's command line as one argument")
+def _refuse_one_chip(job: str, tpu_type: str) -> None:
+    """Without --mesh a job runs on one device: on a slice of several chips the rest are paid for and idle (and
+    on a multi-host slice the job stops at start)."""
+    from rmjax.errors import UsageError
+    from rmjax.plan.chips import parse_slice
+
     try:
-        words = shlex.split(argv[1])
+        chips = parse_slice(tpu_type).chips
+    except UsageError:
+        return  # a type the plan does not know: it says so where it plans
+    if chips > 1 and "mesh" in flags.FLAGS and not flags.FLAGS.mesh:
+        _fail(f"experiments.{job} has no --mesh, so it would run on one of {tpu_type}'s {chips} chips; give it "
+              f"--mesh=data:D,model:M over all {chips} (python -m experiments.plan --topology={tpu_type} --job=… "
+              "without --mesh picks one).")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) not in (2, 3):
+        _fail("give the job's command line as one argument (and a TPU type)")
+    try:
+        words = job_words(argv[1])
     except ValueError:
         _fail(f"{argv[1]}: its quotes do not pair up")
     if not words:
         _fail("it is empty (give experiments.NAME and its flags)")
     job = _job_name(words[0], Path(__file__).parent)
-    importlib.import_module(f"experiments.{job}")  # defines the job's flags, as on the VM
+    module = importlib.import_module(f"experiments.{job}")  # defines the job's flags, as on the remote host
+    from experiments import config_flags
     from experiments.cli import flag_error
+    from rmjax.errors import RmjaxError, one_line
 
-    error = flag_error([words[0], *words[1:]])
+    for name in HELP:  # app.run defines these; as plain switches here (absl's would print the help and exit)
+        if name not in flags.FLAGS:
+            flags.DEFINE_bool(name, False, "absl's", short_name="?" if name == "help" else None)
+    error = flag_error(words)
     if error:
-        _fail(f"experiments.{job} would stop on the VM: {error}")
-    planned = plan_flags(job, flags.FLAGS) if job in SIZES else []
-    sys.stdout.write("\0".join([job, *planned]))
+        _fail(f"experiments.{job} would refuse it: {error.removesuffix(' (see --help)')} "
+              f"(python -m experiments.{job} --help lists its flags)")
+    shown = [name for name in HELP if flags.FLAGS[name].value]
+    if shown:
+        _fail(f"experiments.{job} --{shown[0]} would print its help or only check its flags, and run nothing; "
+              f"run python -m experiments.{job} --{shown[0]} here")
+    try:
+        for build in config_flags.builders(module):  # the job's settings, checked as the job checks them
+            build()
+    except RmjaxError as refused:
+        _fail(f"experiments.{job} would refuse it: {one_line(refused)}")
+    if len(argv) == 3:
+        _refuse_one_chip(job, argv[2])
+    sys.stdout.write("\0".join([job, *(plan_flags(job, flags.FLAGS) if job in SIZES else [])]))
 
 
 if __name__ == "__main__":

@@ -27,17 +27,18 @@ done
 
 source "$(dirname "$0")/run.sh"  # quote, run: the printed line is the argv that runs
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-JOB_NAME="${JOB%% *}"
-if [[ "$JOB_NAME" != experiments.* ]] || ! grep -qs '__main__' "$REPO/experiments/${JOB_NAME#experiments.}.py"; then
-  # `python -m <anything>` would run on the host
-  echo "error: --job=$JOB: rmjax has no job ${JOB_NAME#experiments.} (give experiments.NAME, NAME one of experiments/*.py's jobs)" >&2
-  exit 2
-fi
-
-# What the job would refuse (a flag it lacks, a bad value) is refused here, read by the job's own flags, where this
-# checkout has its .venv (the host is paid for, and the set-up takes minutes).
+# What the job would refuse (a job rmjax does not have, a flag it lacks, a bad value) is refused here, read by the
+# job's own flags (experiments/job_line.py), where this checkout has its .venv: the host is paid for, and the
+# set-up takes minutes. Without one, the job's name alone is checked.
 if [ -x "$REPO/.venv/bin/python" ]; then
   ( cd "$REPO" && .venv/bin/python -m experiments.job_line "$JOB" >/dev/null ) || exit 2
+else
+  read -r JOB_NAME _ <<<"$JOB"
+  if [[ "$JOB_NAME" != experiments.* ]] || \
+      ! grep -Eqs '^\s+(common|cli)\.run\(main\)$' "$REPO/experiments/${JOB_NAME#experiments.}.py"; then
+    echo "error: --job: rmjax has no job ${JOB_NAME#experiments.} (give experiments.NAME, NAME one of experiments/*.py's jobs)" >&2
+    exit 2  # `python -m <anything>` would run on the host
+  fi
 fi
 
 # Python 3.11+ (setup.py's python_requires): the first new enough of these on the host. The host is not ours

@@ -120,13 +120,12 @@ SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -
 # shell and absl will read it, so a flag the job lacks or a value it refuses stops here), then compile the job for
 # --type on this machine and refuse one that does not fit.
 PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY="$(command -v python3 || true)"
-[ -n "$PY" ] || { echo "error: no python here to read --job with (make demo creates .venv; the plan needs it too)" >&2; exit 2; }
-READ="$(mktemp)"
-( cd "$REPO" && "$PY" -m experiments.job_line "$JOB" ) >"$READ" || {
-  rc=$?; rm -f "$READ"
-  [ "$rc" = 2 ] || echo "error: $PY could not read --job (is rmjax installed there? make demo creates .venv)" >&2
-  exit 2; }
-mapfile -d '' -t JOB_READ <"$READ"; rm -f "$READ"
+if [ -z "$PY" ] || ! "$PY" -c "import absl, rmjax" 2>/dev/null; then
+  echo "error: no python with rmjax here to read --job with (make demo creates .venv; the plan needs it too)" >&2
+  exit 2
+fi
+mapfile -d '' -t JOB_READ < <(cd "$REPO" && "$PY" -m experiments.job_line "$JOB" "$TYPE")
+wait $! || exit 2  # it said why, in one line
 JOB_NAME="${JOB_READ[0]}" PLAN_FLAGS=("${JOB_READ[@]:1}")  # no plan flags: a job experiments.plan does not plan
 if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read
   PLAN_MODEL="${TMPDIR:-/tmp}/rmjax-$NAME-config.json"

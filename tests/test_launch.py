@@ -347,7 +347,7 @@ def test_tpu_vm_plans_the_job_first_and_creates_no_vm_for_one_that_does_not_fit(
     _fake_gcloud(bin_dir, log)
     env = {**env, "JAX_PLATFORMS": "cpu"}
     res = _run("tpu_vm.sh", *args[:2], "--type=v5litepod-8",
-               "--job=experiments.sweep --model=/tmp/ckpt --prompts=greatest --out=results/s.csv",
+               "--job=experiments.sweep --model=/tmp/ckpt --prompts=greatest --mesh=data:8,model:1 --out=results/s.csv",
                f"--plan_model={config}", env=env)
     assert res.returncode == 2, res.stderr
     assert "Cheapest that fit by estimate" in res.stderr and "no VM was created" in res.stderr
@@ -371,11 +371,12 @@ def test_remote_hosts_install_what_make_demo_installs():
 
 
 def _planned(job: str) -> list[str]:
-    """The plan's flags from --job= on, in the launcher's dry run (a gs:// checkpoint: printed, not run)."""
-    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt", f"--job={job}",
+    """The plan's flags from --job= on, in the launcher's dry run on one chip (a gs:// checkpoint: printed, not
+    run)."""
+    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", "--checkpoint=gs://b/ckpt", f"--job={job}",
                 env={**os.environ, "TMPDIR": "/tmp"})
     (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
-    assert plan[3:5] == ["--model=/tmp/rmjax-rm-config.json", "--topology=v5litepod-8"], plan
+    assert plan[3:5] == ["--model=/tmp/rmjax-rm-config.json", "--topology=v5litepod-1"], plan
     assert cmds[-1][:5] == [*TPU, "delete"]  # and the VM would be created
     return plan[5:]
 
@@ -396,8 +397,8 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
         "sweep": ("--model=/tmp/ckpt --prompt='x=What is $HOME up' --mesh data:8,model:1 --dtype bfloat16 "
                   "--out=results/s.csv", ["--prompt=x=What is $HOME up", "--dtype=bfloat16", "--mesh=data:8,model:1",
                                           "--batch_size=0"]),
-        "gcg": ("--direction=pessimal --num_tokens=4 --eval_batch_size=16 --steps -3",  # -3: a value; the plan refuses
-                ["--num_tokens=4", f"--search_width={width}", "--steps=-3", "--batch_size=16"]),
+        "gcg": ("--direction=pessimal --num_tokens=4 --eval_batch_size=16 --steps 3",
+                ["--num_tokens=4", f"--search_width={width}", "--steps=3", "--batch_size=16"]),
         "inspect": ("--depth=2 --steps=32 --from_beam=b.csv", ["--ig_steps=32", "--batch_size=16", "--items=4"]),
         "beam": ("--depth=3 --direction=optimal --limit=64 --noexhaustive --prompts paper1",
                  ["--prompts=paper1", "--limit=64", "--batch_size=0", "--depth=3", "--beam=64", "--direction=optimal",
@@ -429,6 +430,12 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
     the set-up); now nothing runs."""
     tpu = ["--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt"]
     for job, said in (("experiments.sweep --promts=paper1", "Unknown command line flag 'promts'"),
+                      # the job's settings as it checks them (the plan read 0 as its default, and said "fits")
+                      ("experiments.gcg --steps=0 --mesh=data:8,model:1", "--steps=0: must be an integer >= 1"),
+                      # absl's --help prints the help on the VM and runs nothing
+                      ("experiments.sweep --mesh=data:8,model:1 --help", "--help would print its help"),
+                      # without --mesh a job uses one chip of the 8 paid for (a multi-host slice: it stops)
+                      ("experiments.sweep --limit=5", "no --mesh, so it would run on one of v5litepod-8's 8 chips"),
                       ("experiments.train_rm --elo=builtin --trainable=full --fsdp=yes", "Non-boolean argument"),
                       ("experiments.train_rm --elo=builtin --trainable=full --remat true", "argument 'true'"),
                       ("experiments.train_rm --trainable=full", "give exactly one of --pairs"),
@@ -440,13 +447,33 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
             assert bad.returncode == 2 and "error: --job: experiments." in bad.stderr and said in bad.stderr, bad
             assert not bad.stdout, bad
     for script, args in (("tpu_vm.sh", tpu), ("gpu.sh", ["--host=me@box"])):
-        for job, name in (("experiments.sweeep", "sweeep"), ("sweep", "sweep"), ("experiments.cli", "cli")):
+        for job, name in (("experiments.sweeep", "sweeep"), ("sweep", "sweep"), ("experiments.cli", "cli"),
+                          ("experiments.job_line", "job_line")):
             bad = _run(script, *args, f"--job={job} --model=/tmp/ckpt", "--dry-run")  # a typo, no prefix, no job
             assert bad.returncode == 2 and f"rmjax has no job {name}" in bad.stderr and not bad.stdout, bad
     bad = _run("tpu_vm.sh", *tpu, "--job=experiments.sweep --prompt='x", "--dry-run")
     assert bad.returncode == 2 and "quotes do not pair up" in bad.stderr and not bad.stdout, bad
     # a job the plan does not plan is read, said unplanned, and launched
-    unplanned = _run("tpu_vm.sh", *tpu, "--job=experiments.disagree --models=a,b", "--dry-run",
+    unplanned = _run("tpu_vm.sh", *tpu, "--job=experiments.disagree --models=a,b --mesh=data:8,model:1", "--dry-run",
                      env={**os.environ, "TMPDIR": "/tmp"})
     assert unplanned.returncode == 0 and "experiments.plan has no job disagree" in unplanned.stderr, unplanned
     assert "experiments.plan" not in unplanned.stdout and " create " in unplanned.stdout
+
+
+def test_the_job_is_read_up_to_where_the_remote_shell_ends_its_command(tmp_path):
+    """`--job` is shell text: a redirection, `&&`, `|`, `;` or a comment ends the job's words as the remote shell
+    reads them (they were refused as stray words), and a file descriptor against its redirection is not a value."""
+    from experiments.job_line import job_words
+
+    for line, words in (("--limit 5 2>err.txt && echo done", ["--limit", "5"]),
+                        ("--limit=5 > log 2>&1 # note", ["--limit=5"]),
+                        ("--prompt='x=a;b' | tee log", ["--prompt=x=a;b"]),
+                        ("--limit 2 >x", ["--limit", "2"]),  # 2 is --limit's value; `2>x` would be stderr's
+                        ("--limit 2>x", ["--limit"]),
+                        ("--prompt=a#b --out=x#y", ["--prompt=a#b", "--out=x#y"]),  # `#` starts a comment only a word
+                        ("--out=a&b", ["--out=a"])):
+        assert job_words(f"experiments.sweep {line}") == ["experiments.sweep", *words], line
+        # what the shell itself passes to the command: a function that writes its arguments down stands in
+        script = f"job() {{ printf '%s\\n' \"$@\" > {tmp_path}/args; }}; job {line}; wait"
+        subprocess.run(["bash", "-c", script], capture_output=True, cwd=tmp_path)
+        assert (tmp_path / "args").read_text().splitlines() == words, line
