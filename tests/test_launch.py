@@ -370,15 +370,41 @@ def test_remote_hosts_install_what_make_demo_installs():
         assert setup[at - 1] == "-r" and "--no-deps" in setup[at - 6:at] and "requirements.txt" in setup
 
 
-def _planned(job: str) -> list[str]:
-    """The plan's flags from --job= on, in the launcher's dry run on one chip (a gs:// checkpoint: printed, not
-    run)."""
-    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", "--checkpoint=gs://b/ckpt", f"--job={job}",
-                env={**os.environ, "TMPDIR": "/tmp"})
-    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
-    assert plan[3:5] == ["--model=/tmp/rmjax-rm-config.json", "--topology=v5litepod-1"], plan
-    assert cmds[-1][:5] == [*TPU, "delete"]  # and the VM would be created
-    return plan[5:]
+# experiments/job_line.py's main on each (job line, TPU type or None) in one interpreter (a Python, JAX and
+# transformers start-up each cost about 1.5 s): the flags and modules a job's import added are removed before the
+# next, as tests/cli.py's run_each does. Prints [[exit status, stdout, stderr], ...].
+_READ_EACH = """
+import contextlib, io, json, sys
+sys.argv = ["-m"]
+from absl import flags
+import experiments
+from experiments import job_line
+found = []
+for line, tpu_type in json.loads(sys.stdin.read()):
+    names, modules = set(flags.FLAGS), set(sys.modules)
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            job_line.main(["job_line", line, *([tpu_type] if tpu_type else [])])
+        except SystemExit as end:
+            status = end.code
+    found.append([status, out.getvalue(), err.getvalue()])
+"""
+
+
+def _read_each(*lines: str, tpu_type: str | None = "v5litepod-1") -> list[tuple[int, list[str], str]]:
+    """(status, the NUL-separated words job_line prints, stderr) of each job line, as the launcher reads it."""
+    import json
+    import sys
+
+    from tests import cli
+
+    proc = subprocess.run([sys.executable, "-c", _READ_EACH + cli.FORGET_JOB + "print(json.dumps(found))"],
+                          input=json.dumps([[line, tpu_type] for line in lines]), cwd=LAUNCH.parent,
+                          env=cli.subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [(status, out.split("\0") if out else [], err)
+            for status, out, err in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
 def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
@@ -393,10 +419,11 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
     from rmjax.search.gcg_config import GCGConfig
 
     width = GCGConfig.__dataclass_fields__["search_width"].default
+    sweep = ("--model=/tmp/ckpt --prompt='x=What is $HOME up' --mesh data:8,model:1 --dtype bfloat16 "
+             "--out=results/s.csv")
     cases = {
-        "sweep": ("--model=/tmp/ckpt --prompt='x=What is $HOME up' --mesh data:8,model:1 --dtype bfloat16 "
-                  "--out=results/s.csv", ["--prompt=x=What is $HOME up", "--dtype=bfloat16", "--mesh=data:8,model:1",
-                                          "--batch_size=0"]),
+        "sweep": (sweep, ["--prompt=x=What is $HOME up", "--dtype=bfloat16", "--mesh=data:8,model:1",
+                          "--batch_size=0"]),
         "gcg": ("--direction=pessimal --num_tokens=4 --eval_batch_size=16 --steps 3",
                 ["--num_tokens=4", f"--search_width={width}", "--steps=3", "--batch_size=16"]),
         "inspect": ("--depth=2 --steps=32 --from_beam=b.csv", ["--ig_steps=32", "--batch_size=16", "--items=4"]),
@@ -408,51 +435,65 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
         "train_rm": ("--elo=builtin --trainable=full --steps=5", ["--trainable=full", "--last_k=2", "--steps=5",
                                                                   "--batch_size=256", "--n_train=20000",
                                                                   "--fsdp=false", "--remat=false"]),
+        # train_rm runs without FSDP and remat unless given them: the plan's auto assumed whichever fitted, and said
+        # "fits" for an 8B full fine-tune that fits only with remat
+        "train_rm --fsdp --noremat": ("--elo=builtin", ["--trainable=head", "--last_k=2", "--steps=1500",
+                                                        "--batch_size=256", "--n_train=20000", "--fsdp=true",
+                                                        "--remat=false"]),
+        "train_rm --remat=True --fsdp=0": ("--elo=builtin", ["--trainable=head", "--last_k=2", "--steps=1500",
+                                                             "--batch_size=256", "--n_train=20000", "--fsdp=false",
+                                                             "--remat=true"]),
     }
-    assert set(cases) == set(JOBS)
-    for job, (words, planned) in cases.items():
-        flags = _planned(f"experiments.{job} {words}")
-        assert flags == [f"--job={job}", *planned], (job, flags)
-        for flag in flags[1:]:  # the plan refuses a size it does not read for the job: none is passed
+    assert {case.split()[0] for case in cases} == set(JOBS)
+    found = _read_each(*(f"experiments.{case} {words}" for case, (words, _) in cases.items()))
+    for (case, (_, planned)), (status, words, err) in zip(cases.items(), found, strict=True):
+        job = case.split()[0]
+        assert status in (0, None) and words == [job, f"--job={job}", *planned], (case, words, err)
+        for flag in words[2:]:  # the plan refuses a size it does not read for the job: none is passed
             name = flag[2:].split("=")[0]
             assert name in ("prompts", "prompt", "dtype", "mesh", "template", "batch_size") or \
                 job in JOBS_SIZED_BY[name], (job, flag)
-    # train_rm runs without FSDP and remat unless given them: the plan's auto assumed whichever fitted, and said
-    # "fits" for an 8B full fine-tune that fits only with remat
-    for words, fsdp, remat in ((" --fsdp --noremat", "true", "false"), (" --remat=True --fsdp=0", "false", "true")):
-        flags = _planned(f"experiments.train_rm --elo=builtin --trainable=full{words}")
-        assert flags[-2:] == [f"--fsdp={fsdp}", f"--remat={remat}"], flags
+    # the launcher gives the plan what job_line printed
+    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", "--checkpoint=gs://b/ckpt",
+                f"--job=experiments.sweep {sweep}", env={**os.environ, "TMPDIR": "/tmp"})
+    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
+    assert plan[3:] == ["--model=/tmp/rmjax-rm-config.json", "--topology=v5litepod-1", "--job=sweep",
+                        *cases["sweep"][1]], plan
+    assert cmds[-1][:5] == [*TPU, "delete"]  # and the VM would be created
 
 
 def test_what_the_job_would_refuse_is_refused_before_the_vm():
     """A flag the job does not have, a value it refuses, a stray word (absl reads `--remat true` as --remat and a
     stray `true`), a job rmjax does not have or unpaired quotes failed on the VM, after paying for it (gpu.sh: after
     the set-up); now nothing runs."""
+    cases = (("experiments.sweep --promts=paper1", "Unknown command line flag 'promts'"),
+             # the job's settings as it checks them (the plan read 0 as its default, and said "fits")
+             ("experiments.gcg --steps=0 --mesh=data:8,model:1", "--steps=0: must be an integer >= 1"),
+             # absl's --help prints the help on the VM and runs nothing
+             ("experiments.sweep --mesh=data:8,model:1 --help", "--help would print its help"),
+             # without --mesh a job uses one chip of the 8 paid for (a multi-host slice: it stops)
+             ("experiments.sweep --limit=5", "no --mesh, so it would run on one of v5litepod-8's 8 chips"),
+             ("experiments.train_rm --elo=builtin --trainable=full --fsdp=yes", "Non-boolean argument"),
+             ("experiments.train_rm --elo=builtin --trainable=full --remat true", "argument 'true'"),
+             ("experiments.train_rm --trainable=full", "give exactly one of --pairs"),
+             ("experiments.gcg --search_width -.5", "--search_width=-.5"),
+             ("experiments.disagree --models=a,b --forwards=x", "--forwards=x"),
+             ("experiments.sweep --prompt='x", "quotes do not pair up"))
+    for (line, said), (status, words, err) in zip(cases, _read_each(*(c[0] for c in cases), tpu_type="v5litepod-8"),
+                                                 strict=True):
+        assert status == 2 and err.startswith("error: --job: ") and said in err and not words, (line, err)
+    # the scripts stop on it before any command: a bad flag, a job rmjax does not have (a typo, no prefix, no job)
     tpu = ["--name=rm", "--zone=z", "--type=v5litepod-8", "--checkpoint=gs://b/ckpt"]
-    for job, said in (("experiments.sweep --promts=paper1", "Unknown command line flag 'promts'"),
-                      # the job's settings as it checks them (the plan read 0 as its default, and said "fits")
-                      ("experiments.gcg --steps=0 --mesh=data:8,model:1", "--steps=0: must be an integer >= 1"),
-                      # absl's --help prints the help on the VM and runs nothing
-                      ("experiments.sweep --mesh=data:8,model:1 --help", "--help would print its help"),
-                      # without --mesh a job uses one chip of the 8 paid for (a multi-host slice: it stops)
-                      ("experiments.sweep --limit=5", "no --mesh, so it would run on one of v5litepod-8's 8 chips"),
-                      ("experiments.train_rm --elo=builtin --trainable=full --fsdp=yes", "Non-boolean argument"),
-                      ("experiments.train_rm --elo=builtin --trainable=full --remat true", "argument 'true'"),
-                      ("experiments.train_rm --trainable=full", "give exactly one of --pairs"),
-                      ("experiments.gcg --search_width -.5", "--search_width=-.5"),
-                      ("experiments.disagree --models=a,b --forwards=x", "--forwards=x")):
-        scripts = [("tpu_vm.sh", tpu)] + [("gpu.sh", ["--host=me@box"])] * ("promts" in job)  # gpu.sh: one case
-        for script, args in scripts:
-            bad = _run(script, *args, f"--job={job}", "--dry-run")
-            assert bad.returncode == 2 and "error: --job: experiments." in bad.stderr and said in bad.stderr, bad
-            assert not bad.stdout, bad
-    for script, args in (("tpu_vm.sh", tpu), ("gpu.sh", ["--host=me@box"])):
-        for job, name in (("experiments.sweeep", "sweeep"), ("sweep", "sweep"), ("experiments.cli", "cli"),
-                          ("experiments.job_line", "job_line")):
-            bad = _run(script, *args, f"--job={job} --model=/tmp/ckpt", "--dry-run")  # a typo, no prefix, no job
-            assert bad.returncode == 2 and f"rmjax has no job {name}" in bad.stderr and not bad.stdout, bad
-    bad = _run("tpu_vm.sh", *tpu, "--job=experiments.sweep --prompt='x", "--dry-run")
-    assert bad.returncode == 2 and "quotes do not pair up" in bad.stderr and not bad.stdout, bad
+    for script, args, job, said in (
+            ("tpu_vm.sh", tpu, "experiments.sweep --promts=paper1", "Unknown command line flag 'promts'"),
+            ("gpu.sh", ["--host=me@box"], "experiments.sweep --promts=paper1", "Unknown command line flag 'promts'"),
+            ("tpu_vm.sh", tpu, "experiments.sweeep", "rmjax has no job sweeep"),
+            ("gpu.sh", ["--host=me@box"], "sweep", "rmjax has no job sweep"),
+            ("tpu_vm.sh", tpu, "experiments.cli", "rmjax has no job cli"),
+            ("gpu.sh", ["--host=me@box"], "experiments.job_line", "rmjax has no job job_line")):
+        bad = _run(script, *args, f"--job={job} --model=/tmp/ckpt", "--dry-run")
+        assert bad.returncode == 2 and "error: --job: " in bad.stderr and said in bad.stderr, bad
+        assert not bad.stdout, bad
     # a job the plan does not plan is read, said unplanned, and launched
     unplanned = _run("tpu_vm.sh", *tpu, "--job=experiments.disagree --models=a,b --mesh=data:8,model:1", "--dry-run",
                      env={**os.environ, "TMPDIR": "/tmp"})
