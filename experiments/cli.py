@@ -15,7 +15,6 @@ from collections.abc import Callable
 from absl import app, flags
 
 from rmjax.errors import RmjaxError, one_line
-from rmjax.parallel.distributed import quiet_absent_tpu
 
 
 def flag_error(argv: list[str]) -> str | None:
@@ -65,6 +64,8 @@ def run(main: Callable[[list[str]], None]) -> None:
                       "give another path), then rerun the same command.", file=sys.stderr, flush=True)
                 sys.exit(2)
             raise
+
+    from rmjax.parallel.distributed import quiet_absent_tpu  # (JAX: imported once a job runs, not to parse flags)
 
     quiet_absent_tpu()  # before JAX starts its backends
     from experiments import interrupted_while_starting

@@ -31,7 +31,7 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 # job's own flags (experiments/job_line.py), where this checkout has its .venv: the host is paid for, and the
 # set-up takes minutes. Without one, the job's name alone is checked.
 if [ -x "$REPO/.venv/bin/python" ]; then
-  ( cd "$REPO" && .venv/bin/python -m experiments.job_line "$JOB" >/dev/null ) || exit 2
+  ( cd "$REPO" && .venv/bin/python "${JOB_LINE[@]}" "$JOB" >/dev/null ) || exit 2
 else
   read -r JOB_NAME _ <<<"$JOB"
   if [[ "$JOB_NAME" != experiments.* ]] || \

@@ -18,3 +18,7 @@ run() {
   printf '+ %s\n' "$line" >&2
   "$@" || { rc=$?; echo "error: exit $rc from: $line" >&2; exit "$rc"; }
 }
+# experiments/job_line.py's arguments to python: reads a launch's --job with the job's own flags. Not `-m`: under
+# -m the experiments package imports transformers to hide torch from a job's tokenizers (0.6 s where torch is
+# installed), which reading flags does not need.
+JOB_LINE=(-c 'import sys; from experiments.job_line import main; main(sys.argv)')

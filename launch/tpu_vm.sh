@@ -124,7 +124,7 @@ if [ -z "$PY" ] || ! "$PY" -c "import absl, rmjax" 2>/dev/null; then
   echo "error: no python with rmjax here to read --job with (make demo creates .venv; the plan needs it too)" >&2
   exit 2
 fi
-mapfile -d '' -t JOB_READ < <(cd "$REPO" && "$PY" -m experiments.job_line "$JOB" "$TYPE")
+mapfile -d '' -t JOB_READ < <(cd "$REPO" && "$PY" "${JOB_LINE[@]}" "$JOB" "$TYPE")
 wait $! || exit 2  # it said why, in one line
 JOB_NAME="${JOB_READ[0]}" PLAN_FLAGS=("${JOB_READ[@]:1}")  # no plan flags: a job experiments.plan does not plan
 if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read

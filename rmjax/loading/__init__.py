@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-import jax
-import numpy as np
-
-from rmjax.loading.gguf_file import cached_hf_folder
-from rmjax.loading.hf import load_hf_model_folder
-from rmjax.loading.identity import derived, file_sha256, folder_fingerprint, gguf_fingerprint
 from rmjax.loading.registry import (
     BUILTIN_GGUF,
     BUILTIN_RMS,
@@ -18,9 +13,14 @@ from rmjax.loading.registry import (
     resolve,
     training_recipe,
 )
-from rmjax.loading.reward_head import reward_config, reward_model_from_lm
-from rmjax.loading.safetensors_io import iter_tensors
-from rmjax.model import Model
+
+if TYPE_CHECKING:
+    import jax
+
+    from rmjax.model import Model
+
+# The loaders (JAX, transformers: about 1 s to import) are imported where a function needs them: an entry point
+# imports this package for the builtin names in its flags' help, and refuses a bad flag before anything loads.
 
 __all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "config_and_tokenizer", "config_of", "fingerprint", "load", "peek"]
 
@@ -28,6 +28,8 @@ __all__ = ["BUILTIN_GGUF", "BUILTIN_RMS", "config_and_tokenizer", "config_of", "
 def fingerprint(spec: str, system_prompt: str | None = None) -> dict:
     """Content fingerprint of a model spec without loading it: equal to `load(spec).fingerprint` (with a
     --system_prompt, to its `model_fingerprint` once the prompt is set on its tokenizer)."""
+    from rmjax.loading.identity import derived, file_sha256, folder_fingerprint, gguf_fingerprint
+
     if system_prompt is not None:
         return fingerprint(spec) | {"system_prompt": system_prompt}
     if spec in BUILTIN_RMS:
@@ -65,6 +67,8 @@ def config_of(spec: str, backbone=None):
     """The config `load(spec)` gives, without reading weights or the tokenizer (a GGUF file is converted once and
     cached, as `load` does; a builtin reward model is its backbone's config, `backbone` when read already, with a
     reward head's)."""
+    from rmjax.loading.reward_head import reward_config
+
     if spec in BUILTIN_RMS:
         return reward_config(backbone or _config_and_folder(BUILTIN_RMS[spec])[0])
     return backbone or _config_and_folder(spec)[0]
@@ -72,6 +76,7 @@ def config_of(spec: str, backbone=None):
 
 def _config_and_folder(spec: str):
     from rmjax.config import load_config_file
+    from rmjax.loading.gguf_file import cached_hf_folder
 
     kind, path = resolve(spec)
     if kind == "gguf":
@@ -86,6 +91,10 @@ def load(
     require_tokenizer: bool = True,
 ) -> Model:
     """Load a model from a folder, a GGUF file or a builtin name, params placed on `mesh`."""
+    from rmjax.loading.gguf_file import cached_hf_folder
+    from rmjax.loading.hf import load_hf_model_folder
+    from rmjax.loading.identity import gguf_fingerprint
+
     start = time.perf_counter()
     if spec in BUILTIN_RMS:
         model = _load_builtin_rm(spec, dtype=dtype, mesh=mesh)
@@ -105,6 +114,12 @@ def load(
 
 def _load_builtin_rm(name: str, dtype: str, mesh) -> Model:
     """A default reward model: PyPI backbone + the committed score head (`rmjax/builtin/NAME.safetensors`)."""
+    import numpy as np
+
+    from rmjax.loading.identity import derived, file_sha256
+    from rmjax.loading.reward_head import reward_model_from_lm
+    from rmjax.loading.safetensors_io import iter_tensors
+
     head_file = builtin_head_file(name)
     (_, loader), = list(iter_tensors(head_file))
     lm = load(BUILTIN_RMS[name], dtype=dtype, mesh=mesh)
