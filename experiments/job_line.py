@@ -35,7 +35,7 @@ SIZES: dict[str, dict[str, str]] = {
     "train_rm": {name: name for name in ("trainable", "last_k", "steps", "batch_size", "n_train", "fsdp", "remat")},
 }
 HELP = ("help", "helpshort", "helpfull", "helpxml", "only_check_args")  # absl's: the job would print and stop
-_OPERATOR = re.compile(r"[;&|<>()]+")
+_OPERATOR = re.compile(r"[;&|<>()\n]+")
 
 
 def _fail(message: str) -> None:
@@ -44,10 +44,12 @@ def _fail(message: str) -> None:
 
 
 def job_words(line: str) -> list[str]:
-    """The words the remote shell passes to `python -m`: up to a redirection, `;`, `&&` or `|` (another command's,
-    or the shell's), comments dropped; a file descriptor written against its redirection (`2>&1`) goes too."""
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    """The words the remote shell passes to `python -m`: up to a redirection, `;`, `&&`, `|` or a line's end
+    (another command's, or the shell's; a backslash before it continues the line), comments dropped; a file
+    descriptor written against its redirection (`2>&1`) goes too."""
+    lexer = shlex.shlex(line.replace("\\\n", ""), posix=True, punctuation_chars="();<>|&\n")
     lexer.whitespace_split, lexer.commenters = True, ""  # shlex would cut `a#b`; the shell's comment starts a word
+    lexer.whitespace = " \t\r"  # a newline ends the command (quoted, it is part of a word)
     words = list(lexer)
     cut = next((i for i, word in enumerate(words) if _OPERATOR.fullmatch(word) or word.startswith("#")), len(words))
     if cut < len(words) and words[cut][0] in "<>" and cut and words[cut - 1].isdigit() and \

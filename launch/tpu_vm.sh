@@ -120,7 +120,7 @@ SETUP+=' && ~/.local/bin/uv pip install -q --python .venv/bin/python --no-deps -
 # shell and absl will read it, so a flag the job lacks or a value it refuses stops here), then compile the job for
 # --type on this machine and refuse one that does not fit.
 PY="$REPO/.venv/bin/python"; [ -x "$PY" ] || PY="$(command -v python3 || true)"
-if [ -z "$PY" ] || ! "$PY" -c "import absl, rmjax" 2>/dev/null; then
+if [ -z "$PY" ] || ! ( cd "$REPO" && "$PY" -c "import absl, rmjax" 2>/dev/null ); then
   echo "error: no python with rmjax here to read --job with (make demo creates .venv; the plan needs it too)" >&2
   exit 2
 fi

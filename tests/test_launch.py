@@ -502,8 +502,9 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
 
 
 def test_the_job_is_read_up_to_where_the_remote_shell_ends_its_command(tmp_path):
-    """`--job` is shell text: a redirection, `&&`, `|`, `;` or a comment ends the job's words as the remote shell
-    reads them (they were refused as stray words), and a file descriptor against its redirection is not a value."""
+    """`--job` is shell text: a redirection, `&&`, `|`, `;`, a newline or a comment ends the job's words as the remote
+    shell reads them (they were refused as stray words; a newline was read as a space), and a file descriptor against
+    its redirection is not a value."""
     from experiments.job_line import job_words
 
     for line, words in (("--limit 5 2>err.txt && echo done", ["--limit", "5"]),
@@ -512,9 +513,12 @@ def test_the_job_is_read_up_to_where_the_remote_shell_ends_its_command(tmp_path)
                         ("--limit 2 >x", ["--limit", "2"]),  # 2 is --limit's value; `2>x` would be stderr's
                         ("--limit 2>x", ["--limit"]),
                         ("--prompt=a#b --out=x#y", ["--prompt=a#b", "--out=x#y"]),  # `#` starts a comment only a word
-                        ("--out=a&b", ["--out=a"])):
+                        ("--out=a&b", ["--out=a"]),
+                        ("--limit=5\n  --prompts=paper1", ["--limit=5"]),  # the next line is another command
+                        ("--limit=5 \\\n  --prompts=paper1", ["--limit=5", "--prompts=paper1"]),  # continued
+                        ("--prompt='x=a\nb'", ["--prompt=x=a\nb"])):
         assert job_words(f"experiments.sweep {line}") == ["experiments.sweep", *words], line
         # what the shell itself passes to the command: a function that writes its arguments down stands in
-        script = f"job() {{ printf '%s\\n' \"$@\" > {tmp_path}/args; }}; job {line}; wait"
+        script = f"job() {{ printf '%s\\0' \"$@\" > {tmp_path}/args; }}; job {line}; wait"
         subprocess.run(["bash", "-c", script], capture_output=True, cwd=tmp_path)
-        assert (tmp_path / "args").read_text().splitlines() == words, line
+        assert (tmp_path / "args").read_text().split("\0")[:-1] == words, line
