@@ -96,9 +96,12 @@ def plan_flags(job: str, values: flags.FlagValues) -> list[str]:
     for name in SHARED:
         if values[name].present:
             out += _as_flag(name, values[name].value)
-    for name, plan_name in SIZES[job].items():
-        if values[name].value is not None:
-            out += _as_flag(plan_name, values[name].value)
+    sizes = {name: values[name].value for name in SIZES[job]}
+    if job in ("sweep", "beam") and values.token_ids:  # the candidates: the ids given (and of them --limit's first)
+        sizes["limit"] = min(sizes["limit"] or len(values.token_ids), len(values.token_ids))
+    for name, value in sizes.items():
+        if value is not None:
+            out += _as_flag(SIZES[job][name], value)
     return out + _derived(job, values)
 
 

@@ -430,6 +430,10 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
         "beam": ("--depth=3 --direction=optimal --limit=64 --noexhaustive --prompts paper1",
                  ["--prompts=paper1", "--limit=64", "--batch_size=0", "--depth=3", "--beam=64", "--direction=optimal",
                   "--exhaustive=false"]),
+        # the candidates are the --token_ids given, and of them --limit's first
+        "beam --token_ids=5,6,7": ("", ["--limit=3", "--batch_size=0", "--depth=2", "--beam=64", "--direction=both",
+                                        "--exhaustive=false"]),
+        "sweep --token_ids=5,6,7 --limit=2": ("", ["--limit=2", "--batch_size=0"]),
         "score": ("--texts='\"a,b\",c' --batch_size 8", ["--batch_size=8", "--texts=2"]),
         "logprobs": ("--template=plain", ["--template=plain"]),
         "train_rm": ("--elo=builtin --trainable=full --steps=5", ["--trainable=full", "--last_k=2", "--steps=5",
