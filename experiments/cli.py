@@ -22,16 +22,16 @@ def flag_error(argv: list[str]) -> str | None:
     try:
         rest = flags.FLAGS(argv)
     except flags.Error as error:
-        return f"{one_line(error)} (see --help)"
+        return one_line(error)
     if len(rest) > 1:
-        return f"unexpected argument {rest[1]!r}; every setting is a --flag (see --help)"
+        return f"unexpected argument {rest[1]!r}; every setting is a --flag"
     return None
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
     error = flag_error(argv)
     if error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error} (see --help)", file=sys.stderr)
         sys.exit(2)
     return [argv[0]]
 

@@ -141,7 +141,7 @@ def main(argv: list[str]) -> None:
             flags.DEFINE_bool(name, False, "absl's", short_name="?" if name == "help" else None)
     error = flag_error(words)
     if error:
-        _fail(f"experiments.{job} would refuse it: {error.removesuffix(' (see --help)')} "
+        _fail(f"experiments.{job} would refuse it: {error} "
               f"(python -m experiments.{job} --help lists its flags)")
     shown = [name for name in HELP if flags.FLAGS[name].value]
     if shown:

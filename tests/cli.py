@@ -72,23 +72,23 @@ FORGET_JOB = """    for name in set(flags.FLAGS) - names:
 """
 
 
-# Several `python -m experiments.JOB FLAGS…` in one interpreter (one Python and JAX start-up instead of one each),
-# for command lines the entry point refuses while parsing or checking its flags: each runs as runpy runs a module
-# under -m (sys.argv[0] its file), its own flags and modules removed before the next (as tests/test_readme.py's
-# _FLAGS_OF_EACH_JOB). Prints [[exit status, stdout, stderr], ...].
+# Several calls into the experiments package in one interpreter (one Python and JAX start-up instead of one each):
+# `call` runs for each JSON case (`case`), with stdout and stderr captured and SystemExit's status kept, and the
+# flags and modules it added removed before the next (as tests/test_readme.py's _FLAGS_OF_EACH_JOB). Prints
+# [[exit status, stdout, stderr], ...].
 _EACH_IN_ONE = """
 import contextlib, io, json, runpy, sys, traceback
 sys.argv = ["-m"]  # as under `python -m` while the experiments package is imported (experiments/__init__.py)
 from absl import app, flags
 import experiments
-app.define_help_flags()  # defined once, by the first app.run: kept across the jobs
+{prelude}
 found = []
-for job, *argv in json.loads(sys.stdin.read()):
+for case in json.loads(sys.stdin.read()):
     names, modules = set(flags.FLAGS), set(sys.modules)
-    sys.argv, out, err, status = [job, *argv], io.StringIO(), io.StringIO(), 0
+    out, err, status = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            runpy.run_module("experiments." + job, run_name="__main__", alter_sys=True)
+            {call}
         except SystemExit as end:
             status = end.code if isinstance(end.code, int) else int(end.code is not None)
         except BaseException:
@@ -99,15 +99,26 @@ for job, *argv in json.loads(sys.stdin.read()):
 """
 
 
-def run_each(*commands: tuple[str, ...], cwd: Path = REPO) -> list[subprocess.CompletedProcess]:
-    """`run(job, *flags)` of each (job, *flags) in `commands`, all in one interpreter: only for command lines
-    refused before any model loads (a flag's bound or validator, a stray argument, a check of the flags)."""
+def in_one_interpreter(call: str, cases: list, prelude: str = "", cwd: Path = REPO) -> list[tuple[int, str, str]]:
+    """(exit status, stdout, stderr) of the Python statement `call` for each JSON-able `case`, all in one
+    interpreter (_EACH_IN_ONE); `prelude` runs once first."""
     import json
 
-    proc = subprocess.run([sys.executable, "-c", _EACH_IN_ONE], input=json.dumps([list(c) for c in commands]),
-                          cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    code = _EACH_IN_ONE.format(prelude=prelude, call=call)
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), cwd=cwd, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [tuple(found) for found in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def run_each(*commands: tuple[str, ...], cwd: Path = REPO) -> list[subprocess.CompletedProcess]:
+    """`run(job, *flags)` of each (job, *flags) in `commands`, all in one interpreter, each as runpy runs a module
+    under -m (sys.argv[0] its file): only for command lines refused before any model loads (a flag's bound or
+    validator, a stray argument, a check of the flags)."""
+    found = in_one_interpreter(
+        'sys.argv = case; runpy.run_module("experiments." + case[0], run_name="__main__", alter_sys=True)',
+        [list(c) for c in commands], prelude="app.define_help_flags()  # as the first app.run: kept across jobs",
+        cwd=cwd)
     return [subprocess.CompletedProcess(command(*c), status, out, err)
             for c, (status, out, err) in zip(commands, found, strict=True)]
 

@@ -370,41 +370,15 @@ def test_remote_hosts_install_what_make_demo_installs():
         assert setup[at - 1] == "-r" and "--no-deps" in setup[at - 6:at] and "requirements.txt" in setup
 
 
-# experiments/job_line.py's main on each (job line, TPU type or None) in one interpreter (a Python, JAX and
-# transformers start-up each cost about 1.5 s): the flags and modules a job's import added are removed before the
-# next, as tests/cli.py's run_each does. Prints [[exit status, stdout, stderr], ...].
-_READ_EACH = """
-import contextlib, io, json, sys
-sys.argv = ["-m"]
-from absl import flags
-import experiments
-from experiments import job_line
-found = []
-for line, tpu_type in json.loads(sys.stdin.read()):
-    names, modules = set(flags.FLAGS), set(sys.modules)
-    out, err, status = io.StringIO(), io.StringIO(), 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            job_line.main(["job_line", line, *([tpu_type] if tpu_type else [])])
-        except SystemExit as end:
-            status = end.code
-    found.append([status, out.getvalue(), err.getvalue()])
-"""
-
-
 def _read_each(*lines: str, tpu_type: str | None = "v5litepod-1") -> list[tuple[int, list[str], str]]:
-    """(status, the NUL-separated words job_line prints, stderr) of each job line, as the launcher reads it."""
-    import json
-    import sys
-
+    """(status, the NUL-separated words experiments/job_line.py prints, stderr) of each job line, as the launcher
+    reads it, all in one interpreter (a Python, JAX and transformers start-up each cost about 1.5 s)."""
     from tests import cli
 
-    proc = subprocess.run([sys.executable, "-c", _READ_EACH + cli.FORGET_JOB + "print(json.dumps(found))"],
-                          input=json.dumps([[line, tpu_type] for line in lines]), cwd=LAUNCH.parent,
-                          env=cli.subprocess_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [(status, out.split("\0") if out else [], err)
-            for status, out, err in json.loads(proc.stdout.strip().splitlines()[-1])]
+    found = cli.in_one_interpreter("from experiments import job_line; job_line.main(case)",
+                                   [["job_line", line, *([tpu_type] if tpu_type else [])] for line in lines],
+                                   cwd=LAUNCH.parent)
+    return [(status, out.split("\0") if out else [], err) for status, out, err in found]
 
 
 def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
