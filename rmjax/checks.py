@@ -52,11 +52,15 @@ def rule_for(config_class: type, name: str, rule: Rule) -> Rule:
 
 def validate(config, rules: dict[str, Rule]) -> None:
     """UsageError for the first field of `config` outside its rule (None passes: 'not set'; a rule reads as the
-    field's declared type: `rule_for`); a float setting must be finite."""
+    field's declared type: `rule_for`); a float setting must be finite; no item of a list may be empty (a trailing
+    comma made --scores=a.csv, read '' as the current folder: every CSV in it)."""
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{field.name}={value}: must be a finite number.")
+        if isinstance(value, tuple) and any(isinstance(v, str) and not v.strip() for v in value):
+            raise UsageError(f"--{field.name}={','.join(map(str, value))}: an item is empty (a stray comma?); give "
+                             "each item once, separated by commas.")
         if field.name in rules and value is not None:
             ok, allowed = rule_for(type(config), field.name, rules[field.name])
             if not ok(value):

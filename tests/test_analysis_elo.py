@@ -212,8 +212,10 @@ def scores_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for name in ("heatmap", "rank_trajectories"):
             patch.setattr(plots, name, recorder(getattr(plots, name)))
-        # elo-rm-test stands for a builtin RM, whose training record names the EloEverything data (issue 45)
-        patch.setattr(elo_module, "elo_training", lambda source: "builtin" if source == "elo-rm-test" else None)
+        # elo-rm-test stands for a builtin RM, whose training record names the EloEverything data (issue 45); so does
+        # the published Pub-A's sweep (Pub-A tuned on it), labelled P-A (--scores) beside the published P-A
+        patch.setattr(elo_module, "elo_training",
+                      lambda source: "builtin" if source in ("elo-rm-test", "org/Pub-A") else None)
         result = run_analyses(cfg, root / "out", echo=False)
     return root / "out", raw, expected, dict(drawn), result
 
@@ -225,8 +227,9 @@ def test_a_model_trained_on_the_elo_data_is_named_as_in_sample(scores_run, tmp_p
 
     out, _, _, drawn, _ = scores_run
     agreement = pd.read_csv(out / "elo_human_agreement.csv", keep_default_na=False)
-    assert set(agreement[agreement.model == "elo-rm-test"].trained_on_elo) == {"builtin"}
-    assert set(agreement[agreement.model != "elo-rm-test"].trained_on_elo) == {""}
+    tuned = agreement.model.isin(["elo-rm-test", "P-A (--scores)"])
+    assert set(agreement[tuned].trained_on_elo) == {"builtin"}
+    assert set(agreement[~tuned].trained_on_elo) == {""}  # the published P-A is not the tuned one
     report = (out / "report.md").read_text()
     assert "**elo-rm-test was trained on EloEverything pairs** (`--elo=builtin`)" in report
     assert "n_items |" in report  # each τ beside the items it is over
@@ -314,9 +317,10 @@ def test_scores_models_are_in_the_figures(scores_run):
     out, _, expected, drawn, result = scores_run
     slug = "what_in_one_word_is_the_greatest_thing_ever"
     (grid, _), (tau, _) = drawn["elo_spearman_to_human"], drawn[f"elo_kendall_tau_{slug}"]
-    assert list(grid.index) == ["P-A", "P-B", "P-A (--scores)", "elo-rm-test (trained on this data)"]
+    assert list(grid.index) == ["P-A", "P-B", "P-A (--scores) (trained on this data)",
+                                "elo-rm-test (trained on this data)"]
     assert grid.loc["elo-rm-test (trained on this data)", GREATEST + "?"] == pytest.approx(1.0)
-    assert np.isnan(grid.loc["P-A (--scores)", PREFER + "?"])  # no column for that prompt
+    assert np.isnan(grid.loc["P-A (--scores) (trained on this data)", PREFER + "?"])  # no column for that prompt
     assert "elo-rm-test" in tau.index and "P-A (--scores)" in tau.columns
     ranks, columns, labels, items, _ = drawn[f"elo_rank_trajectories_{slug}"]
     assert "elo-rm-test_rank" in columns and "elo-rm-test\n(rho 1.00, 20 items)" in labels

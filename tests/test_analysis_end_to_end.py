@@ -296,3 +296,6 @@ def test_settings_that_make_a_meaningless_table_are_refused():
     refused(lambda: AnalysisConfig(audits=("a",), n_permutations=1), "--n_permutations=1", "at least 100")
     refused(lambda: AnalysisConfig(scores=("s.csv",), framing=("best", "best")), "two different prompt names")
     assert AnalysisConfig(scores=("s.csv",), n_boot=2).n_boot == 2  # the moments' bootstrap keeps its own floor
+    # a trailing comma (absl reads --scores=a.csv, as a.csv and ''): '' was the current folder, every CSV in it a model
+    refused(lambda: AnalysisConfig(scores=("a.csv", "")), "--scores=a.csv,:", "an item is empty")
+    refused(lambda: AnalysisConfig(audits=("a", " ", "b")), "--audits=a, ,b:", "an item is empty")

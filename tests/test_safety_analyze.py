@@ -250,6 +250,53 @@ def test_unreadable_inputs_and_unwritable_outputs_stop_in_one_line(tmp_path):
         inproc.refused(partial(analyze, out or tmp_path / f"out{i}", scores), *fragments)
 
 
+def test_a_dictionary_frequency_list_or_elo_folder_of_the_wrong_kind_stops_in_one_line(tmp_path):
+    """A fault hunt's cases: each gave a traceback (a Big Two file of the wrong kind; an Elo folder with no model
+    columns, which left a half-written --out), or exit 0 with a NaN table or a 'Skipped' line for a file the user
+    named (a --frequencies typo, or a word list read as the BNC list). Each stops before --out exists."""
+    table = sweep(tmp_path / "a.csv", {"best": np.arange(40.0), "worst": -np.arange(40.0)})
+    (tmp_path / "words.txt").write_text("love\nhate\n")
+    (tmp_path / "keys.json").write_text('{"a": 1}')
+    (tmp_path / "cat.csv").write_text("word,cat\nsuccess,agency\n")
+    (tmp_path / "latin1.csv").write_bytes("word,category\ncaf\xe9,agency\n".encode("latin-1"))
+    (tmp_path / "agency.csv").write_text("word,category\nsucc*,agency\n")
+    (tmp_path / "elo").mkdir()
+    (tmp_path / "elo" / "What is best.csv").write_text("elo_rank,elo_score,name,elo_matches\n1,10,w1,3\n2,9,w2,3\n")
+    cases = [
+        (dict(bigtwo_dictionary=str(tmp_path / "words.txt")), ["words.txt", "not a UTF-8 JSON or CSV"]),
+        (dict(bigtwo_dictionary=str(tmp_path / "keys.json")), ["keys.json", "big2a_agen and big2a_comm"]),
+        (dict(bigtwo_dictionary=str(tmp_path / "cat.csv")), ["cat.csv", "needs the columns word,category"]),
+        (dict(bigtwo_dictionary=str(tmp_path / "latin1.csv")), ["latin1.csv", "not a UTF-8 JSON or CSV"]),
+        (dict(bigtwo_dictionary=str(tmp_path / "agency.csv")), ["agency.csv", "no communion words"]),
+        (dict(frequencies=str(tmp_path / "typo.txt")), ["--frequencies=", "typo.txt not found"]),
+        (dict(frequencies=str(tmp_path / "words.txt")), ["words.txt", "no word frequencies read"]),
+    ]
+    for i, (settings, fragments) in enumerate(cases):
+        inproc.refused(partial(analyze, tmp_path / f"out{i}", table, **settings), *fragments)
+        assert not (tmp_path / f"out{i}").exists()
+    inproc.refused(partial(analyze, tmp_path / "elo_out", elo=str(tmp_path / "elo"), models_yaml=None, frequencies=None,
+                           scores=()), "no model columns")
+    assert not (tmp_path / "elo_out").exists()
+
+
+def test_a_model_of_one_score_or_a_prompt_some_model_lacks_is_named_not_tabled(tmp_path):
+    """A constant column ranks nothing: its RBO was a number (the alphabetical tie-break's overlap) beside NaN τ, ρ and
+    EPIC; its framing z-scores divided by 0 (NaN correlations, its rankings gone unsaid). A prompt only some models
+    have was dropped from every table without a word."""
+    rng = np.random.default_rng(5)
+    a = sweep(tmp_path / "a.csv", {p: rng.normal(size=40) for p in ("best", "worst", "extra")})
+    b = sweep(tmp_path / "b.csv", {"best": np.ones(40), "worst": rng.normal(size=40)})
+    analyze(tmp_path / "out", a, b, framing=("best", "worst"))
+    rbo = pd.read_csv(tmp_path / "out" / "paper1_rbo_best.csv").set_index("model")
+    assert np.isnan(rbo.loc["a", "b"]) and np.isnan(rbo.loc["b", "b"])
+    assert rbo.loc["a", "a"] == pytest.approx(1 - 0.9**40)  # RBO@40 of a ranking with itself
+    correlations = pd.read_csv(tmp_path / "out" / "paper1_framing_correlations.csv")
+    assert list(correlations.model) == ["a"] and np.isfinite(correlations[["pearson", "kendall_tau"]]).all(axis=None)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "framing: b gives one score to every string" in report
+    assert "a's prompts extra are not in every --scores table" in report
+
+
 def test_prompts_and_models_named_like_pandas_attributes(tmp_path):
     """3: a prompt called `mean` (or `index`, `T`, `values`, `columns`, `shape`) broke the beam tables (the mean
     over prompts took its column); every such name must analyze like any other."""

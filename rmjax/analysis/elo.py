@@ -181,7 +181,8 @@ def human_agreement(elo_prompts: Sequence[EloPrompt], trained: dict[str, str | N
     """Kendall tau-b and Spearman rho of each model's scores with the human Elo scores, per prompt, over
     the items the model scores (all of them for a published model); `source` is published or --scores;
     `trained_on_elo`: the EloEverything data the model was trained on (`trained[model]`, `table_training` of each
-    --scores table; empty for none), whose τ is then partly in-sample."""
+    --scores table by its label here; empty for none, and for every published model), whose τ is then partly
+    in-sample."""
     trained = trained or {}
     rows = []
     for ep in elo_prompts:
@@ -196,7 +197,7 @@ def human_agreement(elo_prompts: Sequence[EloPrompt], trained: dict[str, str | N
                          "n_items": int(covered.sum()),
                          "kendall_tau": float(tau.statistic), "kendall_p": float(tau.pvalue),
                          "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue),
-                         "trained_on_elo": trained.get(model) or ""})
+                         "trained_on_elo": (trained.get(model) if model in ep.user_models else None) or ""})
     return pd.DataFrame(rows)
 
 
@@ -328,6 +329,7 @@ class ScoresAdded:
     coverage: pd.DataFrame  # per (model, prompt): the column used and how many items each match kind found
     items: pd.DataFrame  # per (model, prompt, item): how the item was found (item_tokens)
     notes: list[str]  # renamed models, prompts without an EloEverything counterpart
+    labels: list[str | None]  # each table's label in these tables (renamed past a published model's); None: not added
 
 
 def add_score_tables(elo_prompts: Sequence[EloPrompt], tables: Sequence[ScoreTable]) -> ScoresAdded:
@@ -339,8 +341,9 @@ def add_score_tables(elo_prompts: Sequence[EloPrompt], tables: Sequence[ScoreTab
     taken = {m.casefold() for m in all_models(elo_prompts)}
     taken |= {HUMAN.casefold(), "median_model", "median_model_rank_minus_human"}  # ranks_table's own columns
     prompts = {ep.prompt: ep for ep in elo_prompts}
-    coverage, items, notes = [], [], []
+    coverage, items, notes, labels = [], [], [], []
     for table in tables:
+        labels.append(None)
         label = table.model
         if label.casefold() in taken:
             label += USER_MARK
@@ -356,6 +359,7 @@ def add_score_tables(elo_prompts: Sequence[EloPrompt], tables: Sequence[ScoreTab
                          "EloEverything prompt, so it is not in the EloEverything tables.")
             continue
         taken.add(label.casefold())
+        labels[-1] = label
         if unused:
             notes.append(f"{label}: prompt columns {', '.join(unused)} are not EloEverything prompts (not used "
                          "there).")
@@ -378,4 +382,4 @@ def add_score_tables(elo_prompts: Sequence[EloPrompt], tables: Sequence[ScoreTab
             items.append(found.drop(columns="row").assign(model=label, prompt=prompt))
     item_frame = (pd.concat(items, ignore_index=True)[["model", "prompt", "name", "match", "token_id", "string"]]
                   if items else pd.DataFrame(columns=["model", "prompt", "name", "match", "token_id", "string"]))
-    return ScoresAdded([prompts[ep.prompt] for ep in elo_prompts], pd.DataFrame(coverage), item_frame, notes)
+    return ScoresAdded([prompts[ep.prompt] for ep in elo_prompts], pd.DataFrame(coverage), item_frame, notes, labels)

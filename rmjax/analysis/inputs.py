@@ -48,7 +48,8 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
     elo = str(shipped.ELO_DIR) if cfg.elo == shipped.BUILTIN else cfg.elo  # the EloEverything files shipped
     named = (("--elo", elo), ("--models_yaml", cfg.models_yaml), ("--bigtwo_checkpoints", cfg.bigtwo_checkpoints),
              ("--bigtwo_dictionary", cfg.bigtwo_dictionary), ("--implicit_chosen", cfg.implicit_chosen),
-             ("--implicit_reference", cfg.implicit_reference))
+             ("--implicit_reference", cfg.implicit_reference),
+             ("--frequencies", cfg.frequencies if cfg.scores else None))  # the shipped list unless given
     for what, path in named:
         if path and not Path(path).exists():
             raise MissingFileError(f"{what}={path} not found.")
@@ -65,13 +66,21 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
     if score_paths:
         found.scores = data.load_score_tables(score_paths, found.metadata, cfg.roundtrip_only)
         found.afinn = _load_optional(found.skipped, "sentiment and frequency", lexicons.load_afinn)
-        if cfg.frequencies and Path(cfg.frequencies).is_file():
+        if cfg.frequencies:
             found.frequencies = lexicons.load_bnc_frequencies(cfg.frequencies)
+            if not found.frequencies:  # a slope over no words: NaN in a table, exit 0
+                raise InputFileError(f"--frequencies={cfg.frequencies}: no word frequencies read; give the BNC list "
+                                     "(1_1_all_alpha.txt: Word, PoS, marker, Freq per million, tab-separated).")
         else:
             found.skipped.append(f"frequency: BNC word-frequency list {cfg.frequencies or '(none given)'} not found "
                                  "(give --frequencies=PATH/1_1_all_alpha.txt).")
     if elo:
         found.elo = elo_lib.load_elo(elo, found.metadata)
+        if not any(ep.models for ep in found.elo) and (
+                not found.scores or elo_lib.add_score_tables(found.elo, found.scores).coverage.empty):
+            raise InputFileError(f"--elo={cfg.elo}: its CSVs have no model columns (beside elo_rank, elo_score, name, "
+                                 "elo_matches) and no --scores table scores their prompts: no model to compare with "
+                                 "the human ranking.")
     if cfg.implicit_chosen:
         if Path(cfg.implicit_chosen).resolve() == Path(cfg.implicit_reference).resolve():  # MWLR 0 everywhere
             raise UsageError(f"--implicit_chosen and --implicit_reference are one file ({cfg.implicit_chosen}); give "

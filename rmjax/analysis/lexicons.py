@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from rmjax import data as shipped
-from rmjax.errors import RmjaxError, UsageError
+from rmjax.errors import InputFileError, RmjaxError, UsageError
 
 AGENCY, COMMUNION = "agency", "communion"
 
@@ -113,20 +113,41 @@ def bigtwo_nvm_path() -> Path:
 
 def load_bigtwo(path: str | Path | None = None, variant: str = "a") -> dict[str, list[str]]:
     """{'agency': stems, 'communion': stems}: nvm's data.json, or a CSV `word,category` whose
-    category names start with 'agen' or 'comm'."""
+    category names start with 'agen' or 'comm'. A file that is neither, or leaves a category empty, is refused in
+    one line (a Big Two table of no words would be NaN)."""
+    flag = f"--bigtwo_dictionary={path}"
+    try:
+        lexicon = _read_bigtwo(path, variant, flag)
+    except (UnicodeDecodeError, json.JSONDecodeError, csv.Error) as error:
+        raise InputFileError(f"{flag}: not a UTF-8 JSON or CSV Big Two dictionary "
+                             f"({' '.join(str(error).split())[:120]}).") from None
+    empty = [k for k, stems in lexicon.items() if not stems]
+    if empty:
+        raise InputFileError(f"{flag}: no {' or '.join(empty)} words; give both categories.")
+    return lexicon
+
+
+def _read_bigtwo(path: str | Path | None, variant: str, flag: str) -> dict[str, list[str]]:
     if path is not None and Path(path).suffix.lower() == ".csv":
         lexicon: dict[str, list[str]] = {AGENCY: [], COMMUNION: []}
         with open(path, encoding="utf-8", newline="") as f:
-            for row in csv.DictReader(f):
-                category = row["category"].strip().lower()
+            reader = csv.DictReader(f)
+            if not {"word", "category"} <= set(reader.fieldnames or ()):
+                raise InputFileError(f"{flag}: a CSV dictionary needs the columns word,category (it has "
+                                     f"{','.join(reader.fieldnames or ()) or 'none'}).")
+            for row in reader:
+                category = (row["category"] or "").strip().lower()
                 key = AGENCY if category.startswith("agen") else COMMUNION if category.startswith("comm") else None
                 if key is None:
                     raise UsageError(f"{path}: category {row['category']!r} is neither agency nor communion.")
-                lexicon[key].append(row["word"].strip().lower())
+                lexicon[key].append((row["word"] or "").strip().lower())
         return lexicon
     data = json.loads(Path(path or bigtwo_nvm_path()).read_text(encoding="utf-8"))
-    agency_key, communion_key = BIGTWO_VARIANTS[variant]
-    return {AGENCY: [s.lower() for s in data[agency_key]], COMMUNION: [s.lower() for s in data[communion_key]]}
+    keys = BIGTWO_VARIANTS[variant]
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in keys):
+        raise InputFileError(f"{flag}: a JSON dictionary needs the lists {' and '.join(keys)} (nvm's data.json), "
+                             "or give a CSV with the columns word,category.")
+    return {AGENCY: [str(s).lower() for s in data[keys[0]]], COMMUNION: [str(s).lower() for s in data[keys[1]]]}
 
 
 def matches_stem(word: str, stem: str) -> bool:

@@ -28,6 +28,11 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
     if not prompts:
         raise UsageError(f"the score tables have no prompt column in common: {[t.prompts for t in tables]}.")
     labels = [t.model for t in tables]
+    for t in tables:  # the tables compare models: a prompt some model lacks is in none of them
+        dropped = [p for p in t.prompts if p not in prompts]
+        if dropped:
+            outputs.skip(f"score tables: {t.model}'s prompts {', '.join(dropped)} are not in every --scores table, "
+                         "so they are left out of every table (analyze that model alone to see them).")
     parts = data.file_parts(prompts)
     vocabulary = data.shared_vocabulary(tables)
     outputs.keyed_table("paper1_shared_vocabulary", {"token_decoded": vocabulary}, {})
@@ -62,15 +67,21 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
         outputs.skip("heterogeneity/MDS/RSA: needs at least two models sharing at least two strings.")
 
     best, worst = cfg.framing
-    if best in prompts and worst in prompts:
-        correlations, rankings = paper1.framing_tables(tables, best, worst, cfg.top)
+    # a prompt of one score has no z-scores (its SD is 0): that model's framing is undefined, said and left out
+    framed = [t for t in tables if all(t.frame[p].nunique() > 1 for p in (best, worst) if p in prompts)]
+    for t in tables:
+        if t not in framed:
+            outputs.skip(f"framing: {t.model} gives one score to every string for {best!r} or {worst!r}, so its "
+                         "framing (z-scores per prompt) is undefined.")
+    if best in prompts and worst in prompts and framed:
+        correlations, rankings = paper1.framing_tables(framed, best, worst, cfg.top)
         outputs.table("paper1_framing_correlations", correlations)
         outputs.table("paper1_framing_rankings", rankings)
         outputs.figure("paper1_framing_scatter", plots.framing_scatter,
-                       {t.model: (t.frame[best].to_numpy(), t.frame[worst].to_numpy()) for t in tables}, best, worst)
+                       {t.model: (t.frame[best].to_numpy(), t.frame[worst].to_numpy()) for t in framed}, best, worst)
         outputs.say(f"Framing: correlation of {best!r} and {worst!r} scores per model:", "",
                     markdown(correlations), "")
-    else:
+    elif framed:
         outputs.skip(f"framing: needs prompts {best!r} and {worst!r} (have {prompts}).")
 
     collapse = cfg.collapse_variants
@@ -193,8 +204,9 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
         prompts = added.prompts
     user_models = [] if added is None or added.coverage.empty else list(dict.fromkeys(added.coverage["model"]))
     models = published + user_models  # the --scores models in the order of their tables
-    agreement = outputs.table("elo_human_agreement", elo_lib.human_agreement(
-        prompts, {t.model: elo_lib.table_training(t) for t in tables}))
+    trained = {} if added is None else {label: elo_lib.table_training(t)  # by the label the tables give it
+                                        for t, label in zip(tables, added.labels, strict=True) if label}
+    agreement = outputs.table("elo_human_agreement", elo_lib.human_agreement(prompts, trained))
     in_sample = list(dict.fromkeys(agreement.model[agreement.trained_on_elo != ""]))
     outputs.headline["elo_human_agreement"] = agreement
     median_of = "models only" if not user_models else f"the {len(published)} published models only"

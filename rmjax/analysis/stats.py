@@ -137,14 +137,16 @@ def rbo(ranking_a: Sequence, ranking_b: Sequence, p: float = 0.9, depth: int = 1
 
 
 def rbo_matrix(frame: pd.DataFrame, p: float = 0.9, depth: int = 132) -> pd.DataFrame:
-    """RBO between every pair of columns; rankings are the index sorted by each column, descending."""
+    """RBO between every pair of columns; rankings are the index sorted by each column, descending. A column of one
+    value ranks nothing (its order would be the tie-break's, alphabetical): NaN, as its rank correlations are."""
     rankings = {c: ranking(frame[c])[:depth] for c in frame.columns}
     cols = list(frame.columns)
+    ranked = {c: frame[c].nunique() > 1 for c in cols}
     out = pd.DataFrame(np.eye(len(cols)), index=cols, columns=cols)
     for a, b in itertools.combinations(cols, 2):
-        out.loc[a, b] = out.loc[b, a] = rbo(rankings[a], rankings[b], p, depth)
+        out.loc[a, b] = out.loc[b, a] = rbo(rankings[a], rankings[b], p, depth) if ranked[a] and ranked[b] else np.nan
     for c in cols:
-        out.loc[c, c] = rbo(rankings[c], rankings[c], p, depth)
+        out.loc[c, c] = rbo(rankings[c], rankings[c], p, depth) if ranked[c] else np.nan
     return out
 
 
