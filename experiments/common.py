@@ -95,6 +95,13 @@ def note_edge_spaces(flag: str, texts: list[str]) -> None:
               f"(a chat template that trims responses drops it): {shown}.", file=sys.stderr)
 
 
+def refuse_empty_responses(flag: str, texts: list[str], instead: str = "") -> None:
+    """A blank item of a response list is a stray comma, not a response to score or inspect."""
+    if any(not t.strip() for t in texts):
+        raise UsageError(f"{flag}={','.join(texts)} has an empty response (two commas in a row, or one at an end); "
+                         f"remove it{instead}.")
+
+
 def refuse_output_column(job: str) -> None:
     """An LM job has no reward outputs: a given --output_column is a mistake, not something to ignore."""
     if OUTPUT_COLUMN.value:

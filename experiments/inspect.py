@@ -57,6 +57,7 @@ def main(argv):
         raise UsageError("give the responses one way: --responses, --from_sweep or --from_beam.")
     if RESPONSES.value:
         common.note_edge_spaces("--responses", RESPONSES.value)
+        common.refuse_empty_responses("--responses", RESPONSES.value)
         common.refuse_given("inspect --responses", ("top", "depth"), "inspects the responses given")
     elif FROM_SWEEP.value:
         common.refuse_given("inspect --from_sweep", ("depth",), "reads one-token responses")
@@ -75,6 +76,9 @@ def main(argv):
             print(f"{label!r}: reward {reward:+.4f}, direct contributions explain {100 * explained:.1f}%, "
                   f"IG completeness gap {100 * gap:.2f}% ({evals} gradient evaluations)")
         print(f"wrote {', '.join(inspect_job.FILES)} and {inspect_job.FILES[0]}.meta.json to {OUT.value}")
+        if summary.get("patching") is None:  # its CSV is a header alone: said here, not only in .meta.json
+            print(f"no activation patching (patching.csv holds no rows): "
+                  f"{summary.get('patching_skipped') or 'it needs two responses'}.")
         for warning in summary["ig_warnings"]:  # last, where they are seen; stderr too, for logs that keep only it
             print(warning)
             print(warning, file=sys.stderr)

@@ -36,9 +36,7 @@ def read_texts() -> list[str]:
 
     texts = list(TEXTS.value)
     common.note_edge_spaces("--texts", texts)
-    if any(not t.strip() for t in texts):
-        raise UsageError(f"--texts={','.join(texts)} has an empty response (two commas in a row, or one at an end); "
-                         "remove it, or put an empty response's neighbours in --texts_file.")
+    common.refuse_empty_responses("--texts", texts, ", or put an empty response's neighbours in --texts_file")
     if TEXTS_FILE.value:
         path = Path(TEXTS_FILE.value)
         if path.is_dir():

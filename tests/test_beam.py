@@ -203,6 +203,11 @@ def test_vocab_file_and_user_errors(rm_folder, tmp_path, monkeypatch):
     inproc.refused(lambda: BeamConfig(depth=0), "--depth=0")  # the flag's config
     inproc.refused(beam(x, token_ids=(1,), vocab_file=words), "--token_ids or --vocab_file")
     inproc.refused(beam(x, vocab_file=tmp_path / "missing.txt"), "missing.txt")
+    # candidates that are all special tokens: refused once the model had loaded (a fault hunt), now before
+    from rmjax.loading import config_and_tokenizer
+
+    specials = tuple(sorted(set(config_and_tokenizer(str(rm_folder))[1].all_special_ids)))
+    inproc.refused(beam(x, token_ids=specials), f"all {len(specials)} candidates are special or byte tokens")
     assert not x.exists()
 
 

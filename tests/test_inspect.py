@@ -382,3 +382,25 @@ def test_text_responses_mark_only_their_own_tokens(rm_folder):
         ids = model.tokenizer(rendered, add_special_tokens=False).input_ids
         assert list(item.ids) == ids and ids[item.end:] == list(split.suffix) and len(split.suffix) >= 1
         assert model.tokenizer.decode(ids[item.start:item.end]) == item.label
+
+
+def test_responses_past_the_context_blank_or_merged_with_the_template(rm_folder, tmp_path, monkeypatch):
+    """A fault hunt: inspect wrote its tables for a conversation longer than the model's context (score refuses
+    it) and for an empty response (a stray comma in --responses), and marked the first token of a response starting
+    with a newline as the template's (ChatML's '\\n' and the response's '\\n\\n' tokenize as '\\n\\n', '\\n')."""
+    from rmjax.inspect.job import InspectSpec, items_from_texts, run_inspect
+    from tests import cli, inproc
+
+    model = load(str(rm_folder))
+    prompt = "What, in one word, is the greatest thing ever?"
+    for response in ("\n\nhello", "hello\n\n"):
+        (item,) = items_from_texts(model, prompt, [response])
+        assert response in model.tokenizer.decode(list(item.ids[item.start:item.end])), response
+    inproc.no_weights_read(monkeypatch)
+    long = " ".join(["word"] * model.config.max_position_embeddings)
+    inproc.refused(lambda: run_inspect(InspectSpec(inproc.options(rm_folder, tmp_path / "long"),
+                                                   ("greatest", prompt), responses=(long,))),
+                   "more than the model's context")
+    assert not (tmp_path / "long").exists()
+    (blank,) = cli.run_each(("inspect", f"--model={rm_folder}", "--responses=a,,b", f"--out={tmp_path / 'blank'}"))
+    cli.user_error(blank, "--responses=a,,b has an empty response")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax.errors import NonFiniteError, UsageError
+from rmjax.errors import NonFiniteError, PromptTooLongError, UsageError
 from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute, check_batch_size
 from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import reward_lens, token_rewards
@@ -54,20 +54,40 @@ def items_from_ids(model: Model, prompt: str, sequences: list[tuple[int, ...]], 
 
 def _text_items(tokenizer, context: int, prompt: str, responses: list[str], template: str) -> list[Item]:
     conv = Conversations(tokenizer, prompt, template, max_positions=context)
-    start, suffix = len(conv.prefix), list(conv.split.suffix)
+    prefix, suffix = list(conv.prefix), list(conv.split.suffix)
+    items = []
+    for response, ids in zip(responses, conv.token_ids(responses), strict=True):
+        # a token merged across the template's edge ('\n' + a response's leading '\n\n') is the response's: its
+        # span runs from the first position that differs from the prefix to the last that differs from the suffix
+        start = _shared_length(ids, prefix)
+        end = len(ids) - _shared_length(ids[start:][::-1], suffix[::-1])
+        items.append(Item(response, tuple(ids), start, end))
+    return _within_context(items, context)
 
-    def end(ids: list[int]) -> int:
-        return len(ids) - len(suffix) if suffix and ids[len(ids) - len(suffix):] == suffix else len(ids)
 
-    return [Item(r, tuple(ids), start, end(ids)) for r, ids in zip(responses, conv.token_ids(responses), strict=True)]
+def _shared_length(a: list[int], b: list[int]) -> int:
+    """How many leading elements `a` and `b` share."""
+    return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def _id_items(tokenizer, context: int, prompt: str, sequences: list[tuple[int, ...]], template: str) -> list[Item]:
     split = chat.split_chat(tokenizer, prompt, template, context)
     texts = [tokenizer.decode(list(s)) for s in sequences]
     # several sequences may decode alike (every lone byte token decodes to U+FFFD): their ids tell them apart
-    return [Item(t if texts.count(t) == 1 else f"{t} [ids {' '.join(map(str, s))}]", tuple(split.ids_with(list(s))),
-                 len(split.prefix), len(split.prefix) + len(s)) for t, s in zip(texts, sequences, strict=True)]
+    return _within_context([Item(t if texts.count(t) == 1 else f"{t} [ids {' '.join(map(str, s))}]",
+                                 tuple(split.ids_with(list(s))), len(split.prefix), len(split.prefix) + len(s))
+                            for t, s in zip(texts, sequences, strict=True)], context)
+
+
+def _within_context(items: list[Item], context: int) -> list[Item]:
+    """`items`, refused in one line (before the weights load) where a conversation is longer than the model's
+    context: its lens, attribution and patching would come from positions the model never saw."""
+    for item in items:
+        if len(item.ids) > context:
+            raise PromptTooLongError(f"response {item.label[:40]!r} makes a conversation of {len(item.ids)} tokens, "
+                                     f"more than the model's context of {context} (max_position_embeddings); "
+                                     "inspect a shorter response.")
+    return items
 
 
 def distinct_labels(items: list[Item]) -> list[Item]:
@@ -228,7 +248,6 @@ def run_inspect(spec: InspectSpec) -> dict:
                          f"{spec.steps + 1} or fewer --steps.")
     config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
     require_reward_model(config, o.model, "inspect")
-    out = check_writable(o.out, "--out", folder=True)  # before the model loads
     # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads
     model_fp, sequences, source = job_fingerprint(o), None, None
     if spec.source:
@@ -240,6 +259,7 @@ def run_inspect(spec: InspectSpec) -> dict:
     items = (_text_items(tokenizer, context, text, list(spec.responses), o.template) if spec.responses is not None
              else _id_items(tokenizer, context, text, sequences or [], o.template))
     items = distinct_labels(_require_items(items))
+    out = check_writable(o.out, "--out", folder=True)  # before the model loads, after the refusals of the input
     identity = inspect_identity(model_fp, dtype=o.dtype, output_column=o.output_column, prompt=text,
                                 items=items, steps=spec.steps, baseline=spec.baseline, tolerance=spec.tolerance,
                                 max_evaluations=spec.max_evaluations)

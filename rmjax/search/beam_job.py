@@ -155,15 +155,16 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
     fp, from_sweep = job_fingerprint(o), None
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")
-    if spec.from_sweep:  # refused now, before the model loads, if it is not this beam's depth 1 or lacks a candidate
+    # the candidates (none but special tokens is refused) and --from_sweep (not this beam's depth 1, or lacking a
+    # candidate: refused), before the model loads
+    model_config, tokenizer = config_and_tokenizer(o.model)
+    ids = spec.token_ids if lines is None else candidate_set.single_token_ids(tokenizer, lines, spec.vocab_file,
+                                                                               report=False)[0]
+    candidates = beam_candidates(tokenizer, model_config.vocab_size, cfg, ids, spec.limit, report=False)
+    if spec.from_sweep:
         table, given = read_sweep(spec.from_sweep, sweep_needs(fp, dtype=o.dtype, output_column=o.output_column,
                                                                prompts=spec.prompts, template=cfg.template))
-        model_config, tokenizer = config_and_tokenizer(o.model)
-        vocab = model_config.vocab_size
-        ids = spec.token_ids if lines is None else candidate_set.single_token_ids(tokenizer, lines, spec.vocab_file,
-                                                                                   report=False)[0]
-        depth1_scores(table, beam_candidates(tokenizer, vocab, cfg, ids, spec.limit, report=False), spec.prompts,
-                      spec.from_sweep)
+        depth1_scores(table, candidates, spec.prompts, spec.from_sweep)
         from_sweep = given.sha1
     identity = beam_identity(fp, dtype=o.dtype, prompts=spec.prompts, cfg=cfg, output_column=o.output_column,
                              candidates=requested, limit=spec.limit, from_sweep=from_sweep,
