@@ -142,7 +142,9 @@ def test_malformed_pairs_jsonl_names_the_line(tmp_path):
     cases = (("{not json", "line 2 is not JSON"),
              ("[1, 2]", "line 2 is a JSON array"),
              (json.dumps({"prompt": "Q?", "chosen": "a"}), "line 2 lacks rejected"),  # used to train on 'nan'
-             (json.dumps({"prompt": "Q?", "chosen": None, "rejected": "b"}), "line 2: chosen is null, not a string"))
+             (json.dumps({"prompt": "Q?", "chosen": None, "rejected": "b"}), "line 2: chosen is null, not a string"),
+             # half of an escaped emoji: read, then a tokenizer TypeError once the model had loaded (a fault hunt)
+             ('{"prompt": "Q?", "chosen": "good \\ud800", "rejected": "b"}', "line 2: chosen holds a lone surrogate"))
     for i, (line, fragment) in enumerate(cases):
         pairs = tmp_path / f"p{i}.jsonl"
         pairs.write_text(f"{good}\n{line}\n")
@@ -264,6 +266,8 @@ def test_pairs_and_ratings_read_as_written_or_refused(tmp_path):
     refused(header + "p1,a,b,\np2,c,d,\n", ".csv", "row 1 has 4 fields", "header has 3")
     refused(header + "p1,a,b\np2,c\n", ".csv", "row 2 has 2 fields")
     refused(header + "p1,a,b\np2,c,c\n", ".csv", "pair 2 has the same chosen and rejected")
+    # pandas read True/false as booleans, then 1/0: the false pair flipped silently (JSON lines refuse them)
+    refused("prompt,chosen,rejected,label\np1,a,b,True\np2,c,d,false\n", ".csv", "pair 1 has label 'True'")
     good = tmp_path / "good.csv"
     good.write_text(header + 'p1,"a, with a comma",b\np2,"two\nlines",d\n')
     pairs = read_pairs(good)

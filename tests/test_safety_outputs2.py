@@ -151,6 +151,42 @@ def test_train_rm_refuses_a_batch_past_its_training_pairs_before_loading(lm_fold
     assert line == f"error: {planned.value}"
 
 
+def test_train_rm_refuses_a_pair_past_the_context_and_a_head_out_folder_before_loading(lm_folder, tmp_path,
+                                                                                        monkeypatch):
+    """A fault hunt: --trainable=last_k (and full) trained on a conversation longer than the model's context (512
+    positions here) without a word, and the head refused it only after loading; --head_out=dir/ wrote a file `dir`."""
+    pairs = _pairs(tmp_path / "p.csv")
+    long = tmp_path / "long.csv"
+    long.write_text(pairs.read_text() + f"Which is better?,{'word ' * 600},bad stone\n")
+    inproc.no_weights_read(monkeypatch)
+    for trainable in ("last_k", "head"):
+        inproc.refused(lambda trainable=trainable: inproc.train_rm(lm_folder, pairs=long, trainable=trainable,
+                                                                   batch_size=8, workdir=tmp_path / "w"),
+                       "more than", "context of 512", "shorten or drop that pair")
+    inproc.refused(lambda: inproc.train_rm(lm_folder, pairs=pairs, workdir=tmp_path / "w", batch_size=8,
+                                           head_out=f"{tmp_path / 'heads'}/"), "--head_out=", "ends in a separator")
+    assert not (tmp_path / "w").exists() and not (tmp_path / "heads").exists()
+
+
+def test_an_export_trained_on_the_plain_format_reads_plain_under_auto(lm_folder, tmp_path):
+    """A fault hunt: an export of a --template=plain run kept the base's chat template, so --template=auto (every
+    job's default) scored it in a format it was not trained on. Now the export carries no chat template: auto reads
+    the same token ids as plain (the export's weights are the trained ones: test_train's saved-folder test)."""
+    from rmjax.loading import load
+    from rmjax.scoring.texts import TextScorer
+    from rmjax.text.chat import has_chat_template
+
+    pairs = _pairs(tmp_path / "p.csv")
+    inproc.train_rm(lm_folder, pairs=pairs, steps=2, batch_size=8, template="plain", workdir=tmp_path / "w",
+                    export=tmp_path / "hf")
+    model = load(str(tmp_path / "hf"))
+    assert not has_chat_template(model.tokenizer) and has_chat_template(load(str(lm_folder)).tokenizer)
+    texts = ["good apple", "bad road"]
+    auto, plain = (TextScorer(model, "Which is better?", t) for t in ("auto", "plain"))
+    assert auto.token_ids(texts) == plain.token_ids(texts)
+    np.testing.assert_array_equal(auto.score(texts, 8), plain.score(texts, 8))
+
+
 def _tree(folder) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 

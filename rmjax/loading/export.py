@@ -5,6 +5,7 @@ job (`run_export`, experiments/export.py), which writes any model `rmjax.loading
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -52,9 +53,10 @@ def text_only_config(raw: dict) -> dict:
     return flat
 
 
-def save_hf_folder(model: Model, folder: str | Path) -> Path:
+def save_hf_folder(model: Model, folder: str | Path, chat_template: bool = True) -> Path:
     """config.json + model.safetensors + tokenizer/chat template, loadable by rmjax and transformers
-    (written by process 0)."""
+    (written by process 0); without `chat_template` the tokenizer is saved without its chat template (a model trained
+    on the plain format: `--template=auto` then reads it plain, as it was trained)."""
     flat = {k: to_host(v) for k, v in nn.flat(model.params).items()}  # every process takes part in gathering
     if not is_main():
         return Path(folder)
@@ -67,7 +69,11 @@ def save_hf_folder(model: Model, folder: str | Path) -> Path:
     config = {**raw, **dict.fromkeys(keys, str(model.dtype))}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     if model.tokenizer is not None:
-        model.tokenizer.save_pretrained(str(folder))
+        tokenizer = model.tokenizer
+        if not chat_template and getattr(tokenizer, "chat_template", None):
+            tokenizer = copy.deepcopy(tokenizer)  # the loaded model's (cached) tokenizer keeps its template
+            tokenizer.chat_template = None
+        tokenizer.save_pretrained(str(folder))
     return folder
 
 

@@ -56,8 +56,8 @@ def read_pairs(path: str | Path) -> Pairs:
             df = pd.DataFrame(_json_pairs(path))
         else:
             _refuse_repeated_columns(path)
-            df = pd.read_csv(path, keep_default_na=False, index_col=False,
-                             dtype={"prompt": str, "chosen": str, "rejected": str})
+            df = pd.read_csv(path, keep_default_na=False, index_col=False,  # a label read as text: True is no 1
+                             dtype={"prompt": str, "chosen": str, "rejected": str, "label": str})
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
         raise InputFileError(f"{path}: cannot be read as preference pairs ({' '.join(str(error).split())}).") from None
     missing = {"prompt", "chosen", "rejected"} - set(df.columns)
@@ -186,6 +186,11 @@ def _json_pairs(path: Path) -> list[dict]:
         for key in PAIR_KEYS:
             if not isinstance(row[key], str):
                 raise InputFileError(f"{at}: {key} is {json.dumps(row[key])[:60]}, not a string; quote the text.")
+            try:  # a \ud800 escape alone (a cut emoji) is JSON, and a string no tokenizer takes
+                row[key].encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise InputFileError(f"{at}: {key} holds a lone surrogate {row[key][error.start]!r} at character "
+                                     f"{error.start} (half of an emoji's \\u escape pair); fix or drop it.") from None
         label = row.get("label")
         if "label" in row and (isinstance(label, bool) or not isinstance(label, int | float)):
             raise InputFileError(f"{at}: label is {json.dumps(label)[:60]}, not a number in [0, 1].")

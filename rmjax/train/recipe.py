@@ -14,8 +14,8 @@ import jax
 import numpy as np
 
 from rmjax import nn
-from rmjax.errors import UsageError
-from rmjax.loading import config_of, fingerprint, load
+from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.loading import config_and_tokenizer, config_of, fingerprint, load
 from rmjax.loading.export import HF_FOLDER_FILES, save_hf_folder
 from rmjax.loading.identity import hash_json
 from rmjax.loading.reward_head import new_head_fingerprint, reward_model_from_lm
@@ -23,8 +23,9 @@ from rmjax.loading.safetensors_io import save_file
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs import results
-from rmjax.runs.claims import Claim, Output, canonical, claim_all
+from rmjax.runs.claims import Claim, Output, canonical, claim_all, refuse_folder_name
 from rmjax.runs.results import dump_json, read_json
+from rmjax.text.chat import Conversations, has_chat_template
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
 from rmjax.train.loop import (
     TrainConfig,
@@ -112,6 +113,26 @@ def training_identity(lm_spec: str, train: Pairs, heldout: Pairs, cfg: TrainConf
     return train_identity(new_head_fingerprint(fingerprint(lm_spec), cfg.seed), dtype, train, heldout, cfg)
 
 
+def check_context(lm_spec: str, pairs: tuple[Pairs, ...], template: str) -> None:
+    """Refuse, from the tokenizer before the weights load, a pair whose conversation is longer than the model's
+    context: every trainable part but the head trained on it silently (positions the model never saw), and the head
+    was refused only once the model had loaded."""
+    config, tokenizer = config_and_tokenizer(lm_spec)
+    context = config.max_position_embeddings
+    by_prompt: dict[str, set[str]] = {}
+    for part in pairs:
+        for prompt, chosen, rejected in zip(part.prompt, part.chosen, part.rejected, strict=True):
+            by_prompt.setdefault(prompt, set()).update((chosen, rejected))
+    for prompt, responses in by_prompt.items():
+        texts = sorted(responses)
+        conversations = Conversations(tokenizer, prompt, template, max_positions=context)  # the prompt's own check
+        for text, ids in zip(texts, conversations.token_ids(texts), strict=True):
+            if len(ids) > context:
+                raise PromptTooLongError(f"a pair's response {text[:40]!r} to {prompt[:40]!r} makes a conversation of "
+                                         f"{len(ids)} tokens, more than {lm_spec}'s context of {context} "
+                                         "(max_position_embeddings); shorten or drop that pair.")
+
+
 def default_workdir(lm_spec: str, identity: dict, root: str | Path = "runs/train_rm") -> Path:
     """One folder per run (base model, data and settings), so two runs never share checkpoints."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(lm_spec.rstrip("/")).name).strip("-") or "model"
@@ -145,6 +166,9 @@ def run_training(
     check_batch_on_mesh(cfg, mesh)
     check_sharding_settings(cfg, mesh)
     check_last_k(cfg, config_of(lm_spec), lm_spec)  # before any output is claimed or weight read
+    check_context(lm_spec, (train, heldout), cfg.template)
+    if head_out:
+        refuse_folder_name(head_out, "--head_out")  # Path() below drops a trailing '/': a file `dir` was written
     identity = training_identity(lm_spec, train, heldout, cfg, dtype)
     workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
     print(f"workdir: {workdir}", file=sys.stderr)
@@ -193,7 +217,11 @@ def run_training(
         if elo_csv and done is None:
             summary["elo"] = elo_agreement(result.model, heldout, elo_csv, cfg.template)
         if export and fresh[export]:
-            save_hf_folder(result.model, export)
+            plain = cfg.template == "plain"  # "auto" reads a tokenizer without a chat template plain too
+            if plain and has_chat_template(result.model.tokenizer) and is_main():
+                print(f"--export={export}: trained on the plain format (--template=plain), so the export "
+                      "carries no chat template: --template=auto reads it plain, as it was trained.", file=sys.stderr)
+            save_hf_folder(result.model, export, chat_template=not plain)
         head = to_host(nn.get(result.model.params, "score.kernel"))
         if is_main():  # every process trained; one writes
             now = time.strftime("%Y-%m-%d %H:%M:%S")
