@@ -59,7 +59,13 @@ def _define(name: str, hint: Any, default: Any, meta: typing.Mapping) -> flags.F
     if kind is float:
         return flags.DEFINE_float(name, default, help_text)
     if kind is tuple:
-        return flags.DEFINE_list(name, list(default), help_text)
+        holder = flags.DEFINE_list(name, list(default), help_text)
+        item = _item_type(hint)
+        if item in (int, float):  # '1x' or an empty item reached float() later: a traceback
+            flags.register_validator(name, lambda values, item=item: all(_parses(v, item) for v in values),
+                                     message=f"--{name} takes {'integers' if item is int else 'numbers'} separated "
+                                             "by commas")
+        return holder
     return flags.DEFINE_string(name, default, help_text)
 
 
@@ -75,6 +81,22 @@ def _value(value: Any, hint: Any) -> Any:
 def _optional(hint: Any) -> bool:
     return (isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union) and \
         type(None) in typing.get_args(hint)
+
+
+def _item_type(hint: Any) -> type | None:
+    """float for `tuple[float, ...]` (or its `| None`); None when the tuple's items are not one type."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    args = typing.get_args(hint)
+    return args[0] if args and all(a in (args[0], Ellipsis) for a in args) else None
+
+
+def _parses(value: str, kind: type) -> bool:
+    try:
+        kind(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _base_type(hint: Any) -> type:

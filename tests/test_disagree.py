@@ -505,6 +505,7 @@ def test_the_summary_claims_no_win_over_a_best_of_n_that_did_not_run():
            "gap": 0.1, "judge_ppl": 10.0, "forwards": 100.0}
     entry = disagree_out.summaries([row], [unit], {}, cfg)["greatest"]["a_over_b"]
     assert entry["at_cap"]["search"]["gap"] == 0.1 and entry["at_cap"]["search_beats_best_of_n"] is None
+    assert entry["at_cap"]["search"]["text"] == "x"  # the text, not its CSV cell '"x"' (JSON-quoted twice in .meta)
     both = disagree_out.summaries([row], [unit, dataclasses.replace(unit, method="best_of_n")], {},
                                   DisagreeConfig(direction="a_over_b"))["greatest"]["a_over_b"]
     assert both["at_cap"]["search_beats_best_of_n"] is True  # best-of-N ran and wrote no row under the cap

@@ -57,6 +57,9 @@ def test_nan_score_head_stops_sweep_and_gcg(rm_folder, tmp_path):
     sweep(allow_nonfinite=True)
     assert pd.read_csv(out)[["greatest", "worst"]].isna().all().all()
     assert _meta(out)["nonfinite"]["values"] == 6 and _meta(out)["nonfinite"]["allowed"] is True
+    # a rerun without the flag reused that result, exit 0 (a fault hunt); its chunks it refused, as now the result
+    inproc.refused(sweep, "holds non-finite values", "pass --allow_nonfinite to reuse it")
+    sweep(allow_nonfinite=True)  # reused with the flag
     # The analysis refuses such a table, naming its rows.
     inproc.refused(lambda: inproc.analyze(tmp_path / "a", scores=(str(out),), models_yaml=None),
                    "NaN/Inf", "token 10", "--allow_nonfinite")

@@ -103,8 +103,8 @@ def _best(table: list[dict], prompt: str, direction: str, method: str, cap: floa
             and r["judge_ppl"] <= cap and (r["ends_turn"] or not complete)]
     if not mine:
         return None
-    r = max(mine, key=lambda r: sign * r["gap"])
-    return {k: r[k] for k in ("text", "gap", "z_a", "z_b", "judge_ppl", "ends_turn")}
+    r = max(mine, key=lambda r: sign * r["gap"])  # the text itself, not the CSV cell's JSON quoting of it
+    return {"text": json.loads(r["text"]), **{k: r[k] for k in ("gap", "z_a", "z_b", "judge_ppl", "ends_turn")}}
 
 
 def summaries(table: list[dict], units, maps: dict, cfg) -> dict:
@@ -183,4 +183,5 @@ def describe(summary: dict, paths: dict[str, Path], cfg) -> str:
 def _fmt(best: dict | None) -> str:
     if best is None:
         return "none"
-    return f"gap {best['gap']:+.2f} SD ({best['text']}, z_A {best['z_a']:+.2f}, z_B {best['z_b']:+.2f})"
+    text = json.dumps(best["text"], ensure_ascii=False)
+    return f"gap {best['gap']:+.2f} SD ({text}, z_A {best['z_a']:+.2f}, z_B {best['z_b']:+.2f})"
