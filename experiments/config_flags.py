@@ -58,6 +58,10 @@ def _define(name: str, hint: Any, default: Any, meta: typing.Mapping) -> flags.F
         return flags.DEFINE_integer(name, default, help_text)
     if kind is float:
         return flags.DEFINE_float(name, default, help_text)
+    if kind is tuple and meta.get("texts"):
+        from experiments.common import define_texts
+
+        return define_texts(name, list(default), help_text)
     if kind is tuple:
         holder = flags.DEFINE_list(name, list(default), help_text)
         item = _item_type(hint)

@@ -22,9 +22,11 @@ NON_NEGATIVE: Rule = (lambda v: v >= 0, ">= 0")
 GREATER_THAN_ZERO: Rule = (lambda v: v > 0, "> 0")
 
 
-def setting(default, help: str, choices: tuple[str, ...] | None = None):
-    """A config field with its command-line help (and choices): entry points generate their flags from these."""
-    return dataclasses.field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
+def setting(default, help: str, choices: tuple[str, ...] | None = None, texts: bool = False):
+    """A config field with its command-line help (and choices): entry points generate their flags from these.
+    `texts`: a list of responses, each kept as typed (a flag's list strips spaces at each item's ends)."""
+    return dataclasses.field(default=default, metadata={"help": help, **({"choices": choices} if choices else {}),
+                                                        **({"texts": True} if texts else {})})
 
 
 def one_of(*choices: str) -> Rule:

@@ -628,3 +628,13 @@ def test_gcg_entry_point_takes_token_ids(rm_folder, tmp_path):
     assert meta["config"]["token_ids"] == ids
     cli.user_error(cli.run("gcg", *flags, "--token_ids=5,49152", f"--out={tmp_path / 'b.json'}"),
                    "--token_ids", "[49152]", "outside the vocabulary")
+
+
+def test_init_keeps_each_response_as_typed(rm_folder, tmp_path):
+    """A fault hunt: the --init list flag stripped each item (' love x' ran as 'love x', and the two shared one
+    result), though the default start ' x x x' begins with a space and ChatML reads ' love' and 'love' apart."""
+    from tests import cli
+
+    (proc,) = cli.run_each(("gcg", f"--model={rm_folder}", "--num_tokens=5", "--init= love x",
+                            f"--out={tmp_path / 'g.json'}"))
+    cli.user_error(proc, "--init ' love x' does not come out of a real conversation")

@@ -33,7 +33,8 @@ class GCGConfig:
                                "the current token).")
     forbid_revisits: bool = setting(True, "Never evaluate a sequence twice (Faster-GCG history).")
     buffer_size: int = setting(8, "Best sequences kept.")
-    init: tuple[str, ...] = setting((), "Initial response strings (default ' x x x ...').")
+    init: tuple[str, ...] = setting((), "Initial response strings, each kept as typed (default ' x x x ...').",
+                                    texts=True)
     vocab_file: str | None = setting(None, "Search only these tokens: a file of strings, one per line (as "
                                      "experiments.beam --vocab_file; lines that are not one token are ignored).")
     token_ids: tuple[int, ...] = setting((), "Search only these token ids (as experiments.beam --token_ids); not with "
