@@ -358,3 +358,21 @@ def test_a_refused_claim_leaves_no_folder_it_made(lm_folder, tmp_path, monkeypat
         with claim_all([Output(tmp_path / "x" / "y" / "r.csv", {"k": 1}), Output(tmp_path / "taken.csv", {"k": 1})]):
             pass
     assert not (tmp_path / "x").exists()
+
+
+def test_the_printed_summary_of_a_table_with_nan_is_over_its_finite_values(tmp_path):
+    """A fault hunt: a column holding NaN (a run with --allow_nonfinite) printed mean and SD nan, every z +0.00 and
+    the NaN token among the top at pct 90. Its statistics are now the finite values', the NaN ones counted apart."""
+    from rmjax.runs import results
+    from rmjax.runs.finiteness import nonfinite_allowed
+    from rmjax.runs.table_summary import summarize_table
+
+    values = np.array([3.0, np.nan, 1.0, 2.0, 6.0])
+    path = tmp_path / "s.csv"
+    with nonfinite_allowed(True):
+        results.write_scores_csv(path, np.arange(5), list("abcde"), list("abcde"), {"greatest": values})
+    text = summarize_table(path, k=2)
+    finite = values[np.isfinite(values)]
+    z = (6.0 - finite.mean()) / finite.std()
+    assert "4 tokens (1 NaN/Inf left out)" in text and f"mean {finite.mean():.4f}" in text
+    assert f"6.0000  z {z:>+6.2f}  pct  75.00" in text and "'b'" not in text

@@ -27,13 +27,18 @@ def summarize_table(path: str | Path, k: int = 20, what: str = "score") -> str:
     roundtrip = df[results.ROUNDTRIP].to_numpy() if results.ROUNDTRIP in df.columns else None
     lines = []
     for col in results.value_columns(df):
-        values = df[col].to_numpy(np.float64)
+        column = df[col].to_numpy(np.float64)
+        values = column[np.isfinite(column)]  # a run with --allow_nonfinite: statistics of the finite ones, said
+        if not len(values):
+            lines.append(f"\n{col!r}: no finite value in {len(column):,} tokens")
+            continue
         mean, sd = float(values.mean()), float(values.std())
         p1, p50, p99 = np.percentile(values, [1, 50, 99])
         lines.append(f"\n{col!r}" + (f": {texts[col]!r}" if col in texts else ""))
-        lines.append(f"  {len(values):,} tokens: mean {mean:.4f}, sd {sd:.4f}; percentiles 1% {p1:.4f}, "
+        left = f" ({len(column) - len(values):,} NaN/Inf left out)" if len(values) < len(column) else ""
+        lines.append(f"  {len(values):,} tokens{left}: mean {mean:.4f}, sd {sd:.4f}; percentiles 1% {p1:.4f}, "
                      f"50% {p50:.4f}, 99% {p99:.4f}")
-        ranked = df.sort_values(col, ascending=False, kind="stable")
+        ranked = df[np.isfinite(column)].sort_values(col, ascending=False, kind="stable")
         sorted_values = np.sort(values)
         for title, part in (("top", ranked.head(k)), ("bottom", ranked.tail(k).iloc[::-1])):
             lines.append(f"{title} {k} tokens by {what} (z: SDs from the mean; pct: share of tokens below):")
