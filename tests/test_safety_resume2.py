@@ -201,12 +201,13 @@ def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path, mon
         assert 10_000 < fits < 10_000_000
         # A response past the context (512 positions) of the model.
         inproc.refused(gcg(num_tokens=600), "--num_tokens=600", "512 positions", "use --num_tokens=")
-        inproc.refused(beam("b.csv", depth=600, limit=8), "--depth=600", "512 positions", "use --depth=")
+        words = tuple(range(1000, 1008))  # no special tokens: a beam of those alone is refused first
+        inproc.refused(beam("b.csv", words, depth=600), "--depth=600", "512 positions", "use --depth=")
         # A batch past the memory, and one past the candidates there are.
         inproc.refused(sweep(batch_size=100000000), "--batch_size=100000000", "does not fit", "GiB",
                        "is the largest that fits")
         inproc.refused(sweep(limit=64, batch_size=100000), "--batch_size=100000", "64 candidates", "--batch_size=64")
-        inproc.refused(beam("b.csv", token_ids=(1, 2, 3), batch_size=4096), "--batch_size=4096", "3 candidates",
+        inproc.refused(beam("b.csv", token_ids=words[:3], batch_size=4096), "--batch_size=4096", "3 candidates",
                        "--batch_size=3")
     # An exhaustive enumeration the host cannot list (40,000^3 partials at depth 4): refused before any forward.
     inproc.refused(beam("e.csv", limit=40000, exhaustive=True, allow_special=True, depth=4),
