@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax.errors import NonFiniteError, PromptTooLongError, UsageError
+from rmjax.errors import NonFiniteError, UsageError
 from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute, check_batch_size
 from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import reward_lens, token_rewards
@@ -83,10 +83,7 @@ def _within_context(items: list[Item], context: int) -> list[Item]:
     """`items`, refused in one line (before the weights load) where a conversation is longer than the model's
     context: its lens, attribution and patching would come from positions the model never saw."""
     for item in items:
-        if len(item.ids) > context:
-            raise PromptTooLongError(f"response {item.label[:40]!r} makes a conversation of {len(item.ids)} tokens, "
-                                     f"more than the model's context of {context} (max_position_embeddings); "
-                                     "inspect a shorter response.")
+        chat.check_response_fits(item.label, len(item.ids), context, "; inspect a shorter response")
     return items
 
 

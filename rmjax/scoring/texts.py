@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.errors import UsageError
 from rmjax.loading.for_job import job_config_and_tokenizer, job_fingerprint, load_for_job
 from rmjax.loading.identity import hash_json, model_fingerprint
 from rmjax.model import Model, require_reward_model
@@ -81,9 +81,7 @@ class TextScorer(Conversations):
 
 
 def _check_length(model: Model, ids: list[int], response: str) -> None:
-    if len(ids) > model.config.max_position_embeddings:
-        raise PromptTooLongError(f"response {response[:40]!r} makes {len(ids)} tokens, more than the model's "
-                                 f"context of {model.config.max_position_embeddings} (max_position_embeddings).")
+    chat.check_response_fits(response, len(ids), model.config.max_position_embeddings)
 
 
 def _progress(n: int) -> Progress | None:

@@ -245,6 +245,15 @@ def check_fits(prompt: str, prefix: int, response_tokens: int, suffix: int, max_
         )
 
 
+def check_response_fits(response: str, length: int, context: int, fix: str = "") -> None:
+    """Refuse a whole conversation (template and response) of `length` tokens past the model's `context`: its
+    numbers would come from positions the model never saw. One wording for every job that reads responses as text
+    (score, inspect, train_rm); `fix` says what to do."""
+    if length > context:
+        raise PromptTooLongError(f"response {response[:40]!r} makes a conversation of {length} tokens, more than the "
+                                 f"model's context of {context} (max_position_embeddings){fix}.")
+
+
 def token_table(tokenizer, vocab_size: int) -> tuple[np.ndarray, list[str], list[str]]:
     """(ids, token_name, token_decoded) for ids 0..vocab_size-1 (rows past the tokenizer: '')."""
     n = min(len(tokenizer), vocab_size)

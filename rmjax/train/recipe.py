@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from rmjax import nn
-from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.errors import UsageError
 from rmjax.loading import config_and_tokenizer, config_of, fingerprint, load
 from rmjax.loading.export import HF_FOLDER_FILES, save_hf_folder
 from rmjax.loading.identity import hash_json
@@ -25,7 +25,7 @@ from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs import results
 from rmjax.runs.claims import Claim, Output, canonical, claim_all, refuse_folder_name
 from rmjax.runs.results import dump_json, read_json
-from rmjax.text.chat import Conversations, has_chat_template
+from rmjax.text.chat import Conversations, check_response_fits, has_chat_template
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
 from rmjax.train.loop import (
     TrainConfig,
@@ -127,10 +127,7 @@ def check_context(lm_spec: str, pairs: tuple[Pairs, ...], template: str) -> None
         texts = sorted(responses)
         conversations = Conversations(tokenizer, prompt, template, max_positions=context)  # the prompt's own check
         for text, ids in zip(texts, conversations.token_ids(texts), strict=True):
-            if len(ids) > context:
-                raise PromptTooLongError(f"a pair's response {text[:40]!r} to {prompt[:40]!r} makes a conversation of "
-                                         f"{len(ids)} tokens, more than {lm_spec}'s context of {context} "
-                                         "(max_position_embeddings); shorten or drop that pair.")
+            check_response_fits(text, len(ids), context, f" after {prompt[:40]!r}; shorten or drop that pair")
 
 
 def default_workdir(lm_spec: str, identity: dict, root: str | Path = "runs/train_rm") -> Path:
