@@ -1,7 +1,8 @@
 """Issue 42's second hidden campaign, its careless-user half: what a hurried user got wrong with exit 0.
 
 Each test failed on the code before its fix: a sweep or beam resumed with its prompts in another order wrote the
-saved chunks' columns under the other prompts' names; score's --texts_file cut a response at a form feed or U+2028
+saved chunks' columns under the other prompts' names (and a finished sweep was reused for them, its columns in the
+first order); score's --texts_file cut a response at a form feed or U+2028
 (str.splitlines) and kept a byte-order mark in the first; train_rm's --head_out=x.json wrote its recipe over the
 head, and --head_out=WORKDIR/run its recipe over the workdir's run.json.
 """
@@ -13,7 +14,7 @@ import json
 import pandas as pd
 import pytest
 
-from rmjax.errors import ResumeMismatchError
+from rmjax.errors import OutputExistsError, ResumeMismatchError
 from rmjax.runs import results
 from rmjax.runs.chunks import store_dir
 from rmjax.runs.options import RunOptions
@@ -47,6 +48,9 @@ def test_a_resume_with_the_prompts_in_another_order_is_refused(rm_folder, tmp_pa
         sweep(SWAPPED)
     sweep(PROMPTS)  # the saved order continues
     assert list(pd.read_csv(out).columns[-2:]) == ["greatest", "worst"]
+    # the finished result too: it was reused for the swapped order, exit 0, its columns in the first order
+    with pytest.raises(OutputExistsError, match="prompts in the order greatest, worst, not worst, greatest"):
+        sweep(SWAPPED)
 
     beam_out = tmp_path / "b.csv"
 

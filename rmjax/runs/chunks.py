@@ -26,7 +26,7 @@ import numpy as np
 
 from rmjax.errors import ResumeMismatchError
 from rmjax.parallel.distributed import barrier, is_main
-from rmjax.runs.claims import canonical, clear_store, mismatch_message, real_path
+from rmjax.runs.claims import canonical, clear_store, key_order, mismatch_message, real_path
 from rmjax.runs.results import atomic_write_text, fresh_file, read_json
 
 
@@ -65,18 +65,6 @@ def _kept_batch_note(directory: Path, saved: int, asked: int | None) -> str:
     asked_for = f"--batch_size={asked}" if asked else "the memory plan's pick"
     return (f"resuming {directory} with its batch size {saved}, not {asked_for}: its saved scores were computed in "
             f"batches of {saved} (another batch size rounds differently); pass --overwrite to start over with another.")
-
-
-def key_order(value: object, path: str = "") -> dict[str, list[str]]:
-    """The key order of every mapping of two or more keys in an identity, by dotted path: what `canonical` loses
-    and a chunk's layout keeps (the sweep's and beam's columns are their prompts in the order given)."""
-    out: dict[str, list[str]] = {}
-    if isinstance(value, dict):
-        if len(value) > 1:
-            out[path or "identity"] = [str(k) for k in value]
-        for key, item in value.items():
-            out.update(key_order(item, f"{path}.{key}" if path else str(key)))
-    return out
 
 
 def _order_mismatch(directory: Path, saved: dict, now: dict) -> ResumeMismatchError:

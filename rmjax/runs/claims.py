@@ -56,6 +56,24 @@ def canonical(identity: dict) -> dict:
     return json.loads(json.dumps(json_safe(identity), sort_keys=True, default=str))
 
 
+def key_order(value: object, path: str = "") -> dict[str, list[str]]:
+    """The key order of every mapping of two or more keys in an identity, by dotted path: what `canonical` loses
+    and a result keeps (the sweep's, beam's and score's columns are their prompts in the order given)."""
+    out: dict[str, list[str]] = {}
+    if isinstance(value, dict):
+        if len(value) > 1:
+            out[path or "identity"] = [str(k) for k in value]
+        for key, item in value.items():
+            out.update(key_order(item, f"{path}.{key}" if path else str(key)))
+    return out
+
+
+def prompt_order(identity: object) -> dict[str, list[str]]:
+    """The order of the identity's prompt mappings: the order its result's prompt columns are written in, which
+    the user chose (--prompts); the other mappings' order is the code's, and may change between versions."""
+    return {path: keys for path, keys in key_order(identity).items() if path.split(".")[-1] == "prompts"}
+
+
 def mismatch_message(what: str, old: dict, new: dict, flag: str = "--out") -> str:
     keys = changed_keys(old, canonical(new))
     return (f"{what} was made by a run with different {', '.join(keys) or 'settings'}. Rerun with the same "
@@ -226,9 +244,12 @@ def _refuse_links(out: Path, patterns: Sequence[str], beside: Sequence[Path], fl
 
 
 def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[Path], store: Path | None,
-            flag: str, folder: Sequence[str] | None, beside: Sequence[Path], fix: str | None = None) -> Claim:
+            flag: str, folder: Sequence[str] | None, beside: Sequence[Path], fix: str | None = None,
+            order: dict[str, list[str]] | None = None) -> Claim:
     """Read-only: what to do with `out` (raises when it may not be written); `fix`: what a refusal advises, where
-    --overwrite would replace more than this output (Output.fix)."""
+    --overwrite would replace more than this output (Output.fix); `order`: the run's `prompt_order`, which
+    `identity` (canonical: sorted) has lost."""
+    order = order or {}
     if folder is not None:
         _refuse_links(out, folder, beside, flag)
     # a folder holding only the run's other outputs (`beside`: an export inside a workdir) is an empty one
@@ -237,6 +258,14 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     stored = read_meta_identity(meta) if meta.is_file() else None
     outlived = False
     if stored == identity and present:
+        if not overwrite and prompt_order(stored) != order:  # the same prompts, its columns in another order
+            path = next(p for p in sorted(set(order) | set(prompt_order(stored)))
+                        if prompt_order(stored).get(p) != order.get(p))
+            raise OutputExistsError(
+                f"{flag}={out} holds a finished result of these inputs with its {path} in the order "
+                f"{', '.join(prompt_order(stored).get(path) or [])}, not {', '.join(order.get(path) or [])} (its "
+                f"columns are in that order). Rerun with them in that order to reuse it, pass --overwrite to recompute "
+                f"it, or choose another {flag}.")
         if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
             # reused only when byte for byte what was written; a folder too where its record lists its files (an
             # export cut short or edited; not a training workdir, whose run.json records only the run it holds)
@@ -348,7 +377,8 @@ def _lock_and_decide(output: Output, held: contextlib.ExitStack) -> Claim:
             held.enter_context(locks.hold(path, what=f"{flag}={out}"))
     beside = [path for p in output.beside for path in (Path(p), locks.lock_path(p))]
     return _decide(out, meta, identity, output.overwrite, owned,
-                   Path(output.store) if output.store is not None else None, flag, output.folder, beside, output.fix)
+                   Path(output.store) if output.store is not None else None, flag, output.folder, beside, output.fix,
+                   prompt_order(output.identity))
 
 
 def _named_files(output: Output) -> list[Path]:
