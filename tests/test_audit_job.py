@@ -140,6 +140,7 @@ def test_bad_settings_are_refused_before_any_weight_loads(rm_folder, tmp_path, m
     refused(lambda: run_audit(AuditSpec(o, batteries=())), "--batteries")
     refused(lambda: run_audit(AuditSpec(o, n_boot=10)), "--n_boot=10")
     refused(lambda: run_audit(AuditSpec(o, seed=-1)), "--seed=-1")
+    refused(lambda: run_audit(AuditSpec(o, seed=2**32)), "--seed=4294967296", "4294967295")
     # the length battery calibrates the length-only nulls of identity and sycophancy; framing's are 0 without it
     assert AuditSpec(o, batteries=("identity",)).batteries == ("identity", "length")
     assert AuditSpec(o, batteries=("framing",)).batteries == ("framing",)

@@ -476,6 +476,8 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
     refused(lambda: DisagreeConfig(screen=2, screen_best_of_n=True, methods="search"), "--screen_best_of_n")
     refused(lambda: DisagreeConfig(screen=2, methods="best_of_n"), "--screen", "--screen_best_of_n")
     refused(lambda: DisagreeConfig(screen=2, search=False, vocab_map=True), "--screen")
+    # a screen as wide as the step (accepted before) has B score every candidate: it screens nothing
+    refused(lambda: _spec(rm_folder, lower_rm, out, lm_folder, screen=SEARCH.search_width), "screens nothing")
     # every prompt is checked, whatever its place: the context of each model (side B's too) and the budget
     long = " ".join(["word"] * 600)
     for prompts_ in ({"greatest": PROMPT, "long": long}, {"long": long, "greatest": PROMPT}):

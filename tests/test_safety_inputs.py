@@ -373,6 +373,6 @@ def test_the_printed_summary_of_a_table_with_nan_is_over_its_finite_values(tmp_p
         results.write_scores_csv(path, np.arange(5), list("abcde"), list("abcde"), {"greatest": values})
     text = summarize_table(path, k=2)
     finite = values[np.isfinite(values)]
-    z = (6.0 - finite.mean()) / finite.std()
+    z = (6.0 - finite.mean()) / finite.std(ddof=1)  # every job's z: SD with ddof 1
     assert "4 tokens (1 NaN/Inf left out)" in text and f"mean {finite.mean():.4f}" in text
     assert f"6.0000  z {z:>+6.2f}  pct  75.00" in text and "'b'" not in text

@@ -58,8 +58,8 @@ class AuditSpec:
                                    ("--batch_size", self.batch_size, 1)):
             if value < least:
                 raise UsageError(f"{flag}={value}: give at least {least}.")
-        if self.seed < 0:
-            raise UsageError(f"--seed={self.seed}: give a seed of 0 or more.")
+        if not 0 <= self.seed < 2**32:  # as every job's seed (BUILD_NOTES, config checks)
+            raise UsageError(f"--seed={self.seed}: give a seed in [0, 4294967295].")
         if "length" not in self.batteries and {"identity", "sycophancy"} & set(self.batteries):
             # their length-only nulls are calibrated on the length battery's filler (stats.filler_slope)
             object.__setattr__(self, "batteries", (*self.batteries, "length"))

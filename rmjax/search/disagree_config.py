@@ -104,6 +104,12 @@ class DisagreeSpec:
     lm: str | None = None
     judge: str | None = None
 
+    def __post_init__(self):
+        if self.config.screen >= self.search.search_width:  # B would score every candidate: no screen at all
+            raise UsageError(f"--screen={self.config.screen} keeps every one of --search_width="
+                             f"{self.search.search_width} candidates, which screens nothing; give --screen below "
+                             "--search_width, or drop it.")
+
 
 def parse_sides(models: tuple[str, ...] | list[str]) -> tuple[SideSpec, SideSpec]:
     """Two sides; side A a reward model (the search's gradient is its), refused in one line before loading."""
