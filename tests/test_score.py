@@ -103,3 +103,28 @@ def test_text_batches_keep_every_row_once_and_join_a_width_s_few_rows_to_the_nex
         assert all(len(part) >= min(alone, batch_size) for part in batches[:-1]), trial
         for part in batches:  # where the width grows inside a batch, fewer than `alone` rows came before
             assert all(k < alone for k in range(1, len(part)) if len(part[k][1]) != len(part[k - 1][1])), trial
+
+
+def test_a_text_past_the_context_is_refused_before_the_weights_load(rm_folder, tmp_path, monkeypatch):
+    """A fault hunt: score refused a response past the model's context (512 positions) only after loading it. Now
+    from the tokenizer, before; a text of more bytes than positions that fits in tokens is still scored."""
+    from rmjax.loading import load
+    from rmjax.runs.options import RunOptions
+    from rmjax.scoring.texts import ScoreSpec, run_score
+
+    def options(out):  # out None: an ad-hoc look, nothing written
+        return RunOptions(model=str(rm_folder), out=None if out is None else str(out))
+
+    tok = load(str(rm_folder)).tokenizer
+    fits = " ".join(["word"] * 120)  # 599 bytes in about 120 tokens: the tokenizer, not the bytes, decides
+    assert len(fits.encode()) > 512 > len(tok(fits).input_ids) + 40
+    long = " ".join(["word"] * 512)
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        for out in (None, tmp_path / "t.csv"):
+            inproc.refused(lambda out=out: run_score(ScoreSpec(options(out), {"greatest": PROMPT}, ("Love", long),
+                                                               z_sample=0)),
+                           "response 'word word", "more than the model's context of 512")
+    assert not list(tmp_path.iterdir())
+    scored = run_score(ScoreSpec(options(None), {"greatest": PROMPT}, ("Love", fits), z_sample=0))
+    assert np.isfinite(scored.scores["greatest"]).all() and len(scored.scores["greatest"]) == 2

@@ -225,8 +225,9 @@ def run_score(spec: ScoreSpec) -> Scored:
         raise UsageError(f"--z_sample={spec.z_sample}: give 0 (no z-scores) or at least 2 tokens (an SD needs 2).")
     config, tokenizer = job_config_and_tokenizer(o)  # the kind of model and each prompt's room, before the weights
     require_reward_model(config, o.model, "text scoring")
-    for text in spec.prompts.values():
-        chat.split_chat(tokenizer, text, o.template, config.max_position_embeddings)
+    for text in spec.prompts.values():  # a response past the context too (as scoring would, after loading)
+        Conversations(tokenizer, text, o.template, False, config.max_position_embeddings).check_fit(
+            texts, config.max_position_embeddings)
     if o.out is None:
         model = load_for_job(o)
         scores, _ = _scored(model, spec.prompts, texts, o.template, spec.batch_size, False, o.allow_nonfinite)

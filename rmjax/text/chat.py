@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import PromptTooLongError, RmjaxError, UsageError
-from rmjax.text import chat
 
 MARKER = "\u2063RMJAX_RESPONSE\u2063"
 PLAIN_FORMAT = "User: {prompt}\nAssistant:"
@@ -270,9 +269,9 @@ class Conversations:
     def __init__(self, tokenizer, prompt: str, template: str = "auto", add_special_tokens: bool = False,
                  max_positions: int | None = None):
         self.tokenizer, self.prompt, self.add_special_tokens = tokenizer, prompt, add_special_tokens
-        self.split = chat.split_chat(tokenizer, prompt, template, max_positions)
+        self.split = split_chat(tokenizer, prompt, template, max_positions)
         if self.split.template == "chat":
-            head = self.conversation(chat.MARKER).split(chat.MARKER)[0]
+            head = self.conversation(MARKER).split(MARKER)[0]
             self.prefix = tokenizer(head, add_special_tokens=add_special_tokens).input_ids
         else:
             self.prefix = list(self.split.prefix)
@@ -281,7 +280,7 @@ class Conversations:
         if self.split.template == "chat":
             messages = [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}]
             return render_template(self.tokenizer, messages)
-        return chat.PLAIN_FORMAT.format(prompt=self.prompt) + " " + response.strip()
+        return PLAIN_FORMAT.format(prompt=self.prompt) + " " + response.strip()
 
     def token_ids(self, responses: list[str]) -> list[list[int]]:
         """The re-tokenized conversations (what the reference pipeline feeds its model)."""
@@ -291,6 +290,15 @@ class Conversations:
             return [self.prefix + ids for ids in tok(spaced, add_special_tokens=False).input_ids]
         texts = [self.conversation(r) for r in responses]
         return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
+
+    def check_fit(self, responses: list[str], max_positions: int) -> None:
+        """Refuse a response whose conversation is past `max_positions`, from the tokenizer alone (before the
+        weights load). A token covers at least a byte of its text, so only a response of more UTF-8 bytes than
+        the template leaves room for (less a margin for merges at its edges) is tokenized here."""
+        room = max_positions - len(self.prefix) - len(self.split.suffix) - 8
+        long = [r for r in responses if len(r.encode("utf-8", "surrogatepass")) + 1 > room]
+        for response, ids in zip(long, self.token_ids(long) if long else [], strict=True):
+            check_response_fits(response, len(ids), max_positions)
 
     def response_ids(self, responses: list[str]) -> list[list[int] | None]:
         """Each response's own tokens in its conversation, between the template's prefix and suffix; None where the
