@@ -296,10 +296,10 @@ def test_whole_job_estimate_counts_every_depth_and_direction(model, monkeypatch,
     assert shared or rerun.estimate["seconds"] == 0  # all on disk: no warm-up, nothing left (a bound when shared)
 
 
-def _sweep(model, out, prompts, ids):
+def _sweep(model, out, prompts, ids, batch_size: int = 8):
     from rmjax.search.sweep import sweep
 
-    sweep(model, prompts, [int(i) for i in ids], batch_size=8, out=out)
+    sweep(model, prompts, [int(i) for i in ids], batch_size=batch_size, out=out)
     return out
 
 
@@ -390,15 +390,16 @@ def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):
     N of --token_ids); the command line (with a sweep for depth 1) gives the library's result byte for byte."""
     cfg = BeamConfig(depth=2, beam=2, top=5)
     prompts = {"greatest": PROMPTS["greatest"]}
-    lib = write_beam(model, prompts, cfg, out=tmp_path / "lib.csv", limit=20, batch_size=8)
+    # batches of the 3 candidates left (a larger one is padding alone: the command line refuses it)
+    lib = write_beam(model, prompts, cfg, out=tmp_path / "lib.csv", limit=20, batch_size=3)
     assert lib.candidates.tolist() == list(range(17, 20))  # SmolLM2's 17 added special tokens are ids 0..16
     assert all(17 <= min(f.ids.ravel()) and max(f.ids.ravel()) < 20 for f in lib.found)
     first = write_beam(model, prompts, cfg, _candidates(30), out=tmp_path / "ids.csv", limit=7, batch_size=8)
     assert first.candidates.tolist() == _candidates(30)[:7].tolist()
-    swept = _sweep(model, tmp_path / "sweep.csv", prompts, range(17, 20))  # batches as the beam's: same bits
+    swept = _sweep(model, tmp_path / "sweep.csv", prompts, range(17, 20), 3)  # batches as the beam's: same bits
     out = tmp_path / "cli.csv"
     proc = cli.ok(cli.run("beam", f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=20",
-                          "--depth=2", "--beam=2", "--top=5", "--batch_size=8", f"--from_sweep={swept}"))
+                          "--depth=2", "--beam=2", "--top=5", "--batch_size=3", f"--from_sweep={swept}"))
     assert out.read_bytes() == (tmp_path / "lib.csv").read_bytes()
     meta = json.loads(results.meta_path(out).read_text())
     assert meta["candidate_set"]["size"] == 3 and meta["identity"]["limit"] == 20

@@ -209,6 +209,9 @@ def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path, mon
         inproc.refused(sweep(limit=64, batch_size=100000), "--batch_size=100000", "64 candidates", "--batch_size=64")
         inproc.refused(beam("b.csv", token_ids=words[:3], batch_size=4096), "--batch_size=4096", "3 candidates",
                        "--batch_size=3")
+        # the special tokens a beam leaves out are no candidates (this batch of 4 was accepted: 4 ids given)
+        inproc.refused(beam("b.csv", token_ids=(0, *words[:3]), batch_size=4), "--batch_size=4", "3 candidates",
+                       "--batch_size=3")
     # An exhaustive enumeration the host cannot list (40,000^3 partials at depth 4): refused before any forward.
     inproc.refused(beam("e.csv", limit=40000, exhaustive=True, allow_special=True, depth=4),
                    "--exhaustive --depth=4", "40,000 candidates", "use at most")

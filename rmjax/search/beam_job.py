@@ -175,8 +175,9 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
             return None
         # a resume scores with its saved batch size, planned (refused if it does not fit) before the weights load
         asked = resume_batch_size(o.out, spec.batch_size) if job.claimed.resume else spec.batch_size
-        model, batch_size = load_planned(o, spec.prompts, spec.token_ids, asked, limit=spec.limit,
-                                         response_tokens=cfg.depth, given=lines,  # a line: at most one candidate
+        # each forward scores the candidates after one partial: a batch past those searched (special tokens left
+        # out) is padding alone
+        model, batch_size = load_planned(o, spec.prompts, candidates.tolist(), asked, response_tokens=cfg.depth,
                                          resumed=job.claimed.resume)
         lm = load_for_job(dataclasses.replace(o, output_column=0), spec.lm) if spec.lm else None
         ids, extra = spec.token_ids, {}
