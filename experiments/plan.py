@@ -70,6 +70,7 @@ for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template", "overwr
 
 def main(argv):
     del argv
+    import os
     from pathlib import Path
 
     from rmjax.errors import UsageError
@@ -84,6 +85,10 @@ def main(argv):
                                 f"{' and '.join(jobs)})")
     if OUT.value:  # before anything compiles: a folder or an unwritable place is refused now
         check_writable(OUT.value, "--out")
+        model, out = Path(os.path.realpath(common.MODEL.value)), Path(os.path.realpath(OUT.value))
+        if model.exists() and (out == model or model in out.parents):  # --overwrite wrote over its config.json
+            raise UsageError(f"--out={OUT.value} would write {out}, inside the model this plan reads "
+                             f"(--model={common.MODEL.value}); choose an output outside it.")
         if Path(OUT.value).exists() and not common.OVERWRITE.value:
             raise UsageError(f"--out={OUT.value} exists; pass --overwrite to replace it, or choose another --out.")
 

@@ -54,7 +54,8 @@ SETUP+=' && .venv/bin/pip install -q --no-deps -r requirements-nodeps.txt -e .' 
 run rsync -az --exclude=.venv --exclude=.cache --exclude=results --exclude=runs "$REPO/" "$HOST:rmjax/"
 run ssh "$HOST" "$SETUP"
 if [ -n "$CHECKPOINT" ] && [[ "$CHECKPOINT" != remote:* ]]; then
-  run rsync -az "$CHECKPOINT/" "$HOST:/tmp/ckpt/"
+  # --delete: a file of the last model copied here (an index of shards, a chat template) would be read as this one's
+  run rsync -az --delete "$CHECKPOINT/" "$HOST:/tmp/ckpt/"
 fi
 run ssh "$HOST" "cd rmjax && HF_HUB_OFFLINE=1 .venv/bin/python -m $JOB"
 run mkdir -p "$RESULTS"

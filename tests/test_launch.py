@@ -267,9 +267,12 @@ def test_tpu_vm_warns_that_uncommitted_changes_are_not_shipped(tmp_path):
 
 
 def test_gpu_dry_run_and_errors():
+    # the checkpoint's copy deletes what an earlier run copied there (a fault hunt: a sharded model's index, left
+    # behind, was read in place of the next model's model.safetensors: another model's rewards, exit 0)
     cmds = _dry("gpu.sh", "--host=me@box", "--checkpoint=/data/rm", f"--job={JOB}")
     assert cmds[0][:3] == ["rsync", "-az", "--exclude=.venv"] and cmds[0][-1] == "me@box:rmjax/"
-    assert "jax[cuda12]" in _remote(cmds[1]) and cmds[2] == ["rsync", "-az", "/data/rm/", "me@box:/tmp/ckpt/"]
+    assert "jax[cuda12]" in _remote(cmds[1]) and cmds[2] == ["rsync", "-az", "--delete", "/data/rm/",
+                                                                  "me@box:/tmp/ckpt/"]
     assert _remote(cmds[3]) == ["cd", "rmjax", "&&", "HF_HUB_OFFLINE=1", ".venv/bin/python", "-m", *JOB.split()]
     bad = subprocess.run(["bash", str(LAUNCH / "gpu.sh"), "--dry-run"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--host is required" in bad.stderr

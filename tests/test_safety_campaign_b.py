@@ -274,6 +274,18 @@ def test_implicit_rm_of_one_model_twice_is_refused(lm_folder, tmp_path):
     assert not (tmp_path / "analysis" / "report.md").exists()
 
 
+def test_logprobs_refuses_a_prompt_past_the_context_before_loading(lm_folder, tmp_path, monkeypatch):
+    """A fault hunt: logprobs loaded the weights, then refused a prompt past the context (sweep and plan refuse
+    it before). Now from the tokenizer (a tiny LM of 512 positions)."""
+    from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
+
+    inproc.no_weights_read(monkeypatch)
+    long = {"long": " ".join(["word"] * 600)}
+    inproc.refused(lambda: run_logprobs(LogprobsSpec(inproc.options(lm_folder, tmp_path / "l.csv"), long)),
+                   "positions")
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_result_deleted_without_its_meta_is_recomputed(rm_folder, tmp_path):
     """A user deleted a sweep's CSV (not its .meta.json) and reran the command: refused as '--out=X already exists
     and is not a finished rmjax result (no .meta.json with its inputs)', both false. The .meta.json of this very

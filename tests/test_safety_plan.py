@@ -215,6 +215,11 @@ def test_plan_refuses_an_out_that_is_a_folder_before_compiling(tmp_path):
     folder.mkdir()
     _plan_command_refused(f"--model={_config_file(tmp_path)}", "--job=sweep", "--limit=64", f"--out={folder}",
                           "--overwrite", says=(f"--out={folder} is a directory",))
+    # a fault hunt: --overwrite wrote the plan over the model's own config.json (a folder's file likewise)
+    config = _config_file(tmp_path)
+    _plan_command_refused(f"--model={config}", "--job=sweep", "--limit=64", f"--out={config}", "--overwrite",
+                          says=("inside the model this plan reads",))
+    assert json.loads(config.read_text())["architectures"]
 
 
 def test_a_compile_refused_in_terabytes_is_a_plan_that_does_not_fit(monkeypatch):

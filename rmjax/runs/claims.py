@@ -264,8 +264,8 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             raise OutputExistsError(
                 f"{flag}={out} holds a finished result of these inputs with its {path} in the order "
                 f"{', '.join(prompt_order(stored).get(path) or [])}, not {', '.join(order.get(path) or [])} (its "
-                f"columns, rows or sums follow that order). Rerun with them in that order to reuse it, pass --overwrite to recompute "
-                f"it, or choose another {flag}.")
+                f"columns, rows or sums follow that order). Rerun with them in that order to reuse it, pass "
+                f"--overwrite to recompute it, or choose another {flag}.")
         if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
             # reused only when byte for byte what was written; a folder too where its record lists its files (an
             # export cut short or edited; not a training workdir, whose run.json records only the run it holds)

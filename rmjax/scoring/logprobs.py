@@ -9,7 +9,7 @@ import numpy as np
 
 from rmjax.errors import UsageError
 from rmjax.loading import config_of
-from rmjax.loading.for_job import job_fingerprint, load_for_job
+from rmjax.loading.for_job import job_config_and_tokenizer, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model
 from rmjax.parallel import batching
@@ -54,6 +54,9 @@ def run_logprobs(spec: LogprobsSpec) -> Path:
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
     if config_of(o.model).is_reward_model:  # from its config, before any weight loads
         raise UsageError(f"{o.model} is a reward model; log-probs need a causal LM (*ForCausalLM).")
+    config, tokenizer = job_config_and_tokenizer(o)  # each prompt's room in the context, before the weights
+    for text in spec.prompts.values():
+        chat.split_chat(tokenizer, text, o.template, config.max_position_embeddings)
     identity = logprobs_identity(job_fingerprint(o), dtype=o.dtype, prompts=spec.prompts, template=o.template)
     with claim_job(o, identity) as job:
         if not job.reuse:
