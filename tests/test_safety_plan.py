@@ -178,10 +178,11 @@ def test_plan_refuses_a_config_no_model_can_have(tmp_path, field, value, says):
 
 
 @pytest.mark.parametrize("job, flags, says", [
-    ("sweep", {}, ("needs 73 positions", "context is 40")),  # 64 prefix + 1 + 8 suffix tokens (no tokenizer)
+    ("sweep", {}, ("needs 73 positions", "context is 40", "Shorten the prompt")),  # 64 prefix + 1 + 8 suffix tokens
+    # (no tokenizer); a prompt that leaves room names the response's length as the fix (it said "shorten the prompt")
     ("beam", {"prefix_tokens": 30, "depth": 3}, ("--depth=3", "leaving 2 for the response", "--depth=2")),
     ("gcg", {"prefix_tokens": 30}, ("--num_tokens=8", "leaving 2 for the response")),
-    ("score", {"prefix_tokens": 30}, ("needs 46 positions",)),
+    ("score", {"prefix_tokens": 30}, ("needs 46 positions", "Give a response of at most 2 tokens")),
 ])
 def test_plan_refuses_a_context_shorter_than_the_jobs_positions(tmp_path, job, flags, says):
     config = _config_file(tmp_path, max_position_embeddings=40)

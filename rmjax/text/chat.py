@@ -235,12 +235,14 @@ def split_chat(
 def check_fits(prompt: str, prefix: int, response_tokens: int, suffix: int, max_positions: int) -> None:
     """Refuse a templated prompt whose prefix, response and suffix run past the model's context (positions it was
     never trained on). Pure: the jobs and their plans (rmjax.plan.spec) share it."""
-    needed = prefix + response_tokens + suffix
-    if needed > max_positions:
+    needed, room = prefix + response_tokens + suffix, max_positions - prefix - suffix
+    if needed > max_positions:  # a prompt that leaves room for a shorter response: the response's length is the fix
+        fix = (f"Give a response of at most {room} tokens, or shorten the prompt" if room >= 1 and response_tokens > 1
+               else "Shorten the prompt or the system message")
         raise PromptTooLongError(
             f"prompt {prompt[:60]!r}... needs {needed} positions (prefix {prefix} + response "
             f"{response_tokens} + suffix {suffix}) but the model's context is {max_positions} "
-            "(max_position_embeddings). Shorten the prompt or the system message."
+            f"(max_position_embeddings). {fix}."
         )
 
 
