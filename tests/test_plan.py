@@ -112,6 +112,9 @@ def test_training_step_compiles_for_v5e(trainable):
     (step,) = result["calls"]
     assert step["name"] == "train_step" and step["count"] == 10 and step["flops"] > 0
     assert result["per_chip_bytes"]["weights"] == _declared_per_chip(cfg, 4, 2)
+    # a head-only step reads features, no backbone, but the feature pass before it holds the weights on the chip
+    # (a fault hunt: a 27B head-only run "fit" one v5e chip, 0.11 GiB per chip beside 50.7 GiB of weights)
+    assert result["per_chip_bytes"]["total"] >= result["per_chip_bytes"]["weights"]
     if trainable == "last_k":  # two scanned stacks (3 frozen layers, 1 trained): each counted per layer
         assert step["flops"] > 1.3 * step["xla_flops_scan_once"]
         # as train_rm runs it, 2 prompts' 16-token prefixes through the frozen layers once: the 3 frozen layers

@@ -52,7 +52,9 @@ class Option:
 
     @property
     def total_bytes(self) -> int:
-        return max([c.peak_bytes for c in self.costs] + [self.refused_bytes])
+        # at least the weights: a head-only train_rm's step reads no backbone, yet its feature pass holds all of it
+        # (a 27B "fit" one 16 GiB chip at 0.11 GiB); every other call reads them, its peak counting them already
+        return max([c.peak_bytes for c in self.costs] + [self.refused_bytes, self.weights_bytes])
 
     def seconds(self, piece: Slice, realistic: bool = True) -> float:
         return sum(c.count * c.seconds(piece.chip, realistic) for c in self.costs)
