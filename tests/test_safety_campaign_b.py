@@ -282,7 +282,7 @@ def test_logprobs_refuses_a_prompt_past_the_context_before_loading(lm_folder, tm
     inproc.no_weights_read(monkeypatch)
     long = {"long": " ".join(["word"] * 600)}
     inproc.refused(lambda: run_logprobs(LogprobsSpec(inproc.options(lm_folder, tmp_path / "l.csv"), long)),
-                   "positions")
+                   "positions", "the model's context is 512")
     assert not list(tmp_path.iterdir())
 
 

@@ -223,6 +223,15 @@ def test_plan_refuses_an_out_that_is_a_folder_before_compiling(tmp_path):
     assert json.loads(config.read_text())["architectures"]
 
 
+def test_a_head_only_training_plan_holds_the_backbone_on_the_chip():
+    """A fault hunt: a head-only train_rm step reads features, no backbone, so its compiled peak left the weights
+    out and a 27B (50.7 GiB in bfloat16) "fit" one 15.75 GiB v5e chip at 0.11 GiB, exit 0; its feature pass holds
+    every weight on the chip. Refused now, as a sweep of it is."""
+    line = user_error(run("plan", "--model=Skywork/Skywork-Reward-Gemma-2-27B-v0.2", "--topology=v5e-1",
+                          "--job=train_rm", "--trainable=head", "--dtype=bfloat16"), "needs 50.7 GiB per chip")
+    assert "a v5e chip has 15.75 GiB" in line
+
+
 def test_a_compile_refused_in_terabytes_is_a_plan_that_does_not_fit(monkeypatch):
     """The TPU compiler states what it would need in G or T (train_rm at --batch_size=10^12: '236.47T'); a T
     escaped as a traceback."""

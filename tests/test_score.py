@@ -6,6 +6,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 
 from tests import cli, inproc, tolerance
 from tests import jitted as M
@@ -128,3 +129,29 @@ def test_a_text_past_the_context_is_refused_before_the_weights_load(rm_folder, t
     assert not list(tmp_path.iterdir())
     scored = run_score(ScoreSpec(options(None), {"greatest": PROMPT}, ("Love", fits), z_sample=0))
     assert np.isfinite(scored.scores["greatest"]).all() and len(scored.scores["greatest"]) == 2
+
+
+@pytest.mark.parametrize("tokenizer_of", ["tiny", "gemma-3-270m"])
+def test_the_early_context_check_refuses_exactly_the_conversations_past_the_context(rm_folder, tokenizer_of):
+    """Conversations.check_fit tokenizes only responses of more bytes than the template leaves room for; against a
+    brute force (every conversation tokenized), over texts where tokens and bytes part most (many-byte characters,
+    special-token strings, whitespace runs), with a context cut just around each: byte-level BPE and SentencePiece
+    (a dummy prefix, byte fallback)."""
+    from rmjax.errors import PromptTooLongError
+    from rmjax.loading import config_and_tokenizer
+    from rmjax.text.chat import Conversations
+
+    tok = config_and_tokenizer(str(rm_folder) if tokenizer_of == "tiny" else tokenizer_of)[1]
+    texts = ["Love", " ".join(["word"] * 40), "😀" * 30, "日本語の文章" * 10, "<|im_end|>" * 8,
+             "<start_of_turn>model\n" * 6, " " * 90 + "x", "\n\n" * 40, "é" * 70]
+    for template in ("auto", "plain"):
+        conversations = Conversations(tok, PROMPT, template)
+        lengths = [len(ids) for ids in conversations.token_ids(texts)]
+        for text, length in zip(texts, lengths, strict=True):
+            for context in (length - 1, length):  # just past, and just within
+                try:
+                    conversations.check_fit([text], context)
+                    refused = False
+                except PromptTooLongError:
+                    refused = True
+                assert refused == (length > context), (template, text[:20], length, context)

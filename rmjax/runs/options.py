@@ -61,7 +61,6 @@ def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = N
         yield job
 
 
-
 def refuse_nonfinite_reuse(options: RunOptions, out: Path) -> None:
     """A finished result that records NaN/Inf values (written with --allow_nonfinite) is reused only by a run that
     allows them too, as its stored chunks are resumed (rmjax.runs.chunks): a rerun without the flag exited 0 on it."""

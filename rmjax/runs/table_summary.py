@@ -32,7 +32,7 @@ def summarize_table(path: str | Path, k: int = 20, what: str = "score") -> str:
         if not len(values):
             lines.append(f"\n{col!r}: no finite value in {len(column):,} tokens")
             continue
-        # ddof 1, as every job's z-scores (rmjax.scoring.finite.yardstick): frontier's reward_z of a token is this z
+        # ddof 1: the estimator of every job's z-scores (rmjax.scoring.finite.yardstick, frontier's reward_z)
         mean, sd = float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
         p1, p50, p99 = np.percentile(values, [1, 50, 99])
         lines.append(f"\n{col!r}" + (f": {texts[col]!r}" if col in texts else ""))

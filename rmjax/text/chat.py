@@ -295,10 +295,15 @@ class Conversations:
 
     def check_fit(self, responses: list[str], max_positions: int) -> None:
         """Refuse a response whose conversation is past `max_positions`, from the tokenizer alone (before the
-        weights load). A token covers at least a byte of its text, so only a response of more UTF-8 bytes than
-        the template leaves room for (less a margin for merges at its edges) is tokenized here."""
-        room = max_positions - len(self.prefix) - len(self.split.suffix) - 8
-        long = [r for r in responses if len(r.encode("utf-8", "surrogatepass")) + 1 > room]
+        weights load), tokenizing only the responses that may not fit: every token covers at least one byte of its
+        text (a special token many), and a tokenizer adds at most a dummy-prefix token, a BOS and an EOS, so a
+        conversation of at most `max_positions - 3` bytes fits. Scoring checks every conversation again."""
+        if self.split.template == "chat":  # the template's text around the response
+            fixed = sum(len(part.encode()) for part in self.conversation(MARKER).split(MARKER))
+        else:  # the prefix's ids, then " " + the response
+            fixed = len(self.prefix) + 1
+        room = max_positions - fixed - 3
+        long = [r for r in responses if len(r.encode("utf-8", "surrogatepass")) > room]
         for response, ids in zip(long, self.token_ids(long) if long else [], strict=True):
             check_response_fits(response, len(ids), max_positions)
 
