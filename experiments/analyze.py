@@ -50,8 +50,9 @@ READ_BY = {
 }
 
 
-def refuse_unread_settings() -> None:
-    """A setting given without an input that reads it (--framing without --scores) is refused, not ignored."""
+def check_flags() -> None:
+    """A setting given without an input that reads it (--framing without --scores) is refused, not ignored: first
+    thing in main, and where a launch reads its line."""
     for name, inputs in READ_BY.items():  # an empty value (--models_yaml= : none) asks for nothing
         given = flags.FLAGS[name]
         if given.present and given.value not in ("", None) and not any(flags.FLAGS[i].value for i in inputs):
@@ -63,7 +64,7 @@ def main(argv):
     del argv
     from rmjax.audit.compare import run_analyses_with_audits
 
-    refuse_unread_settings()
+    check_flags()
     run_analyses_with_audits(ANALYSIS_CONFIG(), OUT.value, overwrite=OVERWRITE.value)
 
 

@@ -25,11 +25,16 @@ BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "Conversations per forward p
 flags.adopt_module_key_flags(common)
 
 
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.refuse_given("the audit", ("prompts", "prompt"), "scores its batteries' own prompts (rmjax/data/audit)")
+
+
 def main(argv):
     del argv
     from rmjax.audit.job import AuditSpec, run_audit
 
-    common.refuse_given("the audit", ("prompts", "prompt"), "scores its batteries' own prompts (rmjax/data/audit)")
+    check_flags()
     spec = AuditSpec(common.options(OUT.value), tuple(BATTERIES_FLAG.value), N_BOOT.value, N_PERM.value,
                      SEED.value, BATCH_SIZE.value)
     run_audit(spec)

@@ -35,17 +35,23 @@ flags.adopt_module_key_flags(candidates)
 flags.adopt_module_key_flags(config_flags)
 
 
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.resolved_prompts()
+    if BEAM_CONFIG(template=common.TEMPLATE.value).exhaustive:
+        common.refuse_given("beam --exhaustive", ("beam",), "scores every sequence and keeps no beam")
+    candidates.refuse_limit_keeping_all(LIMIT.value)
+
+
 def main(argv):
     del argv
     from rmjax.parallel import distributed
     from rmjax.runs import results
     from rmjax.search import beam_job
-    from rmjax.text import prompts as prompt_lib
 
-    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    check_flags()
+    prompts = common.resolved_prompts()
     cfg = BEAM_CONFIG(template=common.TEMPLATE.value)
-    if cfg.exhaustive:
-        common.refuse_given("beam --exhaustive", ("beam",), "scores every sequence and keeps no beam")
     token_ids = candidates.token_ids()
     beam_job.run_beam(beam_job.BeamSpec(
         common.options(OUT.value), prompts, cfg, None if token_ids is None else tuple(token_ids),

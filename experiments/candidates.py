@@ -15,3 +15,13 @@ VOCAB_FILE = flags.DEFINE_string("vocab_file", None,
                                  "'cat' are different tokens); lines that are not exactly one token are skipped "
                                  "(counted on stderr, and in .meta.json by the beam).")
 flags.declare_key_flag("token_ids")  # so that sweep and beam, adopting this module's flags, list it
+
+
+def refuse_limit_keeping_all(limit: int | None) -> None:
+    """With --token_ids the candidates are known from the flags alone, so a --limit that keeps them all is refused
+    here, where a launch reads the job's line (experiments.job_line), not only once the model's tokenizer is read."""
+    from rmjax.text.candidates import refuse_limit_keeping_all as refuse
+
+    ids = token_ids()
+    if ids is not None:
+        refuse(limit, len(ids))

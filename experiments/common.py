@@ -95,6 +95,13 @@ def note_edge_spaces(flag: str, texts: list[str]) -> None:
               f"(a chat template that trims responses drops it): {shown}.", file=sys.stderr)
 
 
+def resolved_prompts() -> dict[str, str]:
+    """--prompts and --prompt as name -> text (a name rmjax does not have, or a bad YAML file, is refused)."""
+    from rmjax.text import prompts as prompt_lib
+
+    return prompt_lib.resolve_prompts(PROMPTS.value, PROMPT.value)
+
+
 def refuse_empty_responses(flag: str, texts: list[str], instead: str = "") -> None:
     """A blank item of a response list is a stray comma, not a response to score or inspect."""
     if any(not t.strip() for t in texts):

@@ -36,15 +36,23 @@ flags.adopt_module_key_flags(lm_flag)
 flags.adopt_module_key_flags(config_flags)
 
 
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    from rmjax.search.disagree_config import parse_sides
+
+    common.refuse_given("disagree", ("model",), "takes its two sides from --models (side A first)")
+    parse_sides(MODELS.value)
+    common.resolved_prompts()
+
+
 def main(argv):
     del argv
     from rmjax.search.disagree_config import DisagreeSpec, parse_sides
     from rmjax.search.disagree_job import run_disagree
-    from rmjax.text import prompts as prompt_lib
 
-    common.refuse_given("disagree", ("model",), "takes its two sides from --models (side A first)")
-    a, b = parse_sides(MODELS.value)  # bad values stop here, before any model loads
-    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    check_flags()
+    a, b = parse_sides(MODELS.value)
+    prompts = common.resolved_prompts()
     config, search = DISAGREE_CONFIG(), SEARCH_CONFIG()
     options = common.options(OUT.value)
     named = [m for side in (a, b) for m in side.models if Path(m).exists()]  # a model folder too: no output in it

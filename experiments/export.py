@@ -22,17 +22,22 @@ for _name in ("model", "dtype", "mesh", "coordinator", "num_processes", "process
     flags.declare_key_flag(_name)
 
 
-def main(argv):
-    del argv
-    from rmjax.loading.export import run_export
-    from rmjax.parallel import distributed
-
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     if common.OUTPUT_COLUMN.value:  # a given --output_column is a mistake, not something to ignore
         raise UsageError(f"--output_column={common.OUTPUT_COLUMN.value}: export writes the whole model, every "
                          "output of its reward head; leave --output_column out.")
     common.refuse_system_prompt("export", "writes the tokenizer's own chat template, which sets the system turn")
     common.refuse_given("export", ("prompts", "prompt", "template", "allow_nonfinite"),
                         "writes the model as it is and scores nothing")
+
+
+def main(argv):
+    del argv
+    from rmjax.loading.export import run_export
+    from rmjax.parallel import distributed
+
+    check_flags()
     folder = run_export(common.options(OUT.value))
     if distributed.is_main():
         print(f"Hugging Face folder: {folder}")

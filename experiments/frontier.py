@@ -30,12 +30,17 @@ flags.adopt_module_key_flags(lm_flag)
 flags.adopt_module_key_flags(config_flags)
 
 
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.resolved_prompts()
+
+
 def main(argv):
     del argv
     from rmjax.search.frontier_job import FrontierSpec, run_frontier
-    from rmjax.text import prompts as prompt_lib
 
-    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    check_flags()
+    prompts = common.resolved_prompts()
     frontier, search = FRONTIER_CONFIG(), SEARCH_CONFIG()  # bad values stop here, before any model loads
     spec = FrontierSpec(common.options(OUT.value), prompts, frontier, search, lm=lm_flag.LM.value, judge=JUDGE.value,
                         sweep=SWEEP.value)

@@ -29,16 +29,21 @@ flags.adopt_module_key_flags(token_ids)
 flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort lists them
 
 
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    if flags.FLAGS["selection"].value == "greedy":  # recorded in the identity as used, changing nothing
+        common.refuse_given("gcg --selection=greedy", ("seed",), "takes the best swaps by gradient, drawing "
+                            "nothing at random")
+    common.resolved_prompts()
+
+
 def main(argv):
     del argv
     from rmjax.parallel import distributed
     from rmjax.search.gcg_job import GcgSpec, run_gcg
-    from rmjax.text import prompts as prompt_lib
 
-    if flags.FLAGS["selection"].value == "greedy":  # recorded in the identity as used, changing nothing
-        common.refuse_given("gcg --selection=greedy", ("seed",), "takes the best swaps by gradient, drawing "
-                            "nothing at random")
-    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    check_flags()
+    prompts = common.resolved_prompts()
     cfg = GCG_CONFIG(template=common.TEMPLATE.value, allow_nonfinite=common.ALLOW_NONFINITE.value,
                      token_ids=tuple(token_ids.token_ids() or ()))
     run_gcg(GcgSpec(common.options(OUT.value), prompts, cfg, lm=lm_flag.LM.value))

@@ -41,26 +41,37 @@ BASELINE = flags.DEFINE_enum("baseline", "pad", ["pad", "zero"], "Integrated-gra
 flags.adopt_module_key_flags(common)
 
 
-def main(argv):
-    del argv
-    from rmjax.errors import MissingFileError, UsageError
-    from rmjax.inspect import job as inspect_job
-    from rmjax.parallel import distributed
-    from rmjax.text import prompts as prompt_lib
+def _responses_given() -> list[str]:
+    return [f for f, v in (("--responses", RESPONSES.value), ("--from_sweep", FROM_SWEEP.value),
+                           ("--from_beam", FROM_BEAM.value)) if v]
 
-    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    from rmjax.errors import UsageError
+
+    prompts = common.resolved_prompts()
     if len(prompts) != 1:
         raise UsageError(f"inspect takes one prompt; got {len(prompts)} ({', '.join(prompts)}).")
-    given = [f for f, v in (("--responses", RESPONSES.value), ("--from_sweep", FROM_SWEEP.value),
-                            ("--from_beam", FROM_BEAM.value)) if v]
-    if len(given) != 1:
+    if len(_responses_given()) != 1:
         raise UsageError("give the responses one way: --responses, --from_sweep or --from_beam.")
     if RESPONSES.value:
-        common.note_edge_spaces("--responses", RESPONSES.value)
         common.refuse_empty_responses("--responses", RESPONSES.value)
         common.refuse_given("inspect --responses", ("top", "depth"), "inspects the responses given")
     elif FROM_SWEEP.value:
         common.refuse_given("inspect --from_sweep", ("depth",), "reads one-token responses")
+
+
+def main(argv):
+    del argv
+    from rmjax.errors import MissingFileError
+    from rmjax.inspect import job as inspect_job
+    from rmjax.parallel import distributed
+
+    check_flags()
+    prompts, given = common.resolved_prompts(), _responses_given()
+    if RESPONSES.value:
+        common.note_edge_spaces("--responses", RESPONSES.value)
     source = FROM_SWEEP.value or FROM_BEAM.value
     if source and not Path(source).is_file():
         raise MissingFileError(f"{given[0]}={source} not found.")

@@ -5,8 +5,9 @@ python -m experiments.job_line "experiments.sweep --prompts=paper1 --mesh data:1
 launch/tpu_vm.sh once turned the job's words into the plan's flags in shell, and got quoting, `--flag value`,
 negative numbers and absl's boolean spellings wrong in turn; a flag the job does not have failed only on the VM.
 Here absl reads the words as the job on the remote host will (the job's module defines its flags) and the job's
-settings are checked as the job checks them, so what the job would refuse stops the launch here; with a TPU
-TYPE, so does a job with no --mesh on a slice of several chips (it would use one). Prints, NUL-separated, the
+settings are checked as the job checks them (its config builders and `check_flags`), so what the job would refuse
+from its flags stops the launch here; so does an output outside results/, the one folder the launch brings back, and,
+with a TPU TYPE, a job with no --mesh on a slice of several chips (it would use one). Prints, NUL-separated, the
 job's name and then, for a job experiments.plan plans, the plan's flags for this run: the job-specific sizes with
 the job's own values (its defaults too, so the plan sizes the run the job will make) and the shared flags given.
 A refused line: one `error: --job: …` line, exit 2.
@@ -15,6 +16,7 @@ A refused line: one `error: --job: …` line, exit 2.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shlex
 import sys
@@ -34,6 +36,9 @@ SIZES: dict[str, dict[str, str]] = {
     "inspect": {"steps": "ig_steps", "batch_size": "batch_size"},
     "train_rm": {name: name for name in ("trainable", "last_k", "steps", "batch_size", "n_train", "fsdp", "remat")},
 }
+# Where each job writes (train_rm's --workdir, by default under runs/train_rm/, holds its checkpoints and summary).
+OUTPUTS = ("out", "workdir", "export", "head_out")
+COLLECTED = "results"  # what the launch scripts bring back; a TPU VM is deleted with everything else on it
 HELP = ("help", "helpshort", "helpfull", "helpxml", "only_check_args")  # absl's: the job would print and stop
 _OPERATOR = re.compile(r"[;&|<>()\n]+")
 
@@ -105,6 +110,20 @@ def plan_flags(job: str, values: flags.FlagValues) -> list[str]:
     return out + _derived(job, values)
 
 
+def _refuse_uncollected(job: str, values: flags.FlagValues) -> None:
+    """An output outside results/ stays on the remote host, and on a TPU VM is deleted with it: the paid-for run's
+    result lost. train_rm must bring back what it trained (its workdir, export or head)."""
+    written = {name: values[name].value for name in OUTPUTS if name in values and values[name].value}
+    for name, path in written.items():
+        if Path(path).is_absolute() or Path(os.path.normpath(path)).parts[0] != COLLECTED:
+            _fail(f"--{name}={path} is outside {COLLECTED}/, and the launch brings back only {COLLECTED}/ (a TPU VM is "
+                  f"deleted with the rest); give --{name}={COLLECTED}/….")
+    if job == "train_rm" and not written:
+        _fail(f"train_rm would keep its checkpoints and summary in runs/train_rm/ and export nothing, and the launch "
+              f"brings back only {COLLECTED}/; give --workdir={COLLECTED}/…, --export={COLLECTED}/… or "
+              f"--head_out={COLLECTED}/….")
+
+
 def _refuse_one_chip(job: str, tpu_type: str) -> None:
     """Without --mesh a job runs on one device: on a slice of several chips the rest are paid for and idle (and
     on a multi-host slice the job stops at start)."""
@@ -150,8 +169,10 @@ def main(argv: list[str]) -> None:
     try:
         for build in config_flags.builders(module):  # the job's settings, checked as the job checks them
             build()
+        module.check_flags()  # and what else the job refuses from its flags alone
     except RmjaxError as refused:
         _fail(f"experiments.{job} would refuse it: {one_line(refused)}")
+    _refuse_uncollected(job, flags.FLAGS)
     if len(argv) == 3:
         _refuse_one_chip(job, argv[2])
     sys.stdout.write("\0".join([job, *(plan_flags(job, flags.FLAGS) if job in SIZES else [])]))

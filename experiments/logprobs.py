@@ -18,15 +18,20 @@ for _name in (*common.LM_FLAGS, "system_prompt"):  # its conversations take the 
 flags.FLAGS.set_default("model", common.DEFAULT_LM)
 
 
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.refuse_output_column("logprobs (a causal LM's next-token log-probs)")
+    common.resolved_prompts()
+
+
 def main(argv):
     del argv
     from rmjax.parallel import distributed
     from rmjax.runs import table_summary
     from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
-    from rmjax.text import prompts as prompt_lib
 
-    common.refuse_output_column("logprobs (a causal LM's next-token log-probs)")
-    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    check_flags()
+    prompts = common.resolved_prompts()
     out = run_logprobs(LogprobsSpec(common.options(OUT.value), prompts))
     if not distributed.is_main():
         return

@@ -68,6 +68,15 @@ for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template", "overwr
     flags.declare_key_flag(_name)
 
 
+def check_flags() -> None:
+    """What the plan refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.refuse_system_prompt("plan", "sizes conversations with the chat template's own system turn")
+    for name, jobs in JOBS_SIZED_BY.items():
+        if JOB.value not in jobs:
+            common.refuse_given(f"plan --job={JOB.value}", (name,), f"does not read it (--{name} sizes "
+                                f"{' and '.join(jobs)})")
+
+
 def main(argv):
     del argv
     import os
@@ -78,11 +87,7 @@ def main(argv):
     from rmjax.plan.spec import plan_inputs
     from rmjax.runs.claims import check_writable
 
-    common.refuse_system_prompt("plan", "sizes conversations with the chat template's own system turn")
-    for name, jobs in JOBS_SIZED_BY.items():
-        if JOB.value not in jobs:
-            common.refuse_given(f"plan --job={JOB.value}", (name,), f"does not read it (--{name} sizes "
-                                f"{' and '.join(jobs)})")
+    check_flags()
     if OUT.value:  # before anything compiles: a folder or an unwritable place is refused now
         check_writable(OUT.value, "--out")
         model, out = Path(os.path.realpath(common.MODEL.value)), Path(os.path.realpath(OUT.value))

@@ -36,7 +36,6 @@ def read_texts() -> list[str]:
 
     texts = list(TEXTS.value)
     common.note_edge_spaces("--texts", texts)
-    common.refuse_empty_responses("--texts", texts, ", or put an empty response's neighbours in --texts_file")
     if TEXTS_FILE.value:
         path = Path(TEXTS_FILE.value)
         if path.is_dir():
@@ -50,21 +49,30 @@ def read_texts() -> list[str]:
         if not lines:
             raise UsageError(f"--texts_file={path} holds no response (every line is blank); give one per line.")
         texts += lines
-    if not texts:
-        raise UsageError("give responses with --texts=a,b,c or --texts_file=FILE.")
     return texts
+
+
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    from rmjax.errors import UsageError
+
+    if OUT.value is None:
+        common.refuse_given("score without --out", ("overwrite",), "writes nothing to replace")
+    common.refuse_empty_responses("--texts", list(TEXTS.value), ", or put an empty response's neighbours in "
+                                  "--texts_file")
+    if not TEXTS.value and not TEXTS_FILE.value:
+        raise UsageError("give responses with --texts=a,b,c or --texts_file=FILE.")
+    common.resolved_prompts()
 
 
 def main(argv):
     del argv
     from rmjax.parallel import distributed
     from rmjax.scoring.texts import ScoreSpec, run_score
-    from rmjax.text import prompts as prompt_lib
 
-    if OUT.value is None:
-        common.refuse_given("score without --out", ("overwrite",), "writes nothing to replace")
+    check_flags()
     texts = read_texts()
-    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
+    prompts = common.resolved_prompts()
     options = common.options(OUT.value, texts_file=TEXTS_FILE.value)
     found = run_score(ScoreSpec(options, prompts, tuple(texts), BATCH_SIZE.value, Z_SAMPLE.value))
     if distributed.is_main():

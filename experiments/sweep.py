@@ -31,17 +31,23 @@ flags.adopt_module_key_flags(common)
 flags.adopt_module_key_flags(candidates)
 
 
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.resolved_prompts()
+    if MODE.value != "text":
+        common.refuse_given("sweep --mode=token", ("text_add_special_tokens",), "places token ids in the template "
+                            "(--text_add_special_tokens applies to --mode=text)")
+    candidates.refuse_limit_keeping_all(LIMIT.value)
+
+
 def main(argv):
     del argv
     from rmjax.parallel import distributed
     from rmjax.runs import table_summary
     from rmjax.search.sweep import SweepSpec, plot_path, run_sweep
-    from rmjax.text import prompts as prompt_lib
 
-    prompts = prompt_lib.resolve_prompts(common.PROMPTS.value, common.PROMPT.value)
-    if MODE.value != "text":
-        common.refuse_given("sweep --mode=token", ("text_add_special_tokens",), "places token ids in the template "
-                            "(--text_add_special_tokens applies to --mode=text)")
+    check_flags()
+    prompts = common.resolved_prompts()
     token_ids = candidates.token_ids()
     out = run_sweep(SweepSpec(common.options(OUT.value), prompts, None if token_ids is None else tuple(token_ids),
                               limit=LIMIT.value, vocab_file=candidates.VOCAB_FILE.value, mode=MODE.value,

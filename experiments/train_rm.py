@@ -48,11 +48,8 @@ flags.register_multi_flags_validator(
     message="--heldout_pairs goes with --pairs (EloEverything splits its own held-out items).")
 
 
-def main(argv):
-    del argv
-    from rmjax.train.recipe import train_from_data
-
-    mesh = common.start()
+def check_flags() -> None:
+    """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     common.refuse_output_column("train_rm (it trains a new one-output score head)")
     common.refuse_system_prompt("train_rm", "renders its pairs with the chat template's own system turn (a "
                                 "--system_prompt for training is not built yet)")
@@ -73,6 +70,15 @@ def main(argv):
         raise UsageError(f"--steps={cfg.steps} ends before the warmup does (--warmup_steps={cfg.warmup_steps}{given}): "
                          f"the learning rate would never reach --learning_rate; give --warmup_steps below --steps "
                          f"(e.g. --warmup_steps={max(cfg.steps // 10, 0)}).")
+
+
+def main(argv):
+    del argv
+    from rmjax.train.recipe import train_from_data
+
+    check_flags()
+    mesh = common.start()
+    cfg = TRAIN_CONFIG(template=common.TEMPLATE.value)
     result = train_from_data(common.MODEL.value, cfg, pairs=PAIRS.value, elo=ELO.value,
                              heldout_pairs=HELDOUT_PAIRS.value, n_train=N_TRAIN.value, n_heldout=N_HELDOUT.value,
                              soft=SOFT.value, workdir=WORKDIR.value, export=EXPORT.value, head_out=HEAD_OUT.value,

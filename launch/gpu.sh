@@ -8,7 +8,8 @@
 #     [--results=results/] [--dry-run]
 #
 # --checkpoint: a local folder (rsync'd to the host) or remote:PATH (already on the host, used in place).
-# --job: shell text, run on the host as `.venv/bin/python -m JOB` in the copied repository.
+# --job: shell text, run on the host as `.venv/bin/python -m JOB` in the copied repository. Its outputs must be
+#         under results/ (the only folder brought back): another place is refused.
 # --dry-run prints every command, one per line, quoted so that a line pasted into a shell runs exactly it.
 # The host gets the working tree as it is (rsync), uncommitted changes included; it needs a Python 3.11+.
 set -euo pipefail

@@ -16,7 +16,8 @@
 # --queued: ask through a queued resource (gcloud compute tpus queued-resources; how v5e/v5p/v6e capacity is
 #         usually granted), wait for it to become ACTIVE, and delete it (with its VM) at the end. With --spot too.
 # --checkpoint: gs:// path (copied with gcloud storage on each worker) or a local folder (scp'd to each worker).
-# --job: shell text, run on every worker as `.venv/bin/python -m JOB` in the shipped repository.
+# --job: shell text, run on every worker as `.venv/bin/python -m JOB` in the shipped repository. Its outputs must be
+#         under results/ (the only folder brought back before the VM is deleted): another place is refused.
 # --plan_model: a zoo hub id or nickname, a config.json or a local folder: before the VM is created, the job is
 #         compiled for --type here (python -m experiments.plan, needs jax[tpu]) and refused when it does not fit;
 #         default: the checkpoint's config.json (gcloud storage cp from a gs:// checkpoint) or its local folder.

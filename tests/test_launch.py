@@ -413,15 +413,18 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
         "sweep --token_ids=5,6,7 --limit=2": ("", ["--limit=2", "--batch_size=0"]),
         "score": ("--texts='\"a,b\",c' --batch_size 8", ["--batch_size=8", "--texts=2"]),
         "logprobs": ("--template=plain", ["--template=plain"]),
-        "train_rm": ("--elo=builtin --trainable=full --steps=5", ["--trainable=full", "--last_k=2", "--steps=5",
+        "train_rm": ("--elo=builtin --trainable=full --steps=5 --warmup_steps=1 --workdir=results/w",
+                     ["--trainable=full", "--last_k=2", "--steps=5",
                                                                   "--batch_size=256", "--n_train=20000",
                                                                   "--fsdp=false", "--remat=false"]),
         # train_rm runs without FSDP and remat unless given them: the plan's auto assumed whichever fitted, and said
         # "fits" for an 8B full fine-tune that fits only with remat
-        "train_rm --fsdp --noremat": ("--elo=builtin", ["--trainable=head", "--last_k=2", "--steps=1500",
+        "train_rm --fsdp --noremat": ("--elo=builtin --export=results/e",
+                                      ["--trainable=head", "--last_k=2", "--steps=1500",
                                                         "--batch_size=256", "--n_train=20000", "--fsdp=true",
                                                         "--remat=false"]),
-        "train_rm --remat=True --fsdp=0": ("--elo=builtin", ["--trainable=head", "--last_k=2", "--steps=1500",
+        "train_rm --remat=True --fsdp=0": ("--elo=builtin --head_out=results/h",
+                                           ["--trainable=head", "--last_k=2", "--steps=1500",
                                                              "--batch_size=256", "--n_train=20000", "--fsdp=false",
                                                              "--remat=true"]),
     }
@@ -459,7 +462,27 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
              ("experiments.train_rm --trainable=full", "give exactly one of --pairs"),
              ("experiments.gcg --search_width -.5", "--search_width=-.5"),
              ("experiments.disagree --models=a,b --forwards=x", "--forwards=x"),
-             ("experiments.sweep --prompt='x", "quotes do not pair up"))
+             ("experiments.sweep --prompt='x", "quotes do not pair up"),
+             # what the job refuses in its main, before loading, from its flags alone (job_line checked only the
+             # jobs' config builders, so these passed, and the job refused them on the paid-for machine)
+             ("experiments.export --out=results/e --prompts=greatest", "--prompts: export writes the model as it is"),
+             ("experiments.export --out=results/e --output_column=1", "export writes the whole model"),
+             ("experiments.export --out=results/e --system_prompt=x", "--system_prompt: export writes"),
+             ("experiments.logprobs --output_column=1", "logprobs (a causal LM's next-token log-probs) has no reward"),
+             ("experiments.sweep --token_ids=1,2,3 --limit=5", "--limit=5 keeps all 3 candidates"),
+             ("experiments.beam --token_ids=1,2 --limit=2", "--limit=2 keeps all 2 candidates"),
+             ("experiments.sweep --prompts=greatst", "unknown prompt 'greatst'"),
+             ("experiments.gcg --selection=greedy --seed=3", "--seed: gcg --selection=greedy"),
+             ("experiments.inspect --prompts=greatest,best --responses=a", "inspect takes one prompt; got 2"),
+             ("experiments.train_rm --elo=builtin --last_k=3 --head_out=results/h", "--last_k applies to"),
+             ("experiments.score --texts=a --overwrite", "--overwrite: score without --out"),
+             ("experiments.analyze --elo=builtin --rbo_p=0.5", "--rbo_p applies to --scores"),
+             # an output the launch would not bring back: a TPU VM is deleted with it
+             ("experiments.sweep --out=runs/s.csv", "--out=runs/s.csv is outside results/"),
+             ("experiments.audit --out=results/../a", "--out=results/../a is outside results/"),
+             ("experiments.plan --out=/tmp/p.json", "--out=/tmp/p.json is outside results/"),
+             ("experiments.train_rm --elo=builtin --export=results/e --workdir=runs/w", "--workdir=runs/w is outside"),
+             ("experiments.train_rm --elo=builtin", "give --workdir=results/…, --export=results/… or --head_out"))
     for (line, said), (status, words, err) in zip(cases, _read_each(*(c[0] for c in cases), tpu_type="v5litepod-8"),
                                                  strict=True):
         assert status == 2 and err.startswith("error: --job: ") and said in err and not words, (line, err)

@@ -72,10 +72,16 @@ def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) ->
     """How many candidates `candidate_ids` will give, from the config and tokenizer alone (before the weights)."""
     vocab = min(cfg.vocab_size, len(tokenizer)) if tokenizer is not None else cfg.vocab_size
     n = len(token_ids) if token_ids is not None else vocab
-    if limit is not None and limit >= n:  # recorded in the identity as if it had kept fewer
+    refuse_limit_keeping_all(limit, n)
+    return min(n, limit) if limit is not None else n
+
+
+def refuse_limit_keeping_all(limit: int | None, n: int) -> None:
+    """A --limit that keeps all `n` candidates changes nothing, yet the identity would record it as if it had kept
+    fewer."""
+    if limit is not None and limit >= n:
         raise UsageError(f"--limit={limit} keeps all {n:,} candidates, so it changes nothing; leave it out, or give "
                          f"a --limit below {n:,}.")
-    return min(n, limit) if limit is not None else n
 
 
 def candidate_ids(tokenizer, vocab: int, token_ids=None, limit: int | None = None) -> np.ndarray:
