@@ -61,9 +61,10 @@ N_TRAIN = flags.DEFINE_integer("n_train", 20000, "train_rm: training pairs.", lo
 RESPONSES = flags.DEFINE_integer("responses", 6024, "train_rm: distinct responses (head only: the feature matrix's "
                                  "rows; last_k: their states below the trained layers, kept where they pay); "
                                  "EloEverything's 80% of 7,530 items.", lower_bound=1)
-SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm, last_k/full: tokens per conversation "
-                                       "(last_k: the --prompts' prefix, measured or --prefix_tokens, goes through the "
-                                       "frozen layers once, as train_rm does, when it is shorter).", lower_bound=1)
+SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm: tokens per conversation (head: in its "
+                                       "feature pass). When the --prompts' prefix, measured or --prefix_tokens, is "
+                                       "shorter, it goes through the layers once, as train_rm does (head: its "
+                                       "feature pass; last_k: the frozen layers).", lower_bound=1)
 for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template", "overwrite"):
     flags.declare_key_flag(_name)
 

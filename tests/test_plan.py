@@ -108,13 +108,32 @@ def _sweep_kwargs(shape: SweepShape) -> dict:
 def test_training_step_compiles_for_v5e(trainable):
     cfg = _reward_config()
     shape = TrainShape(trainable, 1, steps=10, batch_size=8, pairs=100, responses=50, sequence_tokens=24)
+    if trainable == "head":  # its feature pass runs each response's 8 tokens after the 16-token prompt prefix
+        shape = dataclasses.replace(shape, responses=300, prefix_tokens=16)
     result = plan(cfg, "float32", SLICE, "train_rm", shape, {"data": 2, "model": 2}, log=lambda *_: None)
-    (step,) = result["calls"]
+    *before, step = result["calls"]
     assert step["name"] == "train_step" and step["count"] == 10 and step["flops"] > 0
     assert result["per_chip_bytes"]["weights"] == _declared_per_chip(cfg, 4, 2)
     # a head-only step reads features, no backbone, but the feature pass before it holds the weights on the chip
     # (a fault hunt: a 27B head-only run "fit" one v5e chip, 0.11 GiB per chip beside 50.7 GiB of weights)
     assert result["per_chip_bytes"]["total"] >= result["per_chip_bytes"]["weights"]
+    if trainable == "head":
+        # and takes its time: the plan left it out (the 10 steps on a 300 x H matrix are next to nothing). 300
+        # responses in 256-row batches: 2 calls, each at least every layer's matmuls at 256 rows x 8 positions, a
+        # chip's share of 4
+        prefill, features = before
+        assert (prefill["name"], prefill["count"], features["name"], features["count"]) == \
+            ("prefill", 1, "features", 2)
+        assert features["flops"] >= 2 * _matmul_params(cfg) * 256 * 8 / 4
+        assert features["flops"] > 100 * step["flops"]
+        assert result["per_chip_bytes"]["total"] > result["per_chip_bytes"]["weights"]
+        # no prefix shorter than the conversation: whole conversations of 24 tokens
+        whole = plan(cfg, "float32", SLICE, "train_rm", dataclasses.replace(shape, prefix_tokens=0),
+                     {"data": 2, "model": 2}, log=lambda *_: None)["calls"]
+        assert [(c["name"], c["count"]) for c in whole] == [("features", 2), ("train_step", 10)]
+        assert whole[0]["flops"] >= 2 * _matmul_params(cfg) * 256 * 24 / 4
+    else:
+        assert not before
     if trainable == "last_k":  # two scanned stacks (3 frozen layers, 1 trained): each counted per layer
         assert step["flops"] > 1.3 * step["xla_flops_scan_once"]
         # as train_rm runs it, 2 prompts' 16-token prefixes through the frozen layers once: the 3 frozen layers

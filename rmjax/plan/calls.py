@@ -146,10 +146,11 @@ def gcg_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_
 
 
 def score_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int, suffix_tokens: int,
-                texts: int, text_tokens: int, batch_size: int) -> list[Call]:
+                texts: int, text_tokens: int, batch_size: int, features: bool = False) -> list[Call]:
     """Text scoring (rmjax.scoring.texts): per prompt a prefill, then the texts in batches after the cache, each
-    text's tokens and the template's tail in 4-token buckets (planned for texts of `text_tokens` tokens)."""
-    from rmjax.scoring.calls import rewards_after_call
+    text's tokens and the template's tail in 4-token buckets (planned for texts of `text_tokens` tokens). With
+    `features`, the final hidden states in place of the rewards: a head-only train_rm's pass over its responses."""
+    from rmjax.scoring.calls import last_hidden_after_call, rewards_after_call
     from rmjax.scoring.texts import LENGTH_BUCKET
 
     params, width, prefill, cache = _prefix(cfg, dtype, mesh, prompts, prefix_tokens)
@@ -157,10 +158,12 @@ def score_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefi
     # as the job: a batch holds no more rows than its texts need (the next power of two, rounded up to `data`)
     rows = min(batch, batching.rows_for(texts, batching.data_shards(mesh)))
     length = batching.bucket(text_tokens + suffix_tokens, LENGTH_BUCKET)
-    scorer = rewards_after_call(cfg, mesh, width, rows)  # a batch rounded up to `data`: its rows over `data`
+    # a batch rounded up to `data`: its rows over `data`
+    scorer = (last_hidden_after_call if features else rewards_after_call)(cfg, mesh, width, rows)
     args = (params, cache, _array((rows, length), jnp.int32, mesh, "data"),
             _array((rows, length), jnp.bool_, mesh, "data"))
-    return [prefill, Call("score_texts", scorer, args, prompts * math.ceil(texts / batch), params, cache)]
+    name = "features" if features else "score_texts"
+    return [prefill, Call(name, scorer, args, prompts * math.ceil(texts / batch), params, cache)]
 
 
 def logprobs_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int) -> list[Call]:
@@ -216,7 +219,8 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
     `responses` rows, the others token sequences of `sequence_tokens`, `last_k` those after `prompts` prefixes of
     `prefix_tokens` run through the frozen layers once, when 0 < prefix_tokens < sequence_tokens and that
     `prefixed.pays`), made `steps` times; with `fsdp` the trained weights and optimizer state split over `data` as
-    train_rm --fsdp places them, with `remat` each layer recomputed in the backward pass."""
+    train_rm --fsdp places them, with `remat` each layer recomputed in the backward pass. A head-only run first
+    makes its feature matrix: the whole backbone over each response's conversation of `sequence_tokens`, once."""
     from rmjax.train.loop import TrainConfig, trainable_part
     from rmjax.train.optimizer import make_optimizer
     from rmjax.train.step import _moving
@@ -268,7 +272,31 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
     args = (moving, _placed(runner.frozen, mesh), data, rows, label)
     weights = (_placed(nnx.state(module, nnx.All(nnx.Param, wrt)), mesh, fsdp),  # as train_rm places them
                _placed(nnx.state(module, nnx.All(nnx.Param, nnx.Not(wrt))), mesh))
-    return [Call("train_step", runner.call, args, steps, weights)]
+    step = Call("train_step", runner.call, args, steps, weights)
+    if trainable != "head":
+        return [step]
+    return [*_feature_calls(cfg, dtype, mesh, prompts, prefix_tokens, sequence_tokens, responses,
+                            train_cfg.feature_batch_size), step]
+
+
+def _feature_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, prompts: int, prefix_tokens: int, sequence_tokens: int,
+                   responses: int, batch_size: int) -> list[Call]:
+    """A head-only run's feature matrix, made once before its steps (TextScorer.features per prompt, in
+    --feature_batch_size batches): each response after its prompt's cached prefix of `prefix_tokens`, or, where
+    that prefix is not shorter than the conversation's `sequence_tokens`, the whole conversation (the larger)."""
+    from rmjax.scoring.calls import last_hidden_call
+    from rmjax.scoring.texts import LENGTH_BUCKET
+
+    if 0 < prefix_tokens < sequence_tokens:
+        return score_calls(cfg, dtype, mesh, prompts=prompts, prefix_tokens=prefix_tokens, suffix_tokens=0,
+                           texts=math.ceil(responses / prompts), text_tokens=sequence_tokens - prefix_tokens,
+                           batch_size=batch_size, features=True)
+    params = abstract_params(cfg, dtype, mesh)
+    batch = batching.round_up(batch_size, mesh)
+    rows = min(batch, batching.rows_for(responses, batching.data_shards(mesh)))
+    length = batching.bucket(sequence_tokens, LENGTH_BUCKET)
+    args = (params, _array((rows, length), jnp.int32, mesh, "data"), _array((rows, length), jnp.bool_, mesh, "data"))
+    return [Call("features", last_hidden_call(cfg, mesh, rows), args, math.ceil(responses / batch), params)]
 
 
 def _placed(state: nnx.State, mesh: Mesh, fsdp: bool = False) -> nnx.State:

@@ -52,8 +52,8 @@ class Option:
 
     @property
     def total_bytes(self) -> int:
-        # at least the weights: a head-only train_rm's step reads no backbone, yet its feature pass holds all of it
-        # (a 27B "fit" one 16 GiB chip at 0.11 GiB); every other call reads them, its peak counting them already
+        # at least the weights (a head-only train_rm's step reads no backbone, and a 27B once "fit" one 16 GiB chip
+        # at 0.11 GiB): a floor, as every job's calls read them (the head-only run's feature pass), their peaks too
         return max([c.peak_bytes for c in self.costs] + [self.refused_bytes, self.weights_bytes])
 
     def seconds(self, piece: Slice, realistic: bool = True) -> float:

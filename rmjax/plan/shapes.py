@@ -100,7 +100,7 @@ class TrainShape:
     fsdp: bool = False
     remat: bool = False
     prompts: int = 1
-    prefix_tokens: int = 0  # last_k: each prompt's prefix, run through the frozen layers once (0: not split)
+    prefix_tokens: int = 0  # head, last_k: each prompt's prefix, run through the layers once (0: not split)
 
     per = "step"
     split_batch = True  # rmjax.train.loop.check_batch_on_mesh
@@ -137,8 +137,15 @@ class TrainShape:
         trained = {"head": cfg.hidden_size * max(1, cfg.num_labels),
                    "last_k": (total - embed) * min(self.last_k, cfg.num_layers) / cfg.num_layers,
                    "full": total - embed}[self.trainable]
-        rows = 2 * max(1, self.batch_size // (chips // model)) * self.sequence_tokens  # chosen and rejected
-        activations = rows * 4 * (cfg.hidden_size * cfg.num_layers + 4 * cfg.hidden_size + 3 * cfg.intermediate_size)
+        layer = 4 * cfg.hidden_size + 3 * cfg.intermediate_size
+        if self.trainable == "head":  # the feature pass's forward, one layer at a time (a step holds no backbone)
+            from rmjax.train.loop import TrainConfig
+
+            rows = max(1, TrainConfig.feature_batch_size // (chips // model)) * self.sequence_tokens
+            activations = rows * 4 * layer
+        else:  # chosen and rejected, each layer's input kept for the backward pass
+            rows = 2 * max(1, self.batch_size // (chips // model)) * self.sequence_tokens
+            activations = rows * 4 * (cfg.hidden_size * cfg.num_layers + layer)
         # a trained weight, its gradient and Adam's two moments; narrower than float32 (not the head), a float32
         # master copy too, and moments in float32 (rmjax.train.optimizer.float32_master)
         per_trained = 4 * size if self.trainable == "head" or size == 4 else 2 * size + 3 * 4

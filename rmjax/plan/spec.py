@@ -146,11 +146,12 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         check_batch_size(batch, n_train)
         if trainable == "last_k" and last_k > cfg.num_layers:
             raise UsageError(f"--last_k={last_k}: the model has {cfg.num_layers} layers.")
-        if trainable != "head" and sequence_tokens > cfg.max_position_embeddings:
+        if sequence_tokens > cfg.max_position_embeddings:
             raise UsageError(f"--sequence_tokens={sequence_tokens} is more than the model's context of "
                              f"{cfg.max_position_embeddings} positions (max_position_embeddings).")
         prompts_planned, prefix = 1, 0
-        if trainable == "last_k":  # train_rm runs each prompt's prefix through the frozen layers once
+        # a head-only run's feature pass and last_k's steps: each prompt's prefix through the layers once
+        if trainable in ("head", "last_k"):
             measured = _prompt_sizes(tokenizer, resolve_prompts(list(prompts), list(extra_prompts)), template,
                                      prefix_tokens, suffix_tokens)
             prompts_planned, prefix = len(measured), max(p for _, p, _ in measured)

@@ -41,17 +41,27 @@ def rewards_after_call(cfg: ModelConfig, mesh, cache_width: int, rows: int) -> C
 
 def last_hidden(model: Model, ids, mask) -> jax.Array:
     """Final-normed hidden state at each row's last real token: [B, H]."""
-    rows = _rows(model, ids)
-    return compiled(_last_hidden, model.config, model.mesh, (PARAMS, rows, rows), rows)(declared_params(model), ids,
-                                                                                        mask)
+    return last_hidden_call(model.config, model.mesh, np.shape(ids)[0])(declared_params(model), ids, mask)
+
+
+def last_hidden_call(cfg: ModelConfig, mesh, rows: int) -> Compiled:
+    """The compiled final hidden states of whole conversations: (params, ids [rows, T], mask) -> [rows, H], the
+    rows over `data` when the mesh divides them."""
+    spec = rows_of(rows, 2, mesh)
+    return compiled(_last_hidden, cfg, mesh, (PARAMS, spec, spec), spec)
 
 
 def last_hidden_after(model: Model, cache: nn.KVCache, ids, mask) -> jax.Array:
     """`last_hidden` after the batch-1 `cache` prefix."""
-    rows = _rows(model, ids)
-    call = compiled(_last_hidden_after, model.config, model.mesh, (PARAMS, Cache(1, cache.k.shape[2]), rows, rows),
-                    rows)
+    call = last_hidden_after_call(model.config, model.mesh, cache.k.shape[2], np.shape(ids)[0])
     return call(declared_params(model), cache, ids, mask)
+
+
+def last_hidden_after_call(cfg: ModelConfig, mesh, cache_width: int, rows: int) -> Compiled:
+    """The compiled feature pass of head-only training: (params, prefix cache [1, cache_width], ids [rows, T], mask)
+    -> final hidden states, the rows over `data` when the mesh divides them."""
+    spec = rows_of(rows, 2, mesh)
+    return compiled(_last_hidden_after, cfg, mesh, (PARAMS, Cache(1, cache_width), spec, spec), spec)
 
 
 def next_token_log_probs(model: Model, ids, mask) -> jax.Array:
