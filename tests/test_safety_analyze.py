@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from rmjax.analysis import data
-from rmjax.analysis.files import Outputs
+from rmjax.analysis.files import STAGE, Outputs
 from rmjax.errors import OutputExistsError
 from rmjax.runs import results
 from tests import cli, inproc
@@ -213,12 +213,31 @@ def test_killed_analysis_is_unfinished_and_overwritten(tmp_path):
         proc = subprocess.run([sys.executable, "-c", KILL, target, *flags, f"--out={out}"], cwd=cli.REPO,
                               env=cli.ENV, capture_output=True, text=True, timeout=600)
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-        left = sorted(p.name for p in out.iterdir())
+        assert sorted(p.name for p in out.iterdir()) == [STAGE]  # it writes there until it has written everything
+        left = sorted(p.name for p in (out / STAGE).iterdir())
         assert any(name.startswith((target, f".{target}.")) for name in left), left
-        assert "report.md" not in left and manifest(out)["complete"] is False
+        assert "report.md" not in left and manifest(out / STAGE)["complete"] is False
         inproc.refused(partial(analyze, out, scores), "unfinished analysis", "--overwrite")
         analyze(out, scores, overwrite=True)
         assert not [name for name in whole(out) if name.endswith(".tmp")]
+
+
+def test_an_analysis_refused_halfway_leaves_its_folder_as_it_was(tmp_path):
+    """A fault hunt: score tables with no prompt in common are refused only once the analysis writes (the inputs
+    read whole), and by then --overwrite had removed the earlier analysis (24 files, none left); without it, a new
+    folder kept half an analysis. Now a run writes into a stage and moves its files in once all are written."""
+    base = np.random.default_rng(5).normal(size=40)
+    apart = [sweep(tmp_path / "a.csv", {"best": base}), sweep(tmp_path / "b.csv", {"worst": -base})]
+    earlier = tmp_path / "earlier"
+    analyze(earlier, sweep(tmp_path / "c.csv", {"best": base}), sweep(tmp_path / "d.csv", {"best": base ** 2}))
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    assert len(before) > 5 and manifest(earlier)["complete"] is True
+    inproc.refused(partial(analyze, earlier, *apart, overwrite=True), "no prompt column in common")
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
+    fresh = tmp_path / "fresh"
+    inproc.refused(partial(analyze, fresh, *apart), "no prompt column in common")
+    assert list(fresh.iterdir()) == []
+    analyze(fresh, *apart[:1])  # and the folder takes the next analysis as it would an empty one
 
 
 def test_unreadable_inputs_and_unwritable_outputs_stop_in_one_line(tmp_path):

@@ -1,9 +1,13 @@
 """Where an analysis writes: one folder per analysis, each file listed in analysis.json as it is written,
-so a later `--overwrite` removes exactly those files and never a file of the user's."""
+so a later `--overwrite` removes exactly those files and never a file of the user's. A run writes into a stage
+folder inside it and moves its files in only once all are written: an input refused halfway (two score tables
+with no prompt in common) neither removes an earlier analysis nor leaves half of a new one."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,6 +56,7 @@ def markdown(frame: pd.DataFrame, digits: int = 3) -> str:
 MANIFEST = "analysis.json"  # the files an analysis wrote into its folder (what --overwrite may remove)
 REPORT = "report.md"
 MODEL = "model"  # the first column of a model x model matrix (so no model may be labelled so)
+STAGE = ".analysis.partial"  # where a run writes until it has written everything (a killed run's is left there)
 
 
 def _manifest(manifest: Path) -> tuple[list[str], bool] | None:
@@ -70,31 +75,39 @@ def _temp_of(name: str, ours: set[str]) -> bool:
     return bool(match and match.group(1) in ours) or name.startswith(".rmjax-write-test-")
 
 
-def prepare_folder(out: Path, overwrite: bool) -> None:
+def prepare_folder(out: Path, overwrite: bool) -> list[str]:
     """An analysis writes into an empty folder, or with --overwrite into one holding only an earlier
-    analysis's files (which are removed first, so no stale table or figure survives). A file is listed in
-    analysis.json before it is written, so what a killed run left (a partial figure, a table's temp file)
-    is known as its own."""
+    analysis's files: returned, to be removed once the new analysis is written, so that no stale table or figure
+    survives it. A file is listed in analysis.json before it is written, so what a killed run left (a partial
+    figure, a table's temp file, its stage) is known as its own."""
     check_writable(out, folder=True)
     present = sorted(p.name for p in out.iterdir())
     if not present:
-        return
+        return []
     manifest = _manifest(out / MANIFEST)
     listed, unfinished = (None, False) if manifest is None else (manifest[0], not manifest[1])
+    unfinished = unfinished or STAGE in present
     if not overwrite:
         what = "an unfinished analysis (killed or failed: its analysis.json says complete: false)" if unfinished \
             else f"{len(present)} files, e.g. {present[0]}"
         raise OutputExistsError(f"--out={out} is not empty ({what}); pass --overwrite to replace an earlier analysis "
                                 "there, or choose a new folder.")
     ours = set(listed or ()) | ({MANIFEST} if listed is not None else set())
-    foreign = [name for name in present
-               if not (name in ours or _temp_of(name, ours | {MANIFEST})) or not (out / name).is_file()]
+    foreign = [name for name in present if not (name == STAGE and (out / name).is_dir() or (
+        name in ours or _temp_of(name, ours | {MANIFEST})) and (out / name).is_file())]
     if foreign:
         raise OutputExistsError(f"--out={out} holds files no rmjax analysis wrote ({', '.join(foreign[:3])}"
                                 f"{', …' if len(foreign) > 3 else ''}); --overwrite replaces only an earlier "
                                 "analysis: choose a new folder.")
-    for name in sorted(present, key=lambda n: n == MANIFEST):  # the list last: a kill here leaves it to go on
-        (out / name).unlink()
+    return present
+
+
+def _remove(out: Path, names: list[str]) -> None:
+    for name in sorted(names, key=lambda n: n == MANIFEST):  # the list last: a kill here leaves it to go on
+        if name == STAGE:
+            shutil.rmtree(out / name)
+        else:
+            (out / name).unlink()
 
 
 class Outputs:
@@ -103,7 +116,12 @@ class Outputs:
 
     def __init__(self, out: str | Path, overwrite: bool = False):
         self.out = Path(out)
-        prepare_folder(self.out, overwrite)
+        self._earlier = prepare_folder(self.out, overwrite)
+        self.stage = self.out / STAGE
+        if STAGE in self._earlier:  # a killed run's
+            self._earlier.remove(STAGE)
+            shutil.rmtree(self.stage)
+        self.stage.mkdir()
         self.tables: dict[str, str] = {}
         self.figures: dict[str, str] = {}
         self.lines: list[str] = []
@@ -118,22 +136,34 @@ class Outputs:
             raise UsageError(f"two outputs of this analysis would both be {self.out / name} (names of prompts, models "
                              "or EloEverything files that read alike); rename one of them.")
         self.files.append(name)
-        dump_json({"files": self.files, "complete": False}, self.out / MANIFEST)
-        return self.out / name
+        dump_json({"files": self.files, "complete": False}, self.stage / MANIFEST)
+        return self.stage / name
 
     def finish(self, text: str) -> Path:
-        """report.md, then analysis.json marked complete: a folder without that mark is a partial analysis."""
-        path = atomic_write_text(self.claim(REPORT), text)
+        """report.md; then the earlier analysis removed, the stage's files moved in and analysis.json marked
+        complete: a folder without that mark is a partial analysis."""
+        atomic_write_text(self.claim(REPORT), text)
+        _remove(self.out, self._earlier)
+        dump_json({"files": self.files, "complete": False}, self.out / MANIFEST)
+        for name in self.files:
+            os.replace(self.stage / name, self.out / name)
         dump_json({"files": self.files, "complete": True}, self.out / MANIFEST)
-        return path
+        shutil.rmtree(self.stage)
+        return self.out / REPORT
+
+    def abandon(self) -> None:
+        """A failed run's stage removed: the folder is as the run found it."""
+        shutil.rmtree(self.stage, ignore_errors=True)
 
     def table(self, name: str, frame: pd.DataFrame) -> pd.DataFrame:
-        self.tables[name] = str(write_frame(self.claim(f"{name}.csv"), frame))
+        write_frame(self.claim(f"{name}.csv"), frame)
+        self.tables[name] = str(self.out / f"{name}.csv")
         return frame
 
     def keyed_table(self, name: str, keys: dict[str, list], values: dict) -> None:
         """A table given as key and value columns (`results.write_table`)."""
-        self.tables[name] = str(results.write_table(self.claim(f"{name}.csv"), keys, values))
+        results.write_table(self.claim(f"{name}.csv"), keys, values)
+        self.tables[name] = str(self.out / f"{name}.csv")
 
     def matrix(self, name: str, matrix: pd.DataFrame) -> pd.DataFrame:
         if MODEL in map(str, matrix.columns):  # reset_index would fail; inputs.load_inputs refuses such labels first
@@ -143,7 +173,8 @@ class Outputs:
         return matrix
 
     def figure(self, name: str, draw: Callable[..., Path], *args, **kwargs) -> None:
-        self.figures[name] = str(draw(*args, path=self.claim(f"{name}.png"), **kwargs))
+        draw(*args, path=self.claim(f"{name}.png"), **kwargs)
+        self.figures[name] = str(self.out / f"{name}.png")
 
     def say(self, *lines: str) -> None:
         self.lines.extend(lines)

@@ -346,6 +346,7 @@ def run_analyses(cfg: AnalysisConfig, out: str | Path = "results/analysis", *, o
             raise UsageError(f"--out={out}: cannot create its lock {locks.lock_path(out)} ({error.strerror or error}); "
                              "choose an --out whose parent folder is writable.") from None
         outputs = Outputs(out, overwrite)
+        stack.callback(outputs.abandon)  # a refusal or failure halfway leaves the folder as it found it
         outputs.skipped.extend(inputs.skipped)
         _sections(outputs, inputs, cfg)
         for section in sections:
