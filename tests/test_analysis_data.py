@@ -65,6 +65,23 @@ def test_model_metadata_from_yaml():
         data.parameters_in_billions("big")
 
 
+def test_a_base_model_left_empty_is_unknown(tmp_path):
+    """A fault hunt: `base_model:` left empty (YAML's null) was read as the text 'None', so every model without one
+    was of one base model ('same_base_model' similarity 1.0 in the RSA) and one Big Two family 'None'."""
+    from rmjax.analysis import stats
+    from rmjax.errors import InputFileError
+
+    path = tmp_path / "models.yaml"
+    path.write_text("- {name: o/m1, base_model: , family: , size: 8B}\n- {name: o/m2, base_model: null, size: 3B}\n"
+                    "- {name: o/m3, base_model: Gemma, family: Gemma 2, size: 27B}\n")
+    meta = data.load_model_metadata(path)
+    assert meta.base_model.tolist() == ["", "", "Gemma"] and meta.family.tolist() == ["", "", "Gemma 2"]
+    assert stats.unknown_metadata(meta)["same_base_model"] == ["o/m1", "o/m2"]
+    path.write_text("- {name: o/m1, base_model: [Llama, Gemma]}\n")
+    with pytest.raises(InputFileError, match="base_model \\['Llama', 'Gemma'\\]"):
+        data.load_model_metadata(path)
+
+
 def test_shared_vocabulary_drops_missing_and_duplicated_strings(tmp_path):
     write_model(tmp_path / "m1.csv", ["a", "b", "c", "d", "None"], {"p": np.arange(5.0)})
     write_model(tmp_path / "m2.csv", ["a", "b", "b", "c", "None", "e"], {"p": np.arange(6.0)})  # "b" twice

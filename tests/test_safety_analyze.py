@@ -223,21 +223,35 @@ def test_killed_analysis_is_unfinished_and_overwritten(tmp_path):
 
 
 def test_an_analysis_refused_halfway_leaves_its_folder_as_it_was(tmp_path):
-    """A fault hunt: score tables with no prompt in common are refused only once the analysis writes (the inputs
-    read whole), and by then --overwrite had removed the earlier analysis (24 files, none left); without it, a new
-    folder kept half an analysis. Now a run writes into a stage and moves its files in once all are written."""
+    """A fault hunt: an input refused only once the analysis writes (one word in the frequency list has no spread
+    to z-score; and score tables with no prompt in common, now refused before) came after --overwrite had removed
+    the earlier analysis (24 files, none left); without it, a new folder kept half an analysis. Now a run writes
+    into a stage and moves its files in once all are written."""
     base = np.random.default_rng(5).normal(size=40)
-    apart = [sweep(tmp_path / "a.csv", {"best": base}), sweep(tmp_path / "b.csv", {"worst": -base})]
+    tables = [sweep(tmp_path / "a.csv", {"best": base}), sweep(tmp_path / "b.csv", {"best": base ** 2})]
+    (tmp_path / "bnc.txt").write_text("\tWord\tPoS\tFreq\n\tw3\tNoC\t:\t12\t90\t0.9\n", encoding="latin-1")
+    late = dict(frequencies=str(tmp_path / "bnc.txt"), frequency_scale="zscore")
     earlier = tmp_path / "earlier"
-    analyze(earlier, sweep(tmp_path / "c.csv", {"best": base}), sweep(tmp_path / "d.csv", {"best": base ** 2}))
+    analyze(earlier, *tables)
     before = {p.name: p.read_bytes() for p in earlier.iterdir()}
     assert len(before) > 5 and manifest(earlier)["complete"] is True
-    inproc.refused(partial(analyze, earlier, *apart, overwrite=True), "no prompt column in common")
+    inproc.refused(partial(analyze, earlier, *tables, overwrite=True, **late), "no spread to z-score")
     assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
     fresh = tmp_path / "fresh"
-    inproc.refused(partial(analyze, fresh, *apart), "no prompt column in common")
+    inproc.refused(partial(analyze, fresh, *tables, **late), "no spread to z-score")
     assert list(fresh.iterdir()) == []
-    analyze(fresh, *apart[:1])  # and the folder takes the next analysis as it would an empty one
+    analyze(fresh, *tables)  # and the folder takes the next analysis as it would an empty one
+
+
+def test_a_table_whose_token_id_is_no_id_is_refused(tmp_path):
+    """A fault hunt: a bare table (no .meta.json, as the published ones) with token_id 'x' or empty stopped in a
+    ValueError traceback with a partial folder, and '1.5' was written as token 1 in the top and bottom tables."""
+    for bad in ("x", "", "1.5", "-3"):
+        path = tmp_path / f"t{len(list(tmp_path.iterdir()))}.csv"
+        path.write_text('"token_id","token_name","token_decoded","best"\n1,"a","love",1.5\n'
+                        f'{bad},"b","war",-1.0\n3,"c","peace",0.5\n')
+        inproc.refused(partial(analyze, tmp_path / "out", path), f"token_id {bad!r} (row 2) is not a token id")
+        assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
 def test_unreadable_inputs_and_unwritable_outputs_stop_in_one_line(tmp_path):
@@ -280,7 +294,8 @@ def test_a_dictionary_frequency_list_or_elo_folder_of_the_wrong_kind_stops_in_on
     (tmp_path / "latin1.csv").write_bytes("word,category\ncaf\xe9,agency\n".encode("latin-1"))
     (tmp_path / "agency.csv").write_text("word,category\nsucc*,agency\n")
     (tmp_path / "elo").mkdir()
-    (tmp_path / "elo" / "What is best.csv").write_text("elo_rank,elo_score,name,elo_matches\n1,10,w1,3\n2,9,w2,3\n")
+    (tmp_path / "elo" / "What is best.csv").write_text("elo_rank,elo_score,name,elo_matches\n1,10,w1,3\n2,9,w2,3\n"
+                                                        "3,8,w3,3\n")
     cases = [
         (dict(bigtwo_dictionary=str(tmp_path / "words.txt")), ["words.txt", "not a UTF-8 JSON or CSV"]),
         (dict(bigtwo_dictionary=str(tmp_path / "keys.json")), ["keys.json", "big2a_agen and big2a_comm"]),
@@ -357,6 +372,47 @@ def test_implicit_takes_only_log_prob_tables(tmp_path):
         settings = {k.removeprefix("--"): str(v) for k, v in pair.items()}
         line = inproc.refused(partial(analyze, tmp_path / f"out{i}", **settings), flag, name, *fragments)
         assert "Traceback" not in line
+
+
+def test_tables_compared_without_a_prompt_in_common_or_in_two_templates(tmp_path, capsys):
+    """A fault hunt: --bigtwo_checkpoints tables with no prompt in common ended in a KeyError traceback (and a
+    refused table there was named as a --scores one); log-probs taken under --template=chat for one model and
+    plain for the other gave an implicit RM, exit 0, that never said so: each model saw another prompt."""
+    base = np.random.default_rng(7).normal(size=40) - 5
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    sweep(steps / "step_1.csv", {"best": base})
+    sweep(steps / "step_2.csv", {"worst": base})
+    inproc.refused(partial(analyze, tmp_path / "o1", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None),
+                   "the --bigtwo_checkpoints tables have no prompt column in common")
+    sweep(steps / "step_2.csv", {"best": base}, kind="logprobs")
+    inproc.refused(partial(analyze, tmp_path / "o2", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None),
+                   "--bigtwo_checkpoints=", "step_2.csv")
+    pair = {}
+    for side, template in (("chosen", "chat"), ("reference", "plain")):
+        path = sweep(tmp_path / f"{side}.csv", {"best": base + len(pair)}, kind="logprobs")
+        results.write_meta(path, kind="logprobs", model=side, prompts={"best": "Prompt best?"}, template=template,
+                           identity={"model": side, "template": template})
+        pair[f"implicit_{side}"] = str(path)
+    report = Path(analyze(tmp_path / "o3", **pair)["report"]).read_text()
+    said = "different templates (chosen: chat, reference: plain)"
+    assert said in report and said in capsys.readouterr().err
+
+
+def test_an_elo_file_too_small_to_rank_or_pair(tmp_path):
+    """A fault hunt: an EloEverything file of one item gave every tau, rho, p and z NaN, exit 0 (one of no items
+    was refused); one file alone (no pair of prompts) wrote two tables as a 1-byte CSV that pandas cannot read."""
+    header = "elo_rank,elo_score,name,elo_matches,org/m\n"
+    items = ["1,1600,Water,10,3.0\n", "2,1500,Fire,10,2.0\n", "3,1400,Air,10,1.0\n"]
+    one, three = tmp_path / "one", tmp_path / "three"
+    for folder, rows in ((one, items[:1]), (three, items)):
+        folder.mkdir()
+        (folder / "What is best.csv").write_text(header + "".join(rows))
+    inproc.refused(partial(analyze, tmp_path / "o1", elo=str(one)), "has 1 item", "at least 3")
+    found = analyze(tmp_path / "o3", elo=str(three))
+    for path in found["tables"].values():
+        assert len(pd.read_csv(path).columns), path  # EmptyDataError on a 1-byte file
+    assert "elo_cross_prompt_tau.csv: nothing to tabulate" in Path(found["report"]).read_text()
 
 
 def test_cut_tables_are_refused_and_bare_ones_warned(tmp_path, capsys):

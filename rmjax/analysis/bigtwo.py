@@ -93,7 +93,7 @@ def load_checkpoints(directory: str | Path, roundtrip_only: bool = False) -> lis
     for path in Path(directory).glob("step_*.csv"):
         match = re.fullmatch(r"step_(\d+)", path.stem)
         if match and path.is_file():  # a FIFO named step_1.csv would hang the read
-            frame, string_column = read_table(path)
+            frame, string_column = read_table(path, flag="--bigtwo_checkpoints")
             if roundtrip_only:
                 frame = roundtrip_rows(frame, string_column, path)
             found.append((int(match.group(1)), ScoreTable(path.stem, path.stem, frame, string_column, path)))

@@ -76,6 +76,14 @@ def read_table(path: str | Path, kinds: Sequence[str] = SCORE_KINDS, flag: str =
     if missing:
         raise UsageError(f"{path}: not a score table (missing columns {missing}); expected "
                          "token_id, token_name, token_decoded, <one column per prompt> or text, <prompts>.")
+    ids = frame.get("token_id") if string_column == "token_decoded" else None
+    if ids is not None and not (pd.api.types.is_integer_dtype(ids) and (ids >= 0).all()):
+        # 'x' or '' stopped a top-bottom table in a traceback, and '1.5' was written there as 1: as written
+        ids = pd.read_csv(path, usecols=["token_id"], dtype=str, keep_default_na=False)["token_id"]
+        bad_ids = ids[~ids.str.fullmatch(r"[0-9]+")]
+        if len(bad_ids):
+            raise InputFileError(f"{path}: token_id {bad_ids.iloc[0]!r} (row {bad_ids.index[0] + 1}) is not a token "
+                                 f"id; {len(bad_ids)} row(s) have no whole non-negative number there.")
     values = frame[results.value_columns(frame)].to_numpy(np.float64)
     bad = ~np.isfinite(values).all(axis=1)
     if bad.any():
@@ -210,6 +218,17 @@ def parameters_in_billions(size: str | float | int | None) -> float:
     return float(match.group(1)) * scale
 
 
+def _text(path: Path, name: str, entry: dict, key: str) -> str:
+    """A text field of a model's entry: left empty (`base_model:`, YAML's null) it is not given. str() made null
+    the text 'None', and the models with no base model one family of that name."""
+    value = entry.get(key)
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise InputFileError(f"{path}: model {name!r} has {key} {value!r}; write a name or leave it out.")
+    return str(value).strip()
+
+
 def load_model_metadata(path: str | Path) -> pd.DataFrame:
     """Nickname, base model, developer (HF org of `name`), parameters (billions) and RewardBench rank.
 
@@ -232,8 +251,8 @@ def load_model_metadata(path: str | Path) -> pd.DataFrame:
         rows.append({
             "name": name,
             "nickname": str(entry.get("nickname") or name),
-            "base_model": str(entry.get("base_model", "")),
-            "family": str(entry.get("family", "")),
+            "base_model": _text(path, name, entry, "base_model"),
+            "family": _text(path, name, entry, "family"),
             "developer": name.split("/")[0] if "/" in name else "",
             "parameters_b": parameters_in_billions(entry.get("size")),
             "reward_bench_rank": float(rank) if rank is not None else np.nan,

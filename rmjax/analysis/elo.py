@@ -34,6 +34,7 @@ RESERVED = (HUMAN, "median_model", "median_model_rank_minus_human", "model")
 # How an item is found in a score table (item_tokens): the first three score it, the others do not.
 MATCHED = ("exact", "leading_space", "text")
 UNMATCHED = ("not_a_single_token", "not_roundtrip", "ambiguous", "absent")
+MIN_ITEMS = 3  # fewer items give no rank correlation worth a row (one: every tau, rho and p NaN)
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,10 @@ def load_elo(directory: str | Path, metadata: pd.DataFrame | None = None) -> lis
         missing = [c for c in ITEM_COLUMNS if c not in frame.columns]
         if missing:
             raise UsageError(f"{path}: missing EloEverything columns {missing}.")
-        if frame.empty:
-            raise InputFileError(f"--elo: {path} has no items (a header only).")
+        if len(frame) < MIN_ITEMS:  # one item: every tau, rho, p and z NaN, exit 0
+            raise InputFileError(f"--elo: {path} has {len(frame)} item{'s' * (len(frame) != 1)}"
+                                 f"{' (a header only)' if frame.empty else ''}; a rank correlation needs at least "
+                                 f"{MIN_ITEMS}.")
         if frame["name"].duplicated().any():
             raise UsageError(f"{path}: duplicated item names {list(frame['name'][frame['name'].duplicated()][:5])}.")
         frame = frame.set_index("name")

@@ -156,6 +156,9 @@ class Outputs:
         shutil.rmtree(self.stage, ignore_errors=True)
 
     def table(self, name: str, frame: pd.DataFrame) -> pd.DataFrame:
+        if not len(frame.columns):  # nothing to tabulate (one prompt: no pair of prompts), not a 1-byte CSV that no
+            self.skip(f"{name}.csv: nothing to tabulate from these inputs.")  # reader reads back
+            return frame
         write_frame(self.claim(f"{name}.csv"), frame)
         self.tables[name] = str(self.out / f"{name}.csv")
         return frame

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,6 +91,9 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
                                                    (cfg.implicit_reference, "--implicit_reference")))  # same name ok
         _two_models(chosen.path, reference.path)
         found.implicit = chosen, reference
+        differ = implicit_templates(chosen, reference)
+        if differ:
+            print(f"warning: {differ}", file=sys.stderr)
     if cfg.bigtwo_checkpoints and found.lexicon is not None:
         found.checkpoints = bigtwo.load_checkpoints(cfg.bigtwo_checkpoints, cfg.roundtrip_only)
     if cfg.disagreements:
@@ -98,6 +102,13 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
     for table in tables:
         if table.frame.empty:  # every statistic of it would be NaN, reported as if computed
             raise InputFileError(f"{table.path}: the table has no rows (a header only); give the finished table.")
+    # refused here, before --out is touched, not by the analysis that compares them
+    for what, group in (("the --scores tables", found.scores), ("the --implicit_chosen and --implicit_reference "
+                        "tables", found.implicit or ()), ("the --bigtwo_checkpoints tables",
+                                                          [t for _, t in found.checkpoints])):
+        if group and not data.common_prompts(group):
+            raise UsageError(f"{what} have no prompt column in common: {[t.prompts for t in group]}; give tables "
+                             "of one prompt set.")
     same_prompt_texts(found)
     for label, path in [(t.model, t.path) for t in found.scores] + [(t.model, t.path) for t in found.beams]:
         if label == MODEL:
@@ -116,6 +127,17 @@ def _two_models(chosen: Path, reference: Path) -> None:
         raise UsageError(f"--implicit_chosen={chosen} and --implicit_reference={reference} are log-probs of one model "
                          "(same weights, tokenizer, dtype and template: MWLR is 0 for every token); give the tables "
                          "of two models.")
+
+
+def implicit_templates(chosen: data.ScoreTable, reference: data.ScoreTable) -> str | None:
+    """What to say when the two models' log-probs were taken under different templates (--template=chat and
+    plain): the two models then saw the prompt in different forms, and MWLR measures that too."""
+    templates = [(results.read_meta(t.path) or {}).get("template") for t in (chosen, reference)]
+    if templates[0] == templates[1]:
+        return None
+    return (f"the implicit RM's log-probs were taken under different templates ({chosen.model}: {templates[0]}, "
+            f"{reference.model}: {templates[1]}): the two models saw the prompt in different forms, and the MWLR "
+            "measures that difference too; rerun experiments.logprobs with one --template for both.")
 
 
 def same_prompt_texts(found: Inputs) -> None:

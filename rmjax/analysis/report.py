@@ -14,7 +14,7 @@ from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons, paper1,
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
 from rmjax.analysis.files import Outputs, markdown
-from rmjax.analysis.inputs import Inputs, load_inputs
+from rmjax.analysis.inputs import Inputs, implicit_templates, load_inputs
 from rmjax.analysis.spec import AnalysisConfig
 from rmjax.errors import UsageError
 from rmjax.runs import locks
@@ -314,6 +314,9 @@ def implicit_section(outputs: Outputs, chosen: data.ScoreTable, reference: data.
                 f"MWLR = 1/2 (p_c + p_r)(log p_c - log p_r), p_c = {chosen.model} (chosen), p_r = {reference.model} "
                 f"(reference): > 0 where {chosen.model} gives the token more probability; on {len(rewards)} shared "
                 "decoded strings (max prob per duplicate string); ␣ in a token is a space.", "")
+    differ = implicit_templates(chosen, reference)
+    if differ:
+        outputs.say(f"**Warning**: {differ}", "")
     prompts = implicit_lib.mwlr_columns(rewards)
     parts = data.file_parts(prompts, clashes=lambda slug: slug == "top_bottom" or slug.split("_")[0] == "bigtwo")
     for prompt in prompts:
