@@ -7,7 +7,8 @@ negative numbers and absl's boolean spellings wrong in turn; a flag the job does
 Here absl reads the words as the job on the remote host will (the job's module defines its flags) and the job's
 settings are checked as the job checks them (its config builders and `check_flags`), so what the job would refuse
 from its flags stops the launch here; so does an output outside results/, the one folder the launch brings back, and,
-with a TPU TYPE, a job with no --mesh on a slice of several chips (it would use one). Prints, NUL-separated, the
+with a TPU TYPE, a job with no --mesh on a slice of several chips (it would use one) and an input file the VM would
+not have (not in the repository's HEAD nor under /tmp/ckpt, the checkpoint). Prints, NUL-separated, the
 job's name and then, for a job experiments.plan plans, the plan's flags for this run: the job-specific sizes with
 the job's own values (its defaults too, so the plan sizes the run the job will make) and the shared flags given.
 A refused line: one `error: --job: …` line, exit 2.
@@ -39,6 +40,11 @@ SIZES: dict[str, dict[str, str]] = {
 # Where each job writes (train_rm's --workdir, by default under runs/train_rm/, holds its checkpoints and summary).
 OUTPUTS = ("out", "workdir", "export", "head_out")
 COLLECTED = "results"  # what the launch scripts bring back; a TPU VM is deleted with everything else on it
+# What a job reads from files: a TPU VM has only the repository's HEAD (git archive) and the checkpoint.
+INPUTS = ("from_sweep", "from_beam", "sweep", "init_from", "texts_file", "vocab_file", "pairs", "heldout_pairs", "elo",
+          "scores", "audits", "disagreements", "bigtwo_checkpoints", "bigtwo_dictionary", "implicit_chosen",
+          "implicit_reference", "models_yaml", "frequencies", "prompts", "model", "lm", "judge")
+CHECKPOINT = "/tmp/ckpt"  # where launch/tpu_vm.sh puts --checkpoint on every worker
 HELP = ("help", "helpshort", "helpfull", "helpxml", "only_check_args")  # absl's: the job would print and stop
 _OPERATOR = re.compile(r"[;&|<>()\n]+")
 
@@ -124,6 +130,38 @@ def _refuse_uncollected(job: str, values: flags.FlagValues) -> None:
               f"--head_out={COLLECTED}/….")
 
 
+def _a_file(name: str, value: str) -> bool:
+    """Whether a value of input flag `name` names a file or folder (not a builtin, a prompt or a model name)."""
+    if name in ("model", "lm", "judge"):
+        return value.startswith(("/", ".", "~")) or value.endswith(".gguf")
+    if name == "prompts":
+        return value.endswith((".yaml", ".yml"))
+    return value not in ("", "builtin")
+
+
+def _refuse_unshipped(values: flags.FlagValues, repo: Path) -> None:
+    """A TPU VM gets `git archive HEAD` and the checkpoint at /tmp/ckpt: an input elsewhere (a sweep in results/,
+    which git ignores, or a file of this machine's) is not there, and the job would stop on the VM once it is paid
+    for and set up."""
+    import subprocess
+
+    for name in INPUTS:
+        if name not in values or not values[name].present or not values[name].value:
+            continue
+        given = values[name].value
+        for item in given if isinstance(given, list) else [given]:
+            if not _a_file(name, item) or os.path.normpath(item).startswith(CHECKPOINT):
+                continue
+            relative = os.path.relpath(os.path.abspath(os.path.expanduser(item)), repo)
+            tracked = not relative.startswith("..") and subprocess.run(
+                ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", "HEAD", "--", relative],
+                capture_output=True, text=True).stdout.strip()
+            if not tracked:
+                _fail(f"--{name}={item} would not be on the TPU VM: it gets the repository's HEAD (git archive) and "
+                      f"the checkpoint at {CHECKPOINT}, and {item} is in neither; commit it, or put it in the "
+                      f"--checkpoint folder and give its path under {CHECKPOINT}.")
+
+
 def _refuse_one_chip(job: str, tpu_type: str) -> None:
     """Without --mesh a job runs on one device: on a slice of several chips the rest are paid for and idle (and
     on a multi-host slice the job stops at start)."""
@@ -174,6 +212,7 @@ def main(argv: list[str]) -> None:
         _fail(f"experiments.{job} would refuse it: {one_line(refused)}")
     _refuse_uncollected(job, flags.FLAGS)
     if len(argv) == 3:
+        _refuse_unshipped(flags.FLAGS, Path(__file__).resolve().parent.parent)
         _refuse_one_chip(job, argv[2])
     sys.stdout.write("\0".join([job, *(plan_flags(job, flags.FLAGS) if job in SIZES else [])]))
 

@@ -403,7 +403,8 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
                           "--batch_size=0"]),
         "gcg": ("--direction=pessimal --num_tokens=4 --eval_batch_size=16 --steps 3",
                 ["--num_tokens=4", f"--search_width={width}", "--steps=3", "--batch_size=16"]),
-        "inspect": ("--depth=2 --steps=32 --from_beam=b.csv", ["--ig_steps=32", "--batch_size=16", "--items=4"]),
+        "inspect": ("--depth=2 --steps=32 --from_beam=/tmp/ckpt/b.csv",
+                    ["--ig_steps=32", "--batch_size=16", "--items=4"]),
         "beam": ("--depth=3 --direction=optimal --limit=64 --noexhaustive --prompts paper1",
                  ["--prompts=paper1", "--limit=64", "--batch_size=0", "--depth=3", "--beam=64", "--direction=optimal",
                   "--exhaustive=false"]),
@@ -482,7 +483,13 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
              ("experiments.audit --out=results/../a", "--out=results/../a is outside results/"),
              ("experiments.plan --out=/tmp/p.json", "--out=/tmp/p.json is outside results/"),
              ("experiments.train_rm --elo=builtin --export=results/e --workdir=runs/w", "--workdir=runs/w is outside"),
-             ("experiments.train_rm --elo=builtin", "give --workdir=results/…, --export=results/… or --head_out"))
+             ("experiments.train_rm --elo=builtin", "give --workdir=results/…, --export=results/… or --head_out"),
+             # an input the TPU VM would not have: it gets git archive HEAD and the checkpoint at /tmp/ckpt
+             ("experiments.inspect --from_sweep=results/s.csv --mesh=data:1,model:8",
+              "--from_sweep=results/s.csv would not be on the TPU VM"),
+             ("experiments.sweep --model=/data/rm --mesh=data:1,model:8", "--model=/data/rm would not be on the TPU"),
+             ("experiments.analyze --scores=rmjax/data/prompts.yaml,results/a.csv",
+              "--scores=results/a.csv would not be"))
     for (line, said), (status, words, err) in zip(cases, _read_each(*(c[0] for c in cases), tpu_type="v5litepod-8"),
                                                  strict=True):
         assert status == 2 and err.startswith("error: --job: ") and said in err and not words, (line, err)
@@ -498,6 +505,9 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
         bad = _run(script, *args, f"--job={job} --model=/tmp/ckpt", "--dry-run")
         assert bad.returncode == 2 and "error: --job: " in bad.stderr and said in bad.stderr, bad
         assert not bad.stdout, bad
+    # a GPU host keeps the results/ of earlier launches (gpu.sh syncs the tree without it): an input there may be
+    ((status, words, err),) = _read_each("experiments.inspect --from_sweep=results/s.csv", tpu_type=None)
+    assert status in (0, None) and words[0] == "inspect", err
     # a job the plan does not plan is read, said unplanned, and launched
     unplanned = _run("tpu_vm.sh", *tpu, "--job=experiments.disagree --models=a,b --mesh=data:8,model:1", "--dry-run",
                      env={**os.environ, "TMPDIR": "/tmp"})
