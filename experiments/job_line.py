@@ -204,6 +204,8 @@ def main(argv: list[str]) -> None:
     if shown:
         _fail(f"experiments.{job} --{shown[0]} would print its help or only check its flags, and run nothing; "
               f"run python -m experiments.{job} --{shown[0]} here")
+    if len(argv) == 3:  # first: a config's check that a file exists reads this machine's disk, not the VM's
+        _refuse_unshipped(flags.FLAGS, Path(__file__).resolve().parent.parent)
     try:
         for build in config_flags.builders(module):  # the job's settings, checked as the job checks them
             build()
@@ -212,7 +214,6 @@ def main(argv: list[str]) -> None:
         _fail(f"experiments.{job} would refuse it: {one_line(refused)}")
     _refuse_uncollected(job, flags.FLAGS)
     if len(argv) == 3:
-        _refuse_unshipped(flags.FLAGS, Path(__file__).resolve().parent.parent)
         _refuse_one_chip(job, argv[2])
     sys.stdout.write("\0".join([job, *(plan_flags(job, flags.FLAGS) if job in SIZES else [])]))
 
