@@ -102,6 +102,14 @@ def resolved_prompts() -> dict[str, str]:
     return prompt_lib.resolve_prompts(PROMPTS.value, PROMPT.value)
 
 
+def checked_prompts() -> dict[str, str] | None:
+    """`resolved_prompts` for a job's check_flags, or None where a --prompts YAML file is not on this machine: a
+    launch reads the job's line here, and a GPU host may hold the file (main reads it there, first thing)."""
+    if any(name.endswith((".yaml", ".yml")) and not Path(name).is_file() for name in PROMPTS.value or ()):
+        return None
+    return resolved_prompts()
+
+
 def refuse_empty_responses(flag: str, texts: list[str], instead: str = "") -> None:
     """A blank item of a response list is a stray comma, not a response to score or inspect."""
     if any(not t.strip() for t in texts):

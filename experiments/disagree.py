@@ -42,7 +42,7 @@ def check_flags() -> None:
 
     common.refuse_given("disagree", ("model",), "takes its two sides from --models (side A first)")
     parse_sides(MODELS.value)
-    common.resolved_prompts()
+    common.checked_prompts()
 
 
 def main(argv):

@@ -34,7 +34,7 @@ def check_flags() -> None:
     if flags.FLAGS["selection"].value == "greedy":  # recorded in the identity as used, changing nothing
         common.refuse_given("gcg --selection=greedy", ("seed",), "takes the best swaps by gradient, drawing "
                             "nothing at random")
-    common.resolved_prompts()
+    common.checked_prompts()
 
 
 def main(argv):

@@ -50,8 +50,8 @@ def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     from rmjax.errors import UsageError
 
-    prompts = common.resolved_prompts()
-    if len(prompts) != 1:
+    prompts = common.checked_prompts()
+    if prompts is not None and len(prompts) != 1:
         raise UsageError(f"inspect takes one prompt; got {len(prompts)} ({', '.join(prompts)}).")
     if len(_responses_given()) != 1:
         raise UsageError("give the responses one way: --responses, --from_sweep or --from_beam.")

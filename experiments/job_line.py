@@ -121,7 +121,7 @@ def _refuse_uncollected(job: str, values: flags.FlagValues) -> None:
     result lost. train_rm must bring back what it trained (its workdir, export or head)."""
     written = {name: values[name].value for name in OUTPUTS if name in values and values[name].value}
     for name, path in written.items():
-        if Path(path).is_absolute() or Path(os.path.normpath(path)).parts[0] != COLLECTED:
+        if Path(path).is_absolute() or Path(os.path.normpath(path)).parts[:1] != (COLLECTED,):
             _fail(f"--{name}={path} is outside {COLLECTED}/, and the launch brings back only {COLLECTED}/ (a TPU VM is "
                   f"deleted with the rest); give --{name}={COLLECTED}/….")
     if job == "train_rm" and not written:

@@ -53,7 +53,8 @@ REMAT = flags.DEFINE_enum("remat", "auto", ["auto", "true", "false"], "train_rm:
                           "backward pass (auto: only when FSDP alone does not fit).")
 TEXTS = flags.DEFINE_integer("texts", 7530, "score: response texts per prompt (EloEverything's items).",
                              lower_bound=1)
-TEXT_TOKENS = flags.DEFINE_integer("text_tokens", 8, "score, inspect: tokens per response text.", lower_bound=1)
+TEXT_TOKENS = flags.DEFINE_integer("text_tokens", 8, "score, inspect, train_rm --trainable=head (its feature pass): "
+                                   "tokens per response text.", lower_bound=1)
 ITEMS = flags.DEFINE_integer("items", 2, "inspect: responses inspected.", lower_bound=1)
 IG_STEPS = flags.DEFINE_integer("ig_steps", 64, "inspect: integrated-gradients steps (as experiments.inspect "
                                 "--steps).", lower_bound=1)
@@ -61,10 +62,9 @@ N_TRAIN = flags.DEFINE_integer("n_train", 20000, "train_rm: training pairs.", lo
 RESPONSES = flags.DEFINE_integer("responses", 6024, "train_rm: distinct responses (head only: the feature matrix's "
                                  "rows; last_k: their states below the trained layers, kept where they pay); "
                                  "EloEverything's 80% of 7,530 items.", lower_bound=1)
-SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm: tokens per conversation (head: in its "
-                                       "feature pass). When the --prompts' prefix, measured or --prefix_tokens, is "
-                                       "shorter, it goes through the layers once, as train_rm does (head: its "
-                                       "feature pass; last_k: the frozen layers).", lower_bound=1)
+SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm, last_k/full: tokens per conversation "
+                                       "(last_k: the --prompts' prefix, measured or --prefix_tokens, goes through the "
+                                       "frozen layers once, as train_rm does, when it is shorter).", lower_bound=1)
 for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template", "overwrite"):
     flags.declare_key_flag(_name)
 
@@ -76,6 +76,10 @@ def check_flags() -> None:
         if JOB.value not in jobs:
             common.refuse_given(f"plan --job={JOB.value}", (name,), f"does not read it (--{name} sizes "
                                 f"{' and '.join(jobs)})")
+    if JOB.value == "train_rm":  # a head-only run's feature pass reads responses; the others, whole conversations
+        unread = ("sequence_tokens",) if TRAINABLE.value == "head" else ("text_tokens",)
+        common.refuse_given(f"plan --job=train_rm --trainable={TRAINABLE.value}", unread, "does not read it "
+                            "(--text_tokens sizes a head-only run's feature pass, --sequence_tokens the others' steps)")
 
 
 def main(argv):

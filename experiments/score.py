@@ -62,7 +62,7 @@ def check_flags() -> None:
                                   "--texts_file")
     if not TEXTS.value and not TEXTS_FILE.value:
         raise UsageError("give responses with --texts=a,b,c or --texts_file=FILE.")
-    common.resolved_prompts()
+    common.checked_prompts()
 
 
 def main(argv):

@@ -480,6 +480,7 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
              ("experiments.analyze --elo=builtin --rbo_p=0.5", "--rbo_p applies to --scores"),
              # an output the launch would not bring back: a TPU VM is deleted with it
              ("experiments.sweep --out=runs/s.csv", "--out=runs/s.csv is outside results/"),
+             ("experiments.sweep --out=.", "--out=. is outside results/"),  # (a traceback: no first part)
              ("experiments.audit --out=results/../a", "--out=results/../a is outside results/"),
              ("experiments.plan --out=/tmp/p.json", "--out=/tmp/p.json is outside results/"),
              ("experiments.train_rm --elo=builtin --export=results/e --workdir=runs/w", "--workdir=runs/w is outside"),
@@ -506,8 +507,10 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
         assert bad.returncode == 2 and "error: --job: " in bad.stderr and said in bad.stderr, bad
         assert not bad.stdout, bad
     # a GPU host keeps the results/ of earlier launches (gpu.sh syncs the tree without it): an input there may be
-    ((status, words, err),) = _read_each("experiments.inspect --from_sweep=results/s.csv", tpu_type=None)
-    assert status in (0, None) and words[0] == "inspect", err
+    # and so may a --prompts YAML file (main reads it, first thing)
+    for line in ("experiments.inspect --from_sweep=results/s.csv", "experiments.sweep --prompts=/data/mine.yaml"):
+        ((status, words, err),) = _read_each(line, tpu_type=None)
+        assert status in (0, None) and words[0] == line.split()[0].split(".")[1], err
     # a job the plan does not plan is read, said unplanned, and launched
     unplanned = _run("tpu_vm.sh", *tpu, "--job=experiments.disagree --models=a,b --mesh=data:8,model:1", "--dry-run",
                      env={**os.environ, "TMPDIR": "/tmp"})

@@ -109,7 +109,7 @@ def test_training_step_compiles_for_v5e(trainable):
     cfg = _reward_config()
     shape = TrainShape(trainable, 1, steps=10, batch_size=8, pairs=100, responses=50, sequence_tokens=24)
     if trainable == "head":  # its feature pass runs each response's 8 tokens after the 16-token prompt prefix
-        shape = dataclasses.replace(shape, responses=300, prefix_tokens=16)
+        shape = dataclasses.replace(shape, responses=300, prefix_tokens=16, text_tokens=8)
     result = plan(cfg, "float32", SLICE, "train_rm", shape, {"data": 2, "model": 2}, log=lambda *_: None)
     *before, step = result["calls"]
     assert step["name"] == "train_step" and step["count"] == 10 and step["flops"] > 0
@@ -127,11 +127,14 @@ def test_training_step_compiles_for_v5e(trainable):
         assert features["flops"] >= 2 * _matmul_params(cfg) * 256 * 8 / 4
         assert features["flops"] > 100 * step["flops"]
         assert result["per_chip_bytes"]["total"] > result["per_chip_bytes"]["weights"]
-        # no prefix shorter than the conversation: whole conversations of 24 tokens
-        whole = plan(cfg, "float32", SLICE, "train_rm", dataclasses.replace(shape, prefix_tokens=0),
-                     {"data": 2, "model": 2}, log=lambda *_: None)["calls"]
-        assert [(c["name"], c["count"]) for c in whole] == [("features", 2), ("train_step", 10)]
-        assert whole[0]["flops"] >= 2 * _matmul_params(cfg) * 256 * 24 / 4
+        # always after the cached prefix, as the job runs it (a prefix past --sequence_tokens once planned whole
+        # conversations without it): 20 response tokens and a 4-token tail, at any prefix
+        for prefix in (16, 80):
+            longer = plan(cfg, "float32", SLICE, "train_rm",
+                          dataclasses.replace(shape, prefix_tokens=prefix, text_tokens=20, suffix_tokens=4),
+                          {"data": 2, "model": 2}, log=lambda *_: None)["calls"]
+            assert [(c["name"], c["count"]) for c in longer] == [("prefill", 1), ("features", 2), ("train_step", 10)]
+            assert longer[1]["flops"] >= 2 * _matmul_params(cfg) * 256 * 24 / 4
     else:
         assert not before
     if trainable == "last_k":  # two scanned stacks (3 frozen layers, 1 trained): each counted per layer
@@ -441,9 +444,14 @@ def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tm
     # only flags train_rm takes for that run: no --fsdp without a data axis, neither for head-only training
     assert shape.per_chip_estimate(cfg, "bfloat16", 8, 2)[1] == "--mesh=data:4,model:2 --fsdp --remat"
     assert shape.per_chip_estimate(cfg, "bfloat16", 8, 8)[1] == "--mesh=data:1,model:8 --remat"
-    _, _, head, _ = plan_inputs(str(config), "v5e-4", "train_rm", trainable="head", batch_size=8, sequence_tokens=32,
-                                n_train=100)
+    _, _, head, _ = plan_inputs(str(config), "v5e-4", "train_rm", trainable="head", batch_size=8, n_train=100)
     assert head.per_chip_estimate(cfg, "bfloat16", 8, 2)[1] == "--mesh=data:4,model:2"
+    # a head-only run's feature pass is sized by --text_tokens, the others' steps by --sequence_tokens: the other
+    # is refused, not ignored
+    user_error(run("plan", *flags[:3], "--trainable=head", "--sequence_tokens=32"), "--sequence_tokens: plan "
+               "--job=train_rm --trainable=head does not read it")
+    user_error(run("plan", *flags[:3], "--trainable=full", "--text_tokens=9"), "--text_tokens: plan "
+               "--job=train_rm --trainable=full does not read it")
 
 
 def test_each_host_reads_its_chips_shards_of_the_checkpoint():

@@ -388,15 +388,20 @@ def test_tables_compared_without_a_prompt_in_common_or_in_two_templates(tmp_path
     sweep(steps / "step_2.csv", {"best": base}, kind="logprobs")
     inproc.refused(partial(analyze, tmp_path / "o2", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None),
                    "--bigtwo_checkpoints=", "step_2.csv")
-    pair = {}
-    for side, template in (("chosen", "chat"), ("reference", "plain")):
-        path = sweep(tmp_path / f"{side}.csv", {"best": base + len(pair)}, kind="logprobs")
-        results.write_meta(path, kind="logprobs", model=side, prompts={"best": "Prompt best?"}, template=template,
-                           identity={"model": side, "template": template})
-        pair[f"implicit_{side}"] = str(path)
-    report = Path(analyze(tmp_path / "o3", **pair)["report"]).read_text()
-    said = "different templates (chosen: chat, reference: plain)"
-    assert said in report and said in capsys.readouterr().err
+    # --template=auto is chat where the tokenizer has a chat template (its .meta.json records what it renders first)
+    head = "<|im_start|>user\n"
+    for i, (chosen, reference, differ) in enumerate((
+            (("chat", None), ("plain", None), True), (("auto", head), ("auto", None), True),
+            (("chat", head), ("auto", head), False), (("plain", head), ("auto", None), False))):
+        pair = {}
+        for side, (template, rendered) in (("chosen", chosen), ("reference", reference)):
+            path = sweep(tmp_path / f"{side}{i}.csv", {"best": base + len(pair)}, kind="logprobs")
+            results.write_meta(path, kind="logprobs", model=side, prompts={"best": "Prompt best?"}, template=template,
+                               chat_template_head=rendered, identity={"model": side, "template": template})
+            pair[f"implicit_{side}"] = str(path)
+        report = Path(analyze(tmp_path / f"o3_{i}", **pair)["report"]).read_text()
+        said = "different templates (chosen: chat, reference: plain)"
+        assert (said in report, said in capsys.readouterr().err) == (differ, differ), (chosen, reference)
 
 
 def test_an_elo_file_too_small_to_rank_or_pair(tmp_path):

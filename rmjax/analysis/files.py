@@ -88,7 +88,8 @@ def prepare_folder(out: Path, overwrite: bool) -> list[str]:
     listed, unfinished = (None, False) if manifest is None else (manifest[0], not manifest[1])
     unfinished = unfinished or STAGE in present
     if not overwrite:
-        what = "an unfinished analysis (killed or failed: its analysis.json says complete: false)" if unfinished \
+        what = ("an unfinished analysis (a killed run's: its analysis.json says complete: false, or its stage "
+                f"{STAGE} is there)") if unfinished \
             else f"{len(present)} files, e.g. {present[0]}"
         raise OutputExistsError(f"--out={out} is not empty ({what}); pass --overwrite to replace an earlier analysis "
                                 "there, or choose a new folder.")

@@ -132,12 +132,21 @@ def _two_models(chosen: Path, reference: Path) -> None:
 def implicit_templates(chosen: data.ScoreTable, reference: data.ScoreTable) -> str | None:
     """What to say when the two models' log-probs were taken under different templates (--template=chat and
     plain): the two models then saw the prompt in different forms, and MWLR measures that too."""
-    templates = [(results.read_meta(t.path) or {}).get("template") for t in (chosen, reference)]
+    templates = [_template_used(results.read_meta(t.path) or {}) for t in (chosen, reference)]
     if templates[0] == templates[1]:
         return None
     return (f"the implicit RM's log-probs were taken under different templates ({chosen.model}: {templates[0]}, "
             f"{reference.model}: {templates[1]}): the two models saw the prompt in different forms, and the MWLR "
             "measures that difference too; rerun experiments.logprobs with one --template for both.")
+
+
+def _template_used(meta: dict) -> str | None:
+    """The template a log-prob table was taken under: --template=auto is chat where the tokenizer has a chat
+    template (its .meta.json then records what it renders before the user's words) and plain where it has none."""
+    template = meta.get("template")
+    if template == "auto":
+        return "chat" if meta.get("chat_template_head") is not None else "plain"
+    return template
 
 
 def same_prompt_texts(found: Inputs) -> None:

@@ -214,13 +214,15 @@ def inspect_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, items: int, token
 
 def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, last_k: int, steps: int,
                 batch_size: int, pairs: int, responses: int, sequence_tokens: int, fsdp: bool = False,
-                remat: bool = False, prompts: int = 1, prefix_tokens: int = 0) -> list[Call]:
+                remat: bool = False, prompts: int = 1, prefix_tokens: int = 0, text_tokens: int = 8,
+                suffix_tokens: int = 0) -> list[Call]:
     """One training step of `trainable` (rmjax.train.loop: a head-only run reads a feature matrix of
     `responses` rows, the others token sequences of `sequence_tokens`, `last_k` those after `prompts` prefixes of
     `prefix_tokens` run through the frozen layers once, when 0 < prefix_tokens < sequence_tokens and that
     `prefixed.pays`), made `steps` times; with `fsdp` the trained weights and optimizer state split over `data` as
     train_rm --fsdp places them, with `remat` each layer recomputed in the backward pass. A head-only run first
-    makes its feature matrix: the whole backbone over each response's conversation of `sequence_tokens`, once."""
+    makes its feature matrix, once: the backbone over each response (`text_tokens` and the template's tail of
+    `suffix_tokens`) after its prompt's cached prefix, as TextScorer.features runs it."""
     from rmjax.train.loop import TrainConfig, trainable_part
     from rmjax.train.optimizer import make_optimizer
     from rmjax.train.step import _moving
@@ -275,28 +277,10 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
     step = Call("train_step", runner.call, args, steps, weights)
     if trainable != "head":
         return [step]
-    return [*_feature_calls(cfg, dtype, mesh, prompts, prefix_tokens, sequence_tokens, responses,
-                            train_cfg.feature_batch_size), step]
-
-
-def _feature_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, prompts: int, prefix_tokens: int, sequence_tokens: int,
-                   responses: int, batch_size: int) -> list[Call]:
-    """A head-only run's feature matrix, made once before its steps (TextScorer.features per prompt, in
-    --feature_batch_size batches): each response after its prompt's cached prefix of `prefix_tokens`, or, where
-    that prefix is not shorter than the conversation's `sequence_tokens`, the whole conversation (the larger)."""
-    from rmjax.scoring.calls import last_hidden_call
-    from rmjax.scoring.texts import LENGTH_BUCKET
-
-    if 0 < prefix_tokens < sequence_tokens:
-        return score_calls(cfg, dtype, mesh, prompts=prompts, prefix_tokens=prefix_tokens, suffix_tokens=0,
-                           texts=math.ceil(responses / prompts), text_tokens=sequence_tokens - prefix_tokens,
-                           batch_size=batch_size, features=True)
-    params = abstract_params(cfg, dtype, mesh)
-    batch = batching.round_up(batch_size, mesh)
-    rows = min(batch, batching.rows_for(responses, batching.data_shards(mesh)))
-    length = batching.bucket(sequence_tokens, LENGTH_BUCKET)
-    args = (params, _array((rows, length), jnp.int32, mesh, "data"), _array((rows, length), jnp.bool_, mesh, "data"))
-    return [Call("features", last_hidden_call(cfg, mesh, rows), args, math.ceil(responses / batch), params)]
+    # per prompt, its responses in --feature_batch_size batches (TextScorer.features)
+    return [*score_calls(cfg, dtype, mesh, prompts=prompts, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens,
+                         texts=math.ceil(responses / prompts), text_tokens=text_tokens,
+                         batch_size=train_cfg.feature_batch_size, features=True), step]
 
 
 def _placed(state: nnx.State, mesh: Mesh, fsdp: bool = False) -> nnx.State:

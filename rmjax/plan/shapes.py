@@ -101,6 +101,8 @@ class TrainShape:
     remat: bool = False
     prompts: int = 1
     prefix_tokens: int = 0  # head, last_k: each prompt's prefix, run through the layers once (0: not split)
+    text_tokens: int = 8  # head: its feature pass's response tokens after the prefix, and the template's tail
+    suffix_tokens: int = 0
 
     per = "step"
     split_batch = True  # rmjax.train.loop.check_batch_on_mesh
@@ -141,7 +143,8 @@ class TrainShape:
         if self.trainable == "head":  # the feature pass's forward, one layer at a time (a step holds no backbone)
             from rmjax.train.loop import TrainConfig
 
-            rows = max(1, TrainConfig.feature_batch_size // (chips // model)) * self.sequence_tokens
+            rows = max(1, TrainConfig.feature_batch_size // (chips // model)) * (self.prefix_tokens + self.text_tokens
+                                                                                  + self.suffix_tokens)
             activations = rows * 4 * layer
         else:  # chosen and rejected, each layer's input kept for the backward pass
             rows = 2 * max(1, self.batch_size // (chips // model)) * self.sequence_tokens

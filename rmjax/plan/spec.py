@@ -25,7 +25,8 @@ DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and 
 # change nothing, so the plan refuses it.
 JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam",), "direction": ("beam",),
                  "exhaustive": ("beam",), "num_tokens": ("gcg",), "search_width": ("gcg",),
-                 "steps": ("train_rm", "gcg"), "texts": ("score",), "text_tokens": ("score", "inspect"),
+                 "steps": ("train_rm", "gcg"), "texts": ("score",),
+                 "text_tokens": ("score", "inspect", "train_rm"),
                  "items": ("inspect",), "ig_steps": ("inspect",),
                  **{name: ("train_rm",) for name in ("trainable", "last_k", "fsdp", "remat", "n_train", "responses",
                                                       "sequence_tokens")}}
@@ -146,17 +147,24 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         check_batch_size(batch, n_train)
         if trainable == "last_k" and last_k > cfg.num_layers:
             raise UsageError(f"--last_k={last_k}: the model has {cfg.num_layers} layers.")
-        if sequence_tokens > cfg.max_position_embeddings:
+        if trainable != "head" and sequence_tokens > cfg.max_position_embeddings:
             raise UsageError(f"--sequence_tokens={sequence_tokens} is more than the model's context of "
                              f"{cfg.max_position_embeddings} positions (max_position_embeddings).")
-        prompts_planned, prefix = 1, 0
+        prompts_planned, prefix, suffix = 1, 0, 0
         # a head-only run's feature pass and last_k's steps: each prompt's prefix through the layers once
         if trainable in ("head", "last_k"):
             measured = _prompt_sizes(tokenizer, resolve_prompts(list(prompts), list(extra_prompts)), template,
                                      prefix_tokens, suffix_tokens)
             prompts_planned, prefix = len(measured), max(p for _, p, _ in measured)
+            if trainable == "head":
+                from rmjax.text import chat
+
+                suffix = max(s for _, _, s in measured)
+                for text, head, tail in measured:
+                    chat.check_fits(text, head, text_tokens, tail, cfg.max_position_embeddings)
         return cfg, piece, TrainShape(trainable, last_k, steps or 1500, batch, n_train, responses,
-                                      sequence_tokens, prompts=prompts_planned, prefix_tokens=prefix), sizes
+                                      sequence_tokens, prompts=prompts_planned, prefix_tokens=prefix,
+                                      text_tokens=text_tokens, suffix_tokens=suffix), sizes
     texts = resolve_prompts(list(prompts), list(extra_prompts))
     per_prompt = _prompt_sizes(tokenizer, texts, template, prefix_tokens, suffix_tokens)
     prefix = max(p for _, p, _ in per_prompt)
