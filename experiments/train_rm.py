@@ -58,6 +58,9 @@ def check_flags() -> None:
                          "stops the run (lower --learning_rate or --clip_norm instead); leave it out.")
     common.refuse_given("train_rm", ("prompts", "prompt"), "trains on its pairs' own prompts")
     cfg_flags = flags.FLAGS
+    if cfg_flags["feature_batch_size"].present and cfg_flags["trainable"].value != "head":
+        raise UsageError(f"--feature_batch_size applies to --trainable=head (this run trains "
+                         f"{cfg_flags['trainable'].value}: no feature matrix); leave --feature_batch_size out.")
     if cfg_flags["last_k"].present and cfg_flags["trainable"].value != "last_k":
         raise UsageError(f"--last_k applies to --trainable=last_k (this run trains {cfg_flags['trainable'].value}); "
                          "leave --last_k out.")

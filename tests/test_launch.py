@@ -476,6 +476,8 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
              ("experiments.gcg --selection=greedy --seed=3", "--seed: gcg --selection=greedy"),
              ("experiments.inspect --prompts=greatest,best --responses=a", "inspect takes one prompt; got 2"),
              ("experiments.train_rm --elo=builtin --last_k=3 --head_out=results/h", "--last_k applies to"),
+             ("experiments.train_rm --elo=builtin --trainable=full --feature_batch_size=7 --head_out=results/h",
+              "--feature_batch_size applies to --trainable=head"),
              ("experiments.score --texts=a --overwrite", "--overwrite: score without --out"),
              ("experiments.analyze --elo=builtin --rbo_p=0.5", "--rbo_p applies to --scores"),
              # an output the launch would not bring back: a TPU VM is deleted with it

@@ -71,11 +71,11 @@ def test_texts_file_lines_end_at_newlines_only(rm_folder, tmp_path):
     """str.splitlines also ends a line at a form feed, U+2028 and the like: a two-line file was scored as four
     responses, exit 0; and a Windows editor's byte-order mark stayed in the first response."""
     texts = tmp_path / "texts.txt"
-    texts.write_bytes("\ufeffLove\r\na\u2028b\n\nc\x0cd\n".encode())
+    texts.write_bytes("\ufeffLove\r\na\u2028b\n\nc\x0cd\nx\ry\n".encode())  # a lone CR too (a fault hunt)
     out = tmp_path / "t.csv"
     proc = cli.ok(cli.run("score", f"--model={rm_folder}", f"--texts_file={texts}", f"--out={out}"))
     table = pd.read_csv(out, keep_default_na=False)
-    assert table["text"].tolist() == ["Love", "a\u2028b", "c\x0cd"]
+    assert table["text"].tolist() == ["Love", "a\u2028b", "c\x0cd", "x\ry"]
     assert "1 blank or whitespace-only line skipped" in proc.stderr
 
 

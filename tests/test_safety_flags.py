@@ -135,6 +135,34 @@ def test_chat_template_syntax_error_is_one_line_before_loading(rm_folder, tmp_pa
                            f"--workdir={tmp_path / 'w'}"), *fragments)
 
 
+def test_pairs_that_are_one_conversation_or_read_as_another_file(tmp_path, lm_folder, monkeypatch, capsys):
+    """A fault hunt: 'gold' and 'gold ' are one conversation under Gemma's template, which trims the response: held-out
+    accuracy 0 and loss ln 2 whatever the model does (equal strings were refused already). An --elo file given as
+    --head_out with --overwrite was deleted as an output, then reread at the end. A .JSONL file was read as CSV,
+    and a JSON line holding U+2028 was cut in two."""
+    from rmjax.train.data import Pairs, read_pairs
+    from rmjax.train.recipe import check_context, train_from_data
+
+    trimmed = Pairs(["What is best?"] * 2, ["iron", "gold"], ["gold", " gold "], [1.0, 1.0])
+    inproc.refused(lambda: check_context("gemma-3-270m", (trimmed,), "auto"), "training pair 2", "'gold'",
+                   "' gold '", "one conversation once the template renders them")
+    check_context("gemma-3-270m", (Pairs(["What is best?"], ["iron"], ["gold"], [1.0]),), "auto")
+    elo = tmp_path / "What is greatest.csv"
+    elo.write_text("elo_rank,elo_score,name,elo_matches\n" + "".join(f"{i},{1600 - 10 * i},w{i},3\n"
+                                                                    for i in range(1, 13)))
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        cfg = inproc.train_config(steps=2, warmup_steps=1, batch_size=4)
+        inproc.refused(lambda: train_from_data(str(lm_folder), cfg, elo=str(elo), n_train=8, n_heldout=4, head_out=elo,
+                                               overwrite=True, workdir=tmp_path / "w"), "which this run reads (--elo=")
+    assert elo.is_file() and "its pairs answer the prompt 'What is greatest?'" in capsys.readouterr().err
+    row = {"prompt": "Q?", "chosen": "a\u2028b", "rejected": "c\x85d"}
+    for name in ("u.jsonl", "U.JSONL"):
+        (tmp_path / name).write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+        pairs = read_pairs(tmp_path / name)
+        assert (pairs.chosen, pairs.rejected) == (["a\u2028b"], ["c\x85d"])
+
+
 def test_malformed_pairs_jsonl_names_the_line(tmp_path):
     """2d: a line that is not a pair object was a TypeError traceback, or became the text 'nan' or 'None'.
     (`train_rm --pairs=FILE`, in-process: the pairs are read before the model is looked for.)"""

@@ -9,6 +9,7 @@ picture)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -86,6 +87,29 @@ def test_train_rm_advises_deleting_a_half_written_head_not_retraining(lm_folder,
     (export / "config.json").write_text("{}")
     inproc.refused(lambda: inproc.train_rm(lm_folder, head_out=head, export=export, **settings),
                    "config.json has", f"Delete {export} and rerun")
+
+
+def test_train_rm_killed_while_exporting_resumes_once_the_export_is_deleted(lm_folder, tmp_path):
+    """A fault hunt: killed after its last checkpoint, while writing the export (summary.json not yet written),
+    the rerun was refused with --overwrite as the only advice, which deletes every saved step and trains again. It
+    now names the folder to delete; the rerun then trains nothing. A --pairs run records no Elo settings."""
+    pairs, heldout = tmp_path / "pairs.csv", tmp_path / "heldout.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    work, export = tmp_path / "work", tmp_path / "hf"
+    settings = dict(pairs=pairs, heldout_pairs=heldout, workdir=work, steps=2, batch_size=2, warmup_steps=1,
+                    checkpoint_every=1, export=export)
+    inproc.train_rm(lm_folder, **settings)
+    summary = json.loads((work / "summary.json").read_text())
+    assert "n_train" not in summary["recipe"] and "soft" not in summary["recipe"]  # (20000 and false, unused)
+    (work / "summary.json").unlink()  # where the kill leaves it: every step saved, the export half written
+    (export / "rmjax_training.json").unlink()
+    (export / results.UNFINISHED).write_bytes(b"")
+    inproc.refused(lambda: inproc.train_rm(lm_folder, **settings), f"Delete {export} and rerun",
+                   f"resumes from its last checkpoint in {work}")
+    shutil.rmtree(export)
+    result = inproc.train_rm(lm_folder, **settings)
+    assert result.resumed_from == 2 and (export / "rmjax_training.json").is_file()
 
 
 def test_a_head_inside_the_export_folder_reruns(lm_folder, tmp_path):

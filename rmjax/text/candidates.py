@@ -148,7 +148,7 @@ def read_vocab_file(path: str | Path, flag: str = "--vocab_file") -> VocabLines:
     would also cut at a form feed, '\\x85' or U+2028 inside a line, making two strings of one. Blank and
     whitespace-only lines are skipped and counted (`.blank`; `words_to_ids` reports them)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_bytes().decode("utf-8")  # read_text would end a line at a lone '\r' too
     except OSError as error:
         raise UsageError(f"{flag}={path}: cannot read it ({error.strerror or error}).") from None
     except UnicodeDecodeError as error:

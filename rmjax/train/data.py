@@ -52,7 +52,7 @@ def read_pairs(path: str | Path) -> Pairs:
     if not path.is_file():
         raise MissingFileError(f"preference file {path} not found.")
     try:
-        if path.suffix in (".jsonl", ".json"):
+        if path.suffix.lower() in (".jsonl", ".json"):  # (a .JSONL was read as CSV)
             df = pd.DataFrame(_json_pairs(path))
         else:
             _refuse_repeated_columns(path)
@@ -145,7 +145,7 @@ def _json_pairs(path: Path) -> list[dict]:
     text = path.read_text(encoding="utf-8")
     rows: list[tuple[int, object]] = []
     whole = None
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":
         try:
             whole = json.loads(text, object_pairs_hook=_object_once)
         except (ValueError, RecursionError):
@@ -158,7 +158,8 @@ def _json_pairs(path: Path) -> list[dict]:
         where = "item"
     else:
         where = "line"
-        for number, line in enumerate(text.splitlines(), 1):
+        # lines end at '\n' (and '\r\n') only: splitlines also cut at U+2028 or U+0085 inside a JSON string
+        for number, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:

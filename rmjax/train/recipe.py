@@ -26,7 +26,7 @@ from rmjax.runs import results
 from rmjax.runs.claims import Claim, Output, canonical, claim_all, refuse_folder_name
 from rmjax.runs.results import dump_json, read_json
 from rmjax.text.chat import Conversations, check_response_fits, has_chat_template
-from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
+from rmjax.train.data import Pairs, elo_csv, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
 from rmjax.train.loop import (
     TrainConfig,
     TrainResult,
@@ -79,9 +79,14 @@ def train_from_data(model: str, cfg: TrainConfig, *, pairs: str | None = None, e
     train, heldout, split = load_pairs(pairs, elo, n_train, n_heldout, soft, cfg.seed, heldout_pairs)
     check_model_template(model, cfg.template)  # a broken chat template stops the job here, not after the LM loads
     print("split: " + ", ".join(f"{k} {v}" for k, v in split.items()), file=sys.stderr)
-    recipe = {"elo": elo, "pairs": pairs, "n_train": n_train, "n_heldout": n_heldout, "soft": soft, "split": split}
-    inputs = {"--pairs": pairs, "--heldout_pairs": heldout_pairs, **({f"--model={model}": model}  # a folder too
-                                                                     if Path(model).exists() else {})}
+    if elo:  # the prompt is the file's name: said, as a file named otherwise gives a prompt no one wrote
+        print(f"--elo={elo}: its pairs answer the prompt {train.prompt[0]!r} (the file's name)", file=sys.stderr)
+    # the Elo pairs' settings only where they made the pairs (a --pairs run recorded defaults it never used)
+    recipe = {"elo": elo, "pairs": pairs, **({"n_train": n_train, "n_heldout": n_heldout, "soft": soft} if elo else {}),
+              "split": split}
+    inputs = {"--pairs": pairs, "--heldout_pairs": heldout_pairs,  # --overwrite once deleted an --elo file given
+              "--elo": str(elo_csv(elo)) if elo else None,  # as --head_out, then trained and failed to reread it
+              **({f"--model={model}": model} if Path(model).exists() else {})}  # a folder too
     return run_training(model, train, heldout, cfg, workdir, export=export, head_out=head_out, dtype=dtype,
                         elo_csv=elo, recipe=recipe, overwrite=overwrite, mesh=mesh, inputs=inputs)
 
@@ -123,11 +128,20 @@ def check_context(lm_spec: str, pairs: tuple[Pairs, ...], template: str) -> None
     for part in pairs:
         for prompt, chosen, rejected in zip(part.prompt, part.chosen, part.rejected, strict=True):
             by_prompt.setdefault(prompt, set()).update((chosen, rejected))
+    rendered: dict[tuple[str, str], list[int]] = {}
     for prompt, responses in by_prompt.items():
         texts = sorted(responses)
         conversations = Conversations(tokenizer, prompt, template, max_positions=context)  # the prompt's own check
         for text, ids in zip(texts, conversations.token_ids(texts), strict=True):
             check_response_fits(text, len(ids), context, f" after {prompt[:40]!r}; shorten or drop that pair")
+            rendered[prompt, text] = ids
+    for name, part in zip(("training", "held-out"), pairs, strict=False):
+        for number, (prompt, chosen, rejected) in enumerate(zip(part.prompt, part.chosen, part.rejected,
+                                                                strict=True), 1):
+            if rendered[prompt, chosen] == rendered[prompt, rejected]:  # 'gold' and 'gold ' under a trimming template
+                raise UsageError(f"{name} pair {number}: {chosen!r} and {rejected!r} are one conversation once the "
+                                 f"template renders them (after {prompt[:40]!r}): no preference to learn, and scored "
+                                 "wrong in held-out accuracy whatever the model does; remove that pair.")
 
 
 def default_workdir(lm_spec: str, identity: dict, root: str | Path = "runs/train_rm") -> Path:
@@ -172,11 +186,14 @@ def run_training(
     export, head_out = (Path(p) if p else None for p in (export, head_out))
     head_files = [head_out, head_out.with_suffix(".json")] if head_out else []
     outputs = [workdir_output(workdir, identity, overwrite, beside=[*([export] if export else []), *head_files])]
-    def fix(path: Path) -> str | None:  # --overwrite would train again: a finished workdir is reused without it
-        if not (workdir / "summary.json").is_file():
-            return None
-        return (f"Delete {path} and rerun: the training in {workdir} is reused (--overwrite would delete it and "
-                "train again).")
+    def fix(path: Path) -> str | None:  # --overwrite would train again: the workdir is reused or resumed without it
+        if (workdir / "summary.json").is_file():
+            return (f"Delete {path} and rerun: the training in {workdir} is reused (--overwrite would delete it and "
+                    "train again).")
+        if workdir.is_dir() and any(workdir.iterdir()):  # killed while exporting: every step may be saved
+            return (f"Delete {path} and rerun: the run resumes from its last checkpoint in {workdir} (--overwrite "
+                    "would delete them and train again).")
+        return None
 
     if export:
         outputs.append(Output(export, identity, overwrite=overwrite, meta=export / SUMMARY_FILE, folder=EXPORT_FILES,
