@@ -132,7 +132,7 @@ def _two_models(chosen: Path, reference: Path) -> None:
 def implicit_templates(chosen: data.ScoreTable, reference: data.ScoreTable) -> str | None:
     """What to say when the two models' log-probs were taken under different templates (--template=chat and
     plain): the two models then saw the prompt in different forms, and MWLR measures that too."""
-    templates = [_template_used(results.read_meta(t.path) or {}) for t in (chosen, reference)]
+    templates = [_template_used(results.read_meta(t.path) or {}) if t.path else None for t in (chosen, reference)]
     if templates[0] == templates[1]:
         return None
     return (f"the implicit RM's log-probs were taken under different templates ({chosen.model}: {templates[0]}, "
