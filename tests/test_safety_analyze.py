@@ -385,6 +385,10 @@ def test_tables_compared_without_a_prompt_in_common_or_in_two_templates(tmp_path
     sweep(steps / "step_2.csv", {"worst": base})
     inproc.refused(partial(analyze, tmp_path / "o1", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None),
                    "the --bigtwo_checkpoints tables have no prompt column in common")
+    # RBO's settings with one model: RBO compares models, so it was never computed, and they were accepted
+    one = sweep(tmp_path / "one.csv", {"best": base})
+    inproc.refused(partial(analyze, tmp_path / "o0", one, rbo_p=0.5), "--rbo_p=0.5 sets the rank-biased overlap",
+                   "1 score table")
     sweep(steps / "step_2.csv", {"best": base}, kind="logprobs")
     inproc.refused(partial(analyze, tmp_path / "o2", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None),
                    "--bigtwo_checkpoints=", "step_2.csv")

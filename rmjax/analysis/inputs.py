@@ -44,6 +44,9 @@ class Inputs:
     skipped: list[str] = dataclasses.field(default_factory=list)
 
 
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AnalysisConfig)}
+
+
 def load_inputs(cfg: AnalysisConfig) -> Inputs:
     """Read every input `cfg` names; a missing, partial, wrong-kind or empty one stops the run in one line."""
     elo = str(shipped.ELO_DIR) if cfg.elo == shipped.BUILTIN else cfg.elo  # the EloEverything files shipped
@@ -102,6 +105,12 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
     for table in tables:
         if table.frame.empty:  # every statistic of it would be NaN, reported as if computed
             raise InputFileError(f"{table.path}: the table has no rows (a header only); give the finished table.")
+    # RBO compares models: set for one score table it changes nothing (a fault hunt)
+    changed = [f"--{name}={getattr(cfg, name)}" for name in ("rbo_p", "rbo_depth")
+               if getattr(cfg, name) != _DEFAULTS[name]]
+    if changed and len(found.scores) < 2:
+        raise UsageError(f"{changed[0]} sets the rank-biased overlap between models, and {len(found.scores)} score "
+                         "table is given (RBO needs two or more --scores tables); leave it out.")
     # refused here, before --out is touched, not by the analysis that compares them
     for what, group in (("the --scores tables", found.scores), ("the --implicit_chosen and --implicit_reference "
                         "tables", found.implicit or ()), ("the --bigtwo_checkpoints tables",
