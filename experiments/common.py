@@ -190,7 +190,10 @@ def start():
 def options(out: str, **files: str | None) -> RunOptions:
     """The shared flags as the library's RunOptions for a job writing `out` (after `start`: the mesh is one).
     The files the command line names (a model file, --prompts YAML files, and `files`: flag name -> path, such as
-    texts_file) go with it as inputs that no output may be."""
+    texts_file) go with it as inputs that no output may be. An empty --out is refused: it named the working folder
+    (`audit --out=` began writing its files there)."""
+    if out is not None and not str(out).strip():
+        raise UsageError("--out is empty; give the file or folder to write.")
     from rmjax.runs.options import RunOptions
 
     named = [("--model", m) for m in (MODEL.value or "").split(",")]

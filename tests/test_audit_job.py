@@ -218,6 +218,10 @@ def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
 def test_the_entry_point_refuses_an_unknown_battery_in_one_line(tmp_path):
     from tests import cli
 
-    (result,) = cli.run_each(("audit", f"--out={tmp_path / 'a'}", "--batteries=identity,colour"))
+    (result, empty) = cli.run_each(("audit", f"--out={tmp_path / 'a'}", "--batteries=identity,colour"),
+                                   ("audit", "--out=", "--batteries=length"), cwd=tmp_path)
     cli.user_error(result, "--batteries: colour unknown", "identity, length, sycophancy, framing")
     assert not (tmp_path / "a").exists()
+    # an empty --out named the working folder: the audit began writing there (a fault hunt)
+    cli.user_error(empty, "--out is empty")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -114,18 +114,24 @@ def _units(cfg: BeamConfig, depth: int, candidates: np.ndarray, kept: dict[str, 
     return units, {d: np.asarray([index[tuple(r)] for r in kept[d].tolist()]) for d in cfg.directions}
 
 
-def _partial_caches(model: Model, contexts, units: np.ndarray) -> Iterator[tuple[int, list]]:
-    """(unit index, one batch-1 cache per prompt) for every partial: each prompt's cache extended by
-    PREFILL_ROWS partials per forward (their d−1 positions only; the prompt is never recomputed)."""
+def _partial_caches(model: Model, contexts, units: np.ndarray,
+                    needed: set[int] | None = None) -> Iterator[tuple[int, list]]:
+    """(unit index, one batch-1 cache per prompt) for every partial (or those `needed`): each prompt's cache
+    extended by PREFILL_ROWS partials per forward (their d−1 positions only; the prompt is never recomputed). The
+    groups are fixed by index, the same whatever is `needed`: a partial's row in its forward changes how its cache
+    rounds, and a resume that grouped only the partials left scored them up to 1e-5 apart from a straight run."""
     if units.shape[1] == 0:  # depth 1: the prompt's own cache
         yield 0, [ctx.cache for ctx in contexts]
         return
     rows = batching.round_up(min(PREFILL_ROWS, len(units)), model.mesh)
     for start in range(0, len(units), rows):
         group = units[start : start + rows]
+        wanted = [i for i in range(len(group)) if needed is None or start + i in needed]
+        if not wanted:
+            continue
         padded = np.concatenate([group, np.repeat(group[-1:], rows - len(group), axis=0)])
         caches = [extend_prefix(model, ctx.cache, padded) for ctx in contexts]
-        for i in range(len(group)):
+        for i in wanted:
             yield start + i, [cache_row(model, c, i) for c in caches]
 
 
@@ -272,15 +278,10 @@ def _estimate(model: Model, contexts, cfg: BeamConfig, candidates: np.ndarray, s
 
 def _cached_units(model: Model, contexts, units: np.ndarray, stored: set[tuple[int, int]], starts):
     """(unit, caches) for each partial; caches None when every chunk of the unit is already stored (no forward)."""
-    pending = [u for u in range(len(units)) if not all((u, s) in stored for s in starts)]
-    computed = _partial_caches(model, contexts, units[pending]) if pending else iter(())
-    position = 0
+    pending = {u for u in range(len(units)) if not all((u, s) in stored for s in starts)}
+    computed = _partial_caches(model, contexts, units, pending) if pending else iter(())
     for u in range(len(units)):
-        if position < len(pending) and pending[position] == u:
-            position += 1
-            yield u, next(computed)[1]
-        else:
-            yield u, None
+        yield u, (next(computed)[1] if u in pending else None)
 
 
 def _key(depth: int, unit: int, start: int) -> str:
