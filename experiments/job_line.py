@@ -136,7 +136,7 @@ def _a_file(name: str, value: str) -> bool:
         return value.startswith(("/", ".", "~")) or value.endswith(".gguf")
     if name == "prompts":
         return value.endswith((".yaml", ".yml"))
-    return value not in ("", "builtin")
+    return value not in ("", "builtin") and not value.startswith("builtin:")  # --elo's shipped files
 
 
 def _refuse_unshipped(values: flags.FlagValues, repo: Path) -> None:

@@ -508,6 +508,10 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
         bad = _run(script, *args, f"--job={job} --model=/tmp/ckpt", "--dry-run")
         assert bad.returncode == 2 and "error: --job: " in bad.stderr and said in bad.stderr, bad
         assert not bad.stdout, bad
+    # the shipped EloEverything files are no file of the command line's, on a TPU VM too
+    ((status, words, err),) = _read_each("experiments.train_rm --elo=builtin:greatest --head_out=results/h "
+                                         "--mesh=data:1,model:8", tpu_type="v5litepod-8")
+    assert status in (0, None) and words[0] == "train_rm", err
     # a GPU host keeps the results/ of earlier launches (gpu.sh syncs the tree without it): an input there may be
     # and so may a --prompts YAML file (main reads it, first thing)
     for line in ("experiments.inspect --from_sweep=results/s.csv", "experiments.sweep --prompts=/data/mine.yaml"):
