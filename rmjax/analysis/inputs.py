@@ -110,7 +110,8 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
                if getattr(cfg, name) != _DEFAULTS[name]]
     if changed and len(found.scores) < 2:
         raise UsageError(f"{changed[0]} sets the rank-biased overlap between models, and {len(found.scores)} score "
-                         "table is given (RBO needs two or more --scores tables); leave it out.")
+                         f"table{'s' * (len(found.scores) != 1)} {'is' if len(found.scores) == 1 else 'are'} given "
+                         "(RBO needs two or more --scores tables); leave it out.")
     # refused here, before --out is touched, not by the analysis that compares them
     for what, group in (("the --scores tables", found.scores), ("the --implicit_chosen and --implicit_reference "
                         "tables", found.implicit or ()), ("the --bigtwo_checkpoints tables",

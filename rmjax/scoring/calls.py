@@ -80,10 +80,6 @@ def trace(model: Model, ids, mask) -> dict[str, jax.Array]:
                     REPLICATED)(declared_params(model), ids, mask)
 
 
-def _rows(model: Model, ids) -> object:
-    return rows_of(np.shape(ids)[0], np.ndim(ids), model.mesh)
-
-
 def _rewards(cfg: ModelConfig, params, ids, mask) -> jax.Array:
     return nn.module(params, cfg).rewards(ids, mask)
 
