@@ -145,7 +145,8 @@ def tied(tmp_path_factory):
 # Modules with the longest tests run first, whole (a module's fixtures are set up once): with two xdist workers a
 # minute-long test started last runs alone while the other worker idles. Measured in CI (`--durations`).
 HEAVY_MODULES = ("test_frontier.py", "test_real_models.py", "test_safety_resume2.py", "test_attribution_real.py",
-                 "test_plan.py", "test_multihost.py", "test_sharding.py", "test_safety_jobs2.py")
+                 "test_plan.py", "test_disagree.py", "test_planted.py", "test_audit_planted.py", "test_audit_job.py",
+                 "test_multihost.py", "test_sharding.py", "test_safety_jobs2.py")
 
 
 def pytest_collection_modifyitems(config, items):

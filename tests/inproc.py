@@ -49,13 +49,14 @@ def train_config(**settings):
 
 def train_rm(model: str | Path, *, pairs: str | Path, heldout_pairs: str | Path | None = None,
              workdir: str | Path | None = None, export: str | Path | None = None, head_out: str | Path | None = None,
-             overwrite: bool = False, **settings):
-    """experiments.train_rm's main with --pairs (and --heldout_pairs): `settings` are TrainConfig flags."""
+             overwrite: bool = False, mesh=None, **settings):
+    """experiments.train_rm's main with --pairs (and --heldout_pairs): `settings` are TrainConfig flags, `mesh`
+    the one --mesh builds."""
     from rmjax.train.recipe import train_from_data
 
     return train_from_data(str(model), train_config(**settings), pairs=str(pairs),
                            heldout_pairs=heldout_pairs and str(heldout_pairs), workdir=workdir, export=export,
-                           head_out=head_out, overwrite=overwrite)
+                           head_out=head_out, overwrite=overwrite, mesh=mesh)
 
 
 def options(model: str | Path, out: str | Path, **settings) -> RunOptions:

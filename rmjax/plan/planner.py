@@ -208,6 +208,12 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
     if hasattr(shape, "variants"):  # what train_rm refuses, by its own checks, on the mesh it would be given
         tries = _train_tries(shape, tries, mesh, fsdp, remat)
     for attempt in tries:
+        resident = attempt.resident_bytes(cfg, dtype, piece.chips, mesh["model"] if mesh else piece.chips) if (
+            hasattr(attempt, "resident_bytes") and attempt is not tries[-1]) else 0
+        if resident > piece.chip.hbm_bytes:  # a compile would only confirm it (minutes for a large model)
+            log(f"plan: does not fit with fsdp={attempt.fsdp}, remat={attempt.remat} (its weights and optimizer "
+                f"state alone take {resident / 2**30:.1f} GiB per chip); trying the next")
+            continue
         try:
             option, why = choose(cfg, dtype, piece, attempt, mesh, batch_size, log)
         except PlanDoesNotFitError:
