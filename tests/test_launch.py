@@ -67,8 +67,11 @@ def _fake_gcloud(bin_dir: Path, log: Path, fail_on: str = "", created_then_fails
     vm = bin_dir.parent / "vm.exists"
     fail = f'case "$*" in *{shlex.quote(fail_on)}*) exit 3 ;; esac\n' if fail_on else ""
     # a slow create is interrupted as gcloud is: it stops on SIGINT with a failure status (a trap set before it
-    # acts, so the outcome does not depend on when the signal lands)
-    after_create = ("exit 4;" if created_then_fails else "") + ("sleep 60;" if slow_create else "")
+    # acts, so the outcome does not depend on when the signal lands). It waits on a background sleep: sh runs a
+    # trap only once a foreground child ends, and a sleep forked just after the signal missed it (60 s, a CI
+    # timeout); `wait` returns to the trap at once.
+    after_create = ("exit 4;" if created_then_fails else "") + (
+        "sleep 60 >/dev/null 2>&1 & wait $!;" if slow_create else "")
     on_interrupt = "trap 'exit 130' INT\n" if slow_create else ""
     (bin_dir / "gcloud").write_text(
         f'#!/bin/sh\n{on_interrupt}for a in gcloud "$@"; do printf "%s\\037" "$a"; done >> {log}\necho >> {log}\n{fail}'
