@@ -445,6 +445,10 @@ def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tm
     assert 0 < chosen.resident_bytes(cfg, "bfloat16", 4, 1) <= p["per_chip_bytes"]["total"]
     named = _smallest_fit(cfg, "bfloat16", shape)
     trained = sum(d.size for name, d in nn.declarations(cfg).items() if "embed" not in name)
+    # the bound's parts: frozen embeddings whole on a chip (model:1); with FSDP each trained weight, its float32
+    # master and Adam's two moments (2 + 4 + 4 + 4 bytes) split over the 4 chips
+    frozen = sum(d.size for name, d in nn.declarations(cfg).items() if "embed" in name)
+    assert chosen.resident_bytes(cfg, "bfloat16", 4, 1) == int(frozen * 2 + trained * 14 / 4)
     for name in (part.split(" (")[0] for part in named.removeprefix("Cheapest that fit by estimate: ").split("), ")):
         piece = chips.parse_slice(name)
         assert piece.chips * 0.8 * piece.chip.hbm_bytes >= 16 * trained, named

@@ -127,18 +127,7 @@ class TrainShape:
         """(bytes a chip needs, the flags that get there) with FSDP and remat, for the refusal's "cheapest that
         fit": frozen weights split over `model`; trained weights, their gradients and Adam's two moments split
         over every chip; each layer's input kept for the backward pass and one layer's activations at a time."""
-        import numpy as np
-
-        from rmjax import nn
-        from rmjax.loading.hf import numpy_dtype
-
-        size = np.dtype(numpy_dtype(dtype)).itemsize
-        declared = nn.declarations(cfg)
-        total = sum(d.size for d in declared.values())
-        embed = sum(d.size for name, d in declared.items() if "embed" in name)
-        trained = {"head": cfg.hidden_size * max(1, cfg.num_labels),
-                   "last_k": (total - embed) * min(self.last_k, cfg.num_layers) / cfg.num_layers,
-                   "full": total - embed}[self.trainable]
+        size, total, trained = self._parameters(cfg, dtype)
         layer = 4 * cfg.hidden_size + 3 * cfg.intermediate_size
         if self.trainable == "head":  # the feature pass's forward, one layer at a time (a step holds no backbone)
             from rmjax.train.loop import TrainConfig
@@ -158,26 +147,33 @@ class TrainShape:
         flags = ([] if self.trainable == "head" else ["--fsdp"] * (chips // model > 1) + ["--remat"])
         return int(need), " ".join([f"--mesh=data:{chips // model},model:{model}", *flags])
 
-    def resident_bytes(self, cfg: ModelConfig, dtype: str, chips: int, model: int) -> int:
-        """A lower bound on what a chip holds through a step on `chips` with at most `model` on the model axis:
-        every weight, and each trained one's float32 master (below float32) and Adam's two moments, split as far
-        as they can be (over `model`; trained state over every chip with FSDP). No gradient, no activation: a
-        variant it puts past a chip's HBM cannot fit, and the plan does not compile it."""
+    def _parameters(self, cfg: ModelConfig, dtype: str) -> tuple[int, int, float]:
+        """(bytes of a weight in `dtype`, parameters, trained parameters: the head, or the layers after the
+        embeddings, a last_k share of them)."""
         import numpy as np
 
         from rmjax import nn
         from rmjax.loading.hf import numpy_dtype
 
-        if self.trainable == "head":
-            return 0
-        size = np.dtype(numpy_dtype(dtype)).itemsize
         declared = nn.declarations(cfg)
         total = sum(d.size for d in declared.values())
         embed = sum(d.size for name, d in declared.items() if "embed" in name)
-        trained = (total - embed) * (min(self.last_k, cfg.num_layers) / cfg.num_layers if self.trainable == "last_k"
-                                     else 1)
-        state = trained * ((4 if size < 4 else 0) + 2 * 4)  # the master copy, the moments (rmjax.train.optimizer)
-        return int(total * size / model + state / (chips if self.fsdp else model))
+        trained = {"head": cfg.hidden_size * max(1, cfg.num_labels),
+                   "last_k": (total - embed) * min(self.last_k, cfg.num_layers) / cfg.num_layers,
+                   "full": total - embed}[self.trainable]
+        return np.dtype(numpy_dtype(dtype)).itemsize, total, trained
+
+    def resident_bytes(self, cfg: ModelConfig, dtype: str, chips: int, model: int) -> int:
+        """A lower bound on what a chip holds through a step on `chips` with at most `model` on the model axis:
+        every weight, and each trained one's float32 master (below float32) and Adam's two moments, split as far
+        as they can be (frozen weights over `model`; trained ones and their state over every chip with FSDP, over
+        `model` without). No gradient, no activation: a variant it puts past a chip's HBM cannot fit, and the
+        plan does not compile it."""
+        if self.trainable == "head":
+            return 0
+        size, total, trained = self._parameters(cfg, dtype)
+        state = (4 if size < 4 else 0) + 2 * 4  # the master copy, the moments (rmjax.train.optimizer)
+        return int((total - trained) * size / model + trained * (size + state) / (chips if self.fsdp else model))
 
     def variants(self, fsdp: str, remat: str) -> list[TrainShape]:
         """The shapes a plan tries in turn (`auto`: without first, then with; FSDP before remat)."""
