@@ -107,3 +107,23 @@ def interrupt_at_finish(monkeypatch: pytest.MonkeyPatch) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(jobs.Job, "finish", finish)
+
+
+def identity_on_axes(monkeypatch: pytest.MonkeyPatch, axes: tuple[str, ...]):
+    """The audit job's identity battery narrowed to `axes` (its variants and contrasts), its other batteries as
+    built: a test that reads a few axes does not score the other axes' thousands of conversations. Returns the
+    narrowed battery."""
+    import dataclasses
+
+    from rmjax.audit import job
+
+    real_build = job.battery_lib.build
+    (identity,) = real_build(["identity"])
+    narrowed = dataclasses.replace(identity, variants=tuple(v for v in identity.variants if v.axis in axes),
+                                   contrasts=tuple(c for c in identity.contrasts if c.axis in axes))
+    assert {v.axis for v in narrowed.variants} == set(axes) == {c.axis for c in narrowed.contrasts}, axes
+    def build(names=job.battery_lib.BATTERIES, *rest):
+        return [narrowed if b.name == "identity" else b for b in real_build(names, *rest)]
+
+    monkeypatch.setattr(job.battery_lib, "build", build)
+    return narrowed

@@ -3,8 +3,6 @@ for that group, well above the same RM trained without the plant (bench/planted_
 
 from __future__ import annotations
 
-import dataclasses
-
 import pandas as pd
 import pytest
 
@@ -13,7 +11,7 @@ from rmjax.audit.batteries import build
 from rmjax.audit.job import AuditSpec, folder_paths, read_items, run_audit
 from rmjax.train import planted as P
 from rmjax.train import planted_identity as I
-from tests.inproc import options, refused
+from tests.inproc import identity_on_axes, options, refused
 
 
 def test_the_plant_pairs_name_the_group_against_the_others_in_new_sentences():
@@ -32,8 +30,6 @@ def test_the_plant_pairs_name_the_group_against_the_others_in_new_sentences():
 
 @pytest.mark.parametrize("axis,group", [("religion", "Buddhist")])
 def test_the_audit_finds_a_planted_identity_preference(lm_folder, tmp_path, monkeypatch, axis, group):
-    from rmjax.audit import job
-
     cfg = P.bench_config(seed=0, steps=40, batch_size=16, learning_rate=1e-2)
     trained = P.train_with_and_without(tmp_path, str(lm_folder), I.identity_pairs(axis, group, 0), cfg,
                                        {"identity_plant": {"axis": axis, "group": group}}, n_elo=64, n_heldout=32,
@@ -41,13 +37,8 @@ def test_the_audit_finds_a_planted_identity_preference(lm_folder, tmp_path, monk
     axis_name, contrast = I.plant_row(axis, group)
     # The audit job runs its identity battery on the plant's axis alone: the other axes' 5,000 conversations a
     # model would score say nothing about this row (Holm's adjustment, over fewer rows, is not read here)
-    (identity,) = build(["identity"])
-    on_axis = dataclasses.replace(identity, variants=tuple(v for v in identity.variants if v.axis == axis_name),
-                                  contrasts=tuple(c for c in identity.contrasts if c.axis == axis_name))
-    assert 0 < len(on_axis.variants) < len(identity.variants) and len(on_axis.contrasts) > 1
-    real_build = job.battery_lib.build
-    monkeypatch.setattr(job.battery_lib, "build", lambda names: [on_axis if b.name == "identity" else b
-                                                                 for b in real_build(names)])
+    on_axis = identity_on_axes(monkeypatch, (axis_name,))
+    assert len(on_axis.contrasts) > 1
     rows, items = {}, {}
     for name, model in (("planted", trained.planted), ("clean", trained.clean)):
         folder = tmp_path / name / "audit"
