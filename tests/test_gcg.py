@@ -326,8 +326,19 @@ def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
         assert " x" not in res.history[0]["text"]  # the default start is not added to the seeds
     with pytest.raises(UsageError, match="no optimal sequences of --num_tokens=3"):
         gcg([target], GCGConfig(num_tokens=3, steps=1, init_from=str(out)))
-    with pytest.raises(UsageError, match="--init_from=.*must be an existing beam result CSV"):
-        GCGConfig(init_from=str(tmp_path / "missing.csv"))
+    # a missing file is the job's refusal, before any weight loads, not the config's: a launch checks the config
+    # on another machine than the job's (a TPU VM's /tmp/ckpt/beam.csv is not on the launching one)
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+    from tests import inproc
+
+    assert GCGConfig(init_from="/tmp/ckpt/beam.csv", vocab_file="/tmp/ckpt/words.txt").init_from
+    with pytest.MonkeyPatch.context() as patch:
+        inproc.no_weights_read(patch)
+        for missing in ({"init_from": str(tmp_path / "missing.csv")}, {"vocab_file": str(tmp_path / "none.txt")}):
+            cfg = GCGConfig(num_tokens=2, steps=1, **missing)
+            spec = GcgSpec(inproc.options(rm_folder, tmp_path / "g.json"), {"p": prompt}, cfg)
+            inproc.refused(lambda: run_gcg(spec), *missing.values())  # noqa: B023
+    assert not (tmp_path / "g.json").exists()
 
 
 def test_vocab_file_keeps_the_search_and_its_start_inside_the_set(rm_folder, tmp_path):

@@ -511,13 +511,17 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
         bad = _run(script, *args, f"--job={job} --model=/tmp/ckpt", "--dry-run")
         assert bad.returncode == 2 and "error: --job: " in bad.stderr and said in bad.stderr, bad
         assert not bad.stdout, bad
-    # the shipped EloEverything files are no file of the command line's, on a TPU VM too
-    ((status, words, err),) = _read_each("experiments.train_rm --elo=builtin:greatest --head_out=results/h "
-                                         "--mesh=data:1,model:8", tpu_type="v5litepod-8")
-    assert status in (0, None) and words[0] == "train_rm", err
+    # the shipped EloEverything files are no file of the command line's, on a TPU VM too; inputs in the checkpoint
+    # are on the VM though not here (GCG's config once refused them for not being on this machine)
+    for line in ("experiments.train_rm --elo=builtin:greatest --head_out=results/h --mesh=data:1,model:8",
+                 "experiments.gcg --init_from=/tmp/ckpt/b.csv --vocab_file=/tmp/ckpt/w.txt --mesh=data:1,model:8 "
+                 "--out=results/g.json"):
+        ((status, words, err),) = _read_each(line, tpu_type="v5litepod-8")
+        assert status in (0, None) and words[0] == line.split()[0].split(".")[1], err
     # a GPU host keeps the results/ of earlier launches (gpu.sh syncs the tree without it): an input there may be
     # and so may a --prompts YAML file (main reads it, first thing)
-    for line in ("experiments.inspect --from_sweep=results/s.csv", "experiments.sweep --prompts=/data/mine.yaml"):
+    for line in ("experiments.inspect --from_sweep=results/s.csv", "experiments.sweep --prompts=/data/mine.yaml",
+                 "experiments.gcg --init_from=results/b.csv --out=results/g.json"):
         ((status, words, err),) = _read_each(line, tpu_type=None)
         assert status in (0, None) and words[0] == line.split()[0].split(".")[1], err
     # a job the plan does not plan is read, said unplanned, and launched

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -63,8 +62,6 @@ class GCGConfig:
             "n_replace": (lambda v: 1 <= v <= self.num_tokens, f"between 1 and --num_tokens={self.num_tokens}"),
             "direction": checks.one_of("optimal", "pessimal"), "selection": checks.one_of("random", "greedy"),
             "template": checks.one_of("auto", "chat", "plain"),
-            "init_from": (lambda v: Path(v).is_file(), "an existing beam result CSV"),
-            "vocab_file": (lambda v: Path(v).is_file(), "an existing file of candidate strings"),
             "token_ids": (lambda v: all(isinstance(i, int | np.integer) and not isinstance(i, bool) and i >= 0
                                         for i in v), "non-negative integer token ids"),
         })

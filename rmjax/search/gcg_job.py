@@ -90,8 +90,12 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     load each model (its ids, context and memory checked before its weights: `plan_search`), search, write."""
     o, cfg = spec.options, spec.config
     check_search_width(cfg)  # by --topk alone now; by the tokens allowed once the vocabulary is checked
+    # The input files are read here, not where the settings are checked: a launch checks those on another machine
+    # than the one the job will run on (experiments/job_line.py), whose files are not this one's.
     if cfg.init_from:  # a file that is not a beam CSV of this search stops the job now
         init_from_rows(cfg)
+    if cfg.vocab_file:  # a file that is missing or not UTF-8 too
+        read_vocab_file(cfg.vocab_file)
     specs = [s for s in o.model.split(",") if s]
     repeated = sorted({s for s in specs if specs.count(s) > 1})
     if repeated:  # the objective is the models' mean: a model twice is weighted twice, unsaid
