@@ -301,8 +301,11 @@ def test_mesh_and_bfloat16_run_the_same_reads(rm_folder):
 
 
 def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
-    from rmjax.inspect.job import best_and_worst
+    from rmjax.inspect import job
     from rmjax.runs import results
+
+    def best_and_worst(path, *args, **kwargs):  # as inspect --from_beam reads it
+        return job.best_and_worst(path, *args, **{"flag": "--from_beam", **kwargs})
 
     beam = tmp_path / "beam.csv"
     results.write_table(beam, {"depth": [1, 1, 2, 2, 2, 2], "direction": ["optimal", "pessimal"] + ["optimal"] * 2
@@ -347,10 +350,23 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
     for prompts, models in (({"p": "x", "q": "y"}, [{}]), ({"p": "x"}, [{}, {}])):
         results.write_meta(gcg, kind="gcg", identity={"prompts": prompts, "models": models})
         with pytest.raises(UsageError, match="ranks its buffer by their mean reward, not by prompt 'p'"):
-            best_and_worst(gcg, "p", 1, flag="--from_beam")
+            best_and_worst(gcg, "p", 1)
 
     with pytest.raises(UsageError, match="--depth=2 picks a level of a beam CSV"):  # was ignored, exit 0
-        best_and_worst(gcg, "p", 1, depth=2, flag="--from_beam")
+        best_and_worst(gcg, "p", 1, depth=2)
+    # each flag reads its own kind: a beam given as --from_sweep was read, and recorded as a sweep
+    from rmjax.errors import InputFileError
+
+    with pytest.raises(InputFileError, match="--from_sweep=.*beam.csv is an experiments.beam result, not an "
+                                         "experiments.sweep result"):
+        job.best_and_worst(beam, "p", 1, flag="--from_sweep")
+    sweep = tmp_path / "sweep.csv"
+    results.write_table(sweep, {"token_id": [5, 6]}, {"p": np.asarray([1.0, 0.0])})
+    results.write_meta(sweep, kind="sweep")
+    assert job.best_and_worst(sweep, "p", 1, flag="--from_sweep") == [(5,), (6,)]
+    with pytest.raises(InputFileError, match="--from_beam=.*sweep.csv is an experiments.sweep result, not an "
+                                         "experiments.beam result or an experiments.gcg result"):
+        best_and_worst(sweep, "p", 1)
 
 
 def test_nonfinite_weights_stop_inspect_before_writing(rm_folder, tmp_path):

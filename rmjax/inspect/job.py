@@ -100,7 +100,9 @@ def distinct_labels(items: list[Item]) -> list[Item]:
             if labels.count(i.label) > 1 else i for i in items]
 
 
-SOURCE_KINDS = ("sweep", "beam", "gcg")  # what --from_sweep / --from_beam read
+# What each flag reads: a beam given as --from_sweep (or a sweep as --from_beam) was read, and .meta.json recorded
+# the wrong flag as the source.
+SOURCE_KINDS = {"--from_sweep": ("sweep",), "--from_beam": ("beam", "gcg")}
 
 
 def source_needs(model_fp: dict, *, dtype: str, output_column: int, template: str,
@@ -114,7 +116,7 @@ def source_needs(model_fp: dict, *, dtype: str, output_column: int, template: st
 def read_source(path: str | Path, flag: str = "--from_sweep", needs: stages.Needs | None = None) -> stages.StageInput:
     """A sweep, beam or GCG result to take responses from: whole by its .meta.json, and (given `needs`) ranked by
     this model for this prompt's text, else refused in one line (rmjax.runs.stages.read_input)."""
-    return stages.read_input(path, SOURCE_KINDS, flag, needs,
+    return stages.read_input(path, SOURCE_KINDS[flag], flag, needs,
                              why="its best and worst are another run's (the patching map would take its clean and "
                                  "donor from them); inspect a result of this model and prompt")
 
