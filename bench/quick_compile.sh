@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The tests compile with LLVM's backend optimisation off (tests/cli.py QUICK_COMPILE). This runs README-like jobs on
-# the default models twice, with XLA's defaults and with that flag, and compares what they wrote: which text cells
-# differ (a different decision) and how far apart the numbers are. Usage: bash bench/quick_compile.sh OUT [JOB...]
+# The tests compile with tests/cli.py's QUICK_COMPILE flags (LLVM's backend optimisation off, XLA:CPU's older
+# fusion emitters). This runs README-like jobs on the default models twice, with XLA's defaults and with those flags,
+# and compares what they wrote: which text cells differ (a different decision) and how far apart the numbers are.
+# Usage: bash bench/quick_compile.sh OUT [JOB...]
 # (JOB: score sweep gcg disagree logprobs train; default all). About 12 min on 2 cores.
 set -euo pipefail
 out=${1:?usage: bench/quick_compile.sh OUT [JOB...]}; shift
@@ -11,7 +12,7 @@ if [ -e "$out" ] && [ -n "$(ls -A "$out")" ]; then echo "error: $out is not empt
 for job in $jobs; do
   case $job in score|sweep|gcg|disagree|logprobs|train) ;; *) echo "error: unknown job: $job" >&2; exit 2 ;; esac
 done
-quick=$($py -c "from tests.cli import QUICK_COMPILE; print(QUICK_COMPILE)")  # the flag the tests use
+quick=$($py -c "from tests.cli import QUICK_COMPILE; print(' '.join(QUICK_COMPILE))")  # the flags the tests use
 for level in default quick; do
   if [ $level = quick ]; then export XLA_FLAGS=$quick; else export XLA_FLAGS=; fi
   o=$out/$level; mkdir -p "$o"

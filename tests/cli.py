@@ -21,17 +21,20 @@ COMPILE_CACHE = {"JAX_COMPILATION_CACHE_DIR": str(REPO / ".cache" / "jax-tests")
                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
-# The tests compile hundreds of programs of tiny models, which take longer to compile than to run: with LLVM's
-# backend optimisation off a compile takes about half the time (BUILD_NOTES, The test suite). The same HLO compiles
-# either way; the jobs made the same decisions and wrote numbers within float32 rounding (bench/quick_compile.sh).
-# conftest.py does the same in-process, for CPU programs only. Not for `plan` (its TPU compiles would read the flag
-# too) nor for the README's commands (tests/test_readme_chain.py runs them as a user does).
-QUICK_COMPILE = "--xla_backend_optimization_level=0"
+# The tests compile hundreds of programs of tiny models, which take longer to compile than to run. Two XLA:CPU
+# options halve a compile and then halve it again (BUILD_NOTES, The test suite): LLVM's backend optimisation off,
+# and XLA:CPU's older loop-fusion emitters in place of its MLIR fusion emitters. The same HLO compiles either way;
+# the jobs made the same decisions and wrote numbers within float32 rounding (bench/quick_compile.sh).
+# conftest.py sets the same options in-process, for CPU programs only. Not for `plan` (its TPU compiles would read
+# the flags too) nor for the README's commands (tests/test_readme_chain.py runs them as a user does).
+QUICK_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+QUICK_COMPILE = tuple(f"--{name}={str(value).lower()}" for name, value in QUICK_OPTIONS.items())
 
 
 def quick_compile(xla_flags: str) -> str:
-    """`xla_flags` with QUICK_COMPILE added."""
-    return xla_flags if QUICK_COMPILE in xla_flags.split() else f"{xla_flags} {QUICK_COMPILE}".strip()
+    """`xla_flags` with each QUICK_COMPILE flag added (once)."""
+    given = xla_flags.split()
+    return " ".join([*given, *(f for f in QUICK_COMPILE if f not in given)])
 
 
 def subprocess_env(base: dict | None = None, quick: bool = True, **extra: str) -> dict:
@@ -40,7 +43,8 @@ def subprocess_env(base: dict | None = None, quick: bool = True, **extra: str) -
     QUICK_COMPILE unless not `quick`."""
     merged = {**(ENV if base is None else base), **extra}
     flags = merged.get("XLA_FLAGS", "")
-    merged["XLA_FLAGS"] = quick_compile(flags) if quick else " ".join(f for f in flags.split() if f != QUICK_COMPILE)
+    merged["XLA_FLAGS"] = (quick_compile(flags) if quick
+                           else " ".join(f for f in flags.split() if f not in QUICK_COMPILE))
     flag = re.search(r"--xla_force_host_platform_device_count=(\d+)", merged.get("XLA_FLAGS", ""))
     if int(merged.get("JAX_NUM_CPU_DEVICES", "1")) > 1 or (flag and int(flag.group(1)) > 1):
         merged = {k: v for k, v in merged.items() if k not in COMPILE_CACHE}

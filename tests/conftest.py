@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # and libtpu is started only where a plan asks for a slice's devices.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from tests.cli import COMPILE_CACHE  # noqa: E402  (the persistent XLA cache the subprocesses share)
+from tests.cli import COMPILE_CACHE, QUICK_OPTIONS  # noqa: E402  (the persistent XLA cache the subprocesses share)
 
 for _name, _value in COMPILE_CACHE.items():
     os.environ.setdefault(_name, _value)
@@ -35,7 +35,7 @@ else:
     _compiler._resolve_compilation_strategy = _one_device_programs_only
 jax.config.update("jax_num_cpu_devices", 8)
 
-# CPU programs compile with LLVM's backend optimisation off (tests/cli.py QUICK_COMPILE says why), except in tests
+# CPU programs compile with tests/cli.py's QUICK_OPTIONS (it says why), except in tests
 # marked `optimized`, whose real models take longer to run than to compile. A compile option: it enters the
 # persistent cache's key. The hook is private to the pinned jax: under another jax, compiles keep their defaults.
 from jax._src.interpreters import pxla as _pxla  # noqa: E402
@@ -46,7 +46,7 @@ _quick_compile = {"on": True}
 
 def _quick_on_cpu(computation, tuple_args, to_inputs, to_outputs, backend, devices, compiler_options):
     if _quick_compile["on"] and backend.platform == "cpu":
-        compiler_options = {"xla_backend_optimization_level": 0, **compiler_options}
+        compiler_options = {**QUICK_OPTIONS, **compiler_options}
     return _create_compile_options(computation, tuple_args, to_inputs, to_outputs, backend, devices, compiler_options)
 
 
