@@ -238,3 +238,17 @@ def test_the_entry_point_refuses_an_unknown_battery_in_one_line(tmp_path):
     # an empty --out named the working folder: the audit began writing there (a fault hunt)
     cli.user_error(empty, "--out is empty")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_finished_audit_read_back_names_only_the_files_it_still_has(rm_folder, audited, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(audited, copy)
+    folder_paths(copy)["png"].unlink()  # the figure deleted since: the rerun reads the audit back, names no figure
+    capsys.readouterr()
+    assert run_audit(AuditSpec(options(rm_folder, copy), **SMALL)) == copy
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"-> {folder_paths(copy)['csv']}, audit_items.csv (+ .meta.json); audit.png missing: rerun with "
+                    "--overwrite to write it again"), last
+    assert not folder_paths(copy)["png"].exists()

@@ -194,5 +194,9 @@ def describe(table: pd.DataFrame, paths: dict[str, Path]) -> str:
             lines.append(f"  {r.axis}: {r.contrast}: {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], "
                          f"p_holm {r.p_holm:.2g}, null {r.null_effect:+.3f}"
                          + ("" if beyond else " (within its null)"))
-    lines.append(f"-> {paths['csv']}, {paths['items'].name}, {paths['png'].name} (+ .meta.json)")
+    # a finished audit read back may have lost a file since (a deleted figure): name only what is there
+    gone = [paths[key].name for key in ("items", "png") if not paths[key].exists()]
+    there = [paths[key].name for key in ("items", "png") if paths[key].exists()]
+    lines.append(f"-> {', '.join([str(paths['csv']), *there])} (+ .meta.json)"
+                 + (f"; {', '.join(gone)} missing: rerun with --overwrite to write it again" if gone else ""))
     return "\n".join(lines)
