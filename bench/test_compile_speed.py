@@ -3,6 +3,8 @@ each flag alone): a tiny reward model's text scoring and a short GCG, compiled c
 times in turn. Prints the backend compile seconds per setting and their ratio to the defaults measured in this run.
 
     python bench/test_compile_speed.py [--repeats=3]
+
+Needs the test extras (`make test`'s .venv): the tiny model is built with transformers' PyTorch classes.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ print(json.dumps({"seconds": sum(seconds), "programs": len(seconds)}))
 def compile_seconds(flags: str) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "PYTHONPATH": str(REPO),
            "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", _PROGRAMS], cwd=REPO, env=env, capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run([sys.executable, "-c", _PROGRAMS], cwd=REPO, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # say why (torch missing: the runtime install alone), not only that it failed
+        raise SystemExit(f"error: the compiles failed with XLA_FLAGS={flags!r}:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
