@@ -147,6 +147,13 @@ def test_pairs_that_are_one_conversation_or_read_as_another_file(tmp_path, lm_fo
     inproc.refused(lambda: check_context("gemma-3-270m", (trimmed,), "auto"), "training pair 2", "'gold'",
                    "' gold '", "one conversation once the template renders them")
     check_context("gemma-3-270m", (Pairs(["What is best?"], ["iron"], ["gold"], [1.0]),), "auto")
+    # a held-out pair that is a training pair once rendered: sides swapped (a label 0 pair) and ' gold ' trimmed
+    train = Pairs(["Q?", "What is best?"], ["a", "iron"], ["b", "gold"], [1.0, 1.0])
+    held = Pairs(["H?", "What is best?"], ["c", " gold "], ["d", "iron"], [1.0, 1.0])
+    inproc.refused(lambda: check_context("gemma-3-270m", (train, held), "auto"), "1 of the 2 held-out pairs",
+                   "held-out pair 2 is training pair 2", "hold out pairs not trained on")
+    check_context("gemma-3-270m", (train, Pairs(["H?", "What is best?"], ["c", "gold"], ["d", "tin"], [1.0] * 2)),
+                  "auto")
     elo = tmp_path / "What is greatest.csv"
     elo.write_text("elo_rank,elo_score,name,elo_matches\n" + "".join(f"{i},{1600 - 10 * i},w{i},3\n"
                                                                     for i in range(1, 13)))
@@ -276,11 +283,10 @@ def test_train_rm_refuses_allow_nonfinite_it_would_ignore(tmp_path):
 def test_pairs_and_ratings_read_as_written_or_refused(tmp_path):
     """A trailing comma on every row made pandas take the prompt column as the index: each pair was read shifted one
     column left (prompt = the chosen text, rejected = ''), silently; a short row got rejected ''; a pair of one
-    response twice, a rating given twice for one item, held-out pairs that are training pairs and an Elo file too
-    small to split were read as if fine (the last a ValueError traceback)."""
+    response twice, a rating given twice for one item and an Elo file too small to split were read as if fine (the last
+    a ValueError traceback). Held-out pairs that are training pairs: test_pairs_that_are_one_conversation_…."""
     from rmjax.errors import RmjaxError
     from rmjax.train.data import elo_pairs, read_pairs
-    from rmjax.train.recipe import load_pairs
 
     def refused(text: str, suffix: str, *fragments: str, read=read_pairs) -> None:
         path = tmp_path / f"f{len(list(tmp_path.iterdir()))}{suffix}"
@@ -307,7 +313,3 @@ def test_pairs_and_ratings_read_as_written_or_refused(tmp_path):
             read=lambda p: elo_pairs(p, 4, 4))
     refused("name,elo_score\na,1000\nb,1500\nc,900\n", ".csv", "each side needs at least 2 items",
             read=lambda p: elo_pairs(p, 4, 4))
-    with pytest.raises(RmjaxError, match="1 of its 1 pairs are also in --pairs"):
-        swapped = tmp_path / "swapped.csv"
-        swapped.write_text(header + "p2,d,\"two\nlines\"\n")  # the same pair, its sides swapped (a label 0 pair)
-        load_pairs(str(good), None, 1, 1, False, 0, heldout_pairs=str(swapped))

@@ -51,20 +51,10 @@ def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int,
     if not pairs:
         raise UsageError("give --pairs=FILE (prompt, chosen, rejected[, label]) or --elo=EloEverything CSV.")
     data = read_pairs(pairs)
-    if heldout_pairs:
+    if heldout_pairs:  # pairs shared with --pairs are refused once the template renders them (check_context)
         heldout = read_pairs(heldout_pairs)
-        trained = set(_pair_keys(data))
-        shared = [i for i, key in enumerate(_pair_keys(heldout)) if key in trained]
-        if shared:  # held-out accuracy on pairs the model trained on measures memory, not generalisation
-            raise UsageError(f"--heldout_pairs={heldout_pairs}: {len(shared)} of its {len(heldout)} pairs are also "
-                             f"in --pairs={pairs} (first: pair {shared[0] + 1}); hold out pairs not trained on.")
         return data, heldout, {"split_by": "file", "train_pairs": len(data), "heldout_pairs": len(heldout)}
     return split_pairs(data, seed=seed)
-
-
-def _pair_keys(pairs: Pairs) -> list[tuple[str, frozenset]]:
-    """Each pair as (prompt, {its two responses}): one pair whichever side its label prefers."""
-    return [(p, frozenset((c, r))) for p, c, r in zip(pairs.prompt, pairs.chosen, pairs.rejected, strict=True)]
 
 
 def train_from_data(model: str, cfg: TrainConfig, *, pairs: str | None = None, elo: str | None = None,
@@ -142,6 +132,27 @@ def check_context(lm_spec: str, pairs: tuple[Pairs, ...], template: str) -> None
                 raise UsageError(f"{name} pair {number}: {chosen!r} and {rejected!r} are one conversation once the "
                                  f"template renders them (after {prompt[:40]!r}): no preference to learn, and scored "
                                  "wrong in held-out accuracy whatever the model does; remove that pair.")
+    if len(pairs) > 1:
+        _refuse_trained_heldout(pairs[0], pairs[1], rendered)
+
+
+def _refuse_trained_heldout(train: Pairs, heldout: Pairs, rendered: dict[tuple[str, str], list[int]]) -> None:
+    """Held-out accuracy on a pair the model trained on measures memory, not generalisation. A pair is its two
+    rendered conversations whichever side its label prefers: 'gold' and ' gold' are one response under a trimming
+    template, so raw strings missed it."""
+    def key(prompt: str, chosen: str, rejected: str) -> frozenset:
+        return frozenset((tuple(rendered[prompt, chosen]), tuple(rendered[prompt, rejected])))
+
+    trained: dict[frozenset, int] = {}
+    for number, row in enumerate(zip(train.prompt, train.chosen, train.rejected, strict=True), 1):
+        trained.setdefault(key(*row), number)
+    shared = [(number, trained[k]) for number, row in
+              enumerate(zip(heldout.prompt, heldout.chosen, heldout.rejected, strict=True), 1)
+              if (k := key(*row)) in trained]
+    if shared:
+        raise UsageError(f"{len(shared)} of the {len(heldout)} held-out pairs are training pairs once the template "
+                         f"renders them (first: held-out pair {shared[0][0]} is training pair {shared[0][1]}); "
+                         "held-out accuracy on pairs trained on measures memory: hold out pairs not trained on.")
 
 
 def default_workdir(lm_spec: str, identity: dict, root: str | Path = "runs/train_rm") -> Path:
