@@ -59,9 +59,10 @@ ITEMS = flags.DEFINE_integer("items", 2, "inspect: responses inspected.", lower_
 IG_STEPS = flags.DEFINE_integer("ig_steps", 64, "inspect: integrated-gradients steps (as experiments.inspect "
                                 "--steps).", lower_bound=1)
 N_TRAIN = flags.DEFINE_integer("n_train", 20000, "train_rm: training pairs.", lower_bound=1)
-RESPONSES = flags.DEFINE_integer("responses", 6024, "train_rm: distinct responses (head only: the feature matrix's "
-                                 "rows; last_k: their states below the trained layers, kept where they pay); "
-                                 "EloEverything's 80% of 7,530 items.", lower_bound=1)
+RESPONSES = flags.DEFINE_integer("responses", 0, "train_rm: distinct responses (head only: the feature matrix's "
+                                 "rows, training and held-out pairs' both; last_k: the training pairs' responses, "
+                                 "whose states below the trained layers are kept where they pay). 0: EloEverything's, "
+                                 "7,530 items for head, their 80% (6,024) in training for last_k.", lower_bound=0)
 SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm, last_k/full: tokens per conversation "
                                        "(last_k: the --prompts' prefix, measured or --prefix_tokens, goes through the "
                                        "frozen layers once, as train_rm does, when it is shorter).", lower_bound=1)

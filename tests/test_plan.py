@@ -458,6 +458,19 @@ def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tm
     assert shape.per_chip_estimate(cfg, "bfloat16", 8, 8)[1] == "--mesh=data:1,model:8 --remat"
     _, _, head, _ = plan_inputs(str(config), "v5e-4", "train_rm", trainable="head", batch_size=8, n_train=100)
     assert head.per_chip_estimate(cfg, "bfloat16", 8, 2)[1] == "--mesh=data:4,model:2"
+    # --responses' default is what train_rm --elo=builtin keeps, counted here from the shipped data: a head-only
+    # run's features of the training and the held-out pairs' responses (it counted the training items alone),
+    # last_k's states of the training pairs' responses
+    from rmjax.train.data import elo_csv, elo_pairs
+
+    def distinct(*parts) -> int:
+        return len({(p, r) for part in parts for p, c, j in zip(part.prompt, part.chosen, part.rejected, strict=True)
+                    for r in (c, j)})
+
+    train, held = elo_pairs(elo_csv("builtin"), 20000, 4000, seed=0)
+    assert distinct(train, held) <= head.responses <= distinct(train, held) * 1.01
+    _, _, last, _ = plan_inputs(str(config), "v5e-4", "train_rm", trainable="last_k", batch_size=8, n_train=100)
+    assert distinct(train) <= last.responses <= distinct(train) * 1.01
     # a head-only run's feature pass is sized by --text_tokens, the others' steps by --sequence_tokens: the other
     # is refused, not ignored
     head_only, full = run_each(("plan", *flags[:3], "--trainable=head", "--sequence_tokens=32"),

@@ -113,16 +113,23 @@ def check_job(cfg: ModelConfig, tokenizer, job: str, sizes: list[tuple[str, int,
             check_batch_size(batch_size)
 
 
+def elo_responses(trainable: str) -> int:
+    """The distinct responses a train_rm run on EloEverything keeps: a head-only run's features cover the training
+    and the held-out pairs (all 7,530 items); last_k keeps states for the training items (80%) alone."""
+    return 7530 if trainable == "head" else 6024
+
+
 def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
                 extra_prompts=(), template: str = "auto", limit: int = 0, prefix_tokens: int = 0,
                 suffix_tokens: int = -1, trainable: str = "head", last_k: int = 2, steps: int = 0,
-                batch_size: int = 0, n_train: int = 20000, responses: int = 6024, sequence_tokens: int = 64,
+                batch_size: int = 0, n_train: int = 20000, responses: int = 0, sequence_tokens: int = 64,
                 depth: int = 2, beam: int = 64, direction: str = "both", exhaustive: bool = False,
                 num_tokens: int = 8, search_width: int = 128, texts_count: int = 1000,
                 text_tokens: int = 8, items: int = 2, ig_steps: int = 64
                 ) -> tuple[ModelConfig, Slice, object, dict | None]:
     """(config, slice, job shape, mesh or None), every flag checked before anything compiles. `steps` 0: the
-    job's default (train_rm 1500, gcg 100); `batch_size` 0: the plan picks (train_rm 256, gcg 256 rows)."""
+    job's default (train_rm 1500, gcg 100); `batch_size` 0: the plan picks (train_rm 256, gcg 256 rows);
+    `responses` 0: EloEverything's (`elo_responses`)."""
     from rmjax.text.prompts import resolve_prompts
 
     piece = parse_slice(topology)
@@ -162,7 +169,8 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                 suffix = max(s for _, _, s in measured)
                 for text, head, tail in measured:
                     chat.check_fits(text, head, text_tokens, tail, cfg.max_position_embeddings)
-        return cfg, piece, TrainShape(trainable, last_k, steps or 1500, batch, n_train, responses,
+        return cfg, piece, TrainShape(trainable, last_k, steps or 1500, batch, n_train,
+                                      responses or elo_responses(trainable),
                                       sequence_tokens, prompts=prompts_planned, prefix_tokens=prefix,
                                       text_tokens=text_tokens, suffix_tokens=suffix), sizes
     texts = resolve_prompts(list(prompts), list(extra_prompts))
