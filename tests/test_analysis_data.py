@@ -10,6 +10,7 @@ import pytest
 
 from rmjax.analysis import data, paper1, stats
 from rmjax.data import DATA_DIR
+from rmjax.errors import InputFileError
 from rmjax.runs import results
 
 TRICKY = ["None", "NaN", "null", "", " ", "\n", '"', ",", " love", "love"]
@@ -51,6 +52,25 @@ def test_model_name_from_meta_json_or_stem_and_nickname(tmp_path):
     assert data.metadata_for(["S-Gem-27B", "R-Gem-2B"], meta)["parameters_b"].tolist() == [27.0, 2.0]
     assert data.metadata_for(["S-Gem-27B", "run7"], meta) is None
 
+
+
+def test_a_name_two_orgs_share_is_found_by_its_full_id_or_refused(tmp_path):
+    """A fault hunt: with orgA/RM-8B and orgB/RM-8B in the YAML, orgB's table was labelled orgA's and given orgA's
+    size (the first row whose short name matched)."""
+    yaml = tmp_path / "models.yaml"
+    yaml.write_text("- {name: orgA/RM-8B, nickname: A-RM, base_model: Llama, size: 70B}\n"
+                    "- {name: orgB/RM-8B, nickname: B-RM, base_model: Gemma, size: 2B}\n")
+    meta = data.load_model_metadata(yaml)
+    for folder, model in (("b", "orgB/RM-8B"), ("c", "/models/orgb/RM-8B/")):
+        write_model(tmp_path / folder / "t.csv", ["x"], {"p": np.zeros(1)})
+        results.write_meta(tmp_path / folder / "t.csv", kind="sweep", model=model)
+        (table,) = data.load_score_tables(tmp_path / folder, meta)
+        assert table.model == "B-RM"
+        assert data.metadata_for([table.model], meta)["parameters_b"].tolist() == [2.0]
+    write_model(tmp_path / "d" / "t.csv", ["x"], {"p": np.zeros(1)})
+    results.write_meta(tmp_path / "d" / "t.csv", kind="sweep", model="/models/RM-8B")
+    with pytest.raises(InputFileError, match="matches orgA/RM-8B and orgB/RM-8B in --models_yaml by name"):
+        data.load_score_tables(tmp_path / "d", meta)
 
 def test_model_metadata_from_yaml():
     meta = data.load_model_metadata(DATA_DIR / "reward_models.yaml")

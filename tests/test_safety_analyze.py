@@ -304,6 +304,9 @@ def test_a_dictionary_frequency_list_or_elo_folder_of_the_wrong_kind_stops_in_on
         (dict(bigtwo_dictionary=str(tmp_path / "agency.csv")), ["agency.csv", "no communion words"]),
         (dict(frequencies=str(tmp_path / "typo.txt")), ["--frequencies=", "typo.txt not found"]),
         (dict(frequencies=str(tmp_path / "words.txt")), ["words.txt", "no word frequencies read"]),
+        # folders where a file belongs: IsADirectoryError tracebacks
+        (dict(frequencies=str(tmp_path / "elo")), ["--frequencies=", "is a folder; give the file itself"]),
+        (dict(bigtwo_dictionary=str(tmp_path / "elo")), ["--bigtwo_dictionary=", "is a folder"]),
     ]
     for i, (settings, fragments) in enumerate(cases):
         inproc.refused(partial(analyze, tmp_path / f"out{i}", table, **settings), *fragments)

@@ -51,7 +51,8 @@ def load_beam_tables(paths: Sequence[Path], metadata: pd.DataFrame | None) -> li
         values = frame[results.value_columns(frame)].to_numpy(np.float64)
         if not np.isfinite(values).all():
             raise InputFileError(f"{path}: NaN/Inf scores (written with --allow_nonfinite); rerun the beam.")
-        tables.append(BeamTable(data.model_label(data.source_name(path), metadata), frame, path))
+        tables.append(BeamTable(data.model_label(data.source_name(path), metadata, data.source_model(path)),
+                                 frame, path))
     labels = [t.model for t in tables]
     twice = [t for t in tables if labels.count(t.model) > 1]
     if twice:  # their tables would share file names and their tau matrices a row

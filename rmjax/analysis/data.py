@@ -192,8 +192,8 @@ def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.Data
         tables.append((path, frame, string_column))
     models = [source_model(path) for path, *_ in tables]
     sources = distinct_names(models, [source_name(path) for path, *_ in tables])
-    tables = [ScoreTable(model_label(source, metadata), source, frame, string_column, path)
-              for source, (path, frame, string_column) in zip(sources, tables, strict=True)]
+    tables = [ScoreTable(model_label(source, metadata, model), source, frame, string_column, path)
+              for source, model, (path, frame, string_column) in zip(sources, models, tables, strict=True)]
     if metadata is not None:
         position = {nickname: i for i, nickname in enumerate(metadata["nickname"])}
         tables.sort(key=lambda t: position.get(t.model, len(position)))
@@ -272,19 +272,29 @@ def _aliases(name: str, nickname: str) -> set[str]:
                                 name.replace("/", "__"))}
 
 
-def find_model(source: str, metadata: pd.DataFrame | None) -> pd.Series | None:
-    """The metadata row whose HF id, nickname or file-name form of the id equals `source`."""
+def find_model(source: str, metadata: pd.DataFrame | None, model: str | None = None) -> pd.Series | None:
+    """The metadata row whose HF id, nickname or file-name form of the id equals `source`; first the row whose
+    full id `model` (the job's model, a path) ends with. A name two rows share (orgA/RM-8B, orgB/RM-8B) is refused
+    rather than given the first row's label, developer and size."""
     if metadata is None:
         return None
+    if model:
+        path = model.rstrip("/").lower()
+        full = [row for _, row in metadata.iterrows() if "/" in row["name"]
+                and (path == row["name"].lower() or path.endswith("/" + row["name"].lower()))]
+        if len(full) == 1:
+            return full[0]
     key = source.lower()
-    for _, row in metadata.iterrows():
-        if key in _aliases(row["name"], row["nickname"]):
-            return row
-    return None
+    rows = [row for _, row in metadata.iterrows() if key in _aliases(row["name"], row["nickname"])]
+    if len(rows) > 1:
+        raise InputFileError(f"model {model or source!r} matches {' and '.join(r['name'] for r in rows)} in "
+                             "--models_yaml by name; keep it in a folder named by its full id (ORG/NAME) or give "
+                             "each model a distinct nickname.")
+    return rows[0] if rows else None
 
 
-def model_label(source: str, metadata: pd.DataFrame | None) -> str:
-    row = find_model(source, metadata)
+def model_label(source: str, metadata: pd.DataFrame | None, model: str | None = None) -> str:
+    row = find_model(source, metadata, model)
     return source if row is None else str(row["nickname"])
 
 

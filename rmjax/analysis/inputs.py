@@ -54,9 +54,12 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
              ("--bigtwo_dictionary", cfg.bigtwo_dictionary), ("--implicit_chosen", cfg.implicit_chosen),
              ("--implicit_reference", cfg.implicit_reference),
              ("--frequencies", cfg.frequencies if cfg.scores else None))  # the shipped list unless given
+    files = ("--models_yaml", "--bigtwo_dictionary", "--implicit_chosen", "--implicit_reference", "--frequencies")
     for what, path in named:
         if path and not Path(path).exists():
             raise MissingFileError(f"{what}={path} not found.")
+        if path and what in files and Path(path).is_dir():  # was an IsADirectoryError traceback
+            raise InputFileError(f"{what}={path} is a folder; give the file itself.")
     found = Inputs()
     found.metadata = data.load_model_metadata(cfg.models_yaml) if cfg.models_yaml else None
     if cfg.scores or cfg.implicit_chosen or cfg.bigtwo_checkpoints:
