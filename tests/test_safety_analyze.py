@@ -411,6 +411,26 @@ def test_tables_compared_without_a_prompt_in_common_or_in_two_templates(tmp_path
         assert (said in report, said in capsys.readouterr().err) == (differ, differ), (chosen, reference)
 
 
+
+def test_a_prompt_one_input_lacks_is_said_to_be_left_out(tmp_path):
+    """A fault hunt: a prompt in the chosen log-probs but not the reference's, in one checkpoint but not another, or
+    in no two beam results was left out of every table, exit 0, with nothing under Skipped (score tables said so)."""
+    base = np.random.default_rng(8).normal(size=40) - 5
+    chosen = sweep(tmp_path / "chosen.csv", {"best": base, "worst": base[::-1].copy()}, kind="logprobs")
+    reference = sweep(tmp_path / "reference.csv", {"best": base - 1}, kind="logprobs")
+    steps = tmp_path / "steps"
+    sweep(steps / "step_0.csv", {"best": base})
+    sweep(steps / "step_10.csv", {"best": base + 1, "worst": base})
+    beams = [beam(tmp_path / "b1.csv", "m1", ["best"], 1), beam(tmp_path / "b2.csv", "m2", ["worst"], 2)]
+    report = Path(analyze(tmp_path / "out", *beams, implicit_chosen=str(chosen), implicit_reference=str(reference),
+                          bigtwo_checkpoints=str(steps))["report"]).read_text()
+    for said in ("implicit: --implicit_chosen (chosen)'s prompts worst are not in every implicit table",
+                 "--bigtwo_checkpoints: step_10.csv's prompts worst are not in every --bigtwo_checkpoints table",
+                 "beam Kendall tau: m1's prompts best are not in every beam Kendall tau table",
+                 "m2's prompts worst are not in every beam Kendall tau table"):
+        assert said in report, said
+    assert "best" in pd.read_csv(tmp_path / "out" / "implicit_rm.csv").columns
+
 def test_an_elo_file_too_small_to_rank_or_pair(tmp_path):
     """A fault hunt: an EloEverything file of one item gave every tau, rho, p and z NaN, exit 0 (one of no items
     was refused); one file alone (no pair of prompts) wrote two tables as a 1-byte CSV that pandas cannot read."""

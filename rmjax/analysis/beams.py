@@ -106,6 +106,10 @@ def beam_section(outputs: Outputs, tables: list[BeamTable], top: int) -> None:
         outputs.skip("beam Kendall tau: needs beam results of >= 2 models.")
         return
     prompts = [p for p in tables[0].prompts if all(p in t.prompts for t in tables)]
+    outputs.skip_unshared("beam Kendall tau", {t.model: t.prompts for t in tables}, prompts,
+                          "tau compares models on one prompt")
+    if not prompts:
+        return
     depths = sorted(set.intersection(*(set(t.frame["depth"]) for t in tables)))
     parts = data.file_parts(prompts, clashes=lambda slug: slug.endswith("_shared"))
     for depth, prompt in itertools.product(depths, prompts):

@@ -185,3 +185,12 @@ class Outputs:
 
     def skip(self, reason: str) -> None:
         self.skipped.append(reason)
+
+    def skip_unshared(self, what: str, prompts_of: dict[str, list[str]], kept: list[str], fix: str) -> None:
+        """Say which of each input's prompts a comparison left out because another input lacks them: a prompt
+        dropped without a word reads as a complete analysis."""
+        for name, prompts in prompts_of.items():
+            dropped = [p for p in prompts if p not in kept]
+            if dropped:
+                self.skip(f"{what}: {name}'s prompts {', '.join(dropped)} are not in every {what} table, so they are "
+                          f"left out ({fix}).")

@@ -26,11 +26,8 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
                     afinn: dict | None, frequencies: dict | None, cfg: AnalysisConfig) -> None:
     prompts = data.common_prompts(tables)  # not empty: rmjax.analysis.inputs.load_inputs refuses that first
     labels = [t.model for t in tables]
-    for t in tables:  # the tables compare models: a prompt some model lacks is in none of them
-        dropped = [p for p in t.prompts if p not in prompts]
-        if dropped:
-            outputs.skip(f"score tables: {t.model}'s prompts {', '.join(dropped)} are not in every --scores table, "
-                         "so they are left out of every table (analyze that model alone to see them).")
+    outputs.skip_unshared("--scores", {t.model: t.prompts for t in tables}, prompts,
+                          "of every table; analyze that model alone to see them")
     parts = data.file_parts(prompts)
     vocabulary = data.shared_vocabulary(tables)
     outputs.keyed_table("paper1_shared_vocabulary", {"token_decoded": vocabulary}, {})
@@ -304,6 +301,9 @@ def _elo_scores_coverage(outputs: Outputs, added: elo_lib.ScoresAdded) -> None:
 def implicit_section(outputs: Outputs, chosen: data.ScoreTable, reference: data.ScoreTable,
                      lexicon: bigtwo.Lexicon | None, cfg: AnalysisConfig) -> None:
     rewards = implicit_lib.implicit_reward(chosen, reference)
+    outputs.skip_unshared("implicit", {f"--implicit_chosen ({chosen.model})": chosen.prompts,
+                                       f"--implicit_reference ({reference.model})": reference.prompts},
+                          data.common_prompts([chosen, reference]), "the implicit reward needs both log-probs")
     values = {c: rewards[c].to_numpy() for c in rewards.columns}
     outputs.keyed_table("implicit_rm", {"text": list(rewards.index)}, values)
     top_bottom = outputs.table("implicit_rm_top_bottom", implicit_lib.implicit_top_bottom(rewards, cfg.top))
@@ -379,6 +379,9 @@ def _sections(outputs: Outputs, inputs: Inputs, cfg: AnalysisConfig) -> None:
     if inputs.implicit is not None:
         implicit_section(outputs, *inputs.implicit, inputs.lexicon, cfg)
     if inputs.checkpoints:
+        outputs.skip_unshared("--bigtwo_checkpoints", {t.path.name: t.prompts for _, t in inputs.checkpoints},
+                              data.common_prompts([t for _, t in inputs.checkpoints]),
+                              "a curve over steps needs the prompt at every step")
         frame = outputs.table("bigtwo_checkpoints",
                               bigtwo.bigtwo_checkpoints(inputs.checkpoints, inputs.lexicon,
                                                         collapse=cfg.collapse_variants))
