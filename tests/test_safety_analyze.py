@@ -229,7 +229,7 @@ def test_an_analysis_refused_halfway_leaves_its_folder_as_it_was(tmp_path):
     into a stage and moves its files in once all are written."""
     base = np.random.default_rng(5).normal(size=40)
     tables = [sweep(tmp_path / "a.csv", {"best": base}), sweep(tmp_path / "b.csv", {"best": base ** 2})]
-    (tmp_path / "bnc.txt").write_text("\tWord\tPoS\tFreq\n\tw3\tNoC\t:\t12\t90\t0.9\n", encoding="latin-1")
+    (tmp_path / "bnc.txt").write_text("\tWord\tPoS\t\tFreq\n\tw3\tNoC\t:\t12\t90\t0.9\n", encoding="latin-1")
     late = dict(frequencies=str(tmp_path / "bnc.txt"), frequency_scale="zscore")
     earlier = tmp_path / "earlier"
     analyze(earlier, *tables)
@@ -289,6 +289,8 @@ def test_a_dictionary_frequency_list_or_elo_folder_of_the_wrong_kind_stops_in_on
     named (a --frequencies typo, or a word list read as the BNC list). Each stops before --out exists."""
     table = sweep(tmp_path / "a.csv", {"best": np.arange(40.0), "worst": -np.arange(40.0)})
     (tmp_path / "words.txt").write_text("love\nhate\n")
+    (tmp_path / "1_2_all_freq.txt").write_text("\tWord\tPoS\tFreq\tRa\tDisp\n\tthe\tDet\t61847\t100\t0.93\n")
+    (tmp_path / "header_only.txt").write_text("\tWord\tPoS\t\tFreq\tRa\tDisp\n")
     (tmp_path / "keys.json").write_text('{"a": 1}')
     (tmp_path / "cat.csv").write_text("word,cat\nsuccess,agency\n")
     (tmp_path / "latin1.csv").write_bytes("word,category\ncaf\xe9,agency\n".encode("latin-1"))
@@ -303,7 +305,11 @@ def test_a_dictionary_frequency_list_or_elo_folder_of_the_wrong_kind_stops_in_on
         (dict(bigtwo_dictionary=str(tmp_path / "latin1.csv")), ["latin1.csv", "not a UTF-8 JSON or CSV"]),
         (dict(bigtwo_dictionary=str(tmp_path / "agency.csv")), ["agency.csv", "no communion words"]),
         (dict(frequencies=str(tmp_path / "typo.txt")), ["--frequencies=", "typo.txt not found"]),
-        (dict(frequencies=str(tmp_path / "words.txt")), ["words.txt", "no word frequencies read"]),
+        (dict(frequencies=str(tmp_path / "words.txt")), ["words.txt", "not the header of the BNC list"]),
+        # the BNC's frequency-ordered list has no marker column: its Range was read as the frequency
+        (dict(frequencies=str(tmp_path / "1_2_all_freq.txt")), ["first line reads 'Word | PoS | Freq | Ra | Disp'",
+                                                               "1_1_all_alpha.txt"]),
+        (dict(frequencies=str(tmp_path / "header_only.txt")), ["header_only.txt", "no word frequencies read"]),
         # folders where a file belongs: IsADirectoryError tracebacks
         (dict(frequencies=str(tmp_path / "elo")), ["--frequencies=", "is a folder; give the file itself"]),
         (dict(bigtwo_dictionary=str(tmp_path / "elo")), ["--bigtwo_dictionary=", "is a folder"]),

@@ -58,6 +58,9 @@ def load_afinn(path: str | Path | None = None) -> dict[str, int]:
     return lexicon
 
 
+BNC_HEADER = ["Word", "PoS", "", "Freq"]
+
+
 def load_bnc_frequencies(path: str | Path | None = None) -> dict[str, float]:
     """Word-form frequency per million words from the BNC list (Leech, Rayson & Wilson; Latin-1, tab-separated;
     by default the one shipped in rmjax/data).
@@ -74,12 +77,21 @@ def load_bnc_frequencies(path: str | Path | None = None) -> dict[str, float]:
         if word and freq > 0:
             frequencies[word] = frequencies.get(word, 0.0) + freq
 
-    with open(path or shipped.BNC_FREQUENCIES, encoding="latin-1") as f:
+    path = Path(path or shipped.BNC_FREQUENCIES)
+    header: list[str] | None = None
+    with open(path, encoding="latin-1") as f:
         for line in f:
             fields = line.rstrip("\n").split("\t")
             if fields and fields[0] == "":
                 fields = fields[1:]
-            if len(fields) < 4 or fields[0] == "Word":
+            if header is None and any(fields):  # another BNC list (1_2_all_freq.txt: no marker) read Range as Freq
+                header = fields
+                if fields[:4] != BNC_HEADER:
+                    raise InputFileError(f"{path}: its first line reads {' | '.join(fields)[:80]!r}, not the header "
+                                         f"of the BNC list 1_1_all_alpha.txt ({' | '.join(BNC_HEADER)} | Ra | Disp, "
+                                         "tab-separated, the marker column's header blank); give that list.")
+                continue
+            if len(fields) < 4:
                 continue
             try:
                 freq = float(fields[3])
