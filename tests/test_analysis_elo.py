@@ -381,3 +381,20 @@ def test_a_published_model_that_leaves_items_unscored_stays_out_of_the_median():
     gaps = human_vs_median_model(ranks_table(EloPrompt("q?", "q", items, scores)))
     higher, lower = (gaps[gaps.direction == d] for d in ("humans_rank_higher", "humans_rank_lower"))
     assert list(higher.name) == ["d"] and list(lower.name) == ["e", "f"]
+
+
+def test_roundtrip_only_keeps_each_items_match_kind(tmp_path):
+    """A fault hunt: under --roundtrip_only an item whose token does not round-trip was counted 'not_a_single_token'
+    (its rows were gone before the items were matched), 'not_roundtrip' without the flag."""
+    from rmjax.analysis import data, elo
+
+    rng = np.random.default_rng(7)
+    (tmp_path / "elo").mkdir()
+    (tmp_path / "scores").mkdir()
+    raw = _write_elo(tmp_path / "elo", rng)
+    _write_sweeps(tmp_path / "scores", raw, rng)
+    names = list(raw[GREATEST].index)
+    kinds = [elo.item_tokens(data.load_score_tables(tmp_path / "scores" / "smol.csv", roundtrip_only=only)[0], names)
+             .set_index("name")["match"] for only in (False, True)]
+    pd.testing.assert_series_equal(kinds[0], kinds[1])
+    assert set(kinds[1][GLUED]) == {"not_roundtrip"} and set(kinds[1][SPACED]) == {"leading_space"}

@@ -33,6 +33,8 @@ class ScoreTable:
     frame: pd.DataFrame
     string_column: str  # "token_decoded" or "text"
     path: Path | None = None
+    # strings of the rows --roundtrip_only left out: tokens the sweep scored that a conversation tokenizes otherwise
+    left_out: frozenset[str] = frozenset()
 
     @property
     def prompts(self) -> list[str]:
@@ -187,13 +189,14 @@ def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.Data
     tables = []
     for path in expand_paths(spec):
         frame, string_column = read_table(path, kinds, flag, bare)
+        whole = frozenset(frame[string_column])
         if roundtrip_only:
             frame = roundtrip_rows(frame, string_column, path)
-        tables.append((path, frame, string_column))
+        tables.append((path, frame, string_column, whole - frozenset(frame[string_column])))
     models = [source_model(path) for path, *_ in tables]
     sources = distinct_names(models, [source_name(path) for path, *_ in tables])
-    tables = [ScoreTable(model_label(source, metadata, model), source, frame, string_column, path)
-              for source, model, (path, frame, string_column) in zip(sources, models, tables, strict=True)]
+    tables = [ScoreTable(model_label(source, metadata, model), source, frame, string_column, path, left_out)
+              for source, model, (path, frame, string_column, left_out) in zip(sources, models, tables, strict=True)]
     if metadata is not None:
         position = {nickname: i for i, nickname in enumerate(metadata["nickname"])}
         tables.sort(key=lambda t: position.get(t.model, len(position)))

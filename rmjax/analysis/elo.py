@@ -303,7 +303,7 @@ def item_tokens(table: ScoreTable, names: Sequence[str]) -> pd.DataFrame:
     rows_of: dict[str, list[int]] = {}
     for i in np.flatnonzero(eligible):
         rows_of.setdefault(strings[i], []).append(int(i))
-    present = set(strings)
+    present = set(strings) | table.left_out  # --roundtrip_only's rows: not_roundtrip, not missing
     variants = (("text", ""),) if is_text else (("exact", ""), ("leading_space", " "))
     ids = frame["token_id"].to_numpy(np.int64) if "token_id" in frame.columns else None
     out = []
