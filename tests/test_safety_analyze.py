@@ -549,3 +549,16 @@ def test_the_in_sample_note_reads_the_recipe_the_scoring_job_recorded(rm_folder,
     results.write_meta(tmp_path / "old.csv", kind="score", model="elo-rm-smollm2-135m")
     assert table_training(ScoreTable("a", "a", frame, "text", tmp_path / "none.csv")) is None
     assert table_training(ScoreTable("b", "b", frame, "text", tmp_path / "old.csv")) == "builtin"
+
+
+def test_a_folder_of_beam_runs_reads_each_run_once(tmp_path):
+    """A fault hunt: `--scores=DIR` over finished beam runs was refused, 'not a finished rmjax result': a run's
+    .completions.csv, which its .meta.json records beside it, was read as a table of its own."""
+    for i, model in enumerate(("m1", "m2"), 1):
+        path = beam(tmp_path / "runs" / f"{model}.csv", model, ["best"], i)
+        extra = path.with_name(path.name + ".completions.csv")
+        results.write_table(extra, {"depth": [1], "direction": ["optimal"], "rank": [1]}, {"reward": np.ones(1)})
+        results.write_meta(path, files=[extra], kind="beam", model=model, prompts={"best": "best"})
+    report = Path(analyze(tmp_path / "out", tmp_path / "runs")["report"]).read_text()
+    assert "Kendall tau-b between models" in report
+    assert (tmp_path / "out" / "beam_kendall_tau_depth1_best.csv").is_file()

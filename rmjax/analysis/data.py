@@ -147,6 +147,17 @@ def source_prompts(path: str | Path | None) -> dict[str, str]:
     return {str(name): text for name, text in prompts.items() if isinstance(text, str)}
 
 
+def _companions(found: Sequence[Path]) -> set[str]:
+    """Names of the CSVs that a result's .meta.json records beside itself (a beam's .completions.csv): part of
+    that result, not a table of their own."""
+    names: set[str] = set()
+    for path in found:
+        files = (results.read_meta(path) or {}).get("files")
+        if isinstance(files, dict):
+            names.update(key for key in files if key != path.name and "/" not in key)
+    return names
+
+
 def expand_paths(spec: str | Path | Sequence[str | Path]) -> list[Path]:
     """Score CSVs from a directory (every *.csv in it), a file, or a list/comma-separated mix of both."""
     items = spec.split(",") if isinstance(spec, str) else [spec] if isinstance(spec, Path) else list(spec)
@@ -154,7 +165,8 @@ def expand_paths(spec: str | Path | Sequence[str | Path]) -> list[Path]:
     for item in items:
         item = Path(str(item).strip())
         if item.is_dir():
-            paths += sorted(p for p in item.glob("*.csv") if p.is_file())
+            found = sorted(p for p in item.glob("*.csv") if p.is_file())
+            paths += [p for p in found if p.name not in _companions(found)]
         elif item.is_file():
             paths.append(item)
         else:
