@@ -10,7 +10,7 @@ import pytest
 
 from rmjax.analysis import data, paper1, stats
 from rmjax.data import DATA_DIR
-from rmjax.errors import InputFileError
+from rmjax.errors import InputFileError, UsageError
 from rmjax.runs import results
 
 TRICKY = ["None", "NaN", "null", "", " ", "\n", '"', ",", " love", "love"]
@@ -44,13 +44,17 @@ def test_model_name_from_meta_json_or_stem_and_nickname(tmp_path):
     meta = data.load_model_metadata(DATA_DIR / "reward_models.yaml")
     write_model(tmp_path / "a.csv", ["x"], {"p": np.zeros(1)})
     results.write_meta(tmp_path / "a.csv", kind="sweep", model="Ray2333/GRM-gemma2-2B-rewardmodel-ft")
-    write_model(tmp_path / "Skywork--Skywork-Reward-Gemma-2-27B.csv", ["x"], {"p": np.zeros(1)})
-    write_model(tmp_path / "c.csv", ["x"], {"p": np.zeros(1)})
+    write_model(tmp_path / "Skywork--Skywork-Reward-Gemma-2-27B.csv", ["x"], {"p": np.ones(1)})
+    write_model(tmp_path / "c.csv", ["x"], {"p": np.full(1, 2.0)})
     results.write_meta(tmp_path / "c.csv", kind="sweep", model="/ckpt/run7/")
     labels = [t.model for t in data.load_score_tables(tmp_path, meta)]
     assert labels == ["S-Gem-27B", "R-Gem-2B", "run7"]
     assert data.metadata_for(["S-Gem-27B", "R-Gem-2B"], meta)["parameters_b"].tolist() == [27.0, 2.0]
     assert data.metadata_for(["S-Gem-27B", "run7"], meta) is None
+    # a copy without its .meta.json read as a second model: tau 1 with its original, double weight in every mean
+    (tmp_path / "copy.csv").write_bytes((tmp_path / "c.csv").read_bytes())
+    with pytest.raises(UsageError, match="c.csv and .*copy.csv hold the same rows and scores"):
+        data.load_score_tables(tmp_path, meta)
 
 
 
@@ -89,7 +93,6 @@ def test_a_base_model_left_empty_is_unknown(tmp_path):
     """A fault hunt: `base_model:` left empty (YAML's null) was read as the text 'None', so every model without one
     was of one base model ('same_base_model' similarity 1.0 in the RSA) and one Big Two family 'None'."""
     from rmjax.analysis import stats
-    from rmjax.errors import InputFileError
 
     path = tmp_path / "models.yaml"
     path.write_text("- {name: o/m1, base_model: , family: , size: 8B}\n- {name: o/m2, base_model: null, size: 3B}\n"

@@ -216,8 +216,22 @@ def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.Data
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
     if duplicated:
         raise UsageError(f"several score tables are for the same model {duplicated}; pass one file per model.")
+    _refuse_copies(tables)
     stages.same_prompt_texts([(flag, t.path) for t in tables])  # one prompt name, one text, in every table
     return tables
+
+
+def _refuse_copies(tables: Sequence[ScoreTable]) -> None:
+    """Two tables of the same rows and scores are one model's result twice (a copy without its .meta.json): as two
+    models they agree perfectly (tau 1) and weigh double in every mean."""
+    seen: dict[tuple, Path | None] = {}
+    for table in tables:
+        key = (len(table.frame), tuple(table.frame.columns),
+               int(pd.util.hash_pandas_object(table.frame, index=False).sum()))
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {table.path} hold the same rows and scores: one model's result given "
+                             "twice (a copy?); pass it once.")
+        seen[key] = table.path
 
 
 def parameters_in_billions(size: str | float | int | None) -> float:
