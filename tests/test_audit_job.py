@@ -3,6 +3,8 @@ recomputed from audit_items.csv by brute force, resume after a crash, and refusa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -208,8 +210,31 @@ def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
                           if np.allclose(shown.iloc[:, 0] / scale, shown.iloc[:, 1], rtol=2e-8, atol=0)))
     assert sorted(units) == [0, 1]
     assert len(side) == len(a)  # every row of the larger audit, the other model's columns empty where it has none
+    # the batteries only one audit ran are said to be left out (they were left out without a word)
+    report = Path(found["report"]).read_text()
+    assert "batteries identity, framing are not in every audit, so they are left out of the differences" in report
     refused(lambda: analyze(tmp_path / "again", audits=(str(audited),)), "at least two")
-    refused(lambda: analyze(tmp_path / "again", audits=(str(audited), str(tmp_path / "none"))), "no finished audit")
+    refused(lambda: analyze(tmp_path / "again", audits=(str(audited), str(tmp_path / "none"))), "no finished audit",
+            f"experiments.audit --out={tmp_path / 'none'} first")  # its folder was printed as '{folder}'
+    refused(lambda: analyze(tmp_path / "again", audits=(str(folder_paths(audited)["csv"]), str(second))),
+            "audit.csv is a file; give the audit's folder")
+    # audits of other versions of the battery data were compared over the items both had, each scaled over
+    # other texts, without a word
+    from rmjax.audit.compare import _same_conversations
+
+    items = read_items(folder_paths(second)["items"])
+    _same_conversations({"a": items, "b": items.copy()}, ["length", "sycophancy"])
+    fewer = items[items["item"] != items["item"].iloc[0]]
+    refused(lambda: _same_conversations({"a": items, "b": fewer}, ["length", "sycophancy"]),
+            "a and b hold different conversations", "rerun the older one")
+    # a model whose rewards do not vary (a zero head): one line naming it, not a ValueError traceback
+    hf, flat = tiny.save_reward_model_with_tokenizer(tmp_path / "flat", seed=3)
+    with torch.no_grad():
+        hf.score.weight.zero_()
+    tiny.save_hf_model(hf, flat)
+    run_audit(AuditSpec(options(flat, tmp_path / "flat_audit"), batteries=("length",), **SMALL))
+    refused(lambda: analyze(tmp_path / "again", audits=(str(second), str(tmp_path / "flat_audit"))),
+            f"--audits: {flat}: the rewards of batteries ['length'] have no spread")
     # an audit whose items were edited, or cut short, after it was written is refused, not compared: an edited
     # reward moved its differences silently (and the side-by-side table still showed the audit's own effects)
     import shutil

@@ -41,9 +41,11 @@ class AuditSection:
         self.tables: dict[str, pd.DataFrame] = {}
         for folder in folders:
             paths = folder_paths(folder)
+            if Path(folder).is_file():
+                raise UsageError(f"--audits={folder} is a file; give the audit's folder (experiments.audit's --out).")
             if not (paths["csv"].is_file() and paths["items"].is_file()):
                 raise MissingFileError(f"--audits={folder}: no finished audit there (audit.csv, audit_items.csv and "
-                                       ".meta.json); run experiments.audit --out={folder} first.")
+                                       f".meta.json); run experiments.audit --out={folder} first.")
             # both tables whole and as the audit wrote them (its record's digests): an edited item moved every
             # difference computed from it, silently
             meta = results.checked_input(paths["csv"], ("audit",), "--audits")
@@ -57,15 +59,19 @@ class AuditSection:
         shared = set.intersection(*(set(f["battery"]) for f in self.items.values()))
         if not shared:
             raise UsageError("--audits: the audits share no battery.")
+        _same_conversations(self.items, sorted(shared))
+        self.left_out = {name: [b for b in dict.fromkeys(items["battery"]) if b not in shared]
+                         for name, items in self.items.items()}
         self.contrasts = [c for b in battery_lib.build([b for b in battery_lib.BATTERIES if b in shared])
                           for c in b.contrasts]
-        self.scales = {name: stats.reward_scale(items, sorted(shared)) for name, items in self.items.items()}
         self.settings = dict(n_boot=n_boot, n_perm=n_perm, seed=seed)
-        # one scale per model serves both tables
-        try:
+        try:  # one scale per model serves both tables
+            self.scales = {}
+            for name, items in self.items.items():
+                self.scales[name] = stats.reward_scale(items, sorted(shared))
             self.differences = stats.compare_models(self.items, self.contrasts, scales=self.scales, **self.settings)
-        except ValueError as error:  # too few items of a contrast in both audits
-            raise UsageError(f"--audits: {error}.") from None
+        except ValueError as error:  # a model whose rewards do not vary; too few items of a contrast in both audits
+            raise UsageError(f"--audits: {f'{name}: ' if name not in self.scales else ''}{error}.") from None
 
     def __call__(self, outputs: Outputs) -> None:
         keys = ["battery", "axis", "contrast"]
@@ -76,6 +82,10 @@ class AuditSection:
                 columns={c: f"{c} {name}" for c in ("effect", "ci_low", "ci_high", "p_holm", "effect_sd")})
             side = part if side is None else side.merge(part, on=keys, how="outer", sort=False)
         outputs.table("audit_side_by_side", side)
+        for name, batteries in self.left_out.items():
+            if batteries:
+                outputs.skip(f"audits: {name}'s batteries {', '.join(batteries)} are not in every audit, so they are "
+                             "left out of the differences and the scale (audit_side_by_side.csv shows their rows).")
         diff = outputs.table("audit_differences", self.differences)
         kept = diff[diff["p_holm"] < 0.05]
         units = ", ".join(f"{name} {scale:.4g}" for name, scale in self.scales.items())
@@ -87,3 +97,17 @@ class AuditSection:
         if len(kept):
             outputs.say(markdown(kept[["battery", "axis", "contrast", "model_a", "model_b", "difference_sd",
                                        "ci_low", "ci_high", "p_holm"]].head(20)), "")
+
+
+def _same_conversations(items: dict[str, pd.DataFrame], batteries: Sequence[str]) -> None:
+    """Audits compared battery by battery must hold the very same conversations: made from other versions of the
+    shipped data, their differences were taken over the items both had and their scales over other texts."""
+    keys = ["battery", "axis", "item", "group", "text", "prompt"]
+    (first, reference), *others = ((name, set(map(tuple, frame.loc[frame["battery"].isin(batteries), keys].to_numpy())))
+                                   for name, frame in items.items())
+    for name, conversations in others:
+        if conversations != reference:
+            only = sorted(conversations ^ reference)[0]
+            raise UsageError(f"--audits: {first} and {name} hold different conversations in the batteries both ran "
+                             f"({len(reference)} and {len(conversations)}; e.g. {only[0]} {only[2]} {only[3]!r} is "
+                             "in one only): audits from other versions of the battery data; rerun the older one.")
