@@ -27,7 +27,10 @@ flags.adopt_module_key_flags(common)
 
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    from rmjax.audit.job import check_settings
+
     common.refuse_given("the audit", ("prompts", "prompt"), "scores its batteries' own prompts (rmjax/data/audit)")
+    check_settings(tuple(BATTERIES_FLAG.value), N_BOOT.value, N_PERM.value, SEED.value, BATCH_SIZE.value)
 
 
 def main(argv):

@@ -152,6 +152,8 @@ def test_bad_settings_are_refused_before_any_weight_loads(rm_folder, tmp_path, m
     no_weights_read(monkeypatch)
     o = options(rm_folder, tmp_path / "x")
     refused(lambda: run_audit(AuditSpec(o, batteries=("identity", "colour"))), "--batteries", "colour", "identity")
+    # a trailing comma (--batteries=identity,) read "--batteries:  unknown"
+    refused(lambda: run_audit(AuditSpec(o, batteries=("identity", ""))), "--batteries=identity,: an empty name")
     refused(lambda: run_audit(AuditSpec(o, batteries=())), "--batteries")
     refused(lambda: run_audit(AuditSpec(o, n_boot=10)), "--n_boot=10")
     refused(lambda: run_audit(AuditSpec(o, seed=-1)), "--seed=-1")

@@ -483,6 +483,8 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
               "--feature_batch_size applies to --trainable=head"),
              ("experiments.score --texts=a --overwrite", "--overwrite: score without --out"),
              ("experiments.analyze --elo=builtin --rbo_p=0.5", "--rbo_p applies to --scores"),
+             ("experiments.audit --batteries=colour --out=results/a", "--batteries: colour unknown"),
+             ("experiments.audit --n_boot=10 --out=results/a", "--n_boot=10: give at least 100"),
              # an output the launch would not bring back: a TPU VM is deleted with it
              ("experiments.sweep --out=runs/s.csv", "--out=runs/s.csv is outside results/"),
              ("experiments.sweep --out=.", "--out=. is outside results/"),  # (a traceback: no first part)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,26 @@ from rmjax.scoring.texts import score_conversations
 ITEM_KEYS = ("battery", "axis", "item", "group", "text")  # then reward, then prompt (audit_items.csv)
 
 
+def check_settings(batteries: Sequence[str], n_boot: int, n_perm: int, seed: int, batch_size: int) -> None:
+    """The audit's flags, refused from their values alone: by the job, and by a launch before it pays a VM."""
+    if not batteries:
+        raise UsageError("--batteries: name at least one of " + ", ".join(battery_lib.BATTERIES) + ".")
+    if "" in batteries:
+        raise UsageError(f"--batteries={','.join(batteries)}: an empty name (a comma too many?).")
+    unknown = [b for b in batteries if b not in battery_lib.BATTERIES]
+    if unknown:
+        raise UsageError(f"--batteries: {', '.join(unknown)} unknown; choose from "
+                         f"{', '.join(battery_lib.BATTERIES)}.")
+    if len(set(batteries)) != len(batteries):
+        raise UsageError(f"--batteries: {','.join(batteries)} names a battery twice.")
+    for flag, value, least in (("--n_boot", n_boot, MIN_RESAMPLES), ("--n_perm", n_perm, MIN_RESAMPLES),
+                               ("--batch_size", batch_size, 1)):
+        if value < least:
+            raise UsageError(f"{flag}={value}: give at least {least}.")
+    if not 0 <= seed < 2**32:  # as every job's seed (BUILD_NOTES, config checks)
+        raise UsageError(f"--seed={seed}: give a seed in [0, 4294967295].")
+
+
 @dataclasses.dataclass(frozen=True)
 class AuditSpec:
     """An audit as one value: which batteries (the length battery joins identity or sycophancy: it calibrates their
@@ -46,20 +67,7 @@ class AuditSpec:
     batch_size: int = 64
 
     def __post_init__(self):
-        if not self.batteries:
-            raise UsageError("--batteries: name at least one of " + ", ".join(battery_lib.BATTERIES) + ".")
-        unknown = [b for b in self.batteries if b not in battery_lib.BATTERIES]
-        if unknown:
-            raise UsageError(f"--batteries: {', '.join(unknown)} unknown; choose from "
-                             f"{', '.join(battery_lib.BATTERIES)}.")
-        if len(set(self.batteries)) != len(self.batteries):
-            raise UsageError(f"--batteries: {','.join(self.batteries)} names a battery twice.")
-        for flag, value, least in (("--n_boot", self.n_boot, MIN_RESAMPLES), ("--n_perm", self.n_perm, MIN_RESAMPLES),
-                                   ("--batch_size", self.batch_size, 1)):
-            if value < least:
-                raise UsageError(f"{flag}={value}: give at least {least}.")
-        if not 0 <= self.seed < 2**32:  # as every job's seed (BUILD_NOTES, config checks)
-            raise UsageError(f"--seed={self.seed}: give a seed in [0, 4294967295].")
+        check_settings(self.batteries, self.n_boot, self.n_perm, self.seed, self.batch_size)
         if "length" not in self.batteries and {"identity", "sycophancy"} & set(self.batteries):
             # their length-only nulls are calibrated on the length battery's filler (stats.filler_slope)
             object.__setattr__(self, "batteries", (*self.batteries, "length"))
