@@ -146,6 +146,19 @@ def test_a_crash_after_one_battery_resumes_without_rescoring_it(rm_folder, tmp_p
     assert len(scored) == len(battery_lib.BATTERIES) - 1  # the first battery was read back
     for name in ("csv", "items"):
         assert folder_paths(out)[name].read_bytes() == folder_paths(audited)[name].read_bytes()
+    # stopped while drawing audit.png (a full disk, Ctrl-C), after audit_items.csv: the rerun was refused ("no rmjax
+    # run wrote it") though that run had, and --overwrite would have thrown the scored chunks away
+    from rmjax.audit import figure
+
+    short = AuditSpec(options(rm_folder, tmp_path / "short"), batteries=("length",), **SMALL)
+    with monkeypatch.context() as m:
+        m.setattr(figure, "effects", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            run_audit(short)
+    assert folder_paths(short.options.out)["items"].is_file() and not folder_paths(short.options.out)["csv"].exists()
+    scored.clear()
+    run_audit(short)
+    assert not scored and folder_paths(short.options.out)["png"].stat().st_size > 0  # resumed, nothing rescored
 
 
 def test_bad_settings_are_refused_before_any_weight_loads(rm_folder, tmp_path, monkeypatch, audited):

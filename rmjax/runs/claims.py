@@ -124,7 +124,9 @@ def read_meta_identity(meta: Path) -> dict | None:
 # its temp file (rmjax.runs.results.atomic_write_text). Anything else in the folder is not the job's to delete.
 # Every folder a job writes declares its files so (fnmatch names; one ending in "/" a folder the job writes whole):
 # rmjax.train.workdir.WORKDIR_FILES, rmjax.train.rm.EXPORT_FILES.
-STORE_FILES = ("chunk-*.npy", "tmp-chunk-*.npy", "manifest.json", ".manifest.json.*.tmp")
+STORE_FILES = ("chunk-*.npy", "tmp-chunk-*.npy", "manifest.json", ".manifest.json.*.tmp", "interrupted.json",
+               ".interrupted.json.*.tmp")
+INTERRUPTED = "interrupted.json"  # in the store: the companions a run wrote before it was stopped in its last writes
 
 
 def _holds_any(entry: Path, others: Sequence[Path]) -> bool:
@@ -203,6 +205,33 @@ class Claim:
     resume: bool = False
     remove: tuple[Path, ...] = ()
     clear: Path | None = None
+
+
+def record_interrupted(store: Path | None, identity: dict, out: Path, owned: Sequence[Path]) -> None:
+    """A run stopped while writing its result (a full disk while audit.png was drawn, Ctrl-C) records in its saved
+    progress the companions it had written, so that its rerun knows them for its own and resumes
+    (`_interrupted_writes`). Without a store there is no resume to allow."""
+    if store is None or not store.is_dir():
+        return
+    written = {os.path.relpath(p, out.parent): results.file_record(p)
+               for p in owned if p.is_file() and not p.is_symlink()}
+    results.dump_json({"identity": identity, "files": written}, store / INTERRUPTED)
+
+
+def _interrupted_writes(unrecorded: list[Path], store: Path | None, identity: dict, out: Path) -> list[Path]:
+    """`unrecorded` less the companions a run of these inputs wrote, byte for byte as they are, before it was stopped
+    in its last writes (`record_interrupted`): its resume replaces them. Anything else is no file of this run's."""
+    saved = results.read_json(store / INTERRUPTED) if unrecorded and store is not None else None
+    if not isinstance(saved, dict) or saved.get("identity") != identity or not isinstance(saved.get("files"), dict):
+        return unrecorded
+    files = saved["files"]
+
+    def written(path: Path) -> bool:
+        want = files.get(os.path.relpath(path, out.parent))
+        return isinstance(want, dict) and path.is_file() and not path.is_symlink() \
+            and path.stat().st_size == want.get("bytes") and results.file_record(path)["sha256"] == want.get("sha256")
+
+    return [p for p in unrecorded if not written(p)]
 
 
 def _present(path: Path) -> bool:
@@ -292,8 +321,8 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
         # stopped before its record (replaced with --overwrite, below).
         raise OutputExistsError(f"{flag}={out} holds files that no rmjax run of this kind wrote (no {meta.name}); "
                                 "choose an empty or new folder.")
-    unrecorded = _unrecorded(meta, owned)
-    if unrecorded and not overwrite:  # a resume or a fresh run would write over it at the end
+    unrecorded = _interrupted_writes(_unrecorded(meta, owned), store, identity, out) if not overwrite else []
+    if unrecorded:  # a resume or a fresh run would write over it at the end
         raise OutputExistsError(f"{unrecorded[0]} already exists and no rmjax run of {flag}={out} wrote it (no "
                                 f"{meta.name} records it as it is): move it away, pass --overwrite to replace it, or "
                                 "choose another output.")

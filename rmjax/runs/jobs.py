@@ -19,7 +19,15 @@ from typing import Any
 
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import finiteness, results
-from rmjax.runs.claims import Claim, claim, companion_path, real_path, refuse_folder_name, require_claimed
+from rmjax.runs.claims import (
+    Claim,
+    claim,
+    companion_path,
+    real_path,
+    record_interrupted,
+    refuse_folder_name,
+    require_claimed,
+)
 
 
 @dataclasses.dataclass
@@ -29,6 +37,7 @@ class Job:
     claimed: Claim
     started: float
     owned: tuple[Path, ...] = ()
+    store: Path | None = None  # the run's saved progress (chunks), where an interrupted finish records its writes
 
     @property
     def kind(self) -> str:
@@ -49,7 +58,11 @@ class Job:
         path = self.out
         if is_main():
             with finiteness.nonfinite_allowed(bool(allow_nonfinite), has_flag=allow_nonfinite is not None):
-                path = Path(write(self.out) or self.out)
+                try:
+                    path = Path(write(self.out) or self.out)
+                except BaseException:  # its rerun resumes over what it wrote, not refuses it as a stranger's
+                    record_interrupted(self.store, self.identity, self.out, self.owned)
+                    raise
                 meta.setdefault("seconds", time.perf_counter() - self.started)
                 results.write_meta(path, files=self.owned, kind=self.kind, identity=self.identity, **meta)
         return path
@@ -74,7 +87,8 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
     refuse_folder_name(out)
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs) as decision:
-        yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)))
+        yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)),
+                  None if store is None else Path(store))
 
 
 @contextlib.contextmanager
