@@ -54,8 +54,18 @@ class Model:
         return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
 
 
-def require_reward_model(cfg: ModelConfig, source: str, job: str = "scoring") -> None:
-    """The one refusal of a causal LM where a reward head is needed (before or after the weights load)."""
+def require_reward_model(cfg: ModelConfig, source: str, job: str = "scoring", output_column: int = 0) -> None:
+    """The one refusal of a causal LM where a reward head is needed (before or after the weights load), and of an
+    --output_column the head lacks: from the config, before a claim's --overwrite deletes an earlier result."""
     if not cfg.is_reward_model:
         raise UsageError(f"{source} has no score head ({cfg.architecture}); {job} needs a reward model "
                          "(*ForSequenceClassification). For a causal LM use experiments.logprobs.")
+    check_output_column(cfg, output_column, source)
+
+
+def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
+    """`column` when the model has that reward output, else a UsageError naming the range."""
+    if not 0 <= column < cfg.num_outputs:
+        raise UsageError(f"--output_column={column}: {source} has {cfg.num_outputs} reward outputs "
+                         f"(0..{cfg.num_outputs - 1}).")
+    return column

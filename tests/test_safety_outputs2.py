@@ -257,3 +257,19 @@ def test_a_figure_cut_by_a_full_disk_leaves_the_old_one_and_no_temp_file(tmp_pat
     assert proc.returncode != 0 and f"File too large: '{png}'" in proc.stderr, proc.stderr[-2000:]
     assert png.read_bytes() == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["figure.png"]
+
+
+def test_an_output_column_the_head_lacks_is_refused_before_overwrite_deletes_anything(rm, tmp_path, monkeypatch):
+    """A fault hunt: `score --overwrite --output_column=3` on a one-output head deleted the earlier result, read the
+    weights, and only then refused the column (as did inspect). The config says it first."""
+    from rmjax.scoring.texts import ScoreSpec, run_score
+
+    out = tmp_path / "s.csv"
+    run_score(ScoreSpec(inproc.options(rm, out), inproc.prompts("greatest"), ("love",), z_sample=0))
+    before = out.read_bytes()
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(lambda: run_score(ScoreSpec(inproc.options(rm, out, overwrite=True, output_column=3),
+                                                   inproc.prompts("greatest"), ("love", "war"), z_sample=0)),
+                       "--output_column=3", "has 1 reward outputs")
+    assert out.read_bytes() == before and results.meta_path(out).is_file()

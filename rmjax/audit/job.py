@@ -94,7 +94,8 @@ def run_audit(spec: AuditSpec) -> Path | None:
     o = spec.options
     built = battery_lib.build(spec.batteries)
     battery_lib.check(built)
-    require_reward_model(config_of(o.model), o.model, "the audit")  # from its config, before any weight loads
+    # from its config, before any weight loads or a claim deletes an earlier result
+    require_reward_model(config_of(o.model), o.model, "the audit", o.output_column)
     identity = audit_identity(spec, built)
     paths = folder_paths(o.out)
     with claim_job(o, identity, out=paths["csv"], owned=[paths["items"], paths["png"]],

@@ -246,7 +246,7 @@ def run_inspect(spec: InspectSpec) -> dict:
                          f"{spec.steps + 1} points, which are all evaluated; give --ig_max_evaluations >= "
                          f"{spec.steps + 1} or fewer --steps.")
     config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
-    require_reward_model(config, o.model, "inspect")
+    require_reward_model(config, o.model, "inspect", o.output_column)
     # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads
     model_fp, sequences, source = job_fingerprint(o), None, None
     if spec.source:

@@ -9,20 +9,11 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.loading import config_and_tokenizer, fingerprint, load, peek
-from rmjax.model import Model
+from rmjax.model import Model, check_output_column
 from rmjax.runs.options import RunOptions
 from rmjax.text.chat import with_system_prompt
-
-
-def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
-    """`column` when the model has that reward output, else a UsageError naming the range."""
-    if not 0 <= column < cfg.num_outputs:
-        raise UsageError(f"--output_column={column}: {source} has {cfg.num_outputs} reward outputs "
-                         f"(0..{cfg.num_outputs - 1}).")
-    return column
 
 
 def check_in_vocabulary(ids: Sequence[int] | None, vocab_size: int) -> None:

@@ -224,7 +224,7 @@ def run_score(spec: ScoreSpec) -> Scored:
     if spec.z_sample == 1 or spec.z_sample < 0:
         raise UsageError(f"--z_sample={spec.z_sample}: give 0 (no z-scores) or at least 2 tokens (an SD needs 2).")
     config, tokenizer = job_config_and_tokenizer(o)  # the kind of model and each prompt's room, before the weights
-    require_reward_model(config, o.model, "text scoring")
+    require_reward_model(config, o.model, "text scoring", o.output_column)
     for text in spec.prompts.values():  # a response past the context too (as scoring would, after loading)
         Conversations(tokenizer, text, o.template, False, config.max_position_embeddings).check_fit(
             texts, config.max_position_embeddings)

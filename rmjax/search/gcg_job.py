@@ -102,7 +102,7 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
         raise UsageError(f"--model names {repeated[0]} more than once; give each model once.")
     read = [config_and_tokenizer(s) for s in specs]  # before any weight loads: the kind of model, the vocabulary
     for s, (config, _) in zip(specs, read, strict=True):
-        require_reward_model(config, s, "GCG")
+        require_reward_model(config, s, "GCG", o.output_column)
     check_one_vocabulary([tokenizer for _, tokenizer in read], specs)
     fps = [job_fingerprint(o, s) for s in specs]
     if spec.lm:
