@@ -333,6 +333,20 @@ def test_best_and_worst_of_beam_and_gcg_results(tmp_path):
                         {"p": np.arange(3.0)})
     results.write_meta(pessimal, kind="beam")
     assert best_and_worst(pessimal, "p", 1) == [(4, 4), (7, 8)]
+    # a NaN reward (a sweep or beam written with --allow_nonfinite) sorted last: it was inspected as the worst
+    from rmjax.runs import finiteness
+
+    nan_beam, sweep = tmp_path / "nan_beam.csv", tmp_path / "sweep.csv"
+    with finiteness.nonfinite_allowed(True, has_flag=True):
+        results.write_table(nan_beam, {"depth": [1] * 4, "direction": ["optimal"] * 2 + ["pessimal"] * 2,
+                                       "rank": [1, 2, 1, 2], "ids": ["1", "2", "3", "4"], "tokens": ["[]"] * 4,
+                                       "decoded": ['""'] * 4}, {"p": np.asarray([2.0, 1.0, -1.0, np.nan])})
+        results.write_scores_csv(sweep, np.arange(5), list("abcde"), list("abcde"),
+                                 {"p": np.asarray([0.5, np.nan, 2.0, -1.0, 1.0])})
+    results.write_meta(nan_beam, kind="beam")
+    assert best_and_worst(nan_beam, "p", 1) == [(1,), (3,)]
+    results.write_meta(sweep, kind="sweep")
+    assert job.best_and_worst(sweep, "p", 2, flag="--from_sweep") == [(2,), (4,), (0,), (3,)]
     gcg = tmp_path / "gcg.json"
     gcg.write_text('{"buffer": [{"ids": [3, 4], "reward": 1.0}, {"ids": [5, 6], "reward": 0.5}]}')
     results.write_meta(gcg, kind="gcg")

@@ -154,6 +154,8 @@ def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None, m
         # by this prompt's own reward (a beam over several prompts ranks by their mean: its rank 1 was not this
         # prompt's best), the beam's rank breaking ties; the worst last
         keys = [prompt_name, "rank"] if prompt_name in level.columns else ["rank"]
+        if prompt_name in level.columns:  # a NaN (--allow_nonfinite) sorted last: it was taken as the worst
+            level = level[np.isfinite(level[prompt_name].to_numpy(np.float64))]
         best = level[level.direction == "optimal"].sort_values(keys, ascending=[False, True][-len(keys):],
                                                                kind="stable")
         worst = level[level.direction == "pessimal"].sort_values(keys, ascending=[False, False][-len(keys):],
@@ -169,6 +171,7 @@ def _best_and_worst(path: Path, prompt_name: str, top: int, depth: int | None, m
     df = results.read_scores_csv(path)
     if prompt_name not in df.columns:
         raise UsageError(f"{path} has no column for prompt {prompt_name!r} (it has {results.value_columns(df)}).")
+    df = df[np.isfinite(df[prompt_name].to_numpy(np.float64))]  # as the sweep's summary: a NaN is no worst token
     order = df.sort_values(prompt_name, ascending=False, kind="stable").token_id.tolist()
     return _enough([(int(t),) for t in order], top, path, f"its {len(order)} tokens")
 
