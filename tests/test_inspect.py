@@ -395,6 +395,14 @@ def test_nonfinite_weights_stop_inspect_before_writing(rm_folder, tmp_path):
     with pytest.raises(NonFiniteError, match="non-finite values in the reward lens.*score.kernel"):
         write_inspect(model, "What is best?", items, tmp_path / "out", steps=2)
     assert not (tmp_path / "out" / "reward_lens.csv").exists()
+    # a NaN in the second response's own token: the diagnosis was of the first response (finite), which ended in
+    # "nowhere in a full forward ... please report it"
+    model = load(str(rm_folder))
+    token = next(t for t in items[1].ids if t not in items[0].ids)
+    table = nn.get(model.params, "embed.embedding")
+    model.params = nn.replace(model.params, model.config, **{"embed.embedding": table.at[token].set(float("nan"))})
+    with pytest.raises(NonFiniteError, match=f"first: 'war'.*the embedding row of token {token}"):
+        write_inspect(model, "What is best?", items, tmp_path / "out", steps=2)
 
 
 def test_text_responses_mark_only_their_own_tokens(rm_folder):

@@ -354,8 +354,14 @@ def _check_finite(model: Model, items, lens, curves, attributions, patched, allo
     if bad and allow:
         return bad
     if bad:
-        where = finite.diagnose(model, list(items[0].ids))
-        raise NonFiniteError(f"non-finite values in the {', '.join(bad)} of {[i.label for i in items]}{where}. "
+        def whole(b: int) -> bool:  # the response's own values (it diagnosed the first response, finite or not)
+            return all(np.isfinite(v).all() for v in (lens.lens[:, b], lens.attention[:, b], lens.mlp[:, b],
+                                                      curves[b], attributions[b].grad_x_input,
+                                                      attributions[b].integrated_gradients))
+        first = next((b for b in range(len(items)) if not whole(b)), 0)
+        where = finite.diagnose(model, list(items[first].ids))
+        raise NonFiniteError(f"non-finite values in the {', '.join(bad)} of {[i.label for i in items]} (first: "
+                             f"{items[first].label!r}){where}. "
                              f"Nothing was written: fix the model or the input, or {finite.ALLOW_HINT}.")
     return None
 
