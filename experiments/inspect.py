@@ -86,7 +86,10 @@ def main(argv):
                                                         strict=True):
             print(f"{label!r}: reward {reward:+.4f}, direct contributions explain {100 * explained:.1f}%, "
                   f"IG completeness gap {100 * gap:.2f}% ({evals} gradient evaluations)")
-        print(f"wrote {', '.join(inspect_job.FILES)} and {inspect_job.FILES[0]}.meta.json to {OUT.value}")
+        there = [name for name in inspect_job.FILES if (Path(OUT.value) / name).is_file()]
+        missing = [name for name in inspect_job.FILES if name not in there]  # a reused result's deleted figure
+        print(f"wrote {', '.join(there)} and {inspect_job.FILES[0]}.meta.json to {OUT.value}"
+              + (f" ({', '.join(missing)} missing: rerun with --overwrite to write it again)" if missing else ""))
         if summary.get("patching") is None:  # its CSV is a header alone: said here, not only in .meta.json
             print(f"no activation patching (patching.csv holds no rows): "
                   f"{summary.get('patching_skipped') or 'it needs two responses'}.")

@@ -256,11 +256,17 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
         rows = tokens[tokens.response == model.tokenizer.decode([token])]
         assert rows[rows.in_response == 1].token_id.tolist() == [token]
         assert rows.position.max() == len(split.ids_with([token])) - 1  # every position listed
-    prompts, responses = cli.run_each(  # in one interpreter (tests.cli.run_each)
+    (out / "lens.png").unlink()  # reused without it: the closing line said it wrote lens.png
+    prompts, responses, reused = cli.run_each(  # in one interpreter (tests.cli.run_each)
         ("inspect", f"--model={rm_folder}", "--prompts=greatest,worst", "--responses=a", f"--out={tmp_path / 'x'}"),
-        ("inspect", f"--model={rm_folder}", f"--out={tmp_path / 'x'}"))
+        ("inspect", f"--model={rm_folder}", f"--out={tmp_path / 'x'}"),
+        ("inspect", f"--model={rm_folder}", "--prompts=greatest", f"--from_sweep={scores}", "--top=1", "--steps=8",
+         "--ig_tolerance=0", "--ig_max_evaluations=9", f"--out={out}"))
     cli.user_error(prompts, "one prompt")
     cli.user_error(responses, "--responses")
+    said = cli.ok(reused).stdout
+    assert "wrote reward_lens.csv, token_rewards.csv, attribution.csv, patching.csv, attribution.png" in said
+    assert "(lens.png missing: rerun with --overwrite" in said
 
 
 def test_mesh_and_bfloat16_run_the_same_reads(rm_folder):
