@@ -19,6 +19,14 @@ from rmjax.errors import RmjaxError, one_line
 
 def flag_error(argv: list[str]) -> str | None:
     """Why a job would refuse this command line before it starts (None: it would not); `argv[0]` is the program."""
+    for word in argv[1:]:  # a byte that is not UTF-8 reaches Python as a lone surrogate: a tokenizer TypeError later
+        try:
+            word.encode("utf-8")
+        except UnicodeEncodeError as bad:
+            raw = word.encode("utf-8", "surrogateescape")
+            shown = raw.decode("utf-8", "backslashreplace")
+            return (f"{shown[:60]}: {word[bad.start:].encode('utf-8', 'surrogateescape')[:1]!r} is not UTF-8 text; "
+                    "give it in UTF-8 (a terminal or script in another encoding, e.g. Latin-1, passes other bytes)")
     try:
         rest = flags.FLAGS(argv)
     except flags.Error as error:

@@ -81,6 +81,14 @@ def test_score_entry_point(tmp_path):
         ref = float(np.asarray(M.rewards(model.params, model.config, ids, np.ones_like(ids, bool)))[0, 0])
         assert abs(got - ref) <= tolerance.rewards_atol(model.params, model.config, ids)
     assert results.meta_path(out).is_file()
+    # a Latin-1 byte on the command line reached the tokenizer as a lone surrogate: a TypeError traceback after the
+    # output was claimed and the weights read (score, inspect --responses, logprobs --prompt alike)
+    latin = tmp_path / "latin.csv"
+    proc = subprocess.run([sys.executable, "-m", "experiments.score", f"--model={folder}".encode(),
+                           b"--texts=caf\xe9,love", f"--out={latin}".encode()], cwd=REPO, capture_output=True)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "error: --texts=caf\\xe9,love: b'\\xe9' is not UTF-8 text" in err, err[-2000:]
+    assert "Traceback" not in err and not latin.exists()
 
 
 def test_sweep_plans_memory_before_loading_weights(tmp_path):
