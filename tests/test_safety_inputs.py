@@ -195,6 +195,8 @@ BAD_OTHER_FLAGS = [
     # NaN refined every response to the cap, then failed to write; a cap below the first grid was passed silently
     ("inspect", ["--ig_tolerance=nan", "--responses=a"], ["--ig_tolerance=nan", "finite"]),
     ("inspect", ["--steps=40", "--ig_max_evaluations=8", "--responses=a"], ["--ig_max_evaluations=8", "41 points"]),
+    # an odd --steps rounds up to whole Simpson panels: --steps=3 spent 5 evaluations of a cap of 4
+    ("inspect", ["--steps=3", "--ig_max_evaluations=4", "--responses=a"], ["--ig_max_evaluations=4", "5 points"]),
     # four words fill no step of 128 (as four --token_ids were refused)
     ("gcg", ["--vocab_file={dir}/words.txt", "--search_width=128", "--num_tokens=2", "--out={dir}/g2.json"],
      ["--search_width=128", "distinct candidates"]),

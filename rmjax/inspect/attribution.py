@@ -194,6 +194,11 @@ class PathIntegral:
         return float(self.values[-1])
 
 
+def first_points(steps: int) -> int:
+    """The path's first grid: ceil(steps / 2) Simpson panels (at least one), so an odd --steps takes steps + 2."""
+    return 2 * max(1, -(-steps // 2)) + 1
+
+
 def integrate_path(evaluate, *, steps: int, tolerance: float, max_evaluations: int, per_round: int,
                    history: list | None = None) -> PathIntegral:
     """∫₀¹ f'(α) dα by parts, where evaluate(alphas: list[float]) -> (f [n], f' by part [n, P]) (f' summed over the
@@ -205,7 +210,7 @@ def integrate_path(evaluate, *, steps: int, tolerance: float, max_evaluations: i
     it is ~0.003 per node, so Σ|e| over thousands of fine panels would only measure that), while an unresolved
     feature in one starting panel cannot hide behind an opposite one in another.
     `history` (a list) gets (nodes, |Σe| / |Δ|, Σ_g |Σ_g e| / |Δ|) after each round."""
-    n = max(1, -(-steps // 2))
+    n = (first_points(steps) - 1) // 2
     grid = [i / (2 * n) for i in range(2 * n + 1)]
     nodes: dict[float, tuple[float, np.ndarray]] = {}  # α -> (f, f' by part)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import NonFiniteError, UsageError
-from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute, check_batch_size
+from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute, check_batch_size, first_points
 from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
@@ -244,10 +244,11 @@ def run_inspect(spec: InspectSpec) -> dict:
     check_batch_size(spec.batch_size)  # what its plan refuses, refused before anything loads
     if not math.isfinite(spec.tolerance) or spec.tolerance < 0:  # NaN refined to the cap, then failed to write
         raise UsageError(f"--ig_tolerance={spec.tolerance}: give a finite number >= 0 (a relative gap).")
-    if spec.max_evaluations < spec.steps + 1:  # the path's first grid alone takes steps + 1
+    first = first_points(spec.steps)  # the path's first grid, all evaluated (an odd --steps rounds up a panel)
+    if spec.max_evaluations < first:  # it checked steps + 1: --steps=3 spent 5 of --ig_max_evaluations=4
         raise UsageError(f"--ig_max_evaluations={spec.max_evaluations} is fewer than the --steps={spec.steps} path's "
-                         f"{spec.steps + 1} points, which are all evaluated; give --ig_max_evaluations >= "
-                         f"{spec.steps + 1} or fewer --steps.")
+                         f"{first} points, which are all evaluated; give --ig_max_evaluations >= {first} or fewer "
+                         "--steps.")
     config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
     require_reward_model(config, o.model, "inspect", o.output_column)
     # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads
