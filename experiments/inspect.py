@@ -52,7 +52,8 @@ def check_flags() -> None:
 
     prompts = common.checked_prompts()
     if prompts is not None and len(prompts) != 1:
-        raise UsageError(f"inspect takes one prompt; got {len(prompts)} ({', '.join(prompts)}).")
+        alone = " (--prompts defaults to greatest: pass --prompts= with --prompt)" if common.PROMPT.value else ""
+        raise UsageError(f"inspect takes one prompt; got {len(prompts)} ({', '.join(prompts)}){alone}.")
     if len(_responses_given()) != 1:
         raise UsageError("give the responses one way: --responses, --from_sweep or --from_beam.")
     if RESPONSES.value:
