@@ -125,7 +125,7 @@ def test_a_text_past_the_context_is_refused_before_the_weights_load(rm_folder, t
         for out in (None, tmp_path / "t.csv"):
             inproc.refused(lambda out=out: run_score(ScoreSpec(options(out), {"greatest": PROMPT}, ("Love", long),
                                                                z_sample=0)),
-                           "response 'word word", "more than the model's context of 512")
+                           "response 'word word", "more than the model's context of 512", "score a shorter response")
     assert not list(tmp_path.iterdir())
     scored = run_score(ScoreSpec(options(None), {"greatest": PROMPT}, ("Love", fits), z_sample=0))
     assert np.isfinite(scored.scores["greatest"]).all() and len(scored.scores["greatest"]) == 2

@@ -227,7 +227,7 @@ def run_score(spec: ScoreSpec) -> Scored:
     require_reward_model(config, o.model, "text scoring", o.output_column)
     for text in spec.prompts.values():  # a response past the context too (as scoring would, after loading)
         Conversations(tokenizer, text, o.template, False, config.max_position_embeddings).check_fit(
-            texts, config.max_position_embeddings)
+            texts, config.max_position_embeddings, "; score a shorter response (or leave it out)")
     if o.out is None:
         model = load_for_job(o)
         scores, _ = _scored(model, spec.prompts, texts, o.template, spec.batch_size, False, o.allow_nonfinite)

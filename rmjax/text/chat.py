@@ -293,7 +293,7 @@ class Conversations:
         texts = [self.conversation(r) for r in responses]
         return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
 
-    def check_fit(self, responses: list[str], max_positions: int) -> None:
+    def check_fit(self, responses: list[str], max_positions: int, fix: str = "") -> None:
         """Refuse a response whose conversation is past `max_positions`, from the tokenizer alone (before the
         weights load), tokenizing only the responses that may not fit: every token covers at least one byte of its
         text (a special token many), and a tokenizer adds at most a dummy-prefix token, a BOS and an EOS, so a
@@ -305,7 +305,7 @@ class Conversations:
         room = max_positions - fixed - 3
         long = [r for r in responses if len(r.encode("utf-8", "surrogatepass")) > room]
         for response, ids in zip(long, self.token_ids(long) if long else [], strict=True):
-            check_response_fits(response, len(ids), max_positions)
+            check_response_fits(response, len(ids), max_positions, fix)
 
     def response_ids(self, responses: list[str]) -> list[list[int] | None]:
         """Each response's own tokens in its conversation, between the template's prefix and suffix; None where the
