@@ -26,7 +26,7 @@ from rmjax.search.objective import Objective, Prior
 from rmjax.search.sides import ImplicitSide, Side, SideSpec
 from rmjax.text import prompts
 from rmjax.text.chat import Conversations
-from tests import tiny, tolerance
+from tests import cli, tiny, tolerance
 from tests.inproc import no_weights_read, refused
 from tests.test_frontier import _Ledger
 
@@ -470,6 +470,34 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
     implicit = f"implicit:{lm_folder}:{lm2_folder}"
     refused(lambda: run_disagree(_spec(implicit, rm_folder, out, lm_folder)), "side A", "reward model")
     refused(lambda: run_disagree(_spec(rm_folder, rm_folder, out, lm_folder)), "does not disagree with itself")
+    # one model spelled twice (rm and rm/): loaded twice, a map of gaps 0 and tau 1
+    refused(lambda: run_disagree(_spec(rm_folder, f"{rm_folder}/", out, lm_folder)), "does not disagree with itself")
+    refused(lambda: run_disagree(_spec(rm_folder, f"implicit:{lm_folder}:{lm_folder}/../{lm_folder.name}", out,
+                                       lm_folder)), "the same model")
+    # an --output_column a side lacks: with --overwrite the earlier result was deleted before the weights said so
+    def column(model, n, lm=lm_folder):
+        return dataclasses.replace(_spec(model, lower_rm, out, lm), options=RunOptions(
+            model=str(model), out=str(out), output_column=n, overwrite=True))
+
+    refused(lambda: run_disagree(column(rm_folder, 3)), "--output_column=3", "has 1 reward outputs")
+    two = cli.copy_folder(rm_folder, tmp_path / "two")
+    config = json.loads((two / "config.json").read_text())
+    (two / "config.json").write_text(json.dumps({**config, "num_labels": 2, "id2label": {"0": "a", "1": "b"}}))
+    # side A as --lm too is loaded once, as an LM: its rewards read column 0 under an identity that said 1
+    refused(lambda: run_disagree(column(two, 1, lm=two)), "--output_column=1", "also read as a language model")
+    # the map's shared strings follow --allow_non_ascii on both sides (side B's filter was fixed off: the flag was
+    # recorded and changed nothing)
+    from types import SimpleNamespace
+
+    from rmjax.loading import config_and_tokenizer
+    from rmjax.search.gcg_swaps import disallowed_ids
+
+    tok = config_and_tokenizer(str(rm_folder))[1]
+    side = SimpleNamespace(tokenizer=tok, vocab=len(tok))
+    for allow in (False, True):
+        ready = SimpleNamespace(side_a=side, side_b=side, banned=disallowed_ids(tok, len(tok), False, allow))
+        shared = disagree_job._shared(ready, DisagreeConfig(allow_non_ascii=allow))
+        assert any(not text.isascii() for text in shared.text) == allow
     refused(lambda: run_disagree(_spec(rm_folder, "implicit:onlyone", out, lm_folder)), "implicit:CHOSEN_LM")
     refused(lambda: run_disagree(_spec(rm_folder, implicit, out, lm_folder, forwards=3, b_gradient=False)),
             "--forwards=3")

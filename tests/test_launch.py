@@ -479,6 +479,8 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
              ("experiments.gcg --selection=greedy --seed=3", "--seed: gcg --selection=greedy"),
              ("experiments.inspect --prompts=greatest,best --responses=a", "inspect takes one prompt; got 2"),
              ("experiments.inspect --prompt=mine=Hi? --responses=a", "pass --prompts= with --prompt"),
+             ("experiments.disagree --models=a,b --nosearch --vocab_map --lm=x --forwards=9 --out=results/d",
+              "--lm: disagree --nosearch runs only the vocabulary map, which does not read it"),
              ("experiments.train_rm --elo=builtin --last_k=3 --head_out=results/h", "--last_k applies to"),
              ("experiments.train_rm --elo=builtin --trainable=full --feature_batch_size=7 --head_out=results/h",
               "--feature_batch_size applies to --trainable=head"),

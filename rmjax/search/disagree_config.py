@@ -13,7 +13,7 @@ from rmjax.errors import UsageError
 from rmjax.runs.options import RunOptions
 from rmjax.search.fluent import FluentConfig
 from rmjax.search.frontier_job import Z_SAMPLE
-from rmjax.search.sides import SideSpec
+from rmjax.search.sides import SideSpec, same_model
 
 DIRECTIONS = ("a_over_b", "b_over_a")
 METHODS = ("search", "best_of_n")
@@ -119,6 +119,7 @@ def parse_sides(models: tuple[str, ...] | list[str]) -> tuple[SideSpec, SideSpec
     if a.implicit:
         raise UsageError(f"--models={','.join(models)}: side A searches by its reward gradient and must be a reward "
                          "model; put the implicit side second (--direction=b_over_a searches the other way).")
-    if a.text == b.text:
+    if same_model(a.text, b.text):  # rm and rm/ (or ./rm) are one model: a map of gaps 0, tau 1
         raise UsageError(f"--models: both sides are {a.text}; a model does not disagree with itself.")
     return a, b
+

@@ -29,7 +29,7 @@ from rmjax.search.baseline import best_of_n, distinct_samples
 from rmjax.search.budget import BudgetSpent, Forwards
 from rmjax.search.completion import require_prior_config, same_tokenizer
 from rmjax.search.disagree import Disagreement, map_rewards, shared_strings, twin_map, vocab_map
-from rmjax.search.disagree_config import DisagreeSpec, parse_sides
+from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec, parse_sides
 from rmjax.search.fluent import fluent_search
 from rmjax.search.frontier_job import BEST_OF_N, default_judge, left_out, search_rows
 from rmjax.search.gcg import make_target
@@ -48,13 +48,19 @@ def folder_paths(folder: str | Path) -> dict[str, Path]:
 def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> str:
     """Every model's config read before any weight: side A (and B's RM) a reward model, the LMs with LM heads;
     the judge's spec."""
-    rm_config = config_of(a.models[0])
-    require_reward_model(rm_config, a.models[0], "the disagreement search's side A")
+    rm_config, column = config_of(a.models[0]), spec.options.output_column
+    require_reward_model(rm_config, a.models[0], "the disagreement search's side A", column)
+    lms = set(b.models if b.implicit else ()) | ({spec.lm} if spec.lm else set())
+    read_as_lm = [m for m in (a.models[0], *([] if b.implicit else b.models)) if m in lms]
+    if column and read_as_lm:  # one model loaded once: as an LM it read column 0, and its rewards did too
+        raise UsageError(f"--output_column={column} reads {read_as_lm[0]}'s reward output {column}, and it is also "
+                         "read as a language model here (--lm or an implicit side), which loads it without one; "
+                         "give --lm another model, or drop --output_column.")
     if b.implicit:
         for name, source in zip(("CHOSEN", "REFERENCE"), b.models, strict=True):
             require_prior_config(config_of(source), source, f"--models implicit {name}")
     else:
-        require_reward_model(config_of(b.models[0]), b.models[0], "side B")
+        require_reward_model(config_of(b.models[0]), b.models[0], "side B", column)
     if b.implicit and spec.config.b_gradient:
         raise UsageError(f"--b_gradient takes side B's reward gradient, and side B ({b.text}) is an implicit reward, "
                          "which gives none; drop --b_gradient.")
@@ -121,7 +127,7 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
         ready = {name: _prepare(spec, models, a, b, rm, lm, name, text) for name, text in spec.prompts.items()}
         first = next(iter(ready.values()))
         twins = cfg.search and cfg.b_gradient and first.side_b.gradient_each > 0
-        shared = _shared(first) if cfg.vocab_map or twins else None  # alike for every prompt
+        shared = _shared(first, cfg) if cfg.vocab_map or twins else None  # alike for every prompt
         for p in ready.values():
             p.token_map = twin_map(shared, rm.config.vocab_size) if twins else None
         clock("prepare")
@@ -201,9 +207,11 @@ def _partner(p: Ready, allow: bool) -> Disagreement:
     return Disagreement(p.target.model.tokenizer, p.end, p.z_a, p.side_b, p.z_b, allow, p.plain, p.token_map)
 
 
-def _shared(p: Ready):
-    """The strings both vocabularies read as one allowed token (B's own exclusion rule too)."""
-    banned_b = disallowed_ids(p.side_b.tokenizer, p.side_b.vocab, allow_special=False, allow_non_ascii=False)
+def _shared(p: Ready, cfg: DisagreeConfig):
+    """The strings both vocabularies read as one allowed token, each side by the job's --allow_special and
+    --allow_non_ascii (B's were fixed off: the flags, recorded, changed nothing in the map)."""
+    banned_b = disallowed_ids(p.side_b.tokenizer, p.side_b.vocab, allow_special=cfg.allow_special,
+                              allow_non_ascii=cfg.allow_non_ascii)
     return shared_strings(p.side_a, p.side_b, p.banned, banned_b)
 
 

@@ -12,6 +12,7 @@ its own tokenization of the text; the end of turn is left out, so a one-token re
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -49,7 +50,7 @@ class SideSpec:
         if len(parts) != 2 or not all(parts):
             raise UsageError(f"--models side {text!r}: an implicit side is implicit:CHOSEN_LM:REFERENCE_LM (two causal "
                              "LMs, the chosen one's log-prob minus the reference's).")
-        if parts[0] == parts[1]:  # its reward is 0 for every text: z_B a constant, the search A's alone
+        if same_model(*parts):  # its reward is 0 for every text: z_B a constant, the search A's alone
             raise UsageError(f"--models side {text!r}: the chosen and the reference LM are the same model, so its "
                              "reward is 0 for every text; give two different LMs.")
         return cls(text, tuple(parts))
@@ -200,3 +201,11 @@ def make_side(spec: SideSpec, models: dict[str, Model], prompt: str, template: s
     if spec.implicit:
         return ImplicitSide(spec, models[spec.models[0]], models[spec.models[1]], prompt, template)
     return RewardSide(spec, models[spec.models[0]], prompt, template)
+
+
+def same_model(a: str, b: str) -> bool:
+    """Two specs naming one model: a path however it is spelled (a trailing slash, ./, ..), else the same text."""
+    def where(spec: str) -> str:
+        return os.path.realpath(spec) if os.path.exists(spec) else spec
+
+    return where(a) == where(b)
