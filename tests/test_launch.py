@@ -484,6 +484,9 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
              ("experiments.train_rm --elo=builtin --last_k=3 --head_out=results/h", "--last_k applies to"),
              ("experiments.train_rm --elo=builtin --trainable=full --feature_batch_size=7 --head_out=results/h",
               "--feature_batch_size applies to --trainable=head"),
+             # the head alone of a run that trained backbone layers scores other numbers on the base model
+             ("experiments.train_rm --elo=builtin --trainable=last_k --head_out=results/h",
+              "--head_out writes the score head alone, and --trainable=last_k"),
              ("experiments.score --texts=a --overwrite", "--overwrite: score without --out"),
              ("experiments.analyze --elo=builtin --rbo_p=0.5", "--rbo_p applies to --scores"),
              ("experiments.audit --batteries=colour --out=results/a", "--batteries: colour unknown"),
