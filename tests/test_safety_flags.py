@@ -313,3 +313,7 @@ def test_pairs_and_ratings_read_as_written_or_refused(tmp_path):
             read=lambda p: elo_pairs(p, 4, 4))
     refused("name,elo_score\na,1000\nb,1500\nc,900\n", ".csv", "each side needs at least 2 items",
             read=lambda p: elo_pairs(p, 4, 4))
+    # a trailing comma on every row: pandas took name as the index, items named by their scores (a fault hunt)
+    refused("name,elo_score,elo_matches\na,1000,3,\nb,1500,4,\n", ".csv", "row 1 has 4 fields where the header has 3",
+            read=lambda p: elo_pairs(p, 4, 4))
+    refused("name,elo_score,elo_score\na,1000,3\nb,1500,4\n", ".csv", "elo_score", read=lambda p: elo_pairs(p, 4, 4))

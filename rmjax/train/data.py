@@ -232,6 +232,7 @@ def read_elo_items(path: str | Path) -> pd.DataFrame:
     path = elo_csv(path)
     if not path.is_file():
         raise MissingFileError(f"EloEverything file {path} not found (--elo=builtin reads the shipped one).")
+    _refuse_repeated_columns(path)  # a trailing comma shifted every item (named by its score), as in a pairs file
     try:
         df = pd.read_csv(path, keep_default_na=False, dtype={"name": str})
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
