@@ -283,3 +283,23 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
         row = np.asarray([row], np.int32)
         assert got[k] == pytest.approx(ref(row, np.ones_like(row, bool))[0, 0],
                                        abs=tolerance.rewards_atol(model.params, model.config, row))
+
+
+def test_train_rm_refuses_a_gated_base_before_any_weight(built, tmp_path, monkeypatch):
+    """A fault hunt: train_rm on an ArmoRM kept its gating tensors beside the new head; the export held no
+    score.weight (transformers scored it with a random head) and rmjax refused it; --trainable=full crashed."""
+    from tests import inproc
+
+    _, folder = built("armo")
+    base = tmp_path / "armo"
+    shutil.copytree(folder, base)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tiny.smollm2_tokenizer_folder() / name).is_file():
+            shutil.copy(tiny.smollm2_tokenizer_folder() / name, base / name)
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i}?,good {i},bad {i}\n" for i in range(8)))
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(lambda: inproc.train_rm(base, pairs=pairs, workdir=tmp_path / "w", steps=2, batch_size=2,
+                                               warmup_steps=1), "has a gated reward head", "give its base LM")
+    assert not (tmp_path / "w").exists()

@@ -187,7 +187,11 @@ def run_training(
     check_heldout(heldout)
     check_batch_on_mesh(cfg, mesh)
     check_sharding_settings(cfg, mesh)
-    check_last_k(cfg, config_of(lm_spec), lm_spec)  # before any output is claimed or weight read
+    base = config_of(lm_spec)
+    check_last_k(cfg, base, lm_spec)  # before any output is claimed or weight read
+    if base.head is not None:  # its gating tensors stayed beside the new head: an export no loader reads right
+        raise UsageError(f"--model={lm_spec} has a gated reward head ({base.architecture}); train_rm puts a new "
+                         "one-output score head on a causal LM or a plain reward model: give its base LM.")
     check_context(lm_spec, (train, heldout), cfg.template)
     if head_out:
         refuse_folder_name(head_out, "--head_out")  # Path() below drops a trailing '/': a file `dir` was written
