@@ -306,6 +306,9 @@ def test_pairs_and_ratings_read_as_written_or_refused(tmp_path):
     good.write_text(header + 'p1,"a, with a comma",b\np2,"two\nlines",d\n')
     pairs = read_pairs(good)
     assert (pairs.prompt, pairs.chosen, pairs.rejected) == (["p1", "p2"], ["a, with a comma", "two\nlines"], ["b", "d"])
+    blank = tmp_path / "blank.csv"  # a blank first line, which pandas skips: refused as "a header of 0 fields"
+    blank.write_text("\n" + header + "p1,a,b\n")
+    assert (read_pairs(blank).prompt, read_pairs(blank).chosen) == (["p1"], ["a"])
     long = tmp_path / "long.csv"  # a field past csv's default 128 KiB, and a whitespace-only line pandas skips
     long.write_text(header + f"p1,{'x' * 200_000},b\n   \np2,c,d\n")
     assert read_pairs(long).chosen == ["x" * 200_000, "c"]

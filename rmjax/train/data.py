@@ -106,7 +106,7 @@ def _refuse_repeated_columns(path: Path) -> None:
     try:
         with open(path, encoding="utf-8", newline="") as f:
             rows = csv.reader(f)
-            header = next(rows, [])
+            header = next((row for row in rows if row), [])  # pandas skips blank lines before the header too
             twice = sorted({name for name in header if header.count(name) > 1})
             if twice:
                 raise InputFileError(f"{path}: the header names column {', '.join(twice)} more than once; keep one.")
@@ -116,7 +116,7 @@ def _refuse_repeated_columns(path: Path) -> None:
                                          f"{len(header)} ({', '.join(header)}); a trailing or missing comma shifts "
                                          "every value.")
     except csv.Error as error:
-        raise InputFileError(f"{path}: cannot be read as preference pairs ({error}).") from None
+        raise InputFileError(f"{path}: cannot be read as a CSV table ({error}).") from None
     finally:
         csv.field_size_limit(limit)
 
