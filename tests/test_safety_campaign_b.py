@@ -80,7 +80,8 @@ def test_texts_file_lines_end_at_newlines_only(rm_folder, tmp_path):
 
 
 def test_train_rm_outputs_that_name_one_file_are_refused(lm_folder, tmp_path, monkeypatch):
-    """--head_out=x.json: the recipe (x.json) replaced the head, leaving no weights, exit 0; --head_out=WORKDIR/run
+    """--head_out=x.json: the recipe (x.json) replaced the head, leaving no weights, exit 0 (its recipe is now
+    x.json.json); --head_out=WORKDIR/run
     wrote its recipe over the workdir's run.json, and --export=E --head_out=E/rmjax_training over the export's
     record. Now refused before the model loads (run_training's claims, in-process as train_rm calls it)."""
     pairs = tmp_path / "pairs.csv"
@@ -95,8 +96,6 @@ def test_train_rm_outputs_that_name_one_file_are_refused(lm_folder, tmp_path, mo
 
     with monkeypatch.context() as patch:
         inproc.no_weights_read(patch)
-        inproc.refused(lambda: train_rm(head_out=tmp_path / "head.json"), "--head_out=", "head.json",
-                       "two of its files")
         inproc.refused(lambda: train_rm(head_out=work / "run"), "run.json", f"--workdir={work}")
         inproc.refused(lambda: train_rm(export=export, head_out=export / "rmjax_training"), "rmjax_training.json",
                        f"--export={export}")
@@ -107,6 +106,13 @@ def test_train_rm_outputs_that_name_one_file_are_refused(lm_folder, tmp_path, mo
     assert json.loads(head.with_suffix(".json").read_text())["files"]["head.safetensors"]["bytes"] == \
         head.stat().st_size
     assert json.loads((work / "run.json").read_text())["identity"]["job"] == "train_rm"
+    # the recipe beside a head named head.v1 was head.json, shared with head.v2 (and replaced by its --overwrite);
+    # a head named head.json no longer has its recipe written over it (head.json.json)
+    from rmjax.train.recipe import head_recipe_path
+
+    names = ("head.v1", "head.v2", "head.json", "h", "h.safetensors")
+    assert [head_recipe_path(tmp_path / name).name for name in names] == \
+        ["head.v1.json", "head.v2.json", "head.json.json", "h.json", "h.json"]
 
 
 def test_analyze_with_a_constant_model_skips_its_mds_in_one_line(tmp_path):

@@ -155,6 +155,13 @@ def _refuse_trained_heldout(train: Pairs, heldout: Pairs, rendered: dict[tuple[s
                          "held-out accuracy on pairs trained on measures memory: hold out pairs not trained on.")
 
 
+def head_recipe_path(head_out: Path) -> Path:
+    """The recipe JSON beside a --head_out file: X.safetensors -> X.json (the builtin heads'); another name keeps
+    it whole (head.v1 -> head.v1.json), so head.v1 and head.v2 never share one recipe."""
+    return head_out.with_suffix(".json") if head_out.suffix == ".safetensors" else \
+        head_out.with_name(head_out.name + ".json")
+
+
 def default_workdir(lm_spec: str, identity: dict, root: str | Path = "runs/train_rm") -> Path:
     """One folder per run (base model, data and settings), so two runs never share checkpoints."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(lm_spec.rstrip("/")).name).strip("-") or "model"
@@ -199,7 +206,7 @@ def run_training(
     workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
     print(f"workdir: {workdir}", file=sys.stderr)
     export, head_out = (Path(p) if p else None for p in (export, head_out))
-    head_files = [head_out, head_out.with_suffix(".json")] if head_out else []
+    head_files = [head_out, head_recipe_path(head_out)] if head_out else []
     outputs = [workdir_output(workdir, identity, overwrite, beside=[*([export] if export else []), *head_files])]
     def fix(path: Path) -> str | None:  # --overwrite would train again: the workdir is reused or resumed without it
         if (workdir / "summary.json").is_file():
@@ -262,7 +269,7 @@ def run_training(
                 head_out.parent.mkdir(parents=True, exist_ok=True)
                 save_file({"score.weight": head.T.copy()}, head_out)
                 dump_json({**summary, "written_at": now, "files": {head_out.name: results.file_record(head_out)}},
-                          head_out.with_suffix(".json"))
+                          head_recipe_path(head_out))
             if done is None:
                 dump_json({**summary, "environment": results.environment(), "written_at": now},
                           workdir / "summary.json")
