@@ -42,8 +42,6 @@ def check_flags() -> None:
 
     common.refuse_given("disagree", ("model",), "takes its two sides from --models (side A first)")
     if not flags.FLAGS["search"].value:  # read by the search alone: given, they were recorded and ignored
-        import dataclasses
-
         search_only = ("lm", "judge", "forwards", "lam", "repetition_penalty", "top", "front_rows", "methods",
                        *(f.name for f in dataclasses.fields(FluentConfig) if f.name in flags.FLAGS))
         common.refuse_given("disagree --nosearch", search_only, "runs only the vocabulary map, which does not read it")

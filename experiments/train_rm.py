@@ -64,10 +64,9 @@ def check_flags() -> None:
     if cfg_flags["last_k"].present and cfg_flags["trainable"].value != "last_k":
         raise UsageError(f"--last_k applies to --trainable=last_k (this run trains {cfg_flags['trainable'].value}); "
                          "leave --last_k out.")
-    if HEAD_OUT.value and cfg_flags["trainable"].value != "head":  # the head alone, on a backbone no file holds
-        raise UsageError(f"--head_out writes the score head alone, and --trainable={cfg_flags['trainable'].value} "
-                         "trains backbone layers too, which it would not write (on the base model the head scores "
-                         "other numbers); use --export=DIR for the whole model.")
+    from rmjax.train.recipe import check_head_out
+
+    check_head_out(HEAD_OUT.value, cfg_flags["trainable"].value)
     if PAIRS.value:
         common.refuse_given("train_rm --pairs", ("n_train", "n_heldout", "soft"), "trains on the pairs given "
                             "(--n_train, --n_heldout and --soft build pairs from --elo)")

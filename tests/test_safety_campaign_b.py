@@ -100,6 +100,9 @@ def test_train_rm_outputs_that_name_one_file_are_refused(lm_folder, tmp_path, mo
         inproc.refused(lambda: train_rm(export=export, head_out=export / "rmjax_training"), "rmjax_training.json",
                        f"--export={export}")
         inproc.refused(lambda: train_rm(head_out=work / "checkpoints" / "h"), "checkpoints/")
+        # the head alone of a run that trained backbone layers scores other numbers on the base model
+        inproc.refused(lambda: train_rm(head_out=tmp_path / "h.safetensors", trainable="last_k", last_k=1),
+                       "--head_out writes the score head alone, and --trainable=last_k")
     assert not work.exists() and not export.exists()
     head = tmp_path / "head.safetensors"
     train_rm(head_out=head)

@@ -166,7 +166,8 @@ def expand_paths(spec: str | Path | Sequence[str | Path]) -> list[Path]:
         item = Path(str(item).strip())
         if item.is_dir():
             found = sorted(p for p in item.glob("*.csv") if p.is_file())
-            paths += [p for p in found if p.name not in _companions(found)]
+            companions = _companions(found)  # once per folder: each reads every .meta.json there
+            paths += [p for p in found if p.name not in companions]
         elif item.is_file():
             paths.append(item)
         else:

@@ -215,7 +215,7 @@ def record_interrupted(store: Path | None, identity: dict, out: Path, owned: Seq
         return
     written = {os.path.relpath(p, out.parent): results.file_record(p)
                for p in owned if p.is_file() and not p.is_symlink()}
-    results.dump_json({"identity": identity, "files": written}, store / INTERRUPTED)
+    results.dump_json({"identity": canonical(identity), "files": written}, store / INTERRUPTED)  # as claims compare
 
 
 def _interrupted_writes(unrecorded: list[Path], store: Path | None, identity: dict, out: Path) -> list[Path]:
@@ -224,14 +224,7 @@ def _interrupted_writes(unrecorded: list[Path], store: Path | None, identity: di
     saved = results.read_json(store / INTERRUPTED) if unrecorded and store is not None else None
     if not isinstance(saved, dict) or saved.get("identity") != identity or not isinstance(saved.get("files"), dict):
         return unrecorded
-    files = saved["files"]
-
-    def written(path: Path) -> bool:
-        want = files.get(os.path.relpath(path, out.parent))
-        return isinstance(want, dict) and path.is_file() and not path.is_symlink() \
-            and path.stat().st_size == want.get("bytes") and results.file_record(path)["sha256"] == want.get("sha256")
-
-    return [p for p in unrecorded if not written(p)]
+    return [p for p in unrecorded if not _as_recorded(p, saved["files"].get(os.path.relpath(p, out.parent)))]
 
 
 def _present(path: Path) -> bool:
@@ -249,15 +242,18 @@ def _unrecorded(meta: Path, owned: Sequence[Path]) -> list[Path]:
     saved = results.read_json(meta)
     files = saved.get("files") if isinstance(saved, dict) else None
     files = files if isinstance(files, dict) else {}
+    return [p for p in owned if (_present(p) or p.is_symlink())
+            and not _as_recorded(p, files.get(os.path.relpath(p, meta.parent)))]
 
-    def recorded(path: Path) -> bool:  # a link is never what a run wrote (writing it would follow the link)
-        want = files.get(os.path.relpath(path, meta.parent))
-        if not isinstance(want, dict) or path.is_symlink() or not path.is_file() \
-                or path.stat().st_size != want.get("bytes"):
-            return False
-        return results.file_record(path)["sha256"] == want.get("sha256")
 
-    return [p for p in owned if (_present(p) or p.is_symlink()) and not recorded(p)]
+def _as_recorded(path: Path, want: object) -> bool:
+    """Whether `path` is byte for byte the file a record (size, sha256) describes; a link never is (writing it
+    would have followed the link)."""
+    if not isinstance(want, dict) or path.is_symlink() or not path.is_file():
+        return False
+    if path.stat().st_size != want.get("bytes"):
+        return False
+    return results.file_record(path)["sha256"] == want.get("sha256")
 
 
 def _refuse_links(out: Path, patterns: Sequence[str], beside: Sequence[Path], flag: str) -> None:

@@ -122,4 +122,3 @@ def parse_sides(models: tuple[str, ...] | list[str]) -> tuple[SideSpec, SideSpec
     if same_model(a.text, b.text):  # rm and rm/ (or ./rm) are one model: a map of gaps 0, tau 1
         raise UsageError(f"--models: both sides are {a.text}; a model does not disagree with itself.")
     return a, b
-

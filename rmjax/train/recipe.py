@@ -155,6 +155,15 @@ def _refuse_trained_heldout(train: Pairs, heldout: Pairs, rendered: dict[tuple[s
                          "held-out accuracy on pairs trained on measures memory: hold out pairs not trained on.")
 
 
+def check_head_out(head_out: str | Path | None, trainable: str) -> None:
+    """--head_out writes the score head alone: after a run that trained backbone layers too, that head on the base
+    model scores other numbers than the trained model did. Refused from the settings (train_rm's flags, a launch)."""
+    if head_out and trainable != "head":
+        raise UsageError(f"--head_out writes the score head alone, and --trainable={trainable} trains backbone layers "
+                         "too, which it would not write (on the base model the head scores other numbers); use "
+                         "--export=DIR for the whole model.")
+
+
 def head_recipe_path(head_out: Path) -> Path:
     """The recipe JSON beside a --head_out file: X.safetensors -> X.json (the builtin heads'); another name keeps
     it whole (head.v1 -> head.v1.json), so head.v1 and head.v2 never share one recipe."""
@@ -200,6 +209,7 @@ def run_training(
         raise UsageError(f"--model={lm_spec} has a gated reward head ({base.architecture}); train_rm puts a new "
                          "one-output score head on a causal LM or a plain reward model: give its base LM.")
     check_context(lm_spec, (train, heldout), cfg.template)
+    check_head_out(head_out, cfg.trainable)
     if head_out:
         refuse_folder_name(head_out, "--head_out")  # Path() below drops a trailing '/': a file `dir` was written
     identity = training_identity(lm_spec, train, heldout, cfg, dtype)
