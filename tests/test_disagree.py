@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from fractions import Fraction
 
@@ -14,7 +15,7 @@ import pytest
 from scipy import stats
 
 from rmjax.analysis.stats import epic_distance_matrix
-from rmjax.loading import load
+from rmjax.loading import config_and_tokenizer, load
 from rmjax.runs.options import RunOptions
 from rmjax.search import baseline, disagree_config, disagree_job, disagree_out, fluent, turns
 from rmjax.search.budget import Forwards
@@ -24,7 +25,7 @@ from rmjax.search.disagree_job import run_disagree
 from rmjax.search.gcg import make_target
 from rmjax.search.objective import Objective, Prior
 from rmjax.search.sides import ImplicitSide, Side, SideSpec
-from rmjax.text import prompts
+from rmjax.text import chat, prompts
 from rmjax.text.chat import Conversations
 from tests import cli, tiny, tolerance
 from tests.inproc import no_weights_read, refused
@@ -254,7 +255,7 @@ def test_screened_best_of_n_buys_more_samples_and_has_b_score_only_a_s_best_shar
     assert {tuple(r) for r in found.ids.tolist()} <= set(kept_rows)
 
 
-def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tmp_path):
+def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tmp_path, monkeypatch):
     """implicit:CHOSEN:REFERENCE of a one-token response is the chosen LM's log-prob minus the reference's, as
     `experiments.logprobs` writes them (one job per LM); a text's is the same through the text path."""
     from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
@@ -284,6 +285,14 @@ def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tm
     assert not any(side.round_trips(t) for t in (" cat", "Love ", "cats\n"))
     np.testing.assert_allclose(side.rewards(texts), want, rtol=0, atol=atol)
     np.testing.assert_allclose(side.token_rewards(ids), want, rtol=0, atol=atol)
+    # its prompt is prefilled once per LM, whatever it scores after; the budget pays each prefix over the positions
+    # one response of N tokens runs (its tokens and the end of turn)
+    from rmjax.scoring import judge
+
+    monkeypatch.setattr(judge, "prefill_prefix", lambda *a: pytest.fail("the prompt was prefilled again"))
+    np.testing.assert_allclose(side.rewards(texts), want, rtol=0, atol=atol)
+    prefixes = [len(chat.split_chat(m.tokenizer, PROMPT, "auto").prefix) for m in (chosen, reference)]
+    assert side.prefill_forwards(4) == Fraction(prefixes[0], 5) + Fraction(prefixes[1], 5)
 
 
 def test_agreement_against_scipy_and_its_affine_invariance():
@@ -525,6 +534,16 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
             _spec(rm_folder, lower_rm, out, lm_folder, forwards=3), prompts={name: text})), "--forwards=3")
         need[name] = int(line.split("give --forwards=")[1].split(" ")[0])
     assert need["short"] < need["longer"]
+    # the least budget buys every model's prefill (side B's too: its prefix over one response's positions there)
+    # and one candidate: a prior sample, A's score and B's
+    longer, n = " ".join(["word"] * 120), SEARCH.num_tokens
+
+    def prefill(folder, reads_suffix: bool) -> Fraction:
+        split = chat.split_chat(config_and_tokenizer(str(folder))[1], longer, "auto")
+        return Fraction(len(split.prefix), n + (max(len(split.suffix), 1) if reads_suffix else 1))
+
+    paid = prefill(rm_folder, True) + prefill(lm_folder, False) + prefill(lower_rm, True)
+    assert need["longer"] == max(math.ceil(paid + 3), math.ceil(3 / Fraction(SEARCH.start_share)))
     for order in (("short", "longer"), ("longer", "short")):
         texts = {"short": "Hi?", "longer": " ".join(["word"] * 120)}
         spec = dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder, forwards=need["longer"] - 1),
@@ -588,8 +607,32 @@ def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_
     assert (out / "vocab_map.csv").is_file()
     spec = _spec(rm_folder, lower_rm, out, lm_folder, vocab_map=False, b_gradient=False, direction="a_over_b",
                  methods="best_of_n")
-    run_disagree(dataclasses.replace(spec, options=dataclasses.replace(spec.options, overwrite=True)))
+    charged = []  # each unit's first charge: the prompt's prefill
+    real_charge = Forwards.charge
+
+    def spy(self, rm_positions=0, lm_positions=0, whole=0):
+        if self.spent == 0:
+            charged.append(self.cost(rm_positions, lm_positions, whole))
+        return real_charge(self, rm_positions, lm_positions, whole)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Forwards, "charge", spy)
+        run_disagree(dataclasses.replace(spec, options=dataclasses.replace(spec.options, overwrite=True)))
     assert (out / "disagree.csv").is_file() and not (out / "vocab_map.csv").exists()
+    # each model's prefix over the positions one response of N tokens runs in it: A's (and its suffix), the
+    # prior's (and an end of turn) and side B's, an RM reading its suffix (side B's had been left out)
+    n = SEARCH.num_tokens
+
+    def prefill(folder, reads_suffix: bool) -> Fraction:
+        split = chat.split_chat(load(str(folder)).tokenizer, PROMPT, "auto")
+        return Fraction(len(split.prefix), n + (max(len(split.suffix), 1) if reads_suffix else 1))
+
+    assert charged == [prefill(rm_folder, True) + prefill(lm_folder, False) + prefill(lower_rm, True)]
+    # a map-only rerun over the search's folder leaves none of the search's files, its record included
+    run_disagree(dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder, search=False, b_gradient=False),
+                                     options=dataclasses.replace(spec.options, overwrite=True)))
+    assert (out / "vocab_map.csv").is_file()
+    assert not [p.name for p in out.iterdir() if p.name.startswith("disagree")]
 
 
 def test_best_of_n_rows_are_distinct_samples():

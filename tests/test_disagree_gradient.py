@@ -95,3 +95,13 @@ def test_side_b_gradient_on_a_tokens_equals_autograd_through_b(rm_folder, tmp_pa
         loss_alone, loss_both = (to_host(o.gradient(turn)[0]) for o in (alone, both))
         np.testing.assert_allclose(loss_both - loss_alone, sign * got, rtol=0, atol=1e-6 * np.abs(got).max())
         assert both.forwards.spent - alone.forwards.spent == Fraction(3)
+    # a text whose conversation in B does not continue B's cached prefix ("\n\n" merges with the newline its chat
+    # template ends the prefix with): B gives no gradient, and none of B's forwards is paid for one
+    chat_b = RewardSide(SideSpec.parse(str(folder_b)), rm_b, PROMPT, "auto")
+    odd = np.asarray([*rm_a.tokenizer("\n\nlove", add_special_tokens=False).input_ids, end], np.int32)
+    assert rm_a.tokenizer.decode(odd[:-1].tolist()) == "\n\nlove" and chat_b.gradient("\n\nlove") is None
+    unpaid = Disagreement(rm_a.tokenizer, end, (0.0, 2.0), chat_b, (0.5, 3.0), token_map=np.arange(vocab))
+    alone = Objective(target, None, 0.0, 1.0, 0.0, Forwards(10**6, 9, 9), partner=blind)
+    none = Objective(target, None, 0.0, 1.0, 0.0, Forwards(10**6, 9, 9), partner=unpaid)
+    np.testing.assert_array_equal(to_host(none.gradient(odd)[0]), to_host(alone.gradient(odd)[0]))
+    assert none.forwards.spent == alone.forwards.spent

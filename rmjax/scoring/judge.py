@@ -67,26 +67,39 @@ def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: st
     return np.asarray([np.exp(-lp.mean()) if len(lp) else np.nan for lp in lps], np.float64)
 
 
+class PromptLogProbs:
+    """Token log-probs of texts after one prompt under one LM (`text_log_probs`), its prefix prefilled once: a caller
+    that reads many batches of texts (an implicit reward side) pays the prompt once."""
+
+    def __init__(self, lm: Model, prompt: str, template: str = "auto"):
+        require_lm_head(lm)
+        self.lm, self.prompt, self.template = lm, prompt, template
+        self.prefix = chat.split_chat(lm.tokenizer, prompt, template, lm.config.max_position_embeddings).prefix
+        self.cache, self.first = prefill_prefix(lm, self.prefix), first_token_log_probs(lm, list(self.prefix))
+
+    def __call__(self, texts: list[str], batch_size: int = 64, end_of_turn: bool = False) -> list[np.ndarray]:
+        lm, prompt, template = self.lm, self.prompt, self.template
+        distinct = list(dict.fromkeys(texts))
+        _, rows = judge_tokens(lm, prompt, distinct, template)  # after self.prefix: split_chat's, as here
+        if end_of_turn:
+            end = judge_end_of_turn(lm, prompt, template)
+            rows = [[*r, end] if r else r for r in rows]
+        out = [np.zeros(0, np.float64) for _ in distinct]
+        order = sorted((i for i, r in enumerate(rows) if r), key=lambda i: len(rows[i]))
+        for start in range(0, len(order), batch_size):
+            which = order[start : start + batch_size]
+            padded, _ = batching.pad_rows([rows[i] for i in which])
+            lps = response_log_probs(lm, self.cache, self.first, padded, batch_size).astype(np.float64)
+            for k, i in enumerate(which):
+                out[i] = lps[k, : len(rows[i])]
+        at = {text: i for i, text in enumerate(distinct)}
+        return [out[at[text]] for text in texts]
+
+
 def text_log_probs(lm: Model, prompt: str, texts: list[str], template: str = "auto", batch_size: int = 64,
                    end_of_turn: bool = False) -> list[np.ndarray]:
     """Each text's token log-probs under `lm` after the prompt, on the LM's own tokenization in its own template
     (judge_tokens), float64; with `end_of_turn`, its end of turn's last (a text with no token: none). Each distinct
     text runs once; texts sorted by token count share batches, each right-padded to its longest (causal: the padding
     after a text's tokens changes none of its log-probs), so few rows are padding."""
-    require_lm_head(lm)
-    distinct = list(dict.fromkeys(texts))
-    prefix, rows = judge_tokens(lm, prompt, distinct, template)
-    if end_of_turn:
-        end = judge_end_of_turn(lm, prompt, template)
-        rows = [[*r, end] if r else r for r in rows]
-    out = [np.zeros(0, np.float64) for _ in distinct]
-    cache, first = prefill_prefix(lm, prefix), first_token_log_probs(lm, list(prefix))
-    order = sorted((i for i, r in enumerate(rows) if r), key=lambda i: len(rows[i]))
-    for start in range(0, len(order), batch_size):
-        which = order[start : start + batch_size]
-        padded, _ = batching.pad_rows([rows[i] for i in which])
-        lps = response_log_probs(lm, cache, first, padded, batch_size).astype(np.float64)
-        for k, i in enumerate(which):
-            out[i] = lps[k, : len(rows[i])]
-    at = {text: i for i, text in enumerate(distinct)}
-    return [out[at[text]] for text in texts]
+    return PromptLogProbs(lm, prompt, template)(texts, batch_size, end_of_turn)

@@ -21,11 +21,12 @@ class Forwards:
     lm_unit: int
     spent: Fraction = Fraction(0)
 
-    def cost(self, rm_positions: int = 0, lm_positions: int = 0, whole: int = 0) -> Fraction:
-        """`whole`: whole forwards of another model (a disagreement's other side), one per candidate it scores."""
-        return Fraction(int(rm_positions), self.rm_unit) + Fraction(int(lm_positions), self.lm_unit) + int(whole)
+    def cost(self, rm_positions: int = 0, lm_positions: int = 0, whole: int | Fraction = 0) -> Fraction:
+        """`whole`: whole forwards of another model (a disagreement's other side), one per candidate it scores, a
+        fraction for its prompt's prefill."""
+        return Fraction(int(rm_positions), self.rm_unit) + Fraction(int(lm_positions), self.lm_unit) + Fraction(whole)
 
-    def charge(self, rm_positions: int = 0, lm_positions: int = 0, whole: int = 0) -> None:
+    def charge(self, rm_positions: int = 0, lm_positions: int = 0, whole: int | Fraction = 0) -> None:
         """Spend a call's positions; BudgetSpent (and nothing spent) when it would pass the limit."""
         cost = self.cost(rm_positions, lm_positions, whole)
         if self.spent + cost > self.limit:

@@ -53,10 +53,15 @@ class Disagreement:
     def scale(self) -> float:
         return self.z_a[1]
 
-    @property
-    def gradient_each(self) -> int:
-        """Whole forwards of side B one `gradient` costs (0: B's gradient is not used)."""
-        return self.other.gradient_each if self.token_map is not None else 0
+    def gradient_cost(self, turn: np.ndarray) -> int:
+        """Whole forwards of side B that `gradient(turn)` runs: 0 where B's gradient is not used or B gives none for
+        the turn's text (its conversation does not continue B's cached prefix)."""
+        if self.token_map is None or not self.other.gradient_each:
+            return 0
+        return self.other.gradient_each if self.other.gives_gradient(self._text(turn)) else 0
+
+    def _text(self, turn: np.ndarray) -> str:
+        return self.content(self.tokenizer.decode(turns.tokens(turn, self.end)))
 
     def gradient(self, turn: np.ndarray, width: int) -> jax.Array | None:
         """d z_B / d one_hot(A's turn form) [L + 1, width], estimated through the tokens both sides read alike: at
@@ -65,8 +70,7 @@ class Disagreement:
         every other position). Without it the proposals see only A, and B enters a step only when candidates are
         scored."""
         body = turns.tokens(turn, self.end)
-        text = self.content(self.tokenizer.decode(body))
-        found = self.other.gradient(text) if self.gradient_each else None
+        found = self.other.gradient(self._text(turn)) if self.token_map is not None else None
         if found is None:
             return None
         grad_b, body_b = found

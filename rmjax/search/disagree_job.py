@@ -21,6 +21,7 @@ from rmjax.loading import config_of
 from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
+from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.options import claim_job
 from rmjax.runs.progress import PhaseClock, Progress
@@ -74,7 +75,7 @@ def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> str:
 
 def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> None:
     """Every prompt against every model that reads it (side A, B's models, the prior, the judge: each one's context)
-    and a budget that buys a candidate (A's prefill, one sampled response scored by both sides), refused before
+    and a budget that buys a candidate (each side's prefill, one sampled response scored by both sides), refused before
     loading, as the frontier's (frontier_checks.PromptChecks). The map alone reads one-token responses."""
     search = spec.search if spec.config.search else dataclasses.replace(spec.search, num_tokens=1)
     others = [(f"side B {m}", m, not b.implicit) for m in b.models]  # an implicit side's LMs: prompt, response, end
@@ -95,7 +96,7 @@ def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judg
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
             "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)", "best_of_n": BEST_OF_N,
-            "side_b_paid": "once a text", **left_out(spec.config)}
+            "side_b_paid": "once a text, and its prompt's prefill", **left_out(spec.config)}
 
 
 def run_disagree(spec: DisagreeSpec) -> Path | None:
@@ -110,7 +111,8 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
     identity = disagree_identity(spec, (a, b), judge)
     paths = folder_paths(o.out)
     main = paths["csv"] if cfg.search else paths["map"]
-    owned = [p for p in paths.values() if p != main]  # all, written or not: a rerun leaves no earlier run's map
+    # all, written or not: a rerun leaves no earlier run's map, nor a search's record beside a map-only run's
+    owned = [p for p in paths.values() if p != main] + ([] if cfg.search else [results.meta_path(paths["csv"])])
     with claim_job(o, identity, out=main, owned=owned, store=store_dir(main)) as job:
         if job.reuse:
             return Path(o.out)
@@ -274,7 +276,8 @@ def _compute(p: Ready, spec: DisagreeSpec, name: str, direction: str, method: st
     n, tail = search.num_tokens, turns.rm_tail(p.target.suffix)
     forwards = Forwards(cfg.forwards, n + tail, n + 1)
     try:
-        forwards.charge(len(p.target.prefix), len(p.prior.prefix) if p.prior.model is not p.target.model else 0)
+        forwards.charge(len(p.target.prefix), len(p.prior.prefix) if p.prior.model is not p.target.model else 0,
+                        p.side_b.prefill_forwards(n))  # side B's too: its prefix is cached once, as A's is
     except BudgetSpent:
         raise UsageError(f"--forwards={cfg.forwards} does not buy the prompt's prefill; give a larger "
                          "budget.") from None

@@ -48,8 +48,10 @@ class PromptChecks:
     def check(self, text: str, forwards: int | None) -> None:
         """`text` fits every model; with `forwards`, the budget buys one candidate after its prefill."""
         rm = self._room(None, *self.rm, text, reads_suffix=True)
-        for label, config, tokenizer, suffix in self.others:
-            self._room(label, config, tokenizer, text, reads_suffix=suffix)
+        n, others_prefill = self.search.num_tokens, Fraction(0)
+        for label, config, tokenizer, suffix in self.others:  # each prefix over one response's positions there
+            split = self._room(label, config, tokenizer, text, reads_suffix=suffix)
+            others_prefill += Fraction(len(split.prefix), n + (turns.rm_tail(split.suffix) if suffix else 1))
         prior_prefix = 0  # the RM as its own prior: one prefill serves both
         if self.lm:  # the prior reads the prompt, the response and its end of turn
             prior_prefix = len(self._room(*self.lm, text, reads_suffix=False).prefix)
@@ -61,8 +63,8 @@ class PromptChecks:
                 raise PromptTooLongError(f"the judge --judge={judge}: {error}") from None
         if forwards is None:
             return
-        need = minimum_forwards(len(rm.prefix), turns.rm_tail(rm.suffix), prior_prefix, self.search.num_tokens,
-                                self.search.start_share, self.per_candidate)
+        need = minimum_forwards(len(rm.prefix), turns.rm_tail(rm.suffix), prior_prefix, n, self.search.start_share,
+                                self.per_candidate, others_prefill)
         if forwards < need:
             raise UsageError(budget_message(forwards, need))
 
@@ -84,11 +86,11 @@ def prefill_cost(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int
 
 
 def minimum_forwards(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int, start_share: float,
-                     per_candidate: int = PER_CANDIDATE) -> int:
+                     per_candidate: int = PER_CANDIDATE, others_prefill: Fraction = Fraction(0)) -> int:
     """The least --forwards that buys one candidate after the prefill, for best-of-N and for the search's
-    starts, which may spend start_share of the budget (rmjax.search.fluent.fluent_search); `per_candidate` more
-    with a disagreement's other side."""
-    prefill = prefill_cost(rm_prefix, suffix, prior_prefix, num_tokens)
+    starts, which may spend start_share of the budget (rmjax.search.fluent.fluent_search); `per_candidate` more,
+    and its prefill (`others_prefill`), with a disagreement's other side."""
+    prefill = prefill_cost(rm_prefix, suffix, prior_prefix, num_tokens) + others_prefill
     return max(math.ceil(prefill + per_candidate), math.ceil(per_candidate / Fraction(start_share)))
 
 

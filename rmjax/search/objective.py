@@ -141,13 +141,15 @@ class Partner(Protocol):
 
     each: int  # whole forwards each candidate costs on the other side
     scale: float  # A's SD: the gradient of z_A is A's reward gradient over it
-    gradient_each: int  # whole forwards of the other side one `gradient` runs (0: none)
 
     def gap(self, reward: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """z_A − z_B of candidates [W, N] from A's rewards [W]."""
 
     def unscored(self, ids: np.ndarray) -> int:
         """How many distinct texts among candidates [W, N] the other side has not scored: what `gap` will run."""
+
+    def gradient_cost(self, turn: np.ndarray) -> int:
+        """Whole forwards of the other side that `gradient(turn)` runs (0: it gives none for this turn)."""
 
     def gradient(self, turn: np.ndarray, width: int) -> jax.Array | None:
         """d z_B / d one_hot(A's turn form) [L + 1, width], where the other side can say."""
@@ -387,14 +389,14 @@ class Objective:
         current = turns.turn(current, self.end)
         n, tail = len(current), len(self.turn_target.suffix)
         explore = explore and not self.uses_prior and self.prior is not None
-        other = GRADIENT_COST * self.partner.gradient_each if self.partner is not None else 0
+        other = GRADIENT_COST * self.partner.gradient_cost(current) if self.partner is not None else 0
         if self.rm_is_prior and (self.uses_prior or explore):
             self.forwards.charge(GRADIENT_COST * (n + tail), 0, other)
             grad, extended, every = joint_gradient_on_device(self.turn_target, self.prior.first, current,
                                                              self.gradient_sign,
                                                              self.lam, fluent=self.uses_prior,
                                                              read_offset=self.read_offset)
-            return self._with_partner(-grad, current), extended, every
+            return self._with_partner(-grad, current, other), extended, every
         lm = GRADIENT_COST * n if self.uses_prior else n if explore else 0
         self.forwards.charge(GRADIENT_COST * (n + tail), lm, other)
         grad, extended = reward_gradient_on_device(self.turn_target, current, self.read_offset)
@@ -407,11 +409,12 @@ class Objective:
             loss = loss[:, :vocab] - self.lam * jax.device_put(prior_grad[:, :vocab], loss.sharding)
         elif explore:
             every = prior_lib.every_log_probs(self.prior.model, self.prior.cache, self.prior.first, current)
-        return self._with_partner(loss, current), extended, every
+        return self._with_partner(loss, current, other), extended, every
 
-    def _with_partner(self, loss: jax.Array, turn: np.ndarray) -> jax.Array:
-        """−dJ/d one_hot with the other side's part, where it gives one: J holds −sign·z_B."""
-        if self.partner is None or not self.partner.gradient_each:
+    def _with_partner(self, loss: jax.Array, turn: np.ndarray, charged: int) -> jax.Array:
+        """−dJ/d one_hot with the other side's part, where it gives one (`charged`: its forwards, paid): J holds
+        −sign·z_B."""
+        if not charged:
             return loss
         other = self.partner.gradient(turn, loss.shape[1])
         return loss if other is None else loss + self.sign * jax.device_put(other, loss.sharding)

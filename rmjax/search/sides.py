@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from fractions import Fraction
 
 import jax
 import numpy as np
@@ -23,9 +24,9 @@ from rmjax.parallel.distributed import replicated
 from rmjax.scoring import finite
 from rmjax.scoring.context import prepare_prompt, score_tokens
 from rmjax.scoring.forked import forked_token_rewards, shared_layers
-from rmjax.scoring.judge import text_log_probs
-from rmjax.scoring.prior import first_token_log_probs
+from rmjax.scoring.judge import PromptLogProbs
 from rmjax.scoring.texts import TextScorer
+from rmjax.search import turns
 from rmjax.search.gcg import Target, reward_gradient_on_device
 from rmjax.text import chat
 
@@ -88,6 +89,15 @@ class Side:
         tokens; None where the side has no gradient."""
         return None
 
+    def gives_gradient(self, text: str) -> bool:
+        """Whether `gradient(text)` runs (and costs gradient_each), known from the text's tokens alone."""
+        return False
+
+    def prefill_forwards(self, num_tokens: int) -> Fraction:
+        """What the prompt's prefill costs, in this side's whole forwards of a response of `num_tokens` tokens
+        (rmjax.search.objective's rule for side A: prefix positions over the positions one response runs)."""
+        raise NotImplementedError
+
     def yardstick(self, z_sample: int, allow_nonfinite: bool, known: dict[int, float] | None = None
                   ) -> tuple[float, float]:
         """Mean and SD of its single-token rewards over `z_sample` of its tokens (finite.sampled_yardstick: the
@@ -139,15 +149,29 @@ class RewardSide(Side):
     def round_trips(self, text: str) -> bool:
         return round_trips_in(self.scorer, text)
 
-    def gradient(self, text: str) -> tuple[jax.Array, list[int]] | None:
-        """The gradient of the reward `rewards` gives the text (read where the scorer reads it: the conversation's
-        last token) over the response's own tokens; None where the conversation does not continue the cached
-        prefix with them."""
+    def prefill_forwards(self, num_tokens: int) -> Fraction:
+        return Fraction(len(self.scorer.prefix), num_tokens + turns.rm_tail(self.scorer.split.suffix))
+
+    def _after_prefix(self, text: str) -> tuple[list[int], list[int]] | None:
+        """The conversation's tokens after the cached prefix and the response's own, where they continue it."""
         ids, body = self.scorer.token_ids([text])[0], self.scorer.response_ids([text])[0]
         prefix = len(self.scorer.prefix)
         tail = ids[prefix:]
         if body is None or ids[:prefix] != self.scorer.prefix or tail[: len(body)] != body:
             return None
+        return tail, body
+
+    def gives_gradient(self, text: str) -> bool:
+        return self._after_prefix(text) is not None
+
+    def gradient(self, text: str) -> tuple[jax.Array, list[int]] | None:
+        """The gradient of the reward `rewards` gives the text (read where the scorer reads it: the conversation's
+        last token) over the response's own tokens; None where the conversation does not continue the cached
+        prefix with them."""
+        found = self._after_prefix(text)
+        if found is None:
+            return None
+        tail, body = found
         grad, _ = reward_gradient_on_device(self._target, np.asarray(tail, np.int32))
         return grad[: len(body)], body
 
@@ -171,26 +195,31 @@ class ImplicitSide(Side):
 
     def __init__(self, spec: SideSpec, chosen: Model, reference: Model, prompt: str, template: str):
         self.spec, self.chosen, self.reference, self.tokenizer = spec, chosen, reference, chosen.tokenizer
-        self.prompt, self.template = prompt, template
         self.vocab = min(chosen.config.vocab_size, len(chosen.tokenizer))
         self.conversations = [chat.Conversations(m.tokenizer, prompt, template) for m in (chosen, reference)]
-        self.first = np.asarray(first_token_log_probs(chosen, list(self.conversations[0].split.prefix)), np.float64)
+        self.readers = [PromptLogProbs(m, prompt, template) for m in (chosen, reference)]  # each prefilled once
+        self.first = np.asarray(self.readers[0].first, np.float64)
 
-    def _log_probs(self, model: Model, texts: list[str]) -> np.ndarray:
-        return np.asarray([lp.sum() for lp in text_log_probs(model, self.prompt, texts, self.template)], np.float64)
+    def prefill_forwards(self, num_tokens: int) -> Fraction:
+        """Each LM's prefix over the positions one response runs in it (the response and its end of turn)."""
+        return sum((Fraction(len(r.prefix), num_tokens + 1) for r in self.readers), Fraction(0))
+
+    @staticmethod
+    def _log_probs(reader: PromptLogProbs, texts: list[str]) -> np.ndarray:
+        return np.asarray([lp.sum() for lp in reader(texts)], np.float64)
 
     def rewards(self, texts: list[str]) -> np.ndarray:
         texts = list(texts)
         if not texts:
             return np.zeros(0)
-        return self._log_probs(self.chosen, texts) - self._log_probs(self.reference, texts)
+        return self._log_probs(self.readers[0], texts) - self._log_probs(self.readers[1], texts)
 
     def token_rewards(self, ids: np.ndarray) -> np.ndarray:
         """The chosen LM's log-prob of each token as the response's first (its logprobs row) minus the
         reference's of the token's text on its own tokenization."""
         ids = np.asarray(ids)
         texts = self.chosen.tokenizer.batch_decode([[int(i)] for i in ids])
-        return self.first[ids] - self._log_probs(self.reference, texts)
+        return self.first[ids] - self._log_probs(self.readers[1], texts)
 
     def round_trips(self, text: str) -> bool:
         return all(round_trips_in(c, text) for c in self.conversations)
