@@ -86,8 +86,8 @@ def test_a_tensor_in_two_files_is_refused(tmp_path):
 
 # 2: Gemma 3 GGUF rope scaling and the 27B query scale
 
-def _gemma3_gguf(path, hidden, heads, kv, head_dim, layers, scaling):
-    w = gguf.GGUFWriter(str(path), "gemma3")
+def _gemma3_gguf(path, hidden, heads, kv, head_dim, layers, scaling, arch="gemma3"):
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(131072)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
@@ -129,6 +129,23 @@ def test_gemma3_gguf_rope_scaling_and_query_scale(tmp_path, size, hidden, heads,
     want = config_from_hf({**hf.to_dict(), "architectures": ["Gemma3ForCausalLM"]})
     assert (got.rope_global, got.rope_local, got.query_scale) == (want.rope_global, want.rope_local, want.query_scale)
     assert got.rope_global.kind == "linear" and got.rope_global.factor == 8.0
+
+
+@pytest.mark.parametrize("size, hidden, heads, kv, head_dim, layers, scalar",
+                         [("9b", 3584, 16, 8, 256, 42, 256), ("27b", 4608, 32, 16, 128, 46, 144)])
+def test_gemma2_gguf_query_scale(tmp_path, size, hidden, heads, kv, head_dim, layers, scalar):
+    """Gemma 2's GGUF stores no query scale either: the published HF configs' query_pre_attn_scalar (144 for the
+    27B, hidden / heads; 256 for the 9B, its head_dim) is what the GGUF file gives. It had taken the class default,
+    256, for the 27B: every score off, no error."""
+    path = _gemma3_gguf(tmp_path / f"{size}.gguf", hidden, heads, kv, head_dim, layers, False, arch="gemma2")
+    raw = hf_config_from_gguf(read_gguf(path), path)
+    assert raw["query_pre_attn_scalar"] == scalar
+    hf = transformers.Gemma2Config(
+        vocab_size=16, hidden_size=hidden, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, head_dim=head_dim, max_position_embeddings=131072, sliding_window=1024,
+        query_pre_attn_scalar=scalar)
+    want = config_from_hf({**hf.to_dict(), "architectures": ["Gemma2ForCausalLM"]})
+    assert config_from_hf(raw).query_scale == want.query_scale == scalar**-0.5
 
 
 # 3: EmbeddingGemma-style bidirectional attention

@@ -118,6 +118,7 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
         cfg["sliding_window"] = a("attention.sliding_window", 4096)
         cfg["attn_logit_softcapping"] = a("attn_logit_softcapping", 50.0)
         cfg["final_logit_softcapping"] = a("final_logit_softcapping", 30.0)
+        cfg["query_pre_attn_scalar"] = _query_scalar(a, cfg, 46)  # the 27B: 46 layers, HF's 144
     if arch == "gemma3":
         # GGUF stores only the global base; the local base, window pattern and query scalar are
         # Gemma 3 constants (transformers' GGUF import uses the same defaults).
@@ -125,14 +126,17 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
         cfg["rope_local_base_freq"] = 10_000.0
         cfg["sliding_window"] = a("attention.sliding_window", 512)
         cfg["sliding_window_pattern"] = 6
-        # llama.cpp's query scale for Gemma 3: 1/sqrt(n_embd / n_head) for the 27B (62 layers; HF's
-        # query_pre_attn_scalar 168), 1/sqrt(head_dim) for every other size (256 for 270M-12B)
-        if a("block_count") == 62:
-            cfg["query_pre_attn_scalar"] = _quotient(hidden, heads)
-        else:
-            cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+        cfg["query_pre_attn_scalar"] = _query_scalar(a, cfg, 62)  # the 27B: 62 layers, HF's 168
     config_from_hf(cfg, source=f"{path} (GGUF metadata)")  # refused now, before any tensor is converted
     return cfg
+
+
+def _query_scalar(a, cfg: dict, layers_27b: int):
+    """llama.cpp's query scale for Gemma 2 and 3, which GGUF does not store: 1/sqrt(n_embd / n_head) for the 27B
+    (known by its layer count), 1/sqrt(head_dim) for every other size (256 for Gemma 2 2B/9B, Gemma 3 270M-12B)."""
+    if a("block_count") == layers_27b:
+        return _quotient(cfg["hidden_size"], cfg["num_attention_heads"])
+    return cfg["head_dim"]
 
 
 def _rope_scaling(a, arch: str, path: Path) -> dict | None:

@@ -84,8 +84,8 @@ def tokenizer_digest(folder: Path) -> str:
 # How rmjax reads a checkpoint into a model (config.json's absent fields, GGUF conversion): part of every file
 # fingerprint, so a result computed under another reading is not reused as this one's, and of the converted-GGUF
 # cache key (rmjax.loading.gguf_file.cached_hf_folder), so one number says both. 2: transformers' class
-# defaults, exact GELU, Gemma 3 GGUF rope scaling and 27B query scale.
-READING = 2
+# defaults, exact GELU, Gemma 3 GGUF rope scaling and 27B query scale. 3: Gemma 2 GGUF 27B query scale.
+READING = 3
 
 
 def folder_fingerprint(folder: Path) -> dict:
