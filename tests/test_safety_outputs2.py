@@ -273,3 +273,36 @@ def test_an_output_column_the_head_lacks_is_refused_before_overwrite_deletes_any
                                                    inproc.prompts("greatest"), ("love", "war"), z_sample=0)),
                        "--output_column=3", "has 1 reward outputs")
     assert out.read_bytes() == before and results.meta_path(out).is_file()
+
+
+def test_a_run_refused_or_stopped_after_its_claim_keeps_the_result_overwrite_would_replace(rm_folder, tmp_path,
+                                                                                           monkeypatch):
+    """--overwrite deleted the old result at the claim, before checks that run after it (an id outside the
+    vocabulary, a batch larger than the candidates: beam, gcg and the frontier have their own), so a typo cost a
+    finished result. It is now kept whole until the new one is written; a stopped --overwrite run leaves it too, and
+    the resume that finishes it leaves none of it beside the new result (its figure included)."""
+    out = tmp_path / "s.csv"
+    run_sweep(SweepSpec(inproc.options(rm_folder, out), inproc.prompts(), limit=16, batch_size=8, plot=True))
+    old = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert {"s.csv", "s.csv.meta.json", plot_path(out).name} <= set(old)
+    again = inproc.options(rm_folder, out, overwrite=True)
+    inproc.refused(lambda: run_sweep(SweepSpec(again, inproc.prompts(), token_ids=(5, 6, 10**6))),
+                   "outside the vocabulary")
+    inproc.refused(lambda: run_sweep(SweepSpec(again, inproc.prompts(), limit=8, batch_size=64)), "more than")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == old
+    real_write, writes = ChunkStore.write, []
+
+    def stop_at_the_second(self, start, scores):
+        if writes:
+            raise KeyboardInterrupt
+        writes.append(start)
+        real_write(self, start, scores)
+
+    monkeypatch.setattr(ChunkStore, "write", stop_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(SweepSpec(again, inproc.prompts(), limit=24, batch_size=8, chunk_size=8))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == old
+    monkeypatch.setattr(ChunkStore, "write", real_write)
+    run_sweep(SweepSpec(inproc.options(rm_folder, out), inproc.prompts(), limit=24, batch_size=8, chunk_size=8))
+    assert len(pd.read_csv(out)) == 24 and not plot_path(out).exists()
+    assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == 8

@@ -196,8 +196,9 @@ def remove(paths: Sequence[Path], store: Path | None = None) -> None:
 class Claim:
     """The decision taken for one output: `reuse` (a finished result with this identity is there) or
     write it (fresh, resuming saved progress, or replacing an old result with --overwrite). `remove`
-    lists what process 0 deletes before the work starts, and `clear` a chunk store whose own files it deletes
-    (never anything else in that folder)."""
+    lists what process 0 deletes (before the work starts, or with `claim_all(defer_removal=True)` just before the
+    new result is written), and `clear` a chunk store whose own files it deletes at once (never anything else in
+    that folder)."""
 
     out: Path
     identity: dict
@@ -333,8 +334,8 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             if foreign:
                 raise _foreign(f"{flag}={out}'s saved progress {store}", foreign[0], flag)
             clear = store
-        elif progress == identity:
-            return Claim(out, identity, resume=True)  # continue it; the old outputs are replaced at the end
+        elif progress == identity:  # continue it; the old outputs are replaced at the end, none left beside it
+            return Claim(out, identity, resume=True, remove=tuple(existing) if folder is None else ())
         elif progress is None:
             raise _refuse(flag, store, "holds chunks without a manifest (not a resumable rmjax run)")
         else:
@@ -452,10 +453,12 @@ def check_distinct(outputs: Sequence[Output]) -> None:
 
 
 @contextlib.contextmanager
-def claim_all(outputs: Sequence[Output]) -> Iterator[list[Claim]]:
+def claim_all(outputs: Sequence[Output], defer_removal: bool = False) -> Iterator[list[Claim]]:
     """Check, lock and decide for each of a run's outputs, held until the block ends. Every process takes the same
     read-only decisions, all of them (a refusal of any output stops the run before anything is deleted); then
-    process 0 (which holds the locks) removes what --overwrite replaces."""
+    process 0 (which holds the locks) removes what --overwrite replaces, or with `defer_removal` only clears the
+    chunk stores and leaves the old result whole to the writer (jobs.Job.finish), so a run refused or stopped
+    before its end never costs the result it would have replaced."""
     check_distinct(outputs)
     missing = _missing_folders(outputs)
     claimed = False
@@ -466,7 +469,7 @@ def claim_all(outputs: Sequence[Output]) -> Iterator[list[Claim]]:
             if is_main():
                 for decision in decisions:
                     if decision.remove or decision.clear:
-                        remove(decision.remove, decision.clear)
+                        remove(() if defer_removal else decision.remove, decision.clear)
             claimed = True
             yield decisions
     except BaseException:
@@ -491,8 +494,8 @@ def _missing_folders(outputs: Sequence[Output]) -> list[Path]:
 def claim(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
           store: str | Path | None = None, flag: str = "--out", meta: str | Path | None = None,
           folder: Sequence[str] | None = None, beside: Sequence[str | Path] = (),
-          inputs: Mapping[str, str | Path | None] | None = None) -> Iterator[Claim]:
+          inputs: Mapping[str, str | Path | None] | None = None, defer_removal: bool = False) -> Iterator[Claim]:
     """Claim one output (`claim_all`; the arguments: `Output`)."""
     with claim_all([Output(out, identity, overwrite, owned, store, flag, meta, folder, beside,
-                           dict(inputs or {}))]) as (decision,):
+                           dict(inputs or {}))], defer_removal) as (decision,):
         yield decision

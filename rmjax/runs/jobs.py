@@ -26,6 +26,7 @@ from rmjax.runs.claims import (
     real_path,
     record_interrupted,
     refuse_folder_name,
+    remove,
     require_claimed,
 )
 
@@ -58,6 +59,7 @@ class Job:
         path = self.out
         if is_main():
             with finiteness.nonfinite_allowed(bool(allow_nonfinite), has_flag=allow_nonfinite is not None):
+                remove(self.claimed.remove)  # the result this one replaces, kept whole until now (claim_all)
                 try:
                     path = Path(write(self.out) or self.out)
                 except BaseException:  # its rerun resumes over what it wrote, not refuses it as a stranger's
@@ -86,7 +88,8 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
     `inputs` (flag -> path): the files the job reads, which no output may be."""
     refuse_folder_name(out)
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
-    with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs) as decision:
+    with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs,
+               defer_removal=True) as decision:
         yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)),
                   None if store is None else Path(store))
 
