@@ -498,7 +498,6 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
     # recorded and changed nothing)
     from types import SimpleNamespace
 
-    from rmjax.loading import config_and_tokenizer
     from rmjax.search.gcg_swaps import disallowed_ids
 
     tok = config_and_tokenizer(str(rm_folder))[1]

@@ -312,6 +312,17 @@ class _Ledger:
                                                                   "every_log_probs")}
 
         self.called = set()
+        self.own_starts = False  # within the search's starts, drawn by the RM as its own prior
+        real_starts = fluent._sample_starts
+
+        def starts(obj, *args, **kwargs):
+            self.own_starts = obj.rm_is_prior
+            try:
+                return real_starts(obj, *args, **kwargs)
+            finally:
+                self.own_starts = False
+
+        monkeypatch.setattr(fluent, "_sample_starts", starts)
 
         def spy(name, count):
             def call(*args, **kwargs):
@@ -335,8 +346,10 @@ class _Ledger:
 
         variants = lambda m, ext, suffix, cur, v, rows, log_probs=False, longest=None, **k: rm_add(  # noqa: E731
             sum(len(row) - first_change(list(row), list(cur)) + len(suffix) for row in v))
+        # a sample the RM draws as its own prior is one forward of N + S positions, the sampler's, which scores it
+        # too (as best-of-N's: the sampler's forward holds the reward's positions but the suffix)
         counters = {
-            "score_responses": lambda m, c, s, r, b, first=None, lengths=None, end=None: rm_add(
+            "score_responses": lambda m, c, s, r, b, first=None, lengths=None, end=None: self.own_starts or rm_add(
                 np.shape(r)[0] * (np.shape(r)[1] + self.tail) if lengths is None else int(np.sum(lengths + self.tail))),
             "score_variants": variants,
             "extend_prefix": lambda m, c, x: (rm_add if m is rm else lm_add)(np.size(x)),
@@ -348,8 +361,8 @@ class _Ledger:
             "prior_gradient": lambda m, c, f, ids, *a: lm_add(3 * len(ids)),
             "every_log_probs": lambda m, c, f, ids: lm_add(len(ids)),
             "next_log_probs": lambda m, c, f, p: lm_add(np.size(p)),
-            "sample_responses": lambda m, c, f, b, count, length, *a, end=None, **k: lm_add(
-                count * (length + (end is not None))),
+            "sample_responses": lambda m, c, f, b, count, length, *a, end=None, **k: rm_add(
+                count * (length + self.tail)) if self.own_starts else lm_add(count * (length + (end is not None))),
         }
         for name, count in counters.items():
             monkeypatch.setattr(objective, name, spy(name, count))
@@ -915,9 +928,13 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
         return real(*args, **kwargs)
 
     monkeypatch.setattr(frontier_job, "_compute", crash_after_one)
+    finished = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     with pytest.raises(KeyboardInterrupt):
         run_frontier(spec(overwrite=True))
-    assert not (out / "frontier.csv.meta.json").exists()  # a crashed run leaves no result passed off as complete
+    # --overwrite replaces the earlier result only as it writes its own: stopped first, it leaves it whole
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == finished
+    for name in finished:  # without it, the crashed run's saved units are what a rerun continues
+        (out / name).unlink()
     seeds_given = []
     monkeypatch.setattr(frontier_job, "_compute", lambda *a, **k: (calls_made.append(a[3:7]), seeds_given.append(a[8]),
                                                                     real(*a, **k))[2])

@@ -164,20 +164,27 @@ def _sample_starts(objective: Objective, cfg: FluentConfig, banned, retokenize, 
     """--samples prior samples; at λ > 0 (or exploring, outside exact mode) as many as sample_share of the budget
     buys, if more (the fluent starts)."""
     prior, n, forwards, end = objective.prior, cfg.num_tokens, objective.forwards, objective.end
-    per_sample = forwards.cost(n + objective.tail, n + 1, objective.other_each)  # at most: a turn of N tokens
+    own = objective.rm_is_prior  # the sampler's forward is the scoring one, as best-of-N's (baseline._round)
+    per_sample = forwards.cost(n + objective.tail, 0 if own else n + 1, objective.other_each)  # at most: N tokens
     count = cfg.samples
     if objective.uses_prior or (cfg.explore and not exact):
         count = max(count, int(Fraction(cfg.sample_share) * budget // per_sample))
     count = min(count, int(forwards.left // per_sample))  # what the starts' share has left
     if count == 0:
         return
-    forwards.charge(0, count * (n + 1))
+    forwards.charge(count * (n + objective.tail) if own else 0, 0 if own else count * (n + 1))
     ids, lps = prior_lib.sample_responses(prior.model, prior.cache, prior.first, banned, count, n, cfg.seed,
                                           cfg.temperature, end=end)
     ids = turns.canonical(ids, end)
     keep = _fresh(ids, retokenize, seen, end)
-    if keep.any():
-        archive.add(ids[keep], objective.score(ids[keep], known_logp=turn_fluency(lps[keep], ids[keep], end)))
+    if not keep.any():
+        return
+    ids, known = ids[keep], turn_fluency(lps[keep], ids[keep], end)
+    if own:
+        forwards.charge(0, 0, objective.partner_forwards(ids))
+        archive.add(ids, objective.score_paid(ids, known))
+    else:
+        archive.add(ids, objective.score(ids, known_logp=known))
 
 
 def turn_fluency(lps: np.ndarray, ids: np.ndarray, end: int, head: float | np.ndarray = 0.0, kept: int = 0
