@@ -43,6 +43,14 @@ class RunOptions:
                              "one of them.")
 
 
+def model_inputs(**models: str | None) -> dict[str, str]:
+    """Models a job reads besides --model (flag name -> spec: lm, judge, a disagreement's sides) that are folders or
+    files here, as `claim_job` inputs: no output may be one or sit inside one (a hub id or a builtin name is no
+    path). A flag naming several models gives each as flag=spec."""
+    return {f"--{flag}={spec}": spec for flag, spec in models.items() for spec in (spec or "").split(",")
+            if spec and Path(spec).exists()}
+
+
 @contextlib.contextmanager
 def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = None,
               owned: Sequence[str | Path] = (), store: str | Path | None = None,

@@ -18,15 +18,16 @@ from rmjax.model import Model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results, stages
 from rmjax.runs.chunks import open_store, resume_batch_size, store_dir
-from rmjax.runs.options import RunOptions, claim_job
+from rmjax.runs.options import RunOptions, claim_job, model_inputs
 from rmjax.runs.results import array_sha1
-from rmjax.search.beam import BeamConfig, BeamResult, Found, beam_search, check_candidate_set
+from rmjax.search.beam import BeamConfig, BeamResult, Found, beam_search, check_candidate_set, check_enumeration
 from rmjax.search.completion import (
     COMPLETION_VALUES,
     check_written,
     completion_prior,
     gains_summary,
     require_prior_config,
+    require_same_vocabulary,
 )
 from rmjax.search.sweep import check_limit, load_planned
 from rmjax.text import candidates as candidate_set
@@ -161,6 +162,9 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
     ids = spec.token_ids if lines is None else candidate_set.single_token_ids(tokenizer, lines, spec.vocab_file,
                                                                                report=False)[0]
     candidates = beam_candidates(tokenizer, model_config.vocab_size, cfg, ids, spec.limit, report=False)
+    check_enumeration(cfg, len(candidates))  # --exhaustive's deepest level must fit the host
+    if spec.lm:
+        require_same_vocabulary(tokenizer, o.model, config_and_tokenizer(spec.lm)[1], spec.lm)
     if spec.from_sweep:
         table, given = read_sweep(spec.from_sweep, sweep_needs(fp, dtype=o.dtype, output_column=o.output_column,
                                                                prompts=spec.prompts, template=cfg.template))
@@ -170,7 +174,8 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
                              candidates=requested, limit=spec.limit, from_sweep=from_sweep,
                              lm=job_fingerprint(o, spec.lm) if spec.lm else None)
     with claim_job(o, identity, store=store_dir(o.out), owned=[completions_path(o.out)],
-                   inputs={"--from_sweep": spec.from_sweep, "--vocab_file": spec.vocab_file}) as job:
+                   inputs={"--from_sweep": spec.from_sweep, "--vocab_file": spec.vocab_file} | model_inputs(lm=spec.lm)
+                   ) as job:
         if job.reuse:
             return None
         # a resume scores with its saved batch size, planned (refused if it does not fit) before the weights load

@@ -150,9 +150,15 @@ def require_prior_config(cfg: ModelConfig, source: str, flag: str) -> None:
 
 def same_tokenizer(rm: Model, lm: Model) -> None:
     """The prior reads the RM's token ids: another vocabulary is refused in one line."""
-    if lm is not rm and rm.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
-        raise UsageError(f"--lm={lm.source} has another tokenizer than {rm.source} ({len(lm.tokenizer)} vs "
-                         f"{len(rm.tokenizer)} tokens, or other ids): the prior must read the RM's token ids; give "
+    if lm is not rm:
+        require_same_vocabulary(rm.tokenizer, rm.source, lm.tokenizer, lm.source)
+
+
+def require_same_vocabulary(rm_tokenizer, rm_source: str, lm_tokenizer, lm_source: str) -> None:
+    """`same_tokenizer` from the two tokenizers alone, so a job refuses --lm before any weight loads."""
+    if rm_tokenizer.get_vocab() != lm_tokenizer.get_vocab():
+        raise UsageError(f"--lm={lm_source} has another tokenizer than {rm_source} ({len(lm_tokenizer)} vs "
+                         f"{len(rm_tokenizer)} tokens, or other ids): the prior must read the RM's token ids; give "
                          "an LM of the RM's family and tokenizer.")
 
 

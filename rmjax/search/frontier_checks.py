@@ -12,6 +12,7 @@ from rmjax.loading.for_job import job_config_and_tokenizer
 from rmjax.runs import results
 from rmjax.scoring import finite
 from rmjax.search import turns
+from rmjax.search.completion import require_same_vocabulary
 from rmjax.search.gcg_config import check_context
 from rmjax.text import chat
 
@@ -42,6 +43,8 @@ class PromptChecks:
         self.context_cfg = search.gcg(template=options.template)
         self.rm = job_config_and_tokenizer(options)
         self.lm = (f"the prior --lm={lm}", *job_config_and_tokenizer(options, lm)) if lm else None
+        if self.lm:  # the prior reads the RM's token ids
+            require_same_vocabulary(self.rm[1], options.model, self.lm[2], lm)
         self.others = [(label, *job_config_and_tokenizer(options, m), suffix) for label, m, suffix in others]
         self.judge = (judge, *job_config_and_tokenizer(options, judge)) if judge else None
 

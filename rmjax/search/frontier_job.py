@@ -26,7 +26,7 @@ from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import results, stages
 from rmjax.runs.chunks import ChunkStore, open_store, store_dir
-from rmjax.runs.options import RunOptions, claim_job
+from rmjax.runs.options import RunOptions, claim_job, model_inputs
 from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.scoring.judge import judge_perplexities
@@ -159,7 +159,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     out = csv_path(o.out)
     with claim_job(o, identity, out=out, owned=[frontier_out.png_path(out), frontier_out.samples_path(out)],
                    store=store_dir(out),
-                   inputs={"--sweep": spec.sweep}) as job:
+                   inputs={"--sweep": spec.sweep} | model_inputs(lm=spec.lm, judge=judge)) as job:
         if job.reuse:
             return None
         rm = load_for_job(o)

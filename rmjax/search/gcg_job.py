@@ -16,7 +16,7 @@ from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results, stages
-from rmjax.runs.options import RunOptions, claim_job
+from rmjax.runs.options import RunOptions, claim_job, model_inputs
 from rmjax.runs.results import array_sha1
 from rmjax.scoring.prefix import score_responses
 from rmjax.search.completion import (
@@ -25,6 +25,7 @@ from rmjax.search.completion import (
     completion_prior,
     gains_summary,
     require_prior_config,
+    require_same_vocabulary,
 )
 from rmjax.search.gcg import GCGResult, Target, gcg, make_target
 from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan
@@ -107,10 +108,12 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     fps = [job_fingerprint(o, s) for s in specs]
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")
+        require_same_vocabulary(read[0][1], specs[0], config_and_tokenizer(spec.lm)[1], spec.lm)
     identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg,
                             lm=job_fingerprint(o, spec.lm) if spec.lm else None)
     with claim_job(o, identity, owned=[steps_path(o.out), completions_path(o.out)],
-                   inputs={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file}) as job:
+                   inputs={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file} | model_inputs(lm=spec.lm)
+                   ) as job:
         if job.reuse:
             return None
 

@@ -1,0 +1,41 @@
+"""Refusals a fault hunt found after the weights had loaded (or after a whole GCG search): each is now said in one
+line before any weight is read, from the configs and tokenizers alone."""
+
+from __future__ import annotations
+
+import shutil
+
+from rmjax.search.beam import BeamConfig
+from rmjax.search.beam_job import BeamSpec, run_beam
+from rmjax.search.gcg_config import GCGConfig
+from rmjax.search.gcg_job import GcgSpec, run_gcg
+from tests import inproc
+from tests.inproc import no_weights_read, refused
+from tests.test_frontier import _swapped_tokenizer
+
+
+def test_an_lm_of_another_tokenizer_a_too_large_enumeration_and_an_out_inside_the_lm_stop_before_loading(
+        rm_folder, lm_folder, tmp_path, monkeypatch):
+    swapped = str(_swapped_tokenizer(lm_folder, tmp_path / "swapped"))
+    no_weights_read(monkeypatch)
+    gcg = GCGConfig(num_tokens=2, steps=1, search_width=8, topk=8)
+    # GCG had run its whole search, then refused the LM of its completion check
+    refused(lambda: run_gcg(GcgSpec(inproc.options(rm_folder, tmp_path / "g.json"), inproc.prompts(), gcg,
+                                    lm=swapped)), "--lm=", "another tokenizer")
+    beam = BeamConfig(depth=2, beam=2)
+    refused(lambda: run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / "b.csv"), inproc.prompts(), beam,
+                                      limit=40, lm=swapped)), "--lm=", "another tokenizer")
+    # an --exhaustive level that cannot fit the host: refused after the load, leaving a store that blocked the
+    # smaller run the refusal advised (5000^3 partials of depth 4 pass any host's memory)
+    exhaustive = BeamConfig(depth=4, exhaustive=True)
+    refused(lambda: run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / "e.csv"), inproc.prompts(), exhaustive,
+                                      limit=5000)), "candidates")
+    # the beam's --lm folder was not an input: an --out inside it was written there, and --overwrite deleted its
+    # weights
+    lm = tmp_path / "lm"
+    shutil.copytree(lm_folder, lm)
+    weights = (lm / "model.safetensors").read_bytes()
+    refused(lambda: run_beam(BeamSpec(inproc.options(rm_folder, lm / "model.safetensors", overwrite=True),
+                                      inproc.prompts(), beam, limit=40, lm=str(lm))), "inside a folder this run reads")
+    assert (lm / "model.safetensors").read_bytes() == weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm", "swapped"]
