@@ -23,7 +23,7 @@ from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, open_store, store_dir
-from rmjax.runs.options import claim_job
+from rmjax.runs.options import claim_job, model_inputs
 from rmjax.runs.progress import PhaseClock, Progress
 from rmjax.search import disagree_out, frontier_checks, turns
 from rmjax.search.baseline import best_of_n, distinct_samples
@@ -114,7 +114,8 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
     main = paths["csv"] if cfg.search else paths["map"]
     # all, written or not: a rerun leaves no earlier run's map, nor a search's record beside a map-only run's
     owned = [p for p in paths.values() if p != main] + ([] if cfg.search else [results.meta_path(paths["csv"])])
-    with claim_job(o, identity, out=main, owned=owned, store=store_dir(main)) as job:
+    with claim_job(o, identity, out=main, owned=owned, store=store_dir(main),
+                   inputs=model_inputs(models=",".join(b.models), lm=spec.lm, judge=judge)) as job:
         if job.reuse:
             return Path(o.out)
         clock = PhaseClock()
