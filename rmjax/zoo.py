@@ -17,6 +17,7 @@ from flax import nnx
 
 from rmjax import nn
 from rmjax.config import ModelConfig, config_from_hf
+from rmjax.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,5 +117,14 @@ def local_folder(hf_id: str) -> Path | None:
                 return cand
     hub = Path(os.environ.get("HF_HUB_CACHE", Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
                               / "hub"))
-    snapshots = sorted((hub / f"models--{org}--{name}" / "snapshots").glob("*/config.json"))
-    return snapshots[-1].parent if snapshots else None
+    repo = hub / f"models--{org}--{name}"
+    main = repo / "refs" / "main"  # the revision the hub's own local lookup takes; other snapshots are older
+    if main.is_file():
+        folder = repo / "snapshots" / main.read_text().strip()
+        if (folder / "config.json").is_file():
+            return folder
+    snapshots = sorted((repo / "snapshots").glob("*/config.json"))
+    if len(snapshots) > 1:
+        raise UsageError(f"{hf_id}: {len(snapshots)} snapshots in the Hugging Face cache ({repo}) and no refs/main "
+                         "to say which is current; give the snapshot's folder as the model.")
+    return snapshots[0].parent if snapshots else None

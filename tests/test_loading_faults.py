@@ -335,3 +335,40 @@ def test_a_peft_adapter_beside_the_weights_is_refused(tmp_path):
     with pytest.raises(CheckpointError) as refused:
         load_hf_model_folder(folder, require_tokenizer=False)
     assert "PEFT adapter (adapter_model.safetensors)" in _one_line(refused)
+
+
+def test_one_part_of_a_split_gguf_is_refused_naming_the_merge(tmp_path):
+    """gguf-split's first part held the config and some tensors; it was converted and then refused as a checkpoint
+    missing layers, naming a safetensors index. Now: which part it is, and how to merge them."""
+    path = tmp_path / "m-00001-of-00002.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint16("split.no", 0)
+    w.add_uint16("split.count", 2)
+    w.add_embedding_length(8)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError) as refused:
+        hf_config_from_gguf(read_gguf(path), path)
+    assert "part 1 of 2 of a split GGUF" in _one_line(refused) and "llama-gguf-split --merge" in _one_line(refused)
+
+
+def test_a_hub_id_resolves_to_the_snapshot_refs_main_names(tmp_path, monkeypatch):
+    """The Hugging Face cache keeps every revision downloaded; the alphabetically last snapshot was taken, an older
+    one when its hash sorts later. refs/main names the current one, as huggingface_hub's own local lookup reads it."""
+    from rmjax.errors import UsageError
+    from rmjax.zoo import local_folder
+
+    repo = tmp_path / "hub" / "models--acme--rm"
+    for revision in ("1111", "ffff"):
+        (repo / "snapshots" / revision).mkdir(parents=True)
+        (repo / "snapshots" / revision / "config.json").write_text("{}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("RMJAX_MODELS_DIR", raising=False)
+    with pytest.raises(UsageError, match="2 snapshots"):  # which is current is not known: refused, not guessed
+        local_folder("acme/rm")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("1111")
+    assert local_folder("acme/rm") == repo / "snapshots" / "1111"

@@ -66,6 +66,11 @@ def _identity(w: np.ndarray) -> np.ndarray:
 
 
 def hf_config_from_gguf(reader, path: Path) -> dict:
+    parts = _field(reader, "split.count", 1)
+    if parts and int(parts) > 1:  # gguf-split: the other parts hold tensors this file only counts
+        raise UnsupportedModelError(
+            f"{path}: part {int(_field(reader, 'split.no', 0)) + 1} of {int(parts)} of a split GGUF; merge the parts "
+            f"into one file (llama.cpp: `llama-gguf-split --merge {path.name} merged.gguf`) and give that.")
     arch = _field(reader, "general.architecture")
     if arch not in _ARCHS:
         raise UnsupportedModelError(
