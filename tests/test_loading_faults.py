@@ -372,3 +372,23 @@ def test_a_hub_id_resolves_to_the_snapshot_refs_main_names(tmp_path, monkeypatch
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("1111")
     assert local_folder("acme/rm") == repo / "snapshots" / "1111"
+
+
+def test_a_tied_lm_with_a_head_of_its_own_is_refused_and_with_the_same_head_loads(tmp_path):
+    """tie_word_embeddings true beside a checkpoint lm_head.weight that differs: transformers keeps that head
+    untied, rmjax read the embeddings as the head (LM logits off by up to 17 on a tiny model), without a word.
+    Refused now; an lm_head.weight equal to the embeddings (a tied checkpoint saved with both) loads as before."""
+    from safetensors.numpy import load_file, save_file
+
+    hf = tiny.build_hf_model("llama3", tie_word_embeddings=False)
+    folder = tiny.save_hf_model(hf, tmp_path / "untied")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    with pytest.raises(CheckpointError) as refused:
+        load_hf_model_folder(folder, require_tokenizer=False)
+    assert "lm_head.weight differs" in _one_line(refused) and "tie_word_embeddings" in _one_line(refused)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    assert model.config.tie_embeddings

@@ -216,10 +216,13 @@ def assemble(
     """
     rules = hf_rules(cfg)
     out: dict[str, LazyParam] = {}
+    heads: dict[str, Callable[[], np.ndarray]] = {}  # a tied LM's embedding and a separate lm_head.weight beside it
     for raw_key, load in tensors:
         key = normalize_key(raw_key)
         if key is None:
             continue
+        if cfg.tie_embeddings and not cfg.is_reward_model and key in ("lm_head.weight", "embed_tokens.weight"):
+            heads[key] = load
         rule = next((r for r in rules if r.match(key)), None)
         if rule is None:
             if _UNUSED.fullmatch(key):
@@ -253,6 +256,8 @@ def assemble(
             raise CheckpointError(f"{source}: two tensors give {rule.target}{f' of layer {i}' if stacked else ''} "
                                   f"(the second is {raw_key!r}); keep only the checkpoint's own weight files.")
         param.parts[i] = value
+    if len(heads) == 2:
+        _require_tied(heads["lm_head.weight"], heads["embed_tokens.weight"], source)
     missing = [p for p in declared if p not in out]
     partial = [p for p, lazy in out.items() if lazy.stacked and len(lazy.parts) != cfg.num_layers]
     if missing or partial:
@@ -268,6 +273,19 @@ def assemble(
             f"listed in model.safetensors.index.json must be present).{hint}"
         )
     return out
+
+
+def _require_tied(head: Callable[[], np.ndarray], embed: Callable[[], np.ndarray], source: str,
+                  rows: int = 4096) -> None:
+    """A causal LM whose config ties its embeddings reads its LM head from the embedding table: a checkpoint's own
+    lm_head.weight must be that table (compared a block of rows at a time), or transformers, which then keeps the
+    checkpoint's head untied, and rmjax would score with two different heads."""
+    a, b = head(), embed()
+    same = a.shape == b.shape and all(np.array_equal(a[i : i + rows], b[i : i + rows]) for i in range(0, len(a), rows))
+    if not same:
+        raise CheckpointError(f"{source}: config.json ties the LM head to the embeddings (tie_word_embeddings), but "
+                              "the checkpoint's lm_head.weight differs from them; set tie_word_embeddings to false "
+                              "in config.json if this head is the model's own.")
 
 
 def to_hf_tensors(flat: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
