@@ -498,6 +498,12 @@ def test_each_host_reads_its_chips_shards_of_the_checkpoint():
     largest = max(d.size for d in nn.declarations(cfg).values())
     assert side["host_ram_peak_bytes"] == pytest.approx(replicated + split / 2 + 4 * largest, abs=1)
     assert side["fits_host_ram"] and side["host_ram_bytes"] == 448 * 10**9
+    # a multi-host v6e slice is made of 4-chip VMs (ct6e-standard-4t, 720 GB), not of the single host's 8
+    side = host_side(cfg, "bfloat16", chips.parse_slice("v6e-16"), 8, _declared_per_chip(cfg, 2, 8))
+    assert (side["hosts"], side["chips_per_host"], side["host_ram_bytes"]) == (4, 4, 720 * 10**9)
+    assert side["checkpoint_bytes_per_host"] == pytest.approx(replicated + split / 2, abs=1)
+    side = host_side(cfg, "bfloat16", chips.parse_slice("v6e-8"), 8, _declared_per_chip(cfg, 2, 8))
+    assert (side["hosts"], side["chips_per_host"], side["host_ram_bytes"]) == (1, 8, 1440 * 10**9)
 
 
 def test_fsdp_and_remat_change_the_training_step():

@@ -2,7 +2,8 @@
 may take, against the VM's RAM.
 
 Host figures are Google's TPU VM machine types as of 2025 (chips a host, GB of RAM a VM): v4 4 chips, 407 GB;
-v5e ct5lp-hightpu-1t/4t/8t 48/192/384 GB; v5p 4 chips, 448 GB; v6e ct6e-standard-1t/4t/8t 176/720/1440 GB.
+v5e ct5lp-hightpu-1t/4t/8t 48/192/384 GB; v5p 4 chips, 448 GB; v6e ct6e-standard-1t/4t/8t 176/720/1440 GB. A
+multi-host v6e slice (v6e-16 and up) is made of ct6e-standard-4t VMs: 4 chips and 720 GB each, 4 VMs for v6e-16.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ GB = 10**9
 # chips a host; the VM's RAM by chips on it (a multi-host slice's VMs are whole hosts)
 HOSTS = {"v4": (4, {4: 407 * GB}), "v5e": (8, {1: 48 * GB, 4: 192 * GB, 8: 384 * GB}),
          "v5p": (4, {4: 448 * GB}), "v6e": (8, {1: 176 * GB, 4: 720 * GB, 8: 1440 * GB})}
+# chips a VM of a multi-host slice holds, where fewer than a single host's most
+MULTI_HOST_VM_CHIPS = {"v6e": 4}
 
 
 def host_side(cfg: ModelConfig, dtype: str, piece: Slice, model: int, per_chip_weights: int) -> dict:
@@ -30,6 +33,8 @@ def host_side(cfg: ModelConfig, dtype: str, piece: Slice, model: int, per_chip_w
     host) of the model axis's shards. The peak bounds every byte read resident at once (mapped pages count
     once touched) plus the largest weight converted to float32."""
     per_host, ram = HOSTS[piece.chip.name]
+    if piece.chips > per_host:
+        per_host = MULTI_HOST_VM_CHIPS.get(piece.chip.name, per_host)
     on_host = min(per_host, piece.chips)
     size = np.dtype(numpy_dtype(dtype)).itemsize
     declared = nn.declarations(cfg)
