@@ -306,3 +306,13 @@ def test_a_run_refused_or_stopped_after_its_claim_keeps_the_result_overwrite_wou
     run_sweep(SweepSpec(inproc.options(rm_folder, out), inproc.prompts(), limit=24, batch_size=8, chunk_size=8))
     assert len(pd.read_csv(out)) == 24 and not plot_path(out).exists()
     assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == 8
+
+
+def test_a_name_whose_record_the_file_system_would_refuse_is_refused_first(rm_folder, tmp_path, monkeypatch):
+    """A 240-byte --out took the whole sweep, then its .meta.json's temp name passed the 255-byte limit: a
+    traceback, a CSV without its record, and a rerun that did the same. Refused now before anything is written."""
+    long = tmp_path / ("b" * 236 + ".csv")
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(rm_folder, long), inproc.prompts(), limit=8)),
+                   "240 bytes", "give a name of at most")
+    assert not list(tmp_path.iterdir())

@@ -111,7 +111,27 @@ def check_writable(path: str | Path, flag: str = "--out", folder: bool = False) 
             pass
     except OSError as error:
         raise UsageError(f"{flag}={path}: cannot write in {parent} ({error.strerror or error}).") from None
+    if not folder:
+        _check_name_length(path, parent, flag)
     return path
+
+
+# What the names written beside a result add to its own at most: `.meta.json`, a companion's suffix
+# (`.completions.csv`), and a temp file's dot, process id and `.tmp` (results.replacing).
+_DERIVED_NAME_CHARS = 48
+
+
+def _check_name_length(path: Path, parent: Path, flag: str) -> None:
+    """A name the file system takes, whose record and temp files beside it it would refuse after the work."""
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    longest = len(os.fsencode(path.name)) + _DERIVED_NAME_CHARS
+    if longest > limit:
+        raise UsageError(f"{flag}={path}: its name is {len(os.fsencode(path.name))} bytes, and the files written "
+                         f"beside it (its .meta.json, temp files) would pass this file system's limit of {limit} "
+                         f"bytes a name; give a name of at most {limit - _DERIVED_NAME_CHARS} bytes.")
 
 
 def read_meta_identity(meta: Path) -> dict | None:
