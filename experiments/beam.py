@@ -53,14 +53,15 @@ def main(argv):
     prompts = common.resolved_prompts()
     cfg = BEAM_CONFIG(template=common.TEMPLATE.value)
     token_ids = candidates.token_ids()
-    beam_job.run_beam(beam_job.BeamSpec(
+    result = beam_job.run_beam(beam_job.BeamSpec(
         common.options(OUT.value), prompts, cfg, None if token_ids is None else tuple(token_ids),
         vocab_file=candidates.VOCAB_FILE.value, limit=LIMIT.value, from_sweep=FROM_SWEEP.value,
         batch_size=candidates.BATCH_SIZE.value, chunk_size=candidates.CHUNK_SIZE.value, lm=lm_flag.LM.value))
     if distributed.is_main():
         print(beam_job.summary(OUT.value, SHOW.value))
         done = beam_job.completions_path(OUT.value)
-        print(f"wrote {OUT.value}{f', {done}' if done.is_file() else ''} and {results.meta_path(OUT.value)}")
+        files = f"{OUT.value}{f', {done}' if done.is_file() else ''} and {results.meta_path(OUT.value)}"
+        print(f"wrote {files}" if result is not None else f"reused {files}")  # None: a finished result, reused
 
 
 if __name__ == "__main__":
