@@ -316,3 +316,17 @@ def test_a_name_whose_record_the_file_system_would_refuse_is_refused_first(rm_fo
     inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(rm_folder, long), inproc.prompts(), limit=8)),
                    "240 bytes", "give a name of at most")
     assert not list(tmp_path.iterdir())
+
+
+def test_the_sweep_replaces_only_a_figure_it_draws_or_its_result_recorded(rm_folder, tmp_path):
+    """Without --plot the sweep draws no figure, yet --overwrite deleted a user's own s.csv.png. Now that name is
+    the run's only when it draws one, or when the result it replaces recorded one (then it goes with that result)."""
+    out = tmp_path / "s.csv"
+    run_sweep(SweepSpec(inproc.options(rm_folder, out), inproc.prompts(), limit=8))
+    plot_path(out).write_bytes(b"mine")
+    run_sweep(SweepSpec(inproc.options(rm_folder, out, overwrite=True), inproc.prompts(), limit=16))
+    assert plot_path(out).read_bytes() == b"mine" and len(pd.read_csv(out)) == 16
+    run_sweep(SweepSpec(inproc.options(rm_folder, out, overwrite=True), inproc.prompts(), limit=8, plot=True))
+    assert results.recorded(out, plot_path(out))  # drawn over it: --overwrite asked, and the run draws one there
+    run_sweep(SweepSpec(inproc.options(rm_folder, out, overwrite=True), inproc.prompts(), limit=16))
+    assert not plot_path(out).exists()  # the replaced result's figure, not left beside the new one

@@ -179,7 +179,7 @@ def run_sweep(spec: SweepSpec) -> Path:
     identity = sweep_identity(job_fingerprint(o), dtype=o.dtype, output_column=o.output_column, prompts=spec.prompts,
                               token_ids=spec.token_ids, limit=spec.limit, mode=spec.mode, template=o.template,
                               text_add_special_tokens=spec.text_add_special_tokens, vocab_lines=lines)
-    with claim_job(o, identity, owned=[plot_path(o.out)], store=store_dir(o.out),
+    with claim_job(o, identity, owned=owned_figure(o.out, spec.plot), store=store_dir(o.out),
                    inputs={"--vocab_file": spec.vocab_file}) as job:
         if not job.reuse:  # a resume scores with its saved batch size, planned (refused if it does not fit) here
             asked = resume_batch_size(o.out, spec.batch_size) if job.claimed.resume else spec.batch_size
@@ -205,6 +205,13 @@ def check_limit(model: str, token_ids, lines: VocabLines | None, limit: int | No
     config, tokenizer = config_and_tokenizer(model)
     ids = token_ids if lines is None else single_token_ids(tokenizer, lines, vocab_file, report=False)[0]
     candidate_count(config, tokenizer, ids, limit)
+
+
+def owned_figure(out: str | Path, plot: bool) -> list[Path]:
+    """The histogram beside `out` is the run's to write or replace when it draws one, or when the result it would
+    replace records one; else a file of that name is someone else's (--overwrite had deleted a user's own)."""
+    png = plot_path(out)
+    return [png] if plot or results.recorded(out, png) else []
 
 
 def _draw(csv: Path, png: Path) -> None:
@@ -265,7 +272,7 @@ def sweep(
                               prompts=prompts, token_ids=None if vocab_lines is not None else token_ids, limit=limit,
                               mode=mode, template=template, text_add_special_tokens=text_add_special_tokens,
                               vocab_lines=vocab_lines)
-    guard = (jobs.claimed(job, out, identity, overwrite=overwrite, owned=[plot_path(out)], store=store_dir(out))
+    guard = (jobs.claimed(job, out, identity, overwrite=overwrite, owned=owned_figure(out, plot), store=store_dir(out))
              if out is not None else contextlib.nullcontext())
     with guard as job:
         if job is not None and job.reuse:
