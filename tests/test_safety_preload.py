@@ -53,3 +53,21 @@ def test_a_disagreement_writes_inside_none_of_the_models_it_reads(rm_folder, lm_
         refused(lambda out=out: run_disagree(_spec(rm_folder, side_b, out, lm_folder)),
                 "inside a folder this run reads")
         assert not out.exists()
+
+
+def test_a_prior_that_ends_turns_otherwise_is_refused_before_loading(rm_folder, lm_folder, tmp_path, monkeypatch):
+    """The frontier read the prior's end of turn only after the RM, the prior and the judge had loaded."""
+    from rmjax.search import fluent
+    from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
+
+    lm = tmp_path / "lm"
+    shutil.copytree(lm_folder, lm)
+    template = (lm / "chat_template.jinja").read_text()
+    assert "<|im_end|>" in template
+    (lm / "chat_template.jinja").write_text(template.replace("<|im_end|>", "<|endoftext|>"))
+    no_weights_read(monkeypatch)
+    spec = FrontierSpec(inproc.options(rm_folder, tmp_path / "f"), inproc.prompts(),
+                        FrontierConfig(lambdas=(0.0,), forwards=200, z_sample=64),
+                        fluent.FluentConfig(num_tokens=3, samples=8), lm=str(lm), judge=str(lm_folder))
+    refused(lambda: run_frontier(spec), f"--lm={lm} ends a turn with token", "whole responses need one end of turn")
+    assert not (tmp_path / "f").exists()

@@ -42,6 +42,7 @@ class PromptChecks:
         self.options, self.search, self.per_candidate = options, search, per_candidate
         self.context_cfg = search.gcg(template=options.template)
         self.rm = job_config_and_tokenizer(options)
+        self.lm_spec = lm
         self.lm = (f"the prior --lm={lm}", *job_config_and_tokenizer(options, lm)) if lm else None
         if self.lm:  # the prior reads the RM's token ids
             require_same_vocabulary(self.rm[1], options.model, self.lm[2], lm)
@@ -57,7 +58,10 @@ class PromptChecks:
             others_prefill += Fraction(len(split.prefix), n + (turns.rm_tail(split.suffix) if suffix else 1))
         prior_prefix = 0  # the RM as its own prior: one prefill serves both
         if self.lm:  # the prior reads the prompt, the response and its end of turn
-            prior_prefix = len(self._room(*self.lm, text, reads_suffix=False).prefix)
+            split = self._room(*self.lm, text, reads_suffix=False)
+            prior_prefix = len(split.prefix)
+            require_same_end(turns.end_of_turn(rm.suffix, self.rm[1], self.options.model), self.lm[2], split.suffix,
+                             self.lm_spec, self.options.model)
         if self.judge:
             judge, judge_cfg, judge_tokenizer = self.judge
             try:  # the judge reads the prompt in its own template ("auto") and at least one token of a response
@@ -81,6 +85,14 @@ class PromptChecks:
                 raise
             raise PromptTooLongError(f"{label}: {error}") from None
         return split
+
+
+def require_same_end(rm_end: int, lm_tokenizer, lm_suffix, lm_source: str, rm_source: str) -> None:
+    """The prior ends a turn with the RM's token: whole responses need one end of turn."""
+    theirs = turns.end_of_turn(lm_suffix, lm_tokenizer, lm_source)
+    if theirs != rm_end:
+        raise UsageError(f"--lm={lm_source} ends a turn with token {theirs}, {rm_source} with {rm_end}: whole "
+                         "responses need one end of turn; give a prior with the RM's chat template.")
 
 
 def prefill_cost(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int) -> Fraction:

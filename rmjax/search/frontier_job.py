@@ -293,10 +293,7 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
     end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
     if lm is not rm:
         split = chat.split_chat(lm.tokenizer, text, template)
-        theirs = turns.end_of_turn(split.suffix, lm.tokenizer, lm.source)
-        if theirs != end:
-            raise UsageError(f"--lm={lm.source} ends a turn with token {theirs}, {rm.source} with {end}: "
-                             "whole responses need one end of turn; give a prior with the RM's chat template.")
+        frontier_checks.require_same_end(end, lm.tokenizer, split.suffix, lm.source, rm.source)
     prior = Prior.of(lm, target.prefix if lm is rm else split.prefix)
     gcg_cfg = spec.search.gcg(allow_non_ascii=spec.config.allow_non_ascii, allow_special=spec.config.allow_special,
                              template=template)
