@@ -303,6 +303,9 @@ def test_a_run_refused_or_stopped_after_its_claim_keeps_the_result_overwrite_wou
         run_sweep(SweepSpec(again, inproc.prompts(), limit=24, batch_size=8, chunk_size=8))
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == old
     monkeypatch.setattr(ChunkStore, "write", real_write)
+    # the old flags reuse the old result, and leave the stopped run's saved progress to its own rerun
+    run_sweep(SweepSpec(inproc.options(rm_folder, out), inproc.prompts(), limit=16, batch_size=8, plot=True))
+    assert (store_dir(out) / "chunk-0000000000.npy").is_file()
     run_sweep(SweepSpec(inproc.options(rm_folder, out), inproc.prompts(), limit=24, batch_size=8, chunk_size=8))
     assert len(pd.read_csv(out)) == 24 and not plot_path(out).exists()
     assert json.loads(results.meta_path(out).read_text())["resumed_candidates"] == 8

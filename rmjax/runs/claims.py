@@ -216,9 +216,9 @@ def remove(paths: Sequence[Path], store: Path | None = None) -> None:
 class Claim:
     """The decision taken for one output: `reuse` (a finished result with this identity is there) or
     write it (fresh, resuming saved progress, or replacing an old result with --overwrite). `remove`
-    lists what process 0 deletes (before the work starts, or with `claim_all(defer_removal=True)` just before the
-    new result is written), and `clear` a chunk store whose own files it deletes at once (never anything else in
-    that folder)."""
+    lists what process 0 deletes (before the work starts, or with `claim_all(defer_removal=True)` those the new
+    result did not replace, once it is written: jobs.Job.finish), and `clear` a chunk store whose own files it
+    deletes at once (never anything else in that folder)."""
 
     out: Path
     identity: dict
@@ -328,6 +328,8 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
                     print(f"note: {name}, a figure of {out}, was deleted; the result itself is whole and is reused.",
                           file=sys.stderr)
             leftover = store if store is not None and store.is_dir() else None
+            if leftover is not None and read_meta_identity(store / "manifest.json") not in (None, identity):
+                leftover = None  # another run's saved progress (an --overwrite stopped before its end): kept
             return Claim(out, identity, reuse=True, clear=leftover)
     elif stored == identity:  # its .meta.json outlived the result: recompute it (that .meta.json and the
         stored, outlived = None, True  # companions it records as written are this run's, replaced)
@@ -478,7 +480,7 @@ def claim_all(outputs: Sequence[Output], defer_removal: bool = False) -> Iterato
     read-only decisions, all of them (a refusal of any output stops the run before anything is deleted); then
     process 0 (which holds the locks) removes what --overwrite replaces, or with `defer_removal` only clears the
     chunk stores and leaves the old result whole to the writer (jobs.Job.finish), so a run refused or stopped
-    before its end never costs the result it would have replaced."""
+    before its writes never costs the result it would have replaced."""
     check_distinct(outputs)
     missing = _missing_folders(outputs)
     claimed = False

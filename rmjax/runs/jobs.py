@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -59,15 +60,28 @@ class Job:
         path = self.out
         if is_main():
             with finiteness.nonfinite_allowed(bool(allow_nonfinite), has_flag=allow_nonfinite is not None):
-                remove(self.claimed.remove)  # the result this one replaces, kept whole until now (claim_all)
+                old = {p: _file_id(p) for p in self.claimed.remove}  # the result this one replaces (claim_all)
                 try:
                     path = Path(write(self.out) or self.out)
                 except BaseException:  # its rerun resumes over what it wrote, not refuses it as a stranger's
                     record_interrupted(self.store, self.identity, self.out, self.owned)
                     raise
                 meta.setdefault("seconds", time.perf_counter() - self.started)
+                # the old result's files this one did not write over go (else its record would count an old figure
+                # as the new result's); its .meta.json is replaced by the new record
+                record = results.meta_path(path)
+                remove([p for p, was in old.items() if p != record and was is not None and _file_id(p) == was])
                 results.write_meta(path, files=self.owned, kind=self.kind, identity=self.identity, **meta)
         return path
+
+
+def _file_id(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file from the one written over it (results.replacing renames a new inode into place)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def model_meta(model) -> dict:
