@@ -123,6 +123,8 @@ def local_folder(hf_id: str) -> Path | None:
         folder = repo / "snapshots" / main.read_text().strip()
         if (folder / "config.json").is_file():
             return folder
+        raise UsageError(f"{hf_id}: the Hugging Face cache's refs/main names {folder}, which holds no config.json; "
+                         "download the model again or give its folder.")
     snapshots = sorted((repo / "snapshots").glob("*/config.json"))
     if len(snapshots) > 1:
         raise UsageError(f"{hf_id}: {len(snapshots)} snapshots in the Hugging Face cache ({repo}) and no refs/main "

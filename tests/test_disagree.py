@@ -618,6 +618,7 @@ def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_
         patch.setattr(Forwards, "charge", spy)
         run_disagree(dataclasses.replace(spec, options=dataclasses.replace(spec.options, overwrite=True)))
     assert (out / "disagree.csv").is_file() and not (out / "vocab_map.csv").exists()
+    assert not (out / "vocab_map.csv.meta.json").exists()  # nor the map-only run's record
     # each model's prefix over the positions one response of N tokens runs in it: A's (and its suffix), the
     # prior's (and an end of turn) and side B's, an RM reading its suffix (side B's had been left out)
     n = SEARCH.num_tokens

@@ -372,6 +372,9 @@ def test_a_hub_id_resolves_to_the_snapshot_refs_main_names(tmp_path, monkeypatch
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("1111")
     assert local_folder("acme/rm") == repo / "snapshots" / "1111"
+    (repo / "refs" / "main").write_text("2222")  # a revision not downloaded whole: not another one in its place
+    with pytest.raises(UsageError, match="holds no config.json"):
+        local_folder("acme/rm")
 
 
 def test_a_tied_lm_with_a_head_of_its_own_is_refused_and_with_the_same_head_loads(tmp_path):

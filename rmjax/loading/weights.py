@@ -211,8 +211,9 @@ def assemble(
 ) -> dict[str, LazyParam]:
     """Route (hf_key, loader) pairs through the rules into lazily read parameters of `dtype`.
 
-    Nothing is read here beyond headers (transforms are views of memmaps); shapes are checked
-    against the config. Reward heads are kept in float32.
+    Nothing is read here beyond headers (transforms are views of memmaps), except where a tied causal LM's
+    checkpoint also holds an lm_head.weight (`_require_tied` compares the two); shapes are checked against the
+    config. Reward heads are kept in float32.
     """
     rules = hf_rules(cfg)
     out: dict[str, LazyParam] = {}

@@ -112,8 +112,9 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
     identity = disagree_identity(spec, (a, b), judge)
     paths = folder_paths(o.out)
     main = paths["csv"] if cfg.search else paths["map"]
-    # all, written or not: a rerun leaves no earlier run's map, nor a search's record beside a map-only run's
-    owned = [p for p in paths.values() if p != main] + ([] if cfg.search else [results.meta_path(paths["csv"])])
+    # all, written or not, and the other kind of run's record: a rerun leaves no earlier run's map or record
+    other = paths["map"] if cfg.search else paths["csv"]
+    owned = [p for p in paths.values() if p != main] + [results.meta_path(other)]
     with claim_job(o, identity, out=main, owned=owned, store=store_dir(main),
                    inputs=model_inputs(models=",".join(b.models), lm=spec.lm, judge=judge)) as job:
         if job.reuse:
