@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -163,7 +164,8 @@ def _prefix_and_suffix(folder, text: str) -> tuple[int, int]:
     tokenizer and its own rendering of the template (not rmjax's)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False) if isinstance(folder, (str, Path)) \
+        else folder  # a builtin model's tokenizer, as rmjax builds it from its GGUF file
     marker = "\x00RESPONSE\x00"
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": text},
                                               {"role": "assistant", "content": marker}], tokenize=False)
@@ -349,3 +351,24 @@ def test_the_end_of_turn_is_never_a_response_token_under_allow_special(rm_folder
     end = frontier_job.end_of_turn(rm, spec, "greatest")
     special = set(rm.tokenizer.all_special_ids) - {end}
     assert prepared.banned[end] and special and not prepared.banned[sorted(special)].any()
+
+
+def test_with_the_rm_as_its_own_prior_a_candidate_costs_one_forward_in_the_least_budget():
+    """The least budget counted 2 forwards a candidate (a prior's and the RM's) when the RM is its own prior, whose
+    sampler's forward scores the sample (1): budgets that buy a candidate were refused. The default RM ties its
+    embeddings: its prefill over N + S, plus 1, within --start_share."""
+    from rmjax.runs.options import RunOptions
+    from rmjax.search.fluent import FluentConfig
+    from rmjax.search.frontier_checks import PromptChecks
+    from rmjax.text.prompts import resolve_prompts
+
+    text = resolve_prompts(["greatest"], [])["greatest"]
+    model = "elo-rm-smollm2-135m"
+    from rmjax.loading import config_and_tokenizer
+
+    prefix, suffix = _prefix_and_suffix(config_and_tokenizer(model)[1], text)
+    search = FluentConfig(num_tokens=2, start_share=0.4)
+    need = math.ceil(max(Fraction(prefix, 2 + suffix) + 1, 1 / Fraction(0.4)))
+    checks = PromptChecks(RunOptions(model=model, out=None), search, None, None)
+    checks.check(text, need)
+    inproc.refused(lambda: checks.check(text, need - 1), f"give --forwards={need} or more")

@@ -81,7 +81,7 @@ def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> None:
     others = [(f"side B {m}", m, not b.implicit) for m in b.models]  # an implicit side's LMs: prompt, response, end
     prompt_checks = frontier_checks.PromptChecks(spec.options, search, spec.lm if spec.config.search else None,
                                            judge if spec.config.search else None, others,
-                                           frontier_checks.PER_CANDIDATE + b.each)
+                                           others_each=b.each)
     for text in spec.prompts.values():
         prompt_checks.check(text, spec.config.forwards if spec.config.search else None)
 

@@ -16,7 +16,11 @@ from rmjax.search.completion import require_same_vocabulary
 from rmjax.search.gcg_config import check_context
 from rmjax.text import chat
 
-PER_CANDIDATE = 2  # one prior forward to sample a response and one RM forward to score it (rmjax.search.fluent)
+
+def per_candidate(own_prior: bool) -> int:
+    """Forwards one sampled and scored candidate costs: a prior forward and an RM forward, or one forward when the
+    RM is its own prior (its sampler's forward scores it: rmjax.search.fluent, baseline)."""
+    return 1 if own_prior else 2
 
 
 def check_before_loading(spec, judge: str) -> None:
@@ -35,11 +39,12 @@ class PromptChecks:
     """A search's prompt checked against every model that reads it, before any weight loads (each config and
     tokenizer read once, as the job loads it: with its --system_prompt): the response within the RM's, the
     prior's (`lm`) and each of `others`' context (a disagreement's side B: (label, spec, reads its template's
-    suffix)), room in the judge's, and a --forwards budget that buys one candidate (`per_candidate` forwards)."""
+    suffix)), room in the judge's, and a --forwards budget that buys one candidate (per_candidate, and `others_each`
+    whole forwards of the other side)."""
 
-    def __init__(self, options, search, lm: str | None, judge: str | None, others=(),
-                 per_candidate: int = PER_CANDIDATE):
-        self.options, self.search, self.per_candidate = options, search, per_candidate
+    def __init__(self, options, search, lm: str | None, judge: str | None, others=(), others_each: int = 0):
+        self.options, self.search = options, search
+        self.candidate = per_candidate(lm is None) + others_each
         self.context_cfg = search.gcg(template=options.template)
         self.rm = job_config_and_tokenizer(options)
         self.lm_spec = lm
@@ -71,7 +76,7 @@ class PromptChecks:
         if forwards is None:
             return
         need = minimum_forwards(len(rm.prefix), turns.rm_tail(rm.suffix), prior_prefix, n, self.search.start_share,
-                                self.per_candidate, others_prefill)
+                                self.candidate, others_prefill)
         if forwards < need:
             raise UsageError(budget_message(forwards, need))
 
@@ -101,12 +106,12 @@ def prefill_cost(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int
 
 
 def minimum_forwards(rm_prefix: int, suffix: int, prior_prefix: int, num_tokens: int, start_share: float,
-                     per_candidate: int = PER_CANDIDATE, others_prefill: Fraction = Fraction(0)) -> int:
-    """The least --forwards that buys one candidate after the prefill, for best-of-N and for the search's
-    starts, which may spend start_share of the budget (rmjax.search.fluent.fluent_search); `per_candidate` more,
-    and its prefill (`others_prefill`), with a disagreement's other side."""
+                     candidate: int, others_prefill: Fraction = Fraction(0)) -> int:
+    """The least --forwards that buys one candidate (`candidate` forwards: per_candidate, and a disagreement's
+    other side's) after the prefill (the other side's too: `others_prefill`), for best-of-N and for the search's
+    starts, which may spend start_share of the budget (rmjax.search.fluent.fluent_search)."""
     prefill = prefill_cost(rm_prefix, suffix, prior_prefix, num_tokens) + others_prefill
-    return max(math.ceil(prefill + per_candidate), math.ceil(per_candidate / Fraction(start_share)))
+    return max(math.ceil(prefill + candidate), math.ceil(candidate / Fraction(start_share)))
 
 
 def budget_message(forwards: int, need: int) -> str:

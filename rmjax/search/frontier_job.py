@@ -337,7 +337,8 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
     try:
         forwards.charge(len(p.target.prefix), prior_prefix)
     except BudgetSpent:  # frontier_checks refuses this before loading; never an internal exception's traceback
-        need = frontier_checks.minimum_forwards(len(p.target.prefix), tail, prior_prefix, n, search.start_share)
+        need = frontier_checks.minimum_forwards(len(p.target.prefix), tail, prior_prefix, n, search.start_share,
+                                                frontier_checks.per_candidate(p.prior.model is p.target.model))
         raise UsageError(frontier_checks.budget_message(cfg.forwards, need)) from None
     sign = 1.0 if direction == "optimal" else -1.0
     objective = Objective(p.target, p.prior, lam or 0.0, sign, cfg.repetition_penalty, forwards,
