@@ -86,6 +86,13 @@ def test_a_tensor_in_two_files_is_refused(tmp_path):
 
 # 2: Gemma 3 GGUF rope scaling and the 27B query scale
 
+def _written(writer: gguf.GGUFWriter) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def _gemma3_gguf(path, hidden, heads, kv, head_dim, layers, scaling, arch="gemma3"):
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(131072)
@@ -104,10 +111,7 @@ def _gemma3_gguf(path, hidden, heads, kv, head_dim, layers, scaling, arch="gemma
         w.add_rope_scaling_factor(8.0)
     w.add_token_list(["<pad>", "<eos>", "<bos>"] + [f"t{i}" for i in range(13)])
     w.add_tensor("token_embd.weight", np.zeros((16, 8), np.float32))  # metadata is all the config reads
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _written(w)
     return path
 
 
@@ -305,10 +309,7 @@ def _llama_gguf(path, tokenizer_model, quant):
         w.add_tensor("token_embd.weight", np.zeros((4, 80), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_1)
     else:
         w.add_tensor("token_embd.weight", np.zeros((4, 64), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _written(w)
     return path
 
 
@@ -346,10 +347,7 @@ def test_one_part_of_a_split_gguf_is_refused_naming_the_merge(tmp_path):
     w.add_uint16("split.count", 2)
     w.add_embedding_length(8)
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _written(w)
     with pytest.raises(UnsupportedModelError) as refused:
         hf_config_from_gguf(read_gguf(path), path)
     assert "part 1 of 2 of a split GGUF" in _one_line(refused) and "llama-gguf-split --merge" in _one_line(refused)
