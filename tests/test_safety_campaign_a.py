@@ -147,9 +147,10 @@ def test_overwrite_removes_a_companion_link_not_its_target(rm_folder, tmp_path, 
     link.symlink_to(victim)
     from rmjax.search.sweep import SweepSpec, run_sweep
 
-    def sweep(overwrite: bool):  # `sweep --token_ids=10,11 [--overwrite]`, in-process (tests/inproc.py)
+    def sweep(overwrite: bool):  # `sweep --token_ids=10,11 --plot [--overwrite]`, in-process (tests/inproc.py):
+        # the figure's name is the run's when it draws one (without --plot a file there is left alone)
         return run_sweep(SweepSpec(inproc.options(rm_folder, out, overwrite=overwrite), inproc.prompts(),
-                                   token_ids=(10, 11)))
+                                   token_ids=(10, 11), plot=True))
 
     inproc.refused(lambda: sweep(overwrite=False), str(link))
     sweep(overwrite=True)

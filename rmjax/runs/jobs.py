@@ -60,6 +60,9 @@ class Job:
         path = self.out
         if is_main():
             with finiteness.nonfinite_allowed(bool(allow_nonfinite), has_flag=allow_nonfinite is not None):
+                # a link planted at an output's name goes first (never part of a result, and a write resolving the
+                # name, as a figure's does, would follow it to its target)
+                remove([p for p in self.claimed.remove if p.is_symlink()])
                 old = {p: _file_id(p) for p in self.claimed.remove}  # the result this one replaces (claim_all)
                 try:
                     path = Path(write(self.out) or self.out)
