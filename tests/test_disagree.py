@@ -600,12 +600,18 @@ def _analyze_seeds_of_a_real_run(out, again, tmp_path):
 
 def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_rm, lm_folder, tmp_path):
     """vocab_map.csv was the job's own only when this run wrote one: a map-only run, then a search without a map
-    with --overwrite into the same folder, left the first run's map beside the second's results."""
+    with --overwrite into the same folder, left the first run's map beside the second's results; a map-only rerun
+    over a search left the search's record. One search, a map-only rerun, then the search again."""
     out = tmp_path / "d"
-    run_disagree(_spec(rm_folder, lower_rm, out, lm_folder, search=False, b_gradient=False))
-    assert (out / "vocab_map.csv").is_file()
     spec = _spec(rm_folder, lower_rm, out, lm_folder, vocab_map=False, b_gradient=False, direction="a_over_b",
                  methods="best_of_n")
+    again = dataclasses.replace(spec, options=dataclasses.replace(spec.options, overwrite=True))
+    run_disagree(spec)
+    # a map-only rerun over the search's folder leaves none of the search's files, its record included
+    run_disagree(dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder, search=False, b_gradient=False),
+                                     options=again.options))
+    assert (out / "vocab_map.csv").is_file()
+    assert not [p.name for p in out.iterdir() if p.name.startswith("disagree")]
     charged = []  # each unit's first charge: the prompt's prefill
     real_charge = Forwards.charge
 
@@ -616,7 +622,7 @@ def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Forwards, "charge", spy)
-        run_disagree(dataclasses.replace(spec, options=dataclasses.replace(spec.options, overwrite=True)))
+        run_disagree(again)
     assert (out / "disagree.csv").is_file() and not (out / "vocab_map.csv").exists()
     assert not (out / "vocab_map.csv.meta.json").exists()  # nor the map-only run's record
     # each model's prefix over the positions one response of N tokens runs in it: A's (and its suffix), the
@@ -628,11 +634,6 @@ def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_
         return Fraction(len(split.prefix), n + (max(len(split.suffix), 1) if reads_suffix else 1))
 
     assert charged == [prefill(rm_folder, True) + prefill(lm_folder, False) + prefill(lower_rm, True)]
-    # a map-only rerun over the search's folder leaves none of the search's files, its record included
-    run_disagree(dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder, search=False, b_gradient=False),
-                                     options=dataclasses.replace(spec.options, overwrite=True)))
-    assert (out / "vocab_map.csv").is_file()
-    assert not [p.name for p in out.iterdir() if p.name.startswith("disagree")]
 
 
 def test_best_of_n_rows_are_distinct_samples():
