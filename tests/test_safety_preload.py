@@ -29,7 +29,8 @@ def test_an_lm_of_another_tokenizer_a_too_large_enumeration_and_an_out_inside_th
     # smaller run the refusal advised (5000^3 partials of depth 4 pass any host's memory)
     exhaustive = BeamConfig(depth=4, exhaustive=True)
     refused(lambda: run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / "e.csv"), inproc.prompts(), exhaustive,
-                                      limit=5000)), "candidates")
+                                      limit=5000)),
+            "--exhaustive --depth=4 over", "partial responses at depth 4", "use at most")
     # the beam's --lm folder was not an input: an --out inside it was written there, and --overwrite deleted its
     # weights
     lm = tmp_path / "lm"
