@@ -173,8 +173,11 @@ def test_kill_and_resume_gives_identical_csv(rm_folder, tmp_path):
     assert meta["resumed_candidates"] == done * 64
     assert meta["candidates_scored"] + meta["resumed_candidates"] == json.loads(
         results.meta_path(whole).read_text())["candidates_scored"]
-    assert "depth 3 optimal:" in resumed.stdout
+    assert "depth 3 optimal:" in resumed.stdout and f"wrote {out}" in resumed.stdout
     assert not out.with_name(out.name + ".chunks").exists()
+    again = subprocess.run(_beam_cmd(rm_folder, out), cwd=cli.REPO, env=cli.ENV, check=True, capture_output=True,
+                           text=True)  # the finished result: reused, and said so (it printed "wrote")
+    assert f"reused {out}" in again.stdout and "wrote" not in again.stdout and out.read_bytes() == whole.read_bytes()
 
 
 def test_vocab_file_and_user_errors(rm_folder, tmp_path, monkeypatch):
