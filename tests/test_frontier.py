@@ -312,17 +312,19 @@ class _Ledger:
                                                                   "every_log_probs")}
 
         self.called = set()
-        self.own_starts = False  # within the search's starts, drawn by the RM as its own prior
-        real_starts = fluent._sample_starts
+        self.own_draws = False  # within the search's starts or resampled tails, drawn by the RM as its own prior
 
-        def starts(obj, *args, **kwargs):
-            self.own_starts = obj.rm_is_prior
-            try:
-                return real_starts(obj, *args, **kwargs)
-            finally:
-                self.own_starts = False
+        def drawing(real):
+            def draw(obj, *args, **kwargs):
+                self.own_draws = obj.rm_is_prior
+                try:
+                    return real(obj, *args, **kwargs)
+                finally:
+                    self.own_draws = False
+            return draw
 
-        monkeypatch.setattr(fluent, "_sample_starts", starts)
+        for name in ("_sample_starts", "_resample_tails"):
+            monkeypatch.setattr(fluent, name, drawing(getattr(fluent, name)))
 
         def spy(name, count):
             def call(*args, **kwargs):
@@ -344,12 +346,14 @@ class _Ledger:
         def through_end(rows):  # a prior row's positions: up to and with its first end of turn
             return sum(row.index(end) + 1 if end in row else len(row) for row in np.asarray(rows).tolist())
 
-        variants = lambda m, ext, suffix, cur, v, rows, log_probs=False, longest=None, **k: rm_add(  # noqa: E731
-            sum(len(row) - first_change(list(row), list(cur)) + len(suffix) for row in v))
-        # a sample the RM draws as its own prior is one forward of N + S positions, the sampler's, which scores it
-        # too (as best-of-N's: the sampler's forward holds the reward's positions but the suffix)
+        def variants(m, ext, suffix, cur, v, rows, log_probs=False, longest=None, **k):
+            if not self.own_draws:
+                rm_add(sum(len(row) - first_change(list(row), list(cur)) + len(suffix) for row in v))
+
+        # a sample or a tail the RM draws as its own prior is one forward of its drawn positions + S, the sampler's,
+        # which scores it too (as best-of-N's: the sampler's forward holds the reward's positions but the suffix)
         counters = {
-            "score_responses": lambda m, c, s, r, b, first=None, lengths=None, end=None: self.own_starts or rm_add(
+            "score_responses": lambda m, c, s, r, b, first=None, lengths=None, end=None: self.own_draws or rm_add(
                 np.shape(r)[0] * (np.shape(r)[1] + self.tail) if lengths is None else int(np.sum(lengths + self.tail))),
             "score_variants": variants,
             "extend_prefix": lambda m, c, x: (rm_add if m is rm else lm_add)(np.size(x)),
@@ -362,7 +366,7 @@ class _Ledger:
             "every_log_probs": lambda m, c, f, ids: lm_add(len(ids)),
             "next_log_probs": lambda m, c, f, p: lm_add(np.size(p)),
             "sample_responses": lambda m, c, f, b, count, length, *a, end=None, **k: rm_add(
-                count * (length + self.tail)) if self.own_starts else lm_add(count * (length + (end is not None))),
+                count * (length + self.tail)) if self.own_draws else lm_add(count * (length + (end is not None))),
         }
         for name, count in counters.items():
             monkeypatch.setattr(objective, name, spy(name, count))
@@ -498,7 +502,7 @@ class _RecordingObjective:
         self.forwards, self.scored = Forwards(left, 1, 1), []
         self.end = 10**6  # no token here: every sequence is a whole turn of N tokens
 
-    def cost(self, cands, current, every, known=False, partner=True):
+    def cost(self, cands, current, every, known=False, partner=True, paid=False):
         return np.full(len(cands), Fraction(1), object)
 
     def score(self, cands, current, extended, every=None):

@@ -32,7 +32,7 @@ from rmjax.search.completion import require_prior_config, same_tokenizer
 from rmjax.search.disagree import Disagreement, map_rewards, shared_strings, twin_map, vocab_map
 from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec, parse_sides
 from rmjax.search.fluent import fluent_search
-from rmjax.search.frontier_job import BEST_OF_N, SEARCH_STARTS, default_judge, left_out, search_rows
+from rmjax.search.frontier_job import BEST_OF_N, OWN_PRIOR_DRAWS, default_judge, left_out, search_rows
 from rmjax.search.gcg import make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids
@@ -96,7 +96,7 @@ def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judg
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
             "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)", "best_of_n": BEST_OF_N,
-            "search_starts": SEARCH_STARTS,
+            "own_prior_draws": OWN_PRIOR_DRAWS,
             "side_b_paid": "once a text, and its prompt's prefill", **left_out(spec.config)}
 
 

@@ -378,29 +378,39 @@ def _resample_tails(objective: Objective, cfg: FluentConfig, current: np.ndarray
                     retokenize, archive: _Archive, seen, step: int) -> None:
     """`resamples` responses that keep current's first j tokens (j drawn per step) and draw the rest from the prior,
     scored from their first change; their log-probs are the sampler's and current's own (`every`), so the prior
-    runs only to draw (and, when it is not the RM, to extend its cache by the j kept tokens)."""
+    runs only to draw (and, when it is not the RM, to extend its cache by the j kept tokens). Drawn by the RM as its
+    own prior, a tail costs its sampler's forward (n − j + S RM positions: the reward's but the suffix, as a start
+    does), and its score is that forward's."""
     prior, n, end = objective.prior, len(current), objective.end
     j = int(np.random.default_rng([cfg.seed, step]).integers(0, turns.lengths(current[None], end)[0]))
     cache = objective.prior_cache_after(current, j, extended)
-    objective.forwards.charge(0, cfg.resamples * (n - j + 1))
-    tails, lps = prior_lib.sample_responses(prior.model, cache, every[j], banned, cfg.resamples, n - j,
+    own_prior, count = objective.rm_is_prior, cfg.resamples
+    if own_prior:  # as many as the budget left buys
+        count = min(count, int(objective.forwards.left // objective.forwards.cost(n - j + objective.tail)))
+        if not count:
+            raise BudgetSpent
+        objective.forwards.charge(count * (n - j + objective.tail))
+    else:
+        objective.forwards.charge(0, count * (n - j + 1))
+    tails, lps = prior_lib.sample_responses(prior.model, cache, every[j], banned, count, n - j,
                                             (cfg.seed * 1_000_003 + step) % 2**32, cfg.temperature, end=end,
                                             end_from=0 if j else 1)
     cands = turns.canonical(np.concatenate([np.repeat(current[None, :j], len(tails), axis=0), tails], axis=1), end)
-    own = float(to_host(every[np.arange(j), current[:j]]).astype(np.float64).sum())  # j entries, not [L + 1, V]
+    kept_logp = float(to_host(every[np.arange(j), current[:j]]).astype(np.float64).sum())  # j entries, not [L + 1, V]
     keep = _fresh(cands, retokenize, seen, end)
     if keep.any():
-        cands, known = cands[keep], turn_fluency(lps[keep], cands[keep], end, own, j)
-        fits = len(_affordable(objective, cands, current, None, known=True))
-        archive.add(cands[:fits], objective.score(cands[:fits], current, extended, known_logp=known[:fits]))
+        cands, known = cands[keep], turn_fluency(lps[keep], cands[keep], end, kept_logp, j)
+        fits = len(_affordable(objective, cands, current, None, known=True, paid=own_prior))
+        archive.add(cands[:fits], objective.score(cands[:fits], current, extended, known_logp=known[:fits],
+                                                  paid=own_prior))
 
 
 def _affordable(objective: Objective, cands: np.ndarray, current: np.ndarray, every, known: bool = False,
-                screen: int = 0) -> np.ndarray:
+                screen: int = 0, paid: bool = False) -> np.ndarray:
     """The leading candidates whose scoring fits the budget left (`screen`: the other side scores at most that many
     of them, Objective.score_screened); BudgetSpent when not even one does."""
     left, forwards = objective.forwards.left, objective.forwards
-    totals = np.cumsum(objective.cost(cands, current, every, known, partner=not screen))
+    totals = np.cumsum(objective.cost(cands, current, every, known, partner=not screen, paid=paid))
     if screen:
         totals = [t + forwards.cost(whole=min(screen, i + 1) * objective.other_each) for i, t in enumerate(totals)]
     fits = sum(1 for total in totals if total <= left)  # the sums only grow

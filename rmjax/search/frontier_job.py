@@ -110,9 +110,9 @@ class FrontierSpec:
 # How best-of-N draws and keeps its samples (part of each identity: a result of another rule is not reused): texts
 # that round-trip, the whole budget (a short sample's change buys more), streams of their own.
 BEST_OF_N = "round trip, whole budget, own streams, readable paid for"
-# How the search's starts are paid for (part of each identity too): a sample drawn by the RM as its own prior costs
-# one forward, as best-of-N's does (it had cost a prior forward and an RM forward).
-SEARCH_STARTS = "own-prior samples at best-of-N's price"
+# How the search's draws are paid for (part of each identity too): a start or a resampled tail drawn by the RM as its
+# own prior costs its sampler's forward, as a best-of-N sample does (each had cost a prior forward and an RM one).
+OWN_PRIOR_DRAWS = "own-prior starts and resampled tails at best-of-N's price"
 
 
 def default_judge(rm_config) -> str:
@@ -131,7 +131,7 @@ def frontier_identity(spec: FrontierSpec, model_fp: dict, lm_fp: dict | None, ju
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
             "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)",
             "fluency": "mean token log-prob + end of turn at full weight", "best_of_n": BEST_OF_N,
-            "search_starts": SEARCH_STARTS,
+            "own_prior_draws": OWN_PRIOR_DRAWS,
             "sweep": results.file_sha1(spec.sweep) if spec.sweep else None} | left_out(spec.config)
 
 

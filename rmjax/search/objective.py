@@ -242,24 +242,27 @@ class Objective:
         return first
 
     def cost(self, cands: np.ndarray, current: np.ndarray | None = None, every=None, known: bool = False,
-             partner: bool = True) -> np.ndarray:
+             partner: bool = True, paid: bool = False) -> np.ndarray:
         """What `score` charges for each candidate [W] (Fractions); `known`: their log-probs are given; without
-        `partner`, this side's part alone (`score_screened` charges the partner per candidate it keeps)."""
+        `partner`, this side's part alone (`score_screened` charges the partner per candidate it keeps); `paid`:
+        the partner's part alone (this side's forwards were the sampler's, charged by the caller)."""
         rm, lm = self._positions(cands, current)
-        runs = self._prior_runs(current, every, 0.0 if known else None)
-        return np.asarray([self.forwards.cost(int(r), int(m) if runs else 0, self.other_each if partner else 0)
+        runs = self._prior_runs(current, every, 0.0 if known else None) and not paid
+        return np.asarray([self.forwards.cost(0 if paid else int(r), int(m) if runs else 0,
+                                              self.other_each if partner else 0)
                            for r, m in zip(rm, lm, strict=True)], object)
 
     def score(self, cands: np.ndarray, current: np.ndarray | None = None, extended=None,
-              known_logp: np.ndarray | None = None, every: jax.Array | None = None) -> Values:
+              known_logp: np.ndarray | None = None, every: jax.Array | None = None, paid: bool = False) -> Values:
         """J of whole turns [W, N] (N slots, turns' canonical form), charged first. With `current`, the RM runs
         each from its first change (in turn form) against `extended`, the cache of prefix + current's turn (from
         the gradient's forward); when the RM is its own prior, its forward's LM head gives the prior term (no
         prior forward): for variants, with `every` (the prior's log-probs at every position of current's turn,
         from the gradient). `known_logp`: their F log-prob terms, already computed (a sampler's): the prior
-        is not run again."""
+        is not run again. `paid`: the RM's positions were charged by the caller (the RM's own sampler ran them);
+        only a partner's forwards are charged here."""
         cands = np.asarray(cands, np.int32)
-        reward, logp = self._own_terms(cands, current, extended, known_logp, every, True)
+        reward, logp = self._own_terms(cands, current, extended, known_logp, every, True, paid)
         return self._checked(self.values(reward, logp, cands), cands)
 
     def score_screened(self, cands: np.ndarray, keep: int, current: np.ndarray | None = None, extended=None,
@@ -279,16 +282,17 @@ class Objective:
         self.forwards.charge(whole=self.partner_forwards(cands[order]))  # within cost(partner=False) + keep·each
         return order, self._checked(self.values(reward[order], logp[order], cands[order]), cands[order])
 
-    def _own_terms(self, cands: np.ndarray, current, extended, known_logp, every, partnered: bool
+    def _own_terms(self, cands: np.ndarray, current, extended, known_logp, every, partnered: bool, paid: bool = False
                    ) -> tuple[np.ndarray, np.ndarray]:
-        """This RM's rewards of candidates and their F log-prob terms (`score`), charged first, with the partner's
-        forwards for them when `partnered`."""
+        """This RM's rewards of candidates and their F log-prob terms (`score`), charged first (unless `paid`), with
+        the partner's forwards for them when `partnered`."""
         if current is not None and extended is None:
             extended = self.extended_cache(current)
         rm_positions, lm_positions = self._positions(cands, current)
         run_prior = self._prior_runs(current, every, known_logp)
         shared = self.uses_prior and known_logp is None and not run_prior
-        self.forwards.charge(int(rm_positions.sum()), int(lm_positions.sum()) if run_prior else 0,
+        self.forwards.charge(0 if paid else int(rm_positions.sum()),
+                             int(lm_positions.sum()) if run_prior and not paid else 0,
                              self.partner_forwards(cands) if partnered else 0)
         if current is None:
             return self._whole_terms(cands, shared, known_logp)
