@@ -447,6 +447,37 @@ def test_compare_models_identical_shifted_and_mismatched():
         stats.compare_models({"m1": items, "m2": renamed}, CONTRASTS[:1], n_boot=100, n_perm=100)
 
 
+@pytest.mark.parametrize("seed, mapped", [(16, lambda r: r + 7.0), (36, lambda r: 3.0 * r + 7.0)])
+def test_a_model_against_an_affine_copy_of_itself_differs_by_nothing(seed, mapped):
+    """A model's rewards plus 7 (or times 3 plus 7) are the same model: every item's standardised difference is 0
+    in exact arithmetic, so every row's difference, CI and p are those of an exact copy (0, 0, 0, 1). float64 left
+    |d| ≈ 1e-16, which the sign-flip test read as data: p 0.002 and 0.007, surviving Holm (a fault hunt; these seeds
+    showed it)."""
+    rng, groups = np.random.default_rng(seed), ["concise", "detailed", "markdown", "padded_neutral", "restated"]
+    items = pd.DataFrame([dict(battery="length", axis="renderings", item=f"q{i}", group=g, text="x" * (20 + 15 * k),
+                               reward=float(rng.normal()), prompt=f"question {i}")
+                          for i in range(26) for k, g in enumerate(groups)])
+    contrasts = [Contrast("length", "renderings", (x,), (y,), "shuffled") for x, y in
+                 [("detailed", "concise"), ("markdown", "detailed"), ("markdown", "concise"),
+                  ("padded_neutral", "concise"), ("restated", "concise")]]
+    table = stats.compare_models({"a": items, "b": items.assign(reward=mapped(items["reward"]))}, contrasts,
+                                 n_boot=2000, n_perm=10000)
+    assert (table[["difference_sd", "ci_low", "ci_high"]] == 0.0).all().all()
+    assert (table["p"] == 1.0).all() and (table["p_holm"] == 1.0).all()
+
+
+@pytest.mark.parametrize("call", [lambda x: stats.sign_flip_p(x), lambda x: stats.bootstrap_ci(x),
+                                  lambda x: stats.label_permutation_p(x, [0.5, 1.0]),
+                                  lambda x: stats.label_permutation_p([0.5, 1.0], x),
+                                  lambda x: stats.bootstrap_ci([0.5, 1.0], minus=x)])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_the_resampling_tests_refuse_a_value_that_is_not_finite(call, bad):
+    """sign_flip_p([0.3, -0.2, nan, 0.1]) was 0.0, the most significant p there is (NaN fails every comparison),
+    and bootstrap_ci (nan, nan): refused, as holm refuses it."""
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        call([0.3, -0.2, bad, 0.1])
+
+
 # --- interactions: two independent sets of items ----------------------------------------------------------
 
 

@@ -26,12 +26,20 @@ def _resampled_means(d: np.ndarray, n_boot: int, rng: np.random.Generator) -> np
     return means
 
 
+def _finite(values, name: str) -> np.ndarray:
+    """float64 values, refused when any is NaN/Inf: a NaN made every comparison false, so p came out 0."""
+    values = np.asarray(values, np.float64)
+    if not np.isfinite(values).all():
+        raise ValueError(f"{name}: {int((~np.isfinite(values)).sum())} of {values.size} values are NaN or infinite")
+    return values
+
+
 def bootstrap_ci(d: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95,
                  minus: np.ndarray | None = None) -> tuple[float, float]:
     """Percentile bootstrap of mean(d): items resampled with replacement (the item is the independent unit); the
     (1 - level)/2 and (1 + level)/2 quantiles (numpy's linear) of the resample means. With `minus` (another,
     independent set of items), of mean(d) - mean(minus), each set resampled within itself."""
-    samples = [np.asarray(d, np.float64)] + ([] if minus is None else [np.asarray(minus, np.float64)])
+    samples = [_finite(d, "bootstrap_ci")] + ([] if minus is None else [_finite(minus, "bootstrap_ci")])
     if any(len(x) == 0 for x in samples) or n_boot < 1:
         raise ValueError(f"bootstrap_ci needs at least one value per sample and one resample (got "
                          f"{[len(x) for x in samples]}, n_boot={n_boot})")
@@ -48,7 +56,7 @@ def sign_flip_p(d: np.ndarray, n_perm: int = 10000, seed: int = 0) -> float:
     """Two-sided paired permutation p of mean(d) == 0: under the null each item's difference is as likely to have
     either sign. Every sign vector when 2**n <= n_perm (exact), else p = (1 + #{|mean*| >= |mean|}) / (1 + n_perm)
     over random flips. A relative tolerance (1e-9 of mean|d|) keeps rounding from splitting ties."""
-    d = np.asarray(d, np.float64)
+    d = _finite(d, "sign_flip_p")
     n = len(d)
     if n == 0 or not np.any(d):
         return 1.0
@@ -73,7 +81,7 @@ def label_permutation_p(a: np.ndarray, b: np.ndarray, n_perm: int = 10000, seed:
     """Two-sided p of mean(a) == mean(b) for two independent sets of items: under the null the items' set labels
     are exchangeable. Every relabelling when C(n_a + n_b, n_a) <= n_perm (exact), else (1 + #{|stat*| >= |stat|}) /
     (1 + n_perm) over random relabellings; the same relative tie tolerance as sign_flip_p."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    a, b = _finite(a, "label_permutation_p"), _finite(b, "label_permutation_p")
     if len(a) == 0 or len(b) == 0:
         raise ValueError("label_permutation_p needs items in both sets")
     pooled = np.concatenate([a, b])
