@@ -237,9 +237,12 @@ class _Fields:
         return None if self.d.get(key) is None else self.number(key)
 
 
-def _rope(top: _Fields, f: _Fields, theta_key: str, default_theta: float, max_position: int) -> RopeConfig:
+def _rope(top: _Fields, f: _Fields, theta_key: str, default_theta: float, max_position: int,
+          nested: bool = False) -> RopeConfig:
     """One attention type's RoPE from `f`, its parameters' object (rope_parameters, rope_scaling or an entry of a
-    nested rope_parameters): the base is its rope_theta, else `top`'s `theta_key`, else `default_theta`."""
+    nested rope_parameters): the base is its rope_theta, else `top`'s `theta_key`, else `default_theta`. One object
+    for every layer (not `nested`) takes a top-level original_max_position_embeddings over its own, as transformers'
+    standardize_rope_params does (Phi-3 style configs keep it there)."""
     kind = f.d.get("rope_type", f.d.get("type", "default"))
     if kind not in ("default", "linear", "llama3"):
         raise UnsupportedModelError(
@@ -254,8 +257,9 @@ def _rope(top: _Fields, f: _Fields, theta_key: str, default_theta: float, max_po
         low_freq_factor=f.number("low_freq_factor", default=1.0),
         high_freq_factor=f.number("high_freq_factor", default=4.0),
         # llama3 scaling without its own original length: the model's context (transformers does the same)
-        original_max_position=f.integer("original_max_position_embeddings",
-                                        default=max_position if kind == "llama3" else 8192),
+        original_max_position=top.integer("original_max_position_embeddings")
+        if kind == "llama3" and not nested and top.d.get("original_max_position_embeddings") is not None else
+        f.integer("original_max_position_embeddings", default=max_position if kind == "llama3" else 8192),
     )
 
 
@@ -263,12 +267,16 @@ def _rope_pair(top: _Fields, model_type: str, max_position: int) -> tuple[RopeCo
     """(global, local) RoPE configs from either config format."""
     params = top.within("rope_parameters")
     nested = "full_attention" in params.d or "sliding_attention" in params.d
-    # v4 (and a flat v5 rope_parameters): one object, rope_parameters or else rope_scaling
-    flat = params if top.nonempty("rope_parameters") else top.within("rope_scaling")
+    # v4 (and a flat v5 rope_parameters): one object, rope_scaling where it is set, else rope_parameters (transformers
+    # reads `rope_scaling or rope_parameters`: with both, rope_scaling wins)
+    flat = top.within("rope_scaling") if top.nonempty("rope_scaling") else params
     if model_type in ("gemma3_text", "gemma3"):
-        if nested:
-            glob = _rope(top, params.within("full_attention"), "rope_theta", 1_000_000.0, max_position)
-            local = _rope(top, params.within("sliding_attention"), "rope_local_base_freq", 10_000.0, max_position)
+        if nested:  # Gemma3TextConfig updates full_attention's parameters with rope_scaling's
+            full = params.within("full_attention")
+            full = _Fields({**full.d, **top.within("rope_scaling").d}, full.source, full.prefix)
+            glob = _rope(top, full, "rope_theta", 1_000_000.0, max_position, nested=True)
+            local = _rope(top, params.within("sliding_attention"), "rope_local_base_freq", 10_000.0, max_position,
+                          nested=True)
         else:  # v4: rope_theta + rope_scaling apply to global layers, rope_local_base_freq to local
             glob = _rope(top, flat, "rope_theta", 1_000_000.0, max_position)
             local = RopeConfig(theta=top.number("rope_local_base_freq", default=10_000.0))
@@ -278,7 +286,7 @@ def _rope_pair(top: _Fields, model_type: str, max_position: int) -> tuple[RopeCo
         flat = params.within("full_attention")
     elif nested:
         flat = top.within("rope_scaling")
-    rope = _rope(top, flat, "rope_theta", default_theta, max_position)
+    rope = _rope(top, flat, "rope_theta", default_theta, max_position, nested=nested)
     return rope, rope
 
 

@@ -47,3 +47,40 @@ def test_v4_config_loads_to_same_numerics(tmp_path, name):
                  position_ids=tiny.torch_positions(mask)).logits.numpy()
     got = np.asarray(M.rewards(model.params, model.config, ids, mask))
     np.testing.assert_allclose(got, ref, atol=tolerance.rewards_atol(model.params, model.config, ids, mask), rtol=0)
+
+
+def _both_ropes(cfg: dict) -> None:  # transformers reads `rope_scaling or rope_parameters`: rope_scaling wins
+    cfg["rope_scaling"] = cfg.pop("rope_parameters") | {"original_max_position_embeddings": 24}
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 10_000.0}
+
+
+def _gemma3_both(cfg: dict) -> None:  # Gemma3TextConfig updates rope_parameters.full_attention with rope_scaling
+    cfg["rope_parameters"]["full_attention"] = {"rope_type": "default", "rope_theta": 1_000_000.0}
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}
+
+
+def _top_original(cfg: dict) -> None:  # one object for all layers: the top-level original length has priority
+    cfg["original_max_position_embeddings"] = 16
+
+
+@pytest.mark.parametrize("name, edit", [("llama3.1", _both_ropes), ("gemma3", _gemma3_both),
+                                        ("llama3.1", _top_original)])
+def test_rope_fields_are_read_in_transformers_order(tmp_path, name, edit):
+    """Config fields that name RoPE twice: rmjax read rope_parameters and ignored rope_scaling beside it, and read
+    llama3's original length from its rope object alone (a fault hunt: off by up to 0.1 against transformers, no
+    warning). The reference is transformers loading the same edited folder."""
+    import transformers
+
+    folder = tiny.save_hf_model(tiny.build_hf_model(name, num_labels=1), tmp_path)
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    edit(cfg)
+    path.write_text(json.dumps(cfg))
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    ids, mask = tiny.random_batch(seed=6, batch=3, length=40, padding="right")
+    with torch.no_grad():
+        ref = hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
+                 position_ids=tiny.torch_positions(mask)).logits.numpy()
+    got = np.asarray(M.rewards(model.params, model.config, ids, mask))
+    np.testing.assert_allclose(got, ref, atol=tolerance.rewards_atol(model.params, model.config, ids, mask), rtol=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from rmjax.loading.hf import load_hf_model_folder
 from tests import jitted as M
@@ -86,6 +87,24 @@ def test_multimodal_gemma3_reward_model_text_path(tmp_path):
     ref = _hf_outputs(hf, ids, mask)
     got = np.asarray(M.rewards(model.params, model.config, ids, mask))
     np.testing.assert_allclose(got, ref, atol=tolerance.rewards_atol(model.params, model.config, ids, mask), rtol=0)
+
+
+def test_model_safetensors_beside_a_shard_index_is_the_checkpoint_as_for_transformers(tmp_path):
+    """A folder with model.safetensors and a shard index (another model's shards) is read as transformers reads it:
+    model.safetensors. rmjax read the shards, rewards off by 0.79 with no warning (a fault hunt)."""
+    tiny.build_hf_model("llama3.1", num_labels=1, seed=1).save_pretrained(tmp_path, max_shard_size="60KB")
+    hf = tiny.build_hf_model("llama3.1", num_labels=1, seed=2)
+    hf.save_pretrained(tmp_path / "single")
+    (tmp_path / "single" / "model.safetensors").rename(tmp_path / "model.safetensors")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    loaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    model = load_hf_model_folder(tmp_path, require_tokenizer=False)
+    ids, mask = tiny.random_batch(seed=12, batch=3, length=10, padding="left")
+    ref = _hf_outputs(hf, ids, mask)
+    weights, read = hf.state_dict(), loaded.state_dict()  # transformers read model.safetensors
+    assert weights.keys() == read.keys() and all(torch.equal(weights[k], read[k]) for k in weights)
+    np.testing.assert_allclose(np.asarray(M.rewards(model.params, model.config, ids, mask)), ref,
+                               atol=tolerance.rewards_atol(model.params, model.config, ids, mask), rtol=0)
 
 
 def test_sharded_checkpoint_with_index(tmp_path):

@@ -113,15 +113,17 @@ def _regular(files: list[Path]) -> list[Path]:
 
 def checkpoint_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder (single file or sharded with an index), each inside the
-    folder: the one list that loading and the fingerprint (rmjax.loading.identity) both read. Without an index,
-    model.safetensors alone where it exists, as transformers reads it (another *.safetensors beside it, such as
-    an older copy, is not part of the checkpoint); only a folder without it reads every *.safetensors, and
-    `iter_checkpoint` refuses a tensor found in two of them."""
+    folder: the one list that loading and the fingerprint (rmjax.loading.identity) both read. model.safetensors
+    alone where it exists, as transformers reads it, before an index beside it (another *.safetensors, such as an
+    older copy, is not part of the checkpoint); then the index's shards; only a folder with neither reads every
+    *.safetensors, and `iter_checkpoint` refuses a tensor found in two of them."""
     adapter = [p.name for p in (folder / "adapter_config.json", folder / "adapter_model.safetensors") if p.exists()]
     if adapter:  # a PEFT adapter is no checkpoint rmjax reads: beside base weights it was ignored, not applied
         raise CheckpointError(f"{folder}: holds a PEFT adapter ({adapter[0]}), which rmjax does not apply; merge it "
                               "into its base model (peft's merge_and_unload, then save_pretrained) and load that.")
-    index = folder / "model.safetensors.index.json"
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
@@ -149,7 +151,6 @@ def checkpoint_files(folder: Path) -> list[Path]:
         )
         raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json.{fix}")
     _regular(files)
-    single = folder / "model.safetensors"
     return [single] if single in files else files
 
 
