@@ -84,8 +84,9 @@ def tokenizer_digest(folder: Path) -> str:
 # How rmjax reads a checkpoint into a model (config.json's absent fields, GGUF conversion): part of every file
 # fingerprint, so a result computed under another reading is not reused as this one's, and of the converted-GGUF
 # cache key (rmjax.loading.gguf_file.cached_hf_folder), so one number says both. 2: transformers' class
-# defaults, exact GELU, Gemma 3 GGUF rope scaling and 27B query scale. 3: Gemma 2 GGUF 27B query scale.
-READING = 3
+# defaults, exact GELU, Gemma 3 GGUF rope scaling and 27B query scale. 3: Gemma 2 GGUF 27B query scale. 4: what a
+# folder says twice, read as transformers reads it (rope_scaling, a top-level original length, model.safetensors).
+READING = 4
 
 
 def folder_fingerprint(folder: Path) -> dict:
