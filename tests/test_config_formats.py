@@ -40,8 +40,13 @@ def test_v4_config_loads_to_same_numerics(tmp_path, name):
     v4 = _to_v4(json.loads(path.read_text()), name)
     assert "rope_parameters" not in v4 and "layer_types" not in v4
     path.write_text(json.dumps(v4))
+    _rewards_match(hf, folder, length=12)
+
+
+def _rewards_match(hf, folder, length: int) -> None:
+    """rmjax's rewards of the folder equal `hf`'s (transformers) on a random right-padded batch."""
     model = load_hf_model_folder(folder, require_tokenizer=False)
-    ids, mask = tiny.random_batch(seed=6, batch=3, length=12, padding="right")
+    ids, mask = tiny.random_batch(seed=6, batch=3, length=length, padding="right")
     with torch.no_grad():
         ref = hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
                  position_ids=tiny.torch_positions(mask)).logits.numpy()
@@ -76,11 +81,4 @@ def test_rope_fields_are_read_in_transformers_order(tmp_path, name, edit):
     cfg = json.loads(path.read_text())
     edit(cfg)
     path.write_text(json.dumps(cfg))
-    hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    model = load_hf_model_folder(folder, require_tokenizer=False)
-    ids, mask = tiny.random_batch(seed=6, batch=3, length=40, padding="right")
-    with torch.no_grad():
-        ref = hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
-                 position_ids=tiny.torch_positions(mask)).logits.numpy()
-    got = np.asarray(M.rewards(model.params, model.config, ids, mask))
-    np.testing.assert_allclose(got, ref, atol=tolerance.rewards_atol(model.params, model.config, ids, mask), rtol=0)
+    _rewards_match(transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval(), folder, length=40)
