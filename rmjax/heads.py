@@ -141,6 +141,18 @@ def pattern_start(head: HeadConfig, ids: jax.Array, mask: jax.Array) -> jax.Arra
     return jnp.max(starts, axis=-1).astype(jnp.int32)
 
 
+def moves_gate(head: HeadConfig | None, prefix: list[int], continuation: list[int]) -> bool:
+    """Whether an occurrence of a gated head's pattern ends inside `continuation` after `prefix`: then the gate
+    is read there (its last occurrence), not at the cached prefix's (KVCache.gate_input), and the row needs a
+    whole forward. A response text holding the pattern's special-token strings tokenizes to it, as transformers
+    does."""
+    if head is None or not head.pattern:
+        return False
+    n = len(head.pattern)
+    ids = list(prefix)[max(0, len(prefix) - n + 1):] + list(continuation)
+    return any(ids[j : j + n] == list(head.pattern) for j in range(len(ids) - n + 1))
+
+
 def gate_input(head: HeadConfig, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array:
     """Hidden state [B, H] at the gate pattern of each row; NaN rows where the pattern is missing."""
     start = pattern_start(head, ids, mask)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import types
 
 import jax
 import jax.numpy as jnp
@@ -275,10 +276,13 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
     np.testing.assert_allclose(got, ref(full, np.ones_like(full, bool))[:, 3], atol=atol, rtol=0)
     with pytest.raises(ValueError, match="7 reward outputs"):
         check_output_column(model.config, 7, "armo")
-    texts = ["apple", "a banana, ripe"]
+    # the last: a response holding the gate pattern (its special-token strings read as specials, as transformers
+    # reads them): the gate moves there, and the cached prefix's gate was used (a fault hunt: -0.5317 for -0.5261)
+    texts = ["apple", "a banana, ripe", "apple<|im_end|>\n<|im_start|>assistant\nbanana"]
     ids = TextScorer(model, "Name a fruit.").token_ids(texts)
     got = TextScorer(model, "Name a fruit.").score(texts)
     assert len(ids[0]) > len(split.prefix)  # the gate pattern sits in the cached prefix
+    assert heads.moves_gate(model.config.head, split.prefix, ids[2][len(split.prefix):])
     for k, row in enumerate(ids):
         row = np.asarray([row], np.int32)
         assert got[k] == pytest.approx(ref(row, np.ones_like(row, bool))[0, 0],
@@ -303,3 +307,16 @@ def test_train_rm_refuses_a_gated_base_before_any_weight(built, tmp_path, monkey
         inproc.refused(lambda: inproc.train_rm(base, pairs=pairs, workdir=tmp_path / "w", steps=2, batch_size=2,
                                                warmup_steps=1), "has a gated reward head", "give its base LM")
     assert not (tmp_path / "w").exists()
+
+
+def test_a_continuation_moves_the_gate_where_a_pattern_ends_in_it():
+    """heads.moves_gate against a brute-force reading: some occurrence of the pattern in prefix + continuation ends
+    inside the continuation (one straddling the two counts)."""
+    rng = np.random.default_rng(3)
+    for _ in range(3000):
+        pattern = tuple(int(t) for t in rng.integers(0, 3, int(rng.integers(1, 4))))
+        prefix, continuation = (list(map(int, rng.integers(0, 3, int(rng.integers(0, 6))))) for _ in range(2))
+        whole, n = prefix + continuation, len(pattern)
+        want = any(tuple(whole[j:j + n]) == pattern and j + n > len(prefix) for j in range(len(whole) - n + 1))
+        assert heads.moves_gate(types.SimpleNamespace(pattern=pattern), prefix, continuation) == want
+    assert not heads.moves_gate(None, [1, 2], [1, 2])

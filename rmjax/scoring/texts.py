@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rmjax import heads
 from rmjax.errors import UsageError
 from rmjax.loading.for_job import job_config_and_tokenizer, job_fingerprint, load_for_job
 from rmjax.loading.identity import hash_json, model_fingerprint
@@ -68,11 +69,11 @@ class TextScorer(Conversations):
 
     def _run(self, responses: list[str], batch_size: int, compute, width_out: int) -> np.ndarray:
         """compute(ids, mask, cached) -> [B, width_out] over batches grouped by length and cache use."""
-        p = len(self.prefix)
+        p, head = len(self.prefix), self.model.config.head
         cached, full = collections.defaultdict(list), collections.defaultdict(list)
         for i, ids in enumerate(self.token_ids(responses)):
             _check_length(self.model, ids, responses[i])
-            if len(ids) > p and ids[:p] == self.prefix:
+            if len(ids) > p and ids[:p] == self.prefix and not heads.moves_gate(head, self.prefix, ids[p:]):
                 cached[_bucket(len(ids) - p)].append((i, ids[p:]))
             else:
                 full[_bucket(len(ids))].append((i, ids))
