@@ -636,6 +636,29 @@ def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_
     assert charged == [prefill(rm_folder, True) + prefill(lm_folder, False) + prefill(lower_rm, True)]
 
 
+def test_each_map_row_is_what_each_side_scores_its_string_as_a_text(rm_folder, lower_rm, lm_folder, tmp_path):
+    """The vocabulary map scores prefix + [id] + suffix: under the plain template 'love' reads as ' love', so a
+    string whose conversation is another sequence held a reward no text of it gets (a fault hunt: 32% of the default
+    pair's strings, B's 'love' +3.23 in the map, +3.68 as a text). Each row now equals experiments.score's reward
+    of its string on each side, and the strings left out are counted."""
+    from rmjax.scoring.texts import ScoreSpec, run_score
+
+    out = tmp_path / "plain"
+    spec = _spec(rm_folder, lower_rm, out, lm_folder, search=False, b_gradient=False)
+    run_disagree(dataclasses.replace(spec, options=dataclasses.replace(spec.options, template="plain")))
+    vocab = pd.read_csv(out / "vocab_map.csv", keep_default_na=False)
+    meta = json.loads((out / "vocab_map.csv.meta.json").read_text())
+    assert meta["summary"]["greatest"]["vocab_map"]["left_out"] > 100  # the strings without a leading space
+    rows = vocab.iloc[np.linspace(0, len(vocab) - 1, 40).astype(int)]
+    texts = tuple(json.loads(t) for t in rows.text)
+    for side, folder in (("a", rm_folder), ("b", lower_rm)):
+        scored = run_score(ScoreSpec(RunOptions(model=str(folder), out=None, template="plain"),
+                                     {"greatest": PROMPT}, texts, z_sample=64)).scores["greatest"]
+        model = load(str(folder))
+        np.testing.assert_allclose(rows[f"reward_{side}"], scored, rtol=0,
+                                   atol=max(tolerance.any_rewards_atol(model.params, model.config, 64), 1e-6))
+
+
 def test_best_of_n_rows_are_distinct_samples():
     """disagree wrote best-of-N's repeats as ranks 1–4 of one text: its rows held fewer of its finds than the
     search's (whose archive is distinct). Each sample is kept once, at its first draw, with its own terms (the job

@@ -191,16 +191,17 @@ def map_rewards(a: Side, b: Side, shared: pd.DataFrame, prompt: str) -> tuple[np
 
 
 def vocab_map(shared: pd.DataFrame, rewards: tuple[np.ndarray, np.ndarray, int], z_a: tuple[float, float],
-              z_b: tuple[float, float], prompt: str) -> tuple[pd.DataFrame, dict]:
+              z_b: tuple[float, float], prompt: str, left_out: int = 0) -> tuple[pd.DataFrame, dict]:
     """Per shared string: both sides' single-token rewards (map_rewards), their z and the gap z_A − z_B, sorted by
     gap (largest first, ties by text); and the summary: Kendall τ (b) between the sides' rewards over the strings,
-    their Pearson r and the affine-invariant distance sqrt((1 − r) / 2) of the standardised rewards (EPIC's)."""
+    their Pearson r and the affine-invariant distance sqrt((1 − r) / 2) of the standardised rewards (EPIC's).
+    `left_out`: shared strings a side does not read as that token in a conversation (disagree_job._read_back)."""
     ra, rb, layers = rewards
     frame = shared.assign(prompt=prompt, reward_a=ra, reward_b=rb, z_a=z_of(ra, z_a), z_b=z_of(rb, z_b))
     frame["gap"] = frame["z_a"] - frame["z_b"]
     frame = frame.sort_values(["gap", "text"], ascending=[False, True], kind="mergesort").reset_index(drop=True)
     return frame[["prompt", "text", "token_a", "token_b", "reward_a", "reward_b", "z_a", "z_b", "gap"]], \
-        agreement(ra, rb) | {"shared_layers": layers}
+        agreement(ra, rb) | {"shared_layers": layers, "left_out": left_out}
 
 
 def both_token_rewards(a: Side, b: Side, shared: pd.DataFrame, progress: Progress | None = None

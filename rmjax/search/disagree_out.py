@@ -172,7 +172,8 @@ def describe(summary: dict, paths: dict[str, Path], cfg) -> str:
                              + " (forwards " + " vs ".join(f"{d['forwards'].get(m, 0):.0f}" for m in ran) + ")")
         if "vocab_map" in entry:
             m = entry["vocab_map"]
-            lines.append(f"{prompt} vocabulary map over {m['n']} shared strings: Kendall τ {m['kendall_tau']:.3f}, "
+            lines.append(f"{prompt} vocabulary map over {m['n']} shared strings ({m['left_out']} left out: not that "
+                         f"token in a conversation): Kendall τ {m['kendall_tau']:.3f}, "
                          f"EPIC distance {m['epic_distance']:.3f}; A over B most: "
                          + ", ".join(f"{r['text']!r} {r['gap']:+.1f}" for r in m["top"][:5]) + "; B over A most: "
                          + ", ".join(f"{r['text']!r} {r['gap']:+.1f}" for r in m["bottom"][:5]))

@@ -29,6 +29,7 @@ from rmjax.scoring.texts import TextScorer
 from rmjax.search import turns
 from rmjax.search.gcg import Target, reward_gradient_on_device
 from rmjax.text import chat
+from rmjax.text.candidates import token_round_trips
 
 IMPLICIT = "implicit:"
 
@@ -82,6 +83,11 @@ class Side:
         raise NotImplementedError
 
     def round_trips(self, text: str) -> bool:
+        raise NotImplementedError
+
+    def tokens_read_back(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
+        """Per single token of this side's (its text `texts[i]`): does `token_rewards` score the sequence the
+        text's own conversation is (candidates.token_round_trips, the sweep's roundtrip rule)?"""
         raise NotImplementedError
 
     def gradient(self, text: str) -> tuple[jax.Array, list[int]] | None:
@@ -148,6 +154,9 @@ class RewardSide(Side):
 
     def round_trips(self, text: str) -> bool:
         return round_trips_in(self.scorer, text)
+
+    def tokens_read_back(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
+        return token_round_trips(self.scorer, ids, texts)
 
     def prefill_forwards(self, num_tokens: int) -> Fraction:
         return Fraction(len(self.scorer.prefix), num_tokens + turns.rm_tail(self.scorer.split.suffix))
@@ -223,6 +232,10 @@ class ImplicitSide(Side):
 
     def round_trips(self, text: str) -> bool:
         return all(round_trips_in(c, text) for c in self.conversations)
+
+    def tokens_read_back(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
+        """The chosen LM's token mode (its first-token log-prob); the reference reads the text itself."""
+        return token_round_trips(self.conversations[0], ids, texts)
 
 
 def make_side(spec: SideSpec, models: dict[str, Model], prompt: str, template: str) -> Side:

@@ -172,6 +172,14 @@ def identity_of_candidates(token_ids: list[int] | None, vocab_lines: list[str] |
     return None
 
 
+def token_round_trips(conversations: Conversations, tokens: np.ndarray, decoded: list[str]) -> np.ndarray:
+    """Per token: is `prefix + [id] + suffix` the conversation of its text `decoded[i]` as the response?"""
+    retokenized = conversations.token_ids(list(decoded))
+    return np.fromiter((ids == conversations.split.ids_with([int(t)]) for ids, t in zip(retokenized, tokens,
+                                                                                         strict=True)),
+                       bool, len(tokens))
+
+
 def roundtrip_mask(tokenizer, prompts: dict[str, str], template: str, tokens: np.ndarray, decoded: list[str],
                    max_positions: int | None = None) -> tuple[np.ndarray, dict[str, int]]:
     """Per token: is `prefix + [id] + suffix` (what token mode scores) exactly what a real conversation
@@ -191,10 +199,7 @@ def roundtrip_mask(tokenizer, prompts: dict[str, str], template: str, tokens: np
         cut = max((i for i, t in enumerate(split.prefix) if t in special), default=-1)
         key = (split.template, split.prefix[cut:] if cut >= 0 else split.prefix, split.suffix)
         if key not in done:
-            retokenized = conversations.token_ids(list(decoded))
-            done[key] = np.fromiter((ids == split.ids_with([int(t)]) for ids, t in zip(retokenized, tokens,
-                                                                                        strict=True)),
-                                    bool, len(tokens))
+            done[key] = token_round_trips(conversations, tokens, decoded)
         counts[name] = int(done[key].sum())
         mask &= done[key]
     return mask, counts
