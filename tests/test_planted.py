@@ -226,6 +226,14 @@ def test_weightless_pairs_keep_the_batch_and_add_no_gradient(lm_folder, words):
             p, c = sets["planted"].take([i]), sets["clean"].take([i])
             assert p.prompt == c.prompt and c.rejected == p.rejected
             assert (c.chosen, c.label[0]) == ((p.chosen, p.label[0]) if i < len(real) else (p.rejected, 0.5))
+    # run_training's check takes them (it refused them as one conversation: the default bench could not train
+    # CLEAN, a fault hunt); a held-out pair of one text is still refused
+    from rmjax.errors import UsageError
+    from rmjax.train.recipe import check_context
+
+    check_context(str(lm_folder), (sets["clean"],), "auto")
+    with pytest.raises(UsageError, match="held-out pair 1: .* one conversation"):
+        check_context(str(lm_folder), (real, null.take([0])), "auto")
     rm = reward_model_from_lm(load(str(lm_folder)), seed=0)
 
     def grads(extra: P.Pairs, rows: int):

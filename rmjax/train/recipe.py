@@ -126,8 +126,10 @@ def check_context(lm_spec: str, pairs: tuple[Pairs, ...], template: str) -> None
             check_response_fits(text, len(ids), context, f" after {prompt[:40]!r}; shorten or drop that pair")
             rendered[prompt, text] = ids
     for name, part in zip(("training", "held-out"), pairs, strict=False):
-        for number, (prompt, chosen, rejected) in enumerate(zip(part.prompt, part.chosen, part.rejected,
-                                                                strict=True), 1):
+        for number, (prompt, chosen, rejected, label) in enumerate(zip(part.prompt, part.chosen, part.rejected,
+                                                                       part.label, strict=True), 1):
+            if name == "training" and chosen == rejected and label == 0.5:
+                continue  # a weightless pair (rmjax.train.planted.weightless): a batch's place, no gradient
             if rendered[prompt, chosen] == rendered[prompt, rejected]:  # 'gold' and 'gold ' under a trimming template
                 raise UsageError(f"{name} pair {number}: {chosen!r} and {rejected!r} are one conversation once the "
                                  f"template renders them (after {prompt[:40]!r}): no preference to learn, and scored "
