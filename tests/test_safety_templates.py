@@ -54,3 +54,34 @@ def test_a_template_that_hangs_exhausts_memory_or_raises_is_one_usage_error(toke
         chat.split_chat(tokenizer, "hi", "chat")
     assert time.monotonic() - start < 20
     assert "--template=plain" in str(refused.value)
+
+
+@pytest.mark.parametrize("adds", [(), ("<|im_start|>",), ("<|im_start|>", "<|endoftext|>")])
+def test_the_plain_format_puts_what_the_tokenizer_adds_where_tokenizing_the_whole_text_does(tmp_path, adds):
+    """A tokenizer whose own rule appends an end of sequence: the plain prompt was tokenized with it and the
+    response appended after, so the EOS sat between 'Assistant:' and the response (a fault hunt). Each conversation
+    is now what the tokenizer makes of the whole rendered text; the prompt's prefix (log-probs, token mode) holds
+    only what comes before the response. `adds`: nothing, a leading special, or one before and one after."""
+    import json
+    import shutil
+
+    src = tiny.smollm2_tokenizer_folder()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, tmp_path / name)
+    tokenizer_json = json.loads((tmp_path / "tokenizer.json").read_text())
+    ids = {"<|im_start|>": 1, "<|endoftext|>": 0}
+    single = [{"Sequence": {"id": "A", "type_id": 0}}]
+    if adds:
+        single = [{"SpecialToken": {"id": adds[0], "type_id": 0}}] + single + [
+            {"SpecialToken": {"id": t, "type_id": 0}} for t in adds[1:]]
+    tokenizer_json["post_processor"] = {"type": "TemplateProcessing", "single": single, "pair": single,
+                                        "special_tokens": {t: {"id": t, "ids": [ids[t]], "tokens": [t]} for t in adds}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    conversations = chat.Conversations(tokenizer, "What is best?", "plain")
+    responses = ["Love", " love ", "a list, of words\nand lines"]
+    for response, got in zip(responses, conversations.token_ids(responses), strict=True):
+        assert got == tokenizer(conversations.conversation(response)).input_ids
+    prefix = list(chat.split_chat(tokenizer, "What is best?", "plain").prefix)
+    assert prefix == tokenizer("User: What is best?\nAssistant:").input_ids[:len(prefix)]
+    assert 0 not in prefix and prefix[0] == (1 if adds else prefix[0])

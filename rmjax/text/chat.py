@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax.errors import PromptTooLongError, RmjaxError, UsageError
+from rmjax.errors import PromptTooLongError, RmjaxError, UnsupportedModelError, UsageError
 
 MARKER = "\u2063RMJAX_RESPONSE\u2063"
 PLAIN_FORMAT = "User: {prompt}\nAssistant:"
@@ -221,15 +221,25 @@ def split_chat(
         prefix = tokenizer(before, add_special_tokens=False).input_ids
         suffix = tokenizer(after, add_special_tokens=False).input_ids if after else []
     elif template == "plain":
-        # The tokenizer's own special-token rule decides the BOS (Gemma adds one, SmolLM2 none).
-        prefix = tokenizer(PLAIN_FORMAT.format(prompt=prompt)).input_ids
-        suffix = []
+        prefix, suffix = _plain_split(tokenizer, PLAIN_FORMAT.format(prompt=prompt))
     else:
         raise ValueError(f"template must be auto, chat or plain, not {template!r}")
     split = ChatSplit(prompt, tuple(prefix), tuple(suffix), template)
     if max_positions is not None:
         check_fits(prompt, len(prefix), response_tokens, len(suffix), max_positions)
     return split
+
+
+def _plain_split(tokenizer, text: str) -> tuple[list[int], list[int]]:
+    """The plain prompt's tokens with what the tokenizer's own special-token rule adds around a text: what it puts
+    before (a BOS: Gemma adds one, SmolLM2 none) leads the prefix, what it puts after (an EOS, where its
+    post-processor appends one) is the suffix, after the response, where tokenizing the whole text puts it."""
+    bare, marked = tokenizer(text, add_special_tokens=False).input_ids, tokenizer(text).input_ids
+    at = next((k for k in range(len(marked) - len(bare) + 1) if marked[k:k + len(bare)] == bare), None)
+    if at is None:  # the specials changed the text's own tokens: the rule is not one of adding around it
+        raise UnsupportedModelError("this tokenizer's special-token rule changes the plain prompt's own tokens; "
+                                    "use a chat template (--template=chat) or a tokenizer that only adds tokens.")
+    return marked[:at + len(bare)], marked[at + len(bare):]
 
 
 def check_fits(prompt: str, prefix: int, response_tokens: int, suffix: int, max_positions: int) -> None:
@@ -288,8 +298,8 @@ class Conversations:
         """The re-tokenized conversations (what the reference pipeline feeds its model)."""
         tok = self.tokenizer
         if self.split.template == "plain":  # one space after "Assistant:", trimmed like chat templates do
-            spaced = [" " + r.strip() for r in responses]
-            return [self.prefix + ids for ids in tok(spaced, add_special_tokens=False).input_ids]
+            spaced, suffix = [" " + r.strip() for r in responses], list(self.split.suffix)
+            return [self.prefix + ids + suffix for ids in tok(spaced, add_special_tokens=False).input_ids]
         texts = [self.conversation(r) for r in responses]
         return tok(texts, add_special_tokens=self.add_special_tokens).input_ids
 
