@@ -1,6 +1,7 @@
-"""Write any loadable model (a builtin name, a checkpoint folder, a .gguf file) as a Hugging Face folder that
-transformers' AutoModelForSequenceClassification loads: config.json, model.safetensors, tokenizer files, and
-rmjax_export.json (what was exported, when).
+"""Write any loadable model (a builtin name, a checkpoint folder, a .gguf file) as a Hugging Face folder:
+config.json, model.safetensors, tokenizer files, and rmjax_export.json (what was exported, when). A reward model's
+loads with transformers' AutoModelForSequenceClassification, a causal LM's with AutoModelForCausalLM (it has no
+score head: a sequence-classification load adds a random one, which transformers reports as missing).
 
 python -m experiments.export --model=elo-rm-smollm2-135m --out=results/export/elo-rm-smollm2-135m
 
