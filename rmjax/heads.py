@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax.errors import CheckpointError
+from rmjax.errors import CheckpointError, UsageError
 
 # "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n" (Llama 3) and
 # "<end_of_turn>\n<start_of_turn>model\n" (Gemma 2): where the published gates read the prompt.
@@ -151,6 +151,25 @@ def moves_gate(head: HeadConfig | None, prefix: list[int], continuation: list[in
     n = len(head.pattern)
     ids = list(prefix)[max(0, len(prefix) - n + 1):] + list(continuation)
     return any(ids[j : j + n] == list(head.pattern) for j in range(len(ids) - n + 1))
+
+
+def check_search_keeps_gate(head: HeadConfig | None, prefix: list[int], allowed, longest: int, tokenizer=None
+                            ) -> None:
+    """Refuse a search whose responses (at most `longest` tokens, each `allowed(id)`) could finish a gated head's
+    pattern after `prefix` (moves_gate): the searches score from the cached prefix's gate, so such a response
+    would be scored with another gate than its conversation has. Only --allow_special lets one (the pattern holds
+    specials)."""
+    if head is None or not head.pattern:
+        return
+    pattern, prefix = [int(t) for t in head.pattern], [int(t) for t in prefix]
+    opens = [k for k in range(len(pattern)) if k <= len(prefix) and prefix[len(prefix) - k:] == pattern[:k]]
+    if not any(len(pattern) - k <= longest and all(allowed(t) for t in pattern[k:]) for k in opens):
+        return
+    shown = repr(tokenizer.decode(pattern)) if tokenizer is not None else str(pattern)
+    raise UsageError(f"the {head.kind} head gates on its pattern {shown}, and the search's tokens can write it into a "
+                     "response, which would move the gate where the search does not read it: leave out its "
+                     "special tokens (search without --allow_special, or name the tokens with --token_ids / "
+                     "--vocab_file).")
 
 
 def gate_input(head: HeadConfig, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array:

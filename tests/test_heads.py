@@ -9,6 +9,7 @@ Python loop, eval-mode BatchNorm, softmax / temperature * logit_scale, transform
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import shutil
 import types
@@ -23,7 +24,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from rmjax import heads
-from rmjax.errors import CheckpointError
+from rmjax.errors import CheckpointError, UsageError
 from rmjax.loading import load
 from rmjax.loading.for_job import check_output_column
 from rmjax.loading.hf import load_hf_model_folder
@@ -31,6 +32,8 @@ from rmjax.parallel.sharding import make_mesh
 from rmjax.scoring.prefix import extend_prefix, prefill_prefix, score_variants
 from rmjax.scoring.texts import TextScorer
 from rmjax.search import gcg
+from rmjax.search.beam import BeamConfig, beam_search
+from rmjax.search.gcg_config import GCGConfig
 from rmjax.search.sweep import sweep
 from rmjax.text import chat
 from tests import jitted as M
@@ -278,6 +281,17 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
         check_output_column(model.config, 7, "armo")
     # the last: a response holding the gate pattern (its special-token strings read as specials, as transformers
     # reads them): the gate moves there, and the cached prefix's gate was used (a fault hunt: -0.5317 for -0.5261)
+    # a search that could write the pattern into a response is refused (its cached gate would be read); without
+    # --allow_special the pattern's specials are out of reach (and its newline without --allow_non_ascii)
+    allowed_all = GCGConfig(num_tokens=len(pattern), steps=1, search_width=4, allow_special=True,
+                            allow_non_ascii=True)
+    target = gcg.make_target(model, "Name a fruit.")
+    with pytest.raises(UsageError, match="gates on its pattern"):
+        gcg.gcg([target], allowed_all)
+    with pytest.raises(UsageError, match="gates on its pattern"):
+        beam_search(model, {"p": "Name a fruit."}, BeamConfig(depth=len(pattern), beam=2, top=2, allow_special=True),
+                    np.asarray(pattern + [17]))
+    gcg.gcg([target], dataclasses.replace(allowed_all, allow_special=False))
     texts = ["apple", "a banana, ripe", "apple<|im_end|>\n<|im_start|>assistant\nbanana"]
     ids = TextScorer(model, "Name a fruit.").token_ids(texts)
     got = TextScorer(model, "Name a fruit.").score(texts)
@@ -320,3 +334,21 @@ def test_a_continuation_moves_the_gate_where_a_pattern_ends_in_it():
         want = any(tuple(whole[j:j + n]) == pattern and j + n > len(prefix) for j in range(len(whole) - n + 1))
         assert heads.moves_gate(types.SimpleNamespace(pattern=pattern), prefix, continuation) == want
     assert not heads.moves_gate(None, [1, 2], [1, 2])
+
+
+def test_a_search_that_could_finish_the_gate_pattern_is_refused_and_only_such_a_search():
+    """heads.check_search_keeps_gate against a brute-force search over every response the allowed tokens make
+    (moves_gate on each): refused exactly when some response of at most `longest` tokens finishes the pattern."""
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        pattern = tuple(int(t) for t in rng.integers(0, 3, int(rng.integers(1, 4))))
+        prefix = list(map(int, rng.integers(0, 3, int(rng.integers(0, 5)))))
+        allowed, longest = {t for t in range(3) if rng.random() < 0.7}, int(rng.integers(1, 4))
+        head = types.SimpleNamespace(pattern=pattern, kind="armo")
+        responses = [list(r) for n in range(1, longest + 1) for r in itertools.product(sorted(allowed), repeat=n)]
+        can = any(heads.moves_gate(head, prefix, r) for r in responses)
+        if can:
+            with pytest.raises(UsageError, match="gates on its pattern"):
+                heads.check_search_keeps_gate(head, prefix, allowed.__contains__, longest)
+        else:
+            heads.check_search_keeps_gate(head, prefix, allowed.__contains__, longest)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rmjax import checks
+from rmjax import checks, heads
 from rmjax.checks import setting
 from rmjax.errors import UsageError
 from rmjax.model import Model
@@ -153,6 +153,10 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
         raise ValueError(f"depth1 holds {np.shape(depth1)} scores for {len(candidates)} candidates x {len(prompts)}")
     check_enumeration(cfg, len(candidates))
     contexts = [prepare_prompt(model, n, t, cfg.template, response_tokens=cfg.depth) for n, t in prompts.items()]
+    allowed = set(candidates.tolist())
+    for c in contexts:
+        heads.check_search_keeps_gate(model.config.head, c.split.prefix, allowed.__contains__, cfg.depth,
+                                      model.tokenizer)
     chunk_size = store.chunk_size if store is not None else chunk_size
     if store is not None and store.batch_size is not None:  # the batches its saved scores were computed in
         batch_size = store.batch_size

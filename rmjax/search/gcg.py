@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from rmjax import nn
+from rmjax import heads, nn
 from rmjax.compiled import PARAMS, REPLICATED, Cache, Compiled, compiled, declared_params
 from rmjax.errors import NonFiniteError
 from rmjax.model import Model, require_reward_model
@@ -307,6 +307,9 @@ def _begin(targets: list[Target], cfg: GCGConfig, log: Callable[[str], None] | N
         check_context(cfg, t.prompt, len(t.prefix), len(t.suffix), t.model.config.max_position_embeddings)
     vocab = min(t.model.config.vocab_size for t in targets)
     banned = banned_tokens(lead.tokenizer, vocab, cfg)
+    for t in targets:
+        heads.check_search_keeps_gate(t.model.config.head, t.prefix, lambda i: i < vocab and not banned[i],
+                                      cfg.num_tokens, lead.tokenizer)
     banned_on_device = jnp.asarray(banned)
     embed = nn.get(lead.params, "embed.embedding")[:vocab].astype(jnp.float32) if cfg.embed_reg > 0 else None
     key = jax.random.key(cfg.seed)
