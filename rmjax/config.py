@@ -277,15 +277,16 @@ def _rope_pair(top: _Fields, model_type: str, max_position: int) -> tuple[RopeCo
             glob = _rope(top, full, "rope_theta", 1_000_000.0, max_position, nested=True)
             local = _rope(top, params.within("sliding_attention"), "rope_local_base_freq", 10_000.0, max_position,
                           nested=True)
-        else:  # v4: rope_theta + rope_scaling apply to global layers, rope_local_base_freq to local
-            glob = _rope(top, flat, "rope_theta", 1_000_000.0, max_position)
+        else:  # v4: rope_theta + rope_scaling apply to global layers, rope_local_base_freq to local (transformers
+            # makes them nested, so a top-level original length is not read)
+            glob = _rope(top, flat, "rope_theta", 1_000_000.0, max_position, nested=True)
             local = RopeConfig(theta=top.number("rope_local_base_freq", default=10_000.0))
         return glob, local
     default_theta = 10_000.0  # LlamaConfig, GemmaConfig and Gemma2Config all default to 1e4
-    if nested and params.nonempty("full_attention"):
+    if top.nonempty("rope_scaling"):  # it replaces a nested rope_parameters too: one object for every layer
+        nested = False
+    elif nested and params.nonempty("full_attention"):
         flat = params.within("full_attention")
-    elif nested:
-        flat = top.within("rope_scaling")
     rope = _rope(top, flat, "rope_theta", default_theta, max_position, nested=nested)
     return rope, rope
 

@@ -153,17 +153,29 @@ def moves_gate(head: HeadConfig | None, prefix: list[int], continuation: list[in
     return any(ids[j : j + n] == list(head.pattern) for j in range(len(ids) - n + 1))
 
 
-def check_search_keeps_gate(head: HeadConfig | None, prefix: list[int], allowed, longest: int, tokenizer=None
-                            ) -> None:
-    """Refuse a search whose responses (at most `longest` tokens, each `allowed(id)`) could finish a gated head's
-    pattern after `prefix` (moves_gate): the searches score from the cached prefix's gate, so such a response
-    would be scored with another gate than its conversation has. Only --allow_special lets one (the pattern holds
-    specials)."""
+def check_search_keeps_gate(head: HeadConfig | None, prefix: list[int], allowed, longest: int, tokenizer=None,
+                            suffix=()) -> None:
+    """Refuse a search whose responses (1 to `longest` tokens, each `allowed(id)`, then the template's `suffix`)
+    could finish a gated head's pattern after `prefix` (moves_gate): the searches score from the cached prefix's
+    gate, so such a response would be scored with another gate than its conversation has. Only --allow_special
+    lets one (the pattern holds specials)."""
     if head is None or not head.pattern:
         return
-    pattern, prefix = [int(t) for t in head.pattern], [int(t) for t in prefix]
-    opens = [k for k in range(len(pattern)) if k <= len(prefix) and prefix[len(prefix) - k:] == pattern[:k]]
-    if not any(len(pattern) - k <= longest and all(allowed(t) for t in pattern[k:]) for k in opens):
+    pattern, prefix, suffix = [int(t) for t in head.pattern], [int(t) for t in prefix], [int(t) for t in suffix]
+
+    def fits(start: int, length: int) -> bool:  # an occurrence at `start` (relative to the response's first token)
+        for i, token in enumerate(pattern):
+            at = start + i
+            if at < 0 and (len(prefix) + at < 0 or prefix[at] != token):
+                return False
+            if 0 <= at < length and not allowed(token):
+                return False
+            if at >= length and (at - length >= len(suffix) or suffix[at - length] != token):
+                return False
+        return True
+
+    if not any(fits(start, length) for length in range(1, longest + 1)
+               for start in range(1 - len(pattern), length + len(suffix))):
         return
     shown = repr(tokenizer.decode(pattern)) if tokenizer is not None else str(pattern)
     raise UsageError(f"the {head.kind} head gates on its pattern {shown}, and the search's tokens can write it into a "

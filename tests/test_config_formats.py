@@ -68,8 +68,23 @@ def _top_original(cfg: dict) -> None:  # one object for all layers: the top-leve
     cfg["original_max_position_embeddings"] = 16
 
 
+def _gemma3_v4_top_original(cfg: dict) -> None:  # Gemma 3 is nested in transformers: the top-level one is not read
+    v4 = _to_v4(cfg, "gemma3")
+    cfg.clear()
+    cfg.update(v4, rope_scaling=dict(_LLAMA3, original_max_position_embeddings=24), original_max_position_embeddings=16)
+
+
+def _nested_and_scaling(cfg: dict) -> None:  # rope_scaling replaces a nested rope_parameters as well
+    cfg["rope_scaling"] = cfg.pop("rope_parameters") | {"original_max_position_embeddings": 24}
+    cfg["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+
+
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
 @pytest.mark.parametrize("name, edit", [("llama3.1", _both_ropes), ("gemma3", _gemma3_both),
-                                        ("llama3.1", _top_original)])
+                                        ("llama3.1", _top_original), ("gemma3", _gemma3_v4_top_original),
+                                        ("llama3.1", _nested_and_scaling)])
 def test_rope_fields_are_read_in_transformers_order(tmp_path, name, edit):
     """Config fields that name RoPE twice: rmjax read rope_parameters and ignored rope_scaling beside it, and read
     llama3's original length from its rope object alone (a fault hunt: off by up to 0.1 against transformers, no

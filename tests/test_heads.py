@@ -337,18 +337,22 @@ def test_a_continuation_moves_the_gate_where_a_pattern_ends_in_it():
 
 
 def test_a_search_that_could_finish_the_gate_pattern_is_refused_and_only_such_a_search():
-    """heads.check_search_keeps_gate against a brute-force search over every response the allowed tokens make
-    (moves_gate on each): refused exactly when some response of at most `longest` tokens finishes the pattern."""
+    """heads.check_search_keeps_gate against a brute-force search over every response the allowed tokens make, the
+    template's suffix after it (moves_gate on each): refused exactly when some response of 1 to `longest` tokens
+    and its suffix finish the pattern."""
     rng = np.random.default_rng(5)
-    for _ in range(400):
+    refused = 0
+    for _ in range(600):
         pattern = tuple(int(t) for t in rng.integers(0, 3, int(rng.integers(1, 4))))
-        prefix = list(map(int, rng.integers(0, 3, int(rng.integers(0, 5)))))
-        allowed, longest = {t for t in range(3) if rng.random() < 0.7}, int(rng.integers(1, 4))
+        prefix, suffix = (list(map(int, rng.integers(0, 3, int(rng.integers(0, k))))) for k in (5, 3))
+        allowed = {t for t in range(3) if rng.random() < 0.6} or {int(rng.integers(0, 3))}  # a search has tokens
+        longest = int(rng.integers(1, 4))
         head = types.SimpleNamespace(pattern=pattern, kind="armo")
         responses = [list(r) for n in range(1, longest + 1) for r in itertools.product(sorted(allowed), repeat=n)]
-        can = any(heads.moves_gate(head, prefix, r) for r in responses)
-        if can:
+        if any(heads.moves_gate(head, prefix, r + suffix) for r in responses):
+            refused += 1
             with pytest.raises(UsageError, match="gates on its pattern"):
-                heads.check_search_keeps_gate(head, prefix, allowed.__contains__, longest)
+                heads.check_search_keeps_gate(head, prefix, allowed.__contains__, longest, suffix=suffix)
         else:
-            heads.check_search_keeps_gate(head, prefix, allowed.__contains__, longest)
+            heads.check_search_keeps_gate(head, prefix, allowed.__contains__, longest, suffix=suffix)
+    assert 100 < refused < 500  # both outcomes exercised

@@ -18,8 +18,9 @@ def test_mesh_spec_parsing():
     assert sharding.make_mesh("data:-1,model:2").shape == {"data": 4, "model": 2}
     with pytest.raises(ValueError, match="needs 6 devices"):
         sharding.make_mesh("data:3,model:2")
-    with pytest.raises(ValueError, match="bad mesh spec"):
-        sharding.parse_mesh_spec("pipeline:2")
+    for spec in ("pipeline:2", "data:--1", "data:²", "data:+2"):  # '--1' and '²' reached int(): its own words
+        with pytest.raises(ValueError, match="bad mesh spec"):
+            sharding.parse_mesh_spec(spec)
 
 
 @pytest.mark.parametrize("mesh_spec", ["data:4,model:2", "data:2,model:4"])

@@ -7,6 +7,7 @@ the parallelism strategy is an edit of RULES, not of the model code.
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import numpy as np
@@ -31,7 +32,7 @@ def parse_mesh_spec(spec: str) -> dict[str, int]:
     sizes = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, size = part.partition(":")
-        if name not in ("data", "model") or not size.lstrip("-").isdigit() or name in sizes:
+        if name not in ("data", "model") or not re.fullmatch(r"-?[0-9]+", size) or name in sizes:  # not '--1', '²'
             raise ValueError(f"bad mesh spec {spec!r}: expected e.g. 'data:8,model:1' (axes data and model, once each)")
         sizes[name] = int(size)
         if sizes[name] < 1 and sizes[name] != -1:

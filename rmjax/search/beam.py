@@ -156,7 +156,7 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
     allowed = set(candidates.tolist())
     for c in contexts:
         heads.check_search_keeps_gate(model.config.head, c.split.prefix, allowed.__contains__, cfg.depth,
-                                      model.tokenizer)
+                                      model.tokenizer, c.split.suffix)
     chunk_size = store.chunk_size if store is not None else chunk_size
     if store is not None and store.batch_size is not None:  # the batches its saved scores were computed in
         batch_size = store.batch_size

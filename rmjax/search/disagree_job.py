@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rmjax import heads
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import config_of
 from rmjax.loading.for_job import job_fingerprint, load_for_job
@@ -203,6 +204,8 @@ def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideS
                              template=o.template)
     banned = turns.banned_with_end(banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size),
                                                  gcg_cfg), end)
+    heads.check_search_keeps_gate(rm.config.head, target.prefix, lambda i: i < len(banned) and not banned[i],
+                                  cfg.num_tokens, rm.tokenizer, target.suffix)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, o.template), target.prefix, target.suffix)
     plain = chat.split_chat(rm.tokenizer, text, o.template).template == "plain"
     ready = Ready(text, side_a, side_b, target, prior, banned, [check], end, plain)

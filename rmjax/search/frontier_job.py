@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax import checks
+from rmjax import checks, heads
 from rmjax.checks import setting
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import config_of
@@ -299,6 +299,8 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
                              template=template)
     banned = turns.banned_with_end(banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size),
                                                  gcg_cfg), end)
+    heads.check_search_keeps_gate(rm.config.head, target.prefix, lambda i: i < len(banned) and not banned[i],
+                                  spec.config.num_tokens, rm.tokenizer, target.suffix)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, template), target.prefix, target.suffix)
     return _Prompt(target, prior, banned, [check] if spec.config.retokenize_filter else [],
                    _reward_scale(rm, target, spec, name, check))

@@ -309,7 +309,7 @@ def _begin(targets: list[Target], cfg: GCGConfig, log: Callable[[str], None] | N
     banned = banned_tokens(lead.tokenizer, vocab, cfg)
     for t in targets:
         heads.check_search_keeps_gate(t.model.config.head, t.prefix, lambda i: i < vocab and not banned[i],
-                                      cfg.num_tokens, lead.tokenizer)
+                                      cfg.num_tokens, lead.tokenizer, t.suffix)
     banned_on_device = jnp.asarray(banned)
     embed = nn.get(lead.params, "embed.embedding")[:vocab].astype(jnp.float32) if cfg.embed_reg > 0 else None
     key = jax.random.key(cfg.seed)

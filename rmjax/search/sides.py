@@ -18,6 +18,7 @@ from fractions import Fraction
 import jax
 import numpy as np
 
+from rmjax import heads
 from rmjax.errors import UsageError
 from rmjax.model import Model
 from rmjax.parallel.distributed import replicated
@@ -167,6 +168,8 @@ class RewardSide(Side):
         prefix = len(self.scorer.prefix)
         tail = ids[prefix:]
         if body is None or ids[:prefix] != self.scorer.prefix or tail[: len(body)] != body:
+            return None
+        if heads.moves_gate(self.model.config.head, self.scorer.prefix, tail):  # the cached gate is not its own
             return None
         return tail, body
 

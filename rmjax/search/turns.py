@@ -21,7 +21,8 @@ from rmjax.text import chat
 def end_of_turn(suffix: tuple[int, ...] | list[int], tokenizer, source: str) -> int:
     """The end-of-turn id (chat.end_of_turn_id): the template's suffix's first token (<end_of_turn>, <|im_end|>,
     <|eot_id|>); with the plain template (no suffix: the RM reads the response's last token) the newline before
-    the next turn, which only the prior reads. Neither: refused."""
+    the next turn, which only the prior reads. A plain template whose tokenizer appends an EOS has that EOS as its
+    suffix, and so as its end of turn, read by the RM as a chat template's is. Neither: refused."""
     return chat.end_of_turn_id(tokenizer, suffix, source)
 
 

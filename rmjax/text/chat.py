@@ -45,7 +45,8 @@ def end_of_turn_id(tokenizer, suffix, source: str) -> int:
     """The token that ends the assistant's turn after a response whose template suffix is `suffix`: the chat
     template's first token after the response (<end_of_turn>, <|im_end|>, <|eot_id|>); in the plain format (no
     suffix) the newline before the next `User:` line (what a base model writes when its answer is over; its end of
-    sequence it almost never does), or the end of sequence where a newline is not one token. Neither: refused."""
+    sequence it almost never does), or the end of sequence where a newline is not one token. Neither: refused.
+    (A plain format whose tokenizer appends an EOS has it as its suffix: that EOS ends the turn.)"""
     if len(suffix):
         return int(suffix[0])
     newline = tokenizer("\n", add_special_tokens=False).input_ids
