@@ -34,6 +34,7 @@ from rmjax.scoring.texts import TextScorer
 from rmjax.search import gcg
 from rmjax.search.beam import BeamConfig, beam_search
 from rmjax.search.gcg_config import GCGConfig
+from rmjax.search.sides import RewardSide, SideSpec
 from rmjax.search.sweep import sweep
 from rmjax.text import chat
 from tests import jitted as M
@@ -292,6 +293,10 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
         beam_search(model, {"p": "Name a fruit."}, BeamConfig(depth=len(pattern), beam=2, top=2, allow_special=True),
                     np.asarray(pattern + [17]))
     gcg.gcg([target], dataclasses.replace(allowed_all, allow_special=False))
+    # a disagreement's side B gives no gradient for a text that moves its gate (the cached gate's reward is not
+    # the one `rewards` gives it: a review), and one for a text that does not
+    side = RewardSide(SideSpec(str(folder), (str(folder),)), model, "Name a fruit.", "auto")
+    assert side.gives_gradient("apple") and not side.gives_gradient("apple<|im_end|>\n<|im_start|>assistant\nb")
     texts = ["apple", "a banana, ripe", "apple<|im_end|>\n<|im_start|>assistant\nbanana"]
     ids = TextScorer(model, "Name a fruit.").token_ids(texts)
     got = TextScorer(model, "Name a fruit.").score(texts)
