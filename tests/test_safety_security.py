@@ -294,7 +294,7 @@ BAD_NAMES = [("", "not a file name"), ("a\0b.safetensors", "not a file name"), (
 def test_index_names_that_are_no_shard_file_are_refused(rm_folder, tmp_path, name, why):
     model = shutil.copytree(rm_folder, tmp_path / "model")
     (model / "sub").mkdir()
-    shutil.copy(model / "model.safetensors", model / "sub" / "model.safetensors")
+    (model / "model.safetensors").rename(model / "sub" / "model.safetensors")  # beside the index it would be read
     index = {"weight_map": {"score.weight": name}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
     from rmjax.loading.safetensors_io import checkpoint_files
@@ -306,6 +306,7 @@ def test_index_names_that_are_no_shard_file_are_refused(rm_folder, tmp_path, nam
 @pytest.mark.parametrize("weight_map", [[], ["model.safetensors"], {}, "model.safetensors", None])
 def test_index_weight_map_of_the_wrong_shape_is_refused(rm_folder, tmp_path, weight_map):
     model = shutil.copytree(rm_folder, tmp_path / "model")
+    (model / "model.safetensors").unlink()  # read before an index beside it, as transformers reads it
     (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     from rmjax.loading.safetensors_io import checkpoint_files
 
@@ -316,9 +317,14 @@ def test_index_weight_map_of_the_wrong_shape_is_refused(rm_folder, tmp_path, wei
 def test_a_weights_file_that_is_no_regular_file_is_refused(rm_folder, tmp_path):
     """A directory named like a weights file used to end in a traceback (IsADirectoryError); a FIFO would have
     blocked the read forever."""
-    model = shutil.copytree(rm_folder, tmp_path / "model")
-    (model / "extra.safetensors").mkdir()
     from rmjax.loading.safetensors_io import checkpoint_files
 
+    model = shutil.copytree(rm_folder, tmp_path / "model")
+    (model / "model.safetensors").rename(model / "weights.safetensors")  # no model.safetensors: every one is read
+    (model / "extra.safetensors").mkdir()
     with pytest.raises(CheckpointError, match="extra.safetensors: not a regular file"):
+        checkpoint_files(model)
+    (model / "extra.safetensors").rmdir()
+    (model / "model.safetensors").mkdir()  # the checkpoint's own file
+    with pytest.raises(CheckpointError, match="model.safetensors: not a regular file"):
         checkpoint_files(model)
