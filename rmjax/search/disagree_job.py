@@ -205,7 +205,7 @@ def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideS
     banned = turns.banned_with_end(banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size),
                                                  gcg_cfg), end)
     heads.check_search_keeps_gate(rm.config.head, target.prefix, lambda i: i < len(banned) and not banned[i],
-                                  cfg.num_tokens, rm.tokenizer, target.suffix)
+                                  spec.search.num_tokens, rm.tokenizer, target.suffix)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, o.template), target.prefix, target.suffix)
     plain = chat.split_chat(rm.tokenizer, text, o.template).template == "plain"
     ready = Ready(text, side_a, side_b, target, prior, banned, [check], end, plain)

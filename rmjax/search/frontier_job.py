@@ -300,7 +300,7 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
     banned = turns.banned_with_end(banned_tokens(rm.tokenizer, min(rm.config.vocab_size, lm.config.vocab_size),
                                                  gcg_cfg), end)
     heads.check_search_keeps_gate(rm.config.head, target.prefix, lambda i: i < len(banned) and not banned[i],
-                                  spec.config.num_tokens, rm.tokenizer, target.suffix)
+                                  spec.search.num_tokens, rm.tokenizer, target.suffix)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, template), target.prefix, target.suffix)
     return _Prompt(target, prior, banned, [check] if spec.config.retokenize_filter else [],
                    _reward_scale(rm, target, spec, name, check))
