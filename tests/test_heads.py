@@ -297,6 +297,10 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
     # the one `rewards` gives it: a review), and one for a text that does not
     side = RewardSide(SideSpec(str(folder), (str(folder),)), model, "Name a fruit.", "auto")
     assert side.gives_gradient("apple") and not side.gives_gradient("apple<|im_end|>\n<|im_start|>assistant\nb")
+    # the vocabulary map reads back once for two sides that read alike (same split, template and tokenizer)
+    twin = RewardSide(SideSpec(str(folder), (str(folder),)), load(str(folder)), "Name a fruit.", "auto")
+    other = RewardSide(SideSpec(str(folder), (str(folder),)), model, "Name a vegetable.", "auto")
+    assert side.reads_like(twin) and not side.reads_like(other)
     texts = ["apple", "a banana, ripe", "apple<|im_end|>\n<|im_start|>assistant\nbanana"]
     ids = TextScorer(model, "Name a fruit.").token_ids(texts)
     got = TextScorer(model, "Name a fruit.").score(texts)

@@ -229,9 +229,10 @@ def _read_back(p: Ready, shared):
     """The shared strings whose single-token sequence is, on each side, the string's own conversation after this
     prompt: token mode scores prefix + [id] + suffix, and a plain template reads 'love' as ' love' (a fault hunt:
     32% of the default pair's strings, B's 'love' +3.23 in the map against +3.68 as a text)."""
-    texts = shared["text"].tolist()
-    keep = p.side_a.tokens_read_back(shared["token_a"].to_numpy(), texts) & \
-        p.side_b.tokens_read_back(shared["token_b"].to_numpy(), texts)
+    texts, ids_a, ids_b = shared["text"].tolist(), shared["token_a"].to_numpy(), shared["token_b"].to_numpy()
+    keep = p.side_a.tokens_read_back(ids_a, texts)
+    if not (np.array_equal(ids_a, ids_b) and p.side_a.reads_like(p.side_b)):  # else B's mask is A's
+        keep &= p.side_b.tokens_read_back(ids_b, texts)
     return shared[keep].reset_index(drop=True)
 
 

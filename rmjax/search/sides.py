@@ -91,6 +91,10 @@ class Side:
         text's own conversation is (candidates.token_round_trips, the sweep's roundtrip rule)?"""
         raise NotImplementedError
 
+    def reads_like(self, other: Side) -> bool:
+        """Whether `other` reads every text as this side does (tokens_read_back would give the same mask)."""
+        return False
+
     def gradient(self, text: str) -> tuple[jax.Array, list[int]] | None:
         """d reward / d one_hot of the text's own tokens in this side's conversation [L, V] (on the device) and those
         tokens; None where the side has no gradient."""
@@ -158,6 +162,14 @@ class RewardSide(Side):
 
     def tokens_read_back(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
         return token_round_trips(self.scorer, ids, texts)
+
+    def reads_like(self, other: Side) -> bool:
+        """The same prompt split, chat template and tokenizer (a planted RM and its clean twin): one read-back
+        serves both (it renders and tokenizes every string's conversation)."""
+        mine, theirs = (getattr(t, "backend_tokenizer", None) for t in (self.tokenizer, other.tokenizer))
+        return (isinstance(other, RewardSide) and self.scorer.split == other.scorer.split and mine is not None
+                and theirs is not None and getattr(self.tokenizer, "chat_template", None) ==
+                getattr(other.tokenizer, "chat_template", None) and mine.to_str() == theirs.to_str())
 
     def prefill_forwards(self, num_tokens: int) -> Fraction:
         return Fraction(len(self.scorer.prefix), num_tokens + turns.rm_tail(self.scorer.split.suffix))
