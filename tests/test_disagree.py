@@ -425,8 +425,12 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     with pytest.raises(KeyboardInterrupt):
         run_disagree(_spec(rm_folder, lower_rm, again, lm_folder))
     monkeypatch.setattr(disagree_job, "_compute", real_compute)
+    real_map, mapped = disagree_job._map_rewards, []
+    monkeypatch.setattr(disagree_job, "_map_rewards", lambda *a: (mapped.append(1), real_map(*a))[1])
     run_disagree(_spec(rm_folder, lower_rm, again, lm_folder))
     assert (again / "disagree.csv").read_bytes() == first
+    # the map the crashed run stored is read, not scored again, and written alike
+    assert not mapped and (again / "vocab_map.csv").read_bytes() == (out / "vocab_map.csv").read_bytes()
     # --methods=best_of_n (a control rerun): the joint run's best-of-N rows, alone; --screen is the search's alone
     # unless --screen_best_of_n
     real_screened, screened_calls = Objective.score_screened, []
@@ -707,3 +711,24 @@ def test_the_end_of_turn_is_never_a_response_token_under_allow_special(rm_folder
     ready = disagree_job._prepare(spec, models, a, b, rm, models[spec.lm], "greatest", PROMPT)
     special = set(rm.tokenizer.all_special_ids) - {ready.end}
     assert ready.banned[ready.end] and special and not ready.banned[sorted(special)].any()
+
+
+def test_a_stored_map_is_read_only_for_the_strings_of_this_run(tmp_path):
+    """A rerun reads a prompt's stored map (disagree_job._map_of) only where its token pairs are the shared strings
+    it kept, in their order; any other chunk is refused naming the file to delete."""
+    from rmjax.errors import ResumeMismatchError
+    from rmjax.runs.chunks import ChunkStore
+
+    store = ChunkStore(tmp_path / "out.csv", {"job": "test"}, 1)
+    shared = pd.DataFrame({"text": ["a", "b", "c"], "token_a": [5, 6, 7], "token_b": [50, 60, 70]})
+    kept = np.asarray([[2, 1, np.nan, np.nan], [5, 50, 0.25, -1.5], [7, 70, 3.0, 0.125]])
+    store.write("m0000", kept)
+    readable, (ra, rb, layers) = disagree_job._read_map(store, "m0000", shared)
+    assert readable.text.tolist() == ["a", "c"] and ra.tolist() == [0.25, 3.0] and rb.tolist() == [-1.5, 0.125]
+    assert layers == 1
+    for bad in (kept[[0, 2, 1]], np.vstack([[3, 1, np.nan, np.nan], kept[1:], [[9, 90, 0.0, 0.0]]]),
+                kept[:, :3], np.vstack([[2, 1, np.nan, np.nan], [[5, 60, 0.0, 0.0]], kept[2:]]),
+                np.vstack([[1, 1, np.nan, np.nan], kept[1:]])):
+        store.write("m0000", bad)
+        with pytest.raises(ResumeMismatchError, match=r"m0000.npy is not a vocabulary map of this run \(.*\); delete"):
+            disagree_job._read_map(store, "m0000", shared)

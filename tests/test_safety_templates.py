@@ -85,3 +85,31 @@ def test_the_plain_format_puts_what_the_tokenizer_adds_where_tokenizing_the_whol
     prefix = list(chat.split_chat(tokenizer, "What is best?", "plain").prefix)
     assert prefix == tokenizer("User: What is best?\nAssistant:").input_ids[:len(prefix)]
     assert 0 not in prefix and prefix[0] == (1 if adds else prefix[0])
+
+
+GEMMA_LIKE = ("{{ bos_token }}{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content | trim + "
+              "'<|im_end|>\\n' }}{% endfor %}")
+LENGTH_FIRST = "{{ messages[-1].content | length }}|" + GEMMA_LIKE  # a head that depends on the response
+
+
+@pytest.mark.parametrize("template", [None, GEMMA_LIKE, LENGTH_FIRST])
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_many_conversations_render_and_tokenize_as_each_does_alone(tokenizer, template, system):
+    """Conversations.token_ids renders a batch in one call and tokenizes only from the head's last special token
+    on (a vocabulary's read-back): every conversation's ids equal its own rendering, one apply_chat_template call
+    for it, tokenized whole — the reference."""
+    if template is not None:
+        tokenizer.chat_template = template
+    tokenizer = chat.with_system_prompt(tokenizer, system)
+    decoded = tokenizer.batch_decode([[i] for i in range(0, 49152, 97)])
+    responses = [*decoded, " padded ", "", "<|im_end|>", "line\nbreak", "日本語"]
+    assert len(responses) >= chat.SPLIT_TOKENIZING
+    for prompt in ("What is the greatest thing?", "<|im_start|>user\nnested"):
+        conversations = chat.Conversations(tokenizer, prompt, "chat")
+        ids = conversations.token_ids(responses)
+        for response, got in zip(responses, ids, strict=True):
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+            text = tokenizer.apply_chat_template(messages, tokenize=False)
+            assert got == tokenizer(text, add_special_tokens=False).input_ids, (prompt, response)
+        assert conversations._cut[0] > 0  # the fast path ran (on no text, where the head reads the response)

@@ -137,8 +137,9 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
         for p in ready.values():
             p.token_map = twin_map(shared, rm.config.vocab_size) if twins else None
         clock("prepare")
-        readable = {name: _read_back(p, shared) for name, p in ready.items()} if cfg.vocab_map else {}
-        raw = {name: _map_rewards(p, name, readable[name]) for name, p in ready.items()} if cfg.vocab_map else {}
+        made = {name: _map_of(store, index, p, name, shared) for index, (name, p) in enumerate(ready.items())
+                if cfg.vocab_map}
+        readable, raw = ({name: m[k] for name, m in made.items()} for k in (0, 1))
         clock("vocab_map")
         for name, p in ready.items():
             p.z_a, p.z_b = _yardsticks(p, spec, readable.get(name), raw.get(name))
@@ -234,6 +235,39 @@ def _read_back(p: Ready, shared):
     if not (np.array_equal(ids_a, ids_b) and p.side_a.reads_like(p.side_b)):  # else B's mask is A's
         keep &= p.side_b.tokens_read_back(ids_b, texts)
     return shared[keep].reset_index(drop=True)
+
+
+def _map_of(store: ChunkStore, index: int, p: Ready, name: str, shared):
+    """A prompt's map (the strings both sides read back, both sides' rewards), kept in the store as one chunk: a
+    rerun after a crash reads it instead of reading back and scoring the whole shared vocabulary again."""
+    key = f"m{index:04d}"
+    if store.has(key):
+        return _read_map(store, key, shared)
+    readable = _read_back(p, shared)
+    ra, rb, layers = _map_rewards(p, name, readable)
+    if is_main():
+        rows = np.column_stack([readable["token_a"], readable["token_b"], ra, rb]).astype(np.float64)
+        store.write(key, np.vstack([[len(rows), layers, np.nan, np.nan], rows]))
+    return readable, (ra, rb, layers)
+
+
+def _read_map(store: ChunkStore, key: str, shared):
+    """A stored map, held to the shared strings of this run: its token pairs are those of the strings it kept, in
+    their order."""
+    packed = store.load(key)
+    ok = packed.dtype == np.float64 and packed.ndim == 2 and packed.shape[1] == 4 and len(packed) >= 1 \
+        and float(packed[0, 0]) == len(packed) - 1
+    pairs = packed[1:, :2] if ok else np.zeros((0, 2))
+    if ok and not (np.isfinite(pairs).all() and (pairs == np.round(pairs)).all()):
+        ok = False
+    stored = set(map(tuple, pairs.astype(np.int64).tolist()))
+    keep = np.fromiter(((a, b) in stored for a, b in zip(shared["token_a"], shared["token_b"], strict=True)), bool,
+                       len(shared))
+    readable = shared[keep].reset_index(drop=True)
+    if not ok or len(readable) != len(pairs) or not np.array_equal(
+            readable[["token_a", "token_b"]].to_numpy(np.int64), pairs.astype(np.int64)):
+        raise store.damaged(key, f"is not a vocabulary map of this run ({packed.dtype} of shape {packed.shape})")
+    return readable, (packed[1:, 2].copy(), packed[1:, 3].copy(), int(packed[0, 1]))
 
 
 def _map_rewards(p: Ready, name: str, shared):
