@@ -256,7 +256,7 @@ def test_wrong_gate_layout_names_the_tensor(built, tmp_path):
 
 
 
-def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
+def test_sweep_and_text_scoring_with_a_gated_head(tmp_path, lm_folder):
     """End to end on a real chat template (SmolLM2's), the gate pattern set to its prompt end."""
     src = tiny.smollm2_tokenizer_folder()
     tok = transformers.AutoTokenizer.from_pretrained(str(src))
@@ -293,6 +293,35 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path):
         beam_search(model, {"p": "Name a fruit."}, BeamConfig(depth=len(pattern), beam=2, top=2, allow_special=True),
                     np.asarray(pattern + [17]))
     gcg.gcg([target], dataclasses.replace(allowed_all, allow_special=False))
+    # the frontier and the disagreement search (its side A) run the same check once their models load: their whole
+    # turns never hold the end of turn (<|im_end|>, the pattern's first token), so gated on the rest of it
+    opened = tmp_path / "opened"
+    shutil.copytree(folder, opened)
+    config = json.loads((opened / "config.json").read_text())
+    config["gating_token_pattern"] = pattern[2:]  # <|im_start|>assistant\n
+    (opened / "config.json").write_text(json.dumps(config))
+    from rmjax.runs.options import RunOptions
+    from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec
+    from rmjax.search.disagree_job import run_disagree
+    from rmjax.search.fluent import FluentConfig
+    from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
+
+    fluent = FluentConfig(num_tokens=len(pattern), samples=8, beam=2, proposals=4, search_width=16, topk=8)
+    prompts = {"p": "Name a fruit."}
+    for job, run in enumerate((lambda out, **allowed: run_frontier(FrontierSpec(
+                    RunOptions(model=str(opened), out=str(out)), prompts, FrontierConfig(lambdas=(0.0,), forwards=100,
+                                                                                         **allowed),
+                    fluent, lm=str(lm_folder), judge=str(lm_folder))),
+                lambda out, **allowed: run_disagree(DisagreeSpec(
+                    RunOptions(model=str(opened), out=str(out)), (str(opened), str(folder)), prompts,
+                    DisagreeConfig(forwards=100, vocab_map=False, **allowed), fluent, lm=str(lm_folder),
+                    judge=str(lm_folder))))):
+        with pytest.raises(UsageError, match="gates on its pattern"):
+            run(tmp_path / f"job{job}", allow_special=True, allow_non_ascii=True)
+        # the refused run leaves no store behind (it pinned the refused flags: the corrected rerun was refused)
+        assert not list((tmp_path / f"job{job}").rglob("manifest.json"))
+        if job == 0:  # the same claim serves both: one rerun shows it
+            run(tmp_path / f"job{job}")
     # a disagreement's side B gives no gradient for a text that moves its gate (the cached gate's reward is not
     # the one `rewards` gives it: a review), and one for a text that does not
     side = RewardSide(SideSpec(str(folder), (str(folder),)), model, "Name a fruit.", "auto")

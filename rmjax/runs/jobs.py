@@ -105,10 +105,24 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
     `inputs` (flag -> path): the files the job reads, which no output may be."""
     refuse_folder_name(out)
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
+    new_store = store is not None and not os.path.lexists(store)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs,
                defer_removal=True) as decision:
-        yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)),
-                  None if store is None else Path(store))
+        try:
+            yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)),
+                      None if store is None else Path(store))
+        except BaseException:
+            if new_store and is_main():
+                _remove_if_unused(Path(store))
+            raise
+
+
+def _remove_if_unused(store: Path) -> None:
+    """A store this run made and stopped before saving anything in (a check after the load refused it): it pinned
+    the refused flags, so the corrected rerun was refused as another run's progress (a fault hunt)."""
+    if store.is_dir() and not store.is_symlink() and {p.name for p in store.iterdir()} <= {"manifest.json"}:
+        (store / "manifest.json").unlink(missing_ok=True)
+        store.rmdir()
 
 
 @contextlib.contextmanager
