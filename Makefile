@@ -70,7 +70,8 @@ runtime-smoke: $(VENV)/.installed
 # threads under load); set here, since pytest-randomly imports numpy before conftest runs. One worker more than
 # cores: with one each, the tests left a sixth of the CPU idle while they waited on files and subprocesses (user +
 # sys 41 of 49 core-minutes of a fresh 2-core run).
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# (The cores this process may use: nproc reads OMP_NUM_THREADS, which a shell for numpy work often sets to 1.)
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 tests

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from rmjax.search.sweep import SweepSpec, run_sweep
 from tests import cli, inproc, tiny
@@ -306,3 +307,35 @@ def test_train_rm_batch_must_split_over_the_data_axis(lm_folder, tmp_path):
                            "--mesh=data:4,model:2", f"--workdir={tmp_path / 'w'}",
                            env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}),
                    "--batch_size=6", "multiple of 4")
+
+
+def test_a_run_stopped_before_it_saves_anything_leaves_no_store(tmp_path):
+    """A job refused after its load (the frontier's gate check) had made its store: the manifest pinned the refused
+    flags, and the corrected rerun was refused as another run's progress. Fresh or after --overwrite cleared an
+    earlier run's store, such a store goes; a store holding saved progress stays."""
+    from rmjax.errors import UsageError
+    from rmjax.runs.chunks import ChunkStore, store_dir
+    from rmjax.runs.jobs import job
+
+    out = tmp_path / "disagree.csv"
+    first, refused_flags, corrected = ({"job": "test", "flag": f} for f in "ABC")
+
+    def run(identity, overwrite=False, fail=True, save=False):
+        with job(out, identity, overwrite=overwrite, store=store_dir(out)):
+            store = ChunkStore(out, identity, 1)
+            if save:
+                store.write(0, np.zeros((1, 1), np.float32))
+            if fail:
+                raise UsageError("refused after the load")
+
+    for overwrite in (False, True):
+        if overwrite:  # an earlier run's saved progress, which --overwrite discards
+            with pytest.raises(UsageError):
+                run(first, save=True)
+            assert ChunkStore(out, first, 1).has(0)
+        with pytest.raises(UsageError):
+            run(refused_flags, overwrite=overwrite)
+        assert not store_dir(out).exists()
+    with pytest.raises(UsageError):  # a run that saved something keeps it for its rerun
+        run(corrected, save=True)
+    run(corrected, fail=False)

@@ -105,9 +105,9 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
     `inputs` (flag -> path): the files the job reads, which no output may be."""
     refuse_folder_name(out)
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
-    new_store = store is not None and not os.path.lexists(store)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs,
                defer_removal=True) as decision:
+        new_store = store is not None and not os.path.lexists(store)  # after the claim: --overwrite cleared one
         try:
             yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)),
                       None if store is None else Path(store))

@@ -319,6 +319,8 @@ class Conversations:
     def token_ids(self, responses: list[str]) -> list[list[int]]:
         """The re-tokenized conversations (what the reference pipeline feeds its model)."""
         tok = self.tokenizer
+        if not responses:  # a tokenizer given no text fails inside transformers
+            return []
         if self.split.template == "plain":  # one space after "Assistant:", trimmed like chat templates do
             spaced, suffix = [" " + r.strip() for r in responses], list(self.split.suffix)
             return [self.prefix + ids + suffix for ids in tok(spaced, add_special_tokens=False).input_ids]
@@ -333,7 +335,8 @@ class Conversations:
         None where the head has no special token or does not tokenize as its two parts."""
         if self._cut is None:
             tok, ids = self.tokenizer, self.prefix
-            last = max((k for k, t in enumerate(ids) if t in _special_ids(tok)), default=None)
+            special = _special_ids(tok)  # once: Gemma 3's 6,384 added tokens are rebuilt on each call
+            last = max((k for k, t in enumerate(ids) if t in special), default=None)
             at = -1 if last is None else self.head.rfind(tok.convert_ids_to_tokens(ids[last]))
             parts = [tok(part, add_special_tokens=False).input_ids for part in (self.head[:at], self.head[at:])]
             self._cut = (at, ids[:last]) if at > 0 and parts[0] + parts[1] == ids else (0, [])
