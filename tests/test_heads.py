@@ -319,9 +319,7 @@ def test_sweep_and_text_scoring_with_a_gated_head(tmp_path, lm_folder):
         with pytest.raises(UsageError, match="gates on its pattern"):
             run(tmp_path / f"job{job}", allow_special=True, allow_non_ascii=True)
         # the refused run leaves no store behind (it pinned the refused flags: the corrected rerun was refused)
-        assert not list((tmp_path / f"job{job}").rglob("manifest.json"))
-        if job == 0:  # the same claim serves both: one rerun shows it
-            run(tmp_path / f"job{job}")
+        assert not list((tmp_path / f"job{job}").rglob("manifest.json"))  # the rerun: test_safety_resume
     # a disagreement's side B gives no gradient for a text that moves its gate (the cached gate's reward is not
     # the one `rewards` gives it: a review), and one for a text that does not
     side = RewardSide(SideSpec(str(folder), (str(folder),)), model, "Name a fruit.", "auto")
