@@ -339,10 +339,25 @@ def _spec(a, b, out, lm, **config):
                         lm=str(lm), judge=str(lm))
 
 
+def _map_a_spread_of_the_shared_strings(monkeypatch, keep: int = 3000) -> None:
+    """The job's vocabulary map over `keep` strings spread evenly through the shared ones (in their order), for
+    tests whose point is not the whole vocabulary: its read-back and scoring were most of their time (the map of
+    every shared string: test_each_map_row_is_what_each_side_scores_its_string_as_a_text). A stored map is read back
+    against all the shared strings, as in a job."""
+    real = disagree_job._read_back
+
+    def spread(p, shared):
+        return real(p, shared.iloc[np.unique(np.linspace(0, len(shared) - 1, keep).astype(int))])
+
+    monkeypatch.setattr(disagree_job, "_read_back", spread)
+
+
 def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byte(rm_folder, lower_rm, lm_folder,
                                                                                   tmp_path, monkeypatch):
     from rmjax.scoring.texts import ScoreSpec, run_score
     from rmjax.search import disagree
+
+    _map_a_spread_of_the_shared_strings(monkeypatch)
 
     failed = []
     real = disagree.Disagreement.round_trips
@@ -602,10 +617,11 @@ def _analyze_seeds_of_a_real_run(out, again, tmp_path):
         assert row.runs == 2 * both and (not both or row.ci_low == row.ci_high == row.advantage)
 
 
-def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_rm, lm_folder, tmp_path):
+def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_rm, lm_folder, tmp_path, monkeypatch):
     """vocab_map.csv was the job's own only when this run wrote one: a map-only run, then a search without a map
     with --overwrite into the same folder, left the first run's map beside the second's results; a map-only rerun
     over a search left the search's record. One search, a map-only rerun, then the search again."""
+    _map_a_spread_of_the_shared_strings(monkeypatch)
     out = tmp_path / "d"
     spec = _spec(rm_folder, lower_rm, out, lm_folder, vocab_map=False, b_gradient=False, direction="a_over_b",
                  methods="best_of_n")
