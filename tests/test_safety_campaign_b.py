@@ -195,30 +195,40 @@ def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tm
     points name --texts_file, --prompts and --pairs (so those run as commands); the frontier job its --sweep."""
     texts = tmp_path / "texts.txt"
     texts.write_text("Love\nHate\n")
-    cli.user_error(cli.run("score", f"--model={rm_folder}", f"--texts_file={texts}", f"--out={texts}", "--overwrite"),
-                   "which this run reads (--texts_file=")
-    assert texts.read_text() == "Love\nHate\n"
     # a file inside the model's folder: --out=MODEL/config.json --overwrite deleted the model's config
     model = cli.copy_folder(rm_folder, tmp_path / "model")
     config = (model / "config.json").read_bytes()
-    cli.user_error(cli.run("score", f"--model={model}", "--texts=a", f"--out={model / 'config.json'}", "--overwrite"),
-                   "inside a folder this run reads (--model=")
+    prompts = tmp_path / "prompts.yaml"
+    prompts.write_text("greatest: What is the greatest thing?\n")
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout = tmp_path / "heldout.csv"
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    # each refused before any model loads: the five command lines in one interpreter (cli.run_each)
+    from_texts, in_model, as_folder, from_prompts, from_pairs = cli.run_each(
+        ("score", f"--model={rm_folder}", f"--texts_file={texts}", f"--out={texts}", "--overwrite"),
+        ("score", f"--model={model}", "--texts=a", f"--out={model / 'config.json'}", "--overwrite"),
+        # a file output named as a folder (--out=dir/): score wrote `dir` and its .meta.json, then died reading `dir/`
+        ("score", f"--model={rm_folder}", "--texts=a", f"--out={tmp_path / 'scores'}/"),
+        ("sweep", f"--model={rm_folder}", f"--prompts={prompts}", "--token_ids=5,6", f"--out={prompts}", "--overwrite"),
+        ("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={heldout}", "--steps=2",
+         "--warmup_steps=1", "--batch_size=2", f"--workdir={tmp_path / 'work'}", f"--head_out={pairs}", "--overwrite"))
+    cli.user_error(from_texts, "which this run reads (--texts_file=")
+    assert texts.read_text() == "Love\nHate\n"
+    cli.user_error(in_model, "inside a folder this run reads (--model=")
     assert (model / "config.json").read_bytes() == config
+    cli.user_error(as_folder, "ends in a separator", f"--out={tmp_path / 'scores'}/result.csv")
+    cli.user_error(from_prompts, "which this run reads (--prompts=")
+    assert prompts.read_text() == "greatest: What is the greatest thing?\n"
+    cli.user_error(from_pairs, "which this run reads (--pairs=")
+    assert pairs.read_text().startswith("prompt,chosen,rejected\nQ0,Love,Hate")
     # a prompt's name is no path: a folder that happens to bear it may hold the output
     (tmp_path / "greatest").mkdir()
     cli.ok(cli.run("score", f"--model={rm_folder}", "--prompts=greatest", "--texts=a", "--z_sample=0",
                    "--out=greatest/s.csv", cwd=tmp_path))
-    # a file output named as a folder (--out=dir/): score wrote `dir` and its .meta.json, then died reading `dir/`
-    cli.user_error(cli.run("score", f"--model={rm_folder}", "--texts=a", f"--out={tmp_path / 'scores'}/"),
-                   "ends in a separator", f"--out={tmp_path / 'scores'}/result.csv")
     inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(rm_folder, f"{tmp_path / 'swept'}/"), inproc.prompts(),
                                                (5, 6))), "ends in a separator")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(("scores", "swept"))]
-    prompts = tmp_path / "prompts.yaml"
-    prompts.write_text("greatest: What is the greatest thing?\n")
-    cli.user_error(cli.run("sweep", f"--model={rm_folder}", f"--prompts={prompts}", "--token_ids=5,6",
-                           f"--out={prompts}", "--overwrite"), "which this run reads (--prompts=")
-    assert prompts.read_text() == "greatest: What is the greatest thing?\n"
     from rmjax.search.fluent import FluentConfig
     from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
 
@@ -232,16 +242,6 @@ def test_no_output_may_be_a_file_the_command_line_names(rm_folder, lm_folder, tm
             FluentConfig(), lm=str(lm_folder), judge=str(lm_folder), sweep=str(sweep))),
             "which this run reads (--sweep=")
     assert sweep.read_bytes() == before
-    pairs = tmp_path / "pairs.csv"
-    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
-    heldout = tmp_path / "heldout.csv"
-    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
-    cli.user_error(cli.run("train_rm", f"--model={lm_folder}", f"--pairs={pairs}", f"--heldout_pairs={heldout}",
-                           "--steps=2", "--warmup_steps=1", "--batch_size=2", f"--workdir={tmp_path / 'work'}",
-                           f"--head_out={pairs}",
-                           "--overwrite"),
-                   "which this run reads (--pairs=")
-    assert pairs.read_text().startswith("prompt,chosen,rejected\nQ0,Love,Hate")
 
 
 def test_inspect_top_past_what_its_source_holds_is_refused(rm_folder, tmp_path, monkeypatch):
