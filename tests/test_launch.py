@@ -521,17 +521,16 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
         assert not bad.stdout, bad
     # the shipped EloEverything files are no file of the command line's, on a TPU VM too; inputs in the checkpoint
     # are on the VM though not here (GCG's config once refused them for not being on this machine)
-    for line in ("experiments.train_rm --elo=builtin:greatest --head_out=results/h --mesh=data:1,model:8",
-                 "experiments.gcg --init_from=/tmp/ckpt/b.csv --vocab_file=/tmp/ckpt/w.txt --mesh=data:1,model:8 "
-                 "--out=results/g.json"):
-        ((status, words, err),) = _read_each(line, tpu_type="v5litepod-8")
-        assert status in (0, None) and words[0] == line.split()[0].split(".")[1], err
+    on_tpu = ("experiments.train_rm --elo=builtin:greatest --head_out=results/h --mesh=data:1,model:8",
+              "experiments.gcg --init_from=/tmp/ckpt/b.csv --vocab_file=/tmp/ckpt/w.txt --mesh=data:1,model:8 "
+              "--out=results/g.json")
     # a GPU host keeps the results/ of earlier launches (gpu.sh syncs the tree without it): an input there may be
     # and so may a --prompts YAML file (main reads it, first thing)
-    for line in ("experiments.inspect --from_sweep=results/s.csv", "experiments.sweep --prompts=/data/mine.yaml",
-                 "experiments.gcg --init_from=results/b.csv --out=results/g.json"):
-        ((status, words, err),) = _read_each(line, tpu_type=None)
-        assert status in (0, None) and words[0] == line.split()[0].split(".")[1], err
+    on_gpu = ("experiments.inspect --from_sweep=results/s.csv", "experiments.sweep --prompts=/data/mine.yaml",
+              "experiments.gcg --init_from=results/b.csv --out=results/g.json")
+    for lines, tpu_type in ((on_tpu, "v5litepod-8"), (on_gpu, None)):
+        for line, (status, words, err) in zip(lines, _read_each(*lines, tpu_type=tpu_type), strict=True):
+            assert status in (0, None) and words[0] == line.split()[0].split(".")[1], (line, err)
     # a job the plan does not plan is read, said unplanned, and launched
     unplanned = _run("tpu_vm.sh", *tpu, "--job=experiments.disagree --models=a,b --mesh=data:8,model:1", "--dry-run",
                      env={**os.environ, "TMPDIR": "/tmp"})
