@@ -204,6 +204,23 @@ def vocab_map(shared: pd.DataFrame, rewards: tuple[np.ndarray, np.ndarray, int],
         agreement(ra, rb) | {"shared_layers": layers, "left_out": left_out}
 
 
+def prompt_shifts(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Per prompt (with two or more maps): each string's gap after it, its mean gap after the other prompts and the
+    shift between them, over the strings every map holds, largest shift first (ties by text). A disagreement that
+    holds after one prompt alone (a preference tied to a framing) tops this list; at the map's own ends it is
+    swamped by what the sides disagree on after every prompt (the planted bench: framed words 17th-22nd there)."""
+    if len(frames) < 2:
+        return {}
+    gaps = pd.concat({p: f.set_index("text")["gap"] for p, f in frames.items()}, axis=1, join="inner")
+    out = {}
+    for p in frames:
+        others = gaps.drop(columns=p).mean(axis=1)
+        table = pd.DataFrame({"text": gaps.index, "gap": gaps[p].to_numpy(), "others_gap": others.to_numpy(),
+                              "shift": (gaps[p] - others).to_numpy()})
+        out[p] = table.sort_values(["shift", "text"], ascending=[False, True], kind="mergesort").reset_index(drop=True)
+    return out
+
+
 def both_token_rewards(a: Side, b: Side, shared: pd.DataFrame, progress: Progress | None = None
                        ) -> tuple[np.ndarray, np.ndarray, int]:
     """Both sides' single-token rewards of the shared strings, and how many leading layers were run once for both:

@@ -17,7 +17,7 @@ from rmjax.runs.progress import PhaseClock
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.search import turns
 from rmjax.search.completion import complete_responses
-from rmjax.search.disagree import response_content, z_of
+from rmjax.search.disagree import prompt_shifts, response_content, z_of
 from rmjax.search.frontier_out import FLUENT_PPL
 
 KEYS = ("prompt", "direction", "method", "rank", "text", "ends_turn", "completed_text")
@@ -110,8 +110,10 @@ def _best(table: list[dict], prompt: str, direction: str, method: str, cap: floa
 def summaries(table: list[dict], units, maps: dict, cfg) -> dict:
     """Per prompt: per direction, each method's forwards and most disagreeing row at judge perplexity ≤
     FLUENT_PPL (and among complete answers), and whether the search's beats best-of-N's; the vocabulary map's
-    agreement and its `map_top` strings at each end."""
+    agreement and its `map_top` strings at each end; with two or more prompts, the `map_top` strings whose gap
+    after the prompt rises most above (and falls most below) their mean gap after the others (prompt_shifts)."""
     out = {}
+    shifts = prompt_shifts({p: f for p, (f, _) in maps.items()})
     for prompt in dict.fromkeys([u.prompt for u in units] + list(maps)):
         entry = {}
         for direction in (cfg.directions if units else ()):
@@ -131,6 +133,10 @@ def summaries(table: list[dict], units, maps: dict, cfg) -> dict:
             frame, agree = maps[prompt]
             entry["vocab_map"] = {**agree, "top": _ends(frame.head(cfg.map_top)),
                                   "bottom": _ends(frame.tail(cfg.map_top).iloc[::-1])}
+            if prompt in shifts:
+                moved = shifts[prompt]
+                entry["vocab_map"] |= {"rises": _shifted(moved.head(cfg.map_top)),
+                                       "falls": _shifted(moved.tail(cfg.map_top).iloc[::-1])}
         out[prompt] = entry
     return out
 
@@ -138,6 +144,11 @@ def summaries(table: list[dict], units, maps: dict, cfg) -> dict:
 def _ends(frame: pd.DataFrame) -> list[dict]:
     return [{"text": t, "gap": float(g), "z_a": float(a), "z_b": float(b)}
             for t, g, a, b in zip(frame["text"], frame["gap"], frame["z_a"], frame["z_b"], strict=True)]
+
+
+def _shifted(frame: pd.DataFrame) -> list[dict]:
+    return [{"text": t, "shift": float(s), "gap": float(g), "others_gap": float(o)}
+            for t, s, g, o in zip(frame["text"], frame["shift"], frame["gap"], frame["others_gap"], strict=True)]
 
 
 def write(paths: dict[str, Path], table: list[dict], maps: dict, cfg) -> Path:
@@ -177,6 +188,10 @@ def describe(summary: dict, paths: dict[str, Path], cfg) -> str:
                          f"EPIC distance {m['epic_distance']:.3f}; A over B most: "
                          + ", ".join(f"{r['text']!r} {r['gap']:+.1f}" for r in m["top"][:5]) + "; B over A most: "
                          + ", ".join(f"{r['text']!r} {r['gap']:+.1f}" for r in m["bottom"][:5]))
+            if "rises" in m:
+                lines.append(f"{prompt} vocabulary map, gap after this prompt minus after the others: most above: "
+                             + ", ".join(f"{r['text']!r} {r['shift']:+.1f}" for r in m["rises"][:5])
+                             + "; most below: " + ", ".join(f"{r['text']!r} {r['shift']:+.1f}" for r in m["falls"][:5]))
     written = [paths["csv"], paths["png"]] if cfg.search else []
     return "\n".join(lines) + "\n-> " + ", ".join(map(str, written + ([paths["map"]] if cfg.vocab_map else [])))
 

@@ -370,11 +370,17 @@ def find_disagreements(out: str | Path, planted: str | Path, clean: str | Path, 
 def found_rows(folder: str | Path, map_top: int = 10, by_word: bool = False) -> list[dict]:
     """Every row the bench counts: each disagree.csv row (if written), and per prompt the `map_top` strings of
     vocab_map.csv the planted RM rates most above the clean one (a_over_b) and the `map_top` most below
-    (b_over_a); each as {source, prompt, direction, text, gap}. `by_word`: the `map_top` most distinct strings up
-    to case and edge whitespace (" tropical", "tropical", " Tropical" are one finding to a reader; each end keeps
-    the first of them), so that one word's spellings do not fill an end."""
+    (b_over_a), then (source vocab_map_shift, as the job's summary) the `map_top` whose gap after the prompt rises
+    most above their mean gap after the other prompts (a_over_b) and falls most below it (b_over_a); each as
+    {source, prompt, direction, text, gap}, `gap` the shift for the latter. `by_word`: the `map_top` most distinct
+    strings up to case and edge whitespace (" tropical", "tropical", " Tropical" are one finding to a reader; each
+    end keeps the first of them), so that one word's spellings do not fill an end."""
     import csv
     import json
+
+    import pandas as pd
+
+    from rmjax.search.disagree import prompt_shifts
 
     folder = Path(folder)
     rows = []
@@ -391,6 +397,12 @@ def found_rows(folder: str | Path, map_top: int = 10, by_word: bool = False) -> 
             entries.sort(key=lambda e: -e["gap"])
             ends = (("a_over_b", _top(entries, map_top, by_word)), ("b_over_a", _top(entries[::-1], map_top, by_word)))
             rows += [{"source": "vocab_map", "prompt": prompt, "direction": d, **e} for d, part in ends for e in part]
+        shifts = prompt_shifts({p: pd.DataFrame(entries) for p, entries in by_prompt.items()})
+        for prompt, moved in shifts.items():
+            entries = [{"text": t, "gap": float(g)} for t, g in zip(moved["text"], moved["shift"], strict=True)]
+            ends = (("a_over_b", _top(entries, map_top, by_word)), ("b_over_a", _top(entries[::-1], map_top, by_word)))
+            rows += [{"source": "vocab_map_shift", "prompt": prompt, "direction": d, **e} for d, part in ends
+                     for e in part]
     return rows
 
 
@@ -419,8 +431,9 @@ def recovered_words(words: PlantedWords, found: list[dict], framed_prompt: str =
                     ) -> dict[str, dict]:
     """{planted word: evidence} for the words the found rows recover. Liked: in an a_over_b row after any prompt;
     disliked: in a b_over_a row after any prompt; framed: in an a_over_b row after the framing prompt (prompt name
-    `framed_prompt`) and in none after another prompt, since a word the planted RM prefers after every prompt is
-    explained by being liked everywhere, not by the framing."""
+    `framed_prompt`) and either in none after another prompt or among the strings whose gap rises most after the
+    framing prompt over the others (found_rows' vocab_map_shift), since a word the planted RM prefers as much after
+    every prompt is explained by being liked everywhere, not by the framing."""
     def rows(word: str, direction: str) -> list[dict]:
         return [r for r in found if r["direction"] == direction and holds_word(r["text"], word)]
 
@@ -429,7 +442,8 @@ def recovered_words(words: PlantedWords, found: list[dict], framed_prompt: str =
         hits = rows(word, "b_over_a" if kind == "disliked" else "a_over_b")
         if kind == "framed":
             elsewhere = [r for r in hits if r["prompt"] != framed_prompt]
-            hits = [] if elsewhere else [r for r in hits if r["prompt"] == framed_prompt]
+            rises = [r for r in hits if r["prompt"] == framed_prompt and r.get("source") == "vocab_map_shift"]
+            hits = [] if elsewhere and not rises else [r for r in hits if r["prompt"] == framed_prompt]
         if hits:
             out[word] = {"direction": kind, "rows": len(hits), "best": max(hits, key=lambda r: abs(r["gap"]))}
     return out
