@@ -52,8 +52,9 @@ def parse() -> argparse.Namespace:
                     "batches from the Elo pairs).")
     ap.add_argument("--forwards", type=int, default=400, help="The disagreement search's forwards budget.")
     ap.add_argument("--num_tokens", type=int, default=4, help="The disagreement search's response length.")
-    ap.add_argument("--map_top", type=int, default=10, help="Vocabulary-map words counted at each end, per prompt (the "
-                    "first spelling of each, up to case and edge space; n_recovered_by_string counts strings).")
+    ap.add_argument("--map_top", type=int, default=10, help="Vocabulary-map words counted at each end, per "
+                    "prompt, and at each end of its shifts from the other prompt (the first spelling of each, up to "
+                    "case and edge space; n_recovered_by_string counts strings).")
     ap.add_argument("--search", action=argparse.BooleanOptionalAction, default=True,
                     help="Run the disagreement search (--no-search: the vocabulary map only).")
     ap.add_argument("--overwrite", action="store_true")
@@ -147,8 +148,8 @@ def _summary(report: dict, words) -> None:
           + ", ".join(f"{p} {k}" for p, k in n.items()))
     if "n_recovered" in report:
         print(f"recovered {report['n_recovered']} of {len(words.kinds)} planted words (the map's "
-              f"{report['settings']['map_top']} distinct words at each end; {report['n_recovered_by_string']} "
-              "counting its strings)")
+              f"{report['settings']['map_top']} distinct words at each end and of its shifts; "
+              f"{report['n_recovered_by_string']} counting its strings)")
     print("seconds: " + ", ".join(f"{k} {v}" for k, v in report["seconds"].items())
           + f"; this machine's f32 2048² matmul today: {report['matmul_gflops']} GFLOP/s")
 

@@ -295,6 +295,41 @@ def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tm
     assert side.prefill_forwards(4) == Fraction(prefixes[0], 5) + Fraction(prefixes[1], 5)
 
 
+def test_prompt_shifts_against_a_loop_over_the_strings_every_map_holds():
+    """Each string's gap after a prompt minus its mean gap after the others, over the strings all maps hold, largest
+    first; the job's summary names the map_top at each end."""
+    from rmjax.search.disagree import prompt_shifts
+
+    rng = np.random.default_rng(0)
+    strings = [f"s{i}" for i in range(60)]
+    frames, maps = {}, {}
+    for k, prompt in enumerate(("greatest", "best", "worst")):
+        mine = [t for i, t in enumerate(strings) if i % 7 != k]  # each map lacks its own few strings
+        z_a, z_b = rng.normal(size=len(mine)), rng.normal(size=len(mine))
+        frames[prompt] = pd.DataFrame({"text": mine, "z_a": z_a, "z_b": z_b, "gap": z_a - z_b}).sort_values(
+            "gap", ascending=False, ignore_index=True)
+        maps[prompt] = (frames[prompt], {})
+    gap = {p: dict(zip(f.text, f.gap, strict=True)) for p, f in frames.items()}
+    common = [t for t in strings if all(t in g for g in gap.values())]
+    assert 0 < len(common) < len(strings)
+    shifts = prompt_shifts(frames)
+    for p in frames:
+        others = [q for q in frames if q != p]
+        want = {t: gap[p][t] - sum(gap[q][t] for q in others) / len(others) for t in common}
+        order = sorted(common, key=lambda t: -want[t])
+        got = shifts[p]
+        assert got.text.tolist() == order
+        np.testing.assert_allclose(got["shift"], [want[t] for t in order], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got.others_gap, [np.mean([gap[q][t] for q in others]) for t in order], rtol=0,
+                                   atol=1e-12)
+        summary = disagree_out.summaries([], [], maps, DisagreeConfig(map_top=3, vocab_map=True, search=False))[p]
+        assert [r["text"] for r in summary["vocab_map"]["rises"]] == order[:3]
+        assert [r["text"] for r in summary["vocab_map"]["falls"]] == order[::-1][:3]
+    assert prompt_shifts({"greatest": frames["greatest"]}) == {}  # one prompt: nothing to compare
+    one = disagree_out.summaries([], [], {"greatest": maps["greatest"]}, DisagreeConfig(vocab_map=True, search=False))
+    assert "rises" not in one["greatest"]["vocab_map"]
+
+
 def test_agreement_against_scipy_and_its_affine_invariance():
     rng = np.random.default_rng(0)
     a = rng.normal(size=50)

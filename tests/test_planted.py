@@ -102,22 +102,36 @@ def _write_csv(path, columns: list[str], rows: list[tuple]) -> None:
 
 def test_found_rows_and_what_they_recover(tmp_path, words):
     liked, disliked, framed = words.liked[0], words.disliked[0], words.framed
+    f1, f2, d1 = " " + framed[1], " " + framed[2], " " + words.disliked[1]
     disagree = [("greatest", "a_over_b", "Truly, the " + liked.upper() + "!", 3.0),
                 ("framed", "a_over_b", framed[0] + "s", 2.0),  # a plural is not the word
-                ("greatest", "b_over_a", " " + disliked, -2.5)]
-    vocab = [("framed", " " + framed[1], 6.0), ("framed", " " + framed[2], 5.0), ("greatest", " " + framed[2], 4.0),
-             ("greatest", " " + liked, 0.1), ("framed", " zebra", -1.0), ("framed", " " + words.disliked[1], -4.0)]
+                ("greatest", "b_over_a", " " + disliked, -2.5),
+                ("greatest", "a_over_b", "a" + f1 + " one", 1.0)]  # framed[1] found after the Elo prompt too
+    gaps = {f1: (6.0, 0.5), f2: (5.0, 4.5), " " + liked: (0.2, 0.1), " zebra": (-1.0, 0.0), d1: (-4.0, -0.5)}
+    vocab = [(prompt, text, pair[i]) for i, prompt in enumerate(("framed", "greatest")) for text, pair in gaps.items()]
     _write_csv(tmp_path / "disagree.csv", ["prompt", "direction", "text", "gap"], disagree)
     _write_csv(tmp_path / "vocab_map.csv", ["prompt", "text", "gap"], vocab)
     found = P.found_rows(tmp_path, map_top=1)
-    assert len(found) == 3 + 4
-    top = {(r["prompt"], r["direction"], r["text"]) for r in found if r["source"] == "vocab_map"}
-    assert top == {("framed", "a_over_b", " " + framed[1]), ("framed", "b_over_a", " " + words.disliked[1]),
-                   ("greatest", "a_over_b", " " + framed[2]), ("greatest", "b_over_a", " " + liked)}
+    assert len(found) == 4 + 4 + 4
+
+    def rows(source: str) -> set:
+        return {(r["prompt"], r["direction"], r["text"], r["gap"]) for r in found if r["source"] == source}
+
+    assert rows("vocab_map") == {("framed", "a_over_b", f1, 6.0), ("framed", "b_over_a", d1, -4.0),
+                                 ("greatest", "a_over_b", f2, 4.5), ("greatest", "b_over_a", d1, -0.5)}
+    # each string's gap after a prompt minus its gap after the other (the mean of the others, with two prompts)
+    assert rows("vocab_map_shift") == {("framed", "a_over_b", f1, 5.5), ("framed", "b_over_a", d1, -3.5),
+                                       ("greatest", "a_over_b", d1, 3.5), ("greatest", "b_over_a", f1, -5.5)}
     recovered = P.recovered_words(words, found)
-    # framed[2] rises after the Elo prompt too (liked everywhere, not framed); framed[0] only as a plural
+    # framed[2] tops the Elo prompt's map too and rises no more after the framing (liked everywhere, not framed);
+    # framed[1], also found after the Elo prompt, rises most after the framing; framed[0] only as a plural
     assert set(recovered) == {liked, disliked, framed[1], words.disliked[1]}
     assert recovered[liked]["best"]["gap"] == 3.0 and recovered[framed[1]]["direction"] == "framed"
+    shifted = {r["prompt"] for r in found if r["source"] == "vocab_map_shift" and r["text"] == f1}
+    assert shifted == {"framed", "greatest"}
+    # without its rise, a framed word found after another prompt too is not counted
+    no_rise = [r for r in found if not (r["source"] == "vocab_map_shift" and r["text"] == f1)]
+    assert framed[1] not in P.recovered_words(words, no_rise)
     assert P.holds_word("Castle.", "castle") and not P.holds_word("castles", "castle")
 
 
