@@ -26,11 +26,16 @@ def _valid_shell(line: str) -> None:
 
 def _dry(script: str, *args: str, env: dict | None = None) -> list[list[str]]:
     """--dry-run's lines, each checked to be valid shell, as the argv a shell would run for it."""
+    return _dry_and_said(script, *args, env=env)[0]
+
+
+def _dry_and_said(script: str, *args: str, env: dict | None = None) -> tuple[list[list[str]], str]:
+    """_dry's lines and what the script said on stderr."""
     res = _run(script, *args, "--dry-run", env=env)
     assert res.returncode == 0, res.stderr
     for line in res.stdout.splitlines():
         _valid_shell(line)
-    return [shlex.split(line) for line in res.stdout.splitlines()]
+    return [shlex.split(line) for line in res.stdout.splitlines()], res.stderr
 
 
 def _remote(argv: list[str]) -> list[str]:
@@ -124,9 +129,10 @@ def test_tpu_vm_runtime_follows_the_type_and_spot_reaches_create():
 
     for kind, runtime in (("v4-8", "tpu-ubuntu2204-base"), ("v5litepod-8", "v2-alpha-tpuv5-lite"),
                           ("v5p-8", "v2-alpha-tpuv5"), ("v6e-8", "v2-alpha-tpuv6e")):
-        assert f"--version={runtime}" in create(f"--type={kind}")
-        assert "--spot" in create(f"--type={kind}", "--spot")
-    assert "--version=mine" in create("--type=v6e-8", "--version=mine")
+        made = create(f"--type={kind}", "--spot")
+        assert f"--version={runtime}" in made and "--spot" in made
+    mine = create("--type=v6e-8", "--version=mine")
+    assert "--version=mine" in mine and "--spot" not in mine
     bad = _run("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v9-8", f"--job={JOB}", "--dry-run")
     assert bad.returncode == 2 and "--type=v9-8: no default runtime" in bad.stderr
 
@@ -339,11 +345,11 @@ def test_tpu_vm_plans_the_job_first_and_creates_no_vm_for_one_that_does_not_fit(
     config.write_text(json.dumps(raw))
     dry = ["tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-8", f"--job={JOB} --dtype=bfloat16",
            f"--plan_model={config}"]
-    cmds = _dry(*dry, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    cmds, verdict = _dry_and_said(*dry, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert cmds[0][1:] == ["-m", "experiments.plan", f"--model={config}", "--topology=v5litepod-8", "--job=sweep",
                            "--prompts=paper1", "--dtype=bfloat16", "--mesh=data:1,model:8", "--batch_size=0"]
     assert cmds[2][:5] == [*TPU, "create"]
-    verdict = _run(*dry, "--dry-run", env={**os.environ, "JAX_PLATFORMS": "cpu"}).stderr  # the plan ran
+    # the plan ran
     assert "sweep on v5e:2x4 (8 x v5e, v5litepod-8): mesh data:1,model:8" in verdict and "realistic" in verdict
     # a 70B-shaped model in float32 on eight 16 GiB chips
     raw.update(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
