@@ -112,23 +112,21 @@ def test_found_rows_and_what_they_recover(tmp_path, words):
     _write_csv(tmp_path / "disagree.csv", ["prompt", "direction", "text", "gap"], disagree)
     _write_csv(tmp_path / "vocab_map.csv", ["prompt", "text", "gap"], vocab)
     found = P.found_rows(tmp_path, map_top=1)
-    assert len(found) == 4 + 4 + 4
+    assert len(found) == 4 + 4 + 2
 
     def rows(source: str) -> set:
         return {(r["prompt"], r["direction"], r["text"], r["gap"]) for r in found if r["source"] == source}
 
     assert rows("vocab_map") == {("framed", "a_over_b", f1, 6.0), ("framed", "b_over_a", d1, -4.0),
                                  ("greatest", "a_over_b", f2, 4.5), ("greatest", "b_over_a", d1, -0.5)}
-    # each string's gap after a prompt minus its gap after the other (the mean of the others, with two prompts)
-    assert rows("vocab_map_shift") == {("framed", "a_over_b", f1, 5.5), ("framed", "b_over_a", d1, -3.5),
-                                       ("greatest", "a_over_b", d1, 3.5), ("greatest", "b_over_a", f1, -5.5)}
+    # each string's gap after a prompt minus its gap after the other (the mean of the others, with two prompts);
+    # the Elo prompt's rise (d1, still B over A there: -0.5) and fall (f1, still A over B: +0.5) are no rows
+    assert rows("vocab_map_shift") == {("framed", "a_over_b", f1, 5.5), ("framed", "b_over_a", d1, -3.5)}
     recovered = P.recovered_words(words, found)
     # framed[2] tops the Elo prompt's map too and rises no more after the framing (liked everywhere, not framed);
     # framed[1], also found after the Elo prompt, rises most after the framing; framed[0] only as a plural
     assert set(recovered) == {liked, disliked, framed[1], words.disliked[1]}
     assert recovered[liked]["best"]["gap"] == 3.0 and recovered[framed[1]]["direction"] == "framed"
-    shifted = {r["prompt"] for r in found if r["source"] == "vocab_map_shift" and r["text"] == f1}
-    assert shifted == {"framed", "greatest"}
     # without its rise, a framed word found after another prompt too is not counted
     no_rise = [r for r in found if not (r["source"] == "vocab_map_shift" and r["text"] == f1)]
     assert framed[1] not in P.recovered_words(words, no_rise)

@@ -371,10 +371,11 @@ def found_rows(folder: str | Path, map_top: int = 10, by_word: bool = False) -> 
     """Every row the bench counts: each disagree.csv row (if written), and per prompt the `map_top` strings of
     vocab_map.csv the planted RM rates most above the clean one (a_over_b) and the `map_top` most below
     (b_over_a), then (source vocab_map_shift, as the job's summary) the `map_top` whose gap after the prompt rises
-    most above their mean gap after the other prompts (a_over_b) and falls most below it (b_over_a); each as
-    {source, prompt, direction, text, gap}, `gap` the shift for the latter. `by_word`: the `map_top` most distinct
-    strings up to case and edge whitespace (" tropical", "tropical", " Tropical" are one finding to a reader; each
-    end keeps the first of them), so that one word's spellings do not fill an end."""
+    most above their mean gap after the other prompts and falls most below it, each kept only where its own gap
+    after the prompt has its direction's sign (a rise can be a string B prefers a little less there: no a_over_b
+    row); each as {source, prompt, direction, text, gap}, `gap` the shift for the latter. `by_word`: the `map_top`
+    most distinct strings up to case and edge whitespace (" tropical", "tropical", " Tropical" are one finding to a
+    reader; each end keeps the first of them), so that one word's spellings do not fill an end."""
     import csv
     import json
 
@@ -399,10 +400,11 @@ def found_rows(folder: str | Path, map_top: int = 10, by_word: bool = False) -> 
             rows += [{"source": "vocab_map", "prompt": prompt, "direction": d, **e} for d, part in ends for e in part]
         shifts = prompt_shifts({p: pd.DataFrame(entries) for p, entries in by_prompt.items()})
         for prompt, moved in shifts.items():
-            entries = [{"text": t, "gap": float(g)} for t, g in zip(moved["text"], moved["shift"], strict=True)]
+            entries = [{"text": t, "gap": float(s), "own": float(g)}
+                       for t, s, g in zip(moved["text"], moved["shift"], moved["gap"], strict=True)]
             ends = (("a_over_b", _top(entries, map_top, by_word)), ("b_over_a", _top(entries[::-1], map_top, by_word)))
-            rows += [{"source": "vocab_map_shift", "prompt": prompt, "direction": d, **e} for d, part in ends
-                     for e in part]
+            rows += [{"source": "vocab_map_shift", "prompt": prompt, "direction": d, "text": e["text"], "gap": e["gap"]}
+                     for d, part in ends for e in part if (e["own"] > 0) == (d == "a_over_b") and e["own"] != 0]
     return rows
 
 
