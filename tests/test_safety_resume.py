@@ -300,6 +300,49 @@ def test_concurrent_first_use_conversions_share_one(tmp_path):
     assert not list(folder.parent.glob("*.partial"))
 
 
+def test_an_overwrite_of_another_kind_of_output_stopped_resumes_without_overwrite(tmp_path):
+    """A disagreement's map-only run (result vocab_map.csv) with --overwrite over a search's folder (disagree.csv and
+    its companions), stopped after saving progress, then rerun without --overwrite, was refused: no record of
+    vocab_map.csv named the search's files, which only the stopped run had been given to replace. The claim now
+    records them in the run's progress; the rerun resumes and replaces them, and still refuses a file changed since."""
+    from rmjax.errors import OutputExistsError
+    from rmjax.runs.chunks import ChunkStore, store_dir
+    from rmjax.runs.jobs import job
+
+    folder = tmp_path / "d"
+    search, only_map = folder / "disagree.csv", folder / "vocab_map.csv"
+    owned = {search: [only_map, folder / "vocab_map.csv.meta.json", folder / "disagree.png"],
+             only_map: [search, folder / "disagree.png", folder / "disagree.csv.meta.json"]}
+
+    def run(out, identity, overwrite=False, stop=False):
+        with job(out, identity, overwrite=overwrite, owned=owned[out], store=store_dir(out)) as claimed:
+            store = ChunkStore(out, identity, 1)
+            if not store.has(0):
+                store.write(0, np.zeros((1, 1), np.float32))
+            if stop:
+                raise KeyboardInterrupt
+            if out == search:
+                (folder / "disagree.png").write_bytes(b"figure")
+            claimed.finish(lambda path: path.write_text(json.dumps(identity)) and path)
+            store.remove()
+        return claimed.claimed
+
+    run(search, {"job": "d", "search": True})
+    searched = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(KeyboardInterrupt):
+        run(only_map, {"job": "d", "search": False}, overwrite=True, stop=True)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == searched  # kept until replaced
+    # a changed file is no longer the one the stopped run was given to replace
+    (folder / "disagree.png").write_bytes(b"mine")
+    with pytest.raises(OutputExistsError, match="disagree.png already exists"):
+        run(only_map, {"job": "d", "search": False})
+    (folder / "disagree.png").write_bytes(b"figure")
+    with pytest.raises(OutputExistsError):  # nor are they another run's to replace
+        run(only_map, {"job": "d", "search": False, "other": 1})
+    assert run(only_map, {"job": "d", "search": False}).resume
+    assert sorted(p.name for p in folder.iterdir()) == ["vocab_map.csv", "vocab_map.csv.meta.json"]
+
+
 def test_train_rm_batch_must_split_over_the_data_axis(lm_folder, tmp_path):
     """A batch the mesh's data axis does not divide is refused before loading (it crashed after the features)."""
     pairs = _pairs(tmp_path / "a.csv", "good")

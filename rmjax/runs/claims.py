@@ -229,23 +229,39 @@ class Claim:
 
 
 def record_interrupted(store: Path | None, identity: dict, out: Path, owned: Sequence[Path]) -> None:
-    """A run stopped while writing its result (a full disk while audit.png was drawn, Ctrl-C) records in its saved
-    progress the companions it had written, so that its rerun knows them for its own and resumes
-    (`_interrupted_writes`). Without a store there is no resume to allow."""
-    if store is None or not store.is_dir():
+    """Record in a run's saved progress the files at hand of `owned` that its rerun may replace: the companions a
+    run stopped while writing its result had written (a full disk while audit.png was drawn, Ctrl-C), or the old
+    result an --overwrite run was given to replace (`jobs.job`). Its rerun of the same inputs then knows them for its
+    own and resumes (`_this_runs`), without --overwrite. Earlier records of the same inputs are kept; without a
+    store there is no resume to allow."""
+    if store is None or store.is_symlink() or (store.exists() and not store.is_dir()):
         return
+    saved = _saved_record(store, canonical(identity))
     written = {os.path.relpath(p, out.parent): results.file_record(p)
                for p in owned if p.is_file() and not p.is_symlink()}
-    results.dump_json({"identity": canonical(identity), "files": written}, store / INTERRUPTED)  # as claims compare
+    store.mkdir(parents=True, exist_ok=True)
+    results.dump_json({"identity": canonical(identity), "files": {**saved, **written}}, store / INTERRUPTED)
 
 
-def _interrupted_writes(unrecorded: list[Path], store: Path | None, identity: dict, out: Path) -> list[Path]:
-    """`unrecorded` less the companions a run of these inputs wrote, byte for byte as they are, before it was stopped
-    in its last writes (`record_interrupted`): its resume replaces them. Anything else is no file of this run's."""
-    saved = results.read_json(store / INTERRUPTED) if unrecorded and store is not None else None
+def _saved_record(store: Path | None, identity: dict) -> dict:
+    """The files `record_interrupted` recorded in `store` for a run of `identity` (none for another run's)."""
+    saved = results.read_json(store / INTERRUPTED) if store is not None else None
     if not isinstance(saved, dict) or saved.get("identity") != identity or not isinstance(saved.get("files"), dict):
-        return unrecorded
-    return [p for p in unrecorded if not _as_recorded(p, saved["files"].get(os.path.relpath(p, out.parent)))]
+        return {}
+    return saved["files"]
+
+
+def _this_runs(paths: list[Path], store: Path | None, identity: dict, out: Path) -> set[Path]:
+    """Those of `paths` that a run of these inputs recorded in its saved progress (`record_interrupted`), byte for
+    byte as they are: its resume replaces them. Anything else is no file of this run's."""
+    files = _saved_record(store, identity) if paths else {}
+    return {p for p in paths if _as_recorded(p, files.get(os.path.relpath(p, out.parent)))}
+
+
+def _progress(store: Path | None) -> bool:
+    """Whether `store` holds anything but a record of the files its run may replace (a run stopped before it saved
+    any progress, after --overwrite recorded the old result: `jobs.job`)."""
+    return store is not None and _present(store) and {p.name for p in store.iterdir()} != {INTERRUPTED}
 
 
 def _present(path: Path) -> bool:
@@ -340,7 +356,8 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
         # stopped before its record (replaced with --overwrite, below).
         raise OutputExistsError(f"{flag}={out} holds files that no rmjax run of this kind wrote (no {meta.name}); "
                                 "choose an empty or new folder.")
-    unrecorded = _interrupted_writes(_unrecorded(meta, owned), store, identity, out) if not overwrite else []
+    ours = _this_runs(existing, store, identity, out) if not overwrite else set()
+    unrecorded = [p for p in _unrecorded(meta, owned) if p not in ours] if not overwrite else []
     if unrecorded:  # a resume or a fresh run would write over it at the end
         raise OutputExistsError(f"{unrecorded[0]} already exists and no rmjax run of {flag}={out} wrote it (no "
                                 f"{meta.name} records it as it is): move it away, pass --overwrite to replace it, or "
@@ -349,7 +366,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     if store is not None and (store.is_symlink() or (store.exists() and not store.is_dir())):
         raise OutputExistsError(f"{store} is a link or a file, not a folder of saved chunks an rmjax run made: the "
                                 "chunks would be written where it points. Remove it, or choose another output.")
-    if store is not None and _present(store):
+    if store is not None and (_progress(store) or overwrite and _present(store)):
         progress = read_meta_identity(store / "manifest.json")
         if overwrite:  # --overwrite recomputes everything: it deletes the store's chunks, and nothing else
             foreign = store_files(store)[1]
@@ -362,7 +379,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             raise _refuse(flag, store, "holds chunks without a manifest (not a resumable rmjax run)")
         else:
             raise ResumeMismatchError(mismatch_message(f"saved progress {store}", progress, identity, flag))
-    if existing and not overwrite and not outlived:
+    if not overwrite and not outlived and [p for p in existing if p not in ours]:
         if stored is None:
             raise _refuse(flag, out, f"is not a finished rmjax result (no {meta.name} with its inputs: a run that "
                           "stopped before its end, or another program's file)", fix)

@@ -21,6 +21,7 @@ from typing import Any
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import finiteness, results
 from rmjax.runs.claims import (
+    INTERRUPTED,
     Claim,
     claim,
     companion_path,
@@ -108,6 +109,11 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs,
                defer_removal=True) as decision:
         new_store = store is not None and not os.path.lexists(store)  # after the claim: --overwrite cleared one
+        if overwrite and store is not None and decision.remove and is_main():
+            # the old result this run replaces, recorded in its progress: a rerun of these inputs without
+            # --overwrite, after a stop, resumes over it (where the old result is another kind of output's, as a
+            # disagreement's map-only run over its search, nothing else says the files are this run's to replace)
+            record_interrupted(Path(store), identity, out, [p for p in decision.remove if not p.is_symlink()])
         try:
             yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)),
                       None if store is None else Path(store))
@@ -120,8 +126,10 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
 def _remove_if_unused(store: Path) -> None:
     """A store this run made and stopped before saving anything in (a check after the load refused it): it pinned
     the refused flags, so the corrected rerun was refused as another run's progress (a fault hunt)."""
-    if store.is_dir() and not store.is_symlink() and {p.name for p in store.iterdir()} <= {"manifest.json"}:
-        (store / "manifest.json").unlink(missing_ok=True)
+    if store.is_dir() and not store.is_symlink() and {p.name for p in store.iterdir()} <= {"manifest.json",
+                                                                                          INTERRUPTED}:
+        for name in ("manifest.json", INTERRUPTED):
+            (store / name).unlink(missing_ok=True)
         store.rmdir()
 
 
