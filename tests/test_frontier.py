@@ -118,19 +118,41 @@ def _whole_turns(current: np.ndarray, words: np.ndarray, end: int) -> np.ndarray
     return np.unique(np.concatenate([np.asarray(cands), turns.from_turns(shorter, n, end)]), axis=0)
 
 
-@pytest.mark.parametrize("length, template", [(5, "auto"), (3, "plain")])  # both templates, both turn lengths
+def _appending_eos(model):
+    """`model` with a copy of its tokenizer whose special-token rule appends its EOS to every text (as Llama
+    tokenizers with add_eos_token do)."""
+    import copy
+
+    from tokenizers.processors import TemplateProcessing
+
+    tok = copy.deepcopy(model.tokenizer)
+    eos = tok.eos_token
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
+                                                              special_tokens=[(eos, tok.eos_token_id)])
+    assert tok("a b").input_ids[-1] == tok.eos_token_id != tok("a b", add_special_tokens=False).input_ids[-1]
+    return dataclasses.replace(model, tokenizer=tok, fingerprint=None, fingerprint_of=None)
+
+
+# both templates, both turn lengths; the plain format with a tokenizer that appends its EOS
+@pytest.mark.parametrize("length, template", [(5, "auto"), (3, "plain"), (4, "plain, appending EOS")])
 def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, template):
     """Reward and prior terms of whole turns (N slots, shorter ones end-filled), of beam partials and of GCG
     variants (swaps, truncations, deletions, one more token before the end), with the RM as its own prior (its
     LM head in the same forward) and with a separate prior, against the whole decoded conversation: the reward by
     a full forward without cache, F's log-prob term (the response's tokens' mean + its end of turn's) by
     transformers; J by its formula. The plain template has no suffix: the RM reads the response's last token, and
-    the prior's end of sequence ends the turn."""
+    the prior's end of sequence ends the turn; a tokenizer that appends its EOS has it as the suffix, the end of
+    turn both the RM and the prior read."""
     hf, lm, rm = tied
+    appending = template.endswith("EOS")
+    if appending:
+        rm, template = _appending_eos(rm), "plain"
     n, lam, rho = 5, 0.7, 2.0
     target = make_target(rm, PROMPT, template)
     end = target.suffix[0] if target.suffix else _newline(rm.tokenizer)
-    assert bool(target.suffix) == (template == "auto")
+    assert bool(target.suffix) == (template == "auto" or appending)
+    assert end == turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
+    assert not appending or target.suffix == (rm.tokenizer.eos_token_id,)
     words = _word_ids(rm.tokenizer)
     rng = np.random.default_rng(0)
     current = turns.from_turns([rng.choice(words, length).tolist()], n, end)[0]
@@ -143,7 +165,7 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, t
             full, start, stop = _conversation(rm.tokenizer, turns.tokens(ids, end), template)
             rewards.append(float(np.asarray(calls.rewards(rm, np.asarray([full], np.int32),
                                                           np.ones((1, len(full)), bool)))[0, 0]))
-            if template == "plain":
+            if not target.suffix:  # plain, nothing appended: the RM's conversation ends with the response
                 assert stop == len(full)
                 full = [*full, end]
             assert full[stop] == end  # the end of turn follows the response
