@@ -343,6 +343,60 @@ def test_an_overwrite_of_another_kind_of_output_stopped_resumes_without_overwrit
     assert sorted(p.name for p in folder.iterdir()) == ["vocab_map.csv", "vocab_map.csv.meta.json"]
 
 
+def test_a_record_of_replaceable_files_outlives_an_unused_store_and_pins_nothing(tmp_path, monkeypatch):
+    """A fault hunt of the record above: (a) a run with no chunks (all its scores given) whose last write failed
+    after a companion lost its record with the unused manifest, and its rerun refused the companion; (b) an
+    --overwrite run killed after its claim left a store holding its record alone, where a later run refused after
+    its load left its manifest, which refused the corrected rerun; (c) an old file the --overwrite claim could not
+    read failed the claim."""
+    from rmjax.errors import UsageError
+    from rmjax.runs import claims, results
+    from rmjax.runs.chunks import ChunkStore, store_dir
+    from rmjax.runs.jobs import job
+
+    out, companion = tmp_path / "beam.csv", tmp_path / "beam.completions.csv"
+
+    def run(identity, overwrite=False, fail=None, owned=(companion,)):
+        with job(out, identity, overwrite=overwrite, owned=owned, store=store_dir(out)) as claimed:
+            ChunkStore(out, identity, 1)
+            if fail == "check":
+                raise UsageError("refused after the load")
+
+            def write(path):
+                companion.write_text(f"{identity}")
+                if fail == "write":
+                    raise OSError(28, "No space left on device")
+                path.write_text(f"{identity}")
+                return path
+
+            claimed.finish(write)
+            ChunkStore(out, identity, 1).remove()
+
+    with pytest.raises(OSError):  # (a)
+        run({"job": "b", "x": 1}, fail="write")
+    run({"job": "b", "x": 1})
+    assert out.read_text() == companion.read_text() == "{'job': 'b', 'x': 1}"
+    # (b) what a kill right after an --overwrite claim leaves: the record of the old files, alone
+    claims.record_interrupted(store_dir(out), {"job": "b", "x": 2}, out, [out, companion, results.meta_path(out)])
+    with pytest.raises(UsageError):
+        run({"job": "b", "x": 3}, overwrite=True, fail="check")
+    run({"job": "b", "x": 4}, overwrite=True)
+    assert out.read_text() == "{'job': 'b', 'x': 4}" and not store_dir(out).exists()
+    real = results.file_record  # (c) an old file this process cannot read: left out of the record, not a failure
+
+    def unreadable(path):
+        if Path(path) == companion:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(results, "file_record", unreadable)
+    with pytest.raises(UsageError):
+        run({"job": "b", "x": 5}, overwrite=True, fail="check")
+    monkeypatch.setattr(results, "file_record", real)
+    saved = json.loads((store_dir(out) / claims.INTERRUPTED).read_text())["files"]
+    assert sorted(saved) == ["beam.csv", "beam.csv.meta.json"]
+
+
 def test_train_rm_batch_must_split_over_the_data_axis(lm_folder, tmp_path):
     """A batch the mesh's data axis does not divide is refused before loading (it crashed after the features)."""
     pairs = _pairs(tmp_path / "a.csv", "good")

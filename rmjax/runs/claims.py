@@ -30,7 +30,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from rmjax.errors import OutputExistsError, ResumeMismatchError, UsageError
@@ -236,9 +236,13 @@ def record_interrupted(store: Path | None, identity: dict, out: Path, owned: Seq
     store there is no resume to allow."""
     if store is None or store.is_symlink() or (store.exists() and not store.is_dir()):
         return
-    saved = _saved_record(store, canonical(identity))
-    written = {os.path.relpath(p, out.parent): results.file_record(p)
-               for p in owned if p.is_file() and not p.is_symlink()}
+    saved, written = _saved_record(store, canonical(identity)), {}
+    for p in owned:
+        if p.is_file() and not p.is_symlink():
+            try:
+                written[os.path.relpath(p, out.parent)] = results.file_record(p)
+            except OSError:  # unreadable here: left out, so a rerun refuses it (the safe side)
+                continue
     store.mkdir(parents=True, exist_ok=True)
     results.dump_json({"identity": canonical(identity), "files": {**saved, **written}}, store / INTERRUPTED)
 
@@ -258,10 +262,18 @@ def _this_runs(paths: list[Path], store: Path | None, identity: dict, out: Path)
     return {p for p in paths if _as_recorded(p, files.get(os.path.relpath(p, out.parent)))}
 
 
-def _progress(store: Path | None) -> bool:
+RECORD_FILES = (INTERRUPTED, ".interrupted.json.*.tmp")  # a store's record of the files its run may replace
+
+
+def records_only(entries: Iterable[Path]) -> bool:
+    """Whether a store's `entries` are only its record of the files its run may replace (and that record's temp)."""
+    return all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in RECORD_FILES) for p in entries)
+
+
+def holds_progress(store: Path | None) -> bool:
     """Whether `store` holds anything but a record of the files its run may replace (a run stopped before it saved
     any progress, after --overwrite recorded the old result: `jobs.job`)."""
-    return store is not None and _present(store) and {p.name for p in store.iterdir()} != {INTERRUPTED}
+    return store is not None and _present(store) and not records_only(store.iterdir())
 
 
 def _present(path: Path) -> bool:
@@ -366,7 +378,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     if store is not None and (store.is_symlink() or (store.exists() and not store.is_dir())):
         raise OutputExistsError(f"{store} is a link or a file, not a folder of saved chunks an rmjax run made: the "
                                 "chunks would be written where it points. Remove it, or choose another output.")
-    if store is not None and (_progress(store) or overwrite and _present(store)):
+    if store is not None and (holds_progress(store) or overwrite and _present(store)):
         progress = read_meta_identity(store / "manifest.json")
         if overwrite:  # --overwrite recomputes everything: it deletes the store's chunks, and nothing else
             foreign = store_files(store)[1]

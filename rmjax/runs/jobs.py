@@ -21,12 +21,13 @@ from typing import Any
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import finiteness, results
 from rmjax.runs.claims import (
-    INTERRUPTED,
     Claim,
     claim,
     companion_path,
+    holds_progress,
     real_path,
     record_interrupted,
+    records_only,
     refuse_folder_name,
     remove,
     require_claimed,
@@ -108,7 +109,8 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs,
                defer_removal=True) as decision:
-        new_store = store is not None and not os.path.lexists(store)  # after the claim: --overwrite cleared one
+        # after the claim (--overwrite cleared one): none, or only a record of the files a run may replace
+        new_store = store is not None and (not os.path.lexists(store) or not holds_progress(Path(store)))
         if overwrite and store is not None and decision.remove and is_main():
             # the old result this run replaces, recorded in its progress: a rerun of these inputs without
             # --overwrite, after a stop, resumes over it (where the old result is another kind of output's, as a
@@ -124,12 +126,16 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
 
 
 def _remove_if_unused(store: Path) -> None:
-    """A store this run made and stopped before saving anything in (a check after the load refused it): it pinned
-    the refused flags, so the corrected rerun was refused as another run's progress (a fault hunt)."""
-    if store.is_dir() and not store.is_symlink() and {p.name for p in store.iterdir()} <= {"manifest.json",
-                                                                                          INTERRUPTED}:
-        for name in ("manifest.json", INTERRUPTED):
-            (store / name).unlink(missing_ok=True)
+    """A store this run made and stopped before saving anything in (a check after the load refused it): its manifest
+    pinned the refused flags, so the corrected rerun was refused as another run's progress (a fault hunt). A record
+    of the files a run of these inputs may replace stays (claims.record_interrupted): it pins nothing."""
+    if not store.is_dir() or store.is_symlink():
+        return
+    rest = [p for p in store.iterdir() if p.name != "manifest.json"]
+    if not records_only(rest):
+        return  # saved progress: its rerun continues it
+    (store / "manifest.json").unlink(missing_ok=True)
+    if not rest:
         store.rmdir()
 
 
