@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -341,6 +342,46 @@ def test_an_overwrite_of_another_kind_of_output_stopped_resumes_without_overwrit
         run(only_map, {"job": "d", "search": False, "other": 1})
     assert run(only_map, {"job": "d", "search": False}).resume
     assert sorted(p.name for p in folder.iterdir()) == ["vocab_map.csv", "vocab_map.csv.meta.json"]
+
+
+def test_a_record_whose_rename_a_kill_cut_off_still_lets_the_rerun_resume(tmp_path):
+    """An --overwrite run SIGKILLed between writing its record of the old files (interrupted.json's temp) and
+    renaming it left the record as the temp alone, and its rerun without --overwrite was refused (the old files
+    were no run's). A whole temp now counts as the record; a cut one counts for nothing (the rerun refuses)."""
+    from rmjax.errors import OutputExistsError
+    from rmjax.runs import claims
+    from rmjax.runs.chunks import ChunkStore, store_dir
+    from rmjax.runs.jobs import job
+
+    old, out = tmp_path / "disagree.csv", tmp_path / "vocab_map.csv"
+    identity = {"job": "d", "search": False}
+
+    def run(overwrite=False, stop=False):
+        with job(out, identity, overwrite=overwrite, owned=[old], store=store_dir(out)) as claimed:
+            store = ChunkStore(out, identity, 1)
+            if not store.has(0):
+                store.write(0, np.zeros((1, 1), np.float32))
+            if stop:
+                raise KeyboardInterrupt
+            claimed.finish(lambda path: path.write_text("map") and path)
+            store.remove()
+        return claimed.claimed
+
+    for cut in (True, False):
+        old.write_text("an earlier search's result")
+        with pytest.raises(KeyboardInterrupt):
+            run(overwrite=True, stop=True)
+        record = store_dir(out) / claims.INTERRUPTED
+        text = record.read_text()
+        record.unlink()  # what the kill left: the temp, written whole or cut short, never renamed
+        (store_dir(out) / f".{claims.INTERRUPTED}.4242.tmp").write_text(text[: len(text) // 2] if cut else text)
+        if cut:
+            with pytest.raises(OutputExistsError, match="disagree.csv already exists"):
+                run()
+            shutil.rmtree(store_dir(out))
+        else:
+            assert run().resume
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab_map.csv", "vocab_map.csv.meta.json"]
 
 
 def test_a_record_of_replaceable_files_outlives_an_unused_store_and_pins_nothing(tmp_path, monkeypatch):

@@ -248,11 +248,18 @@ def record_interrupted(store: Path | None, identity: dict, out: Path, owned: Seq
 
 
 def _saved_record(store: Path | None, identity: dict) -> dict:
-    """The files `record_interrupted` recorded in `store` for a run of `identity` (none for another run's)."""
-    saved = results.read_json(store / INTERRUPTED) if store is not None else None
-    if not isinstance(saved, dict) or saved.get("identity") != identity or not isinstance(saved.get("files"), dict):
+    """The files `record_interrupted` recorded in `store` for a run of `identity` (none for another run's). A run
+    killed between writing the record's temp file and renaming it left that temp whole or cut: a whole one (it
+    parses, and names these inputs) counts, where the record has no entry of its own for a file. Trusting it widens
+    nothing: each file it names is still held to its size and sha256 byte for byte (`_as_recorded`)."""
+    if store is None:
         return {}
-    return saved["files"]
+    files: dict = {}
+    for path in [store / INTERRUPTED, *sorted(store.glob(RECORD_FILES[1]))]:
+        saved = results.read_json(path)
+        if isinstance(saved, dict) and saved.get("identity") == identity and isinstance(saved.get("files"), dict):
+            files = {**saved["files"], **files}  # the renamed record first, then what a cut-short write left
+    return files
 
 
 def _this_runs(paths: list[Path], store: Path | None, identity: dict, out: Path) -> set[Path]:
