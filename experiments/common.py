@@ -139,7 +139,7 @@ def refuse_system_prompt(job: str, why: str) -> None:
 
 
 def _mesh_spec_is_valid(spec: str) -> bool:
-    from rmjax.parallel.sharding import parse_mesh_spec
+    from rmjax.parallel.mesh_spec import parse_mesh_spec
 
     if not spec:
         return True

@@ -7,11 +7,12 @@ the parallelism strategy is an edit of RULES, not of the model code.
 from __future__ import annotations
 
 import math
-import re
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rmjax.parallel.mesh_spec import parse_mesh_spec
 
 # Logical axis -> mesh axis (None: replicated).
 RULES: dict[str, str | None] = {
@@ -25,24 +26,6 @@ RULES: dict[str, str | None] = {
     "layers": None,
     "labels": None,
 }
-
-
-def parse_mesh_spec(spec: str) -> dict[str, int]:
-    """'data:8,model:1' -> {'data': 8, 'model': 1}; a -1 size takes the remaining devices."""
-    sizes = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, size = part.partition(":")
-        if name not in ("data", "model") or not re.fullmatch(r"-?[0-9]+", size) or name in sizes:  # not '--1', '²'
-            raise ValueError(f"bad mesh spec {spec!r}: expected e.g. 'data:8,model:1' (axes data and model, once each)")
-        sizes[name] = int(size)
-        if sizes[name] < 1 and sizes[name] != -1:
-            raise ValueError(f"bad mesh spec {spec!r}: axis {name} has size {sizes[name]}; sizes are >= 1 (or -1: "
-                             "the remaining devices)")
-    if list(sizes.values()).count(-1) > 1:
-        raise ValueError(f"bad mesh spec {spec!r}: only one axis may be -1")
-    sizes.setdefault("data", -1 if sizes.get("model") != -1 else 1)
-    sizes.setdefault("model", 1)
-    return sizes
 
 
 def make_mesh(spec: str | dict[str, int] = "data:-1,model:1", devices=None) -> Mesh:

@@ -12,13 +12,14 @@ import dataclasses
 import math
 import os
 import re
+from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
-from jax.sharding import Mesh
 
 from rmjax.errors import UsageError
-from rmjax.parallel.distributed import quiet_absent_tpu
+
+if TYPE_CHECKING:  # jax starts only where a slice's devices are asked for: launch/*.sh read slice names (job_line)
+    from jax.sharding import Mesh
 
 GB = 10**9
 
@@ -124,13 +125,16 @@ def _quiet_fd(fd: int = 2):
 
 def devices(piece: Slice) -> list:
     """The slice's devices, one a chip, for compiling (none is attached). Needs libtpu (jax[tpu])."""
+    import jax
+    from jax.experimental import topologies
+
+    from rmjax.parallel.distributed import quiet_absent_tpu
+
     try:
         import libtpu  # noqa: F401
     except ImportError:
         raise UsageError(f"compiling for {piece.topology} needs libtpu: pip install 'jax[tpu]=={jax.__version__}' "
                          "(about 700 MB; no TPU is needed).") from None
-    from jax.experimental import topologies
-
     quiet_absent_tpu()
 
     with _quiet_fd():
@@ -150,6 +154,8 @@ def _host_bounds(piece: Slice) -> dict:
 
 def mesh_on(piece: Slice, data: int, model: int) -> Mesh:
     """A ('data', 'model') mesh over the slice's chips, model-parallel chips adjacent."""
+    from jax.sharding import Mesh
+
     grid = np.asarray(devices(piece), dtype=object)
     if data * model != grid.size:
         raise UsageError(f"--mesh=data:{data},model:{model} needs {data * model} chips; {piece.topology} has "

@@ -7,7 +7,7 @@ from pathlib import Path
 from rmjax.config import ModelConfig, load_config_file
 from rmjax.errors import UsageError
 from rmjax.loading.reward_head import SEQUENCE_CLASSIFIERS
-from rmjax.parallel.sharding import parse_mesh_spec
+from rmjax.parallel.mesh_spec import parse_mesh_spec
 from rmjax.plan.chips import Slice, parse_slice
 from rmjax.plan.shapes import (
     BeamShape,

@@ -11,11 +11,18 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import UsageError
-from rmjax.parallel.distributed import is_main
 from rmjax.text.chat import Conversations, _special_ids
 
 
 @functools.lru_cache(maxsize=4)
+
+def _is_main() -> bool:
+    """distributed.is_main, imported when asked: launch/*.sh read a job's flags through this module
+    (experiments.job_line) without starting jax (1.8 s of a 2.3 s check)."""
+    from rmjax.parallel.distributed import is_main
+
+    return is_main()
+
 def decoded_tokens(tokenizer, n: int) -> tuple[str, ...]:
     """Each of the first `n` token ids decoded alone, once per tokenizer (Gemma 3's 262,144 take ≈1 s; beam, GCG
     and the frontier each ask, GCG twice)."""
@@ -119,7 +126,7 @@ def words_to_ids(tokenizer, lines: list[str], report: bool = True) -> tuple[np.n
             repeated.append(line)
         else:
             ids[tokens[0]] = line
-    if report and is_main():
+    if report and _is_main():
         for line in skipped_lines_report(lines, skipped, repeated):
             print(line, file=sys.stderr)
     return np.asarray(list(ids), np.int64), skipped
@@ -212,6 +219,6 @@ def single_token_ids(tokenizer, lines: list[str], path: str | None, report: bool
     ids, skipped = words_to_ids(tokenizer, lines, report)
     if not len(ids):
         raise UsageError(f"--vocab_file={path}: none of its {len(lines)} lines is a single token of this tokenizer.")
-    if report and is_main():
+    if report and _is_main():
         print(f"--vocab_file: {len(ids)} of {len(lines)} lines are single tokens", file=sys.stderr)
     return ids, skipped
