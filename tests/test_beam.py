@@ -503,3 +503,21 @@ def test_a_resumed_level_prefills_its_partials_as_a_straight_run_does(model_name
     for u in range(3, len(units)):
         for a, b in zip(jax.tree.leaves(straight[u]), jax.tree.leaves(resumed[u]), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"partial {u}")
+
+
+def test_a_tokenizers_decoded_vocabulary_is_built_once():
+    """Beam, GCG and the frontier each ask for every token decoded alone (Gemma 3's 262,144: ≈1 s each time): the
+    table is built once per tokenizer (a decorator left on another function once made it every time)."""
+    from rmjax.text.candidates import decoded_tokens
+
+    class Counting:
+        calls = 0
+
+        def batch_decode(self, rows):
+            Counting.calls += 1
+            return [f"<{row[0]}>" for row in rows]
+
+    tok = Counting()
+    first = decoded_tokens(tok, 5)
+    assert first == tuple(f"<{i}>" for i in range(5))  # each id decoded alone, in id order
+    assert decoded_tokens(tok, 5) is first and Counting.calls == 1

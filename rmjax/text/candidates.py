@@ -14,8 +14,6 @@ from rmjax.errors import UsageError
 from rmjax.text.chat import Conversations, _special_ids
 
 
-@functools.lru_cache(maxsize=4)
-
 def _is_main() -> bool:
     """distributed.is_main, imported when asked: launch/*.sh read a job's flags through this module
     (experiments.job_line) without starting jax (1.8 s of a 2.3 s check)."""
@@ -23,6 +21,8 @@ def _is_main() -> bool:
 
     return is_main()
 
+
+@functools.lru_cache(maxsize=4)
 def decoded_tokens(tokenizer, n: int) -> tuple[str, ...]:
     """Each of the first `n` token ids decoded alone, once per tokenizer (Gemma 3's 262,144 take ≈1 s; beam, GCG
     and the frontier each ask, GCG twice)."""
