@@ -15,6 +15,8 @@ import pytest
 from scipy import stats as scipy_stats
 
 from rmjax.audit import AXIS_MEAN, Contrast, stats
+from rmjax.audit.job import read_items
+from rmjax.runs import results
 
 COLUMNS = ["battery", "axis", "item", "group", "text", "reward", "prompt"]
 
@@ -447,21 +449,38 @@ def test_compare_models_identical_shifted_and_mismatched():
         stats.compare_models({"m1": items, "m2": renamed}, CONTRASTS[:1], n_boot=100, n_perm=100)
 
 
-@pytest.mark.parametrize("seed, mapped", [(16, lambda r: r + 7.0), (36, lambda r: 3.0 * r + 7.0)])
-def test_a_model_against_an_affine_copy_of_itself_differs_by_nothing(seed, mapped):
+def _through_items_csv(items: pd.DataFrame, tmp_path, name: str) -> pd.DataFrame:
+    """The items as `analyze --audits` reads them: written as the audit writes audit_items.csv, read back."""
+    path = tmp_path / f"{name}.csv"
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        results.write_rows(f, [list(items.columns)])
+        results.write_rows(f, ([*row[:5], float(row[5]), row[6]] for row in items.itertuples(index=False)))
+    return read_items(path)
+
+
+@pytest.mark.parametrize("seed, mapped, dtype", [(16, lambda r: r + 7.0, np.float64),
+                                                 (36, lambda r: 3.0 * r + 7.0, np.float64),
+                                                 (1, lambda r: r + np.float32(7), np.float32),
+                                                 (2, lambda r: np.float32(3) * r + np.float32(7), np.float32)])
+def test_a_model_against_an_affine_copy_of_itself_differs_by_nothing(seed, mapped, dtype, tmp_path):
     """A model's rewards plus 7 (or times 3 plus 7) are the same model: every item's standardised difference is 0
     in exact arithmetic, so every row's difference, CI and p are those of an exact copy (0, 0, 0, 1). float64 left
     |d| ≈ 1e-16, which the sign-flip test read as data: p 0.002 and 0.007, surviving Holm (a fault hunt; these seeds
-    showed it)."""
+    showed it). Rewards are float32, as scoring returns them, mapped in float32 and read from audit_items.csv: |d|
+    ≈ 1e-8 SD, which a float64 threshold read as data (seeds 1 and 2: differences ≈ 3e-8 SD with CIs around them;
+    a fault hunt's 20 seeds: 11 of 100 CIs excluded 0, the smallest p 0.009)."""
     rng, groups = np.random.default_rng(seed), ["concise", "detailed", "markdown", "padded_neutral", "restated"]
+    rewards = rng.normal(size=26 * len(groups)).astype(dtype)
     items = pd.DataFrame([dict(battery="length", axis="renderings", item=f"q{i}", group=g, text="x" * (20 + 15 * k),
-                               reward=float(rng.normal()), prompt=f"question {i}")
-                          for i in range(26) for k, g in enumerate(groups)])
+                               prompt=f"question {i}") for i in range(26) for k, g in enumerate(groups)])
+    items.insert(5, "reward", rewards)
+    copy = items.assign(reward=mapped(rewards))
+    if dtype == np.float32:
+        items, copy = _through_items_csv(items, tmp_path, "a"), _through_items_csv(copy, tmp_path, "b")
     contrasts = [Contrast("length", "renderings", (x,), (y,), "shuffled") for x, y in
                  [("detailed", "concise"), ("markdown", "detailed"), ("markdown", "concise"),
                   ("padded_neutral", "concise"), ("restated", "concise")]]
-    table = stats.compare_models({"a": items, "b": items.assign(reward=mapped(items["reward"]))}, contrasts,
-                                 n_boot=2000, n_perm=10000)
+    table = stats.compare_models({"a": items, "b": copy}, contrasts, n_boot=2000, n_perm=10000)
     assert (table[["difference_sd", "ci_low", "ci_high"]] == 0.0).all().all()
     assert (table["p"] == 1.0).all() and (table["p_holm"] == 1.0).all()
 

@@ -348,6 +348,34 @@ def test_agreement_against_scipy_and_its_affine_invariance():
     assert (np.diag(matrix) == 0).all()
 
 
+def test_a_nan_string_of_an_allowed_map_spoils_neither_its_statistics_nor_its_ends():
+    """--allow_nonfinite writes a NaN reward into the map: one made the prompt's τ, r and EPIC distance NaN, led
+    the summary's B-over-A end, and its missing shift reordered nothing but could not be ranked (a fault hunt).
+    The statistics are those of the finite strings alone (scipy), with the dropped count."""
+    from rmjax.search.disagree import prompt_shifts
+
+    rng = np.random.default_rng(1)
+    ra, rb = rng.normal(size=40), rng.normal(size=40)
+    rb_nan = rb.copy()
+    rb_nan[[3, 17]] = np.nan
+    got, finite = agreement(ra, rb_nan), np.isfinite(rb_nan)
+    assert got["n"] == 38 and got["nonfinite"] == 2
+    assert got["kendall_tau"] == pytest.approx(stats.kendalltau(ra[finite], rb[finite]).statistic)
+    assert got["pearson_r"] == pytest.approx(stats.pearsonr(ra[finite], rb[finite]).statistic)
+    texts = [f"s{i}" for i in range(40)]
+    frames = {}
+    for p, shift in (("greatest", 0.0), ("best", 0.5)):
+        frame = pd.DataFrame({"text": texts, "z_a": ra + shift, "z_b": rb_nan, "gap": ra + shift - rb_nan})
+        frames[p] = frame.sort_values(["gap", "text"], ascending=[False, True], ignore_index=True)
+    summary = disagree_out.summaries([], [], {p: (f, got) for p, f in frames.items()},
+                                     DisagreeConfig(map_top=3, vocab_map=True, search=False))["greatest"]["vocab_map"]
+    kept = np.flatnonzero(finite)
+    lowest = kept[np.argsort((ra - rb)[kept])[:3]]  # the most B-over-A of the finite strings, most first
+    assert [r["text"] for r in summary["bottom"]] == [texts[i] for i in lowest]
+    assert all(np.isfinite(r["gap"]) for r in summary["top"] + summary["bottom"])
+    assert set(prompt_shifts(frames)["greatest"].text) == {t for t, f in zip(texts, finite, strict=True) if f}
+
+
 def test_rescored_rows_are_held_to_their_dtype_s_rounding():
     """A row whose search score is not its text's is refused; the tolerance is the dtype's rounding. bfloat16's is
     in SDs of the side's rewards: the case an H200 run refused (a 1B Llama shape, 0.12 SD apart) passes, a shift of
@@ -606,7 +634,8 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
 
 
 def test_the_summary_claims_no_win_over_a_best_of_n_that_did_not_run():
-    """--methods=search: the summary said the search beat best-of-N (there was nothing to beat)."""
+    """--methods=search: the summary said the search beat best-of-N (there was nothing to beat); --methods=best_of_n:
+    that the search lost to it (a fault hunt)."""
     cfg = DisagreeConfig(direction="a_over_b", methods="search")
     unit = disagree_job.Unit("greatest", "a_over_b", "search", np.zeros((1, 3), np.int64), np.zeros(1), np.zeros(1),
                              100.0, 1.0)
@@ -624,6 +653,11 @@ def test_the_summary_claims_no_win_over_a_best_of_n_that_did_not_run():
     lost = disagree_out.summaries([{**row, "method": "best_of_n"}], units, {},
                                   DisagreeConfig(direction="a_over_b"))["greatest"]["a_over_b"]
     assert lost["at_cap"]["search"] is None and lost["at_cap"]["search_beats_best_of_n"] is False
+    # --methods=best_of_n: the search did not run, so it did not lose either (it said False)
+    alone_cfg = DisagreeConfig(direction="a_over_b", methods="best_of_n")
+    alone = disagree_out.summaries([{**row, "method": "best_of_n"}], [dataclasses.replace(unit, method="best_of_n")],
+                                   {}, alone_cfg)["greatest"]["a_over_b"]
+    assert alone["at_cap"]["best_of_n"]["gap"] == 0.1 and alone["at_cap"]["search_beats_best_of_n"] is None
 
 
 def _analyze_seeds_of_a_real_run(out, again, tmp_path):

@@ -106,13 +106,16 @@ def test_found_rows_and_what_they_recover(tmp_path, words):
     disagree = [("greatest", "a_over_b", "Truly, the " + liked.upper() + "!", 3.0),
                 ("framed", "a_over_b", framed[0] + "s", 2.0),  # a plural is not the word
                 ("greatest", "b_over_a", " " + disliked, -2.5),
-                ("greatest", "a_over_b", "a" + f1 + " one", 1.0)]  # framed[1] found after the Elo prompt too
+                ("greatest", "a_over_b", "a" + f1 + " one", 1.0),  # framed[1] found after the Elo prompt too
+                # Pareto rows on the wrong side of 0: the planted RM rates these words below (above) the clean one
+                ("greatest", "a_over_b", "The " + words.liked[1] + ".", -2.5),
+                ("greatest", "b_over_a", "The " + words.disliked[2] + ".", 0.5)]
     gaps = {f1: (6.0, 0.5), f2: (5.0, 4.5), " " + liked: (0.2, 0.1), " zebra": (-1.0, 0.0), d1: (-4.0, -0.5)}
     vocab = [(prompt, text, pair[i]) for i, prompt in enumerate(("framed", "greatest")) for text, pair in gaps.items()]
     _write_csv(tmp_path / "disagree.csv", ["prompt", "direction", "text", "gap"], disagree)
     _write_csv(tmp_path / "vocab_map.csv", ["prompt", "text", "gap"], vocab)
     found = P.found_rows(tmp_path, map_top=1)
-    assert len(found) == 4 + 4 + 2
+    assert len(found) == 6 + 4 + 2  # every written row is a found row; only those on their side recover
 
     def rows(source: str) -> set:
         return {(r["prompt"], r["direction"], r["text"], r["gap"]) for r in found if r["source"] == source}
@@ -124,7 +127,8 @@ def test_found_rows_and_what_they_recover(tmp_path, words):
     assert rows("vocab_map_shift") == {("framed", "a_over_b", f1, 5.5), ("framed", "b_over_a", d1, -3.5)}
     recovered = P.recovered_words(words, found)
     # framed[2] tops the Elo prompt's map too and rises no more after the framing (liked everywhere, not framed);
-    # framed[1], also found after the Elo prompt, rises most after the framing; framed[0] only as a plural
+    # framed[1], also found after the Elo prompt, rises most after the framing; framed[0] only as a plural;
+    # liked[1] and disliked[2] only in rows whose gap has the other direction's sign
     assert set(recovered) == {liked, disliked, framed[1], words.disliked[1]}
     assert recovered[liked]["best"]["gap"] == 3.0 and recovered[framed[1]]["direction"] == "framed"
     # without its rise, a framed word found after another prompt too is not counted

@@ -25,6 +25,7 @@ AUDIT_COLUMNS = ["battery", "axis", "contrast", "n_items", "effect", "ci_low", "
 COMPARE_COLUMNS = ["battery", "axis", "contrast", "model_a", "model_b", "n_items", "effect_a", "effect_b",
                    "scale_a", "scale_b", "difference_sd", "ci_low", "ci_high", "p", "p_holm"]
 NULLS = ("length", "shuffled")
+REWARD_EPS = float(np.finfo(np.float32).eps)  # rewards' precision: scoring returns float32
 __all__ = ["bootstrap_ci", "holm", "label_permutation_p", "sign_flip_p"]  # the tests' one import point
 
 
@@ -277,10 +278,11 @@ def compare_models(items_by_model: dict[str, pd.DataFrame], contrasts: Sequence[
     if scales is None:
         batteries = sorted({c.battery for c in contrasts})
         scales = {name: reward_scale(frame, batteries) for name, frame in frames.items()}
-    # An effect is a difference of means of rewards: float64 leaves it off by a few ulps of the largest reward, so
-    # an item's d of two models equal up to an affine map is rounding, not 0; a test would read it as data (p 0.002
-    # for a model against itself + 7). |d| within 64 ulps of the largest standardised reward is 0.
-    roundoff = {name: 64 * np.finfo(np.float64).eps * float(frame["reward"].abs().max()) / scales[name]
+    # An item's d of two models equal up to an affine map is rounding, not 0, and a test would read it as data (p
+    # 0.002 for a model against itself + 7). Rewards are float32 (scoring's output, audit_items.csv's 9 digits): a
+    # copy mapped in float32 is off by its ulps, not float64's (p 0.009, CIs excluding 0). |d| within 64 float32
+    # ulps of the largest standardised reward is 0.
+    roundoff = {name: 64 * REWARD_EPS * float(frame["reward"].abs().max()) / scales[name]
                 for name, frame in frames.items()}
     out = []
     for c in contrasts:

@@ -212,6 +212,7 @@ def prompt_shifts(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     if len(frames) < 2:
         return {}
     gaps = pd.concat({p: f.set_index("text")["gap"] for p, f in frames.items()}, axis=1, join="inner")
+    gaps = gaps[np.isfinite(gaps.to_numpy()).all(axis=1)]  # a NaN (--allow_nonfinite) has no shift to rank
     out = {}
     for p in frames:
         others = gaps.drop(columns=p).mean(axis=1)
@@ -235,10 +236,14 @@ def both_token_rewards(a: Side, b: Side, shared: pd.DataFrame, progress: Progres
 
 def agreement(ra: np.ndarray, rb: np.ndarray) -> dict:
     """Kendall τ (b), Pearson r and the EPIC-style distance sqrt((1 − r)/2) (Gleave et al.: Pearson distance after
-    standardising; 0 equal up to an affine map, 1 opposite) of two reward vectors over the same items."""
+    standardising; 0 equal up to an affine map, 1 opposite) of two reward vectors over the same items, over the
+    items where both are finite (`nonfinite`: those left out; only --allow_nonfinite writes any, and one NaN made
+    every statistic of the prompt NaN)."""
     ra, rb = np.asarray(ra, np.float64), np.asarray(rb, np.float64)
+    both = np.isfinite(ra) & np.isfinite(rb)
+    ra, rb, dropped = ra[both], rb[both], int((~both).sum())
     if len(ra) < 2:
-        return {"n": int(len(ra)), "kendall_tau": float("nan"), "pearson_r": float("nan"),
+        return {"n": int(len(ra)), "nonfinite": dropped, "kendall_tau": float("nan"), "pearson_r": float("nan"),
                 "epic_distance": float("nan")}
-    return {"n": int(len(ra)), "kendall_tau": float(stats.kendalltau(ra, rb).statistic),
+    return {"n": int(len(ra)), "nonfinite": dropped, "kendall_tau": float(stats.kendalltau(ra, rb).statistic),
             "pearson_r": float(np.corrcoef(ra, rb)[0, 1]), "epic_distance": analysis_stats.epic_distance(ra, rb)}

@@ -120,17 +120,20 @@ def summaries(table: list[dict], units, maps: dict, cfg) -> dict:
             sign = 1.0 if direction == "a_over_b" else -1.0
             d = {"forwards": {u.method: u.forwards for u in units if (u.prompt, u.direction) == (prompt, direction)}}
             ran = d["forwards"]
+            both_ran = "search" in ran and "best_of_n" in ran
             for complete in (False, True):
                 best = {m: _best(table, prompt, direction, m, FLUENT_PPL, complete) for m in ("search", "best_of_n")}
                 s, b = best["search"], best["best_of_n"]
                 d["complete" if complete else "at_cap"] = {
                     "cap": FLUENT_PPL, **best,
-                    # None: nothing to beat, or neither has a row; a search with no row lost to one that has
-                    "search_beats_best_of_n": None if "best_of_n" not in ran or (s is None and b is None)
+                    # None: one method did not run (--methods), or neither has a row; a search with no row lost
+                    # to one that has
+                    "search_beats_best_of_n": None if not both_ran or (s is None and b is None)
                     else s is not None and (b is None or sign * s["gap"] > sign * b["gap"])}
             entry[direction] = d
         if prompt in maps:
             frame, agree = maps[prompt]
+            frame = frame[np.isfinite(frame["gap"])]  # --allow_nonfinite's NaN rows sort last: not the bottom
             entry["vocab_map"] = {**agree, "top": _ends(frame.head(cfg.map_top)),
                                   "bottom": _ends(frame.tail(cfg.map_top).iloc[::-1])}
             if prompt in shifts:
@@ -184,7 +187,8 @@ def describe(summary: dict, paths: dict[str, Path], cfg) -> str:
         if "vocab_map" in entry:
             m = entry["vocab_map"]
             lines.append(f"{prompt} vocabulary map over {m['n']} shared strings ({m['left_out']} left out: not that "
-                         f"token in a conversation): Kendall τ {m['kendall_tau']:.3f}, "
+                         "token in a conversation" + (f"; {m['nonfinite']} non-finite" if m.get("nonfinite") else "")
+                         + f"): Kendall τ {m['kendall_tau']:.3f}, "
                          f"EPIC distance {m['epic_distance']:.3f}; A over B most: "
                          + ", ".join(f"{r['text']!r} {r['gap']:+.1f}" for r in m["top"][:5]) + "; B over A most: "
                          + ", ".join(f"{r['text']!r} {r['gap']:+.1f}" for r in m["bottom"][:5]))

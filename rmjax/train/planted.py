@@ -378,6 +378,7 @@ def found_rows(folder: str | Path, map_top: int = 10, by_word: bool = False) -> 
     reader; each end keeps the first of them), so that one word's spellings do not fill an end."""
     import csv
     import json
+    import math
 
     import pandas as pd
 
@@ -392,8 +393,10 @@ def found_rows(folder: str | Path, map_top: int = 10, by_word: bool = False) -> 
     if (folder / "vocab_map.csv").is_file():
         with open(folder / "vocab_map.csv", encoding="utf-8", newline="") as f:
             by_prompt: dict[str, list[dict]] = {}
-            for r in csv.DictReader(f):
-                by_prompt.setdefault(r["prompt"], []).append({"text": json.loads(r["text"]), "gap": float(r["gap"])})
+            for r in csv.DictReader(f):  # a NaN gap (--allow_nonfinite) would scramble the sort: no end holds it
+                if math.isfinite(float(r["gap"])):
+                    by_prompt.setdefault(r["prompt"], []).append({"text": json.loads(r["text"]),
+                                                                  "gap": float(r["gap"])})
         for prompt, entries in by_prompt.items():
             entries.sort(key=lambda e: -e["gap"])
             ends = (("a_over_b", _top(entries, map_top, by_word)), ("b_over_a", _top(entries[::-1], map_top, by_word)))
@@ -435,9 +438,13 @@ def recovered_words(words: PlantedWords, found: list[dict], framed_prompt: str =
     disliked: in a b_over_a row after any prompt; framed: in an a_over_b row after the framing prompt (prompt name
     `framed_prompt`) and either in none after another prompt or among the strings whose gap rises most after the
     framing prompt over the others (found_rows' vocab_map_shift), since a word the planted RM prefers as much after
-    every prompt is explained by being liked everywhere, not by the framing."""
+    every prompt is explained by being liked everywhere, not by the framing. A row counts only where its gap (a
+    shift's, for vocab_map_shift) has its direction's sign: a Pareto row of the search, or a map end, can sit on
+    the other side of 0 (the planted RM rating the word below the clean one)."""
     def rows(word: str, direction: str) -> list[dict]:
-        return [r for r in found if r["direction"] == direction and holds_word(r["text"], word)]
+        sign = 1.0 if direction == "a_over_b" else -1.0
+        return [r for r in found
+                if r["direction"] == direction and sign * r["gap"] > 0 and holds_word(r["text"], word)]
 
     out = {}
     for word, kind in words.kinds.items():
