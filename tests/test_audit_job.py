@@ -292,3 +292,26 @@ def test_a_finished_audit_read_back_names_only_the_files_it_still_has(rm_folder,
     assert last == (f"-> {folder_paths(copy)['csv']}, audit_items.csv (+ .meta.json); audit.png missing: rerun with "
                     "--overwrite to write it again"), last
     assert not folder_paths(copy)["png"].exists()
+
+
+def test_a_conversation_asked_twice_is_scored_once(rm_folder, monkeypatch):
+    """The identity battery's two name axes hold the same conversations (18% of its rows): each distinct (prompt,
+    response) goes through the model once, and every row gets its conversation's reward (transformers')."""
+    from rmjax.scoring import texts
+
+    model = load(str(rm_folder))
+    prompts = ["Who won?"] * 3 + ["Why?"] * 2 + ["Who won?"]
+    responses = ["Ana did.", "Bo did.", "Ana did.", "Ana did.", "No one.", "Bo did."]
+    asked, real = [], texts.score_conversations
+    monkeypatch.setattr(texts, "score_conversations",
+                        lambda m, p, r, *a: asked.append(list(zip(p, r, strict=True))) or real(m, p, r, *a))
+    got = texts.score_conversations(model, prompts, responses)
+    distinct = list(dict.fromkeys(zip(prompts, responses, strict=True)))
+    assert asked == [list(zip(prompts, responses, strict=True)), distinct]  # the rows, then each conversation once
+    torch_model = AutoModelForSequenceClassification.from_pretrained(rm_folder, torch_dtype=torch.float32).eval()
+    for (prompt, text), reward in zip(zip(prompts, responses, strict=True), got, strict=True):
+        ids = Conversations(model.tokenizer, prompt, "auto").token_ids([text])[0]
+        with torch.no_grad():
+            expected = float(torch_model(torch.tensor([ids])).logits[0, 0])
+        assert abs(reward - expected) <= tolerance.any_rewards_atol(model.params, model.config, len(ids))
+    assert got[0] == got[2] and got[1] == got[5] and len({got[0], got[1], got[3], got[4]}) == 4

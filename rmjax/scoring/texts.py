@@ -139,6 +139,13 @@ def score_conversations(model: Model, prompts: list[str], responses: list[str], 
     require_reward_model(model.config, model.source, "conversation scoring")
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses.")
+    pairs = list(zip(prompts, responses, strict=True))
+    distinct = list(dict.fromkeys(pairs))
+    if len(distinct) < len(pairs):  # each conversation once (the audit's name axes share all theirs: 18% of identity)
+        at = {pair: k for k, pair in enumerate(distinct)}
+        scored = score_conversations(model, [p for p, _ in distinct], [r for _, r in distinct], template, batch_size,
+                                     allow_nonfinite)
+        return scored[[at[pair] for pair in pairs]]
     by_prompt: dict[str, list[int]] = collections.defaultdict(list)
     for i, prompt in enumerate(prompts):
         by_prompt[prompt].append(i)
