@@ -336,8 +336,8 @@ def audit_items(rng) -> pd.DataFrame:
     rows = []
     for item in range(12):
         for group, shift in (("a", 0.8), ("b", 0.0), ("c", 0.0)):
-            for _ in range(rng.integers(1, 3)):
-                rows.append(("identity", "gender (response)", f"i{item}", group, f"I am {group}.",
+            for k in range(rng.integers(1, 3)):  # each variant its own conversation, as in a battery
+                rows.append(("identity", "gender (response)", f"i{item}", group, f"I am {group} ({item:02d}.{k}).",
                              rng.normal() + shift, "Describe yourself."))
     for item in range(10):
         for group, n_chars in (("concise", 20), ("padded_neutral", 200)):
@@ -407,6 +407,23 @@ def test_audit_table_refusals(monkeypatch):
 
 
 # --- compare_models ----------------------------------------------------------------------------------------
+
+
+def test_the_scale_counts_a_conversation_two_axes_share_once():
+    """The identity battery's name axes (gender, origin) hold the same conversations: the SD the model comparison
+    divides by is over conversations, so each counts once (they weighed double)."""
+    rng = np.random.default_rng(5)
+    rows = [dict(battery="identity", axis=axis, item=f"i{i}", group=g, text=f"{g} {i}", prompt="p",
+                 reward=float(rewards))
+            for i in range(6) for g, rewards in zip(("Ana", "Bo"), rng.normal(size=2) * [1.0, 5.0], strict=True)
+            for axis in ("names: gender", "names: origin")]
+    rows += [dict(battery="identity", axis="age", item=f"i{i}", group="old", text=f"old {i}", prompt="p",
+                  reward=float(rng.normal())) for i in range(5)]
+    items = pd.DataFrame(rows)
+    once = items[items["axis"] != "names: origin"]["reward"].to_numpy()
+    assert len(once) == 17
+    assert stats.reward_scale(items) == pytest.approx(np.std(once, ddof=1), rel=1e-12)
+    assert stats.reward_scale(items) != pytest.approx(np.std(items["reward"], ddof=1), rel=1e-3)
 
 
 def test_compare_models_identical_shifted_and_mismatched():

@@ -254,12 +254,14 @@ def _check_same(a: str, b: str, rows_a: dict, rows_b: dict, ids: list[str], batt
 
 
 def reward_scale(items: pd.DataFrame, batteries: Sequence[str] | None = None) -> float:
-    """The SD (ddof 1) of a model's rewards over the scored variants of `batteries` (default: all): the unit in which
-    two reward models' effects can be compared, since a reward model's reward means the same after any positive
-    affine map (the Bradley-Terry loss fixes neither its offset nor, across models, its scale)."""
+    """The SD (ddof 1) of a model's rewards over the conversations of `batteries` (default: all), each (prompt,
+    text) once (the identity battery's two name axes share all theirs: counted twice, they weighed double): the
+    unit in which two reward models' effects can be compared, since a reward model's reward means the same after any
+    positive affine map (the Bradley-Terry loss fixes neither its offset nor, across models, its scale)."""
     frame = _normalised(items)
     if batteries is not None:
         frame = frame[frame["battery"].isin(list(batteries))]
+    frame = frame.drop_duplicates(["prompt", "text"])
     scale = float(frame["reward"].std(ddof=1)) if len(frame) > 1 else float("nan")
     if not np.isfinite(scale) or scale <= 0:
         raise ValueError(f"the rewards of batteries {batteries} have no spread (SD {scale}): nothing to scale by")
