@@ -12,6 +12,7 @@ from scipy import stats as scipy_stats
 from rmjax.analysis import bigtwo, lexicons
 from rmjax.analysis.data import ScoreTable
 from rmjax.data import DATA_DIR
+from rmjax.errors import InputFileError
 
 
 def test_wildcard_stems():
@@ -73,12 +74,20 @@ def test_bnc_frequencies_sum_word_forms_over_parts_of_speech(tmp_path):
                        "\tgo\tNoC\t%\t21\t98\t0.83\n"
                        "\t@\t@\tgo\t20\t98\t0.83\n"
                        "\t@\t@\tgos\t0\t9\t0.61\n"
-                       "\tThe\tDet\t:\t61847\t100\t0.98\n".encode("latin-1"))
+                       "\tThe\tDet\t:\t61847\t100\t0.98\n"
+                       "lie (/lay)\tVerb\t%\t187\t100\t0.94#\n"
+                       "@\t@\tlie\t41#\t100#\t0.95#\n"
+                       "\taxis\tNoC\t:\t14#\t87#\t0.86#\n".encode("latin-1"))
     assert lexicons.load_bnc_frequencies(sample) == {"café": 12.0, "go": 901.0, "going": 366.0, "went": 483.0,
-                                                     "the": 61847.0}
+                                                     "the": 61847.0, "lie": 41.0, "axis": 14.0}
     real = lexicons.load_bnc_frequencies(DATA_DIR / "corpora" / "1_1_all_alpha.txt")
     assert real["the"] == 61847.0 and real["went"] == 483.0
+    # "bases" is a form of base (12#), of basis (3#) and a verb form (1): the flagged counts count
+    assert real["bases"] == 16.0 and real["lying"] == 46.0
     assert real["love"] > 150 and all(v > 0 for v in real.values())
+    sample.write_bytes(sample.read_bytes() + b"\tword\tNoC\t:\tmany\t87\t0.86\n")
+    with pytest.raises(InputFileError, match=r"line 14 gives the frequency 'many'"):
+        lexicons.load_bnc_frequencies(sample)
 
 
 def _table(strings: list[str], scores: np.ndarray, name: str = "m") -> ScoreTable:

@@ -80,7 +80,7 @@ def load_bnc_frequencies(path: str | Path | None = None) -> dict[str, float]:
     path = Path(path or shipped.BNC_FREQUENCIES)
     header: list[str] | None = None
     with open(path, encoding="latin-1") as f:
-        for line in f:
+        for line_number, line in enumerate(f, 1):
             fields = line.rstrip("\n").split("\t")
             if fields and fields[0] == "":
                 fields = fields[1:]
@@ -93,10 +93,11 @@ def load_bnc_frequencies(path: str | Path | None = None) -> dict[str, float]:
                 continue
             if len(fields) < 4:
                 continue
-            try:
-                freq = float(fields[3])
+            try:  # the list flags some counts with a trailing `#` ("41#"): still the count
+                freq = float(fields[3].rstrip("#"))
             except ValueError:
-                continue
+                raise InputFileError(f"{path}: line {line_number} gives the frequency {fields[3]!r}, not a number; "
+                                     "give the BNC list 1_1_all_alpha.txt as published.") from None
             if fields[0] == "@":
                 add(fields[2], freq)
                 pending_lemma = None
