@@ -398,3 +398,29 @@ def test_roundtrip_only_keeps_each_items_match_kind(tmp_path):
              .set_index("name")["match"] for only in (False, True)]
     pd.testing.assert_series_equal(kinds[0], kinds[1])
     assert set(kinds[1][GLUED]) == {"not_roundtrip"} and set(kinds[1][SPACED]) == {"leading_space"}
+
+
+@pytest.mark.parametrize("column", ["human_elo", "Human", "median_model"])
+def test_a_model_named_like_the_ranks_tables_own_columns_is_refused_or_relabelled(tmp_path, column):
+    """A model called `human_elo` wrote its scores over the human ratings' `human_elo_score` column (fault hunt)."""
+    from rmjax.analysis import elo
+    from rmjax.analysis.data import ScoreTable
+    from rmjax.errors import UsageError
+    frame = pd.DataFrame({"elo_rank": [1, 2, 3, 4], "elo_score": [1600, 1500, 1400, 1300], "name": list("abcd"),
+                          "elo_matches": [10] * 4, "rmX": [4.0, 3.0, 1.0, 2.0]})
+    frame.to_csv(tmp_path / "What is best.csv", index=False)
+    (prompt,) = elo.load_elo(tmp_path)
+    ranks = elo.ranks_table(prompt)
+    assert ranks["human_elo_score"].tolist() == [1600, 1500, 1400, 1300]
+    assert ranks["rmX_rank"].tolist() == [1, 2, 4, 3]
+    # a --scores table of that name is labelled past it, and the human column keeps the ratings
+    table = ScoreTable(column, column, pd.DataFrame({"text": ["a", "b", "c", "d"],
+                                                     "What is best?": [0.1, 0.4, 0.3, 0.2]}), "text")
+    added = elo.add_score_tables([prompt], [table])
+    assert added.labels == [column + elo.USER_MARK]
+    ranks = elo.ranks_table(added.prompts[0])
+    assert ranks["human_elo_score"].tolist() == [1600, 1500, 1400, 1300]
+    assert ranks[f"{column}{elo.USER_MARK}_score"].tolist() == [0.1, 0.4, 0.3, 0.2]
+    frame.rename(columns={"rmX": column}).to_csv(tmp_path / "What is best.csv", index=False)
+    with pytest.raises(UsageError, match=f"model column '{column}' is named like a column"):
+        elo.load_elo(tmp_path)

@@ -126,6 +126,24 @@ def test_spearman_matrix_is_pearson_of_average_ranks():
         assert rho.loc[a, b] == pytest.approx(np.corrcoef(ranks[a], ranks[b])[0, 1], abs=1e-12)
 
 
+def test_a_column_of_one_value_correlates_with_nothing_itself_included():
+    """Its τ, ρ and EPIC distance with itself were 1, 1 and 0 beside NaN with every other column (fault hunt):
+    scipy's τ and ρ of it with itself are NaN, as its RBO is."""
+    frame = pd.DataFrame({"a": [1, 2, 2, 3, 5], "flat": [4, 4, 4, 4, 4], "b": [2, 1, 3, 3, 4]}, dtype=float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns of the constant input it answers NaN for
+        tau, rho = stats.kendall_tau_matrix(frame), stats.spearman_matrix(frame)
+        epic = stats.epic_distance_matrix(frame)
+        for column in frame.columns:
+            assert np.isnan(scipy_stats.kendalltau(frame[column], frame[column]).statistic) == (column == "flat")
+            for matrix, itself in [(tau, 1.0), (rho, 1.0), (epic, 0.0)]:
+                if column == "flat":
+                    assert matrix[column].isna().all() and matrix.loc[column].isna().all()
+                else:
+                    assert matrix.loc[column, column] == itself
+    assert tau.loc["a", "b"] == pytest.approx(scipy_stats.kendalltau(frame["a"], frame["b"]).statistic, abs=1e-12)
+
+
 @pytest.mark.parametrize("p,depth", [(0.9, 132), (0.9, 5), (0.5, 20)])
 def test_rbo_matches_definition(p, depth):
     rng = np.random.default_rng(depth)

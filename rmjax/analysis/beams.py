@@ -71,7 +71,8 @@ def tau_between(tables: Sequence[BeamTable], depth: int, prompt: str) -> tuple[p
     """Kendall tau-b of every model pair on the strings both found (NaN under 3 shared), and how many they share."""
     labels = [t.model for t in tables]
     series = [scores_by_string(t, depth, prompt) for t in tables]
-    tau = pd.DataFrame(np.eye(len(tables)), index=labels, columns=labels)
+    tau = pd.DataFrame(np.diag([1.0 if len(s) >= 3 and stats.ranks_something(s) else np.nan for s in series]),
+                       index=labels, columns=labels)
     shared = pd.DataFrame(np.diag([len(s) for s in series]), index=labels, columns=labels)
     for i, j in itertools.combinations(range(len(tables)), 2):
         common = series[i].index.intersection(series[j].index)

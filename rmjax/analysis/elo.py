@@ -30,7 +30,7 @@ HUMAN = "Human"
 ITEM_COLUMNS = ["elo_rank", "elo_score", "name", "elo_matches"]
 USER_MARK = " (--scores)"  # appended to a --scores model whose label is already a published model's
 # Names that ranks_table and the tau matrices give columns of their own: no model may be called so.
-RESERVED = (HUMAN, "median_model", "median_model_rank_minus_human", "model")
+RESERVED = (HUMAN, "human_elo", "median_model", "median_model_rank_minus_human", "model")
 # How an item is found in a score table (item_tokens): the first three score it, the others do not.
 MATCHED = ("exact", "leading_space", "text")
 UNMATCHED = ("not_a_single_token", "not_roundtrip", "ambiguous", "absent")
@@ -145,7 +145,7 @@ def tau_matrix(elo_prompt: EloPrompt) -> pd.DataFrame:
             pair = stats.kendall_tau_matrix(frame[[a, b]].dropna())
             matrix.loc[a, b] = matrix.loc[b, a] = pair.iloc[0, 1]
     for column in frame.columns:
-        matrix.loc[column, column] = 1.0
+        matrix.loc[column, column] = 1.0 if stats.ranks_something(frame[column]) else np.nan
     return matrix
 
 
@@ -342,7 +342,7 @@ def add_score_tables(elo_prompts: Sequence[EloPrompt], tables: Sequence[ScoreTab
     analyses (nickname, else the .meta.json model, else the file stem); a label that is already a
     published model's (or Human) gets USER_MARK appended, so the two are never mixed up."""
     taken = {m.casefold() for m in all_models(elo_prompts)}
-    taken |= {HUMAN.casefold(), "median_model", "median_model_rank_minus_human"}  # ranks_table's own columns
+    taken |= {name.casefold() for name in RESERVED}  # ranks_table's and the tau matrices' own columns
     prompts = {ep.prompt: ep for ep in elo_prompts}
     coverage, items, notes, labels = [], [], [], []
     for table in tables:

@@ -72,12 +72,19 @@ def z_scores(x: np.ndarray) -> np.ndarray:
 
 
 def _pairwise(frame: pd.DataFrame, fn) -> pd.DataFrame:
+    """fn of every pair of columns; the diagonal 1, or NaN for a column of one value (as scipy gives for its pairs)."""
     cols = list(frame.columns)
-    out = np.eye(len(cols))
     values = [frame[c].to_numpy(np.float64) for c in cols]
+    out = np.diag([1.0 if ranks_something(v) else np.nan for v in values])
     for i, j in itertools.combinations(range(len(cols)), 2):
         out[i, j] = out[j, i] = fn(values[i], values[j])
     return pd.DataFrame(out, index=cols, columns=cols)
+
+
+def ranks_something(values: np.ndarray) -> bool:
+    """Whether the finite values hold two different ones: a correlation with one value is undefined."""
+    values = np.asarray(values, np.float64)
+    return np.unique(values[np.isfinite(values)]).size > 1
 
 
 def kendall_tau_matrix(frame: pd.DataFrame) -> pd.DataFrame:
@@ -95,7 +102,7 @@ def epic_distance(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def epic_distance_matrix(frame: pd.DataFrame) -> pd.DataFrame:
-    """`epic_distance` between every pair of columns (0 on the diagonal)."""
+    """`epic_distance` between every pair of columns (0 on the diagonal, NaN for a column of one value)."""
     return 1.0 - _pairwise(frame, lambda a, b: 1.0 - epic_distance(a, b))
 
 
