@@ -128,17 +128,24 @@ def apply(p: dict, head: HeadConfig, scores: jax.Array, gate_input: jax.Array) -
     return jnp.concatenate([score, adjusted if head.kind == "qrm" else per_objective], axis=-1)
 
 
-def pattern_start(head: HeadConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
-    """[B] start of the last occurrence of the gate pattern among real tokens; -1 where absent."""
+def pattern_starts(head: HeadConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """[B, T]: at position j, the start of the last occurrence of the gate pattern among real tokens that ends at or
+    before j (where the conversation cut after token j reads its gate); -1 where none does."""
     n, t = len(head.pattern), ids.shape[-1]
     if t < n:
-        return jnp.full(ids.shape[:-1], -1, jnp.int32)
+        return jnp.full(ids.shape, -1, jnp.int32)
     real = jnp.where(mask.astype(bool), ids, -1)
     hit = jnp.ones(real[..., : t - n + 1].shape, bool)
     for k, token in enumerate(head.pattern):
         hit &= real[..., k : t - n + 1 + k] == token
-    starts = jnp.where(hit, jnp.arange(t - n + 1), -1)
-    return jnp.max(starts, axis=-1).astype(jnp.int32)
+    starts = jnp.where(hit, jnp.arange(t - n + 1), -1).astype(jnp.int32)
+    ended = jnp.concatenate([jnp.full((*ids.shape[:-1], n - 1), -1, jnp.int32), starts], axis=-1)  # at s + n - 1
+    return jax.lax.cummax(ended, axis=ended.ndim - 1)
+
+
+def pattern_start(head: HeadConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """[B] start of the last occurrence of the gate pattern among real tokens; -1 where absent."""
+    return pattern_starts(head, ids, mask)[..., -1]
 
 
 def moves_gate(head: HeadConfig | None, prefix: list[int], continuation: list[int]) -> bool:
@@ -186,9 +193,18 @@ def check_search_keeps_gate(head: HeadConfig | None, prefix: list[int], allowed,
 
 def gate_input(head: HeadConfig, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array:
     """Hidden state [B, H] at the gate pattern of each row; NaN rows where the pattern is missing."""
-    start = pattern_start(head, ids, mask)
-    rows = hidden[jnp.arange(hidden.shape[0]), jnp.maximum(start, 0)].astype(jnp.float32)
-    return jnp.where((start >= 0)[:, None], rows, jnp.nan)
+    return _rows_at(hidden, pattern_start(head, ids, mask)[:, None])[:, 0]
+
+
+def prefix_gate_inputs(head: HeadConfig, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array:
+    """[B, T, H]: the gate input of each row cut after each of its tokens (NaN where the cut holds no pattern)."""
+    return _rows_at(hidden, pattern_starts(head, ids, mask))
+
+
+def _rows_at(hidden: jax.Array, starts: jax.Array) -> jax.Array:
+    """hidden [B, T, H] at positions starts [B, K] in float32, NaN rows where a start is -1."""
+    rows = jnp.take_along_axis(hidden, jnp.maximum(starts, 0)[..., None], axis=1).astype(jnp.float32)
+    return jnp.where((starts >= 0)[..., None], rows, jnp.nan)
 
 
 def require_pattern(head: HeadConfig | None, ids, what: str) -> None:

@@ -205,6 +205,30 @@ def test_a_gated_head_goes_through_the_lens_with_its_gate(tmp_path):
     assert np.isfinite(lens.explained).all() and lens.lens.shape[0] == model.config.num_layers + 1
 
 
+def test_a_gated_heads_token_curve_gates_each_cut_on_its_own_pattern(tmp_path):
+    """Each prefix's gate is the pattern's last occurrence inside it, as the published code reads it from the cut
+    conversation; a cut before any has no gate (the score NaN, as scoring gives). The curve used the whole
+    conversation's gate at every position (fault hunt)."""
+    from rmjax.loading.hf import load_hf_model_folder
+    from tests.test_heads import KINDS, LLAMA_VOCAB, Reference
+
+    backbone, arch, extra = KINDS["armo"]
+    ref = Reference("armo", backbone, extra, LLAMA_VOCAB)
+    model = load_hf_model_folder(ref.save(tmp_path / "armo", arch), require_tokenizer=False)
+    pattern = ref.pattern()
+    seq = [5, 9, 14, *pattern, 11, 40, *pattern, 12, 8]
+    (curve,) = token_rewards(model, [seq])
+    first = len(pattern) + 2  # the first cut that holds the pattern ends with its last token
+    for j in range(len(seq)):
+        cut = np.asarray([seq[: j + 1]], np.int32)
+        if j < first:
+            assert np.isnan(curve[j, 0]) and np.isfinite(curve[j, 1:]).all(), j
+            continue
+        want = ref(cut, np.ones_like(cut, bool))[0]
+        np.testing.assert_allclose(curve[j], want, atol=tolerance.rewards_atol(model.params, model.config, cut),
+                                   rtol=0, err_msg=str(j))
+
+
 def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
     """The CLI writes its four tables, three figures and .meta.json; --from_sweep inspects the best and worst
     tokens (patching the worst into the best: same length), the lens's last row equal to the sweep's scores."""

@@ -89,14 +89,15 @@ def _curve(cfg: ModelConfig, params, ids: jax.Array, mask: jax.Array) -> jax.Arr
     model = nn.module(params, cfg)
     hidden = model(ids=ids, mask=mask).hidden
     b, t, h = hidden.shape
-    gate = model.gate_input(ids, mask, hidden)
-    gate = None if gate is None else jnp.repeat(gate, t, axis=0)
+    gate = model.prefix_gate_inputs(ids, mask, hidden)  # a cut before the pattern has no gate: NaN, as scored
+    gate = None if gate is None else gate.reshape(b * t, -1)
     return model.reward_head(hidden.reshape(b * t, h), gate).reshape(b, t, -1)
 
 
 def token_rewards(model: Model, sequences: list[list[int]]) -> list[np.ndarray]:
     """Per conversation, every head output at each of its positions [T_i, out]: position j is the reward of
-    the conversation cut after token j (causal attention: one forward gives every prefix)."""
+    the conversation cut after token j (causal attention: one forward gives every prefix; a prompt-gated head reads
+    the gate pattern's last occurrence inside the cut, so its score is NaN before the first)."""
     ids, mask = batching.pad_rows(sequences, pad_id=0)
     out = to_host(_whole(_curve, model, ids, mask))
     return [out[i, : len(s)] for i, s in enumerate(sequences)]

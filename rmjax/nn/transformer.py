@@ -285,6 +285,11 @@ class Transformer(nnx.Module):
         head = self.config.head
         return heads_lib.gate_input(head, ids, mask, hidden) if head is not None and head.pattern else None
 
+    def prefix_gate_inputs(self, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array | None:
+        """[B, T, H]: what each row cut after each of its tokens gates on (NaN before the pattern); None ungated."""
+        head = self.config.head
+        return heads_lib.prefix_gate_inputs(head, ids, mask, hidden) if head is not None and head.pattern else None
+
     def rewards_from(self, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array:
         """Head outputs at each row's last real token, a prompt-gated head reading its pattern in `ids`."""
         return self.reward_head(at_last(hidden, mask), self.gate_input(ids, mask, hidden))
