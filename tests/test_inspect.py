@@ -229,6 +229,40 @@ def test_a_gated_heads_token_curve_gates_each_cut_on_its_own_pattern(tmp_path):
                                    rtol=0, err_msg=str(j))
 
 
+def test_the_inspect_job_writes_a_gated_heads_prefixes_before_its_pattern_as_no_value(tmp_path):
+    """On a real chat template (SmolLM2's) with the gate pattern at the prompt's end: the prompt's cuts have no
+    score, written as NaN ("no value"), where refusing them as non-finite would have stopped every gated inspect."""
+    import shutil
+
+    import pandas as pd
+    import transformers
+
+    from rmjax.inspect.job import InspectSpec, run_inspect
+    from rmjax.inspect.lens import gated_from
+    from rmjax.runs.options import RunOptions
+    from tests.test_heads import KINDS, Reference
+
+    src = tiny.smollm2_tokenizer_folder()
+    tok = transformers.AutoTokenizer.from_pretrained(str(src))
+    pattern = tok("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False).input_ids
+    ref = Reference("armo", "llama3", dict(KINDS["armo"][2], gating_token_pattern=pattern), 49152, seed=4)
+    folder = ref.save(tmp_path / "armo", KINDS["armo"][1])
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (src / f).is_file():
+            shutil.copy(src / f, folder / f)
+    out = tmp_path / "inspect"
+    run_inspect(InspectSpec(RunOptions(model=str(folder), out=str(out)), ("p", "Name a fruit."),
+                            responses=("an apple",), steps=2, max_evaluations=3, tolerance=10.0))
+    curve = pd.read_csv(out / "token_rewards.csv", keep_default_na=False, na_values=["nan"])  # as written
+    ids = curve.token_id.tolist()
+    first = gated_from(load(str(folder)), ids)
+    assert ids[first - len(pattern) + 1: first + 1] == pattern and 0 < first < len(ids) - 1
+    assert curve.reward.iloc[:first].isna().all() and np.isfinite(curve.reward.iloc[first:]).all()
+    for j in (first, len(ids) - 1):
+        cut = np.asarray([ids[: j + 1]], np.int32)
+        assert curve.reward.iloc[j] == pytest.approx(ref(cut, np.ones_like(cut, bool))[0, 0], abs=1e-4)
+
+
 def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
     """The CLI writes its four tables, three figures and .meta.json; --from_sweep inspects the best and worst
     tokens (patching the worst into the best: same length), the lens's last row equal to the sweep's scores."""

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from rmjax.errors import NonFiniteError, UsageError
 from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute, check_batch_size, first_points
 from rmjax.inspect.figures import percent, write_figures
-from rmjax.inspect.lens import reward_lens, token_rewards
+from rmjax.inspect.lens import gated_from, reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
 from rmjax.loading.for_job import check_template, job_config_and_tokenizer, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
@@ -346,6 +347,8 @@ def write_inspect(model: Model, prompt: str, items: list[Item], out: str | Path,
 def _check_finite(model: Model, items, lens, curves, attributions, patched, allow: bool) -> list[str] | None:
     """NaN/Inf anywhere stops the job before anything is written (rmjax.scoring.finite names where a forward turns NaN);
     with `allow`, the names of the affected outputs for .meta.json."""
+    # a prompt-gated head has no score for a cut before its pattern: NaN there is "no value", not a fault
+    curves = [c[gated_from(model, list(item.ids)):] for c, item in zip(curves, items, strict=True)]
     arrays = {"reward lens": lens.lens, "direct contributions": np.concatenate([lens.attention, lens.mlp]),
               "token rewards": np.concatenate([c.ravel() for c in curves]),
               "attribution": np.concatenate([np.r_[a.grad_x_input, a.integrated_gradients] for a in attributions])}
@@ -378,7 +381,8 @@ def _write_tables(out: Path, items, lens, curves, attributions, patched, pair, c
     _table(out / "reward_lens.csv", ["response", "layer", "component"], ["reward"], rows)
     rows = [(item.label, p, t, tok.decode([t]), int(item.start <= p < item.end), curve[p, col])
             for item, curve in zip(items, curves, strict=True) for p, t in enumerate(item.ids)]
-    _table(out / "token_rewards.csv", ["response", "position", "token_id", "token", "in_response"], ["reward"], rows)
+    _table(out / "token_rewards.csv", ["response", "position", "token_id", "token", "in_response"], ["reward"], rows,
+           no_value=["reward"])  # NaN: a gated head's cut before its pattern (_check_finite checked the others)
     rows = [(item.label, p, t, tok.decode([t]), a.grad_x_input[p], a.integrated_gradients[p])
             for item, a in zip(items, attributions, strict=True) for p, t in enumerate(item.ids)]
     _table(out / "attribution.csv", ["response", "position", "token_id", "token"],
@@ -391,9 +395,10 @@ def _write_tables(out: Path, items, lens, curves, attributions, patched, pair, c
     _table(out / "patching.csv", ["clean", "donor", "component", "layer", "position"], ["reward"], rows)
 
 
-def _table(path: Path, keys: list[str], values: list[str], rows: list[tuple]) -> None:
+def _table(path: Path, keys: list[str], values: list[str], rows: list[tuple], no_value: Sequence[str] = ()) -> None:
     k = len(keys)
     results.write_table(path, {name: [r[i] for r in rows] for i, name in enumerate(keys)},
-                        {name: np.asarray([r[k + j] for r in rows], np.float64) for j, name in enumerate(values)})
+                        {name: np.asarray([r[k + j] for r in rows], np.float64) for j, name in enumerate(values)},
+                        no_value=no_value)
 
 

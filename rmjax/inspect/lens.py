@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rmjax import nn
+from rmjax import heads, nn
 from rmjax.compiled import PARAMS, REPLICATED, Compiled, compiled, declared_params
 from rmjax.config import ModelConfig
 from rmjax.model import Model
@@ -101,6 +101,17 @@ def token_rewards(model: Model, sequences: list[list[int]]) -> list[np.ndarray]:
     ids, mask = batching.pad_rows(sequences, pad_id=0)
     out = to_host(_whole(_curve, model, ids, mask))
     return [out[i, : len(s)] for i, s in enumerate(sequences)]
+
+
+def gated_from(model: Model, sequence: list[int]) -> int:
+    """The first position of `token_rewards` a prompt-gated head gives a score (its first cut holding the pattern):
+    0 for other heads, len(sequence) where no cut holds it."""
+    head = model.config.head
+    if head is None or not head.pattern:
+        return 0
+    ids = np.asarray([sequence], np.int32)
+    found = np.flatnonzero(np.asarray(heads.pattern_starts(head, ids, np.ones_like(ids, bool)))[0] >= 0)
+    return int(found[0]) if found.size else len(sequence)
 
 
 def _whole(fn, model: Model, ids: np.ndarray, mask: np.ndarray):
