@@ -232,7 +232,11 @@ def test_a_model_trained_on_the_elo_data_is_named_as_in_sample(scores_run, tmp_p
     assert set(agreement[~tuned].trained_on_elo) == {""}  # the published P-A is not the tuned one
     report = (out / "report.md").read_text()
     assert "**elo-rm-test was trained on EloEverything pairs** (`--elo=builtin`)" in report
-    assert "n_items |" in report  # each τ beside the items it is over
+    assert "n_items |" in report  # each τ beside the items it is over, a range where the prompts' differ
+    for model, counts in agreement[agreement.source == "--scores"].groupby("model")["n_items"]:
+        line = next(line for line in report.splitlines() if line.startswith(f"| {model} |"))
+        shown = str(counts.min()) if counts.min() == counts.max() else f"{counts.min()}–{counts.max()}"
+        assert line.rstrip().endswith(f"| {shown} |"), (line, sorted(counts))
     grid = drawn["elo_spearman_to_human"][0]
     assert "elo-rm-test (trained on this data)" in list(grid.index)
     # the records it reads: a builtin RM's, an exported folder's; a published RM has none
@@ -424,3 +428,12 @@ def test_a_model_named_like_the_ranks_tables_own_columns_is_refused_or_relabelle
     frame.rename(columns={"rmX": column}).to_csv(tmp_path / "What is best.csv", index=False)
     with pytest.raises(UsageError, match=f"model column '{column}' is named like a column"):
         elo.load_elo(tmp_path)
+
+
+def test_the_reports_item_count_is_a_range_where_a_models_prompts_differ():
+    """A --scores model's τ per prompt is over the items that prompt's column scores; report.md gave the fewest
+    beside every τ (fault hunt)."""
+    from rmjax.analysis.report import item_counts
+    agreement = pd.DataFrame({"model": ["a", "a", "b", "b", "c"], "prompt": ["p", "q", "p", "q", "p"],
+                              "n_items": [12, 30, 7, 7, 5]})
+    assert item_counts(agreement, ["b", "a", "c"]) == ["7", "12–30", "5"]

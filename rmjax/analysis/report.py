@@ -22,6 +22,12 @@ from rmjax.runs.claims import check_writable
 from rmjax.text.visible import markdown_code
 
 
+def item_counts(agreement: pd.DataFrame, models: list[str]) -> list[str]:
+    """How many items each model's τ with humans is over: one number, or the range where its prompts' differ."""
+    counts = agreement.groupby("model", sort=False)["n_items"].agg(["min", "max"]).loc[models]
+    return [str(lo) if lo == hi else f"{lo}–{hi}" for lo, hi in zip(counts["min"], counts["max"], strict=True)]
+
+
 def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: pd.DataFrame | None,
                     afinn: dict | None, frequencies: dict | None, cfg: AnalysisConfig) -> None:
     prompts = data.common_prompts(tables)  # not empty: rmjax.analysis.inputs.load_inputs refuses that first
@@ -243,8 +249,8 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
                    + ("\n(models trained on this data are partly in-sample)" if in_sample else ""))
     table = agreement.pivot(index="model", columns="prompt", values="kendall_tau").loc[models]
     table.columns = [f"tau: {c}" for c in table.columns]
-    if user_models:  # a --scores model may score only some items: its τ is over those
-        table["n_items"] = agreement.groupby("model", sort=False)["n_items"].min().loc[models]
+    if user_models:  # a --scores model may score only some items: its τ is over those, which differ by prompt
+        table["n_items"] = item_counts(agreement, models)
     counted = f"{len(published)} models" if not user_models else \
         f"{len(published)} published models and {len(user_models)} from --scores ({', '.join(user_models)})"
     outputs.say("## EloEverything", "", f"{len(prompts[0].items)} items, {counted}, "
