@@ -1015,14 +1015,17 @@ def dataclasses_replace(spec, **changes):
 
 def test_bad_flags_stop_the_entry_point_in_one_line_before_any_model_loads(tmp_path):
     out = tmp_path / "f"
-    lambdas, share, word, blank = cli.run_each(  # in one interpreter (tests.cli.run_each)
+    lambdas, share, shares, word, blank = cli.run_each(  # in one interpreter (tests.cli.run_each)
         ("frontier", "--model=/nonexistent/model", "--lambdas=0,-1", f"--out={out}"),
         ("frontier", "--model=/nonexistent/model", "--start_share=1.5", f"--out={out}"),
+        # the prior's samples would take the starts' whole share, leaving the start beam nothing (a fault hunt)
+        ("frontier", "--model=/nonexistent/model", "--sample_share=0.4", "--start_share=0.4", f"--out={out}"),
         # not numbers: a float() traceback, status 1 (a fault hunt)
         ("frontier", "--model=/nonexistent/model", "--best_of_n_temperatures=0.7,hot", f"--out={out}"),
         ("frontier", "--model=/nonexistent/model", "--lambdas=0,,1", f"--out={out}"))
     cli.user_error(lambdas, "--lambdas=0.0,-1.0", "distinct finite numbers >= 0")
     cli.user_error(share, "--start_share=1.5")
+    cli.user_error(shares, "--sample_share=0.4 must be below --start_share=0.4")
     cli.user_error(word, "--best_of_n_temperatures takes numbers separated by commas")
     cli.user_error(blank, "--lambdas takes numbers separated by commas")
     assert not out.exists()

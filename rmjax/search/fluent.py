@@ -81,6 +81,10 @@ class FluentConfig:
                            "sample_share": (lambda v: 0 <= v < 1, "a share in [0, 1)"),
                            "exact_limit": checks.NON_NEGATIVE,
                            "seed": (lambda v: 0 <= v < 2**32, "an integer in [0, 4294967295]")})
+        if self.sample_share >= self.start_share:  # the samples would spend the starts' share: no beam, unsaid
+            raise UsageError(f"--sample_share={self.sample_share} must be below --start_share={self.start_share}: "
+                             "both are shares of the whole budget, and the start beam spends what the samples leave "
+                             "of the starts' share.")
 
     def gcg(self, **settings) -> GCGConfig:
         """The GCG settings its swaps and filter read (candidate set, tokens allowed, re-tokenization filter)."""
