@@ -257,7 +257,11 @@ def test_more_inputs_never_silently_reduced(tmp_path, monkeypatch):
                               # a misspelt label was no label: every pair 1.0 (the 0 below would flip the pair)
                               *((f"{n}.csv", f"prompt,chosen,rejected,{n}\nq,a,b,0\n", f"'{n}' looks like one")
                                 for n in ("lable", "Label", "labels", "labl", " label")),
-                              ("lable.jsonl", good + ', "lable": 0}\n', "'lable' looks like one")):
+                              ("lable.jsonl", good + ', "lable": 0}\n', "'lable' looks like one"),
+                              # which is meant? Label was ignored (a fault hunt)
+                              ("both.csv", "prompt,chosen,rejected,label,Label\nq,a,b,1,0\n", "both label and 'Label'"),
+                              # past a float's range: an OverflowError traceback (a fault hunt)
+                              ("huge.jsonl", good + ', "label": 1' + "0" * 400 + "}\n", "pair 1 has label")):
         (tmp_path / name).write_text(text)
         with pytest.raises(InputFileError, match=match):
             read_pairs(tmp_path / name)

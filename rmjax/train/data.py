@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,14 +66,16 @@ def read_pairs(path: str | Path) -> Pairs:
         raise InputFileError(f"{path}: missing columns {sorted(missing)} (need prompt, chosen, rejected[, label]).")
     if not len(df):
         raise InputFileError(f"{path}: no preference pairs.")
-    if "label" not in df:
-        near = [str(c) for c in df.columns if _misspelt_label(str(c))]
-        if near:
-            raise InputFileError(f"{path}: no label column, but {near[0]!r} looks like one; rename it label (or, if "
-                                 "it is no label, rename it to something else: without label every pair counts as "
-                                 "chosen preferred).")
+    near = [str(c) for c in df.columns if str(c) != "label" and _misspelt_label(str(c))]
+    if near and "label" in df:  # which one is meant? the other was read as no label at all
+        raise InputFileError(f"{path}: both label and {near[0]!r} look like the label column; keep one (rename the "
+                             "other to something else).")
+    if near:
+        raise InputFileError(f"{path}: no label column, but {near[0]!r} looks like one; rename it label (or, if "
+                             "it is no label, rename it to something else: without label every pair counts as "
+                             "chosen preferred).")
     # a blank or non-numeric label is NaN here, and refused with the pair it is on
-    label = pd.to_numeric(df["label"], errors="coerce").to_numpy(np.float64) if "label" in df else np.ones(len(df))
+    label = _label_values(df["label"]) if "label" in df else np.ones(len(df))
     bad = np.flatnonzero(~np.isfinite(label) | (label < 0) | (label > 1))
     if len(bad):
         raise InputFileError(f"{path}: pair {bad[0] + 1} has label {df['label'].iloc[bad[0]]!r} ({len(bad)} pairs in "
@@ -83,6 +86,16 @@ def read_pairs(path: str | Path) -> Pairs:
                              f"({df['chosen'].iloc[same[0]]!r}; {len(same)} pairs in all); remove such pairs.")
     return Pairs(df["prompt"].astype(str).tolist(), df["chosen"].astype(str).tolist(),
                  df["rejected"].astype(str).tolist(), label.astype(np.float32))
+
+
+def _label_values(column: pd.Series) -> np.ndarray:
+    """Each label as a float; NaN for a blank, text, or a JSON integer past a float's range (pandas raises
+    OverflowError on it despite errors="coerce": a traceback, not the refusal that names its pair)."""
+    try:
+        return pd.to_numeric(column, errors="coerce").to_numpy(np.float64)
+    except OverflowError:
+        return np.asarray([np.nan if isinstance(v, int) and abs(v) > sys.float_info.max
+                           else _label_values(column.iloc[i:i + 1])[0] for i, v in enumerate(column)], np.float64)
 
 
 def _misspelt_label(name: str) -> bool:
