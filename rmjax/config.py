@@ -263,6 +263,21 @@ def _rope(top: _Fields, f: _Fields, theta_key: str, default_theta: float, max_po
     )
 
 
+def _refuse_flat_gemma3_rope(top: _Fields, params: _Fields) -> None:
+    """Gemma3TextConfig reads only a rope_parameters nested by attention type: one flat object is ignored (global
+    layers run default RoPE on the top-level rope_theta). Ignoring what it says would score another model than
+    the file describes, and applying it would differ from transformers, so a flat object that asks for anything
+    else is refused."""
+    used = {"rope_type": "default", "type": "default", "rope_theta": top.number("rope_theta", default=1_000_000.0)}
+    ignored = {key: value for key, value in params.d.items() if used.get(key, object()) != value}
+    if ignored:
+        raise UnsupportedModelError(
+            f"{top.source}: {top.prefix}rope_parameters={json.dumps(params.d)} is one object for every layer, which "
+            "transformers' Gemma 3 ignores (it reads rope_scaling, rope_theta, rope_local_base_freq and a "
+            "rope_parameters nested by full_attention / sliding_attention); nest it under full_attention or move "
+            "it to rope_scaling.")
+
+
 def _rope_pair(top: _Fields, model_type: str, max_position: int) -> tuple[RopeConfig, RopeConfig]:
     """(global, local) RoPE configs from either config format."""
     params = top.within("rope_parameters")
@@ -279,7 +294,8 @@ def _rope_pair(top: _Fields, model_type: str, max_position: int) -> tuple[RopeCo
                           nested=True)
         else:  # v4: rope_theta + rope_scaling apply to global layers, rope_local_base_freq to local (transformers
             # makes them nested, so a top-level original length is not read)
-            glob = _rope(top, flat, "rope_theta", 1_000_000.0, max_position, nested=True)
+            _refuse_flat_gemma3_rope(top, params)
+            glob = _rope(top, top.within("rope_scaling"), "rope_theta", 1_000_000.0, max_position, nested=True)
             local = RopeConfig(theta=top.number("rope_local_base_freq", default=10_000.0))
         return glob, local
     default_theta = 10_000.0  # LlamaConfig, GemmaConfig and Gemma2Config all default to 1e4
@@ -292,7 +308,16 @@ def _rope_pair(top: _Fields, model_type: str, max_position: int) -> tuple[RopeCo
 
 
 def _local_layers(f: _Fields, model_type: str, num_layers: int) -> tuple[bool, ...]:
+    """Which layers attend within the sliding window. Only Gemma 2 and 3 window in transformers; Llama and Gemma 1
+    ignore layer_types, so a file naming sliding layers there is refused rather than run either way."""
     types = f.d.get("layer_types")
+    if model_type not in ("gemma2", "gemma3_text", "gemma3"):
+        if isinstance(types, list) and "sliding_attention" in types:
+            raise UnsupportedModelError(
+                f"{f.source}: {f.prefix}layer_types names sliding_attention layers, which transformers' {model_type} "
+                "never applies (every layer attends to every position); remove layer_types if the model was "
+                "trained without a window, or load it as the architecture it was trained as.")
+        return (False,) * num_layers
     if types:
         if not isinstance(types, list) or len(types) != num_layers:
             raise UnsupportedModelError(

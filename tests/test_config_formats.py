@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from rmjax.errors import UnsupportedModelError
 from rmjax.loading.hf import load_hf_model_folder
 from tests import jitted as M
 from tests import tiny, tolerance
@@ -96,4 +97,46 @@ def test_rope_fields_are_read_in_transformers_order(tmp_path, name, edit):
     cfg = json.loads(path.read_text())
     edit(cfg)
     path.write_text(json.dumps(cfg))
+    _rewards_match(transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval(), folder, length=40)
+
+
+def _window_on_llama(cfg: dict) -> None:  # LlamaConfig keeps layer_types, but transformers' Llama never windows
+    cfg.update(layer_types=["sliding_attention", "full_attention"] * (cfg["num_hidden_layers"] // 2), sliding_window=3)
+
+
+def _flat_gemma3_rope(cfg: dict) -> None:  # Gemma3TextConfig reads only a nested rope_parameters
+    cfg["rope_parameters"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}
+
+
+def _full_layers_on_llama(cfg: dict) -> None:  # says what transformers does anyway
+    cfg.update(layer_types=["full_attention"] * cfg["num_hidden_layers"], sliding_window=3)
+
+
+def _flat_gemma3_default_rope(cfg: dict) -> None:  # the RoPE transformers runs on the global layers anyway
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0}
+
+
+@pytest.mark.parametrize("name, edit, refused", [
+    ("llama3", _window_on_llama, "layer_types names sliding_attention layers, which transformers' llama never"),
+    ("gemma", _window_on_llama, "layer_types names sliding_attention layers, which transformers' gemma never"),
+    ("gemma3", _flat_gemma3_rope, r"rope_parameters=\{\"rope_type\": \"linear\".* one object for every layer"),
+    ("llama3", _full_layers_on_llama, None), ("gemma3", _flat_gemma3_default_rope, None)],
+    ids=["llama-window", "gemma-window", "gemma3-flat-linear", "llama-full-layers", "gemma3-flat-default"])
+def test_config_fields_transformers_ignores_are_refused_where_they_would_change_the_model(tmp_path, name, edit,
+                                                                                          refused):
+    """A fault hunt: rmjax windowed a Llama or Gemma 1 whose config.json names sliding layers, and applied a Gemma 3
+    config's flat rope_parameters to its global layers; transformers ignores both (rewards off by 1.4 and 0.25, no
+    warning). Where the ignored field would change the model it is refused; where it says what transformers runs,
+    the folder loads to transformers' rewards."""
+    import transformers
+
+    folder = tiny.save_hf_model(tiny.build_hf_model(name, num_labels=1), tmp_path)
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    edit(cfg)
+    path.write_text(json.dumps(cfg))
+    if refused:
+        with pytest.raises(UnsupportedModelError, match=refused):
+            load_hf_model_folder(folder, require_tokenizer=False)
+        return
     _rewards_match(transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval(), folder, length=40)

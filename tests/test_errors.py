@@ -126,6 +126,26 @@ def test_another_models_smaller_tokenizer_is_refused(copy):
         load_hf_model_folder(copy)
 
 
+def test_another_models_tokenizer_holding_the_configs_ids_is_refused_by_its_bos(copy):
+    """A fault hunt: a smaller tokenizer whose size still covers config.json's bos, eos and pad ids loaded silently
+    (SmolLM2's tokenizer on a Gemma RM: config's bos 2 is its <|im_end|>). Its own beginning-of-text token is
+    another id than config.json's, which names the mismatch."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(tiny.VOCAB // 2)}
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
+                                   bos_token="t5")
+    fast.save_pretrained(str(copy))
+    with pytest.raises(TokenizerMismatchError, match=r"bos_token_id 1 is 't1' in this tokenizer, whose own "
+                                                     r"beginning-of-text token is 't5' \(id 5\)"):
+        load_hf_model_folder(copy)
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
+                                   bos_token="t1")
+    fast.save_pretrained(str(copy))  # the same tokenizer with config.json's bos loads
+    assert load_hf_model_folder(copy).tokenizer.bos_token_id == 1
+
+
 def test_bad_dtype(copy):
     with pytest.raises(ValueError, match="dtype 'int8' not supported"):
         load_hf_model_folder(copy, dtype="int8", require_tokenizer=False)

@@ -93,7 +93,7 @@ def _written(writer: gguf.GGUFWriter) -> None:
     writer.close()
 
 
-def _gemma3_gguf(path, hidden, heads, kv, head_dim, layers, scaling, arch="gemma3"):
+def _gemma3_gguf(path, hidden, heads, kv, head_dim, layers, scaling, arch="gemma3", freq_base=1e6):
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(131072)
     w.add_embedding_length(hidden)
@@ -104,7 +104,7 @@ def _gemma3_gguf(path, hidden, heads, kv, head_dim, layers, scaling, arch="gemma
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base(freq_base)
     w.add_sliding_window(1024)
     if scaling:  # what llama.cpp's convert_hf_to_gguf writes for Gemma 3 4B-27B
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -150,6 +150,14 @@ def test_gemma2_gguf_query_scale(tmp_path, size, hidden, heads, kv, head_dim, la
         query_pre_attn_scalar=scalar)
     want = config_from_hf({**hf.to_dict(), "architectures": ["Gemma2ForCausalLM"]})
     assert config_from_hf(raw).query_scale == want.query_scale == scalar**-0.5
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma", "gemma2", "gemma3"])
+def test_a_ggufs_rope_base_is_read_for_every_family(tmp_path, arch):
+    """llama.cpp reads {arch}.rope.freq_base for every family; a Gemma 1 GGUF's was ignored (always 1e4: LM logits
+    off by 2.8 for a base of 5e4, a fault hunt)."""
+    path = _gemma3_gguf(tmp_path / f"{arch}.gguf", 64, 4, 2, 16, 2, False, arch=arch, freq_base=5e4)
+    assert config_from_hf(hf_config_from_gguf(read_gguf(path), path)).rope_global.theta == 5e4
 
 
 # 3: EmbeddingGemma-style bidirectional attention

@@ -113,6 +113,7 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
         cfg["rope_theta"] = float(theta if theta is not None else 10_000.0)
     elif arch == "gemma":
         cfg["hidden_act"] = "gelu_pytorch_tanh"  # the field GemmaConfig reads (Gemma 2/3: hidden_activation)
+        cfg["rope_theta"] = float(theta or 10_000.0)  # llama.cpp reads {arch}.rope.freq_base for every family
     else:
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
     scaling = _rope_scaling(a, arch, path)

@@ -153,6 +153,15 @@ def check_tokenizer_fits(tok, cfg: ModelConfig, where: str) -> None:
             f"{where}: config.json's {name} {i} is not a token of this tokenizer ({size} tokens): the tokenizer is "
             "another model's. Use the tokenizer that was saved with this checkpoint."
         )
+    own_bos = getattr(tok, "bos_token_id", None)
+    if cfg.bos_token_id is not None and own_bos is not None and own_bos != cfg.bos_token_id:
+        # a smaller tokenizer that still holds config.json's ids (eos may differ in real checkpoints: Llama 3's)
+        raise TokenizerMismatchError(
+            f"{where}: config.json's bos_token_id {cfg.bos_token_id} is "
+            f"{tok.convert_ids_to_tokens(cfg.bos_token_id)!r} in this tokenizer, whose own beginning-of-text token is "
+            f"{tok.bos_token!r} (id {own_bos}): the tokenizer is another model's. Use the tokenizer that was saved "
+            "with this checkpoint."
+        )
 
 
 def load_hf_model_folder(

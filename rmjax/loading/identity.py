@@ -86,7 +86,8 @@ def tokenizer_digest(folder: Path) -> str:
 # cache key (rmjax.loading.gguf_file.cached_hf_folder), so one number says both. 2: transformers' class
 # defaults, exact GELU, Gemma 3 GGUF rope scaling and 27B query scale. 3: Gemma 2 GGUF 27B query scale. 4: what a
 # folder says twice, read as transformers reads it (rope_scaling, a top-level original length, model.safetensors).
-READING = 4
+# 5: a Gemma 1 GGUF's rope.freq_base (it was always 1e4).
+READING = 5
 
 
 def folder_fingerprint(folder: Path) -> dict:
