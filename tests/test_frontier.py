@@ -1003,7 +1003,7 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     with pytest.raises(UsageError, match="another tokenizer"):
         run_frontier(dataclasses_replace(spec(overwrite=True), lm=str(_swapped_tokenizer(lm_folder,
                                                                                          tmp_path / "swapped"))))
-    with pytest.raises(UsageError, match="one prompt per job"):
+    with pytest.raises(UsageError, match="one prompt per job.*or --prompts= with --prompt"):
         run_frontier(dataclasses_replace(spec(overwrite=True), prompts={"a": "A?", "b": "B?"}))
 
 

@@ -324,8 +324,14 @@ def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
         assert row.p == pytest.approx(full[1], abs=atol)
         assert list(row.ids) in [ids for _, ids in res.buffer] or sign * (res.best_reward - row.p) > 0
         assert " x" not in res.history[0]["text"]  # the default start is not added to the seeds
-    with pytest.raises(UsageError, match="no optimal sequences of --num_tokens=3"):
+    with pytest.raises(UsageError, match="no optimal sequences of --num_tokens=3.*run the beam with --depth=3"):
         gcg([target], GCGConfig(num_tokens=3, steps=1, init_from=str(out)))
+    # the depth is there but not the direction: the fix named is the direction (it named --depth=2 again)
+    one_way = tmp_path / "optimal.csv"
+    write_beam(model, {"p": prompt}, BeamConfig(depth=2, top=8, exhaustive=True, direction="optimal"), np.asarray(s),
+               out=one_way, batch_size=8)
+    with pytest.raises(UsageError, match=r"no pessimal sequences.*run the beam with --direction=pessimal \(or both\)"):
+        gcg([target], GCGConfig(num_tokens=2, steps=1, init_from=str(one_way), direction="pessimal"))
     # a missing file is the job's refusal, before any weight loads, not the config's: a launch checks the config
     # on another machine than the job's (a TPU VM's /tmp/ckpt/beam.csv is not on the launching one)
     from rmjax.search.gcg_job import GcgSpec, run_gcg
@@ -649,3 +655,17 @@ def test_init_keeps_each_response_as_typed(rm_folder, tmp_path):
     (proc,) = cli.run_each(("gcg", f"--model={rm_folder}", "--num_tokens=5", "--init= love x",
                             f"--out={tmp_path / 'g.json'}"))
     cli.user_error(proc, "--init ' love x' does not come out of a real conversation")
+
+
+def test_a_search_width_past_greedys_candidates_names_only_the_flag_that_widens_them():
+    """Under --selection=greedy a step makes one swap per (position, top-k token) whatever --n_replace says: the
+    refusal named --n_replace as a fix, which gave the same refusal (a fault hunt)."""
+    from rmjax.errors import UsageError
+    from rmjax.search.gcg_config import check_search_width
+
+    for n_replace in (1, 2):
+        with pytest.raises(UsageError, match=r"the 8 distinct candidates.*or raise --topk\.$"):
+            check_search_width(GCGConfig(num_tokens=2, topk=4, search_width=16, selection="greedy",
+                                         n_replace=n_replace))
+    with pytest.raises(UsageError, match=r"or raise --topk / --n_replace\.$"):
+        check_search_width(GCGConfig(num_tokens=2, topk=2, search_width=16, selection="random", n_replace=1))

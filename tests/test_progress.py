@@ -46,3 +46,22 @@ def test_with_warmup_the_first_work_and_its_compile_stay_out_of_the_rate():
     progress.update(100)
     rate = float(out.getvalue().strip().splitlines()[-1].split(") ")[1].split(" ")[0])
     assert 9.0 <= rate <= 10.0
+
+
+def test_a_resume_kept_batch_size_is_said_without_claiming_the_memory_plan_would_pick_another(tmp_path, capsys):
+    """With --batch_size=0 a resume keeps the saved batch size before the memory plan runs: the note said "not the
+    memory plan's pick" even where the plan then picked that very size (a fault hunt). --batch_size=N still says
+    what it overrode."""
+    import json
+
+    from rmjax.runs.chunks import resume_batch_size, store_dir
+
+    out = tmp_path / "scores.csv"
+    store_dir(out).mkdir()
+    (store_dir(out) / "manifest.json").write_text(json.dumps({"batch_size": 256}))
+    assert resume_batch_size(out, 0) == 256
+    said = capsys.readouterr().err
+    assert "with its batch size 256" in said and "not the memory plan" not in said and "not --" not in said
+    assert resume_batch_size(out, 64) == 256
+    assert "with its batch size 256, not --batch_size=64" in capsys.readouterr().err
+    assert resume_batch_size(out, 256) == 256 and capsys.readouterr().err == ""

@@ -44,7 +44,7 @@ class BeamConfig:
                              ("optimal", "pessimal", "both"))
     top: int = setting(100, "Sequences written per depth and direction.")
     exhaustive: bool = setting(False, "Score all |S|^d sequences of the candidate set S at every depth (no pruning; "
-                               "--beam is ignored). Give a small S with --token_ids or --vocab_file.")
+                               "--beam is refused). Give a small S with --token_ids or --vocab_file.")
     template: str = setting("auto", "Chat template use.", ("auto", "chat", "plain"))
     allow_special: bool = setting(False, "Keep special and byte tokens (`<|endoftext|>`, raw bytes) among the "
                                   "candidates; by default they are left out, as GCG and the frontier leave them out.")

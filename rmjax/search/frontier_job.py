@@ -146,7 +146,8 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     o = spec.options
     if len(spec.prompts) != 1:
         raise UsageError(f"the frontier runs one prompt per job ({len(spec.prompts)} given: "
-                         f"{', '.join(list(spec.prompts)[:4])}); give --prompt or a single prompt's name.")
+                         f"{', '.join(list(spec.prompts)[:4])}); give a single prompt's name, or --prompts= with "
+                         "--prompt.")
     swept = _read_sweep(spec, job_fingerprint(o)) if spec.sweep else None  # before any model loads
     rm_config = config_of(o.model)
     require_reward_model(rm_config, o.model, "the frontier", o.output_column)

@@ -99,7 +99,8 @@ def check_search_width(cfg: GCGConfig, allowed: int | None = None) -> None:
                 + (f" (up to {min(cfg.num_tokens, cfg.n_replace + 3)} on a retry)" if cfg.n_replace < cfg.num_tokens
                    else "") + f" of them set to one of their {tokens}")
     raise UsageError(f"--search_width={cfg.search_width} is more than the {most:,} distinct candidates one step can "
-                     f"sample ({how}); use --search_width={most} or less, or raise --topk / --n_replace.")
+                     f"sample ({how}); use --search_width={most} or less, or raise --topk"
+                     + (" / --n_replace." if cfg.selection != "greedy" else "."))
 
 
 def check_context(cfg: GCGConfig, prompt: str, prefix: int, suffix: int, context: int) -> None:

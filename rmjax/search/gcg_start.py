@@ -123,7 +123,9 @@ def init_from_rows(cfg: GCGConfig, vocab_size: int | None = None):
     if rows.empty:
         have = sorted({(int(d), str(r)) for d, r in zip(df.depth, df.direction, strict=True)})
         raise UsageError(f"{flag} has no {cfg.direction} sequences of --num_tokens={cfg.num_tokens} tokens (it has "
-                         f"depth/direction {have}); run the beam with --depth={cfg.num_tokens}.")
+                         f"depth/direction {have}); run the beam with "
+                         + (f"--direction={cfg.direction} (or both)." if any(d == cfg.num_tokens for d, _ in have)
+                            else f"--depth={cfg.num_tokens}."))
     uneven = [ids for ids in rows.ids if len(ids) != cfg.num_tokens]
     if uneven:
         raise UsageError(f"{flag}: a depth-{cfg.num_tokens} row holds {len(uneven[0])} ids {list(uneven[0])[:8]}; the "
