@@ -144,6 +144,9 @@ def test_another_models_tokenizer_holding_the_configs_ids_is_refused_by_its_bos(
                                    bos_token="t1")
     fast.save_pretrained(str(copy))  # the same tokenizer with config.json's bos loads
     assert load_hf_model_folder(copy).tokenizer.bos_token_id == 1
+    raw = json.loads((copy / "config.json").read_text())  # a legacy -1 names no token: nothing to compare
+    (copy / "config.json").write_text(json.dumps({**raw, "bos_token_id": -1}))
+    assert load_hf_model_folder(copy).tokenizer.bos_token_id == 1
 
 
 def test_bad_dtype(copy):

@@ -332,6 +332,8 @@ def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
                out=one_way, batch_size=8)
     with pytest.raises(UsageError, match=r"no pessimal sequences.*run the beam with --direction=pessimal \(or both\)"):
         gcg([target], GCGConfig(num_tokens=2, steps=1, init_from=str(one_way), direction="pessimal"))
+    with pytest.raises(UsageError, match=r"run the beam with --depth=3 --direction=pessimal \(or both\)"):
+        gcg([target], GCGConfig(num_tokens=3, steps=1, init_from=str(one_way), direction="pessimal"))
     # a missing file is the job's refusal, before any weight loads, not the config's: a launch checks the config
     # on another machine than the job's (a TPU VM's /tmp/ckpt/beam.csv is not on the launching one)
     from rmjax.search.gcg_job import GcgSpec, run_gcg
@@ -668,4 +670,10 @@ def test_a_search_width_past_greedys_candidates_names_only_the_flag_that_widens_
             check_search_width(GCGConfig(num_tokens=2, topk=4, search_width=16, selection="greedy",
                                          n_replace=n_replace))
     with pytest.raises(UsageError, match=r"or raise --topk / --n_replace\.$"):
-        check_search_width(GCGConfig(num_tokens=2, topk=2, search_width=16, selection="random", n_replace=1))
+        check_search_width(GCGConfig(num_tokens=6, topk=64, search_width=10**9, selection="random", n_replace=1))
+    # --n_replace at --num_tokens cannot rise; 4 allowed tokens cap --topk (greedy) and, at 4**2, random too
+    with pytest.raises(UsageError, match=r"or raise --topk\.$"):
+        check_search_width(GCGConfig(num_tokens=2, topk=2, search_width=16, selection="random", n_replace=2))
+    for selection, width in (("greedy", 16), ("random", 17)):
+        with pytest.raises(UsageError, match=r"or give more candidate tokens \(--token_ids / --vocab_file\)\.$"):
+            check_search_width(GCGConfig(num_tokens=2, topk=64, search_width=width, selection=selection), allowed=4)

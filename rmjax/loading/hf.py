@@ -154,7 +154,7 @@ def check_tokenizer_fits(tok, cfg: ModelConfig, where: str) -> None:
             "another model's. Use the tokenizer that was saved with this checkpoint."
         )
     own_bos = getattr(tok, "bos_token_id", None)
-    if cfg.bos_token_id is not None and own_bos is not None and own_bos != cfg.bos_token_id:
+    if cfg.bos_token_id is not None and cfg.bos_token_id >= 0 and own_bos is not None and own_bos != cfg.bos_token_id:
         # a smaller tokenizer that still holds config.json's ids (eos may differ in real checkpoints: Llama 3's)
         raise TokenizerMismatchError(
             f"{where}: config.json's bos_token_id {cfg.bos_token_id} is "

@@ -63,7 +63,7 @@ def resume_batch_size(out: str | Path, batch_size: int) -> int:
 
 def _kept_batch_note(directory: Path, saved: int, asked: int | None) -> str:
     # with --batch_size=0 the memory plan is not asked on a resume (its pick may be the same size)
-    asked_for = f"not --batch_size={asked}" if asked else "which the memory plan does not choose on a resume"
+    asked_for = f"not --batch_size={asked}" if asked else "kept on a resume (the memory plan is not asked)"
     return (f"resuming {directory} with its batch size {saved}, {asked_for}: its saved scores were computed in "
             f"batches of {saved} (another batch size rounds differently); pass --overwrite to start over with another.")
 

@@ -99,8 +99,17 @@ def check_search_width(cfg: GCGConfig, allowed: int | None = None) -> None:
                 + (f" (up to {min(cfg.num_tokens, cfg.n_replace + 3)} on a retry)" if cfg.n_replace < cfg.num_tokens
                    else "") + f" of them set to one of their {tokens}")
     raise UsageError(f"--search_width={cfg.search_width} is more than the {most:,} distinct candidates one step can "
-                     f"sample ({how}); use --search_width={most} or less, or raise --topk"
-                     + (" / --n_replace." if cfg.selection != "greedy" else "."))
+                     f"sample ({how}); use --search_width={most} or less, or {_widening(cfg, allowed, most)}.")
+
+
+def _widening(cfg: GCGConfig, allowed: int | None, most: int) -> str:
+    """The flags that would let a step sample more distinct candidates: each is named only if raising it by one
+    does (greedy ignores --n_replace; a small candidate set caps --topk and, at its power, both)."""
+    raised = [("--topk", {"topk": cfg.topk + 1})]
+    if cfg.n_replace < cfg.num_tokens:  # it cannot exceed --num_tokens
+        raised.append(("--n_replace", {"n_replace": cfg.n_replace + 1}))
+    flags = [flag for flag, more in raised if most_candidates(dataclasses.replace(cfg, **more), allowed) > most]
+    return f"raise {' / '.join(flags)}" if flags else "give more candidate tokens (--token_ids / --vocab_file)"
 
 
 def check_context(cfg: GCGConfig, prompt: str, prefix: int, suffix: int, context: int) -> None:

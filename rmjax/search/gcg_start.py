@@ -125,7 +125,8 @@ def init_from_rows(cfg: GCGConfig, vocab_size: int | None = None):
         raise UsageError(f"{flag} has no {cfg.direction} sequences of --num_tokens={cfg.num_tokens} tokens (it has "
                          f"depth/direction {have}); run the beam with "
                          + (f"--direction={cfg.direction} (or both)." if any(d == cfg.num_tokens for d, _ in have)
-                            else f"--depth={cfg.num_tokens}."))
+                            else f"--depth={cfg.num_tokens}" + ("." if any(r == cfg.direction for _, r in have)
+                                                               else f" --direction={cfg.direction} (or both).")))
     uneven = [ids for ids in rows.ids if len(ids) != cfg.num_tokens]
     if uneven:
         raise UsageError(f"{flag}: a depth-{cfg.num_tokens} row holds {len(uneven[0])} ids {list(uneven[0])[:8]}; the "
