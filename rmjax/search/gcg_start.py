@@ -122,11 +122,12 @@ def init_from_rows(cfg: GCGConfig, vocab_size: int | None = None):
     rows = df[(df.depth == cfg.num_tokens) & (df.direction == cfg.direction)].sort_values("rank")
     if rows.empty:
         have = sorted({(int(d), str(r)) for d, r in zip(df.depth, df.direction, strict=True)})
+        has_depth, has_direction = (any(d == cfg.num_tokens for d, _ in have),
+                                    any(r == cfg.direction for _, r in have))
+        fix = ([] if has_depth else [f"--depth={cfg.num_tokens}"]) + (
+            [f"--direction={cfg.direction} (or both)"] if has_depth or not has_direction else [])
         raise UsageError(f"{flag} has no {cfg.direction} sequences of --num_tokens={cfg.num_tokens} tokens (it has "
-                         f"depth/direction {have}); run the beam with "
-                         + (f"--direction={cfg.direction} (or both)." if any(d == cfg.num_tokens for d, _ in have)
-                            else f"--depth={cfg.num_tokens}" + ("." if any(r == cfg.direction for _, r in have)
-                                                               else f" --direction={cfg.direction} (or both).")))
+                         f"depth/direction {have}); run the beam with {' '.join(fix)}.")
     uneven = [ids for ids in rows.ids if len(ids) != cfg.num_tokens]
     if uneven:
         raise UsageError(f"{flag}: a depth-{cfg.num_tokens} row holds {len(uneven[0])} ids {list(uneven[0])[:8]}; the "

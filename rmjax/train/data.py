@@ -94,8 +94,8 @@ def _label_values(column: pd.Series) -> np.ndarray:
     try:
         return pd.to_numeric(column, errors="coerce").to_numpy(np.float64)
     except OverflowError:
-        return np.asarray([np.nan if isinstance(v, int) and abs(v) > sys.float_info.max
-                           else _label_values(column.iloc[i:i + 1])[0] for i, v in enumerate(column)], np.float64)
+        tamed = column.map(lambda v: np.nan if isinstance(v, int) and abs(v) > sys.float_info.max else v)
+        return pd.to_numeric(tamed, errors="coerce").to_numpy(np.float64)
 
 
 def _misspelt_label(name: str) -> bool:
