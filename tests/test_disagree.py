@@ -409,8 +409,8 @@ def _map_a_spread_of_the_shared_strings(monkeypatch, keep: int = 3000) -> None:
     against all the shared strings, as in a job."""
     real = disagree_job._read_back
 
-    def spread(p, shared):
-        return real(p, shared.iloc[np.unique(np.linspace(0, len(shared) - 1, keep).astype(int))])
+    def spread(p, shared, done):
+        return real(p, shared.iloc[np.unique(np.linspace(0, len(shared) - 1, keep).astype(int))], done)
 
     monkeypatch.setattr(disagree_job, "_read_back", spread)
 

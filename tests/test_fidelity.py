@@ -57,6 +57,33 @@ def test_sweep_marks_tokens_no_conversation_produces(rm_folder, tmp_path, templa
         assert not expected[~spaced].any()
 
 
+@pytest.mark.parametrize("template", ["chat", "plain"])
+def test_a_read_back_serves_the_prompts_that_read_tokens_back_alike(rm_folder, template):
+    """The disagreement map reads every shared string back after each prompt (token_round_trips, a jinja render
+    and a tokenization each): a prompt whose read_back_key an earlier one has reuses its mask. Under the chat
+    template both prompts end their prefix in '<|im_start|>assistant\\n' and share one mask; under the plain one
+    the prompt's words precede the response unsplit, so each is read back anew. Each mask equals the reference."""
+    from transformers import AutoTokenizer
+
+    from rmjax.text import candidates
+    from rmjax.text.chat import Conversations
+
+    tok = AutoTokenizer.from_pretrained(str(rm_folder))
+    ids = np.unique(np.linspace(0, len(tok) - 1, 600).astype(int))
+    texts = [tok.decode([int(i)]) for i in ids]
+    done: dict = {}
+    calls = []
+    for name, prompt in PROMPTS.items():
+        conversations = Conversations(tok, prompt, template)
+        real = conversations.token_ids
+        conversations.token_ids = lambda responses, real=real: calls.append(len(responses)) or real(responses)
+        mask = candidates.token_round_trips(conversations, ids, texts, done)
+        assert mask.tolist() == _reference_roundtrip(tok, ids, template, prompt).tolist(), name
+        assert 0 < mask.sum() < len(ids)
+    assert calls == ([len(ids)] if template == "chat" else [len(ids)] * 2)
+    assert len(done) == (1 if template == "chat" else 2)
+
+
 def test_analyze_roundtrip_only(rm_folder, tmp_path):
     """1: --roundtrip_only restricts the analyses to those rows; a table without the column is refused."""
     out = tmp_path / "s.csv"  # `sweep --limit=1500 --template=plain`, then `analyze`, in-process (tests/inproc.py)

@@ -137,8 +137,9 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
         for p in ready.values():
             p.token_map = twin_map(shared, rm.config.vocab_size) if twins else None
         clock("prepare")
-        made = {name: _map_of(store, index, p, name, shared) for index, (name, p) in enumerate(ready.items())
-                if cfg.vocab_map}
+        read_backs = {"a": {}, "b": {}}  # each side's masks over `shared`, by what a read-back rests on
+        made = {name: _map_of(store, index, p, name, shared, read_backs) for index, (name, p)
+                in enumerate(ready.items()) if cfg.vocab_map}
         readable, raw = ({name: m[k] for name, m in made.items()} for k in (0, 1))
         clock("vocab_map")
         for name, p in ready.items():
@@ -226,24 +227,25 @@ def _shared(p: Ready, cfg: DisagreeConfig):
     return shared_strings(p.side_a, p.side_b, p.banned, banned_b)
 
 
-def _read_back(p: Ready, shared):
+def _read_back(p: Ready, shared, done: dict[str, dict]):
     """The shared strings whose single-token sequence is, on each side, the string's own conversation after this
     prompt: token mode scores prefix + [id] + suffix, and a plain template reads 'love' as ' love' (a fault hunt:
-    32% of the default pair's strings, B's 'love' +3.23 in the map against +3.68 as a text)."""
+    32% of the default pair's strings, B's 'love' +3.23 in the map against +3.68 as a text). `done`: each side's
+    masks over `shared` after the prompts before (a prompt that reads tokens back as one of them reuses its mask)."""
     texts, ids_a, ids_b = shared["text"].tolist(), shared["token_a"].to_numpy(), shared["token_b"].to_numpy()
-    keep = p.side_a.tokens_read_back(ids_a, texts)
+    keep = p.side_a.tokens_read_back(ids_a, texts, done["a"])
     if not (np.array_equal(ids_a, ids_b) and p.side_a.reads_like(p.side_b)):  # else B's mask is A's
-        keep &= p.side_b.tokens_read_back(ids_b, texts)
+        keep = keep & p.side_b.tokens_read_back(ids_b, texts, done["b"])
     return shared[keep].reset_index(drop=True)
 
 
-def _map_of(store: ChunkStore, index: int, p: Ready, name: str, shared):
+def _map_of(store: ChunkStore, index: int, p: Ready, name: str, shared, read_backs: dict[str, dict]):
     """A prompt's map (the strings both sides read back, both sides' rewards), kept in the store as one chunk: a
     rerun after a crash reads it instead of reading back and scoring the whole shared vocabulary again."""
     key = f"m{index:04d}"
     if store.has(key):
         return _read_map(store, key, shared)
-    readable = _read_back(p, shared)
+    readable = _read_back(p, shared, read_backs)
     ra, rb, layers = _map_rewards(p, name, readable)
     if is_main():
         rows = np.column_stack([readable["token_a"], readable["token_b"], ra, rb]).astype(np.float64)

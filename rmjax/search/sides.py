@@ -86,9 +86,10 @@ class Side:
     def round_trips(self, text: str) -> bool:
         raise NotImplementedError
 
-    def tokens_read_back(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
+    def tokens_read_back(self, ids: np.ndarray, texts: list[str], done: dict | None = None) -> np.ndarray:
         """Per single token of this side's (its text `texts[i]`): does `token_rewards` score the sequence the
-        text's own conversation is (candidates.token_round_trips, the sweep's roundtrip rule)?"""
+        text's own conversation is (candidates.token_round_trips, the sweep's roundtrip rule)? `done`: this side's
+        masks after earlier prompts, for these ids (token_round_trips)."""
         raise NotImplementedError
 
     def reads_like(self, other: Side) -> bool:
@@ -160,8 +161,8 @@ class RewardSide(Side):
     def round_trips(self, text: str) -> bool:
         return round_trips_in(self.scorer, text)
 
-    def tokens_read_back(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
-        return token_round_trips(self.scorer, ids, texts)
+    def tokens_read_back(self, ids: np.ndarray, texts: list[str], done: dict | None = None) -> np.ndarray:
+        return token_round_trips(self.scorer, ids, texts, done)
 
     def reads_like(self, other: Side) -> bool:
         """The same prompt split, chat template and tokenizer (a planted RM and its clean twin): one read-back
@@ -248,9 +249,9 @@ class ImplicitSide(Side):
     def round_trips(self, text: str) -> bool:
         return all(round_trips_in(c, text) for c in self.conversations)
 
-    def tokens_read_back(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
+    def tokens_read_back(self, ids: np.ndarray, texts: list[str], done: dict | None = None) -> np.ndarray:
         """The chosen LM's token mode (its first-token log-prob); the reference reads the text itself."""
-        return token_round_trips(self.conversations[0], ids, texts)
+        return token_round_trips(self.conversations[0], ids, texts, done)
 
 
 def make_side(spec: SideSpec, models: dict[str, Model], prompt: str, template: str) -> Side:

@@ -179,12 +179,30 @@ def identity_of_candidates(token_ids: list[int] | None, vocab_lines: list[str] |
     return None
 
 
-def token_round_trips(conversations: Conversations, tokens: np.ndarray, decoded: list[str]) -> np.ndarray:
-    """Per token: is `prefix + [id] + suffix` the conversation of its text `decoded[i]` as the response?"""
+def read_back_key(conversations: Conversations, special: set[int]) -> tuple:
+    """What a token's read-back after a prompt rests on: tokenizers split the text at special tokens before anything
+    else, so prompts whose prefix agrees after its last special token (and whose suffix agrees) read every token
+    back alike (SmolLM2's '<|im_start|>assistant\\n', whatever the user's words)."""
+    split = conversations.split
+    cut = max((i for i, t in enumerate(split.prefix) if t in special), default=-1)
+    return split.template, tuple(split.prefix[cut:] if cut >= 0 else split.prefix), tuple(split.suffix)
+
+
+def token_round_trips(conversations: Conversations, tokens: np.ndarray, decoded: list[str],
+                      done: dict | None = None) -> np.ndarray:
+    """Per token: is `prefix + [id] + suffix` the conversation of its text `decoded[i]` as the response?
+    `done`: the masks of earlier prompts by read_back_key, for these same tokens, texts and tokenizer (a prompt with
+    a key there reuses its mask: the read-back renders and tokenizes every token's conversation)."""
+    key = read_back_key(conversations, _special_ids(conversations.tokenizer)) if done is not None else None
+    if key is not None and key in done:
+        return done[key].copy()
     retokenized = conversations.token_ids(list(decoded))
-    return np.fromiter((ids == conversations.split.ids_with([int(t)]) for ids, t in zip(retokenized, tokens,
-                                                                                         strict=True)),
+    mask = np.fromiter((ids == conversations.split.ids_with([int(t)]) for ids, t in zip(retokenized, tokens,
+                                                                                        strict=True)),
                        bool, len(tokens))
+    if done is not None:
+        done[key] = mask.copy()
+    return mask
 
 
 def roundtrip_mask(tokenizer, prompts: dict[str, str], template: str, tokens: np.ndarray, decoded: list[str],
@@ -197,18 +215,13 @@ def roundtrip_mask(tokenizer, prompts: dict[str, str], template: str, tokens: np
     per prompt. Tokenizers split the text at special tokens before anything else, so prompts whose
     prefix agrees after its last special token (and whose suffix agrees) share one computation.
     """
-    special = _special_ids(tokenizer)
     done: dict[tuple, np.ndarray] = {}
     mask, counts = np.ones(len(tokens), bool), {}
     for name, text in prompts.items():
         conversations = Conversations(tokenizer, text, template, False, max_positions)
-        split = conversations.split
-        cut = max((i for i, t in enumerate(split.prefix) if t in special), default=-1)
-        key = (split.template, split.prefix[cut:] if cut >= 0 else split.prefix, split.suffix)
-        if key not in done:
-            done[key] = token_round_trips(conversations, tokens, decoded)
-        counts[name] = int(done[key].sum())
-        mask &= done[key]
+        found = token_round_trips(conversations, tokens, decoded, done)
+        counts[name] = int(found.sum())
+        mask &= found
     return mask, counts
 
 
