@@ -266,6 +266,32 @@ def test_length_null_is_the_filler_slope_times_the_length_difference():
     assert stats.length_null(framing, Contrast("framing", "wording", ("best",), ("worst",), "length")) == 0.0
 
 
+
+def test_an_interactions_length_null_is_the_slope_times_the_first_axis_length_gap_minus_the_seconds():
+    """The shipped interactions (framing) never change a response, so their null is 0 either way; where the two
+    axes' responses do differ in length, the null is the filler slope times (mean Δlength over the first axis's items
+    minus the mean over the second's), by a loop over the items."""
+    rng = np.random.default_rng(41)
+    rows = []
+    for axis, n, (x_len, y_len) in (("top", 9, (30, 12)), ("bottom", 7, (20, 17))):
+        for item in range(n):
+            for group, chars in (("good", x_len), ("bad", y_len)):
+                chars += int(rng.integers(0, 9))
+                rows.append(("framing", axis, f"{axis}{item}", group, "y" * chars, rng.normal(), "prompt"))
+    items = pd.concat([filler_items(np.random.default_rng(42)), frame(rows)], ignore_index=True)
+    contrast = Contrast("framing", "top", ("good",), ("bad",), "length", minus_axis="bottom")
+
+    def mean_gap(axis):
+        part = items[(items["battery"] == "framing") & (items["axis"] == axis)]
+        return np.mean([len(one.loc[one["group"] == "good", "text"].iloc[0]) -
+                        len(one.loc[one["group"] == "bad", "text"].iloc[0]) for _, one in part.groupby("item")])
+
+    want = stats.filler_slope(items) * (mean_gap("top") - mean_gap("bottom"))
+    assert abs(mean_gap("top") - mean_gap("bottom")) > 5 and want != 0.0
+    assert stats.length_null(items, contrast) == pytest.approx(want, rel=1e-12)
+    row = stats.audit_table(items, [contrast], n_boot=200, n_perm=500).iloc[0]
+    assert row["null_effect"] == pytest.approx(want, rel=1e-12)
+
 # --- the shuffled null -------------------------------------------------------------------------------------
 
 
