@@ -203,6 +203,11 @@ def test_paper1_numbers_equal_independent_references(paper1_run):
     iu = np.triu_indices(4, 1)
     assert float(base.spearman_rho) == pytest.approx(stats.spearmanr(dissimilarity[iu], same[iu]).statistic)
     assert float(base.spearman_rho) < 0
+    # the report's summary of τ between models: over the pairs of different models (a loop), never the diagonal
+    pairs = [tau.loc[a, b] for i, a in enumerate(tau.index) for b in tau.columns[i + 1:]]
+    assert len(pairs) == 6 and max(pairs) < 1
+    said = f"mean {np.mean(pairs):.3f}, min {min(pairs):.3f}, max {max(pairs):.3f}."
+    assert said in (out / "report.md").read_text(), said
 
 
 def aligned_best_top(score_dir: Path, vocab: list[str]) -> str:

@@ -154,6 +154,8 @@ def test_rbo_matches_definition(p, depth):
         assert stats.rbo(s, t, p, depth) == pytest.approx(brute_force_rbo(s, t, p, depth), abs=1e-12)
     assert stats.rbo(items, items, 0.9, 132) == pytest.approx(1 - 0.9**132, abs=1e-12)
     assert stats.rbo(items[:100], items[100:], 0.9, 132) == 0.0
+    # depth stops at the shorter ranking: (1 - p) (1/1 + p 2/2) for a 3-item and a 2-item ranking that agree
+    assert stats.rbo(["a", "b", "c"], ["a", "b"], 0.9, 132) == pytest.approx(0.1 * (1 + 0.9), abs=1e-12)
 
 
 def test_rbo_matrix_ranks_by_score_descending_with_ties_by_string():
@@ -237,6 +239,17 @@ def test_rsa_random_permutation_p_is_close_to_exact():
     assert got["rho"] == pytest.approx(rho, abs=1e-12)
     assert got["p_value"] == pytest.approx(p, abs=0.02)  # Monte Carlo: 3000 permutations, SE <= 0.009
     assert rho < 0 and p < 0.05
+
+
+def test_rsa_random_permutation_p_is_never_zero():
+    """A Monte Carlo p counts the observed labelling among the draws: (1 + #extreme) / (1 + draws), at least
+    1 / (1 + draws) where no draw is as extreme (9 models: 9! labellings, 200 drawn)."""
+    rng = np.random.default_rng(8)
+    theory = 1.0 / (1.0 + np.abs(np.arange(9)[:, None] - np.arange(9)[None]))
+    dissimilarity = 1.0 - theory + 1e-3 * _symmetric(rng, 9)  # ranked almost exactly as the theory
+    got = stats.rsa_permutation_test(dissimilarity, theory, n_permutations=200, seed=0)
+    assert not got["exact"] and got["rho"] < -0.95
+    assert got["p_value"] == pytest.approx(1 / 201, rel=1e-12)
 
 
 def test_ols_matches_lstsq_formula():
