@@ -48,6 +48,19 @@ def test_implicit_reward_on_shared_strings_keeping_max_probability():
     assert table.prompts == ["greatest", "worst"] and table.strings.tolist() == [" Love", "Freedom", "Love"]
 
 
+def test_top_and_bottom_are_the_extremes_first_with_ties_ordered_by_string():
+    """top: highest MWLR first; bottom: lowest first; ties by string (a sort of the whole table, by a loop)."""
+    texts = ["d", "b", "a", "e", "c", "f"]
+    values = [0.5, 0.5, -0.2, -0.2, 0.1, 0.5]
+    rewards = pd.DataFrame({"p": values, "p:logp_chosen": np.zeros(6), "p:logp_reference": np.zeros(6)},
+                           index=pd.Index(texts, name="text"))
+    got = implicit_top_bottom(rewards, k=3)
+    ordered = [t for _, t in sorted(zip([-v for v in values], texts, strict=True))]
+    assert got[got.side == "top"].text.tolist() == ordered[:3] == ["b", "d", "f"]
+    assert got[got.side == "bottom"].text.tolist() == ordered[::-1][:3] == ["e", "a", "c"]
+    assert got[got.side == "bottom"]["rank"].tolist() == [1, 2, 3]
+
+
 def test_implicit_reward_needs_shared_strings():
     a = _logprob_table("A", ["x"], {"p": [0.5]})
     b = _logprob_table("B", ["y"], {"p": [0.5]})

@@ -111,6 +111,21 @@ def test_big_two_comparison_matches_scipy():
     assert (row.median_rank_agency, row.median_rank_communion) == (2.0, 7.0)
 
 
+def test_big_two_percentiles_count_ties_as_at_or_below_and_ambiguous_words_are_counted_out():
+    """A token's percentile is the share of the whole table scoring at or below it (a loop), ties included; a word
+    both categories' stems match is left out of both and counted."""
+    lexicon = {**LEXICON, "communion": [*LEXICON["communion"], "goal*"]}  # "goal" is now both
+    strings = ["achieve", "care", "goal", "x", "y", "friend", "achiever"]
+    scores = np.array([3.0, 3.0, 5.0, 3.0, 1.0, 2.0, 3.0])
+    points = bigtwo.bigtwo_points(_table(strings, scores), "p", lexicon).set_index("token_decoded")
+    assert sorted(points.index) == ["achieve", "achiever", "care", "friend"]
+    for token, percentile in points["percentile"].items():
+        assert percentile == np.mean(scores <= scores[strings.index(token)]), token
+    assert points.loc["achieve", "percentile"] == 6 / 7  # four tokens tie at 3.0, two score below
+    row = bigtwo.bigtwo_comparison([_table(strings, scores)], ["p"], lexicon).iloc[0]
+    assert row.n_ambiguous_left_out == 1 and (row.n_agency, row.n_communion) == (2, 2)
+
+
 def test_big_two_family_pools_models_and_checkpoints_track_ranks():
     strings = ["achieve", "care", "goal", "friend", "x"]
     llama = [_table(strings, np.array([5.0, 1.0, 4.0, 2.0, 3.0]), "L1"),
