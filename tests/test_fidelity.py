@@ -260,3 +260,16 @@ def test_analyze_reports_big_two_under_every_collapse(tmp_path):
                                                                           ref.loc["a", "n_communion"])
     every = report.split("The same test with each word counted once")[1].split("\n\n")[1]  # the 3-way table
     assert "rank_biserial (max)" in every and "| greatest | c |" in every  # a model without Big Two words stays
+
+
+def test_candidates_stop_at_the_tokenizer_when_the_embedding_has_padded_rows():
+    """A model whose embedding has rows past its tokenizer (padded to a multiple) scores only tokens the tokenizer
+    has: the count a job claims and plans by is the tokenizer's, as the ids it then scores are."""
+    import types
+
+    from rmjax.text.candidates import candidate_count, candidate_ids
+
+    tokenizer = type("Tokenizer", (), {"__len__": lambda self: 10})()
+    cfg = types.SimpleNamespace(vocab_size=16)
+    assert candidate_count(cfg, tokenizer) == len(candidate_ids(tokenizer, cfg.vocab_size)) == 10
+    assert candidate_count(cfg, tokenizer, limit=4) == 4 and candidate_count(cfg, None) == 16
