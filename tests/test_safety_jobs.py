@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -135,6 +136,13 @@ def test_the_final_writers_refuse_a_nonfinite_derived_number(tmp_path):
     assert json.loads(results.meta_path(tmp_path / "t.csv").read_text())["summary"] == {"ratio": None}
     with pytest.raises(NonFiniteError):  # and only inside the job that allows them
         results.dump_json({"x": [1.0, math.nan]}, tmp_path / "x.json")
+    # inside a tuple or an array too (json_safe would have written a missed NaN as null); an array is its numbers,
+    # not the text numpy prints for it
+    for where, value in (("x[1]", (1.0, math.nan)), ("x[0][1]", np.array([[1.0, np.inf]]))):
+        with pytest.raises(NonFiniteError, match=rf"field '{re.escape(where)}'"):
+            results.dump_json({"x": value}, tmp_path / "x.json")
+    results.dump_json({"x": np.array([[1.0, 2.5]]), "n": np.arange(2)}, tmp_path / "x.json")
+    assert json.loads((tmp_path / "x.json").read_text()) == {"x": [[1.0, 2.5]], "n": [0, 1]}
 
 
 def test_the_frontier_writer_refuses_nan_reward_z(tmp_path):

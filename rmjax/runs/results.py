@@ -207,7 +207,10 @@ def environment() -> dict:
 
 
 def json_safe(value):
-    """NaN and ±Inf as null (JSON has no such numbers; a bare NaN breaks strict readers)."""
+    """NaN and ±Inf as null (JSON has no such numbers; a bare NaN breaks strict readers); an array as its list (the
+    writer's `default=str` wrote it as the text "[1.  2.5]")."""
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
