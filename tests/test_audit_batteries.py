@@ -296,3 +296,23 @@ def test_the_data_and_licence_ship_in_the_package(monkeypatch):
     licence = (AUDIT_DIR / "LICENSE-audit.txt").read_text(encoding="utf-8")
     for words in ("MIT", "HolisticBias", "RM-Bench", "given names", "Inspiration only"):
         assert words in licence
+
+
+def test_the_framing_answers_are_the_elo_extremes_of_short_names_each_once(tmp_path):
+    """The highest and lowest rated names of at most max_words words, extremes first, ties by name, a name listed
+    twice once (a loop over the file's rows)."""
+    rows = [("Love", 1900), ("The Sun", 1800), ("A very long name", 1990), ("Love", 1700), ("Zebra", 1800),
+            ("Mud", 900), ("Taxes", 800), ("Dull grey rain", 800), ("Spam", 800), ("Taxes", 810)]
+    path = tmp_path / "elo.csv"
+    pd.DataFrame(rows, columns=["name", "elo_score"]).to_csv(path, index=False)
+    top, bottom = B.elo_candidates(path, count=3, max_words=2)
+
+    def extremes(sign):
+        ordered, out = sorted((sign * elo, name) for name, elo in rows if len(name.split()) <= 2), []
+        for _, name in ordered:
+            if name not in out:
+                out.append(name)
+        return tuple(out[:3])
+
+    assert top == extremes(-1) == ("Love", "The Sun", "Zebra")
+    assert bottom == extremes(1) == ("Spam", "Taxes", "Mud")
