@@ -56,7 +56,7 @@ def _lens(cfg: ModelConfig, params, ids: jax.Array, mask: jax.Array) -> dict[str
     embeds = model.embed.scaled(model.embed(ids))
     out = model(ids=ids, mask=mask, residuals=True)
     rows = jnp.arange(ids.shape[0])
-    at = nn.last_token_index(mask)
+    at = model.read_positions(mask, ids)
     gate = model.gate_input(ids, mask, out.hidden)
     stream = jnp.concatenate([embeds[None], out.residuals])[:, rows, at]  # [L+1, B, H], the model's dtype
     # normed in the model's dtype, as the forward norms it; the last layer's reading is the reward itself, read from
@@ -91,6 +91,11 @@ def _curve(cfg: ModelConfig, params, ids: jax.Array, mask: jax.Array) -> jax.Arr
     b, t, h = hidden.shape
     gate = model.prefix_gate_inputs(ids, mask, hidden)  # a cut before the pattern has no gate: NaN, as scored
     gate = None if gate is None else gate.reshape(b * t, -1)
+    pad = nn.read_pad_id(cfg)
+    if pad is not None:  # a cut ending in pad ids is read before them (nn.read_index), its first token where all are
+        readable = mask.astype(bool) & (ids != pad)
+        at = jax.lax.cummax(jnp.where(readable, jnp.arange(t)[None], -1), axis=1)
+        hidden = hidden[jnp.arange(b)[:, None], jnp.where(at < 0, jnp.argmax(mask, axis=-1)[:, None], at)]
     return model.reward_head(hidden.reshape(b * t, h), gate).reshape(b, t, -1)
 
 

@@ -86,8 +86,9 @@ def tokenizer_digest(folder: Path) -> str:
 # cache key (rmjax.loading.gguf_file.cached_hf_folder), so one number says both. 2: transformers' class
 # defaults, exact GELU, Gemma 3 GGUF rope scaling and 27B query scale. 3: Gemma 2 GGUF 27B query scale. 4: what a
 # folder says twice, read as transformers reads it (rope_scaling, a top-level original length, model.safetensors).
-# 5: a Gemma 1 GGUF's rope.freq_base (it was always 1e4).
-READING = 5
+# 5: a Gemma 1 GGUF's rope.freq_base (it was always 1e4). 6: the reward head reads past trailing pad ids, as
+# transformers does (nn.read_index: a pad = eos RM's turn that ends in eos was read at the eos).
+READING = 6
 
 
 def folder_fingerprint(folder: Path) -> dict:

@@ -13,11 +13,21 @@ from rmjax.nn.state import (
     replace,
     shardings,
 )
-from rmjax.nn.transformer import Forward, GatedHead, KVCache, Segments, Transformer, at_last, last_token_index
+from rmjax.nn.transformer import (
+    Forward,
+    GatedHead,
+    KVCache,
+    Segments,
+    Transformer,
+    at_last,
+    last_token_index,
+    read_index,
+    read_pad_id,
+)
 
 __all__ = [
     "Declaration", "DecoderStack", "Embedder", "Forward", "GatedHead", "KVCache", "Linear", "Patch", "RMSNorm",
     "Segments", "SplitStack",
     "Transformer", "abstract", "at_last", "constrain", "declarations", "flat", "from_flat", "get", "graphdef",
-    "last_token_index", "module", "replace", "shardings", "weight",
+    "last_token_index", "module", "read_index", "read_pad_id", "replace", "shardings", "weight",
 ]

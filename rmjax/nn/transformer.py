@@ -44,6 +44,9 @@ class KVCache:
     positions: jax.Array  # [batch, seq] int32
     valid: jax.Array  # [batch, seq] bool
     gate_input: jax.Array | None = None  # [batch, hidden] f32: prompt-gated heads' input (ArmoRM, QRM)
+    # [batch, hidden]: the prompt's final hidden state at its own read point (`read_index`), where the head reads a
+    # continuation none of whose tokens it reads (all the pad id); a reward model with a pad id only
+    read_hidden: jax.Array | None = None
 
     AXES = {  # logical axes of each field (rmjax.parallel.sharding)
         "k": ("layers", "batch", None, "kv_heads", "head_dim"),
@@ -51,17 +54,20 @@ class KVCache:
         "positions": ("batch", None),
         "valid": ("batch", None),
         "gate_input": ("batch", "embed"),
+        "read_hidden": ("batch", "embed"),
     }
+    PROMPT_FIELDS = ("gate_input", "read_hidden")  # the prompt's own, kept as they are by head, append and slots
 
     @classmethod
     def shardings(cls, cfg: ModelConfig, mesh: jax.sharding.Mesh, batch: int, length: int) -> KVCache:
         """Where a cache of `batch` rows x `length` positions lives on `mesh` (K/V heads over `model`)."""
         kv = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
         shapes = {"k": kv, "v": kv, "positions": (batch, length), "valid": (batch, length),
-                  "gate_input": (batch, cfg.hidden_size)}
-        gated = cfg.head is not None and bool(cfg.head.pattern)
+                  "gate_input": (batch, cfg.hidden_size), "read_hidden": (batch, cfg.hidden_size)}
+        present = {"gate_input": cfg.head is not None and bool(cfg.head.pattern),
+                   "read_hidden": read_pad_id(cfg) is not None}
         return cls(**{name: sharding.named_sharding(cls.AXES[name], shape, mesh) for name, shape in shapes.items()
-                      if name != "gate_input" or gated})
+                      if present.get(name, True)})
 
     @property
     def next_positions(self) -> jax.Array:
@@ -89,15 +95,19 @@ class KVCache:
     def head(self, length: int) -> KVCache:
         """The first `length` positions."""
         return KVCache(k=self.k[:, :, :length], v=self.v[:, :, :length], positions=self.positions[:, :length],
-                       valid=self.valid[:, :length], gate_input=self.gate_input)
+                       valid=self.valid[:, :length], **self._prompt_fields())
+
+    def _prompt_fields(self) -> dict:
+        return {name: getattr(self, name) for name in self.PROMPT_FIELDS}
 
     def append(self, new: KVCache) -> KVCache:
         """This cache followed by `new`'s positions (a forward's K/V after it), row by row; a batch-1 cache is
-        repeated over `new`'s rows first. The prompt-gated head's input stays this cache's."""
+        repeated over `new`'s rows first. The prompt's fields (a gated head's input, its read point) stay this
+        cache's."""
         mine = self.repeat(new.k.shape[1]) if self.k.shape[1] != new.k.shape[1] else self
         return KVCache(k=jnp.concatenate([mine.k, new.k], axis=2), v=jnp.concatenate([mine.v, new.v], axis=2),
                        positions=jnp.concatenate([mine.positions, new.positions], axis=1),
-                       valid=jnp.concatenate([mine.valid, new.valid], axis=1), gate_input=mine.gate_input)
+                       valid=jnp.concatenate([mine.valid, new.valid], axis=1), **mine._prompt_fields())
 
     def with_free_slots(self, free: int) -> KVCache:
         """This cache followed by `free` empty slots (`valid` False until written): a fixed shape that a decoding
@@ -113,7 +123,7 @@ class KVCache:
     def _over_slots(self, fn) -> KVCache:
         """`fn(name, array, its slot axis)` on every field with slots (the one after the batch axis)."""
         return KVCache(**{name: fn(name, getattr(self, name), self.AXES[name].index("batch") + 1)
-                          for name in ("k", "v", "positions", "valid")}, gate_input=self.gate_input)
+                          for name in ("k", "v", "positions", "valid")}, **self._prompt_fields())
 
 
 @jax.tree_util.register_dataclass
@@ -192,6 +202,35 @@ def last_token_index(mask: jax.Array) -> jax.Array:
     """Index of the rightmost real token of each row (works for left and right padding)."""
     idx = jnp.arange(mask.shape[-1])
     return jnp.argmax(jnp.where(mask.astype(bool), idx, -1), axis=-1)
+
+
+def read_pad_id(cfg: ModelConfig) -> int | None:
+    """The id the reward head reads past at the end of a row (`read_index`): a reward model's pad id; None where it
+    reads the last real token (no pad id, or a causal LM)."""
+    return cfg.pad_token_id if cfg.is_reward_model else None
+
+
+def read_index(mask: jax.Array, ids: jax.Array | None = None, pad_id: int | None = None) -> jax.Array:
+    """Where the reward head reads each row: transformers' *ForSequenceClassification reads the rightmost token
+    whose id is not `pad_token_id` (so a conversation ending in the pad id, as pad = eos makes a Llama 3 turn's
+    <|eot_id|>, is read at the token before it). Here among the mask's real tokens; -1 where a row has none (the
+    caller's fallback). Without a pad id (or ids), the rightmost real token."""
+    readable = mask.astype(bool)
+    if ids is not None and pad_id is not None:
+        readable = readable & (ids != pad_id)
+    idx = jnp.arange(mask.shape[-1])
+    return jnp.max(jnp.where(readable, idx, -1), axis=-1)
+
+
+def at_read(hidden: jax.Array, mask: jax.Array, ids: jax.Array | None = None, pad_id: int | None = None,
+            fallback: jax.Array | None = None) -> jax.Array:
+    """[B, T, H] -> [B, H] at each row's read point (`read_index`). A row with no readable token takes `fallback`
+    [B or 1, H] (a cached prompt's read point), else its first real token (transformers' argmax gives 0)."""
+    at = read_index(mask, ids, pad_id)
+    rows = hidden[jnp.arange(hidden.shape[0]), jnp.where(at < 0, jnp.argmax(mask.astype(bool), axis=-1), at)]
+    if fallback is None:
+        return rows
+    return jnp.where((at < 0)[:, None], jnp.broadcast_to(fallback, rows.shape).astype(rows.dtype), rows)
 
 
 def at_last(hidden: jax.Array, mask: jax.Array) -> jax.Array:
@@ -290,9 +329,20 @@ class Transformer(nnx.Module):
         head = self.config.head
         return heads_lib.prefix_gate_inputs(head, ids, mask, hidden) if head is not None and head.pattern else None
 
+    def read_positions(self, mask: jax.Array, ids: jax.Array) -> jax.Array:
+        """[B] where the head reads each whole row (`read_index`; its first real token where it reads none)."""
+        at = read_index(mask, ids, read_pad_id(self.config))
+        return jnp.where(at < 0, jnp.argmax(mask.astype(bool), axis=-1), at)
+
+    def read(self, hidden: jax.Array, mask: jax.Array, ids: jax.Array | None,
+             cache: KVCache | None = None) -> jax.Array:
+        """[B, T, H] -> [B, H] where the reward head reads (`read_index`: past trailing pad ids, as transformers);
+        after a `cache`, a row none of whose new tokens is read reads the cached prompt's read point."""
+        return at_read(hidden, mask, ids, read_pad_id(self.config), None if cache is None else cache.read_hidden)
+
     def rewards_from(self, ids: jax.Array, mask: jax.Array, hidden: jax.Array) -> jax.Array:
-        """Head outputs at each row's last real token, a prompt-gated head reading its pattern in `ids`."""
-        return self.reward_head(at_last(hidden, mask), self.gate_input(ids, mask, hidden))
+        """Head outputs at each row's read point, a prompt-gated head reading its pattern in `ids`."""
+        return self.reward_head(self.read(hidden, mask, ids), self.gate_input(ids, mask, hidden))
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
         """Next-token logits in float32 with the final soft cap (Gemma 2)."""
@@ -308,15 +358,17 @@ class Transformer(nnx.Module):
         """K/V of a prefix, computed once and reused by every continuation (with a gated head's input)."""
         out = self(ids=ids, mask=mask)
         valid = jnp.ones(ids.shape, bool) if mask is None else mask
-        return dataclasses.replace(out.kv, gate_input=self.gate_input(ids, valid, out.hidden))
+        read = self.read(out.hidden, valid, ids) if read_pad_id(self.config) is not None else None
+        return dataclasses.replace(out.kv, gate_input=self.gate_input(ids, valid, out.hidden), read_hidden=read)
 
     def last_hidden_after(self, cache: KVCache, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-        """Final-normed hidden state at each row's last real new token after the cached prefix: [B, H]."""
+        """Final-normed hidden state at each row's read point after the cached prefix (in the prefix where no new
+        token is read): [B, H]."""
         mask = jnp.ones(ids.shape, bool) if mask is None else mask
-        return at_last(self(ids=ids, mask=mask, cache=cache).hidden, mask)
+        return self.read(self(ids=ids, mask=mask, cache=cache).hidden, mask, ids, cache)
 
     def rewards_after(self, cache: KVCache, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-        """Head outputs for `cache` prefix + `ids`, at each row's last real new token."""
+        """Head outputs for `cache` prefix + `ids`, at each row's read point."""
         return self.reward_head(self.last_hidden_after(cache, ids, mask), cache.gate_input)
 
     def trace(self, ids: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:

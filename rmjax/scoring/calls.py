@@ -89,7 +89,8 @@ def _rewards_after(cfg: ModelConfig, params, cache: nn.KVCache, ids, mask) -> ja
 
 
 def _last_hidden(cfg: ModelConfig, params, ids, mask) -> jax.Array:
-    return nn.at_last(nn.module(params, cfg)(ids=ids, mask=mask).hidden, mask)
+    m = nn.module(params, cfg)
+    return m.read(m(ids=ids, mask=mask).hidden, mask, ids)
 
 
 def _last_hidden_after(cfg: ModelConfig, params, cache: nn.KVCache, ids, mask) -> jax.Array:

@@ -93,5 +93,5 @@ def _forked_rewards(cfg: ModelConfig, params_a, params_b, cache_a: nn.KVCache, c
     for model, upper, cache, column in ((a, split_a.upper, cache_a, columns[0]), (b, split_b.upper, cache_b,
                                                                                    columns[1])):
         hidden = model.final_norm(upper(x, inputs, cache.k[shared:], cache.v[shared:])[0])
-        rewards.append(model.reward_head(nn.at_last(hidden, mask), cache.gate_input)[:, column])
+        rewards.append(model.reward_head(model.read(hidden, mask, ids, cache), cache.gate_input)[:, column])
     return tuple(rewards)

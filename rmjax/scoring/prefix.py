@@ -6,6 +6,8 @@ logical axes, the prefix cache with K/V heads over `model`, candidate rows and t
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,8 +101,9 @@ def _score_batch(cfg: ModelConfig, params, cache: nn.KVCache, responses, suffix,
         return rewards_of_batch(params, cfg, cache, responses, suffix, column)
     model = nn.module(params, cfg)
     tail = jnp.broadcast_to(suffix, (responses.shape[0], suffix.shape[0]))
-    hidden = model(ids=jnp.concatenate([responses, tail], axis=1), cache=cache).hidden
-    rewards = model.reward_head(hidden[:, -1], cache.gate_input)[:, column]
+    ids = jnp.concatenate([responses, tail], axis=1)
+    hidden = model(ids=ids, cache=cache).hidden
+    rewards = model.reward_head(model.read(hidden, jnp.ones(ids.shape, bool), ids, cache), cache.gate_input)[:, column]
     later = _picked_log_probs(model, hidden[:, : responses.shape[1]], responses)  # tokens 1.. of each response
     return rewards, first[responses[:, 0]] + later.sum(axis=1)
 
@@ -139,31 +142,52 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
     n, tail = len(current), len(suffix)
     variants = [np.asarray(v) for v in variants]
     first = first_changes(current, variants) if firsts is None else np.asarray(firsts)
-    spans = np.asarray([len(v) - f + tail for v, f in zip(variants, first, strict=True)])
+    read = read_points(variants, suffix, read_offset, nn.read_pad_id(model.config))
+    runs = Runs(np.where(read >= 0, np.minimum(first, read), first), first, read)  # a read before a change runs too
+    spans = np.asarray([len(v) - f + tail for v, f in zip(variants, runs.start, strict=True)])
     width = (max(n, longest or 0, max(len(v) for v in variants)) + tail) + (1 + tail)
     packed = pack(spans, width)
-    out, picked = _score_packed(model, extended, suffix, current, variants, first, packed, rows, log_probs, width,
-                                read_offset)
+    out, picked = _score_packed(model, extended, suffix, current, variants, runs, packed, rows, log_probs, width)
     shared = np.zeros(len(variants), bool)
     for members in packed:
         shared[members] = len(members) > 1
     finite = np.isfinite(out) & np.asarray([np.isfinite(p).all() for p in picked])
     again = np.flatnonzero(shared & ~finite)
     if len(again):
-        alone = _score_packed(model, extended, suffix, current, variants, first, [[int(i)] for i in again], rows,
-                              log_probs, width, read_offset)
+        alone = _score_packed(model, extended, suffix, current, variants, runs, [[int(i)] for i in again], rows,
+                              log_probs, width)
         out[again] = alone[0][again]
         for i in again:
             picked[i] = alone[1][i]
     return (out, picked) if log_probs else out
 
 
+class Runs(NamedTuple):
+    """Per variant (score_variants): the position its tail runs from, its first change, and where the reward
+    head reads it (-1: the prompt's read point)."""
+
+    start: np.ndarray
+    change: np.ndarray
+    read: np.ndarray
+
+
+def read_points(variants: list[np.ndarray], suffix: np.ndarray, read_offset: int, pad_id: int | None) -> np.ndarray:
+    """Where the head reads each variant + suffix (its last `read_offset` tokens unread): positions from the
+    variant's start, before trailing `pad_id`s (read_position)."""
+    tail = len(suffix)
+    if pad_id is None:
+        return np.asarray([len(v) + tail - 1 - read_offset for v in variants], np.int64)
+    return np.asarray([read_position(np.concatenate([v, suffix])[: len(v) + tail - read_offset], pad_id)
+                       for v in variants], np.int64)
+
+
 def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
-                  variants: list[np.ndarray], first: np.ndarray, packed: list[list[int]], rows: int,
-                  log_probs: bool, width: int, read_offset: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+                  variants: list[np.ndarray], runs: Runs, packed: list[list[int]], rows: int,
+                  log_probs: bool, width: int) -> tuple[np.ndarray, list[np.ndarray]]:
     """score_variants' forward of the variants' tails placed as `packed` says (the variants in each row): their
     rewards [W] and each one's log-probabilities after its first change (empty without `log_probs`), zero and empty
     for variants in no row."""
+    first = runs.start
     n, tail = len(current), len(suffix)
     slots = width // (1 + tail)  # the most tails a row can hold
     calls = -(-len(packed) // rows)
@@ -172,6 +196,7 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
     ids, rel, segment, cache_end = (np.zeros((calls * per_call, width), np.int32) for _ in range(4))
     segment[:] = -1
     last, owner = np.zeros((calls * per_call, slots), np.int32), np.full((calls * per_call, slots), -1)
+    stops = np.zeros((calls * per_call, slots), np.int32)
     for r, members in enumerate(packed):
         at = 0
         for slot, i in enumerate(members):
@@ -180,7 +205,8 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
             ids[r, span] = np.concatenate([variants[i][first[i] :], suffix])
             rel[r, span] = np.arange(first[i], own + tail)  # positions after the prompt
             segment[r, span], cache_end[r, span] = slot, cache_width - n + first[i]
-            last[r, slot], owner[r, slot] = span.stop - 1 - read_offset, i
+            last[r, slot] = at + runs.read[i] - first[i] if runs.read[i] >= 0 else -1
+            owner[r, slot], stops[r, slot] = i, span.stop - 1 - tail  # the span's last response token
             at = span.stop
     scorer = variants_scorer(model.config, model.mesh, cache_width, n, per_call, slots, model.output_column,
                              log_probs)
@@ -198,9 +224,9 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
         scores, picked = (result, None) if not log_probs else (to_host(result[0]), to_host(result[1]))
         out[who[who >= 0]] = to_host(scores)[who >= 0]
         for r, slot in zip(*np.nonzero(who >= 0), strict=True):
-            i, stop = who[r, slot], last[start + r, slot] + read_offset - tail  # the span's last response token
+            i, stop = who[r, slot], stops[start + r, slot]
             if picked is not None:  # token j + 1 read at position j, from the first changed token on
-                tails[i] = picked[r, stop - (len(variants[i]) - first[i]) + 2 : stop + 1].astype(np.float32)
+                tails[i] = picked[r, stop - (len(variants[i]) - runs.change[i]) + 2 : stop + 1].astype(np.float32)
     return out, tails
 
 
@@ -252,7 +278,7 @@ def _score_variants(cfg: ModelConfig, params, cache: nn.KVCache, ids, rel, segme
     positions = cache.next_positions[:, None] - n + rel  # the response starts after the prompt
     hidden = model(ids=ids, mask=segment >= 0, positions=positions, cache=cache,
                    segments=nn.Segments(segment, cache_end)).hidden
-    ends = hidden[jnp.arange(rows)[:, None], last]  # [rows, slots, hidden]
+    ends = at_or_prompt(hidden, last, cache)  # [rows, slots, hidden]
     rewards = model.reward_head(ends.reshape(rows * slots, -1), cache.gate_input)[:, column].reshape(rows, slots)
     if not log_probs:
         return rewards
@@ -278,7 +304,7 @@ def _score_turns(cfg: ModelConfig, params, cache: nn.KVCache, rows, read, first=
     tokens and the end of turn after them; what follows is not the prior's term)."""
     model = nn.module(params, cfg)
     hidden = model(ids=rows, cache=cache).hidden
-    rewards = model.reward_head(hidden[jnp.arange(rows.shape[0]), read], cache.gate_input)[:, column]
+    rewards = model.reward_head(at_or_prompt(hidden, read, cache), cache.gate_input)[:, column]
     if first is None:
         return rewards
     picked = _picked_log_probs(model, hidden, rows)  # column t: token t + 1
@@ -295,19 +321,40 @@ def turns_scorer(cfg: ModelConfig, mesh, cache_width: int, column: int, log_prob
                     column=column)
 
 
-def turn_rows(responses: np.ndarray, lengths: np.ndarray, suffix: np.ndarray, end: int
+def turn_rows(responses: np.ndarray, lengths: np.ndarray, suffix: np.ndarray, end: int, pad_id: int | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
     """Each response's first `lengths` tokens followed by the suffix (which starts with the end of turn `end`), or,
     with no suffix (plain), by `end` alone, which only the log-probs read: rows [W, N + max(S, 1)], right-padded
-    with 0, and the position to read each reward at [W] (the suffix's last; plain: the response's last)."""
+    with 0, and the position to read each reward at [W] (the suffix's last; plain: the response's last; before
+    trailing `pad_id`s, as `read_position`; -1: the prompt's read point)."""
     responses, suffix = np.asarray(responses, np.int32), np.asarray(suffix, np.int32)
     n, tail = responses.shape[1], len(suffix)
     after = suffix if tail else np.asarray([end], np.int32)
     rows = np.zeros((len(responses), n + len(after)), np.int32)
+    read = np.zeros(len(responses), np.int32)
     for i, length in enumerate(np.asarray(lengths).tolist()):
         rows[i, :length] = responses[i, :length]
         rows[i, length : length + len(after)] = after
-    return rows, np.asarray(lengths, np.int32) + tail - 1
+        read[i] = read_position(rows[i, : length + tail], pad_id)
+    return rows, read
+
+
+def read_position(ids: np.ndarray, pad_id: int | None) -> int:
+    """Where the reward head reads `ids` (the tokens after a cached prompt; nn.read_index on the host): the last
+    whose id is not `pad_id`, -1 where none is (it reads the prompt's read point)."""
+    ids = np.asarray(ids)
+    readable = np.flatnonzero(ids != pad_id) if pad_id is not None else np.arange(len(ids))
+    return int(readable[-1]) if len(readable) else -1
+
+
+def at_or_prompt(hidden: jax.Array, at: jax.Array, cache: nn.KVCache) -> jax.Array:
+    """hidden [B, T, H] at positions `at` [B] (or [B, K] -> [B, K, H]); the cached prompt's read point where -1."""
+    rows = jnp.arange(hidden.shape[0]).reshape((-1,) + (1,) * (at.ndim - 1))
+    picked = hidden[rows, jnp.maximum(at, 0)]
+    if cache.read_hidden is None:
+        return picked
+    prompt = cache.read_hidden.reshape((1,) * at.ndim + (-1,)).astype(picked.dtype)
+    return jnp.where((at < 0)[..., None], prompt, picked)
 
 
 def score_responses(model: Model, cache: nn.KVCache, suffix, responses: np.ndarray, batch_size: int,
@@ -339,7 +386,7 @@ def _score_turn_batches(model: Model, cache: nn.KVCache, suffix, responses: np.n
                         batch_size: int, first: jax.Array | None, end: int | None):
     """score_responses of whole turns of `lengths` tokens (each response's first L of its N slots)."""
     suffix = np.asarray(to_host(suffix) if isinstance(suffix, jax.Array) else suffix, np.int32)
-    rows, read = turn_rows(responses, lengths, suffix, end)
+    rows, read = turn_rows(responses, lengths, suffix, end, nn.read_pad_id(model.config))
     log_probs = first is not None
     scorer = turns_scorer(model.config, model.mesh, cache.k.shape[2], model.output_column, log_probs)
     params, extra = declared_params(model), (replicated(first, model.mesh),) if log_probs else ()

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rmjax import checks, heads
+from rmjax import checks, heads, nn
 from rmjax.checks import setting
 from rmjax.errors import UsageError
 from rmjax.model import Model
@@ -31,7 +31,7 @@ from rmjax.runs.chunks import ChunkStore
 from rmjax.runs.progress import Progress, duration
 from rmjax.scoring import finite, memory
 from rmjax.scoring.context import prepare_prompt
-from rmjax.scoring.prefix import cache_row, extend_prefix, score_responses
+from rmjax.scoring.prefix import cache_row, extend_prefix, read_position, score_responses
 
 PREFILL_ROWS = 8  # partial caches computed per forward (and held at once)
 
@@ -197,6 +197,7 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
                     scores = np.stack([score_responses(model, c, ctx.suffix, cands[:, None].astype(np.int32),
                                                        batch_size) for c, ctx in zip(caches, contexts, strict=True)],
                                       axis=1)
+                    _read_past_pad(model, contexts, partial, cands, scores, batch_size)
                     bad.append(_check(model, contexts, partial, cands, scores, allow_nonfinite))
                     if store is not None and is_main():
                         store.write(key, scores)
@@ -215,6 +216,19 @@ def beam_search(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidat
             kept[d] = best[d].ids[: cfg.beam]
     return BeamResult(found, candidates, scored, resumed, time.perf_counter() - start_time, levels, estimate,
                       finite.merge(bad))
+
+
+def _read_past_pad(model: Model, contexts: list, partial: np.ndarray, cands: np.ndarray, scores: np.ndarray,
+                   batch_size: int) -> None:
+    """A candidate that is the pad id, before a suffix the head does not read (nn.read_index), is read before it:
+    its row's reward is the partial's own (+ suffix), which the prompt's cache scores (the partial's cache reads the
+    prompt where nothing after it is read). Only with --allow_special (the pad id is special)."""
+    pad = nn.read_pad_id(model.config)
+    hit = np.flatnonzero(cands == pad) if pad is not None and len(partial) else []
+    for j, ctx in enumerate(contexts):
+        if len(hit) and read_position(ctx.split.suffix, pad) < 0:
+            scores[hit, j] = score_responses(model, ctx.cache, ctx.suffix, np.asarray(partial, np.int32)[None],
+                                             batch_size)[0]
 
 
 PARTIAL_BYTES = 48  # + 48 per token: one enumerated partial (a tuple of numpy ints in a list, then its array row)

@@ -92,12 +92,21 @@ def one_hot_forward(model, cache: nn.KVCache, one_hot, ids, suffix):
     return model(embeds=embeds[None], cache=cache)
 
 
+def read_of_turn(model, cache: nn.KVCache, hidden, ids, suffix, read_offset: int = 0):
+    """The hidden state [1, H] the reward head reads after the cached prefix, of ids + suffix ([1, N + S, H]):
+    `read_offset` tokens before the end, and before trailing pad ids (nn.read_index; the prompt's where none)."""
+    seq = jnp.concatenate([ids, suffix])[None]
+    mask = (jnp.arange(seq.shape[1]) < seq.shape[1] - read_offset)[None]
+    return model.read(hidden, mask, seq, cache)
+
+
 def _reward_of_one_hot(cfg, params, cache, one_hot, ids, suffix, *, column, read_offset=0):
     """Reward of prefix + (one_hot @ E) + suffix, differentiable in the one-hot; and, as aux, the K/V of that
     forward (the cache GCG's candidates are scored against)."""
     model = nn.module(params, cfg)
     out = one_hot_forward(model, cache, one_hot, ids, suffix)
-    return model.reward_head(out.hidden[:, -1 - read_offset], cache.gate_input)[0, column], out.kv
+    read = read_of_turn(model, cache, out.hidden, ids, suffix, read_offset)
+    return model.reward_head(read, cache.gate_input)[0, column], out.kv
 
 
 def _grad_one_hot(cfg, params, cache, ids, suffix, *, column, read_offset=0):

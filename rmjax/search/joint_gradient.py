@@ -14,7 +14,7 @@ from rmjax.parallel.distributed import replicated
 from rmjax.scoring import prior as prior_lib
 from rmjax.scoring.prefix import append_kv
 from rmjax.search import turns
-from rmjax.search.gcg import Target, one_hot_forward
+from rmjax.search.gcg import Target, one_hot_forward, read_of_turn
 
 
 def _joint_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids, suffix, first, weights, *,
@@ -26,7 +26,8 @@ def _joint_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, ids,
     are the prior's proposals."""
     model = nn.module(params, cfg)
     out = one_hot_forward(model, cache, one_hot, ids, suffix)
-    value = weights[0] * model.reward_head(out.hidden[:, -1 - read_offset], cache.gate_input)[0, column]
+    read = read_of_turn(model, cache, out.hidden, ids, suffix, read_offset)
+    value = weights[0] * model.reward_head(read, cache.gate_input)[0, column]
     every = prior_lib.every_log_probs_of_hidden(model, out.hidden[0, : ids.shape[0]], first)
     if not fluent:
         return value, (out.kv, jax.lax.stop_gradient(every))

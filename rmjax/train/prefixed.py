@@ -52,22 +52,22 @@ def pays(prompts: int, batch_size: int) -> bool:
 
 def prefixed_pairs(model: Model, pairs: Pairs, template: str, batch_size: int) -> PrefixedPairs | None:
     """`pairs` split at each prompt's template prefix; None where that does not `pay`, where a conversation does not
-    start with its prompt's prefix (a merge across the template's edge) or has no token after it, or where the head
-    reads the prompt (a prompt-gated head's input is the prefix's final hidden state, which the trained layers
-    change): those train on whole sequences."""
+    start with its prompt's prefix (a merge across the template's edge) or has no token after it that the head reads
+    (all the pad id: nn.read_index), or where the head reads the prompt (a prompt-gated head's input is the
+    prefix's final hidden state, which the trained layers change): those train on whole sequences."""
     head = model.config.head
     if (head is not None and head.pattern) or not pays(len(set(pairs.prompt)), batch_size):
         return None
     conversations = {q: Conversations(model.tokenizer, q, template, False, model.config.max_position_embeddings)
                      for q in dict.fromkeys(pairs.prompt)}
     order = {q: i for i, q in enumerate(conversations)}
-    sides = []
+    sides, pad = [], nn.read_pad_id(model.config)
     for texts in (pairs.chosen, pairs.rejected):
         rows = []
         for q, text in zip(pairs.prompt, texts, strict=True):
             prefix = conversations[q].prefix
             ids = conversations[q].token_ids([text])[0]
-            if len(ids) <= len(prefix) or ids[: len(prefix)] != prefix:
+            if len(ids) <= len(prefix) or ids[: len(prefix)] != prefix or all(t == pad for t in ids[len(prefix):]):
                 return None
             rows.append(ids[len(prefix):])
         sides.append(rows)
@@ -158,6 +158,6 @@ def prefixed_pair_rewards(m: nnx.Module, data: tuple, idx: jax.Array) -> tuple[j
             states, row = frozen_states
             x = states[row[s][idx]]
         x = upper(x, inputs, uk[:, rows], uv[:, rows])[0]
-        return m.reward_head(nn.at_last(m.final_norm(x), new_mask))[:, 0]
+        return m.reward_head(m.read(m.final_norm(x), new_mask, responses[s][idx]))[:, 0]
 
     return side(0), side(1)
