@@ -266,7 +266,6 @@ def test_length_null_is_the_filler_slope_times_the_length_difference():
     assert stats.length_null(framing, Contrast("framing", "wording", ("best",), ("worst",), "length")) == 0.0
 
 
-
 def test_an_interactions_length_null_is_the_slope_times_the_first_axis_length_gap_minus_the_seconds():
     """The shipped interactions (framing) never change a response, so their null is 0 either way; where the two
     axes' responses do differ in length, the null is the filler slope times (mean Δlength over the first axis's items
