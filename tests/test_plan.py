@@ -65,7 +65,8 @@ def test_sweep_compiles_for_v5e_with_the_declared_weights_per_chip(name):
     assert (prefill.count, score.count) == (2, 2 * math.ceil(1000 / 64))
     width = 64  # 40 prompt tokens in 32-token buckets
     kv = 2 * cfg.num_layers * width * (cfg.num_kv_heads // 2) * cfg.head_dim * 2
-    assert option.cache_bytes == kv + width * (4 + 1)  # K/V split over model; positions and valid whole
+    read = cfg.hidden_size * 2 if nn.read_pad_id(cfg) is not None else 0  # the prompt's read point (bf16), whole
+    assert read and option.cache_bytes == kv + width * (4 + 1) + read  # K/V split over model; positions, valid whole
     # XLA's own count of the scoring call's inputs on one chip (weights, cache, one batch, the suffix), which on the
     # TPU includes its tile padding: little, with dimensions in whole tiles
     inputs = option.weights_bytes + option.cache_bytes + 32 * 4 + 5 * 4
