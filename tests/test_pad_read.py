@@ -129,6 +129,31 @@ def test_packed_variants_and_the_gcg_forward_read_before_trailing_pad_ids(rm, te
                                               target.suffix_ids, column=0)
         np.testing.assert_allclose(float(value), _transformers(hf, prefix + ids.tolist() + suffix),
                                    atol=_atol(model), rtol=0)
+    if template == "plain":  # a plain whole turn's end (here not the pad id) is not read (read_offset 1), nor
+        for ids in ([5738, 8549, 30200], [5738, PAD, 30200]):  # the pad ids before it
+            one_hot = jax.nn.one_hot(ids, model.config.vocab_size, dtype=jnp.float32)
+            value, _ = gcg_lib._reward_of_one_hot(model.config, model.params, target.cache, one_hot,
+                                                  jnp.asarray(ids), target.suffix_ids, column=0, read_offset=1)
+            np.testing.assert_allclose(float(value), _transformers(hf, prefix + ids[:1 + (ids[1] != PAD)]),
+                                       atol=_atol(model), rtol=0)
+
+
+def test_a_row_of_pad_ids_alone_and_a_prompt_that_ends_in_pad_ids(rm):
+    """Token ids with no template: a whole row of pad ids alone is read at its first token (transformers' argmax
+    of no match; every position of a run of one token holds the same state, so this pins only that it is finite);
+    after a cached prefix that itself ends in pad ids, new pad ids alone read the prefix's last other token, and a
+    new token is read as usual."""
+    from rmjax.scoring.prefix import prefill_prefix
+
+    model, hf = rm
+    whole = np.asarray([[PAD, PAD, PAD], [30200, PAD, PAD]], np.int32)
+    got = to_host(calls.rewards(model, whole, np.ones_like(whole, bool)))[:, 0]
+    np.testing.assert_allclose(got, [_transformers(hf, r) for r in whole.tolist()], atol=_atol(model), rtol=0)
+    prefix = [1, 30200, 8549, PAD, PAD]
+    new = np.asarray([[PAD, PAD], [5738, PAD]], np.int32)
+    after = to_host(calls.rewards_after(model, prefill_prefix(model, prefix), new, np.ones_like(new, bool)))[:, 0]
+    np.testing.assert_allclose(after, [_transformers(hf, prefix + r) for r in new.tolist()], atol=_atol(model),
+                               rtol=0)
 
 
 def test_the_reward_lens_and_the_per_token_curve_read_before_trailing_pad_ids(rm):
