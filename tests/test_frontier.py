@@ -596,13 +596,15 @@ def test_pareto_front_and_hypervolume_against_brute_force():
                      if gain[j] >= gain[i] and ppl[j] <= ppl[i] and (gain[j] > gain[i] or ppl[j] < ppl[i])}
         duplicates = {i for i in range(k) for j in range(i) if gain[j] == gain[i] and ppl[j] == ppl[i]}
         assert set(pareto.front(gain, ppl).tolist()) == set(range(k)) - dominated - duplicates
-        ref = (gain.min() - 0.5, ppl.max() * 1.5)
-        xs = np.unique(np.concatenate([[ref[0]], gain]))
-        ys = np.unique(np.concatenate([[-np.log(ref[1])], -np.log(ppl)]))
-        cells = itertools.product(zip(xs, xs[1:], strict=False), zip(ys, ys[1:], strict=False))
-        area = sum((x1 - x0) * (y1 - y0) for (x0, x1), (y0, y1) in cells
-                   if any(g >= x1 and -np.log(p) >= y1 for g, p in zip(gain, ppl, strict=True)))
-        assert pareto.hypervolume(gain, ppl, ref) == pytest.approx(area, rel=1e-12, abs=1e-12)
+        # a reference every point beats, and one inside the cloud (points worse on either side add nothing)
+        for ref in ((gain.min() - 0.5, ppl.max() * 1.5), (float(np.median(gain)), float(np.median(ppl)))):
+            xs = np.unique(np.concatenate([[ref[0]], gain]))
+            ys = np.unique(np.concatenate([[-np.log(ref[1])], -np.log(ppl)]))
+            xs, ys = xs[xs >= ref[0]], ys[ys >= -np.log(ref[1])]
+            cells = itertools.product(zip(xs, xs[1:], strict=False), zip(ys, ys[1:], strict=False))
+            area = sum((x1 - x0) * (y1 - y0) for (x0, x1), (y0, y1) in cells
+                       if any(g >= x1 and -np.log(p) >= y1 for g, p in zip(gain, ppl, strict=True)))
+            assert pareto.hypervolume(gain, ppl, ref) == pytest.approx(area, rel=1e-12, abs=1e-12)
 
 
 def _layers_by_brute_force(gain, fluency):

@@ -40,7 +40,8 @@ def reads_end(suffix) -> bool:
 
 def lengths(ids: np.ndarray, end: int) -> np.ndarray:
     """Each response's token count L (its first end of turn's slot, else N): [W] int64."""
-    ids = np.asarray(ids).reshape(len(ids), -1)
+    ids = np.asarray(ids)
+    ids = ids if ids.ndim == 2 else ids.reshape(len(ids), -1)  # rows as given (none: [0, N]), or a list of rows
     ended = ids == end
     return np.where(ended.any(1), ended.argmax(1), ids.shape[1]).astype(np.int64)
 
