@@ -315,6 +315,10 @@ def test_elo_pairs_split_by_item_and_follow_elo(tmp_path):
     assert set(train.prompt) == {"What is best?"}
     train_items, held_items = set(train.chosen) | set(train.rejected), set(held.chosen) | set(held.rejected)
     assert not train_items & held_items
+    # a fifth of the items held out (4,000 pairs miss one of 160 items with probability about 160·e⁻⁵⁰); no item
+    # is paired with itself
+    assert (len(train_items), len(held_items)) == (160, 40)
+    assert all(c != r for pairs in (train, held) for c, r in zip(pairs.chosen, pairs.rejected, strict=True))
     score = dict(zip(names, elo, strict=True))
     # sampled winners agree with the higher Elo about as often as the Elo probabilities say
     # the Elo win probability written out here, independent of rmjax.train.data
@@ -339,6 +343,12 @@ def test_read_pairs_and_batches(tmp_path):
     a = [batch_indices(10, 4, 0, s) for s in range(5)]
     assert np.array_equal(a[2], batch_indices(10, 4, 0, 2))
     assert sorted(np.concatenate(a)[:10].tolist()) == list(range(10))  # first epoch is a permutation
+    # the definition written out: epoch e is the permutation seeded (seed, e), the steps consecutive slices of the
+    # epochs end to end (a step across an epoch's end takes the next epoch's first rows)
+    stream = np.concatenate([np.random.default_rng([3, e]).permutation(10) for e in range(5)])
+    for step in range(12):
+        assert batch_indices(10, 4, 3, step).tolist() == stream[4 * step : 4 * step + 4].tolist()
+    assert stream[:10].tolist() != stream[10:20].tolist()  # each epoch its own order
 
 
 def test_data_parallel_training_on_a_mesh_matches_one_device(lm, tmp_path):
