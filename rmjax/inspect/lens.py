@@ -93,9 +93,8 @@ def _curve(cfg: ModelConfig, params, ids: jax.Array, mask: jax.Array) -> jax.Arr
     gate = None if gate is None else gate.reshape(b * t, -1)
     pad = nn.read_pad_id(cfg)
     if pad is not None:  # a cut ending in pad ids is read before them (nn.read_index), its first token where all are
-        readable = mask.astype(bool) & (ids != pad)
-        at = jax.lax.cummax(jnp.where(readable, jnp.arange(t)[None], -1), axis=1)
-        hidden = hidden[jnp.arange(b)[:, None], jnp.where(at < 0, jnp.argmax(mask, axis=-1)[:, None], at)]
+        at = jax.lax.cummax(jnp.where(nn.readable(mask, ids, pad), jnp.arange(t)[None], -1), axis=1)
+        hidden = hidden[jnp.arange(b)[:, None], nn.or_first_real(at, mask)]
     return model.reward_head(hidden.reshape(b * t, h), gate).reshape(b, t, -1)
 
 

@@ -21,13 +21,16 @@ from rmjax.nn.transformer import (
     Transformer,
     at_last,
     last_token_index,
+    or_first_real,
     read_index,
     read_pad_id,
+    readable,
 )
 
 __all__ = [
     "Declaration", "DecoderStack", "Embedder", "Forward", "GatedHead", "KVCache", "Linear", "Patch", "RMSNorm",
     "Segments", "SplitStack",
     "Transformer", "abstract", "at_last", "constrain", "declarations", "flat", "from_flat", "get", "graphdef",
-    "last_token_index", "module", "read_index", "read_pad_id", "replace", "shardings", "weight",
+    "last_token_index", "module", "or_first_real", "read_index", "read_pad_id", "readable",
+    "replace", "shardings", "weight",
 ]

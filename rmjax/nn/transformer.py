@@ -215,11 +215,21 @@ def read_index(mask: jax.Array, ids: jax.Array | None = None, pad_id: int | None
     whose id is not `pad_token_id` (so a conversation ending in the pad id, as pad = eos makes a Llama 3 turn's
     <|eot_id|>, is read at the token before it). Here among the mask's real tokens; -1 where a row has none (the
     caller's fallback). Without a pad id (or ids), the rightmost real token."""
-    readable = mask.astype(bool)
-    if ids is not None and pad_id is not None:
-        readable = readable & (ids != pad_id)
     idx = jnp.arange(mask.shape[-1])
-    return jnp.max(jnp.where(readable, idx, -1), axis=-1)
+    return jnp.max(jnp.where(readable(mask, ids, pad_id), idx, -1), axis=-1)
+
+
+def readable(mask: jax.Array, ids: jax.Array | None = None, pad_id: int | None = None) -> jax.Array:
+    """[B, T] bool: the tokens the reward head may read (real, and not the pad id where one is given)."""
+    out = mask.astype(bool)
+    return out & (ids != pad_id) if ids is not None and pad_id is not None else out
+
+
+def or_first_real(at: jax.Array, mask: jax.Array) -> jax.Array:
+    """Read indices `at` [B] or [B, T] with -1 (nothing readable) replaced by the row's first real token
+    (transformers' argmax over no match gives 0)."""
+    first = jnp.argmax(mask.astype(bool), axis=-1).reshape((-1,) + (1,) * (at.ndim - 1))
+    return jnp.where(at < 0, first, at)
 
 
 def at_read(hidden: jax.Array, mask: jax.Array, ids: jax.Array | None = None, pad_id: int | None = None,
@@ -227,7 +237,7 @@ def at_read(hidden: jax.Array, mask: jax.Array, ids: jax.Array | None = None, pa
     """[B, T, H] -> [B, H] at each row's read point (`read_index`). A row with no readable token takes `fallback`
     [B or 1, H] (a cached prompt's read point), else its first real token (transformers' argmax gives 0)."""
     at = read_index(mask, ids, pad_id)
-    rows = hidden[jnp.arange(hidden.shape[0]), jnp.where(at < 0, jnp.argmax(mask.astype(bool), axis=-1), at)]
+    rows = hidden[jnp.arange(hidden.shape[0]), or_first_real(at, mask)]
     if fallback is None:
         return rows
     return jnp.where((at < 0)[:, None], jnp.broadcast_to(fallback, rows.shape).astype(rows.dtype), rows)
@@ -331,8 +341,7 @@ class Transformer(nnx.Module):
 
     def read_positions(self, mask: jax.Array, ids: jax.Array) -> jax.Array:
         """[B] where the head reads each whole row (`read_index`; its first real token where it reads none)."""
-        at = read_index(mask, ids, read_pad_id(self.config))
-        return jnp.where(at < 0, jnp.argmax(mask.astype(bool), axis=-1), at)
+        return or_first_real(read_index(mask, ids, read_pad_id(self.config)), mask)
 
     def read(self, hidden: jax.Array, mask: jax.Array, ids: jax.Array | None,
              cache: KVCache | None = None) -> jax.Array:
