@@ -11,7 +11,7 @@ from flax import nnx
 from rmjax.config import ModelConfig
 from rmjax.nn import Forward, KVCache, at_last, module
 
-__all__ = ["extend_cache", "forward", "last_hidden", "last_hidden_after", "logits", "module", "next_token_log_probs",
+__all__ = ["extend_cache", "forward", "last_hidden_after", "logits", "module", "next_token_log_probs",
            "prefill", "rewards", "rewards_after", "trace"]
 
 Params = nnx.State
@@ -51,11 +51,6 @@ def last_hidden_after(params: Params, cfg: ModelConfig, cache: KVCache, ids: jax
                       mask: jax.Array | None = None) -> jax.Array:
     """Final-normed hidden state at each row's last real new token after the cached prefix: [B, H]."""
     return module(params, cfg).last_hidden_after(cache, ids, mask)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def last_hidden(params: Params, cfg: ModelConfig, ids: jax.Array, mask: jax.Array) -> jax.Array:
-    return at_last(forward(params, cfg, ids=ids, mask=mask).hidden, mask)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

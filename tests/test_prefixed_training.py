@@ -148,3 +148,16 @@ def test_a_prompt_gated_head_or_many_prompts_train_on_whole_sequences(tmp_path):
     assert prefixed.prefixed_pairs(rm, pairs, "auto", batch_size=2) is None
     many = Pairs([f"Prompt number {i}?" for i in range(12)], pairs.chosen, pairs.rejected, pairs.label)
     assert prefixed.prefixed_pairs(rm, many, "auto", batch_size=8) is None
+
+
+def test_a_response_that_merges_into_the_template_prefix_trains_on_whole_sequences(tmp_path):
+    """SmolLM2's template ends its prefix in a newline; a response starting with two more tokenizes the three as
+    'ĊĊ', 'Ċ', so the conversation does not start with the prefix: splitting it there would train on other tokens."""
+    rm = _rm("llama3", tmp_path)
+    pairs = _pairs(0, 12)
+    merged = Pairs(pairs.prompt, ["\n\nHello", *pairs.chosen[1:]], pairs.rejected, pairs.label)
+    conversation = Conversations(rm.tokenizer, merged.prompt[0], "auto")
+    prefix = conversation.prefix
+    assert conversation.token_ids([merged.chosen[0]])[0][: len(prefix)] != prefix  # the merge the test is about
+    assert prefixed.prefixed_pairs(rm, pairs, "auto", batch_size=8) is not None
+    assert prefixed.prefixed_pairs(rm, merged, "auto", batch_size=8) is None

@@ -91,14 +91,15 @@ def _hidden(params, cfg, ids, mask):
 
 
 def _last_hidden(params, cfg, ids, mask, cache=None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Final-normed hidden state at each row's last real token [B, H], and the gate's input (or None)."""
+    """Final-normed hidden state where the head reads each row (nn.at_read) [B, H], and the gate's input (or
+    None)."""
     ids = np.asarray(ids, np.int32)
     mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask, bool)
     if cache is not None:
         return np.asarray(M.last_hidden_after(params, cfg, cache, ids, mask), np.float64), (
             None if cache.gate_input is None else np.asarray(cache.gate_input, np.float64))
     hidden, gate = _hidden(params, cfg, ids, mask)
-    last = np.asarray(nn.at_last(hidden, mask), np.float64)
+    last = np.asarray(nn.at_read(hidden, mask, ids, nn.read_pad_id(cfg)), np.float64)
     return last, None if gate is None else np.asarray(gate, np.float64)
 
 
