@@ -20,6 +20,7 @@ from rmjax.nn.transformer import (
     Segments,
     Transformer,
     at_last,
+    at_read,
     last_token_index,
     or_first_real,
     read_index,
@@ -30,7 +31,7 @@ from rmjax.nn.transformer import (
 __all__ = [
     "Declaration", "DecoderStack", "Embedder", "Forward", "GatedHead", "KVCache", "Linear", "Patch", "RMSNorm",
     "Segments", "SplitStack",
-    "Transformer", "abstract", "at_last", "constrain", "declarations", "flat", "from_flat", "get", "graphdef",
-    "last_token_index", "module", "or_first_real", "read_index", "read_pad_id", "readable",
+    "Transformer", "abstract", "at_last", "at_read", "constrain", "declarations", "flat", "from_flat", "get",
+    "graphdef", "last_token_index", "module", "or_first_real", "read_index", "read_pad_id", "readable",
     "replace", "shardings", "weight",
 ]
