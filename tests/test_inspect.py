@@ -121,6 +121,24 @@ def test_adaptive_path_integral_resolves_a_cliff_that_uniform_steps_miss():
     assert path.integral.sum() - exact.sum() == pytest.approx(path.panel_errors.sum(), abs=1e-9)
     assert len(path.alphas) == sum(calls) < 400 and set(calls[1:]) == {16}  # rounds of one batch shape
     assert path.alphas[0] == 0 and path.alphas[-1] == 1 and np.all(np.diff(path.alphas) > 0)
+    for budget in (66, 67, 100):  # a round that would split more panels than the budget leaves splits fewer
+        capped = integrate_path(evaluate, steps=64, tolerance=0.05, max_evaluations=budget, per_round=64)
+        assert len(capped.alphas) == budget - (budget - 65) % 2  # two nodes a split, never past the budget
+
+
+def test_a_jump_no_panel_resolves_stops_at_the_narrowest_panel():
+    """f jumps at α = 0.3 with f' = 0 everywhere: no split removes the error, so refinement stops once the panel
+    holding the jump is MIN_PANEL wide (eleven halvings of a starting panel, 1/32), far short of the budget."""
+    from rmjax.inspect.attribution import MIN_PANEL, integrate_path
+
+    def evaluate(alphas):
+        a = np.asarray(alphas, np.float64)
+        return (a > 0.3).astype(np.float64), np.zeros((len(a), 1))
+
+    path = integrate_path(evaluate, steps=64, tolerance=0.05, max_evaluations=4096, per_round=2)
+    widths = path.panels[:, 2] - path.panels[:, 0]
+    assert widths.min() == MIN_PANEL and len(path.alphas) == 65 + 2 * 11
+    assert path.integral.sum() == 0 and abs(path.panel_errors.sum()) == 1  # the jump is unresolved, and said so
 
 
 def test_gradient_times_input_equals_torch_autograd(family):
@@ -155,17 +173,19 @@ def test_patching_itself_changes_nothing_and_the_last_residual_gives_the_donor(f
 
 
 def test_patching_one_layer_equals_a_transformers_hook(family):
-    """Residual after layer 1 at position 3, attention write of layer 2 at position 5: a forward hook in transformers
-    doing the same replacement gives the same reward."""
+    """Residual after layer 1 at position 3, attention write of layer 2 at position 5, MLP write of layer 0 at
+    position 4: a forward hook in transformers doing the same replacement gives the same reward."""
     hf, model = family("llama3")
     clean, donor = SEQUENCES[0], [2, 50, 51, 52, 53, 54, 55]
     pm = patching_map(model, clean, donor, batch_size=16)
     with torch.no_grad():
         states = hf.model(input_ids=torch.tensor([donor]), output_hidden_states=True).hidden_states
         captured = {}
-        grab = hf.model.layers[2].self_attn.register_forward_hook(lambda m, i, o: captured.update(attn=o[0]))
+        grabs = [hf.model.layers[2].self_attn.register_forward_hook(lambda m, i, o: captured.update(attn=o[0])),
+                 hf.model.layers[0].mlp.register_forward_hook(lambda m, i, o: captured.update(mlp=o.clone()))]
         hf(input_ids=torch.tensor([donor]))
-        grab.remove()
+        for grab in grabs:
+            grab.remove()
 
         def put_residual(module, inputs, output):
             hidden = output[0] if isinstance(output, tuple) else output
@@ -183,10 +203,20 @@ def test_patching_one_layer_equals_a_transformers_hook(family):
         hook = hf.model.layers[2].self_attn.register_forward_hook(put_attention)
         want_attention = hf(input_ids=torch.tensor([clean])).logits[0, 0].item()
         hook.remove()
+
+        def put_mlp(module, inputs, output):
+            output[0, 4] = captured["mlp"][0, 4]
+            return output
+
+        hook = hf.model.layers[0].mlp.register_forward_hook(put_mlp)
+        want_mlp = hf(input_ids=torch.tensor([clean])).logits[0, 0].item()
+        hook.remove()
     atol = tolerance.any_rewards_atol(model.params, model.config, len(clean))  # a patched run is some input
     assert pm.maps["residual"][2, 3] == pytest.approx(want_residual, abs=atol)  # row 0 is the embeddings
     assert pm.maps["attention"][2, 5] == pytest.approx(want_attention, abs=atol)
-    assert abs(want_residual - pm.clean_reward) > 4 * atol  # the patch matters, so the test can tell
+    assert pm.maps["mlp"][0, 4] == pytest.approx(want_mlp, abs=atol)
+    for want in (want_residual, want_attention, want_mlp):  # each patch matters, so the test can tell
+        assert abs(want - pm.clean_reward) > 4 * atol
 
 
 def test_a_gated_head_goes_through_the_lens_with_its_gate(tmp_path):

@@ -205,10 +205,11 @@ def integrate_path(evaluate, *, steps: int, tolerance: float, max_evaluations: i
     parts is df/dα). Starts from ceil(steps / 2) Simpson panels, then bisects the panels with the largest error
     e = Simpson(f') − (f(b) − f(a)), `per_round` // 2 panels per call (at least one), none narrower than
     MIN_PANEL, until Σ_g |Σ_{panels in g} e| ≤ tolerance·|f(1) − f(0)| over the starting panels g, or
-    `max_evaluations` nodes are spent, or an error is not finite. The gap itself is |Σe|. Summing the errors
-    within a starting panel first lets f's float32 rounding at the nodes inside it telescope away (on a cliff
-    it is ~0.003 per node, so Σ|e| over thousands of fine panels would only measure that), while an unresolved
-    feature in one starting panel cannot hide behind an opposite one in another.
+    `max_evaluations` nodes are spent, or no panel a split may refine carries an error, or an error is not
+    finite. The gap itself is |Σe|. Summing the errors within a starting panel first lets f's float32 rounding at
+    the nodes inside it telescope away (on a cliff it is ~0.003 per node, so Σ|e| over thousands of fine panels
+    would only measure that), while an unresolved feature in one starting panel cannot hide behind an opposite
+    one in another.
     `history` (a list) gets (nodes, |Σe| / |Δ|, Σ_g |Σ_g e| / |Δ|) after each round."""
     n = (first_points(steps) - 1) // 2
     grid = [i / (2 * n) for i in range(2 * n + 1)]
@@ -232,15 +233,19 @@ def integrate_path(evaluate, *, steps: int, tolerance: float, max_evaluations: i
         grouped = np.abs(np.bincount(group, weights=err, minlength=n)).sum() if np.isfinite(err).all() else np.inf
         if history is not None:
             history.append((len(nodes), abs(err.sum()) / scale, grouped / scale))
-        splittable = np.asarray([b - a > MIN_PANEL for a, _, b in panels])
-        room = min((max_evaluations - len(nodes)) // 2, max(1, per_round // 2), int(splittable.sum()))
-        if not np.isfinite(err).all() or room < 1 or grouped <= tolerance * scale:
+        if not np.isfinite(err).all() or grouped <= tolerance * scale:
             break
         # A panel's |e| counts as much as its starting panel's errors do not cancel: where they do, they are f's
-        # rounding at the nodes, which a split does not remove.
+        # rounding at the nodes, which a split does not remove. A panel that carries none is not split (a jump
+        # narrower than MIN_PANEL left the budget to panels with no error).
         within = np.bincount(group, weights=np.abs(err), minlength=n)
         real = np.abs(np.bincount(group, weights=err, minlength=n)) / np.maximum(within, 1e-300)
-        order = np.argsort(-np.where(splittable, np.abs(err) * real[group], -1.0), kind="stable")
+        splittable = np.asarray([b - a > MIN_PANEL for a, _, b in panels])
+        weight = np.where(splittable, np.abs(err) * real[group], 0.0)
+        room = min((max_evaluations - len(nodes)) // 2, max(1, per_round // 2), int((weight > 0).sum()))
+        if room < 1:
+            break
+        order = np.argsort(-weight, kind="stable")
         split, new, refined, regroup = {int(i) for i in order[:room]}, [], [], []
         for i, (a, m, b) in enumerate(panels):
             if i in split:
