@@ -83,18 +83,24 @@ def test_depth_two_with_full_beam_is_brute_force(model, exhaustive):
     assert [lv["candidates"] for lv in result.levels] == [9, 81]
 
 
-def test_depth_three_cached_equals_full_sequences(model):
+@pytest.mark.parametrize("top", [20, 2])
+def test_depth_three_cached_equals_full_sequences(model, top):
+    """The beam keeps `beam` partials at each depth before the last, also where fewer rows are written (top)."""
     s = _candidates(10, seed=1)
     k = 3
-    result = beam_search(model, PROMPTS, BeamConfig(depth=3, beam=k, top=20), s, batch_size=8, chunk_size=6)
+    result = beam_search(model, PROMPTS, BeamConfig(depth=3, beam=k, top=top), s, batch_size=8, chunk_size=6)
+    extended = set()
     for direction in ("optimal", "pessimal"):
         firsts, _ = _ranked(model, [(t,) for t in s.tolist()], direction)
         seconds = [(*p, t) for p in firsts[:k] for t in s.tolist()]
         kept2, _ = _ranked(model, seconds, direction)
         thirds = [(*p, t) for p in kept2[:k] for t in s.tolist()]
+        extended |= set(kept2[:k])
         found = {f.depth: f for f in result.found if f.direction == direction}
+        assert len(found[2].ids) == len(found[3].ids) == min(top, len(seconds))
         _check_found(model, found[2], seconds, direction)
         _check_found(model, found[3], thirds, direction)
+    assert result.levels[2]["partials"] == len(extended) > k
 
 
 def test_exhaustive_depth_three(model):

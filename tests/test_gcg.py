@@ -147,6 +147,9 @@ def test_filters_hold_on_a_real_tokenizer(tmp_path):
     res = gcg([target], GCGConfig(num_tokens=3, steps=4, search_width=32, topk=16, seed=0))
     banned = disallowed_ids(model.tokenizer, model.config.vocab_size, False, False)
     assert banned[model.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    n = len(model.tokenizer)  # an embedding table padded past the tokenizer: those rows decode to nothing
+    padded = disallowed_ids(model.tokenizer, n + 7, True, True)
+    assert padded[n:].all() and not padded[:n].all()
     for _, ids in res.buffer:
         assert not banned[ids].any()
         text = model.tokenizer.decode(ids)
@@ -234,6 +237,11 @@ def test_greedy_selection_swaps_n_replace_positions():
         order = np.argsort(np.take_along_axis(grad, np.argsort(grad, axis=1)[:, :8], axis=1), axis=None)
         pos, rank = np.unravel_index(order[0], (4, 8))
         assert cands[0][pos] == np.argsort(grad, axis=1)[pos, rank]
+    # where a position's best token is its current one, its extra swap is its second best
+    grad[0, current[0]], grad[0, 20] = -10.0, -9.0
+    cfg = GCGConfig(num_tokens=4, search_width=20, topk=8, n_replace=2, selection="greedy")
+    cands = sample_candidates(current, jax.numpy.asarray(grad), cfg, jax.random.key(0))
+    assert (cands[:, 0] == 20).sum() >= len(cands) - 8  # all but the swaps at position 0 itself (top 8)
 
 
 def test_buffer_holds_each_sequence_once_without_the_history(tiny_rm):
@@ -295,6 +303,11 @@ def test_random_candidates_come_from_the_top_k_on_the_device():
                 assert c[p] in allowed_top[p] and not banned[c[p]]
         assert (cands != current).sum(1).max() == n_replace
         assert len({tuple(c) for c in cands.tolist()}) > 20  # sampled (35 single swaps exist), not one repeated
+    few = np.arange(300) >= 40  # --topk past the allowed tokens: top-k stops at them, never reaching a banned one
+    cfg = GCGConfig(num_tokens=5, search_width=64, topk=1000, n_replace=3)
+    cands = sample_candidates(current, swap_scores(grad, few, current, None, 0.0), cfg, jax.random.key(4))
+    swapped = cands[cands != current]
+    assert len(swapped) > 64 and not few[swapped].any()
 
 
 def test_init_from_starts_the_buffer_from_the_beams_best(rm_folder, tmp_path):
@@ -509,6 +522,52 @@ def test_step_candidate_counts_equal_a_recount_of_the_filters(rm_folder, monkeyp
     paced.cfg = dataclasses.replace(cfg, patience=2)
     assert _Search.time_left(paced, 2, 90.0) == ", at most 1m30s left"
     assert _Search.time_left(paced, 0, 30.0) == _Search.time_left(paced, 5, 200.0) == ""
+
+
+def test_a_step_with_no_candidate_left_retries_from_the_next_buffer_entries_swapping_more(tiny_rm, monkeypatch):
+    """When every top-k neighbour of the best sequence was evaluated before, a step samples again from the buffer's
+    next entries (best first, up to four), each retry swapping one more position (n_replace + attempt)."""
+    from rmjax.search import gcg as gcg_lib
+
+    _, model = tiny_rm
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    calls, sample = [], gcg_lib.sample_candidates
+
+    def recorded(current, score, cfg, key):
+        calls.append((np.asarray(current).tolist(), cfg.n_replace))
+        return sample(current, score, cfg, key)
+
+    monkeypatch.setattr(gcg_lib, "sample_candidates", recorded)
+    cfg = GCGConfig(num_tokens=2, steps=8, search_width=16, topk=2, buffer_size=4, retokenize_filter=False, seed=0)
+    res = gcg([target], cfg)
+    retries = [h["retries"] for h in res.history]
+    assert max(retries) >= 2 and len(calls) == sum(retries) + len(retries)  # 2 x top 2: 4 swaps, soon all seen
+    best = None
+    for record in res.history:
+        step, calls = calls[: record["retries"] + 1], calls[record["retries"] + 1:]
+        currents = [c for c, _ in step]
+        assert [n for _, n in step] == [min(cfg.num_tokens, cfg.n_replace + i) for i in range(len(step))]
+        assert len({tuple(c) for c in currents}) == len(currents)
+        assert best is None or currents[0] == best  # the best so far first
+        rewards = evaluate([target], np.asarray(currents))
+        assert np.all(np.diff(rewards) <= _atol(model, np.asarray(currents)))  # then the buffer's order
+        best = record["ids"]
+
+
+def test_patience_stops_a_search_that_stopped_improving(tiny_rm):
+    """--patience=P ends the search P steps after the last step that lowered the best loss, with the history of
+    the same search run to the end up to there."""
+    _, model = tiny_rm
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    cfg = GCGConfig(num_tokens=2, steps=8, search_width=16, topk=2, buffer_size=4, retokenize_filter=False, seed=0)
+    whole = gcg([target], cfg)
+    losses = [h["loss"] for h in whole.history]
+    improved = [i for i in range(1, len(losses)) if losses[i] < min(losses[:i]) - 1e-9]
+    # the first step two steps past the last improvement so far (step 0 counts as one)
+    stop = next(i for i in range(len(losses)) if i - max([0, *(j for j in improved if j <= i)]) >= 2)
+    assert improved and 2 < stop < cfg.steps - 1  # it improves, then stalls for longer than the patience
+    stopped = gcg([target], dataclasses.replace(cfg, patience=2))
+    assert [h["ids"] for h in stopped.history] == [h["ids"] for h in whole.history][: stop + 1]
 
 
 def test_warning_names_the_step_and_what_to_change(tiny_rm, caplog):
