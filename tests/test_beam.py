@@ -527,3 +527,22 @@ def test_a_tokenizers_decoded_vocabulary_is_built_once():
     first = decoded_tokens(tok, 5)
     assert first == tuple(f"<{i}>" for i in range(5))  # each id decoded alone, in id order
     assert decoded_tokens(tok, 5) is first and Counting.calls == 1
+
+
+def test_ties_keep_the_earlier_partial_then_the_earlier_candidate_whatever_the_chunks():
+    """Equal scores (a candidate list with a repeated token, two partials that score alike) are kept in the order
+    (partial, candidate index), so a rerun in other chunks writes the same rows."""
+    from rmjax.search.beam import _Best
+
+    rng = np.random.default_rng(0)
+    scores = rng.choice([0.5, 1.0, 2.0], size=(2, 12, 1)).astype(np.float32)  # many ties
+    ids = np.arange(2 * 12 * 2).reshape(2, 12, 2)
+    for direction in (1.0, -1.0):
+        order = sorted(((u, c) for u in range(2) for c in range(12)), key=lambda k: -direction * scores[k][0])
+        want = [ids[k].tolist() for k in order][:7]  # Python's sort is stable: (partial, candidate) among ties
+        for chunk in (12, 5, 1):
+            best = _Best(direction, 7, 1, 2)
+            for u in (1, 0) if chunk == 1 else (0, 1):  # partials in either order
+                for s in range(0, 12, chunk):
+                    best.add(u, s, ids[u, s : s + chunk], scores[u, s : s + chunk])
+            assert best.ids.tolist() == want, (direction, chunk)
