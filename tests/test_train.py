@@ -90,9 +90,12 @@ def _separable(nouns: list[str], n: int, seed: int) -> Pairs:
 def test_head_training_learns_separable_preferences(lm, tmp_path):
     rm = reward_model_from_lm(lm, seed=0)
     train, held = _separable(NOUNS[:20], 400, 0), _separable(NOUNS[20:], 200, 1)
-    cfg = TrainConfig(trainable="head", steps=200, batch_size=32, learning_rate=5e-2, checkpoint_every=100)
+    cfg = TrainConfig(trainable="head", steps=210, batch_size=32, learning_rate=5e-2, checkpoint_every=100)
     result = train_reward_model(rm, train, held, cfg, tmp_path, log=lambda *_: None)
     assert result.evals[-1]["heldout_accuracy"] > 0.95
+    # the last step is evaluated and checkpointed too, off the --checkpoint_every grid
+    assert [e["step"] for e in result.evals] == [100, 200, 210]
+    assert sorted(int(d.name) for d in (tmp_path / "checkpoints").iterdir() if d.name.isdigit()) == [100, 200, 210]
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     # the trained head scores unseen items with the full model too
     from rmjax.scoring.texts import TextScorer
@@ -131,17 +134,50 @@ def crash_at(step: int):
     return log
 
 
-def test_resume_after_crash_is_exact(lm, tmp_path):
+def test_a_nonfinite_training_loss_stops_the_run_before_its_checkpoint(lm, tmp_path):
+    """A step whose loss is NaN/Inf (here a rate that overflows the head) stops the run naming the step, before
+    the checkpoint at the run's end."""
+    from rmjax.errors import NonFiniteError
+
+    rm = reward_model_from_lm(lm, seed=0)
+    train, held = _separable(NOUNS[:20], 40, 0), _separable(NOUNS[20:], 10, 1)
+    cfg = TrainConfig(trainable="head", steps=4, batch_size=8, learning_rate=1e38, warmup_steps=0, checkpoint_every=4)
+    with pytest.raises(NonFiniteError, match=r"training loss is (nan|inf) at step (\d+)") as caught:
+        train_reward_model(rm, train, held, cfg, tmp_path, log=lambda *_: None)
+    step = int(caught.value.args[0].split(" at step ")[1].split(";")[0])
+    assert 1 < step < cfg.steps  # step 1's loss is finite (the head was small), a later one overflowed
+    assert not any(d.name.isdigit() for d in (tmp_path / "checkpoints").iterdir())
+
+
+@pytest.mark.parametrize("between_logs_and_checkpoint", [False, True])
+def test_resume_after_crash_is_exact(lm, tmp_path, monkeypatch, between_logs_and_checkpoint):
+    """Killed after step 8's checkpoint, or after its logs were written but before its checkpoint (the logs then
+    run past the checkpoint the resume starts from: their later rows are replayed, not kept twice)."""
+    import orbax.checkpoint as ocp
+
     rm = reward_model_from_lm(lm, seed=1)
     train, held = _separable(NOUNS[:20], 64, 2), _separable(NOUNS[20:], 16, 3)
     cfg = TrainConfig(trainable="last_k", last_k=1, steps=12, batch_size=8, learning_rate=1e-2,
                       checkpoint_every=4, weight_decay=0.01)
     whole = train_reward_model(rm, train, held, cfg, tmp_path / "a", log=lambda *_: None)
+    if between_logs_and_checkpoint:
+        save = ocp.CheckpointManager.save
+
+        def crash_saving(self, step, *args, **kwargs):
+            if step == 8:
+                raise Crash
+            return save(self, step, *args, **kwargs)
+
+        monkeypatch.setattr(ocp.CheckpointManager, "save", crash_saving)
     with pytest.raises(Crash):
         train_reward_model(rm, train, held, cfg, tmp_path / "b", log=crash_at(8))
+    monkeypatch.undo()
+    if between_logs_and_checkpoint:
+        assert len((tmp_path / "b" / "train_log.csv").read_text().splitlines()) == 1 + 8  # past checkpoint 4
     resumed = train_reward_model(rm, train, held, cfg, tmp_path / "b", log=lambda *_: None)
-    assert resumed.resumed_from == 8
+    assert resumed.resumed_from == (4 if between_logs_and_checkpoint else 8)
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
+    assert [e["step"] for e in resumed.evals] == [4, 8, 12]
     flat_a, flat_b = nn.flat(whole.model.params), nn.flat(resumed.model.params)
     for key in flat_a:
         np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]))
@@ -468,3 +504,19 @@ def test_training_from_a_reward_model_says_its_head_is_replaced(rm_folder, tmp_p
     inproc.train_rm(rm_folder, pairs=pairs, heldout_pairs=heldout, workdir=tmp_path / "work", steps=1, batch_size=2,
                     warmup_steps=0, checkpoint_every=1)
     assert f"note: {rm_folder} is a reward model; its score head is replaced" in capsys.readouterr().err
+
+
+def test_heldout_accuracy_counts_decisive_pairs_by_their_labels_side():
+    """A pair is right when the reward orders it the way its label leans (label < 0.5: the rejected side preferred);
+    a tie (0.5) is neither right nor counted. The loss is the soft-label Bradley–Terry loss, by hand in float64."""
+    from rmjax.train.loop import _evaluation
+
+    label = np.asarray([1.0, 0.0, 0.5, 0.8, 0.2, 0.3], np.float32)
+    chosen = np.asarray([1.0, 1.0, 1.0, 1.0, 1.0, -1.0], np.float32)
+    rejected = np.zeros(6, np.float32)
+    held = Pairs(["q"] * 6, [f"c{i}" for i in range(6)], [f"r{i}" for i in range(6)], label)
+    got = _evaluation(None, lambda _: (jnp.asarray(chosen), jnp.asarray(rejected)), held)
+    assert got["heldout_accuracy"] == pytest.approx(3 / 5, rel=2**-23)  # rows 0, 3, 5 right; 1, 4 wrong; 2 a tie
+    d = (chosen - rejected).astype(np.float64)
+    want = -np.mean(label * np.log(1 / (1 + np.exp(-d))) + (1 - label) * np.log(1 / (1 + np.exp(d))))
+    assert got["heldout_loss"] == pytest.approx(want, rel=1e-6)
