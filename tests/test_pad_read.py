@@ -130,12 +130,15 @@ def test_packed_variants_and_the_gcg_forward_read_before_trailing_pad_ids(rm, te
         np.testing.assert_allclose(float(value), _transformers(hf, prefix + ids.tolist() + suffix),
                                    atol=_atol(model), rtol=0)
     if template == "plain":  # a plain whole turn's end (here not the pad id) is not read (read_offset 1), nor
-        for ids in ([5738, 8549, 30200], [5738, PAD, 30200]):  # the pad ids before it
+        ends = ([5738, 8549, 30200], [5738, PAD, 30200])  # the pad ids before it
+        packed = score_variants(model, extended, np.asarray(suffix, np.int32), current, np.asarray(ends, np.int32),
+                                8, read_offset=1)
+        for ids, value_packed in zip(ends, packed, strict=True):
             one_hot = jax.nn.one_hot(ids, model.config.vocab_size, dtype=jnp.float32)
             value, _ = gcg_lib._reward_of_one_hot(model.config, model.params, target.cache, one_hot,
                                                   jnp.asarray(ids), target.suffix_ids, column=0, read_offset=1)
-            np.testing.assert_allclose(float(value), _transformers(hf, prefix + ids[:1 + (ids[1] != PAD)]),
-                                       atol=_atol(model), rtol=0)
+            want = _transformers(hf, prefix + ids[:1 + (ids[1] != PAD)])
+            np.testing.assert_allclose([float(value), value_packed], [want, want], atol=_atol(model), rtol=0)
 
 
 def test_a_row_of_pad_ids_alone_and_a_prompt_that_ends_in_pad_ids(rm):

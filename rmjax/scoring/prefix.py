@@ -230,14 +230,11 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
     return out, tails
 
 
-def first_changes(current: np.ndarray, variants: np.ndarray | list) -> np.ndarray:
+def first_changes(current: np.ndarray, variants: list[np.ndarray]) -> np.ndarray:
     """Each variant's first position that differs from `current` (score_variants runs it from there on: its length
     − first + len(suffix) positions); an unchanged variant reruns its last token. Variants of other lengths (whole
     turns) differ where they first differ, or where the shorter ends."""
     current = np.asarray(current)
-    if isinstance(variants, np.ndarray) and variants.ndim == 2 and variants.shape[1] == len(current):
-        changed = variants != current[None]
-        return np.where(changed.any(1), changed.argmax(1), len(current) - 1)
     out = np.zeros(len(variants), np.int64)
     for i, v in enumerate(variants):
         v = np.asarray(v)
