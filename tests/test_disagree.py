@@ -348,6 +348,26 @@ def test_agreement_against_scipy_and_its_affine_invariance():
     assert (np.diag(matrix) == 0).all()
 
 
+def test_the_vocabulary_map_runs_by_gap_then_text_with_each_sides_z():
+    """Rows by gap z_A − z_B, largest first; equal gaps (here exact, from rewards on a grid) by text A→Z, so a
+    rerun writes the same order. Sorted here with Python's sorted over (−gap, text)."""
+    from rmjax.search.disagree import vocab_map
+
+    rng = np.random.default_rng(3)
+    texts = [f"w{i:02d}" for i in rng.permutation(24)]
+    shared = pd.DataFrame({"text": texts, "token_a": np.arange(24), "token_b": np.arange(24) + 100})
+    ra, rb = rng.integers(0, 4, 24).astype(np.float64), rng.integers(0, 4, 24).astype(np.float64)
+    z_a, z_b = (1.0, 2.0), (-1.0, 0.5)
+    frame, summary = vocab_map(shared, (ra, rb, 0), z_a, z_b, "q")
+    gap = (ra - 1.0) / 2.0 - (rb + 1.0) / 0.5
+    want = sorted(range(24), key=lambda i: (-gap[i], texts[i]))
+    assert frame["text"].tolist() == [texts[i] for i in want]
+    assert len(set(gap.tolist())) < 24  # ties, so the text order is tested
+    np.testing.assert_array_equal(frame["gap"], gap[want])
+    np.testing.assert_array_equal(frame["token_b"], np.asarray(want) + 100)
+    assert summary["n"] == 24 and summary["kendall_tau"] == pytest.approx(stats.kendalltau(ra, rb).statistic)
+
+
 def test_a_nan_string_of_an_allowed_map_spoils_neither_its_statistics_nor_its_ends():
     """--allow_nonfinite writes a NaN reward into the map: one made the prompt's τ, r and EPIC distance NaN, led
     the summary's B-over-A end, and its missing shift reordered nothing but could not be ranked (a fault hunt).
