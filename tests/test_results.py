@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rmjax.runs import results
 
@@ -35,3 +36,36 @@ def test_meta_written_beside(tmp_path):
 
     record = json.loads(meta.read_text())
     assert record["model"] == "m" and record["seconds"] == 1.5 and "jax" in record["environment"]
+
+
+def test_a_table_of_number_like_tokens_reads_back_as_strings(tmp_path):
+    """A vocabulary slice of digit tokens (--limit, a beam's candidates) has token strings that all look like
+    numbers: they read back as the same strings, not as the numbers pandas would infer ('007' is not 7)."""
+    names = ["007", "1", "-0", "1e5", "2.50"]
+    decoded = ["007", " 1", "1.50", "1e5", "-0"]
+    path = results.write_scores_csv(tmp_path / "d.csv", np.arange(5), names, decoded, {"p": np.zeros(5)},
+                                    roundtrip=np.asarray([True, False, True, True, False]))
+    df = results.read_scores_csv(path)
+    assert df["token_name"].tolist() == names and df["token_decoded"].tolist() == decoded
+    assert df[results.ROUNDTRIP].tolist() == [1, 0, 1, 1, 0] and df[results.ROUNDTRIP].dtype == np.int64
+
+
+def test_json_values_are_plain_json_with_no_value_for_nan(tmp_path):
+    """NaN and ±Inf become null (strict readers refuse bare NaN), arrays and tuples lists, numpy scalars numbers."""
+    import json
+
+    value = {"a": np.asarray([1.0, np.nan, np.inf]), "b": np.float32(2.5), "c": (np.int64(3), -np.inf), "d": "x"}
+    want = {"a": [1.0, None, None], "b": 2.5, "c": [3, None], "d": "x"}
+    assert results.json_safe(value) == want
+    path = results.dump_json(value, tmp_path / "v.json", allow_nonfinite=True)
+    assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}")) == want
+
+
+def test_a_table_with_a_repeated_column_is_refused_by_name(tmp_path):
+    """pandas would read a second `greatest` as `greatest.1`: a hand-merged table is refused instead."""
+    from rmjax.errors import InputFileError
+
+    path = tmp_path / "merged.csv"
+    path.write_text('"token_id","token_name","token_decoded","greatest","greatest"\n0,"a","a",1.5,2.5\n')
+    with pytest.raises(InputFileError, match="column 'greatest' appears more than once"):
+        results.read_scores_csv(path)
