@@ -90,7 +90,7 @@ def _hidden(params, cfg, ids, mask):
     return hidden, m.gate_input(ids, mask, hidden)
 
 
-def _last_hidden(params, cfg, ids, mask, cache=None) -> tuple[np.ndarray, np.ndarray | None]:
+def _read_hidden(params, cfg, ids, mask, cache=None) -> tuple[np.ndarray, np.ndarray | None]:
     """Final-normed hidden state where the head reads each row (nn.at_read) [B, H], and the gate's input (or
     None)."""
     ids = np.asarray(ids, np.int32)
@@ -99,8 +99,8 @@ def _last_hidden(params, cfg, ids, mask, cache=None) -> tuple[np.ndarray, np.nda
         return np.asarray(M.last_hidden_after(params, cfg, cache, ids, mask), np.float64), (
             None if cache.gate_input is None else np.asarray(cache.gate_input, np.float64))
     hidden, gate = _hidden(params, cfg, ids, mask)
-    last = np.asarray(nn.at_read(hidden, mask, ids, nn.read_pad_id(cfg)), np.float64)
-    return last, None if gate is None else np.asarray(gate, np.float64)
+    read = np.asarray(nn.at_read(hidden, mask, ids, nn.read_pad_id(cfg)), np.float64)
+    return read, None if gate is None else np.asarray(gate, np.float64)
 
 
 def _gated_scales(params, cfg, last: np.ndarray, gate_in: np.ndarray | None) -> np.ndarray:
@@ -159,11 +159,11 @@ def _gated_scales(params, cfg, last: np.ndarray, gate_in: np.ndarray | None) -> 
 def reward_scale(params, cfg, ids, mask=None, cache=None) -> float:
     """S of the reward head's outputs for these rows: the largest sum of |terms| of an output,
     max over rows and outputs of Σ_i |h_i·w_i| (a gated head: propagated through its gate)."""
-    last, gate_in = _last_hidden(params, cfg, ids, mask, cache)
+    read, gate_in = _read_hidden(params, cfg, ids, mask, cache)
     if cfg.head is not None:
-        return float(np.nanmax(_gated_scales(params, cfg, last, gate_in)))
+        return float(np.nanmax(_gated_scales(params, cfg, read, gate_in)))
     w = np.asarray(nn.get(params, "score.kernel"), np.float64)
-    return float((np.abs(last) @ np.abs(w)).max())
+    return float((np.abs(read) @ np.abs(w)).max())
 
 
 def rewards_atol(params, cfg, ids, mask=None, cache=None, evaluations: int = 2) -> float:
