@@ -12,37 +12,9 @@ import transformers
 from rmjax.loading import config_of, load, resolve
 from tests import jitted as M
 from tests import tolerance
+from tests.gguf_reading import plain_reading_once
 
 PROMPT = "What, in one word, is the greatest thing ever?"
-
-
-_READERS: dict[str, object] = {}
-
-
-@contextlib.contextmanager
-def _plain_reading_once():
-    """rmjax's plain_array_reading, each file's gguf reader built once for this module: transformers builds one for
-    the config and one for the weights (and one for the tokenizer), ~12 s each for Gemma 3's 262k-token vocabulary.
-    The reader is gguf's own class; only its construction is shared."""
-    import gguf
-
-    from rmjax.loading.gguf_file import plain_array_reading
-
-    real = gguf.GGUFReader
-
-    def reader(path, *args, **kwargs):
-        if args or kwargs:
-            return real(path, *args, **kwargs)
-        if str(path) not in _READERS:
-            _READERS[str(path)] = real(path)
-        return _READERS[str(path)]
-
-    gguf.GGUFReader = reader
-    try:
-        with plain_array_reading():
-            yield
-    finally:
-        gguf.GGUFReader = real
 
 
 def _prompt_ids(model) -> np.ndarray:
@@ -68,9 +40,8 @@ def test_real_model_matches_transformers_gguf(name):
 
     _, gguf_path = resolve(name)
     # gguf's reader slices a numpy.memmap once per metadata item; reading the same bytes through a plain view
-    # (rmjax's plain_array_reading) takes 30 s less for Gemma's 262k-token vocabulary. The test below holds
-    # what that reader gives against gguf's own reader, through transformers' GGUF tokenizer.
-    with _plain_reading_once():
+    # (tests/gguf_reading.py) takes 30 s less for Gemma's 262k-token vocabulary.
+    with plain_reading_once():
         ref_model = transformers.AutoModelForCausalLM.from_pretrained(
             str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32,
             attn_implementation="eager",
@@ -101,12 +72,11 @@ def test_gguf_tokenizer_equals_transformers_gguf_tokenizer(name):
     from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
 
     _, gguf_path = resolve(name)
-    with _plain_reading_once():
-        reader = read_gguf(gguf_path)
-        ours = tokenizer_from_gguf(reader, hf_config_from_gguf(reader, gguf_path)["model_type"], gguf_path)
-    # transformers reads SmolLM2's file with gguf's own reader, the independent check of rmjax's plain reading;
-    # Gemma 3's 262,144-token vocabulary through that reader takes 30 s more, so it goes through the plain one.
-    reading = _plain_reading_once() if name.startswith("gemma") else contextlib.nullcontext()
+    contents = read_gguf(gguf_path)
+    ours = tokenizer_from_gguf(contents, hf_config_from_gguf(contents, gguf_path)["model_type"], gguf_path)
+    # transformers reads SmolLM2's file with gguf's own reader unchanged; Gemma 3's 262,144-token vocabulary
+    # through that reader takes 30 s more, so it goes through the plain view (the same bytes).
+    reading = plain_reading_once() if name.startswith("gemma") else contextlib.nullcontext()
     with reading:
         ref = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     assert type(ours) is type(ref)
@@ -129,12 +99,11 @@ def test_gguf_tokenizer_needs_no_torch():
 
     code = ("import sys; sys.modules['torch'] = None\n"
             "from rmjax.loading import resolve\n"
-            "from rmjax.loading.gguf_file import hf_config_from_gguf, plain_array_reading, read_gguf\n"
+            "from rmjax.loading.gguf_file import hf_config_from_gguf, read_gguf\n"
             "from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf\n"
             "_, path = resolve('smollm2-135m-instruct')\n"
-            "with plain_array_reading():\n"
-            "    reader = read_gguf(path)\n"
-            "    tok = tokenizer_from_gguf(reader, hf_config_from_gguf(reader, path)['model_type'], path)\n"
+            "contents = read_gguf(path)\n"
+            "tok = tokenizer_from_gguf(contents, hf_config_from_gguf(contents, path)['model_type'], path)\n"
             "print(len(tok))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]

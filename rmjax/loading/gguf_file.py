@@ -8,21 +8,19 @@ checkpoint, so both loaders produce the same parameter tree.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
 import shutil
 import time
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from rmjax.config import config_from_hf
 from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
-from rmjax.loading.gguf_bounds import check_metadata_bounds
+from rmjax.loading.gguf_reader import GGUFContents, TruncatedError, read_contents
 from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
 from rmjax.loading.identity import READING, sampled_digest
 from rmjax.loading.safetensors_io import save_file
@@ -37,14 +35,9 @@ _ARCHS = {
 }
 
 
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    value = f.parts[f.data[0]]
-    if f.types and f.types[0].name == "STRING":
-        return bytes(value).decode()
-    return value.item() if value.size == 1 else value.tolist()
+def _field(contents: GGUFContents, key: str, default=None):
+    value = contents.metadata.get(key, default)
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def _unpermute(n_heads: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -65,29 +58,28 @@ def _identity(w: np.ndarray) -> np.ndarray:
     return w
 
 
-def hf_config_from_gguf(reader, path: Path) -> dict:
-    parts = _field(reader, "split.count", 1)
+def hf_config_from_gguf(contents: GGUFContents, path: Path) -> dict:
+    parts = _field(contents, "split.count", 1)
     if parts and int(parts) > 1:  # gguf-split: the other parts hold tensors this file only counts
         raise UnsupportedModelError(
-            f"{path}: part {int(_field(reader, 'split.no', 0)) + 1} of {int(parts)} of a split GGUF; merge the parts "
+            f"{path}: part {int(_field(contents, 'split.no', 0)) + 1} of {int(parts)} of a split GGUF; merge the parts "
             f"into one file (llama.cpp: `llama-gguf-split --merge {path.name} merged.gguf`) and give that.")
-    arch = _field(reader, "general.architecture")
+    arch = _field(contents, "general.architecture")
     if arch not in _ARCHS:
         raise UnsupportedModelError(
             f"{path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHS)})."
         )
-    names = {t.name for t in reader.tensors}
+    names = {t.name for t in contents.tensors}
     if "rope_freqs.weight" in names:
         raise UnsupportedModelError(
             f"{path}: GGUF files with a rope_freqs tensor (Llama 3.1+ rope scaling) are not supported; "
             "load the Hugging Face safetensors checkpoint instead."
         )
     # Sizes go into the config as the file has them: config_from_hf (below) checks every one, naming the file.
-    a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    a = lambda key, default=None: _field(contents, f"{arch}.{key}", default)  # noqa: E731
     hidden = a("embedding_length")
     heads = a("attention.head_count")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = a("vocab_size", len(tokens.data) if tokens else 0)
+    vocab = a("vocab_size", len(contents.metadata.get("tokenizer.ggml.tokens", ())))
     eps = a("attention.layer_norm_rms_epsilon", 1e-6)
     cls, model_type = _ARCHS[arch]
     cfg = {
@@ -103,9 +95,9 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
         "max_position_embeddings": a("context_length", 8192),
         "rms_norm_eps": float(np.float32(eps)) if _is_number(eps) else eps,  # stored as float32
         "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+        "bos_token_id": _field(contents, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(contents, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": _field(contents, "tokenizer.ggml.padding_token_id"),
     }
     theta = a("rope.freq_base")
     if arch == "llama":
@@ -205,20 +197,18 @@ def gguf_to_hf_folder(path: str | Path, out: Path) -> Path:
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"{path}: no such GGUF file.")
-    start = time.perf_counter()
-    with plain_array_reading():
-        return _convert(path, out, start)
+    return _convert(path, out, time.perf_counter())
 
 
 def _convert(path: Path, out: Path, start: float) -> Path:
     import gguf
 
-    reader = read_gguf(path)
-    cfg = hf_config_from_gguf(reader, path)
-    tokenizer = tokenizer_from_gguf(reader, cfg["model_type"], path)
+    contents = read_gguf(path)
+    cfg = hf_config_from_gguf(contents, path)
+    tokenizer = tokenizer_from_gguf(contents, cfg["model_type"], path)
     rules = [(re.compile(p), key, fn) for p, key, fn in gguf_key_map(cfg)]
     tensors = {}
-    for t in reader.tensors:
+    for t in contents.tensors:
         for pattern, key, fn in rules:
             m = pattern.fullmatch(t.name)
             if m:
@@ -235,7 +225,7 @@ def _convert(path: Path, out: Path, start: float) -> Path:
             raise CheckpointError(f"{path}: GGUF tensor {t.name!r} has no mapping for {cfg['model_type']}.")
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt", "source": path.name})
-    del tensors, reader
+    del tensors, contents
     tokenizer.save_pretrained(str(out))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "rmjax_source.json").write_text(
@@ -244,47 +234,15 @@ def _convert(path: Path, out: Path, start: float) -> Path:
     return out
 
 
-@contextlib.contextmanager
-def plain_array_reading() -> Iterator[None]:
-    """gguf's reader slices its numpy.memmap once per metadata item (~500k slices for a 49k-token
-    vocabulary), and each memmap slice pays `memmap.__array_finalize__`. Within this block the reader
-    maps the file the same way but reads through a plain ndarray view of the map: the same bytes, a
-    fraction of the time."""
-    import gguf.gguf_reader as module
-
-    real = module.np
-
-    class _Numpy(types.ModuleType):
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        @staticmethod
-        def memmap(path, mode="r"):
-            return real.memmap(path, mode=mode).view(real.ndarray)  # the view keeps the map alive
-
-    module.np = _Numpy("numpy")
+def read_gguf(path: Path) -> GGUFContents:
+    """The metadata and tensor table of `path`; a truncated or corrupt file is an error naming it."""
     try:
-        yield
-    finally:
-        module.np = real
-
-
-def read_gguf(path: Path):
-    """A GGUFReader over `path`; a truncated or corrupt file is an error naming it."""
-    import gguf
-
-    try:
-        check_metadata_bounds(path)  # gguf's reader would loop on an array that claims more than the file holds
-        reader = gguf.GGUFReader(str(path))
-    except Exception as error:  # the reader raises ValueError, struct.error, IndexError... on bad bytes
+        return read_contents(path)
+    except TruncatedError as error:
+        raise CheckpointError(f"{path}: {error}; download it again.") from None
+    except (ValueError, OSError) as error:
         raise CheckpointError(f"{path}: not a readable GGUF file, probably truncated or corrupt "
                               f"({type(error).__name__}: {str(error)[:120]}); download it again.") from None
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if int(t.data_offset) + int(t.n_bytes) > size:
-            raise CheckpointError(f"{path}: truncated: tensor {t.name!r} ends at byte "
-                                  f"{int(t.data_offset) + int(t.n_bytes)} of a {size}-byte file; download it again.")
-    return reader
 
 
 def cached_hf_folder(path: str | Path, cache_root: Path) -> Path:

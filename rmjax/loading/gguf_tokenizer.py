@@ -2,8 +2,8 @@
 
 `AutoTokenizer.from_pretrained(gguf_file=…)` reads the metadata with transformers' GGUF reader,
 which imports torch at module level; torch is a test extra here (a runtime pin would pull CUDA
-wheels onto GPU and TPU hosts). So the metadata comes from the `gguf` package's reader, which the
-weight conversion opens anyway, and only the torch-free half of transformers' GGUF support builds
+wheels onto GPU and TPU hosts). So the metadata comes from rmjax's reader (gguf_reader), which the
+weight conversion reads anyway, and only the torch-free half of transformers' GGUF support builds
 the tokenizer: `convert_gguf_tokenizer`, from the same dictionary transformers would hand it.
 `tests/test_real_models.py` holds the result equal to transformers' own GGUF tokenizer.
 """
@@ -11,6 +11,7 @@ the tokenizer: `convert_gguf_tokenizer`, from the same dictionary transformers w
 from __future__ import annotations
 
 from rmjax.errors import CheckpointError
+from rmjax.loading.gguf_reader import GGUFContents
 
 # llama.cpp metadata key -> the name transformers' tokenizer builders read it under.
 _TOKENIZER_KEYS = {
@@ -33,18 +34,17 @@ _SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "un
                    "pad_token": "pad_token_id"}
 
 
-def _value(field):
+def _value(value):
     """A metadata value as transformers' reader gives it: scalars, numeric lists, and string lists in full."""
-    value = field.contents()
     return value.tolist() if hasattr(value, "tolist") else value
 
 
-def tokenizer_from_gguf(reader, model_type: str, path) -> object:
+def tokenizer_from_gguf(contents: GGUFContents, model_type: str, path) -> object:
     """The tokenizer transformers would build from this GGUF, as a transformers tokenizer object."""
     from transformers import GemmaTokenizer, LlamaTokenizer, TokenizersBackend
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
-    fields = reader.fields
+    fields = contents.metadata
     if "tokenizer.ggml.tokens" not in fields:
         raise CheckpointError(f"{path}: this GGUF file has no tokenizer (no tokenizer.ggml.tokens); "
                               "load a Hugging Face folder with its tokenizer files instead.")
@@ -63,7 +63,7 @@ def tokenizer_from_gguf(reader, model_type: str, path) -> object:
     for name, key in _SPECIAL_TOKENS.items():
         token_id = tokenizer.get(key)
         config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
-    architecture = str(fields["general.architecture"].contents())
+    architecture = str(fields["general.architecture"])
     try:
         backend, extra = convert_gguf_tokenizer(architecture, tokenizer)
     except (ValueError, KeyError, TypeError, IndexError) as error:  # an unknown kind, a missing or odd field
