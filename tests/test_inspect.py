@@ -141,6 +141,26 @@ def test_a_jump_no_panel_resolves_stops_at_the_narrowest_panel():
     assert path.integral.sum() == 0 and abs(path.panel_errors.sum()) == 1  # the jump is unresolved, and said so
 
 
+def test_without_a_narrowest_panel_a_jump_stops_where_float64_has_no_point_between(monkeypatch):
+    """The same jump with MIN_PANEL 0: halving the panel holding α = 0.3 reaches float64's resolution (a midpoint
+    equal to an end), where a round would add no node; refinement stops there, not once the budget is spent."""
+    from rmjax.inspect import attribution
+
+    monkeypatch.setattr(attribution, "MIN_PANEL", 0.0)
+    calls = []
+
+    def evaluate(alphas):
+        calls.append(len(alphas))
+        assert len(calls) < 500, "refinement did not stop"
+        a = np.asarray(alphas, np.float64)
+        return (a > 0.3).astype(np.float64), np.zeros((len(a), 1))
+
+    path = attribution.integrate_path(evaluate, steps=64, tolerance=0.05, max_evaluations=4096, per_round=2)
+    widths = path.panels[:, 2] - path.panels[:, 0]
+    assert 0 < widths.min() <= 2 * np.spacing(0.3) and len(path.alphas) == 65 + sum(calls[1:]) < 300
+    assert len(set(path.alphas.tolist())) == len(path.alphas) and abs(path.panel_errors.sum()) == 1
+
+
 def test_gradient_times_input_equals_torch_autograd(family):
     hf, model = family("llama3")
     # gradient × input does not depend on the path's baseline; "zero" needs no pad token in the tokenizer

@@ -205,11 +205,11 @@ def integrate_path(evaluate, *, steps: int, tolerance: float, max_evaluations: i
     parts is df/dα). Starts from ceil(steps / 2) Simpson panels, then bisects the panels with the largest error
     e = Simpson(f') − (f(b) − f(a)), `per_round` // 2 panels per call (at least one), none narrower than
     MIN_PANEL, until Σ_g |Σ_{panels in g} e| ≤ tolerance·|f(1) − f(0)| over the starting panels g, or
-    `max_evaluations` nodes are spent, or no panel a split may refine carries an error, or an error is not
-    finite. The gap itself is |Σe|. Summing the errors within a starting panel first lets f's float32 rounding at
-    the nodes inside it telescope away (on a cliff it is ~0.003 per node, so Σ|e| over thousands of fine panels
-    would only measure that), while an unresolved feature in one starting panel cannot hide behind an opposite
-    one in another.
+    `max_evaluations` nodes are spent, or no panel a split may refine carries an error, or a round would add no
+    node, or an error is not finite. The gap itself is |Σe|. Summing the errors within a starting panel first
+    lets f's float32 rounding at the nodes inside it telescope away (on a cliff it is ~0.003 per node, so Σ|e|
+    over thousands of fine panels would only measure that), while an unresolved feature in one starting panel
+    cannot hide behind an opposite one in another.
     `history` (a list) gets (nodes, |Σe| / |Δ|, Σ_g |Σ_g e| / |Δ|) after each round."""
     n = (first_points(steps) - 1) // 2
     grid = [i / (2 * n) for i in range(2 * n + 1)]
@@ -256,6 +256,8 @@ def integrate_path(evaluate, *, steps: int, tolerance: float, max_evaluations: i
             else:
                 refined.append((a, m, b))
                 regroup.append(group[i])
+        if all(alpha in nodes for alpha in new):
+            break  # float64 has no point between these panels' ends (only MIN_PANEL keeps splits from here)
         add(new)
         panels, group = refined, regroup
     integral = sum((b - a) / 6 * (nodes[a][1] + 4 * nodes[m][1] + nodes[b][1]) for a, m, b in panels)
