@@ -210,7 +210,6 @@ def split_chat(
     template: str = "auto",
     max_positions: int | None = None,
     response_tokens: int = 1,
-    system: str | None = None,
 ) -> ChatSplit:
     """Prefix/suffix ids for `prompt`.
 
@@ -229,9 +228,7 @@ def split_chat(
                 "(chat_template.jinja / tokenizer_config.json) from the instruct model to the folder."
             )
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": MARKER}]
-        if system is not None:
-            messages.insert(0, {"role": "system", "content": system})
-        text = render_template(tokenizer, messages)
+        text = render_template(tokenizer, messages)  # with the --system_prompt turn (render_templates)
         if text.count(MARKER) != 1:
             raise RmjaxError("the chat template did not place the assistant response exactly once.")
         before, after = text.split(MARKER)
@@ -264,7 +261,8 @@ def check_fits(prompt: str, prefix: int, response_tokens: int, suffix: int, max_
     never trained on). Pure: the jobs and their plans (rmjax.plan.spec) share it."""
     needed, room = prefix + response_tokens + suffix, max_positions - prefix - suffix
     if needed > max_positions:  # a prompt that leaves room for a shorter response: the response's length is the fix
-        fix = (f"Give a response of at most {room} tokens, or shorten the prompt" if room >= 1 and response_tokens > 1
+        fix = (f"Give a response of at most {room} token{'s' if room > 1 else ''}, or shorten the prompt"
+               if room >= 1 and response_tokens > 1
                else "Shorten the prompt or the system message")
         raise PromptTooLongError(
             f"prompt {prompt[:60]!r}... needs {needed} positions (prefix {prefix} + response "
