@@ -101,3 +101,30 @@ def test_the_token_table_names_a_token_the_tokenizer_has_no_string_for_as_empty(
 
     ids, names, decoded = chat.token_table(Holed(), 4)
     assert ids.tolist() == [0, 1, 2, 3] and names == ["a", "", "c", ""] and decoded == ["a", "", "c", ""]
+
+
+def test_a_response_merging_into_the_templates_suffix_or_holding_no_token_has_no_ids(tokenizer):
+    """response_ids reads a response between the template's prefix and suffix only where the conversation ends
+    with the suffix's own tokens: '!' before a suffix '!!' tokenizes as '!!!' (the suffix is not there), and an
+    empty response leaves no token between them. Elsewhere the ids are the response's own tokenization."""
+    tokenizer.chat_template = ("{% for m in messages %}{% if m.role == 'user' %}Q: {{ m.content }}\n"
+                               "{% else %}A:{{ m.content }}!!{% endif %}{% endfor %}")
+    conversations = chat.Conversations(tokenizer, "hi", template="chat")
+    assert conversations.split.suffix == tuple(tokenizer("!!", add_special_tokens=False).input_ids)
+    ids = conversations.response_ids(["wow", "wow!", ""])
+    assert ids[0] == tokenizer("wow", add_special_tokens=False).input_ids
+    assert tokenizer.convert_ids_to_tokens(conversations.token_ids(["wow!"])[0])[-1] == "!!!"  # merged
+    assert ids[1:] == [None, None]
+
+
+def test_a_cut_head_that_tokenizes_otherwise_falls_back_to_whole_conversations(tokenizer):
+    """token_ids tokenizes many conversations from the head's last special token on, checked on a spread of them
+    against whole tokenization: where the cut gives other ids (here a cut whose kept head tokens are wrong),
+    every conversation is tokenized whole."""
+    conversations = chat.Conversations(tokenizer, "What is best?", template="chat")
+    responses = [f"answer {i}" for i in range(chat.SPLIT_TOKENIZING)]
+    whole = tokenizer(conversations.conversations(responses), add_special_tokens=False).input_ids
+    assert conversations.token_ids(responses) == whole and conversations._cut[0] > 0  # the cut was taken
+    at, kept = conversations._cut
+    conversations._cut = (at, kept[:-1])  # drops a head token: every cut row is one token short
+    assert conversations.token_ids(responses) == whole
