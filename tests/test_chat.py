@@ -128,3 +128,15 @@ def test_a_cut_head_that_tokenizes_otherwise_falls_back_to_whole_conversations(t
     at, kept = conversations._cut
     conversations._cut = (at, kept[:-1])  # drops a head token: every cut row is one token short
     assert conversations.token_ids(responses) == whole
+
+
+def test_a_system_prompt_without_a_chat_template_is_refused_and_the_head_is_what_precedes_the_user(tokenizer):
+    """--template=auto falls back to the plain format for a tokenizer without a chat template, where a system prompt
+    has no turn: refused. The head .meta.json records is what transformers renders before the user's words."""
+    want = tokenizer.apply_chat_template([{"role": "user", "content": "XYZ"}], tokenize=False).split("XYZ")[0]
+    assert chat.template_head(tokenizer) == want and want.startswith("<|im_start|>system")
+    tokenizer.chat_template = None
+    assert chat.template_head(tokenizer) is None
+    chat.check_template(tokenizer, "auto")
+    with pytest.raises(UsageError, match="--system_prompt needs a chat template"):
+        chat.check_template(chat.with_system_prompt(tokenizer, "Be brief."), "auto")
