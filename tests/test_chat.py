@@ -140,3 +140,40 @@ def test_a_system_prompt_without_a_chat_template_is_refused_and_the_head_is_what
     chat.check_template(tokenizer, "auto")
     with pytest.raises(UsageError, match="--system_prompt needs a chat template"):
         chat.check_template(chat.with_system_prompt(tokenizer, "Be brief."), "auto")
+
+
+@pytest.mark.parametrize("assistant", ["{{ m.content }}{{ m.content }}", "done"])
+def test_a_template_that_does_not_place_the_response_exactly_once_is_refused(tokenizer, assistant):
+    """Twice (a template echoing the answer) or never: no prefix and suffix surround one response slot."""
+    from rmjax.errors import RmjaxError
+
+    tokenizer.chat_template = ("{% for m in messages %}{% if m.role == 'user' %}Q: {{ m.content }}\n{% else %}A: "
+                               + assistant + "{% endif %}{% endfor %}")
+    with pytest.raises(RmjaxError, match="did not place the assistant response exactly once"):
+        chat.split_chat(tokenizer, "hi", "chat")
+
+
+def test_text_mode_with_the_tokenizers_specials_tokenizes_each_conversation_as_the_published_pipeline(tmp_path):
+    """--text_add_special_tokens: a tokenizer that adds a BOS (as Llama 3's does) puts it before the rendered
+    conversation, a second one where the template renders its own; the prefix the sweep caches is the start of
+    exactly those ids."""
+    import json
+    import shutil
+
+    src = tiny.smollm2_tokenizer_folder()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(src / name, tmp_path / name)
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    bos = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+    spec["post_processor"] = {"type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+                              "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0],
+                                                                   "tokens": ["<|endoftext|>"]}}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    conversations = chat.Conversations(tokenizer, "What is best?", "chat", add_special_tokens=True)
+    responses = ["Love", "a list, of words\nand lines"]
+    for response, got in zip(responses, conversations.token_ids(responses), strict=True):
+        want = tokenizer(conversations.conversation(response)).input_ids
+        assert got == want and want[0] == 0 and got[: len(conversations.prefix)] == conversations.prefix
+    assert conversations.prefix[0] == 0
