@@ -401,3 +401,30 @@ def test_a_tied_lm_with_a_head_of_its_own_is_refused_and_with_the_same_head_load
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     model = load_hf_model_folder(folder, require_tokenizer=False)
     assert model.config.tie_embeddings
+
+
+@pytest.mark.parametrize("prefix", ["model.language_model.", "language_model.model.", "language_model."])
+def test_a_multimodal_gemma3_checkpoints_decoder_loads_as_the_text_one_and_its_vision_tower_is_left(tmp_path, prefix):
+    """Gemma 3 4B+ checkpoints (Gemma3ForConditionalGeneration) nest the decoder under model.language_model.
+    (transformers >= 4.52), language_model.model. (older) or language_model., beside a vision tower and projector
+    rmjax does not use: the same tensors under each layout load as the same parameters as the plain text model's."""
+    from safetensors.numpy import load_file, save_file
+
+    from rmjax import nn
+
+    plain = _saved(tmp_path, "gemma3")
+    tensors = load_file(str(plain / "model.safetensors"))
+    nested = {(prefix + k.removeprefix("model.") if k.startswith("model.") else k): v for k, v in tensors.items()}
+    vision = "model.vision_tower." if prefix.startswith("model.") else "vision_tower."
+    projector = vision.replace("vision_tower", "multi_modal_projector")
+    extra = {vision + "vision_model.embeddings.patch_embedding.weight": np.ones((4, 3), np.float32),
+             projector + "mm_input_projection_weight": np.ones(2, np.float32)}
+    folder = tmp_path / "nested"
+    shutil.copytree(plain, folder)
+    save_file({**nested, **extra}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    assert not set(nested) & set(tensors) - {"score.weight"}  # every decoder key moved
+    want, got = (load_hf_model_folder(f, require_tokenizer=False) for f in (plain, folder))
+    flat_want, flat_got = nn.flat(want.params), nn.flat(got.params)
+    assert flat_want.keys() == flat_got.keys()
+    for name in flat_want:
+        np.testing.assert_array_equal(np.asarray(flat_got[name]), np.asarray(flat_want[name]), err_msg=name)
