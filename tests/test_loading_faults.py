@@ -428,3 +428,58 @@ def test_a_multimodal_gemma3_checkpoints_decoder_loads_as_the_text_one_and_its_v
     assert flat_want.keys() == flat_got.keys()
     for name in flat_want:
         np.testing.assert_array_equal(np.asarray(flat_got[name]), np.asarray(flat_want[name]), err_msg=name)
+
+
+def _edited_checkpoint(tmp_path, name: str, edit) -> tuple:
+    """A tiny reward model saved by transformers and a copy whose tensors `edit(dict)` changed in place."""
+    from safetensors.numpy import load_file, save_file
+
+    plain = _saved(tmp_path, name)
+    tensors = load_file(str(plain / "model.safetensors"))
+    edit(tensors)
+    folder = tmp_path / "edited"
+    shutil.copytree(plain, folder)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return plain, folder
+
+
+@pytest.mark.parametrize("name, extra", [("llama3", "lm_head.weight"), ("gemma3", "model.embed_tokens.embed_scale")])
+def test_an_rm_checkpoint_carrying_an_lm_head_or_an_embed_scale_loads_as_without(tmp_path, name, extra):
+    """A reward model saved from a fine-tuned LM may keep its LM head, and Gemma 3's embedding scale is a buffer
+    some exports write: neither is a parameter of the reward model, and the rest loads as it does without them."""
+    from rmjax import nn
+
+    def add(tensors):
+        shape = tensors["model.embed_tokens.weight"].shape if extra == "lm_head.weight" else ()
+        tensors[extra] = np.full(shape, 2.0, np.float32)
+
+    plain, folder = _edited_checkpoint(tmp_path, name, add)
+    want, got = (nn.flat(load_hf_model_folder(f, require_tokenizer=False).params) for f in (plain, folder))
+    assert want.keys() == got.keys() and all(np.array_equal(np.asarray(got[k]), np.asarray(want[k])) for k in want)
+
+
+def _layer_beyond(tensors):
+    tensors["model.layers.9.input_layernorm.weight"] = tensors["model.layers.0.input_layernorm.weight"]
+
+
+def _one_layer_missing(tensors):
+    del tensors["model.layers.1.self_attn.q_proj.weight"]
+
+
+def _two_for_one(tensors):
+    tensors["language_model.model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.0.mlp.up_proj.weight"]
+
+
+@pytest.mark.parametrize("edit, says", [
+    (_layer_beyond, "'model.layers.9.input_layernorm.weight' beyond num_hidden_layers="),
+    (_one_layer_missing, "missing parameters layers.q (some layers)"),
+    (_two_for_one, "two tensors give layers.up of layer 0 (the second is "),
+])
+def test_tensors_the_config_does_not_account_for_are_refused_naming_them(tmp_path, edit, says):
+    """A layer past the config's count, a layer lacking a tensor, two tensors for one weight (the same decoder saved
+    under two nestings): each refused naming the tensor, where one would have been dropped, left unset or
+    overwritten by the other."""
+    _, folder = _edited_checkpoint(tmp_path, "llama3", edit)
+    with pytest.raises(CheckpointError) as refused:
+        load_hf_model_folder(folder, require_tokenizer=False)
+    assert says in _one_line(refused)
