@@ -250,3 +250,33 @@ def test_gcg_over_models_reading_ids_as_different_tokens_is_refused(rm_folder, t
                                            inproc.prompts(), GCGConfig(num_tokens=2, steps=1))),
                    "one vocabulary", f"{other}'s differs")
 
+
+
+def test_a_nan_prior_log_prob_is_refused_or_dropped_where_fluency_is_in_j(rm_folder, lm_folder):
+    """At λ > 0 the prior's log-prob is a term of J: a NaN one is refused naming that term, or with allow_nonfinite
+    dropped (J = -inf) and counted; at λ = 0 it is not in J and the candidate keeps its reward's J."""
+    from rmjax.errors import NonFiniteError
+    from rmjax.loading import load
+    from rmjax.search.budget import Forwards
+    from rmjax.search.gcg import make_target
+    from rmjax.search.objective import Objective, Prior
+    from rmjax.text import prompts
+
+    target = make_target(load(str(rm_folder)), prompts.PAPER1["greatest"])
+    prior = Prior.of(load(str(lm_folder)), target.prefix)  # the same tokenizer and template
+    words = target.model.tokenizer([" love", " war"], add_special_tokens=False).input_ids
+    cands = np.asarray([w[:1] * N for w in words], np.int32)
+    known = np.asarray([-1.0, np.nan])
+
+    def objective(lam: float, allow: bool) -> Objective:
+        return Objective(target, prior, lam, 1.0, 0.0, Forwards(10**6, N + len(target.suffix), N + 1),
+                         allow_nonfinite=allow)
+
+    with pytest.raises(NonFiniteError, match="prior_logp"):
+        objective(0.5, False).score(cands, known_logp=known)
+    allowing = objective(0.5, True)
+    got = allowing.score(cands, known_logp=known)
+    assert allowing.candidates_dropped == 1 and np.isneginf(got.objective[1]) and np.isfinite(got.objective[0])
+    at_zero = objective(0.0, False)
+    got = at_zero.score(cands, known_logp=known)
+    assert at_zero.candidates_dropped == 0 and np.array_equal(got.objective, got.reward)
