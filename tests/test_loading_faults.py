@@ -443,10 +443,12 @@ def _edited_checkpoint(tmp_path, name: str, edit) -> tuple:
     return plain, folder
 
 
-@pytest.mark.parametrize("name, extra", [("llama3", "lm_head.weight"), ("gemma3", "model.embed_tokens.embed_scale")])
+@pytest.mark.parametrize("name, extra", [("llama3", "lm_head.weight"), ("gemma3", "lm_head.weight"),
+                                         ("gemma3", "model.embed_tokens.embed_scale")])
 def test_an_rm_checkpoint_carrying_an_lm_head_or_an_embed_scale_loads_as_without(tmp_path, name, extra):
-    """A reward model saved from a fine-tuned LM may keep its LM head, and Gemma 3's embedding scale is a buffer
-    some exports write: neither is a parameter of the reward model, and the rest loads as it does without them."""
+    """A reward model saved from a fine-tuned LM may keep its LM head (untied, or under a config that ties it:
+    Gemma's), and Gemma 3's embedding scale is a buffer some exports write: none is a parameter of the reward
+    model, and the rest loads as it does without them."""
     from rmjax import nn
 
     def add(tensors):
