@@ -322,6 +322,31 @@ def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_
     assert np.abs(lam * prior_grad).max() > 10 * atol or lam == 0  # the prior's term is there to be missed
 
 
+def test_the_gradient_with_a_separate_prior_is_the_rewards_and_the_priors_each_from_its_own_model(tied):
+    """A prior that is not the RM: d(−J)/d one_hot = −(sign·dR + λ·dF), the reward's gradient from the RM and F's
+    from the prior LM (each against PyTorch elsewhere), and the prior's log-probs at every position of the turn."""
+    _, lm, rm = tied
+    sign, lam = -1.0, 0.7
+    target = make_target(rm, PROMPT)
+    prior, ids = Prior.of(lm, target.prefix), _word_ids(rm.tokenizer)[[3, 0, 5, 5, 8]]
+    obj = Objective(target, prior, lam, sign, 2.0, Forwards(10**6, len(ids) + obj_tail(target), len(ids) + 1))
+    assert not obj.rm_is_prior
+    loss, _, every = (np.asarray(a) for a in obj.gradient(ids))
+    turn = np.asarray([*ids.tolist(), target.suffix[0]], np.int32)
+    rest = make_target(rm, PROMPT, prefix=target.prefix, suffix=target.suffix[1:])
+    reward_grad = np.asarray(gcg_lib.reward_gradient(rest, turn))
+    prior_grad, want_every = (np.asarray(a) for a in prior_lib.prior_gradient(
+        lm, prior.cache, prior.first, turn, turns.fluency_weights([len(ids)], len(turn))[0]))
+    vocab = min(reward_grad.shape[1], prior_grad.shape[1])
+    full = np.asarray([[*target.prefix, *ids.tolist(), *target.suffix]], np.int32)
+    # the same f32 computations, composed: each term's bound, twice
+    atol = 2 * (tolerance.grad_atol(reward_grad, rm.config, full.shape[1] + 1, rm.config.hidden_size)
+                + lam * tolerance.grad_atol(prior_grad, lm.config, full.shape[1] + 1, len(ids)))
+    np.testing.assert_allclose(loss, -(sign * reward_grad[:, :vocab] + lam * prior_grad[:, :vocab]), atol=atol, rtol=0)
+    np.testing.assert_array_equal(every, want_every)
+    assert np.abs(lam * prior_grad).max() > 10 * atol  # the prior's term is there to be missed
+
+
 class _Ledger:
     """Positions each model call runs, counted by the definition from the calls' own arguments."""
 
