@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from rmjax.loading import fingerprint, load
-from rmjax.loading.export import EXPORT_RECORD, run_export
+from rmjax.loading.export import EXPORT_RECORD, run_export, save_hf_folder
 from rmjax.scoring.texts import TextScorer
 from tests import cli, inproc, tiny, tolerance
 
@@ -174,3 +174,23 @@ def test_a_multimodal_gemma3_exports_as_its_text_model(tmp_path):
     reloaded = load(str(written))
     have = float(TextScorer(reloaded, PROMPT).score(TEXTS[:1])[0])
     assert abs(have - want[0]) <= 2 * tolerance.any_rewards_atol(reloaded.params, reloaded.config, ids.shape[1])
+
+
+def test_an_untied_lm_exports_with_its_own_head_where_transformers_reads_it(tmp_path):
+    """An untied causal LM's head is `lm_head.weight` at the top level of the checkpoint, as transformers saves it:
+    the exported folder has the original's tensor names, loads with no missing weight and holds
+    the original model's weights, each exactly (float32 written as read)."""
+    from safetensors import safe_open
+
+    hf = tiny.build_hf_model("llama3", tie_word_embeddings=False)
+    folder = tiny.save_hf_model(hf, tmp_path / "lm")
+    out = save_hf_folder(load(str(folder), require_tokenizer=False), tmp_path / "out")
+    again, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32,
+                                                                     output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with safe_open(str(folder / "model.safetensors"), "np") as a, safe_open(str(out / "model.safetensors"), "np") as b:
+        assert set(b.keys()) == set(a.keys())  # the names transformers itself saved (tools read keys literally)
+    want, got = hf.state_dict(), again.state_dict()
+    assert want.keys() == got.keys() and "lm_head.weight" in got
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)
