@@ -472,15 +472,26 @@ def _two_for_one(tensors):
     tensors["language_model.model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.0.mlp.up_proj.weight"]
 
 
+def _a_norm_llama_lacks(tensors):
+    tensors["model.layers.0.self_attn.q_norm.weight"] = tensors["model.layers.0.input_layernorm.weight"][:16]
+
+
+def _two_labels(tensors):
+    tensors["score.weight"] = np.concatenate([tensors["score.weight"]] * 2)
+
+
 @pytest.mark.parametrize("edit, says", [
     (_layer_beyond, "'model.layers.9.input_layernorm.weight' beyond num_hidden_layers="),
+    (_a_norm_llama_lacks, "tensor 'model.layers.0.self_attn.q_norm.weight' is not used by config"),
+    (_two_labels, "'score.weight' has shape (2, 64) but config.json (num_labels, hidden_size) implies (1, 64) "
+                  "(num_labels in config.json must match score.weight)"),
     (_one_layer_missing, "missing parameters layers.q (some layers)"),
     (_two_for_one, "two tensors give layers.up of layer 0 (the second is "),
 ])
 def test_tensors_the_config_does_not_account_for_are_refused_naming_them(tmp_path, edit, says):
     """A layer past the config's count, a layer lacking a tensor, two tensors for one weight (the same decoder saved
-    under two nestings): each refused naming the tensor, where one would have been dropped, left unset or
-    overwritten by the other."""
+    under two nestings), a tensor of another family (Gemma 3's q_norm in a Llama), a head of another label count:
+    each refused naming the tensor, where one would have been dropped, left unset, overwritten or a traceback."""
     _, folder = _edited_checkpoint(tmp_path, "llama3", edit)
     with pytest.raises(CheckpointError) as refused:
         load_hf_model_folder(folder, require_tokenizer=False)
