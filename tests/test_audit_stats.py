@@ -64,6 +64,14 @@ def test_group_means_average_variants_inside_the_item():
         stats.group_means(items, "identity", "gender", value="tokens")
 
 
+def test_a_responses_length_is_its_characters_and_an_empty_one_read_as_nan_is_zero():
+    """Length is len(text) in characters (so it can be recomputed from audit_items.csv by anyone): 'café' is 4, not
+    its 5 UTF-8 bytes; a CSV reader gives an empty text as NaN, which is 0 characters, not the 3 of 'nan'."""
+    items = pd.DataFrame({"battery": "b", "axis": "a", "item": ["i", "i", "i"], "group": ["x", "y", "z"],
+                          "text": ["café", np.nan, "ab"], "reward": [1.0, 2.0, 3.0], "prompt": [np.nan, "Q", "Q"]})
+    assert stats.group_means(items, "b", "a", value="length").loc["i"].tolist() == [4.0, 0.0, 2.0]
+
+
 def test_item_differences_by_hand():
     items = hand_items()
     d, dl, ids = stats.item_differences(items, Contrast("identity", "gender", ("woman",), ("man",), "shuffled"))
