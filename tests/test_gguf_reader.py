@@ -43,11 +43,14 @@ def test_the_smollm2_file_reads_as_ggufs_reader_reads_it():
     assert _same_as_gguf(path) > 20
 
 
-def test_every_value_and_tensor_type_reads_as_ggufs_reader_reads_it(tmp_path):
+@pytest.mark.parametrize("endian", ["LITTLE", "BIG"])
+def test_every_value_and_tensor_type_reads_as_ggufs_reader_reads_it(tmp_path, endian):
+    """Each value type gguf's writer has, and float, integer and quantized tensors, in either byte order (gguf's
+    reader tells a big-endian file by its version field)."""
     import gguf
 
     path = tmp_path / "all.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), "llama", endianess=getattr(gguf.GGUFEndian, endian))
     for i, (name, value) in enumerate((("uint8", 7), ("int8", -7), ("uint16", 65535), ("int16", -300),
                                        ("uint32", 2**32 - 1), ("int32", -(2**31)), ("float32", 0.1),
                                        ("uint64", 2**64 - 1), ("int64", -(2**63)), ("float64", 0.1),
@@ -61,7 +64,7 @@ def test_every_value_and_tensor_type_reads_as_ggufs_reader_reads_it(tmp_path):
     rng = np.random.default_rng(0)
     w.add_tensor("f32", rng.standard_normal((3, 5)).astype(np.float32))
     w.add_tensor("f16", rng.standard_normal((2, 7)).astype(np.float16))
-    w.add_tensor("i32", np.arange(6, dtype=np.int32).reshape(2, 3))
+    w.add_tensor("i32", np.arange(6, dtype=np.int32).reshape(2, 3))  # the writer swaps what it is given
     q8 = gguf.quants.quantize(rng.standard_normal((2, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
     w.add_tensor("q8", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     w.write_header_to_file()
@@ -69,7 +72,10 @@ def test_every_value_and_tensor_type_reads_as_ggufs_reader_reads_it(tmp_path):
     w.write_tensors_to_file()
     w.close()
     assert _same_as_gguf(path) >= 17
-    assert read_gguf(path).tensors[-1].shape == (2, 64)
+    assert path.read_bytes()[4:8] == (3).to_bytes(4, endian.lower())  # the version field in the file's order
+    ours = read_gguf(path)
+    assert ours.metadata["x.3.int16"] == -300 and ours.metadata["x.strings"] == ["a", "", "原始", "NaN"]
+    assert ours.tensors[2].data.tolist() == [[0, 1, 2], [3, 4, 5]] and ours.tensors[-1].shape == (2, 64)
 
 
 def test_a_tensor_past_the_end_of_the_file_is_refused_naming_it(tmp_path):
