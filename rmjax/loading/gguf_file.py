@@ -36,8 +36,7 @@ _ARCHS = {
 
 
 def _field(contents: GGUFContents, key: str, default=None):
-    value = contents.metadata.get(key, default)
-    return value.tolist() if isinstance(value, np.ndarray) else value
+    return contents.metadata.get(key, default)
 
 
 def _unpermute(n_heads: int) -> Callable[[np.ndarray], np.ndarray]:

@@ -42,8 +42,8 @@ class GGUFTensor:
 
 @dataclasses.dataclass(frozen=True)
 class GGUFContents:
-    """`metadata`: key -> a Python scalar, a str, a list of str, or a numpy array (numeric arrays); `kinds`: key
-    -> its GGUF value type (8 string, 9 array, else a number)."""
+    """`metadata`: key -> a Python scalar, a str, or a list of them (GGUF arrays), the values gguf's reader's
+    `contents()` gives; `kinds`: key -> its GGUF value type (8 string, 9 array, else a number)."""
 
     metadata: dict
     kinds: dict
@@ -97,8 +97,7 @@ class _Parser:
             if item in _NUMBERS:
                 dtype = np.dtype(_NUMBERS[item]).newbyteorder(self.order)
                 self.need(offs, count * dtype.itemsize)
-                return np.frombuffer(self.buffer, dtype, count, offs).astype(dtype.newbyteorder("=")), \
-                    offs + count * dtype.itemsize
+                return np.frombuffer(self.buffer, dtype, count, offs).tolist(), offs + count * dtype.itemsize
             values = []
             for _ in range(count):  # strings or arrays: each takes at least 8 bytes, so this ends with the file
                 one, offs = self.value(offs, item, depth + 1)

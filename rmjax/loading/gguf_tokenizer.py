@@ -34,11 +34,6 @@ _SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "un
                    "pad_token": "pad_token_id"}
 
 
-def _value(value):
-    """A metadata value as transformers' reader gives it: scalars, numeric lists, and string lists in full."""
-    return value.tolist() if hasattr(value, "tolist") else value
-
-
 def tokenizer_from_gguf(contents: GGUFContents, model_type: str, path) -> object:
     """The tokenizer transformers would build from this GGUF, as a transformers tokenizer object."""
     from transformers import GemmaTokenizer, LlamaTokenizer, TokenizersBackend
@@ -52,10 +47,10 @@ def tokenizer_from_gguf(contents: GGUFContents, model_type: str, path) -> object
         raise CheckpointError(f"{path}: this GGUF file has no tokenizer.ggml.model (the tokenizer's kind: llama, "
                               "gpt2); convert it again with llama.cpp's convert_hf_to_gguf.py, or load the Hugging "
                               "Face folder with its tokenizer files instead.")
-    tokenizer = {name: _value(fields[f"tokenizer.{key}"]) for key, name in _TOKENIZER_KEYS.items()
+    # the values as transformers' reader gives them: scalars, and numeric and string lists in full
+    tokenizer = {name: fields[f"tokenizer.{key}"] for key, name in _TOKENIZER_KEYS.items()
                  if f"tokenizer.{key}" in fields}
-    config = {name: _value(fields[f"tokenizer.{key}"]) for key, name in _CONFIG_KEYS.items()
-              if f"tokenizer.{key}" in fields}
+    config = {name: fields[f"tokenizer.{key}"] for key, name in _CONFIG_KEYS.items() if f"tokenizer.{key}" in fields}
     sentencepiece = tokenizer.get("tokenizer_type") == "llama"
     if sentencepiece:
         # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise (as transformers does).
