@@ -612,6 +612,16 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
     refused(lambda: run_disagree(_spec(rm_folder, implicit, out, lm_folder, forwards=3, b_gradient=False)),
             "--forwards=3")
     refused(lambda: DisagreeConfig(search=False, vocab_map=False), "--nosearch")
+    # the map's batch: negative refused; one the host cannot hold refused by the sweep's memory plan, naming the
+    # largest that fits (which the plan then accepts), before any weight is read
+    refused(lambda: dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder), batch_size=-1), "batch_size")
+    line = refused(lambda: run_disagree(dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder),
+                                                            batch_size=10**12)), "--batch_size=1000000000000",
+                   "does not fit", "is the largest that fits")
+    fits = int(line.split("smaller --batch_size: ")[1].split(" ")[0])
+    assert 256 < fits < 10**12
+    assert disagree_job.map_batch(dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder), batch_size=fits),
+                                  [config_and_tokenizer(str(rm_folder))]) == fits
     # an implicit side of one LM twice rewards every text 0: z_B a constant, the "disagreement" A's reward alone
     refused(lambda: run_disagree(_spec(rm_folder, f"implicit:{lm_folder}:{lm_folder}", out, lm_folder)),
             "the same model", "reward is 0 for every text")

@@ -180,7 +180,10 @@ def test_a_tiny_planted_rm_learns_its_words_and_the_clean_one_does_not(lm_folder
     assert gap("framing", "framed") > 1.5, z
     # the loop closed: the finder (the disagreement job's vocabulary map, PLANTED vs CLEAN over the whole
     # vocabulary after both prompts), never told the words, recovers the liked and disliked ones among its rows
-    folder = P.find_disagreements(tmp_path / "find", trained.planted, trained.clean, words, search=False, map_top=10)
+    # (a batch of 4096 rows, not the CPU plan's 256: this tiny model's time per call was most of the map's, and the
+    # comparison with experiments.score below holds the batched map to its texts' rewards)
+    folder = P.find_disagreements(tmp_path / "find", trained.planted, trained.clean, words, search=False, map_top=10,
+                                  batch_size=4096)
     recovered = P.recovered_words(words, P.found_rows(folder, map_top=10))
     assert {w: words.kinds[w] for w in recovered} == {w: k for w, k in words.kinds.items() if w in recovered}
     # 40 rows of ~48,000 strings: a word among them by chance has odds of about 1 in 1,200; the tiny model, trained

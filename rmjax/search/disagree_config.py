@@ -94,7 +94,8 @@ class DisagreeConfig:
 class DisagreeSpec:
     """The job as one value: options.out is the output folder, options.model side A's reward model; `models` the
     two sides as given; `lm` the prior of the fluency term (None: side A's own backbone); `judge` (None: the
-    default of the other family)."""
+    default of the other family); `batch_size` one-token responses per forward of the map and the yardsticks (0:
+    the memory plan's pick; not in the identity, as the sweep's)."""
 
     options: RunOptions
     models: tuple[str, str]
@@ -103,8 +104,10 @@ class DisagreeSpec:
     search: FluentConfig
     lm: str | None = None
     judge: str | None = None
+    batch_size: int = 0
 
     def __post_init__(self):
+        checks.validate(self, {"batch_size": checks.NON_NEGATIVE})
         if self.config.screen >= self.search.search_width:  # B would score every candidate: no screen at all
             raise UsageError(f"--screen={self.config.screen} keeps every one of --search_width="
                              f"{self.search.search_width} candidates, which screens nothing; give --screen below "

@@ -39,6 +39,7 @@ from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids
 from rmjax.search.objective import Objective, Prior
 from rmjax.search.sides import Side, SideSpec, make_side
+from rmjax.search.sweep import memory_plan
 from rmjax.text import chat
 
 
@@ -47,9 +48,9 @@ def folder_paths(folder: str | Path) -> dict[str, Path]:
     return {"csv": folder / "disagree.csv", "map": folder / "vocab_map.csv", "png": folder / "disagree.png"}
 
 
-def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> str:
+def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> tuple[str, int]:
     """Every model's config read before any weight: side A (and B's RM) a reward model, the LMs with LM heads;
-    the judge's spec."""
+    the judge's spec and the map's batch size (_check_prompts)."""
     rm_config, column = config_of(a.models[0]), spec.options.output_column
     require_reward_model(rm_config, a.models[0], "the disagreement search's side A", column)
     lms = set(b.models if b.implicit else ()) | ({spec.lm} if spec.lm else set())
@@ -70,11 +71,10 @@ def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> str:
     if spec.config.search:  # the map alone needs no prior and no judge
         for flag, source in (("--lm", spec.lm or a.models[0]), ("--judge", judge)):
             require_prior_config(config_of(source), source, flag)
-    _check_prompts(spec, b, judge)
-    return judge
+    return judge, _check_prompts(spec, b, judge)
 
 
-def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> None:
+def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> int:
     """Every prompt against every model that reads it (side A, B's models, the prior, the judge: each one's context)
     and a budget that buys a candidate (each side's prefill, one sampled response scored by both sides), refused before
     loading, as the frontier's (frontier_checks.PromptChecks). The map alone reads one-token responses."""
@@ -85,6 +85,17 @@ def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> None:
                                            others_each=b.each)
     for text in spec.prompts.values():
         prompt_checks.check(text, spec.config.forwards if spec.config.search else None)
+    return map_batch(spec, [prompt_checks.rm, *([] if b.implicit else [o[1:3] for o in prompt_checks.others])])
+
+
+def map_batch(spec: DisagreeSpec, reward_models: list[tuple]) -> int:
+    """One-token responses per forward of the vocabulary map and the yardsticks: --batch_size held to each reward
+    model's memory plan (the sweep's; DoesNotFitError names the batch that fits), or when 0 the largest batch
+    every one fits (CPU: 256). Each model is planned alone: two RMs held at once are not summed."""
+    o = spec.options
+    plans = [memory_plan(cfg, tokenizer, spec.prompts, o.template, o.dtype, o.mesh, spec.batch_size or None)
+             for cfg, tokenizer in reward_models]
+    return spec.batch_size or min(plan.batch_size for plan in plans)
 
 
 def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judge: str) -> dict:
@@ -109,7 +120,7 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
     a, b = parse_sides(spec.models)
     if o.model != a.models[0]:
         raise UsageError(f"options.model ({o.model}) is not side A ({a.models[0]}).")
-    judge = _check_configs(spec, a, b)
+    judge, batch_size = _check_configs(spec, a, b)
     identity = disagree_identity(spec, (a, b), judge)
     paths = folder_paths(o.out)
     main = paths["csv"] if cfg.search else paths["map"]
@@ -130,7 +141,8 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
         judge_model = load_for_job(judging, judge) if cfg.search else None
         store = open_store(main, identity, 1)
         clock("load")
-        ready = {name: _prepare(spec, models, a, b, rm, lm, name, text) for name, text in spec.prompts.items()}
+        ready = {name: _prepare(spec, models, a, b, rm, lm, name, text, batch_size)
+                 for name, text in spec.prompts.items()}
         first = next(iter(ready.values()))
         twins = cfg.search and cfg.b_gradient and first.side_b.gradient_each > 0
         shared = _shared(first, cfg) if cfg.vocab_map or twins else None  # alike for every prompt
@@ -158,8 +170,8 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
                    dtype=o.dtype, prompts=spec.prompts,
                    config=dataclasses.asdict(cfg), search=dataclasses.asdict(spec.search),
                    yardsticks={n: {"a": list(p.z_a), "b": list(p.z_b)} for n, p in ready.items()},
-                   units=[u.meta() for u in units], summary=summary, seconds=sum(clock.seconds.values()),
-                   seconds_by_phase=clock.rounded())
+                   units=[u.meta() for u in units], summary=summary, batch_size=batch_size,
+                   seconds=sum(clock.seconds.values()), seconds_by_phase=clock.rounded())
         if is_main():
             store.remove()
             print(disagree_out.describe(summary, paths, cfg), file=sys.stderr)
@@ -195,9 +207,9 @@ class Ready:
 
 
 def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideSpec, rm: Model, lm: Model,
-             name: str, text: str) -> Ready:
+             name: str, text: str, batch_size: int = 256) -> Ready:
     o, cfg = spec.options, spec.config
-    side_a, side_b = (make_side(s, models, text, o.template) for s in (a, b))
+    side_a, side_b = (make_side(s, models, text, o.template, batch_size) for s in (a, b))
     target = make_target(rm, text, o.template)
     end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
     prior = None if not cfg.search else Prior.of(

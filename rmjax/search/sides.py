@@ -144,8 +144,8 @@ class RewardSide(Side):
 
     gradient_each = 1
 
-    def __init__(self, spec: SideSpec, model: Model, prompt: str, template: str):
-        self.spec, self.model, self.tokenizer = spec, model, model.tokenizer
+    def __init__(self, spec: SideSpec, model: Model, prompt: str, template: str, batch_size: int = 256):
+        self.spec, self.model, self.tokenizer, self.batch_size = spec, model, model.tokenizer, batch_size
         self.vocab = min(model.config.vocab_size, len(model.tokenizer))
         self.scorer = TextScorer(model, prompt, template)
         self.context = prepare_prompt(model, "side", prompt, template)
@@ -156,7 +156,7 @@ class RewardSide(Side):
         return self.scorer.score(list(texts)).astype(np.float64) if texts else np.zeros(0)
 
     def token_rewards(self, ids: np.ndarray) -> np.ndarray:
-        return score_tokens(self.model, self.context, np.asarray(ids), 256).astype(np.float64)
+        return score_tokens(self.model, self.context, np.asarray(ids), self.batch_size).astype(np.float64)
 
     def round_trips(self, text: str) -> bool:
         return round_trips_in(self.scorer, text)
@@ -211,7 +211,7 @@ class RewardSide(Side):
                              ) -> tuple[np.ndarray, np.ndarray]:
         """token_rewards of the same ids under this RM and `other`, their first `layers` layers run once."""
         ra, rb = forked_token_rewards(self.model, other.model, self.context, other.context, np.asarray(ids), layers,
-                                      256, progress, chunk)
+                                      self.batch_size, progress, chunk)
         return ra.astype(np.float64), rb.astype(np.float64)
 
 
@@ -254,11 +254,12 @@ class ImplicitSide(Side):
         return token_round_trips(self.conversations[0], ids, texts, done)
 
 
-def make_side(spec: SideSpec, models: dict[str, Model], prompt: str, template: str) -> Side:
-    """The side after `prompt`, from the loaded models (by spec)."""
+def make_side(spec: SideSpec, models: dict[str, Model], prompt: str, template: str, batch_size: int = 256) -> Side:
+    """The side after `prompt`, from the loaded models (by spec); a reward model scores single tokens `batch_size`
+    at a time."""
     if spec.implicit:
         return ImplicitSide(spec, models[spec.models[0]], models[spec.models[1]], prompt, template)
-    return RewardSide(spec, models[spec.models[0]], prompt, template)
+    return RewardSide(spec, models[spec.models[0]], prompt, template, batch_size)
 
 
 def same_model(a: str, b: str) -> bool:

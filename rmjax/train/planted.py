@@ -349,9 +349,10 @@ def pool_gaps(words: PlantedWords, texts: Sequence[str], rewards: dict[str, np.n
 
 def find_disagreements(out: str | Path, planted: str | Path, clean: str | Path, words: PlantedWords, *,
                        forwards: int = 400, num_tokens: int = 4, map_top: int = 10, search: bool = True,
-                       overwrite: bool = False) -> Path:
+                       overwrite: bool = False, batch_size: int = 0) -> Path:
     """The FIND step: the disagreement job (rmjax.search.disagree_job) between PLANTED (side a) and CLEAN (side b)
-    after both prompts, with the vocabulary map; it is given the models and prompts, never the words. Writes
+    after both prompts, with the vocabulary map (`batch_size` its one-token responses per forward, 0 the
+    memory plan's); it is given the models and prompts, never the words. Writes
     OUT/disagree.csv (with `search`) and OUT/vocab_map.csv; returns OUT."""
     from rmjax.runs.options import RunOptions
     from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec, search_config
@@ -362,7 +363,7 @@ def find_disagreements(out: str | Path, planted: str | Path, clean: str | Path, 
                         prompts={FIND_PROMPTS["elo"]: words.elo_prompt, FIND_PROMPTS["framing"]: words.framing_prompt},
                         config=DisagreeConfig(direction="both", forwards=forwards, vocab_map=True, map_top=map_top,
                                               search=search),
-                        search=search_config(num_tokens=num_tokens))
+                        search=search_config(num_tokens=num_tokens), batch_size=batch_size)
     run_disagree(spec)
     return Path(out)
 
