@@ -168,11 +168,15 @@ def test_bad_settings_are_refused_before_any_weight_loads(rm_folder, tmp_path, m
     # a trailing comma (--batteries=identity,) read "--batteries:  unknown"
     refused(lambda: run_audit(AuditSpec(o, batteries=("identity", ""))), "--batteries=identity,: an empty name")
     refused(lambda: run_audit(AuditSpec(o, batteries=())), "--batteries")
+    refused(lambda: run_audit(AuditSpec(o, batteries=("length", "identity", "length"))), "names a battery twice")
     refused(lambda: run_audit(AuditSpec(o, n_boot=10)), "--n_boot=10")
+    refused(lambda: run_audit(AuditSpec(o, n_perm=10)), "--n_perm=10")
+    refused(lambda: run_audit(AuditSpec(o, batch_size=0)), "--batch_size=0", "at least 1")
     refused(lambda: run_audit(AuditSpec(o, seed=-1)), "--seed=-1")
     refused(lambda: run_audit(AuditSpec(o, seed=2**32)), "--seed=4294967296", "4294967295")
     # the length battery calibrates the length-only nulls of identity and sycophancy; framing's are 0 without it
     assert AuditSpec(o, batteries=("identity",)).batteries == ("identity", "length")
+    assert AuditSpec(o, batteries=("sycophancy", "framing")).batteries == ("sycophancy", "framing", "length")
     assert AuditSpec(o, batteries=("framing",)).batteries == ("framing",)
     refused(lambda: run_audit(AuditSpec(options(rm_folder, tmp_path / "y", allow_nonfinite=True))),
             "--allow_nonfinite")

@@ -166,6 +166,22 @@ def test_prompt_longer_than_context(tmp_path):
         sweep(model, {"long": "word " * 100}, _sample(4))
 
 
+def test_the_room_check_names_the_depth_that_fits_and_else_the_prompt():
+    """check_room at its edges (context 12, prefix 8, suffix 2: room for 2 tokens): a response that fills the room
+    fits; one longer is refused naming the depth that fits; a prompt that leaves no room at all is refused as too
+    long (no --depth=0 to offer), whatever the depth."""
+    from rmjax.search.sweep import check_room
+
+    check_room("p", 8, 2, 12, 2)
+    check_room("p", 8, 2, 12, 1)
+    with pytest.raises(PromptTooLongError, match="leaving 2 for the response; use --depth=2 or less"):
+        check_room("p", 8, 2, 12, 3)
+    for depth in (1, 3):
+        with pytest.raises(PromptTooLongError) as error:
+            check_room("p", 10, 2, 12, depth)
+        assert "Shorten the prompt" in str(error.value) and "--depth" not in str(error.value)
+
+
 def test_missing_chat_template(rm, tmp_path):
     import shutil
 
