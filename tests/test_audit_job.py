@@ -3,6 +3,7 @@ recomputed from audit_items.csv by brute force, resume after a crash, and refusa
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from rmjax.audit import AXIS_MEAN
 from rmjax.audit import batteries as battery_lib
 from rmjax.audit.job import AuditSpec, folder_paths, read_items, recompute, run_audit
 from rmjax.loading import load
+from rmjax.runs.chunks import store_dir
 from rmjax.text.chat import Conversations
 from tests import tolerance
 from tests.inproc import identity_on_axes, interrupt_at_write, no_weights_read, options, refused
@@ -141,11 +143,12 @@ def test_a_crash_after_one_battery_resumes_without_rescoring_it(rm_folder, tmp_p
 
     scored = []
     real = job_lib.score_conversations
-    monkeypatch.setattr(job_lib, "score_conversations", lambda m, p, r, *a: scored.append(len(p)) or real(m, p, r, *a))
-    run_audit(spec)
-    assert len(scored) == len(battery_lib.BATTERIES) - 1  # the first battery was read back
+    monkeypatch.setattr(job_lib, "score_conversations", lambda m, p, r, *a: scored.append(a[-1]) or real(m, p, r, *a))
+    run_audit(dataclasses.replace(spec, batch_size=8))  # the rerun scores in the crashed run's batches of 256
+    assert scored == [256] * (len(battery_lib.BATTERIES) - 1)  # the first battery was read back
     for name in ("csv", "items"):
         assert folder_paths(out)[name].read_bytes() == folder_paths(audited)[name].read_bytes()
+    assert not store_dir(folder_paths(out)["csv"]).exists()  # the finished audit leaves no saved progress
     # stopped while drawing audit.png (a full disk, Ctrl-C), after audit_items.csv: the rerun was refused ("no rmjax
     # run wrote it") though that run had, and --overwrite would have thrown the scored chunks away
     from rmjax.audit import figure
@@ -161,9 +164,11 @@ def test_a_crash_after_one_battery_resumes_without_rescoring_it(rm_folder, tmp_p
     assert not scored and folder_paths(short.options.out)["png"].stat().st_size > 0  # resumed, nothing rescored
 
 
-def test_bad_settings_are_refused_before_any_weight_loads(rm_folder, tmp_path, monkeypatch, audited):
+def test_bad_settings_are_refused_before_any_weight_loads(rm_folder, lm_folder, tmp_path, monkeypatch, audited):
     no_weights_read(monkeypatch)
     o = options(rm_folder, tmp_path / "x")
+    refused(lambda: run_audit(AuditSpec(options(lm_folder, tmp_path / "x"))), "has no score head", "the audit")
+    refused(lambda: run_audit(AuditSpec(options(rm_folder, tmp_path / "x", output_column=1))), "--output_column=1")
     refused(lambda: run_audit(AuditSpec(o, batteries=("identity", "colour"))), "--batteries", "colour", "identity")
     # a trailing comma (--batteries=identity,) read "--batteries:  unknown"
     refused(lambda: run_audit(AuditSpec(o, batteries=("identity", ""))), "--batteries=identity,: an empty name")
@@ -182,7 +187,71 @@ def test_bad_settings_are_refused_before_any_weight_loads(rm_folder, tmp_path, m
             "--allow_nonfinite")
     # a finished audit of other inputs is not overwritten without --overwrite
     refused(lambda: run_audit(AuditSpec(options(rm_folder, audited), seed=1, **SMALL)), "--overwrite")
+    refused(lambda: run_audit(AuditSpec(options(rm_folder, audited, template="plain"), **SMALL)), "template",
+            "--overwrite")
     assert not any(tmp_path.iterdir())
+
+
+def test_changed_contrasts_are_new_inputs_and_a_broken_battery_is_refused_before_loading(rm_folder, audited,
+                                                                                          tmp_path, monkeypatch):
+    """The contrasts (which groups each row compares) are in the identity: a finished audit of the same variants under
+    other contrasts is not reused. A battery `check` refuses stops the job before any weight loads."""
+    from rmjax.audit import job
+
+    no_weights_read(monkeypatch)
+    built = job.battery_lib.build
+
+    def fewer_contrasts(*args):
+        return [dataclasses.replace(b, contrasts=b.contrasts[:-1]) if b.name == "identity" else b for b in built(*args)]
+
+    monkeypatch.setattr(job.battery_lib, "build", fewer_contrasts)
+    refused(lambda: run_audit(AuditSpec(options(rm_folder, audited), **SMALL)), "contrasts", "--overwrite")
+
+    def twice(*args):
+        return [dataclasses.replace(b, variants=(*b.variants, b.variants[0])) for b in built(*args)]
+
+    monkeypatch.setattr(job.battery_lib, "build", twice)
+    with pytest.raises(ValueError, match="is given twice"):
+        run_audit(AuditSpec(options(rm_folder, tmp_path / "x"), **SMALL))
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_stored_battery_with_a_non_finite_reward_is_refused_on_resume(rm_folder, tmp_path, monkeypatch):
+    """A battery's stored rewards are held to the audit's rule (every reward finite) when read back: one NaN among
+    them (a chunk an older or patched run stored) names the chunk to delete, rather than reach the statistics."""
+    from rmjax.audit import job as job_lib
+
+    spec = AuditSpec(options(rm_folder, tmp_path / "run"), batteries=("framing", "length"), **SMALL)
+    real = job_lib.score_conversations
+
+    def one_nan(*args):
+        rewards = np.array(real(*args), np.float64)
+        rewards[len(rewards) // 2] = np.nan
+        return rewards
+
+    with monkeypatch.context() as m:
+        m.setattr(job_lib, "score_conversations", one_nan)
+        interrupt_at_write(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            run_audit(spec)
+    refused(lambda: run_audit(spec), "framing", "holds non-finite rewards", "delete")
+
+
+def test_a_file_at_the_figures_path_that_no_audit_wrote_is_refused(rm_folder, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    folder_paths(out)["png"].write_bytes(b"a user's own figure")
+    refused(lambda: run_audit(AuditSpec(options(rm_folder, out), batteries=("framing",), **SMALL)), "audit.png")
+    assert folder_paths(out)["png"].read_bytes() == b"a user's own figure"
+
+
+def test_item_texts_that_a_csv_reader_takes_for_missing_values_read_back_as_text(tmp_path):
+    path = tmp_path / "audit_items.csv"
+    path.write_text("battery,axis,item,group,text,reward,prompt\nlength,NA,0,None,NaN,0.5,null\n"
+                    "length,a,1,b,,-1.25,p\n", encoding="utf-8")
+    items = read_items(path)
+    assert items.iloc[0][["axis", "item", "group", "text", "prompt"]].tolist() == ["NA", "0", "None", "NaN", "null"]
+    assert items["text"].tolist()[1] == "" and items["reward"].tolist() == [0.5, -1.25]
 
 
 def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):

@@ -182,6 +182,23 @@ def test_the_room_check_names_the_depth_that_fits_and_else_the_prompt():
         assert "Shorten the prompt" in str(error.value) and "--depth" not in str(error.value)
 
 
+def test_an_explicit_batch_may_reach_the_candidates_rounded_up_to_the_data_shards():
+    """63 candidates on two data shards fill a batch of 64 (each shard 32 rows): allowed; 65 only pads, refused
+    naming 64. On one device 63 is the most."""
+    from types import SimpleNamespace
+
+    from rmjax.errors import UsageError
+    from rmjax.search.sweep import check_batch_size
+
+    two = SimpleNamespace(shape={"data": 2, "model": 1})
+    check_batch_size(64, 63, two)
+    with pytest.raises(UsageError, match="--batch_size=64 or less"):
+        check_batch_size(65, 63, two)
+    check_batch_size(63, 63, None)
+    with pytest.raises(UsageError, match="--batch_size=63 or less"):
+        check_batch_size(64, 63, None)
+
+
 def test_missing_chat_template(rm, tmp_path):
     import shutil
 
