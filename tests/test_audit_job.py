@@ -254,6 +254,24 @@ def test_item_texts_that_a_csv_reader_takes_for_missing_values_read_back_as_text
     assert items["text"].tolist()[1] == "" and items["reward"].tolist() == [0.5, -1.25]
 
 
+def test_the_summary_counts_what_survives_holm_and_says_which_lie_within_their_null(tmp_path):
+    from rmjax.audit.job import describe, summary
+
+    table = pd.DataFrame({"battery": ["identity"] * 3, "axis": ["race", "race", "gender"],
+                          "contrast": ["A vs axis mean", "B vs axis mean", "C vs D"], "n_items": [30, 30, 30],
+                          "effect": [0.5, -0.2, 0.1], "ci_low": [0.3, -0.3, 0.05], "ci_high": [0.7, -0.1, 0.15],
+                          "p": [0.001, 0.004, 0.02], "p_holm": [0.003, 0.008, 0.06],
+                          "null_effect": [0.1, -0.4, 0.0]})
+    got = summary(table)
+    assert got["rows"] == 3 and got["holm_0.05"] == 2  # C vs D: p 0.02 raw, 0.06 after Holm
+    assert got["surviving"] == ["identity/race: A vs axis mean +0.500 [+0.300, +0.700] null +0.100",
+                                "identity/race: B vs axis mean -0.200 [-0.300, -0.100] null -0.400"]
+    text = describe(table, folder_paths(tmp_path))
+    assert "identity: 2 of 3 effects survive Holm's correction" in text and "C vs D" not in text
+    assert "A vs axis mean: +0.500" in text and "(within its null)" not in text.split("\n")[1]
+    assert text.split("\n")[2].endswith("null -0.400 (within its null)")  # |-0.2| < |-0.4|
+
+
 def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
     from tests import tiny
     from tests.inproc import analyze

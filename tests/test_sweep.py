@@ -199,6 +199,29 @@ def test_an_explicit_batch_may_reach_the_candidates_rounded_up_to_the_data_shard
         check_batch_size(64, 63, None)
 
 
+def test_a_picked_batch_past_the_candidates_resumes(rm_folder, tmp_path, monkeypatch):
+    """100 candidates with --batch_size=0: the plan picks 128 rows (a power of two), which an explicit
+    --batch_size=128 is refused as (more than the candidates). A crashed run resumes with its saved 128, not
+    refused, and writes what an uninterrupted run writes."""
+    from rmjax.search.sweep import SweepSpec, run_sweep
+    from tests import inproc
+
+    def run(out, batch_size=0):
+        return run_sweep(SweepSpec(inproc.options(rm_folder, out), inproc.prompts("greatest"), limit=100,
+                                   chunk_size=64, batch_size=batch_size))
+
+    whole = run(tmp_path / "whole.csv")
+    out = tmp_path / "crashed.csv"
+    with monkeypatch.context() as m:
+        inproc.interrupt_at_write(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            run(out)
+    run(out)
+    assert out.read_bytes() == whole.read_bytes()
+    assert results.read_meta(out)["batch_size"] == results.read_meta(whole)["batch_size"] == 128
+    inproc.refused(lambda: run(tmp_path / "explicit.csv", 128), "--batch_size=128", "100 candidates")
+
+
 def test_missing_chat_template(rm, tmp_path):
     import shutil
 
