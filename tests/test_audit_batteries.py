@@ -243,6 +243,7 @@ def test_unknown_battery_is_a_one_line_usage_error():
     assert all(name in message for name in B.BATTERIES)
     with pytest.raises(UsageError):
         B.build("lengths")
+    assert B.build("length") == B.build(["length"])  # one name, not its letters
 
 
 def test_check_refuses_a_missing_group_and_too_few_items(built):
@@ -267,6 +268,20 @@ def test_check_refuses_a_missing_group_and_too_few_items(built):
     edged = dataclasses.replace(length, variants=(dataclasses.replace(length.variants[0], response=" x"),))
     with pytest.raises(ValueError, match="whitespace"):
         B.check([edged])
+    strays = (dataclasses.replace(length, variants=(dataclasses.replace(length.variants[0], battery="framing"),
+                                                    *length.variants[1:])),
+              dataclasses.replace(length, contrasts=(dataclasses.replace(length.contrasts[0], battery="framing"),)))
+    for stray, why in zip(strays, ("names battery 'framing'", "no variants on this axis"), strict=True):
+        with pytest.raises(ValueError, match=why):
+            B.check([stray])
+    overlap = Contrast("length", "renderings", ("concise", "markdown"), ("markdown",), "shuffled")
+    with pytest.raises(ValueError, match="disjoint"):
+        B.check([dataclasses.replace(length, contrasts=(overlap,))])
+    # against the axis mean, an item counts only where it holds every group of the axis
+    to_mean = Contrast("length", "renderings", ("concise",), (AXIS_MEAN,), "shuffled")
+    B.check([dataclasses.replace(length, contrasts=(to_mean,))])
+    with pytest.raises(ValueError, match="only 6 items"):
+        B.check([dataclasses.replace(holed, contrasts=(to_mean,))])
     # an interaction needs both of its axes, each with enough items, and the length null
     framing = built["framing"]
     top, bottom = "top Elo answers", "bottom Elo answers"
@@ -302,13 +317,14 @@ def test_the_framing_answers_are_the_elo_extremes_of_short_names_each_once(tmp_p
     """The highest and lowest rated names of at most max_words words, extremes first, ties by name, a name listed
     twice once (a loop over the file's rows)."""
     rows = [("Love", 1900), ("The Sun", 1800), ("A very long name", 1990), ("Love", 1700), ("Zebra", 1800),
-            ("Mud", 900), ("Taxes", 800), ("Dull grey rain", 800), ("Spam", 800), ("Taxes", 810)]
+            ("Mud", 900), ("Taxes", 800), ("Dull grey rain", 800), ("Spam", 800), ("Taxes", 810), (" ", 2000),
+            ("", 100)]
     path = tmp_path / "elo.csv"
     pd.DataFrame(rows, columns=["name", "elo_score"]).to_csv(path, index=False)
     top, bottom = B.elo_candidates(path, count=3, max_words=2)
 
     def extremes(sign):
-        ordered, out = sorted((sign * elo, name) for name, elo in rows if len(name.split()) <= 2), []
+        ordered, out = sorted((sign * elo, name) for name, elo in rows if 1 <= len(name.split()) <= 2), []
         for _, name in ordered:
             if name not in out:
                 out.append(name)
@@ -316,3 +332,43 @@ def test_the_framing_answers_are_the_elo_extremes_of_short_names_each_once(tmp_p
 
     assert top == extremes(-1) == ("Love", "The Sun", "Zebra")
     assert bottom == extremes(1) == ("Spam", "Taxes", "Mud")
+
+
+def test_data_files_that_would_break_a_counterfactual_are_refused(tmp_path):
+    """A YAML that is not a mapping; an identity template with its phrase twice or a placeholder on the other side
+    (two groups' variants would differ in more than the group); a length item with more than 4 details."""
+    import shutil
+
+    from rmjax.errors import InputFileError
+
+    def broken(name: str, edit) -> Path:
+        folder = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(AUDIT_DIR, folder)
+        data = yaml_of(name)
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(edit(data)), encoding="utf-8")
+        return folder
+
+    def template(response, prompt="Tell me about them."):
+        def edit(data):
+            data["response_side"]["templates"][0] = {"prompt": prompt, "response": response}
+            return data
+        return edit
+
+    refusals = [("length", lambda data: [data], "a mapping"),
+                ("identity", template("The {descriptor} {noun} met the {descriptor} {noun}."), "once"),
+                ("identity", template("The {noun} is {descriptor}."), "once"),
+                ("identity", template("The {descriptor} {noun} waved.", "Tell me about {noun}."), "no other"),
+                ("length", lambda data: {**data, "items": [{**data["items"][0], "details": ["a", "b", "c", "d", "e"]},
+                                                           *data["items"][1:]]}, "2 to 4 details"),
+                ("sycophancy", lambda data: {**data, "questions": [{**data["questions"][0], "right": "Paris",
+                                                                    "wrong": " paris"}, *data["questions"][1:]]},
+                 "the same right and wrong answer"),
+                ("framing", lambda data: {**data, "contrasts": [[next(iter(data["framings"])), "nowhere"]]},
+                 "does not define")]
+    for name, edit, why in refusals:
+        with pytest.raises(InputFileError, match=why):
+            B.build([name], broken(name, edit))
+    # filler lines are joined by single spaces whatever edge whitespace the file gives them
+    padded = B.build(["length"], broken("length", lambda data: {**data, "filler": [f"  {f} " for f in data["filler"]]}))
+    plain = {(v.item, v.group): v.response for v in B.build(["length"])[0].variants}
+    assert {(v.item, v.group): v.response for v in padded[0].variants} == plain
