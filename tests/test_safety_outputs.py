@@ -183,6 +183,12 @@ def test_a_reused_sweep_reports_only_the_figure_its_meta_records(rm, tmp_path):
     plot_path(fresh).write_bytes(b"changed")
     with pytest.raises(OutputExistsError, match=r"does not match its fresh.csv.meta.json: fresh.csv.png has 7 bytes"):
         run_sweep(_sweep(rm[1], fresh, limit=8, batch_size=8, plot=True))
+    # the figure a replaced result records is that result's to replace: --overwrite without --plot leaves no stale
+    # figure of other inputs beside the new CSV
+    again = tmp_path / "again.csv"
+    run_sweep(_sweep(rm[1], again, limit=8, batch_size=8, plot=True))
+    run_sweep(_sweep(rm[1], again, limit=16, batch_size=8, overwrite=True))
+    assert not plot_path(again).exists() and len(results.read_scores_csv(again)) == 16
 
 
 def test_a_resume_keeps_the_saved_batch_size(rm, tmp_path, monkeypatch, capsys):
