@@ -229,6 +229,33 @@ def test_a_resume_keeps_the_saved_batch_size(rm, tmp_path, monkeypatch, capsys):
     assert json.loads(results.meta_path(out).read_text())["batch_size"] == 4
 
 
+def test_a_resume_whose_saved_batch_does_not_fit_here_says_to_delete_the_progress(rm, tmp_path, monkeypatch):
+    """A resume keeps its saved batch size, so a refusal that offered a smaller --batch_size led to the same refusal
+    again. On a device too small for the saved batch of 64, it names the saved progress and the batch that fits once
+    that is deleted; the rerun with it then writes what an uninterrupted run writes."""
+    import shutil
+
+    from rmjax.loading import config_of
+    from rmjax.scoring import memory
+
+    out, clean = tmp_path / "s.csv", tmp_path / "clean.csv"
+    run_sweep(_sweep(rm[1], clean, limit=128, chunk_size=64, batch_size=8))
+    with monkeypatch.context() as patch:
+        inproc.interrupt_at_write(patch, 2)
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(_sweep(rm[1], out, limit=128, chunk_size=64, batch_size=64))
+    # room for a batch of 8 and not of 64 (the prefix bucket and positions bound the sweep's own: 64, 8)
+    room = memory.estimate(config_of(str(rm[1])), "float32", 64, 8, 8, 1, 1, 10**12).total_bytes
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: room)
+    line = inproc.refused(lambda: run_sweep(_sweep(rm[1], out, limit=128, chunk_size=64, batch_size=8)),
+                          f"the batch size 64 of the progress saved in {store_dir(out)}", f"delete {store_dir(out)}")
+    fits = int(line.split("--batch_size=")[1].split(" ")[0])
+    assert 8 <= fits < 64 and "use a smaller --batch_size" not in line
+    shutil.rmtree(store_dir(out))
+    run_sweep(_sweep(rm[1], out, limit=128, chunk_size=64, batch_size=8))
+    assert out.read_bytes() == clean.read_bytes()
+
+
 def test_a_refused_sweep_leaves_no_nan_chunk(nan_rm, tmp_path):
     """Mutant that survived: a sweep (or beam) chunk stored before its NaN check; the run still failed, but left
     NaN chunks behind. Token 20 is in the third chunk: the first two are stored, the NaN one is not."""

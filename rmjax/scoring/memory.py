@@ -154,10 +154,11 @@ def gib(n: float) -> str:
 
 
 def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: jax.sharding.Mesh | None,
-         batch_size: int | None = None) -> MemoryEstimate:
+         batch_size: int | None = None, saved: str | None = None) -> MemoryEstimate:
     """The estimate for `batch_size`, or for the largest batch that fits when None (CPU: at most 256).
 
-    Raises DoesNotFitError, with the numbers and the fix, when the run cannot fit.
+    Raises DoesNotFitError, with the numbers and the fix, when the run cannot fit. `saved`: the saved progress a
+    resume keeps `batch_size` from (a smaller --batch_size cannot change it: the fix is to delete it).
     """
     data, model_shards = (mesh.shape["data"], mesh.shape["model"]) if mesh is not None else (1, 1)
     device = device_memory_bytes()
@@ -170,7 +171,10 @@ def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: ja
                                                   device).total_bytes <= device, batch_size, data)
         fix = (f"use a smaller --batch_size: {fits} is the largest that fits (--batch_size=0 picks one)" if fits else
                "not even a batch of one fits: use more `model` shards, bfloat16 or a larger device")
-        raise DoesNotFitError(
-            f"{cfg.architecture} in {dtype} with --batch_size={batch_size} does not fit: {est.describe()}; {fix}."
-        )
+        asked = f"--batch_size={batch_size}"
+        if saved is not None and fits:
+            asked = f"the batch size {batch_size} of the progress saved in {saved}"
+            fix = (f"a resume keeps it: resume where it fits, or delete {saved} and rerun with --batch_size={fits} "
+                   "or less (its saved rows are scored again)")
+        raise DoesNotFitError(f"{cfg.architecture} in {dtype} with {asked} does not fit: {est.describe()}; {fix}.")
     return est

@@ -50,18 +50,19 @@ from rmjax.text.prompts import check_prompt_names
 
 def memory_plan(cfg, tokenizer, prompts: dict[str, str], template: str, dtype: str, mesh,
                 batch_size: int | None = None, mode: str = "token", response_tokens: int = 1,
-                response_flag: str = "--depth") -> memory.MemoryEstimate:
+                response_flag: str = "--depth", saved: str | None = None) -> memory.MemoryEstimate:
     """Per-device memory of this sweep (or of a beam's deepest level: the partial response joins the cached
     prefix) from the config and tokenizer alone, before weights load; picks the batch size when None,
     raises DoesNotFitError when the run cannot fit (PromptTooLongError when a prompt cannot, naming
-    `response_flag` when the response of `response_tokens` > 1 is what overflows the context)."""
+    `response_flag` when the response of `response_tokens` > 1 is what overflows the context). `saved`: the
+    progress a resume keeps `batch_size` from (memory.plan)."""
     splits = [chat.split_chat(tokenizer, t, template) for t in prompts.values()]
     for split in splits:
         check_room(split.prompt, len(split.prefix), len(split.suffix), cfg.max_position_embeddings, response_tokens,
                    response_flag)
     prefix = batching.bucket(max(len(s.prefix) for s in splits) + response_tokens - 1, PREFIX_BUCKET)
     positions = 1 + max(len(s.suffix) for s in splits) if mode == "token" else 16  # text: re-tokenized tails
-    return memory.plan(cfg, dtype, prefix, positions, mesh, batch_size)
+    return memory.plan(cfg, dtype, prefix, positions, mesh, batch_size, saved)
 
 
 def check_room(prompt: str, prefix: int, suffix: int, context: int, response_tokens: int = 1,
@@ -105,7 +106,7 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
         check_output_column(cfg, options.output_column, options.model)
         check_in_vocabulary(token_ids, cfg.vocab_size)
         estimate = memory_plan(cfg, tokenizer, prompts, options.template, options.dtype, mesh, batch_size or None,
-                               mode, response_tokens)
+                               mode, response_tokens, saved=str(store_dir(options.out)) if resumed else None)
         candidates = token_ids if given is None else given
         if isinstance(given, VocabLines):  # a --vocab_file with no single token is refused before the weights
             candidates = single_token_ids(tokenizer, given, given.path, report=False)[0]
