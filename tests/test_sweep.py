@@ -122,6 +122,34 @@ def test_kill_and_resume_gives_identical_csv(rm, tmp_path):
     assert '"resumed_candidates": ' + str(done * 512) in meta
 
 
+def test_the_library_sweep_resumes_with_its_saved_batch_and_chunk_sizes(rm, tmp_path, monkeypatch):
+    """`sweep(out=…)` called again with other batch and chunk sizes continues in the saved ones (other sizes would
+    split the rows in other places): the CSV of an uninterrupted run, its record naming them and the rows read back
+    (two chunks of 8; the short last one of 4 is scored)."""
+    from tests import inproc
+
+    _, _, model = rm
+    ids = _sample(20)
+    whole, out = tmp_path / "whole.csv", tmp_path / "s.csv"
+    sweep(model, PROMPTS, ids, out=whole, batch_size=4, chunk_size=8)
+    with monkeypatch.context() as m:
+        inproc.interrupt_at_write(m, 3)
+        with pytest.raises(KeyboardInterrupt):
+            sweep(model, PROMPTS, ids, out=out, batch_size=4, chunk_size=8)
+    sweep(model, PROMPTS, ids, out=out, batch_size=16, chunk_size=32)
+    assert out.read_bytes() == whole.read_bytes()
+    meta = results.read_meta(out)
+    assert (meta["batch_size"], meta["chunk_size"], meta["resumed_candidates"]) == (4, 8, 16)
+    # stopped after its last, short chunk: all 20 rows are read back, none scored
+    again = tmp_path / "again.csv"
+    with monkeypatch.context() as m:
+        inproc.interrupt_at_finish(m)
+        with pytest.raises(KeyboardInterrupt):
+            sweep(model, PROMPTS, ids, out=again, batch_size=4, chunk_size=8)
+    sweep(model, PROMPTS, ids, out=again, batch_size=4, chunk_size=8)
+    assert again.read_bytes() == whole.read_bytes() and results.read_meta(again)["resumed_candidates"] == 20
+
+
 def test_resume_with_other_settings_is_refused(rm, tmp_path):
     from rmjax.errors import ResumeMismatchError
 
