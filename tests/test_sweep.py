@@ -140,6 +140,7 @@ def test_the_library_sweep_resumes_with_its_saved_batch_and_chunk_sizes(rm, tmp_
     assert out.read_bytes() == whole.read_bytes()
     meta = results.read_meta(out)
     assert (meta["batch_size"], meta["chunk_size"], meta["resumed_candidates"]) == (4, 8, 16)
+    assert meta["candidates_per_second"] * meta["seconds"] == pytest.approx(4 * len(PROMPTS))  # the rate of this run
     # stopped after its last, short chunk: all 20 rows are read back, none scored
     again = tmp_path / "again.csv"
     with monkeypatch.context() as m:
