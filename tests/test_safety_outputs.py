@@ -256,6 +256,21 @@ def test_a_resume_whose_saved_batch_does_not_fit_here_says_to_delete_the_progres
     assert out.read_bytes() == clean.read_bytes()
 
 
+def test_stored_nan_rows_are_held_to_the_resume_and_recorded_by_their_token(nan_rm, tmp_path, monkeypatch):
+    """A run with --allow_nonfinite stored the chunk of tokens 16-23 (token 20 NaN) before it was killed: resumed
+    without the flag it stops naming token 20; resumed with it, .meta.json records that one row by its token."""
+    out = tmp_path / "s.csv"
+    with monkeypatch.context() as patch:
+        inproc.interrupt_at_write(patch, 4)
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(_sweep(nan_rm, out, limit=48, chunk_size=8, batch_size=8, allow_nonfinite=True))
+    with pytest.raises(NonFiniteError, match=r"non-finite scores saved in .*chunks.* \(first: token 20 \("):
+        run_sweep(_sweep(nan_rm, out, limit=48, chunk_size=8, batch_size=8))
+    run_sweep(_sweep(nan_rm, out, limit=48, chunk_size=8, batch_size=8, allow_nonfinite=True))
+    record = results.read_meta(out)["nonfinite"]
+    assert record["values"] == record["rows"] == 1 and record["first"][0].startswith("token 20 "), record
+
+
 def test_a_refused_sweep_leaves_no_nan_chunk(nan_rm, tmp_path):
     """Mutant that survived: a sweep (or beam) chunk stored before its NaN check; the run still failed, but left
     NaN chunks behind. Token 20 is in the third chunk: the first two are stored, the NaN one is not."""
