@@ -149,6 +149,11 @@ def test_the_library_sweep_resumes_with_its_saved_batch_and_chunk_sizes(rm, tmp_
             sweep(model, PROMPTS, ids, out=again, batch_size=4, chunk_size=8)
     sweep(model, PROMPTS, ids, out=again, batch_size=4, chunk_size=8)
     assert again.read_bytes() == whole.read_bytes() and results.read_meta(again)["resumed_candidates"] == 20
+    # a finished result is reused; asked for its figure, the reuse draws and records it
+    from rmjax.search.sweep import plot_path
+
+    sweep(model, PROMPTS, ids, out=whole, batch_size=4, chunk_size=8, plot=True)
+    assert plot_path(whole).stat().st_size > 0 and plot_path(whole).name in results.read_meta(whole)["files"]
 
 
 def test_resume_with_other_settings_is_refused(rm, tmp_path):
