@@ -227,3 +227,22 @@ def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path, mon
     inproc.refused(beam("e.csv", limit=40000, exhaustive=True, allow_special=True, depth=4),
                    "--exhaustive --depth=4", "40,000 candidates", "use at most")
     assert not list(tmp_path.glob("*.csv")) and not list(tmp_path.glob("*.json"))
+
+
+def test_a_manifest_that_is_not_what_a_run_writes_is_refused_or_its_batch_ignored(tmp_path):
+    """An unreadable manifest is refused naming the folder to delete (it was an AttributeError); a saved batch size
+    that is no positive int (JSON true, 0, text) is not one to keep: the asked size is used."""
+    from rmjax.errors import ResumeMismatchError
+    from rmjax.runs.chunks import ChunkStore, resume_batch_size, store_dir
+
+    out = tmp_path / "s.csv"
+    store_dir(out).mkdir()
+    manifest = store_dir(out) / "manifest.json"
+    manifest.write_text("[1, 2", encoding="utf-8")
+    with pytest.raises(ResumeMismatchError, match=f"manifest.json is unreadable; delete {store_dir(out)}"):
+        ChunkStore(out, {"job": "sweep"}, 4)
+    for saved in (True, 0, "8"):
+        manifest.write_text(json.dumps({"identity": {}, "chunk_size": 4, "batch_size": saved}), encoding="utf-8")
+        assert resume_batch_size(out, 16) == 16, saved
+    manifest.write_text(json.dumps({"identity": {}, "chunk_size": 4, "batch_size": 8}), encoding="utf-8")
+    assert resume_batch_size(out, 16) == 8
