@@ -11,6 +11,7 @@ tests/test_beam.py). A resume is compared byte for byte with an uninterrupted ru
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -229,9 +230,10 @@ def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path, mon
     assert not list(tmp_path.glob("*.csv")) and not list(tmp_path.glob("*.json"))
 
 
-def test_a_manifest_that_is_not_what_a_run_writes_is_refused_or_its_batch_ignored(tmp_path):
+def test_a_store_that_is_not_what_a_run_writes_is_refused_or_its_batch_ignored(tmp_path):
     """An unreadable manifest is refused naming the folder to delete (it was an AttributeError); a saved batch size
-    that is no positive int (JSON true, 0, text) is not one to keep: the asked size is used."""
+    that is no positive int (JSON true, 0, text) is not one to keep: the asked size is used; a chunk of another dtype
+    or shape than the run's is refused naming the file to delete."""
     from rmjax.errors import ResumeMismatchError
     from rmjax.runs.chunks import ChunkStore, resume_batch_size, store_dir
 
@@ -246,3 +248,13 @@ def test_a_manifest_that_is_not_what_a_run_writes_is_refused_or_its_batch_ignore
         assert resume_batch_size(out, 16) == 16, saved
     manifest.write_text(json.dumps({"identity": {}, "chunk_size": 4, "batch_size": 8}), encoding="utf-8")
     assert resume_batch_size(out, 16) == 8
+    manifest.unlink()
+    store = ChunkStore(out, {"job": "sweep"}, 4)
+    chunk = [[1.0], [2.0], [3.0], [4.0]]
+    for saved, why in ((np.asarray(chunk, np.float64), "float64 scores of shape (4, 1)"),
+                       (np.asarray(chunk[:3], np.float32), "float32 scores of shape (3, 1)")):
+        store.write(0, saved)
+        with pytest.raises(ResumeMismatchError, match=rf"chunk-0000000000.npy holds {re.escape(why)} where float32"):
+            store.read(0, (4, 1), lambda *args: None)
+    store.write(0, np.asarray(chunk, np.float32))
+    assert store.read(0, (4, 1), lambda *args: None).tolist() == chunk
