@@ -11,6 +11,7 @@ tests/test_beam.py). A resume is compared byte for byte with an uninterrupted ru
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 
 import numpy as np
@@ -230,10 +231,11 @@ def test_sizes_past_memory_or_data_are_refused_up_front(rm_folder, tmp_path, mon
     assert not list(tmp_path.glob("*.csv")) and not list(tmp_path.glob("*.json"))
 
 
-def test_a_store_that_is_not_what_a_run_writes_is_refused_or_its_batch_ignored(tmp_path):
+def test_a_store_that_is_not_what_a_run_writes_is_refused_or_its_batch_ignored(tmp_path, monkeypatch):
     """An unreadable manifest is refused naming the folder to delete (it was an AttributeError); a saved batch size
     that is no positive int (JSON true, 0, text) is not one to keep: the asked size is used; a chunk of another dtype
-    or shape than the run's is refused naming the file to delete."""
+    or shape than the run's is refused naming the file to delete; a chunk whose bytes read back other than written
+    is not saved."""
     from rmjax.errors import ResumeMismatchError
     from rmjax.runs.chunks import ChunkStore, resume_batch_size, store_dir
 
@@ -258,3 +260,9 @@ def test_a_store_that_is_not_what_a_run_writes_is_refused_or_its_batch_ignored(t
             store.read(0, (4, 1), lambda *args: None)
     store.write(0, np.asarray(chunk, np.float32))
     assert store.read(0, (4, 1), lambda *args: None).tolist() == chunk
+    real = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: real(self)[:-1] + b"?")
+    with pytest.raises(OSError, match="the bytes read back differ from those written"):
+        store.write(4, np.asarray(chunk, np.float32))
+    assert not store.has(4) and sorted(p.name for p in store.dir.iterdir()) == ["chunk-0000000000.npy",
+                                                                               "manifest.json"]
