@@ -98,6 +98,14 @@ def interrupt_at_write(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     monkeypatch.setattr(ChunkStore, "write", write)
 
 
+def killed_at_write(monkeypatch: pytest.MonkeyPatch, n: int, job: Callable[[], object]) -> None:
+    """`job()` killed as its n-th chunk write starts (interrupt_at_write, undone after): a crashed run's progress."""
+    with monkeypatch.context() as patch:
+        interrupt_at_write(patch, n)
+        with pytest.raises(KeyboardInterrupt):
+            job()
+
+
 def interrupt_at_finish(monkeypatch: pytest.MonkeyPatch) -> None:
     """The job is killed (KeyboardInterrupt) the moment it would write its result: every chunk is on disk, no result
     nor .meta.json."""

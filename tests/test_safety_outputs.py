@@ -114,10 +114,7 @@ def test_a_frontier_unit_is_one_chunk_and_a_bad_one_is_named(rm, lm_folder, tmp_
     run_frontier(frontier_spec(rm[1], lm_folder, clean))
     want = csv_path(clean).read_bytes()
     out = tmp_path / "f"
-    with monkeypatch.context() as patch:
-        inproc.interrupt_at_write(patch, 2)
-        with pytest.raises(KeyboardInterrupt):
-            run_frontier(frontier_spec(rm[1], lm_folder, out))
+    inproc.killed_at_write(monkeypatch, 2, lambda: run_frontier(frontier_spec(rm[1], lm_folder, out)))
     assert _chunks(csv_path(out)) == ["chunk-u0000.npy", "manifest.json"]
     damaged = tmp_path / "d"
     shutil.copytree(out, damaged)
@@ -200,10 +197,7 @@ def test_a_resume_keeps_the_saved_batch_size(rm, tmp_path, monkeypatch, capsys):
 
     out, clean = tmp_path / "s.csv", tmp_path / "clean.csv"
     run_sweep(_sweep(rm[1], clean, limit=48, chunk_size=16, batch_size=4))
-    with monkeypatch.context() as patch:
-        inproc.interrupt_at_write(patch, 2)
-        with pytest.raises(KeyboardInterrupt):
-            run_sweep(_sweep(rm[1], out, limit=48, chunk_size=16, batch_size=4))
+    inproc.killed_at_write(monkeypatch, 2, lambda: run_sweep(_sweep(rm[1], out, limit=48, chunk_size=16, batch_size=4)))
     capsys.readouterr()
     run_sweep(_sweep(rm[1], out, limit=48, chunk_size=16, batch_size=16))
     assert "with its batch size 4, not --batch_size=16" in capsys.readouterr().err
@@ -218,10 +212,7 @@ def test_a_resume_keeps_the_saved_batch_size(rm, tmp_path, monkeypatch, capsys):
 
     out, clean = tmp_path / "b.csv", tmp_path / "bclean.csv"
     run_beam(beam(clean, 4))
-    with monkeypatch.context() as patch:
-        inproc.interrupt_at_write(patch, 3)
-        with pytest.raises(KeyboardInterrupt):
-            run_beam(beam(out, 4))
+    inproc.killed_at_write(monkeypatch, 3, lambda: run_beam(beam(out, 4)))
     capsys.readouterr()
     run_beam(beam(out, 8))
     assert "with its batch size 4, not --batch_size=8" in capsys.readouterr().err
@@ -240,10 +231,8 @@ def test_a_resume_whose_saved_batch_does_not_fit_here_says_to_delete_the_progres
 
     out, clean = tmp_path / "s.csv", tmp_path / "clean.csv"
     run_sweep(_sweep(rm[1], clean, limit=128, chunk_size=64, batch_size=8))
-    with monkeypatch.context() as patch:
-        inproc.interrupt_at_write(patch, 2)
-        with pytest.raises(KeyboardInterrupt):
-            run_sweep(_sweep(rm[1], out, limit=128, chunk_size=64, batch_size=64))
+    inproc.killed_at_write(monkeypatch, 2,
+                           lambda: run_sweep(_sweep(rm[1], out, limit=128, chunk_size=64, batch_size=64)))
     # room for a batch of 8 and not of 64 (the prefix bucket and positions bound the sweep's own: 64, 8)
     room = memory.estimate(config_of(str(rm[1])), "float32", 64, 8, 8, 1, 1, 10**12).total_bytes
     monkeypatch.setattr(memory, "device_memory_bytes", lambda: room)
@@ -260,10 +249,8 @@ def test_stored_nan_rows_are_held_to_the_resume_and_recorded_by_their_token(nan_
     """A run with --allow_nonfinite stored the chunk of tokens 16-23 (token 20 NaN) before it was killed: resumed
     without the flag it stops naming token 20; resumed with it, .meta.json records that one row by its token."""
     out = tmp_path / "s.csv"
-    with monkeypatch.context() as patch:
-        inproc.interrupt_at_write(patch, 4)
-        with pytest.raises(KeyboardInterrupt):
-            run_sweep(_sweep(nan_rm, out, limit=48, chunk_size=8, batch_size=8, allow_nonfinite=True))
+    inproc.killed_at_write(monkeypatch, 4, lambda: run_sweep(_sweep(nan_rm, out, limit=48, chunk_size=8, batch_size=8,
+                                                                    allow_nonfinite=True)))
     with pytest.raises(NonFiniteError, match=r"non-finite scores saved in .*chunks.* \(first: token 20 \("):
         run_sweep(_sweep(nan_rm, out, limit=48, chunk_size=8, batch_size=8))
     run_sweep(_sweep(nan_rm, out, limit=48, chunk_size=8, batch_size=8, allow_nonfinite=True))
