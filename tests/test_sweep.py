@@ -122,7 +122,7 @@ def test_kill_and_resume_gives_identical_csv(rm, tmp_path):
     assert '"resumed_candidates": ' + str(done * 512) in meta
 
 
-def test_the_library_sweep_resumes_with_its_saved_batch_and_chunk_sizes(rm, tmp_path, monkeypatch):
+def test_the_library_sweep_resumes_with_its_saved_batch_and_chunk_sizes(rm, tmp_path, monkeypatch, capsys):
     """`sweep(out=…)` called again with other batch and chunk sizes continues in the saved ones (other sizes would
     split the rows in other places): the CSV of an uninterrupted run, its record naming them and the rows read back
     (two chunks of 8; the short last one of 4 is scored)."""
@@ -136,7 +136,10 @@ def test_the_library_sweep_resumes_with_its_saved_batch_and_chunk_sizes(rm, tmp_
         inproc.interrupt_at_write(m, 3)
         with pytest.raises(KeyboardInterrupt):
             sweep(model, PROMPTS, ids, out=out, batch_size=4, chunk_size=8)
+    capsys.readouterr()
     sweep(model, PROMPTS, ids, out=out, batch_size=16, chunk_size=32)
+    said = capsys.readouterr().err  # both kept sizes are said
+    assert "with its chunk size 8" in said and "with its batch size 4, not --batch_size=16" in said
     assert out.read_bytes() == whole.read_bytes()
     meta = results.read_meta(out)
     assert (meta["batch_size"], meta["chunk_size"], meta["resumed_candidates"]) == (4, 8, 16)
