@@ -29,7 +29,7 @@ OUT = flags.DEFINE_string("out", "results/disagree", "Output folder: disagree.cs
 JUDGE = flags.DEFINE_string("judge", None, "The judge: a causal LM of another family than side A (default: "
                             "gemma-3-270m for a Llama-family RM, smollm2-135m-instruct for a Gemma one).")
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "One-token responses per forward in the vocabulary map and the "
-                                  "z yardsticks (over all devices); 0 picks the largest that fits (CPU: 256).",
+                                  "z yardsticks (over all devices); 0 picks the largest that fits, at most 256.",
                                   lower_bound=0)
 DISAGREE_CONFIG = config_flags.define(DisagreeConfig)
 SEARCH_CONFIG = config_flags.define(FluentConfig, defaults=SEARCH_DEFAULTS)  # the library's search_config

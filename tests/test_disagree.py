@@ -622,6 +622,14 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
     assert 256 < fits < 10**12
     assert disagree_job.map_batch(dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder), batch_size=fits),
                                   [config_and_tokenizer(str(rm_folder))]) == fits
+    # off the CPU the plan would pick up to 4096 for one model alone; the job holds several, so 0 stays at 256
+    from rmjax.scoring import memory
+
+    monkeypatch.setattr(memory.jax, "default_backend", lambda: "gpu")
+    alone = memory.plan(config_and_tokenizer(str(rm_folder))[0], "float32", 64, 8, None).batch_size
+    assert alone > 256
+    assert disagree_job.map_batch(_spec(rm_folder, lower_rm, out, lm_folder),
+                                  [config_and_tokenizer(str(rm_folder))]) == 256
     # an implicit side of one LM twice rewards every text 0: z_B a constant, the "disagreement" A's reward alone
     refused(lambda: run_disagree(_spec(rm_folder, f"implicit:{lm_folder}:{lm_folder}", out, lm_folder)),
             "the same model", "reward is 0 for every text")

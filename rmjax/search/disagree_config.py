@@ -95,7 +95,7 @@ class DisagreeSpec:
     """The job as one value: options.out is the output folder, options.model side A's reward model; `models` the
     two sides as given; `lm` the prior of the fluency term (None: side A's own backbone); `judge` (None: the
     default of the other family); `batch_size` one-token responses per forward of the map and the yardsticks (0:
-    the memory plan's pick; not in the identity, as the sweep's)."""
+    the memory plan's pick, at most 256; not in the identity, as the sweep's)."""
 
     options: RunOptions
     models: tuple[str, str]

@@ -42,6 +42,8 @@ from rmjax.search.sides import Side, SideSpec, make_side
 from rmjax.search.sweep import memory_plan
 from rmjax.text import chat
 
+MAP_BATCH = 256  # the most --batch_size=0 picks: the other models the job holds are not in the memory plan
+
 
 def folder_paths(folder: str | Path) -> dict[str, Path]:
     folder = Path(folder)
@@ -91,11 +93,12 @@ def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> int:
 def map_batch(spec: DisagreeSpec, reward_models: list[tuple]) -> int:
     """One-token responses per forward of the vocabulary map and the yardsticks: --batch_size held to each reward
     model's memory plan (the sweep's; DoesNotFitError names the batch that fits), or when 0 the largest batch
-    every one fits (CPU: 256). Each model is planned alone: two RMs held at once are not summed."""
+    every one fits, at most MAP_BATCH. Each model is planned alone, as if the device were its own: the job also
+    holds the other side, the prior and the judge, so the pick stays within the size the map always ran at."""
     o = spec.options
     plans = [memory_plan(cfg, tokenizer, spec.prompts, o.template, o.dtype, o.mesh, spec.batch_size or None)
              for cfg, tokenizer in reward_models]
-    return spec.batch_size or min(plan.batch_size for plan in plans)
+    return spec.batch_size or min(MAP_BATCH, *(plan.batch_size for plan in plans))
 
 
 def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judge: str) -> dict:
