@@ -223,7 +223,8 @@ def test_a_resume_keeps_the_saved_batch_size(rm, tmp_path, monkeypatch, capsys):
 def test_a_resume_whose_saved_batch_does_not_fit_here_says_to_delete_the_progress(rm, tmp_path, monkeypatch):
     """A resume keeps its saved batch size, so a refusal that offered a smaller --batch_size led to the same refusal
     again. On a device too small for the saved batch of 64, it names the saved progress and the batch that fits once
-    that is deleted; the rerun with it then writes what an uninterrupted run writes."""
+    that is deleted (progress whose batch size is not recorded runs at the one asked for: there the fix is a smaller
+    --batch_size); the rerun with it then writes what an uninterrupted run writes."""
     import shutil
 
     from rmjax.loading import config_of
@@ -240,6 +241,13 @@ def test_a_resume_whose_saved_batch_does_not_fit_here_says_to_delete_the_progres
                           f"the batch size 64 of the progress saved in {store_dir(out)}", f"delete {store_dir(out)}")
     fits = int(line.split("--batch_size=")[1].split(" ")[0])
     assert 8 <= fits < 64 and "use a smaller --batch_size" not in line
+    # progress from before batch sizes were recorded runs at the one asked for: a smaller --batch_size is the fix
+    manifest = store_dir(out) / "manifest.json"
+    unrecorded = {k: v for k, v in json.loads(manifest.read_text()).items() if k != "batch_size"}
+    manifest.write_text(json.dumps(unrecorded))
+    line = inproc.refused(lambda: run_sweep(_sweep(rm[1], out, limit=128, chunk_size=64, batch_size=64)),
+                          "with --batch_size=64 does not fit", f"use a smaller --batch_size: {fits} is the largest")
+    assert "progress saved" not in line
     shutil.rmtree(store_dir(out))
     run_sweep(_sweep(rm[1], out, limit=128, chunk_size=64, batch_size=8))
     assert out.read_bytes() == clean.read_bytes()

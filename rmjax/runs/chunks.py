@@ -49,12 +49,19 @@ def _plain(path: Path) -> bool:
         return False
 
 
+def saved_batch_size(out: str | Path) -> int | None:
+    """The batch size the progress saved beside `out` was scored with; None without progress or without a
+    recorded one (a store from before batch sizes were recorded adopts the run's)."""
+    saved = (_manifest(store_dir(out)) or {}).get("batch_size")
+    return saved if isinstance(saved, int) and not isinstance(saved, bool) and saved >= 1 else None
+
+
 def resume_batch_size(out: str | Path, batch_size: int) -> int:
     """The batch size a job runs with: that of the saved progress beside `out` when there is some (its chunks were
     scored with it; said on stderr when `batch_size`, 0 for the memory plan's pick, asks otherwise), else
     `batch_size`. Called before the memory plan, so a saved batch size that does not fit here is refused there."""
-    saved = (_manifest(store_dir(out)) or {}).get("batch_size")
-    if not isinstance(saved, int) or isinstance(saved, bool) or saved < 1:
+    saved = saved_batch_size(out)
+    if saved is None:
         return batch_size
     if saved != batch_size and is_main():
         print(_kept_batch_note(store_dir(out), saved, batch_size), file=sys.stderr, flush=True)

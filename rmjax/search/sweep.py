@@ -26,7 +26,7 @@ from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import jobs, results
-from rmjax.runs.chunks import open_store, resume_batch_size, store_dir
+from rmjax.runs.chunks import open_store, resume_batch_size, saved_batch_size, store_dir
 from rmjax.runs.claims import real_path
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.runs.progress import Progress
@@ -97,21 +97,22 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
     (rmjax.loading.for_job.load_for_job): a model without a score head, a bad output column, `token_ids` outside
     the vocabulary and a prompt too long for the context are refused, the batch size is picked (`batch_size`,
     or the largest that fits when 0) and the memory plan printed; an explicit `batch_size` beyond the candidates
-    (`given`, default `token_ids`, as `limit` keeps them) is refused too, but not a `resumed` run's saved batch size
-    (the memory plan may have picked it: a power of two past the candidates)."""
+    (`given`, default `token_ids`, as `limit` keeps them) is refused too, but not the batch size a `resumed` run
+    keeps from its progress (the memory plan may have picked it: a power of two past the candidates)."""
     plan = {}
+    kept = resumed and saved_batch_size(options.out) is not None  # the batch is the saved progress's, not asked for
 
     def before_weights(cfg, tokenizer, mesh) -> None:
         require_reward_model(cfg, options.model)
         check_output_column(cfg, options.output_column, options.model)
         check_in_vocabulary(token_ids, cfg.vocab_size)
         estimate = memory_plan(cfg, tokenizer, prompts, options.template, options.dtype, mesh, batch_size or None,
-                               mode, response_tokens, saved=str(store_dir(options.out)) if resumed else None)
+                               mode, response_tokens, saved=str(store_dir(options.out)) if kept else None)
         candidates = token_ids if given is None else given
         if isinstance(given, VocabLines):  # a --vocab_file with no single token is refused before the weights
             candidates = single_token_ids(tokenizer, given, given.path, report=False)[0]
         count = candidate_count(cfg, tokenizer, candidates, limit)
-        if batch_size and not resumed:
+        if batch_size and not kept:
             check_batch_size(batch_size, count, mesh)
         # a picked batch needs no more rows than the candidates (every batch is padded to its size)
         plan["batch_size"] = batch_size or min(estimate.batch_size,
