@@ -308,3 +308,26 @@ def test_unsorted_token_ids_are_written_row_by_row_with_their_scores(rm, tmp_pat
     np.testing.assert_allclose(table["greatest"].to_numpy(), want, atol=atol, rtol=0)
     assert np.abs(np.diff(want)).min() > 10 * atol  # distinct rewards: a row paired with another token would fail
 
+
+
+def test_conversation_scoring_stops_at_a_nan_reward_whole_or_cached(nan_rm):
+    """Mutant that survived: score_conversations (the audit's scorer) without its finite check returned NaN. A
+    response holding token 20 after a prompt of two rows (scored whole) and after one of 16 (against its cached
+    prefix): refused naming that row; allowed, NaN is at exactly the rows that hold token 20."""
+    from rmjax.loading import load
+    from rmjax.scoring.texts import CACHED_PROMPT_ROWS, score_conversations
+    from rmjax.text.chat import Conversations
+
+    model = load(str(nan_rm))
+    few, many = "Who won?", PROMPT
+    prompts = [few, few] + [many] * CACHED_PROMPT_ROWS
+    responses = ["Ana did.", "$5"] + [f"Answer {i}." for i in range(CACHED_PROMPT_ROWS - 1)] + ["$"]
+    holds = [20 in Conversations(model.tokenizer, p, "auto").token_ids([r])[0]
+             for p, r in zip(prompts, responses, strict=True)]
+    assert holds == [False, True] + [False] * (CACHED_PROMPT_ROWS - 1) + [True]
+    with pytest.raises(NonFiniteError, match="'\\$5'"):
+        score_conversations(model, prompts, responses)
+    with pytest.raises(NonFiniteError, match="response '\\$'"):
+        score_conversations(model, prompts[2:], responses[2:])
+    got = score_conversations(model, prompts, responses, allow_nonfinite=True)
+    assert np.isnan(got).tolist() == holds

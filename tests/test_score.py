@@ -155,3 +155,23 @@ def test_the_early_context_check_refuses_exactly_the_conversations_past_the_cont
                 except PromptTooLongError:
                     refused = True
                 assert refused == (length > context), (template, text[:20], length, context)
+
+
+def test_the_library_scorers_refuse_a_response_past_the_context(rm_folder):
+    """Mutants that survived: score_texts and score_conversations (whole, and against a cached prefix) without their
+    length check scored positions the model never saw. The audit, the disagreement job and head training call them
+    directly, not through run_score's early check. The tiny model's context is 512 positions."""
+    from rmjax.errors import PromptTooLongError
+    from rmjax.loading import load
+    from rmjax.scoring.texts import CACHED_PROMPT_ROWS, score_conversations, score_texts
+
+    model = load(str(rm_folder))
+    assert model.config.max_position_embeddings == 512
+    long = " ".join(["word"] * 600)
+    past = f"{long[:40]!r} makes a conversation of"
+    with pytest.raises(PromptTooLongError, match=re.escape(past)):
+        score_texts(model, {"greatest": PROMPT}, ["Love", long])
+    for rows in (2, CACHED_PROMPT_ROWS):
+        responses = [f"Answer {i}." for i in range(rows - 1)] + [long]
+        with pytest.raises(PromptTooLongError, match=re.escape(past)):
+            score_conversations(model, [PROMPT] * rows, responses)
