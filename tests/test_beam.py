@@ -373,10 +373,14 @@ def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, t
     assert not (tmp_path / "cli.csv").exists()
 
 
-def test_from_sweep_checked_before_loading_leaves_out_what_the_beam_leaves_out(rm_folder, model, tmp_path):
+def test_from_sweep_checked_before_loading_leaves_out_what_the_beam_leaves_out(rm_folder, model, tmp_path,
+                                                                                 monkeypatch):
     """The check before loading takes the beam's own candidate set: special and byte tokens the beam leaves out
-    need not be in the sweep (a check on the ids as given refused this job), and --allow_special needs them."""
+    need not be in the sweep (a check on the ids as given refused this job), and --allow_special needs them. The
+    result is reused, but not under another version of the rule that leaves tokens out."""
+    from rmjax.errors import OutputExistsError
     from rmjax.search.beam_job import BeamSpec, run_beam
+    from rmjax.text import candidates
     from rmjax.text.candidates import special_or_byte
     from tests import inproc
 
@@ -392,6 +396,11 @@ def test_from_sweep_checked_before_loading_leaves_out_what_the_beam_leaves_out(r
 
     inproc.refused(lambda: job(True), "lacks 2 of the beam's 10 candidates")
     assert job(False).levels[0]["from_sweep"] == len(s)
+    assert job(False) is None  # reused
+    # another version of the rule that leaves tokens out may leave out others: not this result's inputs
+    monkeypatch.setattr(candidates, "LEFT_OUT", candidates.LEFT_OUT + 1)
+    with pytest.raises(OutputExistsError):
+        job(False)
 
 
 def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):
