@@ -305,10 +305,10 @@ def test_whole_job_estimate_counts_every_depth_and_direction(model, monkeypatch,
     assert shared or rerun.estimate["seconds"] == 0  # all on disk: no warm-up, nothing left (a bound when shared)
 
 
-def _sweep(model, out, prompts, ids, batch_size: int = 8):
+def _sweep(model, out, prompts, ids, batch_size: int = 8, mode: str = "token"):
     from rmjax.search.sweep import sweep
 
-    sweep(model, prompts, [int(i) for i in ids], batch_size=batch_size, out=out)
+    sweep(model, prompts, [int(i) for i in ids], batch_size=batch_size, out=out, mode=mode)
     return out
 
 
@@ -340,7 +340,9 @@ def test_from_sweep_refuses_other_runs_and_incomplete_sweeps(rm_folder, model, t
     tiny.save_reward_model_with_tokenizer(other_folder, seed=5)
     bad = {"model.weights": _sweep(load(str(other_folder)), tmp_path / "other.csv", PROMPTS, s),
            "prompts.worst": _sweep(model, tmp_path / "prompt.csv", {**PROMPTS, "worst": "Worst?"}, s),
-           "lacks 2 of": _sweep(model, tmp_path / "fewer.csv", PROMPTS, s[:-2])}
+           "lacks 2 of": _sweep(model, tmp_path / "fewer.csv", PROMPTS, s[:-2]),
+           # the tokens' text re-tokenized in the template: not the beam's token ids (its mode's scores differ)
+           "mode 'text' there, 'token' here": _sweep(model, tmp_path / "text.csv", PROMPTS, s, mode="text")}
     text, meta = good.read_bytes(), json.loads(results.meta_path(good).read_text())
     # a finished sweep edited by hand (its .meta.json kept): its last digit changed, its last row removed
     digit, short = text[:-2] + bytes([text[-2] ^ 1]) + b"\n", text[: text.rindex(b"\n", 0, -1) + 1]
@@ -441,6 +443,7 @@ def test_the_completion_check_of_every_written_row_and_prompt(rm_folder, lm_fold
     out = tmp_path / "beam.csv"
     write_beam(model, PROMPTS, BeamConfig(depth=2, beam=3, top=3), s, out=out, batch_size=8, lm=lm)
     beam = results.read_beam_csv(out)
+    assert completions_path(out) == tmp_path / "beam.csv.completions.csv"  # OUT's whole name: out.csv and out differ
     table = __import__("pandas").read_csv(completions_path(out), keep_default_na=False)
     assert list(table.columns) == ["depth", "direction", "rank", "ids", "prompt", "ends_turn", "completed_text",
                                    "reward", "completed_reward", "truncation_gain"]

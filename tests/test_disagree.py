@@ -855,3 +855,56 @@ def test_a_stored_map_is_read_only_for_the_strings_of_this_run(tmp_path):
         store.write("m0000", bad)
         with pytest.raises(ResumeMismatchError, match=r"m0000.npy is not a vocabulary map of this run \(.*\); delete"):
             disagree_job._read_map(store, "m0000", shared)
+
+
+def _tensor_bytes(folder) -> int:
+    """A checkpoint's weights in bytes, from its safetensors headers (each stored tensor once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "np") as f:
+            for key in f.keys():
+                tensor = f.get_slice(key)
+                assert tensor.get_dtype() == "F32", (path, key)
+                total += 4 * math.prod(tensor.get_shape())
+    return total
+
+
+def test_the_models_a_job_holds_at_once_fit_together_and_the_map_batch_beside_them(rm_folder, lower_rm, lm_folder,
+                                                                                   tmp_path, monkeypatch):
+    """Each model was planned as if the device were its own. The disagreement job holds side A, side B, the prior
+    and the judge at once (the judge loaded apart, here the prior's folder again), the frontier the RM, its prior and
+    the judge. A device all fit on alone but not together is refused before any weight is read, naming each. The
+    map's batch is planned beside the other models' weights: on a device with room for those and a batch of 8 of
+    side A's work, 8 is kept and 16 refused (planned alone, 16 fitted). Reference sizes: the float32 checkpoints'
+    tensors (safetensors headers)."""
+    from rmjax.scoring import memory
+    from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
+    from rmjax.search.sweep import memory_plan
+
+    sizes = {f: _tensor_bytes(f) for f in (rm_folder, lower_rm, lm_folder)}
+    held = sizes[rm_folder] + sizes[lower_rm] + 2 * sizes[lm_folder]
+    out = tmp_path / "d"
+    no_weights_read(monkeypatch)
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: held - 1)
+    line = refused(lambda: run_disagree(_spec(rm_folder, lower_rm, out, lm_folder)),
+                   "the disagreement job holds 4 models at once", f"the RM {rm_folder}", f"the prior --lm={lm_folder}",
+                   f"the judge --judge={lm_folder}", "more than its")
+    assert str(lower_rm) in line
+    frontier = FrontierSpec(RunOptions(model=str(rm_folder), out=str(tmp_path / "f")), {"greatest": PROMPT},
+                            FrontierConfig(forwards=200, z_sample=64), SEARCH, lm=str(lm_folder), judge=str(lm_folder))
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: sizes[rm_folder] + 2 * sizes[lm_folder] - 1)
+    refused(lambda: run_frontier(frontier), "the frontier job holds 3 models at once")
+    # the map's batch beside the others: side A's own work at a batch of 8 (the sweep's plan) is what is left
+    a = config_and_tokenizer(str(rm_folder))
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 10**12)
+    own8 = memory_plan(*a, {"greatest": PROMPT}, "auto", "float32", None, 8)
+    assert own8.params_bytes == sizes[rm_folder]
+    room = held + own8.total_bytes - own8.params_bytes
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: room)
+    assert memory_plan(*a, {"greatest": PROMPT}, "auto", "float32", None, 16).batch_size == 16  # alone it fitted
+    spec = _spec(rm_folder, lower_rm, out, lm_folder)
+    assert disagree_job.map_batch(dataclasses.replace(spec, batch_size=8), [a], held) == 8
+    refused(lambda: run_disagree(dataclasses.replace(spec, batch_size=16)), "--batch_size=16", "does not fit",
+            "the job's other models", "--batch_size: 8 is the largest that fits")

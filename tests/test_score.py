@@ -175,3 +175,20 @@ def test_the_library_scorers_refuse_a_response_past_the_context(rm_folder):
         responses = [f"Answer {i}." for i in range(rows - 1)] + [long]
         with pytest.raises(PromptTooLongError, match=re.escape(past)):
             score_conversations(model, [PROMPT] * rows, responses)
+
+
+def test_a_score_result_is_reused_only_for_the_same_inputs():
+    """Mutants that survived: the score job's identity without its template, z sample, output column, texts or
+    dtype would reuse a finished CSV scored otherwise. Each input, changed alone, gives another identity; the same
+    inputs give the same."""
+    from rmjax.scoring.texts import text_scores_identity
+
+    base = dict(dtype="float32", output_column=0, prompts={"greatest": PROMPT, "worst": "Worst?"},
+                texts=["Love", "Hate"], template="auto", z_sample=2048)
+    identity = text_scores_identity({"weights": "abc"}, **base)
+    assert text_scores_identity({"weights": "abc"}, **base) == identity
+    changed = {"dtype": "bfloat16", "output_column": 1, "prompts": {"greatest": PROMPT}, "texts": ["Love", "Hat"],
+               "template": "plain", "z_sample": 0}
+    for key, value in changed.items():
+        assert text_scores_identity({"weights": "abc"}, **{**base, key: value}) != identity, key
+    assert text_scores_identity({"weights": "abd"}, **base) != identity

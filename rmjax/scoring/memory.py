@@ -38,15 +38,17 @@ class MemoryEstimate:
     batch_size: int
     device_bytes: int
     upcast_bytes: int = 0  # per device: the float32 copy of bfloat16 weights a CPU computes with
+    held_bytes: int = 0  # per device: the weights of the other models the job holds meanwhile (weights_held)
 
     @property
     def total_bytes(self) -> int:
-        return self.params_bytes + self.cache_bytes + self.batch_bytes + self.upcast_bytes
+        return self.params_bytes + self.cache_bytes + self.batch_bytes + self.upcast_bytes + self.held_bytes
 
     def describe(self) -> str:
         gib = 2**30
         upcast = f" + their float32 copy {self.upcast_bytes / gib:.2f} GiB" if self.upcast_bytes else ""
-        return (f"per device: params {self.params_bytes / gib:.2f} GiB{upcast} + prefix cache "
+        held = f" + the job's other models {self.held_bytes / gib:.2f} GiB" if self.held_bytes else ""
+        return (f"per device: params {self.params_bytes / gib:.2f} GiB{upcast}{held} + prefix cache "
                 f"{self.cache_bytes / gib:.3f} GiB + batch of {self.batch_size} {self.batch_bytes / gib:.2f} GiB = "
                 f"{self.total_bytes / gib:.2f} GiB of {self.device_bytes / gib:.1f} GiB")
 
@@ -78,9 +80,10 @@ def upcast_bytes(cfg: ModelConfig, dtype: str, model_shards: int, backend: str |
 
 def estimate(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, batch_size: int,
              data_shards: int = 1, model_shards: int = 1, device_bytes: int = 16 * 2**30,
-             backend: str | None = None) -> MemoryEstimate:
+             backend: str | None = None, held_bytes: int = 0) -> MemoryEstimate:
     """Memory of a prefix-cached sweep; `positions` = new tokens per candidate (1 + suffix). `backend`: where it
-    runs (default: JAX's default backend), for the CPU's float32 copy of bfloat16 weights."""
+    runs (default: JAX's default backend), for the CPU's float32 copy of bfloat16 weights; `held_bytes`: other
+    models' weights on the device meanwhile."""
     b = _itemsize(dtype)
     kv_shards = model_shards if cfg.num_kv_heads % model_shards == 0 else 1
     cache = 2 * cfg.num_layers * prefix_len * cfg.num_kv_heads * cfg.head_dim * b // kv_shards
@@ -92,22 +95,24 @@ def estimate(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, batc
     per_layer = tokens * (4 * cfg.hidden_size + 2 * cfg.intermediate_size // model_shards) * b
     scores = tokens * (cfg.num_heads // max(1, model_shards)) * (prefix_len + positions) * 4 * 2
     return MemoryEstimate(param_bytes(cfg, dtype, model_shards), cache, per_layer + scores, batch_size, device_bytes,
-                          upcast_bytes(cfg, dtype, model_shards, backend))
+                          upcast_bytes(cfg, dtype, model_shards, backend), held_bytes)
 
 
 def pick_batch_size(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, data_shards: int = 1,
                     model_shards: int = 1, device_bytes: int = 16 * 2**30, headroom: float = 0.8,
-                    largest: int = 4096, backend: str | None = None) -> MemoryEstimate:
+                    largest: int = 4096, backend: str | None = None, held_bytes: int = 0) -> MemoryEstimate:
     """The largest power-of-two batch (a multiple of the data shards) within `headroom` of the device."""
     best = None
     size = data_shards
     while size <= largest:
-        est = estimate(cfg, dtype, prefix_len, positions, size, data_shards, model_shards, device_bytes, backend)
+        est = estimate(cfg, dtype, prefix_len, positions, size, data_shards, model_shards, device_bytes, backend,
+                       held_bytes)
         if est.total_bytes > headroom * device_bytes:
             break
         best, size = est, size * 2
     if best is None:
-        est = estimate(cfg, dtype, prefix_len, positions, data_shards, data_shards, model_shards, device_bytes, backend)
+        est = estimate(cfg, dtype, prefix_len, positions, data_shards, data_shards, model_shards, device_bytes, backend,
+                       held_bytes)
         dtype_fix = ("--dtype=float32 takes less memory on the CPU (no float32 copy)" if est.upcast_bytes else
                      "use bfloat16")
         raise DoesNotFitError(
@@ -154,21 +159,23 @@ def gib(n: float) -> str:
 
 
 def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: jax.sharding.Mesh | None,
-         batch_size: int | None = None, saved: str | None = None) -> MemoryEstimate:
+         batch_size: int | None = None, saved: str | None = None, held: int = 0) -> MemoryEstimate:
     """The estimate for `batch_size`, or for the largest batch that fits when None (CPU: at most 256).
 
     Raises DoesNotFitError, with the numbers and the fix, when the run cannot fit. `saved`: the saved progress a
-    resume keeps `batch_size` from (a smaller --batch_size cannot change it: the fix is to delete it).
+    resume keeps `batch_size` from (a smaller --batch_size cannot change it: the fix is to delete it); `held`: the
+    per-device bytes of the other models the job holds meanwhile (weights_held).
     """
     data, model_shards = (mesh.shape["data"], mesh.shape["model"]) if mesh is not None else (1, 1)
     device = device_memory_bytes()
     if batch_size is None:
         largest = 256 if jax.default_backend() == "cpu" else 4096
-        return pick_batch_size(cfg, dtype, prefix_len, positions, data, model_shards, device, largest=largest)
-    est = estimate(cfg, dtype, prefix_len, positions, batch_size, data, model_shards, device)
+        return pick_batch_size(cfg, dtype, prefix_len, positions, data, model_shards, device, largest=largest,
+                               held_bytes=held)
+    est = estimate(cfg, dtype, prefix_len, positions, batch_size, data, model_shards, device, held_bytes=held)
     if est.total_bytes > device:
         fits = largest_fitting(lambda b: estimate(cfg, dtype, prefix_len, positions, b, data, model_shards,
-                                                  device).total_bytes <= device, batch_size, data)
+                                                  device, held_bytes=held).total_bytes <= device, batch_size, data)
         fix = (f"use a smaller --batch_size: {fits} is the largest that fits (--batch_size=0 picks one)" if fits else
                "not even a batch of one fits: use more `model` shards, bfloat16 or a larger device")
         asked = f"--batch_size={batch_size}"
@@ -178,3 +185,20 @@ def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: ja
                    "or less (its saved rows are scored again)")
         raise DoesNotFitError(f"{cfg.architecture} in {dtype} with {asked} does not fit: {est.describe()}; {fix}.")
     return est
+
+
+def weights_held(models: list[tuple[str, ModelConfig]], dtype: str, mesh: jax.sharding.Mesh | None, job: str,
+               fix: str) -> list[int]:
+    """Each model's per-device weights, for a job that holds `models` ((label, config), as it loads them) at once;
+    refused in one line, naming each, when together (with the largest float32 copy a CPU makes of one at a time)
+    they exceed the device. A batch planned for one of them counts the others' (plan's `held`)."""
+    model_shards = mesh.shape["model"] if mesh is not None else 1
+    each = [param_bytes(cfg, dtype, model_shards) for _, cfg in models]
+    total = sum(each) + max(upcast_bytes(cfg, dtype, model_shards) for _, cfg in models)
+    device = device_memory_bytes()
+    if total > device:
+        listed = ", ".join(f"{label} {gib(n)}" for (label, _), n in zip(models, each, strict=True))
+        raise DoesNotFitError(f"the {job} holds {len(models)} models at once ({listed}): {gib(total)} of weights "
+                              f"per device, more than its {gib(device)}; use bfloat16 (--dtype), more `model` shards "
+                              f"(--mesh=data:D,model:M with a larger M), or {fix}.")
+    return each

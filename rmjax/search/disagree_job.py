@@ -26,6 +26,7 @@ from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.options import claim_job, model_inputs
 from rmjax.runs.progress import PhaseClock, Progress
+from rmjax.scoring.memory import param_bytes
 from rmjax.search import disagree_out, frontier_checks, turns
 from rmjax.search.baseline import best_of_n, distinct_samples
 from rmjax.search.budget import BudgetSpent, Forwards
@@ -42,7 +43,7 @@ from rmjax.search.sides import Side, SideSpec, make_side
 from rmjax.search.sweep import memory_plan
 from rmjax.text import chat
 
-MAP_BATCH = 256  # the most --batch_size=0 picks: the other models the job holds are not in the memory plan
+MAP_BATCH = 256  # the most --batch_size=0 picks: the memory plan counts the other models' weights, not their work
 
 
 def folder_paths(folder: str | Path) -> dict[str, Path]:
@@ -87,16 +88,20 @@ def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> int:
                                            others_each=b.each)
     for text in spec.prompts.values():
         prompt_checks.check(text, spec.config.forwards if spec.config.search else None)
-    return map_batch(spec, [prompt_checks.rm, *([] if b.implicit else [o[1:3] for o in prompt_checks.others])])
+    held = sum(prompt_checks.weights("disagreement job"))
+    return map_batch(spec, [prompt_checks.rm, *([] if b.implicit else [o[1:3] for o in prompt_checks.others])], held)
 
 
-def map_batch(spec: DisagreeSpec, reward_models: list[tuple]) -> int:
+def map_batch(spec: DisagreeSpec, reward_models: list[tuple], weights: int = 0) -> int:
     """One-token responses per forward of the vocabulary map and the yardsticks: --batch_size held to each reward
-    model's memory plan (the sweep's; DoesNotFitError names the batch that fits), or when 0 the largest batch
-    every one fits, at most MAP_BATCH. Each model is planned alone, as if the device were its own: the job also
-    holds the other side, the prior and the judge, so the pick stays within the size the map always ran at."""
+    model's memory plan (the sweep's, beside the other models' part of `weights`, every held model's per-device
+    bytes; DoesNotFitError names the batch that fits), or when 0 the largest batch every one fits, at most
+    MAP_BATCH: the plan counts the other models' weights, not their activations (the forked map runs two RMs in
+    one forward), so the pick stays within the size the map always ran at."""
     o = spec.options
-    plans = [memory_plan(cfg, tokenizer, spec.prompts, o.template, o.dtype, o.mesh, spec.batch_size or None)
+    shards = o.mesh.shape["model"] if o.mesh is not None else 1
+    plans = [memory_plan(cfg, tokenizer, spec.prompts, o.template, o.dtype, o.mesh, spec.batch_size or None,
+                         held=max(0, weights - param_bytes(cfg, o.dtype, shards)))
              for cfg, tokenizer in reward_models]
     return spec.batch_size or min(MAP_BATCH, *(plan.batch_size for plan in plans))
 

@@ -10,7 +10,7 @@ from fractions import Fraction
 from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.loading.for_job import job_config_and_tokenizer
 from rmjax.runs import results
-from rmjax.scoring import finite
+from rmjax.scoring import finite, memory
 from rmjax.search import turns
 from rmjax.search.completion import require_same_vocabulary
 from rmjax.search.gcg_config import check_context
@@ -32,7 +32,9 @@ def check_before_loading(spec, judge: str) -> None:
     name, text = next(iter(spec.prompts.items()))
     if spec.sweep:
         sweep_yardstick(spec.sweep, name, spec.options.allow_nonfinite)
-    PromptChecks(spec.options, spec.search, spec.lm, judge).check(text, spec.config.forwards)
+    checks = PromptChecks(spec.options, spec.search, spec.lm, judge)
+    checks.check(text, spec.config.forwards)
+    checks.weights("frontier job")
 
 
 class PromptChecks:
@@ -40,7 +42,7 @@ class PromptChecks:
     tokenizer read once, as the job loads it: with its --system_prompt): the response within the RM's, the
     prior's (`lm`) and each of `others`' context (a disagreement's side B: (label, spec, reads its template's
     suffix)), room in the judge's, and a --forwards budget that buys one candidate (per_candidate, and `others_each`
-    whole forwards of the other side)."""
+    whole forwards of the other side); and the weights of all of them, held at once, against the device."""
 
     def __init__(self, options, search, lm: str | None, judge: str | None, others=(), others_each: int = 0):
         self.options, self.search = options, search
@@ -53,6 +55,19 @@ class PromptChecks:
             require_same_vocabulary(self.rm[1], options.model, self.lm[2], lm)
         self.others = [(label, *job_config_and_tokenizer(options, m), suffix) for label, m, suffix in others]
         self.judge = (judge, *job_config_and_tokenizer(options, judge)) if judge else None
+        # (label, config) of each model as the job loads it: one of each spec, the judge apart (its own template)
+        held = {options.model: (f"the RM {options.model}", self.rm[0])}
+        if self.lm:
+            held.setdefault(lm, self.lm[:2])
+        for (label, m, _), (_, config, *_) in zip(others, self.others, strict=True):
+            held.setdefault(m, (label, config))
+        self.held = [*held.values(), *([(f"the judge --judge={judge}", self.judge[1])] if judge else [])]
+
+    def weights(self, job: str) -> list[int]:
+        """Each held model's per-device weights, refused in one line when together they do not fit the device
+        (memory.weights_held)."""
+        return memory.weights_held(self.held, self.options.dtype, self.options.mesh, job,
+                                   "a smaller judge (--judge) or prior (--lm)")
 
     def check(self, text: str, forwards: int | None) -> None:
         """`text` fits every model; with `forwards`, the budget buys one candidate after its prefill."""

@@ -50,19 +50,19 @@ from rmjax.text.prompts import check_prompt_names
 
 def memory_plan(cfg, tokenizer, prompts: dict[str, str], template: str, dtype: str, mesh,
                 batch_size: int | None = None, mode: str = "token", response_tokens: int = 1,
-                response_flag: str = "--depth", saved: str | None = None) -> memory.MemoryEstimate:
+                response_flag: str = "--depth", saved: str | None = None, held: int = 0) -> memory.MemoryEstimate:
     """Per-device memory of this sweep (or of a beam's deepest level: the partial response joins the cached
     prefix) from the config and tokenizer alone, before weights load; picks the batch size when None,
     raises DoesNotFitError when the run cannot fit (PromptTooLongError when a prompt cannot, naming
     `response_flag` when the response of `response_tokens` > 1 is what overflows the context). `saved`: the
-    progress a resume keeps `batch_size` from (memory.plan)."""
+    progress a resume keeps `batch_size` from, `held` the other models' weights a job holds meanwhile (memory.plan)."""
     splits = [chat.split_chat(tokenizer, t, template) for t in prompts.values()]
     for split in splits:
         check_room(split.prompt, len(split.prefix), len(split.suffix), cfg.max_position_embeddings, response_tokens,
                    response_flag)
     prefix = batching.bucket(max(len(s.prefix) for s in splits) + response_tokens - 1, PREFIX_BUCKET)
     positions = 1 + max(len(s.suffix) for s in splits) if mode == "token" else 16  # text: re-tokenized tails
-    return memory.plan(cfg, dtype, prefix, positions, mesh, batch_size, saved)
+    return memory.plan(cfg, dtype, prefix, positions, mesh, batch_size, saved, held)
 
 
 def check_room(prompt: str, prefix: int, suffix: int, context: int, response_tokens: int = 1,
