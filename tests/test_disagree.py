@@ -875,12 +875,15 @@ def test_the_models_a_job_holds_at_once_fit_together_and_the_map_batch_beside_th
                                                                                    tmp_path, monkeypatch):
     """Each model was planned as if the device were its own. The disagreement job holds side A, side B, the prior
     and the judge at once (the judge loaded apart, here the prior's folder again), the frontier the RM, its prior and
-    the judge. A device all fit on alone but not together is refused before any weight is read, naming each. The
+    the judge, GCG its RMs and prior. A device all fit on alone but not together is refused before any weight is
+    read, naming each. The
     map's batch is planned beside the other models' weights: on a device with room for those and a batch of 8 of
     side A's work, 8 is kept and 16 refused (planned alone, 16 fitted). Reference sizes: the float32 checkpoints'
     tensors (safetensors headers)."""
     from rmjax.scoring import memory
     from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
     from rmjax.search.sweep import memory_plan
 
     sizes = {f: _tensor_bytes(f) for f in (rm_folder, lower_rm, lm_folder)}
@@ -896,6 +899,11 @@ def test_the_models_a_job_holds_at_once_fit_together_and_the_map_batch_beside_th
                             FrontierConfig(forwards=200, z_sample=64), SEARCH, lm=str(lm_folder), judge=str(lm_folder))
     monkeypatch.setattr(memory, "device_memory_bytes", lambda: sizes[rm_folder] + 2 * sizes[lm_folder] - 1)
     refused(lambda: run_frontier(frontier), "the frontier job holds 3 models at once")
+    # GCG over two RMs with a prior for its completion check
+    gcg = GcgSpec(RunOptions(model=f"{rm_folder},{lower_rm}", out=str(tmp_path / "g.json")), {"greatest": PROMPT},
+                  GCGConfig(num_tokens=2, steps=1), lm=str(lm_folder))
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: sum(sizes.values()) - 1)
+    refused(lambda: run_gcg(gcg), "the GCG job holds 3 models at once", f"the prior --lm={lm_folder}")
     # the map's batch beside the others: side A's own work at a batch of 8 (the sweep's plan) is what is left
     a = config_and_tokenizer(str(rm_folder))
     monkeypatch.setattr(memory, "device_memory_bytes", lambda: 10**12)

@@ -18,6 +18,7 @@ from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results, stages
 from rmjax.runs.options import RunOptions, claim_job, model_inputs
 from rmjax.runs.results import array_sha1
+from rmjax.scoring.memory import weights_held
 from rmjax.scoring.prefix import score_responses
 from rmjax.search.completion import (
     COMPLETION_VALUES,
@@ -106,9 +107,13 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
         require_reward_model(config, s, "GCG", o.output_column)
     check_one_vocabulary([tokenizer for _, tokenizer in read], specs)
     fps = [job_fingerprint(o, s) for s in specs]
+    held = [(f"the RM {s}", config) for s, (config, _) in zip(specs, read, strict=True)]
     if spec.lm:
-        require_prior_config(config_of(spec.lm), spec.lm, "--lm")
+        held.append((f"the prior --lm={spec.lm}", config_of(spec.lm)))
+        require_prior_config(held[-1][1], spec.lm, "--lm")
         require_same_vocabulary(read[0][1], specs[0], config_and_tokenizer(spec.lm)[1], spec.lm)
+    if len(held) > 1:  # one model alone: its search plan, before its weights, names the fix
+        weights_held(held, o.dtype, o.mesh, "GCG job", "fewer models (--model) or a smaller prior (--lm)")
     identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg,
                             lm=job_fingerprint(o, spec.lm) if spec.lm else None)
     with claim_job(o, identity, owned=[steps_path(o.out), completions_path(o.out)],
