@@ -192,3 +192,15 @@ def test_a_score_result_is_reused_only_for_the_same_inputs():
     for key, value in changed.items():
         assert text_scores_identity({"weights": "abc"}, **{**base, key: value}) != identity, key
     assert text_scores_identity({"weights": "abd"}, **base) != identity
+
+
+def test_a_z_sample_that_gives_no_sd_is_refused_before_loading(rm_folder, monkeypatch):
+    """Mutants that survived: --z_sample=1 (an SD of one value) and a negative one reached the model."""
+    from rmjax.runs.options import RunOptions
+    from rmjax.scoring.texts import ScoreSpec, run_score
+
+    inproc.no_weights_read(monkeypatch)
+    for n in (1, -1):
+        inproc.refused(lambda n=n: run_score(ScoreSpec(RunOptions(model=str(rm_folder), out=None), {"greatest": PROMPT},
+                                                       ("Love",), z_sample=n)),
+                       f"--z_sample={n}", "at least 2 tokens")
