@@ -54,10 +54,11 @@ def test_score_prints_z_scores_and_writes_only_with_out(rm_folder, tmp_path):
     from rmjax.scoring.texts import ScoreSpec, run_score  # with --out, in-process (the flags are checked above)
 
     out = tmp_path / "t.csv"
-    run_score(ScoreSpec(inproc.options(rm_folder, out), {"greatest": PROMPT}, ("Love", "Hate"), z_sample=16))
+    written = run_score(ScoreSpec(inproc.options(rm_folder, out), {"greatest": PROMPT}, ("Love", "Hate"), z_sample=16))
     recorded = json.loads((tmp_path / "t.csv.meta.json").read_text())["z_scale"]["greatest"]
     atol = tolerance.any_rewards_atol(model.params, model.config, 64)  # a prompt and one token: under 64 keys
     assert abs(recorded[0] - mean) <= atol and abs(recorded[1] - sd) <= 1.04 * atol  # SD: atol·sqrt(16/15)
+    assert written.scale == {"greatest": tuple(recorded)}  # what the job returns is what it recorded
 
 
 def test_texts_keep_their_edge_spaces(rm_folder, tmp_path):
@@ -204,3 +205,35 @@ def test_a_z_sample_that_gives_no_sd_is_refused_before_loading(rm_folder, monkey
         inproc.refused(lambda n=n: run_score(ScoreSpec(RunOptions(model=str(rm_folder), out=None), {"greatest": PROMPT},
                                                        ("Love",), z_sample=n)),
                        f"--z_sample={n}", "at least 2 tokens")
+
+
+def test_write_text_scores_refuses_a_prompt_named_as_its_key_column(rm_folder, tmp_path):
+    """Mutant that survived: the library's writer without its name check wrote a prompt named `text` over the
+    column of the texts."""
+    from rmjax.errors import UsageError
+    from rmjax.loading import load
+    from rmjax.scoring.texts import write_text_scores
+
+    with pytest.raises(UsageError, match="prompt name 'text' is a key column"):
+        write_text_scores(load(str(rm_folder)), {"text": PROMPT}, ["Love"], tmp_path / "t.csv")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_z_sample_draws_tokens_the_tokenizer_has(tmp_path):
+    """Mutant that survived: a config's vocabulary padded past its tokenizer (as Gemma's and Llama's checkpoints
+    pad theirs) made the z sample draw rows no text reaches. Reference: numpy's mean and SD of one full forward
+    per sampled token, drawn (seed 0) from the tokenizer's ids."""
+    from rmjax.loading import load
+    from rmjax.scoring.texts import z_scale
+    from rmjax.text import chat
+    from tests import tiny
+
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm", vocab_size=49152 + 64)
+    model = load(str(folder))
+    assert model.config.vocab_size > len(model.tokenizer) == 49152
+    split = chat.split_chat(model.tokenizer, PROMPT)
+    sampled = np.random.default_rng(0).choice(len(model.tokenizer), 16, replace=False)
+    rewards = np.asarray([_full_reward(model, split.ids_with([int(t)])) for t in sampled], np.float64)
+    mean, sd = z_scale(model, {"greatest": PROMPT}, 16)["greatest"]
+    atol = tolerance.any_rewards_atol(model.params, model.config, 64)
+    assert abs(mean - rewards.mean()) <= atol and abs(sd - rewards.std(ddof=1)) <= 1.04 * atol
