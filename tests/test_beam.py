@@ -558,3 +558,44 @@ def test_ties_keep_the_earlier_partial_then_the_earlier_candidate_whatever_the_c
                 for s in range(0, 12, chunk):
                     best.add(u, s, ids[u, s : s + chunk], scores[u, s : s + chunk])
             assert best.ids.tolist() == want, (direction, chunk)
+
+
+def test_a_resumed_beam_keeps_its_saved_batch_size(rm_folder, model, tmp_path, monkeypatch, capfd):
+    """Mutants that survived: the beam job's resume, and write_beam's, with the batch size asked for rather than the
+    saved one (another batch size is another compiled program, whose rounding differs). Killed at its third chunk
+    with batches of 8 and resumed asking for 4: the job plans 8 (refused where only 4 fits), says it keeps 8 and
+    writes the uninterrupted run's bytes; write_beam records 8 too."""
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from tests import inproc
+
+    cfg, ids, prompts = BeamConfig(depth=2, beam=2, top=4), tuple(range(1000, 1032)), inproc.prompts("greatest")
+
+    def job(out, batch_size):
+        return run_beam(BeamSpec(inproc.options(rm_folder, out), prompts, cfg, ids, batch_size=batch_size,
+                                 chunk_size=8))
+
+    whole, out = tmp_path / "whole.csv", tmp_path / "resumed.csv"
+    job(whole, 8)
+    inproc.killed_at_write(monkeypatch, 3, lambda: job(out, 8))
+    # where the saved batch does not fit, the resume is refused for it (the memory plan is the saved batch's)
+    from rmjax.loading import config_and_tokenizer
+    from rmjax.scoring import memory
+    from rmjax.search.sweep import memory_plan
+
+    with monkeypatch.context() as patch:
+        room = memory_plan(*config_and_tokenizer(str(rm_folder)), prompts, "auto", "float32", None, 8,
+                           response_tokens=2).total_bytes - 1
+        patch.setattr(memory, "device_memory_bytes", lambda: room)
+        inproc.refused(lambda: job(out, 4), "the batch size 8 of the progress saved in")
+    capfd.readouterr()
+    job(out, 4)
+    assert "with its batch size 8, not --batch_size=4" in capfd.readouterr().err
+    assert out.read_bytes() == whole.read_bytes() and results.read_meta(out)["batch_size"] == 8
+    lib = tmp_path / "lib.csv"
+
+    def library(batch_size):
+        return write_beam(model, prompts, cfg, np.asarray(ids), out=lib, batch_size=batch_size, chunk_size=8)
+
+    inproc.killed_at_write(monkeypatch, 3, lambda: library(8))
+    library(4)
+    assert results.read_meta(lib)["batch_size"] == 8
