@@ -237,3 +237,26 @@ def test_the_z_sample_draws_tokens_the_tokenizer_has(tmp_path):
     mean, sd = z_scale(model, {"greatest": PROMPT}, 16)["greatest"]
     atol = tolerance.any_rewards_atol(model.params, model.config, 64)
     assert abs(mean - rewards.mean()) <= atol and abs(sd - rewards.std(ddof=1)) <= 1.04 * atol
+
+
+def test_the_library_scorers_refuse_a_causal_lm(lm_folder):
+    """Mutants that survived: score_texts and score_conversations without their reward-model check: a causal LM
+    has no score head to read."""
+    from rmjax.errors import UsageError
+    from rmjax.loading import load
+    from rmjax.scoring.texts import score_conversations, score_texts
+
+    lm = load(str(lm_folder))
+    with pytest.raises(UsageError, match="text scoring needs a reward model"):
+        score_texts(lm, {"greatest": PROMPT}, ["Love"])
+    with pytest.raises(UsageError, match="conversation scoring needs a reward model"):
+        score_conversations(lm, [PROMPT], ["Love"])
+
+
+def test_long_text_passes_report_their_progress():
+    """Mutant that survived: text scoring without its progress (rate and ETA) on the long passes, from 2,000 texts."""
+    from rmjax.runs.progress import Progress
+    from rmjax.scoring.texts import _progress
+
+    assert _progress(1999) is None
+    assert isinstance(_progress(2000), Progress) and _progress(2000).total == 2000
