@@ -331,3 +331,23 @@ def test_conversation_scoring_stops_at_a_nan_reward_whole_or_cached(nan_rm):
         score_conversations(model, prompts[2:], responses[2:])
     got = score_conversations(model, prompts, responses, allow_nonfinite=True)
     assert np.isnan(got).tolist() == holds
+
+
+def test_score_without_out_stops_at_a_nan_reward_of_a_text_or_of_its_z_sample(rm, nan_rm, tmp_path):
+    """Mutants that survived: `score` without --out (printing, writing nothing) let a NaN reward through, of a text
+    or of a token its z sample drew. Token 20 in a text; the first of the 16 tokens drawn (seed 0) for the z scale
+    given a NaN row in a copy of the model."""
+    from rmjax.scoring.texts import ScoreSpec, run_score
+
+    def score(folder, texts):
+        return run_score(ScoreSpec(RunOptions(model=str(folder), out=None), {"greatest": PROMPT}, texts,
+                                   z_sample=16))
+
+    with pytest.raises(NonFiniteError, match="text '\\$5'"):
+        score(nan_rm, ("Love", "$5"))
+    drawn = int(np.random.default_rng(0).choice(49152, 16, replace=False)[0])
+    z_nan = cli.copy_folder(rm[1], tmp_path / "z_nan")
+    cli.edit_tensor(z_nan, "model.embed_tokens.weight",
+                    lambda w: np.where(np.arange(len(w))[:, None] == drawn, np.nan, w))
+    with pytest.raises(NonFiniteError, match=f"token {drawn}"):
+        score(z_nan, ("Love",))
