@@ -429,7 +429,7 @@ def test_limit_restricts_the_vocabulary(rm_folder, model, tmp_path):
     cli.user_error(cli.run("beam", f"--model={rm_folder}", f"--out={tmp_path / 'x.csv'}", "--limit=0"), "--limit")
 
 
-def test_the_completion_check_of_every_written_row_and_prompt(rm_folder, lm_folder, model, tmp_path):
+def test_the_completion_check_of_every_written_row_and_prompt(rm_folder, lm_folder, model, tmp_path, capfd):
     """OUT.completions.csv: one row per written (depth, direction, rank) and prompt, checked against independent
     readings (tests/completion_checks.py), its reward the beam CSV's; .meta.json's medians read the table. The
     tiny RM ties no LM head: without --lm the check is skipped and says so."""
@@ -461,9 +461,11 @@ def test_the_completion_check_of_every_written_row_and_prompt(rm_folder, lm_fold
     assert meta["completion"]["lm"] == lm.source and meta["identity"]["completion"]["lm"] is not None
 
     bare = tmp_path / "bare.csv"
+    capfd.readouterr()
     write_beam(model, PROMPTS, BeamConfig(depth=1, beam=3, top=3), s, out=bare, batch_size=8)
     assert not completions_path(bare).exists()
-    assert "--lm" in json.loads(results.meta_path(bare).read_text())["completion"]["skipped"]
+    skipped = json.loads(results.meta_path(bare).read_text())["completion"]["skipped"]
+    assert "--lm" in skipped and f"completion check {skipped}" in capfd.readouterr().err  # said, not only recorded
 
 
 def test_special_and_byte_tokens_are_left_out_unless_allowed(model, tmp_path):
