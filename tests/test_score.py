@@ -260,3 +260,23 @@ def test_long_text_passes_report_their_progress():
 
     assert _progress(1999) is None
     assert isinstance(_progress(2000), Progress) and _progress(2000).total == 2000
+
+
+def test_conversation_scoring_reads_the_template_it_is_given(rm_folder):
+    """Mutants that survived: score_conversations reading its conversations in the default template, whole (a prompt
+    of a few responses) or against the prompt's cached prefix (16 or more). Reference: one full forward per
+    conversation, tokenized by transformers from the plain format's text (`User: …\\nAssistant: …`)."""
+    from rmjax.loading import load
+    from rmjax.scoring.texts import CACHED_PROMPT_ROWS, score_conversations
+
+    model = load(str(rm_folder))
+    few, responses = "Who won?", [f"Answer {i}." for i in range(CACHED_PROMPT_ROWS)]
+    prompts = [few, few] + [PROMPT] * CACHED_PROMPT_ROWS
+    texts = responses[:2] + responses
+    got = score_conversations(model, prompts, texts, template="plain")
+    auto = score_conversations(model, prompts, texts)
+    for i in (0, 1, 2, len(texts) - 1):
+        ids = model.tokenizer(f"User: {prompts[i]}\nAssistant: {texts[i]}", add_special_tokens=True).input_ids
+        atol = tolerance.any_rewards_atol(model.params, model.config, len(ids))
+        assert abs(got[i] - _full_reward(model, ids)) <= atol, i
+        assert abs(got[i] - auto[i]) > 10 * atol, i  # the templates differ enough to tell apart
