@@ -601,3 +601,16 @@ def test_a_resumed_beam_keeps_its_saved_batch_size(rm_folder, model, tmp_path, m
     inproc.killed_at_write(monkeypatch, 3, lambda: library(8))
     library(4)
     assert results.read_meta(lib)["batch_size"] == 8
+
+
+def test_a_prompt_named_as_a_key_column_is_refused_before_loading(rm_folder, tmp_path, monkeypatch):
+    """Mutant that survived: the beam job without its check of prompt names wrote a prompt named `depth` over the
+    column of the depths."""
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from tests import inproc
+
+    inproc.no_weights_read(monkeypatch)
+    spec = BeamSpec(inproc.options(rm_folder, tmp_path / "b.csv"), {"depth": PROMPTS["greatest"]},
+                    BeamConfig(depth=1, beam=2, top=2), tuple(range(1000, 1008)))
+    inproc.refused(lambda: run_beam(spec), "prompt name 'depth' is a key column")
+    assert list(tmp_path.iterdir()) == []
