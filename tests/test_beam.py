@@ -459,6 +459,8 @@ def test_the_completion_check_of_every_written_row_and_prompt(rm_folder, lm_fold
         assert got["rows"] == len(mine)
         assert got["median_truncation_gain"] == pytest.approx(float(np.median(mine.truncation_gain)), abs=1e-6)
     assert meta["completion"]["lm"] == lm.source and meta["identity"]["completion"]["lm"] is not None
+    # the rate counts every prompt's score of a candidate
+    assert meta["candidates_per_second"] == pytest.approx(meta["candidates_scored"] * len(PROMPTS) / meta["seconds"])
 
     bare = tmp_path / "bare.csv"
     capfd.readouterr()
@@ -603,9 +605,9 @@ def test_a_resumed_beam_keeps_its_saved_batch_size(rm_folder, model, tmp_path, m
     assert results.read_meta(lib)["batch_size"] == 8
 
 
-def test_a_prompt_named_as_a_key_column_is_refused_before_loading(rm_folder, tmp_path, monkeypatch):
-    """Mutant that survived: the beam job without its check of prompt names wrote a prompt named `depth` over the
-    column of the depths."""
+def test_a_key_column_prompt_name_or_an_lm_without_a_head_is_refused_before_loading(rm_folder, tmp_path, monkeypatch):
+    """Mutants that survived: the beam job without its check of prompt names wrote a prompt named `depth` over the
+    column of the depths; without its check of --lm's config it loaded the weights first."""
     from rmjax.search.beam_job import BeamSpec, run_beam
     from tests import inproc
 
@@ -613,4 +615,8 @@ def test_a_prompt_named_as_a_key_column_is_refused_before_loading(rm_folder, tmp
     spec = BeamSpec(inproc.options(rm_folder, tmp_path / "b.csv"), {"depth": PROMPTS["greatest"]},
                     BeamConfig(depth=1, beam=2, top=2), tuple(range(1000, 1008)))
     inproc.refused(lambda: run_beam(spec), "prompt name 'depth' is a key column")
+    # an --lm without an LM head (the tiny RM unties its embeddings): refused before loading, not once loaded
+    spec = BeamSpec(inproc.options(rm_folder, tmp_path / "b.csv"), dict(PROMPTS), BeamConfig(depth=1, beam=2, top=2),
+                    tuple(range(1000, 1008)), lm=str(rm_folder))
+    inproc.refused(lambda: run_beam(spec), f"--lm={rm_folder} has no LM head")
     assert list(tmp_path.iterdir()) == []
