@@ -620,3 +620,19 @@ def test_a_key_column_prompt_name_or_an_lm_without_a_head_is_refused_before_load
                     tuple(range(1000, 1008)), lm=str(rm_folder))
     inproc.refused(lambda: run_beam(spec), f"--lm={rm_folder} has no LM head")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_row_past_the_tokenizer_is_written_as_an_empty_token(tmp_path):
+    """Mutant that survived: a vocabulary padded past its tokenizer (as Gemma's and Llama's checkpoints pad theirs)
+    searched with --allow_special wrote its rows' tokens as JSON null, not as the empty string of the sweep's
+    CSV."""
+    import pandas as pd
+
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm", vocab_size=49152 + 8)
+    padded = load(str(folder))
+    out = tmp_path / "b.csv"
+    write_beam(padded, PROMPTS, BeamConfig(depth=1, beam=2, top=2, allow_special=True), np.asarray([1000, 49155]),
+               out=out, batch_size=2)
+    table = pd.read_csv(out, keep_default_na=False)
+    tokens = {ids: json.loads(t) for ids, t in zip(table.ids.astype(str), table.tokens, strict=True)}
+    assert tokens["49155"] == [""] and tokens["1000"] == [padded.tokenizer.convert_ids_to_tokens(1000)]
