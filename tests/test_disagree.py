@@ -620,8 +620,9 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
                    "does not fit", "is the largest that fits")
     fits = int(line.split("smaller --batch_size: ")[1].split(" ")[0])
     assert 256 < fits < 10**12
+    held = sum(_tensor_bytes(f) for f in (rm_folder, lower_rm, lm_folder, lm_folder))  # the prior and the judge
     assert disagree_job.map_batch(dataclasses.replace(_spec(rm_folder, lower_rm, out, lm_folder), batch_size=fits),
-                                  [config_and_tokenizer(str(rm_folder))]) == fits
+                                  [config_and_tokenizer(str(rm_folder))], held) == fits
     # off the CPU the plan would pick up to 4096 for one model alone; the job holds several, so 0 stays at 256
     from rmjax.scoring import memory
 
@@ -881,6 +882,7 @@ def test_the_models_a_job_holds_at_once_fit_together_and_the_map_batch_beside_th
     side A's work, 8 is kept and 16 refused (planned alone, 16 fitted). Reference sizes: the float32 checkpoints'
     tensors (safetensors headers)."""
     from rmjax.scoring import memory
+    from rmjax.search import frontier_checks
     from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
     from rmjax.search.gcg_config import GCGConfig
     from rmjax.search.gcg_job import GcgSpec, run_gcg
@@ -895,15 +897,31 @@ def test_the_models_a_job_holds_at_once_fit_together_and_the_map_batch_beside_th
                    "the disagreement job holds 4 models at once", f"the RM {rm_folder}", f"the prior --lm={lm_folder}",
                    f"the judge --judge={lm_folder}", "more than its")
     assert str(lower_rm) in line
+    # with room for exactly the four, the weights pass; the map's batch beside them does not fit
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: held)
+    line = refused(lambda: run_disagree(_spec(rm_folder, lower_rm, out, lm_folder)), "does not fit",
+                   "the job's other models")
+    assert "models at once" not in line
     frontier = FrontierSpec(RunOptions(model=str(rm_folder), out=str(tmp_path / "f")), {"greatest": PROMPT},
                             FrontierConfig(forwards=200, z_sample=64), SEARCH, lm=str(lm_folder), judge=str(lm_folder))
     monkeypatch.setattr(memory, "device_memory_bytes", lambda: sizes[rm_folder] + 2 * sizes[lm_folder] - 1)
     refused(lambda: run_frontier(frontier), "the frontier job holds 3 models at once")
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: sizes[rm_folder] + 2 * sizes[lm_folder])
+    frontier_checks.check_before_loading(frontier, str(lm_folder))  # exactly room: passes
+    # a prior that is the RM: the frontier loads it apart, the disagreement job once
+    for load_once, n in ((False, 3), (True, 2)):
+        checks = frontier_checks.PromptChecks(frontier.options, SEARCH, str(rm_folder), str(lm_folder),
+                                              load_once=load_once)
+        assert len(checks.held) == n
     # GCG over two RMs with a prior for its completion check
     gcg = GcgSpec(RunOptions(model=f"{rm_folder},{lower_rm}", out=str(tmp_path / "g.json")), {"greatest": PROMPT},
                   GCGConfig(num_tokens=2, steps=1), lm=str(lm_folder))
     monkeypatch.setattr(memory, "device_memory_bytes", lambda: sum(sizes.values()) - 1)
     refused(lambda: run_gcg(gcg), "the GCG job holds 3 models at once", f"the prior --lm={lm_folder}")
+    # with room for exactly the three, each RM's search is planned beside the others' weights: no room for it
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: sum(sizes.values()))
+    line = refused(lambda: run_gcg(gcg), "does not fit")
+    assert "models at once" not in line
     # the map's batch beside the others: side A's own work at a batch of 8 (the sweep's plan) is what is left
     a = config_and_tokenizer(str(rm_folder))
     monkeypatch.setattr(memory, "device_memory_bytes", lambda: 10**12)

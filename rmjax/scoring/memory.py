@@ -113,8 +113,10 @@ def pick_batch_size(cfg: ModelConfig, dtype: str, prefix_len: int, positions: in
     if best is None:
         est = estimate(cfg, dtype, prefix_len, positions, data_shards, data_shards, model_shards, device_bytes, backend,
                        held_bytes)
-        dtype_fix = ("--dtype=float32 takes less memory on the CPU (no float32 copy)" if est.upcast_bytes else
-                     "use bfloat16")
+        # float32 drops the CPU's copy of this model, but doubles the others' weights beside it
+        dtype_fix = ("--dtype=float32 takes less memory on the CPU (no float32 copy)" if est.upcast_bytes and
+                     not held_bytes else "use bfloat16" if dtype != "bfloat16" else
+                     "hold fewer models beside it" if held_bytes else "use a smaller model")
         raise DoesNotFitError(
             f"{cfg.architecture} in {dtype} does not fit: {est.describe()}. Shard the parameters over more "
             f"devices (--mesh=data:D,model:M with a larger M), {dtype_fix}, or use devices with more memory."
@@ -198,7 +200,8 @@ def weights_held(models: list[tuple[str, ModelConfig]], dtype: str, mesh: jax.sh
     device = device_memory_bytes()
     if total > device:
         listed = ", ".join(f"{label} {gib(n)}" for (label, _), n in zip(models, each, strict=True))
+        dtype_fix = "" if dtype == "bfloat16" else "bfloat16 (--dtype), "
         raise DoesNotFitError(f"the {job} holds {len(models)} models at once ({listed}): {gib(total)} of weights "
-                              f"per device, more than its {gib(device)}; use bfloat16 (--dtype), more `model` shards "
+                              f"per device, more than its {gib(device)}; use {dtype_fix}more `model` shards "
                               f"(--mesh=data:D,model:M with a larger M), or {fix}.")
     return each

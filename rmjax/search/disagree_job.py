@@ -85,10 +85,11 @@ def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> int:
     others = [(f"side B {m}", m, not b.implicit) for m in b.models]  # an implicit side's LMs: prompt, response, end
     prompt_checks = frontier_checks.PromptChecks(spec.options, search, spec.lm if spec.config.search else None,
                                            judge if spec.config.search else None, others,
-                                           others_each=b.each)
+                                           others_each=b.each, load_once=True)
     for text in spec.prompts.values():
         prompt_checks.check(text, spec.config.forwards if spec.config.search else None)
-    held = sum(prompt_checks.weights("disagreement job"))
+    held = sum(prompt_checks.weights("disagreement job", "a smaller side B" + (
+        ", judge (--judge) or prior (--lm)" if spec.config.search else "")))
     return map_batch(spec, [prompt_checks.rm, *([] if b.implicit else [o[1:3] for o in prompt_checks.others])], held)
 
 

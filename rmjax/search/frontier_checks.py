@@ -44,7 +44,8 @@ class PromptChecks:
     suffix)), room in the judge's, and a --forwards budget that buys one candidate (per_candidate, and `others_each`
     whole forwards of the other side); and the weights of all of them, held at once, against the device."""
 
-    def __init__(self, options, search, lm: str | None, judge: str | None, others=(), others_each: int = 0):
+    def __init__(self, options, search, lm: str | None, judge: str | None, others=(), others_each: int = 0,
+                 load_once: bool = False):
         self.options, self.search = options, search
         self.candidate = per_candidate(lm is None) + others_each
         self.context_cfg = search.gcg(template=options.template)
@@ -55,19 +56,19 @@ class PromptChecks:
             require_same_vocabulary(self.rm[1], options.model, self.lm[2], lm)
         self.others = [(label, *job_config_and_tokenizer(options, m), suffix) for label, m, suffix in others]
         self.judge = (judge, *job_config_and_tokenizer(options, judge)) if judge else None
-        # (label, config) of each model as the job loads it: one of each spec, the judge apart (its own template)
+        # (label, config) of each model as the job loads it: the judge apart (its own template); the prior apart
+        # from the RM unless the job loads each spec once (`load_once`: the disagreement job)
         held = {options.model: (f"the RM {options.model}", self.rm[0])}
         if self.lm:
-            held.setdefault(lm, self.lm[:2])
+            held.setdefault(lm if load_once else ("--lm", lm), self.lm[:2])
         for (label, m, _), (_, config, *_) in zip(others, self.others, strict=True):
             held.setdefault(m, (label, config))
         self.held = [*held.values(), *([(f"the judge --judge={judge}", self.judge[1])] if judge else [])]
 
-    def weights(self, job: str) -> list[int]:
+    def weights(self, job: str, fix: str = "a smaller judge (--judge) or prior (--lm)") -> list[int]:
         """Each held model's per-device weights, refused in one line when together they do not fit the device
-        (memory.weights_held)."""
-        return memory.weights_held(self.held, self.options.dtype, self.options.mesh, job,
-                                   "a smaller judge (--judge) or prior (--lm)")
+        (memory.weights_held), `fix` naming the models to shrink."""
+        return memory.weights_held(self.held, self.options.dtype, self.options.mesh, job, fix)
 
     def check(self, text: str, forwards: int | None) -> None:
         """`text` fits every model; with `forwards`, the budget buys one candidate after its prefill."""

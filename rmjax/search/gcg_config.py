@@ -143,10 +143,11 @@ class SearchPlan:
 
 
 def search_plan(cfg: GCGConfig, model_cfg, tokenizer, prompts: dict[str, str], dtype: str,
-                mesh: jax.sharding.Mesh | None) -> SearchPlan:
+                mesh: jax.sharding.Mesh | None, held: int = 0) -> SearchPlan:
     """From the config and tokenizer alone (before the weights load): refuse a --num_tokens past the context of
-    any prompt, a --search_width no step can fill, and a search that cannot fit the device or the host, each in
-    one line naming the flag, the estimate, the memory there is and a value that fits."""
+    any prompt, a --search_width no step can fill, and a search that cannot fit the device or the host (beside
+    `held`, the other models' per-device weights), each in one line naming the flag, the estimate, the memory
+    there is and a value that fits."""
     splits = [chat.split_chat(tokenizer, text, cfg.template) for text in prompts.values()]
     context = model_cfg.max_position_embeddings
     for split in splits:
@@ -167,7 +168,7 @@ def search_plan(cfg: GCGConfig, model_cfg, tokenizer, prompts: dict[str, str], d
         rows = min(cfg.eval_batch_size, max(1, width // 2))  # two candidates' tails per row (score_variants)
         evaluate = memory.estimate(model_cfg, dtype, prefix + n, 2 * (n + suffix), rows, data, shards).batch_bytes
         sample = 6 * width * n * 4  # uniform draws, their argsort, positions, choices, the candidates
-        device = params + one.upcast_bytes + caches + max(gradient, evaluate, sample)
+        device = params + held + one.upcast_bytes + caches + max(gradient, evaluate, sample)
         host = steps * width * (SEEN_BYTES + 40 * n) + 4 * width * n * 8
         return device, host + (device * jax.local_device_count() if on_cpu else 0)  # CPU devices share the RAM
 

@@ -18,7 +18,7 @@ from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results, stages
 from rmjax.runs.options import RunOptions, claim_job, model_inputs
 from rmjax.runs.results import array_sha1
-from rmjax.scoring.memory import weights_held
+from rmjax.scoring.memory import param_bytes, weights_held
 from rmjax.scoring.prefix import score_responses
 from rmjax.search.completion import (
     COMPLETION_VALUES,
@@ -112,8 +112,10 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
         held.append((f"the prior --lm={spec.lm}", config_of(spec.lm)))
         require_prior_config(held[-1][1], spec.lm, "--lm")
         require_same_vocabulary(read[0][1], specs[0], config_and_tokenizer(spec.lm)[1], spec.lm)
+    weights = 0  # every held model's, when several: each one's search is planned beside the others'
     if len(held) > 1:  # one model alone: its search plan, before its weights, names the fix
-        weights_held(held, o.dtype, o.mesh, "GCG job", "fewer models (--model) or a smaller prior (--lm)")
+        weights = sum(weights_held(held, o.dtype, o.mesh, "GCG job",
+                                   "fewer models (--model) or a smaller prior (--lm)"))
     identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg,
                             lm=job_fingerprint(o, spec.lm) if spec.lm else None)
     with claim_job(o, identity, owned=[steps_path(o.out), completions_path(o.out)],
@@ -130,7 +132,9 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
             if cfg.init_from:
                 init_from_rows(cfg, config.vocab_size)
                 read_init_from(cfg, fps)  # a beam of another tokenizer: after its ids are named if out of range
-            plan_search(cfg, spec.prompts, o.dtype, config, tokenizer, mesh)
+            shards = mesh.shape["model"] if mesh is not None else 1
+            plan_search(cfg, spec.prompts, o.dtype, config, tokenizer, mesh,
+                        max(0, weights - param_bytes(config, o.dtype, shards)))
             check_starts(cfg, tokenizer, config.vocab_size, spec.prompts.values())  # --init that cannot survive
 
         models = [load_for_job(o, s, before_weights) for s in specs]
@@ -138,14 +142,15 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
         return write_gcg(models, spec.prompts, cfg, o.out, job=job, lm=lm)
 
 
-def plan_search(cfg: GCGConfig, prompts: dict[str, str], dtype: str, config, tokenizer, mesh) -> None:
-    """--num_tokens against the context, --search_width against what a step can sample, and the search's memory,
-    checked for a model before its weights load (rmjax.search.gcg_config.search_plan); prints the plan."""
+def plan_search(cfg: GCGConfig, prompts: dict[str, str], dtype: str, config, tokenizer, mesh, held: int = 0) -> None:
+    """--num_tokens against the context, --search_width against what a step can sample, and the search's memory
+    beside `held` (the other models' weights), checked for a model before its weights load
+    (rmjax.search.gcg_config.search_plan); prints the plan."""
     if tokenizer is None:
         return  # make_target names the missing tokenizer
     if cfg.vocab_file or cfg.token_ids:  # the candidates a step samples from: the set, less what is banned in it
         check_search_width(cfg, int((~banned_tokens(tokenizer, config.vocab_size, cfg)).sum()))
-    plan = search_plan(cfg, config, tokenizer, prompts, dtype, mesh)
+    plan = search_plan(cfg, config, tokenizer, prompts, dtype, mesh, held)
     if is_main():
         print(f"memory plan: {plan.describe()}", file=sys.stderr)
 
