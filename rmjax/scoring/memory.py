@@ -189,12 +189,16 @@ def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: ja
     return est
 
 
+def _model_shards(mesh: jax.sharding.Mesh | None) -> int:
+    return mesh.shape["model"] if mesh is not None else 1
+
+
 def weights_held(models: list[tuple[str, ModelConfig]], dtype: str, mesh: jax.sharding.Mesh | None, job: str,
-               fix: str) -> list[int]:
+                 fix: str) -> list[int]:
     """Each model's per-device weights, for a job that holds `models` ((label, config), as it loads them) at once;
     refused in one line, naming each, when together (with the largest float32 copy a CPU makes of one at a time)
-    they exceed the device. A batch planned for one of them counts the others' (plan's `held`)."""
-    model_shards = mesh.shape["model"] if mesh is not None else 1
+    they exceed the device. A batch planned for one of them counts the others' (`beside`, plan's `held`)."""
+    model_shards = _model_shards(mesh)
     each = [param_bytes(cfg, dtype, model_shards) for _, cfg in models]
     total = sum(each) + max(upcast_bytes(cfg, dtype, model_shards) for _, cfg in models)
     device = device_memory_bytes()
@@ -205,3 +209,9 @@ def weights_held(models: list[tuple[str, ModelConfig]], dtype: str, mesh: jax.sh
                               f"per device, more than its {gib(device)}; use {dtype_fix}more `model` shards "
                               f"(--mesh=data:D,model:M with a larger M), or {fix}.")
     return each
+
+
+def beside(weights: int, cfg: ModelConfig, dtype: str, mesh: jax.sharding.Mesh | None) -> int:
+    """The other models' part of `weights` (the sum of weights_held): what a plan for the model of `cfg` holds
+    beside its own (0 when `weights` is 0: a job of one model)."""
+    return max(0, weights - param_bytes(cfg, dtype, _model_shards(mesh)))

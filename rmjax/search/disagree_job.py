@@ -26,7 +26,7 @@ from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.options import claim_job, model_inputs
 from rmjax.runs.progress import PhaseClock, Progress
-from rmjax.scoring.memory import param_bytes
+from rmjax.scoring import memory
 from rmjax.search import disagree_out, frontier_checks, turns
 from rmjax.search.baseline import best_of_n, distinct_samples
 from rmjax.search.budget import BudgetSpent, Forwards
@@ -100,9 +100,8 @@ def map_batch(spec: DisagreeSpec, reward_models: list[tuple], weights: int = 0) 
     MAP_BATCH: the plan counts the other models' weights, not their activations (the forked map runs two RMs in
     one forward), so the pick stays within the size the map always ran at."""
     o = spec.options
-    shards = o.mesh.shape["model"] if o.mesh is not None else 1
     plans = [memory_plan(cfg, tokenizer, spec.prompts, o.template, o.dtype, o.mesh, spec.batch_size or None,
-                         held=max(0, weights - param_bytes(cfg, o.dtype, shards)))
+                         held=memory.beside(weights, cfg, o.dtype, o.mesh))
              for cfg, tokenizer in reward_models]
     return spec.batch_size or min(MAP_BATCH, *(plan.batch_size for plan in plans))
 

@@ -18,7 +18,7 @@ from rmjax.parallel.distributed import is_main
 from rmjax.runs import jobs, results, stages
 from rmjax.runs.options import RunOptions, claim_job, model_inputs
 from rmjax.runs.results import array_sha1
-from rmjax.scoring.memory import param_bytes, weights_held
+from rmjax.scoring.memory import beside, weights_held
 from rmjax.scoring.prefix import score_responses
 from rmjax.search.completion import (
     COMPLETION_VALUES,
@@ -132,9 +132,7 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
             if cfg.init_from:
                 init_from_rows(cfg, config.vocab_size)
                 read_init_from(cfg, fps)  # a beam of another tokenizer: after its ids are named if out of range
-            shards = mesh.shape["model"] if mesh is not None else 1
-            plan_search(cfg, spec.prompts, o.dtype, config, tokenizer, mesh,
-                        max(0, weights - param_bytes(config, o.dtype, shards)))
+            plan_search(cfg, spec.prompts, o.dtype, config, tokenizer, mesh, beside(weights, config, o.dtype, mesh))
             check_starts(cfg, tokenizer, config.vocab_size, spec.prompts.values())  # --init that cannot survive
 
         models = [load_for_job(o, s, before_weights) for s in specs]
