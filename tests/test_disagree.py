@@ -193,6 +193,36 @@ def test_a_screened_step_has_b_score_only_a_s_best_and_charges_b_for_those_alone
                                / 4.0, rtol=0, atol=1e-12)  # every kept row has its gap z_A − z_B
 
 
+def test_a_screened_candidate_with_a_nan_term_of_a_s_is_dropped_before_b_is_charged(rm_folder, lm_folder,
+                                                                                     monkeypatch):
+    """--allow_nonfinite with --screen: a candidate whose side-A reward is NaN is neither kept nor scored by B, even
+    when the screen keeps every candidate; B is charged for the finite ones alone."""
+    rm, lm = load(str(rm_folder)), load(str(lm_folder))
+    target = make_target(rm, PROMPT)
+    prior = Prior.of(lm, target.prefix)
+    n = SEARCH.num_tokens
+    forwards = Forwards(10**9, n + len(target.suffix), n + 1)
+    side = _CountingSide(rm.tokenizer, unreadable="\x00")
+    partner = Disagreement(rm.tokenizer, turns.end_of_turn(target.suffix, rm.tokenizer, rm.source), (0.0, 1.0),
+                           side, (1.0, 4.0))
+    obj = Objective(target, prior, 1.0, 1.0, 2.0, forwards, partner=partner, screen=4, allow_nonfinite=True)
+    real = obj._whole_terms
+
+    def one_nan(cands, shared, known):
+        reward, logp = real(cands, shared, known)
+        return np.where(np.arange(len(reward)) == 1, np.nan, reward), logp
+
+    monkeypatch.setattr(obj, "_whole_terms", one_nan)
+    cands = np.random.default_rng(0).integers(300, 5000, size=(4, n)).astype(np.int32)
+    before = forwards.spent
+    kept, values = obj.score_screened(cands, 4)
+    assert sorted(kept.tolist()) == [0, 2, 3] and np.isfinite(values.objective).all()
+    texts = turns.decode(rm.tokenizer, cands, partner.end)
+    assert sorted(side.scored) == sorted(texts[i] for i in (0, 2, 3))
+    assert forwards.spent - before == sum(obj.cost(cands, partner=False)) + 2 * 3
+    assert obj.candidates_dropped >= 1
+
+
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_screened_best_of_n_buys_more_samples_and_has_b_score_only_a_s_best_share(rm_folder, lm_folder,
                                                                                   monkeypatch, sign):
@@ -764,16 +794,21 @@ def test_a_rerun_leaves_no_earlier_runs_map_beside_its_results(rm_folder, lower_
     assert charged == [prefill(rm_folder, True) + prefill(lm_folder, False) + prefill(lower_rm, True)]
 
 
-def test_each_map_row_is_what_each_side_scores_its_string_as_a_text(rm_folder, lower_rm, lm_folder, tmp_path):
+def test_each_map_row_is_what_each_side_scores_its_string_as_a_text(rm_folder, lower_rm, lm_folder, tmp_path,
+                                                                    monkeypatch):
     """The vocabulary map scores prefix + [id] + suffix: under the plain template 'love' reads as ' love', so a
     string whose conversation is another sequence held a reward no text of it gets (a fault hunt: 32% of the default
     pair's strings, B's 'love' +3.23 in the map, +3.68 as a text). Each row now equals experiments.score's reward
-    of its string on each side, and the strings left out are counted."""
+    of its string on each side, and the strings left out are counted. The map alone loads the two sides only: a
+    prior given from Python (`lm`, which the entry point refuses with --nosearch) is neither loaded nor counted."""
     from rmjax.scoring.texts import ScoreSpec, run_score
 
     out = tmp_path / "plain"
     spec = _spec(rm_folder, lower_rm, out, lm_folder, search=False, b_gradient=False)
+    loaded, real_load = [], disagree_job.load_for_job
+    monkeypatch.setattr(disagree_job, "load_for_job", lambda o, m, *rest: loaded.append(m) or real_load(o, m, *rest))
     run_disagree(dataclasses.replace(spec, options=dataclasses.replace(spec.options, template="plain")))
+    assert sorted(loaded) == sorted([str(rm_folder), str(lower_rm)]), loaded
     vocab = pd.read_csv(out / "vocab_map.csv", keep_default_na=False)
     meta = json.loads((out / "vocab_map.csv.meta.json").read_text())
     assert meta["summary"]["greatest"]["vocab_map"]["left_out"] > 100  # the strings without a leading space

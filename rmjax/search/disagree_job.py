@@ -124,6 +124,8 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
     """Checks and identity without loading → claim DIR → load both sides, the prior and the judge → per prompt:
     yardsticks, the vocabulary map, the units (resumable) → DIR's files and .meta.json. Returns DIR (None off the
     main process)."""
+    if not spec.config.search:  # the map alone reads no prior: not loaded, not counted (the entry refuses --lm)
+        spec = dataclasses.replace(spec, lm=None)
     o, cfg = spec.options, spec.config
     a, b = parse_sides(spec.models)
     if o.model != a.models[0]:
