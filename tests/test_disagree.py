@@ -893,18 +893,53 @@ def test_a_stored_map_is_read_only_for_the_strings_of_this_run(tmp_path):
             disagree_job._read_map(store, "m0000", shared)
 
 
-def _tensor_bytes(folder) -> int:
-    """A checkpoint's weights in bytes, from its safetensors headers (each stored tensor once)."""
+def _tensor_bytes(folder, skip: str | None = None) -> int:
+    """A checkpoint's weights in bytes, from its safetensors headers (each stored tensor once; none whose name
+    holds `skip`)."""
     from safetensors import safe_open
 
     total = 0
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), "np") as f:
-            for key in f.keys():
+            for key in (k for k in f.keys() if skip is None or skip not in k):
                 tensor = f.get_slice(key)
                 assert tensor.get_dtype() == "F32", (path, key)
                 total += 4 * math.prod(tensor.get_shape())
     return total
+
+
+def test_a_forked_map_on_a_cpu_in_bfloat16_counts_both_rms_float32_copies(rm_folder, lower_rm, lm_folder, tmp_path,
+                                                                         monkeypatch):
+    """Two RMs of one architecture may share lower layers: the map then runs both in one forward, and on a CPU
+    in bfloat16 XLA holds a float32 copy of each one's layer weights for the call (its compile of SmolLM2-135M's
+    forked step: 829 MiB of temp, 423 for the one-model step). The weights check counts both copies, and each
+    RM's map plan the other's weights and its copy. Reference sizes: the float32 checkpoints' tensors, the copy
+    all but the embedding table (only gathered from)."""
+    from rmjax.scoring import memory
+    from rmjax.search.sweep import memory_plan
+
+    def parts(folder):  # (bfloat16 weights with the score head kept in float32, the float32 copy of the rest)
+        total, embedding = _tensor_bytes(folder), _tensor_bytes(folder) - _tensor_bytes(folder, skip="embed_tokens")
+        score = total - _tensor_bytes(folder, skip="score")
+        return (total - score) // 2 + score, total - embedding - score
+
+    (weights_a, copy_a), (weights_b, copy_b) = parts(rm_folder), parts(lower_rm)
+    weights = weights_a + weights_b
+    spec = _spec(rm_folder, lower_rm, tmp_path / "d", lm_folder, search=False, b_gradient=False)
+    spec = dataclasses.replace(spec, options=dataclasses.replace(spec.options, dtype="bfloat16"))
+    no_weights_read(monkeypatch)
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: weights + copy_a + copy_b - 1)
+    refused(lambda: run_disagree(spec), "the disagreement job holds 2 models at once")
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: weights + copy_a + copy_b)
+    assert "models at once" not in refused(lambda: run_disagree(spec), "does not fit", "the job's other models")
+    # side A's plan at a batch of 8 (its weights and its copy in it) beside B's weights and B's copy
+    own8 = memory_plan(*config_and_tokenizer(str(rm_folder)), {"greatest": PROMPT}, "auto", "bfloat16", None, 8)
+    assert own8.params_bytes == weights_a and own8.upcast_bytes == copy_a
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: own8.total_bytes + weights_b + copy_b)
+    with pytest.raises(AssertionError, match="a weight was read"):  # 8 passes every check
+        run_disagree(dataclasses.replace(spec, batch_size=8))
+    refused(lambda: run_disagree(dataclasses.replace(spec, batch_size=16)), "--batch_size=16", "does not fit",
+            "the job's other models", "--batch_size: 8 is the largest that fits")
 
 
 def test_the_models_a_job_holds_at_once_fit_together_and_the_map_batch_beside_them(rm_folder, lower_rm, lm_folder,

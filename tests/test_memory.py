@@ -46,8 +46,15 @@ def test_larger_batches_cost_more_and_8b_fits_one_80gb_gpu():
 def test_bfloat16_on_the_cpu_counts_the_float32_copy_and_says_float32_is_smaller():
     cfg = _cfg("S-Lla-8B-v0.2")
     on_cpu = memory.estimate(cfg, "bfloat16", 64, 2, 64, backend="cpu")
-    embedding = cfg.vocab_size * cfg.hidden_size * 2
-    assert on_cpu.upcast_bytes == 2 * (on_cpu.params_bytes - embedding)
+    embedding, score = cfg.vocab_size * cfg.hidden_size * 2, cfg.hidden_size * cfg.num_labels * 4  # score: float32
+    assert on_cpu.upcast_bytes == 2 * (on_cpu.params_bytes - embedding - score)
+    # an LM whose head is its embedding table reads the table in a matmul: copied too
+    from rmjax.config import config_from_hf
+    from tests import tiny
+
+    lm = config_from_hf(tiny.hf_config("gemma3").to_dict() | {"architectures": ["Gemma3ForCausalLM"]})
+    assert lm.tie_embeddings and not lm.is_reward_model
+    assert memory.upcast_bytes(lm, "bfloat16", 1, "cpu") == 2 * memory.param_bytes(lm, "bfloat16", 1)
     assert memory.estimate(cfg, "bfloat16", 64, 2, 64, backend="tpu").upcast_bytes == 0
     with pytest.raises(memory.DoesNotFitError, match="--dtype=float32 takes less memory on the CPU"):
         memory.pick_batch_size(cfg, "bfloat16", 64, 2, device_bytes=32 * GIB, backend="cpu")

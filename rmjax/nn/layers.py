@@ -166,11 +166,16 @@ class DecoderStack(nnx.Module):
         return {name: getattr(self, name)[...] for name in layer_weights(self.cfg)}
 
     def __call__(self, x: jax.Array, inputs: AttentionInputs, cache_k: jax.Array | None = None,
-                 cache_v: jax.Array | None = None, residuals: bool = False, patch: Patch | None = None):
+                 cache_v: jax.Array | None = None, residuals: bool = False, patch: Patch | None = None,
+                 span: tuple[int, int] | None = None):
         """x [B, T, H] -> (x, new K, new V [L, B, T, Hkv, D], per-layer reads or None). The reads, when asked:
         (residual after each layer, attention write, MLP write), each [L, B, T, H] (what the layer added to
-        the residual stream: after Gemma's post-norms)."""
+        the residual stream: after Gemma's post-norms). `span` (start, stop): only those layers (the cache's
+        L is theirs), each read from the stacked weights in the loop; a slice of the stack taken before the loop
+        is a copy of those weights (XLA's CPU compile of a forked forward: 1.5 models' weights of temp)."""
         cfg = self.cfg
+        if span is not None and patch is not None:
+            raise NotImplementedError("activation patching runs over the whole stack.")
 
         axes = {name: a for name, (_, a) in layer_weights(cfg).items()}
 
@@ -191,6 +196,18 @@ class DecoderStack(nnx.Module):
         if self.remat:  # keep only each layer's input for the backward pass; recompute the rest
             body = jax.checkpoint(body, prevent_cse=False)
         n = len(self.local_layers)
+        if span is not None:
+            stacked, local = self.stacked(), jnp.asarray(self.local_layers)
+            # an opaque start: with a known range, XLA slices (copies) the stacked weights before the loop
+            start = jax.lax.optimization_barrier(jnp.int32(span[0]))
+
+            def layer_of_span(h, xs):
+                i, ck, cv = xs
+                i = i + start
+                return body(h, ({name: w[i] for name, w in stacked.items()}, local[i], ck, cv, i, None))
+
+            x, (k, v, stream) = jax.lax.scan(layer_of_span, x, (jnp.arange(span[1] - span[0]), cache_k, cache_v))
+            return x, k, v, stream
         donors = None if patch is None else (patch.residual, patch.attention, patch.mlp)
         xs = (self.stacked(), jnp.asarray(self.local_layers), cache_k, cache_v, jnp.arange(n), donors)
         x, (k, v, stream) = jax.lax.scan(body, x, xs)

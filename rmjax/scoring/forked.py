@@ -87,11 +87,10 @@ def _forked_rewards(cfg: ModelConfig, params_a, params_b, cache_a: nn.KVCache, c
     a, b = nn.module(params_a, cfg), nn.module(params_b, cfg)
     ids = jnp.concatenate([responses, jnp.broadcast_to(suffix, (responses.shape[0], suffix.shape[0]))], axis=1)
     x, mask, _, inputs = a.enter(ids=ids, cache=cache_a)
-    split_a, split_b = nn.SplitStack.of(a.layers, shared), nn.SplitStack.of(b.layers, shared)
-    x = split_a.lower(x, inputs, cache_a.k[:shared], cache_a.v[:shared])[0]
+    x = a.layers(x, inputs, cache_a.k[:shared], cache_a.v[:shared], span=(0, shared))[0]
     rewards = []
-    for model, upper, cache, column in ((a, split_a.upper, cache_a, columns[0]), (b, split_b.upper, cache_b,
-                                                                                   columns[1])):
-        hidden = model.final_norm(upper(x, inputs, cache.k[shared:], cache.v[shared:])[0])
+    for model, cache, column in ((a, cache_a, columns[0]), (b, cache_b, columns[1])):
+        hidden = model.final_norm(model.layers(x, inputs, cache.k[shared:], cache.v[shared:],
+                                               span=(shared, cfg.num_layers))[0])
         rewards.append(model.reward_head(model.read(hidden, mask, ids, cache), cache.gate_input)[:, column])
     return tuple(rewards)

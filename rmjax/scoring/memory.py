@@ -56,26 +56,29 @@ class MemoryEstimate:
 def param_bytes(cfg: ModelConfig, dtype: str, model_shards: int) -> int:
     """Sharded weights split over `model` (heads, MLP, vocab); norms and the score head replicated."""
 
-    total = 0
-    for decl in nn.declarations(cfg).values():
-        size = decl.size * (4 if decl.float32 else _itemsize(dtype))
-        # as the loader places it (sharding.spec_for): a dimension `model` does not divide stays whole
-        sharded = any(sharding.RULES.get(ax) == "model" and dim % model_shards == 0
-                      for ax, dim in zip(decl.axes, decl.shape, strict=True) if ax)
-        total += size // model_shards if sharded else size
-    return total
+    return sum(_per_device(decl, 4 if decl.float32 else _itemsize(dtype), model_shards)
+               for decl in nn.declarations(cfg).values())
+
+
+def _per_device(decl, itemsize: int, model_shards: int) -> int:
+    """One weight's bytes on a device, as the loader places it (sharding.spec_for): split over `model` where it
+    divides a dimension of a `model` axis, else whole."""
+    size = decl.size * itemsize
+    sharded = any(sharding.RULES.get(ax) == "model" and dim % model_shards == 0
+                  for ax, dim in zip(decl.axes, decl.shape, strict=True) if ax)
+    return size // model_shards if sharded else size
 
 
 def upcast_bytes(cfg: ModelConfig, dtype: str, model_shards: int, backend: str | None = None) -> int:
-    """A CPU has no bfloat16 matmul: XLA computes in float32 from a float32 copy of every weight a matmul reads
-    (all but the embedding table, which is only gathered from), held beside the bfloat16 weights for the whole
-    call. XLA's memory analysis of a 2B sweep's compiled call on the CPU (as rmjax.plan.cost reads it): temp
-    7.85 GiB beside 4.87 GiB of weights."""
+    """A CPU has no bfloat16 matmul: XLA computes in float32 from a float32 copy of every bfloat16 weight a matmul
+    reads (not the weights kept in float32, nor the embedding table where it is only gathered from: all but an LM
+    whose head is the table), held beside the bfloat16 weights for the whole call. XLA's memory analysis of a 2B
+    sweep's compiled call on the CPU (as rmjax.plan.cost reads it): temp 7.85 GiB beside 4.87 GiB of weights."""
     if dtype != "bfloat16" or (backend or jax.default_backend()) != "cpu":
         return 0
-    embedding = nn.declarations(cfg)["embed.embedding"]
-    return 2 * (param_bytes(cfg, dtype, model_shards) - embedding.size * _itemsize(dtype) // (
-        model_shards if embedding.shape[0] % model_shards == 0 else 1))
+    gathered = cfg.is_reward_model or not cfg.tie_embeddings
+    return sum(_per_device(decl, 4, model_shards) for name, decl in nn.declarations(cfg).items()
+               if not decl.float32 and not (name == "embed.embedding" and gathered))
 
 
 def estimate(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, batch_size: int,
@@ -189,18 +192,20 @@ def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: ja
     return est
 
 
-def _model_shards(mesh: jax.sharding.Mesh | None) -> int:
+def mesh_model_shards(mesh: jax.sharding.Mesh | None) -> int:
     return mesh.shape["model"] if mesh is not None else 1
 
 
 def weights_held(models: list[tuple[str, ModelConfig]], dtype: str, mesh: jax.sharding.Mesh | None, job: str,
-                 fix: str) -> list[int]:
+                 fix: str, together: int = 1) -> list[int]:
     """Each model's per-device weights, for a job that holds `models` ((label, config), as it loads them) at once;
-    refused in one line, naming each, when together (with the largest float32 copy a CPU makes of one at a time)
-    they exceed the device. A batch planned for one of them counts the others' (`beside`, plan's `held`)."""
-    model_shards = _model_shards(mesh)
+    refused in one line, naming each, when together (with the float32 copies a CPU makes of the `together` largest:
+    the models one call runs, two for a forked forward) they exceed the device. A batch planned for one of them
+    counts the others' (`beside`, plan's `held`)."""
+    model_shards = mesh_model_shards(mesh)
     each = [param_bytes(cfg, dtype, model_shards) for _, cfg in models]
-    total = sum(each) + max(upcast_bytes(cfg, dtype, model_shards) for _, cfg in models)
+    copies = sorted((upcast_bytes(cfg, dtype, model_shards) for _, cfg in models), reverse=True)
+    total = sum(each) + sum(copies[:together])
     device = device_memory_bytes()
     if total > device:
         listed = ", ".join(f"{label} {gib(n)}" for (label, _), n in zip(models, each, strict=True))
@@ -214,4 +219,4 @@ def weights_held(models: list[tuple[str, ModelConfig]], dtype: str, mesh: jax.sh
 def beside(weights: int, cfg: ModelConfig, dtype: str, mesh: jax.sharding.Mesh | None) -> int:
     """The other models' part of `weights` (the sum of weights_held): what a plan for the model of `cfg` holds
     beside its own (0 when `weights` is 0: a job of one model)."""
-    return max(0, weights - param_bytes(cfg, dtype, _model_shards(mesh)))
+    return max(0, weights - param_bytes(cfg, dtype, mesh_model_shards(mesh)))
