@@ -125,7 +125,7 @@ def lower_prefix(cfg: ModelConfig, params, ids, mask, *, shared: int) -> tuple:
     layer `shared`), the frozen part of `prefixed_pair_rewards`'s data."""
     module = nn.module(params, cfg)
     x, mask, positions, inputs = module.enter(ids=ids, mask=mask)
-    x, k, v, _ = nn.SplitStack.of(module.layers, shared).lower(x, inputs)
+    x, k, v, _ = module.layers(x, inputs, span=(0, shared))  # in place: a slice of the stack is a copy
     return k, v, positions, mask, x
 
 
@@ -136,7 +136,7 @@ def lower_responses(cfg: ModelConfig, params, ids, mask, prompt_of, k, v, positi
     module = nn.module(params, cfg)
     cache = nn.KVCache(k=k[:, prompt_of], v=v[:, prompt_of], positions=positions[prompt_of], valid=valid[prompt_of])
     x, _, _, inputs = module.enter(ids=ids, mask=mask, cache=cache)
-    return nn.SplitStack.of(module.layers, shared).lower(x, inputs, cache.k, cache.v)[0]
+    return module.layers(x, inputs, cache.k, cache.v, span=(0, shared))[0]
 
 
 def prefixed_pair_rewards(m: nnx.Module, data: tuple, idx: jax.Array) -> tuple[jax.Array, jax.Array]:
