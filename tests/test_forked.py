@@ -112,35 +112,3 @@ def test_the_vocabulary_map_forks_two_rms_that_share_layers(rm_folder):
     *_, layers = both_token_rewards(side["a"], side["b"], shared.assign(token_b=ids + 1))
     assert layers == 0
 
-
-def test_the_forked_step_and_the_frozen_prefix_read_the_stacked_weights_in_place():
-    """Both run a range of layers of a stack: the forked step each model's, last_k training's frozen prefix the
-    layers below the trained ones. A slice of the stacked weights taken before the loop is a copy: XLA's CPU
-    compile of SmolLM2-135M's forked step (float32, fork at 15 of 30 layers) held 627 MiB of temp, 1.5 models'
-    layer weights, and its frozen prefix (28 layers) 394 MiB, beside 15 MiB for the one-model step. Compiled from
-    abstract weights (nothing allocated), the forked step's temp may exceed the one-model step's by its second
-    model's activations, and neither holds an eighth of a model's layer weights."""
-    import functools
-
-    from rmjax.loading import config_of
-    from rmjax.plan.calls import _array, _prefix
-    from rmjax.scoring.forked import forked_scorer
-    from rmjax.scoring.memory import param_bytes
-    from rmjax.scoring.prefix import batch_scorer
-    from rmjax.train.prefixed import lower_prefix
-
-    cfg = config_of("elo-rm-smollm2-135m")
-    mesh = sharding.make_mesh("data:1,model:1", jax.devices()[:1])
-    params, width, _, cache = _prefix(cfg, "float32", mesh, 1, 40)
-    rows, suffix = _array((64, 1), jnp.int32, mesh, "data"), _array((3,), jnp.int32, mesh)
-    one = batch_scorer(cfg, mesh, width, 0).lower(params, cache, rows, suffix).compile().memory_analysis()
-    forked = forked_scorer(cfg, mesh, width, cfg.num_layers // 2, 0, 0).lower(
-        params, params, cache, cache, rows, suffix).compile().memory_analysis()
-    ids = jax.ShapeDtypeStruct((8, 48), jnp.int32)
-    frozen = jax.jit(functools.partial(lower_prefix, cfg, shared=cfg.num_layers - 2)).lower(
-        params, ids, jax.ShapeDtypeStruct((8, 48), jnp.bool_)).compile().memory_analysis()
-    layer_weights = param_bytes(cfg, "float32", 1) - cfg.vocab_size * cfg.hidden_size * 4
-    assert one.temp_size_in_bytes < layer_weights / 8  # the yardstick: no copy in the one-model step
-    assert forked.temp_size_in_bytes < 2 * one.temp_size_in_bytes + layer_weights / 8, (
-        forked.temp_size_in_bytes, one.temp_size_in_bytes, layer_weights)
-    assert frozen.temp_size_in_bytes < layer_weights / 8, (frozen.temp_size_in_bytes, layer_weights)

@@ -204,12 +204,13 @@ def trainable_part(model: Model, cfg: TrainConfig) -> tuple[nn.Transformer, nnx.
     n = model.config.num_layers
     for _, part in nnx.iter_modules(module):
         if isinstance(part, DecoderStack):
-            part.remat = cfg.remat
+            part.remat, part.fsdp = cfg.remat, cfg.fsdp
     if cfg.trainable == "head":
         return module, nnx.PathContains("score")
     if cfg.trainable == "last_k" and cfg.last_k < n:
         module.layers = SplitStack.of(module.layers, n - cfg.last_k)
-        module.layers.lower.remat = module.layers.upper.remat = cfg.remat
+        for part in (module.layers.lower, module.layers.upper):
+            part.remat, part.fsdp = cfg.remat, cfg.fsdp
         return module, nnx.Any(nnx.PathContains("upper"), nnx.PathContains("final_norm"), nnx.PathContains("score"))
     return module, nnx.All(nnx.Param, nnx.Not(nnx.PathContains("embed")))
 
