@@ -45,9 +45,9 @@ def reference(folder: Path, conversations: list[list[int]], starts: list[int], s
         with torch.no_grad():
             states = model.model(input_ids=x, output_hidden_states=True).hidden_states
             out["lens"].append([model.score(model.model.norm(h[0, -1])).item() for h in states[:-1]])
-            # the head at each prefix's last token (transformers' pooling skips a trailing pad id, here <|im_end|>)
-            out["curve"].append([model.score(model.model(input_ids=x[:, : j + 1]).last_hidden_state[0, -1]).item()
-                                 for j in range(first, len(ids))])
+            # each prefix's reward as transformers gives it: its pooling reads before a trailing pad id (here the
+            # pad id is <|im_end|>), as rmjax's curve does (nn.read_index)
+            out["curve"].append([model(input_ids=x[:, : j + 1]).logits[0, 0].item() for j in range(first, len(ids))])
         emb = table[x[0]]
         keep = torch.tensor([i in special for i in ids])[:, None]  # as rmjax: the template's specials stay
         base = torch.where(keep, emb, table[pad].expand(len(ids), -1))
