@@ -914,7 +914,8 @@ def test_a_forked_map_on_a_cpu_in_bfloat16_counts_both_rms_float32_copies(rm_fol
     in bfloat16 XLA holds a float32 copy of each one's layer weights for the call (its compile of SmolLM2-135M's
     forked step: 829 MiB of temp, 423 for the one-model step). The weights check counts both copies, and each
     RM's map plan the other's weights and its copy. Reference sizes: the float32 checkpoints' tensors, the copy
-    all but the embedding table (only gathered from)."""
+    all but the embedding table (only gathered from). A side B of another architecture shares no layer: one copy,
+    the larger, is counted."""
     from rmjax.scoring import memory
     from rmjax.search.sweep import memory_plan
 
@@ -932,6 +933,15 @@ def test_a_forked_map_on_a_cpu_in_bfloat16_counts_both_rms_float32_copies(rm_fol
     refused(lambda: run_disagree(spec), "the disagreement job holds 2 models at once")
     monkeypatch.setattr(memory, "device_memory_bytes", lambda: weights + copy_a + copy_b)
     assert "models at once" not in refused(lambda: run_disagree(spec), "does not fit", "the job's other models")
+    # a side B of another architecture shares no layer with A: a call holds one copy, the larger
+    _, other = tiny.save_reward_model_with_tokenizer(tmp_path / "other", seed=5, num_hidden_layers=3)
+    weights_c, copy_c = parts(other)
+    assert copy_c < copy_a
+    three = dataclasses.replace(spec, models=(str(rm_folder), str(other)))
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: weights_a + weights_c + copy_a)
+    assert "models at once" not in refused(lambda: run_disagree(three), "does not fit", "the job's other models")
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: weights_a + weights_c + copy_a - 1)
+    refused(lambda: run_disagree(three), "the disagreement job holds 2 models at once")
     # side A's plan at a batch of 8 (its weights and its copy in it) beside B's weights and B's copy
     own8 = memory_plan(*config_and_tokenizer(str(rm_folder)), {"greatest": PROMPT}, "auto", "bfloat16", None, 8)
     assert own8.params_bytes == weights_a and own8.upcast_bytes == copy_a

@@ -112,3 +112,11 @@ def test_the_vocabulary_map_forks_two_rms_that_share_layers(rm_folder):
     *_, layers = both_token_rewards(side["a"], side["b"], shared.assign(token_b=ids + 1))
     assert layers == 0
 
+
+def test_a_span_outside_the_stack_is_refused(rm_folder):
+    """A layer index past the stack would be clamped by the in-loop read (the last layer run again): refused."""
+    model = load(str(rm_folder))
+    stack, n = nn.module(model.params, model.config).layers, model.config.num_layers
+    for span in ((0, n + 1), (2, 2), (-1, 2)):
+        with pytest.raises(ValueError, match="is not a range of this stack"):
+            stack(None, None, span=span)

@@ -173,10 +173,13 @@ class DecoderStack(nnx.Module):
         (residual after each layer, attention write, MLP write), each [L, B, T, H] (what the layer added to
         the residual stream: after Gemma's post-norms). `span` (start, stop): only those layers (the cache's
         L is theirs), each read from the stacked weights in the loop; a slice of the stack taken before the loop
-        is a copy of those weights (XLA's CPU compile of a forked forward: 1.5 models' weights of temp)."""
+        is a copy of those weights (XLA's CPU compile of a forked forward: 1.5 models' weights of temp). For
+        frozen weights: a gradient through the span would save each layer's as a stacked residual."""
         cfg = self.cfg
         if span is not None and patch is not None:
             raise NotImplementedError("activation patching runs over the whole stack.")
+        if span is not None and not 0 <= span[0] < span[1] <= len(self.local_layers):
+            raise ValueError(f"span {span} is not a range of this stack's {len(self.local_layers)} layers.")
 
         axes = {name: a for name, (_, a) in layer_weights(cfg).items()}
 

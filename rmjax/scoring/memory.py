@@ -197,15 +197,14 @@ def mesh_model_shards(mesh: jax.sharding.Mesh | None) -> int:
 
 
 def weights_held(models: list[tuple[str, ModelConfig]], dtype: str, mesh: jax.sharding.Mesh | None, job: str,
-                 fix: str, together: int = 1) -> list[int]:
+                 fix: str, at_once: int = 0) -> list[int]:
     """Each model's per-device weights, for a job that holds `models` ((label, config), as it loads them) at once;
-    refused in one line, naming each, when together (with the float32 copies a CPU makes of the `together` largest:
-    the models one call runs, two for a forked forward) they exceed the device. A batch planned for one of them
-    counts the others' (`beside`, plan's `held`)."""
+    refused in one line, naming each, when together they exceed the device with the float32 copies a CPU makes
+    for one call: the largest model's, or `at_once` bytes where a call runs several (a forked forward: two RMs').
+    A batch planned for one of them counts the others' (`beside`, plan's `held`)."""
     model_shards = mesh_model_shards(mesh)
     each = [param_bytes(cfg, dtype, model_shards) for _, cfg in models]
-    copies = sorted((upcast_bytes(cfg, dtype, model_shards) for _, cfg in models), reverse=True)
-    total = sum(each) + sum(copies[:together])
+    total = sum(each) + max(at_once, *(upcast_bytes(cfg, dtype, model_shards) for _, cfg in models))
     device = device_memory_bytes()
     if total > device:
         listed = ", ".join(f"{label} {gib(n)}" for (label, _), n in zip(models, each, strict=True))

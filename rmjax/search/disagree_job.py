@@ -89,13 +89,14 @@ def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> int:
     for text in spec.prompts.values():
         prompt_checks.check(text, spec.config.forwards if spec.config.search else None)
     # a side-B RM of side A's architecture may share its lower layers: the map then runs both in one forward
-    # (rmjax.scoring.forked), on a CPU in bfloat16 with a float32 copy of each
+    # (rmjax.scoring.forked), on a CPU in bfloat16 with a float32 copy of each (counted whenever it may: whether
+    # they share layers is known only from the weights)
     rm_config, o = prompt_checks.rm[0], spec.options
     forked = spec.config.vocab_map and not b.implicit and any(other[1] == rm_config for other in prompt_checks.others)
+    copy = memory.upcast_bytes(rm_config, o.dtype, memory.mesh_model_shards(o.mesh)) if forked else 0
     held = sum(prompt_checks.weights("disagreement job", "a smaller side B" + (
-        ", judge (--judge) or prior (--lm)" if spec.config.search else ""), together=2 if forked else 1))
-    if forked:  # beside either RM's own plan (its own copy in it): the other's copy, the same size
-        held += memory.upcast_bytes(rm_config, o.dtype, memory.mesh_model_shards(o.mesh))
+        ", judge (--judge) or prior (--lm)" if spec.config.search else ""), at_once=2 * copy))
+    held += copy  # beside either RM's own plan (its own copy in it): the other's, the same size
     return map_batch(spec, [prompt_checks.rm, *([] if b.implicit else [o[1:3] for o in prompt_checks.others])], held)
 
 

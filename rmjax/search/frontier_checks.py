@@ -65,11 +65,12 @@ class PromptChecks:
             held.setdefault(m, (label, config))
         self.held = [*held.values(), *([(f"the judge --judge={judge}", self.judge[1])] if judge else [])]
 
-    def weights(self, job: str, fix: str = "a smaller judge (--judge) or prior (--lm)", together: int = 1
+    def weights(self, job: str, fix: str = "a smaller judge (--judge) or prior (--lm)", at_once: int = 0
                 ) -> list[int]:
         """Each held model's per-device weights, refused in one line when together they do not fit the device
-        (memory.weights_held: `together` models in one call), `fix` naming the models to shrink."""
-        return memory.weights_held(self.held, self.options.dtype, self.options.mesh, job, fix, together)
+        (memory.weights_held: `at_once`, the CPU's float32 copies of a call that runs several), `fix` naming the
+        models to shrink."""
+        return memory.weights_held(self.held, self.options.dtype, self.options.mesh, job, fix, at_once)
 
     def check(self, text: str, forwards: int | None) -> None:
         """`text` fits every model; with `forwards`, the budget buys one candidate after its prefill."""
