@@ -22,6 +22,10 @@ def data_shards(mesh: jax.sharding.Mesh | None) -> int:
     return mesh.shape["data"] if mesh is not None else 1
 
 
+def model_shards(mesh: jax.sharding.Mesh | None) -> int:
+    return mesh.shape["model"] if mesh is not None else 1
+
+
 def bucket(n: int, multiple: int) -> int:
     """The smallest multiple of `multiple` that is >= n (and >= multiple): sizes that share one compilation."""
     return max(multiple, -(-n // multiple) * multiple)

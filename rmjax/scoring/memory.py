@@ -19,7 +19,7 @@ from rmjax import nn
 from rmjax.config import ModelConfig
 from rmjax.errors import RmjaxError
 from rmjax.loading.hf import numpy_dtype
-from rmjax.parallel import sharding
+from rmjax.parallel import batching, sharding
 
 
 def _itemsize(dtype: str) -> int:
@@ -171,7 +171,7 @@ def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: ja
     resume keeps `batch_size` from (a smaller --batch_size cannot change it: the fix is to delete it); `held`: the
     per-device bytes of the other models the job holds meanwhile (weights_held).
     """
-    data, model_shards = (mesh.shape["data"], mesh.shape["model"]) if mesh is not None else (1, 1)
+    data, model_shards = batching.data_shards(mesh), batching.model_shards(mesh)
     device = device_memory_bytes()
     if batch_size is None:
         largest = 256 if jax.default_backend() == "cpu" else 4096
@@ -192,17 +192,13 @@ def plan(cfg: ModelConfig, dtype: str, prefix_len: int, positions: int, mesh: ja
     return est
 
 
-def mesh_model_shards(mesh: jax.sharding.Mesh | None) -> int:
-    return mesh.shape["model"] if mesh is not None else 1
-
-
 def weights_held(models: list[tuple[str, ModelConfig]], dtype: str, mesh: jax.sharding.Mesh | None, job: str,
                  fix: str, at_once: int = 0) -> list[int]:
     """Each model's per-device weights, for a job that holds `models` ((label, config), as it loads them) at once;
     refused in one line, naming each, when together they exceed the device with the float32 copies a CPU makes
     for one call: the largest model's, or `at_once` bytes where a call runs several (a forked forward: two RMs').
     A batch planned for one of them counts the others' (`beside`, plan's `held`)."""
-    model_shards = mesh_model_shards(mesh)
+    model_shards = batching.model_shards(mesh)
     each = [param_bytes(cfg, dtype, model_shards) for _, cfg in models]
     total = sum(each) + max(at_once, *(upcast_bytes(cfg, dtype, model_shards) for _, cfg in models))
     device = device_memory_bytes()
@@ -218,4 +214,4 @@ def weights_held(models: list[tuple[str, ModelConfig]], dtype: str, mesh: jax.sh
 def beside(weights: int, cfg: ModelConfig, dtype: str, mesh: jax.sharding.Mesh | None) -> int:
     """The other models' part of `weights` (the sum of weights_held): what a plan for the model of `cfg` holds
     beside its own (0 when `weights` is 0: a job of one model)."""
-    return max(0, weights - param_bytes(cfg, dtype, mesh_model_shards(mesh)))
+    return max(0, weights - param_bytes(cfg, dtype, batching.model_shards(mesh)))

@@ -21,6 +21,7 @@ from rmjax.errors import NonFiniteError, UsageError
 from rmjax.loading import config_of
 from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.model import Model, require_reward_model
+from rmjax.parallel import batching
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, open_store, store_dir
@@ -93,7 +94,7 @@ def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> int:
     # they share layers is known only from the weights)
     rm_config, o = prompt_checks.rm[0], spec.options
     forked = spec.config.vocab_map and not b.implicit and any(other[1] == rm_config for other in prompt_checks.others)
-    copy = memory.upcast_bytes(rm_config, o.dtype, memory.mesh_model_shards(o.mesh)) if forked else 0
+    copy = memory.upcast_bytes(rm_config, o.dtype, batching.model_shards(o.mesh)) if forked else 0
     held = sum(prompt_checks.weights("disagreement job", "a smaller side B" + (
         ", judge (--judge) or prior (--lm)" if spec.config.search else ""), at_once=2 * copy))
     held += copy  # beside either RM's own plan (its own copy in it): the other's, the same size

@@ -13,6 +13,7 @@ import numpy as np
 from rmjax import checks
 from rmjax.checks import setting
 from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.parallel import batching
 from rmjax.scoring import memory
 from rmjax.text import chat
 
@@ -154,7 +155,7 @@ def search_plan(cfg: GCGConfig, model_cfg, tokenizer, prompts: dict[str, str], d
         check_context(cfg, split.prompt, len(split.prefix), len(split.suffix), context)
     vocab = min(model_cfg.vocab_size, len(tokenizer))
     check_search_width(cfg, min(vocab, len(set(cfg.token_ids))) if cfg.token_ids else vocab)
-    data, shards = (mesh.shape["data"], mesh.shape["model"]) if mesh is not None else (1, 1)
+    data, shards = batching.data_shards(mesh), batching.model_shards(mesh)
     prefix, suffix = max(len(s.prefix) for s in splits), max(len(s.suffix) for s in splits)
     params = memory.param_bytes(model_cfg, dtype, shards)
     on_cpu = jax.default_backend() == "cpu"
