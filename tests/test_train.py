@@ -284,6 +284,20 @@ def test_frozen_parts_carry_no_optimizer_state(lm, trainable, trained):
         assert layers and all(s[0] == (1 if trainable == "last_k" else n) for s in layers.values()), layers
 
 
+def test_last_k_holds_no_second_copy_of_the_frozen_layers(lm):
+    """The trained module shares every frozen array with the loaded model: what it adds is the trained layers'
+    copy alone. Before, splitting the stack sliced the frozen layers into a stack of their own, a second copy of
+    them held through the run (28 of SmolLM2-135M's 30 layers)."""
+    rm = reward_model_from_lm(lm, seed=0)
+    n, last_k = rm.config.num_layers, 1
+    assert n > last_k
+    module, _ = trainable_part(rm, TrainConfig(trainable="last_k", last_k=last_k))
+    loaded = {a.unsafe_buffer_pointer() for a in jax.tree.leaves(rm.params)}
+    added = sum(a.nbytes for a in jax.tree.leaves(nnx.state(module)) if a.unsafe_buffer_pointer() not in loaded)
+    one_layer = sum(a.nbytes for p, a in nn.flat(rm.params).items() if p.startswith("layers.")) // n
+    assert added == last_k * one_layer, (added, one_layer)
+
+
 def test_a_head_only_step_moves_only_the_head_and_its_optimizer_state(lm):
     """What a step returns is what it changes: a step that handed back the whole frozen model copied every weight
     each time (60× slower on SmolLM2). Its donated inputs are copies: the loaded model stays whole and unchanged."""

@@ -153,7 +153,7 @@ def prefixed_pair_rewards(m: nnx.Module, data: tuple, idx: jax.Array) -> tuple[j
     def side(s: int) -> jax.Array:
         x, new_mask, _, inputs = m.enter(ids=responses[s][idx], mask=mask[s][idx], cache=cache)
         if frozen_states is None:
-            x = lower(x, inputs, cache.k, cache.v)[0]
+            x = lower(x, inputs, cache.k, cache.v, span=(0, m.layers.at))[0]
         else:  # the embedding above is unused (compiled away); `inputs` still carry the positions and masks
             states, row = frozen_states
             x = states[row[s][idx]]
