@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import jax
 import numpy as np
@@ -512,7 +513,9 @@ def test_fsdp_and_remat_change_the_training_step():
     """--fsdp and --remat act on the step train_rm runs (the plan's calls build it as train_rm does, through
     trainable_part and Steps): split over data:4, each chip's arguments hold a quarter of every trained weight and
     of Adam's two moments (3 x the trained float32 bytes, less a quarter), and with remat the traced step
-    recomputes each layer (a remat in the scan body), without it none. No compile: shapes and the jaxpr."""
+    recomputes each layer (a remat in the scan body, saving nothing); with FSDP alone, only what is not a matmul's
+    output (the gathered weights among it: saved, they were a copy of every layer's); with neither, nothing. No
+    compile: shapes and the jaxpr."""
     from rmjax.plan import calls as plan_calls
 
     cfg = _reward_config(**ALIGNED)
@@ -526,8 +529,9 @@ def test_fsdp_and_remat_change_the_training_step():
     whole, split = (cost.shard_bytes(made[key].args) for key in ((False, False), (True, False)))
     assert whole - split == pytest.approx((3 / 4) * 3 * trained, rel=0.01)
 
-    def remats(call) -> bool:
-        jaxpr = str(call.call.trace(*call.args).jaxpr)
-        return "remat" in jaxpr or "checkpoint" in jaxpr
+    def policies(call) -> set[str]:
+        return set(re.findall(r"policy=(\S+)", str(call.call.trace(*call.args).jaxpr)))
 
-    assert remats(made[True, True]) and not remats(made[True, False])
+    assert policies(made[True, True]) == {"None"}
+    assert policies(made[True, False]) == {"DotsSaveable(only_if_no_batch_dims=True)"}
+    assert policies(made[False, False]) == set()

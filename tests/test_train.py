@@ -401,15 +401,17 @@ def test_read_pairs_and_batches(tmp_path):
     assert stream[:10].tolist() != stream[10:20].tolist()  # each epoch its own order
 
 
-def test_data_parallel_training_on_a_mesh_matches_one_device(lm, tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["replicated", "fsdp"])
+def test_data_parallel_training_on_a_mesh_matches_one_device(lm, tmp_path, fsdp):
+    """--fsdp without --remat: the backward pass gathers each trained layer's weights again (its own remat)."""
     from rmjax.parallel import sharding
 
     meshed_lm = load(lm.source, mesh=sharding.make_mesh("data:4,model:2"))
     train, held = _separable(NOUNS[:20], 64, 4), _separable(NOUNS[20:], 16, 5)
     cfg = TrainConfig(trainable="last_k", last_k=1, steps=4, batch_size=8, learning_rate=1e-2, checkpoint_every=4)
     one = train_reward_model(reward_model_from_lm(lm, seed=2), train, held, cfg, tmp_path / "one", log=lambda *_: None)
-    many = train_reward_model(reward_model_from_lm(meshed_lm, seed=2), train, held, cfg, tmp_path / "many",
-                              log=lambda *_: None)
+    many = train_reward_model(reward_model_from_lm(meshed_lm, seed=2), train, held,
+                              dataclasses.replace(cfg, fsdp=fsdp), tmp_path / "many", log=lambda *_: None)
     assert nn.get(many.model.params, "layers.down").sharding.spec[1] == "model"  # [layers, mlp, embed]
     # The mesh sums gradients in another order: Adam's steps drift apart by rounding only (tests/tolerance.py);
     # 64 tokens bound every pair here.
