@@ -70,3 +70,30 @@ def test_plan_picks_or_refuses_a_batch():
     assert est.batch_size == 256 and est.total_bytes <= 0.8 * memory.device_memory_bytes()
     with pytest.raises(memory.DoesNotFitError, match="smaller --batch_size"):
         memory.plan(cfg, "bfloat16", 64, 2, None, batch_size=10**9)
+
+
+@pytest.mark.parametrize("lm", [None, "smollm2-135m-instruct"], ids=["own prior", "separate prior"])
+def test_an_rm_that_is_its_own_prior_counts_the_float32_copy_of_its_tied_table(monkeypatch, lm):
+    """The default SmolLM2 RM ties its embeddings: as its own prior (the frontier's default) its forward computes LM
+    logits from the table, which a CPU in bfloat16 copies to float32 beside the other layers' copies. The table was
+    not counted (an RM only gathers from it). Reference: every bfloat16 weight (all but the float32 score head) in
+    float32, from the config's shapes; with a separate prior, the prior's own copy (an LM: its table too)."""
+    from rmjax.loading import config_of
+    from rmjax.runs.options import RunOptions
+    from rmjax.search import fluent
+    from rmjax.search.frontier_checks import PromptChecks
+
+    cfg = config_of("elo-rm-smollm2-135m")
+    assert cfg.tie_embeddings and cfg.is_reward_model
+    score = cfg.hidden_size * cfg.num_labels * 4
+    weights = memory.param_bytes(cfg, "bfloat16", 1)
+    every_copy = 2 * (weights - score)
+    options = RunOptions(model="elo-rm-smollm2-135m", out="unused", dtype="bfloat16")
+    checks = PromptChecks(options, fluent.FluentConfig(num_tokens=3), lm, None)
+    held = weights if lm is None else weights + memory.param_bytes(config_of(lm), "bfloat16", 1)
+    monkeypatch.setattr(memory.jax, "default_backend", lambda: "cpu")
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: held + every_copy)
+    checks.weights("frontier job")  # exactly room
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: held + every_copy - 1)
+    with pytest.raises(memory.DoesNotFitError, match="frontier job holds"):
+        checks.weights("frontier job")

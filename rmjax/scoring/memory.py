@@ -69,14 +69,18 @@ def _per_device(decl, itemsize: int, model_shards: int) -> int:
     return size // model_shards if sharded else size
 
 
-def upcast_bytes(cfg: ModelConfig, dtype: str, model_shards: int, backend: str | None = None) -> int:
+def upcast_bytes(cfg: ModelConfig, dtype: str, model_shards: int, backend: str | None = None,
+                 lm_head: bool | None = None) -> int:
     """A CPU has no bfloat16 matmul: XLA computes in float32 from a float32 copy of every bfloat16 weight a matmul
     reads (not the weights kept in float32, nor the embedding table where it is only gathered from: all but an LM
     whose head is the table), held beside the bfloat16 weights for the whole call. XLA's memory analysis of a 2B
-    sweep's compiled call on the CPU (as rmjax.plan.cost reads it): temp 7.85 GiB beside 4.87 GiB of weights."""
+    sweep's compiled call on the CPU (as rmjax.plan.cost reads it): temp 7.85 GiB beside 4.87 GiB of weights.
+    `lm_head`: whether the call computes LM logits (default: a causal LM does; an RM that is its own prior, or
+    completes its own responses, does too, through its tied table)."""
     if dtype != "bfloat16" or (backend or jax.default_backend()) != "cpu":
         return 0
-    gathered = cfg.is_reward_model or not cfg.tie_embeddings
+    reads_head = not cfg.is_reward_model if lm_head is None else lm_head
+    gathered = not (cfg.tie_embeddings and reads_head)
     return sum(_per_device(decl, 4, model_shards) for name, decl in nn.declarations(cfg).items()
                if not decl.float32 and not (name == "embed.embedding" and gathered))
 

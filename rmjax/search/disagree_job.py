@@ -86,7 +86,7 @@ def _check_prompts(spec: DisagreeSpec, b: SideSpec, judge: str) -> int:
     others = [(f"side B {m}", m, not b.implicit) for m in b.models]  # an implicit side's LMs: prompt, response, end
     prompt_checks = frontier_checks.PromptChecks(spec.options, search, spec.lm if spec.config.search else None,
                                            judge if spec.config.search else None, others,
-                                           others_each=b.each, load_once=True)
+                                           others_each=b.each, load_once=True, searches=spec.config.search)
     for text in spec.prompts.values():
         prompt_checks.check(text, spec.config.forwards if spec.config.search else None)
     # a side-B RM of side A's architecture may share its lower layers: the map then runs both in one forward

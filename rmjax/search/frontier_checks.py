@@ -9,6 +9,7 @@ from fractions import Fraction
 
 from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.loading.for_job import job_config_and_tokenizer
+from rmjax.parallel import batching
 from rmjax.runs import results
 from rmjax.scoring import finite, memory
 from rmjax.search import turns
@@ -45,8 +46,10 @@ class PromptChecks:
     whole forwards of the other side); and the weights of all of them, held at once, against the device."""
 
     def __init__(self, options, search, lm: str | None, judge: str | None, others=(), others_each: int = 0,
-                 load_once: bool = False):
+                 load_once: bool = False, searches: bool = True):
         self.options, self.search = options, search
+        # the search's prior is the RM's own LM head (a prior of the RM's spec is the RM where each loads once)
+        self.own_prior = searches and (lm is None or (load_once and lm == options.model))
         self.candidate = per_candidate(lm is None) + others_each
         self.context_cfg = search.gcg(template=options.template)
         self.rm = job_config_and_tokenizer(options)
@@ -70,6 +73,9 @@ class PromptChecks:
         """Each held model's per-device weights, refused in one line when together they do not fit the device
         (memory.weights_held: `at_once`, the CPU's float32 copies of a call that runs several), `fix` naming the
         models to shrink."""
+        if self.own_prior:  # the RM's forward computes LM logits, through its tied table
+            at_once = max(at_once, memory.upcast_bytes(self.rm[0], self.options.dtype,
+                                                       batching.model_shards(self.options.mesh), lm_head=True))
         return memory.weights_held(self.held, self.options.dtype, self.options.mesh, job, fix, at_once)
 
     def check(self, text: str, forwards: int | None) -> None:
