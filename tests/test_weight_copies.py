@@ -108,7 +108,9 @@ def test_a_training_step_saves_no_copy_of_the_weights_it_does_not_train(setting,
 def test_an_fsdp_step_without_remat_saves_no_gathered_copy_of_the_layers():
     """Under --fsdp each layer's weights are gathered over `data` inside the loop; the backward pass gathers them
     again rather than saving them (a copy of every layer's at the model axis' split). Before: 871 MiB of temp a
-    device (SmolLM2-135M, full fine-tune, data:4,model:2), 261 now, 216 with --remat (which saves no activation)."""
+    device (SmolLM2-135M, full fine-tune, data:4,model:2), 261 now, 216 with --remat (which saves each layer's input
+    alone). A gathered copy is half the layer weights a device (model:2); the bound allows a quarter of them more
+    than --remat's temp, for the matmul outputs kept (45 MiB here)."""
     cfg = config_of(SMOLLM2)
     mesh = sharding.make_mesh("data:4,model:2", jax.devices()[:8])
     layer_weights = param_bytes(cfg, "float32", 1) - cfg.vocab_size * cfg.hidden_size * 4
@@ -119,4 +121,4 @@ def test_an_fsdp_step_without_remat_saves_no_gathered_copy_of_the_layers():
         return _temp(step.call, step.args)
 
     gathered = layer_weights / 2  # every layer's weights on a device of model:2
-    assert temp(False) < temp(True) + gathered / 4, (temp(False), temp(True), gathered)
+    assert temp(False) < temp(True) + gathered / 2, (temp(False), temp(True), gathered)

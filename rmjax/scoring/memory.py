@@ -75,8 +75,8 @@ def upcast_bytes(cfg: ModelConfig, dtype: str, model_shards: int, backend: str |
     reads (not the weights kept in float32, nor the embedding table where it is only gathered from: all but an LM
     whose head is the table), held beside the bfloat16 weights for the whole call. XLA's memory analysis of a 2B
     sweep's compiled call on the CPU (as rmjax.plan.cost reads it): temp 7.85 GiB beside 4.87 GiB of weights.
-    `lm_head`: whether the call computes LM logits (default: a causal LM does; an RM that is its own prior, or
-    completes its own responses, does too, through its tied table)."""
+    `lm_head`: whether the call computes LM logits (default: a causal LM does; an RM that is its own prior does
+    too, through its tied table)."""
     if dtype != "bfloat16" or (backend or jax.default_backend()) != "cpu":
         return 0
     reads_head = not cfg.is_reward_model if lm_head is None else lm_head
