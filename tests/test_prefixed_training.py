@@ -119,6 +119,8 @@ def test_a_run_trains_as_on_whole_sequences(tmp_path, monkeypatch):
     assert distinct < 2 * cfg.steps * cfg.batch_size  # so the states of the responses are computed once
     assert any(m.startswith(f"prompt prefixes and {distinct} distinct responses through the 2 frozen layers")
                for m in said), said
+    assert any(m.startswith("held-out pairs: prompt prefixes and responses through the 2 frozen layers once")
+               for m in said), said
     monkeypatch.setattr(prefixed, "prefixed_pairs", lambda *a: None)
     whole = train_reward_model(rm, train, held, cfg, tmp_path / "whole", log=lambda *_: None)
     length = _whole(rm, train)[0].shape[-1]
@@ -126,6 +128,13 @@ def test_a_run_trains_as_on_whole_sequences(tmp_path, monkeypatch):
                                 tolerance.grad_rel_error(rm.config, length, 2 * cfg.batch_size * length))
     np.testing.assert_allclose([h["loss"] for h in fast.history], [h["loss"] for h in whole.history], rtol=0,
                                atol=tolerance.bt_loss_atol(whole.model.params, rm.config, length, drift))
+    # held-out evaluation on the held-out prompts' prefixes and responses' states computed once, against the whole
+    # conversations (the same trained weights up to the drift: the same bound)
+    held_length = _whole(rm, held)[0].shape[-1]
+    for got, want in zip(fast.evals, whole.evals, strict=True):
+        assert got["step"] == want["step"]
+        np.testing.assert_allclose(got["heldout_loss"], want["heldout_loss"], rtol=0,
+                                   atol=tolerance.bt_loss_atol(whole.model.params, rm.config, held_length, drift))
     a, b = nn.flat(fast.model.params), nn.flat(whole.model.params)
     for key in ("score.kernel", "layers.down", "final_norm.scale"):
         np.testing.assert_allclose(np.asarray(a[key]), np.asarray(b[key]), rtol=0, atol=drift, err_msg=key)

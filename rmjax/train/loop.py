@@ -259,6 +259,9 @@ def train_reward_model(
         return _train(model, train, heldout, cfg, workdir, log)
 
 
+HELD_BATCH = 64  # held-out pairs a call
+
+
 def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log):
     """(pair_rewards(module, data, idx) for the training step (rmjax.train.step), its training `data`,
     held_rewards(module) -> (chosen, rejected) rewards of the held-out pairs). A head-only run trains on cached final
@@ -276,17 +279,26 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
         held = (matrix, *map(jnp.asarray, feats.pair_rows(heldout)))
         return (feature_pair_rewards, (matrix, *map(jnp.asarray, feats.pair_rows(train))),
                 lambda m: on(m, feature_pair_rewards, held, np.arange(len(heldout))))
-    held_seq = _Sequences(model, heldout, cfg.template)
-    held = (jnp.asarray(held_seq.ids), jnp.asarray(held_seq.mask))
+    n = model.config.num_layers
+    frozen_below = cfg.trainable == "last_k" and cfg.last_k < n
+    held_split = prefixed.prefixed_pairs(model, heldout, cfg.template, HELD_BATCH) \
+        if frozen_below and len(heldout) else None
+    if held_split is not None:  # each evaluation runs the trained layers alone (and the frozen ones where the
+        # responses' states do not fit): the whole conversations took 12 min a run on the shipped Elo pairs
+        held_pairs = prefixed.prefixed_pair_rewards
+        held = prefixed.frozen_prefix_data(model, held_split, n - cfg.last_k, 1, len(heldout))
+        log(f"held-out pairs: prompt prefixes{'' if held[-1] is None else ' and responses'} through the "
+            f"{n - cfg.last_k} frozen layers once, in {time.perf_counter() - start:.1f} s")
+    else:
+        held_seq, held_pairs = _Sequences(model, heldout, cfg.template), sequence_pair_rewards
+        held = (jnp.asarray(held_seq.ids), jnp.asarray(held_seq.mask))
 
     def held_rewards(m: nn.Transformer):
-        parts = [on(m, sequence_pair_rewards, held, np.arange(i, min(i + 64, len(heldout))))
-                 for i in range(0, len(heldout), 64)]
+        parts = [on(m, held_pairs, held, np.arange(i, min(i + HELD_BATCH, len(heldout))))
+                 for i in range(0, len(heldout), HELD_BATCH)]
         return tuple(jnp.concatenate(side) for side in zip(*parts, strict=True))
 
-    n = model.config.num_layers
-    split = prefixed.prefixed_pairs(model, train, cfg.template, cfg.batch_size) \
-        if cfg.trainable == "last_k" and cfg.last_k < n else None
+    split = prefixed.prefixed_pairs(model, train, cfg.template, cfg.batch_size) if frozen_below else None
     if split is not None:  # the frozen layers see each prompt's template prefix once, not in every conversation
         data = prefixed.frozen_prefix_data(model, split, n - cfg.last_k, cfg.steps, cfg.batch_size)
         states = "" if data[-1] is None else f" and {len(data[-1][0])} distinct responses"
