@@ -988,11 +988,13 @@ def test_the_models_a_job_holds_at_once_fit_together_and_the_map_batch_beside_th
     refused(lambda: run_frontier(frontier), "the frontier job holds 3 models at once")
     monkeypatch.setattr(memory, "device_memory_bytes", lambda: sizes[rm_folder] + 2 * sizes[lm_folder])
     frontier_checks.check_before_loading(frontier, str(lm_folder))  # exactly room: passes
-    # a prior that is the RM: the frontier loads it apart, the disagreement job once
+    # a prior that is the RM: the frontier loads it apart, the disagreement job once (the RM is then its own
+    # prior: one forward a sampled candidate, as Objective.rm_is_prior charges it, not two)
     for load_once, n in ((False, 3), (True, 2)):
         checks = frontier_checks.PromptChecks(frontier.options, SEARCH, str(rm_folder), str(lm_folder),
                                               load_once=load_once)
         assert len(checks.held) == n
+        assert (checks.own_prior, checks.candidate) == ((True, 1) if load_once else (False, 2))
     # GCG over two RMs with a prior for its completion check
     gcg = GcgSpec(RunOptions(model=f"{rm_folder},{lower_rm}", out=str(tmp_path / "g.json")), {"greatest": PROMPT},
                   GCGConfig(num_tokens=2, steps=1), lm=str(lm_folder))

@@ -50,7 +50,7 @@ class PromptChecks:
         self.options, self.search = options, search
         # the search's prior is the RM's own LM head (a prior of the RM's spec is the RM where each loads once)
         self.own_prior = searches and (lm is None or (load_once and lm == options.model))
-        self.candidate = per_candidate(lm is None) + others_each
+        self.candidate = per_candidate(self.own_prior) + others_each
         self.context_cfg = search.gcg(template=options.template)
         self.rm = job_config_and_tokenizer(options)
         self.lm_spec = lm

@@ -286,7 +286,8 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
     if held_split is not None:  # each evaluation runs the trained layers alone (and the frozen ones where the
         # responses' states do not fit): the whole conversations took 12 min a run on the shipped Elo pairs
         held_pairs = prefixed.prefixed_pair_rewards
-        held = prefixed.frozen_prefix_data(model, held_split, n - cfg.last_k, 1, len(heldout))
+        # as for one step over every held-out pair: their responses' states computed once wherever they fit
+        held = prefixed.frozen_prefix_data(model, held_split, n - cfg.last_k, steps=1, batch_size=len(heldout))
         log(f"held-out pairs: prompt prefixes{'' if held[-1] is None else ' and responses'} through the "
             f"{n - cfg.last_k} frozen layers once, in {time.perf_counter() - start:.1f} s")
     else:
