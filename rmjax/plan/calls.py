@@ -45,7 +45,6 @@ class Call:
     count: int
     weights: Any = None  # the argument that holds the model's weights (its per-chip bytes), if any
     cache: Any = None  # the argument that holds a KV cache, if any
-    beside: Any = None  # arrays a chip holds beside the arguments (a training step's: the loaded weights it trains)
 
 
 def abstract_params(cfg: ModelConfig, dtype: str, mesh: Mesh) -> nnx.State:
@@ -275,11 +274,7 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
     args = (moving, _placed(runner.frozen, mesh), data, rows, label)
     weights = (_placed(nnx.state(module, nnx.All(nnx.Param, wrt)), mesh, fsdp),  # as train_rm places them
                _placed(nnx.state(module, nnx.All(nnx.Param, nnx.Not(wrt))), mesh))
-    # the loaded model keeps its own weights while the steps train a donated copy of the trained ones: beside the
-    # step's arguments, unless they hold them already (last_k's frozen part is the whole loaded stack: nn.SplitStack)
-    split = isinstance(module.layers, nn.SplitStack)
-    beside = None if split else _placed(nnx.state(module, nnx.All(nnx.Param, wrt)), mesh)
-    step = Call("train_step", runner.call, args, steps, weights, beside=beside)
+    step = Call("train_step", runner.call, args, steps, weights)
     if trainable != "head":
         return [step]
     # per prompt, its responses in --feature_batch_size batches (TextScorer.features)

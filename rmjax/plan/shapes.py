@@ -125,7 +125,7 @@ class TrainShape:
 
     def per_chip_estimate(self, cfg: ModelConfig, dtype: str, chips: int, model: int) -> tuple[int, str]:
         """(bytes a chip needs, the flags that get there) with FSDP and remat, for the refusal's "cheapest that
-        fit": the loaded weights (the trained ones too: the steps train a copy) split over `model`; trained weights,
+        fit": frozen weights split over `model`; trained weights (trained in place: train_rm keeps no loaded copy),
         their gradients and Adam's two moments split over every chip; each layer's input kept for the backward pass
         and one layer's activations at a time."""
         size, total, trained = self._parameters(cfg, dtype)
@@ -142,7 +142,7 @@ class TrainShape:
         # a trained weight, its gradient and Adam's two moments; narrower than float32 (not the head), a float32
         # master copy too, and moments in float32 (rmjax.train.optimizer.float32_master)
         per_trained = 4 * size if self.trainable == "head" or size == 4 else 2 * size + 3 * 4
-        need = total * size / model + per_trained * trained / chips + activations
+        need = (total - trained) * size / model + per_trained * trained / chips + activations
         # only the flags train_rm takes for this run (it refuses them where they change nothing: no trained
         # layers, or no data axis to split over)
         flags = ([] if self.trainable == "head" else ["--fsdp"] * (chips // model > 1) + ["--remat"])

@@ -238,13 +238,15 @@ def check_last_k(cfg: TrainConfig, config, source: str) -> None:
 
 def train_reward_model(
     model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: str | Path, log=print,
-    overwrite: bool = False, claimed: dict | None = None,
+    overwrite: bool = False, claimed: dict | None = None, consume: bool = False,
 ) -> TrainResult:
     """Train `model` (a reward model with a score head) on `train`; evaluate on `heldout`.
 
     `workdir` belongs to one run (model, data, settings: `train_identity`): the same call resumes it
     from its last checkpoint, another run's workdir is refused unless `overwrite` (which clears it).
     `claimed`: the identity under which the caller claimed `workdir` before the model loaded (run_training).
+    `consume`: the steps train `model`'s own arrays, which it gives up (deleted: only the result holds weights), not
+    a copy of them beside it (a full fine-tune held every layer twice).
     """
     check_last_k(cfg, model.config, model.source)
     check_batch_size(cfg.batch_size, len(train))
@@ -254,9 +256,9 @@ def train_reward_model(
     identity = train_identity(model_fingerprint(model), model.dtype, train, heldout, cfg)
     if claimed is not None:
         require_claimed(claimed, identity, workdir)
-        return _train(model, train, heldout, cfg, workdir, log)
+        return _train(model, train, heldout, cfg, workdir, log, consume)
     with claim_workdir(workdir, identity, overwrite):
-        return _train(model, train, heldout, cfg, workdir, log)
+        return _train(model, train, heldout, cfg, workdir, log, consume)
 
 
 HELD_BATCH = 64  # held-out pairs a call
@@ -357,7 +359,8 @@ def _kept_feature_batch(cfg: TrainConfig, workdir: Path, resuming: bool, log) ->
     return cfg
 
 
-def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log) -> TrainResult:
+def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log,
+           consume: bool) -> TrainResult:
     """Restore the workdir's last checkpoint, then run the steps after it. A run whose every step is checkpointed
     restores its weights and computes nothing else: no features, no sequences (train_rm's export of a finished
     run)."""
@@ -380,7 +383,7 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     loop_seconds = 0.0
     if first < cfg.steps:
         loop_seconds = _run_steps(model, train, heldout, cfg, workdir, log, manager, (module, optimizer, wrt), first,
-                                  history, evals)
+                                  history, evals, consume)
     manager.wait_until_finished()
     steps_run = cfg.steps - first
     return TrainResult(
@@ -396,13 +399,16 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
 
 
 def _run_steps(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log, manager,
-               trained: tuple, first: int, history: list[dict], evals: list[dict]) -> float:
+               trained: tuple, first: int, history: list[dict], evals: list[dict], consume: bool = False) -> float:
     """Steps `first`..cfg.steps on the objective (`_objective`: the features or sequences, computed here), each
     checkpoint with its held-out evaluation and logs; `history` and `evals` grow in place. Returns the seconds the
-    steps took (after the objective's features)."""
+    steps took (after the objective's features). `consume`: the steps donate the module's arrays themselves (which
+    the loaded model shares) after the objective's data are computed from the model, not copies of them."""
     module, optimizer, wrt = trained
     pair_rewards, data, held_rewards = _objective(model, train, heldout, cfg, log)
-    steps = Steps(model.config, model.mesh, module, optimizer, wrt, pair_rewards, data,
+    if consume:  # the model's arrays the module no longer holds (placed over `data`, restored) go now, not at the end
+        _give_up(model, module)
+    steps = Steps(model.config, model.mesh, module, optimizer, wrt, pair_rewards, data, copy=not consume,
                   moving_shardings=_shardings(nnx.state((module, optimizer), nnx.Any(wrt, nnx.OptState)))
                   if cfg.fsdp and model.mesh is not None else None)
     progress = Progress(cfg.steps, "train", unit="steps", done=first)
@@ -429,6 +435,14 @@ def _run_steps(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, wor
             manager.wait_until_finished()  # a logged checkpoint is a durable one
             log(f"step {step + 1}: loss {float(loss):.4f}, held-out accuracy {record['heldout_accuracy']:.3f}")
     return time.perf_counter() - loop_start
+
+
+def _give_up(model: Model, module: nn.Transformer) -> None:
+    """Delete the loaded model's arrays that the trained module does not hold (its arrays are the run's now)."""
+    held = {id(a) for a in jax.tree.leaves(nnx.state(module))}
+    for a in jax.tree.leaves(model.params):
+        if isinstance(a, jax.Array) and id(a) not in held and not a.is_deleted():
+            a.delete()
 
 
 def _shardings(state: nnx.State) -> nnx.State:

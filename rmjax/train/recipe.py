@@ -321,7 +321,9 @@ def _trained(lm_spec: str, train: Pairs, heldout: Pairs, cfg: TrainConfig, workd
         print(f"note: {lm_spec} is a reward model; its score head is replaced by a new one (seed {cfg.seed}), and "
               "training starts from its backbone.", file=sys.stderr)
     rm = reward_model_from_lm(lm, seed=cfg.seed, source=f"{lm_spec}+score")
-    return train_reward_model(rm, train, heldout, cfg, workdir, claimed=identity)
+    del lm  # its LM head, which the reward model drops, is not held through the run
+    # the loaded weights are this run's alone: the steps train them in place, not a copy beside them
+    return train_reward_model(rm, train, heldout, cfg, workdir, claimed=identity, consume=True)
 
 
 SUMMARY_FILE = "rmjax_training.json"  # beside an exported folder's weights: the run that made them
