@@ -64,8 +64,9 @@ RESPONSES = flags.DEFINE_integer("responses", 0, "train_rm: distinct responses (
                                  "whose states below the trained layers are kept where they pay). 0: EloEverything's, "
                                  "7,530 items for head, their 80% (6,024) in training for last_k.", lower_bound=0)
 SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm, last_k/full: tokens per conversation "
-                                       "(last_k: the --prompts' prefix, measured or --prefix_tokens, goes through the "
-                                       "frozen layers once, as train_rm does, when it is shorter).", lower_bound=1)
+                                       "(the --prompts' prefix, measured or --prefix_tokens, goes through last_k's "
+                                       "frozen layers once, and the trained ones once a step, as train_rm does, when "
+                                       "it is shorter).", lower_bound=1)
 for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template", "overwrite"):
     flags.declare_key_flag(_name)
 

@@ -14,6 +14,7 @@ from absl import flags
 
 from experiments import common, config_flags
 from rmjax.errors import UsageError
+from rmjax.runs.progress import rate_text
 from rmjax.train.loop import COMMAND_LINE_DEFAULTS, TrainConfig
 
 PAIRS = flags.DEFINE_string("pairs", None, "CSV/JSONL of prompt, chosen, rejected[, label (soft, in [0,1])].")
@@ -91,7 +92,7 @@ def main(argv):
                              dtype=common.DTYPE.value, overwrite=common.OVERWRITE.value, mesh=mesh)
     final = result.evals[-1] if result.evals else {}
     trained = cfg.steps - (result.resumed_from or 0)
-    done = f"trained {trained} steps ({result.steps_per_second:.1f} steps/s)" if trained else \
+    done = f"trained {trained} steps ({rate_text(result.steps_per_second)} steps/s)" if trained else \
         f"already trained: all {cfg.steps} steps were in the workdir"
     print(f"{done}; held-out accuracy {final.get('heldout_accuracy', float('nan')):.3f}; summary in "
           f"{result.workdir}/summary.json")

@@ -159,6 +159,13 @@ def test_training_step_compiles_for_v5e(trainable):
         many = plan(cfg, "float32", SLICE, "train_rm", dataclasses.replace(shape, prompts=9, prefix_tokens=16),
                     {"data": 2, "model": 2}, log=lambda *_: None)
         assert many["calls"][0]["flops"] == step["flops"]
+    if trainable == "full":  # every layer trains: 2 prompts' 16-token prefixes once a step and the 8 tokens after
+        # them, 2·16 + 2·8·8 = 160 token rows against 2·8·24 = 384 (0.42 of the matmuls); no states kept (there are
+        # no frozen layers) however few the distinct responses
+        flops = [plan(cfg, "float32", SLICE, "train_rm",
+                      dataclasses.replace(shape, prompts=2, prefix_tokens=16, responses=responses),
+                      {"data": 2, "model": 2}, log=lambda *_: None)["calls"][0]["flops"] for responses in (200, 50)]
+        assert flops[0] == flops[1] and 0.35 < flops[0] / step["flops"] < 0.5, flops
 
 
 def test_a_scan_is_counted_once_per_trip():

@@ -64,20 +64,23 @@ def _pad(rows, width):
     return ids, mask
 
 
-@pytest.mark.parametrize("steps", [0, 100], ids=["frozen_layers_each_step", "frozen_states_once"])
-def test_rewards_and_gradient_equal_the_whole_conversations(rm, steps, monkeypatch):
+@pytest.mark.parametrize("trainable,steps", [("last_k", 0), ("last_k", 100), ("full", 100)],
+                         ids=["frozen_layers_each_step", "frozen_states_once", "full"])
+def test_rewards_and_gradient_equal_the_whole_conversations(rm, trainable, steps, monkeypatch):
+    """`full`: no frozen layer, every layer runs each prefix once a call and the responses after it."""
     last_k = 2 if rm.config.has_local_layers else 1  # Gemma 3: a full-attention and a windowed layer train
     pairs = _pairs(0, 10)
     split = prefixed.prefixed_pairs(rm, pairs, "auto", batch_size=6)
     assert split is not None and len(split.prefixes) == len(PROMPTS)
     assert len(set(split.prefix_mask.sum(1).tolist())) == len(PROMPTS)  # padded prefixes of three widths
-    module, wrt = trainable_part(rm, TrainConfig(trainable="last_k", last_k=last_k))
+    module, wrt = trainable_part(rm, TrainConfig(trainable=trainable, last_k=last_k))
     monkeypatch.setattr(prefixed, "STATES_CHUNK", 3)  # several calls, the last one padded
-    data = prefixed.frozen_prefix_data(rm, split, rm.config.num_layers - last_k, steps, batch_size=6)
+    frozen = rm.config.num_layers - last_k if trainable == "last_k" else 0
+    data = prefixed.frozen_prefix_data(rm, split, frozen, steps, batch_size=6)
     distinct = set(zip(pairs.prompt, pairs.chosen, strict=True)) | set(zip(pairs.prompt, pairs.rejected, strict=True))
-    if steps:  # each distinct (prompt, response) once, counted here from the texts
+    if steps and frozen:  # each distinct (prompt, response) once, counted here from the texts
         assert len(data[-1][0]) == len(distinct) and len(distinct) % 3 != 0
-    else:  # 0 steps would run the frozen layers over no row: computing the states first does not pay
+    else:  # 0 steps would run the frozen layers over no row, and with none a state is the embedding: no states
         assert data[-1] is None
     idx = jnp.asarray([7, 2, 2, 0, 9, 4])  # a batch with a repeat, in no order
     label = jnp.asarray(pairs.label[np.asarray(idx)])
@@ -103,24 +106,28 @@ def test_rewards_and_gradient_equal_the_whole_conversations(rm, steps, monkeypat
     assert float(loss) == pytest.approx(float(want_loss), abs=2 * tolerance.any_rewards_atol(rm.params, rm.config,
                                                                                              length))
     got, want = nn.flat(grads), nn.flat(want_grads)
-    assert set(got) == set(want) and any("upper" in k for k in got)
+    assert set(got) == set(want) and any(("upper" if frozen else "layers.") in k for k in got)
     for key in want:
         atol = tolerance.grad_atol(want[key], rm.config, length, 2 * len(idx) * length)
         np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=0, atol=atol, err_msg=key)
 
 
-def test_a_run_trains_as_on_whole_sequences(tmp_path, monkeypatch):
+@pytest.mark.parametrize("trainable", ["last_k", "full"])
+def test_a_run_trains_as_on_whole_sequences(tmp_path, monkeypatch, trainable):
     rm = _rm("llama3", tmp_path)
     train, held = _pairs(1, 48), _pairs(2, 16)
-    cfg = TrainConfig(trainable="last_k", last_k=2, steps=4, batch_size=8, learning_rate=1e-2, checkpoint_every=4)
+    cfg = TrainConfig(trainable=trainable, last_k=2, steps=4, batch_size=8, learning_rate=1e-2, checkpoint_every=4)
     said = []
     fast = train_reward_model(rm, train, held, cfg, tmp_path / "prefixed", log=said.append)
     distinct = len({*zip(train.prompt, train.chosen, strict=True), *zip(train.prompt, train.rejected, strict=True)})
     assert distinct < 2 * cfg.steps * cfg.batch_size  # so the states of the responses are computed once
-    assert any(m.startswith(f"prompt prefixes and {distinct} distinct responses through the 2 frozen layers")
-               for m in said), said
-    assert any(m.startswith("held-out pairs: prompt prefixes and responses through the 2 frozen layers once")
-               for m in said), said
+    if trainable == "last_k":
+        train_line = f"prompt prefixes and {distinct} distinct responses through the 2 frozen layers"
+        held_line = "held-out pairs: prompt prefixes and responses through the 2 frozen layers once"
+    else:
+        train_line = "training pairs: split at their prompts' prefixes (every layer trains"
+        held_line = "held-out pairs: split at their prompts' prefixes"
+    assert any(m.startswith(train_line) for m in said) and any(m.startswith(held_line) for m in said), said
     monkeypatch.setattr(prefixed, "prefixed_pairs", lambda *a: None)
     whole = train_reward_model(rm, train, held, cfg, tmp_path / "whole", log=lambda *_: None)
     length = _whole(rm, train)[0].shape[-1]

@@ -19,6 +19,16 @@ def test_a_resumed_run_says_so_and_an_unmeasured_rate_is_unknown():
     assert "resumed" not in fresh.getvalue() and "? responses/s" in fresh.getvalue()
 
 
+def test_a_slow_rate_keeps_its_digits():
+    """A full fine-tune's step of 23 s read "0.0 steps/s": under 10 a second the rate shows three digits."""
+    out = io.StringIO()
+    progress = Progress(10, "train", unit="steps", stream=out, every=0)
+    progress.start -= 46.0  # 2 steps in 46 s (and the microseconds since)
+    progress.update(2)
+    rate = out.getvalue().split(") ")[1].split(" ")[0]
+    assert rate == "0.0435", out.getvalue()
+
+
 def test_work_read_back_counts_as_resumed_and_never_in_the_rate():
     """The frontier counted units read back from disk as if just computed: its rate, and so its ETA, took the
     speed of reading them back. Now `resume` counts them done and resumed, and the rate is this process's work."""

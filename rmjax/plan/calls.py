@@ -217,8 +217,8 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
                 remat: bool = False, prompts: int = 1, prefix_tokens: int = 0, text_tokens: int = 8,
                 suffix_tokens: int = 0) -> list[Call]:
     """One training step of `trainable` (rmjax.train.loop: a head-only run reads a feature matrix of
-    `responses` rows, the others token sequences of `sequence_tokens`, `last_k` those after `prompts` prefixes of
-    `prefix_tokens` run through the frozen layers once, when 0 < prefix_tokens < sequence_tokens and that
+    `responses` rows, the others token sequences of `sequence_tokens`, those after `prompts` prefixes of
+    `prefix_tokens` (run through `last_k`'s frozen layers once) when 0 < prefix_tokens < sequence_tokens and that
     `prefixed.pays`), made `steps` times; with `fsdp` the trained weights and optimizer state split over `data` as
     train_rm --fsdp places them, with `remat` each layer recomputed in the backward pass. A head-only run first
     makes its feature matrix, once: the backbone over each response (`text_tokens` and the template's tail of
@@ -248,17 +248,19 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
         data = (_array((responses, cfg.hidden_size), jnp.float32, mesh), _array((pairs,), jnp.int32, mesh),
                 _array((pairs,), jnp.int32, mesh))
         pair_rewards = feature_pair_rewards
-    elif (trainable == "last_k" and last_k < cfg.num_layers and 0 < prefix_tokens < sequence_tokens
-          and prefixed.pays(prompts, batch_size)):
-        # as train_rm runs it: each prompt's prefix through the frozen layers once (rmjax.train.prefixed)
+    elif 0 < prefix_tokens < sequence_tokens and prefixed.pays(prompts, batch_size):
+        # as train_rm runs it: each prompt's prefix through the frozen layers once, the trained ones once a step
+        # (rmjax.train.prefixed; `full`: no frozen layer)
+        shared = cfg.num_layers - last_k if trainable == "last_k" and last_k < cfg.num_layers else 0
         ids = jax.ShapeDtypeStruct((prompts, prefix_tokens), jnp.int32)
-        frozen = jax.eval_shape(functools.partial(prefixed.lower_prefix, cfg, shared=cfg.num_layers - last_k),
+        frozen = jax.eval_shape(functools.partial(prefixed.lower_prefix, cfg, shared=shared),
                                 zoo.abstract_params(cfg, jnp.dtype(numpy_dtype(dtype))), ids,
                                 jax.ShapeDtypeStruct(ids.shape, jnp.bool_))
         response = sequence_tokens - prefix_tokens
         hidden = frozen[-1].dtype  # `responses` distinct: their states below the trained layers kept where they pay
         states = (_array((responses, response, cfg.hidden_size), hidden, mesh), _array((2, pairs), jnp.int32, mesh)) \
-            if prefixed.states_pay(responses, response, cfg.hidden_size, hidden.itemsize, steps, batch_size) else None
+            if shared and prefixed.states_pay(responses, response, cfg.hidden_size, hidden.itemsize, steps,
+                                              batch_size) else None
         data = (_array((2, pairs, response), jnp.int32, mesh), _array((2, pairs, response), jnp.bool_, mesh),
                 _array((pairs,), jnp.int32, mesh), *(_array(x.shape, x.dtype, mesh) for x in frozen), states)
         pair_rewards = prefixed.prefixed_pair_rewards

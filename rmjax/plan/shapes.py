@@ -100,7 +100,7 @@ class TrainShape:
     fsdp: bool = False
     remat: bool = False
     prompts: int = 1
-    prefix_tokens: int = 0  # head, last_k: each prompt's prefix, run through the layers once (0: not split)
+    prefix_tokens: int = 0  # each prompt's prefix, run through the layers once (a step's, for the steps; 0: not split)
     text_tokens: int = 8  # head: its feature pass's response tokens after the prefix, and the template's tail
     suffix_tokens: int = 0
 

@@ -157,18 +157,17 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         if trainable != "head" and sequence_tokens > cfg.max_position_embeddings:
             raise UsageError(f"--sequence_tokens={sequence_tokens} is more than the model's context of "
                              f"{cfg.max_position_embeddings} positions (max_position_embeddings).")
-        prompts_planned, prefix, suffix = 1, 0, 0
-        # a head-only run's feature pass and last_k's steps: each prompt's prefix through the layers once
-        if trainable in ("head", "last_k"):
-            measured = _prompt_sizes(tokenizer, resolve_prompts(list(prompts), list(extra_prompts)), template,
-                                     prefix_tokens, suffix_tokens)
-            prompts_planned, prefix = len(measured), max(p for _, p, _ in measured)
-            if trainable == "head":
-                from rmjax.text import chat
+        suffix = 0
+        # a head-only run's feature pass, and the others' steps: each prompt's prefix through the layers once
+        measured = _prompt_sizes(tokenizer, resolve_prompts(list(prompts), list(extra_prompts)), template,
+                                 prefix_tokens, suffix_tokens)
+        prompts_planned, prefix = len(measured), max(p for _, p, _ in measured)
+        if trainable == "head":
+            from rmjax.text import chat
 
-                suffix = max(s for _, _, s in measured)
-                for text, head, tail in measured:
-                    chat.check_fits(text, head, text_tokens, tail, cfg.max_position_embeddings)
+            suffix = max(s for _, _, s in measured)
+            for text, head, tail in measured:
+                chat.check_fits(text, head, text_tokens, tail, cfg.max_position_embeddings)
         return cfg, piece, TrainShape(trainable, last_k, steps or 1500, batch, n_train,
                                       responses or elo_responses(trainable),
                                       sequence_tokens, prompts=prompts_planned, prefix_tokens=prefix,

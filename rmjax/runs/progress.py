@@ -14,6 +14,12 @@ def duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
+def rate_text(rate: float) -> str:
+    """A rate to read: none measured yet is "?", not "0.0"; under 10 a second, three digits (a 23 s step read
+    "0.0")."""
+    return "?" if rate <= 0 else f"{rate:,.1f}" if rate >= 10 else f"{rate:.3g}"
+
+
 class Progress:
     """Prints `label done/total (pct) rate unit/s ETA` at most every `every` seconds (stderr).
 
@@ -57,7 +63,7 @@ class Progress:
             eta = (self.total - self.done) / rate if rate > 0 else float("nan")
             pct = 100.0 * self.done / max(self.total, 1)
             eta_s = duration(eta) if eta == eta else "?"
-            speed = f"{rate:,.1f}" if rate > 0 else "?"  # nothing measured yet: no rate, not "0.0"
+            speed = rate_text(rate)
             resumed = f", resumed from {self.resumed:,}" if self.resumed else ""
             print(
                 f"[{self.label}] {self.done:,}/{self.total:,} {self.unit} ({pct:.1f}%{resumed}) "

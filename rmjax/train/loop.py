@@ -267,8 +267,8 @@ HELD_BATCH = 64  # held-out pairs a call
 def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log):
     """(pair_rewards(module, data, idx) for the training step (rmjax.train.step), its training `data`,
     held_rewards(module) -> (chosen, rejected) rewards of the held-out pairs). A head-only run trains on cached final
-    hidden states; `last_k` on the responses after each prompt's prefix, computed once below the trained layers
-    (rmjax.train.prefixed), where the conversations allow; the others on the token sequences."""
+    hidden states; the others on the responses after each prompt's prefix (rmjax.train.prefixed), where the
+    conversations allow, `last_k`'s computed once below the trained layers; else on the token sequences."""
     start = time.perf_counter()
     on = functools.partial(pair_rewards_of, model.config, model.mesh)
     if cfg.trainable == "head":
@@ -282,16 +282,15 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
         return (feature_pair_rewards, (matrix, *map(jnp.asarray, feats.pair_rows(train))),
                 lambda m: on(m, feature_pair_rewards, held, np.arange(len(heldout))))
     n = model.config.num_layers
-    frozen_below = cfg.trainable == "last_k" and cfg.last_k < n
-    held_split = prefixed.prefixed_pairs(model, heldout, cfg.template, HELD_BATCH) \
-        if frozen_below and len(heldout) else None
-    if held_split is not None:  # each evaluation runs the trained layers alone (and the frozen ones where the
-        # responses' states do not fit): the whole conversations took 12 min a run on the shipped Elo pairs
+    frozen = n - cfg.last_k if cfg.trainable == "last_k" and cfg.last_k < n else 0  # layers below the trained ones
+    held_split = prefixed.prefixed_pairs(model, heldout, cfg.template, HELD_BATCH) if len(heldout) else None
+    if held_split is not None:  # each evaluation runs the trained layers on each prefix once (and the frozen ones
+        # where the responses' states do not fit): the whole conversations took 12 min a last_k run on the Elo pairs
         held_pairs = prefixed.prefixed_pair_rewards
         # as for one step over every held-out pair: their responses' states computed once wherever they fit
-        held = prefixed.frozen_prefix_data(model, held_split, n - cfg.last_k, steps=1, batch_size=len(heldout))
-        log(f"held-out pairs: prompt prefixes{'' if held[-1] is None else ' and responses'} through the "
-            f"{n - cfg.last_k} frozen layers once, in {time.perf_counter() - start:.1f} s")
+        held = prefixed.frozen_prefix_data(model, held_split, frozen, steps=1, batch_size=len(heldout))
+        log(f"held-out pairs: {_prefixes(frozen, '' if held[-1] is None else ' and responses', ' once')}, in "
+            f"{time.perf_counter() - start:.1f} s")
     else:
         held_seq, held_pairs = _Sequences(model, heldout, cfg.template), sequence_pair_rewards
         held = (jnp.asarray(held_seq.ids), jnp.asarray(held_seq.mask))
@@ -301,16 +300,24 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
                  for i in range(0, len(heldout), HELD_BATCH)]
         return tuple(jnp.concatenate(side) for side in zip(*parts, strict=True))
 
-    split = prefixed.prefixed_pairs(model, train, cfg.template, cfg.batch_size) if frozen_below else None
-    if split is not None:  # the frozen layers see each prompt's template prefix once, not in every conversation
-        data = prefixed.frozen_prefix_data(model, split, n - cfg.last_k, cfg.steps, cfg.batch_size)
+    split = prefixed.prefixed_pairs(model, train, cfg.template, cfg.batch_size)
+    if split is not None:  # the frozen layers see each prompt's template prefix once, the trained ones once a step,
+        # not in every conversation
+        data = prefixed.frozen_prefix_data(model, split, frozen, cfg.steps, cfg.batch_size)
         states = "" if data[-1] is None else f" and {len(data[-1][0])} distinct responses"
-        log(f"prompt prefixes{states} through the {n - cfg.last_k} frozen layers in "
+        log(f"{'' if frozen else 'training pairs: '}{_prefixes(frozen, states, '')} in "
             f"{time.perf_counter() - start:.1f} s; {split.prefixes.shape[1]} prefix and {split.responses.shape[2]} "
             "response tokens a row")
         return prefixed.prefixed_pair_rewards, data, held_rewards
     train_seq = _Sequences(model, train, cfg.template)
     return sequence_pair_rewards, (jnp.asarray(train_seq.ids), jnp.asarray(train_seq.mask)), held_rewards
+
+
+def _prefixes(frozen: int, states: str, once: str) -> str:
+    """How the pairs' prompt prefixes were computed, for the log."""
+    if frozen:
+        return f"prompt prefixes{states} through the {frozen} frozen layers{once}"
+    return "split at their prompts' prefixes (every layer trains: a call runs each prefix once)"
 
 
 def _evaluation(module: nn.Transformer, held_rewards, heldout: Pairs) -> dict:

@@ -1,4 +1,5 @@
-"""Training the last K layers with each prompt's frozen part computed once.
+"""Training the last K layers with each prompt's frozen part computed once (and every layer on each prompt's prefix
+once a step).
 
 With `--trainable=last_k` the lower layers are frozen, so a prompt's template prefix (system turn, prompt,
 assistant header) has the same keys, values and hidden states below the trained layers at every step and in every
@@ -6,7 +7,9 @@ pair. The sequence objective ran that prefix through every layer for every conve
 goes through the frozen layers once, before training, and each step runs the frozen layers on the responses' own
 tokens only (attending to their prompt's cached keys and values) and the trained layers on each prompt's prefix
 once plus the responses. The loss and its gradient are the sequence objective's, up to float rounding: a prefix
-cache's forward is the full forward (tests/test_prefixed_training.py holds them to the float32 bound).
+cache's forward is the full forward (tests/test_prefixed_training.py holds them to the float32 bound). A full
+fine-tune does the same with no frozen layer: each step runs every layer over each prompt's prefix once, not in
+every conversation.
 
 The responses' states below the trained layers are as frozen as the prefixes': where the run would otherwise run
 the frozen layers over more response rows than there are distinct responses (`states_pay`), each distinct response
@@ -105,7 +108,8 @@ def frozen_prefix_data(model: Model, split: PrefixedPairs, shared: int, steps: i
     keys = np.concatenate([np.broadcast_to(split.prompt_of[None, :, None], (2, len(split.prompt_of), 1)),
                            split.responses, split.mask], axis=-1).reshape(-1, 1 + 2 * tokens)
     distinct, index = np.unique(keys, axis=0, return_inverse=True)
-    if not states_pay(len(distinct), tokens, model.config.hidden_size, hidden.dtype.itemsize, steps, batch_size):
+    if not shared or not states_pay(len(distinct), tokens, model.config.hidden_size, hidden.dtype.itemsize, steps,
+                                    batch_size):  # no frozen layer: a state would be the response's embedding
         return (*data, None)
     lower = compiled(lower_responses, model.config, model.mesh, (PARAMS, *[REPLICATED] * 7), REPLICATED,
                      shared=shared)
@@ -125,6 +129,9 @@ def lower_prefix(cfg: ModelConfig, params, ids, mask, *, shared: int) -> tuple:
     layer `shared`), the frozen part of `prefixed_pair_rewards`'s data."""
     module = nn.module(params, cfg)
     x, mask, positions, inputs = module.enter(ids=ids, mask=mask)
+    if not shared:  # every layer trains: the prefixes' embeddings, and a cache of no layer
+        k = jnp.zeros((0, *x.shape[:2], cfg.num_kv_heads, cfg.head_dim), x.dtype)
+        return k, k, positions, mask, x
     x, k, v, _ = module.layers(x, inputs, span=(0, shared))  # in place: a slice of the stack is a copy
     return k, v, positions, mask, x
 
@@ -141,22 +148,23 @@ def lower_responses(cfg: ModelConfig, params, ids, mask, prompt_of, k, v, positi
 
 def prefixed_pair_rewards(m: nnx.Module, data: tuple, idx: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Rewards of chosen and rejected for pairs `idx` (as `sequence_pair_rewards`), `m.layers` a SplitStack whose
-    lower part is frozen: the trained layers run over each prompt's cached prefix state once, and over the
-    responses after it; the frozen layers over the responses only, or not at all where the data holds their
-    states."""
+    lower part is frozen, or one stack that trains whole (`full`: the data's prefixes through no layer, their
+    embeddings): the trained layers run over each prompt's cached prefix state once, and over the responses after
+    it; the frozen layers over the responses only, or not at all where the data holds their states."""
     responses, mask, prompt_of, k, v, positions, valid, hidden, frozen_states = data
-    upper, lower = m.layers.upper, m.layers.lower
+    split = isinstance(m.layers, nn.SplitStack)
+    upper = m.layers.upper if split else m.layers
     _, uk, uv, _ = upper(hidden, m.attention_inputs(positions, valid, None))
     rows = prompt_of[idx]
     cache = nn.KVCache(k=k[:, rows], v=v[:, rows], positions=positions[rows], valid=valid[rows])
 
     def side(s: int) -> jax.Array:
         x, new_mask, _, inputs = m.enter(ids=responses[s][idx], mask=mask[s][idx], cache=cache)
-        if frozen_states is None:
-            x = lower(x, inputs, cache.k, cache.v, span=(0, m.layers.at))[0]
-        else:  # the embedding above is unused (compiled away); `inputs` still carry the positions and masks
-            states, row = frozen_states
+        if frozen_states is not None:  # the embedding above is unused (compiled away); `inputs` still carry the
+            states, row = frozen_states  # positions and masks
             x = states[row[s][idx]]
+        elif split:
+            x = m.layers.lower(x, inputs, cache.k, cache.v, span=(0, m.layers.at))[0]
         x = upper(x, inputs, uk[:, rows], uv[:, rows])[0]
         return m.reward_head(m.read(m.final_norm(x), new_mask, responses[s][idx]))[:, 0]
 
