@@ -63,10 +63,10 @@ RESPONSES = flags.DEFINE_integer("responses", 0, "train_rm: distinct responses (
                                  "rows, training and held-out pairs' both; last_k: the training pairs' responses, "
                                  "whose states below the trained layers are kept where they pay). 0: EloEverything's, "
                                  "7,530 items for head, their 80% (6,024) in training for last_k.", lower_bound=0)
-SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 64, "train_rm, last_k/full: tokens per conversation "
-                                       "(the --prompts' prefix, measured or --prefix_tokens, goes through last_k's "
-                                       "frozen layers once, and the trained ones once a step, as train_rm does, when "
-                                       "it is shorter).", lower_bound=1)
+SEQUENCE_TOKENS = flags.DEFINE_integer("sequence_tokens", 0, "train_rm, last_k/full: tokens per conversation "
+                                       "(0: the --prompts' prefix, measured or --prefix_tokens, and 32 response "
+                                       "tokens). The prefix goes through last_k's frozen layers once, and the trained "
+                                       "ones once a step, as train_rm does, when it is shorter.", lower_bound=0)
 for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template", "overwrite"):
     flags.declare_key_flag(_name)
 

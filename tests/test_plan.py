@@ -168,6 +168,23 @@ def test_training_step_compiles_for_v5e(trainable):
         assert flops[0] == flops[1] and 0.35 < flops[0] / step["flops"] < 0.5, flops
 
 
+def test_an_fsdp_plan_tries_no_mesh_without_a_data_axis():
+    """train_rm refuses --fsdp where the data axis is 1 (nothing to split over); the mesh search tried data:1,model:4
+    with --fsdp and chose it for an 8B full fine-tune on v5p-8, naming a run the job refuses. On one chip, asked for
+    --fsdp, the plan says why it cannot, as the job would."""
+    from rmjax.errors import UsageError
+    from rmjax.plan.planner import choose
+
+    cfg = _reward_config()
+    shape = TrainShape("full", 1, steps=10, batch_size=8, pairs=100, responses=50, sequence_tokens=24, fsdp=True)
+    said = []
+    option, _ = choose(cfg, "float32", SLICE, shape, None, None, log=said.append)
+    tried = re.findall(r"data:(\d+),model:\d+ batch", " ".join(said))
+    assert option.data > 1 and tried and "1" not in tried, said
+    with pytest.raises(UsageError, match="no mesh of .* has one of size > 1"):
+        choose(cfg, "float32", chips.parse_slice("v5e:1x1"), shape, None, None, log=lambda *_: None)
+
+
 def test_a_scan_is_counted_once_per_trip():
     """XLA counts a scan body once; the plan's count is the matmuls' FLOPs, 2·M·N·K per layer per trip."""
     from rmjax.compiled import REPLICATED, compiled
@@ -484,6 +501,8 @@ def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tm
     assert distinct(train, held) <= head.responses <= distinct(train, held) * 1.01
     _, _, last, _ = plan_inputs(str(config), "v5e-4", "train_rm", trainable="last_k", batch_size=8, n_train=100)
     assert distinct(train) <= last.responses <= distinct(train) * 1.01
+    # --sequence_tokens' default: the prompts' prefix and 32 response tokens (a fixed 64 left a 64-token prefix none)
+    assert last.prefix_tokens > 0 and last.sequence_tokens == last.prefix_tokens + 32
     # a head-only run's feature pass is sized by --text_tokens, the others' steps by --sequence_tokens: the other
     # is refused, not ignored
     head_only, full = run_each(("plan", *flags[:3], "--trainable=head", "--sequence_tokens=32"),

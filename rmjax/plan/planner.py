@@ -114,6 +114,12 @@ def choose(cfg: ModelConfig, dtype: str, piece: Slice, shape, mesh: dict | None,
     fixed = shape.fixed_batch
     meshes = [(mesh["data"], mesh["model"])] if mesh else _meshes(
         piece, cfg, fixed if getattr(shape, "split_batch", False) else None)
+    if getattr(shape, "fsdp", False):  # train_rm refuses --fsdp with no data axis to split over
+        meshes = [(data, model) for data, model in meshes if data > 1]
+        if not meshes:
+            raise UsageError(f"--fsdp splits the trained weights over the mesh's data axis, and no mesh of "
+                             f"{piece.topology} has one of size > 1 that divides the batch of {fixed}; leave --fsdp "
+                             "out.")
     if not meshes:
         raise UsageError(f"no mesh of {piece.topology} splits the batch of {fixed} evenly over its data axis and the "
                          f"{cfg.num_heads} attention heads over its model axis; pass --mesh or another --batch_size.")
@@ -200,6 +206,11 @@ def _train_tries(shape, tries: list, mesh: dict | None, fsdp: str, remat: str) -
     return [t for t in tries if not t.fsdp] if mesh and mesh["data"] == 1 else tries
 
 
+def _splits_data(piece: Slice, cfg: ModelConfig, shape) -> bool:
+    """Whether some mesh `choose` tries has a data axis over 1 (where --fsdp means something)."""
+    return any(data > 1 for data, _ in _meshes(piece, cfg, shape.fixed_batch if shape.split_batch else None))
+
+
 def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict | None = None,
          batch_size: int | None = None, log=print, fsdp: str = "auto", remat: str = "auto") -> dict:
     """The plan of `job` with `shape` on `piece` (a dict for PLAN.json). Raises PlanDoesNotFitError. Training
@@ -207,6 +218,8 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
     tries = shape.variants(fsdp, remat) if hasattr(shape, "variants") else [shape]
     if hasattr(shape, "variants"):  # what train_rm refuses, by its own checks, on the mesh it would be given
         tries = _train_tries(shape, tries, mesh, fsdp, remat)
+        if not mesh and not _splits_data(piece, cfg, shape):
+            tries = [t for t in tries if not t.fsdp] or tries
     for attempt in tries:
         resident = attempt.resident_bytes(cfg, dtype, piece.chips, mesh["model"] if mesh else piece.chips) if (
             hasattr(attempt, "resident_bytes") and attempt is not tries[-1]) else 0

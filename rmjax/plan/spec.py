@@ -21,6 +21,9 @@ from rmjax.plan.shapes import (
 from rmjax.text.candidates import candidate_count
 
 DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and an end-of-turn, with no tokenizer
+# train_rm's conversations, by default: the prompts' prefix and this many response tokens (the shipped Elo items and
+# their template's tail take up to 34 of SmolLM2's; a fixed 64 was no longer than a prefix of 64, no response at all)
+DEFAULT_RESPONSE_TOKENS = 32
 # The jobs each job-specific size applies to (as experiments.plan's help says): given for another job it would
 # change nothing, so the plan refuses it.
 JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam",), "direction": ("beam",),
@@ -122,7 +125,7 @@ def elo_responses(trainable: str) -> int:
 def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
                 extra_prompts=(), template: str = "auto", limit: int = 0, prefix_tokens: int = 0,
                 suffix_tokens: int = -1, trainable: str = "head", last_k: int = 2, steps: int = 0,
-                batch_size: int = 0, n_train: int = 20000, responses: int = 0, sequence_tokens: int = 64,
+                batch_size: int = 0, n_train: int = 20000, responses: int = 0, sequence_tokens: int = 0,
                 depth: int = 2, beam: int = 64, direction: str = "both", exhaustive: bool = False,
                 num_tokens: int = 8, search_width: int = 128, texts_count: int = 1000,
                 text_tokens: int = 8, items: int = 2, ig_steps: int = 64
@@ -154,14 +157,17 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         check_batch_size(batch, n_train)
         if trainable == "last_k" and last_k > cfg.num_layers:
             raise UsageError(f"--last_k={last_k}: the model has {cfg.num_layers} layers.")
-        if trainable != "head" and sequence_tokens > cfg.max_position_embeddings:
-            raise UsageError(f"--sequence_tokens={sequence_tokens} is more than the model's context of "
-                             f"{cfg.max_position_embeddings} positions (max_position_embeddings).")
         suffix = 0
         # a head-only run's feature pass, and the others' steps: each prompt's prefix through the layers once
         measured = _prompt_sizes(tokenizer, resolve_prompts(list(prompts), list(extra_prompts)), template,
                                  prefix_tokens, suffix_tokens)
         prompts_planned, prefix = len(measured), max(p for _, p, _ in measured)
+        given = sequence_tokens
+        sequence_tokens = sequence_tokens or prefix + DEFAULT_RESPONSE_TOKENS
+        if trainable != "head" and sequence_tokens > cfg.max_position_embeddings:
+            what = "" if given else f" (the prompts' {prefix}-token prefix, {DEFAULT_RESPONSE_TOKENS} response tokens)"
+            raise UsageError(f"--sequence_tokens={sequence_tokens}{what} is more than the model's context of "
+                             f"{cfg.max_position_embeddings} positions (max_position_embeddings).")
         if trainable == "head":
             from rmjax.text import chat
 
