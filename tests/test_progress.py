@@ -21,12 +21,15 @@ def test_a_resumed_run_says_so_and_an_unmeasured_rate_is_unknown():
 
 def test_a_slow_rate_keeps_its_digits():
     """A full fine-tune's step of 23 s read "0.0 steps/s": under 10 a second the rate shows three digits."""
+    from rmjax.runs.progress import rate_text
+
+    assert (rate_text(2 / 46), rate_text(9.994), rate_text(12345.67), rate_text(0.0)) == \
+        ("0.0435", "9.99", "12,345.7", "?")
     out = io.StringIO()
     progress = Progress(10, "train", unit="steps", stream=out, every=0)
-    progress.start -= 46.0  # 2 steps in 46 s (and the microseconds since)
+    progress.start -= 46.0  # 2 steps in 46 s (and the moments since: a busy machine's, not exactly 46)
     progress.update(2)
-    rate = out.getvalue().split(") ")[1].split(" ")[0]
-    assert rate == "0.0435", out.getvalue()
+    assert out.getvalue().split(") ")[1].startswith("0.04"), out.getvalue()
 
 
 def test_work_read_back_counts_as_resumed_and_never_in_the_rate():

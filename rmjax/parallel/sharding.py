@@ -90,7 +90,10 @@ def shard_over_data(tree, mesh: Mesh | None):
     def reshard(x):
         if not isinstance(x, jax.Array) or not isinstance(x.sharding, NamedSharding) or x.ndim == 0:
             return x
-        return jax.device_put(x, NamedSharding(mesh, fsdp_spec(x.sharding.spec, x.shape, mesh)))
+        new = NamedSharding(mesh, fsdp_spec(x.sharding.spec, x.shape, mesh))
+        # unchanged (nothing `data` divides): the array itself, not a new one sharing its buffers (deleting the
+        # loaded original would delete it: rmjax.train.loop._give_up)
+        return x if new.is_equivalent_to(x.sharding, x.ndim) else jax.device_put(x, new)
 
     return jax.tree.map(reshard, tree)
 

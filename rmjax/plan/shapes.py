@@ -142,7 +142,8 @@ class TrainShape:
         # a trained weight, its gradient and Adam's two moments; narrower than float32 (not the head), a float32
         # master copy too, and moments in float32 (rmjax.train.optimizer.float32_master)
         per_trained = 4 * size if self.trainable == "head" or size == 4 else 2 * size + 3 * 4
-        need = (total - trained) * size / model + per_trained * trained / chips + activations
+        loaded = total if self.trainable == "last_k" else total - trained  # last_k: the whole stack, its copy trains
+        need = loaded * size / model + per_trained * trained / chips + activations
         # only the flags train_rm takes for this run (it refuses them where they change nothing: no trained
         # layers, or no data axis to split over)
         flags = ([] if self.trainable == "head" else ["--fsdp"] * (chips // model > 1) + ["--remat"])

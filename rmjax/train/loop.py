@@ -200,7 +200,7 @@ def trainable_part(model: Model, cfg: TrainConfig) -> tuple[nn.Transformer, nnx.
     """A copy of the model as an nnx module, and the filter of what trains: `head` the score head;
     `last_k` the last K layers (a SplitStack's `upper`), the final norm and the head; `full` all but the
     embeddings. Everything else is frozen and gets no optimizer state."""
-    module = model.module  # fresh variables: training never changes `model`
+    module = model.module  # fresh variables on its arrays (which a consuming run donates)
     n = model.config.num_layers
     for _, part in nnx.iter_modules(module):
         if isinstance(part, DecoderStack):

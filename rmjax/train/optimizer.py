@@ -32,7 +32,8 @@ def float32_master(inner: optax.GradientTransformation) -> optax.GradientTransfo
     below half its spacing (lr 2e-5 against 5e-4 near 0.09) and kept its value: 96% of a layer's weights never moved.
     Each update is the new master minus the weight, so `optax.apply_updates` (its sum in float32) rounds the master."""
     def init(params):
-        master = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+        # a copy even of a float32 weight (the head): a step donates both, and one buffer cannot be donated twice
+        master = jax.tree.map(lambda p: jnp.array(p, jnp.float32, copy=True), params)
         return master, inner.init(master)
 
     def update(grads, state, params):

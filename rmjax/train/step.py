@@ -59,8 +59,8 @@ class Steps:
                  pair_rewards: Callable, data: tuple, copy: bool = True, moving_shardings: nnx.State | None = None):
         self._parts = (module, optimizer)
         graphdef, moving, self.frozen = nnx.split(self._parts, _moving(wrt), ...)
-        # the module shares its arrays with the loaded model: the steps donate copies, never the model's own
-        # (`copy=False`: an abstract module, for a plan's compile: rmjax.plan)
+        # the module shares its arrays with the loaded model: the steps donate copies (`copy=False`: the arrays
+        # themselves, where the model is the run's alone: train_reward_model(consume=True), or abstract, for a plan)
         self.moving = jax.tree.map(jnp.copy, moving) if copy else moving
         self.data = data
         # sharded over `data` (FSDP), the moving state must come back as it went in: its shardings are pinned
