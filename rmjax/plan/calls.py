@@ -223,7 +223,7 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
     train_rm --fsdp places them, with `remat` each layer recomputed in the backward pass. A head-only run first
     makes its feature matrix, once: the backbone over each response (`text_tokens` and the template's tail of
     `suffix_tokens`) after its prompt's cached prefix, as TextScorer.features runs it."""
-    from rmjax.train.loop import TrainConfig, trainable_part
+    from rmjax.train.loop import TrainConfig, frozen_layers, trainable_part
     from rmjax.train.optimizer import make_optimizer
     from rmjax.train.step import _moving
 
@@ -251,7 +251,7 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
     elif 0 < prefix_tokens < sequence_tokens and prefixed.pays(prompts, batch_size):
         # as train_rm runs it: each prompt's prefix through the frozen layers once, the trained ones once a step
         # (rmjax.train.prefixed; `full`: no frozen layer)
-        shared = cfg.num_layers - last_k if trainable == "last_k" and last_k < cfg.num_layers else 0
+        shared = frozen_layers(train_cfg, cfg.num_layers)
         ids = jax.ShapeDtypeStruct((prompts, prefix_tokens), jnp.int32)
         frozen = jax.eval_shape(functools.partial(prefixed.lower_prefix, cfg, shared=shared),
                                 zoo.abstract_params(cfg, jnp.dtype(numpy_dtype(dtype))), ids,

@@ -21,8 +21,8 @@ from rmjax.plan.shapes import (
 from rmjax.text.candidates import candidate_count
 
 DEFAULT_PREFIX_TOKENS, DEFAULT_SUFFIX_TOKENS = 64, 8  # a short chat prompt and an end-of-turn, with no tokenizer
-# train_rm's conversations, by default: the prompts' prefix and this many response tokens (the shipped Elo items and
-# their template's tail take up to 34 of SmolLM2's; a fixed 64 was no longer than a prefix of 64, no response at all)
+# train_rm's conversations, by default: the prompts' prefix and this many response tokens, about what the shipped Elo
+# pairs take (SmolLM2's rows pad to 34 after the prefix); a fixed 64 was no longer than a 64-token prefix: no response
 DEFAULT_RESPONSE_TOKENS = 32
 # The jobs each job-specific size applies to (as experiments.plan's help says): given for another job it would
 # change nothing, so the plan refuses it.

@@ -196,6 +196,12 @@ class _Sequences:
         self.ids, self.mask = np.stack([ids for ids, _ in sides]), np.stack([mask for _, mask in sides])
 
 
+def frozen_layers(cfg: TrainConfig, num_layers: int) -> int:
+    """The decoder layers below the trained ones (a SplitStack's lower part): `last_k`'s others; none when every
+    layer trains (`full`, `last_k` of them all) or none does (`head`, whose features are computed once)."""
+    return num_layers - cfg.last_k if cfg.trainable == "last_k" and cfg.last_k < num_layers else 0
+
+
 def trainable_part(model: Model, cfg: TrainConfig) -> tuple[nn.Transformer, nnx.filterlib.Filter]:
     """A copy of the model as an nnx module, and the filter of what trains: `head` the score head;
     `last_k` the last K layers (a SplitStack's `upper`), the final norm and the head; `full` all but the
@@ -207,8 +213,8 @@ def trainable_part(model: Model, cfg: TrainConfig) -> tuple[nn.Transformer, nnx.
             part.remat, part.fsdp = cfg.remat, cfg.fsdp
     if cfg.trainable == "head":
         return module, nnx.PathContains("score")
-    if cfg.trainable == "last_k" and cfg.last_k < n:
-        module.layers = SplitStack.of(module.layers, n - cfg.last_k)
+    if frozen_layers(cfg, n):
+        module.layers = SplitStack.of(module.layers, frozen_layers(cfg, n))
         for part in (module.layers.lower, module.layers.upper):
             part.remat, part.fsdp = cfg.remat, cfg.fsdp
         return module, nnx.Any(nnx.PathContains("upper"), nnx.PathContains("final_norm"), nnx.PathContains("score"))
@@ -282,7 +288,7 @@ def _objective(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, log
         return (feature_pair_rewards, (matrix, *map(jnp.asarray, feats.pair_rows(train))),
                 lambda m: on(m, feature_pair_rewards, held, np.arange(len(heldout))))
     n = model.config.num_layers
-    frozen = n - cfg.last_k if cfg.trainable == "last_k" and cfg.last_k < n else 0  # layers below the trained ones
+    frozen = frozen_layers(cfg, n)
     held_split = prefixed.prefixed_pairs(model, heldout, cfg.template, HELD_BATCH) if len(heldout) else None
     if held_split is not None:  # each evaluation runs the trained layers on each prefix once (and the frozen ones
         # where the responses' states do not fit): the whole conversations took 12 min a last_k run on the Elo pairs
