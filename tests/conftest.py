@@ -125,6 +125,14 @@ def lm_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def lm(lm_folder):
+    """`lm_folder` loaded (a module's own: a consuming training run deletes arrays of the models it is given)."""
+    from rmjax.loading import load
+
+    return load(str(lm_folder))
+
+
+@pytest.fixture(scope="module")
 def tied(tmp_path_factory):
     """A tiny tied Llama 3.2 LM with the SmolLM2 tokenizer and template, the HF model, and an RM made from it
     (its own prior)."""

@@ -28,19 +28,6 @@ NOUNS = ["apple", "river", "house", "music", "dog", "book", "tree", "city", "lig
          "bridge", "forest", "market", "winter", "school", "flower", "island"]
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    """A tiny causal LM with the real SmolLM2 tokenizer and chat template."""
-    import shutil
-
-    folder = tmp_path_factory.mktemp("lm")
-    hf = tiny.build_hf_model("llama3", vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
-    tiny.save_hf_model(hf, folder)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tiny.smollm2_tokenizer_folder() / f, folder / f)
-    return load(str(folder))
-
-
 def test_bt_loss_and_gradients_match_pytorch(tmp_path):
     hf = tiny.build_hf_model("gemma2", num_labels=1, seed=3)
     rm = load(str(tiny.save_hf_model(hf, tmp_path)), require_tokenizer=False)
@@ -296,60 +283,6 @@ def test_last_k_holds_no_second_copy_of_the_frozen_layers(lm):
     added = sum(a.nbytes for a in jax.tree.leaves(nnx.state(module)) if a.unsafe_buffer_pointer() not in loaded)
     one_layer = sum(a.nbytes for p, a in nn.flat(rm.params).items() if p.startswith("layers.")) // n
     assert added == last_k * one_layer, (added, one_layer)
-
-
-@pytest.mark.parametrize("trainable,mesh,dtype", [("full", None, "float32"), ("last_k", None, "float32"),
-                                                  ("full", "data:4,model:2", "float32"), ("last_k", None, "bfloat16")])
-def test_a_consumed_model_trains_in_place(lm, tmp_path, monkeypatch, trainable, mesh, dtype):
-    """train_rm's loaded model is its run's alone (`consume`): the steps train its own arrays, with no copy of the
-    trained weights beside them (a full fine-tune held every layer twice: 6.5 GiB a chip for an 8B RM on v5p-8), and
-    under --fsdp not the replicated originals either. The same run, step for step, as on a copy."""
-    import gc
-
-    from rmjax.parallel import sharding
-    from rmjax.train import loop
-    from rmjax.train.step import Steps
-
-    # bfloat16: the float32 head's master copy is its own buffer (one buffer donated twice crashed step 1)
-    base = load(lm.source, mesh=sharding.make_mesh(mesh) if mesh else None, dtype=dtype) if mesh or dtype != "float32" \
-        else lm
-    train, held = _separable(NOUNS[:20], 64, 6), _separable(NOUNS[20:], 16, 7)
-    cfg = TrainConfig(trainable=trainable, last_k=1, steps=2, batch_size=8, learning_rate=1e-2, checkpoint_every=2,
-                      fsdp=mesh is not None)
-
-    def on_devices() -> int:  # each device buffer once (a shard's view is a live array of its own)
-        gc.collect()
-        return sum({(s.device.id, s.data.unsafe_buffer_pointer()): s.data.nbytes
-                    for a in jax.live_arrays() for s in a.addressable_shards}.values())
-
-    def run(consume: bool):
-        rm = reward_model_from_lm(base, seed=3)  # arrays of its own: a consumed model's are deleted
-        rm = dataclasses.replace(rm, params=jax.tree.map(jnp.copy, rm.params))
-        before, held_then = on_devices(), []
-
-        class Measured(Steps):  # what the devices hold as each step starts
-            def __call__(self, *args):
-                held_then.append(on_devices())
-                return super().__call__(*args)
-
-        monkeypatch.setattr(loop, "Steps", Measured)
-        result = train_reward_model(rm, train, held, cfg, tmp_path / str(consume), consume=consume,
-                                    log=lambda *_: None)
-        return rm, result, max(held_then) - before
-
-    copied_rm, copied, copied_extra = run(False)
-    rm, consumed, consumed_extra = run(True)
-    assert [h["loss"] for h in consumed.history] == [h["loss"] for h in copied.history]
-    flat, reference = nn.flat(consumed.model.params), nn.flat(copied.model.params)
-    for key in reference:
-        np.testing.assert_array_equal(np.asarray(flat[key]), np.asarray(reference[key]), err_msg=key)
-    n = rm.config.num_layers
-    trained = sum(s.data.nbytes * (1 if trainable == "full" or not key.startswith("layers.") else 1 / n)
-                  for key, a in nn.flat(copied_rm.params).items() if "embed" not in key
-                  for s in a.addressable_shards)
-    assert copied_extra - consumed_extra >= trained, (copied_extra, consumed_extra, trained)
-    assert all(a.is_deleted() for key, a in nn.flat(rm.params).items() if key.startswith("score"))
-    assert not any(a.is_deleted() for a in jax.tree.leaves(copied_rm.params))
 
 
 def test_a_head_only_step_moves_only_the_head_and_its_optimizer_state(lm):

@@ -8,6 +8,7 @@ declarations (rmjax.nn.state). The numerics are the pure functions of rmjax.nn.o
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -274,11 +275,15 @@ class SplitStack(nnx.Module):
             getattr(upper, name).set_value(getattr(stack, name)[...][at:])
         return cls(stack, upper, at)
 
-    def joined(self) -> DecoderStack:
+    def joined(self, in_place: bool = False) -> DecoderStack:
+        """One stack: `lower`'s first layers, then `upper`'s. `in_place`: written into `lower`'s own buffers, which
+        it donates (they are deleted), not into a copy of the whole stack beside them (a last_k run's end)."""
         stack = nnx.eval_shape(lambda: DecoderStack(self.lower.cfg, jnp.float32, self.lower.local_layers))
         for name in layer_weights(stack.cfg):
-            getattr(stack, name).set_value(jnp.concatenate([getattr(self.lower, name)[...][:self.at],
-                                                            getattr(self.upper, name)[...]]))
+            whole, top = getattr(self.lower, name)[...], getattr(self.upper, name)[...]
+            write = jax.jit(functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=self.at, axis=0),
+                            donate_argnums=0 if in_place else (), out_shardings=whole.sharding)
+            getattr(stack, name).set_value(write(whole, top.astype(whole.dtype)))
         return stack
 
     def __call__(self, x, inputs: AttentionInputs, cache_k=None, cache_v=None, residuals: bool = False,

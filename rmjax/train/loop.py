@@ -221,10 +221,11 @@ def trainable_part(model: Model, cfg: TrainConfig) -> tuple[nn.Transformer, nnx.
     return module, nnx.All(nnx.Param, nnx.Not(nnx.PathContains("embed")))
 
 
-def trained_params(module: nn.Transformer) -> nnx.State:
-    """The module's state in the model's own layout (one decoder stack)."""
+def trained_params(module: nn.Transformer, in_place: bool = False) -> nnx.State:
+    """The module's state in the model's own layout (one decoder stack; `in_place`: a SplitStack joined into its
+    lower stack's buffers, the loaded model's, which a consuming run gives up)."""
     if isinstance(module.layers, SplitStack):
-        module.layers = module.layers.joined()
+        module.layers = module.layers.joined(in_place)
     return nnx.state(module)
 
 
@@ -340,11 +341,21 @@ def _evaluation(module: nn.Transformer, held_rewards, heldout: Pairs) -> dict:
             "heldout_loss": float(bradley_terry_loss(rc, rr, label))}
 
 
-def _restore(manager, module: nn.Transformer, optimizer: nnx.Optimizer, wrt, log) -> int | None:
-    """The latest checkpoint's step, its weights and optimizer state put back in place (None: a fresh run)."""
+def _restore(manager, module: nn.Transformer, optimizer: nnx.Optimizer, wrt, log, consume: bool = False
+             ) -> int | None:
+    """The latest checkpoint's step, its weights and optimizer state put back in place (None: a fresh run).
+    `consume`: the arrays the checkpoint replaces are deleted before it is read, not held beside its copy (the trained
+    weights and Adam's moments twice)."""
     step = manager.latest_step()
     if step is not None:
-        restored = manager.restore(step, args=ocp.args.StandardRestore(_checkpoint(module, optimizer, wrt)))
+        target = _checkpoint(module, optimizer, wrt)
+        where = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), target)
+        if consume:
+            for a in jax.tree.leaves(target):
+                if not a.is_deleted():
+                    a.delete()
+        del target
+        restored = manager.restore(step, args=ocp.args.StandardRestore(where))
         nnx.update(module, restored["params"])
         nnx.update(optimizer, restored["optimizer"])
         log(f"resumed from checkpoint at step {step}")
@@ -382,26 +393,32 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
         (workdir / "checkpoints").resolve(),
         options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints, create=True),
     )
-    cfg = _kept_feature_batch(cfg, workdir, manager.latest_step() is not None, log)
+    latest = manager.latest_step()
+    cfg = _kept_feature_batch(cfg, workdir, latest is not None, log)
+    # The objective's data first, from the loaded model alone: computed beside Adam's moments and the trained weights'
+    # FSDP shards or restored copies, they needed all of those at once.
+    objective = _objective(model, train, heldout, cfg, log) if (latest or 0) < cfg.steps else None
     module, wrt = trainable_part(model, cfg)
     optimizer = nnx.Optimizer(module, make_optimizer(cfg, model.dtype), wrt=wrt)
     nnx.update(optimizer, on_mesh(nnx.state(optimizer), model.mesh))
     if cfg.fsdp:  # before restoring: a checkpoint is restored where its target lives
         nnx.update(module, sharding.shard_over_data(nnx.state(module, wrt), model.mesh))
         nnx.update(optimizer, sharding.shard_over_data(nnx.state(optimizer), model.mesh))
-    resumed_from = _restore(manager, module, optimizer, wrt, log)
+    if consume:  # the model's arrays the module no longer holds (the replicated originals of FSDP's shards)
+        _give_up(model, module)
+    resumed_from = _restore(manager, module, optimizer, wrt, log, consume)
     first = resumed_from or 0
     history = read_log(workdir / "train_log.csv", upto=first)
     evals = read_log(workdir / "eval_log.csv", upto=first)
     loop_seconds = 0.0
     if first < cfg.steps:
         loop_seconds = _run_steps(model, train, heldout, cfg, workdir, log, manager, (module, optimizer, wrt), first,
-                                  history, evals, consume)
+                                  history, evals, objective, consume)
     manager.wait_until_finished()
     steps_run = cfg.steps - first
     return TrainResult(
         # trained: its fingerprint no longer applies (fingerprint_of)
-        model=dataclasses.replace(model, params=trained_params(module)),
+        model=dataclasses.replace(model, params=trained_params(module, in_place=consume)),
         history=history,
         evals=evals,
         seconds=time.perf_counter() - start,
@@ -412,15 +429,13 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
 
 
 def _run_steps(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir: Path, log, manager,
-               trained: tuple, first: int, history: list[dict], evals: list[dict], consume: bool = False) -> float:
-    """Steps `first`..cfg.steps on the objective (`_objective`: the features or sequences, computed here), each
-    checkpoint with its held-out evaluation and logs; `history` and `evals` grow in place. Returns the seconds the
-    steps took (after the objective's features). `consume`: the steps donate the module's arrays themselves (which
-    the loaded model shares) after the objective's data are computed from the model, not copies of them."""
+               trained: tuple, first: int, history: list[dict], evals: list[dict], objective: tuple,
+               consume: bool = False) -> float:
+    """Steps `first`..cfg.steps on the `objective` (`_objective`: the features or sequences), each checkpoint with its
+    held-out evaluation and logs; `history` and `evals` grow in place. Returns the seconds the steps took.
+    `consume`: the steps donate the module's arrays themselves (which the loaded model shares), not copies of them."""
     module, optimizer, wrt = trained
-    pair_rewards, data, held_rewards = _objective(model, train, heldout, cfg, log)
-    if consume:  # the model's arrays the module no longer holds (placed over `data`, restored) go now, not at the end
-        _give_up(model, module)
+    pair_rewards, data, held_rewards = objective
     steps = Steps(model.config, model.mesh, module, optimizer, wrt, pair_rewards, data, copy=not consume,
                   moving_shardings=_shardings(nnx.state((module, optimizer), nnx.Any(wrt, nnx.OptState)))
                   if cfg.fsdp and model.mesh is not None else None)
