@@ -393,9 +393,12 @@ class _Ledger:
         def through_end(rows):  # a prior row's positions: up to and with its first end of turn
             return sum(row.index(end) + 1 if end in row else len(row) for row in np.asarray(rows).tolist())
 
-        def variants(m, ext, suffix, cur, v, rows, log_probs=False, longest=None, **k):
+        def variants(m, ext, suffix, cur, v, rows, log_probs=False, longest=None, read_offset=0, **k):
+            # from its first change, or from where the head reads it if that is earlier (a plain turn cut short:
+            # the reward is read at its last token, before the end of turn, and the cache holds no hidden state)
             if not self.own_draws:
-                rm_add(sum(len(row) - first_change(list(row), list(cur)) + len(suffix) for row in v))
+                rm_add(sum(len(row) - min(first_change(list(row), list(cur)), len(row) + len(suffix) - 1 - read_offset)
+                           + len(suffix) for row in v))
 
         # a sample or a tail the RM draws as its own prior is one forward of its drawn positions + S, the sampler's,
         # which scores it too (as best-of-N's: the sampler's forward holds the reward's positions but the suffix)
@@ -425,19 +428,22 @@ class _Ledger:
 
 
 @pytest.mark.parametrize("case", ["shared prior", "separate prior", "exact, λ=0", "gradient, λ=0",
-                                  "gradient, no explore, λ=0", "best-of-N", "best-of-N, separate prior"])
+                                  "gradient, no explore, λ=0", "best-of-N", "best-of-N, separate prior",
+                                  "shared prior, plain template"])
 def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypatch, case):
     """Every position a method runs, counted from its calls' arguments by the definition, equals what the search
     charged; no method passes the budget, and each stops when too little is left for its next call."""
     _, lm, rm = tied
     n, budget = 3, 300
-    target = make_target(rm, PROMPT)
+    target = make_target(rm, PROMPT, "plain" if case.endswith("plain template") else "auto")
     words = _word_ids(rm.tokenizer)
     banned = np.ones(rm.config.vocab_size, bool)
     banned[words if case == "exact, λ=0" else np.arange(300, 5000)] = False
     prior = Prior.of(lm if case.endswith("separate prior") else rm, target.prefix)
-    ledger = _Ledger(monkeypatch, rm, n, len(target.suffix), target.suffix[0])
-    forwards = Forwards(budget, n + len(target.suffix), n + 1)
+    # plain: no suffix; the end of turn (a newline) is the prior's, run by the RM for its LM head, read before
+    end, tail = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source), turns.rm_tail(target.suffix)
+    ledger = _Ledger(monkeypatch, rm, n, tail, end)
+    forwards = Forwards(budget, n + tail, n + 1)
     obj = Objective(target, prior, 0.0 if case.endswith("λ=0") else 1.0, 1.0, 2.0, forwards)
     cfg = fluent.FluentConfig(num_tokens=n, samples=8, beam=2, proposals=4, search_width=16, topk=8,
                               exact_limit=16, explore="no explore" not in case)
@@ -454,7 +460,6 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
         assert ("joint_gradient_on_device" in ledger.called) == ("no explore" not in case)
         assert "every_log_probs" not in ledger.called
     assert forwards.spent <= budget
-    end = target.suffix[0]
     if found.converged:  # stopped early: every single swap of the buffer's best sequences was evaluated
         best = found.ids[found.best(fluent.BUFFER_TRIES)]
         evaluated = {tuple(r) for r in found.ids.tolist()}
@@ -466,6 +471,29 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
     assert not banned[np.concatenate([turns.tokens(r, end) for r in found.ids])].any()
     assert (found.ids == turns.canonical(found.ids, end)).all() and (found.ids[:, 0] != end).all()
 
+
+
+def test_a_plain_turn_cut_short_runs_and_is_charged_from_where_its_reward_is_read(tied):
+    """With the plain template the reward is read at a turn's last token, before its end of turn. A variant of
+    current that ends its turn early first differs at its end of turn, after that read: the RM must run it from the
+    read (the cache of current holds no hidden state there), and charge those positions, not one fewer."""
+    _, _, rm = tied
+    n = 3
+    target = make_target(rm, PROMPT, "plain")
+    assert not target.suffix  # plain: the RM reads the response's last token; the end of turn after it is run, unread
+    forwards = Forwards(10**6, n + turns.rm_tail(target.suffix), n + 1)
+    obj = Objective(target, None, 0.0, 1.0, 0.0, forwards)
+    end, words = obj.end, _word_ids(rm.tokenizer)
+    current = np.asarray(words[[0, 1, 2]], np.int32)
+    cut = np.asarray([[words[0], end, end]], np.int32)  # current's first token, then the end of its turn
+    extended = obj.extended_cache(current)  # prefix + current's turn (charged: the gradient's forward, in a search)
+    before = forwards.spent
+    got = obj.score(cut, current, extended)
+    # runs the first token (where the reward is read) and the end of turn: 2 of a whole turn's n + 1 positions
+    assert forwards.spent - before == Fraction(2, n + 1)
+    whole = obj.score(cut)  # the same turn run whole after the prompt
+    np.testing.assert_allclose(got.reward, whole.reward, rtol=0,
+                               atol=tolerance.any_rewards_atol(rm.params, rm.config, len(target.prefix) + n + 1))
 
 
 def test_best_of_n_with_a_separate_prior_spends_the_whole_budget(tied, monkeypatch):
