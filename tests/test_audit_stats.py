@@ -420,6 +420,10 @@ def test_audit_table_is_reproducible_and_rows_have_their_own_streams():
     assert not a["ci_low"].equals(stats.audit_table(items, CONTRASTS, n_boot=300, n_perm=1000, seed=5)["ci_low"])
     head = stats.audit_table(items, CONTRASTS[:2], n_boot=300, n_perm=1000, seed=4)
     pd.testing.assert_frame_equal(head.drop(columns="p_holm"), a[:2].drop(columns="p_holm"))
+    # one contrast twice: the same effect, its own resamples (rows sharing a stream share their Monte Carlo error)
+    twice = stats.audit_table(items, [CONTRASTS[0]] * 2, n_boot=300, n_perm=1000, seed=4)
+    assert twice["effect"][0] == twice["effect"][1] and twice["ci_low"][0] != twice["ci_low"][1]
+    assert twice["null_effect"][0] != twice["null_effect"][1]  # the shuffled null's draws too
     # everything is recomputable from audit_items.csv (strings kept as strings)
     path_rows = items.to_csv(index=False)
     read = pd.read_csv(io.StringIO(path_rows), keep_default_na=False,
@@ -492,6 +496,9 @@ def test_compare_models_identical_shifted_and_mismatched():
     assert up.ci_low <= up.difference_sd <= up.ci_high < 0 and up.p < 0.01
     assert by_pair["m1", "m4"].n_items == 11  # m1 vs m4: the items both have
     np.testing.assert_allclose(table["p_holm"], stats.holm(table["p"]))
+    # one pair's contrast twice: the same difference, each row its own resamples (as audit_table's rows)
+    twice = stats.compare_models({"m1": items, "m3": shifted}, CONTRASTS[:1] * 2, n_boot=300, n_perm=1000)
+    assert twice["difference_sd"][0] == twice["difference_sd"][1] and twice["ci_low"][0] != twice["ci_low"][1]
 
     renamed = items.copy()
     renamed.loc[(renamed["item"] == "i3") & (renamed["group"] == "b"), "text"] = "I am someone else."
