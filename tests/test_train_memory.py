@@ -106,14 +106,16 @@ def test_a_consumed_model_trains_in_place(lm, tmp_path, monkeypatch, trainable, 
     assert not any(a.is_deleted() for a in jax.tree.leaves(copied_rm.params))
 
 
-@pytest.mark.parametrize("mesh", [None, "data:4,model:2"])
-def test_a_consumed_resume_reads_its_checkpoint_into_what_it_replaces(lm, tmp_path, monkeypatch, mesh):
+@pytest.mark.parametrize("trainable,mesh,dtype", [("full", None, "float32"), ("full", "data:4,model:2", "float32"),
+                                                  ("last_k", None, "bfloat16")])
+def test_a_consumed_resume_reads_its_checkpoint_into_what_it_replaces(lm, tmp_path, monkeypatch, trainable, mesh,
+                                                                        dtype):
     """A consumed run resumed from a checkpoint deletes the arrays the checkpoint replaces (the loaded trained weights,
     FSDP's shards of them, Adam's fresh moments) before reading it: held beside the restored copy, they were the
     trained weights and their optimizer state twice. The same steps after it as a resume on a copy."""
-    base = base_model(lm, mesh, "float32")
+    base = base_model(lm, mesh, dtype)  # bfloat16: the float32 master copies are optimizer state, restored too
     train, held = _separable(NOUNS[:20], 64, 4), _separable(NOUNS[20:], 16, 5)
-    cfg = TrainConfig(trainable="full", steps=2, batch_size=8, learning_rate=1e-2, checkpoint_every=1,
+    cfg = TrainConfig(trainable=trainable, last_k=1, steps=2, batch_size=8, learning_rate=1e-2, checkpoint_every=1,
                       fsdp=mesh is not None)
     restore = ocp.CheckpointManager.restore
 
