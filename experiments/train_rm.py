@@ -15,7 +15,7 @@ from absl import flags
 from experiments import common, config_flags
 from rmjax.errors import UsageError
 from rmjax.runs.progress import rate_text
-from rmjax.train.loop import COMMAND_LINE_DEFAULTS, TrainConfig
+from rmjax.train.settings import COMMAND_LINE_DEFAULTS, TrainConfig
 
 PAIRS = flags.DEFINE_string("pairs", None, "CSV/JSONL of prompt, chosen, rejected[, label (soft, in [0,1])].")
 HELDOUT_PAIRS = flags.DEFINE_string("heldout_pairs", None, "Held-out pairs file (default: 20% of --pairs' prompts, or "

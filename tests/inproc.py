@@ -42,7 +42,7 @@ def no_weights_read(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def train_config(**settings):
     """The TrainConfig experiments.train_rm builds from its flags (its command-line defaults, then `settings`)."""
-    from rmjax.train.loop import COMMAND_LINE_DEFAULTS, TrainConfig
+    from rmjax.train.settings import COMMAND_LINE_DEFAULTS, TrainConfig
 
     return TrainConfig(**{**COMMAND_LINE_DEFAULTS, **settings})
 

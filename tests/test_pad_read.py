@@ -182,7 +182,8 @@ def test_training_on_prefixes_reads_before_trailing_pad_ids_and_leaves_a_pad_onl
     whole sequences instead (prefixed_pairs gives None)."""
     from rmjax.train import prefixed
     from rmjax.train.data import Pairs
-    from rmjax.train.loop import TrainConfig, trainable_part
+    from rmjax.train.loop import trainable_part
+    from rmjax.train.settings import TrainConfig
 
     model, hf = rm
     pairs = Pairs([PROMPT] * 3, ["Love", "Ice cream<|im_end|>", "a quiet morning"],

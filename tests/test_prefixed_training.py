@@ -15,8 +15,9 @@ from rmjax.loading import load
 from rmjax.text.chat import Conversations
 from rmjax.train import prefixed
 from rmjax.train.data import Pairs
-from rmjax.train.loop import TrainConfig, train_reward_model, trainable_part
+from rmjax.train.loop import train_reward_model, trainable_part
 from rmjax.train.rm import bradley_terry_loss
+from rmjax.train.settings import TrainConfig
 from tests import jitted as M
 from tests import tiny, tolerance
 

@@ -329,7 +329,8 @@ def test_a_head_run_resumes_with_its_saved_feature_batch_size(lm_folder, tmp_pat
     from rmjax.loading import load
     from rmjax.loading.reward_head import reward_model_from_lm
     from rmjax.train.data import Pairs
-    from rmjax.train.loop import TrainConfig, train_reward_model
+    from rmjax.train.loop import train_reward_model
+    from rmjax.train.settings import TrainConfig
     from tests.test_train import Crash, crash_at
 
     rm = reward_model_from_lm(load(str(lm_folder)), seed=0)

@@ -74,8 +74,8 @@ def test_train_rm_workdir_belongs_to_one_run(lm_folder, tmp_path, monkeypatch, c
     train(pairs=first, **base)
     made = re.search(r"workdir: (\S+)", capsys.readouterr().err).group(1)
     assert made.startswith("runs/train_rm/lm-") and (tmp_path / made / "summary.json").is_file()
-    from rmjax.train.loop import TrainConfig
     from rmjax.train.recipe import default_workdir, load_pairs, training_identity
+    from rmjax.train.settings import TrainConfig
 
     train, heldout, _ = load_pairs(str(first), None, 20000, 4000, False, 0)  # the entry point's defaults
     dirs = [default_workdir(str(lm_folder), training_identity(str(lm_folder), train, heldout, TrainConfig(

@@ -18,8 +18,9 @@ from rmjax import nn
 from rmjax.loading import load
 from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.train.data import Pairs, elo_pairs, elo_probability, read_pairs
-from rmjax.train.loop import TrainConfig, batch_indices, train_reward_model, trainable_part
+from rmjax.train.loop import batch_indices, train_reward_model, trainable_part
 from rmjax.train.rm import bradley_terry_loss, save_hf_folder
+from rmjax.train.settings import TrainConfig
 from tests import inproc, tiny, tolerance
 from tests import jitted as M
 
@@ -481,8 +482,7 @@ def test_an_identity_tells_runs_the_old_rules_trained_apart():
     """A run with --warmup_steps=0 (once a step at rate 0) and one of bfloat16 layers (once without a float32 master)
     each carry a key that runs written under the old rules lack, so none is resumed or reused as theirs. Head-only
     training needs no master in any dtype (the score head is float32): its identity has none, and it holds none."""
-    from rmjax.train.loop import train_identity
-    from rmjax.train.optimizer import needs_master
+    from rmjax.train.settings import needs_master, train_identity
 
     pairs = Pairs(["p"], ["a"], ["b"], np.ones(1))
     fp = {"model": "m"}

@@ -19,7 +19,8 @@ from rmjax.loading import load
 from rmjax.loading.reward_head import reward_model_from_lm
 from rmjax.parallel import sharding
 from rmjax.train import loop
-from rmjax.train.loop import TrainConfig, train_reward_model
+from rmjax.train.loop import train_reward_model
+from rmjax.train.settings import TrainConfig
 from rmjax.train.step import Steps
 from tests.test_train import NOUNS, Crash, _separable, crash_at
 

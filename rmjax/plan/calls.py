@@ -223,8 +223,9 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
     train_rm --fsdp places them, with `remat` each layer recomputed in the backward pass. A head-only run first
     makes its feature matrix, once: the backbone over each response (`text_tokens` and the template's tail of
     `suffix_tokens`) after its prompt's cached prefix, as TextScorer.features runs it."""
-    from rmjax.train.loop import TrainConfig, frozen_layers, trainable_part
+    from rmjax.train.loop import trainable_part
     from rmjax.train.optimizer import make_optimizer
+    from rmjax.train.settings import TrainConfig, frozen_layers
     from rmjax.train.step import _moving
 
     train_cfg = TrainConfig(trainable=trainable, last_k=last_k, steps=steps, batch_size=batch_size, fsdp=fsdp,

@@ -196,7 +196,7 @@ def _train_tries(shape, tries: list, mesh: dict | None, fsdp: str, remat: str) -
     as the job checks them; auto tries no FSDP where there is no data axis to split over)."""
     from types import SimpleNamespace
 
-    from rmjax.train.loop import TrainConfig, check_batch_on_mesh, check_sharding_settings
+    from rmjax.train.settings import TrainConfig, check_batch_on_mesh, check_sharding_settings
 
     job_mesh = SimpleNamespace(shape=mesh) if mesh else None  # what batching.data_shards reads of a Mesh
     given = TrainConfig(trainable=shape.trainable, last_k=shape.last_k, steps=shape.steps,

@@ -105,7 +105,7 @@ class TrainShape:
     suffix_tokens: int = 0
 
     per = "step"
-    split_batch = True  # rmjax.train.loop.check_batch_on_mesh
+    split_batch = True  # rmjax.train.settings.check_batch_on_mesh
 
     @property
     def fixed_batch(self) -> int:
@@ -131,7 +131,7 @@ class TrainShape:
         size, total, trained = self._parameters(cfg, dtype)
         layer = 4 * cfg.hidden_size + 3 * cfg.intermediate_size
         if self.trainable == "head":  # the feature pass's forward, one layer at a time (a step holds no backbone)
-            from rmjax.train.loop import TrainConfig
+            from rmjax.train.settings import TrainConfig
 
             rows = max(1, TrainConfig.feature_batch_size // (chips // model)) * (self.prefix_tokens + self.text_tokens
                                                                                   + self.suffix_tokens)

@@ -150,7 +150,7 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                              f"{piece.chips}.")
     cfg, tokenizer = model_config(model, reward=job != "logprobs")
     if job == "train_rm":
-        from rmjax.train.loop import TrainConfig, check_batch_size
+        from rmjax.train.settings import TrainConfig, check_batch_size
 
         batch = batch_size or 256
         TrainConfig(trainable=trainable, last_k=last_k, steps=steps or 1500, batch_size=batch)  # the job's checks

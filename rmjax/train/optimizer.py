@@ -3,13 +3,11 @@ master copy where the trained layers are narrower (bfloat16)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import optax
 
-TrainConfig = Any  # rmjax.train.loop.TrainConfig, read here (steps, warmup, rate, decay, clipping, trainable)
+from rmjax.train.settings import TrainConfig, needs_master
 
 
 def make_optimizer(cfg: TrainConfig, dtype: str = "float32") -> optax.GradientTransformation:
@@ -20,11 +18,6 @@ def make_optimizer(cfg: TrainConfig, dtype: str = "float32") -> optax.GradientTr
     )
     chain = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
     return float32_master(chain) if needs_master(cfg, dtype) else chain
-
-
-def needs_master(cfg: TrainConfig, dtype: str) -> bool:
-    """Trained layers held in a narrower dtype than float32 (the score head is float32 in every dtype)."""
-    return cfg.trainable != "head" and dtype != "float32"
 
 
 def float32_master(inner: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -20,7 +20,7 @@ import numpy as np
 from rmjax import data as shipped
 from rmjax.errors import UsageError
 from rmjax.train.data import Pairs, elo_csv, elo_pairs, elo_prompt, read_elo_items
-from rmjax.train.loop import TrainConfig
+from rmjax.train.settings import TrainConfig
 
 ELO = shipped.BUILTIN  # the EloEverything file of the default reward models (`--elo=builtin`)
 ELO_PROMPT = elo_prompt(elo_csv(ELO))  # "What, in one word, is the greatest thing ever?"

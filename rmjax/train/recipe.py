@@ -27,16 +27,15 @@ from rmjax.runs.claims import Claim, Output, canonical, claim_all, refuse_folder
 from rmjax.runs.results import dump_json, read_json
 from rmjax.text.chat import Conversations, check_response_fits, has_chat_template
 from rmjax.train.data import Pairs, elo_csv, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
-from rmjax.train.loop import (
+from rmjax.train.loop import TrainResult, train_reward_model
+from rmjax.train.settings import (
     TrainConfig,
-    TrainResult,
     check_batch_on_mesh,
     check_batch_size,
     check_heldout,
     check_last_k,
     check_sharding_settings,
     train_identity,
-    train_reward_model,
 )
 from rmjax.train.workdir import read_log, start_workdir, workdir_output
 
