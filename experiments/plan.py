@@ -92,7 +92,7 @@ def main(argv):
     from rmjax.errors import UsageError
     from rmjax.plan.planner import describe, plan, write
     from rmjax.plan.spec import plan_inputs
-    from rmjax.runs.claims import check_writable
+    from rmjax.runs.paths import check_writable
 
     check_flags()
     if OUT.value:  # before anything compiles: a folder or an unwritable place is refused now

@@ -3,7 +3,7 @@ folder make no job write, delete or read outside what it owns, hang, fill memory
 
 Each test fails on the code before its fix (see each docstring): temp files written through a planted link
 (`results.fresh_file`), state files read from a FIFO (`results.read_json`), companions and locks resolved through
-links (`claims.companion_path`, `locks._refuse_unless_lock`), linked stores and workdirs (`claims._decide`), chunks
+links (`paths.companion_path`, `locks._refuse_unless_lock`), linked stores and workdirs (`claims._decide`), chunks
 that are not plain files (`chunks._plain`), YAML aliases (`yamlfile`), safetensors offsets, GGUF metadata past the end
 of the file (`gguf_bounds`) and a GGUF conversion cache keyed without the file's content.
 """
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from rmjax.errors import CheckpointError, LockedError, OutputExistsError, ResumeMismatchError, UsageError
-from rmjax.runs import claims, locks, results
+from rmjax.runs import claims, identities, locks, results
 from rmjax.runs.chunks import ChunkStore, store_dir
 from tests import inproc
 from tests.cli import VICTIM_TEXT
@@ -102,7 +102,7 @@ def test_a_fifo_manifest_or_analysis_list_does_not_hang(tmp_path):
     analysis.mkdir()
     os.mkfifo(analysis / "analysis.json")
     try:
-        assert _returns_within(lambda: claims.read_meta_identity(store / "manifest.json")) is None
+        assert _returns_within(lambda: identities.read_meta_identity(store / "manifest.json")) is None
         with pytest.raises(OutputExistsError, match="chunks without a manifest"):
             _returns_within(lambda: claims.claim(tmp_path / "s.csv", IDENTITY, store=store).__enter__())
         with pytest.raises(OutputExistsError, match="holds files no rmjax analysis wrote"):

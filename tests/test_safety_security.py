@@ -142,7 +142,7 @@ def test_lock_path_that_is_no_plain_file_is_refused(tmp_path, victim, kind):
 
 def test_lock_of_a_symlinked_output_lies_beside_the_real_file(tmp_path):
     """A symlinked --out and its target are one output: one lock, beside the target (analyze's --out too, which
-    does not go through claims.real_path); the link's own name gets no lock file."""
+    does not go through paths.real_path); the link's own name gets no lock file."""
     real = tmp_path / "real" / "out"
     real.parent.mkdir()
     link = tmp_path / "link"

@@ -16,7 +16,7 @@ import pandas as pd
 
 from rmjax.errors import OutputExistsError, UsageError
 from rmjax.runs import results
-from rmjax.runs.claims import check_writable
+from rmjax.runs.paths import check_writable
 from rmjax.runs.results import atomic_write_text, dump_json
 
 

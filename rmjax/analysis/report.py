@@ -18,7 +18,7 @@ from rmjax.analysis.inputs import Inputs, implicit_templates, load_inputs
 from rmjax.analysis.spec import AnalysisConfig
 from rmjax.errors import UsageError
 from rmjax.runs import locks
-from rmjax.runs.claims import check_writable
+from rmjax.runs.paths import check_writable
 from rmjax.text.visible import markdown_code
 
 

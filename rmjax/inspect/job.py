@@ -22,8 +22,8 @@ from rmjax.loading.for_job import check_template, job_config_and_tokenizer, job_
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.runs import jobs, results, stages
-from rmjax.runs.claims import check_writable
 from rmjax.runs.options import RunOptions, claim_job
+from rmjax.runs.paths import check_writable
 from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.text import chat

@@ -116,7 +116,8 @@ def run_export(options: RunOptions) -> Path:
     from rmjax.loading import fingerprint
     from rmjax.loading.for_job import load_for_job
     from rmjax.runs import results
-    from rmjax.runs.claims import claim, real_path
+    from rmjax.runs.claims import claim
+    from rmjax.runs.paths import real_path
 
     out = real_path(options.out)
     _refuse_own_folder(options.model, out)

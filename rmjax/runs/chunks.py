@@ -26,7 +26,9 @@ import numpy as np
 
 from rmjax.errors import ResumeMismatchError
 from rmjax.parallel.distributed import barrier, is_main
-from rmjax.runs.claims import canonical, clear_store, key_order, mismatch_message, real_path
+from rmjax.runs.claims import clear_store
+from rmjax.runs.identities import canonical, key_order, mismatch_message
+from rmjax.runs.paths import real_path
 from rmjax.runs.results import atomic_write_text, fresh_file, read_json
 
 

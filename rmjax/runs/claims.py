@@ -25,120 +25,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
-import json
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from rmjax.errors import OutputExistsError, ResumeMismatchError, UsageError
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import locks, results
-from rmjax.runs.results import json_safe, meta_path
-
-
-def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted names of the entries that differ between two identities."""
-    out = []
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += changed_keys(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}")
-    return out
-
-
-def canonical(identity: dict) -> dict:
-    """The identity as it reads back from a stored .meta.json (so a fresh one compares equal to it)."""
-    return json.loads(json.dumps(json_safe(identity), sort_keys=True, default=str))
-
-
-def key_order(value: object, path: str = "") -> dict[str, list[str]]:
-    """The key order of every mapping of two or more keys in an identity, by dotted path: what `canonical` loses
-    and a result keeps (the sweep's, beam's and score's columns are their prompts in the order given)."""
-    out: dict[str, list[str]] = {}
-    if isinstance(value, dict):
-        if len(value) > 1:
-            out[path or "identity"] = [str(k) for k in value]
-        for key, item in value.items():
-            out.update(key_order(item, f"{path}.{key}" if path else str(key)))
-    return out
-
-
-def prompt_order(identity: object) -> dict[str, list[str]]:
-    """The order of the identity's prompt mappings: the order its result's prompt columns are written in, which
-    the user chose (--prompts); the other mappings' order is the code's, and may change between versions."""
-    return {path: keys for path, keys in key_order(identity).items() if path.split(".")[-1] == "prompts"}
-
-
-def mismatch_message(what: str, old: dict, new: dict, flag: str = "--out") -> str:
-    keys = changed_keys(old, canonical(new))
-    return (f"{what} was made by a run with different {', '.join(keys) or 'settings'}. Rerun with the same "
-            f"model and settings to continue it, pass --overwrite to discard it, or choose another {flag}.")
-
-
-def require_claimed(claimed: dict, loaded: dict, out: str | Path) -> None:
-    """An output claimed before the model loaded (its identity from the fingerprint) is written only by a run of
-    that model: a different identity after loading is a bug of ours, never a result under another run's name."""
-    if canonical(claimed) != canonical(loaded):
-        raise RuntimeError(f"internal error: {out} was claimed for other inputs than the loaded model's (different "
-                           f"{', '.join(changed_keys(canonical(claimed), canonical(loaded)))}); please report it.")
-
-
-def refuse_folder_name(out: str | Path, flag: str = "--out") -> None:
-    """A file output given with a trailing separator (`--out=dir/`): Path() drops it but open() does not, so the
-    run wrote a file `dir` and its .meta.json, then failed reading it back as `dir/` (a traceback)."""
-    if str(out).endswith(("/", os.sep)):
-        name = str(out).rstrip("/" + os.sep) or "."
-        raise UsageError(f"{flag}={out} ends in a separator, as a folder does, and this output is a file; give a "
-                         f"file path such as {flag}={name}/result.csv or {flag}={name}.")
-
-
-def check_writable(path: str | Path, flag: str = "--out", folder: bool = False) -> Path:
-    """Fail now, not after the work, when `path` cannot be written."""
-    path = Path(path)
-    if not folder and path.is_dir():
-        raise UsageError(f"{flag}={path} is a directory; give a file path such as {path / 'result'}.")
-    if folder and path.exists() and not path.is_dir():
-        raise UsageError(f"{flag}={path} is a file; give a folder.")
-    parent = path if folder else path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".rmjax-write-test-"):
-            pass
-    except OSError as error:
-        raise UsageError(f"{flag}={path}: cannot write in {parent} ({error.strerror or error}).") from None
-    if not folder:
-        _check_name_length(path, parent, flag)
-    return path
-
-
-# What the names written beside a result add to its own at most: `.meta.json`, a companion's suffix
-# (`.completions.csv`), and a temp file's dot, process id and `.tmp` (results.replacing).
-_DERIVED_NAME_CHARS = 48
-
-
-def _check_name_length(path: Path, parent: Path, flag: str) -> None:
-    """A name the file system takes, whose record and temp files beside it it would refuse after the work."""
-    try:
-        limit = os.pathconf(parent, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = 255
-    longest = len(os.fsencode(path.name)) + _DERIVED_NAME_CHARS
-    if longest > limit:
-        raise UsageError(f"{flag}={path}: its name is {len(os.fsencode(path.name))} bytes, and the files written "
-                         f"beside it (its .meta.json, temp files) would pass this file system's limit of {limit} "
-                         f"bytes a name; give a name of at most {limit - _DERIVED_NAME_CHARS} bytes.")
-
-
-def read_meta_identity(meta: Path) -> dict | None:
-    """The identity a .meta.json or manifest records (None without one; a FIFO or device there is never read)."""
-    saved = results.read_json(meta)
-    return saved.get("identity") if isinstance(saved, dict) else None
-
+from rmjax.runs.identities import canonical, changed_keys, mismatch_message, prompt_order, read_meta_identity
+from rmjax.runs.paths import check_writable, companion_path, real_path, refuse_folder_name
+from rmjax.runs.results import meta_path
 
 # What a chunk store (rmjax.runs.chunks) holds that its job wrote: the chunks, their temp files, the manifest and
 # its temp file (rmjax.runs.results.atomic_write_text). Anything else in the folder is not the job's to delete.
@@ -410,22 +308,6 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             raise _foreign(f"{flag}={out}", foreign[0], flag)
         existing = [*(p for p in existing if p != out and out not in p.parents), *own]
     return Claim(out, identity, remove=tuple(dict.fromkeys(existing)), clear=clear)
-
-
-def companion_path(path: str | Path) -> Path:
-    """A companion's path (a figure, a steps CSV beside the result) with its folder's links resolved but not its
-    own name's: a link planted at a companion's name is a file no run wrote (refused, and --overwrite removes the
-    link), never the file it points to, which is nothing of this run's."""
-    path = Path(os.path.abspath(path))
-    return Path(os.path.realpath(path.parent)) / path.name
-
-
-def real_path(path: str | Path) -> Path:
-    """`path` as given, or its target where a symlink is on the way: a symlink and its target are one output
-    (one lock, one .meta.json), and writing replaces the target's content, not the link."""
-    path = Path(path)
-    real = Path(os.path.realpath(path))
-    return real if real != Path(os.path.abspath(path)) else path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rmjax.errors import InputFileError, UsageError
 from rmjax.runs import results
-from rmjax.runs.claims import canonical, changed_keys
+from rmjax.runs.identities import canonical, changed_keys
 
 DEFAULT_WHY = ("its numbers are not this run's; give one made with the same model content, dtype, output column, "
                "template and prompt texts")

@@ -27,8 +27,8 @@ from rmjax.parallel import batching
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import jobs, results
 from rmjax.runs.chunks import open_store, resume_batch_size, saved_batch_size, store_dir
-from rmjax.runs.claims import real_path
 from rmjax.runs.options import RunOptions, claim_job
+from rmjax.runs.paths import real_path
 from rmjax.runs.progress import Progress
 from rmjax.runs.results import array_sha1
 from rmjax.scoring import finite, memory

@@ -28,7 +28,7 @@ from rmjax.model import Model
 from rmjax.nn.layers import DecoderStack, SplitStack
 from rmjax.parallel import batching, sharding
 from rmjax.parallel.distributed import global_array, is_main
-from rmjax.runs.claims import require_claimed
+from rmjax.runs.identities import require_claimed
 from rmjax.runs.progress import Progress
 from rmjax.runs.results import dump_json
 from rmjax.scoring import finite

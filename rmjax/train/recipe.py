@@ -23,7 +23,9 @@ from rmjax.loading.safetensors_io import save_file
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs import results
-from rmjax.runs.claims import Claim, Output, canonical, claim_all, refuse_folder_name
+from rmjax.runs.claims import Claim, Output, claim_all
+from rmjax.runs.identities import canonical
+from rmjax.runs.paths import refuse_folder_name
 from rmjax.runs.results import dump_json, read_json
 from rmjax.text.chat import Conversations, check_response_fits, has_chat_template
 from rmjax.train.data import Pairs, elo_csv, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
