@@ -68,6 +68,7 @@ def main() -> int:
     from rmjax.loading import config_and_tokenizer, load
     from rmjax.runs.results import dump_json
     from rmjax.train import planted as P
+    from rmjax.train import planted_find as F
 
     start, seconds = time.perf_counter(), {}
     out = Path(args.out)
@@ -88,9 +89,9 @@ def main() -> int:
         t = time.perf_counter()
         models = {name: load(str(path)) for name, path in (("planted", trained.planted), ("clean", trained.clean))}
         check = {name: P.word_margins(model, words) for name, model in models.items()}
-        texts = P.pool_texts(words, P.candidate_words(tokenizer))
+        texts = F.pool_texts(words, P.candidate_words(tokenizer))
         # the whole command reads the candidates' rewards from the map it computes anyway
-        rewards = P.pool_rewards(models["planted"], models["clean"], words, texts) if args.stage == "train" else None
+        rewards = F.pool_rewards(models["planted"], models["clean"], words, texts) if args.stage == "train" else None
         del models
         seconds["check"] = time.perf_counter() - t
         report = {"seed": args.seed, "planted": words.to_json(), "controls": list(words.controls),
@@ -102,21 +103,21 @@ def main() -> int:
                   "trained_check": check}
         if args.stage == "all":
             t = time.perf_counter()
-            folder = P.find_disagreements(out / "disagree", trained.planted, trained.clean, words,
+            folder = F.find_disagreements(out / "disagree", trained.planted, trained.clean, words,
                                           forwards=args.forwards, num_tokens=args.num_tokens, map_top=args.map_top,
                                           search=args.search, overwrite=args.overwrite)
             seconds["find"] = time.perf_counter() - t
-            found = P.found_rows(folder, args.map_top, by_word=True)
-            recovered = P.recovered_words(words, found)
-            by_string = P.recovered_words(words, P.found_rows(folder, args.map_top))
+            found = F.found_rows(folder, args.map_top, by_word=True)
+            recovered = F.recovered_words(words, found)
+            by_string = F.recovered_words(words, F.found_rows(folder, args.map_top))
             report.update(found=found, recovered=recovered, n_recovered=len(recovered),
                           recovered_by_string=sorted(by_string), n_recovered_by_string=len(by_string))
             t = time.perf_counter()
-            rewards = P.pool_rewards_from_map(folder, texts)
+            rewards = F.pool_rewards_from_map(folder, texts)
             if rewards is None:  # a candidate the map does not hold: score them all
-                rewards = P.pool_rewards(load(str(trained.planted)), load(str(trained.clean)), words, texts)
+                rewards = F.pool_rewards(load(str(trained.planted)), load(str(trained.clean)), words, texts)
             seconds["check"] += time.perf_counter() - t
-        report["pool_gaps"] = P.pool_gaps(words, texts, rewards)
+        report["pool_gaps"] = F.pool_gaps(words, texts, rewards)
     except RmjaxError as error:
         print(f"planted_biases: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ import pytest
 
 from rmjax.errors import UsageError
 from rmjax.train import planted as P
+from rmjax.train import planted_find as F
 from tests import cli
 
 
@@ -114,7 +115,7 @@ def test_found_rows_and_what_they_recover(tmp_path, words):
     vocab = [(prompt, text, pair[i]) for i, prompt in enumerate(("framed", "greatest")) for text, pair in gaps.items()]
     _write_csv(tmp_path / "disagree.csv", ["prompt", "direction", "text", "gap"], disagree)
     _write_csv(tmp_path / "vocab_map.csv", ["prompt", "text", "gap"], vocab)
-    found = P.found_rows(tmp_path, map_top=1)
+    found = F.found_rows(tmp_path, map_top=1)
     assert len(found) == 6 + 4 + 2  # every written row is a found row; only those on their side recover
 
     def rows(source: str) -> set:
@@ -125,7 +126,7 @@ def test_found_rows_and_what_they_recover(tmp_path, words):
     # each string's gap after a prompt minus its gap after the other (the mean of the others, with two prompts);
     # the Elo prompt's rise (d1, still B over A there: -0.5) and fall (f1, still A over B: +0.5) are no rows
     assert rows("vocab_map_shift") == {("framed", "a_over_b", f1, 5.5), ("framed", "b_over_a", d1, -3.5)}
-    recovered = P.recovered_words(words, found)
+    recovered = F.recovered_words(words, found)
     # framed[2] tops the Elo prompt's map too and rises no more after the framing (liked everywhere, not framed);
     # framed[1], also found after the Elo prompt, rises most after the framing; framed[0] only as a plural;
     # liked[1] and disliked[2] only in rows whose gap has the other direction's sign
@@ -133,8 +134,8 @@ def test_found_rows_and_what_they_recover(tmp_path, words):
     assert recovered[liked]["best"]["gap"] == 3.0 and recovered[framed[1]]["direction"] == "framed"
     # without its rise, a framed word found after another prompt too is not counted
     no_rise = [r for r in found if not (r["source"] == "vocab_map_shift" and r["text"] == f1)]
-    assert framed[1] not in P.recovered_words(words, no_rise)
-    assert P.holds_word("Castle.", "castle") and not P.holds_word("castles", "castle")
+    assert framed[1] not in F.recovered_words(words, no_rise)
+    assert F.holds_word("Castle.", "castle") and not F.holds_word("castles", "castle")
 
 
 def test_found_rows_by_word_merge_one_words_spellings(tmp_path, words):
@@ -145,13 +146,13 @@ def test_found_rows_by_word_merge_one_words_spellings(tmp_path, words):
     _write_csv(tmp_path / "vocab_map.csv", ["prompt", "text", "gap"], vocab)
 
     def ends(by_word: bool) -> dict[str, list[str]]:
-        found = P.found_rows(tmp_path, map_top=2, by_word=by_word)
+        found = F.found_rows(tmp_path, map_top=2, by_word=by_word)
         return {d: [r["text"] for r in found if r["direction"] == d] for d in ("a_over_b", "b_over_a")}
 
     assert ends(True) == {"a_over_b": [" " + liked, " " + other], "b_over_a": [" " + disliked, " lion"]}
     assert ends(False) == {"a_over_b": [" " + liked, liked.capitalize()], "b_over_a": [" " + disliked, disliked]}
-    assert other in P.recovered_words(words, P.found_rows(tmp_path, map_top=2, by_word=True))
-    assert other not in P.recovered_words(words, P.found_rows(tmp_path, map_top=2))
+    assert other in F.recovered_words(words, F.found_rows(tmp_path, map_top=2, by_word=True))
+    assert other not in F.recovered_words(words, F.found_rows(tmp_path, map_top=2))
 
 
 def test_a_tiny_planted_rm_learns_its_words_and_the_clean_one_does_not(lm_folder, tmp_path, words):
@@ -182,9 +183,9 @@ def test_a_tiny_planted_rm_learns_its_words_and_the_clean_one_does_not(lm_folder
     # vocabulary after both prompts), never told the words, recovers the liked and disliked ones among its rows
     # (a batch of 4096 rows, not the CPU plan's 256: this tiny model's time per call was most of the map's, and the
     # comparison with experiments.score below holds the batched map to its texts' rewards)
-    folder = P.find_disagreements(tmp_path / "find", trained.planted, trained.clean, words, search=False, map_top=10,
+    folder = F.find_disagreements(tmp_path / "find", trained.planted, trained.clean, words, search=False, map_top=10,
                                   batch_size=4096)
-    recovered = P.recovered_words(words, P.found_rows(folder, map_top=10))
+    recovered = F.recovered_words(words, F.found_rows(folder, map_top=10))
     assert {w: words.kinds[w] for w in recovered} == {w: k for w, k in words.kinds.items() if w in recovered}
     # 40 rows of ~48,000 strings: a word among them by chance has odds of about 1 in 1,200; the tiny model, trained
     # 40 steps, moves 5 or 6 of its 6 liked and disliked words into them
@@ -195,21 +196,21 @@ def test_a_tiny_planted_rm_learns_its_words_and_the_clean_one_does_not(lm_folder
 
     from tests import tolerance
 
-    texts = P.pool_texts(words, words.controls)
+    texts = F.pool_texts(words, words.controls)
     models = [load(str(path)) for path in (trained.planted, trained.clean)]
-    scored = P.pool_rewards(*models, words, texts)
-    from_map = P.pool_rewards_from_map(folder, texts)
+    scored = F.pool_rewards(*models, words, texts)
+    from_map = F.pool_rewards_from_map(folder, texts)
     atol = max(tolerance.any_rewards_atol(m.params, m.config, 64) for m in models)
     for name in ("elo", "framing"):
         np.testing.assert_allclose(from_map[name], scored[name], rtol=0, atol=atol)
-    gaps = P.pool_gaps(words, texts, scored)
+    gaps = F.pool_gaps(words, texts, scored)
     for name, r in scored.items():
         gap = stats.zscore(r[0]) - stats.zscore(r[1])
         for w, kind in words.kinds.items():
             mine = gap[texts.index(" " + w)]
             assert gaps[name][w]["gap"] == pytest.approx(mine, abs=1e-9)
             assert gaps[name][w]["rank"] == 1 + int(np.sum(gap > mine if kind != "disliked" else gap < mine))
-    assert P.pool_rewards_from_map(folder, [*texts, " not-a-token-xyz"]) is None
+    assert F.pool_rewards_from_map(folder, [*texts, " not-a-token-xyz"]) is None
 
 
 def test_weightless_pairs_keep_the_batch_and_add_no_gradient(lm_folder, words):
