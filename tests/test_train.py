@@ -162,8 +162,13 @@ def test_resume_after_crash_is_exact(lm, tmp_path, monkeypatch, between_logs_and
     monkeypatch.undo()
     if between_logs_and_checkpoint:
         assert len((tmp_path / "b" / "train_log.csv").read_text().splitlines()) == 1 + 8  # past checkpoint 4
-    resumed = train_reward_model(rm, train, held, cfg, tmp_path / "b", log=lambda *_: None)
+    said = []
+    resumed = train_reward_model(rm, train, held, cfg, tmp_path / "b", log=said.append)
     assert resumed.resumed_from == (4 if between_logs_and_checkpoint else 8)
+    # the resume is said first, before the minutes its training data may take, and said again once it is read
+    found = f"found a checkpoint at step {resumed.resumed_from} in {tmp_path / 'b'}"
+    assert said[0].startswith(found), said
+    assert f"resumed from checkpoint at step {resumed.resumed_from}" in said[1:], said
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
     assert [e["step"] for e in resumed.evals] == [4, 8, 12]
     flat_a, flat_b = nn.flat(whole.model.params), nn.flat(resumed.model.params)

@@ -294,6 +294,8 @@ def _train(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, workdir
     )
     latest = manager.latest_step()
     cfg = _kept_feature_batch(cfg, workdir, latest is not None, log)
+    if latest is not None and latest < cfg.steps:
+        log(f"found a checkpoint at step {latest} in {workdir}: it is read once the training data are prepared")
     # The objective's data first, from the loaded model alone: computed beside Adam's moments and the trained weights'
     # FSDP shards or restored copies, they needed all of those at once.
     objective = _objective(model, train, heldout, cfg, log) if (latest or 0) < cfg.steps else None
