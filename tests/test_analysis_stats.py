@@ -291,6 +291,29 @@ def test_z_scores_and_descending_ranks():
     np.testing.assert_array_equal(stats.descending_ranks(x), [2.5, 4.0, 2.5, 1.0])
 
 
+# One value three times: numpy's mean is 0.1 + 1.4e-17, so the computed SD is 1.4e-17, not 0 (checked below).
+ONE_VALUE = np.full(3, 0.1)
+
+
+def test_one_value_has_no_z_scores_and_no_correlation_even_when_its_sd_rounds_above_zero():
+    """A model scoring every item alike: scipy calls its correlations undefined; numpy's rounding made its z-scores
+    -1 everywhere and its Pearson r 0 (EPIC distance 0.707 from every model, beside a NaN diagonal)."""
+    assert ONE_VALUE.std() > 0  # the premise: a test of `std == 0` would pass it
+    other = np.array([1.0, 2.0, 3.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns that the input is constant
+        assert math.isnan(scipy_stats.pearsonr(ONE_VALUE, other).statistic)
+        assert np.isnan(scipy_stats.zscore(np.full(3, 5.0))).all()  # scipy, where the mean is exact
+    assert np.isnan(stats.z_scores(ONE_VALUE)).all()
+    assert math.isnan(stats.pearson(ONE_VALUE, other)) and math.isnan(stats.pearson(other, ONE_VALUE))
+    assert math.isnan(stats.epic_distance(ONE_VALUE, other))
+    epic = stats.epic_distance_matrix(pd.DataFrame({"flat": ONE_VALUE, "b": other, "c": [3.0, 1.0, 2.0]}))
+    assert epic.loc["flat"].isna().all() and epic["flat"].isna().all()
+    assert epic.loc["b", "c"] == pytest.approx(np.sqrt((1 - scipy_stats.pearsonr(other, [3.0, 1.0, 2.0]).statistic)
+                                                       / 2), abs=1e-12)
+    assert stats.pearson(other, [3.0, 1.0, 2.0]) == pytest.approx(-0.5, abs=1e-12)
+
+
 def test_theories_without_their_metadata_are_left_out():
     """A model without reward_bench_rank made its theory matrix NaN: rho NaN and p 0.0 (|rho*| >= NaN is never
     true) reached paper1_rsa.csv. Two models without base_model were the same base ('' == ''). A theory is now

@@ -461,6 +461,12 @@ def test_the_scale_counts_a_conversation_two_axes_share_once():
     assert len(once) == 17
     assert stats.reward_scale(items) == pytest.approx(np.std(once, ddof=1), rel=1e-12)
     assert stats.reward_scale(items) != pytest.approx(np.std(items["reward"], ddof=1), rel=1e-3)
+    # rewards of one value have no scale, though their computed SD rounds above 0 (three 0.1s: 1.7e-17): divided
+    # by it, a side-by-side difference read 1e16 SDs
+    flat = items.iloc[:3].assign(reward=0.1, text=["a", "b", "c"])
+    assert np.std(flat["reward"], ddof=1) > 0
+    with pytest.raises(ValueError, match="no spread"):
+        stats.reward_scale(flat)
 
 
 def test_compare_models_identical_shifted_and_mismatched():

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from rmjax.analysis import bigtwo, data, lexicons, paper1
+from rmjax.errors import UsageError
 from rmjax.runs import results
 from rmjax.search.sweep import SweepSpec, run_sweep
 from tests import cli, inproc
@@ -229,6 +230,19 @@ def test_frequency_scale_and_collapse_in_the_regression():
             design = np.column_stack([np.ones(len(x)), x, frame.word.map(afinn).fillna(0).to_numpy(float)])
             coef = np.linalg.lstsq(design, frame.score.to_numpy(), rcond=None)[0]
             assert row.n_tokens == len(frame) and row.slope_frequency == pytest.approx(coef[1], rel=1e-9)
+
+
+
+def test_a_frequency_of_one_value_is_refused_as_a_z_score_even_when_its_sd_rounds_above_zero():
+    """Variants of one word share its log frequency; where numpy's mean of it rounds, its SD is not 0, and the
+    regression ran on a column of ±1 (NaN slopes in the CSV) instead of refusing --frequency_scale=zscore."""
+    frequency = next(f for f in np.linspace(1.0, 200.0, 2000) if np.full(3, np.log(f)).std() > 0)
+    strings = ["love", " love", "Love", "zzz"]
+    frame = pd.DataFrame({"token_id": range(4), "token_name": strings, "token_decoded": strings,
+                          "p": [1.0, 2.0, 4.0, 0.0]})
+    table = data.ScoreTable("m", "m", frame, "token_decoded")
+    with pytest.raises(UsageError, match="no spread to z-score"):
+        paper1.frequency_regressions([table], ["p"], {"love": 3}, {"love": frequency}, scale="zscore")
 
 
 def test_analyze_reports_big_two_under_every_collapse(tmp_path):

@@ -87,7 +87,7 @@ def test_a_yardstick_of_fewer_than_two_values_or_sd_zero_is_refused(rm_folder, l
     assert not csv_path(out).exists()
     # the sampled yardstick is refused as soon as it is computed: every token scores 0
     line = inproc.refused(lambda: run_frontier(frontier_spec(flat_rm, lm_folder, out)),
-                          "--z_sample", "SD 0", "finite SD > 0")
+                          "--z_sample", "all equal 0", "values that differ")
     assert "8 sampled tokens" in line
     assert not csv_path(out).exists()
 
@@ -343,7 +343,11 @@ def test_the_yardstick_is_the_mean_and_sd_of_its_finite_values():
     for few in ([1.5], [], [np.nan, 2.0]):
         with pytest.raises(UsageError, match="at least 2; give more"):
             finite.yardstick(np.array(few), allow=True, **kwargs)
-    with pytest.raises(UsageError, match="SD 0"):
+    one_value = np.full(3, 0.1)  # its computed SD is 1.7e-17, not 0: z-scores divided by it reached 1e16
+    assert one_value.std(ddof=1) > 0
+    with pytest.raises(UsageError, match="all equal 0.1; a z-score needs values that differ; give more"):
+        finite.yardstick(one_value, allow=False, **kwargs)
+    with pytest.raises(UsageError, match="all equal 0.25"):
         finite.yardstick(np.full(5, 0.25), allow=False, **kwargs)
 
 

@@ -142,7 +142,7 @@ def frequency_regressions(tables: Sequence[ScoreTable], prompts: Sequence[str], 
             }), collapse)
             frequency = points.frequency.to_numpy()
             if scale == "zscore":
-                if len(frequency) < 2 or frequency.std() == 0:
+                if not stats.ranks_something(frequency):  # a computed SD may not be 0 (rounding)
                     raise UsageError(f"{t.model}: the log frequency of its {len(frequency)} regressed words has no "
                                      "spread to z-score; use --frequency_scale=log_per_million.")
                 frequency = stats.z_scores(frequency)
@@ -164,7 +164,7 @@ def framing_tables(tables: Sequence[ScoreTable], best: str = "best", worst: str 
     for t in tables:
         b = stats.z_scores(t.frame[best].to_numpy(np.float64))
         w = stats.z_scores(t.frame[worst].to_numpy(np.float64))
-        correlations.append({"model": t.model, "n_tokens": len(b), "pearson": float(np.corrcoef(b, w)[0, 1]),
+        correlations.append({"model": t.model, "n_tokens": len(b), "pearson": stats.pearson(b, w),
                              "spearman": float(scipy_stats.spearmanr(b, w).statistic),
                              "kendall_tau": float(scipy_stats.kendalltau(b, w, variant="b").statistic)})
         for combination, values in ((f"{best}+{worst}", b + w), (f"{best}-{worst}", b - w)):

@@ -66,8 +66,11 @@ def descending_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def z_scores(x: np.ndarray) -> np.ndarray:
-    """(x - mean) / std with ddof=0."""
+    """(x - mean) / std with ddof=0; NaN for values of one value (`ranks_something`): their computed SD is not
+    always 0 (three 0.1s have mean 0.1 + 1.4e-17), and 1.4e-17 / SD gave every item a z of -1."""
     x = np.asarray(x, np.float64)
+    if not ranks_something(x):
+        return np.full(x.shape, np.nan)
     return (x - x.mean()) / x.std(ddof=0)
 
 
@@ -97,8 +100,17 @@ def epic_distance(a: np.ndarray, b: np.ndarray) -> float:
     al. 2021): sqrt((1 − r) / 2) of their Pearson r, i.e. the distance of the standardised rewards; 0 for rewards
     equal up to a positive affine map, 1 for opposite ones. Rank correlations (τ) ignore how far apart items are;
     this reads the scale each RM puts them on."""
-    r = float(np.corrcoef(np.asarray(a, np.float64), np.asarray(b, np.float64))[0, 1])
+    r = pearson(a, b)
     return float(np.sqrt(max(0.0, (1.0 - r) / 2.0))) if np.isfinite(r) else float("nan")
+
+
+def pearson(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson's r; NaN where either side holds one value (as scipy says), which np.corrcoef reads as r = 0 when the
+    mean rounds (a constant model then stood at EPIC distance 0.707 from every other)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not (ranks_something(a) and ranks_something(b)):
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])
 
 
 def epic_distance_matrix(frame: pd.DataFrame) -> pd.DataFrame:

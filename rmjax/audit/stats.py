@@ -263,7 +263,7 @@ def reward_scale(items: pd.DataFrame, batteries: Sequence[str] | None = None) ->
         frame = frame[frame["battery"].isin(list(batteries))]
     frame = frame.drop_duplicates(["prompt", "text"])
     scale = float(frame["reward"].std(ddof=1)) if len(frame) > 1 else float("nan")
-    if not np.isfinite(scale) or scale <= 0:
+    if not np.isfinite(scale) or scale <= 0 or frame["reward"].nunique() < 2:  # one value: its SD may round above 0
         raise ValueError(f"the rewards of batteries {batteries} have no spread (SD {scale}): nothing to scale by")
     return scale
 

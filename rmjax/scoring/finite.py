@@ -141,6 +141,9 @@ def yardstick(values: np.ndarray, *, what: str, row: Callable[[int], str], allow
         raise UsageError(f"{what}: {len(kept)} finite value{'' if len(kept) == 1 else 's'}, but a z-score's SD needs "
                          f"at least 2; {fix}.")
     mean, sd = float(kept.mean()), float(kept.std(ddof=1))
+    if kept.max() == kept.min():  # one value: its computed SD need not be 0 (three 0.1s: 1.7e-17)
+        raise UsageError(f"{what}: the {len(kept)} values all equal {kept[0]:.6g}; a z-score needs values that "
+                         f"differ; {fix}.")
     if not (np.isfinite(mean) and np.isfinite(sd) and sd > 0):
         raise UsageError(f"{what}: the {len(kept)} values have mean {mean:.6g} and SD {sd:.6g}; a z-score needs a "
                          f"finite SD > 0; {fix}.")

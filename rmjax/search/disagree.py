@@ -246,4 +246,4 @@ def agreement(ra: np.ndarray, rb: np.ndarray) -> dict:
         return {"n": int(len(ra)), "nonfinite": dropped, "kendall_tau": float("nan"), "pearson_r": float("nan"),
                 "epic_distance": float("nan")}
     return {"n": int(len(ra)), "nonfinite": dropped, "kendall_tau": float(stats.kendalltau(ra, rb).statistic),
-            "pearson_r": float(np.corrcoef(ra, rb)[0, 1]), "epic_distance": analysis_stats.epic_distance(ra, rb)}
+            "pearson_r": analysis_stats.pearson(ra, rb), "epic_distance": analysis_stats.epic_distance(ra, rb)}

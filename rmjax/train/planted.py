@@ -285,6 +285,6 @@ def word_margins(model, words: PlantedWords) -> dict[str, dict[str, float]]:
     out = {}
     for name, r in scores.items():
         control = np.asarray(r[len(planted):], np.float64)
-        sd = control.std() or 1.0
+        sd = control.std() if np.ptp(control) > 0 else 1.0
         out[name] = {w: float((r[i] - control.mean()) / sd) for i, w in enumerate(planted)}
     return out

@@ -57,7 +57,7 @@ def pool_gaps(words: PlantedWords, texts: Sequence[str], rewards: dict[str, np.n
     word's way (up for liked and framed, down for disliked). Where the planted words stand among the candidates."""
     texts, out = list(texts), {}
     for name, r in rewards.items():
-        z = (r - r.mean(axis=1, keepdims=True)) / np.where(r.std(axis=1) > 0, r.std(axis=1), 1.0)[:, None]
+        z = (r - r.mean(axis=1, keepdims=True)) / np.where(np.ptp(r, axis=1) > 0, r.std(axis=1), 1.0)[:, None]
         gap = z[0] - z[1]
         order = {t: i for i, t in enumerate(np.asarray(texts)[np.argsort(-gap, kind="stable")])}
         out[name] = {}
