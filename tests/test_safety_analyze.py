@@ -383,6 +383,39 @@ def test_implicit_takes_only_log_prob_tables(tmp_path):
         assert "Traceback" not in line
 
 
+def test_checkpoints_scored_otherwise_are_not_drawn_as_one_curve(tmp_path):
+    """A fault hunt: --bigtwo_checkpoints drew one line, exit 0, through tables scored with another template, token
+    set or dtype (or not by rmjax at all) beside a run's checkpoints. Each is now refused by name; a later
+    checkpoint of the run (other weights, same scoring) is a point of the curve."""
+    from rmjax.search.sweep import SweepSpec, run_sweep
+    from tests import tiny
+
+    first = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")[1]
+    later = cli.copy_folder(first, tmp_path / "later")
+    cli.edit_tensor(later, "score.weight", lambda w: -w)  # a later step of the run: other weights
+    steps = tmp_path / "steps"
+
+    def score(step: int, model: Path, limit: int = 64, **options) -> Path:
+        return run_sweep(SweepSpec(inproc.options(model, steps / f"step_{step}.csv", **options),
+                                   inproc.prompts("greatest"), limit=limit))
+
+    score(0, first)
+    score(10, later)
+    analyze(tmp_path / "ok", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None)
+    assert pd.read_csv(tmp_path / "ok" / "bigtwo_checkpoints.csv").step.tolist() == [0, 10]
+    for settings, differ in ((dict(template="plain"), "template"), (dict(limit=32), "limit"),
+                             (dict(dtype="bfloat16"), "dtype")):
+        odd = score(20, later, **settings)
+        inproc.refused(partial(analyze, tmp_path / f"o_{differ}", bigtwo_checkpoints=str(steps),
+                               bigtwo_dictionary=None), "--bigtwo_checkpoints=", "step_20.csv", f"another {differ} "
+                       "than step_0.csv", "rescore it")
+        odd.unlink()
+        results.meta_path(odd).unlink()
+    bare = sweep(steps / "step_20.csv", {"greatest": np.zeros(64)}, meta=False)
+    inproc.refused(partial(analyze, tmp_path / "o_bare", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None),
+                   f"{bare.name} records no identity", "step_0.csv does", "score every checkpoint")
+
+
 def test_tables_compared_without_a_prompt_in_common_or_in_two_templates(tmp_path, capsys):
     """A fault hunt: --bigtwo_checkpoints tables with no prompt in common ended in a KeyError traceback (and a
     refused table there was named as a --scores one); log-probs taken under --template=chat for one model and

@@ -21,6 +21,8 @@ from scipy import stats as scipy_stats
 from rmjax.analysis import lexicons, stats
 from rmjax.analysis.data import ScoreTable, collapse_variants, common_prompts, read_table, roundtrip_rows
 from rmjax.errors import MissingFileError, UsageError
+from rmjax.runs.identities import changed_keys
+from rmjax.runs.results import read_meta
 
 AGENCY, COMMUNION = lexicons.AGENCY, lexicons.COMMUNION
 Lexicon = dict[str, Sequence[str]] | lexicons.StemMatcher
@@ -104,7 +106,37 @@ def load_checkpoints(directory: str | Path, roundtrip_only: bool = False) -> lis
     if twice:  # e.g. step_1.csv and step_01.csv: two points for one step of the curve
         raise UsageError(f"--bigtwo_checkpoints={directory} has several tables for step {twice[0]} "
                          f"({', '.join(sorted(str(t.path.name) for s, t in found if s == twice[0]))}); keep one.")
-    return sorted(found, key=lambda item: item[0])
+    found.sort(key=lambda item: item[0])
+    _one_run(directory, [table.path for _, table in found])
+    return found
+
+
+
+
+def _differs_by_step(key: str) -> bool:
+    """What two checkpoints of one run differ in: the weights (their prompts are compared by same_prompt_texts)."""
+    return key in ("model.weights", "prompts") or key.startswith("prompts.")
+
+
+def _one_run(directory: str | Path, paths: Sequence[Path]) -> None:
+    """The curve's points are one run's checkpoints scored alike: a table of another tokenizer, template, dtype,
+    token set or reading drew one line through two models' ranks, exit 0 (a fault hunt)."""
+    recorded = {path.name: (read_meta(path) or {}).get("identity") for path in paths}
+    known = {name: identity for name, identity in recorded.items() if isinstance(identity, dict)}
+    if not known:
+        return  # bare tables (the published ones): nothing records how they were scored
+    first = next(iter(known))
+    unknown = [name for name in recorded if name not in known]
+    if unknown:
+        raise UsageError(f"--bigtwo_checkpoints={directory}: {unknown[0]} records no identity (in a .meta.json beside "
+                         f"it) and {first} does, so the two cannot be checked as one run's checkpoints scored alike; "
+                         "score every checkpoint with experiments.sweep, or give only bare tables.")
+    for name, identity in known.items():
+        differ = [key for key in changed_keys(known[first], identity) if not _differs_by_step(key)]
+        if differ:
+            raise UsageError(f"--bigtwo_checkpoints={directory}: {name} was scored with another {', '.join(differ)} "
+                             f"than {first}; the curve needs one run's checkpoints scored alike (same tokenizer, "
+                             "template, dtype and tokens): rescore it, or move it out of the folder.")
 
 
 def bigtwo_checkpoints(steps: Sequence[tuple[int, ScoreTable]], lexicon: Lexicon,
