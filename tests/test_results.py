@@ -69,3 +69,19 @@ def test_a_table_with_a_repeated_column_is_refused_by_name(tmp_path):
     path.write_text('"token_id","token_name","token_decoded","greatest","greatest"\n0,"a","a",1.5,2.5\n')
     with pytest.raises(InputFileError, match="column 'greatest' appears more than once"):
         results.read_scores_csv(path)
+
+
+def test_a_table_with_a_nameless_column_is_refused(tmp_path):
+    """A fault hunt: a published table saved with pandas' default `to_csv` (its row index first, header empty) was
+    read with a prompt `Unnamed: 0` whose scores were the row numbers, analysed alone as if a model had scored them."""
+    import pandas as pd
+
+    from rmjax.errors import InputFileError
+
+    frame = pd.DataFrame({"token_id": [0, 1], "token_name": ["a", "b"], "token_decoded": ["a", "b"],
+                          "greatest": [1.5, 2.5]})
+    frame.to_csv(tmp_path / "indexed.csv")
+    with pytest.raises(InputFileError, match=r"indexed.csv: column 1 has no name .*index=False"):
+        results.read_scores_csv(tmp_path / "indexed.csv")
+    frame.to_csv(tmp_path / "plain.csv", index=False)
+    assert list(results.read_scores_csv(tmp_path / "plain.csv").columns) == list(frame.columns)

@@ -126,7 +126,8 @@ def value_columns(df: pd.DataFrame) -> list[str]:
 
 
 def check_header(path: str | Path) -> list[str]:
-    """The header of a CSV, refused when a column repeats (pandas would silently rename the second `x.1`)."""
+    """The header of a CSV, refused when a column repeats (pandas would silently rename the second `x.1`) or has
+    no name."""
     try:
         with open(path, encoding="utf-8", newline="") as f:
             header = next(csv.reader(f), [])
@@ -136,6 +137,10 @@ def check_header(path: str | Path) -> list[str]:
     if repeated:
         raise InputFileError(f"{path}: column {', '.join(map(repr, repeated))} appears more than once; give each "
                              "prompt one column.")
+    unnamed = [i + 1 for i, c in enumerate(header) if not c.strip()]
+    if unnamed:  # pandas would call it `Unnamed: 0` and read it as a prompt's scores
+        raise InputFileError(f"{path}: column {unnamed[0]} has no name (a row index written with the table, as "
+                             "pandas' to_csv does by default?); remove it (to_csv(index=False)) or name the prompt.")
     return header
 
 
