@@ -56,10 +56,10 @@ def _passes(eqn: jcore.JaxprEqn) -> int:
     return max((_PASSES.get(p, 1) for p in (precision if isinstance(precision, tuple) else (precision,))), default=1)
 
 
-def _matmuls(jaxpr: jcore.Jaxpr, trips: bool) -> tuple[float, float, float]:
+def _matmuls(jaxpr: jcore.Jaxpr, trips: bool, loops: int = 1) -> tuple[float, float, float]:
     """(FLOPs, operand + result bytes, FLOPs times MXU passes) of every dot_general in `jaxpr`; scan bodies times
-    their length when `trips`, else once; a cond's costliest branch; a while body once (its trip count is not
-    static)."""
+    their length when `trips`, else once; a cond's costliest branch; a while body `loops` times when `trips` (its
+    trip count is not static: the caller's bound), else once."""
     flops = moved = passes = 0.0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
@@ -69,14 +69,15 @@ def _matmuls(jaxpr: jcore.Jaxpr, trips: bool) -> tuple[float, float, float]:
             flops, passes = flops + f, passes + f * _passes(eqn)
             moved += sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in (lhs, rhs, out))
             continue
-        subs = [_matmuls(sub, trips) for sub in _inner(eqn.params.values())]
+        subs = [_matmuls(sub, trips, loops) for sub in _inner(eqn.params.values())]
         if not subs:
             continue
         if eqn.primitive.name == "cond":
             f, b, p = max(subs)
         else:
             f, b, p = map(sum, zip(*subs, strict=True))
-        times = eqn.params["length"] if trips and eqn.primitive.name == "scan" else 1
+        times = (eqn.params["length"] if eqn.primitive.name == "scan" else
+                 loops if eqn.primitive.name == "while" else 1) if trips else 1
         flops, moved, passes = flops + times * f, moved + times * b, passes + times * p
     return flops, moved, passes
 
@@ -270,17 +271,21 @@ class CallCost:
                 "realistic_seconds": self.seconds(chip), "bound": self.bound(chip)}
 
 
-def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = None, data: int = 1) -> CallCost:
+def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = None, data: int = 1,
+            loop_trips: int = 0) -> CallCost:
     """Compile `call` for `args` (abstract, with shardings on the target's devices) and read its cost; `weights`
-    (the argument holding the model's weights) and the `data` axis size model the activations' traffic."""
+    (the argument holding the model's weights) and the `data` axis size model the activations' traffic. A call
+    whose `lax.while_loop` runs at most `loop_trips` times (a greedy decode; 0: no loop planned, a body counted
+    once) is planned at that bound: its body's FLOPs that many times, its arguments (weights, cache) read again on
+    each trip."""
     traced = call.trace(*args)  # one trace serves the count and the compile
     xla = compiled_numbers(traced.lower(), args)
     jaxpr = traced.jaxpr.jaxpr
-    (f_all, moved, passes), (f_once, _, _) = _matmuls(jaxpr, True), _matmuls(jaxpr, False)
+    (f_all, moved, passes), (f_once, _, _) = _matmuls(jaxpr, True, max(1, loop_trips)), _matmuls(jaxpr, False)
     xla_flops = xla["flops"]
     global_weights = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(weights))
     arguments, outputs = xla["argument_bytes"], xla["output_bytes"]
-    traffic = arguments + outputs + max(0.0, moved - global_weights) / data
+    traffic = arguments * (1 + loop_trips) + outputs + max(0.0, moved - global_weights) / data
     elements = sum(math.prod(x.sharding.shard_shape(x.shape)) if getattr(x, "sharding", None) is not None
                    else math.prod(x.shape) for x in jax.tree.leaves(weights))
     return CallCost(name, count, xla_flops * (f_all / f_once if f_once else 1.0), traffic, xla_flops, arguments,

@@ -75,7 +75,7 @@ def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model:
     cache = max((shard_bytes(c.cache) for c in made if c.cache is not None), default=0)
     started = time.perf_counter()
     try:
-        costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data) for c in made)
+        costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data, c.loop_trips) for c in made)
     except CompileRefused as error:
         # The TPU compiler refuses a program whose buffers exceed the chip's HBM, saying what it would need
         found = re.search(r"RESOURCE_EXHAUSTED.*?\(([\d.]+)([KMGTP])\) exceeds", str(error))

@@ -51,10 +51,24 @@ class BeamShape(SweepShape):
                                                       exhaustive=self.exhaustive), self.candidates))
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
-        return calls.beam_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
+        from rmjax.search.beam_job import MAX_NEW
+
+        made = calls.beam_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
                                 suffix_tokens=self.suffix_tokens, candidates=self.candidates, batch_size=batch,
                                 depth=self.depth, beam=self.beam, direction=self.direction,
                                 exhaustive=self.exhaustive)
+        return made + _completion(cfg, dtype, mesh, self, self.written_responses(), self.depth, MAX_NEW)
+
+    def written_responses(self) -> int:
+        """The responses the completion check continues (beam_job's CHECKED_ROWS of each depth and direction's
+        written rows; at most: the two directions may share some)."""
+        from rmjax.search.beam import BeamConfig
+        from rmjax.search.beam_job import CHECKED_ROWS
+
+        cfg = BeamConfig(depth=self.depth, beam=self.beam, direction=self.direction, exhaustive=self.exhaustive)
+        n = self.candidates  # a direction's sequences at depth d: all, or its beam's partials times every candidate
+        ranked = [n ** d if self.exhaustive else min(self.beam, n ** (d - 1)) * n for d in range(1, self.depth + 1)]
+        return sum(len(cfg.directions) * min(CHECKED_ROWS, cfg.top, r) for r in ranked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +97,26 @@ class GcgShape:
         return self.steps
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
-        return calls.gcg_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
+        from rmjax.search.gcg_config import GCGConfig
+        from rmjax.search.gcg_job import MAX_NEW
+
+        made = calls.gcg_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
                                suffix_tokens=self.suffix_tokens, num_tokens=self.num_tokens, steps=self.steps,
                                search_width=self.search_width, eval_batch_size=self.eval_batch_size)
+        # the buffer of best sequences the job writes and completes
+        return made + _completion(cfg, dtype, mesh, self, GCGConfig.buffer_size, self.num_tokens, MAX_NEW)
+
+
+def _completion(cfg: ModelConfig, dtype: str, mesh, shape, responses: int, response_tokens: int,
+                max_new: int) -> list[calls.Call]:
+    """The completion check's calls where the RM is its own prior (tied embeddings: its LM head is the embedding
+    table; rmjax.search.completion.completion_prior). An untied RM's job skips the check without --lm, and a plan
+    has no --lm."""
+    if not cfg.tie_embeddings:
+        return []
+    return calls.completion_calls(cfg, dtype, mesh, prompts=shape.prompts, prefix_tokens=shape.prefix_tokens,
+                                  suffix_tokens=shape.suffix_tokens, responses=responses,
+                                  response_tokens=response_tokens, max_new=max_new)
 
 
 @dataclasses.dataclass(frozen=True)

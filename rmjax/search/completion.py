@@ -33,6 +33,8 @@ from rmjax.search import turns
 from rmjax.text.chat import split_chat
 
 WIDTH_BUCKET = 16  # rows are left-padded to a multiple of this: few compilations
+BATCH_SIZE = 64  # responses continued in one call (check_written's; a plan counts the same: rmjax.plan.calls)
+SCORED_BATCH_SIZE = 256  # completed texts the RM scores in one call
 
 
 @dataclasses.dataclass
@@ -78,8 +80,14 @@ def _greedy(cfg: ModelConfig, params, prefix: nn.KVCache, ids, mask, end_id, *, 
     return jax.lax.while_loop(running, step_once, (jnp.int32(1), cache, preds, done))[2]
 
 
+def greedy_call(cfg: ModelConfig, mesh, prefix_width: int, max_new: int):
+    """The compiled `_greedy` after a one-row prefix cache of `prefix_width` positions (what a plan lowers too)."""
+    return compiled(_greedy, cfg, mesh, (PARAMS, Cache(1, prefix_width), ROWS(2), ROWS(2), REPLICATED), ROWS(2),
+                    max_new=max_new)
+
+
 def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, responses: list[list[int]],
-                         max_new: int = 32, batch_size: int = 64) -> tuple[np.ndarray, list[list[int]]]:
+                         max_new: int = 32, batch_size: int = BATCH_SIZE) -> tuple[np.ndarray, list[list[int]]]:
     """ends_turn [W] bool (the prior's argmax after prefix + response is `end_id`) and the tokens the prior adds to
     each response greedily before its argmax is `end_id`, at most `max_new` (empty when it ends). Batches of up to
     `batch_size` rows, each prefilled once and decoded into its KV cache's free slots in one compiled call."""
@@ -106,8 +114,7 @@ def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, respo
             rows = min(batch_size, batching.rows_for(len(part), batching.data_shards(prior.mesh)))
             width = batching.bucket(max(len(r) for r in part), WIDTH_BUCKET)
             ids, mask = batching.pad_rows(part, width, side="left", num_rows=rows)
-            call = compiled(_greedy, prior.config, prior.mesh, (PARAMS, Cache(1, shared.positions.shape[1]),
-                                                                ROWS(2), ROWS(2), REPLICATED), ROWS(2), max_new=max_new)
+            call = greedy_call(prior.config, prior.mesh, shared.positions.shape[1], max_new)
             yield len(part), call(params, shared, batching.place(ids, prior.mesh), batching.place(mask, prior.mesh),
                                   end)
 
@@ -119,7 +126,7 @@ def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, respo
 
 
 def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[list[int]], template: str = "auto",
-                       max_new: int = 32, batch_size: int = 64, allow_nonfinite: bool = False) -> Completions:
+                       max_new: int = 32, batch_size: int = BATCH_SIZE, allow_nonfinite: bool = False) -> Completions:
     """Each response completed by the prior's greedy continuation up to the end of the turn (the first token of the
     template's text after the response, e.g. `<|im_end|>`), and the RM's reward of the completed text for `prompt`
     (score_texts: what experiments.score writes; a NaN/Inf reward raises NonFiniteError unless `allow_nonfinite`,
@@ -135,7 +142,7 @@ def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[lis
         whole = decode(response + more) if more else text
         ids.append(response + more)
         texts.append(whole if whole.startswith(text) else text + decode(more))
-    rewards = score_texts(rm, {"completed": prompt}, texts, template,
+    rewards = score_texts(rm, {"completed": prompt}, texts, template, SCORED_BATCH_SIZE,
                           allow_nonfinite=allow_nonfinite)["completed"] if texts else np.zeros(0)
     return Completions(ends, ids, texts, np.asarray(rewards, np.float64))
 

@@ -1,0 +1,100 @@
+"""The completion check in a search's plan: a tied reward model completes its own written responses (beam, GCG), a
+greedy decode whose every step reads logits over the whole vocabulary. A plan without it said a job fit that then
+ran out of memory after its search, at its end."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import pytest
+
+from rmjax.plan import chips
+from rmjax.plan.planner import compile_option
+from rmjax.plan.shapes import BeamShape, GcgShape
+from rmjax.plan.spec import model_config
+from rmjax.text.chat import split_chat
+from tests import inproc, tiny
+from tests.test_plan import ALIGNED, _matmul_params, _reward_config
+
+
+def _one_device() -> jax.sharding.Mesh:
+    import numpy as np
+
+    return jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:1]).reshape(1, 1), ("data", "model"))
+
+
+@pytest.fixture(scope="module")
+def tied_rm(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tied") / "rm"
+    return tiny.save_reward_model_with_tokenizer(folder, tie_word_embeddings=True)[1]
+
+
+def test_a_tied_rms_beam_plan_completes_what_the_job_completes(tied_rm, tmp_path, monkeypatch):
+    """The job's own greedy calls (counted by a spy on the builder it calls) against the plan's: as many calls, the
+    same rows, widths, prefix cache and cap. Depth 2, beam 4, one direction over 30 candidates: 30 + 4 x 30 written
+    rows, 100 of depth 2 checked (CHECKED_ROWS), 130 responses in batches of 64: 3 calls."""
+    from rmjax.search import completion
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
+    made = []
+    real = completion.greedy_call
+
+    def spy(cfg, mesh, prefix_width, max_new):
+        call = real(cfg, mesh, prefix_width, max_new)
+
+        def counted(params, cache, ids, mask, end):
+            made.append((prefix_width, max_new, tuple(ids.shape)))
+            return call(params, cache, ids, mask, end)
+
+        return counted
+
+    monkeypatch.setattr(completion, "greedy_call", spy)
+    candidates = tuple(range(1000, 1030))
+    run_beam(BeamSpec(inproc.options(tied_rm, tmp_path / "beam.csv"), inproc.prompts("greatest"),
+                      BeamConfig(depth=2, beam=4, direction="optimal"), candidates))
+    assert len(made) == 3
+
+    cfg, tokenizer = model_config(str(tied_rm))
+    split = split_chat(tokenizer, inproc.prompts("greatest")["greatest"], "auto")
+    shape = BeamShape(prompts=1, prefix_tokens=len(split.prefix), suffix_tokens=len(split.suffix),
+                      candidates=len(candidates), depth=2, beam=4, direction="optimal")
+    assert shape.written_responses() == 130
+    mesh = _one_device()
+    planned = {c.name: c for c in shape.calls(cfg, "float32", mesh, 64)}
+    complete = planned["complete"]
+    assert complete.count == len(made)
+    prefix_width, max_new, rows = made[0]
+    assert complete.args[1].k.shape[2] == prefix_width  # the prefix cache the job prefilled
+    assert complete.args[2].shape == rows  # the first (fullest) batch's rows and width
+    assert complete.loop_trips == max_new - 1
+    assert planned["completed_score_texts"].count == math.ceil(130 / 256)
+
+
+def test_an_untied_rm_plans_no_completion_and_gcg_completes_its_buffer():
+    """An untied RM's job skips the check (no LM head without --lm), so its plan has none; a tied one's GCG plan
+    completes the buffer (8 sequences) once per prompt."""
+    shape = GcgShape(prompts=2, prefix_tokens=40, suffix_tokens=5, num_tokens=8, steps=10, search_width=64,
+                     eval_batch_size=256)
+    mesh = _one_device()
+    untied = [c.name for c in shape.calls(_reward_config(**ALIGNED), "float32", mesh, 256)]
+    assert untied == ["prefill", "gradient", "append_kv", "score_variants"]
+    tied = {c.name: c for c in shape.calls(_reward_config(**ALIGNED, tie_word_embeddings=True), "float32", mesh, 256)}
+    assert tied["complete"].count == 2 and tied["complete"].args[2].shape == (8, 16)
+
+
+def test_the_completion_is_costed_with_its_logits_and_every_decode_step():
+    """On v5e:2x2 (data 2, model 2): the decode's peak holds at least its float32 logits over the vocabulary for a
+    chip's rows, and its FLOPs count every step: the layers' products over the 64 rows' 16 prefilled positions and
+    one position a row at each of the 31 steps after the first (and the logits of all 32), split over the 4 chips.
+    Counted as XLA counts a while loop (its body once), it was 36% of that."""
+    cfg = _reward_config(**ALIGNED, tie_word_embeddings=True)
+    shape = BeamShape(prompts=1, prefix_tokens=40, suffix_tokens=5, candidates=100, depth=2, beam=4)
+    option = compile_option(cfg, "bfloat16", chips.parse_slice("v5e:2x2"), 2, 2, shape, 64)
+    complete = next(c for c in option.costs if c.name == "complete")
+    rows = 64 // 2  # a chip's rows of a batch over data 2
+    assert complete.peak_bytes >= rows * cfg.vocab_size * 4 // 2  # logits, the vocabulary over model 2 at most
+    positions = 64 * 16 + 64 * 31
+    least = 2 * positions * _matmul_params(cfg) + 2 * 64 * 32 * cfg.hidden_size * cfg.vocab_size
+    assert complete.flops * 4 >= 0.95 * least
