@@ -35,7 +35,8 @@ SIZES: dict[str, dict[str, str]] = {
     "score": {"batch_size": "batch_size"},
     "logprobs": {},
     "inspect": {"steps": "ig_steps", "batch_size": "batch_size"},
-    "train_rm": {name: name for name in ("trainable", "last_k", "steps", "batch_size", "n_train", "fsdp", "remat")},
+    "train_rm": {name: name for name in ("trainable", "last_k", "steps", "batch_size", "n_train", "n_heldout",
+                                         "checkpoint_every", "fsdp", "remat")},
 }
 # Where each job writes (train_rm's --workdir, by default under runs/train_rm/, holds its checkpoints and summary).
 OUTPUTS = ("out", "workdir", "export", "head_out")

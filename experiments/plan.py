@@ -23,6 +23,7 @@ from absl import flags  # noqa: E402
 from experiments import common  # noqa: E402
 from rmjax.plan.planner import JOBS  # noqa: E402
 from rmjax.plan.spec import JOBS_SIZED_BY  # noqa: E402
+from rmjax.train.settings import COMMAND_LINE_DEFAULTS  # noqa: E402
 
 TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x4", "TPU slice: libtpu's name (v5e:2x4) or Cloud TPU's (v5e-8); "
                                "chips v4, v5e, v5p, v6e.")
@@ -59,6 +60,14 @@ ITEMS = flags.DEFINE_integer("items", 2, "inspect: responses inspected.", lower_
 IG_STEPS = flags.DEFINE_integer("ig_steps", 64, "inspect: integrated-gradients steps (as experiments.inspect "
                                 "--steps).", lower_bound=1)
 N_TRAIN = flags.DEFINE_integer("n_train", 20000, "train_rm: training pairs.", lower_bound=1)
+N_HELDOUT = flags.DEFINE_integer("n_heldout", 4000, "train_rm: held-out pairs (last_k/full: made before the steps and "
+                                 "held through them, evaluated at each checkpoint).", lower_bound=0)
+CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", COMMAND_LINE_DEFAULTS["checkpoint_every"],
+                                        "train_rm: steps between checkpoints, each evaluating the held-out pairs.",
+                                        lower_bound=1)
+HELDOUT_RESPONSES = flags.DEFINE_integer("heldout_responses", 0, "train_rm, last_k/full: the held-out pairs' distinct "
+                                         "responses (0: EloEverything's, two a pair, at most its 1,506 held-out "
+                                         "items).", lower_bound=0)
 RESPONSES = flags.DEFINE_integer("responses", 0, "train_rm: distinct responses (head only: the feature matrix's "
                                  "rows, training and held-out pairs' both; last_k: the training pairs' responses, "
                                  "whose states below the trained layers are kept where they pay). 0: EloEverything's, "
@@ -79,9 +88,11 @@ def check_flags() -> None:
             common.refuse_given(f"plan --job={JOB.value}", (name,), f"does not read it (--{name} sizes "
                                 f"{' and '.join(jobs)})")
     if JOB.value == "train_rm":  # a head-only run's feature pass reads responses; the others, whole conversations
-        unread = ("sequence_tokens",) if TRAINABLE.value == "head" else ("text_tokens",)
+        unread = ("sequence_tokens", "heldout_responses") if TRAINABLE.value == "head" else ("text_tokens",)
         common.refuse_given(f"plan --job=train_rm --trainable={TRAINABLE.value}", unread, "does not read it "
-                            "(--text_tokens sizes a head-only run's feature pass, --sequence_tokens the others' steps)")
+                            "(--text_tokens sizes a head-only run's feature pass, --sequence_tokens and "
+                            "--heldout_responses the others' steps: a head-only run's held-out responses are rows of "
+                            "--responses)")
 
 
 def main(argv):
@@ -109,7 +120,9 @@ def main(argv):
         extra_prompts=common.PROMPT.value, template=common.TEMPLATE.value, limit=LIMIT.value,
         prefix_tokens=PREFIX_TOKENS.value, suffix_tokens=SUFFIX_TOKENS.value, trainable=TRAINABLE.value,
         last_k=LAST_K.value, steps=STEPS.value, batch_size=BATCH_SIZE.value, n_train=N_TRAIN.value,
-        responses=RESPONSES.value, sequence_tokens=SEQUENCE_TOKENS.value, depth=DEPTH.value, beam=BEAM.value,
+        n_heldout=N_HELDOUT.value, heldout_responses_count=HELDOUT_RESPONSES.value,
+        checkpoint_every=CHECKPOINT_EVERY.value, responses=RESPONSES.value, sequence_tokens=SEQUENCE_TOKENS.value,
+        depth=DEPTH.value, beam=BEAM.value,
         direction=DIRECTION.value, exhaustive=EXHAUSTIVE.value, num_tokens=NUM_TOKENS.value,
         search_width=SEARCH_WIDTH.value, texts_count=TEXTS.value, text_tokens=TEXT_TOKENS.value,
         items=ITEMS.value, ig_steps=IG_STEPS.value)

@@ -423,20 +423,21 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
         "sweep --token_ids=5,6,7 --limit=2": ("", ["--limit=2", "--batch_size=0"]),
         "score": ("--texts='\"a,b\",c' --batch_size 8", ["--batch_size=8", "--texts=2"]),
         "logprobs": ("--template=plain", ["--template=plain"]),
-        "train_rm": ("--elo=builtin --trainable=full --steps=5 --warmup_steps=1 --workdir=results/w",
-                     ["--trainable=full", "--last_k=2", "--steps=5",
-                                                                  "--batch_size=256", "--n_train=20000",
-                                                                  "--fsdp=false", "--remat=false"]),
+        # the held-out pairs and how often they are evaluated size the plan too
+        "train_rm": ("--elo=builtin --trainable=full --steps=5 --warmup_steps=1 --workdir=results/w --n_heldout=100 "
+                     "--checkpoint_every=2",
+                     ["--trainable=full", "--last_k=2", "--steps=5", "--batch_size=256", "--n_train=20000",
+                      "--n_heldout=100", "--checkpoint_every=2", "--fsdp=false", "--remat=false"]),
         # train_rm runs without FSDP and remat unless given them: the plan's auto assumed whichever fitted, and said
         # "fits" for an 8B full fine-tune that fits only with remat
         "train_rm --fsdp --noremat": ("--elo=builtin --export=results/e",
-                                      ["--trainable=head", "--last_k=2", "--steps=1500",
-                                                        "--batch_size=256", "--n_train=20000", "--fsdp=true",
-                                                        "--remat=false"]),
+                                      ["--trainable=head", "--last_k=2", "--steps=1500", "--batch_size=256",
+                                       "--n_train=20000", "--n_heldout=4000", "--checkpoint_every=250", "--fsdp=true",
+                                       "--remat=false"]),
         "train_rm --remat=True --fsdp=0": ("--elo=builtin --head_out=results/h",
-                                           ["--trainable=head", "--last_k=2", "--steps=1500",
-                                                             "--batch_size=256", "--n_train=20000", "--fsdp=false",
-                                                             "--remat=true"]),
+                                           ["--trainable=head", "--last_k=2", "--steps=1500", "--batch_size=256",
+                                            "--n_train=20000", "--n_heldout=4000", "--checkpoint_every=250",
+                                            "--fsdp=false", "--remat=true"]),
     }
     assert {case.split()[0] for case in cases} == set(JOBS)
     found = _read_each(*(f"experiments.{case} {words}" for case, (words, _) in cases.items()))

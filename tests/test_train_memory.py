@@ -146,3 +146,39 @@ def test_a_consumed_resume_reads_its_checkpoint_into_what_it_replaces(lm, tmp_pa
     for key in reference:
         np.testing.assert_array_equal(np.asarray(flat[key]), np.asarray(reference[key]), err_msg=key)
     assert copied_extra - consumed_extra >= restored, (copied_extra, consumed_extra, restored)
+
+
+@pytest.mark.parametrize("trainable", ["last_k", "full"])
+def test_the_plan_holds_the_held_out_data_the_run_holds(lm, tmp_path, monkeypatch, trainable):
+    """train_rm makes its held-out data before the steps and holds them through all of them (last_k: each response's
+    states below the trained layers): rmjax.plan counts them beside every step, bytes for bytes what the run's own
+    held-out data hold (captured from the run, at its sizes), and evaluates them at each checkpoint. A plan without
+    them (the one before) counted 0 bytes there."""
+    from rmjax.plan import calls
+    from rmjax.plan.cost import shard_bytes
+    from rmjax.train import prefixed
+
+    made = []
+    real = prefixed.frozen_prefix_data
+
+    def spy(model, split, shared, steps=0, batch_size=0):
+        out = real(model, split, shared, steps, batch_size)
+        made.append((split, out))
+        return out
+
+    monkeypatch.setattr(prefixed, "frozen_prefix_data", spy)
+    rm = reward_model_from_lm(lm, seed=3)
+    train, held = _separable(NOUNS[:20], 64, 6), _separable(NOUNS[20:], 16, 7)
+    cfg = TrainConfig(trainable=trainable, last_k=1, steps=3, batch_size=8, checkpoint_every=2)
+    train_reward_model(rm, train, held, cfg, tmp_path, log=lambda *_: None)
+    (split, data), = [(s, d) for s, d in made if s.responses.shape[1] == len(held)]  # the held-out pairs'
+    states = data[-1]
+    assert (states is not None) == (trainable == "last_k")  # full: no frozen layer, no state to keep
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+    prefix, response = split.prefixes.shape[1], split.responses.shape[2]
+    planned = {c.name: c for c in calls.train_calls(
+        rm.config, "float32", mesh, trainable=trainable, last_k=1, steps=3, batch_size=8, pairs=len(train),
+        responses=64, sequence_tokens=prefix + response, prompts=len(split.prefixes), prefix_tokens=prefix,
+        heldout_pairs=len(held), heldout_responses=len(states[0]) if states is not None else 32, checkpoint_every=2)}
+    assert shard_bytes(planned["train_step"].beside) == placed_bytes(data) > 0
+    assert planned["heldout_rewards"].count == 2  # steps 2 and 3, one call of 16 pairs each

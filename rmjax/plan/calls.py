@@ -46,6 +46,7 @@ class Call:
     weights: Any = None  # the argument that holds the model's weights (its per-chip bytes), if any
     cache: Any = None  # the argument that holds a KV cache, if any
     loop_trips: int = 0  # the most trips of its while loop (rmjax.plan.cost.cost_of); 0: none planned
+    beside: Any = None  # arrays the job holds through the call without passing them (train_rm's held-out data)
 
 
 def abstract_params(cfg: ModelConfig, dtype: str, mesh: Mesh) -> nnx.State:
@@ -240,21 +241,24 @@ def inspect_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, items: int, token
 def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, last_k: int, steps: int,
                 batch_size: int, pairs: int, responses: int, sequence_tokens: int, fsdp: bool = False,
                 remat: bool = False, prompts: int = 1, prefix_tokens: int = 0, text_tokens: int = 8,
-                suffix_tokens: int = 0) -> list[Call]:
+                suffix_tokens: int = 0, heldout_pairs: int = 0, heldout_responses: int = 0,
+                checkpoint_every: int = 250) -> list[Call]:
     """One training step of `trainable` (rmjax.train.loop: a head-only run reads a feature matrix of
     `responses` rows, the others token sequences of `sequence_tokens`, those after `prompts` prefixes of
     `prefix_tokens` (run through `last_k`'s frozen layers once) when 0 < prefix_tokens < sequence_tokens and that
     `prefixed.pays`), made `steps` times; with `fsdp` the trained weights and optimizer state split over `data` as
     train_rm --fsdp places them, with `remat` each layer recomputed in the backward pass. A head-only run first
     makes its feature matrix, once: the backbone over each response (`text_tokens` and the template's tail of
-    `suffix_tokens`) after its prompt's cached prefix, as TextScorer.features runs it."""
-    from rmjax.train.loop import trainable_part
+    `suffix_tokens`) after its prompt's cached prefix, as TextScorer.features runs it. The others' `heldout_pairs`
+    (over `heldout_responses` distinct responses) are made before the steps and held through them, and evaluated
+    at each checkpoint (every `checkpoint_every` steps and the last)."""
+    from rmjax.train.loop import HELD_BATCH, trainable_part
     from rmjax.train.optimizer import make_optimizer
     from rmjax.train.settings import TrainConfig, frozen_layers
     from rmjax.train.step import _moving
 
     train_cfg = TrainConfig(trainable=trainable, last_k=last_k, steps=steps, batch_size=batch_size, fsdp=fsdp,
-                            remat=remat)
+                            remat=remat, checkpoint_every=checkpoint_every)
 
     class Shapes:  # what trainable_part reads of a Model
         config = cfg
@@ -270,30 +274,39 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
 
     module, optimizer = nnx.eval_shape(parts)
     wrt = filters[0]
-    if trainable == "head":
-        data = (_array((responses, cfg.hidden_size), jnp.float32, mesh), _array((pairs,), jnp.int32, mesh),
-                _array((pairs,), jnp.int32, mesh))
-        pair_rewards = feature_pair_rewards
-    elif 0 < prefix_tokens < sequence_tokens and prefixed.pays(prompts, batch_size):
+    shared = frozen_layers(train_cfg, cfg.num_layers)
+
+    def pair_data(n_pairs: int, n_responses: int, run_steps: int, run_batch: int, split_batch: int) -> tuple:
+        """(data, pair_rewards) of `n_pairs` pairs over `n_responses` distinct responses, as train_rm makes them
+        for `run_steps` steps of `run_batch` pairs, split at the prefixes where they `pay` at `split_batch`."""
+        if not (0 < prefix_tokens < sequence_tokens and prefixed.pays(prompts, split_batch)):
+            return (_array((2, n_pairs, sequence_tokens), jnp.int32, mesh),
+                    _array((2, n_pairs, sequence_tokens), jnp.bool_, mesh)), sequence_pair_rewards
         # as train_rm runs it: each prompt's prefix through the frozen layers once, the trained ones once a step
         # (rmjax.train.prefixed; `full`: no frozen layer)
-        shared = frozen_layers(train_cfg, cfg.num_layers)
         ids = jax.ShapeDtypeStruct((prompts, prefix_tokens), jnp.int32)
         frozen = jax.eval_shape(functools.partial(prefixed.lower_prefix, cfg, shared=shared),
                                 zoo.abstract_params(cfg, jnp.dtype(numpy_dtype(dtype))), ids,
                                 jax.ShapeDtypeStruct(ids.shape, jnp.bool_))
         response = sequence_tokens - prefix_tokens
-        hidden = frozen[-1].dtype  # `responses` distinct: their states below the trained layers kept where they pay
-        states = (_array((responses, response, cfg.hidden_size), hidden, mesh), _array((2, pairs), jnp.int32, mesh)) \
-            if shared and prefixed.states_pay(responses, response, cfg.hidden_size, hidden.itemsize, steps,
-                                              batch_size) else None
-        data = (_array((2, pairs, response), jnp.int32, mesh), _array((2, pairs, response), jnp.bool_, mesh),
-                _array((pairs,), jnp.int32, mesh), *(_array(x.shape, x.dtype, mesh) for x in frozen), states)
-        pair_rewards = prefixed.prefixed_pair_rewards
+        hidden = frozen[-1].dtype  # the distinct responses' states below the trained layers, kept where they pay
+        states = (_array((n_responses, response, cfg.hidden_size), hidden, mesh),
+                  _array((2, n_pairs), jnp.int32, mesh)) \
+            if shared and prefixed.states_pay(n_responses, response, cfg.hidden_size, hidden.itemsize, run_steps,
+                                              run_batch) else None
+        return (_array((2, n_pairs, response), jnp.int32, mesh), _array((2, n_pairs, response), jnp.bool_, mesh),
+                _array((n_pairs,), jnp.int32, mesh), *(_array(x.shape, x.dtype, mesh) for x in frozen),
+                states), prefixed.prefixed_pair_rewards
+
+    held = None
+    if trainable == "head":  # the held-out pairs' responses are rows of the one feature matrix
+        data = (_array((responses, cfg.hidden_size), jnp.float32, mesh), _array((pairs,), jnp.int32, mesh),
+                _array((pairs,), jnp.int32, mesh))
+        pair_rewards = feature_pair_rewards
     else:
-        data = (_array((2, pairs, sequence_tokens), jnp.int32, mesh),
-                _array((2, pairs, sequence_tokens), jnp.bool_, mesh))
-        pair_rewards = sequence_pair_rewards
+        data, pair_rewards = pair_data(pairs, responses, steps, batch_size, batch_size)
+        if heldout_pairs:  # rmjax.train.loop._objective: made before the steps, kept through all of them
+            held = pair_data(heldout_pairs, heldout_responses, 1, heldout_pairs, HELD_BATCH)
     moving = _placed(nnx.split((module, optimizer), _moving(wrt), ...)[1], mesh, fsdp)
     runner = Steps(cfg, mesh, module, optimizer, wrt, pair_rewards, data, copy=False,
                    moving_shardings=jax.tree.map(lambda x: x.sharding, moving) if fsdp else None)
@@ -302,13 +315,34 @@ def train_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, trainable: str, las
     args = (moving, _placed(runner.frozen, mesh), data, rows, label)
     weights = (_placed(nnx.state(module, nnx.All(nnx.Param, wrt)), mesh, fsdp),  # as train_rm places them
                _placed(nnx.state(module, nnx.All(nnx.Param, nnx.Not(wrt))), mesh))
-    step = Call("train_step", runner.call, args, steps, weights)
+    step = Call("train_step", runner.call, args, steps, weights, beside=held and held[0])
     if trainable != "head":
-        return [step]
+        return [step, *_evaluation(cfg, mesh, module, optimizer, wrt, data, held, train_cfg, heldout_pairs)]
     # per prompt, its responses in --feature_batch_size batches (TextScorer.features)
     return [*score_calls(cfg, dtype, mesh, prompts=prompts, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens,
                          texts=math.ceil(responses / prompts), text_tokens=text_tokens,
                          batch_size=train_cfg.feature_batch_size, features=True), step]
+
+
+def _evaluation(cfg: ModelConfig, mesh: Mesh, module, optimizer, wrt, data: tuple, held: tuple | None,
+                train_cfg, heldout_pairs: int) -> list[Call]:
+    """The held-out evaluations (rmjax.train.loop._evaluation: at every checkpoint and the last step, HELD_BATCH
+    pairs a call) under the module as trained, the optimizer's state and the training data held beside them."""
+    from rmjax.train.loop import HELD_BATCH
+    from rmjax.train.step import pair_rewards_call
+
+    if held is None:
+        return []
+    held_data, pair_rewards = held
+    graphdef, _ = nnx.split(module)
+    fsdp = train_cfg.fsdp
+    trained = _placed(nnx.state(module, nnx.All(nnx.Param, wrt)), mesh, fsdp)
+    state = nnx.merge_state(_placed(nnx.state(module, nnx.Not(nnx.All(nnx.Param, wrt))), mesh), trained)
+    rows = _array((HELD_BATCH,), jnp.int32, mesh)
+    evaluations = math.ceil(train_cfg.steps / train_cfg.checkpoint_every)
+    beside = (_placed(nnx.state(optimizer, nnx.OptState), mesh, fsdp), data)
+    return [Call("heldout_rewards", pair_rewards_call(cfg, mesh, graphdef, pair_rewards), (state, held_data, rows),
+                 evaluations * math.ceil(heldout_pairs / HELD_BATCH), (state,), beside=beside)]
 
 
 def _placed(state: nnx.State, mesh: Mesh, fsdp: bool = False) -> nnx.State:

@@ -235,11 +235,13 @@ class CallCost:
     weight_elements: float = 0.0  # weights one chip reads per call (for the MFU's rows)
     mxu_passes: float = 1.0  # bf16 passes per FLOP, FLOP-weighted over the products (`_PASSES`)
     kept: bool = False  # XLA's numbers came from the plan cache, not a compile now (compiled_numbers)
+    beside_bytes: int = 0  # the job's arrays live through the call that are not its arguments
 
     @property
     def peak_bytes(self) -> int:
-        """Arguments, results and scratch live at once (donated arguments counted once)."""
-        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+        """Arguments, results and scratch live at once (donated arguments counted once), and the arrays the job
+        keeps beside them."""
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes + self.beside_bytes
 
     @property
     def rows(self) -> float:
@@ -265,6 +267,7 @@ class CallCost:
     def as_dict(self, chip: Chip) -> dict:
         return {"name": self.name, "count": self.count, "flops": self.flops, "traffic_bytes": self.traffic_bytes,
                 "xla_flops_scan_once": self.xla_flops, "temp_bytes": self.temp_bytes,
+                "beside_bytes": self.beside_bytes, "peak_bytes": self.peak_bytes,
                 "collective_bytes": sum(c.bytes * c.times for c in self.collectives),
                 "assumed_mfu": assumed_mfu(self.rows), "mxu_passes": self.mxu_passes,
                 "lower_bound_seconds": self.seconds(chip, realistic=False),
@@ -272,12 +275,13 @@ class CallCost:
 
 
 def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = None, data: int = 1,
-            loop_trips: int = 0) -> CallCost:
+            loop_trips: int = 0, beside: Any = None) -> CallCost:
     """Compile `call` for `args` (abstract, with shardings on the target's devices) and read its cost; `weights`
     (the argument holding the model's weights) and the `data` axis size model the activations' traffic. A call
     whose `lax.while_loop` runs at most `loop_trips` times (a greedy decode; 0: no loop planned, a body counted
     once) is planned at that bound: its body's FLOPs that many times, its arguments (weights, cache) read again on
-    each trip."""
+    each trip. `beside`: abstract arrays the job holds through the call without passing them (its peak counts
+    them)."""
     traced = call.trace(*args)  # one trace serves the count and the compile
     xla = compiled_numbers(traced.lower(), args)
     jaxpr = traced.jaxpr.jaxpr
@@ -290,7 +294,7 @@ def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = N
                    else math.prod(x.shape) for x in jax.tree.leaves(weights))
     return CallCost(name, count, xla_flops * (f_all / f_once if f_once else 1.0), traffic, xla_flops, arguments,
                     outputs, xla["temp_bytes"], xla["alias_bytes"], collectives(xla["hlo"]), float(elements),
-                    passes / f_all if f_all else 1.0, xla["kept"])
+                    passes / f_all if f_all else 1.0, xla["kept"], shard_bytes(beside) if beside is not None else 0)
 
 
 NUMBERS = {"flops": float, "argument_bytes": int, "output_bytes": int, "temp_bytes": int, "alias_bytes": int,

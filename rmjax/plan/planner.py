@@ -75,7 +75,8 @@ def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model:
     cache = max((shard_bytes(c.cache) for c in made if c.cache is not None), default=0)
     started = time.perf_counter()
     try:
-        costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data, c.loop_trips) for c in made)
+        costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data, c.loop_trips, c.beside)
+                      for c in made)
     except CompileRefused as error:
         # The TPU compiler refuses a program whose buffers exceed the chip's HBM, saying what it would need
         found = re.search(r"RESOURCE_EXHAUSTED.*?\(([\d.]+)([KMGTP])\) exceeds", str(error))
@@ -250,7 +251,8 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
         "mesh": {"data": option.data, "model": option.model}, "batch_size": option.batch_size, "why": why,
         "per_chip_bytes": {"weights": option.weights_bytes, "cache": option.cache_bytes,
                            "temp": max(c.temp_bytes for c in option.costs),
-                           "output": max(c.output_bytes for c in option.costs), "total": option.total_bytes},
+                           "output": max(c.output_bytes for c in option.costs),
+                           "beside": max(c.beside_bytes for c in option.costs), "total": option.total_bytes},
         "hbm_bytes": chip.hbm_bytes,
         "calls": [c.as_dict(chip) for c in option.costs],
         "lower_bound_seconds": lower,

@@ -134,6 +134,9 @@ class TrainShape:
     prefix_tokens: int = 0  # each prompt's prefix, run through the layers once (a step's, for the steps; 0: not split)
     text_tokens: int = 8  # head: its feature pass's response tokens after the prefix, and the template's tail
     suffix_tokens: int = 0
+    heldout_pairs: int = 0  # made before the steps, held through them (not head: rows of its feature matrix)
+    heldout_responses: int = 0
+    checkpoint_every: int = 250  # each checkpoint evaluates the held-out pairs (train_rm's command-line default)
 
     per = "step"
     split_batch = True  # rmjax.train.settings.check_batch_on_mesh

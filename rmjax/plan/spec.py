@@ -32,7 +32,8 @@ JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam"
                  "text_tokens": ("score", "inspect", "train_rm"),
                  "items": ("inspect",), "ig_steps": ("inspect",),
                  **{name: ("train_rm",) for name in ("trainable", "last_k", "fsdp", "remat", "n_train", "responses",
-                                                      "sequence_tokens")}}
+                                                      "sequence_tokens", "n_heldout", "heldout_responses",
+                                                      "checkpoint_every")}}
 
 
 def model_config(spec: str, reward: bool = True):
@@ -119,20 +120,31 @@ def check_job(cfg: ModelConfig, tokenizer, job: str, sizes: list[tuple[str, int,
 def elo_responses(trainable: str) -> int:
     """The distinct responses a train_rm run on EloEverything keeps: a head-only run's features cover the training
     and the held-out pairs (all 7,530 items); last_k keeps states for the training items (80%) alone."""
-    return 7530 if trainable == "head" else 6024
+    return ELO_ITEMS if trainable == "head" else ELO_TRAINING_ITEMS
+
+
+ELO_ITEMS, ELO_TRAINING_ITEMS = 7530, 6024  # EloEverything's items, and those train_rm's split trains on (80%)
+
+
+def heldout_responses(n_heldout: int) -> int:
+    """The distinct responses of `n_heldout` EloEverything held-out pairs: two a pair, at most the held-out items."""
+    return min(2 * n_heldout, ELO_ITEMS - ELO_TRAINING_ITEMS)
 
 
 def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
                 extra_prompts=(), template: str = "auto", limit: int = 0, prefix_tokens: int = 0,
                 suffix_tokens: int = -1, trainable: str = "head", last_k: int = 2, steps: int = 0,
-                batch_size: int = 0, n_train: int = 20000, responses: int = 0, sequence_tokens: int = 0,
+                batch_size: int = 0, n_train: int = 20000, n_heldout: int = 4000, heldout_responses_count: int = 0,
+                checkpoint_every: int = 250,
+                responses: int = 0, sequence_tokens: int = 0,
                 depth: int = 2, beam: int = 64, direction: str = "both", exhaustive: bool = False,
                 num_tokens: int = 8, search_width: int = 128, texts_count: int = 1000,
                 text_tokens: int = 8, items: int = 2, ig_steps: int = 64
                 ) -> tuple[ModelConfig, Slice, object, dict | None]:
     """(config, slice, job shape, mesh or None), every flag checked before anything compiles. `steps` 0: the
     job's default (train_rm 1500, gcg 100); `batch_size` 0: the plan picks (train_rm 256, gcg 256 rows);
-    `responses` 0: EloEverything's (`elo_responses`)."""
+    `responses` 0: EloEverything's (`elo_responses`); `heldout_responses_count` 0: `n_heldout` EloEverything
+    pairs' (`heldout_responses`)."""
     from rmjax.text.prompts import resolve_prompts
 
     piece = parse_slice(topology)
@@ -153,7 +165,8 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         from rmjax.train.settings import TrainConfig, check_batch_size
 
         batch = batch_size or 256
-        TrainConfig(trainable=trainable, last_k=last_k, steps=steps or 1500, batch_size=batch)  # the job's checks
+        TrainConfig(trainable=trainable, last_k=last_k, steps=steps or 1500, batch_size=batch,
+                    checkpoint_every=checkpoint_every)  # the job's checks
         check_batch_size(batch, n_train)
         if trainable == "last_k" and last_k > cfg.num_layers:
             raise UsageError(f"--last_k={last_k}: the model has {cfg.num_layers} layers.")
@@ -177,7 +190,9 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         return cfg, piece, TrainShape(trainable, last_k, steps or 1500, batch, n_train,
                                       responses or elo_responses(trainable),
                                       sequence_tokens, prompts=prompts_planned, prefix_tokens=prefix,
-                                      text_tokens=text_tokens, suffix_tokens=suffix), sizes
+                                      text_tokens=text_tokens, suffix_tokens=suffix, heldout_pairs=n_heldout,
+                                      heldout_responses=heldout_responses_count or heldout_responses(n_heldout),
+                                      checkpoint_every=checkpoint_every), sizes
     texts = resolve_prompts(list(prompts), list(extra_prompts))
     per_prompt = _prompt_sizes(tokenizer, texts, template, prefix_tokens, suffix_tokens)
     prefix = max(p for _, p, _ in per_prompt)

@@ -86,6 +86,11 @@ def pair_rewards_of(cfg: ModelConfig, mesh, module: nnx.Module, pair_rewards: Ca
                     idx: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Rewards of chosen and rejected for pairs `idx` under the module as it is now (held-out evaluation)."""
     graphdef, state = nnx.split(module)
-    call = compiled(_pair_rewards, cfg, mesh, (None, None, REPLICATED), REPLICATED, graphdef=graphdef,
+    return pair_rewards_call(cfg, mesh, graphdef, pair_rewards)(state, data, jnp.asarray(idx))
+
+
+def pair_rewards_call(cfg: ModelConfig, mesh, graphdef: nnx.GraphDef, pair_rewards: Callable):
+    """The compiled evaluation of `pair_rewards_of` (state, data, idx), for the module `graphdef` splits (what a
+    plan lowers too)."""
+    return compiled(_pair_rewards, cfg, mesh, (None, None, REPLICATED), REPLICATED, graphdef=graphdef,
                     pair_rewards=pair_rewards)
-    return call(state, data, jnp.asarray(idx))
