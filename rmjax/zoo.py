@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rmjax import nn
-from rmjax.config import ModelConfig, config_from_hf
+from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
+from rmjax.hf_config import config_from_hf
 
 
 @dataclasses.dataclass(frozen=True)

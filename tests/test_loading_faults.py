@@ -15,8 +15,8 @@ import pytest
 import torch
 import transformers
 
-from rmjax.config import config_from_hf
 from rmjax.errors import CheckpointError, UnsupportedModelError
+from rmjax.hf_config import config_from_hf
 from rmjax.loading.gguf_file import gguf_to_hf_folder, hf_config_from_gguf, read_gguf
 from rmjax.loading.hf import load_hf_model_folder, load_tokenizer
 from tests import jitted as M

@@ -49,7 +49,7 @@ def test_bfloat16_on_the_cpu_counts_the_float32_copy_and_says_float32_is_smaller
     embedding, score = cfg.vocab_size * cfg.hidden_size * 2, cfg.hidden_size * cfg.num_labels * 4  # score: float32
     assert on_cpu.upcast_bytes == 2 * (on_cpu.params_bytes - embedding - score)
     # an LM whose head is its embedding table reads the table in a matmul: copied too
-    from rmjax.config import config_from_hf
+    from rmjax.hf_config import config_from_hf
     from tests import tiny
 
     lm = config_from_hf(tiny.hf_config("gemma3").to_dict() | {"architectures": ["Gemma3ForCausalLM"]})
@@ -61,7 +61,7 @@ def test_bfloat16_on_the_cpu_counts_the_float32_copy_and_says_float32_is_smaller
 
 
 def test_plan_picks_or_refuses_a_batch():
-    from rmjax.config import config_from_hf
+    from rmjax.hf_config import config_from_hf
     from tests import tiny
 
     raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rmjax import nn
-from rmjax.config import config_from_hf
+from rmjax.hf_config import config_from_hf
 from rmjax.parallel import sharding
 from rmjax.plan import calls, chips, cost
 from rmjax.plan.planner import compile_option, plan

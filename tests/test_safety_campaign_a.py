@@ -342,8 +342,8 @@ def _deep(path: Path, around: str = "{}") -> Path:
 def test_json_nested_too_deep_is_a_named_error(tmp_path):
     """A sweep's .meta.json (read by --from_sweep), a model's config.json and safetensors header, a pairs line:
     json raised RecursionError, which no handler took (a traceback, exit 1)."""
-    from rmjax.config import read_json_file
     from rmjax.errors import InputFileError
+    from rmjax.hf_config import read_json_file
     from rmjax.loading.safetensors_io import read_header
     from rmjax.train.data import read_pairs
 

@@ -16,8 +16,8 @@ import re
 
 import pytest
 
-from rmjax.config import config_from_hf, load_config_file
 from rmjax.errors import CheckpointError, UsageError
+from rmjax.hf_config import config_from_hf, load_config_file
 from rmjax.plan.chips import parse_slice
 from tests import inproc, tiny
 from tests.cli import run, user_error

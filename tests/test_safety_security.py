@@ -208,14 +208,14 @@ def test_every_loader_path_refuses_auto_map(rm_folder, tmp_path, monkeypatch):
 def test_transformers_never_allowed_to_run_folder_code(rm_folder, tmp_path, monkeypatch):
     """The second wall: with the auto_map check bypassed, transformers is still told trust_remote_code=False
     (it used to ask, and "y" on stdin ran the code)."""
-    from rmjax import config
+    from rmjax import hf_config
     from rmjax.loading import hf
 
     monkeypatch.setattr(hf, "refuse_remote_code", lambda folder: None, raising=False)  # absent before the fix
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
     model = _with_code(rm_folder, tmp_path / "model", "tokenizer_config.json", tmp_path / "MARKER")
     with pytest.raises(CheckpointError, match="cannot be read"):
-        hf.load_tokenizer(model, config.load_config_file(model / "config.json"))
+        hf.load_tokenizer(model, hf_config.load_config_file(model / "config.json"))
     assert not (tmp_path / "MARKER").exists()
 
 

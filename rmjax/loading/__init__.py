@@ -41,7 +41,7 @@ def fingerprint(spec: str, system_prompt: str | None = None) -> dict:
 def peek(spec: str):
     """(config, tokenizer) of a checkpoint folder without reading weights; None for builtin and GGUF
     models (small, or converted during loading)."""
-    from rmjax.config import load_config_file
+    from rmjax.hf_config import load_config_file
     from rmjax.loading.hf import load_tokenizer
 
     if spec in BUILTIN_RMS or spec in BUILTIN_GGUF:
@@ -75,7 +75,7 @@ def config_of(spec: str, backbone=None):
 
 
 def _config_and_folder(spec: str):
-    from rmjax.config import load_config_file
+    from rmjax.hf_config import load_config_file
     from rmjax.loading.gguf_file import cached_hf_folder
 
     kind, path = resolve(spec)

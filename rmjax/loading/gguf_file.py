@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax.config import config_from_hf
 from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
+from rmjax.hf_config import config_from_hf
 from rmjax.loading.gguf_reader import GGUFContents, TruncatedError, read_contents
 from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
 from rmjax.loading.identity import READING, sampled_digest

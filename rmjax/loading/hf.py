@@ -14,9 +14,10 @@ import numpy as np
 from flax import nnx
 
 from rmjax import nn
-from rmjax.config import ModelConfig, load_config_file, read_json_file
+from rmjax.config import ModelConfig
 from rmjax.errors import CheckpointError, MissingFileError, TokenizerMismatchError, UsageError
 from rmjax.heads import ARCHITECTURES as CUSTOM_HEADS
+from rmjax.hf_config import load_config_file, read_json_file
 from rmjax.loading import safetensors_io
 from rmjax.loading.identity import file_sha256, folder_fingerprint, tokenizer_digest
 from rmjax.loading.weights import assemble

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmjax.config import ModelConfig, load_config_file
+from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
+from rmjax.hf_config import load_config_file
 from rmjax.loading.reward_head import SEQUENCE_CLASSIFIERS
 from rmjax.parallel.mesh_spec import parse_mesh_spec
 from rmjax.plan.chips import Slice, parse_slice
