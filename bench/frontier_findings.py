@@ -43,7 +43,8 @@ from rmjax.search.fluent import FluentConfig  # noqa: E402
 from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier  # noqa: E402
 from rmjax.search.gcg import make_target  # noqa: E402
 from rmjax.search.gcg_start import banned_tokens  # noqa: E402
-from rmjax.search.objective import Objective, Prior  # noqa: E402
+from rmjax.search.objective import Objective  # noqa: E402
+from rmjax.search.terms import Prior  # noqa: E402
 from rmjax.text import prompts as prompt_lib  # noqa: E402
 
 MODELS = "elo-rm-smollm2-135m,elo-rm-gemma3-270m"

@@ -58,7 +58,7 @@ def main() -> None:
     from rmjax.compiled import PARAMS, REPLICATED, Cache, compiled, declared_params
     from rmjax.loading import load
     from rmjax.scoring import prior as prior_lib
-    from rmjax.search.objective import Prior
+    from rmjax.search.terms import Prior
     from rmjax.text import chat
 
     lm = load("smollm2-135m-instruct")

@@ -163,7 +163,8 @@ def run_search(model, target, cands, direction, seed, budget, rank, exact_limit:
     """The search's curve of (forwards, rank(latest J, its ids)), stopped at the budget or at rank 1."""
     from rmjax.search import fluent
     from rmjax.search.budget import Forwards
-    from rmjax.search.objective import Objective, Prior
+    from rmjax.search.objective import Objective
+    from rmjax.search.terms import Prior
 
     banned = np.ones(model.config.vocab_size, bool)
     banned[cands] = False

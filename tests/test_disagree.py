@@ -23,8 +23,9 @@ from rmjax.search.disagree import Disagreement, agreement
 from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec
 from rmjax.search.disagree_job import run_disagree
 from rmjax.search.gcg import make_target
-from rmjax.search.objective import Objective, Prior
+from rmjax.search.objective import Objective
 from rmjax.search.sides import ImplicitSide, Side, SideSpec
+from rmjax.search.terms import Prior
 from rmjax.text import chat, prompts
 from rmjax.text.chat import Conversations
 from tests import cli, tiny, tolerance
@@ -826,7 +827,7 @@ def test_best_of_n_rows_are_distinct_samples():
     """disagree wrote best-of-N's repeats as ranks 1–4 of one text: its rows held fewer of its finds than the
     search's (whose archive is distinct). Each sample is kept once, at its first draw, with its own terms (the job
     test checks the written rows are distinct)."""
-    from rmjax.search.objective import Values
+    from rmjax.search.terms import Values
 
     ids = np.array([[1, 2], [3, 4], [1, 2], [5, 6], [3, 4]])
     terms = np.arange(5.0)

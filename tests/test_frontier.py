@@ -20,11 +20,12 @@ from rmjax.compiled import declared_params
 from rmjax.loading import load
 from rmjax.scoring import calls
 from rmjax.scoring import prior as prior_lib
-from rmjax.search import baseline, fluent, objective, pareto, turns
+from rmjax.search import baseline, fluent, objective, pareto, terms, turns
 from rmjax.search import gcg as gcg_lib
 from rmjax.search.budget import Forwards
 from rmjax.search.gcg import make_target
-from rmjax.search.objective import Objective, Prior
+from rmjax.search.objective import Objective
+from rmjax.search.terms import Prior
 from rmjax.text import chat, prompts
 from tests import cli, tiny, tolerance
 
@@ -564,7 +565,7 @@ def test_a_seeded_search_takes_its_seeds_free_with_their_terms(tied, monkeypatch
     free = [i for i, ids in enumerate(seeds[0].tolist()) if tuple(ids) not in set(scored)]
     assert free  # seeds the search had not found itself: in its archive without being scored (nor charged)
     index = {tuple(row): i for i, row in enumerate(found.ids.tolist())}
-    want = -seeds[1] + 0.25 * (seeds[2] - 2.0 * objective.repetition(seeds[0], target.suffix[0]))
+    want = -seeds[1] + 0.25 * (seeds[2] - 2.0 * terms.repetition(seeds[0], target.suffix[0]))
     got = [found.values.objective[index[tuple(seeds[0][i].tolist())]] for i in free]
     np.testing.assert_allclose(got, want[free], rtol=1e-12)
     assert found.values.objective.max() >= max(want)
@@ -583,7 +584,7 @@ class _RecordingObjective:
     def score(self, cands, current, extended, every=None):
         self.scored.append(np.asarray(cands).copy())
         zero = np.zeros(len(cands))
-        return objective.Values(zero, zero, zero, zero)
+        return terms.Values(zero, zero, zero, zero)
 
 
 def test_a_step_merges_its_improving_swaps_at_distinct_positions_best_first():
@@ -603,7 +604,7 @@ def test_a_step_merges_its_improving_swaps_at_distinct_positions_best_first():
         seen = {tuple(r) for r in cands.tolist()}
         archive, obj = fluent._Archive(None), _RecordingObjective(10**6)
         archive.forwards = obj.forwards
-        fluent._merge_improvements(obj, cfg, current, 0.0, cands, objective.Values(j, j, j, j), None, None, [],
+        fluent._merge_improvements(obj, cfg, current, 0.0, cands, terms.Values(j, j, j, j), None, None, [],
                                    archive, seen)
         order = sorted(range(len(cands)), key=lambda i: (-j[i], i))
         chosen = {}
@@ -633,7 +634,7 @@ def test_merged_swaps_of_whole_turns_are_canonical():
     archive = fluent._Archive(obj.forwards)
     seen = {tuple(r) for r in cands.tolist()}
     fluent._merge_improvements(obj, fluent.FluentConfig(num_tokens=5, merges=3), current, 0.0, cands,
-                               objective.Values(j, j, j, j), None, None, [], archive, seen)
+                               terms.Values(j, j, j, j), None, None, [], archive, seen)
     got = np.concatenate(obj.scored) if obj.scored else np.zeros((0, 5), np.int32)
     assert (got == turns.canonical(got, end)).all()
     assert got.tolist() == [[5, 2, 99, 99, 99]]  # the cut and the first swap; the growth after the cut is no token
@@ -684,9 +685,9 @@ def test_search_rows_are_its_best_by_j_and_its_own_pareto_layers():
         w, rho, lam, sign = int(rng.integers(1, 60)), 2.0, 0.5, (1.0, -1.0)[trial % 2]
         ids = rng.integers(0, 4, (w, 4))
         reward, logp = rng.normal(size=w).round(1), rng.normal(size=w).round(1)
-        rep = objective.repetition(ids)
+        rep = terms.repetition(ids)
         j = sign * reward + lam * (logp - rho * rep)
-        found = fluent.Found(ids, objective.Values(reward, logp, rep, j), Fraction(0), [])
+        found = fluent.Found(ids, terms.Values(reward, logp, rep, j), Fraction(0), [])
         top, extra_rows = int(rng.integers(1, 5)), int(rng.integers(0, 30))
         rows = search_rows(found, top, extra_rows, sign, rho).tolist()
         gain, fluency = sign * reward, logp - rho * rep

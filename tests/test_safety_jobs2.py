@@ -259,7 +259,8 @@ def test_a_nan_prior_log_prob_is_refused_or_dropped_where_fluency_is_in_j(rm_fol
     from rmjax.loading import load
     from rmjax.search.budget import Forwards
     from rmjax.search.gcg import make_target
-    from rmjax.search.objective import Objective, Prior
+    from rmjax.search.objective import Objective
+    from rmjax.search.terms import Prior
     from rmjax.text import prompts
 
     target = make_target(load(str(rm_folder)), prompts.PAPER1["greatest"])

@@ -23,7 +23,8 @@ from rmjax.scoring.prefix import extend_prefix, pack, score_variants
 from rmjax.search.budget import Forwards
 from rmjax.search.gcg import gcg, make_target
 from rmjax.search.gcg_config import GCGConfig
-from rmjax.search.objective import Objective, Prior
+from rmjax.search.objective import Objective
+from rmjax.search.terms import Prior
 from rmjax.text import prompts
 from tests import cli, tolerance
 from tests.test_mutants import overflow_row  # noqa: F401  (the fixture)

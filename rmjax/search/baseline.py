@@ -15,7 +15,8 @@ from rmjax.scoring import prior as prior_lib
 from rmjax.search import turns
 from rmjax.search.fluent import FluentConfig, Found, turn_fluency
 from rmjax.search.gcg_swaps import survives
-from rmjax.search.objective import Objective, Values
+from rmjax.search.objective import Objective
+from rmjax.search.terms import Values
 
 SAMPLER_ROWS = 64  # prior_lib.sample_responses' batch: larger counts run in batches of it
 

@@ -27,7 +27,7 @@ from rmjax.text.candidates import decoded_tokens
 
 @dataclasses.dataclass(eq=False)
 class Disagreement:
-    """The Objective's partner (rmjax.search.objective.Partner): A's rewards of candidates (A's ids) become gaps;
+    """The Objective's partner (rmjax.search.terms.Partner): A's rewards of candidates (A's ids) become gaps;
     every candidate scored is kept in `ledger` (its own tokens -> (reward A, reward B)), so written rows read
     their values."""
 

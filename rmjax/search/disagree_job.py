@@ -39,9 +39,10 @@ from rmjax.search.frontier_job import BEST_OF_N, OWN_PRIOR_DRAWS, default_judge,
 from rmjax.search.gcg import make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids
-from rmjax.search.objective import Objective, Prior
+from rmjax.search.objective import Objective
 from rmjax.search.sides import Side, SideSpec, make_side
 from rmjax.search.sweep import memory_plan
+from rmjax.search.terms import Prior
 from rmjax.text import chat
 
 MAP_BATCH = 256  # the most --batch_size=0 picks: the memory plan counts the other models' weights, not their work

@@ -40,7 +40,8 @@ from rmjax.search import turns
 from rmjax.search.budget import BudgetSpent
 from rmjax.search.gcg_config import GCGConfig
 from rmjax.search.gcg_swaps import RetokenizationCheck, sample_candidates, survives, swap_scores
-from rmjax.search.objective import Objective, Values
+from rmjax.search.objective import Objective
+from rmjax.search.terms import Values
 
 BUFFER_TRIES = 4  # buffer entries a step tries before the search counts as stuck
 

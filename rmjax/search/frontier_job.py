@@ -45,7 +45,8 @@ from rmjax.search.frontier_unit import Unit, check_counts, check_terms, read_uni
 from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, survives
-from rmjax.search.objective import Objective, Prior
+from rmjax.search.objective import Objective
+from rmjax.search.terms import Prior
 from rmjax.text import candidates as candidate_set
 from rmjax.text import chat
 

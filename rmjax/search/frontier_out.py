@@ -11,7 +11,7 @@ import numpy as np
 from rmjax.analysis import plots
 from rmjax.runs import results
 from rmjax.search import pareto, turns
-from rmjax.search.objective import repetition
+from rmjax.search.terms import repetition
 
 FLUENT_PPL = 100.0  # judge perplexity at or below which a response counts as fluent (the fluency cost)
 PPL_CAPS = (30.0, 100.0)  # the primary metric's judge-perplexity caps (and best-of-N's median)
