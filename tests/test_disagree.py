@@ -523,6 +523,9 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
         np.testing.assert_allclose(table[f"reward_{side}"], scored.scores["greatest"], rtol=0, atol=max(atol, 1e-6))
         mean, sd = scored.scale["greatest"]
         assert meta["yardsticks"]["greatest"][side] == pytest.approx([mean, sd], abs=atol)
+        # how many single tokens it was taken over, none left out for NaN/Inf (the helper-108 record)
+        assert meta["yardsticks_sampled"]["greatest"][side]["values"] == 64
+        assert meta["yardsticks_sampled"]["greatest"][side]["nonfinite"] is None
         # the yardstick, read from the map, is within atol of score's: z within atol·(1 + |z|)/sd
         want = ((table[f"reward_{side}"] - mean) / sd).to_numpy()
         z_atol[side] = 1e-6 + atol * (1 + np.abs(want).max()) / sd

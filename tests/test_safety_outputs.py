@@ -351,3 +351,27 @@ def test_score_without_out_stops_at_a_nan_reward_of_a_text_or_of_its_z_sample(rm
                     lambda w: np.where(np.arange(len(w))[:, None] == drawn, np.nan, w))
     with pytest.raises(NonFiniteError, match=f"token {drawn}"):
         score(z_nan, ("Love",))
+
+
+def test_a_z_scale_records_the_tokens_it_left_out_and_how_many_it_scored(nan_rm, rm, tmp_path):
+    """A fault hunt (helper-108): `score --allow_nonfinite` left a NaN single-token reward out of its z-scale and
+    recorded nothing ("nonfinite": null, though the refusal promises the count in .meta.json), and --z_sample above
+    the vocabulary scored the vocabulary while .meta.json said only the number asked for. The NaN model's token 20
+    is left out and counted, by its id; each scale names the tokens it was taken over: all 49,152."""
+    from rmjax.scoring.texts import ScoreSpec, run_score
+
+    vocab = 49152
+    with pytest.raises(NonFiniteError, match="1 of 49152"):
+        run_score(ScoreSpec(inproc.options(nan_rm, tmp_path / "refused.csv"), inproc.prompts("greatest"), ("Love",),
+                            z_sample=10**6))
+    for model, name, allow in ((nan_rm, "nan.csv", True), (rm[1], "clean.csv", False)):
+        run_score(ScoreSpec(inproc.options(model, tmp_path / name, allow_nonfinite=allow), inproc.prompts("greatest"),
+                            ("Love",), z_sample=10**6))
+        meta = results.read_meta(tmp_path / name)
+        sampled = meta["z_sampled"]["greatest"]
+        assert sampled["values"] == vocab and [sampled["mean"], sampled["sd"]] == meta["z_scale"]["greatest"]
+        left_out = sampled["nonfinite"]
+        if allow:
+            assert left_out["values"] == 1 and left_out["first"] == ["token 20 for 'reward'"], left_out
+        else:
+            assert left_out is None

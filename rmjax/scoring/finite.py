@@ -128,14 +128,30 @@ def merge(records: Sequence[dict | None]) -> dict | None:
             "first": [f for r in found for f in r["first"]][:3], "allowed": all(r["allowed"] for r in found)}
 
 
+class Scale(tuple):
+    """A yardstick: (mean, SD), as which it unpacks and is written, with how many values it was taken over
+    (`values`) and the record of those left out for NaN/Inf (`nonfinite`, `check`'s; None: none), which a job's
+    .meta.json keeps (`record`): --allow_nonfinite promises that count."""
+
+    values: int
+    nonfinite: dict | None
+
+    def __new__(cls, mean: float, sd: float, values: int, nonfinite: dict | None = None) -> Scale:
+        scale = super().__new__(cls, (mean, sd))
+        scale.values, scale.nonfinite = values, nonfinite
+        return scale
+
+    def record(self) -> dict:
+        return {"mean": self[0], "sd": self[1], "values": self.values, "nonfinite": self.nonfinite}
+
+
 def yardstick(values: np.ndarray, *, what: str, row: Callable[[int], str], allow: bool,
-              fix: str) -> tuple[float, float]:
+              fix: str) -> Scale:
     """The mean and SD (ddof 1) a z-score divides by. NaN/Inf values stop the job (`check`) or, with `allow`, are
-    left out; fewer than 2 values, or an SD that is 0 or not finite, is refused in one line (the z-scores would be
-    NaN or ±Inf), `fix` saying how to give a usable one."""
+    left out (and counted); fewer than 2 values, or an SD that is 0 or not finite, is refused in one line (the
+    z-scores would be NaN or ±Inf), `fix` saying how to give a usable one."""
     values = np.asarray(values, np.float64).ravel()
-    if len(values):
-        check(values[:, None], what=what, row=row, columns=["reward"], allow=allow)
+    left_out = check(values[:, None], what=what, row=row, columns=["reward"], allow=allow) if len(values) else None
     kept = values[np.isfinite(values)]
     if len(kept) < 2:
         raise UsageError(f"{what}: {len(kept)} finite value{'' if len(kept) == 1 else 's'}, but a z-score's SD needs "
@@ -147,13 +163,14 @@ def yardstick(values: np.ndarray, *, what: str, row: Callable[[int], str], allow
     if not (np.isfinite(mean) and np.isfinite(sd) and sd > 0):
         raise UsageError(f"{what}: the {len(kept)} values have mean {mean:.6g} and SD {sd:.6g}; a z-score needs a "
                          f"finite SD > 0; {fix}.")
-    return mean, sd
+    return Scale(mean, sd, len(values), left_out)
 
 
 def sampled_yardstick(vocab: int, n: int, score: Callable[[np.ndarray], np.ndarray], *, allow: bool,
-                      fix: str) -> tuple[float, float]:
+                      fix: str) -> Scale:
     """`yardstick` of the rewards of `n` single tokens drawn with seed 0 from ids [0, vocab): one sample for every
-    job (--z_sample), so the frontier's reward_z and `score`'s z of one RM and prompt share their scale."""
+    job (--z_sample), so the frontier's reward_z and `score`'s z of one RM and prompt share their scale. More than
+    the vocabulary is all of it (its `values` say how many were scored)."""
     tokens = np.random.default_rng(0).choice(vocab, min(n, vocab), replace=False)
     return yardstick(score(tokens), what=f"single-token rewards of {len(tokens)} sampled tokens (--z_sample)",
                      row=lambda i: f"token {int(tokens[i])}", allow=allow, fix=fix)

@@ -260,7 +260,7 @@ def run_score(spec: ScoreSpec) -> Scored:
 
 
 def z_scale(model: Model, prompts: dict[str, str], z_sample: int, template: str = "auto", batch_size: int = 256,
-            allow_nonfinite: bool = False) -> dict[str, tuple[float, float]] | None:
+            allow_nonfinite: bool = False) -> dict[str, finite.Scale] | None:
     """{prompt: (mean, SD)} of the rewards of `z_sample` single tokens (finite.sampled_yardstick); None for 0."""
     if not z_sample:
         return None
@@ -292,4 +292,5 @@ def write_text_scores(model: Model, prompts: dict[str, str], texts: list[str], o
         scale = z_scale(model, prompts, z_sample, template, batch_size, allow_nonfinite)  # after: texts' NaN first
         return job.finish(lambda path: results.write_table(path, {"text": texts}, scores), **jobs.model_meta(model),
                           allow_nonfinite=allow_nonfinite, prompts=prompts, n_texts=len(texts), nonfinite=nonfinite,
-                          **({"z_scale": scale} if scale else {}))
+                          **({"z_scale": scale, "z_sampled": {name: s.record() for name, s in scale.items()}}
+                             if scale else {}))

@@ -27,7 +27,7 @@ from rmjax.runs import results
 from rmjax.runs.chunks import ChunkStore, open_store, store_dir
 from rmjax.runs.options import claim_job, model_inputs
 from rmjax.runs.progress import PhaseClock, Progress
-from rmjax.scoring import memory
+from rmjax.scoring import finite, memory
 from rmjax.search import disagree_out, frontier_checks, turns
 from rmjax.search.baseline import best_of_n, distinct_samples
 from rmjax.search.budget import BudgetSpent, Forwards
@@ -189,6 +189,7 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
                    dtype=o.dtype, prompts=spec.prompts,
                    config=dataclasses.asdict(cfg), search=dataclasses.asdict(spec.search),
                    yardsticks={n: {"a": list(p.z_a), "b": list(p.z_b)} for n, p in ready.items()},
+                   yardsticks_sampled={n: {"a": p.z_a.record(), "b": p.z_b.record()} for n, p in ready.items()},
                    units=[u.meta() for u in units], summary=summary, batch_size=batch_size,
                    seconds=sum(clock.seconds.values()), seconds_by_phase=clock.rounded())
         if is_main():
@@ -311,7 +312,7 @@ def _map_rewards(p: Ready, name: str, shared):
     return map_rewards(p.side_a, p.side_b, shared, name)
 
 
-def _yardsticks(p: Ready, spec: DisagreeSpec, shared, raw) -> tuple[tuple[float, float], tuple[float, float]]:
+def _yardsticks(p: Ready, spec: DisagreeSpec, shared, raw) -> tuple[finite.Scale, finite.Scale]:
     """Each side's yardstick (Side.yardstick), its sampled tokens' rewards read from the map where it scored them."""
     known = [None, None] if raw is None else [dict(zip(shared[column].tolist(), rewards.tolist(), strict=True))
                                               for column, rewards in (("token_a", raw[0]), ("token_b", raw[1]))]

@@ -169,7 +169,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
         judge_model = load_for_job(dataclasses.replace(o, output_column=0, template="auto"), judge)  # its own template
         same_tokenizer(rm, lm)
         store = open_store(out, identity, 1)
-        units = compute_units(rm, lm, judge_model, spec, store)
+        units, scales = compute_units(rm, lm, judge_model, spec, store)
         rows = frontier_out.rows(units, spec.config, rm.tokenizer)
         _complete(rows, rm, lm, spec)
         summary = frontier_out.summaries(units, spec.config, rows)
@@ -182,6 +182,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
                    search=dataclasses.asdict(spec.search), inputs=stages.recorded({"--sweep": swept}),
                    units=[u.meta() for u in units], summary=summary,
                    nonfinite=frontier_out.nonfinite_record(units),
+                   yardsticks={name: scale.record() for name, scale in scales.items()},
                    forwards=sum(u.forwards for u in units),
                    forwards_per_second=sum(u.forwards for u in units) / max(sum(u.seconds for u in units), 1e-9))
         if is_main():
@@ -238,8 +239,13 @@ def unit_label(prompt: str, direction: str, method: str, lam: float | None, inde
     return f"frontier {index + 1}/{units}: {prompt} {direction}, {what}"
 
 
-def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store: ChunkStore) -> list[Unit]:
+def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store: ChunkStore
+                  ) -> tuple[list[Unit], dict[str, finite.Scale]]:
+    """The plan's units, each computed or read back from `store`, and each prompt's reward_z yardstick (taken for
+    every prompt, its units read back or not: its record, left-out values included, goes to .meta.json)."""
     cfg, search = spec.config, spec.search
+    scales = {name: _reward_scale(rm, make_target(rm, text, spec.options.template), spec, name)
+              for name, text in spec.prompts.items()}
     lambdas = sorted(cfg.lambdas, reverse=True) if cfg.share else cfg.lambdas
     plan = [(p, d, m, lam) for p in spec.prompts for d in cfg.directions
             for m, lam in [*(("search", v) for v in lambdas), ("best_of_n", None)]]
@@ -258,13 +264,13 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
             continue
         progress.label = unit_label(name, direction, method, lam, index, len(plan))
         if name not in ready:
-            ready[name] = _prepare(rm, lm, spec, name)
+            ready[name] = _prepare(rm, lm, spec, name, scales[name])
         seeds = _seeds([u for u in units if (u.prompt, u.direction, u.method) == (name, direction, "search")]
                        if cfg.share and method == "search" else [])
         units.append(_compute(ready[name], judge, spec, name, direction, method, lam, progress, seeds))
         if is_main():
             write_unit(store, key, units[-1])
-    return units
+    return units, scales
 
 
 def _budget(cfg: FrontierConfig, method: str) -> int:
@@ -285,11 +291,11 @@ class _Prompt:
     prior: Prior
     banned: np.ndarray
     retokenize: list[RetokenizationCheck]
-    z: tuple[float, float]
+    z: finite.Scale
 
 
-def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
-    """A prompt's RM target, prior, allowed tokens, re-tokenization check and reward scale."""
+def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str, scale: finite.Scale) -> _Prompt:
+    """A prompt's RM target, prior, allowed tokens and re-tokenization check, with its reward `scale`."""
     text, template = spec.prompts[name], spec.options.template
     target = make_target(rm, text, template)
     end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
@@ -305,10 +311,10 @@ def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str) -> _Prompt:
                                   spec.search.num_tokens, rm.tokenizer, target.suffix)
     check = RetokenizationCheck(chat.Conversations(rm.tokenizer, text, template), target.prefix, target.suffix)
     return _Prompt(target, prior, banned, [check] if spec.config.retokenize_filter else [],
-                   _reward_scale(rm, target, spec, name, check))
+                   scale)
 
 
-def _reward_scale(rm: Model, target: Target, spec: FrontierSpec, name: str, check) -> tuple[float, float]:
+def _reward_scale(rm: Model, target: Target, spec: FrontierSpec, name: str) -> finite.Scale:
     """Mean and SD of the reward over single-token responses: the --sweep column, else z_sample tokens drawn
     with seed 0 from the vocabulary (not counted against any budget: a yardstick, not a search). Fewer than 2
     values or an SD of 0 is refused (finite.yardstick): reward_z would be NaN or ±Inf."""
