@@ -289,7 +289,8 @@ def cost_of(name: str, call: Compiled, args: tuple, count: int, weights: Any = N
     xla_flops = xla["flops"]
     global_weights = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(weights))
     arguments, outputs = xla["argument_bytes"], xla["output_bytes"]
-    traffic = arguments * (1 + loop_trips) + outputs + max(0.0, moved - global_weights) / data
+    # the weights read on each trip are in `arguments` (every trip) and in `moved` (every trip): taken out of `moved`
+    traffic = arguments * (1 + loop_trips) + outputs + max(0.0, moved - global_weights * (1 + loop_trips)) / data
     elements = sum(math.prod(x.sharding.shard_shape(x.shape)) if getattr(x, "sharding", None) is not None
                    else math.prod(x.shape) for x in jax.tree.leaves(weights))
     return CallCost(name, count, xla_flops * (f_all / f_once if f_once else 1.0), traffic, xla_flops, arguments,

@@ -129,9 +129,9 @@ def merge(records: Sequence[dict | None]) -> dict | None:
 
 
 class Scale(tuple):
-    """A yardstick: (mean, SD), as which it unpacks and is written, with how many values it was taken over
-    (`values`) and the record of those left out for NaN/Inf (`nonfinite`, `check`'s; None: none), which a job's
-    .meta.json keeps (`record`): --allow_nonfinite promises that count."""
+    """A yardstick: (mean, SD), as which it unpacks and is written, with how many values were scored for it
+    (`values`, those left out included) and the record of those left out for NaN/Inf (`nonfinite`, `check`'s;
+    None: none), which a job's .meta.json keeps (`record`): --allow_nonfinite promises that count."""
 
     values: int
     nonfinite: dict | None
