@@ -1029,8 +1029,8 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     assert calls_made[:2] == [("greatest", "optimal", "search", 1.0), ("greatest", "optimal", "search", 0.0)]
     assert csv.read_bytes() == first
     # the reward_z yardstick, with the tokens it was taken over and none left out for NaN/Inf (helper-108)
-    again = json.loads((out / "frontier.csv.meta.json").read_text())["yardsticks"]["greatest"]
-    assert again == meta["yardsticks"]["greatest"] and again["values"] == 64 and again["nonfinite"] is None
+    again = json.loads((out / "frontier.csv.meta.json").read_text())["yardsticks_sampled"]["greatest"]
+    assert again == meta["yardsticks_sampled"]["greatest"] and again["values"] == 64 and again["nonfinite"] is None
     # the λ = 0 search after the resume was given exactly the λ = 1 rows the CSV holds, with their terms
     written = table[(table.direction == "optimal") & (table["lambda"] == 1.0) & (table.method == "search")]
     ids, reward, logp = seeds_given[0]

@@ -85,3 +85,17 @@ def test_a_table_with_a_nameless_column_is_refused(tmp_path):
         results.read_scores_csv(tmp_path / "indexed.csv")
     frame.to_csv(tmp_path / "plain.csv", index=False)
     assert list(results.read_scores_csv(tmp_path / "plain.csv").columns) == list(frame.columns)
+
+
+def test_a_scale_survives_pickle_and_copies_with_what_it_records():
+    """A review (helper-110): tuple's own reduce rebuilt a Scale from (mean, SD) alone, so pickle, copy and
+    deepcopy raised TypeError; each now gives back the same mean, SD, count and left-out record."""
+    import copy
+    import pickle
+
+    from rmjax.scoring.finite import Scale
+
+    scale = Scale(1.5, 0.25, 7, {"values": 1})
+    for twin in (pickle.loads(pickle.dumps(scale)), copy.copy(scale), copy.deepcopy(scale)):
+        assert twin == (1.5, 0.25) and twin.record() == scale.record() == {
+            "mean": 1.5, "sd": 0.25, "values": 7, "nonfinite": {"values": 1}}

@@ -411,6 +411,13 @@ def test_checkpoints_scored_otherwise_are_not_drawn_as_one_curve(tmp_path):
                        "than step_0.csv", "rescore it")
         odd.unlink()
         results.meta_path(odd).unlink()
+    # two GGUF checkpoints of one run: a GGUF's tokenizer digest is the file's, as its weights' is (review, helper-110)
+    for path in (steps / "step_0.csv", steps / "step_10.csv"):
+        meta = results.read_meta(path)
+        meta["identity"]["model"]["tokenizer"] = meta["identity"]["model"]["weights"]
+        results.meta_path(path).write_text(json.dumps(meta))
+    analyze(tmp_path / "gguf", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None)
+    assert pd.read_csv(tmp_path / "gguf" / "bigtwo_checkpoints.csv").step.tolist() == [0, 10]
     bare = sweep(steps / "step_20.csv", {"greatest": np.zeros(64)}, meta=False)
     inproc.refused(partial(analyze, tmp_path / "o_bare", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None),
                    f"{bare.name} records no identity", "step_0.csv does", "score every checkpoint")

@@ -357,10 +357,12 @@ def test_the_end_of_turn_is_never_a_response_token_under_allow_special(rm_folder
     from rmjax.loading import load
     from rmjax.scoring.finite import Scale
     from rmjax.search import frontier_job
+    from rmjax.search.gcg import make_target
 
     spec = frontier_spec(rm_folder, lm_folder, tmp_path / "f", allow_special=True)
     rm, lm = load(str(rm_folder)), load(str(lm_folder))
-    prepared = frontier_job._prepare(rm, lm, spec, "greatest", Scale(0.0, 1.0, 2))  # the scale plays no part
+    target = make_target(rm, spec.prompts["greatest"], spec.options.template)
+    prepared = frontier_job._prepare(rm, lm, spec, "greatest", target, Scale(0.0, 1.0, 2))  # no part of the bans
     end = frontier_job.end_of_turn(rm, spec, "greatest")
     special = set(rm.tokenizer.all_special_ids) - {end}
     assert prepared.banned[end] and special and not prepared.banned[sorted(special)].any()

@@ -111,10 +111,12 @@ def load_checkpoints(directory: str | Path, roundtrip_only: bool = False) -> lis
     return found
 
 
-
-
-def _differs_by_step(key: str) -> bool:
-    """What two checkpoints of one run differ in: the weights (their prompts are compared by same_prompt_texts)."""
+def _differs_by_step(key: str, identities: Sequence[dict]) -> bool:
+    """What two checkpoints of one run differ in: the weights (their prompts are compared by same_prompt_texts),
+    and a GGUF file's tokenizer, whose digest is the whole file's (rmjax.loading.identity), as its weights' is."""
+    if key == "model.tokenizer":
+        return all(isinstance(i.get("model"), dict) and i["model"].get("tokenizer") == i["model"].get("weights")
+                   for i in identities)
     return key in ("model.weights", "prompts") or key.startswith("prompts.")
 
 
@@ -132,7 +134,8 @@ def _one_run(directory: str | Path, paths: Sequence[Path]) -> None:
                          f"it) and {first} does, so the two cannot be checked as one run's checkpoints scored alike; "
                          "score every checkpoint with experiments.sweep, or give only bare tables.")
     for name, identity in known.items():
-        differ = [key for key in changed_keys(known[first], identity) if not _differs_by_step(key)]
+        differ = [key for key in changed_keys(known[first], identity)
+                  if not _differs_by_step(key, (known[first], identity))]
         if differ:
             raise UsageError(f"--bigtwo_checkpoints={directory}: {name} was scored with another {', '.join(differ)} "
                              f"than {first}; the curve needs one run's checkpoints scored alike (same tokenizer, "

@@ -141,6 +141,9 @@ class Scale(tuple):
         scale.values, scale.nonfinite = values, nonfinite
         return scale
 
+    def __reduce__(self):  # tuple's would rebuild it from (mean, SD) alone: pickle, copy and deepcopy failed
+        return Scale, (self[0], self[1], self.values, self.nonfinite)
+
     def record(self) -> dict:
         return {"mean": self[0], "sd": self[1], "values": self.values, "nonfinite": self.nonfinite}
 

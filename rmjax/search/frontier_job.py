@@ -182,7 +182,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
                    search=dataclasses.asdict(spec.search), inputs=stages.recorded({"--sweep": swept}),
                    units=[u.meta() for u in units], summary=summary,
                    nonfinite=frontier_out.nonfinite_record(units),
-                   yardsticks={name: scale.record() for name, scale in scales.items()},
+                   yardsticks_sampled={name: scale.record() for name, scale in scales.items()},
                    forwards=sum(u.forwards for u in units),
                    forwards_per_second=sum(u.forwards for u in units) / max(sum(u.seconds for u in units), 1e-9))
         if is_main():
@@ -244,8 +244,8 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
     """The plan's units, each computed or read back from `store`, and each prompt's reward_z yardstick (taken for
     every prompt, its units read back or not: its record, left-out values included, goes to .meta.json)."""
     cfg, search = spec.config, spec.search
-    scales = {name: _reward_scale(rm, make_target(rm, text, spec.options.template), spec, name)
-              for name, text in spec.prompts.items()}
+    targets = {name: make_target(rm, text, spec.options.template) for name, text in spec.prompts.items()}
+    scales = {name: _reward_scale(rm, targets[name], spec, name) for name in spec.prompts}
     lambdas = sorted(cfg.lambdas, reverse=True) if cfg.share else cfg.lambdas
     plan = [(p, d, m, lam) for p in spec.prompts for d in cfg.directions
             for m, lam in [*(("search", v) for v in lambdas), ("best_of_n", None)]]
@@ -264,7 +264,7 @@ def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store:
             continue
         progress.label = unit_label(name, direction, method, lam, index, len(plan))
         if name not in ready:
-            ready[name] = _prepare(rm, lm, spec, name, scales[name])
+            ready[name] = _prepare(rm, lm, spec, name, targets[name], scales[name])
         seeds = _seeds([u for u in units if (u.prompt, u.direction, u.method) == (name, direction, "search")]
                        if cfg.share and method == "search" else [])
         units.append(_compute(ready[name], judge, spec, name, direction, method, lam, progress, seeds))
@@ -294,10 +294,9 @@ class _Prompt:
     z: finite.Scale
 
 
-def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str, scale: finite.Scale) -> _Prompt:
-    """A prompt's RM target, prior, allowed tokens and re-tokenization check, with its reward `scale`."""
+def _prepare(rm: Model, lm: Model, spec: FrontierSpec, name: str, target: Target, scale: finite.Scale) -> _Prompt:
+    """A prompt's prior, allowed tokens and re-tokenization check, with its RM `target` and reward `scale`."""
     text, template = spec.prompts[name], spec.options.template
-    target = make_target(rm, text, template)
     end = turns.end_of_turn(target.suffix, rm.tokenizer, rm.source)
     if lm is not rm:
         split = chat.split_chat(lm.tokenizer, text, template)
