@@ -224,8 +224,8 @@ def test_a_stored_battery_with_a_non_finite_reward_is_refused_on_resume(rm_folde
     spec = AuditSpec(options(rm_folder, tmp_path / "run"), batteries=("framing", "length"), **SMALL)
     real = job_lib.score_conversations
 
-    def one_nan(*args):
-        rewards = np.array(real(*args), np.float64)
+    def one_nan(*args, **kwargs):
+        rewards = np.array(real(*args, **kwargs), np.float64)
         rewards[len(rewards) // 2] = np.nan
         return rewards
 
@@ -357,6 +357,53 @@ def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
             items.write_text("".join(items.read_text().splitlines(keepends=True)[:40]))
         refused(lambda: analyze(tmp_path / f"again-{name}", audits=(str(audited), str(copy))),  # noqa: B023
                 "does not match its")
+
+
+def test_analyze_tells_models_apart_by_what_scored_and_states_each_audits_settings(rm_folder, tmp_path):
+    """`analyze --audits` named a model by the path typed (a fault hunt): audits of `rm` and `rm/` were compared as
+    two models, and two audits of one folder read with other system prompts were refused as one. Audits taken with
+    other bootstrap settings (and Holm families of other sizes) were set side by side without a word."""
+    from tests.inproc import analyze
+
+    from rmjax.analysis.spec import AnalysisConfig
+
+    def audit(name: str, model: str):
+        run_audit(AuditSpec(options(model, tmp_path / name), batteries=("framing",), **SMALL))
+        return str(tmp_path / name)
+
+    plain, slashed = audit("plain", str(rm_folder)), audit("slashed", f"{rm_folder}/")
+    refused(lambda: analyze(tmp_path / "a", audits=(plain, slashed)), f"--audits: {plain} and {slashed} are audits "
+            "of one model", "give each model once")
+    terse = tmp_path / "terse"
+    run_audit(AuditSpec(options(rm_folder, terse, system_prompt="Answer tersely."), batteries=("framing",),
+                        **{**SMALL, "n_boot": 500}))
+    found = analyze(tmp_path / "b", audits=(plain, str(terse)))
+    diff = pd.read_csv(found["tables"]["audit_differences"], keep_default_na=False)
+    names = {*diff["model_a"], *diff["model_b"]}
+    assert names == {str(rm_folder), f"{rm_folder} ({terse})"}, names
+    report = Path(found["report"]).read_text()
+    rows = len(pd.read_csv(folder_paths(terse)["csv"]))
+    assert "other settings (their CIs and p_holm are not alike in precision or family)" in report
+    assert f"{rm_folder}: 400 bootstrap resamples, 400 permutations, seed 0, Holm over {rows} rows" in report
+    assert f"({terse}): 500 bootstrap resamples, 400 permutations, seed 0, Holm over {rows} rows" in report
+    ours = AnalysisConfig(audits=("x", "y"))
+    assert f"The differences (audit_differences.csv): {ours.n_boot} bootstrap resamples, {ours.n_permutations} " \
+           f"permutations, seed {ours.seed}, Holm over {len(diff)} rows." in report
+
+
+def test_an_audit_of_nan_rewards_names_no_flag_the_audit_refuses(rm_folder, tmp_path):
+    """The audit's NaN refusal advised --allow_nonfinite, which the audit then refuses (a fault hunt)."""
+    from rmjax.errors import NonFiniteError
+    from tests import cli
+
+    model = cli.copy_folder(rm_folder, tmp_path / "nan_head")
+    cli.edit_tensor(model, "score.weight", lambda w: np.where(np.arange(w.size).reshape(w.shape) == 7, np.nan, w))
+    with pytest.raises(NonFiniteError) as caught:
+        run_audit(AuditSpec(options(model, tmp_path / "run"), batteries=("framing",), **SMALL))
+    message = str(caught.value)
+    assert "non-finite rewards" in message and message.endswith("fix the model or input."), message
+    assert "allow_nonfinite" not in message
+    assert not (tmp_path / "run" / "audit.csv").exists()
 
 
 def test_the_entry_point_refuses_an_unknown_battery_in_one_line(tmp_path):

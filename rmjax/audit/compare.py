@@ -20,6 +20,7 @@ from rmjax.audit import batteries as battery_lib
 from rmjax.audit import stats
 from rmjax.audit.job import folder_paths, read_items
 from rmjax.errors import MissingFileError, UsageError
+from rmjax.loading.identity import hash_json
 from rmjax.runs import results
 
 
@@ -39,6 +40,8 @@ class AuditSection:
     def __init__(self, folders: Sequence[str], n_boot: int = 2000, n_perm: int = 10000, seed: int = 0):
         self.items: dict[str, pd.DataFrame] = {}
         self.tables: dict[str, pd.DataFrame] = {}
+        self.audit_settings: dict[str, dict] = {}  # each audit's own bootstrap, permutations and seed
+        scorers: dict[str, str] = {}  # what scored (weights, system prompt, template, column, dtype) -> folder
         for folder in folders:
             paths = folder_paths(folder)
             if Path(folder).is_file():
@@ -49,11 +52,20 @@ class AuditSection:
             # both tables whole and as the audit wrote them (its record's digests): an edited item moved every
             # difference computed from it, silently
             meta = results.checked_input(paths["csv"], ("audit",), "--audits")
+            identity = meta.get("identity") or {}
+            # a model is what scored, not the path typed: `rm` and `rm/` are one model, and one folder read with
+            # two system prompts is two
+            scorer = hash_json({k: identity.get(k) for k in ("model", "output_column", "template", "dtype")})
+            if scorer in scorers:
+                raise UsageError(f"--audits: {scorers[scorer]} and {folder} are audits of one model (the same "
+                                 "weights, system prompt, template, reward column and dtype); give each model once.")
+            scorers[scorer] = folder
             name = str(meta.get("model") or Path(folder).name)
-            if name in self.items:
-                raise UsageError(f"--audits: two audits are of model {name}; give each model once.")
+            if name in self.items:  # one path read otherwise (another system prompt, template or dtype)
+                name = f"{name} ({folder})"
             self.items[name] = read_items(paths["items"])
             self.tables[name] = pd.read_csv(paths["csv"], keep_default_na=False)
+            self.audit_settings[name] = dict(identity.get("stats") or {})
         if len(self.items) < 2:
             raise UsageError("--audits: give at least two audit folders to compare.")
         shared = set.intersection(*(set(f["battery"]) for f in self.items.values()))
@@ -94,9 +106,28 @@ class AuditSection:
                     f"batteries' conversations (a reward model's scale is arbitrary): {units}. "
                     f"{len(diff)} paired differences over shared items, {len(kept)} with p_holm < 0.05 (Holm over "
                     "the table):", "")
+        outputs.say(*self._settings_lines(len(diff)), "")
         if len(kept):
             outputs.say(markdown(kept[["battery", "axis", "contrast", "model_a", "model_b", "difference_sd",
                                        "ci_low", "ci_high", "p_holm"]].head(20)), "")
+
+
+    def _settings_lines(self, n_differences: int) -> list[str]:
+        """What each audit's own CIs and p_holm (the side-by-side table's) were taken with, and the differences':
+        set side by side without a word, a CI of 400 resamples read as one of 2000 and a Holm family of 12 rows
+        as one of 160."""
+        def described(settings: dict, rows: int) -> str:
+            return (f"{settings.get('n_boot', '?')} bootstrap resamples, {settings.get('n_perm', '?')} permutations, "
+                    f"seed {settings.get('seed', '?')}, Holm over {rows} rows")
+
+        own = {name: described(self.audit_settings[name], len(table)) for name, table in self.tables.items()}
+        alike = len(set(own.values())) == 1
+        lines = ["Each audit's own effects, CIs and p_holm (audit_side_by_side.csv) are as it wrote them, with "
+                 + ("the same settings: " + next(iter(own.values())) if alike else
+                    "other settings (their CIs and p_holm are not alike in precision or family): "
+                    + "; ".join(f"{name}: {text}" for name, text in own.items())) + "."]
+        lines.append(f"The differences (audit_differences.csv): {described(self.settings, n_differences)}.")
+        return lines
 
 
 def _same_conversations(items: dict[str, pd.DataFrame], batteries: Sequence[str]) -> None:

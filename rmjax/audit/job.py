@@ -135,7 +135,8 @@ def _scored(model: Model, battery: battery_lib.Battery, store, batch_size: int, 
         rewards = store.read(battery.name, (len(v), 1), _check(store, battery.name))[:, 0]
     else:
         started = time.perf_counter()
-        rewards = score_conversations(model, [x.prompt for x in v], [x.response for x in v], template, batch_size)
+        rewards = score_conversations(model, [x.prompt for x in v], [x.response for x in v], template, batch_size,
+                                      has_flag=False)  # the audit refuses --allow_nonfinite: not named as the fix
         if is_main():
             store.write(battery.name, np.asarray(rewards, np.float32)[:, None])
             print(f"audit: {battery.name}: {len(v)} conversations scored in {time.perf_counter() - started:.0f} s",

@@ -80,9 +80,9 @@ def diagnose(model, ids: Sequence[int]) -> str:
 
 
 def check(values: np.ndarray, *, what: str, row: Callable[[int], str], columns: Sequence[str], allow: bool,
-          explain: Callable[[int, int], str] | None = None) -> dict | None:
+          explain: Callable[[int, int], str] | None = None, has_flag: bool = True) -> dict | None:
     """Raise NonFiniteError when `values` [N, C] holds NaN/Inf; with `allow`, return the record for .meta.json
-    (None when everything is finite)."""
+    (None when everything is finite). `has_flag`: the job has --allow_nonfinite to name (the audit refuses it)."""
     values = np.asarray(values).reshape(len(values), -1)
     bad = ~np.isfinite(values)
     if not bad.any():
@@ -95,7 +95,8 @@ def check(values: np.ndarray, *, what: str, row: Callable[[int], str], columns: 
     where = explain(int(r[0]), int(c[0])) if explain is not None else ""
     raise NonFiniteError(
         f"non-finite {what}: {int(bad.sum())} of {values.size} are NaN/Inf, in {record['rows']} of {len(values)} "
-        f"rows (first: {'; '.join(first)}){where}. No result was written: fix the model or input, or {ALLOW_HINT}."
+        f"rows (first: {'; '.join(first)}){where}. No result was written: fix the model or input"
+        + (f", or {ALLOW_HINT}." if has_flag else ".")
     )
 
 

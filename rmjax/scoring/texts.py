@@ -132,10 +132,11 @@ def _cut(by_width: dict, batch_size: int, alone: int = 16):
 
 
 def score_conversations(model: Model, prompts: list[str], responses: list[str], template: str = "auto",
-                        batch_size: int = 256, allow_nonfinite: bool = False) -> np.ndarray:
+                        batch_size: int = 256, allow_nonfinite: bool = False, has_flag: bool = True) -> np.ndarray:
     """Reward of each (prompt, response) row, [N] float32: a prompt with CACHED_PROMPT_ROWS responses or more
     scores them against its cached prefix (TextScorer); the rest (the audit's identity-in-prompt and sycophancy
-    items: many prompts, a few responses each) run whole, batched across prompts. NaN/Inf stop it unless allowed."""
+    items: many prompts, a few responses each) run whole, batched across prompts. NaN/Inf stop it unless allowed;
+    `has_flag`: the refusal names --allow_nonfinite (the audit, which refuses that flag, passes False)."""
     require_reward_model(model.config, model.source, "conversation scoring")
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses.")
@@ -144,7 +145,7 @@ def score_conversations(model: Model, prompts: list[str], responses: list[str], 
     if len(distinct) < len(pairs):  # each conversation once (the audit's name axes share all theirs: 18% of identity)
         at = {pair: k for k, pair in enumerate(distinct)}
         scored = score_conversations(model, [p for p, _ in distinct], [r for _, r in distinct], template, batch_size,
-                                     allow_nonfinite)
+                                     allow_nonfinite, has_flag)
         return scored[[at[pair] for pair in pairs]]
     by_prompt: dict[str, list[int]] = collections.defaultdict(list)
     for i, prompt in enumerate(prompts):
@@ -168,7 +169,7 @@ def score_conversations(model: Model, prompts: list[str], responses: list[str], 
     whole = _batched(model, ((full, False),), reward, len(responses), 1, batch_size, progress)[:, 0]
     rest = [i for rows in full.values() for i, _ in rows]
     out[rest] = whole[rest]
-    finite.check(out[:, None], what="rewards", columns=["reward"], allow=allow_nonfinite,
+    finite.check(out[:, None], what="rewards", columns=["reward"], allow=allow_nonfinite, has_flag=has_flag,
                  row=lambda i: f"prompt {prompts[i]!r}, response {responses[i]!r}")
     return out
 
