@@ -31,7 +31,7 @@ SIZES: dict[str, dict[str, str]] = {
     "sweep": {"limit": "limit", "batch_size": "batch_size"},
     "beam": {name: name for name in ("limit", "batch_size", "depth", "beam", "direction", "exhaustive")},
     "gcg": {"num_tokens": "num_tokens", "search_width": "search_width", "steps": "steps",
-            "eval_batch_size": "batch_size"},
+            "eval_batch_size": "batch_size", "buffer_size": "buffer_size"},
     "score": {"batch_size": "batch_size"},
     "logprobs": {},
     "inspect": {"steps": "ig_steps", "batch_size": "batch_size"},

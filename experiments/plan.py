@@ -48,6 +48,8 @@ DIRECTION = flags.DEFINE_enum("direction", "both", ["optimal", "pessimal", "both
 EXHAUSTIVE = flags.DEFINE_bool("exhaustive", False, "beam: score every sequence of the candidates.")
 NUM_TOKENS = flags.DEFINE_integer("num_tokens", 8, "gcg: response length in tokens.", lower_bound=1)
 SEARCH_WIDTH = flags.DEFINE_integer("search_width", 128, "gcg: candidates evaluated per step.", lower_bound=1)
+BUFFER_SIZE = flags.DEFINE_integer("buffer_size", 8, "gcg: best sequences kept (a tied RM's completion check "
+                                   "continues each).", lower_bound=1)
 FSDP = flags.DEFINE_enum("fsdp", "auto", ["auto", "true", "false"], "train_rm: shard the trained weights and Adam's "
                          "moments over data (auto: only when the replicated state does not fit).")
 REMAT = flags.DEFINE_enum("remat", "auto", ["auto", "true", "false"], "train_rm: recompute each layer in the "
@@ -124,7 +126,8 @@ def main(argv):
         checkpoint_every=CHECKPOINT_EVERY.value, responses=RESPONSES.value, sequence_tokens=SEQUENCE_TOKENS.value,
         depth=DEPTH.value, beam=BEAM.value,
         direction=DIRECTION.value, exhaustive=EXHAUSTIVE.value, num_tokens=NUM_TOKENS.value,
-        search_width=SEARCH_WIDTH.value, texts_count=TEXTS.value, text_tokens=TEXT_TOKENS.value,
+        search_width=SEARCH_WIDTH.value, buffer_size=BUFFER_SIZE.value, texts_count=TEXTS.value,
+        text_tokens=TEXT_TOKENS.value,
         items=ITEMS.value, ig_steps=IG_STEPS.value)
     result = plan(cfg, common.DTYPE.value, piece, JOB.value, shape, mesh, BATCH_SIZE.value or None, fsdp=FSDP.value,
                   remat=REMAT.value)

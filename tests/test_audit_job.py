@@ -363,9 +363,8 @@ def test_analyze_tells_models_apart_by_what_scored_and_states_each_audits_settin
     """`analyze --audits` named a model by the path typed (a fault hunt): audits of `rm` and `rm/` were compared as
     two models, and two audits of one folder read with other system prompts were refused as one. Audits taken with
     other bootstrap settings (and Holm families of other sizes) were set side by side without a word."""
-    from tests.inproc import analyze
-
     from rmjax.analysis.spec import AnalysisConfig
+    from tests.inproc import analyze
 
     def audit(name: str, model: str):
         run_audit(AuditSpec(options(model, tmp_path / name), batteries=("framing",), **SMALL))

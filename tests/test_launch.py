@@ -411,7 +411,7 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
         "sweep": (sweep, ["--prompt=x=What is $HOME up", "--dtype=bfloat16", "--mesh=data:8,model:1",
                           "--batch_size=0"]),
         "gcg": ("--direction=pessimal --num_tokens=4 --eval_batch_size=16 --steps 3",
-                ["--num_tokens=4", f"--search_width={width}", "--steps=3", "--batch_size=16"]),
+                ["--num_tokens=4", f"--search_width={width}", "--steps=3", "--batch_size=16", "--buffer_size=8"]),
         "inspect": ("--depth=2 --steps=32 --from_beam=/tmp/ckpt/b.csv",
                     ["--ig_steps=32", "--batch_size=16", "--items=4"]),
         "beam": ("--depth=3 --direction=optimal --limit=64 --noexhaustive --prompts paper1",

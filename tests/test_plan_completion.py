@@ -74,7 +74,7 @@ def test_a_tied_rms_beam_plan_completes_what_the_job_completes(tied_rm, tmp_path
 
 def test_an_untied_rm_plans_no_completion_and_gcg_completes_its_buffer():
     """An untied RM's job skips the check (no LM head without --lm), so its plan has none; a tied one's GCG plan
-    completes the buffer (8 sequences) once per prompt."""
+    scores and completes the buffer (8 sequences by default) once per prompt."""
     shape = GcgShape(prompts=2, prefix_tokens=40, suffix_tokens=5, num_tokens=8, steps=10, search_width=64,
                      eval_batch_size=256)
     mesh = _one_device()
@@ -82,6 +82,63 @@ def test_an_untied_rm_plans_no_completion_and_gcg_completes_its_buffer():
     assert untied == ["prefill", "gradient", "append_kv", "score_variants"]
     tied = {c.name: c for c in shape.calls(_reward_config(**ALIGNED, tie_word_embeddings=True), "float32", mesh, 256)}
     assert tied["complete"].count == 2 and tied["complete"].args[2].shape == (8, 16)
+    assert tied["score_responses"].count == 2 and tied["score_responses"].args[2].shape == (8, 8)
+
+
+def test_a_tied_rms_gcg_plan_scores_and_completes_the_buffer_the_job_keeps(tied_rm, tmp_path, monkeypatch):
+    """The plan planned the default buffer of 8 whatever --buffer_size said, and not its scoring before the check.
+    The job's own calls (spies on the builders it calls) against the plan's, at --buffer_size=20: one scoring call
+    of 32 rows (20 rounded up to a power of two) after the prompt's cache, and one greedy call of 20 rows."""
+    from rmjax.scoring import prefix
+    from rmjax.search import completion, gcg_job
+    from rmjax.search.gcg_config import GCGConfig
+
+    greedy, scored, inside = [], [], []
+    real_greedy, real_scorer, real_score = completion.greedy_call, prefix.batch_scorer, gcg_job.score_responses
+
+    def greedy_spy(cfg, mesh, prefix_width, max_new):
+        call = real_greedy(cfg, mesh, prefix_width, max_new)
+
+        def counted(params, cache, ids, mask, end):
+            greedy.append((prefix_width, tuple(ids.shape)))
+            return call(params, cache, ids, mask, end)
+
+        return counted
+
+    def scorer_spy(cfg, mesh, cache_width, *args, **kwargs):
+        call = real_scorer(cfg, mesh, cache_width, *args, **kwargs)
+
+        def counted(params, cache, rows, *rest):
+            if inside:  # the buffer's scoring, not the search's
+                scored.append((cache_width, tuple(rows.shape)))
+            return call(params, cache, rows, *rest)
+
+        return counted
+
+    def score_spy(*args, **kwargs):
+        inside.append(True)
+        try:
+            return real_score(*args, **kwargs)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(completion, "greedy_call", greedy_spy)
+    monkeypatch.setattr(prefix, "batch_scorer", scorer_spy)
+    monkeypatch.setattr(gcg_job, "score_responses", score_spy)
+    config = GCGConfig(num_tokens=2, steps=4, search_width=32, topk=16, buffer_size=20, seed=0)
+    result = gcg_job.run_gcg(gcg_job.GcgSpec(inproc.options(tied_rm, tmp_path / "gcg.json"), inproc.prompts("greatest"),
+                                             config))
+    assert len(result.buffer) == 20 and len(greedy) == 1 and len(scored) == 1
+
+    cfg, tokenizer = model_config(str(tied_rm))
+    split = split_chat(tokenizer, inproc.prompts("greatest")["greatest"], "auto")
+    shape = GcgShape(prompts=1, prefix_tokens=len(split.prefix), suffix_tokens=len(split.suffix), num_tokens=2,
+                     steps=4, search_width=32, eval_batch_size=256, buffer_size=20)
+    planned = {c.name: c for c in shape.calls(cfg, "float32", _one_device(), 256)}
+    plan_scored = planned["score_responses"]
+    assert plan_scored.count == len(scored)
+    assert (plan_scored.args[1].k.shape[2], plan_scored.args[2].shape) == scored[0] == (scored[0][0], (32, 2))
+    assert planned["complete"].count == len(greedy) and planned["complete"].args[2].shape == greedy[0][1]
 
 
 def test_the_completion_is_costed_with_its_logits_and_every_decode_step():

@@ -87,6 +87,19 @@ def sweep_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefi
     return [prefill, Call("score_batch", scorer, score_args, prompts * math.ceil(candidates / batch), params, cache)]
 
 
+def responses_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int,
+                    suffix_tokens: int, responses: int, response_tokens: int, batch_size: int,
+                    column: int = 0) -> list[Call]:
+    """Equal-length responses scored after a prompt's prefix cache that a search already holds (no prefill of its
+    own; rmjax.scoring.prefix.score_responses): `batch_size` rows at most, fewer when the responses need fewer."""
+    params, width, _, cache = _prefix(cfg, dtype, mesh, prompts, prefix_tokens)
+    rows = min(batching.round_up(batch_size, mesh), batching.rows_for(responses, batching.data_shards(mesh)))
+    args = (params, cache, _array((rows, response_tokens), jnp.int32, mesh, "data"),
+            _array((suffix_tokens,), jnp.int32, mesh))
+    return [Call("score_responses", batch_scorer(cfg, mesh, width, column), args,
+                 prompts * math.ceil(responses / rows), params, cache)]
+
+
 def beam_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int, suffix_tokens: int,
                candidates: int, batch_size: int, depth: int, beam: int, direction: str, exhaustive: bool,
                column: int = 0) -> list[Call]:

@@ -80,6 +80,7 @@ class GcgShape:
     steps: int
     search_width: int
     eval_batch_size: int
+    buffer_size: int = 8  # GCGConfig's default: the best sequences kept, written and completed
 
     per = "step"
 
@@ -97,14 +98,18 @@ class GcgShape:
         return self.steps
 
     def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
-        from rmjax.search.gcg_config import GCGConfig
-        from rmjax.search.gcg_job import MAX_NEW
+        from rmjax.search.gcg_job import BUFFER_BATCH_SIZE, MAX_NEW
 
         made = calls.gcg_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
                                suffix_tokens=self.suffix_tokens, num_tokens=self.num_tokens, steps=self.steps,
                                search_width=self.search_width, eval_batch_size=self.eval_batch_size)
-        # the buffer of best sequences the job writes and completes
-        return made + _completion(cfg, dtype, mesh, self, GCGConfig.buffer_size, self.num_tokens, MAX_NEW)
+        # the buffer of best sequences the job writes and completes, scored again after each prompt's prefix first
+        completion = _completion(cfg, dtype, mesh, self, self.buffer_size, self.num_tokens, MAX_NEW)
+        if completion:
+            made += calls.responses_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
+                                          suffix_tokens=self.suffix_tokens, responses=self.buffer_size,
+                                          response_tokens=self.num_tokens, batch_size=BUFFER_BATCH_SIZE)
+        return made + completion
 
 
 def _completion(cfg: ModelConfig, dtype: str, mesh, shape, responses: int, response_tokens: int,

@@ -29,6 +29,7 @@ DEFAULT_RESPONSE_TOKENS = 32
 # change nothing, so the plan refuses it.
 JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam",), "direction": ("beam",),
                  "exhaustive": ("beam",), "num_tokens": ("gcg",), "search_width": ("gcg",),
+                 "buffer_size": ("gcg",),
                  "steps": ("train_rm", "gcg"), "texts": ("score",),
                  "text_tokens": ("score", "inspect", "train_rm"),
                  "items": ("inspect",), "ig_steps": ("inspect",),
@@ -79,7 +80,7 @@ def _prompt_sizes(tokenizer, prompts: dict[str, str], template: str, prefix_toke
 
 def check_job(cfg: ModelConfig, tokenizer, job: str, sizes: list[tuple[str, int, int]], *, candidates: int,
               limit: int, batch_size: int, depth: int, beam: int, direction: str, exhaustive: bool, num_tokens: int,
-              steps: int, search_width: int, text_tokens: int) -> None:
+              steps: int, search_width: int, text_tokens: int, buffer_size: int = 8) -> None:
     """What the job itself would refuse before its model loads, refused here before anything compiles, by the
     job's own checks (the same functions): a plan is never more permissive than its job. `sizes`: each prompt's
     (text, prefix, suffix) tokens as planned."""
@@ -104,7 +105,7 @@ def check_job(cfg: ModelConfig, tokenizer, job: str, sizes: list[tuple[str, int,
         from rmjax.search.gcg_config import GCGConfig, check_context, check_search_width
 
         config = GCGConfig(num_tokens=num_tokens, steps=steps or 100, search_width=search_width,
-                           eval_batch_size=batch_size or 256)
+                           eval_batch_size=batch_size or 256, buffer_size=buffer_size)
         for text, prefix, suffix in sizes:
             check_context(config, text, prefix, suffix, context)
         check_search_width(config, min(cfg.vocab_size, len(tokenizer)) if tokenizer is not None else cfg.vocab_size)
@@ -139,7 +140,7 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                 checkpoint_every: int = 250,
                 responses: int = 0, sequence_tokens: int = 0,
                 depth: int = 2, beam: int = 64, direction: str = "both", exhaustive: bool = False,
-                num_tokens: int = 8, search_width: int = 128, texts_count: int = 1000,
+                num_tokens: int = 8, search_width: int = 128, buffer_size: int = 8, texts_count: int = 1000,
                 text_tokens: int = 8, items: int = 2, ig_steps: int = 64
                 ) -> tuple[ModelConfig, Slice, object, dict | None]:
     """(config, slice, job shape, mesh or None), every flag checked before anything compiles. `steps` 0: the
@@ -201,7 +202,7 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
     candidates = candidate_count(cfg, tokenizer, None, limit or None)  # a --limit keeping all is the job's refusal
     check_job(cfg, tokenizer, job, per_prompt, candidates=candidates, limit=limit, batch_size=batch_size, depth=depth,
               beam=beam, direction=direction, exhaustive=exhaustive, num_tokens=num_tokens, steps=steps,
-              search_width=search_width, text_tokens=text_tokens)
+              search_width=search_width, text_tokens=text_tokens, buffer_size=buffer_size)
     if job == "logprobs":
         if cfg.is_reward_model:
             raise UsageError(f"--model={model}: logprobs needs a causal LM (an LM head); this is a reward model.")
@@ -212,7 +213,7 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         return cfg, piece, ScoreShape(len(texts), prefix, suffix, texts_count, text_tokens, batch_size or 256), sizes
     if job == "gcg":
         return cfg, piece, GcgShape(len(texts), prefix, suffix, num_tokens, steps or 100, search_width,
-                                    batch_size or 256), sizes
+                                    batch_size or 256, buffer_size), sizes
     if job == "beam":
         return cfg, piece, BeamShape(len(texts), prefix, suffix, candidates, depth, beam, direction,
                                      exhaustive), sizes

@@ -35,6 +35,7 @@ from rmjax.text import candidates as candidate_set
 from rmjax.text.candidates import read_vocab_file, single_token_ids
 
 MAX_NEW = 32  # the completion check's greedy tokens at most
+BUFFER_BATCH_SIZE = 64  # rows a call when the buffer is scored again for its completion check
 
 
 def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: int, prompts: dict[str, str],
@@ -218,7 +219,7 @@ def _completions(targets: list[Target], lm: Model | None, prompts: dict[str, str
                 print(f"completion check of {m.source} {skipped}", file=sys.stderr)
             continue
         mine = [t for t in targets if t.model is m]
-        rewards = np.stack([score_responses(m, t.cache, t.suffix_ids, np.asarray(buffer, np.int32), 64)
+        rewards = np.stack([score_responses(m, t.cache, t.suffix_ids, np.asarray(buffer, np.int32), BUFFER_BATCH_SIZE)
                             for t in mine], axis=1)
         table = check_written(m, prior, prompts, buffer, rewards, signs, cfg.template, MAX_NEW, cfg.allow_nonfinite)
         keys["model"] += [m.source] * len(table["row"])
