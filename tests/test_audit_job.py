@@ -143,7 +143,8 @@ def test_a_crash_after_one_battery_resumes_without_rescoring_it(rm_folder, tmp_p
 
     scored = []
     real = job_lib.score_conversations
-    monkeypatch.setattr(job_lib, "score_conversations", lambda m, p, r, *a: scored.append(a[-1]) or real(m, p, r, *a))
+    monkeypatch.setattr(job_lib, "score_conversations",
+                        lambda m, p, r, *a, **k: scored.append(a[-1]) or real(m, p, r, *a, **k))
     run_audit(dataclasses.replace(spec, batch_size=8))  # the rerun scores in the crashed run's batches of 256
     assert scored == [256] * (len(battery_lib.BATTERIES) - 1)  # the first battery was read back
     for name in ("csv", "items"):
@@ -441,7 +442,7 @@ def test_a_conversation_asked_twice_is_scored_once(rm_folder, monkeypatch):
     responses = ["Ana did.", "Bo did.", "Ana did.", "Ana did.", "No one.", "Bo did."]
     asked, real = [], texts.score_conversations
     monkeypatch.setattr(texts, "score_conversations",
-                        lambda m, p, r, *a: asked.append(list(zip(p, r, strict=True))) or real(m, p, r, *a))
+                        lambda m, p, r, *a, **k: asked.append(list(zip(p, r, strict=True))) or real(m, p, r, *a, **k))
     got = texts.score_conversations(model, prompts, responses)
     distinct = list(dict.fromkeys(zip(prompts, responses, strict=True)))
     assert asked == [list(zip(prompts, responses, strict=True)), distinct]  # the rows, then each conversation once

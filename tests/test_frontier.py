@@ -678,7 +678,7 @@ def test_search_rows_are_its_best_by_j_and_its_own_pareto_layers():
     """The written search rows: the top by J, and up to front_rows points taken layer by layer from the search's
     own (gain, fluency) Pareto layers, whole layers first, the last one touched spread with both its ends kept;
     ordered by J."""
-    from rmjax.search.frontier_job import search_rows
+    from rmjax.search.frontier_unit import search_rows
 
     rng, deep = np.random.default_rng(1), 0
     for trial in range(40):

@@ -2,7 +2,7 @@
 folder make no job write, delete or read outside what it owns, hang, fill memory, or serve a wrong number.
 
 Each test fails on the code before its fix (see each docstring): temp files written through a planted link
-(`results.fresh_file`), state files read from a FIFO (`results.read_json`), companions and locks resolved through
+(`atomic.fresh_file`), state files read from a FIFO (`atomic.read_json`), companions and locks resolved through
 links (`paths.companion_path`, `locks._refuse_unless_lock`), linked stores and workdirs (`claims._decide`), chunks
 that are not plain files (`chunks._plain`), YAML aliases (`yamlfile`), safetensors offsets, GGUF metadata past the end
 of the file (`gguf_bounds`) and a GGUF conversion cache keyed without the file's content.

@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 
 from rmjax.errors import OutputExistsError, UsageError
-from rmjax.runs import results
+from rmjax.runs import atomic, results
+from rmjax.runs.atomic import atomic_write_text
 from rmjax.runs.paths import check_writable
-from rmjax.runs.results import atomic_write_text, dump_json
+from rmjax.runs.results import dump_json
 
 
 def write_frame(path: str | Path, frame: pd.DataFrame) -> Path:
@@ -62,14 +63,14 @@ STAGE = ".analysis.partial"  # where a run writes until it has written everythin
 def _manifest(manifest: Path) -> tuple[list[str], bool] | None:
     """(the file names an analysis.json lists, whether that analysis finished), or None when there is none or it
     is not one (unreadable, or a file of the user's)."""
-    listed = results.read_json(manifest)  # a FIFO or device at its name is never read (it would hang)
+    listed = atomic.read_json(manifest)  # a FIFO or device at its name is never read (it would hang)
     if not isinstance(listed, dict) or not isinstance(listed.get("files"), list) or "complete" not in listed:
         return None
     return [name for name in listed["files"] if isinstance(name, str)], listed["complete"] is True
 
 
 def _temp_of(name: str, ours: set[str]) -> bool:
-    """A temp file a killed run left: results.replacing's `.<name>.<pid>.tmp` of a listed file (or the manifest),
+    """A temp file a killed run left: atomic.replacing's `.<name>.<pid>.tmp` of a listed file (or the manifest),
     or check_writable's probe."""
     match = re.fullmatch(r"\.(.+)\.\d+\.tmp", name)
     return bool(match and match.group(1) in ours) or name.startswith(".rmjax-write-test-")

@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from rmjax.runs.results import save_figure  # noqa: E402
+from rmjax.runs.atomic import save_figure  # noqa: E402
 from rmjax.text.visible import figure_text, wrap  # noqa: E402
 
 PALETTE = plt.get_cmap("tab10")

@@ -25,7 +25,7 @@ from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import hash_json
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import barrier, is_main
-from rmjax.runs import results
+from rmjax.runs import atomic, results
 from rmjax.runs.chunks import open_store, store_dir
 from rmjax.runs.options import RunOptions, claim_job
 from rmjax.scoring.texts import score_conversations
@@ -160,7 +160,7 @@ def write(paths: dict[str, Path], items: pd.DataFrame, table: pd.DataFrame, null
     from rmjax.audit import figure
 
     columns = [*ITEM_KEYS, "reward", "prompt"]
-    with results.replacing(paths["items"]) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+    with atomic.replacing(paths["items"]) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
         results.write_rows(f, [columns])
         results.write_rows(f, ([*(str(v) for v in row[:-2]), float(row[-2]), str(row[-1])]
                                for row in items[columns].itertuples(index=False)))

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.inspect.patching import COMPONENTS
-from rmjax.runs.results import save_figure
+from rmjax.runs.atomic import save_figure
 from rmjax.text.visible import figure_text, wrap
 
 

@@ -93,7 +93,7 @@ def export_identity(model_fingerprint: dict, dtype: str, text_only: bool = False
 
 def _text_only(spec: str) -> bool:
     """Whether `spec`'s config.json is one `text_only_config` rewrites (read before any weight)."""
-    from rmjax.runs.results import read_json
+    from rmjax.runs.atomic import read_json
 
     folder = model_folder(spec)
     raw = read_json(folder / "config.json") if folder is not None else None
@@ -115,7 +115,7 @@ def run_export(options: RunOptions) -> Path:
     write the Hugging Face folder, then its record. Returns the folder."""
     from rmjax.loading import fingerprint
     from rmjax.loading.for_job import load_for_job
-    from rmjax.runs import results
+    from rmjax.runs import atomic, results
     from rmjax.runs.claims import claim
     from rmjax.runs.paths import real_path
 
@@ -126,7 +126,7 @@ def run_export(options: RunOptions) -> Path:
     with claim(out, identity, overwrite=options.overwrite, flag="--out", meta=record_path, folder=EXPORT_FILES,
                inputs=dict(options.inputs)) as decision:
         if decision.reuse:
-            note = results.reused_note(results.read_json(record_path))
+            note = results.reused_note(atomic.read_json(record_path))
             print(f"--out={out}: {note}: this model's export, already there; pass --overwrite to write it again.",
                   file=sys.stderr)
             return out

@@ -130,7 +130,7 @@ def training_recipe(spec: str) -> dict | None:
     either): what it was trained on, for the analyses' in-sample notes (rmjax.analysis.elo). None: none recorded."""
     from importlib import resources
 
-    from rmjax.runs.results import read_json
+    from rmjax.runs.atomic import read_json
 
     folder = model_folder(spec)
     records = ([folder / name for name in RECORDS] if folder is not None

@@ -119,13 +119,13 @@ def check_job(cfg: ModelConfig, tokenizer, job: str, sizes: list[tuple[str, int,
             check_batch_size(batch_size)
 
 
+ELO_ITEMS, ELO_TRAINING_ITEMS = 7530, 6024  # EloEverything's items, and those train_rm's split trains on (80%)
+
+
 def elo_responses(trainable: str) -> int:
     """The distinct responses a train_rm run on EloEverything keeps: a head-only run's features cover the training
     and the held-out pairs (all 7,530 items); last_k keeps states for the training items (80%) alone."""
     return ELO_ITEMS if trainable == "head" else ELO_TRAINING_ITEMS
-
-
-ELO_ITEMS, ELO_TRAINING_ITEMS = 7530, 6024  # EloEverything's items, and those train_rm's split trains on (80%)
 
 
 def heldout_responses(n_heldout: int) -> int:

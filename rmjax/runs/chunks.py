@@ -26,10 +26,10 @@ import numpy as np
 
 from rmjax.errors import ResumeMismatchError
 from rmjax.parallel.distributed import barrier, is_main
+from rmjax.runs.atomic import atomic_write_text, fresh_file, read_json
 from rmjax.runs.claims import clear_store
 from rmjax.runs.identities import canonical, key_order, mismatch_message
 from rmjax.runs.paths import real_path
-from rmjax.runs.results import atomic_write_text, fresh_file, read_json
 
 
 def store_dir(out: str | Path) -> Path:

@@ -33,13 +33,13 @@ from pathlib import Path
 
 from rmjax.errors import OutputExistsError, ResumeMismatchError, UsageError
 from rmjax.parallel.distributed import barrier, is_main
-from rmjax.runs import locks, results
+from rmjax.runs import atomic, locks, results
 from rmjax.runs.identities import canonical, changed_keys, mismatch_message, prompt_order, read_meta_identity
 from rmjax.runs.paths import check_writable, companion_path, real_path, refuse_folder_name
 from rmjax.runs.results import meta_path
 
 # What a chunk store (rmjax.runs.chunks) holds that its job wrote: the chunks, their temp files, the manifest and
-# its temp file (rmjax.runs.results.atomic_write_text). Anything else in the folder is not the job's to delete.
+# its temp file (rmjax.runs.atomic.atomic_write_text). Anything else in the folder is not the job's to delete.
 # Every folder a job writes declares its files so (fnmatch names; one ending in "/" a folder the job writes whole):
 # rmjax.train.workdir.WORKDIR_FILES, rmjax.train.rm.EXPORT_FILES.
 STORE_FILES = ("chunk-*.npy", "tmp-chunk-*.npy", "manifest.json", ".manifest.json.*.tmp", "interrupted.json",
@@ -154,7 +154,7 @@ def _saved_record(store: Path | None, identity: dict) -> dict:
         return {}
     files: dict = {}
     for path in [store / INTERRUPTED, *sorted(store.glob(RECORD_FILES[1]))]:
-        saved = results.read_json(path)
+        saved = atomic.read_json(path)
         if isinstance(saved, dict) and saved.get("identity") == identity and isinstance(saved.get("files"), dict):
             files = {**saved["files"], **files}  # the renamed record first, then what a cut-short write left
     return files
@@ -193,7 +193,7 @@ def _refuse(flag: str, out: Path, why: str, fix: str | None = None) -> OutputExi
 def _unrecorded(meta: Path, owned: Sequence[Path]) -> list[Path]:
     """The companions at hand that the output's `meta` does not record as written (name, size and digest): a file
     there that no rmjax run of this output wrote, or one changed since."""
-    saved = results.read_json(meta)
+    saved = atomic.read_json(meta)
     files = saved.get("files") if isinstance(saved, dict) else None
     files = files if isinstance(files, dict) else {}
     return [p for p in owned if (_present(p) or p.is_symlink())
@@ -248,7 +248,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
         if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
             # reused only when byte for byte what was written; a folder too where its record lists its files (an
             # export cut short or edited; not a training workdir, whose run.json records only the run it holds)
-            recorded = results.read_json(meta) or {}
+            recorded = atomic.read_json(meta) or {}
             if folder is None:
                 problem = results.damage(out, recorded)
             else:  # a training workdir's run.json lists no files: it records the run it holds

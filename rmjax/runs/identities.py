@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rmjax.runs import results
+from rmjax.runs import atomic
 from rmjax.runs.results import json_safe
 
 
@@ -61,5 +61,5 @@ def require_claimed(claimed: dict, loaded: dict, out: str | Path) -> None:
 
 def read_meta_identity(meta: Path) -> dict | None:
     """The identity a .meta.json or manifest records (None without one; a FIFO or device there is never read)."""
-    saved = results.read_json(meta)
+    saved = atomic.read_json(meta)
     return saved.get("identity") if isinstance(saved, dict) else None

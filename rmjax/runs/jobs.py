@@ -72,7 +72,7 @@ class Job:
 
 
 def _file_id(path: Path) -> tuple[int, int, int] | None:
-    """What tells a file from the one written over it (results.replacing renames a new inode into place)."""
+    """What tells a file from the one written over it (atomic.replacing renames a new inode into place)."""
     try:
         st = os.lstat(path)
     except OSError:

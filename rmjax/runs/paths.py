@@ -39,7 +39,7 @@ def check_writable(path: str | Path, flag: str = "--out", folder: bool = False) 
 
 
 # What the names written beside a result add to its own at most: `.meta.json`, a companion's suffix
-# (`.completions.csv`), and a temp file's dot, process id and `.tmp` (results.replacing).
+# (`.completions.csv`), and a temp file's dot, process id and `.tmp` (atomic.replacing).
 _DERIVED_NAME_CHARS = 48
 
 

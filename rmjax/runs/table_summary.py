@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax.runs import results
+from rmjax.runs import atomic, results
 from rmjax.text.visible import figure_text
 
 
@@ -105,6 +105,6 @@ def plot_distributions(path: str | Path, png: str | Path | None = None) -> Path:
         if left else ""), fontsize=10 if left else None)
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
-    results.save_figure(fig, png, dpi=120, bbox_inches="tight", pad_inches=0.1)
+    atomic.save_figure(fig, png, dpi=120, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return png

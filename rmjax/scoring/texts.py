@@ -220,7 +220,7 @@ class Scored:
     None, and the CSV written (None without --out)."""
 
     scores: dict[str, np.ndarray]
-    scale: dict[str, tuple[float, float]] | None
+    scale: dict[str, finite.Scale] | None
     out: Path | None
 
 

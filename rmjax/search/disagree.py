@@ -33,9 +33,9 @@ class Disagreement:
 
     tokenizer: object  # side A's
     end: int  # A's end of turn (rmjax.search.turns)
-    z_a: tuple[float, float]
+    z_a: finite.Scale
     other: Side
-    z_b: tuple[float, float]
+    z_b: finite.Scale
     allow_nonfinite: bool = False
     plain_a: bool = False  # side A reads the plain template, whose one space before the response is format
     token_map: np.ndarray | None = None  # A's id -> B's id of the same string (-1: none); None: B's gradient unused

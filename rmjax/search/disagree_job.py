@@ -35,7 +35,8 @@ from rmjax.search.completion import require_prior_config, same_tokenizer
 from rmjax.search.disagree import Disagreement, map_rewards, shared_strings, twin_map, vocab_map
 from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec, parse_sides
 from rmjax.search.fluent import fluent_search
-from rmjax.search.frontier_job import BEST_OF_N, OWN_PRIOR_DRAWS, default_judge, left_out, search_rows
+from rmjax.search.frontier_job import BEST_OF_N, OWN_PRIOR_DRAWS, default_judge, left_out
+from rmjax.search.frontier_unit import search_rows
 from rmjax.search.gcg import make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids
@@ -222,8 +223,8 @@ class Ready:
     end: int
     plain: bool  # side A reads the plain template (Disagreement.content)
     token_map: np.ndarray | None = None  # Disagreement.token_map: B's gradient through the strings both share
-    z_a: tuple[float, float] | None = None
-    z_b: tuple[float, float] | None = None
+    z_a: finite.Scale | None = None
+    z_b: finite.Scale | None = None
 
 
 def _prepare(spec: DisagreeSpec, models: dict[str, Model], a: SideSpec, b: SideSpec, rm: Model, lm: Model,

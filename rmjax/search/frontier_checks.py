@@ -144,7 +144,7 @@ def budget_message(forwards: int, need: int) -> str:
             f"--forwards={need} or more.")
 
 
-def sweep_yardstick(path: str, name: str, allow_nonfinite: bool) -> tuple[float, float]:
+def sweep_yardstick(path: str, name: str, allow_nonfinite: bool) -> finite.Scale:
     """The mean and SD of prompt `name`'s column of the sweep at `path` (reward_z's yardstick), refused in one
     line when it has fewer than 2 values or no spread (finite.yardstick)."""
     table = results.read_scores_csv(path)

@@ -31,7 +31,7 @@ from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.scoring.prefix import score_responses
-from rmjax.search import frontier_checks, frontier_out, pareto, turns
+from rmjax.search import frontier_checks, frontier_out, turns
 from rmjax.search.baseline import best_of_n
 from rmjax.search.budget import BudgetSpent, Forwards
 from rmjax.search.completion import (
@@ -41,7 +41,16 @@ from rmjax.search.completion import (
     same_tokenizer,
 )
 from rmjax.search.fluent import FluentConfig, Found, fluent_search
-from rmjax.search.frontier_unit import Unit, check_counts, check_terms, read_unit, write_unit
+from rmjax.search.frontier_unit import (
+    Unit,
+    check_counts,
+    check_terms,
+    read_unit,
+    search_rows,
+    search_seed,
+    unit_label,
+    write_unit,
+)
 from rmjax.search.gcg import Target, make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, survives
@@ -233,12 +242,6 @@ def _read_sweep(spec: FrontierSpec, model_fp: dict) -> stages.StageInput:
     return given
 
 
-def unit_label(prompt: str, direction: str, method: str, lam: float | None, index: int, units: int) -> str:
-    """What the progress line is running now: `frontier 3/10: greatest optimal, search λ=0.25`."""
-    what = f"search λ={lam:g}" if method == "search" else "best-of-N"
-    return f"frontier {index + 1}/{units}: {prompt} {direction}, {what}"
-
-
 def compute_units(rm: Model, lm: Model, judge: Model, spec: FrontierSpec, store: ChunkStore
                   ) -> tuple[list[Unit], dict[str, finite.Scale]]:
     """The plan's units, each computed or read back from `store`, and each prompt's reward_z yardstick (taken for
@@ -374,27 +377,6 @@ def _compute(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction:
     unit = _finish(p, judge, spec, name, direction, method, lam, found, rows, time.perf_counter() - started)
     return dataclasses.replace(unit, swaps_skipped=objective.swaps_skipped,
                                candidates_dropped=objective.candidates_dropped)
-
-
-def search_seed(seed: int, lam: float, lambdas: tuple[float, ...]) -> int:
-    """The seed of λ's search: --seed for the largest λ, a seed drawn from (--seed, its place from the largest)
-    for the others, so that each λ's search draws its own prior samples and tails. With one seed for all, each
-    search paid to draw and score the samples the searches before it had drawn and scored."""
-    place = sorted(lambdas, reverse=True).index(lam)
-    return seed if place == 0 else int(np.random.SeedSequence([seed, place]).generate_state(1)[0])
-
-
-def search_rows(found: Found, top: int, front_rows: int, sign: float, rho: float) -> np.ndarray:
-    """The `top` rows by J and up to `front_rows` from the search's own Pareto layers over every sequence it
-    evaluated (sign·reward vs fluency F = prior log-prob − ρ·repetition; all must know F), best J first. The
-    search's answer is a frontier, as EPO's is: best-of-N offers all its samples, the search its front and the
-    layers behind it, since the judge, another LM, does not rank fluency as the prior does."""
-    v = found.values
-    rows = [i for i in found.best(top).tolist() if np.isfinite(v.objective[i])]  # none dropped (--allow_nonfinite)
-    if front_rows:
-        fluency = v.prior_logp - rho * v.repetition
-        rows += [i for i in pareto.layers(sign * v.reward, -fluency, front_rows).tolist() if i not in rows]
-    return np.asarray(sorted(rows, key=lambda i: (-v.objective[i], i)), np.int64)
 
 
 def _finish(p: _Prompt, judge: Model, spec: FrontierSpec, name: str, direction: str, method: str,

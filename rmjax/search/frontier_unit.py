@@ -1,17 +1,22 @@
 """A frontier unit, (prompt, direction, method, λ) and what it found, and its one-chunk form in the store: a kill
-leaves a whole unit or none, and a unit read back is held to the run's finiteness rule as a fresh one is."""
+leaves a whole unit or none, and a unit read back is held to the run's finiteness rule as a fresh one is; and which
+of a search's rows a unit keeps (`search_rows`, the disagreement search's too), its seed and progress label."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rmjax.errors import NonFiniteError
 from rmjax.runs.chunks import ChunkStore
 from rmjax.scoring import finite
-from rmjax.search import frontier_out, turns
+from rmjax.search import frontier_out, pareto, turns
+
+if TYPE_CHECKING:
+    from rmjax.search.fluent import Found
 
 
 @dataclasses.dataclass
@@ -31,7 +36,7 @@ class Unit:
     roundtrip: np.ndarray
     forwards: float
     history: np.ndarray  # [H, 2]: forwards, best J
-    z: tuple[float, float]  # the reward's mean and SD over single tokens
+    z: finite.Scale  # the reward's mean and SD over single tokens (with its count and left-out record)
     seconds: float = 0.0
     swaps_skipped: int = 0  # swaps of allowed tokens a NaN/Inf gradient entry kept from being proposed
     candidates_dropped: int = 0  # sequences scored with a NaN/Inf term, never kept (Objective._checked)
@@ -90,3 +95,30 @@ def read_unit(store: ChunkStore, key: str, name: str, direction: str, method: st
     return Unit(name, direction, method, lam, columns[:, :n].astype(np.int64), columns[:, n], columns[:, n + 1],
                 columns[:, n + 2], columns[:, n + 3].astype(bool), float(extra[0, 0]), extra[2:], tuple(extra[1]),
                 float(extra[0, 1]), int(skipped), int(dropped), end)
+
+
+def unit_label(prompt: str, direction: str, method: str, lam: float | None, index: int, units: int) -> str:
+    """What the progress line is running now: `frontier 3/10: greatest optimal, search λ=0.25`."""
+    what = f"search λ={lam:g}" if method == "search" else "best-of-N"
+    return f"frontier {index + 1}/{units}: {prompt} {direction}, {what}"
+
+
+def search_seed(seed: int, lam: float, lambdas: tuple[float, ...]) -> int:
+    """The seed of λ's search: --seed for the largest λ, a seed drawn from (--seed, its place from the largest)
+    for the others, so that each λ's search draws its own prior samples and tails. With one seed for all, each
+    search paid to draw and score the samples the searches before it had drawn and scored."""
+    place = sorted(lambdas, reverse=True).index(lam)
+    return seed if place == 0 else int(np.random.SeedSequence([seed, place]).generate_state(1)[0])
+
+
+def search_rows(found: Found, top: int, front_rows: int, sign: float, rho: float) -> np.ndarray:
+    """The `top` rows by J and up to `front_rows` from the search's own Pareto layers over every sequence it
+    evaluated (sign·reward vs fluency F = prior log-prob − ρ·repetition; all must know F), best J first. The
+    search's answer is a frontier, as EPO's is: best-of-N offers all its samples, the search its front and the
+    layers behind it, since the judge, another LM, does not rank fluency as the prior does."""
+    v = found.values
+    rows = [i for i in found.best(top).tolist() if np.isfinite(v.objective[i])]  # none dropped (--allow_nonfinite)
+    if front_rows:
+        fluency = v.prior_logp - rho * v.repetition
+        rows += [i for i in pareto.layers(sign * v.reward, -fluency, front_rows).tolist() if i not in rows]
+    return np.asarray(sorted(rows, key=lambda i: (-v.objective[i], i)), np.int64)

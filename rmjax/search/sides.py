@@ -111,7 +111,7 @@ class Side:
         raise NotImplementedError
 
     def yardstick(self, z_sample: int, allow_nonfinite: bool, known: dict[int, float] | None = None
-                  ) -> tuple[float, float]:
+                  ) -> finite.Scale:
         """Mean and SD of its single-token rewards over `z_sample` of its tokens (finite.sampled_yardstick: the
         sample `score` and the frontier draw, so an RM side's z is theirs); `known`: rewards of its tokens scored
         already (the vocabulary map's), read instead of scored again."""

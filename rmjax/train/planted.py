@@ -268,7 +268,7 @@ def train_with_and_without(out: str | Path, lm: str, synthetic: Pairs, cfg: Trai
 
 
 def _read_summary(workdir: Path | None) -> dict:
-    from rmjax.runs.results import read_json
+    from rmjax.runs.atomic import read_json
 
     summary = read_json(workdir / "summary.json") if workdir else None
     return summary if isinstance(summary, dict) else {}

@@ -23,10 +23,11 @@ from rmjax.loading.safetensors_io import save_file
 from rmjax.model import Model
 from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs import results
+from rmjax.runs.atomic import read_json
 from rmjax.runs.claims import Claim, Output, claim_all
 from rmjax.runs.identities import canonical
 from rmjax.runs.paths import refuse_folder_name
-from rmjax.runs.results import dump_json, read_json
+from rmjax.runs.results import dump_json
 from rmjax.text.chat import Conversations, check_response_fits, has_chat_template
 from rmjax.train.data import Pairs, elo_csv, elo_pairs, elo_probability, read_elo_items, read_pairs, split_pairs
 from rmjax.train.loop import TrainResult, train_reward_model
@@ -249,7 +250,7 @@ def run_training(
         for path, flag, what in ((export, "--export", "Hugging Face folder"), (head_out, "--head_out", "head")):
             if path and not fresh[path]:
                 record = export / SUMMARY_FILE if path == export else head_files[1]
-                note = results.reused_note(results.read_json(record))
+                note = results.reused_note(read_json(record))
                 print(f"{flag}={path}: {note}: this run's {what}, already there; pass --overwrite to write it "
                       "again.", file=sys.stderr)
         if done is not None and not any(fresh.values()):

@@ -9,8 +9,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rmjax.parallel.distributed import is_main
+from rmjax.runs.atomic import fresh_file
 from rmjax.runs.claims import Claim, Output, claim_all
-from rmjax.runs.results import dump_json, fresh_file
+from rmjax.runs.results import dump_json
 
 
 def workdir_output(workdir: Path, identity: dict, overwrite: bool, beside: Sequence[str | Path] = ()) -> Output:
@@ -39,7 +40,7 @@ def claim_workdir(workdir: Path, identity: dict, overwrite: bool, beside: Sequen
 
 RUN_FILE = "run.json"
 # What a run writes in its workdir (rmjax.runs.claims.store_files): run.json, the logs and summary.json and their
-# temp files (`write_log`; rmjax.runs.results.atomic_write_text), and orbax's checkpoints folder, whole.
+# temp files (`write_log`; rmjax.runs.atomic.atomic_write_text), and orbax's checkpoints folder, whole.
 WORKDIR_FILES = (RUN_FILE, "summary.json", "train_log.csv", "eval_log.csv", "train_log.csv.tmp", "eval_log.csv.tmp",
                  f".{RUN_FILE}.*.tmp", ".summary.json.*.tmp", "checkpoints/")
 
