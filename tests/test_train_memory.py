@@ -113,39 +113,54 @@ def test_a_consumed_resume_reads_its_checkpoint_into_what_it_replaces(lm, tmp_pa
                                                                         dtype):
     """A consumed run resumed from a checkpoint deletes the arrays the checkpoint replaces (the loaded trained weights,
     FSDP's shards of them, Adam's fresh moments) before reading it: held beside the restored copy, they were the
-    trained weights and their optimizer state twice. The same steps after it as a resume on a copy."""
+    trained weights and their optimizer state twice. The same steps after it as a resume on a copy. A resume on the
+    caller's model (not consumed) deletes the optimizer's fresh state, its own, all the same."""
     base = base_model(lm, mesh, dtype)  # bfloat16: the float32 master copies are optimizer state, restored too
     train, held = _separable(NOUNS[:20], 64, 4), _separable(NOUNS[20:], 16, 5)
     cfg = TrainConfig(trainable=trainable, last_k=1, steps=2, batch_size=8, learning_rate=1e-2, checkpoint_every=1,
                       fsdp=mesh is not None)
-    restore = ocp.CheckpointManager.restore
+    from rmjax.train import loop
+
+    restore, checkpoint = ocp.CheckpointManager.restore, loop._checkpoint
 
     def resume(consume: bool):
         workdir = tmp_path / str(consume)
         with pytest.raises(Crash):  # killed after step 1's checkpoint
             train_reward_model(own_copy(base), train, held, cfg, workdir, consume=consume, log=crash_at(1))
         rm = own_copy(base)
-        before, seen = on_devices(), []
+        before, seen, targets = on_devices(), [], []
 
         def measured(self, *args, **kwargs):  # what the devices hold once the checkpoint is read
             restored = restore(self, *args, **kwargs)
-            seen.append((on_devices(), placed_bytes(restored)))
+            seen.append((on_devices(), placed_bytes(restored["params"]), placed_bytes(restored["optimizer"])))
             return restored
+
+        def target(*args):  # the arrays the restore replaces (the first call: the fresh run's, before the steps)
+            made = checkpoint(*args)
+            targets.append({part: jax.tree.leaves(tree) for part, tree in made.items()})
+            return made
 
         with monkeypatch.context() as patch:
             patch.setattr(ocp.CheckpointManager, "restore", measured)
+            patch.setattr(loop, "_checkpoint", target)
             result = train_reward_model(rm, train, held, cfg, workdir, consume=consume, log=lambda *_: None)
-        (then, restored), = seen
+        (then, params, state), = seen
         assert result.resumed_from == 1
-        return result, then - before, restored
+        # the optimizer's fresh state is the run's own: gone before the checkpoint is read, consumed or not (a run
+        # on the caller's model held Adam's zero moments and master copy beside the restored ones)
+        assert all(a.is_deleted() for a in targets[0]["optimizer"])
+        assert consume or not any(a.is_deleted() for a in jax.tree.leaves(rm.params))  # the caller's, kept
+        return result, then - before, params, state
 
-    copied, copied_extra, restored = resume(False)
-    consumed, consumed_extra, _ = resume(True)
+    copied, copied_extra, params, state = resume(False)
+    consumed, consumed_extra, _, _ = resume(True)
     assert [h["loss"] for h in consumed.history] == [h["loss"] for h in copied.history]
     flat, reference = nn.flat(consumed.model.params), nn.flat(copied.model.params)
     for key in reference:
         np.testing.assert_array_equal(np.asarray(flat[key]), np.asarray(reference[key]), err_msg=key)
-    assert copied_extra - consumed_extra >= restored, (copied_extra, consumed_extra, restored)
+    # the consumed run deletes the loaded trained weights as well: held by the copy's run, they are its whole margin
+    assert copied_extra - consumed_extra >= params, (copied_extra, consumed_extra, params)
+    assert copied_extra - consumed_extra < params + state or mesh, (copied_extra, consumed_extra, params, state)
 
 
 @pytest.mark.parametrize("trainable", ["last_k", "full"])

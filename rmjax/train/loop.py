@@ -243,16 +243,16 @@ def _evaluation(module: nn.Transformer, held_rewards, heldout: Pairs) -> dict:
 def _restore(manager, module: nn.Transformer, optimizer: nnx.Optimizer, wrt, log, consume: bool = False
              ) -> int | None:
     """The latest checkpoint's step, its weights and optimizer state put back in place (None: a fresh run).
-    `consume`: the arrays the checkpoint replaces are deleted before it is read, not held beside its copy (the trained
-    weights and Adam's moments twice)."""
+    The arrays the checkpoint replaces are deleted before it is read, not held beside its copy: the optimizer's fresh
+    state (Adam's zero moments, the float32 master copy) always, being the run's own; the trained weights when the
+    run consumes the model (`consume`; otherwise they are the caller's)."""
     step = manager.latest_step()
     if step is not None:
         target = _checkpoint(module, optimizer, wrt)
         where = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), target)
-        if consume:
-            for a in jax.tree.leaves(target):
-                if not a.is_deleted():
-                    a.delete()
+        for a in jax.tree.leaves(target if consume else target["optimizer"]):
+            if not a.is_deleted():
+                a.delete()
         del target
         restored = manager.restore(step, args=ocp.args.StandardRestore(where))
         nnx.update(module, restored["params"])
