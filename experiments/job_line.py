@@ -29,9 +29,9 @@ SHARED = ("prompts", "prompt", "dtype", "mesh", "template")  # the plan's and th
 # Each planned job's flags that size its run: the job's flag -> the plan's. Counts are in `_derived`.
 SIZES: dict[str, dict[str, str]] = {
     "sweep": {"limit": "limit", "batch_size": "batch_size"},
-    "beam": {name: name for name in ("limit", "batch_size", "depth", "beam", "direction", "exhaustive")},
+    "beam": {name: name for name in ("limit", "batch_size", "depth", "beam", "direction", "exhaustive", "lm")},
     "gcg": {"num_tokens": "num_tokens", "search_width": "search_width", "steps": "steps",
-            "eval_batch_size": "batch_size", "buffer_size": "buffer_size"},
+            "eval_batch_size": "batch_size", "buffer_size": "buffer_size", "lm": "lm"},
     "score": {"batch_size": "batch_size"},
     "logprobs": {},
     "inspect": {"steps": "ig_steps", "batch_size": "batch_size"},

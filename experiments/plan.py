@@ -48,6 +48,8 @@ DIRECTION = flags.DEFINE_enum("direction", "both", ["optimal", "pessimal", "both
 EXHAUSTIVE = flags.DEFINE_bool("exhaustive", False, "beam: score every sequence of the candidates.")
 NUM_TOKENS = flags.DEFINE_integer("num_tokens", 8, "gcg: response length in tokens.", lower_bound=1)
 SEARCH_WIDTH = flags.DEFINE_integer("search_width", 128, "gcg: candidates evaluated per step.", lower_bound=1)
+LM = flags.DEFINE_string("lm", "", "beam, gcg: the completion check's causal LM (the job's --lm, of the RM's "
+                         "tokenizer), loaded beside the RM for the whole job: its weights count in every call.")
 BUFFER_SIZE = flags.DEFINE_integer("buffer_size", 8, "gcg: best sequences kept (a tied RM's completion check "
                                    "continues each).", lower_bound=1)
 FSDP = flags.DEFINE_enum("fsdp", "auto", ["auto", "true", "false"], "train_rm: shard the trained weights and Adam's "
@@ -126,7 +128,8 @@ def main(argv):
         checkpoint_every=CHECKPOINT_EVERY.value, responses=RESPONSES.value, sequence_tokens=SEQUENCE_TOKENS.value,
         depth=DEPTH.value, beam=BEAM.value,
         direction=DIRECTION.value, exhaustive=EXHAUSTIVE.value, num_tokens=NUM_TOKENS.value,
-        search_width=SEARCH_WIDTH.value, buffer_size=BUFFER_SIZE.value, texts_count=TEXTS.value,
+        search_width=SEARCH_WIDTH.value, buffer_size=BUFFER_SIZE.value, lm=LM.value,
+        texts_count=TEXTS.value,
         text_tokens=TEXT_TOKENS.value,
         items=ITEMS.value, ig_steps=IG_STEPS.value)
     result = plan(cfg, common.DTYPE.value, piece, JOB.value, shape, mesh, BATCH_SIZE.value or None, fsdp=FSDP.value,

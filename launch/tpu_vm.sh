@@ -21,6 +21,7 @@
 # --plan_model: a zoo hub id or nickname, a config.json or a local folder: before the VM is created, the job is
 #         compiled for --type here (python -m experiments.plan, needs jax[tpu]) and refused when it does not fit;
 #         default: the checkpoint's config.json (gcloud storage cp from a gs:// checkpoint) or its local folder.
+#         A beam or GCG job's --lm is planned too (held beside the RM); one under /tmp/ckpt is read from the checkpoint.
 # --keep: keep the VM at the end, also after a failure (otherwise a failed run deletes it too).
 # --dry-run runs the plan here (its verdict on stderr; from a gs:// checkpoint only with --plan_model) and prints
 #         every command, one per line, quoted so that a line pasted into a shell runs exactly it.
@@ -135,6 +136,22 @@ if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.jso
 elif [ -z "$PLAN_MODEL" ]; then
   PLAN_MODEL="$CHECKPOINT"
 fi
+# A beam or GCG job's --lm under the checkpoint is on the VM only: the plan reads it here, from the checkpoint folder
+# (a gs:// one: its config.json), so that the LM the job holds beside the RM counts in the plan.
+for i in "${!PLAN_FLAGS[@]}"; do
+  flag="${PLAN_FLAGS[$i]}"
+  if [ -n "$CHECKPOINT" ] && { [ "$flag" = --lm=/tmp/ckpt ] || [[ "$flag" == --lm=/tmp/ckpt/* ]]; }; then
+    rest="${flag#--lm=/tmp/ckpt}"
+    if [[ "$CHECKPOINT" == gs://* ]]; then
+      LM_CONFIG="${TMPDIR:-/tmp}/rmjax-$NAME-lm-config.json"
+      run gcloud storage cp "${CHECKPOINT%/}$rest/config.json" "$LM_CONFIG"
+      [ "$DRY" = 1 ] && PLAN_DRY_SKIP=1
+      PLAN_FLAGS[$i]="--lm=$LM_CONFIG"
+    else
+      PLAN_FLAGS[$i]="--lm=${CHECKPOINT%/}$rest"
+    fi
+  fi
+done
 if [ "${#PLAN_FLAGS[@]}" = 0 ]; then
   echo "warning: experiments.plan has no job $JOB_NAME: the VM is created unplanned" >&2
 elif [ -z "$PLAN_MODEL" ]; then

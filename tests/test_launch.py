@@ -457,6 +457,38 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
     assert cmds[-1][:5] == [*TPU, "delete"]  # and the VM would be created
 
 
+def test_tpu_vm_plans_a_searchs_lm_from_the_checkpoint(tmp_path):
+    """A beam or GCG job's --lm is loaded beside the RM for the whole job; the plan counted neither its weights nor its
+    completion calls. Its --lm reaches the plan, and one under /tmp/ckpt (on the VM only) is read from the
+    checkpoint here: a gs:// checkpoint's config.json copied, a local checkpoint's folder read."""
+    import json
+
+    from tests import tiny
+
+    ((status, words, err),) = _read_each("experiments.gcg --lm=/tmp/ckpt/lm --num_tokens=4")
+    assert status in (0, None) and words[-1] == "--lm=/tmp/ckpt/lm", (words, err)
+    job = "--job=experiments.beam --model=/tmp/ckpt --lm=/tmp/ckpt/lm --limit=64 --out=results/b.csv"
+    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", "--checkpoint=gs://b/ckpt", job,
+                env={**os.environ, "TMPDIR": "/tmp"})
+    assert ["gcloud", "storage", "cp", "gs://b/ckpt/lm/config.json", "/tmp/rmjax-rm-lm-config.json"] in cmds
+    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
+    assert plan[-1] == "--lm=/tmp/rmjax-rm-lm-config.json", plan
+    # a local checkpoint: the plan runs here, on the RM's and the LM's configs in it
+    checkpoint = tmp_path / "ckpt"
+    (checkpoint / "lm").mkdir(parents=True)
+    raw = tiny.hf_config("llama3", num_labels=1, vocab_size=49152).to_dict()  # the tokenizer's
+    (checkpoint / "config.json").write_text(json.dumps(raw | {"architectures": ["LlamaForSequenceClassification"]}))
+    (checkpoint / "lm" / "config.json").write_text(json.dumps(raw | {"architectures": ["LlamaForCausalLM"]}))
+    for folder in (checkpoint, checkpoint / "lm"):  # one tokenizer, as the job requires of --lm
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            (folder / name).write_bytes((tiny.smollm2_tokenizer_folder() / name).read_bytes())
+    cmds, said = _dry_and_said("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", f"--checkpoint={checkpoint}",
+                               job, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
+    assert plan[-1] == f"--lm={checkpoint}/lm", plan
+    assert "held beside" in said, said  # the LM's weights beside the RM's calls
+
+
 def test_what_the_job_would_refuse_is_refused_before_the_vm():
     """A flag the job does not have, a value it refuses, a stray word (absl reads `--remat true` as --remat and a
     stray `true`), a job rmjax does not have or unpaired quotes failed on the VM, after paying for it (gpu.sh: after

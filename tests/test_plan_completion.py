@@ -155,3 +155,58 @@ def test_the_completion_is_costed_with_its_logits_and_every_decode_step():
     positions = 64 * 16 + 64 * 31
     least = 2 * positions * _matmul_params(cfg) + 2 * 64 * 32 * cfg.hidden_size * cfg.vocab_size
     assert complete.flops * 4 >= 0.95 * least
+
+
+def test_a_beam_plan_with_lm_decodes_with_the_lm_and_holds_both_models(rm_folder, lm_folder, tmp_path, monkeypatch):
+    """The plan had no --lm: an untied RM's beam with --lm (the completion check of an RM that ties no LM head, as
+    Llama's) was planned with no check and without the LM, which the job loads beside the RM for the whole run. The
+    job's own greedy calls (a spy) against the plan's: the LM's calls as many, of the same rows and prefix; the LM's
+    weights (bytes of the loaded LM) beside each of the RM's calls, and the RM's (bytes of the loaded RM) beside
+    the LM's."""
+    import jax.numpy as jnp
+
+    from rmjax.errors import UsageError
+    from rmjax.loading import load
+    from rmjax.plan.cost import shard_bytes
+    from rmjax.plan.spec import plan_inputs
+    from rmjax.search import completion
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
+    made = []
+    real = completion.greedy_call
+
+    def spy(cfg, mesh, prefix_width, max_new):
+        call = real(cfg, mesh, prefix_width, max_new)
+
+        def counted(params, cache, ids, mask, end):
+            made.append((prefix_width, tuple(ids.shape)))
+            return call(params, cache, ids, mask, end)
+
+        return counted
+
+    monkeypatch.setattr(completion, "greedy_call", spy)
+    run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / "beam.csv"), inproc.prompts("greatest"),
+                      BeamConfig(depth=2, beam=4, direction="optimal"), tuple(range(1000, 1030)), lm=str(lm_folder)))
+    assert len(made) == 3  # 130 responses in batches of 64
+
+    cfg, _, shape, _ = plan_inputs(str(rm_folder), "v5e-1", "beam", limit=30, depth=2, beam=4, direction="optimal",
+                                   lm=str(lm_folder))
+    assert shape.candidates == 30
+    planned = shape.calls(cfg, "float32", _one_device(), 64)
+    by_name = {c.name: c for c in planned}
+    complete = by_name["complete"]
+    assert complete.count == len(made) and (complete.args[1].k.shape[2], complete.args[2].shape) == made[0]
+
+    def loaded_bytes(folder) -> int:
+        return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(load(str(folder)).params)
+                   if isinstance(a, jax.Array | jnp.ndarray))
+
+    lm_bytes, rm_bytes = loaded_bytes(lm_folder), loaded_bytes(rm_folder)
+    assert shard_bytes(complete.weights) == lm_bytes != rm_bytes
+    for call in planned:
+        theirs = {"complete": rm_bytes, "completion_prefill": rm_bytes}.get(call.name, lm_bytes)
+        assert shard_bytes(call.beside) == theirs, call.name
+    # refused as the job refuses it: an LM without an LM head
+    with pytest.raises(UsageError, match="has no LM head"):
+        plan_inputs(str(rm_folder), "v5e-1", "beam", limit=30, lm=str(rm_folder))

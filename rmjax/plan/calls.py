@@ -161,26 +161,30 @@ def gcg_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_
 
 
 def completion_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int,
-                     suffix_tokens: int, responses: int, response_tokens: int, max_new: int) -> list[Call]:
-    """The completion check of a search's written responses (rmjax.search.completion.check_written) by a tied RM,
-    its own prior: per prompt, the prefix but its last token prefilled, the responses in batches of BATCH_SIZE rows
-    each continued greedily in one call (a while loop, planned at its `max_new` - 1 trips: every row runs to the
-    cap), then the completed texts (`response_tokens` + `max_new`) scored as experiments.score scores them. Its
-    decode step reads the whole vocabulary's logits from the embedding table."""
+                     suffix_tokens: int, responses: int, response_tokens: int, max_new: int,
+                     prior: ModelConfig | None = None) -> list[Call]:
+    """The completion check of a search's written responses (rmjax.search.completion.check_written) by `prior` (the
+    job's --lm, of the RM's tokenizer), else by a tied RM, its own prior: per prompt, the prefix but its last token
+    prefilled, the responses in batches of BATCH_SIZE rows each continued greedily in one call (a while loop,
+    planned at its `max_new` - 1 trips: every row runs to the cap), then the completed texts (`response_tokens` +
+    `max_new`) scored by the RM as experiments.score scores them. Its decode step reads the whole vocabulary's
+    logits from the LM head. The RM's weights are held beside an --lm's calls."""
     from rmjax.search.completion import BATCH_SIZE, SCORED_BATCH_SIZE, WIDTH_BUCKET, greedy_call
 
-    params, width, prefill, cache = _prefix(cfg, dtype, mesh, prompts, max(1, prefix_tokens - 1))
+    decoder = prior or cfg
+    params, width, prefill, cache = _prefix(decoder, dtype, mesh, prompts, max(1, prefix_tokens - 1))
     batch = batching.round_up(BATCH_SIZE, mesh)
     rows = min(batch, batching.rows_for(responses, batching.data_shards(mesh)))
     length = batching.bucket(response_tokens + 1, WIDTH_BUCKET)  # the prefix's last token, then the response
-    call = greedy_call(cfg, mesh, width, max_new)
+    call = greedy_call(decoder, mesh, width, max_new)
     args = (params, cache, _array((rows, length), jnp.int32, mesh, "data"),
             _array((rows, length), jnp.bool_, mesh, "data"), _array((), jnp.int32, mesh))
     scored = score_calls(cfg, dtype, mesh, prompts=prompts, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens,
                          texts=responses, text_tokens=response_tokens + max_new,
                          batch_size=SCORED_BATCH_SIZE)
-    return [dataclasses.replace(prefill, name="completion_prefill"),
-            Call("complete", call, args, prompts * math.ceil(responses / batch), params, cache, max_new - 1),
+    rm = abstract_params(cfg, dtype, mesh) if prior is not None else None  # loaded beside the LM for the whole job
+    return [dataclasses.replace(prefill, name="completion_prefill", beside=rm),
+            Call("complete", call, args, prompts * math.ceil(responses / batch), params, cache, max_new - 1, rm),
             *(dataclasses.replace(c, name=f"completed_{c.name}") for c in scored)]
 
 

@@ -297,7 +297,9 @@ def describe(p: dict) -> str:
     return (f"{p['job']} on {p['topology']} ({p['chips']} x {p['chip']}, {p['accelerator_type']}): mesh "
             f"data:{p['mesh']['data']},model:{p['mesh']['model']}, batch {p['batch_size']}{_train_flags(p)}; per chip "
             f"{b['total'] / gib:.2f} GiB of {p['hbm_bytes'] / gib:.2f} (weights {b['weights'] / gib:.2f}, cache "
-            f"{b['cache'] / gib:.3f}, temp {b['temp'] / gib:.2f}); lower bound {_duration(p['lower_bound_seconds'])},"
+            f"{b['cache'] / gib:.3f}, temp {b['temp'] / gib:.2f}"
+            + (f", held beside {b['beside'] / gib:.2f}" if b.get("beside") else "")
+            + f"); lower bound {_duration(p['lower_bound_seconds'])},"
             f" realistic {_duration(p['realistic_seconds'])} at MFU {p['assumed_mfu']:.2f} ({p['bound']}-bound; "
             f"collectives {_duration(p['collective_seconds'])}); ${p['usd_on_demand']:.2f} on demand, "
             f"${p['usd_spot']:.2f} spot; each of {p['host']['hosts']} host(s) reads "

@@ -40,6 +40,7 @@ class BeamShape(SweepShape):
     beam: int = 64
     direction: str = "both"
     exhaustive: bool = False
+    lm: ModelConfig | None = None  # the completion check's --lm, loaded beside the RM for the whole job
 
     def memory_prefix(self) -> int:  # the deepest level's partial response joins the cached prefix
         return self.prefix_tokens + self.depth - 1
@@ -57,7 +58,8 @@ class BeamShape(SweepShape):
                                 suffix_tokens=self.suffix_tokens, candidates=self.candidates, batch_size=batch,
                                 depth=self.depth, beam=self.beam, direction=self.direction,
                                 exhaustive=self.exhaustive)
-        return made + _completion(cfg, dtype, mesh, self, self.written_responses(), self.depth, MAX_NEW)
+        made += _completion(cfg, dtype, mesh, self, self.written_responses(), self.depth, MAX_NEW)
+        return _beside_lm(made, self.lm, dtype, mesh)
 
     def written_responses(self) -> int:
         """The responses the completion check continues (beam_job's CHECKED_ROWS of each depth and direction's
@@ -81,6 +83,7 @@ class GcgShape:
     search_width: int
     eval_batch_size: int
     buffer_size: int = 8  # GCGConfig's default: the best sequences kept, written and completed
+    lm: ModelConfig | None = None  # the completion check's --lm, loaded beside the RM for the whole job
 
     per = "step"
 
@@ -109,19 +112,28 @@ class GcgShape:
             made += calls.responses_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
                                           suffix_tokens=self.suffix_tokens, responses=self.buffer_size,
                                           response_tokens=self.num_tokens, batch_size=BUFFER_BATCH_SIZE)
-        return made + completion
+        return _beside_lm(made + completion, self.lm, dtype, mesh)
 
 
 def _completion(cfg: ModelConfig, dtype: str, mesh, shape, responses: int, response_tokens: int,
                 max_new: int) -> list[calls.Call]:
-    """The completion check's calls where the RM is its own prior (tied embeddings: its LM head is the embedding
-    table; rmjax.search.completion.completion_prior). An untied RM's job skips the check without --lm, and a plan
-    has no --lm."""
-    if not cfg.tie_embeddings:
+    """The completion check's calls (rmjax.search.completion.completion_prior): by the job's --lm, else by the RM
+    itself where it ties its embeddings (its LM head is the embedding table); an untied RM's job without --lm skips
+    the check."""
+    if shape.lm is None and not cfg.tie_embeddings:
         return []
     return calls.completion_calls(cfg, dtype, mesh, prompts=shape.prompts, prefix_tokens=shape.prefix_tokens,
                                   suffix_tokens=shape.suffix_tokens, responses=responses,
-                                  response_tokens=response_tokens, max_new=max_new)
+                                  response_tokens=response_tokens, max_new=max_new, prior=shape.lm)
+
+
+def _beside_lm(made: list[calls.Call], lm: ModelConfig | None, dtype: str, mesh) -> list[calls.Call]:
+    """The job loads its --lm with the RM and holds both to the end: the LM's weights beside each of the RM's calls
+    (the LM's own calls hold the RM's already)."""
+    if lm is None:
+        return made
+    weights = calls.abstract_params(lm, dtype, mesh)
+    return [c if c.beside is not None else dataclasses.replace(c, beside=weights) for c in made]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ DEFAULT_RESPONSE_TOKENS = 32
 # change nothing, so the plan refuses it.
 JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam",), "direction": ("beam",),
                  "exhaustive": ("beam",), "num_tokens": ("gcg",), "search_width": ("gcg",),
-                 "buffer_size": ("gcg",),
+                 "buffer_size": ("gcg",), "lm": ("beam", "gcg"),
                  "steps": ("train_rm", "gcg"), "texts": ("score",),
                  "text_tokens": ("score", "inspect", "train_rm"),
                  "items": ("inspect",), "ig_steps": ("inspect",),
@@ -41,11 +41,16 @@ JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam"
 def model_config(spec: str, reward: bool = True):
     """(config as a reward model, tokenizer or None) of a zoo hub id or nickname, a zoo backbone (e.g.
     llama-3.1-70b), a config.json, a checkpoint folder or a builtin name, reading no weights. A causal LM gets a
-    one-label score head (as train_rm adds)."""
+    one-label score head (as train_rm adds); without `reward`, a zoo backbone is its causal LM (an --lm)."""
     from rmjax import zoo
+    from rmjax.hf_config import SUPPORTED_ARCHITECTURES, config_from_hf
 
     tokenizer = None
     entry = next((e for e in zoo.ZOO if spec in (e.hf_id, e.nickname)), None)
+    if entry is None and spec in zoo.BACKBONES and not reward:
+        raw = dict(zoo.BACKBONES[spec])
+        causal = next(a for a, t in SUPPORTED_ARCHITECTURES.items() if t == raw["model_type"] and "ForCausalLM" in a)
+        return config_from_hf(raw | {"architectures": [causal]}, source=spec), None
     if entry is None and spec in zoo.BACKBONES:  # a backbone's shape with a one-label score head
         entry = zoo.ZooEntry(spec, spec, spec, "score")
     if entry is not None:
@@ -133,6 +138,18 @@ def heldout_responses(n_heldout: int) -> int:
     return min(2 * n_heldout, ELO_ITEMS - ELO_TRAINING_ITEMS)
 
 
+def _completion_lm(lm: str, model: str, tokenizer) -> ModelConfig:
+    """The config of a beam or GCG job's --lm, refused as the job refuses it: no LM head, or (both tokenizers known)
+    another vocabulary than the RM's."""
+    from rmjax.search.completion import require_prior_config, require_same_vocabulary
+
+    cfg, lm_tokenizer = model_config(lm, reward=False)
+    require_prior_config(cfg, lm, "--lm")
+    if tokenizer is not None and lm_tokenizer is not None:
+        require_same_vocabulary(tokenizer, model, lm_tokenizer, lm)
+    return cfg
+
+
 def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
                 extra_prompts=(), template: str = "auto", limit: int = 0, prefix_tokens: int = 0,
                 suffix_tokens: int = -1, trainable: str = "head", last_k: int = 2, steps: int = 0,
@@ -140,7 +157,8 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                 checkpoint_every: int = 250,
                 responses: int = 0, sequence_tokens: int = 0,
                 depth: int = 2, beam: int = 64, direction: str = "both", exhaustive: bool = False,
-                num_tokens: int = 8, search_width: int = 128, buffer_size: int = 8, texts_count: int = 1000,
+                num_tokens: int = 8, search_width: int = 128, buffer_size: int = 8, lm: str = "",
+                texts_count: int = 1000,
                 text_tokens: int = 8, items: int = 2, ig_steps: int = 64
                 ) -> tuple[ModelConfig, Slice, object, dict | None]:
     """(config, slice, job shape, mesh or None), every flag checked before anything compiles. `steps` 0: the
@@ -211,10 +229,11 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         return cfg, piece, InspectShape(items, prefix + text_tokens + suffix, ig_steps, batch_size or 16), sizes
     if job == "score":
         return cfg, piece, ScoreShape(len(texts), prefix, suffix, texts_count, text_tokens, batch_size or 256), sizes
+    lm_cfg = _completion_lm(lm, model, tokenizer) if lm else None
     if job == "gcg":
         return cfg, piece, GcgShape(len(texts), prefix, suffix, num_tokens, steps or 100, search_width,
-                                    batch_size or 256, buffer_size), sizes
+                                    batch_size or 256, buffer_size, lm_cfg), sizes
     if job == "beam":
         return cfg, piece, BeamShape(len(texts), prefix, suffix, candidates, depth, beam, direction,
-                                     exhaustive), sizes
+                                     exhaustive, lm_cfg), sizes
     return cfg, piece, SweepShape(len(texts), prefix, suffix, candidates), sizes
