@@ -4,6 +4,7 @@ ran out of memory after its search, at its end."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -210,3 +211,28 @@ def test_a_beam_plan_with_lm_decodes_with_the_lm_and_holds_both_models(rm_folder
     # refused as the job refuses it: an LM without an LM head
     with pytest.raises(UsageError, match="has no LM head"):
         plan_inputs(str(rm_folder), "v5e-1", "beam", limit=30, lm=str(rm_folder))
+
+
+def test_a_plan_with_lm_states_the_rms_weights_and_reads_both_checkpoints():
+    """With an --lm the plan's per-chip weights were the larger model's (the LM's decode call), and the host side
+    read the RM's checkpoint alone. On v5e:2x2 (one host of 4 chips) the host reads every byte of both: the LM's
+    bytes are its declared parameters' (zoo.abstract_params), counted apart from the plan."""
+    import numpy as np
+
+    from rmjax import zoo
+    from rmjax.hf_config import config_from_hf
+    from rmjax.plan.planner import plan
+
+    rm = _reward_config(**ALIGNED)
+    raw = tiny.hf_config("llama3", **ALIGNED).to_dict() | {"architectures": ["LlamaForCausalLM"]}
+    lm = config_from_hf(raw | {"num_hidden_layers": 3})  # another size than the RM's
+    shape = BeamShape(prompts=1, prefix_tokens=40, suffix_tokens=5, candidates=100, depth=2, beam=4)
+    piece, mesh = chips.parse_slice("v5e:2x2"), {"data": 2, "model": 2}
+    alone = plan(rm, "bfloat16", piece, "beam", shape, mesh, 64, log=lambda *_: None)
+    both = plan(rm, "bfloat16", piece, "beam", dataclasses.replace(shape, lm=lm), mesh, 64, log=lambda *_: None)
+    assert both["per_chip_bytes"]["weights"] == alone["per_chip_bytes"]["weights"]
+    lm_bytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+                   for a in jax.tree.leaves(zoo.abstract_params(lm, jax.numpy.bfloat16)))
+    added = both["host"]["checkpoint_bytes_per_host"] - alone["host"]["checkpoint_bytes_per_host"]
+    assert added == lm_bytes, (added, lm_bytes)
+    assert both["per_chip_bytes"]["total"] > alone["per_chip_bytes"]["total"]

@@ -47,6 +47,7 @@ class Call:
     cache: Any = None  # the argument that holds a KV cache, if any
     loop_trips: int = 0  # the most trips of its while loop (rmjax.plan.cost.cost_of); 0: none planned
     beside: Any = None  # arrays the job holds through the call without passing them (train_rm's held-out data)
+    other_model: bool = False  # its weights are another model's (a search's --lm), not the planned model's
 
 
 def abstract_params(cfg: ModelConfig, dtype: str, mesh: Mesh) -> nnx.State:
@@ -183,8 +184,9 @@ def completion_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, 
                          texts=responses, text_tokens=response_tokens + max_new,
                          batch_size=SCORED_BATCH_SIZE)
     rm = abstract_params(cfg, dtype, mesh) if prior is not None else None  # loaded beside the LM for the whole job
-    return [dataclasses.replace(prefill, name="completion_prefill", beside=rm),
-            Call("complete", call, args, prompts * math.ceil(responses / batch), params, cache, max_new - 1, rm),
+    lm = prior is not None
+    return [dataclasses.replace(prefill, name="completion_prefill", beside=rm, other_model=lm),
+            Call("complete", call, args, prompts * math.ceil(responses / batch), params, cache, max_new - 1, rm, lm),
             *(dataclasses.replace(c, name=f"completed_{c.name}") for c in scored)]
 
 

@@ -71,8 +71,9 @@ class Option:
 def compile_option(cfg: ModelConfig, dtype: str, piece: Slice, data: int, model: int, shape,
                    batch_size: int) -> Option:
     made = shape.calls(cfg, dtype, mesh_on(piece, data, model), batch_size)
-    weights = max((shard_bytes(c.weights) for c in made if c.weights is not None), default=0)
-    cache = max((shard_bytes(c.cache) for c in made if c.cache is not None), default=0)
+    # the planned model's (an --lm's calls count it beside them, and in the host's reads)
+    weights = max((shard_bytes(c.weights) for c in made if c.weights is not None and not c.other_model), default=0)
+    cache = max((shard_bytes(c.cache) for c in made if c.cache is not None and not c.other_model), default=0)
     started = time.perf_counter()
     try:
         costs = tuple(cost_of(c.name, c.call, c.args, c.count, c.weights, data, c.loop_trips, c.beside)
@@ -266,7 +267,7 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
         "assumed_hbm_efficiency": HBM_EFFICIENCY, "assumed_ici_efficiency": ICI_EFFICIENCY,
         "usd_on_demand": hours * piece.usd_per_hour(), "usd_spot": hours * piece.usd_per_hour(spot=True),
         "prices": PRICES_AS_OF,
-        "host": host_side(cfg, dtype, piece, option.model, option.weights_bytes),
+        "host": _host(cfg, dtype, piece, option, getattr(shape, "lm", None)),
         "compile_seconds": option.compile_seconds,
         "compile_kept": bool(option.costs) and all(c.kept for c in option.costs),
         "chip_figures": {"peak_bf16_flops": chip.peak_flops, "hbm_bytes": chip.hbm_bytes,
@@ -280,6 +281,21 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
     out[f"flops_per_{shape.per}"] = work * piece.chips / max(1, shape.work_items())
     out["assumed"] = dataclasses.asdict(shape)
     return out
+
+
+def _host(cfg: ModelConfig, dtype: str, piece: Slice, option: Option, lm: ModelConfig | None) -> dict:
+    """host_side of the model, and of a search's --lm where the job loads one too: both checkpoints read, their
+    loading peaks added (an upper bound: the first one's pages may stay mapped while the second loads)."""
+    host = host_side(cfg, dtype, piece, option.model, option.weights_bytes)
+    if lm is None:
+        return host
+    from rmjax.plan.calls import abstract_params
+
+    lm_weights = shard_bytes(abstract_params(lm, dtype, mesh_on(piece, option.data, option.model)))
+    other = host_side(lm, dtype, piece, option.model, lm_weights)
+    peak = host["host_ram_peak_bytes"] + other["host_ram_peak_bytes"]
+    return host | {"checkpoint_bytes_per_host": host["checkpoint_bytes_per_host"] + other["checkpoint_bytes_per_host"],
+                   "host_ram_peak_bytes": peak, "fits_host_ram": peak <= host["host_ram_bytes"]}
 
 
 def _weighted_mfu(option: Option) -> float:
