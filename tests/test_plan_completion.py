@@ -1,6 +1,7 @@
-"""The completion check in a search's plan: a tied reward model completes its own written responses (beam, GCG), a
-greedy decode whose every step reads logits over the whole vocabulary. A plan without it said a job fit that then
-ran out of memory after its search, at its end."""
+"""The completion check in a search's plan: a tied reward model, or the job's --lm, completes its written responses
+(beam, GCG), a greedy decode whose every step reads logits over the whole vocabulary. A plan without it said a job
+fit that then ran out of memory after its search, at its end; one without the --lm, loaded beside the RM for the
+whole job, counted one model of two."""
 
 from __future__ import annotations
 
@@ -25,22 +26,11 @@ def _one_device() -> jax.sharding.Mesh:
     return jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:1]).reshape(1, 1), ("data", "model"))
 
 
-@pytest.fixture(scope="module")
-def tied_rm(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tied") / "rm"
-    return tiny.save_reward_model_with_tokenizer(folder, tie_word_embeddings=True)[1]
-
-
-def test_a_tied_rms_beam_plan_completes_what_the_job_completes(tied_rm, tmp_path, monkeypatch):
-    """The job's own greedy calls (counted by a spy on the builder it calls) against the plan's: as many calls, the
-    same rows, widths, prefix cache and cap. Depth 2, beam 4, one direction over 30 candidates: 30 + 4 x 30 written
-    rows, 100 of depth 2 checked (CHECKED_ROWS), 130 responses in batches of 64: 3 calls."""
+def _greedy_calls(monkeypatch) -> list[tuple[int, int, tuple]]:
+    """The job's greedy decodes, each (prefix cache width, cap, ids' shape), from a spy on the builder it calls."""
     from rmjax.search import completion
-    from rmjax.search.beam import BeamConfig
-    from rmjax.search.beam_job import BeamSpec, run_beam
 
-    made = []
-    real = completion.greedy_call
+    made, real = [], completion.greedy_call
 
     def spy(cfg, mesh, prefix_width, max_new):
         call = real(cfg, mesh, prefix_width, max_new)
@@ -52,6 +42,23 @@ def test_a_tied_rms_beam_plan_completes_what_the_job_completes(tied_rm, tmp_path
         return counted
 
     monkeypatch.setattr(completion, "greedy_call", spy)
+    return made
+
+
+@pytest.fixture(scope="module")
+def tied_rm(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tied") / "rm"
+    return tiny.save_reward_model_with_tokenizer(folder, tie_word_embeddings=True)[1]
+
+
+def test_a_tied_rms_beam_plan_completes_what_the_job_completes(tied_rm, tmp_path, monkeypatch):
+    """The job's own greedy calls (counted by a spy on the builder it calls) against the plan's: as many calls, the
+    same rows, widths, prefix cache and cap. Depth 2, beam 4, one direction over 30 candidates: 30 + 4 x 30 written
+    rows, 100 of depth 2 checked (CHECKED_ROWS), 130 responses in batches of 64: 3 calls."""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+
+    made = _greedy_calls(monkeypatch)
     candidates = tuple(range(1000, 1030))
     run_beam(BeamSpec(inproc.options(tied_rm, tmp_path / "beam.csv"), inproc.prompts("greatest"),
                       BeamConfig(depth=2, beam=4, direction="optimal"), candidates))
@@ -91,20 +98,11 @@ def test_a_tied_rms_gcg_plan_scores_and_completes_the_buffer_the_job_keeps(tied_
     The job's own calls (spies on the builders it calls) against the plan's, at --buffer_size=20: one scoring call
     of 32 rows (20 rounded up to a power of two) after the prompt's cache, and one greedy call of 20 rows."""
     from rmjax.scoring import prefix
-    from rmjax.search import completion, gcg_job
+    from rmjax.search import gcg_job
     from rmjax.search.gcg_config import GCGConfig
 
-    greedy, scored, inside = [], [], []
-    real_greedy, real_scorer, real_score = completion.greedy_call, prefix.batch_scorer, gcg_job.score_responses
-
-    def greedy_spy(cfg, mesh, prefix_width, max_new):
-        call = real_greedy(cfg, mesh, prefix_width, max_new)
-
-        def counted(params, cache, ids, mask, end):
-            greedy.append((prefix_width, tuple(ids.shape)))
-            return call(params, cache, ids, mask, end)
-
-        return counted
+    greedy, scored, inside = _greedy_calls(monkeypatch), [], []
+    real_scorer, real_score = prefix.batch_scorer, gcg_job.score_responses
 
     def scorer_spy(cfg, mesh, cache_width, *args, **kwargs):
         call = real_scorer(cfg, mesh, cache_width, *args, **kwargs)
@@ -123,7 +121,6 @@ def test_a_tied_rms_gcg_plan_scores_and_completes_the_buffer_the_job_keeps(tied_
         finally:
             inside.pop()
 
-    monkeypatch.setattr(completion, "greedy_call", greedy_spy)
     monkeypatch.setattr(prefix, "batch_scorer", scorer_spy)
     monkeypatch.setattr(gcg_job, "score_responses", score_spy)
     config = GCGConfig(num_tokens=2, steps=4, search_width=32, topk=16, buffer_size=20, seed=0)
@@ -139,7 +136,7 @@ def test_a_tied_rms_gcg_plan_scores_and_completes_the_buffer_the_job_keeps(tied_
     plan_scored = planned["score_responses"]
     assert plan_scored.count == len(scored)
     assert (plan_scored.args[1].k.shape[2], plan_scored.args[2].shape) == scored[0] == (scored[0][0], (32, 2))
-    assert planned["complete"].count == len(greedy) and planned["complete"].args[2].shape == greedy[0][1]
+    assert planned["complete"].count == len(greedy) and planned["complete"].args[2].shape == greedy[0][2]
 
 
 def test_the_completion_is_costed_with_its_logits_and_every_decode_step():
@@ -170,23 +167,10 @@ def test_a_beam_plan_with_lm_decodes_with_the_lm_and_holds_both_models(rm_folder
     from rmjax.loading import load
     from rmjax.plan.cost import shard_bytes
     from rmjax.plan.spec import plan_inputs
-    from rmjax.search import completion
     from rmjax.search.beam import BeamConfig
     from rmjax.search.beam_job import BeamSpec, run_beam
 
-    made = []
-    real = completion.greedy_call
-
-    def spy(cfg, mesh, prefix_width, max_new):
-        call = real(cfg, mesh, prefix_width, max_new)
-
-        def counted(params, cache, ids, mask, end):
-            made.append((prefix_width, tuple(ids.shape)))
-            return call(params, cache, ids, mask, end)
-
-        return counted
-
-    monkeypatch.setattr(completion, "greedy_call", spy)
+    made = _greedy_calls(monkeypatch)
     run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / "beam.csv"), inproc.prompts("greatest"),
                       BeamConfig(depth=2, beam=4, direction="optimal"), tuple(range(1000, 1030)), lm=str(lm_folder)))
     assert len(made) == 3  # 130 responses in batches of 64
@@ -197,7 +181,7 @@ def test_a_beam_plan_with_lm_decodes_with_the_lm_and_holds_both_models(rm_folder
     planned = shape.calls(cfg, "float32", _one_device(), 64)
     by_name = {c.name: c for c in planned}
     complete = by_name["complete"]
-    assert complete.count == len(made) and (complete.args[1].k.shape[2], complete.args[2].shape) == made[0]
+    assert complete.count == len(made) and (complete.args[1].k.shape[2], complete.args[2].shape) == made[0][::2]
 
     def loaded_bytes(folder) -> int:
         return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(load(str(folder)).params)
