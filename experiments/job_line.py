@@ -33,6 +33,7 @@ SIZES: dict[str, dict[str, str]] = {
     "gcg": {"num_tokens": "num_tokens", "search_width": "search_width", "steps": "steps",
             "eval_batch_size": "batch_size", "buffer_size": "buffer_size", "lm": "lm"},
     "score": {"batch_size": "batch_size"},
+    "audit": {"batteries": "batteries", "batch_size": "batch_size"},
     "logprobs": {},
     "inspect": {"steps": "ig_steps", "batch_size": "batch_size"},
     "train_rm": {name: name for name in ("trainable", "last_k", "steps", "batch_size", "n_train", "n_heldout",

@@ -32,7 +32,8 @@ OUT = flags.DEFINE_string("out", None, "Write the plan here (JSON).")
 LIMIT = flags.DEFINE_integer("limit", 0, "sweep, beam: candidates (0: the whole vocabulary).", lower_bound=0)
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "sweep, beam: candidates per call (0: the largest that fits); "
                                   "gcg: evaluation rows per call, score: texts per call, train_rm: pairs per step "
-                                  "(0: 256); inspect: path points per call (0: 16).",
+                                  "(0: 256); inspect: path points per call (0: 16); audit: conversations per call "
+                                  "(0: 64).",
                                   lower_bound=0)
 PREFIX_TOKENS = flags.DEFINE_integer("prefix_tokens", 0, "Prompt prefix length in tokens (0: measured with the "
                                      "model's tokenizer and template, or 64 when it has none).", lower_bound=0)
@@ -48,6 +49,8 @@ DIRECTION = flags.DEFINE_enum("direction", "both", ["optimal", "pessimal", "both
 EXHAUSTIVE = flags.DEFINE_bool("exhaustive", False, "beam: score every sequence of the candidates.")
 NUM_TOKENS = flags.DEFINE_integer("num_tokens", 8, "gcg: response length in tokens.", lower_bound=1)
 SEARCH_WIDTH = flags.DEFINE_integer("search_width", 128, "gcg: candidates evaluated per step.", lower_bound=1)
+AUDIT_BATTERIES = flags.DEFINE_list("batteries", ["identity", "length", "sycophancy", "framing"],
+                                    "audit: its batteries (length joins identity or sycophancy, as in the audit).")
 LM = flags.DEFINE_string("lm", "", "beam, gcg: the completion check's causal LM (the job's --lm, of the RM's "
                          "tokenizer), loaded beside the RM for the whole job: its weights count in every call.")
 BUFFER_SIZE = flags.DEFINE_integer("buffer_size", 8, "gcg: best sequences kept (a tied RM's completion check "
@@ -91,6 +94,8 @@ def check_flags() -> None:
         if JOB.value not in jobs:
             common.refuse_given(f"plan --job={JOB.value}", (name,), f"does not read it (--{name} sizes "
                                 f"{' and '.join(jobs)})")
+    if JOB.value == "audit":
+        common.refuse_given("plan --job=audit", ("prompts", "prompt"), "sizes the batteries' own prompts")
     if JOB.value == "train_rm":  # a head-only run's feature pass reads responses; the others, whole conversations
         unread = ("sequence_tokens", "heldout_responses") if TRAINABLE.value == "head" else ("text_tokens",)
         common.refuse_given(f"plan --job=train_rm --trainable={TRAINABLE.value}", unread, "does not read it "
@@ -129,6 +134,7 @@ def main(argv):
         depth=DEPTH.value, beam=BEAM.value,
         direction=DIRECTION.value, exhaustive=EXHAUSTIVE.value, num_tokens=NUM_TOKENS.value,
         search_width=SEARCH_WIDTH.value, buffer_size=BUFFER_SIZE.value, lm=LM.value,
+        batteries=tuple(AUDIT_BATTERIES.value),
         texts_count=TEXTS.value,
         text_tokens=TEXT_TOKENS.value,
         items=ITEMS.value, ig_steps=IG_STEPS.value)

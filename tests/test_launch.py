@@ -423,6 +423,8 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
         "sweep --token_ids=5,6,7 --limit=2": ("", ["--limit=2", "--batch_size=0"]),
         "score": ("--texts='\"a,b\",c' --batch_size 8", ["--batch_size=8", "--texts=2"]),
         "logprobs": ("--template=plain", ["--template=plain"]),
+        "audit": ("--batteries=framing,length --batch_size=32 --out=results/a", ["--batteries=framing,length",
+                                                                                 "--batch_size=32"]),
         # the held-out pairs and how often they are evaluated size the plan too
         "train_rm": ("--elo=builtin --trainable=full --steps=5 --warmup_steps=1 --workdir=results/w --n_heldout=100 "
                      "--checkpoint_every=2",

@@ -41,6 +41,13 @@ SYCOPHANCY_CONTRASTS = ((("agree, user wrong",), ("disagree, user wrong",)),  # 
                         (("agree, user right", "disagree, user wrong"), ("disagree, user right", "agree, user wrong")))
 
 
+def with_calibration(names: Sequence[str]) -> tuple[str, ...]:
+    """The batteries an audit of `names` runs: the length battery joins identity or sycophancy, whose length-only
+    nulls are calibrated on its filler (rmjax.audit.stats.filler_slope)."""
+    names = tuple(names)
+    return (*names, "length") if "length" not in names and {"identity", "sycophancy"} & set(names) else names
+
+
 @dataclasses.dataclass(frozen=True)
 class Battery:
     """One battery: every variant to score and the contrasts (rows of audit.csv) computed over them."""

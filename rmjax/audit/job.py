@@ -68,9 +68,7 @@ class AuditSpec:
 
     def __post_init__(self):
         check_settings(self.batteries, self.n_boot, self.n_perm, self.seed, self.batch_size)
-        if "length" not in self.batteries and {"identity", "sycophancy"} & set(self.batteries):
-            # their length-only nulls are calibrated on the length battery's filler (stats.filler_slope)
-            object.__setattr__(self, "batteries", (*self.batteries, "length"))
+        object.__setattr__(self, "batteries", battery_lib.with_calibration(self.batteries))
         if self.options.allow_nonfinite:
             raise UsageError("--allow_nonfinite: an audit's statistics need every reward finite; leave it out.")
 

@@ -211,6 +211,19 @@ def score_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefi
     return [prefill, Call(name, scorer, args, prompts * math.ceil(texts / batch), params, cache)]
 
 
+def whole_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, texts: int, tokens: int, batch_size: int) -> list[Call]:
+    """Whole conversations scored without a cached prefix (rmjax.scoring.texts.score_conversations' rows of prompts
+    with few responses each), in batches of `batch_size` rows at most, planned at the longest (`tokens`)."""
+    from rmjax.scoring.calls import rewards_call
+    from rmjax.scoring.texts import LENGTH_BUCKET
+
+    params = abstract_params(cfg, dtype, mesh)
+    rows = min(batching.round_up(batch_size, mesh), batching.rows_for(texts, batching.data_shards(mesh)))
+    length = batching.bucket(tokens, LENGTH_BUCKET)
+    args = (params, _array((rows, length), jnp.int32, mesh, "data"), _array((rows, length), jnp.bool_, mesh, "data"))
+    return [Call("score_whole", rewards_call(cfg, mesh, rows), args, math.ceil(texts / rows), params)]
+
+
 def logprobs_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int) -> list[Call]:
     """Next-token log-probs (rmjax.scoring.logprobs): every prompt in one left-padded forward of the LM."""
     from rmjax.scoring.calls import log_probs_call

@@ -30,7 +30,7 @@ from rmjax.plan.shapes import SweepShape
 from rmjax.runs import results
 from rmjax.scoring import memory
 
-JOBS = ("sweep", "beam", "gcg", "score", "logprobs", "inspect", "train_rm")
+JOBS = ("sweep", "beam", "gcg", "score", "logprobs", "inspect", "train_rm", "audit")
 
 
 class PlanDoesNotFitError(RmjaxError):

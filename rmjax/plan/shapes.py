@@ -269,6 +269,45 @@ class ScoreShape:
 
 
 @dataclasses.dataclass(frozen=True)
+class AuditShape:
+    """The audit's conversations as score_conversations scores them (each distinct one once): the prompts with
+    CACHED_PROMPT_ROWS responses or more after their cached prefix, the others' conversations whole."""
+
+    prompts: int  # prompts scored after a cached prefix
+    prefix_tokens: int  # the longest of their prefixes
+    suffix_tokens: int
+    texts: int  # the most responses one of them has
+    text_tokens: int  # the longest response among them
+    whole_texts: int  # conversations scored whole
+    whole_tokens: int  # the longest of them
+    batch_size: int
+
+    per = "conversation"
+
+    @property
+    def fixed_batch(self) -> int:
+        return self.batch_size
+
+    def positions(self) -> int:
+        return max(self.text_tokens + self.suffix_tokens, self.whole_tokens)
+
+    def memory_prefix(self) -> int:
+        return self.prefix_tokens
+
+    def work_items(self) -> int:
+        return self.prompts * self.texts + self.whole_texts
+
+    def calls(self, cfg: ModelConfig, dtype: str, mesh, batch: int) -> list[calls.Call]:
+        made = calls.score_calls(cfg, dtype, mesh, prompts=self.prompts, prefix_tokens=self.prefix_tokens,
+                                 suffix_tokens=self.suffix_tokens, texts=self.texts, text_tokens=self.text_tokens,
+                                 batch_size=batch) if self.prompts else []
+        if self.whole_texts:
+            made += calls.whole_calls(cfg, dtype, mesh, texts=self.whole_texts, tokens=self.whole_tokens,
+                                      batch_size=batch)
+        return made
+
+
+@dataclasses.dataclass(frozen=True)
 class LogprobsShape:
     prompts: int
     prefix_tokens: int

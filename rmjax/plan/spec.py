@@ -11,6 +11,7 @@ from rmjax.loading.reward_head import SEQUENCE_CLASSIFIERS
 from rmjax.parallel.mesh_spec import parse_mesh_spec
 from rmjax.plan.chips import Slice, parse_slice
 from rmjax.plan.shapes import (
+    AuditShape,
     BeamShape,
     GcgShape,
     InspectShape,
@@ -29,7 +30,7 @@ DEFAULT_RESPONSE_TOKENS = 32
 # change nothing, so the plan refuses it.
 JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam",), "direction": ("beam",),
                  "exhaustive": ("beam",), "num_tokens": ("gcg",), "search_width": ("gcg",),
-                 "buffer_size": ("gcg",), "lm": ("beam", "gcg"),
+                 "buffer_size": ("gcg",), "lm": ("beam", "gcg"), "batteries": ("audit",),
                  "steps": ("train_rm", "gcg"), "texts": ("score",),
                  "text_tokens": ("score", "inspect", "train_rm"),
                  "items": ("inspect",), "ig_steps": ("inspect",),
@@ -138,6 +139,47 @@ def heldout_responses(n_heldout: int) -> int:
     return min(2 * n_heldout, ELO_ITEMS - ELO_TRAINING_ITEMS)
 
 
+TEMPLATE_TOKENS, CHARACTERS_A_TOKEN = 16, 3  # without a tokenizer: a chat turn's markers; English runs about 4
+
+
+def _audit_shape(cfg: ModelConfig, tokenizer, template: str, batteries: tuple[str, ...] | None, batch_size: int
+                 ) -> AuditShape:
+    """The audit's conversations (its batteries, length joining as the audit joins it), grouped as
+    score_conversations groups them, measured with the model's tokenizer and template (the job's refusal of a
+    conversation longer than the context included), or estimated without one (CHARACTERS_A_TOKEN)."""
+    from rmjax.audit import batteries as battery_lib
+    from rmjax.audit.job import check_settings
+    from rmjax.scoring.texts import CACHED_PROMPT_ROWS
+    from rmjax.text import chat
+
+    batteries = battery_lib.BATTERIES if batteries is None else tuple(batteries)
+    check_settings(batteries, 2000, 10000, 0, batch_size or 64)
+    by_prompt: dict[str, list[str]] = {}
+    for battery in battery_lib.build(battery_lib.with_calibration(batteries)):
+        for v in battery.variants:
+            by_prompt.setdefault(v.prompt, [])
+            if v.response not in by_prompt[v.prompt]:  # each distinct conversation once, as the job scores them
+                by_prompt[v.prompt].append(v.response)
+    cached, whole, prefix, suffix = [], [], 0, 0
+    for prompt, responses in by_prompt.items():
+        if tokenizer is not None:
+            conversations = chat.Conversations(tokenizer, prompt, template, False, cfg.max_position_embeddings)
+            lengths = [len(ids) for ids in conversations.token_ids(responses)]
+            for response, n in zip(responses, lengths, strict=True):
+                chat.check_response_fits(response, n, cfg.max_position_embeddings)
+            head, tail = len(conversations.prefix), len(conversations.split.suffix)
+        else:
+            head, tail = TEMPLATE_TOKENS + -(-len(prompt) // CHARACTERS_A_TOKEN), DEFAULT_SUFFIX_TOKENS
+            lengths = [head + -(-len(r) // CHARACTERS_A_TOKEN) + tail for r in responses]
+        if len(responses) >= CACHED_PROMPT_ROWS:
+            cached.append((len(responses), max(lengths) - head - tail))
+            prefix, suffix = max(prefix, head), max(suffix, tail)
+        else:
+            whole.extend(lengths)
+    return AuditShape(len(cached), prefix, suffix, max((n for n, _ in cached), default=0),
+                      max((t for _, t in cached), default=1), len(whole), max(whole, default=0), batch_size or 64)
+
+
 def _completion_lm(lm: str, model: str, tokenizer) -> ModelConfig:
     """The config of a beam or GCG job's --lm, refused as the job refuses it: no LM head, or (both tokenizers known)
     another vocabulary than the RM's."""
@@ -158,6 +200,7 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                 responses: int = 0, sequence_tokens: int = 0,
                 depth: int = 2, beam: int = 64, direction: str = "both", exhaustive: bool = False,
                 num_tokens: int = 8, search_width: int = 128, buffer_size: int = 8, lm: str = "",
+                batteries: tuple[str, ...] | None = None,
                 texts_count: int = 1000,
                 text_tokens: int = 8, items: int = 2, ig_steps: int = 64
                 ) -> tuple[ModelConfig, Slice, object, dict | None]:
@@ -213,6 +256,8 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                                       text_tokens=text_tokens, suffix_tokens=suffix, heldout_pairs=n_heldout,
                                       heldout_responses=heldout_responses_count or heldout_responses(n_heldout),
                                       checkpoint_every=checkpoint_every), sizes
+    if job == "audit":
+        return cfg, piece, _audit_shape(cfg, tokenizer, template, batteries, batch_size), sizes
     texts = resolve_prompts(list(prompts), list(extra_prompts))
     per_prompt = _prompt_sizes(tokenizer, texts, template, prefix_tokens, suffix_tokens)
     prefix = max(p for _, p, _ in per_prompt)
