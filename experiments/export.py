@@ -25,7 +25,7 @@ for _name in ("model", "dtype", "mesh", "coordinator", "num_processes", "process
 
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
-    if common.OUTPUT_COLUMN.value:  # a given --output_column is a mistake, not something to ignore
+    if common.OUTPUT_COLUMN.present:  # a given --output_column is a mistake, not something to ignore
         raise UsageError(f"--output_column={common.OUTPUT_COLUMN.value}: export writes the whole model, every "
                          "output of its reward head; leave --output_column out.")
     common.refuse_system_prompt("export", "writes the tokenizer's own chat template, which sets the system turn")

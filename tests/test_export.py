@@ -79,6 +79,18 @@ def test_export_reuses_its_own_folder_and_refuses_another_without_overwrite(rm_f
                        "--overwrite")
         inproc.refused(lambda: run_export(inproc.options(rm_folder, rm_folder, overwrite=True)), "model's own folder")
     assert _files(out) == before  # neither the reuse nor the refusal touched a file
+    # --overwrite keeps the earlier export whole until the new model has loaded (a fault hunt: a load that failed,
+    # or a Ctrl-C during it, left the folder empty)
+    from rmjax.loading import for_job
+
+    def fails(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(for_job, "load", fails)
+        with pytest.raises(KeyboardInterrupt):
+            run_export(inproc.options(other, out, overwrite=True))
+    assert _files(out) == before
     run_export(inproc.options(other, out, overwrite=True))
     assert json.loads((out / EXPORT_RECORD).read_text())["identity"]["model"] == fingerprint(str(other))
     from safetensors.numpy import load_file

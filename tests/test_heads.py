@@ -359,6 +359,21 @@ def test_train_rm_refuses_a_gated_base_before_any_weight(built, tmp_path, monkey
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("kind", ["armo", "urm"])
+def test_export_refuses_a_gated_head_transformers_would_score_otherwise(built, tmp_path, monkeypatch, kind):
+    """A fault hunt: an ArmoRM's export loaded in transformers as a plain classifier with a random score head, a
+    URM's scored its first raw output: the job said it wrote a Hugging Face folder. Refused before any weight."""
+    from rmjax.loading.export import run_export
+    from tests import inproc
+
+    _, folder = built(kind)
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(lambda: run_export(inproc.options(folder, tmp_path / "hf")), f"gated {kind.split('-')[0]} "
+                       "reward head", "score it with rmjax")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_a_continuation_moves_the_gate_where_a_pattern_ends_in_it():
     """heads.moves_gate against a brute-force reading: some occurrence of the pattern in prefix + continuation ends
     inside the continuation (one straddling the two counts)."""

@@ -177,6 +177,7 @@ BAD_OTHER_FLAGS = [
     # flags a job takes with the shared ones but never reads: each was ignored, exit 0 (and recorded as used)
     ("audit", ["--prompts=greatest"], ["--prompts: the audit", "batteries' own prompts"]),
     ("export", ["--template=plain", "--out={dir}/e"], ["--template: export"]),
+    ("export", ["--output_column=0", "--out={dir}/e"], ["--output_column=0: export writes the whole model"]),
     ("disagree", ["--models={dir}/a,{dir}/b"], ["--model: disagree", "--models"]),  # --model: run_each's
     ("inspect", ["--responses=a", "--top=3"], ["--top: inspect --responses"]),
     ("train_rm", ["--pairs={dir}/file.txt", "--n_train=5"], ["--n_train: train_rm --pairs", "--elo"]),

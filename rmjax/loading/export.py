@@ -109,22 +109,36 @@ def _refuse_own_folder(spec: str, out: Path) -> None:
         raise UsageError(f"--out={out} is, or holds, the model's own folder {folder}; choose another folder.")
 
 
+def _refuse_gated_head(spec: str) -> None:
+    """A gated head (ArmoRM, QRM, URM) has no transformers class: its folder loads as a plain classifier, whose
+    score head is missing (random) or another column, and scores otherwise than rmjax, silently."""
+    from rmjax.loading import config_of
+
+    head = config_of(spec).head
+    if head is not None:
+        raise UsageError(f"--model={spec} has a gated {head.kind} reward head, which transformers has no class for: "
+                         "its export would load there as a plain classifier and score otherwise (a random or another "
+                         "output's head); score it with rmjax, from its own folder.")
+
+
 def run_export(options: RunOptions) -> Path:
     """The export job: the model's identity from its fingerprint, without loading it → claim options.out (a
     folder; a finished export of the same model is reused, another's refused unless options.overwrite) → load →
-    write the Hugging Face folder, then its record. Returns the folder."""
+    the earlier export --overwrite replaces deleted (kept whole until the model has loaded) → write the Hugging Face
+    folder, then its record. Returns the folder."""
     from rmjax.loading import fingerprint
     from rmjax.loading.for_job import load_for_job
     from rmjax.runs import atomic, results
-    from rmjax.runs.claims import claim
+    from rmjax.runs.claims import claim, remove
     from rmjax.runs.paths import real_path
 
     out = real_path(options.out)
     _refuse_own_folder(options.model, out)
+    _refuse_gated_head(options.model)
     identity = export_identity(fingerprint(options.model), options.dtype, _text_only(options.model))
     record_path = out / EXPORT_RECORD
     with claim(out, identity, overwrite=options.overwrite, flag="--out", meta=record_path, folder=EXPORT_FILES,
-               inputs=dict(options.inputs)) as decision:
+               inputs=dict(options.inputs), defer_removal=True) as decision:
         if decision.reuse:
             note = results.reused_note(atomic.read_json(record_path))
             print(f"--out={out}: {note}: this model's export, already there; pass --overwrite to write it again.",
@@ -132,6 +146,8 @@ def run_export(options: RunOptions) -> Path:
             return out
         start = time.perf_counter()
         model = load_for_job(options)
+        if is_main():  # the old export's files, its record first: a stop from here leaves no folder passed as whole
+            remove(sorted(decision.remove, key=lambda p: p.name != EXPORT_RECORD))
         save_hf_folder(model, out)
         if is_main():
             results.dump_json({

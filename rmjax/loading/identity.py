@@ -2,8 +2,9 @@
 
 A fingerprint is `{"weights": …, "tokenizer": …, "reading": READING}`. Weights: config.json, the shard index, and per
 safetensors file its size, its header (names, dtypes, shapes, offsets) and the first and last 4 KiB
-of every tensor — so swapping in another checkpoint of the same architecture, or fine-tuning any
-tensor, changes it — without reading the weights (a 70B checkpoint costs ~1,500 small reads).
+of every tensor — so swapping in another checkpoint of the same architecture, or fine-tuning a tensor (every value
+moves), changes it; an edit confined to a tensor's middle (one embedding row) does not (docs/safety.md) — without
+reading the weights (a 70B checkpoint costs ~1,500 small reads).
 GGUF files: size plus 1 MiB at each end and 64 evenly spaced 64 KiB blocks. Tokenizer: every
 tokenizer and chat-template file in full (they are small). Content only, no paths or mtimes: a
 copied or moved checkpoint keeps its fingerprint.
