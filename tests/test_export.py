@@ -206,3 +206,29 @@ def test_an_untied_lm_exports_with_its_own_head_where_transformers_reads_it(tmp_
     assert want.keys() == got.keys() and "lm_head.weight" in got
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_a_model_without_a_chat_template_records_the_plain_format_it_is_scored_in(rm_folder, tmp_path, capsys):
+    """A fault hunt: Gemma 3 270M's export had no chat template (rmjax reads it plain) and said nothing, so a
+    transformers user's apply_chat_template failed. The job and rmjax_export.json now give the format; transformers,
+    fed conversations written so, gives rmjax's rewards."""
+    source = tmp_path / "plain_rm"
+    cli.copy_folder(rm_folder, source)
+    (source / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (source / "tokenizer_config.json").write_text(json.dumps(config))
+    out = tmp_path / "hf"
+    run_export(inproc.options(source, out))
+    form = json.loads((out / EXPORT_RECORD).read_text())["conversation_format"]
+    assert form == "User: {prompt}\nAssistant: {response}" and "has no chat template" in capsys.readouterr().err
+    model = load(str(source))
+    ours = TextScorer(model, PROMPT).score(TEXTS)
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(out), dtype=torch.float32,
+                                                                         attn_implementation="eager").eval()
+    for got, text in zip(ours, TEXTS, strict=True):
+        ids = np.asarray([tok(form.format(prompt=PROMPT, response=text), add_special_tokens=False).input_ids])
+        with torch.no_grad():
+            ref = float(hf(input_ids=torch.from_numpy(ids).long()).logits[0, 0])
+        assert abs(float(got) - ref) <= tolerance.rewards_atol(model.params, model.config, ids), (got, ref)

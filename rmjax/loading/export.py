@@ -150,11 +150,21 @@ def run_export(options: RunOptions) -> Path:
             remove(sorted(decision.remove, key=lambda p: p.name != EXPORT_RECORD))
         save_hf_folder(model, out)
         if is_main():
+            from rmjax.text.chat import PLAIN_FORMAT, has_chat_template
+
+            # a tokenizer without a chat template (Gemma 3 270M's GGUF): rmjax reads its conversations plain, and
+            # transformers' apply_chat_template refuses it; the record and the job say how to write them
+            plain = None if has_chat_template(model.tokenizer) else PLAIN_FORMAT + " {response}"
+            if plain:
+                print(f"note: {options.model} has no chat template: rmjax scores its conversations as {plain!r}; "
+                      "write them so for transformers (its apply_chat_template refuses this tokenizer).",
+                      file=sys.stderr)
             results.dump_json({
                 "kind": "export", "identity": identity, "model": model.source, "dtype": model.dtype,
                 "mesh": dict(model.mesh.shape) if model.mesh is not None else None,
                 "written_at": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.perf_counter() - start,
                 "recipe": training_recipe(options.model),
+                "conversation_format": plain or "the tokenizer's chat template",
                 "files": results.folder_record(out),
                 "environment": results.environment()}, record_path)
             results.mark_finished(out)
