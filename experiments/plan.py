@@ -53,7 +53,7 @@ AUDIT_BATTERIES = flags.DEFINE_list("batteries", ["identity", "length", "sycopha
                                     "audit: its batteries (length joins identity or sycophancy, as in the audit).")
 LM = flags.DEFINE_string("lm", "", "beam, gcg: the completion check's causal LM (the job's --lm, of the RM's "
                          "tokenizer), loaded beside the RM for the whole job: its weights count in every call.")
-BUFFER_SIZE = flags.DEFINE_integer("buffer_size", 8, "gcg: best sequences kept (a tied RM's completion check "
+BUFFER_SIZE = flags.DEFINE_integer("buffer_size", 8, "gcg: best sequences kept (the completion check "
                                    "continues each).", lower_bound=1)
 FSDP = flags.DEFINE_enum("fsdp", "auto", ["auto", "true", "false"], "train_rm: shard the trained weights and Adam's "
                          "moments over data (auto: only when the replicated state does not fit).")

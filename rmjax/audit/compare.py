@@ -111,7 +111,6 @@ class AuditSection:
             outputs.say(markdown(kept[["battery", "axis", "contrast", "model_a", "model_b", "difference_sd",
                                        "ci_low", "ci_high", "p_holm"]].head(20)), "")
 
-
     def _settings_lines(self, n_differences: int) -> list[str]:
         """What each audit's own CIs and p_holm (the side-by-side table's) were taken with, and the differences':
         set side by side without a word, a CI of 400 resamples read as one of 2000 and a Holm family of 12 rows
