@@ -564,3 +564,40 @@ def test_fsdp_and_remat_change_the_training_step():
     assert policies(made[True, True]) == {"None"}
     assert policies(made[True, False]) == {"DotsSaveable(only_if_no_batch_dims=True)"}
     assert policies(made[False, False]) == set()
+
+
+def test_the_plan_refuses_a_logprobs_prompt_exactly_where_the_job_does(lm_folder, tmp_path):
+    """A fault hunt: the plan counted a logprobs prompt's prefix and template tail, the job one response token more,
+    so a prompt filling the context was planned and then refused by the job. A log-prob reads the prefix alone: both
+    now accept a prompt whose prefix and tail fill the context exactly, and both refuse one token more."""
+    from rmjax.errors import RmjaxError
+    from rmjax.loading import config_and_tokenizer
+    from rmjax.plan.spec import plan_inputs
+    from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
+    from rmjax.text.chat import split_chat
+    from tests import inproc
+
+    cfg, tokenizer = config_and_tokenizer(str(lm_folder))
+
+    def used(text: str) -> int:
+        split = split_chat(tokenizer, text, "auto", None, 0)
+        return len(split.prefix) + len(split.suffix)
+
+    context = cfg.max_position_embeddings
+    fits = next(t for n in range(400, 520) for t in ("word " * n + "end", "word " * n + "it", "word " * n)
+                if used(t) == context)  # the prefix and tail fill the context: no room for a response token
+    over = fits + " word word"
+    assert used(over) > context
+    def accepted(attempt) -> bool:
+        try:
+            attempt()
+        except RmjaxError:
+            return False
+        return True
+
+    for name, text in (("fits", fits), ("over", over)):
+        planned = accepted(lambda t=text: plan_inputs(str(lm_folder), "v5e-1", "logprobs", prompts=(),
+                                                      extra_prompts=[f"p={t}"]))
+        ran = accepted(lambda t=text, n=name: run_logprobs(
+            LogprobsSpec(inproc.options(lm_folder, tmp_path / f"{n}.csv"), {"p": t})))
+        assert [planned, ran] == [name == "fits"] * 2, (name, planned, ran, used(text))

@@ -104,3 +104,27 @@ def test_a_system_prompt_stays_with_its_job(rm_folder):
     assert system_prompt_of(pirate.tokenizer) == "Answer as a pirate." and system_prompt_of(plain.tokenizer) is None
     assert model_fingerprint(pirate) == job_fingerprint(pirate_options)
     assert model_fingerprint(plain) == job_fingerprint(plain_options)
+
+
+@pytest.mark.parametrize("kind", ["drops", "raises"])
+def test_a_template_that_drops_or_refuses_the_system_turn(rm_folder, tmp_path, monkeypatch, kind):
+    """A fault hunt: a chat template that skips system messages scored every conversation without the
+    --system_prompt, which .meta.json recorded as used (exit 0, the numbers those without it); one that raises on a
+    system turn (Gemma's) advised --template=plain, which --system_prompt then refuses. Both refused before any
+    weight, naming the fix that applies."""
+    from tests import cli
+
+    folder = cli.copy_folder(rm_folder, tmp_path / "rm")
+    skip = ("{% if m['role'] != 'system' %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+            if kind == "drops" else "{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+            "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n")
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}" + skip + "{% endfor %}"
+                                                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    out = tmp_path / "s.csv"
+    run_sweep(SweepSpec(inproc.options(folder, tmp_path / "plain_run.csv"), inproc.prompts(), TOKENS, batch_size=3))
+    inproc.no_weights_read(monkeypatch)
+    expected = (["drops the system turn", "'Answer as a pirate.'", "leave --system_prompt out"] if kind == "drops"
+                else ["failed on a system + user + assistant conversation", "leave --system_prompt out"])
+    inproc.refused(lambda: run_sweep(SweepSpec(inproc.options(folder, out, system_prompt="Answer as a pirate."),
+                                               inproc.prompts(), TOKENS, batch_size=3)), *expected)
+    assert not out.exists()

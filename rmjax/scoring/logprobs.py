@@ -55,8 +55,8 @@ def run_logprobs(spec: LogprobsSpec) -> Path:
     if config_of(o.model).is_reward_model:  # from its config, before any weight loads
         raise UsageError(f"{o.model} is a reward model; log-probs need a causal LM (*ForCausalLM).")
     config, tokenizer = job_config_and_tokenizer(o)  # each prompt's room in the context, before the weights
-    for text in spec.prompts.values():
-        chat.split_chat(tokenizer, text, o.template, config.max_position_embeddings)
+    for text in spec.prompts.values():  # the prefix alone is read (no response: the plan's rule too)
+        chat.split_chat(tokenizer, text, o.template, config.max_position_embeddings, 0)
     identity = logprobs_identity(job_fingerprint(o), dtype=o.dtype, prompts=spec.prompts, template=o.template)
     with claim_job(o, identity) as job:
         if not job.reuse:

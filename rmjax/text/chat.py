@@ -184,9 +184,11 @@ def render_templates(tokenizer, conversations: list[list[dict]]) -> list[str]:
     except UsageError:
         raise
     except Exception as error:  # the template is the checkpoint's code: whatever it raises is its fault
-        raise UsageError(f"{source} failed on a user + assistant conversation: {type(error).__name__}"
-                         f"{': ' + str(error)[:200] if str(error) else ''}. Fix the template, or pass "
-                         "--template=plain.") from None
+        # with a --system_prompt (Gemma's templates raise on a system turn) --template=plain is refused: not the fix
+        what, fix = (("a system + user + assistant conversation", "leave --system_prompt out")
+                     if system is not None else ("a user + assistant conversation", "pass --template=plain"))
+        raise UsageError(f"{source} failed on {what}: {type(error).__name__}"
+                         f"{': ' + str(error)[:200] if str(error) else ''}. Fix the template, or {fix}.") from None
     if len(texts) != len(conversations) or not all(isinstance(t, str) for t in texts):
         raise RmjaxError(f"{source} rendered {len(conversations)} conversations as {len(texts)} texts.")
     return list(texts)
@@ -198,10 +200,16 @@ def check_template(tokenizer, template: str = "auto") -> None:
     if tokenizer is None:
         return
     split = split_chat(tokenizer, "What, in one word, is the greatest thing ever?", template)
-    if split.template == "plain" and system_prompt_of(tokenizer) is not None:
+    system = system_prompt_of(tokenizer)
+    if split.template == "plain" and system is not None:
         raise UsageError("--system_prompt needs a chat template, and this run uses the plain `User: …\\nAssistant:` "
                          "format (--template=plain, or a tokenizer without a chat template): drop --system_prompt "
                          "or use a model with a chat template.")
+    if system is not None and system.strip() and system.strip() not in template_head(tokenizer):
+        # a template that drops the system turn: every number would be the one without it, recorded as with it
+        raise UsageError(f"--system_prompt: {template_source(tokenizer)} drops the system turn (a rendered "
+                         f"conversation holds no {system.strip()[:40]!r}), so it would change nothing; leave "
+                         "--system_prompt out, or use a chat template that renders a system message.")
 
 
 def split_chat(
