@@ -132,7 +132,7 @@ JOB_NAME="${JOB_READ[0]}" PLAN_FLAGS=("${JOB_READ[@]:1}")  # no plan flags: a jo
 if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read
   PLAN_MODEL="${TMPDIR:-/tmp}/rmjax-$NAME-config.json"
   run gcloud storage cp "$CHECKPOINT/config.json" "$PLAN_MODEL"
-  [ "$DRY" = 1 ] && PLAN_DRY_SKIP=1
+  [ "$DRY" = 1 ] && PLAN_DRY_WHY="$CHECKPOINT/config.json (pass --plan_model to plan it here now)"
 elif [ -z "$PLAN_MODEL" ]; then
   PLAN_MODEL="$CHECKPOINT"
 fi
@@ -141,11 +141,11 @@ fi
 for i in "${!PLAN_FLAGS[@]}"; do
   flag="${PLAN_FLAGS[$i]}"
   if [ -n "$CHECKPOINT" ] && { [ "$flag" = --lm=/tmp/ckpt ] || [[ "$flag" == --lm=/tmp/ckpt/* ]]; }; then
-    rest="${flag#--lm=/tmp/ckpt}"
+    rest="${flag#--lm=/tmp/ckpt}"; rest="${rest%/}"
     if [[ "$CHECKPOINT" == gs://* ]]; then
       LM_CONFIG="${TMPDIR:-/tmp}/rmjax-$NAME-lm-config.json"
       run gcloud storage cp "${CHECKPOINT%/}$rest/config.json" "$LM_CONFIG"
-      [ "$DRY" = 1 ] && PLAN_DRY_SKIP=1
+      [ "$DRY" = 1 ] && PLAN_DRY_WHY="${PLAN_DRY_WHY:+$PLAN_DRY_WHY and }--lm's $CHECKPOINT$rest/config.json"
       PLAN_FLAGS[$i]="--lm=$LM_CONFIG"
     else
       PLAN_FLAGS[$i]="--lm=${CHECKPOINT%/}$rest"
@@ -160,8 +160,8 @@ else
   PLAN=("$PY" -m experiments.plan --model="$PLAN_MODEL" --topology="$TYPE" "${PLAN_FLAGS[@]}")
   if [ "$DRY" = 1 ]; then  # the command, then its verdict (on stderr: stdout holds only commands)
     run "${PLAN[@]}"
-    if [ "${PLAN_DRY_SKIP:-0}" = 1 ]; then
-      echo "dry run: the plan needs $CHECKPOINT/config.json; pass --plan_model to plan it here now" >&2
+    if [ -n "${PLAN_DRY_WHY:-}" ]; then
+      echo "dry run: the plan needs $PLAN_DRY_WHY, copied from the bucket by a real run" >&2
     else
       ( cd "$REPO" && "${PLAN[@]}" ) >&2 || { rc=$?; echo "error: the job does not plan for $TYPE (above); a real run would create no VM" >&2; exit "$rc"; }
     fi

@@ -386,6 +386,19 @@ def test_analyze_tells_models_apart_by_what_scored_and_states_each_audits_settin
     assert "other settings (their CIs and p_holm are not alike in precision or family)" in report
     assert f"{rm_folder}: 400 bootstrap resamples, 400 permutations, seed 0, Holm over {rows} rows" in report
     assert f"({terse}): 500 bootstrap resamples, 400 permutations, seed 0, Holm over {rows} rows" in report
+    # an audit whose .meta.json records no identity (edited) is refused, not taken for another audit's model
+    import json
+    import shutil
+
+    from rmjax.runs.results import meta_path
+
+    bare = tmp_path / "bare"
+    shutil.copytree(slashed, bare)
+    record = json.loads(meta_path(folder_paths(bare)["csv"]).read_text())
+    del record["identity"]
+    meta_path(folder_paths(bare)["csv"]).write_text(json.dumps(record))
+    refused(lambda: analyze(tmp_path / "c", audits=(plain, str(bare))), f"--audits={bare}: its .meta.json records "
+            "no identity")
     ours = AnalysisConfig(audits=("x", "y"))
     assert f"The differences (audit_differences.csv): {ours.n_boot} bootstrap resamples, {ours.n_permutations} " \
            f"permutations, seed {ours.seed}, Holm over {len(diff)} rows." in report

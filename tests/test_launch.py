@@ -469,10 +469,13 @@ def test_tpu_vm_plans_a_searchs_lm_from_the_checkpoint(tmp_path):
 
     ((status, words, err),) = _read_each("experiments.gcg --lm=/tmp/ckpt/lm --num_tokens=4")
     assert status in (0, None) and words[-1] == "--lm=/tmp/ckpt/lm", (words, err)
-    job = "--job=experiments.beam --model=/tmp/ckpt --lm=/tmp/ckpt/lm --limit=64 --out=results/b.csv"
-    cmds = _dry("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", "--checkpoint=gs://b/ckpt", job,
-                env={**os.environ, "TMPDIR": "/tmp"})
+    job = "--job=experiments.beam --model=/tmp/ckpt --lm=/tmp/ckpt/lm/ --limit=64 --out=results/b.csv"
+    cmds, said = _dry_and_said("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", "--checkpoint=gs://b/ckpt",
+                               "--plan_model=llama-3.1-8b", job, env={**os.environ, "TMPDIR": "/tmp"})
+    # its trailing slash kept out of the object's name (gs://b/ckpt/lm//config.json names none)
     assert ["gcloud", "storage", "cp", "gs://b/ckpt/lm/config.json", "/tmp/rmjax-rm-lm-config.json"] in cmds
+    # a dry run says what it lacks: the LM's config (the model's is --plan_model's)
+    assert "the plan needs --lm's gs://b/ckpt/lm/config.json" in said and "pass --plan_model" not in said, said
     (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
     assert plan[-1] == "--lm=/tmp/rmjax-rm-lm-config.json", plan
     # a local checkpoint: the plan runs here, on the RM's and the LM's configs in it
@@ -485,7 +488,7 @@ def test_tpu_vm_plans_a_searchs_lm_from_the_checkpoint(tmp_path):
         for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             (folder / name).write_bytes((tiny.smollm2_tokenizer_folder() / name).read_bytes())
     cmds, said = _dry_and_said("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", f"--checkpoint={checkpoint}",
-                               job, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                               job.replace("/lm/", "/lm"), env={**os.environ, "JAX_PLATFORMS": "cpu"})
     (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
     assert plan[-1] == f"--lm={checkpoint}/lm", plan
     assert "held beside" in said, said  # the LM's weights beside the RM's calls

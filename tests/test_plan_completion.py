@@ -158,9 +158,10 @@ def test_the_completion_is_costed_with_its_logits_and_every_decode_step():
 def test_a_beam_plan_with_lm_decodes_with_the_lm_and_holds_both_models(rm_folder, lm_folder, tmp_path, monkeypatch):
     """The plan had no --lm: an untied RM's beam with --lm (the completion check of an RM that ties no LM head, as
     Llama's) was planned with no check and without the LM, which the job loads beside the RM for the whole run. The
-    job's own greedy calls (a spy) against the plan's: the LM's calls as many, of the same rows and prefix; the LM's
-    weights (bytes of the loaded LM) beside each of the RM's calls, and the RM's (bytes of the loaded RM) beside
-    the LM's."""
+    job's own greedy calls (a spy) against the plan's: the LM's calls as many, of the same rows and prefix (the LM's
+    own template makes it longer than the RM's: sized by the RM's, it was planned at 64 of the job's 224 positions);
+    the LM's weights (bytes of the loaded LM) beside each of the RM's calls, and the RM's (bytes of the loaded RM)
+    beside the LM's."""
     import jax.numpy as jnp
 
     from rmjax.errors import UsageError
@@ -169,7 +170,11 @@ def test_a_beam_plan_with_lm_decodes_with_the_lm_and_holds_both_models(rm_folder
     from rmjax.plan.spec import plan_inputs
     from rmjax.search.beam import BeamConfig
     from rmjax.search.beam_job import BeamSpec, run_beam
+    from tests import cli
 
+    lm_folder = cli.copy_folder(lm_folder, tmp_path / "lm")  # the same tokenizer, a longer template
+    template = lm_folder / "chat_template.jinja"
+    template.write_text("{{ 'Think it through, step by step. ' * 24 }}" + template.read_text())
     made = _greedy_calls(monkeypatch)
     run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / "beam.csv"), inproc.prompts("greatest"),
                       BeamConfig(depth=2, beam=4, direction="optimal"), tuple(range(1000, 1030)), lm=str(lm_folder)))
@@ -177,6 +182,7 @@ def test_a_beam_plan_with_lm_decodes_with_the_lm_and_holds_both_models(rm_folder
 
     cfg, _, shape, _ = plan_inputs(str(rm_folder), "v5e-1", "beam", limit=30, depth=2, beam=4, direction="optimal",
                                    lm=str(lm_folder))
+    assert shape.lm_prefix_tokens > shape.prefix_tokens
     assert shape.candidates == 30
     planned = shape.calls(cfg, "float32", _one_device(), 64)
     by_name = {c.name: c for c in planned}
@@ -209,7 +215,7 @@ def test_a_plan_with_lm_states_the_rms_weights_and_reads_both_checkpoints():
 
     rm = _reward_config(**ALIGNED)
     raw = tiny.hf_config("llama3", **ALIGNED).to_dict() | {"architectures": ["LlamaForCausalLM"]}
-    lm = config_from_hf(raw | {"num_hidden_layers": 3})  # another size than the RM's
+    lm = config_from_hf(raw | {"num_hidden_layers": 2 * rm.num_layers})  # larger: the max of both was shown
     shape = BeamShape(prompts=1, prefix_tokens=40, suffix_tokens=5, candidates=100, depth=2, beam=4)
     piece, mesh = chips.parse_slice("v5e:2x2"), {"data": 2, "model": 2}
     alone = plan(rm, "bfloat16", piece, "beam", shape, mesh, 64, log=lambda *_: None)

@@ -19,7 +19,7 @@ from rmjax.analysis.spec import AnalysisConfig
 from rmjax.audit import batteries as battery_lib
 from rmjax.audit import stats
 from rmjax.audit.job import folder_paths, read_items
-from rmjax.errors import MissingFileError, UsageError
+from rmjax.errors import InputFileError, MissingFileError, UsageError
 from rmjax.loading.identity import hash_json
 from rmjax.runs import results
 
@@ -52,7 +52,10 @@ class AuditSection:
             # both tables whole and as the audit wrote them (its record's digests): an edited item moved every
             # difference computed from it, silently
             meta = results.checked_input(paths["csv"], ("audit",), "--audits")
-            identity = meta.get("identity") or {}
+            identity = meta.get("identity")
+            if not isinstance(identity, dict) or not identity.get("model"):
+                raise InputFileError(f"--audits={folder}: its .meta.json records no identity of the model it scored "
+                                     f"(edited?); rerun experiments.audit --out={folder} --overwrite.")
             # a model is what scored, not the path typed: `rm` and `rm/` are one model, and one folder read with
             # two system prompts is two
             scorer = hash_json({k: identity.get(k) for k in ("model", "output_column", "template", "dtype")})

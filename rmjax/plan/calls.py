@@ -163,17 +163,19 @@ def gcg_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_
 
 def completion_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_tokens: int,
                      suffix_tokens: int, responses: int, response_tokens: int, max_new: int,
-                     prior: ModelConfig | None = None) -> list[Call]:
+                     prior: ModelConfig | None = None, prior_prefix_tokens: int = 0) -> list[Call]:
     """The completion check of a search's written responses (rmjax.search.completion.check_written) by `prior` (the
     job's --lm, of the RM's tokenizer), else by a tied RM, its own prior: per prompt, the prefix but its last token
     prefilled, the responses in batches of BATCH_SIZE rows each continued greedily in one call (a while loop,
     planned at its `max_new` - 1 trips: every row runs to the cap), then the completed texts (`response_tokens` +
     `max_new`) scored by the RM as experiments.score scores them. Its decode step reads the whole vocabulary's
-    logits from the LM head. The RM's weights are held beside an --lm's calls."""
+    logits from the LM head. The RM's weights are held beside an --lm's calls; `prior_prefix_tokens`: the prompt's
+    prefix in the --lm's own tokenizer and template (0: the RM's)."""
     from rmjax.search.completion import BATCH_SIZE, SCORED_BATCH_SIZE, WIDTH_BUCKET, greedy_call
 
     decoder = prior or cfg
-    params, width, prefill, cache = _prefix(decoder, dtype, mesh, prompts, max(1, prefix_tokens - 1))
+    params, width, prefill, cache = _prefix(decoder, dtype, mesh, prompts,
+                                            max(1, (prior_prefix_tokens or prefix_tokens) - 1))
     batch = batching.round_up(BATCH_SIZE, mesh)
     rows = min(batch, batching.rows_for(responses, batching.data_shards(mesh)))
     length = batching.bucket(response_tokens + 1, WIDTH_BUCKET)  # the prefix's last token, then the response

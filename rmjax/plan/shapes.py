@@ -41,6 +41,7 @@ class BeamShape(SweepShape):
     direction: str = "both"
     exhaustive: bool = False
     lm: ModelConfig | None = None  # the completion check's --lm, loaded beside the RM for the whole job
+    lm_prefix_tokens: int = 0  # the longest prompt prefix in the --lm's tokenizer and template (0: the RM's)
 
     def memory_prefix(self) -> int:  # the deepest level's partial response joins the cached prefix
         return self.prefix_tokens + self.depth - 1
@@ -84,6 +85,7 @@ class GcgShape:
     eval_batch_size: int
     buffer_size: int = 8  # GCGConfig's default: the best sequences kept, written and completed
     lm: ModelConfig | None = None  # the completion check's --lm, loaded beside the RM for the whole job
+    lm_prefix_tokens: int = 0  # the longest prompt prefix in the --lm's tokenizer and template (0: the RM's)
 
     per = "step"
 
@@ -124,7 +126,8 @@ def _completion(cfg: ModelConfig, dtype: str, mesh, shape, responses: int, respo
         return []
     return calls.completion_calls(cfg, dtype, mesh, prompts=shape.prompts, prefix_tokens=shape.prefix_tokens,
                                   suffix_tokens=shape.suffix_tokens, responses=responses,
-                                  response_tokens=response_tokens, max_new=max_new, prior=shape.lm)
+                                  response_tokens=response_tokens, max_new=max_new, prior=shape.lm,
+                                  prior_prefix_tokens=shape.lm_prefix_tokens)
 
 
 def _beside_lm(made: list[calls.Call], lm: ModelConfig | None, dtype: str, mesh) -> list[calls.Call]:

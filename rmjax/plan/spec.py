@@ -39,7 +39,7 @@ JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam"
                                                       "checkpoint_every")}}
 
 
-def model_config(spec: str, reward: bool = True):
+def model_config(spec: str, reward: bool = True, flag: str = "--model"):
     """(config as a reward model, tokenizer or None) of a zoo hub id or nickname, a zoo backbone (e.g.
     llama-3.1-70b), a config.json, a checkpoint folder or a builtin name, reading no weights. A causal LM gets a
     one-label score head (as train_rm adds); without `reward`, a zoo backbone is its causal LM (an --lm)."""
@@ -58,7 +58,7 @@ def model_config(spec: str, reward: bool = True):
         cfg = zoo.architecture_config(entry)
     elif spec.endswith(".json"):
         if not Path(spec).is_file():
-            raise UsageError(f"--model={spec}: no such config file.")
+            raise UsageError(f"{flag}={spec}: no such config file.")
         cfg = load_config_file(spec)
     else:
         from rmjax.loading import config_and_tokenizer
@@ -180,16 +180,21 @@ def _audit_shape(cfg: ModelConfig, tokenizer, template: str, batteries: tuple[st
                       max((t for _, t in cached), default=1), len(whole), max(whole, default=0), batch_size or 64)
 
 
-def _completion_lm(lm: str, model: str, tokenizer) -> ModelConfig:
-    """The config of a beam or GCG job's --lm, refused as the job refuses it: no LM head, or (both tokenizers known)
-    another vocabulary than the RM's."""
+def _completion_lm(lm: str, model: str, tokenizer, prompts: dict[str, str], template: str,
+                   prefix_tokens: int) -> tuple[ModelConfig, int]:
+    """The config of a beam or GCG job's --lm, refused as the job refuses it (no LM head; both tokenizers known,
+    another vocabulary than the RM's), and the longest prompt prefix it prefills: in its own tokenizer and template
+    as the job's completion check renders it (another template, or a system turn, is another length), or given
+    (--prefix_tokens); 0 (the RM's, in the tokenizer the job requires both share) without its tokenizer."""
     from rmjax.search.completion import require_prior_config, require_same_vocabulary
 
-    cfg, lm_tokenizer = model_config(lm, reward=False)
+    cfg, lm_tokenizer = model_config(lm, reward=False, flag="--lm")
     require_prior_config(cfg, lm, "--lm")
     if tokenizer is not None and lm_tokenizer is not None:
         require_same_vocabulary(tokenizer, model, lm_tokenizer, lm)
-    return cfg
+    if lm_tokenizer is None:
+        return cfg, 0
+    return cfg, max(prefix for _, prefix, _ in _prompt_sizes(lm_tokenizer, prompts, template, prefix_tokens, -1))
 
 
 def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
@@ -274,11 +279,11 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
         return cfg, piece, InspectShape(items, prefix + text_tokens + suffix, ig_steps, batch_size or 16), sizes
     if job == "score":
         return cfg, piece, ScoreShape(len(texts), prefix, suffix, texts_count, text_tokens, batch_size or 256), sizes
-    lm_cfg = _completion_lm(lm, model, tokenizer) if lm else None
+    lm_cfg, lm_prefix = _completion_lm(lm, model, tokenizer, texts, template, prefix_tokens) if lm else (None, 0)
     if job == "gcg":
         return cfg, piece, GcgShape(len(texts), prefix, suffix, num_tokens, steps or 100, search_width,
-                                    batch_size or 256, buffer_size, lm_cfg), sizes
+                                    batch_size or 256, buffer_size, lm_cfg, lm_prefix), sizes
     if job == "beam":
         return cfg, piece, BeamShape(len(texts), prefix, suffix, candidates, depth, beam, direction,
-                                     exhaustive, lm_cfg), sizes
+                                     exhaustive, lm_cfg, lm_prefix), sizes
     return cfg, piece, SweepShape(len(texts), prefix, suffix, candidates), sizes

@@ -36,7 +36,7 @@ class Unit:
     roundtrip: np.ndarray
     forwards: float
     history: np.ndarray  # [H, 2]: forwards, best J
-    z: finite.Scale  # the reward's mean and SD over single tokens (with its count and left-out record)
+    z: tuple[float, float]  # the reward's mean and SD over single tokens (a Scale when computed, not read back)
     seconds: float = 0.0
     swaps_skipped: int = 0  # swaps of allowed tokens a NaN/Inf gradient entry kept from being proposed
     candidates_dropped: int = 0  # sequences scored with a NaN/Inf term, never kept (Objective._checked)
