@@ -360,3 +360,40 @@ def test_a_bootstrap_of_one_resample_is_refused(tmp_path):
     """analyze --n_boot=1 wrote a "95%" interval of no width (low == high, not even around the mean), exit 0."""
     inproc.refused(lambda: inproc.analyze(tmp_path / "a", elo="builtin", n_boot=1), "--n_boot=1", "an integer >= 2")
     assert not (tmp_path / "a").exists()
+
+
+def test_logprobs_writes_no_row_for_an_id_past_the_tokenizer(tmp_path):
+    """A fault hunt: an LM whose embedding table is padded past its tokenizer (49,280 rows, 49,152 tokens) had its
+    padding ids written as '' tokens with log-probs; one ranked first, and the implicit reward read them as a string
+    both LMs share. Those ids are left out, as the sweep leaves them, and counted in .meta.json; every written row
+    is transformers' log_softmax of the same conversation (max |Δ| within the float32 bound of a log-prob)."""
+    import torch
+    import transformers
+
+    import numpy as np
+
+    from rmjax.loading import load
+    from rmjax.runs import results
+    from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
+    from rmjax.text.chat import split_chat
+    from tests import tiny, tolerance
+
+    folder = tmp_path / "padded"
+    hf = tiny.build_hf_model("llama3", vocab_size=49280, pad_token_id=2, bos_token_id=1, eos_token_id=2)
+    with torch.no_grad():
+        hf.lm_head.weight[49152:] += 5.0  # the padding rows would lead the table
+    tiny.save_hf_model(hf, folder)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (folder / f).write_bytes((tiny.smollm2_tokenizer_folder() / f).read_bytes())
+    out = tmp_path / "lp.csv"
+    run_logprobs(LogprobsSpec(inproc.options(folder, out), inproc.prompts()))
+    table = results.read_scores_csv(out)
+    assert table["token_id"].tolist() == list(range(49152)) and "" not in set(table["token_name"])
+    assert results.read_meta(out)["ids_past_the_tokenizer"] == 128
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = split_chat(tokenizer, inproc.prompts()["greatest"], "auto").prefix
+    with torch.no_grad():
+        reference = torch.log_softmax(hf(torch.tensor([list(ids)])).logits[0, -1].double(), -1).numpy()
+    model = load(str(folder))
+    atol = tolerance.logprobs_atol(model.params, model.config, [list(ids)])
+    assert np.abs(table["greatest"].to_numpy() - reference[:49152]).max() <= atol

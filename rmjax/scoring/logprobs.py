@@ -76,11 +76,16 @@ def write_logprobs(model: Model, prompts: dict[str, str], out: str | Path, templ
             return Path(out)
         lps = next_token_logprobs(model, prompts, template)
         ids, names, decoded = chat.token_table(model.tokenizer, model.config.vocab_size)
+        # ids past the tokenizer (an embedding table padded beyond it) are no token: written as '', one ranked as a
+        # response and every analysis read them as one shared string. Left out, as the sweep leaves them, and counted
+        tokens = min(len(model.tokenizer), model.config.vocab_size)
+        ids, names, decoded = ids[:tokens], names[:tokens], decoded[:tokens]
+        lps = {name: values[:tokens] for name, values in lps.items()}
         rows = [chat.split_chat(model.tokenizer, t, template).prefix for t in prompts.values()]
         nonfinite = finite.check(np.stack(list(lps.values()), axis=1), what="log-probs", columns=list(lps),
                                  allow=allow_nonfinite, row=lambda i: f"token {i} ({decoded[i]!r})",
                                  explain=lambda i, j: finite.diagnose(model, rows[j]))
         return job.finish(lambda path: results.write_scores_csv(path, ids, names, decoded, lps),
                           **jobs.model_meta(model), allow_nonfinite=allow_nonfinite, prompts=prompts, template=template,
-                          n_tokens=int(len(ids)),
+                          n_tokens=int(len(ids)), ids_past_the_tokenizer=int(model.config.vocab_size - tokens),
                           nonfinite=nonfinite)
