@@ -367,10 +367,9 @@ def test_logprobs_writes_no_row_for_an_id_past_the_tokenizer(tmp_path):
     padding ids written as '' tokens with log-probs; one ranked first, and the implicit reward read them as a string
     both LMs share. Those ids are left out, as the sweep leaves them, and counted in .meta.json; every written row
     is transformers' log_softmax of the same conversation (max |Δ| within the float32 bound of a log-prob)."""
+    import numpy as np
     import torch
     import transformers
-
-    import numpy as np
 
     from rmjax.loading import load
     from rmjax.runs import results
