@@ -307,6 +307,22 @@ def test_the_token_id_check_ends_at_the_largest_int64(rm_folder, tmp_path, monke
     assert not out.exists()
 
 
+@pytest.mark.parametrize("job", ["sweep", "beam"])
+def test_an_id_past_a_builtin_models_vocabulary_is_refused_before_its_weights(tmp_path, monkeypatch, job):
+    """A fault hunt: a builtin (or GGUF) model's tokenizer comes with its weights, so `--token_ids=5,999999` was
+    refused only once they had loaded (19 s for elo-rm-gemma3-270m). Now from its config and tokenizer first."""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from rmjax.search.sweep import SweepSpec, run_sweep
+
+    options, prompts = RunOptions(model="elo-rm-smollm2-135m", out=str(tmp_path / "o.csv")), inproc.prompts()
+    inproc.no_weights_read(monkeypatch)
+    run = (lambda: run_sweep(SweepSpec(options, prompts, token_ids=(5, 999999)))) if job == "sweep" else (
+        lambda: run_beam(BeamSpec(options, prompts, BeamConfig(), (5, 999999))))
+    inproc.refused(run, "--token_ids: [999999] are outside the vocabulary")
+    assert not (tmp_path / "o.csv").exists()
+
+
 def test_a_mesh_must_use_every_device_and_the_refusal_says_so():
     """data:3 on 4 devices was refused as "needs 3 devices, 4 available", as if 3 were too few (the mesh of
     --mesh, experiments.common.start, on 4 devices)."""
