@@ -54,3 +54,21 @@ def test_the_plan_sizes_the_conversations_the_audit_scores(rm_folder, tmp_path, 
     assert list(planned) == ["prefill", "score_texts", "score_whole"]
     assert planned["prefill"].count == len(prefixes)
     assert planned["score_whole"].args[1].shape[1] == -(-max(whole) // 4) * 4
+    assert planned["score_whole"].count * planned["score_whole"].args[1].shape[0] >= len(whole)  # every one, planned
+
+
+def test_the_default_audit_plan_counts_each_distinct_conversation_once():
+    """The default batteries share conversations (the name axes: 936 of identity's 5,304), which the audit scores
+    once: the plan's whole conversations are those of prompts with fewer than CACHED_PROMPT_ROWS distinct responses,
+    counted here from the built batteries by brute force."""
+    import collections
+
+    from rmjax.audit import batteries as battery_lib
+    from rmjax.scoring.texts import CACHED_PROMPT_ROWS
+
+    _, _, shape, _ = plan_inputs("S-Gem-27B-v0.2", "v5e-8", "audit")
+    pairs = {(v.prompt, v.response) for b in battery_lib.build() for v in b.variants}
+    per_prompt = collections.Counter(prompt for prompt, _ in pairs)
+    assert shape.whole_texts == sum(n for n in per_prompt.values() if n < CACHED_PROMPT_ROWS)
+    assert shape.prompts == sum(n >= CACHED_PROMPT_ROWS for n in per_prompt.values())
+    assert shape.texts == max(per_prompt.values())

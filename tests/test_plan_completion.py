@@ -128,10 +128,12 @@ def test_a_tied_rms_gcg_plan_scores_and_completes_the_buffer_the_job_keeps(tied_
                                              config))
     assert len(result.buffer) == 20 and len(greedy) == 1 and len(scored) == 1
 
-    cfg, tokenizer = model_config(str(tied_rm))
-    split = split_chat(tokenizer, inproc.prompts("greatest")["greatest"], "auto")
-    shape = GcgShape(prompts=1, prefix_tokens=len(split.prefix), suffix_tokens=len(split.suffix), num_tokens=2,
-                     steps=4, search_width=32, eval_batch_size=256, buffer_size=20)
+    from rmjax.plan.spec import plan_inputs
+
+    # as experiments.plan --buffer_size=20 builds it
+    cfg, _, shape, _ = plan_inputs(str(tied_rm), "v5e-1", "gcg", num_tokens=2, steps=4, search_width=32,
+                                   buffer_size=20)
+    assert shape.buffer_size == 20
     planned = {c.name: c for c in shape.calls(cfg, "float32", _one_device(), 256)}
     plan_scored = planned["score_responses"]
     assert plan_scored.count == len(scored)
@@ -198,6 +200,14 @@ def test_a_beam_plan_with_lm_decodes_with_the_lm_and_holds_both_models(rm_folder
     for call in planned:
         theirs = {"complete": rm_bytes, "completion_prefill": rm_bytes}.get(call.name, lm_bytes)
         assert shard_bytes(call.beside) == theirs, call.name
+    # with several prompts, the longest one's prefix in the LM's own template (split_chat on its tokenizer)
+    from rmjax.loading import config_and_tokenizer
+
+    texts = {"short": "Hi?", "long": "Name, in one word and after long thought, the greatest thing there ever was?"}
+    _, _, several, _ = plan_inputs(str(rm_folder), "v5e-1", "beam", prompts=(), limit=30,
+                                   extra_prompts=[f"{k}={v}" for k, v in texts.items()], lm=str(lm_folder))
+    lm_tokenizer = config_and_tokenizer(str(lm_folder))[1]
+    assert several.lm_prefix_tokens == max(len(split_chat(lm_tokenizer, t, "auto").prefix) for t in texts.values())
     # refused as the job refuses it: an LM without an LM head
     with pytest.raises(UsageError, match="has no LM head"):
         plan_inputs(str(rm_folder), "v5e-1", "beam", limit=30, lm=str(rm_folder))
@@ -225,4 +235,6 @@ def test_a_plan_with_lm_states_the_rms_weights_and_reads_both_checkpoints():
                    for a in jax.tree.leaves(zoo.abstract_params(lm, jax.numpy.bfloat16)))
     added = both["host"]["checkpoint_bytes_per_host"] - alone["host"]["checkpoint_bytes_per_host"]
     assert added == lm_bytes, (added, lm_bytes)
+    # and loading it: its bytes at least on the host's RAM peak (an upper bound, both loads added)
+    assert both["host"]["host_ram_peak_bytes"] - alone["host"]["host_ram_peak_bytes"] >= lm_bytes
     assert both["per_chip_bytes"]["total"] > alone["per_chip_bytes"]["total"]
