@@ -152,6 +152,19 @@ def copy_folder(src: Path, dst: Path) -> Path:
     return dst
 
 
+def copy_without_chat_template(src: Path, dst: Path) -> Path:
+    """A copy of a model folder whose tokenizer has no chat template (its file and tokenizer_config.json's entry gone):
+    rmjax reads it in the plain format."""
+    import json
+
+    copy_folder(src, dst)
+    (dst / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((dst / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (dst / "tokenizer_config.json").write_text(json.dumps(config))
+    return dst
+
+
 def edit_tensor(folder: Path, key: str, edit) -> None:
     """Change one tensor of `folder`'s model.safetensors (with the safetensors package, not rmjax)."""
     from safetensors.numpy import load_file, save_file

@@ -845,13 +845,7 @@ def test_the_judge_reads_its_own_template_whatever_the_sides_read(rm_folder, low
     stopped the job after both sides had loaded (naming no judge), and --template=plain read a chat judge otherwise
     than the frontier's judge does. The judge reads its own template ("auto"), as in the frontier."""
     from rmjax.scoring.judge import judge_perplexities
-
-    judge = tiny_judge = tmp_path / "plain_judge"
-    shutil.copytree(lm_folder, tiny_judge)
-    (judge / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((judge / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (judge / "tokenizer_config.json").write_text(json.dumps(config))
+    judge = cli.copy_without_chat_template(lm_folder, tmp_path / "plain_judge")
     out = tmp_path / "out"
     cfg = DisagreeConfig(direction="a_over_b", forwards=150, top=2, front_rows=0, z_sample=64, vocab_map=False,
                          b_gradient=False, methods="best_of_n")

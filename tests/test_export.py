@@ -212,12 +212,7 @@ def test_a_model_without_a_chat_template_records_the_plain_format_it_is_scored_i
     """A fault hunt: Gemma 3 270M's export had no chat template (rmjax reads it plain) and said nothing, so a
     transformers user's apply_chat_template failed. The job and rmjax_export.json now give the format; transformers,
     fed conversations written so, gives rmjax's rewards."""
-    source = tmp_path / "plain_rm"
-    cli.copy_folder(rm_folder, source)
-    (source / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((source / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (source / "tokenizer_config.json").write_text(json.dumps(config))
+    source = cli.copy_without_chat_template(rm_folder, tmp_path / "plain_rm")
     out = tmp_path / "hf"
     run_export(inproc.options(source, out))
     form = json.loads((out / EXPORT_RECORD).read_text())["conversation_format"]
