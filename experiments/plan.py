@@ -21,6 +21,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the plan runs here; the slice's
 from absl import flags  # noqa: E402
 
 from experiments import common  # noqa: E402
+from rmjax.audit.batteries import BATTERIES  # noqa: E402
 from rmjax.plan.planner import JOBS  # noqa: E402
 from rmjax.plan.spec import JOBS_SIZED_BY  # noqa: E402
 from rmjax.train.settings import COMMAND_LINE_DEFAULTS  # noqa: E402
@@ -49,7 +50,7 @@ DIRECTION = flags.DEFINE_enum("direction", "both", ["optimal", "pessimal", "both
 EXHAUSTIVE = flags.DEFINE_bool("exhaustive", False, "beam: score every sequence of the candidates.")
 NUM_TOKENS = flags.DEFINE_integer("num_tokens", 8, "gcg: response length in tokens.", lower_bound=1)
 SEARCH_WIDTH = flags.DEFINE_integer("search_width", 128, "gcg: candidates evaluated per step.", lower_bound=1)
-AUDIT_BATTERIES = flags.DEFINE_list("batteries", ["identity", "length", "sycophancy", "framing"],
+AUDIT_BATTERIES = flags.DEFINE_list("batteries", list(BATTERIES),
                                     "audit: its batteries (length joins identity or sycophancy, as in the audit).")
 LM = flags.DEFINE_string("lm", "", "beam, gcg: the completion check's causal LM (the job's --lm, of the RM's "
                          "tokenizer), loaded beside the RM for the whole job: its weights count in every call.")

@@ -148,12 +148,13 @@ def _audit_shape(cfg: ModelConfig, tokenizer, template: str, batteries: tuple[st
     score_conversations groups them, measured with the model's tokenizer and template (the job's refusal of a
     conversation longer than the context included), or estimated without one (CHARACTERS_A_TOKEN)."""
     from rmjax.audit import batteries as battery_lib
-    from rmjax.audit.job import check_settings
+    from rmjax.audit.job import AuditSpec, check_settings
     from rmjax.scoring.texts import CACHED_PROMPT_ROWS
     from rmjax.text import chat
 
     batteries = battery_lib.BATTERIES if batteries is None else tuple(batteries)
-    check_settings(batteries, 2000, 10000, 0, batch_size or 64)
+    batch_size = batch_size or AuditSpec.batch_size  # the audit's own defaults, as its flags give them
+    check_settings(batteries, AuditSpec.n_boot, AuditSpec.n_perm, AuditSpec.seed, batch_size)
     by_prompt: dict[str, list[str]] = {}
     for battery in battery_lib.build(battery_lib.with_calibration(batteries)):
         for v in battery.variants:
@@ -177,7 +178,7 @@ def _audit_shape(cfg: ModelConfig, tokenizer, template: str, batteries: tuple[st
         else:
             whole.extend(lengths)
     return AuditShape(len(cached), prefix, suffix, max((n for n, _ in cached), default=0),
-                      max((t for _, t in cached), default=1), len(whole), max(whole, default=0), batch_size or 64)
+                      max((t for _, t in cached), default=1), len(whole), max(whole, default=0), batch_size)
 
 
 def _completion_lm(lm: str, model: str, tokenizer, prompts: dict[str, str], template: str,
