@@ -453,12 +453,14 @@ def test_a_conversation_asked_twice_is_scored_once(rm_folder, monkeypatch):
     model = load(str(rm_folder))
     prompts = ["Who won?"] * 3 + ["Why?"] * 2 + ["Who won?"]
     responses = ["Ana did.", "Bo did.", "Ana did.", "Ana did.", "No one.", "Bo did."]
-    asked, real = [], texts.score_conversations
-    monkeypatch.setattr(texts, "score_conversations",
-                        lambda m, p, r, *a, **k: asked.append(list(zip(p, r, strict=True))) or real(m, p, r, *a, **k))
+    asked, real = [], texts.calls.rewards  # every row here runs whole (fewer than CACHED_PROMPT_ROWS a prompt)
+    monkeypatch.setattr(texts.calls, "rewards", lambda m, ids, mask: asked.extend(
+        tuple(int(t) for t, keep in zip(row, kept, strict=True) if keep)
+        for row, kept in zip(np.asarray(ids).tolist(), np.asarray(mask).tolist(), strict=True)) or real(m, ids, mask))
     got = texts.score_conversations(model, prompts, responses)
     distinct = list(dict.fromkeys(zip(prompts, responses, strict=True)))
-    assert asked == [list(zip(prompts, responses, strict=True)), distinct]  # the rows, then each conversation once
+    conversations = [tuple(Conversations(model.tokenizer, p, "auto").token_ids([r])[0]) for p, r in distinct]
+    assert sorted(row for row in asked if row) == sorted(conversations)  # each conversation once, padding aside
     torch_model = AutoModelForSequenceClassification.from_pretrained(rm_folder, torch_dtype=torch.float32).eval()
     for (prompt, text), reward in zip(zip(prompts, responses, strict=True), got, strict=True):
         ids = Conversations(model.tokenizer, prompt, "auto").token_ids([text])[0]

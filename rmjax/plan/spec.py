@@ -149,34 +149,31 @@ def _audit_shape(cfg: ModelConfig, tokenizer, template: str, batteries: tuple[st
     conversation longer than the context included), or estimated without one (CHARACTERS_A_TOKEN)."""
     from rmjax.audit import batteries as battery_lib
     from rmjax.audit.job import AuditSpec, check_settings
-    from rmjax.scoring.texts import CACHED_PROMPT_ROWS
+    from rmjax.scoring.texts import conversation_groups
     from rmjax.text import chat
 
     batteries = battery_lib.BATTERIES if batteries is None else tuple(batteries)
     batch_size = batch_size or AuditSpec.batch_size  # the audit's own defaults, as its flags give them
     check_settings(batteries, AuditSpec.n_boot, AuditSpec.n_perm, AuditSpec.seed, batch_size)
-    by_prompt: dict[str, list[str]] = {}
-    for battery in battery_lib.build(battery_lib.with_calibration(batteries)):
-        for v in battery.variants:
-            by_prompt.setdefault(v.prompt, [])
-            if v.response not in by_prompt[v.prompt]:  # each distinct conversation once, as the job scores them
-                by_prompt[v.prompt].append(v.response)
+    variants = [v for battery in battery_lib.build(battery_lib.with_calibration(batteries)) for v in battery.variants]
+    groups = conversation_groups([v.prompt for v in variants], [v.response for v in variants])
     cached, whole, prefix, suffix = [], [], 0, 0
-    for prompt, responses in by_prompt.items():
-        if tokenizer is not None:
-            conversations = chat.Conversations(tokenizer, prompt, template, False, cfg.max_position_embeddings)
-            lengths = [len(ids) for ids in conversations.token_ids(responses)]
-            for response, n in zip(responses, lengths, strict=True):
-                chat.check_response_fits(response, n, cfg.max_position_embeddings)
-            head, tail = len(conversations.prefix), len(conversations.split.suffix)
-        else:
-            head, tail = TEMPLATE_TOKENS + -(-len(prompt) // CHARACTERS_A_TOKEN), DEFAULT_SUFFIX_TOKENS
-            lengths = [head + -(-len(r) // CHARACTERS_A_TOKEN) + tail for r in responses]
-        if len(responses) >= CACHED_PROMPT_ROWS:
-            cached.append((len(responses), max(lengths) - head - tail))
-            prefix, suffix = max(prefix, head), max(suffix, tail)
-        else:
-            whole.extend(lengths)
+    for is_cached, by_prompt in zip((True, False), groups, strict=True):
+        for prompt, responses in by_prompt.items():
+            if tokenizer is not None:
+                conversations = chat.Conversations(tokenizer, prompt, template, False, cfg.max_position_embeddings)
+                lengths = [len(ids) for ids in conversations.token_ids(responses)]
+                for response, n in zip(responses, lengths, strict=True):
+                    chat.check_response_fits(response, n, cfg.max_position_embeddings)
+                head, tail = len(conversations.prefix), len(conversations.split.suffix)
+            else:
+                head, tail = TEMPLATE_TOKENS + -(-len(prompt) // CHARACTERS_A_TOKEN), DEFAULT_SUFFIX_TOKENS
+                lengths = [head + -(-len(r) // CHARACTERS_A_TOKEN) + tail for r in responses]
+            if is_cached:
+                cached.append((len(responses), max(lengths) - head - tail))
+                prefix, suffix = max(prefix, head), max(suffix, tail)
+            else:
+                whole.extend(lengths)
     return AuditShape(len(cached), prefix, suffix, max((n for n, _ in cached), default=0),
                       max((t for _, t in cached), default=1), len(whole), max(whole, default=0), batch_size)
 

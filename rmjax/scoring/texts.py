@@ -131,47 +131,52 @@ def _cut(by_width: dict, batch_size: int, alone: int = 16):
         yield part
 
 
+def conversation_groups(prompts: list[str], responses: list[str]
+                        ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Each distinct (prompt, response) once, by prompt in first-seen order, split as score_conversations scores
+    them: (prompts with CACHED_PROMPT_ROWS responses or more, scored after their cached prefix; the rest, whole).
+    One rule for the job and its plan (rmjax.plan.spec)."""
+    by_prompt: dict[str, list[str]] = {}
+    for prompt, response in dict.fromkeys(zip(prompts, responses, strict=True)):
+        by_prompt.setdefault(prompt, []).append(response)
+    cached = {p: rs for p, rs in by_prompt.items() if len(rs) >= CACHED_PROMPT_ROWS}  # rows enough to pay a prefill
+    return cached, {p: rs for p, rs in by_prompt.items() if p not in cached}
+
+
 def score_conversations(model: Model, prompts: list[str], responses: list[str], template: str = "auto",
                         batch_size: int = 256, allow_nonfinite: bool = False, has_flag: bool = True) -> np.ndarray:
-    """Reward of each (prompt, response) row, [N] float32: a prompt with CACHED_PROMPT_ROWS responses or more
-    scores them against its cached prefix (TextScorer); the rest (the audit's identity-in-prompt and sycophancy
-    items: many prompts, a few responses each) run whole, batched across prompts. NaN/Inf stop it unless allowed;
-    `has_flag`: the refusal names --allow_nonfinite (the audit, which refuses that flag, passes False)."""
+    """Reward of each (prompt, response) row, [N] float32, each distinct conversation scored once (the audit's name
+    axes share all theirs: 18% of identity): a prompt with CACHED_PROMPT_ROWS responses or more scores them against
+    its cached prefix (TextScorer); the rest (the audit's identity-in-prompt and sycophancy items: many prompts, a
+    few responses each) run whole, batched across prompts. NaN/Inf stop it unless allowed; `has_flag`: the refusal
+    names --allow_nonfinite (the audit, which refuses that flag, passes False)."""
     require_reward_model(model.config, model.source, "conversation scoring")
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses.")
-    pairs = list(zip(prompts, responses, strict=True))
-    distinct = list(dict.fromkeys(pairs))
-    if len(distinct) < len(pairs):  # each conversation once (the audit's name axes share all theirs: 18% of identity)
-        at = {pair: k for k, pair in enumerate(distinct)}
-        scored = score_conversations(model, [p for p, _ in distinct], [r for _, r in distinct], template, batch_size,
-                                     allow_nonfinite, has_flag)
-        return scored[[at[pair] for pair in pairs]]
-    by_prompt: dict[str, list[int]] = collections.defaultdict(list)
-    for i, prompt in enumerate(prompts):
-        by_prompt[prompt].append(i)
-    full, out = collections.defaultdict(list), np.zeros(len(responses), np.float32)
-    progress = _progress(len(responses))
-    for prompt, rows in list(by_prompt.items()):
-        if len(rows) >= CACHED_PROMPT_ROWS:  # enough responses to pay for the prompt's prefill
-            out[rows] = TextScorer(model, prompt, template).score([responses[i] for i in rows], batch_size)
-            if progress is not None:
-                progress.update(len(rows))
-            continue
+    cached, rest = conversation_groups(prompts, responses)
+    distinct = [(p, r) for groups in (cached, rest) for p, rs in groups.items() for r in rs]
+    at = {pair: k for k, pair in enumerate(distinct)}
+    full, out = collections.defaultdict(list), np.zeros(len(distinct), np.float32)
+    progress = _progress(len(distinct))
+    for prompt, texts in cached.items():
+        out[[at[prompt, r] for r in texts]] = TextScorer(model, prompt, template).score(texts, batch_size)
+        if progress is not None:
+            progress.update(len(texts))
+    for prompt, texts in rest.items():
         conversations = Conversations(model.tokenizer, prompt, template, False, model.config.max_position_embeddings)
-        for i, ids in zip(rows, conversations.token_ids([responses[i] for i in rows]), strict=True):
-            _check_length(model, ids, responses[i])
-            full[_bucket(len(ids))].append((i, ids))
+        for response, ids in zip(texts, conversations.token_ids(texts), strict=True):
+            _check_length(model, ids, response)
+            full[_bucket(len(ids))].append((at[prompt, response], ids))
 
     def reward(ids, mask, cached: bool):
         return calls.rewards(model, ids, mask)[:, model.output_column]
 
-    whole = _batched(model, ((full, False),), reward, len(responses), 1, batch_size, progress)[:, 0]
-    rest = [i for rows in full.values() for i, _ in rows]
-    out[rest] = whole[rest]
+    whole = _batched(model, ((full, False),), reward, len(distinct), 1, batch_size, progress)[:, 0]
+    scored_whole = [i for rows in full.values() for i, _ in rows]
+    out[scored_whole] = whole[scored_whole]
     finite.check(out[:, None], what="rewards", columns=["reward"], allow=allow_nonfinite, has_flag=has_flag,
-                 row=lambda i: f"prompt {prompts[i]!r}, response {responses[i]!r}")
-    return out
+                 row=lambda i: f"prompt {distinct[i][0]!r}, response {distinct[i][1]!r}")
+    return out[[at[pair] for pair in zip(prompts, responses, strict=True)]]
 
 
 def score_texts(model: Model, prompts: dict[str, str], texts: list[str], template: str = "auto",
