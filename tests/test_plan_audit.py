@@ -72,3 +72,26 @@ def test_the_default_audit_plan_counts_each_distinct_conversation_once():
     assert shape.whole_texts == sum(n for n in per_prompt.values() if n < CACHED_PROMPT_ROWS)
     assert shape.prompts == sum(n >= CACHED_PROMPT_ROWS for n in per_prompt.values())
     assert shape.texts == max(per_prompt.values())
+
+
+def test_the_audit_plan_without_a_tokenizer_plans_no_shorter_conversations_than_two_real_tokenizers():
+    """A zoo model's plan reads no tokenizer and estimates each conversation (3 characters a token and a template's
+    markers): for the two builtin tokenizers (SmolLM2's chat template with its default system turn, Gemma 3's) and
+    plain text, the estimate plans the same conversations, none shorter than measured, and a prefix cache as wide
+    (its PREFIX_BUCKET) as the measured one."""
+    from rmjax.plan.spec import _audit_shape, model_config
+    from rmjax.scoring.prefix import PREFIX_BUCKET
+
+    def bucket(n):
+        return -(-n // PREFIX_BUCKET) * PREFIX_BUCKET
+
+    for name in ("elo-rm-smollm2-135m", "elo-rm-gemma3-270m"):
+        cfg, tokenizer = model_config(name)
+        for template in ("auto", "plain"):
+            measured = _audit_shape(cfg, tokenizer, template, None, 0)
+            estimated = _audit_shape(cfg, None, template, None, 0)
+            assert (estimated.prompts, estimated.texts, estimated.whole_texts) == (
+                measured.prompts, measured.texts, measured.whole_texts), (name, template)
+            assert estimated.whole_tokens >= measured.whole_tokens, (name, template)
+            longest = [s.prefix_tokens + s.text_tokens + s.suffix_tokens for s in (estimated, measured)]
+            assert longest[0] >= longest[1] and bucket(estimated.prefix_tokens) >= bucket(measured.prefix_tokens)
