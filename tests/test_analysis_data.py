@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rmjax.analysis import data, paper1, stats
+from rmjax.analysis import data, model_metadata, paper1, stats
 from rmjax.data import DATA_DIR
 from rmjax.errors import InputFileError, UsageError
 from rmjax.runs import results
@@ -41,7 +41,7 @@ def test_text_tables_are_read_too(tmp_path):
 
 
 def test_model_name_from_meta_json_or_stem_and_nickname(tmp_path):
-    meta = data.load_model_metadata(DATA_DIR / "reward_models.yaml")
+    meta = model_metadata.load_model_metadata(DATA_DIR / "reward_models.yaml")
     write_model(tmp_path / "a.csv", ["x"], {"p": np.zeros(1)})
     results.write_meta(tmp_path / "a.csv", kind="sweep", model="Ray2333/GRM-gemma2-2B-rewardmodel-ft")
     write_model(tmp_path / "Skywork--Skywork-Reward-Gemma-2-27B.csv", ["x"], {"p": np.ones(1)})
@@ -49,8 +49,8 @@ def test_model_name_from_meta_json_or_stem_and_nickname(tmp_path):
     results.write_meta(tmp_path / "c.csv", kind="sweep", model="/ckpt/run7/")
     labels = [t.model for t in data.load_score_tables(tmp_path, meta)]
     assert labels == ["S-Gem-27B", "R-Gem-2B", "run7"]
-    assert data.metadata_for(["S-Gem-27B", "R-Gem-2B"], meta)["parameters_b"].tolist() == [27.0, 2.0]
-    assert data.metadata_for(["S-Gem-27B", "run7"], meta) is None
+    assert model_metadata.metadata_for(["S-Gem-27B", "R-Gem-2B"], meta)["parameters_b"].tolist() == [27.0, 2.0]
+    assert model_metadata.metadata_for(["S-Gem-27B", "run7"], meta) is None
     # a copy without its .meta.json read as a second model: tau 1 with its original, double weight in every mean
     (tmp_path / "copy.csv").write_bytes((tmp_path / "c.csv").read_bytes())
     with pytest.raises(UsageError, match="c.csv and .*copy.csv hold the same rows and scores"):
@@ -64,29 +64,29 @@ def test_a_name_two_orgs_share_is_found_by_its_full_id_or_refused(tmp_path):
     yaml = tmp_path / "models.yaml"
     yaml.write_text("- {name: orgA/RM-8B, nickname: A-RM, base_model: Llama, size: 70B}\n"
                     "- {name: orgB/RM-8B, nickname: B-RM, base_model: Gemma, size: 2B}\n")
-    meta = data.load_model_metadata(yaml)
+    meta = model_metadata.load_model_metadata(yaml)
     for folder, model in (("b", "orgB/RM-8B"), ("c", "/models/orgb/RM-8B/")):
         write_model(tmp_path / folder / "t.csv", ["x"], {"p": np.zeros(1)})
         results.write_meta(tmp_path / folder / "t.csv", kind="sweep", model=model)
         (table,) = data.load_score_tables(tmp_path / folder, meta)
         assert table.model == "B-RM"
-        assert data.metadata_for([table.model], meta)["parameters_b"].tolist() == [2.0]
+        assert model_metadata.metadata_for([table.model], meta)["parameters_b"].tolist() == [2.0]
     write_model(tmp_path / "d" / "t.csv", ["x"], {"p": np.zeros(1)})
     results.write_meta(tmp_path / "d" / "t.csv", kind="sweep", model="/models/RM-8B")
     with pytest.raises(InputFileError, match="matches orgA/RM-8B and orgB/RM-8B in --models_yaml by name"):
         data.load_score_tables(tmp_path / "d", meta)
 
 def test_model_metadata_from_yaml():
-    meta = data.load_model_metadata(DATA_DIR / "reward_models.yaml")
+    meta = model_metadata.load_model_metadata(DATA_DIR / "reward_models.yaml")
     assert len(meta) == 10
     row = meta.loc["Skywork/Skywork-Reward-Llama-3.1-8B-v0.2"]
     assert (row.nickname, row.base_model, row.developer, row.parameters_b, row.reward_bench_rank) == \
         ("S-Lla-8B-v0.2", "Llama", "Skywork", 8.0, 10.0)
     assert meta.loc["Ray2333/GRM-Llama3.2-3B-rewardmodel-ft", "parameters_b"] == 3.0
-    assert data.parameters_in_billions("270M") == pytest.approx(0.27)
-    assert data.parameters_in_billions("1.5B") == 1.5
+    assert model_metadata.parameters_in_billions("270M") == pytest.approx(0.27)
+    assert model_metadata.parameters_in_billions("1.5B") == 1.5
     with pytest.raises(ValueError, match="parameter count"):
-        data.parameters_in_billions("big")
+        model_metadata.parameters_in_billions("big")
 
 
 def test_a_base_model_left_empty_is_unknown(tmp_path):
@@ -97,12 +97,12 @@ def test_a_base_model_left_empty_is_unknown(tmp_path):
     path = tmp_path / "models.yaml"
     path.write_text("- {name: o/m1, base_model: , family: , size: 8B}\n- {name: o/m2, base_model: null, size: 3B}\n"
                     "- {name: o/m3, base_model: Gemma, family: Gemma 2, size: 27B}\n")
-    meta = data.load_model_metadata(path)
+    meta = model_metadata.load_model_metadata(path)
     assert meta.base_model.tolist() == ["", "", "Gemma"] and meta.family.tolist() == ["", "", "Gemma 2"]
     assert stats.unknown_metadata(meta)["same_base_model"] == ["o/m1", "o/m2"]
     path.write_text("- {name: o/m1, base_model: [Llama, Gemma]}\n")
     with pytest.raises(InputFileError, match="base_model \\['Llama', 'Gemma'\\]"):
-        data.load_model_metadata(path)
+        model_metadata.load_model_metadata(path)
 
 
 def test_shared_vocabulary_drops_missing_and_duplicated_strings(tmp_path):

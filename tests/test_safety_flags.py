@@ -231,7 +231,7 @@ def test_from_sweep_rows_repeating_a_token_are_refused():
 def test_more_inputs_never_silently_reduced(tmp_path, monkeypatch):
     """Further cases of the same classes, in-process (cheap): names renamed or dropped by YAML and JSON, unreadable
     files and environment values that were tracebacks."""
-    from rmjax.analysis.data import load_model_metadata
+    from rmjax.analysis.model_metadata import load_model_metadata
     from rmjax.errors import InputFileError, MissingFileError, UsageError
     from rmjax.parallel import distributed
     from rmjax.text import candidates

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rmjax.analysis import data, stats
+from rmjax.analysis import data, model_metadata, stats
 from rmjax.analysis.files import MODEL, Outputs, markdown
 from rmjax.errors import InputFileError, UsageError
 from rmjax.runs import results
@@ -51,7 +51,7 @@ def load_beam_tables(paths: Sequence[Path], metadata: pd.DataFrame | None) -> li
         values = frame[results.value_columns(frame)].to_numpy(np.float64)
         if not np.isfinite(values).all():
             raise InputFileError(f"{path}: NaN/Inf scores (written with --allow_nonfinite); rerun the beam.")
-        tables.append(BeamTable(data.model_label(data.source_name(path), metadata, data.source_model(path)),
+        tables.append(BeamTable(model_metadata.model_label(data.source_name(path), metadata, data.source_model(path)),
                                  frame, path))
     labels = [t.model for t in tables]
     twice = [t for t in tables if labels.count(t.model) > 1]

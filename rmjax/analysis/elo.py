@@ -21,7 +21,8 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from rmjax.analysis import stats
-from rmjax.analysis.data import ScoreTable, file_parts, model_label, source_prompts
+from rmjax.analysis.data import ScoreTable, file_parts, source_prompts
+from rmjax.analysis.model_metadata import model_label
 from rmjax.errors import InputFileError, MissingFileError, UsageError
 from rmjax.runs import results
 from rmjax.text import prompts as prompt_lib

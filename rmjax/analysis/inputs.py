@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from rmjax import data as shipped
-from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons
+from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons, model_metadata
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis.files import MODEL
 from rmjax.analysis.spec import AnalysisConfig
@@ -61,7 +61,7 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
         if path and what in files and Path(path).is_dir():  # was an IsADirectoryError traceback
             raise InputFileError(f"{what}={path} is a folder; give the file itself.")
     found = Inputs()
-    found.metadata = data.load_model_metadata(cfg.models_yaml) if cfg.models_yaml else None
+    found.metadata = model_metadata.load_model_metadata(cfg.models_yaml) if cfg.models_yaml else None
     if cfg.scores or cfg.implicit_chosen or cfg.bigtwo_checkpoints:
         lexicon = _load_optional(found.skipped, "Big Two", lexicons.load_bigtwo, cfg.bigtwo_dictionary)
         found.lexicon = None if lexicon is None else lexicons.StemMatcher(lexicon)  # one memo for every table

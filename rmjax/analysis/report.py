@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons, paper1, plots, stats
+from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons, model_metadata, paper1, plots, stats
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
 from rmjax.analysis.files import Outputs, markdown
@@ -114,7 +114,7 @@ def heterogeneity_section(outputs: Outputs, tables: list[data.ScoreTable], promp
                           vocabulary: Sequence[str], metadata: pd.DataFrame | None, *, n_permutations: int,
                           rbo_p: float, rbo_depth: int, seed: int) -> None:
     labels = [t.model for t in tables]
-    model_meta = data.metadata_for(labels, metadata)
+    model_meta = model_metadata.metadata_for(labels, metadata)
     groups = None if model_meta is None else dict(zip(labels, model_meta["base_model"], strict=True))
     rsa_rows = []
     parts = data.file_parts(prompts)
@@ -185,7 +185,7 @@ def bigtwo_section(outputs: Outputs, tables: list[data.ScoreTable], lexicon: big
     outputs.say("The same test with each word counted once per variant token (none, the papers' counting) or "
                 "once per normalized word (its best variant: max; the mean of its variants: mean):", "",
                 markdown(wide.reset_index()), "")
-    model_meta = data.metadata_for([t.model for t in tables], metadata)
+    model_meta = model_metadata.metadata_for([t.model for t in tables], metadata)
     unknown = [] if model_meta is None else stats.unknown_metadata(model_meta).get("same_base_model", [])
     if unknown:  # pooled as one family named ''
         outputs.skip(f"Big Two per base-model family: --models_yaml gives no base_model for {', '.join(unknown)}.")
