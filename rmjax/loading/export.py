@@ -22,7 +22,7 @@ from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs.options import RunOptions
 from rmjax.runs.results import UNFINISHED, mark_unfinished
 
-# What `save_hf_folder` writes (rmjax.runs.claims.store_files): the weights (and safetensors_io's temp file), the
+# What `save_hf_folder` writes (rmjax.runs.folder_files.store_files): the weights (and safetensors_io's temp file), the
 # config, and what a transformers tokenizer's save_pretrained writes: its config, special and added tokens, chat
 # template files, a fast tokenizer's tokenizer.json, a slow one's vocabulary files.
 HF_FOLDER_FILES = (UNFINISHED, "model.safetensors", "model.safetensors.tmp", "config.json", "tokenizer.json",
@@ -129,7 +129,8 @@ def run_export(options: RunOptions) -> Path:
     from rmjax.loading import fingerprint
     from rmjax.loading.for_job import load_for_job
     from rmjax.runs import atomic, results
-    from rmjax.runs.claims import claim, remove
+    from rmjax.runs.claims import claim
+    from rmjax.runs.folder_files import remove
     from rmjax.runs.paths import real_path
 
     out = real_path(options.out)

@@ -27,7 +27,7 @@ import numpy as np
 from rmjax.errors import ResumeMismatchError
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs.atomic import atomic_write_text, fresh_file, read_json
-from rmjax.runs.claims import clear_store
+from rmjax.runs.folder_files import clear_store
 from rmjax.runs.identities import canonical, key_order, mismatch_message
 from rmjax.runs.paths import real_path
 
@@ -182,7 +182,7 @@ class ChunkStore:
             raise self.damaged(name, f"is unreadable ({' '.join(str(error).split())})") from None
 
     def remove(self) -> None:
-        """The store's own files and then its folder (rmjax.runs.claims.clear_store: nothing it did not write)."""
+        """The store's own files and then its folder (rmjax.runs.folder_files.clear_store: nothing it did not write)."""
         clear_store(self.dir)
 
 

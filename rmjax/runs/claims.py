@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import fnmatch
 import os
-import shutil
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -34,80 +33,12 @@ from pathlib import Path
 from rmjax.errors import OutputExistsError, ResumeMismatchError, UsageError
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import atomic, locks, results
+from rmjax.runs.folder_files import foreign_refusal, remove, store_files
 from rmjax.runs.identities import canonical, changed_keys, mismatch_message, prompt_order, read_meta_identity
 from rmjax.runs.paths import check_writable, companion_path, real_path, refuse_folder_name
 from rmjax.runs.results import meta_path
 
-# What a chunk store (rmjax.runs.chunks) holds that its job wrote: the chunks, their temp files, the manifest and
-# its temp file (rmjax.runs.atomic.atomic_write_text). Anything else in the folder is not the job's to delete.
-# Every folder a job writes declares its files so (fnmatch names; one ending in "/" a folder the job writes whole):
-# rmjax.train.workdir.WORKDIR_FILES, rmjax.train.rm.EXPORT_FILES.
-STORE_FILES = ("chunk-*.npy", "tmp-chunk-*.npy", "manifest.json", ".manifest.json.*.tmp", "interrupted.json",
-               ".interrupted.json.*.tmp")
 INTERRUPTED = "interrupted.json"  # in the store: the companions a run wrote before it was stopped in its last writes
-
-
-def _holds_any(entry: Path, others: Sequence[Path]) -> bool:
-    """Whether `entry` is one of `others` or a folder above one."""
-    return any(entry == other or entry in other.parents for other in others)
-
-
-def _written(entry: Path, patterns: Sequence[str]) -> bool:
-    """Whether `entry` is one of `patterns` (a file, or a folder for a pattern ending in "/"; never a link)."""
-    if entry.is_symlink():
-        return False
-    return any(fnmatch.fnmatchcase(entry.name, pattern.rstrip("/"))
-               and (entry.is_dir() if pattern.endswith("/") else entry.is_file()) for pattern in patterns)
-
-
-def store_files(store: Path, patterns: Sequence[str] = STORE_FILES,
-                beside: Sequence[str | Path] = ()) -> tuple[list[Path], list[Path]]:
-    """(the entries of folder `store` its job wrote, by `patterns`; everything else in it), each sorted; both empty
-    without the folder, and a file (or link) in the folder's place is foreign itself. `beside`: the run's other
-    outputs, claimed on their own (an export inside a training workdir): an entry that is one, or holds one, is
-    neither (left to its own claim)."""
-    if not store.is_dir() or store.is_symlink():
-        return [], ([store] if store.exists() or store.is_symlink() else [])
-    others = [Path(os.path.realpath(p)) for p in beside]
-    own, foreign = [], []
-    for entry in sorted(store.iterdir()):
-        if _holds_any(Path(os.path.realpath(entry)), others):
-            continue
-        (own if _written(entry, patterns) else foreign).append(entry)
-    return own, foreign
-
-
-def clear_store(store: Path, patterns: Sequence[str] = STORE_FILES, beside: Sequence[str | Path] = ()) -> None:
-    """Delete what the job wrote in its folder (`store_files`), then the folder once empty (anything else stays,
-    named)."""
-    own, foreign = store_files(store, patterns, beside)
-    remove(own)
-    if foreign:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        print(f"note: kept {store}: it holds {foreign[0].name}{more}, which no rmjax job wrote.", file=sys.stderr,
-              flush=True)
-        return
-    with contextlib.suppress(FileNotFoundError):
-        if not any(store.iterdir()):  # what `beside` names stays
-            store.rmdir()
-
-
-def _foreign(what: str, foreign: Path, flag: str) -> OutputExistsError:
-    """The one refusal of an --overwrite that would delete a file no rmjax job wrote."""
-    return OutputExistsError(f"--overwrite would delete {what}, but it also holds {foreign}, which no rmjax job "
-                             f"wrote; move it elsewhere, or choose another {flag}.")
-
-
-def remove(paths: Sequence[Path], store: Path | None = None) -> None:
-    """Delete `paths` (files; folders an rmjax job wrote whole, e.g. orbax's checkpoints) and then, with `store`,
-    the chunk store's own files (`clear_store`)."""
-    for p in paths:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
-    if store is not None:
-        clear_store(store)
 
 
 @dataclasses.dataclass
@@ -288,7 +219,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
         if overwrite:  # --overwrite recomputes everything: it deletes the store's chunks, and nothing else
             foreign = store_files(store)[1]
             if foreign:
-                raise _foreign(f"{flag}={out}'s saved progress {store}", foreign[0], flag)
+                raise foreign_refusal(f"{flag}={out}'s saved progress {store}", foreign[0], flag)
             clear = store
         elif progress == identity:  # continue it; the old outputs are replaced at the end, none left beside it
             return Claim(out, identity, resume=True, remove=tuple(existing) if folder is None else ())
@@ -305,7 +236,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     if folder is not None and out in existing:  # an rmjax folder: --overwrite deletes what its job wrote, only
         own, foreign = store_files(out, folder, beside)
         if foreign:
-            raise _foreign(f"{flag}={out}", foreign[0], flag)
+            raise foreign_refusal(f"{flag}={out}", foreign[0], flag)
         existing = [*(p for p in existing if p != out and out not in p.parents), *own]
     return Claim(out, identity, remove=tuple(dict.fromkeys(existing)), clear=clear)
 

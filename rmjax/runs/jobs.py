@@ -20,7 +20,8 @@ from typing import Any
 
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import finiteness, results
-from rmjax.runs.claims import Claim, claim, holds_progress, record_interrupted, records_only, remove
+from rmjax.runs.claims import Claim, claim, holds_progress, record_interrupted, records_only
+from rmjax.runs.folder_files import remove
 from rmjax.runs.identities import require_claimed
 from rmjax.runs.paths import companion_path, real_path, refuse_folder_name
 

@@ -39,7 +39,7 @@ def claim_workdir(workdir: Path, identity: dict, overwrite: bool, beside: Sequen
 
 
 RUN_FILE = "run.json"
-# What a run writes in its workdir (rmjax.runs.claims.store_files): run.json, the logs and summary.json and their
+# What a run writes in its workdir (rmjax.runs.folder_files.store_files): run.json, the logs and summary.json and their
 # temp files (`write_log`; rmjax.runs.atomic.atomic_write_text), and orbax's checkpoints folder, whole.
 WORKDIR_FILES = (RUN_FILE, "summary.json", "train_log.csv", "eval_log.csv", "train_log.csv.tmp", "eval_log.csv.tmp",
                  f".{RUN_FILE}.*.tmp", ".summary.json.*.tmp", "checkpoints/")
