@@ -386,6 +386,12 @@ def test_analyze_tells_models_apart_by_what_scored_and_states_each_audits_settin
     assert "other settings (their CIs and p_holm are not alike in precision or family)" in report
     assert f"{rm_folder}: 400 bootstrap resamples, 400 permutations, seed 0, Holm over {rows} rows" in report
     assert f"({terse}): 500 bootstrap resamples, 400 permutations, seed 0, Holm over {rows} rows" in report
+    # read through another template (its conversations plain text), one folder is another model too
+    raw = tmp_path / "raw"
+    run_audit(AuditSpec(options(rm_folder, raw, template="plain"), batteries=("framing",), **SMALL))
+    diff_raw = pd.read_csv(analyze(tmp_path / "d", audits=(plain, str(raw)))["tables"]["audit_differences"],
+                           keep_default_na=False)
+    assert {*diff_raw["model_a"], *diff_raw["model_b"]} == {str(rm_folder), f"{rm_folder} ({raw})"}
     # an audit whose .meta.json records no identity (edited) is refused, not taken for another audit's model
     import json
     import shutil
