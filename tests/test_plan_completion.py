@@ -211,6 +211,14 @@ def test_a_beam_plan_with_lm_decodes_with_the_lm_and_holds_both_models(rm_folder
     # refused as the job refuses it: an LM without an LM head
     with pytest.raises(UsageError, match="has no LM head"):
         plan_inputs(str(rm_folder), "v5e-1", "beam", limit=30, lm=str(rm_folder))
+    # and an LM of another tokenizer (the builtin Gemma 3 RM ties its LM head), by the job's own message
+    other = "elo-rm-gemma3-270m"
+    with pytest.raises(UsageError, match="has another tokenizer than") as planned_refusal:
+        plan_inputs(str(rm_folder), "v5e-1", "beam", limit=30, lm=other)
+    with pytest.raises(UsageError, match="has another tokenizer than") as job_refusal:
+        run_beam(BeamSpec(inproc.options(rm_folder, tmp_path / "other.csv"), inproc.prompts("greatest"),
+                          BeamConfig(depth=2, beam=4, direction="optimal"), tuple(range(1000, 1030)), lm=other))
+    assert str(planned_refusal.value) == str(job_refusal.value)
 
 
 def test_a_plan_with_lm_states_the_rms_weights_and_reads_both_checkpoints():
