@@ -91,6 +91,24 @@ def test_export_reuses_its_own_folder_and_refuses_another_without_overwrite(rm_f
         with pytest.raises(KeyboardInterrupt):
             run_export(inproc.options(other, out, overwrite=True))
     assert _files(out) == before
+    # stopped inside the removal itself, the earlier export's record has gone first: the folder left is not reused
+    # as that export (its weights half deleted) and is marked unfinished, which --overwrite replaces (it was refused
+    # as files no rmjax run wrote, --overwrite or not: a folder to delete by hand)
+    from rmjax.runs import folder_files
+
+    real_remove = folder_files.remove
+
+    def stops_after_one(paths, store=None):
+        real_remove(list(paths)[:1])
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(folder_files, "remove", stops_after_one)
+        with pytest.raises(KeyboardInterrupt):
+            run_export(inproc.options(other, out, overwrite=True))
+    assert not (out / EXPORT_RECORD).exists() and _files(out) != before
+    inproc.refused(lambda: run_export(inproc.options(rm_folder, out)), "is not a finished rmjax result",
+                   "Pass --overwrite to replace it")
     run_export(inproc.options(other, out, overwrite=True))
     assert json.loads((out / EXPORT_RECORD).read_text())["identity"]["model"] == fingerprint(str(other))
     from safetensors.numpy import load_file

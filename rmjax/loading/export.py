@@ -147,7 +147,8 @@ def run_export(options: RunOptions) -> Path:
             return out
         start = time.perf_counter()
         model = load_for_job(options)
-        if is_main():  # the old export's files, its record first: a stop from here leaves no folder passed as whole
+        if is_main() and decision.remove:  # the old export's files, the folder marked unfinished and its record
+            mark_unfinished(out)  # first: a stop from here leaves no folder passed as whole, and one --overwrite takes
             remove(sorted(decision.remove, key=lambda p: p.name != EXPORT_RECORD))
         save_hf_folder(model, out)
         if is_main():
