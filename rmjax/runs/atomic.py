@@ -5,6 +5,7 @@ rmjax writes a result, a record or a temp file, and reads a JSON state file (a F
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import stat
@@ -55,6 +56,19 @@ def replacing(path: Path) -> Iterator[Path]:
         if isinstance(error, OSError) and error.filename in (None, str(tmp), tmp):
             error.filename = str(path)  # the one-line disk error names the output (not a temp file, not nothing)
         raise
+
+
+def stale_temps(path: Path) -> list[Path]:
+    """The temp files `replacing` leaves beside `path` when its process is killed (SIGKILL: no `except` runs):
+    `.<name>.<pid>.tmp` of a process other than this one. Its rerun, holding the output's lock, removes them once
+    the result is written (a killed run's full-size temp CSV stayed beside the resumed result)."""
+    mine = f".{path.name}.{os.getpid()}.tmp"
+    found = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:-len(".tmp")]
+        if pid.isdigit() and pid.isascii() and tmp.name != mine and (tmp.is_file() or tmp.is_symlink()):
+            found.append(tmp)
+    return sorted(found)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

@@ -73,7 +73,36 @@ def record_interrupted(store: Path | None, identity: dict, out: Path, owned: Seq
             except OSError:  # unreadable here: left out, so a rerun refuses it (the safe side)
                 continue
     store.mkdir(parents=True, exist_ok=True)
-    results.dump_json({"identity": canonical(identity), "files": {**saved, **written}}, store / INTERRUPTED)
+    record = {"identity": canonical(identity), "files": {**saved, **written}}
+    writing = _saved_writing(store, canonical(identity))
+    results.dump_json(record | ({"writing": sorted(writing)} if writing else {}), store / INTERRUPTED)
+
+
+def record_writing(store: Path | None, identity: dict, out: Path, owned: Sequence[Path]) -> None:
+    """Record in a run's saved progress, before it writes its result, the companions of `owned` it is about to write
+    (`writing`): a run killed (SIGKILL, a power cut) between writing one and its .meta.json has no `except` to
+    `record_interrupted` them, and its rerun refused them as no run's. The claim has proven each absent, recorded
+    by this output's .meta.json, or this run's to replace, so what a rerun of the same inputs finds at these names
+    is this run's. Only into a store the run already holds (none is made for it)."""
+    if store is None or store.is_symlink() or not store.is_dir() or not owned:
+        return
+    record = atomic.read_json(store / INTERRUPTED)
+    record = record if isinstance(record, dict) and record.get("identity") == canonical(identity) else {}
+    writing = sorted({*record.get("writing", []), *(os.path.relpath(p, out.parent) for p in owned)})
+    results.dump_json({"identity": canonical(identity), "files": record.get("files", {}), "writing": writing},
+                      store / INTERRUPTED)
+
+
+def _saved_writing(store: Path | None, identity: dict) -> set[str]:
+    """The companions a run of `identity` recorded it was about to write (`record_writing`)."""
+    if store is None:
+        return set()
+    names: set[str] = set()
+    for path in [store / INTERRUPTED, *sorted(store.glob(RECORD_FILES[1]))]:
+        saved = atomic.read_json(path)
+        if isinstance(saved, dict) and saved.get("identity") == identity and isinstance(saved.get("writing"), list):
+            names |= {n for n in saved["writing"] if isinstance(n, str)}
+    return names
 
 
 def _saved_record(store: Path | None, identity: dict) -> dict:
@@ -95,7 +124,9 @@ def _this_runs(paths: list[Path], store: Path | None, identity: dict, out: Path)
     """Those of `paths` that a run of these inputs recorded in its saved progress (`record_interrupted`), byte for
     byte as they are: its resume replaces them. Anything else is no file of this run's."""
     files = _saved_record(store, identity) if paths else {}
-    return {p for p in paths if _as_recorded(p, files.get(os.path.relpath(p, out.parent)))}
+    writing = _saved_writing(store, identity) if paths else set()
+    return {p for p in paths if _as_recorded(p, files.get(os.path.relpath(p, out.parent)))
+            or (os.path.relpath(p, out.parent) in writing and p.is_file() and not p.is_symlink())}
 
 
 RECORD_FILES = (INTERRUPTED, ".interrupted.json.*.tmp")  # a store's record of the files its run may replace

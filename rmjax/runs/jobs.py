@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from rmjax.parallel.distributed import is_main
-from rmjax.runs import finiteness, results
-from rmjax.runs.claims import Claim, claim, holds_progress, record_interrupted, records_only
+from rmjax.runs import atomic, finiteness, results
+from rmjax.runs.claims import Claim, claim, holds_progress, record_interrupted, record_writing, records_only
 from rmjax.runs.folder_files import remove
 from rmjax.runs.identities import require_claimed
 from rmjax.runs.paths import companion_path, real_path, refuse_folder_name
@@ -58,6 +58,7 @@ class Job:
                 # name, as a figure's does, would follow it to its target)
                 remove([p for p in self.claimed.remove if p.is_symlink()])
                 old = {p: _file_id(p) for p in self.claimed.remove}  # the result this one replaces (claim_all)
+                record_writing(self.store, self.identity, self.out, self.owned)  # a SIGKILL has no except
                 try:
                     path = Path(write(self.out) or self.out)
                 except BaseException:  # its rerun resumes over what it wrote, not refuses it as a stranger's
@@ -69,6 +70,8 @@ class Job:
                 record = results.meta_path(path)
                 remove([p for p, was in old.items() if p != record and was is not None and _file_id(p) == was])
                 results.write_meta(path, files=self.owned, kind=self.kind, identity=self.identity, **meta)
+                # what a killed earlier run of this output left mid-write (it holds no lock: this run holds it)
+                remove([t for p in dict.fromkeys([path, record, *self.owned]) for t in atomic.stale_temps(p)])
         return path
 
 
