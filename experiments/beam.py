@@ -37,6 +37,7 @@ flags.adopt_module_key_flags(config_flags)
 
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.refuse_blank_models("lm")
     common.checked_prompts()
     if BEAM_CONFIG(template=common.TEMPLATE.value).exhaustive:
         common.refuse_given("beam --exhaustive", ("beam",), "scores every sequence and keeps no beam")

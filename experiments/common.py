@@ -132,6 +132,19 @@ def refuse_given(job: str, names: tuple[str, ...], why: str) -> None:
         raise UsageError(f"--{given[0]}: {job} {why}; leave {', '.join('--' + n for n in given)} out.")
 
 
+def refuse_blank_models(*names: str) -> None:
+    """A second model flag (--lm, --judge) given as spaces, or as several models, was refused by the model lookup
+    as `--model is empty` / `--model=a,b: this job takes one model`, naming the wrong flag (`--lm=` leaves it unset)."""
+    for name in names:
+        value = flags.FLAGS[name].value
+        if isinstance(value, str) and value and not value.strip():
+            raise UsageError(f"--{name} is blank: give a causal LM (a checkpoint folder, a .gguf file or a builtin "
+                             f"name), or leave --{name} out.")
+        if isinstance(value, str) and "," in value and not Path(value).expanduser().exists():
+            raise UsageError(f"--{name}={value}: give one model (a checkpoint folder, a .gguf file or a builtin "
+                             "name), not several.")
+
+
 def refuse_system_prompt(job: str, why: str) -> None:
     """A job that renders no scored conversation of its own: a given --system_prompt is refused, not ignored."""
     if SYSTEM_PROMPT.value is not None:

@@ -41,6 +41,7 @@ flags.adopt_module_key_flags(config_flags)
 
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.refuse_blank_models("lm", "judge")
     from rmjax.search.disagree_config import parse_sides
 
     common.refuse_given("disagree", ("model",), "takes its two sides from --models (side A first)")

@@ -31,6 +31,11 @@ flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort l
 
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.refuse_blank_models("lm")
+    if common.MODEL.value:  # the job's own reading of its models (an empty item, a model twice)
+        from rmjax.search.gcg_job import model_specs
+
+        model_specs(common.MODEL.value)
     if flags.FLAGS["selection"].value == "greedy":  # recorded in the identity as used, changing nothing
         common.refuse_given("gcg --selection=greedy", ("seed",), "takes the best swaps by gradient, drawing "
                             "nothing at random")

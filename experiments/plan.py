@@ -91,6 +91,10 @@ for _name in ("model", "dtype", "mesh", "prompts", "prompt", "template", "overwr
 def check_flags() -> None:
     """What the plan refuses from its flags alone: first thing in main, and where a launch reads its line."""
     common.refuse_system_prompt("plan", "sizes conversations with the chat template's own system turn")
+    from rmjax.errors import UsageError
+
+    if OUT.value and not OUT.value.strip():  # --out=' ' wrote the plan to a file named ' ' (--out= writes none)
+        raise UsageError(f"--out={OUT.value!r} is blank; give the file to write the plan to, or leave --out out.")
     for name, jobs in JOBS_SIZED_BY.items():
         if JOB.value not in jobs:
             common.refuse_given(f"plan --job={JOB.value}", (name,), f"does not read it (--{name} sizes "

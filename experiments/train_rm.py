@@ -52,6 +52,9 @@ flags.register_multi_flags_validator(
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     common.refuse_output_column("train_rm (it trains a new one-output score head)")
+    for holder in (WORKDIR, EXPORT, HEAD_OUT):  # '--workdir= ' trained into a folder named ' ' ('' leaves it unset)
+        if holder.value and not holder.value.strip():
+            raise UsageError(f"--{holder.name}={holder.value!r} is blank; give a path, or leave --{holder.name} out.")
     common.refuse_system_prompt("train_rm", "renders its pairs with the chat template's own system turn (a "
                                 "--system_prompt for training is not built yet)")
     if common.ALLOW_NONFINITE.value:  # a NaN loss or reward ends a training run: there is nothing to write anyway

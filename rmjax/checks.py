@@ -16,6 +16,8 @@ from collections.abc import Callable
 from rmjax.errors import UsageError
 
 Rule = tuple[Callable[[object], bool], str]
+FLOAT32_MAX = 3.4028234663852886e38  # np.finfo(np.float32).max
+FLOAT32_TINY = 1.1754943508222875e-38  # np.finfo(np.float32).tiny: below it a value flushes to 0
 
 POSITIVE: Rule = (lambda v: v >= 1, "an integer >= 1")  # a float setting: GREATER_THAN_ZERO (`validate`)
 NON_NEGATIVE: Rule = (lambda v: v >= 0, ">= 0")
@@ -58,8 +60,20 @@ def validate(config, rules: dict[str, Rule]) -> None:
     comma made --scores=a.csv, read '' as the current folder: every CSV in it)."""
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
+        if isinstance(value, tuple) and any(isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX
+                                                                          and not 0 < abs(v) < FLOAT32_TINY)
+                                            for v in value):  # --best_of_n_temperatures=inf was accepted
+            raise UsageError(f"--{field.name}={','.join(map(str, value))}: each must be a finite number within "
+                             "float32's range, in which the jobs compute (|x| <= 3.4e38, and 0 or >= 1.2e-38).")
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{field.name}={value}: must be a finite number.")
+        if isinstance(value, float) and 0 < abs(value) < FLOAT32_TINY:  # 0 on the device: --temperature=1e-300
+            raise UsageError(f"--{field.name}={value}: is 0 in float32, in which the jobs compute (|x| below "
+                             "1.2e-38); give 0 or a larger value.")
+        if isinstance(value, float) and abs(value) > FLOAT32_MAX:  # inf once on the device: --embed_reg=1e39 made
+            # every swap's score NaN/inf, and GCG ran its steps sampling nothing (exit 0, blaming --topk)
+            raise UsageError(f"--{field.name}={value}: must be within float32's range (|x| <= 3.4e38), in which the "
+                             "jobs compute; give a smaller value.")
         if isinstance(value, tuple) and any(isinstance(v, str) and not v.strip() for v in value):
             raise UsageError(f"--{field.name}={','.join(map(str, value))}: an item is empty (a stray comma?); give "
                              "each item once, separated by commas.")

@@ -87,6 +87,19 @@ class GcgSpec:
                                                                allow_nonfinite=o.allow_nonfinite))
 
 
+def model_specs(models: str) -> list[str]:
+    """The RMs of --model (comma-separated; the objective is their mean): an empty item (`rm,` searched rm alone,
+    unsaid) or a model given twice (weighted twice) refused in one line; also where a launch reads the flags."""
+    specs = models.split(",")
+    if len(specs) > 1 and any(not s.strip() for s in specs):
+        raise UsageError(f"--model={models}: an item is empty (a stray comma?); give each model once, separated by "
+                         "commas.")
+    repeated = sorted({s for s in specs if specs.count(s) > 1})
+    if repeated:
+        raise UsageError(f"--model names {repeated[0]} more than once; give each model once.")
+    return specs
+
+
 def run_gcg(spec: GcgSpec) -> GCGResult | None:
     """The GCG job: the search's inputs checked (--search_width, --init_from) and the identity computed without
     loading the models → claim options.out once → unless a finished result of the same inputs is there (None),
@@ -99,10 +112,7 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
         init_from_rows(cfg)
     if cfg.vocab_file:  # a file that is missing or not UTF-8 too
         read_vocab_file(cfg.vocab_file)
-    specs = [s for s in o.model.split(",") if s]
-    repeated = sorted({s for s in specs if specs.count(s) > 1})
-    if repeated:  # the objective is the models' mean: a model twice is weighted twice, unsaid
-        raise UsageError(f"--model names {repeated[0]} more than once; give each model once.")
+    specs = model_specs(o.model)
     read = [config_and_tokenizer(s) for s in specs]  # before any weight loads: the kind of model, the vocabulary
     for s, (config, _) in zip(specs, read, strict=True):
         require_reward_model(config, s, "GCG", o.output_column)

@@ -86,9 +86,10 @@ def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) ->
 def refuse_limit_keeping_all(limit: int | None, n: int) -> None:
     """A --limit that keeps all `n` candidates changes nothing, yet the identity would record it as if it had kept
     fewer."""
-    if limit is not None and limit >= n:
-        raise UsageError(f"--limit={limit} keeps all {n:,} candidates, so it changes nothing; leave it out, or give "
-                         f"a --limit below {n:,}.")
+    if limit is not None and limit >= n:  # --limit is >= 1: with one candidate, no --limit keeps fewer
+        fewer = f", or give a --limit below {n:,}" if n > 1 else ""
+        raise UsageError(f"--limit={limit} keeps all {n:,} candidate{'s' * (n != 1)}, so it changes nothing; leave it "
+                         f"out{fewer}.")
 
 
 def candidate_ids(tokenizer, vocab: int, token_ids=None, limit: int | None = None) -> np.ndarray:
