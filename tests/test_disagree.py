@@ -619,6 +619,12 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
     refused(lambda: run_disagree(_spec(rm_folder, f"{rm_folder}/", out, lm_folder)), "does not disagree with itself")
     refused(lambda: run_disagree(_spec(rm_folder, f"implicit:{lm_folder}:{lm_folder}/../{lm_folder.name}", out,
                                        lm_folder)), "the same model")
+    # one model by content, spelt as two folders (a copy): gaps all 0 (helper-116's fault hunt: it ran)
+    copy, lm_copy = cli.copy_folder(rm_folder, tmp_path / "copy"), cli.copy_folder(lm_folder, tmp_path / "lm_copy")
+    refused(lambda: run_disagree(_spec(rm_folder, copy, out, lm_folder)), f"--models: {rm_folder} and {copy} are one "
+            "model", "does not disagree with itself")
+    refused(lambda: run_disagree(_spec(rm_folder, f"implicit:{lm_folder}:{lm_copy}", out, lm_folder, b_gradient=False)),
+            "the chosen and the reference LM are one model")
     # an --output_column a side lacks: with --overwrite the earlier result was deleted before the weights said so
     def column(model, n, lm=lm_folder):
         return dataclasses.replace(_spec(model, lower_rm, out, lm), options=RunOptions(

@@ -41,7 +41,7 @@ from rmjax.search.gcg import make_target
 from rmjax.search.gcg_start import banned_tokens
 from rmjax.search.gcg_swaps import RetokenizationCheck, disallowed_ids
 from rmjax.search.objective import Objective
-from rmjax.search.sides import Side, SideSpec, make_side
+from rmjax.search.sides import Side, SideSpec, make_side, refuse_one_model
 from rmjax.search.sweep import memory_plan
 from rmjax.search.terms import Prior
 from rmjax.text import chat
@@ -119,6 +119,7 @@ def map_batch(spec: DisagreeSpec, reward_models: list[tuple], weights: int = 0) 
 def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judge: str) -> dict:
     o = spec.options
     fp = {m: job_fingerprint(o, m) for side in sides for m in side.models}
+    refuse_one_model(sides, fp)
     return {"job": "disagree", "sides": [{"spec": s.text, "models": [fp[m] for m in s.models]} for s in sides],
             "lm": job_fingerprint(o, spec.lm) if spec.lm and spec.config.search else None,
             "judge": {"spec": judge, "model": job_fingerprint(o, judge), "template": "its own"} if spec.config.search

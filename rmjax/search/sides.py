@@ -268,3 +268,16 @@ def same_model(a: str, b: str) -> bool:
         return os.path.realpath(spec) if os.path.exists(spec) else spec
 
     return where(a) == where(b)
+
+
+def refuse_one_model(sides: tuple[SideSpec, SideSpec], fp: dict[str, dict]) -> None:
+    """One model by content (`fp`: each spec's fingerprint), spelt as two (a copied folder): every gap 0, or an
+    implicit reward of 0, refused before loading as one spelling is (`same_model`). An export of a model is other
+    files: not caught here."""
+    a, b = sides
+    pairs = [(b.models[0], b.models[1], f"--models side {b.text!r}: the chosen and the reference LM")] if b.implicit \
+        else [(a.models[0], b.models[0], f"--models: {a.text} and {b.text}")]
+    for first, second, named in pairs:
+        if fp[first] == fp[second]:
+            raise UsageError(f"{named} are one model (the same weights, tokenizer and template files); a model does "
+                             "not disagree with itself: give two different models.")
