@@ -107,6 +107,10 @@ def test_export_reuses_its_own_folder_and_refuses_another_without_overwrite(rm_f
         with pytest.raises(KeyboardInterrupt):
             run_export(inproc.options(other, out, overwrite=True))
     assert not (out / EXPORT_RECORD).exists() and _files(out) != before
+    with monkeypatch.context() as patch:  # stopped again inside the unfinished folder's deletion: still marked
+        patch.setattr(folder_files, "remove", stops_after_one)
+        with pytest.raises(KeyboardInterrupt):
+            run_export(inproc.options(other, out, overwrite=True))
     inproc.refused(lambda: run_export(inproc.options(rm_folder, out)), "is not a finished rmjax result",
                    "Pass --overwrite to replace it")
     run_export(inproc.options(other, out, overwrite=True))

@@ -149,7 +149,8 @@ def run_export(options: RunOptions) -> Path:
         model = load_for_job(options)
         if is_main() and decision.remove:  # the old export's files, the folder marked unfinished and its record
             mark_unfinished(out)  # first: a stop from here leaves no folder passed as whole, and one --overwrite takes
-            remove(sorted(decision.remove, key=lambda p: p.name != EXPORT_RECORD))
+            remove(sorted((p for p in decision.remove if p.name != UNFINISHED),  # a stopped one's mark stays
+                          key=lambda p: p.name != EXPORT_RECORD))
         save_hf_folder(model, out)
         if is_main():
             from rmjax.text.chat import PLAIN_FORMAT, has_chat_template
