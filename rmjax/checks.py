@@ -54,26 +54,29 @@ def rule_for(config_class: type, name: str, rule: Rule) -> Rule:
     return GREATER_THAN_ZERO if rule is POSITIVE and name in _float_fields(config_class) else rule
 
 
+def _not_float32(value: float) -> str | None:
+    """Why a float setting cannot be used as given, or None: the jobs compute in float32 (JAX's default), where a
+    finite float64 past its range is inf and one below its smallest normal 0."""
+    if not math.isfinite(value):
+        return "must be a finite number."
+    if abs(value) > FLOAT32_MAX:
+        return "must be within float32's range (|x| <= 3.4e38), in which the jobs compute; give a smaller value."
+    if 0 < abs(value) < FLOAT32_TINY:
+        return "is 0 in float32, in which the jobs compute (|x| below 1.2e-38); give 0 or a larger value."
+    return None
+
+
 def validate(config, rules: dict[str, Rule]) -> None:
     """UsageError for the first field of `config` outside its rule (None passes: 'not set'; a rule reads as the
-    field's declared type: `rule_for`); a float setting must be finite; no item of a list may be empty (a trailing
-    comma made --scores=a.csv, read '' as the current folder: every CSV in it)."""
+    field's declared type: `rule_for`); a float setting, and each float of a list, must be finite in float32; no item
+    of a list may be empty (a trailing comma made --scores=a.csv, read '' as the current folder: every CSV in it)."""
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        if isinstance(value, tuple) and any(isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX
-                                                                          and not 0 < abs(v) < FLOAT32_TINY)
-                                            for v in value):  # --best_of_n_temperatures=inf was accepted
-            raise UsageError(f"--{field.name}={','.join(map(str, value))}: each must be a finite number within "
-                             "float32's range, in which the jobs compute (|x| <= 3.4e38, and 0 or >= 1.2e-38).")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UsageError(f"--{field.name}={value}: must be a finite number.")
-        if isinstance(value, float) and 0 < abs(value) < FLOAT32_TINY:  # 0 on the device: --temperature=1e-300
-            raise UsageError(f"--{field.name}={value}: is 0 in float32, in which the jobs compute (|x| below "
-                             "1.2e-38); give 0 or a larger value.")
-        if isinstance(value, float) and abs(value) > FLOAT32_MAX:  # inf once on the device: --embed_reg=1e39 made
-            # every swap's score NaN/inf, and GCG ran its steps sampling nothing (exit 0, blaming --topk)
-            raise UsageError(f"--{field.name}={value}: must be within float32's range (|x| <= 3.4e38), in which the "
-                             "jobs compute; give a smaller value.")
+        wrong = [why for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, float)
+                 for why in [_not_float32(v)] if why]
+        if wrong:  # --embed_reg=1e39 ran GCG sampling nothing (inf on the device); --temperature=1e-300 is 0 there
+            raise UsageError(f"--{field.name}={','.join(map(str, value)) if isinstance(value, tuple) else value}: "
+                             f"{wrong[0]}")
         if isinstance(value, tuple) and any(isinstance(v, str) and not v.strip() for v in value):
             raise UsageError(f"--{field.name}={','.join(map(str, value))}: an item is empty (a stray comma?); give "
                              "each item once, separated by commas.")

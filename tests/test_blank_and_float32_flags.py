@@ -63,7 +63,7 @@ def test_float_settings_past_float32_are_refused():
         FluentConfig(temperature=1e300)
     with pytest.raises(UsageError, match="--temperature=1e-300: is 0 in float32"):
         FluentConfig(temperature=1e-300)
-    with pytest.raises(UsageError, match="--best_of_n_temperatures=1.0,inf: each must be a finite number"):
+    with pytest.raises(UsageError, match="--best_of_n_temperatures=1.0,inf: must be a finite number"):
         FluentConfig(best_of_n_temperatures=(1.0, float("inf")))
     GCGConfig(embed_reg=1e3)  # ordinary values pass, 0 too
     GCGConfig(embed_reg=0.0)

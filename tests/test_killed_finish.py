@@ -51,9 +51,9 @@ def test_a_sweep_killed_after_its_figure_resumes(rm_folder, tmp_path):
     assert "reused" in rerun.stderr
 
 
-def test_a_figure_no_run_wrote_is_still_refused_after_a_kill(rm_folder, tmp_path):
-    """The record of what a run is about to write covers only its own writes: a figure planted before the run
-    (which the run refuses up front) stays refused."""
+def test_a_figure_no_run_wrote_is_refused_before_the_run_records_its_writes(rm_folder, tmp_path):
+    """The record of what a run is about to write is made after its claim: a figure planted before the run is
+    refused up front, never recorded as the run's, and left as it was."""
     out = tmp_path / "s.csv"
     flags = [f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=512", "--chunk_size=256",
              "--batch_size=64", "--plot"]

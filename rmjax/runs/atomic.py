@@ -58,16 +58,21 @@ def replacing(path: Path) -> Iterator[Path]:
         raise
 
 
-def stale_temps(path: Path) -> list[Path]:
+def stale_temps(path: Path, before: float) -> list[Path]:
     """The temp files `replacing` leaves beside `path` when its process is killed (SIGKILL: no `except` runs):
-    `.<name>.<pid>.tmp` of a process other than this one. Its rerun, holding the output's lock, removes them once
-    the result is written (a killed run's full-size temp CSV stayed beside the resumed result)."""
+    `.<name>.<pid>.tmp` of a process other than this one, last written before `before` (wall clock: the rerun's
+    claim; a live writer's temp, where a shared filesystem's lock does not span hosts, is newer). The rerun, holding
+    the output's lock, removes them once its result is written (a killed run's full-size temp CSV stayed beside the
+    resumed result)."""
     mine = f".{path.name}.{os.getpid()}.tmp"
     found = []
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         pid = tmp.name[len(path.name) + 2:-len(".tmp")]
-        if pid.isdigit() and pid.isascii() and tmp.name != mine and (tmp.is_file() or tmp.is_symlink()):
-            found.append(tmp)
+        if not (pid.isdigit() and pid.isascii() and tmp.name != mine and (tmp.is_file() or tmp.is_symlink())):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if tmp.lstat().st_mtime < before:
+                found.append(tmp)
     return sorted(found)
 
 

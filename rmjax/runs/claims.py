@@ -81,9 +81,10 @@ def record_interrupted(store: Path | None, identity: dict, out: Path, owned: Seq
 def record_writing(store: Path | None, identity: dict, out: Path, owned: Sequence[Path]) -> None:
     """Record in a run's saved progress, before it writes its result, the companions of `owned` it is about to write
     (`writing`): a run killed (SIGKILL, a power cut) between writing one and its .meta.json has no `except` to
-    `record_interrupted` them, and its rerun refused them as no run's. The claim has proven each absent, recorded
-    by this output's .meta.json, or this run's to replace, so what a rerun of the same inputs finds at these names
-    is this run's. Only into a store the run already holds (none is made for it)."""
+    `record_interrupted` them, and its rerun refused them as no run's. The claim proved each name absent, recorded
+    by this output's .meta.json, or this run's to replace; a rerun of the same inputs takes a file at a recorded name
+    as this run's by the name alone (one put there by hand between the kill and the rerun is written over). Only
+    into a store the run already holds (none is made for it)."""
     if store is None or store.is_symlink() or not store.is_dir() or not owned:
         return
     record = atomic.read_json(store / INTERRUPTED)

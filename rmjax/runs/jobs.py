@@ -34,6 +34,7 @@ class Job:
     started: float
     owned: tuple[Path, ...] = ()
     store: Path | None = None  # the run's saved progress (chunks), where an interrupted finish records its writes
+    claimed_at: float = dataclasses.field(default_factory=time.time)  # wall clock: a killed run's temps are older
 
     @property
     def kind(self) -> str:
@@ -71,7 +72,8 @@ class Job:
                 remove([p for p, was in old.items() if p != record and was is not None and _file_id(p) == was])
                 results.write_meta(path, files=self.owned, kind=self.kind, identity=self.identity, **meta)
                 # what a killed earlier run of this output left mid-write (it holds no lock: this run holds it)
-                remove([t for p in dict.fromkeys([path, record, *self.owned]) for t in atomic.stale_temps(p)])
+                remove([t for p in dict.fromkeys([path, record, *self.owned])
+                        for t in atomic.stale_temps(p, before=self.claimed_at)])
         return path
 
 

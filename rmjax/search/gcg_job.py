@@ -90,8 +90,8 @@ class GcgSpec:
 def model_specs(models: str) -> list[str]:
     """The RMs of --model (comma-separated; the objective is their mean): an empty item (`rm,` searched rm alone,
     unsaid) or a model given twice (weighted twice) refused in one line; also where a launch reads the flags."""
-    specs = models.split(",")
-    if len(specs) > 1 and any(not s.strip() for s in specs):
+    specs = [s.strip() for s in models.split(",")]  # 'a, a' is a model twice
+    if len(specs) > 1 and not all(specs):
         raise UsageError(f"--model={models}: an item is empty (a stray comma?); give each model once, separated by "
                          "commas.")
     repeated = sorted({s for s in specs if specs.count(s) > 1})
