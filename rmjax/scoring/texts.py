@@ -154,7 +154,7 @@ def score_conversations(model: Model, prompts: list[str], responses: list[str], 
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses.")
     cached, rest = conversation_groups(prompts, responses)
-    distinct = [(p, r) for groups in (cached, rest) for p, rs in groups.items() for r in rs]
+    distinct = list(dict.fromkeys(zip(prompts, responses, strict=True)))  # rows' order: a refusal names the first
     at = {pair: k for k, pair in enumerate(distinct)}
     full, out = collections.defaultdict(list), np.zeros(len(distinct), np.float32)
     progress = _progress(len(distinct))
