@@ -45,10 +45,12 @@ def test_an_lm_of_another_tokenizer_a_too_large_enumeration_and_an_out_inside_th
 def test_a_disagreement_writes_inside_none_of_the_models_it_reads(rm_folder, lm_folder, tmp_path, monkeypatch):
     """Side B's folder (and the prior's, the judge's) were not inputs: --out inside one was written there."""
     from rmjax.search.disagree_job import run_disagree
+    from tests import cli
     from tests.test_disagree import _spec
 
     side_b = tmp_path / "b"
     shutil.copytree(rm_folder, side_b)
+    cli.edit_tensor(side_b, "score.weight", lambda w: w + 1)  # another model (a copy alone is refused as the same)
     no_weights_read(monkeypatch)
     for out in (side_b / "d", lm_folder / "d"):
         refused(lambda out=out: run_disagree(_spec(rm_folder, side_b, out, lm_folder)),
