@@ -53,8 +53,9 @@ READ_BY = {
 def check_flags() -> None:
     """A setting given without an input that reads it (--framing without --scores) is refused, not ignored: first
     thing in main, and where a launch reads its line."""
-    if not OUT.value.strip():  # '' is the working folder (the analysis was written into it); ' ' a folder named so
-        raise UsageError("--out is empty; give the folder to write the analysis in.")
+    from rmjax.runs.paths import refuse_empty_out
+
+    refuse_empty_out(OUT.value)
     for name, inputs in READ_BY.items():  # an empty value (--models_yaml= : none) asks for nothing
         given = flags.FLAGS[name]
         if given.present and given.value not in ("", None) and not any(flags.FLAGS[i].value for i in inputs):

@@ -133,16 +133,14 @@ def refuse_given(job: str, names: tuple[str, ...], why: str) -> None:
 
 
 def refuse_blank_models(*names: str) -> None:
-    """A second model flag (--lm, --judge) given as spaces, or as several models, was refused by the model lookup
-    as `--model is empty` / `--model=a,b: this job takes one model`, naming the wrong flag (`--lm=` leaves it unset)."""
+    """A second model flag (--lm, --judge) given as spaces, or as several models, is refused as the model lookup
+    refuses --model, by its own name (the lookup named --model; `--lm=` leaves it unset)."""
+    from rmjax.loading.registry import check_one_spec
+
     for name in names:
         value = flags.FLAGS[name].value
-        if isinstance(value, str) and value and not value.strip():
-            raise UsageError(f"--{name} is blank: give a causal LM (a checkpoint folder, a .gguf file or a builtin "
-                             f"name), or leave --{name} out.")
-        if isinstance(value, str) and "," in value and not Path(value).expanduser().exists():
-            raise UsageError(f"--{name}={value}: give one model (a checkpoint folder, a .gguf file or a builtin "
-                             "name), not several.")
+        if isinstance(value, str) and value:
+            check_one_spec(value, f"--{name}")
 
 
 def refuse_system_prompt(job: str, why: str) -> None:
@@ -205,9 +203,10 @@ def options(out: str, **files: str | None) -> RunOptions:
     The files the command line names (a model file, --prompts YAML files, and `files`: flag name -> path, such as
     texts_file) go with it as inputs that no output may be. An empty --out is refused: it named the working folder
     (`audit --out=` began writing its files there)."""
-    if out is not None and not str(out).strip():
-        raise UsageError("--out is empty; give the file or folder to write.")
     from rmjax.runs.options import RunOptions
+    from rmjax.runs.paths import refuse_empty_out
+
+    refuse_empty_out(out)
 
     named = [("--model", m) for m in (MODEL.value or "").split(",")]
     named += [("--prompts", p) for p in PROMPTS.value or ()] + [(f"--{k}", v) for k, v in files.items() if v]

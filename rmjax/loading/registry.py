@@ -78,15 +78,20 @@ def _without_remote_code(folder: Path) -> Path:
     return folder
 
 
+def check_one_spec(spec: str, flag: str = "--model") -> None:
+    """`flag` names one model: not blank (Path("") is the current folder), not several (a comma, unless a path)."""
+    if not spec.strip():
+        raise UsageError(f"{flag} is empty: give a checkpoint folder, a .gguf file or a builtin name.")
+    if "," in spec and not Path(spec).expanduser().exists():
+        raise UsageError(f"{flag}={spec}: this job takes one model (a comma separates several only where a job "
+                         "takes them: gcg's --model, disagree's --models).")
+
+
 def resolve(spec: str) -> tuple[str, Path]:
     """('hf', folder) or ('gguf', file) for a model spec; a clear error otherwise."""
     if spec in BUILTIN_GGUF:
         return "gguf", BUILTIN_GGUF[spec]()
-    if not spec.strip():  # Path("") is the current folder
-        raise UsageError("--model is empty: give a checkpoint folder, a .gguf file or a builtin name.")
-    if "," in spec and not Path(spec).expanduser().exists():
-        raise UsageError(f"--model={spec}: this job takes one model (a comma separates several only where a job "
-                         "takes them: gcg's --model, disagree's --models).")
+    check_one_spec(spec)
     path = Path(spec).expanduser()
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))

@@ -10,6 +10,13 @@ from pathlib import Path
 from rmjax.errors import UsageError
 
 
+def refuse_empty_out(out: str | Path | None) -> None:
+    """An empty --out names the working folder (`audit --out=` began writing its files there; `analyze --out=` wrote
+    23 tables there), and one of spaces a folder named so."""
+    if out is not None and not str(out).strip():
+        raise UsageError("--out is empty; give the file or folder to write.")
+
+
 def refuse_folder_name(out: str | Path, flag: str = "--out") -> None:
     """A file output given with a trailing separator (`--out=dir/`): Path() drops it but open() does not, so the
     run wrote a file `dir` and its .meta.json, then failed reading it back as `dir/` (a traceback)."""
