@@ -437,3 +437,20 @@ def test_the_reports_item_count_is_a_range_where_a_models_prompts_differ():
     agreement = pd.DataFrame({"model": ["a", "a", "b", "b", "c"], "prompt": ["p", "q", "p", "q", "p"],
                               "n_items": [12, 30, 7, 7, 5]})
     assert item_counts(agreement, ["b", "a", "c"]) == ["7", "12–30", "5"]
+
+
+def test_elo_builtin_prompt_reads_that_shipped_file_alone():
+    # train_rm's `--elo=builtin:<prompt>` spelling: analyze took it for a path ("not found", no names listed).
+    from rmjax.analysis.inputs import load_inputs
+    from rmjax.analysis.spec import AnalysisConfig
+    from rmjax.errors import UsageError
+
+    other = "What one single thing, person, or concept is the greatest ever"
+    (prompt,) = load_inputs(AnalysisConfig(elo=f"builtin:{other}?", models_yaml="")).elo
+    raw = pd.read_csv(ELO / f"{other}.csv", keep_default_na=False).set_index("name")
+    assert prompt.prompt == f"{other}?"
+    assert list(prompt.items.index) == list(raw.index)
+    np.testing.assert_array_equal(prompt.items["elo_score"].to_numpy(), raw["elo_score"].to_numpy(dtype=float))
+    with pytest.raises(UsageError, match=r"--elo=builtin:nope: .*give builtin") as refused:
+        load_inputs(AnalysisConfig(elo="builtin:nope", models_yaml=""))
+    assert all(f'"builtin:{stem}"' in str(refused.value) for stem in SLUGS)

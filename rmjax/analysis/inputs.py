@@ -47,9 +47,23 @@ class Inputs:
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(AnalysisConfig)}
 
 
+def _elo_folder(spec: str | None) -> tuple[str | None, str | None]:
+    """--elo's folder, and the one prompt of it to read where it names one shipped file (`builtin:<prompt>`, as
+    train_rm takes it; a path of that name was "not found")."""
+    if spec == shipped.BUILTIN:
+        return str(shipped.ELO_DIR), None
+    if not spec or not spec.startswith(shipped.BUILTIN + ":"):
+        return spec, None
+    path = shipped.elo_file(spec.partition(":")[2])
+    if path is None:
+        raise UsageError(f"--elo={spec}: no shipped EloEverything file for that prompt; give builtin (all of them) or "
+                         f"one of {shipped.builtin_elo_choices()}.")
+    return str(shipped.ELO_DIR), path.stem
+
+
 def load_inputs(cfg: AnalysisConfig) -> Inputs:
     """Read every input `cfg` names; a missing, partial, wrong-kind or empty one stops the run in one line."""
-    elo = str(shipped.ELO_DIR) if cfg.elo == shipped.BUILTIN else cfg.elo  # the EloEverything files shipped
+    elo, elo_prompt = _elo_folder(cfg.elo)
     named = (("--elo", elo), ("--models_yaml", cfg.models_yaml), ("--bigtwo_checkpoints", cfg.bigtwo_checkpoints),
              ("--bigtwo_dictionary", cfg.bigtwo_dictionary), ("--implicit_chosen", cfg.implicit_chosen),
              ("--implicit_reference", cfg.implicit_reference),
@@ -82,7 +96,8 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
             found.skipped.append(f"frequency: BNC word-frequency list {cfg.frequencies or '(none given)'} not found "
                                  "(give --frequencies=PATH/1_1_all_alpha.txt).")
     if elo:
-        found.elo = elo_lib.load_elo(elo, found.metadata)
+        found.elo = [ep for ep in elo_lib.load_elo(elo, found.metadata)
+                     if elo_prompt is None or ep.prompt.removesuffix("?") == elo_prompt]
         if not any(ep.models for ep in found.elo) and (
                 not found.scores or elo_lib.add_score_tables(found.elo, found.scores).coverage.empty):
             raise InputFileError(f"--elo={cfg.elo}: its CSVs have no model columns (beside elo_rank, elo_score, name, "

@@ -17,7 +17,7 @@ class AnalysisConfig:
                                       "and/or directories of them; beam results (experiments.beam) among them get "
                                       "top/bottom tables and cross-model Kendall tau per depth.")
     elo: str | None = setting(None, "Directory of EloEverything CSVs (one per prompt); builtin: the three shipped in "
-                              "rmjax/data/elo.")
+                              "rmjax/data/elo; builtin:<prompt>: one of them.")
     models_yaml: str | None = setting(None, "Model metadata (name, nickname, base_model, size, reward_bench_rank); "
                                       "empty for none.")
     implicit_chosen: str | None = setting(

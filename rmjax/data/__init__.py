@@ -36,3 +36,8 @@ def elo_files() -> dict[str, Path]:
 def elo_file(prompt: str = GREATEST) -> Path | None:
     """The shipped EloEverything file of `prompt` (its question mark optional); None when none ships."""
     return elo_files().get(prompt.strip().removesuffix("?"))
+
+
+def builtin_elo_choices() -> str:
+    """The `--elo=builtin:<prompt>` spellings that name a shipped file, for a refusal to list."""
+    return ", ".join(f'"{BUILTIN}:{name}"' for name in elo_files())

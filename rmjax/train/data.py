@@ -237,7 +237,7 @@ def elo_csv(spec: str | Path) -> Path:
     path = shipped.elo_file(prompt)
     if path is None:
         raise UsageError(f"--elo={text}: no shipped EloEverything file for that prompt; give builtin or one of "
-                         + ", ".join(f'"builtin:{name}"' for name in shipped.elo_files()) + ".")
+                         + shipped.builtin_elo_choices() + ".")
     return path
 
 
