@@ -304,6 +304,8 @@ def test_pairs_and_ratings_read_as_written_or_refused(tmp_path):
     refused(header + "p1,a,b,\np2,c,d,\n", ".csv", "row 1 has 4 fields", "header has 3")
     refused(header + "p1,a,b\np2,c\n", ".csv", "row 2 has 2 fields")
     refused(header + "p1,a,b\np2,c,c\n", ".csv", "pair 2 has the same chosen and rejected")
+    refused(header + "p1,a,b\n\" \",c,d\n,e,f\n", ".csv", "pair 2 has an empty prompt (2 pairs in all)")
+    refused('{"prompt": "\\t", "chosen": "a", "rejected": "b"}\n', ".jsonl", "pair 1 has an empty prompt")
     # pandas read True/false as booleans, then 1/0: the false pair flipped silently (JSON lines refuse them)
     refused("prompt,chosen,rejected,label\np1,a,b,True\np2,c,d,false\n", ".csv", "pair 1 has label 'True'")
     good = tmp_path / "good.csv"

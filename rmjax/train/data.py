@@ -80,6 +80,10 @@ def read_pairs(path: str | Path) -> Pairs:
     if len(bad):
         raise InputFileError(f"{path}: pair {bad[0] + 1} has label {df['label'].iloc[bad[0]]!r} ({len(bad)} pairs in "
                              "all); label must be a probability in [0, 1] on every pair, or leave the column out.")
+    blank = np.flatnonzero(~df["prompt"].astype(str).str.strip().astype(bool).to_numpy())
+    if len(blank):  # a blank cell trained on an empty user turn, unsaid
+        raise InputFileError(f"{path}: pair {blank[0] + 1} has an empty prompt ({len(blank)} pairs in all); every "
+                             "pair needs the prompt its responses answer.")
     same = np.flatnonzero((df["chosen"].astype(str) == df["rejected"].astype(str)).to_numpy())
     if len(same):  # no preference to learn, and scored wrong in held-out accuracy whatever the model does
         raise InputFileError(f"{path}: pair {same[0] + 1} has the same chosen and rejected response "
