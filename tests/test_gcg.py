@@ -217,6 +217,32 @@ def test_embed_reg_uses_true_embedding_distances():
     assert not np.array_equal(got, plain)  # the penalty changes the choice
 
 
+def test_an_embed_reg_near_float32s_largest_keeps_every_swap_in_distance_order():
+    """--embed_reg=3e38 passes the float32 check, but weight × distance / mean distance overflowed to +inf for every
+    token farther than the mean: all unproposed, unsaid. The scores keep the order of the float64 penalty."""
+    from rmjax.search.gcg_swaps import swap_scores
+
+    rng = np.random.default_rng(1)
+    embed = rng.normal(size=(50, 8)).astype(np.float32)
+    current = np.array([3, 17, 42])
+    grad = rng.normal(size=(3, 50)).astype(np.float32)
+    got = np.asarray(swap_scores(grad, np.zeros(50, bool), current, embed, 3e38))
+    assert np.isfinite(got).all()
+    dist = np.linalg.norm(embed[None, :, :].astype(np.float64) - embed[current][:, None, :], axis=-1)
+    want = grad + 3e38 * (dist / dist.mean())  # float64: no overflow; the gradient is below its resolution
+    # |e - c|² in float32 is off by at most δ = (H + 2)·u·(|e| + |c|)² (test_embed_reg_uses_true_embedding_distances),
+    # so a distance d ≥ sqrt(2δ) by at most δ / d; the division by the mean and the sum add a few u of it. Tokens
+    # whose distances differ by more than twice that are ranked as in float64.
+    delta = (8 + 2) * tolerance.U32 * (2 * np.linalg.norm(embed, axis=-1).max()) ** 2
+    for p in range(3):
+        others = np.setdiff1d(np.arange(50), current[p])
+        order = others[np.argsort(want[p, others], kind="stable")]
+        assert dist[p, others].min() ** 2 > 2 * delta
+        error = delta / dist[p, others].min() + 4 * tolerance.U32 * dist[p].max()
+        assert np.diff(dist[p, order]).min() > 2 * error  # the draw leaves no near-ties to break
+        np.testing.assert_array_equal(order, others[np.argsort(got[p, others], kind="stable")])
+
+
 def test_greedy_selection_swaps_n_replace_positions():
     """Issue 14: --selection=greedy made single swaps whatever n_replace, so the stall fallback (which raises
     n_replace) produced the same candidates again."""

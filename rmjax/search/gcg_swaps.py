@@ -45,9 +45,9 @@ def retokenizes(conversations, ids: list[int], expected: list[int]) -> bool:
 @jax.jit
 def swap_scores(loss_grad: jax.Array, banned: jax.Array, current: jax.Array, embed: jax.Array | None,
                 embed_reg: float) -> jax.Array:
-    """How much each swap (position, token) is expected to lower the loss, lower is better: the loss gradient
-    [N, V], plus the Faster-GCG embedding-distance penalty when `embed` is given; banned and non-finite
-    swaps at +inf. |e - c| comes from norms and one matmul: [N, V, hidden] is never built."""
+    """How much each swap (position, token) is expected to lower the loss, lower is better (only the order is
+    read): the loss gradient [N, V], plus the Faster-GCG embedding-distance penalty when `embed` is given; banned
+    and non-finite swaps at +inf. |e - c| comes from norms and one matmul: [N, V, hidden] is never built."""
     score = jnp.where(jnp.isfinite(loss_grad), loss_grad, jnp.inf)
     if embed is not None:
         here = embed[current]
@@ -55,7 +55,10 @@ def swap_scores(loss_grad: jax.Array, banned: jax.Array, current: jax.Array, emb
         cross = jnp.matmul(here, embed.T, precision=jax.lax.Precision.HIGHEST)
         sq = (embed**2).sum(-1)[None, :] + (here**2).sum(-1)[:, None] - 2.0 * cross
         dist = jnp.sqrt(jnp.maximum(sq, 0.0))
-        score = score + embed_reg * dist / (dist.mean() + 1e-9)
+        # lower is better is all that is read: past a weight of 1 both terms are divided by it, which keeps the order
+        # and keeps a weight near float32's largest (--embed_reg=3e38) from overflowing far tokens to +inf (unproposed)
+        scale = jnp.maximum(1.0, embed_reg)
+        score = score / scale + (embed_reg / scale) * dist / (dist.mean() + 1e-9)
     return jnp.where(banned[None, :], jnp.inf, score)
 
 
