@@ -49,7 +49,7 @@ def check_flags() -> None:
         search_only = ("lm", "judge", "forwards", "lam", "repetition_penalty", "top", "front_rows", "methods",
                        *(f.name for f in dataclasses.fields(FluentConfig) if f.name in flags.FLAGS))
         common.refuse_given("disagree --nosearch", search_only, "runs only the vocabulary map, which does not read it")
-    parse_sides(MODELS.value)
+    parse_sides(MODELS.value, flags.FLAGS["b_gradient"].value)
     common.checked_prompts()
 
 

@@ -535,6 +535,11 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
              ("experiments.analyze --elo=builtin --rbo_p=0.5", "--rbo_p applies to --scores"),
              ("experiments.audit --batteries=colour --out=results/a", "--batteries: colour unknown"),
              ("experiments.audit --n_boot=10 --out=results/a", "--n_boot=10: give at least 100"),
+             # refused in AuditSpec and run_disagree, after the VM was paid for (helper-120)
+             ("experiments.audit --allow_nonfinite --mesh=data:8,model:1 --out=results/a",
+              "--allow_nonfinite: an audit's statistics"),
+             ("experiments.disagree --models=a,implicit:c:r --b_gradient --mesh=data:8,model:1 --out=results/d",
+              "--b_gradient takes side B's reward gradient"),
              # an output the launch would not bring back: a TPU VM is deleted with it
              ("experiments.sweep --out=runs/s.csv", "--out=runs/s.csv is outside results/"),
              ("experiments.sweep --out=.", "--out=. is outside results/"),  # (a traceback: no first part)

@@ -69,8 +69,13 @@ class AuditSpec:
     def __post_init__(self):
         check_settings(self.batteries, self.n_boot, self.n_perm, self.seed, self.batch_size)
         object.__setattr__(self, "batteries", battery_lib.with_calibration(self.batteries))
-        if self.options.allow_nonfinite:
-            raise UsageError("--allow_nonfinite: an audit's statistics need every reward finite; leave it out.")
+        refuse_allow_nonfinite(self.options.allow_nonfinite)
+
+
+def refuse_allow_nonfinite(allow_nonfinite: bool) -> None:
+    """An audit's statistics need every reward finite: the flag is refused from the flags alone (a launch too)."""
+    if allow_nonfinite:
+        raise UsageError("--allow_nonfinite: an audit's statistics need every reward finite; leave it out.")
 
 
 def folder_paths(folder: str | Path) -> dict[str, Path]:

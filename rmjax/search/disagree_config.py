@@ -114,8 +114,9 @@ class DisagreeSpec:
                              "--search_width, or drop it.")
 
 
-def parse_sides(models: tuple[str, ...] | list[str]) -> tuple[SideSpec, SideSpec]:
-    """Two sides; side A a reward model (the search's gradient is its), refused in one line before loading."""
+def parse_sides(models: tuple[str, ...] | list[str], b_gradient: bool = False) -> tuple[SideSpec, SideSpec]:
+    """Two sides; side A a reward model (the search's gradient is its), refused in one line before loading, as is
+    --b_gradient with an implicit side B (it gives no reward gradient)."""
     if len(models) != 2:
         raise UsageError(f"--models takes two sides, A,B ({len(models)} given).")
     a, b = (SideSpec.parse(m) for m in models)
@@ -124,4 +125,7 @@ def parse_sides(models: tuple[str, ...] | list[str]) -> tuple[SideSpec, SideSpec
                          "model; put the implicit side second (--direction=b_over_a searches the other way).")
     if same_model(a.text, b.text):  # rm and rm/ (or ./rm) are one model: a map of gaps 0, tau 1
         raise UsageError(f"--models: both sides are {a.text}; a model does not disagree with itself.")
+    if b.implicit and b_gradient:
+        raise UsageError(f"--b_gradient takes side B's reward gradient, and side B ({b.text}) is an implicit reward, "
+                         "which gives none; drop --b_gradient.")
     return a, b

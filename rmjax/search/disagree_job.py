@@ -70,9 +70,6 @@ def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> tuple[str, i
             require_prior_config(config_of(source), source, f"--models implicit {name}")
     else:
         require_reward_model(config_of(b.models[0]), b.models[0], "side B", column)
-    if b.implicit and spec.config.b_gradient:
-        raise UsageError(f"--b_gradient takes side B's reward gradient, and side B ({b.text}) is an implicit reward, "
-                         "which gives none; drop --b_gradient.")
     judge = spec.judge or default_judge(rm_config)
     if spec.config.search:  # the map alone needs no prior and no judge
         for flag, source in (("--lm", spec.lm or a.models[0]), ("--judge", judge)):
@@ -138,7 +135,7 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
     if not spec.config.search:  # the map alone reads no prior: not loaded, not counted (the entry refuses --lm)
         spec = dataclasses.replace(spec, lm=None)
     o, cfg = spec.options, spec.config
-    a, b = parse_sides(spec.models)
+    a, b = parse_sides(spec.models, cfg.b_gradient)
     if o.model != a.models[0]:
         raise UsageError(f"options.model ({o.model}) is not side A ({a.models[0]}).")
     judge, batch_size = _check_configs(spec, a, b)
