@@ -385,3 +385,39 @@ def test_pad_rows_puts_each_rows_tokens_at_the_side_asked():
     assert mask.tolist() == [[False, False, True, True], [False, True, True, True], [False] * 4]
     ids, mask = batching.pad_rows([[1, 2], [3, 4, 5]], side="right", pad_id=9)
     assert ids.tolist() == [[1, 2, 9], [3, 4, 5]] and mask.tolist() == [[True, True, False], [True, True, True]]
+
+
+def test_an_item_a_token_decodes_to_exactly_is_matched_before_its_leading_space_form():
+    """Mutant: the leading-space form tried first. The documented order: the token that decodes to the item
+    ('exact'), else the one decoding to ' ' + item. By hand: 'cat' has both, 'dog' only ' dog', 'emu' neither."""
+    frame = pd.DataFrame({"token_id": [10, 11, 12, 13], "token_decoded": [" cat", "cat", " dog", "x"],
+                          "p": [0.1, 0.2, 0.3, 0.4]})
+    found = elo.item_tokens(ScoreTable("m", "m", frame, "token_decoded"), ["cat", "dog", "emu"]).set_index("name")
+    assert found.loc["cat", ["match", "row", "token_id"]].tolist() == ["exact", 1, 11]
+    assert found.loc["dog", ["match", "row", "token_id"]].tolist() == ["leading_space", 2, 12]
+    assert found.loc["emu", ["match", "row"]].tolist() == ["not_a_single_token", -1]
+
+
+def test_a_model_outside_every_family_joins_none():
+    """Mutant `families.get(model) == family` -> `families.get(model, family) == family`: a model the families do
+    not name was pooled into every family. By hand: family F holds model a only."""
+    lexicon = {"agency": ["achiev*"], "communion": ["care"]}
+    strings = ["achieve", "care", "x"]
+    a = _table(strings, {"p": np.array([3.0, 1.0, 2.0])}, "a")
+    stray = _table(strings, {"p": np.array([1.0, 3.0, 2.0])}, "stray")
+    got = bigtwo.bigtwo_family_comparison([a, stray], ["p"], lexicon, {"a": "F"}).set_index("family")
+    assert list(got.index) == ["F"] and got.loc["F", "models"] == "a"
+    assert (got.loc["F", "n_agency"], got.loc["F", "n_communion"], got.loc["F", "rank_biserial"]) == (1, 1, 1.0)
+
+
+def test_heterogeneity_rbo_uses_the_depth_asked():
+    """Mutant: heterogeneity's RBO at the default depth 132 whatever --rbo_depth says. Reference: the truncated sum
+    (1 - p) sum_{k<=d} p^(k-1) |A[:k] & B[:k]| / k over the rankings by hand (highest first), d = 3."""
+    aligned = pd.DataFrame({"a": [6.0, 5.0, 4.0, 3.0, 2.0, 1.0], "b": [5.0, 6.0, 1.0, 4.0, 3.0, 2.0]},
+                           index=["u", "v", "w", "x", "y", "z"])
+    ranking_a, ranking_b = list("uvwxyz"), list("vuxyzw")
+    p, depth = 0.8, 3
+    want = (1 - p) * sum(p ** (k - 1) * len(set(ranking_a[:k]) & set(ranking_b[:k])) / k for k in range(1, depth + 1))
+    got = paper1.heterogeneity(aligned, rbo_p=p, rbo_depth=depth)["rbo"]
+    assert got.loc["a", "b"] == pytest.approx(want, abs=1e-15)
+    assert got.loc["a", "a"] == pytest.approx(1 - p**depth, abs=1e-15)
