@@ -29,6 +29,7 @@ def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     from rmjax.audit.job import check_settings, refuse_allow_nonfinite
 
+    common.check_out(OUT.value)
     common.refuse_given("the audit", ("prompts", "prompt"), "scores its batteries' own prompts (rmjax/data/audit)")
     refuse_allow_nonfinite(common.ALLOW_NONFINITE.value)
     check_settings(tuple(BATTERIES_FLAG.value), N_BOOT.value, N_PERM.value, SEED.value, BATCH_SIZE.value)

@@ -38,9 +38,15 @@ flags.adopt_module_key_flags(config_flags)
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     common.refuse_blank_models("lm")
-    common.checked_prompts()
-    if BEAM_CONFIG(template=common.TEMPLATE.value).exhaustive:
+    common.check_out(OUT.value, file=True)
+    common.checked_result_prompts()
+    from rmjax.search.beam import check_candidate_set
+
+    cfg = BEAM_CONFIG(template=common.TEMPLATE.value)
+    if cfg.exhaustive:
         common.refuse_given("beam --exhaustive", ("beam",), "scores every sequence and keeps no beam")
+    check_candidate_set(cfg, bool(candidates.TOKEN_IDS.value or candidates.VOCAB_FILE.value) or LIMIT.value is not None)
+    candidates.refuse_two_sets()
     candidates.refuse_limit_keeping_all(LIMIT.value)
 
 

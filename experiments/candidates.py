@@ -17,6 +17,14 @@ VOCAB_FILE = flags.DEFINE_string("vocab_file", None,
 flags.declare_key_flag("token_ids")  # so that sweep and beam, adopting this module's flags, list it
 
 
+def refuse_two_sets() -> None:
+    """--token_ids and --vocab_file: the job's refusal (rmjax.text.candidates.refuse_two_candidate_sets), from the
+    flags alone."""
+    from rmjax.text.candidates import refuse_two_candidate_sets
+
+    refuse_two_candidate_sets(token_ids(), VOCAB_FILE.value)
+
+
 def refuse_limit_keeping_all(limit: int | None) -> None:
     """With --token_ids the candidates are known from the flags alone, so a --limit that keeps them all is refused
     here, where a launch reads the job's line (experiments.job_line), not only once the model's tokenizer is read."""

@@ -110,6 +110,36 @@ def checked_prompts() -> dict[str, str] | None:
     return resolved_prompts()
 
 
+def checked_result_prompts() -> dict[str, str] | None:
+    """`checked_prompts`, each name checked as the jobs that write a table of one column per prompt check it (a name
+    may not be a key column of the result: rmjax.text.prompts.check_prompt_names)."""
+    from rmjax.runs.results import NON_VALUE_COLUMNS
+    from rmjax.text.prompts import check_prompt_names
+
+    prompts = checked_prompts()
+    if prompts is not None:
+        check_prompt_names(prompts, NON_VALUE_COLUMNS)
+    return prompts
+
+
+def check_out(out: str | None, file: bool = False) -> None:
+    """--out as the job refuses it from the flags alone: empty (`options`), or, for a `file` output, ending in a
+    separator as a folder does (the claim's rmjax.runs.paths.refuse_folder_name); where a launch reads its line too."""
+    from rmjax.runs.paths import refuse_empty_out, refuse_folder_name
+
+    refuse_empty_out(out)
+    if file and out:
+        refuse_folder_name(out)
+
+
+def mesh_data_size() -> int | None:
+    """The data axis --mesh gives (1 without --mesh; None for data:-1, the devices the job will find)."""
+    from rmjax.parallel.mesh_spec import parse_mesh_spec
+
+    size = parse_mesh_spec(MESH.value)["data"] if MESH.value else 1
+    return None if size == -1 else size
+
+
 def refuse_empty_responses(flag: str, texts: list[str], instead: str = "") -> None:
     """A blank item of a response list is a stray comma, not a response to score or inspect."""
     if any(not t.strip() for t in texts):

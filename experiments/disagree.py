@@ -42,14 +42,18 @@ flags.adopt_module_key_flags(config_flags)
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     common.refuse_blank_models("lm", "judge")
-    from rmjax.search.disagree_config import parse_sides
+    from rmjax.search.disagree_config import check_screen, parse_sides, refuse_column_read_as_lm
 
     common.refuse_given("disagree", ("model",), "takes its two sides from --models (side A first)")
     if not flags.FLAGS["search"].value:  # read by the search alone: given, they were recorded and ignored
         search_only = ("lm", "judge", "forwards", "lam", "repetition_penalty", "top", "front_rows", "methods",
                        *(f.name for f in dataclasses.fields(FluentConfig) if f.name in flags.FLAGS))
         common.refuse_given("disagree --nosearch", search_only, "runs only the vocabulary map, which does not read it")
-    parse_sides(MODELS.value, flags.FLAGS["b_gradient"].value)
+    a, b = parse_sides(MODELS.value, flags.FLAGS["b_gradient"].value)
+    refuse_column_read_as_lm(a, b, lm_flag.LM.value if flags.FLAGS["search"].value else None,
+                             common.OUTPUT_COLUMN.value)
+    check_screen(DISAGREE_CONFIG().screen, SEARCH_CONFIG().search_width)
+    common.check_out(OUT.value)
     common.checked_prompts()
 
 

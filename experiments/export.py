@@ -25,6 +25,7 @@ for _name in ("model", "dtype", "mesh", "coordinator", "num_processes", "process
 
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    common.check_out(OUT.value)
     if common.OUTPUT_COLUMN.present:  # a given --output_column is a mistake, not something to ignore
         raise UsageError(f"--output_column={common.OUTPUT_COLUMN.value}: export writes the whole model, every "
                          "output of its reward head; leave --output_column out.")

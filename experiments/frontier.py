@@ -32,8 +32,13 @@ flags.adopt_module_key_flags(config_flags)
 
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    from rmjax.search.frontier_job import check_one_prompt
+
     common.refuse_blank_models("lm", "judge")
-    common.checked_prompts()
+    common.check_out(OUT.value)
+    prompts = common.checked_prompts()
+    if prompts is not None:
+        check_one_prompt(prompts)
 
 
 def main(argv):

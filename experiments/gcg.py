@@ -32,6 +32,7 @@ flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort l
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     common.refuse_blank_models("lm")
+    common.check_out(OUT.value, file=True)
     if common.MODEL.value:  # the job's own reading of its models (an empty item, a model twice)
         from rmjax.search.gcg_job import model_specs
 

@@ -49,7 +49,9 @@ def _responses_given() -> list[str]:
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     from rmjax.errors import UsageError
+    from rmjax.inspect.job import check_settings
 
+    common.check_out(OUT.value)
     prompts = common.checked_prompts()
     if prompts is not None and len(prompts) != 1:
         alone = " (--prompts defaults to greatest: pass --prompts= with --prompt)" if common.PROMPT.value else ""
@@ -61,6 +63,7 @@ def check_flags() -> None:
         common.refuse_given("inspect --responses", ("top", "depth"), "inspects the responses given")
     elif FROM_SWEEP.value:
         common.refuse_given("inspect --from_sweep", ("depth",), "reads one-token responses")
+    check_settings(BATCH_SIZE.value, IG_TOLERANCE.value, STEPS.value, IG_MAX_EVALUATIONS.value)
 
 
 def main(argv):

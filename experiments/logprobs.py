@@ -21,7 +21,8 @@ flags.FLAGS.set_default("model", common.DEFAULT_LM)
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     common.refuse_output_column("logprobs (a causal LM's next-token log-probs)")
-    common.checked_prompts()
+    common.check_out(OUT.value, file=True)
+    common.checked_result_prompts()
 
 
 def main(argv):

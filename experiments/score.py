@@ -55,14 +55,19 @@ def read_texts() -> list[str]:
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
     from rmjax.errors import UsageError
+    from rmjax.scoring.texts import check_z_sample, refuse_repeated_texts
 
+    common.check_out(OUT.value, file=True)
     if OUT.value is None:
         common.refuse_given("score without --out", ("overwrite",), "writes nothing to replace")
+    else:  # a written table's rows are keyed by their text (--texts_file's lines are read on the job's machine)
+        refuse_repeated_texts(TEXTS.value)
     common.refuse_empty_responses("--texts", list(TEXTS.value), ", or put an empty response's neighbours in "
                                   "--texts_file")
     if not TEXTS.value and not TEXTS_FILE.value:
         raise UsageError("give responses with --texts=a,b,c or --texts_file=FILE.")
-    common.checked_prompts()
+    check_z_sample(Z_SAMPLE.value)
+    common.checked_result_prompts()
 
 
 def main(argv):

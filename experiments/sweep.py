@@ -33,10 +33,12 @@ flags.adopt_module_key_flags(candidates)
 
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
-    common.checked_prompts()
+    common.check_out(OUT.value, file=True)
+    common.checked_result_prompts()
     if MODE.value != "text":
         common.refuse_given("sweep --mode=token", ("text_add_special_tokens",), "places token ids in the template "
                             "(--text_add_special_tokens applies to --mode=text)")
+    candidates.refuse_two_sets()
     candidates.refuse_limit_keeping_all(LIMIT.value)
 
 

@@ -75,6 +75,11 @@ def check_flags() -> None:
         common.refuse_given("train_rm --pairs", ("n_train", "n_heldout", "soft"), "trains on the pairs given "
                             "(--n_train, --n_heldout and --soft build pairs from --elo)")
     cfg = TRAIN_CONFIG(template=common.TEMPLATE.value)
+    from rmjax.train.settings import check_batch_on_data, check_sharding_on_data
+
+    data = common.mesh_data_size()  # the job checks them against its mesh, before loading
+    check_batch_on_data(cfg, data)
+    check_sharding_on_data(cfg, data)
     if cfg.warmup_steps >= cfg.steps:  # the schedule stretched to fit: the peak learning rate was never reached
         given = "" if cfg_flags["warmup_steps"].present else ", the default"
         raise UsageError(f"--steps={cfg.steps} ends before the warmup does (--warmup_steps={cfg.warmup_steps}{given}): "

@@ -540,6 +540,41 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
               "--allow_nonfinite: an audit's statistics"),
              ("experiments.disagree --models=a,implicit:c:r --b_gradient --mesh=data:8,model:1 --out=results/d",
               "--b_gradient takes side B's reward gradient"),
+             # refused in the jobs' run_* functions, specs and claims before loading, from the flags alone, after the
+             # VM was paid for (helper-121)
+             ("experiments.sweep --out= --mesh=data:8,model:1", "--out is empty"),
+             ("experiments.audit --out= --mesh=data:8,model:1", "--out is empty"),
+             ("experiments.gcg --out=results/g/ --mesh=data:8,model:1", "--out=results/g/ ends in a separator"),
+             ("experiments.sweep --token_ids=1,2 --vocab_file=rmjax/data/prompts.yaml --mesh=data:8,model:1 "
+              "--out=results/s.csv", "give the candidate set once"),
+             ("experiments.beam --token_ids=1,2 --vocab_file=rmjax/data/prompts.yaml --mesh=data:8,model:1 "
+              "--out=results/b.csv", "give the candidate set once"),
+             ("experiments.beam --exhaustive --mesh=data:8,model:1 --out=results/b.csv",
+              "--exhaustive enumerates |S|^depth sequences"),
+             ("experiments.logprobs --prompts= --prompt=token_id=Hi --mesh=data:8,model:1 --out=results/l.csv",
+              "prompt name 'token_id' is a key column"),
+             ("experiments.score --texts=a --z_sample=1 --mesh=data:8,model:1 --out=results/t.csv", "--z_sample=1"),
+             ("experiments.score --texts=a,a --mesh=data:8,model:1 --out=results/t.csv", "the response 'a' is given 2"),
+             ("experiments.frontier --prompts=greatest,best --mesh=data:8,model:1 --out=results/f",
+              "the frontier runs one prompt per job"),
+             ("experiments.inspect --responses=a --ig_tolerance=nan --mesh=data:8,model:1 --out=results/i",
+              "--ig_tolerance=nan: give a finite number"),
+             ("experiments.inspect --responses=a --steps=64 --ig_max_evaluations=10 --mesh=data:8,model:1 "
+              "--out=results/i", "--ig_max_evaluations=10 is fewer than"),
+             ("experiments.inspect --responses=a --batch_size=2000 --mesh=data:8,model:1 --out=results/i",
+              "--batch_size=2000 is more than the 1024"),
+             ("experiments.train_rm --elo=builtin --remat --head_out=results/h --mesh=data:8,model:1",
+              "--fsdp and --remat act on trained layers"),
+             ("experiments.train_rm --elo=builtin --trainable=full --fsdp --export=results/e --mesh=data:1,model:8",
+              "--fsdp splits the trained weights over the mesh's data axis"),
+             ("experiments.train_rm --elo=builtin --batch_size=6 --head_out=results/h --mesh=data:8,model:1",
+              "--batch_size=6: each step's pairs are split over the mesh's data axis of size 8"),
+             ("experiments.train_rm --elo=builtin --head_out=results/h/ --mesh=data:8,model:1",
+              "--head_out=results/h/ ends in a separator"),
+             ("experiments.disagree --models=a,b --screen=600 --search_width=512 --mesh=data:8,model:1 "
+              "--out=results/d", "--screen=600 keeps every one of --search_width=512"),
+             ("experiments.disagree --models=a,b --lm=a --output_column=1 --mesh=data:8,model:1 --out=results/d",
+              "--output_column=1 reads a's reward output 1"),
              # an output the launch would not bring back: a TPU VM is deleted with it
              ("experiments.sweep --out=runs/s.csv", "--out=runs/s.csv is outside results/"),
              ("experiments.sweep --out=.", "--out=. is outside results/"),  # (a traceback: no first part)

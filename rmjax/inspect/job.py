@@ -237,19 +237,25 @@ class InspectSpec:
     source_flag: str = "--from_sweep"  # the flag that gave `source`, for its messages and .meta.json
 
 
+def check_settings(batch_size: int, tolerance: float, steps: int, max_evaluations: int) -> None:
+    """The integrated gradients' settings, refused before anything loads by the job and from its flags alone (where
+    a launch reads its line)."""
+    check_batch_size(batch_size)  # what its plan refuses too
+    if not math.isfinite(tolerance) or tolerance < 0:  # NaN refined to the cap, then failed to write
+        raise UsageError(f"--ig_tolerance={tolerance}: give a finite number >= 0 (a relative gap).")
+    first = first_points(steps)  # the path's first grid, all evaluated (an odd --steps rounds up a panel)
+    if max_evaluations < first:  # it checked steps + 1: --steps=3 spent 5 of --ig_max_evaluations=4
+        raise UsageError(f"--ig_max_evaluations={max_evaluations} is fewer than the --steps={steps} path's "
+                         f"{first} points, which are all evaluated; give --ig_max_evaluations >= {first} or fewer "
+                         "--steps.")
+
+
 def run_inspect(spec: InspectSpec) -> dict:
     """The inspect job: the responses tokenized with the model's tokenizer and the identity computed without its
     weights → claim options.out once → unless a finished result of the same inputs is there, load, compute and
     write (`write_inspect`). Returns the summary (also in .meta.json)."""
     o, (name, text) = spec.options, spec.prompt
-    check_batch_size(spec.batch_size)  # what its plan refuses, refused before anything loads
-    if not math.isfinite(spec.tolerance) or spec.tolerance < 0:  # NaN refined to the cap, then failed to write
-        raise UsageError(f"--ig_tolerance={spec.tolerance}: give a finite number >= 0 (a relative gap).")
-    first = first_points(spec.steps)  # the path's first grid, all evaluated (an odd --steps rounds up a panel)
-    if spec.max_evaluations < first:  # it checked steps + 1: --steps=3 spent 5 of --ig_max_evaluations=4
-        raise UsageError(f"--ig_max_evaluations={spec.max_evaluations} is fewer than the --steps={spec.steps} path's "
-                         f"{first} points, which are all evaluated; give --ig_max_evaluations >= {first} or fewer "
-                         "--steps.")
+    check_settings(spec.batch_size, spec.tolerance, spec.steps, spec.max_evaluations)
     config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
     require_reward_model(config, o.model, "inspect", o.output_column)
     # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads

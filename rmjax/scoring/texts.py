@@ -229,14 +229,29 @@ class Scored:
     out: Path | None
 
 
+def check_z_sample(z_sample: int) -> None:
+    """An SD needs two tokens: refused by the job and from its flags alone (where a launch reads its line)."""
+    if z_sample == 1 or z_sample < 0:
+        raise UsageError(f"--z_sample={z_sample}: give 0 (no z-scores) or at least 2 tokens (an SD needs 2).")
+
+
+def refuse_repeated_texts(texts: list[str] | tuple[str, ...]) -> None:
+    """A written table's rows are keyed by their text: two alike would be one response twice (refused by the job
+    with --out, and from --texts alone where a launch reads its line)."""
+    texts = list(texts)
+    repeated = [t for t, n in collections.Counter(texts).items() if n > 1]
+    if repeated:
+        raise UsageError(f"the response {repeated[0]!r} is given {texts.count(repeated[0])} times"
+                         f"{f' ({len(repeated)} responses repeat)' if len(repeated) > 1 else ''}; give each once.")
+
+
 def run_score(spec: ScoreSpec) -> Scored:
     """The score job: identity (without loading the model) → with options.out, claim it once → unless a finished
     result of the same inputs is there, load and score → the CSV and its .meta.json (recording the z scale).
     Without options.out nothing is claimed or written."""
     o, texts = spec.options, list(spec.texts)
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
-    if spec.z_sample == 1 or spec.z_sample < 0:
-        raise UsageError(f"--z_sample={spec.z_sample}: give 0 (no z-scores) or at least 2 tokens (an SD needs 2).")
+    check_z_sample(spec.z_sample)
     config, tokenizer = job_config_and_tokenizer(o)  # the kind of model and each prompt's room, before the weights
     require_reward_model(config, o.model, "text scoring", o.output_column)
     for text in spec.prompts.values():  # a response past the context too (as scoring would, after loading)
@@ -247,10 +262,7 @@ def run_score(spec: ScoreSpec) -> Scored:
         scores, _ = _scored(model, spec.prompts, texts, o.template, spec.batch_size, False, o.allow_nonfinite)
         return Scored(scores, z_scale(model, spec.prompts, spec.z_sample, o.template, spec.batch_size,
                                       o.allow_nonfinite), None)
-    repeated = [t for t, n in collections.Counter(texts).items() if n > 1]
-    if repeated:  # a written table's rows are keyed by their text: two alike would be one response twice
-        raise UsageError(f"the response {repeated[0]!r} is given {texts.count(repeated[0])} times"
-                         f"{f' ({len(repeated)} responses repeat)' if len(repeated) > 1 else ''}; give each once.")
+    refuse_repeated_texts(texts)
     identity = text_scores_identity(job_fingerprint(o), dtype=o.dtype, prompts=spec.prompts, texts=texts,
                                     output_column=o.output_column, template=o.template, z_sample=spec.z_sample)
     with claim_job(o, identity) as job:

@@ -195,8 +195,7 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
 
 def _requested(spec: BeamSpec) -> tuple[list[str] | None, str | None]:
     """(the lines of `vocab_file` or None, the candidate set as requested: part of the identity)."""
-    if spec.token_ids is not None and spec.vocab_file:
-        raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
+    candidate_set.refuse_two_candidate_sets(spec.token_ids, spec.vocab_file)
     lines = candidate_set.read_vocab_file(spec.vocab_file) if spec.vocab_file else None
     check_candidate_set(spec.config, spec.token_ids is not None or lines is not None or spec.limit is not None)
     return lines, candidate_set.identity_of_candidates(spec.token_ids, lines)

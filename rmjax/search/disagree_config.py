@@ -108,10 +108,26 @@ class DisagreeSpec:
 
     def __post_init__(self):
         checks.validate(self, {"batch_size": checks.NON_NEGATIVE})
-        if self.config.screen >= self.search.search_width:  # B would score every candidate: no screen at all
-            raise UsageError(f"--screen={self.config.screen} keeps every one of --search_width="
-                             f"{self.search.search_width} candidates, which screens nothing; give --screen below "
-                             "--search_width, or drop it.")
+        check_screen(self.config.screen, self.search.search_width)
+
+
+def check_screen(screen: int, search_width: int) -> None:
+    """B would score every candidate: no screen at all. Refused in DisagreeSpec and from the flags alone (a
+    launch's line)."""
+    if screen >= search_width:
+        raise UsageError(f"--screen={screen} keeps every one of --search_width={search_width} candidates, which "
+                         "screens nothing; give --screen below --search_width, or drop it.")
+
+
+def refuse_column_read_as_lm(a: SideSpec, b: SideSpec, lm: str | None, column: int) -> None:
+    """One model loaded once: read as an LM (--lm or an implicit side) it reads column 0, and its rewards would too.
+    Refused before loading (run_disagree) and from the flags alone (where a launch reads the job's line)."""
+    lms = set(b.models if b.implicit else ()) | ({lm} if lm else set())
+    read_as_lm = [m for m in (a.models[0], *([] if b.implicit else b.models)) if m in lms]
+    if column and read_as_lm:
+        raise UsageError(f"--output_column={column} reads {read_as_lm[0]}'s reward output {column}, and it is also "
+                         "read as a language model here (--lm or an implicit side), which loads it without one; "
+                         "give --lm another model, or drop --output_column.")
 
 
 def parse_sides(models: tuple[str, ...] | list[str], b_gradient: bool = False) -> tuple[SideSpec, SideSpec]:

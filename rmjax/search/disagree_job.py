@@ -33,7 +33,7 @@ from rmjax.search.baseline import best_of_n, distinct_samples
 from rmjax.search.budget import BudgetSpent, Forwards
 from rmjax.search.completion import require_prior_config, same_tokenizer
 from rmjax.search.disagree import Disagreement, map_rewards, shared_strings, twin_map, vocab_map
-from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec, parse_sides
+from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec, parse_sides, refuse_column_read_as_lm
 from rmjax.search.fluent import fluent_search
 from rmjax.search.frontier_job import BEST_OF_N, OWN_PRIOR_DRAWS, default_judge, left_out
 from rmjax.search.frontier_unit import search_rows
@@ -59,12 +59,7 @@ def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> tuple[str, i
     the judge's spec and the map's batch size (_check_prompts)."""
     rm_config, column = config_of(a.models[0]), spec.options.output_column
     require_reward_model(rm_config, a.models[0], "the disagreement search's side A", column)
-    lms = set(b.models if b.implicit else ()) | ({spec.lm} if spec.lm else set())
-    read_as_lm = [m for m in (a.models[0], *([] if b.implicit else b.models)) if m in lms]
-    if column and read_as_lm:  # one model loaded once: as an LM it read column 0, and its rewards did too
-        raise UsageError(f"--output_column={column} reads {read_as_lm[0]}'s reward output {column}, and it is also "
-                         "read as a language model here (--lm or an implicit side), which loads it without one; "
-                         "give --lm another model, or drop --output_column.")
+    refuse_column_read_as_lm(a, b, spec.lm, column)
     if b.implicit:
         for name, source in zip(("CHOSEN", "REFERENCE"), b.models, strict=True):
             require_prior_config(config_of(source), source, f"--models implicit {name}")

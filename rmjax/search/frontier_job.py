@@ -150,14 +150,19 @@ def left_out(cfg) -> dict:
     return candidate_set.left_out_rule(cfg.allow_non_ascii, cfg.allow_special)
 
 
+def check_one_prompt(prompts: dict[str, str]) -> None:
+    """The frontier runs one prompt per job: refused by the job and from its flags alone (a launch's line)."""
+    if len(prompts) != 1:
+        raise UsageError(f"the frontier runs one prompt per job ({len(prompts)} given: "
+                         f"{', '.join(list(prompts)[:4])}); give a single prompt's name, or --prompts= with "
+                         "--prompt.")
+
+
 def run_frontier(spec: FrontierSpec) -> Path | None:
     """Checks and identity without loading a model → claim DIR/frontier.csv → load the RM, prior and judge (the
     prior's and judge's LM heads checked from their configs first) → units (resumable) → CSV, PNG, .meta.json."""
     o = spec.options
-    if len(spec.prompts) != 1:
-        raise UsageError(f"the frontier runs one prompt per job ({len(spec.prompts)} given: "
-                         f"{', '.join(list(spec.prompts)[:4])}); give a single prompt's name, or --prompts= with "
-                         "--prompt.")
+    check_one_prompt(spec.prompts)
     swept = _read_sweep(spec, job_fingerprint(o)) if spec.sweep else None  # before any model loads
     rm_config = config_of(o.model)
     require_reward_model(rm_config, o.model, "the frontier", o.output_column)

@@ -42,6 +42,7 @@ from rmjax.text.candidates import (
     candidate_ids,
     identity_of_candidates,
     read_vocab_file,
+    refuse_two_candidate_sets,
     roundtrip_mask,
     single_token_ids,
 )
@@ -174,8 +175,7 @@ def run_sweep(spec: SweepSpec) -> Path:
     o = spec.options
     _check_mode(spec.mode)
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
-    if spec.token_ids is not None and spec.vocab_file:
-        raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
+    refuse_two_candidate_sets(spec.token_ids, spec.vocab_file)
     lines = read_vocab_file(spec.vocab_file) if spec.vocab_file else None
     check_limit(o.model, spec.token_ids, lines, spec.limit, spec.vocab_file)
     identity = sweep_identity(job_fingerprint(o), dtype=o.dtype, output_column=o.output_column, prompts=spec.prompts,

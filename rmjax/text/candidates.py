@@ -83,6 +83,13 @@ def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) ->
     return min(n, limit) if limit is not None else n
 
 
+def refuse_two_candidate_sets(token_ids, vocab_file: str | None) -> None:
+    """The candidate set is given once: --token_ids or --vocab_file (sweep, beam; and from the flags alone, where a
+    launch reads the job's line)."""
+    if token_ids is not None and vocab_file:
+        raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
+
+
 def refuse_limit_keeping_all(limit: int | None, n: int) -> None:
     """A --limit that keeps all `n` candidates changes nothing, yet the identity would record it as if it had kept
     fewer."""

@@ -166,6 +166,8 @@ def check_head_out(head_out: str | Path | None, trainable: str) -> None:
         raise UsageError(f"--head_out writes the score head alone, and --trainable={trainable} trains backbone layers "
                          "too, which it would not write (on the base model the head scores other numbers); use "
                          "--export=DIR for the whole model.")
+    if head_out:
+        refuse_folder_name(head_out, "--head_out")  # Path() below drops a trailing '/': a file `dir` was written
 
 
 def head_recipe_path(head_out: Path) -> Path:
@@ -214,8 +216,6 @@ def run_training(
                          "one-output score head on a causal LM or a plain reward model: give its base LM.")
     check_context(lm_spec, (train, heldout), cfg.template)
     check_head_out(head_out, cfg.trainable)
-    if head_out:
-        refuse_folder_name(head_out, "--head_out")  # Path() below drops a trailing '/': a file `dir` was written
     identity = training_identity(lm_spec, train, heldout, cfg, dtype)
     workdir = Path(workdir) if workdir else default_workdir(lm_spec, identity)
     print(f"workdir: {workdir}", file=sys.stderr)

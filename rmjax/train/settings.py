@@ -83,19 +83,30 @@ CHECKPOINT_FORMAT = 2
 
 def check_batch_on_mesh(cfg: TrainConfig, mesh: jax.sharding.Mesh | None) -> None:
     """Each step's pairs are split evenly over `data`: refuse a batch size it does not divide (before loading)."""
-    data = batching.data_shards(mesh)
-    if cfg.batch_size % data:
+    check_batch_on_data(cfg, batching.data_shards(mesh))
+
+
+def check_batch_on_data(cfg: TrainConfig, data: int | None) -> None:
+    """`check_batch_on_mesh` for a data axis of size `data` (None: not known from the flags, --mesh=data:-1): also
+    from the flags alone, where a launch reads the job's line."""
+    if data is not None and cfg.batch_size % data:
         raise UsageError(f"--batch_size={cfg.batch_size}: each step's pairs are split over the mesh's data axis of "
-                         f"size {data}; use a multiple of {data} (e.g. {batching.round_up(cfg.batch_size, mesh)}).")
+                         f"size {data}; use a multiple of {data} (e.g. {batching.bucket(cfg.batch_size, data)}).")
 
 
 def check_sharding_settings(cfg: TrainConfig, mesh: jax.sharding.Mesh | None) -> None:
     """--fsdp and --remat that would change nothing are refused, not recorded in the run's identity as used: both
     act on trained layers (head-only training has none), and FSDP splits over a data axis (none without --mesh)."""
+    check_sharding_on_data(cfg, batching.data_shards(mesh))
+
+
+def check_sharding_on_data(cfg: TrainConfig, data: int | None) -> None:
+    """`check_sharding_settings` for a data axis of size `data` (None: not known from the flags, --mesh=data:-1):
+    also from the flags alone, where a launch reads the job's line."""
     if cfg.trainable == "head" and (cfg.fsdp or cfg.remat):
         raise UsageError("--fsdp and --remat act on trained layers, and --trainable=head trains none (its features "
                          "are computed once); leave them out.")
-    if cfg.fsdp and batching.data_shards(mesh) == 1:
+    if cfg.fsdp and data == 1:
         raise UsageError("--fsdp splits the trained weights over the mesh's data axis, and this run has none of size "
                          "> 1; give --mesh=data:N,... or leave --fsdp out.")
 
