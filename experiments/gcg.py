@@ -31,8 +31,12 @@ flags.adopt_module_key_flags(config_flags)  # the generated flags: --helpshort l
 
 def check_flags() -> None:
     """What the job refuses from its flags alone: first thing in main, and where a launch reads its line."""
+    from rmjax.search.gcg_config import check_search_width
+
     common.refuse_blank_models("lm")
     common.check_out(OUT.value, file=True)
+    check_search_width(GCG_CONFIG(template=common.TEMPLATE.value, allow_nonfinite=common.ALLOW_NONFINITE.value,
+                                  token_ids=tuple(token_ids.token_ids() or ())))  # by --topk alone, as run_gcg
     if common.MODEL.value:  # the job's own reading of its models (an empty item, a model twice)
         from rmjax.search.gcg_job import model_specs
 

@@ -180,6 +180,19 @@ def _refuse_one_chip(job: str, tpu_type: str) -> None:
               "without --mesh picks one).")
 
 
+def _refuse_processes(values: flags.FlagValues, tpu: bool) -> None:
+    """The multi-process flags as the job checks them when it starts (rmjax.parallel.distributed.check_processes),
+    where the coordinator is known here: given on the line, or on a TPU VM $RMJAX_COORDINATOR=auto, which
+    launch/tpu_vm.sh sets (a GPU host's environment is not known here; what it leaves unset is not refused)."""
+    from rmjax.parallel.distributed import check_processes
+
+    if "coordinator" not in values:
+        return
+    coordinator = values.coordinator or ("auto" if tpu else None)
+    if coordinator:
+        check_processes(coordinator, values.num_processes, values.process_id)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) not in (2, 3):
         _fail("give the job's command line as one argument (and a TPU type)")
@@ -212,6 +225,7 @@ def main(argv: list[str]) -> None:
         for build in config_flags.builders(module):  # the job's settings, checked as the job checks them
             build()
         module.check_flags()  # and what else the job refuses from its flags alone
+        _refuse_processes(flags.FLAGS, len(argv) == 3)  # and as it starts, before any device is touched
     except RmjaxError as refused:
         _fail(f"experiments.{job} would refuse it: {one_line(refused)}")
     _refuse_uncollected(job, flags.FLAGS)

@@ -92,6 +92,7 @@ def check_flags() -> None:
     """What the plan refuses from its flags alone: first thing in main, and where a launch reads its line."""
     common.refuse_system_prompt("plan", "sizes conversations with the chat template's own system turn")
     from rmjax.errors import UsageError
+    from rmjax.plan.spec import slice_and_mesh
 
     if OUT.value and not OUT.value.strip():  # --out=' ' wrote the plan to a file named ' ' (--out= writes none)
         raise UsageError(f"--out={OUT.value!r} is blank; give the file to write the plan to, or leave --out out.")
@@ -107,6 +108,7 @@ def check_flags() -> None:
                             "(--text_tokens sizes a head-only run's feature pass, --sequence_tokens and "
                             "--heldout_responses the others' steps: a head-only run's held-out responses are rows of "
                             "--responses)")
+    slice_and_mesh(TOPOLOGY.value, common.MESH.value)  # the slice and the mesh over it, before the model is read
 
 
 def main(argv):

@@ -575,6 +575,12 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
               "--out=results/d", "--screen=600 keeps every one of --search_width=512"),
              ("experiments.disagree --models=a,b --lm=a --output_column=1 --mesh=data:8,model:1 --out=results/d",
               "--output_column=1 reads a's reward output 1"),
+             ("experiments.gcg --search_width=100000 --topk=2 --num_tokens=1 --mesh=data:8,model:1 --out=results/g",
+              "--search_width=100000 is more than the 2 distinct candidates"),
+             ("experiments.plan --topology=v5e-8 --mesh=data:4,model:1 --job=sweep", "--mesh=data:4,model:1: 4 chips"),
+             # tpu_vm.sh runs the job with RMJAX_COORDINATOR=auto: JAX finds the processes (common.start refused these)
+             ("experiments.sweep --num_processes=2 --mesh=data:8,model:1", "--coordinator=auto lets JAX find"),
+             ("experiments.sweep --coordinator=host --mesh=data:8,model:1", "--coordinator=host: expected HOST:PORT"),
              # an output the launch would not bring back: a TPU VM is deleted with it
              ("experiments.sweep --out=runs/s.csv", "--out=runs/s.csv is outside results/"),
              ("experiments.sweep --out=.", "--out=. is outside results/"),  # (a traceback: no first part)

@@ -43,7 +43,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     coordinator = coordinator or os.environ.get("RMJAX_COORDINATOR", "").strip() or None
     num_processes = _env_int("RMJAX_NUM_PROCESSES") if num_processes is None else num_processes
     process_id = _env_int("RMJAX_PROCESS_ID") if process_id is None else process_id
-    _check_processes(coordinator, num_processes, process_id)
+    check_processes(coordinator, num_processes, process_id)
     if not coordinator:
         return False
     if coordinator == "auto":  # TPU pods / SLURM: JAX discovers the coordinator and process ids
@@ -73,8 +73,9 @@ def _env_int(name: str) -> int | None:
     return int(text)
 
 
-def _check_processes(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
-    """The multi-process settings make one run of num_processes processes, or none is given."""
+def check_processes(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
+    """The multi-process settings make one run of num_processes processes, or none is given (also where a launch
+    reads the job's line: experiments/job_line.py)."""
     if num_processes is not None and num_processes < 1:
         raise UsageError(f"--num_processes={num_processes}: must be at least 1.")
     if process_id is not None and process_id < 0:

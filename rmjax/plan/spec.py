@@ -195,6 +195,25 @@ def _completion_lm(lm: str, model: str, tokenizer, prompts: dict[str, str], temp
     return cfg, max(prefix for _, prefix, _ in _prompt_sizes(lm_tokenizer, prompts, template, prefix_tokens, -1))
 
 
+def slice_and_mesh(topology: str, mesh: str = "") -> tuple[Slice, dict | None]:
+    """--topology's slice and --mesh's sizes over its chips (None without --mesh), refused from the flags alone
+    (plan_inputs, and the plan's check_flags where a launch reads its line)."""
+    piece = parse_slice(topology)
+    sizes = None
+    if mesh:
+        try:
+            sizes = parse_mesh_spec(mesh)
+        except ValueError as error:
+            raise UsageError(f"--mesh={mesh}: {error}") from None
+        if -1 in sizes.values():
+            known = sizes["data"] * sizes["model"] * -1
+            sizes = {k: (piece.chips // known if v == -1 else v) for k, v in sizes.items()}
+        if sizes["data"] * sizes["model"] != piece.chips:
+            raise UsageError(f"--mesh={mesh}: {sizes['data'] * sizes['model']} chips; {piece.topology} has "
+                             f"{piece.chips}.")
+    return piece, sizes
+
+
 def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=("greatest",),
                 extra_prompts=(), template: str = "auto", limit: int = 0, prefix_tokens: int = 0,
                 suffix_tokens: int = -1, trainable: str = "head", last_k: int = 2, steps: int = 0,
@@ -213,19 +232,7 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
     pairs' (`heldout_responses`)."""
     from rmjax.text.prompts import resolve_prompts
 
-    piece = parse_slice(topology)
-    sizes = None
-    if mesh:
-        try:
-            sizes = parse_mesh_spec(mesh)
-        except ValueError as error:
-            raise UsageError(f"--mesh={mesh}: {error}") from None
-        if -1 in sizes.values():
-            known = sizes["data"] * sizes["model"] * -1
-            sizes = {k: (piece.chips // known if v == -1 else v) for k, v in sizes.items()}
-        if sizes["data"] * sizes["model"] != piece.chips:
-            raise UsageError(f"--mesh={mesh}: {sizes['data'] * sizes['model']} chips; {piece.topology} has "
-                             f"{piece.chips}.")
+    piece, sizes = slice_and_mesh(topology, mesh)
     cfg, tokenizer = model_config(model, reward=job != "logprobs")
     if job == "train_rm":
         from rmjax.train.settings import TrainConfig, check_batch_size
