@@ -181,10 +181,10 @@ def _refuse_one_chip(job: str, tpu_type: str) -> None:
 
 
 def _refuse_processes(values: flags.FlagValues, tpu: bool) -> None:
-    """The multi-process flags as the job checks them when it starts (rmjax.parallel.distributed.check_processes),
+    """The multi-process flags as the job checks them when it starts (rmjax.parallel.processes.check_processes),
     where the coordinator is known here: given on the line, or on a TPU VM $RMJAX_COORDINATOR=auto, which
     launch/tpu_vm.sh sets (a GPU host's environment is not known here; what it leaves unset is not refused)."""
-    from rmjax.parallel.distributed import check_processes
+    from rmjax.parallel.processes import check_processes
 
     if "coordinator" not in values:
         return

@@ -432,12 +432,13 @@ def test_tpu_vm_plans_each_job_with_its_sizes_as_the_job_reads_them():
                       "--n_heldout=100", "--checkpoint_every=2", "--fsdp=false", "--remat=false"]),
         # train_rm runs without FSDP and remat unless given them: the plan's auto assumed whichever fitted, and said
         # "fits" for an 8B full fine-tune that fits only with remat
-        "train_rm --fsdp --noremat": ("--elo=builtin --export=results/e",
-                                      ["--trainable=head", "--last_k=2", "--steps=1500", "--batch_size=256",
-                                       "--n_train=20000", "--n_heldout=4000", "--checkpoint_every=250", "--fsdp=true",
-                                       "--remat=false"]),
-        "train_rm --remat=True --fsdp=0": ("--elo=builtin --head_out=results/h",
-                                           ["--trainable=head", "--last_k=2", "--steps=1500", "--batch_size=256",
+        # (on trained layers, and FSDP over a data axis: the job refuses them on --trainable=head or without one)
+        "train_rm --fsdp --noremat": ("--elo=builtin --export=results/e --trainable=full --mesh=data:2,model:1",
+                                      ["--mesh=data:2,model:1", "--trainable=full", "--last_k=2", "--steps=1500",
+                                       "--batch_size=256", "--n_train=20000", "--n_heldout=4000",
+                                       "--checkpoint_every=250", "--fsdp=true", "--remat=false"]),
+        "train_rm --remat=True --fsdp=0": ("--elo=builtin --export=results/e --trainable=full",
+                                           ["--trainable=full", "--last_k=2", "--steps=1500", "--batch_size=256",
                                             "--n_train=20000", "--n_heldout=4000", "--checkpoint_every=250",
                                             "--fsdp=false", "--remat=true"]),
     }
