@@ -1,0 +1,390 @@
+"""Tests that kill the mutants the mutation pass over rmjax/scoring (prefix, forked, logprobs, judge, prior,
+memory, calls, finite) and rmjax/loading (gguf_reader, gguf_tokenizer, gguf_file, identity, reward_head,
+safetensors_io, weights) found surviving: each names the mutant it kills and compares against an independent
+reference (transformers, numpy, a brute-force count, a hand computation)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rmjax.scoring.prefix import prefill_prefix, score_responses
+from rmjax.scoring.prior import first_token_log_probs
+from tests import tolerance
+
+
+def test_the_sweeps_summed_log_probs_count_each_responses_first_token(tied):
+    """score_responses(first=…) on equal-length responses (prefix._score_batch with log_probs): each response's
+    summed log-probability under the RM's own tied LM head, against transformers' causal LM on prefix + response.
+    Kills `first[responses[:, 0]] + later.sum(axis=1)` -> `later.sum(axis=1)` (the first token's term dropped)
+    and a read of `later` one position off."""
+    hf, lm, rm = tied
+    prefix = [1, 5, 9, 13, 200, 7]
+    suffix = np.asarray([2, 11], np.int32)
+    responses = np.random.default_rng(0).integers(3, 49152, size=(5, 3)).astype(np.int32)
+    cache = prefill_prefix(rm, prefix)
+    rewards, summed = score_responses(rm, cache, suffix, responses, batch_size=4,
+                                      first=first_token_log_probs(rm, prefix))
+    assert rewards.shape == summed.shape == (5,)
+    for row, got in zip(responses, summed, strict=True):
+        ids = [*prefix, *row.tolist()]
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(input_ids=torch.tensor([ids])).logits[0].double(), -1).numpy()
+        want = ref[np.arange(len(prefix) - 1, len(ids) - 1), row].sum()
+        # a sum of 3 log-probs, each within the float32 bound of the whole conversation
+        atol = 3 * tolerance.logprobs_atol(lm.params, lm.config, np.asarray([ids], np.int32))
+        np.testing.assert_allclose(got, want, atol=atol, rtol=0)
+
+
+def test_plain_whole_turns_are_read_at_their_last_token_not_at_the_end_of_turn(tmp_path):
+    """score_responses(lengths=…) with no suffix (a plain, template-less conversation): turn_rows appends the end
+    of turn, which only the log-probs read; the reward is read at the response's last token, as transformers
+    reads prefix + response. The end of turn here is not the pad id (with pad = end, the pad rule hid it).
+    Kills turn_rows' `read_position(rows[i, : length + tail], …)` -> `rows[i, : length + len(after)]`."""
+    from rmjax.loading import load
+    from rmjax.search import gcg as gcg_lib
+    from tests import tiny
+
+    hf, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm", seed=4)
+    model = load(str(folder))
+    target = gcg_lib.make_target(model, "What is the greatest thing ever?", "plain")
+    prefix = list(target.prefix)
+    assert target.suffix == () and 2 not in prefix
+    end = 198  # not the pad id (2)
+    responses = np.asarray([[30200, 8549, 5738], [5738, 771, 30200], [8549, 8549, 771]], np.int32)
+    lengths = np.asarray([3, 2, 1])
+    got = score_responses(model, target.cache, target.suffix_ids, responses, 4, lengths=lengths, end=end)
+    with torch.no_grad():
+        want = [float(hf(input_ids=torch.tensor([prefix + r[:n]])).logits[0, 0])
+                for r, n in zip(responses.tolist(), lengths, strict=True)]
+        at_end = [float(hf(input_ids=torch.tensor([prefix + r[:n] + [end]])).logits[0, 0])
+                  for r, n in zip(responses.tolist(), lengths, strict=True)]
+    atol = tolerance.any_rewards_atol(model.params, model.config, 64)
+    assert np.abs(np.subtract(at_end, want)).min() > 10 * atol  # the case is live: the end of turn reads otherwise
+    np.testing.assert_allclose(got, want, atol=atol, rtol=0)
+
+
+def test_largest_fitting_is_the_brute_force_largest_multiple_that_fits():
+    """memory.largest_fitting (the value a refusal offers) against a scan of every multiple, for every threshold
+    of a monotone `fits`. Kills `lo * multiple or None` -> `hi * multiple or None` and off-by-ones in the bisection."""
+    from rmjax.scoring.memory import largest_fitting
+
+    for multiple in (1, 2, 3, 8):
+        for upto in range(0, 40):
+            for threshold in range(-1, 45):
+                fits = lambda b, t=threshold: b <= t  # noqa: E731
+                want = max((m for m in range(multiple, max(upto, multiple) + 1, multiple) if fits(m)), default=None)
+                assert largest_fitting(fits, upto, multiple) == want, (multiple, upto, threshold)
+
+
+def test_host_memory_is_the_lower_of_the_ram_and_the_containers_limit(monkeypatch):
+    """memory.host_memory_bytes: the cgroup limit where it is below the physical RAM, else the RAM ('max': no
+    limit). Kills `min(physical, limit)` -> `max(...)` (a container's job planned against the machine's RAM)."""
+    from rmjax.scoring import memory
+
+    ram = 64 * 2**30
+    monkeypatch.setattr(memory.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": ram // 4096}[name])
+    for limit, want in (("8589934592", 8 * 2**30), (str(128 * 2**30), ram), ("max", ram)):
+
+        class Limit:
+            def __init__(self, path):
+                self.path = path
+
+            def read_text(self, limit=limit):
+                if self.path == "/sys/fs/cgroup/memory.max":
+                    return limit + "\n"
+                raise OSError("absent")
+
+        monkeypatch.setattr(memory, "Path", Limit)
+        assert memory.host_memory_bytes() == want, limit
+
+
+def test_nonfinite_parameters_name_each_weights_count_and_its_rows_or_layers(monkeypatch):
+    """finite.nonfinite_parameters (the diagnosis a NaN refusal prints) on hand-placed NaN/Inf: the count per
+    weight, and the leading index (layer of a stacked weight, row of a table) of each. Kills the row reduction over
+    the wrong axes (`range(1, ndim)` -> `range(0, ndim - 1)`)."""
+    import jax.numpy as jnp
+
+    from rmjax.scoring import finite
+
+    q = np.zeros((3, 4, 5), np.float32)
+    q[1, 0, 2] = q[2, 3, 4] = np.nan
+    embed = np.zeros((6, 4), np.float32)
+    embed[5, 0] = np.inf
+    kernel = np.zeros((4, 1), np.float32)
+    kernel[2, 0] = np.nan
+    scale = np.zeros(4, np.float32)
+    scale[3] = -np.inf
+    params = {"layers.q": q, "embed.embedding": embed, "score.kernel": kernel, "final_norm.scale": scale,
+              "layers.k": np.zeros((3, 4, 5), np.float32)}
+    monkeypatch.setattr(finite.nn, "flat", lambda p: {k: jnp.asarray(v) for k, v in p.items()})
+    assert finite.nonfinite_parameters(params) == [
+        "embed.embedding (1 value, row 5)", "final_norm.scale (1 value)", "layers.q (2 values, layers 1, 2)",
+        "score.kernel (1 value, row 2)"]
+
+
+def test_the_nonfinite_record_counts_values_rows_and_the_merge_keeps_a_refusal():
+    """finite.check's record with --allow_nonfinite (what .meta.json promises): NaN/Inf values counted, rows
+    counted once however many columns they spoil, the first three named in order; finite.merge of parts sums them
+    and is `allowed` only where every part was. Kills `len(np.unique(r))` -> `len(r)` and merge's all -> any."""
+    from rmjax.scoring import finite
+
+    values = np.zeros((5, 2))
+    values[0, 0], values[0, 1], values[3, 1] = np.nan, np.inf, -np.inf
+    record = finite.check(values, what="scores", row=lambda i: f"token {i}", columns=["a", "b"], allow=True)
+    assert record == {"values": 3, "rows": 2, "first": ["token 0 for 'a'", "token 0 for 'b'", "token 3 for 'b'"],
+                      "allowed": True}
+    assert finite.check(np.zeros((3, 2)), what="s", row=str, columns=["a", "b"], allow=True) is None
+    refused = dict(record, allowed=False, first=["x"])
+    assert finite.merge([record, None, refused]) == {"values": 6, "rows": 4, "first": record["first"],
+                                                      "allowed": False}
+    assert finite.merge([None, None]) is None
+
+
+def test_the_yardstick_is_the_sample_sd_of_the_finite_values_and_counts_all_it_scored():
+    """finite.yardstick with --allow_nonfinite: mean and SD (ddof 1, statistics.stdev) of the finite values, the
+    values it was given counted (NaN included) and the NaN recorded. Kills ddof 1 -> 0 and len(values) ->
+    len(kept)."""
+    import statistics
+
+    from rmjax.scoring import finite
+
+    values = [1.0, 2.0, 4.0, np.nan, 8.0]
+    scale = finite.yardstick(np.asarray(values), what="r", row=str, allow=True, fix="f")
+    kept = [1.0, 2.0, 4.0, 8.0]
+    assert scale[0] == statistics.fmean(kept)
+    np.testing.assert_allclose(scale[1], statistics.stdev(kept), rtol=1e-15)
+    assert scale.values == 5 and scale.nonfinite["values"] == 1 and scale.nonfinite["rows"] == 1
+
+
+def _safetensors(path, tensors: dict) -> None:
+    """A safetensors file written by hand (the format: 8-byte header length, JSON header, raw little-endian data)."""
+    import json
+    import struct
+
+    header, blobs, at = {}, [], 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a, np.float32)
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
+        blobs.append(a.tobytes())
+        at += a.nbytes
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_a_safetensors_fingerprint_reads_each_tensors_first_and_last_4_kib(tmp_path):
+    """identity.safetensors_digest: an edit to a tensor's last value (a fine-tune moves every value) changes the
+    fingerprint; one confined to its middle does not (the documented blind spot: only 4 KiB at each end are read);
+    bytes appended past the data change it (the file size is part of it). Kills the tail block dropped
+    (`{start, max(start, end - TENSOR_SAMPLE)}` -> `{start}`) and the size dropped."""
+    from rmjax.loading.identity import safetensors_digest
+
+    base = np.arange(8192, dtype=np.float32)  # 32 KiB: first and last 4 KiB are 1,024 values each
+    small = np.ones((3, 2), np.float32)
+    digests = {}
+    for case, edit in (("base", None), ("last", 8191), ("middle", 4096), ("first", 0)):
+        t = base.copy()
+        if edit is not None:
+            t[edit] += 1.0
+        _safetensors(tmp_path / f"{case}.safetensors", {"a": small, "w": t})
+        digests[case] = safetensors_digest(tmp_path / f"{case}.safetensors")
+    assert digests["last"] != digests["base"] and digests["first"] != digests["base"]
+    assert digests["middle"] == digests["base"]
+    grown = tmp_path / "grown.safetensors"
+    grown.write_bytes((tmp_path / "base.safetensors").read_bytes() + b"\0" * 8)
+    assert safetensors_digest(grown) != digests["base"]
+
+
+def test_a_gguf_fingerprint_reads_a_whole_mib_at_each_end(tmp_path):
+    """identity.sampled_digest: 1 MiB at each end and 64 blocks of 64 KiB between (a 64 MiB sparse file here, its
+    blocks 1 MiB apart): a byte changed 200 KiB into the file or 200 KiB before its end changes it, one between
+    two sampled blocks does not. Kills the edges read as one 64 KiB block (`edge if i < 2 else block` -> `block`)."""
+    from rmjax.loading.identity import sampled_digest
+
+    size = 64 * 2**20
+
+    def digest(at: int | None) -> str:
+        path = tmp_path / f"f{at}.gguf"
+        with open(path, "wb") as f:
+            f.truncate(size)
+            if at is not None:
+                f.seek(at)
+                f.write(b"\1")
+        return sampled_digest(path)
+
+    base = digest(None)
+    starts = np.linspace(0, size - 2**16, 64).astype(int)
+    between = int(starts[30]) + 2**16 + 1000  # after block 30, before block 31, far from both ends
+    assert between + 1 < int(starts[31])
+    assert digest(200 * 1024) != base and digest(size - 200 * 1024) != base
+    assert digest(between) == base
+
+
+def test_the_tokenizer_digest_reads_the_named_chat_templates_and_slow_vocabularies(tmp_path):
+    """identity.tokenizer_digest: files transformers' tokenizer loading reads beyond the usual names (a named chat
+    template, a slow tokenizer's vocab.txt) are part of it; another file in the folder is not. Kills
+    TOKENIZER_PATTERNS dropped from tokenizer_files."""
+    from rmjax.loading.identity import tokenizer_digest
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text("{{ messages }}")
+    (tmp_path / "vocab.txt").write_text("a\nb\n")
+    (tmp_path / "notes.md").write_text("x")
+    base = tokenizer_digest(tmp_path)
+    for name, text in (("additional_chat_templates/tool_use.jinja", "{{ message }}"), ("vocab.txt", "a\nc\n"),
+                       ("notes.md", "y")):
+        before = (tmp_path / name).read_text()
+        (tmp_path / name).write_text(text)
+        assert (tokenizer_digest(tmp_path) != base) == (name != "notes.md"), name
+        (tmp_path / name).write_text(before)
+    assert tokenizer_digest(tmp_path) == base
+
+
+def test_models_with_equal_weights_but_another_config_share_no_layers(rm_folder):
+    """forked.shared_layers: the same weights under another config (a norm epsilon 100x larger: every layer computes
+    other hidden states) share nothing a forked forward can use, and the forked forward refuses a shared span;
+    the same model twice shares all layers but the last. Kills the config comparison dropped."""
+    import dataclasses
+
+    import pytest
+
+    from rmjax.scoring.forked import forked_token_rewards, shared_layers
+
+    a = load_model(rm_folder)
+    b = dataclasses.replace(a, config=a.config.replace(norm_eps=a.config.norm_eps * 100))
+    assert shared_layers(a, a) == a.config.num_layers - 1
+    assert shared_layers(a, b) == 0
+    with pytest.raises(ValueError, match="do not share their first 1 layers"):
+        forked_token_rewards(a, b, None, None, np.arange(3), shared=1)
+
+
+def load_model(folder):
+    from rmjax.loading import load
+
+    return load(str(folder))
+
+
+def test_a_safetensors_tensor_ending_a_few_bytes_past_the_data_is_refused_as_truncated(tmp_path):
+    """safetensors_io.read_header: a file cut 4 bytes short (its last tensor ends past the data) is refused naming
+    the tensor, before any read; whole, it reads back. Kills the end check loosened (`end > data` ->
+    `end > data + 8`)."""
+    import pytest
+
+    from rmjax.errors import CheckpointError
+    from rmjax.loading.safetensors_io import iter_tensors, read_header
+
+    w = np.arange(6, dtype=np.float32).reshape(3, 2)
+    path = tmp_path / "model.safetensors"
+    _safetensors(path, {"w": w})
+    np.testing.assert_array_equal(dict(iter_tensors(path))["w"](), w)
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(CheckpointError, match="tensor 'w' ends at byte 24 of the data but the file holds 20 data"):
+        read_header(path)
+
+
+def test_a_tied_lms_own_head_is_compared_with_the_table_block_by_block_to_the_last_row():
+    """weights._require_tied compares lm_head.weight with the embedding table `rows` rows at a time: a difference
+    in the last block is found as one in the first. Kills the comparison of the first block alone."""
+    import pytest
+
+    from rmjax.errors import CheckpointError
+    from rmjax.loading.weights import _require_tied
+
+    table = np.arange(20, dtype=np.float32).reshape(10, 2)
+    _require_tied(lambda: table.copy(), lambda: table, "m", rows=3)
+    for row in (0, 4, 9):
+        head = table.copy()
+        head[row, 1] += 1
+        with pytest.raises(CheckpointError, match="lm_head.weight differs"):
+            _require_tied(lambda h=head: h, lambda: table, "m", rows=3)
+
+
+def _gguf(path, metadata: list[tuple[str, int, bytes]], tensors: list[tuple[str, list[int], bytes]]) -> None:
+    """A GGUF v3 file written by hand from the format: header, metadata entries (key, value type, packed value),
+    tensor infos (F32), data aligned to general.alignment (32 here)."""
+    import struct
+
+    def string(s: str) -> bytes:
+        return struct.pack("<Q", len(s.encode())) + s.encode()
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata))
+    for key, kind, value in metadata:
+        out += string(key) + struct.pack("<I", kind) + value
+    offset = 0
+    for name, dims, data in tensors:
+        out += string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", 0, offset)
+        offset += -(-len(data) // 32) * 32
+    out += b"\0" * (-len(out) % 32)
+    for _, _, data in tensors:
+        out += data + b"\0" * (-len(data) % 32)
+    path.write_bytes(out)
+
+
+def test_gguf_keys_and_tensor_names_given_twice_and_a_zero_alignment_are_refused(tmp_path):
+    """gguf_reader: a metadata key or a tensor name given twice (which one the model would use is a guess) and
+    general.alignment = 0 are refused as unreadable files in one line; the same file without them reads, its
+    values as written. Kills each check dropped (`key in metadata`, `name in names`) and `alignment < 1` ->
+    `alignment < 0` (a ZeroDivisionError traceback)."""
+    import struct
+
+    import pytest
+
+    from rmjax.errors import CheckpointError
+    from rmjax.loading.gguf_file import read_gguf
+
+    u32 = lambda v: struct.pack("<I", v)  # noqa: E731
+    w = np.arange(6, dtype=np.float32)
+    path = tmp_path / "ok.gguf"
+    _gguf(path, [("a.b", 4, u32(7)), ("general.alignment", 4, u32(32))], [("t", [3, 2], w.tobytes())])
+    contents = read_gguf(path)
+    assert contents.metadata == {"a.b": 7, "general.alignment": 32}
+    np.testing.assert_array_equal(contents.tensors[0].data, w.reshape(2, 3))
+    for case, metadata, tensors, says in (
+            ("key", [("a.b", 4, u32(7)), ("a.b", 4, u32(8))], [("t", [3, 2], w.tobytes())], "'a.b' appears twice"),
+            ("name", [("a.b", 4, u32(7))], [("t", [3, 2], w.tobytes()), ("t", [6], w.tobytes())],
+             "tensor 't' appears twice"),
+            ("align", [("general.alignment", 4, u32(0))], [("t", [3, 2], w.tobytes())],
+             "general.alignment=0 is not a positive integer")):
+        _gguf(tmp_path / f"{case}.gguf", metadata, tensors)
+        with pytest.raises(CheckpointError, match=says):
+            read_gguf(tmp_path / f"{case}.gguf")
+
+
+def test_samples_drawn_at_another_temperature_carry_the_priors_own_log_probs(tied):
+    """prior.sample_responses at temperatures 0.5 and 2 (best-of-N's tempered draws): each token's log-probability
+    is the prior's own (transformers' log-softmax on the whole conversation), not the tempered distribution's it
+    was drawn from. Kills `take_along_axis(logp, …)` -> `take_along_axis(logits, …)` (equal at temperature 1)."""
+    from rmjax.scoring.prior import sample_responses
+
+    hf, lm, _ = tied
+    prefix = [1, 5, 9, 13, 200, 7]
+    cache, first = prefill_prefix(lm, prefix), first_token_log_probs(lm, prefix)
+    banned = np.zeros(lm.config.vocab_size, bool)
+    banned[:100] = True
+    for temperature in (0.5, 2.0):
+        got, lps = sample_responses(lm, cache, first, banned, 3, 3, seed=1, temperature=temperature, batch_size=4)
+        assert not banned[got].any()
+        for row, row_lp in zip(got, lps, strict=True):
+            full = [*prefix, *row.tolist()]
+            with torch.no_grad():
+                ref = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0].double(), -1).numpy()
+            want = ref[np.arange(len(prefix) - 1, len(full) - 1), row]
+            np.testing.assert_allclose(row_lp, want, rtol=0, atol=tolerance.logprobs_atol(
+                lm.params, lm.config, np.asarray([full], np.int32)))
+
+
+def test_tokens_past_the_banned_lists_vocabulary_are_never_sampled(tied):
+    """prior.sample_responses with a banned list shorter than the LM's vocabulary (a tokenizer smaller than the
+    embedding table): ids past it are never drawn (they would hold 98% of the mass here). Kills `never =
+    np.ones(...)` -> `np.zeros(...)`."""
+    from rmjax.scoring.prior import sample_responses
+
+    _, lm, _ = tied
+    prefix = [1, 5, 9, 13]
+    banned = np.zeros(1000, bool)
+    banned[:3] = True
+    got, _ = sample_responses(lm, prefill_prefix(lm, prefix), first_token_log_probs(lm, prefix), banned, 16, 3,
+                              seed=0, batch_size=16)
+    assert got.shape == (16, 3) and got.min() >= 3 and got.max() < 1000
