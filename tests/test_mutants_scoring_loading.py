@@ -388,3 +388,80 @@ def test_tokens_past_the_banned_lists_vocabulary_are_never_sampled(tied):
     got, _ = sample_responses(lm, prefill_prefix(lm, prefix), first_token_log_probs(lm, prefix), banned, 16, 3,
                               seed=0, batch_size=16)
     assert got.shape == (16, 3) and got.min() >= 3 and got.max() < 1000
+
+
+def test_the_next_tokens_log_probs_after_partial_responses_equal_transformers(tied):
+    """prior.next_log_probs: the log-probabilities of the token after each partial response [W, d] (d = 0: the
+    prompt's own, d = 3), against transformers' log-softmax at the last position of prefix + partial. Kills the
+    read at the partial's first position instead of its last (`hidden[:, -1]` -> `hidden[:, 0]`)."""
+    from rmjax.parallel.distributed import to_host
+    from rmjax.scoring.prior import next_log_probs
+
+    hf, lm, _ = tied
+    prefix = [1, 5, 9, 13, 200, 7]
+    cache, first = prefill_prefix(lm, prefix), first_token_log_probs(lm, prefix)
+    partials = np.asarray([[30200, 8549, 5738], [771, 30200, 42], [5738, 5738, 8549]], np.int32)
+    for part in (partials[:, :0], partials):
+        got = np.asarray(to_host(next_log_probs(lm, cache, first, part)))
+        assert got.shape == (len(part), lm.config.vocab_size)
+        for row, lp in zip(part.tolist(), got, strict=True):
+            full = [*prefix, *row]
+            with torch.no_grad():
+                want = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0, -1].double(), -1).numpy()
+            np.testing.assert_allclose(lp, want, rtol=0, atol=tolerance.logprobs_atol(
+                lm.params, lm.config, np.asarray([full], np.int32)))
+
+
+def test_an_empty_response_has_no_perplexity_even_counting_the_end_of_turn(lm):
+    """judge.judge_perplexities with end_of_turn (whole responses): a text with no token has none (NaN, as
+    documented), its end of turn not scored as if it were a response; the other texts are scored. Kills
+    `[[*r, end] if r else r …]` -> `[[*r, end] …]`."""
+    from rmjax.scoring.judge import judge_perplexities
+
+    got = judge_perplexities(lm, "What is the greatest thing ever?", ["", "Love", ""], end_of_turn=True)
+    assert np.isnan(got[0]) and np.isnan(got[2]) and np.isfinite(got[1]) and got[1] > 1
+
+
+def test_the_logprobs_table_equals_transformers_and_leaves_out_ids_past_the_tokenizer(tmp_path):
+    """logprobs.write_logprobs on a causal LM whose embedding table is 8 rows past its tokenizer (49,160 against
+    49,152), two prompts of different lengths (left padding): each column is transformers' next-token log-softmax
+    after that prompt's chat-template prefix, rows only for the tokenizer's ids, and .meta.json counts the 8 left
+    out. Kills the padding side, the prompts' order, the ids past the tokenizer kept, and their count dropped."""
+    import json
+    import shutil
+
+    from rmjax.loading import load
+    from rmjax.runs.results import read_scores_csv
+    from rmjax.scoring.logprobs import write_logprobs
+    from tests import tiny
+
+    hf = tiny.build_hf_model("llama3", vocab_size=49160, pad_token_id=2, bos_token_id=1, eos_token_id=2, seed=5)
+    folder = tiny.save_hf_model(hf, tmp_path / "lm")
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny.smollm2_tokenizer_folder() / f, folder / f)
+    model = load(str(folder))
+    prompts = {"long": "What, in one word, is the greatest thing ever made by anyone?", "short": "Best?"}
+    out = write_logprobs(model, prompts, tmp_path / "lp.csv")
+    table = read_scores_csv(out)
+    assert len(model.tokenizer) == 49152 and list(table.token_id) == list(range(49152))
+    assert json.loads(out.with_name(out.name + ".meta.json").read_text())["ids_past_the_tokenizer"] == 8
+    for name, text in prompts.items():
+        rendered = model.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                       add_generation_prompt=True)
+        ids = model.tokenizer(rendered, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            want = torch.log_softmax(hf(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1).numpy()[:49152]
+        np.testing.assert_allclose(table[name].to_numpy(), want, rtol=0, atol=tolerance.logprobs_atol(
+            model.params, model.config, np.asarray([ids], np.int32)))
+
+
+def test_the_estimated_prefix_cache_is_the_bytes_a_prefill_holds(rm_folder):
+    """memory.estimate's prefix cache against the K and V arrays prefix.prefill_prefix really holds for a
+    prefix of 32 positions (one bucket), unsharded: both, every layer. Kills the factor 2 (K and V) dropped."""
+    from rmjax.scoring.memory import estimate
+
+    model = load_model(rm_folder)
+    cache = prefill_prefix(model, list(range(3, 35)))
+    assert cache.k.shape[2] == 32
+    held = cache.k.nbytes + cache.v.nbytes
+    assert estimate(model.config, "float32", 32, 2, 8).cache_bytes == held
