@@ -465,3 +465,38 @@ def test_the_estimated_prefix_cache_is_the_bytes_a_prefill_holds(rm_folder):
     assert cache.k.shape[2] == 32
     held = cache.k.nbytes + cache.v.nbytes
     assert estimate(model.config, "float32", 32, 2, 8).cache_bytes == held
+
+
+def test_a_batch_over_data_shards_and_a_cache_over_model_shards_are_counted_per_device(rm_folder):
+    """memory.estimate per device: a batch of 8 over 4 data shards costs each device what a batch of 2 costs one;
+    the prefix cache splits over `model` only where the K/V heads divide (the loader's rule: 2 heads over 2
+    shards, halved; over 4, each device holds all of it). Kills `ceil(batch / data_shards)` -> `batch` and the
+    cache split over shards that do not divide its heads."""
+    from rmjax.scoring.memory import estimate
+
+    cfg = load_model(rm_folder).config
+    assert cfg.num_kv_heads == 2
+    whole = 2 * cfg.num_layers * 64 * cfg.num_kv_heads * cfg.head_dim * 4  # K and V, float32
+    per_device = estimate(cfg, "float32", 64, 3, 8, data_shards=4).batch_bytes
+    assert per_device == estimate(cfg, "float32", 64, 3, 2).batch_bytes
+    assert estimate(cfg, "float32", 64, 3, 8).cache_bytes == whole
+    assert estimate(cfg, "float32", 64, 3, 8, model_shards=2).cache_bytes == whole // 2
+    assert estimate(cfg, "float32", 64, 3, 8, model_shards=4).cache_bytes == whole
+
+
+def test_a_tied_rm_scoring_on_the_cpu_in_bfloat16_copies_its_table_only_where_it_reads_lm_logits(tied):
+    """memory.upcast_bytes for an RM whose backbone ties its embeddings (both default RMs): a sweep only gathers
+    rows of the table (no float32 copy of it); a call computing LM logits through it (the RM as its own prior)
+    copies it too. Counted against the RM's own weights: 4 bytes per value of every weight but the score head
+    (kept in float32), the table only in the second case. Kills `not (tie_embeddings and reads_head)` ->
+    `not tie_embeddings`."""
+    from rmjax import nn
+    from rmjax.scoring.memory import upcast_bytes
+
+    _, _, rm = tied
+    sizes = {k: int(np.prod(v.shape)) for k, v in nn.flat(rm.params).items()}
+    assert rm.config.tie_embeddings and rm.config.is_reward_model and "lm_head.kernel" not in sizes
+    matmuls = 4 * sum(n for k, n in sizes.items() if k not in ("score.kernel", "embed.embedding"))
+    assert upcast_bytes(rm.config, "bfloat16", 1, "cpu", lm_head=False) == matmuls
+    assert upcast_bytes(rm.config, "bfloat16", 1, "cpu", lm_head=True) == matmuls + 4 * sizes["embed.embedding"]
+    assert upcast_bytes(rm.config, "float32", 1, "cpu", lm_head=True) == 0
