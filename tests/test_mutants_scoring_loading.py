@@ -500,3 +500,51 @@ def test_a_tied_rm_scoring_on_the_cpu_in_bfloat16_copies_its_table_only_where_it
     assert upcast_bytes(rm.config, "bfloat16", 1, "cpu", lm_head=False) == matmuls
     assert upcast_bytes(rm.config, "bfloat16", 1, "cpu", lm_head=True) == matmuls + 4 * sizes["embed.embedding"]
     assert upcast_bytes(rm.config, "float32", 1, "cpu", lm_head=True) == 0
+
+
+def test_a_sentencepiece_gguf_that_does_not_say_adds_bos(tmp_path):
+    """gguf_tokenizer.tokenizer_from_gguf: Gemma 3's GGUF (a sentencepiece vocabulary, tokenizer.ggml.model =
+    llama) with its add_bos_token entry removed builds a tokenizer that adds BOS, as llama.cpp and transformers'
+    sentencepiece tokenizers do by default. Kills the default flipped (`setdefault("add_bos_token", True)` ->
+    `False`); the shipped file sets the entry, so the parity test cannot."""
+    import dataclasses
+
+    from rmjax.loading import resolve
+    from rmjax.loading.gguf_file import read_gguf
+    from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
+
+    _, path = resolve("gemma-3-270m")
+    contents = read_gguf(path)
+    assert contents.metadata["tokenizer.ggml.model"] == "llama" and contents.metadata["tokenizer.ggml.add_bos_token"]
+    bos = contents.metadata["tokenizer.ggml.bos_token_id"]
+    metadata = {k: v for k, v in contents.metadata.items() if k != "tokenizer.ggml.add_bos_token"}
+    tokenizer = tokenizer_from_gguf(dataclasses.replace(contents, metadata=metadata), "gemma3_text", path)
+    ids = tokenizer("Hello there").input_ids
+    assert ids[0] == bos and bos not in ids[1:], ids
+
+
+def test_the_diagnosis_names_the_first_position_of_a_nan_embedding_row(rm_folder):
+    """finite.first_nonfinite_stage on a model whose embedding row 17 is NaN, token 17 at positions 2 and 4 of
+    the sequence: the message names the token and its first position (2); one whose layer 1 is NaN, that layer
+    (0-based). Kills `bad[0]` -> `bad[-1]` and the layer named 1-based."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from rmjax import nn
+    from rmjax.scoring import finite
+
+    model = load_model(rm_folder)
+    flat = nn.flat(model.params)
+    flat["embed.embedding"] = jnp.asarray(flat["embed.embedding"]).at[17].set(jnp.nan)
+    broken = dataclasses.replace(model, params=nn.from_flat(model.config, flat))
+    text = model.tokenizer.decode([17])
+    assert finite.first_nonfinite_stage(broken, [5, 9, 17, 8, 17, 3]) == (
+        f"the embedding row of token 17 ({text!r}) at position 2")
+    # a NaN in layer 1's MLP (0-based): the residual after layer 1 is the first non-finite, at every position
+    flat = nn.flat(model.params)
+    flat["layers.down"] = jnp.asarray(flat["layers.down"]).at[1].set(jnp.nan)
+    broken = dataclasses.replace(model, params=nn.from_flat(model.config, flat))
+    layers = model.config.num_layers
+    assert finite.first_nonfinite_stage(broken, [5, 9, 8]) == (
+        f"the output of layer 1 (0-based, of {layers}) at positions 0, 1, 2")
