@@ -548,3 +548,30 @@ def test_the_diagnosis_names_the_first_position_of_a_nan_embedding_row(rm_folder
     layers = model.config.num_layers
     assert finite.first_nonfinite_stage(broken, [5, 9, 8]) == (
         f"the output of layer 1 (0-based, of {layers}) at positions 0, 1, 2")
+
+
+def test_gguf_arrays_nested_past_eight_levels_are_refused(tmp_path):
+    """gguf_reader: arrays of arrays read to 8 levels (gguf writes none deeper than 1); a ninth level is refused
+    as an unreadable file (a file of thousands of levels would end in a RecursionError traceback). Kills the
+    depth limit dropped."""
+    import struct
+
+    import pytest
+
+    from rmjax.errors import CheckpointError
+    from rmjax.loading.gguf_file import read_gguf
+
+    def nested(levels: int) -> bytes:  # `levels` arrays, each holding the next, the innermost two u32s
+        value = struct.pack("<IQ", 4, 2) + struct.pack("<II", 5, 6)
+        for _ in range(levels - 1):
+            value = struct.pack("<IQ", 9, 1) + value
+        return value
+
+    _gguf(tmp_path / "eight.gguf", [("a", 9, nested(8))], [])
+    want = [5, 6]
+    for _ in range(7):
+        want = [want]
+    assert read_gguf(tmp_path / "eight.gguf").metadata == {"a": want}
+    _gguf(tmp_path / "nine.gguf", [("a", 9, nested(9))], [])
+    with pytest.raises(CheckpointError, match="unknown metadata value type 9"):
+        read_gguf(tmp_path / "nine.gguf")
