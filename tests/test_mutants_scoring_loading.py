@@ -575,3 +575,38 @@ def test_gguf_arrays_nested_past_eight_levels_are_refused(tmp_path):
     _gguf(tmp_path / "nine.gguf", [("a", 9, nested(9))], [])
     with pytest.raises(CheckpointError, match="unknown metadata value type 9"):
         read_gguf(tmp_path / "nine.gguf")
+
+
+def test_a_gguf_reads_as_the_transformers_config_of_the_same_model(tmp_path):
+    """gguf_file.hf_config_from_gguf on GGUF files written with gguf's writer: a Gemma 3 file (14 layers, 8 heads
+    over 4 K/V heads) gives transformers' Gemma3TextConfig's local/global layer pattern and K/V heads, and a Llama
+    file that stores no norm epsilon reads as LlamaConfig's default, as transformers' GGUF import does. Kills the
+    window pattern 6 -> 5, the K/V head count ignored, and the epsilon default 1e-6 -> 1e-5."""
+    import gguf
+    import transformers
+
+    from rmjax.hf_config import config_from_hf
+    from rmjax.loading.gguf_file import hf_config_from_gguf, read_gguf
+    from tests.test_loading_faults import _gemma3_gguf, _written
+
+    path = _gemma3_gguf(tmp_path / "g3.gguf", 64, 8, 4, 16, 14, False)
+    got = config_from_hf(hf_config_from_gguf(read_gguf(path), path))
+    hf = transformers.Gemma3TextConfig(vocab_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=14,
+                                       num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+                                       sliding_window=1024)
+    assert got.local_layers == tuple(t == "sliding_attention" for t in hf.layer_types)
+    assert got.num_kv_heads == hf.num_key_value_heads == 4
+
+    w = gguf.GGUFWriter(str(tmp_path / "llama.gguf"), "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(64)
+    w.add_block_count(2)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_token_list([f"t{i}" for i in range(16)])
+    w.add_tensor("token_embd.weight", np.zeros((16, 64), np.float32))
+    _written(w)
+    raw = hf_config_from_gguf(read_gguf(tmp_path / "llama.gguf"), tmp_path / "llama.gguf")
+    # (read as float32, as GGUF stores it: the default too)
+    assert np.float32(raw["rms_norm_eps"]) == np.float32(transformers.LlamaConfig().rms_norm_eps)
