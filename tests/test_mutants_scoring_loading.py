@@ -610,3 +610,50 @@ def test_a_gguf_reads_as_the_transformers_config_of_the_same_model(tmp_path):
     raw = hf_config_from_gguf(read_gguf(tmp_path / "llama.gguf"), tmp_path / "llama.gguf")
     # (read as float32, as GGUF stores it: the default too)
     assert np.float32(raw["rms_norm_eps"]) == np.float32(transformers.LlamaConfig().rms_norm_eps)
+
+
+def test_a_reward_model_made_from_an_lm_has_its_own_fingerprint_per_head(lm):
+    """reward_head.reward_model_from_lm + identity.derived: the RM of a new head (seed 0, seed 1) and of a given
+    head each have a fingerprint of their own, none the LM's (a result of one head was reused for another), the
+    same again for the same head; the tokenizer and reading stay the LM's. Kills `derived` returning the
+    fingerprint unchanged and the given head's digest replaced by a constant."""
+    from rmjax.loading.reward_head import reward_model_from_lm
+
+    def fingerprint(**head):
+        return reward_model_from_lm(lm, **head).fingerprint
+
+    head = np.linspace(-1, 1, lm.config.hidden_size, dtype=np.float32)[:, None]
+    prints = [fingerprint(seed=0), fingerprint(seed=1), fingerprint(score=head), fingerprint(score=-head)]
+    assert len({p["weights"] for p in prints} | {lm.fingerprint["weights"]}) == 5
+    assert fingerprint(seed=1) == prints[1] and fingerprint(score=head.copy()) == prints[2]
+    assert all(p["tokenizer"] == lm.fingerprint["tokenizer"] and p["reading"] == lm.fingerprint["reading"]
+               for p in prints)
+
+
+def test_an_in_memory_models_fingerprint_holds_its_config(rm_folder):
+    """identity.model_fingerprint of a model whose params were replaced (digested, not the checkpoint's): the
+    same weights under another config (a norm epsilon 100x larger: other rewards) fingerprint apart; the same
+    weights and config again alike; a replaced tokenizer is digested anew. Kills the config left out of the digest
+    and the stamp trusted when only the params are the loaded ones."""
+    import copy
+    import dataclasses
+
+    import jax
+
+    from rmjax.loading.identity import model_fingerprint
+
+    model = load_model(rm_folder)
+
+    def replaced(**change):
+        params = jax.tree.map(lambda a: a.copy(), model.params)  # other arrays: the loaded fingerprint is not theirs
+        return dataclasses.replace(model, params=params, **change)
+
+    same, again = model_fingerprint(replaced()), model_fingerprint(replaced())
+    other = model_fingerprint(replaced(config=model.config.replace(norm_eps=model.config.norm_eps * 100)))
+    assert same == again and same["weights"] != model.fingerprint["weights"]
+    assert other["weights"] != same["weights"]
+    # a replaced tokenizer (another chat template) is digested anew; the loaded weights keep their fingerprint
+    tokenizer = copy.deepcopy(model.tokenizer)
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    retok = model_fingerprint(dataclasses.replace(model, tokenizer=tokenizer))
+    assert retok["weights"] == model.fingerprint["weights"] and retok["tokenizer"] != model.fingerprint["tokenizer"]
