@@ -673,3 +673,28 @@ def test_a_new_score_head_is_drawn_as_transformers_initializes_score():
     assert abs(head.std() / std - 1) < 0.02 and abs(head.mean()) < 5 * std / 200
     np.testing.assert_array_equal(head, init_score_head(40_000, seed=3))
     assert not np.array_equal(head, init_score_head(40_000, seed=4))
+
+
+def test_a_layer_just_past_the_configs_count_is_refused_as_beyond_it(tmp_path):
+    """weights.assemble: a checkpoint with a tensor of layer L in a config of L layers (0 … L − 1) is refused
+    naming it as beyond num_hidden_layers (the fault test's layer 9 is far past). Kills `i >= num_layers` ->
+    `i > num_layers` (then refused only as a layer 'missing', the wrong fault)."""
+    import re
+
+    import pytest
+
+    from rmjax.errors import CheckpointError
+    from rmjax.loading.hf import load_hf_model_folder
+    from tests.test_loading_faults import _edited_checkpoint
+
+    layers = []
+
+    def one_past(tensors):
+        count = 1 + max(int(m.group(1)) for k in tensors if (m := re.match(r"model\.layers\.(\d+)\.", k)))
+        layers.append(count)
+        tensors[f"model.layers.{count}.input_layernorm.weight"] = tensors["model.layers.0.input_layernorm.weight"]
+
+    _, folder = _edited_checkpoint(tmp_path, "llama3", one_past)
+    with pytest.raises(CheckpointError, match=rf"'model\.layers\.{layers[0]}\.input_layernorm\.weight' beyond "
+                                              rf"num_hidden_layers={layers[0]}"):
+        load_hf_model_folder(folder, require_tokenizer=False)
