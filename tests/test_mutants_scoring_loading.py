@@ -698,3 +698,24 @@ def test_a_layer_just_past_the_configs_count_is_refused_as_beyond_it(tmp_path):
     with pytest.raises(CheckpointError, match=rf"'model\.layers\.{layers[0]}\.input_layernorm\.weight' beyond "
                                               rf"num_hidden_layers={layers[0]}"):
         load_hf_model_folder(folder, require_tokenizer=False)
+
+
+def test_skipped_swaps_count_only_allowed_tokens_nan_entries():
+    """finite.gradient_swaps_skipped with allow: of a gradient's NaN/Inf entries, those of allowed tokens (not
+    banned, within the banned list's width) are counted, as .meta.json records them; without allow it refuses
+    naming the first. Kills the banned tokens' entries counted too."""
+    import jax.numpy as jnp
+    import pytest
+
+    from rmjax.errors import NonFiniteError
+    from rmjax.scoring import finite
+
+    grad = np.zeros((3, 6), np.float32)
+    grad[0, 1] = grad[2, 4] = np.nan  # allowed tokens 1 and 4
+    grad[1, 2] = grad[2, 2] = np.inf  # banned token 2
+    banned = np.asarray([True, False, True, False, False], bool)  # 5 wide: token 5 is past it
+    grad[0, 5] = np.nan
+    assert finite.gradient_swaps_skipped(jnp.asarray(grad), banned, allow=True, what="g") == 2
+    with pytest.raises(NonFiniteError, match=r"g is NaN/Inf at 5 \(position, token\) entries \(first: position 0, "
+                                             r"token 1\)"):
+        finite.gradient_swaps_skipped(jnp.asarray(grad), banned, allow=False, what="g")
