@@ -719,3 +719,26 @@ def test_skipped_swaps_count_only_allowed_tokens_nan_entries():
     with pytest.raises(NonFiniteError, match=r"g is NaN/Inf at 5 \(position, token\) entries \(first: position 0, "
                                              r"token 1\)"):
         finite.gradient_swaps_skipped(jnp.asarray(grad), banned, allow=False, what="g")
+
+
+def test_final_hidden_states_after_a_cached_prompt_are_read_at_each_rows_last_real_token(tmp_path):
+    """calls.last_hidden_after (head-only training's features) on rows of 3, 2 and 1 tokens right-padded with id 0
+    (not the pad id, so only the mask says it is padding): each row's feature times the score head is
+    transformers' reward of prefix + that row's tokens. Kills the mask dropped (the padding read as tokens)."""
+    from rmjax import nn
+    from rmjax.loading import load
+    from rmjax.parallel.distributed import to_host
+    from rmjax.scoring import calls
+    from tests import tiny
+
+    hf, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm", seed=6)
+    model = load(str(folder))
+    prefix = [1, 5, 9, 13, 200, 7]
+    rows = [[30200, 8549, 5738], [771, 42], [5738]]
+    ids = np.asarray([r + [0] * (3 - len(r)) for r in rows], np.int32)
+    mask = np.asarray([[j < len(r) for j in range(3)] for r in rows])
+    hidden = np.asarray(to_host(calls.last_hidden_after(model, prefill_prefix(model, prefix), ids, mask)))
+    got = hidden @ np.asarray(nn.flat(model.params)["score.kernel"])[:, 0]
+    with torch.no_grad():
+        want = [float(hf(input_ids=torch.tensor([prefix + r])).logits[0, 0]) for r in rows]
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance.any_rewards_atol(model.params, model.config, 16))
