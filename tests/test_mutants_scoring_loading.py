@@ -724,7 +724,9 @@ def test_skipped_swaps_count_only_allowed_tokens_nan_entries():
 def test_final_hidden_states_after_a_cached_prompt_are_read_at_each_rows_last_real_token(tmp_path):
     """calls.last_hidden_after (head-only training's features) on rows of 3, 2 and 1 tokens right-padded with id 0
     (not the pad id, so only the mask says it is padding): each row's feature times the score head is
-    transformers' reward of prefix + that row's tokens. Kills the mask dropped (the padding read as tokens)."""
+    transformers' reward of prefix + that row's tokens; calls.last_hidden of whole rows, one ending in the pad id,
+    reads before it as transformers does. Kills the mask dropped (the padding read as tokens) and whole rows read
+    at their last token (`nn.at_last`) instead of the head's read point."""
     from rmjax import nn
     from rmjax.loading import load
     from rmjax.parallel.distributed import to_host
@@ -741,4 +743,12 @@ def test_final_hidden_states_after_a_cached_prompt_are_read_at_each_rows_last_re
     got = hidden @ np.asarray(nn.flat(model.params)["score.kernel"])[:, 0]
     with torch.no_grad():
         want = [float(hf(input_ids=torch.tensor([prefix + r])).logits[0, 0]) for r in rows]
-    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance.any_rewards_atol(model.params, model.config, 16))
+    atol = tolerance.any_rewards_atol(model.params, model.config, 16)
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+    # whole rows (calls.last_hidden), one ending in the pad id (2, = eos): read before it, as transformers reads
+    whole = [prefix + [30200, 8549], prefix + [771, 2]]
+    hidden = np.asarray(to_host(calls.last_hidden(model, np.asarray(whole, np.int32), np.ones((2, 8), bool))))
+    with torch.no_grad():
+        want = [float(hf(input_ids=torch.tensor([r])).logits[0, 0]) for r in whole]
+    np.testing.assert_allclose(hidden @ np.asarray(nn.flat(model.params)["score.kernel"])[:, 0], want, rtol=0,
+                               atol=atol)
