@@ -225,7 +225,8 @@ def main(argv: list[str]) -> None:
         for build in config_flags.builders(module):  # the job's settings, checked as the job checks them
             build()
         module.check_flags()  # and what else the job refuses from its flags alone
-        _refuse_processes(flags.FLAGS, len(argv) == 3)  # and as it starts, before any device is touched
+        if job != "plan":  # the plan starts no processes: it never reads these flags
+            _refuse_processes(flags.FLAGS, len(argv) == 3)  # and as the job starts, before any device is touched
     except RmjaxError as refused:
         _fail(f"experiments.{job} would refuse it: {one_line(refused)}")
     _refuse_uncollected(job, flags.FLAGS)

@@ -58,12 +58,12 @@ def check_flags() -> None:
     from rmjax.scoring.texts import check_z_sample, refuse_repeated_texts
 
     common.check_out(OUT.value, file=True)
+    common.refuse_empty_responses("--texts", list(TEXTS.value), ", or put an empty response's neighbours in "
+                                  "--texts_file")  # first: two stray commas are no response given twice
     if OUT.value is None:
         common.refuse_given("score without --out", ("overwrite",), "writes nothing to replace")
     else:  # a written table's rows are keyed by their text (--texts_file's lines are read on the job's machine)
         refuse_repeated_texts(TEXTS.value)
-    common.refuse_empty_responses("--texts", list(TEXTS.value), ", or put an empty response's neighbours in "
-                                  "--texts_file")
     if not TEXTS.value and not TEXTS_FILE.value:
         raise UsageError("give responses with --texts=a,b,c or --texts_file=FILE.")
     check_z_sample(Z_SAMPLE.value)

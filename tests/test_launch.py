@@ -579,6 +579,8 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
              ("experiments.gcg --search_width=100000 --topk=2 --num_tokens=1 --mesh=data:8,model:1 --out=results/g",
               "--search_width=100000 is more than the 2 distinct candidates"),
              ("experiments.plan --topology=v5e-8 --mesh=data:4,model:1 --job=sweep", "--mesh=data:4,model:1: 4 chips"),
+             # two stray commas: the blank items are named, not "a response given 2 times" (helper-122)
+             ("experiments.score --texts=a,,b, --out=results/t.csv --mesh=data:8,model:1", "has an empty response"),
              # tpu_vm.sh runs the job with RMJAX_COORDINATOR=auto: JAX finds the processes (common.start refused these)
              ("experiments.sweep --num_processes=2 --mesh=data:8,model:1", "--coordinator=auto lets JAX find"),
              ("experiments.sweep --coordinator=host --mesh=data:8,model:1", "--coordinator=host: expected HOST:PORT"),

@@ -45,9 +45,10 @@ def retokenizes(conversations, ids: list[int], expected: list[int]) -> bool:
 @jax.jit
 def swap_scores(loss_grad: jax.Array, banned: jax.Array, current: jax.Array, embed: jax.Array | None,
                 embed_reg: float) -> jax.Array:
-    """How much each swap (position, token) is expected to lower the loss, lower is better (only the order is
-    read): the loss gradient [N, V], plus the Faster-GCG embedding-distance penalty when `embed` is given; banned
-    and non-finite swaps at +inf. |e - c| comes from norms and one matmul: [N, V, hidden] is never built."""
+    """How much each swap (position, token) is expected to lower the loss, lower is better (only the order, and
+    which are finite, is read): the loss gradient [N, V], plus the Faster-GCG embedding-distance penalty when
+    `embed` is given; banned and non-finite swaps at +inf. |e - c| comes from norms and one matmul: [N, V, hidden]
+    is never built."""
     score = jnp.where(jnp.isfinite(loss_grad), loss_grad, jnp.inf)
     if embed is not None:
         here = embed[current]
