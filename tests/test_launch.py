@@ -534,6 +534,8 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
               "--head_out writes the score head alone, and --trainable=last_k"),
              ("experiments.score --texts=a --overwrite", "--overwrite: score without --out"),
              ("experiments.analyze --elo=builtin --rbo_p=0.5", "--rbo_p applies to --scores"),
+             # refused as analyze read its inputs, after the VM was paid for
+             ("experiments.analyze --elo=builtin:nope --out=results/a", "--elo=builtin:nope: no shipped EloEverything"),
              ("experiments.audit --batteries=colour --out=results/a", "--batteries: colour unknown"),
              ("experiments.audit --n_boot=10 --out=results/a", "--n_boot=10: give at least 100"),
              # refused in AuditSpec and run_disagree, after the VM was paid for (helper-120)
@@ -616,11 +618,15 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
     # are on the VM though not here (GCG's config once refused them for not being on this machine)
     on_tpu = ("experiments.train_rm --elo=builtin:greatest --head_out=results/h --mesh=data:1,model:8",
               "experiments.gcg --init_from=/tmp/ckpt/b.csv --vocab_file=/tmp/ckpt/w.txt --mesh=data:1,model:8 "
-              "--out=results/g.json")
+              "--out=results/g.json",
+              # the plan starts no processes, so it never reads the multi-process flags a TPU VM refuses
+              "experiments.plan --topology=v5litepod-8 --mesh=data:8,model:1 --job=sweep --num_processes=2")
     # a GPU host keeps the results/ of earlier launches (gpu.sh syncs the tree without it): an input there may be
     # and so may a --prompts YAML file (main reads it, first thing)
     on_gpu = ("experiments.inspect --from_sweep=results/s.csv", "experiments.sweep --prompts=/data/mine.yaml",
-              "experiments.gcg --init_from=results/b.csv --out=results/g.json")
+              "experiments.gcg --init_from=results/b.csv --out=results/g.json",
+              # a GPU host's $RMJAX_COORDINATOR is not known here: processes without --coordinator are not refused
+              "experiments.sweep --num_processes=2 --process_id=1")
     for lines, tpu_type in ((on_tpu, "v5litepod-8"), (on_gpu, None)):
         for line, (status, words, err) in zip(lines, _read_each(*lines, tpu_type=tpu_type), strict=True):
             assert status in (0, None) and words[0] == line.split()[0].split(".")[1], (line, err)

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from rmjax import data as shipped
 from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons, model_metadata
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis.files import MODEL
-from rmjax.analysis.spec import AnalysisConfig
+from rmjax.analysis.spec import AnalysisConfig, elo_folder
 from rmjax.errors import InputFileError, MissingFileError, UsageError
 from rmjax.runs import results, stages
 
@@ -47,23 +46,9 @@ class Inputs:
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(AnalysisConfig)}
 
 
-def _elo_folder(spec: str | None) -> tuple[str | None, str | None]:
-    """--elo's folder, and the one prompt of it to read where it names one shipped file (`builtin:<prompt>`, as
-    train_rm takes it; a path of that name was "not found")."""
-    if spec == shipped.BUILTIN:
-        return str(shipped.ELO_DIR), None
-    if not spec or not spec.startswith(shipped.BUILTIN + ":"):
-        return spec, None
-    path = shipped.elo_file(spec.partition(":")[2])
-    if path is None:
-        raise UsageError(f"--elo={spec}: no shipped EloEverything file for that prompt; give builtin (all of them) or "
-                         f"one of {shipped.builtin_elo_choices()}.")
-    return str(shipped.ELO_DIR), path.stem
-
-
 def load_inputs(cfg: AnalysisConfig) -> Inputs:
     """Read every input `cfg` names; a missing, partial, wrong-kind or empty one stops the run in one line."""
-    elo, elo_prompt = _elo_folder(cfg.elo)
+    elo, elo_prompt = elo_folder(cfg.elo)
     named = (("--elo", elo), ("--models_yaml", cfg.models_yaml), ("--bigtwo_checkpoints", cfg.bigtwo_checkpoints),
              ("--bigtwo_dictionary", cfg.bigtwo_dictionary), ("--implicit_chosen", cfg.implicit_chosen),
              ("--implicit_reference", cfg.implicit_reference),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from rmjax import checks
+from rmjax import data as shipped
 from rmjax.analysis.data import COLLAPSE_MODES
 from rmjax.analysis.paper1 import FREQUENCY_SCALES
 from rmjax.checks import setting
@@ -59,6 +60,7 @@ class AnalysisConfig:
             "collapse_variants": checks.one_of(*COLLAPSE_MODES),
             "frequency_scale": checks.one_of(*FREQUENCY_SCALES),
         })
+        elo_folder(self.elo)
         if bool(self.implicit_chosen) != bool(self.implicit_reference):
             raise UsageError("the implicit RM needs both --implicit_chosen (the model whose preferences score > 0) "
                              "and --implicit_reference.")
@@ -78,3 +80,18 @@ class AnalysisConfig:
                 or self.disagreements):
             raise UsageError("nothing to analyze: give --scores, --elo, --implicit_chosen/--implicit_reference, "
                              "--bigtwo_checkpoints, --audits and/or --disagreements.")
+
+
+def elo_folder(spec: str | None) -> tuple[str | None, str | None]:
+    """--elo's folder, and the one prompt of it to read where it names one shipped file (`builtin:<prompt>`, as
+    train_rm takes it; a path of that name was "not found"). Read as the settings are built, so a launch refuses
+    an unknown one."""
+    if spec == shipped.BUILTIN:
+        return str(shipped.ELO_DIR), None
+    if not spec or not spec.startswith(shipped.BUILTIN + ":"):
+        return spec, None
+    path = shipped.elo_file(spec.partition(":")[2])
+    if path is None:
+        raise UsageError(f"--elo={spec}: no shipped EloEverything file for that prompt; give builtin (all of them) or "
+                         f"one of {shipped.builtin_elo_choices()}.")
+    return str(shipped.ELO_DIR), path.stem

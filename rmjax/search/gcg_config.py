@@ -15,7 +15,7 @@ from rmjax.checks import setting
 from rmjax.errors import PromptTooLongError, UsageError
 from rmjax.parallel import batching
 from rmjax.scoring import memory
-from rmjax.text import chat
+from rmjax.text import candidates, chat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +67,7 @@ class GCGConfig:
                                         for i in v), "non-negative integer token ids"),
         })
         object.__setattr__(self, "token_ids", tuple(int(i) for i in self.token_ids or ()))
-        if self.token_ids and self.vocab_file:
-            raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
+        candidates.refuse_two_candidate_sets(self.token_ids or None, self.vocab_file)  # () is no set here
 
 
 # Settings that do not change the search's result.
