@@ -54,7 +54,11 @@ def _plain(path: Path) -> bool:
 def saved_batch_size(out: str | Path) -> int | None:
     """The batch size the progress saved beside `out` was scored with; None without progress or without a
     recorded one (a store from before batch sizes were recorded adopts the run's)."""
-    saved = (_manifest(store_dir(out)) or {}).get("batch_size")
+    return _positive_int((_manifest(store_dir(out)) or {}).get("batch_size"))
+
+
+def _positive_int(saved: object) -> int | None:
+    """A size a manifest records: an int of at least 1 (JSON true, 0 or text is none)."""
     return saved if isinstance(saved, int) and not isinstance(saved, bool) and saved >= 1 else None
 
 
@@ -105,9 +109,12 @@ class ChunkStore:
                                                            self.identity))
             if isinstance(saved.get("key_order"), dict) and saved["key_order"] != order:
                 raise _order_mismatch(self.dir, saved["key_order"], order)
-            self.chunk_size = int(saved["chunk_size"])  # chunks already on disk fix the layout
-            if saved.get("batch_size") is not None:  # and the rounding of their scores
-                self.batch_size = int(saved["batch_size"])
+            if _positive_int(saved.get("chunk_size")) is None:
+                raise ResumeMismatchError(f"{manifest} records no chunk size; delete {self.dir} to start over (pass "
+                                          "--overwrite).")
+            self.chunk_size = saved["chunk_size"]  # chunks already on disk fix the layout
+            if _positive_int(saved.get("batch_size")) is not None:  # and the rounding of their scores (the size
+                self.batch_size = saved["batch_size"]  # resume_batch_size gave the memory plan: the same one)
         elif create:
             self.dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(manifest, json.dumps({"identity": self.identity, "key_order": order,
