@@ -68,9 +68,12 @@ def check_flags() -> None:
     if cfg_flags["last_k"].present and cfg_flags["trainable"].value != "last_k":
         raise UsageError(f"--last_k applies to --trainable=last_k (this run trains {cfg_flags['trainable'].value}); "
                          "leave --last_k out.")
+    from rmjax.train.data import elo_csv
     from rmjax.train.recipe import check_head_out
 
     check_head_out(HEAD_OUT.value, cfg_flags["trainable"].value)
+    if ELO.value:  # builtin:<prompt> names a shipped file (a path is read, and checked, as the job loads)
+        elo_csv(ELO.value)
     if PAIRS.value:
         common.refuse_given("train_rm --pairs", ("n_train", "n_heldout", "soft"), "trains on the pairs given "
                             "(--n_train, --n_heldout and --soft build pairs from --elo)")

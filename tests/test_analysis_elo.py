@@ -452,5 +452,5 @@ def test_elo_builtin_prompt_reads_that_shipped_file_alone():
     assert list(prompt.items.index) == list(raw.index)
     np.testing.assert_array_equal(prompt.items["elo_score"].to_numpy(), raw["elo_score"].to_numpy(dtype=float))
     with pytest.raises(UsageError, match=r"--elo=builtin:nope: .*give builtin") as refused:
-        load_inputs(AnalysisConfig(elo="builtin:nope", models_yaml=""))
+        AnalysisConfig(elo="builtin:nope", models_yaml="")  # refused as the settings are built (a launch too)
     assert all(f'"builtin:{stem}"' in str(refused.value) for stem in SLUGS)

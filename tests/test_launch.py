@@ -534,7 +534,9 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
               "--head_out writes the score head alone, and --trainable=last_k"),
              ("experiments.score --texts=a --overwrite", "--overwrite: score without --out"),
              ("experiments.analyze --elo=builtin --rbo_p=0.5", "--rbo_p applies to --scores"),
-             # refused as analyze read its inputs, after the VM was paid for
+             # refused as analyze read its inputs, and train_rm its pairs, after the VM was paid for (helper-125)
+             ("experiments.train_rm --elo=builtin:greatest --head_out=results/h --mesh=data:8,model:1",
+              "--elo=builtin:greatest: no shipped EloEverything file"),
              ("experiments.analyze --elo=builtin:nope --out=results/a", "--elo=builtin:nope: no shipped EloEverything"),
              ("experiments.audit --batteries=colour --out=results/a", "--batteries: colour unknown"),
              ("experiments.audit --n_boot=10 --out=results/a", "--n_boot=10: give at least 100"),
@@ -616,7 +618,8 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
         assert not bad.stdout, bad
     # the shipped EloEverything files are no file of the command line's, on a TPU VM too; inputs in the checkpoint
     # are on the VM though not here (GCG's config once refused them for not being on this machine)
-    on_tpu = ("experiments.train_rm --elo=builtin:greatest --head_out=results/h --mesh=data:1,model:8",
+    on_tpu = ("experiments.train_rm '--elo=builtin:What one single thing, person, or concept is the greatest ever' "
+              "--head_out=results/h --mesh=data:1,model:8",
               "experiments.gcg --init_from=/tmp/ckpt/b.csv --vocab_file=/tmp/ckpt/w.txt --mesh=data:1,model:8 "
               "--out=results/g.json",
               # the plan starts no processes, so it never reads the multi-process flags a TPU VM refuses

@@ -745,6 +745,7 @@ def test_pool_gaps_against_a_hand_computation():
         for w, up in (("a", True), ("b", False), ("c", True)):
             g = gap[texts.index(" " + w)]
             rank = 1 + sum((other > g) if up else (other < g) for other in gap)
+            # float64 on both sides, the same few operations in another order: a rounding margin
             assert got[name][w] == {"gap": pytest.approx(g, rel=1e-9), "rank": rank}
 
 
@@ -782,7 +783,6 @@ def test_recovered_words_count_rows_by_their_sign_and_the_framing():
     got = recovered_words(words, found)
     assert set(got) == {"candle"} and got["candle"]["rows"] == 2
     assert "candle" not in recovered_words(words, found[:3])
-
 
 
 def test_a_shift_whose_own_gap_is_zero_has_no_direction(tmp_path):

@@ -91,7 +91,8 @@ def _order_mismatch(directory: Path, saved: dict, now: dict) -> ResumeMismatchEr
 
 class ChunkStore:
     """The saved chunks of one run. `batch_size` (None: a job without one) is recorded in a new manifest; an
-    existing manifest's chunk and batch sizes are kept (`self.chunk_size`, `self.batch_size`)."""
+    existing manifest's chunk and batch sizes are kept (`self.chunk_size`, `self.batch_size`) where they are positive
+    integers: a bad chunk size is refused, a bad batch size leaves the run's (as `resume_batch_size` reads it)."""
 
     def __init__(self, out: str | Path, identity: dict, chunk_size: int, create: bool = True,
                  batch_size: int | None = None):
@@ -110,8 +111,8 @@ class ChunkStore:
             if isinstance(saved.get("key_order"), dict) and saved["key_order"] != order:
                 raise _order_mismatch(self.dir, saved["key_order"], order)
             if _positive_int(saved.get("chunk_size")) is None:
-                raise ResumeMismatchError(f"{manifest} records no chunk size; delete {self.dir} to start over (pass "
-                                          "--overwrite).")
+                raise ResumeMismatchError(f"{manifest} records no valid chunk size (a positive integer); delete "
+                                          f"{self.dir} to start over (pass --overwrite).")
             self.chunk_size = saved["chunk_size"]  # chunks already on disk fix the layout
             if _positive_int(saved.get("batch_size")) is not None:  # and the rounding of their scores (the size
                 self.batch_size = saved["batch_size"]  # resume_batch_size gave the memory plan: the same one)

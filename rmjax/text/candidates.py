@@ -84,8 +84,8 @@ def candidate_count(cfg, tokenizer, token_ids=None, limit: int | None = None) ->
 
 
 def refuse_two_candidate_sets(token_ids, vocab_file: str | None) -> None:
-    """The candidate set is given once: --token_ids or --vocab_file (sweep, beam; and from the flags alone, where a
-    launch reads the job's line)."""
+    """The candidate set is given once: --token_ids or --vocab_file (sweep, beam, gcg; and from the flags alone,
+    where a launch reads the job's line)."""
     if token_ids is not None and vocab_file:
         raise UsageError("give the candidate set once: --token_ids or --vocab_file, not both.")
 
