@@ -538,24 +538,6 @@ def test_a_summary_shows_its_identitys_prompt_and_its_bottom_rows_lowest_first(t
     assert [v for v, _, _ in _rows(summary)] == [1.5, 0.9, -2.0, -0.7]
 
 
-def test_the_histogram_marks_no_byte_fragment_without_a_roundtrip_column(tmp_path, monkeypatch):
-    """plot_distributions on a table without a roundtrip column: a token decoding to U+FFFD (a byte fragment) is not
-    marked even at the top; the best whole token is. Kills `~df["token_decoded"].str.contains(…)` losing its `~`."""
-    import matplotlib.axes
-
-    from rmjax.runs import results, table_summary
-
-    out = tmp_path / "s.csv"
-    results.write_scores_csv(out, np.arange(4), list("abcd"), ["\ufffd", "low", "good", "mid"],
-                             {"p": np.array([9.0, -3.0, 2.0, 0.1])})
-    notes = []
-    real = matplotlib.axes.Axes.annotate
-    monkeypatch.setattr(matplotlib.axes.Axes, "annotate",
-                        lambda self, text, *a, **k: notes.append(text) or real(self, text, *a, **k))
-    table_summary.plot_distributions(out)
-    assert notes == ["top: 'good' 2.00", "bottom: 'low' -3.00"]
-
-
 # --- claims ------------------------------------------------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 
 from rmjax.runs import results, table_summary
 
@@ -36,15 +37,20 @@ def test_summary_names_the_prompt_and_places_each_token_in_the_distribution(tmp_
         assert ("no round trip" in flag) == (not roundtrip[i])
 
 
-def test_histogram_marks_the_top_and_bottom_token(tmp_path, monkeypatch):
+@pytest.mark.parametrize("decoded, values, want", [
+    (["low", "lowest", "best", "mid"], [0.5, -3.0, 2.0, 0.1], ["top: 'best' 2.00", "bottom: 'lowest' -3.00"]),
+    # a token decoding to U+FFFD (a byte fragment) is not marked even at the top, with no roundtrip column; the best
+    # whole token is (kills `~df["token_decoded"].str.contains(…)` losing its `~`: helper-123's mutation pass)
+    (["\ufffd", "low", "good", "mid"], [9.0, -3.0, 2.0, 0.1], ["top: 'good' 2.00", "bottom: 'low' -3.00"]),
+])
+def test_histogram_marks_the_top_and_bottom_token(tmp_path, monkeypatch, decoded, values, want):
     import matplotlib.axes
 
     out = tmp_path / "s.csv"
-    values = np.array([0.5, -3.0, 2.0, 0.1])
-    results.write_scores_csv(out, np.arange(4), list("abcd"), ["low", "lowest", "best", "mid"], {"p": values})
+    results.write_scores_csv(out, np.arange(4), list("abcd"), decoded, {"p": np.array(values)})
     notes = []
     real = matplotlib.axes.Axes.annotate
     monkeypatch.setattr(matplotlib.axes.Axes, "annotate",
                         lambda self, text, *a, **k: notes.append(text) or real(self, text, *a, **k))
     table_summary.plot_distributions(out)
-    assert notes == ["top: 'best' 2.00", "bottom: 'lowest' -3.00"]
+    assert notes == want
