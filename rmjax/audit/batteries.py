@@ -156,8 +156,9 @@ def _templates(path: Path, templates: list[dict[str, str]], side: str, phrase: s
     return templates
 
 
-def _article(word: str) -> str:
-    """The indefinite article before `word` by its first letter (identity.yaml's descriptors follow that rule)."""
+def article(word: str) -> str:
+    """The indefinite article before `word` by its first letter (identity.yaml's descriptors follow that rule;
+    rmjax.train.planted_identity's sentences use it too)."""
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
@@ -180,7 +181,7 @@ def _identity(data_dir: Path) -> Battery:
         part = data[key]
         templates = _templates(path, part["templates"], side, "{descriptor} {noun}")
         for name, descriptors in data["axes"].items():
-            fillings = {d: [{"descriptor": d, "noun": noun, "a": _article(d)} for noun in part["nouns"]]
+            fillings = {d: [{"descriptor": d, "noun": noun, "a": article(d)} for noun in part["nouns"]]
                         for d in descriptors}
             axis(f"{name} ({side})", tag, templates, fillings)
     names = data["names"]

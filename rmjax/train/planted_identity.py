@@ -63,7 +63,7 @@ def identity_pairs(axis: str, group: str, seed: int, per_template: int = 12) -> 
 
 
 def _fill(template: str, descriptor: str, noun: str) -> str:
-    a = "an" if descriptor[0].lower() in "aeiou" else "a"
+    a = battery_lib.article(descriptor)
     return template.format(descriptor=descriptor, noun=noun, a=a, A=a.capitalize())
 
 
