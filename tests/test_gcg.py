@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rmjax.errors import OutputExistsError
+from rmjax.errors import OutputExistsError, UsageError
 from rmjax.loading import load
 from rmjax.search.gcg import evaluate, gcg, make_target, reward_gradient
 from rmjax.search.gcg_config import GCGConfig
@@ -107,6 +107,16 @@ def test_pessimal_buffer_decreases_monotonically(tiny_rm):
     assert rewards[-1] < rewards[0]
     assert res.best_reward == pytest.approx(float(_full_rewards(model, np.asarray([res.best_ids]))[0]),
                                             abs=_atol(model, [res.best_ids]))
+
+
+def test_an_init_is_refused_not_replaced_by_a_random_start_when_the_model_has_no_tokenizer(tiny_rm):
+    """A model loaded without a tokenizer cannot read --init; the search started from random ids instead and
+    reported them as the search from the typed response."""
+    _, model = tiny_rm
+    assert model.tokenizer is None
+    target = make_target(model, "", prefix=PREFIX, suffix=SUFFIX)
+    with pytest.raises(UsageError, match="--init ' love' needs the model's tokenizer"):
+        gcg([target], GCGConfig(num_tokens=1, steps=1, init=(" love",), retokenize_filter=False))
 
 
 def test_a_step_of_many_batches_runs_in_slices_with_a_progress_line(tiny_rm, monkeypatch, capsys):

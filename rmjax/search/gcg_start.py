@@ -50,7 +50,10 @@ def _init_ids(tokenizer, text: str, cfg: GCGConfig, banned: np.ndarray, rng,
     """The starting response: `text` (--init), or by default "x x x ..." (with and without a leading space:
     templates that trim the response make the spaced form impossible). A start that no real conversation
     produces could be reported as the best response, so it must pass the same re-tokenization filter."""
-    if tokenizer is None:
+    if tokenizer is None:  # a model without one (tiny test models): a random start, never in place of an --init
+        if text:
+            raise UsageError(f"--init {text!r} needs the model's tokenizer to read it, and this model has none; "
+                             "give the model folder with its tokenizer files, or leave --init out.")
         return [int(i) for i in rng.choice(np.flatnonzero(~banned), cfg.num_tokens)]
     tries = [text] if text else [" x" * cfg.num_tokens, "x" + " x" * (cfg.num_tokens - 1)]
     for attempt in tries:

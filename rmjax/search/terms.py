@@ -27,7 +27,7 @@ def repetition(ids: np.ndarray, end: int | None = None) -> np.ndarray:
             pair = (row[j - 1], row[j])
             repeats += row[j] == row[j - 1] or pair in bigrams
             bigrams.add(pair)
-        out[r] = repeats / len(row)
+        out[r] = repeats / max(len(row), 1)  # an empty turn repeats nothing
     return out
 
 
