@@ -323,6 +323,34 @@ def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_
     assert np.abs(lam * prior_grad).max() > 10 * atol or lam == 0  # the prior's term is there to be missed
 
 
+def test_the_joint_gradient_reads_the_output_column_it_is_given(tied):
+    """An RM with two outputs, the one-output RM's head as column 1 and another as column 0, read at
+    --output_column=1: its joint gradient and prior log-probs are the one-output RM's (the joint gradient read
+    column 0 whatever the column, and every one-output RM hid it)."""
+    from rmjax import nn
+
+    _, _, rm = tied
+    flat = nn.flat(rm.params)
+    head = np.asarray(flat["score.kernel"])
+    cfg = dataclasses.replace(rm.config, num_labels=2)
+    two = np.concatenate([np.random.default_rng(0).normal(size=head.shape).astype(np.float32), head], axis=1)
+    rm2 = dataclasses.replace(rm, config=cfg, params=nn.from_flat(cfg, {**flat, "score.kernel": two}), output_column=1)
+    ids = _word_ids(rm.tokenizer)[[3, 0, 5, 5, 8]]
+    got = []
+    for model in (rm, rm2):
+        target = make_target(model, PROMPT)
+        obj = Objective(target, Prior.of(model, target.prefix), 0.7, 1.0, 2.0,
+                        Forwards(10**6, len(ids) + obj_tail(target), len(ids) + 1))
+        assert obj.rm_is_prior
+        got.append([np.asarray(a) for a in obj.gradient(ids, explore=True)])
+    (loss, _, every), (loss2, _, every2) = got
+    full = np.asarray([[*target.prefix, *ids.tolist(), *target.suffix]], np.int32)
+    # one computation but for the head's extra column: the same f32 rounding up to the head's matmul, within bound
+    atol = 2 * tolerance.grad_atol(loss, rm.config, full.shape[1] + 1, rm.config.hidden_size)
+    np.testing.assert_allclose(loss2, loss, atol=atol, rtol=0)
+    np.testing.assert_allclose(every2, every, atol=2 * tolerance.logprobs_atol(rm.params, rm.config, full), rtol=0)
+
+
 def test_the_gradient_with_a_separate_prior_is_the_rewards_and_the_priors_each_from_its_own_model(tied):
     """A prior that is not the RM: d(−J)/d one_hot = −(sign·dR + λ·dF), the reward's gradient from the RM and F's
     from the prior LM (each against PyTorch elsewhere), and the prior's log-probs at every position of the turn."""
