@@ -185,7 +185,7 @@ def test_an_interactions_length_null_when_only_its_first_axis_changes_length():
     items = pd.concat([filler((30, 60)), pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True)
     contrast = Contrast("framing", "top", ("good",), ("bad",), "length", minus_axis="bottom")
     assert stats.length_null(items, contrast) == pytest.approx(2 / 60 * 7, rel=1e-12)
-    with pytest.raises(ValueError, match="length-only null"):
+    with pytest.raises(ValueError, match="length-only null of framing/top 'good vs bad' has a set of items with no"):
         stats.length_null(items, Contrast("framing", "top", ("good",), ("bad",), "length", minus_axis="middle"))
 
 
