@@ -87,7 +87,7 @@ def test_a_monte_carlo_p_draws_from_its_seed(test):
     equal ones would be a ~1e-6 coincidence. Kills `default_rng(seed)` -> `default_rng(0)` in sign_flip_p and in
     label_permutation_p."""
     ps = {test(seed) for seed in range(5)}
-    assert len(ps) > 1, ps
+    assert len(ps) > 1 and all(0.1 < p < 0.9 for p in ps), ps  # moderate p's: not all at the floor 1/501
 
 
 # --- resampling: label_permutation_p -----------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_an_interactions_length_null_when_only_its_first_axis_changes_length():
     items = pd.concat([filler((30, 60)), pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True)
     contrast = Contrast("framing", "top", ("good",), ("bad",), "length", minus_axis="bottom")
     assert stats.length_null(items, contrast) == pytest.approx(2 / 60 * 7, rel=1e-12)
-    with pytest.raises(ValueError, match="length-only null of framing/top 'good vs bad' has a set of items with no"):
+    with pytest.raises(ValueError, match="of framing/top minus middle 'good vs bad' has a set of items with no"):
         stats.length_null(items, Contrast("framing", "top", ("good",), ("bad",), "length", minus_axis="middle"))
 
 
@@ -227,9 +227,10 @@ def test_an_interaction_with_a_shuffled_null_is_refused():
 def test_rewards_apart_by_a_subnormal_have_no_spread():
     """0 and 1e-320 are two values, but their SD is 0 in float64 (the squared deviations underflow): no scale.
     Kills `scale <= 0` -> `scale < 0` (a scale of 0, every standardised difference infinite)."""
-    assert np.std([0.0, 1e-320, 0.0], ddof=1) == 0.0
+    items = two_group_items([0.0, 1e-320], [0.0, 0.0])
+    assert items["reward"].nunique() == 2 and items["reward"].std(ddof=1) == 0.0
     with pytest.raises(ValueError, match="no spread"):
-        stats.reward_scale(two_group_items([0.0, 1e-320], [0.0, 0.0]))
+        stats.reward_scale(items)
 
 
 def test_differences_within_twice_64_float32_ulps_are_rounding():
@@ -354,8 +355,10 @@ def test_the_report_lists_the_first_twenty_rows_holm_keeps(audits, tmp_path):
     dropping the table of kept rows and `.head(20)` -> `.head(5)`."""
     _, _, folders = audits
     section = AuditSection([folders["a"], folders["b"]], n_boot=100, n_perm=999)
+    # every row differs one way (above): each p is 1 / 1000, Holm's 23 / 1000 < 0.05, so all 23 are kept
+    assert (section.differences["p"] == 1 / 1000).all()
     kept = int((section.differences["p_holm"] < 0.05).sum())
-    assert kept > 20
+    assert kept == 23
     outputs = Outputs(tmp_path / "analysis")
     section(outputs)
     text = "\n".join(outputs.lines)
@@ -364,15 +367,16 @@ def test_the_report_lists_the_first_twenty_rows_holm_keeps(audits, tmp_path):
     assert len([line for line in table if line.startswith("| ")]) == 1 + 20
 
 
-def test_audits_of_other_texts_or_of_no_shared_battery_are_refused(audits):
+def test_audits_of_other_texts_or_of_no_shared_battery_are_refused(audits, tmp_path):
     """An audit whose one length answer reads otherwise holds other conversations; audits of framing alone and of
     length alone share no battery. Kills `text` dropped from the conversations' keys (the pair then refused only as
     scoring other variants) and dropping the `not shared` refusal."""
-    root, items, folders = audits
+    _, items, folders = audits
     edited = items["a"].copy()
     edited.loc[edited.index[edited["battery"] == "length"][0], "text"] = "Another answer."
     with pytest.raises(UsageError, match="hold different conversations in the batteries both ran"):
-        AuditSection([folders["a"], audit_folder(root / "edited", edited, "rm-edited")], n_boot=100, n_perm=100)
-    alone = [audit_folder(root / b, items["a"][items["a"]["battery"] == b], f"rm-{b}") for b in ("framing", "length")]
+        AuditSection([folders["a"], audit_folder(tmp_path / "edited", edited, "rm-edited")], n_boot=100, n_perm=100)
+    alone = [audit_folder(tmp_path / b, items["a"][items["a"]["battery"] == b], f"rm-{b}")
+             for b in ("framing", "length")]
     with pytest.raises(UsageError, match="share no battery"):
         AuditSection(alone, n_boot=100, n_perm=100)

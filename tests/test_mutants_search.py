@@ -260,6 +260,7 @@ def test_a_fluency_weight_without_a_prior_is_refused():
     with pytest.raises(UsageError, match="needs a prior"):
         Objective(target, None, 0.5, 1.0, 0.0, Forwards(10, 7, 5))
 
+
 def test_a_partners_gap_gradient_weight_and_forwards_by_hand():
     """With a partner (A's SD 4, 3 forwards a text): J reads the gap, the gradient weighs A's reward by sign / 4,
     and scoring pays 3 forwards for each distinct text the partner has not scored (2 of the 3 distinct here);

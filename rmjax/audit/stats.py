@@ -134,11 +134,11 @@ def _length_null(frame: pd.DataFrame, contrast: Contrast, lengths: Sequence[np.n
     mean_length = _gap(lengths) if all(len(x) for x in lengths) else float("nan")
     if all(not np.any(x) for x in lengths):  # the responses never differ in length (framing, identity in the prompt)
         return 0.0
-    slope, name = _filler_slope(frame), f"{contrast.battery}/{contrast.axis} {contrast.name!r}"
+    slope, name = _filler_slope(frame), f"{contrast.battery}/{contrast.row_axis} {contrast.name!r}"
     if slope is None:
         raise ValueError(f"the length-only null of {name} needs the length battery's padded_neutral and concise "
                          "renderings in the same audit")
-    if not np.isfinite(mean_length):  # an interaction's second axis (minus_axis) with no complete item
+    if not np.isfinite(mean_length):  # an item set (an interaction's axis) with no complete item
         raise ValueError(f"the length-only null of {name} has a set of items with no complete item: no length "
                          "difference to weigh")
     return slope * mean_length
