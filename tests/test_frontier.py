@@ -702,14 +702,6 @@ def _layers_by_brute_force(gain, fluency):
     return layer
 
 
-def test_repetition_is_the_share_of_repeated_positions_by_hand_and_an_empty_turn_repeats_nothing():
-    """terms.repetition against counts by hand: a position repeats the token before it or an earlier bigram; with
-    the end of turn (9) only a response's own tokens count, and an empty turn (it divided by zero) repeats nothing."""
-    ids = np.asarray([[3, 3, 4, 3], [3, 4, 3, 4], [9, 1, 1, 1], [5, 6, 9, 9]])
-    assert terms.repetition(ids).tolist() == [1 / 4, 1 / 4, 2 / 4, 1 / 4]
-    assert terms.repetition(ids, 9).tolist() == [1 / 4, 1 / 4, 0.0, 0 / 2]
-
-
 def test_search_rows_are_its_best_by_j_and_its_own_pareto_layers():
     """The written search rows: the top by J, and up to front_rows points taken layer by layer from the search's
     own (gain, fluency) Pareto layers, whole layers first, the last one touched spread with both its ends kept;

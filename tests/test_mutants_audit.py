@@ -17,7 +17,7 @@ from rmjax.analysis.files import Outputs
 from rmjax.audit import Contrast, stats
 from rmjax.audit import batteries as battery_lib
 from rmjax.audit.compare import AuditSection, run_analyses_with_audits
-from rmjax.audit.job import folder_paths
+from rmjax.audit.job import folder_paths, write_items
 from rmjax.errors import UsageError
 from rmjax.runs import results
 
@@ -304,9 +304,7 @@ def audit_folder(path: Path, items: pd.DataFrame, model: str) -> str:
     section only shows beside the others, is a stand-in: the batteries' rows with 0 in every number."""
     path.mkdir()
     paths = folder_paths(path)
-    with open(paths["items"], "w", encoding="utf-8", newline="") as f:
-        results.write_rows(f, [COLUMNS])
-        results.write_rows(f, ([*row[:5], float(row[5]), row[6]] for row in items.itertuples(index=False)))
+    write_items(paths["items"], items)
     contrasts = [c for b in battery_lib.build(list(dict.fromkeys(items["battery"]))) for c in b.contrasts]
     results.write_table(paths["csv"], {"battery": [c.battery for c in contrasts],
                                        "axis": [c.row_axis for c in contrasts],
@@ -351,7 +349,7 @@ def test_analyze_reports_the_rows_holm_keeps_with_its_settings(audits, tmp_path)
 
 
 def test_the_report_lists_the_first_twenty_rows_holm_keeps(audits, tmp_path):
-    """With n_perm = 999 more than 20 of the 23 rows are kept, and the report's table lists the first 20. Kills
+    """With n_perm = 999 all 23 rows are kept, and the report's table lists the first 20. Kills
     dropping the table of kept rows and `.head(20)` -> `.head(5)`."""
     _, _, folders = audits
     section = AuditSection([folders["a"], folders["b"]], n_boot=100, n_perm=999)

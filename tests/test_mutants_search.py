@@ -295,12 +295,13 @@ def test_what_scoring_charges_each_candidate_by_hand():
 
 def test_repetition_share_by_hand():
     """terms.repetition: [5, 5, 6, 5, 6, 9] repeats at 1 (5 after 5) and 4 (the bigram 5 6 again): 2 of 6, or of 5
-    over its turn before the end 9; with end 0 (a falsy id) the turn [1, 2, 1, 2] repeats once in 4; Values of no
-    lists are empty. Kills dropping `bigrams.add(pair)`, `if end is not None` -> `if end` and Values.joined without
-    its `np.zeros(0)`."""
+    over its turn before the end 9; with end 0 (a falsy id) the turn [1, 2, 1, 2] repeats once in 4; an empty turn
+    repeats nothing (it divided by zero); Values of no lists are empty. Kills dropping `bigrams.add(pair)`,
+    `if end is not None` -> `if end` and Values.joined without its `np.zeros(0)`."""
     np.testing.assert_array_equal(terms.repetition(np.asarray([[5, 5, 6, 5, 6, 9]])), [2 / 6])
     np.testing.assert_array_equal(terms.repetition(np.asarray([[5, 5, 6, 5, 6, 9]]), 9), [2 / 5])
     np.testing.assert_array_equal(terms.repetition(np.asarray([[1, 2, 1, 2, 0, 0]]), 0), [1 / 4])
+    np.testing.assert_array_equal(terms.repetition(np.asarray([[9, 1, 1, 1]]), 9), [0.0])
     assert terms.Values.joined([]).objective.shape == (0,)
 
 

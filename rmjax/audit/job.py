@@ -162,16 +162,21 @@ def write(paths: dict[str, Path], items: pd.DataFrame, table: pd.DataFrame, null
     and sycophancy items differ), the figure, then audit.csv (the result the claim names)."""
     from rmjax.audit import figure
 
-    columns = [*ITEM_KEYS, "reward", "prompt"]
-    with atomic.replacing(paths["items"]) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
-        results.write_rows(f, [columns])
-        results.write_rows(f, ([*(str(v) for v in row[:-2]), float(row[-2]), str(row[-1])]
-                               for row in items[columns].itertuples(index=False)))
+    write_items(paths["items"], items)
     figure.effects(table, nulls, paths["png"])
     keys = ("battery", "axis", "contrast", "n_items")
     results.write_table(paths["csv"], {k: table[k].tolist() for k in keys},
                         {k: table[k].to_numpy(np.float64) for k in table.columns if k not in keys})
     return paths["csv"]
+
+
+def write_items(path: Path, items: pd.DataFrame) -> None:
+    """audit_items.csv: ITEM_KEYS, reward, prompt; strings as strings (read_items reads them back)."""
+    columns = [*ITEM_KEYS, "reward", "prompt"]
+    with atomic.replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        results.write_rows(f, [columns])
+        results.write_rows(f, ([*(str(v) for v in row[:-2]), float(row[-2]), str(row[-1])]
+                               for row in items[columns].itertuples(index=False)))
 
 
 def read_items(path: str | Path) -> pd.DataFrame:
