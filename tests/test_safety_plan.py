@@ -20,7 +20,7 @@ from rmjax.errors import CheckpointError, UsageError
 from rmjax.hf_config import config_from_hf, load_config_file
 from rmjax.plan.chips import parse_slice
 from tests import inproc, tiny
-from tests.cli import run, user_error
+from tests.cli import run, run_each, user_error
 
 ARCHITECTURES = {"llama3": "LlamaForSequenceClassification", "gemma2": "Gemma2ForSequenceClassification",
                  "gemma3": "Gemma3TextForSequenceClassification"}
@@ -156,7 +156,10 @@ def test_gguf_metadata_goes_through_the_same_checks(tmp_path):
 
 def _plan_command_refused(*flags: str, says: tuple[str, ...] = ()) -> str:
     """`python -m experiments.plan --topology=v5e:2x2 FLAGS`: one line, and no mesh compiled."""
-    proc = run("plan", "--topology=v5e:2x2", *flags)
+    return _refused_before_compiling(run("plan", "--topology=v5e:2x2", *flags), says)
+
+
+def _refused_before_compiling(proc, says: tuple[str, ...]) -> str:
     line = user_error(proc, *says)
     assert "plan: data:" not in proc.stdout, proc.stdout  # no mesh was compiled
     return line
@@ -213,14 +216,15 @@ def test_plan_refuses_a_batch_size_past_what_one_call_holds(tmp_path, job, batch
 
 
 def test_plan_refuses_an_out_that_is_a_folder_before_compiling(tmp_path):
+    """--out a folder; and a fault hunt: --overwrite wrote the plan over the model's own config.json (a folder's file
+    likewise). Both commands in one interpreter (tests.cli.run_each)."""
     folder = tmp_path / "plans"
     folder.mkdir()
-    _plan_command_refused(f"--model={_config_file(tmp_path)}", "--job=sweep", "--limit=64", f"--out={folder}",
-                          "--overwrite", says=(f"--out={folder} is a directory",))
-    # a fault hunt: --overwrite wrote the plan over the model's own config.json (a folder's file likewise)
     config = _config_file(tmp_path)
-    _plan_command_refused(f"--model={config}", "--job=sweep", "--limit=64", f"--out={config}", "--overwrite",
-                          says=("inside the model this plan reads",))
+    into_folder, onto_config = run_each(*(("plan", "--topology=v5e:2x2", f"--model={config}", "--job=sweep",
+                                           "--limit=64", f"--out={out}", "--overwrite") for out in (folder, config)))
+    _refused_before_compiling(into_folder, (f"--out={folder} is a directory",))
+    _refused_before_compiling(onto_config, ("inside the model this plan reads",))
     assert json.loads(config.read_text())["architectures"]
 
 
