@@ -67,11 +67,11 @@ runtime-smoke: $(VENV)/.installed
 	rm -rf $(dir $(SMOKE_CLONE))
 
 # BLAS on one thread per test worker: the workers share the cores (numpy's matmuls ran at half speed on two
-# threads under load); set here, since pytest-randomly imports numpy before conftest runs. One worker more than
-# cores: with one each, the tests left a sixth of the CPU idle while they waited on files and subprocesses (user +
-# sys 41 of 49 core-minutes of a fresh 2-core run).
+# threads under load); set here, since pytest-randomly imports numpy before conftest runs. One worker per core: a
+# third on 2 cores filled the CPU's idle sixth but burned a fifth more CPU (cause not isolated): 6 heavy modules
+# took 335 and 364 s with 3 workers (user 611, 641 s), 281 s with 2 (user 492 s), BUILD_NOTES' Time budget.
 # (The cores this process may use: nproc reads OMP_NUM_THREADS, which a shell for numpy work often sets to 1.)
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)))")
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 tests
