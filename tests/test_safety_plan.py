@@ -160,6 +160,7 @@ def _plan_command_refused(*flags: str, says: tuple[str, ...] = ()) -> str:
 
 
 def _refused_before_compiling(proc, says: tuple[str, ...]) -> str:
+    """A finished `experiments.plan` (tests.cli.run or run_each): one error line naming `says`, no mesh compiled."""
     line = user_error(proc, *says)
     assert "plan: data:" not in proc.stdout, proc.stdout  # no mesh was compiled
     return line
