@@ -87,18 +87,38 @@ def test_top_k_stops_at_the_position_with_the_fewest_allowed_tokens():
 
 
 def test_random_candidates_with_no_allowed_token_or_fewer_positions_than_n_replace():
-    """gcg_swaps.sample_candidates (random): a position with no finite score gives no candidate at all; a response
-    of 2 positions with --n_replace=3 swaps both, each to one of its top-2 tokens (the current one scores +inf),
-    and over 64 draws each of the 4 (position, token) pairs is drawn. Kills dropping `if k == 0: return ...`,
-    `min(cfg.n_replace, n)` -> `cfg.n_replace` and the token drawn from [0, k - 1) instead of [0, k)."""
+    """gcg_swaps.sample_candidates (random): with no finite score anywhere there is no candidate; a response of 2
+    positions with --n_replace=3 swaps both, each to one of its top-2 tokens (the current one scores +inf), and
+    over 64 draws each of the 4 (position, token) pairs is drawn. Kills dropping the no-live-position return,
+    `min(cfg.n_replace, ...)` -> `cfg.n_replace` and the token drawn from [0, k - 1) instead of [0, k)."""
     current = np.asarray([0, 1], np.int32)
-    none = jnp.asarray([[np.inf] * 4, [0.0, 1.0, 2.0, 3.0]], jnp.float32)
     cfg = GCGConfig(num_tokens=4, topk=2, search_width=64, n_replace=3)
+    none = jnp.full((2, 4), np.inf, jnp.float32)
     assert gcg_swaps.sample_candidates(current, none, cfg, jax.random.key(0)).shape == (0, 2)
     score = jnp.asarray([[np.inf, 0.0, 1.0, 5.0], [0.0, np.inf, 1.0, 5.0]], jnp.float32)
     got = gcg_swaps.sample_candidates(current, score, cfg, jax.random.key(1))
     assert got.shape == (64, 2) and (got != current).all()
     assert set(got[:, 0].tolist()) == {1, 2} and set(got[:, 1].tolist()) == {0, 2}
+
+
+@pytest.mark.parametrize("selection", ["random", "greedy"])
+def test_a_position_with_no_finite_score_stays_and_the_others_swap(selection):
+    """gcg_swaps.sample_candidates where position 1's every score is +inf (its gradient row non-finite under
+    --allow_nonfinite): the candidates are not none (the step used to end empty), position 1 is never changed, and
+    the others swap to their top-2 tokens by hand: position 0 to 2 or 1, position 2 to 3 or 0. k is 2 from the
+    live positions (position 2 allows only 2), and --n_replace=3 swaps both live positions in every random one.
+    Greedy, by hand: the single swaps in score order (0->2 at -3, 2->3 at -2, 0->1 at -1, 2->0 at 0), each with the
+    other live position's best swap, the repeat dropped."""
+    inf = np.inf
+    score = jnp.asarray([[0.5, -1.0, -3.0, 4.0], [inf] * 4, [0.0, inf, inf, -2.0]], jnp.float32)
+    current = np.asarray([0, 1, 1], np.int32)
+    cfg = GCGConfig(num_tokens=3, topk=3, search_width=64, n_replace=3, selection=selection)
+    got = gcg_swaps.sample_candidates(current, score, cfg, jax.random.key(2))
+    if selection == "greedy":
+        np.testing.assert_array_equal(got, [[2, 1, 3], [1, 1, 3], [2, 1, 0]])
+        return
+    assert got.shape == (64, 3) and (got[:, 1] == 1).all()
+    assert set(got[:, 0].tolist()) == {1, 2} and set(got[:, 2].tolist()) == {0, 3}
 
 
 _GREEDY_SCORE = np.asarray([[-10.0, 5.0, 9.0, 9.0], [8.0, 7.0, 1.0, 9.0], [8.0, 7.0, 9.0, 2.0]], np.float32)

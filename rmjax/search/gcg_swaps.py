@@ -71,11 +71,15 @@ def _best_swaps(score: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 
 @functools.partial(jax.jit, static_argnames=("width", "n_replace"))
-def _random_swaps(current: jax.Array, top: jax.Array, key: jax.Array, width: int, n_replace: int) -> jax.Array:
-    """`width` candidates, each `current` with `n_replace` distinct positions set to one of their top-k tokens."""
+def _random_swaps(current: jax.Array, top: jax.Array, live: jax.Array, key: jax.Array, width: int,
+                  n_replace: int) -> jax.Array:
+    """`width` candidates, each `current` with `n_replace` distinct `live` positions set to one of their top-k
+    tokens (n_replace ≤ the live positions)."""
     n, k = top.shape
     where_key, which_key = jax.random.split(key)
-    positions = jnp.argsort(jax.random.uniform(where_key, (width, n)), axis=1)[:, :n_replace]
+    # a position that is not live draws past every live one (uniform draws are < 1), so it is never taken
+    order = jnp.where(live[None, :], jax.random.uniform(where_key, (width, n)), 2.0)
+    positions = jnp.argsort(order, axis=1)[:, :n_replace]
     choice = jax.random.randint(which_key, (width, n_replace), 0, k)
     return jnp.tile(current, (width, 1)).at[jnp.arange(width)[:, None], positions].set(top[positions, choice])
 
@@ -84,28 +88,36 @@ def sample_candidates(current: np.ndarray, score: jax.Array, cfg: GCGConfig, key
     """Candidate responses [W, N] from `swap_scores` (on the device: only the top-k swaps or the candidates
     come back to the host, never the [N, V] scores)."""
     n = len(current)
-    # Never past the allowed tokens: with --topk above their number, top-k would reach banned ones (+inf).
-    k = min(cfg.topk, int(jnp.isfinite(score).sum(axis=1).min()))
-    if k == 0:
+    # A position with no finite score (every token banned, or under --allow_nonfinite a non-finite gradient row)
+    # stays as it is; the others still swap. Never past the allowed tokens: with --topk above their number, top-k
+    # would reach banned ones (+inf).
+    allowed = to_host(jnp.isfinite(score).sum(axis=1))
+    live = allowed > 0
+    if not live.any():
         return np.zeros((0, n), current.dtype)
+    k = min(cfg.topk, int(allowed[live].min()))
     top, top_scores = _best_swaps(score, k)
     if cfg.selection == "greedy":
-        return _greedy_candidates(current, to_host(top), to_host(top_scores), cfg)
-    cands = _random_swaps(jnp.asarray(current, jnp.int32), top, key, cfg.search_width, min(cfg.n_replace, n))
+        return _greedy_candidates(current, to_host(top), to_host(top_scores), live, cfg)
+    cands = _random_swaps(jnp.asarray(current, jnp.int32), top, jnp.asarray(live), key, cfg.search_width,
+                          min(cfg.n_replace, int(live.sum())))
     return to_host(cands).astype(current.dtype)
 
 
-def _greedy_candidates(current: np.ndarray, top: np.ndarray, top_scores: np.ndarray, cfg: GCGConfig) -> np.ndarray:
+def _greedy_candidates(current: np.ndarray, top: np.ndarray, top_scores: np.ndarray, live: np.ndarray,
+                       cfg: GCGConfig) -> np.ndarray:
     """Deterministic candidates: the i-th best single swap (by gradient), plus, up to `n_replace` positions,
     the best swap at each of the positions whose best swap scores best (so the stall fallback's larger
-    n_replace gives new candidates, not the same single swaps again)."""
+    n_replace gives new candidates, not the same single swaps again); only `live` positions swap."""
     n, k = top.shape
     pos, rank = np.unravel_index(np.argsort(top_scores, axis=None, kind="stable"), (n, k))
+    pos, rank = pos[live[pos]], rank[live[pos]]
     # Per position, its best token that is not the current one, and positions by that swap's score.
     second = min(1, k - 1)
     differs = top[:, 0] != current
     alt = np.where(differs, top[:, 0], top[:, second])
     by_score = np.argsort(np.where(differs, top_scores[:, 0], top_scores[:, second]), kind="stable")
+    by_score = by_score[live[by_score]]
     cands, seen = [], set()
     for p, r in zip(pos, rank, strict=True):
         c = current.copy()
