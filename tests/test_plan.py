@@ -449,12 +449,13 @@ def test_a_70b_on_one_v5e_chip_is_refused_naming_cloud_accelerator_types():
 
 def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tmp_path):
     """A full fine-tune of a 1.4B-parameter shape on v5litepod-4: weights, gradients and Adam's two moments
-    (4 x 2.9 GB in bfloat16) cannot sit whole on each 15.75 GiB chip; split over `data` (FSDP) they fit. With
-    FSDP forbidden the refusal counts that state in the slices it names. (6 layers: FSDP fits without remat, so
-    the plan compiles one variant, not two: 18 s alone, not 48.)"""
+    (4 x 2.8 GB in bfloat16) cannot sit whole on each 15.75 GiB chip; split over `data` (FSDP) they fit. With
+    FSDP forbidden the refusal counts that state in the slices it names. (88 narrow layers, not 6 of 4096: the
+    layers are one scan, and the TPU compile is 22 s cold, not 51; FSDP fits without remat, so the plan compiles
+    one variant, not two.)"""
     config = tmp_path / "config.json"
     raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
-    raw.update(hidden_size=4096, intermediate_size=14336, num_hidden_layers=6, num_attention_heads=32,
+    raw.update(hidden_size=1024, intermediate_size=3584, num_hidden_layers=88, num_attention_heads=8,
                num_key_value_heads=8, head_dim=128, vocab_size=32768)
     config.write_text(json.dumps(raw))
     flags = [f"--model={config}", "--topology=v5e-4", "--job=train_rm", "--trainable=full", "--dtype=bfloat16",
@@ -474,16 +475,19 @@ def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tm
 
     cfg, _, shape, _ = plan_inputs(str(config), "v5e-4", "train_rm", trainable="full", batch_size=8,
                                    sequence_tokens=32, n_train=100)
-    # the replicated variant is not compiled: its weights and Adam state alone pass the chip's HBM. That lower
+    trained = sum(d.size for name, d in nn.declarations(cfg).items() if "embed" not in name)
+    frozen = sum(d.size for name, d in nn.declarations(cfg).items() if "embed" in name)
+    # the replicated variant is not compiled: its weights and Adam state alone (each trained weight, its float32
+    # master and Adam's two moments: 2 + 4 + 4 + 4 bytes; the frozen embeddings 2) pass the chip's HBM. That lower
     # bound stays under XLA's own figure for the variant the plan compiled and chose
-    assert said.stdout.count("its weights and optimizer state alone take 17.3 GiB per chip") == 1, said.stdout
+    alone = f"{(trained * 14 + frozen * 2) / 2**30:.1f} GiB"
+    assert alone == "17.5 GiB"  # over the chip's 15.75
+    assert said.stdout.count(f"its weights and optimizer state alone take {alone} per chip") == 1, said.stdout
     chosen = dataclasses.replace(shape, fsdp=True, remat=p["assumed"]["remat"])
     assert 0 < chosen.resident_bytes(cfg, "bfloat16", 4, 1) <= p["per_chip_bytes"]["total"]
     named = _smallest_fit(cfg, "bfloat16", shape)
-    trained = sum(d.size for name, d in nn.declarations(cfg).items() if "embed" not in name)
     # the bound's parts: frozen embeddings whole on a chip (model:1); with FSDP each trained weight, its float32
     # master and Adam's two moments (2 + 4 + 4 + 4 bytes) split over the 4 chips
-    frozen = sum(d.size for name, d in nn.declarations(cfg).items() if "embed" in name)
     assert chosen.resident_bytes(cfg, "bfloat16", 4, 1) == int(frozen * 2 + trained * 14 / 4)
     for name in (part.split(" (")[0] for part in named.removeprefix("Cheapest that fit by estimate: ").split("), ")):
         piece = chips.parse_slice(name)
