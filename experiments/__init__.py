@@ -7,6 +7,7 @@ faster and runs exactly as from the runtime install. Python sets sys.argv[0] to 
 of `python -m`, i.e. while this package is imported: an in-process import (tests, notebooks) changes nothing.
 """
 
+import importlib.abc
 import importlib.util
 import os
 import signal
@@ -24,13 +25,36 @@ if sys.argv[:1] == ["-m"]:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup)
         signal.signal(signal.SIGINT, interrupted_while_starting)
-# Only where torch is installed: elsewhere transformers finds none by itself, and a job that never loads a
-# tokenizer (analyze) need not import transformers for this.
-if sys.argv[:1] == ["-m"] and "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
-    sys.modules["torch"] = None  # for the check alone: importlib finds no torch
-    try:
-        from transformers.utils import import_utils
 
-        import_utils.is_torch_available()  # lru_cached: False for the rest of the process
-    finally:
-        del sys.modules["torch"]  # other libraries (scipy's array API helpers) look torch up in sys.modules
+
+class _TorchCheckedWithoutTorch(importlib.abc.MetaPathFinder):
+    """Where torch is installed: the first import of transformers' import_utils runs its torch check at once, with
+    torch hidden, before any other module can ask. A job imports transformers only when it loads a tokenizer, so
+    one refused by its flags does not import it for this (1.2 s a start)."""
+
+    name = "transformers.utils.import_utils"
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        run = spec.loader.exec_module
+
+        def run_then_check(module):
+            run(module)
+            if "torch" in sys.modules:  # imported already: transformers finds it, whatever this says
+                return
+            sys.modules["torch"] = None  # for the check alone: importlib finds no torch
+            try:
+                module.is_torch_available()  # lru_cached: False for the rest of the process
+            finally:
+                del sys.modules["torch"]  # other libraries (scipy's array API helpers) look torch up in sys.modules
+
+        spec.loader.exec_module = run_then_check
+        return spec
+
+
+# Only where torch is installed: elsewhere transformers finds none by itself.
+if sys.argv[:1] == ["-m"] and "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
+    sys.meta_path.insert(0, _TorchCheckedWithoutTorch())

@@ -194,3 +194,28 @@ def test_test_subprocesses_compile_quickly_except_the_planner():
     assert cli.subprocess_env(XLA_FLAGS=f"{quick[1]} {devices}")["XLA_FLAGS"].split() == [quick[1], devices, quick[0]]
     assert cli.subprocess_env(quick=False, XLA_FLAGS=f"{devices} {' '.join(quick)}")["XLA_FLAGS"] == devices
     assert set(quick) <= set(cli.ENV["XLA_FLAGS"].split())
+
+
+def _imported(stderr: str) -> set[str]:
+    """The modules `python -X importtime` reports importing."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_a_job_imports_no_torch_and_one_refused_by_its_flags_no_transformers(rm_folder):
+    """experiments/__init__.py: where torch is installed (here: a test extra), transformers' torch check runs with
+    torch hidden when transformers is first imported. A job that loads a tokenizer imports no torch (2.2 s a start
+    when it did); a job refused by its flags imports no transformers (1.2 s when the check ran at start-up)."""
+    import importlib.util
+
+    from tests.cli import command, subprocess_env
+
+    assert importlib.util.find_spec("torch") is not None  # the premise: torch is there to be imported
+    scored, refused = (subprocess.run([sys.executable, "-X", "importtime", *command(*job)[1:]], cwd=REPO,
+                                      env=subprocess_env(), capture_output=True, text=True, timeout=600)
+                       for job in (("score", f"--model={rm_folder}", "--prompts=greatest", "--texts=love"),
+                                   ("sweep", "--model=/nonexistent", "--token_ids=1,x")))
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert "'love'" in scored.stdout and "transformers" in _imported(scored.stderr)
+    assert "torch" not in _imported(scored.stderr)
+    assert refused.returncode == 2 and "--token_ids" in refused.stderr
+    assert not {"transformers", "torch"} & _imported(refused.stderr)
