@@ -31,7 +31,7 @@ flags.adopt_module_key_flags(common)
 def read_texts() -> list[str]:
     import sys
 
-    from rmjax.errors import MissingFileError, UsageError
+    from rmjax.errors import UsageError, require_file
     from rmjax.text.candidates import read_vocab_file
 
     texts = list(TEXTS.value)
@@ -40,8 +40,7 @@ def read_texts() -> list[str]:
         path = Path(TEXTS_FILE.value)
         if path.is_dir():
             raise UsageError(f"--texts_file={path} is a folder; give a file with one response per line.")
-        if not path.is_file():
-            raise MissingFileError(f"--texts_file={path} not found.")
+        require_file(path, f"--texts_file={path}")
         lines = read_vocab_file(path, "--texts_file")  # lines end at '\n' only (a U+2028 inside one is no end)
         if lines.blank:
             print(f"--texts_file={path}: {lines.blank} blank or whitespace-only line{'s' * (lines.blank != 1)} "

@@ -4,6 +4,10 @@ Every `RmjaxError` is a user error: the entry points print its message as one li
 status 2. Anything else is an internal error and keeps its traceback.
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+
 
 class RmjaxError(Exception):
     """Base class of rmjax's user-facing errors."""
@@ -51,6 +55,21 @@ class LockedError(RmjaxError):
 
 class NonFiniteError(RmjaxError):
     """A score, reward, gradient or loss is NaN or infinite."""
+
+
+def require_file(path: str | Path, what: str) -> Path:
+    """`path` when it is a regular file (through links), else one line naming `what` (`--texts_file=x`): missing, a
+    folder, or something else, such as the pipe of a shell's `<(…)`, which a job may read more than once (a second
+    read of a pipe finds it empty; its first answer was "not found")."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.exists():
+        raise MissingFileError(f"{what} not found.")
+    if path.is_dir():
+        raise InputFileError(f"{what} is a folder; give the file itself.")
+    raise InputFileError(f"{what} is not a regular file (a pipe, such as the shell's <(…), or a device), which the "
+                         "job may read more than once; write it to a file and give that.")
 
 
 def one_line(error: BaseException) -> str:

@@ -9,6 +9,7 @@ bounds and validators, --mesh, --texts_file, stray arguments) run as the command
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -169,6 +170,11 @@ BAD_OTHER_FLAGS = [
     ("score", ["--texts_file={dir}/missing.txt"], ["missing.txt", "not found"]),
     ("score", ["--texts_file={dir}"], ["is a folder"]),  # said "not found"
     ("score", ["--texts_file={dir}/blank.txt"], ["blank.txt holds no response"]),  # said "give --texts or --texts_file"
+    # a pipe (a shell's <(…)) where a file is read more than once: each said "not found"
+    ("score", ["--texts_file={dir}/pipes/t.txt"], ["--texts_file=", "t.txt is not a regular file", "<(…)"]),
+    ("sweep", ["--prompts={dir}/pipes/p.yaml", "--out={dir}/p.csv"], ["p.yaml is not a regular file"]),
+    ("train_rm", ["--pairs={dir}/pipes/p.csv"], ["preference file", "p.csv is not a regular file"]),
+    ("train_rm", ["--elo={dir}/pipes/e.csv"], ["EloEverything file", "e.csv is not a regular file"]),
     ("score", ["--texts=a,,b"], ["empty response"]),  # scored an empty response
     # refused from the config and tokenizer, before the weights (each loaded them first)
     ("score", ["--texts=a", "--prompt=long=" + "word " * 600, "--out={dir}/s.csv"], ["needs 634 positions", "512"]),
@@ -220,6 +226,9 @@ def bad_other_runs(rm_folder, tmp_path_factory):
     (folder / "file.txt").write_text("not a table\n")
     (folder / "blank.txt").write_text("\n  \n")
     (folder / "words.txt").write_text(" cat\n dog\n house\n sun\n")
+    (folder / "pipes").mkdir()  # apart: no other case lists a folder holding a FIFO (opening one blocks)
+    for name in ("t.txt", "p.yaml", "p.csv", "e.csv"):
+        os.mkfifo(folder / "pipes" / name)
     procs = cli.run_each(*[(job, *([] if job == "analyze" else [f"--model={rm_folder}"]),
                             *[f.format(dir=folder) for f in flags]) for job, flags, _ in BAD_OTHER_FLAGS])
     return {(job, flags[0]): proc for proc, (job, flags, _) in zip(procs, BAD_OTHER_FLAGS, strict=True)}

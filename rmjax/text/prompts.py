@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmjax.errors import MissingFileError, UsageError
+from rmjax.errors import UsageError, require_file
 from rmjax.text import yamlfile
 
 PAPER1 = {
@@ -49,8 +49,7 @@ def builtin_prompts() -> dict[str, str]:
 def read_prompt_file(path: Path) -> dict[str, str]:
     """`name: text` pairs of a YAML file; every value must be a non-empty string (a bare `null`, `yes` or
     number would otherwise become the prompt "None", "True" or "7")."""
-    if not path.is_file():
-        raise MissingFileError(f"prompt file {path} not found.")
+    require_file(path, f"prompt file {path}")
     # Names as written (`007:` stays "007", not 7); a name given twice is refused, not its first text dropped.
     data = yamlfile.load(path, keys_as_written=True)
     if not isinstance(data, dict) or not data:

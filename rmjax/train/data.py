@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from rmjax import data as shipped
-from rmjax.errors import InputFileError, MissingFileError, UsageError
+from rmjax.errors import InputFileError, MissingFileError, UsageError, require_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +49,7 @@ class Pairs:
 
 def read_pairs(path: str | Path) -> Pairs:
     """CSV or JSONL with columns prompt, chosen, rejected and optional label (soft, in [0, 1])."""
-    path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"preference file {path} not found.")
+    path = require_file(path, f"preference file {path}")
     try:
         if path.suffix.lower() in (".jsonl", ".json"):  # (a .JSONL was read as CSV)
             df = pd.DataFrame(_json_pairs(path))
@@ -247,8 +245,9 @@ def elo_csv(spec: str | Path) -> Path:
 
 def read_elo_items(path: str | Path) -> pd.DataFrame:
     path = elo_csv(path)
-    if not path.is_file():
+    if not path.exists():
         raise MissingFileError(f"EloEverything file {path} not found (--elo=builtin reads the shipped one).")
+    require_file(path, f"EloEverything file {path}")
     _refuse_repeated_columns(path)  # a trailing comma shifted every item (named by its score), as in a pairs file
     try:
         df = pd.read_csv(path, keep_default_na=False, dtype={"name": str})
