@@ -43,7 +43,8 @@ class _TorchCheckedWithoutTorch(importlib.abc.MetaPathFinder):
 
         def run_then_check(module):
             run(module)
-            if "torch" in sys.modules:  # imported already: transformers finds it, whatever this says
+            # (a loader shared by several modules runs them all through here: only this one is checked)
+            if module.__name__ != self.name or "torch" in sys.modules:  # torch imported already: transformers finds it
                 return
             sys.modules["torch"] = None  # for the check alone: importlib finds no torch
             try:

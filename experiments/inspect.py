@@ -68,7 +68,7 @@ def check_flags() -> None:
 
 def main(argv):
     del argv
-    from rmjax.errors import MissingFileError
+    from rmjax.errors import require_file
     from rmjax.inspect import job as inspect_job
     from rmjax.parallel import distributed
 
@@ -77,8 +77,8 @@ def main(argv):
     if RESPONSES.value:
         common.note_edge_spaces("--responses", RESPONSES.value)
     source = FROM_SWEEP.value or FROM_BEAM.value
-    if source and not Path(source).is_file():
-        raise MissingFileError(f"{given[0]}={source} not found.")
+    if source:
+        require_file(source, f"{given[0]}={source}")
     summary = inspect_job.run_inspect(inspect_job.InspectSpec(
         common.options(OUT.value), next(iter(prompts.items())),
         responses=tuple(RESPONSES.value) if RESPONSES.value else None, source=source, top=TOP.value,

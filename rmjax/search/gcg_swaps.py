@@ -99,6 +99,8 @@ def sample_candidates(current: np.ndarray, score: jax.Array, cfg: GCGConfig, key
     top, top_scores = _best_swaps(score, k)
     if cfg.selection == "greedy":
         return _greedy_candidates(current, to_host(top), to_host(top_scores), live, cfg)
+    # (n_replace is static: a live count under it compiles once more; the stall fallback's larger n_replace then
+    # redraws the same number of swaps)
     cands = _random_swaps(jnp.asarray(current, jnp.int32), top, jnp.asarray(live), key, cfg.search_width,
                           min(cfg.n_replace, int(live.sum())))
     return to_host(cands).astype(current.dtype)
