@@ -38,8 +38,6 @@ def read_texts() -> list[str]:
     common.note_edge_spaces("--texts", texts)
     if TEXTS_FILE.value:
         path = Path(TEXTS_FILE.value)
-        if path.is_dir():
-            raise UsageError(f"--texts_file={path} is a folder; give a file with one response per line.")
         require_file(path, f"--texts_file={path}")
         lines = read_vocab_file(path, "--texts_file")  # lines end at '\n' only (a U+2028 inside one is no end)
         if lines.blank:

@@ -450,10 +450,9 @@ def test_a_70b_on_one_v5e_chip_is_refused_naming_cloud_accelerator_types():
 def test_a_training_plan_turns_to_fsdp_when_the_replicated_state_does_not_fit(tmp_path):
     """A full fine-tune of a 1.4B-parameter shape on v5litepod-4: its 2.7 GB of bfloat16 weights with their float32
     master and Adam's two float32 moments (17.5 GiB) cannot sit whole on each 15.75 GiB chip; split over `data`
-    (FSDP) they fit. With
-    FSDP forbidden the refusal counts that state in the slices it names. (88 narrow layers, not 6 of 4096: the
-    layers are one scan, and the TPU compile is 22 s cold, not 51; FSDP fits without remat, so the plan compiles
-    one variant, not two.)"""
+    (FSDP) they fit. With FSDP forbidden the refusal counts that state in the slices it names. (88 narrow layers,
+    not 6 of 4096: the layers are one scan, and the TPU compile is 22 s cold, not 51; FSDP fits without remat, so
+    the plan compiles one variant, not two.)"""
     config = tmp_path / "config.json"
     raw = tiny.hf_config("llama3", num_labels=1).to_dict() | {"architectures": ["LlamaForSequenceClassification"]}
     raw.update(hidden_size=1024, intermediate_size=3584, num_hidden_layers=88, num_attention_heads=8,

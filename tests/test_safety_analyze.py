@@ -313,7 +313,10 @@ def test_a_dictionary_frequency_list_or_elo_folder_of_the_wrong_kind_stops_in_on
         # folders where a file belongs: IsADirectoryError tracebacks
         (dict(frequencies=str(tmp_path / "elo")), ["--frequencies=", "is a folder; give the file itself"]),
         (dict(bigtwo_dictionary=str(tmp_path / "elo")), ["--bigtwo_dictionary=", "is a folder"]),
+        # a pipe (the shell's <(…)) passed the check to a read that blocks with no writer; now named, never opened
+        (dict(bigtwo_dictionary=str(tmp_path / "pipe.csv")), ["--bigtwo_dictionary=", "is not a regular file"]),
     ]
+    os.mkfifo(tmp_path / "pipe.csv")
     for i, (settings, fragments) in enumerate(cases):
         inproc.refused(partial(analyze, tmp_path / f"out{i}", table, **settings), *fragments)
         assert not (tmp_path / f"out{i}").exists()

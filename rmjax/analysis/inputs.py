@@ -13,7 +13,7 @@ from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons, model_m
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis.files import MODEL
 from rmjax.analysis.spec import AnalysisConfig, elo_folder
-from rmjax.errors import InputFileError, MissingFileError, UsageError
+from rmjax.errors import InputFileError, MissingFileError, UsageError, require_file
 from rmjax.runs import results, stages
 
 
@@ -55,10 +55,10 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
              ("--frequencies", cfg.frequencies if cfg.scores else None))  # the shipped list unless given
     files = ("--models_yaml", "--bigtwo_dictionary", "--implicit_chosen", "--implicit_reference", "--frequencies")
     for what, path in named:
-        if path and not Path(path).exists():
+        if path and what in files:  # a folder was an IsADirectoryError traceback; a pipe is read more than once
+            require_file(path, f"{what}={path}")
+        elif path and not Path(path).exists():
             raise MissingFileError(f"{what}={path} not found.")
-        if path and what in files and Path(path).is_dir():  # was an IsADirectoryError traceback
-            raise InputFileError(f"{what}={path} is a folder; give the file itself.")
     found = Inputs()
     found.metadata = model_metadata.load_model_metadata(cfg.models_yaml) if cfg.models_yaml else None
     if cfg.scores or cfg.implicit_chosen or cfg.bigtwo_checkpoints:
