@@ -6,6 +6,7 @@ reference (transformers, numpy, a brute-force count, a hand computation)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from rmjax.scoring.prefix import prefill_prefix, score_responses
@@ -172,52 +173,97 @@ def _safetensors(path, tensors: dict) -> None:
     path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
-def test_a_safetensors_fingerprint_reads_each_tensors_first_and_last_4_kib(tmp_path):
-    """identity.safetensors_digest: an edit to a tensor's last value (a fine-tune moves every value) changes the
-    fingerprint; one confined to its middle does not (the documented blind spot: only 4 KiB at each end are read);
-    bytes appended past the data change it (the file size is part of it). Kills the tail block dropped
-    (`{start, max(start, end - TENSOR_SAMPLE)}` -> `{start}`) and the size dropped."""
-    from rmjax.loading.identity import safetensors_digest
+def test_a_weights_fingerprint_sees_an_edit_anywhere_and_a_copy_keeps_it(tmp_path, monkeypatch):
+    """identity.folder_fingerprint: one value changed in the middle of a tensor (an embedding row edited in place,
+    once the blind spot of a 4 KiB sample at each end) changes the fingerprint, as an edit at either end or bytes
+    appended past the data do; a copy of the folder elsewhere has the same one (content only). Each against
+    hashlib's SHA-256 of the file."""
+    import hashlib
+    import shutil
 
-    base = np.arange(8192, dtype=np.float32)  # 32 KiB: first and last 4 KiB are 1,024 values each
-    small = np.ones((3, 2), np.float32)
-    digests = {}
+    from rmjax.loading.identity import folder_fingerprint, hash_json
+
+    monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path / "cache"))
+    base = np.arange(8192, dtype=np.float32)
+    fingerprints = {}
     for case, edit in (("base", None), ("last", 8191), ("middle", 4096), ("first", 0)):
         t = base.copy()
         if edit is not None:
             t[edit] += 1.0
-        _safetensors(tmp_path / f"{case}.safetensors", {"a": small, "w": t})
-        digests[case] = safetensors_digest(tmp_path / f"{case}.safetensors")
-    assert digests["last"] != digests["base"] and digests["first"] != digests["base"]
-    assert digests["middle"] == digests["base"]
-    grown = tmp_path / "grown.safetensors"
-    grown.write_bytes((tmp_path / "base.safetensors").read_bytes() + b"\0" * 8)
-    assert safetensors_digest(grown) != digests["base"]
+        (tmp_path / case).mkdir()
+        _safetensors(tmp_path / case / "model.safetensors", {"a": np.ones((3, 2), np.float32), "w": t})
+        (tmp_path / case / "config.json").write_text("{}")
+        fingerprints[case] = folder_fingerprint(tmp_path / case)["weights"]
+        data = (tmp_path / case / "model.safetensors").read_bytes()
+        want = {"config.json": hashlib.sha256(b"{}").hexdigest()[:24],
+                "model.safetensors": hashlib.sha256(data).hexdigest()[:24]}
+        assert fingerprints[case] == hash_json(want)
+    assert len(set(fingerprints.values())) == 4
+    grown = tmp_path / "grown"
+    shutil.copytree(tmp_path / "base", grown)
+    assert folder_fingerprint(grown)["weights"] == fingerprints["base"]
+    with open(grown / "model.safetensors", "ab") as f:
+        f.write(b"\0" * 8)
+    assert folder_fingerprint(grown)["weights"] != fingerprints["base"]
 
 
-def test_a_gguf_fingerprint_reads_a_whole_mib_at_each_end(tmp_path):
-    """identity.sampled_digest: 1 MiB at each end and 64 blocks of 64 KiB between (a 64 MiB sparse file here, its
-    blocks 1 MiB apart): a byte changed 200 KiB into the file or 200 KiB before its end changes it, one between
-    two sampled blocks does not. Kills the edges read as one 64 KiB block (`edge if i < 2 else block` -> `block`)."""
-    from rmjax.loading.identity import sampled_digest
+def test_a_remembered_digest_is_reused_until_the_file_is_written_even_with_its_mtime_put_back(tmp_path, monkeypatch):
+    """identity.content_digest: a file's digest is kept under the cache folder (a new process reads it instead of
+    hashing); a write in place with the same size, its mtime set back as `cp -p` or `touch -r` would, is hashed
+    again (the key holds ctime, which no tool sets back). Kills ctime dropped from the key, and the record read
+    without its key checked."""
+    import hashlib
+    import os
 
-    size = 64 * 2**20
+    from rmjax.loading import identity
 
-    def digest(at: int | None) -> str:
+    monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "w.gguf"
+    path.write_bytes(bytes(range(256)) * 4096)
+    first = identity.content_digest(path)
+    assert first == hashlib.sha256(path.read_bytes()).hexdigest()[:24]
+    assert len(list((tmp_path / "cache" / "digests").iterdir())) == 1
+    monkeypatch.setattr(identity, "_DIGESTS", {})  # a new process: the record is read, nothing hashed
+    monkeypatch.setattr(identity, "file_sha256", lambda p: pytest.fail(f"hashed {p} again"))
+    assert identity.content_digest(path) == first
+    monkeypatch.undo()
+    monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path / "cache"))
+    st = path.stat()
+    with open(path, "r+b") as f:  # one byte in the middle, the size and mtime as they were
+        f.seek(500_000)
+        f.write(b"\xff")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_size == st.st_size
+    assert identity.content_digest(path) == hashlib.sha256(path.read_bytes()).hexdigest()[:24] != first
+    # a record whose key is another file's (a hash collision of keys, or a record edited by hand) is not trusted
+    monkeypatch.setattr(identity, "_DIGESTS", {})
+    (record,) = [r for r in (tmp_path / "cache" / "digests").iterdir()
+                 if identity._stat_key(path) in r.read_text()]
+    record.write_text(__import__("json").dumps({"key": "another", "sha256": first}))
+    assert identity.content_digest(path) != first
+
+
+def test_a_gguf_fingerprint_is_of_the_whole_file(tmp_path, monkeypatch):
+    """identity.gguf_fingerprint: a byte changed anywhere in the file (here between what the former 64 sampled
+    blocks read) changes it. Against hashlib's SHA-256 of the file."""
+    import hashlib
+
+    from rmjax.loading.identity import gguf_fingerprint
+
+    monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path / "cache"))
+    size = 4 * 2**20
+    found = set()
+    for at in (None, 3, 2**21 + 12345, size - 3):
         path = tmp_path / f"f{at}.gguf"
         with open(path, "wb") as f:
             f.truncate(size)
             if at is not None:
                 f.seek(at)
                 f.write(b"\1")
-        return sampled_digest(path)
-
-    base = digest(None)
-    starts = np.linspace(0, size - 2**16, 64).astype(int)
-    between = int(starts[30]) + 2**16 + 1000  # after block 30, before block 31, far from both ends
-    assert between + 1 < int(starts[31])
-    assert digest(200 * 1024) != base and digest(size - 200 * 1024) != base
-    assert digest(between) == base
+        fp = gguf_fingerprint(path)
+        assert fp["weights"] == fp["tokenizer"] == hashlib.sha256(path.read_bytes()).hexdigest()[:24]
+        found.add(fp["weights"])
+    assert len(found) == 4
 
 
 def test_the_tokenizer_digest_reads_the_named_chat_templates_and_slow_vocabularies(tmp_path):

@@ -9,6 +9,7 @@ comparisons with a killed run's resume and --mesh on a device count run the entr
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -110,6 +111,15 @@ def test_sweep_resume_checks_weights_and_template(rm_folder, tmp_path, monkeypat
     tiny.save_hf_model(tiny.build_hf_model("llama3", num_labels=1, seed=5, vocab_size=49152, pad_token_id=2,
                                            bos_token_id=1, eos_token_id=2), tmp_path / "other")
     (model / "model.safetensors").write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(partial(_sweep, model, out), "model.weights", "--overwrite", "--out")
+    (model / "model.safetensors").write_bytes(weights)
+    # One embedding row edited in place, far from either end of its tensor, the file's mtime set back.
+    stat = (model / "model.safetensors").stat()
+    cli.edit_tensor(model, "model.embed_tokens.weight",
+                    lambda table: table + (np.arange(len(table))[:, None] == len(table) // 2).astype(table.dtype))
+    os.utime(model / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     with monkeypatch.context() as patch:
         inproc.no_weights_read(patch)
         inproc.refused(partial(_sweep, model, out), "model.weights", "--overwrite", "--out")

@@ -22,7 +22,7 @@ from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelErro
 from rmjax.hf_config import config_from_hf
 from rmjax.loading.gguf_reader import GGUFContents, TruncatedError, read_contents
 from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
-from rmjax.loading.identity import READING, sampled_digest
+from rmjax.loading.identity import READING, content_digest
 from rmjax.loading.safetensors_io import save_file
 from rmjax.runs import locks
 from rmjax.runs.results import package_version
@@ -253,7 +253,7 @@ def cached_hf_folder(path: str | Path, cache_root: Path) -> Path:
     if not path.is_file():
         raise MissingFileError(f"{path}: no such GGUF file.")
     st = path.stat()
-    key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{sampled_digest(path)}|{READING}"
+    key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{content_digest(path)}|{READING}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     out = cache_root / "converted" / f"{path.stem}-{digest}"
     if (out / "config.json").is_file():

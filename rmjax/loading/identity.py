@@ -1,24 +1,25 @@
-"""Cheap content fingerprints of checkpoints: what a resumed or reused result was computed from.
+"""Content fingerprints of checkpoints: what a resumed or reused result was computed from.
 
-A fingerprint is `{"weights": …, "tokenizer": …, "reading": READING}`. Weights: config.json, the shard index, and per
-safetensors file its size, its header (names, dtypes, shapes, offsets) and the first and last 4 KiB
-of every tensor — so swapping in another checkpoint of the same architecture, or fine-tuning a tensor (every value
-moves), changes it; an edit confined to a tensor's middle (one embedding row) does not (docs/safety.md) — without
-reading the weights (a 70B checkpoint costs ~1,500 small reads).
-GGUF files: size plus 1 MiB at each end and 64 evenly spaced 64 KiB blocks. Tokenizer: every
-tokenizer and chat-template file in full (they are small). Content only, no paths or mtimes: a
-copied or moved checkpoint keeps its fingerprint.
+A fingerprint is `{"weights": …, "tokenizer": …, "reading": READING}`. Weights: config.json, the shard index and
+the SHA-256 of every safetensors file, or of the GGUF file, whole: an edit anywhere (one embedding row changed in
+place) changes it. A file is hashed once per machine (about 1.5 GB/s with SHA instructions, the shards in
+parallel); its digest is remembered under the cache folder by the file's device, inode, size, mtime and ctime, and
+any write to the file changes its ctime. Tokenizer: every tokenizer and chat-template file in full (they are small).
+Content only, no paths or mtimes: a copied or moved checkpoint is hashed again and keeps its fingerprint.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-TENSOR_SAMPLE = 4096
+from rmjax.errors import CheckpointError
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt")
 
@@ -30,37 +31,57 @@ def hash_json(value) -> str:
 
 
 def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    h, buffer = hashlib.sha256(), bytearray(8 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            h.update(memoryview(buffer)[:n])
     return h.hexdigest()[:24]
 
 
-def safetensors_digest(path: Path) -> str:
-    from rmjax.loading.safetensors_io import read_header
-
-    header, offset = read_header(path)
-    h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
-    h.update(str(path.stat().st_size).encode())
-    with open(path, "rb") as f:
-        for name in sorted(header):
-            start, end = header[name]["data_offsets"]
-            for at in sorted({start, max(start, end - TENSOR_SAMPLE)}):
-                f.seek(offset + at)
-                h.update(f.read(min(TENSOR_SAMPLE, end - at)))
-    return h.hexdigest()[:24]
+_DIGESTS: dict[str, str] = {}  # this process's, by the file's key below
 
 
-def sampled_digest(path: Path, edge: int = 1 << 20, blocks: int = 64, block: int = 1 << 16) -> str:
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    starts = [0, max(0, size - edge)] + [int(s) for s in np.linspace(0, max(0, size - block), blocks)]
-    with open(path, "rb") as f:
-        for i, start in enumerate(starts):
-            f.seek(start)
-            h.update(f.read(edge if i < 2 else block))
-    return h.hexdigest()[:24]
+def _stat_key(path: Path) -> str:
+    """What changes whenever the file's content may have: a write (or a truncation, a rename, a `touch`) updates
+    ctime, which no user tool can set back; mtime and size beside it for file systems with coarse ctimes."""
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+
+
+def content_digest(path: str | Path) -> str:
+    """SHA-256 (24 hex digits) of the whole file, remembered by `_stat_key` in this process and under the cache
+    folder's digests/ (written atomically; an unwritable cache folder only costs hashing again)."""
+    from rmjax.loading.registry import cache_dir
+
+    path = Path(path)
+    key = _stat_key(path)
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    record = cache_dir() / "digests" / hashlib.sha256(key.encode()).hexdigest()[:32]
+    try:
+        remembered = json.loads(record.read_text())
+        if remembered["key"] == key:
+            _DIGESTS[key] = remembered["sha256"]
+            return _DIGESTS[key]
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    for _ in range(3):
+        digest = file_sha256(path)
+        key, before = _stat_key(path), key
+        if key == before:
+            break
+    else:  # written to while it was read, each time: the digest would be of no one version
+        raise CheckpointError(f"{path}: changed while it was read (three times); rerun once it is written.")
+    _DIGESTS[key] = digest
+    try:
+        record = cache_dir() / "digests" / hashlib.sha256(key.encode()).hexdigest()[:32]
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "sha256": digest}))
+        os.replace(tmp, record)
+    except OSError:
+        pass
+    return digest
 
 
 # What transformers' tokenizer loading reads besides TOKENIZER_FILES when they are there: a slow tokenizer's vocabulary
@@ -98,13 +119,14 @@ def folder_fingerprint(folder: Path) -> dict:
 
     parts = {name: file_sha256(folder / name) for name in ("config.json", "model.safetensors.index.json")
              if (folder / name).is_file()}
-    for path in checkpoint_files(folder):
-        parts[path.name] = safetensors_digest(path)
+    shards = checkpoint_files(folder)
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(shards), os.cpu_count() or 1))) as pool:
+        parts |= dict(zip((path.name for path in shards), pool.map(content_digest, shards), strict=True))
     return {"weights": hash_json(parts), "tokenizer": tokenizer_digest(folder), "reading": READING}
 
 
 def gguf_fingerprint(path: Path) -> dict:
-    digest = sampled_digest(path)
+    digest = content_digest(path)
     return {"weights": digest, "tokenizer": digest, "reading": READING}  # the tokenizer and template: in the GGUF
 
 
