@@ -208,26 +208,31 @@ def test_a_weights_fingerprint_sees_an_edit_anywhere_and_a_copy_keeps_it(tmp_pat
 
 
 def test_a_remembered_digest_is_reused_until_the_file_is_written_even_with_its_mtime_put_back(tmp_path, monkeypatch):
-    """identity.content_digest: a file's digest is kept under the cache folder (a new process reads it instead of
-    hashing); a write in place with the same size, its mtime set back as `cp -p` or `touch -r` would, is hashed
-    again (the key holds ctime, which no tool sets back). Kills ctime dropped from the key, and the record read
-    without its key checked."""
+    """identity.content_digest: a file changed less than SETTLED_NS ago is hashed at every call (a write through a
+    memory map may not have moved its times yet); a settled file's digest is kept under the cache folder, and a new
+    process reads it instead of hashing; a write in place with the same size, its mtime set back as `cp -p` or
+    `touch -r` would, is hashed again (the key holds ctime, which no tool sets back). Kills the settling check
+    dropped, ctime dropped from the key, and the record read without its key checked."""
     import hashlib
+    import json
     import os
 
     from rmjax.loading import identity
 
     monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path / "cache"))
+    digests = tmp_path / "cache" / "digests"
     path = tmp_path / "w.gguf"
     path.write_bytes(bytes(range(256)) * 4096)
+    hashed, real_sha256 = [], identity.file_sha256
+    monkeypatch.setattr(identity, "file_sha256", lambda p: hashed.append(p) or real_sha256(p))
     first = identity.content_digest(path)
     assert first == hashlib.sha256(path.read_bytes()).hexdigest()[:24]
-    assert len(list((tmp_path / "cache" / "digests").iterdir())) == 1
+    assert identity.content_digest(path) == first and len(hashed) == 2 and not digests.exists()  # just written
+    later = identity._now_ns() + 10 * identity.SETTLED_NS  # every file here settled
+    monkeypatch.setattr(identity, "_now_ns", lambda: later)
+    assert identity.content_digest(path) == first and len(hashed) == 3 and len(list(digests.iterdir())) == 1
     monkeypatch.setattr(identity, "_DIGESTS", {})  # a new process: the record is read, nothing hashed
-    monkeypatch.setattr(identity, "file_sha256", lambda p: pytest.fail(f"hashed {p} again"))
-    assert identity.content_digest(path) == first
-    monkeypatch.undo()
-    monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path / "cache"))
+    assert identity.content_digest(path) == first and len(hashed) == 3
     st = path.stat()
     with open(path, "r+b") as f:  # one byte in the middle, the size and mtime as they were
         f.seek(500_000)
@@ -235,12 +240,41 @@ def test_a_remembered_digest_is_reused_until_the_file_is_written_even_with_its_m
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_size == st.st_size
     assert identity.content_digest(path) == hashlib.sha256(path.read_bytes()).hexdigest()[:24] != first
-    # a record whose key is another file's (a hash collision of keys, or a record edited by hand) is not trusted
+    # a record whose key is another file's (a hash collision of keys, a record edited by hand) is not trusted
     monkeypatch.setattr(identity, "_DIGESTS", {})
-    (record,) = [r for r in (tmp_path / "cache" / "digests").iterdir()
-                 if identity._stat_key(path) in r.read_text()]
-    record.write_text(__import__("json").dumps({"key": "another", "sha256": first}))
+    (record,) = [r for r in digests.iterdir() if identity._stat_key(path)[0] in r.read_text()]
+    record.write_text(json.dumps({"key": "another", "sha256": first}))
     assert identity.content_digest(path) != first
+
+
+def test_a_file_written_while_it_is_hashed_is_hashed_again_and_one_never_still_is_refused(tmp_path, monkeypatch):
+    """identity.content_digest: the file's key is taken again after each hash; a file written during the hash is
+    hashed again (the digest of what it holds after), one written during three hashes is refused in one line.
+    Kills the key compared before and after dropped."""
+    import hashlib
+
+    from rmjax.errors import CheckpointError
+    from rmjax.loading import identity
+
+    monkeypatch.setenv("RMJAX_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(b"a" * 1000)
+    real_sha256, writes = identity.file_sha256, []
+
+    def written_during(p, times: int):
+        digest = real_sha256(p)
+        if len(writes) < times:
+            writes.append(1)
+            path.write_bytes(bytes([97 + len(writes)]) * 1000)  # the same size, other content
+        return digest
+
+    monkeypatch.setattr(identity, "file_sha256", lambda p: written_during(p, 1))
+    assert identity.content_digest(path) == hashlib.sha256(b"b" * 1000).hexdigest()[:24]
+    writes.clear()
+    path.write_bytes(b"a" * 1000)
+    monkeypatch.setattr(identity, "file_sha256", lambda p: written_during(p, 3))
+    with pytest.raises(CheckpointError, match="changed while it was read"):
+        identity.content_digest(path)
 
 
 def test_a_gguf_fingerprint_is_of_the_whole_file(tmp_path, monkeypatch):

@@ -105,7 +105,8 @@ def load(
     if kind == "gguf":
         source_fingerprint = gguf_fingerprint(path)
         path = cached_hf_folder(path, cache_dir())
-    model = load_hf_model_folder(path, dtype=dtype, mesh=mesh, require_tokenizer=require_tokenizer)
+    model = load_hf_model_folder(path, dtype=dtype, mesh=mesh, require_tokenizer=require_tokenizer,
+                                 fingerprint=source_fingerprint)
     model.source, model.training = spec, training_recipe(spec)
     model.stamp(source_fingerprint or model.fingerprint)
     model.load_seconds = time.perf_counter() - start

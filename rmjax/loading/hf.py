@@ -170,7 +170,9 @@ def load_hf_model_folder(
     dtype: str = "float32",
     mesh: jax.sharding.Mesh | None = None,
     require_tokenizer: bool = True,
+    fingerprint: dict | None = None,
 ) -> Model:
+    """The folder's model; `fingerprint` where the caller has it (a GGUF's: its converted folder is not hashed)."""
     start = time.perf_counter()
     folder = Path(folder)
     if not folder.is_dir():
@@ -193,5 +195,5 @@ def load_hf_model_folder(
         raw_config=raw_config,
         weight_bytes=total,
         weight_bytes_read=read,
-        fingerprint=folder_fingerprint(folder),
+        fingerprint=fingerprint or folder_fingerprint(folder),
     )

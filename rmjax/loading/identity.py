@@ -2,9 +2,10 @@
 
 A fingerprint is `{"weights": …, "tokenizer": …, "reading": READING}`. Weights: config.json, the shard index and
 the SHA-256 of every safetensors file, or of the GGUF file, whole: an edit anywhere (one embedding row changed in
-place) changes it. A file is hashed once per machine (about 1.5 GB/s with SHA instructions, the shards in
-parallel); its digest is remembered under the cache folder by the file's device, inode, size, mtime and ctime, and
-any write to the file changes its ctime. Tokenizer: every tokenizer and chat-template file in full (they are small).
+place) changes it. A file is hashed once per cache folder (about 1.5 GB/s with SHA instructions, the shards in
+parallel): its digest is remembered by the file's device, inode, size, mtime and ctime, which a write changes, once
+the file has been unchanged for a minute (SETTLED_NS: a write through a memory map can leave them as they were for
+up to ~30 s). Tokenizer: every tokenizer and chat-template file in full (they are small).
 Content only, no paths or mtimes: a copied or moved checkpoint is hashed again and keeps its fingerprint.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,22 +42,33 @@ def file_sha256(path: str | Path) -> str:
 
 
 _DIGESTS: dict[str, str] = {}  # this process's, by the file's key below
+# A digest is remembered only for a file last changed at least this long before it was hashed. A write through a
+# memory map moves mtime and ctime at the first write to a clean page; later writes to a page still dirty move
+# nothing until writeback (about 30 s by default), and some kernels and file systems keep ctime in milliseconds or
+# seconds: a file changed this recently may change again under the same key (git's "racily clean" entries).
+SETTLED_NS = 60 * 10**9
 
 
-def _stat_key(path: Path) -> str:
-    """What changes whenever the file's content may have: a write (or a truncation, a rename, a `touch`) updates
-    ctime, which no user tool can set back; mtime and size beside it for file systems with coarse ctimes."""
+def _stat_key(path: Path) -> tuple[str, int]:
+    """(key, the later of mtime and ctime in ns): the key changes whenever the file is written (a write, truncation,
+    rename or `touch` updates ctime, which no user tool sets back), within SETTLED_NS; size and mtime beside it."""
     st = path.stat()
-    return f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    key = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    return key, max(st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _now_ns() -> int:
+    return time.time_ns()
 
 
 def content_digest(path: str | Path) -> str:
-    """SHA-256 (24 hex digits) of the whole file, remembered by `_stat_key` in this process and under the cache
-    folder's digests/ (written atomically; an unwritable cache folder only costs hashing again)."""
+    """SHA-256 (24 hex digits) of the whole file, remembered by its `_stat_key` in this process and under the
+    cache folder's digests/ (written atomically; an unwritable cache folder only costs hashing again) once the
+    file has been unchanged for SETTLED_NS."""
     from rmjax.loading.registry import cache_dir
 
     path = Path(path)
-    key = _stat_key(path)
+    key, _ = _stat_key(path)
     if key in _DIGESTS:
         return _DIGESTS[key]
     record = cache_dir() / "digests" / hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -63,20 +77,23 @@ def content_digest(path: str | Path) -> str:
         if remembered["key"] == key:
             _DIGESTS[key] = remembered["sha256"]
             return _DIGESTS[key]
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
         pass
     for _ in range(3):
+        started = _now_ns()
         digest = file_sha256(path)
-        key, before = _stat_key(path), key
+        (key, changed), before = _stat_key(path), key
         if key == before:
             break
     else:  # written to while it was read, each time: the digest would be of no one version
         raise CheckpointError(f"{path}: changed while it was read (three times); rerun once it is written.")
+    if started - changed < SETTLED_NS:
+        return digest
     _DIGESTS[key] = digest
     try:
         record = cache_dir() / "digests" / hashlib.sha256(key.encode()).hexdigest()[:32]
         record.parent.mkdir(parents=True, exist_ok=True)
-        tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+        tmp = record.with_name(f"{record.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps({"key": key, "sha256": digest}))
         os.replace(tmp, record)
     except OSError:
