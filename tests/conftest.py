@@ -36,7 +36,8 @@ else:
 jax.config.update("jax_num_cpu_devices", 8)
 
 # CPU programs compile with tests/cli.py's QUICK_OPTIONS (it says why), except in tests
-# marked `optimized`, whose real models take longer to run than to compile. A compile option: it enters the
+# marked `optimized`, whose programs take longer to run than to compile (real models; a tiny one over its whole
+# vocabulary). A compile option: it enters the
 # persistent cache's key. The hook is private to the pinned jax: under another jax, compiles keep their defaults.
 from jax._src.interpreters import pxla as _pxla  # noqa: E402
 
