@@ -14,7 +14,7 @@ from rmjax.runs import results
 from rmjax.search.beam import BeamConfig, beam_search
 from rmjax.search.beam_job import write_beam
 from rmjax.text import chat
-from tests import cli, tiny, tolerance
+from tests import cli, inproc, tiny, tolerance
 from tests import jitted as M
 from tests.test_analysis_stats import brute_force_tau_b
 
@@ -148,6 +148,11 @@ def test_csv_round_trips_awkward_tokens(model, tmp_path):
     partials = {tuple(r) for f in result.found if f.depth == 1 for r in f.ids[:3].tolist()}  # both beams, shared
     assert meta["candidates_scored"] == len(s) + len(partials) * len(s)
     assert meta["candidate_set"]["size"] == len(s)
+    # A fault hunt (helper-133): a library call's candidate ids were not in the identity (only a job's requested
+    # set), so a call over other candidates, or the whole vocabulary, reused this result.
+    for other in (s[:-1], None):
+        inproc.refused(lambda other=other: write_beam(model, PROMPTS, BeamConfig(depth=2, beam=3, top=4), other,
+                                                      out=out, batch_size=8), "candidates", "--overwrite")
 
 
 def _beam_cmd(folder, out, *extra):

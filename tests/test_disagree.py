@@ -1020,3 +1020,36 @@ def test_the_models_a_job_holds_at_once_fit_together_and_the_map_batch_beside_th
     assert disagree_job.map_batch(dataclasses.replace(spec, batch_size=8), [a], held) == 8
     refused(lambda: run_disagree(dataclasses.replace(spec, batch_size=16)), "--batch_size=16", "does not fit",
             "the job's other models", "--batch_size: 8 is the largest that fits")
+
+
+def test_a_map_with_nan_rewards_is_reused_only_with_allow_nonfinite(rm_folder, tmp_path, monkeypatch):
+    """A fault hunt (helper-133): a map-only run with --allow_nonfinite wrote NaN rewards of side B into
+    vocab_map.csv but recorded them only in its summary's map entry, and a rerun without the flag reused that
+    result, exit 0, where a fresh run refuses the map. The writers now count what they write (`nonfinite_written`)."""
+    import torch
+
+    hf = tiny.build_hf_model("llama3", num_labels=1, seed=7, vocab_size=49152, pad_token_id=2, bos_token_id=1,
+                             eos_token_id=2)
+    with torch.no_grad():
+        hf.model.embed_tokens.weight[[1000, 1100]] = float("nan")
+    nan_b = tiny.save_hf_model(hf, tmp_path / "b")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (nan_b / name).write_bytes((tiny.smollm2_tokenizer_folder() / name).read_bytes())
+    real = disagree_job._read_back  # a map over A's tokens 990..1109, holding both NaN rows
+    monkeypatch.setattr(disagree_job, "_read_back", lambda p, shared, done: real(
+        p, shared[(shared.token_a >= 990) & (shared.token_a < 1110)].reset_index(drop=True), done))
+    out = tmp_path / "d"
+
+    def spec(allow: bool) -> DisagreeSpec:
+        return DisagreeSpec(RunOptions(model=str(rm_folder), out=str(out), allow_nonfinite=allow),
+                            (str(rm_folder), str(nan_b)), {"greatest": PROMPT},
+                            DisagreeConfig(search=False, vocab_map=True, z_sample=64), SEARCH)
+
+    refused(lambda: run_disagree(spec(False)), "reward_b", "NaN/Inf", "--allow_nonfinite")
+    run_disagree(spec(True))
+    written = pd.read_csv(out / "vocab_map.csv", keep_default_na=True)
+    assert written.reward_b.isna().sum() == 2
+    meta = json.loads((out / "vocab_map.csv.meta.json").read_text())
+    assert meta["nonfinite_written"] == {"vocab_map.csv": int(written.isna().sum().sum())}
+    refused(lambda: run_disagree(spec(False)), "holds non-finite values", "pass --allow_nonfinite to reuse it")
+    run_disagree(spec(True))  # reused with the flag

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from rmjax.errors import NonFiniteError
 from rmjax.search.gcg_config import GCGConfig
 from rmjax.search.gcg_job import GcgSpec, run_gcg
 from rmjax.search.sweep import SweepSpec, run_sweep
@@ -68,6 +69,32 @@ def test_nan_score_head_stops_sweep_and_gcg(rm_folder, tmp_path):
     inproc.refused(lambda: _gcg(model, gcg, num_tokens=2, steps=2, search_width=8, topk=8),
                    "non-finite rewards", "the reward head")
     assert not gcg.exists()
+
+
+def test_values_written_nan_in_any_file_or_field_of_a_result_keep_it_from_reuse_without_the_flag(tmp_path):
+    """rmjax.runs.results.write_meta records what the writers counted (`nonfinite_written`: a side file's NaN and
+    Inf, a NaN field of the record written as null), and refuse_nonfinite_reuse holds such a result to
+    --allow_nonfinite; a result that wrote none records nothing. Against a count made here."""
+    from rmjax.runs import finiteness, results
+    from rmjax.runs.options import RunOptions, refuse_nonfinite_reuse
+
+    out, side = tmp_path / "r.csv", tmp_path / "r.completions.csv"
+    with finiteness.nonfinite_allowed(True):
+        results.write_table(out, {"id": [1, 2]}, {"v": np.array([0.5, 1.5])})
+        results.write_table(side, {"id": [1, 2, 3]}, {"v": np.array([np.nan, 1.0, np.inf]),
+                                                      "w": np.array([np.nan, 2.0, 3.0])})
+        results.write_meta(out, files=[side], summary={"best": 1.0, "ratio": float("nan")})
+    meta = _meta(out)
+    assert meta["nonfinite_written"] == {"r.completions.csv": 3, "r.csv.meta.json": 1}
+    assert meta["summary"]["ratio"] is None
+    with pytest.raises(NonFiniteError, match="holds non-finite values"):
+        refuse_nonfinite_reuse(RunOptions(model="m", out=str(out)), out)
+    refuse_nonfinite_reuse(RunOptions(model="m", out=str(out), allow_nonfinite=True), out)
+    with finiteness.nonfinite_allowed(True):  # the same files written again, finite
+        results.write_table(side, {"id": [1]}, {"v": np.array([1.0])})
+        results.write_meta(out, files=[side], summary={"best": 1.0})
+    assert "nonfinite_written" not in _meta(out)
+    refuse_nonfinite_reuse(RunOptions(model="m", out=str(out)), out)
 
 
 def test_nan_embedding_row_is_named(rm_folder, love, tmp_path):

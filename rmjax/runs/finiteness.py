@@ -50,13 +50,25 @@ def _refuse(path: Path, what: str, count: int, first: str, told: bool) -> None:
                          f"{first}). {path.name} was not written: {fix}.")
 
 
+# NaN/Inf values written where they were allowed, by resolved file path (this process): `write_meta` records them
+# beside the result, so that a rerun without --allow_nonfinite does not reuse it (rmjax.runs.options).
+_WRITTEN: dict[str, int] = {}
+
+
+def written_nonfinite(path: str | Path) -> int:
+    """NaN/Inf values this process last wrote to `path` where they were allowed (0: none, or not written here)."""
+    return _WRITTEN.get(str(Path(path).resolve()), 0)
+
+
+def _note_written(path: Path, count: int) -> None:
+    _WRITTEN[str(Path(path).resolve())] = count
+
+
 def require_finite_table(path: Path, keys: dict[str, list], values: dict[str, np.ndarray], *,
                          allow_nonfinite: bool | None = None, no_value: Iterable[str] = ()) -> None:
     """NonFiniteError naming the first column and row of a table's key and value columns holding NaN/Inf (NaN
-    passes in a `no_value` column), unless non-finite values are allowed."""
-    if allowed(allow_nonfinite):
-        return
-    no_value = set(no_value)
+    passes in a `no_value` column), unless non-finite values are allowed; then they are counted (`_WRITTEN`)."""
+    allow, no_value, count = allowed(allow_nonfinite), set(no_value), 0
     label = next(iter(keys), None)
     for name, column in [*keys.items(), *values.items()]:
         if name in keys:  # ids and strings; a float key (the frontier's λ) is checked too
@@ -64,32 +76,34 @@ def require_finite_table(path: Path, keys: dict[str, list], values: dict[str, np
         else:
             column = np.asarray(column, np.float64)
             bad = np.isinf(column) if name in no_value else ~np.isfinite(column)
-        if bad.any():
+        count += int(bad.sum())
+        if bad.any() and not allow:
             i = int(np.flatnonzero(bad)[0])
             where = f"row {i + 1}" + (f" ({label} {keys[label][i]!r})" if label not in (None, name) else "")
             _refuse(Path(path), f"column {name!r}", int(bad.sum()), f"{where}: {column[i]}",
                     allow_nonfinite is not None)
+    _note_written(path, count)
 
 
 def require_finite_json(path: Path, value, *, allow_nonfinite: bool | None = None) -> None:
-    """NonFiniteError naming the first NaN/Inf number in a JSON value (its field path), unless allowed."""
-    if allowed(allow_nonfinite):
-        return
-    found = list(_nonfinite_numbers(value))
-    if found:
+    """NonFiniteError naming the first NaN/Inf number in a JSON value (its field path), unless allowed; then
+    they are counted (`_WRITTEN`)."""
+    found = list(nonfinite_numbers(value))
+    if found and not allowed(allow_nonfinite):
         _refuse(Path(path), f"field {found[0][0]!r}", len(found), f"{found[0][0]} = {found[0][1]}",
                 allow_nonfinite is not None)
+    _note_written(path, len(found))
 
 
-def _nonfinite_numbers(value, at: str = "") -> Iterator[tuple[str, float]]:
+def nonfinite_numbers(value, at: str = "") -> Iterator[tuple[str, float]]:
     """(where, number) for each NaN/Inf float inside nested dicts, lists, tuples and arrays."""
     if isinstance(value, dict):
         for k, v in value.items():
-            yield from _nonfinite_numbers(v, f"{at}.{k}" if at else str(k))
+            yield from nonfinite_numbers(v, f"{at}.{k}" if at else str(k))
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
-            yield from _nonfinite_numbers(v, f"{at}[{i}]")
+            yield from nonfinite_numbers(v, f"{at}[{i}]")
     elif isinstance(value, np.ndarray):
-        yield from _nonfinite_numbers(value.tolist(), at)
+        yield from nonfinite_numbers(value.tolist(), at)
     elif isinstance(value, float | np.floating) and not np.isfinite(value):
         yield at or "value", float(value)

@@ -70,12 +70,13 @@ def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = N
 
 
 def refuse_nonfinite_reuse(options: RunOptions, out: Path) -> None:
-    """A finished result that records NaN/Inf values (written with --allow_nonfinite) is reused only by a run that
-    allows them too, as its stored chunks are resumed (rmjax.runs.chunks): a rerun without the flag exited 0 on it."""
+    """A finished result that records NaN/Inf values (written with --allow_nonfinite: the job's own count, or
+    `nonfinite_written`, what the writers counted in its files) is reused only by a run that allows them too, as its
+    stored chunks are resumed (rmjax.runs.chunks): a rerun without the flag exited 0 on it."""
     meta = results.read_meta(out)
     meta = meta if isinstance(meta, dict) else {}
     summary = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
-    recorded = meta.get("nonfinite") or summary.get("nonfinite")
+    recorded = meta.get("nonfinite") or summary.get("nonfinite") or meta.get("nonfinite_written")
     if recorded and not options.allow_nonfinite:
         raise NonFiniteError(f"{out} is a finished result of these inputs that holds non-finite values (written with "
                              f"--allow_nonfinite: {json.dumps(recorded)[:120]}); pass --allow_nonfinite to reuse it, "

@@ -24,7 +24,7 @@ import pandas as pd
 
 from rmjax.errors import InputFileError, MissingFileError
 from rmjax.runs.atomic import atomic_write_text, replacing
-from rmjax.runs.finiteness import require_finite_json, require_finite_table
+from rmjax.runs.finiteness import nonfinite_numbers, require_finite_json, require_finite_table, written_nonfinite
 
 KEY_COLUMNS = ["token_id", "token_name", "token_decoded"]
 ROUNDTRIP = "roundtrip"
@@ -197,6 +197,12 @@ def write_meta(path: str | Path, files: Iterable[str | Path] = (), **fields) -> 
     record = {"written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields,
               "files": {_file_key(path, p): file_record(p) for p in listed},
               "environment": environment()}
+    # NaN/Inf written under --allow_nonfinite, in any file or in this record (as null): a rerun reuses the
+    # result only with the flag too (rmjax.runs.options.refuse_nonfinite_reuse)
+    written = {_file_key(path, p): n for p in listed if (n := written_nonfinite(p))}
+    written |= {_file_key(path, meta_path(path)): n for n in [len(list(nonfinite_numbers(record)))] if n}
+    if written:
+        record["nonfinite_written"] = written
     return dump_json(record, meta_path(path))
 
 

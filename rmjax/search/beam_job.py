@@ -233,8 +233,11 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
     """Search with a loaded model (resumable) and write the CSV, the completion check's table
     (`completions_path`, when an LM completes: `lm`, else the RM's own backbone if it ties its embeddings) and
     .meta.json; None when reused. `out` is claimed here unless `job` is its claim already (`run_beam`).
-    `requested` identifies the candidate set as asked for (identity); default: the whole vocabulary. `limit`
-    keeps its first N (as the sweep's --limit); `from_sweep`: a finished sweep CSV whose scores are depth 1."""
+    `requested` identifies the candidate set as asked for (identity); default: `candidates`' ids, or the whole
+    vocabulary. `limit` keeps its first N (as the sweep's --limit); `from_sweep`: a finished sweep CSV whose scores
+    are depth 1."""
+    if requested is None and candidates is not None:  # a library call's ids: the whole vocabulary's was reused
+        requested = candidate_set.identity_of_candidates([int(t) for t in np.asarray(candidates).ravel()], None)
     candidates = beam_candidates(model.tokenizer, model.config.vocab_size, cfg, candidates, limit)
     depth1, extra_meta = None, dict(extra_meta or {})
     if from_sweep is not None:
