@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import CheckpointError
+from rmjax.loading.cache_folder import cache_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt")
@@ -65,8 +66,6 @@ def content_digest(path: str | Path) -> str:
     """SHA-256 (24 hex digits) of the whole file, remembered by its `_stat_key` in this process and under the
     cache folder's digests/ (written atomically; an unwritable cache folder only costs hashing again) once the
     file has been unchanged for SETTLED_NS."""
-    from rmjax.loading.registry import cache_dir
-
     path = Path(path)
     key, _ = _stat_key(path)
     if key in _DIGESTS:

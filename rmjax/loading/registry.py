@@ -7,18 +7,8 @@ import os
 from pathlib import Path
 
 from rmjax.errors import CheckpointError, MissingFileError, UsageError
+from rmjax.loading.cache_folder import cache_dir
 from rmjax.runs import locks
-
-
-def cache_dir() -> Path:
-    """Where converted models live: $RMJAX_CACHE_DIR, else .cache/ of the source checkout."""
-    env = os.environ.get("RMJAX_CACHE_DIR")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "setup.py").is_file():
-        return repo / ".cache" / "rmjax"
-    return Path.home() / ".cache" / "rmjax"
 
 
 def _package_dir(module: str, install: str) -> Path:
