@@ -216,6 +216,7 @@ def test_a_remembered_digest_is_reused_until_the_file_is_written_even_with_its_m
     import hashlib
     import json
     import os
+    import time
 
     from rmjax.loading import identity
 
@@ -234,6 +235,7 @@ def test_a_remembered_digest_is_reused_until_the_file_is_written_even_with_its_m
     monkeypatch.setattr(identity, "_DIGESTS", {})  # a new process: the record is read, nothing hashed
     assert identity.content_digest(path) == first and len(hashed) == 3
     st = path.stat()
+    time.sleep(0.05)  # past a coarse ctime's tick (a jiffy, 4 ms, on kernels before 6.13)
     with open(path, "r+b") as f:  # one byte in the middle, the size and mtime as they were
         f.seek(500_000)
         f.write(b"\xff")
@@ -265,11 +267,11 @@ def test_a_file_written_while_it_is_hashed_is_hashed_again_and_one_never_still_i
         digest = real_sha256(p)
         if len(writes) < times:
             writes.append(1)
-            path.write_bytes(bytes([97 + len(writes)]) * 1000)  # the same size, other content
+            path.write_bytes(bytes([97 + len(writes)]) * (1000 + len(writes)))  # its size too: coarse ctimes
         return digest
 
     monkeypatch.setattr(identity, "file_sha256", lambda p: written_during(p, 1))
-    assert identity.content_digest(path) == hashlib.sha256(b"b" * 1000).hexdigest()[:24]
+    assert identity.content_digest(path) == hashlib.sha256(b"b" * 1001).hexdigest()[:24]
     writes.clear()
     path.write_bytes(b"a" * 1000)
     monkeypatch.setattr(identity, "file_sha256", lambda p: written_during(p, 3))
