@@ -35,10 +35,10 @@ else:
     _compiler._resolve_compilation_strategy = _one_device_programs_only
 jax.config.update("jax_num_cpu_devices", 8)
 
-# CPU programs compile with tests/cli.py's QUICK_OPTIONS (it says why), except in tests
-# marked `optimized`, whose programs take longer to run than to compile (real models; a tiny one over its whole
-# vocabulary). A compile option: it enters the
-# persistent cache's key. The hook is private to the pinned jax: under another jax, compiles keep their defaults.
+# CPU programs compile with tests/cli.py's QUICK_OPTIONS (it says why), except in tests marked `optimized`, whose
+# programs take longer to run than to compile (real models; a tiny one over its whole vocabulary). A compile option:
+# it enters the persistent cache's key. The hook is private to the pinned jax: under another jax, compiles keep
+# their defaults.
 from jax._src.interpreters import pxla as _pxla  # noqa: E402
 
 _create_compile_options = getattr(_pxla, "create_compile_options", None)

@@ -35,7 +35,7 @@ def hash_json(value) -> str:
 
 
 def file_sha256(path: str | Path) -> str:
-    h, buffer = hashlib.sha256(), bytearray(8 << 20)
+    h, buffer = hashlib.sha256(), bytearray(max(1, min(8 << 20, os.path.getsize(path))))  # tokenizer files are small
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):
             h.update(memoryview(buffer)[:n])
@@ -62,6 +62,11 @@ def _now_ns() -> int:
     return time.time_ns()
 
 
+def _record(key: str) -> Path:
+    """Where the digest of the file with this key is remembered."""
+    return cache_dir() / "digests" / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
 def content_digest(path: str | Path) -> str:
     """SHA-256 (24 hex digits) of the whole file, remembered by its `_stat_key` in this process and under the
     cache folder's digests/ (written atomically; an unwritable cache folder only costs hashing again) once the
@@ -70,9 +75,8 @@ def content_digest(path: str | Path) -> str:
     key, _ = _stat_key(path)
     if key in _DIGESTS:
         return _DIGESTS[key]
-    record = cache_dir() / "digests" / hashlib.sha256(key.encode()).hexdigest()[:32]
     try:
-        remembered = json.loads(record.read_text())
+        remembered = json.loads(_record(key).read_text())
         if remembered["key"] == key:
             _DIGESTS[key] = remembered["sha256"]
             return _DIGESTS[key]
@@ -90,7 +94,7 @@ def content_digest(path: str | Path) -> str:
         return digest
     _DIGESTS[key] = digest
     try:
-        record = cache_dir() / "digests" / hashlib.sha256(key.encode()).hexdigest()[:32]
+        record = _record(key)  # the key after the hash: the one that was checked
         record.parent.mkdir(parents=True, exist_ok=True)
         tmp = record.with_name(f"{record.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps({"key": key, "sha256": digest}))

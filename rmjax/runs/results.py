@@ -200,7 +200,8 @@ def write_meta(path: str | Path, files: Iterable[str | Path] = (), **fields) -> 
     # NaN/Inf written under --allow_nonfinite, in any file or in this record (as null): a rerun reuses the
     # result only with the flag too (rmjax.runs.options.refuse_nonfinite_reuse)
     written = {_file_key(path, p): n for p in listed if (n := written_nonfinite(p))}
-    written |= {_file_key(path, meta_path(path)): n for n in [len(list(nonfinite_numbers(record)))] if n}
+    if in_record := len(list(nonfinite_numbers(record))):
+        written[_file_key(path, meta_path(path))] = in_record
     if written:
         record["nonfinite_written"] = written
     return dump_json(record, meta_path(path))
