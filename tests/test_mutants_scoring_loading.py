@@ -212,7 +212,8 @@ def test_a_remembered_digest_is_reused_until_the_file_is_written_even_with_its_m
     memory map may not have moved its times yet); a settled file's digest is kept under the cache folder, and a new
     process reads it instead of hashing; a write in place with the same size, its mtime set back as `cp -p` or
     `touch -r` would, is hashed again (the key holds ctime, which no tool sets back). Kills the settling check
-    dropped, ctime dropped from the key, and the record read without its key checked."""
+    dropped, ctime dropped from the key, the record read without its key checked, and an old version's record
+    left beside the new one's."""
     import hashlib
     import json
     import os
@@ -242,6 +243,7 @@ def test_a_remembered_digest_is_reused_until_the_file_is_written_even_with_its_m
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_size == st.st_size
     assert identity.content_digest(path) == hashlib.sha256(path.read_bytes()).hexdigest()[:24] != first
+    assert len(list(digests.iterdir())) == 1  # the new version's record replaced the old one's
     # a record whose key is another file's (a hash collision of keys, a record edited by hand) is not trusted
     monkeypatch.setattr(identity, "_DIGESTS", {})
     (record,) = [r for r in digests.iterdir() if identity._stat_key(path)[0] in r.read_text()]

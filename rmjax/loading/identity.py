@@ -63,8 +63,11 @@ def _now_ns() -> int:
 
 
 def _record(key: str) -> Path:
-    """Where the digest of the file with this key is remembered."""
-    return cache_dir() / "digests" / hashlib.sha256(key.encode()).hexdigest()[:32]
+    """Where the digest of the file with this key is remembered: named by the file's path, then by its key, so
+    that a new version's record replaces the last one's (one record per path, not one per version)."""
+    path = key.split("|", 1)[0]
+    return cache_dir() / "digests" / (f"{hashlib.sha256(path.encode()).hexdigest()[:16]}-"
+                                      f"{hashlib.sha256(key.encode()).hexdigest()[:32]}")
 
 
 def content_digest(path: str | Path) -> str:
@@ -99,6 +102,9 @@ def content_digest(path: str | Path) -> str:
         tmp = record.with_name(f"{record.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps({"key": key, "sha256": digest}))
         os.replace(tmp, record)
+        for older in record.parent.glob(f"{record.name.split('-')[0]}-*"):
+            if older != record and not older.name.endswith(".tmp"):
+                older.unlink(missing_ok=True)
     except OSError:
         pass
     return digest
