@@ -13,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rmjax.errors import InputFileError
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import atomic, finiteness, results
 from rmjax.runs.claims import Claim, claim, holds_progress, record_interrupted, record_writing, records_only
@@ -35,6 +37,7 @@ class Job:
     owned: tuple[Path, ...] = ()
     store: Path | None = None  # the run's saved progress (chunks), where an interrupted finish records its writes
     claimed_at: float = dataclasses.field(default_factory=time.time)  # wall clock: a killed run's temps are older
+    read: dict[str, tuple] = dataclasses.field(default_factory=dict)  # the input files as claimed (`_versions`)
 
     @property
     def kind(self) -> str:
@@ -54,6 +57,7 @@ class Job:
         None: the job has no such flag, so the refusal does not name it)."""
         path = self.out
         if is_main():
+            _refuse_rewritten(self.read)
             with finiteness.nonfinite_allowed(bool(allow_nonfinite), has_flag=allow_nonfinite is not None):
                 # a link planted at an output's name goes first (never part of a result, and a write resolving the
                 # name, as a figure's does, would follow it to its target)
@@ -75,6 +79,33 @@ class Job:
                 remove([t for p in dict.fromkeys([path, record, *self.owned])
                         for t in atomic.stale_temps(p, before=self.claimed_at)])
         return path
+
+
+def _version(path: str | Path | None) -> tuple | None:
+    """What a write to the file changes (ctime, which no tool sets back; size and mtime beside it); None for a
+    folder or a missing file (the job names a missing input)."""
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st and stat.S_ISREG(st.st_mode) \
+        else None
+
+
+def _versions(inputs: Mapping[str, str | Path | None] | None) -> dict[str, tuple]:
+    """The input files (flag -> path) as claimed: name -> (path, version)."""
+    return {flag if "=" in flag else f"{flag}={path}": (path, version) for flag, path in (inputs or {}).items()
+            if (version := _version(path)) is not None}
+
+
+def _refuse_rewritten(read: dict[str, tuple]) -> None:
+    """An input file written while the run read it (a --vocab_file saved again, an --init_from rerun): the identity
+    holds its content as claimed, but a later read of it (GCG reads its --vocab_file again at each model) may have
+    taken the new one; nothing is written."""
+    changed = [name for name, (path, version) in read.items() if _version(path) != version]
+    if changed:
+        raise InputFileError(f"{changed[0]} was written while this run read it: its result could hold two versions "
+                             "of it, so nothing was written; rerun once the file is final.")
 
 
 def _file_id(path: Path) -> tuple[int, int, int] | None:
@@ -115,7 +146,7 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
             record_interrupted(Path(store), identity, out, [p for p in decision.remove if not p.is_symlink()])
         try:
             yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)),
-                      None if store is None else Path(store))
+                      None if store is None else Path(store), read=_versions(inputs))
         except BaseException:
             if new_store and is_main():
                 _remove_if_unused(Path(store))
@@ -145,5 +176,6 @@ def claimed(given: Job | None, out: str | Path, identity: dict, **claim_options:
         with job(out, identity, **claim_options) as own:
             yield own
         return
+    _refuse_rewritten(given.read)  # an input saved again since the claim: its identity differs for that reason
     require_claimed(given.identity, identity, given.out)
     yield given
