@@ -203,19 +203,29 @@ def test_run_options_and_model_inputs(tmp_path):
 
 
 def test_a_reused_result_with_nonfinite_values_needs_the_flag(tmp_path):
-    """options.refuse_nonfinite_reuse: a .meta.json recording NaN counts (at its top or in its summary) is reused
-    only with --allow_nonfinite. Kills dropping `or summary.get("nonfinite")` and dropping
-    `and not options.allow_nonfinite`."""
-    from rmjax.runs import options
+    """jobs.refuse_nonfinite_reuse: a .meta.json recording NaN counts (at its top or in its summary) is reused
+    only with --allow_nonfinite, by a job's claim and by a library call's own (`jobs.claimed` without a job: a
+    write_beam or write_text_scores called twice reused it without the flag). Kills dropping
+    `or summary.get("nonfinite")`, dropping `and not allowed`, and the library claim's check dropped."""
+    from rmjax.runs import jobs
 
     out = tmp_path / "r.csv"
     out.write_text("token_id\n")
     (tmp_path / "r.csv.meta.json").write_text(json.dumps({"summary": {"nonfinite": {"p": 3}}}))
     with pytest.raises(NonFiniteError, match="allow_nonfinite"):
-        options.refuse_nonfinite_reuse(options.RunOptions("m", str(out)), out)
-    options.refuse_nonfinite_reuse(options.RunOptions("m", str(out), allow_nonfinite=True), out)
+        jobs.refuse_nonfinite_reuse(out, False)
+    jobs.refuse_nonfinite_reuse(out, True)
     (tmp_path / "r.csv.meta.json").write_text(json.dumps({"summary": {"nonfinite": None}}))
-    options.refuse_nonfinite_reuse(options.RunOptions("m", str(out)), out)
+    jobs.refuse_nonfinite_reuse(out, False)
+    written = tmp_path / "w.csv"
+    with jobs.claimed(None, written, IDENTITY, allow_nonfinite=True) as job:
+        job.finish(lambda path: path.write_text("token_id,p\n1,nan\n") and path, allow_nonfinite=True,
+                   nonfinite={"p": 1})
+    with pytest.raises(NonFiniteError, match="allow_nonfinite"), jobs.claimed(None, written, IDENTITY,
+                                                                                allow_nonfinite=False):
+        pass
+    with jobs.claimed(None, written, IDENTITY, allow_nonfinite=True) as job:
+        assert job.reuse
 
 
 def test_claim_job_claims_its_out_and_refuses_one_of_the_files_the_command_line_names(tmp_path):

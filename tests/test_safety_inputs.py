@@ -77,7 +77,7 @@ def test_values_written_nan_in_any_file_or_field_of_a_result_keep_it_from_reuse_
     Inf, a NaN field of the record written as null), and refuse_nonfinite_reuse holds such a result to
     --allow_nonfinite; a result that wrote none records nothing. Against a count made here."""
     from rmjax.runs import finiteness, results
-    from rmjax.runs.options import RunOptions, refuse_nonfinite_reuse
+    from rmjax.runs.jobs import refuse_nonfinite_reuse
 
     out, side = tmp_path / "r.csv", tmp_path / "r.completions.csv"
     with finiteness.nonfinite_allowed(True):
@@ -89,13 +89,13 @@ def test_values_written_nan_in_any_file_or_field_of_a_result_keep_it_from_reuse_
     assert meta["nonfinite_written"] == {"r.completions.csv": 3, "r.csv.meta.json": 1}
     assert meta["summary"]["ratio"] is None
     with pytest.raises(NonFiniteError, match="holds non-finite values"):
-        refuse_nonfinite_reuse(RunOptions(model="m", out=str(out)), out)
-    refuse_nonfinite_reuse(RunOptions(model="m", out=str(out), allow_nonfinite=True), out)
+        refuse_nonfinite_reuse(out, False)
+    refuse_nonfinite_reuse(out, True)
     with finiteness.nonfinite_allowed(True):  # the same files written again, finite
         results.write_table(side, {"id": [1]}, {"v": np.array([1.0])})
         results.write_meta(out, files=[side], summary={"best": 1.0})
     assert "nonfinite_written" not in _meta(out)
-    refuse_nonfinite_reuse(RunOptions(model="m", out=str(out)), out)
+    refuse_nonfinite_reuse(out, False)
 
 
 def test_nan_embedding_row_is_named(rm_folder, love, tmp_path):

@@ -306,7 +306,8 @@ def write_inspect(model: Model, prompt: str, items: list[Item], out: str | Path,
     identity = inspect_identity(model_fingerprint(model), dtype=model.dtype, output_column=model.output_column,
                                 prompt=prompt, items=items, steps=steps, baseline=baseline, tolerance=tolerance,
                                 max_evaluations=max_evaluations)
-    with jobs.claimed(job, out / FILES[0], identity, overwrite=overwrite, owned=[out / f for f in FILES[1:]]) as job:
+    with jobs.claimed(job, out / FILES[0], identity, allow_nonfinite=allow_nonfinite, overwrite=overwrite,
+                      owned=[out / f for f in FILES[1:]]) as job:
         if job.reuse:
             return json.loads(results.meta_path(out / FILES[0]).read_text())["summary"]
         start = time.perf_counter()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import stat
 import time
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rmjax.errors import InputFileError
+from rmjax.errors import InputFileError, NonFiniteError
 from rmjax.parallel.distributed import is_main
 from rmjax.runs import atomic, finiteness, results
 from rmjax.runs.claims import Claim, claim, holds_progress, record_interrupted, record_writing, records_only
@@ -167,13 +168,31 @@ def _remove_if_unused(store: Path) -> None:
         store.rmdir()
 
 
+def refuse_nonfinite_reuse(out: Path, allowed: bool) -> None:
+    """A finished result that records NaN/Inf values (written with --allow_nonfinite: the job's own count, or
+    `nonfinite_written`, what the writers counted in its files) is reused only by a run that allows them too, as its
+    stored chunks are resumed (rmjax.runs.chunks): a rerun without the flag exited 0 on it."""
+    meta = results.read_meta(out)
+    meta = meta if isinstance(meta, dict) else {}
+    summary = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
+    recorded = meta.get("nonfinite") or summary.get("nonfinite") or meta.get("nonfinite_written")
+    if recorded and not allowed:
+        raise NonFiniteError(f"{out} is a finished result of these inputs that holds non-finite values (written with "
+                             f"--allow_nonfinite: {json.dumps(recorded)[:120]}); pass --allow_nonfinite to reuse it, "
+                             "or --overwrite to recompute it.")
+
+
 @contextlib.contextmanager
-def claimed(given: Job | None, out: str | Path, identity: dict, **claim_options: Any) -> Iterator[Job]:
+def claimed(given: Job | None, out: str | Path, identity: dict, *, allow_nonfinite: bool,
+            **claim_options: Any) -> Iterator[Job]:
     """The job a library function writes through: `given`, claimed by its caller before the model loaded (whose
     identity, computed from the fingerprint without loading, must be the loaded model's `identity`), or else
-    its own claim of `out` (`job(out, identity, **claim_options)`)."""
+    its own claim of `out` (`job(out, identity, **claim_options)`). A result with NaN/Inf is reused only
+    `allow_nonfinite`, as a job's claim reuses it (rmjax.runs.options.claim_job)."""
     if given is None:
         with job(out, identity, **claim_options) as own:
+            if own.reuse:
+                refuse_nonfinite_reuse(own.out, allow_nonfinite)
             yield own
         return
     _refuse_rewritten(given.read)  # an input saved again since the claim: its identity differs for that reason

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import jax
 
-from rmjax.errors import NonFiniteError, UsageError
+from rmjax.errors import UsageError
 from rmjax.runs import jobs, results
 
 
@@ -62,22 +61,9 @@ def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = N
     with jobs.job(out or options.out, identity, overwrite=options.overwrite, owned=owned, store=store,
                   inputs=read) as job:
         if job.reuse:
-            refuse_nonfinite_reuse(options, job.out)
+            jobs.refuse_nonfinite_reuse(job.out, options.allow_nonfinite)
             note = results.reused_note(results.read_meta(job.out))
             print(f"{options.out}: {note}: a finished result of the same inputs (model content, prompts and "
                   "settings); pass --overwrite to recompute.", file=sys.stderr)
         yield job
 
-
-def refuse_nonfinite_reuse(options: RunOptions, out: Path) -> None:
-    """A finished result that records NaN/Inf values (written with --allow_nonfinite: the job's own count, or
-    `nonfinite_written`, what the writers counted in its files) is reused only by a run that allows them too, as its
-    stored chunks are resumed (rmjax.runs.chunks): a rerun without the flag exited 0 on it."""
-    meta = results.read_meta(out)
-    meta = meta if isinstance(meta, dict) else {}
-    summary = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
-    recorded = meta.get("nonfinite") or summary.get("nonfinite") or meta.get("nonfinite_written")
-    if recorded and not options.allow_nonfinite:
-        raise NonFiniteError(f"{out} is a finished result of these inputs that holds non-finite values (written with "
-                             f"--allow_nonfinite: {json.dumps(recorded)[:120]}); pass --allow_nonfinite to reuse it, "
-                             "or --overwrite to recompute it.")

@@ -198,7 +198,7 @@ def write_meta(path: str | Path, files: Iterable[str | Path] = (), **fields) -> 
               "files": {_file_key(path, p): file_record(p) for p in listed},
               "environment": environment()}
     # NaN/Inf written under --allow_nonfinite, in any file or in this record (as null): a rerun reuses the
-    # result only with the flag too (rmjax.runs.options.refuse_nonfinite_reuse)
+    # result only with the flag too (rmjax.runs.jobs.refuse_nonfinite_reuse)
     written = {_file_key(path, p): n for p in listed if (n := written_nonfinite(p))}
     if in_record := len(list(nonfinite_numbers(record))):
         written[_file_key(path, meta_path(path))] = in_record

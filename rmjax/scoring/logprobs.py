@@ -71,7 +71,7 @@ def write_logprobs(model: Model, prompts: dict[str, str], out: str | Path, templ
     unless `job` is its claim already (`run_logprobs`)."""
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = logprobs_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, template=template)
-    with jobs.claimed(job, out, identity, overwrite=overwrite) as job:
+    with jobs.claimed(job, out, identity, allow_nonfinite=allow_nonfinite, overwrite=overwrite) as job:
         if job.reuse:
             return Path(out)
         lps = next_token_logprobs(model, prompts, template)

@@ -303,7 +303,7 @@ def write_text_scores(model: Model, prompts: dict[str, str], texts: list[str], o
     check_prompt_names(prompts, results.NON_VALUE_COLUMNS)
     identity = text_scores_identity(model_fingerprint(model), dtype=model.dtype, prompts=prompts, texts=texts,
                                     output_column=model.output_column, template=template, z_sample=z_sample)
-    with jobs.claimed(job, out, identity, overwrite=overwrite) as job:
+    with jobs.claimed(job, out, identity, allow_nonfinite=allow_nonfinite, overwrite=overwrite) as job:
         if job.reuse:
             return Path(out)
         scores, nonfinite = _scored(model, prompts, texts, template, batch_size, False, allow_nonfinite)

@@ -251,7 +251,7 @@ def write_beam(model: Model, prompts: dict[str, str], cfg: BeamConfig, candidate
                              from_sweep=extra_meta["from_sweep"]["sha1"] if from_sweep is not None else None,
                              lm=model_fingerprint(lm) if lm is not None else None)
     prior, skipped = completion_prior(model, lm)
-    with jobs.claimed(job, out, identity, overwrite=overwrite, store=store_dir(out),
+    with jobs.claimed(job, out, identity, allow_nonfinite=allow_nonfinite, overwrite=overwrite, store=store_dir(out),
                       owned=[completions_path(out)]) as job:
         if job.reuse:
             return None

@@ -184,7 +184,8 @@ def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out:
     identity = gcg_identity([model_fingerprint(m) for m in models], dtype=models[0].dtype, prompts=prompts,
                             output_column=models[0].output_column, cfg=cfg,
                             lm=model_fingerprint(lm) if lm is not None else None)
-    with jobs.claimed(job, out, identity, overwrite=overwrite, owned=[steps_path(out), completions_path(out)]) as job:
+    with jobs.claimed(job, out, identity, allow_nonfinite=cfg.allow_nonfinite, overwrite=overwrite,
+                      owned=[steps_path(out), completions_path(out)]) as job:
         if job.reuse:
             return None
         inputs = {"--init_from": read_init_from(cfg, [model_fingerprint(m) for m in models]) if cfg.init_from

@@ -279,7 +279,8 @@ def sweep(
                               prompts=prompts, token_ids=None if vocab_lines is not None else token_ids, limit=limit,
                               mode=mode, template=template, text_add_special_tokens=text_add_special_tokens,
                               vocab_lines=vocab_lines)
-    guard = (jobs.claimed(job, out, identity, overwrite=overwrite, owned=owned_figure(out, plot), store=store_dir(out))
+    guard = (jobs.claimed(job, out, identity, allow_nonfinite=allow_nonfinite, overwrite=overwrite,
+                           owned=owned_figure(out, plot), store=store_dir(out))
              if out is not None else contextlib.nullcontext())
     with guard as job:
         if job is not None and job.reuse:
