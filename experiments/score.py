@@ -31,14 +31,13 @@ flags.adopt_module_key_flags(common)
 def read_texts() -> list[str]:
     import sys
 
-    from rmjax.errors import UsageError, require_file
+    from rmjax.errors import UsageError
     from rmjax.text.candidates import read_vocab_file
 
     texts = list(TEXTS.value)
     common.note_edge_spaces("--texts", texts)
     if TEXTS_FILE.value:
         path = Path(TEXTS_FILE.value)
-        require_file(path, f"--texts_file={path}")
         lines = read_vocab_file(path, "--texts_file")  # lines end at '\n' only (a U+2028 inside one is no end)
         if lines.blank:
             print(f"--texts_file={path}: {lines.blank} blank or whitespace-only line{'s' * (lines.blank != 1)} "

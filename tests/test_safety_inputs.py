@@ -204,6 +204,9 @@ BAD_OTHER_FLAGS = [
     ("train_rm", ["--pairs={dir}/pipes/p.csv"], ["preference file", "p.csv is not a regular file"]),
     ("train_rm", ["--elo={dir}/pipes/e.csv"], ["EloEverything file", "e.csv is not a regular file"]),
     ("inspect", ["--from_sweep={dir}/pipes/s.csv", "--prompts=greatest"], ["--from_sweep=", "s.csv is not a regular"]),
+    # a --vocab_file pipe blocked the sweep, or GCG's second read of it found it empty
+    ("sweep", ["--vocab_file={dir}/pipes/v.txt", "--out={dir}/v.csv"], ["--vocab_file=", "v.txt is not a regular"]),
+    ("gcg", ["--vocab_file={dir}/pipes/v.txt", "--out={dir}/g.json"], ["--vocab_file=", "v.txt is not a regular"]),
     ("score", ["--texts=a,,b"], ["empty response"]),  # scored an empty response
     # refused from the config and tokenizer, before the weights (each loaded them first)
     ("score", ["--texts=a", "--prompt=long=" + "word " * 600, "--out={dir}/s.csv"], ["needs 634 positions", "512"]),
@@ -256,7 +259,7 @@ def bad_other_runs(rm_folder, tmp_path_factory):
     (folder / "blank.txt").write_text("\n  \n")
     (folder / "words.txt").write_text(" cat\n dog\n house\n sun\n")
     (folder / "pipes").mkdir()  # apart: no other case lists a folder holding a FIFO (opening one blocks)
-    for name in ("t.txt", "p.yaml", "p.csv", "e.csv", "s.csv"):
+    for name in ("t.txt", "p.yaml", "p.csv", "e.csv", "s.csv", "v.txt"):
         os.mkfifo(folder / "pipes" / name)
     procs = cli.run_each(*[(job, *([] if job == "analyze" else [f"--model={rm_folder}"]),
                             *[f.format(dir=folder) for f in flags]) for job, flags, _ in BAD_OTHER_FLAGS])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmjax.errors import UsageError
+from rmjax.errors import UsageError, require_file
 from rmjax.text.chat import Conversations, _special_ids
 
 
@@ -161,7 +161,9 @@ def read_vocab_file(path: str | Path, flag: str = "--vocab_file") -> VocabLines:
     """The strings of a one-per-line file (--vocab_file, score's --texts_file), verbatim but for the line end (a
     Windows '\\r\\n' and a leading byte-order mark are not part of a line). Lines end at '\\n' only: str.splitlines
     would also cut at a form feed, '\\x85' or U+2028 inside a line, making two strings of one. Blank and
-    whitespace-only lines are skipped and counted (`.blank`; `words_to_ids` reports them)."""
+    whitespace-only lines are skipped and counted (`.blank`; `words_to_ids` reports them). A pipe is refused, as
+    every other input file is: GCG reads its --vocab_file again, and a pipe's second read is empty."""
+    require_file(path, f"{flag}={path}")
     try:
         text = Path(path).read_bytes().decode("utf-8")  # read_text would end a line at a lone '\r' too
     except OSError as error:
