@@ -424,20 +424,19 @@ def test_the_printed_summary_of_a_table_with_nan_is_over_its_finite_values(tmp_p
 
 def test_a_vocab_file_written_while_gcg_reads_it_writes_nothing(rm_folder, tmp_path, monkeypatch):
     """GCG hashes --vocab_file into its identity, then reads it again when it bans the tokens outside it: a file
-    saved again between the two gave a result of the new words under the old words' identity (a later run of the
-    old file reused it). `gcg --vocab_file=words.txt --num_tokens=2 --steps=1 --search_width=4 --topk=4`,
-    in-process, the file rewritten at one of its reads."""
+    saved with other words between the two gave a result of the new words under the old words' identity (a later
+    run of the old file reused it). The same words saved again are no change. `gcg --vocab_file=words.txt
+    --num_tokens=2 --steps=1 --search_width=4 --topk=4`, in-process, the file rewritten at one of its reads."""
     from rmjax.search import gcg_start
 
     words, out = tmp_path / "words.txt", tmp_path / "g.json"
-    words.write_text(" cat\n dog\n house\n sun\n")
-    reads, calls = gcg_start.read_vocab_file, []
+    reads, calls, first = gcg_start.read_vocab_file, [], " cat\n dog\n house\n sun\n"
 
-    def saved_again_at(k: int):
+    def saved_at(k: int, text: str):
         def read(path, *args):
             calls.append(path)
             if len(calls) == k:
-                words.write_text(" cat\n dog\n house\n tree\n")  # another editor's save
+                words.write_text(text)  # another editor's save
             return reads(path, *args)
         return read
 
@@ -446,10 +445,12 @@ def test_a_vocab_file_written_while_gcg_reads_it_writes_nothing(rm_folder, tmp_p
     # identity is checked against the loaded models): the refusal comes at that check, or as the result is written
     for k, read_in_all in ((1, 2), (3, 3)):
         calls.clear()
-        words.write_text(" cat\n dog\n house\n sun\n")
-        monkeypatch.setattr(gcg_start, "read_vocab_file", saved_again_at(k))
-        inproc.refused(lambda: _gcg(rm_folder, out, **settings), "--vocab_file=", "was written while this run read it")
+        words.write_text(first)
+        monkeypatch.setattr(gcg_start, "read_vocab_file", saved_at(k, " cat\n dog\n house\n tree\n"))
+        inproc.refused(lambda: _gcg(rm_folder, out, **settings), "--vocab_file=", "written with other content")
         assert len(calls) == read_in_all and not out.exists() and not out.with_name(out.name + ".meta.json").exists()
-    monkeypatch.setattr(gcg_start, "read_vocab_file", reads)
-    _gcg(rm_folder, out, **settings)  # the file as it is now, unchanged during the run: written
-    assert _meta(out)["identity"]["config"]["vocab_file"]["sha1"] == hashlib.sha1(words.read_bytes()).hexdigest()
+    words.write_text(first)
+    calls.clear()
+    monkeypatch.setattr(gcg_start, "read_vocab_file", saved_at(1, first))  # saved again as it was: written
+    _gcg(rm_folder, out, **settings)
+    assert _meta(out)["identity"]["config"]["vocab_file"]["sha1"] == hashlib.sha1(first.encode()).hexdigest()

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
-import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -38,7 +38,7 @@ class Job:
     owned: tuple[Path, ...] = ()
     store: Path | None = None  # the run's saved progress (chunks), where an interrupted finish records its writes
     claimed_at: float = dataclasses.field(default_factory=time.time)  # wall clock: a killed run's temps are older
-    read: dict[str, tuple] = dataclasses.field(default_factory=dict)  # the input files as claimed (`_versions`)
+    reread: dict[str, tuple] = dataclasses.field(default_factory=dict)  # input files read again (`_contents`)
 
     @property
     def kind(self) -> str:
@@ -58,7 +58,7 @@ class Job:
         None: the job has no such flag, so the refusal does not name it)."""
         path = self.out
         if is_main():
-            _refuse_rewritten(self.read)
+            _refuse_rewritten(self.reread)
             with finiteness.nonfinite_allowed(bool(allow_nonfinite), has_flag=allow_nonfinite is not None):
                 # a link planted at an output's name goes first (never part of a result, and a write resolving the
                 # name, as a figure's does, would follow it to its target)
@@ -82,31 +82,28 @@ class Job:
         return path
 
 
-def _version(path: str | Path | None) -> tuple | None:
-    """What a write to the file changes (ctime, which no tool sets back; size and mtime beside it); None for a
-    folder or a missing file (the job names a missing input)."""
+def _contents(reread: Mapping[str, str | Path | None] | None) -> dict[str, tuple[str, str | None]]:
+    """The files a job reads again after its claim (GCG's --vocab_file and --init_from), by name: (path, sha256 of
+    what it holds now; None where it is missing, which the job names)."""
+    return {flag: (str(path), _sha256(path)) for flag, path in (reread or {}).items() if path}
+
+
+def _sha256(path: str | Path) -> str | None:
     try:
-        st = os.stat(path) if path else None
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st and stat.S_ISREG(st.st_mode) \
-        else None
 
 
-def _versions(inputs: Mapping[str, str | Path | None] | None) -> dict[str, tuple]:
-    """The input files (flag -> path) as claimed: name -> (path, version)."""
-    return {flag if "=" in flag else f"{flag}={path}": (path, version) for flag, path in (inputs or {}).items()
-            if (version := _version(path)) is not None}
-
-
-def _refuse_rewritten(read: dict[str, tuple]) -> None:
-    """An input file written while the run read it (a --vocab_file saved again, an --init_from rerun): the identity
-    holds its content as claimed, but a later read of it (GCG reads its --vocab_file again at each model) may have
-    taken the new one; nothing is written."""
-    changed = [name for name, (path, version) in read.items() if _version(path) != version]
+def _refuse_rewritten(read: dict[str, tuple[str, str | None]]) -> None:
+    """A file the job reads again after its claim, written since with other content (a --vocab_file saved with
+    other words): its identity holds the content as claimed, a later read may have taken the new one; nothing is
+    written. The same content saved again is no change."""
+    changed = [f"{flag}={path}" for flag, (path, digest) in read.items() if _sha256(path) != digest]
     if changed:
-        raise InputFileError(f"{changed[0]} was written while this run read it: its result could hold two versions "
-                             "of it, so nothing was written; rerun once the file is final.")
+        raise InputFileError(f"{changed[0]} was written with other content during this run, which reads it again "
+                             "after it starts: its result could hold two versions of it, so nothing was written; "
+                             "rerun once the file is final.")
 
 
 def _file_id(path: Path) -> tuple[int, int, int] | None:
@@ -131,9 +128,11 @@ def model_meta(model) -> dict:
 
 @contextlib.contextmanager
 def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
-        store: str | Path | None = None, inputs: Mapping[str, str | Path | None] | None = None) -> Iterator[Job]:
+        store: str | Path | None = None, inputs: Mapping[str, str | Path | None] | None = None,
+        reread: Mapping[str, str | Path | None] | None = None) -> Iterator[Job]:
     """Claim `out` for `identity` (reuse, resume, refuse or overwrite: rmjax.runs.claims.claim) for the block;
-    `inputs` (flag -> path): the files the job reads, which no output may be."""
+    `inputs` (flag -> path): the files the job reads, which no output may be; `reread`: those it reads again after
+    the claim, whose content must be as claimed when the result is written."""
     refuse_folder_name(out)
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
     with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs,
@@ -147,7 +146,7 @@ def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequ
             record_interrupted(Path(store), identity, out, [p for p in decision.remove if not p.is_symlink()])
         try:
             yield Job(out, identity, decision, time.perf_counter(), tuple(map(companion_path, owned)),
-                      None if store is None else Path(store), read=_versions(inputs))
+                      None if store is None else Path(store), reread=_contents(reread))
         except BaseException:
             if new_store and is_main():
                 _remove_if_unused(Path(store))
@@ -195,6 +194,6 @@ def claimed(given: Job | None, out: str | Path, identity: dict, *, allow_nonfini
                 refuse_nonfinite_reuse(own.out, allow_nonfinite)
             yield own
         return
-    _refuse_rewritten(given.read)  # an input saved again since the claim: its identity differs for that reason
+    _refuse_rewritten(given.reread)  # an input saved again since the claim: its identity differs for that reason
     require_claimed(given.identity, identity, given.out)
     yield given

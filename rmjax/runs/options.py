@@ -53,13 +53,15 @@ def model_inputs(**models: str | None) -> dict[str, str]:
 @contextlib.contextmanager
 def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = None,
               owned: Sequence[str | Path] = (), store: str | Path | None = None,
-              inputs: Mapping[str, str | Path | None] | None = None) -> Iterator[jobs.Job]:
+              inputs: Mapping[str, str | Path | None] | None = None,
+              reread: Mapping[str, str | Path | None] | None = None) -> Iterator[jobs.Job]:
     """Claim `out` (default options.out) for `identity` with options.overwrite (rmjax.runs.jobs.job) for the
     block, saying so when a finished result of the same inputs is reused. `inputs` (flag -> path): the files the
-    job reads (an earlier result, a word list), which no output may be."""
+    job reads (an earlier result, a word list), which no output may be; `reread`: those it reads again after the
+    claim (rmjax.runs.jobs.job)."""
     read = {f"{flag}={path}": path for flag, path in options.inputs} | dict(inputs or {})
     with jobs.job(out or options.out, identity, overwrite=options.overwrite, owned=owned, store=store,
-                  inputs=read) as job:
+                  inputs=read, reread=reread) as job:
         if job.reuse:
             jobs.refuse_nonfinite_reuse(job.out, options.allow_nonfinite)
             note = results.reused_note(results.read_meta(job.out))

@@ -130,8 +130,8 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg,
                             lm=job_fingerprint(o, spec.lm) if spec.lm else None)
     with claim_job(o, identity, owned=[steps_path(o.out), completions_path(o.out)],
-                   inputs={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file} | model_inputs(lm=spec.lm)
-                   ) as job:
+                   inputs={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file} | model_inputs(lm=spec.lm),
+                   reread={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file}) as job:
         if job.reuse:
             return None
 
