@@ -425,7 +425,8 @@ def test_the_printed_summary_of_a_table_with_nan_is_over_its_finite_values(tmp_p
 def test_a_vocab_file_written_while_gcg_reads_it_writes_nothing(rm_folder, tmp_path, monkeypatch):
     """GCG hashes --vocab_file into its identity, then reads it again when it bans the tokens outside it: a file
     saved with other words between the two gave a result of the new words under the old words' identity (a later
-    run of the old file reused it). The same words saved again are no change. `gcg --vocab_file=words.txt
+    run of the old file reused it); a library call (write_gcg, claiming for itself) likewise. The same words saved
+    again are no change. `gcg --vocab_file=words.txt
     --num_tokens=2 --steps=1 --search_width=4 --topk=4`, in-process, the file rewritten at one of its reads."""
     from rmjax.search import gcg_start
 
@@ -449,6 +450,15 @@ def test_a_vocab_file_written_while_gcg_reads_it_writes_nothing(rm_folder, tmp_p
         monkeypatch.setattr(gcg_start, "read_vocab_file", saved_at(k, " cat\n dog\n house\n tree\n"))
         inproc.refused(lambda: _gcg(rm_folder, out, **settings), "--vocab_file=", "written with other content")
         assert len(calls) == read_in_all and not out.exists() and not out.with_name(out.name + ".meta.json").exists()
+    from rmjax.loading import load
+    from rmjax.search.gcg_job import write_gcg
+
+    calls.clear()  # the library call (its own claim): the file saved with other words as the search begins
+    words.write_text(first)
+    monkeypatch.setattr(gcg_start, "read_vocab_file", saved_at(1, " cat\n dog\n house\n tree\n"))
+    inproc.refused(lambda: write_gcg([load(str(rm_folder))], inproc.prompts(), GCGConfig(**settings), out),
+                   "--vocab_file=", "written with other content")
+    assert len(calls) == 1 and not out.exists()
     words.write_text(first)
     calls.clear()
     monkeypatch.setattr(gcg_start, "read_vocab_file", saved_at(1, first))  # saved again as it was: written

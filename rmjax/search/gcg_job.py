@@ -185,7 +185,8 @@ def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out:
                             output_column=models[0].output_column, cfg=cfg,
                             lm=model_fingerprint(lm) if lm is not None else None)
     with jobs.claimed(job, out, identity, allow_nonfinite=cfg.allow_nonfinite, overwrite=overwrite,
-                      owned=[steps_path(out), completions_path(out)]) as job:
+                      owned=[steps_path(out), completions_path(out)],
+                      reread={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file}) as job:
         if job.reuse:
             return None
         inputs = {"--init_from": read_init_from(cfg, [model_fingerprint(m) for m in models]) if cfg.init_from
