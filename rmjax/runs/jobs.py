@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -83,14 +82,14 @@ class Job:
 
 
 def _contents(reread: Mapping[str, str | Path | None] | None) -> dict[str, tuple[str, str | None]]:
-    """The files a job reads again after its claim (GCG's --vocab_file and --init_from), by name: (path, sha256 of
+    """The files a job reads again after its claim (GCG's --vocab_file and --init_from), by name: (path, sha1 of
     what it holds now; None where it is missing, which the job names)."""
-    return {flag: (str(path), _sha256(path)) for flag, path in (reread or {}).items() if path}
+    return {flag: (str(path), _digest(path)) for flag, path in (reread or {}).items() if path}
 
 
-def _sha256(path: str | Path) -> str | None:
+def _digest(path: str | Path) -> str | None:
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return results.file_sha1(path)  # as the identity holds these inputs (rmjax.search.gcg_job.gcg_identity)
     except OSError:
         return None
 
@@ -99,7 +98,7 @@ def _refuse_rewritten(read: dict[str, tuple[str, str | None]]) -> None:
     """A file the job reads again after its claim, written since with other content (a --vocab_file saved with
     other words): its identity holds the content as claimed, a later read may have taken the new one; nothing is
     written. The same content saved again is no change."""
-    changed = [f"{flag}={path}" for flag, (path, digest) in read.items() if _sha256(path) != digest]
+    changed = [f"{flag}={path}" for flag, (path, digest) in read.items() if _digest(path) != digest]
     if changed:
         raise InputFileError(f"{changed[0]} was written with other content during this run, which reads it again "
                              "after it starts: its result could hold two versions of it, so nothing was written; "
