@@ -126,3 +126,59 @@ def test_processes_without_a_mesh_are_refused(tmp_path):
         assert proc.returncode == 2, err
         assert "2 processes and no --mesh" in err and "over all 8 devices" in err
     assert not (tmp_path / "s.csv").exists()
+
+
+_REREAD_SCRIPT = r"""
+import sys
+from pathlib import Path
+
+import jax
+
+jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
+from rmjax.errors import InputFileError
+from rmjax.parallel.distributed import barrier
+from rmjax.runs import jobs
+
+words, folder = Path(sys.argv[3]), Path(sys.argv[4])
+real = jobs._digest
+for stage in ("claimed", "finish"):
+    out = folder / f"{stage}.csv"
+    with jobs.job(out, {"job": "test", "stage": stage}, reread={"--vocab_file": words}) as job:
+        if jax.process_index() == 1:  # a save landed after process 0 read the file and before process 1 did
+            jobs._digest = lambda path: "another content"
+        try:
+            if stage == "claimed":
+                with jobs.claimed(job, out, job.identity, allow_nonfinite=False):
+                    pass
+            else:
+                job.finish(lambda path: path.write_text("result") and path)
+            print(stage, "went on", flush=True)
+        except InputFileError as error:
+            print(stage, "refused:", error, flush=True)
+        jobs._digest = real
+    barrier(stage)
+"""
+
+
+def test_a_reread_file_saved_between_two_processes_checks_stops_both(tmp_path):
+    """A --vocab_file saved while the processes check it: process 1 sees the new content, process 0 the claimed one.
+    Each process checked alone: process 1 stopped in `claimed` while process 0 waited in its next collective, and
+    at the end process 0 (which writes) wrote, as process 1 never checked there. All processes now refuse
+    together, and nothing is written."""
+    words = tmp_path / "v.txt"
+    words.write_text(" love\n")
+    env = cli.subprocess_env(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", _REREAD_SCRIPT, f"127.0.0.1:{port}", str(i), str(words),
+                               str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (said, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+        for stage in ("claimed", "finish"):
+            assert f"{stage} refused: --vocab_file={words} was written with other content" in said, (said, err)
+    assert not (tmp_path / "finish.csv").exists() and not (tmp_path / "claimed.csv").exists()

@@ -99,6 +99,13 @@ def to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
 
+def every_process(value: int) -> list[int]:
+    """`value` as each process holds it, in process order (one collective every process must reach)."""
+    if jax.process_count() == 1:
+        return [value]
+    return [int(v) for v in np.asarray(multihost_utils.process_allgather(np.int32(value)))]
+
+
 def barrier(name: str) -> None:
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rmjax.errors import InputFileError, NonFiniteError
-from rmjax.parallel.distributed import is_main
+from rmjax.parallel.distributed import every_process, is_main
 from rmjax.runs import atomic, finiteness, results
 from rmjax.runs.claims import Claim, claim, holds_progress, record_interrupted, record_writing, records_only
 from rmjax.runs.folder_files import remove
@@ -56,8 +56,8 @@ class Job:
         any of them stops the job unless `allow_nonfinite` (the job's --allow_nonfinite: rmjax.runs.finiteness;
         None: the job has no such flag, so the refusal does not name it)."""
         path = self.out
+        _refuse_rewritten(self.reread)
         if is_main():
-            _refuse_rewritten(self.reread)
             with finiteness.nonfinite_allowed(bool(allow_nonfinite), has_flag=allow_nonfinite is not None):
                 # a link planted at an output's name goes first (never part of a result, and a write resolving the
                 # name, as a figure's does, would follow it to its target)
@@ -97,10 +97,17 @@ def _digest(path: str | Path) -> str | None:
 def _refuse_rewritten(read: dict[str, tuple[str, str | None]]) -> None:
     """A file the job reads again after its claim, written since with other content (a --vocab_file saved with
     other words): its identity holds the content as claimed, a later read may have taken the new one; nothing is
-    written. The same content saved again is no change."""
-    changed = [f"{flag}={path}" for flag, (path, digest) in read.items() if _digest(path) != digest]
-    if changed:
-        raise InputFileError(f"{changed[0]} was written with other content during this run, which reads it again "
+    written. The same content saved again is no change. Every process reads the files, and all refuse where any
+    saw a change: a save landing between two processes' reads stopped one alone, and the others waited at their
+    next collective."""
+    if not read:  # the same on every process (the job's flags): no collective
+        return
+    named = list(read.items())
+    mine = next((i for i, (_, (path, digest)) in enumerate(named) if _digest(path) != digest), -1)
+    seen = [i for i in every_process(mine) if i >= 0]
+    if seen:
+        flag, (path, _) = named[min(seen)]
+        raise InputFileError(f"{flag}={path} was written with other content during this run, which reads it again "
                              "after it starts: its result could hold two versions of it, so nothing was written; "
                              "rerun once the file is final.")
 
