@@ -453,17 +453,19 @@ def _spec(a, b, out, lm, **config):
                         lm=str(lm), judge=str(lm))
 
 
-def _map_a_spread_of_the_shared_strings(monkeypatch, keep: int = 3000) -> None:
+def _map_a_spread_of_the_shared_strings(monkeypatch, keep: int = 3000) -> list[int]:
     """The job's vocabulary map over `keep` strings spread evenly through the shared ones (in their order), for
     tests whose point is not the whole vocabulary: its read-back and scoring were most of their time (the map of
     every shared string: test_each_map_row_is_what_each_side_scores_its_string_as_a_text). A stored map is read back
-    against all the shared strings, as in a job."""
-    real = disagree_job._read_back
+    against all the shared strings, as in a job. Returns the number of shared strings each map was given."""
+    real, given = disagree_job._read_back, []
 
     def spread(p, shared, done):
+        given.append(len(shared))
         return real(p, shared.iloc[np.unique(np.linspace(0, len(shared) - 1, keep).astype(int))], done)
 
     monkeypatch.setattr(disagree_job, "_read_back", spread)
+    return given
 
 
 def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byte(rm_folder, lower_rm, lm_folder,
@@ -471,7 +473,7 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     from rmjax.scoring.texts import ScoreSpec, run_score
     from rmjax.search import disagree
 
-    _map_a_spread_of_the_shared_strings(monkeypatch)
+    shared = _map_a_spread_of_the_shared_strings(monkeypatch)
 
     failed = []
     real = disagree.Disagreement.round_trips
@@ -540,6 +542,9 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     a_tok = load(str(rm_folder)).tokenizer
     assert all(a_tok.decode([int(i)]) == s for i, s in zip(vocab.token_a[:50], strings[:50], strict=True))
     summary = meta["summary"]["greatest"]["vocab_map"]
+    # its count, and the shared strings it left out: those the map was given and did not keep (here most of them,
+    # the spread's), as the report says
+    assert summary["n"] == len(vocab) and shared == [len(vocab) + summary["left_out"]] and shared[0] > 20000
     assert summary["kendall_tau"] == pytest.approx(stats.kendalltau(vocab.reward_a, vocab.reward_b).statistic)
     assert [r["text"] for r in summary["top"]] == strings[:20]
     # a crash after two units: the rerun computes the rest and writes the same bytes
