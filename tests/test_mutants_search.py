@@ -66,6 +66,30 @@ def test_disallowed_ids_by_hand_on_a_stand_in_tokenizer():
     np.testing.assert_array_equal(gcg_swaps.disallowed_ids(tok, 5, True, False), mask(0, 2, 3, size=5))
 
 
+def test_disallowed_ids_are_read_once_per_tokenizer_and_each_caller_gets_its_own_copy():
+    """Each search unit asks for the mask (1 s a call for Gemma 3's vocabulary): the tokenizer is read once for the
+    same arguments; a caller that edits its mask does not edit the next caller's; a tokenizer given tokens since is
+    read again."""
+    calls = []
+
+    class Counting(_Tokenizer):
+        def convert_ids_to_tokens(self, ids):
+            calls.append(len(ids))
+            return super().convert_ids_to_tokens(ids)
+
+    tok = Counting(["a", " b", "<|end|>"], special=(2,))
+    first = gcg_swaps.disallowed_ids(tok, 5, False, True)
+    np.testing.assert_array_equal(first, [False, False, True, True, True])
+    first[:] = True
+    np.testing.assert_array_equal(gcg_swaps.disallowed_ids(tok, 5, False, True), [False, False, True, True, True])
+    assert calls == [3]
+    tok.texts.append("\u00e9")  # id 3, past the tokenizer before
+    np.testing.assert_array_equal(gcg_swaps.disallowed_ids(tok, 5, False, True), [False, False, True, False, True])
+    np.testing.assert_array_equal(gcg_swaps.disallowed_ids(tok, 5, False, False), [False, False, True, True, True])
+    gcg_swaps.disallowed_ids(tok, 5, False, True)
+    assert calls == [3, 4, 4]  # the grown tokenizer read again, once for each setting
+
+
 def test_swap_scores_put_non_finite_and_banned_swaps_at_plus_infinity():
     """gcg_swaps.swap_scores without the embedding penalty: a NaN, +inf or -inf gradient entry and a banned token
     score +inf (never proposed; -inf would otherwise be the best swap), the rest are the gradient itself. Kills

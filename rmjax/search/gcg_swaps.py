@@ -21,11 +21,18 @@ from rmjax.text.chat import Conversations
 
 def disallowed_ids(tokenizer, vocab_size: int, allow_special: bool, allow_non_ascii: bool) -> np.ndarray:
     """Boolean [V]: special and byte tokens (`special_or_byte`, unless allowed), non-ASCII or non-printable ones
-    (unless allowed), and ids past the tokenizer."""
-    bad = np.zeros(vocab_size, bool)
+    (unless allowed), and ids past the tokenizer. A copy of the one computed for these arguments: each search unit
+    asks (1 s for Gemma 3's 262,144 tokens; a frontier runs a unit per λ and direction)."""
     if tokenizer is None:
-        return bad
-    n = min(len(tokenizer), vocab_size)
+        return np.zeros(vocab_size, bool)
+    return _disallowed(tokenizer, len(tokenizer), vocab_size, allow_special, allow_non_ascii).copy()
+
+
+@functools.lru_cache(maxsize=4)  # as decoded_tokens: it holds the tokenizers it keys on
+def _disallowed(tokenizer, size: int, vocab_size: int, allow_special: bool, allow_non_ascii: bool) -> np.ndarray:
+    """`disallowed_ids`, once per tokenizer (at its `size`: added tokens make another) and arguments."""
+    bad = np.zeros(vocab_size, bool)
+    n = min(size, vocab_size)
     bad[n:] = True
     if not allow_special:
         bad |= special_or_byte(tokenizer, vocab_size)
@@ -33,6 +40,7 @@ def disallowed_ids(tokenizer, vocab_size: int, allow_special: bool, allow_non_as
         for i, text in enumerate(decoded_tokens(tokenizer, n)):
             if not text or not text.isascii() or not text.isprintable() or "\ufffd" in text:
                 bad[i] = True
+    bad.flags.writeable = False
     return bad
 
 
