@@ -1059,3 +1059,31 @@ def test_a_map_with_nan_rewards_is_reused_only_with_allow_nonfinite(rm_folder, t
     assert meta["nonfinite_written"] == {"vocab_map.csv": int((~np.isfinite(numbers.to_numpy())).sum())}
     refused(lambda: run_disagree(spec(False)), "holds non-finite values", "pass --allow_nonfinite to reuse it")
     run_disagree(spec(True))  # reused with the flag
+
+
+def test_each_text_encoded_alone_is_what_the_tokenizer_makes_of_it(rm_folder, lower_rm):
+    """disagree's shared strings encode every token's text through the fast tokenizer's own batch (candidates.
+    encoded_each): the ids must be transformers' for each text, over the whole SmolLM2 vocabulary and texts with
+    markers, case, spaces and non-ASCII, with the lowercasing normalizer too; a tokenizer without a fast backend
+    is called as before."""
+    from types import SimpleNamespace
+
+    from rmjax.text.candidates import decoded_tokens, encoded_each
+
+    extra = ["<|im_end|>x<|im_start|>", "Café DÉJÀ-vu 123,456.7", "  two  spaces", "\t\ttabs\r\n", "原始内容存档", "🙂"]
+    for folder, every in ((rm_folder, 1), (lower_rm, 16)):
+        _, tok = config_and_tokenizer(str(folder))
+        texts = [t for t in decoded_tokens(tok, len(tok))[::every] if t] + extra
+        assert len(texts) > 3000 and encoded_each(tok, texts) == tok(texts, add_special_tokens=False).input_ids
+    # a tokenizer that marks the start of a text when asked to (as Gemma's puts <bos>): not here
+    import tokenizers
+    import transformers
+
+    backend = tokenizers.Tokenizer.from_file(str(rm_folder / "tokenizer.json"))
+    backend.post_processor = tokenizers.processors.TemplateProcessing(single="<|im_start|> $A",
+                                                                      special_tokens=[("<|im_start|>", 1)])
+    marking = transformers.PreTrainedTokenizerFast(tokenizer_object=backend)
+    assert marking(extra[1:2]).input_ids[0][0] == 1
+    assert encoded_each(marking, extra) == marking(extra, add_special_tokens=False).input_ids
+    called = lambda texts, add_special_tokens: SimpleNamespace(input_ids=[[len(t)] for t in texts])  # noqa: E731
+    assert encoded_each(called, ["ab", "c"]) == [[2], [1]]

@@ -22,7 +22,7 @@ from rmjax.runs.progress import Progress
 from rmjax.scoring import finite
 from rmjax.search import turns
 from rmjax.search.sides import RewardSide, Side
-from rmjax.text.candidates import decoded_tokens
+from rmjax.text.candidates import decoded_tokens, encoded_each
 
 
 @dataclasses.dataclass(eq=False)
@@ -154,7 +154,7 @@ def shared_strings(a: Side, b: Side, banned_a: np.ndarray, banned_b: np.ndarray)
     def first_ids(side: Side, banned: np.ndarray) -> dict[str, int]:
         texts = decoded_tokens(side.tokenizer, side.vocab)
         candidates = [i for i, text in enumerate(texts) if not banned[i] and text]
-        encoded = side.tokenizer([texts[i] for i in candidates], add_special_tokens=False).input_ids
+        encoded = encoded_each(side.tokenizer, [texts[i] for i in candidates])
         return {texts[i]: i for i, ids in zip(candidates, encoded, strict=True) if ids == [i]}
 
     ids_a, ids_b = first_ids(a, banned_a), first_ids(b, banned_b)

@@ -29,6 +29,15 @@ def decoded_tokens(tokenizer, n: int) -> tuple[str, ...]:
     return tuple(tokenizer.batch_decode([[i] for i in range(n)]))
 
 
+def encoded_each(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Each text's ids alone, without special tokens: through the fast tokenizer's own batch where it has one
+    (transformers' call builds a dict a text: Gemma 3's 262,144 token strings 5.3 s, 2.3 s this way)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return tokenizer(texts, add_special_tokens=False).input_ids
+    return [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+
+
 def special_or_byte(tokenizer, vocab_size: int) -> np.ndarray:
     """Boolean [V]: the tokens searches leave out unless --allow_special: special/control tokens (declared or
     added as special, `<|…|>` and `<unused…>` markers) and byte tokens (a lone token decodes to nothing, to U+FFFD
