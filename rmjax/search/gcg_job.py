@@ -63,6 +63,12 @@ def _input_sha1(path: str) -> str | None:
         return None  # gcg() names the missing file
 
 
+def _reread_files(cfg: GCGConfig) -> dict[str, str | None]:
+    """The input files GCG reads when it claims its output and again as it searches (their content is held to the
+    claim's: rmjax.runs.jobs)."""
+    return {"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file}
+
+
 def steps_path(out: str | Path) -> Path:
     return Path(out).with_name(Path(out).name + ".steps.csv")  # from the full name: injective
 
@@ -130,8 +136,7 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     identity = gcg_identity(fps, dtype=o.dtype, prompts=spec.prompts, output_column=o.output_column, cfg=cfg,
                             lm=job_fingerprint(o, spec.lm) if spec.lm else None)
     with claim_job(o, identity, owned=[steps_path(o.out), completions_path(o.out)],
-                   inputs={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file} | model_inputs(lm=spec.lm),
-                   reread={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file}) as job:
+                   inputs=_reread_files(cfg) | model_inputs(lm=spec.lm), reread=_reread_files(cfg)) as job:
         if job.reuse:
             return None
 
@@ -186,7 +191,7 @@ def write_gcg(models: list[Model], prompts: dict[str, str], cfg: GCGConfig, out:
                             lm=model_fingerprint(lm) if lm is not None else None)
     with jobs.claimed(job, out, identity, allow_nonfinite=cfg.allow_nonfinite, overwrite=overwrite,
                       owned=[steps_path(out), completions_path(out)],
-                      reread={"--init_from": cfg.init_from, "--vocab_file": cfg.vocab_file}) as job:
+                      reread=_reread_files(cfg)) as job:
         if job.reuse:
             return None
         inputs = {"--init_from": read_init_from(cfg, [model_fingerprint(m) for m in models]) if cfg.init_from
