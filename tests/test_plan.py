@@ -303,6 +303,27 @@ def test_the_jobs_memory_planner_agrees_with_xla_within_15_percent(where, dtype)
     assert planned.total_bytes == pytest.approx(xla, rel=0.15)
 
 
+def test_a_sweep_batchs_memory_after_a_long_prefix_is_mostly_its_attention_scores():
+    """After a 4,096-token prefix most of a sweep batch's memory is attention: float32 scores over the prefix's
+    keys, and their exponentials beside them. The estimate's batch bytes (what the sweep sizes its batch by) against
+    XLA's scratch for the compiled sweep call on the CPU: not less (the batch would not fit), at most 15% more.
+    Counting the scores once fell 20% under XLA's; at 64 tokens of prefix they are a few percent of the batch,
+    which the total-memory test above cannot tell."""
+    from rmjax import zoo
+    from rmjax.scoring import memory
+
+    cfg = zoo.architecture_config(next(e for e in zoo.ZOO if e.nickname == "R-Gem-2B"))
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:8]).reshape(2, 4), ("data", "model"))
+    prefill, score = calls.sweep_calls(cfg, "float32", mesh, prompts=1, prefix_tokens=4096, suffix_tokens=8,
+                                       candidates=1024, batch_size=1024)
+    width = score.args[1].k.shape[2]
+    xla = cost.cost_of(score.name, score.call, score.args, 1).temp_bytes
+    planned = memory.estimate(cfg, "float32", width, 9, 1024, 2, 4, backend="cpu")
+    scores = 1024 // 2 * 9 * cfg.num_heads // 4 * (width + 9) * 4  # one float32 array of them, per device
+    assert scores > 0.25 * xla  # they are what this test is about
+    assert xla <= planned.batch_bytes <= 1.15 * xla, (planned.batch_bytes, xla)
+
+
 def _matmul_params(cfg) -> int:
     """Weights a position's forward multiplies by (every layer's projections; not the embedding or head)."""
     return sum(d.size for p, d in nn.declarations(cfg).items() if p.startswith("layers.") and len(d.shape) > 2)
