@@ -263,14 +263,47 @@ def test_the_summary_counts_what_survives_holm_and_says_which_lie_within_their_n
                           "effect": [0.5, -0.2, 0.1], "ci_low": [0.3, -0.3, 0.05], "ci_high": [0.7, -0.1, 0.15],
                           "p": [0.001, 0.004, 0.02], "p_holm": [0.003, 0.008, 0.06],
                           "null_effect": [0.1, -0.4, 0.0]})
-    got = summary(table)
+    got = summary(table, 10000)
     assert got["rows"] == 3 and got["holm_0.05"] == 2  # C vs D: p 0.02 raw, 0.06 after Holm
+    assert got["least_p_holm"] == 3 / 10001
     assert got["surviving"] == ["identity/race: A vs axis mean +0.500 [+0.300, +0.700] null +0.100",
                                 "identity/race: B vs axis mean -0.200 [-0.300, -0.100] null -0.400"]
-    text = describe(table, folder_paths(tmp_path))
+    text = describe(table, folder_paths(tmp_path), 10000)
     assert "identity: 2 of 3 effects survive Holm's correction" in text and "C vs D" not in text
+    assert "note:" not in text  # 3 rows of 10,000 draws: p_holm can go down to 0.0003
     assert "A vs axis mean: +0.500" in text and "(within its null)" not in text.split("\n")[1]
     assert text.split("\n")[2].endswith("null -0.400 (within its null)")  # |-0.2| < |-0.4|
+
+
+def test_an_audit_whose_settings_let_no_row_survive_holm_says_so_and_names_the_draws_that_do(tmp_path):
+    """A random test's p is at least 1/(1 + n_perm), and Holm multiplies the smallest p by the rows: with 75 rows
+    and 1,498 sign flips, a row whose items all differ one way gets p = 1/1499 and p_holm 0.05003, not below 0.05.
+    The table then read "0 of 75 survive" for overwhelming effects; now the summary gives that floor and the
+    description says no row can survive and from which --n_perm one can: 1,499, where 75 x (1/1500) rounds to
+    0.04999... in float64 (the floor is computed as Holm computes it). Where a test may be exact (2^20 sign vectors
+    or fewer), no floor is claimed."""
+    from rmjax.audit import stats
+    from rmjax.audit.batteries import MIN_ITEMS
+    from rmjax.audit.job import describe, summary
+
+    one_way = np.linspace(1.0, 2.0, 40)  # every sign flip but none reaches the observed mean
+    for n_perm, survivable in ((1498, False), (1499, True)):
+        least = stats.holm([stats.sign_flip_p(one_way, n_perm=n_perm)] * 75).min()
+        assert (least < 0.05) == survivable and stats.holm_floor(75, n_perm, MIN_ITEMS) == pytest.approx(least)
+        note = stats.holm_floor_note(75, n_perm, MIN_ITEMS, "--n_perm")
+        assert (note is None) == survivable
+    note = stats.holm_floor_note(75, 1498, MIN_ITEMS, "--n_perm")
+    assert "--n_perm=1498" in note and "give --n_perm=1499 or more" in note
+    assert stats.holm_floor(75, 2**20, MIN_ITEMS) is None and stats.holm_floor_note(75, 2**20, 20, "--n_perm") is None
+    table = pd.DataFrame({"battery": ["length"] * 3, "axis": ["a", "b", "c"], "contrast": ["x vs y"] * 3,
+                          "n_items": [30] * 3, "effect": [0.5] * 3, "ci_low": [0.4] * 3, "ci_high": [0.6] * 3,
+                          "p": [1 / 101] * 3, "p_holm": [3 / 101] * 3, "null_effect": [0.0] * 3})
+    assert summary(table, 100)["least_p_holm"] == 3 / 101 and summary(table, 100)["holm_0.05"] == 3
+    assert "note:" not in describe(table, folder_paths(tmp_path), 100)
+    table["p"], table["p_holm"] = 1 / 51, 3 / 51
+    text = describe(table, folder_paths(tmp_path), 50)
+    assert "length: 0 of 3 effects survive" in text and "no row can reach p_holm < 0.05 with --n_perm=50" in text
+    assert "give --n_perm=60 or more" in text  # 3 x (1/61) < 0.05 = 3 x (1/60)
 
 
 def test_analyze_puts_two_audits_side_by_side(audited, tmp_path):
@@ -445,7 +478,11 @@ def test_a_finished_audit_read_back_names_only_the_files_it_still_has(rm_folder,
     folder_paths(copy)["png"].unlink()  # the figure deleted since: the rerun reads the audit back, names no figure
     capsys.readouterr()
     assert run_audit(AuditSpec(options(rm_folder, copy), **SMALL)) == copy
-    last = capsys.readouterr().err.strip().splitlines()[-1]
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    # 400 sign flips over its rows: p_holm is at least rows x (1/401), not under 0.05 here, and the rerun says so
+    rows = len(pd.read_csv(folder_paths(copy)["csv"]))
+    assert rows * (1 / 401) >= 0.05 and "no row can reach p_holm < 0.05 with --n_perm=400" in err, (rows, err)
     assert last == (f"-> {folder_paths(copy)['csv']}, audit_items.csv (+ .meta.json); audit.png missing: rerun with "
                     "--overwrite to write it again"), last
     assert not folder_paths(copy)["png"].exists()

@@ -344,6 +344,9 @@ def test_analyze_reports_the_rows_holm_keeps_with_its_settings(audits, tmp_path)
     assert "The differences (audit_differences.csv): 100 bootstrap resamples, 459 permutations, seed 3, Holm over " \
            "23 rows." in report
     assert "23 paired differences over shared items, 0 with p_holm < 0.05" in report and "| battery |" not in report
+    # and it says none could, and from which --n_permutations one can: 23 / 461 < 0.05 <= 23 / 460
+    assert "no row can reach p_holm < 0.05 with --n_permutations=459" in report, report
+    assert "give --n_permutations=460 or more" in report
     assert "not in every audit" not in report
     assert "with the same settings: 100 bootstrap resamples, 100 permutations, seed 0, Holm over 23 rows." in report
 

@@ -102,13 +102,14 @@ class AuditSection:
                 outputs.skip(f"audits: {name}'s batteries {', '.join(batteries)} are not in every audit, so they are "
                              "left out of the differences and the scale (audit_side_by_side.csv shows their rows).")
         diff = outputs.table("audit_differences", self.differences)
-        kept = diff[diff["p_holm"] < 0.05]
+        kept = diff[diff["p_holm"] < stats.ALPHA]
+        note = stats.holm_floor_note(len(diff), self.settings["n_perm"], battery_lib.MIN_ITEMS, "--n_permutations")
         units = ", ".join(f"{name} {scale:.4g}" for name, scale in self.scales.items())
         outputs.say("## Audits side by side", "",
                     f"{len(self.items)} models; effects compared in SDs of each model's rewards over the shared "
                     f"batteries' conversations (a reward model's scale is arbitrary): {units}. "
                     f"{len(diff)} paired differences over shared items, {len(kept)} with p_holm < 0.05 (Holm over "
-                    "the table):", "")
+                    "the table)" + (f". {note[0].upper()}{note[1:]}" if note else "") + ":", "")
         outputs.say(*self._settings_lines(len(diff)), "")
         if len(kept):
             outputs.say(markdown(kept[["battery", "axis", "contrast", "model_a", "model_b", "difference_sd",

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from rmjax.analysis.plots import _inches, _save, plt
+from rmjax.audit import stats
 
 
 def effects(table: pd.DataFrame, nulls: Sequence[str], path: str | Path) -> Path:
@@ -34,7 +35,7 @@ def effects(table: pd.DataFrame, nulls: Sequence[str], path: str | Path) -> Path
                 ax.plot([r.null_effect], [yi], "x", color="tab:red", zorder=3)
         ax.errorbar(part["effect"], y, xerr=[part["effect"] - part["ci_low"], part["ci_high"] - part["effect"]],
                     fmt="none", ecolor="black", capsize=2, zorder=2)
-        kept = part["p_holm"] < 0.05
+        kept = part["p_holm"] < stats.ALPHA
         ax.scatter(part["effect"][kept], y[kept.to_numpy()], color="black", zorder=4, s=16)
         ax.scatter(part["effect"][~kept], y[~kept.to_numpy()], facecolor="white", edgecolor="black", zorder=4, s=16)
         ax.axvline(0, color="0.5", linewidth=0.8)

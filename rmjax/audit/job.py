@@ -105,9 +105,13 @@ def run_audit(spec: AuditSpec) -> Path | None:
                    store=store_dir(paths["csv"])) as job:
         if job.reuse:
             if is_main():
-                print(describe(pd.read_csv(paths["csv"], keep_default_na=False), paths), file=sys.stderr)
+                print(describe(pd.read_csv(paths["csv"], keep_default_na=False), paths, spec.n_perm), file=sys.stderr)
             return Path(o.out)
         started = time.perf_counter()
+        note = stats.holm_floor_note(sum(len(b.contrasts) for b in built), spec.n_perm, battery_lib.MIN_ITEMS,
+                                     "--n_perm")
+        if note and is_main():  # before the scoring, which it does not change
+            print(note, file=sys.stderr)
         model = load_for_job(o)
         store = open_store(paths["csv"], identity, 1, spec.batch_size)
         kept = store.batch_size or spec.batch_size
@@ -117,10 +121,10 @@ def run_audit(spec: AuditSpec) -> Path | None:
         nulls = [c.null for b in built for c in b.contrasts]
         job.finish(lambda path: write(paths, items, table, nulls), allow_nonfinite=None, **_model_meta(model),
                    batteries=list(spec.batteries), n_variants=len(items),
-                   n_rows=len(table), summary=summary(table), seconds=time.perf_counter() - started)
+                   n_rows=len(table), summary=summary(table, spec.n_perm), seconds=time.perf_counter() - started)
         if is_main():
             store.remove()
-            print(describe(table, paths), file=sys.stderr)
+            print(describe(table, paths, spec.n_perm), file=sys.stderr)
     return Path(o.out)
 
 
@@ -194,18 +198,20 @@ def recompute(folder: str | Path, n_boot: int = 2000, n_perm: int = 10000, seed:
                              seed=seed)
 
 
-def summary(table: pd.DataFrame) -> dict:
-    """What .meta.json says at a glance: rows, rows surviving Holm at 0.05, and those beyond their null."""
-    survive = table[table["p_holm"] < 0.05]
+def summary(table: pd.DataFrame, n_perm: int) -> dict:
+    """What .meta.json says at a glance: rows, rows surviving Holm at 0.05, and those beyond their null; the
+    smallest p_holm these settings allow (None where a test may be exact: stats.holm_floor)."""
+    survive = table[table["p_holm"] < stats.ALPHA]
     return {"rows": len(table), "holm_0.05": len(survive),
+            "least_p_holm": stats.holm_floor(len(table), n_perm, battery_lib.MIN_ITEMS),
             "surviving": [f"{r.battery}/{r.axis}: {r.contrast} {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
                           f" null {r.null_effect:+.3f}" for r in survive.itertuples()]}
 
 
-def describe(table: pd.DataFrame, paths: dict[str, Path]) -> str:
+def describe(table: pd.DataFrame, paths: dict[str, Path], n_perm: int) -> str:
     lines = []
     for battery, part in table.groupby("battery", sort=False):
-        kept = part[part["p_holm"] < 0.05]
+        kept = part[part["p_holm"] < stats.ALPHA]
         lines.append(f"{battery}: {len(kept)} of {len(part)} effects survive Holm's correction (p_holm < 0.05)")
         for r in kept.sort_values("p_holm").head(8).itertuples():
             beyond = abs(r.effect) > abs(r.null_effect)
@@ -215,6 +221,8 @@ def describe(table: pd.DataFrame, paths: dict[str, Path]) -> str:
     # a finished audit read back may have lost a file since (a deleted figure): name only what is there
     gone = [paths[key].name for key in ("items", "png") if not paths[key].exists()]
     there = [paths[key].name for key in ("items", "png") if paths[key].exists()]
+    note = stats.holm_floor_note(len(table), n_perm, battery_lib.MIN_ITEMS, "--n_perm")
+    lines += [note] if note else []
     lines.append(f"-> {', '.join([str(paths['csv']), *there])} (+ .meta.json)"
                  + (f"; {', '.join(gone)} missing: rerun with --overwrite to write it again" if gone else ""))
     return "\n".join(lines)

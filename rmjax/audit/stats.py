@@ -25,6 +25,7 @@ AUDIT_COLUMNS = ["battery", "axis", "contrast", "n_items", "effect", "ci_low", "
 COMPARE_COLUMNS = ["battery", "axis", "contrast", "model_a", "model_b", "n_items", "effect_a", "effect_b",
                    "scale_a", "scale_b", "difference_sd", "ci_low", "ci_high", "p", "p_holm"]
 NULLS = ("length", "shuffled")
+ALPHA = 0.05  # a row survives Holm's correction at p_holm < ALPHA
 REWARD_EPS = float(np.finfo(np.float32).eps)  # rewards' precision: scoring returns float32
 __all__ = ["bootstrap_ci", "holm", "label_permutation_p", "sign_flip_p"]  # the tests' one import point
 
@@ -236,6 +237,30 @@ def audit_table(items: pd.DataFrame, contrasts: Sequence[Contrast], n_boot: int 
     table = pd.DataFrame(rows, columns=[k for k in AUDIT_COLUMNS if k != "p_holm"])
     table.insert(AUDIT_COLUMNS.index("p_holm"), "p_holm", holm(table["p"].to_numpy()))
     return table[AUDIT_COLUMNS]
+
+
+def holm_floor(rows: int, n_perm: int, min_items: int) -> float | None:
+    """The smallest p_holm a table of `rows` can hold when every row's p comes from `n_perm` random draws: Holm
+    multiplies the smallest p by the rows, and a random test's p is at least 1 / (1 + n_perm). None where a row's
+    test may be exact instead (its sets hold at least `min_items` items: 2^n <= n_perm sign vectors, or as many
+    relabellings, which is more), whose p can be smaller."""
+    if 2**min_items <= n_perm:
+        return None
+    return min(1.0, rows * (1 / (1 + n_perm)))  # as `holm` computes it from that p (float64 rounding too)
+
+
+def holm_floor_note(rows: int, n_perm: int, min_items: int, flag: str) -> str | None:
+    """One line where no row can survive Holm's correction (the floor is ALPHA or more), naming the `flag` value
+    from which one can; None otherwise. Without it a table of strong effects reads "0 survive"."""
+    floor = holm_floor(rows, n_perm, min_items)
+    if floor is None or floor < ALPHA:
+        return None
+    need = n_perm + 1
+    while (least := holm_floor(rows, need, min_items)) is not None and least >= ALPHA:
+        need += 1
+    return (f"note: no row can reach p_holm < {ALPHA:g} with {flag}={n_perm}: a random test's p is at least "
+            f"1/{n_perm + 1}, and Holm multiplies the smallest by the {rows} rows ({floor:.3g}); give {flag}={need} or "
+            "more.")
 
 
 def _item_rows(frame: pd.DataFrame, battery: str, axis: str) -> dict[str, list[tuple[str, str, str]]]:
