@@ -268,11 +268,18 @@ def test_the_summary_counts_what_survives_holm_and_says_which_lie_within_their_n
     assert got["least_p_holm"] == 3 / 10001
     assert got["surviving"] == ["identity/race: A vs axis mean +0.500 [+0.300, +0.700] null +0.100",
                                 "identity/race: B vs axis mean -0.200 [-0.300, -0.100] null -0.400"]
-    text = describe(table, folder_paths(tmp_path), 10000)
+    text = describe(table, folder_paths(tmp_path), 10000, ["length"] * 3)
     assert "identity: 2 of 3 effects survive Holm's correction" in text and "C vs D" not in text
     assert "note:" not in text  # 3 rows of 10,000 draws: p_holm can go down to 0.0003
     assert "A vs axis mean: +0.500" in text and "(within its null)" not in text.split("\n")[1]
-    assert text.split("\n")[2].endswith("null -0.400 (within its null)")  # |-0.2| < |-0.4|
+    assert text.split("\n")[2].endswith("null -0.400 (within its null)")  # |-0.2| < |-0.4|, the same sign
+    # length predicting the other sign does not make the effect (helper-137: the sign was not read); a shuffled
+    # null is a size, |effect| by chance alone, whichever the sign
+    table.loc[1, "null_effect"] = 0.4
+    assert text.split("\n")[2].replace("-0.400 (within its null)", "+0.400") == \
+        describe(table, folder_paths(tmp_path), 10000, ["length"] * 3).split("\n")[2]
+    shuffled = describe(table, folder_paths(tmp_path), 10000, ["length", "shuffled", "length"]).split("\n")[2]
+    assert shuffled.endswith("null +0.400 (within its null)")
 
 
 def test_an_audit_whose_settings_let_no_row_survive_holm_says_so_and_names_the_draws_that_do(tmp_path):
@@ -299,9 +306,9 @@ def test_an_audit_whose_settings_let_no_row_survive_holm_says_so_and_names_the_d
                           "n_items": [30] * 3, "effect": [0.5] * 3, "ci_low": [0.4] * 3, "ci_high": [0.6] * 3,
                           "p": [1 / 101] * 3, "p_holm": [3 / 101] * 3, "null_effect": [0.0] * 3})
     assert summary(table, 100)["least_p_holm"] == 3 / 101 and summary(table, 100)["holm_0.05"] == 3
-    assert "note:" not in describe(table, folder_paths(tmp_path), 100)
+    assert "note:" not in describe(table, folder_paths(tmp_path), 100, ["length"] * 3)
     table["p"], table["p_holm"] = 1 / 51, 3 / 51
-    text = describe(table, folder_paths(tmp_path), 50)
+    text = describe(table, folder_paths(tmp_path), 50, ["length"] * 3)
     assert "length: 0 of 3 effects survive" in text and "no row can reach p_holm < 0.05 with --n_perm=50" in text
     assert "give --n_perm=60 or more" in text  # 3 x (1/61) < 0.05 = 3 x (1/60)
 

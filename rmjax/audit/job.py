@@ -100,12 +100,14 @@ def run_audit(spec: AuditSpec) -> Path | None:
     # from its config, before any weight loads or a claim deletes an earlier result
     require_reward_model(config_of(o.model), o.model, "the audit", o.output_column)
     identity = audit_identity(spec, built)
+    nulls = [c.null for b in built for c in b.contrasts]
     paths = folder_paths(o.out)
     with claim_job(o, identity, out=paths["csv"], owned=[paths["items"], paths["png"]],
                    store=store_dir(paths["csv"])) as job:
         if job.reuse:
             if is_main():
-                print(describe(pd.read_csv(paths["csv"], keep_default_na=False), paths, spec.n_perm), file=sys.stderr)
+                print(describe(pd.read_csv(paths["csv"], keep_default_na=False), paths, spec.n_perm, nulls),
+                      file=sys.stderr)
             return Path(o.out)
         started = time.perf_counter()
         note = stats.holm_floor_note(sum(len(b.contrasts) for b in built), spec.n_perm, battery_lib.MIN_ITEMS,
@@ -118,13 +120,12 @@ def run_audit(spec: AuditSpec) -> Path | None:
         items = pd.concat([_scored(model, b, store, kept, o.template) for b in built], ignore_index=True)
         table = stats.audit_table(items, [c for b in built for c in b.contrasts], n_boot=spec.n_boot,
                                   n_perm=spec.n_perm, seed=spec.seed)
-        nulls = [c.null for b in built for c in b.contrasts]
         job.finish(lambda path: write(paths, items, table, nulls), allow_nonfinite=None, **_model_meta(model),
                    batteries=list(spec.batteries), n_variants=len(items),
                    n_rows=len(table), summary=summary(table, spec.n_perm), seconds=time.perf_counter() - started)
         if is_main():
             store.remove()
-            print(describe(table, paths, spec.n_perm), file=sys.stderr)
+            print(describe(table, paths, spec.n_perm, nulls), file=sys.stderr)
     return Path(o.out)
 
 
@@ -208,13 +209,25 @@ def summary(table: pd.DataFrame, n_perm: int) -> dict:
                           f" null {r.null_effect:+.3f}" for r in survive.itertuples()]}
 
 
-def describe(table: pd.DataFrame, paths: dict[str, Path], n_perm: int) -> str:
+def within_null(effect: float, null: float, kind: str) -> bool:
+    """Whether a row's null could make its effect: a shuffled-label null is the 95th percentile of |effect| by chance
+    alone (within: |effect| at most that); a length null is the effect length alone predicts, signed (within: the
+    same sign and no larger; an effect against length's prediction is not length's doing)."""
+    if kind == "shuffled":
+        return abs(effect) <= null
+    return effect * null >= 0 and abs(effect) <= abs(null)
+
+
+def describe(table: pd.DataFrame, paths: dict[str, Path], n_perm: int, nulls: Sequence[str]) -> str:
+    """The lines an audit prints: per battery the rows that survive Holm, each marked where its null could make it
+    (`nulls`: each row's kind, stats.NULLS)."""
     lines = []
+    kinds = pd.Series(list(nulls), index=table.index)
     for battery, part in table.groupby("battery", sort=False):
         kept = part[part["p_holm"] < stats.ALPHA]
         lines.append(f"{battery}: {len(kept)} of {len(part)} effects survive Holm's correction (p_holm < 0.05)")
         for r in kept.sort_values("p_holm").head(8).itertuples():
-            beyond = abs(r.effect) > abs(r.null_effect)
+            beyond = not within_null(r.effect, r.null_effect, kinds[r.Index])
             lines.append(f"  {r.axis}: {r.contrast}: {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], "
                          f"p_holm {r.p_holm:.2g}, null {r.null_effect:+.3f}"
                          + ("" if beyond else " (within its null)"))
