@@ -301,7 +301,8 @@ def test_an_audit_whose_settings_let_no_row_survive_holm_says_so_and_names_the_d
         assert (note is None) == survivable
     note = stats.holm_floor_note(75, 1498, MIN_ITEMS, "--n_perm")
     assert "--n_perm=1498" in note and "give --n_perm=1499 or more" in note
-    assert stats.holm_floor(75, 2**20, MIN_ITEMS) is None and stats.holm_floor_note(75, 2**20, 20, "--n_perm") is None
+    assert stats.holm_floor(75, 2**20, MIN_ITEMS) is None  # a test may be exact: no floor claimed
+    assert stats.holm_floor_note(75, 2**20, MIN_ITEMS, "--n_perm") is None
     table = pd.DataFrame({"battery": ["length"] * 3, "axis": ["a", "b", "c"], "contrast": ["x vs y"] * 3,
                           "n_items": [30] * 3, "effect": [0.5] * 3, "ci_low": [0.4] * 3, "ci_high": [0.6] * 3,
                           "p": [1 / 101] * 3, "p_holm": [3 / 101] * 3, "null_effect": [0.0] * 3})

@@ -109,8 +109,8 @@ class AuditSection:
                     f"{len(self.items)} models; effects compared in SDs of each model's rewards over the shared "
                     f"batteries' conversations (a reward model's scale is arbitrary): {units}. "
                     f"{len(diff)} paired differences over shared items, {len(kept)} with p_holm < 0.05 (Holm over "
-                    "the table)" + (f". {note[0].upper()}{note[1:]}" if note else "") + ":", "")
-        outputs.say(*self._settings_lines(len(diff)), "")
+                    "the table):", "")
+        outputs.say(*self._settings_lines(len(diff)), *([note] if note else []), "")
         if len(kept):
             outputs.say(markdown(kept[["battery", "axis", "contrast", "model_a", "model_b", "difference_sd",
                                        "ci_low", "ci_high", "p_holm"]].head(20)), "")
