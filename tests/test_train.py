@@ -137,40 +137,52 @@ def test_a_nonfinite_training_loss_stops_the_run_before_its_checkpoint(lm, tmp_p
     assert not any(d.name.isdigit() for d in (tmp_path / "checkpoints").iterdir())
 
 
+# A run of 6 steps checkpointed every 2 (with weight decay), killed at step 4 by test_resume_after_crash_is_exact.
+_RESUMED = dict(trainable="last_k", last_k=1, steps=6, batch_size=8, learning_rate=1e-2, checkpoint_every=2,
+                weight_decay=0.01)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(lm, tmp_path_factory):
+    """The uninterrupted run both kinds of crash are resumed against (each only reads it): (its RM, its result)."""
+    rm = reward_model_from_lm(lm, seed=1)
+    train, held = _separable(NOUNS[:20], 64, 2), _separable(NOUNS[20:], 16, 3)
+    return rm, train_reward_model(rm, train, held, TrainConfig(**_RESUMED), tmp_path_factory.mktemp("whole"),
+                                  log=lambda *_: None)
+
+
 @pytest.mark.parametrize("between_logs_and_checkpoint", [False, True])
-def test_resume_after_crash_is_exact(lm, tmp_path, monkeypatch, between_logs_and_checkpoint):
-    """Killed after step 8's checkpoint, or after its logs were written but before its checkpoint (the logs then
+def test_resume_after_crash_is_exact(uninterrupted, tmp_path, monkeypatch, between_logs_and_checkpoint):
+    """Killed after step 4's checkpoint, or after its logs were written but before its checkpoint (the logs then
     run past the checkpoint the resume starts from: their later rows are replayed, not kept twice)."""
     import orbax.checkpoint as ocp
 
-    rm = reward_model_from_lm(lm, seed=1)
+    rm, whole = uninterrupted
     train, held = _separable(NOUNS[:20], 64, 2), _separable(NOUNS[20:], 16, 3)
-    cfg = TrainConfig(trainable="last_k", last_k=1, steps=12, batch_size=8, learning_rate=1e-2,
-                      checkpoint_every=4, weight_decay=0.01)
-    whole = train_reward_model(rm, train, held, cfg, tmp_path / "a", log=lambda *_: None)
+    cfg = TrainConfig(**_RESUMED)
     if between_logs_and_checkpoint:
         save = ocp.CheckpointManager.save
 
         def crash_saving(self, step, *args, **kwargs):
-            if step == 8:
+            if step == 4:
                 raise Crash
             return save(self, step, *args, **kwargs)
 
         monkeypatch.setattr(ocp.CheckpointManager, "save", crash_saving)
     with pytest.raises(Crash):
-        train_reward_model(rm, train, held, cfg, tmp_path / "b", log=crash_at(8))
+        train_reward_model(rm, train, held, cfg, tmp_path / "b", log=crash_at(4))
     monkeypatch.undo()
     if between_logs_and_checkpoint:
-        assert len((tmp_path / "b" / "train_log.csv").read_text().splitlines()) == 1 + 8  # past checkpoint 4
+        assert len((tmp_path / "b" / "train_log.csv").read_text().splitlines()) == 1 + 4  # past checkpoint 2
     said = []
     resumed = train_reward_model(rm, train, held, cfg, tmp_path / "b", log=said.append)
-    assert resumed.resumed_from == (4 if between_logs_and_checkpoint else 8)
+    assert resumed.resumed_from == (2 if between_logs_and_checkpoint else 4)
     # the resume is said first, before the minutes its training data may take, and said again once it is read
     found = f"found a checkpoint at step {resumed.resumed_from} in {tmp_path / 'b'}"
     assert said[0].startswith(found), said
     assert f"resumed from checkpoint at step {resumed.resumed_from}" in said[1:], said
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
-    assert [e["step"] for e in resumed.evals] == [4, 8, 12]
+    assert [e["step"] for e in resumed.evals] == [2, 4, 6]
     flat_a, flat_b = nn.flat(whole.model.params), nn.flat(resumed.model.params)
     for key in flat_a:
         np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]))

@@ -56,8 +56,11 @@ def trained_bytes(rm, trainable: str) -> int:
                for key, a in nn.flat(rm.params).items() if "embed" not in key for s in a.addressable_shards)
 
 
-@pytest.mark.parametrize("trainable,mesh,dtype", [("full", None, "float32"), ("last_k", None, "float32"),
-                                                  ("full", "data:4,model:2", "float32"), ("last_k", None, "bfloat16")])
+# last_k in float32 is no case of its own: last_k in bfloat16 runs the same consuming path (the same Steps, the same
+# in-place join; only the optimizer adds its float32 master) and fails with each fault that case failed with (always
+# a copy, no donation, the objective beside Adam's moments, the stack joined into a copy), at margins of its own.
+@pytest.mark.parametrize("trainable,mesh,dtype", [("full", None, "float32"), ("full", "data:4,model:2", "float32"),
+                                                  ("last_k", None, "bfloat16")])
 def test_a_consumed_model_trains_in_place(lm, tmp_path, monkeypatch, trainable, mesh, dtype):
     """No copy of the trained weights beside the model's own as the steps run (a full fine-tune held every layer
     twice: 6.5 GiB a chip for an 8B RM on v5p-8), and under --fsdp not the replicated originals either; and the
