@@ -4,6 +4,7 @@ across two models, the implicit side against experiments.logprobs, and the job's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import shutil
@@ -492,8 +493,11 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
         return real_check(side, texts, fresh, searched, dtype, sd)
 
     monkeypatch.setattr(disagree_out, "check_rescored", spy_check)
-    out = tmp_path / "d"
-    run_disagree(_spec(rm_folder, lower_rm, out, lm_folder))
+    # 100 forwards (not _spec's 150) buy each search 2 GCG steps and each screened best-of-N round more readable
+    # samples than B scores (at 70 it had none to leave out)
+    out, F = tmp_path / "d", 100
+    spec = functools.partial(_spec, forwards=F)
+    run_disagree(spec(rm_folder, lower_rm, out, lm_folder))
     table = pd.read_csv(out / "disagree.csv", keep_default_na=False)
     assert list(table.columns) == ["prompt", "direction", "method", "rank", "text", "ends_turn", "completed_text",
                                    "reward_a", "reward_b", "z_a", "z_b", "gap", "judge_ppl", "forwards"]
@@ -533,7 +537,7 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
         z_atol[side] = 1e-6 + atol * (1 + np.abs(want).max()) / sd
         np.testing.assert_allclose(table[f"z_{side}"], want, rtol=0, atol=z_atol[side])
     np.testing.assert_allclose(table.gap, table.z_a - table.z_b, rtol=0, atol=1e-6)  # 9 digits in the CSV
-    assert (table.forwards <= 150).all() and (table.forwards > 150 - 8).all()
+    assert (table.forwards <= F).all() and (table.forwards > F - 8).all()
     # the vocabulary map: strings both tokenizers hold as one allowed token, sorted by gap, τ as scipy's
     vocab = pd.read_csv(out / "vocab_map.csv", keep_default_na=False)
     strings = [json.loads(t) for t in vocab.text]
@@ -560,11 +564,11 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
 
     monkeypatch.setattr(disagree_job, "_compute", crash_after_two)
     with pytest.raises(KeyboardInterrupt):
-        run_disagree(_spec(rm_folder, lower_rm, again, lm_folder))
+        run_disagree(spec(rm_folder, lower_rm, again, lm_folder))
     monkeypatch.setattr(disagree_job, "_compute", real_compute)
     real_map, mapped = disagree_job._map_rewards, []
     monkeypatch.setattr(disagree_job, "_map_rewards", lambda *a: (mapped.append(1), real_map(*a))[1])
-    run_disagree(_spec(rm_folder, lower_rm, again, lm_folder))
+    run_disagree(spec(rm_folder, lower_rm, again, lm_folder))
     assert (again / "disagree.csv").read_bytes() == first
     # the map the crashed run stored is read, not scored again, and written alike
     assert not mapped and (again / "vocab_map.csv").read_bytes() == (out / "vocab_map.csv").read_bytes()
@@ -581,7 +585,7 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     monkeypatch.setattr(Objective, "score_screened", spy)
     alone = tmp_path / "alone"  # the joint run's --screen=2 screens its search only: best-of-N alone has none
     # (the controls skip the map, which reads the whole vocabulary: their yardsticks score the same sampled tokens)
-    run_disagree(_spec(rm_folder, lower_rm, alone, lm_folder, methods="best_of_n", b_gradient=False, vocab_map=False))
+    run_disagree(spec(rm_folder, lower_rm, alone, lm_folder, methods="best_of_n", b_gradient=False, vocab_map=False))
     assert not screened_calls
     control = pd.read_csv(alone / "disagree.csv", keep_default_na=False)
     joint = table[table.method == "best_of_n"].reset_index(drop=True)
@@ -595,7 +599,7 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     screened = tmp_path / "screened"
     real_best_of_n = disagree_job.best_of_n
     monkeypatch.setattr(disagree_job, "best_of_n", lambda *a: (screened_calls.append("unit"), real_best_of_n(*a))[1])
-    run_disagree(_spec(rm_folder, lower_rm, screened, lm_folder, methods="best_of_n", screen=1, screen_best_of_n=True,
+    run_disagree(spec(rm_folder, lower_rm, screened, lm_folder, methods="best_of_n", screen=1, screen_best_of_n=True,
                        b_gradient=False, vocab_map=False))
     units = json.loads((screened / "disagree.csv.meta.json").read_text())["units"]
     assert len(units) == 2 and all(u["method"] == "best_of_n" for u in units)

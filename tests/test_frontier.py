@@ -463,7 +463,9 @@ def test_the_forwards_budget_is_counted_exactly_and_never_passed(tied, monkeypat
     """Every position a method runs, counted from its calls' arguments by the definition, equals what the search
     charged; no method passes the budget, and each stops when too little is left for its next call."""
     _, lm, rm = tied
-    n, budget = 3, 300
+    # 150 forwards: every case still makes each of its kinds of call (merges, resampled tails at j > 0, ...) and
+    # stops on the budget; a search's calls are those of a larger budget's run up to where this one stops
+    n, budget = 3, 150
     target = make_target(rm, PROMPT, "plain" if case.endswith("plain template") else "auto")
     words = _word_ids(rm.tokenizer)
     banned = np.ones(rm.config.vocab_size, bool)
@@ -963,8 +965,10 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     from rmjax.search import frontier_job
     from rmjax.search.frontier_job import FrontierConfig, FrontierSpec, run_frontier
 
-    out = tmp_path / "f"
-    cfg = FrontierConfig(lambdas=(0.0, 1.0), direction="both", forwards=200, top=3, z_sample=64)
+    # 120 forwards buy each search its starts and 3 GCG steps; front_rows=4 keeps front rows beyond the top 3 in
+    # the λ = 1 rows (the λ = 0 search's seeds) while the written rows fit one completion batch (64 took two)
+    out, F = tmp_path / "f", 120
+    cfg = FrontierConfig(lambdas=(0.0, 1.0), direction="both", forwards=F, top=3, z_sample=64, front_rows=4)
     search = fluent.FluentConfig(num_tokens=3, samples=8, beam=2, proposals=4, search_width=16, topk=8)
 
     def spec(**options):
@@ -987,7 +991,7 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     csv = out / "frontier.csv"
     first = csv.read_bytes()
     # the progress line counts every unit's budget (best-of-N's pooled one too), forward, to its total
-    assert all(n >= 0 for n, _ in counted) and sum(n for n, _ in counted) == counted[0][1] == 2 * (2 + 2) * 200
+    assert all(n >= 0 for n, _ in counted) and sum(n for n, _ in counted) == counted[0][1] == 2 * (2 + 2) * F
     # each λ's search draws its own prior samples (with one seed, λ = 0 paid again for λ = 1's), and the largest
     # λ's search draws the same ones in both directions (it keeps --seed)
     assert len(drawn) == 4 and all(drawn) and not drawn[0] & drawn[1] and not drawn[2] & drawn[3]
@@ -1012,8 +1016,8 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
                                atol=tolerance.any_rewards_atol(rm.params, rm.config, 64))
     assert set(table.method) == {"search", "best_of_n"} and set(table.direction) == {"optimal", "pessimal"}
     searched = table.method == "search"  # best-of-N gets the direction's pooled budget: every λ's together
-    assert (table.forwards[searched] <= 200).all() and (table.forwards[~searched] <= 2 * 200).all()
-    assert (table.forwards[~searched] > 2 * 200 - 3).all() and (out / "frontier.png").stat().st_size > 0
+    assert (table.forwards[searched] <= F).all() and (table.forwards[~searched] <= 2 * F).all()
+    assert (table.forwards[~searched] > 2 * F - 3).all() and (out / "frontier.png").stat().st_size > 0
     meta = json.loads((out / "frontier.csv.meta.json").read_text())
     assert set(meta["summary"]) == {"optimal", "pessimal"}
     # Issue 45: the summary's best-of-N best and median perplexity were in no CSV; now each is a column's.

@@ -172,18 +172,16 @@ def test_filters_hold_on_a_real_tokenizer(tmp_path):
         assert conv.token_ids([h["text"]])[0] == [*target.prefix, *h["ids"], *target.suffix]
 
 
-def test_gcg_entry_point_writes_results(tmp_path):
+def test_gcg_entry_point_writes_results(rm_folder, tmp_path):
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
+    from tests import cli
+
+    folder = rm_folder  # the session's tiny RM (what tiny.save_reward_model_with_tokenizer makes), not another
     out = tmp_path / "gcg.json"
-    repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "experiments.gcg", f"--model={folder}", "--prompts=greatest",
-                           "--num_tokens=2", "--steps=3", "--search_width=16", "--topk=8", "--direction=pessimal",
-                           f"--out={out}"], cwd=repo, capture_output=True, text=True)
+    # tests.cli.run: the compile cache and quick compiles the other entry-point tests' subprocesses get
+    proc = cli.run("gcg", f"--model={folder}", "--prompts=greatest", "--num_tokens=2", "--steps=3",
+                   "--search_width=16", "--topk=8", "--direction=pessimal", f"--out={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "step 3/3" in proc.stderr
     record = json.loads(out.read_text())
