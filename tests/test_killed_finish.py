@@ -3,7 +3,8 @@ its .meta.json, resumes on the same command: a fault hunt found `sweep --plot` k
 ("s.csv.png already exists and no rmjax run of --out wrote it") until --overwrite, its chunks all on disk.
 
 The killed run is the entry point as a user runs it, killed by the kernel where it would write .meta.json; the
-resumed result is compared byte for byte with an uninterrupted run's."""
+resumed result is compared byte for byte with an uninterrupted run's (the same flags' run, in-process: tests/inproc.py;
+--plot draws beside the CSV and leaves its bytes as they are)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import signal
 import subprocess
 import sys
 
-from tests import cli
+import pytest
+
+from tests import cli, inproc
 
 # `python -m experiments.<job> FLAGS`, SIGKILLed by itself where the job writes its .meta.json (every file of the
 # result before it is written)
@@ -30,21 +33,30 @@ def _killed_at_meta(job: str, *flags: str) -> None:
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
 
 
-def test_a_sweep_killed_after_its_figure_resumes(rm_folder, tmp_path):
+@pytest.fixture(scope="module")
+def clean(rm_folder, tmp_path_factory) -> bytes:
+    """The CSV of an uninterrupted `sweep --prompts=greatest --limit=512 --chunk_size=256 --batch_size=64`, the
+    flags of both resumed runs below."""
+    from rmjax.search.sweep import SweepSpec, run_sweep
+
+    out = tmp_path_factory.mktemp("clean") / "s.csv"
+    run_sweep(SweepSpec(inproc.options(rm_folder, out), inproc.prompts("greatest"), limit=512, chunk_size=256,
+                        batch_size=64))
+    return out.read_bytes()
+
+
+def test_a_sweep_killed_after_its_figure_resumes(rm_folder, clean, tmp_path):
     def flags(out):
         return [f"--model={rm_folder}", "--prompts=greatest", f"--out={out}", "--limit=512", "--chunk_size=256",
                 "--batch_size=64", "--plot"]
 
-    clean = tmp_path / "clean" / "s.csv"
-    clean.parent.mkdir()
-    cli.ok(cli.run("sweep", *flags(clean)))
     out = tmp_path / "killed" / "s.csv"
     out.parent.mkdir()
     _killed_at_meta("sweep", *flags(out))
     assert out.is_file() and (tmp_path / "killed" / "s.csv.png").is_file()  # written before the kill
     assert not (tmp_path / "killed" / "s.csv.meta.json").exists()
     cli.ok(cli.run("sweep", *flags(out)))  # refused its own figure before the fix
-    assert out.read_bytes() == clean.read_bytes()
+    assert out.read_bytes() == clean
     assert (tmp_path / "killed" / "s.csv.meta.json").is_file()
     assert not (tmp_path / "killed" / "s.csv.chunks").exists()
     rerun = cli.ok(cli.run("sweep", *flags(out)))  # finished: reused, not recomputed
@@ -62,7 +74,7 @@ def test_a_figure_no_run_wrote_is_refused_before_the_run_records_its_writes(rm_f
     assert (tmp_path / "s.csv.png").read_bytes() == b"mine"
 
 
-def test_a_temp_file_a_killed_write_left_goes_with_the_rerun(rm_folder, tmp_path):
+def test_a_temp_file_a_killed_write_left_goes_with_the_rerun(rm_folder, clean, tmp_path):
     """A run killed while its CSV's temp file was written (`.s.csv.<pid>.tmp`, renamed over s.csv when whole) left
     that temp, full-size, beside the resumed result for good. The rerun's result is the uninterrupted run's."""
     out = tmp_path / "s.csv"
@@ -88,7 +100,4 @@ runpy.run_module("experiments.sweep", run_name="__main__", alter_sys=True)
     assert len(left) == 1 and not out.exists()
     cli.ok(cli.run("sweep", *flags))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.csv", "s.csv.meta.json"]
-    clean = tmp_path / "clean" / "s.csv"
-    clean.parent.mkdir()
-    cli.ok(cli.run("sweep", *[f for f in flags if not f.startswith("--out")], f"--out={clean}"))
-    assert out.read_bytes() == clean.read_bytes()
+    assert out.read_bytes() == clean

@@ -45,12 +45,15 @@ def test_resume_across_hosts(tmp_path):
     import json
 
     from rmjax.runs import results
+    from rmjax.search.sweep import SweepSpec, run_sweep
+    from tests import inproc
 
     _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
     env = cli.subprocess_env(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
     limit = ["--limit=3072"]
-    clean = tmp_path / "clean.csv"
-    subprocess.run(_cmd(folder, clean, *limit), cwd=REPO, check=True, capture_output=True, env=env)
+    clean = tmp_path / "clean.csv"  # the same flags' uninterrupted run, in-process (tests/inproc.py)
+    run_sweep(SweepSpec(inproc.options(folder, clean), inproc.prompts("greatest", "worst"), limit=3072,
+                        batch_size=64, chunk_size=256))
     out = tmp_path / "resumed.csv"
     done = tiny.kill_after_chunks(_cmd(folder, out, *limit), out, 2, cwd=REPO, env=env)
     assert 2 <= done < 12 and not out.exists()
@@ -84,6 +87,9 @@ def test_two_process_beam_equals_one(tmp_path):
     import numpy as np
 
     from rmjax.runs import results
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from tests import inproc
 
     _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm")
     env = cli.subprocess_env(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
@@ -93,8 +99,9 @@ def test_two_process_beam_equals_one(tmp_path):
                 f"--out={out}", "--depth=2", "--beam=4", "--top=8", "--batch_size=64", "--chunk_size=64",
                 "--token_ids=" + ",".join(map(str, range(500, 628))), *extra]
 
-    single = tmp_path / "single.csv"
-    subprocess.run(cmd(single), cwd=REPO, check=True, capture_output=True, env=env)
+    single = tmp_path / "single.csv"  # cmd's one-process run, in-process (tests/inproc.py)
+    run_beam(BeamSpec(inproc.options(folder, single), inproc.prompts("greatest", "worst"),
+                      BeamConfig(depth=2, beam=4, top=8), tuple(range(500, 628)), batch_size=64, chunk_size=64))
     multi = tmp_path / "multi.csv"
     port = _free_port()
     procs = [subprocess.Popen(cmd(multi, "--mesh=data:4,model:2", f"--coordinator=127.0.0.1:{port}",

@@ -72,6 +72,19 @@ def analyze(out: Path, *scores: Path, overwrite: bool = False, **settings) -> di
     return run_analyses(AnalysisConfig(**settings), out, overwrite=overwrite)
 
 
+def unrendered(monkeypatch) -> None:
+    """Each figure of the analyses that follow drawn and named as ever, written as an empty file in place of its
+    PNG: rendering is most of a small analysis's time, and tests/test_figures.py renders every figure."""
+    from rmjax.analysis import plots
+
+    def drawn(fig, path):
+        plots.plt.close(fig)
+        Path(path).write_bytes(b"")
+        return Path(path)
+
+    monkeypatch.setattr(plots, "_save", drawn)
+
+
 def manifest(out: Path) -> dict:
     return json.loads((out / "analysis.json").read_text())
 
@@ -90,10 +103,11 @@ def tau(path: Path) -> float:
     return float(matrix.iloc[0, 1])
 
 
-def test_names_that_read_alike_get_files_of_their_own(tmp_path):
+def test_names_that_read_alike_get_files_of_their_own(tmp_path, monkeypatch):
     """1: `a-b`/`a_b` prompts, `my-rm`/`my_rm` models, a prompt called `checkpoints` beside --bigtwo_checkpoints
     and EloEverything files `What is best` / `What is best!` each wrote one file name, the second silently
-    replacing the first (the report then quoted the wrong tau)."""
+    replacing the first (the report then quoted the wrong tau). (A figure's file is named as ever: `unrendered`.)"""
+    unrendered(monkeypatch)
     rng = np.random.default_rng(0)
     base = rng.normal(size=40)
     cases = {}
@@ -222,11 +236,12 @@ def test_killed_analysis_is_unfinished_and_overwritten(tmp_path):
         assert not [name for name in whole(out) if name.endswith(".tmp")]
 
 
-def test_an_analysis_refused_halfway_leaves_its_folder_as_it_was(tmp_path):
+def test_an_analysis_refused_halfway_leaves_its_folder_as_it_was(tmp_path, monkeypatch):
     """A fault hunt: an input refused only once the analysis writes (one word in the frequency list has no spread
     to z-score; and score tables with no prompt in common, now refused before) came after --overwrite had removed
     the earlier analysis (24 files, none left); without it, a new folder kept half an analysis. Now a run writes
-    into a stage and moves its files in once all are written."""
+    into a stage and moves its files in once all are written. (Its figures are files like the tables: `unrendered`.)"""
+    unrendered(monkeypatch)
     base = np.random.default_rng(5).normal(size=40)
     tables = [sweep(tmp_path / "a.csv", {"best": base}), sweep(tmp_path / "b.csv", {"best": base ** 2})]
     (tmp_path / "bnc.txt").write_text("\tWord\tPoS\t\tFreq\n\tw3\tNoC\t:\t12\t90\t0.9\n", encoding="latin-1")
@@ -343,9 +358,11 @@ def test_a_model_of_one_score_or_a_prompt_some_model_lacks_is_named_not_tabled(t
     assert "a's prompts extra are not in every --scores table" in report
 
 
-def test_prompts_and_models_named_like_pandas_attributes(tmp_path):
+def test_prompts_and_models_named_like_pandas_attributes(tmp_path, monkeypatch):
     """3: a prompt called `mean` (or `index`, `T`, `values`, `columns`, `shape`) broke the beam tables (the mean
-    over prompts took its column); every such name must analyze like any other."""
+    over prompts took its column); every such name must analyze like any other. The figures are not rendered
+    (`unrendered`): a name reaches an image only as a label's text."""
+    unrendered(monkeypatch)
     names = ["mean", "index", "T", "values", "columns", "shape"]
     rng = np.random.default_rng(4)
     columns = {name: rng.normal(size=40) for name in names}

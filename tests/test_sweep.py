@@ -95,7 +95,7 @@ def test_eight_devices_equal_one(rm):
 
 def _sweep_cmd(folder: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "experiments.sweep", f"--model={folder}", "--prompts=greatest,worst",
-            f"--out={out}", "--limit=12288", "--chunk_size=512", "--batch_size=64", "--top=3"]
+            f"--out={out}", "--limit=6144", "--chunk_size=512", "--batch_size=64", "--top=3"]
 
 
 def test_kill_and_resume_gives_identical_csv(rm, tmp_path):
@@ -107,15 +107,15 @@ def test_kill_and_resume_gives_identical_csv(rm, tmp_path):
     _, folder, _ = rm
     env = cli.subprocess_env(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")  # compiled as in-process
     whole = tmp_path / "whole.csv"
-    run_sweep(SweepSpec(inproc.options(folder, whole), inproc.prompts("greatest", "worst"), limit=12288,
+    run_sweep(SweepSpec(inproc.options(folder, whole), inproc.prompts("greatest", "worst"), limit=6144,
                         chunk_size=512, batch_size=64))
     out = tmp_path / "resumed.csv"
     chunks = out.with_name(out.name + ".chunks")
     done = tiny.kill_after_chunks(_sweep_cmd(folder, out), out, 3, cwd=REPO, env=env)
-    assert 3 <= done < 24, "the run must be killed mid-way"
+    assert 3 <= done < 12, "the run must be killed mid-way"
     assert not out.exists(), "no CSV may appear before every chunk is done"
     resumed = subprocess.run(_sweep_cmd(folder, out), cwd=REPO, env=env, check=True, capture_output=True, text=True)
-    assert f"{done * 512:,}/12,288" in resumed.stderr  # picked up where it stopped
+    assert f"{done * 512:,}/6,144" in resumed.stderr  # picked up where it stopped
     assert out.read_bytes() == whole.read_bytes()
     assert not chunks.exists()
     meta = results.meta_path(out).read_text()
