@@ -212,10 +212,12 @@ runpy.run_module("experiments.analyze", run_name="__main__", alter_sys=True)
 """
 
 
-def test_killed_analysis_is_unfinished_and_overwritten(tmp_path):
+def test_killed_analysis_is_unfinished_and_overwritten(tmp_path, monkeypatch):
     """3: analyze killed while writing a table (its .tmp left) or a figure (half a PNG, not yet listed) left a
     folder that --overwrite refused as 'files no rmjax analysis wrote'; the folder must say it is unfinished.
-    The analysis is killed (SIGKILL) as a command; the same command again, and with --overwrite, run in-process."""
+    The analysis is killed (SIGKILL) as a command; the same command again, and with --overwrite, run in-process
+    (their figures named as ever, no PNG read: `unrendered`; the killed command renders its own)."""
+    unrendered(monkeypatch)
     base = np.random.default_rng(2).normal(size=40)
     scores = tmp_path / "scores"
     scores.mkdir()
