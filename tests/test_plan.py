@@ -83,7 +83,7 @@ def test_cpu_compile_takes_exactly_the_declared_bytes():
     cfg = _reward_config()
     cpu_mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:4]).reshape(2, 2), ("data", "model"))
     _, score = calls.sweep_calls(cfg, "bfloat16", cpu_mesh, prompts=1, prefix_tokens=40, suffix_tokens=5,
-                                       candidates=1000, batch_size=64)
+                                 candidates=1000, batch_size=64)
     assert cost.shard_bytes(score.weights) == _declared_per_chip(cfg, 2, 2)
     assert cost.cost_of(score.name, score.call, score.args, 1).argument_bytes == cost.shard_bytes(score.args)
 
@@ -315,7 +315,7 @@ def test_a_sweep_batchs_memory_after_a_long_prefix_is_mostly_its_attention_score
     cfg = zoo.architecture_config(next(e for e in zoo.ZOO if e.nickname == "R-Gem-2B"))
     mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:8]).reshape(2, 4), ("data", "model"))
     _, score = calls.sweep_calls(cfg, "float32", mesh, prompts=1, prefix_tokens=4096, suffix_tokens=8,
-                                       candidates=1024, batch_size=1024)
+                                 candidates=1024, batch_size=1024)
     width = score.args[1].k.shape[2]
     xla = cost.cost_of(score.name, score.call, score.args, 1).temp_bytes
     planned = memory.estimate(cfg, "float32", width, 9, 1024, 2, 4, backend="cpu")

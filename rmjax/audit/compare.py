@@ -108,8 +108,8 @@ class AuditSection:
         outputs.say("## Audits side by side", "",
                     f"{len(self.items)} models; effects compared in SDs of each model's rewards over the shared "
                     f"batteries' conversations (a reward model's scale is arbitrary): {units}. "
-                    f"{len(diff)} paired differences over shared items, {len(kept)} with p_holm < 0.05 (Holm over "
-                    "the table):", "")
+                    f"{len(diff)} paired differences over shared items, {len(kept)} with "
+                    f"p_holm < {stats.ALPHA:g} (Holm over the table):", "")
         outputs.say(*self._settings_lines(len(diff)), *([note] if note else []), "")
         if len(kept):
             outputs.say(markdown(kept[["battery", "axis", "contrast", "model_a", "model_b", "difference_sd",

@@ -15,8 +15,8 @@ from rmjax.audit import stats
 
 
 def effects(table: pd.DataFrame, nulls: Sequence[str], path: str | Path) -> Path:
-    """audit.csv's rows as horizontal intervals; filled dots survive Holm's correction (p_holm < 0.05); `nulls`:
-    each row's null kind ("length" or "shuffled")."""
+    """audit.csv's rows as horizontal intervals; filled dots survive Holm's correction (p_holm < stats.ALPHA);
+    `nulls`: each row's null kind ("length" or "shuffled")."""
     table = table.assign(null_kind=list(nulls))
     batteries = list(dict.fromkeys(table["battery"]))
     labels = [f"{r.axis}: {r.contrast}" for r in table.itertuples()]
@@ -42,5 +42,5 @@ def effects(table: pd.DataFrame, nulls: Sequence[str], path: str | Path) -> Path
         ax.set_yticks(y, [f"{r.axis}: {r.contrast}" for r in part.itertuples()], fontsize=8)
         ax.set_title(battery, fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("effect (reward difference, 95% bootstrap CI over items); x: length-only null, "
-                           "grey: shuffled-label null; filled: p_holm < 0.05", fontsize=8)
+                           f"grey: shuffled-label null; filled: p_holm < {stats.ALPHA:g}", fontsize=8)
     return _save(fig, path)

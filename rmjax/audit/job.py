@@ -200,8 +200,8 @@ def recompute(folder: str | Path, n_boot: int = 2000, n_perm: int = 10000, seed:
 
 
 def summary(table: pd.DataFrame, n_perm: int) -> dict:
-    """What .meta.json says at a glance: rows, rows surviving Holm at 0.05, and those beyond their null; the
-    smallest p_holm these settings allow (None where a test may be exact: stats.holm_floor)."""
+    """What .meta.json says at a glance: rows, rows surviving Holm (p_holm < stats.ALPHA), and those beyond their
+    null; the smallest p_holm these settings allow (None where a test may be exact: stats.holm_floor)."""
     survive = table[table["p_holm"] < stats.ALPHA]
     return {"rows": len(table), "holm_0.05": len(survive),
             "least_p_holm": stats.holm_floor(len(table), n_perm, battery_lib.MIN_ITEMS),
@@ -225,7 +225,8 @@ def describe(table: pd.DataFrame, paths: dict[str, Path], n_perm: int, nulls: Se
     kinds = pd.Series(list(nulls), index=table.index)
     for battery, part in table.groupby("battery", sort=False):
         kept = part[part["p_holm"] < stats.ALPHA]
-        lines.append(f"{battery}: {len(kept)} of {len(part)} effects survive Holm's correction (p_holm < 0.05)")
+        lines.append(f"{battery}: {len(kept)} of {len(part)} effects survive Holm's correction "
+                     f"(p_holm < {stats.ALPHA:g})")
         for r in kept.sort_values("p_holm").head(8).itertuples():
             beyond = not within_null(r.effect, r.null_effect, kinds[r.Index])
             lines.append(f"  {r.axis}: {r.contrast}: {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], "
