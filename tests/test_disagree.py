@@ -470,7 +470,7 @@ def _map_a_spread_of_the_shared_strings(monkeypatch, keep: int = 3000) -> list[i
 
 
 def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byte(rm_folder, lower_rm, lm_folder,
-                                                                                  tmp_path, monkeypatch):
+                                                                                  tmp_path, monkeypatch, capsys):
     from rmjax.scoring.texts import ScoreSpec, run_score
     from rmjax.search import disagree
 
@@ -499,6 +499,12 @@ def test_the_job_writes_rows_each_side_scores_as_a_text_and_resumes_byte_for_byt
     spec = functools.partial(_spec, forwards=F)
     run_disagree(spec(rm_folder, lower_rm, out, lm_folder))
     table = pd.read_csv(out / "disagree.csv", keep_default_na=False)
+    # the phases before the search's first line and after its last show progress too (6 silent minutes after the
+    # default RMs' search): started, then done
+    err = capsys.readouterr().err
+    for label, n, unit in (("disagree: yardsticks, single-token rewards on each side", 1, "prompts"),
+                           ("disagree: rows completed, re-scored, judged", 3 * len(table), "row checks")):
+        assert f"[{label}] 0/{n:,} {unit} (0.0%)" in err and f"[{label}] {n:,}/{n:,} {unit} (100.0%)" in err, err
     assert list(table.columns) == ["prompt", "direction", "method", "rank", "text", "ends_turn", "completed_text",
                                    "reward_a", "reward_b", "z_a", "z_b", "gap", "judge_ppl", "forwards"]
     assert set(table.direction) == {"a_over_b", "b_over_a"} and set(table.method) == {"search", "best_of_n"}

@@ -167,8 +167,14 @@ def run_disagree(spec: DisagreeSpec) -> Path | None:
                 in enumerate(ready.items()) if cfg.vocab_map}
         readable, raw = ({name: m[k] for name, m in made.items()} for k in (0, 1))
         clock("vocab_map")
+        # each side's single-token rewards over z_sample tokens a prompt: a minute or more before the search's first
+        # line on a CPU (the default RMs'), shown as it goes
+        sampled = Progress(len(ready), "disagree: yardsticks, single-token rewards on each side", unit="prompts",
+                           every=10.0)
+        sampled.update(0, force=True)
         for name, p in ready.items():
             p.z_a, p.z_b = _yardsticks(p, spec, readable.get(name), raw.get(name))
+            sampled.update(1)
         clock("yardsticks")
         maps = {name: vocab_map(readable[name], raw[name], p.z_a, p.z_b, name, left_out=len(shared) -
                                 len(readable[name])) for name, p in ready.items() if name in raw}

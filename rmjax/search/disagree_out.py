@@ -13,7 +13,7 @@ import pandas as pd
 from rmjax.analysis import plots
 from rmjax.errors import RmjaxError
 from rmjax.runs import results
-from rmjax.runs.progress import PhaseClock
+from rmjax.runs.progress import PhaseClock, Progress
 from rmjax.scoring.judge import judge_perplexities
 from rmjax.search import turns
 from rmjax.search.completion import complete_responses
@@ -56,7 +56,11 @@ def rows(units, ready: dict, judge, spec, clock: PhaseClock | None = None) -> li
     rewards of the decoded text scored afresh (what experiments.score gives it), checked against what the search
     scored; z per side; the judge's perplexity; the completion check (each timed on `clock`)."""
     out, clock = [], clock or PhaseClock()
-    completed = _completions(units, ready, spec)
+    # minutes after the search's last forward on a CPU (the default RMs' 3 prompts: 6), shown as they go
+    progress = Progress(3 * sum(len(u.ids) for u in units), "disagree: rows completed, re-scored, judged",
+                        unit="row checks", every=10.0)
+    progress.update(0, force=True)
+    completed = _completions(units, ready, spec, progress)
     clock("complete")
     for u, done in zip(units, completed, strict=True):
         p = ready[u.prompt]
@@ -65,8 +69,10 @@ def rows(units, ready: dict, judge, spec, clock: PhaseClock | None = None) -> li
         ra, rb = p.side_a.rewards(texts), p.side_b.rewards(texts)
         for side, fresh, searched, scale in (("A", ra, u.reward_a, p.z_a), ("B", rb, u.reward_b, p.z_b)):
             check_rescored(side, texts, fresh, searched, spec.options.dtype, scale[1])
+        progress.update(len(texts))
         clock("rescore")
         ppl = judge_perplexities(judge, p.prompt, texts, end_of_turn=True)  # the judge's own template (as frontier)
+        progress.update(len(texts))
         clock("judge")
         za, zb = z_of(ra, p.z_a), z_of(rb, p.z_b)
         out += [{"prompt": u.prompt, "direction": u.direction, "method": u.method, "rank": k + 1,
@@ -78,7 +84,7 @@ def rows(units, ready: dict, judge, spec, clock: PhaseClock | None = None) -> li
     return out
 
 
-def _completions(units, ready: dict, spec) -> list[tuple[list[bool], list[str]]]:
+def _completions(units, ready: dict, spec, progress: Progress) -> list[tuple[list[bool], list[str]]]:
     """Each unit's completion check (ends_turn, completed_text per row), the rows of all units after one prompt
     completed together: one decode batch instead of one per unit."""
     out = [None] * len(units)
@@ -92,6 +98,7 @@ def _completions(units, ready: dict, spec) -> list[tuple[list[bool], list[str]]]
             stop = start + len(units[i].ids)
             out[i] = (done.ends_turn[start:stop].tolist(), done.completed_text[start:stop])
             start = stop
+        progress.update(len(responses))
     return out
 
 
