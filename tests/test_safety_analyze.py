@@ -624,3 +624,27 @@ def test_a_folder_of_beam_runs_reads_each_run_once(tmp_path):
     report = Path(analyze(tmp_path / "out", tmp_path / "runs")["report"]).read_text()
     assert "Kendall tau-b between models" in report
     assert (tmp_path / "out" / "beam_kendall_tau_depth1_best.csv").is_file()
+
+
+def test_a_sweep_of_part_of_the_vocabulary_is_said_to_be_one(tmp_path, monkeypatch):
+    """helper-145: a --limit sweep's report read "Moments of the full score distributions" and nothing said the table
+    held part of the vocabulary; its EloEverything agreement was over the few items it scored. Each partial table
+    is named with how its tokens were chosen (its .meta.json's identity); a whole-vocabulary sweep is not."""
+    unrendered(monkeypatch)
+    rng = np.random.default_rng(0)
+    tables = {}
+    for name, chosen in (("quick", {"limit": 40}), ("picked", {"token_ids": list(range(40))}), ("whole", {})):
+        path = sweep(tmp_path / "in" / f"{name}.csv", {"greatest": rng.normal(size=40)})
+        identity = {"job": "sweep", "token_ids": None, "limit": None, **chosen}
+        results.write_meta(path, kind="sweep", model=name, prompts={"greatest": "Prompt greatest?"},
+                           identity=identity, n_candidates=40)
+        tables[name] = path
+    assert data.candidate_subset(tables["quick"]) == "--limit=40: 40 tokens"
+    assert data.candidate_subset(tables["picked"]) == "--token_ids: 40 tokens"
+    assert data.candidate_subset(tables["whole"]) is None
+    out = tmp_path / "out"
+    analyze(out, *tables.values())
+    report = (out / "report.md").read_text()
+    for name, subset in (("quick", "--limit=40: 40 tokens"), ("picked", "--token_ids: 40 tokens")):
+        assert f"- {name} is a sweep of part of its vocabulary ({subset})" in report, report
+    assert "whole is a sweep of part" not in report and "full score distributions" not in report

@@ -136,6 +136,20 @@ def distinct_names(models: Sequence[str | None], names: list[str]) -> list[str]:
     return names
 
 
+def candidate_subset(path: str | Path | None) -> str | None:
+    """How a token sweep's rows were chosen where they are not its model's whole vocabulary (--limit, --token_ids,
+    --vocab_file), from its .meta.json: its statistics are over those tokens only. None for a whole-vocabulary
+    sweep, another kind of table or one without a .meta.json."""
+    meta = results.read_meta(Path(path)) if path is not None else None
+    identity = meta.get("identity") if isinstance(meta, dict) else None
+    if not isinstance(identity, dict) or identity.get("job") != "sweep":
+        return None
+    chosen = [f"--limit={identity['limit']}" if key == "limit" else f"--{key}"
+              for key in ("limit", "token_ids", "vocab_file") if identity.get(key) is not None]
+    count = meta.get("n_candidates")
+    return (" and ".join(chosen) + (f": {count:,} tokens" if isinstance(count, int) else "")) if chosen else None
+
+
 def source_prompts(path: str | Path | None) -> dict[str, str]:
     """Prompt name -> prompt text, from the `prompts` of the .meta.json beside the CSV ({} without one)."""
     if path is None:

@@ -41,9 +41,15 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
     outputs.say("## Paper 1: score tables", "",
                 f"{len(tables)} models ({', '.join(labels)}), prompts {prompts}; shared vocabulary "
                 f"{len(vocabulary)} decoded strings (in every model, none duplicated within a model).", "")
+    for t in tables:
+        subset = data.candidate_subset(t.path)
+        if subset:  # a quick or targeted sweep read as the model's whole distribution would mislead
+            outputs.say(f"- {t.model} is a sweep of part of its vocabulary ({subset}): its moments, ranks, "
+                        "percentiles and EloEverything agreement are over those tokens only, and the EloEverything "
+                        "items it did not score count as not_a_single_token.", "")
 
     moments = outputs.table("paper1_moments", paper1.moments_table(tables, prompts, cfg.n_boot, cfg.seed))
-    outputs.say("Moments of the full score distributions (variance ddof=0, biased skewness; "
+    outputs.say("Moments of each table's score distribution, over all its rows (variance ddof=0, biased skewness; "
                 f"95% bootstrap CIs, {cfg.n_boot} resamples, in paper1_moments.csv):", "",
                 markdown(moments[["prompt", "model", "n_tokens", "mean", "variance", "skewness"]]), "")
     for prompt in prompts:
