@@ -68,7 +68,8 @@ def main(argv):
     from rmjax.audit.compare import run_analyses_with_audits
 
     check_flags()
-    run_analyses_with_audits(ANALYSIS_CONFIG(), OUT.value, overwrite=OVERWRITE.value)
+    run_analyses_with_audits(ANALYSIS_CONFIG(), OUT.value, overwrite=OVERWRITE.value,
+                             framing_given=flags.FLAGS["framing"].present)
 
 
 if __name__ == "__main__":

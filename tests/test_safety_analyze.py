@@ -648,3 +648,20 @@ def test_a_sweep_of_part_of_the_vocabulary_is_said_to_be_one(tmp_path, monkeypat
     for name, subset in (("quick", "--limit=40: 40 tokens"), ("picked", "--token_ids: 40 tokens")):
         assert f"- {name} is a sweep of part of its vocabulary ({subset})" in report, report
     assert "whole is a sweep of part" not in report and "full score distributions" not in report
+
+
+def test_a_framing_the_tables_cannot_give_is_refused_when_asked_for(tmp_path, monkeypatch):
+    """helper-145: `--framing=best,nope` ran to the end with exit 0, the framing only listed as skipped in the
+    report. Named by the user, it is refused in one line before --out is made; the default framing (best, worst)
+    is still skipped where the tables lack its prompts (a table of `greatest` alone here)."""
+    rng = np.random.default_rng(0)
+    table = sweep(tmp_path / "in" / "m.csv", {"best": rng.normal(size=40), "worst": rng.normal(size=40)})
+    (refused,) = cli.run_each(("analyze", f"--scores={table}", "--framing=best,nope", f"--out={tmp_path / 'o'}",
+                               *QUICK))
+    cli.user_error(refused, "--framing=best,nope: 'nope' is not a prompt of every --scores table",
+                   "['best', 'worst']")
+    assert not (tmp_path / "o").exists()
+    unrendered(monkeypatch)
+    only = sweep(tmp_path / "in2" / "g.csv", {"greatest": rng.normal(size=40)})
+    done = analyze(tmp_path / "g", only)
+    assert any(s.startswith("framing: needs prompts 'best' and 'worst'") for s in done["skipped"]), done["skipped"]

@@ -343,13 +343,22 @@ def implicit_section(outputs: Outputs, chosen: data.ScoreTable, reference: data.
 
 
 def run_analyses(cfg: AnalysisConfig, out: str | Path = "results/analysis", *, overwrite: bool = False,
-                 echo: bool = True, sections: Sequence[Callable[[Outputs], None]] = ()) -> dict:
+                 echo: bool = True, sections: Sequence[Callable[[Outputs], None]] = (),
+                 framing_given: bool = False) -> dict:
     """Run the analyses whose inputs `cfg` gives; returns {'out', 'report', 'tables', 'figures', 'skipped',
     'headline'} (tables and figures map output names to paths). Every input is read before --out is touched;
     `sections` (read already, such as rmjax.audit.compare.AuditSection, a job above this package) write after
-    the analyses of `cfg`."""
+    the analyses of `cfg`. `framing_given`: the user named cfg.framing (refused where no table has its prompts;
+    the default is skipped there, said in the report)."""
     start = time.perf_counter()
     inputs = load_inputs(cfg)
+    if framing_given and inputs.scores:
+        prompts = data.common_prompts(inputs.scores)
+        missing = [p for p in cfg.framing if p not in prompts]
+        if missing:
+            raise UsageError(f"--framing={','.join(cfg.framing)}: {', '.join(map(repr, missing))} is not a prompt "
+                             f"of every --scores table (they share {prompts}); name two of those, or leave --framing "
+                             "out.")
     out = Path(out)
     check_writable(out, "--out", folder=True)  # a read-only --out in one line, before its lock is made beside it
     with contextlib.ExitStack() as stack:

@@ -25,12 +25,12 @@ from rmjax.runs import results
 
 
 def run_analyses_with_audits(cfg: AnalysisConfig, out: str | Path, *, overwrite: bool = False,
-                             echo: bool = True) -> dict:
+                             echo: bool = True, framing_given: bool = False) -> dict:
     """`experiments.analyze`: the analyses of `cfg` (rmjax.analysis.report.run_analyses), plus the audits side by
     side when `cfg.audits` names them (read before the folder is touched)."""
     sections = [AuditSection(cfg.audits, n_boot=cfg.n_boot, n_perm=cfg.n_permutations, seed=cfg.seed)] \
         if cfg.audits else []
-    return run_analyses(cfg, out, overwrite=overwrite, echo=echo, sections=sections)
+    return run_analyses(cfg, out, overwrite=overwrite, echo=echo, sections=sections, framing_given=framing_given)
 
 
 class AuditSection:
