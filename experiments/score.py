@@ -9,6 +9,7 @@ frontier's reward_z uses the same sample, so the two agree).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from absl import flags
@@ -88,7 +89,9 @@ def summary(found, texts: list[str], show: int) -> str:
         head = f"{name}: reward" + (f", z = (reward - {scale[0]:.4f}) / {scale[1]:.4f} (single-token sample)"
                                      if scale else "")
         lines.append(head)
-        for i in sorted(range(len(texts)), key=lambda i: -values[i])[:show]:
+        # NaN (an --allow_nonfinite run's) last: as a sort key it leaves the finite ones out of order
+        for i in sorted(range(len(texts)), key=lambda i: (math.isnan(values[i]), 0.0 if math.isnan(values[i])
+                                                          else -values[i]))[:show]:
             z = f"  z {(values[i] - scale[0]) / scale[1]:+6.2f}" if scale else ""
             lines.append(f"  {values[i]:>10.4f}{z}  {texts[i]!r}")
     where = f" -> {found.out} (+ .meta.json)" if found.out else " (printed only; --out=FILE writes a CSV)"

@@ -280,3 +280,18 @@ def test_conversation_scoring_reads_the_template_it_is_given(rm_folder):
         atol = tolerance.any_rewards_atol(model.params, model.config, len(ids))
         assert abs(got[i] - _full_reward(model, ids)) <= atol, i
         assert abs(got[i] - auto[i]) > 10 * atol, i  # the templates differ enough to tell apart
+
+
+def test_the_printed_ranking_puts_a_nan_reward_last():
+    """helper-143: an --allow_nonfinite run's NaN, as a sort key, left the highest finite texts out of the printed
+    "highest first" list (0.6546 'a', 0.6351 'b', nan, with 'c' at 0.6563 unshown). Brute force: the finite
+    rewards in descending order, then the NaN."""
+    from types import SimpleNamespace
+
+    from experiments.score import summary
+
+    values = np.array([0.6546, 0.6351, np.nan, 0.6563, 0.6512, 0.6541])
+    texts = ["a", "b", "<file_sep>", "c", "Love", "x"]
+    printed = summary(SimpleNamespace(scores={"greatest": values}, scale=None, out=None), texts, 6).splitlines()
+    want = [texts[i] for i in sorted((i for i in range(6) if np.isfinite(values[i])), key=lambda i: -values[i])]
+    assert [line.split()[-1].strip("'") for line in printed[1:7]] == [*want, "<file_sep>"], printed
