@@ -323,6 +323,30 @@ def test_an_id_past_a_builtin_models_vocabulary_is_refused_before_its_weights(tm
     assert not (tmp_path / "o.csv").exists()
 
 
+def test_an_id_past_the_tokenizer_of_a_padded_embedding_is_refused_before_the_weights(tmp_path, monkeypatch):
+    """helper-143: an embedding padded past its tokenizer (50,000 rows, 49,152 tokens) took `--token_ids=49500`:
+    the row had an empty name, and `--mode=text` wrote the empty response's reward under it (two such ids, the
+    same value). The same bound as the whole-vocabulary sweep's (and logprobs'): the tokens both have."""
+    from rmjax.search.beam import BeamConfig
+    from rmjax.search.beam_job import BeamSpec, run_beam
+    from rmjax.search.gcg import GCGConfig
+    from rmjax.search.gcg_job import GcgSpec, run_gcg
+    from rmjax.search.sweep import SweepSpec, run_sweep
+    from tests import tiny
+
+    _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "padded", vocab_size=50000)
+    out = tmp_path / "out.csv"
+    options, prompts = RunOptions(model=str(folder), out=str(out)), inproc.prompts("greatest")
+    inproc.no_weights_read(monkeypatch)
+    past = (5, 49500)
+    for job in (lambda: run_sweep(SweepSpec(options, prompts, token_ids=past, mode="text")),
+                lambda: run_beam(BeamSpec(options, prompts, BeamConfig(), past)),
+                lambda: run_gcg(GcgSpec(options, prompts, GCGConfig(token_ids=past)))):
+        inproc.refused(job, "--token_ids: [49500] are outside the vocabulary [0, 49152); the embedding has 50000 "
+                            "rows, but ids from 49152 on are past the tokenizer's tokens")
+    assert not out.exists()
+
+
 def test_a_mesh_must_use_every_device_and_the_refusal_says_so():
     """data:3 on 4 devices was refused as "needs 3 devices, 4 available", as if 3 were too few (the mesh of
     --mesh, experiments.common.start, on 4 devices)."""

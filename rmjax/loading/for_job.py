@@ -9,18 +9,17 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from rmjax.errors import UsageError
 from rmjax.loading import config_and_tokenizer, fingerprint, load, peek
 from rmjax.model import Model, check_output_column
 from rmjax.runs.options import RunOptions
+from rmjax.text.candidates import check_token_ids
 from rmjax.text.chat import with_system_prompt
 
 
-def check_in_vocabulary(ids: Sequence[int] | None, vocab_size: int) -> None:
-    """UsageError naming the ids at or past `vocab_size` (the model's config: checked before its weights load)."""
-    outside = [t for t in ids or [] if t >= vocab_size]
-    if outside:
-        raise UsageError(f"--token_ids: {outside[:5]} are outside the vocabulary [0, {vocab_size}).")
+def check_in_vocabulary(ids: Sequence[int] | None, vocab_size: int, tokenizer=None) -> None:
+    """UsageError naming the ids outside the model's tokens (rmjax.text.candidates.check_token_ids): before its
+    weights load."""
+    check_token_ids(ids or [], vocab_size, tokenizer)
 
 
 def check_template(tokenizer, template: str) -> None:

@@ -142,7 +142,7 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
 
         def before_weights(config, tokenizer, mesh) -> None:
             # ids past a model's vocabulary (--token_ids, --init_from) stop the job before its weights load
-            check_in_vocabulary(cfg.token_ids, config.vocab_size)
+            check_in_vocabulary(cfg.token_ids, config.vocab_size, tokenizer)
             if cfg.vocab_file:  # none of its lines a single token: refused before the weights
                 single_token_ids(tokenizer, read_vocab_file(cfg.vocab_file), cfg.vocab_file, report=False)
             if cfg.init_from:

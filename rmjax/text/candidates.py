@@ -6,6 +6,7 @@ import functools
 import hashlib
 import sys
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -109,16 +110,27 @@ def refuse_limit_keeping_all(limit: int | None, n: int) -> None:
 
 
 def candidate_ids(tokenizer, vocab: int, token_ids=None, limit: int | None = None) -> np.ndarray:
-    """The candidate ids a job scores: `token_ids` (checked against the model's `vocab` size) or every token both
-    the model and its tokenizer have; `limit` keeps the first N. Needs no weights (a check before loading)."""
+    """The candidate ids a job scores: `token_ids` (checked against every token both the model's `vocab` size and
+    its tokenizer have: check_in_vocabulary) or every such token; `limit` keeps the first N. Needs no weights (a
+    check before loading)."""
     if token_ids is None:
         ids = np.arange(min(vocab, len(tokenizer)))
     else:
         ids = np.asarray(list(token_ids), np.int64)
-        bad = ids[(ids < 0) | (ids >= vocab)]
-        if bad.size:
-            raise UsageError(f"--token_ids: {bad[:5].tolist()} are outside the vocabulary [0, {vocab}).")
+        check_token_ids(ids.tolist(), vocab, tokenizer)
     return ids[:limit] if limit is not None else ids
+
+
+def check_token_ids(ids: Sequence[int], vocab: int, tokenizer=None) -> None:
+    """UsageError naming the ids at or past the model's `vocab` size, or past the `tokenizer`'s tokens where the
+    embedding is padded beyond them: such an id is no token (an empty name, and in text mode the empty response's
+    reward written under it)."""
+    tokens = vocab if tokenizer is None else min(vocab, len(tokenizer))
+    outside = [int(t) for t in ids if t < 0 or t >= tokens]
+    if outside:
+        padded = (f"; the embedding has {vocab} rows, but ids from {tokens} on are past the tokenizer's tokens"
+                  if tokens < vocab else "")
+        raise UsageError(f"--token_ids: {outside[:5]} are outside the vocabulary [0, {tokens}){padded}.")
 
 
 class VocabLines(list):
