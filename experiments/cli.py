@@ -71,6 +71,12 @@ def run(main: Callable[[list[str]], None]) -> None:
                 print(f"error: cannot read or write {error.filename}: {error.strerror}; fix its permissions (or "
                       "give another path), then rerun the same command.", file=sys.stderr, flush=True)
                 sys.exit(2)
+            if error.errno == errno.ENAMETOOLONG:  # a path flag's name past the file system's limit (255 bytes)
+                named = str(error.filename or "a path")
+                shown = named if len(named) <= 120 else f"{named[:60]}…{named[-40:]} ({len(named)} characters)"
+                print(f"error: {shown}: {error.strerror}; give a shorter path (a file or folder name is at most 255 "
+                      "bytes on most file systems).", file=sys.stderr, flush=True)
+                sys.exit(2)
             raise
 
     from rmjax.parallel.distributed import quiet_absent_tpu  # (JAX: imported once a job runs, not to parse flags)

@@ -182,3 +182,20 @@ def test_a_file_the_run_cannot_read_is_one_line(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == ("error: cannot read or write /models/rm/config.json: Permission denied; fix its "
                                    "permissions (or give another path), then rerun the same command.")
+
+
+def test_a_path_name_past_the_file_systems_limit_is_one_line(rm_folder, tmp_path):
+    """helper-143: a file or folder name over 255 bytes (OSError ENAMETOOLONG) ended in a traceback wherever a job
+    first touched the path: score's --out, a sweep's --out of 246-255 bytes (its figure's record, before the name
+    check), --model, --texts_file. Each now stops in one line naming the path, before any weights load."""
+    from tests import cli
+
+    long = "a" * 300
+    procs = cli.run_each(
+        ("score", f"--model={rm_folder}", "--texts=a", f"--out={tmp_path / long}.csv"),
+        ("sweep", f"--model={rm_folder}", "--limit=8", f"--out={tmp_path / ('b' * 248)}.csv"),
+        ("score", f"--model={tmp_path / long}", "--texts=a"),
+        ("score", f"--model={rm_folder}", f"--texts_file={tmp_path / long}.txt"))
+    for proc in procs:
+        line = cli.user_error(proc, "File name too long", "give a shorter path")
+        assert "characters)" in line or len(line) < 200, line
