@@ -24,7 +24,8 @@ def _token_ids_are_ints(values: list[str] | None) -> bool:
     if bad or not values:
         raise flags.ValidationError(f"expected non-negative integer token ids in ASCII digits 0-9, got "
                                     f"{bad[0] if bad else 'none'!r}")
-    huge = [v.strip() for v in values if int(v) > INT64_MAX]
+    # by length first: int() of a string past 4,300 digits is a ValueError traceback of its own
+    huge = [v.strip() for v in values if len(v.strip().lstrip("0")) > 19 or int(v) > INT64_MAX]
     if huge:  # numpy cannot hold it (an OverflowError traceback where the job keys its ids); no vocabulary is so large
         raise flags.ValidationError(f"token id {huge[0][:30]}{'…' if len(huge[0]) > 30 else ''} does not fit a 64-bit "
                                     "integer; token ids are below the model's vocabulary size")

@@ -295,6 +295,9 @@ def test_the_token_id_check_ends_at_the_largest_int64(rm_folder, tmp_path, monke
 
     with pytest.raises(flags.ValidationError, match=f"token id {2**63} does not fit a 64-bit integer"):
         _token_ids_are_ints(["1", str(2**63)])
+    with pytest.raises(flags.ValidationError, match="token id 9{30}… does not fit"):  # int() refuses 4,300+ digits
+        _token_ids_are_ints(["9" * 5000])
+    assert _token_ids_are_ints(["0" * 30 + "7"])  # leading zeros are no size
     largest = (1, 2**63 - 1)
     assert _token_ids_are_ints([str(t) for t in largest])
     out = tmp_path / "out.csv"
