@@ -665,3 +665,16 @@ def test_a_framing_the_tables_cannot_give_is_refused_when_asked_for(tmp_path, mo
     only = sweep(tmp_path / "in2" / "g.csv", {"greatest": rng.normal(size=40)})
     done = analyze(tmp_path / "g", only)
     assert any(s.startswith("framing: needs prompts 'best' and 'worst'") for s in done["skipped"]), done["skipped"]
+
+
+def test_two_tables_of_one_model_are_refused_naming_the_fix(tmp_path):
+    """helper-145: a folder of one model's per-prompt sweeps (the README's `<model>_<prompt>.csv` names) was refused
+    with "pass one file per model" alone; the line now says how to get one table of all its prompts."""
+    from rmjax.errors import UsageError
+
+    rng = np.random.default_rng(0)
+    tables = [sweep(tmp_path / "in" / f"m_{p}.csv", {p: rng.normal(size=40)}, model="m") for p in ("best", "worst")]
+    with pytest.raises(UsageError, match=r"same model \['m'\]; pass one file per model: sweep a model once with all "
+                                         r"its prompts \(--prompts=a,b,…\)"):
+        analyze(tmp_path / "o", *tables)
+    assert not (tmp_path / "o").exists()

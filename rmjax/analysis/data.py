@@ -230,7 +230,9 @@ def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.Data
     labels = [t.model for t in tables]
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
     if duplicated:
-        raise UsageError(f"several score tables are for the same model {duplicated}; pass one file per model.")
+        raise UsageError(f"several score tables are for the same model {duplicated}; pass one file per model: "
+                         "sweep a model once with all its prompts (--prompts=a,b,…) for one table of them, or "
+                         "analyze each table on its own.")
     _refuse_copies(tables)
     stages.same_prompt_texts([(flag, t.path) for t in tables])  # one prompt name, one text, in every table
     return tables
