@@ -142,9 +142,11 @@ def mesh_data_size() -> int | None:
 
 def refuse_empty_responses(flag: str, texts: list[str], instead: str = "") -> None:
     """A blank item of a response list is a stray comma, not a response to score or inspect."""
-    if any(not t.strip() for t in texts):
-        raise UsageError(f"{flag}={','.join(texts)} has an empty response (two commas in a row, or one at an end); "
-                         f"remove it{instead}.")
+    blank = next((t for t in texts if not t.strip()), None)
+    if blank is not None:  # spaces alone are no response either, and are not two commas in a row
+        what = (f"a response of only whitespace ({blank!r})" if blank else
+                "an empty response (two commas in a row, or one at an end)")
+        raise UsageError(f"{flag}={','.join(texts)} has {what}; remove it{instead}.")
 
 
 def refuse_output_column(job: str) -> None:
