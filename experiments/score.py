@@ -45,6 +45,7 @@ def read_texts() -> list[str]:
                   "skipped.", file=sys.stderr)
         if not lines:
             raise UsageError(f"--texts_file={path} holds no response (every line is blank); give one per line.")
+        common.note_edge_spaces("--texts_file", list(lines))  # a trailing space is easy to miss in a file
         texts += lines
     return texts
 

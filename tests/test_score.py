@@ -68,12 +68,14 @@ def test_texts_keep_their_edge_spaces(rm_folder, tmp_path):
     from rmjax.loading import load
     from rmjax.runs.results import read_scores_csv
 
-    out = tmp_path / "t.csv"
+    out, lines = tmp_path / "t.csv", tmp_path / "lines.txt"
+    lines.write_text("Hate \n")  # a file's trailing space, said as --texts' is (helper-143: kept unsaid)
     run = cli.ok(cli.run("score", f"--model={rm_folder}", "--prompts=greatest", '--texts=" Love","a, b"',
-                         "--z_sample=0", f"--out={out}"))
-    assert "1 response with a space at an end, kept as typed" in run.stderr and "' Love'" in run.stderr
+                         f"--texts_file={lines}", "--z_sample=0", f"--out={out}"))
+    assert "--texts: 1 response with a space at an end, kept as typed" in run.stderr and "' Love'" in run.stderr
+    assert "--texts_file: 1 response with a space at an end, kept as typed" in run.stderr, run.stderr
     table = read_scores_csv(out)
-    assert list(table["text"]) == [" Love", "a, b"]
+    assert list(table["text"]) == [" Love", "a, b", "Hate "]
     model = load(str(rm_folder))
     rendered = model.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT},
                                                     {"role": "assistant", "content": " Love"}], tokenize=False)
