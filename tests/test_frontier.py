@@ -977,8 +977,8 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
 
     drawn, draw = [], fluent._sample_starts
     counted, real_update = [], frontier_job.Progress.update
-    monkeypatch.setattr(frontier_job.Progress, "update", lambda self, n, force=False: (
-        counted.append((n, self.total)), real_update(self, n, force))[1])
+    monkeypatch.setattr(frontier_job.Progress, "update", lambda self, n, force=False: (  # the search's line
+        self.unit == "forwards" and counted.append((n, self.total)), real_update(self, n, force))[1])
 
     def record_starts(objective, search_cfg, banned, retokenize, archive, *rest):
         before = len(archive.ids)
@@ -990,6 +990,11 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
     monkeypatch.setattr(fluent, "_sample_starts", draw)
     csv = out / "frontier.csv"
     first = csv.read_bytes()
+    # the completion check after the search's last line says it starts and ends, over each distinct written row
+    responses = __import__("pandas").read_csv(csv, keep_default_na=False)["ids"].nunique()
+    label = "[frontier: completion check of the written rows]"
+    err = capsys.readouterr().err
+    assert f"{label} 0/{responses:,} responses (0.0%)" in err and f"{label} {responses:,}/{responses:,}" in err, err
     # the progress line counts every unit's budget (best-of-N's pooled one too), forward, to its total
     assert all(n >= 0 for n, _ in counted) and sum(n for n, _ in counted) == counted[0][1] == 2 * (2 + 2) * F
     # each λ's search draws its own prior samples (with one seed, λ = 0 paid again for λ = 1's), and the largest

@@ -211,8 +211,12 @@ def _complete(rows: list[dict], rm: Model, lm: Model, spec: FrontierSpec) -> Non
     the forwards budget."""
     prompt = next(iter(spec.prompts.values()))
     distinct = list(dict.fromkeys(r["ids"] for r in rows))
+    # after the search's last line: said as it starts and ends (a greedy decode of every row, up to 32 tokens each)
+    progress = Progress(len(distinct), "frontier: completion check of the written rows", unit="responses")
+    progress.update(0, force=True)
     done = complete_responses(rm, lm, prompt, [[int(t) for t in k.split()] for k in distinct], spec.options.template,
                               allow_nonfinite=spec.options.allow_nonfinite)
+    progress.update(len(distinct))
     at = {k: i for i, k in enumerate(distinct)}
     for r in rows:
         i = at[r["ids"]]
