@@ -92,7 +92,8 @@ def main(argv):
                   f"IG completeness gap {100 * gap:.2f}% ({evals} gradient evaluations)")
         there = [name for name in inspect_job.FILES if (Path(OUT.value) / name).is_file()]
         missing = [name for name in inspect_job.FILES if name not in there]  # a reused result's deleted figure
-        print(f"wrote {', '.join(there)} and {inspect_job.FILES[0]}.meta.json to {OUT.value}"
+        # not "wrote": a reused result is read back, its files written by the earlier run
+        print(f"results in {OUT.value}: {', '.join(there)} and {inspect_job.FILES[0]}.meta.json"
               + (f" ({', '.join(missing)} missing: rerun with --overwrite to write it again)" if missing else ""))
         if summary.get("patching") is None:  # its CSV is a header alone: said here, not only in .meta.json
             print(f"no activation patching (patching.csv holds no rows): "

@@ -373,7 +373,9 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
     cli.user_error(prompts, "one prompt")
     cli.user_error(responses, "--responses")
     said = cli.ok(reused).stdout
-    assert "wrote reward_lens.csv, token_rewards.csv, attribution.csv, patching.csv, attribution.png" in said
+    # (helper-145: it said "wrote" for a result it only read back)
+    assert f"results in {out}: reward_lens.csv, token_rewards.csv, attribution.csv, patching.csv, attribution.png" \
+        in said and "wrote" not in said, said
     assert "(lens.png missing: rerun with --overwrite" in said
 
 
