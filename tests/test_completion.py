@@ -197,3 +197,30 @@ def test_refusals(setup):
         greedy_continuations(prior, setup["prefix"], setup["end"], [[5]], max_new=context - len(setup["prefix"]))
     with pytest.raises(UsageError):
         greedy_continuations(prior, setup["prefix"], setup["end"], [[5]], max_new=0)
+
+
+def test_a_prompt_the_completion_check_cannot_fit_is_refused_before_any_model_loads(lm_folder, rm_folder, tmp_path):
+    """helper-144: a prompt that left room for the search's response but not for the completion check's 32 tokens
+    ran the whole search (beam, GCG, frontier, disagree; the judge loaded too) and then stopped with nothing written,
+    its chunks kept, so a rerun resumed into the same refusal. Each job now refuses it from its flags, configs and
+    tokenizers, by the arithmetic greedy_continuations applies: templated prompt + response + 32 > context (512)."""
+    from tests import cli, tiny
+
+    _, tied = tiny.save_reward_model_with_tokenizer(tmp_path / "tied", tie_word_embeddings=True)
+    prompt = "word " * 462
+    prefix = len(split_chat(load(str(tied)).tokenizer, prompt, "auto").prefix)
+    need = prefix + 3 + 32
+    assert need > 512 >= prefix + 3  # past the context only with the check's tokens: the search itself fits
+    out = tmp_path / "out"
+    common = ("--prompts=", f"--prompt=long={prompt}")
+    search = ("--num_tokens=3", "--samples=4", "--search_width=8", "--topk=4", "--z_sample=64", f"--judge={lm_folder}")
+    procs = cli.run_each(
+        ("beam", f"--model={tied}", *common, "--limit=100", "--depth=3", f"--out={out}.csv"),
+        ("gcg", f"--model={tied}", *common, "--num_tokens=3", "--steps=2", "--search_width=8", "--topk=4",
+         f"--out={out}.json"),
+        ("frontier", f"--model={tied}", *common, *search, "--lambdas=0", "--forwards=100", f"--out={out}"),
+        ("disagree", f"--models={tied},{rm_folder}", *common, *search, "--forwards=600", f"--out={out}"))
+    for proc, flag in zip(procs, ("--depth", "--num_tokens", "--num_tokens", "--num_tokens"), strict=True):
+        cli.user_error(proc, f"the completion check of the written rows needs {need} of", "512 positions",
+                       f"a smaller {flag}, or a prior with a longer context (--lm)")
+    assert not list(tmp_path.glob("out*"))

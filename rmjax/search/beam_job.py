@@ -23,6 +23,8 @@ from rmjax.runs.results import array_sha1
 from rmjax.search.beam import BeamConfig, BeamResult, Found, beam_search, check_candidate_set, check_enumeration
 from rmjax.search.completion import (
     COMPLETION_VALUES,
+    MAX_NEW,
+    check_completion_before_loading,
     check_written,
     completion_prior,
     gains_summary,
@@ -54,7 +56,6 @@ def beam_identity(model_fingerprint: dict, *, dtype: str, output_column: int, pr
     return identity
 
 
-MAX_NEW = 32  # the completion check's greedy tokens at most
 CHECKED_ROWS = 100  # the completion check covers each depth and direction's best rows (an exhaustive CSV holds all)
 
 
@@ -156,6 +157,9 @@ def run_beam(spec: BeamSpec) -> BeamResult | None:
     fp, from_sweep = job_fingerprint(o), None
     if spec.lm:
         require_prior_config(config_of(spec.lm), spec.lm, "--lm")
+    check_completion_before_loading(o, o.model, spec.lm, spec.prompts.values(), cfg.template, cfg.depth,
+                                    "give a shorter prompt or a smaller --depth" + ("" if spec.lm else
+                                    ", or a prior with a longer context (--lm)"))
     # the candidates (none but special tokens is refused) and --from_sweep (not this beam's depth 1, or lacking a
     # candidate: refused), before the model loads
     model_config, tokenizer = config_and_tokenizer(o.model)

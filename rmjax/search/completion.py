@@ -23,6 +23,7 @@ from rmjax import nn
 from rmjax.compiled import PARAMS, REPLICATED, ROWS, Cache, compiled, declared_params
 from rmjax.config import ModelConfig
 from rmjax.errors import PromptTooLongError, UsageError
+from rmjax.loading.for_job import job_config_and_tokenizer
 from rmjax.model import Model
 from rmjax.parallel import batching
 from rmjax.parallel.distributed import replicated, to_host
@@ -35,6 +36,7 @@ from rmjax.text.chat import split_chat
 WIDTH_BUCKET = 16  # rows are left-padded to a multiple of this: few compilations
 BATCH_SIZE = 64  # responses continued in one call (check_written's; a plan counts the same: rmjax.plan.calls)
 SCORED_BATCH_SIZE = 256  # completed texts the RM scores in one call
+MAX_NEW = 32  # the completion check's greedy tokens at most (every job's)
 
 
 @dataclasses.dataclass
@@ -87,7 +89,7 @@ def greedy_call(cfg: ModelConfig, mesh, prefix_width: int, max_new: int):
 
 
 def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, responses: list[list[int]],
-                         max_new: int = 32, batch_size: int = BATCH_SIZE) -> tuple[np.ndarray, list[list[int]]]:
+                         max_new: int = MAX_NEW, batch_size: int = BATCH_SIZE) -> tuple[np.ndarray, list[list[int]]]:
     """ends_turn [W] bool (the prior's argmax after prefix + response is `end_id`) and the tokens the prior adds to
     each response greedily before its argmax is `end_id`, at most `max_new` (empty when it ends). Batches of up to
     `batch_size` rows, each prefilled once and decoded into its KV cache's free slots in one compiled call."""
@@ -126,7 +128,8 @@ def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, respo
 
 
 def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[list[int]], template: str = "auto",
-                       max_new: int = 32, batch_size: int = BATCH_SIZE, allow_nonfinite: bool = False) -> Completions:
+                       max_new: int = MAX_NEW, batch_size: int = BATCH_SIZE,
+                       allow_nonfinite: bool = False) -> Completions:
     """Each response completed by the prior's greedy continuation up to the end of the turn (the first token of the
     template's text after the response, e.g. `<|im_end|>`), and the RM's reward of the completed text for `prompt`
     (score_texts: what experiments.score writes; a NaN/Inf reward raises NonFiniteError unless `allow_nonfinite`,
@@ -145,6 +148,34 @@ def complete_responses(rm: Model, prior: Model, prompt: str, responses: list[lis
     rewards = score_texts(rm, {"completed": prompt}, texts, template, SCORED_BATCH_SIZE,
                           allow_nonfinite=allow_nonfinite)["completed"] if texts else np.zeros(0)
     return Completions(ends, ids, texts, np.asarray(rewards, np.float64))
+
+
+def check_completion_room(tokenizer, config: ModelConfig, prompts, template: str, response_tokens: int,
+                          who: str, fix: str, max_new: int = MAX_NEW) -> None:
+    """Before any weight loads: each prompt's templated prefix, a response of `response_tokens` and the `max_new`
+    tokens the completion check may add fit the prior's context (`config`, `tokenizer`: as the job loads it).
+    greedy_continuations refuses it only once the search has run, and a rerun resumes into the same refusal."""
+    context = config.max_position_embeddings
+    for prompt in prompts:
+        prefix = len(split_chat(tokenizer, prompt, template).prefix)
+        need = prefix + response_tokens + max_new
+        if need > context:
+            raise PromptTooLongError(
+                f"prompt {prompt[:40]!r}: the completion check of the written rows needs {need} of {who}'s {context} "
+                f"positions (max_position_embeddings): its templated prompt {prefix}, the response {response_tokens} "
+                f"and up to {max_new} tokens it adds; {fix}.")
+
+
+def check_completion_before_loading(options, model: str, lm: str | None, prompts, template: str,
+                                    response_tokens: int, fix: str) -> None:
+    """check_completion_room for the prior completion_prior will pick: --lm, else the RM `model` where its backbone
+    ties its embeddings (otherwise the check is skipped, and so is this), read as the job loads it."""
+    spec = lm or model
+    config, tokenizer = job_config_and_tokenizer(options, spec)
+    if tokenizer is None or (lm is None and config.is_reward_model and not config.tie_embeddings):
+        return
+    who = f"the prior --lm={lm}" if lm else f"{model} (its own prior)"
+    check_completion_room(tokenizer, config, prompts, template, response_tokens, who, fix)
 
 
 def require_prior_config(cfg: ModelConfig, source: str, flag: str) -> None:
@@ -186,7 +217,7 @@ COMPLETION_VALUES = ("reward", "completed_reward", "truncation_gain")
 
 
 def check_written(rm: Model, prior: Model, prompts: dict[str, str], responses: list[list[int]], rewards: np.ndarray,
-                  signs: np.ndarray, template: str = "auto", max_new: int = 32, allow_nonfinite: bool = False
+                  signs: np.ndarray, template: str = "auto", max_new: int = MAX_NEW, allow_nonfinite: bool = False
                   ) -> dict[str, list]:
     """The completion check of a job's written rows (beam, exhaustive, GCG): for each response [W] and prompt (the
     rewards [W, prompts] the job wrote, the direction's sign [W]), ends_turn, completed_text, completed_reward and

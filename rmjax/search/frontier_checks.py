@@ -13,7 +13,7 @@ from rmjax.parallel import batching
 from rmjax.runs import results
 from rmjax.scoring import finite, memory
 from rmjax.search import turns
-from rmjax.search.completion import require_same_vocabulary
+from rmjax.search.completion import check_completion_room, require_same_vocabulary
 from rmjax.search.gcg_config import check_context
 from rmjax.text import chat
 
@@ -47,7 +47,7 @@ class PromptChecks:
 
     def __init__(self, options, search, lm: str | None, judge: str | None, others=(), others_each: int = 0,
                  load_once: bool = False, searches: bool = True):
-        self.options, self.search = options, search
+        self.options, self.search, self.searches = options, search, searches
         # the search's prior is the RM's own LM head (a prior of the RM's spec is the RM where each loads once)
         self.own_prior = searches and (lm is None or (load_once and lm == options.model))
         self.candidate = per_candidate(self.own_prior) + others_each
@@ -91,6 +91,11 @@ class PromptChecks:
             prior_prefix = len(split.prefix)
             require_same_end(turns.end_of_turn(rm.suffix, self.rm[1], self.options.model), self.lm[2], split.suffix,
                              self.lm_spec, self.options.model)
+        if self.searches:  # the written rows' completion check, by the prior, after the whole search
+            label, config, tokenizer = self.lm or (f"the RM {self.options.model} (its own prior)", *self.rm)
+            check_completion_room(tokenizer, config, [text], self.options.template, n, label,
+                                  "give a shorter prompt or a smaller --num_tokens" + ("" if self.lm else
+                                  ", or a prior with a longer context (--lm)"))
         if self.judge:
             judge, judge_cfg, judge_tokenizer = self.judge
             try:  # the judge reads the prompt in its own template ("auto") and at least one token of a response

@@ -22,6 +22,8 @@ from rmjax.scoring.memory import beside, weights_held
 from rmjax.scoring.prefix import score_responses
 from rmjax.search.completion import (
     COMPLETION_VALUES,
+    MAX_NEW,
+    check_completion_before_loading,
     check_written,
     completion_prior,
     gains_summary,
@@ -34,7 +36,6 @@ from rmjax.search.gcg_start import banned_tokens, check_starts, init_from_rows, 
 from rmjax.text import candidates as candidate_set
 from rmjax.text.candidates import read_vocab_file, single_token_ids
 
-MAX_NEW = 32  # the completion check's greedy tokens at most
 BUFFER_BATCH_SIZE = 64  # rows a call when the buffer is scored again for its completion check
 
 
@@ -129,6 +130,10 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
         held.append((f"the prior --lm={spec.lm}", config_of(spec.lm)))
         require_prior_config(held[-1][1], spec.lm, "--lm")
         require_same_vocabulary(read[0][1], specs[0], config_and_tokenizer(spec.lm)[1], spec.lm)
+    fix = "give a shorter prompt or a smaller --num_tokens" + ("" if spec.lm else
+                                                              ", or a prior with a longer context (--lm)")
+    for s in specs if not spec.lm else specs[:1]:  # each RM its own prior, else the one --lm
+        check_completion_before_loading(o, s, spec.lm, spec.prompts.values(), cfg.template, cfg.num_tokens, fix)
     weights = 0  # every held model's, when several: each one's search is planned beside the others'
     if len(held) > 1:  # one model alone: its search plan, before its weights, names the fix
         weights = sum(weights_held(held, o.dtype, o.mesh, "GCG job",
