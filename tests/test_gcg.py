@@ -747,9 +747,14 @@ def test_init_keeps_each_response_as_typed(rm_folder, tmp_path):
     result), though the default start ' x x x' begins with a space and ChatML reads ' love' and 'love' apart."""
     from tests import cli
 
-    (proc,) = cli.run_each(("gcg", f"--model={rm_folder}", "--num_tokens=5", "--init= love x",
-                            f"--out={tmp_path / 'g.json'}"))
+    proc, unfiltered = cli.run_each(
+        ("gcg", f"--model={rm_folder}", "--num_tokens=5", "--init= love x", f"--out={tmp_path / 'g.json'}"),
+        ("gcg", f"--model={rm_folder}", "--num_tokens=5", "--init= love x", "--noretokenize_filter",
+         f"--out={tmp_path / 'h.json'}"))
     cli.user_error(proc, "--init ' love x' does not come out of a real conversation")
+    # with the filter off, the count is what is wrong: the refusal named --noretokenize_filter, given (helper-144)
+    line = cli.user_error(unfiltered, "--init ' love x' is 2 tokens, not --num_tokens=5", "--num_tokens=2")
+    assert "noretokenize_filter" not in line, line
 
 
 def test_a_search_width_past_greedys_candidates_names_only_the_flag_that_widens_them():

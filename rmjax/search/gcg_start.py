@@ -72,6 +72,9 @@ def _init_ids(tokenizer, text: str, cfg: GCGConfig, banned: np.ndarray, rng,
         if all(survives(check, ids) for check in checks):
             return ids
     what = f"--init {text!r}" if text else "the default start 'x x x ...'"
+    if text and not checks:  # the filter is off: its length alone is what is wrong (helper-144)
+        raise UsageError(f"{what} is {len(ids)} token{'s' * (len(ids) != 1)}, not --num_tokens={cfg.num_tokens}; "
+                         f"give --init a response of exactly {cfg.num_tokens} tokens, or --num_tokens={len(ids)}.")
     raise UsageError(f"{what} does not come out of a real conversation as {cfg.num_tokens} tokens (decode -> "
                      "template -> tokenize gives other ids, or fewer tokens); give --init a response of exactly "
                      f"--num_tokens={cfg.num_tokens} tokens that survives the template, or --noretokenize_filter.")
