@@ -36,6 +36,8 @@ def check_flags() -> None:
 
     common.refuse_blank_models("lm", "judge")
     common.check_out(OUT.value)
+    if SWEEP.value:  # --z_sample would be ignored, yet recorded in the identity as if used
+        common.refuse_given("frontier --sweep", ("z_sample",), "takes reward_z's mean and SD from the sweep")
     prompts = common.checked_prompts()
     if prompts is not None:
         check_one_prompt(prompts)

@@ -209,6 +209,8 @@ BAD_OTHER_FLAGS = [
     ("gcg", ["--vocab_file={dir}/pipes/v.txt", "--out={dir}/g.json"], ["--vocab_file=", "v.txt is not a regular"]),
     ("score", ["--texts=a,,b"], ["empty response"]),  # scored an empty response
     ("score", ["--texts= ,a"], ["a response of only whitespace (' ')"]),  # said "two commas in a row"
+    ("frontier", ["--sweep={dir}/s.csv", "--z_sample=100"],  # ignored, recorded as used (helper-144)
+     ["--z_sample: frontier --sweep takes reward_z's mean and SD from the sweep"]),
     # refused from the config and tokenizer, before the weights (each loaded them first)
     ("score", ["--texts=a", "--prompt=long=" + "word " * 600, "--out={dir}/s.csv"], ["needs 634 positions", "512"]),
     ("sweep", ["--vocab_file={dir}/file.txt", "--out={dir}/v.csv"], ["file.txt", "single token"]),
