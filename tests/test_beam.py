@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from rmjax.errors import UsageError
 from rmjax.loading import load
 from rmjax.parallel import sharding
 from rmjax.runs import results
@@ -627,17 +628,16 @@ def test_a_key_column_prompt_name_or_an_lm_without_a_head_is_refused_before_load
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_row_past_the_tokenizer_is_written_as_an_empty_token(tmp_path):
-    """Mutant that survived: a vocabulary padded past its tokenizer (as Gemma's and Llama's checkpoints pad theirs)
-    searched with --allow_special wrote its rows' tokens as JSON null, not as the empty string of the sweep's
-    CSV."""
-    import pandas as pd
-
+def test_a_row_past_the_tokenizer_is_refused_not_written(tmp_path):
+    """A vocabulary padded past its tokenizer (as Gemma's and Llama's checkpoints pad theirs): a beam over a padding
+    row wrote its token as JSON null (a mutant that survived), then as the empty string, a name every analysis
+    reads as one shared string. Such an id is no token, as the whole-vocabulary sweep and logprobs treat it: the
+    candidate set is refused (helper-143), whatever --allow_special says."""
     _, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "rm", vocab_size=49152 + 8)
     padded = load(str(folder))
     out = tmp_path / "b.csv"
-    write_beam(padded, PROMPTS, BeamConfig(depth=1, beam=2, top=2, allow_special=True), np.asarray([1000, 49155]),
-               out=out, batch_size=2)
-    table = pd.read_csv(out, keep_default_na=False)
-    tokens = {ids: json.loads(t) for ids, t in zip(table.ids.astype(str), table.tokens, strict=True)}
-    assert tokens["49155"] == [""] and tokens["1000"] == [padded.tokenizer.convert_ids_to_tokens(1000)]
+    with pytest.raises(UsageError, match=r"--token_ids: \[49155\] are outside the vocabulary \[0, 49152\); the "
+                                         r"embedding has 49160 rows"):
+        write_beam(padded, PROMPTS, BeamConfig(depth=1, beam=2, top=2, allow_special=True),
+                   np.asarray([1000, 49155]), out=out, batch_size=2)
+    assert not out.exists()
