@@ -197,6 +197,32 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, t
         np.testing.assert_allclose(got.prior_logp, partial_logp, atol=lp_atol, rtol=0)
 
 
+def test_starts_drawn_and_all_left_out_are_told_apart_from_a_budget_that_buys_none(tied, monkeypatch):
+    """helper-144: a disagreement whose sampled starts were all left out by the round trip (random RMs) was refused
+    after loading with "does not buy the search's starts (32 samples and a beam of 4)", though its budget had
+    bought them, and with no number to give. Both refusals now say which happened and name a budget."""
+    from rmjax.errors import UsageError
+
+    _, _, rm = tied
+    target = make_target(rm, PROMPT)
+    banned = np.ones(rm.config.vocab_size, bool)
+    banned[300:5000] = False
+    cfg = fluent.FluentConfig(num_tokens=3, samples=8, beam=2, proposals=4, search_width=16, topk=8)
+
+    def search(budget: int):
+        obj = Objective(target, Prior.of(rm, target.prefix), 1.0, -1.0, 2.0,
+                        Forwards(budget, 3 + len(target.suffix), 4))
+        return lambda: fluent.fluent_search(obj, cfg, banned, [object()])
+
+    monkeypatch.setattr(fluent, "survives", lambda check, body: False)  # the round trip leaves every response out
+    with pytest.raises(UsageError, match=r"--forwards=120 does not buy the search's starts: it drew responses "
+                                         r"\(\d+ forwards\), and every one was left out.*e\.g\. --forwards=240"):
+        search(120)()
+    with pytest.raises(UsageError, match=r"--forwards=1 does not buy the search's starts: it buys none of them "
+                                         r"\(8 samples and a beam of 2\).*--forwards=2\."):
+        search(1)()
+
+
 @pytest.mark.parametrize("case", ["shared prior", "separate prior", "λ=0, exploring"])
 def test_every_sequence_a_search_evaluates_carries_its_true_terms(tied, case):
     """Whatever path scored a sequence (samples, beam, shared-forward variants, redrawn tails whose log-probs are

@@ -146,6 +146,7 @@ def fluent_search(objective: Objective, cfg: FluentConfig, banned: np.ndarray,
     exact = len(allowed) <= cfg.exact_limit
     limit, forwards.limit = forwards.limit, min(forwards.limit, forwards.spent + Fraction(cfg.start_share) *
                                                 forwards.limit)
+    before = forwards.spent
     try:
         _sample_starts(objective, cfg, banned, retokenize, archive, seen, limit, exact)
         _beam_starts(objective, cfg, banned, allowed, exact, retokenize, archive, seen, progress)
@@ -154,8 +155,13 @@ def fluent_search(objective: Objective, cfg: FluentConfig, banned: np.ndarray,
     finally:
         forwards.limit = limit
     if not archive.ids:
-        raise UsageError(f"--forwards={forwards.limit} does not buy the search's starts ({cfg.samples} samples "
-                         f"and a beam of {cfg.beam}); give a larger budget.")
+        # drawn but every one left out (helper-144: a disagreement keeps only texts both sides read back)
+        why = (f"it drew responses ({float(forwards.spent - before):.0f} forwards), and every one was left out: a "
+               "repeat, or a response that does not come back from its text as the same tokens (for a "
+               "disagreement: in both sides' templates)" if forwards.spent > before else
+               f"it buys none of them ({cfg.samples} samples and a beam of {cfg.beam})")
+        raise UsageError(f"--forwards={forwards.limit} does not buy the search's starts: {why}; give a larger "
+                         f"budget, e.g. --forwards={2 * int(forwards.limit)}.")
     converged = False
     try:
         converged = _gcg(objective, cfg, banned, allowed, exact, retokenize, archive, seen, progress)
