@@ -111,7 +111,7 @@ def refuse_limit_keeping_all(limit: int | None, n: int) -> None:
 
 def candidate_ids(tokenizer, vocab: int, token_ids=None, limit: int | None = None) -> np.ndarray:
     """The candidate ids a job scores: `token_ids` (checked against every token both the model's `vocab` size and
-    its tokenizer have: check_in_vocabulary) or every such token; `limit` keeps the first N. Needs no weights (a
+    its tokenizer have: check_token_ids) or every such token; `limit` keeps the first N. Needs no weights (a
     check before loading)."""
     if token_ids is None:
         ids = np.arange(min(vocab, len(tokenizer)))
