@@ -249,8 +249,10 @@ def test_the_default_start_and_an_init_by_hand():
     only = GCGConfig(num_tokens=2, token_ids=(1, 2))
     assert gcg_start.start_sequences(tok, only, gcg_start.banned_tokens(tok, 6, only), []) == [[1, 1]]
     assert gcg_start.start_sequences(tok, GCGConfig(num_tokens=2, init=("ab",)), banned, []) == [[1, 2]]
-    with pytest.raises(UsageError, match="as 2 tokens"):
+    with pytest.raises(UsageError, match="'aba' is 3 tokens, not --num_tokens=2"):  # no filter: its length named
         gcg_start.start_sequences(tok, GCGConfig(num_tokens=2, init=("aba",)), banned, [])
+    with pytest.raises(UsageError, match="as 2 tokens"):  # through the filter: it may be what changed the count
+        gcg_start.start_sequences(tok, GCGConfig(num_tokens=2, init=("aba",)), banned, [lambda ids: True])
 
 
 # --- objective, terms ----------------------------------------------------------------------------------------------
