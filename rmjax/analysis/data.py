@@ -142,11 +142,9 @@ def candidate_subset(path: str | Path | None) -> str | None:
     sweep, another kind of table or one without a .meta.json."""
     meta = results.read_meta(Path(path)) if path is not None else None
     identity = meta.get("identity") if isinstance(meta, dict) else None
-    if not isinstance(identity, dict) or identity.get("job") != "sweep":
-        return None
-    chosen = [f"--limit={identity['limit']}" if key == "limit" else f"--{key}"
-              for key in ("limit", "token_ids", "vocab_file") if identity.get(key) is not None]
-    count = meta.get("n_candidates")
+    subset = stages.sweep_subset(identity if isinstance(identity, dict) else None)
+    chosen = [f"--limit={value}" if key == "limit" else f"--{key}" for key, value in subset.items()]
+    count = meta.get("n_candidates") if chosen else None
     return (" and ".join(chosen) + (f": {count:,} tokens" if isinstance(count, int) else "")) if chosen else None
 
 

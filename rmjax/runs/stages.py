@@ -122,6 +122,14 @@ def recorded(inputs: Mapping[str, StageInput | None]) -> dict:
     return {flag: given.record() for flag, given in inputs.items() if given is not None}
 
 
+def sweep_subset(identity: Mapping | None) -> dict[str, object]:
+    """The flags that chose a sweep's candidates from its identity (--limit: the first N; --token_ids, --vocab_file:
+    a set), each with its value; empty for a whole-vocabulary sweep or another kind of result."""
+    if not identity or identity.get("job") != "sweep":
+        return {}
+    return {key: identity[key] for key in ("limit", "token_ids", "vocab_file") if identity.get(key) is not None}
+
+
 def prompt_texts(meta: dict | None) -> dict[str, str]:
     """Prompt name -> text of a result's .meta.json (its identity's, else its top-level `prompts`; {} without)."""
     if meta is None:

@@ -240,13 +240,13 @@ def _read_sweep(spec: FrontierSpec, model_fp: dict) -> stages.StageInput:
     given = stages.read_input(spec.sweep, ("sweep",), "--sweep", needs,
                               why="its scores are not this RM's single-token rewards for this prompt, reward_z's "
                                   "yardstick; sweep this RM and prompt (or drop --sweep)")
-    identity = (given.meta or {}).get("identity", {})
-    chosen = [f"--{key}" for key in ("token_ids", "vocab_file") if identity.get(key) is not None]
+    subset = stages.sweep_subset((given.meta or {}).get("identity"))
+    chosen = [f"--{key}" for key in subset if key != "limit"]
     if chosen:  # reward_z is in SDs of the whole vocabulary's single-token rewards, not of a chosen few
         raise UsageError(f"--sweep={spec.sweep} scored a chosen set of tokens ({', '.join(chosen)}), and reward_z's "
                          "yardstick is the whole vocabulary's; sweep every token (or drop --sweep).")
-    if identity.get("limit") is not None and is_main():
-        print(f"--sweep={spec.sweep} scored only the vocabulary's first {identity['limit']:,} tokens: reward_z is in "
+    if "limit" in subset and is_main():
+        print(f"--sweep={spec.sweep} scored only the vocabulary's first {subset['limit']:,} tokens: reward_z is in "
               "SDs of theirs.", file=sys.stderr)
     return given
 
