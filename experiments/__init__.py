@@ -14,6 +14,14 @@ import signal
 import sys
 
 
+def not_a_job(module: str) -> None:
+    """`python -m experiments.candidates` (a module of flags the jobs share) ran nothing and exited 0 whatever
+    its flags, as if a job had finished: say what to run instead."""
+    print(f"error: {module} is not a job: it holds flags or helpers the jobs share; run a job, e.g. "
+          "`python -m experiments.sweep --help` (README: One command per job).", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def interrupted_while_starting(signum, frame):
     """Ctrl-C while a job imports (JAX, transformers: a second or more) printed a traceback; nothing is written
     yet, so one line and exit 130. cli.run puts Python's own handler back once the job's main is about to run."""

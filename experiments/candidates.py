@@ -33,3 +33,9 @@ def refuse_limit_keeping_all(limit: int | None) -> None:
     ids = token_ids()
     if ids is not None:
         refuse(limit, len(ids))
+
+
+if __name__ == "__main__":
+    from experiments import not_a_job
+
+    not_a_job(__spec__.name)

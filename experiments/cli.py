@@ -87,3 +87,9 @@ def run(main: Callable[[list[str]], None]) -> None:
     if signal.getsignal(signal.SIGINT) is interrupted_while_starting:  # from here, `guarded` says what was kept
         signal.signal(signal.SIGINT, signal.default_int_handler)
     app.run(guarded, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+    from experiments import not_a_job
+
+    not_a_job(__spec__.name)

@@ -247,3 +247,9 @@ def options(out: str, **files: str | None) -> RunOptions:
     return RunOptions(model=MODEL.value, out=out, dtype=DTYPE.value, mesh=start(), template=TEMPLATE.value,
                       output_column=OUTPUT_COLUMN.value, overwrite=OVERWRITE.value,
                       allow_nonfinite=ALLOW_NONFINITE.value, inputs=inputs, system_prompt=SYSTEM_PROMPT.value)
+
+
+if __name__ == "__main__":
+    from experiments import not_a_job
+
+    not_a_job(__spec__.name)

@@ -108,3 +108,9 @@ def _base_type(hint: Any) -> type:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     return typing.get_origin(hint) or hint
+
+
+if __name__ == "__main__":
+    from experiments import not_a_job
+
+    not_a_job(__spec__.name)

@@ -43,3 +43,8 @@ def token_ids() -> list[int] | None:
     """--token_ids as ints; None when not given (the whole vocabulary)."""
     return [int(t) for t in TOKEN_IDS.value] if TOKEN_IDS.value else None
 
+
+if __name__ == "__main__":
+    from experiments import not_a_job
+
+    not_a_job(__spec__.name)

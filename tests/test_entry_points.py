@@ -219,3 +219,20 @@ def test_a_job_imports_no_torch_and_one_refused_by_its_flags_no_transformers(rm_
     assert "torch" not in _imported(scored.stderr)
     assert refused.returncode == 2 and "--token_ids" in refused.stderr
     assert not {"transformers", "torch"} & _imported(refused.stderr)
+
+
+def test_a_module_that_is_not_a_job_says_so():
+    """`python -m experiments.candidates --anything` (a module of shared flags) ran nothing and exited 0, as if a
+    job had finished. Every module of experiments/ is a job (it has a main) or refuses to run as one."""
+    from tests import cli
+
+    modules = sorted(p.stem for p in (REPO / "experiments").glob("*.py") if p.stem != "__init__")
+    helpers = [m for m in modules if "\ndef main(" not in (REPO / "experiments" / f"{m}.py").read_text()]
+    assert {"candidates", "common", "cli"} <= set(helpers) and "sweep" not in helpers, helpers
+    running = {m: subprocess.Popen(cli.command(m, "--limit=3"), cwd=REPO, env=cli.ENV, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for m in helpers}
+    for module, proc in running.items():
+        out, err = proc.communicate(timeout=120)
+        line = cli.user_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
+                              f"experiments.{module} is not a job", "python -m experiments.sweep")
+        assert line and not out, (module, out)
