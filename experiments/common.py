@@ -69,13 +69,22 @@ LM_FLAGS = ("model", "dtype", "mesh", "prompts", "prompt", "template", "coordina
 
 class _TextListParser(flags.ListParser):
     """absl's list parser strips each item, so `--texts=" love"` scored 'love': a response is kept as typed
-    (csv quoting still puts a comma inside one)."""
+    (csv quoting still puts a comma inside one). A line break is part of its response, quoted or not (the csv
+    module refused one unquoted, asking about "universal-newline mode")."""
 
     def parse(self, argument):
         if isinstance(argument, list) or not argument:
             return list(argument or [])
+        free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in argument)  # private-use stand-ins
+        stand_in = {brk: next(free) for brk in "\r\n" if brk in argument}
+        marked = argument
+        for brk, mark in stand_in.items():
+            marked = marked.replace(brk, mark)
         try:
-            return list(next(csv.reader([argument], strict=True)))
+            texts = next(csv.reader([marked], strict=True))
+            for brk, mark in stand_in.items():
+                texts = [t.replace(mark, brk) for t in texts]
+            return texts
         except csv.Error as e:
             raise ValueError(f"Unable to parse the value {argument!r} as a comma-separated list: {e}") from e
 

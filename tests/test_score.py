@@ -64,26 +64,32 @@ def test_score_prints_z_scores_and_writes_only_with_out(rm_folder, tmp_path):
 def test_texts_keep_their_edge_spaces(rm_folder, tmp_path):
     """absl's list flag strips each item: `--texts=" Love",Hate` scored 'Love', a different conversation, under
     the name the user typed nowhere (the CSV said 'Love'). Each item is now kept as typed, said on stderr, and a
-    quoted item keeps its comma. Reference: one full forward of the chat template's rendering of ' Love'."""
+    quoted item keeps its comma, and a line break, quoted or not, its line break (the csv module refused one
+    unquoted). Reference: one full forward of the chat template's rendering of each."""
     from rmjax.loading import load
     from rmjax.runs.results import read_scores_csv
 
     out, lines = tmp_path / "t.csv", tmp_path / "lines.txt"
     lines.write_text("Hate \n")  # a file's trailing space, said as --texts' is (helper-143: kept unsaid)
-    run = cli.ok(cli.run("score", f"--model={rm_folder}", "--prompts=greatest", '--texts=" Love","a, b"',
+    run = cli.ok(cli.run("score", f"--model={rm_folder}", "--prompts=greatest", '--texts=" Love","a, b",two\nlines',
                          f"--texts_file={lines}", "--z_sample=0", f"--out={out}"))
     assert "--texts: 1 response with a space at an end, kept as typed" in run.stderr and "' Love'" in run.stderr
     assert "--texts_file: 1 response with a space at an end, kept as typed" in run.stderr, run.stderr
     table = read_scores_csv(out)
-    assert list(table["text"]) == [" Love", "a, b", "Hate "]
+    assert list(table["text"]) == [" Love", "a, b", "two\nlines", "Hate "]
     model = load(str(rm_folder))
-    rendered = model.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT},
-                                                    {"role": "assistant", "content": " Love"}], tokenize=False)
-    spaced = model.tokenizer(rendered, add_special_tokens=False).input_ids
-    stripped = model.tokenizer(rendered.replace(" Love", "Love"), add_special_tokens=False).input_ids
+
+    def rendered(response: str) -> str:
+        return model.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT},
+                                                    {"role": "assistant", "content": response}], tokenize=False)
+
+    spaced = model.tokenizer(rendered(" Love"), add_special_tokens=False).input_ids
+    stripped = model.tokenizer(rendered(" Love").replace(" Love", "Love"), add_special_tokens=False).input_ids
     assert spaced != stripped  # the space is part of what the model reads
-    atol = tolerance.any_rewards_atol(model.params, model.config, len(spaced) + 8)
-    assert abs(float(table["greatest"][0]) - _full_reward(model, spaced)) <= atol
+    two_lines = model.tokenizer(rendered("two\nlines"), add_special_tokens=False).input_ids
+    for row, ids in ((0, spaced), (2, two_lines)):
+        atol = tolerance.any_rewards_atol(model.params, model.config, len(ids) + 8)
+        assert abs(float(table["greatest"][row]) - _full_reward(model, ids)) <= atol, row
 
 
 def test_text_batches_keep_every_row_once_and_join_a_width_s_few_rows_to_the_next():
