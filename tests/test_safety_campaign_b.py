@@ -283,6 +283,23 @@ def test_implicit_rm_of_one_model_twice_is_refused(lm_folder, tmp_path):
     assert not (tmp_path / "analysis" / "report.md").exists()
 
 
+def test_implicit_rm_of_one_model_in_two_dtypes_names_each_side(lm_folder, tmp_path):
+    """One model's log-probs in float32 and bfloat16 are two sides (MWLR measures the rounding): the report named
+    both by the model, "chosen X over reference X". Each side is now named by its dtype."""
+    from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
+
+    tables = {dtype: tmp_path / f"{dtype}.csv" for dtype in ("float32", "bfloat16")}
+    for dtype, table in tables.items():
+        run_logprobs(LogprobsSpec(inproc.options(lm_folder, table, dtype=dtype), inproc.prompts()))
+    inproc.analyze(tmp_path / "analysis", implicit_chosen=str(tables["float32"]),
+                   implicit_reference=str(tables["bfloat16"]))
+    report = (tmp_path / "analysis" / "report.md").read_text()
+    title = next(line for line in report.splitlines() if line.startswith("## Implicit RM"))
+    chosen, reference = title.removeprefix("## Implicit RM: chosen ").split(" over reference ")
+    assert chosen.endswith(" (float32)") and reference.endswith(" (bfloat16)"), title
+    assert chosen.removesuffix(" (float32)") == reference.removesuffix(" (bfloat16)"), title  # one model's name
+
+
 def test_logprobs_refuses_a_prompt_past_the_context_before_loading(lm_folder, tmp_path, monkeypatch):
     """A fault hunt: logprobs loaded the weights, then refused a prompt past the context (sweep and plan refuse
     it before). Now from the tokenizer (a tiny LM of 512 positions)."""

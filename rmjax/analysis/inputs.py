@@ -153,6 +153,21 @@ def implicit_templates(chosen: data.ScoreTable, reference: data.ScoreTable) -> s
             "measures that difference too; rerun experiments.logprobs with one --template for both.")
 
 
+def implicit_labels(chosen: data.ScoreTable, reference: data.ScoreTable) -> tuple[str, str]:
+    """How the report names the two sides. Two tables of one model in two dtypes or templates (allowed: MWLR then
+    measures that difference) were both named by the model ("X over X"): each is told by what differs."""
+    if chosen.model != reference.model:
+        return chosen.model, reference.model
+    metas = [(results.read_meta(t.path) or {}) if t.path else {} for t in (chosen, reference)]
+    dtypes = [(m.get("identity") or {}).get("dtype") for m in metas]
+    if dtypes[0] != dtypes[1] and None not in dtypes:
+        return f"{chosen.model} ({dtypes[0]})", f"{reference.model} ({dtypes[1]})"
+    templates = [_template_used(m) for m in metas]
+    if templates[0] != templates[1] and None not in templates:
+        return f"{chosen.model} ({templates[0]} template)", f"{reference.model} ({templates[1]} template)"
+    return f"{chosen.model} ({chosen.path})", f"{reference.model} ({reference.path})"
+
+
 def _template_used(meta: dict) -> str | None:
     """The template a log-prob table was taken under: --template=auto is chat where the tokenizer has a chat
     template (its .meta.json then records what it renders before the user's words) and plain where it has none."""

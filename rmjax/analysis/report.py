@@ -14,7 +14,7 @@ from rmjax.analysis import beams, bigtwo, data, disagreements, lexicons, model_m
 from rmjax.analysis import elo as elo_lib
 from rmjax.analysis import implicit as implicit_lib
 from rmjax.analysis.files import Outputs, markdown
-from rmjax.analysis.inputs import Inputs, implicit_templates, load_inputs
+from rmjax.analysis.inputs import Inputs, implicit_labels, implicit_templates, load_inputs
 from rmjax.analysis.spec import AnalysisConfig
 from rmjax.errors import UsageError
 from rmjax.runs import locks
@@ -313,16 +313,17 @@ def _elo_scores_coverage(outputs: Outputs, added: elo_lib.ScoresAdded) -> None:
 def implicit_section(outputs: Outputs, chosen: data.ScoreTable, reference: data.ScoreTable,
                      lexicon: bigtwo.Lexicon | None, cfg: AnalysisConfig) -> None:
     rewards = implicit_lib.implicit_reward(chosen, reference)
-    outputs.skip_unshared("implicit", {f"--implicit_chosen ({chosen.model})": chosen.prompts,
-                                       f"--implicit_reference ({reference.model})": reference.prompts},
+    named_c, named_r = implicit_labels(chosen, reference)
+    outputs.skip_unshared("implicit", {f"--implicit_chosen ({named_c})": chosen.prompts,
+                                       f"--implicit_reference ({named_r})": reference.prompts},
                           data.common_prompts([chosen, reference]), "the implicit reward needs both log-probs")
     values = {c: rewards[c].to_numpy() for c in rewards.columns}
     outputs.keyed_table("implicit_rm", {"text": list(rewards.index)}, values)
     top_bottom = outputs.table("implicit_rm_top_bottom", implicit_lib.implicit_top_bottom(rewards, cfg.top))
-    title = f"chosen {chosen.model} over reference {reference.model}"
+    title = f"chosen {named_c} over reference {named_r}"
     outputs.say(f"## Implicit RM: {title}", "",
-                f"MWLR = 1/2 (p_c + p_r)(log p_c - log p_r), p_c = {chosen.model} (chosen), p_r = {reference.model} "
-                f"(reference): > 0 where {chosen.model} gives the token more probability; on {len(rewards)} shared "
+                f"MWLR = 1/2 (p_c + p_r)(log p_c - log p_r), p_c = {named_c} (chosen), p_r = {named_r} "
+                f"(reference): > 0 where {named_c} gives the token more probability; on {len(rewards)} shared "
                 "decoded strings (max prob per duplicate string); ␣ in a token is a space.", "")
     differ = implicit_templates(chosen, reference)
     if differ:
@@ -338,7 +339,7 @@ def implicit_section(outputs: Outputs, chosen: data.ScoreTable, reference: data.
         outputs.say(f"- {prompt}: optimal {top}; pessimal {bottom}")
     outputs.say("")
     if lexicon is not None:
-        table = implicit_lib.implicit_table(rewards, f"{chosen.model} over {reference.model}")
+        table = implicit_lib.implicit_table(rewards, f"{named_c} over {named_r}")
         bigtwo_section(outputs, [table], lexicon, None, cfg.collapse_variants, name="implicit_rm_bigtwo")
 
 
