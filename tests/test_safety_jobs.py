@@ -63,9 +63,10 @@ def flat_rm(rm_folder, tmp_path_factory):
 
 
 def test_a_yardstick_of_fewer_than_two_values_or_sd_zero_is_refused(rm_folder, lm_folder, flat_rm, tmp_path,
-                                                                    monkeypatch):
+                                                                    monkeypatch, capsys):
     """reward_z = (reward - mean) / SD of single-token rewards: --z_sample=1 or a one-token --sweep gave NaN in
-    every row and an RM that scores all tokens alike ±Inf, written with exit 0."""
+    every row and an RM that scores all tokens alike ±Inf, written with exit 0. A --limit sweep's yardstick is
+    the first tokens' (said on stderr)."""
     from rmjax.search.frontier_job import csv_path, run_frontier
     from rmjax.search.sweep import SweepSpec, run_sweep
 
@@ -85,6 +86,14 @@ def test_a_yardstick_of_fewer_than_two_values_or_sd_zero_is_refused(rm_folder, l
         inproc.refused(lambda: run_frontier(frontier_spec(rm_folder, lm_folder, out, sweep=chosen)),
                        "scored a chosen set of tokens (--token_ids)")
     assert not csv_path(out).exists()
+    first = tmp_path / "first8.csv"  # `sweep --limit=8`: taken, and said to be the first 8 tokens' SD
+    run_sweep(SweepSpec(RunOptions(model=str(rm_folder), out=str(first)), inproc.prompts("greatest"), limit=8))
+    capsys.readouterr()
+    with monkeypatch.context() as patch, pytest.raises(AssertionError, match="a weight was read"):
+        inproc.no_weights_read(patch)  # (the note is printed as the sweep is read, before any model loads)
+        run_frontier(frontier_spec(rm_folder, lm_folder, out, sweep=first))
+    assert (f"--sweep={first} scored only the vocabulary's first 8 tokens: reward_z is in SDs of theirs."
+            in capsys.readouterr().err)
     # the sampled yardstick is refused as soon as it is computed: every token scores 0
     line = inproc.refused(lambda: run_frontier(frontier_spec(flat_rm, lm_folder, out)),
                           "--z_sample", "all equal 0", "values that differ")
