@@ -46,9 +46,10 @@ COORDINATOR = flags.DEFINE_string("coordinator", None,
                                   "Multi-host: coordinator host:port of jax.distributed (or $RMJAX_COORDINATOR).")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.", lower_bound=1)
 OUTPUT_COLUMN = flags.DEFINE_integer(
-    "output_column", 0, "Which reward-head output to use: 0 the preference score; with several labels or a "
-    "multi-objective head (ArmoRM, QRM, URM) 1.. the objectives (URM: 1 is μ_helpfulness, what loading it "
-    "without remote code reports).", lower_bound=0)
+    "output_column", 0, "Which reward-head output to use: 0 the preference score; with a multi-objective head "
+    "(ArmoRM, QRM, URM) 1.. the objectives (URM: 1 is μ_helpfulness, what loading it without remote code "
+    "reports). A linear head of several outputs (a classifier) has no default: name its reward's column.",
+    lower_bound=0)
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index (0 writes the results).",
                                   lower_bound=0)
 OVERWRITE = flags.DEFINE_bool("overwrite", False,
@@ -254,7 +255,8 @@ def options(out: str, **files: str | None) -> RunOptions:
     inputs = tuple((flag, path) for flag, path in named  # a model's folder too (a prompt name is not a path)
                    if path and (Path(path).is_file() or flag == "--model" and Path(path).is_dir()))
     return RunOptions(model=MODEL.value, out=out, dtype=DTYPE.value, mesh=start(), template=TEMPLATE.value,
-                      output_column=OUTPUT_COLUMN.value, overwrite=OVERWRITE.value,
+                      output_column=OUTPUT_COLUMN.value, output_column_given=OUTPUT_COLUMN.present,
+                      overwrite=OVERWRITE.value,
                       allow_nonfinite=ALLOW_NONFINITE.value, inputs=inputs, system_prompt=SYSTEM_PROMPT.value)
 
 

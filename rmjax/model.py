@@ -54,18 +54,25 @@ class Model:
         return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
 
 
-def require_reward_model(cfg: ModelConfig, source: str, job: str = "scoring", output_column: int = 0) -> None:
+def require_reward_model(cfg: ModelConfig, source: str, job: str = "scoring", output_column: int = 0,
+                         chosen: bool = True) -> None:
     """The one refusal of a causal LM where a reward head is needed (before or after the weights load), and of an
     --output_column the head lacks: from the config, before a claim's --overwrite deletes an earlier result."""
     if not cfg.is_reward_model:
         raise UsageError(f"{source} has no score head ({cfg.architecture}); {job} needs a reward model "
                          "(*ForSequenceClassification). For a causal LM use experiments.logprobs.")
-    check_output_column(cfg, output_column, source)
+    check_output_column(cfg, output_column, source, chosen)
 
 
-def check_output_column(cfg: ModelConfig, column: int, source: str) -> int:
-    """`column` when the model has that reward output, else a UsageError naming the range."""
+def check_output_column(cfg: ModelConfig, column: int, source: str, chosen: bool = True) -> int:
+    """`column` when the model has that reward output, else a UsageError naming the range. A linear head of
+    several outputs (a classifier: num_labels 2 or more, e.g. 'negative'/'positive') says nothing of which is a
+    reward: its column 0 was read as the reward, unsaid. Unless `chosen` (--output_column given), refused."""
     if not 0 <= column < cfg.num_outputs:
         raise UsageError(f"--output_column={column}: {source} has {cfg.num_outputs} reward outputs "
                          f"(0..{cfg.num_outputs - 1}).")
+    if not chosen and cfg.head is None and cfg.num_outputs > 1:
+        raise UsageError(f"{source} has a score head of {cfg.num_outputs} outputs (num_labels {cfg.num_outputs} in "
+                         "its config.json: a classifier), and which one is the reward is not said; name it with "
+                         f"--output_column=N (0..{cfg.num_outputs - 1}; its config's id2label names each).")
     return column

@@ -496,3 +496,43 @@ def test_tensors_the_config_does_not_account_for_are_refused_naming_them(tmp_pat
     with pytest.raises(CheckpointError) as refused:
         load_hf_model_folder(folder, require_tokenizer=False)
     assert says in _one_line(refused)
+
+
+def test_a_classifier_s_reward_column_is_named_not_taken(tmp_path, monkeypatch):
+    """A score head of two outputs (num_labels 2, 'negative'/'positive': a classifier) was read at column 0, the
+    'negative' logit, with exit 0 and nothing said. Now refused before any weight loads unless --output_column
+    names the column; each named column is transformers' logits[:, column]."""
+    from rmjax.runs.options import RunOptions
+    from rmjax.scoring.texts import ScoreSpec, run_score
+    from tests import inproc
+
+    hf, folder = tiny.save_reward_model_with_tokenizer(tmp_path / "two", num_labels=2,
+                                                       id2label={0: "negative", 1: "positive"},
+                                                       label2id={"negative": 0, "positive": 1})
+    prompt, text = "What, in one word, is the greatest thing ever?", "Love"
+
+    def scored(**column):
+        return run_score(ScoreSpec(RunOptions(model=str(folder), out=None, **column), {"p": prompt}, (text,),
+                                   z_sample=0)).scores["p"][0]
+
+    with monkeypatch.context() as patch:
+        inproc.no_weights_read(patch)
+        inproc.refused(scored, "score head of 2 outputs", "--output_column=N (0..1")
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    rendered = tok.apply_chat_template([{"role": "user", "content": prompt}, {"role": "assistant", "content": text}],
+                                       tokenize=False)
+    ids = tok(rendered, add_special_tokens=False).input_ids
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor([ids])).logits[0].numpy()
+    from rmjax.loading import load
+
+    model = load(str(folder))
+    atol = tolerance.any_rewards_atol(model.params, model.config, len(ids) + 8)
+    # column 0 named on the command line; column 1 chosen (other than the default)
+    for column, given in ((0, dict(output_column=0, output_column_given=True)), (1, dict(output_column=1))):
+        assert abs(scored(**given) - logits[column]) <= atol, (column, given)
+    from tests import cli  # the command line: --output_column=0 given is a choice, its absence is not
+
+    flags = (f"--model={folder}", "--prompts=greatest", "--texts=Love", "--z_sample=0")
+    cli.user_error(cli.run_each(("score", *flags))[0], "score head of 2 outputs", "--output_column=N")
+    cli.ok(cli.run("score", *flags, "--output_column=0"))

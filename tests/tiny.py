@@ -119,14 +119,15 @@ def smollm2_tokenizer_folder() -> Path:
     return cached_hf_folder(resolve("smollm2-135m-instruct")[1], cache_dir())
 
 
-def save_reward_model_with_tokenizer(folder: Path, name: str = "llama3", seed: int = 0, **overrides):
+def save_reward_model_with_tokenizer(folder: Path, name: str = "llama3", seed: int = 0, num_labels: int = 1,
+                                     **overrides):
     """A tiny random reward model sized to the SmolLM2 vocabulary, with its tokenizer and template."""
     import shutil
 
     src = smollm2_tokenizer_folder()
     cfg = dict(vocab_size=49152, pad_token_id=2, bos_token_id=1, eos_token_id=2)
     cfg.update(overrides)
-    hf = build_hf_model(name, num_labels=1, seed=seed, **cfg)
+    hf = build_hf_model(name, num_labels=num_labels, seed=seed, **cfg)
     save_hf_model(hf, folder)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (src / f).is_file():

@@ -98,7 +98,7 @@ def run_audit(spec: AuditSpec) -> Path | None:
     built = battery_lib.build(spec.batteries)
     battery_lib.check(built)
     # from its config, before any weight loads or a claim deletes an earlier result
-    require_reward_model(config_of(o.model), o.model, "the audit", o.output_column)
+    require_reward_model(config_of(o.model), o.model, "the audit", o.output_column, o.column_chosen)
     identity = audit_identity(spec, built)
     nulls = [c.null for b in built for c in b.contrasts]
     paths = folder_paths(o.out)

@@ -257,7 +257,7 @@ def run_inspect(spec: InspectSpec) -> dict:
     o, (name, text) = spec.options, spec.prompt
     check_settings(spec.batch_size, spec.tolerance, spec.steps, spec.max_evaluations)
     config, tokenizer = job_config_and_tokenizer(o)  # with its --system_prompt: the lengths the job will see
-    require_reward_model(config, o.model, "inspect", o.output_column)
+    require_reward_model(config, o.model, "inspect", o.output_column, o.column_chosen)
     # read (proven whole by its .meta.json, and ranked by this model for this prompt) before the model loads
     model_fp, sequences, source = job_fingerprint(o), None, None
     if spec.source:

@@ -30,11 +30,17 @@ class RunOptions:
     mesh: jax.sharding.Mesh | None = None  # None: one device
     template: str = "auto"  # auto, chat or plain (rmjax.text.chat.split_chat)
     output_column: int = 0  # which reward-head output the job reads
+    output_column_given: bool = False  # --output_column on the command line (a classifier's column 0 needs it)
     overwrite: bool = False  # replace a result of other inputs (else refused); recompute a finished one
     allow_nonfinite: bool = False  # write NaN/Inf instead of stopping (counted in .meta.json)
     inputs: tuple[tuple[str, str], ...] = ()  # (flag, path) of the files the command line names (a model file, a
     # prompts YAML, a texts file): no output of the job may be one of them
     system_prompt: str | None = None  # the system message of every conversation (None: the template's own)
+
+    @property
+    def column_chosen(self) -> bool:
+        """Whether the reward column was chosen (given, or other than 0), not the default taken."""
+        return self.output_column_given or self.output_column != 0
 
     def __post_init__(self):
         if self.system_prompt is not None and self.template == "plain":

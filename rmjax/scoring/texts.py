@@ -253,7 +253,7 @@ def run_score(spec: ScoreSpec) -> Scored:
     check_prompt_names(spec.prompts, results.NON_VALUE_COLUMNS)
     check_z_sample(spec.z_sample)
     config, tokenizer = job_config_and_tokenizer(o)  # the kind of model and each prompt's room, before the weights
-    require_reward_model(config, o.model, "text scoring", o.output_column)
+    require_reward_model(config, o.model, "text scoring", o.output_column, o.column_chosen)
     for text in spec.prompts.values():  # a response past the context too (as scoring would, after loading)
         Conversations(tokenizer, text, o.template, False, config.max_position_embeddings).check_fit(
             texts, config.max_position_embeddings, "; score a shorter response (or leave it out)")

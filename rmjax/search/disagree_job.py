@@ -58,13 +58,14 @@ def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> tuple[str, i
     """Every model's config read before any weight: side A (and B's RM) a reward model, the LMs with LM heads;
     the judge's spec and the map's batch size (_check_prompts)."""
     rm_config, column = config_of(a.models[0]), spec.options.output_column
-    require_reward_model(rm_config, a.models[0], "the disagreement search's side A", column)
+    chosen = spec.options.column_chosen
+    require_reward_model(rm_config, a.models[0], "the disagreement search's side A", column, chosen)
     refuse_column_read_as_lm(a, b, spec.lm, column)
     if b.implicit:
         for name, source in zip(("CHOSEN", "REFERENCE"), b.models, strict=True):
             require_prior_config(config_of(source), source, f"--models implicit {name}")
     else:
-        require_reward_model(config_of(b.models[0]), b.models[0], "side B", column)
+        require_reward_model(config_of(b.models[0]), b.models[0], "side B", column, chosen)
     judge = spec.judge or default_judge(rm_config)
     if spec.config.search:  # the map alone needs no prior and no judge
         for flag, source in (("--lm", spec.lm or a.models[0]), ("--judge", judge)):

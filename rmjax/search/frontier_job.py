@@ -165,7 +165,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     check_one_prompt(spec.prompts)
     swept = _read_sweep(spec, job_fingerprint(o)) if spec.sweep else None  # before any model loads
     rm_config = config_of(o.model)
-    require_reward_model(rm_config, o.model, "the frontier", o.output_column)
+    require_reward_model(rm_config, o.model, "the frontier", o.output_column, o.column_chosen)
     judge = spec.judge or default_judge(rm_config)
     for name, source in (("--lm", spec.lm or o.model), ("--judge", judge)):
         require_prior_config(config_of(source), source, name)

@@ -122,7 +122,7 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
     specs = model_specs(o.model)
     read = [config_and_tokenizer(s) for s in specs]  # before any weight loads: the kind of model, the vocabulary
     for s, (config, _) in zip(specs, read, strict=True):
-        require_reward_model(config, s, "GCG", o.output_column)
+        require_reward_model(config, s, "GCG", o.output_column, o.column_chosen)
     check_one_vocabulary([tokenizer for _, tokenizer in read], specs)
     fps = [job_fingerprint(o, s) for s in specs]
     held = [(f"the RM {s}", config) for s, (config, _) in zip(specs, read, strict=True)]

@@ -105,7 +105,7 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
 
     def before_weights(cfg, tokenizer, mesh) -> None:
         require_reward_model(cfg, options.model)
-        check_output_column(cfg, options.output_column, options.model)
+        check_output_column(cfg, options.output_column, options.model, options.column_chosen)
         check_in_vocabulary(token_ids, cfg.vocab_size, tokenizer)
         estimate = memory_plan(cfg, tokenizer, prompts, options.template, options.dtype, mesh, batch_size or None,
                                mode, response_tokens, saved=str(store_dir(options.out)) if kept else None)
