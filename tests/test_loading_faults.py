@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -536,3 +537,35 @@ def test_a_classifier_s_reward_column_is_named_not_taken(tmp_path, monkeypatch):
     flags = (f"--model={folder}", "--prompts=greatest", "--texts=Love", "--z_sample=0")
     cli.user_error(cli.run_each(("score", *flags))[0], "score head of 2 outputs", "--output_column=N")
     cli.ok(cli.run("score", *flags, "--output_column=0"))
+
+
+def test_a_broken_link_in_the_folder_is_named_not_skipped(rm_folder, tmp_path):
+    """A hub cache snapshot whose blob is missing leaves a broken link: as chat_template.jinja (or a link to a
+    device) the tokenizer was read without its template, and every job scored the plain format with exit 0; as
+    model.safetensors it ended in a FileNotFoundError traceback. Each is now one line naming the file."""
+    from rmjax.loading import config_and_tokenizer, load
+    from tests import cli, inproc
+
+    cases = {"chat_template.jinja": tmp_path / "gone.jinja", "model.safetensors": tmp_path / "gone.safetensors"}
+    for i, (name, target) in enumerate([*cases.items(), ("chat_template.jinja", Path("/dev/null"))]):
+        folder = cli.copy_folder(rm_folder, tmp_path / f"m{i}")
+        (folder / name).unlink()
+        (folder / name).symlink_to(target)
+        said = "a broken link" if target.parent == tmp_path else "not a regular file"
+        inproc.refused(lambda f=folder: load(str(f)), f"{folder / name}: {said}")
+        if name.endswith(".jinja"):  # the template is read before any weight (a job's checks)
+            inproc.refused(lambda f=folder: config_and_tokenizer(str(f)), f"{folder / name}: {said}")
+
+
+def test_a_tokenizer_id_past_the_embedding_is_refused(rm_folder, tmp_path):
+    """tokenizer.json may give a token any id: 'Love' at 60000 in a 49,152-token tokenizer (len() still 49,152)
+    passed the check, and scoring it failed after the weights loaded as non-finite rewards, blaming the model."""
+    from rmjax.loading import config_and_tokenizer
+    from tests import cli, inproc
+
+    folder = cli.copy_folder(rm_folder, tmp_path / "m")
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    raw["model"]["vocab"]["Love"] = 60000
+    (folder / "tokenizer.json").write_text(json.dumps(raw))
+    inproc.refused(lambda: config_and_tokenizer(str(folder)), "the tokenizer has ids up to 60,000",
+                   "embedding has 49152 rows")

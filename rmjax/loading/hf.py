@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from rmjax.errors import CheckpointError, MissingFileError, TokenizerMismatchErr
 from rmjax.heads import ARCHITECTURES as CUSTOM_HEADS
 from rmjax.hf_config import load_config_file, read_json_file
 from rmjax.loading import safetensors_io
-from rmjax.loading.identity import file_sha256, folder_fingerprint, tokenizer_digest
+from rmjax.loading.identity import file_sha256, folder_fingerprint, tokenizer_digest, tokenizer_files
 from rmjax.loading.weights import assemble
 from rmjax.model import Model
 from rmjax.parallel import sharding
@@ -85,6 +86,8 @@ def refuse_remote_code(folder: Path) -> None:
 
 def load_tokenizer(folder: Path, cfg: ModelConfig, required: bool = True):
     refuse_remote_code(folder)
+    for path in tokenizer_files(folder, every=True).values():  # transformers skips one it cannot open
+        safetensors_io.refuse_unreadable(path, "the tokenizer reads it (a chat template, a vocabulary)")
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
         if not required:
             return None
@@ -136,11 +139,23 @@ def _read_tokenizer(folder: Path):
     return tok
 
 
+_top_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its largest id + 1
+
+
+def _ids_end(tok) -> int:
+    """One past the tokenizer's largest id: its length unless an id skips past it (a tokenizer.json can give a
+    token any id; len(tok) counts tokens, and the token at 60000 of a 49,152-token tokenizer passed)."""
+    if tok not in _top_ids:
+        _top_ids[tok] = max(len(tok), max(tok.get_vocab().values(), default=-1) + 1)  # 0.17 s for Gemma 3's
+    return _top_ids[tok]
+
+
 def check_tokenizer_fits(tok, cfg: ModelConfig, where: str) -> None:
-    size = len(tok)
-    if size > cfg.vocab_size:
+    size, end = len(tok), _ids_end(tok)
+    if end > cfg.vocab_size:
+        has = f"{size} tokens" if end == size else f"ids up to {end - 1:,}"
         raise TokenizerMismatchError(
-            f"{where}: the tokenizer has {size} tokens but the model's embedding has "
+            f"{where}: the tokenizer has {has} but the model's embedding has "
             f"{cfg.vocab_size} rows (config.json vocab_size); ids >= {cfg.vocab_size} would index "
             "past the table. Use the tokenizer that was saved with this checkpoint."
         )

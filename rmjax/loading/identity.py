@@ -117,11 +117,13 @@ def content_digest(path: str | Path) -> str:
 TOKENIZER_PATTERNS = ("vocab.txt", "tekken.json", "*.model", "tokenizer.*.json", "additional_chat_templates/*.jinja")
 
 
-def tokenizer_files(folder: Path) -> dict[str, Path]:
-    """Every file of `folder` its tokenizer may read, by name relative to the folder."""
+def tokenizer_files(folder: Path, every: bool = False) -> dict[str, Path]:
+    """Every file of `folder` its tokenizer may read, by name relative to the folder (`every`: each such name
+    there, a broken link or a folder too)."""
     paths = [folder / name for name in TOKENIZER_FILES]
     paths += [path for pattern in TOKENIZER_PATTERNS for path in sorted(folder.glob(pattern))]
-    return {path.relative_to(folder).as_posix(): path for path in paths if path.is_file()}
+    return {path.relative_to(folder).as_posix(): path for path in paths
+            if path.is_file() or every and (path.is_symlink() or path.exists())}
 
 
 def tokenizer_digest(folder: Path) -> str:

@@ -101,13 +101,21 @@ def _shard_path(folder: Path, name, index: Path) -> Path:
                           "Restore the index from the checkpoint's original repository.")
 
 
+def refuse_unreadable(path: Path, what: str) -> None:
+    """A name in a checkpoint folder that is not a readable regular file: a broken link (a hub cache snapshot whose
+    blob is missing), a folder, a FIFO that would block the read. A broken link was skipped as if absent (a
+    tokenizer read without its chat template) or ended in a traceback."""
+    if path.is_symlink() and not path.exists():
+        raise CheckpointError(f"{path}: a broken link (its target is missing); {what}. Restore the file (or remove "
+                              "the link).")
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path}: not a regular file; {what}. Remove it or restore the checkpoint.")
+
+
 def _regular(files: list[Path]) -> list[Path]:
-    """`files` as they are; anything there but a regular file (a folder, a FIFO that would block the read) is
-    refused."""
+    """`files` as they are, each a regular file (refuse_unreadable)."""
     for path in files:
-        if path.exists() and not path.is_file():
-            raise CheckpointError(f"{path}: not a regular file; a checkpoint's weights are *.safetensors files. "
-                                  "Remove it or restore the checkpoint.")
+        refuse_unreadable(path, "a checkpoint's weights are *.safetensors files")
     return files
 
 
@@ -122,6 +130,8 @@ def checkpoint_files(folder: Path) -> list[Path]:
         raise CheckpointError(f"{folder}: holds a PEFT adapter ({adapter[0]}), which rmjax does not apply; merge it "
                               "into its base model (peft's merge_and_unload, then save_pretrained) and load that.")
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    for path in (single, index):
+        refuse_unreadable(path, "a checkpoint's weights are *.safetensors files")
     if single.is_file():
         return [single]
     if index.is_file():
