@@ -68,6 +68,18 @@ def _first(d: dict, *keys: str, default: Any = None) -> Any:
     return default
 
 
+def _token_ids(raw: dict, key: str, text: dict, source: str, several: bool = False) -> int | tuple[int, ...] | None:
+    """A special token's id (`several`: or a list of them, as a tuple) from the top level, else text_config; an
+    id written as "2" or 2.0 was taken, then blamed on the tokenizer files by transformers' own reading of it."""
+    value = _first(raw, key, default=text.get(key))
+    ids = value if several and isinstance(value, list) and value else [value]
+    if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) and i >= -1 for i in ids):
+        raise CheckpointError(f"{source}: {key}={json.dumps(value)} must be an integer token id"
+                              f"{' or a list of them' if several else ''} (or null); restore the config from the "
+                              "checkpoint's original repository.")
+    return tuple(value) if several and isinstance(value, list) else value
+
+
 _REQUIRED = object()
 
 # transformers' config-class defaults (LlamaConfig, GemmaConfig, Gemma2Config, Gemma3TextConfig of the pinned 5.x)
@@ -179,9 +191,10 @@ def _rope(top: _Fields, f: _Fields, theta_key: str, default_theta: float, max_po
     return RopeConfig(
         theta=theta,
         kind=kind,
-        factor=f.number("factor", default=1.0),
-        low_freq_factor=f.number("low_freq_factor", default=1.0),
-        high_freq_factor=f.number("high_freq_factor", default=4.0),
+        # required where transformers requires them (its KeyError surfaced from the tokenizer's read, blamed on it)
+        factor=f.number("factor") if kind != "default" else f.number("factor", default=1.0),
+        low_freq_factor=f.number("low_freq_factor") if kind == "llama3" else 1.0,
+        high_freq_factor=f.number("high_freq_factor") if kind == "llama3" else 4.0,
         # llama3 scaling without its own original length: the model's context (transformers does the same)
         original_max_position=top.integer("original_max_position_embeddings")
         if kind == "llama3" and not nested and top.d.get("original_max_position_embeddings") is not None else
@@ -338,7 +351,12 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
     if is_cls:
         # transformers' default is 2 labels and config.json then omits id2label.
         num_labels = given_labels or len(raw.get("id2label") or {}) or 2
-    eos = _first(raw, "eos_token_id", default=text.get("eos_token_id"))
+    eos = _token_ids(raw, "eos_token_id", text, source, several=True)
+    # the row a classifier reads ends before trailing pads of get_text_config().pad_token_id: a multimodal
+    # Gemma 3's text_config's (class default 0), whatever the top level says
+    multimodal = model_type == "gemma3" and "text_config" in raw
+    pad = _token_ids({"pad_token_id": text.get("pad_token_id", 0)} if multimodal else raw, "pad_token_id",
+                     {} if multimodal else text, source)
     return ModelConfig(
         model_type=family,
         vocab_size=f.integer("vocab_size"),
@@ -368,8 +386,8 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         max_position_embeddings=max_position,
         num_labels=num_labels,
         head=head,
-        pad_token_id=_first(raw, "pad_token_id", default=text.get("pad_token_id")),
-        bos_token_id=_first(raw, "bos_token_id", default=text.get("bos_token_id")),
-        eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+        pad_token_id=pad,
+        bos_token_id=_token_ids(raw, "bos_token_id", text, source),
+        eos_token_id=eos,
         architecture=arch,
     )

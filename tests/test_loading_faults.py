@@ -238,6 +238,36 @@ def test_sparse_multimodal_gemma3_config_reads_as_transformers_does():
     assert (cfg.rope_global.kind, cfg.rope_global.factor) == ("linear", 8.0)
 
 
+@pytest.mark.parametrize("top,text", [(1, 0), (1, None), (None, 3), ("absent", "absent"), (1, "absent")])
+def test_a_multimodal_gemma3_classifier_reads_its_pad_where_transformers_does(top, text):
+    """transformers' classifiers end each row before trailing pads of get_text_config().pad_token_id: a multimodal
+    Gemma 3's text_config's (class default 0). rmjax took the top level's first, and a row ending in that id was
+    read at another position (helper-146: -0.7609 in transformers, 0.3535 here)."""
+    sizes = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, vocab_size=300)
+    text_config = {**sizes, "model_type": "gemma3_text", **({} if text == "absent" else {"pad_token_id": text})}
+    raw = {"architectures": ["Gemma3ForSequenceClassification"], "model_type": "gemma3", "num_labels": 1,
+           "text_config": text_config, **({} if top == "absent" else {"pad_token_id": top})}
+    hf = transformers.Gemma3Config(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
+    assert config_from_hf(raw).pad_token_id == hf.get_text_config().pad_token_id
+
+
+@pytest.mark.parametrize("edit,says", [
+    ({"pad_token_id": "2"}, 'pad_token_id="2" must be an integer token id'),
+    ({"bos_token_id": 1.0}, "bos_token_id=1.0 must be an integer token id"),
+    ({"eos_token_id": [2, "3"]}, 'eos_token_id=[2, "3"] must be an integer token id or a list of them'),
+    ({"pad_token_id": True}, "pad_token_id=true must be an integer token id"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "no rope_scaling.low_freq_factor"),
+    ({"rope_scaling": {"rope_type": "linear"}}, "no rope_scaling.factor"),
+])
+def test_config_values_transformers_cannot_read_are_named_in_config_json(edit, says):
+    """transformers' tokenizer read parses config.json too: these values ended there, reported as tokenizer files
+    to restore or a tokenizers version to upgrade. config.json is now named, with its field."""
+    raw = {**tiny.hf_config("llama3", num_labels=1).to_dict(), "architectures": [ARCHS["llama3"]], **edit}
+    with pytest.raises(CheckpointError, match="config.json: ") as error:
+        config_from_hf(raw)
+    assert says in str(error.value), str(error.value)
+
+
 def test_llama_without_max_position_embeddings_has_transformers_context(tmp_path):
     folder = _saved(tmp_path, "llama3", _drop("max_position_embeddings"))
     model = load_hf_model_folder(folder, require_tokenizer=False)

@@ -257,7 +257,8 @@ def test_cache_dir_without_the_variable_is_the_checkouts(monkeypatch):
 
 
 class _Tok:
-    """The parts of a tokenizer check_tokenizer_fits reads: its size and its own beginning-of-text token."""
+    """The parts of a tokenizer check_tokenizer_fits reads: its size, its ids and its own beginning-of-text
+    token."""
 
     def __init__(self, size: int, bos: int | None):
         self.size, self.bos_token_id, self.bos_token = size, bos, f"<t{bos}>"
@@ -267,6 +268,9 @@ class _Tok:
 
     def convert_ids_to_tokens(self, i):
         return f"<t{i}>"
+
+    def get_vocab(self):
+        return {f"<t{i}>": i for i in range(self.size)}
 
 
 def test_tokenizer_fit_boundaries():
