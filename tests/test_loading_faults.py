@@ -325,7 +325,7 @@ def test_unparseable_tokenizer_json_is_one_line(tmp_path):
 
 # 9: GGUF files the installed gguf / transformers cannot read
 
-def _llama_gguf(path, tokenizer_model, quant):
+def _llama_gguf(path, tokenizer_model, quant, pad=None):
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(512)
     w.add_embedding_length(64)
@@ -344,6 +344,8 @@ def _llama_gguf(path, tokenizer_model, quant):
     w.add_token_types([1, 1, 1, 1])
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
+    if pad is not None:
+        w.add_pad_token_id(pad)
     if quant:  # 4 rows of 64 values in Q8_1: 2 blocks of 40 bytes each
         w.add_tensor("token_embd.weight", np.zeros((4, 80), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_1)
     else:
@@ -365,6 +367,14 @@ def test_gguf_without_tokenizer_model_is_one_line(tmp_path):
     with pytest.raises(CheckpointError) as refused:
         gguf_to_hf_folder(path, tmp_path / "out")
     assert "tokenizer.ggml.model" in _one_line(refused)
+
+
+def test_a_gguf_special_token_past_its_token_list_is_one_line(tmp_path):
+    """tokenizer.ggml.padding_token_id 99 of 4 tokens ended in an IndexError traceback."""
+    path = _llama_gguf(tmp_path / "pad99.gguf", "gpt2", quant=False, pad=99)
+    with pytest.raises(CheckpointError) as refused:
+        gguf_to_hf_folder(path, tmp_path / "out")
+    assert "tokenizer.ggml.padding_token_id = 99 is not one of its 4 tokens" in _one_line(refused)
 
 
 def test_a_peft_adapter_beside_the_weights_is_refused(tmp_path):

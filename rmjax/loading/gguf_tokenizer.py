@@ -57,6 +57,12 @@ def tokenizer_from_gguf(contents: GGUFContents, model_type: str, path) -> object
         config.setdefault("add_bos_token", True)
     for name, key in _SPECIAL_TOKENS.items():
         token_id = tokenizer.get(key)
+        if token_id is not None and not 0 <= int(token_id) < len(tokenizer["tokens"]):  # was an IndexError
+            gguf_key = next(k for k, v in _TOKENIZER_KEYS.items() if v == key)
+            raise CheckpointError(f"{path}: tokenizer.{gguf_key} = {int(token_id)} is not one of its "
+                                  f"{len(tokenizer['tokens'])} tokens (tokenizer.ggml.tokens): the file is damaged; "
+                                  "convert it again with llama.cpp's convert_hf_to_gguf.py, or load the Hugging Face "
+                                  "folder instead.")
         config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
     architecture = str(fields["general.architecture"])
     try:
