@@ -369,6 +369,21 @@ def test_gguf_without_tokenizer_model_is_one_line(tmp_path):
     assert "tokenizer.ggml.model" in _one_line(refused)
 
 
+def test_a_gguf_that_is_not_a_whole_model_is_named_and_not_cached(tmp_path):
+    """A GGUF of one tensor (token_embd) was converted and cached, then refused as the cache folder's missing
+    parameters with a safetensors folder's fix (the shard index); the broken conversion stayed cached."""
+    from rmjax.loading.gguf_file import cached_hf_folder
+
+    path = _llama_gguf(tmp_path / "embd_only.gguf", "gpt2", quant=False)
+    with pytest.raises(CheckpointError) as refused:
+        cached_hf_folder(path, tmp_path / "cache")
+    line = _one_line(refused)
+    assert line.startswith(f"{path}: this GGUF file is not the whole model its metadata describes (missing "
+                           "parameters "), line
+    assert "index" not in line and "config.json" not in line, line
+    assert not list((tmp_path / "cache" / "converted").iterdir())  # nothing kept, not even a partial folder
+
+
 def test_a_gguf_special_token_past_its_token_list_is_one_line(tmp_path):
     """tokenizer.ggml.padding_token_id 99 of 4 tokens ended in an IndexError traceback."""
     path = _llama_gguf(tmp_path / "pad99.gguf", "gpt2", quant=False, pad=99)

@@ -222,6 +222,7 @@ def _convert(path: Path, out: Path, start: float) -> Path:
                 break
         else:
             raise CheckpointError(f"{path}: GGUF tensor {t.name!r} has no mapping for {cfg['model_type']}.")
+    _check_whole(tensors, cfg, path)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt", "source": path.name})
     del tensors, contents
@@ -242,6 +243,24 @@ def read_gguf(path: Path) -> GGUFContents:
     except (ValueError, OSError) as error:
         raise CheckpointError(f"{path}: not a readable GGUF file, probably truncated or corrupt "
                               f"({type(error).__name__}: {str(error)[:120]}); download it again.") from None
+
+
+def _check_whole(tensors: dict[str, np.ndarray], cfg: dict, path: Path) -> None:
+    """The converted tensors against the model the metadata describes, before anything is written: a tensor
+    missing or of another size was found only when the converted folder loaded, named by the cache folder with a
+    safetensors folder's fix, and the broken conversion stayed in the cache."""
+    from rmjax import nn
+    from rmjax.loading.weights import assemble
+
+    model_cfg = config_from_hf(cfg, str(path))
+    try:
+        assemble(((key, lambda w=w: w) for key, w in tensors.items()), model_cfg, nn.declarations(model_cfg),
+                 np.float32, str(path))
+    except CheckpointError as error:
+        said = str(error).removeprefix(f"{path}: ").split("; ")[0].replace("config.json", "its metadata")
+        raise CheckpointError(f"{path}: this GGUF file is not the whole model its metadata describes ({said}); "
+                              "convert it again with llama.cpp's convert_hf_to_gguf.py, or load the Hugging Face "
+                              "folder instead.") from None
 
 
 def cached_hf_folder(path: str | Path, cache_root: Path) -> Path:
