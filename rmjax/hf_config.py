@@ -44,6 +44,9 @@ def read_json_file(path: str | Path, what: str = "file") -> Any:
 
 def load_config_file(path: str | Path) -> ModelConfig:
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path}: not a regular file (a folder?); a model folder needs the checkpoint's "
+                              "config.json file (copy it from the original Hugging Face repository).")
     if not path.is_file():
         raise MissingFileError(
             f"{path} not found: a model folder needs the checkpoint's config.json "

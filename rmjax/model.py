@@ -59,7 +59,9 @@ def require_reward_model(cfg: ModelConfig, source: str, job: str = "scoring", ou
     """The one refusal of a causal LM where a reward head is needed (before or after the weights load), and of an
     --output_column the head lacks: from the config, before a claim's --overwrite deletes an earlier result."""
     if not cfg.is_reward_model:
-        raise UsageError(f"{source} has no score head ({cfg.architecture}); {job} needs a reward model "
+        arch = cfg.architecture or ("config.json names no architectures; a reward model's says e.g. "
+                                    "LlamaForSequenceClassification")
+        raise UsageError(f"{source} has no score head ({arch}); {job} needs a reward model "
                          "(*ForSequenceClassification). For a causal LM use experiments.logprobs.")
     check_output_column(cfg, output_column, source, chosen)
 

@@ -624,3 +624,17 @@ def test_a_tokenizer_id_past_the_embedding_is_refused(rm_folder, tmp_path):
     (folder / "tokenizer.json").write_text(json.dumps(raw))
     inproc.refused(lambda: config_and_tokenizer(str(folder)), "the tokenizer has ids up to 60,000",
                    "embedding has 49152 rows")
+
+
+def test_a_config_json_folder_and_a_config_without_architectures_say_what_is_wrong(tmp_path):
+    """config.json as a folder was 'not found'; a config naming no architectures had 'no score head ()'."""
+    from rmjax.errors import UsageError
+    from rmjax.hf_config import load_config_file
+    from rmjax.model import require_reward_model
+
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(CheckpointError, match="config.json: not a regular file"):
+        load_config_file(tmp_path / "config.json")
+    raw = {k: v for k, v in tiny.hf_config("llama3", num_labels=1).to_dict().items() if k != "architectures"}
+    with pytest.raises(UsageError, match=r"no score head \(config.json names no architectures; a reward model's"):
+        require_reward_model(config_from_hf(raw), "m")

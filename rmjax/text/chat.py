@@ -238,7 +238,11 @@ def split_chat(
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": MARKER}]
         text = render_template(tokenizer, messages)  # with the --system_prompt turn (render_templates)
         if text.count(MARKER) != 1:
-            raise RmjaxError("the chat template did not place the assistant response exactly once.")
+            where = getattr(tokenizer, "name_or_path", "") or "this model"
+            raise RmjaxError(f"{where}: the chat template placed the assistant's response {text.count(MARKER)} "
+                             "times, not once as written (a template that drops, repeats or rewrites it, e.g. "
+                             "lower-cases it); fix chat_template.jinja (or tokenizer_config.json's chat_template), "
+                             "or use --template=plain.")
         before, after = text.split(MARKER)
         prefix = tokenizer(before, add_special_tokens=False).input_ids
         suffix = tokenizer(after, add_special_tokens=False).input_ids if after else []
