@@ -439,6 +439,26 @@ def test_a_hub_id_resolves_to_the_snapshot_refs_main_names(tmp_path, monkeypatch
         local_folder("acme/rm")
 
 
+def test_a_zoo_nickname_is_its_hub_id_for_every_job(tmp_path, monkeypatch):
+    """docs/models-and-loading.md: --model takes a zoo model's hub id or nickname. Only plan read nicknames; a
+    job said `R-Gem-2B` was not found and suggested `huggingface-cli download R-Gem-2B`, an id that does not exist."""
+    from rmjax import zoo
+    from rmjax.errors import MissingFileError
+    from rmjax.loading.registry import resolve
+
+    entry = zoo.ZOO[0]
+    monkeypatch.setenv("RMJAX_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(MissingFileError) as missing:
+        resolve(entry.nickname)
+    assert f"({entry.hf_id}) not found" in str(missing.value)
+    assert f"huggingface-cli download {entry.hf_id} --local-dir" in str(missing.value)
+    folder = tmp_path / "models" / entry.hf_id
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    assert resolve(entry.nickname) == resolve(entry.hf_id) == ("hf", folder)
+
+
 def test_a_tied_lm_with_a_head_of_its_own_is_refused_and_with_the_same_head_loads(tmp_path):
     """tie_word_embeddings true beside a checkpoint lm_head.weight that differs: transformers keeps that head
     untied, rmjax read the embeddings as the head (LM logits off by up to 17 on a tiny model), without a word.

@@ -90,19 +90,22 @@ def resolve(spec: str) -> tuple[str, Path]:
         return "hf", _without_remote_code(path)
     if path.is_file() and path.suffix == ".gguf":
         return "gguf", path
-    if not path.exists() and spec.count("/") == 1:
-        from rmjax.zoo import local_folder
+    hub = spec
+    if not path.exists():
+        from rmjax.zoo import ZOO, local_folder
 
-        folder = local_folder(spec)  # a hub id already downloaded ($RMJAX_MODELS_DIR or the HF cache)
+        # a zoo nickname (R-Gem-2B) is its hub id (docs/models-and-loading.md; plan read them, jobs did not)
+        hub = next((e.hf_id for e in ZOO if spec == e.nickname), spec)
+        folder = local_folder(hub) if hub.count("/") == 1 else None  # downloaded ($RMJAX_MODELS_DIR, HF cache)
         if folder is not None:
             return "hf", _without_remote_code(folder)
     if path.is_file():
         raise CheckpointError(f"{spec}: a model spec is a folder or a .gguf file, not {path.suffix or 'this file'}.")
     raise MissingFileError(
-        f"model {spec!r} not found: pass a checkpoint folder (config.json + *.safetensors + tokenizer), "
-        f"a .gguf file, or a builtin name ({', '.join(BUILTIN_GGUF)}, elo-rm-smollm2-135m, "
-        "elo-rm-gemma3-270m). rmjax never downloads: fetch "
-        f"a hub model first, e.g. `huggingface-cli download {spec} --local-dir DIR`, and pass DIR "
+        f"model {spec!r}{f' ({hub})' if hub != spec else ''} not found: pass a checkpoint folder (config.json + "
+        f"*.safetensors + tokenizer), a .gguf file, or a builtin name ({', '.join(BUILTIN_GGUF)}, "
+        "elo-rm-smollm2-135m, elo-rm-gemma3-270m). rmjax never downloads: fetch "
+        f"a hub model first, e.g. `huggingface-cli download {hub} --local-dir DIR`, and pass DIR "
         "(or put it under $RMJAX_MODELS_DIR/ORG/NAME)."
     )
 
