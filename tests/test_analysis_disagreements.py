@@ -46,6 +46,9 @@ def test_the_advantage_over_seeds_and_its_t_interval(tmp_path):
     found = analyze(tmp_path / "out", disagreements=tuple(folders))
     table = pd.read_csv(found["tables"]["disagreement_seeds"], keep_default_na=False)
     assert len(table) == 4
+    # as docs/outputs.md lists them (the doc said the counts came last; the CSV wrote them before the values)
+    assert list(table.columns) == ["prompt", "direction", "view", "runs", "paired", "search_ahead", "goal_met",
+                                   "search_gap", "best_of_n_gap", "advantage", "ci_low", "ci_high"]
     for row in table.itertuples():
         key, sign = (row.direction, row.view), 1 if row.direction == "a_over_b" else -1
         pairs = [(s, b) for s, b in zip(SEARCH[key], BEST_OF_N[key], strict=True) if s is not None]

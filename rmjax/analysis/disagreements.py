@@ -24,8 +24,9 @@ from rmjax.runs import results
 VIEWS = ("at_cap", "complete")  # the job's summary: every row under the judge cap; complete answers only
 DIRECTIONS = ("a_over_b", "b_over_a")
 GOAL_SD = 3.0  # issue 46: the search's best row at least this far apart, and ahead of best-of-N
-COLUMNS = ["prompt", "direction", "view", "runs", "paired", "search_gap", "best_of_n_gap", "advantage", "ci_low",
-           "ci_high", "search_ahead", "goal_met"]
+# in the order the CSV has them (analysis tables write their key columns, text and counts, before the values)
+COLUMNS = ["prompt", "direction", "view", "runs", "paired", "search_ahead", "goal_met", "search_gap", "best_of_n_gap",
+           "advantage", "ci_low", "ci_high"]
 
 
 @dataclasses.dataclass(frozen=True)
