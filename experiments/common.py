@@ -41,14 +41,16 @@ SYSTEM_PROMPT = flags.DEFINE_string("system_prompt", None,
                                     "The system message of every conversation (chat templates only). Unset: the "
                                     "template's own behaviour (SmolLM2's injects 'You are a helpful AI assistant "
                                     "named SmolLM, trained by Hugging Face'); --system_prompt='' gives an empty "
-                                    "system turn. Recorded in .meta.json and part of the result's identity.")
+                                    "system turn. Recorded in .meta.json and part of the result's identity "
+                                    "(train_rm refuses it: it trains on the template's own system turn).")
 COORDINATOR = flags.DEFINE_string("coordinator", None,
                                   "Multi-host: coordinator host:port of jax.distributed (or $RMJAX_COORDINATOR).")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.", lower_bound=1)
 OUTPUT_COLUMN = flags.DEFINE_integer(
     "output_column", 0, "Which reward-head output to use: 0 the preference score; with a multi-objective head "
     "(ArmoRM, QRM, URM) 1.. the objectives (URM: 1 is μ_helpfulness, what loading it without remote code "
-    "reports). A linear head of several outputs (a classifier) has no default: name its reward's column.",
+    "reports). A linear head of several outputs (a classifier) has no default: name its reward's column. Jobs "
+    "of a causal LM or the whole model (logprobs, train_rm, export) refuse it.",
     lower_bound=0)
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index (0 writes the results).",
                                   lower_bound=0)
@@ -56,7 +58,8 @@ OVERWRITE = flags.DEFINE_bool("overwrite", False,
                               "Replace an existing result at the output path. Without it a result of another run is "
                               "refused, and a finished result of the same inputs is reused.")
 ALLOW_NONFINITE = flags.DEFINE_bool("allow_nonfinite", False,
-                                    "Write NaN/Inf scores instead of stopping (they are counted in .meta.json).")
+                                    "Write NaN/Inf scores instead of stopping (they are counted in .meta.json); "
+                                    "the audit refuses it (its statistics need every reward finite).")
 COMPILE_CACHE = flags.DEFINE_bool("compile_cache", True,
                                   "Keep compiled XLA programs in the model cache's xla/ folder (.cache/rmjax/xla, or "
                                   "$RMJAX_CACHE_DIR/xla): a later job with the same shapes skips their compilation.")

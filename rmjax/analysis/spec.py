@@ -36,8 +36,10 @@ class AnalysisConfig:
                                              "more --seed values: the search against best-of-N per prompt and "
                                              "direction over the runs, with a t interval.")
     top: int = setting(20, "Top and bottom tokens/items per table.")
-    n_boot: int = setting(1000, "Bootstrap resamples for the moments' confidence intervals.")
-    n_permutations: int = setting(10000, "Permutations for the RSA p-values.")
+    n_boot: int = setting(1000, "Bootstrap resamples for the moments' confidence intervals and the --audits "
+                                "differences' (an audit's own default is 2000).")
+    n_permutations: int = setting(10000, "Permutations for the RSA p-values and the --audits differences' "
+                                         "p-values.")
     rbo_p: float = setting(0.9, "RBO persistence p, in (0, 1).")
     rbo_depth: int = setting(132, "RBO truncation depth.")
     framing: tuple[str, ...] = setting(("best", "worst"), "The two prompts compared for framing.")
