@@ -265,7 +265,7 @@ def test_the_summary_counts_what_survives_holm_and_says_which_lie_within_their_n
                           "null_effect": [0.1, -0.4, 0.0]})
     got = summary(table, 10000)
     assert got["rows"] == 3 and got["holm_0.05"] == 2  # C vs D: p 0.02 raw, 0.06 after Holm
-    assert got["least_p_holm"] == 3 / 10001
+    assert got["least_p_holm"] == pytest.approx(3 / 10001, rel=1e-15)  # (Holm raises by 2 eps)
     assert got["surviving"] == ["identity/race: A vs axis mean +0.500 [+0.300, +0.700] null +0.100",
                                 "identity/race: B vs axis mean -0.200 [-0.300, -0.100] null -0.400"]
     text = describe(table, folder_paths(tmp_path), 10000, ["length"] * 3)
@@ -286,27 +286,28 @@ def test_an_audit_whose_settings_let_no_row_survive_holm_says_so_and_names_the_d
     """A random test's p is at least 1/(1 + n_perm), and Holm multiplies the smallest p by the rows: with 75 rows
     and 1,498 sign flips, a row whose items all differ one way gets p = 1/1499 and p_holm 0.05003, not below 0.05.
     The table then read "0 of 75 survive" for overwhelming effects; now the summary gives that floor and the
-    description says no row can survive and from which --n_perm one can: 1,499, where 75 x (1/1500) rounds to
-    0.04999... in float64 (the floor is computed as Holm computes it). Where a test may be exact (2^20 sign vectors
-    or fewer), no floor is claimed."""
+    description says no row can survive and from which --n_perm one can: 1,500 (75 x (1/1500) is 0.05 exactly: it
+    rounded to 0.04999... in float64 and passed; Holm raises its products by 2 eps, and the floor is
+    computed as Holm computes it). Where a test may be exact (2^20 sign vectors or fewer), no floor is claimed."""
     from rmjax.audit import stats
     from rmjax.audit.batteries import MIN_ITEMS
     from rmjax.audit.job import describe, summary
 
     one_way = np.linspace(1.0, 2.0, 40)  # every sign flip but none reaches the observed mean
-    for n_perm, survivable in ((1498, False), (1499, True)):
+    for n_perm, survivable in ((1498, False), (1499, False), (1500, True)):
         least = stats.holm([stats.sign_flip_p(one_way, n_perm=n_perm)] * 75).min()
         assert (least < 0.05) == survivable and stats.holm_floor(75, n_perm, MIN_ITEMS) == pytest.approx(least)
         note = stats.holm_floor_note(75, n_perm, MIN_ITEMS, "--n_perm")
         assert (note is None) == survivable
-    note = stats.holm_floor_note(75, 1498, MIN_ITEMS, "--n_perm")
-    assert "--n_perm=1498" in note and "give --n_perm=1499 or more" in note
+    note = stats.holm_floor_note(75, 1499, MIN_ITEMS, "--n_perm")
+    assert "--n_perm=1499" in note and "give --n_perm=1500 or more" in note
     assert stats.holm_floor(75, 2**20, MIN_ITEMS) is None  # a test may be exact: no floor claimed
     assert stats.holm_floor_note(75, 2**20, MIN_ITEMS, "--n_perm") is None
     table = pd.DataFrame({"battery": ["length"] * 3, "axis": ["a", "b", "c"], "contrast": ["x vs y"] * 3,
                           "n_items": [30] * 3, "effect": [0.5] * 3, "ci_low": [0.4] * 3, "ci_high": [0.6] * 3,
                           "p": [1 / 101] * 3, "p_holm": [3 / 101] * 3, "null_effect": [0.0] * 3})
-    assert summary(table, 100)["least_p_holm"] == 3 / 101 and summary(table, 100)["holm_0.05"] == 3
+    assert summary(table, 100)["least_p_holm"] == pytest.approx(3 / 101, rel=1e-11)  # (Holm raises by 2 eps)
+    assert summary(table, 100)["holm_0.05"] == 3
     assert "note:" not in describe(table, folder_paths(tmp_path), 100, ["length"] * 3)
     table["p"], table["p_holm"] = 1 / 51, 3 / 51
     text = describe(table, folder_paths(tmp_path), 50, ["length"] * 3)

@@ -246,7 +246,7 @@ def holm_floor(rows: int, n_perm: int, min_items: int) -> float | None:
     relabellings, which is more), whose p can be smaller."""
     if 2**min_items <= n_perm:
         return None
-    return min(1.0, rows * (1 / (1 + n_perm)))  # as `holm` computes it from that p (float64 rounding too)
+    return float(holm([1 / (1 + n_perm)] * rows).min())  # as `holm` computes it from that p
 
 
 def holm_floor_note(rows: int, n_perm: int, min_items: int, flag: str) -> str | None:
