@@ -64,9 +64,11 @@ TEXTS = flags.DEFINE_integer("texts", 7530, "score: response texts per prompt (E
                              lower_bound=1)
 TEXT_TOKENS = flags.DEFINE_integer("text_tokens", 8, "score, inspect, train_rm --trainable=head (its feature pass): "
                                    "tokens per response text.", lower_bound=1)
-ITEMS = flags.DEFINE_integer("items", 2, "inspect: responses inspected.", lower_bound=1)
+ITEMS = flags.DEFINE_integer("items", 4, "inspect: responses inspected (inspect's default --top=2 inspects 2 best "
+                             "and 2 worst).", lower_bound=1)
 IG_STEPS = flags.DEFINE_integer("ig_steps", 64, "inspect: integrated-gradients steps (as experiments.inspect "
-                                "--steps).", lower_bound=1)
+                                "--steps; its refinement may spend up to --ig_max_evaluations, 1024, a response: "
+                                "give that for the longest run).", lower_bound=1)
 N_TRAIN = flags.DEFINE_integer("n_train", 20000, "train_rm: training pairs.", lower_bound=1)
 N_HELDOUT = flags.DEFINE_integer("n_heldout", 4000, "train_rm: held-out pairs (last_k/full: made before the steps and "
                                  "held through them, evaluated at each checkpoint).", lower_bound=0)

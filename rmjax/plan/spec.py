@@ -224,7 +224,7 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                 num_tokens: int = 8, search_width: int = 128, buffer_size: int = 8, lm: str = "",
                 batteries: tuple[str, ...] | None = None,
                 texts_count: int = 1000,
-                text_tokens: int = 8, items: int = 2, ig_steps: int = 64
+                text_tokens: int = 8, items: int = 4, ig_steps: int = 64
                 ) -> tuple[ModelConfig, Slice, object, dict | None]:
     """(config, slice, job shape, mesh or None), every flag checked before anything compiles. `steps` 0: the
     job's default (train_rm 1500, gcg 100); `batch_size` 0: the plan picks (train_rm 256, gcg 256 rows);
