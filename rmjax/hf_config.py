@@ -94,15 +94,16 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(vocab_size=32_000, num_attention_heads=32, max_position_embeddings=2048, hidden_act="silu",
                   rope_theta=10_000.0),
     "gemma": dict(vocab_size=256_000, num_attention_heads=16, num_key_value_heads=16, head_dim=256,
-                  max_position_embeddings=8192, hidden_act="gelu_pytorch_tanh", rope_theta=10_000.0),
+                  max_position_embeddings=8192, hidden_act="gelu_pytorch_tanh", rope_theta=10_000.0, pad_token_id=0),
     "gemma2": dict(vocab_size=256_000, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                    max_position_embeddings=8192, hidden_activation="gelu_pytorch_tanh", rope_theta=10_000.0,
                    query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
-                   final_logit_softcapping=30.0),
+                   final_logit_softcapping=30.0, pad_token_id=0),
     "gemma3_text": dict(vocab_size=262_208, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                         max_position_embeddings=131_072, hidden_activation="gelu_pytorch_tanh",
-                        query_pre_attn_scalar=256, sliding_window=4096),
+                        query_pre_attn_scalar=256, sliding_window=4096, pad_token_id=0),
 }
+# (the pad id matters: a classifier reads the reward before trailing pads, and Gemma's absent pad is 0, Llama's none)
 # The field each family's MLP reads its activation from (transformers: Llama and Gemma 1 `hidden_act`, Gemma 2/3
 # `hidden_activation`; the other one is ignored), and the names rmjax runs: ACT2FN's "gelu" is the exact (erf) GELU
 # (rmjax ran the tanh approximation); only Gemma 1's config class turns "gelu" into the tanh approximation.

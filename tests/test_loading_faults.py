@@ -212,6 +212,9 @@ def test_minimal_config_gets_the_class_defaults(name):
     assert (cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.max_position_embeddings) == (
         hf.vocab_size, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.max_position_embeddings)
     assert cfg.rope_global.theta == rope["rope_theta"]
+    # where a classifier reads the reward (before trailing pads): Gemma's absent pad is 0, read as none (helper-148:
+    # a plain-template row ending in token 0 off by 2.28, bound 6e-5), Llama's none
+    assert cfg.pad_token_id == hf.pad_token_id
     assert cfg.query_scale == getattr(hf, "query_pre_attn_scalar", hf.head_dim) ** -0.5
     assert cfg.attn_softcap == getattr(hf, "attn_logit_softcapping", None)
     assert cfg.final_softcap == getattr(hf, "final_logit_softcapping", None)

@@ -137,8 +137,9 @@ def tokenizer_digest(folder: Path) -> str:
 # defaults, exact GELU, Gemma 3 GGUF rope scaling and 27B query scale. 3: Gemma 2 GGUF 27B query scale. 4: what a
 # folder says twice, read as transformers reads it (rope_scaling, a top-level original length, model.safetensors).
 # 5: a Gemma 1 GGUF's rope.freq_base (it was always 1e4). 6: the reward head reads past trailing pad ids, as
-# transformers does (nn.read_index: a pad = eos RM's turn that ends in eos was read at the eos). 7: a multimodal
-# Gemma 3's pad id from its text_config, as transformers' classifier reads it (the top level's was taken first).
+# transformers does (nn.read_index: a pad = eos RM's turn that ends in eos was read at the eos). 7: a Gemma pad id
+# as transformers' classifiers read it: absent, its class default 0 (it was none); a multimodal Gemma 3's from its
+# text_config (the top level's was taken first).
 READING = 7
 
 
