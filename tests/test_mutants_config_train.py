@@ -329,8 +329,8 @@ def test_numpy_dtypes_are_the_named_ones():
 
 
 def test_token_ids_at_the_vocabulary_size_are_outside_it():
-    """check_in_vocabulary: ids run 0 .. vocab_size - 1. Kills `t >= vocab_size` -> `t > vocab_size`."""
-    from rmjax.loading.for_job import check_in_vocabulary
+    """check_token_ids: ids run 0 .. vocab_size - 1. Kills `t >= vocab_size` -> `t > vocab_size`."""
+    from rmjax.text.candidates import check_token_ids as check_in_vocabulary
 
     check_in_vocabulary([0, 95], 96)
     with pytest.raises(UsageError, match=r"\[96\]"):

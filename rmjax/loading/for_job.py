@@ -5,21 +5,14 @@ config and tokenizer come without them), so a mistake costs no load; then the mo
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 
 from rmjax.loading import config_and_tokenizer, fingerprint, load, peek
 from rmjax.model import Model, check_output_column
 from rmjax.runs.options import RunOptions
-from rmjax.text.candidates import check_token_ids
 from rmjax.text.chat import with_system_prompt
-
-
-def check_in_vocabulary(ids: Sequence[int] | None, vocab_size: int, tokenizer=None) -> None:
-    """UsageError naming the ids outside the model's tokens (rmjax.text.candidates.check_token_ids): before its
-    weights load."""
-    check_token_ids(ids or [], vocab_size, tokenizer)
 
 
 def check_template(tokenizer, template: str) -> None:

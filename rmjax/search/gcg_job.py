@@ -11,7 +11,7 @@ import numpy as np
 
 from rmjax.errors import UsageError
 from rmjax.loading import config_and_tokenizer, config_of
-from rmjax.loading.for_job import check_in_vocabulary, job_fingerprint, load_for_job
+from rmjax.loading.for_job import job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel.distributed import is_main
@@ -34,7 +34,7 @@ from rmjax.search.gcg import GCGResult, Target, gcg, make_target
 from rmjax.search.gcg_config import NOT_IN_IDENTITY, GCGConfig, check_search_width, search_plan
 from rmjax.search.gcg_start import banned_tokens, check_starts, init_from_rows, read_init_from
 from rmjax.text import candidates as candidate_set
-from rmjax.text.candidates import read_vocab_file, single_token_ids
+from rmjax.text.candidates import check_token_ids, read_vocab_file, single_token_ids
 
 BUFFER_BATCH_SIZE = 64  # rows a call when the buffer is scored again for its completion check
 
@@ -147,7 +147,7 @@ def run_gcg(spec: GcgSpec) -> GCGResult | None:
 
         def before_weights(config, tokenizer, mesh) -> None:
             # ids past a model's vocabulary (--token_ids, --init_from) stop the job before its weights load
-            check_in_vocabulary(cfg.token_ids, config.vocab_size, tokenizer)
+            check_token_ids(cfg.token_ids or [], config.vocab_size, tokenizer)
             if cfg.vocab_file:  # none of its lines a single token: refused before the weights
                 single_token_ids(tokenizer, read_vocab_file(cfg.vocab_file), cfg.vocab_file, report=False)
             if cfg.init_from:

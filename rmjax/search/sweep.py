@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from rmjax.errors import OutputExistsError, PromptTooLongError, UsageError
-from rmjax.loading.for_job import check_in_vocabulary, check_output_column, job_fingerprint, load_for_job
+from rmjax.loading.for_job import check_output_column, job_fingerprint, load_for_job
 from rmjax.loading.identity import model_fingerprint
 from rmjax.model import Model, require_reward_model
 from rmjax.parallel import batching
@@ -40,6 +40,7 @@ from rmjax.text.candidates import (
     VocabLines,
     candidate_count,
     candidate_ids,
+    check_token_ids,
     identity_of_candidates,
     read_vocab_file,
     refuse_two_candidate_sets,
@@ -106,7 +107,7 @@ def load_planned(options: RunOptions, prompts: dict[str, str], token_ids: Sequen
     def before_weights(cfg, tokenizer, mesh) -> None:
         require_reward_model(cfg, options.model)
         check_output_column(cfg, options.output_column, options.model, options.column_chosen)
-        check_in_vocabulary(token_ids, cfg.vocab_size, tokenizer)
+        check_token_ids(token_ids or [], cfg.vocab_size, tokenizer)
         estimate = memory_plan(cfg, tokenizer, prompts, options.template, options.dtype, mesh, batch_size or None,
                                mode, response_tokens, saved=str(store_dir(options.out)) if kept else None)
         candidates = token_ids if given is None else given
