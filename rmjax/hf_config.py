@@ -357,10 +357,9 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         num_labels = given_labels or len(raw.get("id2label") or {}) or 2
     eos = _token_ids(raw, "eos_token_id", text, source, several=True)
     # the row a classifier reads ends before trailing pads of get_text_config().pad_token_id: a multimodal
-    # Gemma 3's text_config's (class default 0), whatever the top level says
+    # Gemma 3's text_config's (absent: its class default, as every Gemma's), whatever the top level says
     multimodal = model_type == "gemma3" and "text_config" in raw
-    pad = _token_ids({"pad_token_id": text.get("pad_token_id", 0)} if multimodal else raw, "pad_token_id",
-                     {} if multimodal else text, source)
+    pad = _token_ids({} if multimodal else raw, "pad_token_id", text, source)
     return ModelConfig(
         model_type=family,
         vocab_size=f.integer("vocab_size"),
