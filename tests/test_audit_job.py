@@ -265,7 +265,7 @@ def test_the_summary_counts_what_survives_holm_and_says_which_lie_within_their_n
                           "null_effect": [0.1, -0.4, 0.0]})
     got = summary(table, 10000)
     assert got["rows"] == 3 and got["holm_0.05"] == 2  # C vs D: p 0.02 raw, 0.06 after Holm
-    assert got["least_p_holm"] == pytest.approx(3 / 10001, rel=1e-15)  # (Holm raises by 2 eps)
+    assert got["least_p_holm"] == pytest.approx(3 / 10001, rel=1e-15)  # Holm raises by 2 eps: < 4 eps off
     assert got["surviving"] == ["identity/race: A vs axis mean +0.500 [+0.300, +0.700] null +0.100",
                                 "identity/race: B vs axis mean -0.200 [-0.300, -0.100] null -0.400"]
     text = describe(table, folder_paths(tmp_path), 10000, ["length"] * 3)
@@ -306,7 +306,7 @@ def test_an_audit_whose_settings_let_no_row_survive_holm_says_so_and_names_the_d
     table = pd.DataFrame({"battery": ["length"] * 3, "axis": ["a", "b", "c"], "contrast": ["x vs y"] * 3,
                           "n_items": [30] * 3, "effect": [0.5] * 3, "ci_low": [0.4] * 3, "ci_high": [0.6] * 3,
                           "p": [1 / 101] * 3, "p_holm": [3 / 101] * 3, "null_effect": [0.0] * 3})
-    assert summary(table, 100)["least_p_holm"] == pytest.approx(3 / 101, rel=1e-11)  # (Holm raises by 2 eps)
+    assert summary(table, 100)["least_p_holm"] == pytest.approx(3 / 101, rel=1e-15)  # Holm raises by 2 eps: < 4 eps off
     assert summary(table, 100)["holm_0.05"] == 3
     assert "note:" not in describe(table, folder_paths(tmp_path), 100, ["length"] * 3)
     table["p"], table["p_holm"] = 1 / 51, 3 / 51
