@@ -83,6 +83,17 @@ def _token_ids(raw: dict, key: str, text: dict, source: str, several: bool = Fal
     return tuple(value) if several and isinstance(value, list) else value
 
 
+def _check_ids_in_embedding(source: str, vocab_size: int, **ids: int | tuple[int, ...] | None) -> None:
+    """A special id past the embedding names no row: config.json is wrong, whatever the tokenizer (checked here,
+    before transformers' own tokenizer read prints a warning of its own about it)."""
+    for key, value in ids.items():
+        for i in value if isinstance(value, tuple) else (value,):
+            if i is not None and i >= vocab_size:
+                raise CheckpointError(f"{source}: {key} {i} is past the model's embedding ({vocab_size} rows, "
+                                      "vocab_size): the config is wrong, not the tokenizer; restore it from the "
+                                      "checkpoint's original repository.")
+
+
 _REQUIRED = object()
 
 # transformers' config-class defaults (LlamaConfig, GemmaConfig, Gemma2Config, Gemma3TextConfig of the pinned 5.x)
@@ -360,9 +371,11 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
     # Gemma 3's text_config's (absent: its class default, as every Gemma's), whatever the top level says
     multimodal = model_type == "gemma3" and "text_config" in raw
     pad = _token_ids({} if multimodal else raw, "pad_token_id", text, source)
+    bos, vocab_size = _token_ids(raw, "bos_token_id", text, source), f.integer("vocab_size")
+    _check_ids_in_embedding(source, vocab_size, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
     return ModelConfig(
         model_type=family,
-        vocab_size=f.integer("vocab_size"),
+        vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=f.integer("intermediate_size"),
         num_layers=num_layers,
@@ -390,7 +403,7 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         num_labels=num_labels,
         head=head,
         pad_token_id=pad,
-        bos_token_id=_token_ids(raw, "bos_token_id", text, source),
+        bos_token_id=bos,
         eos_token_id=eos,
         architecture=arch,
     )

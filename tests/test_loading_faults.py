@@ -259,6 +259,9 @@ def test_a_multimodal_gemma3_classifier_reads_its_pad_where_transformers_does(to
     ({"bos_token_id": 1.0}, "bos_token_id=1.0 must be an integer token id"),
     ({"eos_token_id": [2, "3"]}, 'eos_token_id=[2, "3"] must be an integer token id or a list of them'),
     ({"pad_token_id": True}, "pad_token_id=true must be an integer token id"),
+    ({"pad_token_id": 99999}, "pad_token_id 99999 is past the model's embedding"),
+    ({"eos_token_id": [2, 99999]}, "eos_token_id 99999 is past the model's embedding"),
+    ({"bos_token_id": 99999}, "bos_token_id 99999 is past the model's embedding"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "no rope_scaling.low_freq_factor"),
     ({"rope_scaling": {"rope_type": "linear"}}, "no rope_scaling.factor"),
 ])
@@ -647,6 +650,19 @@ def test_a_tokenizer_id_past_the_embedding_is_refused(rm_folder, tmp_path):
     (folder / "tokenizer.json").write_text(json.dumps(raw))
     inproc.refused(lambda: config_and_tokenizer(str(folder)), "the tokenizer has ids up to 60,000",
                    "embedding has 49152 rows")
+
+
+def test_a_special_id_past_the_embedding_is_one_line_naming_config_json(rm_folder, tmp_path):
+    """config.json's pad id past the embedding: transformers' tokenizer read printed its own warning line first,
+    and rmjax's error named tokenizer.json. Now config.json is refused before transformers reads it."""
+    from tests import cli
+
+    folder = cli.copy_folder(rm_folder, tmp_path / "m")
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, "pad_token_id": 10**6}))
+    proc = cli.run("score", f"--model={folder}", "--prompts=greatest", "--texts=Love", f"--out={tmp_path / 'o'}")
+    cli.user_error(proc, f"{folder / 'config.json'}: pad_token_id 1000000 is past the model's embedding")
+    assert "pad_token_id must be" not in proc.stderr, proc.stderr  # transformers' warning
 
 
 def test_a_config_json_folder_and_a_config_without_architectures_say_what_is_wrong(tmp_path):

@@ -21,7 +21,7 @@ import numpy as np
 from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
 from rmjax.hf_config import config_from_hf
 from rmjax.loading.gguf_reader import GGUFContents, TruncatedError, read_contents
-from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
+from rmjax.loading.gguf_tokenizer import check_special_ids, tokenizer_from_gguf
 from rmjax.loading.identity import READING, content_digest
 from rmjax.loading.safetensors_io import save_file
 from rmjax.runs import locks
@@ -124,6 +124,7 @@ def hf_config_from_gguf(contents: GGUFContents, path: Path) -> dict:
         cfg["sliding_window"] = a("attention.sliding_window", 512)
         cfg["sliding_window_pattern"] = 6
         cfg["query_pre_attn_scalar"] = _query_scalar(a, cfg, 62)  # the 27B: 62 layers, HF's 168
+    check_special_ids(contents, path)  # the file's own tokens first: config_from_hf would blame a config.json
     config_from_hf(cfg, source=f"{path} (GGUF metadata)")  # refused now, before any tensor is converted
     return cfg
 

@@ -34,6 +34,20 @@ _SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "un
                    "pad_token": "pad_token_id"}
 
 
+def check_special_ids(contents: GGUFContents, path) -> None:
+    """Each special token id is one of the file's tokens (an IndexError traceback before; the config check, which
+    runs first, would blame a config.json the file does not have)."""
+    tokens = contents.metadata.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return
+    for key in ("ggml.bos_token_id", "ggml.eos_token_id", "ggml.unknown_token_id", "ggml.padding_token_id"):
+        token_id = contents.metadata.get(f"tokenizer.{key}")
+        if token_id is not None and not 0 <= int(token_id) < len(tokens):
+            raise CheckpointError(f"{path}: tokenizer.{key} = {int(token_id)} is not one of its {len(tokens)} "
+                                  "tokens (tokenizer.ggml.tokens): the file is damaged; convert it again with "
+                                  "llama.cpp's convert_hf_to_gguf.py, or load the Hugging Face folder instead.")
+
+
 def tokenizer_from_gguf(contents: GGUFContents, model_type: str, path) -> object:
     """The tokenizer transformers would build from this GGUF, as a transformers tokenizer object."""
     from transformers import GemmaTokenizer, LlamaTokenizer, TokenizersBackend
@@ -55,14 +69,9 @@ def tokenizer_from_gguf(contents: GGUFContents, model_type: str, path) -> object
     if sentencepiece:
         # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise (as transformers does).
         config.setdefault("add_bos_token", True)
+    check_special_ids(contents, path)
     for name, key in _SPECIAL_TOKENS.items():
         token_id = tokenizer.get(key)
-        if token_id is not None and not 0 <= int(token_id) < len(tokenizer["tokens"]):  # was an IndexError
-            gguf_key = next(k for k, v in _TOKENIZER_KEYS.items() if v == key)
-            raise CheckpointError(f"{path}: tokenizer.{gguf_key} = {int(token_id)} is not one of its "
-                                  f"{len(tokenizer['tokens'])} tokens (tokenizer.ggml.tokens): the file is damaged; "
-                                  "convert it again with llama.cpp's convert_hf_to_gguf.py, or load the Hugging Face "
-                                  "folder instead.")
         config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
     architecture = str(fields["general.architecture"])
     try:

@@ -164,11 +164,7 @@ def check_tokenizer_fits(tok, cfg: ModelConfig, where: str) -> None:
                                                         ("pad", (cfg.pad_token_id,))) for i in ids if i is not None]
     outside = [(name, i) for name, i in named if i >= size]  # (a legacy pad id -1 names no token: not checked)
     if outside:  # another model's tokenizer, smaller than this one's: every id it gives names another token here
-        name, i = outside[0]
-        if i >= cfg.vocab_size:  # past the embedding too: config.json is what is wrong, not the tokenizer
-            raise CheckpointError(f"{where}: config.json's {name} {i} is past the tokenizer's {size} tokens and the "
-                                  f"model's embedding ({cfg.vocab_size} rows, vocab_size): config.json is wrong, not "
-                                  "the tokenizer; restore it from the checkpoint's original repository.")
+        name, i = outside[0]  # (inside the embedding: hf_config refuses an id past it)
         raise TokenizerMismatchError(
             f"{where}: config.json's {name} {i} is not a token of this tokenizer ({size} tokens): the tokenizer is "
             "another model's. Use the tokenizer that was saved with this checkpoint."
