@@ -327,3 +327,42 @@ def test_theories_without_their_metadata_are_left_out():
     theory[0, 1] = theory[1, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         stats.rsa_permutation_test(np.arange(16.0).reshape(4, 4), theory)
+
+
+def test_fewer_than_three_items_correlate_nothing_and_three_are_scipys():
+    """Two shared strings gave tau -1, Spearman -1, EPIC distance 1 and an MDS layout (helper-151), two items of the
+    EloEverything list tau -1 beside the published models' thousands, two tokens a framing correlation of -1:
+    docs/outputs.md says fewer than 3 items have no value. At 3 items each is scipy's."""
+    from rmjax.analysis import elo, paper1
+    from rmjax.analysis.data import ScoreTable
+
+    two = pd.DataFrame({"a": [1.0, 2.0], "b": [2.0, 1.0]})
+    for matrix in (stats.kendall_tau_matrix(two), stats.spearman_matrix(two), stats.epic_distance_matrix(two)):
+        assert matrix.isna().all().all(), matrix
+    assert np.isnan(stats.pearson(two.a, two.b))
+    three = pd.DataFrame({"a": [1.0, 2.0, 4.0], "b": [2.0, 1.0, 3.0]})
+    assert stats.kendall_tau_matrix(three).loc["a", "b"] == pytest.approx(
+        scipy_stats.kendalltau(three.a, three.b).statistic, abs=1e-12)
+    assert stats.pearson(three.a, three.b) == pytest.approx(scipy_stats.pearsonr(three.a, three.b).statistic, abs=1e-12)
+
+    names = ["Love", "War", "Tea", "Sun"]
+    items = pd.DataFrame({"elo_score": [4.0, 1.0, 3.0, 2.0], "elo_rank": [1, 4, 2, 3], "elo_matches": [9] * 4},
+                         index=names)
+    scores = pd.DataFrame({"two": [1.0, 2.0, np.nan, np.nan], "three": [1.0, 2.0, 0.5, np.nan]}, index=names)
+    prompt = elo.EloPrompt("What is greatest?", "greatest", items, scores, user_models=("two", "three"))
+    rows = elo.human_agreement([prompt]).set_index("model")
+    assert rows.loc["two", ["kendall_tau", "kendall_p", "spearman_rho", "spearman_p"]].isna().all()
+    reference = scipy_stats.kendalltau([4.0, 1.0, 3.0], [1.0, 2.0, 0.5])
+    assert rows.loc["three", "kendall_tau"] == pytest.approx(reference.statistic, abs=1e-12)
+    assert rows.loc["three", "kendall_p"] == pytest.approx(reference.pvalue, abs=1e-12)
+    assert elo.tau_matrix(prompt).loc[elo.HUMAN, "two"] != elo.tau_matrix(prompt).loc[elo.HUMAN, "two"]  # NaN
+
+    def table(n):
+        frame = pd.DataFrame({"token_decoded": names[:n], "best": [1.0, 2.0, 4.0][:n], "worst": [2.0, 1.0, 3.0][:n]})
+        return ScoreTable(f"m{n}", f"m{n}", frame, "token_decoded")
+
+    correlations, _ = paper1.framing_tables([table(2), table(3)], k=1)
+    correlations = correlations.set_index("model")
+    assert correlations.loc["m2", ["pearson", "spearman", "kendall_tau"]].isna().all()
+    assert correlations.loc["m3", "kendall_tau"] == pytest.approx(scipy_stats.kendalltau(
+        [1.0, 2.0, 4.0], [2.0, 1.0, 3.0]).statistic, abs=1e-12)

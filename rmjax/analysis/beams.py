@@ -71,14 +71,14 @@ def tau_between(tables: Sequence[BeamTable], depth: int, prompt: str) -> tuple[p
     """Kendall tau-b of every model pair on the strings both found (NaN under 3 shared), and how many they share."""
     labels = [t.model for t in tables]
     series = [scores_by_string(t, depth, prompt) for t in tables]
-    tau = pd.DataFrame(np.diag([1.0 if len(s) >= 3 and stats.ranks_something(s) else np.nan for s in series]),
-                       index=labels, columns=labels)
+    own = [1.0 if len(s) >= stats.MIN_ITEMS and stats.ranks_something(s) else np.nan for s in series]
+    tau = pd.DataFrame(np.diag(own), index=labels, columns=labels)
     shared = pd.DataFrame(np.diag([len(s) for s in series]), index=labels, columns=labels)
     for i, j in itertools.combinations(range(len(tables)), 2):
         common = series[i].index.intersection(series[j].index)
         shared.iloc[i, j] = shared.iloc[j, i] = len(common)
         pair = pd.DataFrame({"a": series[i][common], "b": series[j][common]})
-        value = stats.kendall_tau_matrix(pair).iloc[0, 1] if len(common) >= 3 else np.nan
+        value = stats.kendall_tau_matrix(pair).iloc[0, 1] if len(common) >= stats.MIN_ITEMS else np.nan
         tau.iloc[i, j] = tau.iloc[j, i] = value
     return tau, shared
 

@@ -35,7 +35,7 @@ RESERVED = (HUMAN, "human_elo", "median_model", "median_model_rank_minus_human",
 # How an item is found in a score table (item_tokens): the first three score it, the others do not.
 MATCHED = ("exact", "leading_space", "text")
 UNMATCHED = ("not_a_single_token", "not_roundtrip", "ambiguous", "absent")
-MIN_ITEMS = 3  # fewer items give no rank correlation worth a row (one: every tau, rho and p NaN)
+MIN_ITEMS = stats.MIN_ITEMS  # an Elo file of fewer items is refused; a model scoring fewer of them gets NaN
 
 
 @dataclass(frozen=True)
@@ -194,15 +194,22 @@ def human_agreement(elo_prompts: Sequence[EloPrompt], trained: dict[str, str | N
         for model in ep.models:
             values = ep.scores[model].to_numpy(np.float64)
             covered = np.isfinite(values)
-            tau = scipy_stats.kendalltau(human[covered], values[covered], variant="b")
-            rho = scipy_stats.spearmanr(human[covered], values[covered])
+            tau, rho = _tau_and_rho(human[covered], values[covered])
             rows.append({"prompt": ep.prompt, "model": model,
                          "source": "--scores" if model in ep.user_models else "published",
                          "n_items": int(covered.sum()),
-                         "kendall_tau": float(tau.statistic), "kendall_p": float(tau.pvalue),
-                         "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue),
+                         "kendall_tau": tau[0], "kendall_p": tau[1], "spearman_rho": rho[0], "spearman_p": rho[1],
                          "trained_on_elo": (trained.get(model) if model in ep.user_models else None) or ""})
     return pd.DataFrame(rows)
+
+
+def _tau_and_rho(a: np.ndarray, b: np.ndarray) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((Kendall tau-b, p), (Spearman rho, p)); NaN over fewer than MIN_ITEMS items (two gave tau -1 or +1 beside
+    the published models' thousands)."""
+    if len(a) < MIN_ITEMS:
+        return (np.nan, np.nan), (np.nan, np.nan)
+    tau, rho = scipy_stats.kendalltau(a, b, variant="b"), scipy_stats.spearmanr(a, b)
+    return (float(tau.statistic), float(tau.pvalue)), (float(rho.statistic), float(rho.pvalue))
 
 
 def cross_prompt_tau(elo_prompts: Sequence[EloPrompt]) -> pd.DataFrame:
@@ -214,9 +221,9 @@ def cross_prompt_tau(elo_prompts: Sequence[EloPrompt]) -> pd.DataFrame:
             if model not in b.models:
                 continue
             pair = pd.concat([a.scores.loc[names, model], b.scores.loc[names, model]], axis=1).dropna()
-            tau = scipy_stats.kendalltau(pair.iloc[:, 0], pair.iloc[:, 1], variant="b")
+            (tau, _), _ = _tau_and_rho(pair.iloc[:, 0].to_numpy(), pair.iloc[:, 1].to_numpy())
             rows.append({"model": model, "prompt_a": a.prompt, "prompt_b": b.prompt, "n_items": len(pair),
-                         "kendall_tau": float(tau.statistic)})
+                         "kendall_tau": tau})
     return pd.DataFrame(rows)
 
 

@@ -164,9 +164,11 @@ def framing_tables(tables: Sequence[ScoreTable], best: str = "best", worst: str 
     for t in tables:
         b = stats.z_scores(t.frame[best].to_numpy(np.float64))
         w = stats.z_scores(t.frame[worst].to_numpy(np.float64))
+        few = len(b) < stats.MIN_ITEMS  # two tokens: every correlation +-1
+        tau = np.nan if few else float(scipy_stats.kendalltau(b, w, variant="b").statistic)
         correlations.append({"model": t.model, "n_tokens": len(b), "pearson": stats.pearson(b, w),
-                             "spearman": float(scipy_stats.spearmanr(b, w).statistic),
-                             "kendall_tau": float(scipy_stats.kendalltau(b, w, variant="b").statistic)})
+                             "spearman": np.nan if few else float(scipy_stats.spearmanr(b, w).statistic),
+                             "kendall_tau": tau})
         for combination, values in ((f"{best}+{worst}", b + w), (f"{best}-{worst}", b - w)):
             combined = ScoreTable(t.model, t.source, pd.DataFrame({
                 t.string_column: t.strings.to_numpy(), "combined": values,

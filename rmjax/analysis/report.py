@@ -67,11 +67,11 @@ def paper1_analyses(outputs: Outputs, tables: list[data.ScoreTable], metadata: p
         outputs.say(f"- {model}: top {top}; bottom {bottom}")
     outputs.say("")
 
-    if len(tables) >= 2 and len(vocabulary) >= 2:
+    if len(tables) >= 2 and len(vocabulary) >= stats.MIN_ITEMS:
         heterogeneity_section(outputs, tables, prompts, vocabulary, metadata, n_permutations=cfg.n_permutations,
                               rbo_p=cfg.rbo_p, rbo_depth=cfg.rbo_depth, seed=cfg.seed)
     else:
-        outputs.skip("heterogeneity/MDS/RSA: needs at least two models sharing at least two strings.")
+        outputs.skip(f"heterogeneity/MDS/RSA: needs at least two models sharing at least {stats.MIN_ITEMS} strings.")
 
     best, worst = cfg.framing
     # a prompt of one score has no z-scores (its SD is 0): that model's framing is undefined, said and left out

@@ -74,10 +74,18 @@ def z_scores(x: np.ndarray) -> np.ndarray:
     return (x - x.mean()) / x.std(ddof=0)
 
 
+# Fewer items give no correlation worth a value: two give +-1 whatever the models (helper-151: two shared strings
+# wrote tau -1, EPIC distance 1 and an MDS layout), one none. Every correlation of the analyses is NaN below it.
+MIN_ITEMS = 3
+
+
 def _pairwise(frame: pd.DataFrame, fn) -> pd.DataFrame:
-    """fn of every pair of columns; the diagonal 1, or NaN for a column of one value (as scipy gives for its pairs)."""
+    """fn of every pair of columns; the diagonal 1, or NaN for a column of one value (as scipy gives for its pairs);
+    all NaN over fewer than MIN_ITEMS rows."""
     cols = list(frame.columns)
     values = [frame[c].to_numpy(np.float64) for c in cols]
+    if len(frame) < MIN_ITEMS:
+        return pd.DataFrame(np.full((len(cols), len(cols)), np.nan), index=cols, columns=cols)
     out = np.diag([1.0 if ranks_something(v) else np.nan for v in values])
     for i, j in itertools.combinations(range(len(cols)), 2):
         out[i, j] = out[j, i] = fn(values[i], values[j])
@@ -106,9 +114,10 @@ def epic_distance(a: np.ndarray, b: np.ndarray) -> float:
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
     """Pearson's r; NaN where either side holds one value (as scipy says), which np.corrcoef reads as r = 0 when the
-    mean rounds (a constant model then stood at EPIC distance 0.707 from every other)."""
+    mean rounds (a constant model then stood at EPIC distance 0.707 from every other), and over fewer than
+    MIN_ITEMS items."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if not (ranks_something(a) and ranks_something(b)):
+    if a.size < MIN_ITEMS or not (ranks_something(a) and ranks_something(b)):
         return float("nan")
     return float(np.corrcoef(a, b)[0, 1])
 

@@ -242,7 +242,7 @@ def agreement(ra: np.ndarray, rb: np.ndarray) -> dict:
     ra, rb = np.asarray(ra, np.float64), np.asarray(rb, np.float64)
     both = np.isfinite(ra) & np.isfinite(rb)
     ra, rb, dropped = ra[both], rb[both], int((~both).sum())
-    if len(ra) < 2:
+    if len(ra) < analysis_stats.MIN_ITEMS:  # two items: tau and r +-1 whatever the models
         return {"n": int(len(ra)), "nonfinite": dropped, "kendall_tau": float("nan"), "pearson_r": float("nan"),
                 "epic_distance": float("nan")}
     return {"n": int(len(ra)), "nonfinite": dropped, "kendall_tau": float(stats.kendalltau(ra, rb).statistic),
