@@ -271,6 +271,16 @@ def test_a_table_whose_token_id_is_no_id_is_refused(tmp_path):
         assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
+def test_a_bare_table_with_a_token_id_twice_is_refused(tmp_path):
+    """helper-151: a bare table whose rows were appended to itself was read with each token twice (moments over
+    twice the tokens, Big Two counts doubled and a smaller p, the shared vocabulary empty), exit 0."""
+    path = tmp_path / "twice.csv"
+    path.write_text('"token_id","token_name","token_decoded","best"\n1,"a","love",1.5\n2,"b","war",-1.0\n'
+                    '3,"c","peace",0.5\n2,"b","war",-1.0\n')
+    inproc.refused(partial(analyze, tmp_path / "out", path), "twice.csv: token_id 2 is in 2 rows")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
 def test_unreadable_inputs_and_unwritable_outputs_stop_in_one_line(tmp_path):
     """3: a binary file given to --scores, a header-only table, a model labelled like the matrices' `model`
     column and an --out that cannot be written each gave a traceback or an analysis of nothing."""

@@ -86,6 +86,11 @@ def read_table(path: str | Path, kinds: Sequence[str] = SCORE_KINDS, flag: str =
         if len(bad_ids):
             raise InputFileError(f"{path}: token_id {bad_ids.iloc[0]!r} (row {bad_ids.index[0] + 1}) is not a token "
                                  f"id; {len(bad_ids)} row(s) have no whole non-negative number there.")
+    if ids is not None and frame["token_id"].duplicated().any():  # a table without .meta.json is not digest-checked
+        twice = frame["token_id"][frame["token_id"].duplicated()]
+        raise InputFileError(f"{path}: token_id {twice.iloc[0]} is in {int((frame['token_id'] == twice.iloc[0]).sum())}"
+                             f" rows ({twice.nunique()} id(s) repeated); a sweep scores each token once, so its rows "
+                             "would count twice. Remove the repeated rows (a table appended to itself?).")
     values = frame[results.value_columns(frame)].to_numpy(np.float64)
     bad = ~np.isfinite(values).all(axis=1)
     if bad.any():
