@@ -87,6 +87,11 @@ def test_model_metadata_from_yaml():
     assert model_metadata.parameters_in_billions("1.5B") == 1.5
     with pytest.raises(ValueError, match="parameter count"):
         model_metadata.parameters_in_billions("big")
+    for bad in ("1.2.3B", ".", "1..5B", True, float("nan")):  # '1.2.3B' was float()'s ValueError traceback
+        with pytest.raises(UsageError, match="parameter count"):
+            model_metadata.parameters_in_billions(bad)
+    assert model_metadata.parameters_in_billions(".5B") == 0.5
+    assert model_metadata.parameters_in_billions("2.B") == 2.0
 
 
 def test_a_base_model_left_empty_is_unknown(tmp_path):
@@ -100,6 +105,9 @@ def test_a_base_model_left_empty_is_unknown(tmp_path):
     meta = model_metadata.load_model_metadata(path)
     assert meta.base_model.tolist() == ["", "", "Gemma"] and meta.family.tolist() == ["", "", "Gemma 2"]
     assert stats.unknown_metadata(meta)["same_base_model"] == ["o/m1", "o/m2"]
+    path.write_text("- {name: o/m1, size: 1.2.3B}\n")
+    with pytest.raises(InputFileError, match="models.yaml: model 'o/m1': cannot read a parameter count from size"):
+        model_metadata.load_model_metadata(path)
     path.write_text("- {name: o/m1, base_model: [Llama, Gemma]}\n")
     with pytest.raises(InputFileError, match="base_model \\['Llama', 'Gemma'\\]"):
         model_metadata.load_model_metadata(path)

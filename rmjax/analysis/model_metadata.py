@@ -18,13 +18,21 @@ def parameters_in_billions(size: str | float | int | None) -> float:
     """'27B' -> 27.0, '270M' -> 0.27; a bare number is taken as billions."""
     if size is None:
         return float("nan")
-    if isinstance(size, int | float):
+    if isinstance(size, int | float) and not isinstance(size, bool) and np.isfinite(size) and size > 0:
         return float(size)
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMBT]?)\s*", str(size), flags=re.IGNORECASE)
+    # one decimal number ('1.2.3B' passed `[0-9.]+` and ended in float()'s traceback)
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMBT]?)\s*", str(size), flags=re.IGNORECASE)
     if not match:
         raise UsageError(f"cannot read a parameter count from size {size!r} (expected e.g. 8B or 270M).")
     scale = {"": 1.0, "K": 1e-6, "M": 1e-3, "B": 1.0, "T": 1e3}[match.group(2).upper()]
     return float(match.group(1)) * scale
+
+
+def _size(path: Path, name: str, size) -> float:
+    try:
+        return parameters_in_billions(size)
+    except UsageError as error:
+        raise InputFileError(f"{path}: model {name!r}: {error}") from None
 
 
 def _text(path: Path, name: str, entry: dict, key: str) -> str:
@@ -63,7 +71,7 @@ def load_model_metadata(path: str | Path) -> pd.DataFrame:
             "base_model": _text(path, name, entry, "base_model"),
             "family": _text(path, name, entry, "family"),
             "developer": name.split("/")[0] if "/" in name else "",
-            "parameters_b": parameters_in_billions(entry.get("size")),
+            "parameters_b": _size(path, name, entry.get("size")),
             "reward_bench_rank": float(rank) if rank is not None else np.nan,
         })
     for column in ("name", "nickname"):  # models are found and labelled by these: one model each
