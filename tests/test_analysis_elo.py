@@ -454,3 +454,28 @@ def test_elo_builtin_prompt_reads_that_shipped_file_alone():
     with pytest.raises(UsageError, match=r"--elo=builtin:nope: .*give builtin") as refused:
         AnalysisConfig(elo="builtin:nope", models_yaml="")  # refused as the settings are built (a launch too)
     assert all(f'"builtin:{stem}"' in str(refused.value) for stem in SLUGS)
+
+
+def test_two_columns_for_one_elo_prompt_are_refused_and_the_report_counts_each_prompts_items(tmp_path):
+    """helper-151: a table scoring one EloEverything prompt in two columns (its name and its text, in opposite
+    directions) had the first used and the other called no EloEverything prompt; and report.md gave the first
+    prompt's item count for every prompt (files of 100, 5,000 and 7,530 items: "100 items")."""
+    from rmjax.analysis import data
+    from rmjax.analysis import elo as elo_lib
+    from rmjax.errors import InputFileError
+    from rmjax.runs import results
+    from tests import inproc
+
+    elo = tmp_path / "elo"
+    elo.mkdir()
+    raw = _write_elo(elo, np.random.default_rng(0))
+    path = results.write_scores_csv(tmp_path / "two.csv", [1, 2, 3], ITEMS[:3], ITEMS[:3],
+                                    {"greatest": np.array([1.0, 2.0, 3.0]), GREATEST: np.array([3.0, 2.0, 1.0])})
+    with pytest.raises(InputFileError, match="columns 'greatest' and .* both score the EloEverything prompt"):
+        elo_lib.add_score_tables(elo_lib.load_elo(elo), data.load_score_tables([path]))
+    frame = raw[PREFER].reset_index()
+    frame[frame.name.isin(ITEMS[:5])].to_csv(elo / f"{PREFER}.csv", index=False)  # 5 items, GREATEST all
+    inproc.analyze(tmp_path / "out", elo=str(elo), models_yaml="")
+    said = (tmp_path / "out" / "report.md").read_text()
+    assert f"items {len(ITEMS)} ({elo_lib.load_elo(elo)[0].slug}), 5 (" in said or \
+        f"items 5 ({elo_lib.load_elo(elo)[0].slug}), {len(ITEMS)} (" in said, said[:600]

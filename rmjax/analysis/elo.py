@@ -284,7 +284,10 @@ def prompt_columns(table: ScoreTable, elo_prompts: Sequence[EloPrompt]) -> dict[
                 same = _same_text(text, ep.prompt)
             else:
                 same = _same_text(column, ep.prompt) or _same_text(column, ep.prompt.removesuffix("?"))
-            if same and ep.prompt not in out:
+            if same and ep.prompt in out:  # the first was used and the other called no EloEverything prompt
+                raise InputFileError(f"{table.path or table.model}: columns {out[ep.prompt]!r} and {column!r} both "
+                                     f"score the EloEverything prompt {ep.prompt!r}; keep one of them.")
+            if same:
                 out[ep.prompt] = column
     return out
 

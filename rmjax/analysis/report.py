@@ -259,7 +259,10 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
         table["n_items"] = item_counts(agreement, models)
     counted = f"{len(published)} models" if not user_models else \
         f"{len(published)} published models and {len(user_models)} from --scores ({', '.join(user_models)})"
-    outputs.say("## EloEverything", "", f"{len(prompts[0].items)} items, {counted}, "
+    sizes = sorted({len(ep.items) for ep in prompts})  # the prompts' files may list different items
+    items = f"{sizes[0]} items" if len(sizes) == 1 else \
+        "items " + ", ".join(f"{len(ep.items)} ({ep.slug})" for ep in prompts)
+    outputs.say("## EloEverything", "", f"{items}, {counted}, "
                 f"{len(prompts)} prompts. Kendall tau-b (and Spearman rho in elo_human_agreement.csv) of each "
                 "model with the human Elo ranking:", "", markdown(table.reset_index()), "")
     for model in in_sample:
