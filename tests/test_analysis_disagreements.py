@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from rmjax.analysis.disagreements import ahead_share
+from rmjax.analysis.disagreements import ahead_share, load_runs
 from tests.inproc import analyze, refused
 
 
@@ -68,13 +68,36 @@ def test_the_advantage_over_seeds_and_its_t_interval(tmp_path):
     assert b_done.ci_low == b_done.ci_high == pytest.approx(-0.5) and b_done.search_ahead == 0
     report = open(found["report"]).read()
     assert "Disagreement search against best-of-N over seeds" in report
-    # the share of cell-runs the search wins, with Clopper-Pearson's interval from the beta quantiles
-    ahead = {"at_cap": 4, "complete": 2}  # hand-counted from SEARCH and BEST_OF_N
-    for view, total in (("at_cap", 6), ("complete", 6)):  # complete a>b run 1: no search row, best-of-N's 1.0
-        k = ahead[view]
+    # the share of cell-runs the search wins: Clopper-Pearson's interval from the beta quantiles, widened to the
+    # cluster-robust one over runs (each run's cells share its seed; helper-151)
+    per_run = {"at_cap": [2, 1, 1], "complete": [1, 0, 1]}  # hand-counted from SEARCH and BEST_OF_N, 2 cells each
+    for view, counts in per_run.items():  # complete a>b run 1: no search row, best-of-N's 1.0 (counted, lost)
+        k, total = sum(counts), 6
         low, high = stats.beta.ppf(0.025, k, total - k + 1), stats.beta.ppf(0.975, k + 1, total - k)
-        assert ahead_share(table, view) == pytest.approx((k, total, low, high), abs=1e-9)
+        share = k / total
+        spread = np.sqrt(3 / 2 * sum((a - 2 * share) ** 2 for a in counts)) / total
+        half = stats.t.ppf(0.975, 2) * spread
+        low, high = min(low, max(0, share - half)), max(high, min(1, share + half))
+        assert ahead_share(load_runs(folders), view) == pytest.approx((k, total, low, high), abs=1e-9)
         assert f"- {view}: the search ahead in {k} of {total} cell-runs" in report
+
+
+def test_the_ahead_share_of_runs_that_win_or_lose_together_is_not_the_cells_share():
+    """helper-151: seed 0 ahead in all 20 cells, seed 1 in none: 20 of 40 had Clopper-Pearson's 34-66%, as if 40
+    independent trials; two runs cannot bound the share (binomtest(1, 2): 1.3-98.7%). Cells that vary within each
+    run alike keep the exact interval."""
+    from rmjax.analysis.disagreements import DisagreementRun
+
+    def run(seed, ahead):  # `ahead` of 20 prompts' a>b cells won at the cap
+        summary = {f"p{i}": {"a_over_b": {"forwards": {"search": 10, "best_of_n": 10},
+                                           "at_cap": {"search": _best(2.0 if i < ahead else 0.0),
+                                                      "best_of_n": _best(1.0)},
+                                           "complete": {"search": None, "best_of_n": None}}} for i in range(20)}
+        return DisagreementRun(f"s{seed}", seed, {}, summary)
+
+    exact = stats.binomtest(20, 40).proportion_ci(0.95, method="exact")
+    assert ahead_share([run(0, 20), run(1, 0)], "at_cap") == pytest.approx((20, 40, 0.0, 1.0))
+    assert ahead_share([run(0, 10), run(1, 10)], "at_cap") == pytest.approx((20, 40, exact.low, exact.high))
 
 
 def test_a_run_where_one_method_has_no_row_counts_for_the_other(tmp_path):

@@ -91,28 +91,43 @@ def seed_table(runs: Sequence[DisagreementRun]) -> pd.DataFrame:
     ahead, and met the goal (≥ GOAL_SD and ahead). A run where one method wrote no row under the cap and the other
     did counts for the other, as the job's own summary says (dropped, a search with no answer was no loss)."""
     rows = []
-    for prompt, entry in runs[0].summary.items():
-        for direction in [d for d in DIRECTIONS if d in entry]:
-            sign = 1.0 if direction == "a_over_b" else -1.0
-            for view in VIEWS:
-                cells = []
-                for run in runs:
-                    ran, best = run.summary[prompt][direction].get("forwards") or {}, \
-                        run.summary[prompt][direction][view]
-                    s, b = best.get("search"), best.get("best_of_n")
-                    if (s and b) or (s and "best_of_n" in ran) or (b and "search" in ran):
-                        cells.append((s, b))
-                pairs = np.asarray([(s["gap"], b["gap"]) for s, b in cells if s and b], np.float64).reshape(-1, 2)
-                alone = [s["gap"] for s, b in cells if s and not b]  # best-of-N ran and wrote no row here
-                advantage = sign * (pairs[:, 0] - pairs[:, 1])
-                low, high = t_interval(advantage)
-                rows.append({"prompt": prompt, "direction": direction, "view": view, "runs": len(cells),
-                             "paired": len(pairs), "search_gap": _mean(pairs[:, 0]),
-                             "best_of_n_gap": _mean(pairs[:, 1]), "advantage": _mean(advantage), "ci_low": low,
-                             "ci_high": high, "search_ahead": int((advantage > 0).sum()) + len(alone),
-                             "goal_met": int(((advantage > 0) & (sign * pairs[:, 0] >= GOAL_SD)).sum())
-                             + sum(sign * gap >= GOAL_SD for gap in alone)})
+    for prompt, direction, view in _cells(runs):
+        sign = 1.0 if direction == "a_over_b" else -1.0
+        cells = [cell for cell in _outcomes(runs, prompt, direction, view) if cell is not None]
+        pairs = np.asarray([(s["gap"], b["gap"]) for s, b in cells if s and b], np.float64).reshape(-1, 2)
+        alone = [s["gap"] for s, b in cells if s and not b]  # best-of-N ran and wrote no row here
+        advantage = sign * (pairs[:, 0] - pairs[:, 1])
+        low, high = t_interval(advantage)
+        rows.append({"prompt": prompt, "direction": direction, "view": view, "runs": len(cells),
+                     "paired": len(pairs), "search_gap": _mean(pairs[:, 0]),
+                     "best_of_n_gap": _mean(pairs[:, 1]), "advantage": _mean(advantage), "ci_low": low,
+                     "ci_high": high, "search_ahead": int((advantage > 0).sum()) + len(alone),
+                     "goal_met": int(((advantage > 0) & (sign * pairs[:, 0] >= GOAL_SD)).sum())
+                     + sum(sign * gap >= GOAL_SD for gap in alone)})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _cells(runs: Sequence[DisagreementRun]) -> list[tuple[str, str, str]]:
+    """(prompt, direction, view) of every cell the runs searched, in the summary's order."""
+    return [(prompt, direction, view) for prompt, entry in runs[0].summary.items()
+            for direction in DIRECTIONS if direction in entry for view in VIEWS]
+
+
+def _outcomes(runs: Sequence[DisagreementRun], prompt: str, direction: str, view: str) -> list[tuple | None]:
+    """Per run, (search's best, best-of-N's best) where a method that ran has a best row (either may be None:
+    that method wrote no row), else None (the cell does not count for that run)."""
+    out: list[tuple | None] = []
+    for run in runs:
+        ran, best = run.summary[prompt][direction].get("forwards") or {}, run.summary[prompt][direction][view]
+        s, b = best.get("search"), best.get("best_of_n")
+        out.append((s, b) if (s and b) or (s and "best_of_n" in ran) or (b and "search" in ran) else None)
+    return out
+
+
+def _ahead(cell: tuple, direction: str) -> bool:
+    s, b = cell
+    sign = 1.0 if direction == "a_over_b" else -1.0
+    return bool(s) and (not b or sign * (s["gap"] - b["gap"]) > 0)
 
 
 def _mean(values: np.ndarray) -> float:
@@ -130,15 +145,32 @@ def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(result.low), float(result.high)
 
 
-def ahead_share(table: pd.DataFrame, view: str) -> tuple[int, int, float, float]:
-    """Cell-runs of `view` where the search was ahead, of all, and the share's exact (Clopper–Pearson) 95% interval:
-    how often the search wins one prompt and direction at one seed."""
-    rows = table[table["view"] == view]
-    ahead, total = int(rows["search_ahead"].sum()), int(rows["runs"].sum())
+def ahead_share(runs: Sequence[DisagreementRun], view: str) -> tuple[int, int, float, float]:
+    """Cell-runs of `view` where the search was ahead, of all, and a 95% interval of the share: how often the search
+    wins one prompt and direction at one seed. The cells of one run share its seed, and a seed that wins or loses
+    them together leaves fewer independent trials than cells (helper-151: 20 of 40 had 34-66% from two seeds). So
+    the interval holds both readings: Clopper-Pearson's exact one over independent cell-runs, widened to the
+    cluster-robust one over runs (the ratio estimator's variance from each run's residual count, t with runs - 1
+    degrees of freedom; none for one run)."""
+    per_run = np.zeros((len(runs), 2), np.int64)  # ahead, counted
+    for prompt, direction, cell_view in _cells(runs):
+        if cell_view != view:
+            continue
+        for i, cell in enumerate(_outcomes(runs, prompt, direction, view)):
+            if cell is not None:
+                per_run[i] += (_ahead(cell, direction), 1)
+    ahead, total = (int(v) for v in per_run.sum(axis=0))
     if not total:
         return 0, 0, float("nan"), float("nan")
     ci = stats.binomtest(ahead, total).proportion_ci(0.95, method="exact")
-    return ahead, total, float(ci.low), float(ci.high)
+    low, high = float(ci.low), float(ci.high)
+    counted = per_run[per_run[:, 1] > 0]
+    if len(counted) >= 2:
+        share, m = ahead / total, len(counted)
+        residuals = counted[:, 0] - share * counted[:, 1]
+        half = stats.t.ppf(0.975, m - 1) * np.sqrt(m / (m - 1) * np.sum(residuals**2)) / total
+        low, high = min(low, max(0.0, share - half)), max(high, min(1.0, share + half))
+    return ahead, total, low, high
 
 
 def section(outputs: Outputs, runs: Sequence[DisagreementRun]) -> None:
@@ -155,7 +187,7 @@ def section(outputs: Outputs, runs: Sequence[DisagreementRun]) -> None:
                 f"behind in {len(behind)}; the goal (≥ {GOAL_SD:g} SD and ahead) met in "
                 f"{int(table['goal_met'].sum())} of {int(table['runs'].sum())} cell-runs.", "")
     for view in VIEWS:
-        ahead, total, low, high = ahead_share(table, view)
+        ahead, total, low, high = ahead_share(runs, view)
         outputs.say(f"- {view}: the search ahead in {ahead} of {total} cell-runs (95% CI of the share {low:.0%} to "
-                    f"{high:.0%})")
+                    f"{high:.0%}, cell-runs independent or each run's cells together)")
     outputs.say("", markdown(table), "")
