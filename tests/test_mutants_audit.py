@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -247,6 +248,24 @@ def test_differences_within_twice_64_float32_ulps_are_rounding():
         assert row["difference_sd"] == pytest.approx(want, rel=1e-6, abs=0)
         assert (row["ci_low"], row["ci_high"]) == pytest.approx((want, want), rel=1e-6, abs=0)
         assert row["p"] == (1.0 if want == 0 else 2 / 2**10)  # exact: only the all-+ and all-- sign vectors
+
+
+def test_a_model_whose_rounding_allowance_is_most_of_an_sd_is_not_compared():
+    """helper-151: rewards 1000 +- 0.003 have an allowance of 2.6 SD (64 float32 ulps of 1000), and a real +1.57 SD
+    difference per item was written as 0 (CI [0, 0], p 1). A model whose allowance passes MAX_ROUNDOFF_SD is refused;
+    one just inside it is compared (its difference then stands: 2 SD per item, far above the allowance)."""
+    x = np.random.default_rng(15).uniform(-0.5, 0.5, 10)
+    y = np.r_[1.0, np.random.default_rng(16).uniform(-0.5, 0.5, 9)]
+    limit = stats.MAX_ROUNDOFF_SD / (64 * EPS32)  # largest |reward| over the scale at the allowance's limit
+    for largest, refused in ((1.01 * limit, True), (0.99 * limit, False)):
+        ya = np.r_[largest, y[1:]]  # scale 1 given: the largest |reward| alone sets the allowance
+        models = {"a": two_group_items(x + 2.0, ya), "b": two_group_items(x, y)}
+        call = partial(stats.compare_models, models, [XY], n_boot=200, n_perm=2000, scales={"a": 1.0, "b": 1.0})
+        if refused:
+            with pytest.raises(ValueError, match="'s rewards lie up to .* cannot be compared"):
+                call()
+        else:
+            assert call().iloc[0]["difference_sd"] == pytest.approx(2.0 - (largest - 1.0) / 10, rel=1e-9)
 
 
 def test_compare_models_needs_two_shared_items_and_draws_from_its_seed():

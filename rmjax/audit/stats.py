@@ -27,6 +27,7 @@ COMPARE_COLUMNS = ["battery", "axis", "contrast", "model_a", "model_b", "n_items
 NULLS = ("length", "shuffled")
 ALPHA = 0.05  # a row survives Holm's correction at p_holm < ALPHA
 REWARD_EPS = float(np.finfo(np.float32).eps)  # rewards' precision: scoring returns float32
+MAX_ROUNDOFF_SD = 0.05  # compare_models refuses a model whose float32 rounding allowance is larger (in its SDs)
 __all__ = ["bootstrap_ci", "holm", "label_permutation_p", "sign_flip_p"]  # the tests' one import point
 
 
@@ -314,6 +315,16 @@ def compare_models(items_by_model: dict[str, pd.DataFrame], contrasts: Sequence[
     # ulps of the largest standardised reward is 0.
     roundoff = {name: 64 * REWARD_EPS * float(frame["reward"].abs().max()) / scales[name]
                 for name, frame in frames.items()}
+    # A model whose rewards sit thousands of SDs from 0 (1000 +- 0.003) has an allowance of a large part of an SD:
+    # real differences were read as 0 (helper-151: +1.57 SD per item, difference 0, p 1). float32 cannot tell
+    # them from rounding there, so the comparison is refused, not written as no difference.
+    blunt = {name: value for name, value in roundoff.items() if value > MAX_ROUNDOFF_SD}
+    if blunt:
+        name, value = next(iter(blunt.items()))
+        raise ValueError(f"{name}'s rewards lie up to {float(frames[name]['reward'].abs().max()):.6g} from 0 with an "
+                         f"SD of {scales[name]:.3g}: in float32, differences within {value:.2g} SD are rounding at "
+                         "that size, so the models cannot be compared (the largest |reward| must be within "
+                         f"{MAX_ROUNDOFF_SD / (64 * REWARD_EPS):,.0f} SDs)")
     out = []
     for c in contrasts:
         samples = {name: _samples(frames[name], c) for name in frames}
