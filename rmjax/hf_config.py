@@ -391,7 +391,8 @@ def config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         qk_norm=family == "gemma3_text",
         # transformers: Gemma 2 caps attention logits, Gemma 3 ignores the field; both cap the LM's logits
         attn_softcap=f.optional_number("attn_logit_softcapping") if family == "gemma2" else None,
-        final_softcap=f.optional_number("final_logit_softcapping") if sandwich else None,
+        # (a multimodal Gemma 3's LM logits are not capped: only Gemma3ForCausalLM's forward applies the cap)
+        final_softcap=f.optional_number("final_logit_softcapping") if sandwich and not multimodal else None,
         local_layers=local,
         sliding_window=window,
         rope_global=rope_global,

@@ -677,3 +677,32 @@ def test_a_config_json_folder_and_a_config_without_architectures_say_what_is_wro
     raw = {k: v for k, v in tiny.hf_config("llama3", num_labels=1).to_dict().items() if k != "architectures"}
     with pytest.raises(UsageError, match=r"no score head \(config.json names no architectures; a reward model's"):
         require_reward_model(config_from_hf(raw), "m")
+
+
+@pytest.mark.parametrize("multimodal", [True, False])
+def test_gemma3_caps_lm_logits_only_where_transformers_does(tmp_path, multimodal):
+    """helper-150: a multimodal Gemma 3 with text_config.final_logit_softcapping 2.0 had its LM logits capped at
+    +-2 (27.6 off transformers, bound 2e-4): only Gemma3ForCausalLM's forward applies the cap,
+    Gemma3ForConditionalGeneration's none. Real Gemma 3 configs have a null cap; a fine-tune may set one."""
+    text = tiny.hf_config("gemma3", final_logit_softcapping=2.0)
+    torch.manual_seed(0)
+    if multimodal:
+        vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                 num_attention_heads=2, image_size=28, patch_size=14)
+        hf = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+            text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4))
+    else:
+        hf = transformers.Gemma3ForCausalLM(text)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.normal_(0.0, 0.5 if "norm" in name or "embed" in name else 0.15)  # logits far past the cap
+    hf.eval()
+    folder = tiny.save_hf_model(hf, tmp_path / "m")
+    model = load_hf_model_folder(folder, require_tokenizer=False)
+    ids = np.asarray([[5, 17, 33, 60, 8, 9, 70, 3]], np.int32)
+    mask = np.ones_like(ids, bool)
+    with torch.no_grad():
+        want = hf(input_ids=torch.from_numpy(ids).long()).logits.float().numpy()
+    got = np.asarray(M.logits(model.params, model.config, ids, mask))
+    assert (np.abs(want).max() > 2.0) == multimodal  # the case is the cap's: uncapped logits pass it
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance.logits_atol(model.params, model.config, ids, mask))
