@@ -139,8 +139,9 @@ def tokenizer_digest(folder: Path) -> str:
 # 5: a Gemma 1 GGUF's rope.freq_base (it was always 1e4). 6: the reward head reads past trailing pad ids, as
 # transformers does (nn.read_index: a pad = eos RM's turn that ends in eos was read at the eos). 7: a Gemma pad id
 # as transformers' classifiers read it: absent, its class default 0 (it was none); a multimodal Gemma 3's from its
-# text_config (the top level's was taken first).
-READING = 7
+# text_config (the top level's was taken first). 8: a multimodal Gemma 3's LM logits uncapped, as transformers'
+# Gemma3ForConditionalGeneration leaves them (text_config's final_logit_softcapping was applied).
+READING = 8
 
 
 def folder_fingerprint(folder: Path) -> dict:
