@@ -287,6 +287,24 @@ def test_screened_best_of_n_buys_more_samples_and_has_b_score_only_a_s_best_shar
     assert {tuple(r) for r in found.ids.tolist()} <= set(kept_rows)
 
 
+@pytest.mark.parametrize("template", ["plain", "auto"])
+def test_one_lm_as_both_implicit_halves_gives_every_token_zero(lm_folder, template):
+    """helper-150: a token's implicit reward took the chosen LM's logprobs row (the token glued to `Assistant:` in
+    the plain format) minus the reference's reading of its text (`Assistant: Love`): two responses. One LM as both
+    halves (the true implicit reward 0 for every response) had single-token rewards of SD 3.1 on Gemma 3 (the
+    disagree job's B yardstick). Now both read the token's text: 0 up to two f32 evaluations of it."""
+    lm = load(str(lm_folder))
+    side = ImplicitSide(SideSpec.parse(f"implicit:{lm_folder}:x"), lm, lm, PROMPT, template)
+    ids = np.random.default_rng(3).choice(np.arange(200, side.vocab), 40, replace=False)
+    texts = lm.tokenizer.batch_decode([[int(i)] for i in ids])
+    read_back = side.tokens_read_back(ids, texts)
+    assert 0 < read_back.sum() < len(ids) or template != "plain"  # plain: both kinds, the row's and the text's
+    conversations = Conversations(lm.tokenizer, PROMPT, template)
+    atol = 2 * max(tolerance.logprobs_atol(lm.params, lm.config, np.asarray([c], np.int32))
+                   for c in conversations.token_ids(texts))
+    np.testing.assert_allclose(side.token_rewards(ids), 0.0, rtol=0, atol=atol)
+
+
 def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tmp_path, monkeypatch):
     """implicit:CHOSEN:REFERENCE of a one-token response is the chosen LM's log-prob minus the reference's, as
     `experiments.logprobs` writes them (one job per LM); a text's is the same through the text path."""

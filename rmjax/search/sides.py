@@ -240,11 +240,18 @@ class ImplicitSide(Side):
         return self._log_probs(self.readers[0], texts) - self._log_probs(self.readers[1], texts)
 
     def token_rewards(self, ids: np.ndarray) -> np.ndarray:
-        """The chosen LM's log-prob of each token as the response's first (its logprobs row) minus the
-        reference's of the token's text on its own tokenization."""
+        """The implicit reward of each token's text, both LMs reading that one text: the chosen LM's log-prob of
+        the token as the response's first (its logprobs row) where its conversation tokenizes the text to that
+        token, else of the text as its conversation reads it, minus the reference's of the text on its own
+        tokenization. (The row alone read another response there: `Love` glued to `Assistant:` in the plain
+        format, which the reference read as `Assistant: Love`; one LM as both sides had SD 3.1, not 0.)"""
         ids = np.asarray(ids)
         texts = self.chosen.tokenizer.batch_decode([[int(i)] for i in ids])
-        return self.first[ids] - self._log_probs(self.readers[1], texts)
+        chosen = self.first[ids].copy()
+        glued = ~self.tokens_read_back(ids, texts)
+        if glued.any():
+            chosen[glued] = self._log_probs(self.readers[0], [t for t, g in zip(texts, glued, strict=True) if g])
+        return chosen - self._log_probs(self.readers[1], texts)
 
     def round_trips(self, text: str) -> bool:
         return all(round_trips_in(c, text) for c in self.conversations)
