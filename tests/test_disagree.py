@@ -682,6 +682,11 @@ def test_bad_sides_and_budgets_are_refused_before_any_model_loads(rm_folder, lm_
         shared = disagree_job._shared(ready, DisagreeConfig(allow_non_ascii=allow))
         assert any(not text.isascii() for text in shared.text) == allow
     refused(lambda: run_disagree(_spec(rm_folder, "implicit:onlyone", out, lm_folder)), "implicit:CHOSEN_LM")
+    # an RM as an implicit side's LM (helper-150: a head-only RM and its own base LM ran as two models, every
+    # implicit reward 0); experiments.logprobs refuses an RM as well
+    for side in (f"implicit:{lower_rm}:{lm_folder}", f"implicit:{lm_folder}:{lower_rm}"):
+        refused(lambda side=side: run_disagree(_spec(rm_folder, side, out, lm_folder, b_gradient=False)),
+                f"={lower_rm} is a reward model", "two causal LMs' log-prob difference")
     refused(lambda: run_disagree(_spec(rm_folder, implicit, out, lm_folder, forwards=3, b_gradient=False)),
             "--forwards=3")
     refused(lambda: DisagreeConfig(search=False, vocab_map=False), "--nosearch")

@@ -63,7 +63,9 @@ def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> tuple[str, i
     refuse_column_read_as_lm(a, b, spec.lm, column)
     if b.implicit:
         for name, source in zip(("CHOSEN", "REFERENCE"), b.models, strict=True):
-            require_prior_config(config_of(source), source, f"--models implicit {name}")
+            if config_of(source).is_reward_model:  # as experiments.logprobs: an RM's backbone is no LM of its own
+                raise UsageError(f"--models implicit {name}={source} is a reward model; the implicit reward is two "
+                                 "causal LMs' log-prob difference: give a *ForCausalLM (the RM's base model, say).")
     else:
         require_reward_model(config_of(b.models[0]), b.models[0], "side B", column, chosen)
     judge = spec.judge or default_judge(rm_config)
