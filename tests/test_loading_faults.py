@@ -706,3 +706,35 @@ def test_gemma3_caps_lm_logits_only_where_transformers_does(tmp_path, multimodal
     got = np.asarray(M.logits(model.params, model.config, ids, mask))
     assert (np.abs(want).max() > 2.0) == multimodal  # the case is the cap's: uncapped logits pass it
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance.logits_atol(model.params, model.config, ids, mask))
+
+
+@pytest.mark.parametrize("has_endoftext", [False, True])
+def test_a_byte_level_gguf_whose_built_tokenizer_outgrows_the_file_is_named(tmp_path, has_endoftext):
+    """helper-150: transformers' byte-level GGUF builder gives GPT-2's default specials, so a Llama 3 style file
+    without <|endoftext|> got it at an id past its tokens and the embedding, refused naming rmjax's own cache
+    folder with "use the tokenizer saved with this checkpoint". Now the GGUF is named; one holding the token
+    builds a tokenizer of exactly its tokens."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
+
+    specials = ["<|begin_of_text|>", "<|eot_id|>"] + (["<|endoftext|>"] if has_endoftext else [])
+    tokens = list(bytes_to_unicode().values()) + ["Ġt", "he"] + specials
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_merges(["Ġ t", "h e"])
+    w.add_token_types([1] * (len(tokens) - len(specials)) + [3] * len(specials))
+    w.add_bos_token_id(len(tokens) - len(specials))
+    w.add_eos_token_id(len(tokens) - len(specials) + 1)
+    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
+    _written(w)
+    if has_endoftext:
+        assert len(tokenizer_from_gguf(read_gguf(path), "llama", path)) == len(tokens)
+        return
+    with pytest.raises(CheckpointError) as refused:
+        tokenizer_from_gguf(read_gguf(path), "llama", path)
+    said = _one_line(refused)
+    assert said.startswith(f"{path}: ") and f"(<|endoftext|>), past its {len(tokens)} tokens" in said, said
