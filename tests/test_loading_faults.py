@@ -713,10 +713,10 @@ def test_a_byte_level_gguf_whose_built_tokenizer_outgrows_the_file_is_named(tmp_
     """helper-150: transformers' byte-level GGUF builder gives GPT-2's default specials, so a Llama 3 style file
     without <|endoftext|> got it at an id past its tokens and the embedding, refused naming rmjax's own cache
     folder with "use the tokenizer saved with this checkpoint". Now the GGUF is named; one holding the token
-    builds a tokenizer of exactly its tokens."""
+    builds a tokenizer of exactly its tokens. (_convert checks this once the tensors are whole.)"""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    from rmjax.loading.gguf_tokenizer import tokenizer_from_gguf
+    from rmjax.loading.gguf_tokenizer import refuse_added_tokens, tokenizer_from_gguf
 
     specials = ["<|begin_of_text|>", "<|eot_id|>"] + (["<|endoftext|>"] if has_endoftext else [])
     tokens = list(bytes_to_unicode().values()) + ["Ġt", "he"] + specials
@@ -729,12 +729,26 @@ def test_a_byte_level_gguf_whose_built_tokenizer_outgrows_the_file_is_named(tmp_
     w.add_token_types([1] * (len(tokens) - len(specials)) + [3] * len(specials))
     w.add_bos_token_id(len(tokens) - len(specials))
     w.add_eos_token_id(len(tokens) - len(specials) + 1)
-    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
+    for key, value in dict(context_length=64, embedding_length=8, block_count=1, feed_forward_length=16,
+                           head_count=2, head_count_kv=1, layer_norm_rms_eps=1e-5, rope_freq_base=5e5).items():
+        getattr(w, f"add_{key}")(value)
+    shapes = {"token_embd.weight": (len(tokens), 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,),
+              "blk.0.ffn_norm.weight": (8,), "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (4, 8),
+              "blk.0.attn_v.weight": (4, 8), "blk.0.attn_output.weight": (8, 8), "blk.0.ffn_gate.weight": (16, 8),
+              "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16)}
+    for name, shape in shapes.items():  # a whole model: the conversion reaches the tokenizer check
+        w.add_tensor(name, np.full(shape, 0.1, np.float32))
     _written(w)
+    if not has_endoftext:
+        with pytest.raises(CheckpointError, match="m.gguf: transformers builds this GGUF's tokenizer with tokens"):
+            gguf_to_hf_folder(path, tmp_path / "out")
+        assert not (tmp_path / "out").exists()
+    built = tokenizer_from_gguf(read_gguf(path), "llama", path)
     if has_endoftext:
-        assert len(tokenizer_from_gguf(read_gguf(path), "llama", path)) == len(tokens)
+        assert len(built) == len(tokens)
+        refuse_added_tokens(built, read_gguf(path), path)
         return
     with pytest.raises(CheckpointError) as refused:
-        tokenizer_from_gguf(read_gguf(path), "llama", path)
+        refuse_added_tokens(built, read_gguf(path), path)
     said = _one_line(refused)
     assert said.startswith(f"{path}: ") and f"(<|endoftext|>), past its {len(tokens)} tokens" in said, said

@@ -21,7 +21,7 @@ import numpy as np
 from rmjax.errors import CheckpointError, MissingFileError, UnsupportedModelError
 from rmjax.hf_config import config_from_hf
 from rmjax.loading.gguf_reader import GGUFContents, TruncatedError, read_contents
-from rmjax.loading.gguf_tokenizer import check_special_ids, tokenizer_from_gguf
+from rmjax.loading.gguf_tokenizer import check_special_ids, refuse_added_tokens, tokenizer_from_gguf
 from rmjax.loading.identity import READING, content_digest
 from rmjax.loading.safetensors_io import save_file
 from rmjax.runs import locks
@@ -224,6 +224,7 @@ def _convert(path: Path, out: Path, start: float) -> Path:
         else:
             raise CheckpointError(f"{path}: GGUF tensor {t.name!r} has no mapping for {cfg['model_type']}.")
     _check_whole(tensors, cfg, path)
+    refuse_added_tokens(tokenizer, contents, path)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt", "source": path.name})
     del tensors, contents

@@ -87,12 +87,16 @@ def tokenizer_from_gguf(contents: GGUFContents, model_type: str, path) -> object
         cls = GemmaTokenizer if model_type.startswith("gemma") else LlamaTokenizer
     else:
         cls = TokenizersBackend
-    built = cls(tokenizer_object=backend, **config, **extra)
-    added = sorted(t for t, i in built.get_vocab().items() if i >= len(tokenizer["tokens"]))
+    return cls(tokenizer_object=backend, **config, **extra)
+
+
+def refuse_added_tokens(built, contents: GGUFContents, path) -> None:
+    """transformers' byte-level builder gives GPT-2's default specials: a Llama 3 GGUF without <|endoftext|> gets
+    it past the file's tokens and the embedding, which was refused naming rmjax's cache folder ("use the tokenizer
+    saved with this checkpoint"). Checked once the tensors are (a file short of them says so first)."""
+    count = len(contents.metadata["tokenizer.ggml.tokens"])
+    added = sorted(t for t, i in built.get_vocab().items() if i >= count)
     if added:
-        # transformers' byte-level builder gives GPT-2's default specials: a Llama 3 GGUF without <|endoftext|>
-        # gets it past the file's tokens and the embedding (it was refused naming rmjax's cache folder)
-        raise CheckpointError(f"{path}: transformers builds this GGUF's byte-level tokenizer with tokens the file does "
-                              f"not have ({', '.join(added[:3])}), past its {len(tokenizer['tokens'])} tokens and the "
-                              "model's embedding; load the Hugging Face folder (with its tokenizer.json) instead.")
-    return built
+        raise CheckpointError(f"{path}: transformers builds this GGUF's tokenizer with tokens the file does not have "
+                              f"({', '.join(added[:3])}), past its {count} tokens and the model's embedding; load the "
+                              "Hugging Face folder (with its tokenizer.json) instead.")
