@@ -487,6 +487,18 @@ def test_tables_compared_without_a_prompt_in_common_or_in_two_templates(tmp_path
         report = Path(analyze(tmp_path / f"o3_{i}", **pair)["report"]).read_text()
         said = "different templates (chosen: chat, reference: plain)"
         assert (said in report, said in capsys.readouterr().err) == (differ, differ), (chosen, reference)
+    # one --system_prompt for the chosen LM's log-probs and none for the reference's (helper-150): said too
+    for i, (systems, differ) in enumerate(((("You hate everything.", None), True), (("Be kind.", "Be kind."), False),
+                                           ((None, None), False))):
+        pair = {}
+        for side, system in zip(("chosen", "reference"), systems, strict=True):
+            path = sweep(tmp_path / f"{side}_s{i}.csv", {"best": base + len(pair)}, kind="logprobs")
+            results.write_meta(path, kind="logprobs", model=side, prompts={"best": "Prompt best?"}, template="chat",
+                               system_prompt=system, identity={"model": side, "template": "chat"})
+            pair[f"implicit_{side}"] = str(path)
+        report = Path(analyze(tmp_path / f"o4_{i}", **pair)["report"]).read_text()
+        said = "different system prompts (chosen: 'You hate everything.', reference: its template's default)"
+        assert (said in report, said in capsys.readouterr().err) == (differ, differ), systems
 
 
 

@@ -144,13 +144,22 @@ def _two_models(chosen: Path, reference: Path) -> None:
 
 def implicit_templates(chosen: data.ScoreTable, reference: data.ScoreTable) -> str | None:
     """What to say when the two models' log-probs were taken under different templates (--template=chat and
-    plain): the two models then saw the prompt in different forms, and MWLR measures that too."""
-    templates = [_template_used(results.read_meta(t.path) or {}) if t.path else None for t in (chosen, reference)]
-    if templates[0] == templates[1]:
-        return None
-    return (f"the implicit RM's log-probs were taken under different templates ({chosen.model}: {templates[0]}, "
-            f"{reference.model}: {templates[1]}): the two models saw the prompt in different forms, and the MWLR "
-            "measures that difference too; rerun experiments.logprobs with one --template for both.")
+    plain) or --system_prompt values: the two models then saw the prompt in different forms, and MWLR measures
+    that too."""
+    metas = [(results.read_meta(t.path) or {}) if t.path else {} for t in (chosen, reference)]
+    templates = [_template_used(m) if m else None for m in metas]
+    if templates[0] != templates[1]:
+        return (f"the implicit RM's log-probs were taken under different templates ({chosen.model}: {templates[0]}, "
+                f"{reference.model}: {templates[1]}): the two models saw the prompt in different forms, and the MWLR "
+                "measures that difference too; rerun experiments.logprobs with one --template for both.")
+    # one --system_prompt given to one side only (or two): a difference in the conversation, as a template's
+    systems = [m.get("system_prompt") for m in metas]
+    if all(metas) and systems[0] != systems[1]:
+        said = [repr(x) if x is not None else "its template's default" for x in systems]
+        return (f"the implicit RM's log-probs were taken under different system prompts ({chosen.model}: {said[0]}, "
+                f"{reference.model}: {said[1]}): the two models saw different conversations, and the MWLR measures "
+                "that difference too; rerun experiments.logprobs with one --system_prompt for both.")
+    return None
 
 
 def implicit_labels(chosen: data.ScoreTable, reference: data.ScoreTable) -> tuple[str, str]:
