@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -116,6 +117,39 @@ def test_train_rm_outputs_that_name_one_file_are_refused(lm_folder, tmp_path, mo
     names = ("head.v1", "head.v2", "head.json", "h", "h.safetensors")
     assert [head_recipe_path(tmp_path / name).name for name in names] == \
         ["head.v1.json", "head.v2.json", "head.json.json", "h.json", "h.json"]
+
+
+def test_a_train_rm_run_stopped_after_the_load_keeps_the_export_it_would_replace_and_claims_nothing(lm_folder,
+                                                                                                    tmp_path):
+    """helper-149: a run with --overwrite whose model's features are not finite stopped after the load having
+    deleted the finished run's --export (6 files, none left), though safety.md says a replaced result stays whole
+    until the new one is written; and a run stopped before its first checkpoint left run.json, so the corrected
+    rerun into that --workdir was refused as another run's. Now the export goes only as the new one is written,
+    and a run that saved nothing leaves no claim."""
+    from rmjax.errors import NonFiniteError
+
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,chosen,rejected\n" + "".join(f"Q{i},Love,Hate\n" for i in range(4)))
+    heldout = tmp_path / "heldout.csv"
+    heldout.write_text("prompt,chosen,rejected\nH,Gold,Dirt\n")
+    broken = cli.copy_folder(lm_folder, tmp_path / "broken")
+    cli.edit_embedding_row(broken, 1, np.nan)  # every conversation starts with it: every feature NaN
+    export = tmp_path / "export"
+
+    def train_rm(model, work, **settings):
+        return inproc.train_rm(model, pairs=pairs, heldout_pairs=heldout, workdir=work, steps=2, batch_size=2,
+                               warmup_steps=1, checkpoint_every=2, export=export, **settings)
+
+    train_rm(lm_folder, tmp_path / "w1")
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    assert len(before) >= 5
+    with pytest.raises(NonFiniteError, match="non-finite features"):
+        train_rm(broken, tmp_path / "w2", overwrite=True)
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before
+    assert not (tmp_path / "w2").exists()  # nothing saved: no claim left on the workdir
+    train_rm(lm_folder, tmp_path / "w2", overwrite=True, seed=1)  # the corrected run there, replacing the export
+    after = {p.name: p.read_bytes() for p in export.iterdir()}
+    assert after.keys() == before.keys() and after["model.safetensors"] != before["model.safetensors"]
 
 
 def test_analyze_with_a_constant_model_skips_its_mds_in_one_line(tmp_path):

@@ -25,6 +25,7 @@ from rmjax.parallel.distributed import is_main, to_host
 from rmjax.runs import results
 from rmjax.runs.atomic import read_json
 from rmjax.runs.claims import Claim, Output, claim_all
+from rmjax.runs.folder_files import remove
 from rmjax.runs.identities import canonical
 from rmjax.runs.paths import refuse_folder_name
 from rmjax.runs.results import dump_json
@@ -40,7 +41,7 @@ from rmjax.train.settings import (
     check_sharding_settings,
     train_identity,
 )
-from rmjax.train.workdir import read_log, start_workdir, workdir_output
+from rmjax.train.workdir import forget_unsaved_run, read_log, start_workdir, workdir_output
 
 
 def load_pairs(pairs: str | None, elo: str | None, n_train: int, n_heldout: int, soft: bool, seed: int,
@@ -238,7 +239,12 @@ def run_training(
         outputs.append(Output(head_out, identity, overwrite=overwrite, meta=head_files[1], flag="--head_out",
                               fix=fix(head_out)))
     outputs = [dataclasses.replace(output, inputs=dict(inputs or {})) for output in outputs]
-    with claim_all(outputs) as (work, *others):  # every output decided (or refused) before --overwrite deletes any
+    # every output decided (or refused) before --overwrite deletes any; the workdir's earlier run goes now (training
+    # anew starts from an empty one), an earlier export or head only as this run writes its own: a run stopped
+    # before then (a model whose features are not finite, a kill) leaves them whole
+    with claim_all(outputs, defer_removal=True) as (work, *others):
+        if is_main():
+            remove(work.remove)
         start_workdir(workdir, identity, work)
         # A finished run is recognised here, before the model loads or any feature is computed; the outputs it
         # already wrote (its export, its head) are kept as they are, never rewritten without --overwrite.
@@ -256,7 +262,12 @@ def run_training(
         if done is not None and not any(fresh.values()):
             done.export = export
             return done
-        result = _trained(lm_spec, train, heldout, cfg, workdir, identity, dtype, mesh)
+        try:
+            result = _trained(lm_spec, train, heldout, cfg, workdir, identity, dtype, mesh)
+        except BaseException:
+            if not work.reuse and is_main():
+                forget_unsaved_run(workdir)
+            raise
         summary = {k: v for k, v in done.reused.items() if k not in ("environment", "written_at")} if done else {
             "identity": identity, "base_model": lm_spec, "train_pairs": len(train), "heldout_pairs": len(heldout),
             "config": dataclasses.asdict(result.config or cfg), "final": result.evals[-1] if result.evals else None,
@@ -271,6 +282,8 @@ def run_training(
             if plain and has_chat_template(result.model.tokenizer) and is_main():
                 print(f"--export={export}: trained on the plain format (--template=plain), so the export "
                       "carries no chat template: --template=auto reads it plain, as it was trained.", file=sys.stderr)
+            if is_main():
+                remove(written[export].remove)  # the export this one replaces (--overwrite)
             save_hf_folder(result.model, export, chat_template=not plain)
         head = to_host(nn.get(result.model.params, "score.kernel"))
         if is_main():  # every process trained; one writes
@@ -280,6 +293,7 @@ def run_training(
                           export / SUMMARY_FILE)  # a rerun reuses the folder only when every file is as written
                 results.mark_finished(export)
             if head_out and fresh[head_out]:
+                remove(written[head_out].remove)
                 head_out.parent.mkdir(parents=True, exist_ok=True)
                 save_file({"score.weight": head.T.copy()}, head_out)
                 dump_json({**summary, "written_at": now, "files": {head_out.name: results.file_record(head_out)}},

@@ -30,6 +30,21 @@ def start_workdir(workdir: Path, identity: dict, decision: Claim) -> None:
         dump_json({"identity": identity}, workdir / RUN_FILE)
 
 
+def forget_unsaved_run(workdir: Path) -> None:
+    """A run stopped before its first checkpoint (a model whose features are not finite) saved nothing to resume:
+    its run.json claimed the workdir for its inputs, and the corrected rerun was refused as another run's. It goes,
+    with the empty checkpoints folder and a workdir left empty. A run with a checkpoint keeps its claim (resumable)."""
+    checkpoints = workdir / "checkpoints"
+    if (workdir / "summary.json").exists() or (checkpoints.is_dir() and any(checkpoints.iterdir())):
+        return
+    with contextlib.suppress(OSError):
+        for name in (RUN_FILE, "train_log.csv", "eval_log.csv", "train_log.csv.tmp", "eval_log.csv.tmp"):
+            (workdir / name).unlink(missing_ok=True)
+        if checkpoints.is_dir():
+            checkpoints.rmdir()
+        workdir.rmdir()  # only an empty one
+
+
 @contextlib.contextmanager
 def claim_workdir(workdir: Path, identity: dict, overwrite: bool, beside: Sequence[str | Path] = ()) -> Iterator:
     """Claim a training workdir on its own (`workdir_output`, `start_workdir`)."""
