@@ -287,3 +287,21 @@ def test_candidates_stop_at_the_tokenizer_when_the_embedding_has_padded_rows():
     cfg = types.SimpleNamespace(vocab_size=16)
     assert candidate_count(cfg, tokenizer) == len(candidate_ids(tokenizer, cfg.vocab_size)) == 10
     assert candidate_count(cfg, tokenizer, limit=4) == 4 and candidate_count(cfg, None) == 16
+
+
+def test_the_split_holds_out_a_response_with_its_edge_whitespace_twin():
+    """helper-149: 'item10' was held out while 'item10 ' trained; a trimming chat template (Gemma's, Llama 3's)
+    renders both as one conversation, so held-out accuracy partly measured memory. The split compares responses
+    without edge whitespace: no held-out response is a trained one's twin, at any seed (checked by brute force)."""
+    from rmjax.train.data import Pairs, split_pairs
+
+    rng = np.random.default_rng(1)
+    items = [f"item{i}" for i in range(12)] + [f"item{i} " for i in range(12)] + [f" item{i}\n" for i in range(4)]
+    drawn = [rng.choice(items, 2, replace=False) for _ in range(300)]
+    drawn = [(a, b) for a, b in drawn if a.strip() != b.strip()]
+    pairs = Pairs(prompt=["Which is better?"] * len(drawn), chosen=[str(a) for a, _ in drawn],
+                  rejected=[str(b) for _, b in drawn], label=np.ones(len(drawn)))
+    for seed in range(8):
+        train, held, _ = split_pairs(pairs, seed=seed)
+        trained = {t.strip() for t in (*train.chosen, *train.rejected)}
+        assert held.chosen and not trained & {t.strip() for t in (*held.chosen, *held.rejected)}, seed

@@ -315,10 +315,14 @@ def split_pairs(pairs: Pairs, heldout_fraction: float = 0.2, seed: int = 0) -> t
     a held-out pair's response (a repeated refusal, say) is dropped. One prompt, or responses that
     recur so widely that this would drop most training pairs: a `heldout_fraction` of the response
     items is held out too; a pair is then held out when its prompt and both responses are, trained
-    on when none is, and dropped otherwise (as the EloEverything split does by item).
+    on when none is, and dropped otherwise (as the EloEverything split does by item). Responses are compared
+    without their edge whitespace, which trimming templates drop.
     """
     rng = np.random.default_rng(seed)
-    chosen, rejected = np.asarray(pairs.chosen, object), np.asarray(pairs.rejected, object)
+    # a response is its text without edge whitespace: a trimming chat template (Gemma's, Llama 3's) renders
+    # 'item10' and 'item10 ' as one conversation, and one was held out while the other trained (helper-149)
+    chosen = np.asarray([text.strip() for text in pairs.chosen], object)
+    rejected = np.asarray([text.strip() for text in pairs.rejected], object)
     prompt = np.asarray(pairs.prompt, object)
     prompts = sorted(set(pairs.prompt))
 
