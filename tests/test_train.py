@@ -542,3 +542,29 @@ def test_heldout_accuracy_counts_decisive_pairs_by_their_labels_side():
     # float32: each log-sigmoid within a few ulps (2^-23 ≈ 1.2e-7 relative) and the mean of six terms adds about
     # six more; 1e-6 is above that sum
     assert got["heldout_loss"] == pytest.approx(want, rel=1e-6)
+
+
+def test_ctrl_c_during_a_checkpoint_save_comes_after_it():
+    """helper-149: Ctrl-C inside orbax's wait for a checkpoint printed 2-3 tracebacks (orbax logged the interrupt as
+    a failed save; its threads then scheduled work at shutdown) beside the one `interrupted:` line, and left the save
+    half-written. The interrupt now waits for the save: the block runs to its end, then KeyboardInterrupt."""
+    import os
+    import signal
+    import threading
+
+    from rmjax.train.loop import _ctrl_c_after
+
+    done, finished, before = threading.Event(), [], signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever the test runner set
+    threading.Timer(0.3, done.set).start()  # the save, finishing on another thread
+    with pytest.raises(KeyboardInterrupt):
+        with _ctrl_c_after():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.wait(5)  # interrupted here before
+            finished.append(done.is_set())
+    try:
+        assert finished == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with _ctrl_c_after():  # no Ctrl-C: nothing raised
+            pass
+    finally:
+        signal.signal(signal.SIGINT, before)

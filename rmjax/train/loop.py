@@ -9,9 +9,12 @@ batches — and the loss curve — of an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -360,10 +363,31 @@ def _run_steps(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, wor
             if is_main():
                 write_log(workdir / "train_log.csv", history)
                 write_log(workdir / "eval_log.csv", evals)
-            manager.save(step + 1, args=ocp.args.StandardSave(_checkpoint(module, optimizer, wrt)))
-            manager.wait_until_finished()  # a logged checkpoint is a durable one
+            with _ctrl_c_after():  # a logged checkpoint is a durable one, and Ctrl-C waits for it
+                manager.save(step + 1, args=ocp.args.StandardSave(_checkpoint(module, optimizer, wrt)))
+                manager.wait_until_finished()
             log(f"step {step + 1}: loss {float(loss):.4f}, held-out accuracy {record['heldout_accuracy']:.3f}")
     return time.perf_counter() - loop_start
+
+
+@contextlib.contextmanager
+def _ctrl_c_after():
+    """Ctrl-C held back while orbax writes a checkpoint: its KeyboardInterrupt comes once the save is whole, not
+    inside orbax's wait (which logged the interrupt as a failed save, with tracebacks). Main thread only (signal
+    handlers live there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, _frame: caught.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and callable(previous):
+        previous(signal.SIGINT, None)  # Python's own handler: KeyboardInterrupt
+    elif caught and previous != signal.SIG_IGN:
+        raise KeyboardInterrupt
 
 
 def _give_up(model: Model, module: nn.Transformer) -> None:
