@@ -36,8 +36,9 @@ IG_MAX_EVALUATIONS = flags.DEFINE_integer("ig_max_evaluations", 1024, "Integrate
                                           lower_bound=2)
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 16, "Integrated gradients: path points per call (at most 1024; "
                                   "activation patching: twice as many patches).", lower_bound=1)
-BASELINE = flags.DEFINE_enum("baseline", "pad", ["pad", "zero"], "Integrated-gradients baseline embedding (pad: the "
-                             "pad token's row at every position; zero: completeness is poor on RMSNorm models).")
+BASELINE = flags.DEFINE_enum("baseline", "pad", ["pad", "zero"], "Integrated-gradients baseline embedding at every "
+                             "position but the template's special tokens (BOS, turn markers), which keep their own "
+                             "rows (pad: the pad token's row; zero: completeness is poor on RMSNorm models).")
 flags.adopt_module_key_flags(common)
 
 

@@ -558,3 +558,21 @@ def test_responses_past_the_context_blank_or_merged_with_the_template(rm_folder,
     assert not (tmp_path / "long").exists()
     (blank,) = cli.run_each(("inspect", f"--model={rm_folder}", "--responses=a,,b", f"--out={tmp_path / 'blank'}"))
     cli.user_error(blank, "--responses=a,,b has an empty response")
+
+
+def test_a_pad_baseline_without_a_pad_token_is_refused_before_loading(rm_folder, tmp_path, monkeypatch):
+    """helper-149: --baseline=pad (the default) on a tokenizer without a pad token was refused only after the
+    weights loaded; the tokenizer, read before them, says it. --baseline=zero needs none."""
+    import json
+
+    from rmjax.inspect.job import InspectSpec, run_inspect
+    from tests import cli, inproc
+
+    folder = cli.copy_folder(rm_folder, tmp_path / "nopad")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("pad_token", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    inproc.no_weights_read(monkeypatch)
+    inproc.refused(lambda: run_inspect(InspectSpec(inproc.options(folder, tmp_path / "out"), ("p", "Name a fruit."),
+                                                   responses=("apple",))), "--baseline=pad", "no pad token")
+    assert not (tmp_path / "out").exists()

@@ -112,6 +112,14 @@ def _rewards_and_grads(cfg: ModelConfig, params, ids: jax.Array, mask: jax.Array
     return jax.vmap(jax.value_and_grad(reward))(embeds)
 
 
+def pad_baseline_id(tokenizer) -> int:
+    """The pad token whose row --baseline=pad puts at every position (inspect refuses its absence before loading)."""
+    pad = tokenizer.pad_token_id if tokenizer is not None else None
+    if pad is None:
+        raise UsageError("--baseline=pad: this tokenizer has no pad token; use --baseline=zero.")
+    return pad
+
+
 def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = "pad", batch_size: int = 16,
               column: int | None = None, keep_special: bool = True, tolerance: float = TOLERANCE,
               max_evaluations: int = MAX_EVALUATIONS, history: list | None = None) -> Attribution:
@@ -129,9 +137,7 @@ def attribute(model: Model, ids: list[int], *, steps: int = 64, baseline: str = 
     if baseline == "zero":
         base = jnp.zeros_like(x)
     else:
-        pad = model.tokenizer.pad_token_id if model.tokenizer is not None else None
-        if pad is None:
-            raise UsageError("--baseline=pad: this tokenizer has no pad token; use --baseline=zero.")
+        pad = pad_baseline_id(model.tokenizer)
         base = jnp.broadcast_to(table[pad].astype(jnp.float32), x.shape)
     if keep_special and model.tokenizer is not None:
         # The template's special tokens (BOS, turn markers) stay as they are on the whole path: real models park

@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from rmjax.errors import NonFiniteError, UsageError
-from rmjax.inspect.attribution import MAX_EVALUATIONS, TOLERANCE, attribute, check_batch_size, first_points
+from rmjax.inspect.attribution import (
+    MAX_EVALUATIONS,
+    TOLERANCE,
+    attribute,
+    check_batch_size,
+    first_points,
+    pad_baseline_id,
+)
 from rmjax.inspect.figures import percent, write_figures
 from rmjax.inspect.lens import gated_from, reward_lens, token_rewards
 from rmjax.inspect.patching import patching_map
@@ -265,6 +272,8 @@ def run_inspect(spec: InspectSpec) -> dict:
             model_fp, dtype=o.dtype, output_column=o.output_column, template=o.template, prompt=spec.prompt))
         sequences = _best_and_worst(source.path, name, spec.top, spec.depth, source.meta, spec.source_flag)
     check_template(tokenizer, o.template)
+    if spec.baseline == "pad":  # refused by the tokenizer, not after the weights load
+        pad_baseline_id(tokenizer)
     context = config.max_position_embeddings
     items = (_text_items(tokenizer, context, text, list(spec.responses), o.template) if spec.responses is not None
              else _id_items(tokenizer, context, text, sequences or [], o.template))
