@@ -71,7 +71,7 @@ IG_STEPS = flags.DEFINE_integer("ig_steps", 64, "inspect: integrated-gradients s
                                 "give that for the longest run).", lower_bound=1)
 N_TRAIN = flags.DEFINE_integer("n_train", 20000, "train_rm: training pairs.", lower_bound=1)
 N_HELDOUT = flags.DEFINE_integer("n_heldout", 4000, "train_rm: held-out pairs (last_k/full: made before the steps and "
-                                 "held through them, evaluated at each checkpoint).", lower_bound=0)
+                                 "held through them, evaluated at each checkpoint).", lower_bound=1)
 CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", COMMAND_LINE_DEFAULTS["checkpoint_every"],
                                         "train_rm: steps between checkpoints, each evaluating the held-out pairs.",
                                         lower_bound=1)
@@ -146,7 +146,8 @@ def main(argv):
         batteries=tuple(AUDIT_BATTERIES.value),
         texts_count=TEXTS.value,
         text_tokens=TEXT_TOKENS.value,
-        items=ITEMS.value, ig_steps=IG_STEPS.value)
+        items=ITEMS.value, ig_steps=IG_STEPS.value, output_column=common.OUTPUT_COLUMN.value,
+        column_chosen=common.OUTPUT_COLUMN.present)
     result = plan(cfg, common.DTYPE.value, piece, JOB.value, shape, mesh, BATCH_SIZE.value or None, fsdp=FSDP.value,
                   remat=REMAT.value)
     print(describe(result))

@@ -19,7 +19,7 @@ import pytest
 from rmjax.errors import CheckpointError, UsageError
 from rmjax.hf_config import config_from_hf, load_config_file
 from rmjax.plan.chips import parse_slice
-from tests import inproc, tiny
+from tests import cli, inproc, tiny
 from tests.cli import run, run_each, user_error
 
 ARCHITECTURES = {"llama3": "LlamaForSequenceClassification", "gemma2": "Gemma2ForSequenceClassification",
@@ -308,3 +308,24 @@ def test_the_plan_refuses_what_train_rm_and_the_sweeps_memory_planner_refuse(tmp
     inproc.refused(lambda: plan(cfg, "bfloat16", piece, "sweep", shape, mesh, batch_size=40960, log=logged.append),
                    "fits no batch by the memory planner")
     assert logged and all("the job's memory planner refuses it" in line for line in logged), logged
+
+
+def test_the_plan_refuses_a_model_its_scoring_job_refuses(rm_folder, lm_folder, tmp_path):
+    """helper-152: plan sized a sweep of a causal LM, of a 3-label classifier with no --output_column, and with an
+    --output_column past a 1-output head (exit 0, a launch --dry-run went through); each job refuses them from the
+    config. Now the plan does, with the job's words; train_rm still plans a causal LM (it adds the head), a zoo
+    backbone is a shape given a one-label head, and --output_column=N names a classifier's column."""
+    from rmjax.plan.spec import plan_inputs
+
+    three = cli.copy_folder(rm_folder, tmp_path / "three")
+    config = json.loads((three / "config.json").read_text())
+    (three / "config.json").write_text(json.dumps({**config, "num_labels": 3,
+                                                   "id2label": {"0": "a", "1": "b", "2": "c"}}))
+    for model, flags, says in ((lm_folder, {}, "has no score head"),
+                               (three, dict(column_chosen=False), "score head of 3 outputs"),
+                               (rm_folder, dict(output_column=2), "--output_column=2")):
+        for job in ("sweep", "score", "inspect"):
+            inproc.refused(lambda m=model, j=job, f=flags: plan_inputs(str(m), "v5e-1", j, **f), *says.split("|"))
+    plan_inputs(str(lm_folder), "v5e-1", "train_rm", n_train=100, batch_size=8)
+    plan_inputs("llama-3.1-8b", "v5e-8", "sweep", mesh="data:1,model:8")
+    assert plan_inputs(str(three), "v5e-1", "sweep", output_column=2, column_chosen=True)[0].num_outputs == 3

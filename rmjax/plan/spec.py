@@ -8,6 +8,7 @@ from rmjax.config import ModelConfig
 from rmjax.errors import UsageError
 from rmjax.hf_config import load_config_file
 from rmjax.loading.reward_head import SEQUENCE_CLASSIFIERS
+from rmjax.model import require_reward_model
 from rmjax.parallel.mesh_spec import parse_mesh_spec
 from rmjax.plan.chips import Slice, parse_slice
 from rmjax.plan.shapes import (
@@ -39,10 +40,13 @@ JOBS_SIZED_BY = {"limit": ("sweep", "beam"), "depth": ("beam",), "beam": ("beam"
                                                       "checkpoint_every")}}
 
 
-def model_config(spec: str, reward: bool = True, flag: str = "--model"):
+def model_config(spec: str, reward: bool = True, flag: str = "--model", job: str | None = None,
+                 output_column: int = 0, chosen: bool = True):
     """(config as a reward model, tokenizer or None) of a zoo hub id or nickname, a zoo backbone (e.g.
     llama-3.1-70b), a config.json, a checkpoint folder or a builtin name, reading no weights. A causal LM gets a
-    one-label score head (as train_rm adds); without `reward`, a zoo backbone is its causal LM (an --lm)."""
+    one-label score head (as train_rm adds); without `reward`, a zoo backbone is its causal LM (an --lm). With a
+    `job` that scores with the head (not train_rm), a checkpoint or config.json is refused as the job refuses it: a
+    causal LM, or an --output_column its head lacks (a zoo backbone is a shape to size, given a one-label head)."""
     from rmjax import zoo
     from rmjax.hf_config import SUPPORTED_ARCHITECTURES, config_from_hf
 
@@ -64,6 +68,8 @@ def model_config(spec: str, reward: bool = True, flag: str = "--model"):
         from rmjax.loading import config_and_tokenizer
 
         cfg, tokenizer = config_and_tokenizer(spec)
+    if reward and job not in (None, "train_rm") and not (entry is not None and entry.hf_id in zoo.BACKBONES):
+        require_reward_model(cfg, spec, f"plan --job={job}", output_column, chosen)  # the job's own refusal
     if reward and not cfg.is_reward_model:
         cfg = cfg.replace(num_labels=1, architecture=SEQUENCE_CLASSIFIERS[cfg.model_type])
     return cfg, tokenizer
@@ -224,8 +230,8 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
                 num_tokens: int = 8, search_width: int = 128, buffer_size: int = 8, lm: str = "",
                 batteries: tuple[str, ...] | None = None,
                 texts_count: int = 1000,
-                text_tokens: int = 8, items: int = 4, ig_steps: int = 64
-                ) -> tuple[ModelConfig, Slice, object, dict | None]:
+                text_tokens: int = 8, items: int = 4, ig_steps: int = 64, output_column: int = 0,
+                column_chosen: bool = True) -> tuple[ModelConfig, Slice, object, dict | None]:
     """(config, slice, job shape, mesh or None), every flag checked before anything compiles. `steps` 0: the
     job's default (train_rm 1500, gcg 100); `batch_size` 0: the plan picks (train_rm 256, gcg 256 rows);
     `responses` 0: EloEverything's (`elo_responses`); `heldout_responses_count` 0: `n_heldout` EloEverything
@@ -233,7 +239,8 @@ def plan_inputs(model: str, topology: str, job: str, *, mesh: str = "", prompts=
     from rmjax.text.prompts import resolve_prompts
 
     piece, sizes = slice_and_mesh(topology, mesh)
-    cfg, tokenizer = model_config(model, reward=job != "logprobs")
+    cfg, tokenizer = model_config(model, reward=job != "logprobs", job=job, output_column=output_column,
+                                  chosen=column_chosen)
     if job == "train_rm":
         from rmjax.train.settings import TrainConfig, check_batch_size
 
