@@ -120,7 +120,7 @@ def main(argv):
 
     from rmjax.errors import UsageError
     from rmjax.plan.planner import describe, plan, write
-    from rmjax.plan.spec import plan_inputs
+    from rmjax.plan.spec import plan_inputs, stored_itemsize
     from rmjax.runs.paths import check_writable
 
     check_flags()
@@ -148,8 +148,9 @@ def main(argv):
         text_tokens=TEXT_TOKENS.value,
         items=ITEMS.value, ig_steps=IG_STEPS.value, output_column=common.OUTPUT_COLUMN.value,
         column_chosen=common.OUTPUT_COLUMN.present)
+    stored = (stored_itemsize(common.MODEL.value), stored_itemsize(LM.value) if LM.value else None)
     result = plan(cfg, common.DTYPE.value, piece, JOB.value, shape, mesh, BATCH_SIZE.value or None, fsdp=FSDP.value,
-                  remat=REMAT.value)
+                  remat=REMAT.value, stored=stored)
     print(describe(result))
     if OUT.value:
         print(f"plan written to {write(result, OUT.value)}")

@@ -329,3 +329,31 @@ def test_the_plan_refuses_a_model_its_scoring_job_refuses(rm_folder, lm_folder, 
     plan_inputs(str(lm_folder), "v5e-1", "train_rm", n_train=100, batch_size=8)
     plan_inputs("llama-3.1-8b", "v5e-8", "sweep", mesh="data:1,model:8")
     assert plan_inputs(str(three), "v5e-1", "sweep", output_column=2, column_chosen=True)[0].num_outputs == 3
+
+
+@pytest.mark.parametrize("saved, run", [("float32", "bfloat16"), ("bfloat16", "float32")])
+def test_the_plan_counts_the_checkpoint_bytes_the_file_holds(rm_folder, tmp_path, saved, run):
+    """helper-152: a float32 checkpoint planned for a bfloat16 run was said to read half its bytes (0.5 GiB of a
+    1.0 GiB file; the RAM bound under by as much), a bfloat16 one at float32 twice. Each host reads the file's
+    bytes: on one chip, all of them, here equal to the safetensors data (its size less the header)."""
+    import torch
+    import transformers
+
+    from rmjax import nn
+    from rmjax.loading.safetensors_io import read_header
+    from rmjax.plan.chips import parse_slice
+    from rmjax.plan.host import host_side
+    from rmjax.plan.spec import model_config, stored_itemsize
+
+    folder = tmp_path / saved
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(rm_folder, dtype=getattr(torch, saved))
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (rm_folder / name).exists():
+            (folder / name).write_bytes((rm_folder / name).read_bytes())
+    file = folder / "model.safetensors"
+    data = file.stat().st_size - read_header(file)[1]
+    cfg, _ = model_config(str(folder))
+    run_bytes = sum(d.size * (4 if d.float32 or run == "float32" else 2) for d in nn.declarations(cfg).values())
+    host = host_side(cfg, run, parse_slice("v5e-1"), 1, run_bytes, stored_itemsize(str(folder)))
+    assert host["checkpoint_bytes_per_host"] == pytest.approx(data, rel=1e-3)  # (declared float32 weights: none)

@@ -25,13 +25,15 @@ HOSTS = {"v4": (4, {4: 407 * GB}), "v5e": (8, {1: 48 * GB, 4: 192 * GB, 8: 384 *
 MULTI_HOST_VM_CHIPS = {"v6e": 4}
 
 
-def host_side(cfg: ModelConfig, dtype: str, piece: Slice, model: int, per_chip_weights: int) -> dict:
+def host_side(cfg: ModelConfig, dtype: str, piece: Slice, model: int, per_chip_weights: int,
+              stored_itemsize: int | None = None) -> dict:
     """Checkpoint bytes each host reads and an upper bound on loading's RAM peak there.
 
     The loader reads lazily (rmjax.parallel.sharding.place): each process reads the slices its chips hold, a
     replicated weight once. With `model` chips adjacent on the mesh, a host's chips hold min(model, chips a
     host) of the model axis's shards. The peak bounds every byte read resident at once (mapped pages count
-    once touched) plus the largest weight converted to float32."""
+    once touched) plus the largest weight converted to float32. Bytes read are the checkpoint's: `stored_itemsize`
+    bytes an element (a float32 file read for a bfloat16 run is twice the run's bytes; None: the run's dtype)."""
     per_host, ram = HOSTS[piece.chip.name]
     if piece.chips > per_host:
         per_host = MULTI_HOST_VM_CHIPS.get(piece.chip.name, per_host)
@@ -43,6 +45,8 @@ def host_side(cfg: ModelConfig, dtype: str, piece: Slice, model: int, per_chip_w
     # per chip = replicated + sharded / model; total = replicated + sharded
     sharded = (total - per_chip_weights) * model / (model - 1) if model > 1 else 0.0
     reads = (total - sharded) + sharded * min(model, on_host) / model
+    if stored_itemsize is not None:  # the same shares of the file's bytes
+        reads *= sum(d.size for d in declared.values()) * stored_itemsize / total
     peak = reads + 4 * max(d.size for d in declared.values())
     vm_ram = ram.get(on_host, ram[max(ram)])
     return {"hosts": math.ceil(piece.chips / per_host), "chips_per_host": on_host,

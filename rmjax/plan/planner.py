@@ -214,9 +214,11 @@ def _splits_data(piece: Slice, cfg: ModelConfig, shape) -> bool:
 
 
 def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict | None = None,
-         batch_size: int | None = None, log=print, fsdp: str = "auto", remat: str = "auto") -> dict:
+         batch_size: int | None = None, log=print, fsdp: str = "auto", remat: str = "auto",
+         stored: tuple[int | None, int | None] = (None, None)) -> dict:
     """The plan of `job` with `shape` on `piece` (a dict for PLAN.json). Raises PlanDoesNotFitError. Training
-    tries neither FSDP nor remat first, then FSDP, then remat, then both (`fsdp`, `remat`: auto, on or off)."""
+    tries neither FSDP nor remat first, then FSDP, then remat, then both (`fsdp`, `remat`: auto, on or off).
+    `stored`: the bytes an element of the model's and the --lm's checkpoints take (spec.stored_itemsize)."""
     tries = shape.variants(fsdp, remat) if hasattr(shape, "variants") else [shape]
     if hasattr(shape, "variants"):  # what train_rm refuses, by its own checks, on the mesh it would be given
         tries = _train_tries(shape, tries, mesh, fsdp, remat)
@@ -267,7 +269,7 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
         "assumed_hbm_efficiency": HBM_EFFICIENCY, "assumed_ici_efficiency": ICI_EFFICIENCY,
         "usd_on_demand": hours * piece.usd_per_hour(), "usd_spot": hours * piece.usd_per_hour(spot=True),
         "prices": PRICES_AS_OF,
-        "host": _host(cfg, dtype, piece, option, getattr(shape, "lm", None)),
+        "host": _host(cfg, dtype, piece, option, getattr(shape, "lm", None), stored),
         "compile_seconds": option.compile_seconds,
         "compile_kept": bool(option.costs) and all(c.kept for c in option.costs),
         "chip_figures": {"peak_bf16_flops": chip.peak_flops, "hbm_bytes": chip.hbm_bytes,
@@ -283,16 +285,17 @@ def plan(cfg: ModelConfig, dtype: str, piece: Slice, job: str, shape, mesh: dict
     return out
 
 
-def _host(cfg: ModelConfig, dtype: str, piece: Slice, option: Option, lm: ModelConfig | None) -> dict:
+def _host(cfg: ModelConfig, dtype: str, piece: Slice, option: Option, lm: ModelConfig | None,
+          stored: tuple[int | None, int | None] = (None, None)) -> dict:
     """host_side of the model, and of a search's --lm where the job loads one too: both checkpoints read, their
     loading peaks added (an upper bound: the first one's pages may stay mapped while the second loads)."""
-    host = host_side(cfg, dtype, piece, option.model, option.weights_bytes)
+    host = host_side(cfg, dtype, piece, option.model, option.weights_bytes, stored[0])
     if lm is None:
         return host
     from rmjax.plan.calls import abstract_params
 
     lm_weights = shard_bytes(abstract_params(lm, dtype, mesh_on(piece, option.data, option.model)))
-    other = host_side(lm, dtype, piece, option.model, lm_weights)
+    other = host_side(lm, dtype, piece, option.model, lm_weights, stored[1])
     peak = host["host_ram_peak_bytes"] + other["host_ram_peak_bytes"]
     return host | {"checkpoint_bytes_per_host": host["checkpoint_bytes_per_host"] + other["checkpoint_bytes_per_host"],
                    "host_ram_peak_bytes": peak, "fits_host_ram": peak <= host["host_ram_bytes"]}

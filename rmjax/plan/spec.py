@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rmjax.config import ModelConfig
-from rmjax.errors import UsageError
+from rmjax.errors import RmjaxError, UsageError
 from rmjax.hf_config import load_config_file
 from rmjax.loading.reward_head import SEQUENCE_CLASSIFIERS
 from rmjax.model import require_reward_model
@@ -73,6 +73,39 @@ def model_config(spec: str, reward: bool = True, flag: str = "--model", job: str
     if reward and not cfg.is_reward_model:
         cfg = cfg.replace(num_labels=1, architecture=SEQUENCE_CLASSIFIERS[cfg.model_type])
     return cfg, tokenizer
+
+
+_STORED = {"F32": 4, "BF16": 2, "F16": 2, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def stored_itemsize(spec: str) -> int | None:
+    """Bytes a checkpoint stores each weight element in, which each host reads whatever --dtype the run takes: a
+    folder's safetensors headers (the floating dtype most of its bytes are in), else its config.json's dtype
+    (torch_dtype); None where neither says (a zoo id, a builtin name: the run's dtype is assumed)."""
+    from rmjax.hf_config import read_json_file
+    from rmjax.loading.safetensors_io import checkpoint_files, read_header
+
+    path = Path(spec)
+    if path.is_dir():
+        spans: dict[str, int] = {}
+        try:
+            for file in checkpoint_files(path):
+                for info in read_header(file)[0].values():
+                    start, end = info["data_offsets"]
+                    spans[info["dtype"]] = spans.get(info["dtype"], 0) + end - start
+        except (RmjaxError, OSError, KeyError, TypeError, ValueError):
+            spans = {}  # the job's load names what is wrong; the plan falls back on the config
+        floats = {d: n for d, n in spans.items() if d in _STORED}
+        if floats:
+            return _STORED[max(floats, key=floats.get)]
+        path = path / "config.json"
+    if path.suffix == ".json" and path.is_file():
+        raw = read_json_file(path, "model config")
+        raw = raw if isinstance(raw, dict) else {}
+        text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+        value = raw.get("torch_dtype") or raw.get("dtype") or text.get("torch_dtype") or text.get("dtype")
+        return _STORED.get(value) if isinstance(value, str) else None
+    return None
 
 
 def _prompt_sizes(tokenizer, prompts: dict[str, str], template: str, prefix_tokens: int,
