@@ -1119,8 +1119,9 @@ def test_the_frontier_job_writes_resumes_byte_for_byte_and_refuses_bad_inputs(rm
         printed = capsys.readouterr().out
         assert "optimal" in printed and "pessimal" in printed, printed
 
-    # refusals, each before the models load (the RM here unties its embeddings: no prior of its own)
-    with pytest.raises(UsageError, match="no LM head"):
+    # refusals, each before the models load (the RM here unties its embeddings: no prior of its own); without --lm
+    # the line named "--lm=RM", a flag never given (helper-152): it says the RM is the default
+    with pytest.raises(UsageError, match=f"{rm_folder}, the default --lm \\(not given\\), has no LM head"):
         run_frontier(dataclasses_replace(spec(), lm=None, judge=str(lm_folder)))
     with pytest.raises(UsageError, match="another tokenizer"):
         run_frontier(dataclasses_replace(spec(overwrite=True), lm=str(_swapped_tokenizer(lm_folder,

@@ -178,12 +178,14 @@ def check_completion_before_loading(options, model: str, lm: str | None, prompts
     check_completion_room(tokenizer, config, prompts, template, response_tokens, who, fix)
 
 
-def require_prior_config(cfg: ModelConfig, source: str, flag: str) -> None:
+def require_prior_config(cfg: ModelConfig, source: str, flag: str, given: bool = True) -> None:
     """A model named by `flag` (--lm, --judge) must give next-token log-probs: refused in one line before it
-    loads when it is a reward model whose backbone's untied LM head was dropped."""
+    loads when it is a reward model whose backbone's untied LM head was dropped. Not `given`: `source` is the
+    flag's default (the RM), which the line says rather than name a flag the user never gave."""
     if cfg.is_reward_model and not cfg.tie_embeddings:
-        raise UsageError(f"{flag}={source} has no LM head (a reward model whose backbone's untied LM head was "
-                         f"dropped); give a causal LM{' with the same tokenizer' if flag == '--lm' else ''}.")
+        named = f"{flag}={source}" if given else f"{source}, the default {flag} (not given),"
+        raise UsageError(f"{named} has no LM head (a reward model whose backbone's untied LM head was dropped); "
+                         f"give {flag}=a causal LM{' with the same tokenizer' if flag == '--lm' else ''}.")
 
 
 def same_tokenizer(rm: Model, lm: Model) -> None:

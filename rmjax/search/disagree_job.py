@@ -70,8 +70,9 @@ def _check_configs(spec: DisagreeSpec, a: SideSpec, b: SideSpec) -> tuple[str, i
         require_reward_model(config_of(b.models[0]), b.models[0], "side B", column, chosen)
     judge = spec.judge or default_judge(rm_config)
     if spec.config.search:  # the map alone needs no prior and no judge
-        for flag, source in (("--lm", spec.lm or a.models[0]), ("--judge", judge)):
-            require_prior_config(config_of(source), source, flag)
+        for flag, source, given in (("--lm", spec.lm or a.models[0], bool(spec.lm)),
+                                    ("--judge", judge, bool(spec.judge))):
+            require_prior_config(config_of(source), source, flag, given)
     return judge, _check_prompts(spec, b, judge)
 
 

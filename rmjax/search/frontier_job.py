@@ -167,8 +167,8 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
     rm_config = config_of(o.model)
     require_reward_model(rm_config, o.model, "the frontier", o.output_column, o.column_chosen)
     judge = spec.judge or default_judge(rm_config)
-    for name, source in (("--lm", spec.lm or o.model), ("--judge", judge)):
-        require_prior_config(config_of(source), source, name)
+    for name, source, given in (("--lm", spec.lm or o.model, bool(spec.lm)), ("--judge", judge, bool(spec.judge))):
+        require_prior_config(config_of(source), source, name, given)
     frontier_checks.check_before_loading(spec, judge)  # context, budget, --sweep's yardstick
     identity = frontier_identity(spec, job_fingerprint(o), job_fingerprint(o, spec.lm) if spec.lm else None,
                                  job_fingerprint(o, judge), judge)
