@@ -59,6 +59,9 @@ def test_export_writes_a_folder_transformers_scores_as_rmjax(rm_folder, tmp_path
     assert record["identity"] == {"job": "export", "model": fingerprint(spec), "dtype": "float32"}
     # what the model was trained on travels with it (a builtin RM's recipe: the Elo data; a plain folder: none)
     assert (record["recipe"] or {}).get("elo") == ("builtin" if builtin else None)
+    # the options rmjax read the tokenizer with are not the model's settings (helper-152: they were written there)
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert not {"local_files_only", "is_local"} & saved.keys(), saved
 
 
 def test_export_reuses_its_own_folder_and_refuses_another_without_overwrite(rm_folder, tmp_path, monkeypatch,
