@@ -87,9 +87,9 @@ def test_model_metadata_from_yaml():
     assert model_metadata.parameters_in_billions("1.5B") == 1.5
     with pytest.raises(ValueError, match="parameter count"):
         model_metadata.parameters_in_billions("big")
-    for bad in ("1.2.3B", ".", "1..5B", True, float("nan")):  # '1.2.3B' was float()'s ValueError traceback
+    for bad in ("1.2.3B", ".", "1..5B", True, float("nan"), 0, "0B", -1):  # '1.2.3B' was float()'s ValueError traceback
         with pytest.raises(UsageError, match="parameter count"):
-            model_metadata.parameters_in_billions(bad)
+            model_metadata.parameters_in_billions(bad)  # (0: a count of none)
     assert model_metadata.parameters_in_billions(".5B") == 0.5
     assert model_metadata.parameters_in_billions("2.B") == 2.0
 

@@ -473,6 +473,13 @@ def test_two_columns_for_one_elo_prompt_are_refused_and_the_report_counts_each_p
                                     {"greatest": np.array([1.0, 2.0, 3.0]), GREATEST: np.array([3.0, 2.0, 1.0])})
     with pytest.raises(InputFileError, match="columns 'greatest' and .* both score the EloEverything prompt"):
         elo_lib.add_score_tables(elo_lib.load_elo(elo), data.load_score_tables([path]))
+    # two names of one text scored alike (--prompts=paper1,prompts54: greatest and greatest_ever_one) serve as one
+    twins = results.write_scores_csv(tmp_path / "twins.csv", [1, 2, 3], ITEMS[:3], ITEMS[:3],
+                                     {"greatest": np.array([1.0, 2.0, 3.0]), GREATEST: np.array([1.0, 2.0, 3.0])})
+    added = elo_lib.add_score_tables(elo_lib.load_elo(elo), data.load_score_tables([twins]))
+    said = f"prompt column {GREATEST} scores the prompt greatest does, alike"
+    assert any(said in n for n in added.notes), added.notes
+    assert not any("are not EloEverything prompts" in n for n in added.notes), added.notes
     frame = raw[PREFER].reset_index()
     frame[frame.name.isin(ITEMS[:5])].to_csv(elo / f"{PREFER}.csv", index=False)  # 5 items, GREATEST all
     inproc.analyze(tmp_path / "out", elo=str(elo), models_yaml="")

@@ -305,3 +305,17 @@ def test_the_split_holds_out_a_response_with_its_edge_whitespace_twin():
         train, held, _ = split_pairs(pairs, seed=seed)
         trained = {t.strip() for t in (*train.chosen, *train.rejected)}
         assert held.chosen and not trained & {t.strip() for t in (*held.chosen, *held.rejected)}, seed
+
+
+def test_the_split_holds_out_a_prompt_with_its_edge_whitespace_twin():
+    """helper-153: as responses, a trimming template renders the user's 'Q3' and 'Q3 ' as one turn: a held-out 'Q3'
+    beside a trained 'Q3 ' was the same conversation. Prompts are compared stripped too (brute force, 8 seeds)."""
+    from rmjax.train.data import Pairs, split_pairs
+
+    rng = np.random.default_rng(2)
+    prompts = [f"Q{i}" + rng.choice(["", " ", "\n"]) for i in rng.integers(0, 10, 300)]
+    pairs = Pairs(prompt=prompts, chosen=[f"yes {i}" for i in range(300)], rejected=[f"no {i}" for i in range(300)],
+                  label=np.ones(300))
+    for seed in range(8):
+        train, held, _ = split_pairs(pairs, seed=seed)
+        assert held.prompt and not {p.strip() for p in train.prompt} & {p.strip() for p in held.prompt}, seed

@@ -357,3 +357,19 @@ def test_the_plan_counts_the_checkpoint_bytes_the_file_holds(rm_folder, tmp_path
     run_bytes = sum(d.size * (4 if d.float32 or run == "float32" else 2) for d in nn.declarations(cfg).values())
     host = host_side(cfg, run, parse_slice("v5e-1"), 1, run_bytes, stored_itemsize(str(folder)))
     assert host["checkpoint_bytes_per_host"] == pytest.approx(data, rel=1e-3)  # (declared float32 weights: none)
+
+
+def test_a_gguf_or_builtin_is_read_as_its_float32_conversion():
+    """helper-153: a .gguf file or builtin name is read by the loader from its conversion, dequantized to float32:
+    the plan assumed the run's dtype (half the bytes at bfloat16). The conversion's own headers say float32."""
+    from rmjax.loading import cache_dir
+    from rmjax.loading.gguf_file import cached_hf_folder
+    from rmjax.loading.registry import resolve
+    from rmjax.plan.spec import stored_itemsize
+
+    kind, gguf_path = resolve("smollm2-135m-instruct")
+    assert kind == "gguf"
+    converted = cached_hf_folder(gguf_path, cache_dir())
+    assert stored_itemsize(str(converted)) == 4  # from the safetensors headers of what the loader reads
+    for spec in ("smollm2-135m-instruct", "elo-rm-smollm2-135m", str(gguf_path)):
+        assert stored_itemsize(spec) == 4, spec

@@ -566,5 +566,12 @@ def test_ctrl_c_during_a_checkpoint_save_comes_after_it():
         assert finished == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
         with _ctrl_c_after():  # no Ctrl-C: nothing raised
             pass
+        finished.clear()
+        with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C does not wait (a save that hangs)
+            with _ctrl_c_after():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+                finished.append(True)
+        assert finished == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, before)

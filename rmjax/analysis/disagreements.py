@@ -188,6 +188,7 @@ def section(outputs: Outputs, runs: Sequence[DisagreementRun]) -> None:
                 f"{int(table['goal_met'].sum())} of {int(table['runs'].sum())} cell-runs.", "")
     for view in VIEWS:
         ahead, total, low, high = ahead_share(runs, view)
+        reading = "cell-runs independent or each run's cells together" if len(runs) > 1 else "cells independent"
         outputs.say(f"- {view}: the search ahead in {ahead} of {total} cell-runs (95% CI of the share {low:.0%} to "
-                    f"{high:.0%}, cell-runs independent or each run's cells together)")
+                    f"{high:.0%}, {reading})")
     outputs.say("", markdown(table), "")

@@ -269,11 +269,13 @@ def _same_text(a: str, b: str) -> bool:
     return " ".join(a.split()) == " ".join(b.split())
 
 
-def prompt_columns(table: ScoreTable, elo_prompts: Sequence[EloPrompt]) -> dict[str, str]:
+def prompt_columns(table: ScoreTable, elo_prompts: Sequence[EloPrompt],
+                   twins: dict[str, str] | None = None) -> dict[str, str]:
     """EloEverything prompt -> the table's column that scores it, matched by prompt text: the text the
     .meta.json beside the table gives for the column, else the builtin prompt of that name (greatest is
     'What, in one word, is the greatest thing ever?'), else the column name itself (which may then also
-    be the file stem, without the question mark)."""
+    be the file stem, without the question mark). Two columns of one prompt (two names of one text) serve as one
+    where their rewards agree (`twins`: the second -> the first), and are refused where they differ."""
     declared = source_prompts(table.path)
     builtin = prompt_lib.builtin_prompts()
     out: dict[str, str] = {}
@@ -284,10 +286,17 @@ def prompt_columns(table: ScoreTable, elo_prompts: Sequence[EloPrompt]) -> dict[
                 same = _same_text(text, ep.prompt)
             else:
                 same = _same_text(column, ep.prompt) or _same_text(column, ep.prompt.removesuffix("?"))
-            if same and ep.prompt in out:  # the first was used and the other called no EloEverything prompt
-                raise InputFileError(f"{table.path or table.model}: columns {out[ep.prompt]!r} and {column!r} both "
-                                     f"score the EloEverything prompt {ep.prompt!r}; keep one of them.")
-            if same:
+            if same and ep.prompt in out:  # two names of one text (greatest, greatest_ever_one): the first serves
+                # alike: within 1e-4 of the column's spread (float32 forwards of one conversation differ by far
+                # less; another prompt's rewards by about the spread)
+                first, second = (table.frame[c].to_numpy(np.float64) for c in (out[ep.prompt], column))
+                if np.abs(first - second).max(initial=0.0) > 1e-4 * np.std(first):
+                    raise InputFileError(f"{table.path or table.model}: columns {out[ep.prompt]!r} and {column!r} "
+                                         f"both score the EloEverything prompt {ep.prompt!r}, with other rewards; "
+                                         "keep the one you mean.")
+                if twins is not None:
+                    twins[column] = out[ep.prompt]
+            elif same:
                 out[ep.prompt] = column
     return out
 
@@ -366,8 +375,9 @@ def add_score_tables(elo_prompts: Sequence[EloPrompt], tables: Sequence[ScoreTab
         if label.casefold() in taken:
             raise UsageError(f"--scores model {table.model!r} ({table.path}): both {table.model!r} and {label!r} are "
                              "already models of the EloEverything tables; rename the score table.")
-        columns = prompt_columns(table, elo_prompts)
-        unused = [c for c in table.prompts if c not in columns.values()]
+        twins: dict[str, str] = {}
+        columns = prompt_columns(table, elo_prompts, twins)
+        unused = [c for c in table.prompts if c not in columns.values() and c not in twins]
         if not columns:
             notes.append(f"{label} ({table.path or table.source}): none of its prompts ({', '.join(unused)}) is an "
                          "EloEverything prompt, so it is not in the EloEverything tables.")
@@ -377,6 +387,8 @@ def add_score_tables(elo_prompts: Sequence[EloPrompt], tables: Sequence[ScoreTab
         if unused:
             notes.append(f"{label}: prompt columns {', '.join(unused)} are not EloEverything prompts (not used "
                          "there).")
+        for twin, first in twins.items():
+            notes.append(f"{label}: prompt column {twin} scores the prompt {first} does, alike; {first} is used.")
         if table.string_column != "text" and results.ROUNDTRIP not in table.frame.columns:
             notes.append(f"{label}: no roundtrip column, so items are matched by decoded string alone (exact, then "
                          "leading space) whatever the template; rerun the same sweep command with this rmjax to "

@@ -25,6 +25,8 @@ def parameters_in_billions(size: str | float | int | None) -> float:
     if not match:
         raise UsageError(f"cannot read a parameter count from size {size!r} (expected e.g. 8B or 270M).")
     scale = {"": 1.0, "K": 1e-6, "M": 1e-3, "B": 1.0, "T": 1e3}[match.group(2).upper()]
+    if float(match.group(1)) == 0:
+        raise UsageError(f"a parameter count of {size!r} is none; give the model's size (e.g. 8B or 270M).")
     return float(match.group(1)) * scale
 
 

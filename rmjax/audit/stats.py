@@ -27,7 +27,9 @@ COMPARE_COLUMNS = ["battery", "axis", "contrast", "model_a", "model_b", "n_items
 NULLS = ("length", "shuffled")
 ALPHA = 0.05  # a row survives Holm's correction at p_holm < ALPHA
 REWARD_EPS = float(np.finfo(np.float32).eps)  # rewards' precision: scoring returns float32
-MAX_ROUNDOFF_SD = 0.05  # compare_models refuses a model whose float32 rounding allowance is larger (in its SDs)
+# compare_models refuses a model whose float32 rounding allowance (64 ulps of its largest |reward|, generous) is
+# larger, in its SDs: a line drawn by judgement, far from real RMs (~1e-4 SD), not a bound
+MAX_ROUNDOFF_SD = 0.05
 __all__ = ["bootstrap_ci", "holm", "label_permutation_p", "sign_flip_p"]  # the tests' one import point
 
 

@@ -81,11 +81,16 @@ _STORED = {"F32": 4, "BF16": 2, "F16": 2, "float32": 4, "bfloat16": 2, "float16"
 def stored_itemsize(spec: str) -> int | None:
     """Bytes a checkpoint stores each weight element in, which each host reads whatever --dtype the run takes: a
     folder's safetensors headers (the floating dtype most of its bytes are in), else its config.json's dtype
-    (torch_dtype); None where neither says (a zoo id, a builtin name: the run's dtype is assumed)."""
+    (torch_dtype); a GGUF file or builtin name 4 (the loader reads its conversion, dequantized to float32); None
+    where nothing says (a zoo id: the run's dtype is assumed)."""
     from rmjax.hf_config import read_json_file
+    from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS
     from rmjax.loading.safetensors_io import checkpoint_files, read_header
 
     path = Path(spec)
+    lone_gguf = path.is_dir() and not (path / "config.json").is_file() and len(list(path.glob("*.gguf"))) == 1
+    if spec in BUILTIN_GGUF or spec in BUILTIN_RMS or path.suffix == ".gguf" or lone_gguf:
+        return 4
     if path.is_dir():
         spans: dict[str, int] = {}
         try:

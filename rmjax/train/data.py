@@ -323,8 +323,8 @@ def split_pairs(pairs: Pairs, heldout_fraction: float = 0.2, seed: int = 0) -> t
     # 'item10' and 'item10 ' as one conversation, and one was held out while the other trained (helper-149)
     chosen = np.asarray([text.strip() for text in pairs.chosen], object)
     rejected = np.asarray([text.strip() for text in pairs.rejected], object)
-    prompt = np.asarray(pairs.prompt, object)
-    prompts = sorted(set(pairs.prompt))
+    prompt = np.asarray([text.strip() for text in pairs.prompt], object)  # trimmed as the user's turn is too
+    prompts = sorted(set(prompt))
 
     def hold(units: list) -> list:
         return rng.permutation(units)[: max(1, int(round(len(units) * heldout_fraction)))].tolist()

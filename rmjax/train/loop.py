@@ -373,20 +373,28 @@ def _run_steps(model: Model, train: Pairs, heldout: Pairs, cfg: TrainConfig, wor
 @contextlib.contextmanager
 def _ctrl_c_after():
     """Ctrl-C held back while orbax writes a checkpoint: its KeyboardInterrupt comes once the save is whole, not
-    inside orbax's wait (which logged the interrupt as a failed save, with tracebacks). Main thread only (signal
-    handlers live there)."""
+    inside orbax's wait (which logged the interrupt as a failed save, with tracebacks); a second Ctrl-C interrupts
+    at once. Main thread only (signal handlers live there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda number, _frame: caught.append(number))
+    previous = signal.getsignal(signal.SIGINT)
+    previous = signal.default_int_handler if previous is None else previous  # one not set from Python
+
+    def hold(number, _frame):
+        caught.append(number)
+        if len(caught) > 1:  # a second Ctrl-C: a save that hangs (a stalled disk) is not waited for
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if caught and callable(previous):
+    if len(caught) == 1 and callable(previous):
         previous(signal.SIGINT, None)  # Python's own handler: KeyboardInterrupt
-    elif caught and previous != signal.SIG_IGN:
+    elif len(caught) == 1 and previous != signal.SIG_IGN:
         raise KeyboardInterrupt
 
 
