@@ -356,7 +356,8 @@ def test_the_plan_counts_the_checkpoint_bytes_the_file_holds(rm_folder, tmp_path
     cfg, _ = model_config(str(folder))
     run_bytes = sum(d.size * (4 if d.float32 or run == "float32" else 2) for d in nn.declarations(cfg).values())
     host = host_side(cfg, run, parse_slice("v5e-1"), 1, run_bytes, stored_itemsize(str(folder)))
-    assert host["checkpoint_bytes_per_host"] == pytest.approx(data, rel=1e-3)  # (declared float32 weights: none)
+    # every byte of the file is a declared weight here: equal but for int() of a float64 product (a byte at most)
+    assert abs(host["checkpoint_bytes_per_host"] - data) <= 1, (host["checkpoint_bytes_per_host"], data)
 
 
 def test_a_gguf_or_builtin_is_read_as_its_float32_conversion():

@@ -84,12 +84,14 @@ def stored_itemsize(spec: str) -> int | None:
     (torch_dtype); a GGUF file or builtin name 4 (the loader reads its conversion, dequantized to float32); None
     where nothing says (a zoo id: the run's dtype is assumed)."""
     from rmjax.hf_config import read_json_file
-    from rmjax.loading.registry import BUILTIN_GGUF, BUILTIN_RMS
+    from rmjax.loading.registry import BUILTIN_RMS, resolve
     from rmjax.loading.safetensors_io import checkpoint_files, read_header
 
-    path = Path(spec)
-    lone_gguf = path.is_dir() and not (path / "config.json").is_file() and len(list(path.glob("*.gguf"))) == 1
-    if spec in BUILTIN_GGUF or spec in BUILTIN_RMS or path.suffix == ".gguf" or lone_gguf:
+    try:  # where the loader reads the spec from (a zoo id downloaded, a folder holding one GGUF), as it resolves it
+        kind, path = resolve(spec)
+    except RmjaxError:  # a config.json, or a zoo id not downloaded: sized from the config alone
+        kind, path = None, Path(spec)
+    if kind == "gguf" or spec in BUILTIN_RMS:
         return 4
     if path.is_dir():
         spans: dict[str, int] = {}
