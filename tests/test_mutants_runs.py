@@ -245,6 +245,27 @@ def test_claim_job_claims_its_out_and_refuses_one_of_the_files_the_command_line_
         pass
 
 
+def test_a_folder_jobs_refusal_names_the_folder_it_was_given_not_a_flag_value_nobody_typed(tmp_path):
+    """options.claim_job with `out` inside options.out (inspect's DIR/reward_lens.csv): a refusal names
+    `DIR/reward_lens.csv (in --out=DIR)`, as typed; a file job's names `--out=FILE`. It said
+    `--out=DIR/reward_lens.csv`, a flag value the user never gave (helper-149)."""
+    from rmjax.runs import options
+
+    folder = tmp_path / "ins"
+    run = options.RunOptions("m", str(folder))
+    with options.claim_job(run, IDENTITY, out=folder / "reward_lens.csv") as job:
+        job.finish(lambda out: out.write_text("x\n") and out)
+    with pytest.raises(OutputExistsError) as refused, \
+            options.claim_job(run, IDENTITY | {"job": "other"}, out=folder / "reward_lens.csv"):
+        pass
+    assert str(refused.value).startswith(f"{folder / 'reward_lens.csv'} (in --out={folder}) already exists")
+    assert "--out=" + str(folder / "reward_lens.csv") not in str(refused.value)
+    with pytest.raises(OutputExistsError) as refused, \
+            options.claim_job(options.RunOptions("m", str(folder / "reward_lens.csv")), IDENTITY | {"job": "other"}):
+        pass
+    assert str(refused.value).startswith(f"--out={folder / 'reward_lens.csv'} already exists")
+
+
 # --- folder_files ------------------------------------------------------------------------------------------------
 
 

@@ -35,7 +35,7 @@ from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import atomic, locks, results
 from rmjax.runs.folder_files import foreign_refusal, remove, store_files
 from rmjax.runs.identities import canonical, changed_keys, mismatch_message, prompt_order, read_meta_identity
-from rmjax.runs.paths import check_writable, companion_path, real_path, refuse_folder_name
+from rmjax.runs.paths import check_writable, companion_path, flag_name, named, real_path, refuse_folder_name
 from rmjax.runs.results import meta_path
 
 INTERRUPTED = "interrupted.json"  # in the store: the companions a run wrote before it was stopped in its last writes
@@ -149,7 +149,7 @@ def _present(path: Path) -> bool:
 
 
 def _refuse(flag: str, out: Path, why: str, fix: str | None = None) -> OutputExistsError:
-    return OutputExistsError(f"{flag}={out} already exists and {why}. "
+    return OutputExistsError(f"{named(flag, out)} already exists and {why}. "
                              f"{fix or 'Pass --overwrite to replace it, or choose another output.'}")
 
 
@@ -181,8 +181,9 @@ def _refuse_links(out: Path, patterns: Sequence[str], beside: Sequence[Path], fl
     inside = [entry for folder in own if folder.is_dir() for entry in sorted(folder.iterdir())]
     linked = [entry for entry in [*foreign, *inside] if entry.is_symlink() and entry != out]
     if linked:
-        raise OutputExistsError(f"{linked[0]} is a link, in {flag}={out} which rmjax writes into: the run would write "
-                                f"(and delete) where it points. Remove the link, or give {flag} the real folder.")
+        raise OutputExistsError(f"{linked[0]} is a link, in {named(flag, out)} which rmjax writes into: the run would "
+                                f"write (and delete) where it points. Remove the link, or give {flag_name(flag)} the "
+                                "real folder.")
 
 
 def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[Path], store: Path | None,
@@ -204,10 +205,10 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             path = next(p for p in sorted(set(order) | set(prompt_order(stored)))
                         if prompt_order(stored).get(p) != order.get(p))
             raise OutputExistsError(
-                f"{flag}={out} holds a finished result of these inputs with its {path} in the order "
+                f"{named(flag, out)} holds a finished result of these inputs with its {path} in the order "
                 f"{', '.join(prompt_order(stored).get(path) or [])}, not {', '.join(order.get(path) or [])} (its "
                 f"columns, rows or sums follow that order). Rerun with them in that order to reuse it, pass "
-                f"--overwrite to recompute it, or choose another {flag}.")
+                f"--overwrite to recompute it, or choose another {flag_name(flag)}.")
         if not overwrite:  # finished; a leftover store of the same run is only a crash's residue
             # reused only when byte for byte what was written; a folder too where its record lists its files (an
             # export cut short or edited; not a training workdir, whose run.json records only the run it holds)
@@ -217,7 +218,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             else:  # a training workdir's run.json lists no files: it records the run it holds
                 problem = results.damage(out, recorded, meta) if "files" in recorded else None
             if problem is not None:
-                raise OutputExistsError(f"{flag}={out} holds a result of these inputs that does not match its "
+                raise OutputExistsError(f"{named(flag, out)} holds a result of these inputs that does not match its "
                                         f"{meta.name}: {problem}. {fix or 'Pass --overwrite to recompute it.'}")
             if folder is None and is_main():
                 for name in results.missing_figures(out, recorded):
@@ -234,12 +235,12 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
         # A folder is only ever replaced when an rmjax run of this kind made it (never a user's tree, e.g. a saved
         # model of the same file names); one marked unfinished and holding only what its job writes is that job's,
         # stopped before its record (replaced with --overwrite, below).
-        raise OutputExistsError(f"{flag}={out} holds files that no rmjax run of this kind wrote (no {meta.name}); "
-                                "choose an empty or new folder.")
+        raise OutputExistsError(f"{named(flag, out)} holds files that no rmjax run of this kind wrote (no "
+                                f"{meta.name}); choose an empty or new folder.")
     ours = _this_runs(existing, store, identity, out) if not overwrite else set()
     unrecorded = [p for p in _unrecorded(meta, owned) if p not in ours] if not overwrite else []
     if unrecorded:  # a resume or a fresh run would write over it at the end
-        raise OutputExistsError(f"{unrecorded[0]} already exists and no rmjax run of {flag}={out} wrote it (no "
+        raise OutputExistsError(f"{unrecorded[0]} already exists and no rmjax run of {named(flag, out)} wrote it (no "
                                 f"{meta.name} records it as it is): move it away, pass --overwrite to replace it, or "
                                 "choose another output.")
     clear = None
@@ -251,14 +252,14 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
         if overwrite:  # --overwrite recomputes everything: it deletes the store's chunks, and nothing else
             foreign = store_files(store)[1]
             if foreign:
-                raise foreign_refusal(f"{flag}={out}'s saved progress {store}", foreign[0], flag)
+                raise foreign_refusal(f"{named(flag, out)}'s saved progress {store}", foreign[0], flag_name(flag))
             clear = store
         elif progress == identity:  # continue it; the old outputs are replaced at the end, none left beside it
             return Claim(out, identity, resume=True, remove=tuple(existing) if folder is None else ())
         elif progress is None:
             raise _refuse(flag, store, "holds chunks without a manifest (not a resumable rmjax run)")
         else:
-            raise ResumeMismatchError(mismatch_message(f"saved progress {store}", progress, identity, flag))
+            raise ResumeMismatchError(mismatch_message(f"saved progress {store}", progress, identity, flag_name(flag)))
     if not overwrite and not outlived and [p for p in existing if p not in ours]:
         if stored is None:
             raise _refuse(flag, out, f"is not a finished rmjax result (no {meta.name} with its inputs: a run that "
@@ -268,7 +269,7 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
     if folder is not None and out in existing:  # an rmjax folder: --overwrite deletes what its job wrote, only
         own, foreign = store_files(out, folder, beside)
         if foreign:
-            raise foreign_refusal(f"{flag}={out}", foreign[0], flag)
+            raise foreign_refusal(f"{named(flag, out)}", foreign[0], flag_name(flag))
         existing = [*(p for p in existing if p != out and out not in p.parents), *own]
     return Claim(out, identity, remove=tuple(dict.fromkeys(existing)), clear=clear)
 
@@ -303,7 +304,7 @@ def _lock_and_decide(output: Output, held: contextlib.ExitStack) -> Claim:
     owned = [companion_path(p) for p in output.owned]
     if is_main():  # the companions too: another job's --out may name one of them
         for path in dict.fromkeys([out, *owned]):
-            held.enter_context(locks.hold(path, what=f"{flag}={out}"))
+            held.enter_context(locks.hold(path, what=f"{named(flag, out)}"))
     beside = [path for p in output.beside for path in (Path(p), locks.lock_path(p))]
     return _decide(out, meta, identity, output.overwrite, owned,
                    Path(output.store) if output.store is not None else None, flag, output.folder, beside, output.fix,
@@ -324,14 +325,15 @@ def check_distinct(outputs: Sequence[Output]) -> None:
     a file the run reads (`Output.inputs`): beam --from_sweep=X --out=X --overwrite deleted its sweep."""
     seen: dict[Path, str] = {}
     for output in outputs:
+        who = named(output.flag, output.out)
         for path in _named_files(output):
-            if seen.get(path) == f"{output.flag}={output.out}":
-                raise UsageError(f"{output.flag}={output.out} would write two of its files (the result and its "
-                                 f"record) to one, {path}; give {output.flag} another name (e.g. another suffix).")
+            if seen.get(path) == who:
+                raise UsageError(f"{who} would write two of its files (the result and its record) to one, {path}; "
+                                 f"give {flag_name(output.flag)} another name (e.g. another suffix).")
             if path in seen:
-                raise UsageError(f"{output.flag}={output.out} would write {path}, which {seen[path]} writes too; "
-                                 "give the outputs names that do not meet.")
-            seen[path] = f"{output.flag}={output.out}"
+                raise UsageError(f"{who} would write {path}, which {seen[path]} writes too; give the outputs names "
+                                 "that do not meet.")
+            seen[path] = who
     read = {Path(os.path.realpath(path)): flag if "=" in flag else f"{flag}={path}" for output in outputs
             for flag, path in output.inputs.items() if path}  # a key may name the flag and its value already
     for path, given in read.items():
@@ -346,7 +348,7 @@ def check_distinct(outputs: Sequence[Output]) -> None:
     for output in outputs:
         if output.folder is None:
             continue
-        root, who = Path(os.path.realpath(real_path(output.out))), f"{output.flag}={output.out}"
+        root, who = Path(os.path.realpath(real_path(output.out))), named(output.flag, output.out)
         for path, other in [*seen.items(), *read.items()]:
             inside = [p for p in output.folder if path.parent == root and fnmatch.fnmatchcase(path.name, p.rstrip("/"))
                       or p.endswith("/") and root / p.rstrip("/") in path.parents]

@@ -135,13 +135,14 @@ def model_meta(model) -> dict:
 @contextlib.contextmanager
 def job(out: str | Path, identity: dict, *, overwrite: bool = False, owned: Sequence[str | Path] = (),
         store: str | Path | None = None, inputs: Mapping[str, str | Path | None] | None = None,
-        reread: Mapping[str, str | Path | None] | None = None) -> Iterator[Job]:
+        reread: Mapping[str, str | Path | None] | None = None, flag: str = "--out") -> Iterator[Job]:
     """Claim `out` for `identity` (reuse, resume, refuse or overwrite: rmjax.runs.claims.claim) for the block;
     `inputs` (flag -> path): the files the job reads, which no output may be; `reread`: those it reads again after
-    the claim, whose content must be as claimed when the result is written."""
-    refuse_folder_name(out)
+    the claim, whose content must be as claimed when the result is written; `flag`: how messages name `out`
+    (rmjax.runs.paths.named)."""
+    refuse_folder_name(out, flag)
     out = real_path(out)  # written where the claim locked it (a symlinked --out: its target)
-    with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs,
+    with claim(out, identity, overwrite=overwrite, owned=owned, store=store, inputs=inputs, flag=flag,
                defer_removal=True) as decision:
         # after the claim (--overwrite cleared one): none, or only a record of the files a run may replace
         new_store = store is not None and (not os.path.lexists(store) or not holds_progress(Path(store)))

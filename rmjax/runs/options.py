@@ -66,8 +66,10 @@ def claim_job(options: RunOptions, identity: dict, *, out: str | Path | None = N
     job reads (an earlier result, a word list), which no output may be; `reread`: those it reads again after the
     claim (rmjax.runs.jobs.job)."""
     read = {f"{flag}={path}": path for flag, path in options.inputs} | dict(inputs or {})
+    # a result a folder job writes inside --out (inspect's reward_lens.csv) is named as in that folder
+    flag = "--out" if out is None or Path(out) == Path(options.out) else f"--out={options.out}"
     with jobs.job(out or options.out, identity, overwrite=options.overwrite, owned=owned, store=store,
-                  inputs=read, reread=reread) as job:
+                  inputs=read, reread=reread, flag=flag) as job:
         if job.reuse:
             jobs.refuse_nonfinite_reuse(job.out, options.allow_nonfinite)
             note = results.reused_note(results.read_meta(job.out))

@@ -17,6 +17,18 @@ def refuse_empty_out(out: str | Path | None) -> None:
         raise UsageError("--out is empty; give the file or folder to write.")
 
 
+def named(flag: str, path: str | Path) -> str:
+    """How a message names an output: `--out=PATH`, or where `flag` is itself `--out=DIR` (a file a folder job
+    writes in the folder it was given: inspect's reward_lens.csv) `DIR/name (in --out=DIR)`, never a flag value
+    nobody typed."""
+    return f"{path} (in {flag})" if "=" in flag else f"{flag}={path}"
+
+
+def flag_name(flag: str) -> str:
+    """The flag alone (`--out`), of a `flag` that may name its value too (`named`)."""
+    return flag.split("=", 1)[0]
+
+
 def refuse_folder_name(out: str | Path, flag: str = "--out") -> None:
     """A file output given with a trailing separator (`--out=dir/`): Path() drops it but open() does not, so the
     run wrote a file `dir` and its .meta.json, then failed reading it back as `dir/` (a traceback)."""
@@ -30,16 +42,17 @@ def check_writable(path: str | Path, flag: str = "--out", folder: bool = False) 
     """Fail now, not after the work, when `path` cannot be written."""
     path = Path(path)
     if not folder and path.is_dir():
-        raise UsageError(f"{flag}={path} is a directory; give a file path such as {path / 'result'}.")
+        fix = "move it away" if "=" in flag else f"give a file path such as {path / 'result'}"
+        raise UsageError(f"{named(flag, path)} is a directory; {fix}.")
     if folder and path.exists() and not path.is_dir():
-        raise UsageError(f"{flag}={path} is a file; give a folder.")
+        raise UsageError(f"{named(flag, path)} is a file; give a folder.")
     parent = path if folder else path.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".rmjax-write-test-"):
             pass
     except OSError as error:
-        raise UsageError(f"{flag}={path}: cannot write in {parent} ({error.strerror or error}).") from None
+        raise UsageError(f"{named(flag, path)}: cannot write in {parent} ({error.strerror or error}).") from None
     if not folder:
         _check_name_length(path, parent, flag)
     return path
@@ -58,7 +71,7 @@ def _check_name_length(path: Path, parent: Path, flag: str) -> None:
         limit = 255
     longest = len(os.fsencode(path.name)) + _DERIVED_NAME_CHARS
     if longest > limit:
-        raise UsageError(f"{flag}={path}: its name is {len(os.fsencode(path.name))} bytes, and the files written "
+        raise UsageError(f"{named(flag, path)}: its name is {len(os.fsencode(path.name))} bytes, and the files written "
                          f"beside it (its .meta.json, temp files) would pass this file system's limit of {limit} "
                          f"bytes a name; give a name of at most {limit - _DERIVED_NAME_CHARS} bytes.")
 
