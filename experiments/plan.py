@@ -111,6 +111,20 @@ def check_flags() -> None:
                             "--heldout_responses the others' steps: a head-only run's held-out responses are rows of "
                             "--responses)")
     slice_and_mesh(TOPOLOGY.value, common.MESH.value)  # the slice and the mesh over it, before the model is read
+    if JOB.value == "train_rm":
+        _note_warmup()
+
+
+def _note_warmup() -> None:
+    """The plan takes no --warmup_steps (it changes no memory or time), but train_rm refuses --steps at or below
+    its warmup: say so, rather than plan a command that is then refused."""
+    import sys
+
+    steps, warmup = STEPS.value or COMMAND_LINE_DEFAULTS["steps"], COMMAND_LINE_DEFAULTS["warmup_steps"]
+    if steps <= warmup:
+        print(f"note: train_rm refuses --steps={steps} with its default --warmup_steps={warmup} (the learning rate "
+              f"would never peak); run it with --warmup_steps below {steps}, e.g. --warmup_steps={steps // 10}.",
+              file=sys.stderr)
 
 
 def main(argv):

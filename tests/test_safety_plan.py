@@ -374,3 +374,18 @@ def test_a_gguf_or_builtin_is_read_as_its_float32_conversion():
     assert stored_itemsize(str(converted)) == 4  # from the safetensors headers of what the loader reads
     for spec in ("smollm2-135m-instruct", "elo-rm-smollm2-135m", str(gguf_path)):
         assert stored_itemsize(spec) == 4, spec
+
+
+def test_a_training_plan_says_when_train_rm_would_refuse_its_steps_at_the_default_warmup(tmp_path):
+    """plan takes no --warmup_steps (it changes no memory or time), so `plan --job=train_rm --steps=10` planned a
+    command train_rm refuses (--steps at or below its default --warmup_steps, 100): the plan now says so, naming
+    the flag to give. Above the warmup it says nothing. (Both runs stop at the batch check, before compiling.)"""
+    config = _config_file(tmp_path)
+    short, default = run_each(
+        ("plan", f"--model={config}", "--job=train_rm", "--trainable=head", "--n_train=50", "--steps=100"),
+        ("plan", f"--model={config}", "--job=train_rm", "--trainable=head", "--n_train=50", "--steps=101"))
+    assert ("note: train_rm refuses --steps=100 with its default --warmup_steps=100 (the learning rate would never "
+            "peak); run it with --warmup_steps below 100, e.g. --warmup_steps=10.") in short.stderr, short.stderr
+    assert "warmup" not in default.stderr, default.stderr
+    for done in (short, default):  # the note is no refusal: the plan goes on to its own checks
+        assert "--batch_size=256 is more than the 50 training pairs" in done.stderr, done.stderr
