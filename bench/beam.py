@@ -12,6 +12,7 @@ python bench/beam.py [--n=4096] [--beam=2] [--n_ref=256] [--batch_size=256] [--g
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ def main() -> None:
             if model.tokenizer(d, add_special_tokens=False).input_ids == pairs.ids[i].tolist()]
     err = np.abs(pairs.scores[: args.n_ref, 0][same] - ref[same]).max() if same else float("nan")
     print(f"model: SmolLM2-135M-shaped Llama RM, f32; |S| = {args.n} candidate tokens, beam {args.beam}, "
-          f"batch {args.batch_size}, 2 CPU cores")
+          f"batch {args.batch_size}, {os.cpu_count()} CPU cores")
     for depth in (1, 2, 3):
         lv = result.levels[depth - 1]
         print(f"depth {depth}: {lv['candidates']:>6} candidates ({lv['partials']} partials) in {lv['seconds']:6.1f} s "

@@ -13,6 +13,7 @@ python bench/inspect_vs_reference.py [--n_ref=2] [--steps=64]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ def reference(folder: Path, conversations: list[list[int]], starts: list[int], s
     import torch
     import transformers
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(os.cpu_count() or 1)  # as many as JAX uses
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
         str(folder), dtype=torch.float32, attn_implementation="sdpa").eval()
     table = model.get_input_embeddings().weight.detach()
@@ -102,7 +103,7 @@ def main() -> None:
     gaps = [a.relative_gap for a in attrs]
     evaluations = [a.evaluations for a in attrs]
     print(f"model: SmolLM2-135M-shaped Llama RM, f32, {len(seqs)} responses of ~{np.mean([len(s) for s in seqs]):.0f} "
-          f"tokens, IG {args.steps} steps (pad baseline), 2 CPU cores")
+          f"tokens, IG {args.steps} steps (pad baseline), {os.cpu_count()} CPU cores")
     print(f"rmjax (one batched forward for lens and curve, IG steps batched 16): {t_ours:.1f} s for {len(seqs)} = "
           f"{per_ours:.2f} s per response")
     print(f"transformers (forward per prefix, forward + backward per IG step): {t_ref:.1f} s for {n} = "

@@ -4,8 +4,8 @@ exhaustive optimum, for both default RMs, both directions and 5 seeds.
 
 Methods, each stopped at --budget forwards (default 25,000, 1/10 of exhaustive search) or when it reaches rank 1:
 - `gcg`: GCG from its default start (the first noun, repeated), search width 128, top-k 64;
-- `beam`: the beam with K = --beam_k (the largest K whose two levels fit the budget; deterministic: one run
-  stands for every seed);
+- `beam`: the beam with K = --beam_k (default: per model, the largest K whose two levels fit the budget by the
+  counter's rule, `largest_beam`; deterministic: one run per model and direction, counted once in the summary);
 - `beam+gcg`: GCG seeded from the best 8 of a K = 8 beam;
 - `search`: rmjax.search.fluent at λ = 0. The 500 nouns are a small set, which puts it in its exact coordinate
   steps; `--exact_limit` below 500 (e.g. 0) takes the gradient path instead, as on a whole vocabulary: gradient
@@ -19,7 +19,9 @@ cached): exact at depth 1, the best known whole turn of 1..N tokens beyond. A ru
 within 1e-3 of the truth's (two float32 forwards along different paths: cached beam extension vs the search's
 batched whole turns) or holds its ids; a run that goes past it by more has found a better turn than the beam.
 Forwards follow BUILD_NOTES 'Forwards' (rmjax.search.objective): every call's positions over N + S (the RM; the
-prior's over N), a gradient 3x, padding rows free. GCG and the beam are counted by wrapping their scoring calls.
+prior's over N: the jobs price them over N + 1, a whole turn, so here the search pays 1.5x for them at N = 2, a
+handicap the figures kept), a gradient 3x, padding rows free. GCG and the beam are counted by wrapping their
+scoring calls.
 
 python bench/search_efficiency.py [--budget=25000] [--seeds=5] [--first_seed=0] [--exact_limit=1024] \
     [--models=elo-rm-smollm2-135m,elo-rm-gemma3-270m] [--methods=gcg,beam,beam+gcg,search]
@@ -149,6 +151,16 @@ def run_gcg(target, cands, direction, seed, budget, counter, rank, init=()) -> l
     return curve
 
 
+def largest_beam(budget: int, candidates: int, prefix: int, tail: int, n: int = 2) -> int:
+    """The largest K whose N = 2 beam over `candidates` tokens the Counter charges at most `budget` forwards: the
+    prefill (prefix positions), depth 1 (each candidate and the suffix), K prefix extensions, depth 2 (K rows of
+    each candidate and the suffix), all over N + `tail` positions. (K = 48, the old default, spent 74% of 25,000 on
+    SmolLM2's RM and 49% on Gemma 3's: a baseline given less compute.)"""
+    per_k = 1 + candidates * (1 + tail)
+    room = budget * (n + tail) - prefix - candidates * (1 + tail)
+    return max(1, room // per_k)
+
+
 def run_beam(model, cands, direction, k, counter, rank) -> tuple[list[tuple[float, int]], np.ndarray]:
     from rmjax.search.beam import BeamConfig, beam_search
 
@@ -246,7 +258,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=25000)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--first_seed", type=int, default=0, help="seeds first_seed .. first_seed + seeds - 1")
-    ap.add_argument("--beam_k", type=int, default=48)
+    ap.add_argument("--beam_k", type=int, default=0, help="0: per model, the largest K that fits --budget")
     ap.add_argument("--exact_limit", type=int, default=1024,
                     help="the search's exact mode up to this many candidates; below 500 it takes the gradient path")
     ap.add_argument("--models", default="elo-rm-smollm2-135m,elo-rm-gemma3-270m")
@@ -274,6 +286,7 @@ def main() -> None:
         target = make_target(model, _prompt())
         counter = Counter(len(target.suffix))
         counter.install()
+        beam_k = args.beam_k or largest_beam(args.budget, len(cands), len(target.prefix), len(target.suffix))
         for direction in ("optimal", "pessimal"):
             rank = Ranks(cands, table, direction)
             end = turns.end_of_turn(target.suffix, model.tokenizer, name)
@@ -288,7 +301,12 @@ def main() -> None:
                         if seed != args.first_seed:
                             curve = runs[method][-1][3]  # deterministic: the same run
                         else:
-                            curve, _ = run_beam(model, cands, direction, args.beam_k, counter, rank)
+                            curve, _ = run_beam(model, cands, direction, beam_k, counter, rank)
+                            share = curve[-1][0] / args.budget
+                            print(f"{name} {direction} beam K = {beam_k}: {curve[-1][0]:,.0f} forwards, "
+                                  f"{share:.0%} of the budget", flush=True)
+                            if share > 1:
+                                print(f"  (past the budget: --beam_k={beam_k} is more than it buys)", flush=True)
                     elif method == "beam+gcg":
                         beam_curve, seeds = run_beam(model, cands, direction, 8, counter, rank)
                         init = [model.tokenizer.decode(ids.tolist()) for ids in seeds]
@@ -307,6 +325,9 @@ def main() -> None:
         " ".join(f"{c:>6,}" for c in CHECKPOINTS)
     print(header)
     for method, items in runs.items():
+        if method == "beam":  # deterministic: its seeds are copies of one run per model and direction
+            items = list({(model, direction): (model, direction, seed, curve)
+                          for model, direction, seed, curve in items}.values())
         firsts = [next((f for f, r in c if r == 1 and f <= args.budget), None) for *_, c in items]
         hit = [f for f in firsts if f is not None]
         median = f"{np.median(hit):,.0f}" if hit else "-"

@@ -3,8 +3,9 @@ full-vocabulary sweep time from a measured FLOP efficiency.
 
 python bench/zoo_table.py [--efficiency=0.69] [--prefix_len=64] [--positions=3]
 
-The efficiency is the fraction of matmul peak a prefix-cached sweep reaches (69% measured on CPU by
-bench/sweep_vs_reference.py); chips are TPU v4, v5e and v6e with the published figures of rmjax.plan.chips.CHIPS.
+The efficiency is the fraction of matmul peak a prefix-cached sweep reaches (69% on one H200 GPU in bf16,
+bench/gpu_check.py; 88% on the 2-core CPU in f32, bench/sweep_vs_reference.py; none measured on a TPU); chips
+are TPU v4, v5e and v6e with the published figures of rmjax.plan.chips.CHIPS.
 For a compiled plan of one job on one slice, see experiments.plan. Minimum chips = the smallest power-of-two
 `model` sharding whose per-chip memory (params + prefix cache + a batch of 64) fits in 80% of HBM.
 """

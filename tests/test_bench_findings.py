@@ -42,3 +42,55 @@ def test_the_compute_multiplier_counts_a_search_with_no_row_as_reached_at_once(t
     # the search's 2.0 under ppl 100: the first sample with reward ≥ 2.0 in the interleaved order of two streams
     gains = np.linspace(0.0, 3.0, 400)[bench["_interleaved"](400, len(fluent.FluentConfig().best_of_n_temperatures))]
     assert rows[100.0]["samples_to_reach"] == int(np.flatnonzero(gains >= 2.0)[0]) + 1
+
+
+def test_the_search_efficiency_beam_gets_the_largest_k_the_budget_buys(tmp_path, monkeypatch):
+    """bench/search_efficiency.py's beam baseline: K = 48 spent 74% of the 25,000-forward budget on SmolLM2's RM and
+    49% on Gemma 3's (a baseline given less compute than the search). `largest_beam` is checked against the bench's
+    own Counter on a real beam (a tiny RM, 20 candidates): K's run stays within the budget and K + 1's passes it."""
+    import runpy
+
+    from rmjax.loading import load
+    from rmjax.search import beam, gcg
+    from rmjax.search.gcg import make_target
+    from tests import tiny
+
+    for module, name in ((beam, "score_responses"), (beam, "extend_prefix"), (beam, "_estimate"),
+                         (gcg, "score_responses"), (gcg, "extend_prefix"), (gcg, "score_variants"),
+                         (gcg, "reward_gradient_on_device")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # Counter.install patches them: restored after
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "bench" / "search_efficiency.py"))
+    tiny.save_reward_model_with_tokenizer(tmp_path / "rm", num_labels=1)
+    model = load(str(tmp_path / "rm"))
+    target = make_target(model, bench["_prompt"]())
+    prefix, tail = len(target.prefix), len(target.suffix)
+    counter = bench["Counter"](tail)
+    counter.install()
+    cands = np.arange(10, 30)
+    budget = 150
+    k = bench["largest_beam"](budget, len(cands), prefix, tail)
+    assert 1 < k < len(cands) - 1
+
+    def spent(beam_k: int) -> float:
+        counter.spent = bench["Fraction"](prefix, 2 + tail)  # the prompt's prefill, as main charges it
+        curve, _ = bench["run_beam"](model, cands, "optimal", beam_k, counter, lambda ids: 1)
+        return curve[-1][0]
+
+    assert spent(k) <= budget < spent(k + 1)
+
+
+def test_the_compute_multipliers_interval_over_seeds_is_a_t_interval_not_their_range():
+    """bench/frontier_findings.py's interval over 3 seeds was a bootstrap whose 2.5/97.5 percentiles are the seeds'
+    least and greatest (a resample of one seed thrice has probability 1/27, above 2.5%): BUILD_NOTES printed the
+    range as a 95% CI. Now a t-interval on the logs, against scipy's one-sample t confidence interval."""
+    import runpy
+
+    from scipy import stats
+
+    ci = runpy.run_path(str(Path(__file__).resolve().parents[1] / "bench" / "frontier_findings.py"))["_geometric_ci"]
+    values = [0.09, 0.5, 4.0]
+    geo, low, high = ci(values)
+    want = stats.ttest_1samp(np.log(values), 0.0).confidence_interval(0.95)
+    assert np.isclose(geo, np.exp(np.mean(np.log(values))), rtol=1e-12)
+    assert np.allclose([low, high], np.exp([want.low, want.high]), rtol=1e-12)
+    assert low < min(values) and high > max(values)  # three seeds this far apart bound little
