@@ -46,7 +46,8 @@ COLLECTED = "results"  # what the launch scripts bring back; a TPU VM is deleted
 INPUTS = ("from_sweep", "from_beam", "sweep", "init_from", "texts_file", "vocab_file", "pairs", "heldout_pairs", "elo",
           "scores", "audits", "disagreements", "bigtwo_checkpoints", "bigtwo_dictionary", "implicit_chosen",
           "implicit_reference", "models_yaml", "frequencies", "prompts", "model", "lm", "judge")
-CHECKPOINT = "/tmp/ckpt"  # where launch/tpu_vm.sh puts --checkpoint on every worker
+CHECKPOINT = "/tmp/ckpt"  # where launch/tpu_vm.sh puts --checkpoint on every worker (gpu.sh a local one)
+LAUNCH_CHECKPOINT = "RMJAX_LAUNCH_CHECKPOINT"  # the launch scripts' --checkpoint, set by them
 HELP = ("help", "helpshort", "helpfull", "helpxml", "only_check_args")  # absl's: the job would print and stop
 _OPERATOR = re.compile(r"[;&|<>()\n]+")
 
@@ -123,7 +124,11 @@ def _refuse_uncollected(job: str, values: flags.FlagValues) -> None:
     result lost. train_rm must bring back what it trained (its workdir, export or head)."""
     written = {name: values[name].value for name in OUTPUTS if name in values and values[name].value}
     for name, path in written.items():
-        if Path(path).is_absolute() or Path(os.path.normpath(path)).parts[:1] != (COLLECTED,):
+        parts = Path(os.path.normpath(path)).parts
+        if parts == (COLLECTED,):  # a sweep wrote a file `results`, which the launch's results/* misses
+            _fail(f"--{name}={path} is the {COLLECTED}/ folder itself, and the launch brings back what is inside it; "
+                  f"give --{name}={COLLECTED}/NAME.")
+        if Path(path).is_absolute() or parts[:1] != (COLLECTED,):
             _fail(f"--{name}={path} is outside {COLLECTED}/, and the launch brings back only {COLLECTED}/ (a TPU VM is "
                   f"deleted with the rest); give --{name}={COLLECTED}/….")
     if job == "train_rm" and not written:
@@ -141,19 +146,42 @@ def _a_file(name: str, value: str) -> bool:
     return value not in ("", "builtin") and not value.startswith("builtin:")  # --elo's shipped files
 
 
+def _under_checkpoint(path: str) -> bool:
+    """Whether `path` is the launch's checkpoint folder or inside it (not /tmp/ckptX, which is neither)."""
+    path = os.path.normpath(path)
+    return path == CHECKPOINT or path.startswith(CHECKPOINT + "/")
+
+
+def _input_files(values: flags.FlagValues):
+    """(flag, value) of every input the job reads from a file or folder (`_a_file`)."""
+    for name in INPUTS:
+        if name not in values or not values[name].present or not values[name].value:
+            continue
+        given = values[name].value
+        yield from ((name, item) for item in (given if isinstance(given, list) else [given]) if _a_file(name, item))
+
+
+def _refuse_absent_checkpoint(values: flags.FlagValues, checkpoint: str) -> None:
+    """A launch copies its --checkpoint to /tmp/ckpt: without one (or with gpu.sh's remote:PATH, read in place) a
+    job reading /tmp/ckpt reads what an earlier run left there, or nothing, on the paid-for machine."""
+    if checkpoint and not checkpoint.startswith("remote:"):
+        return
+    for name, item in _input_files(values):
+        if _under_checkpoint(item):
+            fix = (f"the host reads --checkpoint={checkpoint} in place: give the job --{name}="
+                   f"{checkpoint.removeprefix('remote:')}{os.path.normpath(item)[len(CHECKPOINT):]}" if checkpoint else
+                   "no --checkpoint is given to copy there: give the launch --checkpoint=FOLDER")
+            _fail(f"--{name}={item} is under {CHECKPOINT}, the launch's copy of its --checkpoint, and {fix}.")
+
+
 def _refuse_unshipped(values: flags.FlagValues, repo: Path) -> None:
     """A TPU VM gets `git archive HEAD` and the checkpoint at /tmp/ckpt: an input elsewhere (a sweep in results/,
     which git ignores, or a file of this machine's) is not there, and the job would stop on the VM once it is paid
     for and set up."""
     import subprocess
 
-    for name in INPUTS:
-        if name not in values or not values[name].present or not values[name].value:
-            continue
-        given = values[name].value
-        for item in given if isinstance(given, list) else [given]:
-            if not _a_file(name, item) or os.path.normpath(item).startswith(CHECKPOINT):
-                continue
+    for name, item in _input_files(values):
+        if not _under_checkpoint(item):
             relative = os.path.relpath(os.path.abspath(os.path.expanduser(item)), repo)
             tracked = not relative.startswith("..") and subprocess.run(
                 ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", "HEAD", "--", relative],
@@ -219,6 +247,8 @@ def main(argv: list[str]) -> None:
     if shown:
         _fail(f"experiments.{job} --{shown[0]} would print its help or only check its flags, and run nothing; "
               f"run python -m experiments.{job} --{shown[0]} here")
+    if LAUNCH_CHECKPOINT in os.environ:  # the launch's --checkpoint ("" without one); first, as the next
+        _refuse_absent_checkpoint(flags.FLAGS, os.environ[LAUNCH_CHECKPOINT])
     if len(argv) == 3:  # first: a config's check that a file exists reads this machine's disk, not the VM's
         _refuse_unshipped(flags.FLAGS, Path(__file__).resolve().parent.parent)
     try:

@@ -7,7 +7,8 @@
 #     --job="experiments.sweep --model=/tmp/ckpt --prompts=paper1 --dtype=bfloat16 --mesh=data:8,model:1 --out=results/s.csv" \
 #     [--results=results/] [--dry-run]
 #
-# --checkpoint: a local folder (rsync'd to the host) or remote:PATH (already on the host, used in place).
+# --checkpoint: a local folder (rsync'd to the host's /tmp/ckpt, which the job reads) or remote:PATH (already on
+#         the host, read in place: the job names PATH itself; a job reading /tmp/ckpt then is refused).
 # --job: shell text, run on the host as `.venv/bin/python -m JOB` in the copied repository. Its outputs must be
 #         under results/ (the only folder brought back): another place is refused.
 # --dry-run prints every command, one per line, quoted so that a line pasted into a shell runs exactly it.
@@ -32,7 +33,7 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 # job's own flags (experiments/job_line.py), where this checkout has its .venv: the host is paid for, and the
 # set-up takes minutes. Without one, the job's name alone is checked.
 if [ -x "$REPO/.venv/bin/python" ]; then
-  ( cd "$REPO" && .venv/bin/python "${JOB_LINE[@]}" "$JOB" >/dev/null ) || exit 2
+  ( cd "$REPO" && RMJAX_LAUNCH_CHECKPOINT="$CHECKPOINT" .venv/bin/python "${JOB_LINE[@]}" "$JOB" >/dev/null ) || exit 2
 else
   read -r JOB_NAME _ <<<"$JOB"
   if [[ "$JOB_NAME" != experiments.* ]] || \

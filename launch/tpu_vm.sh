@@ -21,7 +21,8 @@
 # --plan_model: a zoo hub id or nickname, a config.json or a local folder: before the VM is created, the job is
 #         compiled for --type here (python -m experiments.plan, needs jax[tpu]) and refused when it does not fit;
 #         default: the checkpoint's config.json (gcloud storage cp from a gs:// checkpoint) or its local folder.
-#         A beam or GCG job's --lm is planned too (held beside the RM); one under /tmp/ckpt is read from the checkpoint.
+#         A beam or GCG job's --lm is planned too (held beside the RM); one under /tmp/ckpt is read from the
+#         checkpoint, as is a --prompts file there.
 # --keep: keep the VM at the end, also after a failure (otherwise a failed run deletes it too).
 # --dry-run runs the plan here (its verdict on stderr; from a gs:// checkpoint only with --plan_model) and prints
 #         every command, one per line, quoted so that a line pasted into a shell runs exactly it.
@@ -46,6 +47,11 @@ done
 for required in NAME ZONE TYPE JOB; do
   [ -n "${!required}" ] || { echo "--$(echo "$required" | tr '[:upper:]' '[:lower:]') is required (see --help)" >&2; exit 2; }
 done
+# a bucket path without its trailing slash (gs://b/m/ + /config.json names another object); a local folder and
+# --plan_model absolute: the plan runs in the repository, the copy from here (the same folder both ways)
+[[ "$CHECKPOINT" == gs://* ]] && CHECKPOINT="${CHECKPOINT%/}"
+[ -n "$CHECKPOINT" ] && [[ "$CHECKPOINT" != gs://* ]] && [ -e "$CHECKPOINT" ] && CHECKPOINT="$(realpath -- "$CHECKPOINT")"
+[ -n "$PLAN_MODEL" ] && [ -e "$PLAN_MODEL" ] && PLAN_MODEL="$(realpath -- "$PLAN_MODEL")"
 
 if [ -z "$VERSION" ]; then
   case "$TYPE" in
@@ -126,7 +132,7 @@ if [ -z "$PY" ] || ! ( cd "$REPO" && "$PY" -c "import absl, rmjax" 2>/dev/null )
   echo "error: no python with rmjax here to read --job with (make demo creates .venv; the plan needs it too)" >&2
   exit 2
 fi
-mapfile -d '' -t JOB_READ < <(cd "$REPO" && "$PY" "${JOB_LINE[@]}" "$JOB" "$TYPE")
+mapfile -d '' -t JOB_READ < <(cd "$REPO" && RMJAX_LAUNCH_CHECKPOINT="$CHECKPOINT" "$PY" "${JOB_LINE[@]}" "$JOB" "$TYPE")
 wait $! || exit 2  # it said why, in one line
 JOB_NAME="${JOB_READ[0]}" PLAN_FLAGS=("${JOB_READ[@]:1}")  # no plan flags: a job experiments.plan does not plan
 if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.json is enough: no weights are read
@@ -136,20 +142,36 @@ if [ -z "$PLAN_MODEL" ] && [[ "$CHECKPOINT" == gs://* ]]; then  # its config.jso
 elif [ -z "$PLAN_MODEL" ]; then
   PLAN_MODEL="$CHECKPOINT"
 fi
-# A beam or GCG job's --lm under the checkpoint is on the VM only: the plan reads it here, from the checkpoint folder
-# (a gs:// one: its config.json), so that the LM the job holds beside the RM counts in the plan.
+# A beam or GCG job's --lm, or a prompts file, under the checkpoint is on the VM only: the plan reads it here, from
+# the checkpoint folder (a gs:// one: the LM's config.json, the prompts file, copied), so that the LM the job holds
+# beside the RM counts in the plan and the prompts it sizes are the job's.
+from_checkpoint() {  # $1: a path under /tmp/ckpt, $2: what of it the plan reads ("" the file itself), $3: a local
+  local rest="${1#/tmp/ckpt}" # name for a copy, $4: what it is (said by a dry run); sets MAPPED: what the plan reads
+  rest="${rest%/}"
+  if [[ "$CHECKPOINT" == gs://* ]]; then
+    run gcloud storage cp "$CHECKPOINT$rest${2:+/$2}" "$3"
+    [ "$DRY" = 1 ] && PLAN_DRY_WHY="${PLAN_DRY_WHY:+$PLAN_DRY_WHY and }$4 $CHECKPOINT$rest${2:+/$2}"
+    MAPPED="$3"
+  else
+    MAPPED="$CHECKPOINT$rest"
+  fi
+}
+under_checkpoint() { [ "$1" = /tmp/ckpt ] || [[ "$1" == /tmp/ckpt/* ]]; }
 for i in "${!PLAN_FLAGS[@]}"; do
   flag="${PLAN_FLAGS[$i]}"
-  if [ -n "$CHECKPOINT" ] && { [ "$flag" = --lm=/tmp/ckpt ] || [[ "$flag" == --lm=/tmp/ckpt/* ]]; }; then
-    rest="${flag#--lm=/tmp/ckpt}"; rest="${rest%/}"
-    if [[ "$CHECKPOINT" == gs://* ]]; then
-      LM_CONFIG="${TMPDIR:-/tmp}/rmjax-$NAME-lm-config.json"
-      run gcloud storage cp "${CHECKPOINT%/}$rest/config.json" "$LM_CONFIG"
-      [ "$DRY" = 1 ] && PLAN_DRY_WHY="${PLAN_DRY_WHY:+$PLAN_DRY_WHY and }--lm's $CHECKPOINT$rest/config.json"
-      PLAN_FLAGS[$i]="--lm=$LM_CONFIG"
-    else
-      PLAN_FLAGS[$i]="--lm=${CHECKPOINT%/}$rest"
-    fi
+  [ -n "$CHECKPOINT" ] || continue  # the job line refused /tmp/ckpt without one
+  if [[ "$flag" == --lm=* ]] && under_checkpoint "${flag#--lm=}"; then
+    from_checkpoint "${flag#--lm=}" config.json "${TMPDIR:-/tmp}/rmjax-$NAME-lm-config.json" "--lm's"
+    PLAN_FLAGS[$i]="--lm=$MAPPED"
+  elif [[ "$flag" == --prompts=* ]]; then
+    IFS=, read -ra items <<<"${flag#--prompts=}"
+    for k in "${!items[@]}"; do
+      if under_checkpoint "${items[$k]}"; then
+        from_checkpoint "${items[$k]}" "" "${TMPDIR:-/tmp}/rmjax-$NAME-prompts-$k.yaml" "--prompts'"
+        items[$k]="$MAPPED"
+      fi
+    done
+    PLAN_FLAGS[$i]="--prompts=$(IFS=,; printf '%s' "${items[*]}")"
   fi
 done
 if [ "${#PLAN_FLAGS[@]}" = 0 ]; then

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 LAUNCH = Path(__file__).resolve().parents[1] / "launch"
-JOB = "experiments.sweep --model=/tmp/ckpt --prompts=paper1 --mesh=data:1,model:8 --out=results/s.csv"
+JOB = "experiments.sweep --model=elo-rm-smollm2-135m --prompts=paper1 --mesh=data:1,model:8 --out=results/s.csv"
 TPU = ["gcloud", "compute", "tpus", "tpu-vm"]
 
 
@@ -359,7 +359,8 @@ def test_tpu_vm_plans_the_job_first_and_creates_no_vm_for_one_that_does_not_fit(
     _fake_gcloud(bin_dir, log)
     env = {**env, "JAX_PLATFORMS": "cpu"}
     res = _run("tpu_vm.sh", *args[:2], "--type=v5litepod-8",
-               "--job=experiments.sweep --model=/tmp/ckpt --prompts=greatest --mesh=data:8,model:1 --out=results/s.csv",
+               "--job=experiments.sweep --model=elo-rm-smollm2-135m --prompts=greatest --mesh=data:8,model:1 "
+               "--out=results/s.csv",
                f"--plan_model={config}", env=env)
     assert res.returncode == 2, res.stderr
     assert "Cheapest that fit by estimate" in res.stderr and "no VM was created" in res.stderr
@@ -595,12 +596,16 @@ def test_what_the_job_would_refuse_is_refused_before_the_vm():
              ("experiments.sweep --out=.", "--out=. is outside results/"),  # (a traceback: no first part)
              ("experiments.audit --out=results/../a", "--out=results/../a is outside results/"),
              ("experiments.plan --out=/tmp/p.json", "--out=/tmp/p.json is outside results/"),
+             # the folder itself: a sweep wrote a file `results`, which results/* does not bring back (helper-155)
+             ("experiments.sweep --out=results --mesh=data:8,model:1", "--out=results is the results/ folder itself"),
              ("experiments.train_rm --elo=builtin --export=results/e --workdir=runs/w", "--workdir=runs/w is outside"),
              ("experiments.train_rm --elo=builtin", "give --workdir=results/…, --export=results/… or --head_out"),
              # an input the TPU VM would not have: it gets git archive HEAD and the checkpoint at /tmp/ckpt
              ("experiments.inspect --from_sweep=results/s.csv --mesh=data:1,model:8",
               "--from_sweep=results/s.csv would not be on the TPU VM"),
              ("experiments.sweep --model=/data/rm --mesh=data:1,model:8", "--model=/data/rm would not be on the TPU"),
+             ("experiments.beam --from_sweep=/tmp/ckptX/s.csv --mesh=data:1,model:8 --out=results/b.csv",
+              "--from_sweep=/tmp/ckptX/s.csv would not be on the TPU VM"),  # no file of /tmp/ckpt's
              ("experiments.analyze --scores=rmjax/data/prompts.yaml,results/a.csv",
               "--scores=results/a.csv would not be"))
     for (line, said), (status, words, err) in zip(cases, _read_each(*(c[0] for c in cases), tpu_type="v5litepod-8"),
@@ -681,3 +686,54 @@ def test_a_sweeps_job_line_is_read_without_starting_jax():
     bad = subprocess.run([sys.executable, "-c", code, line.replace("model:8", "model:x"), "v4-8"],
                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert bad.returncode == 2 and bad.stderr.count("error: ") == 1 and "mesh" in bad.stderr, bad.stderr
+
+
+def test_a_job_reading_the_checkpoint_folder_gets_one_and_its_files_are_planned_from_it(tmp_path):
+    """helper-155's launch finds. A job reading /tmp/ckpt with no --checkpoint (or gpu.sh's remote:PATH, read in
+    place) would read what an earlier run left there, or nothing, on the paid-for machine: refused, naming the fix.
+    A gs:// checkpoint's trailing slash stays out of its objects' names. A prompts file in the checkpoint (as
+    docs/launch.md advises) is planned from it (the plan said "prompt file /tmp/ckpt/p.yaml not found" and "the job
+    does not plan"), and a relative --checkpoint is read from where it was given, not from the repository."""
+    import json
+
+    from tests import tiny
+
+    sweep = "--job=experiments.sweep --model=/tmp/ckpt --prompts=paper1 --out=results/s.csv"
+    for script, args, said in (
+            ("gpu.sh", ["--host=me@box", "--checkpoint=remote:/data/m"],
+             "the host reads --checkpoint=remote:/data/m in place: give the job --model=/data/m."),
+            ("gpu.sh", ["--host=me@box"], "no --checkpoint is given to copy there"),
+            ("tpu_vm.sh", ["--name=rm", "--zone=z", "--type=v5litepod-1"], "no --checkpoint is given to copy there")):
+        bad = _run(script, *args, sweep, "--dry-run")
+        assert bad.returncode == 2 and "error: --job: --model=/tmp/ckpt is under /tmp/ckpt" in bad.stderr, bad.stderr
+        assert said in bad.stderr and not bad.stdout, bad.stderr
+    cmds = _dry("gpu.sh", "--host=me@box", "--checkpoint=remote:/data/m",
+                "--job=experiments.sweep --model=/data/m --prompts=paper1 --out=results/s.csv")
+    assert ["ssh", "me@box", "cd rmjax && HF_HUB_OFFLINE=1 .venv/bin/python -m experiments.sweep --model=/data/m "
+            "--prompts=paper1 --out=results/s.csv"] in cmds
+    # a bucket with a trailing slash; its prompts file copied for the plan (a dry run says it needs it)
+    job = "--job=experiments.sweep --model=/tmp/ckpt --prompts=paper1,/tmp/ckpt/p.yaml --out=results/s.csv"
+    cmds, said = _dry_and_said("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", "--checkpoint=gs://b/ckpt/",
+                               job, env={**os.environ, "TMPDIR": "/tmp"})
+    assert ["gcloud", "storage", "cp", "gs://b/ckpt/config.json", "/tmp/rmjax-rm-config.json"] in cmds
+    assert ["gcloud", "storage", "cp", "gs://b/ckpt/p.yaml", "/tmp/rmjax-rm-prompts-1.yaml"] in cmds
+    (plan,) = [c for c in cmds if c[1:3] == ["-m", "experiments.plan"]]
+    assert "--prompts=paper1,/tmp/rmjax-rm-prompts-1.yaml" in plan, plan
+    assert "--prompts' gs://b/ckpt/p.yaml" in said, said
+    copy = next(c for c in cmds if any("gcloud storage cp -r" in w for w in c))
+    assert _remote(copy)[-2:] == ["gs://b/ckpt/*", "/tmp/ckpt/"], copy
+    # a local checkpoint given relative to the caller's folder, its prompts file in it: planned here from it
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    raw = tiny.hf_config("llama3", num_labels=1, vocab_size=49152).to_dict()  # the tokenizer's
+    (checkpoint / "config.json").write_text(json.dumps(raw | {"architectures": ["LlamaForSequenceClassification"]}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (checkpoint / name).write_bytes((tiny.smollm2_tokenizer_folder() / name).read_bytes())
+    (checkpoint / "p.yaml").write_text("mine: What is the best idea?\n")
+    res = subprocess.run(["bash", str(LAUNCH / "tpu_vm.sh"), "--name=rm", "--zone=z", "--type=v5litepod-1",
+                          "--checkpoint=ckpt", job.replace("paper1,", "") + " --limit=64", "--dry-run"],
+                         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert res.returncode == 0, res.stderr
+    (plan,) = [shlex.split(line) for line in res.stdout.splitlines() if " -m experiments.plan " in line]
+    assert f"--model={checkpoint}" in plan and f"--prompts={checkpoint}/p.yaml" in plan, plan
+    assert f"{checkpoint}" in next(line for line in res.stdout.splitlines() if " scp --recurse " in line)
