@@ -366,3 +366,18 @@ def test_fewer_than_three_items_correlate_nothing_and_three_are_scipys():
     assert correlations.loc["m2", ["pearson", "spearman", "kendall_tau"]].isna().all()
     assert correlations.loc["m3", "kendall_tau"] == pytest.approx(scipy_stats.kendalltau(
         [1.0, 2.0, 4.0], [2.0, 1.0, 3.0]).statistic, abs=1e-12)
+
+
+def test_moments_of_fewer_than_three_tokens_have_no_interval():
+    """A one-row score table was written with variance 0, mean CI [x, x] and variance CI [0, 0] (helper-155): a
+    bootstrap of one value is that value. Under stats.MIN_ITEMS tokens every interval is NaN (as a correlation's),
+    the variance and skewness of one token too; from 3 on, the percentile bootstrap runs (checked by hand-drawn
+    resamples above)."""
+    one = stats.bootstrap_moments(np.array([0.7055]), n_boot=200)
+    assert one["mean"] == 0.7055 and np.isnan(one["variance"]) and np.isnan(one["skewness"])
+    two = stats.bootstrap_moments(np.array([0.5, 1.5]), n_boot=200)
+    assert two["mean"] == 1.0 and two["variance"] == 0.25  # numpy's population variance of the two
+    for got in (one, two):
+        assert all(np.isnan(got[f"{m}_ci_{end}"]) for m in ("mean", "variance", "skewness") for end in ("low", "high"))
+    three = stats.bootstrap_moments(np.array([0.5, 1.5, 4.0]), n_boot=200)
+    assert three["mean_ci_low"] < three["mean_ci_high"] and np.isfinite(three["variance_ci_high"])
