@@ -123,6 +123,22 @@ def test_output_paths_refused_before_any_work(tmp_path):
         paths.check_writable(tmp_path / "f", folder=True)
 
 
+def test_an_output_named_as_another_outputs_lock_is_refused(tmp_path):
+    """`score --out=s8.csv.lock` wrote a result where the sweep --out=s8.csv keeps its lock: the sweep's rerun was
+    then refused ("s8.csv.lock is a file rmjax did not make", helper-155). A file or folder output ending in .lock
+    is refused before any work, through the claim every job makes; `x.locked` is no lock's name."""
+    from rmjax.runs import jobs
+
+    for folder in (False, True):
+        with pytest.raises(UsageError, match=r"s8\.csv\.lock: rmjax names its lock files so"):
+            paths.check_writable(tmp_path / "s8.csv.lock", folder=folder)
+    with pytest.raises(UsageError, match="give a name not ending in .lock"), \
+            jobs.job(tmp_path / "s8.csv.lock", IDENTITY):
+        pass
+    assert not (tmp_path / "s8.csv.lock").exists()
+    assert paths.check_writable(tmp_path / "x.locked") == tmp_path / "x.locked"
+
+
 def test_a_name_too_long_for_its_companions_is_refused_at_the_limit(tmp_path):
     """paths.check_writable: a name of NAME_MAX - 48 bytes passes, one byte more is refused (its .meta.json and temp
     files would pass the file system's limit). Kills `longest > limit` -> `> limit + 1` and skipping the check."""

@@ -41,6 +41,9 @@ def refuse_folder_name(out: str | Path, flag: str = "--out") -> None:
 def check_writable(path: str | Path, flag: str = "--out", folder: bool = False) -> Path:
     """Fail now, not after the work, when `path` cannot be written."""
     path = Path(path)
+    if path.name.endswith(".lock"):  # X.lock is the lock of output X: a result there was taken for a foreign file
+        raise UsageError(f"{named(flag, path)}: rmjax names its lock files so (X.lock locks the output X), and a "
+                         "result there would block X's runs; give a name not ending in .lock.")
     if not folder and path.is_dir():
         fix = "move it away" if "=" in flag else f"give a file path such as {path / 'result'}"
         raise UsageError(f"{named(flag, path)} is a directory; {fix}.")
