@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from rmjax.errors import LockedError, NonFiniteError, OutputExistsError, ResumeMismatchError, UsageError
-from rmjax.runs import atomic, chunks, claims, folder_files, identities, locks, paths, progress, stages
+from rmjax.runs import atomic, chunks, claims, folder_files, identities, locks, paths, progress, results, stages
 
 IDENTITY = {"job": "sweep", "model": {"weights": "w", "tokenizer": "t"}, "prompts": {"b": "B?", "a": "A?"}}
 
@@ -718,6 +718,28 @@ def test_finish_records_what_it_is_about_to_write_and_what_it_wrote_before_a_sto
     assert seen == [["s.csv.png"]]
     files = json.loads((store / "interrupted.json").read_text())["files"]
     assert files == {"s.csv.png": {"bytes": 8, "sha256": _sha(fig)}}
+
+
+def test_a_resume_without_a_figure_removes_the_one_its_killed_run_was_writing(tmp_path):
+    """helper-154: `sweep --plot` SIGKILLed between its figure and .meta.json, resumed without --plot (not an input,
+    so the same run), left s.csv.png beside the finished result, unrecorded: the next --plot run refused it as no
+    run's. The resume now removes the companions its killed run recorded it was writing (record_writing) and does
+    not write; a record naming a file that is no companion of the output (../victim, other.png) deletes nothing."""
+    from rmjax.runs import jobs
+
+    out, fig, store = tmp_path / "run" / "s.csv", tmp_path / "run" / "s.csv.png", tmp_path / "run" / "s.csv.chunks"
+    with pytest.raises(KeyboardInterrupt), jobs.job(out, IDENTITY, owned=[fig], store=store):
+        chunks.ChunkStore(out, IDENTITY, 4).write(0, np.zeros((4, 2), np.float32))
+        raise KeyboardInterrupt  # stopped with progress saved; the kill below comes in its finish
+    claims.record_writing(store, IDENTITY, out, [fig, tmp_path / "victim", tmp_path / "run" / "other.png"])
+    for path in (fig, tmp_path / "victim", tmp_path / "run" / "other.png"):
+        path.write_bytes(b"drawn before the kill")
+    with jobs.job(out, IDENTITY, store=store) as job:  # no --plot: owns no figure
+        assert job.claimed.resume
+        job.finish(lambda path: path.write_text("token_id,x\n") and path)
+    assert out.is_file() and not fig.exists()
+    assert (tmp_path / "victim").is_file() and (tmp_path / "run" / "other.png").is_file()
+    assert list(json.loads(results.meta_path(out).read_text())["files"]) == ["s.csv"]  # no figure recorded
 
 
 def test_an_overwrite_stopped_early_records_the_old_result_it_replaces(tmp_path):

@@ -130,6 +130,21 @@ def _this_runs(paths: list[Path], store: Path | None, identity: dict, out: Path)
             or (os.path.relpath(p, out.parent) in writing and p.is_file() and not p.is_symlink())}
 
 
+def _stray_companions(store: Path, identity: dict, out: Path, meta: Path, owned: Sequence[Path]) -> list[Path]:
+    """Companions a killed run of these inputs was writing (`record_writing`) that this run does not write: a
+    `sweep --plot` killed before its .meta.json, resumed without --plot, left its figure beside the finished result,
+    unrecorded, and the next --plot run refused it as no run's (helper-154). Only files named as a companion of `out`
+    is (`out.name` + a suffix, beside it): a record names nothing else this run may delete."""
+    mine = {Path(os.path.abspath(p)) for p in (meta, *owned)}
+    stray = []
+    for name in sorted(_saved_writing(store, identity)):
+        path = Path(os.path.abspath(out.parent / name))
+        if path.parent == Path(os.path.abspath(out.parent)) and path.name.startswith(out.name + ".") and \
+                path not in mine and path.is_file() and not path.is_symlink():
+            stray.append(path)
+    return stray
+
+
 RECORD_FILES = (INTERRUPTED, ".interrupted.json.*.tmp")  # a store's record of the files its run may replace
 
 
@@ -255,7 +270,8 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
                 raise foreign_refusal(f"{named(flag, out)}'s saved progress {store}", foreign[0], flag_name(flag))
             clear = store
         elif progress == identity:  # continue it; the old outputs are replaced at the end, none left beside it
-            return Claim(out, identity, resume=True, remove=tuple(existing) if folder is None else ())
+            stray = _stray_companions(store, identity, out, meta, owned) if folder is None else []
+            return Claim(out, identity, resume=True, remove=tuple(existing + stray) if folder is None else ())
         elif progress is None:
             raise _refuse(flag, store, "holds chunks without a manifest (not a resumable rmjax run)")
         else:
