@@ -12,7 +12,7 @@ the compute multiplier is k*/(search forwards), k* the first sample that reaches
 (judged lazily: only samples rewarded at least that much are judged); censored at `--multiples` when none does.
 Also over complete answers only (the job's `at_judge_ppl_complete`: a sample counts when it also ends the turn,
 the prior's argmax after it being the end of turn). Over seeds: the geometric mean and a 95% t-interval on the
-logs (both lower bounds where a seed is censored).
+logs (where a seed is censored, the mean is a lower bound and no interval is given).
 
 `truncation`: how much reward an unfinished sentence earns. Per model and prompt (the 54-prompt set's first
 `--prompts`), `--samples` 8-token prior samples that do not end the turn (fragments, as the pre-issue-43 search
@@ -194,12 +194,17 @@ def multiplier(args) -> None:
         summary.append({"model": key[0], "direction": key[1], "cap": key[2], "complete_only": key[3],
                         "seeds": len(mine), "left_out_neither_answered": len(neither),
                         "multipliers": [r["multiplier"] for r in mine], "censored": sum(r["censored"] for r in mine),
-                        "geometric_mean": geo, "ci95": [low, high],
+                        "geometric_mean": geo,
+                        "ci95": [low, high] if not any(r["censored"] for r in mine) else [None, None],
                         "delta_sd": [r["delta_sd"] for r in mine]})
         which = " (complete answers)" if key[3] else ""
-        bound = ">= " if summary[-1]["censored"] else ""  # a censored seed's multiplier is a lower bound
-        print(f"{key[0]} {key[1]} cap {key[2]}{which}: multiplier {bound}{geo:.2f}x (95% t-interval on the logs "
-              f"{bound}{low:.2f}-{high:.2f}; seeds "
+        # a censored seed's multiplier is a lower bound, and so is the mean; the interval then means nothing (a
+        # larger censored value widens it downwards too)
+        censored = summary[-1]["censored"]
+        interval = (f"no interval: {censored} censored" if censored else
+                    f"95% t-interval on the logs {low:.2f}-{high:.2f}")
+        print(f"{key[0]} {key[1]} cap {key[2]}{which}: multiplier {'>= ' if censored else ''}{geo:.2f}x ({interval}; "
+              "seeds "
               f"{[round(r['multiplier'], 2) for r in mine]}, {summary[-1]['censored']} censored at "
               f"{args.multiples}x); search lead {[None if d is None else round(d, 2) for d in summary[-1]['delta_sd']]}"
               " SD", flush=True)

@@ -10,8 +10,8 @@ numerics nor the per-candidate compute), then for each:
   (TF32 for float32 on a GPU): the error of each against the reference, in SDs of the reference rewards over rows;
 and for the first shape in bfloat16, the full-vocabulary sweep (prefix-cached) against transformers on the same
 candidates, both the published text pipeline and token ids with no prefix cache, with the ranks' agreement with a
-float32 sweep. Every time is the best of three after an untimed run of the same shape (the text pipeline: one pass
-after a warm batch). Writes DIR/gpu_check.json after every stage (a run cut short keeps what it measured).
+float32 sweep. Every time is the best of three after an untimed run of the same shape (the text pipeline: after a
+warm batch). Writes DIR/gpu_check.json after every stage (a run cut short keeps what it measured).
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ SIZES: dict[str, dict[str, str]] = {
 }
 # Where each job writes (train_rm's --workdir, by default under runs/train_rm/, holds its checkpoints and summary).
 OUTPUTS = ("out", "workdir", "export", "head_out")
+FILE_OUT_JOBS = ("sweep", "score", "beam", "gcg", "logprobs", "plan")  # the others' --out is a folder
 COLLECTED = "results"  # what the launch scripts bring back; a TPU VM is deleted with everything else on it
 # What a job reads from files: a TPU VM has only the repository's HEAD (git archive) and the checkpoint.
 INPUTS = ("from_sweep", "from_beam", "sweep", "init_from", "texts_file", "vocab_file", "pairs", "heldout_pairs", "elo",
@@ -104,13 +105,22 @@ def _derived(job: str, values: flags.FlagValues) -> list[str]:
     return []
 
 
+def _normal_paths(name: str, value):
+    """An --lm or --prompts file path as the launcher compares it with /tmp/ckpt (`/tmp//ckpt/p.yaml`, `./` inside)."""
+    if name == "lm" and isinstance(value, str) and value.startswith("/"):
+        return os.path.normpath(value)
+    if name == "prompts" and isinstance(value, list):
+        return [os.path.normpath(v) if v.startswith("/") else v for v in value]
+    return value
+
+
 def plan_flags(job: str, values: flags.FlagValues) -> list[str]:
     """The plan's flags for a job whose command line `values` has parsed."""
     out = [f"--job={job}"]
     for name in SHARED:
         if values[name].present:
-            out += _as_flag(name, values[name].value)
-    sizes = {name: values[name].value for name in SIZES[job]}
+            out += _as_flag(name, _normal_paths(name, values[name].value))
+    sizes = {name: _normal_paths(name, values[name].value) for name in SIZES[job]}
     if job in ("sweep", "beam") and values.token_ids:  # the candidates: the ids given (and of them --limit's first)
         sizes["limit"] = min(sizes["limit"] or len(values.token_ids), len(values.token_ids))
     for name, value in sizes.items():
@@ -119,13 +129,19 @@ def plan_flags(job: str, values: flags.FlagValues) -> list[str]:
     return out + _derived(job, values)
 
 
+def _a_file_output(job: str, name: str) -> bool:
+    """Whether the job's output flag `name` names a file (a folder job's --out, a workdir or an export: a folder,
+    whose files results/* brings back)."""
+    return name == "head_out" or (name == "out" and job in FILE_OUT_JOBS)
+
+
 def _refuse_uncollected(job: str, values: flags.FlagValues) -> None:
     """An output outside results/ stays on the remote host, and on a TPU VM is deleted with it: the paid-for run's
     result lost. train_rm must bring back what it trained (its workdir, export or head)."""
     written = {name: values[name].value for name in OUTPUTS if name in values and values[name].value}
     for name, path in written.items():
         parts = Path(os.path.normpath(path)).parts
-        if parts == (COLLECTED,):  # a sweep wrote a file `results`, which the launch's results/* misses
+        if parts == (COLLECTED,) and _a_file_output(job, name):  # a sweep wrote a file `results`, unfetched
             _fail(f"--{name}={path} is the {COLLECTED}/ folder itself, and the launch brings back what is inside it; "
                   f"give --{name}={COLLECTED}/NAME.")
         if Path(path).is_absolute() or parts[:1] != (COLLECTED,):
@@ -164,7 +180,8 @@ def _input_files(values: flags.FlagValues):
 def _refuse_absent_checkpoint(values: flags.FlagValues, checkpoint: str) -> None:
     """A launch copies its --checkpoint to /tmp/ckpt: without one (or with gpu.sh's remote:PATH, read in place) a
     job reading /tmp/ckpt reads what an earlier run left there, or nothing, on the paid-for machine."""
-    if checkpoint and not checkpoint.startswith("remote:"):
+    remote = checkpoint.removeprefix("remote:") if checkpoint.startswith("remote:") else None
+    if checkpoint and (remote is None or _under_checkpoint(remote)):  # a host holding it at /tmp/ckpt itself
         return
     for name, item in _input_files(values):
         if _under_checkpoint(item):

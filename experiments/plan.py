@@ -123,8 +123,8 @@ def _note_warmup() -> None:
     steps, warmup = STEPS.value or COMMAND_LINE_DEFAULTS["steps"], COMMAND_LINE_DEFAULTS["warmup_steps"]
     if steps <= warmup:
         print(f"note: train_rm refuses --steps={steps} with its default --warmup_steps={warmup} (the learning rate "
-              f"would never peak); run it with --warmup_steps below {steps}, e.g. --warmup_steps={steps // 10}.",
-              file=sys.stderr)
+              f"would never peak): unless it is given one, run it with --warmup_steps below {steps}, e.g. "
+              f"--warmup_steps={steps // 10}.", file=sys.stderr)
 
 
 def main(argv):

@@ -707,10 +707,18 @@ def test_a_job_reading_the_checkpoint_folder_gets_one_and_its_files_are_planned_
         bad = _run(script, *args, sweep, "--dry-run")
         assert bad.returncode == 2 and "error: --job: --model=/tmp/ckpt is under /tmp/ckpt" in bad.stderr, bad.stderr
         assert said in bad.stderr and not bad.stdout, bad.stderr
+    # a host holding the checkpoint at /tmp/ckpt itself reads it there
+    assert _run("gpu.sh", "--host=me@box", "--checkpoint=remote:/tmp/ckpt", sweep, "--dry-run").returncode == 0
     cmds = _dry("gpu.sh", "--host=me@box", "--checkpoint=remote:/data/m",
                 "--job=experiments.sweep --model=/data/m --prompts=paper1 --out=results/s.csv")
     assert ["ssh", "me@box", "cd rmjax && HF_HUB_OFFLINE=1 .venv/bin/python -m experiments.sweep --model=/data/m "
             "--prompts=paper1 --out=results/s.csv"] in cmds
+    # a folder job's --out=results is its folder (results/* brings its files back); paths compared as normalised
+    (_, audit, _), (_, read, _) = _read_each(
+        "experiments.audit --out=results --mesh=data:8,model:1",
+        "experiments.sweep --prompts=paper1,/tmp//ckpt/./p.yaml --mesh=data:8,model:1 --out=results/s.csv",
+        tpu_type="v5litepod-8")
+    assert audit[0] == "audit" and "--prompts=paper1,/tmp/ckpt/p.yaml" in read, (audit, read)
     # a bucket with a trailing slash; its prompts file copied for the plan (a dry run says it needs it)
     job = "--job=experiments.sweep --model=/tmp/ckpt --prompts=paper1,/tmp/ckpt/p.yaml --out=results/s.csv"
     cmds, said = _dry_and_said("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", "--checkpoint=gs://b/ckpt/",

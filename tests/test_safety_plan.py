@@ -385,7 +385,8 @@ def test_a_training_plan_says_when_train_rm_would_refuse_its_steps_at_the_defaul
         ("plan", f"--model={config}", "--job=train_rm", "--trainable=head", "--n_train=50", "--steps=100"),
         ("plan", f"--model={config}", "--job=train_rm", "--trainable=head", "--n_train=50", "--steps=101"))
     assert ("note: train_rm refuses --steps=100 with its default --warmup_steps=100 (the learning rate would never "
-            "peak); run it with --warmup_steps below 100, e.g. --warmup_steps=10.") in short.stderr, short.stderr
+            "peak): unless it is given one, run it with --warmup_steps below 100, e.g. --warmup_steps=10.") \
+        in short.stderr, short.stderr
     assert "warmup" not in default.stderr, default.stderr
     for done in (short, default):  # the note is no refusal: the plan goes on to its own checks
         assert "--batch_size=256 is more than the 50 training pairs" in done.stderr, done.stderr

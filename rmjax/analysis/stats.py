@@ -30,8 +30,8 @@ DEGENERATE = (64 * np.finfo(np.float64).eps) ** 2
 def bootstrap_moments(x: np.ndarray, n_boot: int = 1000, confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
     """`moments` plus percentile-bootstrap confidence intervals (resampling tokens with replacement).
 
-    Keys: mean, variance, skewness and <each>_ci_low / <each>_ci_high (NaN under MIN_ITEMS tokens; the variance
-    and skewness too under 2). Resample b = 0 .. n_boot-1 is
+    Keys: mean, variance, skewness and <each>_ci_low / <each>_ci_high (NaN under MIN_ITEMS tokens, the skewness
+    too; the variance under 2). Resample b = 0 .. n_boot-1 is
     x[rng.integers(0, n, size=n)], drawn in that order from rng = np.random.default_rng(seed): the same seed
     gives the same intervals, byte for byte. The interval is the (1 - confidence)/2 and (1 + confidence)/2
     quantiles (numpy's default, linear) of the resamples' moments; a resample of one repeated value has no
@@ -43,8 +43,9 @@ def bootstrap_moments(x: np.ndarray, n_boot: int = 1000, confidence: float = 0.9
     n = len(x)
     if n < MIN_ITEMS:  # one token's "interval" was its value twice, variance [0, 0]: no value, as a correlation's
         out = moments(x) if n else {"mean": np.nan, "variance": np.nan, "skewness": np.nan}
+        out["skewness"] = np.nan  # two distinct values' is always 0
         if n < 2:
-            out["variance"] = out["skewness"] = np.nan
+            out["variance"] = np.nan
         return out | {f"{name}_ci_{end}": np.nan for name in ("mean", "variance", "skewness")
                       for end in ("low", "high")} | {"skewness_resamples": 0}
     centre = x.mean()
