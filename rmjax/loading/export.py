@@ -81,12 +81,12 @@ def save_hf_folder(model: Model, folder: str | Path, chat_template: bool = True)
 def _drop_read_options(path: Path) -> None:
     """transformers writes the options rmjax read the tokenizer with (local_files_only, is_local) into the saved
     tokenizer_config.json, as if the model's own settings: an export carries the source's, not rmjax's reading."""
-    from rmjax.runs.atomic import read_json
+    from rmjax.runs.atomic import atomic_write_text, read_json
 
     raw = read_json(path)
     if isinstance(raw, dict) and {"local_files_only", "is_local"} & raw.keys():
         raw = {k: v for k, v in raw.items() if k not in ("local_files_only", "is_local")}
-        path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
+        atomic_write_text(path, json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
 
 
 # The export job's record inside its folder (as train_rm's export has rmjax_training.json): what was exported (the

@@ -27,6 +27,12 @@ _DTYPES = {
 }
 
 
+def float_itemsize(dtype: str) -> int | None:
+    """Bytes an element of a safetensors floating dtype (F32, BF16, …) takes; None for any other dtype."""
+    kind = _DTYPES.get(dtype)
+    return np.dtype(kind).itemsize if kind is not None and dtype.startswith(("F", "BF")) else None
+
+
 def read_header(path: Path) -> tuple[dict, int]:
     """(tensor header, data offset); a truncated or corrupt file is an error naming it and what is wrong."""
     size = path.stat().st_size

@@ -75,7 +75,7 @@ def model_config(spec: str, reward: bool = True, flag: str = "--model", job: str
     return cfg, tokenizer
 
 
-_STORED = {"F32": 4, "BF16": 2, "F16": 2, "float32": 4, "bfloat16": 2, "float16": 2}
+_CONFIG_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}  # config.json's torch_dtype names
 
 
 def stored_itemsize(spec: str) -> int | None:
@@ -85,7 +85,7 @@ def stored_itemsize(spec: str) -> int | None:
     where nothing says (a zoo id: the run's dtype is assumed)."""
     from rmjax.hf_config import read_json_file
     from rmjax.loading.registry import BUILTIN_RMS, resolve
-    from rmjax.loading.safetensors_io import checkpoint_files, read_header
+    from rmjax.loading.safetensors_io import checkpoint_files, float_itemsize, read_header
 
     try:  # where the loader reads the spec from (a zoo id downloaded, a folder holding one GGUF), as it resolves it
         kind, path = resolve(spec)
@@ -102,16 +102,16 @@ def stored_itemsize(spec: str) -> int | None:
                     spans[info["dtype"]] = spans.get(info["dtype"], 0) + end - start
         except (RmjaxError, OSError, KeyError, TypeError, ValueError):
             spans = {}  # the job's load names what is wrong; the plan falls back on the config
-        floats = {d: n for d, n in spans.items() if d in _STORED}
+        floats = {d: n for d, n in spans.items() if float_itemsize(d)}
         if floats:
-            return _STORED[max(floats, key=floats.get)]
+            return float_itemsize(max(floats, key=floats.get))
         path = path / "config.json"
     if path.suffix == ".json" and path.is_file():
         raw = read_json_file(path, "model config")
         raw = raw if isinstance(raw, dict) else {}
         text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
         value = raw.get("torch_dtype") or raw.get("dtype") or text.get("torch_dtype") or text.get("dtype")
-        return _STORED.get(value) if isinstance(value, str) else None
+        return _CONFIG_ITEMSIZE.get(value) if isinstance(value, str) else None
     return None
 
 
