@@ -18,7 +18,7 @@ from scipy import stats
 from rmjax.analysis.stats import epic_distance_matrix
 from rmjax.loading import config_and_tokenizer, load
 from rmjax.runs.options import RunOptions
-from rmjax.search import baseline, disagree_config, disagree_job, disagree_out, fluent, turns
+from rmjax.search import baseline, disagree_config, disagree_job, disagree_out, fluent, sides, turns
 from rmjax.search.budget import Forwards
 from rmjax.search.disagree import Disagreement, agreement
 from rmjax.search.disagree_config import DisagreeConfig, DisagreeSpec
@@ -288,7 +288,7 @@ def test_screened_best_of_n_buys_more_samples_and_has_b_score_only_a_s_best_shar
 
 
 @pytest.mark.parametrize("template", ["plain", "auto"])
-def test_one_lm_as_both_implicit_halves_gives_every_token_zero(lm_folder, template):
+def test_one_lm_as_both_implicit_halves_gives_every_token_zero(lm_folder, template, monkeypatch):
     """helper-150: a token's implicit reward took the chosen LM's logprobs row (the token glued to `Assistant:` in
     the plain format) minus the reference's reading of its text (`Assistant: Love`): two responses. One LM as both
     halves (the true implicit reward 0 for every response) had single-token rewards of SD 3.1 on Gemma 3 (the
@@ -303,6 +303,13 @@ def test_one_lm_as_both_implicit_halves_gives_every_token_zero(lm_folder, templa
     atol = 2 * max(tolerance.logprobs_atol(lm.params, lm.config, np.asarray([c], np.int32))
                    for c in conversations.token_ids(texts))
     np.testing.assert_allclose(side.token_rewards(ids), 0.0, rtol=0, atol=atol)
+    # the map reads its strings back first (disagree_job._read_back): token_rewards renders none of them again
+    rendered = []
+    monkeypatch.setattr(sides, "token_round_trips", lambda *a, **k: rendered.append(a) or read_back)
+    fresh = ImplicitSide(SideSpec.parse(f"implicit:{lm_folder}:x"), lm, lm, PROMPT, template)
+    fresh.tokens_read_back(ids, texts)
+    np.testing.assert_allclose(fresh.token_rewards(ids), 0.0, rtol=0, atol=atol)
+    assert len(rendered) == 1
 
 
 def test_the_implicit_side_equals_the_two_lms_logprobs(lm_folder, lm2_folder, tmp_path, monkeypatch):

@@ -224,6 +224,7 @@ class ImplicitSide(Side):
         self.conversations = [chat.Conversations(m.tokenizer, prompt, template) for m in (chosen, reference)]
         self.readers = [PromptLogProbs(m, prompt, template) for m in (chosen, reference)]  # each prefilled once
         self.first = np.asarray(self.readers[0].first, np.float64)
+        self._read_back: dict[int, bool] = {}  # token id -> tokens_read_back's answer (one prompt's side)
 
     def prefill_forwards(self, num_tokens: int) -> Fraction:
         """Each LM's prefix over the positions one response runs in it (the response and its end of turn)."""
@@ -248,7 +249,10 @@ class ImplicitSide(Side):
         ids = np.asarray(ids)
         texts = self.chosen.tokenizer.batch_decode([[int(i)] for i in ids])
         chosen = self.first[ids].copy()
-        glued = ~self.tokens_read_back(ids, texts)
+        unknown = [k for k, i in enumerate(ids.tolist()) if i not in self._read_back]
+        if unknown:  # the map asked already (disagree_job._read_back): its masks are not rendered again
+            self.tokens_read_back(ids[unknown], [texts[k] for k in unknown])
+        glued = ~np.fromiter((self._read_back[i] for i in ids.tolist()), bool, len(ids))
         if glued.any():
             chosen[glued] = self._log_probs(self.readers[0], [t for t, g in zip(texts, glued, strict=True) if g])
         return chosen - self._log_probs(self.readers[1], texts)
@@ -258,7 +262,9 @@ class ImplicitSide(Side):
 
     def tokens_read_back(self, ids: np.ndarray, texts: list[str], done: dict | None = None) -> np.ndarray:
         """The chosen LM's token mode (its first-token log-prob); the reference reads the text itself."""
-        return token_round_trips(self.conversations[0], ids, texts, done)
+        mask = token_round_trips(self.conversations[0], ids, texts, done)
+        self._read_back.update(zip(np.asarray(ids).tolist(), mask.tolist(), strict=True))
+        return mask
 
 
 def make_side(spec: SideSpec, models: dict[str, Model], prompt: str, template: str, batch_size: int = 256) -> Side:
