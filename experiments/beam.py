@@ -45,6 +45,8 @@ def check_flags() -> None:
     cfg = BEAM_CONFIG(template=common.TEMPLATE.value)
     if cfg.exhaustive:
         common.refuse_given("beam --exhaustive", ("beam",), "scores every sequence and keeps no beam")
+    elif cfg.depth == 1:
+        common.refuse_given("beam --depth=1", ("beam",), "scores every one-token response and extends none")
     check_candidate_set(cfg, bool(candidates.TOKEN_IDS.value or candidates.VOCAB_FILE.value) or LIMIT.value is not None)
     candidates.refuse_two_sets()
     candidates.refuse_limit_keeping_all(LIMIT.value)

@@ -334,6 +334,7 @@ def test_inspect_entry_point_from_a_sweep(rm_folder, tmp_path):
     assert "IG completeness gap" in proc.stdout
     # no gap is within a tolerance of 0, and 9 evaluations leave no room to refine: said loudly, and recorded
     assert "WARNING: integrated gradients of" in proc.stdout and "do not add up" in proc.stderr
+    assert "asks for an exact sum" in proc.stderr and "larger --ig_max_evaluations" not in proc.stderr  # no cap meets 0
     meta = json.loads((out / "reward_lens.csv.meta.json").read_text())
     assert meta["summary"]["ig_evaluations"] == [9, 9] and len(meta["summary"]["ig_warnings"]) == 2
     assert meta["ig_tolerance"] == 0 and meta["ig_max_evaluations"] == 9

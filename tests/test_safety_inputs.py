@@ -231,6 +231,7 @@ BAD_OTHER_FLAGS = [
                                                    "--warmup_steps=100, the default"]),
     ("train_rm", ["--warmup_steps=8", "--steps=8", "--elo=builtin"], ["--warmup_steps=8)", "--warmup_steps=0"]),
     ("beam", ["--exhaustive", "--beam=1", "--token_ids=300,301", "--out={dir}/b.csv"], ["--beam: beam --exhaustive"]),
+    ("beam", ["--depth=1", "--beam=5", "--out={dir}/b1.csv"], ["--beam: beam --depth=1"]),  # unused, recorded
     ("sweep", ["--text_add_special_tokens", "--out={dir}/t.csv"], ["--text_add_special_tokens", "--mode=text"]),
     ("score", ["--overwrite", "--texts=a"], ["--overwrite: score without --out"]),
     ("gcg", ["--selection=greedy", "--seed=3", "--out={dir}/g.json"], ["--seed: gcg --selection=greedy"]),

@@ -37,6 +37,19 @@ def test_summary_names_the_prompt_and_places_each_token_in_the_distribution(tmp_
         assert ("no round trip" in flag) == (not roundtrip[i])
 
 
+
+@pytest.mark.parametrize("k, shown", [(0, 0), (2, 2), (9, 4)])
+def test_the_lists_are_as_long_as_asked_and_the_column_allows(tmp_path, k, shown):
+    """--top=0 prints each column's statistics and no empty "top 0" heading; a column shorter than --top says how
+    many tokens its lists hold."""
+    out = tmp_path / "s.csv"
+    results.write_scores_csv(out, np.arange(4), list("abcd"), list("wxyz"), {"p": np.array([0.5, -3.0, 2.0, 0.1])})
+    summary = table_summary.summarize_table(out, k=k)
+    assert "4 tokens: mean" in summary
+    headings = re.findall(r"^(top|bottom) (\d+) tokens by score", summary, re.MULTILINE)
+    assert headings == ([("top", str(shown)), ("bottom", str(shown))] if shown else [])
+    assert len(re.findall(r"^\s+-?\d+\.\d+\s+z ", summary, re.MULTILINE)) == 2 * shown
+
 @pytest.mark.parametrize("decoded, values, want", [
     (["low", "lowest", "best", "mid"], [0.5, -3.0, 2.0, 0.1], ["top: 'best' 2.00", "bottom: 'lowest' -3.00"]),
     # a token decoding to U+FFFD (a byte fragment) is not marked even at the top, with no roundtrip column; the best

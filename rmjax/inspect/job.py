@@ -217,11 +217,14 @@ def ig_warning(label: str, a) -> str | None:
     """The loud line for an attribution that does not add up (None when it does)."""
     if a.converged:
         return None
+    advice = (f"try a larger --ig_max_evaluations (this run spent {a.evaluations}) or more --steps to start from"
+              if a.tolerance > 0 else  # more evaluations need not meet it: floating-point sums round
+              "--ig_tolerance=0 asks for an exact sum, which floating-point sums need not reach at any cap; give a "
+              f"positive tolerance (the default is {100 * TOLERANCE:g}%)")
     return (f"WARNING: integrated gradients of {label!r} do not add up: their sum {a.integrated_gradients.sum():+.4f} "
             f"vs R(x) - R(baseline) = {a.reward - a.baseline_reward:+.4f}, a relative gap of "
             f"{percent(a.relative_gap)} (tolerance {100 * a.tolerance:g}%) after {a.evaluations} gradient "
-            f"evaluations. Do not read its per-token IG as a decomposition of the reward; try a larger "
-            f"--ig_max_evaluations (this run spent {a.evaluations}) or more --steps to start from.")
+            f"evaluations. Do not read its per-token IG as a decomposition of the reward; {advice}.")
 
 
 @dataclasses.dataclass(frozen=True)

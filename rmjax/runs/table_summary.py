@@ -41,8 +41,9 @@ def summarize_table(path: str | Path, k: int = 20, what: str = "score") -> str:
                      f"50% {p50:.4f}, 99% {p99:.4f}")
         ranked = df[np.isfinite(column)].sort_values(col, ascending=False, kind="stable")
         sorted_values = np.sort(values)
-        for title, part in (("top", ranked.head(k)), ("bottom", ranked.tail(k).iloc[::-1])):
-            lines.append(f"{title} {k} tokens by {what} (z: SDs from the mean; pct: share of tokens below):")
+        shown = min(k, len(values))  # --top=0 prints the statistics alone; a short column says how many it has
+        for title, part in (("top", ranked.head(shown)), ("bottom", ranked.tail(shown).iloc[::-1])) if shown else ():
+            lines.append(f"{title} {shown} tokens by {what} (z: SDs from the mean; pct: share of tokens below):")
             for _, row in part.iterrows():
                 z = (row[col] - mean) / sd if sd > 0 else 0.0
                 pct = 100.0 * np.searchsorted(sorted_values, row[col], side="left") / len(values)
