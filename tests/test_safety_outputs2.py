@@ -106,6 +106,27 @@ def test_a_companion_is_written_over_only_when_its_output_records_it(tmp_path):
             pass
 
 
+def test_a_result_its_record_does_not_describe_is_refused_as_such(tmp_path):
+    """An --overwrite run of a job without saved progress (score, logprobs) killed between its new result and its
+    record leaves the new file beside the old run's .meta.json: a rerun of either run is refused, naming the
+    mismatch and --overwrite, and not as a finished result of the old run's inputs."""
+    from rmjax.runs.claims import claim
+
+    out, old, new = tmp_path / "s.csv", {"job": "score", "model": "a"}, {"job": "score", "model": "b"}
+    out.write_text("token,a\n")
+    results.write_meta(out, kind="score", identity=old)
+    with pytest.raises(OutputExistsError, match="holds the result of a run with different model"):
+        with claim(out, new):  # the record describes the file: the usual refusal
+            pass
+    out.write_text("token,b\n")  # the new run's result, written; its record never was
+    for identity in (new, old):
+        with pytest.raises(OutputExistsError, match="does not match its s.csv.meta.json") as refused:
+            with claim(out, identity):
+                pass
+        assert "--overwrite" in str(refused.value) and "holds the result of" not in str(refused.value)
+    assert out.read_text() == "token,b\n"
+
+
 def test_inspect_refuses_the_batch_its_plan_refuses_before_loading(rm, tmp_path, monkeypatch):
     """inspect padded each call to --batch_size path points with no bound (10^12: out of memory after loading);
     its plan refused past 1024. Both refuse by one check now, before anything loads. (`inspect --responses=love,war

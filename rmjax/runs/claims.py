@@ -281,6 +281,11 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
             raise _refuse(flag, out, f"is not a finished rmjax result (no {meta.name} with its inputs: a run that "
                           "stopped before its end, or another program's file)", fix)
         changed = ", ".join(changed_keys(stored, identity))
+        record = atomic.read_json(meta) or {}
+        if folder is None and out.name in (record.get("files") or {}) and (problem := results.damage(out, record)):
+            # a run stopped between its result and its record (an --overwrite's): the record is the old run's
+            raise _refuse(flag, out, f"does not match its {meta.name}, which records a run with different "
+                          f"{changed} ({problem}: edited, or a run stopped between it and its record)", fix)
         raise _refuse(flag, out, f"holds the result of a run with different {changed}", fix)
     if folder is not None and out in existing:  # an rmjax folder: --overwrite deletes what its job wrote, only
         own, foreign = store_files(out, folder, beside)
