@@ -416,6 +416,10 @@ def test_analyze_tells_models_apart_by_what_scored_and_states_each_audits_settin
     plain, slashed = audit("plain", str(rm_folder)), audit("slashed", f"{rm_folder}/")
     refused(lambda: analyze(tmp_path / "a", audits=(plain, slashed)), f"--audits: {plain} and {slashed} are audits "
             "of one model", "give each model once")
+    # --template=chat is what auto renders for this RM (it has a chat template): one model too (helper-159)
+    chat = tmp_path / "chat"
+    run_audit(AuditSpec(options(rm_folder, chat, template="chat"), batteries=("framing",), **SMALL))
+    refused(lambda: analyze(tmp_path / "c", audits=(plain, str(chat))), "are audits of one model")
     terse = tmp_path / "terse"
     run_audit(AuditSpec(options(rm_folder, terse, system_prompt="Answer tersely."), batteries=("framing",),
                         **{**SMALL, "n_boot": 500}))

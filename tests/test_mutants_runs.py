@@ -360,6 +360,26 @@ def test_differences_lists_each_need_the_run_did_not_meet():
     assert stages.differences(gcg, stages.Needs(model={"weights": "c", "tokenizer": "u"})) == [("model.weights", "")]
 
 
+
+@pytest.mark.parametrize("head, there, here, differ", [
+    ("<|im_start|>user\n", "chat", "auto", False),  # auto renders chat with a chat template: one conversation
+    ("<|im_start|>user\n", "auto", "chat", False),
+    ("<|im_start|>user\n", "plain", "auto", True),
+    (None, "plain", "auto", False),  # no chat template: auto renders plain
+    (None, "chat", "auto", True),
+])
+def test_a_template_is_compared_as_it_rendered_for_the_same_model(head, there, here, differ):
+    """beam --from_sweep of a --template=chat sweep, beam at auto, was refused as 'different template' though both
+    rendered the one chat conversation (helper-159); the record's chat_template_head says what auto rendered. Of
+    another model, or a record without the head (an older rmjax), the flags compare as given."""
+    fp = {"weights": "w1", "tokenizer": "t1"}
+    meta = {"identity": {**_SWEEP["identity"], "template": there}, "chat_template_head": head}
+    assert bool(stages.differences(meta, stages.Needs(model=fp, template=here))) == differ
+    assert stages.differences(meta, stages.Needs(model={"weights": "w2", "tokenizer": "t1"}, template=here)) == [
+        ("model.weights", ""), *([("template", f"template {there!r} there, {here!r} here")] if there != here else [])]
+    older = {"identity": meta["identity"]}
+    assert bool(stages.differences(older, stages.Needs(model=fp, template=here))) == (there != here)
+
 def test_an_inspect_result_is_in_token_mode_and_prompt_texts_prefer_the_identity():
     """stages._facts: an inspect identity without a `mode` scored prefix + ids + suffix ("token"); prompt_texts reads
     the identity's prompts before the record's top-level ones. Kills dropping "inspect" from the token jobs and

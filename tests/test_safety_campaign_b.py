@@ -310,8 +310,11 @@ def test_implicit_rm_of_one_model_twice_is_refused(lm_folder, tmp_path):
     from rmjax.scoring.logprobs import LogprobsSpec, run_logprobs
 
     tables = [tmp_path / "a.csv", tmp_path / "b.csv"]
-    for table in tables:  # two runs of `logprobs --model=LM` (in-process)
-        run_logprobs(LogprobsSpec(inproc.options(lm_folder, table), inproc.prompts()))
+    # two runs of `logprobs --model=LM` (in-process), the second with --template=chat, which auto renders for this
+    # LM (it has a chat template): the same conversations (helper-159: `auto` and `chat` passed as two sides)
+    for table, template in zip(tables, ("auto", "chat"), strict=True):
+        run_logprobs(LogprobsSpec(inproc.options(lm_folder, table, template=template), inproc.prompts()))
+    assert results.read_meta(tables[0])["chat_template_head"] is not None
     inproc.refused(lambda: inproc.analyze(tmp_path / "analysis", implicit_chosen=str(tables[0]),
                                           implicit_reference=str(tables[1])), "are log-probs of one model")
     assert not (tmp_path / "analysis" / "report.md").exists()

@@ -134,7 +134,10 @@ def load_inputs(cfg: AnalysisConfig) -> Inputs:
 def _two_models(chosen: Path, reference: Path) -> None:
     """The implicit RM compares two models: two tables of one model content, dtype and template (two files, or a
     copy of the model) have MWLR 0 for every token, and its 'optimal' tokens would be the ties' order."""
-    same = [(results.read_meta(p) or {}).get("identity") or {} for p in (chosen, reference)]
+    metas = [results.read_meta(p) or {} for p in (chosen, reference)]
+    same = [{**(m.get("identity") or {})} for m in metas]
+    for meta, identity in zip(metas, same, strict=True):  # --template=auto and chat (or plain) render alike
+        identity["template"] = stages.template_used(meta, identity.get("template"))
     keys = ("model", "dtype", "template")
     if all(same[0].get(k) is not None and same[0].get(k) == same[1].get(k) for k in keys):
         raise UsageError(f"--implicit_chosen={chosen} and --implicit_reference={reference} are log-probs of one model "
@@ -180,10 +183,7 @@ def implicit_labels(chosen: data.ScoreTable, reference: data.ScoreTable) -> tupl
 def _template_used(meta: dict) -> str | None:
     """The template a log-prob table was taken under: --template=auto is chat where the tokenizer has a chat
     template (its .meta.json then records what it renders before the user's words) and plain where it has none."""
-    template = meta.get("template")
-    if template == "auto":
-        return "chat" if meta.get("chat_template_head") is not None else "plain"
-    return template
+    return stages.template_used(meta, meta.get("template"))
 
 
 def same_prompt_texts(found: Inputs) -> None:

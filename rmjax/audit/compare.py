@@ -21,7 +21,7 @@ from rmjax.audit import stats
 from rmjax.audit.job import folder_paths, read_items
 from rmjax.errors import InputFileError, MissingFileError, UsageError
 from rmjax.loading.identity import hash_json
-from rmjax.runs import results
+from rmjax.runs import results, stages
 
 
 def run_analyses_with_audits(cfg: AnalysisConfig, out: str | Path, *, overwrite: bool = False,
@@ -58,7 +58,8 @@ class AuditSection:
                                      f"(edited?); rerun experiments.audit --out={folder} --overwrite.")
             # a model is what scored, not the path typed: `rm` and `rm/` are one model, and one folder read with
             # two system prompts is two
-            scorer = hash_json({k: identity.get(k) for k in ("model", "output_column", "template", "dtype")})
+            scorer = hash_json({k: identity.get(k) for k in ("model", "output_column", "dtype")}
+                               | {"template": stages.template_used(meta, identity.get("template"))})  # auto: as used
             if scorer in scorers:
                 raise UsageError(f"--audits: {scorers[scorer]} and {folder} are audits of one model (the same "
                                  "weights, system prompt, template, reward column and dtype); give each model once.")

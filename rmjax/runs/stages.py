@@ -87,10 +87,21 @@ def _facts(identity: dict) -> dict:
             "prompts": identity.get("prompts") if isinstance(identity.get("prompts"), dict) else {}}
 
 
+def template_used(meta: Mapping, template: object) -> object:
+    """`template` as rendered for the one model a result's .meta.json records: auto is chat where its tokenizer has a
+    chat template (the record's chat_template_head) and plain where it has none; an older record, without the head,
+    says only what was given."""
+    if template == "auto" and "chat_template_head" in meta:
+        return "chat" if meta["chat_template_head"] is not None else "plain"
+    return template
+
+
 def differences(meta: dict, needs: Needs, path: str | Path = "", flag: str = "") -> list[tuple[str, str]]:
     """(key, detail) of each thing the run recorded in `meta` differs in from `needs` (empty: none)."""
     facts = _facts(stored_identity(meta, path, flag))
     out: list[tuple[str, str]] = []
+    # one model, this reader's: --template=auto there and chat or plain here are one rendering where auto rendered so
+    same_model = needs.model is not None and facts["models"] == [canonical(needs.model)]
     if needs.model is not None:
         want = canonical(needs.model)
         if want not in facts["models"]:
@@ -102,6 +113,8 @@ def differences(meta: dict, needs: Needs, path: str | Path = "", flag: str = "")
             out.append(("model.tokenizer", "its token ids are other tokens"))
     for key in ("dtype", "output_column", "template", "mode"):
         want = getattr(needs, key)
+        if key == "template" and same_model and template_used(meta, facts[key]) == template_used(meta, want):
+            continue
         if want is not None and facts[key] != want:
             out.append((key, f"{key} {facts[key]!r} there, {want!r} here"))
     for name, text in (needs.prompts or {}).items():
