@@ -261,6 +261,21 @@ def test_claim_job_claims_its_out_and_refuses_one_of_the_files_the_command_line_
         pass
 
 
+
+def test_an_output_may_not_be_the_record_of_a_result_the_run_reads(tmp_path):
+    """gcg --init_from=b.csv --out=b.csv.meta.json --overwrite wrote over the beam's record (and beam --from_sweep
+    over its sweep's): the input's result was refused as unreadable afterwards (helper-159). A folder input (a
+    model) has no record beside it to guard."""
+    from rmjax.runs.claims import Output, check_distinct
+
+    beam, model = tmp_path / "b.csv", tmp_path / "model"
+    beam.write_text("x\n")
+    model.mkdir()
+    record = beam.with_name("b.csv.meta.json")
+    with pytest.raises(UsageError, match=f"would write {record}, which this run reads \\(--init_from={beam}'s record"):
+        check_distinct([Output(record, IDENTITY, overwrite=True, inputs={"--init_from": str(beam)})])
+    check_distinct([Output(tmp_path / "model.meta.json", IDENTITY, inputs={"--model": str(model)})])
+
 def test_a_folder_jobs_refusal_names_the_folder_it_was_given_not_a_flag_value_nobody_typed(tmp_path):
     """options.claim_job with `out` inside options.out (inspect's DIR/reward_lens.csv): a refusal names
     `DIR/reward_lens.csv (in --out=DIR)`, as typed; a file job's names `--out=FILE`. It said

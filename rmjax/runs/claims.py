@@ -357,6 +357,10 @@ def check_distinct(outputs: Sequence[Output]) -> None:
             seen[path] = who
     read = {Path(os.path.realpath(path)): flag if "=" in flag else f"{flag}={path}" for output in outputs
             for flag, path in output.inputs.items() if path}  # a key may name the flag and its value already
+    # and each input's record, which the run checks it against: gcg --init_from=b.csv --out=b.csv.meta.json
+    # --overwrite wrote over the beam's record, and the beam's result was then refused as unreadable
+    read |= {Path(os.path.realpath(meta_path(path))): f"{given}'s record" for path, given in list(read.items())
+             if not path.is_dir()}
     for path, given in read.items():
         if path in seen:
             raise UsageError(f"{seen[path]} would write {path}, which this run reads ({given}); choose another "
