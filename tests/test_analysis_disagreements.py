@@ -127,4 +127,10 @@ def test_runs_of_different_jobs_or_one_run_are_refused(tmp_path):
     refused(lambda: analyze(tmp_path / "o2", disagreements=(a,)), "at least two runs")
     missing = str(tmp_path / "none")
     refused(lambda: analyze(tmp_path / "o3", disagreements=(a, missing)), "no finished", f"--out={missing}")
+    # a --nosearch run writes its vocabulary map alone: it ran no search, which is what to say (helper-159: "no
+    # finished disagreement job there ... run experiments.disagree first")
+    map_only = tmp_path / "map_only"
+    map_only.mkdir()
+    (map_only / "vocab_map.csv").write_text("prompt,text,gap\n")
+    refused(lambda: analyze(tmp_path / "o4", disagreements=(a, str(map_only))), "ran no search", "--nosearch")
     assert not any(p.name.startswith("o") for p in tmp_path.iterdir())  # refused before --out is touched

@@ -5,6 +5,7 @@ chunk read back with np.load, a hand-made table, a hand count)."""
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -305,10 +306,10 @@ def test_the_frontier_identity_holds_the_sweeps_bytes_not_its_path(tmp_path):
     sweep.write_text("token_id,reward\n1,0.5\n")
     spec = FrontierSpec(RunOptions(model="m", out=str(tmp_path / "f")), {"greatest": "G?"}, FrontierConfig(),
                         FluentConfig(), sweep=str(sweep))
-    before = frontier_job.frontier_identity(spec, {"w": 1}, None, {"w": 2}, "judge")
+    before = frontier_job.frontier_identity(spec, {"w": 1}, None, {"w": 2})
     assert before["sweep"] == hashlib.sha1(sweep.read_bytes()).hexdigest()
     sweep.write_text("token_id,reward\n1,0.75\n")
-    assert frontier_job.frontier_identity(spec, {"w": 1}, None, {"w": 2}, "judge") != before
+    assert frontier_job.frontier_identity(spec, {"w": 1}, None, {"w": 2}) != before
 
 
 @pytest.mark.parametrize(("direction", "lam", "sign", "front"), [("optimal", 0.0, 1.0, 0), ("pessimal", 1.0, -1.0, 5)])
@@ -366,3 +367,45 @@ def test_noretokenize_filter_leaves_the_search_no_round_trip_check(monkeypatch, 
                            search=FluentConfig(num_tokens=3), config=FrontierConfig(retokenize_filter=flag))
     prepared = frontier_job._prepare(rm, rm, spec, "greatest", SimpleNamespace(suffix=[1], prefix=[2]), "z")
     assert prepared.retokenize == (["check"] if flag else []) and prepared.banned.shape == (10,)
+
+
+def test_identities_hold_what_the_inputs_are_not_how_they_were_typed(tmp_path, monkeypatch):
+    """A killed disagree, frontier or GCG run given `rm` where it had `/abs/rm` (or `judge/`, `./w.txt`) could not
+    resume ("different sides", "judge.spec", "config.init_from.path"), and analyze --disagreements refused seeds run
+    from two folders (helper-159): each identity holds a model's content fingerprint and a file's digest. The sides'
+    kinds still tell an RM from an implicit pair, and a file's new content is a new identity."""
+    from rmjax.search.gcg_config import GCGConfig
+    from rmjax.search.gcg_job import gcg_identity
+    from rmjax.search.sides import SideSpec
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("rm", "other", "lm", "ref", "judge"):
+        (tmp_path / name).mkdir()
+    # a model's fingerprint is its content's: here the folder it resolves to, however typed
+    monkeypatch.setattr(disagree_job, "job_fingerprint", lambda o, m: {"weights": Path(m).resolve().name})
+
+    def disagree(a: str, b: str, judge: str) -> dict:
+        spec = DisagreeSpec(RunOptions(model=a, out=str(tmp_path / "d")), (a, b), {"g": "G?"}, DisagreeConfig(),
+                            FluentConfig())
+        return disagree_job.disagree_identity(spec, (SideSpec.parse(a), SideSpec.parse(b)), judge)
+
+    typed = disagree("rm", "other", "judge")
+    assert disagree(str(tmp_path / "rm"), "./other/", f"{tmp_path}/judge/") == typed
+    implicit = disagree("rm", "implicit:lm:ref", "judge")
+    assert [s["kind"] for s in implicit["sides"]] == ["rm", "implicit"] and implicit != typed
+    assert disagree("rm", f"implicit:{tmp_path}/lm:./ref", "judge/") == implicit
+    assert disagree("rm", "other", "lm") != typed  # another judge's content
+
+    spec = FrontierSpec(RunOptions(model="rm", out=str(tmp_path / "f")), {"g": "G?"}, FrontierConfig(), FluentConfig())
+    assert "spec" not in frontier_job.frontier_identity(spec, {"w": 1}, None, {"w": 2})["judge"]
+
+    (tmp_path / "w.txt").write_text(" cat\n dog\n")
+
+    def gcg(path: str) -> dict:
+        return gcg_identity([{"w": 1}], dtype="float32", output_column=0, prompts={"g": "G?"},
+                            cfg=GCGConfig(vocab_file=path))
+
+    assert gcg("w.txt") == gcg("./w.txt") == gcg(str(tmp_path / "w.txt"))
+    before = gcg("w.txt")
+    (tmp_path / "w.txt").write_text(" cat\n cow\n")
+    assert gcg("w.txt") != before

@@ -43,6 +43,9 @@ def load_runs(folders: Sequence[str]) -> list[DisagreementRun]:
     for folder in folders:
         path = Path(folder) / "disagree.csv"
         meta = results.read_meta(path) if path.is_file() else None
+        if not path.exists() and (Path(folder) / "vocab_map.csv").is_file():  # a --nosearch run's only table
+            raise UsageError(f"--disagreements={folder}: the job ran no search (--nosearch: a vocabulary map "
+                             "alone); nothing to compare.")
         if not meta or meta.get("kind") != "disagree" or not isinstance(meta.get("summary"), dict):
             raise MissingFileError(f"--disagreements={folder}: no finished disagreement job there (disagree.csv and "
                                    f"its .meta.json); run experiments.disagree --out={folder} first.")

@@ -116,9 +116,11 @@ def disagree_identity(spec: DisagreeSpec, sides: tuple[SideSpec, SideSpec], judg
     o = spec.options
     fp = {m: job_fingerprint(o, m) for side in sides for m in side.models}
     refuse_one_model(sides, fp)
-    return {"job": "disagree", "sides": [{"spec": s.text, "models": [fp[m] for m in s.models]} for s in sides],
+    # each model by its content, not the name typed (`rm`, `rm/`, an absolute path: one side; helper-159)
+    return {"job": "disagree", "sides": [{"kind": "implicit" if s.implicit else "rm",
+                                          "models": [fp[m] for m in s.models]} for s in sides],
             "lm": job_fingerprint(o, spec.lm) if spec.lm and spec.config.search else None,
-            "judge": {"spec": judge, "model": job_fingerprint(o, judge), "template": "its own"} if spec.config.search
+            "judge": {"model": job_fingerprint(o, judge), "template": "its own"} if spec.config.search
             else None,
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),

@@ -134,9 +134,11 @@ def csv_path(folder: str | Path) -> Path:
     return Path(folder) / "frontier.csv"
 
 
-def frontier_identity(spec: FrontierSpec, model_fp: dict, lm_fp: dict | None, judge_fp: dict, judge: str) -> dict:
+def frontier_identity(spec: FrontierSpec, model_fp: dict, lm_fp: dict | None, judge_fp: dict) -> dict:
+    """What the result depends on: each model by its content (`judge` and `rm/` and an absolute path are one judge;
+    the name typed kept a killed run from resuming and analyze from pooling seeds: helper-159)."""
     o = spec.options
-    return {"job": "frontier", "model": model_fp, "lm": lm_fp, "judge": {"spec": judge, "model": judge_fp},
+    return {"job": "frontier", "model": model_fp, "lm": lm_fp, "judge": {"model": judge_fp},
             "dtype": o.dtype, "output_column": int(o.output_column), "template": o.template,
             "prompts": dict(spec.prompts), "config": dataclasses.asdict(spec.config),
             "search": dataclasses.asdict(spec.search), "responses": "whole turns (issue 43)",
@@ -171,7 +173,7 @@ def run_frontier(spec: FrontierSpec) -> Path | None:
         require_prior_config(config_of(source), source, name, given)
     frontier_checks.check_before_loading(spec, judge)  # context, budget, --sweep's yardstick
     identity = frontier_identity(spec, job_fingerprint(o), job_fingerprint(o, spec.lm) if spec.lm else None,
-                                 job_fingerprint(o, judge), judge)
+                                 job_fingerprint(o, judge))
     out = csv_path(o.out)
     with claim_job(o, identity, out=out, owned=[frontier_out.png_path(out), frontier_out.samples_path(out)],
                    store=store_dir(out),

@@ -44,9 +44,9 @@ def gcg_identity(model_fingerprints: list[dict], *, dtype: str, output_column: i
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_IDENTITY}
     if cfg.init_from:  # before any model loads: a partial or foreign file stops here
         stages.read_input(cfg.init_from, ("beam",), "--init_from")
-    for name in ("init_from", "vocab_file"):  # what they hold, not only their names
+    for name in ("init_from", "vocab_file"):  # what they hold, not their names (b.csv and ./b.csv are one input)
         if getattr(cfg, name):
-            config[name] = {"path": getattr(cfg, name), "sha1": _input_sha1(getattr(cfg, name))}
+            config[name] = {"sha1": _input_sha1(getattr(cfg, name))}
     # the set, not its order; absent when not given (the identities of runs from before the flag hold)
     config.pop("token_ids")
     if cfg.token_ids:
