@@ -48,6 +48,10 @@ def load_config_file(path: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: not a regular file (a folder?); a model folder needs the checkpoint's "
                               "config.json file (copy it from the original Hugging Face repository).")
     if not path.is_file():
+        if (path.parent / "run.json").is_file() and (path.parent / "checkpoints").is_dir():  # train_rm's workdir
+            raise MissingFileError(f"{path.parent} is a train_rm workdir, not a model folder: rerun its train_rm "
+                                   "command with --export=FOLDER (a finished run exports without training again) "
+                                   "and give that folder.")
         raise MissingFileError(
             f"{path} not found: a model folder needs the checkpoint's config.json "
             "(copy it from the original Hugging Face repository)."

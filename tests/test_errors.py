@@ -48,6 +48,19 @@ def test_missing_config(copy):
         load_hf_model_folder(copy, require_tokenizer=False)
 
 
+def test_a_train_rm_workdir_given_as_a_model_is_named_with_its_fix(tmp_path):
+    """--model=WORKDIR (train_rm's checkpoints, no config.json) advised copying config.json from the original
+    Hugging Face repository (helper-159); a workdir's model is its export."""
+    from rmjax.loading import config_of
+
+    workdir = tmp_path / "w1"
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "run.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=f"{workdir} is a train_rm workdir, not a model folder: rerun its "
+                       "train_rm command with --export=FOLDER"):
+        config_of(str(workdir))
+
+
 def test_unsupported_architecture(copy):
     cfg = json.loads((copy / "config.json").read_text())
     cfg["architectures"], cfg["model_type"] = ["MistralForCausalLM"], "mistral"

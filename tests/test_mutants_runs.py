@@ -871,3 +871,17 @@ def test_the_store_keeps_only_the_batch_size_resume_batch_size_keeps(tmp_path):
     with pytest.raises(ResumeMismatchError, match=r"records no valid chunk size \(a positive integer\); delete"):
         chunks.ChunkStore(out, IDENTITY, 4, batch_size=8)
 
+
+
+def test_a_stage_input_of_another_job_or_a_folder_is_named_as_such(tmp_path):
+    """results.checked_input: a frontier or disagree result read as a sweep was "an frontier result" (its kind had no
+    job's name), and a folder given for a result file said "no such file" (helper-159)."""
+    from rmjax.errors import InputFileError
+
+    table = tmp_path / "frontier.csv"
+    table.write_text("x\n1\n")
+    results.write_meta(table, kind="frontier", identity={"job": "frontier"})
+    with pytest.raises(InputFileError, match="is an experiments.frontier result, not an experiments.sweep result"):
+        results.checked_input(table, ("sweep",), "--scores")
+    with pytest.raises(InputFileError, match=f"--from_sweep={tmp_path} is a folder; give an experiments.sweep result"):
+        results.checked_input(tmp_path, ("sweep",), "--from_sweep")

@@ -607,6 +607,25 @@ def test_models_given_by_path_are_named_by_their_folder(tmp_path):
     inproc.refused(lambda: labels("/x/a/model", "/x/a/model"), "same model", "model")
 
 
+def test_models_typed_alike_whose_records_name_other_contents_are_two_models(tmp_path):
+    """Two sweeps each run as --model=rm, from two folders holding different models, were refused as "the same
+    model ['rm']" (helper-159): their records' content fingerprints tell them apart, and each is named by its table
+    too. Two of one content stay one model, refused."""
+    rng = np.random.default_rng(0)
+
+    def table(name: str, weights: str) -> Path:
+        path = sweep(tmp_path / f"{name}.csv", {"greatest": rng.normal(size=40)}, model="rm")
+        meta = json.loads(results.meta_path(path).read_text())
+        meta["identity"] = {"job": "sweep", "model": {"weights": weights, "tokenizer": "t"},
+                            "prompts": {"greatest": "Prompt greatest?"}}
+        results.meta_path(path).write_text(json.dumps(meta))
+        return path
+
+    a, b, c = table("a", "w1"), table("b", "w2"), table("c", "w1")
+    assert [t.model for t in data.load_score_tables([a, b])] == [f"rm ({a})", f"rm ({b})"]
+    inproc.refused(lambda: data.load_score_tables([a, c]), "same model ['rm']")
+
+
 def test_the_in_sample_note_reads_the_recipe_the_scoring_job_recorded(rm_folder, tmp_path, monkeypatch):
     """The Elo in-sample note looked for the model's rmjax_training.json by the path the job was given, from the
     analysis's working directory: a model scored by absolute path (or from elsewhere) lost the note. The job now

@@ -8,9 +8,10 @@ tables of scored texts), never on the row index.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -100,7 +101,8 @@ def read_table(path: str | Path, kinds: Sequence[str] = SCORE_KINDS, flag: str =
         raise InputFileError(
             f"{path}: {int(bad.sum())} rows have NaN/Inf scores (first: "
             f"{'; '.join(label(r) for _, r in rows.iterrows())}); it was written with --allow_nonfinite. Fix the "
-            "model and rerun the sweep, or remove those rows before analyzing.")
+            "model and rerun the sweep, or sweep the other tokens alone (--vocab_file or --token_ids without them; "
+            "a table edited by hand no longer matches its .meta.json).")
     return frame, string_column
 
 
@@ -230,6 +232,7 @@ def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.Data
     if metadata is not None:
         position = {nickname: i for i, nickname in enumerate(metadata["nickname"])}
         tables.sort(key=lambda t: position.get(t.model, len(position)))
+    tables = _told_apart(tables)
     labels = [t.model for t in tables]
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
     if duplicated:
@@ -239,6 +242,24 @@ def load_score_tables(spec: str | Path | Sequence[str | Path], metadata: pd.Data
     _refuse_copies(tables)
     stages.same_prompt_texts([(flag, t.path) for t in tables])  # one prompt name, one text, in every table
     return tables
+
+
+def _told_apart(tables: list[ScoreTable]) -> list[ScoreTable]:
+    """Tables whose models were typed alike (`--model=rm` in two folders) but whose records name different model
+    contents are different models: each named by its table's path too. Tables of one content stay alike (refused
+    as one model's, by the caller)."""
+    def content(table: ScoreTable) -> str | None:
+        identity = (results.read_meta(table.path) or {}).get("identity") if table.path is not None else None
+        model = identity.get("model") if isinstance(identity, dict) else None
+        return json.dumps(model, sort_keys=True) if isinstance(model, dict) else None
+
+    out = []
+    for table in tables:
+        alike = [t for t in tables if t.model == table.model]
+        contents = [content(t) for t in alike]
+        apart = len(alike) > 1 and None not in contents and len(set(contents)) == len(alike)
+        out.append(replace(table, model=f"{table.model} ({table.path})") if apart else table)
+    return out
 
 
 def _refuse_copies(tables: Sequence[ScoreTable]) -> None:

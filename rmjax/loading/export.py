@@ -118,7 +118,8 @@ def _refuse_own_folder(spec: str, out: Path) -> None:
     folder = model_folder(spec)
     where = Path(os.path.realpath(out))
     if folder is not None and (where == folder or folder in where.parents or where in folder.parents):
-        raise UsageError(f"--out={out} is, or holds, the model's own folder {folder}; choose another folder.")
+        raise UsageError(f"--out={out} is, holds or lies inside the model's own folder {folder}; choose another "
+                         "folder.")
 
 
 def _refuse_gated_head(spec: str) -> None:

@@ -351,8 +351,9 @@ def read_meta(path: str | Path) -> dict | None:
 # kinds of score and logprobs results, which are still read.
 _KIND_JOB = {"sweep": "experiments.sweep", "beam": "experiments.beam", "gcg": "experiments.gcg",
              "logprobs": "experiments.logprobs", "score": "experiments.score", "inspect": "experiments.inspect",
-             "next_token_logprobs": "experiments.logprobs", "score_texts": "experiments.score",
-             "audit": "experiments.audit"}
+             "audit": "experiments.audit", "frontier": "experiments.frontier", "disagree": "experiments.disagree",
+             "train_rm": "experiments.train_rm", "export": "experiments.export",
+             "next_token_logprobs": "experiments.logprobs", "score_texts": "experiments.score"}
 
 
 def checked_input(path: str | Path, kinds: Iterable[str], flag: str, bare: str | None = None) -> dict | None:
@@ -362,6 +363,8 @@ def checked_input(path: str | Path, kinds: Iterable[str], flag: str, bare: str |
     it returns None then."""
     path, kinds = Path(path), tuple(kinds)
     wanted = " or ".join(dict.fromkeys(f"an {_KIND_JOB.get(k, k)} result" for k in kinds))
+    if path.is_dir():
+        raise InputFileError(f"{flag}={path} is a folder; give {wanted}'s file.")
     if not path.is_file():
         raise MissingFileError(f"{flag}={path}: no such file.")
     meta = read_meta(path)
