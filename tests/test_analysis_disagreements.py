@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from rmjax.analysis.disagreements import ahead_share, load_runs
+from rmjax.runs import results
 from tests.inproc import analyze, refused
 
 
@@ -132,5 +133,11 @@ def test_runs_of_different_jobs_or_one_run_are_refused(tmp_path):
     map_only = tmp_path / "map_only"
     map_only.mkdir()
     (map_only / "vocab_map.csv").write_text("prompt,text,gap\n")
+    results.write_meta(map_only / "vocab_map.csv", kind="disagree", identity={"job": "disagree",
+                                                                               "config": {"search": False}})
     refused(lambda: analyze(tmp_path / "o4", disagreements=(a, str(map_only))), "ran no search", "--nosearch")
+    # a search run stopped between its map and its rows (helper-160) is an unfinished job, not a --nosearch one
+    results.write_meta(map_only / "vocab_map.csv", kind="disagree", identity={"job": "disagree",
+                                                                               "config": {"search": True}})
+    refused(lambda: analyze(tmp_path / "o5", disagreements=(a, str(map_only))), "no finished disagreement job")
     assert not any(p.name.startswith("o") for p in tmp_path.iterdir())  # refused before --out is touched

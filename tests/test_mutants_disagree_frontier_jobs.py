@@ -395,6 +395,8 @@ def test_identities_hold_what_the_inputs_are_not_how_they_were_typed(tmp_path, m
     assert [s["kind"] for s in implicit["sides"]] == ["rm", "implicit"] and implicit != typed
     assert disagree("rm", f"implicit:{tmp_path}/lm:./ref", "judge/") == implicit
     assert disagree("rm", "other", "lm") != typed  # another judge's content
+    assert disagree("other", "rm", "judge") != typed  # the sides' order is the direction's meaning
+    assert disagree("rm", "implicit:ref:lm", "judge") != implicit  # chosen and reference swapped
 
     spec = FrontierSpec(RunOptions(model="rm", out=str(tmp_path / "f")), {"g": "G?"}, FrontierConfig(), FluentConfig())
     assert "spec" not in frontier_job.frontier_identity(spec, {"w": 1}, None, {"w": 2})["judge"]

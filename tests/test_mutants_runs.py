@@ -275,6 +275,18 @@ def test_an_output_may_not_be_the_record_of_a_result_the_run_reads(tmp_path):
     with pytest.raises(UsageError, match=f"would write {record}, which this run reads \\(--init_from={beam}'s record"):
         check_distinct([Output(record, IDENTITY, overwrite=True, inputs={"--init_from": str(beam)})])
     check_distinct([Output(tmp_path / "model.meta.json", IDENTITY, inputs={"--model": str(model)})])
+    # the companions its record lists (a beam's completions), and the record of a link by the link's own name
+    # (the run reads link.csv.meta.json), are read too (helper-160)
+    completions = tmp_path / "b.csv.completions.csv"
+    completions.write_text("c\n")
+    results.write_meta(beam, files=[completions], kind="beam", identity={"job": "beam"})
+    with pytest.raises(UsageError, match=f"would write {completions}, which this run reads"):
+        check_distinct([Output(completions, IDENTITY, overwrite=True, inputs={"--init_from": str(beam)})])
+    (tmp_path / "link.csv").symlink_to(beam)
+    with pytest.raises(UsageError, match="link.csv's record"):
+        check_distinct([Output(tmp_path / "link.csv.meta.json", IDENTITY,
+                               inputs={"--init_from": str(tmp_path / "link.csv")})])
+
 
 def test_a_folder_jobs_refusal_names_the_folder_it_was_given_not_a_flag_value_nobody_typed(tmp_path):
     """options.claim_job with `out` inside options.out (inspect's DIR/reward_lens.csv): a refusal names
@@ -885,3 +897,25 @@ def test_a_stage_input_of_another_job_or_a_folder_is_named_as_such(tmp_path):
         results.checked_input(table, ("sweep",), "--scores")
     with pytest.raises(InputFileError, match=f"--from_sweep={tmp_path} is a folder; give an experiments.sweep result"):
         results.checked_input(tmp_path, ("sweep",), "--from_sweep")
+
+
+def test_a_record_of_an_older_rmjax_with_typed_paths_is_said_to_be_one():
+    """Identities recorded before s123 held the paths as typed (a disagree's sides and judge, GCG's files); a rerun
+    of the same inputs was refused as "a run with different judge.spec, sides" (helper-160), a change nobody made.
+    Another model or file is still named as a change."""
+    from rmjax.runs import identities
+
+    fp, judge = {"weights": "w", "tokenizer": "t"}, {"weights": "j", "tokenizer": "u"}
+    new = {"job": "disagree", "sides": [{"kind": "rm", "models": [fp]}, {"kind": "implicit", "models": [fp, judge]}],
+           "judge": {"model": judge, "template": "its own"}, "config": {"init_from": {"sha1": "s"}}}
+    old = {"job": "disagree",
+           "sides": [{"spec": "rm/", "models": [fp]}, {"spec": "implicit:a:b", "models": [fp, judge]}],
+           "judge": {"spec": "judge", "model": judge, "template": "its own"},
+           "config": {"init_from": {"path": "b.csv", "sha1": "s"}}}
+    assert identities.without_typed_paths(old) == identities.canonical(new)
+    said = identities.mismatch_message("saved progress P", identities.canonical(old), new)
+    assert "older rmjax" in said and "--overwrite" in said and "different" not in said
+    other = {**old, "config": {"init_from": {"path": "b.csv", "sha1": "other"}}}
+    assert "different config.init_from.sha1" in identities.mismatch_message("P", identities.canonical(other), new)
+    swapped = {**old, "sides": old["sides"][::-1]}
+    assert not identities.of_an_older_rmjax(identities.canonical(swapped), new)

@@ -624,6 +624,11 @@ def test_models_typed_alike_whose_records_name_other_contents_are_two_models(tmp
     a, b, c = table("a", "w1"), table("b", "w2"), table("c", "w1")
     assert [t.model for t in data.load_score_tables([a, b])] == [f"rm ({a})", f"rm ({b})"]
     inproc.refused(lambda: data.load_score_tables([a, c]), "same model ['rm']")
+    # one model's weights read by two versions of rmjax's loader (`reading`) are one model still
+    meta = json.loads(results.meta_path(c).read_text())
+    meta["identity"]["model"]["reading"] = 7
+    results.meta_path(c).write_text(json.dumps(meta))
+    inproc.refused(lambda: data.load_score_tables([a, c]), "same model ['rm']")
 
 
 def test_the_in_sample_note_reads_the_recipe_the_scoring_job_recorded(rm_folder, tmp_path, monkeypatch):

@@ -318,6 +318,14 @@ def test_implicit_rm_of_one_model_twice_is_refused(lm_folder, tmp_path):
     inproc.refused(lambda: inproc.analyze(tmp_path / "analysis", implicit_chosen=str(tables[0]),
                                           implicit_reference=str(tables[1])), "are log-probs of one model")
     assert not (tmp_path / "analysis" / "report.md").exists()
+    # at auto (chat, here) and plain the model saw two conversations: two sides, named by their templates
+    plain = tmp_path / "plain.csv"
+    run_logprobs(LogprobsSpec(inproc.options(lm_folder, plain, template="plain"), inproc.prompts()))
+    inproc.analyze(tmp_path / "two", implicit_chosen=str(tables[0]), implicit_reference=str(plain))
+    title = next(line for line in (tmp_path / "two" / "report.md").read_text().splitlines()
+                 if line.startswith("## Implicit RM"))
+    assert title.endswith(" (chat template) over reference " + title.split(" over reference ")[1]) and title.endswith(
+        " (plain template)"), title
 
 
 def test_implicit_rm_of_one_model_in_two_dtypes_names_each_side(lm_folder, tmp_path):

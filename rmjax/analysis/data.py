@@ -251,7 +251,9 @@ def _told_apart(tables: list[ScoreTable]) -> list[ScoreTable]:
     def content(table: ScoreTable) -> str | None:
         identity = (results.read_meta(table.path) or {}).get("identity") if table.path is not None else None
         model = identity.get("model") if isinstance(identity, dict) else None
-        return json.dumps(model, sort_keys=True) if isinstance(model, dict) else None
+        if not isinstance(model, dict):
+            return None  # how a version of rmjax read the weights ("reading") is no other model
+        return json.dumps({k: v for k, v in model.items() if k != "reading"}, sort_keys=True)
 
     out = []
     for table in tables:

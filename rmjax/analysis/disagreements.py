@@ -20,6 +20,7 @@ from scipy import stats
 from rmjax.analysis.files import Outputs, markdown
 from rmjax.errors import MissingFileError, UsageError
 from rmjax.runs import results
+from rmjax.runs.identities import without_typed_paths
 
 VIEWS = ("at_cap", "complete")  # the job's summary: every row under the judge cap; complete answers only
 DIRECTIONS = ("a_over_b", "b_over_a")
@@ -43,7 +44,8 @@ def load_runs(folders: Sequence[str]) -> list[DisagreementRun]:
     for folder in folders:
         path = Path(folder) / "disagree.csv"
         meta = results.read_meta(path) if path.is_file() else None
-        if not path.exists() and (Path(folder) / "vocab_map.csv").is_file():  # a --nosearch run's only table
+        map_meta = results.read_meta(Path(folder) / "vocab_map.csv") if not path.exists() else None
+        if ((map_meta or {}).get("identity") or {}).get("config", {}).get("search") is False:  # a --nosearch run's
             raise UsageError(f"--disagreements={folder}: the job ran no search (--nosearch: a vocabulary map "
                              "alone); nothing to compare.")
         if not meta or meta.get("kind") != "disagree" or not isinstance(meta.get("summary"), dict):
@@ -56,7 +58,7 @@ def load_runs(folders: Sequence[str]) -> list[DisagreementRun]:
         raise UsageError("--disagreements: give at least two runs of one job at different --seed values.")
     first = runs[0]
     for run in runs[1:]:
-        differs = _differences(_without_seed(first.identity), _without_seed(run.identity))
+        differs = _differences(*(without_typed_paths(_without_seed(r.identity)) for r in (first, run)))
         if differs:
             raise UsageError(f"--disagreements: {run.folder} differs from {first.folder} in {', '.join(differs)}; "
                              "compare runs of one job that differ only in --seed.")

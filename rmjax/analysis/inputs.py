@@ -137,7 +137,7 @@ def _two_models(chosen: Path, reference: Path) -> None:
     metas = [results.read_meta(p) or {} for p in (chosen, reference)]
     same = [{**(m.get("identity") or {})} for m in metas]
     for meta, identity in zip(metas, same, strict=True):  # --template=auto and chat (or plain) render alike
-        identity["template"] = stages.template_used(meta, identity.get("template"))
+        identity["template"] = stages.recorded_template(meta)
     keys = ("model", "dtype", "template")
     if all(same[0].get(k) is not None and same[0].get(k) == same[1].get(k) for k in keys):
         raise UsageError(f"--implicit_chosen={chosen} and --implicit_reference={reference} are log-probs of one model "
@@ -150,7 +150,7 @@ def implicit_templates(chosen: data.ScoreTable, reference: data.ScoreTable) -> s
     plain) or --system_prompt values: the two models then saw the prompt in different forms, and MWLR measures
     that too."""
     metas = [(results.read_meta(t.path) or {}) if t.path else {} for t in (chosen, reference)]
-    templates = [_template_used(m) if m else None for m in metas]
+    templates = [stages.recorded_template(m) if m else None for m in metas]
     if templates[0] != templates[1]:
         return (f"the implicit RM's log-probs were taken under different templates ({chosen.model}: {templates[0]}, "
                 f"{reference.model}: {templates[1]}): the two models saw the prompt in different forms, and the MWLR "
@@ -174,16 +174,10 @@ def implicit_labels(chosen: data.ScoreTable, reference: data.ScoreTable) -> tupl
     dtypes = [(m.get("identity") or {}).get("dtype") for m in metas]
     if dtypes[0] != dtypes[1] and None not in dtypes:
         return f"{chosen.model} ({dtypes[0]})", f"{reference.model} ({dtypes[1]})"
-    templates = [_template_used(m) for m in metas]
+    templates = [stages.recorded_template(m) for m in metas]
     if templates[0] != templates[1] and None not in templates:
         return f"{chosen.model} ({templates[0]} template)", f"{reference.model} ({templates[1]} template)"
     return f"{chosen.model} ({chosen.path})", f"{reference.model} ({reference.path})"
-
-
-def _template_used(meta: dict) -> str | None:
-    """The template a log-prob table was taken under: --template=auto is chat where the tokenizer has a chat
-    template (its .meta.json then records what it renders before the user's words) and plain where it has none."""
-    return stages.template_used(meta, meta.get("template"))
 
 
 def same_prompt_texts(found: Inputs) -> None:

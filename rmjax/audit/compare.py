@@ -59,7 +59,7 @@ class AuditSection:
             # a model is what scored, not the path typed: `rm` and `rm/` are one model, and one folder read with
             # two system prompts is two
             scorer = hash_json({k: identity.get(k) for k in ("model", "output_column", "dtype")}
-                               | {"template": stages.template_used(meta, identity.get("template"))})  # auto: as used
+                               | {"template": stages.recorded_template(meta)})  # auto: as rendered
             if scorer in scorers:
                 raise UsageError(f"--audits: {scorers[scorer]} and {folder} are audits of one model (the same "
                                  "weights, system prompt, template, reward column and dtype); give each model once.")

@@ -34,7 +34,16 @@ from rmjax.errors import OutputExistsError, ResumeMismatchError, UsageError
 from rmjax.parallel.distributed import barrier, is_main
 from rmjax.runs import atomic, locks, results
 from rmjax.runs.folder_files import foreign_refusal, remove, store_files
-from rmjax.runs.identities import canonical, changed_keys, mismatch_message, prompt_order, read_meta_identity
+from rmjax.runs.identities import (
+    OLDER_RMJAX,
+    canonical,
+    changed_keys,
+    mismatch_message,
+    of_an_older_rmjax,
+    prompt_order,
+    read_meta_identity,
+    without_typed_paths,
+)
 from rmjax.runs.paths import check_writable, companion_path, flag_name, named, real_path, refuse_folder_name
 from rmjax.runs.results import meta_path
 
@@ -280,12 +289,14 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
         if stored is None:
             raise _refuse(flag, out, f"is not a finished rmjax result (no {meta.name} with its inputs: a run that "
                           "stopped before its end, or another program's file)", fix)
-        changed = ", ".join(changed_keys(stored, identity))
+        changed = ", ".join(changed_keys(without_typed_paths(stored), canonical(identity)))
         record = atomic.read_json(meta) or {}
         if folder is None and out.name in (record.get("files") or {}) and (problem := results.damage(out, record)):
             # a run stopped between its result and its record (an --overwrite's): the record is the old run's
             raise _refuse(flag, out, f"does not match its {meta.name}, which records a run with different "
                           f"{changed} ({problem}: edited, or a run stopped between it and its record)", fix)
+        if of_an_older_rmjax(stored, identity):
+            raise _refuse(flag, out, f"holds a result that {OLDER_RMJAX}", fix)
         raise _refuse(flag, out, f"holds the result of a run with different {changed}", fix)
     if folder is not None and out in existing:  # an rmjax folder: --overwrite deletes what its job wrote, only
         own, foreign = store_files(out, folder, beside)
@@ -339,6 +350,17 @@ def _named_files(output: Output) -> list[Path]:
     return [out, *(Path(os.path.realpath(p)) for p in (meta, *output.owned))]
 
 
+def _record_and_its_files(path: Path) -> list[Path]:
+    """An input result's .meta.json and the companions it records, which the run checks the input against (as
+    given: a link's record is its own name's): gcg --init_from=b.csv --out=b.csv.meta.json (or
+    b.csv.completions.csv) --overwrite wrote over them, and the beam was then refused as damaged."""
+    if path.is_dir():
+        return []
+    record = meta_path(path)
+    files = (atomic.read_json(record) or {}).get("files") if record.is_file() else None
+    return [record, *(record.parent / name for name in (files if isinstance(files, dict) else ()))]
+
+
 def check_distinct(outputs: Sequence[Output]) -> None:
     """Refuse, before anything is locked or written, a run whose outputs name one file twice: a head whose recipe
     is itself (--head_out=x.json: x.json), or a file a folder output writes (--head_out=WORKDIR/run: its recipe
@@ -355,12 +377,11 @@ def check_distinct(outputs: Sequence[Output]) -> None:
                 raise UsageError(f"{who} would write {path}, which {seen[path]} writes too; give the outputs names "
                                  "that do not meet.")
             seen[path] = who
-    read = {Path(os.path.realpath(path)): flag if "=" in flag else f"{flag}={path}" for output in outputs
-            for flag, path in output.inputs.items() if path}  # a key may name the flag and its value already
-    # and each input's record, which the run checks it against: gcg --init_from=b.csv --out=b.csv.meta.json
-    # --overwrite wrote over the beam's record, and the beam's result was then refused as unreadable
-    read |= {Path(os.path.realpath(meta_path(path))): f"{given}'s record" for path, given in list(read.items())
-             if not path.is_dir()}
+    given_as = {Path(path): flag if "=" in flag else f"{flag}={path}" for output in outputs
+                for flag, path in output.inputs.items() if path}  # a key may name the flag and its value already
+    read = {Path(os.path.realpath(path)): given for path, given in given_as.items()}
+    for path, given in given_as.items():
+        read |= {Path(os.path.realpath(p)): f"{given}'s record" for p in _record_and_its_files(path)}
     for path, given in read.items():
         if path in seen:
             raise UsageError(f"{seen[path]} would write {path}, which this run reads ({given}); choose another "

@@ -45,8 +45,36 @@ def prompt_order(identity: object) -> dict[str, list[str]]:
     return {path: keys for path, keys in key_order(identity).items() if path.split(".")[-1] == "prompts"}
 
 
+def without_typed_paths(identity: dict) -> dict:
+    """An identity as rmjax records it since s123: a disagree's sides by kind, no judge or input file by the path
+    typed (their content fingerprints and digests were recorded beside them, and still are)."""
+    out = canonical(identity)
+    if isinstance(out.get("judge"), dict):
+        out["judge"].pop("spec", None)
+    for side in out.get("sides") if isinstance(out.get("sides"), list) else ():
+        if isinstance(side, dict) and side.pop("spec", None) is not None:
+            side.setdefault("kind", "implicit" if len(side.get("models") or ()) == 2 else "rm")
+    config = out.get("config") if isinstance(out.get("config"), dict) else {}
+    for name in ("init_from", "vocab_file"):
+        if isinstance(config.get(name), dict):
+            config[name].pop("path", None)
+    return out
+
+
+def of_an_older_rmjax(old: dict, new: dict) -> bool:
+    """Whether `old` is `new`'s inputs as an rmjax before s123 recorded them (the paths as typed): not reused or
+    continued (the records around it hold the old identity), but said so, not as a change the user made."""
+    return old != canonical(new) and without_typed_paths(old) == canonical(new)
+
+
+OLDER_RMJAX = ("was made from these inputs by an older rmjax (it recorded the paths as typed), which this version "
+               "cannot reuse or continue")
+
+
 def mismatch_message(what: str, old: dict, new: dict, flag: str = "--out") -> str:
-    keys = changed_keys(old, canonical(new))
+    if of_an_older_rmjax(old, new):
+        return f"{what} {OLDER_RMJAX}; pass --overwrite to recompute it, or choose another {flag}."
+    keys = changed_keys(without_typed_paths(old), canonical(new))  # what the user changed, not how it was recorded
     return (f"{what} was made by a run with different {', '.join(keys) or 'settings'}. Rerun with the same "
             f"model and settings to continue it, pass --overwrite to discard it, or choose another {flag}.")
 

@@ -96,6 +96,12 @@ def template_used(meta: Mapping, template: object) -> object:
     return template
 
 
+def recorded_template(meta: Mapping) -> object:
+    """The template a result was made under, as rendered (`template_used` of its identity's --template)."""
+    identity = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
+    return template_used(meta, identity.get("template", meta.get("template")))
+
+
 def differences(meta: dict, needs: Needs, path: str | Path = "", flag: str = "") -> list[tuple[str, str]]:
     """(key, detail) of each thing the run recorded in `meta` differs in from `needs` (empty: none)."""
     facts = _facts(stored_identity(meta, path, flag))
