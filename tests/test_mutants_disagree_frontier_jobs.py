@@ -411,3 +411,19 @@ def test_identities_hold_what_the_inputs_are_not_how_they_were_typed(tmp_path, m
     before = gcg("w.txt")
     (tmp_path / "w.txt").write_text(" cat\n cow\n")
     assert gcg("w.txt") != before
+
+    from rmjax.runs import results
+
+    def beam(text: str) -> None:  # a finished beam result to start from (its record proves it whole)
+        (tmp_path / "b.csv").write_text(text)
+        results.write_meta(tmp_path / "b.csv", kind="beam", identity={"job": "beam"})
+
+    def init(path: str) -> dict:
+        return gcg_identity([{"w": 1}], dtype="float32", output_column=0, prompts={"g": "G?"},
+                            cfg=GCGConfig(init_from=path))
+
+    beam("depth,ids\n1,5\n")
+    assert init("b.csv") == init(str(tmp_path / "b.csv")) == init("./b.csv")
+    first = init("b.csv")
+    beam("depth,ids\n1,6\n")
+    assert init("b.csv") != first
