@@ -473,7 +473,7 @@ def test_tpu_vm_plans_a_searchs_lm_from_the_checkpoint(tmp_path):
     assert status in (0, None) and words[-1] == "--lm=/tmp/ckpt/lm", (words, err)
     # bfloat16, one level of one direction: the plan compiles its decode and the completed texts in seconds
     job = ("--job=experiments.beam --model=/tmp/ckpt --lm=/tmp/ckpt/lm/ --limit=64 --dtype=bfloat16 --depth=1 "
-           "--beam=4 --direction=optimal --out=results/b.csv")
+           "--direction=optimal --out=results/b.csv")
     cmds, said = _dry_and_said("tpu_vm.sh", "--name=rm", "--zone=z", "--type=v5litepod-1", "--checkpoint=gs://b/ckpt",
                                "--plan_model=llama-3.1-8b", job, env={**os.environ, "TMPDIR": "/tmp"})
     # its trailing slash kept out of the object's name (gs://b/ckpt/lm//config.json names none)
