@@ -432,7 +432,7 @@ def test_checkpoints_scored_otherwise_are_not_drawn_as_one_curve(tmp_path):
                                    inproc.prompts("greatest"), limit=limit))
 
     score(0, first)
-    score(10, later)
+    score(10, later, template="chat")  # what auto renders for this RM (it has a chat template): scored alike
     analyze(tmp_path / "ok", bigtwo_checkpoints=str(steps), bigtwo_dictionary=None)
     assert pd.read_csv(tmp_path / "ok" / "bigtwo_checkpoints.csv").step.tolist() == [0, 10]
     for settings, differ in ((dict(template="plain"), "template"), (dict(limit=32), "limit"),

@@ -23,6 +23,7 @@ from rmjax.analysis.data import ScoreTable, collapse_variants, common_prompts, r
 from rmjax.errors import MissingFileError, UsageError
 from rmjax.runs.identities import changed_keys
 from rmjax.runs.results import read_meta
+from rmjax.runs.stages import recorded_template
 
 AGENCY, COMMUNION = lexicons.AGENCY, lexicons.COMMUNION
 Lexicon = dict[str, Sequence[str]] | lexicons.StemMatcher
@@ -123,8 +124,10 @@ def _differs_by_step(key: str, identities: Sequence[dict]) -> bool:
 def _one_run(directory: str | Path, paths: Sequence[Path]) -> None:
     """The curve's points are one run's checkpoints scored alike: a table of another tokenizer, template, dtype,
     token set or reading drew one line through two models' ranks, exit 0 (a fault hunt)."""
-    recorded = {path.name: (read_meta(path) or {}).get("identity") for path in paths}
-    known = {name: identity for name, identity in recorded.items() if isinstance(identity, dict)}
+    metas = {path.name: read_meta(path) or {} for path in paths}
+    recorded = {name: meta.get("identity") for name, meta in metas.items()}
+    known = {name: {**identity, "template": recorded_template(metas[name])}  # auto and chat: one rendering
+             for name, identity in recorded.items() if isinstance(identity, dict)}
     if not known:
         return  # bare tables (the published ones): nothing records how they were scored
     first = next(iter(known))
