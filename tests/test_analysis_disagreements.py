@@ -140,4 +140,6 @@ def test_runs_of_different_jobs_or_one_run_are_refused(tmp_path):
     results.write_meta(map_only / "vocab_map.csv", kind="disagree", identity={"job": "disagree",
                                                                                "config": {"search": True}})
     refused(lambda: analyze(tmp_path / "o5", disagreements=(a, str(map_only))), "no finished disagreement job")
+    results.write_meta(map_only / "vocab_map.csv", kind="disagree", identity={"job": "disagree", "config": None})
+    refused(lambda: analyze(tmp_path / "o6", disagreements=(a, str(map_only))), "no finished disagreement job")
     assert not any(p.name.startswith("o") for p in tmp_path.iterdir())  # refused before --out is touched

@@ -282,6 +282,8 @@ def test_an_output_may_not_be_the_record_of_a_result_the_run_reads(tmp_path):
     results.write_meta(beam, files=[completions], kind="beam", identity={"job": "beam"})
     with pytest.raises(UsageError, match=f"would write {completions}, which this run reads"):
         check_distinct([Output(completions, IDENTITY, overwrite=True, inputs={"--init_from": str(beam)})])
+    with pytest.raises(UsageError, match=f"which this run reads \\(--init_from={beam}\\)"):  # itself, recorded too
+        check_distinct([Output(beam, IDENTITY, overwrite=True, inputs={"--init_from": str(beam)})])
     (tmp_path / "link.csv").symlink_to(beam)
     with pytest.raises(UsageError, match="link.csv's record"):
         check_distinct([Output(tmp_path / "link.csv.meta.json", IDENTITY,

@@ -125,6 +125,12 @@ def test_a_result_its_record_does_not_describe_is_refused_as_such(tmp_path):
                 pass
         assert "--overwrite" in str(refused.value) and "holds the result of" not in str(refused.value)
     assert out.read_text() == "token,b\n"
+    # an older record listing its files without digests says nothing of the file: the usual refusal
+    record = json.loads(results.meta_path(out).read_text())
+    results.meta_path(out).write_text(json.dumps({**record, "files": [out.name]}))
+    with pytest.raises(OutputExistsError, match="holds the result of a run with different model"):
+        with claim(out, new):
+            pass
 
 
 def test_inspect_refuses_the_batch_its_plan_refuses_before_loading(rm, tmp_path, monkeypatch):

@@ -255,11 +255,11 @@ def _told_apart(tables: list[ScoreTable]) -> list[ScoreTable]:
             return None  # how a version of rmjax read the weights ("reading") is no other model
         return json.dumps({k: v for k, v in model.items() if k != "reading"}, sort_keys=True)
 
+    contents = [content(t) for t in tables]  # each record read once
     out = []
     for table in tables:
-        alike = [t for t in tables if t.model == table.model]
-        contents = [content(t) for t in alike]
-        apart = len(alike) > 1 and None not in contents and len(set(contents)) == len(alike)
+        alike = [c for t, c in zip(tables, contents, strict=True) if t.model == table.model]
+        apart = len(alike) > 1 and None not in alike and len(set(alike)) == len(alike)
         out.append(replace(table, model=f"{table.model} ({table.path})") if apart else table)
     return out
 

@@ -45,7 +45,7 @@ def load_runs(folders: Sequence[str]) -> list[DisagreementRun]:
         path = Path(folder) / "disagree.csv"
         meta = results.read_meta(path) if path.is_file() else None
         map_meta = results.read_meta(Path(folder) / "vocab_map.csv") if not path.exists() else None
-        if ((map_meta or {}).get("identity") or {}).get("config", {}).get("search") is False:  # a --nosearch run's
+        if (((map_meta or {}).get("identity") or {}).get("config") or {}).get("search") is False:  # --nosearch's
             raise UsageError(f"--disagreements={folder}: the job ran no search (--nosearch: a vocabulary map "
                              "alone); nothing to compare.")
         if not meta or meta.get("kind") != "disagree" or not isinstance(meta.get("summary"), dict):

@@ -291,7 +291,8 @@ def _decide(out: Path, meta: Path, identity: dict, overwrite: bool, owned: list[
                           "stopped before its end, or another program's file)", fix)
         changed = ", ".join(changed_keys(without_typed_paths(stored), canonical(identity)))
         record = atomic.read_json(meta) or {}
-        if folder is None and out.name in (record.get("files") or {}) and (problem := results.damage(out, record)):
+        files = record.get("files") if isinstance(record.get("files"), dict) else {}  # an older list: no digests
+        if folder is None and out.name in files and (problem := results.damage(out, record)):
             # a run stopped between its result and its record (an --overwrite's): the record is the old run's
             raise _refuse(flag, out, f"does not match its {meta.name}, which records a run with different "
                           f"{changed} ({problem}: edited, or a run stopped between it and its record)", fix)
@@ -380,8 +381,9 @@ def check_distinct(outputs: Sequence[Output]) -> None:
     given_as = {Path(path): flag if "=" in flag else f"{flag}={path}" for output in outputs
                 for flag, path in output.inputs.items() if path}  # a key may name the flag and its value already
     read = {Path(os.path.realpath(path)): given for path, given in given_as.items()}
-    for path, given in given_as.items():
-        read |= {Path(os.path.realpath(p)): f"{given}'s record" for p in _record_and_its_files(path)}
+    for path, given in given_as.items():  # an input itself keeps its own name, not "its record"'s
+        for recorded in _record_and_its_files(path):
+            read.setdefault(Path(os.path.realpath(recorded)), f"{given}'s record")
     for path, given in read.items():
         if path in seen:
             raise UsageError(f"{seen[path]} would write {path}, which this run reads ({given}); choose another "
