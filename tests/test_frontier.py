@@ -197,6 +197,31 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, t
         np.testing.assert_allclose(got.prior_logp, partial_logp, atol=lp_atol, rtol=0)
 
 
+def test_scoring_whole_turns_compiles_once_whatever_the_current_responses_length(tied):
+    """A search changes its response's length from step to step: the variants' scorer runs every length against one
+    cache width (current's turn, then free slots) with the length an argument, so three lengths compile it once
+    (it compiled once per length). The scores stay a full forward's (the test above checks each length's)."""
+    from rmjax import compiled as compiled_lib
+
+    _, _, rm = tied
+    n = 6
+    target = make_target(rm, PROMPT, "auto")
+    end = target.suffix[0]
+    words = _word_ids(rm.tokenizer)
+    obj = Objective(target, Prior.of(rm, target.prefix), 0.0, 1.0, 0.0, Forwards(10**6, n + obj_tail(target), n + 1))
+    before = {id(c) for c in compiled_lib.made("_score_variants")}
+    for length in (2, 3, 5):
+        current = turns.from_turns([words[:length].tolist()], n, end)[0]
+        cands = turns.from_turns([words[i : i + length].tolist() for i in range(1, 9)], n, end)
+        _, extended, _ = obj.gradient(current)
+        got = obj.score(cands, current, extended)
+        want = obj.score(cands)  # whole turns from the prompt's cache: no current, no variants' scorer
+        np.testing.assert_allclose(got.reward, want.reward, atol=tolerance.any_rewards_atol(
+            rm.params, rm.config, len(target.prefix) + n + 1 + len(target.suffix)), rtol=0)
+    new = [c for c in compiled_lib.made("_score_variants") if id(c) not in before]
+    assert len(new) == 1, [c.name for c in new]
+
+
 def test_starts_drawn_and_all_left_out_are_told_apart_from_a_budget_that_buys_none(tied, monkeypatch):
     """helper-144: a disagreement whose sampled starts were all left out by the round trip (random RMs) was refused
     after loading with "does not buy the search's starts (32 samples and a beam of 4)", though its budget had

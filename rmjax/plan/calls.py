@@ -152,9 +152,9 @@ def gcg_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, prefix_
     packed = math.ceil(search_width * (n / 2 + 0.5 + tail) / row_width)
     calls = math.ceil(packed / min(eval_batch_size, max(1, search_width // 2)))
     rows = batching.round_up(batching.bucket(math.ceil(packed / calls), 8), mesh)
-    scorer = variants_scorer(cfg, mesh, width + n, n, rows, slots, column)
+    scorer = variants_scorer(cfg, mesh, width + n, rows, slots, column)
     score_args = (params, extended, *[_array((rows, row_width), jnp.int32, mesh, "data")] * 4,
-                  _array((rows, slots), jnp.int32, mesh, "data"))
+                  _array((rows, slots), jnp.int32, mesh, "data"), _array((), jnp.int32, mesh))
     per_step = steps * prompts
     return [prefill, Call("gradient", grad, grad_args, per_step, params, cache),
             Call("append_kv", append, append_args, per_step),

@@ -145,9 +145,15 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
     read = read_points(variants, suffix, read_offset, nn.read_pad_id(model.config))
     runs = Runs(np.where(read >= 0, np.minimum(first, read), first), first, read)  # a read before a change runs too
     spans = np.asarray([len(v) - f + tail for v, f in zip(variants, runs.start, strict=True)])
-    width = (max(n, longest or 0, max(len(v) for v in variants)) + tail) + (1 + tail)
+    span = max(n, longest or 0, max(len(v) for v in variants))
+    width = (span + tail) + (1 + tail)
+    # whole turns of every length up to `longest` run against one cache width (free slots after current's turn,
+    # masked), and current's length is an argument: a search that changes its response's length compiles once
+    prompt_slots = extended.k.shape[2] - n
+    extended = extended.with_free_slots(span - n) if span > n else extended
     packed = pack(spans, width)
-    out, picked = _score_packed(model, extended, suffix, current, variants, runs, packed, rows, log_probs, width)
+    out, picked = _score_packed(model, extended, suffix, current, variants, runs, packed, rows, log_probs, width,
+                                prompt_slots)
     shared = np.zeros(len(variants), bool)
     for members in packed:
         shared[members] = len(members) > 1
@@ -155,7 +161,7 @@ def score_variants(model: Model, extended: nn.KVCache, suffix: np.ndarray, curre
     again = np.flatnonzero(shared & ~finite)
     if len(again):
         alone = _score_packed(model, extended, suffix, current, variants, runs, [[int(i)] for i in again], rows,
-                              log_probs, width)
+                              log_probs, width, prompt_slots)
         out[again] = alone[0][again]
         for i in again:
             picked[i] = alone[1][i]
@@ -183,8 +189,9 @@ def read_points(variants: list[np.ndarray], suffix: np.ndarray, read_offset: int
 
 def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, current: np.ndarray,
                   variants: list[np.ndarray], runs: Runs, packed: list[list[int]], rows: int,
-                  log_probs: bool, width: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """score_variants' forward of the variants' tails placed as `packed` says (the variants in each row): their
+                  log_probs: bool, width: int, prompt_slots: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """score_variants' forward of the variants' tails placed as `packed` says (the variants in each row; the cache
+    holds `prompt_slots` slots before current's first token): their
     rewards [W] and each one's log-probabilities after its first change (empty without `log_probs`), zero and empty
     for variants in no row."""
     first = runs.start
@@ -204,19 +211,18 @@ def _score_packed(model: Model, extended: nn.KVCache, suffix: np.ndarray, curren
             span = slice(at, at + own - first[i] + tail)
             ids[r, span] = np.concatenate([variants[i][first[i] :], suffix])
             rel[r, span] = np.arange(first[i], own + tail)  # positions after the prompt
-            segment[r, span], cache_end[r, span] = slot, cache_width - n + first[i]
+            segment[r, span], cache_end[r, span] = slot, prompt_slots + first[i]
             last[r, slot] = at + runs.read[i] - first[i] if runs.read[i] >= 0 else -1
             owner[r, slot], stops[r, slot] = i, span.stop - 1 - tail  # the span's last response token
             at = span.stop
-    scorer = variants_scorer(model.config, model.mesh, cache_width, n, per_call, slots, model.output_column,
-                             log_probs)
-    params = declared_params(model)
+    scorer = variants_scorer(model.config, model.mesh, cache_width, per_call, slots, model.output_column, log_probs)
+    params, length = declared_params(model), replicated(np.int32(n), model.mesh)
 
     def each():
         for start in range(0, calls * per_call, per_call):
             part = slice(start, start + per_call)
             placed = (batching.place(a[part], model.mesh) for a in (ids, rel, segment, cache_end, last))
-            yield start, owner[part], scorer(params, extended, *placed)
+            yield start, owner[part], scorer(params, extended, *placed, length)
 
     pending = batching.dispatched(each(), model.mesh, lambda entry: entry[2])
     out, tails = np.zeros(len(variants), np.float32), [np.zeros(0, np.float32) for _ in variants]
@@ -244,13 +250,13 @@ def first_changes(current: np.ndarray, variants: list[np.ndarray]) -> np.ndarray
     return out
 
 
-def variants_scorer(cfg: ModelConfig, mesh, cache_width: int, n: int, rows: int, slots: int, column: int = 0,
+def variants_scorer(cfg: ModelConfig, mesh, cache_width: int, rows: int, slots: int, column: int = 0,
                     log_probs: bool = False) -> Compiled:
     """The compiled scorer of packed variant tails (score_variants): `rows` rows of `slots` tails after a cache of
-    prefix + the current n-token response [1, cache_width]; ids, positions, segments, cache ends and each tail's
-    last position as [rows, width] / [rows, slots] rows over `data`."""
+    prefix + the current n-token response (+ free slots) [1, cache_width]; ids, positions, segments, cache ends
+    and each tail's last position as [rows, width] / [rows, slots] rows over `data`, then n []."""
     out = (ROWS(2), ROWS(2)) if log_probs else ROWS(2)
-    return compiled(_score_variants, cfg, mesh, (PARAMS, Cache(1, cache_width), *[ROWS(2)] * 5), out, n=n,
+    return compiled(_score_variants, cfg, mesh, (PARAMS, Cache(1, cache_width), *[ROWS(2)] * 5, REPLICATED), out,
                     rows=rows, slots=slots, column=column, log_probs=log_probs)
 
 
@@ -269,10 +275,10 @@ def pack(lengths: np.ndarray, width: int) -> list[list[int]]:
     return rows
 
 
-def _score_variants(cfg: ModelConfig, params, cache: nn.KVCache, ids, rel, segment, cache_end, last, *, n: int,
+def _score_variants(cfg: ModelConfig, params, cache: nn.KVCache, ids, rel, segment, cache_end, last, n, *,
                     rows: int, slots: int, column: int, log_probs: bool = False):
     model = nn.module(params, cfg)
-    positions = cache.next_positions[:, None] - n + rel  # the response starts after the prompt
+    positions = cache.next_positions[:, None] - n + rel  # the response starts after the prompt (n: current's length)
     hidden = model(ids=ids, mask=segment >= 0, positions=positions, cache=cache,
                    segments=nn.Segments(segment, cache_end)).hidden
     ends = at_or_prompt(hidden, last, cache)  # [rows, slots, hidden]
