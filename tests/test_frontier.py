@@ -199,17 +199,21 @@ def test_objective_terms_equal_full_forwards_of_the_decoded_text(tied, length, t
 
 def test_scoring_whole_turns_compiles_once_whatever_the_current_responses_length(tied):
     """A search changes its response's length from step to step: the variants' scorer runs every length against one
-    cache width (current's turn, then free slots) with the length an argument, so three lengths compile it once
-    (it compiled once per length). The scores stay a full forward's (the test above checks each length's)."""
+    cache width (current's turn, then free slots) and the joint gradient over one width (turn, suffix, filler),
+    each with the length an argument, so three lengths compile each once (each compiled once per length). The
+    values stay a full forward's (the tests above and below check each length's)."""
     from rmjax import compiled as compiled_lib
+
+    def programs(name):
+        return {id(c): c.jitted._cache_size() for c in compiled_lib.made(name)}
 
     _, _, rm = tied
     n = 6
     target = make_target(rm, PROMPT, "auto")
     end = target.suffix[0]
     words = _word_ids(rm.tokenizer)
-    obj = Objective(target, Prior.of(rm, target.prefix), 0.0, 1.0, 0.0, Forwards(10**6, n + obj_tail(target), n + 1))
-    before = {id(c) for c in compiled_lib.made("_score_variants")}
+    obj = Objective(target, Prior.of(rm, target.prefix), 0.5, 1.0, 0.0, Forwards(10**6, n + obj_tail(target), n + 1))
+    before = {name: programs(name) for name in ("_score_variants", "_joint_gradient")}
     for length in (2, 3, 5):
         current = turns.from_turns([words[:length].tolist()], n, end)[0]
         cands = turns.from_turns([words[i : i + length].tolist() for i in range(1, 9)], n, end)
@@ -218,8 +222,9 @@ def test_scoring_whole_turns_compiles_once_whatever_the_current_responses_length
         want = obj.score(cands)  # whole turns from the prompt's cache: no current, no variants' scorer
         np.testing.assert_allclose(got.reward, want.reward, atol=tolerance.any_rewards_atol(
             rm.params, rm.config, len(target.prefix) + n + 1 + len(target.suffix)), rtol=0)
-    new = [c for c in compiled_lib.made("_score_variants") if id(c) not in before]
-    assert len(new) == 1, [c.name for c in new]
+    for name, was in before.items():
+        now = programs(name)
+        assert sum(now.values()) - sum(was.get(key, 0) for key in now) == 1, name
 
 
 def test_starts_drawn_and_all_left_out_are_told_apart_from_a_budget_that_buys_none(tied, monkeypatch):
@@ -340,21 +345,27 @@ def test_the_sampler_compiles_one_step_whatever_the_length(tied):
         assert 0 < matmuls(3, end) == matmuls(16, end)
 
 
-@pytest.mark.parametrize("sign, lam, template", [(1.0, 0.7, "auto"), (-1.0, 0.0, "auto"), (1.0, 0.7, "plain")])
-def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_apart(tied, sign, lam, template):
+@pytest.mark.parametrize("sign, lam, template, spare", [(1.0, 0.7, "auto", 0), (-1.0, 0.0, "auto", 0),
+                                                        (1.0, 0.7, "plain", 0), (1.0, 0.7, "auto", 2),
+                                                        (-1.0, 0.7, "plain", 3)])
+def test_the_joint_gradient_of_an_rm_that_is_its_own_prior_equals_its_two_terms_apart(tied, sign, lam, template,
+                                                                                      spare):
     """One forward and backward of the RM gives d(sign·R + λ·F's log-prob)/d one_hot and the prior's log-probs at
     every position: equal to the reward's gradient (against PyTorch in test_gcg) and the prior's (against torch
     autograd above), each from its own forward. At λ = 0 (the prior only proposes) the gradient is the reward's.
     The gradient is over the turn: the response and its end of turn (row 5: a token put before the end). With the
-    plain template (no suffix) the reward is the response's last token's: the end of turn is the prior's only."""
+    plain template (no suffix) the reward is the response's last token's: the end of turn is the prior's only.
+    `spare`: the response leaves that many of its slots to the end of turn (a shorter turn, run with filler after
+    it up to the longest)."""
     _, _, rm = tied
     target = make_target(rm, PROMPT, template)
     prior, ids = Prior.of(rm, target.prefix), _word_ids(rm.tokenizer)[[3, 0, 5, 5, 8]]
-    obj = Objective(target, prior, lam, sign, 2.0, Forwards(10**6, len(ids) + obj_tail(target), len(ids) + 1))
-    assert obj.rm_is_prior
-    loss, _, every = obj.gradient(ids, explore=True)
-    loss, every = np.asarray(loss), np.asarray(every)
     end = target.suffix[0] if target.suffix else _newline(rm.tokenizer)
+    slots = np.concatenate([ids, np.full(spare, end, ids.dtype)])
+    obj = Objective(target, prior, lam, sign, 2.0, Forwards(10**6, len(slots) + obj_tail(target), len(slots) + 1))
+    assert obj.rm_is_prior
+    loss, _, every = obj.gradient(slots, explore=True)
+    loss, every = np.asarray(loss), np.asarray(every)
     turn = np.asarray([*ids.tolist(), end], np.int32)
     if target.suffix:
         rest = make_target(rm, PROMPT, prefix=target.prefix, suffix=target.suffix[1:])

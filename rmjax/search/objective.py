@@ -308,7 +308,7 @@ class Objective:
         charged first. At λ = 0 those come only with `explore` (a prior forward, for the prior's proposals), else
         None. When the RM is its own prior, one forward and backward of the RM gives all three
         (joint_gradient_on_device)."""
-        current = turns.turn(current, self.end)
+        longest, current = len(current) + 1, turns.turn(current, self.end)
         n, tail = len(current), len(self.turn_target.suffix)
         explore = explore and not self.uses_prior and self.prior is not None
         other = GRADIENT_COST * self.partner.gradient_cost(current) if self.partner is not None else 0
@@ -317,7 +317,7 @@ class Objective:
             grad, extended, every = joint_gradient_on_device(self.turn_target, self.prior.first, current,
                                                              self.gradient_sign,
                                                              self.lam, fluent=self.uses_prior,
-                                                             read_offset=self.read_offset)
+                                                             read_offset=self.read_offset, longest=longest)
             return self._with_partner(-grad, current, other), extended, every
         lm = GRADIENT_COST * n if self.uses_prior else n if explore else 0
         self.forwards.charge(GRADIENT_COST * (n + tail), lm, other)
