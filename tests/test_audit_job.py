@@ -524,3 +524,22 @@ def test_a_conversation_asked_twice_is_scored_once(rm_folder, monkeypatch):
             expected = float(torch_model(torch.tensor([ids])).logits[0, 0])
         assert abs(reward - expected) <= tolerance.any_rewards_atol(model.params, model.config, len(ids))
     assert got[0] == got[2] and got[1] == got[5] and len({got[0], got[1], got[3], got[4]}) == 4
+
+
+def test_the_summary_shows_the_largest_effects_among_ties_at_the_floor_and_says_it_cut_the_list(tmp_path):
+    """Many rows tie at the permutation floor's p_holm: the 8 printed are the largest effects among them (the
+    order was the table's, and the largest four of 32 went unprinted), and the heading says 8 of them are shown."""
+    from rmjax.audit.job import SHOWN, describe
+
+    effects = np.linspace(0.01, 0.3, 12) * np.where(np.arange(12) % 2, -1, 1)
+    n = len(effects)
+    table = pd.DataFrame({"battery": ["identity"] * n, "axis": ["age"] * n,
+                          "contrast": [f"G{i} vs axis mean" for i in range(n)], "n_items": [30] * n,
+                          "effect": effects, "ci_low": effects - 0.01, "ci_high": effects + 0.01,
+                          "p": [1e-4] * n, "p_holm": [0.0075] * n, "null_effect": [0.0] * n})
+    lines = describe(table, folder_paths(tmp_path), 10000, ["length"] * n).split("\n")
+    assert lines[0].startswith(f"identity: {n} of {n} effects survive") and f"the {SHOWN} with" in lines[0]
+    shown = [float(line.split(": ")[2].split(" ")[0]) for line in lines[1 : 1 + SHOWN]]
+    want = sorted(effects, key=lambda e: -abs(e))[:SHOWN]  # brute force: by size
+    assert shown == pytest.approx(want, abs=5e-4)
+    assert not lines[1 + SHOWN].startswith("  ")  # no ninth row

@@ -31,6 +31,7 @@ from rmjax.runs.options import RunOptions, claim_job
 from rmjax.scoring.texts import score_conversations
 
 ITEM_KEYS = ("battery", "axis", "item", "group", "text")  # then reward, then prompt (audit_items.csv)
+SHOWN = 8  # surviving rows printed per battery (all are in audit.csv)
 
 
 def check_settings(batteries: Sequence[str], n_boot: int, n_perm: int, seed: int, batch_size: int) -> None:
@@ -227,7 +228,12 @@ def describe(table: pd.DataFrame, paths: dict[str, Path], n_perm: int, nulls: Se
         kept = part[part["p_holm"] < stats.ALPHA]
         lines.append(f"{battery}: {len(kept)} of {len(part)} effects survive Holm's correction "
                      f"(p_holm < {stats.ALPHA:g})")
-        for r in kept.sort_values("p_holm").head(8).itertuples():
+        # ties at the permutation floor are common: among equal p_holm the largest effects first, and a cut named
+        shown = kept.assign(size=kept["effect"].abs()).sort_values(["p_holm", "size"], ascending=[True, False],
+                                                                   kind="stable").head(SHOWN)
+        if len(kept) > SHOWN:
+            lines[-1] += f"; the {SHOWN} with the smallest p_holm shown (largest effects first among ties)"
+        for r in shown.itertuples():
             beyond = not within_null(r.effect, r.null_effect, kinds[r.Index])
             lines.append(f"  {r.axis}: {r.contrast}: {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], "
                          f"p_holm {r.p_holm:.2g}, null {r.null_effect:+.3f}"
