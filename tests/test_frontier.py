@@ -938,6 +938,20 @@ def test_complete_answers_at_a_cap_are_the_best_that_end_asked_lazily():
                     assert got["delta_sd"] is None
                 else:
                     assert got["delta_sd"] == pytest.approx((want["search"] - want["best_of_n"]) / 1.7)
+            # the fluency cost over complete answers (the search's): the best complete at any perplexity against
+            # the best complete at ≤ 100, brute force
+            whole = [(sign * u.reward[i], u.judge_ppl[i]) for u in units if u.direction == direction
+                     and u.method == "search" for i in range(len(u.ids)) if ends[int(u.ids[i, 0])]]
+            best = max((g for g, _ in whole), default=None)
+            fluent = max((g for g, ppl in whole if ppl <= 100), default=None)
+            cost = s["fluency_cost_complete"]
+            assert cost["best"] == (None if best is None else pytest.approx(sign * best))
+            assert cost["best_fluent"] == (None if fluent is None else pytest.approx(sign * fluent))
+            if best is None or fluent is None:
+                assert cost["reward"] is None and cost["sd"] is None
+            else:
+                assert cost["reward"] == pytest.approx(best - fluent) and cost["reward"] >= 0
+                assert cost["sd"] == pytest.approx((best - fluent) / 1.7)
     assert len(set(asked)) < 40  # lazy: the last trial did not need every response
 
 
@@ -1188,3 +1202,30 @@ def test_bad_flags_stop_the_entry_point_in_one_line_before_any_model_loads(tmp_p
     cli.user_error(word, "--best_of_n_temperatures takes numbers separated by commas")
     cli.user_error(blank, "--lambdas takes numbers separated by commas")
     assert not out.exists()
+
+
+def test_the_figures_best_of_n_front_is_over_every_sample_not_its_written_rows(monkeypatch, tmp_path):
+    """The summary's best-of-N numbers come from all its samples; the figure's best-of-N front came from its few
+    written rows, and missed samples that dominate them (helper-161: −9.21 at perplexity 25.5 unplotted, the front
+    reaching −8.99). The front drawn is the samples' own, against a brute-force dominance check."""
+    from rmjax.search import frontier_out
+
+    rng = np.random.default_rng(7)
+    samples = [{"direction": d, "reward": float(r), "judge_ppl": float(p)} for d in ("optimal", "pessimal")
+               for r, p in zip(rng.normal(size=60), np.exp(rng.uniform(1, 7, 60)), strict=True)]
+    table = [{"direction": d, "method": m, "reward": float(r), "judge_ppl": float(p)}
+             for d in ("optimal", "pessimal") for m in ("search", "best_of_n")
+             for r, p in zip(rng.normal(size=5), np.exp(rng.uniform(1, 7, 5)), strict=True)]
+    drawn = {}
+    monkeypatch.setattr(frontier_out, "_write_rows", lambda *a: None)
+    monkeypatch.setattr(frontier_out.plots, "frontier_scatter", lambda rows, fronts, *a: drawn.update(fronts))
+    frontier_out.write(tmp_path / "f.csv", table, {"optimal": {}, "pessimal": {}}, samples)
+    for d, sign in (("optimal", 1.0), ("pessimal", -1.0)):
+        mine = [s for s in samples if s["direction"] == d]
+        want = [s for s in mine if not any(sign * o["reward"] >= sign * s["reward"] and o["judge_ppl"] <= s["judge_ppl"]
+                                           and (o["reward"], o["judge_ppl"]) != (s["reward"], s["judge_ppl"])
+                                           for o in mine)]
+        key = lambda r: (r["judge_ppl"], r["reward"])  # noqa: E731
+        assert sorted(map(key, drawn[(d, "best_of_n")])) == sorted(map(key, want)) and len(want) >= 2
+        search = [r for r in table if r["direction"] == d and r["method"] == "search"]
+        assert all(r in search for r in drawn[(d, "search")])

@@ -294,15 +294,21 @@ def top_bottom_bars(table: pd.DataFrame, label: str, value: str, title: str, pat
 def frontier_scatter(rows: list[dict], fronts: dict[tuple[str, str], list[dict]], path: str | Path,
                      samples: list[dict] | None = None) -> Path:
     """Reward against judge perplexity (log scale), one panel per direction: the search's rows coloured by λ,
-    best-of-N's in grey, each method's Pareto front drawn through its rows; with `samples` (every best-of-N
-    sample), the summary's best-of-N numbers too: its most rewarding sample and its median judge perplexity."""
+    best-of-N's in grey, each method's Pareto front (`fronts`: best-of-N's over its samples); with `samples`
+    (every best-of-N sample, light grey), the summary's best-of-N numbers too: its most rewarding sample and its
+    median judge perplexity."""
     directions = list(dict.fromkeys(r["direction"] for r in rows))
     fig, axes = plt.subplots(1, len(directions), figsize=(6.5 * len(directions), 5), squeeze=False)
     lambdas = sorted({r["lambda"] for r in rows})
     for ax, direction in zip(axes[0], directions, strict=True):
         mine = [r for r in rows if r["direction"] == direction]
         base = [r for r in mine if r["method"] == "best_of_n"]
-        ax.scatter([r["judge_ppl"] for r in base], [r["reward"] for r in base], s=14, c="0.6", label="best-of-N")
+        drawn = [r for r in samples or () if r["direction"] == direction]
+        if drawn:  # every sample: best-of-N's front runs through them, not only through its written rows
+            ax.scatter([r["judge_ppl"] for r in drawn], [r["reward"] for r in drawn], s=5, c="0.85",
+                       label=f"best-of-N samples ({len(drawn)})", rasterized=True)
+        ax.scatter([r["judge_ppl"] for r in base], [r["reward"] for r in base], s=14, c="0.6",
+                   label="best-of-N, written rows")
         for k, lam in enumerate(lambdas):
             found = [r for r in mine if r["method"] == "search" and r["lambda"] == lam]
             ax.scatter([r["judge_ppl"] for r in found], [r["reward"] for r in found], s=18, color=PALETTE(k),
@@ -311,7 +317,6 @@ def frontier_scatter(rows: list[dict], fronts: dict[tuple[str, str], list[dict]]
             front = sorted(fronts.get((direction, method), []), key=lambda r: r["judge_ppl"])
             ax.plot([r["judge_ppl"] for r in front], [r["reward"] for r in front], style, lw=1,
                     label=f"Pareto front, {method.replace('_', '-')}")
-        drawn = [r for r in samples or () if r["direction"] == direction]
         if drawn:
             best = drawn[0]  # sample_rows: the most rewarding (by direction) first
             ax.scatter([best["judge_ppl"]], [best["reward"]], s=90, marker="*", c="k", zorder=5,

@@ -155,6 +155,13 @@ def complete_at_caps(summary: dict, units, ends_of, batch: int = 32) -> None:
             entries.append({"cap": cap, **{m: None if b is None else sign * b for m, b in best.items()},
                             "delta_sd": (best["search"] - best["best_of_n"]) / sd if found else None, "ci95": None})
         s["at_judge_ppl_complete"] = entries
+        # the fluency cost over complete answers: the best row at any perplexity is often a fragment (the reward
+        # read where the text stops), which makes fluency look dearer than it is
+        best, fluent = (_first_complete(pools["search"], cap, ends_of, known, batch) for cap in (np.inf, FLUENT_PPL))
+        cost = None if best is None or fluent is None else best - fluent
+        s["fluency_cost_complete"] = {"max_judge_ppl": FLUENT_PPL, "best": None if best is None else sign * best,
+                                      "best_fluent": None if fluent is None else sign * fluent, "reward": cost,
+                                      "sd": None if cost is None else cost / sd}
 
 
 def _first_complete(pool, cap: float, ends_of, known: dict, batch: int) -> float | None:
@@ -225,7 +232,8 @@ def write(path: Path, table: list[dict], summary: dict, samples: list[dict]) -> 
     the figure beside them."""
     _write_rows(path, table, KEYS, VALUES)
     _write_rows(samples_path(path), samples, SAMPLE_COLUMNS[:5], SAMPLE_COLUMNS[5:])
-    fronts = {(d, m): _front(table, d, m) for d in summary for m in ("search", "best_of_n")}
+    fronts = {(d, m): _front(table if m == "search" else samples, d, m) for d in summary
+              for m in ("search", "best_of_n")}  # best-of-N's front: of every sample, as the summary's numbers
     plots.frontier_scatter(table, fronts, png_path(path), samples)
     return path
 
@@ -264,7 +272,12 @@ def describe(summary: dict, out: Path) -> str:
         if cost["reward"] is not None:
             lines.append(f"  fluency costs {cost['reward']:.2f} reward ({cost['sd']:.1f} SD): the search's best "
                          f"{cost['best']['reward']:.3f} at judge perplexity {cost['best']['judge_ppl']:.3g}, its "
-                         f"best at <= {FLUENT_PPL:g} {cost['best_fluent']['reward']:.3f}")
+                         f"best at <= {FLUENT_PPL:g} {cost['best_fluent']['reward']:.3f} (fragments included)")
+        whole = s.get("fluency_cost_complete") or {}
+        if whole.get("reward") is not None:
+            lines.append(f"  complete answers only, fluency costs {whole['reward']:.2f} reward ({whole['sd']:.1f} "
+                         f"SD): the search's best complete {whole['best']:.3f}, at <= {FLUENT_PPL:g} "
+                         f"{whole['best_fluent']:.3f}")
     return "\n".join(lines) + f"\n-> {out}, {samples_path(out)}, {png_path(out)}"
 
 
@@ -273,8 +286,9 @@ def _fmt(value: float | None) -> str:
 
 
 def _front(table: list[dict], direction: str, method: str) -> list[dict]:
-    """The rows of one direction and method on its Pareto front (reward by direction vs judge perplexity)."""
-    mine = [r for r in table if r["direction"] == direction and r["method"] == method]
+    """The rows of one direction and method on its Pareto front (reward by direction vs judge perplexity); rows
+    without a method (best-of-N's samples) are that method's."""
+    mine = [r for r in table if r["direction"] == direction and r.get("method", method) == method]
     sign = 1.0 if direction == "optimal" else -1.0
     keep = pareto.front(np.asarray([sign * r["reward"] for r in mine]), np.asarray([r["judge_ppl"] for r in mine]))
     return [mine[i] for i in keep]
