@@ -375,3 +375,33 @@ def test_sweep_figure_reads(roundtrip, saved, tmp_path):
     assert all(BOX in t for t in marks if t.startswith("top:"))
     assert not [t for t in marks if "\ufffd" in t and "round trip" not in t]
     assert any("round trip" in t for t in drawn.texts)  # the figure says what was left unmarked
+
+
+def test_the_disagreement_figure_marks_each_methods_best_at_the_cap_and_its_best_complete_answer(monkeypatch,
+                                                                                               tmp_path):
+    """The stars are each method's most disagreeing row at judge perplexity ≤ cap, often a fragment; the summary
+    compares complete answers too (helper-161: both stars fragments while best-of-N won among complete answers),
+    so each method's most disagreeing complete answer there is marked too: against a brute-force pick."""
+    rng = np.random.default_rng(11)
+    rows = [{"prompt": "p", "direction": d, "method": m, "z_a": float(a), "z_b": float(b), "gap": float(a - b),
+             "judge_ppl": float(ppl), "ends_turn": int(e)}
+            for d in ("a_over_b", "b_over_a") for m in ("search", "best_of_n")
+            for a, b, ppl, e in zip(rng.normal(size=12), rng.normal(size=12), rng.uniform(10, 300, 12),
+                                    rng.random(12) < 0.4, strict=True)]
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    plots.disagreement_scatter(rows, {}, tmp_path / "d.png", 100.0)
+    marked = {}
+    for c in figures[0].axes[0].collections:
+        kind = {140: "star", 110: "complete"}.get(int(c.get_sizes()[0]))
+        if kind:
+            marked.setdefault(kind, set()).update(map(tuple, np.asarray(c.get_offsets()).tolist()))
+    want = {"star": set(), "complete": set()}
+    for d, sign in (("a_over_b", 1.0), ("b_over_a", -1.0)):
+        for m in ("search", "best_of_n"):
+            under = [r for r in rows if (r["direction"], r["method"]) == (d, m) and r["judge_ppl"] <= 100]
+            for kind, pool in (("star", under), ("complete", [r for r in under if r["ends_turn"]])):
+                if pool:
+                    best = max(pool, key=lambda r: sign * r["gap"])
+                    want[kind].add((best["z_b"], best["z_a"]))
+    assert marked == want and len(want["complete"]) >= 3 and want["complete"] != want["star"]

@@ -334,7 +334,8 @@ def frontier_scatter(rows: list[dict], fronts: dict[tuple[str, str], list[dict]]
 def disagreement_scatter(rows: list[dict], maps: dict[str, pd.DataFrame], path: str | Path, cap: float) -> Path:
     """z_A against z_B, one panel per prompt: the vocabulary map's single tokens in grey (when computed), the
     written rows by method (colour) and direction (marker), the line z_A = z_B, and each method's most
-    disagreeing row at judge perplexity ≤ cap per direction starred: the fronts the summary compares."""
+    disagreeing row at judge perplexity ≤ cap per direction starred, its most disagreeing complete answer there
+    (ends_turn) circled by a diamond: the two comparisons the summary prints (a star is often a fragment)."""
     prompts = list(dict.fromkeys(r["prompt"] for r in rows))
     fig, axes = plt.subplots(1, len(prompts), figsize=(6 * len(prompts), 5.5), squeeze=False)
     markers, colours = {"a_over_b": "^", "b_over_a": "v"}, {"search": PALETTE(0), "best_of_n": PALETTE(1)}
@@ -350,16 +351,20 @@ def disagreement_scatter(rows: list[dict], maps: dict[str, pd.DataFrame], path: 
                     continue
                 ax.scatter([r["z_b"] for r in found], [r["z_a"] for r in found], s=18, marker=marker, color=colour,
                            label=f"{method.replace('_', '-')}, {direction.replace('_', ' ')}")
-                fluent = [r for r in found if r["judge_ppl"] <= cap]
+                fluent, sign = [r for r in found if r["judge_ppl"] <= cap], 1.0 if direction == "a_over_b" else -1.0
                 if fluent:
-                    sign = 1.0 if direction == "a_over_b" else -1.0
                     best = max(fluent, key=lambda r: sign * r["gap"])
                     ax.scatter([best["z_b"]], [best["z_a"]], s=140, marker="*", color=colour, edgecolors="k",
                                zorder=5)
+                whole = [r for r in fluent if r["ends_turn"]]  # the summary's complete-answer comparison
+                if whole:
+                    best = max(whole, key=lambda r: sign * r["gap"])
+                    ax.scatter([best["z_b"]], [best["z_a"]], s=110, marker="D", facecolors="none",
+                               edgecolors=colour, linewidths=1.6, zorder=6)
         lo, hi = ax.get_xlim()[0], ax.get_xlim()[1]
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="z_A = z_B")
         ax.set_xlabel("z_B (SDs of side B's single-token rewards)")
         ax.set_ylabel("z_A (SDs of side A's single-token rewards)")
-        ax.set_title(f"{prompt}: ★ most disagreeing at judge perplexity ≤ {cap:g}")
+        ax.set_title(f"{prompt}: ★ most disagreeing at judge perplexity ≤ {cap:g}, ◇ of complete answers")
         ax.legend(fontsize=7)
     return _save(fig, path)
