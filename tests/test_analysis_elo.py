@@ -239,6 +239,15 @@ def test_a_model_trained_on_the_elo_data_is_named_as_in_sample(scores_run, tmp_p
         assert line.rstrip().endswith(f"| {shown} |"), (line, sorted(counts))
     grid = drawn["elo_spearman_to_human"][0]
     assert "elo-rm-test (trained on this data)" in list(grid.index)
+    # the Kendall tau heatmaps mark them too (helper-161: the in-sample RM's tau with humans, the matrix's highest,
+    # was unmarked there), on both axes, with the note in the title; the CSV keeps the plain names
+    taus = [name for name in drawn if name.startswith("elo_kendall_tau_")]
+    assert taus
+    for name in taus:
+        tau, title = drawn[name][0], drawn[name][1]
+        assert "elo-rm-test *" in list(tau.index) and "elo-rm-test *" in list(tau.columns)
+        assert "P-A *" not in list(tau.index) and "(* trained on this data" in title
+        assert "elo-rm-test" in pd.read_csv(out / f"{name}.csv", index_col=0).index
     # the records it reads: a builtin RM's, an exported folder's; a published RM has none
     assert elo_training("elo-rm-smollm2-135m") == "builtin"
     (tmp_path / "rmjax_training.json").write_text('{"recipe": {"elo": "builtin:best"}}')
@@ -325,7 +334,7 @@ def test_scores_models_are_in_the_figures(scores_run):
                                 "elo-rm-test (trained on this data)"]
     assert grid.loc["elo-rm-test (trained on this data)", GREATEST + "?"] == pytest.approx(1.0)
     assert np.isnan(grid.loc["P-A (--scores) (trained on this data)", PREFER + "?"])  # no column for that prompt
-    assert "elo-rm-test" in tau.index and "P-A (--scores)" in tau.columns
+    assert "elo-rm-test *" in tau.index and "P-A (--scores) *" in tau.columns  # both in-sample, marked
     ranks, columns, labels, items, _ = drawn[f"elo_rank_trajectories_{slug}"]
     assert "elo-rm-test_rank" in columns and "elo-rm-test\n(rho 1.00, 20 items)" in labels
     assert (Path(result["figures"]["elo_spearman_to_human"])).stat().st_size > 1000

@@ -220,8 +220,12 @@ def elo_section(outputs: Outputs, prompts: list[elo_lib.EloPrompt], top_k: int,
     for ep in prompts:
         ranks = outputs.table(f"elo_ranks_{ep.slug}", elo_lib.ranks_table(ep))
         tau = outputs.matrix(f"elo_kendall_tau_{ep.slug}", elo_lib.tau_matrix(ep))
-        outputs.figure(f"elo_kendall_tau_{ep.slug}", plots.heatmap, tau,
-                       f"Kendall tau-b, humans + models:\n{ep.prompt}")
+        inside = [m for m in tau.index if m in in_sample]  # as the Spearman heatmap marks them
+        names = {m: f"{m} *" for m in inside}
+        marked = tau.rename(index=names, columns=names)
+        outputs.figure(f"elo_kendall_tau_{ep.slug}", plots.heatmap, marked,
+                       f"Kendall tau-b, humans + models:\n{ep.prompt}"
+                       + ("\n(* trained on this data: partly in-sample)" if inside else ""))
         partial = [m for m in ep.models if m not in ep.user_models and not ep.scores[m].notna().all()]
         over = median_of
         if partial:  # ranked over fewer items: not comparable with the others' ranks
