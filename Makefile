@@ -82,7 +82,7 @@ lint: $(VENV)/.installed-test
 clean-cache:
 	rm -rf .cache/rmjax .cache/jax-tests
 
-# Every README command in order on a fresh clone of HEAD, each with its wall time (about 18 min on 2 cores; not part
+# Every README command in order on a fresh clone of HEAD, each with its wall time (about 28 min on 2 cores; not part
 # of `make test`: pytest.ini deselects it from the default run).
 .PHONY: readme-chain
 readme-chain: $(VENV)/.installed-test
