@@ -168,3 +168,37 @@ def test_gcg_candidate_nan_for_one_token_is_refused_or_counted(overflow_row, tmp
     assert result["history"][0]["candidates"] == 1 and result["best_ids"] == [start]
     assert [entry["ids"] for entry in result["buffer"]] == [[start]]
     assert np.isfinite(result["best_reward"])
+
+
+def test_the_joint_gradients_filler_cannot_make_a_finite_turn_non_finite(overflow_row, monkeypatch):
+    """A turn shorter than its slots runs with filler after it (one program for every length): the filler was a real
+    token, so one whose embedding row overflows in the forward ('Love' here, as the filler id) made the turn's
+    gradient, log-probs and cache NaN through attention's 0 x NaN (helper-163). Masked, the turn's values are
+    finite and equal to the same turn run with no filler, within the float32 bounds of tests/tolerance.py (one
+    computation but for the padded rows)."""
+    from rmjax.loading import load
+    from rmjax.search import joint_gradient
+    from rmjax.search.gcg import make_target
+    from tests import tolerance
+
+    folder, start, nan = overflow_row
+    rm = load(str(folder))
+    target = make_target(rm, "Name one thing.")
+    first = jax.nn.log_softmax(jnp.asarray(np.random.default_rng(0).normal(size=rm.config.vocab_size), jnp.float32))
+    turn = np.asarray([start, start + 1, target.suffix[0]], np.int32)
+    assert nan not in turn and nan not in target.prefix and nan not in target.suffix
+    alone = joint_gradient.joint_gradient_on_device(target, first, turn, 1.0, 0.7, True)
+    monkeypatch.setattr(joint_gradient, "FILLER", nan)
+    padded = joint_gradient.joint_gradient_on_device(target, first, turn, 1.0, 0.7, True, longest=7)
+    (grad, extended, every), (grad2, extended2, every2) = alone, padded
+    grad, every, grad2, every2 = (np.asarray(a) for a in (grad, every, grad2, every2))
+    full = np.asarray([[*target.prefix, *turn.tolist(), *target.suffix]], np.int32)
+    for name, a, b in (("K", extended.k, extended2.k), ("V", extended.v, extended2.v)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.isfinite(b).all(), name
+        atol = tolerance.f32_atol(float(np.abs(a).max()), tolerance.forward_terms(rm.config, full.shape[1]))
+        np.testing.assert_allclose(b, a, rtol=0, atol=atol, err_msg=name)
+    assert np.isfinite(grad2).all() and np.isfinite(every2).all()
+    np.testing.assert_allclose(grad2, grad, rtol=0, atol=tolerance.grad_atol(grad, rm.config, full.shape[1] + 1,
+                                                                             rm.config.hidden_size))
+    np.testing.assert_allclose(every2, every, rtol=0, atol=tolerance.logprobs_atol(rm.params, rm.config, full))

@@ -17,17 +17,22 @@ from rmjax.scoring.prefix import append_kv
 from rmjax.search import turns
 from rmjax.search.gcg import Target
 
+FILLER = 0  # the id after a shorter turn's suffix: masked, so any id serves
+
 
 def _joint_of_one_hot(cfg: ModelConfig, params, cache: nn.KVCache, one_hot, seq, n, first, weights, fluency, *,
                       column: int, fluent: bool, tail: int, read_offset: int = 0):
     """weights · (R, F's log-prob term) of prefix + one_hot(seq) through a reward model that is its own prior: seq
     [T] holds the turn's n ids (its last the end of turn: turns.fluency_weights, `fluency` [T], zero past them),
-    the suffix's `tail`, then filler up to the longest turn (causal: nothing after a position changes it, and the
-    head reads no filler), so that every length compiles one program. One forward gives the reward and the
+    the suffix's `tail`, then filler up to the longest turn (masked padding, never read), so that every length
+    compiles one program. One forward gives the reward and the
     prior's log-probs at every position. Aux: the forward's K/V and those log-probs [T, V]; without `fluent`
     (λ = 0) J reads only R, and the log-probs are the prior's proposals."""
     model = nn.module(params, cfg)
-    out = model(embeds=ops.one_hot_rows(one_hot, model.embed.embedding[...], seq)[None], cache=cache)
+    # the filler is padding (zero rows, never a key): a filler token whose row is not finite in the forward made the
+    # turn's own values NaN too (attention weight 0 x NaN value; helper-163)
+    real = (jnp.arange(seq.shape[0]) < n + tail)[None]
+    out = model(embeds=ops.one_hot_rows(one_hot, model.embed.embedding[...], seq)[None], mask=real, cache=cache)
     read = model.read(out.hidden, (jnp.arange(seq.shape[0]) < n + tail - read_offset)[None], seq[None], cache)
     value = weights[0] * model.reward_head(read, cache.gate_input)[0, column]
     every = prior_lib.every_log_probs_of_hidden(model, out.hidden[0], first)
@@ -63,7 +68,7 @@ def joint_gradient_on_device(target: Target, first: jax.Array, ids: np.ndarray, 
     m = target.model
     ids = np.asarray(ids, np.int32)
     n, suffix = len(ids), np.asarray(target.suffix, np.int32)
-    seq = np.zeros(max(n, longest or 0) + len(suffix), np.int32)
+    seq = np.full(max(n, longest or 0) + len(suffix), FILLER, np.int32)
     seq[:n], seq[n : n + len(suffix)] = ids, suffix
     fluency = np.zeros(len(seq), np.float32)
     fluency[:n] = turns.fluency_weights([n - 1], n)[0]
