@@ -1,7 +1,7 @@
-"""The prior's sampler: compile and call time of rmjax's (a scan over a cache with free slots) against the same
+"""The prior's sampler: compile and call time of rmjax's (a loop over a cache with free slots) against the same
 draws unrolled in Python (each step a forward of its own, the cache grown by concatenation: rmjax's sampler up to
 d447578), at several lengths, in one run. Both draw the same tokens (the share printed); the unrolled program
-grows with the length, the scan's does not. Model: SmolLM2-135M-Instruct (builtin), 64 rows, half the vocabulary
+grows with the length, the loop's does not. Model: SmolLM2-135M-Instruct (builtin), 64 rows, half the vocabulary
 banned, whole turns (the end of turn drawn from the third token on).
 
 python bench/sampler_compile.py [--lengths=4,8,16] [--rows=64]
@@ -72,19 +72,24 @@ def main() -> None:
     print(f"{'length':>6} {'sampler':>9} {'first call s':>12} {'again s':>8} {'compile s':>9}")
     for length in map(int, args.lengths.split(",")):
         got = {}
-        for name, fn in (("unrolled", unrolled_sample), ("scan", prior_lib._sample)):
+        for name in ("unrolled", "loop"):
             jax.clear_caches()
-            call = compiled(fn, lm.config, lm.mesh, spec, (REPLICATED, REPLICATED),
-                            rows=args.rows, length=length, end=end, end_from=2)
+            if name == "unrolled":
+                call = compiled(unrolled_sample, lm.config, lm.mesh, spec, (REPLICATED, REPLICATED),
+                                rows=args.rows, length=length, end=end, end_from=2)
+                extra = ()
+            else:  # the prefix's end, the length and end_from are arguments of rmjax's
+                call = prior_lib.sample_call(lm.config, lm.mesh, prior.cache.k.shape[2], args.rows, length, end)
+                extra = tuple(np.int32([prior.cache.k.shape[2], length, 2]))
             times = []
             for seed in (0, 1):
                 start = time.perf_counter()
-                ids, lps = call(*call_args, jax.random.key(seed))
+                ids, lps = call(*call_args, jax.random.key(seed), *extra)
                 ids, lps = np.asarray(ids), np.asarray(lps)
                 times.append(time.perf_counter() - start)
             got[name] = ids, lps
             print(f"{length:6d} {name:>9} {times[0]:12.2f} {times[1]:8.2f} {times[0] - times[1]:9.2f}", flush=True)
-        (ids_u, lps_u), (ids_s, lps_s) = got["unrolled"], got["scan"]
+        (ids_u, lps_u), (ids_s, lps_s) = got["unrolled"], got["loop"]
         print(f"{length:6d} same tokens drawn: {(ids_u == ids_s).mean():.1%}; log-probabilities apart by at most "
               f"{np.abs(lps_u - lps_s).max():.1e}")
 

@@ -328,21 +328,58 @@ def test_the_prior_gradient_equals_torch_autograd_and_samples_carry_their_log_pr
 
 
 def test_the_sampler_compiles_one_step_whatever_the_length(tied):
-    """The sampler's tokens are drawn in a scan: its program holds one forward for any length (unrolled, each
+    """The sampler's tokens are drawn in a loop: its program holds one forward for any length (unrolled, each
     step was a forward of its own, and a 16-token sampler compiled 16 of them). Counted in the lowered program,
-    where an unrolled scan or a loop in its body would show."""
+    where an unrolled loop or a loop in its body would show."""
     _, lm, _ = tied
     prior = Prior.of(lm, chat.split_chat(lm.tokenizer, PROMPT).prefix)
 
-    def matmuls(length, end):
-        call = prior_lib.sample_call(lm.config, lm.mesh, prior.cache.k.shape[2], 4, length, end)
+    def matmuls(steps, end):
+        call = prior_lib.sample_call(lm.config, lm.mesh, prior.cache.k.shape[2], 4, steps, end)
         banned = np.zeros(lm.config.vocab_size, bool)
         lowered = call.lower(declared_params(lm), prior.cache, prior.first, banned, np.float32(1.0),
-                             jax.random.key(0))
+                             jax.random.key(0), *np.int32([prior.cache.k.shape[2], steps, 1]))
         return lowered.as_text().count("dot_general")
 
     for end in (None, 2):
         assert 0 < matmuls(3, end) == matmuls(16, end)
+
+
+def test_tails_after_any_kept_prefix_run_one_sampler_program_and_carry_their_log_probs(tied):
+    """A search's tails keep current's first j tokens and draw the other N − j from the prior: the sampler compiled
+    a program per tail start (its cache cut at the kept prefix, its length N − j; 11 in the README's frontier). Now
+    the cache has one width for the search (the prompt, N + 1 slots; Objective.sampling_cache) and the prefix's end
+    and the length are arguments, so four tail starts and three turn lengths compile one program per prior. Each
+    tail's log-probabilities (and its end of turn's after it) against transformers on prompt + kept + tail: the RM as
+    its own prior (its extended cache holds current's whole turn past the kept prefix, emptied by the sampler) and a
+    separate prior (its prompt cache extended by the j kept tokens)."""
+    from rmjax import compiled as compiled_lib
+
+    hf, lm, rm = tied  # the RM is the LM with a reward head: its log-probs are the HF model's
+    n = 5
+    target = make_target(rm, PROMPT, "auto")
+    end, words, prefix = int(target.suffix[0]), _word_ids(rm.tokenizer), list(target.prefix)
+    banned = np.ones(rm.config.vocab_size, bool)
+    banned[words] = False
+    banned[end] = False
+    for model in (rm, lm):
+        obj = Objective(target, Prior.of(model, prefix), 0.5, 1.0, 0.0, Forwards(10**6, n + obj_tail(target), n + 1))
+        before = sum(c.jitted._cache_size() for c in compiled_lib.made("_sample"))
+        for length, j in ((4, 0), (4, 2), (3, 1), (5, 4), (2, 1)):
+            current = turns.from_turns([words[:length].tolist()], n, end)[0]
+            _, extended, every = obj.gradient(current)
+            cache, at = obj.sampling_cache(n, current, j, extended)
+            tails, lps = prior_lib.sample_responses(model, cache, every[j], banned, 3, n - j, seed=j, end=end,
+                                                    end_from=0 if j else 1, at=at, steps=n)
+            assert tails.shape == (3, n - j) and lps.shape == (3, n - j + 1) and not banned[tails].any()
+            for row, row_lp in zip(tails, lps, strict=True):
+                full = [*prefix, *current[:j].tolist(), *row.tolist()]
+                with torch.no_grad():
+                    ref = torch.log_softmax(hf(input_ids=torch.tensor([full])).logits[0].double(), -1).numpy()
+                want = np.append(ref[np.arange(len(prefix) + j - 1, len(full) - 1), row], ref[-1, end])
+                np.testing.assert_allclose(row_lp, want, rtol=0, atol=tolerance.logprobs_atol(
+                    lm.params, lm.config, np.asarray([full], np.int32)))
+        assert sum(c.jitted._cache_size() for c in compiled_lib.made("_sample")) - before == 1, model
 
 
 @pytest.mark.parametrize("sign, lam, template, spare", [(1.0, 0.7, "auto", 0), (-1.0, 0.0, "auto", 0),

@@ -115,6 +115,14 @@ class KVCache:
         return self._over_slots(lambda name, x, axis: jnp.pad(
             x, [(0, free) if a == axis else (0, 0) for a in range(x.ndim)]))
 
+    def before(self, at) -> KVCache:
+        """This cache with its slots from `at` (may be traced) on emptied (`valid` False, K/V zero: a stale value
+        there, even NaN, never reaches attention's weights x values): the prefix up to `at` in a fixed shape."""
+        def cut(name, x, axis):
+            keep = (jnp.arange(x.shape[axis]) < at).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+            return jnp.where(keep, x, jnp.zeros((), x.dtype))
+        return self._over_slots(cut)
+
     def write(self, new: KVCache, at) -> KVCache:
         """This cache with `new`'s positions written into its slots from `at` (may be traced) on."""
         return self._over_slots(lambda name, x, axis: jax.lax.dynamic_update_slice_in_dim(

@@ -132,78 +132,92 @@ def every_log_probs(model: Model, cache: nn.KVCache, first: jax.Array, ids: np.n
                 replicated(first, model.mesh))
 
 
-def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, temperature, key, *, rows: int,
-            length: int, end: int | None = None, end_from: int = 1):
-    """`rows` responses of `length` tokens drawn from the prior after the prefix `cache` (banned tokens never),
-    each step one new position written into the cache's free slots; with each token's log-probability under the
-    prior itself (not the banned-renormalized, tempered distribution it was drawn from). With `end` (whole turns), the
-    end of turn may be drawn from step `end_from` on (what follows it is not the response: the caller cuts it),
-    and one more step gives its log-probability after all `length` tokens: log-probabilities [rows, length + 1]."""
+def _sample(cfg: ModelConfig, params, cache: nn.KVCache, first, banned, temperature, key, at, length, end_from, *,
+            rows: int, steps: int, end: int | None = None):
+    """`rows` responses of `length` ≤ `steps` tokens (traced) drawn from the prior after the prefix held in the
+    cache's first `at` slots (traced; the rest are emptied), banned tokens never, each step one new position written
+    into the cache's free slots; with each token's log-probability under the prior itself (not the
+    banned-renormalized, tempered distribution it was drawn from). With `end` (whole turns), the end of turn may be
+    drawn from step `end_from` (traced) on (what follows it is not the response: the caller cuts it), and one more
+    step gives its log-probability after all `length` tokens. ids [rows, steps] and log-probabilities
+    [rows, steps (+ 1 with `end`)], valid in their first `length` (+ 1) columns: one program serves every tail start
+    and length of a search (per tail start, the sampler compiled 11 programs in the README's frontier)."""
     model = nn.module(params, cfg)
-    keys = jax.random.split(key, length)
+    keys = jax.random.split(key, steps)
     fed = length if end is not None else length - 1  # steps whose token is fed back (the last only for its end)
-    width = cache.positions.shape[1]
-    slots = cache.repeat(rows).with_free_slots(fed)
+    slots = cache.before(at).repeat(rows).with_free_slots(steps if end is not None else steps - 1)
 
-    def draw(step, step_key, logp):
+    def draw(step, logp):
         logits = jnp.where(banned[None], -jnp.inf, logp / temperature)
         if end is not None:
             logits = logits.at[:, end].set(jnp.where(step >= end_from, logp[:, end] / temperature, logits[:, end]))
-        token = ops.sample_categorical(step_key, logits).astype(jnp.int32)
+        token = ops.sample_categorical(keys[step], logits).astype(jnp.int32)
         return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
-    def step_once(state, step_and_key):  # one body for every step: it compiles once, whatever `length` is
-        slots, logp = state
-        step, step_key = step_and_key
-        token, lp = draw(step, step_key, logp)
+    def step_once(step, state):  # one body for every step: it compiles once, whatever `length` is
+        slots, logp, ids, lps = state
+        token, lp = draw(step, logp)
         out = model(ids=token[:, None], cache=slots)
         logits = model.lm_logits(out.hidden[:, -1]).astype(jnp.float32)
-        return (slots.write(out.kv, width + step), jax.nn.log_softmax(logits, axis=-1)), (token, lp)
+        return (slots.write(out.kv, at + step), jax.nn.log_softmax(logits, axis=-1), ids.at[:, step].set(token),
+                lps.at[:, step].set(lp))
 
     logp = jnp.broadcast_to(first, (rows, first.shape[0]))
-    (_, logp), (ids, lps) = jax.lax.scan(step_once, (slots, logp), (jnp.arange(fed), keys[:fed]))
-    ids, lps = ids.T, lps.T
+    ids, lps = jnp.zeros((rows, steps), jnp.int32), jnp.zeros((rows, steps + (end is not None)), jnp.float32)
+    _, logp, ids, lps = jax.lax.fori_loop(0, fed, step_once, (slots, logp, ids, lps))
     if end is not None:
-        return ids, jnp.concatenate([lps, logp[:, end, None]], axis=1)
-    token, lp = draw(length - 1, keys[-1], logp)
-    return jnp.concatenate([ids, token[:, None]], axis=1), jnp.concatenate([lps, lp[:, None]], axis=1)
+        return ids, lps.at[:, length].set(logp[:, end])
+    token, lp = draw(length - 1, logp)
+    return ids.at[:, length - 1].set(token), lps.at[:, length - 1].set(lp)
 
 
-def sample_call(cfg: ModelConfig, mesh, cache_width: int, rows: int, length: int, end: int | None = None,
-                end_from: int = 1) -> Compiled:
-    """The compiled sampler: (params, prefix cache [1, cache_width], first [V], banned [V], temperature [],
-    key) -> (ids [rows, length], log-probabilities [rows, length (+ 1 with `end`)]). The temperature is an
-    argument, not part of the program: best-of-N's two temperatures share one compilation."""
-    return compiled(_sample, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED, REPLICATED, None),
-                    (REPLICATED, REPLICATED), rows=rows, length=length, end=end, end_from=end_from)
+def sample_call(cfg: ModelConfig, mesh, cache_width: int, rows: int, steps: int, end: int | None = None
+                ) -> Compiled:
+    """The compiled sampler: (params, cache [1, cache_width], first [V], banned [V], temperature [], key, at [],
+    length [], end_from []) -> (ids [rows, steps], log-probabilities [rows, steps (+ 1 with `end`)]). The
+    temperature, the prefix's end, the length and end_from are arguments, not part of the program: best-of-N's two
+    temperatures and a search's every tail share one compilation."""
+    return compiled(_sample, cfg, mesh, (PARAMS, Cache(1, cache_width), REPLICATED, REPLICATED, REPLICATED, None,
+                                         REPLICATED, REPLICATED, REPLICATED),
+                    (REPLICATED, REPLICATED), rows=rows, steps=steps, end=end)
 
 
 def sample_responses(model: Model, cache: nn.KVCache, first: jax.Array, banned: np.ndarray, count: int,
                      length: int, seed: int, temperature: float = 1.0, batch_size: int = 64,
-                     end: int | None = None, end_from: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """`count` responses of `length` tokens sampled from the prior (never a `banned` token): ids [count, length]
-    and each token's log-probability under the prior [count, length]. Batch b draws with key fold_in(seed, b),
-    so the first k samples are the same whatever `count` is. With `end` (whole turns: _sample), the end of turn
-    may be drawn from step `end_from` on, and the log-probabilities have one more column: the end of turn's after
-    all `length` tokens."""
+                     end: int | None = None, end_from: int = 1, at: int | None = None,
+                     steps: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`count` responses of `length` tokens sampled from the prior (never a `banned` token) after the prefix in
+    the cache's first `at` slots (default all): ids [count, length] and each token's log-probability under the
+    prior [count, length]. Batch b draws with key fold_in(seed, b), so the first k samples are the same whatever
+    `count` is. With `end` (whole turns: _sample), the end of turn may be drawn from step `end_from` on, and the
+    log-probabilities have one more column: the end of turn's after all `length` tokens. `steps` (≥ length, default
+    length) sets the program's shape: calls with one cache width and `steps` share one compilation whatever their
+    `at` and `length` (a search's tails: Objective.prior_cache_after)."""
     require_lm_head(model)
+    width = cache.k.shape[2]
+    at, steps = width if at is None else at, length if steps is None else steps
+    if not (1 <= length <= steps and 0 < at <= width):
+        raise ValueError(f"sample_responses: length {length}, steps {steps}, at {at}: need 1 <= length <= steps "
+                         f"and 0 < at <= the cache's {width} slots")
     # each batch keeps `drawn` rows of its `rows` (a multiple of the data axis): on data:3 a batch of 66 put samples
     # 64-65 in batch 0, and every later sample in another batch's position (another draw than on one device)
     drawn = min(batch_size, max(count, 1))
     rows = batching.round_up(drawn, model.mesh)
-    call = sample_call(model.config, model.mesh, cache.k.shape[2], rows, length, end, end_from)
+    call = sample_call(model.config, model.mesh, width, rows, steps, end)
     params = declared_params(model)
     never = np.ones(first.shape[0], bool)  # tokens past the banned list's vocabulary are never drawn
     never[: min(len(banned), len(never))] = np.asarray(banned)[: len(never)]
     first, banned = replicated(first, model.mesh), replicated(jnp.asarray(never), model.mesh)
-    temperature = replicated(np.float32(temperature), model.mesh)
-    pending = batching.dispatched((call(params, cache, first, banned, temperature,
-                                        jax.random.fold_in(jax.random.key(seed), b))
+    scalars = [replicated(np.asarray(x, dtype), model.mesh) for x, dtype in (
+        (temperature, np.float32), (at, np.int32), (length, np.int32), (end_from, np.int32))]
+    pending = batching.dispatched((call(params, cache, first, banned, scalars[0],
+                                        jax.random.fold_in(jax.random.key(seed), b), *scalars[1:])
                                    for b in range(-(-count // drawn))), model.mesh)
+    columns = length + (end is not None)
     if not pending:
-        return np.zeros((0, length), np.int32), np.zeros((0, length + (end is not None)), np.float32)
-    ids = np.concatenate([to_host(i)[:drawn] for i, _ in pending])[:count]
-    lps = np.concatenate([to_host(lp)[:drawn] for _, lp in pending])[:count]
+        return np.zeros((0, length), np.int32), np.zeros((0, columns), np.float32)
+    ids = np.concatenate([to_host(i)[:drawn, :length] for i, _ in pending])[:count]
+    lps = np.concatenate([to_host(lp)[:drawn, :columns] for _, lp in pending])[:count]
     return ids.astype(np.int32), lps.astype(np.float32)
 
 

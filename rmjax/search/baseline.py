@@ -86,12 +86,13 @@ def _round(objective: Objective, cfg: FluentConfig, banned: np.ndarray, retokeni
     shares = [count // len(temperatures) + ((k - round_) % len(temperatures) < count % len(temperatures))
               for k in range(len(temperatures))]
     ids, lps = [], []
+    cache, at = objective.sampling_cache(n)  # the search's sampler program
     for k, (drawn_here, temperature) in enumerate(zip(shares, temperatures, strict=True)):
         if not drawn_here:
             continue
-        drawn, lp = prior_lib.sample_responses(objective.prior.model, objective.prior.cache, objective.prior.first,
-                                               banned, drawn_here, n, sample_seed(cfg.seed, k, round_), temperature,
-                                               end=end)
+        drawn, lp = prior_lib.sample_responses(objective.prior.model, cache, objective.prior.first, banned,
+                                               drawn_here, n, sample_seed(cfg.seed, k, round_), temperature,
+                                               end=end, at=at)
         ids.append(turns.canonical(drawn, end))
         lps.append(lp)
     ids, lps = np.concatenate(ids), np.concatenate(lps)

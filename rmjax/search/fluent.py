@@ -184,8 +184,9 @@ def _sample_starts(objective: Objective, cfg: FluentConfig, banned, retokenize, 
     if count == 0:
         return
     forwards.charge(count * (n + objective.tail) if own else 0, 0 if own else count * (n + 1))
-    ids, lps = prior_lib.sample_responses(prior.model, prior.cache, prior.first, banned, count, n, cfg.seed,
-                                          cfg.temperature, end=end)
+    cache, at = objective.sampling_cache(n)
+    ids, lps = prior_lib.sample_responses(prior.model, cache, prior.first, banned, count, n, cfg.seed,
+                                          cfg.temperature, end=end, at=at)
     ids = turns.canonical(ids, end)
     keep = _fresh(ids, retokenize, seen, end)
     if not keep.any():
@@ -394,7 +395,7 @@ def _resample_tails(objective: Objective, cfg: FluentConfig, current: np.ndarray
     does), and its score is that forward's."""
     prior, n, end = objective.prior, len(current), objective.end
     j = int(np.random.default_rng([cfg.seed, step]).integers(0, turns.lengths(current[None], end)[0]))
-    cache = objective.prior_cache_after(current, j, extended)
+    cache, at = objective.sampling_cache(n, current, j, extended)
     own_prior, count = objective.rm_is_prior, cfg.resamples
     if own_prior:  # as many as the budget left buys
         count = min(count, int(objective.forwards.left // objective.forwards.cost(n - j + objective.tail)))
@@ -405,7 +406,7 @@ def _resample_tails(objective: Objective, cfg: FluentConfig, current: np.ndarray
         objective.forwards.charge(0, count * (n - j + 1))
     tails, lps = prior_lib.sample_responses(prior.model, cache, every[j], banned, count, n - j,
                                             (cfg.seed * 1_000_003 + step) % 2**32, cfg.temperature, end=end,
-                                            end_from=0 if j else 1)
+                                            end_from=0 if j else 1, at=at, steps=n)
     cands = turns.canonical(np.concatenate([np.repeat(current[None, :j], len(tails), axis=0), tails], axis=1), end)
     kept_logp = float(to_host(every[np.arange(j), current[:j]]).astype(np.float64).sum())  # j entries, not [L + 1, V]
     keep = _fresh(cands, retokenize, seen, end)

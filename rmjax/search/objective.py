@@ -290,16 +290,24 @@ class Objective:
         self.forwards.charge(len(mine))
         return extend_prefix(self.target.model, self.target.cache, mine[None])
 
-    def prior_cache_after(self, current: np.ndarray, j: int, extended):
-        """The prior's cache of prompt + current[:j]: the head of `extended` (the RM's cache of prompt + current's
-        turn) when the RM is the prior, else the prior's prompt cache extended by j tokens (charged j prior
-        positions)."""
-        if self.rm_is_prior:
-            return extended.head(extended.k.shape[2] - len(turns.turn(current, self.end)) + j)
-        if not j:
-            return self.prior.cache
-        self.forwards.charge(0, j)
-        return extend_prefix(self.prior.model, self.prior.cache, np.asarray(current, np.int32)[None, :j])
+    def sampling_cache(self, n: int, current: np.ndarray | None = None, j: int = 0, extended=None
+                       ) -> tuple[object, int]:
+        """The prior's cache of prompt + current[:j] for drawing N-token responses, and the slot where that prefix
+        ends, in one width per search (the prompt's slots + N + 1, the rest free): every draw, the starts' and each
+        tail's, runs one sampler program (prior.sample_responses with `at`). The head of `extended` (the RM's cache
+        of prompt + current's turn) when the RM is the prior, else the prior's prompt cache extended by j tokens
+        (charged j prior positions)."""
+        if self.rm_is_prior and current is not None:
+            cache, prompt = extended, extended.k.shape[2] - len(turns.turn(current, self.end))
+        elif j:
+            self.forwards.charge(0, j)
+            cache = extend_prefix(self.prior.model, self.prior.cache, np.asarray(current, np.int32)[None, :j])
+            prompt = self.prior.cache.k.shape[2]
+        else:
+            cache = self.prior.cache
+            prompt = cache.k.shape[2]
+        free = prompt + n + 1 - cache.k.shape[2]
+        return (cache.with_free_slots(free) if free > 0 else cache), prompt + j
 
     def gradient(self, current: np.ndarray, explore: bool = False) -> tuple[jax.Array, object, jax.Array | None]:
         """d(−J)/d one_hot(turn) [L + 1, V] on the device (current's turn form: row L, its end of turn's slot,
