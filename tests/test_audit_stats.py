@@ -153,6 +153,8 @@ def brute_force_sign_flip_p(d) -> float:
     [3, -1, 2, 2, -2, 1, 1, 4, -3],
     [0.5, -0.25, 1.5, 0.75],
     list(np.random.default_rng(7).normal(0.4, 1.0, size=10)),
+    [1e10, -1e10, 1.0, 0.5],  # spanning orders of magnitude: a tie tolerance of 1e-9 x mean|d| gave p 1, not 0.75
+    [1.0, -1.0, 1e-9, 5e-10],  # (helper-164)
 ])
 def test_sign_flip_p_exact_matches_brute_force(d):
     assert stats.sign_flip_p(np.array(d, float), n_perm=10000) == pytest.approx(brute_force_sign_flip_p(d), abs=1e-15)
@@ -583,6 +585,7 @@ def brute_force_label_p(a, b) -> float:
     ([1, 2, 2, 3, 0], [1, 1, 0, 2]),  # integers: exact ties with the observed gap
     ([0.5, 1.5, 2.25], [-0.5, 0.75, 0.0, 1.0, -1.25]),
     (list(np.random.default_rng(30).normal(0.8, 1, 6)), list(np.random.default_rng(31).normal(0, 1, 7))),
+    ([1e10, 1.0], [1e10, 0.0, 3.0]),  # a tolerance of 1e-9 x the spread gave p 1, not 0.8 (helper-164)
 ])
 def test_label_permutation_p_exact_matches_brute_force_and_scipy(a, b):
     a, b = np.array(a, float), np.array(b, float)
@@ -667,3 +670,31 @@ def test_an_interaction_row_is_the_first_axis_effect_minus_the_second():
     assert diff["difference_sd"] == pytest.approx(rows[0]["effect"] / scales[0] - rows[1]["effect"] / scales[1])
     assert diff["effect_a"] == pytest.approx(rows[0]["effect"]) and diff["n_items"] == 25
     assert diff["ci_high"] < 0
+
+
+def test_an_rm_blind_to_the_groups_shows_no_effect_from_its_items_csv_either(tmp_path):
+    """helper-164: every conversation rewarded float32(0.1), the identity battery's table in memory had effects 0
+    and p 1, but recomputed from audit_items.csv (9 digits read back as float64) a group's mean of k equal rewards
+    was 1e-17 off, all one sign: 30 of 52 rows had p 0.0005 and "survived" Holm. Both ways (and 0.1 written as
+    float64), every effect is 0 with p 1."""
+    from rmjax.audit import batteries
+    from rmjax.audit.job import write_items
+
+    built = batteries.build(["identity", "length"])  # the length battery: the identity rows' length-only null
+    contrasts = [c for b in built for c in b.contrasts]
+    variants = [v for b in built for v in b.variants]
+    items = pd.DataFrame({"battery": [v.battery for v in variants], "axis": [v.axis for v in variants],
+                          "item": [v.item for v in variants], "group": [v.group for v in variants],
+                          "text": [v.response for v in variants], "prompt": [v.prompt for v in variants]})
+    frames = []
+    length = items["battery"] == "length"  # a real length slope there, no effect of the groups anywhere
+    for constant in (float(np.float32(0.1)), 0.1):
+        items["reward"] = np.where(length, items["text"].str.len() * 0.01, constant)
+        write_items(tmp_path / "audit_items.csv", items)
+        frames.append(read_items(tmp_path / "audit_items.csv"))
+    # the job's frame: float32 rewards as float64
+    frames.append(items.assign(reward=np.where(length, items["reward"], 0.1).astype(np.float32).astype(np.float64)))
+    for frame in frames:
+        table = stats.audit_table(frame, contrasts, n_boot=100, n_perm=500)
+        table = table[table["battery"] == "identity"]
+        assert len(table) > 20 and (table.effect == 0).all() and (table.p == 1).all(), table[table.effect != 0]

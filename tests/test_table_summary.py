@@ -67,3 +67,12 @@ def test_histogram_marks_the_top_and_bottom_token(tmp_path, monkeypatch, decoded
                         lambda self, text, *a, **k: notes.append(text) or real(self, text, *a, **k))
     table_summary.plot_distributions(out)
     assert notes == want
+
+
+def test_a_constant_columns_tokens_are_zero_sds_from_its_mean(tmp_path):
+    """Three rewards of 0.1: the computed SD is rounding (1.7e-17), and every token was printed at z -0.82
+    (helper-164)."""
+    out = tmp_path / "s.csv"
+    results.write_scores_csv(out, np.arange(3), ["a", "b", "c"], ["a", "b", "c"], {"greatest": np.full(3, 0.1)})
+    zs = re.findall(r"\bz\s+([+-]\d+\.\d+)", table_summary.summarize_table(out, k=3))
+    assert len(zs) == 6 and all(float(z) == 0 for z in zs), zs

@@ -186,9 +186,12 @@ def write_items(path: Path, items: pd.DataFrame) -> None:
 
 
 def read_items(path: str | Path) -> pd.DataFrame:
-    """audit_items.csv as written (strings kept as strings: a text "None" or "NaN" stays text)."""
+    """audit_items.csv as written (strings kept as strings: a text "None" or "NaN" stays text), rewards as the
+    job's float32 values, which its 9 digits hold exactly: read as float64 they were not, a group's mean of k equal
+    rewards came out 1e-17 off, all one sign, and an RM blind to the groups had identity rows "surviving" Holm
+    when recomputed from the CSV (helper-164)."""
     frame = pd.read_csv(path, keep_default_na=False, dtype={k: str for k in (*ITEM_KEYS, "prompt")})
-    frame["reward"] = frame["reward"].astype(np.float64)
+    frame["reward"] = frame["reward"].astype(np.float32).astype(np.float64)
     return frame
 
 

@@ -45,7 +45,8 @@ def summarize_table(path: str | Path, k: int = 20, what: str = "score") -> str:
         for title, part in (("top", ranked.head(shown)), ("bottom", ranked.tail(shown).iloc[::-1])) if shown else ():
             lines.append(f"{title} {shown} tokens by {what} (z: SDs from the mean; pct: share of tokens below):")
             for _, row in part.iterrows():
-                z = (row[col] - mean) / sd if sd > 0 else 0.0
+                # a constant column's computed sd is rounding (1.7e-17 for three 0.1s), not 0: its z is 0
+                z = (row[col] - mean) / sd if sorted_values[-1] > sorted_values[0] else 0.0
                 pct = 100.0 * np.searchsorted(sorted_values, row[col], side="left") / len(values)
                 flag = "" if roundtrip is None or row[results.ROUNDTRIP] else "  (no round trip)"
                 lines.append(f"  {row[col]:>10.4f}  z {z:>+6.2f}  pct {pct:>6.2f}  {row['token_id']:>7}  "
