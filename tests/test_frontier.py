@@ -1027,6 +1027,45 @@ def test_the_fluency_cost_is_the_best_reward_against_the_best_at_judge_perplexit
     assert none_fluent >= 3 and differ >= 10  # both branches, and costs above zero, were tested
 
 
+def test_the_judge_and_the_sampler_compile_few_programs_over_a_searchs_sizes(tied):
+    """helper-165: the judge's (and an implicit side's) log-probs compiled a program per token count (16 for one
+    implicit side) and the sampler one per row count (59 starts, 47 and 48 best-of-N draws, the resamples the budget
+    left: 4 to 6), the completion check one per row count (6): widths now come in steps of 4 and decoding loops'
+    rows are a power of two, at least 8 (batching.decode_rows). Texts of 1 to 4 tokens, one per call, compile one
+    judge program; 1, 3 and 8 samples one sampler program, whose first draws are the same whatever the count; 1 and
+    3 completions one program (the values: the tests around this one)."""
+    from rmjax import compiled as compiled_lib
+    from rmjax.scoring.judge import PromptLogProbs
+
+    def programs(name):
+        return sum(c.jitted._cache_size() for c in compiled_lib.made(name))
+
+    _, lm, _ = tied
+    judge, words = PromptLogProbs(lm, PROMPT), lm.tokenizer.convert_ids_to_tokens(_word_ids(lm.tokenizer).tolist())
+    texts = [lm.tokenizer.convert_tokens_to_string(words[:k]) for k in range(1, 5)]
+    before = programs("_response_log_probs")
+    lengths = [len(judge([text])[0]) for text in texts]
+    assert len(set(lengths)) == 4 and max(lengths) <= 4, lengths
+    assert programs("_response_log_probs") - before == 1
+
+    prior = Prior.of(lm, chat.split_chat(lm.tokenizer, PROMPT).prefix)
+    banned = np.zeros(lm.config.vocab_size, bool)
+    before = programs("_sample")
+    draws = [prior_lib.sample_responses(lm, prior.cache, prior.first, banned, count, 3, seed=5)[0]
+             for count in (1, 3, 8)]
+    assert programs("_sample") - before == 1
+    for drawn in draws[:2]:
+        np.testing.assert_array_equal(drawn, draws[2][: len(drawn)])
+
+    from rmjax.search.completion import greedy_continuations  # the completion check's decoding loop too
+
+    before, prefix = programs("_greedy"), list(prior.prefix)
+    ends = [greedy_continuations(lm, prefix, 2, [w.tolist() for w in draws[2][:count]], max_new=3)[0]
+            for count in (1, 3)]
+    assert programs("_greedy") - before == 1
+    np.testing.assert_array_equal(ends[0], ends[1][:1])
+
+
 def test_judge_perplexity_equals_transformers_on_the_judges_own_conversation(tied, lm_folder):
     """The judge reads the decoded text in its own template, tokenized by itself (here a model whose template
     and tokenizer are SmolLM2's; texts of different token counts)."""

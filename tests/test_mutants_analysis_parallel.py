@@ -376,6 +376,9 @@ def test_batch_sizes_round_up_to_the_data_axis_and_rows_to_a_power_of_two():
         power = 1 if count <= 1 else 2 ** int(np.ceil(np.log2(count)))
         assert batching.rows_for(count, data) == batching.bucket(power, data), (count, data)
     assert (batching.rows_for(4, 1), batching.rows_for(5, 1), batching.rows_for(3, 8)) == (4, 8, 8)
+    # a decoding loop's rows: a power of two, at least 8, at most the batch size
+    assert [batching.decode_rows(count, 64, None) for count in (1, 8, 9, 40, 64)] == [8, 8, 16, 64, 64]
+    assert (batching.decode_rows(3, 4, None), batching.decode_rows(3, 50, None)) == (4, 8)
 
 
 def test_pad_rows_puts_each_rows_tokens_at_the_side_asked():

@@ -42,6 +42,17 @@ def rows_for(count: int, data: int) -> int:
     return bucket(1 << max(0, count - 1).bit_length(), data)
 
 
+MIN_DECODE_ROWS = 8
+
+
+def decode_rows(count: int, batch_size: int, mesh: jax.sharding.Mesh | None) -> int:
+    """Rows of a decoding loop's batch for `count` items (at most the batch size): a power of two, at least
+    MIN_DECODE_ROWS. A decoding step of 8 rows costs about what one of 1 does (the weights are read once per step),
+    and each row count compiled a program of its own: a search's sampler compiled 4 to 6, its completion check 6
+    (helper-165)."""
+    return min(round_up(batch_size, mesh), rows_for(max(count, MIN_DECODE_ROWS), data_shards(mesh)))
+
+
 def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None, *, side: str = "right", pad_id: int = 0,
              num_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Token rows -> (ids int32 [num_rows, width], mask bool): each row's tokens at the `side` end, `pad_id`

@@ -177,7 +177,7 @@ def completion_calls(cfg: ModelConfig, dtype: str, mesh: Mesh, *, prompts: int, 
     params, width, prefill, cache = _prefix(decoder, dtype, mesh, prompts,
                                             max(1, (prior_prefix_tokens or prefix_tokens) - 1))
     batch = batching.round_up(BATCH_SIZE, mesh)
-    rows = min(batch, batching.rows_for(responses, batching.data_shards(mesh)))
+    rows = batching.decode_rows(responses, BATCH_SIZE, mesh)
     length = batching.bucket(response_tokens + 1, WIDTH_BUCKET)  # the prefix's last token, then the response
     call = greedy_call(decoder, mesh, width, max_new)
     args = (params, cache, _array((rows, length), jnp.int32, mesh, "data"),

@@ -67,6 +67,9 @@ def judge_perplexities(judge: Model, prompt: str, texts: list[str], template: st
     return np.asarray([np.exp(-lp.mean()) if len(lp) else np.nan for lp in lps], np.float64)
 
 
+WIDTH_STEP = 4
+
+
 class PromptLogProbs:
     """Token log-probs of texts after one prompt under one LM (`text_log_probs`), its prefix prefilled once: a caller
     that reads many batches of texts (an implicit reward side) pays the prompt once."""
@@ -88,7 +91,11 @@ class PromptLogProbs:
         order = sorted((i for i, r in enumerate(rows) if r), key=lambda i: len(rows[i]))
         for start in range(0, len(order), batch_size):
             which = order[start : start + batch_size]
-            padded, _ = batching.pad_rows([rows[i] for i in which])
+            # widths in steps of WIDTH_STEP (within the context): one program per token count compiled 16 for an
+            # implicit side (helper-165); causal, the padding after a text changes none of its log-probs
+            longest = len(rows[which[-1]])
+            room = max(longest, lm.config.max_position_embeddings - len(self.prefix))
+            padded, _ = batching.pad_rows([rows[i] for i in which], min(room, batching.bucket(longest, WIDTH_STEP)))
             lps = response_log_probs(lm, self.cache, self.first, padded, batch_size).astype(np.float64)
             for k, i in enumerate(which):
                 out[i] = lps[k, : len(rows[i])]

@@ -200,9 +200,11 @@ def sample_responses(model: Model, cache: nn.KVCache, first: jax.Array, banned: 
         raise ValueError(f"sample_responses: length {length}, steps {steps}, at {at}: need 1 <= length <= steps "
                          f"and 0 < at <= the cache's {width} slots")
     # each batch keeps `drawn` rows of its `rows` (a multiple of the data axis): on data:3 a batch of 66 put samples
-    # 64-65 in batch 0, and every later sample in another batch's position (another draw than on one device)
+    # 64-65 in batch 0, and every later sample in another batch's position (another draw than on one device). Row
+    # i's draw does not depend on the row count: a search's counts (59 starts, 47 and 48 best-of-N draws, the
+    # resamples the forwards left buy) share a few programs (batching.decode_rows)
     drawn = min(batch_size, max(count, 1))
-    rows = batching.round_up(drawn, model.mesh)
+    rows = batching.decode_rows(drawn, batch_size, model.mesh)
     call = sample_call(model.config, model.mesh, width, rows, steps, end)
     params = declared_params(model)
     never = np.ones(first.shape[0], bool)  # tokens past the banned list's vocabulary are never drawn

@@ -113,7 +113,7 @@ def greedy_continuations(prior: Model, prefix: Sequence[int], end_id: int, respo
     def each():
         for start in range(0, len(responses), batch_size):
             part = [prefix[-1:] + r for r in responses[start : start + batch_size]]
-            rows = min(batch_size, batching.rows_for(len(part), batching.data_shards(prior.mesh)))
+            rows = batching.decode_rows(len(part), batch_size, prior.mesh)
             width = batching.bucket(max(len(r) for r in part), WIDTH_BUCKET)
             ids, mask = batching.pad_rows(part, width, side="left", num_rows=rows)
             call = greedy_call(prior.config, prior.mesh, shared.positions.shape[1], max_new)
