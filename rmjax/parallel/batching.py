@@ -47,9 +47,10 @@ MIN_DECODE_ROWS = 8
 
 def decode_rows(count: int, batch_size: int, mesh: jax.sharding.Mesh | None) -> int:
     """Rows of a decoding loop's batch for `count` items (at most the batch size): a power of two, at least
-    MIN_DECODE_ROWS. A decoding step of 8 rows costs about what one of 1 does (the weights are read once per step),
-    and each row count compiled a program of its own: a search's sampler compiled 4 to 6, its completion check 6
-    (helper-165)."""
+    MIN_DECODE_ROWS. Each row count compiled a program of its own (a search's sampler 4 to 6, its completion check
+    6; helper-165), and padding a small count costs less than a compile: the sampler's 8-token call took 460 ms at
+    8 rows against 337 at 1, its compile 1.35 s (`python bench/decode_rows.py`, SmolLM2-135M, 2-core CPU); a
+    search meets counts under 8 a few times, near its budget's end."""
     return min(round_up(batch_size, mesh), rows_for(max(count, MIN_DECODE_ROWS), data_shards(mesh)))
 
 
