@@ -380,6 +380,7 @@ def test_tails_after_any_kept_prefix_run_one_sampler_program_and_carry_their_log
                 np.testing.assert_allclose(row_lp, want, rtol=0, atol=tolerance.logprobs_atol(
                     lm.params, lm.config, np.asarray([full], np.int32)))
         assert sum(c.jitted._cache_size() for c in compiled_lib.made("_sample")) - before == 1, model
+        assert obj.sampling_cache(n)[0] is obj.sampling_cache(n)[0]  # the padded prompt cache is made once
 
 
 @pytest.mark.parametrize("sign, lam, template, spare", [(1.0, 0.7, "auto", 0), (-1.0, 0.0, "auto", 0),

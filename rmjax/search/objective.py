@@ -100,6 +100,7 @@ class Objective:
         rest = tuple(t.suffix[1:])  # the gradient's and variants' suffix: turn forms carry the end of turn
         self.turn_target = dataclasses.replace(t, suffix=rest,
                                                suffix_ids=replicated(np.asarray(rest, np.int32), t.model.mesh))
+        self._prompt_to_sample: dict[int, object] = {}  # sampling_cache's padded prompt cache, per N: made once
 
     @property
     def uses_prior(self) -> bool:
@@ -303,9 +304,11 @@ class Objective:
             self.forwards.charge(0, j)
             cache = extend_prefix(self.prior.model, self.prior.cache, np.asarray(current, np.int32)[None, :j])
             prompt = self.prior.cache.k.shape[2]
-        else:
-            cache = self.prior.cache
-            prompt = cache.k.shape[2]
+        else:  # the prompt alone (starts, best-of-N's rounds, a separate prior's tails at j = 0): padded once
+            prompt = self.prior.cache.k.shape[2]
+            if n not in self._prompt_to_sample:
+                self._prompt_to_sample[n] = self.prior.cache.with_free_slots(n + 1)
+            return self._prompt_to_sample[n], prompt
         free = prompt + n + 1 - cache.k.shape[2]
         return (cache.with_free_slots(free) if free > 0 else cache), prompt + j
 
